@@ -1,0 +1,86 @@
+"""The builtin functions of TC expressions: arity, result type rule, numpy meaning, C spelling.
+
+One table serves the parser (which names are calls), the checker (arity and types), the
+reference interpreter (numpy) and code generation (C), so a builtin is added in one place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from scipy import special
+
+from polyc.types import TC_TYPES
+
+
+def _rsqrt(x):
+    return np.reciprocal(np.sqrt(x))
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """``float_only``: integer arguments are converted to float32 first (C's math.h functions);
+    otherwise the builtin works in the promoted type of its arguments (min, max, abs)."""
+
+    name: str
+    arity: int
+    numpy: Callable
+    c_name: str
+    float_only: bool = True
+
+
+def _table(*entries: Builtin) -> dict[str, Builtin]:
+    return {b.name: b for b in entries}
+
+
+BUILTINS: dict[str, Builtin] = _table(
+    Builtin("exp", 1, np.exp, "exp"),
+    Builtin("exp2", 1, np.exp2, "exp2"),
+    Builtin("expm1", 1, np.expm1, "expm1"),
+    Builtin("log", 1, np.log, "log"),
+    Builtin("log2", 1, np.log2, "log2"),
+    Builtin("log10", 1, np.log10, "log10"),
+    Builtin("log1p", 1, np.log1p, "log1p"),
+    Builtin("sqrt", 1, np.sqrt, "sqrt"),
+    Builtin("rsqrt", 1, _rsqrt, "rsqrt"),
+    Builtin("cbrt", 1, np.cbrt, "cbrt"),
+    Builtin("sin", 1, np.sin, "sin"),
+    Builtin("cos", 1, np.cos, "cos"),
+    Builtin("tan", 1, np.tan, "tan"),
+    Builtin("asin", 1, np.arcsin, "asin"),
+    Builtin("acos", 1, np.arccos, "acos"),
+    Builtin("atan", 1, np.arctan, "atan"),
+    Builtin("sinh", 1, np.sinh, "sinh"),
+    Builtin("cosh", 1, np.cosh, "cosh"),
+    Builtin("tanh", 1, np.tanh, "tanh"),
+    Builtin("asinh", 1, np.arcsinh, "asinh"),
+    Builtin("acosh", 1, np.arccosh, "acosh"),
+    Builtin("atanh", 1, np.arctanh, "atanh"),
+    Builtin("erf", 1, special.erf, "erf"),
+    Builtin("erfc", 1, special.erfc, "erfc"),
+    Builtin("tgamma", 1, special.gamma, "tgamma"),
+    Builtin("lgamma", 1, special.gammaln, "lgamma"),
+    Builtin("fabs", 1, np.fabs, "fabs"),
+    Builtin("floor", 1, np.floor, "floor"),
+    Builtin("ceil", 1, np.ceil, "ceil"),
+    Builtin("round", 1, lambda x: np.copysign(np.floor(np.abs(x) + 0.5), x), "round"),
+    Builtin("trunc", 1, np.trunc, "trunc"),
+    Builtin("pow", 2, np.power, "pow"),
+    Builtin("atan2", 2, np.arctan2, "atan2"),
+    Builtin("fmod", 2, np.fmod, "fmod"),
+    Builtin("hypot", 2, np.hypot, "hypot"),
+    Builtin("copysign", 2, np.copysign, "copysign"),
+    Builtin("fmax", 2, np.fmax, "fmax"),
+    Builtin("fmin", 2, np.fmin, "fmin"),
+    Builtin("fma", 3, lambda a, b, c: a * b + c, "fma"),
+    # Generic over all types; NaN-ignoring for floats like fmax/fmin.
+    Builtin("min", 2, np.fmin, "min", float_only=False),
+    Builtin("max", 2, np.fmax, "max", float_only=False),
+    Builtin("abs", 1, np.abs, "abs", float_only=False),
+)
+
+
+def is_callable_name(name: str) -> bool:
+    """True for names that are calls rather than tensor accesses: builtins and type casts."""
+    return name in BUILTINS or name in TC_TYPES
