@@ -1,0 +1,103 @@
+"""The Python API: ``polyc.define(source)`` gives a module with one callable kernel per def.
+
+    >>> import numpy as np, polyc
+    >>> mod = polyc.define('''
+    ... def matmul(float(M, K) A, float(K, N) B) -> (C) {
+    ...     C(m, n) +=! A(m, r_k) * B(r_k, n)
+    ... }''')
+    >>> A = np.ones((2, 3), np.float32); B = np.ones((3, 4), np.float32)
+    >>> mod.matmul(A, B)[0, 0]
+    3.0
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from polyc.errors import PolycError
+from polyc.interpreter import interpret
+from polyc.lang import ast
+from polyc.lang.checked import CheckedDef
+from polyc.lang.parser import parse
+from polyc.lang.sema import check_def
+from polyc.options import Options
+
+
+class Kernel:
+    """One def of a module: call it with numpy arrays; inspect each stage of its compilation."""
+
+    def __init__(self, syntax: ast.Def, definition: CheckedDef, options: Options):
+        self.syntax = syntax
+        self.definition = definition
+        self.options = options
+        self._backend = _make_backend(definition, options)
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+    def __call__(self, *args, outputs=None):
+        """Run on ``args`` (numpy arrays; Python or numpy scalars for 0-d inputs).
+
+        Returns the output array, or a tuple of all outputs in declared order when there are
+        several.  ``outputs=[...]`` passes pre-allocated outputs, which are updated in place
+        (statements without ``!`` accumulate into them).  Inputs are never modified.
+        """
+        results = self._backend(args, outputs)
+        return results[0] if len(results) == 1 else results
+
+    def describe(self) -> str:
+        """The checked definition: shapes of all tensors, and every statement's index ranges."""
+        return self.definition.describe()
+
+    def __repr__(self) -> str:
+        return f"<polyc kernel {self.definition.name}: {len(self.definition.inputs)} input(s), " \
+               f"{len(self.definition.outputs)} output(s)>"
+
+
+def _make_backend(definition: CheckedDef, options: Options):
+    if options.backend == "interpreter":
+        return lambda args, outputs: interpret(definition, args, outputs)
+    from polyc.driver import CompiledKernel  # the polyhedral pipeline; imported lazily (isl, cgen)
+    return CompiledKernel(definition, options)
+
+
+class Module:
+    """The kernels of one TC source, as attributes named after their defs."""
+
+    def __init__(self, kernels: dict[str, Kernel], source: ast.SourceFile):
+        self._kernels = kernels
+        self.source = source
+
+    def __getattr__(self, name: str) -> Kernel:
+        kernels = self.__dict__.get("_kernels", {})
+        if name in kernels:
+            return kernels[name]
+        raise AttributeError(f"no def named '{name}' in this source (defs: {', '.join(kernels) or 'none'})")
+
+    def __getitem__(self, name: str) -> Kernel:
+        return getattr(self, name)
+
+    def __dir__(self):
+        return list(super().__dir__()) + list(self._kernels)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._kernels)
+
+    def __repr__(self) -> str:
+        return f"<polyc module: {', '.join(self._kernels)}>"
+
+
+def define(source: str, filename: str = "<tc>", **options) -> Module:
+    """Parse and check TC ``source``; return a module with one kernel per def.
+
+    Options (see :class:`polyc.options.Options`): backend, fusion, tile_sizes, parallel,
+    vectorize, unroll, specialize, cc, cflags.  Errors in the source raise PolycError
+    subclasses carrying ``file:line:col``.
+    """
+    if not isinstance(source, str):
+        raise PolycError(f"define() takes TC source text, not {type(source).__name__}")
+    checked_options = Options.from_kwargs(**options)
+    tree = parse(source, filename)
+    kernels = {d.name: Kernel(d, check_def(d, source, filename), checked_options) for d in tree.defs}
+    return Module(kernels, tree)

@@ -1,0 +1,67 @@
+"""Compilation options: one validated, immutable record passed from the API to every stage."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from polyc.errors import PolycError
+
+FUSION_STRATEGIES = ("min", "smart", "max")
+BACKENDS = ("c", "interpreter")
+
+
+@dataclass(frozen=True)
+class Options:
+    """What ``polyc.define(source, **options)`` accepts.
+
+    - ``backend``: ``"c"`` (compiled C/OpenMP) or ``"interpreter"`` (the numpy reference).
+    - ``fusion``: ``"min"`` (no fusion), ``"smart"`` (fuse where outer parallelism is kept), ``"max"``.
+    - ``tile_sizes``: None (a model of the caches picks them), ``()`` (no tiling) or sizes
+      for the outermost band, outermost first.
+    - ``parallel``, ``vectorize``: OpenMP parallel loops and SIMD pragmas on or off.
+    - ``unroll``: unroll factor of the innermost loop (1: none).
+    - ``specialize``: compile for the concrete sizes of each call (fast), or once for all sizes.
+    - ``cc``, ``cflags``: the C compiler and its flags (None: ``$POLYC_CC``/``$CC`` and defaults).
+    """
+
+    backend: str = "c"
+    fusion: str = "smart"
+    tile_sizes: tuple[int, ...] | None = None
+    parallel: bool = True
+    vectorize: bool = True
+    unroll: int = 1
+    specialize: bool = True
+    cc: str | None = None
+    cflags: tuple[str, ...] | None = None
+
+    @staticmethod
+    def from_kwargs(**kwargs) -> "Options":
+        """Validate keyword options; an unknown name or a bad value is a PolycError."""
+        known = {f.name for f in dataclasses.fields(Options)}
+        for name in kwargs:
+            if name not in known:
+                raise PolycError(f"unknown option '{name}'; the options are: {', '.join(sorted(known))}")
+        if "tile_sizes" in kwargs and kwargs["tile_sizes"] is not None:
+            kwargs["tile_sizes"] = tuple(kwargs["tile_sizes"])
+        if "cflags" in kwargs and kwargs["cflags"] is not None:
+            flags = kwargs["cflags"]
+            kwargs["cflags"] = tuple(flags.split()) if isinstance(flags, str) else tuple(flags)
+        options = Options(**kwargs)
+        options.validate()
+        return options
+
+    def validate(self) -> None:
+        if self.backend not in BACKENDS:
+            raise PolycError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
+        if self.fusion not in FUSION_STRATEGIES:
+            raise PolycError(f"fusion must be one of {', '.join(FUSION_STRATEGIES)}, not {self.fusion!r}")
+        if self.tile_sizes is not None and not all(isinstance(t, int) and t > 0 for t in self.tile_sizes):
+            raise PolycError(f"tile_sizes must be positive integers, not {self.tile_sizes!r}")
+        if not isinstance(self.unroll, int) or self.unroll < 1:
+            raise PolycError(f"unroll must be an integer >= 1, not {self.unroll!r}")
+        for name in ("parallel", "vectorize", "specialize"):
+            if not isinstance(getattr(self, name), bool):
+                raise PolycError(f"{name} must be True or False, not {getattr(self, name)!r}")
+
+    def replace(self, **changes) -> "Options":
+        return Options.from_kwargs(**{**dataclasses.asdict(self), **changes})

@@ -1,0 +1,140 @@
+"""Checking a call's arguments against a def's signature and binding its sizes.
+
+Shared by the reference interpreter and compiled kernels, so both accept and reject exactly the
+same calls with the same messages.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from polyc.errors import SignatureError
+from polyc.lang.checked import CheckedDef, Role, Tensor
+
+
+@dataclass(frozen=True)
+class BoundCall:
+    """A call's concrete sizes and arrays: inputs as given, outputs as given or freshly zeroed."""
+
+    sizes: dict[str, int]
+    arrays: dict[str, np.ndarray]
+
+    def shape_of(self, definition: CheckedDef, name: str) -> tuple[int, ...]:
+        return definition.tensor(name).concrete_shape(self.sizes)
+
+
+def _as_input_array(definition: CheckedDef, tensor: Tensor, value) -> np.ndarray:
+    where = f"{definition.name}: input '{tensor.name}'"
+    if tensor.rank == 0 and isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, np.ndarray):
+        return _scalar_to_array(where, tensor, value)
+    if not isinstance(value, np.ndarray):
+        raise SignatureError(f"{where} must be a numpy array, not {type(value).__name__}")
+    if value.dtype != tensor.dtype:
+        raise SignatureError(f"{where} must have dtype {tensor.dtype.name}, not {value.dtype.name} "
+                             f"(convert it with .astype(numpy.{tensor.dtype.name}))")
+    if value.ndim != tensor.rank:
+        raise SignatureError(f"{where} must have {tensor.rank} dimension(s), not {value.ndim} "
+                             f"(shape {value.shape})")
+    return value
+
+
+def _scalar_to_array(where: str, tensor: Tensor, value) -> np.ndarray:
+    """A Python or numpy scalar for a 0-d input, converted only when no value is lost."""
+    dtype = tensor.dtype
+    if isinstance(value, np.generic) and value.dtype == dtype:
+        return np.asarray(value)
+    if dtype.kind in "iu":
+        if isinstance(value, (bool, np.bool_)) or not float(value).is_integer() \
+                or isinstance(value, (float, np.floating)):
+            raise SignatureError(f"{where} is {dtype.name}; got {value!r}")
+        info = np.iinfo(dtype)
+        if not info.min <= int(value) <= info.max:
+            raise SignatureError(f"{where} is {dtype.name}; {value} is out of its range")
+        return np.asarray(int(value), dtype=dtype)
+    if dtype.kind == "b" and not isinstance(value, (bool, np.bool_)):
+        raise SignatureError(f"{where} is bool; got {value!r}")
+    if isinstance(value, complex) or isinstance(value, np.complexfloating):
+        raise SignatureError(f"{where} is {dtype.name}; got the complex value {value!r}")
+    return np.asarray(value, dtype=dtype)
+
+
+def bind_arguments(definition: CheckedDef, args, outputs=None) -> BoundCall:
+    """Check ``args`` (one per input) and ``outputs`` (None, or one array per output) against
+    the signature; infer the sizes from the inputs; allocate zeroed outputs when none are given.
+
+    Raises SignatureError naming the argument and what was expected.
+    """
+    args = tuple(args)
+    if len(args) != len(definition.inputs):
+        names = ", ".join(definition.inputs) or "none"
+        raise SignatureError(f"{definition.name} takes {len(definition.inputs)} input(s) ({names}), "
+                             f"got {len(args)}")
+    arrays = {name: _as_input_array(definition, definition.tensor(name), value)
+              for name, value in zip(definition.inputs, args)}
+
+    sizes: dict[str, int] = {}
+    for binding in definition.size_bindings:
+        array = arrays[binding.tensor]
+        if binding.dim is None:
+            value = int(array)
+            if value < 0:
+                raise SignatureError(f"{definition.name}: input '{binding.tensor}' is used as a size "
+                                     f"and must not be negative (got {value})")
+        else:
+            value = array.shape[binding.dim]
+        sizes[binding.size] = value
+
+    for name in definition.inputs:
+        tensor = definition.tensor(name)
+        expected = tensor.concrete_shape(sizes)
+        if arrays[name].shape != expected:
+            detail = ", ".join(f"{s}={sizes[s]}" for s in definition.sizes)
+            raise SignatureError(f"{definition.name}: input '{name}' has shape {arrays[name].shape} but the "
+                                 f"signature requires {_spell_shape(tensor)} = {expected} (sizes {detail})")
+
+    for tensor in definition.tensors:
+        if tensor.role is Role.INPUT:
+            continue
+        shape = tensor.concrete_shape(sizes)
+        if any(extent < 0 for extent in shape):
+            detail = ", ".join(f"{s}={sizes[s]}" for s in definition.sizes)
+            raise SignatureError(f"{definition.name}: for sizes {detail}, {tensor.role.value} '{tensor.name}' "
+                                 f"would have shape {shape}; the inputs are too small")
+
+    if outputs is None:
+        for name in definition.outputs:
+            tensor = definition.tensor(name)
+            arrays[name] = np.zeros(tensor.concrete_shape(sizes), dtype=tensor.dtype)
+    else:
+        outputs = tuple(outputs)
+        if len(outputs) != len(definition.outputs):
+            raise SignatureError(f"{definition.name} has {len(definition.outputs)} output(s), "
+                                 f"got {len(outputs)} in outputs=")
+        for name, array in zip(definition.outputs, outputs):
+            tensor = definition.tensor(name)
+            where = f"{definition.name}: output '{name}'"
+            if not isinstance(array, np.ndarray):
+                raise SignatureError(f"{where} must be a numpy array, not {type(array).__name__}")
+            expected = tensor.concrete_shape(sizes)
+            if array.dtype != tensor.dtype or array.shape != expected:
+                raise SignatureError(f"{where} must be a {tensor.dtype.name} array of shape {expected}, "
+                                     f"not {array.dtype.name} {array.shape}")
+            if not array.flags.writeable:
+                raise SignatureError(f"{where} is read-only")
+            if any(_overlap(array, other) for other in arrays.values()):
+                raise SignatureError(f"{where} overlaps another argument")
+            arrays[name] = array
+    return BoundCall(sizes, arrays)
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
+    try:
+        return bool(np.shares_memory(a, b, max_work=100_000))
+    except np.exceptions.TooHardError:
+        return True  # cannot tell cheaply; refusing is safer than a silently wrong result
+
+
+def _spell_shape(tensor: Tensor) -> str:
+    return "(" + ", ".join(str(e) for e in tensor.shape) + ("," if tensor.rank == 1 else "") + ")"
