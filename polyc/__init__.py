@@ -1,4 +1,14 @@
-"""polyc: a polyhedral compiler for Tensor-Comprehensions-style tensor kernels."""
-from polyc.errors import PolycError
+"""polyc: a polyhedral compiler for Tensor-Comprehensions-style tensor kernels.
 
-__version__ = "0.1.0"
+``polyc.define(source)`` compiles TC source into callable kernels; ``polyc.einsum`` is a
+drop-in for ``numpy.einsum`` built on the same compiler.
+"""
+__version__ = "0.1.0"  # first, so that submodules may import it during package import
+
+from polyc.errors import (BoundsError, CacheError, CompilationError, PolycError, RangeInferenceError,
+                          SignatureError, TCSemanticError, TCSyntaxError, UnsupportedError)
+from polyc.api import Kernel, Module, define
+
+__all__ = ["define", "Module", "Kernel", "PolycError", "TCSyntaxError", "TCSemanticError",
+           "RangeInferenceError", "BoundsError", "SignatureError", "UnsupportedError",
+           "CompilationError", "CacheError", "__version__"]
