@@ -1,0 +1,214 @@
+"""A content-addressed on-disk cache of compiled kernels, safe to share between processes.
+
+An entry is named by :func:`cache_key`, a sha256 of the C source, the compiler fingerprint,
+the polyc version and :data:`CACHE_FORMAT_VERSION`, and lives in ``<cache>/<key[:2]>/<key>/``::
+
+    kernel.c     the source, for people reading the cache
+    kernel.so    the library
+    meta.json    sha256 and size of kernel.so; written last, so its presence marks a complete entry
+
+How concurrent builders stay correct:
+
+* A library is built in a private temporary directory inside the cache (same file system) and its
+  files are moved into the entry with ``os.replace``, meta.json last.  A reader therefore sees a
+  whole old file or a whole new one, never a partial one, and a library another process has loaded
+  is never rewritten in place.
+* An entry is used only after meta.json parses and the library's size and sha256 match it; anything
+  else (a truncated file, garbage metadata, a crash between writes) is rebuilt, never loaded.
+* Builders of one key serialise on ``<cache>/<key[:2]>/<key>.lock`` with ``flock`` and recheck the
+  entry once they hold it, so N processes asking for a new kernel cause one build.  Where ``flock``
+  is unavailable they all build, which is slower but still correct by the two rules above.
+
+Hashing a library costs a read of the file, so each process verifies an entry once and afterwards
+trusts it while the ``stat`` (inode, size, mtime) of its library and meta.json is unchanged.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from polyc import __version__ as POLYC_VERSION
+from polyc.errors import CacheError
+from polyc.runtime.compiler import CompilerOptions, compile_shared_library
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: build without the per-key lock
+    fcntl = None
+
+#: Bump when the entry layout or meta.json changes, so old entries are no longer found.
+CACHE_FORMAT_VERSION = 1
+
+SOURCE_NAME = "kernel.c"
+LIBRARY_NAME = "kernel.so"
+META_NAME = "meta.json"
+#: Prefix of the private build directories; anything so named in the cache is a build in progress.
+BUILD_DIR_PREFIX = ".build-"
+
+#: Entry directory -> signatures of its library and meta.json when this process last verified it.
+_verified_entries: dict[Path, tuple[tuple[int, int, int], tuple[int, int, int]]] = {}
+
+
+def cache_dir() -> Path:
+    """The cache directory, created if needed: ``$POLYC_CACHE_DIR``, else ``$XDG_CACHE_HOME/polyc``,
+    else ``~/.cache/polyc``.  Raises :class:`CacheError` if it cannot be created or written."""
+    if os.environ.get("POLYC_CACHE_DIR"):
+        directory = Path(os.environ["POLYC_CACHE_DIR"]).expanduser()
+    elif os.environ.get("XDG_CACHE_HOME"):
+        directory = Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "polyc"
+    else:
+        directory = Path.home() / ".cache" / "polyc"
+    directory = directory.absolute()  # returned paths must not change meaning if the cwd does
+    advice = "set POLYC_CACHE_DIR to a writable directory"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CacheError(f"cannot create the kernel cache directory {directory}: {error.strerror}; {advice}") from error
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise CacheError(f"the kernel cache directory {directory} is not writable; {advice}")
+    return directory
+
+
+def cache_key(c_source: str, options: CompilerOptions) -> str:
+    """The hex sha256 naming the library built from ``c_source`` with ``options``."""
+    identity = {
+        "format": CACHE_FORMAT_VERSION,
+        "polyc": POLYC_VERSION,
+        "compiler": options.fingerprint(),
+        "source": c_source,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def get_or_build(c_source: str, options: CompilerOptions | None = None, *, rehash: bool = False) -> Path:
+    """Path of the shared library built from ``c_source``, compiling it only if the cache lacks a
+    valid copy.
+
+    ``rehash=True`` checks the library's sha256 even if this process has already verified the
+    unchanged file.  Raises :class:`~polyc.errors.CompilationError` if the build fails and
+    :class:`~polyc.errors.CacheError` if the cache cannot be used.
+    """
+    options = options if options is not None else CompilerOptions()
+    key = cache_key(c_source, options)
+    root = cache_dir()
+    entry = root / key[:2] / key
+    if _entry_is_valid(entry, key, rehash=rehash):
+        return entry / LIBRARY_NAME
+    try:
+        entry.parent.mkdir(exist_ok=True)
+    except OSError as error:
+        raise CacheError(f"cannot write to the kernel cache at {root}: {error.strerror}") from error
+    with _build_lock(entry.parent / f"{key}.lock"):
+        # Another process may have built the entry while this one waited for the lock.
+        if not _entry_is_valid(entry, key, rehash=rehash):
+            _build_entry(c_source, options, key, entry, root)
+    return entry / LIBRARY_NAME
+
+
+def _entry_is_valid(entry: Path, key: str, *, rehash: bool) -> bool:
+    """Whether ``entry`` holds a complete library matching its meta.json."""
+    if not rehash and entry in _verified_entries and _verified_entries[entry] == _entry_signature(entry):
+        return True
+    try:
+        # Read each file through the descriptor we stat, so a concurrent replace cannot pair the
+        # signature of one version with the contents of another.
+        with open(entry / META_NAME, "rb") as meta_file:
+            meta_stat = os.fstat(meta_file.fileno())
+            meta = json.loads(meta_file.read())
+        with open(entry / LIBRARY_NAME, "rb") as library_file:
+            library_stat = os.fstat(library_file.fileno())
+            digest = _file_sha256(library_file)
+    except (OSError, ValueError):  # missing files; undecodable or malformed JSON
+        return False
+    if not isinstance(meta, dict) or meta.get("key") != key:
+        return False
+    if library_stat.st_size != meta.get("size") or digest != meta.get("sha256"):
+        return False
+    _verified_entries[entry] = (_file_signature(library_stat), _file_signature(meta_stat))
+    return True
+
+
+def _file_signature(stat: os.stat_result) -> tuple[int, int, int]:
+    """What changes when a file is replaced or rewritten: inode, size, modification time."""
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def _entry_signature(entry: Path) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
+    """Signatures of an entry's library and meta.json, or None if either is missing."""
+    try:
+        return (_file_signature(os.stat(entry / LIBRARY_NAME)), _file_signature(os.stat(entry / META_NAME)))
+    except OSError:
+        return None
+
+
+def _file_sha256(file: BinaryIO) -> str:
+    """Hex sha256 of an open binary file, read from its current position."""
+    digest = hashlib.sha256()
+    for block in iter(lambda: file.read(1 << 20), b""):
+        digest.update(block)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _build_lock(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_path``; just proceed if locking is not possible."""
+    lock_fd = None
+    if fcntl is not None:
+        try:
+            lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        except OSError:  # e.g. a network file system without flock: atomic publishing suffices
+            pass
+    try:
+        yield
+    finally:
+        # Closing releases the lock.  The lock file stays: unlinking it would let a later process
+        # lock a new file while a waiter still holds the old one.
+        if lock_fd is not None:
+            os.close(lock_fd)
+
+
+def _build_entry(c_source: str, options: CompilerOptions, key: str, entry: Path, root: Path) -> None:
+    """Compile into a private directory, then move the files into ``entry``, meta.json last."""
+    try:
+        # A stale entry must stop looking valid before any of its files is replaced.
+        (entry / META_NAME).unlink(missing_ok=True)
+        build_dir = Path(tempfile.mkdtemp(prefix=BUILD_DIR_PREFIX + key[:16] + "-", dir=root))
+    except OSError as error:
+        raise CacheError(f"cannot write to the kernel cache at {root}: {error.strerror}") from error
+    try:
+        library = build_dir / LIBRARY_NAME
+        compile_shared_library(c_source, library, options)
+        with open(library, "rb") as library_file:
+            library_stat = os.fstat(library_file.fileno())
+            sha256 = _file_sha256(library_file)
+        meta = {
+            "key": key,
+            "sha256": sha256,
+            "size": library_stat.st_size,
+            "format": CACHE_FORMAT_VERSION,
+            "polyc": POLYC_VERSION,
+            "compiler": options.fingerprint(),
+        }
+        (build_dir / META_NAME).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        meta_stat = os.stat(build_dir / META_NAME)
+        # No fsync: after a crash a short or empty library fails the size/sha check and is rebuilt.
+        entry.mkdir(exist_ok=True)
+        for name in (SOURCE_NAME, LIBRARY_NAME, META_NAME):
+            os.replace(build_dir / name, entry / name)
+        # A rename keeps inode and mtime, so this holds until someone replaces or edits a file.
+        _verified_entries[entry] = (_file_signature(library_stat), _file_signature(meta_stat))
+    except OSError as error:
+        raise CacheError(
+            f"cannot write the kernel cache entry {entry}: {error}; "
+            "remove that directory or set POLYC_CACHE_DIR to another writable directory"
+        ) from error
+    finally:
+        shutil.rmtree(build_dir, ignore_errors=True)

@@ -1,0 +1,231 @@
+"""Turn generated C text into a shared library by running the system C compiler.
+
+The compiler and its flags are one immutable :class:`CompilerOptions` record.  Its
+:meth:`~CompilerOptions.fingerprint` names everything that can change the bytes of the built
+library, so the kernel cache can key entries on it.
+
+Defaults, read from the environment when a ``CompilerOptions`` is created:
+
+``cc``
+    ``$POLYC_CC``, else ``$CC``, else the first of ``gcc``, ``cc``, ``clang`` found on ``PATH``.
+    The value may carry a launcher or fixed arguments (``"ccache gcc"``); it is split like a
+    shell word list and the first word is the program.
+``flags``
+    The optimisation/architecture part, ``-O3 -march=native``, followed by ``-std=gnu11``.
+    A non-empty ``$POLYC_CFLAGS`` replaces the optimisation/architecture part only, so
+    ``POLYC_CFLAGS="-O2 -g"`` gives ``flags == ("-O2", "-g", "-std=gnu11")``.
+
+Every command line also carries ``-fPIC -shared`` (the output must be a loadable library, so
+these are not options), ``-fopenmp`` when ``openmp`` is true, then ``extra_flags``, and links
+``-lm``.  With all defaults the command is::
+
+    gcc -fPIC -shared -O3 -march=native -std=gnu11 -fopenmp -o kernel.so kernel.c -lm
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from polyc.errors import CompilationError
+
+#: Flags without which the output is not a shared library ctypes can load.
+REQUIRED_FLAGS: tuple[str, ...] = ("-fPIC", "-shared")
+#: The optimisation/architecture part of the default flags; ``$POLYC_CFLAGS`` replaces it.
+DEFAULT_OPTIMISATION_FLAGS: tuple[str, ...] = ("-O3", "-march=native")
+#: The dialect generated code is written in (C99 plus GNU extensions such as ``__restrict__``).
+LANGUAGE_FLAGS: tuple[str, ...] = ("-std=gnu11",)
+#: Libraries linked after the source; generated code may call ``<math.h>`` functions.
+LINK_LIBRARIES: tuple[str, ...] = ("-lm",)
+#: Compilers tried, in order, when neither ``$POLYC_CC`` nor ``$CC`` is set.
+FALLBACK_COMPILERS: tuple[str, ...] = ("gcc", "cc", "clang")
+
+#: Seconds a single compilation may take before it is abandoned.
+DEFAULT_TIMEOUT = 300.0
+#: How much compiler output a CompilationError quotes; the first errors are the useful ones.
+MAX_DIAGNOSTIC_LINES = 60
+MAX_DIAGNOSTIC_CHARS = 8000
+
+
+def _default_cc() -> str | None:
+    for variable in ("POLYC_CC", "CC"):
+        value = os.environ.get(variable, "").strip()
+        if value:
+            return value
+    for name in FALLBACK_COMPILERS:
+        if shutil.which(name):
+            return name
+    return None
+
+
+def _default_flags() -> tuple[str, ...]:
+    override = os.environ.get("POLYC_CFLAGS", "").strip()
+    optimisation = tuple(shlex.split(override)) if override else DEFAULT_OPTIMISATION_FLAGS
+    return optimisation + LANGUAGE_FLAGS
+
+
+@dataclass(frozen=True)
+class CompilerOptions:
+    """Which C compiler builds kernels, and with which flags.
+
+    ``cc=None`` and ``flags=None`` mean the defaults described in the module docstring (from
+    ``$POLYC_CC``, ``$CC`` and ``$POLYC_CFLAGS``); they are filled in when the record is made, so
+    ``cc`` is None afterwards only if no compiler could be found.
+
+    >>> options = CompilerOptions(cc="gcc", flags=("-O2",), openmp=False)
+    >>> options.command("kernel.c", "kernel.so")
+    ['gcc', '-fPIC', '-shared', '-O2', '-o', 'kernel.so', 'kernel.c', '-lm']
+    """
+
+    cc: str | None = None
+    flags: tuple[str, ...] | None = None
+    #: Appended after ``flags``, e.g. ``("-fsanitize=address,undefined",)``.
+    extra_flags: tuple[str, ...] = ()
+    openmp: bool = True
+
+    def __post_init__(self) -> None:
+        # object.__setattr__ because the record is frozen; tuples keep it hashable if given lists.
+        object.__setattr__(self, "cc", self.cc if self.cc is not None else _default_cc())
+        object.__setattr__(self, "flags", tuple(self.flags) if self.flags is not None else _default_flags())
+        object.__setattr__(self, "extra_flags", tuple(self.extra_flags))
+
+    def compiler_words(self) -> list[str]:
+        """``cc`` split into words, the first being the program; CompilationError if unset."""
+        if not self.cc or not shlex.split(self.cc):
+            raise CompilationError(
+                "no C compiler found: none of " + ", ".join(FALLBACK_COMPILERS) + " is on PATH "
+                "and neither POLYC_CC nor CC is set; install one or set POLYC_CC to a C compiler"
+            )
+        return shlex.split(self.cc)
+
+    def all_flags(self) -> list[str]:
+        """Every flag between the compiler and ``-o``, in command-line order."""
+        return [*REQUIRED_FLAGS, *self.flags, *(["-fopenmp"] if self.openmp else []), *self.extra_flags]
+
+    def command(self, source: str | os.PathLike, output: str | os.PathLike) -> list[str]:
+        """The full argument list that compiles ``source`` into the shared library ``output``."""
+        return [*self.compiler_words(), *self.all_flags(), "-o", str(output), str(source), *LINK_LIBRARIES]
+
+    def resolved_compiler(self) -> str:
+        """Absolute path of the compiler program; CompilationError if it cannot be run."""
+        program = self.compiler_words()[0]
+        path = shutil.which(program)
+        if path is None:
+            raise CompilationError(
+                f"C compiler {program!r} was not found or is not executable; "
+                "set POLYC_CC (or CompilerOptions(cc=...)) to a working C compiler"
+            )
+        return os.path.abspath(path)
+
+    def fingerprint(self) -> str:
+        """A stable text naming everything that decides the built library's bytes: the compiler's
+        path and ``--version`` line, the flags and, for ``*=native`` flags, the host CPU."""
+        words = self.compiler_words()
+        parts = [
+            shlex.join([self.resolved_compiler(), *words[1:]]),
+            _compiler_version(tuple(words)),
+            shlex.join([*self.all_flags(), *LINK_LIBRARIES]),
+        ]
+        # -march=native code can fault on another CPU, e.g. a cache in a home directory shared by
+        # the nodes of a cluster, so such builds are keyed on the host CPU as well.
+        if any("=native" in flag for flag in self.all_flags()):
+            parts.append("host " + _host_cpu())
+        return "\n".join(parts)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_version(compiler_words: tuple[str, ...]) -> str:
+    """First line of ``cc --version``, memoised because every cache lookup needs it."""
+    command = [*compiler_words, "--version"]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise CompilationError(f"cannot run the C compiler ({shlex.join(command)}): {error}") from error
+    lines = (result.stdout or result.stderr).strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise CompilationError(
+            f"the C compiler does not answer {shlex.join(command)} (exit status {result.returncode}); "
+            "set POLYC_CC to a working C compiler"
+        )
+    return lines[0].strip()
+
+
+@functools.lru_cache(maxsize=None)
+def _host_cpu() -> str:
+    """A short identity of the host CPU: machine type plus a hash of its model and feature lines."""
+    wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")
+    first_lines: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                name = line.split(":", 1)[0].strip()
+                if name in wanted:
+                    first_lines.setdefault(name, line.strip())
+    except OSError:  # not Linux: the processor string is the best cheap description
+        first_lines["processor"] = platform.processor()
+    digest = hashlib.sha256("\n".join(sorted(first_lines.values())).encode()).hexdigest()[:16]
+    return f"{platform.machine()} {digest}"
+
+
+def _truncate_diagnostics(text: str) -> str:
+    """The head of a compiler's output, cut to a readable length with a note of what was cut."""
+    lines = text.strip().splitlines()
+    kept = lines[:MAX_DIAGNOSTIC_LINES]
+    shown = "\n".join(kept)
+    if len(shown) > MAX_DIAGNOSTIC_CHARS:
+        shown = shown[:MAX_DIAGNOSTIC_CHARS] + " ..."
+    if len(lines) > len(kept):
+        shown += f"\n... ({len(lines) - len(kept)} more lines)"
+    return shown
+
+
+def compile_shared_library(
+    c_source: str,
+    output_path: Path,
+    options: CompilerOptions | None = None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> None:
+    """Compile ``c_source`` into the shared library ``output_path``.
+
+    The source is written next to the output (same name, suffix ``.c``) and the compiler runs in
+    that directory with relative file names, so diagnostics name ``kernel.c`` rather than a
+    temporary path and identical sources give identical libraries.
+
+    Raises :class:`CompilationError` if there is no usable compiler, if it fails (the message holds
+    the command and the head of its output) or if it runs longer than ``timeout`` seconds.
+    """
+    options = options if options is not None else CompilerOptions()
+    output_path = Path(output_path).absolute()
+    source_path = output_path.with_suffix(".c")
+    command = options.command(source_path.name, output_path.name)
+    options.resolved_compiler()  # a missing compiler gets its own message, not "exit status 127"
+    try:
+        output_path.parent.mkdir(parents=True, exist_ok=True)
+        source_path.write_text(c_source, encoding="utf-8")
+    except OSError as error:
+        raise CompilationError(f"cannot write the C source to {source_path}: {error}") from error
+
+    where = f"{shlex.join(command)}\n  (in {output_path.parent})"
+    try:
+        result = subprocess.run(
+            command, cwd=output_path.parent, capture_output=True, text=True, errors="replace", timeout=timeout
+        )
+    except subprocess.TimeoutExpired as error:
+        raise CompilationError(f"the C compiler took longer than {timeout:g} s and was stopped:\n  {where}") from error
+    except OSError as error:
+        raise CompilationError(f"cannot run the C compiler: {error}\n  {where}") from error
+
+    if result.returncode != 0:
+        diagnostics = _truncate_diagnostics(result.stderr or result.stdout) or "(no output)"
+        raise CompilationError(
+            f"the C compiler failed (exit status {result.returncode}) on generated code:\n  {where}\n{diagnostics}"
+        )
+    if not output_path.is_file():
+        raise CompilationError(f"the C compiler reported success but wrote no {output_path.name}:\n  {where}")

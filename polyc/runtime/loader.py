@@ -1,0 +1,60 @@
+"""Load built kernel libraries into this process and look up their functions with ctypes."""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from polyc.errors import CacheError, CompilationError
+
+# A CDLL must outlive every function pointer taken from it, so loaded libraries are kept for the
+# life of the process; keying on the resolved path makes a second load return the same object.
+_loaded_libraries: dict[Path, ctypes.CDLL] = {}
+_loading = threading.Lock()
+
+
+def load_library(path: str | os.PathLike) -> ctypes.CDLL:
+    """The shared library at ``path``, loaded once per process.
+
+    Raises :class:`CacheError` if there is no file at ``path`` and :class:`CompilationError` if
+    the dynamic loader rejects it (wrong architecture, a missing runtime such as libgomp, ...).
+    """
+    resolved = Path(path).resolve()
+    with _loading:
+        library = _loaded_libraries.get(resolved)
+        if library is None:
+            if not resolved.is_file():
+                raise CacheError(f"compiled kernel library {resolved} does not exist (was the cache cleared?)")
+            try:
+                library = ctypes.CDLL(str(resolved))
+            except OSError as error:
+                raise CompilationError(
+                    f"cannot load compiled kernel library {resolved}: {error}; "
+                    "removing its cache entry forces a rebuild"
+                ) from error
+            _loaded_libraries[resolved] = library
+    return library
+
+
+def get_function(
+    library: ctypes.CDLL,
+    name: str,
+    argtypes: Sequence[type],
+    restype: type | None = None,
+) -> ctypes._CFuncPtr:
+    """The exported function ``name`` of ``library``, typed with ``argtypes`` and ``restype``
+    (``None`` means ``void``).  Raises :class:`CompilationError` if it is not exported.
+
+    >>> axpy = get_function(lib, "axpy", [ctypes.c_long, ctypes.c_float, FLOAT_P, FLOAT_P])  # doctest: +SKIP
+    """
+    try:
+        # Indexing, unlike attribute access, makes a fresh function object, so two callers
+        # setting different argtypes on one symbol do not overwrite each other.
+        function = library[name]
+    except AttributeError as error:
+        raise CompilationError(f"compiled kernel library {library._name} exports no function {name!r}") from error
+    function.argtypes = list(argtypes)
+    function.restype = restype
+    return function
