@@ -1,0 +1,249 @@
+"""C99 + OpenMP code generation from a scheduled polyhedral program.
+
+isl builds an AST from the schedule tree (``AstBuild.node_from_schedule``); this module turns
+that AST into cgen nodes and prints one translation unit holding one function:
+
+    int polyc_<def>(const float *restrict A, ..., float *restrict C[, int64_t M, ...]);
+
+Tensors are passed as pointers to C-contiguous data (the runtime copies other layouts);
+temporaries as zeroed buffers; sizes as int64 arguments, or as constants when the kernel is
+specialised.  All index arithmetic is 64-bit.  Marks in the schedule become pragmas:
+``parallel`` -> ``#pragma omp parallel for``, ``simd`` -> ``#pragma omp simd``, ``unroll:N`` ->
+``#pragma GCC unroll N``.  The function returns 0, or 1 when a data-dependent subscript fell
+outside its tensor (the element is then not read, and the caller raises BoundsError).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cgen
+import islpy as isl
+import numpy as np
+
+from polyc.codegen.c_expr import PRELUDE, CExpressionPrinter, c_type
+from polyc.errors import PolycError
+from polyc.ir.model import PolyProgram, PolyStatement, isl_name
+from polyc.lang import checked as ir
+from polyc.lang.symbolic import Affine
+from polyc.options import Options
+from polyc.schedule.transform import PARALLEL, SIMD, UNROLL
+from polyc.types import identity
+
+_STATUS = "polyc_status"
+
+
+@dataclass(frozen=True)
+class GeneratedKernel:
+    """C source of one kernel and how to call it.
+
+    ``tensor_arguments`` lists the tensors in argument order (inputs, outputs, temporaries);
+    ``size_arguments`` the sizes passed at run time (empty when specialised).
+    """
+
+    function_name: str
+    source: str
+    tensor_arguments: tuple[str, ...]
+    size_arguments: tuple[str, ...]
+
+
+def generate_c(program: PolyProgram, schedule: isl.Schedule, options: Options) -> GeneratedKernel:
+    """The C translation unit for ``program`` executed in the order of ``schedule``."""
+    return _KernelWriter(program, schedule, options).write()
+
+
+class _KernelWriter:
+    def __init__(self, program: PolyProgram, schedule: isl.Schedule, options: Options):
+        self.program = program
+        self.definition = program.definition
+        self.schedule = schedule
+        self.options = options
+        self.specialised = program.size_values is not None
+        # isl may rename parameters that clash with its keywords; map its names back to ours.
+        self.param_names = {isl_name(p): p for p in program.params}
+
+    # ------------------------------------------------------------------ top level
+    def write(self) -> GeneratedKernel:
+        d = self.definition
+        name = f"polyc_{d.name}"
+        tensors = tuple(t.name for t in d.tensors)
+        sizes = () if self.specialised else tuple(d.sizes)
+        arguments = []
+        for t in d.tensors:
+            ctype = c_type(t.dtype)
+            qualified = f"const {ctype}" if t.role is ir.Role.INPUT else ctype
+            arguments.append(cgen.RestrictPointer(cgen.Value(qualified, t.name)))
+        arguments += [cgen.Value("int64_t", s) for s in sizes]
+
+        body: list = []
+        if self.specialised:
+            for s in d.sizes:
+                body.append(cgen.Statement(f"const int64_t {s} = {self.program.size_values[s]}"))
+        for t in d.tensors:
+            for dim, extent in enumerate(t.shape):
+                body.append(cgen.Statement(f"const int64_t {_extent_name(t.name, dim)} = {extent.to_c()}"))
+        body.append(cgen.Statement(f"int {_STATUS} = 0"))
+        body.append(cgen.Statement(f"(void){_STATUS}"))
+        build = isl.AstBuild.from_context(self.program.context)
+        ast = build.node_from_schedule(self.schedule)
+        body.append(self.node(ast))
+        body.append(cgen.Statement(f"return {_STATUS}"))
+        function = cgen.FunctionBody(cgen.FunctionDeclaration(cgen.Value("int", name), arguments), cgen.Block(body))
+        source = "\n".join([self.header(), PRELUDE, str(function), ""])
+        return GeneratedKernel(name, source, tensors, sizes)
+
+    def header(self) -> str:
+        o = self.options
+        sizes = ", ".join(f"{k}={v}" for k, v in self.program.size_values.items()) if self.specialised \
+            else "parametric"
+        lines = [f"polyc kernel for def '{self.definition.name}'",
+                 f"sizes: {sizes}",
+                 f"options: fusion={o.fusion} tile_sizes={o.tile_sizes} parallel={o.parallel} "
+                 f"vectorize={o.vectorize} unroll={o.unroll} specialize={o.specialize}"]
+        lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
+        return "/*\n" + "\n".join(" * " + line.replace("*/", "* /") for line in lines) + "\n */"
+
+    # ------------------------------------------------------------------ AST nodes
+    def node(self, node: isl.AstNode):
+        kind = node.get_type()
+        if kind == isl.ast_node_type.block:
+            children = node.block_get_children()
+            return cgen.Block([self.node(children.get_at(i)) for i in range(children.n_ast_node())])
+        if kind == isl.ast_node_type.for_:
+            return self.for_node(node, [])
+        if kind == isl.ast_node_type.if_:
+            else_node = self.node(node.if_get_else_node()) if node.if_has_else_node() else None
+            return cgen.If(self.expr(node.if_get_cond()), self.node(node.if_get_then_node()), else_node)
+        if kind == isl.ast_node_type.mark:
+            return self.mark_node(node)
+        if kind == isl.ast_node_type.user:
+            return self.user_node(node.user_get_expr())
+        raise PolycError(f"internal: unexpected isl AST node {kind}")
+
+    def mark_node(self, node: isl.AstNode):
+        mark = node.mark_get_id().get_name()
+        child = node.mark_get_node()
+        pragmas = []
+        if mark == PARALLEL:
+            pragmas.append("omp parallel for")
+        elif mark == SIMD:
+            pragmas.append("omp simd")
+        elif mark.startswith(UNROLL + ":"):
+            pragmas.append(f"GCC unroll {mark.split(':')[1]}")
+        # Marks stack (simd above unroll); gather them so all land on the same loop.
+        while child.get_type() == isl.ast_node_type.mark:
+            inner = child.mark_get_id().get_name()
+            if inner == SIMD:
+                pragmas.append("omp simd")
+            elif inner.startswith(UNROLL + ":"):
+                pragmas.append(f"GCC unroll {inner.split(':')[1]}")
+            child = child.mark_get_node()
+        if child.get_type() == isl.ast_node_type.for_ and not child.for_is_degenerate():
+            return self.for_node(child, pragmas)
+        return self.node(child)  # the marked loop has a single iteration: nothing to annotate
+
+    def for_node(self, node: isl.AstNode, pragmas: list[str]):
+        iterator = self.expr(node.for_get_iterator())
+        init = self.expr(node.for_get_init())
+        body = self.node(node.for_get_body())
+        if node.for_is_degenerate():
+            return cgen.Block([cgen.Statement(f"const int64_t {iterator} = {init}"), body])
+        loop = cgen.For(f"int64_t {iterator} = {init}", self.expr(node.for_get_cond()),
+                        f"{iterator} += {self.expr(node.for_get_inc())}", body)
+        if not pragmas:
+            return loop
+        return cgen.Module([cgen.Pragma(p) for p in pragmas] + [loop])
+
+    # ------------------------------------------------------------------ AST expressions
+    def expr(self, e: isl.AstExpr) -> str:
+        kind = e.get_type()
+        if kind == isl.ast_expr_type.id:
+            name = e.get_id().get_name()
+            return self.param_names.get(name, name)
+        if kind == isl.ast_expr_type.int:
+            return f"INT64_C({e.get_val().to_python()})"
+        op = e.get_op_type()
+        args = [self.expr(e.get_op_arg(i)) for i in range(e.get_op_n_arg())]
+        t = isl.ast_expr_op_type
+        binary = {t.add: "+", t.sub: "-", t.mul: "*", t.div: "/", t.pdiv_q: "/", t.pdiv_r: "%", t.zdiv_r: "%",
+                  t.and_: "&&", t.and_then: "&&", t.or_: "||", t.or_else: "||", t.eq: "==", t.le: "<=",
+                  t.lt: "<", t.ge: ">=", t.gt: ">"}
+        if op in binary:
+            return f"({args[0]} {binary[op]} {args[1]})"
+        if op == t.minus:
+            return f"(-{args[0]})"
+        if op == t.fdiv_q:
+            return f"polyc_floord({args[0]}, {args[1]})"
+        if op in (t.min, t.max):
+            helper = "polyc_min" if op == t.min else "polyc_max"
+            text = args[0]
+            for a in args[1:]:
+                text = f"{helper}({text}, {a})"
+            return text
+        if op in (t.cond, t.select):
+            return f"({args[0]} ? {args[1]} : {args[2]})"
+        raise PolycError(f"internal: unexpected isl AST operation {op}")
+
+    # ------------------------------------------------------------------ statements
+    def user_node(self, call: isl.AstExpr):
+        name = call.get_op_arg(0).get_id().get_name()
+        statement = self.program.statement(name)
+        arguments = [self.expr(call.get_op_arg(i + 1)) for i in range(call.get_op_n_arg() - 1)]
+        index_c = dict(zip(statement.indices, arguments))
+        return cgen.Statement(self.statement_text(statement, index_c))
+
+    def statement_text(self, statement: PolyStatement, index_c: dict[str, str]) -> str:
+        source = statement.source
+        target = self.definition.tensor(source.target)
+        lhs = self.element(source.target, [index_c[i] for i in source.indices])
+        ctype = c_type(target.dtype)
+        if statement.kind == "init":
+            return f"{lhs} = {_literal(identity(source.op, target.dtype), target.dtype)}"
+        printer = CExpressionPrinter(
+            index=lambda n: index_c[n],
+            size=lambda a: f"({a.to_c()})",
+            access=lambda read, subscripts: self.element(read.tensor, subscripts, checked=not read.is_affine),
+            subscript=lambda a: a.to_c(lambda n: index_c.get(n, n)),
+        )
+        value = printer.print(source.rhs)
+        if statement.kind == "assign":
+            return f"{lhs} = {value}"
+        return f"{lhs} = {_combine(source.op, target.dtype, lhs, value, ctype)}"
+
+    def element(self, tensor_name: str, subscripts: list[str], checked: bool = False) -> str:
+        """C lvalue of an element; data-dependent subscripts are bounds-checked at run time."""
+        tensor = self.definition.tensor(tensor_name)
+        if tensor.rank == 0:
+            return f"{tensor_name}[0]"
+        offset = ""
+        for dim, subscript in enumerate(subscripts):
+            extent = _extent_name(tensor_name, dim)
+            if checked:
+                subscript = f"polyc_checked_index({subscript}, {extent}, &{_STATUS})"
+            offset = f"({subscript})" if dim == 0 else f"({offset} * {extent} + ({subscript}))"
+        return f"{tensor_name}[{offset}]"
+
+
+def _extent_name(tensor: str, dim: int) -> str:
+    return f"{tensor}_extent{dim}"
+
+
+def _literal(value, dtype: np.dtype) -> str:
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        if np.isinf(value):
+            return f"(({c_type(dtype)})({'-' if value < 0 else ''}INFINITY))"
+        return f"(({c_type(dtype)}){float(value)!r})"
+    if dtype.kind == "b":
+        return "1" if value else "0"
+    return f"(({c_type(dtype)})INT64_C({int(value)}))" if dtype.kind == "i" else f"(({c_type(dtype)})UINT64_C({int(value)}))"
+
+
+def _combine(op: str, dtype: np.dtype, current: str, value: str, ctype: str) -> str:
+    """``current op value`` in the target type, with the interpreter's min/max semantics."""
+    if op in ("+", "*"):
+        return f"({ctype})({current} {op} {value})"
+    if dtype.kind == "f":
+        suffix = "f" if dtype.itemsize <= 4 else ""
+        return f"({ctype})f{op}{suffix}({current}, {value})"
+    compare = "<" if op == "min" else ">"
+    return f"(({value}) {compare} ({current}) ? ({value}) : ({current}))"

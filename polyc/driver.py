@@ -1,0 +1,117 @@
+"""The compiler pipeline, stage by stage, and the compiled kernel it produces.
+
+    checked def --build_program--> PolyProgram --compute_dependences--> Dependences
+        --compute_schedule--> schedule tree --optimize_schedule--> tiled, marked tree
+        --generate_c--> C source --runtime.get_or_build--> shared library --ctypes--> call
+
+``compile_stages`` runs the stages for one set of sizes (or parametrically) and keeps every
+intermediate result for inspection; ``CompiledKernel`` caches one compiled function per size
+signature so that repeated calls cost only argument checking and the call itself.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from typing import Mapping
+
+import islpy as isl
+import numpy as np
+
+from polyc.codegen.c import GeneratedKernel, generate_c
+from polyc.errors import BoundsError
+from polyc.ir.dependences import Dependences, compute_dependences
+from polyc.ir.model import PolyProgram, build_program
+from polyc.lang.checked import CheckedDef
+from polyc.options import Options
+from polyc.runtime import CompilerOptions, get_function, get_or_build, load_library
+from polyc.runtime.arguments import bind_arguments
+from polyc.schedule.scheduler import compute_schedule
+from polyc.schedule.transform import optimize_schedule
+
+
+@dataclass(frozen=True)
+class Stages:
+    """Every intermediate result of compiling one def for one size signature."""
+
+    program: PolyProgram
+    dependences: Dependences
+    schedule: isl.Schedule
+    optimized_schedule: isl.Schedule
+    kernel: GeneratedKernel
+
+
+def compile_stages(definition: CheckedDef, options: Options,
+                   sizes: Mapping[str, int] | None = None) -> Stages:
+    """Run the pipeline up to C source; ``sizes`` specialises it (None: parametric)."""
+    program = build_program(definition, sizes if options.specialize else None)
+    dependences = compute_dependences(program)
+    schedule = compute_schedule(program, dependences, options.fusion)
+    optimized = optimize_schedule(schedule, program, options)
+    return Stages(program, dependences, schedule, optimized, generate_c(program, optimized, options))
+
+
+def compiler_options(options: Options) -> CompilerOptions:
+    """The runtime's compiler settings for polyc options (``cflags`` replace the optimisation
+    flags; the language standard and OpenMP stay)."""
+    flags = None if options.cflags is None else tuple(options.cflags) + ("-std=gnu11",)
+    return CompilerOptions(cc=options.cc, flags=flags, openmp=True)
+
+
+class _Compiled:
+    """One loaded kernel function and the argument layout it expects."""
+
+    def __init__(self, kernel: GeneratedKernel, options: Options):
+        self.kernel = kernel
+        library = load_library(get_or_build(kernel.source, compiler_options(options)))
+        argtypes = [ctypes.c_void_p] * len(kernel.tensor_arguments) + [ctypes.c_int64] * len(kernel.size_arguments)
+        self.function = get_function(library, kernel.function_name, argtypes, ctypes.c_int)
+
+
+class CompiledKernel:
+    """Calls a def through compiled C; compiles on first use per size signature."""
+
+    def __init__(self, definition: CheckedDef, options: Options):
+        self.definition = definition
+        self.options = options
+        self._compiled: dict[tuple, _Compiled] = {}
+        self._lock = threading.Lock()
+
+    def stages(self, sizes: Mapping[str, int] | None = None) -> Stages:
+        return compile_stages(self.definition, self.options, sizes)
+
+    def compiled_for(self, sizes: Mapping[str, int]) -> _Compiled:
+        key = tuple(sizes[s] for s in self.definition.sizes) if self.options.specialize else ()
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            with self._lock:
+                compiled = self._compiled.get(key)
+                if compiled is None:
+                    stages = compile_stages(self.definition, self.options, sizes)
+                    compiled = _Compiled(stages.kernel, self.options)
+                    self._compiled[key] = compiled
+        return compiled
+
+    def __call__(self, args, outputs=None) -> tuple[np.ndarray, ...]:
+        definition = self.definition
+        call = bind_arguments(definition, args, outputs)
+        compiled = self.compiled_for(call.sizes)
+        buffers: dict[str, np.ndarray] = {}
+        for tensor in definition.tensors:
+            array = call.arrays.get(tensor.name)
+            if array is None:  # a temporary
+                array = np.zeros(tensor.concrete_shape(call.sizes), dtype=tensor.dtype)
+            buffers[tensor.name] = np.ascontiguousarray(array)
+        pointers = [buffers[name].ctypes.data for name in compiled.kernel.tensor_arguments]
+        sizes = [call.sizes[s] for s in compiled.kernel.size_arguments]
+        status = compiled.function(*pointers, *sizes)
+        if status != 0:
+            raise BoundsError(f"{definition.name}: a data-dependent subscript fell outside its tensor "
+                              f"(an index array holds a value out of range)")
+        results = []
+        for name in definition.outputs:
+            given = call.arrays[name]
+            if buffers[name] is not given:  # a non-contiguous output was computed in a copy
+                given[...] = buffers[name]
+            results.append(given)
+        return tuple(results)

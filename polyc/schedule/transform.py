@@ -1,0 +1,190 @@
+"""Schedule tree transformations: tiling, intra-tile reordering and marks for code generation.
+
+``optimize_schedule`` walks the scheduler's tree once, band by band:
+
+1. a permutable band of two or more members is tiled (rectangular tiles; sizes from the options
+   or from the cache model in :mod:`polyc.schedule.tiling`);
+2. the outermost band on each path gets a ``parallel`` mark when one of its members carries no
+   dependence (moved to the front first, which permutability allows);
+3. in an innermost band, the member whose accesses are most often stride-1 is moved innermost,
+   and marked ``simd`` when it is coincident (and ``unroll`` when asked).
+
+Marks are isl mark nodes with the ids in MARKS; code generation turns them into pragmas.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from polyc.ir.model import PolyProgram
+from polyc.lang.symbolic import Affine
+from polyc.options import Options
+from polyc.schedule.tiling import choose_tile_sizes
+
+PARALLEL, SIMD, UNROLL = "parallel", "simd", "unroll"
+MARKS = (PARALLEL, SIMD, UNROLL)
+
+_BAND = isl.schedule_node_type.band
+
+
+@dataclass(frozen=True)
+class _Context:
+    program: PolyProgram
+    options: Options
+
+
+def optimize_schedule(schedule: isl.Schedule, program: PolyProgram, options: Options) -> isl.Schedule:
+    """Tile, reorder and mark ``schedule`` as the options ask; the result is equivalent to it."""
+    node = _visit(schedule.get_root(), _Context(program, options), parallel_above=False)
+    return node.get_schedule()
+
+
+def _visit(node: isl.ScheduleNode, context: _Context, parallel_above: bool) -> isl.ScheduleNode:
+    """Transform the subtree at ``node``; return the node now at the same position."""
+    if node.get_type() == _BAND:
+        return _visit_band(node, context, parallel_above)
+    for position in range(node.n_children()):
+        node = _visit(node.child(position), context, parallel_above).parent()
+    return node
+
+
+def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool) -> isl.ScheduleNode:
+    options = context.options
+    depth = node.get_tree_depth()
+    leaf_band = not _has_band_below(node)
+    n_members = node.band_n_member()
+
+    tiled = False
+    if options.tile_sizes != () and node.band_get_permutable() and n_members >= 2:
+        sizes = choose_tile_sizes(node, context.program, options.tile_sizes)
+        if sizes is not None:
+            node = node.band_tile(isl.MultiVal.from_val_list(node.band_get_space(), _val_list(node, sizes)))
+            tiled = True
+
+    marked_parallel = False
+    if options.parallel and not parallel_above:
+        coincident = [node.band_member_get_coincident(i) for i in range(node.band_n_member())]
+        if any(coincident):
+            first = coincident.index(True)
+            if first != 0 and node.band_get_permutable():
+                order = [first] + [i for i in range(node.band_n_member()) if i != first]
+                node = _permute(node, order)
+            if node.band_member_get_coincident(0):
+                node = node.insert_mark(isl.Id(PARALLEL, context=node.get_ctx())).child(0)
+                marked_parallel = True
+
+    # Step into the point band (if tiled) for the innermost-loop decisions.
+    inner = node.child(0) if tiled else node
+    if leaf_band:
+        inner = _finish_innermost(inner, context)
+    else:
+        for position in range(inner.n_children()):
+            inner = _visit(inner.child(position), context, parallel_above or marked_parallel).parent()
+    # Climb back to the position the band had when we were called.
+    while inner.get_tree_depth() > depth:
+        inner = inner.parent()
+    return inner
+
+
+def _finish_innermost(node: isl.ScheduleNode, context: _Context) -> isl.ScheduleNode:
+    """Reorder an innermost band for stride-1 access; mark its innermost member simd/unroll.
+
+    Returns the node at the band's (possibly split) top position.
+    """
+    options = context.options
+    n = node.band_n_member()
+    if n >= 2 and node.band_get_permutable():
+        scores = [_stride_score(node, member, context.program) for member in range(n)]
+        best = max(range(n), key=lambda m: (node.band_member_get_coincident(m), scores[m], m))
+        if best != n - 1:
+            node = _permute(node, [m for m in range(n) if m != best] + [best])
+    wants_simd = options.vectorize and node.band_member_get_coincident(n - 1)
+    wants_unroll = options.unroll > 1
+    if not (wants_simd or wants_unroll):
+        return node
+    top_depth = node.get_tree_depth()
+    if n > 1:
+        node = node.band_split(n - 1).child(0)
+    if wants_unroll:
+        node = node.insert_mark(isl.Id(f"{UNROLL}:{options.unroll}", context=node.get_ctx()))
+    if wants_simd:
+        node = node.insert_mark(isl.Id(SIMD, context=node.get_ctx()))
+    while node.get_tree_depth() > top_depth:
+        node = node.parent()
+    return node
+
+
+def _has_band_below(node: isl.ScheduleNode) -> bool:
+    for position in range(node.n_children()):
+        child = node.child(position)
+        if child.get_type() == _BAND or _has_band_below(child):
+            return True
+    return False
+
+
+def _permute(node: isl.ScheduleNode, order: list[int]) -> isl.ScheduleNode:
+    """Reorder the members of a permutable band (member ``order[p]`` goes to position p)."""
+    partial = node.band_get_partial_schedule()
+    coincident = [node.band_member_get_coincident(i) for i in range(node.band_n_member())]
+    reordered = partial
+    for position, source in enumerate(order):
+        reordered = reordered.set_at(position, partial.get_at(source))
+    node = node.delete().insert_partial_schedule(reordered).band_set_permutable(1)
+    for position, source in enumerate(order):
+        node = node.band_member_set_coincident(position, coincident[source])
+    return node
+
+
+def _val_list(node: isl.ScheduleNode, sizes: list[int]) -> isl.ValList:
+    ctx = node.get_ctx()
+    values = isl.ValList.alloc(ctx, len(sizes))
+    for size in sizes:
+        values = values.add(isl.Val.int_from_si(ctx, size))
+    return values
+
+
+# ----------------------------------------------------------------------------- stride analysis
+def member_indices(node: isl.ScheduleNode, member: int, program: PolyProgram) -> dict[str, str]:
+    """For each statement in the band, the statement index that ``member`` schedules, when the
+    member's schedule for that statement is a single index (``c = i + constant``)."""
+    found: dict[str, str] = {}
+    pw_affs: list[isl.PwAff] = []
+    node.band_get_partial_schedule().get_at(member).foreach_pw_aff(pw_affs.append)
+    for pw_aff in pw_affs:
+        name = pw_aff.get_tuple_id(isl.dim_type.in_).get_name()
+        statement = _statement_or_none(program, name)
+        if statement is None or pw_aff.n_piece() != 1:
+            continue
+        affs = []
+        pw_aff.foreach_piece(lambda _set, aff: affs.append(aff))
+        aff = affs[0]
+        coefficients = [aff.get_coefficient_val(isl.dim_type.in_, d).to_python() for d in range(len(statement.indices))]
+        nonzero = [d for d, c in enumerate(coefficients) if c != 0]
+        if len(nonzero) == 1 and abs(coefficients[nonzero[0]]) == 1:
+            found[name] = statement.indices[nonzero[0]]
+    return found
+
+
+def _statement_or_none(program: PolyProgram, name: str):
+    return next((s for s in program.statements if s.name == name), None)
+
+
+def _stride_score(node: isl.ScheduleNode, member: int, program: PolyProgram) -> int:
+    """How good a member is as the innermost loop: +2 per stride-1 access, -2 per access it
+    strides over a non-last dimension, 0 for accesses it does not move."""
+    score = 0
+    for statement_name, index in member_indices(node, member, program).items():
+        statement = program.statement(statement_name)
+        subscripts = [tuple(Affine.var(i) for i in statement.source.indices)]
+        subscripts += [tuple(access.read.subscripts) for access in statement.reads if access.read is not None]
+        for access in subscripts:
+            involved = [d for d, s in enumerate(access) if not isinstance(s, Affine) or index in s.names()]
+            if not involved:
+                continue
+            last = access[-1]
+            if involved == [len(access) - 1] and isinstance(last, Affine) and abs(last.coefficient(index)) == 1:
+                score += 2
+            else:
+                score -= 2
+    return score
