@@ -1,0 +1,398 @@
+"""``polyc.einsum``: a drop-in for :func:`numpy.einsum` that lowers to a TC def.
+
+    >>> import numpy as np, polyc
+    >>> A = np.ones((2, 3), np.float32); B = np.ones((3, 4), np.float32)
+    >>> polyc.einsum("ij,jk->ik", A, B, backend="interpreter")[0, 0]
+    np.float32(3.0)
+
+The pipeline has three steps, each a plain function:
+
+1. :func:`parse_subscripts` reads numpy's subscript grammar (explicit ``ij,jk->ik`` or implicit
+   ``ij,jk``, repeated labels, ``...``, spaces) into a :class:`Subscripts` record.
+2. :func:`plan_contraction` binds it to the operands' shapes: it expands ``...`` into labels of
+   its own, checks label sizes, and resolves numpy's broadcasting.  A dimension of size 1
+   broadcast against a label of another size is dropped from its operand (a reshape, never a
+   copy), because the operand does not vary along it.  The result is a :class:`Contraction`
+   whose labels are renumbered in order of first appearance, so ``ij,jk->ik`` and
+   ``ab,bc->ac`` are the same problem.
+3. :func:`lower_to_tc` writes the contraction as TC source, e.g. ::
+
+       def einsum(float32(S0, S1) I0, float32(S1, S2) I1) -> (Out) {
+           Out(a, c) +=! I0(a, r_b) * I1(r_b, c)
+       }
+
+   Labels in the output are indices of the left-hand side; the others are reduction indices
+   (``r_`` prefix).  A label repeated within an operand is the same index twice (a diagonal).
+   bool operands reduce with logical or over logical and (``max=!`` over ``&&``), as numpy does.
+
+The kernel of each contraction is defined once per (contraction, dtype, options) and kept in a
+bounded cache; the compiler itself caches compiled code per shapes.
+
+Differences from numpy: ``optimize`` is accepted and ignored (the contraction is one TC
+statement and polyc schedules it itself); the result is always a fresh array, never a view of
+an operand; complex and object operands raise :class:`~polyc.errors.UnsupportedError`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from polyc.errors import PolycError, UnsupportedError
+from polyc.options import Options
+from polyc.types import TC_TYPES
+
+#: Marks where ``...`` stands in a parsed term.
+ELLIPSIS = "..."
+
+#: How many lowered kernels are kept (least recently used are dropped first).
+KERNEL_CACHE_SIZE = 256
+
+_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # numpy's sublist label order
+_ORDERS = ("K", "A", "C", "F")
+
+
+class EinsumError(PolycError, ValueError):
+    """An einsum call that numpy would reject too: bad subscripts, operands that do not fit them,
+    or a forbidden cast.  Also a ValueError, so code written for numpy.einsum keeps working."""
+
+
+# ----------------------------------------------------------------------------- parsing
+@dataclass(frozen=True)
+class Subscripts:
+    """A parsed subscripts string.  Each term is a tuple of labels (letters) in which
+    :data:`ELLIPSIS` may stand once; ``output`` is None in implicit mode (no ``->``)."""
+
+    inputs: tuple[tuple[str, ...], ...]
+    output: tuple[str, ...] | None
+
+
+@functools.lru_cache(maxsize=KERNEL_CACHE_SIZE)
+def parse_subscripts(text: str) -> Subscripts:
+    """Parse numpy's einsum subscripts: ``"ij,jk->ik"``, ``"ii"``, ``"...ij,...jk"``.
+
+    Checks what the string alone settles: characters, ``...`` placement, repeated or unknown
+    output labels.  Operand counts and ranks are checked against the operands later.
+    """
+    if not isinstance(text, str):
+        raise EinsumError(f"einsum subscripts must be a string, not {type(text).__name__}")
+    text = "".join(text.split())
+    if text.count("->") > 1:
+        raise EinsumError("einstein sum subscripts string contains more than one '->'")
+    inputs_text, arrow, output_text = text.partition("->")
+    inputs = tuple(_parse_term(term, f"operand {n}") for n, term in enumerate(inputs_text.split(",")))
+    if not arrow:
+        return Subscripts(inputs, None)
+    if "," in output_text:
+        raise EinsumError("einstein sum subscripts string has a ',' in the output (after '->')")
+    output = _parse_term(output_text, "the output")
+    seen: set[str] = set()
+    used = {label for term in inputs for label in term}
+    for label in output:
+        if label in seen:
+            raise EinsumError(f"einstein sum subscripts string includes output subscript '{label}' multiple times")
+        seen.add(label)
+        if label != ELLIPSIS and label not in used:
+            raise EinsumError(f"einstein sum subscripts string included output subscript '{label}' "
+                              f"which never appeared in an input")
+    return Subscripts(inputs, output)
+
+
+def _parse_term(term: str, where: str) -> tuple[str, ...]:
+    labels: list[str] = []
+    position = 0
+    while position < len(term):
+        char = term[position]
+        if term.startswith(ELLIPSIS, position):
+            if ELLIPSIS in labels:
+                raise EinsumError(f"einstein sum subscripts string contains more than one '...' in {where}")
+            labels.append(ELLIPSIS)
+            position += len(ELLIPSIS)
+            continue
+        if char == ".":
+            raise EinsumError(f"einstein sum subscripts string contains a '.' that is not part of "
+                              f"an ellipsis ('...') in {where}")
+        if not (char.isascii() and char.isalpha()):
+            raise EinsumError(f"invalid subscript {char!r} in einstein sum subscripts string, "
+                              f"subscripts must be letters")
+        labels.append(char)
+        position += 1
+    return tuple(labels)
+
+
+def subscripts_from_sublists(args) -> tuple[str, tuple]:
+    """numpy's other calling form, ``einsum(op0, sublist0, op1, sublist1, ..., [sublist_out])``,
+    as a subscripts string and the operands.  Integers 0..51 stand for ``A..Z, a..z`` and
+    ``Ellipsis`` for ``...``."""
+    if len(args) < 2:
+        raise EinsumError("must specify the einstein sum subscripts string and at least one operand")
+    operands = args[0::2][:len(args) // 2]
+    sublists = args[1::2]
+    terms = [_sublist_text(s) for s in sublists]
+    output = _sublist_text(args[-1]) if len(args) % 2 else None
+    text = ",".join(terms) + ("" if output is None else "->" + output)
+    return text, tuple(operands)
+
+
+def _sublist_text(sublist) -> str:
+    if not isinstance(sublist, (list, tuple)):
+        raise EinsumError(f"einsum sublists must be lists of integers, not {type(sublist).__name__}")
+    text = []
+    for item in sublist:
+        if item is Ellipsis:
+            text.append(ELLIPSIS)
+        elif isinstance(item, (int, np.integer)) and not isinstance(item, bool) and 0 <= item < len(_LETTERS):
+            text.append(_LETTERS[int(item)])
+        else:
+            raise EinsumError(f"subscript {item!r} is not within the valid range [0, {len(_LETTERS)}) "
+                              f"(nor Ellipsis)")
+    return "".join(text)
+
+
+# ----------------------------------------------------------------------------- planning
+@dataclass(frozen=True)
+class Contraction:
+    """An einsum problem bound to ranks and a dtype, independent of the letters used.
+
+    Labels are integers numbered in order of first appearance (inputs, left to right).
+    ``inputs[n]`` labels the dimensions of operand n (a label may repeat: a diagonal);
+    ``output`` labels the result's dimensions.  Labels not in ``output`` are summed over.
+    """
+
+    inputs: tuple[tuple[int, ...], ...]
+    output: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def labels(self) -> tuple[int, ...]:
+        return tuple(range(1 + max((l for term in self.inputs for l in term), default=-1)))
+
+    @property
+    def reduced(self) -> tuple[int, ...]:
+        return tuple(l for l in self.labels if l not in self.output)
+
+    def __str__(self) -> str:
+        terms = [''.join(_label_name(l) for l in term) for term in self.inputs]
+        return f"{','.join(terms)}->{''.join(_label_name(l) for l in self.output)} ({self.dtype.name})"
+
+
+def plan_contraction(subscripts: Subscripts, arrays: list[np.ndarray], dtype: np.dtype
+                     ) -> tuple[Contraction, list[np.ndarray], tuple[int, ...]]:
+    """Bind ``subscripts`` to the operands: check ranks and sizes, expand ``...``, resolve
+    broadcasting of size-1 dimensions.  Returns the contraction, the operands as views that fit
+    it (broadcast dimensions reshaped away), and the result's shape.
+    """
+    if len(arrays) != len(subscripts.inputs):
+        more = "more" if len(arrays) > len(subscripts.inputs) else "fewer"
+        raise EinsumError(f"{more} operands provided to einstein sum function than specified in the "
+                          f"subscripts string ({len(arrays)} operand(s), {len(subscripts.inputs)} term(s))")
+    terms, ellipsis_rank = _expand_ellipses(subscripts, arrays)
+    output = _output_labels(subscripts, terms, ellipsis_rank)
+    sizes = _label_sizes(terms, arrays)
+
+    kept_terms, views = [], []
+    for term, array in zip(terms, arrays):
+        # A dimension of size 1 against a label of another size is numpy's broadcasting: the
+        # operand is constant along that label, so it is dropped rather than copied.
+        keep = [dim for dim, label in enumerate(term) if array.shape[dim] == sizes[label]]
+        kept_terms.append(tuple(term[dim] for dim in keep))
+        views.append(array.reshape(tuple(array.shape[dim] for dim in keep)))
+
+    numbering: dict = {}
+    for term in kept_terms:
+        for label in term:
+            numbering.setdefault(label, len(numbering))
+    contraction = Contraction(tuple(tuple(numbering[l] for l in term) for term in kept_terms),
+                              tuple(numbering[l] for l in output), dtype)
+    return contraction, views, tuple(sizes[l] for l in output)
+
+
+def _expand_ellipses(subscripts: Subscripts, arrays: list[np.ndarray]) -> tuple[list[tuple], int]:
+    """Each operand's labels with ``...`` replaced by its broadcast dimensions, which get labels
+    ``(ELLIPSIS, k)`` numbered from the left of the broadcast shape (right-aligned, as numpy)."""
+    ranks = []
+    for n, (term, array) in enumerate(zip(subscripts.inputs, arrays)):
+        named = len(term) - (ELLIPSIS in term)
+        if ELLIPSIS not in term and array.ndim > named:
+            raise EinsumError(f"operand {n} has more dimensions ({array.ndim}) than subscripts given in "
+                              f"einstein sum ('{''.join(term)}'), but no '...' ellipsis provided to "
+                              f"broadcast the extra dimensions.")
+        if array.ndim < named:
+            raise EinsumError(f"einstein sum subscripts string contains too many subscripts for operand {n} "
+                              f"('{''.join(term)}' for an operand with {array.ndim} dimension(s))")
+        ranks.append(array.ndim - named)
+    ellipsis_rank = max(ranks, default=0)
+    terms = []
+    for term, rank in zip(subscripts.inputs, ranks):
+        expanded = []
+        for label in term:
+            if label == ELLIPSIS:
+                expanded.extend((ELLIPSIS, k) for k in range(ellipsis_rank - rank, ellipsis_rank))
+            else:
+                expanded.append(label)
+        terms.append(tuple(expanded))
+    return terms, ellipsis_rank
+
+
+def _output_labels(subscripts: Subscripts, terms: list[tuple], ellipsis_rank: int) -> tuple:
+    broadcast = tuple((ELLIPSIS, k) for k in range(ellipsis_rank))
+    if subscripts.output is None:
+        # numpy's implicit mode: broadcast dimensions first, then labels used exactly once, sorted.
+        counts: dict[str, int] = {}
+        for term in subscripts.inputs:
+            for label in term:
+                counts[label] = counts.get(label, 0) + 1
+        return broadcast + tuple(sorted(l for l, c in counts.items() if c == 1 and l != ELLIPSIS))
+    if ELLIPSIS not in subscripts.output and ellipsis_rank > 0:
+        raise EinsumError("output has more dimensions than subscripts given in einstein sum, but no '...' "
+                          "ellipsis provided to broadcast the extra dimensions.")
+    output = []
+    for label in subscripts.output:
+        output.extend(broadcast if label == ELLIPSIS else (label,))
+    return tuple(output)
+
+
+def _label_sizes(terms: list[tuple], arrays: list[np.ndarray]) -> dict:
+    """The extent of every label: equal wherever it occurs, except that 1 broadcasts."""
+    sizes: dict = {}
+    where: dict = {}
+    for n, (term, array) in enumerate(zip(terms, arrays)):
+        own: dict = {}
+        for label, extent in zip(term, array.shape):
+            if label in own and own[label] != extent:
+                raise EinsumError(f"dimensions in operand {n} for collapsing index {_describe(label)} "
+                                  f"don't match ({own[label]} != {extent})")
+            own[label] = extent
+        for label, extent in own.items():
+            if label not in sizes or sizes[label] == 1:
+                sizes[label], where[label] = extent, n
+            elif extent not in (1, sizes[label]):
+                shapes = ", ".join(str(a.shape) for a in arrays)
+                raise EinsumError(f"operands could not be broadcast together: {_describe(label)} has size "
+                                  f"{sizes[label]} in operand {where[label]} but {extent} in operand {n} "
+                                  f"(shapes {shapes})")
+    return sizes
+
+
+def _describe(label) -> str:
+    return f"'{label}'" if isinstance(label, str) else f"dimension {label[1]} of '...'"
+
+
+# ----------------------------------------------------------------------------- lowering
+def _label_name(label: int) -> str:
+    """A TC index name for a label: a..z, A..Z, then x52, x53, ... (never a size or tensor name)."""
+    if label < 26:
+        return chr(ord("a") + label)
+    if label < 52:
+        return chr(ord("A") + label - 26)
+    return f"x{label}"
+
+
+def lower_to_tc(contraction: Contraction, name: str = "einsum") -> str:
+    """The TC def computing ``contraction``: inputs ``I0, I1, ...``, output ``Out``, size ``Sk``
+    for label k.  One statement: ``=`` when nothing is summed, else ``+=!`` (``max=!`` over
+    ``&&`` for bool: numpy's logical or of logical ands)."""
+    type_name = contraction.dtype.name
+    output = set(contraction.output)
+
+    def index(label: int) -> str:
+        return _label_name(label) if label in output else "r_" + _label_name(label)
+
+    def access(tensor: str, term: tuple[int, ...]) -> str:
+        return f"{tensor}({', '.join(index(l) for l in term)})" if term else tensor
+
+    params = []
+    for n, term in enumerate(contraction.inputs):
+        shape = f"({', '.join(f'S{l}' for l in term)})" if term else ""
+        params.append(f"{type_name}{shape} I{n}")
+    is_bool = contraction.dtype == np.bool_
+    product = (" && " if is_bool else " * ").join(access(f"I{n}", t) for n, t in enumerate(contraction.inputs))
+    op = "=" if not contraction.reduced else "max=!" if is_bool else "+=!"
+    return (f"def {name}({', '.join(params)}) -> (Out) {{\n"
+            f"    {access('Out', contraction.output)} {op} {product}\n"
+            f"}}\n")
+
+
+@functools.lru_cache(maxsize=KERNEL_CACHE_SIZE)
+def lowered_kernel(contraction: Contraction, options: Options):
+    """The polyc kernel of ``contraction`` (defined once per contraction and options)."""
+    from polyc.api import define  # polyc.api imports the whole front end; keep this module light
+    return define(lower_to_tc(contraction), filename="<einsum>", **dataclasses.asdict(options)).einsum
+
+
+# ----------------------------------------------------------------------------- entry point
+def einsum(subscripts, *operands, out=None, dtype=None, order="K", casting="safe", optimize=False, **options):
+    """Evaluate the Einstein summation ``subscripts`` on ``operands``, like :func:`numpy.einsum`.
+
+    Accepts numpy's grammar (``"ij,jk->ik"``, implicit output ``"ij,jk"``, repeated labels
+    ``"ii->i"``, ``"..."`` broadcasting, any number of operands) and its sublist form
+    ``einsum(a, [0, 1], b, [1, 2], [0, 2])``.
+
+    - ``dtype``: compute and return in this type (operands are cast with ``casting``, 'safe' by
+      default); otherwise ``numpy.result_type`` of the operands.  bool, integer and float16/32/64
+      types are supported; complex and object raise :class:`~polyc.errors.UnsupportedError`.
+    - ``out``: an array of the result's shape to write into (the result is cast to its dtype
+      under ``casting``); it is returned.
+    - ``order``: memory layout of the result; 'F' gives Fortran order, anything else C order.
+    - ``optimize``: accepted for compatibility and ignored: the whole sum is one TC statement
+      and polyc plans its loops itself.
+    - ``**options``: passed to :func:`polyc.define` (``backend=``, ``tile_sizes=``, ...).
+
+    Returns a new array (a numpy scalar for a 0-d result, as numpy does), or ``out``.
+    Raises :class:`EinsumError` (also a ValueError) for calls numpy would reject.
+    """
+    if not isinstance(subscripts, str):
+        subscripts, operands = subscripts_from_sublists((subscripts,) + operands)
+    if not operands:
+        raise EinsumError("must specify the einstein sum subscripts string and at least one operand")
+    if order not in _ORDERS:
+        raise EinsumError(f"order must be one of {', '.join(_ORDERS)}, not {order!r}")
+    checked_options = Options.from_kwargs(**options)
+    arrays = [np.asarray(op) for op in operands]
+    compute_dtype = _compute_dtype(arrays, dtype, casting)
+    parsed = parse_subscripts(subscripts)
+    contraction, views, shape = plan_contraction(parsed, arrays, compute_dtype)
+    if out is not None:
+        _check_out(out, shape, compute_dtype, casting)
+
+    kernel = lowered_kernel(contraction, checked_options)
+    # astype copies only when the dtype changes; kernels never write their inputs either way.
+    result = kernel(*(view.astype(compute_dtype, copy=False) for view in views))
+    if out is not None:
+        np.copyto(out, result, casting="unsafe")  # the cast was checked against `casting` above
+        return out
+    if order == "F":
+        result = np.asfortranarray(result)
+    return result[()] if result.ndim == 0 else result
+
+
+def _compute_dtype(arrays: list[np.ndarray], dtype, casting: str) -> np.dtype:
+    if dtype is None:
+        result = np.result_type(*arrays)
+    else:
+        result = np.dtype(dtype)
+        for n, array in enumerate(arrays):
+            if not np.can_cast(array.dtype, result, casting):
+                raise EinsumError(f"operand {n} dtype could not be cast from {array.dtype.name} to "
+                                  f"{result.name} according to the rule '{casting}'")
+    if result.kind == "c":
+        raise UnsupportedError(f"einsum on complex numbers ({result.name}) is not supported; "
+                               f"split them into real and imaginary parts")
+    if result.name not in TC_TYPES:
+        raise UnsupportedError(f"einsum on {result.name} is not supported; polyc computes in bool, "
+                               f"integer and float16/float32/float64 types")
+    return result
+
+
+def _check_out(out, shape: tuple[int, ...], dtype: np.dtype, casting: str) -> None:
+    if not isinstance(out, np.ndarray):
+        raise EinsumError(f"out must be a numpy array, not {type(out).__name__}")
+    if out.shape != shape:
+        raise EinsumError(f"out has shape {out.shape} but the result has shape {shape}")
+    if not np.can_cast(dtype, out.dtype, casting):
+        raise EinsumError(f"the result ({dtype.name}) could not be cast to out's dtype {out.dtype.name} "
+                          f"according to the rule '{casting}'")
+    if not out.flags.writeable:
+        raise EinsumError("out is read-only")
