@@ -8,7 +8,8 @@ __version__ = "0.1.0"  # first, so that submodules may import it during package 
 from polyc.errors import (BoundsError, CacheError, CompilationError, PolycError, RangeInferenceError,
                           SignatureError, TCSemanticError, TCSyntaxError, UnsupportedError)
 from polyc.api import Kernel, Module, define
+from polyc.frontends.einsum import einsum
 
-__all__ = ["define", "Module", "Kernel", "PolycError", "TCSyntaxError", "TCSemanticError",
+__all__ = ["define", "einsum", "Module", "Kernel", "PolycError", "TCSyntaxError", "TCSemanticError",
            "RangeInferenceError", "BoundsError", "SignatureError", "UnsupportedError",
            "CompilationError", "CacheError", "__version__"]
