@@ -60,8 +60,10 @@ def is_integer(dtype: np.dtype) -> bool:
 def promote(a: np.dtype, b: np.dtype) -> np.dtype:
     """The type of a binary arithmetic operation on values of types ``a`` and ``b``.
 
-    numpy's promotion, except that bool takes part in arithmetic as int32 (as in C) and
-    mixing signed and unsigned 64-bit integers gives int64 rather than float64.
+    numpy's promotion, except that bool takes part in arithmetic as int32 (as in C), an
+    integer mixed with a float takes the float's type (as in C and TC: float32 * int32 and
+    float32 / size are float32, where numpy would widen to float64), and mixing signed and
+    unsigned 64-bit integers gives int64 rather than float64.
     """
     a, b = np.dtype(a), np.dtype(b)
     if a == BOOL and b == BOOL:
@@ -70,6 +72,8 @@ def promote(a: np.dtype, b: np.dtype) -> np.dtype:
         return b if b != BOOL else INT32
     if b == BOOL:
         return a
+    if (a.kind == "f") != (b.kind == "f"):
+        return a if a.kind == "f" else b
     result = np.promote_types(a, b)
     if result.kind == "f" and a.kind in "iu" and b.kind in "iu":
         return INT64
