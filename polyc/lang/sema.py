@@ -130,7 +130,7 @@ class _DefChecker:
                                      size.loc)
                 shape.append(Affine.const(int(size.value)))
             else:
-                if size.name in self.tensors:
+                if size.name in self.tensors or size.name == param.name:
                     raise self.error(f"size '{size.name}' has the name of a tensor", size.loc)
                 self._bind_size(size.name, param.name, dim)
                 shape.append(Affine.var(size.name))
