@@ -246,7 +246,9 @@ class _StatementChecker:
         self._check_self_reads(rhs.expr, reduction_indices)
 
         if target is None:
-            dtype = self._result_dtype(rhs)
+            declared = owner.declared_outputs.get(s.target)
+            dtype = TC_TYPES[declared.dtype] if declared is not None and declared.dtype \
+                else self._result_dtype(rhs)
             shape = target_shape if target_shape is not None else tuple(ranges[i].hi for i in s.indices)
             role = ir.Role.OUTPUT if s.target in owner.declared_outputs else ir.Role.TEMPORARY
             loc = owner.declared_outputs[s.target].loc if role is ir.Role.OUTPUT else s.loc
