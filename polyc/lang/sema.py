@@ -40,6 +40,18 @@ def check_def(definition: ast.Def, text: str = "", filename: str = "<tc>") -> ir
     except RecursionError:
         raise TCSemanticError(f"def '{definition.name}' is nested too deeply to check",
                               definition.loc, text) from None
+    except _ConstantOutOfRange as problem:
+        message = (f"the constant {problem.value} does not fit in {problem.dtype.name}, the type it takes "
+                   f"here; cast the other operand to a wider type")
+        raise TCSemanticError(message, problem.loc or definition.loc, text) from None
+
+
+class _ConstantOutOfRange(Exception):
+    """Raised by :func:`convert` for a literal that the integer type it must take cannot hold."""
+
+    def __init__(self, value, dtype: np.dtype, loc: SourceLocation | None):
+        super().__init__(value, dtype, loc)
+        self.value, self.dtype, self.loc = value, dtype, loc
 
 
 @dataclass
@@ -49,6 +61,7 @@ class _Typed:
 
     expr: ir.TExpr
     weak: bool = False
+    loc: SourceLocation | None = None  # of a literal, for "does not fit" errors
 
 
 @dataclass
@@ -405,9 +418,11 @@ class _StatementChecker:
     def type_expr(self, expr: ast.Expr, guarded: bool) -> _Typed:
         if isinstance(expr, ast.Number):
             if expr.is_float:
-                return _Typed(ir.Const(FLOAT32, float(expr.value)), weak=True)
+                return _Typed(ir.Const(FLOAT32, float(expr.value)), weak=True, loc=expr.loc)
             dtype = INT32 if -2**31 <= expr.value < 2**31 else INT64
-            return _Typed(ir.Const(dtype, int(expr.value)), weak=True)
+            if expr.value >= 2**63:
+                raise self.error(f"the integer constant {expr.value} does not fit in int64", expr.loc)
+            return _Typed(ir.Const(dtype, int(expr.value)), weak=True, loc=expr.loc)
         if isinstance(expr, ast.Name):
             return self._type_name(expr)
         if isinstance(expr, ast.Extent):
@@ -494,7 +509,7 @@ class _StatementChecker:
             return operand
         dtype = INT32 if operand.expr.dtype == BOOL else operand.expr.dtype
         if isinstance(operand.expr, ir.Const):
-            return _Typed(ir.Const(dtype, -operand.expr.value), operand.weak)
+            return _Typed(ir.Const(dtype, -operand.expr.value), operand.weak, loc=expr.loc)
         return _Typed(ir.Unary(dtype, "neg", convert(operand, dtype)), operand.weak)
 
     def _type_binary(self, expr: ast.Binary, guarded: bool) -> _Typed:
@@ -587,8 +602,18 @@ def convert(value: _Typed | ir.TExpr, dtype: np.dtype) -> ir.TExpr:
     if expr.dtype == dtype:
         return expr
     if isinstance(expr, ir.Const):
+        if is_integer(dtype) and not _fits(expr.value, dtype):
+            raise _ConstantOutOfRange(expr.value, dtype, value.loc if isinstance(value, _Typed) else None)
         return ir.Const(dtype, dtype.type(expr.value).item())
     return ir.Cast(dtype, expr)
+
+
+def _fits(value: int | float | bool, dtype: np.dtype) -> bool:
+    """Whether ``value`` converts to the integer type ``dtype`` (truncating, as C does) without overflow."""
+    if isinstance(value, float) and not np.isfinite(value):
+        return False
+    info = np.iinfo(dtype)
+    return info.min <= int(value) <= info.max
 
 
 def _walk_ast(expr: ast.Expr):
