@@ -1,0 +1,481 @@
+"""The ``polyc`` command line: compile TC files to each stage's text, or run a def on random data.
+
+    polyc --version
+    polyc compile FILE.tc [--entry NAME] [--emit ast|ranges|isl|schedule|c] [-o OUT] [options]
+    polyc run FILE.tc [--entry NAME] --shape NAME=SIZE ... [--check] [--repeat N] [--seed S] [options]
+
+Exit status: 0 on success; 1 for an error in the TC file, in compilation or in a run, for a
+missing file, and for a ``--check`` mismatch; 2 for a command-line usage error and for a stage
+polyc does not offer yet.  User errors are one ``polyc: error: ...`` message on stderr (source
+errors add the offending line and a caret), never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+import polyc
+from polyc.errors import PolycError
+from polyc.interpreter import interpret
+from polyc.lang import checked as ir
+from polyc.lang.printer import format_def
+from polyc.lang.symbolic import Affine
+from polyc.options import BACKENDS, FUSION_STRATEGIES
+
+#: ``--emit`` stage -> the Kernel method giving its text (None: the front end answers directly).
+EMIT_METHODS = {"ast": None, "ranges": None, "isl": "isl_model_text", "schedule": "schedule_text",
+                "c": "c_source"}
+DEFAULT_EMIT = "ranges"  # becomes "c" once the compiled pipeline is in place
+DEFAULT_REPEAT = 5
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+class CommandLineError(Exception):
+    """A request that argparse cannot reject by itself (a missing ``--shape``, an unknown def);
+    ``exit_code`` is 2 for usage errors and 1 for everything else."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line on ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_request:  # --help, --version and usage errors
+        return _exit_status(exit_request.code)
+    try:
+        return args.handler(args)
+    except PolycError as error:
+        return _report(str(error), EXIT_ERROR)
+    except CommandLineError as error:
+        return _report(str(error), error.exit_code)
+    except ModuleNotFoundError as error:
+        return _report(_missing_module_message(error), EXIT_USAGE if _is_polyc_module(error) else EXIT_ERROR)
+    except KeyboardInterrupt:
+        return _report("interrupted", 130)
+
+
+def _exit_status(code) -> int:
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else EXIT_ERROR
+
+
+def _report(message: str, status: int) -> int:
+    print(f"polyc: error: {message}", file=sys.stderr)
+    return status
+
+
+def _is_polyc_module(error: ModuleNotFoundError) -> bool:
+    return (error.name or "").split(".")[0] == "polyc"
+
+
+def _missing_module_message(error: ModuleNotFoundError) -> str:
+    if _is_polyc_module(error):
+        return (f"the compiled backend is not available yet (no module {error.name}); "
+                "use --backend interpreter")
+    return f"polyc needs the Python package '{error.name}', which is not installed (pip install {error.name})"
+
+
+# ----------------------------------------------------------------------------- the parser
+_COMPILE_EXAMPLES = """\
+examples:
+  polyc compile examples/matmul.tc                      ranges of every def
+  polyc compile examples/matmul.tc --emit ast           the syntax tree, printed back as TC
+  polyc compile examples/conv.tc --entry conv2d --emit isl -o conv2d.isl
+  polyc compile examples/matmul.tc --entry matmul --emit c --shape M=512 --shape K=512 --shape N=512
+
+--emit stages: ast (parsed syntax, as TC text), ranges (checked def: shapes and index ranges;
+the default), isl (polyhedral model), schedule (schedule tree), c (generated C).
+"""
+
+_RUN_EXAMPLES = """\
+examples:
+  polyc run examples/matmul.tc --entry matmul --shape M=256 --shape K=256 --shape N=256 --check
+  polyc run examples/conv.tc --entry maxpool2x2 --shape N=1,C=3,H=32,W=32 --backend interpreter
+
+Every size of the def needs a value (--shape NAME=SIZE, repeated or comma-separated); 0-d
+integer inputs used as sizes take theirs from --shape too.  Other inputs are random: normal
+floats, small integers (kept inside the tensor when they index one), random booleans.
+--check compares with the reference interpreter within TC's tolerance,
+|error| <= ops * eps * max(|inputs|, |expected outputs|), ops being the most terms any one
+element reduces over.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``polyc`` and its subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="polyc",
+        description="polyc: a polyhedral compiler for Tensor Comprehensions (TC) kernels.",
+        epilog="Run 'polyc compile --help' or 'polyc run --help' for each command's options.")
+    parser.add_argument("--version", action="version", version=f"polyc {polyc.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    compile_parser = commands.add_parser(
+        "compile", help="check a TC file and print a compilation stage",
+        description="Parse and check a TC file, then print one stage of its compilation.",
+        epilog=_COMPILE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    compile_parser.add_argument("file", metavar="FILE.tc", help="TC source file")
+    compile_parser.add_argument("--entry", metavar="NAME", help="the def to emit (default: every def)")
+    compile_parser.add_argument("--emit", choices=tuple(EMIT_METHODS), default=DEFAULT_EMIT,
+                                help=f"what to print (default: {DEFAULT_EMIT})")
+    compile_parser.add_argument("-o", "--output", metavar="OUT", help="write to OUT instead of stdout")
+    _add_shape_argument(compile_parser, "a size to specialise for (--emit isl, schedule or c; "
+                                        "default: for all sizes)")
+    _add_option_arguments(compile_parser)
+    compile_parser.set_defaults(handler=run_compile)
+
+    run_parser = commands.add_parser(
+        "run", help="run a def on random inputs: shapes, time, and a check",
+        description="Run one def of a TC file on random inputs; print output shapes and the\n"
+                    "median time, and with --check compare with the reference interpreter.",
+        epilog=_RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run_parser.add_argument("file", metavar="FILE.tc", help="TC source file")
+    run_parser.add_argument("--entry", metavar="NAME", help="the def to run (may be left out if the file has one)")
+    _add_shape_argument(run_parser, "the value of a size of the def (every size needs one)")
+    run_parser.add_argument("--check", action="store_true",
+                            help="compare the outputs with the reference interpreter; exit 1 on a mismatch")
+    run_parser.add_argument("--repeat", type=_positive_int, default=DEFAULT_REPEAT, metavar="N",
+                            help=f"timed runs after a first, untimed one (default: {DEFAULT_REPEAT})")
+    run_parser.add_argument("--seed", type=int, default=0, metavar="S",
+                            help="seed of the random inputs (default: 0)")
+    _add_option_arguments(run_parser)
+    run_parser.set_defaults(handler=run_run)
+    return parser
+
+
+def _add_shape_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("--shape", action="append", type=_parse_shape, default=[], metavar="NAME=SIZE",
+                        help=help_text + "; repeat it or separate pairs with commas")
+
+
+def _add_option_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that map to ``polyc.define()`` options; each is passed only when given."""
+    group = parser.add_argument_group("compilation options (see polyc.options.Options)")
+    group.add_argument("--backend", choices=BACKENDS, help="compiled C, or the numpy reference interpreter")
+    group.add_argument("--fusion", choices=FUSION_STRATEGIES, help="loop fusion strategy")
+    tiling = group.add_mutually_exclusive_group()
+    tiling.add_argument("--tile-sizes", type=_parse_tile_sizes, metavar="T0,T1,...",
+                        help="tile sizes of the outermost band, outermost first (default: from a cache model)")
+    tiling.add_argument("--no-tiling", dest="tile_sizes", action="store_const", const=(), help="do not tile")
+    group.add_argument("--no-parallel", dest="parallel", action="store_const", const=False,
+                       help="no OpenMP parallel loops")
+    group.add_argument("--no-vectorize", dest="vectorize", action="store_const", const=False,
+                       help="no SIMD pragmas")
+    group.add_argument("--unroll", type=_positive_int, metavar="N", help="unroll factor of the innermost loop")
+    group.add_argument("--no-specialize", dest="specialize", action="store_const", const=False,
+                       help="compile once for all sizes instead of for each call's sizes")
+    group.add_argument("--cc", metavar="CC", help="C compiler (default: $POLYC_CC, $CC, then cc)")
+    group.add_argument("--cflags", metavar="FLAGS", help='C compiler flags, as one string: --cflags "-O3 -march=native"')
+
+
+_OPTION_NAMES = ("backend", "fusion", "tile_sizes", "parallel", "vectorize", "unroll", "specialize", "cc", "cflags")
+
+
+def _define_options(args: argparse.Namespace) -> dict:
+    """The ``define()`` keyword options the user gave; the others keep their defaults."""
+    return {name: getattr(args, name) for name in _OPTION_NAMES if getattr(args, name) is not None}
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {value}")
+    return value
+
+
+def _parse_tile_sizes(text: str) -> tuple[int, ...]:
+    return tuple(_positive_int(part.strip()) for part in text.split(","))
+
+
+def _parse_shape(text: str) -> dict[str, int]:
+    """``M=64`` or ``M=64,N=32`` -> {name: size}."""
+    pairs = {}
+    for item in text.split(","):
+        name, equals, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not equals or not name.isidentifier():
+            raise argparse.ArgumentTypeError(f"expected NAME=SIZE, as in M=64, not {item!r}")
+        try:
+            size = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"the size of {name} must be an integer, not {value!r}") from None
+        if size < 0:
+            raise argparse.ArgumentTypeError(f"the size of {name} must not be negative, not {size}")
+        pairs[name] = size
+    return pairs
+
+
+def _merge_shapes(shape_arguments: list[dict[str, int]]) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for pairs in shape_arguments:
+        for name, size in pairs.items():
+            if sizes.get(name, size) != size:
+                raise CommandLineError(f"--shape gives {name} twice, as {sizes[name]} and {size}")
+            sizes[name] = size
+    return sizes
+
+
+# ----------------------------------------------------------------------------- loading
+def _read_source(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    except FileNotFoundError:
+        raise CommandLineError(f"{path}: no such file", EXIT_ERROR) from None
+    except UnicodeDecodeError as error:
+        raise CommandLineError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})", EXIT_ERROR) from None
+    except OSError as error:
+        raise CommandLineError(f"{path}: cannot read: {error.strerror or error}", EXIT_ERROR) from None
+
+
+def _load(path: str, options: dict) -> polyc.Module:
+    return polyc.define(_read_source(path), filename=path, **options)
+
+
+def _select(module: polyc.Module, path: str, entry: str | None) -> list[polyc.Kernel]:
+    """The kernel named ``entry``, or every kernel of the module when ``entry`` is None."""
+    if entry is None:
+        return [module[name] for name in module.names]
+    if entry not in module.names:
+        raise CommandLineError(f"no def named '{entry}' in {path} (defs: {', '.join(module.names)})")
+    return [module[entry]]
+
+
+# ----------------------------------------------------------------------------- polyc compile
+def run_compile(args: argparse.Namespace) -> int:
+    """``polyc compile``: print (or write to ``-o``) one stage for the chosen defs."""
+    options = _define_options(args)
+    shapes = _merge_shapes(args.shape)
+    method = EMIT_METHODS[args.emit]
+    if shapes and method is None:
+        raise CommandLineError(f"--shape is not used with --emit {args.emit}, only with isl, schedule and c")
+    if method is None:
+        # The front end's answers need neither isl nor a C compiler: check the options, but
+        # build the kernels on the interpreter.
+        options = {**options, "backend": "interpreter"}
+    elif getattr(polyc.Kernel, method, None) is None:
+        raise CommandLineError(f"--emit {args.emit} is not available yet")
+
+    module = _load(args.file, options)
+    kernels = _select(module, args.file, args.entry)
+    if shapes:
+        known = {size for kernel in kernels for size in kernel.definition.sizes}
+        unknown = sorted(set(shapes) - known)
+        if unknown:
+            raise CommandLineError(f"--shape names {', '.join(unknown)}, not a size of "
+                                   f"{_describe_kernels(kernels)} (sizes: {', '.join(sorted(known)) or 'none'})")
+
+    texts = [_emit(kernel, args.emit, shapes) for kernel in kernels]
+    text = "\n\n".join(t.rstrip("\n") for t in texts) + "\n"
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        _write(args.output, text)
+    return 0
+
+
+def _describe_kernels(kernels: list[polyc.Kernel]) -> str:
+    return ", ".join(kernel.name for kernel in kernels)
+
+
+def _emit(kernel: polyc.Kernel, emit: str, shapes: dict[str, int]) -> str:
+    if emit == "ast":
+        return format_def(kernel.syntax)
+    if emit == "ranges":
+        return kernel.describe()
+    # The compiled stages, specialised to the sizes given for this def (None: for all sizes).
+    sizes = {name: shapes[name] for name in kernel.definition.sizes if name in shapes}
+    return getattr(kernel, EMIT_METHODS[emit])(sizes or None)
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as file:
+            file.write(text)
+    except OSError as error:
+        raise CommandLineError(f"{path}: cannot write: {error.strerror or error}", EXIT_ERROR) from None
+
+
+# ----------------------------------------------------------------------------- polyc run
+def run_run(args: argparse.Namespace) -> int:
+    """``polyc run``: random inputs, timed runs, output shapes and an optional check."""
+    module = _load(args.file, _define_options(args))
+    kernel = _single_kernel(module, args.file, args.entry)
+    definition = kernel.definition
+    sizes = _sizes_for(definition, _merge_shapes(args.shape))
+    inputs = random_inputs(definition, sizes, np.random.default_rng(args.seed))
+
+    start = time.perf_counter()
+    outputs = _as_tuple(kernel(*inputs))
+    first_call = time.perf_counter() - start
+    times = []
+    for _ in range(args.repeat):
+        start = time.perf_counter()
+        outputs = _as_tuple(kernel(*inputs))
+        times.append(time.perf_counter() - start)
+
+    print(f"{definition.name}: " + (", ".join(f"{name}={sizes[name]}" for name in definition.sizes) or "no sizes"))
+    for name, output in zip(definition.outputs, outputs):
+        print(f"output {name}: {output.dtype.name}{tuple(output.shape)}")
+    print(f"time: median {_format_seconds(statistics.median(times))} over {args.repeat} run(s) "
+          f"(first call {_format_seconds(first_call)})")
+
+    if not args.check:
+        return 0
+    expected = interpret(definition, inputs)
+    report = compare_outputs(definition, sizes, inputs, outputs, expected)
+    print(report.text)
+    return 0 if report.ok else EXIT_ERROR
+
+
+def _single_kernel(module: polyc.Module, path: str, entry: str | None) -> polyc.Kernel:
+    if entry is None and len(module.names) > 1:
+        raise CommandLineError(f"{path} has several defs ({', '.join(module.names)}); choose one with --entry")
+    return _select(module, path, entry)[0]
+
+
+def _as_tuple(result) -> tuple[np.ndarray, ...]:
+    return result if isinstance(result, tuple) else (result,)
+
+
+def _format_seconds(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def _sizes_for(definition: ir.CheckedDef, shapes: dict[str, int]) -> dict[str, int]:
+    """Every size of ``definition`` from ``--shape``; a missing or unknown name is an error."""
+    missing = [name for name in definition.sizes if name not in shapes]
+    if missing:
+        example = " ".join(f"--shape {name}=..." for name in missing)
+        raise CommandLineError(f"{definition.name} needs a value for {', '.join(missing)} ({example})")
+    unknown = sorted(set(shapes) - set(definition.sizes))
+    if unknown:
+        raise CommandLineError(f"--shape names {', '.join(unknown)}, not a size of {definition.name} "
+                               f"(sizes: {', '.join(definition.sizes) or 'none'})")
+    return {name: shapes[name] for name in definition.sizes}
+
+
+# ----------------------------------------------------------------------------- random inputs
+def random_inputs(definition: ir.CheckedDef, sizes: dict[str, int], rng: np.random.Generator) -> list[np.ndarray]:
+    """One random array per input, with the def's dtypes and the shapes ``sizes`` give.
+
+    0-d integer inputs that bind a size get that size; integer inputs read inside a subscript
+    (gathers such as ``LUT(I(b), d)``) stay inside the extent they index.
+    """
+    size_inputs = {b.tensor: b.size for b in definition.size_bindings if b.dim is None}
+    index_limits = _gather_limits(definition, sizes)
+    inputs = []
+    for name in definition.inputs:
+        tensor = definition.tensor(name)
+        if name in size_inputs:
+            inputs.append(np.asarray(sizes[size_inputs[name]], dtype=tensor.dtype))
+        else:
+            shape = tensor.concrete_shape(sizes)
+            inputs.append(_random_array(tensor.dtype, shape, rng, index_limits.get(name)))
+    return inputs
+
+
+def _gather_limits(definition: ir.CheckedDef, sizes: dict[str, int]) -> dict[str, int]:
+    """Input name -> the smallest extent it is used to index, for integer inputs read in subscripts."""
+    limits: dict[str, int] = {}
+    for statement in definition.statements:
+        for read in ir.reads(statement.rhs):
+            for dim, subscript in enumerate(read.subscripts):
+                if isinstance(subscript, Affine):
+                    continue
+                extent = definition.tensor(read.tensor).concrete_shape(sizes)[dim]
+                for inner in ir.reads(subscript):
+                    if inner.tensor in definition.inputs:
+                        limits[inner.tensor] = min(extent, limits.get(inner.tensor, extent))
+    return limits
+
+
+def _random_array(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator,
+                  index_limit: int | None) -> np.ndarray:
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.random(shape) < 0.5
+    if index_limit is not None:
+        low, high = 0, max(index_limit, 1)
+    else:
+        low, high = (0, 9) if dtype.kind == "u" else (-8, 9)
+    return rng.integers(low, high, size=shape).astype(dtype)
+
+
+# ----------------------------------------------------------------------------- checking
+@dataclass(frozen=True)
+class CheckReport:
+    ok: bool
+    text: str
+
+
+def compare_outputs(definition: ir.CheckedDef, sizes: dict[str, int], inputs, actual, expected) -> CheckReport:
+    """Compare ``actual`` outputs with the interpreter's ``expected`` ones, TC style.
+
+    Floating-point outputs may differ by ``ops * eps * scale``: ``ops`` is the most terms any
+    element reduces over (1 without reductions), ``eps`` the output type's machine epsilon and
+    ``scale`` the largest magnitude among the inputs and the expected outputs.  Integer and
+    boolean outputs must be equal; non-finite values must match exactly.
+    """
+    ops = _reduction_terms(definition, sizes)
+    input_scale = max((float(np.max(np.abs(a[np.isfinite(a)]), initial=0.0))
+                       for a in inputs if a.dtype.kind == "f"), default=0.0)
+    worst_error, worst_tolerance, failures = 0.0, 0.0, []
+    for name, got, want in zip(definition.outputs, actual, expected):
+        if got.shape != want.shape:
+            failures.append(f"{name} has shape {got.shape}, expected {want.shape}")
+            continue
+        if want.dtype.kind != "f":
+            wrong = int(np.count_nonzero(got != want))
+            if wrong:
+                failures.append(f"{name} differs at {wrong} of {want.size} element(s) (exact comparison)")
+            continue
+        got64, want64 = got.astype(np.float64), want.astype(np.float64)
+        finite = np.isfinite(want64)
+        nonfinite_ok = np.array_equal(got64[~finite], want64[~finite], equal_nan=True)
+        scale = max(input_scale, float(np.max(np.abs(want64[finite]), initial=0.0)), 1e-30)
+        tolerance = ops * float(np.finfo(want.dtype).eps) * scale
+        error = float(np.max(np.abs(got64[finite] - want64[finite]), initial=0.0))
+        if np.isnan(error):
+            error = float("inf")  # a NaN where a finite value was expected
+        worst_error, worst_tolerance = max(worst_error, error), max(worst_tolerance, tolerance)
+        if error > tolerance or not nonfinite_ok:
+            detail = "non-finite values differ" if not nonfinite_ok else \
+                f"max abs error {error:.3g} > tolerance {tolerance:.3g}"
+            failures.append(f"{name}: {detail}")
+    if failures:
+        return CheckReport(False, "check: MISMATCH " + "; ".join(failures))
+    return CheckReport(True, f"check: OK (max abs error {worst_error:.3g}, tolerance {worst_tolerance:.3g}, "
+                             f"ops {ops})")
+
+
+def _reduction_terms(definition: ir.CheckedDef, sizes: dict[str, int]) -> int:
+    """The most terms one element of any statement reduces over; 1 without reductions."""
+    most = 1
+    for statement in definition.statements:
+        terms = 1
+        for index in statement.reduction_indices:
+            bounds = statement.range_of(index)
+            terms *= max(bounds.hi.evaluate(sizes) - bounds.lo.evaluate(sizes), 0)
+        most = max(most, terms)
+    return most
