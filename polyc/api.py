@@ -15,6 +15,8 @@ import numpy as np
 
 from polyc.errors import PolycError
 from polyc.interpreter import interpret
+from polyc.ir.bounds import check_bounds
+from polyc.ir.model import build_program
 from polyc.lang import ast
 from polyc.lang.checked import CheckedDef
 from polyc.lang.parser import parse
@@ -29,6 +31,8 @@ class Kernel:
         self.syntax = syntax
         self.definition = definition
         self.options = options
+        # Prove every affine access in bounds for all sizes now, so bad defs fail at define time.
+        check_bounds(build_program(definition))
         self._backend = _make_backend(definition, options)
 
     @property
@@ -48,6 +52,26 @@ class Kernel:
     def describe(self) -> str:
         """The checked definition: shapes of all tensors, and every statement's index ranges."""
         return self.definition.describe()
+
+    # Each stage of the compiled pipeline, for the given sizes (None: parametric, for all sizes).
+    def stages(self, sizes: dict | None = None):
+        """Every intermediate result of compilation (:class:`polyc.driver.Stages`)."""
+        from polyc.driver import compile_stages
+        options = self.options if sizes is not None else self.options.replace(specialize=False)
+        return compile_stages(self.definition, options, sizes)
+
+    def isl_model_text(self, sizes: dict | None = None) -> str:
+        """Domains and accesses of every statement, and the dependences, as isl text."""
+        stages = self.stages(sizes)
+        return stages.program.to_isl_text() + "\ndependences:\n" + stages.dependences.to_text()
+
+    def schedule_text(self, sizes: dict | None = None) -> str:
+        """The optimised schedule tree (tiles, marks) in isl's YAML-like notation."""
+        return str(self.stages(sizes).optimized_schedule)
+
+    def c_source(self, sizes: dict | None = None) -> str:
+        """The generated C translation unit (specialised to ``sizes`` when given)."""
+        return self.stages(sizes).kernel.source
 
     def __repr__(self) -> str:
         return f"<polyc kernel {self.definition.name}: {len(self.definition.inputs)} input(s), " \

@@ -35,9 +35,9 @@ class PolycError(Exception):
             return self.message
         text = f"{self.location}: {self.message}"
         if self.source is not None:
-            lines = self.source.splitlines()
+            lines = self.source.split("\n")  # the lexer counts lines by "\n" alone
             if 1 <= self.location.line <= len(lines):
-                line = lines[self.location.line - 1].expandtabs(1)
+                line = lines[self.location.line - 1].rstrip("\r").expandtabs(1)
                 text += "\n    " + line + "\n    " + " " * (self.location.col - 1) + "^"
         return text
 

@@ -20,6 +20,7 @@ from polyc.lang import ast
 from polyc.lang import checked as ir
 from polyc.lang.builtins import BUILTINS
 from polyc.lang.parser import parse
+from polyc.lang.printer import format_statement
 from polyc.lang.symbolic import Affine
 from polyc.types import BOOL, FLOAT32, INT32, INT64, TC_TYPES, is_float, is_integer, promote
 
@@ -632,8 +633,5 @@ def _walk_ast(expr: ast.Expr):
 
 
 def _statement_text(text: str, statement: ast.Statement) -> str:
-    """The statement's source line(s), for comments and summaries."""
-    if not text or not statement.loc.line:
-        return statement.target
-    lines = text.splitlines()
-    return lines[statement.loc.line - 1].strip() if statement.loc.line <= len(lines) else statement.target
+    """The statement in canonical TC form, for comments and summaries."""
+    return format_statement(statement)

@@ -204,7 +204,8 @@ class Affine:
 
     def render(self, name_of: Callable[[str], str], floor_format: str, c_syntax: bool = False) -> str:
         parts: list[str] = []
-        for atom, c in self.terms:
+        # Positive terms first reads naturally: "W - KW + 1", not "-KW + W + 1".
+        for atom, c in sorted(self.terms, key=lambda t: t[1] < 0):
             if isinstance(atom, str):
                 text = name_of(atom)
             elif isinstance(atom, FloorDiv):
