@@ -341,8 +341,8 @@ class _StatementChecker:
 
     @staticmethod
     def _result_dtype(rhs: _Typed) -> np.dtype:
-        if rhs.weak:
-            return FLOAT32 if is_float(rhs.expr.dtype) else INT32
+        if rhs.weak:  # literals only: float32, int32, or int64 for a constant int32 cannot hold
+            return FLOAT32 if is_float(rhs.expr.dtype) else INT64 if rhs.expr.dtype == INT64 else INT32
         return rhs.expr.dtype
 
     # ------------------------------------------------------------------ lets
