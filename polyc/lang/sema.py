@@ -320,7 +320,8 @@ class _StatementChecker:
             if reduction_indices:
                 names = ", ".join(f"'{i}'" for i in reduction_indices)
                 raise self.error(f"'=' cannot reduce over {names} (not on the left-hand side); "
-                                 f"use '+=!' (or another reduction) or add the index to the left", s.loc)
+                                 f"use '+=!' (or another reduction) or add the index to the left",
+                                 self._first_use(reduction_indices[0]))
             return "=", False
         if not reduction_indices and s.init:
             return "=", False
@@ -462,7 +463,8 @@ class _StatementChecker:
 
     def _type_access(self, expr: ast.Access, guarded: bool) -> _Typed:
         kind = self._classify(expr.tensor)
-        if kind == "unwritten":
+        if kind == "unwritten" or (kind == "index" and any(
+                later.target == expr.tensor for later in self.owner.definition.statements)):
             raise self.error(f"'{expr.tensor}' is read before any statement writes it", expr.loc)
         if kind != "tensor":
             what = "a size" if kind == "size" else "not a tensor, builtin or type"
