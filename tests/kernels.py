@@ -5,10 +5,10 @@ later.  An entry is a :class:`KernelCase`: TC source, the def to call, a functio
 random inputs for a set of sizes, and a numpy reference written directly (never through polyc),
 computing in float64 (int64 for integers) and rounding once to the output dtype.
 
-    >>> case = CASES["matmul"]
-    >>> kernel = polyc.define(case.source, backend="interpreter")[case.entry]
-    >>> for sizes in case.size_sets:
-    ...     check_kernel(case, kernel, sizes)
+    case = CASES["matmul"]
+    kernel = polyc.define(case.source, backend="interpreter")[case.entry]
+    for sizes in case.size_sets:
+        check_kernel(case, kernel, sizes)
 
 Tolerances are those TC's tests used: ``|error| <= ops * eps(dtype) * max|input|`` where ``ops``
 is the reduction length (a small constant for elementwise kernels); see :func:`assert_close`.
