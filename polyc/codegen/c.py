@@ -26,10 +26,24 @@ from polyc.ir.model import PolyProgram, PolyStatement, isl_name
 from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine
 from polyc.options import Options
-from polyc.schedule.transform import PARALLEL, SIMD, UNROLL
+from polyc.schedule.transform import PARALLEL, SIMD, parse_mark
 from polyc.types import identity
 
 _STATUS = "polyc_status"
+_C_KEYWORDS = frozenset("""auto break case char const continue default do double else enum extern float for goto
+    if inline int long register restrict return short signed sizeof static struct switch typedef union
+    unsigned void volatile while""".split())
+
+# Data-dependent subscripts go through this: an index outside [0, extent) sets the status
+# (atomically: OpenMP threads may race to it) and reads element 0 instead of wild memory.
+_CHECKED_INDEX = """
+static inline int64_t polyc_checked_index(int64_t index, int64_t extent, int *status)
+{
+    if (index >= 0 && index < extent) return index;
+    __atomic_store_n(status, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+"""
 
 
 @dataclass(frozen=True)
@@ -58,8 +72,11 @@ class _KernelWriter:
         self.schedule = schedule
         self.options = options
         self.specialised = program.size_values is not None
+        tensor_names = {t.name for t in self.definition.tensors}
+        # A size may share its name with the 0-d input it comes from, or with a C keyword.
+        self.size_c = {p: (f"{p}_size" if p in tensor_names or p in _C_KEYWORDS else p) for p in program.params}
         # isl may rename parameters that clash with its keywords; map its names back to ours.
-        self.param_names = {isl_name(p): p for p in program.params}
+        self.param_names = {isl_name(p): self.size_c[p] for p in program.params}
 
     # ------------------------------------------------------------------ top level
     def write(self) -> GeneratedKernel:
@@ -72,15 +89,15 @@ class _KernelWriter:
             ctype = c_type(t.dtype)
             qualified = f"const {ctype}" if t.role is ir.Role.INPUT else ctype
             arguments.append(cgen.RestrictPointer(cgen.Value(qualified, t.name)))
-        arguments += [cgen.Value("int64_t", s) for s in sizes]
+        arguments += [cgen.Value("int64_t", self.size_c[s]) for s in sizes]
 
         body: list = []
         if self.specialised:
             for s in d.sizes:
-                body.append(cgen.Statement(f"const int64_t {s} = {self.program.size_values[s]}"))
+                body.append(cgen.Statement(f"const int64_t {self.size_c[s]} = {self.program.size_values[s]}"))
         for t in d.tensors:
             for dim, extent in enumerate(t.shape):
-                body.append(cgen.Statement(f"const int64_t {_extent_name(t.name, dim)} = {extent.to_c()}"))
+                body.append(cgen.Statement(f"const int64_t {_extent_name(t.name, dim)} = {self.size_expr(extent)}"))
         body.append(cgen.Statement(f"int {_STATUS} = 0"))
         body.append(cgen.Statement(f"(void){_STATUS}"))
         build = isl.AstBuild.from_context(self.program.context)
@@ -88,7 +105,7 @@ class _KernelWriter:
         body.append(self.node(ast))
         body.append(cgen.Statement(f"return {_STATUS}"))
         function = cgen.FunctionBody(cgen.FunctionDeclaration(cgen.Value("int", name), arguments), cgen.Block(body))
-        source = "\n".join([self.header(), PRELUDE, str(function), ""])
+        source = "\n".join([self.header(), PRELUDE, _CHECKED_INDEX, str(function), ""])
         return GeneratedKernel(name, source, tensors, sizes)
 
     def header(self) -> str:
@@ -120,26 +137,27 @@ class _KernelWriter:
         raise PolycError(f"internal: unexpected isl AST node {kind}")
 
     def mark_node(self, node: isl.AstNode):
-        mark = node.mark_get_id().get_name()
-        child = node.mark_get_node()
-        pragmas = []
-        if mark == PARALLEL:
-            pragmas.append("omp parallel for")
-        elif mark == SIMD:
-            pragmas.append("omp simd")
-        elif mark.startswith(UNROLL + ":"):
-            pragmas.append(f"GCC unroll {mark.split(':')[1]}")
-        # Marks stack (simd above unroll); gather them so all land on the same loop.
-        while child.get_type() == isl.ast_node_type.mark:
-            inner = child.mark_get_id().get_name()
-            if inner == SIMD:
-                pragmas.append("omp simd")
-            elif inner.startswith(UNROLL + ":"):
-                pragmas.append(f"GCC unroll {inner.split(':')[1]}")
-            child = child.mark_get_node()
-        if child.get_type() == isl.ast_node_type.for_ and not child.for_is_degenerate():
-            return self.for_node(child, pragmas)
-        return self.node(child)  # the marked loop has a single iteration: nothing to annotate
+        """Pragmas for a run of nested marks, applied to the loop of the marked band member."""
+        pragmas: list[str] = []
+        target_depth = None
+        while node.get_type() == isl.ast_node_type.mark:
+            kind, depth, factor = parse_mark(node.mark_get_id().get_name())
+            if target_depth is not None and depth != target_depth:
+                break  # a mark of a deeper band whose outer loops isl elided: handled on its own
+            target_depth = depth
+            pragmas.append({PARALLEL: "omp parallel for", SIMD: "omp simd"}.get(kind, f"GCC unroll {factor}"))
+            node = node.mark_get_node()
+        if "omp parallel for" in pragmas and "omp simd" in pragmas:  # one loop, both: one pragma
+            pragmas = ["omp parallel for simd"] + [p for p in pragmas if not p.startswith("omp ")]
+        if any(p.startswith("omp ") for p in pragmas):
+            # gcc accepts no pragma between an OpenMP one and its loop; a vectorised or parallel
+            # loop is left for the C compiler to unroll.
+            pragmas = [p for p in pragmas if p.startswith("omp ")]
+        is_marked_loop = node.get_type() == isl.ast_node_type.for_ and not node.for_is_degenerate() \
+            and self.expr(node.for_get_iterator()) == f"c{target_depth}"
+        if is_marked_loop:
+            return self.for_node(node, pragmas)
+        return self.node(node)  # isl elided the marked loop (one iteration): nothing to annotate
 
     def for_node(self, node: isl.AstNode, pragmas: list[str]):
         iterator = self.expr(node.for_get_iterator())
@@ -147,14 +165,16 @@ class _KernelWriter:
         body = self.node(node.for_get_body())
         if node.for_is_degenerate():
             return cgen.Block([cgen.Statement(f"const int64_t {iterator} = {init}"), body])
-        loop = cgen.For(f"int64_t {iterator} = {init}", self.expr(node.for_get_cond()),
+        loop = cgen.For(f"int64_t {iterator} = {init}", self.expr(node.for_get_cond(), outermost=True),
                         f"{iterator} += {self.expr(node.for_get_inc())}", body)
         if not pragmas:
             return loop
         return cgen.Module([cgen.Pragma(p) for p in pragmas] + [loop])
 
     # ------------------------------------------------------------------ AST expressions
-    def expr(self, e: isl.AstExpr) -> str:
+    def expr(self, e: isl.AstExpr, outermost: bool = False) -> str:
+        """C text of an isl AST expression; ``outermost`` drops the outer parentheses, which
+        OpenMP's canonical loop form does not allow around a loop condition."""
         kind = e.get_type()
         if kind == isl.ast_expr_type.id:
             name = e.get_id().get_name()
@@ -168,7 +188,8 @@ class _KernelWriter:
                   t.and_: "&&", t.and_then: "&&", t.or_: "||", t.or_else: "||", t.eq: "==", t.le: "<=",
                   t.lt: "<", t.ge: ">=", t.gt: ">"}
         if op in binary:
-            return f"({args[0]} {binary[op]} {args[1]})"
+            text = f"{args[0]} {binary[op]} {args[1]}"
+            return text if outermost else f"({text})"
         if op == t.minus:
             return f"(-{args[0]})"
         if op == t.fdiv_q:
@@ -199,15 +220,18 @@ class _KernelWriter:
         if statement.kind == "init":
             return f"{lhs} = {_literal(identity(source.op, target.dtype), target.dtype)}"
         printer = CExpressionPrinter(
-            index=lambda n: index_c[n],
-            size=lambda a: f"({a.to_c()})",
             access=lambda read, subscripts: self.element(read.tensor, subscripts, checked=not read.is_affine),
-            subscript=lambda a: a.to_c(lambda n: index_c.get(n, n)),
+            index=lambda n: index_c[n] if n in index_c else self.size_c[n],
+            size=self.size_expr,
         )
-        value = printer.print(source.rhs)
+        value = printer.to_c(source.rhs)
         if statement.kind == "assign":
             return f"{lhs} = {value}"
         return f"{lhs} = {_combine(source.op, target.dtype, lhs, value, ctype)}"
+
+    def size_expr(self, value: Affine) -> str:
+        """C text of an expression in the sizes."""
+        return value.to_c(lambda name: self.size_c[name])
 
     def element(self, tensor_name: str, subscripts: list[str], checked: bool = False) -> str:
         """C lvalue of an element; data-dependent subscripts are bounds-checked at run time."""

@@ -9,7 +9,10 @@
 3. in an innermost band, the member whose accesses are most often stride-1 is moved innermost,
    and marked ``simd`` when it is coincident (and ``unroll`` when asked).
 
-Marks are isl mark nodes with the ids in MARKS; code generation turns them into pragmas.
+Marks are isl mark nodes named ``KIND@DEPTH`` (KIND in MARKS, plus ``:N`` for unroll) where
+DEPTH is the schedule depth of the marked band's first member: code generation applies the
+pragma only to the loop isl generates for that member (iterator ``c<DEPTH>``), never to a deeper
+loop that stands first when isl elided a single-iteration loop.
 """
 from __future__ import annotations
 
@@ -71,13 +74,13 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
                 order = [first] + [i for i in range(node.band_n_member()) if i != first]
                 node = _permute(node, order)
             if node.band_member_get_coincident(0):
-                node = node.insert_mark(isl.Id(PARALLEL, context=node.get_ctx())).child(0)
+                node = _insert_mark(node, PARALLEL).child(0)
                 marked_parallel = True
 
     # Step into the point band (if tiled) for the innermost-loop decisions.
     inner = node.child(0) if tiled else node
     if leaf_band:
-        inner = _finish_innermost(inner, context)
+        inner = _finish_innermost(inner, context, keep_first=marked_parallel and not tiled)
     else:
         for position in range(inner.n_children()):
             inner = _visit(inner.child(position), context, parallel_above or marked_parallel).parent()
@@ -87,16 +90,18 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
     return inner
 
 
-def _finish_innermost(node: isl.ScheduleNode, context: _Context) -> isl.ScheduleNode:
+def _finish_innermost(node: isl.ScheduleNode, context: _Context, keep_first: bool) -> isl.ScheduleNode:
     """Reorder an innermost band for stride-1 access; mark its innermost member simd/unroll.
 
-    Returns the node at the band's (possibly split) top position.
+    ``keep_first``: member 0 is the parallel loop and must stay outermost.  Returns the node at
+    the band's (possibly split) top position.
     """
     options = context.options
     n = node.band_n_member()
-    if n >= 2 and node.band_get_permutable():
-        scores = [_stride_score(node, member, context.program) for member in range(n)]
-        best = max(range(n), key=lambda m: (node.band_member_get_coincident(m), scores[m], m))
+    movable = range(1 if keep_first else 0, n)
+    if len(movable) >= 2 and node.band_get_permutable():
+        scores = {member: _stride_score(node, member, context.program) for member in movable}
+        best = max(movable, key=lambda m: (node.band_member_get_coincident(m), scores[m], m))
         if best != n - 1:
             node = _permute(node, [m for m in range(n) if m != best] + [best])
     wants_simd = options.vectorize and node.band_member_get_coincident(n - 1)
@@ -107,12 +112,25 @@ def _finish_innermost(node: isl.ScheduleNode, context: _Context) -> isl.Schedule
     if n > 1:
         node = node.band_split(n - 1).child(0)
     if wants_unroll:
-        node = node.insert_mark(isl.Id(f"{UNROLL}:{options.unroll}", context=node.get_ctx()))
+        node = _insert_mark(node, f"{UNROLL}:{options.unroll}")
     if wants_simd:
-        node = node.insert_mark(isl.Id(SIMD, context=node.get_ctx()))
+        node = _insert_mark(node, SIMD)
     while node.get_tree_depth() > top_depth:
         node = node.parent()
     return node
+
+
+def _insert_mark(band: isl.ScheduleNode, kind: str) -> isl.ScheduleNode:
+    """Insert a mark above ``band`` naming ``kind`` and the schedule depth of its first member."""
+    name = f"{kind}@{band.get_schedule_depth()}"
+    return band.insert_mark(isl.Id(name, context=band.get_ctx()))
+
+
+def parse_mark(name: str) -> tuple[str, int, int | None]:
+    """``(kind, depth, factor)`` of a mark name ``kind[:factor]@depth``."""
+    head, depth = name.rsplit("@", 1)
+    kind, _, factor = head.partition(":")
+    return kind, int(depth), int(factor) if factor else None
 
 
 def _has_band_below(node: isl.ScheduleNode) -> bool:
