@@ -1,0 +1,43 @@
+/*
+ * polyc kernel for def 'matmul'
+ * sizes: M=64, K=64, N=64
+ * options: fusion=smart tile_sizes=None parallel=True vectorize=True unroll=1 specialize=True
+ *   S0: C(m, n) +=! A(m, r_k) * B(r_k, n)
+ */
+/* (polyc prelude omitted: see polyc/codegen/c_expr.py) */
+
+static inline int64_t polyc_checked_index(int64_t index, int64_t extent, int *status)
+{
+    if (index >= 0 && index < extent) return index;
+    __atomic_store_n(status, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+int polyc_matmul(const float *__restrict__ A, const float *__restrict__ B, float *__restrict__ C)
+{
+  const int64_t M = 64;
+  const int64_t K = 64;
+  const int64_t N = 64;
+  const int64_t A_extent0 = M;
+  const int64_t A_extent1 = K;
+  const int64_t B_extent0 = K;
+  const int64_t B_extent1 = N;
+  const int64_t C_extent0 = M;
+  const int64_t C_extent1 = N;
+  int polyc_status = 0;
+  (void)polyc_status;
+  #pragma omp parallel for
+  for (int64_t c0 = INT64_C(0); c0 <= INT64_C(63); c0 += INT64_C(32))
+    for (int64_t c1 = INT64_C(0); c1 <= INT64_C(63); c1 += INT64_C(32))
+      for (int64_t c2 = INT64_C(0); c2 <= INT64_C(63); c2 += INT64_C(32))
+        for (int64_t c3 = INT64_C(0); c3 <= INT64_C(31); c3 += INT64_C(1))
+          for (int64_t c4 = INT64_C(0); c4 <= INT64_C(31); c4 += INT64_C(1))
+          #pragma omp simd
+          for (int64_t c5 = INT64_C(0); c5 <= INT64_C(31); c5 += INT64_C(1))
+          {
+            if (((c2 == INT64_C(0)) && (c4 == INT64_C(0))))
+              C[(((c0 + c3)) * C_extent1 + ((c1 + c5)))] = ((float)0.0);
+            C[(((c0 + c3)) * C_extent1 + ((c1 + c5)))] = (float)(C[(((c0 + c3)) * C_extent1 + ((c1 + c5)))] + ((A[(((((c0 + c3)))) * A_extent1 + ((((c2 + c4)))))]) * (B[(((((c2 + c4)))) * B_extent1 + ((((c1 + c5)))))])));
+          }
+  return polyc_status;
+}

@@ -1,0 +1,47 @@
+/*
+ * polyc kernel for def 'mlp'
+ * sizes: M=64, K=64, N=64
+ * options: fusion=smart tile_sizes=None parallel=True vectorize=True unroll=1 specialize=True
+ *   S0: O(i, j) +=! I(i, r_k) * W(r_k, j)
+ *   S1: O(i, j) = fmax(O(i, j) + b(j), 0)
+ */
+/* (polyc prelude omitted: see polyc/codegen/c_expr.py) */
+
+static inline int64_t polyc_checked_index(int64_t index, int64_t extent, int *status)
+{
+    if (index >= 0 && index < extent) return index;
+    __atomic_store_n(status, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+int polyc_mlp(const float *__restrict__ I, const float *__restrict__ W, const float *__restrict__ b, float *__restrict__ O)
+{
+  const int64_t M = 64;
+  const int64_t K = 64;
+  const int64_t N = 64;
+  const int64_t I_extent0 = M;
+  const int64_t I_extent1 = K;
+  const int64_t W_extent0 = K;
+  const int64_t W_extent1 = N;
+  const int64_t b_extent0 = N;
+  const int64_t O_extent0 = M;
+  const int64_t O_extent1 = N;
+  int polyc_status = 0;
+  (void)polyc_status;
+  #pragma omp parallel for
+  for (int64_t c0 = INT64_C(0); c0 <= INT64_C(63); c0 += INT64_C(32))
+    for (int64_t c1 = INT64_C(0); c1 <= INT64_C(63); c1 += INT64_C(32))
+      for (int64_t c2 = INT64_C(0); c2 <= INT64_C(63); c2 += INT64_C(32))
+        for (int64_t c3 = INT64_C(0); c3 <= INT64_C(31); c3 += INT64_C(1))
+          for (int64_t c4 = INT64_C(0); c4 <= INT64_C(31); c4 += INT64_C(1))
+          #pragma omp simd
+          for (int64_t c5 = INT64_C(0); c5 <= INT64_C(31); c5 += INT64_C(1))
+          {
+            if (((c2 == INT64_C(0)) && (c4 == INT64_C(0))))
+              O[(((c0 + c3)) * O_extent1 + ((c1 + c5)))] = ((float)0.0);
+            O[(((c0 + c3)) * O_extent1 + ((c1 + c5)))] = (float)(O[(((c0 + c3)) * O_extent1 + ((c1 + c5)))] + ((I[(((((c0 + c3)))) * I_extent1 + ((((c2 + c4)))))]) * (W[(((((c2 + c4)))) * W_extent1 + ((((c1 + c5)))))])));
+            if (((c2 == INT64_C(32)) && (c4 == INT64_C(31))))
+              O[(((c0 + c3)) * O_extent1 + ((c1 + c5)))] = fmaxf(((O[(((((c0 + c3)))) * O_extent1 + ((((c1 + c5)))))]) + (b[((((c1 + c5))))])), 0.0f);
+          }
+  return polyc_status;
+}

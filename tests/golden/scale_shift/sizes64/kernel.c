@@ -1,0 +1,37 @@
+/*
+ * polyc kernel for def 'scale_shift'
+ * sizes: M=64, N=64
+ * options: fusion=smart tile_sizes=None parallel=True vectorize=True unroll=1 specialize=True
+ *   S0: B(i, j) = A(i, j) * 2
+ *   S1: C(i, j) = B(i, j) + 1
+ */
+/* (polyc prelude omitted: see polyc/codegen/c_expr.py) */
+
+static inline int64_t polyc_checked_index(int64_t index, int64_t extent, int *status)
+{
+    if (index >= 0 && index < extent) return index;
+    __atomic_store_n(status, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+int polyc_scale_shift(const float *__restrict__ A, float *__restrict__ C, float *__restrict__ B)
+{
+  const int64_t M = 64;
+  const int64_t N = 64;
+  const int64_t A_extent0 = M;
+  const int64_t A_extent1 = N;
+  const int64_t C_extent0 = M;
+  const int64_t C_extent1 = N;
+  const int64_t B_extent0 = M;
+  const int64_t B_extent1 = N;
+  int polyc_status = 0;
+  (void)polyc_status;
+  for (int64_t c2 = INT64_C(0); c2 <= INT64_C(63); c2 += INT64_C(1))
+  #pragma omp simd
+  for (int64_t c3 = INT64_C(0); c3 <= INT64_C(63); c3 += INT64_C(1))
+  {
+    B[((c2) * B_extent1 + (c3))] = ((A[((c2) * A_extent1 + (c3))]) * 2.0f);
+    C[((c2) * C_extent1 + (c3))] = ((B[((c2) * B_extent1 + (c3))]) + 1.0f);
+  }
+  return polyc_status;
+}
