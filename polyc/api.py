@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from polyc.errors import PolycError
-from polyc.interpreter import interpret
+from polyc.interpreter import run_bound
 from polyc.ir.bounds import check_bounds
 from polyc.ir.model import build_program
 from polyc.lang import ast
@@ -22,6 +22,7 @@ from polyc.lang.checked import CheckedDef
 from polyc.lang.parser import parse
 from polyc.lang.sema import check_def
 from polyc.options import Options
+from polyc.runtime.arguments import bind_arguments
 
 
 class Kernel:
@@ -31,8 +32,10 @@ class Kernel:
         self.syntax = syntax
         self.definition = definition
         self.options = options
-        # Prove every affine access in bounds for all sizes now, so bad defs fail at define time.
-        check_bounds(build_program(definition))
+        # Prove affine accesses in bounds now: always-wrong ones fail at define time, the rest
+        # leave a precondition on the sizes that every call checks.
+        self.bounds_precondition = check_bounds(build_program(definition))
+        self._sizes_checked: set[tuple[int, ...]] = set()
         self._backend = _make_backend(definition, options)
 
     @property
@@ -46,7 +49,12 @@ class Kernel:
         several.  ``outputs=[...]`` passes pre-allocated outputs, which are updated in place
         (statements without ``!`` accumulate into them).  Inputs are never modified.
         """
-        results = self._backend(args, outputs)
+        call = bind_arguments(self.definition, args, outputs)
+        signature = tuple(call.sizes[s] for s in self.definition.sizes)
+        if signature not in self._sizes_checked:
+            self.bounds_precondition.check(call.sizes, self.definition.source or None)
+            self._sizes_checked.add(signature)
+        results = self._backend(call)
         return results[0] if len(results) == 1 else results
 
     def describe(self) -> str:
@@ -80,7 +88,7 @@ class Kernel:
 
 def _make_backend(definition: CheckedDef, options: Options):
     if options.backend == "interpreter":
-        return lambda args, outputs: interpret(definition, args, outputs)
+        return lambda call: run_bound(definition, call)
     from polyc.driver import CompiledKernel  # the polyhedral pipeline; imported lazily (isl, cgen)
     return CompiledKernel(definition, options)
 

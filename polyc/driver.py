@@ -25,7 +25,7 @@ from polyc.ir.model import PolyProgram, build_program
 from polyc.lang.checked import CheckedDef
 from polyc.options import Options
 from polyc.runtime import CompilerOptions, get_function, get_or_build, load_library
-from polyc.runtime.arguments import bind_arguments
+from polyc.runtime.arguments import BoundCall
 from polyc.schedule.scheduler import compute_schedule
 from polyc.schedule.transform import optimize_schedule
 
@@ -92,9 +92,9 @@ class CompiledKernel:
                     self._compiled[key] = compiled
         return compiled
 
-    def __call__(self, args, outputs=None) -> tuple[np.ndarray, ...]:
+    def __call__(self, call: BoundCall) -> tuple[np.ndarray, ...]:
+        """Run on checked arguments (see :func:`polyc.runtime.arguments.bind_arguments`)."""
         definition = self.definition
-        call = bind_arguments(definition, args, outputs)
         compiled = self.compiled_for(call.sizes)
         buffers: dict[str, np.ndarray] = {}
         for tensor in definition.tensors:

@@ -26,19 +26,19 @@ CHUNK_POINTS = 1 << 22
 
 def interpret(definition: ir.CheckedDef, args, outputs=None) -> tuple[np.ndarray, ...]:
     """Run ``definition`` on ``args`` and return its outputs in declared order."""
-    call = bind_arguments(definition, args, outputs)
-    run_bound(definition, call)
-    return tuple(call.arrays[name] for name in definition.outputs)
+    return run_bound(definition, bind_arguments(definition, args, outputs))
 
 
-def run_bound(definition: ir.CheckedDef, call: BoundCall) -> None:
-    """Execute every statement on the bound arrays (allocating temporaries) in place."""
+def run_bound(definition: ir.CheckedDef, call: BoundCall) -> tuple[np.ndarray, ...]:
+    """Execute every statement on the bound arrays (allocating temporaries) in place; return
+    the outputs in declared order."""
     tensors = dict(call.arrays)
     for name in definition.temporaries:
         t = definition.tensor(name)
         tensors[name] = np.zeros(t.concrete_shape(call.sizes), dtype=t.dtype)
     for statement in definition.statements:
         _StatementRun(definition, statement, tensors, call.sizes).execute()
+    return tuple(call.arrays[name] for name in definition.outputs)
 
 
 class _StatementRun:
@@ -217,12 +217,13 @@ class _Evaluator:
         return np.negative(value).astype(expr.dtype)
 
     def eval_Binary(self, expr: ir.Binary, mask):
-        lhs, rhs = self.eval(expr.lhs, mask), self.eval(expr.rhs, mask)
         op, dtype = expr.op, expr.dtype
-        if op == "&&":
-            return np.logical_and(lhs, rhs)
-        if op == "||":
-            return np.logical_or(lhs, rhs)
+        if op in ("&&", "||"):  # short-circuit: the right operand counts only where it is evaluated
+            lhs = np.asarray(self.eval(expr.lhs, mask), dtype=bool)
+            needed = lhs if op == "&&" else ~lhs
+            rhs = self.eval(expr.rhs, needed if mask is None else (needed & mask))
+            return np.logical_and(lhs, rhs) if op == "&&" else np.logical_or(lhs, rhs)
+        lhs, rhs = self.eval(expr.lhs, mask), self.eval(expr.rhs, mask)
         comparisons = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
                        "==": np.equal, "!=": np.not_equal}
         if op in comparisons:
@@ -253,9 +254,12 @@ class _Evaluator:
     def eval_Cast(self, expr: ir.Cast, mask):
         value = self.eval(expr.operand, mask)
         if expr.dtype.kind in "iu" and np.asarray(value).dtype.kind == "f":
-            value = np.trunc(np.nan_to_num(value, nan=0.0, posinf=0.0, neginf=0.0))
+            # In float64 every float16/32/64 value and both bounds are exact; in float32,
+            # iinfo(int32).max would round up to 2**31 and let 2**31 through.
+            value = np.trunc(np.nan_to_num(np.asarray(value, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0))
             info = np.iinfo(expr.dtype)
-            value = np.where((value < info.min) | (value > info.max), 0, value)
+            upper = 2.0 ** (info.bits - 1 if expr.dtype.kind == "i" else info.bits)
+            value = np.where((value < float(info.min)) | (value >= upper), 0, value)
         return np.asarray(value).astype(expr.dtype)
 
 

@@ -139,12 +139,12 @@ class _KernelWriter:
     def mark_node(self, node: isl.AstNode):
         """Pragmas for a run of nested marks, applied to the loop of the marked band member."""
         pragmas: list[str] = []
-        target_depth = None
+        target_depths = None
         while node.get_type() == isl.ast_node_type.mark:
-            kind, depth, factor = parse_mark(node.mark_get_id().get_name())
-            if target_depth is not None and depth != target_depth:
+            kind, depths, factor = parse_mark(node.mark_get_id().get_name())
+            if target_depths is not None and depths != target_depths:
                 break  # a mark of a deeper band whose outer loops isl elided: handled on its own
-            target_depth = depth
+            target_depths = depths
             pragmas.append({PARALLEL: "omp parallel for", SIMD: "omp simd"}.get(kind, f"GCC unroll {factor}"))
             node = node.mark_get_node()
         if "omp parallel for" in pragmas and "omp simd" in pragmas:  # one loop, both: one pragma
@@ -154,7 +154,7 @@ class _KernelWriter:
             # loop is left for the C compiler to unroll.
             pragmas = [p for p in pragmas if p.startswith("omp ")]
         is_marked_loop = node.get_type() == isl.ast_node_type.for_ and not node.for_is_degenerate() \
-            and self.expr(node.for_get_iterator()) == f"c{target_depth}"
+            and self.expr(node.for_get_iterator()) in {f"c{d}" for d in target_depths}
         if is_marked_loop:
             return self.for_node(node, pragmas)
         return self.node(node)  # isl elided the marked loop (one iteration): nothing to annotate

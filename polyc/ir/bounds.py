@@ -1,17 +1,26 @@
 """Static bounds checking: prove with isl that every affine access stays inside its tensor.
 
-For every size the signature admits (the program's context) and every statement instance where
-the access is performed (its domain, narrowed by the affine conditions of enclosing ternaries),
-the accessed element must lie in the tensor's box.  An access that can fall outside is a
-:class:`~polyc.errors.BoundsError` naming the statement, the access and an example.  Accesses
-with data-dependent subscripts are checked at run time by the generated code instead; so are
-affine subscripts of accesses guarded by conditions isl cannot express.
+For every statement instance where an access is performed (its domain, narrowed by the affine
+conditions of enclosing ternaries and short-circuit operators), the accessed element must lie in
+the tensor's box.  isl computes, per access, the exact set of sizes for which it can fall
+outside:
+
+- when that set holds every choice of sizes >= 1, the access is always wrong: a
+  :class:`~polyc.errors.BoundsError` at define time naming the statement, the access and an
+  example;
+- otherwise it is a *precondition* on the sizes (``B(i) = A(i, 0)`` needs N >= 1; an index
+  bounded by a scalar K needs K <= N), checked at every call before anything runs.
+
+Accesses with data-dependent subscripts are checked at run time by the generated code instead.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Mapping
+
 import islpy as isl
 
-from polyc.errors import BoundsError
+from polyc.errors import BoundsError, SourceLocation
 from polyc.ir.model import PolyProgram, isl_affine, isl_name
 
 
@@ -25,8 +34,47 @@ def tensor_box(program: PolyProgram, tensor_name: str) -> isl.Set:
     return isl.Set.read_from_str(program.ctx, text).intersect_params(program.context)
 
 
-def check_bounds(program: PolyProgram) -> None:
-    """Raise BoundsError for the first write or exact read that may leave its tensor."""
+@dataclass(frozen=True)
+class Violation:
+    """The sizes (an isl parameter set) for which one access leaves its tensor."""
+
+    description: str
+    sizes: isl.Set
+    loc: SourceLocation | None
+
+
+@dataclass(frozen=True)
+class BoundsPrecondition:
+    """What the sizes of a call must satisfy for every access to stay in bounds."""
+
+    params: tuple[str, ...]
+    violations: tuple[Violation, ...]
+
+    def check(self, sizes: Mapping[str, int], source: str | None = None) -> None:
+        """Raise BoundsError when ``sizes`` let an access fall outside its tensor."""
+        if not self.violations:
+            return
+        for violation in self.violations:
+            point = violation.sizes
+            for position, name in enumerate(self.params):
+                point = point.fix_val(isl.dim_type.param, position,
+                                      isl.Val.int_from_si(point.get_ctx(), sizes[name]))
+            if not point.is_empty():
+                values = ", ".join(f"{name}={sizes[name]}" for name in self.params)
+                raise BoundsError(f"for sizes {values}, {violation.description}", violation.loc, source)
+
+    def __str__(self) -> str:
+        if not self.violations:
+            return "none"
+        return "; ".join(f"not {v.sizes}" for v in self.violations)
+
+
+def check_bounds(program: PolyProgram) -> BoundsPrecondition:
+    """Prove every write and exact read in bounds; see the module docstring for the outcome."""
+    positive = program.context
+    for position in range(len(program.params)):
+        positive = positive.lower_bound_val(isl.dim_type.param, position, isl.Val.int_from_si(program.ctx, 1))
+    violations: list[Violation] = []
     for s in program.statements:
         accesses = [("writes", s.source.target, s.write, s.domain, None)]
         accesses += [("reads", a.tensor, a.relation, s.domain.intersect(a.guard), a.read)
@@ -36,13 +84,18 @@ def check_bounds(program: PolyProgram) -> None:
             outside = touched.subtract_range(tensor_box(program, tensor))
             if outside.is_empty():
                 continue
-            example = outside.sample().wrap().sample_point()
             loc = read.loc if read is not None and read.loc.line else s.source.loc
-            source = program.definition.source or None
-            raise BoundsError(
-                f"statement {s.source.name} ({s.source.text}) {verb} {tensor} outside its bounds "
-                f"{_shape_text(program, tensor)}, e.g. at {_point_text(example)}; restrict the index "
-                f"ranges with 'where' or guard the access with a condition", loc, source)
+            description = (f"statement {s.source.name} ({s.source.text}) {verb} {tensor} outside its "
+                           f"bounds {_shape_text(program, tensor)}")
+            bad_sizes = outside.params()
+            if positive.is_subset(bad_sizes):
+                example = outside.intersect_params(positive).sample().wrap().sample_point()
+                raise BoundsError(
+                    f"{description} for every choice of sizes, e.g. at {_point_text(example)}; restrict the "
+                    f"index ranges with 'where' or guard the access with a condition",
+                    loc, program.definition.source or None)
+            violations.append(Violation(description, bad_sizes.coalesce(), loc))
+    return BoundsPrecondition(program.params, tuple(violations))
 
 
 def _shape_text(program: PolyProgram, tensor: str) -> str:

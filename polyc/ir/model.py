@@ -286,6 +286,14 @@ def _reads_with_guards(expr: ir.TExpr, guard: str | None = None):
         yield from _reads_with_guards(expr.then, then_guard)
         yield from _reads_with_guards(expr.otherwise, else_guard)
         return
+    if isinstance(expr, ir.Binary) and expr.op in ("&&", "||"):
+        # C evaluates the right operand only when the left one has not decided the result.
+        yield from _reads_with_guards(expr.lhs, guard)
+        condition = affine_condition(expr.lhs)
+        if condition is not None and expr.op == "||":
+            condition = f"(not {condition})"
+        yield from _reads_with_guards(expr.rhs, _conjoin(guard, condition))
+        return
     if isinstance(expr, ir.Read):
         yield expr, guard
         for s in expr.subscripts:

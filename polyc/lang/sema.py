@@ -516,6 +516,8 @@ class _StatementChecker:
         return _Typed(ir.Unary(dtype, "neg", convert(operand, dtype)), operand.weak)
 
     def _type_binary(self, expr: ast.Binary, guarded: bool) -> _Typed:
+        # Only ternary branches are exempt from range inference (TC's rule); the short-circuit
+        # guard of && and || is taken into account by the bounds check and the evaluators.
         lhs, rhs = self.type_expr(expr.lhs, guarded), self.type_expr(expr.rhs, guarded)
         if expr.op in ("&&", "||"):
             return _Typed(ir.Binary(BOOL, expr.op, convert(lhs, BOOL), convert(rhs, BOOL)), lhs.weak and rhs.weak)

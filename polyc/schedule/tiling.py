@@ -13,6 +13,7 @@ from pathlib import Path
 import islpy as isl
 
 from polyc.ir.model import PolyProgram
+from polyc.lang.symbolic import Affine
 
 _CANDIDATE_SIZES = (256, 128, 64, 32, 16, 8)
 
@@ -51,11 +52,11 @@ def choose_tile_sizes(node: isl.ScheduleNode, program: PolyProgram,
     for name in statements:
         statement = program.statement(name)
         indices = {m[name] for m in movers if name in m}
-        accesses = [(statement.source.target, tuple(statement.source.indices))]
+        accesses = [(statement.source.target, tuple(Affine.var(i) for i in statement.source.indices))]
         accesses += [(a.tensor, a.read.subscripts) for a in statement.reads if a.read is not None]
         for tensor, subscripts in accesses:
             moved = sum(1 for index in indices
-                        if any(not hasattr(s, "names") or index in s.names() for s in subscripts))
+                        if any(not isinstance(s, Affine) or index in s.names() for s in subscripts))
             footprints.append((moved, program.definition.tensor(tensor).dtype.itemsize))
     budget = cache_sizes().get(2, 1 << 20) // 2
     for size in _CANDIDATE_SIZES:

@@ -9,10 +9,10 @@
 3. in an innermost band, the member whose accesses are most often stride-1 is moved innermost,
    and marked ``simd`` when it is coincident (and ``unroll`` when asked).
 
-Marks are isl mark nodes named ``KIND@DEPTH`` (KIND in MARKS, plus ``:N`` for unroll) where
-DEPTH is the schedule depth of the marked band's first member: code generation applies the
-pragma only to the loop isl generates for that member (iterator ``c<DEPTH>``), never to a deeper
-loop that stands first when isl elided a single-iteration loop.
+Marks are isl mark nodes named ``KIND@DEPTHS`` (KIND in MARKS, plus ``:N`` for unroll) where
+DEPTHS lists the schedule depths of the band members the pragma may go to: code generation
+applies it to the first loop under the mark only if that loop (iterator ``c<DEPTH>``) is one of
+them, so a pragma never lands on a wrong loop when isl elides single-iteration loops.
 """
 from __future__ import annotations
 
@@ -73,9 +73,7 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
             if first != 0 and node.band_get_permutable():
                 order = [first] + [i for i in range(node.band_n_member()) if i != first]
                 node = _permute(node, order)
-            if node.band_member_get_coincident(0):
-                node = _insert_mark(node, PARALLEL).child(0)
-                marked_parallel = True
+            marked_parallel = bool(node.band_member_get_coincident(0))
 
     # Step into the point band (if tiled) for the innermost-loop decisions.
     inner = node.child(0) if tiled else node
@@ -87,7 +85,25 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
     # Climb back to the position the band had when we were called.
     while inner.get_tree_depth() > depth:
         inner = inner.parent()
+    if marked_parallel:
+        # Any coincident member down the band chain may turn out to be the outermost loop
+        # (isl elides loops of one iteration, e.g. a tile loop when the tile covers the extent).
+        depths = ",".join(str(d) for d in _coincident_depths(inner))
+        inner = inner.insert_mark(isl.Id(f"{PARALLEL}@{depths}", context=inner.get_ctx()))
     return inner
+
+
+def _coincident_depths(node: isl.ScheduleNode) -> list[int]:
+    """Schedule depths of the coincident members of the chain of bands starting at ``node``."""
+    depths: list[int] = []
+    while node.get_type() in (_BAND, isl.schedule_node_type.mark):
+        if node.get_type() == _BAND:
+            base = node.get_schedule_depth()
+            depths += [base + i for i in range(node.band_n_member()) if node.band_member_get_coincident(i)]
+        if node.n_children() != 1:
+            break
+        node = node.child(0)
+    return depths
 
 
 def _finish_innermost(node: isl.ScheduleNode, context: _Context, keep_first: bool) -> isl.ScheduleNode:
@@ -126,11 +142,12 @@ def _insert_mark(band: isl.ScheduleNode, kind: str) -> isl.ScheduleNode:
     return band.insert_mark(isl.Id(name, context=band.get_ctx()))
 
 
-def parse_mark(name: str) -> tuple[str, int, int | None]:
-    """``(kind, depth, factor)`` of a mark name ``kind[:factor]@depth``."""
-    head, depth = name.rsplit("@", 1)
+def parse_mark(name: str) -> tuple[str, frozenset[int], int | None]:
+    """``(kind, depths, factor)`` of a mark name ``kind[:factor]@depth[,depth...]``: the pragma
+    belongs to the first loop under the mark if its schedule depth is one of ``depths``."""
+    head, depths = name.rsplit("@", 1)
     kind, _, factor = head.partition(":")
-    return kind, int(depth), int(factor) if factor else None
+    return kind, frozenset(int(d) for d in depths.split(",") if d), int(factor) if factor else None
 
 
 def _has_band_below(node: isl.ScheduleNode) -> bool:
