@@ -24,14 +24,14 @@ int polyc_matmul(const float *__restrict__ A, const float *__restrict__ B, float
   int polyc_status = 0;
   (void)polyc_status;
   #pragma omp parallel for
-  for (int64_t c0 = INT64_C(0); c0 < M; c0 += INT64_C(32))
-    for (int64_t c1 = INT64_C(0); c1 < N; c1 += INT64_C(32))
+  for (int64_t c0 = INT64_C(0); c0 < M; c0 += INT64_C(128))
+    for (int64_t c1 = INT64_C(0); c1 < N; c1 += INT64_C(128))
     {
-      for (int64_t c3 = INT64_C(0); c3 <= polyc_min(INT64_C(31), ((M - c0) - INT64_C(1))); c3 += INT64_C(1))
+      for (int64_t c3 = INT64_C(0); c3 <= polyc_min(INT64_C(127), ((M - c0) - INT64_C(1))); c3 += INT64_C(1))
       {
-        for (int64_t c4 = INT64_C(0); c4 <= polyc_min(INT64_C(31), (K - INT64_C(1))); c4 += INT64_C(1))
+        for (int64_t c4 = INT64_C(0); c4 <= polyc_min(INT64_C(127), (K - INT64_C(1))); c4 += INT64_C(1))
         #pragma omp simd
-        for (int64_t c5 = INT64_C(0); c5 <= polyc_min(INT64_C(31), ((N - c1) - INT64_C(1))); c5 += INT64_C(1))
+        for (int64_t c5 = INT64_C(0); c5 <= polyc_min(INT64_C(127), ((N - c1) - INT64_C(1))); c5 += INT64_C(1))
         {
           if ((c4 == INT64_C(0)))
             C[(((c0 + c3)) * C_extent1 + ((c1 + c5)))] = ((float)0.0);
@@ -39,14 +39,14 @@ int polyc_matmul(const float *__restrict__ A, const float *__restrict__ B, float
         }
         if ((K == INT64_C(0)))
         #pragma omp simd
-        for (int64_t c5 = INT64_C(0); c5 <= polyc_min(INT64_C(31), ((N - c1) - INT64_C(1))); c5 += INT64_C(1))
+        for (int64_t c5 = INT64_C(0); c5 <= polyc_min(INT64_C(127), ((N - c1) - INT64_C(1))); c5 += INT64_C(1))
           C[(((c0 + c3)) * C_extent1 + ((c1 + c5)))] = ((float)0.0);
       }
-      for (int64_t c2 = INT64_C(32); c2 < K; c2 += INT64_C(32))
-        for (int64_t c3 = INT64_C(0); c3 <= polyc_min(INT64_C(31), ((M - c0) - INT64_C(1))); c3 += INT64_C(1))
-          for (int64_t c4 = INT64_C(0); c4 <= polyc_min(INT64_C(31), ((K - c2) - INT64_C(1))); c4 += INT64_C(1))
+      for (int64_t c2 = INT64_C(128); c2 < K; c2 += INT64_C(128))
+        for (int64_t c3 = INT64_C(0); c3 <= polyc_min(INT64_C(127), ((M - c0) - INT64_C(1))); c3 += INT64_C(1))
+          for (int64_t c4 = INT64_C(0); c4 <= polyc_min(INT64_C(127), ((K - c2) - INT64_C(1))); c4 += INT64_C(1))
           #pragma omp simd
-          for (int64_t c5 = INT64_C(0); c5 <= polyc_min(INT64_C(31), ((N - c1) - INT64_C(1))); c5 += INT64_C(1))
+          for (int64_t c5 = INT64_C(0); c5 <= polyc_min(INT64_C(127), ((N - c1) - INT64_C(1))); c5 += INT64_C(1))
             C[(((c0 + c3)) * C_extent1 + ((c1 + c5)))] = (float)(C[(((c0 + c3)) * C_extent1 + ((c1 + c5)))] + ((A[(((((c0 + c3)))) * A_extent1 + ((((c2 + c4)))))]) * (B[(((((c2 + c4)))) * B_extent1 + ((((c1 + c5)))))])));
     }
   return polyc_status;
