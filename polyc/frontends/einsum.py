@@ -290,29 +290,68 @@ def _label_name(label: int) -> str:
     return f"x{label}"
 
 
+def contraction_order(inputs: tuple[tuple[int, ...], ...], output: tuple[int, ...]) -> list[tuple[int, int]]:
+    """A pairwise order for contracting more than two operands, as positions in a shrinking list
+    of terms (the result of each step is appended at the end).
+
+    Without sizes (one kernel serves every shape) the choice is by labels: contract the pair
+    whose result keeps the fewest labels, breaking ties by the most labels summed away.  This
+    turns ``ij,jk,kl->il`` from one n^4 loop nest into two n^3 matrix products.
+    """
+    terms = [set(t) for t in inputs]
+    steps = []
+    while len(terms) > 2:
+        best = None
+        for a in range(len(terms)):
+            for b in range(a + 1, len(terms)):
+                others = set(output).union(*(t for k, t in enumerate(terms) if k not in (a, b)))
+                kept = (terms[a] | terms[b]) & others
+                summed = (terms[a] | terms[b]) - others
+                key = (len(kept), -len(summed), a, b)
+                best = key if best is None or key < best else best
+        _, _, a, b = best
+        others = set(output).union(*(t for k, t in enumerate(terms) if k not in (a, b)))
+        merged = (terms[a] | terms[b]) & others
+        terms = [t for k, t in enumerate(terms) if k not in (a, b)] + [merged]
+        steps.append((a, b))
+    return steps
+
+
 def lower_to_tc(contraction: Contraction, name: str = "einsum") -> str:
     """The TC def computing ``contraction``: inputs ``I0, I1, ...``, output ``Out``, size ``Sk``
-    for label k.  One statement: ``=`` when nothing is summed, else ``+=!`` (``max=!`` over
-    ``&&`` for bool: numpy's logical or of logical ands)."""
+    for label k.  Two operands or fewer: one statement, ``=`` when nothing is summed, else
+    ``+=!`` (``max=!`` over ``&&`` for bool: numpy's logical or of logical ands).  More operands
+    are contracted pairwise into temporaries ``T0, T1, ...`` (see :func:`contraction_order`)."""
     type_name = contraction.dtype.name
-    output = set(contraction.output)
+    is_bool = contraction.dtype == np.bool_
 
-    def index(label: int) -> str:
-        return _label_name(label) if label in output else "r_" + _label_name(label)
+    def statement(target: str, target_labels: tuple[int, ...], operands: list[tuple[str, tuple[int, ...]]]) -> str:
+        kept = set(target_labels)
 
-    def access(tensor: str, term: tuple[int, ...]) -> str:
-        return f"{tensor}({', '.join(index(l) for l in term)})" if term else tensor
+        def index(label: int) -> str:
+            return _label_name(label) if label in kept else "r_" + _label_name(label)
+
+        def access(tensor: str, term: tuple[int, ...]) -> str:
+            return f"{tensor}({', '.join(index(l) for l in term)})" if term else tensor
+
+        reduced = {l for _, term in operands for l in term} - kept
+        product = (" && " if is_bool else " * ").join(access(t, term) for t, term in operands)
+        op = "=" if not reduced else "max=!" if is_bool else "+=!"
+        return f"    {access(target, target_labels)} {op} {product}\n"
 
     params = []
     for n, term in enumerate(contraction.inputs):
         shape = f"({', '.join(f'S{l}' for l in term)})" if term else ""
         params.append(f"{type_name}{shape} I{n}")
-    is_bool = contraction.dtype == np.bool_
-    product = (" && " if is_bool else " * ").join(access(f"I{n}", t) for n, t in enumerate(contraction.inputs))
-    op = "=" if not contraction.reduced else "max=!" if is_bool else "+=!"
-    return (f"def {name}({', '.join(params)}) -> (Out) {{\n"
-            f"    {access('Out', contraction.output)} {op} {product}\n"
-            f"}}\n")
+    operands = [(f"I{n}", term) for n, term in enumerate(contraction.inputs)]
+    body = []
+    for step, (a, b) in enumerate(contraction_order(contraction.inputs, contraction.output)):
+        others = set(contraction.output).union(*(set(t) for k, (_, t) in enumerate(operands) if k not in (a, b)))
+        labels = tuple(l for l in dict.fromkeys(operands[a][1] + operands[b][1]) if l in others)
+        body.append(statement(f"T{step}", labels, [operands[a], operands[b]]))
+        operands = [o for k, o in enumerate(operands) if k not in (a, b)] + [(f"T{step}", labels)]
+    body.append(statement("Out", contraction.output, operands))
+    return f"def {name}({', '.join(params)}) -> (Out) {{\n{''.join(body)}}}\n"
 
 
 @functools.lru_cache(maxsize=KERNEL_CACHE_SIZE)

@@ -1,6 +1,7 @@
 """polyc.einsum against numpy.einsum: hand-picked forms, random problems (hypothesis), errors."""
 from __future__ import annotations
 
+import os
 import string
 
 import numpy as np
@@ -360,3 +361,29 @@ def einsum_problems(draw):
 def test_random_problems_match_numpy(problem):
     subscripts, arrays = problem
     assert_matches_numpy(subscripts, arrays, run(subscripts, *arrays))
+
+
+@pytest.fixture(scope="module")
+def private_kernel_cache(tmp_path_factory):
+    previous = os.environ.get("POLYC_CACHE_DIR")
+    os.environ["POLYC_CACHE_DIR"] = str(tmp_path_factory.mktemp("einsum-cache"))
+    yield
+    if previous is None:
+        del os.environ["POLYC_CACHE_DIR"]
+    else:
+        os.environ["POLYC_CACHE_DIR"] = previous
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(einsum_problems())
+def test_random_problems_compiled_match_numpy(private_kernel_cache, problem):
+    """The same problems through compiled C (parametric, so one build serves every shape)."""
+    subscripts, arrays = problem
+    result = einsum(subscripts, *arrays, backend="c", specialize=False, cflags="-O1")
+    assert_matches_numpy(subscripts, arrays, result)
+
+
+def test_three_operands_are_contracted_pairwise():
+    source = lower_to_tc(_contraction("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]))
+    assert source.count("+=!") == 2 and "T0(" in source
