@@ -47,7 +47,7 @@ def compile_stages(definition: CheckedDef, options: Options,
     program = build_program(definition, sizes if options.specialize else None)
     dependences = compute_dependences(program)
     schedule = compute_schedule(program, dependences, options.fusion)
-    optimized = optimize_schedule(schedule, program, options)
+    optimized = optimize_schedule(schedule, program, options, dependences)
     return Stages(program, dependences, schedule, optimized, generate_c(program, optimized, options))
 
 

@@ -26,7 +26,7 @@ from polyc.ir.model import PolyProgram, PolyStatement, isl_name
 from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine
 from polyc.options import Options
-from polyc.schedule.transform import PARALLEL, SIMD, parse_mark
+from polyc.schedule.transform import PARALLEL, REDUCE, SIMD, parse_mark
 from polyc.types import identity
 
 _STATUS = "polyc_status"
@@ -141,11 +141,14 @@ class _KernelWriter:
         pragmas: list[str] = []
         target_depths = None
         while node.get_type() == isl.ast_node_type.mark:
-            kind, depths, factor = parse_mark(node.mark_get_id().get_name())
+            kind, depths, argument = parse_mark(node.mark_get_id().get_name())
             if target_depths is not None and depths != target_depths:
                 break  # a mark of a deeper band whose outer loops isl elided: handled on its own
             target_depths = depths
-            pragmas.append({PARALLEL: "omp parallel for", SIMD: "omp simd"}.get(kind, f"GCC unroll {factor}"))
+            if kind == REDUCE:
+                pragmas.append("omp parallel for " + self.reduction_clauses(argument))
+            else:
+                pragmas.append({PARALLEL: "omp parallel for", SIMD: "omp simd"}.get(kind, f"GCC unroll {argument}"))
             node = node.mark_get_node()
         if "omp parallel for" in pragmas and "omp simd" in pragmas:  # one loop, both: one pragma
             pragmas = ["omp parallel for simd"] + [p for p in pragmas if not p.startswith("omp ")]
@@ -158,6 +161,15 @@ class _KernelWriter:
         if is_marked_loop:
             return self.for_node(node, pragmas)
         return self.node(node)  # isl elided the marked loop (one iteration): nothing to annotate
+
+    def reduction_clauses(self, argument: str) -> str:
+        """``reduction(op:T[0:n]) ...`` for a reduce mark's ``op:tensor;...`` argument."""
+        clauses = []
+        for item in argument.split(";"):
+            op, tensor = item.split(":")
+            elements = " * ".join(f"({self.size_expr(e)})" for e in self.definition.tensor(tensor).shape) or "1"
+            clauses.append(f"reduction({op}:{tensor}[0:{elements}])")
+        return " ".join(clauses)
 
     def for_node(self, node: isl.AstNode, pragmas: list[str]):
         iterator = self.expr(node.for_get_iterator())

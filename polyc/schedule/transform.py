@@ -20,13 +20,21 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 from polyc.lang.symbolic import Affine
 from polyc.options import Options
 from polyc.schedule.tiling import choose_tile_sizes
 
-PARALLEL, SIMD, UNROLL = "parallel", "simd", "unroll"
-MARKS = (PARALLEL, SIMD, UNROLL)
+PARALLEL, SIMD, UNROLL, REDUCE = "parallel", "simd", "unroll", "reduce"
+MARKS = (PARALLEL, SIMD, UNROLL, REDUCE)
+
+#: Reduction operators OpenMP's reduction clause computes with polyc's semantics.  Floating-point
+#: min/max are left out: OpenMP's compare differently from fmin/fmax when a NaN is involved.
+_OPENMP_REDUCTIONS = {"+": "+", "*": "*"}
+_OPENMP_INTEGER_REDUCTIONS = {"+": "+", "*": "*", "min": "min", "max": "max"}
+#: Largest target (elements) reduced in parallel: every thread gets a private copy of it.
+_MAX_PRIVATE_REDUCTION = 4096
 
 _BAND = isl.schedule_node_type.band
 
@@ -35,11 +43,17 @@ _BAND = isl.schedule_node_type.band
 class _Context:
     program: PolyProgram
     options: Options
+    dependences: Dependences | None
 
 
-def optimize_schedule(schedule: isl.Schedule, program: PolyProgram, options: Options) -> isl.Schedule:
-    """Tile, reorder and mark ``schedule`` as the options ask; the result is equivalent to it."""
-    node = _visit(schedule.get_root(), _Context(program, options), parallel_above=False)
+def optimize_schedule(schedule: isl.Schedule, program: PolyProgram, options: Options,
+                      dependences: Dependences | None = None) -> isl.Schedule:
+    """Tile, reorder and mark ``schedule`` as the options ask; the result is equivalent to it.
+
+    With ``dependences``, a band with no parallel member whose outer member carries only
+    reduction dependences is marked ``reduce``: a parallel loop with an OpenMP reduction.
+    """
+    node = _visit(schedule.get_root(), _Context(program, options, dependences), parallel_above=False)
     return node.get_schedule()
 
 
@@ -75,6 +89,13 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
                 node = _permute(node, order)
             marked_parallel = bool(node.band_member_get_coincident(0))
 
+    reduction_clause = None
+    if options.parallel and not parallel_above and not marked_parallel:
+        node, reduction_clause = _parallel_reduction(node, context)
+        if reduction_clause is not None:
+            name = f"{REDUCE}:{reduction_clause}@{node.get_schedule_depth()}"
+            node = node.insert_mark(isl.Id(name, context=node.get_ctx())).child(0)
+
     # Step into the point band (if tiled) for the innermost-loop decisions.
     inner = node.child(0) if tiled else node
     if leaf_band:
@@ -91,6 +112,72 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
         depths = ",".join(str(d) for d in _coincident_depths(inner))
         inner = inner.insert_mark(isl.Id(f"{PARALLEL}@{depths}", context=inner.get_ctx()))
     return inner
+
+
+def _parallel_reduction(band: isl.ScheduleNode, context: _Context) -> tuple[isl.ScheduleNode, str | None]:
+    """Make the band's first member a parallel loop with an OpenMP reduction, if that is valid.
+
+    It is when every update under the band is a reduction with an operator OpenMP can combine,
+    each target is small enough to privatise, and the member carries no dependence but
+    reduction ones.  The ``!`` initialisations the scheduler fused into the band are first
+    split off in front of it (a sequence), since inside the loop they would reset a thread's
+    private copy.  Returns the node at the band's position and the clause text, or None.
+    """
+    if context.dependences is None:
+        return band, None
+    program = context.program
+    domain = band.get_domain()
+    statements = [program.statement(s.get_tuple_name()) for s in _sets(domain)]
+    updates = [s for s in statements if s.kind == "update"]
+    inits = [s for s in statements if s.kind == "init"]
+    if not updates or len(updates) + len(inits) != len(statements):
+        return band, None
+    clauses: dict[str, str] = {}
+    for statement in updates:
+        source = statement.source
+        target = program.definition.tensor(source.target)
+        table = _OPENMP_INTEGER_REDUCTIONS if target.dtype.kind in "iu" else _OPENMP_REDUCTIONS
+        if source.op not in table:
+            return band, None
+        size = 1
+        for extent in target.shape:
+            if program.size_values is None and not extent.is_constant:
+                return band, None
+            size *= extent.evaluate(program.size_values or {})
+        if size > _MAX_PRIVATE_REDUCTION or clauses.get(source.target, table[source.op]) != table[source.op]:
+            return band, None
+        clauses[source.target] = table[source.op]
+    every = context.dependences.all
+    update_domain = _union_of(program, updates)
+    if inits:
+        init_domain = _union_of(program, inits)
+        # Running all initialisations first is valid only if none of them waits for an update.
+        if not every.intersect_domain(update_domain).intersect_range(init_domain).is_empty():
+            return band, None
+    others = context.dependences.non_reduction.intersect_domain(update_domain).intersect_range(update_domain)
+    prefix = band.get_prefix_schedule_union_map()
+    member = isl.UnionMap.from_multi_union_pw_aff(
+        isl.MultiUnionPwAff.from_union_pw_aff(band.band_get_partial_schedule().get_at(0)))
+    carried = others.intersect(prefix.apply_range(prefix.reverse())).subtract(member.apply_range(member.reverse()))
+    if not carried.is_empty():
+        return band, None
+    if inits:
+        filters = isl.UnionSetList.alloc(band.get_ctx(), 2).add(init_domain).add(update_domain)
+        band = band.insert_sequence(filters).child(1).child(0)
+    return band, ";".join(f"{op}:{target}" for target, op in sorted(clauses.items()))
+
+
+def _union_of(program: PolyProgram, statements) -> isl.UnionSet:
+    result = isl.UnionSet.empty(program.context.get_space())
+    for statement in statements:
+        result = result.union(isl.UnionSet.from_set(statement.domain))
+    return result
+
+
+def _sets(union: isl.UnionSet) -> list[isl.Set]:
+    found: list[isl.Set] = []
+    union.foreach_set(found.append)
+    return found
 
 
 def _coincident_depths(node: isl.ScheduleNode) -> list[int]:
@@ -142,12 +229,13 @@ def _insert_mark(band: isl.ScheduleNode, kind: str) -> isl.ScheduleNode:
     return band.insert_mark(isl.Id(name, context=band.get_ctx()))
 
 
-def parse_mark(name: str) -> tuple[str, frozenset[int], int | None]:
-    """``(kind, depths, factor)`` of a mark name ``kind[:factor]@depth[,depth...]``: the pragma
-    belongs to the first loop under the mark if its schedule depth is one of ``depths``."""
+def parse_mark(name: str) -> tuple[str, frozenset[int], str]:
+    """``(kind, depths, argument)`` of a mark name ``kind[:argument]@depth[,depth...]``: the
+    pragma belongs to the first loop under the mark if its schedule depth is one of ``depths``.
+    The argument is the unroll factor, or the reduction clauses ``op:tensor;...``."""
     head, depths = name.rsplit("@", 1)
-    kind, _, factor = head.partition(":")
-    return kind, frozenset(int(d) for d in depths.split(",") if d), int(factor) if factor else None
+    kind, _, argument = head.partition(":")
+    return kind, frozenset(int(d) for d in depths.split(",") if d), argument
 
 
 def _has_band_below(node: isl.ScheduleNode) -> bool:
