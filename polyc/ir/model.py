@@ -19,7 +19,7 @@ from typing import Mapping
 import islpy as isl
 
 from polyc.lang import checked as ir
-from polyc.lang.symbolic import Affine
+from polyc.lang.symbolic import Affine, affine_arithmetic
 
 #: Words isl's parser reserves; a TC name equal to one is renamed in isl text.
 _ISL_KEYWORDS = frozenset({"and", "or", "not", "exists", "implies", "mod", "floor", "ceil", "min", "max",
@@ -235,17 +235,7 @@ def affine_value(expr: ir.TExpr) -> Affine | None:
         inner = affine_value(expr.operand)
         return None if inner is None else -inner
     if isinstance(expr, ir.Binary) and expr.op in ("+", "-", "*") and expr.dtype.kind in "iu":
-        lhs, rhs = affine_value(expr.lhs), affine_value(expr.rhs)
-        if lhs is None or rhs is None:
-            return None
-        if expr.op == "+":
-            return lhs + rhs
-        if expr.op == "-":
-            return lhs - rhs
-        if lhs.is_constant:
-            return rhs * lhs.constant
-        if rhs.is_constant:
-            return lhs * rhs.constant
+        return affine_arithmetic(expr.op, affine_value(expr.lhs), affine_value(expr.rhs))
     return None
 
 

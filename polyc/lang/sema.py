@@ -21,7 +21,7 @@ from polyc.lang import checked as ir
 from polyc.lang.builtins import BUILTINS
 from polyc.lang.parser import parse
 from polyc.lang.printer import format_statement
-from polyc.lang.symbolic import Affine
+from polyc.lang.symbolic import Affine, affine_arithmetic
 from polyc.types import BOOL, FLOAT32, INT32, INT64, TC_TYPES, is_float, is_integer, promote
 
 #: Assignment operator as written -> update operator of a reduction.
@@ -403,17 +403,7 @@ class _StatementChecker:
             inner = self.affine_subscript(expr.operand)
             return None if inner is None else (inner if expr.op == "+" else -inner)
         if isinstance(expr, ast.Binary) and expr.op in ("+", "-", "*"):
-            lhs, rhs = self.affine_subscript(expr.lhs), self.affine_subscript(expr.rhs)
-            if lhs is None or rhs is None:
-                return None
-            if expr.op == "+":
-                return lhs + rhs
-            if expr.op == "-":
-                return lhs - rhs
-            if lhs.is_constant:
-                return rhs * lhs.constant
-            if rhs.is_constant:
-                return lhs * rhs.constant
+            return affine_arithmetic(expr.op, self.affine_subscript(expr.lhs), self.affine_subscript(expr.rhs))
         return None
 
     # ------------------------------------------------------------------ typing

@@ -230,6 +230,23 @@ class Affine:
         return f"Affine({self})"
 
 
+def affine_arithmetic(op: str, lhs: Affine | None, rhs: Affine | None) -> Affine | None:
+    """``lhs op rhs`` for op in ``+ - *`` when the result is affine (a product needs a constant
+    factor); None otherwise, or when an operand is already None."""
+    if lhs is None or rhs is None:
+        return None
+    if op == "+":
+        return lhs + rhs
+    if op == "-":
+        return lhs - rhs
+    if op == "*":
+        if lhs.is_constant:
+            return rhs * lhs.constant
+        if rhs.is_constant:
+            return lhs * rhs.constant
+    return None
+
+
 def _nest_min_max(kind: str, args: list[str]) -> str:
     text = args[0]
     for arg in args[1:]:
