@@ -1,7 +1,7 @@
 """Malformed TC sources: each must fail with the right error class at the right line and column.
 
-MALFORMED_CASES are syntax errors found by the parser (and its lexer).  SEMANTIC_CASES, kept
-apart below, are sources that parse but mean nothing; they go through the semantic checker.
+MALFORMED_CASES are syntax errors found by the parser (and its lexer).  Sources that parse but
+mean nothing are in test_semantic_errors.py.
 """
 import pytest
 
@@ -284,16 +284,4 @@ def test_syntax_errors_are_polyc_errors():
     assert issubclass(TCSyntaxError, PolycError)
 
 
-# ----------------------------------------------------------------------------- semantic errors
-# Sources that parse but mean nothing (unknown names, rank mismatches, ...), as
-# case(id, source, line, col, error=TCSemanticError) rows; checked by polyc.lang.sema.
-SEMANTIC_CASES = []
-
-
-@pytest.mark.parametrize("source, error_class, line, col", SEMANTIC_CASES)
-def test_semantic_error(source, error_class, line, col):
-    sema = pytest.importorskip("polyc.lang.sema")
-    with pytest.raises(error_class) as info:
-        sema.check_source(source, filename="bad.tc")
-    location = info.value.location
-    assert (location.line, location.col) == (line, col), str(info.value)
+# Sources that parse but mean nothing are in test_semantic_errors.py.
