@@ -18,6 +18,21 @@ def _rsqrt(x):
     return np.reciprocal(np.sqrt(x))
 
 
+def _round_half_away(x):
+    """C's round(): halves away from zero.  ``x - trunc(x)`` is exact, so no rounding creeps in."""
+    whole = np.trunc(x)
+    return np.where(np.abs(x - whole) >= 0.5, whole + np.sign(x), whole)
+
+
+def _fma(a, b, c):
+    """a * b + c rounded once, as C's fma: exact in float64 for float32/float16 operands (the
+    product of two 24-bit significands fits in 53 bits); float64 goes through long double, whose
+    64-bit significand makes it nearly, not always, exact."""
+    dtype = np.result_type(a, b, c)
+    wide = np.float64 if dtype.itemsize <= 4 else np.longdouble
+    return (np.asarray(a, wide) * np.asarray(b, wide) + np.asarray(c, wide)).astype(dtype)
+
+
 @dataclass(frozen=True)
 class Builtin:
     """``float_only``: integer arguments are converted to float32 first (C's math.h functions);
@@ -64,7 +79,7 @@ BUILTINS: dict[str, Builtin] = _table(
     Builtin("fabs", 1, np.fabs, "fabs"),
     Builtin("floor", 1, np.floor, "floor"),
     Builtin("ceil", 1, np.ceil, "ceil"),
-    Builtin("round", 1, lambda x: np.copysign(np.floor(np.abs(x) + 0.5), x), "round"),
+    Builtin("round", 1, _round_half_away, "round"),
     Builtin("trunc", 1, np.trunc, "trunc"),
     Builtin("pow", 2, np.power, "pow"),
     Builtin("atan2", 2, np.arctan2, "atan2"),
@@ -73,7 +88,7 @@ BUILTINS: dict[str, Builtin] = _table(
     Builtin("copysign", 2, np.copysign, "copysign"),
     Builtin("fmax", 2, np.fmax, "fmax"),
     Builtin("fmin", 2, np.fmin, "fmin"),
-    Builtin("fma", 3, lambda a, b, c: a * b + c, "fma"),
+    Builtin("fma", 3, _fma, "fma"),
     # Generic over all types; NaN-ignoring for floats like fmax/fmin.
     Builtin("min", 2, np.fmin, "min", float_only=False),
     Builtin("max", 2, np.fmax, "max", float_only=False),
