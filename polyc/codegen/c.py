@@ -20,7 +20,7 @@ import cgen
 import islpy as isl
 import numpy as np
 
-from polyc.codegen.c_expr import PRELUDE, CExpressionPrinter, c_type
+from polyc.codegen.c_expr import PRELUDE, CExpressionPrinter, c_constant, c_type
 from polyc.errors import PolycError
 from polyc.ir.model import PolyProgram, PolyStatement, isl_name
 from polyc.lang import checked as ir
@@ -230,7 +230,7 @@ class _KernelWriter:
         lhs = self.element(source.target, [index_c[i] for i in source.indices])
         ctype = c_type(target.dtype)
         if statement.kind == "init":
-            return f"{lhs} = {_literal(identity(source.op, target.dtype), target.dtype)}"
+            return f"{lhs} = {c_constant(identity(source.op, target.dtype).item(), target.dtype)}"
         printer = CExpressionPrinter(
             access=lambda read, subscripts: self.element(read.tensor, subscripts, checked=not read.is_affine),
             index=lambda n: index_c[n] if n in index_c else self.size_c[n],
@@ -261,17 +261,6 @@ class _KernelWriter:
 
 def _extent_name(tensor: str, dim: int) -> str:
     return f"{tensor}_extent{dim}"
-
-
-def _literal(value, dtype: np.dtype) -> str:
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f":
-        if np.isinf(value):
-            return f"(({c_type(dtype)})({'-' if value < 0 else ''}INFINITY))"
-        return f"(({c_type(dtype)}){float(value)!r})"
-    if dtype.kind == "b":
-        return "1" if value else "0"
-    return f"(({c_type(dtype)})INT64_C({int(value)}))" if dtype.kind == "i" else f"(({c_type(dtype)})UINT64_C({int(value)}))"
 
 
 def _combine(op: str, dtype: np.dtype, current: str, value: str, ctype: str) -> str:
