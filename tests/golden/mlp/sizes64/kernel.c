@@ -35,7 +35,7 @@ int polyc_mlp(const float *__restrict__ I, const float *__restrict__ W, const fl
     for (int64_t c5 = INT64_C(0); c5 <= INT64_C(63); c5 += INT64_C(1))
     {
       if ((c4 == INT64_C(0)))
-        O[((c3) * O_extent1 + (c5))] = ((float)0.0);
+        O[((c3) * O_extent1 + (c5))] = 0.0f;
       O[((c3) * O_extent1 + (c5))] = (float)(O[((c3) * O_extent1 + (c5))] + ((I[((c3) * I_extent1 + (c4))]) * (W[((c4) * W_extent1 + (c5))])));
       if ((c4 == INT64_C(63)))
         O[((c3) * O_extent1 + (c5))] = fmaxf(((O[((c3) * O_extent1 + (c5))]) + (b[(c5)])), 0.0f);
