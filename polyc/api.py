@@ -81,6 +81,15 @@ class Kernel:
         """The generated C translation unit (specialised to ``sizes`` when given)."""
         return self.stages(sizes).kernel.source
 
+    def export_c(self, directory, sizes: dict | None = None, target: str = "neon", name: str | None = None):
+        """Write this kernel as ``NAME.c`` (self-contained C: no Python needed) and ``NAME.h``
+        (prototype; arguments, dtypes and shapes in a comment) into ``directory``, for ``target``
+        (``host``, ``avx512``, ``avx2``, ``generic`` or ``neon``; see :mod:`polyc.codegen.targets`).
+        ``sizes`` (all of them) specialises the kernel; None passes them as arguments.
+        ``name`` defaults to the def's name.  Returns the paths ``(c_path, h_path)``."""
+        from polyc.codegen.targets import export_kernel
+        return export_kernel(self, sizes, target, name).write(directory)
+
     def __repr__(self) -> str:
         return f"<polyc kernel {self.definition.name}: {len(self.definition.inputs)} input(s), " \
                f"{len(self.definition.outputs)} output(s)>"

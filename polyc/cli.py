@@ -2,6 +2,7 @@
 
     polyc --version
     polyc compile FILE.tc [--entry NAME] [--emit ast|ranges|isl|schedule|c] [-o OUT] [options]
+    polyc compile FILE.tc [--entry NAME] --target host|avx512|avx2|generic|neon [--shape ...] -o OUTDIR
     polyc run FILE.tc [--entry NAME] --shape NAME=SIZE ... [--check] [--repeat N] [--seed S] [options]
 
 Exit status: 0 on success; 1 for an error in the TC file, in compilation or in a run, for a
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import polyc
+from polyc.codegen.targets import TARGET_NAMES, export_kernel
 from polyc.errors import PolycError
 from polyc.interpreter import interpret
 from polyc.lang import checked as ir
@@ -94,6 +96,8 @@ examples:
   polyc compile examples/matmul.tc --emit ast           the syntax tree, printed back as TC
   polyc compile examples/conv.tc --entry conv2d --emit isl -o conv2d.isl
   polyc compile examples/matmul.tc --entry matmul --emit c --shape M=512 --shape K=512 --shape N=512
+  polyc compile examples/matmul.tc --entry matmul --target neon --shape M=64,K=64,N=64 -o out
+                                                        out/matmul.c and out/matmul.h for aarch64
 
 --emit stages: ast (parsed syntax, as TC text), ranges (checked def: shapes and index ranges;
 the default), isl (polyhedral model), schedule (schedule tree), c (generated C).
@@ -128,9 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_COMPILE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     compile_parser.add_argument("file", metavar="FILE.tc", help="TC source file")
     compile_parser.add_argument("--entry", metavar="NAME", help="the def to emit (default: every def)")
-    compile_parser.add_argument("--emit", choices=tuple(EMIT_METHODS), default=DEFAULT_EMIT,
+    compile_parser.add_argument("--emit", choices=tuple(EMIT_METHODS), default=None,
                                 help=f"what to print (default: {DEFAULT_EMIT})")
     compile_parser.add_argument("-o", "--output", metavar="OUT", help="write to OUT instead of stdout")
+    compile_parser.add_argument("--target", choices=TARGET_NAMES,
+                                help="export C for this machine: without --emit, write NAME.c and NAME.h "
+                                     "into the directory -o OUTDIR; with --emit c, print the C")
     _add_shape_argument(compile_parser, "a size to specialise for (--emit isl, schedule or c; "
                                         "default: for all sizes)")
     _add_option_arguments(compile_parser)
@@ -261,6 +268,14 @@ def run_compile(args: argparse.Namespace) -> int:
     """``polyc compile``: print (or write to ``-o``) one stage for the chosen defs."""
     options = _define_options(args)
     shapes = _merge_shapes(args.shape)
+    exporting = args.target is not None and args.emit is None  # NAME.c and NAME.h into -o OUTDIR
+    if args.target is not None and args.emit not in (None, "c"):
+        raise CommandLineError(f"--target applies to C, not to --emit {args.emit}: use --emit c, or leave "
+                               "out --emit to write NAME.c and NAME.h into -o OUTDIR")
+    if exporting and args.output is None:
+        raise CommandLineError("--target without --emit writes NAME.c and NAME.h: give their directory "
+                               "with -o OUTDIR (or print the C with --emit c)")
+    args.emit = "c" if args.target is not None else args.emit or DEFAULT_EMIT
     method = EMIT_METHODS[args.emit]
     if shapes and method is None:
         raise CommandLineError(f"--shape is not used with --emit {args.emit}, only with isl, schedule and c")
@@ -280,7 +295,15 @@ def run_compile(args: argparse.Namespace) -> int:
             raise CommandLineError(f"--shape names {', '.join(unknown)}, not a size of "
                                    f"{_describe_kernels(kernels)} (sizes: {', '.join(sorted(known)) or 'none'})")
 
-    texts = [_emit(kernel, args.emit, shapes) for kernel in kernels]
+    if args.target is not None:
+        exports = [export_kernel(kernel, _kernel_sizes(kernel, shapes), args.target) for kernel in kernels]
+        if exporting:
+            for exported in exports:
+                exported.write(args.output)
+            return 0
+        texts = [exported.c_source for exported in exports]
+    else:
+        texts = [_emit(kernel, args.emit, shapes) for kernel in kernels]
     text = "\n\n".join(t.rstrip("\n") for t in texts) + "\n"
     if args.output is None:
         sys.stdout.write(text)
@@ -298,9 +321,13 @@ def _emit(kernel: polyc.Kernel, emit: str, shapes: dict[str, int]) -> str:
         return format_def(kernel.syntax)
     if emit == "ranges":
         return kernel.describe()
-    # The compiled stages, specialised to the sizes given for this def (None: for all sizes).
+    return getattr(kernel, EMIT_METHODS[emit])(_kernel_sizes(kernel, shapes))
+
+
+def _kernel_sizes(kernel: polyc.Kernel, shapes: dict[str, int]) -> dict[str, int] | None:
+    """The compiled stages are specialised to the sizes given for this def (None: for all sizes)."""
     sizes = {name: shapes[name] for name in kernel.definition.sizes if name in shapes}
-    return getattr(kernel, EMIT_METHODS[emit])(sizes or None)
+    return sizes or None
 
 
 def _write(path: str, text: str) -> None:

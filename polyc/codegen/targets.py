@@ -1,0 +1,293 @@
+"""Compilation targets, and a kernel's self-contained C export for one of them.
+
+A :class:`Target` names the machine generated C is built for: the C compiler (a cross compiler
+for aarch64), the optimisation and instruction-set flags, and the vector width.  The C text is
+the same portable C99 + OpenMP for every target; vectorisation is the C compiler's job, steered
+by the ``#pragma omp simd`` the scheduler puts on vector loops.  For ``neon``,
+``aarch64-linux-gnu-gcc -O3 -march=armv8-a+simd`` turns those loops into Advanced SIMD code
+(``ldr q``/``ld1`` loads, ``fmla v.4s`` multiply-adds); for ``avx512`` and ``avx2``, gcc uses
+``zmm``/``ymm`` registers.
+
+    >>> TARGETS["neon"].compile_command(["main.c", "matmul.c"], "main", "-static")
+    ['aarch64-linux-gnu-gcc', '-O3', '-march=armv8-a+simd', '-std=gnu11', '-fopenmp', '-static', '-o', 'main', 'main.c', 'matmul.c', '-lm']
+
+:func:`export_c` turns the stages of one kernel (:class:`polyc.driver.Stages`) into two files a
+C project can take without Python: ``NAME.c`` (the prelude and the kernel function) and
+``NAME.h`` (its prototype, with a comment giving the arguments in order, their element types
+and shapes, and the return value).
+"""
+from __future__ import annotations
+
+import functools
+import platform
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+import numpy as np
+
+from polyc import __version__
+from polyc.errors import PolycError
+from polyc.ir.bounds import check_bounds
+from polyc.lang.checked import CheckedDef, Role, Tensor
+from polyc.runtime.compiler import DEFAULT_OPTIMISATION_FLAGS, LANGUAGE_FLAGS, CompilerOptions
+
+if TYPE_CHECKING:
+    from polyc.api import Kernel
+    from polyc.driver import Stages
+
+
+@dataclass(frozen=True)
+class Target:
+    """A machine to build generated C for.
+
+    ``cc`` is None for the host's compiler (``$POLYC_CC``, ``$CC``, then gcc/cc/clang, as the
+    runtime chooses), or a cross compiler.  ``flags`` are the optimisation and instruction-set
+    flags; the language standard (``-std=gnu11``) and ``-fopenmp`` are added when building.
+    ``vector_bits`` is the width of one SIMD register.
+    """
+
+    name: str
+    description: str
+    machine: str  # platform.machine() of the CPUs that run the code; "" for any
+    cc: str | None
+    flags: tuple[str, ...]
+    vector_bits: int
+
+    def c_compiler(self) -> str:
+        """The compiler command: the cross compiler, or the host's default."""
+        return self.cc or CompilerOptions().cc or "cc"
+
+    def build_flags(self, openmp: bool = True) -> list[str]:
+        """Every flag generated C is built with: ``flags``, the language standard, OpenMP."""
+        return [*self.flags, *LANGUAGE_FLAGS, *(["-fopenmp"] if openmp else [])]
+
+    def compile_command(self, sources: Iterable[str], output: str, *extra: str, openmp: bool = True) -> list[str]:
+        """The command that builds and links ``sources`` into ``output`` (``extra``: ``-static``...)."""
+        return [*self.c_compiler().split(), *self.build_flags(openmp), *extra, "-o", output, *sources, "-lm"]
+
+
+TARGETS: dict[str, Target] = {
+    "avx512": Target("avx512", "x86-64 with AVX-512 (512-bit vectors, FMA)", "x86_64", None,
+                     ("-O3", "-mavx512f", "-mavx512vl", "-mfma"), 512),
+    "avx2": Target("avx2", "x86-64 with AVX2 (256-bit vectors, FMA)", "x86_64", None,
+                   ("-O3", "-mavx2", "-mfma"), 256),
+    "generic": Target("generic", "portable C, no instruction-set flags (the compiler's baseline)", "", None,
+                      ("-O3",), 128),
+    "neon": Target("neon", "aarch64 with Advanced SIMD (NEON, 128-bit vectors)", "aarch64",
+                   "aarch64-linux-gnu-gcc", ("-O3", "-march=armv8-a+simd"), 128),
+}
+TARGET_NAMES = ("host", *TARGETS)
+DEFAULT_EXPORT_TARGET = "neon"
+
+
+def get_target(name: str | Target) -> Target:
+    """The target named ``name`` (one of :data:`TARGET_NAMES`); a Target is returned as is."""
+    if isinstance(name, Target):
+        return name
+    if name == "host":
+        return _host_target()
+    if name not in TARGETS:
+        raise PolycError(f"unknown target {name!r}; the targets are: {', '.join(TARGET_NAMES)}")
+    return TARGETS[name]
+
+
+@functools.lru_cache(maxsize=None)
+def _host_target() -> Target:
+    """What the runtime builds for: this machine, ``-march=native``."""
+    machine = platform.machine()
+    vector_bits = 128
+    if machine in ("x86_64", "AMD64"):
+        cpu_flags = _cpu_flags()
+        vector_bits = 512 if "avx512f" in cpu_flags else 256 if "avx2" in cpu_flags else 128
+    return Target("host", f"this machine ({machine}, -march=native)", machine, None,
+                  DEFAULT_OPTIMISATION_FLAGS, vector_bits)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+# ----------------------------------------------------------------------------- export
+@dataclass(frozen=True)
+class ExportedC:
+    """A kernel as two C files: ``NAME.c`` holds everything it needs, ``NAME.h`` its prototype."""
+
+    name: str
+    target: Target
+    c_source: str
+    header: str
+
+    def write(self, directory: str | Path) -> tuple[Path, Path]:
+        """Write ``NAME.c`` and ``NAME.h`` into ``directory`` (made if missing); their paths."""
+        directory = Path(directory)
+        c_path, h_path = directory / f"{self.name}.c", directory / f"{self.name}.h"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            c_path.write_text(self.c_source, encoding="utf-8")
+            h_path.write_text(self.header, encoding="utf-8")
+        except OSError as error:
+            raise PolycError(f"cannot write the exported kernel to {directory}: {error}") from error
+        return c_path, h_path
+
+
+def export_c(stages: "Stages", target: str | Target = DEFAULT_EXPORT_TARGET, name: str | None = None) -> ExportedC:
+    """``NAME.c`` and ``NAME.h`` for the kernel compiled in ``stages``, built for ``target``.
+
+    ``name`` (default: the def's name) names the files; the function is the generated one,
+    ``polyc_<def>``.  Specialised stages give a kernel for their sizes only; parametric ones
+    (``Kernel.stages(None)``) take the sizes as trailing ``int64_t`` arguments.
+    """
+    target = get_target(target)
+    definition = stages.program.definition
+    kernel = stages.kernel
+    sizes = stages.program.size_values
+    name = name or definition.name
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise PolycError(f"export name {name!r} must be a C identifier (it names NAME.c and NAME.h)")
+
+    prototype = _prototype(kernel.source, kernel.function_name)
+    c_source = "\n".join([
+        f"/* polyc {__version__}: def '{definition.name}' exported for target {target.name}: {target.description}.",
+        " * Self-contained: needs a C11 compiler with GNU extensions and libm; without -fopenmp the",
+        " * OpenMP pragmas are ignored and the kernel runs on one thread.  Build, for example:",
+        f" *   {' '.join([*target.c_compiler().split(), *target.build_flags(), '-c', f'{name}.c'])}",
+        " */",
+        f'#include "{name}.h"',
+        "",
+        kernel.source,
+    ])
+    # Parametric code is in bounds only where the define-time proof says so: state where.
+    precondition = str(check_bounds(stages.program)) if sizes is None else ""
+    header = _header(definition, kernel, sizes, target, name, prototype, precondition)
+    return ExportedC(name, target, c_source, header)
+
+
+def export_kernel(kernel: "Kernel", sizes: Mapping[str, int] | None = None,
+                  target: str | Target = DEFAULT_EXPORT_TARGET, name: str | None = None) -> ExportedC:
+    """:func:`export_c` of a :class:`polyc.Kernel`, compiled for ``sizes`` (all of them, checked
+    against the kernel's bounds precondition) or, with None, for sizes passed as arguments."""
+    target = get_target(target)
+    sizes = export_sizes(kernel.definition, sizes)
+    if sizes is not None:
+        kernel.bounds_precondition.check(sizes, kernel.definition.source or None)
+    return export_c(kernel.stages(sizes), target, name)
+
+
+def export_sizes(definition: CheckedDef, sizes: Mapping[str, int] | None) -> dict[str, int] | None:
+    """``sizes`` checked to give every size of ``definition`` a value >= 0 (None stays None:
+    a parametric export); a missing, unknown or negative size is a PolycError."""
+    if sizes is None:
+        return None
+    missing = [s for s in definition.sizes if s not in sizes]
+    unknown = sorted(set(sizes) - set(definition.sizes))
+    if missing or unknown:
+        problem = f"no value for {', '.join(missing)}" if missing else f"{', '.join(unknown)} is not one of them"
+        raise PolycError(f"{definition.name}: an export for fixed sizes needs a value for each of its sizes "
+                         f"({', '.join(definition.sizes) or 'none'}): {problem}; give all of them, or none "
+                         "for a kernel that takes them as arguments")
+    negative = [s for s in definition.sizes if not isinstance(sizes[s], (int, np.integer)) or sizes[s] < 0]
+    if negative:
+        raise PolycError(f"{definition.name}: sizes must be integers >= 0, not "
+                         + ", ".join(f"{s}={sizes[s]!r}" for s in negative))
+    return {s: int(sizes[s]) for s in definition.sizes}
+
+
+def _prototype(source: str, function_name: str) -> str:
+    """The kernel's declarator line, as the generator printed it."""
+    match = re.search(rf"^int {re.escape(function_name)}\((.*)\)$", source, re.MULTILINE)
+    if match is None:
+        raise PolycError(f"internal: no definition of {function_name} in the generated C")
+    return match.group(0)
+
+
+def _parameter_names(prototype: str) -> list[str]:
+    arguments = prototype[prototype.index("(") + 1:-1]
+    return [re.findall(r"[A-Za-z_][A-Za-z0-9_]*", argument)[-1] for argument in arguments.split(",") if argument.strip()]
+
+
+def _header(definition: CheckedDef, kernel, sizes: Mapping[str, int] | None, target: Target,
+            name: str, prototype: str, precondition: str) -> str:
+    guard = f"POLYC_EXPORT_{name.upper()}_H"
+    parameters = _parameter_names(prototype)
+    size_inputs = {b.tensor: b.size for b in definition.size_bindings if b.dim is None}
+
+    lines = [f"polyc {__version__}: def '{definition.name}' for target {target.name}: {target.description}",
+             ""]
+    lines += ["  " + line for line in definition.describe().splitlines()]
+    lines.append("")
+    if sizes is not None:
+        lines.append("Sizes, compiled in (the kernel is valid for these only): "
+                     + (", ".join(f"{s}={v}" for s, v in sizes.items()) or "none"))
+    else:
+        lines.append("Sizes are the trailing int64_t arguments: values >= 0 that agree with the inputs' shapes.")
+        lines.append("Every affine access is proved in bounds for all sizes" if precondition == "none" else
+                     f"Affine accesses stay in bounds only for sizes satisfying: {precondition}")
+    lines += ["",
+              f"Arguments of {kernel.function_name}, in order: pointers to C-contiguous (row-major) arrays",
+              "that must not overlap, then the sizes:"]
+    width = max((len(p) for p in parameters), default=0)
+    for parameter, tensor_name in zip(parameters, kernel.tensor_arguments):
+        tensor = definition.tensor(tensor_name)
+        lines.append(f"  {parameter:<{width}}  {_tensor_line(tensor, sizes)}")
+        note = _role_note(tensor, size_inputs.get(tensor_name))
+        if note:
+            lines.append(f"  {'':<{width}}    {note}")
+    for parameter, size in zip(parameters[len(kernel.tensor_arguments):], kernel.size_arguments):
+        lines.append(f"  {parameter:<{width}}  int64_t, the size {size}")
+    lines += ["",
+              "Returns 0; or 1 when a data-dependent subscript (an index read from a tensor) fell outside",
+              "the tensor it indexes: that element was read as element 0 and the outputs are not valid."]
+    comment = "/*\n" + "\n".join(f" * {line}".rstrip() for line in lines).replace("*/", "* /") + "\n */"
+    return "\n".join([
+        comment,
+        f"#ifndef {guard}",
+        f"#define {guard}",
+        "",
+        "#include <stdint.h>",
+        "#include <stdbool.h>",
+        "",
+        "#ifdef __cplusplus",
+        'extern "C" {',
+        "#endif",
+        "",
+        prototype + ";",
+        "",
+        "#ifdef __cplusplus",
+        "}",
+        "#endif",
+        "",
+        f"#endif /* {guard} */",
+        "",
+    ])
+
+
+def _tensor_line(tensor: Tensor, sizes: Mapping[str, int] | None) -> str:
+    """``input  float32[M][K] = [64][64]``: role, element type and shape in the sizes."""
+    if tensor.rank == 0:
+        shape = " (0-d: one element)"
+    else:
+        shape = "".join(f"[{extent}]" for extent in tensor.shape)
+        if sizes is not None:
+            concrete = "".join(f"[{extent}]" for extent in tensor.concrete_shape(sizes))
+            if concrete != shape:
+                shape += f" = {concrete}"
+    return f"{tensor.role.value:<9}  {tensor.dtype.name}{shape}"
+
+
+def _role_note(tensor: Tensor, bound_size: str | None) -> str:
+    if tensor.role is Role.OUTPUT:
+        return "updated in place: pass zeros (statements without '!' accumulate into what it holds)"
+    if tensor.role is Role.TEMPORARY:
+        return "scratch buffer the caller provides, zero-initialised"
+    if bound_size is not None:
+        return f"holds the value of the size {bound_size}"
+    return ""
