@@ -256,7 +256,7 @@ def test_header_documents_arguments_shapes_and_return(tmp_path):
     assert re.search(r"I\s+input\s+float32\[N\]\[C\]\[H\]\[W\] = \[2\]\[3\]\[11\]\[13\]", header)
     assert re.search(r"O\s+output\s+float32\[N\]\[F\]\[floor\(\(H - KH\) / 2\) \+ 1\]"
                      r"\[floor\(\(W - KW\) / 2\) \+ 1\] = \[2\]\[4\]\[5\]\[6\]", header)
-    assert "Returns 0; or 1 when a data-dependent subscript" in header
+    assert "Returns 0 on success; otherwise the outputs are not valid: 1 when a data-dependent subscript" in header
     assert "for target neon" in header and "aarch64-linux-gnu-gcc -O3 -march=armv8-a+simd" in source
     assert source.count('#include "conv2d_stride2.h"') == 1 and "polyc prelude" in source
     assert "Python" not in source  # nothing of the runtime is needed

@@ -244,8 +244,9 @@ def _header(definition: CheckedDef, kernel, sizes: Mapping[str, int] | None, tar
     for parameter, size in zip(parameters[len(kernel.tensor_arguments):], kernel.size_arguments):
         lines.append(f"  {parameter:<{width}}  int64_t, the size {size}")
     lines += ["",
-              "Returns 0; or 1 when a data-dependent subscript (an index read from a tensor) fell outside",
-              "the tensor it indexes: that element was read as element 0 and the outputs are not valid."]
+              "Returns 0 on success; otherwise the outputs are not valid: 1 when a data-dependent subscript",
+              "(an index read from a tensor) fell outside the tensor it indexes (that element was read as",
+              "element 0), 2 when the kernel could not allocate its working memory."]
     comment = "/*\n" + "\n".join(f" * {line}".rstrip() for line in lines).replace("*/", "* /") + "\n */"
     return "\n".join([
         comment,
