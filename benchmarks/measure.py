@@ -1,0 +1,58 @@
+"""Timing and checking: medians of repeated calls, and results compared with a numpy reference."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+
+#: Every measurement runs at least this many timed calls (unless --repeat is smaller).
+MIN_RUNS = 3
+
+
+def time_calls(function: Callable[[], object], repeat: int, max_seconds: float) -> dict:
+    """Median of timed calls of ``function`` after one untimed warm-up call.
+
+    Runs ``repeat`` calls, or fewer when they would take longer than ``max_seconds`` in all
+    (never fewer than MIN_RUNS), so the slowest naive loop nests do not dominate the suite.
+    """
+    start = time.perf_counter()
+    function()
+    warm_up = time.perf_counter() - start
+    runs = max(min(repeat, int(max_seconds / max(warm_up, 1e-9))), min(repeat, MIN_RUNS))
+    seconds = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        function()
+        seconds.append(time.perf_counter() - start)
+    return {"median": statistics.median(seconds), "min": min(seconds), "runs": seconds, "warm_up": warm_up}
+
+
+def as_tuple(result) -> tuple:
+    return result if isinstance(result, tuple) else (result,)
+
+
+def compare(outputs: tuple, reference: tuple, dtypes: tuple, reduction: int) -> dict:
+    """Compare ``outputs`` with a float64 ``reference``, output by output.
+
+    An output passes when ``max|out - ref| <= (reduction + 8) * eps(dtype) * max|ref|``: the
+    worst-case rounding of a sum of ``reduction`` terms, relative to the result's magnitude.
+    A wrong kernel is off by O(1) of that magnitude, far above this bound.  Returns whether all
+    outputs pass and the worst relative error with its tolerance.
+    """
+    worst, tolerance, ok = 0.0, 0.0, len(outputs) == len(reference)
+    for got, want, dtype in zip(outputs, reference, dtypes):
+        got, want = np.asarray(got), np.asarray(want, dtype=np.float64)
+        bound = (reduction + 8) * float(np.finfo(dtype).eps)
+        if got.shape != want.shape:
+            return {"ok": False, "relative_error": None, "tolerance": bound,
+                    "detail": f"shape {got.shape} != {want.shape}"}
+        scale = float(np.max(np.abs(want))) if want.size else 0.0
+        error = float(np.max(np.abs(got.astype(np.float64) - want))) if want.size else 0.0
+        relative = error / scale if scale > 0 else error
+        if not np.isfinite(relative):
+            return {"ok": False, "relative_error": None, "tolerance": bound, "detail": "non-finite values"}
+        ok = ok and relative <= bound
+        worst, tolerance = max(worst, relative), max(tolerance, bound)
+    return {"ok": bool(ok), "relative_error": worst, "tolerance": tolerance}

@@ -1,0 +1,15 @@
+/* PolyBench syrk: Cout := alpha * A * A^T + beta * C on the lower triangle (j <= i), C elsewhere;
+   PolyBench's loop order. */
+void kernel(double alpha, double beta, const double C[restrict N][N], const double A[restrict N][M],
+            double Cout[restrict N][N])
+{
+    for (int i = 0; i < N; i++) {
+        for (int j = i + 1; j < N; j++)
+            Cout[i][j] = C[i][j];
+        for (int j = 0; j <= i; j++)
+            Cout[i][j] = C[i][j] * beta;
+        for (int k = 0; k < M; k++)
+            for (int j = 0; j <= i; j++)
+                Cout[i][j] += alpha * A[i][k] * A[j][k];
+    }
+}

@@ -1,0 +1,292 @@
+"""Run the benchmark suite: polyc beside numpy, einsum, gcc -O3 and clang+Polly on naive C.
+
+    python -m benchmarks [--quick] [--filter REGEX] [--repeat N] [--json PATH]
+
+For each case, polyc compiles the TC def (in a fresh kernel cache, so the C compiler's time is
+counted), every implementation is checked against a float64 numpy reference, then each is timed:
+one warm-up call, then the median of ``--repeat`` calls (fewer, but at least 3, when they would
+take longer than ``--max-seconds``).  Implementations are timed one after another, in blocks,
+so the OpenMP and OpenBLAS thread pools do not compete for the two cores.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import cases as suite
+from benchmarks import native, report
+from benchmarks.measure import as_tuple, compare, time_calls
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+BLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a few cases at small sizes (smoke test)")
+    parser.add_argument("--filter", metavar="REGEX", help="only cases whose 'name size' or group matches")
+    parser.add_argument("--repeat", type=int, default=10, metavar="N", help="timed runs per measurement (10)")
+    parser.add_argument("--max-seconds", type=float, default=20.0, metavar="S",
+                        help="time budget per measurement; slow ones run fewer times, at least 3 (20)")
+    parser.add_argument("--json", type=Path, metavar="PATH", default=RESULTS_DIR / "last.json",
+                        help="where to write the raw results (benchmarks/results/last.json)")
+    parser.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    parser.add_argument("--polly-flags", default="", metavar="FLAGS",
+                        help="extra flags for clang+Polly, e.g. '-mllvm -polly-position=early'")
+    parser.add_argument("--keep-blas-env", action="store_true",
+                        help="keep OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE (cleared by default, see __main__)")
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    return args
+
+
+def select_cases(args) -> list[suite.Case]:
+    cases = suite.quick_suite() if args.quick else suite.full_suite()
+    if args.filter:
+        pattern = re.compile(args.filter)
+        cases = [c for c in cases if pattern.search(c.title) or pattern.search(c.group)]
+    return cases
+
+
+# ---- one case ------------------------------------------------------------------------------
+
+def make_inputs(case: suite.Case, definition, rng: np.random.Generator) -> tuple:
+    """Inputs in the def's order: random values in [-1, 1) of each tensor's type and shape."""
+    inputs = []
+    for name in definition.inputs:
+        tensor = definition.tensor(name)
+        shape = tensor.concrete_shape(case.sizes)
+        if shape == ():
+            inputs.append(np.array(case.scalars[name], dtype=tensor.dtype))
+        else:
+            inputs.append(rng.uniform(-1.0, 1.0, size=shape).astype(tensor.dtype))
+    return tuple(inputs)
+
+
+def _prepare_polyc(kernel, inputs: tuple):
+    """The first call compiles (and runs) the kernel: its time is part of polyc's compile time."""
+    start = time.perf_counter()
+    outputs = kernel(*inputs)
+    return (lambda: kernel(*inputs)), outputs, time.perf_counter() - start
+
+
+def _prepare_numpy(function, inputs: tuple):
+    return (lambda: function(*inputs)), function(*inputs), None
+
+
+def _prepare_naive(toolchain, case: suite.Case, definition, inputs: tuple, build_dir: Path):
+    naive = native.NaiveKernel(toolchain, case.naive_c, dict(case.sizes), build_dir)
+    tensors = [definition.tensor(name) for name in definition.outputs]
+    outputs = tuple(np.zeros(tensor.concrete_shape(case.sizes), tensor.dtype) for tensor in tensors)
+    call = naive.bind(inputs, outputs)
+    call()
+    return call, outputs, naive.compile_seconds
+
+
+def run_case(case: suite.Case, args, toolchains: dict, build_dir: Path) -> dict:
+    """Compile, check and time every implementation of ``case``; a JSON-ready record."""
+    import polyc
+
+    result = {"name": case.name, "size": case.size_label, "group": case.group, "sizes": dict(case.sizes),
+              "entry": case.entry, "flops": case.flops, "note": case.note, "loadavg_1min": os.getloadavg()[0],
+              "times": {}, "checks": {}, "errors": {}, "compile_seconds": {}, "gflops": {}, "ratios": {}}
+    start = time.perf_counter()
+    try:
+        kernel = polyc.define(case.source, filename=f"<{case.name}>")[case.entry]
+    except Exception as error:  # without the checked def there are no inputs: skip the case
+        result["errors"]["polyc"] = f"{type(error).__name__}: {error}"
+        return result
+    define_seconds = time.perf_counter() - start
+    definition = kernel.definition
+    inputs = make_inputs(case, definition, np.random.default_rng(0))
+    dtypes = tuple(definition.tensor(name).dtype for name in definition.outputs)
+    reference = as_tuple(case.numpy(*(x.astype(np.float64) for x in inputs)))
+
+    preparations = {"polyc": functools.partial(_prepare_polyc, kernel, inputs)}
+    for name, function in (("numpy", case.numpy), ("einsum", case.einsum)):
+        if function is not None:
+            preparations[name] = functools.partial(_prepare_numpy, function, inputs)
+    for name, toolchain in toolchains.items():
+        preparations[name] = functools.partial(_prepare_naive, toolchain, case, definition, inputs, build_dir)
+
+    callables = {}
+    for name, prepare in preparations.items():
+        try:
+            callables[name], outputs, compile_seconds = prepare()
+        except Exception as error:  # shown as ERROR in the table; the other columns still run
+            result["errors"][name] = f"{type(error).__name__}: {error}"
+            continue
+        result["checks"][name] = compare(as_tuple(outputs), reference, dtypes, case.reduction)
+        if compile_seconds is not None:
+            result["compile_seconds"][name] = compile_seconds
+
+    for name in report.IMPLEMENTATIONS:  # one implementation at a time: no thread pools compete
+        if name in callables:
+            result["times"][name] = time_calls(callables[name], args.repeat, args.max_seconds)
+            result["gflops"][name] = case.flops / result["times"][name]["median"] / 1e9
+
+    if "polyc" in result["times"]:  # define + first call, less the run that call included
+        first_call = result["compile_seconds"]["polyc"]
+        result["compile_seconds"].update(polyc_define=define_seconds, polyc_first_call=first_call, polyc=(
+            define_seconds + max(0.0, first_call - result["times"]["polyc"]["median"])))
+    result["ratios"] = report.ratios_of(result["times"], result["checks"])
+    return result
+
+
+# ---- the environment the numbers were taken in ---------------------------------------------
+
+def blas_info() -> dict:
+    """Which BLAS numpy calls and with which kernel: threadpoolctl if installed, else numpy's config."""
+    np.ones((64, 64), np.float32) @ np.ones((64, 64), np.float32)  # make sure the BLAS is loaded
+    try:
+        import threadpoolctl
+        return {"source": "threadpoolctl", "libraries": threadpoolctl.threadpool_info()}
+    except ImportError:
+        config = np.show_config(mode="dicts") if np.lib.NumpyVersion(np.__version__) >= "1.26.0" else {}
+        return {"source": "numpy.show_config (threadpoolctl not installed)",
+                "blas": config.get("Build Dependencies", {}).get("blas")}
+
+
+def blas_summary(info: dict) -> str:
+    for library in info.get("libraries", []):
+        if library.get("user_api") == "blas":
+            return (f"{library.get('internal_api')} {library.get('version')}, kernel "
+                    f"{library.get('architecture')}, {library.get('num_threads')} threads")
+    blas = info.get("blas") or {}
+    return f"{blas.get('name', 'unknown BLAS')} {blas.get('version', '')} (kernel unknown)"
+
+
+def machine_info() -> dict:
+    model = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "logical_cpus": os.cpu_count(),
+            "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "platform": platform.platform(), "python": platform.python_version(),
+            "numpy": np.__version__, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+
+
+def _git(directory: Path, *arguments: str) -> str | None:
+    try:
+        run = subprocess.run(["git", "-C", str(directory), *arguments], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return run.stdout.strip() if run.returncode == 0 else None
+
+
+def polyc_info() -> dict:
+    """Which polyc was measured: version, source directory, git commit and whether polyc/ had
+    uncommitted changes, and the C compiler its kernels are built with."""
+    import polyc
+    from polyc.runtime.compiler import CompilerOptions
+    package = Path(polyc.__file__).resolve().parent
+    status = _git(package.parent, "status", "--porcelain", "--", "polyc")
+    compiler = CompilerOptions(openmp=True)
+    return {"version": polyc.__version__, "source": str(package),
+            "git_commit": _git(package.parent, "rev-parse", "HEAD"),
+            "uncommitted_changes": None if status is None else bool(status),
+            "cc": compiler.cc, "cflags": " ".join(compiler.flags),
+            "options": "defaults: polyc.define(source)"}
+
+
+# ---- main ----------------------------------------------------------------------------------
+
+def find_toolchains(args) -> tuple[dict, list[str]]:
+    """The naive-C baselines that can be built here, and notes on those that cannot."""
+    toolchains, notes = {}, []
+    gcc = native.gcc_toolchain()
+    if gcc:
+        toolchains["gcc"] = gcc
+    else:
+        notes.append("gcc not found: the gcc -O3 column is skipped")
+    polly, reason = native.polly_toolchain(tuple(args.polly_flags.split()))
+    if polly:
+        toolchains["polly"] = polly
+    else:
+        notes.append(reason)
+    return toolchains, notes
+
+
+def describe_run(args, argv, toolchains: dict, notes: list[str], blas_environment: dict | None) -> dict:
+    """Everything about the run but the cases: settings, machine, BLAS, compilers."""
+    current = {name: os.environ.get(name) for name in BLAS_VARIABLES}
+    return {
+        "schema": 1,
+        "command": "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "settings": {"quick": args.quick, "filter": args.filter, "repeat": args.repeat,
+                     "max_seconds": args.max_seconds, "warm_up_calls": 1},
+        "machine": {**machine_info(), "loadavg_start": list(os.getloadavg())},
+        "environment": {"blas_variables_before": current if blas_environment is None else blas_environment,
+                        "blas_variables_during": current},
+        "blas": blas_info(),
+        "toolchains": {"polyc": polyc_info(), **{name: t.describe() for name, t in toolchains.items()}},
+        "notes": notes,
+        "cases": [],
+    }
+
+
+def print_preamble(results: dict, args, count: int) -> None:
+    polyc_source = results["toolchains"]["polyc"]
+    print(f"polyc {polyc_source['version']} ({polyc_source['source']}, commit "
+          f"{(polyc_source['git_commit'] or 'unknown')[:10]}"
+          f"{', with uncommitted changes' if polyc_source['uncommitted_changes'] else ''}): "
+          f"{count} case(s), median of up to {args.repeat} runs (at most ~{args.max_seconds:g} s each)")
+    print(f"machine: {results['machine']['cpu']}, {results['machine']['usable_cpus']} cpu(s), "
+          f"load {results['machine']['loadavg_start'][0]:.2f}; BLAS: {blas_summary(results['blas'])}")
+    for name, toolchain in results["toolchains"].items():
+        if name != "polyc":
+            print(f"{name}: {toolchain['command']} ({toolchain['version']})")
+    for note in results["notes"]:
+        print(f"note: {note}")
+
+
+def main(argv=None, blas_environment: dict | None = None) -> int:
+    """Run the suite; 1 if any implementation gave a wrong result or failed, else 0."""
+    args = parse_args(argv)
+    selected = select_cases(args)
+    if args.list or not selected:
+        for case in selected:
+            print(f"{case.group:<14} {case.title}")
+        if not selected:
+            print("no case matches --filter", file=sys.stderr)
+        return 0 if args.list else 2
+
+    toolchains, notes = find_toolchains(args)
+    results = describe_run(args, argv, toolchains, notes, blas_environment)
+    print_preamble(results, args, len(selected))
+    print(report.header())
+    with tempfile.TemporaryDirectory(prefix="polyc-bench-cache-") as cache, \
+            tempfile.TemporaryDirectory(prefix="polyc-bench-naive-") as build_dir:
+        os.environ["POLYC_CACHE_DIR"] = cache  # a fresh cache: compile times include the C compiler
+        for case in selected:
+            record = run_case(case, args, toolchains, Path(build_dir))
+            results["cases"].append(record)
+            print(report.row(record), flush=True)
+
+    results["machine"]["loadavg_end"] = list(os.getloadavg())
+    results["summary"] = report.summarize(results["cases"], suite.GROUPS)
+    print(report.summary_text(results["summary"]))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"\nraw results: {args.json}")
+    return 1 if results["summary"]["mismatches"] else 0

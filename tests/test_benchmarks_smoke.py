@@ -1,0 +1,46 @@
+"""The benchmark suite runs end to end: ``python -m benchmarks --quick`` on two tiny cases, one run
+each, prints its table and writes JSON of the documented shape.  Not a performance test: no
+timing is compared.  clang+Polly may be absent; its column is then skipped with a note.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_quick_mode_prints_the_table_and_writes_json(tmp_path):
+    output = tmp_path / "results.json"
+    # --keep-blas-env: tests leave OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE as the machine sets them
+    command = [sys.executable, "-m", "benchmarks", "--quick", "--filter", "^(sgemm|softmax) ",
+               "--repeat", "1", "--keep-blas-env", "--json", str(output)]
+    run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "polyc ms" in run.stdout and "Geometric means" in run.stdout
+    assert "MISMATCH" not in run.stdout and "ERROR" not in run.stdout
+
+    results = json.loads(output.read_text())
+    assert results["settings"]["quick"] is True and results["settings"]["repeat"] == 1
+    for key in ("machine", "environment", "blas", "toolchains", "notes", "summary"):
+        assert key in results
+    assert {"polyc", "gcc"} <= set(results["toolchains"])
+    assert [(case["name"], case["size"]) for case in results["cases"]] == [("sgemm", "128x128x128"),
+                                                                          ("softmax", "256x512")]
+    for case in results["cases"]:
+        assert case["checks"]["polyc"]["ok"] and case["checks"]["numpy"]["ok"] and case["checks"]["gcc"]["ok"]
+        assert not case["errors"]
+        polyc_time = case["times"]["polyc"]
+        assert len(polyc_time["runs"]) == 1 and polyc_time["median"] > 0
+        assert case["ratios"]["numpy"] > 0 and case["ratios"]["gcc"] > 0
+        assert case["compile_seconds"]["polyc"] > 0 and case["gflops"]["polyc"] > 0
+        expected_columns = {"polyc", "numpy", "gcc"} | ({"einsum"} if case["name"] == "sgemm" else set())
+        assert expected_columns <= set(case["times"])
+    assert "sgemm" not in [c["name"] for c in results["cases"] if "einsum" not in c["times"]]
+    summary = results["summary"]
+    assert set(summary["geomean_ratios"]) == {"contraction", "normalization"}
+    assert summary["geomean_ratios"]["contraction"]["numpy"] > 0
+    assert summary["compile_seconds_median"]["polyc"] > 0
+    assert summary["mismatches"] == []
