@@ -19,6 +19,7 @@ import islpy as isl
 import numpy as np
 
 from polyc.codegen.c import GeneratedKernel, generate_c
+from polyc.codegen.gemm import STATUS_OUT_OF_MEMORY, generate_gemm
 from polyc.errors import BoundsError
 from polyc.ir.dependences import Dependences, compute_dependences
 from polyc.ir.model import PolyProgram, build_program
@@ -26,6 +27,7 @@ from polyc.lang.checked import CheckedDef
 from polyc.options import Options
 from polyc.runtime import CompilerOptions, get_function, get_or_build, load_library
 from polyc.runtime.arguments import BoundCall
+from polyc.schedule.contraction import Contraction, recognise_gemm_def
 from polyc.schedule.scheduler import compute_schedule
 from polyc.schedule.transform import optimize_schedule
 
@@ -39,16 +41,32 @@ class Stages:
     schedule: isl.Schedule
     optimized_schedule: isl.Schedule
     kernel: GeneratedKernel
+    contraction: Contraction | None = None  # set when ``kernel`` is a BLIS-style contraction kernel
 
 
 def compile_stages(definition: CheckedDef, options: Options,
                    sizes: Mapping[str, int] | None = None) -> Stages:
-    """Run the pipeline up to C source; ``sizes`` specialises it (None: parametric)."""
+    """Run the pipeline up to C source; ``sizes`` specialises it (None: parametric).
+
+    A def that is one tensor contraction (plus elementwise epilogues) gets the BLIS-style
+    kernel of :mod:`polyc.codegen.gemm`; the schedules are still computed, for inspection.
+    """
     program = build_program(definition, sizes if options.specialize else None)
     dependences = compute_dependences(program)
     schedule = compute_schedule(program, dependences, options.fusion)
     optimized = optimize_schedule(schedule, program, options, dependences)
+    contraction = find_blas_contraction(definition, options)
+    if contraction is not None:
+        return Stages(program, dependences, schedule, optimized, generate_gemm(program, contraction, options),
+                      contraction)
     return Stages(program, dependences, schedule, optimized, generate_c(program, optimized, options))
+
+
+def find_blas_contraction(definition: CheckedDef, options: Options) -> Contraction | None:
+    """The contraction a def is compiled as by the gemm back end, or None for the generic path."""
+    if options.backend != "c" or not options.blas_contractions:
+        return None
+    return recognise_gemm_def(definition)
 
 
 def compiler_options(options: Options) -> CompilerOptions:
@@ -105,6 +123,8 @@ class CompiledKernel:
         pointers = [buffers[name].ctypes.data for name in compiled.kernel.tensor_arguments]
         sizes = [call.sizes[s] for s in compiled.kernel.size_arguments]
         status = compiled.function(*pointers, *sizes)
+        if status == STATUS_OUT_OF_MEMORY and "polyc gemm kernel" in compiled.kernel.source:
+            raise MemoryError(f"{definition.name}: the kernel could not allocate its packing buffers")
         if status != 0:
             raise BoundsError(f"{definition.name}: a data-dependent subscript fell outside its tensor "
                               f"(an index array holds a value out of range)")

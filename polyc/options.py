@@ -22,6 +22,10 @@ class Options:
     - ``unroll``: unroll factor of the innermost loop (1: none).
     - ``specialize``: compile for the concrete sizes of each call (fast), or once for all sizes.
     - ``cc``, ``cflags``: the C compiler and its flags (None: ``$POLYC_CC``/``$CC`` and defaults).
+    - ``blas_contractions``: compile a def that is one tensor contraction (matmul up to index
+      permutation, plus elementwise epilogues) to a BLIS-style kernel (:mod:`polyc.codegen.gemm`)
+      instead of the generic polyhedral path; there ``tile_sizes`` of three or more entries are
+      its block sizes ``(MC, NC, KC)``.
     """
 
     backend: str = "c"
@@ -33,6 +37,7 @@ class Options:
     specialize: bool = True
     cc: str | None = None
     cflags: tuple[str, ...] | None = None
+    blas_contractions: bool = True
 
     @staticmethod
     def from_kwargs(**kwargs) -> "Options":
@@ -59,7 +64,7 @@ class Options:
             raise PolycError(f"tile_sizes must be positive integers, not {self.tile_sizes!r}")
         if not isinstance(self.unroll, int) or self.unroll < 1:
             raise PolycError(f"unroll must be an integer >= 1, not {self.unroll!r}")
-        for name in ("parallel", "vectorize", "specialize"):
+        for name in ("parallel", "vectorize", "specialize", "blas_contractions"):
             if not isinstance(getattr(self, name), bool):
                 raise PolycError(f"{name} must be True or False, not {getattr(self, name)!r}")
 

@@ -1,0 +1,392 @@
+"""Tensor contractions through the BLIS-style back end (polyc/schedule/contraction.py,
+polyc/codegen/gemm.py).
+
+- recognition: which statements are contractions, how their indices are classified, and
+  which defs (a contraction plus elementwise epilogues) take the gemm path;
+- numbers against numpy at sizes that are not multiples of the register block or the cache
+  blocks, for permuted and multi-index layouts, batches, accumulation into given outputs,
+  epilogues, an empty reduction, every thread-sharing mode and every micro-kernel (AVX-512,
+  AVX2 and portable builds of the same source);
+- AddressSanitizer/UBSan builds of the kernels at edge sizes; a C export built without OpenMP.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import polyc
+from kernels import assert_close
+from polyc.lang.sema import check_source
+from polyc.schedule.contraction import recognise_contraction, recognise_gemm_def
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def checked(source: str):
+    return check_source(source)[0]
+
+
+def contraction_of(source: str):
+    definition = checked(source)
+    return recognise_contraction(definition.statements[0], definition)
+
+
+# ----------------------------------------------------------------------------- recognition
+MATMUL = "def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
+
+#: source -> (A, B, batch, M, N, K) as recognised; A holds M, B holds N (C's innermost group).
+POSITIVE = {
+    "matmul": (MATMUL, ("A", "B", (), ("m",), ("n",), ("r_k",))),
+    "tmm": ("def f(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }",
+            ("A", "B", (), ("m",), ("n",), ("r_k",))),
+    "at_bt": ("def f(float(K, M) A, float(N, K) B) -> (C) { C(m, n) +=! A(r_k, m) * B(n, r_k) }",
+              ("A", "B", (), ("m",), ("n",), ("r_k",))),
+    "transposed_output": ("def f(float(M, K) A, float(K, N) B) -> (C) { C(n, m) +=! A(m, r_k) * B(r_k, n) }",
+                          ("B", "A", (), ("n",), ("m",), ("r_k",))),
+    "batched": ("def f(float(B, N, M) X, float(B, M, K) Y) -> (Z) { Z(b, n, k) +=! X(b, n, r_m) * Y(b, r_m, k) }",
+                ("X", "Y", ("b",), ("n",), ("k",), ("r_m",))),
+    "tensordot": ("def f(float(N, C1, C2, H, W) I0, float(N, C2, C3, H, W) I1) -> (O) {"
+                  " O(n, c1, c3, h, w) +=! I0(n, c1, r_c2, h, w) * I1(n, r_c2, c3, h, w) }",
+                  ("I0", "I1", ("n", "h", "w"), ("c1",), ("c3",), ("r_c2",))),
+    "kronecker_step1": ("def f(float(D2, N2) W2, float(M, N0, N1, N2) X) -> (XW2) {"
+                        " XW2(m, n0, n1, d2) +=! X(m, n0, n1, r_n2) * W2(d2, r_n2) }",
+                        ("X", "W2", (), ("m", "n0", "n1"), ("d2",), ("r_n2",))),
+    "kronecker_step2": ("def f(float(D1, N1) W1, float(M, N0, N1, D2) XW2) -> (Y) {"
+                        " Y(m, n0, d1, d2) +=! XW2(m, n0, r_n1, d2) * W1(d1, r_n1) }",
+                        ("W1", "XW2", (), ("d1",), ("m", "n0", "d2"), ("r_n1",))),
+    "conv1x1": ("def f(float(N, C, H, W) I, float(F, C) W1) -> (O) { O(n, f, h, w) +=! I(n, r_c, h, w) * W1(f, r_c) }",
+                ("W1", "I", (), ("f",), ("n", "h", "w"), ("r_c",))),
+    "fully_connected": ("def f(float(B, M) I, float(N, M) W1) -> (O) { O(b, n) +=! I(b, r_m) * W1(n, r_m) }",
+                        ("I", "W1", (), ("b",), ("n",), ("r_m",))),
+    "multi_k": ("def f(float(M, K1, K2) A, float(K2, K1, N) B) -> (C) { C(m, n) +=! A(m, r_a, r_b) * B(r_b, r_a, n) }",
+                ("A", "B", (), ("m",), ("n",), ("r_a", "r_b"))),
+    "same_tensor_twice": ("def f(float(N, K) A) -> (C) { C(i, j) +=! A(i, r_k) * A(j, r_k) }",
+                          ("A", "A", (), ("i",), ("j",), ("r_k",))),
+    "accumulating": ("def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) += A(m, r_k) * B(r_k, n) }",
+                     ("A", "B", (), ("m",), ("n",), ("r_k",))),
+    "double": ("def f(double(M, K) A, double(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
+               ("A", "B", (), ("m",), ("n",), ("r_k",))),
+}
+
+NEGATIVE = {
+    "strided_conv": "def f(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (O) {"
+                    " O(n, f, h, w) +=! I(n, r_c, 2 * h + r_kh, 2 * w + r_kw) * W1(f, r_c, r_kh, r_kw) }",
+    "conv3x3": "def f(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (O) {"
+               " O(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw) }",
+    "diagonal": "def f(float(M, K) A, float(K, K) B) -> (C) { C(m) +=! A(m, r_k) * B(r_k, r_k) }",
+    "trace": "def f(float(N, N) A) -> (T) { T +=! A(r_i, r_i) }",
+    "three_operands": "def f(float(M, K) A, float(K, N) B, float(M, N) E) -> (D) {"
+                      " D(m, n) +=! A(m, r_k) * B(r_k, n) * E(m, n) }",
+    "scaled": "def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! 2 * A(m, r_k) * B(r_k, n) }",
+    "min_reduction": "def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) min=! A(m, r_k) * B(r_k, n) }",
+    "int32": "def f(int32(M, K) A, int32(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
+    "float16_inputs": "def f(float16(M, K) A, float16(K, N) B) -> (C) {"
+                      " C(m, n) +=! float(A(m, r_k)) * float(B(r_k, n)) }",
+    "matvec": "def f(float(M, N) A, float(N) x) -> (y) { y(m) +=! A(m, r_n) * x(r_n) }",
+    "dot": "def f(float(N) A, float(N) B) -> (C) { C +=! A(r_i) * B(r_i) }",
+    "offset": "def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k + 1) * B(r_k, n) }",
+    "partial_range": "def f(float(M, K) A, float(K, N) B) -> (C) {"
+                     " C(m, n) +=! A(m, r_k) * B(r_k, n) where r_k in 0:K/2 }",
+    "reduced_in_one_operand": "def f(float(M, K, J) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k, r_j) * B(r_k, n) }",
+    "outer_product": "def f(float(M) a, float(N) b) -> (C) { C(i, j) = a(i) * b(j) }",
+}
+
+
+@pytest.mark.parametrize("name", sorted(POSITIVE))
+def test_recognises_contractions(name):
+    source, (a, b, batch, m, n, k) = POSITIVE[name]
+    c = contraction_of(source)
+    assert c is not None, name
+    assert (c.a.tensor, c.b.tensor, c.batch, c.m, c.n, c.k) == (a, b, batch, m, n, k)
+    assert c.init == (name != "accumulating")
+
+
+@pytest.mark.parametrize("name", sorted(NEGATIVE))
+def test_rejects_what_is_not_a_contraction(name):
+    assert contraction_of(NEGATIVE[name]) is None
+    assert recognise_gemm_def(checked(NEGATIVE[name])) is None
+
+
+MLP = """def mlp(float(M, K) I, float(K, N) W, float(N) bias) -> (O) {
+    O(i, j) +=! I(i, r_k) * W(r_k, j)
+    O(a, b) = fmax(O(a, b) + bias(b), 0)
+}"""
+
+
+def test_def_with_epilogues_is_one_gemm():
+    c = recognise_gemm_def(checked(MLP))
+    assert c is not None and len(c.epilogues) == 1
+    assert "epilogue" in c.describe()
+
+
+@pytest.mark.parametrize("second", [
+    "O(i, j) = O(i, j) + bias(L(j))",          # a data-dependent read
+    "P(i, j) = O(i, j) * 2",                  # writes another tensor
+    "O(i, j) = O(i, j) + bias(j) where i in 0:M/2",  # part of the target only
+    "O(i, j) += I(i, r_x)",                    # a reduction, not element by element
+])
+def test_defs_that_are_not_one_gemm(second):
+    source = f"""def f(float(M, M) I, float(M, M) W, float(M) bias, int32(M) L) -> (O) {{
+        O(i, j) +=! I(i, r_k) * W(r_k, j)
+        {second}
+    }}"""
+    definition = checked(source)
+    assert recognise_contraction(definition.statements[0], definition) is not None
+    assert recognise_gemm_def(definition) is None
+
+
+def test_two_contractions_are_not_one_gemm():
+    source = """def mlp2(float(B, M) I, float(N, M) W1, float(P, N) W2) -> (O2) {
+        H(b, n) +=! I(b, r_m) * W1(n, r_m)
+        O2(b, p) +=! H(b, r_n) * W2(p, r_n)
+    }"""
+    assert recognise_gemm_def(checked(source)) is None
+
+
+def test_stages_and_escape_hatch():
+    kernel = polyc.define(MATMUL).f
+    stages = kernel.stages(dict(M=8, K=8, N=8))
+    assert stages.contraction is not None
+    assert "polyc gemm kernel" in stages.kernel.source
+    assert stages.optimized_schedule is not None  # still computed, for inspection
+    generic = polyc.define(MATMUL, blas_contractions=False).f.stages(dict(M=8, K=8, N=8))
+    assert generic.contraction is None and "gemm" not in generic.kernel.source
+    with pytest.raises(polyc.PolycError, match="blas_contractions"):
+        polyc.define(MATMUL, blas_contractions="yes")
+
+
+# ----------------------------------------------------------------------------- numbers
+def rand(rng, shape, dtype=np.float32):
+    return rng.uniform(-1, 1, size=shape).astype(dtype)
+
+
+def check(kernel, inputs, expected, ops, outputs=None):
+    result = kernel(*inputs) if outputs is None else kernel(*inputs, outputs=outputs)
+    result = result if isinstance(result, tuple) else (result,)
+    for got, want in zip(result, expected):  # want: computed in float64
+        assert got.dtype == inputs[0].dtype
+        assert_close(got, want.astype(got.dtype), max(ops, 4), got.dtype, inputs)
+
+
+# (M, K, N): not multiples of the register blocks (6..12 x 16..64) nor of the cache blocks;
+# the last ones are large enough to run on several threads.
+MATMUL_SIZES = [(1, 1, 1), (7, 5, 3), (33, 129, 257), (257, 33, 129), (129, 257, 33), (61, 700, 67),
+                (300, 200, 310)]
+
+
+@pytest.mark.parametrize("dtype", ["float", "double"])
+def test_matmul_against_numpy(dtype):
+    kernel = polyc.define(MATMUL.replace("float", dtype), specialize=False).f
+    rng = np.random.default_rng(0)
+    np_dtype = np.float32 if dtype == "float" else np.float64
+    for m, k, n in MATMUL_SIZES:
+        a, b = rand(rng, (m, k), np_dtype), rand(rng, (k, n), np_dtype)
+        check(kernel, (a, b), [a.astype(np.float64) @ b], k)
+
+
+def test_specialised_matmul_with_options():
+    rng = np.random.default_rng(1)
+    a, b = rand(rng, (133, 270)), rand(rng, (270, 71))
+    expected = a.astype(np.float64) @ b
+    for options in [{}, dict(parallel=False), dict(vectorize=False), dict(tile_sizes=()),
+                    dict(tile_sizes=(12, 64, 16)), dict(tile_sizes=(3, 2, 5)), dict(fusion="min", unroll=4)]:
+        check(polyc.define(MATMUL, **options).f, (a, b), [expected], 270)
+
+
+@pytest.mark.parametrize("cflags", ["-O2 -mavx2 -mfma", "-O2"], ids=["avx2", "portable"])
+def test_every_micro_kernel(cflags):
+    """The same source built without AVX-512 (AVX2 kernel) and without any vector extension."""
+    kernel = polyc.define(MATMUL, specialize=False, cflags=cflags, tile_sizes=(24, 64, 32)).f
+    assert f'POLYC_GEMM_ISA "{"avx2" if "avx2" in cflags else "portable"}"' in kernel.c_source()
+    rng = np.random.default_rng(2)
+    for m, k, n in [(1, 1, 1), (7, 5, 3), (37, 70, 41), (140, 100, 150)]:
+        a, b = rand(rng, (m, k)), rand(rng, (k, n))
+        check(kernel, (a, b), [a.astype(np.float64) @ b], k)
+    double = polyc.define(MATMUL.replace("float", "double"), cflags=cflags).f
+    a, b = rand(rng, (37, 70), np.float64), rand(rng, (70, 41), np.float64)
+    check(double, (a, b), [a @ b], 70)
+
+
+@pytest.mark.parametrize("cflags", [None, "-O2"], ids=["native", "portable"])
+def test_threads_with_partial_blocks_repeatedly(cflags):
+    """Many small blocks of uneven sizes, rows shared (first shape) or column slivers shared
+    (second): run repeatedly, since a race between threads shows only now and then."""
+    kernel = polyc.define(MATMUL, specialize=False, cflags=cflags, tile_sizes=(24, 64, 32)).f
+    rng = np.random.default_rng(9)
+    for m, k, n in [(300, 100, 150), (140, 100, 150)]:
+        a, b = rand(rng, (m, k)), rand(rng, (k, n))
+        expected = a.astype(np.float64) @ b
+        for _ in range(40):
+            check(kernel, (a, b), [expected], k)
+
+
+LAYOUTS = {
+    # name: (source, numpy of float64 inputs)
+    "tmm": (POSITIVE["tmm"][0], lambda A, B: A @ B.T, lambda m, k, n: [(m, k), (n, k)]),
+    "at_bt": (POSITIVE["at_bt"][0], lambda A, B: A.T @ B.T, lambda m, k, n: [(k, m), (n, k)]),
+    "transposed_output": (POSITIVE["transposed_output"][0], lambda A, B: (A @ B).T, lambda m, k, n: [(m, k), (k, n)]),
+    "multi_k": (POSITIVE["multi_k"][0], lambda A, B: np.einsum("mab,ban->mn", A, B),
+                lambda m, k, n: [(m, k, 3), (3, k, n)]),
+    "same_tensor_twice": (POSITIVE["same_tensor_twice"][0], lambda A: A @ A.T, lambda m, k, n: [(m, k)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_permuted_layouts(name):
+    source, reference, shapes = LAYOUTS[name]
+    kernel = polyc.define(source, specialize=False).f
+    rng = np.random.default_rng(3)
+    for m, k, n in [(1, 1, 1), (13, 7, 70), (70, 150, 13), (130, 90, 140)]:
+        inputs = [rand(rng, shape) for shape in shapes(m, k, n)]
+        check(kernel, inputs, [reference(*(x.astype(np.float64) for x in inputs))], 3 * k)
+
+
+def test_batched_matmul_in_every_thread_sharing_mode():
+    kernel = polyc.define(POSITIVE["batched"][0], specialize=False).f
+    rng = np.random.default_rng(4)
+    # one big product (rows shared), three (products shared out unevenly: rows), eight (whole
+    # products per thread), many tiny ones, and a short wide product (column slivers shared)
+    for b, n, m, k in [(1, 130, 97, 140), (3, 70, 100, 90), (8, 45, 50, 60), (50, 26, 72, 26), (1, 5, 64, 3000)]:
+        x, y = rand(rng, (b, n, m)), rand(rng, (b, m, k))
+        check(kernel, (x, y), [np.matmul(x.astype(np.float64), y)], m)
+
+
+def test_tensordot_and_kronecker_steps():
+    rng = np.random.default_rng(5)
+    tensordot = polyc.define(POSITIVE["tensordot"][0]).f
+    i0, i1 = rand(rng, (2, 17, 33, 5, 3)), rand(rng, (2, 33, 19, 5, 3))
+    check(tensordot, (i0, i1), [np.einsum("nabhw,nbchw->nachw", i0.astype(np.float64), i1)], 33)
+    step1 = polyc.define(POSITIVE["kronecker_step1"][0]).f
+    w2, x = rand(rng, (21, 19)), rand(rng, (9, 5, 7, 19))
+    check(step1, (w2, x), [np.einsum("mabr,dr->mabd", x.astype(np.float64), w2)], 19)
+    step2 = polyc.define(POSITIVE["kronecker_step2"][0], specialize=False).f
+    for d1, n1, m, n0, d2 in [(20, 17, 6, 5, 21), (3, 40, 2, 3, 70)]:
+        w1, xw2 = rand(rng, (d1, n1)), rand(rng, (m, n0, n1, d2))
+        check(step2, (w1, xw2), [np.einsum("mard,er->maed", xw2.astype(np.float64), w1)], n1)
+
+
+def test_conv1x1_with_bias_and_relu_epilogue():
+    source = """def conv(float(N, C, H, W) I, float(F, C) W1, float(F) bias) -> (O) {
+        O(n, f, h, w) +=! I(n, r_c, h, w) * W1(f, r_c)
+        O(n, f, h, w) = fmax(O(n, f, h, w) + bias(f), 0)
+    }"""
+    kernel = polyc.define(source, specialize=False).conv
+    assert kernel.stages(None).contraction is not None
+    rng = np.random.default_rng(6)
+    for n, c, h, w, f in [(1, 3, 2, 2, 1), (2, 70, 9, 11, 40), (3, 33, 16, 16, 20)]:
+        i, w1, bias = rand(rng, (n, c, h, w)), rand(rng, (f, c)), rand(rng, (f,))
+        reference = np.einsum("nchw,fc->nfhw", i.astype(np.float64), w1) + bias[None, :, None, None]
+        check(kernel, (i, w1, bias), [np.maximum(reference, 0)], c)
+
+
+def test_epilogues_and_accumulation():
+    rng = np.random.default_rng(7)
+    mlp = polyc.define(MLP, specialize=False).mlp
+    for m, k, n in [(1, 1, 1), (67, 45, 130), (200, 300, 100)]:
+        i, w, bias = rand(rng, (m, k)), rand(rng, (k, n)), rand(rng, (n,))
+        check(mlp, (i, w, bias), [np.maximum(i.astype(np.float64) @ w + bias, 0)], k)
+
+    # without `!`: C += A B (beta = 1), then two epilogues: an update and one with a scalar input
+    source = """def f(float(M, K) A, float(K, N) B, float(M, N) D, float alpha) -> (C) {
+        C(m, n) += A(m, r_k) * B(r_k, n)
+        C(m, n) += D(m, n)
+        C(m, n) = alpha * C(m, n)
+    }"""
+    kernel = polyc.define(source, specialize=False).f
+    assert recognise_gemm_def(kernel.definition) is not None
+    for m, k, n in [(5, 9, 70), (150, 130, 170)]:
+        a, b, d, c0 = rand(rng, (m, k)), rand(rng, (k, n)), rand(rng, (m, n)), rand(rng, (m, n))
+        expected = 1.5 * (c0.astype(np.float64) + a.astype(np.float64) @ b + d)
+        c = c0.copy()
+        check(kernel, (a, b, d, np.float32(1.5)), [expected], k, outputs=[c])
+
+
+def test_empty_reduction_and_empty_outputs():
+    rng = np.random.default_rng(8)
+    mlp = polyc.define(MLP, specialize=False).mlp
+    bias = rand(rng, (5,))
+    out = mlp(np.zeros((3, 0), np.float32), np.zeros((0, 5), np.float32), bias)
+    np.testing.assert_array_equal(out, np.broadcast_to(np.maximum(bias, 0), (3, 5)))
+    accumulate = polyc.define(POSITIVE["accumulating"][0]).f
+    c0 = rand(rng, (4, 6))
+    c = c0.copy()
+    accumulate(np.zeros((4, 0), np.float32), np.zeros((0, 6), np.float32), outputs=[c])
+    np.testing.assert_array_equal(c, c0)
+    assert polyc.define(MATMUL).f(np.zeros((0, 3), np.float32), rand(rng, (3, 4))).shape == (0, 4)
+
+
+def test_special_values_stay_where_they_belong():
+    """Padding of partial blocks multiplies zeros by the operands: inf and NaN in B must not leak
+    into rows of C that do not exist, nor NaN into other elements."""
+    a = np.ones((7, 3), np.float32)
+    b = np.ones((3, 5), np.float32)
+    b[1, 2] = np.inf
+    b[2, 4] = np.nan
+    c = polyc.define(MATMUL).f(a, b)
+    expected = a.astype(np.float64) @ b
+    np.testing.assert_array_equal(np.isnan(c), np.isnan(expected))
+    np.testing.assert_array_equal(c[np.isfinite(expected)], expected[np.isfinite(expected)])
+
+
+# ----------------------------------------------------------------------------- sanitizers, export
+_SANITIZED_SCRIPT = """
+import sys
+import numpy as np
+import polyc
+from kernels import assert_close
+sources = {
+    "mm": "def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
+    "kron": "def f(float(D1, N1) W1, float(M, N0, N1, D2) XW2) -> (Y) {"
+            " Y(m, n0, d1, d2) +=! XW2(m, n0, r_n1, d2) * W1(d1, r_n1) }",
+    "mlp": "def f(float(M, K) I, float(K, N) W, float(N) b) -> (O) {"
+           " O(i, j) +=! I(i, r_k) * W(r_k, j)  O(i, j) = fmax(O(i, j) + b(j), 0) }",
+}
+rng = np.random.default_rng(0)
+for flags in sys.argv[1:]:
+    mm = polyc.define(sources["mm"], cflags=flags, tile_sizes=(12, 64, 16)).f
+    for m, k, n in [(1, 1, 1), (7, 5, 3), (45, 37, 130), (130, 100, 97)]:
+        a = rng.uniform(-1, 1, (m, k)).astype(np.float32); b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+        assert_close(mm(a, b), a.astype(np.float64) @ b, k, np.float32, (a, b))
+    kron = polyc.define(sources["kron"], cflags=flags, specialize=False).f
+    w1 = rng.uniform(-1, 1, (7, 9)).astype(np.float32); x = rng.uniform(-1, 1, (3, 2, 9, 5)).astype(np.float32)
+    assert_close(kron(w1, x), np.einsum("mard,er->maed", x.astype(np.float64), w1), 9, np.float32, (w1, x))
+    mlp = polyc.define(sources["mlp"], cflags=flags).f
+    i = rng.uniform(-1, 1, (13, 200)).astype(np.float32); w = rng.uniform(-1, 1, (200, 70)).astype(np.float32)
+    bias = rng.uniform(-1, 1, (70,)).astype(np.float32)
+    assert_close(mlp(i, w, bias), np.maximum(i.astype(np.float64) @ w + bias, 0), 200, np.float32, (i, w))
+    print("checked", flags.split()[-1], flush=True)
+"""
+
+
+def test_sanitized_gemm_kernels(tmp_path):
+    cc = os.environ.get("POLYC_CC") or os.environ.get("CC") or "gcc"
+    try:
+        runtime = subprocess.run([*cc.split(), "-print-file-name=libasan.so"], capture_output=True, text=True,
+                                 timeout=60).stdout.strip()
+    except OSError:
+        pytest.skip("no C compiler")
+    if not Path(runtime).is_absolute() or not Path(runtime).exists():
+        pytest.skip("the C compiler has no AddressSanitizer runtime (libasan.so)")
+    sanitize = "-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+    flag_sets = [f"{sanitize} -march=native", f"{sanitize} -mavx2 -mfma", sanitize]
+    environment = dict(os.environ, LD_PRELOAD=runtime, ASAN_OPTIONS="detect_leaks=0",
+                       UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1", POLYC_CACHE_DIR=str(tmp_path),
+                       PYTHONPATH=os.pathsep.join([str(TESTS_DIR.parent), str(TESTS_DIR)]))
+    result = subprocess.run([sys.executable, "-c", _SANITIZED_SCRIPT, *flag_sets], env=environment,
+                            capture_output=True, text=True, timeout=600)
+    report = f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-6000:]}"
+    assert result.returncode == 0 and "runtime error" not in result.stderr, report
+    assert result.stdout.count("checked") == len(flag_sets), report
+
+
+def test_exported_gemm_builds_without_openmp(tmp_path):
+    kernel = polyc.define(MLP).mlp
+    c_path, _ = kernel.export_c(tmp_path, dict(M=10, K=20, N=30), target="generic")
+    result = subprocess.run(["gcc", "-O2", "-std=gnu11", "-Wall", "-Werror", "-Wno-unknown-pragmas", "-c", str(c_path), "-o",
+                             str(tmp_path / "mlp.o")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
