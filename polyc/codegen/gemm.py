@@ -128,7 +128,7 @@ class _GemmWriter:
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
         parts = [self.header(), PRELUDE, self.configuration(), self.context_struct(), _packing(self.ctype),
-                 self.micro_kernels(), self.epilogue_function(), _driver_loops(self.ctype),
+                 self.micro_kernels(), self.epilogue_function(), _driver_loops(self.ctype, self.options.parallel),
                  self.entry_function(name, sizes), ""]
         return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
 
@@ -148,8 +148,7 @@ class _GemmWriter:
 
     def configuration(self) -> str:
         """Includes, and the register block and cache blocks of each instruction set."""
-        lines = ["#ifdef _OPENMP", "#include <omp.h>", "#endif",
-                 f"#define POLYC_PARALLEL {1 if self.options.parallel else 0}"]
+        lines = ["#ifdef _OPENMP", "#include <omp.h>", "#endif"] if self.options.parallel else []
         if not self.options.vectorize:
             lines.append("#define POLYC_GEMM_PORTABLE 1")
         for position, shape in enumerate(micro_kernel_shapes(self.dtype)):
@@ -579,7 +578,8 @@ static inline void polyc_micro_kernel(int64_t kc, const T *restrict ap, const T 
 }""", ctype)
 
 
-def _driver_loops(ctype: str) -> str:
+def _driver_loops(ctype: str, parallel: bool) -> str:
+    """The loops around the micro-kernel; without ``parallel``, no OpenMP in them."""
     text = _typed(r"""
 static int64_t polyc_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
@@ -642,7 +642,7 @@ static void polyc_gemm_product(const polyc_gemm_t *restrict g, int64_t bt, int i
             for (int64_t s = first; s < end; s += step)
                 polyc_pack_b(g, b, pc, kc, jc + s * POLYC_NR, polyc_min(POLYC_NR, nc - s * POLYC_NR),
                              bpack + s * stride);
-#if POLYC_PARALLEL && defined(_OPENMP)
+#if defined(_OPENMP)
             if (nthr > 1 && !share.split_n) {
                 #pragma omp barrier
             }
@@ -661,7 +661,7 @@ static void polyc_gemm_product(const polyc_gemm_t *restrict g, int64_t bt, int i
                     }
                 }
             }
-#if POLYC_PARALLEL && defined(_OPENMP)
+#if defined(_OPENMP)
             if (nthr > 1 && !share.split_n) {
                 #pragma omp barrier
             }
@@ -687,7 +687,7 @@ static int polyc_gemm_run(const polyc_gemm_t *restrict g, int init)
     const int64_t a_elements = polyc_round_up(polyc_min(POLYC_MC, g->m), POLYC_MR) * polyc_min(POLYC_KC, g->k);
     const int64_t b_elements = polyc_round_up(polyc_min(POLYC_NC, g->n), POLYC_NR) * polyc_min(POLYC_KC, g->k);
     int nthr = 1;
-#if POLYC_PARALLEL && defined(_OPENMP)
+#if defined(_OPENMP)
     if ((double)g->nbatch * (double)g->m * (double)g->n * (double)g->k >= THRESHOLD)
         nthr = omp_get_max_threads();
 #endif
@@ -700,7 +700,7 @@ static int polyc_gemm_run(const polyc_gemm_t *restrict g, int init)
         free(bpack);
         return 0;
     }
-#if POLYC_PARALLEL && defined(_OPENMP)
+#if defined(_OPENMP)
     /* Whole products per thread when there are enough of them to balance; else share each one. */
     const int by_batch = g->nbatch >= nthr && (g->nbatch % nthr == 0 || g->nbatch >= 4 * nthr);
     T *apacks = polyc_alloc(a_elements * nthr);
@@ -728,4 +728,6 @@ static int polyc_gemm_run(const polyc_gemm_t *restrict g, int init)
     return 0;
 }
 """, ctype)
+    if not parallel:
+        text = re.sub(r"#if defined\(_OPENMP\)\n.*?#endif\n", "", text, flags=re.DOTALL)
     return text.replace("STATUS", str(STATUS_OUT_OF_MEMORY)).replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
