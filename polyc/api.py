@@ -65,8 +65,28 @@ class Kernel:
     def stages(self, sizes: dict | None = None):
         """Every intermediate result of compilation (:class:`polyc.driver.Stages`)."""
         from polyc.driver import compile_stages
-        options = self.options if sizes is not None else self.options.replace(specialize=False)
-        return compile_stages(self.definition, options, sizes)
+        if sizes is None:
+            return compile_stages(self.definition, self.options.replace(specialize=False), None)
+        sizes = self._checked_sizes(sizes)
+        return compile_stages(self.definition, self.options, sizes)
+
+    def _checked_sizes(self, sizes: dict) -> dict[str, int]:
+        """``sizes`` for every size of the def, as non-negative ints, meeting the bounds precondition."""
+        names = self.definition.sizes
+        unknown = sorted(set(sizes) - set(names))
+        missing = [n for n in names if n not in sizes]
+        if unknown or missing:
+            raise PolycError(f"{self.name}: sizes must name exactly {', '.join(names) or 'no sizes'}"
+                             + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+                             + (f"; missing: {', '.join(missing)}" if missing else ""))
+        checked = {}
+        for name in names:
+            value = sizes[name]
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise PolycError(f"{self.name}: size {name} must be a non-negative integer, not {value!r}")
+            checked[name] = int(value)
+        self.bounds_precondition.check(checked, self.definition.source or None)
+        return checked
 
     def isl_model_text(self, sizes: dict | None = None) -> str:
         """Domains and accesses of every statement, and the dependences, as isl text."""
