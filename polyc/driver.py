@@ -27,7 +27,7 @@ from polyc.lang.checked import CheckedDef
 from polyc.options import Options
 from polyc.runtime import CompilerOptions, get_function, get_or_build, load_library
 from polyc.runtime.arguments import BoundCall
-from polyc.schedule.contraction import Contraction, recognise_gemm_def
+from polyc.schedule.contraction import Contraction, recognise_gemm_def, worth_a_gemm_kernel
 from polyc.schedule.scheduler import compute_schedule
 from polyc.schedule.transform import optimize_schedule
 
@@ -66,7 +66,8 @@ def find_blas_contraction(definition: CheckedDef, options: Options) -> Contracti
     """The contraction a def is compiled as by the gemm back end, or None for the generic path."""
     if options.backend != "c" or not options.blas_contractions:
         return None
-    return recognise_gemm_def(definition)
+    contraction = recognise_gemm_def(definition)
+    return contraction if contraction is not None and worth_a_gemm_kernel(contraction) else None
 
 
 def compiler_options(options: Options) -> CompilerOptions:

@@ -12,8 +12,8 @@ back end's (:mod:`polyc.codegen.c`)::
           pack B[pc:pc+KC, jc:jc+NC] into NR-wide slivers        (threads share the work)
           for ic in M by MC                    (this thread's rows; A panel: MC x KC in L2)
             pack A[ic:ic+MC, pc:pc+KC] into MR-tall slivers
-            for jr in NC by NR                 (one B sliver: KC x NR in L1)
-              for ir in MC by MR
+            for jr in NC by NR                 (one B sliver: KC x NR)
+              for ir in MC by MR               (one A sliver: MR x KC in L1)
                 micro-kernel: MR x NR block of C in vector registers, += over KC,
                 then C = block (first KC block of a `+=!`: beta 0) or C += block (beta 1);
                 after the last KC block, the epilogue statements on the finished block.
@@ -21,17 +21,20 @@ back end's (:mod:`polyc.codegen.c`)::
 Addresses are never assumed: for every flat index of a group the kernel tabulates its offset
 in each tensor (``a_m[m]``, ``c_n[n]``, ...), so permuted and multi-index groups need no
 transposition.  Packing and the write-back take the contiguous fast path where a sliver's
-offsets step by one, and a gather/scatter path elsewhere.  Partial MR x NR blocks at the edges
-are computed in full from zero-padded packed slivers and written back under masks (or element
-by element): nothing outside the tensors is read or written.
+offsets step by one (``*_run[i]``: how many offsets from i on do), and a gather/scatter path
+elsewhere.  Partial MR x NR blocks at the edges are computed in full from zero-padded packed
+slivers and written back under masks (or element by element): nothing outside the tensors is
+read or written.
 
-The micro-kernel is chosen by the C preprocessor, so one source serves every machine:
-AVX-512 (``__AVX512F__``: MR x NR = 6 x 64 float, 6 x 32 double), AVX2 with FMA
-(6 x 16, 6 x 8), or portable C with ``#pragma omp simd`` (4 x 16, 4 x 8); ``vectorize=False``
-selects the portable one everywhere.  Block sizes come from :func:`polyc.schedule.tiling.cache_sizes`
-(KC so that a B sliver and an A sliver fill part of L1, MC so that the A panel fills half of L2,
-NC so that the B panel fills half of L3, capped); ``options.tile_sizes`` with three or more
-entries overrides them as ``(MC, NC, KC)`` (rounded to multiples of MR and NR).
+Register blocks.  The instruction set is chosen by the C preprocessor, so one source serves
+every machine: AVX-512 (``__AVX512F__``), AVX2 with FMA, or portable C with ``#pragma omp
+simd`` (``vectorize=False`` selects the portable code everywhere).  Each instruction set has a
+few MR x NR shapes (:func:`micro_kernel_shapes`: for AVX-512 float 6 x 64, 14 x 32 and 14 x 16)
+and the kernel picks one per call from N and the contiguous run length of N in C, so that
+narrow products (N of 16 or 32, or N made of short contiguous runs) do not compute on padding.
+Block sizes come from :func:`polyc.schedule.tiling.cache_sizes` (:func:`block_sizes`);
+``options.tile_sizes`` with three or more entries overrides them as ``(MC, NC, KC)`` (rounded
+to multiples of MR and NR).
 
 Threads: with ``parallel=True``, batches are shared out when there are enough of them, else
 the rows (or, for short and wide products, the column slivers) of each product.  Packing
@@ -61,40 +64,63 @@ STATUS_OUT_OF_MEMORY = 2
 _PARALLEL_THRESHOLD = 96 * 96 * 96
 
 
+# ----------------------------------------------------------------------------- register blocks
 @dataclass(frozen=True)
 class MicroKernelShape:
-    """The register block of one instruction set: MR rows by ``vectors`` vectors of ``lanes``."""
+    """An MR x NR register block: MR rows of ``vectors`` vectors of ``lanes`` elements.
+
+    ``efficiency`` is the fraction of the FMA peak the shape reaches on full blocks, relative
+    to the widest shape of its instruction set; the kernel weighs it against the padding a
+    shape would compute on (see ``polyc_choose_shape`` in the generated C).
+    """
 
     isa: str
-    guard: str
-    lanes: int
     mr: int
+    lanes: int
     vectors: int
+    efficiency: float = 1.0
 
     @property
     def nr(self) -> int:
         return self.lanes * self.vectors
 
+    @property
+    def name(self) -> str:
+        return f"{self.mr}x{self.nr}"
 
-def micro_kernel_shapes(dtype: np.dtype) -> tuple[MicroKernelShape, ...]:
-    """The instruction sets a kernel supports, best first, with their register blocks."""
-    per_512_bits = 64 // np.dtype(dtype).itemsize  # elements in 512 bits: 16 float, 8 double
-    return (
-        MicroKernelShape("avx512", "defined(__AVX512F__)", per_512_bits, 6, 4),
-        MicroKernelShape("avx2", "defined(__AVX2__) && defined(__FMA__)", per_512_bits // 2, 6, 2),
-        MicroKernelShape("portable", "1", per_512_bits // 2, 4, 2),
-    )
+
+#: The C preprocessor condition of each instruction set, best first (portable: the rest).
+ISA_GUARDS = {
+    "avx512": "!defined(POLYC_GEMM_PORTABLE) && defined(__AVX512F__)",
+    "avx2": "!defined(POLYC_GEMM_PORTABLE) && defined(__AVX2__) && defined(__FMA__)",
+    "portable": None,
+}
+
+
+def micro_kernel_shapes(isa: str, dtype: np.dtype) -> tuple[MicroKernelShape, ...]:
+    """The register blocks of one instruction set for ``dtype``, widest first.
+
+    AVX-512 has 32 vector registers: 6 x 4 vectors (24 accumulators, 4 loads of B and 6
+    broadcasts of A per step), 14 x 2 and 14 x 1.  AVX2 has 16: 6 x 2 and 12 x 1.
+    """
+    lanes_512 = 64 // np.dtype(dtype).itemsize  # 16 float, 8 double
+    if isa == "avx512":
+        return (MicroKernelShape(isa, 6, lanes_512, 4), MicroKernelShape(isa, 14, lanes_512, 2, 0.93),
+                MicroKernelShape(isa, 14, lanes_512, 1, 0.85))
+    if isa == "avx2":
+        return (MicroKernelShape(isa, 6, lanes_512 // 2, 2), MicroKernelShape(isa, 12, lanes_512 // 2, 1, 0.85))
+    return (MicroKernelShape(isa, 4, lanes_512 // 2, 2),)
 
 
 def block_sizes(shape: MicroKernelShape, itemsize: int, tile_sizes: tuple[int, ...] | None) -> tuple[int, int, int]:
     """(MC, NC, KC) for a register block: from ``tile_sizes`` (MC, NC, KC) when it has three
-    entries, else from the cache model (see the module docstring)."""
+    entries, else from the cache model: the A sliver (MR x KC) takes a quarter of L1, the A
+    panel (MC x KC) a quarter of L2 (the B sliver streams through the rest), and the B panel
+    (KC x NC) half of L3, at most 4096 columns.  Long KC blocks amortise the write-back of C."""
     mr, nr = shape.mr, shape.nr
     if tile_sizes is not None and len(tile_sizes) >= 3:
         mc, nc, kc = tile_sizes[:3]
     else:
-        # The A sliver (MR x KC) takes a quarter of L1, the A panel (MC x KC) a quarter of L2
-        # (the streamed B sliver and C blocks share the rest), the B panel half of L3.
         caches = tiling.cache_sizes()
         l1, l2, l3 = caches.get(1, 32 * 1024), caches.get(2, 1 << 20), caches.get(3, 8 << 20)
         kc = max(64, (l1 // 4) // (mr * itemsize) // 16 * 16)
@@ -110,6 +136,7 @@ def generate_gemm(program: PolyProgram, contraction: Contraction, options: Optio
     return _GemmWriter(program, contraction, options).write()
 
 
+# ----------------------------------------------------------------------------- the writer
 class _GemmWriter:
     def __init__(self, program: PolyProgram, contraction: Contraction, options: Options):
         self.program = program
@@ -122,19 +149,17 @@ class _GemmWriter:
         tensor_names = {t.name for t in self.definition.tensors}
         self.size_c = {p: (f"{p}_size" if p in tensor_names or p in _C_KEYWORDS else p) for p in program.params}
 
-    # ------------------------------------------------------------------ top level
     def write(self) -> GeneratedKernel:
         d = self.definition
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
-        parts = [self.header(), PRELUDE, self.configuration(), self.context_struct(), _packing(self.ctype),
-                 self.micro_kernels(), self.epilogue_function(), _driver_loops(self.ctype, self.options.parallel),
+        parts = [self.header(), PRELUDE, self.includes(), self.context_struct(), _typed(_COMMON, self.ctype),
+                 self.epilogue_function(), self.instruction_sets(), _typed(_RUN, self.ctype),
                  self.entry_function(name, sizes), ""]
         return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
 
     def header(self) -> str:
         o = self.options
-        c = self.contraction
         sizes = ", ".join(f"{k}={v}" for k, v in self.program.size_values.items()) if self.specialised \
             else "parametric"
         lines = [f"polyc gemm kernel for def '{self.definition.name}' (BLIS structure: packing, "
@@ -142,27 +167,14 @@ class _GemmWriter:
                  f"sizes: {sizes}",
                  f"options: tile_sizes={o.tile_sizes} parallel={o.parallel} vectorize={o.vectorize} "
                  f"specialize={o.specialize}",
-                 f"contraction: {c.describe()}"]
+                 f"contraction: {self.contraction.describe()}"]
         lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
         return "/*\n" + "\n".join(" * " + line.replace("*/", "* /") for line in lines) + "\n */"
 
-    def configuration(self) -> str:
-        """Includes, and the register block and cache blocks of each instruction set."""
+    def includes(self) -> str:
         lines = ["#ifdef _OPENMP", "#include <omp.h>", "#endif"] if self.options.parallel else []
         if not self.options.vectorize:
             lines.append("#define POLYC_GEMM_PORTABLE 1")
-        for position, shape in enumerate(micro_kernel_shapes(self.dtype)):
-            guard = shape.guard if shape.isa == "portable" else f"!defined(POLYC_GEMM_PORTABLE) && {shape.guard}"
-            keyword = "#if" if position == 0 else "#elif" if shape.isa != "portable" else "#else"
-            lines.append(keyword if keyword == "#else" else f"{keyword} {guard}")
-            if shape.isa != "portable":
-                lines.append("#include <immintrin.h>")
-            mc, nc, kc = block_sizes(shape, self.dtype.itemsize, self.options.tile_sizes)
-            lines += [f'#define POLYC_GEMM_ISA "{shape.isa}"',
-                      f"#define POLYC_GEMM_{shape.isa.upper()} 1",
-                      f"#define POLYC_MR {shape.mr}", f"#define POLYC_NR {shape.nr}",
-                      f"#define POLYC_MC {mc}", f"#define POLYC_NC {nc}", f"#define POLYC_KC {kc}"]
-        lines.append("#endif")
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ the context record
@@ -174,6 +186,7 @@ class _GemmWriter:
         return [t.name for t in self.definition.tensors if t.name in used]
 
     def multi_index_groups(self) -> list[tuple[str, ...]]:
+        """Groups of several indices whose values the epilogue needs (from tables)."""
         c = self.contraction
         return [g for g in (c.batch, c.m, c.n) if len(g) > 1] if c.epilogues else []
 
@@ -182,8 +195,7 @@ class _GemmWriter:
         fields = [f"const {t} *a", f"const {t} *b", f"{t} *c",
                   "int64_t m, n, k, nbatch",
                   "const int64_t *a_m, *a_k, *b_k, *b_n, *c_m, *c_n, *a_batch, *b_batch, *c_batch",
-                  "const unsigned char *a_m_unit, *b_n_unit, *c_n_unit",
-                  "int a_k_unit, b_k_unit"]
+                  "const int64_t *a_m_run, *b_n_run, *c_n_run"]
         for name in self.epilogue_tensors():
             tensor = self.definition.tensor(name)
             qualifier = "const " if tensor.role is ir.Role.INPUT else ""
@@ -193,29 +205,49 @@ class _GemmWriter:
         for group in self.multi_index_groups():
             fields += [f"const int64_t *ix_{index}" for index in group]
         body = "\n".join(f"    {f};" for f in fields)
-        return ("/* Everything the loops need: operands, flattened extents, and for each flat index of a\n"
-                "   group its offset in each tensor (a_m[m]: offset in A of row m, ...). */\n"
+        return ("/* Everything the loops need: operands, flattened extents, for each flat index of a group\n"
+                "   its offset in each tensor (a_m[m]: offset in A of row m, ...), and how long the\n"
+                "   contiguous run of offsets starting there is (a_m_run[m]). */\n"
                 f"typedef struct {{\n{body}\n}} polyc_gemm_t;")
 
-    # ------------------------------------------------------------------ micro-kernels
-    def micro_kernels(self) -> str:
+    # ------------------------------------------------------------------ register blocks
+    def instruction_sets(self) -> str:
+        """Per instruction set, under its preprocessor guard: every register block's packing,
+        micro-kernel and loops, and the choice among them."""
         pieces = []
-        for position, shape in enumerate(micro_kernel_shapes(self.dtype)):
-            if shape.isa == "portable":
-                pieces += ["#else", _portable_micro_kernel(self.ctype)]
-            else:
-                pieces += [f"{'#if' if position == 0 else '#elif'} defined(POLYC_GEMM_{shape.isa.upper()})",
-                           _vector_micro_kernel(shape, self.dtype)]
+        for position, (isa, guard) in enumerate(ISA_GUARDS.items()):
+            pieces.append("#else" if guard is None else f"{'#if' if position == 0 else '#elif'} {guard}")
+            if isa != "portable":
+                pieces.append("#include <immintrin.h>")
+            pieces.append(f'#define POLYC_GEMM_ISA "{isa}"')
+            shapes = micro_kernel_shapes(isa, self.dtype)
+            for shape in shapes:
+                kernel = _portable_micro_kernel(shape, self.ctype) if isa == "portable" \
+                    else _vector_micro_kernel(shape, self.dtype)
+                pieces += [kernel, self.blocked_loops(shape)]
+            pieces.append(_shape_choice(shapes))
         pieces.append("#endif")
-        return _typed(_SCATTER, self.ctype) + "\n" + "\n".join(pieces)
+        return "\n".join(pieces)
+
+    def blocked_loops(self, shape: MicroKernelShape) -> str:
+        mc, nc, kc = block_sizes(shape, self.dtype.itemsize, self.options.tile_sizes)
+        text = _typed(_BLOCKED_LOOPS, self.ctype)
+        for macro, value in (("MR", shape.mr), ("NR", shape.nr), ("MC", mc), ("NC", nc), ("KC", kc)):
+            text = re.sub(rf"\b{macro}\b", str(value), text)
+        text = text.replace("_SHAPE", f"_{shape.name}")
+        if not self.options.parallel:
+            text = re.sub(r"#if defined\(_OPENMP\)\n.*?#endif\n", "", text, flags=re.DOTALL)
+        return text.replace("STATUS", str(STATUS_OUT_OF_MEMORY)).replace(
+            "THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
 
     # ------------------------------------------------------------------ epilogue
     def epilogue_function(self) -> str:
         c = self.contraction
         if not c.epilogues:
             return "#define POLYC_HAS_EPILOGUE 0\n" \
-                   "static void polyc_epilogue(const polyc_gemm_t *g, int64_t bt, int64_t m0, int64_t mr, " \
-                   "int64_t n0, int64_t nr) { (void)g; (void)bt; (void)m0; (void)mr; (void)n0; (void)nr; }"
+                   "static void polyc_epilogue(const polyc_gemm_t *g, int64_t bt, int64_t m0, int64_t mr,\n" \
+                   "                           int64_t n0, int64_t nr)\n" \
+                   "{ (void)g; (void)bt; (void)m0; (void)mr; (void)n0; (void)nr; }"
         body = self.size_declarations(lambda s: f"polyc_g->s_{self.size_c[s]}")
         for name in self.epilogue_tensors():
             tensor = self.definition.tensor(name)
@@ -240,8 +272,9 @@ class _GemmWriter:
                  "    }", "}"]
         return ("#define POLYC_HAS_EPILOGUE 1\n"
                 "/* The statements after the contraction, on one finished block of the target. */\n"
-                "static void polyc_epilogue(const polyc_gemm_t *polyc_g, int64_t polyc_bt, int64_t polyc_m0, "
-                "int64_t polyc_mr, int64_t polyc_n0, int64_t polyc_nr)\n{\n" + "\n".join("    " + line for line in body) + "\n}")
+                "static void polyc_epilogue(const polyc_gemm_t *polyc_g, int64_t polyc_bt, int64_t polyc_m0,\n"
+                "                           int64_t polyc_mr, int64_t polyc_n0, int64_t polyc_nr)\n{\n"
+                + "\n".join("    " + line for line in body) + "\n}")
 
     def epilogue_statement(self, statement: ir.CheckedStatement) -> str:
         c = self.contraction
@@ -259,6 +292,7 @@ class _GemmWriter:
         return f"{lhs} = {_combine(statement.op, target.dtype, lhs, value, c_type(target.dtype))}"
 
     def element(self, tensor_name: str, subscripts: list[str]) -> str:
+        """C lvalue of an element (row-major, like :mod:`polyc.codegen.c`)."""
         tensor = self.definition.tensor(tensor_name)
         if tensor.rank == 0:
             return f"{tensor_name}[0]"
@@ -268,7 +302,8 @@ class _GemmWriter:
         return f"{tensor_name}[{offset}]"
 
     def size_declarations(self, parametric_value) -> list[str]:
-        """``const int64_t`` declarations of the sizes and of every tensor extent."""
+        """``const int64_t`` declarations of the sizes (``parametric_value(size)`` when not
+        specialised; None: it is a function argument) and of every tensor extent."""
         lines = []
         for s in self.definition.sizes:
             value = self.program.size_values[s] if self.specialised else parametric_value(s)
@@ -299,47 +334,36 @@ class _GemmWriter:
         groups = {"batch": c.batch, "m": c.m, "n": c.n, "k": c.k}
         tables = {"batch": ("a_batch", "b_batch", "c_batch"), "m": ("a_m", "c_m"), "n": ("b_n", "c_n"),
                   "k": ("a_k", "b_k")}
+        runs = [("a_m_run", "a_m", "m"), ("b_n_run", "b_n", "n"), ("c_n_run", "c_n", "n")]
         operand_of = {"a": c.a, "b": c.b, "c": c.target}
         for group in groups:
             body.append(f"const int64_t polyc_{group} = {product(groups[group])};")
-        body += ["if (polyc_batch == 0 || polyc_m == 0 || polyc_n == 0) return 0;"]
-        # One allocation holds every offset table; index value tables for the epilogue follow.
+        body.append("if (polyc_batch == 0 || polyc_m == 0 || polyc_n == 0) return 0;")
+        # One allocation holds every table: offsets, runs, index values for the epilogue.
         layout = [(table, group) for group in groups for table in tables[group]]
+        layout += [(run, group) for run, _, group in runs]
         layout += [(f"ix_{index}", group) for group in ("batch", "m", "n") for index in groups[group]
                    if groups[group] in self.multi_index_groups()]
         total = " + ".join(f"polyc_{group}" for _, group in layout)
         body += [f"int64_t *polyc_tables = (int64_t *)malloc(sizeof(int64_t) * (size_t)({total}));",
-                 "unsigned char *polyc_units = (unsigned char *)malloc((size_t)(polyc_m / POLYC_MR + "
-                 "2 * (polyc_n / POLYC_NR) + 3));",
-                 f"if (polyc_tables == NULL || polyc_units == NULL) {{ free(polyc_tables); free(polyc_units); "
-                 f"return {STATUS_OUT_OF_MEMORY}; }}",
+                 f"if (polyc_tables == NULL) return {STATUS_OUT_OF_MEMORY};",
                  "int64_t *polyc_next = polyc_tables;"]
         for table, group in layout:
             body += [f"int64_t *polyc_{table} = polyc_next;", f"polyc_next += polyc_{group};"]
         for group, indices in groups.items():
             body += self.fill_tables(group, indices, tables[group], operand_of)
-        body += [
-            "polyc_gemm_t polyc_g;",
-            "memset(&polyc_g, 0, sizeof polyc_g);",
-            "polyc_g.a = " + c.a.tensor + "; polyc_g.b = " + c.b.tensor + "; polyc_g.c = " + c.target.tensor + ";",
-            "polyc_g.m = polyc_m; polyc_g.n = polyc_n; polyc_g.k = polyc_k; polyc_g.nbatch = polyc_batch;",
-        ]
+        body += [f"polyc_mark_runs(polyc_{offsets}, polyc_{group}, polyc_{run});" for run, offsets, group in runs]
+        body += ["polyc_gemm_t polyc_g;",
+                 "memset(&polyc_g, 0, sizeof polyc_g);",
+                 f"polyc_g.a = {c.a.tensor}; polyc_g.b = {c.b.tensor}; polyc_g.c = {c.target.tensor};",
+                 "polyc_g.m = polyc_m; polyc_g.n = polyc_n; polyc_g.k = polyc_k; polyc_g.nbatch = polyc_batch;"]
         body += [f"polyc_g.{table} = polyc_{table};" for table, _ in layout]
-        body += [
-            "unsigned char *polyc_a_m_unit = polyc_units, *polyc_b_n_unit = polyc_units + polyc_m / POLYC_MR + 1;",
-            "unsigned char *polyc_c_n_unit = polyc_b_n_unit + polyc_n / POLYC_NR + 1;",
-            "polyc_mark_unit(polyc_a_m, polyc_m, POLYC_MR, polyc_a_m_unit);",
-            "polyc_mark_unit(polyc_b_n, polyc_n, POLYC_NR, polyc_b_n_unit);",
-            "polyc_mark_unit(polyc_c_n, polyc_n, POLYC_NR, polyc_c_n_unit);",
-            "polyc_g.a_m_unit = polyc_a_m_unit; polyc_g.b_n_unit = polyc_b_n_unit; polyc_g.c_n_unit = polyc_c_n_unit;",
-            "polyc_g.a_k_unit = polyc_is_unit(polyc_a_k, polyc_k); polyc_g.b_k_unit = polyc_is_unit(polyc_b_k, polyc_k);",
-        ]
         for tensor in self.epilogue_tensors():
             body.append(f"polyc_g.t_{tensor} = {tensor};")
         if c.epilogues and not self.specialised:
             body += [f"polyc_g.s_{self.size_c[s]} = {self.size_c[s]};" for s in d.sizes]
         body += [f"const int polyc_status = polyc_gemm_run(&polyc_g, {1 if c.init else 0});",
-                 "free(polyc_tables);", "free(polyc_units);", "return polyc_status;"]
+                 "free(polyc_tables);", "return polyc_status;"]
         signature = f"int {name}({', '.join(arguments)})"
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
 
@@ -374,112 +398,7 @@ class _GemmWriter:
         return "(" + " * ".join(factors) + ")" if factors else "1"
 
 
-# ----------------------------------------------------------------------------- fixed C text
-def _typed(template: str, ctype: str) -> str:
-    """``template`` with the element type for every word ``T``."""
-    return re.sub(r"\bT\b", ctype, template)
-
-
-_SCATTER = r"""
-/* Whether offsets[i] == offsets[0] + i over each run of `width` (one flag per run). */
-static void polyc_mark_unit(const int64_t *offsets, int64_t count, int64_t width, unsigned char *flags)
-{
-    for (int64_t s = 0; s * width < count; s++) {
-        const int64_t start = s * width, end = polyc_min(count, start + width);
-        unsigned char unit = 1;
-        for (int64_t i = start + 1; i < end; i++)
-            unit &= offsets[i] == offsets[start] + (i - start);
-        flags[s] = unit;
-    }
-}
-
-static int polyc_is_unit(const int64_t *offsets, int64_t count)
-{
-    for (int64_t i = 0; i < count; i++)
-        if (offsets[i] != i) return 0;
-    return 1;
-}
-
-/* Writes an mr x nr block (row stride POLYC_NR in `block`) to C at offsets c_m[i] + c_n[j]. */
-static void polyc_scatter(const T *restrict block, T *restrict c, const int64_t *restrict c_m,
-                          const int64_t *restrict c_n, int64_t mr, int64_t nr, int beta)
-{
-    for (int64_t i = 0; i < mr; i++)
-        for (int64_t j = 0; j < nr; j++) {
-            T *restrict p = c + c_m[i] + c_n[j];
-            *p = beta ? *p + block[i * POLYC_NR + j] : block[i * POLYC_NR + j];
-        }
-}
-"""
-
-
-def _packing(ctype: str) -> str:
-    return _typed(r"""
-/* A[ic:ic+mc, pc:pc+kc] into MR-tall slivers: sliver s holds rows ic+s*MR.., element (i, k) at
-   [s*MR*kc + k*MR + i]; rows past the end are zero. */
-static void polyc_pack_a(const polyc_gemm_t *restrict g, const T *restrict a, int64_t ic, int64_t mc,
-                         int64_t pc, int64_t kc, T *restrict dst)
-{
-    const int64_t *restrict a_k = g->a_k + pc;
-    for (int64_t ir = 0; ir < mc; ir += POLYC_MR, dst += POLYC_MR * kc) {
-        const int64_t rows = polyc_min(POLYC_MR, mc - ir);
-        const int64_t *restrict a_m = g->a_m + ic + ir;
-        if (rows == POLYC_MR && g->a_m_unit[(ic + ir) / POLYC_MR]) {
-            const T *restrict src = a + a_m[0];
-            for (int64_t k = 0; k < kc; k++)
-                for (int64_t i = 0; i < POLYC_MR; i++)
-                    dst[k * POLYC_MR + i] = src[a_k[k] + i];
-            continue;
-        }
-        if (g->a_k_unit) {
-            for (int64_t i = 0; i < rows; i++) {
-                const T *restrict src = a + a_m[i] + pc;
-                for (int64_t k = 0; k < kc; k++)
-                    dst[k * POLYC_MR + i] = src[k];
-            }
-        } else {
-            for (int64_t k = 0; k < kc; k++)
-                for (int64_t i = 0; i < rows; i++)
-                    dst[k * POLYC_MR + i] = a[a_m[i] + a_k[k]];
-        }
-        for (int64_t k = 0; k < kc; k++)
-            for (int64_t i = rows; i < POLYC_MR; i++)
-                dst[k * POLYC_MR + i] = 0;
-    }
-}
-
-/* B[pc:pc+kc, j0:j0+cols] (cols <= NR) into one NR-wide sliver: element (k, j) at [k*NR + j];
-   columns past the end are zero. */
-static void polyc_pack_b(const polyc_gemm_t *restrict g, const T *restrict b, int64_t pc, int64_t kc,
-                         int64_t j0, int64_t cols, T *restrict dst)
-{
-    const int64_t *restrict b_k = g->b_k + pc;
-    const int64_t *restrict b_n = g->b_n + j0;
-    if (cols == POLYC_NR && g->b_n_unit[j0 / POLYC_NR]) {
-        const T *restrict src = b + b_n[0];
-        for (int64_t k = 0; k < kc; k++)
-            for (int64_t j = 0; j < POLYC_NR; j++)
-                dst[k * POLYC_NR + j] = src[b_k[k] + j];
-        return;
-    }
-    if (g->b_k_unit) {
-        for (int64_t j = 0; j < cols; j++) {
-            const T *restrict src = b + b_n[j] + pc;
-            for (int64_t k = 0; k < kc; k++)
-                dst[k * POLYC_NR + j] = src[k];
-        }
-    } else {
-        for (int64_t k = 0; k < kc; k++)
-            for (int64_t j = 0; j < cols; j++)
-                dst[k * POLYC_NR + j] = b[b_k[k] + b_n[j]];
-    }
-    for (int64_t k = 0; k < kc; k++)
-        for (int64_t j = cols; j < POLYC_NR; j++)
-            dst[k * POLYC_NR + j] = 0;
-}
-""", ctype)
-
-
+# ----------------------------------------------------------------------------- micro-kernels
 _VECTOR_SPELLINGS = {
     # isa, element size -> vector type, intrinsic prefix, suffix
     ("avx512", 4): ("__m512", "_mm512", "ps"),
@@ -494,27 +413,26 @@ def _vector_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
 
     The block accumulates in MR x ``vectors`` registers; the write-back uses masked vector
     loads and stores per row when the block's columns are contiguous in C (``unit``), else it
-    goes through a buffer and :c:func:`polyc_scatter`.
+    goes through a buffer and ``polyc_scatter``.
     """
-    itemsize = np.dtype(dtype).itemsize
     ctype = c_type(dtype)
-    vec, pre, suffix = _VECTOR_SPELLINGS[(shape.isa, itemsize)]
-    mr, nv, lanes = shape.mr, shape.vectors, shape.lanes
+    vec, pre, suffix = _VECTOR_SPELLINGS[(shape.isa, np.dtype(dtype).itemsize)]
+    mr, nr, nv, lanes = shape.mr, shape.nr, shape.vectors, shape.lanes
     acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
-    lines = [f"static inline void polyc_micro_kernel(int64_t kc, const {ctype} *restrict ap, const {ctype} *restrict bp,",
-             f"                                      {ctype} *restrict c, const int64_t *restrict c_m,",
-             "                                      const int64_t *restrict c_n, int64_t mr, int64_t nr, int beta,",
-             "                                      int unit)",
+    lines = [f"/* {mr} x {nr} block: C[c_m[i] + c_n[j]] (+)= sum over k < kc of ap[k*{mr} + i] * bp[k*{nr} + j]. */",
+             f"static inline void polyc_kernel_{shape.name}(int64_t kc, const {ctype} *restrict ap,",
+             f"    const {ctype} *restrict bp, {ctype} *restrict c, const int64_t *restrict c_m,",
+             "    const int64_t *restrict c_n, int64_t mr, int64_t nr, int beta, int unit)",
              "{"]
     for row in acc:
         lines.append(f"    {vec} " + ", ".join(f"{name} = {pre}_setzero_{suffix}()" for name in row) + ";")
-    # The block of C is read after the loop: start fetching its rows now (C may be far in memory).
+    # The block of C is read after the loop: start fetching its rows now.
     lines += ["    if (unit)",
               "        for (int64_t i = 0; i < mr; i++) {",
-              f"            _mm_prefetch((const char *)(c + c_n[0] + c_m[i]), _MM_HINT_T0);",
-              f"            _mm_prefetch((const char *)(c + c_n[0] + c_m[i] + nr - 1), _MM_HINT_T0);",
-              "        }"]
-    lines += ["    for (int64_t k = 0; k < kc; k++, ap += POLYC_MR, bp += POLYC_NR) {",
+              "            _mm_prefetch((const char *)(c + c_n[0] + c_m[i]), _MM_HINT_T0);",
+              "            _mm_prefetch((const char *)(c + c_n[0] + c_m[i] + nr - 1), _MM_HINT_T0);",
+              "        }",
+              f"    for (int64_t k = 0; k < kc; k++, ap += {mr}, bp += {nr}) {{",
               f"        const {vec} " + ", ".join(f"b{v} = {pre}_load_{suffix}(bp + {v * lanes})" for v in range(nv)) + ";",
               f"        {vec} a;"]
     for i in range(mr):
@@ -531,8 +449,8 @@ def _vector_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
         bits = 32 if lanes == 8 else 64
         set1 = "_mm256_set1_epi32((int)" if bits == 32 else "_mm256_set1_epi64x((long long)"
         iota = f"_mm256_setr_epi32({', '.join(map(str, range(8)))})" if bits == 32 else "_mm256_setr_epi64x(0, 1, 2, 3)"
-        lines += [f"        const __m256i k{v} = _mm256_cmpgt_epi{bits}({set1}polyc_max(0, polyc_min({lanes}, nr - {v * lanes}))), "
-                  f"{iota});" for v in range(nv)]
+        lines += [f"        const __m256i k{v} = _mm256_cmpgt_epi{bits}("
+                  f"{set1}polyc_max(0, polyc_min({lanes}, nr - {v * lanes}))), {iota});" for v in range(nv)]
         load = f"{pre}_maskload_{suffix}(row + {{offset}}, k{{v}})"
         store = f"{pre}_maskstore_{suffix}(row + {{offset}}, k{{v}}, {{value}});"
     for i in range(mr):
@@ -542,135 +460,288 @@ def _vector_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
                  for v in range(nv)]
         body += [store.format(v=v, offset=v * lanes, value=acc[i][v]) for v in range(nv)]
         lines.append(f"        {guard}{{ " + " ".join(body) + " }")
-    lines += ["    } else {", f"        {ctype} block[POLYC_MR * POLYC_NR] __attribute__((aligned(64)));"]
+    lines += ["    } else {", f"        {ctype} block[{mr * nr}] __attribute__((aligned(64)));"]
     for i in range(mr):
-        lines.append("        " + " ".join(f"{pre}_store_{suffix}(block + {i * shape.nr + v * lanes}, {acc[i][v]});"
+        lines.append("        " + " ".join(f"{pre}_store_{suffix}(block + {i * nr + v * lanes}, {acc[i][v]});"
                                            for v in range(nv)))
-    lines += ["        polyc_scatter(block, c, c_m, c_n, mr, nr, beta);", "    }", "}"]
-    helpers = r"""
+    lines += [f"        polyc_scatter(block, {nr}, c, c_m, c_n, mr, nr, beta);", "    }", "}"]
+    return "\n".join(lines)
+
+
+def _portable_micro_kernel(shape: MicroKernelShape, ctype: str) -> str:
+    text = _typed(r"""
+/* MR x NR block in portable C: the compiler vectorises the inner loop. */
+static inline void polyc_kernel_SHAPE(int64_t kc, const T *restrict ap, const T *restrict bp,
+    T *restrict c, const int64_t *restrict c_m, const int64_t *restrict c_n, int64_t mr, int64_t nr,
+    int beta, int unit)
+{
+    (void)unit;
+    T block[MR * NR] __attribute__((aligned(64)));
+    for (int64_t x = 0; x < MR * NR; x++) block[x] = 0;
+    for (int64_t k = 0; k < kc; k++, ap += MR, bp += NR)
+        for (int64_t i = 0; i < MR; i++) {
+            const T a = ap[i];
+            #pragma omp simd
+            for (int64_t j = 0; j < NR; j++)
+                block[i * NR + j] += a * bp[j];
+        }
+    polyc_scatter(block, NR, c, c_m, c_n, mr, nr, beta);
+}""", ctype)
+    return re.sub(r"\bMR\b", str(shape.mr), re.sub(r"\bNR\b", str(shape.nr, ), text)).replace("SHAPE", shape.name)
+
+
+def _shape_choice(shapes: tuple[MicroKernelShape, ...]) -> str:
+    """C choosing a register block per call: the best ``efficiency x useful lanes``, where
+    the useful lanes are the fraction of each NR-wide sliver that is real columns (and the
+    scattered write-back of slivers that cross a run of contiguous columns of C counts half)."""
+    lines = ["static int polyc_gemm_run_best(const polyc_gemm_t *restrict g, int init)",
+             "{",
+             "    const int64_t n = g->n, run = g->c_n_run[0];",
+             "    double best = -1.0;",
+             "    int choice = 0;"]
+    for position, shape in enumerate(shapes):
+        nr = shape.nr
+        lines += [f"    {{  /* {shape.name} */",
+                  f"        const int64_t padded = (run >= n ? (n + {nr - 1}) / {nr} : (n / run) * ((run + {nr - 1}) / {nr}))"
+                  f" * {nr};",
+                  f"        const double score = {shape.efficiency!r} * (double)n / (double)padded"
+                  f" * (run >= n || run % {nr} == 0 ? 1.0 : 0.5);",
+                  f"        if (score > best * 1.02) {{ best = score; choice = {position}; }}",
+                  "    }"]
+    lines.append("    switch (choice) {")
+    for position, shape in enumerate(shapes):
+        lines.append(f"    case {position}: return polyc_gemm_run_{shape.name}(g, init);")
+    lines += ["    }", "    return 0;", "}"]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- fixed C text
+def _typed(template: str, ctype: str) -> str:
+    """``template`` with the element type for every word ``T``."""
+    return re.sub(r"\bT\b", ctype, template)
+
+
+# Helpers every register block uses.
+_COMMON = r"""
+/* runs[i] = how many offsets from i on step by one: offsets[i + t] == offsets[i] + t for t < runs[i]. */
+static void polyc_mark_runs(const int64_t *offsets, int64_t count, int64_t *runs)
+{
+    for (int64_t i = count - 1; i >= 0; i--)
+        runs[i] = (i + 1 < count && offsets[i + 1] == offsets[i] + 1) ? runs[i + 1] + 1 : 1;
+}
+
 /* The lowest min(max(n, 0), lanes) bits set. */
 static inline uint32_t polyc_lane_mask(int64_t n, int lanes)
 {
     return n >= lanes ? (uint32_t)((1ull << lanes) - 1) : n <= 0 ? 0u : (uint32_t)((1u << n) - 1);
 }
-"""
-    return helpers + "\n".join(lines)
 
-
-def _portable_micro_kernel(ctype: str) -> str:
-    return _typed(r"""
-static inline void polyc_micro_kernel(int64_t kc, const T *restrict ap, const T *restrict bp,
-                                      T *restrict c, const int64_t *restrict c_m,
-                                      const int64_t *restrict c_n, int64_t mr, int64_t nr, int beta,
-                                      int unit)
+/* Writes an mr x nr block (row stride `stride` in `block`) to C at offsets c_m[i] + c_n[j]. */
+static void polyc_scatter(const T *restrict block, int64_t stride, T *restrict c, const int64_t *restrict c_m,
+                          const int64_t *restrict c_n, int64_t mr, int64_t nr, int beta)
 {
-    (void)unit;
-    T block[POLYC_MR * POLYC_NR] __attribute__((aligned(64)));
-    for (int64_t x = 0; x < POLYC_MR * POLYC_NR; x++) block[x] = 0;
-    for (int64_t k = 0; k < kc; k++, ap += POLYC_MR, bp += POLYC_NR)
-        for (int64_t i = 0; i < POLYC_MR; i++) {
-            const T a = ap[i];
-            #pragma omp simd
-            for (int64_t j = 0; j < POLYC_NR; j++)
-                block[i * POLYC_NR + j] += a * bp[j];
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t j = 0; j < nr; j++) {
+            T *restrict p = c + c_m[i] + c_n[j];
+            *p = beta ? *p + block[i * stride + j] : block[i * stride + j];
         }
-    polyc_scatter(block, c, c_m, c_n, mr, nr, beta);
-}""", ctype)
-
-
-def _driver_loops(ctype: str, parallel: bool) -> str:
-    """The loops around the micro-kernel; without ``parallel``, no OpenMP in them."""
-    text = _typed(r"""
-static int64_t polyc_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
-
-static T *polyc_alloc(int64_t elements)
-{
-    size_t bytes = (size_t)polyc_round_up(elements > 0 ? elements : 1, 64) * sizeof(T);
-    bytes = (bytes + 63) / 64 * 64;
-    return (T *)aligned_alloc(64, bytes);
 }
 
-/* How one product is shared among nthr threads: rows [m_lo, m_hi) and, within each NC block,
-   column slivers [s_lo, s_hi) of thread tid.  Rows are split when that balances as well as
-   splitting the slivers (it needs no duplicated packing of A). */
+static int64_t polyc_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+/* The part of a product one thread computes (see polyc_share_*). */
 typedef struct { int split_n; int64_t m_lo, m_hi; } polyc_share_t;
 
-static polyc_share_t polyc_share(const polyc_gemm_t *g, int tid, int nthr)
+/* 64-byte aligned memory for `elements` values (at least one). */
+static T *polyc_alloc(int64_t elements)
+{
+    const size_t bytes = (size_t)polyc_round_up(elements > 0 ? elements : 1, 64) * sizeof(T);
+    return (T *)aligned_alloc(64, bytes);
+}
+"""
+
+# Packing, the loops around the micro-kernel and the thread sharing of one register block.  MR,
+# NR, MC, NC, KC are replaced by numbers and _SHAPE by the block's name (e.g. _6x64).
+_BLOCKED_LOOPS = r"""
+/* A[ic:ic+mc, pc:pc+kc] into MR-tall slivers: element (i, k) of sliver s at
+   [s*MR*kc + k*MR + i]; rows past the end are zero. */
+static void polyc_pack_a_SHAPE(const polyc_gemm_t *restrict g, const T *restrict a, int64_t ic, int64_t mc,
+                               int64_t pc, int64_t kc, T *restrict dst)
+{
+    const int64_t *restrict a_k = g->a_k + pc;
+    for (int64_t ir = 0; ir < mc; ir += MR, dst += MR * kc) {
+        const int64_t rows = polyc_min(MR, mc - ir);
+        const int64_t *restrict a_m = g->a_m + ic + ir;
+        if (rows == MR && g->a_m_run[ic + ir] >= MR) {  /* the rows are contiguous: copy */
+            const T *restrict src = a + a_m[0];
+            for (int64_t k = 0; k < kc; k++)
+                for (int64_t i = 0; i < MR; i++)
+                    dst[k * MR + i] = src[a_k[k] + i];
+            continue;
+        }
+        const T *row[MR];
+        for (int64_t i = 0; i < rows; i++)
+            row[i] = a + a_m[i];
+        for (int64_t k = 0; k < kc; k++) {
+            const int64_t offset = a_k[k];
+            for (int64_t i = 0; i < rows; i++)
+                dst[k * MR + i] = row[i][offset];
+            for (int64_t i = rows; i < MR; i++)
+                dst[k * MR + i] = 0;
+        }
+    }
+}
+
+/* B[pc:pc+kc, j0:j0+cols] (cols <= NR) into one NR-wide sliver: element (k, j) at [k*NR + j];
+   columns past the end are zero.  Row by row: the source columns stay in L1 across k. */
+static void polyc_pack_b_SHAPE(const polyc_gemm_t *restrict g, const T *restrict b, int64_t pc, int64_t kc,
+                               int64_t j0, int64_t cols, T *restrict dst)
+{
+    const int64_t *restrict b_k = g->b_k + pc;
+    const int64_t *restrict b_n = g->b_n + j0;
+    if (cols == NR && g->b_n_run[j0] >= NR) {  /* the columns are contiguous: copy */
+        const T *restrict src = b + b_n[0];
+        for (int64_t k = 0; k < kc; k++)
+            for (int64_t j = 0; j < NR; j++)
+                dst[k * NR + j] = src[b_k[k] + j];
+        return;
+    }
+    const T *column[NR];
+    for (int64_t j = 0; j < cols; j++)
+        column[j] = b + b_n[j];
+    for (int64_t k = 0; k < kc; k++) {
+        const int64_t offset = b_k[k];
+        for (int64_t j = 0; j < cols; j++)
+            dst[k * NR + j] = column[j][offset];
+        for (int64_t j = cols; j < NR; j++)
+            dst[k * NR + j] = 0;
+    }
+}
+
+/* How one product is shared among nthr threads: rows [m_lo, m_hi) of thread tid, or (split_n)
+   column slivers of each NC block.  Rows are split when that balances as well as splitting the
+   slivers (it needs no duplicated packing of A). */
+static polyc_share_t polyc_share_SHAPE(const polyc_gemm_t *g, int tid, int nthr)
 {
     polyc_share_t share = {0, 0, g->m};
     if (nthr <= 1) return share;
-    const int64_t m_slivers = (g->m + POLYC_MR - 1) / POLYC_MR;
-    const int64_t n_slivers = (polyc_min(g->n, POLYC_NC) + POLYC_NR - 1) / POLYC_NR;
+    const int64_t m_slivers = (g->m + MR - 1) / MR;
+    const int64_t n_slivers = (polyc_min(g->n, NC) + NR - 1) / NR;
     const int64_t m_rounds = (m_slivers + nthr - 1) / nthr, n_rounds = (n_slivers + nthr - 1) / nthr;
-    /* Compare the longest thread's share of each split, in MR x NR blocks. */
-    share.split_n = n_rounds * m_slivers < m_rounds * n_slivers;
+    share.split_n = n_rounds * m_slivers < m_rounds * n_slivers;  /* the longest share, in blocks */
     if (!share.split_n) {
-        share.m_lo = polyc_min(g->m, tid * m_rounds * POLYC_MR);
-        share.m_hi = polyc_min(g->m, (tid + 1) * m_rounds * POLYC_MR);
+        share.m_lo = polyc_min(g->m, tid * m_rounds * MR);
+        share.m_hi = polyc_min(g->m, (tid + 1) * m_rounds * MR);
     }
     return share;
 }
 
 /* One product (batch point bt) computed by thread tid of nthr; with nthr > 1 every thread of
-   the team must call it.  When rows are shared, so is bpack: the threads pack it together,
-   between barriers.  When column slivers are shared, each thread packs its own slivers into
-   its own bpack (threads may be in different KC or NC blocks: they must not share it). */
-static void polyc_gemm_product(const polyc_gemm_t *restrict g, int64_t bt, int init, T *restrict bpack,
-                               T *restrict apack, int tid, int nthr)
+   the team must call it, with the same *round (a count of packed B panels, for the barriers).
+   Rows shared: the threads pack each B panel together into one of the two halves of bpacks
+   (alternating, so one barrier per panel suffices: a thread packs panel t + 2 only after every
+   thread passed the barrier of panel t + 1, so after it finished computing with panel t).
+   Column slivers shared: each thread packs its own slivers into its own bpack, no barrier. */
+static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int init, T *restrict bpacks,
+                                T *restrict apack, int tid, int nthr, int64_t *round)
 {
     const T *restrict a = g->a + g->a_batch[bt];
     const T *restrict b = g->b + g->b_batch[bt];
     T *restrict c = g->c + g->c_batch[bt];
-    const polyc_share_t share = polyc_share(g, tid, nthr);
-    const int64_t stride = POLYC_NR * polyc_min(POLYC_KC, g->k);  /* between slivers in bpack */
-    for (int64_t jc = 0; jc < g->n; jc += POLYC_NC) {
-        const int64_t nc = polyc_min(POLYC_NC, g->n - jc);
-        const int64_t slivers = (nc + POLYC_NR - 1) / POLYC_NR;
+    const polyc_share_t share = polyc_share_SHAPE(g, tid, nthr);
+    const int64_t stride = NR * polyc_min(KC, g->k);  /* between slivers in a bpack */
+    const int64_t panel = polyc_round_up(polyc_min(NC, g->n), NR) * polyc_min(KC, g->k);
+    for (int64_t jc = 0; jc < g->n; jc += NC) {
+        const int64_t nc = polyc_min(NC, g->n - jc);
+        const int64_t slivers = (nc + NR - 1) / NR;
         int64_t s_lo = 0, s_hi = slivers;
         if (share.split_n) {
             const int64_t per = (slivers + nthr - 1) / nthr;
             s_lo = polyc_min(slivers, tid * per);
             s_hi = polyc_min(slivers, s_lo + per);
         }
-        for (int64_t pc = 0; pc < g->k; pc += POLYC_KC) {
-            const int64_t kc = polyc_min(POLYC_KC, g->k - pc);
+        for (int64_t pc = 0; pc < g->k; pc += KC, ++*round) {
+            const int64_t kc = polyc_min(KC, g->k - pc);
             const int beta = pc > 0 || !init;
             const int last = pc + kc >= g->k;
-            /* Split rows: the threads pack the shared panel together.  Split slivers: each packs its own. */
+            T *restrict bpack = bpacks + (share.split_n ? 0 : (*round % 2) * panel);
             const int64_t first = share.split_n ? s_lo : tid, step = share.split_n ? 1 : nthr;
             const int64_t end = share.split_n ? s_hi : slivers;
             for (int64_t s = first; s < end; s += step)
-                polyc_pack_b(g, b, pc, kc, jc + s * POLYC_NR, polyc_min(POLYC_NR, nc - s * POLYC_NR),
-                             bpack + s * stride);
+                polyc_pack_b_SHAPE(g, b, pc, kc, jc + s * NR, polyc_min(NR, nc - s * NR), bpack + s * stride);
 #if defined(_OPENMP)
             if (nthr > 1 && !share.split_n) {
                 #pragma omp barrier
             }
 #endif
-            for (int64_t ic = share.m_lo; ic < share.m_hi; ic += POLYC_MC) {
-                const int64_t mc = polyc_min(POLYC_MC, share.m_hi - ic);
-                polyc_pack_a(g, a, ic, mc, pc, kc, apack);
+            for (int64_t ic = share.m_lo; ic < share.m_hi; ic += MC) {
+                const int64_t mc = polyc_min(MC, share.m_hi - ic);
+                polyc_pack_a_SHAPE(g, a, ic, mc, pc, kc, apack);
                 for (int64_t s = s_lo; s < s_hi; s++) {
-                    const int64_t jr = s * POLYC_NR, nr = polyc_min(POLYC_NR, nc - jr);
-                    for (int64_t ir = 0; ir < mc; ir += POLYC_MR) {
-                        const int64_t mr = polyc_min(POLYC_MR, mc - ir);
-                        polyc_micro_kernel(kc, apack + ir * kc, bpack + s * stride, c, g->c_m + ic + ir,
-                                           g->c_n + jc + jr, mr, nr, beta, g->c_n_unit[(jc + jr) / POLYC_NR]);
+                    const int64_t jr = jc + s * NR, nr = polyc_min(NR, nc - s * NR);
+                    const int unit = g->c_n_run[jr] >= nr;
+                    for (int64_t ir = 0; ir < mc; ir += MR) {
+                        const int64_t mr = polyc_min(MR, mc - ir);
+                        polyc_kernel_SHAPE(kc, apack + ir * kc, bpack + s * stride, c, g->c_m + ic + ir,
+                                           g->c_n + jr, mr, nr, beta, unit);
                         if (POLYC_HAS_EPILOGUE && last)
-                            polyc_epilogue(g, bt, ic + ir, mr, jc + jr, nr);
+                            polyc_epilogue(g, bt, ic + ir, mr, jr, nr);
                     }
                 }
             }
-#if defined(_OPENMP)
-            if (nthr > 1 && !share.split_n) {
-                #pragma omp barrier
-            }
-#endif
         }
     }
 }
 
-/* Every product; 0, or STATUS when the packing buffers cannot be allocated. */
+/* Every product with this register block; 0, or STATUS when buffers cannot be allocated. */
+static int polyc_gemm_run_SHAPE(const polyc_gemm_t *restrict g, int init)
+{
+    const int64_t a_elements = polyc_round_up(polyc_min(MC, g->m), MR) * polyc_min(KC, g->k);
+    const int64_t b_elements = polyc_round_up(polyc_min(NC, g->n), NR) * polyc_min(KC, g->k);
+    int nthr = 1;
+#if defined(_OPENMP)
+    if ((double)g->nbatch * (double)g->m * (double)g->n * (double)g->k >= THRESHOLD)
+        nthr = omp_get_max_threads();
+#endif
+    /* Per thread: an A panel, and two B panels (a shared pair when rows are shared). */
+    T *apacks = polyc_alloc(a_elements * nthr), *bpacks = polyc_alloc(2 * b_elements * nthr);
+    if (apacks == NULL || bpacks == NULL) { free(apacks); free(bpacks); return STATUS; }
+    if (nthr <= 1) {
+        int64_t round = 0;
+        for (int64_t bt = 0; bt < g->nbatch; bt++)
+            polyc_product_SHAPE(g, bt, init, bpacks, apacks, 0, 1, &round);
+    }
+#if defined(_OPENMP)
+    /* Whole products per thread when there are enough of them to balance; else share each one. */
+    else if (g->nbatch >= nthr && (g->nbatch % nthr == 0 || g->nbatch >= 4 * nthr)) {
+        #pragma omp parallel for num_threads(nthr) schedule(static)
+        for (int64_t bt = 0; bt < g->nbatch; bt++) {
+            const int tid = omp_get_thread_num();
+            int64_t round = 0;
+            polyc_product_SHAPE(g, bt, init, bpacks + 2 * b_elements * tid, apacks + a_elements * tid, 0, 1,
+                                &round);
+        }
+    } else {
+        #pragma omp parallel num_threads(nthr)
+        {
+            const int tid = omp_get_thread_num(), team = omp_get_num_threads();
+            const int split_n = polyc_share_SHAPE(g, tid, team).split_n;
+            int64_t round = 0;
+            for (int64_t bt = 0; bt < g->nbatch; bt++)
+                polyc_product_SHAPE(g, bt, init, bpacks + (split_n ? 2 * b_elements * tid : 0),
+                                    apacks + a_elements * tid, tid, team, &round);
+        }
+    }
+#endif
+    free(apacks);
+    free(bpacks);
+    return 0;
+}
+"""
+
+# After the register blocks: the entry into the loops.
+_RUN = r"""
+/* Every product; 0, or an error status from the loops. */
 static int polyc_gemm_run(const polyc_gemm_t *restrict g, int init)
 {
     if (g->k == 0) {  /* no products to add: zero the target for `+=!`, then the epilogue */
@@ -684,50 +755,6 @@ static int polyc_gemm_run(const polyc_gemm_t *restrict g, int init)
         }
         return 0;
     }
-    const int64_t a_elements = polyc_round_up(polyc_min(POLYC_MC, g->m), POLYC_MR) * polyc_min(POLYC_KC, g->k);
-    const int64_t b_elements = polyc_round_up(polyc_min(POLYC_NC, g->n), POLYC_NR) * polyc_min(POLYC_KC, g->k);
-    int nthr = 1;
-#if defined(_OPENMP)
-    if ((double)g->nbatch * (double)g->m * (double)g->n * (double)g->k >= THRESHOLD)
-        nthr = omp_get_max_threads();
-#endif
-    if (nthr <= 1) {
-        T *apack = polyc_alloc(a_elements), *bpack = polyc_alloc(b_elements);
-        if (apack == NULL || bpack == NULL) { free(apack); free(bpack); return STATUS; }
-        for (int64_t bt = 0; bt < g->nbatch; bt++)
-            polyc_gemm_product(g, bt, init, bpack, apack, 0, 1);
-        free(apack);
-        free(bpack);
-        return 0;
-    }
-#if defined(_OPENMP)
-    /* Whole products per thread when there are enough of them to balance; else share each one. */
-    const int by_batch = g->nbatch >= nthr && (g->nbatch % nthr == 0 || g->nbatch >= 4 * nthr);
-    T *apacks = polyc_alloc(a_elements * nthr);
-    T *bpacks = polyc_alloc(b_elements * nthr);
-    if (apacks == NULL || bpacks == NULL) { free(apacks); free(bpacks); return STATUS; }
-    if (by_batch) {
-        #pragma omp parallel for num_threads(nthr) schedule(static)
-        for (int64_t bt = 0; bt < g->nbatch; bt++) {
-            const int tid = omp_get_thread_num();
-            polyc_gemm_product(g, bt, init, bpacks + b_elements * tid, apacks + a_elements * tid, 0, 1);
-        }
-    } else {
-        #pragma omp parallel num_threads(nthr)
-        {
-            const int tid = omp_get_thread_num(), team = omp_get_num_threads();
-            const int split_n = polyc_share(g, tid, team).split_n;
-            for (int64_t bt = 0; bt < g->nbatch; bt++)
-                polyc_gemm_product(g, bt, init, bpacks + (split_n ? b_elements * tid : 0),
-                                   apacks + a_elements * tid, tid, team);
-        }
-    }
-    free(apacks);
-    free(bpacks);
-#endif
-    return 0;
+    return polyc_gemm_run_best(g, init);
 }
-""", ctype)
-    if not parallel:
-        text = re.sub(r"#if defined\(_OPENMP\)\n.*?#endif\n", "", text, flags=re.DOTALL)
-    return text.replace("STATUS", str(STATUS_OUT_OF_MEMORY)).replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
+"""

@@ -121,6 +121,17 @@ def recognise_gemm_def(definition: ir.CheckedDef) -> Contraction | None:
     return Contraction(**{**contraction.__dict__, "epilogues": tuple(epilogues)})
 
 
+def worth_a_gemm_kernel(contraction: Contraction) -> bool:
+    """Whether the BLIS-style kernel suits the contraction's layout.
+
+    Not when the target's innermost dimension is a batch index (as in TC's tensordot, whose
+    innermost ``w`` is in all three tensors): the kernel would vectorise along N, made of the
+    tensor's outer dimensions, while the generic path vectorises along the contiguous batch
+    dimension.
+    """
+    return contraction.target.indices[-1] not in contraction.batch
+
+
 def recognise_contraction(statement: ir.CheckedStatement, definition: ir.CheckedDef) -> Contraction | None:
     """``statement`` as a :class:`Contraction`, or None when it is not one (see the module doc)."""
     target_tensor = definition.tensor(statement.target)
