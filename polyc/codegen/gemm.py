@@ -18,6 +18,11 @@ back end's (:mod:`polyc.codegen.c`)::
                 then C = block (first KC block of a `+=!`: beta 0) or C += block (beta 1);
                 after the last KC block, the epilogue statements on the finished block.
 
+Packing is skipped where it buys nothing: a B sliver already laid out like a packed one
+(columns contiguous, rows NR apart, as in Kronecker steps), or used by few rows of A, is read in
+place; so is an A block with evenly spaced rows that at most two B slivers use (narrow products
+such as batched small matrices).
+
 Addresses are never assumed: for every flat index of a group the kernel tabulates its offset
 in each tensor (``a_m[m]``, ``c_n[n]``, ...), so permuted and multi-index groups need no
 transposition.  Packing and the write-back take the contiguous fast path where a sliver's
@@ -29,7 +34,7 @@ read or written.
 Register blocks.  The instruction set is chosen by the C preprocessor, so one source serves
 every machine: AVX-512 (``__AVX512F__``), AVX2 with FMA, or portable C with ``#pragma omp
 simd`` (``vectorize=False`` selects the portable code everywhere).  Each instruction set has a
-few MR x NR shapes (:func:`micro_kernel_shapes`: for AVX-512 float 6 x 64, 14 x 32 and 14 x 16)
+few MR x NR shapes (:func:`micro_kernel_shapes`: for AVX-512 float 6 x 64, 8 x 32 and 8 x 16)
 and the kernel picks one per call from N and the contiguous run length of N in C, so that
 narrow products (N of 16 or 32, or N made of short contiguous runs) do not compute on padding.
 Block sizes come from :func:`polyc.schedule.tiling.cache_sizes` (:func:`block_sizes`);
@@ -101,14 +106,15 @@ def micro_kernel_shapes(isa: str, dtype: np.dtype) -> tuple[MicroKernelShape, ..
     """The register blocks of one instruction set for ``dtype``, widest first.
 
     AVX-512 has 32 vector registers: 6 x 4 vectors (24 accumulators, 4 loads of B and 6
-    broadcasts of A per step), 14 x 2 and 14 x 1.  AVX2 has 16: 6 x 2 and 12 x 1.
+    broadcasts of A per step), 8 x 2 and 8 x 1.  AVX2 has 16: 6 x 2 and 8 x 1.  At most 8 rows,
+    so that an A read in place needs no more row pointers than there are general registers.
     """
     lanes_512 = 64 // np.dtype(dtype).itemsize  # 16 float, 8 double
     if isa == "avx512":
-        return (MicroKernelShape(isa, 6, lanes_512, 4), MicroKernelShape(isa, 14, lanes_512, 2, 0.93),
-                MicroKernelShape(isa, 14, lanes_512, 1, 0.85))
+        return (MicroKernelShape(isa, 6, lanes_512, 4), MicroKernelShape(isa, 8, lanes_512, 2, 0.93),
+                MicroKernelShape(isa, 8, lanes_512, 1, 0.85))
     if isa == "avx2":
-        return (MicroKernelShape(isa, 6, lanes_512 // 2, 2), MicroKernelShape(isa, 12, lanes_512 // 2, 1, 0.85))
+        return (MicroKernelShape(isa, 6, lanes_512 // 2, 2), MicroKernelShape(isa, 8, lanes_512 // 2, 1, 0.85))
     return (MicroKernelShape(isa, 4, lanes_512 // 2, 2),)
 
 
@@ -195,7 +201,8 @@ class _GemmWriter:
         fields = [f"const {t} *a", f"const {t} *b", f"{t} *c",
                   "int64_t m, n, k, nbatch",
                   "const int64_t *a_m, *a_k, *b_k, *b_n, *c_m, *c_n, *a_batch, *b_batch, *c_batch",
-                  "const int64_t *a_m_run, *b_n_run, *c_n_run"]
+                  "const int64_t *a_m_run, *b_n_run, *c_n_run",
+                  "int64_t a_m_stride, a_k_stride, b_k_stride"]
         for name in self.epilogue_tensors():
             tensor = self.definition.tensor(name)
             qualifier = "const " if tensor.role is ir.Role.INPUT else ""
@@ -207,7 +214,8 @@ class _GemmWriter:
         body = "\n".join(f"    {f};" for f in fields)
         return ("/* Everything the loops need: operands, flattened extents, for each flat index of a group\n"
                 "   its offset in each tensor (a_m[m]: offset in A of row m, ...), and how long the\n"
-                "   contiguous run of offsets starting there is (a_m_run[m]). */\n"
+                "   contiguous run of offsets starting there is (a_m_run[m]); a_m_stride: s when a_m[m] == m*s\n"
+                "   for every m, else -1 (so for a_k, b_k). */\n"
                 f"typedef struct {{\n{body}\n}} polyc_gemm_t;")
 
     # ------------------------------------------------------------------ register blocks
@@ -234,7 +242,7 @@ class _GemmWriter:
         text = _typed(_BLOCKED_LOOPS, self.ctype)
         for macro, value in (("MR", shape.mr), ("NR", shape.nr), ("MC", mc), ("NC", nc), ("KC", kc)):
             text = re.sub(rf"\b{macro}\b", str(value), text)
-        text = text.replace("_SHAPE", f"_{shape.name}")
+        text = text.replace("_SHAPE", f"_{shape.name}").replace("MASKED_B", "1" if shape.isa == "avx512" else "0")
         if not self.options.parallel:
             text = re.sub(r"#if defined\(_OPENMP\)\n.*?#endif\n", "", text, flags=re.DOTALL)
         return text.replace("STATUS", str(STATUS_OUT_OF_MEMORY)).replace(
@@ -358,6 +366,8 @@ class _GemmWriter:
                  f"polyc_g.a = {c.a.tensor}; polyc_g.b = {c.b.tensor}; polyc_g.c = {c.target.tensor};",
                  "polyc_g.m = polyc_m; polyc_g.n = polyc_n; polyc_g.k = polyc_k; polyc_g.nbatch = polyc_batch;"]
         body += [f"polyc_g.{table} = polyc_{table};" for table, _ in layout]
+        body += [f"polyc_g.{table}_stride = polyc_affine_stride(polyc_{table}, polyc_{group});"
+                 for table, group in (("a_m", "m"), ("a_k", "k"), ("b_k", "k"))]
         for tensor in self.epilogue_tensors():
             body.append(f"polyc_g.t_{tensor} = {tensor};")
         if c.epilogues and not self.specialised:
@@ -411,19 +421,45 @@ _VECTOR_SPELLINGS = {
 def _vector_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
     """An MR x NR micro-kernel in AVX-512 or AVX2 intrinsics, unrolled over the register block.
 
-    The block accumulates in MR x ``vectors`` registers; the write-back uses masked vector
-    loads and stores per row when the block's columns are contiguous in C (``unit``), else it
-    goes through a buffer and ``polyc_scatter``.
+    Element (i, k) of A is ``ap[i * a_rs + k * a_cs]`` (packed: a_rs = 1, a_cs = MR; or A
+    itself), row k of B is ``bp + k * b_rs`` (packed: b_rs = NR; or B itself), so the loops can
+    skip packing where it buys nothing.  Rows i >= mr read row 0 (their results are dropped);
+    AVX-512 loads B under the column mask, so B itself may end after nr columns (AVX2 reads
+    full rows: its callers pass B itself only for full slivers).  The block accumulates in
+    MR x ``vectors`` registers; the write-back uses masked vector loads and stores per row when
+    the block's columns are contiguous in C (``unit``), else a buffer and ``polyc_scatter``.
     """
     ctype = c_type(dtype)
     vec, pre, suffix = _VECTOR_SPELLINGS[(shape.isa, np.dtype(dtype).itemsize)]
     mr, nr, nv, lanes = shape.mr, shape.nr, shape.vectors, shape.lanes
     acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
-    lines = [f"/* {mr} x {nr} block: C[c_m[i] + c_n[j]] (+)= sum over k < kc of ap[k*{mr} + i] * bp[k*{nr} + j]. */",
-             f"static inline void polyc_kernel_{shape.name}(int64_t kc, const {ctype} *restrict ap,",
-             f"    const {ctype} *restrict bp, {ctype} *restrict c, const int64_t *restrict c_m,",
-             "    const int64_t *restrict c_n, int64_t mr, int64_t nr, int beta, int unit)",
+    lines = [f"/* {mr} x {nr} block: C[c_m[i] + c_n[j]] (+)= sum over k < kc of A(i, k) * B(k, j). */",
+             f"static inline void polyc_kernel_{shape.name}(int64_t kc, const {ctype} *restrict ap, int64_t a_rows,",
+             f"    int64_t a_rs, int64_t a_cs, const {ctype} *restrict bp, int64_t b_rs, int b_full,",
+             f"    {ctype} *restrict c, const int64_t *restrict c_m, const int64_t *restrict c_n, int64_t mr, int64_t nr,",
+             "    int beta, int unit)",
              "{"]
+    lines += [f"    const {ctype} *restrict a{i} = ap + {'0' if i == 0 else f'(a_rows > {i} ? {i} * a_rs : 0)'};"
+              for i in range(mr)]
+    if shape.isa == "avx512":
+        mask_type = "__mmask16" if lanes == 16 else "__mmask8"
+        lines += [f"    const {mask_type} k{v} = ({mask_type})polyc_lane_mask(nr - {v * lanes}, {lanes});"
+                  for v in range(nv)]
+        # Masked loads cost more than plain ones in the inner loop: only partial slivers of B use them.
+        loads_b = {"b_full": f"{pre}_loadu_{suffix}(bp + {{offset}})",
+                   None: f"{pre}_maskz_loadu_{suffix}(k{{v}}, bp + {{offset}})"}
+        load = f"{pre}_maskz_loadu_{suffix}(k{{v}}, row + {{offset}})"
+        store = f"{pre}_mask_storeu_{suffix}(row + {{offset}}, k{{v}}, {{value}});"
+    else:
+        bits = 32 if lanes == 8 else 64
+        set1 = "_mm256_set1_epi32((int)" if bits == 32 else "_mm256_set1_epi64x((long long)"
+        iota = f"_mm256_setr_epi32({', '.join(map(str, range(8)))})" if bits == 32 else "_mm256_setr_epi64x(0, 1, 2, 3)"
+        lines += [f"    const __m256i k{v} = _mm256_cmpgt_epi{bits}("
+                  f"{set1}polyc_max(0, polyc_min({lanes}, nr - {v * lanes}))), {iota});" for v in range(nv)]
+        lines.append("    (void)b_full;")
+        loads_b = {None: f"{pre}_loadu_{suffix}(bp + {{offset}})"}
+        load = f"{pre}_maskload_{suffix}(row + {{offset}}, k{{v}})"
+        store = f"{pre}_maskstore_{suffix}(row + {{offset}}, k{{v}}, {{value}});"
     for row in acc:
         lines.append(f"    {vec} " + ", ".join(f"{name} = {pre}_setzero_{suffix}()" for name in row) + ";")
     # The block of C is read after the loop: start fetching its rows now.
@@ -432,27 +468,22 @@ def _vector_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
               "            _mm_prefetch((const char *)(c + c_n[0] + c_m[i]), _MM_HINT_T0);",
               "            _mm_prefetch((const char *)(c + c_n[0] + c_m[i] + nr - 1), _MM_HINT_T0);",
               "        }",
-              f"    for (int64_t k = 0; k < kc; k++, ap += {mr}, bp += {nr}) {{",
-              f"        const {vec} " + ", ".join(f"b{v} = {pre}_load_{suffix}(bp + {v * lanes})" for v in range(nv)) + ";",
-              f"        {vec} a;"]
-    for i in range(mr):
-        fmas = " ".join(f"{acc[i][v]} = {pre}_fmadd_{suffix}(a, b{v}, {acc[i][v]});" for v in range(nv))
-        lines.append(f"        a = {pre}_set1_{suffix}(ap[{i}]); {fmas}")
-    lines += ["    }", "    if (unit) {", f"        {ctype} *restrict base = c + c_n[0];"]
-    if shape.isa == "avx512":
-        mask_type = "__mmask16" if lanes == 16 else "__mmask8"
-        lines += [f"        const {mask_type} k{v} = ({mask_type})polyc_lane_mask(nr - {v * lanes}, {lanes});"
-                  for v in range(nv)]
-        load = f"{pre}_maskz_loadu_{suffix}(k{{v}}, row + {{offset}})"
-        store = f"{pre}_mask_storeu_{suffix}(row + {{offset}}, k{{v}}, {{value}});"
-    else:
-        bits = 32 if lanes == 8 else 64
-        set1 = "_mm256_set1_epi32((int)" if bits == 32 else "_mm256_set1_epi64x((long long)"
-        iota = f"_mm256_setr_epi32({', '.join(map(str, range(8)))})" if bits == 32 else "_mm256_setr_epi64x(0, 1, 2, 3)"
-        lines += [f"        const __m256i k{v} = _mm256_cmpgt_epi{bits}("
-                  f"{set1}polyc_max(0, polyc_min({lanes}, nr - {v * lanes}))), {iota});" for v in range(nv)]
-        load = f"{pre}_maskload_{suffix}(row + {{offset}}, k{{v}})"
-        store = f"{pre}_maskstore_{suffix}(row + {{offset}}, k{{v}}, {{value}});"
+              ]
+    for condition, load_b in loads_b.items():
+        indent = "    " if len(loads_b) == 1 else "        "
+        if len(loads_b) > 1:
+            lines.append(f"    {'if (b_full) {' if condition else '} else {'}")
+        lines += [f"{indent}for (int64_t k = 0, ka = 0; k < kc; k++, ka += a_cs, bp += b_rs) {{",
+                  f"{indent}    const {vec} " + ", ".join(f"b{v} = {load_b.format(v=v, offset=v * lanes)}"
+                                                     for v in range(nv)) + ";",
+                  f"{indent}    {vec} a;"]
+        for i in range(mr):
+            fmas = " ".join(f"{acc[i][v]} = {pre}_fmadd_{suffix}(a, b{v}, {acc[i][v]});" for v in range(nv))
+            lines.append(f"{indent}    a = {pre}_set1_{suffix}(a{i}[ka]); {fmas}")
+        lines.append(f"{indent}}}")
+    if len(loads_b) > 1:
+        lines.append("    }")
+    lines += ["    if (unit) {", f"        {ctype} *restrict base = c + c_n[0];"]
     for i in range(mr):
         guard = "" if i == 0 else f"if (mr > {i}) "
         body = [f"{ctype} *restrict row = base + c_m[{i}];"]
@@ -470,41 +501,44 @@ def _vector_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
 
 def _portable_micro_kernel(shape: MicroKernelShape, ctype: str) -> str:
     text = _typed(r"""
-/* MR x NR block in portable C: the compiler vectorises the inner loop. */
-static inline void polyc_kernel_SHAPE(int64_t kc, const T *restrict ap, const T *restrict bp,
-    T *restrict c, const int64_t *restrict c_m, const int64_t *restrict c_n, int64_t mr, int64_t nr,
-    int beta, int unit)
+/* MR x NR block in portable C (A and B addressed as in the vector kernels, B rows read in
+   full); the compiler vectorises the inner loop. */
+static inline void polyc_kernel_SHAPE(int64_t kc, const T *restrict ap, int64_t a_rows, int64_t a_rs,
+    int64_t a_cs, const T *restrict bp, int64_t b_rs, int b_full, T *restrict c, const int64_t *restrict c_m,
+    const int64_t *restrict c_n, int64_t mr, int64_t nr, int beta, int unit)
 {
-    (void)unit;
+    (void)unit; (void)a_rows; (void)b_full;
     T block[MR * NR] __attribute__((aligned(64)));
     for (int64_t x = 0; x < MR * NR; x++) block[x] = 0;
-    for (int64_t k = 0; k < kc; k++, ap += MR, bp += NR)
-        for (int64_t i = 0; i < MR; i++) {
-            const T a = ap[i];
+    for (int64_t k = 0; k < kc; k++, bp += b_rs)
+        for (int64_t i = 0; i < mr; i++) {
+            const T a = ap[i * a_rs + k * a_cs];
             #pragma omp simd
             for (int64_t j = 0; j < NR; j++)
                 block[i * NR + j] += a * bp[j];
         }
     polyc_scatter(block, NR, c, c_m, c_n, mr, nr, beta);
 }""", ctype)
-    return re.sub(r"\bMR\b", str(shape.mr), re.sub(r"\bNR\b", str(shape.nr, ), text)).replace("SHAPE", shape.name)
+    return re.sub(r"\bMR\b", str(shape.mr), re.sub(r"\bNR\b", str(shape.nr), text)).replace("SHAPE", shape.name)
 
 
 def _shape_choice(shapes: tuple[MicroKernelShape, ...]) -> str:
-    """C choosing a register block per call: the best ``efficiency x useful lanes``, where
-    the useful lanes are the fraction of each NR-wide sliver that is real columns (and the
-    scattered write-back of slivers that cross a run of contiguous columns of C counts half)."""
+    """C choosing a register block per call: the best ``efficiency x useful lanes x useful
+    rows``, where the useful lanes are the fraction of each NR-wide sliver that is real columns
+    (the scattered write-back of slivers that cross a run of contiguous columns of C counts
+    half) and the useful rows the fraction of the MR-tall slivers that is real rows."""
     lines = ["static int polyc_gemm_run_best(const polyc_gemm_t *restrict g, int init)",
              "{",
-             "    const int64_t n = g->n, run = g->c_n_run[0];",
+             "    const int64_t m = g->m, n = g->n, run = g->c_n_run[0];",
              "    double best = -1.0;",
              "    int choice = 0;"]
     for position, shape in enumerate(shapes):
-        nr = shape.nr
+        mr, nr = shape.mr, shape.nr
         lines += [f"    {{  /* {shape.name} */",
-                  f"        const int64_t padded = (run >= n ? (n + {nr - 1}) / {nr} : (n / run) * ((run + {nr - 1}) / {nr}))"
+                  f"        const int64_t columns = (run >= n ? (n + {nr - 1}) / {nr} : (n / run) * ((run + {nr - 1}) / {nr}))"
                   f" * {nr};",
-                  f"        const double score = {shape.efficiency!r} * (double)n / (double)padded"
+                  f"        const int64_t rows = (m + {mr - 1}) / {mr} * {mr};",
+                  f"        const double score = {shape.efficiency!r} * (double)n / (double)columns * (double)m / (double)rows"
                   f" * (run >= n || run % {nr} == 0 ? 1.0 : 0.5);",
                   f"        if (score > best * 1.02) {{ best = score; choice = {position}; }}",
                   "    }"]
@@ -530,6 +564,15 @@ static void polyc_mark_runs(const int64_t *offsets, int64_t count, int64_t *runs
         runs[i] = (i + 1 < count && offsets[i + 1] == offsets[i] + 1) ? runs[i + 1] + 1 : 1;
 }
 
+/* s when offsets[i] == i * s for every i < count, else -1. */
+static int64_t polyc_affine_stride(const int64_t *offsets, int64_t count)
+{
+    const int64_t stride = count > 1 ? offsets[1] - offsets[0] : 0;
+    for (int64_t i = 0; i < count; i++)
+        if (offsets[i] != i * stride) return -1;
+    return stride;
+}
+
 /* The lowest min(max(n, 0), lanes) bits set. */
 static inline uint32_t polyc_lane_mask(int64_t n, int lanes)
 {
@@ -548,6 +591,15 @@ static void polyc_scatter(const T *restrict block, int64_t stride, T *restrict c
 }
 
 static int64_t polyc_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+/* The step that cuts `total` into as few blocks of at most `most` as possible, of nearly equal
+   sizes, multiples of `multiple` (`most` is one): 600 by at most 512 gives 300, not 512 + 88. */
+static int64_t polyc_balanced_step(int64_t total, int64_t most, int64_t multiple)
+{
+    if (total <= 0) return most;
+    const int64_t blocks = (total + most - 1) / most;
+    return polyc_min(most, polyc_round_up((total + blocks - 1) / blocks, multiple));
+}
 
 /* The part of a product one thread computes (see polyc_share_*). */
 typedef struct { int split_n; int64_t m_lo, m_hi; } polyc_share_t;
@@ -636,12 +688,24 @@ static polyc_share_t polyc_share_SHAPE(const polyc_gemm_t *g, int tid, int nthr)
     return share;
 }
 
+/* Whether the loops read B's sliver at column jr itself rather than packing it: when it is
+   laid out like a packed sliver (columns contiguous, rows NR apart), or when few rows of A use
+   it and its rows are not far apart.  The same for every thread: it decides who packs what. */
+static int polyc_direct_b_SHAPE(const polyc_gemm_t *restrict g, int64_t jr, int64_t nr)
+{
+    const int64_t stride = g->b_k_stride;
+    if (stride < 0 || g->b_n_run[jr] < nr || (!MASKED_B && nr < NR))
+        return 0;
+    return stride == NR || (g->m <= 4 * MR && stride * (int64_t)sizeof(T) <= 4096);
+}
+
 /* One product (batch point bt) computed by thread tid of nthr; with nthr > 1 every thread of
    the team must call it, with the same *round (a count of packed B panels, for the barriers).
    Rows shared: the threads pack each B panel together into one of the two halves of bpacks
    (alternating, so one barrier per panel suffices: a thread packs panel t + 2 only after every
    thread passed the barrier of panel t + 1, so after it finished computing with panel t).
-   Column slivers shared: each thread packs its own slivers into its own bpack, no barrier. */
+   Column slivers shared: each thread packs its own slivers into its own bpack, no barrier.
+   An A block used by at most two B slivers is read in place when its rows are evenly spaced. */
 static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int init, T *restrict bpacks,
                                 T *restrict apack, int tid, int nthr, int64_t *round)
 {
@@ -649,10 +713,13 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
     const T *restrict b = g->b + g->b_batch[bt];
     T *restrict c = g->c + g->c_batch[bt];
     const polyc_share_t share = polyc_share_SHAPE(g, tid, nthr);
-    const int64_t stride = NR * polyc_min(KC, g->k);  /* between slivers in a bpack */
+    const int64_t kc_step = polyc_balanced_step(g->k, KC, 1), nc_step = polyc_balanced_step(g->n, NC, NR);
+    const int64_t mc_step = polyc_balanced_step(share.m_hi - share.m_lo, MC, MR);
+    const int64_t stride = NR * kc_step;  /* between slivers in a bpack */
     const int64_t panel = polyc_round_up(polyc_min(NC, g->n), NR) * polyc_min(KC, g->k);
-    for (int64_t jc = 0; jc < g->n; jc += NC) {
-        const int64_t nc = polyc_min(NC, g->n - jc);
+    const int a_in_place = g->a_m_stride >= 0 && g->a_k_stride >= 0;
+    for (int64_t jc = 0; jc < g->n; jc += nc_step) {
+        const int64_t nc = polyc_min(nc_step, g->n - jc);
         const int64_t slivers = (nc + NR - 1) / NR;
         int64_t s_lo = 0, s_hi = slivers;
         if (share.split_n) {
@@ -660,30 +727,47 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
             s_lo = polyc_min(slivers, tid * per);
             s_hi = polyc_min(slivers, s_lo + per);
         }
-        for (int64_t pc = 0; pc < g->k; pc += KC, ++*round) {
-            const int64_t kc = polyc_min(KC, g->k - pc);
+        const int direct_a = a_in_place && s_hi - s_lo <= 2;
+        for (int64_t pc = 0; pc < g->k; pc += kc_step, ++*round) {
+            const int64_t kc = polyc_min(kc_step, g->k - pc);
             const int beta = pc > 0 || !init;
             const int last = pc + kc >= g->k;
             T *restrict bpack = bpacks + (share.split_n ? 0 : (*round % 2) * panel);
             const int64_t first = share.split_n ? s_lo : tid, step = share.split_n ? 1 : nthr;
             const int64_t end = share.split_n ? s_hi : slivers;
-            for (int64_t s = first; s < end; s += step)
-                polyc_pack_b_SHAPE(g, b, pc, kc, jc + s * NR, polyc_min(NR, nc - s * NR), bpack + s * stride);
+            for (int64_t s = first; s < end; s += step) {
+                const int64_t cols = polyc_min(NR, nc - s * NR);
+                if (!polyc_direct_b_SHAPE(g, jc + s * NR, cols))
+                    polyc_pack_b_SHAPE(g, b, pc, kc, jc + s * NR, cols, bpack + s * stride);
+            }
 #if defined(_OPENMP)
             if (nthr > 1 && !share.split_n) {
                 #pragma omp barrier
             }
 #endif
-            for (int64_t ic = share.m_lo; ic < share.m_hi; ic += MC) {
-                const int64_t mc = polyc_min(MC, share.m_hi - ic);
-                polyc_pack_a_SHAPE(g, a, ic, mc, pc, kc, apack);
+            for (int64_t ic = share.m_lo; ic < share.m_hi; ic += mc_step) {
+                const int64_t mc = polyc_min(mc_step, share.m_hi - ic);
+                if (!direct_a)
+                    polyc_pack_a_SHAPE(g, a, ic, mc, pc, kc, apack);
                 for (int64_t s = s_lo; s < s_hi; s++) {
                     const int64_t jr = jc + s * NR, nr = polyc_min(NR, nc - s * NR);
                     const int unit = g->c_n_run[jr] >= nr;
+                    const int direct_b = polyc_direct_b_SHAPE(g, jr, nr);
+                    const T *restrict bp = direct_b ? b + g->b_n[jr] + pc * g->b_k_stride : bpack + s * stride;
+                    const int64_t b_rs = direct_b ? g->b_k_stride : NR;
                     for (int64_t ir = 0; ir < mc; ir += MR) {
                         const int64_t mr = polyc_min(MR, mc - ir);
-                        polyc_kernel_SHAPE(kc, apack + ir * kc, bpack + s * stride, c, g->c_m + ic + ir,
-                                           g->c_n + jr, mr, nr, beta, unit);
+                        /* Constant arguments let the compiler specialise the kernel for packed A and B. */
+                        if (direct_a)
+                            polyc_kernel_SHAPE(kc, a + (ic + ir) * g->a_m_stride + pc * g->a_k_stride, mr,
+                                               g->a_m_stride, g->a_k_stride, bp, b_rs, !direct_b || nr == NR, c,
+                                               g->c_m + ic + ir, g->c_n + jr, mr, nr, beta, unit);
+                        else if (direct_b)
+                            polyc_kernel_SHAPE(kc, apack + ir * kc, MR, 1, MR, bp, b_rs, nr == NR, c, g->c_m + ic + ir,
+                                               g->c_n + jr, mr, nr, beta, unit);
+                        else
+                            polyc_kernel_SHAPE(kc, apack + ir * kc, MR, 1, MR, bp, NR, 1, c, g->c_m + ic + ir,
+                                               g->c_n + jr, mr, nr, beta, unit);
                         if (POLYC_HAS_EPILOGUE && last)
                             polyc_epilogue(g, bt, ic + ir, mr, jr, nr);
                     }
