@@ -354,6 +354,7 @@ sources = {
             " Y(m, n0, d1, d2) +=! XW2(m, n0, r_n1, d2) * W1(d1, r_n1) }",
     "mlp": "def f(float(M, K) I, float(K, N) W, float(N) b) -> (O) {"
            " O(i, j) +=! I(i, r_k) * W(r_k, j)  O(i, j) = fmax(O(i, j) + b(j), 0) }",
+    "tmm": "def f(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }",
 }
 rng = np.random.default_rng(0)
 for flags in sys.argv[1:]:
@@ -364,6 +365,10 @@ for flags in sys.argv[1:]:
     kron = polyc.define(sources["kron"], cflags=flags, specialize=False).f
     w1 = rng.uniform(-1, 1, (7, 9)).astype(np.float32); x = rng.uniform(-1, 1, (3, 2, 9, 5)).astype(np.float32)
     assert_close(kron(w1, x), np.einsum("mard,er->maed", x.astype(np.float64), w1), 9, np.float32, (w1, x))
+    tmm = polyc.define(sources["tmm"], cflags=flags, specialize=False).f
+    for m, k, n in [(5, 40, 130), (70, 33, 64)]:
+        a = rng.uniform(-1, 1, (m, k)).astype(np.float32); b = rng.uniform(-1, 1, (n, k)).astype(np.float32)
+        assert_close(tmm(a, b), a.astype(np.float64) @ b.T, k, np.float32, (a, b))
     mlp = polyc.define(sources["mlp"], cflags=flags).f
     i = rng.uniform(-1, 1, (13, 200)).astype(np.float32); w = rng.uniform(-1, 1, (200, 70)).astype(np.float32)
     bias = rng.uniform(-1, 1, (70,)).astype(np.float32)

@@ -202,7 +202,7 @@ class _GemmWriter:
                   "int64_t m, n, k, nbatch",
                   "const int64_t *a_m, *a_k, *b_k, *b_n, *c_m, *c_n, *a_batch, *b_batch, *c_batch",
                   "const int64_t *a_m_run, *b_n_run, *c_n_run",
-                  "int64_t a_m_stride, a_k_stride, b_k_stride"]
+                  "int64_t a_m_stride, a_k_stride, b_k_stride, b_n_stride"]
         for name in self.epilogue_tensors():
             tensor = self.definition.tensor(name)
             qualifier = "const " if tensor.role is ir.Role.INPUT else ""
@@ -227,6 +227,8 @@ class _GemmWriter:
             pieces.append("#else" if guard is None else f"{'#if' if position == 0 else '#elif'} {guard}")
             if isa != "portable":
                 pieces.append("#include <immintrin.h>")
+            if isa == "avx512" and self.dtype.itemsize == 4:
+                pieces.append(_TRANSPOSE16)
             pieces.append(f'#define POLYC_GEMM_ISA "{isa}"')
             shapes = micro_kernel_shapes(isa, self.dtype)
             for shape in shapes:
@@ -239,7 +241,7 @@ class _GemmWriter:
 
     def blocked_loops(self, shape: MicroKernelShape) -> str:
         mc, nc, kc = block_sizes(shape, self.dtype.itemsize, self.options.tile_sizes)
-        text = _typed(_BLOCKED_LOOPS, self.ctype)
+        text = _typed(_BLOCKED_LOOPS, self.ctype).replace("TRANSPOSED_B\n", _transposed_b(shape, self.dtype))
         for macro, value in (("MR", shape.mr), ("NR", shape.nr), ("MC", mc), ("NC", nc), ("KC", kc)):
             text = re.sub(rf"\b{macro}\b", str(value), text)
         text = text.replace("_SHAPE", f"_{shape.name}").replace("MASKED_B", "1" if shape.isa == "avx512" else "0")
@@ -367,7 +369,7 @@ class _GemmWriter:
                  "polyc_g.m = polyc_m; polyc_g.n = polyc_n; polyc_g.k = polyc_k; polyc_g.nbatch = polyc_batch;"]
         body += [f"polyc_g.{table} = polyc_{table};" for table, _ in layout]
         body += [f"polyc_g.{table}_stride = polyc_affine_stride(polyc_{table}, polyc_{group});"
-                 for table, group in (("a_m", "m"), ("a_k", "k"), ("b_k", "k"))]
+                 for table, group in (("a_m", "m"), ("a_k", "k"), ("b_k", "k"), ("b_n", "n"))]
         for tensor in self.epilogue_tensors():
             body.append(f"polyc_g.t_{tensor} = {tensor};")
         if c.epilogues and not self.specialised:
@@ -522,6 +524,60 @@ static inline void polyc_kernel_SHAPE(int64_t kc, const T *restrict ap, int64_t 
     return re.sub(r"\bMR\b", str(shape.mr), re.sub(r"\bNR\b", str(shape.nr), text)).replace("SHAPE", shape.name)
 
 
+def _transposed_b(shape: MicroKernelShape, dtype: np.dtype) -> str:
+    """AVX-512 packing of a float sliver of B stored transposed (columns evenly spaced, K
+    contiguous, as in ``A * B^T``): 16 x 16 blocks transposed in registers, four times faster
+    than element by element."""
+    if shape.isa != "avx512" or np.dtype(dtype).itemsize != 4:
+        return ""
+    return """    if (cols == NR && g->b_n_stride > 0 && g->b_k_stride == 1) {  /* B transposed: in 16 x 16 blocks */
+        int64_t k = 0;
+        for (; k + 16 <= kc; k += 16)
+            for (int64_t v = 0; v < NR; v += 16)
+                polyc_transpose16(b + b_n[v] + pc + k, g->b_n_stride, dst + k * NR + v, NR);
+        for (; k < kc; k++)
+            for (int64_t j = 0; j < NR; j++)
+                dst[k * NR + j] = b[b_n[j] + pc + k];
+        return;
+    }
+"""
+
+
+_TRANSPOSE16 = r"""
+/* dst[t*ldd + j] = src[j*ld + t] for j, t < 16: a 16 x 16 float block transposed in registers. */
+#define POLYC_LO64(a, b) _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
+#define POLYC_HI64(a, b) _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
+static inline void polyc_transpose16(const float *restrict src, int64_t ld, float *restrict dst, int64_t ldd)
+{
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = _mm512_loadu_ps(src + i * ld);
+    for (int i = 0; i < 16; i += 2) {  /* interleave pairs of rows, 32 bits at a time */
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {  /* then pairs of pairs, 64 bits at a time */
+        r[i] = POLYC_LO64(t[i], t[i + 2]);
+        r[i + 1] = POLYC_HI64(t[i], t[i + 2]);
+        r[i + 2] = POLYC_LO64(t[i + 1], t[i + 3]);
+        r[i + 3] = POLYC_HI64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 4; i++) {  /* then 128-bit lanes of groups of four rows */
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+    for (int i = 0; i < 16; i++)
+        _mm512_storeu_ps(dst + i * ldd, r[i]);
+}
+"""
+
+
 def _shape_choice(shapes: tuple[MicroKernelShape, ...]) -> str:
     """C choosing a register block per call: the best ``efficiency x useful lanes x useful
     rows``, where the useful lanes are the fraction of each NR-wide sliver that is real columns
@@ -658,6 +714,7 @@ static void polyc_pack_b_SHAPE(const polyc_gemm_t *restrict g, const T *restrict
                 dst[k * NR + j] = src[b_k[k] + j];
         return;
     }
+TRANSPOSED_B
     const T *column[NR];
     for (int64_t j = 0; j < cols; j++)
         column[j] = b + b_n[j];
