@@ -380,27 +380,26 @@ class _GemmWriter:
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
 
     def fill_tables(self, group: str, indices: tuple[str, ...], tables: tuple[str, ...], operand_of) -> list[str]:
-        """C filling the offset tables of one group (and its index value tables)."""
+        """C filling the offset tables of one group (and its index value tables): a loop nest
+        over the group's indices, outermost first, counting the flat index."""
         c = self.contraction
         if not indices:
             return [f"polyc_{table}[0] = 0;" for table in tables]
-        lines = [f"for (int64_t polyc_f = 0; polyc_f < polyc_{group}; polyc_f++) {{"]
-        if len(indices) == 1:
-            lines.append(f"    const int64_t polyc_v_{indices[0]} = polyc_f;")
-        else:
-            lines.append("    int64_t polyc_rest = polyc_f;")
-            for index in reversed(indices[1:]):
-                extent = self.size_expr(c.extent(index))
-                lines += [f"    const int64_t polyc_v_{index} = polyc_rest % ({extent});",
-                          f"    polyc_rest /= ({extent});"]
-            lines.append(f"    const int64_t polyc_v_{indices[0]} = polyc_rest;")
+        lines = ["{", "    int64_t polyc_f = 0;"]
+        for depth, index in enumerate(indices):
+            extent = self.size_expr(c.extent(index))
+            lines.append("    " * (depth + 1) + f"for (int64_t polyc_v_{index} = 0; polyc_v_{index} < ({extent}); "
+                         f"polyc_v_{index}++) {{")
+        inner = "    " * (len(indices) + 1)
         for table in tables:
             operand = operand_of[table[0]]
             terms = [f"polyc_v_{index} * {self.stride(operand.tensor, operand.indices.index(index))}"
                      for index in indices]
-            lines.append(f"    polyc_{table}[polyc_f] = {' + '.join(terms)};")
+            lines.append(f"{inner}polyc_{table}[polyc_f] = {' + '.join(terms)};")
         if len(indices) > 1 and indices in self.multi_index_groups():
-            lines += [f"    polyc_ix_{index}[polyc_f] = polyc_v_{index};" for index in indices]
+            lines += [f"{inner}polyc_ix_{index}[polyc_f] = polyc_v_{index};" for index in indices]
+        lines.append(f"{inner}polyc_f++;")
+        lines += ["    " * (depth + 1) + "}" for depth in reversed(range(len(indices)))]
         lines.append("}")
         return lines
 
