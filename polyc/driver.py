@@ -44,16 +44,38 @@ class Stages:
     contraction: Contraction | None = None  # set when ``kernel`` is a BLIS-style contraction kernel
 
 
+@dataclass(frozen=True)
+class Analysis:
+    """What does not depend on the sizes of a call: the parametric program, its dependences and
+    its schedule.  Scheduling once for all sizes is faster, and it keeps isl's ILP small: with
+    the sizes fixed, large constants can make it search for minutes."""
+
+    program: PolyProgram
+    dependences: Dependences
+    schedule: isl.Schedule
+
+
+def analyse(definition: CheckedDef, fusion: str) -> Analysis:
+    """Model, dependences and schedule of ``definition`` for every size."""
+    program = build_program(definition)
+    dependences = compute_dependences(program)
+    return Analysis(program, dependences, compute_schedule(program, dependences, fusion))
+
+
 def compile_stages(definition: CheckedDef, options: Options,
-                   sizes: Mapping[str, int] | None = None) -> Stages:
+                   sizes: Mapping[str, int] | None = None, analysis: Analysis | None = None) -> Stages:
     """Run the pipeline up to C source; ``sizes`` specialises it (None: parametric).
 
-    A def that is one tensor contraction (plus elementwise epilogues) gets the BLIS-style
-    kernel of :mod:`polyc.codegen.gemm`; the schedules are still computed, for inspection.
+    The schedule is computed for all sizes (``analysis``, computed here when not given); the
+    sizes then fix the context of tiling decisions and of code generation.  A def that is one
+    tensor contraction (plus elementwise epilogues) gets the BLIS-style kernel of
+    :mod:`polyc.codegen.gemm`; the schedules are still computed, for inspection.
     """
-    program = build_program(definition, sizes if options.specialize else None)
-    dependences = compute_dependences(program)
-    schedule = compute_schedule(program, dependences, options.fusion)
+    analysis = analysis or analyse(definition, options.fusion)
+    dependences, schedule = analysis.dependences, analysis.schedule
+    program = analysis.program
+    if options.specialize and sizes is not None:
+        program = build_program(definition, sizes, ctx=analysis.program.ctx)
     optimized = optimize_schedule(schedule, program, options, dependences)
     contraction = find_blas_contraction(definition, options)
     if contraction is not None:
@@ -94,10 +116,17 @@ class CompiledKernel:
         self.definition = definition
         self.options = options
         self._compiled: dict[tuple, _Compiled] = {}
+        self._analysis: Analysis | None = None
         self._lock = threading.Lock()
 
+    def analysis(self) -> Analysis:
+        """The size-independent analysis, computed once per kernel."""
+        if self._analysis is None:
+            self._analysis = analyse(self.definition, self.options.fusion)
+        return self._analysis
+
     def stages(self, sizes: Mapping[str, int] | None = None) -> Stages:
-        return compile_stages(self.definition, self.options, sizes)
+        return compile_stages(self.definition, self.options, sizes, self.analysis())
 
     def compiled_for(self, sizes: Mapping[str, int]) -> _Compiled:
         key = tuple(sizes[s] for s in self.definition.sizes) if self.options.specialize else ()
@@ -106,7 +135,7 @@ class CompiledKernel:
             with self._lock:
                 compiled = self._compiled.get(key)
                 if compiled is None:
-                    stages = compile_stages(self.definition, self.options, sizes)
+                    stages = compile_stages(self.definition, self.options, sizes, self.analysis())
                     compiled = _Compiled(stages.kernel, self.options)
                     self._compiled[key] = compiled
         return compiled

@@ -112,10 +112,6 @@ polyc.define(case.source, **options)[case.entry].stages(sizes)
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "isl's scheduler with fusion=max (schedule_whole_component) runs for many minutes on mlp2 "
-    "specialised to B=27, M=54, N=45, P=36 (0.1 s at B=24, M=48, N=40, P=32; 0.01 s parametric, "
-    "so the concrete sizes in the ILP are the trouble; kronecker3 at 9x its corpus sizes too)"))
 def test_fusion_max_schedules_large_specialised_sizes_quickly():
     request = json.dumps(["mlp2", dict(B=27, M=54, N=45, P=36), dict(fusion="max")])
     try:

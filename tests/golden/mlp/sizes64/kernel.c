@@ -29,16 +29,15 @@ int polyc_mlp(const float *__restrict__ I, const float *__restrict__ W, const fl
   int polyc_status = 0;
   (void)polyc_status;
   #pragma omp parallel for
-  for (int64_t c3 = INT64_C(0); c3 <= INT64_C(63); c3 += INT64_C(1))
-    for (int64_t c4 = INT64_C(0); c4 <= INT64_C(63); c4 += INT64_C(1))
-    #pragma omp simd
-    for (int64_t c5 = INT64_C(0); c5 <= INT64_C(63); c5 += INT64_C(1))
+  for (int64_t c2 = INT64_C(0); c2 <= INT64_C(63); c2 += INT64_C(1))
+    for (int64_t c3 = INT64_C(0); c3 <= INT64_C(63); c3 += INT64_C(1))
     {
-      if ((c4 == INT64_C(0)))
-        O[((c3) * O_extent1 + (c5))] = 0.0f;
-      O[((c3) * O_extent1 + (c5))] = (float)(O[((c3) * O_extent1 + (c5))] + ((I[((c3) * I_extent1 + (c4))]) * (W[((c4) * W_extent1 + (c5))])));
-      if ((c4 == INT64_C(63)))
-        O[((c3) * O_extent1 + (c5))] = fmaxf(((O[((c3) * O_extent1 + (c5))]) + (b[(c5)])), 0.0f);
+      O[((c2) * O_extent1 + (c3))] = 0.0f;
+      {
+        for (int64_t c4 = INT64_C(0); c4 <= INT64_C(63); c4 += INT64_C(1))
+          O[((c2) * O_extent1 + (c3))] = (float)(O[((c2) * O_extent1 + (c3))] + ((I[((c2) * I_extent1 + (c4))]) * (W[((c4) * W_extent1 + (c3))])));
+        O[((c2) * O_extent1 + (c3))] = fmaxf(((O[((c2) * O_extent1 + (c3))]) + (b[(c3)])), 0.0f);
+      }
     }
   return polyc_status;
 }
