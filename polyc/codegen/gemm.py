@@ -26,7 +26,7 @@ such as batched small matrices).
 Addresses are never assumed: for every flat index of a group the kernel tabulates its offset
 in each tensor (``a_m[m]``, ``c_n[n]``, ...), so permuted and multi-index groups need no
 transposition.  Packing and the write-back take the contiguous fast path where a sliver's
-offsets step by one (``*_run[i]``: how many offsets from i on do), and a gather/scatter path
+offsets step by one (checked per sliver, ``polyc_contiguous``), and a gather/scatter path
 elsewhere.  Partial MR x NR blocks at the edges are computed in full from zero-padded packed
 slivers and written back under masks (or element by element): nothing outside the tensors is
 read or written.
@@ -201,8 +201,7 @@ class _GemmWriter:
         fields = [f"const {t} *a", f"const {t} *b", f"{t} *c",
                   "int64_t m, n, k, nbatch",
                   "const int64_t *a_m, *a_k, *b_k, *b_n, *c_m, *c_n, *a_batch, *b_batch, *c_batch",
-                  "const int64_t *a_m_run, *b_n_run, *c_n_run",
-                  "int64_t a_m_stride, a_k_stride, b_k_stride, b_n_stride"]
+                  "int64_t a_m_stride, a_k_stride, b_k_stride, b_n_stride, c_n_run"]
         for name in self.epilogue_tensors():
             tensor = self.definition.tensor(name)
             qualifier = "const " if tensor.role is ir.Role.INPUT else ""
@@ -213,9 +212,9 @@ class _GemmWriter:
             fields += [f"const int64_t *ix_{index}" for index in group]
         body = "\n".join(f"    {f};" for f in fields)
         return ("/* Everything the loops need: operands, flattened extents, for each flat index of a group\n"
-                "   its offset in each tensor (a_m[m]: offset in A of row m, ...), and how long the\n"
-                "   contiguous run of offsets starting there is (a_m_run[m]); a_m_stride: s when a_m[m] == m*s\n"
-                "   for every m, else -1 (so for a_k, b_k). */\n"
+                "   its offset in each tensor (a_m[m]: offset in A of row m, ...); a_m_stride: s when\n"
+                "   a_m[m] == m*s for every m, else -1 (so for a_k, b_k, b_n); c_n_run: how many offsets\n"
+                "   of c_n from 0 on step by one. */\n"
                 f"typedef struct {{\n{body}\n}} polyc_gemm_t;")
 
     # ------------------------------------------------------------------ register blocks
@@ -344,14 +343,12 @@ class _GemmWriter:
         groups = {"batch": c.batch, "m": c.m, "n": c.n, "k": c.k}
         tables = {"batch": ("a_batch", "b_batch", "c_batch"), "m": ("a_m", "c_m"), "n": ("b_n", "c_n"),
                   "k": ("a_k", "b_k")}
-        runs = [("a_m_run", "a_m", "m"), ("b_n_run", "b_n", "n"), ("c_n_run", "c_n", "n")]
         operand_of = {"a": c.a, "b": c.b, "c": c.target}
         for group in groups:
             body.append(f"const int64_t polyc_{group} = {product(groups[group])};")
         body.append("if (polyc_batch == 0 || polyc_m == 0 || polyc_n == 0) return 0;")
         # One allocation holds every table: offsets, runs, index values for the epilogue.
         layout = [(table, group) for group in groups for table in tables[group]]
-        layout += [(run, group) for run, _, group in runs]
         layout += [(f"ix_{index}", group) for group in ("batch", "m", "n") for index in groups[group]
                    if groups[group] in self.multi_index_groups()]
         total = " + ".join(f"polyc_{group}" for _, group in layout)
@@ -362,7 +359,6 @@ class _GemmWriter:
             body += [f"int64_t *polyc_{table} = polyc_next;", f"polyc_next += polyc_{group};"]
         for group, indices in groups.items():
             body += self.fill_tables(group, indices, tables[group], operand_of)
-        body += [f"polyc_mark_runs(polyc_{offsets}, polyc_{group}, polyc_{run});" for run, offsets, group in runs]
         body += ["polyc_gemm_t polyc_g;",
                  "memset(&polyc_g, 0, sizeof polyc_g);",
                  f"polyc_g.a = {c.a.tensor}; polyc_g.b = {c.b.tensor}; polyc_g.c = {c.target.tensor};",
@@ -370,6 +366,7 @@ class _GemmWriter:
         body += [f"polyc_g.{table} = polyc_{table};" for table, _ in layout]
         body += [f"polyc_g.{table}_stride = polyc_affine_stride(polyc_{table}, polyc_{group});"
                  for table, group in (("a_m", "m"), ("a_k", "k"), ("b_k", "k"), ("b_n", "n"))]
+        body.append("polyc_g.c_n_run = polyc_run_length(polyc_c_n, polyc_n);")
         for tensor in self.epilogue_tensors():
             body.append(f"polyc_g.t_{tensor} = {tensor};")
         if c.epilogues and not self.specialised:
@@ -584,7 +581,7 @@ def _shape_choice(shapes: tuple[MicroKernelShape, ...]) -> str:
     half) and the useful rows the fraction of the MR-tall slivers that is real rows."""
     lines = ["static int polyc_gemm_run_best(const polyc_gemm_t *restrict g, int init)",
              "{",
-             "    const int64_t m = g->m, n = g->n, run = g->c_n_run[0];",
+             "    const int64_t m = g->m, n = g->n, run = g->c_n_run;",
              "    double best = -1.0;",
              "    int choice = 0;"]
     for position, shape in enumerate(shapes):
@@ -612,11 +609,20 @@ def _typed(template: str, ctype: str) -> str:
 
 # Helpers every register block uses.
 _COMMON = r"""
-/* runs[i] = how many offsets from i on step by one: offsets[i + t] == offsets[i] + t for t < runs[i]. */
-static void polyc_mark_runs(const int64_t *offsets, int64_t count, int64_t *runs)
+/* Whether offsets[i] == offsets[0] + i for every i < count. */
+static inline int polyc_contiguous(const int64_t *restrict offsets, int64_t count)
 {
-    for (int64_t i = count - 1; i >= 0; i--)
-        runs[i] = (i + 1 < count && offsets[i + 1] == offsets[i] + 1) ? runs[i + 1] + 1 : 1;
+    for (int64_t i = 1; i < count; i++)
+        if (offsets[i] != offsets[0] + i) return 0;
+    return 1;
+}
+
+/* How many offsets from the first on step by one. */
+static int64_t polyc_run_length(const int64_t *offsets, int64_t count)
+{
+    int64_t run = 1;
+    while (run < count && offsets[run] == offsets[0] + run) run++;
+    return run;
 }
 
 /* s when offsets[i] == i * s for every i < count, else -1. */
@@ -679,7 +685,7 @@ static void polyc_pack_a_SHAPE(const polyc_gemm_t *restrict g, const T *restrict
     for (int64_t ir = 0; ir < mc; ir += MR, dst += MR * kc) {
         const int64_t rows = polyc_min(MR, mc - ir);
         const int64_t *restrict a_m = g->a_m + ic + ir;
-        if (rows == MR && g->a_m_run[ic + ir] >= MR) {  /* the rows are contiguous: copy */
+        if (rows == MR && polyc_contiguous(a_m, MR)) {  /* the rows are contiguous: copy */
             const T *restrict src = a + a_m[0];
             for (int64_t k = 0; k < kc; k++)
                 for (int64_t i = 0; i < MR; i++)
@@ -706,7 +712,7 @@ static void polyc_pack_b_SHAPE(const polyc_gemm_t *restrict g, const T *restrict
 {
     const int64_t *restrict b_k = g->b_k + pc;
     const int64_t *restrict b_n = g->b_n + j0;
-    if (cols == NR && g->b_n_run[j0] >= NR) {  /* the columns are contiguous: copy */
+    if (cols == NR && polyc_contiguous(b_n, NR)) {  /* the columns are contiguous: copy */
         const T *restrict src = b + b_n[0];
         for (int64_t k = 0; k < kc; k++)
             for (int64_t j = 0; j < NR; j++)
@@ -750,7 +756,7 @@ static polyc_share_t polyc_share_SHAPE(const polyc_gemm_t *g, int tid, int nthr)
 static int polyc_direct_b_SHAPE(const polyc_gemm_t *restrict g, int64_t jr, int64_t nr)
 {
     const int64_t stride = g->b_k_stride;
-    if (stride < 0 || g->b_n_run[jr] < nr || (!MASKED_B && nr < NR))
+    if (stride < 0 || (!MASKED_B && nr < NR) || !polyc_contiguous(g->b_n + jr, nr))
         return 0;
     return stride == NR || (g->m <= 4 * MR && stride * (int64_t)sizeof(T) <= 4096);
 }
@@ -807,7 +813,7 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
                     polyc_pack_a_SHAPE(g, a, ic, mc, pc, kc, apack);
                 for (int64_t s = s_lo; s < s_hi; s++) {
                     const int64_t jr = jc + s * NR, nr = polyc_min(NR, nc - s * NR);
-                    const int unit = g->c_n_run[jr] >= nr;
+                    const int unit = polyc_contiguous(g->c_n + jr, nr);
                     const int direct_b = polyc_direct_b_SHAPE(g, jr, nr);
                     const T *restrict bp = direct_b ? b + g->b_n[jr] + pc * g->b_k_stride : bpack + s * stride;
                     const int64_t b_rs = direct_b ? g->b_k_stride : NR;
