@@ -178,7 +178,9 @@ class _GemmWriter:
         return "/*\n" + "\n".join(" * " + line.replace("*/", "* /") for line in lines) + "\n */"
 
     def includes(self) -> str:
-        lines = ["#ifdef _OPENMP", "#include <omp.h>", "#endif"] if self.options.parallel else []
+        lines = ["#include <sched.h>"]
+        if self.options.parallel:
+            lines += ["#ifdef _OPENMP", "#include <omp.h>", "#endif"]
         if not self.options.vectorize:
             lines.append("#define POLYC_GEMM_PORTABLE 1")
         return "\n".join(lines)
@@ -662,8 +664,45 @@ static int64_t polyc_balanced_step(int64_t total, int64_t most, int64_t multiple
     return polyc_min(most, polyc_round_up((total + blocks - 1) / blocks, multiple));
 }
 
-/* The part of a product one thread computes (see polyc_share_*). */
-typedef struct { int split_n; int64_t m_lo, m_hi; } polyc_share_t;
+/* A barrier that spins briefly, then yields the processor while it waits: on a machine busier
+   than its cores, a waiting thread must not keep the thread it waits for off the processor
+   (OpenMP's default spinning can cost a scheduler time slice, milliseconds, per barrier). */
+typedef struct { int count, generation; } polyc_barrier_t;
+
+static void polyc_barrier_wait(polyc_barrier_t *barrier, int nthr)
+{
+    const int generation = __atomic_load_n(&barrier->generation, __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&barrier->count, 1, __ATOMIC_ACQ_REL) == nthr) {
+        __atomic_store_n(&barrier->count, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&barrier->generation, generation + 1, __ATOMIC_RELEASE);
+        return;
+    }
+    for (int spins = 0; __atomic_load_n(&barrier->generation, __ATOMIC_ACQUIRE) == generation; spins++) {
+        if (spins >= 200)
+            sched_yield();
+#if defined(__x86_64__) || defined(__i386__)
+        else
+            __builtin_ia32_pause();
+#endif
+    }
+}
+
+/* The threads computing products together: their barrier and ticket counters. */
+typedef struct { int size; polyc_barrier_t barrier; int64_t pack_tickets, row_tickets, batch_tickets; } polyc_team_t;
+
+/* One thread's count of B panels and of tickets used (the same in every thread of a team). */
+typedef struct { int64_t panels, pack_base, row_base; } polyc_progress_t;
+
+/* The next of `count` work items of a phase, or -1 when they are all taken.  Each thread takes
+   until it fails once, so a phase uses count + nthr tickets and the next phase starts at the
+   base after them (phases of one counter never overlap: barriers separate them). */
+static int64_t polyc_take(int64_t *tickets, int64_t *base, int64_t count, int nthr)
+{
+    const int64_t item = __atomic_fetch_add(tickets, 1, __ATOMIC_RELAXED) - *base;
+    if (item < count) return item;
+    *base += count + nthr;
+    return -1;
+}
 
 /* 64-byte aligned memory for `elements` values (at least one). */
 static T *polyc_alloc(int64_t elements)
@@ -732,22 +771,16 @@ TRANSPOSED_B
     }
 }
 
-/* How one product is shared among nthr threads: rows [m_lo, m_hi) of thread tid, or (split_n)
-   column slivers of each NC block.  Rows are split when that balances as well as splitting the
+/* How one product is shared among nthr threads: by blocks of rows (0), or (1) by the column
+   slivers of each NC block.  Rows are shared when that balances as well as sharing the
    slivers (it needs no duplicated packing of A). */
-static polyc_share_t polyc_share_SHAPE(const polyc_gemm_t *g, int tid, int nthr)
+static int polyc_split_n_SHAPE(const polyc_gemm_t *g, int nthr)
 {
-    polyc_share_t share = {0, 0, g->m};
-    if (nthr <= 1) return share;
+    if (nthr <= 1) return 0;
     const int64_t m_slivers = (g->m + MR - 1) / MR;
     const int64_t n_slivers = (polyc_min(g->n, NC) + NR - 1) / NR;
     const int64_t m_rounds = (m_slivers + nthr - 1) / nthr, n_rounds = (n_slivers + nthr - 1) / nthr;
-    share.split_n = n_rounds * m_slivers < m_rounds * n_slivers;  /* the longest share, in blocks */
-    if (!share.split_n) {
-        share.m_lo = polyc_min(g->m, tid * m_rounds * MR);
-        share.m_hi = polyc_min(g->m, (tid + 1) * m_rounds * MR);
-    }
-    return share;
+    return n_rounds * m_slivers < m_rounds * n_slivers;  /* the longest share, in blocks */
 }
 
 /* Whether the loops read B's sliver at column jr itself rather than packing it: when it is
@@ -761,22 +794,30 @@ static int polyc_direct_b_SHAPE(const polyc_gemm_t *restrict g, int64_t jr, int6
     return stride == NR || (g->m <= 4 * MR && stride * (int64_t)sizeof(T) <= 4096);
 }
 
-/* One product (batch point bt) computed by thread tid of nthr; with nthr > 1 every thread of
-   the team must call it, with the same *round (a count of packed B panels, for the barriers).
-   Rows shared: the threads pack each B panel together into one of the two halves of bpacks
-   (alternating, so one barrier per panel suffices: a thread packs panel t + 2 only after every
-   thread passed the barrier of panel t + 1, so after it finished computing with panel t).
-   Column slivers shared: each thread packs its own slivers into its own bpack, no barrier.
+/* One product (batch point bt) computed by thread tid of the team (NULL: alone); with a team,
+   every thread of it must call it, for the same products in the same order.
+   Rows shared: the threads pack each B panel together into one of the two halves of bpacks,
+   then take blocks of rows one at a time (a thread held up by the operating system delays the
+   others only by the block it is in).  The halves alternate, so one barrier per panel suffices:
+   a thread packs panel t + 2 only after every thread passed the barrier of panel t + 1, that
+   is after finishing its blocks of panel t.
+   Column slivers shared (short products): each thread packs its own slivers into its own
+   bpack, no barrier.
    An A block used by at most two B slivers is read in place when its rows are evenly spaced. */
 static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int init, T *restrict bpacks,
-                                T *restrict apack, int tid, int nthr, int64_t *round)
+                                T *restrict apack, polyc_team_t *team, int tid, polyc_progress_t *progress)
 {
+    const int nthr = team ? team->size : 1;
     const T *restrict a = g->a + g->a_batch[bt];
     const T *restrict b = g->b + g->b_batch[bt];
     T *restrict c = g->c + g->c_batch[bt];
-    const polyc_share_t share = polyc_share_SHAPE(g, tid, nthr);
+    const int split_n = polyc_split_n_SHAPE(g, nthr), shared_b = nthr > 1 && !split_n;
     const int64_t kc_step = polyc_balanced_step(g->k, KC, 1), nc_step = polyc_balanced_step(g->n, NC, NR);
-    const int64_t mc_step = polyc_balanced_step(share.m_hi - share.m_lo, MC, MR);
+    /* Shared rows: blocks small enough that every thread gets several. */
+    const int64_t mc_most = shared_b ? polyc_min(MC, polyc_max(4 * MR, polyc_round_up((g->m + 8 * nthr - 1)
+                                                                                         / (8 * nthr), MR))) : MC;
+    const int64_t mc_step = polyc_balanced_step(g->m, mc_most, MR);
+    const int64_t row_blocks = (g->m + mc_step - 1) / mc_step;
     const int64_t stride = NR * kc_step;  /* between slivers in a bpack */
     const int64_t panel = polyc_round_up(polyc_min(NC, g->n), NR) * polyc_min(KC, g->k);
     const int a_in_place = g->a_m_stride >= 0 && g->a_k_stride >= 0;
@@ -784,31 +825,38 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
         const int64_t nc = polyc_min(nc_step, g->n - jc);
         const int64_t slivers = (nc + NR - 1) / NR;
         int64_t s_lo = 0, s_hi = slivers;
-        if (share.split_n) {
+        if (split_n) {
             const int64_t per = (slivers + nthr - 1) / nthr;
             s_lo = polyc_min(slivers, tid * per);
             s_hi = polyc_min(slivers, s_lo + per);
         }
         const int direct_a = a_in_place && s_hi - s_lo <= 2;
-        for (int64_t pc = 0; pc < g->k; pc += kc_step, ++*round) {
+        for (int64_t pc = 0; pc < g->k; pc += kc_step, progress->panels++) {
             const int64_t kc = polyc_min(kc_step, g->k - pc);
             const int beta = pc > 0 || !init;
             const int last = pc + kc >= g->k;
-            T *restrict bpack = bpacks + (share.split_n ? 0 : (*round % 2) * panel);
-            const int64_t first = share.split_n ? s_lo : tid, step = share.split_n ? 1 : nthr;
-            const int64_t end = share.split_n ? s_hi : slivers;
-            for (int64_t s = first; s < end; s += step) {
+            T *restrict bpack = bpacks + (shared_b ? (progress->panels % 2) * panel : 0);
+            for (int64_t s = s_lo;; s++) {
+                if (shared_b) {
+                    s = polyc_take(&team->pack_tickets, &progress->pack_base, slivers, nthr);
+                    if (s < 0) break;
+                } else if (s >= s_hi) {
+                    break;
+                }
                 const int64_t cols = polyc_min(NR, nc - s * NR);
                 if (!polyc_direct_b_SHAPE(g, jc + s * NR, cols))
                     polyc_pack_b_SHAPE(g, b, pc, kc, jc + s * NR, cols, bpack + s * stride);
             }
-#if defined(_OPENMP)
-            if (nthr > 1 && !share.split_n) {
-                #pragma omp barrier
-            }
-#endif
-            for (int64_t ic = share.m_lo; ic < share.m_hi; ic += mc_step) {
-                const int64_t mc = polyc_min(mc_step, share.m_hi - ic);
+            if (shared_b)
+                polyc_barrier_wait(&team->barrier, nthr);
+            for (int64_t block = 0;; block++) {
+                if (shared_b) {
+                    block = polyc_take(&team->row_tickets, &progress->row_base, row_blocks, nthr);
+                    if (block < 0) break;
+                } else if (block >= row_blocks) {
+                    break;
+                }
+                const int64_t ic = block * mc_step, mc = polyc_min(mc_step, g->m - ic);
                 if (!direct_a)
                     polyc_pack_a_SHAPE(g, a, ic, mc, pc, kc, apack);
                 for (int64_t s = s_lo; s < s_hi; s++) {
@@ -825,8 +873,8 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
                                                g->a_m_stride, g->a_k_stride, bp, b_rs, !direct_b || nr == NR, c,
                                                g->c_m + ic + ir, g->c_n + jr, mr, nr, beta, unit);
                         else if (direct_b)
-                            polyc_kernel_SHAPE(kc, apack + ir * kc, MR, 1, MR, bp, b_rs, nr == NR, c, g->c_m + ic + ir,
-                                               g->c_n + jr, mr, nr, beta, unit);
+                            polyc_kernel_SHAPE(kc, apack + ir * kc, MR, 1, MR, bp, b_rs, nr == NR, c,
+                                               g->c_m + ic + ir, g->c_n + jr, mr, nr, beta, unit);
                         else
                             polyc_kernel_SHAPE(kc, apack + ir * kc, MR, 1, MR, bp, NR, 1, c, g->c_m + ic + ir,
                                                g->c_n + jr, mr, nr, beta, unit);
@@ -853,29 +901,37 @@ static int polyc_gemm_run_SHAPE(const polyc_gemm_t *restrict g, int init)
     T *apacks = polyc_alloc(a_elements * nthr), *bpacks = polyc_alloc(2 * b_elements * nthr);
     if (apacks == NULL || bpacks == NULL) { free(apacks); free(bpacks); return STATUS; }
     if (nthr <= 1) {
-        int64_t round = 0;
+        polyc_progress_t progress = {0, 0, 0};
         for (int64_t bt = 0; bt < g->nbatch; bt++)
-            polyc_product_SHAPE(g, bt, init, bpacks, apacks, 0, 1, &round);
+            polyc_product_SHAPE(g, bt, init, bpacks, apacks, NULL, 0, &progress);
     }
 #if defined(_OPENMP)
-    /* Whole products per thread when there are enough of them to balance; else share each one. */
-    else if (g->nbatch >= nthr && (g->nbatch % nthr == 0 || g->nbatch >= 4 * nthr)) {
-        #pragma omp parallel for num_threads(nthr) schedule(static)
-        for (int64_t bt = 0; bt < g->nbatch; bt++) {
-            const int tid = omp_get_thread_num();
-            int64_t round = 0;
-            polyc_product_SHAPE(g, bt, init, bpacks + 2 * b_elements * tid, apacks + a_elements * tid, 0, 1,
-                                &round);
-        }
-    } else {
+    else {
+        /* Whole products per thread when there are enough of them to balance; else share each
+           one.  Either way the threads take work as they go, and wait for each other with
+           polyc_barrier_wait (which yields the processor) before OpenMP's own barrier. */
+        const int by_batch = g->nbatch >= 2 * nthr;
+        polyc_team_t team;
+        memset(&team, 0, sizeof team);
         #pragma omp parallel num_threads(nthr)
         {
-            const int tid = omp_get_thread_num(), team = omp_get_num_threads();
-            const int split_n = polyc_share_SHAPE(g, tid, team).split_n;
-            int64_t round = 0;
-            for (int64_t bt = 0; bt < g->nbatch; bt++)
-                polyc_product_SHAPE(g, bt, init, bpacks + (split_n ? 2 * b_elements * tid : 0),
-                                    apacks + a_elements * tid, tid, team, &round);
+            const int tid = omp_get_thread_num();
+            __atomic_store_n(&team.size, omp_get_num_threads(), __ATOMIC_RELAXED);  /* the same in all */
+            polyc_progress_t progress = {0, 0, 0};
+            if (by_batch) {
+                for (;;) {
+                    const int64_t bt = __atomic_fetch_add(&team.batch_tickets, 1, __ATOMIC_RELAXED);
+                    if (bt >= g->nbatch) break;
+                    polyc_product_SHAPE(g, bt, init, bpacks + 2 * b_elements * tid, apacks + a_elements * tid,
+                                        NULL, 0, &progress);
+                }
+            } else {
+                const int split_n = polyc_split_n_SHAPE(g, team.size);
+                for (int64_t bt = 0; bt < g->nbatch; bt++)
+                    polyc_product_SHAPE(g, bt, init, bpacks + (split_n ? 2 * b_elements * tid : 0),
+                                        apacks + a_elements * tid, &team, tid, &progress);
+            }
+            polyc_barrier_wait(&team.barrier, team.size);
         }
     }
 #endif
