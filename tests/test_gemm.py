@@ -71,6 +71,9 @@ POSITIVE = {
                      ("A", "B", (), ("m",), ("n",), ("r_k",))),
     "double": ("def f(double(M, K) A, double(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
                ("A", "B", (), ("m",), ("n",), ("r_k",))),
+    "same_type_casts": ("def f(float(M, K) A, float(K, N) B) -> (C) {"
+                        " C(m, n) +=! float(A(m, r_k)) * float32(B(r_k, n)) }",
+                        ("A", "B", (), ("m",), ("n",), ("r_k",))),
 }
 
 NEGATIVE = {
@@ -87,12 +90,14 @@ NEGATIVE = {
     "int32": "def f(int32(M, K) A, int32(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
     "float16_inputs": "def f(float16(M, K) A, float16(K, N) B) -> (C) {"
                       " C(m, n) +=! float(A(m, r_k)) * float(B(r_k, n)) }",
+    "mixed_precision": "def f(double(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
     "matvec": "def f(float(M, N) A, float(N) x) -> (y) { y(m) +=! A(m, r_n) * x(r_n) }",
     "dot": "def f(float(N) A, float(N) B) -> (C) { C +=! A(r_i) * B(r_i) }",
     "offset": "def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k + 1) * B(r_k, n) }",
     "partial_range": "def f(float(M, K) A, float(K, N) B) -> (C) {"
                      " C(m, n) +=! A(m, r_k) * B(r_k, n) where r_k in 0:K/2 }",
-    "reduced_in_one_operand": "def f(float(M, K, J) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k, r_j) * B(r_k, n) }",
+    "reduced_in_one_operand": "def f(float(M, K, J) A, float(K, N) B) -> (C) {"
+                              " C(m, n) +=! A(m, r_k, r_j) * B(r_k, n) }",
     "outer_product": "def f(float(M) a, float(N) b) -> (C) { C(i, j) = a(i) * b(j) }",
 }
 
@@ -401,6 +406,7 @@ def test_sanitized_gemm_kernels(tmp_path):
 def test_exported_gemm_builds_without_openmp(tmp_path):
     kernel = polyc.define(MLP).mlp
     c_path, _ = kernel.export_c(tmp_path, dict(M=10, K=20, N=30), target="generic")
-    result = subprocess.run(["gcc", "-O2", "-std=gnu11", "-Wall", "-Werror", "-Wno-unknown-pragmas", "-c", str(c_path), "-o",
-                             str(tmp_path / "mlp.o")], capture_output=True, text=True, timeout=120)
+    command = ["gcc", "-O2", "-std=gnu11", "-Wall", "-Werror", "-Wno-unknown-pragmas", "-c", str(c_path),
+               "-o", str(tmp_path / "mlp.o")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -41,10 +41,13 @@ Block sizes come from :func:`polyc.schedule.tiling.cache_sizes` (:func:`block_si
 ``options.tile_sizes`` with three or more entries overrides them as ``(MC, NC, KC)`` (rounded
 to multiples of MR and NR).
 
-Threads: with ``parallel=True``, batches are shared out when there are enough of them, else
-the rows (or, for short and wide products, the column slivers) of each product.  Packing
-buffers are allocated once per call with ``aligned_alloc`` and freed before returning.  The
-function returns 0, or 2 when memory for the buffers could not be allocated.
+Threads: with ``parallel=True`` (and enough work), whole products are shared out when there
+are at least two per thread, else the blocks of rows of each product (or, for short and wide
+products, its column slivers).  Threads take batches, row blocks and B slivers from shared
+tickets as they go and wait at a barrier that yields the processor, so a thread held up by a
+busy machine delays the others by one block.  Packing buffers are allocated once per call with
+``aligned_alloc`` and freed before returning.  The function returns 0, or 2 when memory for the
+buffers could not be allocated.
 """
 from __future__ import annotations
 
@@ -76,7 +79,7 @@ class MicroKernelShape:
 
     ``efficiency`` is the fraction of the FMA peak the shape reaches on full blocks, relative
     to the widest shape of its instruction set; the kernel weighs it against the padding a
-    shape would compute on (see ``polyc_choose_shape`` in the generated C).
+    shape would compute on (see ``polyc_gemm_run_best`` in the generated C).
     """
 
     isa: str
@@ -436,8 +439,8 @@ def _vector_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
     lines = [f"/* {mr} x {nr} block: C[c_m[i] + c_n[j]] (+)= sum over k < kc of A(i, k) * B(k, j). */",
              f"static inline void polyc_kernel_{shape.name}(int64_t kc, const {ctype} *restrict ap, int64_t a_rows,",
              f"    int64_t a_rs, int64_t a_cs, const {ctype} *restrict bp, int64_t b_rs, int b_full,",
-             f"    {ctype} *restrict c, const int64_t *restrict c_m, const int64_t *restrict c_n, int64_t mr, int64_t nr,",
-             "    int beta, int unit)",
+             f"    {ctype} *restrict c, const int64_t *restrict c_m, const int64_t *restrict c_n, int64_t mr,",
+             "    int64_t nr, int beta, int unit)",
              "{"]
     lines += [f"    const {ctype} *restrict a{i} = ap + {'0' if i == 0 else f'(a_rows > {i} ? {i} * a_rs : 0)'};"
               for i in range(mr)]
@@ -589,11 +592,11 @@ def _shape_choice(shapes: tuple[MicroKernelShape, ...]) -> str:
     for position, shape in enumerate(shapes):
         mr, nr = shape.mr, shape.nr
         lines += [f"    {{  /* {shape.name} */",
-                  f"        const int64_t columns = (run >= n ? (n + {nr - 1}) / {nr} : (n / run) * ((run + {nr - 1}) / {nr}))"
-                  f" * {nr};",
+                  f"        const int64_t columns = (run >= n ? (n + {nr - 1}) / {nr}"
+                  f" : (n / run) * ((run + {nr - 1}) / {nr})) * {nr};",
                   f"        const int64_t rows = (m + {mr - 1}) / {mr} * {mr};",
-                  f"        const double score = {shape.efficiency!r} * (double)n / (double)columns * (double)m / (double)rows"
-                  f" * (run >= n || run % {nr} == 0 ? 1.0 : 0.5);",
+                  f"        const double score = {shape.efficiency!r} * (double)n / (double)columns"
+                  f" * (double)m / (double)rows * (run >= n || run % {nr} == 0 ? 1.0 : 0.5);",
                   f"        if (score > best * 1.02) {{ best = score; choice = {position}; }}",
                   "    }"]
     lines.append("    switch (choice) {")
