@@ -95,6 +95,18 @@ class Ternary(Expr):
     loc: SourceLocation = field(default=_NOWHERE, compare=False)
 
 
+#: Binding strength of the binary operators (higher binds tighter); all are left-associative.
+#: The parser and the printer both read it.
+BINARY_PRECEDENCE = {
+    "||": 1,
+    "&&": 2,
+    "==": 3, "!=": 3,
+    "<": 4, "<=": 4, ">": 4, ">=": 4,
+    "+": 5, "-": 5,
+    "*": 6, "/": 6, "%": 6,
+}
+
+
 # ----------------------------------------------------------------------------- where clauses
 @dataclass(frozen=True)
 class RangeClause:

@@ -39,15 +39,7 @@ from polyc.types import TC_TYPES
 #: ternary operators and every operator of a binary chain (``a + b + c`` nests two deep).
 MAX_NESTING = 200
 
-# Binding strength of the binary operators; all of them are left-associative.
-_BINARY_PRECEDENCE = {
-    "||": 1,
-    "&&": 2,
-    "==": 3, "!=": 3,
-    "<": 4, "<=": 4, ">": 4, ">=": 4,
-    "+": 5, "-": 5,
-    "*": 6, "/": 6, "%": 6,
-}
+_BINARY_PRECEDENCE = ast.BINARY_PRECEDENCE
 _LOOSEST = 1
 _UNARY_OPS = ("-", "!", "+")
 _EXPRESSION_STARTS = frozenset({NAME, INT, FLOAT, "(", *_UNARY_OPS})

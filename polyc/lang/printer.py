@@ -23,15 +23,7 @@ import math
 
 from polyc.lang import ast
 
-#: Binding strength of binary operators, as in the parser; all are left-associative.
-_BINARY_PRECEDENCE = {
-    "||": 1,
-    "&&": 2,
-    "==": 3, "!=": 3,
-    "<": 4, "<=": 4, ">": 4, ">=": 4,
-    "+": 5, "-": 5,
-    "*": 6, "/": 6, "%": 6,
-}
+_BINARY_PRECEDENCE = ast.BINARY_PRECEDENCE
 _UNARY_PRECEDENCE = 7  # tighter than every binary operator
 _TERNARY_PRECEDENCE = 0  # looser than every binary operator
 _ATOM_PRECEDENCE = 8  # names, numbers, accesses, calls, extents, parenthesised expressions
