@@ -338,7 +338,7 @@ class _GemmWriter:
         arguments = []
         for t in d.tensors:
             qualified = f"const {c_type(t.dtype)}" if t.role is ir.Role.INPUT else c_type(t.dtype)
-            arguments.append(f"{qualified} *restrict {t.name}")
+            arguments.append(f"{qualified} *__restrict__ {t.name}")  # as the generic back end: C++ reads it
         arguments += [f"int64_t {self.size_c[s]}" for s in sizes]
         body = self.size_declarations(lambda s: None)
 
