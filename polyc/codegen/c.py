@@ -128,8 +128,13 @@ class _KernelWriter:
         if kind == isl.ast_node_type.for_:
             return self.for_node(node, [])
         if kind == isl.ast_node_type.if_:
+            then_node = self.node(node.if_get_then_node())
             else_node = self.node(node.if_get_else_node()) if node.if_has_else_node() else None
-            return cgen.If(self.expr(node.if_get_cond()), self.node(node.if_get_then_node()), else_node)
+            if else_node is not None and not isinstance(then_node, cgen.Block):
+                # Unbraced, a then-branch ending in an else-less 'if' (say, as the body of a
+                # loop) would take this 'else' in C.
+                then_node = cgen.Block([then_node])
+            return cgen.If(self.expr(node.if_get_cond()), then_node, else_node)
         if kind == isl.ast_node_type.mark:
             return self.mark_node(node)
         if kind == isl.ast_node_type.user:
