@@ -2,8 +2,9 @@
 
 Each hypothesis example is one random *problem* (a def described as plain data: inputs,
 statements, expression trees) with random compilation options.  The def is printed as TC,
-compiled once parametrically (``specialize=False``, ``-O1``) and run at ``SIZE_SETS`` random
-size sets, each a *case*.  The oracle never looks at polyc: it evaluates the same problem with
+compiled with ``-O1``, mostly once and parametrically (``specialize=False``), and run at
+``SIZE_SETS`` random size sets, each a *case*; a few defs are specialised and run at
+``SPECIALIZED_SIZE_SETS``.  The oracle never looks at polyc: it evaluates the same problem with
 numpy in float64 (int64 for integers), broadcasting every access over the statement's index
 space, and carries beside each value a bound on how far correct compiled code may be from it:
 
@@ -21,6 +22,7 @@ float64 oracle itself rounds as often as the code under test.
 
 Reproducing a failure: the message (and hypothesis' note) prints the TC source, options, sizes
 and a ``check_case(...)`` line to paste into Python; ``POLYC_FUZZ_SEED=<seed>`` replays the run.
+A bug found this way, once minimised, goes into ``REGRESSIONS`` at the end of the file.
 """
 from __future__ import annotations
 
@@ -38,14 +40,16 @@ import polyc
 
 #: Hypothesis' seed for this run; printed with every failure, set it to replay a run.
 FUZZ_SEED = int(os.environ.get("POLYC_FUZZ_SEED") or random.SystemRandom().randrange(2 ** 32))
-#: Size sets each compiled def runs at; one case each.
+#: Size sets each compiled def runs at; one case each.  Specialised kernels (compiled once per
+#: size set, so slower to test) run at fewer.
 SIZE_SETS = 10
+SPECIALIZED_SIZE_SETS = 3
 #: Largest size of a size name.
 MAX_SIZE = 17
 #: Most distinct indices in one statement (17 ** 5 points at most).
 MAX_INDICES = 5
 #: Defs per test; together with SIZE_SETS at least MIN_CASES cases.
-EXAMPLES = {"contractions": 70, "reductions": 35, "elementwise": 50, "multi_statement": 55}
+EXAMPLES = {"contractions": 250, "reductions": 120, "elementwise": 200, "multi_statement": 450}
 MIN_CASES = 2000
 #: ulps by which C's libm may differ from the exact exp / tanh (glibc: 1 and 2).
 TRANSCENDENTAL_ULPS = 2
@@ -230,6 +234,7 @@ class _Arithmetic:
     """Rounding model of one element type."""
 
     dtype: np.dtype
+    is_int: bool = field(init=False)
     unit_roundoff: float = field(init=False)
     eps: float = field(init=False)
     libm_error: float = field(init=False)
@@ -421,8 +426,9 @@ def evaluate(problem: Problem, arrays: dict[str, np.ndarray], sizes: dict[str, i
 
 # ----------------------------------------------------------------------------- running one case
 def compile_problem(problem: Problem, options: dict):
-    """The compiled kernel of ``problem``: parametric, so one binary serves every size set."""
-    module = polyc.define(problem.source(), specialize=False, cflags="-O1", **options)
+    """The kernel of ``problem``, compiled with ``-O1`` (quick to build) and, unless the options
+    say otherwise, parametric: one binary then serves every size set."""
+    module = polyc.define(problem.source(), cflags="-O1", **{"specialize": False, **options})
     return module[problem.name]
 
 
@@ -444,9 +450,9 @@ def check_case(problem: Problem, options: dict, sizes: dict, value_seed: int, ke
     for name, result in zip(problem.outputs, results):
         want = expected[name]
         result = np.asarray(result)
-        context = lambda: f"output {name}\n{describe_case(problem, options, sizes, value_seed)}"
-        assert result.dtype == np.dtype(problem.dtype), f"dtype {result.dtype}; {context()}"
-        assert result.shape == want.value.shape, f"shape {result.shape} != {want.value.shape}; {context()}"
+        context = f"output {name}\n{describe_case(problem, options, sizes, value_seed)}"
+        assert result.dtype == np.dtype(problem.dtype), f"dtype {result.dtype}; {context}"
+        assert result.shape == want.value.shape, f"shape {result.shape} != {want.value.shape}; {context}"
         if np.dtype(problem.dtype).kind == "i":
             assert np.all(np.abs(want.value) < 2 ** 31), "the generator must keep integers in range"
             mismatched = result != want.value
@@ -459,7 +465,7 @@ def check_case(problem: Problem, options: dict, sizes: dict, value_seed: int, ke
             raise AssertionError(
                 f"{int(np.count_nonzero(mismatched))} of {result.size} elements differ; first at {where}: "
                 f"compiled {result[where]!r}, numpy {want.value[where]!r}, allowed error {bound[where]!r}\n"
-                f"{context()}")
+                f"{context}")
 
 
 # ----------------------------------------------------------------------------- generators
@@ -491,12 +497,12 @@ def _draw_index_sizes(draw, indices) -> dict[str, Union[str, int]]:
     return sizes
 
 
-def _draw_access_indices(draw, pool, max_rank: int, allow_repeat: bool = True) -> tuple[str, ...]:
+def _draw_access_indices(draw, pool, max_rank: int) -> tuple[str, ...]:
     """Up to max_rank indices of ``pool`` in random order, sometimes one repeated (a diagonal)."""
     order = draw(st.permutations(pool))
     rank = draw(st.integers(0, min(max_rank, len(pool))))
     indices = list(order[:rank])
-    if allow_repeat and rank >= 2 and draw(st.integers(0, 7)) == 0:
+    if rank >= 2 and draw(st.integers(0, 7)) == 0:
         indices[draw(st.integers(0, rank - 1))] = indices[draw(st.integers(0, rank - 1))]
     return tuple(indices)
 
@@ -608,10 +614,6 @@ def _constant(*trees: _Tree) -> bool:
     subexpression float32 even in a float64 def (TC's weak literals), so the generator keeps
     them exact in float32: no division, exp or tanh of them."""
     return not any(_reads_data(tree.expr) for tree in trees)
-
-
-def _leaf_tree(access: Access, magnitude: float, floor: float) -> _Tree:
-    return _Tree(access, magnitude, floor)
 
 
 def _const_tree(value) -> _Tree:
@@ -731,7 +733,7 @@ def elementwise_problems(draw) -> Problem:
     index_sizes = _draw_index_sizes(draw, out)
     inputs = _draw_inputs(draw, out, 0, draw(st.integers(1, 3)), cover=out)
     magnitude, floor = _input_magnitude(dtype)
-    leaves = [_leaf_tree(_scalar_access(draw, name, ix), magnitude, floor) for name, ix in inputs]
+    leaves = [_Tree(_scalar_access(draw, name, ix), magnitude, floor) for name, ix in inputs]
     tree = _draw_tree(draw, leaves, leaves, is_int, _conditions(inputs, is_int, out), out)
     return Problem(dtype, _inputs_for(inputs, index_sizes), ("O",), (Statement("O", tuple(out), "=", tree.expr),),
                    tuple((i, index_sizes[i]) for i in out), _elementwise_values(draw, dtype))
@@ -761,7 +763,7 @@ def _tree_statement(draw, dtype, target, lhs, reduction, inputs, given: list[_Tr
     missing = [i for i in space if i not in covered]
     new = _draw_inputs(draw, space, len(inputs), draw(st.integers(1 if missing else 0, 2)), cover=missing)
     inputs.extend(new)
-    leaves = list(given) + [_leaf_tree(_scalar_access(draw, n, ix), magnitude, floor) for n, ix in new]
+    leaves = list(given) + [_Tree(_scalar_access(draw, n, ix), magnitude, floor) for n, ix in new]
     conditions = _conditions([(n, ix) for n, ix in inputs if set(ix) <= set(space)], is_int, space)
     tree = _draw_tree(draw, leaves, leaves, is_int, conditions, space)
     if not reduction:
@@ -835,7 +837,7 @@ def multi_statement_problems(draw) -> Problem:
                 continue
             new = _draw_inputs(draw, out, len(inputs), draw(st.integers(0, 1)))
             inputs.extend(new)
-            leaves = [_leaf_tree(Access(n, ix), magnitude, floor) for n, ix in new]
+            leaves = [_Tree(Access(n, ix), magnitude, floor) for n, ix in new]
             conditions = _conditions([(n, ix) for n, ix in inputs if set(ix) <= set(out)], is_int, out)
             tree = _draw_tree(draw, [current] + leaves, [current] + leaves, is_int, conditions, out)
             statements.append(Statement("O", tuple(out), "=", tree.expr))
@@ -854,7 +856,8 @@ def option_sets(draw) -> dict:
         tile_sizes = tuple(draw(st.lists(st.integers(1, 8), min_size=1, max_size=4)))
     return {"fusion": draw(st.sampled_from(["smart", "min", "max"])), "tile_sizes": tile_sizes,
             "parallel": draw(st.booleans()), "vectorize": draw(st.booleans()),
-            "unroll": draw(st.sampled_from([1, 2, 4])), "blas_contractions": draw(st.booleans())}
+            "unroll": draw(st.sampled_from([1, 2, 4])), "blas_contractions": draw(st.booleans()),
+            "specialize": _weighted(draw, {False: 5, True: 1})}
 
 
 def size_sets(problem: Problem):
@@ -886,12 +889,14 @@ def fuzz_settings(examples: int):
 def run_problem(data, problem: Problem, tally: dict[str, int], test_name: str) -> None:
     options = data.draw(option_sets(), label="options")
     sizes_list = data.draw(size_sets(problem), label="sizes")
+    if options["specialize"]:  # a compilation per size set
+        sizes_list = sizes_list[:SPECIALIZED_SIZE_SETS]
     value_seed = data.draw(st.integers(0, 2 ** 32 - 1), label="value_seed")
     note(f"POLYC_FUZZ_SEED={FUZZ_SEED}\n{problem.source()}options: {options}")
     try:
         kernel = compile_problem(problem, options)
     except Exception as error:
-        raise AssertionError(f"compiling failed: {error!r}\n"
+        raise AssertionError(f"define failed: {error!r}\n"
                              f"{describe_case(problem, options, sizes_list[0], value_seed)}") from error
     for sizes in sizes_list:
         try:
@@ -899,7 +904,7 @@ def run_problem(data, problem: Problem, tally: dict[str, int], test_name: str) -
         except AssertionError:
             raise
         except Exception as error:
-            raise AssertionError(f"running failed: {error!r}\n"
+            raise AssertionError(f"compiling or running failed: {error!r}\n"
                                  f"{describe_case(problem, options, sizes, value_seed)}") from error
         tally[test_name] = tally.get(test_name, 0) + 1
 
@@ -930,6 +935,26 @@ def test_elementwise(data, case_tally):
 @given(data=st.data())
 def test_multi_statement(data, case_tally):
     run_problem(data, data.draw(multi_statement_problems(), label="problem"), case_tally, "multi_statement")
+
+
+#: Cases that once failed, minimised: (what went wrong, problem, options, sizes, value seed).
+REGRESSIONS = [
+    ("a then-branch ending in an else-less if took the C else (codegen/c.py)",
+     Problem("float32", (("A", ("N",)), ("C", ("N", "N", "N", "N"))), ("O",), (
+         Statement("O", ("i", "j", "l", "k"), "+=!",
+                   Apply("*", (Access("A", ("r_a",)), Access("C", ("i", "j", "l", "k"))))),
+         Statement("T", ("k", "i", "j", "l"), "+=!",
+                   Apply("*", (Access("O", ("k", "r_a", "j", "l")), Access("C", ("l", "r_a", "i", "k"))))),
+         Statement("O", ("i", "j", "l", "k"), "=", Access("T", ("k", "i", "j", "l")))),
+         tuple((i, "N") for i in ("i", "j", "l", "k", "r_a")), "quarters"),
+     {"fusion": "max", "tile_sizes": (8,), "parallel": False, "vectorize": False, "blas_contractions": False},
+     {"N": 10}, 0),
+]
+
+
+@pytest.mark.parametrize("what, problem, options, sizes, value_seed", REGRESSIONS, ids=[r[0] for r in REGRESSIONS])
+def test_regressions(what, problem, options, sizes, value_seed):
+    check_case(problem, options, sizes, value_seed)
 
 
 def test_case_count(case_tally):
