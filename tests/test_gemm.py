@@ -71,6 +71,14 @@ POSITIVE = {
                      ("A", "B", (), ("m",), ("n",), ("r_k",))),
     "double": ("def f(double(M, K) A, double(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
                ("A", "B", (), ("m",), ("n",), ("r_k",))),
+    "scaled": ("def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! 2 * A(m, r_k) * B(r_k, n) }",
+               ("A", "B", (), ("m",), ("n",), ("r_k",))),
+    "scaled_by_scalars": ("def f(float a, float b, float(M, K) A, float(K, N) B) -> (C) {"
+                          " C(m, n) +=! a * A(m, r_k) * b * B(r_k, n) }",
+                          ("A", "B", (), ("m",), ("n",), ("r_k",))),
+    "guarded": ("def f(float(N, K) A) -> (C) { C(i, j) +=! j <= i ? A(i, r_k) * A(j, r_k) : 0"
+                " where i in 0:N, j in 0:N, r_k in 0:K }",
+                ("A", "A", (), ("i",), ("j",), ("r_k",))),
     "same_type_casts": ("def f(float(M, K) A, float(K, N) B) -> (C) {"
                         " C(m, n) +=! float(A(m, r_k)) * float32(B(r_k, n)) }",
                         ("A", "B", (), ("m",), ("n",), ("r_k",))),
@@ -85,7 +93,17 @@ NEGATIVE = {
     "trace": "def f(float(N, N) A) -> (T) { T +=! A(r_i, r_i) }",
     "three_operands": "def f(float(M, K) A, float(K, N) B, float(M, N) E) -> (D) {"
                       " D(m, n) +=! A(m, r_k) * B(r_k, n) * E(m, n) }",
-    "scaled": "def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! 2 * A(m, r_k) * B(r_k, n) }",
+    "guard_on_reduction_index": "def f(float(N, N) A, float(N, N) B) -> (C) {"
+                                " C(i, j) +=! r_k <= i ? A(i, r_k) * B(r_k, j) : 0 where i in 0:N, j in 0:N, r_k in 0:N }",
+    "guard_with_or": "def f(float(N, N) A, float(N, N) B) -> (C) {"
+                     " C(i, j) +=! (j <= i || i == 0) ? A(i, r_k) * B(r_k, j) : 0 where i in 0:N, j in 0:N, r_k in 0:N }",
+    "guard_else_not_zero": "def f(float(N, N) A, float(N, N) B) -> (C) {"
+                           " C(i, j) +=! j <= i ? A(i, r_k) * B(r_k, j) : 1 where i in 0:N, j in 0:N, r_k in 0:N }",
+    "guard_on_multi_index_group": "def f(float(N, N, K) A, float(K, N) B) -> (C) {"
+                                  " C(i, h, j) +=! h <= j ? A(i, h, r_k) * B(r_k, j) : 0"
+                                  " where i in 0:N, h in 0:N, j in 0:N, r_k in 0:K }",
+    "scale_from_a_vector": "def f(float(M, K) A, float(K, N) B, float(K) s) -> (C) {"
+                           " C(m, n) +=! s(r_k) * A(m, r_k) * B(r_k, n) }",
     "min_reduction": "def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) min=! A(m, r_k) * B(r_k, n) }",
     "int32": "def f(int32(M, K) A, int32(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
     "float16_inputs": "def f(float16(M, K) A, float16(K, N) B) -> (C) {"

@@ -163,7 +163,7 @@ class _GemmWriter:
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
         parts = [self.header(), PRELUDE, self.includes(), self.context_struct(), _typed(_COMMON, self.ctype),
-                 self.epilogue_function(), self.instruction_sets(), _typed(_RUN, self.ctype),
+                 self.epilogue_function(), self.scale_and_guard(), self.instruction_sets(), _typed(_RUN, self.ctype),
                  self.entry_function(name, sizes), ""]
         return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
 
@@ -203,7 +203,7 @@ class _GemmWriter:
 
     def context_struct(self) -> str:
         t = self.ctype
-        fields = [f"const {t} *a", f"const {t} *b", f"{t} *c",
+        fields = [f"const {t} *a", f"const {t} *b", f"{t} *c", f"{t} scale",
                   "int64_t m, n, k, nbatch",
                   "const int64_t *a_m, *a_k, *b_k, *b_n, *c_m, *c_n, *a_batch, *b_batch, *c_batch",
                   "int64_t a_m_stride, a_k_stride, b_k_stride, b_n_stride, c_n_run"]
@@ -211,7 +211,7 @@ class _GemmWriter:
             tensor = self.definition.tensor(name)
             qualifier = "const " if tensor.role is ir.Role.INPUT else ""
             fields.append(f"{qualifier}{c_type(tensor.dtype)} *t_{name}")
-        if self.contraction.epilogues and not self.specialised:
+        if self.needs_sizes():
             fields += [f"int64_t s_{self.size_c[s]}" for s in self.definition.sizes]
         for group in self.multi_index_groups():
             fields += [f"const int64_t *ix_{index}" for index in group]
@@ -223,6 +223,34 @@ class _GemmWriter:
                 f"typedef struct {{\n{body}\n}} polyc_gemm_t;")
 
     # ------------------------------------------------------------------ register blocks
+    def shapes_for(self, isa: str) -> tuple[MicroKernelShape, ...]:
+        """The register blocks to generate for ``isa``: all of them for a parametric kernel
+        (the choice is made per call), the best alone when the sizes are known, which saves the
+        C compiler most of its work."""
+        shapes = micro_kernel_shapes(isa, self.dtype)
+        if not self.specialised or len(shapes) == 1:
+            return shapes
+        c, sizes = self.contraction, self.program.size_values
+        m = int(np.prod([c.extent(i).evaluate(sizes) for i in c.m]))
+        n_extents = [c.extent(i).evaluate(sizes) for i in c.n]
+        n = int(np.prod(n_extents))
+        if m == 0 or n == 0:
+            return shapes[:1]
+        # Offsets of the N group's flat indices in C, as the kernel tabulates them (c_n).
+        shape_c = [extent.evaluate(sizes) for extent in self.definition.tensor(c.target.tensor).shape]
+        strides = {index: int(np.prod(shape_c[d + 1:])) for d, index in enumerate(c.target.indices)}
+        offsets = np.zeros(1, dtype=np.int64)
+        for index, extent in zip(c.n, n_extents):
+            offsets = (offsets[:, None] + np.arange(extent, dtype=np.int64) * strides[index]).ravel()
+        steps = np.flatnonzero(offsets != offsets[0] + np.arange(n))
+        run = int(steps[0]) if steps.size else n
+        best, choice = -1.0, shapes[0]
+        for shape in shapes:  # as polyc_gemm_run_best: a later shape must score 2% better
+            score = _shape_score(shape, m, n, run)
+            if score > best * 1.02:
+                best, choice = score, shape
+        return (choice,)
+
     def instruction_sets(self) -> str:
         """Per instruction set, under its preprocessor guard: every register block's packing,
         micro-kernel and loops, and the choice among them."""
@@ -234,7 +262,7 @@ class _GemmWriter:
             if isa == "avx512" and self.dtype.itemsize == 4:
                 pieces.append(_TRANSPOSE16)
             pieces.append(f'#define POLYC_GEMM_ISA "{isa}"')
-            shapes = micro_kernel_shapes(isa, self.dtype)
+            shapes = self.shapes_for(isa)
             for shape in shapes:
                 kernel = _portable_micro_kernel(shape, self.ctype) if isa == "portable" \
                     else _vector_micro_kernel(shape, self.dtype)
@@ -253,6 +281,83 @@ class _GemmWriter:
             text = re.sub(r"#if defined\(_OPENMP\)\n.*?#endif\n", "", text, flags=re.DOTALL)
         return text.replace("STATUS", str(STATUS_OUT_OF_MEMORY)).replace(
             "THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
+
+    def needs_sizes(self) -> bool:
+        """Whether the loops read the sizes from the context (epilogue or guard, parametric)."""
+        return bool(self.contraction.epilogues or self.contraction.guard) and not self.specialised
+
+    # ------------------------------------------------------------------ scale and guard
+    def scale_value(self) -> str:
+        """C of the product of the contraction's scalar factors (1 without any)."""
+        c = self.contraction
+        if not c.scale:
+            return "1"
+        printer = CExpressionPrinter(access=lambda read, subscripts: f"{read.tensor}[0]",
+                                     index=lambda n: n, size=lambda value: value.to_c(lambda n: self.size_c[n]))
+        return " * ".join(f"({printer.to_c(factor)})" for factor in c.scale)
+
+    def scale_and_guard(self) -> str:
+        """POLYC_SCALED (packing multiplies A by the scale), and with a guard the functions
+        telling where it holds: ``polyc_guard_cover`` of a block (0 nowhere, 1 in part, 2
+        everywhere) and ``polyc_guarded_write`` of a partly guarded block."""
+        c = self.contraction
+        lines = [f"#define POLYC_HAS_SCALE {1 if c.scale else 0}",
+                 "#define POLYC_SCALED(x) (POLYC_HAS_SCALE ? g->scale * (x) : (x))",
+                 f"#define POLYC_HAS_GUARD {1 if c.guard else 0}"]
+        if not c.guard:
+            return "\n".join(lines + [
+                "static int polyc_guard_cover(const polyc_gemm_t *g, int64_t bt, int64_t m0, int64_t mr, int64_t n0,",
+                "                             int64_t nr) { (void)g; (void)bt; (void)m0; (void)mr; (void)n0; (void)nr; return 2; }",
+                f"static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.ctype} *block, int64_t stride,",
+                f"                                {self.ctype} *c, int64_t m0, int64_t mr, int64_t n0, int64_t nr, int beta)",
+                "{ (void)g; (void)bt; (void)block; (void)stride; (void)c; (void)m0; (void)mr; (void)n0; (void)nr; (void)beta; }"])
+        sizes = self.size_declarations(lambda s: f"g->s_{self.size_c[s]}")
+        group_of = {i: "bt" for i in c.batch} | {i: "m" for i in c.m} | {i: "n" for i in c.n}
+
+        def value(expression: Affine, corner: str) -> str:
+            """The expression at the block's corner minimising ("lo") or maximising ("hi") it."""
+            bound = {}
+            for index in expression.names() & set(group_of):
+                positive = expression.coefficient(index) > 0
+                low_end = positive == (corner == "lo")
+                group = group_of[index]
+                bound[index] = Affine.var("bt" if group == "bt" else f"{group}0" if low_end
+                                          else f"({group}0 + {group}r - 1)")
+            return expression.substitute(bound).to_c(lambda n: self.size_c.get(n, n))
+
+        everywhere = " && ".join(f"({value(e, 'lo')}) >= 0" for e in c.guard)
+        nowhere = " || ".join(f"({value(e, 'hi')}) < 0" for e in c.guard)
+        element = {"bt": "bt", "m": "(m0 + i)", "n": "(n0 + j)"}
+        holds = " && ".join(f"({e.to_c(lambda n: element[group_of[n]] if n in group_of else self.size_c[n])}) >= 0"
+                            for e in c.guard)
+        body = "\n".join("    " + line for line in sizes)
+        return "\n".join(lines) + f"""
+/* The guard on the block of rows m0 .. m0+mr-1 and columns n0 .. n0+nr-1 of product bt: 2 when
+   it holds everywhere, 0 nowhere, else 1 (each affine condition at the block's extreme corners). */
+static int polyc_guard_cover(const polyc_gemm_t *g, int64_t bt, int64_t m0, int64_t mr, int64_t n0, int64_t nr)
+{{
+{body}
+    (void)g; (void)bt; (void)m0; (void)mr; (void)n0; (void)nr;
+    if ({everywhere}) return 2;
+    if ({nowhere}) return 0;
+    return 1;
+}}
+
+/* Adds block (NULL: zeros; row stride `stride`) to C where the guard holds; elsewhere adds
+   nothing, but the first KC block of a `+=!` (beta 0) writes zero. */
+static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.ctype} *block, int64_t stride,
+                                {self.ctype} *c, int64_t m0, int64_t mr, int64_t n0, int64_t nr, int beta)
+{{
+{body}
+    (void)bt;
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t j = 0; j < nr; j++) {{
+            {self.ctype} *p = c + g->c_m[m0 + i] + g->c_n[n0 + j];
+            const {self.ctype} v = (block != NULL && {holds}) ? block[i * stride + j] : 0;
+            if (!beta) *p = v;
+            else if (block != NULL) *p = *p + v;
+        }}
+}}"""
 
     # ------------------------------------------------------------------ epilogue
     def epilogue_function(self) -> str:
@@ -374,8 +479,9 @@ class _GemmWriter:
         body.append("polyc_g.c_n_run = polyc_run_length(polyc_c_n, polyc_n);")
         for tensor in self.epilogue_tensors():
             body.append(f"polyc_g.t_{tensor} = {tensor};")
-        if c.epilogues and not self.specialised:
+        if self.needs_sizes():
             body += [f"polyc_g.s_{self.size_c[s]} = {self.size_c[s]};" for s in d.sizes]
+        body.append(f"polyc_g.scale = {self.scale_value()};")
         body += [f"const int polyc_status = polyc_gemm_run(&polyc_g, {1 if c.init else 0});",
                  "free(polyc_tables);", "return polyc_status;"]
         signature = f"int {name}({', '.join(arguments)})"
@@ -579,6 +685,15 @@ static inline void polyc_transpose16(const float *restrict src, int64_t ld, floa
 """
 
 
+def _shape_score(shape: MicroKernelShape, m: int, n: int, run: int) -> float:
+    """The score ``polyc_gemm_run_best`` (:func:`_shape_choice`) gives ``shape`` for an
+    m x n product whose N offsets in C step by one for ``run`` columns."""
+    mr, nr = shape.mr, shape.nr
+    columns = ((n + nr - 1) // nr if run >= n else (n // run) * ((run + nr - 1) // nr)) * nr
+    rows = (m + mr - 1) // mr * mr
+    return shape.efficiency * n / columns * m / rows * (1.0 if run >= n or run % nr == 0 else 0.5)
+
+
 def _shape_choice(shapes: tuple[MicroKernelShape, ...]) -> str:
     """C choosing a register block per call: the best ``efficiency x useful lanes x useful
     rows``, where the useful lanes are the fraction of each NR-wide sliver that is real columns
@@ -719,7 +834,7 @@ static T *polyc_alloc(int64_t elements)
 # NR, MC, NC, KC are replaced by numbers and _SHAPE by the block's name (e.g. _6x64).
 _BLOCKED_LOOPS = r"""
 /* A[ic:ic+mc, pc:pc+kc] into MR-tall slivers: element (i, k) of sliver s at
-   [s*MR*kc + k*MR + i]; rows past the end are zero. */
+   [s*MR*kc + k*MR + i], times the contraction's scale; rows past the end are zero. */
 static void polyc_pack_a_SHAPE(const polyc_gemm_t *restrict g, const T *restrict a, int64_t ic, int64_t mc,
                                int64_t pc, int64_t kc, T *restrict dst)
 {
@@ -731,7 +846,7 @@ static void polyc_pack_a_SHAPE(const polyc_gemm_t *restrict g, const T *restrict
             const T *restrict src = a + a_m[0];
             for (int64_t k = 0; k < kc; k++)
                 for (int64_t i = 0; i < MR; i++)
-                    dst[k * MR + i] = src[a_k[k] + i];
+                    dst[k * MR + i] = POLYC_SCALED(src[a_k[k] + i]);
             continue;
         }
         const T *row[MR];
@@ -740,7 +855,7 @@ static void polyc_pack_a_SHAPE(const polyc_gemm_t *restrict g, const T *restrict
         for (int64_t k = 0; k < kc; k++) {
             const int64_t offset = a_k[k];
             for (int64_t i = 0; i < rows; i++)
-                dst[k * MR + i] = row[i][offset];
+                dst[k * MR + i] = POLYC_SCALED(row[i][offset]);
             for (int64_t i = rows; i < MR; i++)
                 dst[k * MR + i] = 0;
         }
@@ -823,7 +938,12 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
     const int64_t row_blocks = (g->m + mc_step - 1) / mc_step;
     const int64_t stride = NR * kc_step;  /* between slivers in a bpack */
     const int64_t panel = polyc_round_up(polyc_min(NC, g->n), NR) * polyc_min(KC, g->k);
-    const int a_in_place = g->a_m_stride >= 0 && g->a_k_stride >= 0;
+    const int a_in_place = g->a_m_stride >= 0 && g->a_k_stride >= 0 && !POLYC_HAS_SCALE;  /* packing scales */
+    /* A partly guarded block's destination: MR x NR values, row i at i * NR. */
+    T guard_block[POLYC_HAS_GUARD ? MR * NR : 1] __attribute__((aligned(64)));
+    int64_t block_m[MR], block_n[NR];
+    for (int64_t i = 0; i < MR; i++) block_m[i] = i * NR;
+    for (int64_t j = 0; j < NR; j++) block_n[j] = j;
     for (int64_t jc = 0; jc < g->n; jc += nc_step) {
         const int64_t nc = polyc_min(nc_step, g->n - jc);
         const int64_t slivers = (nc + NR - 1) / NR;
@@ -870,17 +990,29 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
                     const int64_t b_rs = direct_b ? g->b_k_stride : NR;
                     for (int64_t ir = 0; ir < mc; ir += MR) {
                         const int64_t mr = polyc_min(MR, mc - ir);
+                        /* Under a guard: a block where it holds nowhere adds nothing (zero for
+                           `+=!`); one where it holds in part is computed into `block`, then
+                           written where it holds. */
+                        const int cover = POLYC_HAS_GUARD ? polyc_guard_cover(g, bt, ic + ir, mr, jr, nr) : 2;
+                        T *restrict dst = cover == 2 ? c : guard_block;
+                        const int64_t *dst_m = cover == 2 ? g->c_m + ic + ir : block_m;
+                        const int64_t *dst_n = cover == 2 ? g->c_n + jr : block_n;
+                        const int dst_beta = cover == 2 ? beta : 0, dst_unit = cover == 2 ? unit : 1;
                         /* Constant arguments let the compiler specialise the kernel for packed A and B. */
-                        if (direct_a)
+                        if (cover == 0)
+                            polyc_guarded_write(g, bt, NULL, 0, c, ic + ir, mr, jr, nr, beta);
+                        else if (direct_a)
                             polyc_kernel_SHAPE(kc, a + (ic + ir) * g->a_m_stride + pc * g->a_k_stride, mr,
-                                               g->a_m_stride, g->a_k_stride, bp, b_rs, !direct_b || nr == NR, c,
-                                               g->c_m + ic + ir, g->c_n + jr, mr, nr, beta, unit);
+                                               g->a_m_stride, g->a_k_stride, bp, b_rs, !direct_b || nr == NR, dst,
+                                               dst_m, dst_n, mr, nr, dst_beta, dst_unit);
                         else if (direct_b)
-                            polyc_kernel_SHAPE(kc, apack + ir * kc, MR, 1, MR, bp, b_rs, nr == NR, c,
-                                               g->c_m + ic + ir, g->c_n + jr, mr, nr, beta, unit);
+                            polyc_kernel_SHAPE(kc, apack + ir * kc, MR, 1, MR, bp, b_rs, nr == NR, dst,
+                                               dst_m, dst_n, mr, nr, dst_beta, dst_unit);
                         else
-                            polyc_kernel_SHAPE(kc, apack + ir * kc, MR, 1, MR, bp, NR, 1, c, g->c_m + ic + ir,
-                                               g->c_n + jr, mr, nr, beta, unit);
+                            polyc_kernel_SHAPE(kc, apack + ir * kc, MR, 1, MR, bp, NR, 1, dst, dst_m,
+                                               dst_n, mr, nr, dst_beta, dst_unit);
+                        if (cover == 1)
+                            polyc_guarded_write(g, bt, guard_block, NR, c, ic + ir, mr, jr, nr, beta);
                         if (POLYC_HAS_EPILOGUE && last)
                             polyc_epilogue(g, bt, ic + ir, mr, jr, nr);
                     }

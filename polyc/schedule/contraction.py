@@ -8,8 +8,13 @@ A statement is a *contraction* when, up to a permutation of every tensor's dimen
 Precisely (:func:`recognise_contraction`):
 
 - the update operator is ``+`` (``+=!`` starts from zero, ``+=`` accumulates into the target);
-- the right-hand side is the product of two reads, each possibly under a cast that does not
-  change the type; target and both operands are float32, or all three float64;
+- the right-hand side is a product of two reads and of any number of *scale* factors
+  (constants and reads of 0-d tensors), each possibly under a cast that does not change the
+  type; target and both operands are float32, or all three float64;
+- or, for ``+=`` (accumulating into the target) and ``+=!``, such a product under a *guard*:
+  ``cond ? product : 0`` with ``cond`` a conjunction (``&&``) of affine comparisons of the
+  target's indices and the sizes, as in PolyBench's triangular ``syrk`` (``j <= i``).  Where
+  the guard is false the statement adds nothing;
 - every subscript of the target and of the operands is a single index (coefficient 1, no
   offset); no index repeats within one tensor; the operands are not the target;
 - every index ranges over ``[0, extent)`` of each dimension it subscripts;
@@ -25,7 +30,8 @@ Precisely (:func:`recognise_contraction`):
   ========  =======================  ===================================
 
 Anything else (an index only in one operand and reduced, a diagonal ``A(i, i)``, strides and
-offsets as in convolutions, a third factor, ``min=``, integers) is not a contraction: the
+offsets as in convolutions, a third tensor factor, ``min=``, integers, a guard on a reduction
+index or with ``||``) is not a contraction: the
 functions return None and the generic polyhedral path compiles the statement.
 
 This covers matmul in every transposition, batched matmul, tensordot, Kronecker steps, 1x1
@@ -75,7 +81,10 @@ class Contraction:
     group (target order; K in A's order).  ``extents`` gives every index's extent (its range
     is ``[0, extent)``).  ``init`` is the statement's ``!``: the target starts from zero
     (beta = 0) instead of accumulating (beta = 1).  ``epilogues`` are the elementwise
-    statements after it on the same target (see :func:`recognise_gemm_def`).
+    statements after it on the same target (see :func:`recognise_gemm_def`).  ``scale`` holds
+    the scalar factors of the product (constants, reads of 0-d tensors; none: 1), ``guard`` the
+    affine expressions in the target's indices that must all be >= 0 for an element to be
+    updated (none: every element is).
     """
 
     statement: ir.CheckedStatement
@@ -90,6 +99,8 @@ class Contraction:
     dtype: np.dtype
     init: bool
     epilogues: tuple[ir.CheckedStatement, ...] = ()
+    scale: tuple[ir.TExpr, ...] = ()
+    guard: tuple[Affine, ...] = ()
 
     def extent(self, index: str) -> Affine:
         return dict(self.extents)[index]
@@ -98,7 +109,10 @@ class Contraction:
         """One line: the classes of the indices, e.g. ``batch=() M=(m) N=(n) K=(r_k)``."""
         groups = [("batch", self.batch), ("M", self.m), ("N", self.n), ("K", self.k)]
         text = " ".join(f"{name}=({', '.join(indices)})" for name, indices in groups)
-        return (f"{self.target.tensor} {'=' if self.init else '+='} {self.a.tensor} * {self.b.tensor}: {text}"
+        scale = "scalar * " if self.scale else ""
+        guard = f" where {' and '.join(f'{g} >= 0' for g in self.guard)}" if self.guard else ""
+        return (f"{self.target.tensor} {'=' if self.init else '+='} {scale}{self.a.tensor} * {self.b.tensor}"
+                f"{guard}: {text}"
                 + (f"; {len(self.epilogues)} epilogue statement(s)" if self.epilogues else ""))
 
 
@@ -116,7 +130,7 @@ def recognise_gemm_def(definition: ir.CheckedDef) -> Contraction | None:
     if contraction is None or definition.tensor(contraction.target.tensor).role is not ir.Role.OUTPUT:
         return None
     epilogues = definition.statements[1:]
-    if not all(_is_epilogue(s, contraction, definition) for s in epilogues):
+    if not all(is_epilogue(s, contraction, definition) for s in epilogues):
         return None
     return Contraction(**{**contraction.__dict__, "epilogues": tuple(epilogues)})
 
@@ -137,9 +151,14 @@ def recognise_contraction(statement: ir.CheckedStatement, definition: ir.Checked
     target_tensor = definition.tensor(statement.target)
     if statement.op != "+" or target_tensor.dtype not in CONTRACTION_DTYPES:
         return None
-    factors = _two_factors(statement.rhs, target_tensor.dtype)
-    if factors is None:
+    guarded = _guarded_product(statement.rhs, statement.indices, definition.sizes)
+    if guarded is None:
         return None
+    product, guard = guarded
+    split = _factors(product, target_tensor.dtype, definition)
+    if split is None:
+        return None
+    factors, scale = split
     target = Operand(statement.target, statement.indices)
     operands = []
     for read in factors:
@@ -171,6 +190,10 @@ def recognise_contraction(statement: ir.CheckedStatement, definition: ir.Checked
     if innermost in m_set:
         first, second, m_set, n_set = second, first, n_set, m_set
 
+    for group in (batch_set, m_set, n_set):
+        if len(group) > 1 and any(g.names() & group for g in guard):
+            return None  # the kernel evaluates guards on single-index groups only
+
     def in_order(group: set[str], order: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(i for i in order if i in group)
 
@@ -179,17 +202,74 @@ def recognise_contraction(statement: ir.CheckedStatement, definition: ir.Checked
         batch=in_order(batch_set, target.indices), m=in_order(m_set, target.indices),
         n=in_order(n_set, target.indices), k=in_order(k_set, first.indices),
         extents=tuple((i, extents[i]) for i in statement.all_indices),
-        dtype=target_tensor.dtype, init=statement.init)
+        dtype=target_tensor.dtype, init=statement.init, scale=scale, guard=guard)
 
 
-def _two_factors(rhs: ir.TExpr, dtype: np.dtype) -> tuple[ir.Read, ir.Read] | None:
-    """The two reads of ``rhs = read * read`` (through same-type casts), or None."""
-    if not (isinstance(rhs, ir.Binary) and rhs.op == "*" and rhs.dtype == dtype):
+def _guarded_product(rhs: ir.TExpr, target_indices: tuple[str, ...],
+                     sizes: tuple[str, ...]) -> tuple[ir.TExpr, tuple[Affine, ...]] | None:
+    """``rhs`` as (product, guard): ``cond ? product : 0`` gives the guard of ``cond`` (each
+    expression >= 0), a plain ``rhs`` no guard; None when the condition is not a conjunction of
+    affine comparisons, linear in ``target_indices``, with sizes."""
+    if not isinstance(rhs, ir.Select):
+        return rhs, ()
+    if not (isinstance(rhs.otherwise, ir.Const) and rhs.otherwise.value == 0):
         return None
-    factors = (_strip_casts(rhs.lhs), _strip_casts(rhs.rhs))
-    if not all(isinstance(f, ir.Read) and f.dtype == dtype for f in factors):
+    guard = _affine_conjunction(rhs.cond)
+    if guard is None:
         return None
-    return factors
+    for g in guard:
+        indices = g.names() - set(sizes)
+        if not indices <= set(target_indices) or not indices <= g.linear_names():
+            return None
+    return rhs.then, guard
+
+
+def _affine_conjunction(cond: ir.TExpr) -> tuple[Affine, ...] | None:
+    """``cond`` (comparisons of integer affine expressions joined by ``&&``) as expressions
+    that must all be >= 0, or None."""
+    from polyc.ir.model import affine_value  # the model's reading of index arithmetic
+
+    if isinstance(cond, ir.Binary) and cond.op == "&&":
+        lhs, rhs = _affine_conjunction(cond.lhs), _affine_conjunction(cond.rhs)
+        return None if lhs is None or rhs is None else lhs + rhs
+    if not (isinstance(cond, ir.Binary) and cond.op in ("<", "<=", ">", ">=", "==")):
+        return None
+    lhs, rhs = affine_value(cond.lhs), affine_value(cond.rhs)
+    if lhs is None or rhs is None:
+        return None
+    one = Affine.const(1)
+    return {"<=": (rhs - lhs,), "<": (rhs - lhs - one,), ">=": (lhs - rhs,), ">": (lhs - rhs - one,),
+            "==": (lhs - rhs, rhs - lhs)}[cond.op]
+
+
+def _factors(product: ir.TExpr, dtype: np.dtype,
+             definition: ir.CheckedDef) -> tuple[tuple[ir.Read, ir.Read], tuple[ir.TExpr, ...]] | None:
+    """The two tensor reads and the scalar factors (constants, 0-d reads) of a product of
+    ``dtype`` values (through same-type casts), or None when it has not exactly two tensor
+    reads or has any other factor."""
+    reads: list[ir.Read] = []
+    scale: list[ir.TExpr] = []
+
+    def collect(expr: ir.TExpr) -> bool:
+        expr = _strip_casts(expr)
+        if expr.dtype != dtype:
+            return False
+        if isinstance(expr, ir.Binary) and expr.op == "*":
+            return collect(expr.lhs) and collect(expr.rhs)
+        if isinstance(expr, ir.Const):
+            scale.append(expr)
+            return True
+        if isinstance(expr, ir.Read) and not expr.subscripts and definition.tensor(expr.tensor).rank == 0:
+            scale.append(expr)
+            return True
+        if isinstance(expr, ir.Read):
+            reads.append(expr)
+            return True
+        return False
+
+    if not collect(product) or len(reads) != 2:
+        return None
+    return (reads[0], reads[1]), tuple(scale)
 
 
 def _strip_casts(expr: ir.TExpr) -> ir.TExpr:
@@ -230,7 +310,7 @@ def _full_range_extents(statement: ir.CheckedStatement, definition: ir.CheckedDe
     return extents
 
 
-def _is_epilogue(statement: ir.CheckedStatement, contraction: Contraction, definition: ir.CheckedDef) -> bool:
+def is_epilogue(statement: ir.CheckedStatement, contraction: Contraction, definition: ir.CheckedDef) -> bool:
     """Whether ``statement`` updates the contraction's target element by element (see
     :func:`recognise_gemm_def`)."""
     target = contraction.target
