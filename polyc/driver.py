@@ -20,6 +20,7 @@ import numpy as np
 
 from polyc.codegen.c import GeneratedKernel, generate_c
 from polyc.codegen.gemm import STATUS_OUT_OF_MEMORY, generate_gemm
+from polyc.codegen.link import link_segments
 from polyc.errors import BoundsError
 from polyc.ir.dependences import Dependences, compute_dependences
 from polyc.ir.model import PolyProgram, build_program
@@ -29,6 +30,7 @@ from polyc.runtime import CompilerOptions, get_function, get_or_build, load_libr
 from polyc.runtime.arguments import BoundCall
 from polyc.schedule.contraction import Contraction, recognise_gemm_def, worth_a_gemm_kernel
 from polyc.schedule.scheduler import compute_schedule
+from polyc.schedule.segments import plan_segments
 from polyc.schedule.transform import optimize_schedule
 
 
@@ -42,6 +44,7 @@ class Stages:
     optimized_schedule: isl.Schedule
     kernel: GeneratedKernel
     contraction: Contraction | None = None  # set when ``kernel`` is a BLIS-style contraction kernel
+    segments: tuple["Stages", ...] = ()     # when ``kernel`` runs the def in segments, theirs
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,9 @@ def compile_stages(definition: CheckedDef, options: Options,
     The schedule is computed for all sizes (``analysis``, computed here when not given); the
     sizes then fix the context of tiling decisions and of code generation.  A def that is one
     tensor contraction (plus elementwise epilogues) gets the BLIS-style kernel of
-    :mod:`polyc.codegen.gemm`; the schedules are still computed, for inspection.
+    :mod:`polyc.codegen.gemm`; a def with contractions among other statements is compiled in
+    segments (:mod:`polyc.schedule.segments`), each through its own stages, and linked into
+    one kernel.  The whole def's schedules are still computed, for inspection.
     """
     analysis = analysis or analyse(definition, options.fusion)
     dependences, schedule = analysis.dependences, analysis.schedule
@@ -81,12 +86,22 @@ def compile_stages(definition: CheckedDef, options: Options,
     if contraction is not None:
         return Stages(program, dependences, schedule, optimized, generate_gemm(program, contraction, options),
                       contraction)
+    segments = plan_segments(definition) if _blas_enabled(options) else None
+    if segments is not None:
+        parts = tuple(compile_stages(segment.definition, options, sizes) for segment in segments)
+        size_arguments = () if program.size_values is not None else tuple(definition.sizes)
+        kernel = link_segments(definition.name, definition, [part.kernel for part in parts], size_arguments)
+        return Stages(program, dependences, schedule, optimized, kernel, segments=parts)
     return Stages(program, dependences, schedule, optimized, generate_c(program, optimized, options))
+
+
+def _blas_enabled(options: Options) -> bool:
+    return options.backend == "c" and options.blas_contractions
 
 
 def find_blas_contraction(definition: CheckedDef, options: Options) -> Contraction | None:
     """The contraction a def is compiled as by the gemm back end, or None for the generic path."""
-    if options.backend != "c" or not options.blas_contractions:
+    if not _blas_enabled(options):
         return None
     contraction = recognise_gemm_def(definition)
     return contraction if contraction is not None and worth_a_gemm_kernel(contraction) else None

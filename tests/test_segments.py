@@ -1,0 +1,196 @@
+"""Defs compiled in segments: contraction kernels with scale factors and guards, generic code
+between them, linked into one kernel (polyc/schedule/segments.py, polyc/codegen/link.py).
+
+Every compiled result is checked against the reference interpreter with TC's tolerance."""
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+import polyc
+from polyc.lang.sema import check_source
+from polyc.schedule.segments import plan_segments, split_sums
+from tests.kernels import assert_close
+
+POLYBENCH = {
+    "gemm": """def gemm(double alpha, double beta, double(NI, NJ) C, double(NI, NK) A, double(NK, NJ) B) -> (Cout) {
+        Cout(i, j) = beta * C(i, j)
+        Cout(i, j) += alpha * A(i, r_k) * B(r_k, j)
+    }""",
+    "2mm": """def two_mm(double alpha, double beta, double(NI, NK) A, double(NK, NJ) B, double(NJ, NL) C,
+                       double(NI, NL) D) -> (Dout) {
+        tmp(i, j) +=! alpha * A(i, r_k) * B(r_k, j)
+        Dout(i, l) = beta * D(i, l)
+        Dout(i, l) += tmp(i, r_j) * C(r_j, l)
+    }""",
+    "3mm": """def three_mm(double(NI, NK) A, double(NK, NJ) B, double(NJ, NM) C, double(NM, NL) D) -> (G) {
+        E(i, j) +=! A(i, r_k) * B(r_k, j)
+        F(j, l) +=! C(j, r_m) * D(r_m, l)
+        G(i, l) +=! E(i, r_j) * F(r_j, l)
+    }""",
+    "syrk": """def syrk(double alpha, double beta, double(N, N) C, double(N, M) A) -> (Cout) {
+        Cout(i, j) = j <= i ? beta * C(i, j) : C(i, j) where i in 0:N, j in 0:N
+        Cout(i, j) += j <= i ? alpha * A(i, r_k) * A(j, r_k) : 0 where i in 0:N, j in 0:N, r_k in 0:M
+    }""",
+    "syr2k": """def syr2k(double alpha, double beta, double(N, N) C, double(N, M) A, double(N, M) B) -> (Cout) {
+        Cout(i, j) = j <= i ? beta * C(i, j) : C(i, j) where i in 0:N, j in 0:N
+        Cout(i, j) += j <= i ? A(j, r_k) * alpha * B(i, r_k) + B(j, r_k) * alpha * A(i, r_k) : 0
+            where i in 0:N, j in 0:N, r_k in 0:M
+    }""",
+}
+
+EXPECTED_KINDS = {
+    "gemm": ["generic", "gemm"],
+    "2mm": ["gemm", "generic", "gemm"],
+    "3mm": ["gemm", "gemm", "gemm"],
+    "syrk": ["generic", "gemm"],
+    "syr2k": ["generic", "gemm", "gemm"],
+}
+
+
+def definition_of(source: str):
+    return check_source(source)[0]
+
+
+@pytest.mark.parametrize("name", sorted(POLYBENCH))
+def test_polybench_linear_algebra_is_cut_into_contraction_kernels(name):
+    segments = plan_segments(definition_of(POLYBENCH[name]))
+    assert [s.kind for s in segments] == EXPECTED_KINDS[name]
+    for segment in segments:
+        assert (segment.contraction is not None) == (segment.kind == "gemm")
+
+
+def test_scale_and_guard_are_recognised():
+    segments = plan_segments(definition_of(POLYBENCH["syrk"]))
+    contraction = segments[1].contraction
+    assert len(contraction.scale) == 1 and not contraction.init
+    assert [str(g) for g in contraction.guard] == ["i - j"]
+
+
+def test_a_sum_of_contractions_is_split_keeping_every_reduction_index():
+    definition = definition_of(POLYBENCH["syr2k"])
+    parts = split_sums(definition)
+    assert len(parts) == 3
+    assert parts[1].reduction_indices == parts[2].reduction_indices == ("r_k",)
+    assert parts[1].init is False and parts[2].init is False
+
+
+def test_a_sum_that_is_not_all_contractions_is_left_whole():
+    definition = definition_of("""def f(float(M, K) A, float(K, N) B, float(M) b) -> (C) {
+        C(m, n) +=! A(m, r_k) * B(r_k, n) + b(m)
+    }""")
+    assert len(split_sums(definition)) == 1
+    assert plan_segments(definition) is None
+
+
+def test_nothing_to_cut():
+    assert plan_segments(definition_of("def f(float(N) x) -> (y) { y(i) = x(i) * 2 }")) is None
+    single = "def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
+    assert plan_segments(definition_of(single)) is None  # one gemm kernel, no segments needed
+
+
+SIZES = {
+    "gemm": [dict(NI=1, NJ=1, NK=1), dict(NI=37, NJ=45, NK=29), dict(NI=130, NJ=70, NK=260)],
+    "2mm": [dict(NI=3, NJ=2, NK=5, NL=7), dict(NI=41, NJ=67, NK=33, NL=50)],
+    "3mm": [dict(NI=9, NJ=8, NK=7, NL=6, NM=5), dict(NI=70, NJ=31, NK=45, NL=66, NM=20)],
+    "syrk": [dict(N=1, M=1), dict(N=50, M=13), dict(N=203, M=77)],
+    "syr2k": [dict(N=2, M=3), dict(N=97, M=40)],
+}
+
+
+def _inputs(definition, sizes, dtype, rng):
+    arrays = []
+    for name in definition.inputs:
+        shape = definition.tensor(name).concrete_shape(sizes)
+        arrays.append(np.asarray(rng.uniform(-1, 1, size=shape), dtype=dtype))
+    return arrays
+
+
+def _check(source: str, sizes, dtype=np.float64, ops_extra=4, **options):
+    rng = np.random.default_rng(0)
+    name = definition_of(source).name
+    kernel = polyc.define(source, **options)[name]
+    definition = kernel.definition
+    reference = polyc.define(source, backend="interpreter")[name]
+    inputs = _inputs(definition, sizes, dtype, rng)
+    got, want = kernel(*inputs), reference(*inputs)
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    ops = sum(sizes.values()) + ops_extra
+    for g, w in zip(got, want):
+        assert_close(g, w, ops, dtype, inputs)
+    return kernel
+
+
+@pytest.mark.parametrize("name,sizes", [(n, s) for n in sorted(SIZES) for s in SIZES[n]])
+def test_segmented_polybench_matches_the_interpreter(name, sizes):
+    kernel = _check(POLYBENCH[name], sizes)
+    assert len(kernel.stages(sizes).segments) == len(EXPECTED_KINDS[name])
+
+
+@pytest.mark.parametrize("options", [dict(specialize=False), dict(parallel=False), dict(vectorize=False),
+                                     dict(tile_sizes=(8, 16, 5))])
+@pytest.mark.parametrize("name", ["2mm", "syr2k"])
+def test_segments_under_options(name, options):
+    _check(POLYBENCH[name], SIZES[name][-1], **options)
+
+
+GUARDS = ["j <= i", "j < i", "i <= j", "j < i + 3 && i < j + 40", "i == j", "i + j < N", "j >= 5"]
+
+
+@pytest.mark.parametrize("init", ["+=!", "+="])
+@pytest.mark.parametrize("guard", GUARDS)
+def test_guarded_contractions(guard, init):
+    source = f"""def f(float(N, K) A, float(K, N) B) -> (C) {{
+        C(i, j) {init} {guard} ? A(i, r_k) * B(r_k, j) : 0 where i in 0:N, j in 0:N, r_k in 0:K
+    }}"""
+    for sizes in (dict(N=1, K=1), dict(N=23, K=5), dict(N=150, K=70)):
+        if init == "+=":  # accumulates into C: give it a starting value
+            rng = np.random.default_rng(1)
+            A = rng.uniform(-1, 1, (sizes["N"], sizes["K"])).astype(np.float32)
+            B = rng.uniform(-1, 1, (sizes["K"], sizes["N"])).astype(np.float32)
+            C0 = rng.uniform(-1, 1, (sizes["N"], sizes["N"])).astype(np.float32)
+            kernel = polyc.define(source).f
+            assert kernel.stages(sizes).contraction is not None
+            got = kernel(A, B, outputs=(C0.copy(),))
+            want = polyc.define(source, backend="interpreter").f(A, B, outputs=(C0.copy(),))
+            assert_close(got, want, sizes["K"] + 4, np.float32, (A, B, C0))
+        else:
+            assert _check(source, sizes, np.float32).stages(sizes).contraction is not None
+
+
+def test_scaled_contraction_with_epilogue():
+    source = """def f(float a, float(M, K) A, float(K, N) B, float(N) bias) -> (C) {
+        C(m, n) +=! 0.5 * A(m, r_k) * a * B(r_k, n)
+        C(m, n) = fmax(C(m, n) + bias(n), 0)
+    }"""
+    for sizes in (dict(M=1, K=1, N=1), dict(M=65, K=33, N=100)):
+        kernel = _check(source, sizes, np.float32)
+        assert kernel.stages(sizes).contraction.scale
+
+
+def test_linked_source_has_one_prelude_and_separate_helpers():
+    kernel = polyc.define(POLYBENCH["3mm"]).three_mm
+    source = kernel.c_source(SIZES["3mm"][-1])
+    assert source.count("---- polyc prelude") == 1
+    for k in range(3):
+        assert f"static int polyc_p{k}_three_mm_part{k}(" in source
+        assert f"polyc_p{k}_gemm_t" in source
+    assert "int polyc_three_mm(" in source
+
+
+@pytest.mark.parametrize("sizes", [dict(NI=8, NJ=9, NK=10), None])
+def test_segmented_kernel_exports_compile(tmp_path, sizes):
+    kernel = polyc.define(POLYBENCH["2mm"]).two_mm
+    c_path, h_path = kernel.export_c(tmp_path, sizes and dict(sizes, NL=11), target="host")
+    assert "int polyc_two_mm(" in h_path.read_text()
+    main = tmp_path / "use.c"
+    main.write_text(f'#include "{h_path.name}"\nint main(void) {{ return 0; }}\n')
+    result = subprocess.run(["gcc", "-std=gnu11", "-fopenmp", "-O1", "-c", str(c_path),
+                             "-o", str(tmp_path / "k.o")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    result = subprocess.run(["gcc", "-std=gnu11", "-c", str(main), "-o", str(tmp_path / "use.o")],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
