@@ -20,6 +20,7 @@ import numpy as np
 
 from polyc.codegen.c import GeneratedKernel, generate_c
 from polyc.codegen.gemm import STATUS_OUT_OF_MEMORY, generate_gemm
+from polyc.codegen.gemv import generate_gemv
 from polyc.codegen.link import link_segments
 from polyc.errors import BoundsError
 from polyc.ir.dependences import Dependences, compute_dependences
@@ -43,7 +44,7 @@ class Stages:
     schedule: isl.Schedule
     optimized_schedule: isl.Schedule
     kernel: GeneratedKernel
-    contraction: Contraction | None = None  # set when ``kernel`` is a BLIS-style contraction kernel
+    contraction: Contraction | None = None  # set when ``kernel`` is a contraction (gemm or gemv) kernel
     segments: tuple["Stages", ...] = ()     # when ``kernel`` runs the def in segments, theirs
 
 
@@ -84,7 +85,8 @@ def compile_stages(definition: CheckedDef, options: Options,
     optimized = optimize_schedule(schedule, program, options, dependences)
     contraction = find_blas_contraction(definition, options)
     if contraction is not None:
-        return Stages(program, dependences, schedule, optimized, generate_gemm(program, contraction, options),
+        generate = generate_gemv if contraction.is_matvec else generate_gemm
+        return Stages(program, dependences, schedule, optimized, generate(program, contraction, options),
                       contraction)
     segments = plan_segments(definition) if _blas_enabled(options) else None
     if segments is not None:
@@ -168,7 +170,7 @@ class CompiledKernel:
         pointers = [buffers[name].ctypes.data for name in compiled.kernel.tensor_arguments]
         sizes = [call.sizes[s] for s in compiled.kernel.size_arguments]
         status = compiled.function(*pointers, *sizes)
-        if status == STATUS_OUT_OF_MEMORY and "polyc gemm kernel" in compiled.kernel.source:
+        if status == STATUS_OUT_OF_MEMORY:  # only contraction kernels allocate memory
             raise MemoryError(f"{definition.name}: the kernel could not allocate its packing buffers")
         if status != 0:
             raise BoundsError(f"{definition.name}: a data-dependent subscript fell outside its tensor "

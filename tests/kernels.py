@@ -382,6 +382,52 @@ def _mlp2():
             reference)
 
 
+@kernel("syr2k", """
+# PolyBench's syr2k in float: a guarded (triangular) sum of two scaled products
+def syr2k(float alpha, float beta, float(N, N) C, float(N, M) A, float(N, M) B) -> (Cout) {
+    Cout(i, j) = j <= i ? beta * C(i, j) : C(i, j) where i in 0:N, j in 0:N
+    Cout(i, j) += j <= i ? A(j, r_k) * alpha * B(i, r_k) + B(j, r_k) * alpha * A(i, r_k) : 0
+        where i in 0:N, j in 0:N, r_k in 0:M
+}""", sizes=[dict(N=5, M=3), dict(N=1, M=2), dict(N=9, M=8)], ops=lambda s: 2 * s["M"] + 4,
+        tags={"contraction", "temporaries"})
+def _syr2k():
+    def reference(alpha, beta, C, A, B):
+        alpha, beta, C, A, B = f64(alpha, beta, C, A, B)
+        full = alpha * (B @ A.T + A @ B.T) + beta * C
+        return (_f32(np.where(np.tri(len(C), dtype=bool), full, C)),)
+    return (lambda rng, s: (uniform(rng, ()), uniform(rng, ()), uniform(rng, (s["N"], s["N"])),
+                            uniform(rng, (s["N"], s["M"])), uniform(rng, (s["N"], s["M"]))),
+            reference)
+
+
+@kernel("atax", """
+# PolyBench's atax in float: a matrix-vector product by rows, then one by columns
+def atax(float(M, N) A, float(N) x) -> (y) {
+    tmp(i) +=! A(i, r_j) * x(r_j)
+    y(j) +=! A(r_i, j) * tmp(r_i)
+}""", sizes=[dict(M=5, N=7), dict(M=1, N=1), dict(M=37, N=19)], ops=lambda s: s["M"] * s["N"],
+        tags={"contraction", "temporaries"})
+def _atax():
+    return (lambda rng, s: (uniform(rng, (s["M"], s["N"])), uniform(rng, (s["N"],))),
+            lambda A, x: (_f32(f64(A)[0].T @ (f64(A)[0] @ f64(x)[0])),))
+
+
+@kernel("gesummv", """
+# PolyBench's gesummv in float: two matrix-vector products and an epilogue combining them
+def gesummv(float alpha, float beta, float(N, N) A, float(N, N) B, float(N) x) -> (y) {
+    tmp(i) +=! A(i, r_j) * x(r_j)
+    y(i) +=! B(i, r_j) * x(r_j)
+    y(i) = alpha * tmp(i) + beta * y(i)
+}""", sizes=[dict(N=6), dict(N=1), dict(N=23)], ops=lambda s: s["N"] + 4, tags={"contraction", "temporaries"})
+def _gesummv():
+    def reference(alpha, beta, A, B, x):
+        alpha, beta, A, B, x = f64(alpha, beta, A, B, x)
+        return (_f32(alpha * (A @ x) + beta * (B @ x)),)
+    return (lambda rng, s: (uniform(rng, ()), uniform(rng, ()), uniform(rng, (s["N"], s["N"])),
+                            uniform(rng, (s["N"], s["N"])), uniform(rng, (s["N"],))),
+            reference)
+
+
 def _conv_inputs(rng, s):
     return (uniform(rng, (s["N"], s["C"], s["H"], s["W"])), uniform(rng, (s["F"], s["C"], s["KH"], s["KW"])))
 

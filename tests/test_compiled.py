@@ -147,6 +147,9 @@ SANITIZED_KERNELS = {
     "resize": "scalar input used as a size",
     "jacobi2d": "stencil with a where clause",
     "matmul_acc": "accumulation into caller-supplied outputs",
+    "syr2k": "segments: guarded, scaled contraction kernels after generic code",
+    "atax": "matrix-vector kernels, by rows and by columns",
+    "gesummv": "matrix-vector kernel with an epilogue reading a temporary",
 }
 
 SANITIZED_OPTION_SETS = {

@@ -109,7 +109,6 @@ NEGATIVE = {
     "float16_inputs": "def f(float16(M, K) A, float16(K, N) B) -> (C) {"
                       " C(m, n) +=! float(A(m, r_k)) * float(B(r_k, n)) }",
     "mixed_precision": "def f(double(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
-    "matvec": "def f(float(M, N) A, float(N) x) -> (y) { y(m) +=! A(m, r_n) * x(r_n) }",
     "dot": "def f(float(N) A, float(N) B) -> (C) { C +=! A(r_i) * B(r_i) }",
     "offset": "def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k + 1) * B(r_k, n) }",
     "partial_range": "def f(float(M, K) A, float(K, N) B) -> (C) {"
@@ -127,6 +126,13 @@ def test_recognises_contractions(name):
     assert c is not None, name
     assert (c.a.tensor, c.b.tensor, c.batch, c.m, c.n, c.k) == (a, b, batch, m, n, k)
     assert c.init == (name != "accumulating")
+
+
+def test_matrix_vector_products_are_contractions_only_when_asked():
+    definition = checked("def f(float(M, N) A, float(N) x) -> (y) { y(m) +=! A(m, r_n) * x(r_n) }")
+    assert recognise_contraction(definition.statements[0], definition) is None
+    c = recognise_contraction(definition.statements[0], definition, matvec=True)
+    assert c.is_matvec and (c.a.tensor, c.b.tensor, c.m, c.n, c.k) == ("A", "x", ("m",), (), ("r_n",))
 
 
 @pytest.mark.parametrize("name", sorted(NEGATIVE))

@@ -194,3 +194,84 @@ def test_segmented_kernel_exports_compile(tmp_path, sizes):
     result = subprocess.run(["gcc", "-std=gnu11", "-c", str(main), "-o", str(tmp_path / "use.o")],
                             capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+# ----------------------------------------------------------------------------- matrix-vector
+MATVEC = {
+    "rows": "def f(float(M, K) A, float(K) x) -> (y) { y(i) +=! A(i, r_k) * x(r_k) }",
+    "columns": "def f(float(K, M) A, float(K) x) -> (y) { y(i) +=! x(r_k) * A(r_k, i) }",
+    "accumulating": "def f(float(M, K) A, float(K) x) -> (y) { y(i) += A(i, r_k) * x(r_k) }",
+    "scaled_with_epilogue": """def f(float a, float(K, M) A, float(K) x, float(M) z) -> (y) {
+        y(i) +=! a * A(r_k, i) * 3 * x(r_k)
+        y(i) = tanh(y(i) + z(i))
+    }""",
+    "multi_index": "def f(float(M, H, K, L) A, float(K, L) x) -> (y) { y(i, h) +=! A(i, h, r_k, r_l) * x(r_k, r_l) }",
+    "multi_index_columns": "def f(float(K, M, H) A, float(K) x) -> (y) { y(i, h) +=! A(r_k, i, h) * x(r_k) }",
+}
+MATVEC_SIZES = [dict(M=1, K=1, H=1, L=1), dict(M=7, K=3, H=2, L=5), dict(M=333, K=129, H=3, L=2),
+                dict(M=1500, K=70, H=2, L=3)]
+
+
+def _matvec_sizes(name, sizes):
+    used = definition_of(MATVEC[name]).sizes
+    return {k: v for k, v in sizes.items() if k in used}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", sorted(MATVEC))
+def test_matrix_vector_kernels(name, dtype):
+    source = MATVEC[name].replace("float", "double") if dtype == np.float64 else MATVEC[name]
+    source = source.replace("double a,", "double a,")
+    for sizes in MATVEC_SIZES:
+        sizes = _matvec_sizes(name, sizes)
+        if name == "accumulating":
+            rng = np.random.default_rng(2)
+            A = rng.uniform(-1, 1, (sizes["M"], sizes["K"])).astype(dtype)
+            x = rng.uniform(-1, 1, sizes["K"]).astype(dtype)
+            y0 = rng.uniform(-1, 1, sizes["M"]).astype(dtype)
+            kernel = polyc.define(source).f
+            got = kernel(A, x, outputs=(y0.copy(),))
+            want = polyc.define(source, backend="interpreter").f(A, x, outputs=(y0.copy(),))
+            assert_close(got, want, sizes["K"] + 4, dtype, (A, x, y0))
+        else:
+            kernel = _check(source, sizes, dtype)
+        assert kernel.stages(sizes).contraction.is_matvec
+
+
+@pytest.mark.parametrize("options", [dict(specialize=False), dict(parallel=False), dict(vectorize=False)])
+@pytest.mark.parametrize("name", ["rows", "columns", "scaled_with_epilogue"])
+def test_matrix_vector_kernels_under_options(name, options):
+    _check(MATVEC[name], _matvec_sizes(name, MATVEC_SIZES[-1]), np.float32, **options)
+
+
+def test_matrix_vector_layouts_the_kernel_does_not_stream_stay_generic():
+    source = "def f(float(M, K, L) A, float(L, K) x) -> (y) { y(i) +=! A(i, r_k, r_l) * x(r_l, r_k) }"
+    sizes = dict(M=9, K=4, L=3)
+    assert _check(source, sizes, np.float32).stages(sizes).contraction is None
+
+
+MATVEC_POLYBENCH = {
+    "atax": ("""def atax(double(M, N) A, double(N) x) -> (y) {
+        tmp(i) +=! A(i, r_j) * x(r_j)
+        y(j) +=! A(r_i, j) * tmp(r_i)
+    }""", ["gemv", "gemv"], dict(M=190, N=210)),
+    "gemver": ("""def gemver(double alpha, double beta, double(N, N) A, double(N) u1, double(N) v1, double(N) u2,
+               double(N) v2, double(N) y, double(N) z) -> (A2, x, w) {
+        A2(i, j) = A(i, j) + u1(i) * v1(j) + u2(i) * v2(j)
+        x(i) +=! beta * A2(r_j, i) * y(r_j)
+        x(i) = x(i) + z(i)
+        w(i) +=! alpha * A2(i, r_j) * x(r_j)
+    }""", ["generic", "gemv", "gemv"], dict(N=301)),
+    "gesummv": ("""def gesummv(double alpha, double beta, double(N, N) A, double(N, N) B, double(N) x) -> (y) {
+        tmp(i) +=! A(i, r_j) * x(r_j)
+        y(i) +=! B(i, r_j) * x(r_j)
+        y(i) = alpha * tmp(i) + beta * y(i)
+    }""", ["gemv", "gemv"], dict(N=130)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MATVEC_POLYBENCH))
+def test_polybench_matrix_vector_kernels(name):
+    source, kinds, sizes = MATVEC_POLYBENCH[name]
+    assert [s.kind for s in plan_segments(definition_of(source))] == kinds
+    _check(source, sizes, np.float64, ops_extra=8)

@@ -105,6 +105,11 @@ class Contraction:
     def extent(self, index: str) -> Affine:
         return dict(self.extents)[index]
 
+    @property
+    def is_matvec(self) -> bool:
+        """A matrix-vector product: A is the matrix, B the vector, the target has no N group."""
+        return not self.n
+
     def describe(self) -> str:
         """One line: the classes of the indices, e.g. ``batch=() M=(m) N=(n) K=(r_k)``."""
         groups = [("batch", self.batch), ("M", self.m), ("N", self.n), ("K", self.k)]
@@ -126,7 +131,7 @@ def recognise_gemm_def(definition: ir.CheckedDef) -> Contraction | None:
     """
     if not definition.statements:
         return None
-    contraction = recognise_contraction(definition.statements[0], definition)
+    contraction = recognise_contraction(definition.statements[0], definition, matvec=True)
     if contraction is None or definition.tensor(contraction.target.tensor).role is not ir.Role.OUTPUT:
         return None
     epilogues = definition.statements[1:]
@@ -136,18 +141,29 @@ def recognise_gemm_def(definition: ir.CheckedDef) -> Contraction | None:
 
 
 def worth_a_gemm_kernel(contraction: Contraction) -> bool:
-    """Whether the BLIS-style kernel suits the contraction's layout.
+    """Whether the BLIS-style kernel (or, for a matrix-vector product, the matrix-vector
+    kernel) suits the contraction's layout.
 
     Not when the target's innermost dimension is a batch index (as in TC's tensordot, whose
     innermost ``w`` is in all three tensors): the kernel would vectorise along N, made of the
     tensor's outer dimensions, while the generic path vectorises along the contiguous batch
     dimension.
+
+    A matrix-vector product takes the matrix-vector kernel (:mod:`polyc.codegen.gemv`) when
+    its groups are laid out as that kernel streams them: the matrix is ``[M.., K..]`` or
+    ``[K.., M..]``, the vector ``[K..]`` and the target ``[M..]``, each in one order, so that
+    flat indices are contiguous.
     """
-    return contraction.target.indices[-1] not in contraction.batch
+    c = contraction
+    if c.is_matvec:
+        return (c.a.indices in (c.m + c.k, c.k + c.m) and c.b.indices == c.k and c.target.indices == c.m)
+    return c.target.indices[-1] not in c.batch
 
 
-def recognise_contraction(statement: ir.CheckedStatement, definition: ir.CheckedDef) -> Contraction | None:
-    """``statement`` as a :class:`Contraction`, or None when it is not one (see the module doc)."""
+def recognise_contraction(statement: ir.CheckedStatement, definition: ir.CheckedDef,
+                          matvec: bool = False) -> Contraction | None:
+    """``statement`` as a :class:`Contraction`, or None when it is not one (see the module doc);
+    with ``matvec``, matrix-vector products (no N group, no batch, no guard) are accepted too."""
     target_tensor = definition.tensor(statement.target)
     if statement.op != "+" or target_tensor.dtype not in CONTRACTION_DTYPES:
         return None
@@ -182,13 +198,19 @@ def recognise_contraction(statement: ir.CheckedStatement, definition: ir.Checked
     m_set, n_set, k_set = (in_c & in_a) - in_b, (in_c & in_b) - in_a, (in_a & in_b) - in_c
     if in_c != batch_set | m_set | n_set or in_a | in_b != batch_set | m_set | n_set | k_set:
         return None  # an index in the target alone, or in one operand alone
-    if not (m_set and n_set and k_set):
-        return None  # matrix-vector products and outer products: not worth a BLIS kernel
-
-    # B is the operand holding the target's innermost non-batch dimension: the kernel's N group.
-    innermost = next((i for i in reversed(target.indices) if i not in batch_set), None)
-    if innermost in m_set:
-        first, second, m_set, n_set = second, first, n_set, m_set
+    if not k_set or not (m_set or n_set):
+        return None  # outer products, dot products
+    if not (m_set and n_set):
+        # A matrix-vector product: the matrix is A, the target's indices its M group.
+        if not matvec or batch_set or guard:
+            return None
+        if n_set:
+            first, second, m_set, n_set = second, first, n_set, m_set
+    else:
+        # B holds the target's innermost non-batch dimension: the kernel's N group.
+        innermost = next((i for i in reversed(target.indices) if i not in batch_set), None)
+        if innermost in m_set:
+            first, second, m_set, n_set = second, first, n_set, m_set
 
     for group in (batch_set, m_set, n_set):
         if len(group) > 1 and any(g.names() & group for g in guard):

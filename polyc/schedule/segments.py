@@ -38,8 +38,9 @@ from polyc.schedule.contraction import (Contraction, is_epilogue, recognise_cont
 
 @dataclass(frozen=True)
 class Segment:
-    """Consecutive statements compiled together: ``kind`` is ``"gemm"`` (``contraction`` set:
-    one contraction and its epilogues) or ``"generic"``."""
+    """Consecutive statements compiled together: ``kind`` is ``"gemm"`` or ``"gemv"``
+    (``contraction`` set: one contraction, or matrix-vector product, and its epilogues) or
+    ``"generic"``."""
 
     kind: str
     definition: ir.CheckedDef
@@ -67,23 +68,23 @@ def plan_segments(definition: ir.CheckedDef) -> tuple[Segment, ...] | None:
                 statements[position], contraction, sub_definition(definition, group + [statements[position]], 0)):
             group.append(statements[position])
             position += 1
-        groups.append(("gemm", group))
-    if not any(kind == "gemm" for kind, _ in groups):
+        groups.append(("gemv" if contraction.is_matvec else "gemm", group))
+    if not any(kind != "generic" for kind, _ in groups):
         return None
     if len(groups) == 1 and len(groups[0][1]) == len(definition.statements):
         return None  # the whole def is one contraction kernel already
     segments = []
     for index, (kind, group) in enumerate(groups):
         part = sub_definition(definition, group, index)
-        contraction = recognise_gemm_def(part) if kind == "gemm" else None
-        if kind == "gemm" and contraction is None:  # cannot happen: the group was built to be one
+        contraction = recognise_gemm_def(part) if kind != "generic" else None
+        if kind != "generic" and contraction is None:  # cannot happen: the group was built to be one
             raise AssertionError(f"segment {index} of {definition.name} is not a contraction")
         segments.append(Segment(kind, part, contraction))
     return tuple(segments)
 
 
 def _gemm_contraction(statement: ir.CheckedStatement, definition: ir.CheckedDef) -> Contraction | None:
-    contraction = recognise_contraction(statement, definition)
+    contraction = recognise_contraction(statement, definition, matvec=True)
     return contraction if contraction is not None and worth_a_gemm_kernel(contraction) else None
 
 

@@ -1,0 +1,196 @@
+"""C for matrix-vector products: ``y[M] (+)= scale * sum_K A[M, K] * x[K]`` (PolyBench's atax,
+bicg, mvt, gemver, gesummv; any layout of A, see below).
+
+A matrix-vector product reads every element of A once and does two flops with it, so it runs
+at the speed of memory: what matters is streaming A contiguously on every core, with the
+vector work done by SIMD instructions as A arrives.  Two loop orders do that, chosen per call
+from the layout of A (its offset tables, as the gemm kernel tabulates them):
+
+* **rows** (K contiguous in A, ``y = A x``): each row is a dot product with x; four rows at a
+  time share the loads of x, each summed in vector registers (``omp simd reduction``);
+* **columns** (M contiguous in A, ``y = A^T x``): y is built a block of columns at a time, the
+  block held in L1 while the rows of A stream past, four rows per pass over the block;
+* anything else (not generated for today's recognised layouts, kept for safety) reads A and x
+  through the offset tables, one element at a time.
+
+Threads share out rows or column blocks in equal contiguous ranges (no synchronisation: each
+owns its part of y).  The result is scaled by the product's scalar factors, written with ``=``
+(``+=!``) or added (``+=``), and the epilogue statements run on each finished part of y.
+
+The context record, tables, scale, epilogue and entry function are the gemm kernel's
+(:class:`polyc.codegen.gemm._GemmWriter`), with an empty N group.
+"""
+from __future__ import annotations
+
+from polyc.codegen.c import GeneratedKernel
+from polyc.codegen.c_expr import PRELUDE
+from polyc.codegen.gemm import _COMMON, _GemmWriter, _typed
+from polyc.ir.model import PolyProgram
+from polyc.options import Options
+from polyc.schedule.contraction import Contraction
+
+#: Below this many multiply-adds a product runs on one thread.
+_PARALLEL_THRESHOLD = 1 << 16
+
+
+def generate_gemv(program: PolyProgram, contraction: Contraction, options: Options) -> GeneratedKernel:
+    """The C translation unit computing ``program`` (one matrix-vector product and its epilogues)."""
+    if not contraction.is_matvec:
+        raise ValueError(f"{contraction.describe()} is not a matrix-vector product")
+    return _GemvWriter(program, contraction, options).write()
+
+
+class _GemvWriter(_GemmWriter):
+    def write(self) -> GeneratedKernel:
+        d = self.definition
+        name = f"polyc_{d.name}"
+        sizes = () if self.specialised else tuple(d.sizes)
+        parts = [self.header(), PRELUDE, self.includes(), self.context_struct(), _typed(_COMMON, self.ctype),
+                 self.epilogue_function(), self.scale_and_guard(), self.loops(), self.entry_function(name, sizes), ""]
+        return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
+
+    def header(self) -> str:
+        return super().header().replace(
+            "polyc gemm kernel", "polyc gemv kernel", 1).replace(
+            "(BLIS structure: packing, cache blocks, register micro-kernel)", "(matrix-vector product)", 1)
+
+    def loops(self) -> str:
+        text = _typed(_GEMV_LOOPS, self.ctype).replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
+        if not self.options.vectorize:
+            text = "\n".join(line for line in text.splitlines() if "#pragma omp simd" not in line)
+        if not self.options.parallel:
+            text = text.replace("#if defined(_OPENMP)", "#if 0")
+        return text
+
+
+# Rows, columns and tables (see the module doc); T is the element type.
+_GEMV_LOOPS = r"""
+#define POLYC_GEMV_BLOCK 1024  /* columns of y per block: 4 KiB of float, 8 KiB of double */
+
+/* Rows i0 .. i0+rows-1 of y from their sums: scaled, then written (init) or added; then the
+   epilogue on them. */
+static void polyc_gemv_finish(const polyc_gemm_t *restrict g, int64_t i0, int64_t rows, const T *restrict sums,
+                              int init)
+{
+    for (int64_t i = 0; i < rows; i++) {
+        T *restrict p = g->c + g->c_m[i0 + i];
+        const T value = POLYC_SCALED(sums[i]);
+        *p = init ? value : *p + value;
+    }
+    if (POLYC_HAS_EPILOGUE)
+        polyc_epilogue(g, 0, i0, rows, 0, 1);
+}
+
+/* Rows lo .. hi-1 when K is contiguous in A and x (a_k, b_k step by one). */
+static void polyc_gemv_rows(const polyc_gemm_t *restrict g, int init, int64_t lo, int64_t hi)
+{
+    const int64_t k = g->k, row_stride = g->a_m_stride;
+    const T *restrict x = g->b;
+    for (int64_t i0 = lo; i0 < hi; i0 += 4) {
+        const int64_t rows = polyc_min(4, hi - i0);
+        const T *restrict a0 = g->a + i0 * row_stride;  /* rows past the end repeat row i0 */
+        const T *restrict a1 = rows > 1 ? a0 + row_stride : a0;
+        const T *restrict a2 = rows > 2 ? a0 + 2 * row_stride : a0;
+        const T *restrict a3 = rows > 3 ? a0 + 3 * row_stride : a0;
+        T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        #pragma omp simd reduction(+: s0, s1, s2, s3)
+        for (int64_t j = 0; j < k; j++) {
+            const T xj = x[j];
+            s0 += a0[j] * xj;
+            s1 += a1[j] * xj;
+            s2 += a2[j] * xj;
+            s3 += a3[j] * xj;
+        }
+        const T sums[4] = {s0, s1, s2, s3};
+        polyc_gemv_finish(g, i0, rows, sums, init);
+    }
+}
+
+/* Columns lo .. hi-1 when M is contiguous in A (a_m steps by one, rows of A a_k_stride apart). */
+static void polyc_gemv_columns(const polyc_gemm_t *restrict g, int init, int64_t lo, int64_t hi)
+{
+    const int64_t k = g->k, row_stride = g->a_k_stride;
+    const T *restrict x = g->b;
+    T sums[POLYC_GEMV_BLOCK] __attribute__((aligned(64)));
+    for (int64_t i0 = lo; i0 < hi; i0 += POLYC_GEMV_BLOCK) {
+        const int64_t width = polyc_min(POLYC_GEMV_BLOCK, hi - i0);
+        for (int64_t i = 0; i < width; i++)
+            sums[i] = 0;
+        int64_t j = 0;
+        for (; j + 4 <= k; j += 4) {
+            const T *restrict r0 = g->a + j * row_stride + i0, *restrict r1 = r0 + row_stride;
+            const T *restrict r2 = r1 + row_stride, *restrict r3 = r2 + row_stride;
+            const T x0 = x[j], x1 = x[j + 1], x2 = x[j + 2], x3 = x[j + 3];
+            #pragma omp simd
+            for (int64_t i = 0; i < width; i++)
+                sums[i] += r0[i] * x0 + r1[i] * x1 + r2[i] * x2 + r3[i] * x3;
+        }
+        for (; j < k; j++) {
+            const T *restrict r0 = g->a + j * row_stride + i0;
+            const T x0 = x[j];
+            #pragma omp simd
+            for (int64_t i = 0; i < width; i++)
+                sums[i] += r0[i] * x0;
+        }
+        polyc_gemv_finish(g, i0, width, sums, init);
+    }
+}
+
+/* Rows lo .. hi-1 through the offset tables (any layout). */
+static void polyc_gemv_tables(const polyc_gemm_t *restrict g, int init, int64_t lo, int64_t hi)
+{
+    for (int64_t i = lo; i < hi; i++) {
+        const T *restrict row = g->a + g->a_m[i];
+        T sum = 0;
+        for (int64_t j = 0; j < g->k; j++)
+            sum += row[g->a_k[j]] * g->b[g->b_k[j]];
+        polyc_gemv_finish(g, i, 1, &sum, init);
+    }
+}
+
+/* Which loops suit the layout: 0 rows, 1 columns, 2 tables. */
+static int polyc_gemv_order(const polyc_gemm_t *restrict g)
+{
+    if (g->b_k_stride == 1 || g->k <= 1) {
+        if (g->a_k_stride == 1 && g->a_m_stride >= 0) return 0;
+        if (g->a_m_stride == 1 && g->a_k_stride >= 0) return 1;
+    }
+    return 2;
+}
+
+/* The part of [0, m) thread t of nthr computes: contiguous, in multiples of `unit`. */
+static void polyc_gemv_share(int64_t m, int64_t unit, int t, int nthr, int64_t *lo, int64_t *hi)
+{
+    const int64_t units = (m + unit - 1) / unit, per = (units + nthr - 1) / nthr;
+    *lo = polyc_min(m, t * per * unit);
+    *hi = polyc_min(m, (t + 1) * per * unit);
+}
+
+static int polyc_gemm_run(const polyc_gemm_t *restrict g, int init)
+{
+    const int order = polyc_gemv_order(g);
+    const int64_t unit = order == 1 ? 16 : 4;
+    int nthr = 1;
+#if defined(_OPENMP)
+    if ((double)g->m * (double)g->k >= THRESHOLD)
+        nthr = omp_get_max_threads();
+    #pragma omp parallel num_threads(nthr) if(nthr > 1)
+#endif
+    {
+        int t = 0, team = 1;
+#if defined(_OPENMP)
+        t = omp_get_thread_num();
+        team = omp_get_num_threads();
+#endif
+        int64_t lo, hi;
+        polyc_gemv_share(g->m, unit, t, team, &lo, &hi);
+        if (lo < hi) {
+            if (order == 0) polyc_gemv_rows(g, init, lo, hi);
+            else if (order == 1) polyc_gemv_columns(g, init, lo, hi);
+            else polyc_gemv_tables(g, init, lo, hi);
+        }
+    }
+    (void)nthr;
+    return 0;
+}
+"""
