@@ -931,9 +931,13 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
     T *restrict c = g->c + g->c_batch[bt];
     const int split_n = polyc_split_n_SHAPE(g, nthr), shared_b = nthr > 1 && !split_n;
     const int64_t kc_step = polyc_balanced_step(g->k, KC, 1), nc_step = polyc_balanced_step(g->n, NC, NR);
-    /* Shared rows: blocks small enough that every thread gets several. */
-    const int64_t mc_most = shared_b ? polyc_min(MC, polyc_max(4 * MR, polyc_round_up((g->m + 8 * nthr - 1)
-                                                                                         / (8 * nthr), MR))) : MC;
+    /* Shared rows: each block streams the whole B panel, so blocks of at least about 96 rows
+       (32+ flops per byte of B), and up to 8 per thread so that a thread held up by the
+       machine delays the others by a fraction of its share; a product of few rows is cut
+       into one block per thread. */
+    const int64_t per_thread = polyc_max(1, polyc_min(8, g->m / (96 * nthr)));
+    const int64_t mc_most = shared_b ? polyc_min(MC, polyc_round_up((g->m + per_thread * nthr - 1)
+                                                                     / (per_thread * nthr), MR)) : MC;
     const int64_t mc_step = polyc_balanced_step(g->m, mc_most, MR);
     const int64_t row_blocks = (g->m + mc_step - 1) / mc_step;
     const int64_t stride = NR * kc_step;  /* between slivers in a bpack */
