@@ -890,15 +890,20 @@ TRANSPOSED_B
 }
 
 /* How one product is shared among nthr threads: by blocks of rows (0), or (1) by the column
-   slivers of each NC block.  Rows are shared when that balances as well as sharing the
-   slivers (it needs no duplicated packing of A). */
+   slivers of each NC block, whichever balances better (the longest share, in blocks).  On a
+   tie, the threads share the longer dimension: sharing rows, every thread streams all of B
+   (and A is packed once); sharing columns, every thread streams all of A.  So a product of
+   few rows and many columns (Kronecker steps: 16 rows, 100 000 columns) must not share rows. */
 static int polyc_split_n_SHAPE(const polyc_gemm_t *g, int nthr)
 {
     if (nthr <= 1) return 0;
     const int64_t m_slivers = (g->m + MR - 1) / MR;
     const int64_t n_slivers = (polyc_min(g->n, NC) + NR - 1) / NR;
     const int64_t m_rounds = (m_slivers + nthr - 1) / nthr, n_rounds = (n_slivers + nthr - 1) / nthr;
-    return n_rounds * m_slivers < m_rounds * n_slivers;  /* the longest share, in blocks */
+    const int64_t longest_rows = m_rounds * n_slivers, longest_columns = n_rounds * m_slivers;
+    if (longest_rows != longest_columns)
+        return longest_columns < longest_rows;
+    return g->m < g->n;
 }
 
 /* Whether the loops read B's sliver at column jr itself rather than packing it: when it is
