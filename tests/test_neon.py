@@ -12,6 +12,12 @@ corpus's numpy reference (``kernels.assert_close``):
 
 The NEON claim itself is checked on the assembly: the vector loops of matmul become
 ``fmla v.4s`` multiply-adds on quad-word loads.
+
+Contractions (the gemm back end, whose register blocks are arm_neon.h intrinsics on aarch64)
+are checked at many sizes per build: one parametric export, one program running every call in
+one qemu process (``check_gemm_under_qemu``), also built with AddressSanitizer and UBSan where
+the cross compiler has them; the assembly must multiply-add by lane (``fmla v.4s, v.4s,
+v.s[i]``), and the header must compile as C++.
 """
 from __future__ import annotations
 
