@@ -674,6 +674,7 @@ def test_cli_writes_c_and_header(tmp_path, capsys):
                  "--shape", "M=8,K=8,N=8", "-o", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["matmul.c", "matmul.h"]
     assert "const int64_t M = 8;" in (out / "matmul.c").read_text()
+    assert "#include <arm_neon.h>" in (out / "matmul.c").read_text()  # the contraction's NEON blocks
     capsys.readouterr()
     assert main(["compile", str(source), "--entry", "matmul", "--target", "avx2", "--emit", "c"]) == 0
     printed = capsys.readouterr().out
