@@ -439,14 +439,16 @@ def test_neon_gemm_multi_index_groups_under_qemu(tmp_path):
     expected = np.einsum("nabhw,nbwhc->nawhc", i0.astype(np.float64), i1)
     check_gemm_under_qemu(tmp_path / "grouped", grouped, [GemmCall((i0, i1), (expected,), 33)])
 
-    step1 = "def f(float(D2, N2) W2, float(M, N0, N1, N2) X) -> (XW2) { XW2(m, n0, n1, d2) +=! X(m, n0, n1, r_n2) * W2(d2, r_n2) }"
+    step1 = ("def f(float(D2, N2) W2, float(M, N0, N1, N2) X) -> (XW2) {"
+             " XW2(m, n0, n1, d2) +=! X(m, n0, n1, r_n2) * W2(d2, r_n2) }")
     calls = []
     for d2, n2, m, n0, n1 in [(21, 19, 9, 5, 7), (12, 8, 1, 3, 2)]:
         w2, x = uniform(rng, (d2, n2), np.float32), uniform(rng, (m, n0, n1, n2), np.float32)
         calls.append(GemmCall((w2, x), (np.einsum("mabr,dr->mabd", x.astype(np.float64), w2),), n2))
     check_gemm_under_qemu(tmp_path / "step1", step1, calls)
 
-    step2 = "def f(float(D1, N1) W1, float(M, N0, N1, D2) XW2) -> (Y) { Y(m, n0, d1, d2) +=! XW2(m, n0, r_n1, d2) * W1(d1, r_n1) }"
+    step2 = ("def f(float(D1, N1) W1, float(M, N0, N1, D2) XW2) -> (Y) {"
+             " Y(m, n0, d1, d2) +=! XW2(m, n0, r_n1, d2) * W1(d1, r_n1) }")
     calls = []
     for d1, n1, m, n0, d2 in [(20, 17, 6, 5, 21), (3, 40, 2, 3, 70), (12, 5, 2, 2, 12)]:
         w1, xw2 = uniform(rng, (d1, n1), np.float32), uniform(rng, (m, n0, n1, d2), np.float32)

@@ -135,10 +135,10 @@ def micro_kernel_shapes(isa: str, dtype: np.dtype) -> tuple[MicroKernelShape, ..
     if isa == "neon":
         lanes_128 = lanes_512 // 4  # 4 float, 2 double
         if lanes_128 == 4:
-            return (MicroKernelShape(isa, 8, 4, 3), MicroKernelShape(isa, 8, 4, 2, 0.93),
-                    MicroKernelShape(isa, 8, 4, 1, 0.85))
-        return (MicroKernelShape(isa, 6, 2, 4), MicroKernelShape(isa, 8, 2, 2, 0.93),
-                MicroKernelShape(isa, 8, 2, 1, 0.85))
+            return (MicroKernelShape(isa, 8, lanes_128, 3), MicroKernelShape(isa, 8, lanes_128, 2, 0.93),
+                    MicroKernelShape(isa, 8, lanes_128, 1, 0.85))
+        return (MicroKernelShape(isa, 6, lanes_128, 4), MicroKernelShape(isa, 8, lanes_128, 2, 0.93),
+                MicroKernelShape(isa, 8, lanes_128, 1, 0.85))
     return (MicroKernelShape(isa, 4, lanes_512 // 2, 2),)
 
 
