@@ -32,11 +32,13 @@ slivers and written back under masks (or element by element): nothing outside th
 read or written.
 
 Register blocks.  The instruction set is chosen by the C preprocessor, so one source serves
-every machine: AVX-512 (``__AVX512F__``), AVX2 with FMA, or portable C with ``#pragma omp
-simd`` (``vectorize=False`` selects the portable code everywhere).  Each instruction set has a
-few MR x NR shapes (:func:`micro_kernel_shapes`: for AVX-512 float 6 x 64, 8 x 32 and 8 x 16)
-and the kernel picks one per call from N and the contiguous run length of N in C, so that
-narrow products (N of 16 or 32, or N made of short contiguous runs) do not compute on padding.
+every machine: AVX-512 (``__AVX512F__``), AVX2 with FMA, NEON on AArch64 (``__aarch64__`` and
+``__ARM_NEON``, as in the ``neon`` export target), or portable C with ``#pragma omp simd``
+(``vectorize=False`` selects the portable code everywhere).  Each instruction set has a few
+MR x NR shapes (:func:`micro_kernel_shapes`: for AVX-512 float 6 x 64, 8 x 32 and 8 x 16; for
+NEON float 8 x 12, 8 x 8 and 8 x 4) and the kernel picks one per call from N and the contiguous
+run length of N in C, so that narrow products (N of 16 or 32, or N made of short contiguous
+runs) do not compute on padding.
 Block sizes come from :func:`polyc.schedule.tiling.cache_sizes` (:func:`block_sizes`);
 ``options.tile_sizes`` with three or more entries overrides them as ``(MC, NC, KC)`` (rounded
 to multiples of MR and NR).
@@ -101,8 +103,12 @@ class MicroKernelShape:
 ISA_GUARDS = {
     "avx512": "!defined(POLYC_GEMM_PORTABLE) && defined(__AVX512F__)",
     "avx2": "!defined(POLYC_GEMM_PORTABLE) && defined(__AVX2__) && defined(__FMA__)",
+    "neon": "!defined(POLYC_GEMM_PORTABLE) && defined(__aarch64__) && defined(__ARM_NEON)",
     "portable": None,
 }
+
+#: The header declaring each instruction set's intrinsics.
+ISA_HEADERS = {"avx512": "immintrin.h", "avx2": "immintrin.h", "neon": "arm_neon.h"}
 
 
 def micro_kernel_shapes(isa: str, dtype: np.dtype) -> tuple[MicroKernelShape, ...]:
@@ -111,6 +117,14 @@ def micro_kernel_shapes(isa: str, dtype: np.dtype) -> tuple[MicroKernelShape, ..
     AVX-512 has 32 vector registers: 6 x 4 vectors (24 accumulators, 4 loads of B and 6
     broadcasts of A per step), 8 x 2 and 8 x 1.  AVX2 has 16: 6 x 2 and 8 x 1.  At most 8 rows,
     so that an A read in place needs no more row pointers than there are general registers.
+
+    NEON (AArch64) has 32 registers of 128 bits, and its multiply-add takes one operand as a
+    lane of a register, so a packed column of A costs MR / lanes vector loads, not MR
+    broadcasts.  float: 8 x 3 vectors (8 x 12: 24 accumulators + 3 of B + 2 of A = 29
+    registers, 5 loads per 24 multiply-adds), 8 x 8 and 8 x 4 for narrow N.  double (2 lanes):
+    6 x 4 vectors (6 x 8: 24 + 4 of B + 3 of A = 31 registers), 8 x 4 and 8 x 2.  The
+    efficiencies of the narrow shapes are estimates from their ratio of loads to multiply-adds,
+    as for AVX-512.
     """
     lanes_512 = 64 // np.dtype(dtype).itemsize  # 16 float, 8 double
     if isa == "avx512":
@@ -118,6 +132,13 @@ def micro_kernel_shapes(isa: str, dtype: np.dtype) -> tuple[MicroKernelShape, ..
                 MicroKernelShape(isa, 8, lanes_512, 1, 0.85))
     if isa == "avx2":
         return (MicroKernelShape(isa, 6, lanes_512 // 2, 2), MicroKernelShape(isa, 8, lanes_512 // 2, 1, 0.85))
+    if isa == "neon":
+        lanes_128 = lanes_512 // 4  # 4 float, 2 double
+        if lanes_128 == 4:
+            return (MicroKernelShape(isa, 8, lanes_128, 3), MicroKernelShape(isa, 8, lanes_128, 2, 0.93),
+                    MicroKernelShape(isa, 8, lanes_128, 1, 0.85))
+        return (MicroKernelShape(isa, 6, lanes_128, 4), MicroKernelShape(isa, 8, lanes_128, 2, 0.93),
+                MicroKernelShape(isa, 8, lanes_128, 1, 0.85))
     return (MicroKernelShape(isa, 4, lanes_512 // 2, 2),)
 
 
@@ -257,16 +278,14 @@ class _GemmWriter:
         pieces = []
         for position, (isa, guard) in enumerate(ISA_GUARDS.items()):
             pieces.append("#else" if guard is None else f"{'#if' if position == 0 else '#elif'} {guard}")
-            if isa != "portable":
-                pieces.append("#include <immintrin.h>")
+            if isa in ISA_HEADERS:
+                pieces.append(f"#include <{ISA_HEADERS[isa]}>")
             if isa == "avx512" and self.dtype.itemsize == 4:
                 pieces.append(_TRANSPOSE16)
             pieces.append(f'#define POLYC_GEMM_ISA "{isa}"')
             shapes = self.shapes_for(isa)
             for shape in shapes:
-                kernel = _portable_micro_kernel(shape, self.ctype) if isa == "portable" \
-                    else _vector_micro_kernel(shape, self.dtype)
-                pieces += [kernel, self.blocked_loops(shape)]
+                pieces += [_MICRO_KERNELS[isa](shape, self.dtype), self.blocked_loops(shape)]
             pieces.append(_shape_choice(shapes))
         pieces.append("#endif")
         return "\n".join(pieces)
@@ -527,6 +546,10 @@ _VECTOR_SPELLINGS = {
 }
 
 
+#: element size -> NEON vector type, intrinsic suffix
+_NEON_SPELLINGS = {4: ("float32x4_t", "f32"), 8: ("float64x2_t", "f64")}
+
+
 def _vector_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
     """An MR x NR micro-kernel in AVX-512 or AVX2 intrinsics, unrolled over the register block.
 
@@ -608,7 +631,76 @@ def _vector_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
     return "\n".join(lines)
 
 
-def _portable_micro_kernel(shape: MicroKernelShape, ctype: str) -> str:
+def _neon_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
+    """An MR x NR micro-kernel in arm_neon.h intrinsics (AArch64), unrolled over the register
+    block; called like the AVX kernels (:func:`_vector_micro_kernel`).
+
+    When a column of A is MR consecutive values (packed A, or A itself stored with M innermost)
+    and all MR rows are real, it is loaded as MR / lanes vectors and each row's multiply-add
+    takes its element as a lane operand (``fmla v.4s, v.4s, v.s[i]``); else each element of A
+    is loaded alone (rows i >= a_rows read row 0, their results are dropped).  B rows are read
+    in full: without masked loads, the loops pass B itself only for full slivers (as for AVX2).
+    A block whose NR columns are all there and contiguous in C (``unit``) is updated with
+    vector loads and stores; edge blocks and scattered columns go through a buffer and
+    ``polyc_scatter``, so nothing outside C is touched.
+    """
+    ctype = c_type(dtype)
+    vec, suffix = _NEON_SPELLINGS[np.dtype(dtype).itemsize]
+    mr, nr, nv, lanes = shape.mr, shape.nr, shape.vectors, shape.lanes
+    acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
+    lines = [f"/* {mr} x {nr} block: C[c_m[i] + c_n[j]] (+)= sum over k < kc of A(i, k) * B(k, j). */",
+             f"static inline void polyc_kernel_{shape.name}(int64_t kc, const {ctype} *restrict ap, int64_t a_rows,",
+             f"    int64_t a_rs, int64_t a_cs, const {ctype} *restrict bp, int64_t b_rs, int b_full,",
+             f"    {ctype} *restrict c, const int64_t *restrict c_m, const int64_t *restrict c_n, int64_t mr,",
+             "    int64_t nr, int beta, int unit)",
+             "{",
+             "    (void)b_full;"]
+    for row in acc:
+        lines.append(f"    {vec} " + ", ".join(f"{name} = vdupq_n_{suffix}(0)" for name in row) + ";")
+    # The block of C is read after the loop: start fetching its rows now.
+    lines += ["    if (unit)",
+              "        for (int64_t i = 0; i < mr; i++) {",
+              "            __builtin_prefetch(c + c_n[0] + c_m[i]);",
+              "            __builtin_prefetch(c + c_n[0] + c_m[i] + nr - 1);",
+              "        }"]
+    load_b = f"const {vec} " + ", ".join(f"b{v} = vld1q_{suffix}(bp + {v * lanes})" for v in range(nv)) + ";"
+    # A's column as vectors, each row's element a lane of one of them.
+    lines += [f"    if (a_rs == 1 && a_rows == {mr}) {{",
+              "        for (int64_t k = 0, ka = 0; k < kc; k++, ka += a_cs, bp += b_rs) {",
+              f"            {load_b}",
+              f"            const {vec} " + ", ".join(f"av{x} = vld1q_{suffix}(ap + ka + {x * lanes})"
+                                                 for x in range(mr // lanes)) + ";"]
+    for i in range(mr):
+        lines.append("            " + " ".join(
+            f"{acc[i][v]} = vfmaq_laneq_{suffix}({acc[i][v]}, b{v}, av{i // lanes}, {i % lanes});" for v in range(nv)))
+    lines += ["        }", "    } else {"]
+    # A element by element, from row pointers (A read in place with rows apart, or a partial block).
+    lines += [f"        const {ctype} *restrict a{i} = ap + {'0' if i == 0 else f'(a_rows > {i} ? {i} * a_rs : 0)'};"
+              for i in range(mr)]
+    lines += ["        for (int64_t k = 0, ka = 0; k < kc; k++, ka += a_cs, bp += b_rs) {",
+              f"            {load_b}"]
+    for i in range(mr):
+        lines.append(f"            {{ const {ctype} a = a{i}[ka]; " + " ".join(
+            f"{acc[i][v]} = vfmaq_n_{suffix}({acc[i][v]}, b{v}, a);" for v in range(nv)) + " }")
+    lines += ["        }", "    }"]
+    lines += [f"    if (unit && nr == {nr}) {{", f"        {ctype} *restrict base = c + c_n[0];"]
+    for i in range(mr):
+        guard = "" if i == 0 else f"if (mr > {i}) "
+        body = [f"{ctype} *restrict row = base + c_m[{i}];"]
+        body += [f"if (beta) {acc[i][v]} = vaddq_{suffix}(vld1q_{suffix}(row + {v * lanes}), {acc[i][v]});"
+                 for v in range(nv)]
+        body += [f"vst1q_{suffix}(row + {v * lanes}, {acc[i][v]});" for v in range(nv)]
+        lines.append(f"        {guard}{{ " + " ".join(body) + " }")
+    lines += ["    } else {", f"        {ctype} block[{mr * nr}] __attribute__((aligned(16)));"]
+    for i in range(mr):
+        lines.append("        " + " ".join(f"vst1q_{suffix}(block + {i * nr + v * lanes}, {acc[i][v]});"
+                                           for v in range(nv)))
+    lines += [f"        polyc_scatter(block, {nr}, c, c_m, c_n, mr, nr, beta);", "    }", "}"]
+    return "\n".join(lines)
+
+
+def _portable_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
+    ctype = c_type(dtype)
     text = _typed(r"""
 /* MR x NR block in portable C (A and B addressed as in the vector kernels, B rows read in
    full); the compiler vectorises the inner loop. */
@@ -629,6 +721,11 @@ static inline void polyc_kernel_SHAPE(int64_t kc, const T *restrict ap, int64_t 
     polyc_scatter(block, NR, c, c_m, c_n, mr, nr, beta);
 }""", ctype)
     return re.sub(r"\bMR\b", str(shape.mr), re.sub(r"\bNR\b", str(shape.nr), text)).replace("SHAPE", shape.name)
+
+
+#: The writer of each instruction set's micro-kernel (shape, dtype) -> C.
+_MICRO_KERNELS = {"avx512": _vector_micro_kernel, "avx2": _vector_micro_kernel, "neon": _neon_micro_kernel,
+                  "portable": _portable_micro_kernel}
 
 
 def _transposed_b(shape: MicroKernelShape, dtype: np.dtype) -> str:
@@ -801,6 +898,9 @@ static void polyc_barrier_wait(polyc_barrier_t *barrier, int nthr)
 #if defined(__x86_64__) || defined(__i386__)
         else
             __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        else
+            __asm__ __volatile__("yield");
 #endif
     }
 }

@@ -2,11 +2,14 @@
 
 A :class:`Target` names the machine generated C is built for: the C compiler (a cross compiler
 for aarch64), the optimisation and instruction-set flags, and the vector width.  The C text is
-the same portable C99 + OpenMP for every target; vectorisation is the C compiler's job, steered
-by the ``#pragma omp simd`` the scheduler puts on vector loops.  For ``neon``,
+the same C99 + OpenMP for every target; vectorisation is the C compiler's job, steered by the
+``#pragma omp simd`` the scheduler puts on vector loops.  For ``neon``,
 ``aarch64-linux-gnu-gcc -O3 -march=armv8-a+simd`` turns those loops into Advanced SIMD code
 (``ldr q``/``ld1`` loads, ``fmla v.4s`` multiply-adds); for ``avx512`` and ``avx2``, gcc uses
-``zmm``/``ymm`` registers.
+``zmm``/``ymm`` registers.  Contraction kernels (:mod:`polyc.codegen.gemm`) also hold register
+micro-kernels in intrinsics for AVX-512, AVX2 and NEON, and the C preprocessor keeps the ones
+the target's compiler and flags define (``__aarch64__`` and ``__ARM_NEON`` for ``neon``), so
+an export needs no target-specific text.
 
     >>> TARGETS["neon"].compile_command(["main.c", "matmul.c"], "main", "-static")
     ['aarch64-linux-gnu-gcc', '-O3', '-march=armv8-a+simd', '-std=gnu11', '-fopenmp', '-static', '-o', 'main', 'main.c', 'matmul.c', '-lm']
