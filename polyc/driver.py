@@ -19,6 +19,7 @@ import islpy as isl
 import numpy as np
 
 from polyc.codegen.c import GeneratedKernel, generate_c
+from polyc.codegen.conv import CONV_KERNEL_MARK, generate_conv
 from polyc.codegen.gemm import STATUS_OUT_OF_MEMORY, generate_gemm
 from polyc.errors import BoundsError
 from polyc.ir.dependences import Dependences, compute_dependences
@@ -28,6 +29,7 @@ from polyc.options import Options
 from polyc.runtime import CompilerOptions, get_function, get_or_build, load_library
 from polyc.runtime.arguments import BoundCall
 from polyc.schedule.contraction import Contraction, recognise_gemm_def, worth_a_gemm_kernel
+from polyc.schedule.convolution import Convolution, recognise_conv_def
 from polyc.schedule.scheduler import compute_schedule
 from polyc.schedule.transform import optimize_schedule
 
@@ -42,6 +44,7 @@ class Stages:
     optimized_schedule: isl.Schedule
     kernel: GeneratedKernel
     contraction: Contraction | None = None  # set when ``kernel`` is a BLIS-style contraction kernel
+    convolution: Convolution | None = None  # set when ``kernel`` is a direct convolution kernel
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,9 @@ def compile_stages(definition: CheckedDef, options: Options,
     The schedule is computed for all sizes (``analysis``, computed here when not given); the
     sizes then fix the context of tiling decisions and of code generation.  A def that is one
     tensor contraction (plus elementwise epilogues) gets the BLIS-style kernel of
-    :mod:`polyc.codegen.gemm`; the schedules are still computed, for inspection.
+    :mod:`polyc.codegen.gemm`, a def that is one convolution (plus elementwise epilogues) the
+    direct convolution kernel of :mod:`polyc.codegen.conv`; the schedules are still computed,
+    for inspection.
     """
     analysis = analysis or analyse(definition, options.fusion)
     dependences, schedule = analysis.dependences, analysis.schedule
@@ -81,6 +86,10 @@ def compile_stages(definition: CheckedDef, options: Options,
     if contraction is not None:
         return Stages(program, dependences, schedule, optimized, generate_gemm(program, contraction, options),
                       contraction)
+    convolution = find_convolution(definition, options)
+    if convolution is not None:
+        return Stages(program, dependences, schedule, optimized, generate_conv(program, convolution, options),
+                      convolution=convolution)
     return Stages(program, dependences, schedule, optimized, generate_c(program, optimized, options))
 
 
@@ -90,6 +99,13 @@ def find_blas_contraction(definition: CheckedDef, options: Options) -> Contracti
         return None
     contraction = recognise_gemm_def(definition)
     return contraction if contraction is not None and worth_a_gemm_kernel(contraction) else None
+
+
+def find_convolution(definition: CheckedDef, options: Options) -> Convolution | None:
+    """The convolution a def is compiled as by the direct convolution kernel, or None."""
+    if options.backend != "c" or not options.direct_convolutions:
+        return None
+    return recognise_conv_def(definition)
 
 
 def compiler_options(options: Options) -> CompilerOptions:
@@ -153,7 +169,8 @@ class CompiledKernel:
         pointers = [buffers[name].ctypes.data for name in compiled.kernel.tensor_arguments]
         sizes = [call.sizes[s] for s in compiled.kernel.size_arguments]
         status = compiled.function(*pointers, *sizes)
-        if status == STATUS_OUT_OF_MEMORY and "polyc gemm kernel" in compiled.kernel.source:
+        if status == STATUS_OUT_OF_MEMORY and ("polyc gemm kernel" in compiled.kernel.source
+                                               or CONV_KERNEL_MARK in compiled.kernel.source):
             raise MemoryError(f"{definition.name}: the kernel could not allocate its packing buffers")
         if status != 0:
             raise BoundsError(f"{definition.name}: a data-dependent subscript fell outside its tensor "
