@@ -324,6 +324,13 @@ def test_variants_against_the_interpreter(name, options):
     assert kernel.stages(None).convolution is not None
 
 
+def test_register_block_rows_follow_the_output_channels():
+    from polyc.codegen.conv import choose_rows
+    assert [choose_rows(f) for f in (None, 1, 2, 3, 5, 8, 64)] == [4, 1, 2, 4, 2, 4, 4]
+    source = polyc.define(DEPTHWISE).conv.c_source(dict(N=1, C=2, H=5, W=5, KH=3, KW=3))
+    assert "1 output channels per register block" in source and "#define POLYC_RF 1" in source
+
+
 def test_float64_with_epilogue_and_every_block_shape():
     """float64 vectors hold half as many points; channel counts 1, 2, 3, 5 and 8 select every
     register block's row count (1, 2, 4) and leave partial blocks of channels."""

@@ -42,12 +42,16 @@ image (strided convolutions, NHWC layouts) each run of NR points is packed into 
 ``[r][NR]`` first, shared by all the channel blocks of the run (an im2col of one tile, in
 cache, never of the whole image).
 
-Edges.  A tile of NR points ends early at the last point: its last vector loads and stores
-under a lane mask (AVX-512 ``maskz_loadu``/``mask_storeu``, AVX2 ``maskload``/``maskstore``),
-and shorter tiles use kernels with fewer vectors (one per count 1..RV), so no lane beyond the
-last point is read and little is computed on padding.  A tile whose outputs are not
-consecutive in O (flattened rows, other layouts) is written through a buffer, point by point.
-Nothing outside the tensors is read or written.
+Edges and write-back.  A tile of NR points ends early at the last point: its last vector
+loads and stores under a lane mask (AVX-512 ``maskz_loadu``/``mask_storeu``, AVX2
+``maskload``/``maskstore``), and shorter tiles use kernels with fewer vectors (one per count
+1..RV), so no lane beyond the last point is read and little is computed on padding.  A tile
+whose outputs are consecutive in O is stored straight from the registers.  A flattened tile
+that crosses the end of a row has its dropped points in between; its output points are still
+consecutive in O once those are left out, so AVX-512 compresses each vector's kept lanes
+together (``vcompressps``) and stores them under a mask, from the registers too.  Otherwise
+(AVX2 and portable builds of such tiles, NHWC and other layouts) the block goes through a
+buffer, point by point.  Nothing outside the tensors is read or written.
 
 Register blocks.  The instruction set is chosen by the C preprocessor, so one source serves
 every machine: AVX-512 (``__AVX512F__``), AVX2 with FMA, or portable C whose loops the compiler
@@ -57,7 +61,9 @@ export builds).  RF is chosen from the number of output channels when the sizes 
 vectors of points), RV from the registers: AVX-512 4 x 6 (24 accumulators), AVX2 4 x 3.
 
 Epilogues (bias, activation) run on each finished block of RF channels x NR points while it is
-in L1, after its write-back.  Threads (``parallel=True``, enough work): OpenMP shares out
+in L1, after its write-back, as a loop over the block's output points (consecutive ones: a
+plain loop the compiler vectorises; there fmin/fmax are inline functions with C's semantics,
+not calls into libm).  Threads (``parallel=True``, enough work): OpenMP shares out
 (item, tile of points, chunk of channel blocks) triples dynamically; a chunk is all the channel
 blocks unless there are fewer than four triples per thread.  ``options.tile_sizes`` with at
 least one entry sets the channels per chunk (its first entry, rounded to a multiple of RF).
@@ -99,12 +105,13 @@ ISA_GUARDS = {
 #: accumulators, RV loaded vectors and one broadcast fit the registers (32 with AVX-512, 16
 #: with AVX2).  With one row each loaded vector is used once (a memory operand of the FMA).
 _VECTORS = {
-    "avx512": {1: 8, 2: 10, 4: 6, 8: 3},
-    "avx2": {1: 6, 2: 5, 4: 3, 8: 1},
+    "avx512": {1: 8, 2: 10, 4: 6},
+    "avx2": {1: 6, 2: 5, 4: 3},
 }
 
-#: Relative speed of each RF on full blocks (fewer rows: fewer FMAs per load).
-_ROW_EFFICIENCY = {4: 1.0, 8: 0.97, 2: 0.8, 1: 0.55}
+#: Relative speed of each RF on full blocks (fewer rows: fewer FMAs per load).  More than 4
+#: rows would only pad more channels, at the same ratio of loads to FMAs.
+_ROW_EFFICIENCY = {4: 1.0, 2: 0.8, 1: 0.55}
 
 
 @dataclass(frozen=True)
