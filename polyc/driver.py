@@ -19,6 +19,7 @@ import islpy as isl
 import numpy as np
 
 from polyc.codegen.c import GeneratedKernel, generate_c
+from polyc.codegen.conv import generate_conv
 from polyc.codegen.gemm import STATUS_OUT_OF_MEMORY, generate_gemm
 from polyc.codegen.gemv import generate_gemv
 from polyc.codegen.link import link_segments
@@ -30,6 +31,7 @@ from polyc.options import Options
 from polyc.runtime import CompilerOptions, get_function, get_or_build, load_library
 from polyc.runtime.arguments import BoundCall
 from polyc.schedule.contraction import Contraction, recognise_gemm_def, worth_a_gemm_kernel
+from polyc.schedule.convolution import Convolution, recognise_conv_def
 from polyc.schedule.scheduler import compute_schedule
 from polyc.schedule.segments import plan_segments
 from polyc.schedule.transform import optimize_schedule
@@ -45,6 +47,7 @@ class Stages:
     optimized_schedule: isl.Schedule
     kernel: GeneratedKernel
     contraction: Contraction | None = None  # set when ``kernel`` is a contraction (gemm or gemv) kernel
+    convolution: Convolution | None = None  # set when ``kernel`` is a direct convolution kernel
     segments: tuple["Stages", ...] = ()     # when ``kernel`` runs the def in segments, theirs
 
 
@@ -73,7 +76,9 @@ def compile_stages(definition: CheckedDef, options: Options,
     The schedule is computed for all sizes (``analysis``, computed here when not given); the
     sizes then fix the context of tiling decisions and of code generation.  A def that is one
     tensor contraction (plus elementwise epilogues) gets the BLIS-style kernel of
-    :mod:`polyc.codegen.gemm`; a def with contractions among other statements is compiled in
+    :mod:`polyc.codegen.gemm` (a matrix-vector product that of :mod:`polyc.codegen.gemv`), a
+    def that is one convolution (plus elementwise epilogues) the direct convolution kernel of
+    :mod:`polyc.codegen.conv`; a def with contractions among other statements is compiled in
     segments (:mod:`polyc.schedule.segments`), each through its own stages, and linked into
     one kernel.  The whole def's schedules are still computed, for inspection.
     """
@@ -88,6 +93,10 @@ def compile_stages(definition: CheckedDef, options: Options,
         generate = generate_gemv if contraction.is_matvec else generate_gemm
         return Stages(program, dependences, schedule, optimized, generate(program, contraction, options),
                       contraction)
+    convolution = find_convolution(definition, options)
+    if convolution is not None:
+        return Stages(program, dependences, schedule, optimized, generate_conv(program, convolution, options),
+                      convolution=convolution)
     segments = plan_segments(definition) if _blas_enabled(options) else None
     if segments is not None:
         parts = tuple(compile_stages(segment.definition, options, sizes) for segment in segments)
@@ -107,6 +116,13 @@ def find_blas_contraction(definition: CheckedDef, options: Options) -> Contracti
         return None
     contraction = recognise_gemm_def(definition)
     return contraction if contraction is not None and worth_a_gemm_kernel(contraction) else None
+
+
+def find_convolution(definition: CheckedDef, options: Options) -> Convolution | None:
+    """The convolution a def is compiled as by the direct convolution kernel, or None."""
+    if options.backend != "c" or not options.direct_convolutions:
+        return None
+    return recognise_conv_def(definition)
 
 
 def compiler_options(options: Options) -> CompilerOptions:
@@ -170,7 +186,7 @@ class CompiledKernel:
         pointers = [buffers[name].ctypes.data for name in compiled.kernel.tensor_arguments]
         sizes = [call.sizes[s] for s in compiled.kernel.size_arguments]
         status = compiled.function(*pointers, *sizes)
-        if status == STATUS_OUT_OF_MEMORY:  # only contraction kernels allocate memory
+        if status == STATUS_OUT_OF_MEMORY:  # only contraction and convolution kernels allocate
             raise MemoryError(f"{definition.name}: the kernel could not allocate its packing buffers")
         if status != 0:
             raise BoundsError(f"{definition.name}: a data-dependent subscript fell outside its tensor "

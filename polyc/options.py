@@ -26,6 +26,10 @@ class Options:
       permutation, plus elementwise epilogues) to a BLIS-style kernel (:mod:`polyc.codegen.gemm`)
       instead of the generic polyhedral path; there ``tile_sizes`` of three or more entries are
       its block sizes ``(MC, NC, KC)``.
+    - ``direct_convolutions``: compile a def that is one convolution (any strides, dilations,
+      groups, depthwise, 1-D to 3-D, plus elementwise epilogues) to the direct convolution
+      kernel (:mod:`polyc.codegen.conv`) instead of the generic polyhedral path; there the first
+      entry of ``tile_sizes`` is the number of output channels per work item.
     """
 
     backend: str = "c"
@@ -38,6 +42,7 @@ class Options:
     cc: str | None = None
     cflags: tuple[str, ...] | None = None
     blas_contractions: bool = True
+    direct_convolutions: bool = True
 
     @staticmethod
     def from_kwargs(**kwargs) -> "Options":
@@ -64,7 +69,7 @@ class Options:
             raise PolycError(f"tile_sizes must be positive integers, not {self.tile_sizes!r}")
         if not isinstance(self.unroll, int) or self.unroll < 1:
             raise PolycError(f"unroll must be an integer >= 1, not {self.unroll!r}")
-        for name in ("parallel", "vectorize", "specialize", "blas_contractions"):
+        for name in ("parallel", "vectorize", "specialize", "blas_contractions", "direct_convolutions"):
             if not isinstance(getattr(self, name), bool):
                 raise PolycError(f"{name} must be True or False, not {getattr(self, name)!r}")
 

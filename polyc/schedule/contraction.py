@@ -60,9 +60,10 @@ import numpy as np
 
 from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine
+from polyc.schedule.patterns import KERNEL_DTYPES, is_epilogue, strip_casts
 
 #: Element types a contraction kernel is generated for (target and both operands alike).
-CONTRACTION_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+CONTRACTION_DTYPES = KERNEL_DTYPES
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,9 @@ def recognise_gemm_def(definition: ir.CheckedDef) -> Contraction | None:
     if contraction is None or definition.tensor(contraction.target.tensor).role is not ir.Role.OUTPUT:
         return None
     epilogues = definition.statements[1:]
-    if not all(is_epilogue(s, contraction, definition) for s in epilogues):
+    extents = dict(contraction.extents)
+    target = contraction.target
+    if not all(is_epilogue(s, target.tensor, target.indices, extents, definition) for s in epilogues):
         return None
     return Contraction(**{**contraction.__dict__, "epilogues": tuple(epilogues)})
 
@@ -273,7 +276,7 @@ def _factors(product: ir.TExpr, dtype: np.dtype,
     scale: list[ir.TExpr] = []
 
     def collect(expr: ir.TExpr) -> bool:
-        expr = _strip_casts(expr)
+        expr = strip_casts(expr)
         if expr.dtype != dtype:
             return False
         if isinstance(expr, ir.Binary) and expr.op == "*":
@@ -293,11 +296,6 @@ def _factors(product: ir.TExpr, dtype: np.dtype,
         return None
     return (reads[0], reads[1]), tuple(scale)
 
-
-def _strip_casts(expr: ir.TExpr) -> ir.TExpr:
-    while isinstance(expr, ir.Cast) and expr.operand.dtype == expr.dtype:
-        expr = expr.operand
-    return expr
 
 
 def _plain_indices(subscripts) -> tuple[str, ...] | None:
@@ -330,28 +328,3 @@ def _full_range_extents(statement: ir.CheckedStatement, definition: ir.CheckedDe
                 return None
             extents[index] = extent
     return extents
-
-
-def is_epilogue(statement: ir.CheckedStatement, contraction: Contraction, definition: ir.CheckedDef) -> bool:
-    """Whether ``statement`` updates the contraction's target element by element (see
-    :func:`recognise_gemm_def`)."""
-    target = contraction.target
-    if statement.target != target.tensor or statement.reduction_indices:
-        return False
-    if statement.op != "=" and statement.init:
-        return False
-    if len(statement.indices) != len(target.indices) or len(set(statement.indices)) != len(statement.indices):
-        return False
-    for index, contraction_index in zip(statement.indices, target.indices):
-        r = statement.range_of(index)
-        if r.lo != Affine.const(0) or r.hi != contraction.extent(contraction_index):
-            return False
-    own_point = tuple(Affine.var(i) for i in statement.indices)
-    for read in ir.reads(statement.rhs):
-        if not read.is_affine:
-            return False
-        if read.tensor == target.tensor and tuple(read.subscripts) != own_point:
-            return False  # another element of the target may not be final yet
-        if read.tensor != target.tensor and definition.tensor(read.tensor).role is not ir.Role.INPUT:
-            return False
-    return True

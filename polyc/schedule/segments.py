@@ -32,8 +32,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from polyc.lang import checked as ir
-from polyc.schedule.contraction import (Contraction, is_epilogue, recognise_contraction, recognise_gemm_def,
-                                        worth_a_gemm_kernel)
+from polyc.schedule.contraction import Contraction, recognise_contraction, recognise_gemm_def, worth_a_gemm_kernel
+from polyc.schedule.patterns import is_epilogue
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,10 @@ def plan_segments(definition: ir.CheckedDef) -> tuple[Segment, ...] | None:
             continue
         group = [statements[position]]
         position += 1
+        target, extents = contraction.target, dict(contraction.extents)
         while position < len(statements) and is_epilogue(
-                statements[position], contraction, sub_definition(definition, group + [statements[position]], 0)):
+                statements[position], target.tensor, target.indices, extents,
+                sub_definition(definition, group + [statements[position]], 0)):
             group.append(statements[position])
             position += 1
         groups.append(("gemv" if contraction.is_matvec else "gemm", group))

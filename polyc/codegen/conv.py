@@ -1,0 +1,884 @@
+"""C for convolutions: a direct kernel, vectorised along output pixels, register-blocked over
+output channels, with no im2col copy of the image.
+
+For a :class:`~polyc.schedule.convolution.Convolution` this module prints one translation unit
+whose function has the same signature as the generic back end's (:mod:`polyc.codegen.c`).
+Every convolution is written as a sum of products of offsets that the kernel tabulates once
+per call::
+
+    O[out_b[b] + out_f[f] + out_p[q]] (+)= sum over r of I[in_b[b] + in_p[q] + in_r[r]] * W[w_g[g(b)] + w_f[f] + w_r[r]]
+
+where ``b`` runs over *items* (batch indices, group indices and the outer spatial indices),
+``f`` over the output channels (the F indices, flattened), ``q`` over the *points* (the inner
+spatial indices) and ``r`` over the reduction (input channels and kernel offsets, in W's
+order).  A window ``s*x + d*k + o`` splits into ``s*x`` (in ``in_b`` or ``in_p``) and
+``d*k + o`` (in ``in_r``), which is what makes this form exact for any strides, dilations,
+groups and layouts.  It is a matrix product ``O[f, q] = W[f, r] * B[r, q]`` whose B (the
+im2col matrix) is never built: row r of B at points q0.. is the image itself at
+``in_b[b] + in_p[q0] + in_r[r]`` when the points are consecutive in the image.
+
+Which dimension is vectorised.  The register block holds RF output channels x RV vectors of
+consecutive points: each step of the reduction loads RV vectors of the image (one row of B),
+broadcasts RF packed weights, and does RF x RV fused multiply-adds.  Vectorising along the
+points (rather than along the output channels, with W packed in channel blocks and the image
+broadcast) is chosen because in the layouts convolutions come in (NCHW: ``O(n, f, h, w)``,
+``I(n, c, h + kh, w + kw)``) the output width ``w`` is the stride-1 dimension of both the
+output and, at stride 1, of the image, so the loads and the stores are plain contiguous vector
+accesses, while the output channels are a whole plane apart in O (vectorising along them would
+scatter every store).  The weights are packed once per call into blocks of RF channels,
+``[group][channel block][r][RF]`` (zero rows pad the last block), so the broadcasts read one
+contiguous stream.
+
+The points.  When the two innermost dimensions of O are spatial indices ``h, w`` whose windows
+have stride 1 on the two innermost dimensions of I (``I(.., h + d*kh, w + d*kw)``), the points
+are flattened with the image's row pitch: ``q = h * IW + w`` over ``[0, (OH - 1) * IW + OW)``,
+so that every run of NR points is one contiguous run of the image, across rows.  Points with
+``w >= OW`` (``(KW - 1) * d`` per row) are computed and dropped (``out_p[q] < 0``): for 56-wide
+3x3 layers that is 4 % of the work, while cutting each row into whole vectors would waste 16 %
+(54 = 3 x 16 + 6), and for 14-wide images far more.  The last point stays inside the image,
+so nothing is read out of bounds.  Otherwise the points are the spatial indices in O's order
+(or, with a strided innermost window, all of them), and when they are not consecutive in the
+image (strided convolutions, NHWC layouts) each run of NR points is packed into a panel
+``[r][NR]`` first, shared by all the channel blocks of the run (an im2col of one tile, in
+cache, never of the whole image).
+
+Edges and write-back.  A tile of NR points ends early at the last point: its last vector
+loads and stores under a lane mask (AVX-512 ``maskz_loadu``/``mask_storeu``, AVX2
+``maskload``/``maskstore``), and shorter tiles use kernels with fewer vectors (one per count
+1..RV), so no lane beyond the last point is read and little is computed on padding.  A tile
+whose outputs are consecutive in O is stored straight from the registers.  A flattened tile
+that crosses the end of a row has its dropped points in between; its output points are still
+consecutive in O once those are left out, so AVX-512 compresses each vector's kept lanes
+together (``vcompressps``) and stores them under a mask, from the registers too.  Otherwise
+(AVX2 and portable builds of such tiles, NHWC and other layouts) the block goes through a
+buffer, point by point.  Nothing outside the tensors is read or written.
+
+Register blocks.  The instruction set is chosen by the C preprocessor, so one source serves
+every machine: AVX-512 (``__AVX512F__``), AVX2 with FMA, or portable C whose loops the compiler
+vectorises (``vectorize=False`` selects the portable code everywhere; it is also what an aarch64
+export builds).  RF is chosen from the number of output channels when the sizes are known (4;
+1 or 2 for depthwise and other few-channel filters, whose register block then holds more
+vectors of points), RV from the registers: AVX-512 4 x 6 (24 accumulators), AVX2 4 x 3.
+
+Epilogues (bias, activation) run on each finished block of RF channels x NR points while it is
+in L1, after its write-back, as a loop over the block's output points (consecutive ones: a
+plain loop the compiler vectorises; there fmin/fmax are inline functions with C's semantics,
+not calls into libm).  Threads (``parallel=True``, enough work): OpenMP shares out
+(item, tile of points, chunk of channel blocks) triples dynamically; a chunk is all the channel
+blocks unless there are fewer than four triples per thread.  ``options.tile_sizes`` with at
+least one entry sets the channels per chunk (its first entry, rounded to a multiple of RF).
+The function returns 0, or 2 when memory for its tables and buffers could not be allocated.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from math import prod
+
+import numpy as np
+
+from polyc.codegen.c import _C_KEYWORDS, GeneratedKernel, _combine, _extent_name
+from polyc.codegen.c_expr import PRELUDE, CExpressionPrinter, c_type
+from polyc.ir.model import PolyProgram
+from polyc.lang import checked as ir
+from polyc.lang.symbolic import Affine
+from polyc.options import Options
+from polyc.schedule.convolution import Convolution
+
+#: The return value when tables or buffers cannot be allocated (as the gemm kernel's).
+STATUS_OUT_OF_MEMORY = 2
+
+#: Marks the generated source (the driver reads it to report allocation failures).
+CONV_KERNEL_MARK = "polyc conv kernel"
+
+#: Below this many multiply-adds a convolution runs on one thread.
+_PARALLEL_THRESHOLD = 64 * 64 * 64
+
+#: The C preprocessor condition of each instruction set, best first (portable: the rest).
+ISA_GUARDS = {
+    "avx512": "!defined(POLYC_CONV_PORTABLE) && defined(__AVX512F__)",
+    "avx2": "!defined(POLYC_CONV_PORTABLE) && defined(__AVX2__) && defined(__FMA__)",
+    "portable": None,
+}
+
+#: Vectors of points per register block, per instruction set and channel rows RF: RF x RV
+#: accumulators, RV loaded vectors and one broadcast fit the registers (32 with AVX-512, 16
+#: with AVX2).  With one row each loaded vector is used once (a memory operand of the FMA).
+_VECTORS = {
+    "avx512": {1: 8, 2: 10, 4: 6},
+    "avx2": {1: 6, 2: 5, 4: 3},
+}
+
+#: Relative speed of each RF on full blocks (fewer rows: fewer FMAs per load).  More than 4
+#: rows would only pad more channels, at the same ratio of loads to FMAs.
+_ROW_EFFICIENCY = {4: 1.0, 2: 0.8, 1: 0.55}
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """RF channel rows x ``vectors`` vectors of ``lanes`` points."""
+
+    isa: str
+    rf: int
+    lanes: int
+    vectors: int
+
+    @property
+    def nr(self) -> int:
+        return self.lanes * self.vectors
+
+
+def choose_rows(channels: int | None) -> int:
+    """RF for a number of output channels (None: unknown, parametric): the best
+    ``efficiency x useful rows``, where the last block of channels is padded to RF rows."""
+    if not channels:
+        return 4
+    return max(_ROW_EFFICIENCY, key=lambda rf: _ROW_EFFICIENCY[rf] * channels / (-(-channels // rf) * rf))
+
+
+def block_shape(isa: str, dtype: np.dtype, rf: int) -> BlockShape:
+    """The register block of ``isa`` for ``rf`` channel rows; portable: one buffer of 32 bytes x 4."""
+    itemsize = np.dtype(dtype).itemsize
+    if isa == "portable":
+        return BlockShape(isa, rf, 128 // itemsize, 1)
+    lanes = (64 if isa == "avx512" else 32) // itemsize
+    return BlockShape(isa, rf, lanes, _VECTORS[isa][rf])
+
+
+def generate_conv(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel:
+    """The C translation unit computing ``program`` (one convolution and its epilogues)."""
+    return _ConvWriter(program, conv, options).write()
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How the kernel enumerates the convolution: which target indices are items and points,
+    and whether the points are flattened rows (``flat``: the last two indices, image row
+    pitch) or a plain product."""
+
+    items: tuple[str, ...]
+    points: tuple[str, ...]
+    flat: bool
+    reduction: tuple[str, ...]
+
+
+def _layout(conv: Convolution, image_rank: int) -> _Layout:
+    reduction = tuple(i for i in conv.weight_indices if i in conv.channels or i in conv.kernel)
+    inner = conv.target_indices[-1]
+    if inner in conv.spatial and conv.window_of(inner).stride == 1 and conv.window_of(inner).dim == image_rank - 1:
+        outer = conv.target_indices[-2] if len(conv.target_indices) >= 2 else None
+        if outer in conv.spatial and conv.window_of(outer).stride == 1 \
+                and conv.window_of(outer).dim == image_rank - 2:
+            points, flat = (outer, inner), True
+        else:
+            points, flat = (inner,), False
+    else:
+        points, flat = conv.spatial, False
+    items = tuple(i for i in conv.target_indices if i not in conv.f and i not in points)
+    return _Layout(items, points, flat, reduction)
+
+
+class _ConvWriter:
+    def __init__(self, program: PolyProgram, conv: Convolution, options: Options):
+        self.program = program
+        self.definition = program.definition
+        self.conv = conv
+        self.options = options
+        self.specialised = program.size_values is not None
+        self.dtype = conv.dtype
+        self.ctype = c_type(self.dtype)
+        tensor_names = {t.name for t in self.definition.tensors}
+        self.size_c = {p: (f"{p}_size" if p in tensor_names or p in _C_KEYWORDS else p) for p in program.params}
+        self.layout = _layout(conv, self.definition.tensor(conv.image).rank)
+        channels = None
+        if self.specialised:
+            channels = prod(conv.extent(i).evaluate(program.size_values) for i in conv.f)
+        elif all(conv.extent(i).is_constant for i in conv.f):
+            channels = prod(conv.extent(i).constant for i in conv.f)
+        self.rf = choose_rows(channels)
+
+    # ------------------------------------------------------------------ top level
+    def write(self) -> GeneratedKernel:
+        d = self.definition
+        name = f"polyc_{d.name}"
+        sizes = () if self.specialised else tuple(d.sizes)
+        parts = [self.header(), PRELUDE, self.includes(), _typed(_COMMON, self.ctype), self.context_struct(),
+                 self.instruction_sets(), self.epilogue_function(), self.driver(), self.entry_function(name, sizes),
+                 ""]
+        return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
+
+    def header(self) -> str:
+        o, lay = self.options, self.layout
+        sizes = ", ".join(f"{k}={v}" for k, v in self.program.size_values.items()) if self.specialised \
+            else "parametric"
+        lines = [f"{CONV_KERNEL_MARK} for def '{self.definition.name}' (direct convolution: points "
+                 f"vectorised, {self.rf} output channels per register block)",
+                 f"sizes: {sizes}",
+                 f"options: tile_sizes={o.tile_sizes} parallel={o.parallel} vectorize={o.vectorize} "
+                 f"specialize={o.specialize}",
+                 f"convolution: {self.conv.describe()}",
+                 f"items: ({', '.join(lay.items)}); points: ({', '.join(lay.points)})"
+                 + (" flattened with the image's row pitch" if lay.flat else "")
+                 + f"; reduction: ({', '.join(lay.reduction)})"]
+        lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
+        return "/*\n" + "\n".join(" * " + line.replace("*/", "* /") for line in lines) + "\n */"
+
+    def includes(self) -> str:
+        lines = []
+        if self.options.parallel:
+            lines += ["#ifdef _OPENMP", "#include <omp.h>", "#endif"]
+        if not self.options.vectorize:
+            lines.append("#define POLYC_CONV_PORTABLE 1")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ the context record
+    def epilogue_tensors(self) -> list[str]:
+        used = {self.conv.target} if self.conv.epilogues else set()
+        for statement in self.conv.epilogues:
+            used |= {read.tensor for read in ir.reads(statement.rhs)}
+        return [t.name for t in self.definition.tensors if t.name in used]
+
+    def context_struct(self) -> str:
+        t = self.ctype
+        fields = [f"const {t} *in", f"{t} *out", f"const {t} *wpack",
+                  "int64_t nitems, nf, nfb, npoints, nout, nred, ntiles, wg_stride",
+                  "const int64_t *in_b, *out_b, *wg_b, *out_f, *in_r, *in_p, *out_p, *out_c, *tile_p, *panel_r",
+                  "const unsigned char *unit",
+                  "const uint32_t *vmask",
+                  "int direct, packed_out, dense_out"]
+        for name in self.epilogue_tensors():
+            tensor = self.definition.tensor(name)
+            qualifier = "const " if tensor.role is ir.Role.INPUT else ""
+            fields.append(f"{qualifier}{c_type(tensor.dtype)} *t_{name}")
+        if self.conv.epilogues:
+            if not self.specialised:
+                fields += [f"int64_t s_{self.size_c[s]}" for s in self.definition.sizes]
+            fields += [f"const int64_t *ix_{index}" for index in self.conv.target_indices]
+        body = "\n".join(f"    {f};" for f in fields)
+        return ("/* Everything the loops need: the image, the output, the packed weights ([group][channel\n"
+                "   block][r][RF]); per item b the offsets in_b (image), out_b (output) and wg_b (packed weight\n"
+                "   group); per channel f out_f; per reduction point r in_r; per point q in_p and out_p (-1: a\n"
+                "   flattened point outside the output); per output point p (the points q with out_p[q] >= 0,\n"
+                "   in order) out_c; tile_p[t]: the first output point of tile t (t <= ntiles); panel_r[r] =\n"
+                "   r * NR; per tile unit (its outputs are consecutive); per vector of LANES points vmask (its\n"
+                "   lanes with out_p >= 0); direct: in_p[q] == in_p[0] + q for every q (the image is read in\n"
+                "   place, else tiles are packed); packed_out: out_c[p] == out_c[0] + p (the outputs of a tile\n"
+                "   are consecutive once the dropped points are left out); dense_out: and out_c[0] == 0;\n"
+                "   ix_*: index values for the epilogue (of the points: per output point p). */\n"
+                f"typedef struct {{\n{body}\n}} polyc_conv_t;")
+
+    # ------------------------------------------------------------------ register blocks
+    def instruction_sets(self) -> str:
+        pieces = []
+        for position, (isa, guard) in enumerate(ISA_GUARDS.items()):
+            pieces.append("#else" if guard is None else f"{'#if' if position == 0 else '#elif'} {guard}")
+            shape = block_shape(isa, self.dtype, self.rf)
+            if isa != "portable":
+                pieces.append("#include <immintrin.h>")
+            pieces += [f'#define POLYC_CONV_ISA "{isa}"', f"#define POLYC_RF {shape.rf}",
+                       f"#define POLYC_COMPRESS {1 if isa == 'avx512' else 0}",
+                       f"#define POLYC_NR {shape.nr}", f"#define POLYC_LANES {shape.lanes}"]
+            if isa == "portable":
+                pieces.append(_typed(_PORTABLE_KERNEL, self.ctype))
+            else:
+                pieces += [_vector_kernel(shape, self.dtype, nv) for nv in range(1, shape.vectors + 1)]
+                pieces.append(_dispatch(shape, self.ctype))
+        pieces.append("#endif")
+        return "\n".join(pieces)
+
+    # ------------------------------------------------------------------ epilogue
+    def epilogue_function(self) -> str:
+        conv = self.conv
+        if not conv.epilogues:
+            return ("#define POLYC_HAS_EPILOGUE 0\n"
+                    "static void polyc_epilogue(const polyc_conv_t *g, int64_t b, int64_t f0, int64_t rows,\n"
+                    "                           int64_t p0, int64_t p1)\n"
+                    "{ (void)g; (void)b; (void)f0; (void)rows; (void)p0; (void)p1; }")
+        lay = self.layout
+        body = self.size_declarations(lambda s: f"polyc_g->s_{self.size_c[s]}")
+        for name in self.epilogue_tensors():
+            tensor = self.definition.tensor(name)
+            qualifier = "const " if tensor.role is ir.Role.INPUT else ""
+            body.append(f"{qualifier}{c_type(tensor.dtype)} *restrict {name} = polyc_g->t_{name};")
+        body += [f"const int64_t polyc_ix_{i} = polyc_g->ix_{i}[polyc_b];" for i in lay.items]
+        body += ["(void)polyc_b;", "const int64_t polyc_ob = polyc_g->out_b[polyc_b];"]
+        statements = [self.epilogue_statement(s) + ";" for s in conv.epilogues]
+
+        def point_loop(offset: str) -> list[str]:
+            simd = ["#pragma omp simd"] if self.options.vectorize else []
+            return [*simd,
+                    "for (int64_t polyc_p = polyc_p0; polyc_p < polyc_p1; polyc_p++) {",
+                    *(f"    const int64_t polyc_ix_{i} = polyc_g->ix_{i}[polyc_p];" for i in lay.points),
+                    f"    const int64_t polyc_o = polyc_of + {offset};",
+                    *("    " + line for line in statements),
+                    "}"]
+
+        body += ["for (int64_t polyc_f = polyc_f0; polyc_f < polyc_f0 + polyc_rows; polyc_f++) {",
+                 *(f"    const int64_t polyc_ix_{i} = polyc_g->ix_{i}[polyc_f];" for i in conv.f),
+                 "    const int64_t polyc_of = polyc_ob + polyc_g->out_f[polyc_f];",
+                 "    if (polyc_g->dense_out) {  /* consecutive outputs: a plain loop the compiler vectorises */",
+                 *("        " + line for line in point_loop("polyc_p")),
+                 "    } else {",
+                 *("        " + line for line in point_loop("polyc_g->out_c[polyc_p]")),
+                 "    }", "}"]
+        return ("#define POLYC_HAS_EPILOGUE 1\n" + _INLINE_MIN_MAX +
+                "/* The statements after the convolution, on one finished block: item b, channels f0..,\n"
+                "   output points p0 <= p < p1. */\n"
+                "static void polyc_epilogue(const polyc_conv_t *polyc_g, int64_t polyc_b, int64_t polyc_f0,\n"
+                "                           int64_t polyc_rows, int64_t polyc_p0, int64_t polyc_p1)\n{\n"
+                + "\n".join("    " + line for line in body) + "\n}\n" + _INLINE_MIN_MAX_END)
+
+    def epilogue_statement(self, statement: ir.CheckedStatement) -> str:
+        conv = self.conv
+        index_c = {mine: f"polyc_ix_{theirs}" for mine, theirs in zip(statement.indices, conv.target_indices)}
+        target = self.definition.tensor(statement.target)
+        lhs = f"{conv.target}[polyc_o]"
+
+        def access(read: ir.Read, subscripts: list[str]) -> str:
+            if read.tensor == conv.target:  # at the statement's own point (checked by the recogniser)
+                return lhs
+            return self.element(read.tensor, subscripts)
+
+        printer = CExpressionPrinter(
+            access=access,
+            index=lambda n: index_c[n] if n in index_c else self.size_c[n],
+            size=lambda value: value.to_c(lambda n: self.size_c[n]),
+        )
+        value = printer.to_c(statement.rhs)
+        if statement.op == "=":
+            return f"{lhs} = {value}"
+        return f"{lhs} = {_combine(statement.op, target.dtype, lhs, value, c_type(target.dtype))}"
+
+    def element(self, tensor_name: str, subscripts: list[str]) -> str:
+        tensor = self.definition.tensor(tensor_name)
+        if tensor.rank == 0:
+            return f"{tensor_name}[0]"
+        offset = ""
+        for dim, subscript in enumerate(subscripts):
+            offset = f"({subscript})" if dim == 0 else f"({offset} * {_extent_name(tensor_name, dim)} + ({subscript}))"
+        return f"{tensor_name}[{offset}]"
+
+    def size_declarations(self, parametric_value) -> list[str]:
+        lines = []
+        for s in self.definition.sizes:
+            value = self.program.size_values[s] if self.specialised else parametric_value(s)
+            if value is not None:
+                lines.append(f"const int64_t {self.size_c[s]} = {value};")
+        for t in self.definition.tensors:
+            for dim, extent in enumerate(t.shape):
+                lines.append(f"const int64_t {_extent_name(t.name, dim)} = {self.size_expr(extent)};")
+        lines += [f"(void){_extent_name(t.name, dim)};" for t in self.definition.tensors for dim in range(t.rank)]
+        return lines
+
+    def size_expr(self, value: Affine) -> str:
+        return value.to_c(lambda name: self.size_c[name])
+
+    # ------------------------------------------------------------------ the loops
+    def driver(self) -> str:
+        text = _typed(_DRIVER, self.ctype)
+        if not self.options.parallel:
+            text = re.sub(r"#if defined\(_OPENMP\)\n.*?#endif\n", "", text, flags=re.DOTALL)
+        chunk = 0
+        if self.options.tile_sizes:
+            chunk = max(1, self.options.tile_sizes[0] // self.rf)
+        return (text.replace("STATUS", str(STATUS_OUT_OF_MEMORY))
+                .replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
+                .replace("CHUNK_BLOCKS", str(chunk)))
+
+    # ------------------------------------------------------------------ the entry point
+    def stride(self, tensor_name: str, dim: int) -> str:
+        tensor = self.definition.tensor(tensor_name)
+        factors = [_extent_name(tensor_name, d) for d in range(dim + 1, tensor.rank)]
+        return "(" + " * ".join(factors) + ")" if factors else "1"
+
+    def image_term(self, index: str) -> str | None:
+        """The image offset of ``index`` (as C in ``polyc_v_<index>``), or None when absent."""
+        conv = self.conv
+        v = f"polyc_v_{index}"
+        if index in conv.image_plain:
+            return f"{v} * {self.stride(conv.image, conv.image_plain.index(index))}"
+        for w in conv.windows:
+            if w.x == index:
+                return f"{v} * {w.stride} * {self.stride(conv.image, w.dim)}"
+            if w.k == index:
+                return f"{v} * {w.dilation} * {self.stride(conv.image, w.dim)}"
+        return None
+
+    def target_term(self, index: str) -> str:
+        return f"polyc_v_{index} * {self.stride(self.conv.target, self.conv.target_indices.index(index))}"
+
+    def weight_term(self, index: str) -> str:
+        return f"polyc_v_{index} * {self.stride(self.conv.weights, self.conv.weight_indices.index(index))}"
+
+    def loop_nest(self, indices: tuple[str, ...], assignments: list[str]) -> list[str]:
+        """A loop nest over ``indices`` (outermost first) counting the flat index ``polyc_x``
+        and running ``assignments`` (C statements in ``polyc_v_*`` and ``polyc_x``)."""
+        lines = ["{", "    int64_t polyc_x = 0;"]
+        for depth, index in enumerate(indices):
+            extent = self.size_expr(self.conv.extent(index))
+            lines.append("    " * (depth + 1) + f"for (int64_t polyc_v_{index} = 0; polyc_v_{index} < ({extent}); "
+                         f"polyc_v_{index}++) {{")
+        inner = "    " * (len(indices) + 1)
+        lines += [inner + a for a in assignments]
+        lines.append(f"{inner}polyc_x++;")
+        lines += ["    " * (depth + 1) + "}" for depth in reversed(range(len(indices)))]
+        lines += ["    (void)polyc_x;", "}"]
+        return lines
+
+    def entry_function(self, name: str, sizes: tuple[str, ...]) -> str:
+        d, conv, lay = self.definition, self.conv, self.layout
+        arguments = []
+        for t in d.tensors:
+            qualified = f"const {c_type(t.dtype)}" if t.role is ir.Role.INPUT else c_type(t.dtype)
+            arguments.append(f"{qualified} *__restrict__ {t.name}")  # as the generic back end: C++ reads it
+        arguments += [f"int64_t {self.size_c[s]}" for s in sizes]
+        body = self.size_declarations(lambda s: None)
+
+        def count(indices) -> str:
+            return " * ".join(f"({self.size_expr(conv.extent(i))})" for i in indices) or "1"
+
+        def terms(parts: list[str | None]) -> str:
+            return " + ".join(p for p in parts if p) or "0"
+
+        epilogue = bool(conv.epilogues)
+        body += [f"const int64_t polyc_nitems = {count(lay.items)};",
+                 f"const int64_t polyc_ngroups = {count(conv.groups)};",
+                 f"const int64_t polyc_nf = {count(conv.f)};",
+                 f"const int64_t polyc_nred = {count(lay.reduction)};"]
+        if lay.flat:
+            h, w = lay.points
+            oh, ow = (self.size_expr(conv.extent(i)) for i in (h, w))
+            pitch = _extent_name(conv.image, d.tensor(conv.image).rank - 1)
+            body += [f"const int64_t polyc_oh = {oh}, polyc_ow = {ow}, polyc_pitch = {pitch};",
+                     "/* Points flattened with the image's row pitch when there is a reduction (then the\n"
+                     "   pitch is at least the output width); else one point per output element. */",
+                     "const int polyc_flat = polyc_nred > 0 && polyc_oh > 0 && polyc_ow > 0;",
+                     "const int64_t polyc_npoints = polyc_flat ? (polyc_oh - 1) * polyc_pitch + polyc_ow"
+                     " : polyc_oh * polyc_ow;"]
+        else:
+            body.append(f"const int64_t polyc_npoints = {count(lay.points)};")
+        body += ["if (polyc_nitems == 0 || polyc_nf == 0 || polyc_npoints == 0) return 0;",
+                 "const int64_t polyc_nfb = (polyc_nf + POLYC_RF - 1) / POLYC_RF;",
+                 "const int64_t polyc_ntiles = (polyc_npoints + POLYC_NR - 1) / POLYC_NR;"]
+        tables = [("in_b", "nitems"), ("out_b", "nitems"), ("wg_b", "nitems"), ("w_g", "ngroups"),
+                  ("out_f", "nf"), ("w_f", "nf"), ("in_r", "nred"), ("w_r", "nred"), ("panel_r", "nred"),
+                  ("in_p", "npoints"), ("out_p", "npoints"), ("out_c", "npoints"), ("tile_p", "ntiles + 1")]
+        if epilogue:
+            tables += [(f"ix_{i}", "nitems") for i in lay.items] + [(f"ix_{i}", "nf") for i in conv.f]
+            tables += [(f"ix_{i}", "npoints") for i in lay.points]
+        total = " + ".join(f"polyc_{count_name}" for _, count_name in tables)
+        body += ["const int64_t polyc_nvec = (polyc_npoints + POLYC_LANES - 1) / POLYC_LANES;",
+                 f"int64_t *polyc_tables = (int64_t *)malloc(sizeof(int64_t) * (size_t)({total}) + "
+                 "sizeof(uint32_t) * (size_t)polyc_nvec + (size_t)polyc_ntiles);",
+                 f"if (polyc_tables == NULL) return {STATUS_OUT_OF_MEMORY};",
+                 "int64_t *polyc_next = polyc_tables;"]
+        for table, count_name in tables:
+            body += [f"int64_t *polyc_{table} = polyc_next;", f"polyc_next += polyc_{count_name};"]
+        body += ["uint32_t *polyc_vmask = (uint32_t *)polyc_next;",
+                 "unsigned char *polyc_unit = (unsigned char *)(polyc_vmask + polyc_nvec);"]
+
+        # items: image and output offsets, packed weight group, index values
+        group_flat = []
+        for position, g in enumerate(conv.groups):
+            later = [f"({self.size_expr(conv.extent(o))})" for o in conv.groups[position + 1:]]
+            group_flat.append(" * ".join([f"polyc_v_{g}", *later]))
+        item_lines = [f"polyc_in_b[polyc_x] = {terms([self.image_term(i) for i in lay.items])};",
+                      f"polyc_out_b[polyc_x] = {terms([self.target_term(i) for i in lay.items])};",
+                      f"polyc_wg_b[polyc_x] = {terms(group_flat)};"]
+        if epilogue:
+            item_lines += [f"polyc_ix_{i}[polyc_x] = polyc_v_{i};" for i in lay.items]
+        body += self.loop_nest(lay.items, item_lines)
+        body += self.loop_nest(conv.groups, [f"polyc_w_g[polyc_x] = {terms([self.weight_term(g) for g in conv.groups])};"])
+        f_lines = [f"polyc_out_f[polyc_x] = {terms([self.target_term(i) for i in conv.f])};",
+                   f"polyc_w_f[polyc_x] = {terms([self.weight_term(i) for i in conv.f])};"]
+        if epilogue:
+            f_lines += [f"polyc_ix_{i}[polyc_x] = polyc_v_{i};" for i in conv.f]
+        body += self.loop_nest(conv.f, f_lines)
+        offset = terms([f"({w.offset}) * {self.stride(conv.image, w.dim)}" for w in conv.windows if w.offset])
+        body += self.loop_nest(lay.reduction, [
+            f"polyc_in_r[polyc_x] = {terms([self.image_term(i) for i in lay.reduction])} + {offset};",
+            f"polyc_w_r[polyc_x] = {terms([self.weight_term(i) for i in lay.reduction])};",
+            "polyc_panel_r[polyc_x] = polyc_x * POLYC_NR;"])
+        # points: image and output offsets, output points (compact), index values of the output points
+        point_lines = [f"polyc_in_p[polyc_x] = {terms([self.image_term(i) for i in lay.points])};",
+                       f"polyc_out_p[polyc_x] = polyc_out_c[polyc_x] = "
+                       f"{terms([self.target_term(i) for i in lay.points])};"]
+        if epilogue:
+            point_lines += [f"polyc_ix_{i}[polyc_x] = polyc_v_{i};" for i in lay.points]
+        body.append("int64_t polyc_nout = polyc_npoints;")
+        if lay.flat:
+            h, w = lay.points
+            flat_lines = [f"const int64_t polyc_v_{h} = polyc_x / polyc_pitch, polyc_v_{w} = polyc_x % polyc_pitch;",
+                          "polyc_in_p[polyc_x] = polyc_x;",
+                          f"polyc_out_p[polyc_x] = polyc_v_{w} < polyc_ow ? {self.target_term(h)} + "
+                          f"{self.target_term(w)} : -1;",
+                          f"if (polyc_v_{w} < polyc_ow) {{",
+                          "    polyc_out_c[polyc_nout] = polyc_out_p[polyc_x];",
+                          *(f"    polyc_ix_{i}[polyc_nout] = polyc_v_{i};" for i in lay.points if epilogue),
+                          "    polyc_nout++;",
+                          "}"]
+            body += ["if (polyc_flat) {",
+                     "    polyc_nout = 0;",
+                     "    for (int64_t polyc_x = 0; polyc_x < polyc_npoints; polyc_x++) {",
+                     *("        " + line for line in flat_lines),
+                     "    }",
+                     "} else"]
+        body += self.loop_nest(lay.points, point_lines)
+        body += ["/* Per tile: its first output point, and whether its outputs are consecutive; per vector:\n"
+                 "   its lanes that are output points. */",
+                 "for (int64_t polyc_t = 0, polyc_p = 0; polyc_t <= polyc_ntiles; polyc_t++) {",
+                 "    const int64_t polyc_q0 = polyc_t * POLYC_NR;",
+                 "    const int64_t polyc_n = polyc_min(POLYC_NR, polyc_npoints - polyc_q0);",
+                 "    polyc_tile_p[polyc_t] = polyc_p;",
+                 "    if (polyc_t == polyc_ntiles) break;",
+                 "    polyc_unit[polyc_t] = polyc_out_p[polyc_q0] >= 0"
+                 " && polyc_steps_by_one(polyc_out_p + polyc_q0, polyc_n);",
+                 "    for (int64_t polyc_j = 0; polyc_j < polyc_n; polyc_j++)",
+                 "        polyc_p += polyc_out_p[polyc_q0 + polyc_j] >= 0;",
+                 "}",
+                 "for (int64_t polyc_v = 0; polyc_v < polyc_nvec; polyc_v++) {",
+                 "    uint32_t polyc_bits = 0;",
+                 "    for (int64_t polyc_j = 0; polyc_j < POLYC_LANES && polyc_v * POLYC_LANES + polyc_j < polyc_npoints;"
+                 " polyc_j++)",
+                 "        polyc_bits |= (uint32_t)(polyc_out_p[polyc_v * POLYC_LANES + polyc_j] >= 0) << polyc_j;",
+                 "    polyc_vmask[polyc_v] = polyc_bits;",
+                 "}"]
+        body += ["polyc_conv_t polyc_g;",
+                 "memset(&polyc_g, 0, sizeof polyc_g);",
+                 f"polyc_g.in = {conv.image}; polyc_g.out = {conv.target};",
+                 "polyc_g.nitems = polyc_nitems; polyc_g.nf = polyc_nf; polyc_g.nfb = polyc_nfb;",
+                 "polyc_g.npoints = polyc_npoints; polyc_g.nred = polyc_nred; polyc_g.ntiles = polyc_ntiles;",
+                 "polyc_g.nout = polyc_nout; polyc_g.out_c = polyc_out_c; polyc_g.tile_p = polyc_tile_p;",
+                 "polyc_g.vmask = polyc_vmask;",
+                 "polyc_g.packed_out = polyc_steps_by_one(polyc_out_c, polyc_nout);",
+                 "polyc_g.dense_out = polyc_g.packed_out && (polyc_nout == 0 || polyc_out_c[0] == 0);",
+                 "polyc_g.in_b = polyc_in_b; polyc_g.out_b = polyc_out_b; polyc_g.wg_b = polyc_wg_b;",
+                 "polyc_g.out_f = polyc_out_f; polyc_g.in_r = polyc_in_r; polyc_g.in_p = polyc_in_p;",
+                 "polyc_g.out_p = polyc_out_p; polyc_g.panel_r = polyc_panel_r; polyc_g.unit = polyc_unit;",
+                 "polyc_g.direct = polyc_steps_by_one(polyc_in_p, polyc_npoints);"]
+        for tensor in self.epilogue_tensors():
+            body.append(f"polyc_g.t_{tensor} = {tensor};")
+        if epilogue:
+            if not self.specialised:
+                body += [f"polyc_g.s_{self.size_c[s]} = {self.size_c[s]};" for s in d.sizes]
+            body += [f"polyc_g.ix_{i} = polyc_ix_{i};" for i in conv.target_indices]
+        body += [f"const int polyc_status = polyc_conv_run(&polyc_g, {conv.weights}, polyc_ngroups, polyc_w_g, "
+                 f"polyc_w_f, polyc_w_r, {1 if conv.init else 0});",
+                 "free(polyc_tables);", "return polyc_status;"]
+        signature = f"int {name}({', '.join(arguments)})"
+        return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
+
+
+# ----------------------------------------------------------------------------- micro-kernels
+_VECTOR_SPELLINGS = {
+    ("avx512", 4): ("__m512", "_mm512", "ps"),
+    ("avx512", 8): ("__m512d", "_mm512", "pd"),
+    ("avx2", 4): ("__m256", "_mm256", "ps"),
+    ("avx2", 8): ("__m256d", "_mm256", "pd"),
+}
+
+_KERNEL_ARGUMENTS = ("int64_t nred, const T *restrict wp, const T *restrict bp, const int64_t *restrict roff, "
+                     "int64_t n, T *restrict out, const int64_t *restrict row_off, int64_t rows, int beta, "
+                     "int mode, const uint32_t *restrict vmask, T *restrict block")
+
+
+def _vector_kernel(shape: BlockShape, dtype: np.dtype, nv: int) -> str:
+    """The RF x nv-vector block in AVX-512 or AVX2 intrinsics, unrolled.
+
+    Row r of B (the image or a packed panel) is ``bp + roff[r]``; the packed weights of step r
+    are ``wp[r * RF + i]``.  Lanes past ``n`` are not loaded (the last vector is loaded under a
+    mask).  Row i of the block is written at ``out + row_off[i]`` (``beta``: added to what is
+    there) by ``mode``: 1, the tile's outputs are consecutive: stores under the same mask; 2
+    (AVX-512), its output points are consecutive once the dropped lanes are left out: each
+    vector's lanes in ``vmask[v]`` are compressed together and stored under a mask; 0: the block
+    goes to ``block`` (RF x NR) for the caller to scatter.
+    """
+    ctype = c_type(dtype)
+    vec, pre, suffix = _VECTOR_SPELLINGS[(shape.isa, np.dtype(dtype).itemsize)]
+    rf, lanes, nr = shape.rf, shape.lanes, shape.nr
+    acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(rf)]
+    last = nv - 1
+    lines = [f"/* {rf} channels x {nv} vector(s) of points. */",
+             f"static inline void polyc_conv_kernel_{nv}({_typed(_KERNEL_ARGUMENTS, ctype)})",
+             "{"]
+    if shape.isa == "avx512":
+        mask_type = "__mmask16" if lanes == 16 else "__mmask8"
+        lines.append(f"    const {mask_type} km = ({mask_type})polyc_lane_mask(n - {last * lanes}, {lanes});")
+        load_last = f"{pre}_maskz_loadu_{suffix}(km, {{ptr}})"
+        store_last = f"{pre}_mask_storeu_{suffix}({{ptr}}, km, {{value}});"
+    else:
+        bits = 32 if lanes == 8 else 64
+        set1 = "_mm256_set1_epi32((int)" if bits == 32 else "_mm256_set1_epi64x((long long)"
+        iota = f"_mm256_setr_epi32({', '.join(map(str, range(8)))})" if bits == 32 else "_mm256_setr_epi64x(0, 1, 2, 3)"
+        lines.append(f"    const __m256i km = _mm256_cmpgt_epi{bits}("
+                     f"{set1}polyc_max(0, polyc_min({lanes}, n - {last * lanes}))), {iota});")
+        load_last = f"{pre}_maskload_{suffix}({{ptr}}, km)"
+        store_last = f"{pre}_maskstore_{suffix}({{ptr}}, km, {{value}});"
+    load_full = f"{pre}_loadu_{suffix}({{ptr}})"
+    store_full = f"{pre}_storeu_{suffix}({{ptr}}, {{value}});"
+
+    def load(v: int, base: str) -> str:
+        return (load_last if v == last else load_full).format(ptr=f"{base} + {v * lanes}")
+
+    def store(v: int, base: str, value: str) -> str:
+        return (store_last if v == last else store_full).format(ptr=f"{base} + {v * lanes}", value=value)
+
+    for row in acc:
+        lines.append(f"    {vec} " + ", ".join(f"{name} = {pre}_setzero_{suffix}()" for name in row) + ";")
+    lines += ["    for (int64_t r = 0; r < nred; r++) {",
+              f"        const {ctype} *restrict row = bp + roff[r];",
+              f"        const {ctype} *restrict a = wp + r * {rf};",
+              f"        const {vec} " + ", ".join(f"b{v} = {load(v, 'row')}" for v in range(nv)) + ";",
+              f"        {vec} w;"]
+    for i in range(rf):
+        fmas = " ".join(f"{acc[i][v]} = {pre}_fmadd_{suffix}(w, b{v}, {acc[i][v]});" for v in range(nv))
+        lines.append(f"        w = {pre}_set1_{suffix}(a[{i}]); {fmas}")
+    lines += ["    }", "    if (mode == 1) {"]
+    for i in range(rf):
+        guard = "" if i == 0 else f"if (rows > {i}) "
+        body = [f"{ctype} *restrict o = out + row_off[{i}];"]
+        body += [f"if (beta) {acc[i][v]} = {pre}_add_{suffix}({load(v, 'o')}, {acc[i][v]});" for v in range(nv)]
+        body += [store(v, "o", acc[i][v]) for v in range(nv)]
+        lines.append(f"        {guard}{{ " + " ".join(body) + " }")
+    if shape.isa == "avx512":
+        mask_type = "__mmask16" if lanes == 16 else "__mmask8"
+        lines += ["    } else if (mode == 2) {",
+                  f"        {mask_type} " + ", ".join(f"m{v} = ({mask_type})vmask[{v}]" for v in range(nv)) + ";",
+                  "        int " + ", ".join(f"s{v} = __builtin_popcount((unsigned)m{v})" for v in range(nv)) + ";",
+                  f"        {mask_type} " + ", ".join(f"l{v} = ({mask_type})polyc_lane_mask(s{v}, {lanes})"
+                                              for v in range(nv)) + ";"]
+        for i in range(rf):
+            guard = "" if i == 0 else f"if (rows > {i}) "
+            body = [f"{ctype} *restrict o = out + row_off[{i}];"]
+            for v in range(nv):
+                body += [f"if (beta) {acc[i][v]} = {pre}_add_{suffix}({pre}_maskz_expand_{suffix}(m{v}, "
+                         f"{pre}_maskz_loadu_{suffix}(l{v}, o)), {acc[i][v]});",
+                         f"{pre}_mask_storeu_{suffix}(o, l{v}, {pre}_maskz_compress_{suffix}(m{v}, {acc[i][v]}));",
+                         f"o += s{v};"]
+            lines.append(f"        {guard}{{ " + " ".join(body) + " }")
+    else:
+        lines.append("        (void)vmask;")
+    lines += ["    } else {"]
+    for i in range(rf):
+        lines.append("        " + " ".join(f"{pre}_storeu_{suffix}(block + {i * nr + v * lanes}, {acc[i][v]});"
+                                           for v in range(nv)))
+    lines += ["    }", "}"]
+    return "\n".join(lines)
+
+
+def _dispatch(shape: BlockShape, ctype: str) -> str:
+    cases = "\n".join(f"    case {nv}: polyc_conv_kernel_{nv}(nred, wp, bp, roff, n, out, row_off, rows, beta, mode, "
+                      f"vmask, block); break;" for nv in range(1, shape.vectors + 1))
+    return (f"/* The block for n points (1 <= n <= NR): the kernel with as many vectors as they need. */\n"
+            f"static inline void polyc_conv_block({_typed(_KERNEL_ARGUMENTS, ctype)})\n"
+            "{\n"
+            f"    switch ((n + {shape.lanes - 1}) / {shape.lanes}) {{\n{cases}\n    default: break;\n    }}\n"
+            "}")
+
+
+_PORTABLE_KERNEL = r"""
+/* RF channels x up to NR points in portable C (the compiler vectorises the inner loops); the
+   same contract as the vector kernels. */
+static inline void polyc_conv_block(int64_t nred, const T *restrict wp, const T *restrict bp,
+    const int64_t *restrict roff, int64_t n, T *restrict out, const int64_t *restrict row_off, int64_t rows,
+    int beta, int mode, const uint32_t *restrict vmask, T *restrict block)
+{
+    (void)vmask;
+    T acc[POLYC_RF * POLYC_NR] __attribute__((aligned(64)));
+    for (int64_t x = 0; x < POLYC_RF * POLYC_NR; x++) acc[x] = 0;
+    for (int64_t r = 0; r < nred; r++) {
+        const T *restrict row = bp + roff[r];
+        const T *restrict a = wp + r * POLYC_RF;
+        for (int64_t i = 0; i < POLYC_RF; i++) {
+            const T ai = a[i];
+            T *restrict c = acc + i * POLYC_NR;
+            #pragma omp simd
+            for (int64_t j = 0; j < n; j++)
+                c[j] += ai * row[j];
+        }
+    }
+    if (mode == 1) {
+        for (int64_t i = 0; i < rows; i++) {
+            T *restrict o = out + row_off[i];
+            const T *restrict c = acc + i * POLYC_NR;
+            if (beta)
+                for (int64_t j = 0; j < n; j++) o[j] += c[j];
+            else
+                for (int64_t j = 0; j < n; j++) o[j] = c[j];
+        }
+    } else {
+        for (int64_t x = 0; x < POLYC_RF * POLYC_NR; x++) block[x] = acc[x];
+    }
+}
+"""
+
+
+# C's fmin/fmax ignore NaN, which keeps compilers from turning them into vector min/max: each
+# is a call into libm, and a ReLU epilogue would cost more than its block's write-back.  In the
+# epilogue only, these inline equivalents (same results, NaN included) let it vectorise.
+_INLINE_MIN_MAX = r"""
+static inline float polyc_fmaxf(float a, float b) { return (a > b || b != b) ? a : b; }
+static inline float polyc_fminf(float a, float b) { return (a < b || b != b) ? a : b; }
+static inline double polyc_fmax(double a, double b) { return (a > b || b != b) ? a : b; }
+static inline double polyc_fmin(double a, double b) { return (a < b || b != b) ? a : b; }
+#define fmaxf(a, b) polyc_fmaxf(a, b)
+#define fminf(a, b) polyc_fminf(a, b)
+#define fmax(a, b) polyc_fmax(a, b)
+#define fmin(a, b) polyc_fmin(a, b)
+"""
+_INLINE_MIN_MAX_END = "#undef fmaxf\n#undef fminf\n#undef fmax\n#undef fmin"
+
+
+def _typed(template: str, ctype: str) -> str:
+    """``template`` with the element type for every word ``T``."""
+    return re.sub(r"\bT\b", ctype, template)
+
+
+# Helpers used before the register blocks.
+_COMMON = r"""
+/* Whether offsets[i] == offsets[0] + i for every i < count. */
+static int polyc_steps_by_one(const int64_t *offsets, int64_t count)
+{
+    for (int64_t i = 1; i < count; i++)
+        if (offsets[i] != offsets[0] + i) return 0;
+    return 1;
+}
+
+/* The lowest min(max(n, 0), lanes) bits set. */
+static inline uint32_t polyc_lane_mask(int64_t n, int lanes)
+{
+    return n >= lanes ? (uint32_t)((1ull << lanes) - 1) : n <= 0 ? 0u : (uint32_t)((1u << n) - 1);
+}
+
+/* 64-byte aligned memory for `elements` values (at least one). */
+static T *polyc_alloc(int64_t elements)
+{
+    const int64_t bytes = (elements > 0 ? elements : 1) * (int64_t)sizeof(T);
+    return (T *)aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+}
+"""
+
+# The loops around the register blocks; CHUNK_BLOCKS (channel blocks per work item, 0: chosen
+# here), THRESHOLD and STATUS are replaced.
+_DRIVER = r"""
+/* A block written through `block` (RF x NR): each point q0 + j with out_p >= 0, rows < `rows`. */
+static void polyc_conv_scatter(const polyc_conv_t *restrict g, const T *restrict block, int64_t b, int64_t f0,
+                               int64_t rows, int64_t q0, int64_t n, int beta)
+{
+    const int64_t *restrict out_p = g->out_p + q0;
+    for (int64_t i = 0; i < rows; i++) {
+        T *restrict o = g->out + g->out_b[b] + g->out_f[f0 + i];
+        const T *restrict c = block + i * POLYC_NR;
+        for (int64_t j = 0; j < n; j++)
+            if (out_p[j] >= 0)
+                o[out_p[j]] = beta ? o[out_p[j]] + c[j] : c[j];
+    }
+}
+
+/* Tile t of the points of item b, channel blocks fb0 <= fb < fb1. */
+static void polyc_conv_tile(const polyc_conv_t *restrict g, int64_t b, int64_t t, int64_t fb0, int64_t fb1,
+                            T *restrict panel, int init)
+{
+    const int64_t q0 = t * POLYC_NR, n = polyc_min(POLYC_NR, g->npoints - q0);
+    const T *restrict bp;
+    const int64_t *restrict roff;
+    if (g->direct) {  /* consecutive points are consecutive in the image: read it in place */
+        bp = g->in + g->in_b[b] + g->in_p[q0];
+        roff = g->in_r;
+    } else {  /* gather the tile's rows of B into a panel, zero past n */
+        const T *restrict in = g->in + g->in_b[b];
+        const int64_t *restrict in_p = g->in_p + q0;
+        for (int64_t r = 0; r < g->nred; r++) {
+            const T *restrict src = in + g->in_r[r];
+            T *restrict dst = panel + r * POLYC_NR;
+            for (int64_t j = 0; j < n; j++) dst[j] = src[in_p[j]];
+            for (int64_t j = n; j < POLYC_NR; j++) dst[j] = 0;
+        }
+        bp = panel;
+        roff = g->panel_r;
+    }
+    const T *restrict wp = g->wpack + g->wg_b[b] * g->wg_stride;
+    /* Write-back: 1, outputs consecutive; 2, consecutive but for dropped points (AVX-512
+       compresses the vectors); 0, through a buffer. */
+    const int64_t p0 = g->tile_p[t], p1 = g->tile_p[t + 1];
+    const int mode = g->unit[t] ? 1 : POLYC_COMPRESS && g->packed_out ? 2 : 0;
+    const int64_t first = mode == 1 ? g->out_p[q0] : p0 < g->nout ? g->out_c[p0] : 0;
+    const uint32_t *restrict vmask = g->vmask + q0 / POLYC_LANES;
+    T block[POLYC_RF * POLYC_NR] __attribute__((aligned(64)));
+    int64_t row_off[POLYC_RF];
+    for (int64_t fb = fb0; fb < fb1; fb++) {
+        const int64_t f0 = fb * POLYC_RF, rows = polyc_min(POLYC_RF, g->nf - f0);
+        for (int64_t i = 0; i < rows; i++)
+            row_off[i] = g->out_b[b] + g->out_f[f0 + i] + first;
+        polyc_conv_block(g->nred, wp + fb * g->nred * POLYC_RF, bp, roff, n, g->out, row_off, rows, !init,
+                         mode, vmask, block);
+        if (mode == 0)
+            polyc_conv_scatter(g, block, b, f0, rows, q0, n, !init);
+        if (POLYC_HAS_EPILOGUE)
+            polyc_epilogue(g, b, f0, rows, p0, p1);
+    }
+}
+
+/* Packs the weights, then every tile; 0, or STATUS when memory is short. */
+static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int64_t ngroups,
+                          const int64_t *restrict w_g, const int64_t *restrict w_f, const int64_t *restrict w_r,
+                          int init)
+{
+    const int64_t nred = g->nred, nfb = g->nfb;
+    g->wg_stride = nfb * nred * POLYC_RF;
+    int nthr = 1;
+#if defined(_OPENMP)
+    if ((double)g->nitems * (double)g->npoints * (double)g->nf * (double)(nred > 0 ? nred : 1) >= THRESHOLD)
+        nthr = omp_get_max_threads();
+#endif
+    T *wpack = polyc_alloc(ngroups * g->wg_stride);
+    T *panels = g->direct ? NULL : polyc_alloc((int64_t)nthr * nred * POLYC_NR);
+    if (wpack == NULL || (!g->direct && panels == NULL)) { free(wpack); free(panels); return STATUS; }
+    /* Weights: [group][channel block][r][RF], zero rows past the last channel. */
+    for (int64_t x = 0; x < ngroups * nfb; x++) {
+        const int64_t wg = x / nfb, fb = x % nfb;
+        T *restrict dst = wpack + x * nred * POLYC_RF;
+        for (int64_t i = 0; i < POLYC_RF; i++) {
+            const int64_t f = fb * POLYC_RF + i;
+            if (f < g->nf) {
+                const T *restrict src = w + w_g[wg] + w_f[f];
+                for (int64_t r = 0; r < nred; r++) dst[r * POLYC_RF + i] = src[w_r[r]];
+            } else {
+                for (int64_t r = 0; r < nred; r++) dst[r * POLYC_RF + i] = 0;
+            }
+        }
+    }
+    g->wpack = wpack;
+    /* Work items: (item, tile, chunk of channel blocks); chunks only when there are few tiles. */
+    int64_t chunk = CHUNK_BLOCKS;
+    if (chunk <= 0) {
+        const int64_t tiles = g->nitems * g->ntiles, wanted = 4 * (int64_t)nthr;
+        const int64_t chunks = tiles >= wanted ? 1 : polyc_min(nfb, (wanted + tiles - 1) / tiles);
+        chunk = (nfb + chunks - 1) / chunks;
+    }
+    const int64_t nchunks = (nfb + chunk - 1) / chunk;
+    const int64_t total = g->nitems * g->ntiles * nchunks;
+    if (nthr <= 1) {
+        for (int64_t x = 0; x < total; x++) {
+            const int64_t c = x % nchunks, t = x / nchunks % g->ntiles, b = x / nchunks / g->ntiles;
+            polyc_conv_tile(g, b, t, c * chunk, polyc_min(nfb, (c + 1) * chunk), panels, init);
+        }
+    }
+#if defined(_OPENMP)
+    else {
+        #pragma omp parallel num_threads(nthr)
+        {
+            T *panel = panels == NULL ? NULL : panels + (int64_t)omp_get_thread_num() * nred * POLYC_NR;
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t x = 0; x < total; x++) {
+                const int64_t c = x % nchunks, t = x / nchunks % g->ntiles, b = x / nchunks / g->ntiles;
+                polyc_conv_tile(g, b, t, c * chunk, polyc_min(nfb, (c + 1) * chunk), panel, init);
+            }
+        }
+    }
+#endif
+    free(wpack);
+    free(panels);
+    return 0;
+}
+"""

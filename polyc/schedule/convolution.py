@@ -1,0 +1,254 @@
+"""Recognising convolutions: the statements the direct convolution kernel
+(:mod:`polyc.codegen.conv`) computes.
+
+A statement is a *convolution* when it has the form (any dimension order in every tensor)::
+
+    O(batch.., group.., f.., x..) +=[!] I(batch.., group.., c.., s*x + d*k + o ..) * W(group.., f.., c.., k..)
+
+Precisely (:func:`recognise_convolution`):
+
+- the update operator is ``+`` (``+=!`` starts from zero, ``+=`` accumulates into the target);
+- the right-hand side is the product of two reads, each possibly under a cast that does not
+  change the type; target and both operands are float32, or all three float64; neither
+  operand is the target;
+- every subscript of the target and of the weights ``W`` is a single index, all different;
+- every subscript of the image ``I`` is either a single index, or a *window*
+  ``s * x + d * k + o``: a target index ``x`` with an integer stride ``s >= 1``, optionally a
+  reduction index ``k`` with an integer dilation ``d >= 1``, and an integer offset ``o``; at
+  least one subscript of I is a window (else the statement is a contraction, see
+  :mod:`polyc.schedule.contraction`), no index appears in two subscripts of I;
+- every index of the target and of W ranges over ``[0, extent)`` of each of their dimensions
+  it subscripts, and so does every plain index of I (the windows of I stay in bounds by the
+  def's bounds check, which every call verifies before it runs);
+- every index is in exactly one class, and there is at least one spatial index:
+
+  ========  =============================  =============================================
+  class     appears in                     e.g. in ``O(n, g, f, h, w) +=! I(n, g, r_c,
+                                           h + r_kh, w + r_kw) * W(g, f, r_c, r_kh, r_kw)``
+  ========  =============================  =============================================
+  batch     O and I (plain)                n
+  group     O, I (plain) and W             g (depthwise: the channel)
+  F         O and W                        f (output channels)
+  spatial   O, and I in a window           h, w
+  C         I (plain) and W (reduced)      r_c (input channels)
+  K         I in a window and W (reduced)  r_kh, r_kw
+  ========  =============================  =============================================
+
+This covers 1-D, 2-D and 3-D convolutions with any strides, dilations and offsets, grouped
+and depthwise convolutions (with or without a channel multiplier), single-channel filters
+(``blur(h, w) +=! I(h + r_i, w + r_j) * K(r_i, r_j)``) and any layout (NCHW, NHWC, ...).
+Anything else (a window with two spatial or two kernel indices, a reduction index only in W,
+a diagonal, a third factor, ``min=``, integers, zero padding through a ternary) is not a
+convolution: the functions return None and the generic polyhedral path compiles the statement.
+A 1x1 convolution has no window; it is a contraction, which the gemm kernel takes.
+
+:func:`recognise_conv_def` accepts a whole def: one convolution into an output, followed
+optionally by *epilogue* statements that update the same target element by element (bias,
+activation), as in ``O(n, f, h, w) = fmax(O(n, f, h, w) + B(f), 0)``; the check is the one the
+gemm kernel uses (:func:`polyc.schedule.patterns.is_epilogue`).
+
+    >>> from polyc.lang.sema import check_source
+    >>> d = check_source('''def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (O) {
+    ...     O(n, f, h, w) +=! I(n, r_c, 2 * h + r_kh, 2 * w + r_kw) * W1(f, r_c, r_kh, r_kw) }''')[0]
+    >>> c = recognise_convolution(d.statements[0], d)
+    >>> c.batch, c.f, c.spatial, c.channels, c.kernel
+    (('n',), ('f',), ('h', 'w'), ('r_c',), ('r_kh', 'r_kw'))
+    >>> [(w.x, w.stride, w.k, w.dilation) for w in c.windows]
+    [('h', 2, 'r_kh', 1), ('w', 2, 'r_kw', 1)]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from polyc.lang import checked as ir
+from polyc.lang.symbolic import Affine
+from polyc.schedule.patterns import KERNEL_DTYPES, is_epilogue, two_factors
+
+
+@dataclass(frozen=True)
+class Window:
+    """Dimension ``dim`` of the image is subscripted by ``stride * x + dilation * k + offset``
+    (``k`` None: no kernel index, ``dilation`` then 0)."""
+
+    dim: int
+    x: str
+    stride: int
+    k: str | None
+    dilation: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class Convolution:
+    """A statement recognised as a convolution (see the module doc).
+
+    ``target`` and ``weights`` give each tensor's index by dimension; ``image_plain`` gives,
+    for each dimension of the image subscripted by a single index, that index (None for a
+    window dimension), and ``windows`` the window dimensions in image order.  The index
+    classes hold index names in target order (``channels`` and ``kernel``: in W's order).
+    ``extents`` gives every index's extent (its range is ``[0, extent)``).  ``init`` is the
+    statement's ``!``.  ``epilogues`` are the elementwise statements after it on the target.
+    """
+
+    statement: ir.CheckedStatement
+    target: str
+    target_indices: tuple[str, ...]
+    image: str
+    image_plain: tuple[str | None, ...]
+    windows: tuple[Window, ...]
+    weights: str
+    weight_indices: tuple[str, ...]
+    batch: tuple[str, ...]
+    groups: tuple[str, ...]
+    f: tuple[str, ...]
+    spatial: tuple[str, ...]
+    channels: tuple[str, ...]
+    kernel: tuple[str, ...]
+    extents: tuple[tuple[str, Affine], ...]
+    dtype: np.dtype
+    init: bool
+    epilogues: tuple[ir.CheckedStatement, ...] = ()
+
+    def extent(self, index: str) -> Affine:
+        return dict(self.extents)[index]
+
+    def window_of(self, x: str) -> Window:
+        return next(w for w in self.windows if w.x == x)
+
+    def describe(self) -> str:
+        """One line: the index classes and the windows, e.g.
+        ``O = I * W1: batch=(n) group=() F=(f) spatial=(h, w) C=(r_c) K=(r_kh, r_kw); windows h:1*h+1*r_kh ...``."""
+        groups = [("batch", self.batch), ("group", self.groups), ("F", self.f), ("spatial", self.spatial),
+                  ("C", self.channels), ("K", self.kernel)]
+        text = " ".join(f"{name}=({', '.join(indices)})" for name, indices in groups)
+        windows = " ".join(f"{w.stride}*{w.x}" + (f"+{w.dilation}*{w.k}" if w.k else "")
+                           + (f"{w.offset:+d}" if w.offset else "") for w in self.windows)
+        return (f"{self.target} {'=' if self.init else '+='} {self.image} (*) {self.weights}: {text}; "
+                f"windows {windows}"
+                + (f"; {len(self.epilogues)} epilogue statement(s)" if self.epilogues else ""))
+
+
+def recognise_conv_def(definition: ir.CheckedDef) -> Convolution | None:
+    """The def as one convolution into an output plus elementwise epilogues on it, or None."""
+    if not definition.statements:
+        return None
+    conv = recognise_convolution(definition.statements[0], definition)
+    if conv is None or definition.tensor(conv.target).role is not ir.Role.OUTPUT:
+        return None
+    epilogues = definition.statements[1:]
+    extents = dict(conv.extents)
+    if not all(is_epilogue(s, conv.target, conv.target_indices, extents, definition) for s in epilogues):
+        return None
+    return Convolution(**{**conv.__dict__, "epilogues": tuple(epilogues)})
+
+
+def recognise_convolution(statement: ir.CheckedStatement, definition: ir.CheckedDef) -> Convolution | None:
+    """``statement`` as a :class:`Convolution`, or None when it is not one (see the module doc)."""
+    target_tensor = definition.tensor(statement.target)
+    dtype = target_tensor.dtype
+    if statement.op != "+" or dtype not in KERNEL_DTYPES:
+        return None
+    factors = two_factors(statement.rhs, dtype)
+    if factors is None or any(f.tensor == statement.target for f in factors):
+        return None
+    if any(definition.tensor(f.tensor).dtype != dtype for f in factors):
+        return None
+    parsed = [_image_subscripts(f.subscripts, statement.indices) for f in factors]
+    # The image is the factor with windows; the weights have single indices only.
+    candidates = [i for i in (0, 1) if parsed[i] is not None and any(isinstance(p, Window) for p in parsed[i])
+                  and parsed[1 - i] is not None and all(isinstance(p, str) for p in parsed[1 - i])]
+    if len(candidates) != 1:
+        return None
+    image_read, weight_read = factors[candidates[0]], factors[1 - candidates[0]]
+    image_parts, weight_indices = parsed[candidates[0]], tuple(parsed[1 - candidates[0]])
+    target_indices = statement.indices
+    if len(set(target_indices)) != len(target_indices) or len(set(weight_indices)) != len(weight_indices):
+        return None
+
+    plain = [p for p in image_parts if isinstance(p, str)]
+    windows = [p for p in image_parts if isinstance(p, Window)]
+    used_in_image = plain + [w.x for w in windows] + [w.k for w in windows if w.k is not None]
+    if len(set(used_in_image)) != len(used_in_image):
+        return None  # an index in two subscripts of the image (a diagonal, or one window in another)
+
+    in_o, in_w, in_plain = set(target_indices), set(weight_indices), set(plain)
+    xs, ks = {w.x for w in windows}, {w.k for w in windows if w.k is not None}
+    reduction = set(statement.reduction_indices)
+    if not xs <= in_o or xs & in_w or ks & in_o or not ks <= in_w:
+        return None  # a window's x must be a target index only, its k a weight index
+    batch = (in_o & in_plain) - in_w
+    groups = in_o & in_plain & in_w
+    f = (in_o & in_w) - in_plain
+    channels = (in_plain & in_w) - in_o
+    if in_o != batch | groups | f | xs:
+        return None
+    if reduction != channels | ks or in_w != groups | f | channels | ks or in_plain != batch | groups | channels:
+        return None
+
+    extents = _full_range_extents(statement, definition, [
+        (statement.target, target_indices), (weight_read.tensor, weight_indices),
+        (image_read.tensor, tuple(p if isinstance(p, str) else None for p in image_parts))])
+    if extents is None:
+        return None
+
+    def in_order(group: set[str], order: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(i for i in order if i in group)
+
+    return Convolution(
+        statement=statement, target=statement.target, target_indices=target_indices,
+        image=image_read.tensor, image_plain=tuple(p if isinstance(p, str) else None for p in image_parts),
+        windows=tuple(windows), weights=weight_read.tensor, weight_indices=weight_indices,
+        batch=in_order(batch, target_indices), groups=in_order(groups, target_indices),
+        f=in_order(f, target_indices), spatial=in_order(xs, target_indices),
+        channels=in_order(channels, weight_indices), kernel=in_order(ks, weight_indices),
+        extents=tuple((i, extents[i]) for i in statement.all_indices), dtype=dtype, init=statement.init)
+
+
+def _image_subscripts(subscripts, target_indices: tuple[str, ...]) -> list[str | Window] | None:
+    """Each subscript as a single index name, or as a :class:`Window` whose ``x`` is a target
+    index and whose ``k`` (if any) is not; None when some subscript is neither."""
+    parts: list[str | Window] = []
+    for dim, s in enumerate(subscripts):
+        if not isinstance(s, Affine):
+            return None
+        terms = s.terms
+        if not all(isinstance(atom, str) and c >= 1 for atom, c in terms):
+            return None
+        if len(terms) == 1 and terms[0][1] == 1 and s.constant == 0:
+            parts.append(terms[0][0])
+            continue
+        xs = [(atom, c) for atom, c in terms if atom in target_indices]
+        ks = [(atom, c) for atom, c in terms if atom not in target_indices]
+        if len(xs) != 1 or len(ks) > 1:
+            return None
+        (x, stride), (k, dilation) = xs[0], (ks[0] if ks else (None, 0))
+        parts.append(Window(dim, x, stride, k, dilation, s.constant))
+    return parts
+
+
+def _full_range_extents(statement: ir.CheckedStatement, definition: ir.CheckedDef,
+                        operands: list[tuple[str, tuple[str | None, ...]]]) -> dict[str, Affine] | None:
+    """Each index's extent when its range is ``[0, extent)`` of every dimension it subscripts
+    (None entries: dimensions not subscripted by a single index, skipped)."""
+    extents: dict[str, Affine] = {}
+    ranges = dict(statement.ranges)
+    for tensor, indices in operands:
+        shape = definition.tensor(tensor).shape
+        for index, extent in zip(indices, shape):
+            if index is None:
+                continue
+            if index not in ranges:
+                return None  # a size name used as a subscript
+            r = ranges[index]
+            if r.lo != Affine.const(0) or r.hi != extent:
+                return None
+            extents[index] = extent
+    for index in statement.all_indices:
+        if index not in extents:
+            r = ranges[index]
+            if r.lo != Affine.const(0):
+                return None
+            extents[index] = r.hi
+    return extents

@@ -1,0 +1,507 @@
+"""Convolutions through the direct convolution back end (polyc/schedule/convolution.py,
+polyc/codegen/conv.py).
+
+- recognition: which statements are convolutions, how their indices are classified, which
+  defs (a convolution plus elementwise epilogues) take the conv path, and what stays generic;
+- numbers against numpy and the reference interpreter: 2-D, strided, dilated, offset, grouped,
+  depthwise, 1-D and 3-D convolutions, NHWC (packed tiles), odd sizes (widths that are not a
+  multiple of the vectors, 1-pixel images, a kernel as large as the image), float64, with and
+  without epilogues, accumulation into given outputs, empty reductions, every register block
+  and write-back mode, AVX-512, AVX2 and portable builds of the same source, one thread and
+  several (repeatedly, for races);
+- AddressSanitizer/UBSan builds of conv kernels at edge sizes.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import polyc
+from kernels import assert_close
+from polyc.lang.sema import check_source
+from polyc.schedule.convolution import recognise_conv_def, recognise_convolution
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def checked(source: str):
+    return check_source(source)[0]
+
+
+def conv_of(source: str):
+    definition = checked(source)
+    return recognise_convolution(definition.statements[0], definition)
+
+
+# ----------------------------------------------------------------------------- sources
+CONV2D = """def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (O) {
+    O(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw)
+}"""
+CONV_BIAS_RELU = """def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1, float(F) B) -> (O) {
+    O(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw)
+    O(n, f, h, w) = fmax(O(n, f, h, w) + B(f), 0)
+}"""
+STRIDED = """def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (O) {
+    O(n, f, h, w) +=! I(n, r_c, 2 * h + r_kh, 3 * w + r_kw) * W1(f, r_c, r_kh, r_kw)
+}"""
+DILATED = """def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (O) {
+    O(n, f, h, w) +=! I(n, r_c, h + 2 * r_kh, w + 3 * r_kw) * W1(f, r_c, r_kh, r_kw)
+}"""
+STRIDED_DILATED_OFFSET = """def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (O) {
+    O(n, f, h, w) +=! I(n, r_c, 2 * h + 2 * r_kh + 1, w + 2 * r_kw + 3) * W1(f, r_c, r_kh, r_kw)
+        where w in 0:W - 2 * KW - 1
+}"""
+GROUPED = """def conv(float(N, G, C, H, W) I, float(G, F, C, KH, KW) W1, float(G, F) B) -> (O) {
+    O(n, g, f, h, w) +=! I(n, g, r_c, h + r_kh, w + r_kw) * W1(g, f, r_c, r_kh, r_kw)
+    O(n, g, f, h, w) = O(n, g, f, h, w) + B(g, f)
+}"""
+DEPTHWISE = """def conv(float(N, C, H, W) I, float(C, KH, KW) W1) -> (O) {
+    O(n, c, h, w) +=! I(n, c, h + r_kh, w + r_kw) * W1(c, r_kh, r_kw)
+}"""
+DEPTHWISE_MULTIPLIER = """def conv(float(N, C, H, W) I, float(C, M, KH, KW) W1) -> (O) {
+    O(n, c, m, h, w) +=! I(n, c, h + r_kh, w + r_kw) * W1(c, m, r_kh, r_kw)
+}"""
+CONV1D = """def conv(float(N, C, L) I, float(F, C, K) W1, float(F) B) -> (O) {
+    O(n, f, l) +=! I(n, r_c, l + r_k) * W1(f, r_c, r_k)
+    O(n, f, l) = tanh(O(n, f, l) + B(f))
+}"""
+CONV3D = """def conv(float(N, C, D, H, W) I, float(F, C, KD, KH, KW) W1) -> (O) {
+    O(n, f, d, h, w) +=! I(n, r_c, d + r_kd, h + r_kh, w + r_kw) * W1(f, r_c, r_kd, r_kh, r_kw)
+}"""
+NHWC = """def conv(float(N, H, W, C) I, float(KH, KW, C, F) W1) -> (O) {
+    O(n, h, w, f) +=! I(n, h + r_kh, w + r_kw, r_c) * W1(r_kh, r_kw, r_c, f)
+}"""
+BLUR = """def blur(float(H, W) I, float(KH, KW) K) -> (O) {
+    O(h, w) +=! K(r_i, r_j) * I(h + r_i, w + r_j)
+}"""
+ACCUMULATING = """def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (O) {
+    O(n, f, h, w) += I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw)
+}"""
+
+#: source -> (image, weights, batch, group, F, spatial, C, K, windows as (x, stride, k, dilation, offset))
+POSITIVE = {
+    "conv2d": (CONV2D, ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
+                        [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
+    "strided": (STRIDED, ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
+                          [("h", 2, "r_kh", 1, 0), ("w", 3, "r_kw", 1, 0)])),
+    "dilated": (DILATED, ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
+                          [("h", 1, "r_kh", 2, 0), ("w", 1, "r_kw", 3, 0)])),
+    "offset": (STRIDED_DILATED_OFFSET, ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
+                                        [("h", 2, "r_kh", 2, 1), ("w", 1, "r_kw", 2, 3)])),
+    "grouped": (GROUPED, ("I", "W1", ("n",), ("g",), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
+                          [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
+    "depthwise": (DEPTHWISE, ("I", "W1", ("n",), ("c",), (), ("h", "w"), (), ("r_kh", "r_kw"),
+                              [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
+    "depthwise_multiplier": (DEPTHWISE_MULTIPLIER, ("I", "W1", ("n",), ("c",), ("m",), ("h", "w"), (),
+                                                    ("r_kh", "r_kw"), [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
+    "conv1d": (CONV1D, ("I", "W1", ("n",), (), ("f",), ("l",), ("r_c",), ("r_k",), [("l", 1, "r_k", 1, 0)])),
+    "conv3d": (CONV3D, ("I", "W1", ("n",), (), ("f",), ("d", "h", "w"), ("r_c",), ("r_kd", "r_kh", "r_kw"),
+                        [("d", 1, "r_kd", 1, 0), ("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
+    "nhwc": (NHWC, ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
+                    [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
+    "blur_weights_first": (BLUR, ("I", "K", (), (), (), ("h", "w"), (), ("r_i", "r_j"),
+                                  [("h", 1, "r_i", 1, 0), ("w", 1, "r_j", 1, 0)])),
+    "accumulating": (ACCUMULATING, ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
+                                    [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
+    "double": (CONV2D.replace("float", "double"),
+               ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
+                [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
+    "same_type_casts": (CONV2D.replace("I(n, r_c, h + r_kh, w + r_kw)", "float(I(n, r_c, h + r_kh, w + r_kw))"),
+                        ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
+                         [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
+    "strided_subsampling_no_kernel": (
+        "def f(float(N, C, H, W) I, float(F, C) W1) -> (O) { O(n, f, h, w) +=! I(n, r_c, 2 * h, 2 * w) * W1(f, r_c) }",
+        ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), (), [("h", 2, None, 0, 0), ("w", 2, None, 0, 0)])),
+}
+
+NEGATIVE = {
+    "same_pad_ternary": """def f(float(N, C, H, W) I, float(F, C, 3, 3) W1) -> (O) {
+        O(n, f, h, w) +=! W1(f, r_c, r_kh, r_kw) *
+            ((h + r_kh - 1 >= 0 && h + r_kh - 1 < H && w + r_kw - 1 >= 0 && w + r_kw - 1 < W)
+                ? I(n, r_c, h + r_kh - 1, w + r_kw - 1) : 0)
+            where n in 0:N, h in 0:H, w in 0:W }""",
+    "conv1x1_is_a_contraction": "def f(float(N, C, H, W) I, float(F, C) W1) -> (O) {"
+                                " O(n, f, h, w) +=! I(n, r_c, h, w) * W1(f, r_c) }",
+    "max_pooling": "def f(float(N, C, H, W) I) -> (O) {"
+                   " O(n, c, h, w) max=! I(n, c, 2 * h + r_kh, 2 * w + r_kw) where r_kh in 0:2, r_kw in 0:2 }",
+    "min_reduction": CONV2D.replace("+=!", "min=!"),
+    "int32": CONV2D.replace("float", "int32"),
+    "mixed_precision": CONV2D.replace("float(F, C, KH, KW)", "double(F, C, KH, KW)"),
+    "float16_inputs": """def f(float16(N, C, H, W) I, float16(F, C, KH, KW) W1) -> (O) {
+        O(n, f, h, w) +=! float(I(n, r_c, h + r_kh, w + r_kw)) * float(W1(f, r_c, r_kh, r_kw)) }""",
+    "scaled": CONV2D.replace("+=! I(", "+=! 2 * I("),
+    "three_factors": """def f(float(N, C, H, W) I, float(F, C, KH, KW) W1, float(F) S) -> (O) {
+        O(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw) * S(f) }""",
+    "two_kernel_indices_in_a_window": """def f(float(N, H) I, float(A, B) W1) -> (O) {
+        O(n, h) +=! I(n, h + r_a + r_b) * W1(r_a, r_b) }""",
+    "two_spatial_indices_in_a_window": """def f(float(H) I, float(K) W1) -> (O) {
+        O(h, w) +=! I(h + w + r_k) * W1(r_k) where h in 0:4, w in 0:4 }""",
+    "spatial_index_in_the_weights": """def f(float(N, H) I, float(H, K) W1) -> (O) {
+        O(n, h) +=! I(n, h + r_k) * W1(h, r_k) where h in 0:H-K+1 }""",
+    "kernel_index_only_in_the_weights": """def f(float(N, H) I, float(K, J) W1) -> (O) {
+        O(n, h) +=! I(n, h + r_k) * W1(r_k, r_j) }""",
+    "channel_twice_in_the_image": """def f(float(C, C, H) I, float(F, C, K) W1) -> (O) {
+        O(f, h) +=! I(r_c, r_c, h + r_k) * W1(f, r_c, r_k) }""",
+    "offset_range_below_zero": CONV2D.replace("w + r_kw", "w + r_kw + 3"),  # w from -3 by range inference
+    "negative_window": """def f(float(H) I, float(K) W1) -> (O) {
+        O(h) +=! I(h - r_k + K - 1) * W1(r_k) where h in 0:H-K+1 }""",
+    "partial_channels": CONV2D.replace("W1(f, r_c, r_kh, r_kw)", "W1(f, r_c, r_kh, r_kw) where r_c in 0:C/2"),
+    "data_dependent": """def f(float(N, H) I, float(K) W1, int32(N) L) -> (O) {
+        O(n, h) +=! I(L(n), h + r_k) * W1(r_k) }""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(POSITIVE))
+def test_recognises_convolutions(name):
+    source, (image, weights, batch, groups, f, spatial, channels, kernel, windows) = POSITIVE[name]
+    c = conv_of(source)
+    assert c is not None, name
+    assert (c.image, c.weights, c.batch, c.groups, c.f, c.spatial, c.channels, c.kernel) == \
+        (image, weights, batch, groups, f, spatial, channels, kernel)
+    assert [(w.x, w.stride, w.k, w.dilation, w.offset) for w in c.windows] == windows
+    assert c.init == (name != "accumulating")
+    assert c.describe().startswith("O ")
+
+
+@pytest.mark.parametrize("name", sorted(NEGATIVE))
+def test_rejects_what_is_not_a_convolution(name):
+    definition = checked(NEGATIVE[name])
+    assert recognise_convolution(definition.statements[0], definition) is None
+    assert recognise_conv_def(definition) is None
+
+
+def test_def_with_epilogues_is_one_convolution():
+    c = recognise_conv_def(checked(CONV_BIAS_RELU))
+    assert c is not None and len(c.epilogues) == 1
+    assert "1 epilogue statement" in c.describe()
+    assert len(recognise_conv_def(checked(GROUPED)).epilogues) == 1
+
+
+@pytest.mark.parametrize("second", [
+    "O(n, f, h, w) = O(n, f, h, w) + B(L(f))",                  # a data-dependent read
+    "P(n, f, h, w) = O(n, f, h, w) * 2",                        # writes another tensor
+    "O(n, f, h, w) = O(n, f, h, w) + B(f) where h in 0:1",      # part of the target only
+    "O(n, f, h, w) = O(n, f, h, w) * float(f) where f in 0:1",  # part of the target only
+    "O(n, f, h, w) += B(r_x)",                                  # a reduction, not element by element
+])
+def test_defs_that_are_not_one_convolution(second):
+    source = f"""def f(float(N, C, H, W) I, float(F, C, KH, KW) W1, float(F) B, int32(F) L) -> (O) {{
+        O(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw)
+        {second}
+    }}"""
+    definition = checked(source)
+    assert recognise_convolution(definition.statements[0], definition) is not None
+    assert recognise_conv_def(definition) is None
+
+
+def test_a_convolution_into_a_temporary_is_not_one_kernel():
+    source = """def f(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (P) {
+        T(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw)
+        P(n, f, h, w) = T(n, f, h, w)
+    }"""
+    assert recognise_conv_def(checked(source)) is None
+
+
+SMALL = dict(N=1, C=2, H=5, W=6, F=3, KH=2, KW=3)
+
+
+def test_stages_and_escape_hatch():
+    kernel = polyc.define(CONV_BIAS_RELU).conv
+    stages = kernel.stages(SMALL)
+    assert stages.convolution is not None and stages.contraction is None
+    assert "polyc conv kernel" in stages.kernel.source
+    assert stages.optimized_schedule is not None  # still computed, for inspection
+    assert kernel.stages(None).convolution is not None  # parametric
+    generic = polyc.define(CONV_BIAS_RELU, direct_convolutions=False).conv.stages(SMALL)
+    assert generic.convolution is None and "conv kernel" not in generic.kernel.source
+    with pytest.raises(polyc.PolycError, match="direct_convolutions"):
+        polyc.define(CONV2D, direct_convolutions=1)
+    # a 1x1 convolution is a contraction: the gemm kernel takes it first
+    conv1x1 = polyc.define(NEGATIVE["conv1x1_is_a_contraction"]).f.stages(dict(N=1, C=2, H=3, W=3, F=2))
+    assert conv1x1.contraction is not None and conv1x1.convolution is None
+    # the interpreter back end compiles nothing
+    assert polyc.define(CONV2D, backend="interpreter").conv(
+        np.ones((1, 1, 2, 2), np.float32), np.ones((1, 1, 2, 2), np.float32))[0, 0, 0, 0] == 4
+
+
+# ----------------------------------------------------------------------------- numbers
+def rand(rng, shape, dtype=np.float32):
+    return rng.uniform(-1, 1, size=shape).astype(dtype)
+
+
+def numpy_conv2d(image, weights, stride=(1, 1), dilation=(1, 1), offset=(0, 0)):
+    """O[n, f, h, w] = sum I[n, c, sh*h + dh*kh + oh, sw*w + dw*kw + ow] * W[f, c, kh, kw], in float64."""
+    image, weights = image.astype(np.float64), weights.astype(np.float64)
+    n, c, height, width = image.shape
+    f, _, kh, kw = weights.shape
+    (sh, sw), (dh, dw), (oh, ow) = stride, dilation, offset
+    out_h = (height - oh - dh * (kh - 1) - 1) // sh + 1
+    out_w = (width - ow - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((n, f, out_h, out_w))
+    for i in range(kh):
+        for j in range(kw):
+            h0, w0 = oh + dh * i, ow + dw * j
+            window = image[:, :, h0:h0 + sh * (out_h - 1) + 1:sh, w0:w0 + sw * (out_w - 1) + 1:sw]
+            out += np.einsum("nchw,fc->nfhw", window, weights[:, :, i, j])
+    return out
+
+
+# (N, C, H, W, F, KH, KW): widths below, at and above the vectors (8, 16, 64, 96 points), not
+# multiples of them; a 1-pixel image; a kernel as large as the image; channel counts that are
+# not multiples of the register block's rows; enough work for several threads.
+CONV2D_SIZES = [(1, 1, 1, 1, 1, 1, 1), (2, 3, 6, 5, 2, 3, 2), (1, 2, 4, 4, 3, 4, 4), (2, 3, 9, 17, 5, 3, 3),
+                (1, 4, 5, 40, 7, 2, 5), (3, 5, 23, 19, 9, 3, 3), (2, 16, 30, 33, 13, 3, 3), (1, 3, 3, 130, 6, 1, 3)]
+
+
+@pytest.mark.parametrize("options", [{}, dict(specialize=False), dict(parallel=False), dict(vectorize=False),
+                                     dict(tile_sizes=(1,)), dict(tile_sizes=(8, 4, 2))],
+                         ids=["default", "parametric", "serial", "portable", "tiles-1", "tiles-8-4-2"])
+def test_conv2d_against_numpy(options):
+    kernel = polyc.define(CONV2D, **options).conv
+    rng = np.random.default_rng(0)
+    for n, c, h, w, f, kh, kw in CONV2D_SIZES:
+        image, weights = rand(rng, (n, c, h, w)), rand(rng, (f, c, kh, kw))
+        assert_close(kernel(image, weights), numpy_conv2d(image, weights), c * kh * kw, np.float32, (image, weights))
+
+
+def test_strided_dilated_and_offset_windows_against_numpy():
+    rng = np.random.default_rng(1)
+    cases = [(STRIDED, dict(stride=(2, 3))), (DILATED, dict(dilation=(2, 3))),
+             (STRIDED_DILATED_OFFSET, dict(stride=(2, 1), dilation=(2, 2), offset=(1, 3)))]
+    for source, geometry in cases:
+        for specialize in (True, False):
+            kernel = polyc.define(source, specialize=specialize).conv
+            for n, c, h, w, f, kh, kw in [(1, 1, 9, 13, 1, 1, 1), (2, 3, 11, 29, 5, 3, 2), (2, 6, 30, 60, 10, 3, 3)]:
+                image, weights = rand(rng, (n, c, h, w)), rand(rng, (f, c, kh, kw))
+                expected = numpy_conv2d(image, weights, **geometry)
+                assert_close(kernel(image, weights), expected, c * kh * kw, np.float32, (image, weights))
+
+
+def interpreter_check(source, shapes, options=None, dtype=np.float32, seed=0, outputs=None, ops=None):
+    """The compiled kernel against the reference interpreter on random inputs of ``shapes``."""
+    definition = checked(source)
+    compiled = polyc.define(source, **(options or {}))[definition.name]
+    reference = polyc.define(source, backend="interpreter")[definition.name]
+    rng = np.random.default_rng(seed)
+    inputs = [rand(rng, shape, dtype) for shape in shapes]
+    if outputs is None:
+        got, want = compiled(*inputs), reference(*inputs)
+    else:
+        got, want = compiled(*inputs, outputs=[o.copy() for o in outputs]), \
+            reference(*inputs, outputs=[o.copy() for o in outputs])
+    # the weights' size bounds the reduction's length (the tolerance's operation count)
+    assert_close(got, want, ops or int(np.prod(shapes[1])) + 4, dtype, inputs)
+    return compiled
+
+
+#: (source, input shapes): every class of convolution, odd sizes.
+VARIANTS = {
+    "grouped": (GROUPED, [[(2, 3, 4, 7, 9), (3, 5, 4, 3, 3), (3, 5)], [(1, 2, 1, 1, 1), (2, 1, 1, 1, 1), (2, 1)],
+                          [(4, 4, 16, 14, 14), (4, 16, 16, 3, 3), (4, 16)]]),
+    "depthwise": (DEPTHWISE, [[(2, 3, 6, 5), (3, 3, 3)], [(1, 2, 2, 4), (2, 2, 1)], [(2, 7, 33, 70), (7, 5, 5)]]),
+    "depthwise_multiplier": (DEPTHWISE_MULTIPLIER, [[(2, 3, 8, 21), (3, 2, 3, 3)], [(1, 5, 12, 12), (5, 3, 3, 3)]]),
+    "conv1d": (CONV1D, [[(2, 3, 10), (4, 3, 3), (4,)], [(1, 1, 1), (1, 1, 1), (1,)], [(3, 8, 200), (17, 8, 5), (17,)]]),
+    "conv3d": (CONV3D, [[(1, 2, 4, 5, 6), (3, 2, 2, 2, 3)], [(2, 3, 6, 9, 21), (5, 3, 3, 3, 3)],
+                        [(1, 1, 2, 2, 2), (1, 1, 2, 2, 2)]]),
+    "nhwc": (NHWC, [[(2, 6, 5, 3), (3, 2, 3, 4)], [(1, 20, 21, 8), (3, 3, 8, 20)]]),
+    "blur": (BLUR, [[(6, 5), (3, 3)], [(3, 3), (3, 3)], [(40, 100), (5, 5)]]),
+    "subsampling": (POSITIVE["strided_subsampling_no_kernel"][0], [[(2, 3, 9, 20), (5, 3)], [(1, 1, 1, 1), (1, 1)]]),
+    "offset": (STRIDED_DILATED_OFFSET, [[(2, 3, 12, 21), (5, 3, 2, 3)]]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("options", [{}, dict(specialize=False, parallel=False)], ids=["default", "parametric-serial"])
+def test_variants_against_the_interpreter(name, options):
+    source, shape_sets = VARIANTS[name]
+    for seed, shapes in enumerate(shape_sets):
+        kernel = interpreter_check(source, shapes, options, seed=seed)
+    assert kernel.stages(None).convolution is not None
+
+
+def test_register_block_rows_follow_the_output_channels():
+    from polyc.codegen.conv import choose_rows
+    assert [choose_rows(f) for f in (None, 1, 2, 3, 5, 8, 64)] == [4, 1, 2, 4, 2, 4, 4]
+    source = polyc.define(DEPTHWISE).conv.c_source(dict(N=1, C=2, H=5, W=5, KH=3, KW=3))
+    assert "1 output channels per register block" in source and "#define POLYC_RF 1" in source
+
+
+def test_float64_with_epilogue_and_every_block_shape():
+    """float64 vectors hold half as many points; channel counts 1, 2, 3, 5 and 8 select every
+    register block's row count (1, 2, 4) and leave partial blocks of channels."""
+    source = CONV_BIAS_RELU.replace("float", "double")
+    for seed, f in enumerate([1, 2, 3, 5, 8]):
+        interpreter_check(source, [(2, 3, 11, 37), (f, 3, 3, 3), (f,)], dtype=np.float64, seed=seed)
+        interpreter_check(CONV_BIAS_RELU, [(2, 3, 11, 37), (f, 3, 3, 3), (f,)], seed=seed)
+
+
+def test_bias_relu_epilogue_against_numpy():
+    kernel = polyc.define(CONV_BIAS_RELU).conv
+    rng = np.random.default_rng(2)
+    for n, c, h, w, f, kh, kw in CONV2D_SIZES:
+        image, weights, bias = rand(rng, (n, c, h, w)), rand(rng, (f, c, kh, kw)), rand(rng, (f,))
+        expected = np.maximum(numpy_conv2d(image, weights) + bias[None, :, None, None], 0)
+        assert_close(kernel(image, weights, bias), expected, c * kh * kw + 1, np.float32, (image, weights, bias))
+
+
+def test_accumulation_into_given_outputs():
+    rng = np.random.default_rng(3)
+    for specialize in (True, False):
+        kernel = polyc.define(ACCUMULATING, specialize=specialize).conv
+        for n, c, h, w, f, kh, kw in [(1, 1, 1, 1, 1, 1, 1), (2, 3, 9, 17, 5, 3, 3), (2, 8, 20, 40, 12, 3, 3)]:
+            image, weights = rand(rng, (n, c, h, w)), rand(rng, (f, c, kh, kw))
+            initial = rand(rng, (n, f, h - kh + 1, w - kw + 1))
+            out = initial.copy()
+            result = kernel(image, weights, outputs=[out])
+            assert result is out
+            assert_close(out, initial + numpy_conv2d(image, weights), c * kh * kw + 1, np.float32, (image, weights))
+
+
+def test_accumulation_with_epilogues_and_scalar_input():
+    source = """def f(float(N, C, H, W) I, float(F, C, KH, KW) W1, float(N, F) D, float alpha) -> (O) {
+        O(n, f, h, w) += I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw)
+        O(n, f, h, w) += D(n, f)
+        O(n, f, h, w) = alpha * O(n, f, h, w) + float(h) - float(w)
+    }"""
+    definition = checked(source)
+    assert recognise_conv_def(definition) is not None
+    compiled = polyc.define(source).f
+    reference = polyc.define(source, backend="interpreter").f
+    rng = np.random.default_rng(4)
+    for n, c, h, w, f in [(1, 2, 5, 7, 3), (2, 5, 18, 31, 6)]:
+        image, weights, d = rand(rng, (n, c, h, w)), rand(rng, (f, c, 3, 3)), rand(rng, (n, f))
+        initial = rand(rng, (n, f, h - 2, w - 2))
+        got = compiled(image, weights, d, np.float32(1.5), outputs=[initial.copy()])
+        want = reference(image, weights, d, np.float32(1.5), outputs=[initial.copy()])
+        assert_close(got, want, 64, np.float32, (image, weights, d))
+
+
+def test_empty_reductions_and_empty_outputs():
+    rng = np.random.default_rng(5)
+    kernel = polyc.define(CONV_BIAS_RELU).conv
+    bias = rand(rng, (4,))
+    out = kernel(np.zeros((2, 0, 5, 6), np.float32), np.zeros((4, 0, 2, 3), np.float32), bias)
+    np.testing.assert_array_equal(out, np.broadcast_to(np.maximum(bias, 0)[None, :, None, None], (2, 4, 4, 4)))
+    accumulate = polyc.define(ACCUMULATING).conv
+    initial = rand(rng, (2, 3, 4, 4))
+    out = initial.copy()
+    accumulate(np.zeros((2, 0, 5, 6), np.float32), np.zeros((3, 0, 2, 3), np.float32), outputs=[out])
+    np.testing.assert_array_equal(out, initial)
+    assert polyc.define(CONV2D).conv(np.zeros((0, 2, 5, 5), np.float32), rand(rng, (3, 2, 3, 3))).shape == (0, 3, 3, 3)
+    assert polyc.define(CONV2D).conv(rand(rng, (1, 2, 5, 5)), np.zeros((0, 2, 3, 3), np.float32)).shape == (1, 0, 3, 3)
+
+
+def test_special_values_stay_where_they_belong():
+    """Flattened tiles compute on image columns past the output's width (and zero-padded
+    weight rows): an inf or NaN there must reach exactly the outputs the interpreter gives it."""
+    rng = np.random.default_rng(6)
+    compiled = polyc.define(CONV2D).conv
+    reference = polyc.define(CONV2D, backend="interpreter").conv
+    for n, c, h, w, f in [(1, 2, 6, 20, 3), (2, 3, 12, 14, 5)]:
+        image, weights = rand(rng, (n, c, h, w)), rand(rng, (f, c, 3, 3))
+        image[0, 0, 1, w - 1] = np.inf
+        image[0, c - 1, h - 1, w - 2] = np.nan
+        image[n - 1, 0, 2, 0] = -np.inf
+        got, want = compiled(image, weights), reference(image, weights)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        finite = np.isfinite(want)
+        np.testing.assert_array_equal(got[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)])
+        assert_close(got[finite], want[finite], 18 * c, np.float32, (image[np.isfinite(image)], weights))
+
+
+@pytest.mark.parametrize("cflags", ["-O2 -mavx2 -mfma", "-O2"], ids=["avx2", "portable"])
+def test_every_instruction_set(cflags):
+    """The same sources built without AVX-512 (AVX2 kernels, write-back through buffers) and
+    without any vector extension."""
+    rng = np.random.default_rng(7)
+    kernel = polyc.define(CONV_BIAS_RELU, cflags=cflags, specialize=False).conv
+    for n, c, h, w, f, kh, kw in CONV2D_SIZES:
+        image, weights, bias = rand(rng, (n, c, h, w)), rand(rng, (f, c, kh, kw)), rand(rng, (f,))
+        expected = np.maximum(numpy_conv2d(image, weights) + bias[None, :, None, None], 0)
+        assert_close(kernel(image, weights, bias), expected, c * kh * kw + 1, np.float32, (image, weights, bias))
+    for name in ("grouped", "depthwise", "nhwc", "conv3d"):
+        source, shape_sets = VARIANTS[name]
+        interpreter_check(source, shape_sets[-1], dict(cflags=cflags))
+    interpreter_check(STRIDED.replace("float", "double"), [(2, 3, 11, 29), (5, 3, 3, 2)], dict(cflags=cflags),
+                      dtype=np.float64)
+
+
+@pytest.mark.parametrize("cflags", [None, "-O2"], ids=["native", "portable"])
+def test_threads_repeatedly(cflags):
+    """Work items of every kind (tiles of one image, chunks of channel blocks, packed tiles) on
+    several threads, run repeatedly, since a race between threads shows only now and then."""
+    rng = np.random.default_rng(8)
+    for source, shapes in [(CONV_BIAS_RELU, [(1, 8, 20, 30), (37, 8, 3, 3), (37,)]),
+                           (CONV_BIAS_RELU, [(4, 16, 14, 14), (16, 16, 3, 3), (16,)]),
+                           (STRIDED, [(2, 8, 30, 61), (21, 8, 3, 3)])]:
+        compiled = polyc.define(source, cflags=cflags).conv
+        reference = polyc.define(source, backend="interpreter").conv
+        inputs = [rand(rng, shape) for shape in shapes]
+        expected = reference(*inputs)
+        for _ in range(25):
+            assert_close(compiled(*inputs), expected, 80, np.float32, inputs)
+
+
+def test_large_case_matches_numpy_in_parallel():
+    """The benchmark's shape at a smaller batch: full tiles, compressed write-back, threads."""
+    rng = np.random.default_rng(9)
+    image, weights, bias = rand(rng, (2, 64, 56, 56)), rand(rng, (64, 64, 3, 3)), rand(rng, (64,))
+    out = polyc.define(CONV_BIAS_RELU).conv(image, weights, bias)
+    expected = np.maximum(numpy_conv2d(image, weights) + bias[None, :, None, None], 0)
+    assert_close(out, expected, 64 * 9 + 1, np.float32, (image, weights, bias))
+
+
+# ----------------------------------------------------------------------------- sanitizers
+_SANITIZED_SCRIPT = """
+import sys
+import numpy as np
+import polyc
+from kernels import assert_close
+sys.path.insert(0, sys.argv[1])
+from test_conv import CONV_BIAS_RELU, STRIDED, GROUPED, DEPTHWISE, NHWC, CONV1D, ACCUMULATING, interpreter_check
+rng = np.random.default_rng(0)
+for position, flags in enumerate(sys.argv[2:]):
+    # parametric kernels (one build for every size); specialised ones with the first flags only
+    for specialize in (False, True) if position == 0 else (False,):
+        options = dict(cflags=flags, specialize=specialize)
+        for shapes in [[(1, 1, 1, 1), (1, 1, 1, 1), (1,)], [(2, 3, 5, 17), (5, 3, 3, 3), (5,)],
+                       [(1, 4, 9, 40), (6, 4, 4, 4), (6,)], [(1, 2, 3, 3), (3, 2, 3, 3), (3,)]][specialize * 2:]:
+            interpreter_check(CONV_BIAS_RELU, shapes, options)
+        interpreter_check(STRIDED, [(2, 3, 11, 29), (5, 3, 3, 2)], options)
+        interpreter_check(GROUPED, [(2, 3, 4, 7, 9), (3, 5, 4, 3, 3), (3, 5)], options)
+        interpreter_check(DEPTHWISE, [(2, 3, 6, 35), (3, 3, 3)], options)
+        interpreter_check(NHWC, [(2, 6, 5, 3), (3, 2, 3, 4)], options)
+        if not specialize:
+            interpreter_check(CONV1D, [(2, 3, 37), (4, 3, 3), (4,)], options)
+            interpreter_check(ACCUMULATING, [(2, 3, 9, 20), (5, 3, 3, 3)], options,
+                              outputs=[rng.uniform(-1, 1, (2, 5, 7, 18)).astype(np.float32)])
+    print("checked", flags.split()[-1], flush=True)
+"""
+
+
+def test_sanitized_conv_kernels(tmp_path):
+    cc = os.environ.get("POLYC_CC") or os.environ.get("CC") or "gcc"
+    try:
+        runtime = subprocess.run([*cc.split(), "-print-file-name=libasan.so"], capture_output=True, text=True,
+                                 timeout=60).stdout.strip()
+    except OSError:
+        pytest.skip("no C compiler")
+    if not Path(runtime).is_absolute() or not Path(runtime).exists():
+        pytest.skip("the C compiler has no AddressSanitizer runtime (libasan.so)")
+    sanitize = "-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+    flag_sets = [f"{sanitize} -march=native", f"{sanitize} -mavx2 -mfma", sanitize]
+    environment = dict(os.environ, LD_PRELOAD=runtime, ASAN_OPTIONS="detect_leaks=0",
+                       UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1", POLYC_CACHE_DIR=str(tmp_path),
+                       PYTHONPATH=os.pathsep.join([str(TESTS_DIR.parent), str(TESTS_DIR)]))
+    result = subprocess.run([sys.executable, "-c", _SANITIZED_SCRIPT, str(TESTS_DIR), *flag_sets], env=environment,
+                            capture_output=True, text=True, timeout=900)
+    report = result.stdout + result.stderr[-5000:]
+    assert result.returncode == 0, report
+    assert "AddressSanitizer" not in result.stderr and "runtime error" not in result.stderr, report
+    assert result.stdout.split() == ["checked", "-march=native", "checked", "-mfma", "checked",
+                                     "-fno-omit-frame-pointer"], report
