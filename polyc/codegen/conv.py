@@ -77,11 +77,11 @@ from math import prod
 
 import numpy as np
 
-from polyc.codegen.c import _C_KEYWORDS, GeneratedKernel, _combine, _extent_name
-from polyc.codegen.c_expr import PRELUDE, CExpressionPrinter, c_type
+from polyc.codegen.c import GeneratedKernel, _extent_name
+from polyc.codegen.c_expr import PRELUDE, c_type
+from polyc.codegen.pattern_kernel import PatternKernelWriter, typed
 from polyc.ir.model import PolyProgram
 from polyc.lang import checked as ir
-from polyc.lang.symbolic import Affine
 from polyc.options import Options
 from polyc.schedule.convolution import Convolution
 
@@ -178,17 +178,12 @@ def _layout(conv: Convolution, image_rank: int) -> _Layout:
     return _Layout(items, points, flat, reduction)
 
 
-class _ConvWriter:
+class _ConvWriter(PatternKernelWriter):
     def __init__(self, program: PolyProgram, conv: Convolution, options: Options):
-        self.program = program
-        self.definition = program.definition
+        super().__init__(program, options)
         self.conv = conv
-        self.options = options
-        self.specialised = program.size_values is not None
         self.dtype = conv.dtype
         self.ctype = c_type(self.dtype)
-        tensor_names = {t.name for t in self.definition.tensors}
-        self.size_c = {p: (f"{p}_size" if p in tensor_names or p in _C_KEYWORDS else p) for p in program.params}
         self.layout = _layout(conv, self.definition.tensor(conv.image).rank)
         channels = None
         if self.specialised:
@@ -202,7 +197,7 @@ class _ConvWriter:
         d = self.definition
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
-        parts = [self.header(), PRELUDE, self.includes(), _typed(_COMMON, self.ctype), self.context_struct(),
+        parts = [self.header(), PRELUDE, self.includes(), typed(_COMMON, self.ctype), self.context_struct(),
                  self.instruction_sets(), self.epilogue_function(), self.driver(), self.entry_function(name, sizes),
                  ""]
         return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
@@ -279,7 +274,7 @@ class _ConvWriter:
                        f"#define POLYC_COMPRESS {1 if isa == 'avx512' else 0}",
                        f"#define POLYC_NR {shape.nr}", f"#define POLYC_LANES {shape.lanes}"]
             if isa == "portable":
-                pieces.append(_typed(_PORTABLE_KERNEL, self.ctype))
+                pieces.append(typed(_PORTABLE_KERNEL, self.ctype))
             else:
                 pieces += [_vector_kernel(shape, self.dtype, nv) for nv in range(1, shape.vectors + 1)]
                 pieces.append(_dispatch(shape, self.ctype))
@@ -329,53 +324,12 @@ class _ConvWriter:
                 + "\n".join("    " + line for line in body) + "\n}\n" + _INLINE_MIN_MAX_END)
 
     def epilogue_statement(self, statement: ir.CheckedStatement) -> str:
-        conv = self.conv
-        index_c = {mine: f"polyc_ix_{theirs}" for mine, theirs in zip(statement.indices, conv.target_indices)}
-        target = self.definition.tensor(statement.target)
-        lhs = f"{conv.target}[polyc_o]"
-
-        def access(read: ir.Read, subscripts: list[str]) -> str:
-            if read.tensor == conv.target:  # at the statement's own point (checked by the recogniser)
-                return lhs
-            return self.element(read.tensor, subscripts)
-
-        printer = CExpressionPrinter(
-            access=access,
-            index=lambda n: index_c[n] if n in index_c else self.size_c[n],
-            size=lambda value: value.to_c(lambda n: self.size_c[n]),
-        )
-        value = printer.to_c(statement.rhs)
-        if statement.op == "=":
-            return f"{lhs} = {value}"
-        return f"{lhs} = {_combine(statement.op, target.dtype, lhs, value, c_type(target.dtype))}"
-
-    def element(self, tensor_name: str, subscripts: list[str]) -> str:
-        tensor = self.definition.tensor(tensor_name)
-        if tensor.rank == 0:
-            return f"{tensor_name}[0]"
-        offset = ""
-        for dim, subscript in enumerate(subscripts):
-            offset = f"({subscript})" if dim == 0 else f"({offset} * {_extent_name(tensor_name, dim)} + ({subscript}))"
-        return f"{tensor_name}[{offset}]"
-
-    def size_declarations(self, parametric_value) -> list[str]:
-        lines = []
-        for s in self.definition.sizes:
-            value = self.program.size_values[s] if self.specialised else parametric_value(s)
-            if value is not None:
-                lines.append(f"const int64_t {self.size_c[s]} = {value};")
-        for t in self.definition.tensors:
-            for dim, extent in enumerate(t.shape):
-                lines.append(f"const int64_t {_extent_name(t.name, dim)} = {self.size_expr(extent)};")
-        lines += [f"(void){_extent_name(t.name, dim)};" for t in self.definition.tensors for dim in range(t.rank)]
-        return lines
-
-    def size_expr(self, value: Affine) -> str:
-        return value.to_c(lambda name: self.size_c[name])
+        """One epilogue statement at output point ``polyc_o`` (the target read there too)."""
+        return self.epilogue_assignment(statement, self.conv.target_indices, lhs=f"{self.conv.target}[polyc_o]")
 
     # ------------------------------------------------------------------ the loops
     def driver(self) -> str:
-        text = _typed(_DRIVER, self.ctype)
+        text = typed(_DRIVER, self.ctype)
         if not self.options.parallel:
             text = re.sub(r"#if defined\(_OPENMP\)\n.*?#endif\n", "", text, flags=re.DOTALL)
         chunk = 0
@@ -386,11 +340,6 @@ class _ConvWriter:
                 .replace("CHUNK_BLOCKS", str(chunk)))
 
     # ------------------------------------------------------------------ the entry point
-    def stride(self, tensor_name: str, dim: int) -> str:
-        tensor = self.definition.tensor(tensor_name)
-        factors = [_extent_name(tensor_name, d) for d in range(dim + 1, tensor.rank)]
-        return "(" + " * ".join(factors) + ")" if factors else "1"
-
     def image_term(self, index: str) -> str | None:
         """The image offset of ``index`` (as C in ``polyc_v_<index>``), or None when absent."""
         conv = self.conv
@@ -599,7 +548,7 @@ def _vector_kernel(shape: BlockShape, dtype: np.dtype, nv: int) -> str:
     acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(rf)]
     last = nv - 1
     lines = [f"/* {rf} channels x {nv} vector(s) of points. */",
-             f"static inline void polyc_conv_kernel_{nv}({_typed(_KERNEL_ARGUMENTS, ctype)})",
+             f"static inline void polyc_conv_kernel_{nv}({typed(_KERNEL_ARGUMENTS, ctype)})",
              "{"]
     if shape.isa == "avx512":
         mask_type = "__mmask16" if lanes == 16 else "__mmask8"
@@ -670,7 +619,7 @@ def _dispatch(shape: BlockShape, ctype: str) -> str:
     cases = "\n".join(f"    case {nv}: polyc_conv_kernel_{nv}(nred, wp, bp, roff, n, out, row_off, rows, beta, mode, "
                       f"vmask, block); break;" for nv in range(1, shape.vectors + 1))
     return (f"/* The block for n points (1 <= n <= NR): the kernel with as many vectors as they need. */\n"
-            f"static inline void polyc_conv_block({_typed(_KERNEL_ARGUMENTS, ctype)})\n"
+            f"static inline void polyc_conv_block({typed(_KERNEL_ARGUMENTS, ctype)})\n"
             "{\n"
             f"    switch ((n + {shape.lanes - 1}) / {shape.lanes}) {{\n{cases}\n    default: break;\n    }}\n"
             "}")
@@ -729,9 +678,6 @@ static inline double polyc_fmin(double a, double b) { return (a < b || b != b) ?
 _INLINE_MIN_MAX_END = "#undef fmaxf\n#undef fminf\n#undef fmax\n#undef fmin"
 
 
-def _typed(template: str, ctype: str) -> str:
-    """``template`` with the element type for every word ``T``."""
-    return re.sub(r"\bT\b", ctype, template)
 
 
 # Helpers used before the register blocks.

@@ -58,8 +58,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polyc.codegen.c import _C_KEYWORDS, _combine, _extent_name, GeneratedKernel
+from polyc.codegen.c import GeneratedKernel
 from polyc.codegen.c_expr import PRELUDE, CExpressionPrinter, c_type
+from polyc.codegen.pattern_kernel import PatternKernelWriter, typed
 from polyc.ir.model import PolyProgram
 from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine
@@ -167,24 +168,19 @@ def generate_gemm(program: PolyProgram, contraction: Contraction, options: Optio
 
 
 # ----------------------------------------------------------------------------- the writer
-class _GemmWriter:
+class _GemmWriter(PatternKernelWriter):
     def __init__(self, program: PolyProgram, contraction: Contraction, options: Options):
-        self.program = program
-        self.definition = program.definition
+        super().__init__(program, options)
         self.contraction = contraction
-        self.options = options
-        self.specialised = program.size_values is not None
         self.dtype = contraction.dtype
         self.ctype = c_type(self.dtype)
-        tensor_names = {t.name for t in self.definition.tensors}
-        self.size_c = {p: (f"{p}_size" if p in tensor_names or p in _C_KEYWORDS else p) for p in program.params}
 
     def write(self) -> GeneratedKernel:
         d = self.definition
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
-        parts = [self.header(), PRELUDE, self.includes(), self.context_struct(), _typed(_COMMON, self.ctype),
-                 self.epilogue_function(), self.scale_and_guard(), self.instruction_sets(), _typed(_RUN, self.ctype),
+        parts = [self.header(), PRELUDE, self.includes(), self.context_struct(), typed(_COMMON, self.ctype),
+                 self.epilogue_function(), self.scale_and_guard(), self.instruction_sets(), typed(_RUN, self.ctype),
                  self.entry_function(name, sizes), ""]
         return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
 
@@ -292,7 +288,7 @@ class _GemmWriter:
 
     def blocked_loops(self, shape: MicroKernelShape) -> str:
         mc, nc, kc = block_sizes(shape, self.dtype.itemsize, self.options.tile_sizes)
-        text = _typed(_BLOCKED_LOOPS, self.ctype).replace("TRANSPOSED_B\n", _transposed_b(shape, self.dtype))
+        text = typed(_BLOCKED_LOOPS, self.ctype).replace("TRANSPOSED_B\n", _transposed_b(shape, self.dtype))
         for macro, value in (("MR", shape.mr), ("NR", shape.nr), ("MC", mc), ("NC", nc), ("KC", kc)):
             text = re.sub(rf"\b{macro}\b", str(value), text)
         text = text.replace("_SHAPE", f"_{shape.name}").replace("MASKED_B", "1" if shape.isa == "avx512" else "0")
@@ -400,7 +396,7 @@ static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.c
         body += values(c.batch, "polyc_bt") if c.batch else ["(void)polyc_bt;"]
         inner = values(c.n, "polyc_nj")
         for statement in c.epilogues:
-            inner.append(self.epilogue_statement(statement) + ";")
+            inner.append(self.epilogue_assignment(statement, c.target.indices) + ";")
         simd = ["#pragma omp simd"] if self.options.vectorize else []
         body += ["for (int64_t polyc_mi = polyc_m0; polyc_mi < polyc_m0 + polyc_mr; polyc_mi++) {",
                  *("    " + line for line in values(c.m, "polyc_mi")),
@@ -413,48 +409,6 @@ static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.c
                 "static void polyc_epilogue(const polyc_gemm_t *polyc_g, int64_t polyc_bt, int64_t polyc_m0,\n"
                 "                           int64_t polyc_mr, int64_t polyc_n0, int64_t polyc_nr)\n{\n"
                 + "\n".join("    " + line for line in body) + "\n}")
-
-    def epilogue_statement(self, statement: ir.CheckedStatement) -> str:
-        c = self.contraction
-        index_c = {mine: f"polyc_ix_{theirs}" for mine, theirs in zip(statement.indices, c.target.indices)}
-        target = self.definition.tensor(statement.target)
-        lhs = self.element(statement.target, [index_c[i] for i in statement.indices])
-        printer = CExpressionPrinter(
-            access=lambda read, subscripts: self.element(read.tensor, subscripts),
-            index=lambda n: index_c[n] if n in index_c else self.size_c[n],
-            size=lambda value: value.to_c(lambda n: self.size_c[n]),
-        )
-        value = printer.to_c(statement.rhs)
-        if statement.op == "=":
-            return f"{lhs} = {value}"
-        return f"{lhs} = {_combine(statement.op, target.dtype, lhs, value, c_type(target.dtype))}"
-
-    def element(self, tensor_name: str, subscripts: list[str]) -> str:
-        """C lvalue of an element (row-major, like :mod:`polyc.codegen.c`)."""
-        tensor = self.definition.tensor(tensor_name)
-        if tensor.rank == 0:
-            return f"{tensor_name}[0]"
-        offset = ""
-        for dim, subscript in enumerate(subscripts):
-            offset = f"({subscript})" if dim == 0 else f"({offset} * {_extent_name(tensor_name, dim)} + ({subscript}))"
-        return f"{tensor_name}[{offset}]"
-
-    def size_declarations(self, parametric_value) -> list[str]:
-        """``const int64_t`` declarations of the sizes (``parametric_value(size)`` when not
-        specialised; None: it is a function argument) and of every tensor extent."""
-        lines = []
-        for s in self.definition.sizes:
-            value = self.program.size_values[s] if self.specialised else parametric_value(s)
-            if value is not None:
-                lines.append(f"const int64_t {self.size_c[s]} = {value};")
-        for t in self.definition.tensors:
-            for dim, extent in enumerate(t.shape):
-                lines.append(f"const int64_t {_extent_name(t.name, dim)} = {self.size_expr(extent)};")
-        lines += [f"(void){_extent_name(t.name, dim)};" for t in self.definition.tensors for dim in range(t.rank)]
-        return lines
-
-    def size_expr(self, value: Affine) -> str:
-        return value.to_c(lambda name: self.size_c[name])
 
     # ------------------------------------------------------------------ the entry point
     def entry_function(self, name: str, sizes: tuple[str, ...]) -> str:
@@ -529,11 +483,6 @@ static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.c
         lines += ["    " * (depth + 1) + "}" for depth in reversed(range(len(indices)))]
         lines.append("}")
         return lines
-
-    def stride(self, tensor_name: str, dim: int) -> str:
-        tensor = self.definition.tensor(tensor_name)
-        factors = [_extent_name(tensor_name, d) for d in range(dim + 1, tensor.rank)]
-        return "(" + " * ".join(factors) + ")" if factors else "1"
 
 
 # ----------------------------------------------------------------------------- micro-kernels
@@ -701,7 +650,7 @@ def _neon_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
 
 def _portable_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
     ctype = c_type(dtype)
-    text = _typed(r"""
+    text = typed(r"""
 /* MR x NR block in portable C (A and B addressed as in the vector kernels, B rows read in
    full); the compiler vectorises the inner loop. */
 static inline void polyc_kernel_SHAPE(int64_t kc, const T *restrict ap, int64_t a_rows, int64_t a_rs,
@@ -819,9 +768,6 @@ def _shape_choice(shapes: tuple[MicroKernelShape, ...]) -> str:
 
 
 # ----------------------------------------------------------------------------- fixed C text
-def _typed(template: str, ctype: str) -> str:
-    """``template`` with the element type for every word ``T``."""
-    return re.sub(r"\bT\b", ctype, template)
 
 
 # Helpers every register block uses.

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from polyc.codegen.c import GeneratedKernel
 from polyc.codegen.c_expr import PRELUDE
-from polyc.codegen.gemm import _COMMON, _GemmWriter, _typed
+from polyc.codegen.gemm import _COMMON, _GemmWriter
+from polyc.codegen.pattern_kernel import typed
 from polyc.ir.model import PolyProgram
 from polyc.options import Options
 from polyc.schedule.contraction import Contraction
@@ -45,7 +46,7 @@ class _GemvWriter(_GemmWriter):
         d = self.definition
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
-        parts = [self.header(), PRELUDE, self.includes(), self.context_struct(), _typed(_COMMON, self.ctype),
+        parts = [self.header(), PRELUDE, self.includes(), self.context_struct(), typed(_COMMON, self.ctype),
                  self.epilogue_function(), self.scale_and_guard(), self.loops(), self.entry_function(name, sizes), ""]
         return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
 
@@ -55,7 +56,7 @@ class _GemvWriter(_GemmWriter):
             "(BLIS structure: packing, cache blocks, register micro-kernel)", "(matrix-vector product)", 1)
 
     def loops(self) -> str:
-        text = _typed(_GEMV_LOOPS, self.ctype).replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
+        text = typed(_GEMV_LOOPS, self.ctype).replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
         if not self.options.vectorize:
             text = "\n".join(line for line in text.splitlines() if "#pragma omp simd" not in line)
         if not self.options.parallel:

@@ -54,7 +54,7 @@ def link_segments(name: str, definition: ir.CheckedDef, parts: list[GeneratedKer
     parameters = [f"{'const ' if t.role is ir.Role.INPUT else ''}{c_type(t.dtype)} *__restrict__ {t.name}"
                   for t in order]
     parameters += [f"int64_t {size_c.get(s, s)}" for s in size_arguments]
-    pieces += [f"/* ======== the def: its segments in order ======== */",
+    pieces += ["/* ======== the def: its segments in order ======== */",
                f"int {function}({', '.join(parameters)})\n{{\n    int polyc_status;\n" + "\n".join(calls)
                + "\n    return 0;\n}\n"]
     return GeneratedKernel(function, "\n".join(pieces), tuple(t.name for t in order), size_arguments)

@@ -1,0 +1,94 @@
+"""What the writers of hand-structured kernels share: the contraction (:mod:`polyc.codegen.gemm`),
+matrix-vector (:mod:`polyc.codegen.gemv`) and convolution (:mod:`polyc.codegen.conv`) kernels.
+
+They print C for one recognised statement plus the elementwise *epilogue* statements after it,
+with the generic back end's conventions (:mod:`polyc.codegen.c`): row-major tensors whose
+extents are ``const int64_t`` locals named like the generic back end's, sizes as constants when
+specialised or as arguments, and epilogue statements printed through the same expression
+printer, so that they compute exactly what the interpreter does.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from polyc.codegen.c import _C_KEYWORDS, _combine, _extent_name
+from polyc.codegen.c_expr import CExpressionPrinter, c_type
+from polyc.ir.model import PolyProgram
+from polyc.lang import checked as ir
+from polyc.lang.symbolic import Affine
+from polyc.options import Options
+
+
+def typed(template: str, ctype: str) -> str:
+    """``template`` with the element type for every word ``T``."""
+    return re.sub(r"\bT\b", ctype, template)
+
+
+class PatternKernelWriter:
+    """Sizes, extents, element addresses and epilogue statements in C, for a kernel of
+    ``program`` (specialised to its sizes, or parametric)."""
+
+    def __init__(self, program: PolyProgram, options: Options):
+        self.program = program
+        self.definition = program.definition
+        self.options = options
+        self.specialised = program.size_values is not None
+        tensor_names = {t.name for t in self.definition.tensors}
+        self.size_c = {p: (f"{p}_size" if p in tensor_names or p in _C_KEYWORDS else p) for p in program.params}
+
+    def size_expr(self, value: Affine) -> str:
+        return value.to_c(lambda name: self.size_c[name])
+
+    def size_declarations(self, parametric_value: Callable[[str], str | None]) -> list[str]:
+        """``const int64_t`` declarations of the sizes (``parametric_value(size)`` when not
+        specialised; None: it is a function argument) and of every tensor extent."""
+        lines = []
+        for s in self.definition.sizes:
+            value = self.program.size_values[s] if self.specialised else parametric_value(s)
+            if value is not None:
+                lines.append(f"const int64_t {self.size_c[s]} = {value};")
+        for t in self.definition.tensors:
+            for dim, extent in enumerate(t.shape):
+                lines.append(f"const int64_t {_extent_name(t.name, dim)} = {self.size_expr(extent)};")
+        lines += [f"(void){_extent_name(t.name, dim)};" for t in self.definition.tensors for dim in range(t.rank)]
+        return lines
+
+    def element(self, tensor_name: str, subscripts: list[str]) -> str:
+        """C lvalue of an element (row-major, like :mod:`polyc.codegen.c`)."""
+        tensor = self.definition.tensor(tensor_name)
+        if tensor.rank == 0:
+            return f"{tensor_name}[0]"
+        offset = ""
+        for dim, subscript in enumerate(subscripts):
+            offset = f"({subscript})" if dim == 0 else f"({offset} * {_extent_name(tensor_name, dim)} + ({subscript}))"
+        return f"{tensor_name}[{offset}]"
+
+    def stride(self, tensor_name: str, dim: int) -> str:
+        """C of the distance between neighbours along dimension ``dim`` of a tensor."""
+        tensor = self.definition.tensor(tensor_name)
+        factors = [_extent_name(tensor_name, d) for d in range(dim + 1, tensor.rank)]
+        return "(" + " * ".join(factors) + ")" if factors else "1"
+
+    def epilogue_assignment(self, statement: ir.CheckedStatement, kernel_indices: tuple[str, ...],
+                            lhs: str | None = None) -> str:
+        """C of one epilogue statement at one point of the target.  The statement's indices
+        are the kernel statement's ``kernel_indices`` by position, whose values are in
+        ``polyc_ix_<index>``; ``lhs`` is the target element's lvalue (default: its address
+        from those values), also used for reads of the target (always at the same point)."""
+        index_c = {mine: f"polyc_ix_{theirs}" for mine, theirs in zip(statement.indices, kernel_indices)}
+        target = self.definition.tensor(statement.target)
+        lhs = lhs or self.element(statement.target, [index_c[i] for i in statement.indices])
+
+        def access(read: ir.Read, subscripts: list[str]) -> str:
+            return lhs if read.tensor == statement.target else self.element(read.tensor, subscripts)
+
+        printer = CExpressionPrinter(
+            access=access,
+            index=lambda n: index_c[n] if n in index_c else self.size_c[n],
+            size=lambda value: value.to_c(lambda n: self.size_c[n]),
+        )
+        value = printer.to_c(statement.rhs)
+        if statement.op == "=":
+            return f"{lhs} = {value}"
+        return f"{lhs} = {_combine(statement.op, target.dtype, lhs, value, c_type(target.dtype))}"
