@@ -28,10 +28,8 @@ import pytest
 
 import polyc
 from kernels import CASES, KERNELS, check_kernel, uniform
-from polyc.runtime import CompilerOptions
+from sanitizers import SANITIZER_FLAGS, assert_clean, python_environment, run_sanitized
 
-TESTS_DIR = Path(__file__).resolve().parent
-REPOSITORY = TESTS_DIR.parent
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,12 +40,6 @@ def kernel_cache(tmp_path_factory) -> Path:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("POLYC_CACHE_DIR", str(directory))
         yield directory
-
-
-def python_environment(**variables: str) -> dict[str, str]:
-    """This process's environment for a Python subprocess that imports polyc and the corpus."""
-    search_path = [str(REPOSITORY), str(TESTS_DIR)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(search_path), **variables}
 
 
 def matmul_kernel(**options) -> polyc.Kernel:
@@ -123,7 +115,6 @@ def test_fusion_max_schedules_large_specialised_sizes_quickly():
 
 
 # ----------------------------------------------------------------------------- sanitizers
-SANITIZER_FLAGS = "-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 
 #: Diverse kernels for the sanitizer builds: what each one exercises.
 SANITIZED_KERNELS = {
@@ -209,61 +200,23 @@ print(increment(2**31 - 1), "not caught", flush=True)
 """
 
 
-def _sanitizer_runtime() -> str | None:
-    """Path of the compiler's libasan, or None when it has none."""
-    try:
-        cc = CompilerOptions().compiler_words()
-        result = subprocess.run([*cc, "-print-file-name=libasan.so"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError, polyc.PolycError):
-        return None
-    path = Path(result.stdout.strip())
-    return str(path) if result.returncode == 0 and path.is_absolute() and path.exists() else None
-
-
-@pytest.fixture(scope="module")
-def run_sanitized():
-    """Run a Python script in a subprocess with the ASan runtime preloaded; returns the
-    CompletedProcess.  The script sees polyc and the corpus, and this module's kernel cache."""
-    runtime = _sanitizer_runtime()
-    if runtime is None:
-        pytest.skip("the C compiler has no AddressSanitizer runtime (libasan.so)")
-
-    environment = python_environment(
-        LD_PRELOAD=runtime,
-        ASAN_OPTIONS="detect_leaks=0",  # the Python interpreter itself leaks
-        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
-
-    def run(script: str, *arguments: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", script, *arguments], env=environment,
-                              capture_output=True, text=True, timeout=600)
-
-    return run
-
-
-def _assert_clean(result: subprocess.CompletedProcess) -> None:
-    report = f"exit status {result.returncode}\nstdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-6000:]}"
-    assert result.returncode == 0, report
-    assert "runtime error" not in result.stderr, report
-    assert "AddressSanitizer" not in result.stderr, report
-
-
 @pytest.mark.parametrize("options", SANITIZED_OPTION_SETS.values(), ids=SANITIZED_OPTION_SETS.keys())
-def test_sanitized_kernels_are_clean(run_sanitized, options):
+def test_sanitized_kernels_are_clean(options):
     names = list(SANITIZED_KERNELS)
     request = json.dumps([names, {**options, "cflags": SANITIZER_FLAGS}])
     result = run_sanitized(_CHECK_KERNELS_SCRIPT, request)
-    _assert_clean(result)
+    assert_clean(result)
     assert result.stdout.split() == [word for name in names for word in ("checked", name)]
 
 
-def test_sanitizer_harness_catches_an_out_of_bounds_write(run_sanitized):
+def test_sanitizer_harness_catches_an_out_of_bounds_write():
     result = run_sanitized(_OUT_OF_BOUNDS_SCRIPT, SANITIZER_FLAGS)
     assert result.returncode != 0
     assert "AddressSanitizer: heap-buffer-overflow" in result.stderr, result.stderr[-3000:]
     assert "not caught" not in result.stdout
 
 
-def test_sanitizer_harness_catches_signed_overflow(run_sanitized):
+def test_sanitizer_harness_catches_signed_overflow():
     result = run_sanitized(_SIGNED_OVERFLOW_SCRIPT, SANITIZER_FLAGS)
     assert result.returncode != 0
     assert "runtime error: signed integer overflow" in result.stderr, result.stderr[-3000:]

@@ -13,9 +13,6 @@ polyc/codegen/conv.py).
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +20,7 @@ import pytest
 
 import polyc
 from kernels import assert_close
+from sanitizers import ISA_FLAG_SETS, run_sanitized
 from polyc.lang.sema import check_source
 from polyc.schedule.convolution import recognise_conv_def, recognise_convolution
 
@@ -485,21 +483,8 @@ for position, flags in enumerate(sys.argv[2:]):
 
 
 def test_sanitized_conv_kernels(tmp_path):
-    cc = os.environ.get("POLYC_CC") or os.environ.get("CC") or "gcc"
-    try:
-        runtime = subprocess.run([*cc.split(), "-print-file-name=libasan.so"], capture_output=True, text=True,
-                                 timeout=60).stdout.strip()
-    except OSError:
-        pytest.skip("no C compiler")
-    if not Path(runtime).is_absolute() or not Path(runtime).exists():
-        pytest.skip("the C compiler has no AddressSanitizer runtime (libasan.so)")
-    sanitize = "-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-    flag_sets = [f"{sanitize} -march=native", f"{sanitize} -mavx2 -mfma", sanitize]
-    environment = dict(os.environ, LD_PRELOAD=runtime, ASAN_OPTIONS="detect_leaks=0",
-                       UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1", POLYC_CACHE_DIR=str(tmp_path),
-                       PYTHONPATH=os.pathsep.join([str(TESTS_DIR.parent), str(TESTS_DIR)]))
-    result = subprocess.run([sys.executable, "-c", _SANITIZED_SCRIPT, str(TESTS_DIR), *flag_sets], env=environment,
-                            capture_output=True, text=True, timeout=900)
+    flag_sets = ISA_FLAG_SETS
+    result = run_sanitized(_SANITIZED_SCRIPT, str(TESTS_DIR), *flag_sets, cache_dir=tmp_path, timeout=900)
     report = result.stdout + result.stderr[-5000:]
     assert result.returncode == 0, report
     assert "AddressSanitizer" not in result.stderr and "runtime error" not in result.stderr, report

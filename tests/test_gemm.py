@@ -11,9 +11,7 @@ polyc/codegen/gemm.py).
 """
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +19,7 @@ import pytest
 
 import polyc
 from kernels import assert_close
+from sanitizers import ISA_FLAG_SETS, run_sanitized
 from polyc.lang.sema import check_source
 from polyc.schedule.contraction import recognise_contraction, recognise_gemm_def
 
@@ -407,21 +406,8 @@ for flags in sys.argv[1:]:
 
 
 def test_sanitized_gemm_kernels(tmp_path):
-    cc = os.environ.get("POLYC_CC") or os.environ.get("CC") or "gcc"
-    try:
-        runtime = subprocess.run([*cc.split(), "-print-file-name=libasan.so"], capture_output=True, text=True,
-                                 timeout=60).stdout.strip()
-    except OSError:
-        pytest.skip("no C compiler")
-    if not Path(runtime).is_absolute() or not Path(runtime).exists():
-        pytest.skip("the C compiler has no AddressSanitizer runtime (libasan.so)")
-    sanitize = "-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-    flag_sets = [f"{sanitize} -march=native", f"{sanitize} -mavx2 -mfma", sanitize]
-    environment = dict(os.environ, LD_PRELOAD=runtime, ASAN_OPTIONS="detect_leaks=0",
-                       UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1", POLYC_CACHE_DIR=str(tmp_path),
-                       PYTHONPATH=os.pathsep.join([str(TESTS_DIR.parent), str(TESTS_DIR)]))
-    result = subprocess.run([sys.executable, "-c", _SANITIZED_SCRIPT, *flag_sets], env=environment,
-                            capture_output=True, text=True, timeout=600)
+    flag_sets = ISA_FLAG_SETS
+    result = run_sanitized(_SANITIZED_SCRIPT, *flag_sets, cache_dir=tmp_path, timeout=600)
     report = f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-6000:]}"
     assert result.returncode == 0 and "runtime error" not in result.stderr, report
     assert result.stdout.count("checked") == len(flag_sets), report

@@ -228,10 +228,7 @@ class _ConvWriter(PatternKernelWriter):
 
     # ------------------------------------------------------------------ the context record
     def epilogue_tensors(self) -> list[str]:
-        used = {self.conv.target} if self.conv.epilogues else set()
-        for statement in self.conv.epilogues:
-            used |= {read.tensor for read in ir.reads(statement.rhs)}
-        return [t.name for t in self.definition.tensors if t.name in used]
+        return self.tensors_of_epilogues(self.conv.target, self.conv.epilogues)
 
     def context_struct(self) -> str:
         t = self.ctype

@@ -207,11 +207,7 @@ class _GemmWriter(PatternKernelWriter):
 
     # ------------------------------------------------------------------ the context record
     def epilogue_tensors(self) -> list[str]:
-        """Tensors the epilogue reads or writes, in signature order."""
-        used = {self.contraction.target.tensor} if self.contraction.epilogues else set()
-        for statement in self.contraction.epilogues:
-            used |= {read.tensor for read in ir.reads(statement.rhs)}
-        return [t.name for t in self.definition.tensors if t.name in used]
+        return self.tensors_of_epilogues(self.contraction.target.tensor, self.contraction.epilogues)
 
     def multi_index_groups(self) -> list[tuple[str, ...]]:
         """Groups of several indices whose values the epilogue needs (from tables)."""

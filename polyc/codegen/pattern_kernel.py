@@ -64,6 +64,13 @@ class PatternKernelWriter:
             offset = f"({subscript})" if dim == 0 else f"({offset} * {_extent_name(tensor_name, dim)} + ({subscript}))"
         return f"{tensor_name}[{offset}]"
 
+    def tensors_of_epilogues(self, target: str, epilogues: tuple[ir.CheckedStatement, ...]) -> list[str]:
+        """The tensors epilogue statements on ``target`` read or write, in signature order."""
+        used = {target} if epilogues else set()
+        for statement in epilogues:
+            used |= {read.tensor for read in ir.reads(statement.rhs)}
+        return [t.name for t in self.definition.tensors if t.name in used]
+
     def stride(self, tensor_name: str, dim: int) -> str:
         """C of the distance between neighbours along dimension ``dim`` of a tensor."""
         tensor = self.definition.tensor(tensor_name)
