@@ -539,8 +539,9 @@ def _vector_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
         store = f"{pre}_maskstore_{suffix}(row + {{offset}}, k{{v}}, {{value}});"
     for row in acc:
         lines.append(f"    {vec} " + ", ".join(f"{name} = {pre}_setzero_{suffix}()" for name in row) + ";")
-    # The block of C is read after the loop: start fetching its rows now.
-    lines += ["    if (unit)",
+    # The block of C is read after the loop (beta 1): start fetching its rows now.  Not when it
+    # is only written: that would read the target from memory for nothing.
+    lines += ["    if (unit && beta)",
               "        for (int64_t i = 0; i < mr; i++) {",
               "            _mm_prefetch((const char *)(c + c_n[0] + c_m[i]), _MM_HINT_T0);",
               "            _mm_prefetch((const char *)(c + c_n[0] + c_m[i] + nr - 1), _MM_HINT_T0);",
@@ -560,15 +561,20 @@ def _vector_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
         lines.append(f"{indent}}}")
     if len(loads_b) > 1:
         lines.append("    }")
+    # Full-width rows use plain loads and stores: masked ones are slower, and a masked store of
+    # a whole cache line may not spare the processor reading the line first.
+    full_load, full_store = f"{pre}_loadu_{suffix}(row + {{offset}})", f"{pre}_storeu_{suffix}(row + {{offset}}, {{value}});"
     lines += ["    if (unit) {", f"        {ctype} *restrict base = c + c_n[0];"]
-    for i in range(mr):
-        guard = "" if i == 0 else f"if (mr > {i}) "
-        body = [f"{ctype} *restrict row = base + c_m[{i}];"]
-        body += [f"if (beta) {acc[i][v]} = {pre}_add_{suffix}({load.format(v=v, offset=v * lanes)}, {acc[i][v]});"
-                 for v in range(nv)]
-        body += [store.format(v=v, offset=v * lanes, value=acc[i][v]) for v in range(nv)]
-        lines.append(f"        {guard}{{ " + " ".join(body) + " }")
-    lines += ["    } else {", f"        {ctype} block[{mr * nr}] __attribute__((aligned(64)));"]
+    for width, (row_load, row_store) in (("nr == NR", (full_load, full_store)), ("else", (load, store))):
+        lines.append(f"        if (nr == {nr}) {{" if width != "else" else "        } else {")
+        for i in range(mr):
+            guard = "" if i == 0 else f"if (mr > {i}) "
+            body = [f"{ctype} *restrict row = base + c_m[{i}];"]
+            body += [f"if (beta) {acc[i][v]} = {pre}_add_{suffix}({row_load.format(v=v, offset=v * lanes)}, {acc[i][v]});"
+                     for v in range(nv)]
+            body += [row_store.format(v=v, offset=v * lanes, value=acc[i][v]) for v in range(nv)]
+            lines.append(f"            {guard}{{ " + " ".join(body) + " }")
+    lines += ["        }", "    } else {", f"        {ctype} block[{mr * nr}] __attribute__((aligned(64)));"]
     for i in range(mr):
         lines.append("        " + " ".join(f"{pre}_store_{suffix}(block + {i * nr + v * lanes}, {acc[i][v]});"
                                            for v in range(nv)))
@@ -602,8 +608,9 @@ def _neon_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
              "    (void)b_full;"]
     for row in acc:
         lines.append(f"    {vec} " + ", ".join(f"{name} = vdupq_n_{suffix}(0)" for name in row) + ";")
-    # The block of C is read after the loop: start fetching its rows now.
-    lines += ["    if (unit)",
+    # The block of C is read after the loop (beta 1): start fetching its rows now.  Not when it
+    # is only written: that would read the target from memory for nothing.
+    lines += ["    if (unit && beta)",
               "        for (int64_t i = 0; i < mr; i++) {",
               "            __builtin_prefetch(c + c_n[0] + c_m[i]);",
               "            __builtin_prefetch(c + c_n[0] + c_m[i] + nr - 1);",
