@@ -942,7 +942,8 @@ TRANSPOSED_B
    slivers of each NC block, whichever balances better (the longest share, in blocks).  On a
    tie, the threads share the longer dimension: sharing rows, every thread streams all of B
    (and A is packed once); sharing columns, every thread streams all of A.  So a product of
-   few rows and many columns (Kronecker steps: 16 rows, 100 000 columns) must not share rows. */
+   few rows and many columns (Kronecker steps: 16 rows, 100 000 columns) must not share rows.
+   Square products share columns, which needs no barrier. */
 static int polyc_split_n_SHAPE(const polyc_gemm_t *g, int nthr)
 {
     if (nthr <= 1) return 0;
@@ -952,7 +953,7 @@ static int polyc_split_n_SHAPE(const polyc_gemm_t *g, int nthr)
     const int64_t longest_rows = m_rounds * n_slivers, longest_columns = n_rounds * m_slivers;
     if (longest_rows != longest_columns)
         return longest_columns < longest_rows;
-    return g->m < g->n;
+    return g->m <= g->n;
 }
 
 /* Whether the loops read B's sliver at column jr itself rather than packing it: when it is
