@@ -775,6 +775,10 @@ def _shape_choice(shapes: tuple[MicroKernelShape, ...]) -> str:
 
 # Helpers every register block uses.
 _COMMON = r"""
+/* The fewest rows in a block of rows threads share: each such block streams the whole B panel,
+   so it must do enough work per byte of B (2 * 96 flops per element of B). */
+#define POLYC_SHARED_ROWS 96
+
 /* Whether offsets[i] == offsets[0] + i for every i < count. */
 static inline int polyc_contiguous(const int64_t *restrict offsets, int64_t count)
 {
@@ -943,7 +947,9 @@ TRANSPOSED_B
    tie, the threads share the longer dimension: sharing rows, every thread streams all of B
    (and A is packed once); sharing columns, every thread streams all of A.  So a product of
    few rows and many columns (Kronecker steps: 16 rows, 100 000 columns) must not share rows.
-   Square products share columns, which needs no barrier. */
+   Rows are shared in blocks taken as threads come free, which absorbs a thread held up by the
+   machine; with fewer than two blocks per thread (see polyc_product) that is lost, and sharing
+   columns, which needs no barrier per panel, is better (the 128 x 128 MLP layer). */
 static int polyc_split_n_SHAPE(const polyc_gemm_t *g, int nthr)
 {
     if (nthr <= 1) return 0;
@@ -953,7 +959,7 @@ static int polyc_split_n_SHAPE(const polyc_gemm_t *g, int nthr)
     const int64_t longest_rows = m_rounds * n_slivers, longest_columns = n_rounds * m_slivers;
     if (longest_rows != longest_columns)
         return longest_columns < longest_rows;
-    return g->m <= g->n;
+    return g->m < g->n || g->m < 2 * POLYC_SHARED_ROWS * nthr;
 }
 
 /* Whether the loops read B's sliver at column jr itself rather than packing it: when it is
@@ -986,11 +992,11 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
     T *restrict c = g->c + g->c_batch[bt];
     const int split_n = polyc_split_n_SHAPE(g, nthr), shared_b = nthr > 1 && !split_n;
     const int64_t kc_step = polyc_balanced_step(g->k, KC, 1), nc_step = polyc_balanced_step(g->n, NC, NR);
-    /* Shared rows: each block streams the whole B panel, so blocks of at least about 96 rows
-       (32+ flops per byte of B), and up to 8 per thread so that a thread held up by the
+    /* Shared rows: each block streams the whole B panel, so blocks of at least about
+       POLYC_SHARED_ROWS rows, and up to 8 per thread so that a thread held up by the
        machine delays the others by a fraction of its share; a product of few rows is cut
        into one block per thread. */
-    const int64_t per_thread = polyc_max(1, polyc_min(8, g->m / (96 * nthr)));
+    const int64_t per_thread = polyc_max(1, polyc_min(8, g->m / (POLYC_SHARED_ROWS * nthr)));
     const int64_t mc_most = shared_b ? polyc_min(MC, polyc_round_up((g->m + per_thread * nthr - 1)
                                                                      / (per_thread * nthr), MR)) : MC;
     const int64_t mc_step = polyc_balanced_step(g->m, mc_most, MR);
