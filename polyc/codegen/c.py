@@ -274,6 +274,6 @@ def _combine(op: str, dtype: np.dtype, current: str, value: str, ctype: str) -> 
         return f"({ctype})({current} {op} {value})"
     if dtype.kind == "f":
         suffix = "f" if dtype.itemsize <= 4 else ""
-        return f"({ctype})f{op}{suffix}({current}, {value})"
+        return f"({ctype})polyc_f{op}{suffix}({current}, {value})"
     compare = "<" if op == "min" else ">"
     return f"(({value}) {compare} ({current}) ? ({value}) : ({current}))"
