@@ -75,6 +75,9 @@ class _Fuser:
             return self.rebuild(node.child(0))
         if kind == isl.schedule_node_type.leaf:
             return isl.Schedule.from_domain(node.get_domain())
+        if kind == _BAND and self.shifted_fusion(node):
+            self.fused_any = True
+            return self.distribute(node.get_domain(), self.band_outer_loop(node), _same_prefix(node))
         if kind == _BAND:
             coincident = [node.band_member_get_coincident(i) for i in range(node.band_n_member())]
             return _with_band(self.rebuild(node.child(0)), node.band_get_partial_schedule(),
@@ -94,13 +97,16 @@ class _Fuser:
         if len(run) == 1:
             return self.rebuild(sequence.child(run[0]))
         self.fused_any = True
-        domain = _run_domain(sequence, run)
-        outer = self.outer_loop(sequence, run)
-        same_prefix = _same_prefix(sequence)
+        return self.distribute(_run_domain(sequence, run), self.outer_loop(sequence, run), _same_prefix(sequence))
+
+    def distribute(self, domain: isl.UnionSet, outer: _OuterLoop, same_prefix: isl.UnionMap) -> isl.Schedule:
+        """``domain`` under one loop ``outer``, inside it each statement in source order under
+        a band over its other indices."""
         same_outer = _same(isl.UnionMap.from_union_pw_aff(outer.schedule))
-        statements = [s for s in self.program.statements if s.name in outer.index_of]
         parts = []
-        for statement in statements:
+        for statement in self.program.statements:
+            if statement.name not in outer.index_of:
+                continue
             part_domain = domain.intersect(isl.UnionSet.from_set(statement.domain))
             if part_domain.is_empty():
                 continue
@@ -112,7 +118,47 @@ class _Fuser:
                     .intersect(same_prefix).intersect(same_outer)
                 part = _with_band(part, band, *_band_properties(band, deps))
             parts.append(part)
-        return _with_band(_in_sequence(parts, domain), isl.MultiUnionPwAff.from_union_pw_aff(outer.schedule), True, [True])
+        return _with_band(_in_sequence(parts, domain), isl.MultiUnionPwAff.from_union_pw_aff(outer.schedule),
+                          True, [True])
+
+    def shifted_fusion(self, band: isl.ScheduleNode) -> bool:
+        """Whether below the outer member of ``band`` isl fused statements by running them one
+        after the other along a loop (``r`` for one, ``D + r`` for the next: a row reduction,
+        then one that needs its result), which no longer vectorises.  Then the outer member is
+        better kept alone, the statements in sequence inside it."""
+        outer = self.band_outer_loop(band)
+        if outer is None or not self.keeps_reuse(outer):
+            return False
+        members = [band.band_get_partial_schedule().get_at(m) for m in range(1, band.band_n_member())]
+        below: list[isl.ScheduleNode] = []
+        _collect_bands(band.child(0), below)
+        for node in below:
+            members += [node.band_get_partial_schedule().get_at(m) for m in range(node.band_n_member())]
+        return any(self._runs_statements_one_after_another(member) for member in members)
+
+    def _runs_statements_one_after_another(self, member: isl.UnionPwAff) -> bool:
+        """A member over two or more statements (not counting initialisations) that is not
+        ``index + constant`` for some of them."""
+        pw_affs: list[isl.PwAff] = []
+        member.foreach_pw_aff(pw_affs.append)
+        statements = {p.get_tuple_id(isl.dim_type.in_).get_name() for p in pw_affs}
+        statements = {name for name in statements if self.program.statement(name).kind != "init"}
+        if len(statements) < 2:
+            return False
+        plain = _member_indices(member, self.program, allow_others=True)
+        return not statements <= plain.keys()
+
+    def band_outer_loop(self, band: isl.ScheduleNode) -> _OuterLoop | None:
+        """The first member of ``band`` as the outer loop of its statements, if it is
+        coincident and schedules one index of each of them."""
+        if not band.band_member_get_coincident(0):
+            return None
+        member = band.band_get_partial_schedule().get_at(0)
+        indices = _member_indices(member, self.program)
+        names = {s.get_tuple_name() for s in _sets(band.get_domain())}
+        if indices is None or not names <= indices.keys():
+            return None
+        return _OuterLoop(member, {name: indices[name] for name in names})
 
     def _statement_band(self, statement: PolyStatement, indices: list[str]) -> isl.MultiUnionPwAff:
         params = ", ".join(isl_name(p) for p in self.program.params)
@@ -137,20 +183,16 @@ class _Fuser:
 
     def outer_loop(self, sequence: isl.ScheduleNode, run: list[int]) -> _OuterLoop | None:
         """The shared outer loop of the children at ``run``: the first member of the band each
-        starts with, when it is coincident and schedules one index of each statement."""
+        starts with (see :meth:`band_outer_loop`)."""
         schedule = None
         index_of: dict[str, str] = {}
         for position in run:
             band = sequence.child(position).child(0)
-            if band.get_type() != _BAND or not band.band_member_get_coincident(0):
+            outer = self.band_outer_loop(band) if band.get_type() == _BAND else None
+            if outer is None:
                 return None
-            member = band.band_get_partial_schedule().get_at(0)
-            indices = _member_indices(member, self.program)
-            names = {s.get_tuple_name() for s in _sets(band.get_domain())}
-            if indices is None or not names <= indices.keys():
-                return None
-            index_of.update({name: indices[name] for name in names})
-            schedule = member if schedule is None else schedule.union_add(member)
+            index_of.update(outer.index_of)
+            schedule = outer.schedule if schedule is None else schedule.union_add(outer.schedule)
         return _OuterLoop(schedule, index_of)
 
     def fusable(self, sequence: isl.ScheduleNode, run: list[int]) -> bool:
@@ -158,8 +200,10 @@ class _Fuser:
         outer = self.outer_loop(sequence, run)
         domain = _run_domain(sequence, run)
         deps = self.dependences.intersect_domain(domain).intersect_range(domain).intersect(_same_prefix(sequence))
-        if not deps.is_subset(_same(isl.UnionMap.from_union_pw_aff(outer.schedule))):
-            return False
+        return deps.is_subset(_same(isl.UnionMap.from_union_pw_aff(outer.schedule))) and self.keeps_reuse(outer)
+
+    def keeps_reuse(self, outer: _OuterLoop) -> bool:
+        """Whether a tile of the outer loop would reuse nothing (see :meth:`_keeps_reuse`)."""
         return all(self._keeps_reuse(self.program.statement(name), index) for name, index in outer.index_of.items())
 
     def _keeps_reuse(self, statement: PolyStatement, outer_index: str) -> bool:
@@ -225,9 +269,10 @@ def _sets(union: isl.UnionSet) -> list[isl.Set]:
     return found
 
 
-def _member_indices(member: isl.UnionPwAff, program: PolyProgram) -> dict[str, str] | None:
+def _member_indices(member: isl.UnionPwAff, program: PolyProgram,
+                    allow_others: bool = False) -> dict[str, str] | None:
     """Per statement, the index a band member runs over (``index + constant``), or None if the
-    member is anything else for some statement."""
+    member is anything else for some statement (with ``allow_others``: leave those out)."""
     found: dict[str, str] = {}
     pw_affs: list[isl.PwAff] = []
     member.foreach_pw_aff(pw_affs.append)
@@ -236,15 +281,26 @@ def _member_indices(member: isl.UnionPwAff, program: PolyProgram) -> dict[str, s
         affs: list[isl.Aff] = []
         pw_aff.foreach_piece(lambda _set, aff: affs.append(aff))
         if len(affs) != 1:
+            if allow_others:
+                continue
             return None
         aff = affs[0]
         coefficients = [aff.get_coefficient_val(isl.dim_type.in_, d).to_python() for d in range(len(statement.indices))]
         params = [aff.get_coefficient_val(isl.dim_type.param, d).to_python() for d in range(aff.dim(isl.dim_type.param))]
         nonzero = [d for d, c in enumerate(coefficients) if c != 0]
         if len(nonzero) != 1 or coefficients[nonzero[0]] != 1 or any(params):
+            if allow_others:
+                continue
             return None
         found[statement.name] = statement.indices[nonzero[0]]
     return found
+
+
+def _collect_bands(node: isl.ScheduleNode, found: list[isl.ScheduleNode]) -> None:
+    if node.get_type() == _BAND:
+        found.append(node)
+    for position in range(node.n_children()):
+        _collect_bands(node.child(position), found)
 
 
 def _band_properties(band: isl.MultiUnionPwAff, deps: isl.UnionMap) -> tuple[bool, list[bool]]:
