@@ -137,10 +137,13 @@ def test_special_values_are_numpys(library, name, dtype):
     np.testing.assert_array_equal(result[exact], expected[exact])
 
 
-def test_fmax_and_fmin_ignore_nan(library):
+def test_fmax_and_fmin_ignore_nan():
     source = PRELUDE + """
 void pairs(const double *a, const double *b, double *out, int64_t n) {
-    for (int64_t i = 0; i < n; i++) { out[2 * i] = polyc_fmax(a[i], b[i]); out[2 * i + 1] = polyc_fminf((float)a[i], (float)b[i]); }
+    for (int64_t i = 0; i < n; i++) {
+        out[2 * i] = polyc_fmax(a[i], b[i]);
+        out[2 * i + 1] = polyc_fminf((float)a[i], (float)b[i]);
+    }
 }"""
     pairs = get_function(load_library(get_or_build(source, OPTIONS)), "pairs", [ctypes.c_void_p] * 3 + [ctypes.c_int64])
     a = np.array([1.0, np.nan, 2.0, np.nan, -np.inf, 3.0])
@@ -248,6 +251,22 @@ def scaled_product(float(M, K) A, float(K, N) B) -> (C) {
     assert kernel.c_source({"M": 256, "K": 256, "N": 256}).count("#pragma omp parallel for") == 2
     small = kernel.c_source({"M": 256, "K": 8, "N": 8})  # B fits in the L1 cache: fused
     assert small.count("#pragma omp parallel for") == 1
+
+
+def test_reads_under_a_guard_of_the_loop_body_stay_in_the_loop():
+    # isl fuses A1 into H1's loop over r_m as one more iteration (r_m = M), under a guard; I's
+    # read there is out of bounds, so it must not be loaded before the loop (found by ASan).
+    source = """
+def mlp2(float(B, M) I, float(N, M) W1, float(N) B1) -> (A1) {
+    H1(b, n) +=! I(b, r_m) * W1(n, r_m)
+    A1(b, n)  =  fmax(H1(b, n) + B1(n), 0)
+}"""
+    kernel = polyc.define(source, specialize=False).mlp2
+    c_source = kernel.c_source()
+    assert "if ((M >= " in c_source and "polyc_invariant" not in c_source
+    rng = np.random.default_rng(7)
+    i, w, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((3, 6), (5, 6), (5,)))
+    np.testing.assert_allclose(kernel(i, w, b), np.maximum(i @ w.T + b, 0), rtol=1e-5, atol=1e-6)
 
 
 if __name__ == "__main__":

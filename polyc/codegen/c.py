@@ -17,9 +17,8 @@ outside its tensor (the element is then not read, and the caller raises BoundsEr
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import re
+from dataclasses import dataclass, field
 
 import cgen
 import islpy as isl
@@ -136,8 +135,12 @@ class _KernelWriter:
         if kind == isl.ast_node_type.for_:
             return self.for_node(node, [])
         if kind == isl.ast_node_type.if_:
+            if self.simd is not None:
+                self.simd.guards += 1  # statements below may not run in every iteration
             then_node = self.node(node.if_get_then_node())
             else_node = self.node(node.if_get_else_node()) if node.if_has_else_node() else None
+            if self.simd is not None:
+                self.simd.guards -= 1
             if else_node is not None and not isinstance(then_node, cgen.Block):
                 # Unbraced, a then-branch ending in an else-less 'if' (say, as the body of a
                 # loop) would take this 'else' in C.
@@ -183,8 +186,8 @@ class _KernelWriter:
     def simd_loop(self, node: isl.AstNode, pragmas: list[str], reductions: str):
         """A loop under a simd mark, with the loop-invariant work moved out of it.
 
-        Reads of elements the loop does not move (a row's mean, say) are loaded into constants
-        before the loop: inside OpenMP's outlined functions gcc no longer knows the tensors do
+        Reads of elements the loop does not move (a row's mean, say), in statements the loop
+        runs in every iteration and outside selects, are loaded into constants before the loop: inside OpenMP's outlined functions gcc no longer knows the tensors do
         not alias, so it would reload them every iteration, and may then not vectorise at all.
         Reductions (``reductions`` = ``op:tensor;...``) accumulate in local variables, loaded
         before and stored after the loop, under ``omp simd reduction(...)``.  Both happen only
@@ -314,7 +317,8 @@ class _KernelWriter:
             if simd is not None and source.target in simd.accumulated_elements:
                 simd.accumulated_elements[source.target] = _MIXED  # not split off the loop
             return f"{lhs} = {c_constant(identity(source.op, target.dtype).item(), target.dtype)}"
-        unconditional = _unconditional_reads(source.rhs) if simd is not None and simd.hoist else set()
+        guarded = simd is not None and simd.guards > 0
+        unconditional = _unconditional_reads(source.rhs) if simd is not None and simd.hoist and not guarded else set()
 
         def access(read: ir.Read, subscripts: list[str]) -> str:
             element = self.element(read.tensor, subscripts, checked=not read.is_affine)
@@ -333,7 +337,7 @@ class _KernelWriter:
             return f"{lhs} = {value}"
         if simd is not None and source.target in simd.accumulated_elements:
             seen = simd.accumulated_elements[source.target]
-            invariant = seen in (None, lhs) and not simd.moves(lhs)
+            invariant = seen in (None, lhs) and not simd.moves(lhs) and not guarded
             simd.accumulated_elements[source.target] = lhs if invariant else _MIXED
             accumulator = _accumulator(source.target)
             return f"{accumulator} = {_combine(source.op, target.dtype, accumulator, value, ctype)}"
@@ -361,14 +365,16 @@ class _KernelWriter:
 class _SimdLoopState:
     """What writing the body of a simd loop found out (see ``_KernelWriter.simd_loop``).
 
-    ``iterators``: the loop's and those of (degenerate) loops in its body; ``accumulated_elements``: per reduced tensor, the element its updates go to (None until
-    one is seen, _MIXED if not one element the loop leaves fixed); ``invariant_loads``: (C type,
+    ``iterators``: the loop's and those of (degenerate) loops in its body;
+    ``accumulated_elements``: per reduced tensor, the element its updates go to (None until
+    one is seen, _MIXED if not one element the loop leaves fixed, or one under a condition); ``invariant_loads``: (C type,
     element) -> the constant it was replaced by; ``written``: tensors the loop writes.
     """
 
-    iterators: set[str]  # of the loop and of (degenerate) loops in its body
+    iterators: set[str]
     accumulated_elements: dict[str, str | None]
     hoist: bool = True
+    guards: int = 0  # how many ifs of the body enclose the statement being written
     invariant_loads: dict[tuple[str, str], str] = field(default_factory=dict)
     written: set[str] = field(default_factory=set)
 

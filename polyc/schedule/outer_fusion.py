@@ -286,7 +286,8 @@ def _member_indices(member: isl.UnionPwAff, program: PolyProgram,
             return None
         aff = affs[0]
         coefficients = [aff.get_coefficient_val(isl.dim_type.in_, d).to_python() for d in range(len(statement.indices))]
-        params = [aff.get_coefficient_val(isl.dim_type.param, d).to_python() for d in range(aff.dim(isl.dim_type.param))]
+        params = [aff.get_coefficient_val(isl.dim_type.param, d).to_python()
+                  for d in range(aff.dim(isl.dim_type.param))]
         nonzero = [d for d, c in enumerate(coefficients) if c != 0]
         if len(nonzero) != 1 or coefficients[nonzero[0]] != 1 or any(params):
             if allow_others:
