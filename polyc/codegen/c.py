@@ -220,6 +220,8 @@ class _KernelWriter:
         body = [*before, cgen.Pragma(pragma), loop, *after]
         if not before:
             return cgen.Module(body)
+        if _runs_at_least_once(node):
+            return cgen.Block(body)
         # The loop's condition at its first iterator value: the loop runs at least once.
         self.param_names[iterator] = f"({self.expr(node.for_get_init())})"
         runs = self.expr(node.for_get_cond(), outermost=True)
@@ -381,6 +383,20 @@ class _SimdLoopState:
     def moves(self, text: str) -> bool:
         """Whether C text depends on an iterator of the loop or of a loop in its body."""
         return any(re.search(rf"\b{re.escape(name)}\b", text) for name in self.iterators)
+
+
+def _runs_at_least_once(loop: isl.AstNode) -> bool:
+    """Whether a loop ``for (c = a; c <= b (or c < b); ...)`` with constant a and b runs."""
+    init, cond = loop.for_get_init(), loop.for_get_cond()
+    constant = isl.ast_expr_type.int
+    if init.get_type() != constant or cond.get_type() != isl.ast_expr_type.op or cond.get_op_n_arg() != 2:
+        return False
+    bound = cond.get_op_arg(1)
+    if bound.get_type() != constant or cond.get_op_arg(0).get_type() != isl.ast_expr_type.id:
+        return False
+    first, last = init.get_val().to_python(), bound.get_val().to_python()
+    op = cond.get_op_type()
+    return (op == isl.ast_expr_op_type.le and first <= last) or (op == isl.ast_expr_op_type.lt and first < last)
 
 
 def _accumulator(tensor: str) -> str:
