@@ -253,6 +253,24 @@ def scaled_product(float(M, K) A, float(K, N) B) -> (C) {
     assert small.count("#pragma omp parallel for") == 1
 
 
+def test_no_fusion_that_would_walk_a_matrix_across_its_rows():
+    # Fused on i, x2's loop over r_j would be innermost and stride A by rows; apart, i stays
+    # innermost (mvt from PolyBench).
+    source = """
+def mvt(double(N) y_1, double(N) y_2, double(N, N) A) -> (x1, x2) {
+    x1(i) +=! A(i, r_j) * y_1(r_j)
+    x2(i) +=! A(r_j, i) * y_2(r_j)
+}"""
+    kernel = polyc.define(source).mvt
+    c_source = kernel.c_source({"N": 512})
+    assert c_source.count("#pragma omp parallel for") == 2
+    rng = np.random.default_rng(3)
+    y_1, y_2, a = rng.random(512), rng.random(512), rng.random((512, 512))
+    x1, x2 = kernel(y_1, y_2, a)
+    np.testing.assert_allclose(x1, a @ y_1, rtol=1e-12)
+    np.testing.assert_allclose(x2, a.T @ y_2, rtol=1e-12)
+
+
 def test_reads_under_a_guard_of_the_loop_body_stay_in_the_loop():
     # isl fuses A1 into H1's loop over r_m as one more iteration (r_m = M), under a guard; I's
     # read there is out of bounds, so it must not be loaded before the loop (found by ASan).

@@ -20,8 +20,10 @@ statement with a band over its other indices (in source order).  Softmax, before
 
 For a fixed outer index the statement instances keep their source order, so the result is
 valid whenever no dependence among the run crosses outer iterations.  Fusing gives up tiling
-the outer loop, so a run is formed only when that tiling would buy no reuse: every access of its
-statements moves with the outer index, or touches a tensor small enough for the L1 cache.
+the outer loop and running it innermost, so a run is formed only when neither would pay: every
+access of its statements moves with the outer index, or touches a tensor small enough for the
+L1 cache; and the outer index is not in the last (stride-1) subscript of an access that another
+index moves too.
 """
 from __future__ import annotations
 
@@ -127,7 +129,7 @@ class _Fuser:
         then one that needs its result), which no longer vectorises.  Then the outer member is
         better kept alone, the statements in sequence inside it."""
         outer = self.band_outer_loop(band)
-        if outer is None or not self.keeps_reuse(outer):
+        if outer is None or not self.keeps_locality(outer):
             return False
         members = [band.band_get_partial_schedule().get_at(m) for m in range(1, band.band_n_member())]
         below: list[isl.ScheduleNode] = []
@@ -200,19 +202,28 @@ class _Fuser:
         outer = self.outer_loop(sequence, run)
         domain = _run_domain(sequence, run)
         deps = self.dependences.intersect_domain(domain).intersect_range(domain).intersect(_same_prefix(sequence))
-        return deps.is_subset(_same(isl.UnionMap.from_union_pw_aff(outer.schedule))) and self.keeps_reuse(outer)
+        return deps.is_subset(_same(isl.UnionMap.from_union_pw_aff(outer.schedule))) and self.keeps_locality(outer)
 
-    def keeps_reuse(self, outer: _OuterLoop) -> bool:
-        """Whether a tile of the outer loop would reuse nothing (see :meth:`_keeps_reuse`)."""
-        return all(self._keeps_reuse(self.program.statement(name), index) for name, index in outer.index_of.items())
+    def keeps_locality(self, outer: _OuterLoop) -> bool:
+        """Whether the statements lose nothing with ``outer`` alone outside them (see
+        :meth:`_keeps_locality`)."""
+        return all(self._keeps_locality(self.program.statement(name), index)
+                   for name, index in outer.index_of.items())
 
-    def _keeps_reuse(self, statement: PolyStatement, outer_index: str) -> bool:
-        """True when every access of ``statement`` moves with ``outer_index`` or is to a tensor
-        that fits in the L1 cache: then a tile of the outer loop would reuse nothing."""
+    def _keeps_locality(self, statement: PolyStatement, outer_index: str) -> bool:
+        """True when no access of ``statement`` would be better served by tiling the outer loop
+        or by running it innermost.  An access that does not move with ``outer_index`` must be
+        to a tensor that fits in the L1 cache (else a tile of the outer loop would reuse it);
+        one whose last subscript moves with ``outer_index`` must move with no other index
+        (else that inner index would walk it across rows: ``A(r, i)`` in ``x(i) +=! A(r, i)``)."""
         accesses = [(statement.source.target, tuple(Affine.var(i) for i in statement.source.indices))]
         accesses += [(a.tensor, a.read.subscripts) for a in statement.reads if a.read is not None]
         for tensor_name, subscripts in accesses:
-            if any(not isinstance(s, Affine) or outer_index in s.names() for s in subscripts):
+            moved_by = [set(s.names()) & set(statement.indices) if isinstance(s, Affine) else set(statement.indices)
+                        for s in subscripts]
+            if any(outer_index in names for names in moved_by):
+                if subscripts and outer_index in moved_by[-1] and set().union(*moved_by) - {outer_index}:
+                    return False
                 continue
             tensor = self.program.definition.tensor(tensor_name)
             size = tensor.dtype.itemsize
