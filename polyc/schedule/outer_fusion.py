@@ -34,7 +34,7 @@ import islpy as isl
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram, PolyStatement, isl_name
 from polyc.lang.symbolic import Affine
-from polyc.schedule.tiling import cache_sizes
+from polyc.schedule import tiling
 
 _BAND = isl.schedule_node_type.band
 _SEQUENCE = isl.schedule_node_type.sequence
@@ -46,7 +46,8 @@ class _Unsupported(Exception):
 
 @dataclass(frozen=True)
 class _OuterLoop:
-    """The first band member of a sequence child: its schedule and the index it runs over per statement."""
+    """A band member as the outer loop of its statements: its schedule and, per statement, the
+    index it runs over."""
 
     schedule: isl.UnionPwAff
     index_of: dict[str, str]
@@ -131,6 +132,10 @@ class _Fuser:
         outer = self.band_outer_loop(band)
         if outer is None or not self.keeps_locality(outer):
             return False
+        domain = band.get_domain()
+        deps = self.dependences.intersect_domain(domain).intersect_range(domain).intersect(_same_prefix(band))
+        if not deps.is_subset(_same(isl.UnionMap.from_union_pw_aff(outer.schedule))):
+            return False  # (the member is coincident, so this is a check)
         members = [band.band_get_partial_schedule().get_at(m) for m in range(1, band.band_n_member())]
         below: list[isl.ScheduleNode] = []
         _collect_bands(band.child(0), below)
@@ -231,7 +236,7 @@ class _Fuser:
                 if self.program.size_values is None and not extent.is_constant:
                     return False
                 size *= extent.evaluate(self.program.size_values or {})
-            if size > cache_sizes().get(1, 32 * 1024):
+            if size > tiling.cache_sizes().get(1, 32 * 1024):
                 return False
         return True
 
