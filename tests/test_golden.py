@@ -55,7 +55,17 @@ def mlp(float(M, K) I, float(K, N) W, float(N) b) -> (O) {
     O(i, j) = fmax(O(i, j) + b(j), 0)
 }"""
 
-CASES = {"matmul": MATMUL, "scale_shift": SCALE_SHIFT, "mlp": MLP}
+# Row-wise reductions and elementwise passes: one parallel loop over the rows, vectorised
+# reductions inside it, polyc's own expf.
+SOFTMAX = """\
+def softmax(float(N, D) X) -> (O) {
+    M(n) max=! X(n, r_d)
+    O(n, d) = exp(X(n, d) - M(n))
+    S(n) +=! O(n, r_d)
+    O(n, d) = O(n, d) / S(n)
+}"""
+
+CASES = {"matmul": MATMUL, "scale_shift": SCALE_SHIFT, "mlp": MLP, "softmax": SOFTMAX}
 VARIANTS = ("sizes64", "parametric")
 
 #: The cache model tile sizes are chosen with (the defaults polyc assumes without sysfs), so

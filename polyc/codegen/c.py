@@ -9,12 +9,16 @@ Tensors are passed as pointers to C-contiguous data (the runtime copies other la
 temporaries as zeroed buffers; sizes as int64 arguments, or as constants when the kernel is
 specialised.  All index arithmetic is 64-bit.  Marks in the schedule become pragmas:
 ``parallel`` -> ``#pragma omp parallel for``, ``simd`` -> ``#pragma omp simd``, ``unroll:N`` ->
-``#pragma GCC unroll N``.  The function returns 0, or 1 when a data-dependent subscript fell
+``#pragma GCC unroll N``.  A ``simd:OP:T;...`` loop reduces into one element of each T: the
+element is loaded into a local accumulator before the loop, updated under ``#pragma omp simd
+reduction(OP:acc)`` (floating-point min/max through a declared reduction with polyc's fmin/fmax)
+and stored back after it.  The function returns 0, or 1 when a data-dependent subscript fell
 outside its tensor (the element is then not read, and the caller raises BoundsError).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 import cgen
 import islpy as isl
@@ -30,6 +34,7 @@ from polyc.schedule.transform import PARALLEL, REDUCE, SIMD, parse_mark
 from polyc.types import identity
 
 _STATUS = "polyc_status"
+_MIXED = "<not one element>"
 _C_KEYWORDS = frozenset("""auto break case char const continue default do double else enum extern float for goto
     if inline int long register restrict return short signed sizeof static struct switch typedef union
     unsigned void volatile while""".split())
@@ -77,6 +82,8 @@ class _KernelWriter:
         self.size_c = {p: (f"{p}_size" if p in tensor_names or p in _C_KEYWORDS else p) for p in program.params}
         # isl may rename parameters that clash with its keywords; map its names back to ours.
         self.param_names = {isl_name(p): self.size_c[p] for p in program.params}
+        self.simd: _SimdLoopState | None = None  # while the body of a simd loop is written
+        self.reduction_declarations: list[str] = []
 
     # ------------------------------------------------------------------ top level
     def write(self) -> GeneratedKernel:
@@ -105,7 +112,7 @@ class _KernelWriter:
         body.append(self.node(ast))
         body.append(cgen.Statement(f"return {_STATUS}"))
         function = cgen.FunctionBody(cgen.FunctionDeclaration(cgen.Value("int", name), arguments), cgen.Block(body))
-        source = "\n".join([self.header(), PRELUDE, _CHECKED_INDEX, str(function), ""])
+        source = "\n".join([self.header(), PRELUDE, _CHECKED_INDEX, *self.reduction_declarations, str(function), ""])
         return GeneratedKernel(name, source, tensors, sizes)
 
     def header(self) -> str:
@@ -128,8 +135,12 @@ class _KernelWriter:
         if kind == isl.ast_node_type.for_:
             return self.for_node(node, [])
         if kind == isl.ast_node_type.if_:
+            if self.simd is not None:
+                self.simd.guards += 1  # statements below may not run in every iteration
             then_node = self.node(node.if_get_then_node())
             else_node = self.node(node.if_get_else_node()) if node.if_has_else_node() else None
+            if self.simd is not None:
+                self.simd.guards -= 1
             if else_node is not None and not isinstance(then_node, cgen.Block):
                 # Unbraced, a then-branch ending in an else-less 'if' (say, as the body of a
                 # loop) would take this 'else' in C.
@@ -144,12 +155,15 @@ class _KernelWriter:
     def mark_node(self, node: isl.AstNode):
         """Pragmas for a run of nested marks, applied to the loop of the marked band member."""
         pragmas: list[str] = []
+        simd_reductions = ""
         target_depths = None
         while node.get_type() == isl.ast_node_type.mark:
             kind, depths, argument = parse_mark(node.mark_get_id().get_name())
             if target_depths is not None and depths != target_depths:
                 break  # a mark of a deeper band whose outer loops isl elided: handled on its own
             target_depths = depths
+            if kind == SIMD and argument:
+                simd_reductions = argument
             if kind == REDUCE:
                 pragmas.append("omp parallel for " + self.reduction_clauses(argument))
             else:
@@ -163,9 +177,71 @@ class _KernelWriter:
             pragmas = [p for p in pragmas if p.startswith("omp ")]
         is_marked_loop = node.get_type() == isl.ast_node_type.for_ and not node.for_is_degenerate() \
             and self.expr(node.for_get_iterator()) in {f"c{d}" for d in target_depths}
+        if is_marked_loop and any(p.startswith("omp ") and "simd" in p for p in pragmas):
+            return self.simd_loop(node, pragmas, simd_reductions)
         if is_marked_loop:
             return self.for_node(node, pragmas)
         return self.node(node)  # isl elided the marked loop (one iteration): nothing to annotate
+
+    def simd_loop(self, node: isl.AstNode, pragmas: list[str], reductions: str):
+        """A loop under a simd mark, with the loop-invariant work moved out of it.
+
+        Reads of elements the loop does not move (a row's mean, say), in statements the loop
+        runs in every iteration and outside selects, are loaded into constants before the loop: inside OpenMP's outlined functions gcc no longer knows the tensors do
+        not alias, so it would reload them every iteration, and may then not vectorise at all.
+        Reductions (``reductions`` = ``op:tensor;...``) accumulate in local variables, loaded
+        before and stored after the loop, under ``omp simd reduction(...)``.  Both happen only
+        when the loop has an iteration, since the subscripts are valid only then.  Without
+        pragmas (still correct) if some update is not to one loop-invariant element.
+        """
+        clauses = [item.split(":") for item in reductions.split(";")] if reductions else []
+        iterator = self.expr(node.for_get_iterator())
+        self.simd = _SimdLoopState({iterator}, {tensor: None for _, tensor in clauses})
+        loop = self.for_node(node, [])
+        state, self.simd = self.simd, None
+        elements = state.accumulated_elements
+        if any(e is None or e is _MIXED for e in elements.values()):
+            return self.for_node(node, [p for p in pragmas if not p.startswith("omp ")])
+        if state.invariant_loads.keys() & state.written:
+            self.simd = _SimdLoopState({iterator}, dict.fromkeys(elements), hoist=False)
+            loop = self.for_node(node, [])
+            self.simd = None
+        before, after, reduction_clauses = [], [], []
+        for (ctype, element), variable in state.invariant_loads.items():
+            before.append(cgen.Statement(f"const {ctype} {variable} = {element}"))
+        for op, tensor in clauses:
+            dtype = self.definition.tensor(tensor).dtype
+            variable = _accumulator(tensor)
+            before.append(cgen.Statement(f"{c_type(dtype)} {variable} = {elements[tensor]}"))
+            after.append(cgen.Statement(f"{elements[tensor]} = {variable}"))
+            reduction_clauses.append(f"reduction({self.reduction_identifier(op, dtype)}:{variable})")
+        omp = [p for p in pragmas if p.startswith("omp ")]
+        pragma = " ".join([omp[0], *reduction_clauses])
+        body = [*before, cgen.Pragma(pragma), loop, *after]
+        if not before:
+            return cgen.Module(body)
+        if _runs_at_least_once(node):
+            return cgen.Block(body)
+        # The loop's condition at its first iterator value: the loop runs at least once.
+        self.param_names[iterator] = f"({self.expr(node.for_get_init())})"
+        runs = self.expr(node.for_get_cond(), outermost=True)
+        del self.param_names[iterator]
+        return cgen.If(runs, cgen.Block(body))
+
+    def reduction_identifier(self, op: str, dtype: np.dtype) -> str:
+        """OpenMP's name for reducing with ``op`` in ``dtype``, declaring polyc's own for float
+        min/max (OpenMP's compare differently from fmin/fmax when a NaN is involved)."""
+        if dtype.kind != "f" or op in ("+", "*"):
+            return op
+        ctype = c_type(dtype)
+        name = f"polyc_f{op}_{ctype}"
+        function = f"polyc_f{op}{'f' if dtype.itemsize == 4 else ''}"
+        identity = "-INFINITY" if op == "max" else "INFINITY"
+        declaration = (f"#pragma omp declare reduction({name} : {ctype} : omp_out = {function}(omp_out, omp_in)) "
+                       f"initializer(omp_priv = {identity})")
+        if declaration not in self.reduction_declarations:
+            self.reduction_declarations.append(declaration)
+        return name
 
     def reduction_clauses(self, argument: str) -> str:
         """``reduction(op:T[0:n]) ...`` for a reduce mark's ``op:tensor;...`` argument."""
@@ -178,6 +254,8 @@ class _KernelWriter:
 
     def for_node(self, node: isl.AstNode, pragmas: list[str]):
         iterator = self.expr(node.for_get_iterator())
+        if self.simd is not None:
+            self.simd.iterators.add(iterator)
         init = self.expr(node.for_get_init())
         body = self.node(node.for_get_body())
         if node.for_is_degenerate():
@@ -234,16 +312,37 @@ class _KernelWriter:
         target = self.definition.tensor(source.target)
         lhs = self.element(source.target, [index_c[i] for i in source.indices])
         ctype = c_type(target.dtype)
+        simd = self.simd
+        if simd is not None:
+            simd.written.add(source.target)
         if statement.kind == "init":
+            if simd is not None and source.target in simd.accumulated_elements:
+                simd.accumulated_elements[source.target] = _MIXED  # not split off the loop
             return f"{lhs} = {c_constant(identity(source.op, target.dtype).item(), target.dtype)}"
+        guarded = simd is not None and simd.guards > 0
+        unconditional = _unconditional_reads(source.rhs) if simd is not None and simd.hoist and not guarded else set()
+
+        def access(read: ir.Read, subscripts: list[str]) -> str:
+            element = self.element(read.tensor, subscripts, checked=not read.is_affine)
+            if id(read) in unconditional and read.is_affine and not simd.moves(element):
+                key = (c_type(self.definition.tensor(read.tensor).dtype), element)
+                return simd.invariant_loads.setdefault(key, f"polyc_invariant_{len(simd.invariant_loads)}")
+            return element
+
         printer = CExpressionPrinter(
-            access=lambda read, subscripts: self.element(read.tensor, subscripts, checked=not read.is_affine),
+            access=access,
             index=lambda n: index_c[n] if n in index_c else self.size_c[n],
             size=self.size_expr,
         )
         value = printer.to_c(source.rhs)
         if statement.kind == "assign":
             return f"{lhs} = {value}"
+        if simd is not None and source.target in simd.accumulated_elements:
+            seen = simd.accumulated_elements[source.target]
+            invariant = seen in (None, lhs) and not simd.moves(lhs) and not guarded
+            simd.accumulated_elements[source.target] = lhs if invariant else _MIXED
+            accumulator = _accumulator(source.target)
+            return f"{accumulator} = {_combine(source.op, target.dtype, accumulator, value, ctype)}"
         return f"{lhs} = {_combine(source.op, target.dtype, lhs, value, ctype)}"
 
     def size_expr(self, value: Affine) -> str:
@@ -264,6 +363,70 @@ class _KernelWriter:
         return f"{tensor_name}[{offset}]"
 
 
+@dataclass
+class _SimdLoopState:
+    """What writing the body of a simd loop found out (see ``_KernelWriter.simd_loop``).
+
+    ``iterators``: the loop's and those of (degenerate) loops in its body;
+    ``accumulated_elements``: per reduced tensor, the element its updates go to (None until
+    one is seen, _MIXED if not one element the loop leaves fixed, or one under a condition); ``invariant_loads``: (C type,
+    element) -> the constant it was replaced by; ``written``: tensors the loop writes.
+    """
+
+    iterators: set[str]
+    accumulated_elements: dict[str, str | None]
+    hoist: bool = True
+    guards: int = 0  # how many ifs of the body enclose the statement being written
+    invariant_loads: dict[tuple[str, str], str] = field(default_factory=dict)
+    written: set[str] = field(default_factory=set)
+
+    def moves(self, text: str) -> bool:
+        """Whether C text depends on an iterator of the loop or of a loop in its body."""
+        return any(re.search(rf"\b{re.escape(name)}\b", text) for name in self.iterators)
+
+
+def _runs_at_least_once(loop: isl.AstNode) -> bool:
+    """Whether a loop ``for (c = a; c <= b (or c < b); ...)`` with constant a and b runs."""
+    init, cond = loop.for_get_init(), loop.for_get_cond()
+    constant = isl.ast_expr_type.int
+    if init.get_type() != constant or cond.get_type() != isl.ast_expr_type.op or cond.get_op_n_arg() != 2:
+        return False
+    bound = cond.get_op_arg(1)
+    if bound.get_type() != constant or cond.get_op_arg(0).get_type() != isl.ast_expr_type.id:
+        return False
+    first, last = init.get_val().to_python(), bound.get_val().to_python()
+    op = cond.get_op_type()
+    return (op == isl.ast_expr_op_type.le and first <= last) or (op == isl.ast_expr_op_type.lt and first < last)
+
+
+def _accumulator(tensor: str) -> str:
+    return f"polyc_acc_{tensor}"
+
+
+def _unconditional_reads(expr: ir.TExpr) -> set[int]:
+    """ids of the reads in ``expr`` that C evaluates whatever the data: not in a branch of a
+    select or on the right of ``&&``/``||``, and not in a data-dependent subscript."""
+    found: set[int] = set()
+
+    def visit(e: ir.TExpr) -> None:
+        if isinstance(e, ir.Read):
+            found.add(id(e))  # its subscripts are not visited: only affine reads are hoisted
+        elif isinstance(e, ir.Select):
+            visit(e.cond)
+        elif isinstance(e, ir.Binary):
+            visit(e.lhs)
+            if e.op not in ("&&", "||"):
+                visit(e.rhs)
+        elif isinstance(e, ir.Unary) or isinstance(e, ir.Cast):
+            visit(e.operand)
+        elif isinstance(e, ir.Call):
+            for argument in e.args:
+                visit(argument)
+
+    visit(expr)
+    return found
+
+
 def _extent_name(tensor: str, dim: int) -> str:
     return f"{tensor}_extent{dim}"
 
@@ -274,6 +437,6 @@ def _combine(op: str, dtype: np.dtype, current: str, value: str, ctype: str) -> 
         return f"({ctype})({current} {op} {value})"
     if dtype.kind == "f":
         suffix = "f" if dtype.itemsize <= 4 else ""
-        return f"({ctype})f{op}{suffix}({current}, {value})"
+        return f"({ctype})polyc_f{op}{suffix}({current}, {value})"
     compare = "<" if op == "min" else ">"
     return f"(({value}) {compare} ({current}) ? ({value}) : ({current}))"

@@ -9,12 +9,14 @@ conversions would do on their own:
   signed overflow is never undefined and ``int8 + int8`` does not silently become ``int``.
 * Integer ``/`` and ``%`` truncate toward zero; ``x / 0`` and ``x % 0`` give 0 and
   ``INT_MIN / -1`` wraps (helpers ``polyc_div_<type>``, ``polyc_mod_<type>``).
-* float32 uses the ``f`` variants of <math.h>, float64 the plain ones; float16 values are
+* float32 uses the ``f`` variants of <math.h>, float64 the plain ones, except for exp, log,
+  tanh and a few more, which are polyc's own vectorisable versions (:mod:`polyc.codegen.vector_math`,
+  within a few ulp like libm's, with the same special values); float16 values are
   ``_Float16`` but every operation is done in ``float`` and rounded back to ``_Float16``, which
   is what numpy does and is exact for ``+ - * /``, sqrt and the rounding functions.
 * float to integer conversion truncates; NaN, infinities and values whose truncation is out of
   the target's range give 0 (helpers ``polyc_float_to_<type>``).
-* ``min``/``max`` on floats ignore NaN (``fminf``/``fmaxf``), comparisons give ``_Bool`` values.
+* ``min``/``max`` on floats ignore NaN (like ``fminf``/``fmaxf``), comparisons give ``_Bool`` values.
 
 Every printed expression is a primary expression (a name, literal, call or subscript) or is
 fully parenthesised, so it can be pasted anywhere without precedence surprises.  Values of
@@ -37,6 +39,7 @@ from typing import Callable
 
 import numpy as np
 
+from polyc.codegen.vector_math import VECTOR_MATH_C, VECTOR_MATH_FUNCTIONS
 from polyc.lang.builtins import BUILTINS
 from polyc.lang.checked import Binary, Call, Cast, Const, IndexValue, Read, Select, SizeValue, TExpr, Unary
 from polyc.lang.symbolic import Affine
@@ -93,6 +96,7 @@ POLYC_UNSIGNED_HELPERS(uint64_t, uint64, 0x1p64)
 static inline float polyc_rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline double polyc_rsqrt(double x) { return 1.0 / sqrt(x); }
 
+""" + VECTOR_MATH_C + r"""
 /* round() is C's: half away from zero.  bool is _Bool.  float16 is _Float16 (gcc >= 12 on
    x86-64, or AArch64); generated code computes float16 operations in float and converts back. */
 /* ---- end of polyc prelude ---- */
@@ -111,9 +115,9 @@ _COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
 #: Builtins whose C spelling is not ``c_name`` (+ ``f`` for float32): float32 name, float64 name.
 _FLOAT_SPELLINGS: dict[str, tuple[str, str]] = {
     "rsqrt": ("polyc_rsqrtf", "polyc_rsqrt"),
-    "min": ("fminf", "fmin"),
-    "max": ("fmaxf", "fmax"),
     "abs": ("fabsf", "fabs"),
+    **{name: (float_name, double_name or BUILTINS[name].c_name)
+       for name, (float_name, double_name) in VECTOR_MATH_FUNCTIONS.items()},
 }
 
 

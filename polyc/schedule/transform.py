@@ -1,13 +1,19 @@
 """Schedule tree transformations: tiling, intra-tile reordering and marks for code generation.
 
-``optimize_schedule`` walks the scheduler's tree once, band by band:
+``optimize_schedule`` first fuses sequences of loop nests that share a parallel outer loop
+(:mod:`polyc.schedule.outer_fusion`, unless fusion is ``min``), then walks the tree once, band
+by band:
 
 1. a permutable band of two or more members is tiled (rectangular tiles; sizes from the options
    or from the cache model in :mod:`polyc.schedule.tiling`);
 2. the outermost band on each path gets a ``parallel`` mark when one of its members carries no
    dependence (moved to the front first, which permutability allows);
-3. in an innermost band, the member whose accesses are most often stride-1 is moved innermost,
-   and marked ``simd`` when it is coincident (and ``unroll`` when asked).
+3. in an innermost band, the member whose accesses are most often stride-1 among those that
+   vectorise is moved innermost, and marked ``simd`` (and ``unroll`` when asked).  A member
+   vectorises when it is coincident, or when the only dependences it carries are those of
+   reductions into elements it does not move (a row sum along its row): it is then marked
+   ``simd:OP:TENSOR;...``, an OpenMP simd loop with reductions, after the ``!``
+   initialisations in the band are split off in front of it.
 
 Marks are isl mark nodes named ``KIND@DEPTHS`` (KIND in MARKS, plus ``:N`` for unroll) where
 DEPTHS lists the schedule depths of the band members the pragma may go to: code generation
@@ -24,6 +30,7 @@ from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 from polyc.lang.symbolic import Affine
 from polyc.options import Options
+from polyc.schedule.outer_fusion import fuse_outer_loops
 from polyc.schedule.tiling import choose_tile_sizes
 
 PARALLEL, SIMD, UNROLL, REDUCE = "parallel", "simd", "unroll", "reduce"
@@ -33,6 +40,9 @@ MARKS = (PARALLEL, SIMD, UNROLL, REDUCE)
 #: min/max are left out: OpenMP's compare differently from fmin/fmax when a NaN is involved.
 _OPENMP_REDUCTIONS = {"+": "+", "*": "*"}
 _OPENMP_INTEGER_REDUCTIONS = {"+": "+", "*": "*", "min": "min", "max": "max"}
+#: Reduction operators of simd loops: code generation keeps the accumulator in a local variable
+#: and gives floating-point min/max a user-defined OpenMP reduction with polyc's fmin/fmax.
+_SIMD_REDUCTIONS = ("+", "*", "min", "max")
 #: Largest target (elements) reduced in parallel: every thread gets a private copy of it.
 _MAX_PRIVATE_REDUCTION = 4096
 
@@ -50,9 +60,13 @@ def optimize_schedule(schedule: isl.Schedule, program: PolyProgram, options: Opt
                       dependences: Dependences | None = None) -> isl.Schedule:
     """Tile, reorder and mark ``schedule`` as the options ask; the result is equivalent to it.
 
-    With ``dependences``, a band with no parallel member whose outer member carries only
-    reduction dependences is marked ``reduce``: a parallel loop with an OpenMP reduction.
+    With ``dependences``, loop nests in sequence that share a parallel outer loop are fused
+    first (unless ``options.fusion`` is ``min``); a band with no parallel member whose outer
+    member carries only reduction dependences is marked ``reduce``: a parallel loop with an
+    OpenMP reduction; and innermost reduction loops are vectorised (``simd:`` marks).
     """
+    if dependences is not None and options.fusion != "min":
+        schedule = fuse_outer_loops(schedule, program, dependences)
     node = _visit(schedule.get_root(), _Context(program, options, dependences), parallel_above=False)
     return node.get_schedule()
 
@@ -99,7 +113,8 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
     # Step into the point band (if tiled) for the innermost-loop decisions.
     inner = node.child(0) if tiled else node
     if leaf_band:
-        inner = _finish_innermost(inner, context, keep_first=marked_parallel and not tiled)
+        inner = _finish_innermost(inner, context, keep_first=(marked_parallel or reduction_clause is not None)
+                                  and not tiled)
     else:
         for position in range(inner.n_children()):
             inner = _visit(inner.child(position), context, parallel_above or marked_parallel).parent()
@@ -202,25 +217,106 @@ def _finish_innermost(node: isl.ScheduleNode, context: _Context, keep_first: boo
     options = context.options
     n = node.band_n_member()
     movable = range(1 if keep_first else 0, n)
+    reductions = {m: _simd_reductions(node, m, context) for m in movable} if options.vectorize else {}
     if len(movable) >= 2 and node.band_get_permutable():
         scores = {member: _stride_score(node, member, context.program) for member in movable}
-        best = max(movable, key=lambda m: (node.band_member_get_coincident(m), scores[m], m))
+
+        def preference(m: int):
+            coincident = node.band_member_get_coincident(m)
+            return coincident or reductions.get(m) is not None, scores[m], coincident, m
+        best = max(movable, key=preference)
         if best != n - 1:
             node = _permute(node, [m for m in range(n) if m != best] + [best])
-    wants_simd = options.vectorize and node.band_member_get_coincident(n - 1)
+            reductions = {n - 1: reductions.get(best)}
+    coincident = node.band_member_get_coincident(n - 1)
+    reduction_clause = reductions.get(n - 1) if not coincident else None
+    wants_simd = options.vectorize and (coincident or reduction_clause is not None)
     wants_unroll = options.unroll > 1
     if not (wants_simd or wants_unroll):
         return node
     top_depth = node.get_tree_depth()
     if n > 1:
         node = node.band_split(n - 1).child(0)
+    if reduction_clause is not None:
+        node = _split_off_initialisations(node, context.program)
     if wants_unroll:
         node = _insert_mark(node, f"{UNROLL}:{options.unroll}")
     if wants_simd:
-        node = _insert_mark(node, SIMD)
+        node = _insert_mark(node, SIMD if reduction_clause is None else f"{SIMD}:{reduction_clause}")
     while node.get_tree_depth() > top_depth:
         node = node.parent()
     return node
+
+
+def _simd_reductions(band: isl.ScheduleNode, member: int, context: _Context) -> str | None:
+    """The reduction clauses (``op:tensor;...``) under which ``member`` of ``band``, moved
+    innermost, is a valid simd loop though not coincident; None if there are none or it is not.
+
+    That is when every dependence it carries (for fixed values of the enclosing loops and the
+    band's other members) is a reduction dependence of an update that it runs over a reduction
+    index, so the updated element is the same across the loop, with an operator OpenMP can
+    combine, on a rhs that does not read the element.  ``!`` initialisations in the band are
+    split off in front of the loop (:func:`_split_off_initialisations`); none may depend on
+    another statement of the band.
+    """
+    if context.dependences is None or band.band_member_get_coincident(member):
+        return None
+    program = context.program
+    statements = [program.statement(s.get_tuple_name()) for s in _sets(band.get_domain())]
+    moved = member_indices(band, member, program)
+    clauses: dict[str, str] = {}
+    for statement in statements:
+        if statement.kind == "init":
+            continue
+        if statement.name not in moved:
+            return None
+        if statement.kind != "update":
+            continue
+        source = statement.source
+        dtype = program.definition.tensor(source.target).dtype
+        reads_target = any(a.read is not None and a.tensor == source.target for a in statement.reads)
+        if moved[statement.name] in source.indices or reads_target or source.op not in _SIMD_REDUCTIONS \
+                or dtype.kind not in "fiu" or dtype.itemsize < 4 \
+                or clauses.setdefault(source.target, source.op) != source.op:
+            return None
+    if not clauses:
+        return None
+    inits = [s for s in statements if s.kind == "init"]
+    others = [s for s in statements if s.kind != "init"]
+    same_others = band.get_prefix_schedule_union_map()
+    for m in range(band.band_n_member()):
+        if m != member:
+            same_others = same_others.flat_range_product(_member_map(band, m))
+    same_others = same_others.apply_range(same_others.reverse())
+    every = context.dependences.all.intersect(same_others)
+    other_domain = _union_of(program, others)
+    if inits and not every.intersect_domain(other_domain).intersect_range(_union_of(program, inits)).is_empty():
+        return None
+    this = _member_map(band, member)
+    carried = context.dependences.non_reduction.intersect(same_others).intersect_domain(other_domain) \
+        .intersect_range(other_domain).subtract(this.apply_range(this.reverse()))
+    if not carried.is_empty():
+        return None
+    return ";".join(f"{op}:{target}" for target, op in sorted(clauses.items()))
+
+
+def _member_map(band: isl.ScheduleNode, member: int) -> isl.UnionMap:
+    return isl.UnionMap.from_multi_union_pw_aff(
+        isl.MultiUnionPwAff.from_union_pw_aff(band.band_get_partial_schedule().get_at(member)))
+
+
+def _split_off_initialisations(band: isl.ScheduleNode, program: PolyProgram) -> isl.ScheduleNode:
+    """Put the ``!`` initialisations under ``band`` in a sequence before the rest; returns the
+    band over the rest (at the same position when there are none)."""
+    statements = [program.statement(s.get_tuple_name()) for s in _sets(band.get_domain())]
+    inits = [s for s in statements if s.kind == "init"]
+    if not inits:
+        return band
+    rest = [s for s in statements if s.kind != "init"]
+    domain = band.get_domain()
+    filters = isl.UnionSetList.alloc(band.get_ctx(), 2).add(domain.intersect(_union_of(program, inits))) \
+        .add(domain.intersect(_union_of(program, rest)))
+    return band.insert_sequence(filters).child(1).child(0)
 
 
 def _insert_mark(band: isl.ScheduleNode, kind: str) -> isl.ScheduleNode:
@@ -295,10 +391,13 @@ def _statement_or_none(program: PolyProgram, name: str):
 
 def _stride_score(node: isl.ScheduleNode, member: int, program: PolyProgram) -> int:
     """How good a member is as the innermost loop: +2 per stride-1 access, -2 per access it
-    strides over a non-last dimension, 0 for accesses it does not move."""
+    strides over a non-last dimension, 0 for accesses it does not move.  ``!`` initialisations
+    do not count: they run once per element, not once per iteration of the reduction."""
     score = 0
     for statement_name, index in member_indices(node, member, program).items():
         statement = program.statement(statement_name)
+        if statement.kind == "init":
+            continue
         subscripts = [tuple(Affine.var(i) for i in statement.source.indices)]
         subscripts += [tuple(access.read.subscripts) for access in statement.reads if access.read is not None]
         for access in subscripts:

@@ -29,15 +29,21 @@ int polyc_mlp(const float *__restrict__ I, const float *__restrict__ W, const fl
   int polyc_status = 0;
   (void)polyc_status;
   #pragma omp parallel for
-  for (int64_t c2 = INT64_C(0); c2 <= INT64_C(63); c2 += INT64_C(1))
+  for (int64_t c0 = INT64_C(0); c0 <= INT64_C(63); c0 += INT64_C(1))
+  {
+    #pragma omp simd
+    for (int64_t c1 = INT64_C(0); c1 <= INT64_C(63); c1 += INT64_C(1))
+      O[((c0) * O_extent1 + (c1))] = 0.0f;
     for (int64_t c3 = INT64_C(0); c3 <= INT64_C(63); c3 += INT64_C(1))
     {
-      O[((c2) * O_extent1 + (c3))] = 0.0f;
-      {
-        for (int64_t c4 = INT64_C(0); c4 <= INT64_C(63); c4 += INT64_C(1))
-          O[((c2) * O_extent1 + (c3))] = (float)(O[((c2) * O_extent1 + (c3))] + ((I[((c2) * I_extent1 + (c4))]) * (W[((c4) * W_extent1 + (c3))])));
-        O[((c2) * O_extent1 + (c3))] = fmaxf(((O[((c2) * O_extent1 + (c3))]) + (b[(c3)])), 0.0f);
-      }
+      const float polyc_invariant_0 = I[((c0) * I_extent1 + (c3))];
+      #pragma omp simd
+      for (int64_t c4 = INT64_C(0); c4 <= INT64_C(63); c4 += INT64_C(1))
+        O[((c0) * O_extent1 + (c4))] = (float)(O[((c0) * O_extent1 + (c4))] + ((polyc_invariant_0) * (W[((c3) * W_extent1 + (c4))])));
     }
+    #pragma omp simd
+    for (int64_t c1 = INT64_C(0); c1 <= INT64_C(63); c1 += INT64_C(1))
+      O[((c0) * O_extent1 + (c1))] = polyc_fmaxf(((O[((c0) * O_extent1 + (c1))]) + (b[(c1)])), 0.0f);
+  }
   return polyc_status;
 }

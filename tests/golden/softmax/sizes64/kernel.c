@@ -1,0 +1,65 @@
+/*
+ * polyc kernel for def 'softmax'
+ * sizes: N=64, D=64
+ * options: fusion=smart tile_sizes=None parallel=True vectorize=True unroll=1 specialize=True
+ *   S0: M(n) max=! X(n, r_d)
+ *   S1: O(n, d) = exp(X(n, d) - M(n))
+ *   S2: S(n) +=! O(n, r_d)
+ *   S3: O(n, d) = O(n, d) / S(n)
+ */
+/* (polyc prelude omitted: see polyc/codegen/c_expr.py) */
+
+static inline int64_t polyc_checked_index(int64_t index, int64_t extent, int *status)
+{
+    if (index >= 0 && index < extent) return index;
+    __atomic_store_n(status, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+#pragma omp declare reduction(polyc_fmax_float : float : omp_out = polyc_fmaxf(omp_out, omp_in)) initializer(omp_priv = -INFINITY)
+int polyc_softmax(const float *__restrict__ X, float *__restrict__ O, float *__restrict__ M, float *__restrict__ S)
+{
+  const int64_t N = 64;
+  const int64_t D = 64;
+  const int64_t X_extent0 = N;
+  const int64_t X_extent1 = D;
+  const int64_t O_extent0 = N;
+  const int64_t O_extent1 = D;
+  const int64_t M_extent0 = N;
+  const int64_t S_extent0 = N;
+  int polyc_status = 0;
+  (void)polyc_status;
+  #pragma omp parallel for
+  for (int64_t c0 = INT64_C(0); c0 <= INT64_C(63); c0 += INT64_C(1))
+  {
+    M[(c0)] = (-INFINITY);
+    {
+      float polyc_acc_M = M[(c0)];
+      #pragma omp simd reduction(polyc_fmax_float:polyc_acc_M)
+      for (int64_t c1 = INT64_C(0); c1 <= INT64_C(63); c1 += INT64_C(1))
+        polyc_acc_M = (float)polyc_fmaxf(polyc_acc_M, (X[((c0) * X_extent1 + (c1))]));
+      M[(c0)] = polyc_acc_M;
+    }
+    {
+      const float polyc_invariant_0 = M[(c0)];
+      #pragma omp simd
+      for (int64_t c1 = INT64_C(0); c1 <= INT64_C(63); c1 += INT64_C(1))
+        O[((c0) * O_extent1 + (c1))] = polyc_expf(((X[((c0) * X_extent1 + (c1))]) - (polyc_invariant_0)));
+    }
+    S[(c0)] = 0.0f;
+    {
+      float polyc_acc_S = S[(c0)];
+      #pragma omp simd reduction(+:polyc_acc_S)
+      for (int64_t c1 = INT64_C(0); c1 <= INT64_C(63); c1 += INT64_C(1))
+        polyc_acc_S = (float)(polyc_acc_S + (O[((c0) * O_extent1 + (c1))]));
+      S[(c0)] = polyc_acc_S;
+    }
+    {
+      const float polyc_invariant_0 = S[(c0)];
+      #pragma omp simd
+      for (int64_t c1 = INT64_C(0); c1 <= INT64_C(63); c1 += INT64_C(1))
+        O[((c0) * O_extent1 + (c1))] = ((O[((c0) * O_extent1 + (c1))]) / (polyc_invariant_0));
+    }
+  }
+  return polyc_status;
+}
