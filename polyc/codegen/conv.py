@@ -62,8 +62,8 @@ vectors of points), RV from the registers: AVX-512 4 x 6 (24 accumulators), AVX2
 
 Epilogues (bias, activation) run on each finished block of RF channels x NR points while it is
 in L1, after its write-back, as a loop over the block's output points (consecutive ones: a
-plain loop the compiler vectorises; there fmin/fmax are inline functions with C's semantics,
-not calls into libm).  Threads (``parallel=True``, enough work): OpenMP shares out
+plain loop the compiler vectorises: min/max are the prelude's branch-free ``polyc_fmaxf`` and
+the like, with C's semantics, not calls into libm).  Threads (``parallel=True``, enough work): OpenMP shares out
 (item, tile of points, chunk of channel blocks) triples dynamically; a chunk is all the channel
 blocks unless there are fewer than four triples per thread.  ``options.tile_sizes`` with at
 least one entry sets the channels per chunk (its first entry, rounded to a multiple of RF).
@@ -313,12 +313,12 @@ class _ConvWriter(PatternKernelWriter):
                  "    } else {",
                  *("        " + line for line in point_loop("polyc_g->out_c[polyc_p]")),
                  "    }", "}"]
-        return ("#define POLYC_HAS_EPILOGUE 1\n" + _INLINE_MIN_MAX +
+        return ("#define POLYC_HAS_EPILOGUE 1\n" +
                 "/* The statements after the convolution, on one finished block: item b, channels f0..,\n"
                 "   output points p0 <= p < p1. */\n"
                 "static void polyc_epilogue(const polyc_conv_t *polyc_g, int64_t polyc_b, int64_t polyc_f0,\n"
                 "                           int64_t polyc_rows, int64_t polyc_p0, int64_t polyc_p1)\n{\n"
-                + "\n".join("    " + line for line in body) + "\n}\n" + _INLINE_MIN_MAX_END)
+                + "\n".join("    " + line for line in body) + "\n}\n")
 
     def epilogue_statement(self, statement: ir.CheckedStatement) -> str:
         """One epilogue statement at output point ``polyc_o`` (the target read there too)."""
@@ -657,22 +657,6 @@ static inline void polyc_conv_block(int64_t nred, const T *restrict wp, const T 
     }
 }
 """
-
-
-# C's fmin/fmax ignore NaN, which keeps compilers from turning them into vector min/max: each
-# is a call into libm, and a ReLU epilogue would cost more than its block's write-back.  In the
-# epilogue only, these inline equivalents (same results, NaN included) let it vectorise.
-_INLINE_MIN_MAX = r"""
-static inline float polyc_fmaxf(float a, float b) { return (a > b || b != b) ? a : b; }
-static inline float polyc_fminf(float a, float b) { return (a < b || b != b) ? a : b; }
-static inline double polyc_fmax(double a, double b) { return (a > b || b != b) ? a : b; }
-static inline double polyc_fmin(double a, double b) { return (a < b || b != b) ? a : b; }
-#define fmaxf(a, b) polyc_fmaxf(a, b)
-#define fminf(a, b) polyc_fminf(a, b)
-#define fmax(a, b) polyc_fmax(a, b)
-#define fmin(a, b) polyc_fmin(a, b)
-"""
-_INLINE_MIN_MAX_END = "#undef fmaxf\n#undef fminf\n#undef fmax\n#undef fmin"
 
 
 
