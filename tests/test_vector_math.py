@@ -261,7 +261,7 @@ def mvt(double(N) y_1, double(N) y_2, double(N, N) A) -> (x1, x2) {
     x1(i) +=! A(i, r_j) * y_1(r_j)
     x2(i) +=! A(r_j, i) * y_2(r_j)
 }"""
-    kernel = polyc.define(source).mvt
+    kernel = polyc.define(source, blas_contractions=False).mvt  # the generic path's fusion choice
     c_source = kernel.c_source({"N": 512})
     assert c_source.count("#pragma omp parallel for") == 2
     rng = np.random.default_rng(3)
@@ -279,7 +279,7 @@ def mlp2(float(B, M) I, float(N, M) W1, float(N) B1) -> (A1) {
     H1(b, n) +=! I(b, r_m) * W1(n, r_m)
     A1(b, n)  =  fmax(H1(b, n) + B1(n), 0)
 }"""
-    kernel = polyc.define(source, specialize=False).mlp2
+    kernel = polyc.define(source, specialize=False, blas_contractions=False).mlp2  # the generic path
     c_source = kernel.c_source()
     assert "if ((M >= " in c_source and "polyc_invariant" not in c_source
     rng = np.random.default_rng(7)
