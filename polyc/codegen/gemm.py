@@ -285,7 +285,10 @@ class _GemmWriter(PatternKernelWriter):
     def blocked_loops(self, shape: MicroKernelShape) -> str:
         mc, nc, kc = block_sizes(shape, self.dtype.itemsize, self.options.tile_sizes)
         text = typed(_BLOCKED_LOOPS, self.ctype).replace("TRANSPOSED_B\n", _transposed_b(shape, self.dtype))
-        for macro, value in (("MR", shape.mr), ("NR", shape.nr), ("MC", mc), ("NC", nc), ("KC", kc)):
+        kc_fixed = self.options.tile_sizes is not None and len(self.options.tile_sizes) >= 3
+        l2 = tiling.cache_sizes().get(2, 1 << 20)
+        for macro, value in (("MR", shape.mr), ("NR", shape.nr), ("MC", mc), ("NC", nc), ("KC", kc),
+                             ("KC_FIXED", int(kc_fixed)), ("L2_BYTES", l2)):
             text = re.sub(rf"\b{macro}\b", str(value), text)
         text = text.replace("_SHAPE", f"_{shape.name}").replace("MASKED_B", "1" if shape.isa == "avx512" else "0")
         if not self.options.parallel:
@@ -942,6 +945,19 @@ TRANSPOSED_B
     }
 }
 
+/* The longest KC block.  KC keeps an A sliver in L1 and an A panel in L2 for the products
+   BLIS is made for; a product whose target is small (a quarter of L2) is dominated instead by
+   what each KC block costs again (passes over C, packing B, a barrier per panel), so its KC
+   block grows up to 4 KC while the A panel stays within three quarters of L2 (the 128 x 2000
+   x 128 MLP layer: one block instead of four, 10% faster).  Not when KC was given. */
+static int64_t polyc_kc_most_SHAPE(const polyc_gemm_t *g)
+{
+    if (KC_FIXED || g->m * g->n * (int64_t)sizeof(T) > L2_BYTES / 4)
+        return KC;
+    const int64_t rows = polyc_round_up(polyc_min(MC, g->m), MR);
+    return polyc_max(KC, polyc_min(4 * KC, (3 * (int64_t)L2_BYTES / 4) / ((int64_t)sizeof(T) * rows)));
+}
+
 /* How one product is shared among nthr threads: by blocks of rows (0), or (1) by the column
    slivers of each NC block, whichever balances better (the longest share, in blocks).  On a
    tie, the threads share the longer dimension: sharing rows, every thread streams all of B
@@ -991,7 +1007,8 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
     const T *restrict b = g->b + g->b_batch[bt];
     T *restrict c = g->c + g->c_batch[bt];
     const int split_n = polyc_split_n_SHAPE(g, nthr), shared_b = nthr > 1 && !split_n;
-    const int64_t kc_step = polyc_balanced_step(g->k, KC, 1), nc_step = polyc_balanced_step(g->n, NC, NR);
+    const int64_t kc_step = polyc_balanced_step(g->k, polyc_kc_most_SHAPE(g), 1);
+    const int64_t nc_step = polyc_balanced_step(g->n, NC, NR);
     /* Shared rows: each block streams the whole B panel, so blocks of at least about
        POLYC_SHARED_ROWS rows, and up to 8 per thread so that a thread held up by the
        machine delays the others by a fraction of its share; a product of few rows is cut
@@ -1002,7 +1019,7 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
     const int64_t mc_step = polyc_balanced_step(g->m, mc_most, MR);
     const int64_t row_blocks = (g->m + mc_step - 1) / mc_step;
     const int64_t stride = NR * kc_step;  /* between slivers in a bpack */
-    const int64_t panel = polyc_round_up(polyc_min(NC, g->n), NR) * polyc_min(KC, g->k);
+    const int64_t panel = polyc_round_up(polyc_min(NC, g->n), NR) * polyc_min(polyc_kc_most_SHAPE(g), g->k);
     const int a_in_place = g->a_m_stride >= 0 && g->a_k_stride >= 0 && !POLYC_HAS_SCALE;  /* packing scales */
     /* A partly guarded block's destination: MR x NR values, row i at i * NR. */
     T guard_block[POLYC_HAS_GUARD ? MR * NR : 1] __attribute__((aligned(64)));
@@ -1090,8 +1107,9 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
 /* Every product with this register block; 0, or STATUS when buffers cannot be allocated. */
 static int polyc_gemm_run_SHAPE(const polyc_gemm_t *restrict g, int init)
 {
-    const int64_t a_elements = polyc_round_up(polyc_min(MC, g->m), MR) * polyc_min(KC, g->k);
-    const int64_t b_elements = polyc_round_up(polyc_min(NC, g->n), NR) * polyc_min(KC, g->k);
+    const int64_t kc_most = polyc_min(polyc_kc_most_SHAPE(g), g->k);
+    const int64_t a_elements = polyc_round_up(polyc_min(MC, g->m), MR) * kc_most;
+    const int64_t b_elements = polyc_round_up(polyc_min(NC, g->n), NR) * kc_most;
     int nthr = 1;
 #if defined(_OPENMP)
     if ((double)g->nbatch * (double)g->m * (double)g->n * (double)g->k >= THRESHOLD)
