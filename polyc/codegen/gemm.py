@@ -946,13 +946,13 @@ TRANSPOSED_B
 }
 
 /* The longest KC block.  KC keeps an A sliver in L1 and an A panel in L2 for the products
-   BLIS is made for; a product whose target is small (a quarter of L2) is dominated instead by
+   BLIS is made for; a product whose target is small (an eighth of L2) is dominated instead by
    what each KC block costs again (passes over C, packing B, a barrier per panel), so its KC
    block grows up to 4 KC while the A panel stays within three quarters of L2 (the 128 x 2000
    x 128 MLP layer: one block instead of four, 10% faster).  Not when KC was given. */
 static int64_t polyc_kc_most_SHAPE(const polyc_gemm_t *g)
 {
-    if (KC_FIXED || g->m * g->n * (int64_t)sizeof(T) > L2_BYTES / 4)
+    if (KC_FIXED || g->m * g->n * (int64_t)sizeof(T) > L2_BYTES / 8)
         return KC;
     const int64_t rows = polyc_round_up(polyc_min(MC, g->m), MR);
     return polyc_max(KC, polyc_min(4 * KC, (3 * (int64_t)L2_BYTES / 4) / ((int64_t)sizeof(T) * rows)));
