@@ -10,13 +10,26 @@ import numpy as np
 #: Every measurement runs at least this many timed calls (unless --repeat is smaller).
 MIN_RUNS = 3
 
+#: Pause before each measurement.  Thread pools keep their idle threads spinning for a while
+#: after a call (OpenBLAS for about 0.1 s, measured: a polyc matmul 512 run within 50 ms of a
+#: numpy one took 4-9x as long), and on two cores those threads take the processors from the
+#: next implementation's threads; after the pause they sleep.
+SETTLE_SECONDS = 0.3
+
+
+def settle() -> None:
+    """Let the thread pools of the implementation measured before go idle."""
+    time.sleep(SETTLE_SECONDS)
+
 
 def time_calls(function: Callable[[], object], repeat: int, max_seconds: float) -> dict:
-    """Median of timed calls of ``function`` after one untimed warm-up call.
+    """Median of timed calls of ``function`` after a pause (:func:`settle`) and one untimed
+    warm-up call.
 
     Runs ``repeat`` calls, or fewer when they would take longer than ``max_seconds`` in all
     (never fewer than MIN_RUNS), so the slowest naive loop nests do not dominate the suite.
     """
+    settle()
     start = time.perf_counter()
     function()
     warm_up = time.perf_counter() - start

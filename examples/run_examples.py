@@ -31,6 +31,9 @@ def softmax(float(N, D) X) -> (O) {
 
 
 def median_seconds(function, repeat: int) -> float:
+    # Idle OpenBLAS (numpy) and OpenMP (polyc) threads spin for a while after a call and would
+    # take the cores from the other's threads: let them go to sleep first.
+    time.sleep(0.3)
     function()  # warm up (and compile, for polyc)
     times = []
     for _ in range(repeat):
