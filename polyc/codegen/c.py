@@ -65,6 +65,11 @@ class GeneratedKernel:
     size_arguments: tuple[str, ...]
 
 
+def c_comment(lines: list[str]) -> str:
+    """A C block comment holding ``lines`` (a ``*/`` inside them cannot end it early)."""
+    return "/*\n" + "\n".join(" * " + line.replace("*/", "* /") for line in lines) + "\n */"
+
+
 def generate_c(program: PolyProgram, schedule: isl.Schedule, options: Options) -> GeneratedKernel:
     """The C translation unit for ``program`` executed in the order of ``schedule``."""
     return _KernelWriter(program, schedule, options).write()
@@ -124,7 +129,7 @@ class _KernelWriter:
                  f"options: fusion={o.fusion} tile_sizes={o.tile_sizes} parallel={o.parallel} "
                  f"vectorize={o.vectorize} unroll={o.unroll} specialize={o.specialize}"]
         lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
-        return "/*\n" + "\n".join(" * " + line.replace("*/", "* /") for line in lines) + "\n */"
+        return c_comment(lines)
 
     # ------------------------------------------------------------------ AST nodes
     def node(self, node: isl.AstNode):

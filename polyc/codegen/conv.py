@@ -77,7 +77,7 @@ from math import prod
 
 import numpy as np
 
-from polyc.codegen.c import GeneratedKernel, _extent_name
+from polyc.codegen.c import GeneratedKernel, c_comment, _extent_name
 from polyc.codegen.c_expr import PRELUDE, c_type
 from polyc.codegen.pattern_kernel import PatternKernelWriter, typed
 from polyc.ir.model import PolyProgram
@@ -216,15 +216,10 @@ class _ConvWriter(PatternKernelWriter):
                  + (" flattened with the image's row pitch" if lay.flat else "")
                  + f"; reduction: ({', '.join(lay.reduction)})"]
         lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
-        return "/*\n" + "\n".join(" * " + line.replace("*/", "* /") for line in lines) + "\n */"
+        return c_comment(lines)
 
     def includes(self) -> str:
-        lines = []
-        if self.options.parallel:
-            lines += ["#ifdef _OPENMP", "#include <omp.h>", "#endif"]
-        if not self.options.vectorize:
-            lines.append("#define POLYC_CONV_PORTABLE 1")
-        return "\n".join(lines)
+        return self.preamble("POLYC_CONV_PORTABLE", [])
 
     # ------------------------------------------------------------------ the context record
     def epilogue_tensors(self) -> list[str]:

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polyc.codegen.c import GeneratedKernel
+from polyc.codegen.c import GeneratedKernel, c_comment
 from polyc.codegen.c_expr import PRELUDE, CExpressionPrinter, c_type
 from polyc.codegen.pattern_kernel import PatternKernelWriter, typed
 from polyc.ir.model import PolyProgram
@@ -195,15 +195,10 @@ class _GemmWriter(PatternKernelWriter):
                  f"specialize={o.specialize}",
                  f"contraction: {self.contraction.describe()}"]
         lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
-        return "/*\n" + "\n".join(" * " + line.replace("*/", "* /") for line in lines) + "\n */"
+        return c_comment(lines)
 
     def includes(self) -> str:
-        lines = ["#include <sched.h>"]
-        if self.options.parallel:
-            lines += ["#ifdef _OPENMP", "#include <omp.h>", "#endif"]
-        if not self.options.vectorize:
-            lines.append("#define POLYC_GEMM_PORTABLE 1")
-        return "\n".join(lines)
+        return self.preamble("POLYC_GEMM_PORTABLE", ["#include <sched.h>"])
 
     # ------------------------------------------------------------------ the context record
     def epilogue_tensors(self) -> list[str]:

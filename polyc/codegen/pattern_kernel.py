@@ -37,6 +37,16 @@ class PatternKernelWriter:
         tensor_names = {t.name for t in self.definition.tensors}
         self.size_c = {p: (f"{p}_size" if p in tensor_names or p in _C_KEYWORDS else p) for p in program.params}
 
+    def preamble(self, portable_macro: str, includes: list[str]) -> str:
+        """``includes``, <omp.h> when parallel, and ``#define portable_macro 1`` when not
+        vectorising (the kernel's preprocessor then picks its portable C)."""
+        lines = list(includes)
+        if self.options.parallel:
+            lines += ["#ifdef _OPENMP", "#include <omp.h>", "#endif"]
+        if not self.options.vectorize:
+            lines.append(f"#define {portable_macro} 1")
+        return "\n".join(lines)
+
     def size_expr(self, value: Affine) -> str:
         return value.to_c(lambda name: self.size_c[name])
 
