@@ -16,6 +16,7 @@ import numpy as np
 from polyc.errors import PolycError
 from polyc.interpreter import run_bound
 from polyc.ir.bounds import check_bounds
+from polyc.ir.coverage import outputs_written_before_read
 from polyc.ir.model import build_program
 from polyc.lang import ast
 from polyc.lang.checked import CheckedDef
@@ -34,7 +35,9 @@ class Kernel:
         self.options = options
         # Prove affine accesses in bounds now: always-wrong ones fail at define time, the rest
         # leave a precondition on the sizes that every call checks.
-        self.bounds_precondition = check_bounds(build_program(definition))
+        program = build_program(definition)
+        self.bounds_precondition = check_bounds(program)
+        self._written_before_read = outputs_written_before_read(program)
         self._sizes_checked: set[tuple[int, ...]] = set()
         self._backend = _make_backend(definition, options)
 
@@ -49,7 +52,7 @@ class Kernel:
         several.  ``outputs=[...]`` passes pre-allocated outputs, which are updated in place
         (statements without ``!`` accumulate into them).  Inputs are never modified.
         """
-        call = bind_arguments(self.definition, args, outputs)
+        call = bind_arguments(self.definition, args, outputs, self._written_before_read)
         signature = tuple(call.sizes[s] for s in self.definition.sizes)
         if signature not in self._sizes_checked:
             self.bounds_precondition.check(call.sizes, self.definition.source or None)

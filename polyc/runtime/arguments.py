@@ -60,9 +60,16 @@ def _scalar_to_array(where: str, tensor: Tensor, value) -> np.ndarray:
     return np.asarray(value, dtype=dtype)
 
 
-def bind_arguments(definition: CheckedDef, args, outputs=None) -> BoundCall:
+#: How outputs that need no zeros are allocated (the tests poison them through this).
+allocate_uninitialised = np.empty
+
+
+def bind_arguments(definition: CheckedDef, args, outputs=None,
+                   written_before_read: frozenset[str] = frozenset()) -> BoundCall:
     """Check ``args`` (one per input) and ``outputs`` (None, or one array per output) against
-    the signature; infer the sizes from the inputs; allocate zeroed outputs when none are given.
+    the signature; infer the sizes from the inputs; allocate outputs when none are given:
+    zeroed, except those named in ``written_before_read``, which the def overwrites entirely
+    before reading (:func:`polyc.ir.coverage.outputs_written_before_read`).
 
     Raises SignatureError naming the argument and what was expected.
     """
@@ -106,7 +113,8 @@ def bind_arguments(definition: CheckedDef, args, outputs=None) -> BoundCall:
     if outputs is None:
         for name in definition.outputs:
             tensor = definition.tensor(name)
-            arrays[name] = np.zeros(tensor.concrete_shape(sizes), dtype=tensor.dtype)
+            allocate = allocate_uninitialised if name in written_before_read else np.zeros
+            arrays[name] = allocate(tensor.concrete_shape(sizes), dtype=tensor.dtype)
     else:
         outputs = tuple(outputs)
         if len(outputs) != len(definition.outputs):

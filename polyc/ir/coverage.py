@@ -1,0 +1,45 @@
+"""Which outputs a def defines completely before reading them: those need no zeroing.
+
+The runtime allocates outputs for a call.  TC's semantics start them at zero, and an output that
+a statement only partly writes (``where`` ranges narrower than the tensor) or accumulates into
+without ``!`` shows those zeros.  But most defs overwrite every element before any read: then
+zeroing is wasted work, and for memory-bound kernels it is not small (a 16 MB output costs about
+0.5 ms of memset, a fifth of a Kronecker step).  isl decides it for all sizes at once.
+"""
+from __future__ import annotations
+
+import islpy as isl
+
+from polyc.ir.bounds import tensor_box
+from polyc.ir.model import PolyProgram
+
+
+def outputs_written_before_read(program: PolyProgram) -> frozenset[str]:
+    """The outputs whose every element, for every choice of sizes, is written by a statement
+    that does not read it before any statement reads it.
+
+    Statements run in source order (the schedule respects every dependence, so no instance
+    reads earlier than it would in that order).  Walking them in that order, an output is
+    *defined* once the union of the writes so far covers its box; until then any statement that
+    reads it, at an element the earlier statements have not written, may see the initial value.
+    A statement's own writes count only after its reads: ``T(i) = T(i) + 1`` reads the old
+    value.  The accumulator of a ``+=!`` reduction is read only by the update statement, after
+    its init statement wrote it.
+    """
+    defined = []
+    for name in program.definition.outputs:
+        box = tensor_box(program, name)
+        written = isl.Set.empty(box.get_space())
+        for statement in program.statements:
+            read = isl.Set.empty(box.get_space())
+            for access in statement.reads:
+                if access.tensor == name:
+                    read = read.union(access.relation.intersect_domain(statement.domain).range())
+            if not read.is_subset(written):
+                break
+            if statement.source.target == name:
+                written = written.union(statement.write.range())
+                if box.is_subset(written):
+                    defined.append(name)
+                    break
+    return frozenset(defined)
