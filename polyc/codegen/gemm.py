@@ -74,6 +74,9 @@ STATUS_OUT_OF_MEMORY = 2
 #: Below this many multiply-adds a contraction runs on one thread (a parallel region costs more).
 _PARALLEL_THRESHOLD = 96 * 96 * 96
 
+#: Offset tables at least this long are filled by all threads.
+_PARALLEL_TABLE = 1 << 16
+
 
 # ----------------------------------------------------------------------------- register blocks
 @dataclass(frozen=True)
@@ -441,7 +444,7 @@ static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.c
                  f"polyc_g.a = {c.a.tensor}; polyc_g.b = {c.b.tensor}; polyc_g.c = {c.target.tensor};",
                  "polyc_g.m = polyc_m; polyc_g.n = polyc_n; polyc_g.k = polyc_k; polyc_g.nbatch = polyc_batch;"]
         body += [f"polyc_g.{table} = polyc_{table};" for table, _ in layout]
-        body += [f"polyc_g.{table}_stride = polyc_affine_stride(polyc_{table}, polyc_{group});"
+        body += [f"polyc_g.{table}_stride = {self.group_stride(groups[group], operand_of[table[0]])};"
                  for table, group in (("a_m", "m"), ("a_k", "k"), ("b_k", "k"), ("b_n", "n"))]
         body.append("polyc_g.c_n_run = polyc_run_length(polyc_c_n, polyc_n);")
         for tensor in self.epilogue_tensors():
@@ -454,18 +457,36 @@ static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.c
         signature = f"int {name}({', '.join(arguments)})"
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
 
+    def group_stride(self, indices: tuple[str, ...], operand) -> str:
+        """C of the stride of a group's flat index in one operand, -1 when its offsets are not
+        a multiple of the flat index (what a scan of the group's table would find,
+        from the extents and strides without reading the table)."""
+        if not indices:
+            return "0"
+        extents = ", ".join(f"({self.size_expr(self.contraction.extent(index))})" for index in indices)
+        strides = ", ".join(self.stride(operand.tensor, operand.indices.index(index)) for index in indices)
+        return (f"polyc_group_stride({len(indices)}, (const int64_t[]){{{extents}}}, "
+                f"(const int64_t[]){{{strides}}})")
+
     def fill_tables(self, group: str, indices: tuple[str, ...], tables: tuple[str, ...], operand_of) -> list[str]:
         """C filling the offset tables of one group (and its index value tables): a loop nest
-        over the group's indices, outermost first, counting the flat index."""
+        over the group's indices, outermost first, at flat index ``polyc_f``.  Long tables (a
+        Kronecker step's 262144 rows) are filled by all threads: serial, the fill took a fifth
+        of the call."""
         c = self.contraction
         if not indices:
             return [f"polyc_{table}[0] = 0;" for table in tables]
-        lines = ["{", "    int64_t polyc_f = 0;"]
+        lines = ["{"]
+        if self.options.parallel:
+            lines.append(f"    #pragma omp parallel for schedule(static) if (polyc_{group} >= {_PARALLEL_TABLE})")
+        flat = "0"
         for depth, index in enumerate(indices):
             extent = self.size_expr(c.extent(index))
             lines.append("    " * (depth + 1) + f"for (int64_t polyc_v_{index} = 0; polyc_v_{index} < ({extent}); "
                          f"polyc_v_{index}++) {{")
+            flat = f"polyc_v_{index}" if depth == 0 else f"({flat}) * ({extent}) + polyc_v_{index}"
         inner = "    " * (len(indices) + 1)
+        lines.append(f"{inner}const int64_t polyc_f = {flat};")
         for table in tables:
             operand = operand_of[table[0]]
             terms = [f"polyc_v_{index} * {self.stride(operand.tensor, operand.indices.index(index))}"
@@ -473,7 +494,6 @@ static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.c
             lines.append(f"{inner}polyc_{table}[polyc_f] = {' + '.join(terms)};")
         if len(indices) > 1 and indices in self.multi_index_groups():
             lines += [f"{inner}polyc_ix_{index}[polyc_f] = polyc_v_{index};" for index in indices]
-        lines.append(f"{inner}polyc_f++;")
         lines += ["    " * (depth + 1) + "}" for depth in reversed(range(len(indices)))]
         lines.append("}")
         return lines
@@ -793,13 +813,21 @@ static int64_t polyc_run_length(const int64_t *offsets, int64_t count)
     return run;
 }
 
-/* s when offsets[i] == i * s for every i < count, else -1. */
-static int64_t polyc_affine_stride(const int64_t *offsets, int64_t count)
+/* s when the offsets of a group of `rank` indices (their extents and their strides in one
+   tensor, outermost first) are f * s at every flat index f, else -1; 0 for at most one element.
+   Indices of extent 1 do not count: they are always 0. */
+static int64_t polyc_group_stride(int rank, const int64_t *extent, const int64_t *stride)
 {
-    const int64_t stride = count > 1 ? offsets[1] - offsets[0] : 0;
-    for (int64_t i = 0; i < count; i++)
-        if (offsets[i] != i * stride) return -1;
-    return stride;
+    int64_t count = 1;
+    for (int d = 0; d < rank; d++) count *= extent[d];
+    if (count <= 1) return 0;
+    int64_t s = -1, inner = 1;  /* inner: the flat distance of a step of index d */
+    for (int d = rank - 1; d >= 0; inner *= extent[d], d--) {
+        if (extent[d] == 1) continue;
+        if (s < 0) s = stride[d];  /* the innermost index that moves: inner == 1 here */
+        else if (stride[d] != s * inner) return -1;
+    }
+    return s;
 }
 
 /* The lowest min(max(n, 0), lanes) bits set. */
@@ -1004,18 +1032,23 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
     const int split_n = polyc_split_n_SHAPE(g, nthr), shared_b = nthr > 1 && !split_n;
     const int64_t kc_step = polyc_balanced_step(g->k, polyc_kc_most_SHAPE(g), 1);
     const int64_t nc_step = polyc_balanced_step(g->n, NC, NR);
+    const int a_in_place = g->a_m_stride >= 0 && g->a_k_stride >= 0 && !POLYC_HAS_SCALE;  /* packing scales */
     /* Shared rows: each block streams the whole B panel, so blocks of at least about
        POLYC_SHARED_ROWS rows, and up to 8 per thread so that a thread held up by the
        machine delays the others by a fraction of its share; a product of few rows is cut
-       into one block per thread. */
+       into one block per thread.  An A read in place (a product at most two B slivers wide,
+       see direct_a) is not packed into an L2-sized panel, so its blocks need not fit one:
+       longer blocks keep each thread's reads of A long runs.  With MC-row blocks the threads'
+       reads interleaved every few ten kilobytes, and the 262144 x 16 x 32 Kronecker step took
+       1.3x as long. */
+    const int64_t mc_cap = a_in_place && g->n <= 2 * NR ? g->m : MC;
     const int64_t per_thread = polyc_max(1, polyc_min(8, g->m / (POLYC_SHARED_ROWS * nthr)));
-    const int64_t mc_most = shared_b ? polyc_min(MC, polyc_round_up((g->m + per_thread * nthr - 1)
-                                                                     / (per_thread * nthr), MR)) : MC;
+    const int64_t mc_most = shared_b ? polyc_min(mc_cap, polyc_round_up((g->m + per_thread * nthr - 1)
+                                                                         / (per_thread * nthr), MR)) : MC;
     const int64_t mc_step = polyc_balanced_step(g->m, mc_most, MR);
     const int64_t row_blocks = (g->m + mc_step - 1) / mc_step;
     const int64_t stride = NR * kc_step;  /* between slivers in a bpack */
     const int64_t panel = polyc_round_up(polyc_min(NC, g->n), NR) * polyc_min(polyc_kc_most_SHAPE(g), g->k);
-    const int a_in_place = g->a_m_stride >= 0 && g->a_k_stride >= 0 && !POLYC_HAS_SCALE;  /* packing scales */
     /* A partly guarded block's destination: MR x NR values, row i at i * NR. */
     T guard_block[POLYC_HAS_GUARD ? MR * NR : 1] __attribute__((aligned(64)));
     int64_t block_m[MR], block_n[NR];
