@@ -21,7 +21,8 @@ back end's (:mod:`polyc.codegen.c`)::
 Packing is skipped where it buys nothing: a B sliver already laid out like a packed one
 (columns contiguous, rows NR apart, as in Kronecker steps), or used by few rows of A, is read in
 place; so is an A block with evenly spaced rows that at most two B slivers use (narrow products
-such as batched small matrices).
+such as batched small matrices), or whose rows are contiguous along K (register blocks of two or
+more vectors per row).
 
 Addresses are never assumed: for every flat index of a group the kernel tabulates its offset
 in each tensor (``a_m[m]``, ``c_n[n]``, ...), so permuted and multi-index groups need no
@@ -286,7 +287,7 @@ class _GemmWriter(PatternKernelWriter):
         kc_fixed = self.options.tile_sizes is not None and len(self.options.tile_sizes) >= 3
         l2 = tiling.cache_sizes().get(2, 1 << 20)
         for macro, value in (("MR", shape.mr), ("NR", shape.nr), ("MC", mc), ("NC", nc), ("KC", kc),
-                             ("KC_FIXED", int(kc_fixed)), ("L2_BYTES", l2)):
+                             ("KC_FIXED", int(kc_fixed)), ("L2_BYTES", l2), ("WIDE_BLOCK", int(shape.vectors >= 2))):
             text = re.sub(rf"\b{macro}\b", str(value), text)
         text = text.replace("_SHAPE", f"_{shape.name}").replace("MASKED_B", "1" if shape.isa == "avx512" else "0")
         if not self.options.parallel:
@@ -565,20 +566,32 @@ def _vector_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
               "            _mm_prefetch((const char *)(c + c_n[0] + c_m[i] + nr - 1), _MM_HINT_T0);",
               "        }",
               ]
-    for condition, load_b in loads_b.items():
-        indent = "    " if len(loads_b) == 1 else "        "
+    # The k loop for the first `rows` rows.  A block of fewer than MR rows (the last of a
+    # product whose M is not a multiple of MR) computes only those: with M = 128 and MR = 6 the
+    # last block would spend two thirds of its multiply-adds on dropped rows, 3% of the whole.
+    def k_loop(rows: int, indent: str) -> list[str]:
+        loop = []
+        for condition, load_b in loads_b.items():
+            inner = indent if len(loads_b) == 1 else indent + "    "
+            if len(loads_b) > 1:
+                loop.append(f"{indent}{'if (b_full) {' if condition else '} else {'}")
+            loop += [f"{inner}for (int64_t k = 0, ka = 0; k < kc; k++, ka += a_cs, bp += b_rs) {{",
+                     f"{inner}    const {vec} " + ", ".join(f"b{v} = {load_b.format(v=v, offset=v * lanes)}"
+                                                        for v in range(nv)) + ";",
+                     f"{inner}    {vec} a;"]
+            for i in range(rows):
+                fmas = " ".join(f"{acc[i][v]} = {pre}_fmadd_{suffix}(a, b{v}, {acc[i][v]});" for v in range(nv))
+                loop.append(f"{inner}    a = {pre}_set1_{suffix}(a{i}[ka]); {fmas}")
+            loop.append(f"{inner}}}")
         if len(loads_b) > 1:
-            lines.append(f"    {'if (b_full) {' if condition else '} else {'}")
-        lines += [f"{indent}for (int64_t k = 0, ka = 0; k < kc; k++, ka += a_cs, bp += b_rs) {{",
-                  f"{indent}    const {vec} " + ", ".join(f"b{v} = {load_b.format(v=v, offset=v * lanes)}"
-                                                     for v in range(nv)) + ";",
-                  f"{indent}    {vec} a;"]
-        for i in range(mr):
-            fmas = " ".join(f"{acc[i][v]} = {pre}_fmadd_{suffix}(a, b{v}, {acc[i][v]});" for v in range(nv))
-            lines.append(f"{indent}    a = {pre}_set1_{suffix}(a{i}[ka]); {fmas}")
-        lines.append(f"{indent}}}")
-    if len(loads_b) > 1:
-        lines.append("    }")
+            loop.append(f"{indent}}}")
+        return loop
+
+    lines.append(f"    switch (mr < {mr} ? mr : {mr}) {{")
+    for rows in range(mr, 0, -1):
+        lines += [f"    {'default' if rows == mr else f'case {rows}'}: {{"] + k_loop(rows, "        ")
+        lines += ["        break;", "    }"]
+    lines.append("    }")
     # Full-width rows use plain loads and stores: masked ones are slower, and a masked store of
     # a whole cache line may not spare the processor reading the line first.
     full_load, full_store = f"{pre}_loadu_{suffix}(row + {{offset}})", f"{pre}_storeu_{suffix}(row + {{offset}}, {{value}});"
@@ -1021,7 +1034,11 @@ static int polyc_direct_b_SHAPE(const polyc_gemm_t *restrict g, int64_t jr, int6
    is after finishing its blocks of panel t.
    Column slivers shared (short products): each thread packs its own slivers into its own
    bpack, no barrier.
-   An A block used by at most two B slivers is read in place when its rows are evenly spaced. */
+   An A block with evenly spaced rows is read in place when at most two B slivers use it, or
+   when its rows run along K and the register block is at least two vectors wide: packing then
+   costs more than it saves (sgemm 512-2048 and tmm ran 4-13% faster in place; sharing columns,
+   each thread would pack all of A).  Not with one vector per row, whose loop is mostly A's
+   broadcasts: their MR row pointers take the registers (a Kronecker step, 8% slower). */
 static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int init, T *restrict bpacks,
                                 T *restrict apack, polyc_team_t *team, int tid, polyc_progress_t *progress)
 {
@@ -1063,7 +1080,7 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
             s_lo = polyc_min(slivers, tid * per);
             s_hi = polyc_min(slivers, s_lo + per);
         }
-        const int direct_a = a_in_place && s_hi - s_lo <= 2;
+        const int direct_a = a_in_place && (s_hi - s_lo <= 2 || (g->a_k_stride == 1 && WIDE_BLOCK));
         for (int64_t pc = 0; pc < g->k; pc += kc_step, progress->panels++) {
             const int64_t kc = polyc_min(kc_step, g->k - pc);
             const int beta = pc > 0 || !init;
