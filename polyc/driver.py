@@ -30,6 +30,7 @@ from polyc.lang.checked import CheckedDef
 from polyc.options import Options
 from polyc.runtime import CompilerOptions, get_function, get_or_build, load_library
 from polyc.runtime.arguments import BoundCall
+from polyc.runtime.compiler import LANGUAGE_FLAGS
 from polyc.schedule.contraction import Contraction, recognise_gemm_def, worth_a_gemm_kernel
 from polyc.schedule.convolution import Convolution, recognise_conv_def
 from polyc.schedule.scheduler import compute_schedule
@@ -128,7 +129,7 @@ def find_convolution(definition: CheckedDef, options: Options) -> Convolution | 
 def compiler_options(options: Options) -> CompilerOptions:
     """The runtime's compiler settings for polyc options (``cflags`` replace the optimisation
     flags; the language standard and OpenMP stay)."""
-    flags = None if options.cflags is None else tuple(options.cflags) + ("-std=gnu11",)
+    flags = None if options.cflags is None else tuple(options.cflags) + LANGUAGE_FLAGS
     return CompilerOptions(cc=options.cc, flags=flags, openmp=True)
 
 

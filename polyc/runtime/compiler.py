@@ -11,15 +11,16 @@ Defaults, read from the environment when a ``CompilerOptions`` is created:
     The value may carry a launcher or fixed arguments (``"ccache gcc"``); it is split like a
     shell word list and the first word is the program.
 ``flags``
-    The optimisation/architecture part, ``-O3 -march=native``, followed by ``-std=gnu11``.
-    A non-empty ``$POLYC_CFLAGS`` replaces the optimisation/architecture part only, so
-    ``POLYC_CFLAGS="-O2 -g"`` gives ``flags == ("-O2", "-g", "-std=gnu11")``.
+    The optimisation/architecture part, ``-O3 -march=native``, followed by the language flags
+    ``-std=gnu11 -fno-math-errno``.  A non-empty ``$POLYC_CFLAGS`` replaces the
+    optimisation/architecture part only, so ``POLYC_CFLAGS="-O2 -g"`` gives
+    ``flags == ("-O2", "-g", "-std=gnu11", "-fno-math-errno")``.
 
 Every command line also carries ``-fPIC -shared`` (the output must be a loadable library, so
 these are not options), ``-fopenmp`` when ``openmp`` is true, then ``extra_flags``, and links
 ``-lm``.  With all defaults the command is::
 
-    gcc -fPIC -shared -O3 -march=native -std=gnu11 -fopenmp -o kernel.so kernel.c -lm
+    gcc -fPIC -shared -O3 -march=native -std=gnu11 -fno-math-errno -fopenmp -o kernel.so kernel.c -lm
 """
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ REQUIRED_FLAGS: tuple[str, ...] = ("-fPIC", "-shared")
 #: The optimisation/architecture part of the default flags; ``$POLYC_CFLAGS`` replaces it.
 DEFAULT_OPTIMISATION_FLAGS: tuple[str, ...] = ("-O3", "-march=native")
 #: The dialect generated code is written in (C99 plus GNU extensions such as ``__restrict__``).
-LANGUAGE_FLAGS: tuple[str, ...] = ("-std=gnu11",)
+#: Generated code never reads ``errno``, so math functions need not set it: without the check
+#: gcc vectorises ``sqrt`` (results are the same, IEEE square roots either way).
+LANGUAGE_FLAGS: tuple[str, ...] = ("-std=gnu11", "-fno-math-errno")
 #: Libraries linked after the source; generated code may call ``<math.h>`` functions.
 LINK_LIBRARIES: tuple[str, ...] = ("-lm",)
 #: Compilers tried, in order, when neither ``$POLYC_CC`` nor ``$CC`` is set.

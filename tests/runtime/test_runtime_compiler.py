@@ -13,20 +13,20 @@ def test_defaults_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("POLYC_CFLAGS", "-O1 -g")
     options = CompilerOptions()
     assert options.cc == "my-cc"
-    assert options.flags == ("-O1", "-g", "-std=gnu11")
+    assert options.flags == ("-O1", "-g", "-std=gnu11", "-fno-math-errno")
 
     monkeypatch.delenv("POLYC_CC")
     monkeypatch.delenv("POLYC_CFLAGS")
     options = CompilerOptions(cc=None, flags=None)  # None asks for the defaults too
     assert options.cc == "other-cc"
-    assert options.flags == ("-O3", "-march=native", "-std=gnu11")
+    assert options.flags == ("-O3", "-march=native", "-std=gnu11", "-fno-math-errno")
     assert CompilerOptions(cc="gcc", flags=["-O1"]).flags == ("-O1",)
 
 
 def test_default_command_line():
     options = CompilerOptions(cc="gcc", extra_flags=("-fsanitize=address,undefined",))
     assert options.command("kernel.c", "kernel.so") == [
-        "gcc", "-fPIC", "-shared", "-O3", "-march=native", "-std=gnu11", "-fopenmp",
+        "gcc", "-fPIC", "-shared", "-O3", "-march=native", "-std=gnu11", "-fno-math-errno", "-fopenmp",
         "-fsanitize=address,undefined", "-o", "kernel.so", "kernel.c", "-lm",
     ]
     assert "-fopenmp" not in CompilerOptions(cc="gcc", openmp=False).command("k.c", "k.so")
