@@ -38,6 +38,7 @@ class Kernel:
         program = build_program(definition)
         self.bounds_precondition = check_bounds(program)
         self._written_before_read = outputs_written_before_read(program)
+        self._shape_memo: dict = {}  # size signature -> every tensor's shape
         self._sizes_checked: set[tuple[int, ...]] = set()
         self._backend = _make_backend(definition, options)
 
@@ -52,7 +53,7 @@ class Kernel:
         several.  ``outputs=[...]`` passes pre-allocated outputs, which are updated in place
         (statements without ``!`` accumulate into them).  Inputs are never modified.
         """
-        call = bind_arguments(self.definition, args, outputs, self._written_before_read)
+        call = bind_arguments(self.definition, args, outputs, self._written_before_read, self._shape_memo)
         signature = tuple(call.sizes[s] for s in self.definition.sizes)
         if signature not in self._sizes_checked:
             self.bounds_precondition.check(call.sizes, self.definition.source or None)

@@ -182,7 +182,7 @@ class CompiledKernel:
         for tensor in definition.tensors:
             array = call.arrays.get(tensor.name)
             if array is None:  # a temporary
-                array = np.zeros(tensor.concrete_shape(call.sizes), dtype=tensor.dtype)
+                array = np.zeros(call.shapes[tensor.name], dtype=tensor.dtype)
             buffers[tensor.name] = np.ascontiguousarray(array)
         pointers = [buffers[name].ctypes.data for name in compiled.kernel.tensor_arguments]
         sizes = [call.sizes[s] for s in compiled.kernel.size_arguments]

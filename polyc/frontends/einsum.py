@@ -184,21 +184,31 @@ def plan_contraction(subscripts: Subscripts, arrays: list[np.ndarray], dtype: np
     broadcasting of size-1 dimensions.  Returns the contraction, the operands as views that fit
     it (broadcast dimensions reshaped away), and the result's shape.
     """
-    if len(arrays) != len(subscripts.inputs):
-        more = "more" if len(arrays) > len(subscripts.inputs) else "fewer"
-        raise EinsumError(f"{more} operands provided to einstein sum function than specified in the "
-                          f"subscripts string ({len(arrays)} operand(s), {len(subscripts.inputs)} term(s))")
-    terms, ellipsis_rank = _expand_ellipses(subscripts, arrays)
-    output = _output_labels(subscripts, terms, ellipsis_rank)
-    sizes = _label_sizes(terms, arrays)
+    contraction, view_shapes, shape = _plan_for_shapes(subscripts, tuple(a.shape for a in arrays), dtype)
+    return contraction, [a.reshape(s) for a, s in zip(arrays, view_shapes)], shape
 
-    kept_terms, views = [], []
-    for term, array in zip(terms, arrays):
+
+@functools.lru_cache(maxsize=KERNEL_CACHE_SIZE)
+def _plan_for_shapes(subscripts: Subscripts, shapes: tuple[tuple[int, ...], ...], dtype: np.dtype
+                     ) -> tuple[Contraction, tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """:func:`plan_contraction` for operands of these shapes (the operands' views as shapes).
+    Remembered: a call that repeats its shapes skips the planning (half of a small einsum's
+    Python time)."""
+    if len(shapes) != len(subscripts.inputs):
+        more = "more" if len(shapes) > len(subscripts.inputs) else "fewer"
+        raise EinsumError(f"{more} operands provided to einstein sum function than specified in the "
+                          f"subscripts string ({len(shapes)} operand(s), {len(subscripts.inputs)} term(s))")
+    terms, ellipsis_rank = _expand_ellipses(subscripts, shapes)
+    output = _output_labels(subscripts, terms, ellipsis_rank)
+    sizes = _label_sizes(terms, shapes)
+
+    kept_terms, view_shapes = [], []
+    for term, shape in zip(terms, shapes):
         # A dimension of size 1 against a label of another size is numpy's broadcasting: the
         # operand is constant along that label, so it is dropped rather than copied.
-        keep = [dim for dim, label in enumerate(term) if array.shape[dim] == sizes[label]]
+        keep = [dim for dim, label in enumerate(term) if shape[dim] == sizes[label]]
         kept_terms.append(tuple(term[dim] for dim in keep))
-        views.append(array.reshape(tuple(array.shape[dim] for dim in keep)))
+        view_shapes.append(tuple(shape[dim] for dim in keep))
 
     numbering: dict = {}
     for term in kept_terms:
@@ -206,23 +216,23 @@ def plan_contraction(subscripts: Subscripts, arrays: list[np.ndarray], dtype: np
             numbering.setdefault(label, len(numbering))
     contraction = Contraction(tuple(tuple(numbering[l] for l in term) for term in kept_terms),
                               tuple(numbering[l] for l in output), dtype)
-    return contraction, views, tuple(sizes[l] for l in output)
+    return contraction, tuple(view_shapes), tuple(sizes[l] for l in output)
 
 
-def _expand_ellipses(subscripts: Subscripts, arrays: list[np.ndarray]) -> tuple[list[tuple], int]:
+def _expand_ellipses(subscripts: Subscripts, shapes: tuple[tuple[int, ...], ...]) -> tuple[list[tuple], int]:
     """Each operand's labels with ``...`` replaced by its broadcast dimensions, which get labels
     ``(ELLIPSIS, k)`` numbered from the left of the broadcast shape (right-aligned, as numpy)."""
     ranks = []
-    for n, (term, array) in enumerate(zip(subscripts.inputs, arrays)):
+    for n, (term, shape) in enumerate(zip(subscripts.inputs, shapes)):
         named = len(term) - (ELLIPSIS in term)
-        if ELLIPSIS not in term and array.ndim > named:
-            raise EinsumError(f"operand {n} has more dimensions ({array.ndim}) than subscripts given in "
+        if ELLIPSIS not in term and len(shape) > named:
+            raise EinsumError(f"operand {n} has more dimensions ({len(shape)}) than subscripts given in "
                               f"einstein sum ('{''.join(term)}'), but no '...' ellipsis provided to "
                               f"broadcast the extra dimensions.")
-        if array.ndim < named:
+        if len(shape) < named:
             raise EinsumError(f"einstein sum subscripts string contains too many subscripts for operand {n} "
-                              f"('{''.join(term)}' for an operand with {array.ndim} dimension(s))")
-        ranks.append(array.ndim - named)
+                              f"('{''.join(term)}' for an operand with {len(shape)} dimension(s))")
+        ranks.append(len(shape) - named)
     ellipsis_rank = max(ranks, default=0)
     terms = []
     for term, rank in zip(subscripts.inputs, ranks):
@@ -254,13 +264,13 @@ def _output_labels(subscripts: Subscripts, terms: list[tuple], ellipsis_rank: in
     return tuple(output)
 
 
-def _label_sizes(terms: list[tuple], arrays: list[np.ndarray]) -> dict:
+def _label_sizes(terms: list[tuple], shapes: tuple[tuple[int, ...], ...]) -> dict:
     """The extent of every label: equal wherever it occurs, except that 1 broadcasts."""
     sizes: dict = {}
     where: dict = {}
-    for n, (term, array) in enumerate(zip(terms, arrays)):
+    for n, (term, shape) in enumerate(zip(terms, shapes)):
         own: dict = {}
-        for label, extent in zip(term, array.shape):
+        for label, extent in zip(term, shape):
             if label in own and own[label] != extent:
                 raise EinsumError(f"dimensions in operand {n} for collapsing index {_describe(label)} "
                                   f"don't match ({own[label]} != {extent})")
@@ -269,10 +279,9 @@ def _label_sizes(terms: list[tuple], arrays: list[np.ndarray]) -> dict:
             if label not in sizes or sizes[label] == 1:
                 sizes[label], where[label] = extent, n
             elif extent not in (1, sizes[label]):
-                shapes = ", ".join(str(a.shape) for a in arrays)
                 raise EinsumError(f"operands could not be broadcast together: {_describe(label)} has size "
                                   f"{sizes[label]} in operand {where[label]} but {extent} in operand {n} "
-                                  f"(shapes {shapes})")
+                                  f"(shapes {', '.join(map(str, shapes))})")
     return sizes
 
 

@@ -20,9 +20,11 @@ class BoundCall:
 
     sizes: dict[str, int]
     arrays: dict[str, np.ndarray]
+    #: every tensor's concrete shape (temporaries too)
+    shapes: dict[str, tuple[int, ...]]
 
     def shape_of(self, definition: CheckedDef, name: str) -> tuple[int, ...]:
-        return definition.tensor(name).concrete_shape(self.sizes)
+        return self.shapes[name]
 
 
 def _as_input_array(definition: CheckedDef, tensor: Tensor, value) -> np.ndarray:
@@ -60,16 +62,23 @@ def _scalar_to_array(where: str, tensor: Tensor, value) -> np.ndarray:
     return np.asarray(value, dtype=dtype)
 
 
+#: The most size signatures a shape memo keeps.
+_SHAPE_MEMO_SIZE = 256
+
 #: How outputs that need no zeros are allocated (the tests poison them through this).
 allocate_uninitialised = np.empty
 
 
 def bind_arguments(definition: CheckedDef, args, outputs=None,
-                   written_before_read: frozenset[str] = frozenset()) -> BoundCall:
+                   written_before_read: frozenset[str] = frozenset(),
+                   shape_memo: dict | None = None) -> BoundCall:
     """Check ``args`` (one per input) and ``outputs`` (None, or one array per output) against
     the signature; infer the sizes from the inputs; allocate outputs when none are given:
     zeroed, except those named in ``written_before_read``, which the def overwrites entirely
     before reading (:func:`polyc.ir.coverage.outputs_written_before_read`).
+
+    ``shape_memo``, a dict the caller keeps for one def, remembers the tensors' shapes per size
+    signature: evaluating them is a third of the Python time of a call on small arrays.
 
     Raises SignatureError naming the argument and what was expected.
     """
@@ -93,9 +102,16 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
             value = array.shape[binding.dim]
         sizes[binding.size] = value
 
+    signature = tuple(sizes[s] for s in definition.sizes)
+    shapes = shape_memo.get(signature) if shape_memo is not None else None
+    if shapes is None:
+        shapes = {tensor.name: tensor.concrete_shape(sizes) for tensor in definition.tensors}
+        if shape_memo is not None and len(shape_memo) < _SHAPE_MEMO_SIZE:
+            shape_memo[signature] = shapes
+
     for name in definition.inputs:
         tensor = definition.tensor(name)
-        expected = tensor.concrete_shape(sizes)
+        expected = shapes[name]
         if arrays[name].shape != expected:
             detail = ", ".join(f"{s}={sizes[s]}" for s in definition.sizes)
             raise SignatureError(f"{definition.name}: input '{name}' has shape {arrays[name].shape} but the "
@@ -104,7 +120,7 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
     for tensor in definition.tensors:
         if tensor.role is Role.INPUT:
             continue
-        shape = tensor.concrete_shape(sizes)
+        shape = shapes[tensor.name]
         if any(extent < 0 for extent in shape):
             detail = ", ".join(f"{s}={sizes[s]}" for s in definition.sizes)
             raise SignatureError(f"{definition.name}: for sizes {detail}, {tensor.role.value} '{tensor.name}' "
@@ -114,7 +130,7 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
         for name in definition.outputs:
             tensor = definition.tensor(name)
             allocate = allocate_uninitialised if name in written_before_read else np.zeros
-            arrays[name] = allocate(tensor.concrete_shape(sizes), dtype=tensor.dtype)
+            arrays[name] = allocate(shapes[name], dtype=tensor.dtype)
     else:
         outputs = tuple(outputs)
         if len(outputs) != len(definition.outputs):
@@ -125,7 +141,7 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
             where = f"{definition.name}: output '{name}'"
             if not isinstance(array, np.ndarray):
                 raise SignatureError(f"{where} must be a numpy array, not {type(array).__name__}")
-            expected = tensor.concrete_shape(sizes)
+            expected = shapes[name]
             if array.dtype != tensor.dtype or array.shape != expected:
                 raise SignatureError(f"{where} must be a {tensor.dtype.name} array of shape {expected}, "
                                      f"not {array.dtype.name} {array.shape}")
@@ -134,7 +150,7 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
             if any(_overlap(array, other) for other in arrays.values()):
                 raise SignatureError(f"{where} overlaps another argument")
             arrays[name] = array
-    return BoundCall(sizes, arrays)
+    return BoundCall(sizes, arrays, shapes)
 
 
 def _overlap(a: np.ndarray, b: np.ndarray) -> bool:

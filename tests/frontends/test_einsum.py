@@ -387,3 +387,19 @@ def test_random_problems_compiled_match_numpy(private_kernel_cache, problem):
 def test_three_operands_are_contracted_pairwise():
     source = lower_to_tc(_contraction("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]))
     assert source.count("+=!") == 2 and "T0(" in source
+
+
+def test_plans_are_remembered_per_shapes():
+    """A repeated call skips the planning; other shapes, and bad shapes, are planned afresh."""
+    from polyc.frontends.einsum import _plan_for_shapes
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((4, 1))
+    run("ij,jk->ik", a, b)
+    hits = _plan_for_shapes.cache_info().hits
+    assert_matches_numpy("ij,jk->ik", [a, b], run("ij,jk->ik", a, b))
+    assert _plan_for_shapes.cache_info().hits == hits + 1
+    wide = rng.standard_normal((4, 5))
+    assert_matches_numpy("ij,jk->ik", [a, wide], run("ij,jk->ik", a, wide))
+    for _ in range(2):  # an error is not remembered as a plan
+        with pytest.raises(EinsumError, match="could not be broadcast"):
+            run("ij,ij->ij", a, wide)
