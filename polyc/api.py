@@ -16,7 +16,7 @@ import numpy as np
 from polyc.errors import PolycError
 from polyc.interpreter import run_bound
 from polyc.ir.bounds import check_bounds
-from polyc.ir.coverage import outputs_written_before_read
+from polyc.ir.coverage import written_before_read
 from polyc.ir.model import build_program
 from polyc.lang import ast
 from polyc.lang.checked import CheckedDef
@@ -37,7 +37,7 @@ class Kernel:
         # leave a precondition on the sizes that every call checks.
         program = build_program(definition)
         self.bounds_precondition = check_bounds(program)
-        self._written_before_read = outputs_written_before_read(program)
+        self._written_before_read = written_before_read(program, definition.outputs)
         self._shape_memo: dict = {}  # size signature -> every tensor's shape
         self._sizes_checked: set[tuple[int, ...]] = set()
         self._backend = _make_backend(definition, options)

@@ -2,9 +2,9 @@
 
 - the analysis on the forms that decide it: `=` and `+=!` over the whole tensor, narrower
   `where` ranges, accumulation without `!`, a read of the old value, several statements;
-- the whole corpus, interpreted and compiled, with freshly allocated outputs poisoned (NaN for
-  floats, a sentinel for integers): a kernel that relied on zeroed memory it did not get would
-  show the poison.
+- the whole corpus, interpreted and compiled, with freshly allocated outputs and temporaries
+  poisoned (NaN for floats, a sentinel for integers): a kernel that relied on zeroed memory it
+  did not get would show the poison.
 """
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ import pytest
 import polyc
 from kernels import KERNELS, check_kernel
 from polyc.interpreter import run_bound
-from polyc.ir.coverage import outputs_written_before_read
+from polyc.ir.coverage import written_before_read
 from polyc.ir.model import build_program
 from polyc.runtime import arguments
 
 
 def defined(source: str) -> list[str]:
-    return sorted(outputs_written_before_read(build_program(polyc.define(source).f.definition)))
+    definition = polyc.define(source).f.definition
+    return sorted(written_before_read(build_program(definition), definition.outputs))
 
 
 @pytest.mark.parametrize("source, expected", [
@@ -52,7 +53,7 @@ def _poisoned_empty(shape, dtype=float, **kwargs):
 
 @pytest.fixture
 def poisoned_outputs(monkeypatch):
-    """Outputs that skip zeroing start as NaN (or 77) instead of whatever memory held."""
+    """Outputs and temporaries that skip zeroing start as NaN (or 77), not whatever memory held."""
     monkeypatch.setattr(arguments, "allocate_uninitialised", _poisoned_empty)
 
 
@@ -74,3 +75,13 @@ def test_corpus_with_poisoned_outputs(case, poisoned_outputs):
             results = run_bound(interpreted, call)
             return results[0] if len(results) == 1 else results
         check_kernel(case, interpret, sizes)
+
+
+@pytest.mark.parametrize("source, defined_temporaries, expected", [
+    ("def f(float(N) A) -> (B) { T(i) = A(i) + 1\n B(i) = T(i) * 2 }", {"T"}, [4, 6, 8]),
+    ("def f(float(N) A) -> (B) { T(i) += A(i)\n B(i) = T(i) * 2 }", set(), [2, 4, 6]),  # T's zeros count
+])
+def test_temporaries_with_poisoned_memory(poisoned_outputs, source, defined_temporaries, expected):
+    kernel = polyc.define(source).f
+    assert kernel._backend.defined_temporaries() == defined_temporaries
+    np.testing.assert_array_equal(kernel(np.array([1, 2, 3], np.float32)), expected)

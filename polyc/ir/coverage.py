@@ -1,10 +1,12 @@
-"""Which outputs a def defines completely before reading them: those need no zeroing.
+"""Which outputs and temporaries a def defines completely before reading them: those need no
+zeroing.
 
-The runtime allocates outputs for a call.  TC's semantics start them at zero, and an output that
-a statement only partly writes (``where`` ranges narrower than the tensor) or accumulates into
-without ``!`` shows those zeros.  But most defs overwrite every element before any read: then
-zeroing is wasted work, and for memory-bound kernels it is not small (a 16 MB output costs about
-0.5 ms of memset, a fifth of a Kronecker step).  isl decides it for all sizes at once.
+The runtime allocates outputs and temporaries for a call.  TC's semantics start them at zero,
+and a tensor that a statement only partly writes (``where`` ranges narrower than the tensor) or
+accumulates into without ``!`` shows those zeros.  But most defs overwrite every element before
+any read: then zeroing is wasted work, and for memory-bound kernels it is not small (a 16 MB
+output costs about 0.5 ms of memset, a fifth of a Kronecker step).  isl decides it for all
+sizes at once.
 """
 from __future__ import annotations
 
@@ -14,9 +16,9 @@ from polyc.ir.bounds import tensor_box
 from polyc.ir.model import PolyProgram
 
 
-def outputs_written_before_read(program: PolyProgram) -> frozenset[str]:
-    """The outputs whose every element, for every choice of sizes, is written by a statement
-    that does not read it before any statement reads it.
+def written_before_read(program: PolyProgram, names) -> frozenset[str]:
+    """Those of the tensors ``names`` whose every element, for every choice of sizes, is
+    written by a statement that does not read it before any statement reads it.
 
     Statements run in source order (the schedule respects every dependence, so no instance
     reads earlier than it would in that order).  Walking them in that order, an output is
@@ -27,7 +29,7 @@ def outputs_written_before_read(program: PolyProgram) -> frozenset[str]:
     its init statement wrote it.
     """
     defined = []
-    for name in program.definition.outputs:
+    for name in names:
         box = tensor_box(program, name)
         written = isl.Set.empty(box.get_space())
         for statement in program.statements:

@@ -75,7 +75,7 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
     """Check ``args`` (one per input) and ``outputs`` (None, or one array per output) against
     the signature; infer the sizes from the inputs; allocate outputs when none are given:
     zeroed, except those named in ``written_before_read``, which the def overwrites entirely
-    before reading (:func:`polyc.ir.coverage.outputs_written_before_read`).
+    before reading (:func:`polyc.ir.coverage.written_before_read`).
 
     ``shape_memo``, a dict the caller keeps for one def, remembers the tensors' shapes per size
     signature: evaluating them is a third of the Python time of a call on small arrays.
