@@ -66,13 +66,15 @@ class Kernel:
         return self.definition.describe()
 
     # Each stage of the compiled pipeline, for the given sizes (None: parametric, for all sizes).
-    def stages(self, sizes: dict | None = None):
-        """Every intermediate result of compilation (:class:`polyc.driver.Stages`)."""
+    def stages(self, sizes: dict | None = None, **option_changes):
+        """Every intermediate result of compilation (:class:`polyc.driver.Stages`), with the
+        kernel's options changed by ``option_changes`` (say ``cache_sizes=`` for another machine)."""
         from polyc.driver import compile_stages
+        options = self.options.replace(**option_changes) if option_changes else self.options
         if sizes is None:
-            return compile_stages(self.definition, self.options.replace(specialize=False), None)
+            return compile_stages(self.definition, options.replace(specialize=False), None)
         sizes = self._checked_sizes(sizes)
-        return compile_stages(self.definition, self.options, sizes)
+        return compile_stages(self.definition, options, sizes)
 
     def _checked_sizes(self, sizes: dict) -> dict[str, int]:
         """``sizes`` for every size of the def, as non-negative ints, meeting the bounds precondition."""

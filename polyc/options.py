@@ -30,6 +30,9 @@ class Options:
       groups, depthwise, 1-D to 3-D, plus elementwise epilogues) to the direct convolution
       kernel (:mod:`polyc.codegen.conv`) instead of the generic polyhedral path; there the first
       entry of ``tile_sizes`` is the number of output channels per work item.
+    - ``cache_sizes``: the data caches tile and block sizes are chosen for, ``(L1, L2, L3)`` in
+      bytes (L1 and L2 per core); None reads this machine's.  Exports for another machine use
+      that target's (:mod:`polyc.codegen.targets`).
     """
 
     backend: str = "c"
@@ -43,6 +46,7 @@ class Options:
     cflags: tuple[str, ...] | None = None
     blas_contractions: bool = True
     direct_convolutions: bool = True
+    cache_sizes: tuple[int, int, int] | None = None
 
     @staticmethod
     def from_kwargs(**kwargs) -> "Options":
@@ -53,6 +57,8 @@ class Options:
                 raise PolycError(f"unknown option '{name}'; the options are: {', '.join(sorted(known))}")
         if "tile_sizes" in kwargs and kwargs["tile_sizes"] is not None:
             kwargs["tile_sizes"] = tuple(kwargs["tile_sizes"])
+        if "cache_sizes" in kwargs and isinstance(kwargs["cache_sizes"], list):
+            kwargs["cache_sizes"] = tuple(kwargs["cache_sizes"])
         if "cflags" in kwargs and kwargs["cflags"] is not None:
             flags = kwargs["cflags"]
             kwargs["cflags"] = tuple(flags.split()) if isinstance(flags, str) else tuple(flags)
@@ -67,6 +73,10 @@ class Options:
             raise PolycError(f"fusion must be one of {', '.join(FUSION_STRATEGIES)}, not {self.fusion!r}")
         if self.tile_sizes is not None and not all(isinstance(t, int) and t > 0 for t in self.tile_sizes):
             raise PolycError(f"tile_sizes must be positive integers, not {self.tile_sizes!r}")
+        if self.cache_sizes is not None and not (
+                isinstance(self.cache_sizes, tuple) and len(self.cache_sizes) == 3
+                and all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in self.cache_sizes)):
+            raise PolycError(f"cache_sizes must be three positive byte counts (L1, L2, L3), not {self.cache_sizes!r}")
         if not isinstance(self.unroll, int) or self.unroll < 1:
             raise PolycError(f"unroll must be an integer >= 1, not {self.unroll!r}")
         for name in ("parallel", "vectorize", "specialize", "blas_contractions", "direct_convolutions"):

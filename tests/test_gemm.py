@@ -420,3 +420,35 @@ def test_exported_gemm_builds_without_openmp(tmp_path):
                "-o", str(tmp_path / "mlp.o")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+# ----------------------------------------------------------------------------- cache models
+def test_block_sizes_follow_the_cache_model():
+    from polyc.codegen.gemm import block_sizes, micro_kernel_shapes
+    shape = micro_kernel_shapes("neon", np.dtype(np.float32))[0]  # 8 x 12
+    small = block_sizes(shape, 4, None, {1: 32 * 1024, 2: 512 * 1024, 3: 2 << 20})
+    large = block_sizes(shape, 4, None, {1: 64 * 1024, 2: 2 << 20, 3: 32 << 20})
+    assert small == (128, 1020, 256)  # KC: a quarter of L1 for the A sliver; MC: a quarter of L2
+    assert all(s < l for s, l in zip(small, large))
+    assert block_sizes(shape, 4, (50, 100, 30), {1: 1}) == (48, 96, 30)  # given sizes, rounded
+
+
+def test_cache_sizes_option_is_validated():
+    for bad in [(1, 2), (0, 1, 2), (1.5, 2, 3), "32K", (True, 2, 3)]:
+        with pytest.raises(polyc.PolycError, match="cache_sizes"):
+            polyc.define(MATMUL, cache_sizes=bad)
+    assert polyc.define(MATMUL, cache_sizes=[1 << 15, 1 << 19, 1 << 21]).f.options.cache_sizes == (
+        1 << 15, 1 << 19, 1 << 21)
+
+
+def test_neon_export_is_blocked_for_aarch64_caches():
+    """The export takes its block sizes from the target's cache model, not from this machine."""
+    from polyc.codegen.targets import TARGETS, export_kernel
+    kernel = polyc.define(MATMUL).f
+    sizes = {"M": 300, "K": 300, "N": 300}
+    exported = export_kernel(kernel, sizes, "neon").c_source
+    assert exported.endswith(kernel.stages(sizes, cache_sizes=TARGETS["neon"].cache_sizes).kernel.source)
+    assert not exported.endswith(kernel.stages(sizes, cache_sizes=(1 << 16, 4 << 20, 64 << 20)).kernel.source)
+    rng = np.random.default_rng(3)  # and a kernel blocked for other caches still computes the same
+    a, b = rand(rng, (300, 300)), rand(rng, (300, 300))
+    check(polyc.define(MATMUL, cache_sizes=(4096, 65536, 1 << 20)).f, (a, b), [a.astype(np.float64) @ b], 300)

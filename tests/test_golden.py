@@ -76,7 +76,7 @@ PINNED_CACHE_SIZES = {1: 32 * 1024, 2: 1024 * 1024, 3: 8 * 1024 * 1024}
 @pytest.fixture(autouse=True)
 def pinned_cache_model(monkeypatch):
     """Automatic tile sizes computed from PINNED_CACHE_SIZES, not from this machine's caches."""
-    monkeypatch.setattr(tiling, "cache_sizes", lambda: dict(PINNED_CACHE_SIZES))
+    monkeypatch.setattr(tiling, "machine_cache_sizes", lambda: dict(PINNED_CACHE_SIZES))
 
 
 def kernel_of(case: str, **options) -> polyc.api.Kernel:

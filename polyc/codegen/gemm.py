@@ -40,7 +40,8 @@ MR x NR shapes (:func:`micro_kernel_shapes`: for AVX-512 float 6 x 64, 8 x 32 an
 NEON float 8 x 12, 8 x 8 and 8 x 4) and the kernel picks one per call from N and the contiguous
 run length of N in C, so that narrow products (N of 16 or 32, or N made of short contiguous
 runs) do not compute on padding.
-Block sizes come from :func:`polyc.schedule.tiling.cache_sizes` (:func:`block_sizes`);
+Block sizes come from :func:`polyc.schedule.tiling.cache_sizes` (:func:`block_sizes`: the machine's
+caches, or the ``cache_sizes`` option's, as in exports for another machine);
 ``options.tile_sizes`` with three or more entries overrides them as ``(MC, NC, KC)`` (rounded
 to multiples of MR and NR).
 
@@ -147,7 +148,8 @@ def micro_kernel_shapes(isa: str, dtype: np.dtype) -> tuple[MicroKernelShape, ..
     return (MicroKernelShape(isa, 4, lanes_512 // 2, 2),)
 
 
-def block_sizes(shape: MicroKernelShape, itemsize: int, tile_sizes: tuple[int, ...] | None) -> tuple[int, int, int]:
+def block_sizes(shape: MicroKernelShape, itemsize: int, tile_sizes: tuple[int, ...] | None,
+                caches: dict[int, int]) -> tuple[int, int, int]:
     """(MC, NC, KC) for a register block: from ``tile_sizes`` (MC, NC, KC) when it has three
     entries, else from the cache model: the A sliver (MR x KC) takes a quarter of L1, the A
     panel (MC x KC) a quarter of L2 (the B sliver streams through the rest), and the B panel
@@ -156,7 +158,6 @@ def block_sizes(shape: MicroKernelShape, itemsize: int, tile_sizes: tuple[int, .
     if tile_sizes is not None and len(tile_sizes) >= 3:
         mc, nc, kc = tile_sizes[:3]
     else:
-        caches = tiling.cache_sizes()
         l1, l2, l3 = caches.get(1, 32 * 1024), caches.get(2, 1 << 20), caches.get(3, 8 << 20)
         kc = max(64, (l1 // 4) // (mr * itemsize) // 16 * 16)
         mc = (l2 // 4) // (kc * itemsize)
@@ -282,10 +283,11 @@ class _GemmWriter(PatternKernelWriter):
         return "\n".join(pieces)
 
     def blocked_loops(self, shape: MicroKernelShape) -> str:
-        mc, nc, kc = block_sizes(shape, self.dtype.itemsize, self.options.tile_sizes)
+        caches = tiling.cache_sizes(self.options)
+        mc, nc, kc = block_sizes(shape, self.dtype.itemsize, self.options.tile_sizes, caches)
         text = typed(_BLOCKED_LOOPS, self.ctype).replace("TRANSPOSED_B\n", _transposed_b(shape, self.dtype))
         kc_fixed = self.options.tile_sizes is not None and len(self.options.tile_sizes) >= 3
-        l2 = tiling.cache_sizes().get(2, 1 << 20)
+        l2 = caches.get(2, 1 << 20)
         for macro, value in (("MR", shape.mr), ("NR", shape.nr), ("MC", mc), ("NC", nc), ("KC", kc),
                              ("KC_FIXED", int(kc_fixed)), ("L2_BYTES", l2), ("WIDE_BLOCK", int(shape.vectors >= 2))):
             text = re.sub(rf"\b{macro}\b", str(value), text)

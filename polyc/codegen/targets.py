@@ -12,7 +12,7 @@ the target's compiler and flags define (``__aarch64__`` and ``__ARM_NEON`` for `
 an export needs no target-specific text.
 
     >>> TARGETS["neon"].compile_command(["main.c", "matmul.c"], "main", "-static")
-    ['aarch64-linux-gnu-gcc', '-O3', '-march=armv8-a+simd', '-std=gnu11', '-fopenmp', '-static', '-o', 'main', 'main.c', 'matmul.c', '-lm']
+    ['aarch64-linux-gnu-gcc', '-O3', '-march=armv8-a+simd', '-std=gnu11', '-fno-math-errno', '-fopenmp', '-static', '-o', 'main', 'main.c', 'matmul.c', '-lm']
 
 :func:`export_c` turns the stages of one kernel (:class:`polyc.driver.Stages`) into two files a
 C project can take without Python: ``NAME.c`` (the prelude and the kernel function) and
@@ -47,8 +47,9 @@ class Target:
 
     ``cc`` is None for the host's compiler (``$POLYC_CC``, ``$CC``, then gcc/cc/clang, as the
     runtime chooses), or a cross compiler.  ``flags`` are the optimisation and instruction-set
-    flags; the language standard (``-std=gnu11``) and ``-fopenmp`` are added when building.
-    ``vector_bits`` is the width of one SIMD register.
+    flags; the language flags (``-std=gnu11 -fno-math-errno``) and ``-fopenmp`` are added when
+    building.  ``vector_bits`` is the width of one SIMD register.  ``cache_sizes`` (L1, L2, L3 in
+    bytes) are the caches tile and block sizes are chosen for; None: this machine's.
     """
 
     name: str
@@ -57,6 +58,7 @@ class Target:
     cc: str | None
     flags: tuple[str, ...]
     vector_bits: int
+    cache_sizes: tuple[int, int, int] | None = None
 
     def c_compiler(self) -> str:
         """The compiler command: the cross compiler, or the host's default."""
@@ -71,6 +73,12 @@ class Target:
         return [*self.c_compiler().split(), *self.build_flags(openmp), *extra, "-o", output, *sources, "-lm"]
 
 
+#: The caches an aarch64 export is blocked for, whatever the exporting machine has: a conservative
+#: model of common cores (Cortex-A72/A76, Neoverse): 32 KiB L1d and 512 KiB L2 per core, 2 MiB L3.
+#: Larger caches only make these blocks a little small; an x86 server's (2 MiB L2, hundreds of
+#: MiB of L3) would make them overflow a phone's or a Raspberry Pi's.
+_AARCH64_CACHES = (32 * 1024, 512 * 1024, 2 * 1024 * 1024)
+
 TARGETS: dict[str, Target] = {
     "avx512": Target("avx512", "x86-64 with AVX-512 (512-bit vectors, FMA)", "x86_64", None,
                      ("-O3", "-mavx512f", "-mavx512vl", "-mfma"), 512),
@@ -79,7 +87,7 @@ TARGETS: dict[str, Target] = {
     "generic": Target("generic", "portable C, no instruction-set flags (the compiler's baseline)", "", None,
                       ("-O3",), 128),
     "neon": Target("neon", "aarch64 with Advanced SIMD (NEON, 128-bit vectors)", "aarch64",
-                   "aarch64-linux-gnu-gcc", ("-O3", "-march=armv8-a+simd"), 128),
+                   "aarch64-linux-gnu-gcc", ("-O3", "-march=armv8-a+simd"), 128, _AARCH64_CACHES),
 }
 TARGET_NAMES = ("host", *TARGETS)
 DEFAULT_EXPORT_TARGET = "neon"
@@ -182,7 +190,8 @@ def export_kernel(kernel: "Kernel", sizes: Mapping[str, int] | None = None,
     sizes = export_sizes(kernel.definition, sizes)
     if sizes is not None:
         kernel.bounds_precondition.check(sizes, kernel.definition.source or None)
-    return export_c(kernel.stages(sizes), target, name)
+    changes = {} if target.cache_sizes is None else {"cache_sizes": target.cache_sizes}
+    return export_c(kernel.stages(sizes, **changes), target, name)
 
 
 def export_sizes(definition: CheckedDef, sizes: Mapping[str, int] | None) -> dict[str, int] | None:

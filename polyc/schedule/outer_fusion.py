@@ -34,7 +34,6 @@ import islpy as isl
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram, PolyStatement, isl_name
 from polyc.lang.symbolic import Affine
-from polyc.schedule import tiling
 
 _BAND = isl.schedule_node_type.band
 _SEQUENCE = isl.schedule_node_type.sequence
@@ -53,10 +52,11 @@ class _OuterLoop:
     index_of: dict[str, str]
 
 
-def fuse_outer_loops(schedule: isl.Schedule, program: PolyProgram, dependences: Dependences) -> isl.Schedule:
+def fuse_outer_loops(schedule: isl.Schedule, program: PolyProgram, dependences: Dependences,
+                     caches: dict[int, int]) -> isl.Schedule:
     """``schedule`` with runs of sequence children sharing a parallel outer loop fused (see the
     module doc); ``schedule`` itself when there is no such run."""
-    fuser = _Fuser(program, dependences)
+    fuser = _Fuser(program, dependences, caches)
     try:
         rebuilt = fuser.rebuild(schedule.get_root())
     except _Unsupported:
@@ -65,9 +65,10 @@ def fuse_outer_loops(schedule: isl.Schedule, program: PolyProgram, dependences: 
 
 
 class _Fuser:
-    def __init__(self, program: PolyProgram, dependences: Dependences):
+    def __init__(self, program: PolyProgram, dependences: Dependences, caches: dict[int, int]):
         self.program = program
         self.dependences = dependences.all
+        self.l1_bytes = caches.get(1, 32 * 1024)
         self.fused_any = False
 
     # ------------------------------------------------------------------ rebuilding the tree
@@ -236,7 +237,7 @@ class _Fuser:
                 if self.program.size_values is None and not extent.is_constant:
                     return False
                 size *= extent.evaluate(self.program.size_values or {})
-            if size > tiling.cache_sizes().get(1, 32 * 1024):
+            if size > self.l1_bytes:
                 return False
         return True
 

@@ -3,7 +3,8 @@
 The model: a tile of a band with sizes T1..Tn touches, for each access, the product of the tile
 sizes of the members that move its subscripts (an access moved by k members touches about T^k
 elements).  The default picks the largest equal power-of-two size whose total footprint fits in
-half the L2 cache, so that a tile's data stays cached while the tile runs.
+half the L2 cache, so that a tile's data stays cached while the tile runs.  The caches are this
+machine's, or the ``cache_sizes`` option's (exports for another machine).
 """
 from __future__ import annotations
 
@@ -14,12 +15,21 @@ import islpy as isl
 
 from polyc.ir.model import PolyProgram
 from polyc.lang.symbolic import Affine
+from polyc.options import Options
 
 _CANDIDATE_SIZES = (256, 128, 64, 32, 16, 8)
 
 
+def cache_sizes(options: Options | None = None) -> dict[int, int]:
+    """Data/unified cache size in bytes per level (1, 2, 3): ``options.cache_sizes`` when given
+    (an export for another machine), else this machine's."""
+    if options is not None and options.cache_sizes is not None:
+        return dict(zip((1, 2, 3), options.cache_sizes))
+    return machine_cache_sizes()
+
+
 @functools.lru_cache(maxsize=None)
-def cache_sizes() -> dict[int, int]:
+def machine_cache_sizes() -> dict[int, int]:
     """Data/unified cache size in bytes per level, read from Linux sysfs (defaults elsewhere)."""
     sizes = {1: 32 * 1024, 2: 1024 * 1024, 3: 8 * 1024 * 1024}
     base = Path("/sys/devices/system/cpu/cpu0/cache")
@@ -38,7 +48,7 @@ def cache_sizes() -> dict[int, int]:
 
 
 def choose_tile_sizes(node: isl.ScheduleNode, program: PolyProgram,
-                      user_sizes: tuple[int, ...] | None) -> list[int] | None:
+                      user_sizes: tuple[int, ...] | None, caches: dict[int, int]) -> list[int] | None:
     """Tile sizes for the band at ``node`` (outermost member first), or None not to tile."""
     n = node.band_n_member()
     if user_sizes:
@@ -58,7 +68,7 @@ def choose_tile_sizes(node: isl.ScheduleNode, program: PolyProgram,
             moved = sum(1 for index in indices
                         if any(not isinstance(s, Affine) or index in s.names() for s in subscripts))
             footprints.append((moved, program.definition.tensor(tensor).dtype.itemsize))
-    budget = cache_sizes().get(2, 1 << 20) // 2
+    budget = caches.get(2, 1 << 20) // 2
     for size in _CANDIDATE_SIZES:
         total = sum(size ** moved * itemsize for moved, itemsize in footprints)
         if total <= budget:

@@ -31,6 +31,7 @@ from polyc.ir.model import PolyProgram
 from polyc.lang.symbolic import Affine
 from polyc.options import Options
 from polyc.schedule.outer_fusion import fuse_outer_loops
+from polyc.schedule import tiling
 from polyc.schedule.tiling import choose_tile_sizes
 
 PARALLEL, SIMD, UNROLL, REDUCE = "parallel", "simd", "unroll", "reduce"
@@ -66,7 +67,7 @@ def optimize_schedule(schedule: isl.Schedule, program: PolyProgram, options: Opt
     OpenMP reduction; and innermost reduction loops are vectorised (``simd:`` marks).
     """
     if dependences is not None and options.fusion != "min":
-        schedule = fuse_outer_loops(schedule, program, dependences)
+        schedule = fuse_outer_loops(schedule, program, dependences, tiling.cache_sizes(options))
     node = _visit(schedule.get_root(), _Context(program, options, dependences), parallel_above=False)
     return node.get_schedule()
 
@@ -88,7 +89,7 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
 
     tiled = False
     if options.tile_sizes != () and node.band_get_permutable() and n_members >= 2:
-        sizes = choose_tile_sizes(node, context.program, options.tile_sizes)
+        sizes = choose_tile_sizes(node, context.program, options.tile_sizes, tiling.cache_sizes(options))
         if sizes is not None:
             node = node.band_tile(isl.MultiVal.from_val_list(node.band_get_space(), _val_list(node, sizes)))
             tiled = True
