@@ -22,24 +22,44 @@ def settle() -> None:
     time.sleep(SETTLE_SECONDS)
 
 
-def time_calls(function: Callable[[], object], repeat: int, max_seconds: float) -> dict:
-    """Median of timed calls of ``function`` after a pause (:func:`settle`) and one untimed
-    warm-up call.
+#: Timed calls are split into this many rounds, each timing every implementation in turn.
+ROUNDS = 3
 
-    Runs ``repeat`` calls, or fewer when they would take longer than ``max_seconds`` in all
-    (never fewer than MIN_RUNS), so the slowest naive loop nests do not dominate the suite.
+
+def time_interleaved(functions: dict[str, Callable[[], object]], repeat: int, max_seconds: float,
+                     rounds: int = ROUNDS) -> dict[str, dict]:
+    """Median of timed calls of each function, taken in interleaved rounds.
+
+    Each function gets one untimed warm-up call, then ``repeat`` timed calls, or fewer when
+    they would take longer than ``max_seconds`` in all (never fewer than MIN_RUNS), so the
+    slowest naive loop nests do not dominate the suite.  The calls are split into up to
+    ``rounds`` blocks, and round r times block r of every function in turn, each after a pause
+    (:func:`settle`): a function's calls stay together, so thread pools do not compete, while a
+    change of the machine's load during the case (a shared machine's other users) reaches
+    every function alike instead of the one timed at that moment, and the ratios hold.
     """
-    settle()
-    start = time.perf_counter()
-    function()
-    warm_up = time.perf_counter() - start
-    runs = max(min(repeat, int(max_seconds / max(warm_up, 1e-9))), min(repeat, MIN_RUNS))
-    seconds = []
-    for _ in range(runs):
+    plans, records = {}, {}
+    for name, function in functions.items():
+        settle()
         start = time.perf_counter()
         function()
-        seconds.append(time.perf_counter() - start)
-    return {"median": statistics.median(seconds), "min": min(seconds), "runs": seconds, "warm_up": warm_up}
+        warm_up = time.perf_counter() - start
+        runs = max(min(repeat, int(max_seconds / max(warm_up, 1e-9))), min(repeat, MIN_RUNS))
+        blocks = min(rounds, runs)
+        plans[name] = [runs // blocks + (block < runs % blocks) for block in range(blocks)]
+        records[name] = {"runs": [], "warm_up": warm_up, "rounds": blocks}
+    for round_ in range(rounds):
+        for name, function in functions.items():
+            if round_ >= len(plans[name]):
+                continue
+            settle()
+            for _ in range(plans[name][round_]):
+                start = time.perf_counter()
+                function()
+                records[name]["runs"].append(time.perf_counter() - start)
+    for record in records.values():
+        record.update(median=statistics.median(record["runs"]), min=min(record["runs"]))
+    return records
 
 
 def as_tuple(result) -> tuple:

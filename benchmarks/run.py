@@ -5,8 +5,10 @@
 For each case, polyc compiles the TC def (in a fresh kernel cache, so the C compiler's time is
 counted), every implementation is checked against a float64 numpy reference, then each is timed:
 one warm-up call, then the median of ``--repeat`` calls (fewer, but at least 3, when they would
-take longer than ``--max-seconds``).  Implementations are timed one after another, in blocks,
-so the OpenMP and OpenBLAS thread pools do not compete for the two cores.
+take longer than ``--max-seconds``).  The calls are timed in blocks, one implementation at a
+time, so the OpenMP and OpenBLAS thread pools do not compete for the two cores, and in three
+interleaved rounds, so a change of the machine's load during a case reaches every
+implementation alike.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import numpy as np
 
 from benchmarks import cases as suite
 from benchmarks import native, report
-from benchmarks.measure import as_tuple, compare, time_calls
+from benchmarks.measure import ROUNDS, as_tuple, compare, time_interleaved
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 BLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
@@ -133,10 +135,10 @@ def run_case(case: suite.Case, args, toolchains: dict, build_dir: Path) -> dict:
         if compile_seconds is not None:
             result["compile_seconds"][name] = compile_seconds
 
-    for name in report.IMPLEMENTATIONS:  # one implementation at a time: no thread pools compete
-        if name in callables:
-            result["times"][name] = time_calls(callables[name], args.repeat, args.max_seconds)
-            result["gflops"][name] = case.flops / result["times"][name]["median"] / 1e9
+    ordered = {name: callables[name] for name in report.IMPLEMENTATIONS if name in callables}
+    result["times"] = time_interleaved(ordered, args.repeat, args.max_seconds)
+    for name, times in result["times"].items():
+        result["gflops"][name] = case.flops / times["median"] / 1e9
 
     if "polyc" in result["times"]:  # define + first call, less the run that call included
         first_call = result["compile_seconds"]["polyc"]
@@ -234,7 +236,7 @@ def describe_run(args, argv, toolchains: dict, notes: list[str], blas_environmen
         "command": "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "settings": {"quick": args.quick, "filter": args.filter, "repeat": args.repeat,
-                     "max_seconds": args.max_seconds, "warm_up_calls": 1},
+                     "max_seconds": args.max_seconds, "warm_up_calls": 1, "rounds": ROUNDS},
         "machine": {**machine_info(), "loadavg_start": list(os.getloadavg())},
         "environment": {"blas_variables_before": current if blas_environment is None else blas_environment,
                         "blas_variables_during": current},
