@@ -289,7 +289,8 @@ class _GemmWriter(PatternKernelWriter):
         kc_fixed = self.options.tile_sizes is not None and len(self.options.tile_sizes) >= 3
         l2 = caches.get(2, 1 << 20)
         for macro, value in (("MR", shape.mr), ("NR", shape.nr), ("MC", mc), ("NC", nc), ("KC", kc),
-                             ("KC_FIXED", int(kc_fixed)), ("L2_BYTES", l2), ("WIDE_BLOCK", int(shape.vectors >= 2))):
+                             ("KC_FIXED", int(kc_fixed)), ("L1_BYTES", caches.get(1, 32 * 1024)), ("L2_BYTES", l2),
+                             ("WIDE_BLOCK", int(shape.vectors >= 2))):
             text = re.sub(rf"\b{macro}\b", str(value), text)
         text = text.replace("_SHAPE", f"_{shape.name}").replace("MASKED_B", "1" if shape.isa == "avx512" else "0")
         if not self.options.parallel:
@@ -1037,10 +1038,12 @@ static int polyc_direct_b_SHAPE(const polyc_gemm_t *restrict g, int64_t jr, int6
    Column slivers shared (short products): each thread packs its own slivers into its own
    bpack, no barrier.
    An A block with evenly spaced rows is read in place when at most two B slivers use it, or
-   when its rows run along K and the register block is at least two vectors wide: packing then
-   costs more than it saves (sgemm 512-2048 and tmm ran 4-13% faster in place; sharing columns,
-   each thread would pack all of A).  Not with one vector per row, whose loop is mostly A's
-   broadcasts: their MR row pointers take the registers (a Kronecker step, 8% slower). */
+   when its rows run along K, the register block is at least two vectors wide and an A sliver
+   (MR x KC) is within a quarter of L1, as a packed one would be: packing then costs more than
+   it saves (sgemm 512-2048 and tmm ran 4-13% faster in place; sharing columns, each thread
+   would pack all of A).  Not with one vector per row, whose loop is mostly A's broadcasts:
+   their MR row pointers take the registers (a Kronecker step, 8% slower); nor with the long
+   KC blocks of small targets (the MLP layer's 2000, 1-4% slower in place). */
 static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int init, T *restrict bpacks,
                                 T *restrict apack, polyc_team_t *team, int tid, polyc_progress_t *progress)
 {
@@ -1082,7 +1085,8 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
             s_lo = polyc_min(slivers, tid * per);
             s_hi = polyc_min(slivers, s_lo + per);
         }
-        const int direct_a = a_in_place && (s_hi - s_lo <= 2 || (g->a_k_stride == 1 && WIDE_BLOCK));
+        const int direct_a = a_in_place && (s_hi - s_lo <= 2 || (g->a_k_stride == 1 && WIDE_BLOCK
+                                                                  && MR * kc_step * (int64_t)sizeof(T) <= L1_BYTES / 4));
         for (int64_t pc = 0; pc < g->k; pc += kc_step, progress->panels++) {
             const int64_t kc = polyc_min(kc_step, g->k - pc);
             const int beta = pc > 0 || !init;
