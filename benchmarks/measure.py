@@ -26,12 +26,22 @@ def settle() -> None:
 ROUNDS = 3
 
 
-def block_warm_up_calls(call_seconds: float) -> int:
-    """Untimed calls at the start of each block.  After the pause the processors and the idle
+#: Untimed calls start each block until this long has passed (see :func:`warm_up_block`).
+BLOCK_WARM_UP_SECONDS = 0.02
+
+
+def warm_up_block(function: Callable[[], object], call_seconds: float) -> None:
+    """Untimed calls at the start of a block.  After the pause the processors and the idle
     threads have gone to sleep, and the first calls pay for waking them: measured here, a
-    0.2 ms matmul took 10 ms on the first call after a pause and 4 ms on the second.  Calls
-    long enough that this is noise are not repeated (a naive loop nest takes seconds)."""
-    return 2 if call_seconds < 0.1 else 1 if call_seconds < 2.0 else 0
+    0.2 ms matmul took 10 ms on the first call after a pause, 4 ms on the second and still
+    twice its time on the third.  So calls run for BLOCK_WARM_UP_SECONDS (at least one);
+    calls of 2 s or more, where this is noise (naive loop nests), get none."""
+    if call_seconds >= 2.0:
+        return
+    start = time.perf_counter()
+    function()
+    while time.perf_counter() - start < BLOCK_WARM_UP_SECONDS:
+        function()
 
 
 def time_interleaved(functions: dict[str, Callable[[], object]], repeat: int, max_seconds: float,
@@ -42,7 +52,7 @@ def time_interleaved(functions: dict[str, Callable[[], object]], repeat: int, ma
     they would take longer than ``max_seconds`` in all (never fewer than MIN_RUNS), so the
     slowest naive loop nests do not dominate the suite.  The calls are split into up to
     ``rounds`` blocks, and round r times block r of every function in turn, each after a pause
-    (:func:`settle`) and untimed warm-up calls (:func:`block_warm_up_calls`): a function's calls
+    (:func:`settle`) and untimed warm-up calls (:func:`warm_up_block`): a function's calls
     stay together, so thread pools do not compete, while a change of the machine's load during
     the case (a shared machine's other users) reaches every function alike instead of the one
     timed at that moment, and the ratios hold.
@@ -62,8 +72,7 @@ def time_interleaved(functions: dict[str, Callable[[], object]], repeat: int, ma
             if round_ >= len(plans[name]):
                 continue
             settle()
-            for _ in range(block_warm_up_calls(records[name]["warm_up"])):
-                function()
+            warm_up_block(function, records[name]["warm_up"])
             for _ in range(plans[name][round_]):
                 start = time.perf_counter()
                 function()

@@ -237,7 +237,7 @@ def describe_run(args, argv, toolchains: dict, notes: list[str], blas_environmen
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "settings": {"quick": args.quick, "filter": args.filter, "repeat": args.repeat,
                      "max_seconds": args.max_seconds, "warm_up_calls": 1, "rounds": ROUNDS,
-                     "block_warm_up_calls": "2 below 0.1 s a call, 1 below 2 s, else 0"},
+                     "block_warm_up": "untimed calls for 20 ms (at least one) unless a call takes 2 s"},
         "machine": {**machine_info(), "loadavg_start": list(os.getloadavg())},
         "environment": {"blas_variables_before": current if blas_environment is None else blas_environment,
                         "blas_variables_during": current},
