@@ -37,7 +37,7 @@ class Kernel:
         # leave a precondition on the sizes that every call checks.
         program = build_program(definition)
         self.bounds_precondition = check_bounds(program)
-        self._written_before_read = written_before_read(program, definition.outputs)
+        self._written_before_read = written_before_read(program, (*definition.outputs, *definition.temporaries))
         self._shape_memo: dict = {}  # size signature -> every tensor's shape
         self._sizes_checked: set[tuple[int, ...]] = set()
         self._backend = _make_backend(definition, options)

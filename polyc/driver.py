@@ -24,13 +24,11 @@ from polyc.codegen.gemm import STATUS_OUT_OF_MEMORY, generate_gemm
 from polyc.codegen.gemv import generate_gemv
 from polyc.codegen.link import link_segments
 from polyc.errors import BoundsError
-from polyc.ir.coverage import written_before_read
 from polyc.ir.dependences import Dependences, compute_dependences
 from polyc.ir.model import PolyProgram, build_program
 from polyc.lang.checked import CheckedDef
 from polyc.options import Options
 from polyc.runtime import CompilerOptions, get_function, get_or_build, load_library
-from polyc.runtime import arguments as call_arguments
 from polyc.runtime.arguments import BoundCall
 from polyc.runtime.compiler import LANGUAGE_FLAGS
 from polyc.schedule.contraction import Contraction, recognise_gemm_def, worth_a_gemm_kernel
@@ -154,7 +152,6 @@ class CompiledKernel:
         self._compiled: dict[tuple, _Compiled] = {}
         self._analysis: Analysis | None = None
         self._lock = threading.Lock()
-        self._defined_temporaries: frozenset[str] | None = None
 
     def analysis(self) -> Analysis:
         """The size-independent analysis, computed once per kernel."""
@@ -177,12 +174,6 @@ class CompiledKernel:
                     self._compiled[key] = compiled
         return compiled
 
-    def defined_temporaries(self) -> frozenset[str]:
-        """The temporaries the def overwrites entirely before reading them: they need no zeros."""
-        if self._defined_temporaries is None:
-            self._defined_temporaries = written_before_read(self.analysis().program, self.definition.temporaries)
-        return self._defined_temporaries
-
     def __call__(self, call: BoundCall) -> tuple[np.ndarray, ...]:
         """Run on checked arguments (see :func:`polyc.runtime.arguments.bind_arguments`)."""
         definition = self.definition
@@ -191,9 +182,7 @@ class CompiledKernel:
         for tensor in definition.tensors:
             array = call.arrays.get(tensor.name)
             if array is None:  # a temporary
-                allocate = (call_arguments.allocate_uninitialised if tensor.name in self.defined_temporaries()
-                            else np.zeros)
-                array = allocate(call.shapes[tensor.name], dtype=tensor.dtype)
+                array = call.new_array(tensor)
             buffers[tensor.name] = np.ascontiguousarray(array)
         pointers = [buffers[name].ctypes.data for name in compiled.kernel.tensor_arguments]
         sizes = [call.sizes[s] for s in compiled.kernel.size_arguments]

@@ -34,8 +34,7 @@ def run_bound(definition: ir.CheckedDef, call: BoundCall) -> tuple[np.ndarray, .
     the outputs in declared order."""
     tensors = dict(call.arrays)
     for name in definition.temporaries:
-        t = definition.tensor(name)
-        tensors[name] = np.zeros(t.concrete_shape(call.sizes), dtype=t.dtype)
+        tensors[name] = call.new_array(definition.tensor(name))
     for statement in definition.statements:
         _StatementRun(definition, statement, tensors, call.sizes).execute()
     return tuple(call.arrays[name] for name in definition.outputs)

@@ -83,5 +83,5 @@ def test_corpus_with_poisoned_outputs(case, poisoned_outputs):
 ])
 def test_temporaries_with_poisoned_memory(poisoned_outputs, source, defined_temporaries, expected):
     kernel = polyc.define(source).f
-    assert kernel._backend.defined_temporaries() == defined_temporaries
+    assert kernel._written_before_read - {"B"} == defined_temporaries
     np.testing.assert_array_equal(kernel(np.array([1, 2, 3], np.float32)), expected)

@@ -16,15 +16,24 @@ from polyc.lang.checked import CheckedDef, Role, Tensor
 
 @dataclass(frozen=True)
 class BoundCall:
-    """A call's concrete sizes and arrays: inputs as given, outputs as given or freshly zeroed."""
+    """A call's concrete sizes and arrays: inputs as given, outputs as given or freshly
+    allocated (see :meth:`new_array`)."""
 
     sizes: dict[str, int]
     arrays: dict[str, np.ndarray]
     #: every tensor's concrete shape (temporaries too)
     shapes: dict[str, tuple[int, ...]]
+    #: outputs and temporaries the def overwrites entirely before reading them
+    written_before_read: frozenset[str] = frozenset()
 
     def shape_of(self, definition: CheckedDef, name: str) -> tuple[int, ...]:
         return self.shapes[name]
+
+    def new_array(self, tensor: Tensor) -> np.ndarray:
+        """A fresh array for an output or temporary: zeroed, as TC starts them, unless the def
+        overwrites it entirely before reading it."""
+        allocate = allocate_uninitialised if tensor.name in self.written_before_read else np.zeros
+        return allocate(self.shapes[tensor.name], dtype=tensor.dtype)
 
 
 def _as_input_array(definition: CheckedDef, tensor: Tensor, value) -> np.ndarray:
@@ -75,7 +84,8 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
     """Check ``args`` (one per input) and ``outputs`` (None, or one array per output) against
     the signature; infer the sizes from the inputs; allocate outputs when none are given:
     zeroed, except those named in ``written_before_read``, which the def overwrites entirely
-    before reading (:func:`polyc.ir.coverage.written_before_read`).
+    before reading (:func:`polyc.ir.coverage.written_before_read`; temporaries named there are
+    allocated the same way by :meth:`BoundCall.new_array`).
 
     ``shape_memo``, a dict the caller keeps for one def, remembers the tensors' shapes per size
     signature: evaluating them is a third of the Python time of a call on small arrays.
@@ -126,11 +136,10 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
             raise SignatureError(f"{definition.name}: for sizes {detail}, {tensor.role.value} '{tensor.name}' "
                                  f"would have shape {shape}; the inputs are too small")
 
+    call = BoundCall(sizes, arrays, shapes, written_before_read)
     if outputs is None:
         for name in definition.outputs:
-            tensor = definition.tensor(name)
-            allocate = allocate_uninitialised if name in written_before_read else np.zeros
-            arrays[name] = allocate(shapes[name], dtype=tensor.dtype)
+            arrays[name] = call.new_array(definition.tensor(name))
     else:
         outputs = tuple(outputs)
         if len(outputs) != len(definition.outputs):
@@ -150,7 +159,7 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
             if any(_overlap(array, other) for other in arrays.values()):
                 raise SignatureError(f"{where} overlaps another argument")
             arrays[name] = array
-    return BoundCall(sizes, arrays, shapes)
+    return call
 
 
 def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
