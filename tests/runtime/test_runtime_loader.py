@@ -43,3 +43,40 @@ def test_missing_function(axpy_source):
     library = load_library(get_or_build(axpy_source))
     with pytest.raises(CompilationError, match="no function 'gemm'"):
         get_function(library, "gemm", [])
+
+
+# A library that keeps what GOMP_SPINCOUNT was while it loaded, as libgomp reads it then.
+SPIN_PROBE = """\
+#include <stdlib.h>
+#include <string.h>
+static char seen[32] = "unset";
+__attribute__((constructor)) static void probe(void)
+{
+    const char *value = getenv("GOMP_SPINCOUNT");
+    if (value != NULL) { strncpy(seen, value, sizeof seen - 1); seen[sizeof seen - 1] = 0; }
+}
+const char *spin_count_at_load(void) { return seen; }
+"""
+
+
+def _spin_count_seen(tag: str) -> str:
+    library = load_library(get_or_build(f"/* {tag} */\n" + SPIN_PROBE))
+    return get_function(library, "spin_count_at_load", [], ctypes.c_char_p)().decode()
+
+
+def test_openmp_idles_briefly_by_default(monkeypatch):
+    from polyc.runtime.loader import OPENMP_SPIN_COUNT
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert _spin_count_seen("default") == str(OPENMP_SPIN_COUNT)
+    assert "GOMP_SPINCOUNT" not in os.environ  # only while loading
+
+
+@pytest.mark.parametrize("variable, value, seen", [("GOMP_SPINCOUNT", "77", "77"),
+                                                   ("OMP_WAIT_POLICY", "active", "unset")])
+def test_user_openmp_settings_win(monkeypatch, variable, value, seen):
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setenv(variable, value)
+    assert _spin_count_seen(f"user {variable}") == seen
+    assert os.environ[variable] == value
