@@ -18,8 +18,6 @@ from typing import Callable
 
 import numpy as np
 
-from polyc.runtime import load_library
-
 NAIVE_DIR = Path(__file__).resolve().parent / "naive"
 
 #: The naive baseline: plain gcc -O3, one thread, no OpenMP.
@@ -95,8 +93,7 @@ class NaiveKernel:
         self.compile_seconds = time.perf_counter() - start
         if result.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-2000:]}")
-        # polyc's loader: whichever library brings libgomp in first, it idles as polyc's kernels do
-        self._library = load_library(library)
+        self._library = ctypes.CDLL(str(library))
         self._function = self._library.kernel
         self._function.restype = None
 
