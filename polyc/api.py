@@ -41,6 +41,11 @@ class Kernel:
         self._shape_memo: dict = {}  # size signature -> every tensor's shape
         self._sizes_checked: set[tuple[int, ...]] = set()
         self._backend = _make_backend(definition, options)
+        # Input signature -> RepeatCall, for calls whose inputs match one already checked.  Not
+        # when a size is bound to a 0-d input's value: the signature would not determine it.
+        self._repeat_calls: dict = {}
+        self._repeatable = hasattr(self._backend, "repeat_plan") and all(
+            binding.dim is not None for binding in definition.size_bindings)
 
     @property
     def name(self) -> str:
@@ -53,12 +58,19 @@ class Kernel:
         several.  ``outputs=[...]`` passes pre-allocated outputs, which are updated in place
         (statements without ``!`` accumulate into them).  Inputs are never modified.
         """
+        repeat_key = _input_signature(args) if outputs is None and self._repeatable else None
+        repeat = self._repeat_calls.get(repeat_key) if repeat_key is not None else None
+        if repeat is not None:
+            results = repeat(args)
+            return results[0] if len(results) == 1 else results
         call = bind_arguments(self.definition, args, outputs, self._written_before_read, self._shape_memo)
         signature = tuple(call.sizes[s] for s in self.definition.sizes)
         if signature not in self._sizes_checked:
             self.bounds_precondition.check(call.sizes, self.definition.source or None)
             self._sizes_checked.add(signature)
         results = self._backend(call)
+        if repeat_key is not None and len(self._repeat_calls) < _REPEAT_CALLS:
+            self._repeat_calls[repeat_key] = self._backend.repeat_plan(call)
         return results[0] if len(results) == 1 else results
 
     def describe(self) -> str:
@@ -119,6 +131,22 @@ class Kernel:
     def __repr__(self) -> str:
         return f"<polyc kernel {self.definition.name}: {len(self.definition.inputs)} input(s), " \
                f"{len(self.definition.outputs)} output(s)>"
+
+
+#: The most input signatures a kernel remembers a RepeatCall for.
+_REPEAT_CALLS = 64
+
+
+def _input_signature(args: tuple) -> tuple | None:
+    """Shape and dtype of each argument when every one is a C-contiguous ndarray (not a
+    subclass, not a scalar), else None: arguments with the signature of a call that passed
+    :func:`bind_arguments` need no checks and no copies."""
+    signature = []
+    for value in args:
+        if type(value) is not np.ndarray or not value.flags.c_contiguous:
+            return None
+        signature.append((value.shape, value.dtype))
+    return tuple(signature)
 
 
 def _make_backend(definition: CheckedDef, options: Options):

@@ -29,6 +29,7 @@ from polyc.ir.model import PolyProgram, build_program
 from polyc.lang.checked import CheckedDef
 from polyc.options import Options
 from polyc.runtime import CompilerOptions, get_function, get_or_build, load_library
+from polyc.runtime import arguments
 from polyc.runtime.arguments import BoundCall
 from polyc.runtime.compiler import LANGUAGE_FLAGS
 from polyc.schedule.contraction import Contraction, recognise_gemm_def, worth_a_gemm_kernel
@@ -186,12 +187,7 @@ class CompiledKernel:
             buffers[tensor.name] = np.ascontiguousarray(array)
         pointers = [buffers[name].ctypes.data for name in compiled.kernel.tensor_arguments]
         sizes = [call.sizes[s] for s in compiled.kernel.size_arguments]
-        status = compiled.function(*pointers, *sizes)
-        if status == STATUS_OUT_OF_MEMORY:  # only contraction and convolution kernels allocate
-            raise MemoryError(f"{definition.name}: the kernel could not allocate its packing buffers")
-        if status != 0:
-            raise BoundsError(f"{definition.name}: a data-dependent subscript fell outside its tensor "
-                              f"(an index array holds a value out of range)")
+        _check_status(definition, compiled.function(*pointers, *sizes))
         results = []
         for name in definition.outputs:
             given = call.arrays[name]
@@ -199,3 +195,56 @@ class CompiledKernel:
                 given[...] = buffers[name]
             results.append(given)
         return tuple(results)
+
+    def repeat_plan(self, call: BoundCall) -> "RepeatCall":
+        """A call like ``call`` (same input shapes and dtypes, C-contiguous inputs, fresh
+        outputs) without the checks and lookups that ``call`` has passed: see :class:`RepeatCall`."""
+        return RepeatCall(self.definition, self.compiled_for(call.sizes), call)
+
+
+class RepeatCall:
+    """The C function, the sizes and the output and temporary allocations of one argument
+    signature, resolved once.  Calling it with inputs of that signature (checked by the caller,
+    :class:`polyc.api.Kernel`) costs a third of a checked call: for a 4 x 4 matmul 4 us, not 12.
+    """
+
+    def __init__(self, definition: CheckedDef, compiled: _Compiled, call: BoundCall):
+        self.definition = definition
+        self.function = compiled.function
+        self.sizes = tuple(call.sizes[s] for s in compiled.kernel.size_arguments)
+        input_position = {name: i for i, name in enumerate(definition.inputs)}
+        # per tensor argument: the input's position, or how to allocate an output or temporary
+        self.arguments = []
+        for name in compiled.kernel.tensor_arguments:
+            tensor = definition.tensor(name)
+            if name in input_position:
+                self.arguments.append(input_position[name])
+            else:
+                self.arguments.append((name in call.written_before_read, call.shapes[name], tensor.dtype,
+                                       name in definition.outputs))
+        outputs = [name for name in compiled.kernel.tensor_arguments if name in definition.outputs]
+        self.output_order = [outputs.index(name) for name in definition.outputs]
+
+    def __call__(self, args: tuple) -> tuple[np.ndarray, ...]:
+        pointers, allocated, outputs = [], [], []
+        for argument in self.arguments:
+            if type(argument) is int:
+                pointers.append(args[argument].ctypes.data)
+            else:
+                uninitialised, shape, dtype, is_output = argument  # as BoundCall.new_array
+                array = (arguments.allocate_uninitialised if uninitialised else np.zeros)(shape, dtype)
+                allocated.append(array)  # temporaries too: alive until the function returns
+                pointers.append(array.ctypes.data)
+                if is_output:
+                    outputs.append(array)
+        _check_status(self.definition, self.function(*pointers, *self.sizes))
+        return tuple(outputs[i] for i in self.output_order)
+
+
+def _check_status(definition: CheckedDef, status: int) -> None:
+    """Raise the error a kernel's non-zero return value stands for."""
+    if status == STATUS_OUT_OF_MEMORY:  # only contraction and convolution kernels allocate
+        raise MemoryError(f"{definition.name}: the kernel could not allocate its packing buffers")
+    if status != 0:
+        raise BoundsError(f"{definition.name}: a data-dependent subscript fell outside its tensor "
+                          f"(an index array holds a value out of range)")

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import polyc
-from kernels import CASES, KERNELS, check_kernel, uniform
+from kernels import CASES, KERNELS, case_inputs, check_kernel, uniform
 from sanitizers import SANITIZER_FLAGS, assert_clean, python_environment, run_sanitized
 
 
@@ -439,3 +439,67 @@ def test_index_arithmetic_is_64_bit(name, sizes, specialize):
     assert extent_types and set(extent_types) == {"int64_t"}, extent_types
     if specialize:
         assert all(re.search(rf"\b{value}\b", source) for value in sizes.values())
+
+
+def test_repeated_calls_take_the_resolved_path_and_agree():
+    """A second call with the signature of a checked one skips the checks (RepeatCall); its
+    results are the first call's, for outputs, temporaries (layernorm: four, each its own
+    memory) and several outputs alike."""
+    for name in ("matmul", "fcrelu", "mlp2", "kronecker3", "softmax", "layernorm", "batchnorm_train", "conv2d"):
+        case = CASES[name]
+        kernel = polyc.define(case.source)[case.entry]
+        sizes = case.size_sets[-1]
+        inputs, initial = case_inputs(case, sizes)
+        assert initial is None, name
+        first = kernel(*inputs)
+        assert len(kernel._repeat_calls) == 1, name
+        again = kernel(*inputs)
+        for a, b in zip(first if isinstance(first, tuple) else (first,),
+                        again if isinstance(again, tuple) else (again,)):
+            np.testing.assert_array_equal(a, b)
+            assert a is not b  # fresh outputs every call
+        check_kernel(case, kernel, sizes, seed=3)  # other inputs, same signature: against the reference
+
+
+def test_repeated_calls_still_check_what_the_signature_does_not_fix():
+    kernel = matmul_kernel()
+    rng = np.random.default_rng(12)
+    A, B = uniform(rng, (5, 6)), uniform(rng, (6, 7))
+    kernel(A, B)
+    assert len(kernel._repeat_calls) == 1
+    # other dtypes, ranks, shapes, non-contiguous views and non-arrays go through bind_arguments
+    with pytest.raises(polyc.PolycError, match="dtype float32"):
+        kernel(A.astype(np.float64), B)
+    with pytest.raises(polyc.PolycError, match="shape"):
+        kernel(A, uniform(rng, (5, 7)))
+    with pytest.raises(polyc.PolycError, match="numpy array"):
+        kernel(A.tolist(), B)
+    np.testing.assert_allclose(kernel(A, np.asfortranarray(B)), A.astype(np.float64) @ B, rtol=1e-5, atol=1e-5)
+    # outputs= always takes the checked path, and writes into the given array
+    out = np.full((5, 7), np.nan, np.float32)
+    assert kernel(A, B, outputs=[out]) is out
+    np.testing.assert_allclose(out, A.astype(np.float64) @ B, rtol=1e-5, atol=1e-5)
+    assert len(kernel._repeat_calls) == 1
+
+
+def test_sizes_bound_to_input_values_are_never_repeated():
+    case = CASES["resize"]
+    kernel = polyc.define(case.source).resize
+    A = np.arange(7, dtype=np.float32)
+    for k in (4, 6, 2):
+        out = kernel(A, np.array(k, dtype=np.int32))
+        assert out.shape == (k,)
+        np.testing.assert_array_equal(out, A[:k] * 2)
+    assert not kernel._repeat_calls
+
+
+def test_repeated_call_reports_out_of_range_indices():
+    case = CASES["embedding_bag"]
+    kernel = polyc.define(case.source).embedding_bag
+    rng = np.random.default_rng(5)
+    LUT, I = uniform(rng, (10, 4)), rng.integers(0, 10, size=(3, 5)).astype(np.int32)
+    kernel(LUT, I)
+    bad = I.copy()
+    bad[2, 1] = 10
+    with pytest.raises(polyc.BoundsError, match="out of range"):
+        kernel(LUT, bad)
