@@ -32,8 +32,12 @@ class BoundCall:
     def new_array(self, tensor: Tensor) -> np.ndarray:
         """A fresh array for an output or temporary: zeroed, as TC starts them, unless the def
         overwrites it entirely before reading it."""
-        allocate = allocate_uninitialised if tensor.name in self.written_before_read else np.zeros
-        return allocate(self.shapes[tensor.name], dtype=tensor.dtype)
+        return allocate(self.shapes[tensor.name], tensor.dtype, tensor.name in self.written_before_read)
+
+
+def allocate(shape: tuple[int, ...], dtype: np.dtype, uninitialised: bool) -> np.ndarray:
+    """A fresh output or temporary: zeroed, or not when the def overwrites it before reading."""
+    return (allocate_uninitialised if uninitialised else np.zeros)(shape, dtype=dtype)
 
 
 def _as_input_array(definition: CheckedDef, tensor: Tensor, value) -> np.ndarray:
