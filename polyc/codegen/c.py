@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 import cgen
 import islpy as isl
@@ -273,36 +274,7 @@ class _KernelWriter:
 
     # ------------------------------------------------------------------ AST expressions
     def expr(self, e: isl.AstExpr, outermost: bool = False) -> str:
-        """C text of an isl AST expression; ``outermost`` drops the outer parentheses, which
-        OpenMP's canonical loop form does not allow around a loop condition."""
-        kind = e.get_type()
-        if kind == isl.ast_expr_type.id:
-            name = e.get_id().get_name()
-            return self.param_names.get(name, name)
-        if kind == isl.ast_expr_type.int:
-            return f"INT64_C({e.get_val().to_python()})"
-        op = e.get_op_type()
-        args = [self.expr(e.get_op_arg(i)) for i in range(e.get_op_n_arg())]
-        t = isl.ast_expr_op_type
-        binary = {t.add: "+", t.sub: "-", t.mul: "*", t.div: "/", t.pdiv_q: "/", t.pdiv_r: "%", t.zdiv_r: "%",
-                  t.and_: "&&", t.and_then: "&&", t.or_: "||", t.or_else: "||", t.eq: "==", t.le: "<=",
-                  t.lt: "<", t.ge: ">=", t.gt: ">"}
-        if op in binary:
-            text = f"{args[0]} {binary[op]} {args[1]}"
-            return text if outermost else f"({text})"
-        if op == t.minus:
-            return f"(-{args[0]})"
-        if op == t.fdiv_q:
-            return f"polyc_floord({args[0]}, {args[1]})"
-        if op in (t.min, t.max):
-            helper = "polyc_min" if op == t.min else "polyc_max"
-            text = args[0]
-            for a in args[1:]:
-                text = f"{helper}({text}, {a})"
-            return text
-        if op in (t.cond, t.select):
-            return f"({args[0]} ? {args[1]} : {args[2]})"
-        raise PolycError(f"internal: unexpected isl AST operation {op}")
+        return ast_expr_c(e, self.param_names, outermost)
 
     # ------------------------------------------------------------------ statements
     def user_node(self, call: isl.AstExpr):
@@ -389,6 +361,86 @@ class _SimdLoopState:
         """Whether C text depends on an iterator of the loop or of a loop in its body."""
         return any(re.search(rf"\b{re.escape(name)}\b", text) for name in self.iterators)
 
+
+
+def ast_expr_c(e: isl.AstExpr, names: dict[str, str], outermost: bool = False) -> str:
+    """C text of an isl AST expression, identifiers renamed by ``names`` (others kept);
+    ``outermost`` drops the outer parentheses, which OpenMP's canonical loop form does not
+    allow around a loop condition."""
+    kind = e.get_type()
+    if kind == isl.ast_expr_type.id:
+        name = e.get_id().get_name()
+        return names.get(name, name)
+    if kind == isl.ast_expr_type.int:
+        return f"INT64_C({e.get_val().to_python()})"
+    op = e.get_op_type()
+    args = [ast_expr_c(e.get_op_arg(i), names) for i in range(e.get_op_n_arg())]
+    t = isl.ast_expr_op_type
+    binary = {t.add: "+", t.sub: "-", t.mul: "*", t.div: "/", t.pdiv_q: "/", t.pdiv_r: "%", t.zdiv_r: "%",
+              t.and_: "&&", t.and_then: "&&", t.or_: "||", t.or_else: "||", t.eq: "==", t.le: "<=",
+              t.lt: "<", t.ge: ">=", t.gt: ">"}
+    if op in binary:
+        text = f"{args[0]} {binary[op]} {args[1]}"
+        return text if outermost else f"({text})"
+    if op == t.minus:
+        return f"(-{args[0]})"
+    if op == t.fdiv_q:
+        return f"polyc_floord({args[0]}, {args[1]})"
+    if op in (t.min, t.max):
+        helper = "polyc_min" if op == t.min else "polyc_max"
+        text = args[0]
+        for a in args[1:]:
+            text = f"{helper}({text}, {a})"
+        return text
+    if op in (t.cond, t.select):
+        return f"({args[0]} ? {args[1]} : {args[2]})"
+    raise PolycError(f"internal: unexpected isl AST operation {op}")
+
+
+def aff_c(aff: isl.Aff, arguments: list[str], names: dict[str, str]) -> str:
+    """C text of an integer affine expression of a statement's dimensions (given as C texts in
+    ``arguments``) and parameters (renamed by ``names``)."""
+    if not aff.get_denominator_val().is_one():
+        raise PolycError(f"internal: a rational affine expression in C: {aff}")
+    terms = []
+    for kind, texts in ((isl.dim_type.in_, arguments),
+                        (isl.dim_type.param, [names.get(aff.get_dim_name(isl.dim_type.param, p),
+                                                        aff.get_dim_name(isl.dim_type.param, p))
+                                              for p in range(aff.dim(isl.dim_type.param))])):
+        for position, text in enumerate(texts):
+            coefficient = aff.get_coefficient_val(kind, position).to_python()
+            if coefficient:
+                terms.append(text if coefficient == 1 else f"{coefficient} * {text}")
+    constant = aff.get_constant_val().to_python()
+    if constant or not terms:
+        terms.append(str(constant))
+    return " + ".join(terms).replace("+ -", "- ")
+
+
+def plain_ast_c(node: isl.AstNode, user: Callable[[str, list[str]], str], names: dict[str, str]):
+    """An isl AST without marks as cgen nodes: ``user(statement, argument texts)`` gives each
+    statement's C (without its semicolon)."""
+    kind = node.get_type()
+    if kind == isl.ast_node_type.block:
+        children = node.block_get_children()
+        return cgen.Block([plain_ast_c(children.get_at(i), user, names) for i in range(children.n_ast_node())])
+    if kind == isl.ast_node_type.for_:
+        iterator = ast_expr_c(node.for_get_iterator(), names)
+        init = ast_expr_c(node.for_get_init(), names)
+        body = plain_ast_c(node.for_get_body(), user, names)
+        if node.for_is_degenerate():
+            return cgen.Block([cgen.Statement(f"const int64_t {iterator} = {init}"), body])
+        return cgen.For(f"int64_t {iterator} = {init}", ast_expr_c(node.for_get_cond(), names, outermost=True),
+                        f"{iterator} += {ast_expr_c(node.for_get_inc(), names)}", body)
+    if kind == isl.ast_node_type.if_:
+        then_node = cgen.Block([plain_ast_c(node.if_get_then_node(), user, names)])
+        else_node = plain_ast_c(node.if_get_else_node(), user, names) if node.if_has_else_node() else None
+        return cgen.If(ast_expr_c(node.if_get_cond(), names, outermost=True), then_node, else_node)
+    if kind == isl.ast_node_type.user:
+        call = node.user_get_expr()
+        arguments = [ast_expr_c(call.get_op_arg(i + 1), names) for i in range(call.get_op_n_arg() - 1)]
+        return cgen.Statement(user(call.get_op_arg(0).get_id().get_name(), arguments))
+    raise PolycError(f"internal: unexpected isl AST node {kind}")
 
 def _runs_at_least_once(loop: isl.AstNode) -> bool:
     """Whether a loop ``for (c = a; c <= b (or c < b); ...)`` with constant a and b runs."""
