@@ -107,9 +107,13 @@ class Kernel:
         return checked
 
     def isl_model_text(self, sizes: dict | None = None) -> str:
-        """Domains and accesses of every statement, and the dependences, as isl text."""
+        """Domains and accesses of every statement, and the dependences, as isl text; for a
+        contraction compiled as a gemm kernel, also the packing statements of one cache block
+        (:mod:`polyc.schedule.packing`) for each register block the kernel has."""
         stages = self.stages(sizes)
-        return stages.program.to_isl_text() + "\ndependences:\n" + stages.dependences.to_text()
+        parts = [stages.program.to_isl_text(), "dependences:", stages.dependences.to_text()]
+        parts += [packing.to_isl_text() for packing in stages.packing]
+        return "\n".join(parts)
 
     def schedule_text(self, sizes: dict | None = None) -> str:
         """The optimised schedule tree (tiles, marks) in isl's YAML-like notation."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from polyc.codegen.c import GeneratedKernel, generate_c
 from polyc.codegen.conv import generate_conv
-from polyc.codegen.gemm import STATUS_OUT_OF_MEMORY, generate_gemm
+from polyc.codegen.gemm import STATUS_OUT_OF_MEMORY, generate_gemm, packing_programs
 from polyc.codegen.gemv import generate_gemv
 from polyc.codegen.link import link_segments
 from polyc.errors import BoundsError
@@ -34,6 +34,7 @@ from polyc.runtime.arguments import BoundCall
 from polyc.runtime.compiler import LANGUAGE_FLAGS
 from polyc.schedule.contraction import Contraction, recognise_gemm_def, worth_a_gemm_kernel
 from polyc.schedule.convolution import Convolution, recognise_conv_def
+from polyc.schedule.packing import PackingProgram
 from polyc.schedule.scheduler import compute_schedule
 from polyc.schedule.segments import plan_segments
 from polyc.schedule.transform import optimize_schedule
@@ -51,6 +52,7 @@ class Stages:
     contraction: Contraction | None = None  # set when ``kernel`` is a contraction (gemm or gemv) kernel
     convolution: Convolution | None = None  # set when ``kernel`` is a direct convolution kernel
     segments: tuple["Stages", ...] = ()     # when ``kernel`` runs the def in segments, theirs
+    packing: tuple[PackingProgram, ...] = ()  # a gemm kernel's packing statements, per register block
 
 
 @dataclass(frozen=True)
@@ -92,9 +94,11 @@ def compile_stages(definition: CheckedDef, options: Options,
     optimized = optimize_schedule(schedule, program, options, dependences)
     contraction = find_blas_contraction(definition, options)
     if contraction is not None:
-        generate = generate_gemv if contraction.is_matvec else generate_gemm
-        return Stages(program, dependences, schedule, optimized, generate(program, contraction, options),
-                      contraction)
+        if contraction.is_matvec:
+            return Stages(program, dependences, schedule, optimized, generate_gemv(program, contraction, options),
+                          contraction)
+        return Stages(program, dependences, schedule, optimized, generate_gemm(program, contraction, options),
+                      contraction, packing=packing_programs(program, contraction, options))
     convolution = find_convolution(definition, options)
     if convolution is not None:
         return Stages(program, dependences, schedule, optimized, generate_conv(program, convolution, options),

@@ -18,6 +18,12 @@ back end's (:mod:`polyc.codegen.c`)::
                 then C = block (first KC block of a `+=!`: beta 0) or C += block (beta 1);
                 after the last KC block, the epilogue statements on the finished block.
 
+Packing is the statements of :mod:`polyc.schedule.packing` (PackA/PadA, PackB/PadB), proved
+right by isl for every register block before it is printed; their general loops (a gather
+through the offset tables, zeros past the edge) are printed from isl's AST, and a sliver laid
+out simply takes a hand-written special case of the same statements (a contiguous copy; on
+AVX-512, 16 x 16 register transposes for a float B stored transposed).
+
 Packing is skipped where it buys nothing: a B sliver already laid out like a packed one
 (columns contiguous, rows NR apart, as in Kronecker steps), or used by few rows of A, is read in
 place; so is an A block with evenly spaced rows that at most two B slivers use (narrow products
@@ -58,16 +64,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import islpy as isl
 import numpy as np
 
-from polyc.codegen.c import GeneratedKernel, c_comment
+from polyc.codegen.c import GeneratedKernel, aff_c, c_comment, plain_ast_c
 from polyc.codegen.c_expr import PRELUDE, CExpressionPrinter, c_type
 from polyc.codegen.pattern_kernel import PatternKernelWriter, typed
+from polyc.errors import PolycError
 from polyc.ir.model import PolyProgram
 from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine
 from polyc.options import Options
-from polyc.schedule import tiling
+from polyc.schedule import packing, tiling
 from polyc.schedule.contraction import Contraction
 
 #: The return value when packing buffers or offset tables cannot be allocated.
@@ -170,6 +178,15 @@ def block_sizes(shape: MicroKernelShape, itemsize: int, tile_sizes: tuple[int, .
 def generate_gemm(program: PolyProgram, contraction: Contraction, options: Options) -> GeneratedKernel:
     """The C translation unit computing ``program`` (one contraction and its epilogues)."""
     return _GemmWriter(program, contraction, options).write()
+
+
+def packing_programs(program: PolyProgram, contraction: Contraction,
+                     options: Options) -> tuple[packing.PackingProgram, ...]:
+    """The packing statements of the register blocks :func:`generate_gemm` prints for
+    ``program`` (every instruction set's), as polyhedral programs of one cache block."""
+    writer = _GemmWriter(program, contraction, options)
+    blocks = sorted({(s.mr, s.nr) for isa in ISA_GUARDS for s in writer.shapes_for(isa)})
+    return tuple(packing.checked_packing_program(mr, nr) for mr, nr in blocks)
 
 
 # ----------------------------------------------------------------------------- the writer
@@ -286,6 +303,7 @@ class _GemmWriter(PatternKernelWriter):
         caches = tiling.cache_sizes(self.options)
         mc, nc, kc = block_sizes(shape, self.dtype.itemsize, self.options.tile_sizes, caches)
         text = typed(_BLOCKED_LOOPS, self.ctype).replace("TRANSPOSED_B\n", _transposed_b(shape, self.dtype))
+        text = text.replace("PACK_SLIVERS\n", typed(_pack_sliver_functions(shape), self.ctype))
         kc_fixed = self.options.tile_sizes is not None and len(self.options.tile_sizes) >= 3
         l2 = caches.get(2, 1 << 20)
         for macro, value in (("MR", shape.mr), ("NR", shape.nr), ("MC", mc), ("NC", nc), ("KC", kc),
@@ -733,6 +751,81 @@ def _transposed_b(shape: MicroKernelShape, dtype: np.dtype) -> str:
 """
 
 
+# ----------------------------------------------------------------------------- packing
+#: How the packing statements' parameters (:mod:`polyc.schedule.packing`) read in the C.
+_PACKING_NAMES = {"M": "g->m", "N": "g->n", "K": "g->k"}
+
+#: Per operand: the source pointer, its block parameters, the offset tables of the flat view's
+#: two dimensions, and which of them a contiguous sliver runs along (A's rows, B's columns).
+_PACKED_OPERANDS = {"A": ("a", ("ic", "mc"), ("g->a_m", "g->a_k"), 0),
+                    "B": ("b", ("jc", "nc"), ("g->b_k", "g->b_n"), 1)}
+
+
+def _pack_sliver_functions(shape: MicroKernelShape) -> str:
+    """The packing of one sliver of A and of B, printed from isl's loops for the packing
+    statements (:func:`polyc.schedule.packing.sliver_loops`) after isl proved the statements
+    right (:func:`~polyc.schedule.packing.check_packing`): per operand the general case (a
+    gather through the offset tables, zeros past the edge) and the case of a whole sliver
+    whose source elements are contiguous (one offset per row of the buffer)."""
+    program = packing.checked_packing_program(shape.mr, shape.nr)
+    functions = []
+    for operand, (pointer, (first, size), tables, runs_along) in _PACKED_OPERANDS.items():
+        width = shape.mr if operand == "A" else shape.nr
+        statements = {s.name: s for s in program.statements if s.operand == operand}
+        for contiguous in (False, True):
+            def user(name: str, arguments: list[str], statements=statements, width=width, pointer=pointer,
+                     tables=tables, runs_along=runs_along, contiguous=contiguous, operand=operand) -> str:
+                statement = statements[name]
+                # The sliver's buffer is a [kc][width] array at dst (the write's last two dimensions).
+                k, lane = (aff_c(a, arguments, _PACKING_NAMES) for a in _affs(statement.write)[1:])
+                destination = f"dst[{k} * {width} + {lane}]"
+                if statement.read is None:
+                    return f"{destination} = 0"
+                offsets = []
+                for dimension, (table, aff) in enumerate(zip(tables, _affs(statement.read))):
+                    if contiguous and dimension == runs_along:
+                        # The sliver's source runs along this dimension: the offset of its first
+                        # element plus the lane (the statement's last dimension, step 1).
+                        if not aff.get_coefficient_val(isl.dim_type.in_, 1).is_one():
+                            raise PolycError(f"internal: {name} does not copy along its last dimension")
+                        first_element = aff.set_coefficient_val(isl.dim_type.in_, 1, isl.Val.zero(aff.get_ctx()))
+                        offsets.append(f"{table}[{aff_c(first_element, arguments, _PACKING_NAMES)}] + {arguments[1]}")
+                    else:
+                        offsets.append(f"{table}[{aff_c(aff, arguments, _PACKING_NAMES)}]")
+                value = f"{pointer}[{' + '.join(offsets)}]"
+                return f"{destination} = {'POLYC_SCALED(' + value + ')' if operand == 'A' else value}"
+
+            ast = packing.sliver_loops(program, operand, full=contiguous)
+            body = plain_ast_c(ast, user, _PACKING_NAMES)
+            kind = "contiguous" if contiguous else "sliver"
+            what = ("a whole sliver whose source elements are contiguous along each buffer row" if contiguous
+                    else "any sliver, through the offset tables")
+            functions.append(
+                f"/* Sliver s of {operand}'s block, {what}: the statements Pack{operand}"
+                f"{'' if contiguous else ' and Pad' + operand} of polyc.schedule.packing, in loops built by "
+                f"isl. */\n"
+                f"static inline void polyc_pack_{pointer}_{kind}_SHAPE(const polyc_gemm_t *restrict g, "
+                f"const T *restrict {pointer}, int64_t {first}, int64_t {size}, int64_t pc, int64_t kc, int64_t s, "
+                f"T *restrict dst)\n{{\n{_indented(str(body))}\n}}\n")
+    return "\n".join(functions)
+
+
+def _affs(relation) -> list:
+    """The output expressions of a packing access, in the sliver's frame (``s`` a parameter),
+    as isl affine expressions of the remaining dimensions."""
+    sliver = packing.sliver_as_parameter_map(relation)
+    pieces = isl.PwMultiAff.from_map(sliver)
+    result = []
+    for d in range(pieces.dim(isl.dim_type.out)):
+        (_, aff), = pieces.get_pw_aff(d).get_pieces()
+        result.append(aff)
+    return result
+
+
+def _indented(text: str) -> str:
+    return "\n".join("    " + line if line else line for line in text.splitlines())
+
+
 _TRANSPOSE16 = r"""
 /* dst[t*ldd + j] = src[j*ld + t] for j, t < 16: a 16 x 16 float block transposed in registers. */
 #define POLYC_LO64(a, b) _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
@@ -930,60 +1023,35 @@ static T *polyc_alloc(int64_t elements)
 # Packing, the loops around the micro-kernel and the thread sharing of one register block.  MR,
 # NR, MC, NC, KC are replaced by numbers and _SHAPE by the block's name (e.g. _6x64).
 _BLOCKED_LOOPS = r"""
+PACK_SLIVERS
 /* A[ic:ic+mc, pc:pc+kc] into MR-tall slivers: element (i, k) of sliver s at
-   [s*MR*kc + k*MR + i], times the contraction's scale; rows past the end are zero. */
+   [s*MR*kc + k*MR + i], times the contraction's scale; rows past the end are zero.  A sliver
+   whose rows are contiguous is copied by the same statements' vector-friendly special case. */
 static void polyc_pack_a_SHAPE(const polyc_gemm_t *restrict g, const T *restrict a, int64_t ic, int64_t mc,
                                int64_t pc, int64_t kc, T *restrict dst)
 {
-    const int64_t *restrict a_k = g->a_k + pc;
-    for (int64_t ir = 0; ir < mc; ir += MR, dst += MR * kc) {
-        const int64_t rows = polyc_min(MR, mc - ir);
-        const int64_t *restrict a_m = g->a_m + ic + ir;
-        if (rows == MR && polyc_contiguous(a_m, MR)) {  /* the rows are contiguous: copy */
-            const T *restrict src = a + a_m[0];
-            for (int64_t k = 0; k < kc; k++)
-                for (int64_t i = 0; i < MR; i++)
-                    dst[k * MR + i] = POLYC_SCALED(src[a_k[k] + i]);
-            continue;
-        }
-        const T *row[MR];
-        for (int64_t i = 0; i < rows; i++)
-            row[i] = a + a_m[i];
-        for (int64_t k = 0; k < kc; k++) {
-            const int64_t offset = a_k[k];
-            for (int64_t i = 0; i < rows; i++)
-                dst[k * MR + i] = POLYC_SCALED(row[i][offset]);
-            for (int64_t i = rows; i < MR; i++)
-                dst[k * MR + i] = 0;
-        }
+    for (int64_t s = 0; s * MR < mc; s++, dst += MR * kc) {
+        if (mc - s * MR >= MR && polyc_contiguous(g->a_m + ic + s * MR, MR))
+            polyc_pack_a_contiguous_SHAPE(g, a, ic, mc, pc, kc, s, dst);
+        else
+            polyc_pack_a_sliver_SHAPE(g, a, ic, mc, pc, kc, s, dst);
     }
 }
 
-/* B[pc:pc+kc, j0:j0+cols] (cols <= NR) into one NR-wide sliver: element (k, j) at [k*NR + j];
-   columns past the end are zero.  Row by row: the source columns stay in L1 across k. */
-static void polyc_pack_b_SHAPE(const polyc_gemm_t *restrict g, const T *restrict b, int64_t pc, int64_t kc,
-                               int64_t j0, int64_t cols, T *restrict dst)
+/* Sliver s of B[pc:pc+kc, jc:jc+nc] (NR columns) into dst: element (k, j) at [k*NR + j];
+   columns past the end are zero.  Contiguous columns, and on AVX-512 a float B stored
+   transposed, take special cases of the same statements. */
+static void polyc_pack_b_SHAPE(const polyc_gemm_t *restrict g, const T *restrict b, int64_t jc, int64_t nc,
+                               int64_t s, int64_t pc, int64_t kc, T *restrict dst)
 {
-    const int64_t *restrict b_k = g->b_k + pc;
-    const int64_t *restrict b_n = g->b_n + j0;
-    if (cols == NR && polyc_contiguous(b_n, NR)) {  /* the columns are contiguous: copy */
-        const T *restrict src = b + b_n[0];
-        for (int64_t k = 0; k < kc; k++)
-            for (int64_t j = 0; j < NR; j++)
-                dst[k * NR + j] = src[b_k[k] + j];
+    const int64_t cols = polyc_min(NR, nc - s * NR);
+    const int64_t *restrict b_n = g->b_n + jc + s * NR;
+    if (cols == NR && polyc_contiguous(b_n, NR)) {
+        polyc_pack_b_contiguous_SHAPE(g, b, jc, nc, pc, kc, s, dst);
         return;
     }
 TRANSPOSED_B
-    const T *column[NR];
-    for (int64_t j = 0; j < cols; j++)
-        column[j] = b + b_n[j];
-    for (int64_t k = 0; k < kc; k++) {
-        const int64_t offset = b_k[k];
-        for (int64_t j = 0; j < cols; j++)
-            dst[k * NR + j] = column[j][offset];
-        for (int64_t j = cols; j < NR; j++)
-            dst[k * NR + j] = 0;
-    }
+    polyc_pack_b_sliver_SHAPE(g, b, jc, nc, pc, kc, s, dst);
 }
 
 /* The longest KC block.  KC keeps an A sliver in L1 and an A panel in L2 for the products
@@ -1101,9 +1169,8 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
                 } else if (s >= s_hi) {
                     break;
                 }
-                const int64_t cols = polyc_min(NR, nc - s * NR);
-                if (!polyc_direct_b_SHAPE(g, jc + s * NR, cols))
-                    polyc_pack_b_SHAPE(g, b, pc, kc, jc + s * NR, cols, bpack + s * stride);
+                if (!polyc_direct_b_SHAPE(g, jc + s * NR, polyc_min(NR, nc - s * NR)))
+                    polyc_pack_b_SHAPE(g, b, jc, nc, s, pc, kc, bpack + s * stride);
             }
             if (shared_b)
                 polyc_barrier_wait(&team->barrier, nthr);
