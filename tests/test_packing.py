@@ -106,3 +106,27 @@ def test_gathered_slivers_match_numpy(m, k, n):
     assert kernel.stages({"P": p, "K": k, "Q": 3, "R": r, "S": 5}).contraction is not None
     expected = np.einsum("pkq,rks->pqrs", A.astype(np.float64), B.astype(np.float64))
     assert_close(kernel(A, B), expected, 2 * k, np.float32, (A, B))
+
+
+def test_padding_must_come_from_the_zero_fill():
+    """Copying the rows past the block from A instead of zero-filling them leaves the padded
+    lanes with whatever A holds there (and reads past A at its edge): rejected."""
+    program = _broken(packing.packing_program(6, 64), "PackA",
+                      domain="PackA[s, k, i] : 0 <= k < kc and 0 <= i < 6 and 0 <= 6 s < mc",
+                      write="PackA[s, k, i] -> Apack[s, k, i]", read="PackA[s, k, i] -> A[ic + 6 s + i, pc + k]")
+    program = _broken(program, "PadA", domain="PadA[s, k, i] : 1 = 0")
+    with pytest.raises(PolycError, match="padded micro-kernel lanes"):
+        packing.check_packing(program)
+
+
+def test_packing_must_come_before_the_micro_kernel():
+    """The proof depends on the block's schedule: with the A block packed after the
+    micro-kernel ran, the kernel reads buffer elements nothing wrote yet."""
+    program = packing.packing_program(8, 32)
+    params = f"[{', '.join(packing.BLOCK_PARAMETERS)}]"
+    late = isl.UnionMap.read_from_str(program.context.get_ctx(), f"{params} -> {{ "
+                                      "PackB[s, k, j] -> [0, s, k, j, 0, 0]; PadB[s, k, j] -> [0, s, k, j, 0, 0]; "
+                                      "PackA[s, k, i] -> [3, s, k, i, 0, 0]; PadA[s, k, i] -> [3, s, k, i, 0, 0]; "
+                                      "Kernel[sa, sb, k, i, j] -> [2, sb, sa, k, i, j] }")
+    with pytest.raises(PolycError, match="no statement wrote"):
+        packing.check_packing(dataclasses.replace(program, order=late))

@@ -74,19 +74,21 @@ class PackingProgram:
     kernel_domain: isl.Set
     kernel_reads: isl.UnionMap  # Kernel -> Apack, Bpack
     kernel_sources: isl.UnionMap  # the real Kernel instances -> the A and B elements they multiply
-    schedule: isl.Schedule
+    order: isl.UnionMap  # every statement's instances -> their time in a block
+
+    @property
+    def schedule(self) -> isl.Schedule:
+        """The schedule of a block: ``order`` on the statements' instances."""
+        domain = _union(isl.UnionSet.from_set(s.domain) for s in self.statements).union(
+            isl.UnionSet.from_set(self.kernel_domain))
+        return isl.Schedule.from_domain(domain).insert_partial_schedule(
+            isl.MultiUnionPwAff.from_union_map(self.order.intersect_domain(domain)))
 
     def statement(self, name: str) -> PackStatement:
         return next(s for s in self.statements if s.name == name)
 
-    def domain(self) -> isl.UnionSet:
-        union = isl.UnionSet.from_set(self.kernel_domain)
-        for s in self.statements:
-            union = union.union(isl.UnionSet.from_set(s.domain))
-        return union
-
     def to_isl_text(self) -> str:
-        """The program as isl text: domains, accesses and schedule tree (for reading)."""
+        """The program as isl text: domains, accesses and the schedule of a block (for reading)."""
         context = self.context
         lines = [f"packing of one cache block of the gemm kernel, register block {self.mr} x {self.nr}:",
                  f"block: {context}"]
@@ -142,17 +144,13 @@ def packing_program(mr: int, nr: int) -> PackingProgram:
         isl.UnionMap.from_map(map_(f"Kernel[sa, sb, k, i, j] -> B[pc + k, jc + {nr} sb + j]"))).intersect_domain(
         isl.UnionSet.from_set(real))
 
-    # The block's schedule: the B panel, then the A block, then the micro-kernel's loops
-    # (B slivers outside A slivers, as the kernel runs them).
-    domain = _union(isl.UnionSet.from_set(s.domain) for s in statements).union(
-        isl.UnionSet.from_set(kernel_domain))
-    schedule_map = isl.UnionMap.read_from_str(
+    # The block's order: the B panel, then the A block, then the micro-kernel's loops (B
+    # slivers outside A slivers, as the kernel runs them).
+    order = isl.UnionMap.read_from_str(
         ctx, f"{params} -> {{ PackB[s, k, j] -> [0, s, k, j, 0, 0]; PadB[s, k, j] -> [0, s, k, j, 0, 0]; "
              f"PackA[s, k, i] -> [1, s, k, i, 0, 0]; PadA[s, k, i] -> [1, s, k, i, 0, 0]; "
              f"Kernel[sa, sb, k, i, j] -> [2, sb, sa, k, i, j] }}")
-    schedule = isl.Schedule.from_domain(domain).insert_partial_schedule(
-        isl.MultiUnionPwAff.from_union_map(schedule_map.intersect_domain(domain)))
-    return PackingProgram(mr, nr, context, statements, kernel_domain, kernel_reads, kernel_sources, schedule)
+    return PackingProgram(mr, nr, context, statements, kernel_domain, kernel_reads, kernel_sources, order)
 
 
 @lru_cache(maxsize=None)
@@ -190,12 +188,14 @@ def check_packing(program: PackingProgram) -> None:
     sources = program.kernel_sources
     if not through_buffers.intersect_domain(sources.domain()).is_equal(sources):
         fail("the packed buffers do not hold the operands' elements the micro-kernel needs")
-    # The padded instances (whose results the write-back drops) read only Pad statements' zeros.
-    padded_reads = producers.reverse().subtract_domain(sources.domain()).range()
+    # Padding: a Kernel instance multiplies a Pad statement's zero exactly when it computes a
+    # padded lane (one the write-back drops), so padded lanes hold zeros and real ones never
+    # read padding.
     pads = _union(isl.UnionSet.from_set(s.domain) for s in statements if s.read is None)
-    if not padded_reads.is_subset(pads.union(_union(isl.UnionSet.from_set(s.domain) for s in statements
-                                                    if s.read is not None))):
-        fail("a padded micro-kernel lane reads outside the packed buffers")
+    zero_fed = producers.reverse().intersect_range(pads).domain()
+    padded = isl.UnionSet.from_set(program.kernel_domain).subtract(sources.domain())
+    if not zero_fed.is_equal(padded):
+        fail("padded micro-kernel lanes and zero-filled buffer elements do not match")
 
     # The copies read inside the operands.
     ctx = program.context.get_ctx()
