@@ -19,10 +19,11 @@ back end's (:mod:`polyc.codegen.c`)::
                 after the last KC block, the epilogue statements on the finished block.
 
 Packing is the statements of :mod:`polyc.schedule.packing` (PackA/PadA, PackB/PadB), proved
-right by isl for every register block before it is printed; their general loops (a gather
-through the offset tables, zeros past the edge) are printed from isl's AST, and a sliver laid
-out simply takes a hand-written special case of the same statements (a contiguous copy; on
-AVX-512, 16 x 16 register transposes for a float B stored transposed).
+right by isl for every register block before it is printed.  Their loops are printed from
+isl's AST, twice per operand: for any sliver (a gather through the offset tables, zeros past
+the edge) and for a whole sliver whose source is contiguous (a copy).  One special case is
+written by hand: on AVX-512, a float B stored transposed is packed by 16 x 16 register
+transposes.
 
 Packing is skipped where it buys nothing: a B sliver already laid out like a packed one
 (columns contiguous, rows NR apart, as in Kronecker steps), or used by few rows of A, is read in
@@ -769,34 +770,14 @@ def _pack_sliver_functions(shape: MicroKernelShape) -> str:
     whose source elements are contiguous (one offset per row of the buffer)."""
     program = packing.checked_packing_program(shape.mr, shape.nr)
     functions = []
-    for operand, (pointer, (first, size), tables, runs_along) in _PACKED_OPERANDS.items():
+    for operand, (pointer, (first, size), _, _) in _PACKED_OPERANDS.items():
         width = shape.mr if operand == "A" else shape.nr
         statements = {s.name: s for s in program.statements if s.operand == operand}
         for contiguous in (False, True):
-            def user(name: str, arguments: list[str], statements=statements, width=width, pointer=pointer,
-                     tables=tables, runs_along=runs_along, contiguous=contiguous, operand=operand) -> str:
-                statement = statements[name]
-                # The sliver's buffer is a [kc][width] array at dst (the write's last two dimensions).
-                k, lane = (aff_c(a, arguments, _PACKING_NAMES) for a in _affs(statement.write)[1:])
-                destination = f"dst[{k} * {width} + {lane}]"
-                if statement.read is None:
-                    return f"{destination} = 0"
-                offsets = []
-                for dimension, (table, aff) in enumerate(zip(tables, _affs(statement.read))):
-                    if contiguous and dimension == runs_along:
-                        # The sliver's source runs along this dimension: the offset of its first
-                        # element plus the lane (the statement's last dimension, step 1).
-                        if not aff.get_coefficient_val(isl.dim_type.in_, 1).is_one():
-                            raise PolycError(f"internal: {name} does not copy along its last dimension")
-                        first_element = aff.set_coefficient_val(isl.dim_type.in_, 1, isl.Val.zero(aff.get_ctx()))
-                        offsets.append(f"{table}[{aff_c(first_element, arguments, _PACKING_NAMES)}] + {arguments[1]}")
-                    else:
-                        offsets.append(f"{table}[{aff_c(aff, arguments, _PACKING_NAMES)}]")
-                value = f"{pointer}[{' + '.join(offsets)}]"
-                return f"{destination} = {'POLYC_SCALED(' + value + ')' if operand == 'A' else value}"
+            def user(name: str, arguments: list[str], contiguous=contiguous, width=width, statements=statements):
+                return _packing_statement_c(statements[name], arguments, width, contiguous)
 
-            ast = packing.sliver_loops(program, operand, full=contiguous)
-            body = plain_ast_c(ast, user, _PACKING_NAMES)
+            body = plain_ast_c(packing.sliver_loops(program, operand, full=contiguous), user, _PACKING_NAMES)
             kind = "contiguous" if contiguous else "sliver"
             what = ("a whole sliver whose source elements are contiguous along each buffer row" if contiguous
                     else "any sliver, through the offset tables")
@@ -808,6 +789,32 @@ def _pack_sliver_functions(shape: MicroKernelShape) -> str:
                 f"const T *restrict {pointer}, int64_t {first}, int64_t {size}, int64_t pc, int64_t kc, int64_t s, "
                 f"T *restrict dst)\n{{\n{_indented(str(body))}\n}}\n")
     return "\n".join(functions)
+
+
+def _packing_statement_c(statement: packing.PackStatement, arguments: list[str], width: int,
+                         contiguous: bool) -> str:
+    """One instance of a packing statement in C, its sliver's dimensions given by ``arguments``:
+    the buffer element (the sliver is a ``[kc][width]`` array at ``dst``), and the source element
+    through the offset tables, or zero for a Pad statement.  With ``contiguous`` the source
+    runs along the buffer row: one table lookup for the sliver's first element, plus the lane."""
+    pointer, _, tables, runs_along = _PACKED_OPERANDS[statement.operand]
+    k, lane = (aff_c(a, arguments, _PACKING_NAMES) for a in _affs(statement.write)[1:])
+    destination = f"dst[{k} * {width} + {lane}]"
+    if statement.read is None:
+        return f"{destination} = 0"
+    offsets = []
+    for dimension, (table, aff) in enumerate(zip(tables, _affs(statement.read))):
+        if contiguous and dimension == runs_along:
+            if not aff.get_coefficient_val(isl.dim_type.in_, 1).is_one():
+                raise PolycError(f"internal: {statement.name} does not copy along its last dimension")
+            # (An isl.Val, not a Python int: islpy's conversion of the int throws a C++ exception
+            # internally, which aborts the process under AddressSanitizer.)
+            first_element = aff.set_coefficient_val(isl.dim_type.in_, 1, isl.Val.zero(aff.get_ctx()))
+            offsets.append(f"{table}[{aff_c(first_element, arguments, _PACKING_NAMES)}] + {arguments[1]}")
+        else:
+            offsets.append(f"{table}[{aff_c(aff, arguments, _PACKING_NAMES)}]")
+    value = f"{pointer}[{' + '.join(offsets)}]"
+    return f"{destination} = {'POLYC_SCALED(' + value + ')' if statement.operand == 'A' else value}"
 
 
 def _affs(relation) -> list:
@@ -1025,8 +1032,7 @@ static T *polyc_alloc(int64_t elements)
 _BLOCKED_LOOPS = r"""
 PACK_SLIVERS
 /* A[ic:ic+mc, pc:pc+kc] into MR-tall slivers: element (i, k) of sliver s at
-   [s*MR*kc + k*MR + i], times the contraction's scale; rows past the end are zero.  A sliver
-   whose rows are contiguous is copied by the same statements' vector-friendly special case. */
+   [s*MR*kc + k*MR + i], times the contraction's scale; rows past the end are zero. */
 static void polyc_pack_a_SHAPE(const polyc_gemm_t *restrict g, const T *restrict a, int64_t ic, int64_t mc,
                                int64_t pc, int64_t kc, T *restrict dst)
 {
@@ -1039,8 +1045,8 @@ static void polyc_pack_a_SHAPE(const polyc_gemm_t *restrict g, const T *restrict
 }
 
 /* Sliver s of B[pc:pc+kc, jc:jc+nc] (NR columns) into dst: element (k, j) at [k*NR + j];
-   columns past the end are zero.  Contiguous columns, and on AVX-512 a float B stored
-   transposed, take special cases of the same statements. */
+   columns past the end are zero.  On AVX-512 a float B stored transposed is packed by
+   register transposes. */
 static void polyc_pack_b_SHAPE(const polyc_gemm_t *restrict g, const T *restrict b, int64_t jc, int64_t nc,
                                int64_t s, int64_t pc, int64_t kc, T *restrict dst)
 {
