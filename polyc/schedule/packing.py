@@ -29,9 +29,9 @@ contraction reads; the Pack statements read inside A and B; and the buffers stay
 boxes the kernel allocates.
 
 :func:`sliver_loops` gives, for one sliver, the loops isl's AST generator builds for its Pack
-and Pad statements; the C back end prints them as the general packing path.  The kernel keeps
-hand-written fast paths for the instances of the same statements where the source is laid out
-simply (a contiguous sliver: a vector copy; a transposed float B on AVX-512: 16 x 16 register
+and Pad statements, in general or for a sliver wholly inside the block; the C back end prints
+both (a gather with zeros past the edge, and a copy for a contiguous source).  The kernel keeps
+one hand-written special case of PackB (a transposed float B on AVX-512: 16 x 16 register
 transposes), and reads a block in place, with no Pack instances, where packing buys nothing.
 """
 from __future__ import annotations
