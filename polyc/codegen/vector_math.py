@@ -208,7 +208,9 @@ static inline double polyc_log(double x)
     R = R * z + 2.0 / 5;
     R = R * z + 2.0 / 3;
     R = R * z;
-    double ed = (double)e;
+    /* (double)e by the bits of 1.5 * 2^52 + e: AVX2 has no int64 -> double conversion (gcc then
+       leaves the whole loop scalar), but an integer add and a subtraction vectorise everywhere. */
+    double ed = polyc_f64_from_bits(0x4338000000000000u + (uint64_t)e) - 0x1.8p52;
     double result = ed * 0x1.62e42fefa38p-1 + ((f - s * (f - R)) + ed * 0x1.ef35793c7673p-45);
     int is_regular = bits - 1u < 0x7fefffffffffffffu;
     double special = polyc_select_f64((bits << 1) == 0u, -INFINITY, polyc_select_f64(bits >> 63, NAN, x));
