@@ -143,11 +143,11 @@ _REPEAT_CALLS = 64
 
 def _input_signature(args: tuple) -> tuple | None:
     """Shape and dtype of each argument when every one is a C-contiguous ndarray (not a
-    subclass, not a scalar), else None: arguments with the signature of a call that passed
-    :func:`bind_arguments` need no checks and no copies."""
+    subclass, not a scalar) in the machine's byte order, else None: arguments with the signature
+    of a call that passed :func:`bind_arguments` need no checks and no copies."""
     signature = []
     for value in args:
-        if type(value) is not np.ndarray or not value.flags.c_contiguous:
+        if type(value) is not np.ndarray or not value.flags.c_contiguous or not value.dtype.isnative:
             return None
         signature.append((value.shape, value.dtype))
     return tuple(signature)

@@ -90,12 +90,36 @@ def check_bounds(program: PolyProgram) -> BoundsPrecondition:
             bad_sizes = outside.params()
             if positive.is_subset(bad_sizes):
                 example = outside.intersect_params(positive).sample().wrap().sample_point()
-                raise BoundsError(
-                    f"{description} for every choice of sizes, e.g. at {_point_text(example)}; restrict the "
-                    f"index ranges with 'where' or guard the access with a condition",
-                    loc, program.definition.source or None)
+                advice = (_explain_write(program, s.source) if read is None else "") or \
+                    "restrict the index ranges with 'where' or guard the access with a condition"
+                raise BoundsError(f"{description} for every choice of sizes, e.g. at {_point_text(example)}; {advice}",
+                                  loc, program.definition.source or None)
             violations.append(Violation(description, bad_sizes.coalesce(), loc))
     return BoundsPrecondition(program.params, tuple(violations))
+
+
+def _explain_write(program: PolyProgram, statement) -> str:
+    """Why a write leaves its tensor, in words: the ranges of the left-hand indices that exceed the
+    target's extents, where each range came from, and the ``where`` clause that keeps the write
+    inside ("" when no range is to blame)."""
+    ranges = dict(statement.ranges)
+    target = program.definition.tensor(statement.target)
+    reasons, clauses, needs = [], [], []
+    for index, extent in zip(statement.indices, target.shape):
+        given = ranges[index]
+        inside_lo, inside_hi = given.lo.maximum(0), given.hi.minimum(extent)
+        if (inside_lo, inside_hi) == (given.lo, given.hi):
+            continue
+        origin = (f"range inference gave '{index}' the range {given.lo} <= {index} < {given.hi} because of "
+                  f"{' and '.join(given.inferred_from)}" if given.inferred_from
+                  else f"the where clause gives '{index}' the range {given.lo} <= {index} < {given.hi}")
+        reasons.append(origin)
+        needs.append(f"0 <= {index} < {extent}")
+        clauses.append(f"{index} in {inside_lo}:{inside_hi}")
+    if not reasons:
+        return ""
+    return (f"{'; '.join(reasons)}, but the write to {statement.target} needs {' and '.join(needs)}: "
+            f"add 'where {', '.join(clauses)}' (or guard the statement with a condition)")
 
 
 def _shape_text(program: PolyProgram, tensor: str) -> str:

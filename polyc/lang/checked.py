@@ -167,10 +167,12 @@ class Tensor:
 
 @dataclass(frozen=True)
 class IndexRange:
-    """``lo <= index < hi``, both affine in the sizes."""
+    """``lo <= index < hi``, both affine in the sizes.  ``inferred_from`` names the accesses range
+    inference took the range from (empty for a ``where`` range), for error messages."""
 
     lo: Affine
     hi: Affine
+    inferred_from: tuple[str, ...] = field(default=(), compare=False)
 
     def __str__(self) -> str:
         return f"{self.lo}:{self.hi}"

@@ -6,8 +6,13 @@
 Range inference follows TC: ``where`` ranges are fixed first; then, repeatedly, every access
 subscript in which exactly one index is still unknown is required to stay inside its tensor for
 all values of the known indices, which bounds that index; the bounds found in one round are
-intersected and the indices become known.  Accesses under a ternary are skipped (they need to be
-in bounds only where their guard holds; the static bounds check proves that later).
+intersected and the indices become known.  Accesses in a branch of a ternary are *guarded*: they
+need to be in bounds only where their branch is taken (the static bounds check proves that
+later), so they bound an index only when the unguarded accesses cannot: a round uses guarded
+accesses only if no unguarded one bounds any index still unknown.  TC's
+``O(n, i, m) = i == 0 ? A(m, n) : B(m, n) where i in 0:2`` so gets m and n from A and B, while
+padding written as ``(h >= 1) ? I(h - 1) : 0`` leaves h the range an unguarded access or the
+``where`` clause gives it.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from polyc.lang import ast
 from polyc.lang import checked as ir
 from polyc.lang.builtins import BUILTINS
 from polyc.lang.parser import parse
-from polyc.lang.printer import format_statement
+from polyc.lang.printer import format_expr, format_statement
 from polyc.lang.symbolic import Affine, affine_arithmetic
 from polyc.types import BOOL, FLOAT32, INT32, INT64, TC_TYPES, is_float, is_integer, promote
 
@@ -67,10 +72,13 @@ class _Typed:
 
 @dataclass
 class _Constraint:
-    """``0 <= subscript < extent`` from one access, for range inference."""
+    """``0 <= subscript < extent`` from one access, for range inference; ``guarded`` when the
+    access is in a branch of a ternary."""
 
     subscript: Affine
     extent: Affine
+    guarded: bool = False
+    access: str = ""  # the access as written, e.g. "A(i + 1)"
 
 
 class _DefChecker:
@@ -248,7 +256,8 @@ class _StatementChecker:
                 raise self.error(f"'{s.target}' has {len(target_shape)} dimension(s) but is written with "
                                  f"{len(s.indices)} index(es)", s.loc)
             for index, extent in zip(s.indices, target_shape):
-                self.constraints.append(_Constraint(Affine.var(index), extent))
+                self.constraints.append(_Constraint(Affine.var(index), extent,
+                                                    access=f"the shape of '{s.target}'"))
         for index in where_ranges:
             if index not in self.indices:
                 clause = next(c for c in s.where if isinstance(c, ast.RangeClause) and c.index == index)
@@ -468,8 +477,7 @@ class _StatementChecker:
             affine = self.affine_subscript(arg)
             if affine is not None:
                 subscripts.append(affine)
-                if not guarded:
-                    self.constraints.append(_Constraint(affine, extent))
+                self.constraints.append(_Constraint(affine, extent, guarded, format_expr(expr)))
                 continue
             value = self.type_expr(arg, guarded)
             if not (is_integer(value.expr.dtype) or value.expr.dtype == BOOL):
@@ -522,37 +530,19 @@ class _StatementChecker:
     def infer_ranges(self, fixed: dict[str, ir.IndexRange]) -> dict[str, ir.IndexRange]:
         known = dict(fixed)
         unknown = [i for i in self.indices if i not in known]
+        unguarded = [c for c in self.constraints if not c.guarded]
+        guarded = [c for c in self.constraints if c.guarded]
         while unknown:
-            lows: dict[str, list[Affine]] = {}
-            highs: dict[str, list[Affine]] = {}
-            inclusive = {i: (r.lo, r.hi - 1) for i, r in known.items()}
-            for constraint in self.constraints:
-                free = [n for n in constraint.subscript.names() if n in unknown]
-                if len(free) != 1:
-                    continue
-                index = free[0]
-                coefficient = constraint.subscript.coefficient(index)
-                if coefficient == 0:
-                    continue  # the index only occurs inside floor/min/max: not a usable bound
-                rest = constraint.subscript - Affine.var(index) * coefficient
-                rest_min, rest_max = rest.bounds(inclusive)
-                if coefficient > 0:
-                    lo = (-rest_min).ceildiv(coefficient)
-                    hi = (constraint.extent - 1 - rest_max).floordiv(coefficient) + 1
-                else:
-                    lo = (rest_max - constraint.extent + 1).ceildiv(-coefficient)
-                    hi = rest_min.floordiv(-coefficient) + 1
-                lows.setdefault(index, []).append(lo)
-                highs.setdefault(index, []).append(hi)
-            if not lows:
+            bounds = self._bounds_from(unguarded, known, unknown) or self._bounds_from(guarded, known, unknown)
+            if not bounds:
                 break
-            for index in lows:
-                lo, hi = lows[index][0], highs[index][0]
-                for other in lows[index][1:]:
+            for index, (lows, highs, accesses) in bounds.items():
+                lo, hi = lows[0], highs[0]
+                for other in lows[1:]:
                     lo = lo.maximum(other)
-                for other in highs[index][1:]:
+                for other in highs[1:]:
                     hi = hi.minimum(other)
-                known[index] = ir.IndexRange(lo, hi)
+                known[index] = ir.IndexRange(lo, hi, tuple(dict.fromkeys(accesses)))
                 unknown.remove(index)
         if unknown:
             index = unknown[0]
@@ -561,6 +551,36 @@ class _StatementChecker:
                 f"add 'where {index} in LO:HI' (or, if '{index}' is not meant to be an index, it is an "
                 f"unknown name)", self._first_use(index), RangeInferenceError)
         return known
+
+    @staticmethod
+    def _bounds_from(constraints: list[_Constraint], known: dict[str, ir.IndexRange], unknown: list[str]
+                     ) -> dict[str, tuple[list[Affine], list[Affine], list[str]]]:
+        """One round of inference: index -> (lower bounds, upper bounds, the accesses giving them)
+        from every constraint in which exactly one index is still unknown, for all values of the
+        known ones."""
+        bounds: dict[str, tuple[list[Affine], list[Affine], list[str]]] = {}
+        inclusive = {i: (r.lo, r.hi - 1) for i, r in known.items()}
+        for constraint in constraints:
+            free = [n for n in constraint.subscript.names() if n in unknown]
+            if len(free) != 1:
+                continue
+            index = free[0]
+            coefficient = constraint.subscript.coefficient(index)
+            if coefficient == 0:
+                continue  # the index only occurs inside floor/min/max: not a usable bound
+            rest = constraint.subscript - Affine.var(index) * coefficient
+            rest_min, rest_max = rest.bounds(inclusive)
+            if coefficient > 0:
+                lo = (-rest_min).ceildiv(coefficient)
+                hi = (constraint.extent - 1 - rest_max).floordiv(coefficient) + 1
+            else:
+                lo = (rest_max - constraint.extent + 1).ceildiv(-coefficient)
+                hi = rest_min.floordiv(-coefficient) + 1
+            lows, highs, accesses = bounds.setdefault(index, ([], [], []))
+            lows.append(lo)
+            highs.append(hi)
+            accesses.append(constraint.access)
+        return bounds
 
     def _first_use(self, index: str) -> SourceLocation:
         s = self.statement

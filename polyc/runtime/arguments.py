@@ -46,6 +46,10 @@ def _as_input_array(definition: CheckedDef, tensor: Tensor, value) -> np.ndarray
         return _scalar_to_array(where, tensor, value)
     if not isinstance(value, np.ndarray):
         raise SignatureError(f"{where} must be a numpy array, not {type(value).__name__}")
+    if value.dtype != tensor.dtype and value.dtype.newbyteorder("=") == tensor.dtype:
+        # The same type in the other byte order: read through a native copy, as numpy's own
+        # functions do (the caller's array is left as it is).
+        value = value.astype(tensor.dtype)
     if value.dtype != tensor.dtype:
         raise SignatureError(f"{where} must have dtype {tensor.dtype.name}, not {value.dtype.name} "
                              f"(convert it with .astype(numpy.{tensor.dtype.name}))")
@@ -155,6 +159,11 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
             if not isinstance(array, np.ndarray):
                 raise SignatureError(f"{where} must be a numpy array, not {type(array).__name__}")
             expected = shapes[name]
+            if array.dtype != tensor.dtype and array.dtype.newbyteorder("=") == tensor.dtype:
+                raise SignatureError(f"{where} is {tensor.dtype.name} in {_byte_order(array.dtype)} byte order "
+                                     f"('{array.dtype.str}'); kernels write in the machine's byte order: pass "
+                                     f"numpy.empty({expected}, numpy.{tensor.dtype.name}), and convert the result "
+                                     f"with .astype('{array.dtype.str}') if needed")
             if array.dtype != tensor.dtype or array.shape != expected:
                 raise SignatureError(f"{where} must be a {tensor.dtype.name} array of shape {expected}, "
                                      f"not {array.dtype.name} {array.shape}")
@@ -164,6 +173,10 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
                 raise SignatureError(f"{where} overlaps another argument")
             arrays[name] = array
     return call
+
+
+def _byte_order(dtype: np.dtype) -> str:
+    return "big-endian" if dtype.byteorder == ">" else "little-endian"
 
 
 def _overlap(a: np.ndarray, b: np.ndarray) -> bool:

@@ -139,10 +139,42 @@ def test_exists_bounds_an_index():
     assert ranges(window) == {"i": "0:N - K + 1", "r_k": "0:K"}
 
 
-def test_guarded_accesses_do_not_bound():
+def test_where_wins_over_guarded_accesses():
     shift = check("def f(float(N) A) -> (O) { O(i) = i > 0 ? A(i - 1) : 0 where i in 0:N }")
     assert ranges(shift) == {"i": "0:N"}
     assert shape(shift, "O") == ("N",)
+
+
+def test_unguarded_accesses_win_over_guarded_ones():
+    # A(i - 1) alone would give 1:N + 1; the unguarded A(i) decides
+    shift = check("def f(float(N) A) -> (O) { O(i) = A(i) + (i > 0 ? A(i - 1) : 0) }")
+    assert ranges(shift) == {"i": "0:N"}
+    assert shift.statements[0].ranges[0][1].inferred_from == ("A(i)",)
+
+
+def test_guarded_accesses_bound_what_nothing_else_bounds():
+    # TC's concat: m and n appear only in the branches
+    concat = check("def concat(float(M, N) A, float(M, N) B) -> (O1) {\n"
+                   "    O1(n, i, m) = i == 0 ? A(m, n) : B(m, n) where i in 0:2\n}")
+    assert ranges(concat) == {"n": "0:N", "i": "0:2", "m": "0:M"}
+    assert shape(concat, "O1") == ("N", "2", "M")
+    assert dict(concat.statements[0].ranges)["m"].inferred_from == ("A(m, n)", "B(m, n)")
+    # alone, the guarded access bounds its index as any access would (TC's rule)
+    shift = check("def f(float(N) A) -> (O) { O(i) = i > 0 ? A(i - 1) : 0 }")
+    assert ranges(shift) == {"i": "1:N + 1"}
+
+
+def test_guarded_accesses_bound_one_unknown_at_a_time():
+    # TC's masked_convolve: f and r_c from the unguarded Mask, then b, r_k1, r_k2 from the
+    # branch, then h and w once r_k1 and r_k2 are known
+    masked = check("""
+def masked_convolve(float(B, C, H, W) Input, float(F, C, K, K) Weights, uint8(F, C) Mask) -> (Output) {
+    Output(b, f, h, w) +=! (Mask(f, r_c) == 1) ?
+        fmax(0.0, Input(b, r_c, h + r_k1, w + r_k2)) * Weights(f, r_c, r_k1, r_k2) : 0.0
+}""")
+    assert ranges(masked) == {"b": "0:B", "f": "0:F", "h": "0:H - K + 1", "w": "0:W - K + 1",
+                              "r_c": "0:C", "r_k1": "0:K", "r_k2": "0:K"}
+    assert dict(masked.statements[0].ranges)["f"].inferred_from == ("Mask(f, r_c)",)
 
 
 def test_gather_subscript_is_not_affine():

@@ -102,7 +102,7 @@ SEMANTIC_CASES = [
     case("uninferable-in-later-statement", in_body("  B(i) = A(i)", "  B(i) = B(i) * 2 + j"), 3, 21,
          "where j in", RangeInferenceError),
     case("non-affine-subscript", in_body("  B(i) = A(i * i)"), 2, 5, "range of index 'i'", RangeInferenceError),
-    case("only-guarded-accesses", in_body("  B(i) = i > 0 ? A(i - 1) : 0"), 2, 5, "where i in",
+    case("index-only-in-a-condition", in_body("  B(i) = A(i) + (j > 0 ? 1 : 0)"), 2, 18, "where j in",
          RangeInferenceError),
     # --- where clauses
     case("where-range-for-unused-index", in_body("  B(i) = A(i) where j in 0:N"), 2, 21,
