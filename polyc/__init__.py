@@ -5,11 +5,11 @@ drop-in for ``numpy.einsum`` built on the same compiler.
 """
 __version__ = "0.1.0"  # first, so that submodules may import it during package import
 
-from polyc.errors import (BoundsError, CacheError, CompilationError, PolycError, RangeInferenceError,
+from polyc.errors import (BoundsError, CacheError, CompilationError, PolycError, PolycWarning, RangeInferenceError,
                           SignatureError, TCSemanticError, TCSyntaxError, UnsupportedError)
 from polyc.api import Kernel, Module, define
 from polyc.frontends.einsum import einsum
 
 __all__ = ["define", "einsum", "Module", "Kernel", "PolycError", "TCSyntaxError", "TCSemanticError",
            "RangeInferenceError", "BoundsError", "SignatureError", "UnsupportedError",
-           "CompilationError", "CacheError", "__version__"]
+           "CompilationError", "CacheError", "PolycWarning", "__version__"]

@@ -72,3 +72,7 @@ class CompilationError(PolycError):
 
 class CacheError(PolycError):
     """The kernel cache cannot be used (an unwritable directory, say)."""
+
+
+class PolycWarning(UserWarning):
+    """A def that is valid but probably not what its author meant (shown with Python's warnings)."""

@@ -4,6 +4,7 @@ compiled (and interpreted) against numpy; and the messages polyc gives for TC's 
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -49,6 +50,47 @@ def test_masked_convolve_matches_numpy(programs, shape):
     terms = channels * k * k  # TC's rule: rtol = eps(float32) * the reduction length
     np.testing.assert_allclose(result, expected, rtol=terms * np.finfo(np.float32).eps,
                                atol=terms * np.finfo(np.float32).eps * np.abs(expected).max())
+
+
+def test_equivalence_annotation_is_accepted_and_changes_nothing():
+    # TC's '<=> matmul(...)' names a library call the statement is equivalent to
+    source = "def fun(float(X, Y) A, float(Y, Z) B) -> (O) {{ O(i, j) +=! A(i, k) * B(k, j){} }}"
+    annotated = polyc.define(source.format(" <=> matmul(A(i, k), B(k, j))")).fun
+    assert annotated.definition.statements == polyc.define(source.format("")).fun.definition.statements
+    a, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(annotated(a, b), a @ b)
+
+
+def test_c_math_builtins_of_tcs_tests(programs):
+    fun = polyc.define("def fun(float(N, N) A, float(N, N) B, float(N) C) -> (O) {\n"
+                       "    O(n0, n1) = nextafter(C(n0), exp(A(n0, n1))) + log(B(n1, n0))\n}",
+                       backend=programs.concat.options.backend).fun
+    rng = np.random.default_rng(2)
+    a, b, c = rng.standard_normal((5, 5)), rng.uniform(0.5, 2, (5, 5)), rng.standard_normal(5)
+    a, b, c = a.astype(np.float32), b.astype(np.float32), c.astype(np.float32)
+    expected = np.nextafter(c[:, None], np.exp(a)) + np.log(b.T)
+    np.testing.assert_allclose(fun(a, b, c), expected, rtol=4 * np.finfo(np.float32).eps)
+
+
+@pytest.mark.parametrize("statement, expected", [
+    ("B +=! A(i)", np.any), ("B *=! A(i)", np.all), ("B max=! A(i)", np.any), ("B min=! A(i)", np.all)])
+@pytest.mark.parametrize("size", [2, 3, 1000])
+def test_bool_reductions_are_logical(programs, statement, expected, size):
+    # TC's generated type tests: a bool + is "or" (gcc once combined OpenMP's private copies of a
+    # _Bool + reduction modulo 2, so two threads' true gave false)
+    kernel = polyc.define(f"def t(bool(N) A) -> (B) {{ {statement} }}", backend=programs.concat.options.backend).t
+    for values in (np.ones(size, bool), np.zeros(size, bool), np.arange(size) % 2 == 0, np.arange(size) == size - 1):
+        assert kernel(values) == expected(values), values
+
+
+def test_reduction_without_init_into_a_fresh_tensor_warns():
+    with pytest.warns(polyc.PolycWarning, match=r"column \d+: 'O' is first written by 'O\(i\) \*= A\(i, j\)'.*"
+                                                r"write '\*=!'") as caught:
+        polyc.define("def f(float(N, M) A) -> (O) {\n    O(i) *= A(i, j)\n}", filename="product.tc")
+    assert caught[0].filename == "product.tc" and caught[0].lineno == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # += from zero, or accumulating into an earlier statement's value
+        polyc.define("def f(float(N, M) A) -> (O) { O(i) += A(i, j) \n O(i) max= A(i, j) }")
 
 
 def test_guarded_accesses_are_proved_only_where_their_guard_holds():

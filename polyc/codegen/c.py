@@ -34,6 +34,10 @@ from polyc.options import Options
 from polyc.schedule.transform import PARALLEL, REDUCE, SIMD, parse_mark
 from polyc.types import identity
 
+#: OpenMP's operator for a reduction of bools: TC's bool + is "or" and * is "and" (gcc combines
+#: the private copies of a _Bool + reduction modulo 2, so true + true would give false).
+_BOOL_REDUCTIONS = {"+": "||", "*": "&&", "max": "||", "min": "&&"}
+
 _STATUS = "polyc_status"
 _MIXED = "<not one element>"
 _C_KEYWORDS = frozenset("""auto break case char const continue default do double else enum extern float for goto
@@ -237,6 +241,8 @@ class _KernelWriter:
     def reduction_identifier(self, op: str, dtype: np.dtype) -> str:
         """OpenMP's name for reducing with ``op`` in ``dtype``, declaring polyc's own for float
         min/max (OpenMP's compare differently from fmin/fmax when a NaN is involved)."""
+        if dtype.kind == "b":
+            return _BOOL_REDUCTIONS[op]
         if dtype.kind != "f" or op in ("+", "*"):
             return op
         ctype = c_type(dtype)
@@ -254,8 +260,9 @@ class _KernelWriter:
         clauses = []
         for item in argument.split(";"):
             op, tensor = item.split(":")
-            elements = " * ".join(f"({self.size_expr(e)})" for e in self.definition.tensor(tensor).shape) or "1"
-            clauses.append(f"reduction({op}:{tensor}[0:{elements}])")
+            shape, dtype = self.definition.tensor(tensor).shape, self.definition.tensor(tensor).dtype
+            elements = " * ".join(f"({self.size_expr(e)})" for e in shape) or "1"
+            clauses.append(f"reduction({_BOOL_REDUCTIONS[op] if dtype.kind == 'b' else op}:{tensor}[0:{elements}])")
         return " ".join(clauses)
 
     def for_node(self, node: isl.AstNode, pragmas: list[str]):

@@ -148,7 +148,9 @@ class Statement:
     """``T(i, j) OP[!] rhs where ...``.
 
     ``indices`` are the left-hand index names (empty for a 0-d target); ``op`` is one of
-    ASSIGN_OPS and ``init`` is True when it was followed by ``!``.
+    ASSIGN_OPS and ``init`` is True when it was followed by ``!``.  ``equivalent`` is TC's
+    annotation ``<=> matmul(A(i, k), B(k, j))`` naming a library operation the statement is
+    equivalent to; it has no effect on what the statement computes.
     """
 
     target: str
@@ -157,6 +159,7 @@ class Statement:
     init: bool
     rhs: Expr
     where: tuple[WhereClause, ...] = ()
+    equivalent: Access | None = None
     loc: SourceLocation = field(default=_NOWHERE, compare=False)
     index_locs: tuple[SourceLocation, ...] = field(default=(), compare=False)
 

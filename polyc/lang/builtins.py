@@ -5,6 +5,7 @@ reference interpreter (numpy) and code generation (C), so a builtin is added in 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -33,6 +34,49 @@ def _fma(a, b, c):
     return (np.asarray(a, wide) * np.asarray(b, wide) + np.asarray(c, wide)).astype(dtype)
 
 
+def _fdim(a, b):
+    """C's fdim: a - b where a > b, else +0; NaN when either is NaN (fdim(inf, inf) is 0)."""
+    a, b = np.asarray(a), np.asarray(b)
+    with np.errstate(invalid="ignore", over="ignore"):
+        difference = np.where(a > b, a - b, np.zeros((), np.result_type(a, b)))
+    return np.where(np.isnan(a) | np.isnan(b), np.nan, difference).astype(np.result_type(a, b))
+
+
+def _remainder_scalar(a: float, b: float) -> float:
+    try:
+        return math.remainder(a, b)
+    except ValueError:  # remainder(inf, y) and remainder(x, 0): NaN in C
+        return math.nan
+
+
+_remainder_elementwise = np.frompyfunc(_remainder_scalar, 2, 1)
+
+
+def _remainder(a, b):
+    """C's remainder (IEEE 754: the quotient rounded to nearest, ties to even), which numpy
+    lacks (``numpy.remainder`` is Python's modulo).  Exact in float64 for every float type."""
+    dtype = np.result_type(a, b)
+    return np.asarray(_remainder_elementwise(np.asarray(a, np.float64), np.asarray(b, np.float64)),
+                      np.float64).astype(dtype)
+
+
+def _logb(x):
+    """C's logb: the exponent of |x| as a float (subnormals included); -inf at 0, inf at inf."""
+    x = np.asarray(x)
+    exponent = (np.frexp(x)[1] - 1).astype(x.dtype)
+    with np.errstate(divide="ignore"):
+        special = np.where(x == 0, -np.inf, np.abs(x))  # inf -> inf, NaN -> NaN
+    return np.where((x == 0) | ~np.isfinite(x), special, exponent).astype(x.dtype)
+
+
+def _exp10(x):
+    """10^x, in float64 for narrower types (one rounding, as glibc's exp10f)."""
+    x = np.asarray(x)
+    wide = np.float64 if x.dtype.itemsize <= 4 else np.longdouble
+    with np.errstate(over="ignore"):
+        return np.power(wide(10), x.astype(wide)).astype(x.dtype)
+
+
 @dataclass(frozen=True)
 class Builtin:
     """``float_only``: integer arguments are converted to float32 first (C's math.h functions);
@@ -52,11 +96,13 @@ def _table(*entries: Builtin) -> dict[str, Builtin]:
 BUILTINS: dict[str, Builtin] = _table(
     Builtin("exp", 1, np.exp, "exp"),
     Builtin("exp2", 1, np.exp2, "exp2"),
+    Builtin("exp10", 1, _exp10, "exp10"),
     Builtin("expm1", 1, np.expm1, "expm1"),
     Builtin("log", 1, np.log, "log"),
     Builtin("log2", 1, np.log2, "log2"),
     Builtin("log10", 1, np.log10, "log10"),
     Builtin("log1p", 1, np.log1p, "log1p"),
+    Builtin("logb", 1, _logb, "logb"),
     Builtin("sqrt", 1, np.sqrt, "sqrt"),
     Builtin("rsqrt", 1, _rsqrt, "rsqrt"),
     Builtin("cbrt", 1, np.cbrt, "cbrt"),
@@ -84,6 +130,9 @@ BUILTINS: dict[str, Builtin] = _table(
     Builtin("pow", 2, np.power, "pow"),
     Builtin("atan2", 2, np.arctan2, "atan2"),
     Builtin("fmod", 2, np.fmod, "fmod"),
+    Builtin("remainder", 2, _remainder, "remainder"),
+    Builtin("fdim", 2, _fdim, "fdim"),
+    Builtin("nextafter", 2, np.nextafter, "nextafter"),
     Builtin("hypot", 2, np.hypot, "hypot"),
     Builtin("copysign", 2, np.copysign, "copysign"),
     Builtin("fmax", 2, np.fmax, "fmax"),

@@ -29,7 +29,7 @@ KEYWORDS = frozenset({"def", "where", "in", "exists"})
 
 # Longest first, so that the first match is the maximal munch.
 PUNCTUATION = (
-    "->", "+=", "*=", "&&", "||", "<=", ">=", "==", "!=",
+    "<=>", "->", "+=", "*=", "&&", "||", "<=", ">=", "==", "!=",
     "(", ")", "{", "}", ",", ":", ";", "?", ".", "=", "!", "<", ">", "+", "-", "*", "/", "%",
 )
 

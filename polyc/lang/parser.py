@@ -9,7 +9,7 @@ The grammar (``[x]`` optional, ``{x}`` repeated)::
     output     := NAME | TYPE ['(' [size {',' size}] ')'] NAME
     size       := NAME | INTEGER
     statement  := NAME ['(' [NAME {',' NAME}] ')'] ASSIGN ['!'] expr
-                  ['where' clause {',' clause}] [';']
+                  ['<=>' NAME '(' [args] ')'] ['where' clause {',' clause}] [';']
     ASSIGN     := '=' | '+=' | '*=' | 'min=' | 'max='
     clause     := NAME 'in' expr ':' expr | 'exists' NAME '(' [args] ')' | NAME '=' expr
     expr       := or ['?' expr ':' expr]
@@ -245,6 +245,11 @@ class _Parser:
             )
         op, init = self._parse_assign_op(target, follows_expression)
         rhs = self._parse_expression()
+        equivalent = None
+        if self._accept("<=>"):  # TC's note of an equivalent library call: kept, not used
+            name = self._expect_name("the name of an equivalent operation after '<=>'")
+            self._expect("(", f"after '{name.text}' in '<=>'")
+            equivalent = ast.Access(name.text, self._parse_arguments(name.text), loc=name.loc)
 
         clauses = []
         if self._accept("where"):
@@ -259,6 +264,7 @@ class _Parser:
             init,
             rhs,
             tuple(clauses),
+            equivalent,
             loc=target.loc,
             index_locs=tuple(index.loc for index in lhs_indices),
         )

@@ -61,6 +61,8 @@ def format_statement(statement: ast.Statement) -> str:
     # A space always follows the operator, so that '= !x' (a negation) never reads as '=!'.
     op = statement.op + ("!" if statement.init else "")
     text = f"{statement.target}({', '.join(statement.indices)}) {op} {format_expr(statement.rhs)}"
+    if statement.equivalent is not None:
+        text += f" <=> {format_expr(statement.equivalent)}"
     if statement.where:
         text += " where " + ", ".join(format_where_clause(c) for c in statement.where)
     return text

@@ -16,11 +16,13 @@ padding written as ``(h >= 1) ? I(h - 1) : 0`` leaves h the range an unguarded a
 """
 from __future__ import annotations
 
+import difflib
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from polyc.errors import PolycError, RangeInferenceError, SourceLocation, TCSemanticError
+from polyc.errors import PolycError, PolycWarning, RangeInferenceError, SourceLocation, TCSemanticError
 from polyc.lang import ast
 from polyc.lang import checked as ir
 from polyc.lang.builtins import BUILTINS
@@ -269,6 +271,7 @@ class _StatementChecker:
         self._check_self_reads(rhs.expr, reduction_indices)
 
         if target is None:
+            self._warn_reduction_from_zero()
             declared = owner.declared_outputs.get(s.target)
             dtype = TC_TYPES[declared.dtype] if declared is not None and declared.dtype \
                 else self._result_dtype(rhs)
@@ -289,6 +292,19 @@ class _StatementChecker:
             text=_statement_text(owner.text, s),
             loc=s.loc,
         )
+
+    def _warn_reduction_from_zero(self) -> None:
+        """TC's warning: '*=', 'min=' or 'max=' without '!' as the first write of a tensor reduces
+        into its starting value, zero (unless the caller passes it in outputs=): a product of
+        zero, a min capped at 0."""
+        s = self.statement
+        if s.init or s.op not in ("*=", "min=", "max="):
+            return
+        message = (f"column {s.loc.col}: '{s.target}' is first written by '{_statement_text(self.owner.text, s)}', "
+                   f"whose '{s.op}' without '!' starts from {s.target}'s value before the statement: zero, unless "
+                   f"passed in outputs=; write '{s.op}!' to start from the identity of {s.op[:-1]}")
+        # Shown at the TC source's line, not at a line of polyc.
+        warnings.warn_explicit(message, PolycWarning, s.loc.filename, s.loc.line)
 
     def _check_target(self, target: ir.Tensor | None) -> None:
         s, owner = self.statement, self.owner
@@ -467,7 +483,10 @@ class _StatementChecker:
             raise self.error(f"'{expr.tensor}' is read before any statement writes it", expr.loc)
         if kind != "tensor":
             what = "a size" if kind == "size" else "not a tensor, builtin or type"
-            raise self.error(f"unknown tensor '{expr.tensor}' ({what})", expr.loc)
+            known = [*self.owner.tensors, *BUILTINS, *TC_TYPES]
+            close = difflib.get_close_matches(expr.tensor, known, n=1) if kind != "size" else []
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise self.error(f"unknown tensor '{expr.tensor}' ({what}){hint}", expr.loc)
         tensor = self.owner.tensors[expr.tensor]
         if len(expr.args) != tensor.rank:
             raise self.error(f"'{expr.tensor}' has {tensor.rank} dimension(s) but is accessed with "

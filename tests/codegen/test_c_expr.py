@@ -281,7 +281,8 @@ MATH_DOMAINS = {
     "cbrt": "R", "sin": "R", "cos": "R", "tan": "R", "asin": "U", "acos": "U", "atan": "R",
     "sinh": "R", "cosh": "R", "tanh": "R", "asinh": "R", "acosh": "Q", "atanh": "U", "erf": "R",
     "erfc": "R", "tgamma": "P", "lgamma": "P", "pow": "PR", "atan2": "RR", "hypot": "RR",
-    "copysign": "RR", "fma": "PPP", "round": "H",
+    "copysign": "RR", "fma": "PPP", "round": "H", "exp10": "R", "logb": "R", "remainder": "RR", "fdim": "RR",
+    "nextafter": "RR",
 }
 
 
@@ -322,6 +323,26 @@ def test_round_edge_cases():
     definition = expressions_def(expressions, inputs)
     np.testing.assert_array_equal(run_compiled(definition, [values])[0], expected)
     np.testing.assert_array_equal(interpret(definition, [values])[0], expected)
+
+
+@pytest.mark.parametrize("dtype", [FLOAT32, FLOAT64], ids=lambda d: d.name)
+def test_exact_builtins_at_special_values(dtype):
+    # C's remainder rounds the quotient to even (numpy.remainder is Python's modulo); fdim is
+    # +0 unless a > b; logb is the exponent, -inf at 0; nextafter steps one ulp towards b
+    tiny = np.finfo(dtype).smallest_subnormal
+    a = np.array([5, 7, -5, 1, np.inf, 3, 0, -0.0, np.nan, 1, tiny, 1e-30, np.inf, -2], dtype)
+    b = np.array([2, 2, 2, 0, 2, np.inf, 1, 1, 1, np.nan, -1, 3, np.inf, -np.inf], dtype)
+    inputs = {"A": a, "B": b}
+    x, y = Read(dtype, "A", (I,)), Read(dtype, "B", (I,))
+    expressions = [Call(dtype, name, (x, y)) for name in ("remainder", "fdim", "nextafter")]
+    expressions.append(Call(dtype, "logb", (x,)))
+    definition = expressions_def(expressions, inputs)
+    check_against_interpreter(definition, [a, b])
+    remainder, fdim, nextafter, logb = interpret(definition, [a, b])
+    np.testing.assert_array_equal(remainder[:4], [1, -1, -1, np.nan])
+    np.testing.assert_array_equal(fdim[[0, 5, 12, 13]], [3, 0, 0, np.inf])
+    np.testing.assert_array_equal(nextafter[[3, 10]], [np.nextafter(dtype.type(1), dtype.type(0)), 0])
+    np.testing.assert_array_equal(logb[[0, 4, 6, 10]], [2, np.inf, -np.inf, np.log2(tiny)])
 
 
 def test_fma_rounds_once():
