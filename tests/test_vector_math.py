@@ -41,6 +41,11 @@ SPECIAL_VALUES = [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, -1.0, 2.0, 0
                   20.0, -20.0, 22.0, 9.01, -9.01, 1e-8, -1e-8, 1e-20, -0.9999999, -1.0000001, 1e30, -1e30]
 
 
+#: Inputs where a function once erred most (kept so that the error cannot come back unseen):
+#: log1p before its correction was added inside log's sum, 1.61 ulp (200-bit reference).
+KNOWN_WORST = {("log1p", "float64"): [-0.30029474603159906, -0.33483426326755955]}
+
+
 @pytest.fixture(scope="module", autouse=True)
 def kernel_cache(tmp_path_factory):
     """A private kernel cache for this module, so the tests never touch the user's cache."""
@@ -135,7 +140,8 @@ def sample_inputs(name: str, dtype: np.dtype, count: int, seed: int = 0) -> np.n
         spread = np.abs(spread) - (1.0 if name == "log1p" else 0.0) + rng.random(count // 2) * 1e-3
     with np.errstate(over="ignore"):
         special = np.array(SPECIAL_VALUES).astype(dtype)
-    return np.concatenate([patterns, spread.astype(dtype), special, -special])
+    known = np.array(KNOWN_WORST.get((name, dtype.name), []), dtype=dtype)
+    return np.concatenate([patterns, spread.astype(dtype), special, -special, known])
 
 
 @pytest.mark.parametrize("name, dtype", TRANSCENDENTAL, ids=lambda v: getattr(v, "name", v))
@@ -336,7 +342,5 @@ if __name__ == "__main__":
             result, exact = apply(library, name, x), _reference(name, x)
             errors = ulp_errors(result, exact)
             if errors.size and errors.max() > worst:
-                with np.errstate(over="ignore"):
-                    finite = np.isfinite(exact.astype(np.float32)) & np.isfinite(result)
-                worst, at = float(errors.max()), float(x[finite][errors.argmax()])
+                worst, at = float(errors.max()), float(x[errors.argmax()])
         print(f"{name} float32: max {worst:.4f} ulp (at {at!r})")
