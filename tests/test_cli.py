@@ -1,6 +1,10 @@
 """The ``polyc`` command line: ``main([...])`` in-process, plus real ``python -m polyc`` runs.
 
-Runs use ``--backend interpreter`` so that they do not depend on the compiled pipeline.
+``polyc run --check`` compares the kernel with the reference interpreter, so a check is only a
+check when the kernel is compiled: runs use the default (compiled) back end, as the README's
+commands do, at small sizes (each distinct def and size set costs a C compilation).  Only
+``test_run_on_the_interpreter_backend`` passes ``--backend interpreter``.  ``--emit
+isl/schedule/c`` print the real stages.
 """
 from __future__ import annotations
 
@@ -30,6 +34,14 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     status = main(list(argv))
     captured = capsys.readouterr()
     return status, captured.out, captured.err
+
+
+@pytest.fixture(autouse=True)
+def kernel_cache(tmp_path_factory, monkeypatch):
+    """One kernel cache for this module's runs (each kernel built once), never the user's."""
+    path = tmp_path_factory.getbasetemp() / "cli-kernel-cache"
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(path))
+    return path
 
 
 @pytest.fixture
@@ -72,7 +84,7 @@ def test_bad_option_value_is_a_usage_error(capsys):
 
 @pytest.mark.parametrize("shape", ["M", "M=x", "M=-1", "=3"])
 def test_bad_shape_syntax_is_a_usage_error(capsys, shape):
-    status, _, err = run_cli(capsys, "run", MATMUL, "--entry", "matmul", "--shape", shape, *INTERPRETER)
+    status, _, err = run_cli(capsys, "run", MATMUL, "--entry", "matmul", "--shape", shape)
     assert status == 2
     assert "--shape" in err
 
@@ -122,17 +134,37 @@ def test_compile_shape_only_with_compiled_stages(capsys):
     assert "--shape is not used with --emit ranges" in err
 
 
-def test_compile_shape_must_name_a_size(capsys, monkeypatch):
-    monkeypatch.setattr(polyc.Kernel, "c_source", lambda self, sizes: "", raising=False)
-    status, _, err = run_cli(capsys, "compile", MATMUL, "--entry", "matmul", "--emit", "c", "--shape", "Z=4",
-                             *INTERPRETER)
+def test_compile_shape_must_name_a_size(capsys):
+    status, _, err = run_cli(capsys, "compile", MATMUL, "--entry", "matmul", "--emit", "c", "--shape", "Z=4")
     assert status == 2
     assert "--shape names Z, not a size of matmul (sizes: K, M, N)" in err
 
 
+#: What each later stage of matmul at M=16, K=24, N=8 must show: the sizes fixed, the
+#: statement's domain and accesses, its schedule, the C of the gemm kernel.
+STAGE_TEXT = {
+    "isl": ["M = 16 and K = 24 and N = 8", "S0[m, n, r_k] : 0 <= m <= 15 and 0 <= n <= 7 and 0 <= r_k <= 23",
+            "S0[m, n, r_k] -> A[m, r_k]"],
+    "schedule": ["domain:", "S0[m, n, r_k]"],
+    "c": ["polyc gemm kernel for def 'matmul'", "sizes: M=16, K=24, N=8", "int polyc_matmul("],
+}
+
+
+@pytest.mark.parametrize("emit", sorted(STAGE_TEXT))
+def test_compile_later_stages_print_the_kernels_stage(capsys, emit):
+    status, out, err = run_cli(capsys, "compile", MATMUL, "--entry", "matmul", "--emit", emit,
+                               "--shape", "M=16,K=24,N=8")
+    assert status == 0, err
+    kernel = polyc.define(Path(MATMUL).read_text()).matmul
+    expected = getattr(kernel, cli.EMIT_METHODS[emit])({"M": 16, "K": 24, "N": 8})
+    assert out == expected.rstrip("\n") + "\n"
+    for fragment in STAGE_TEXT[emit]:
+        assert fragment in out
+
+
 @pytest.mark.parametrize("emit, method", [("isl", "isl_model_text"), ("schedule", "schedule_text"),
                                           ("c", "c_source")])
-def test_compile_later_stages_call_the_kernel(capsys, monkeypatch, emit, method):
+def test_compile_later_stages_pass_each_def_its_sizes(capsys, monkeypatch, emit, method):
     calls = []
 
     def stage(self, *args):
@@ -140,12 +172,12 @@ def test_compile_later_stages_call_the_kernel(capsys, monkeypatch, emit, method)
         return f"<{emit} of {self.name}>"
 
     monkeypatch.setattr(polyc.Kernel, method, stage, raising=False)
-    status, out, err = run_cli(capsys, "compile", MATMUL, "--emit", emit, "--shape", "M=64,K=32", *INTERPRETER)
+    status, out, err = run_cli(capsys, "compile", MATMUL, "--emit", emit, "--shape", "M=64,K=32")
     assert status == 0, err
     assert out == f"<{emit} of matmul>\n\n<{emit} of matmul_bias_relu>\n"
     # Each def gets its own sizes; without any, it is compiled for all sizes.
     assert calls == [("matmul", ({"M": 64, "K": 32},)), ("matmul_bias_relu", ({"M": 64, "K": 32},))]
-    run_cli(capsys, "compile", MATMUL, "--entry", "matmul", "--emit", emit, *INTERPRETER)
+    run_cli(capsys, "compile", MATMUL, "--entry", "matmul", "--emit", emit)
     assert calls[-1] == ("matmul", (None,))
 
 
@@ -186,7 +218,7 @@ def test_syntax_error_shows_location_and_caret(capsys, tc_file):
 
 def test_semantic_error_exit_1(capsys, tc_file):
     path = tc_file("def f(float(N) X) -> (Y) {\n    Y(i) = Z(i)\n}\n")
-    status, _, err = run_cli(capsys, "run", path, "--shape", "N=3", *INTERPRETER)
+    status, _, err = run_cli(capsys, "run", path, "--shape", "N=3")
     assert status == 1
     assert err.startswith(f"polyc: error: {path}:2:")
 
@@ -205,28 +237,62 @@ def test_unknown_entry(capsys):
 
 
 # ----------------------------------------------------------------------------- run
-def test_run_matmul_with_check(capsys):
+def built_kernels(cache: Path) -> list[str]:
+    """The C sources the kernel cache holds: one per kernel polyc compiled."""
+    return [path.read_text() for path in cache.rglob("kernel.c")]
+
+
+def test_run_matmul_with_check(capsys, kernel_cache):
     status, out, err = run_cli(capsys, "run", MATMUL, "--entry", "matmul", *MATMUL_SHAPES, "--check",
-                               "--repeat", "2", *INTERPRETER)
+                               "--repeat", "2")
     assert status == 0, err
     assert "output C: float32(16, 8)" in out
     assert "over 2 run(s)" in out
-    assert "check: OK (max abs error" in out
+    assert "check: OK (max abs error" in out and "ops 24)" in out
+    # The check compared compiled code (the default back end) with the interpreter.
+    assert any("polyc gemm kernel for def 'matmul'" in c for c in built_kernels(kernel_cache))
 
 
-def test_run_conv_and_pooling_with_check(capsys):
-    shapes = ["--shape", "N=2,C=3,H=9,W=8", "--shape", "F=4,KH=3,KW=2"]
-    status, out, err = run_cli(capsys, "run", CONV, "--entry", "conv2d", *shapes, "--check", *INTERPRETER)
+def test_readme_conv_command_with_check(capsys, kernel_cache):
+    shapes = [f"--shape={size}" for size in ("N=2", "C=8", "H=16", "W=16", "F=4", "KH=3", "KW=3")]
+    status, out, err = run_cli(capsys, "run", CONV, "--entry", "conv2d", *shapes, "--check")
     assert status == 0, err
-    assert "output O: float32(2, 4, 7, 7)" in out and "check: OK" in out
+    assert "output O: float32(2, 4, 14, 14)" in out and "check: OK" in out and "ops 72)" in out
+    assert any("def 'conv2d'" in c for c in built_kernels(kernel_cache))
+
+
+def test_run_pooling_with_check(capsys):
     status, out, err = run_cli(capsys, "run", CONV, "--entry", "maxpool2x2", "--shape", "N=1,C=2,H=9,W=8",
-                               "--check", *INTERPRETER)
+                               "--check")
     assert status == 0, err
     assert "output O: float32(1, 2, 4, 4)" in out and "check: OK" in out
 
 
+def test_run_on_the_interpreter_backend(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
+    status, out, err = run_cli(capsys, "run", MATMUL, "--entry", "matmul", *MATMUL_SHAPES, "--check", *INTERPRETER)
+    assert status == 0, err
+    assert "check: OK (max abs error 0," in out  # the interpreter against itself
+    assert built_kernels(tmp_path) == []
+
+
+def test_run_check_catches_a_wrong_compiled_result(capsys, monkeypatch):
+    # Negative control: a compiled kernel whose result is off in one element must fail the check.
+    real_call = polyc.Kernel.__call__
+
+    def one_element_off(self, *args, **kwargs):
+        result = real_call(self, *args, **kwargs)
+        result.flat[-1] += np.float32(0.01)
+        return result
+
+    monkeypatch.setattr(polyc.Kernel, "__call__", one_element_off)
+    status, out, _ = run_cli(capsys, "run", MATMUL, "--entry", "matmul", *MATMUL_SHAPES, "--check")
+    assert status == 1
+    assert "check: MISMATCH C: max abs error" in out
+
+
 def test_run_missing_shape_names_every_missing_size(capsys):
-    status, out, err = run_cli(capsys, "run", MATMUL, "--entry", "matmul", "--shape", "K=4", *INTERPRETER)
+    status, out, err = run_cli(capsys, "run", MATMUL, "--entry", "matmul", "--shape", "K=4")
     assert status == 2
     assert out == ""
     assert err.startswith("polyc: error: matmul needs a value for M, N ")
@@ -234,45 +300,43 @@ def test_run_missing_shape_names_every_missing_size(capsys):
 
 
 def test_run_unknown_shape_name(capsys):
-    status, _, err = run_cli(capsys, "run", MATMUL, "--entry", "matmul", *MATMUL_SHAPES, "--shape", "Q=2",
-                             *INTERPRETER)
+    status, _, err = run_cli(capsys, "run", MATMUL, "--entry", "matmul", *MATMUL_SHAPES, "--shape", "Q=2")
     assert status == 2
     assert "Q" in err and "M, K, N" in err
 
 
 def test_run_conflicting_shapes(capsys):
-    status, _, err = run_cli(capsys, "run", MATMUL, "--entry", "matmul", *MATMUL_SHAPES, "--shape", "M=3",
-                             *INTERPRETER)
+    status, _, err = run_cli(capsys, "run", MATMUL, "--entry", "matmul", *MATMUL_SHAPES, "--shape", "M=3")
     assert status == 2
     assert "M twice" in err
 
 
 def test_run_needs_entry_when_several_defs(capsys):
-    status, _, err = run_cli(capsys, "run", MATMUL, *MATMUL_SHAPES, *INTERPRETER)
+    status, _, err = run_cli(capsys, "run", MATMUL, *MATMUL_SHAPES)
     assert status == 2
     assert "--entry" in err and "matmul, matmul_bias_relu" in err
 
 
 def test_run_single_def_needs_no_entry(capsys, tc_file):
     path = tc_file("def scale(float(N) X, float a) -> (Y) {\n    Y(i) = a * X(i)\n}\n")
-    status, out, err = run_cli(capsys, "run", path, "--shape", "N=5", "--check", *INTERPRETER)
+    status, out, err = run_cli(capsys, "run", path, "--shape", "N=5", "--check")
     assert status == 0, err
     assert "output Y: float32(5,)" in out and "check: OK" in out
 
 
 def test_run_scalar_size_input_takes_its_value_from_shape(capsys, tc_file):
     path = tc_file("def repeat(float(N) X, int32 R) -> (Y) {\n    Y(r, i) = X(i) where r in 0:R\n}\n")
-    status, out, err = run_cli(capsys, "run", path, "--shape", "N=8,R=3", "--check", *INTERPRETER)
+    status, out, err = run_cli(capsys, "run", path, "--shape", "N=8,R=3", "--check")
     assert status == 0, err
     assert "output Y: float32(3, 8)" in out
-    status, out, err = run_cli(capsys, "run", path, "--shape", "N=8", *INTERPRETER)
+    status, out, err = run_cli(capsys, "run", path, "--shape", "N=8")
     assert status == 2 and "needs a value for R" in err
 
 
 def test_run_gather_indices_stay_in_bounds(capsys, tc_file):
     path = tc_file("def embed(float(E, D) LUT, int32(B, L) I) -> (O) {\n"
                    "    O(b, d) +=! LUT(I(b, r_l), d)\n}\n")
-    status, out, err = run_cli(capsys, "run", path, "--shape", "E=3,D=4,B=50,L=7", "--check", *INTERPRETER)
+    status, out, err = run_cli(capsys, "run", path, "--shape", "E=3,D=4,B=50,L=7", "--check")
     assert status == 0, err
     assert "output O: float32(50, 4)" in out and "check: OK" in out
 
@@ -280,7 +344,7 @@ def test_run_gather_indices_stay_in_bounds(capsys, tc_file):
 def test_run_integer_and_boolean_outputs_compare_exactly(capsys, tc_file):
     path = tc_file("def f(int32(N) X, float(N) Y) -> (S, P) {\n"
                    "    S() +=! X(r_i)\n    P(i) = Y(i) > 0\n}\n")
-    status, out, err = run_cli(capsys, "run", path, "--shape", "N=10", "--check", *INTERPRETER)
+    status, out, err = run_cli(capsys, "run", path, "--shape", "N=10", "--check")
     assert status == 0, err
     assert "output S: int32()" in out and "output P: bool(10,)" in out and "check: OK" in out
 
@@ -292,12 +356,13 @@ def test_run_check_mismatch_exits_1(capsys, monkeypatch):
         return tuple(out + np.float32(0.01) for out in real_interpret(definition, args, outputs))
 
     monkeypatch.setattr(cli, "interpret", off_by_a_bit)
-    status, out, _ = run_cli(capsys, "run", MATMUL, "--entry", "matmul", *MATMUL_SHAPES, "--check", *INTERPRETER)
+    status, out, _ = run_cli(capsys, "run", MATMUL, "--entry", "matmul", *MATMUL_SHAPES, "--check")
     assert status == 1
     assert "check: MISMATCH" in out and "C: max abs error" in out
 
 
 def test_run_without_check_is_deterministic_in_seed(capsys):
+    # Nothing is checked against anything here: the interpreter spares a compilation.
     argv = ["run", MATMUL, "--entry", "matmul_bias_relu", *MATMUL_SHAPES, "--seed", "7", *INTERPRETER]
     status, out, _ = run_cli(capsys, *argv)
     assert status == 0
@@ -323,12 +388,11 @@ def test_subprocess_version():
     assert result.stdout == "polyc 0.1.0\n"
 
 
-def test_subprocess_run_with_check(tc_file):
-    path = tc_file("def matmul(float(M, K) A, float(K, N) B) -> (C) {\n"
-                   "    C(m, n) +=! A(m, r_k) * B(r_k, n)\n}\n")
-    result = _python_m_polyc("run", path, "--shape", "M=8,K=5,N=3", "--check", *INTERPRETER)
+def test_subprocess_run_with_check():
+    # The README's command, compiled; the kernel is the one test_run_matmul_with_check built.
+    result = _python_m_polyc("run", "examples/matmul.tc", "--entry", "matmul", *MATMUL_SHAPES, "--check")
     assert result.returncode == 0, result.stderr
-    assert "output C: float32(8, 3)" in result.stdout
+    assert "output C: float32(16, 8)" in result.stdout
     assert "check: OK" in result.stdout
 
 

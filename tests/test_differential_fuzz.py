@@ -378,6 +378,15 @@ def _sum(value, error, axes, count: int, arithmetic: _Arithmetic, previous: Boun
     return Bounded(total, total_error + rounding)
 
 
+def sum_bound(terms: np.ndarray, dtype) -> Bounded:
+    """The sum of every element of ``terms`` (in float64) and the error the oracle allows a sum
+    of them in ``dtype`` in any order (see :func:`_sum`): 0 when every term and partial sum lies
+    on the exact grid, else TC's ``count * eps * max(max|term|, |sum|)``.  For other tests that
+    check a reduction by the fuzzer's rule instead of deriving a second one."""
+    value = np.asarray(terms, dtype=np.float64).ravel()
+    return _sum(value, 0.0, (0,), value.size, _Arithmetic(np.dtype(dtype)), None)
+
+
 def _evaluate_statement(statement: Statement, env, extents, arithmetic: _Arithmetic) -> Bounded:
     lhs, reduction = _statement_space(statement)
     space = lhs + reduction

@@ -199,12 +199,14 @@ def rand(rng, shape, dtype=np.float32):
     return rng.uniform(-1, 1, size=shape).astype(dtype)
 
 
-def check(kernel, inputs, expected, ops, outputs=None):
+def check(kernel, inputs, expected, ops, outputs=None, scale_with=()):
+    """``kernel``'s outputs against ``expected`` (float64) by TC's rule, ``max|input|`` taken
+    over ``inputs`` and ``scale_with``."""
     result = kernel(*inputs) if outputs is None else kernel(*inputs, outputs=outputs)
     result = result if isinstance(result, tuple) else (result,)
     for got, want in zip(result, expected):  # want: computed in float64
         assert got.dtype == inputs[0].dtype
-        assert_close(got, want.astype(got.dtype), max(ops, 4), got.dtype, inputs)
+        assert_close(got, want.astype(got.dtype), max(ops, 4), got.dtype, (*inputs, *scale_with))
 
 
 # (M, K, N): not multiples of the register blocks (6..12 x 16..64) nor of the cache blocks;
@@ -259,24 +261,30 @@ def test_threads_with_partial_blocks_repeatedly(cflags):
 
 
 LAYOUTS = {
-    # name: (source, numpy of float64 inputs)
-    "tmm": (POSITIVE["tmm"][0], lambda A, B: A @ B.T, lambda m, k, n: [(m, k), (n, k)]),
-    "at_bt": (POSITIVE["at_bt"][0], lambda A, B: A.T @ B.T, lambda m, k, n: [(k, m), (n, k)]),
-    "transposed_output": (POSITIVE["transposed_output"][0], lambda A, B: (A @ B).T, lambda m, k, n: [(m, k), (k, n)]),
+    # name: (source, numpy of float64 inputs, input shapes for (m, k, n), terms each element sums)
+    "tmm": (POSITIVE["tmm"][0], lambda A, B: A @ B.T, lambda m, k, n: [(m, k), (n, k)], lambda k: k),
+    "at_bt": (POSITIVE["at_bt"][0], lambda A, B: A.T @ B.T, lambda m, k, n: [(k, m), (n, k)], lambda k: k),
+    "transposed_output": (POSITIVE["transposed_output"][0], lambda A, B: (A @ B).T,
+                          lambda m, k, n: [(m, k), (k, n)], lambda k: k),
     "multi_k": (POSITIVE["multi_k"][0], lambda A, B: np.einsum("mab,ban->mn", A, B),
-                lambda m, k, n: [(m, k, 3), (3, k, n)]),
-    "same_tensor_twice": (POSITIVE["same_tensor_twice"][0], lambda A: A @ A.T, lambda m, k, n: [(m, k)]),
+                lambda m, k, n: [(m, k, 3), (3, k, n)], lambda k: 3 * k),
+    "same_tensor_twice": (POSITIVE["same_tensor_twice"][0], lambda A: A @ A.T, lambda m, k, n: [(m, k)],
+                          lambda k: k),
 }
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_permuted_layouts(name):
-    source, reference, shapes = LAYOUTS[name]
+    source, reference, shapes, terms = LAYOUTS[name]
     kernel = polyc.define(source, specialize=False).f
     rng = np.random.default_rng(3)
     for m, k, n in [(1, 1, 1), (13, 7, 70), (70, 150, 13), (130, 90, 140)]:
         inputs = [rand(rng, shape) for shape in shapes(m, k, n)]
-        check(kernel, inputs, [reference(*(x.astype(np.float64) for x in inputs))], 3 * k)
+        expected = reference(*(x.astype(np.float64) for x in inputs))
+        # A A^T's diagonal sums k squares: its partial sums grow to the result, so the scale is
+        # the result's magnitude, as in the fuzzer's max(|term|, |sum|), not an input's.
+        scale_with = [np.diag(expected)] if name == "same_tensor_twice" else []
+        check(kernel, inputs, [expected], terms(k), scale_with=scale_with)
 
 
 def test_batched_matmul_in_every_thread_sharing_mode():

@@ -1,8 +1,17 @@
-"""Reductions to small targets run as OpenMP reduction loops, and stay correct."""
+"""Reductions to small targets run as OpenMP reduction loops, and stay correct.
+
+The float sums are checked by the differential fuzzer's rule (``sum_bound``).  On random inputs
+in [0, 1) that rule (and any honest bound for a float32 sum of 10^5 terms in an unknown order)
+is hundreds of units wide, wide enough to hide a lost thread's partial sum.  So the inputs are
+multiples of 1/64 in [1/64, 1]: every partial sum is then a float32 exactly, the rule's bound
+is 0 in any summation order, and dropping or repeating any single term is an error of at least
+1/64.  The sizes are not multiples of any vector width, so the remainder loops run too.
+"""
 import numpy as np
 import pytest
 
 import polyc
+from test_differential_fuzz import sum_bound
 
 SOURCE = """
 def total(float(N) A) -> (S) { S +=! A(r_i) }
@@ -26,8 +35,26 @@ def module(tmp_path_factory):
 def test_sum_is_a_parallel_reduction(module):
     source = module.total.c_source({"N": 1000})
     assert "#pragma omp parallel for reduction(+:S[0:1])" in source
-    a = np.random.default_rng(0).random(100_000, dtype=np.float32)
-    assert abs(float(module.total(a)) - a.sum(dtype=np.float64)) <= 100_000 * np.finfo(np.float32).eps * a.sum()
+    a = grid_values(np.random.default_rng(0), 100_003)
+    assert_sum_within_bound(module.total(a), a)
+
+
+def grid_values(rng: np.random.Generator, shape) -> np.ndarray:
+    """float32 multiples of 1/64 in [1/64, 1]: sums of up to 2^16 of them are exact in float32."""
+    return (rng.integers(1, 65, shape) / 64).astype(np.float32)
+
+
+def assert_sum_within_bound(result, terms: np.ndarray) -> None:
+    expected = sum_bound(terms, terms.dtype)
+    assert float(expected.error) == 0.0, "the inputs must keep the sum exact (see the module docstring)"
+    assert float(result) == float(expected.value), f"sum {float(result)!r}, exactly {float(expected.value)!r}"
+
+
+def test_a_sum_that_drops_its_last_term_is_caught():
+    # Negative control: the mistake of a remainder loop that stops one element early.
+    a = grid_values(np.random.default_rng(0), 100_003)
+    with pytest.raises(AssertionError, match="exactly"):
+        assert_sum_within_bound(a[:-1].sum(dtype=np.float32), a)
 
 
 def test_double_dot(module):
@@ -56,8 +83,8 @@ def test_float_max_is_not_openmps_max_for_nan_semantics(module):
 
 
 def test_two_dimensional_total(module):
-    a = np.random.default_rng(3).random((300, 200), dtype=np.float32)
-    np.testing.assert_allclose(module.sum2d(a), a.sum(dtype=np.float64), rtol=1e-4)
+    a = grid_values(np.random.default_rng(3), (301, 203))
+    assert_sum_within_bound(module.sum2d(a), a)
 
 
 def test_no_reduction_clause_without_parallel(tmp_path, monkeypatch):

@@ -5,7 +5,6 @@ of characters (delete, insert, replace, duplicate, truncate) or of tokens (delet
 swap, replace with another TC token).  A crash of any other kind (IndexError, RecursionError,
 AttributeError, ...) is a bug in the front end.
 """
-import importlib.util
 import re
 
 import pytest
@@ -15,6 +14,7 @@ from hypothesis import strategies as st
 from polyc.errors import PolycError
 from polyc.lang import ast
 from polyc.lang.parser import parse
+from polyc.lang.sema import check_source
 
 VALID_SOURCES = [
     # matmul
@@ -182,17 +182,9 @@ def test_parse_never_crashes(text):
         assert isinstance(result, ast.SourceFile) and result.defs
 
 
-# Checked with find_spec rather than pytest.importorskip: a skip raised inside a hypothesis
-# test would be raised anew for every example.
-HAS_SEMA = importlib.util.find_spec("polyc.lang.sema") is not None
-
-
-@pytest.mark.skipif(not HAS_SEMA, reason="polyc.lang.sema is not written yet")
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_sources())
 def test_check_never_crashes(text):
-    from polyc.lang.sema import check_source
-
     try:
         check_source(text)
     except PolycError as error:
