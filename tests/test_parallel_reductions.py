@@ -40,7 +40,7 @@ def test_sum_is_a_parallel_reduction(module):
 
 
 def grid_values(rng: np.random.Generator, shape) -> np.ndarray:
-    """float32 multiples of 1/64 in [1/64, 1]: sums of up to 2^16 of them are exact in float32."""
+    """float32 multiples of 1/64 in [1/64, 1]: every sum of them below 2^18 is exact in float32."""
     return (rng.integers(1, 65, shape) / 64).astype(np.float32)
 
 
