@@ -23,7 +23,8 @@ def test_defaults_come_from_the_environment(monkeypatch):
     assert CompilerOptions(cc="gcc", flags=["-O1"]).flags == ("-O1",)
 
 
-def test_default_command_line():
+def test_default_command_line(monkeypatch):
+    monkeypatch.delenv("POLYC_CFLAGS", raising=False)  # the defaults, whatever the caller's environment
     options = CompilerOptions(cc="gcc", extra_flags=("-fsanitize=address,undefined",))
     assert options.command("kernel.c", "kernel.so") == [
         "gcc", "-fPIC", "-shared", "-O3", "-march=native", "-std=gnu11", "-fno-math-errno", "-fopenmp",
