@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polyc.errors import PolycError, UnsupportedError
-from polyc.frontends.einsum import (Contraction, EinsumError, einsum, lower_to_tc, lowered_kernel,
-                                    parse_subscripts, plan_contraction)
+from polyc.frontends.einsum import (Contraction, EinsumError, EinsumPathError, EinsumTypeError, einsum,
+                                    lower_to_tc, lowered_kernel, parse_subscripts, plan_contraction)
 from polyc.options import Options
 
 #: The backend every test runs on; switch to "c" once the compiled path is in.
@@ -186,7 +186,7 @@ def test_out_errors():
         run("ij->i", a, out=np.zeros(3))
     with pytest.raises(EinsumError, match="according to the rule 'safe'"):
         run("ij->i", a, out=np.zeros(2, np.float32))
-    with pytest.raises(EinsumError, match="numpy array"):
+    with pytest.raises(EinsumTypeError, match="numpy array"):  # a TypeError, as in numpy
         run("ij->i", a, out=[0.0, 0.0])
     read_only = np.zeros(2)
     read_only.flags.writeable = False
@@ -196,10 +196,64 @@ def test_out_errors():
 
 def test_order_and_optimize():
     a = np.ones((2, 3))
-    assert run("ij->ij", a, order="F").flags["F_CONTIGUOUS"]
-    assert run("ij->ij", a, order="C").flags["C_CONTIGUOUS"]
-    for optimize in (False, True, "greedy", "optimal"):  # accepted and ignored
+    for order in ("F", "f"):
+        assert run("ij->ij", a, order=order).flags["F_CONTIGUOUS"]
+    for order in ("C", "c", "A", "a", "K", "k"):  # a is C-contiguous
+        assert run("ij,j->ij", a, a[0], order=order).flags["C_CONTIGUOUS"]
+    assert run("ij,j->ij", np.asfortranarray(a), a[0], order="A").flags["F_CONTIGUOUS"]
+    assert run("ij,j->ij", np.asfortranarray(a), a[0], order="K").flags["F_CONTIGUOUS"]  # numpy's layout
+    for optimize in (False, True, "greedy", "optimal", ["einsum_path", (0, 1)]):  # accepted, not followed
         np.testing.assert_array_equal(run("ij,jk->ik", a, a.T, optimize=optimize), a @ a.T)
+    with pytest.raises(EinsumError, match="order must be one of"):
+        run("ij->ij", a, order="W")
+
+
+def test_explicit_path_is_checked_as_numpy_checks_it():
+    a = np.ones((2, 2))
+    with pytest.raises(EinsumPathError, match="1 more operands has to be contracted") as info:
+        run("ij,jk,kl->il", a, a, a, optimize=["einsum_path", (0, 1)])
+    assert isinstance(info.value, RuntimeError)
+    with pytest.raises(EinsumPathError, match="does not name distinct operands"):
+        run("ij,jk->ik", a, a, optimize=["einsum_path", (0, 2)])
+
+
+def test_argument_types_are_type_errors():
+    a = np.ones(2)
+    for call in (lambda: run("i", a, dtype="bad_data_type"), lambda: einsum(0, 0, backend=BACKEND),
+                 lambda: run("i", a, out="test"), lambda: run("i", a, bad_arg=0)):
+        with pytest.raises(EinsumTypeError) as info:
+            call()
+        assert isinstance(info.value, TypeError) and isinstance(info.value, PolycError)
+    with pytest.raises(EinsumError, match="casting must be one of"):
+        run("i", a, casting="blah")
+
+
+def test_pure_transpositions_and_diagonals_are_views():
+    a = np.arange(24.0).reshape(2, 3, 4)
+    for subscripts, expected in [("ijk->kji", a.transpose(2, 1, 0)), ("...", a), ("i...->...i", np.moveaxis(a, 0, -1))]:
+        view = run(subscripts, a)
+        assert view.base is a.base and view.flags.writeable
+        np.testing.assert_array_equal(view, expected)
+    square = np.arange(27).reshape(3, 3, 3)[:, ::-1, :]  # negative strides too
+    view = run("jii->ij", square)
+    assert view.base is square.base
+    np.testing.assert_array_equal(view, [square[:, i, i] for i in range(3)])
+    view[0, 0] = -1
+    assert square[0, 0, 0] == -1  # it is a view
+    read_only = np.arange(4.0).reshape(2, 2)
+    read_only.flags.writeable = False
+    assert not run("ji", read_only).flags.writeable
+    assert not np.shares_memory(run("ji", a[0], dtype=np.float32, casting="same_kind"), a)  # another dtype
+    copy = run("ji", a[0], order="C")  # an order the view does not have: a copy
+    assert copy.flags["C_CONTIGUOUS"] and not np.shares_memory(copy, a)
+
+
+def test_float16_accumulates_in_float32_as_numpy_does():
+    a = np.arange(48, dtype=np.float16).reshape(3, 16)
+    b = np.arange(16, dtype=np.float16)
+    result = run("ij,j->i", a, b)
+    assert result.dtype == np.float16
+    np.testing.assert_array_equal(result, np.einsum("ij,j->i", a, b))
 
 
 def test_sublist_form():
@@ -213,8 +267,10 @@ def test_sublist_form():
         einsum(a, [0, 52], backend=BACKEND)
     with pytest.raises(EinsumError, match="at least one operand"):
         einsum(a, backend=BACKEND)
-    with pytest.raises(EinsumError, match="lists of integers"):
+    with pytest.raises(EinsumTypeError, match="sequences of integers"):
         einsum(a, 3, backend=BACKEND)
+    for sublist in (np.array([1, 0]), range(1, -1, -1), (1, 0)):  # any integer sequence
+        np.testing.assert_array_equal(einsum(a, sublist, [0, 1], backend=BACKEND), a.T)
 
 
 # ----------------------------------------------------------------------------- lowering and caching
