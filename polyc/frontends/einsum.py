@@ -43,6 +43,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,6 +57,10 @@ ELLIPSIS = "..."
 
 #: How many lowered kernels are kept (least recently used are dropped first).
 KERNEL_CACHE_SIZE = 256
+
+#: Problems of at most this many loop iterations run on a kernel compiled for all shapes
+#: (``specialize=False``) unless the call sets ``specialize``: one build serves every small shape.
+SMALL_PROBLEM = 1 << 12
 
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # numpy's sublist label order
 _ORDERS = ("K", "A", "C", "F")
@@ -413,7 +418,9 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
       iterator makes it, the default).
     - ``optimize``: accepted for compatibility; polyc plans its loops itself.  An explicit
       ``['einsum_path', ...]`` is checked as numpy checks it.
-    - ``**options``: passed to :func:`polyc.define` (``backend=``, ``tile_sizes=``, ...).
+    - ``**options``: passed to :func:`polyc.define` (``backend=``, ``tile_sizes=``, ...).  Unless
+      ``specialize`` is given, problems of at most :data:`SMALL_PROBLEM` loop iterations use a
+      kernel compiled once for all shapes, larger ones a kernel compiled for their shapes.
 
     A single operand whose subscripts only permute its axes or take diagonals, with no sum (``ji``,
     ``ii->i``, ``...ii->i...``), gives a strided view of the operand, as numpy does: no copy, no
@@ -448,6 +455,9 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
         if order in ("K", "A") or view.flags[f"{order}_CONTIGUOUS"]:
             return view[()] if view.ndim == 0 else view
 
+    if "specialize" not in options and _iterations(contraction, views) <= SMALL_PROBLEM:
+        # Specialising a tiny problem buys nothing but a build per shape: one serves them all.
+        checked_options = checked_options.replace(specialize=False)
     kernel = lowered_kernel(contraction, checked_options)
     # astype copies only when the dtype changes; kernels never write their inputs either way.
     result = kernel(*(view.astype(kernel_dtype, copy=False) for view in views)).astype(compute_dtype, copy=False)
@@ -461,6 +471,12 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
     if order in ("K", "A") and result.ndim > 1:
         return _in_numpy_layout(result, views, contraction, order)
     return result
+
+
+def _iterations(contraction: Contraction, views: list[np.ndarray]) -> int:
+    """How many points the contraction's loops visit: the product of every label's extent."""
+    extents = {label: extent for term, view in zip(contraction.inputs, views) for label, extent in zip(term, view.shape)}
+    return math.prod(extents.values())
 
 
 def _check_order(order) -> str:
