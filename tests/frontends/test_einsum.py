@@ -305,7 +305,7 @@ def test_labels_are_renamed_so_equivalent_problems_share_a_kernel():
     run("pq,qr->pr", a, b)
     before = lowered_kernel.cache_info().hits
     run("mn,nk->mk", a, b)
-    run("mn,nk", np.ones((5, 6), np.float32), np.ones((6, 1), np.float32))
+    run("mn,nk->mk", np.ones((5, 6), np.float32), np.ones((6, 1), np.float32))  # implicit 'mn,nk' is '->km'
     assert lowered_kernel.cache_info().hits == before + 2
     options = Options.from_kwargs(backend=BACKEND)
     assert lowered_kernel(_contraction("ij,jk", [(2, 3), (3, 4)]), options) is \
