@@ -13,9 +13,9 @@ from polyc.frontends.einsum import (Contraction, EinsumError, EinsumPathError, E
                                     lower_to_tc, lowered_kernel, parse_subscripts, plan_contraction)
 from polyc.options import Options
 
-#: The backend the tests run on: compiled C, the default of polyc.einsum.  Kernels are compiled
-#: per shape (the default) for the hand-picked forms; the random problems share parametric
-#: kernels across shapes (one build per contraction and dtype), to keep the compile time low.
+#: The backend the tests run on: compiled C, the default of polyc.einsum.  The hand-picked forms
+#: run with einsum's default options (their problems are small, so einsum builds one kernel per
+#: contraction and dtype for all shapes); the random problems ask for such shared kernels too.
 BACKEND = "c"
 
 
