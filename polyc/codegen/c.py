@@ -38,6 +38,11 @@ from polyc.types import identity
 #: the private copies of a _Bool + reduction modulo 2, so true + true would give false).
 _BOOL_REDUCTIONS = {"+": "||", "*": "&&", "max": "||", "min": "&&"}
 
+#: Float ``+`` reductions over longer loops add up partial sums of this many iterations, each
+#: summed from zero (vectorised), so the rounding error grows with SUM_BLOCK + n / SUM_BLOCK
+#: terms instead of n: long sums come out as accurate as numpy's pairwise ones.
+SUM_BLOCK = 256
+
 _STATUS = "polyc_status"
 _MIXED = "<not one element>"
 _C_KEYWORDS = frozenset("""auto break case char const continue default do double else enum extern float for goto
@@ -166,6 +171,7 @@ class _KernelWriter:
         """Pragmas for a run of nested marks, applied to the loop of the marked band member."""
         pragmas: list[str] = []
         simd_reductions = ""
+        parallel_reductions = ""
         target_depths = None
         while node.get_type() == isl.ast_node_type.mark:
             kind, depths, argument = parse_mark(node.mark_get_id().get_name())
@@ -175,6 +181,7 @@ class _KernelWriter:
             if kind == SIMD and argument:
                 simd_reductions = argument
             if kind == REDUCE:
+                parallel_reductions = argument
                 pragmas.append("omp parallel for " + self.reduction_clauses(argument))
             else:
                 pragmas.append({PARALLEL: "omp parallel for", SIMD: "omp simd"}.get(kind, f"GCC unroll {argument}"))
@@ -189,11 +196,15 @@ class _KernelWriter:
             and self.expr(node.for_get_iterator()) in {f"c{d}" for d in target_depths}
         if is_marked_loop and any(p.startswith("omp ") and "simd" in p for p in pragmas):
             return self.simd_loop(node, pragmas, simd_reductions)
+        if is_marked_loop and parallel_reductions and self.sums_in_blocks(node, parallel_reductions) \
+                and _is_innermost(node.for_get_body()):
+            # A long float sum into one element per thread: blocked, each block a simd loop.
+            return self.simd_loop(node, pragmas, parallel_reductions, parallel_reduction=True)
         if is_marked_loop:
             return self.for_node(node, pragmas)
         return self.node(node)  # isl elided the marked loop (one iteration): nothing to annotate
 
-    def simd_loop(self, node: isl.AstNode, pragmas: list[str], reductions: str):
+    def simd_loop(self, node: isl.AstNode, pragmas: list[str], reductions: str, parallel_reduction: bool = False):
         """A loop under a simd mark, with the loop-invariant work moved out of it.
 
         Reads of elements the loop does not move (a row's mean, say), in statements the loop
@@ -216,18 +227,39 @@ class _KernelWriter:
             self.simd = _SimdLoopState({iterator}, dict.fromkeys(elements), hoist=False)
             loop = self.for_node(node, [])
             self.simd = None
-        before, after, reduction_clauses = [], [], []
+        omp = [p for p in pragmas if p.startswith("omp ")]
+        blocked = {tensor for op, tensor in clauses if op == "+" and self.definition.tensor(tensor).dtype.kind == "f"} \
+            if self.sums_in_blocks(node, reductions) and isinstance(loop, cgen.For) else set()
+        if parallel_reduction and len(blocked) < len(clauses):
+            return self.for_node(node, pragmas)
+        before, after, reduction_clauses, block_start, block_end, outer_clauses = [], [], [], [], [], []
         for (ctype, element), variable in state.invariant_loads.items():
             before.append(cgen.Statement(f"const {ctype} {variable} = {element}"))
         for op, tensor in clauses:
             dtype = self.definition.tensor(tensor).dtype
             variable = _accumulator(tensor)
-            before.append(cgen.Statement(f"{c_type(dtype)} {variable} = {elements[tensor]}"))
-            after.append(cgen.Statement(f"{elements[tensor]} = {variable}"))
-            reduction_clauses.append(f"reduction({self.reduction_identifier(op, dtype)}:{variable})")
-        omp = [p for p in pragmas if p.startswith("omp ")]
-        pragma = " ".join([omp[0], *reduction_clauses])
-        body = [*before, cgen.Pragma(pragma), loop, *after]
+            identifier = self.reduction_identifier(op, dtype)
+            reduction_clauses.append(f"reduction({identifier}:{variable})")
+            if tensor in blocked:
+                # The loop's sum is the sum of its blocks' sums, each block summed from zero.
+                total = f"{variable}_total"
+                before.append(cgen.Statement(f"{c_type(dtype)} {total} = {elements[tensor]}"))
+                after.append(cgen.Statement(f"{elements[tensor]} = {total}"))
+                block_start.append(cgen.Statement(f"{c_type(dtype)} {variable} = {c_constant(0, dtype)}"))
+                block_end.append(cgen.Statement(f"{total} = {_combine('+', dtype, total, variable, c_type(dtype))}"))
+                outer_clauses.append(f"reduction(+:{total})")
+            else:
+                before.append(cgen.Statement(f"{c_type(dtype)} {variable} = {elements[tensor]}"))
+                after.append(cgen.Statement(f"{elements[tensor]} = {variable}"))
+                outer_clauses.append(f"reduction({identifier}:{variable})")
+        if blocked:
+            parallel = omp[0].startswith("omp parallel for")
+            outer_pragma = " ".join(["omp parallel for", *outer_clauses]) if parallel else None
+            inner_pragma = " ".join(["omp simd", *reduction_clauses])
+            body = [*before, self.blocked_loop(node, loop, outer_pragma, inner_pragma, block_start, block_end), *after]
+        else:
+            pragma = " ".join([omp[0], *reduction_clauses])
+            body = [*before, cgen.Pragma(pragma), loop, *after]
         if not before:
             return cgen.Module(body)
         if _runs_at_least_once(node):
@@ -237,6 +269,46 @@ class _KernelWriter:
         runs = self.expr(node.for_get_cond(), outermost=True)
         del self.param_names[iterator]
         return cgen.If(runs, cgen.Block(body))
+
+    def sums_in_blocks(self, node: isl.AstNode, reductions: str) -> bool:
+        """Whether a loop reducing ``reductions`` (``op:tensor;...``) sums floats in blocks of
+        :data:`SUM_BLOCK` iterations: it has a float ``+`` reduction, steps by one up to a bound
+        (``c <= b`` or ``c < b``), and is not known to stay within one block."""
+        clauses = [item.split(":") for item in reductions.split(";")] if reductions else []
+        if not any(op == "+" and self.definition.tensor(tensor).dtype.kind == "f" for op, tensor in clauses):
+            return False
+        increment, cond = node.for_get_inc(), node.for_get_cond()
+        if increment.get_type() != isl.ast_expr_type.int or increment.get_val().to_python() != 1:
+            return False
+        if cond.get_type() != isl.ast_expr_type.op or cond.get_op_type() not in (
+                isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt) or \
+                self.expr(cond.get_op_arg(0)) != self.expr(node.for_get_iterator()):
+            return False
+        init, bound = node.for_get_init(), cond.get_op_arg(1)
+        if init.get_type() == bound.get_type() == isl.ast_expr_type.int:
+            last = bound.get_val().to_python() - (cond.get_op_type() == isl.ast_expr_op_type.lt)
+            return last - init.get_val().to_python() + 1 > SUM_BLOCK
+        return True
+
+    def blocked_loop(self, node: isl.AstNode, loop: cgen.For, outer_pragma: str | None, inner_pragma: str,
+                     block_start: list, block_end: list) -> cgen.Module:
+        """``loop`` (of ``node``, see :meth:`sums_in_blocks`) split into blocks of SUM_BLOCK
+        iterations: the block loop (under ``outer_pragma``, if any) starts the block's sums
+        (``block_start``), runs the vectorised loop over the block, and adds them up
+        (``block_end``)."""
+        iterator = self.expr(node.for_get_iterator())
+        cond = node.for_get_cond()
+        if _at_most_one_block(node):  # a point loop of a tile, say: its sum is the one block's
+            return cgen.Module([*block_start, cgen.Pragma(inner_pragma), loop, *block_end])
+        bound = self.expr(cond.get_op_arg(1))
+        last = bound if cond.get_op_type() == isl.ast_expr_op_type.le else f"{bound} - 1"
+        block, block_last = f"{iterator}_block", f"{iterator}_last"
+        inner = cgen.For(f"int64_t {iterator} = {block}", f"{iterator} <= {block_last}", f"{iterator} += 1", loop.body)
+        outer = cgen.For(f"int64_t {block} = {self.expr(node.for_get_init())}", f"{block} <= {last}",
+                         f"{block} += {SUM_BLOCK}", cgen.Block([
+                             cgen.Statement(f"const int64_t {block_last} = polyc_min({block} + {SUM_BLOCK - 1}, {last})"),
+                             *block_start, cgen.Pragma(inner_pragma), inner, *block_end]))
+        return cgen.Module(([cgen.Pragma(outer_pragma)] if outer_pragma else []) + [outer])
 
     def reduction_identifier(self, op: str, dtype: np.dtype) -> str:
         """OpenMP's name for reducing with ``op`` in ``dtype``, declaring polyc's own for float
@@ -461,6 +533,39 @@ def _runs_at_least_once(loop: isl.AstNode) -> bool:
     first, last = init.get_val().to_python(), bound.get_val().to_python()
     op = cond.get_op_type()
     return (op == isl.ast_expr_op_type.le and first <= last) or (op == isl.ast_expr_op_type.lt and first < last)
+
+
+def _at_most_one_block(loop: isl.AstNode) -> bool:
+    """Whether a loop ``for (c = a; c <= min(b, ...) ...)`` with constants a and b (a tile's point
+    loop) runs at most SUM_BLOCK iterations."""
+    init, cond = loop.for_get_init(), loop.for_get_cond()
+    bound = cond.get_op_arg(1)
+    constant = isl.ast_expr_type.int
+    if bound.get_type() == constant:
+        bounds = [bound]
+    elif bound.get_type() == isl.ast_expr_type.op and bound.get_op_type() == isl.ast_expr_op_type.min:
+        bounds = [bound.get_op_arg(i) for i in range(bound.get_op_n_arg())]
+    else:
+        return False
+    constants = [b.get_val().to_python() for b in bounds if b.get_type() == constant]
+    if init.get_type() != constant or not constants:
+        return False
+    last = min(constants) - (cond.get_op_type() == isl.ast_expr_op_type.lt)
+    return last - init.get_val().to_python() + 1 <= SUM_BLOCK
+
+
+def _is_innermost(node: isl.AstNode) -> bool:
+    """Whether an isl AST has no loop of more than one iteration and no mark."""
+    kind = node.get_type()
+    if kind == isl.ast_node_type.block:
+        children = node.block_get_children()
+        return all(_is_innermost(children.get_at(i)) for i in range(children.n_ast_node()))
+    if kind == isl.ast_node_type.for_:
+        return node.for_is_degenerate() and _is_innermost(node.for_get_body())
+    if kind == isl.ast_node_type.if_:
+        return _is_innermost(node.if_get_then_node()) and (
+            not node.if_has_else_node() or _is_innermost(node.if_get_else_node()))
+    return kind == isl.ast_node_type.user
 
 
 def _accumulator(tensor: str) -> str:

@@ -7,7 +7,9 @@ vector work done by SIMD instructions as A arrives.  Two loop orders do that, ch
 from the layout of A (its offset tables, as the gemm kernel tabulates them):
 
 * **rows** (K contiguous in A, ``y = A x``): each row is a dot product with x; four rows at a
-  time share the loads of x, each summed in vector registers (``omp simd reduction``);
+  time share the loads of x, each summed in vector registers (``omp simd reduction``) over
+  blocks of ``SUM_BLOCK`` columns whose partial sums are added up (as accurate as numpy's
+  pairwise sums, see :data:`polyc.codegen.c.SUM_BLOCK`);
 * **columns** (M contiguous in A, ``y = A^T x``): y is built a block of columns at a time, the
   block held in L1 while the rows of A stream past, four rows per pass over the block;
 * anything else (not generated for today's recognised layouts, kept for safety) reads A and x
@@ -22,7 +24,7 @@ The context record, tables, scale, epilogue and entry function are the gemm kern
 """
 from __future__ import annotations
 
-from polyc.codegen.c import GeneratedKernel
+from polyc.codegen.c import SUM_BLOCK, GeneratedKernel
 from polyc.codegen.c_expr import PRELUDE
 from polyc.codegen.gemm import _COMMON, _GemmWriter
 from polyc.codegen.pattern_kernel import typed
@@ -56,7 +58,8 @@ class _GemvWriter(_GemmWriter):
             "(BLIS structure: packing, cache blocks, register micro-kernel)", "(matrix-vector product)", 1)
 
     def loops(self) -> str:
-        text = typed(_GEMV_LOOPS, self.ctype).replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
+        text = typed(_GEMV_LOOPS, self.ctype).replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}").replace(
+            "POLYC_SUM_BLOCK SUM_BLOCK", f"POLYC_SUM_BLOCK {SUM_BLOCK}")
         if not self.options.vectorize:
             text = "\n".join(line for line in text.splitlines() if "#pragma omp simd" not in line)
         if not self.options.parallel:
@@ -67,6 +70,7 @@ class _GemvWriter(_GemmWriter):
 # Rows, columns and tables (see the module doc); T is the element type.
 _GEMV_LOOPS = r"""
 #define POLYC_GEMV_BLOCK 1024  /* columns of y per block: 4 KiB of float, 8 KiB of double */
+#define POLYC_SUM_BLOCK SUM_BLOCK  /* a row's dot product adds partial sums of this many terms */
 
 /* Rows i0 .. i0+rows-1 of y from their sums: scaled, then written (init) or added; then the
    epilogue on them. */
@@ -93,16 +97,23 @@ static void polyc_gemv_rows(const polyc_gemm_t *restrict g, int init, int64_t lo
         const T *restrict a1 = rows > 1 ? a0 + row_stride : a0;
         const T *restrict a2 = rows > 2 ? a0 + 2 * row_stride : a0;
         const T *restrict a3 = rows > 3 ? a0 + 3 * row_stride : a0;
-        T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        #pragma omp simd reduction(+: s0, s1, s2, s3)
-        for (int64_t j = 0; j < k; j++) {
-            const T xj = x[j];
-            s0 += a0[j] * xj;
-            s1 += a1[j] * xj;
-            s2 += a2[j] * xj;
-            s3 += a3[j] * xj;
+        T sums[4] = {0, 0, 0, 0};
+        for (int64_t j0 = 0; j0 < k; j0 += POLYC_SUM_BLOCK) {  /* blocks summed from zero: accuracy */
+            const int64_t j1 = polyc_min(j0 + POLYC_SUM_BLOCK, k);
+            T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+            #pragma omp simd reduction(+: s0, s1, s2, s3)
+            for (int64_t j = j0; j < j1; j++) {
+                const T xj = x[j];
+                s0 += a0[j] * xj;
+                s1 += a1[j] * xj;
+                s2 += a2[j] * xj;
+                s3 += a3[j] * xj;
+            }
+            sums[0] += s0;
+            sums[1] += s1;
+            sums[2] += s2;
+            sums[3] += s3;
         }
-        const T sums[4] = {s0, s1, s2, s3};
         polyc_gemv_finish(g, i0, rows, sums, init);
     }
 }

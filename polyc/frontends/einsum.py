@@ -28,14 +28,22 @@ The pipeline has three steps, each a plain function:
 The kernel of each contraction is defined once per (contraction, dtype, options) and kept in a
 bounded cache; the compiler itself caches compiled code per shapes.
 
-Differences from numpy: ``optimize`` is accepted and ignored (the contraction is one TC
-statement and polyc schedules it itself); the result is always a fresh array, never a view of
-an operand; complex and object operands raise :class:`~polyc.errors.UnsupportedError`.
+As numpy does, a single operand whose subscripts only permute axes or take diagonals (no sum)
+gives a strided view of it, without a kernel; float16 is computed in float32 and rounded once.
+
+Differences from numpy: ``optimize`` is accepted and not followed (the contraction is one TC
+statement, or a pairwise chain of them, and polyc schedules it itself), though an explicit
+path is checked as numpy checks it; complex, long double and object computations raise
+:class:`~polyc.errors.UnsupportedError` (declined by design: the C back end has no such types).
+Errors are numpy's builtin classes too: :class:`EinsumError` is a ValueError,
+:class:`EinsumTypeError` a TypeError, :class:`EinsumPathError` a RuntimeError.
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,13 +58,28 @@ ELLIPSIS = "..."
 #: How many lowered kernels are kept (least recently used are dropped first).
 KERNEL_CACHE_SIZE = 256
 
+#: Problems of at most this many loop iterations run on a kernel compiled for all shapes
+#: (``specialize=False``) unless the call sets ``specialize``: one build serves every small shape.
+SMALL_PROBLEM = 1 << 12
+
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # numpy's sublist label order
 _ORDERS = ("K", "A", "C", "F")
+_CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
 
 
 class EinsumError(PolycError, ValueError):
     """An einsum call that numpy would reject too: bad subscripts, operands that do not fit them,
     or a forbidden cast.  Also a ValueError, so code written for numpy.einsum keeps working."""
+
+
+class EinsumTypeError(PolycError, TypeError):
+    """An einsum argument of the wrong kind: subscripts that are neither a string nor a sublist,
+    an ``out`` that is not an array, an unknown dtype or keyword.  Also a TypeError, as in numpy."""
+
+
+class EinsumPathError(PolycError, RuntimeError):
+    """An explicit ``optimize=['einsum_path', ...]`` that does not contract every operand into one.
+    Also a RuntimeError, as numpy raises for it."""
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -124,8 +147,9 @@ def _parse_term(term: str, where: str) -> tuple[str, ...]:
 
 def subscripts_from_sublists(args) -> tuple[str, tuple]:
     """numpy's other calling form, ``einsum(op0, sublist0, op1, sublist1, ..., [sublist_out])``,
-    as a subscripts string and the operands.  Integers 0..51 stand for ``A..Z, a..z`` and
-    ``Ellipsis`` for ``...``."""
+    as a subscripts string and the operands.  A sublist is any sequence (list, tuple, range,
+    1-d integer array) of integers 0..51, which stand for ``A..Z, a..z``, and ``Ellipsis``,
+    which stands for ``...``."""
     if len(args) < 2:
         raise EinsumError("must specify the einstein sum subscripts string and at least one operand")
     operands = args[0::2][:len(args) // 2]
@@ -137,8 +161,11 @@ def subscripts_from_sublists(args) -> tuple[str, tuple]:
 
 
 def _sublist_text(sublist) -> str:
-    if not isinstance(sublist, (list, tuple)):
-        raise EinsumError(f"einsum sublists must be lists of integers, not {type(sublist).__name__}")
+    if isinstance(sublist, np.ndarray) and sublist.ndim == 1 and sublist.dtype.kind in "iu":
+        sublist = sublist.tolist()
+    if isinstance(sublist, (str, bytes)) or not isinstance(sublist, collections.abc.Sequence):
+        raise EinsumTypeError(f"einsum sublists must be sequences of integers (lists, tuples, ranges or "
+                              f"1-d integer arrays), not {type(sublist).__name__}")
     text = []
     for item in sublist:
         if item is Ellipsis:
@@ -371,56 +398,139 @@ def lowered_kernel(contraction: Contraction, options: Options):
 
 
 # ----------------------------------------------------------------------------- entry point
-def einsum(subscripts, *operands, out=None, dtype=None, order="K", casting="safe", optimize=False, **options):
-    """Evaluate the Einstein summation ``subscripts`` on ``operands``, like :func:`numpy.einsum`.
+def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=False, **options):
+    """Evaluate the Einstein summation ``subscripts`` on ``operands``, like :func:`numpy.einsum`:
+    ``einsum(subscripts, *operands, ...)``.
 
     Accepts numpy's grammar (``"ij,jk->ik"``, implicit output ``"ij,jk"``, repeated labels
     ``"ii->i"``, ``"..."`` broadcasting, any number of operands) and its sublist form
-    ``einsum(a, [0, 1], b, [1, 2], [0, 2])``.
+    ``einsum(a, [0, 1], b, [1, 2], [0, 2])`` (sublists may be any integer sequences).
 
     - ``dtype``: compute and return in this type (operands are cast with ``casting``, 'safe' by
       default); otherwise ``numpy.result_type`` of the operands.  bool, integer and float16/32/64
-      types are supported; complex and object raise :class:`~polyc.errors.UnsupportedError`.
-    - ``out``: an array of the result's shape to write into (the result is cast to its dtype
-      under ``casting``); it is returned.
-    - ``order``: memory layout of the result; 'F' gives Fortran order, anything else C order.
-    - ``optimize``: accepted for compatibility and ignored: the whole sum is one TC statement
-      and polyc plans its loops itself.
-    - ``**options``: passed to :func:`polyc.define` (``backend=``, ``tile_sizes=``, ...).
+      types are supported; complex, long double and object raise
+      :class:`~polyc.errors.UnsupportedError` (declined by design).
+    - ``out``: an array of the result's shape to write into; it is returned.  The result is cast
+      to its dtype under ``casting``, as numpy's einsum does; with ``optimize`` other than False
+      it is assigned (any cast), as numpy's Python path for ``optimize`` does.
+    - ``order``: memory layout of a new result, in any case: 'C', 'F', 'A' (F if every operand
+      is Fortran-contiguous, else C) or 'K' (as close to the operands' layout as numpy's
+      iterator makes it, the default).
+    - ``optimize``: accepted for compatibility; polyc plans its loops itself.  An explicit
+      ``['einsum_path', ...]`` is checked as numpy checks it.
+    - ``**options``: passed to :func:`polyc.define` (``backend=``, ``tile_sizes=``, ...).  Unless
+      ``specialize`` is given, problems of at most :data:`SMALL_PROBLEM` loop iterations use a
+      kernel compiled once for all shapes, larger ones a kernel compiled for their shapes.
 
-    Returns a new array (a numpy scalar for a 0-d result, as numpy does), or ``out``.
-    Raises :class:`EinsumError` (also a ValueError) for calls numpy would reject.
+    A single operand whose subscripts only permute its axes or take diagonals, with no sum (``ji``,
+    ``ii->i``, ``...ii->i...``), gives a strided view of the operand, as numpy does: no copy, no
+    kernel, writeable when the operand is.  Otherwise a new array (a numpy scalar for a 0-d result,
+    as numpy does), or ``out``.  Raises :class:`EinsumError` (a ValueError) and
+    :class:`EinsumTypeError` (a TypeError) where numpy raises those.
     """
+    if not operands:
+        raise EinsumError("must specify the einstein sum subscripts string and at least one operand")
+    subscripts, operands = operands[0], operands[1:]
     if not isinstance(subscripts, str):
         subscripts, operands = subscripts_from_sublists((subscripts,) + operands)
     if not operands:
         raise EinsumError("must specify the einstein sum subscripts string and at least one operand")
-    if order not in _ORDERS:
-        raise EinsumError(f"order must be one of {', '.join(_ORDERS)}, not {order!r}")
-    checked_options = Options.from_kwargs(**options)
+    order = _check_order(order)
+    _check_casting(casting)
+    _check_explicit_path(optimize, len(operands))
+    checked_options = _check_options(options)
+    requested_dtype = _requested_dtype(dtype)
+    if out is not None and not isinstance(out, np.ndarray):
+        raise EinsumTypeError(f"out must be a numpy array, not {type(out).__name__}")
     arrays = [np.asarray(op) for op in operands]
-    compute_dtype = _compute_dtype(arrays, dtype, casting)
+    compute_dtype = _compute_dtype(arrays, requested_dtype, casting)
     parsed = parse_subscripts(subscripts)
-    contraction, views, shape = plan_contraction(parsed, arrays, compute_dtype)
+    # float16 is computed in float32 and rounded once at the end, as numpy's einsum accumulates it.
+    kernel_dtype = np.dtype(np.float32) if compute_dtype == np.float16 else compute_dtype
+    contraction, views, shape = plan_contraction(parsed, arrays, kernel_dtype)
     if out is not None:
-        _check_out(out, shape, compute_dtype, casting)
+        _check_out(out, shape, compute_dtype, "unsafe" if optimize is not False else casting)
+    elif len(arrays) == 1 and arrays[0].dtype == compute_dtype and set(contraction.output) == set(contraction.inputs[0]):
+        view = _single_operand_view(arrays[0], contraction)
+        if order in ("K", "A") or view.flags[f"{order}_CONTIGUOUS"]:
+            return view[()] if view.ndim == 0 else view
 
+    if "specialize" not in options and _iterations(contraction, views) <= SMALL_PROBLEM:
+        # Specialising a tiny problem buys nothing but a build per shape: one serves them all.
+        checked_options = checked_options.replace(specialize=False)
     kernel = lowered_kernel(contraction, checked_options)
     # astype copies only when the dtype changes; kernels never write their inputs either way.
-    result = kernel(*(view.astype(compute_dtype, copy=False) for view in views))
+    result = kernel(*(view.astype(kernel_dtype, copy=False) for view in views)).astype(compute_dtype, copy=False)
     if out is not None:
         np.copyto(out, result, casting="unsafe")  # the cast was checked against `casting` above
         return out
+    if result.ndim == 0:
+        return result[()]
     if order == "F":
-        result = np.asfortranarray(result)
-    return result[()] if result.ndim == 0 else result
+        return np.asfortranarray(result)
+    if order in ("K", "A") and result.ndim > 1:
+        return _in_numpy_layout(result, views, contraction, order)
+    return result
 
 
-def _compute_dtype(arrays: list[np.ndarray], dtype, casting: str) -> np.dtype:
+def _iterations(contraction: Contraction, views: list[np.ndarray]) -> int:
+    """How many points the contraction's loops visit: the product of every label's extent."""
+    extents = {label: extent for term, view in zip(contraction.inputs, views) for label, extent in zip(term, view.shape)}
+    return math.prod(extents.values())
+
+
+def _check_order(order) -> str:
+    if not isinstance(order, str) or order.upper() not in _ORDERS:
+        raise EinsumError(f"order must be one of {', '.join(_ORDERS)} (in any case), not {order!r}")
+    return order.upper()
+
+
+def _check_casting(casting) -> None:
+    if casting not in _CASTINGS:
+        raise EinsumError(f"casting must be one of {', '.join(map(repr, _CASTINGS))}, not {casting!r}")
+
+
+def _check_explicit_path(optimize, n_operands: int) -> None:
+    """An explicit contraction path (``['einsum_path', (0, 1), ...]``) must name existing operands
+    and contract them all into one; polyc does not follow it otherwise."""
+    if not (isinstance(optimize, (list, tuple)) and optimize and optimize[0] == "einsum_path"):
+        return
+    remaining = n_operands
+    for step in optimize[1:]:
+        positions = tuple(step)
+        if len(set(positions)) != len(positions) or not all(
+                isinstance(p, (int, np.integer)) and 0 <= p < remaining for p in positions):
+            raise EinsumPathError(f"Invalid einsum_path is specified: step {step!r} does not name distinct "
+                                  f"operands among the {remaining} left")
+        remaining -= len(positions) - 1
+    if remaining != 1:
+        raise EinsumPathError(f"Invalid einsum_path is specified: {remaining - 1} more operands has to be "
+                              f"contracted.")
+
+
+def _check_options(options: dict) -> Options:
+    known = {f.name for f in dataclasses.fields(Options)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise EinsumTypeError(f"unknown option {', '.join(map(repr, unknown))}: neither an argument of "
+                              f"numpy.einsum nor a polyc option ({', '.join(sorted(known))})")
+    return Options.from_kwargs(**options)
+
+
+def _requested_dtype(dtype) -> np.dtype | None:
+    if dtype is None:
+        return None
+    try:
+        return np.dtype(dtype)
+    except TypeError as error:
+        raise EinsumTypeError(f"einsum dtype {dtype!r} is not a data type: {error}") from None
+
+
+def _compute_dtype(arrays: list[np.ndarray], dtype: np.dtype | None, casting: str) -> np.dtype:
     if dtype is None:
         result = np.result_type(*arrays)
     else:
-        result = np.dtype(dtype)
+        result = dtype
         for n, array in enumerate(arrays):
             if not np.can_cast(array.dtype, result, casting):
                 raise EinsumError(f"operand {n} dtype could not be cast from {array.dtype.name} to "
@@ -434,9 +544,7 @@ def _compute_dtype(arrays: list[np.ndarray], dtype, casting: str) -> np.dtype:
     return result
 
 
-def _check_out(out, shape: tuple[int, ...], dtype: np.dtype, casting: str) -> None:
-    if not isinstance(out, np.ndarray):
-        raise EinsumError(f"out must be a numpy array, not {type(out).__name__}")
+def _check_out(out: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, casting: str) -> None:
     if out.shape != shape:
         raise EinsumError(f"out has shape {out.shape} but the result has shape {shape}")
     if not np.can_cast(dtype, out.dtype, casting):
@@ -444,3 +552,47 @@ def _check_out(out, shape: tuple[int, ...], dtype: np.dtype, casting: str) -> No
                           f"according to the rule '{casting}'")
     if not out.flags.writeable:
         raise EinsumError("out is read-only")
+
+
+def _label_strides(array: np.ndarray, term: tuple[int, ...], labels: tuple[int, ...]) -> tuple[int, ...]:
+    """The stride of each of ``labels`` through ``array`` labelled by ``term``: the sum of the
+    strides of its dimensions (a diagonal when it repeats), 0 where it is absent."""
+    return tuple(sum(stride for stride, l in zip(array.strides, term) if l == label) for label in labels)
+
+
+def _single_operand_view(array: np.ndarray, contraction: Contraction) -> np.ndarray:
+    """The result of a one-operand einsum without sums, as a strided view of ``array``."""
+    term = contraction.inputs[0]
+    shape = tuple(array.shape[term.index(label)] for label in contraction.output)
+    strides = _label_strides(array, term, contraction.output)
+    owner = array
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    try:
+        # A view of the array owning the memory, so that its base is the operand's base, as
+        # numpy's views are.
+        offset = array.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
+        view = np.ndarray(shape, array.dtype, buffer=owner, offset=offset, strides=strides)
+    except (TypeError, ValueError, BufferError):  # memory numpy cannot offer as a buffer
+        view = np.lib.stride_tricks.as_strided(array, shape, strides, writeable=array.flags.writeable)
+    if not array.flags.writeable:
+        view.flags.writeable = False
+    return view
+
+
+def _in_numpy_layout(result: np.ndarray, views: list[np.ndarray], contraction: Contraction,
+                     order: str) -> np.ndarray:
+    """``result`` (C-contiguous) in the layout numpy's iterator gives a new output for ``order``
+    'K' or 'A', given the operands: a copy when that layout is not C order."""
+    if order == "A":  # Fortran order if every operand is Fortran-contiguous
+        return np.asfortranarray(result) if all(view.flags.f_contiguous for view in views) else result
+    over_output = [np.lib.stride_tricks.as_strided(view, result.shape, _label_strides(view, term, contraction.output))
+                   for view, term in zip(views, contraction.inputs)]
+    iterator = np.nditer([*over_output, None], flags=["zerosize_ok", "refs_ok"],
+                         op_flags=[["readonly"]] * len(over_output) + [["writeonly", "allocate"]],
+                         op_dtypes=[None] * len(over_output) + [result.dtype], order=order)
+    laid_out = iterator.operands[-1]
+    if laid_out.flags.c_contiguous:
+        return result
+    laid_out[...] = result
+    return laid_out

@@ -1,7 +1,6 @@
 """polyc.einsum against numpy.einsum: hand-picked forms, random problems (hypothesis), errors."""
 from __future__ import annotations
 
-import os
 import string
 
 import numpy as np
@@ -10,12 +9,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polyc.errors import PolycError, UnsupportedError
-from polyc.frontends.einsum import (Contraction, EinsumError, einsum, lower_to_tc, lowered_kernel,
-                                    parse_subscripts, plan_contraction)
+from polyc.frontends.einsum import (Contraction, EinsumError, EinsumPathError, EinsumTypeError, einsum,
+                                    lower_to_tc, lowered_kernel, parse_subscripts, plan_contraction)
 from polyc.options import Options
 
-#: The backend every test runs on; switch to "c" once the compiled path is in.
-BACKEND = "interpreter"
+#: The backend the tests run on: compiled C, the default of polyc.einsum.  The hand-picked forms
+#: run with einsum's default options (their problems are small, so einsum builds one kernel per
+#: contraction and dtype for all shapes); the random problems ask for such shared kernels too.
+BACKEND = "c"
 
 
 def run(subscripts, *operands, **kwargs):
@@ -186,7 +187,7 @@ def test_out_errors():
         run("ij->i", a, out=np.zeros(3))
     with pytest.raises(EinsumError, match="according to the rule 'safe'"):
         run("ij->i", a, out=np.zeros(2, np.float32))
-    with pytest.raises(EinsumError, match="numpy array"):
+    with pytest.raises(EinsumTypeError, match="numpy array"):  # a TypeError, as in numpy
         run("ij->i", a, out=[0.0, 0.0])
     read_only = np.zeros(2)
     read_only.flags.writeable = False
@@ -196,10 +197,64 @@ def test_out_errors():
 
 def test_order_and_optimize():
     a = np.ones((2, 3))
-    assert run("ij->ij", a, order="F").flags["F_CONTIGUOUS"]
-    assert run("ij->ij", a, order="C").flags["C_CONTIGUOUS"]
-    for optimize in (False, True, "greedy", "optimal"):  # accepted and ignored
+    for order in ("F", "f"):
+        assert run("ij->ij", a, order=order).flags["F_CONTIGUOUS"]
+    for order in ("C", "c", "A", "a", "K", "k"):  # a is C-contiguous
+        assert run("ij,j->ij", a, a[0], order=order).flags["C_CONTIGUOUS"]
+    assert run("ij,j->ij", np.asfortranarray(a), a[0], order="A").flags["F_CONTIGUOUS"]
+    assert run("ij,j->ij", np.asfortranarray(a), a[0], order="K").flags["F_CONTIGUOUS"]  # numpy's layout
+    for optimize in (False, True, "greedy", "optimal", ["einsum_path", (0, 1)]):  # accepted, not followed
         np.testing.assert_array_equal(run("ij,jk->ik", a, a.T, optimize=optimize), a @ a.T)
+    with pytest.raises(EinsumError, match="order must be one of"):
+        run("ij->ij", a, order="W")
+
+
+def test_explicit_path_is_checked_as_numpy_checks_it():
+    a = np.ones((2, 2))
+    with pytest.raises(EinsumPathError, match="1 more operands has to be contracted") as info:
+        run("ij,jk,kl->il", a, a, a, optimize=["einsum_path", (0, 1)])
+    assert isinstance(info.value, RuntimeError)
+    with pytest.raises(EinsumPathError, match="does not name distinct operands"):
+        run("ij,jk->ik", a, a, optimize=["einsum_path", (0, 2)])
+
+
+def test_argument_types_are_type_errors():
+    a = np.ones(2)
+    for call in (lambda: run("i", a, dtype="bad_data_type"), lambda: einsum(0, 0, backend=BACKEND),
+                 lambda: run("i", a, out="test"), lambda: run("i", a, bad_arg=0)):
+        with pytest.raises(EinsumTypeError) as info:
+            call()
+        assert isinstance(info.value, TypeError) and isinstance(info.value, PolycError)
+    with pytest.raises(EinsumError, match="casting must be one of"):
+        run("i", a, casting="blah")
+
+
+def test_pure_transpositions_and_diagonals_are_views():
+    a = np.arange(24.0).reshape(2, 3, 4)
+    for subscripts, expected in [("ijk->kji", a.transpose(2, 1, 0)), ("...", a), ("i...->...i", np.moveaxis(a, 0, -1))]:
+        view = run(subscripts, a)
+        assert view.base is a.base and view.flags.writeable
+        np.testing.assert_array_equal(view, expected)
+    square = np.arange(27).reshape(3, 3, 3)[:, ::-1, :]  # negative strides too
+    view = run("jii->ij", square)
+    assert view.base is square.base
+    np.testing.assert_array_equal(view, [square[:, i, i] for i in range(3)])
+    view[0, 0] = -1
+    assert square[0, 0, 0] == -1  # it is a view
+    read_only = np.arange(4.0).reshape(2, 2)
+    read_only.flags.writeable = False
+    assert not run("ji", read_only).flags.writeable
+    assert not np.shares_memory(run("ji", a[0], dtype=np.float32, casting="same_kind"), a)  # another dtype
+    copy = run("ji", a[0], order="C")  # an order the view does not have: a copy
+    assert copy.flags["C_CONTIGUOUS"] and not np.shares_memory(copy, a)
+
+
+def test_float16_accumulates_in_float32_as_numpy_does():
+    a = np.arange(48, dtype=np.float16).reshape(3, 16)
+    b = np.arange(16, dtype=np.float16)
+    result = run("ij,j->i", a, b)
+    assert result.dtype == np.float16
+    np.testing.assert_array_equal(result, np.einsum("ij,j->i", a, b))
 
 
 def test_sublist_form():
@@ -213,8 +268,10 @@ def test_sublist_form():
         einsum(a, [0, 52], backend=BACKEND)
     with pytest.raises(EinsumError, match="at least one operand"):
         einsum(a, backend=BACKEND)
-    with pytest.raises(EinsumError, match="lists of integers"):
+    with pytest.raises(EinsumTypeError, match="sequences of integers"):
         einsum(a, 3, backend=BACKEND)
+    for sublist in (np.array([1, 0]), range(1, -1, -1), (1, 0)):  # any integer sequence
+        np.testing.assert_array_equal(einsum(a, sublist, [0, 1], backend=BACKEND), a.T)
 
 
 # ----------------------------------------------------------------------------- lowering and caching
@@ -248,7 +305,7 @@ def test_labels_are_renamed_so_equivalent_problems_share_a_kernel():
     run("pq,qr->pr", a, b)
     before = lowered_kernel.cache_info().hits
     run("mn,nk->mk", a, b)
-    run("mn,nk", np.ones((5, 6), np.float32), np.ones((6, 1), np.float32))
+    run("mn,nk->mk", np.ones((5, 6), np.float32), np.ones((6, 1), np.float32))  # implicit 'mn,nk' is '->km'
     assert lowered_kernel.cache_info().hits == before + 2
     options = Options.from_kwargs(backend=BACKEND)
     assert lowered_kernel(_contraction("ij,jk", [(2, 3), (3, 4)]), options) is \
@@ -359,29 +416,18 @@ def einsum_problems(draw):
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(einsum_problems())
 def test_random_problems_match_numpy(problem):
+    """Random problems through compiled C; parametric kernels, so one build serves every shape
+    of a contraction and dtype."""
     subscripts, arrays = problem
-    assert_matches_numpy(subscripts, arrays, run(subscripts, *arrays))
+    assert_matches_numpy(subscripts, arrays, run(subscripts, *arrays, specialize=False))
 
 
-@pytest.fixture(scope="module")
-def private_kernel_cache(tmp_path_factory):
-    previous = os.environ.get("POLYC_CACHE_DIR")
-    os.environ["POLYC_CACHE_DIR"] = str(tmp_path_factory.mktemp("einsum-cache"))
-    yield
-    if previous is None:
-        del os.environ["POLYC_CACHE_DIR"]
-    else:
-        os.environ["POLYC_CACHE_DIR"] = previous
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(einsum_problems())
-def test_random_problems_compiled_match_numpy(private_kernel_cache, problem):
-    """The same problems through compiled C (parametric, so one build serves every shape)."""
+def test_random_problems_on_the_interpreter_match_numpy(problem):
+    """The reference interpreter on the same problems (cheap: nothing is compiled)."""
     subscripts, arrays = problem
-    result = einsum(subscripts, *arrays, backend="c", specialize=False, cflags="-O1")
-    assert_matches_numpy(subscripts, arrays, result)
+    assert_matches_numpy(subscripts, arrays, einsum(subscripts, *arrays, backend="interpreter"))
 
 
 def test_three_operands_are_contracted_pairwise():
@@ -403,3 +449,17 @@ def test_plans_are_remembered_per_shapes():
     for _ in range(2):  # an error is not remembered as a plan
         with pytest.raises(EinsumError, match="could not be broadcast"):
             run("ij,ij->ij", a, wide)
+
+
+@pytest.mark.parametrize("subscripts,shape", [("i->", (1_000_003,)), ("ij->i", (3, 200_001)), ("i,i->", (300_007,))])
+def test_long_float_sums_are_accurate(subscripts, shape):
+    """Compiled sums add partial sums of blocks (codegen.c.SUM_BLOCK), so float32 sums of up to
+    a million terms stay within a few ulp of the exact value, as numpy's pairwise sums do
+    (measured: 1.0, 2.2 and 3.4 ulp; numpy 1.8, 8.3 and 1.2; running sums, without the blocks:
+    100, 2.2 and 38)."""
+    rng = np.random.default_rng(11)
+    arrays = [rng.uniform(0.5, 1.0, size=shape).astype(np.float32) for _ in subscripts.split("->")[0].split(",")]
+    exact = np.einsum(subscripts, *(a.astype(np.float64) for a in arrays))
+    got = run(subscripts, *arrays)
+    relative_error = np.max(np.abs(got - exact) / exact)
+    assert relative_error < 16 * np.finfo(np.float32).eps, relative_error
