@@ -65,6 +65,7 @@ SMALL_PROBLEM = 1 << 12
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # numpy's sublist label order
 _ORDERS = ("K", "A", "C", "F")
 _CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
+_DEFAULT_OPTIONS = Options()  # a call without polyc options: checked once, not per call
 
 
 class EinsumError(PolycError, ValueError):
@@ -509,6 +510,8 @@ def _check_explicit_path(optimize, n_operands: int) -> None:
 
 
 def _check_options(options: dict) -> Options:
+    if not options:
+        return _DEFAULT_OPTIONS
     known = {f.name for f in dataclasses.fields(Options)}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -557,7 +560,10 @@ def _check_out(out: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, casting
 def _label_strides(array: np.ndarray, term: tuple[int, ...], labels: tuple[int, ...]) -> tuple[int, ...]:
     """The stride of each of ``labels`` through ``array`` labelled by ``term``: the sum of the
     strides of its dimensions (a diagonal when it repeats), 0 where it is absent."""
-    return tuple(sum(stride for stride, l in zip(array.strides, term) if l == label) for label in labels)
+    stride_of: dict[int, int] = {}
+    for stride, label in zip(array.strides, term):
+        stride_of[label] = stride_of.get(label, 0) + stride
+    return tuple(stride_of.get(label, 0) for label in labels)
 
 
 def _single_operand_view(array: np.ndarray, contraction: Contraction) -> np.ndarray:
@@ -580,14 +586,23 @@ def _single_operand_view(array: np.ndarray, contraction: Contraction) -> np.ndar
     return view
 
 
+def _c_ordered(strides: tuple[int, ...]) -> bool:
+    """Whether the non-zero strides, by magnitude, never grow from one axis to the next."""
+    magnitudes = [abs(stride) for stride in strides if stride]
+    return all(a >= b for a, b in zip(magnitudes, magnitudes[1:]))
+
+
 def _in_numpy_layout(result: np.ndarray, views: list[np.ndarray], contraction: Contraction,
                      order: str) -> np.ndarray:
     """``result`` (C-contiguous) in the layout numpy's iterator gives a new output for ``order``
     'K' or 'A', given the operands: a copy when that layout is not C order."""
     if order == "A":  # Fortran order if every operand is Fortran-contiguous
         return np.asfortranarray(result) if all(view.flags.f_contiguous for view in views) else result
-    over_output = [np.lib.stride_tricks.as_strided(view, result.shape, _label_strides(view, term, contraction.output))
-                   for view, term in zip(views, contraction.inputs)]
+    output_strides = [_label_strides(view, term, contraction.output) for view, term in zip(views, contraction.inputs)]
+    if all(_c_ordered(strides) for strides in output_strides):
+        return result  # no operand asks the iterator to reorder the axes: C order (the usual case, and cheap)
+    over_output = [np.lib.stride_tricks.as_strided(view, result.shape, strides)
+                   for view, strides in zip(views, output_strides)]
     iterator = np.nditer([*over_output, None], flags=["zerosize_ok", "refs_ok"],
                          op_flags=[["readonly"]] * len(over_output) + [["writeonly", "allocate"]],
                          op_dtypes=[None] * len(over_output) + [result.dtype], order=order)
