@@ -9,7 +9,8 @@ from polyc.errors import (BoundsError, CacheError, CompilationError, PolycError,
                           SignatureError, TCSemanticError, TCSyntaxError, UnsupportedError)
 from polyc.api import Kernel, Module, define
 from polyc.frontends.einsum import einsum
+import polyc.tune as tune  # a callable module: polyc.tune(kernel, *args, budget=...)
 
-__all__ = ["define", "einsum", "Module", "Kernel", "PolycError", "TCSyntaxError", "TCSemanticError",
+__all__ = ["define", "einsum", "tune", "Module", "Kernel", "PolycError", "TCSyntaxError", "TCSemanticError",
            "RangeInferenceError", "BoundsError", "SignatureError", "UnsupportedError",
            "CompilationError", "CacheError", "PolycWarning", "__version__"]

@@ -86,7 +86,17 @@ class Kernel:
         if sizes is None:
             return compile_stages(self.definition, options.replace(specialize=False), None)
         sizes = self._checked_sizes(sizes)
+        if not option_changes:  # as a call compiles it: with the best tuning record, if any
+            from polyc.tune.records import tuned_options
+            options = tuned_options(self.definition, options, sizes)
         return compile_stages(self.definition, options, sizes)
+
+    def _forget_compiled(self) -> None:
+        """Make the next call of every size look up its compiled function and options again."""
+        self._repeat_calls.clear()
+        forget = getattr(self._backend, "forget_compiled", None)
+        if forget is not None:
+            forget()
 
     def _checked_sizes(self, sizes: dict) -> dict[str, int]:
         """``sizes`` for every size of the def, as non-negative ints, meeting the bounds precondition."""

@@ -38,6 +38,7 @@ from polyc.schedule.packing import PackingProgram
 from polyc.schedule.scheduler import compute_schedule
 from polyc.schedule.segments import plan_segments
 from polyc.schedule.transform import optimize_schedule
+from polyc.tune.records import tuned_options
 
 
 @dataclass(frozen=True)
@@ -174,10 +175,18 @@ class CompiledKernel:
             with self._lock:
                 compiled = self._compiled.get(key)
                 if compiled is None:
-                    stages = compile_stages(self.definition, self.options, sizes, self.analysis())
-                    compiled = _Compiled(stages.kernel, self.options)
+                    options = tuned_options(self.definition, self.options, sizes)
+                    analysis = self.analysis() if options.fusion == self.options.fusion else None
+                    stages = compile_stages(self.definition, options, sizes, analysis)
+                    compiled = _Compiled(stages.kernel, options)
                     self._compiled[key] = compiled
         return compiled
+
+    def forget_compiled(self) -> None:
+        """Drop the compiled functions, so that the next call of each size looks up its options
+        again (after :func:`polyc.tune` recorded better ones)."""
+        with self._lock:
+            self._compiled.clear()
 
     def __call__(self, call: BoundCall) -> tuple[np.ndarray, ...]:
         """Run on checked arguments (see :func:`polyc.runtime.arguments.bind_arguments`)."""

@@ -33,6 +33,9 @@ class Options:
     - ``cache_sizes``: the data caches tile and block sizes are chosen for, ``(L1, L2, L3)`` in
       bytes (L1 and L2 per core); None reads this machine's.  Exports for another machine use
       that target's (:mod:`polyc.codegen.targets`).
+    - ``tuning``: compile each call's sizes with the fastest options :func:`polyc.tune` recorded
+      for this def, these sizes and dtypes, this compiler and this machine, when there is such a
+      record; only options left at their defaults take the recorded values.  False: never.
     """
 
     backend: str = "c"
@@ -47,6 +50,7 @@ class Options:
     blas_contractions: bool = True
     direct_convolutions: bool = True
     cache_sizes: tuple[int, int, int] | None = None
+    tuning: bool = True
 
     @staticmethod
     def from_kwargs(**kwargs) -> "Options":
@@ -79,7 +83,8 @@ class Options:
             raise PolycError(f"cache_sizes must be three positive byte counts (L1, L2, L3), not {self.cache_sizes!r}")
         if not isinstance(self.unroll, int) or self.unroll < 1:
             raise PolycError(f"unroll must be an integer >= 1, not {self.unroll!r}")
-        for name in ("parallel", "vectorize", "specialize", "blas_contractions", "direct_convolutions"):
+        for name in ("parallel", "vectorize", "specialize", "blas_contractions", "direct_convolutions",
+                     "tuning"):
             if not isinstance(getattr(self, name), bool):
                 raise PolycError(f"{name} must be True or False, not {getattr(self, name)!r}")
 

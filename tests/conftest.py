@@ -1,8 +1,14 @@
-"""Suite-wide pytest settings: only the ``--update-goldens`` option, which golden tests read
-through the ``update_goldens`` fixture (see tests/test_golden.py)."""
+"""Suite-wide pytest settings: the ``--update-goldens`` option, which golden tests read through
+the ``update_goldens`` fixture (see tests/test_golden.py), and a private tuning-records file, so
+that records the user made with ``polyc.tune`` never change what the tests compile."""
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
+
+os.environ["POLYC_TUNING_FILE"] = os.path.join(tempfile.mkdtemp(prefix="polyc-test-tuning-"), "records.jsonl")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -1,0 +1,394 @@
+"""``polyc.tune``: search a kernel's options by measuring candidates on this machine.
+
+The loop (AutoTVM's and Ansor's, at the scale of one kernel):
+
+1. Measure polyc's default options first, then any ``start_from`` records (imported from
+   another machine, say): every later candidate is compared with them.
+2. Train the cost model (:mod:`polyc.tune.cost_model`) on everything measured for this key so
+   far, earlier runs included (records resume a search).
+3. Propose: simulated-annealing walks over the space (:mod:`polyc.tune.space`) from the best
+   measured configurations, scored by the model; the best unmeasured ones, plus a few random
+   ones so the model keeps learning, form the next batch.
+4. Measure the batch (:func:`measure_candidate`: compile, check against the reference
+   interpreter, time; stop a candidate whose first run is ``prune_factor`` times slower than the
+   best, as TC's tuner does), append each result to the records file, repeat until the budget
+   is spent.  Ctrl-C ends the search and keeps everything measured.
+
+``strategy="random"`` skips the model (the baseline it must beat).  ``client=`` measures on Dask
+workers (:mod:`polyc.tune.distributed`).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from polyc.errors import PolycError
+from polyc.tune.cost_model import CostModel, pruning_limit
+from polyc.tune.machine import this_machine
+from polyc.tune.records import (TuningKey, TuningRecord, append_record, default_records_path, read_records)
+from polyc.tune.space import SearchSpace, space_for
+
+STRATEGIES = ("model", "random")
+#: Seconds of repeated runs per candidate (at least MIN_RUNS, at most MAX_RUNS runs).
+MEASURE_SECONDS = 0.2
+MIN_RUNS, MAX_RUNS = 3, 50
+
+
+@dataclass
+class TuningResult:
+    """What a search found; ``best_options`` go to ``polyc.define`` (or are used automatically)."""
+
+    key: TuningKey
+    space: SearchSpace
+    best_options: dict
+    best_seconds: float | None
+    default_seconds: float | None
+    trials: int                         # candidates measured by this call
+    measured: int                       # candidates measured for this key, earlier runs included
+    interrupted: bool
+    records_path: Path
+    history: list[tuple[int, float | None]] = field(default_factory=list)  # (trial, best so far)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best_seconds and self.default_seconds:
+            return self.default_seconds / self.best_seconds
+        return None
+
+    def __repr__(self) -> str:
+        best = f"{self.best_seconds * 1e3:.3f} ms" if self.best_seconds else "none"
+        default = f"{self.default_seconds * 1e3:.3f} ms" if self.default_seconds else "unmeasured"
+        return (f"<TuningResult {self.space.path}: best {best} with {self.best_options or 'the defaults'} "
+                f"(default {default}); {self.trials} trials{' (interrupted)' if self.interrupted else ''}>")
+
+
+def target_of(options) -> str:
+    """The back end and compiler a record was measured with (part of its key)."""
+    from polyc.driver import compiler_options
+    digest = hashlib.sha256(compiler_options(options).fingerprint().encode()).hexdigest()[:12]
+    caches = "" if options.cache_sizes is None else " caches " + "/".join(map(str, options.cache_sizes))
+    return f"{options.backend} {digest}{caches}"
+
+
+def tune(kernel, *args, budget: float | int = 60.0, strategy: str = "model", records=None, client=None,
+         start_from=None, progress: bool = True, seed: int = 0, prune_factor: float = 10.0,
+         batch: int = 4) -> TuningResult:
+    """Search the options of ``kernel`` (a :class:`polyc.Kernel`) for the shapes and dtypes of
+    ``args`` (the arguments a call would take) on this machine.
+
+    ``budget``: seconds (a float) or measured candidates (an int).  ``records``: the JSON-lines
+    file of results (default: the user's, in the kernel cache directory); candidates already
+    measured there for the same key are not measured again.  ``start_from``: records or a path
+    to a records file (from another machine, say) whose options are measured first.
+    ``client``: a ``dask.distributed.Client`` to measure on its workers.  Returns a
+    :class:`TuningResult`; afterwards, calls of ``kernel`` (and of any kernel for the same def)
+    with these shapes use the best options found.
+    """
+    from polyc.api import Kernel
+    from polyc.lang.printer import format_def
+    from polyc.runtime.arguments import bind_arguments
+
+    if not isinstance(kernel, Kernel):
+        raise PolycError(f"tune() takes a polyc kernel (a def of polyc.define), not {type(kernel).__name__}")
+    if strategy not in STRATEGIES:
+        raise PolycError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
+        raise PolycError(f"budget must be a positive number of seconds (float) or trials (int), not {budget!r}")
+    if kernel.options.backend != "c":
+        raise PolycError(f"tune() measures compiled kernels: backend {kernel.options.backend!r} has nothing to tune")
+    definition = kernel.definition
+    call = bind_arguments(definition, args, None, kernel._written_before_read, {})
+    sizes = dict(call.sizes)
+    kernel.bounds_precondition.check(sizes, definition.source or None)
+    inputs = tuple(call.arrays[name] for name in definition.inputs)
+    base_options = _tunable_base(kernel.options)
+    space = space_for(definition, sizes, base_options)
+    key = TuningKey.for_call(definition, sizes, target_of(base_options))
+    path = Path(records) if records is not None else default_records_path()
+    measure = _Measurer(format_def(kernel.syntax), definition.name, base_options, inputs,
+                        _reference(kernel, inputs), _tolerance_terms(definition, sizes), client)
+
+    session, rng = uuid.uuid4().hex[:12], random.Random(seed)
+    measured: dict[str, tuple[dict, TuningRecord]] = {}   # identity -> (config or {}, record)
+    for record in read_records(path):
+        if record.key == key:
+            measured[_identity(record.options)] = (dict(record.config or {}), record)
+    best = _best(measured)
+    default_record = measured.get(_identity(space.options(space.default)), (None, None))[1]
+    model = CostModel(seed) if strategy == "model" else None
+    queue: list[dict] = [dict(space.default)]
+    queue += [{"__options__": dict(r.options)} for r in _start_records(start_from)]
+    deadline = time.monotonic() + budget if isinstance(budget, float) else math.inf
+    max_trials = budget if isinstance(budget, int) else math.inf
+    trials, interrupted, history = 0, False, []
+    bar = _progress_bar(progress, budget)
+    try:
+        while trials < max_trials and time.monotonic() < deadline:
+            if not queue:
+                queue = _propose(space, measured, model, rng, batch, strategy)
+                if not queue:
+                    break  # every configuration has been measured
+            wanted = min(len(queue), measure.parallelism, int(min(max_trials - trials, 1 << 30)))
+            candidates, queue = queue[:wanted], queue[wanted:]
+            options_list = [c["__options__"] if "__options__" in c else space.options(c) for c in candidates]
+            fresh = [(c, o) for c, o in zip(candidates, options_list) if _identity(o) not in measured]
+            if not fresh:
+                continue
+            limit = pruning_limit(best.seconds if best else None, prune_factor)
+            for (config, options), outcome in zip(fresh, measure([o for _, o in fresh], limit)):
+                trials += 1
+                record = TuningRecord(key, options, outcome["status"], outcome.get("seconds"),
+                                      tuple(outcome.get("runs", ())), outcome.get("message", ""),
+                                      tc=measure.source, machine=this_machine().to_json(), session=session,
+                                      trial=len(measured) + 1,
+                                      config=None if "__options__" in config else config)
+                append_record(record, path)
+                measured[_identity(options)] = (config if "__options__" not in config else {}, record)
+                if record.status == "ok" and (best is None or record.seconds < best.seconds):
+                    best = record
+                if _identity(options) == _identity(space.options(space.default)):
+                    default_record = measured[_identity(options)][1]
+                history.append((trials, best.seconds if best else None))
+                if bar is not None:
+                    bar.update(1 if isinstance(budget, int) else 0)
+                    bar.set_postfix_str(f"best {best.seconds * 1e3:.3f} ms" if best else "no result yet")
+            if bar is not None and isinstance(budget, float):
+                bar.n = min(budget, round(budget - max(0.0, deadline - time.monotonic()), 1))
+                bar.refresh()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if bar is not None:
+            bar.close()
+    kernel._forget_compiled()  # later calls compile with the best record
+    return TuningResult(key, space, dict(best.options) if best else {}, best.seconds if best else None,
+                        default_record.seconds if default_record and default_record.status == "ok" else None,
+                        trials, len(measured), interrupted, path, history)
+
+
+def _tunable_base(options):
+    """The options candidates start from: the kernel's, without records applied (a search must
+    not measure the previous best as 'the default')."""
+    return options.replace(tuning=False)
+
+
+def _identity(options: Mapping) -> str:
+    import json
+    return json.dumps(dict(options), sort_keys=True)
+
+
+def _best(measured) -> TuningRecord | None:
+    ok = [r for _, r in measured.values() if r.status == "ok" and r.seconds is not None]
+    return min(ok, key=lambda r: r.seconds) if ok else None
+
+
+def _start_records(start_from) -> list[TuningRecord]:
+    if start_from is None:
+        return []
+    if isinstance(start_from, (str, Path)):
+        records = read_records(start_from)
+    else:
+        records = list(start_from)
+    ok = sorted((r for r in records if r.status == "ok" and r.seconds is not None), key=lambda r: r.seconds)
+    return ok[:8]
+
+
+def _propose(space: SearchSpace, measured, model: CostModel | None, rng: random.Random, batch: int,
+             strategy: str) -> list[dict]:
+    """The next candidates: unmeasured configurations, best predicted first."""
+    seen = set(measured)
+    def fresh(config) -> bool:
+        return space.identity(config) not in seen
+
+    if strategy == "random" or model is None:
+        return _random_unmeasured(space, rng, batch, fresh)
+    with_configs = [(c, r) for c, r in measured.values() if c]
+    points = [(space.features(c), r.seconds if r.status == "ok" else None) for c, r in with_configs]
+    times = [s for _, s in points if s is not None]
+    if times:
+        # Failed and pruned candidates teach the model too: as much slower as pruning assumes.
+        penalty = max(times) * 10
+        model.fit([f for f, _ in points], [s if s is not None else penalty for _, s in points])
+    if not model.trained:
+        return _random_unmeasured(space, rng, batch, fresh)
+    # Simulated annealing on the model's predictions, from the best measured configurations.
+    starts = [c for c, r in sorted(with_configs, key=lambda cr: cr[1].seconds if cr[1].status == "ok"
+                                   and cr[1].seconds is not None else math.inf)[:4]]
+    starts += [space.random_config(rng) for _ in range(4)]
+    pool: dict[str, dict] = {}
+    for start in starts:
+        current = dict(start)
+        current_score = float(model.predict([space.features(current)])[0])
+        temperature = 1.0
+        for _ in range(60):
+            candidate = space.neighbour(current, rng)
+            score = float(model.predict([space.features(candidate)])[0])
+            if fresh(candidate):
+                pool[space.identity(candidate)] = candidate
+            if score < current_score or rng.random() < math.exp((current_score - score) / temperature):
+                current, current_score = candidate, score
+            temperature *= 0.93
+    if not pool:
+        return _random_unmeasured(space, rng, batch, fresh)
+    ranked = sorted(pool.values(), key=lambda c: float(model.predict([space.features(c)])[0]))
+    explore = max(1, batch // 4)   # epsilon-greedy: some random candidates keep the model honest
+    chosen = ranked[:batch - explore]
+    chosen += [c for c in _random_unmeasured(space, rng, explore, fresh)
+               if space.identity(c) not in {space.identity(x) for x in chosen}]
+    return chosen
+
+
+def _random_unmeasured(space: SearchSpace, rng: random.Random, count: int, fresh) -> list[dict]:
+    chosen: dict[str, dict] = {}
+    for _ in range(count * 50):
+        if len(chosen) >= count:
+            break
+        config = space.random_config(rng)
+        if fresh(config):
+            chosen.setdefault(space.identity(config), config)
+    return list(chosen.values())
+
+
+def _reference(kernel, inputs: tuple) -> tuple[np.ndarray, ...]:
+    """The outputs of the reference interpreter (TC semantics) for ``inputs``."""
+    from polyc.interpreter import interpret
+    return tuple(np.asarray(r) for r in interpret(kernel.definition, inputs))
+
+
+def _tolerance_terms(definition, sizes: Mapping[str, int]) -> int:
+    """The longest chain of accumulated terms in any statement, for the comparison's bound."""
+    longest = 1
+    for statement in definition.statements:
+        terms = 1
+        for index in statement.reduction_indices:
+            r = statement.range_of(index)
+            terms *= max(1, r.hi.evaluate(sizes) - r.lo.evaluate(sizes))
+        longest = max(longest, terms)
+    return longest
+
+
+def outputs_match(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], terms: int) -> str:
+    """'' when every output matches the reference within the rounding of ``terms`` accumulated
+    terms (``(terms + 8) * eps * max|reference|``; integers exactly), else what differs."""
+    if len(outputs) != len(reference):
+        return f"{len(outputs)} outputs, expected {len(reference)}"
+    for position, (got, want) in enumerate(zip(outputs, reference)):
+        got, want = np.asarray(got), np.asarray(want)
+        if got.shape != want.shape:
+            return f"output {position}: shape {got.shape}, expected {want.shape}"
+        if want.dtype.kind in "biu":
+            if not np.array_equal(got, want):
+                return f"output {position}: {int(np.sum(got != want))} element(s) differ"
+            continue
+        g, w = got.astype(np.float64), want.astype(np.float64)
+        both_nan = np.isnan(g) & np.isnan(w)
+        scale = float(np.max(np.abs(w[np.isfinite(w)]))) if np.isfinite(w).any() else 1.0
+        bound = (terms + 8) * float(np.finfo(want.dtype).eps) * (scale or 1.0)
+        error = np.where(both_nan | (g == w), 0.0, np.abs(g - w))
+        worst = float(np.max(np.where(np.isnan(error), np.inf, error))) if error.size else 0.0
+        if worst > bound:
+            return f"output {position}: max error {worst:.3g} > {bound:.3g}"
+    return ""
+
+
+class _Measurer:
+    """Measures candidates here, or on Dask workers when a client is given."""
+
+    def __init__(self, source: str, name: str, base_options, inputs, reference, terms: int, client):
+        import dataclasses
+        self.source, self.name = source, name
+        self.base = {k: v for k, v in dataclasses.asdict(base_options).items()}
+        self.inputs, self.reference, self.terms = inputs, reference, terms
+        self.client = client
+        self.parallelism = 1
+        if client is not None:
+            from polyc.tune.distributed import DaskMeasurer
+            self._dask = DaskMeasurer(client, self)
+            self.parallelism = self._dask.parallelism
+
+    def job(self, options: Mapping, limit: float) -> dict:
+        return {"source": self.source, "name": self.name, "options": {**self.base, **options},
+                "terms": self.terms, "limit": limit}
+
+    def __call__(self, options_list: list[dict], limit: float) -> list[dict]:
+        if self.client is not None:
+            return self._dask.measure([self.job(o, limit) for o in options_list])
+        return [measure_candidate(self.job(o, limit), self.inputs, self.reference) for o in options_list]
+
+
+def measure_candidate(job: Mapping, inputs: tuple, reference: tuple) -> dict:
+    """Compile ``job``'s def with its options, check it against ``reference``, time it.  Runs in
+    this process or on a Dask worker (``job`` is plain data).  Timing holds a machine-wide lock,
+    so two measurements on one machine (two workers of a LocalCluster) never overlap."""
+    import polyc
+    try:
+        options = dict(job["options"])
+        for name in ("tile_sizes", "cflags", "cache_sizes"):
+            if isinstance(options.get(name), list):
+                options[name] = tuple(options[name])
+        kernel = polyc.define(job["source"], **options)[job["name"]]
+        started = time.perf_counter()
+        outputs = kernel(*inputs)           # compiles
+        compile_seconds = time.perf_counter() - started
+    except polyc.PolycError as error:
+        return {"status": "error", "message": str(error)[:500]}
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    problem = outputs_match(outputs, reference, job["terms"])
+    if problem:
+        return {"status": "wrong", "message": problem}
+    with _measurement_lock():
+        runs = []
+        first = _time_call(kernel, inputs)
+        runs.append(first)
+        if first > job["limit"]:
+            return {"status": "pruned", "runs": runs, "compile_seconds": compile_seconds,
+                    "message": f"first run {first * 1e3:.3f} ms > {job['limit'] * 1e3:.3f} ms"}
+        count = int(min(MAX_RUNS, max(MIN_RUNS, MEASURE_SECONDS / max(first, 1e-7))))
+        runs += [_time_call(kernel, inputs) for _ in range(count - 1)]
+    return {"status": "ok", "seconds": statistics.median(runs), "runs": runs, "compile_seconds": compile_seconds,
+            "machine": this_machine().id}
+
+
+def _time_call(kernel, inputs) -> float:
+    started = time.perf_counter()
+    kernel(*inputs)
+    return time.perf_counter() - started
+
+
+class _measurement_lock:
+    """An exclusive lock on a file in the temporary directory: one measurement per machine."""
+
+    def __enter__(self):
+        self._file = open(Path(tempfile.gettempdir()) / "polyc-tune-measure.lock", "a")
+        try:
+            import fcntl
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
+        except ImportError:
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        self._file.close()  # releases the lock
+        return False
+
+
+def _progress_bar(progress: bool, budget):
+    if not progress:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    if isinstance(budget, int):
+        return tqdm(total=budget, desc="polyc.tune", unit="trial")
+    return tqdm(total=budget, desc="polyc.tune", unit="s", bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s {postfix}")

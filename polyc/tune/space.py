@@ -1,0 +1,157 @@
+"""What the tuner may change for one kernel, and the features its cost model sees.
+
+The space depends on the path polyc compiles the def through (:func:`polyc.driver.compile_stages`):
+
+- a contraction compiled as a BLIS-style gemm kernel: the cache blocks ``(MC, NC, KC)``
+  (``tile_sizes`` of three entries, rounded by the kernel to its register block);
+- a matrix-vector product: whether to run it on all cores;
+- a direct convolution: the output channels per work item (the first entry of ``tile_sizes``);
+- anything else (the generic polyhedral path, segments included): the tile sizes of the
+  outermost band (or no tiling), the fusion strategy, the unroll factor and vectorisation.
+
+A configuration is a dict knob -> value; :meth:`SearchSpace.options` turns it into the
+``polyc.define`` options it stands for, and :meth:`SearchSpace.features` into numbers for the
+cost model (the knobs, and footprints of the blocks they imply relative to the caches).
+"""
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from polyc.lang.checked import CheckedDef
+from polyc.options import Options
+
+Config = dict[str, object]
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    choices: tuple
+    numeric: bool = True        # features use log2(value) (non-positive values: their own flag)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    path: str                   # "gemm", "gemv", "convolution" or "generic"
+    knobs: tuple[Knob, ...]
+    default: Config             # polyc's own choice, always measured first
+    itemsize: int
+    extents: tuple[int, ...]    # the largest statement's loop extents, outermost first
+    caches: tuple[int, int, int]
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(k.choices) for k in self.knobs)
+
+    def options(self, config: Mapping[str, object]) -> dict:
+        """The option changes ``config`` stands for (only those that differ from the defaults)."""
+        changes: dict[str, object] = {}
+        if self.path == "gemm":
+            if config["kc"] != 0:
+                changes["tile_sizes"] = [int(config["mc"]), int(config["nc"]), int(config["kc"])]
+        elif self.path == "gemv":
+            if not config["parallel"]:
+                changes["parallel"] = False
+        elif self.path == "convolution":
+            if config["channels"] != 0:
+                changes["tile_sizes"] = [int(config["channels"])]
+        else:
+            tiles = [int(config[f"t{i}"]) for i in range(len(self.extents[:3])) if f"t{i}" in config]
+            if tiles and tiles[0] == -1:
+                changes["tile_sizes"] = []
+            elif tiles and tiles[0] != 0:
+                changes["tile_sizes"] = tiles
+            for name in ("fusion", "unroll", "vectorize"):
+                if config[name] != getattr(Options(), name):
+                    changes[name] = config[name]
+        return changes
+
+    def random_config(self, rng: random.Random) -> Config:
+        return {k.name: rng.choice(k.choices) for k in self.knobs}
+
+    def neighbour(self, config: Mapping[str, object], rng: random.Random) -> Config:
+        """``config`` with one knob moved to an adjacent choice (or, rarely, any choice)."""
+        knob = rng.choice(self.knobs)
+        new = dict(config)
+        index = knob.choices.index(config[knob.name])
+        if rng.random() < 0.8 and len(knob.choices) > 1:
+            index = min(len(knob.choices) - 1, max(0, index + rng.choice((-1, 1))))
+        else:
+            index = rng.randrange(len(knob.choices))
+        new[knob.name] = knob.choices[index]
+        return new
+
+    def identity(self, config: Mapping[str, object]) -> str:
+        """Configurations that compile to the same options are the same candidate."""
+        import json
+        return json.dumps(self.options(config), sort_keys=True)
+
+    def features(self, config: Mapping[str, object]) -> list[float]:
+        values: list[float] = []
+        for knob in self.knobs:
+            value = config[knob.name]
+            if knob.numeric:
+                number = float(value)
+                values += [math.log2(number) if number > 0 else 0.0, 1.0 if number <= 0 else 0.0]
+            else:
+                values += [1.0 if value == choice else 0.0 for choice in knob.choices]
+        values += self._footprints(config)
+        return values
+
+    def _footprints(self, config: Mapping[str, object]) -> list[float]:
+        """log2 of the bytes a block of the configuration touches, over each cache level."""
+        l1, l2, l3 = (max(1, c) for c in self.caches)
+        block = None
+        if self.path == "gemm" and config["kc"]:
+            mc, nc, kc = (int(config[n]) for n in ("mc", "nc", "kc"))
+            return [math.log2(16 * kc * self.itemsize / l1), math.log2(mc * kc * self.itemsize / l2),
+                    math.log2(kc * nc * self.itemsize / l3)]
+        if self.path == "generic" and "t0" in config and int(config["t0"]) > 0:
+            tiles = [min(int(config[f"t{i}"]), e) for i, e in enumerate(self.extents[:3])]
+            block = math.prod(tiles) * self.itemsize
+        if self.path == "convolution" and config["channels"]:
+            block = int(config["channels"]) * self.itemsize * 64
+        if block is None:
+            return [0.0, 0.0, 0.0]
+        return [math.log2(block / l1), math.log2(block / l2), math.log2(block / l3)]
+
+
+_GENERIC_TILES = (16, 32, 64, 128, 256)
+
+
+def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options) -> SearchSpace:
+    """The search space of ``definition`` compiled with ``options`` for ``sizes``."""
+    from polyc.driver import find_blas_contraction, find_convolution
+    from polyc.schedule.tiling import cache_sizes as option_caches
+
+    caches = option_caches(options)
+    cache_triple = (caches.get(1, 32 << 10), caches.get(2, 1 << 20), caches.get(3, 8 << 20))
+    statement = max(definition.statements, key=lambda s: len(s.all_indices))
+    extents = tuple(max(1, r.hi.evaluate(sizes) - r.lo.evaluate(sizes)) for _, r in statement.ranges)
+    itemsize = max(np.dtype(t.dtype).itemsize for t in definition.tensors)
+    contraction = find_blas_contraction(definition, options)
+    if contraction is not None and contraction.is_matvec:
+        return SearchSpace("gemv", (Knob("parallel", (True, False), numeric=False),), {"parallel": True},
+                           itemsize, extents, cache_triple)
+    if contraction is not None:
+        knobs = (Knob("mc", (24, 48, 72, 96, 120, 144, 192, 240, 288, 384)),
+                 Knob("nc", (128, 256, 512, 1024, 2048, 3072, 4096)),
+                 Knob("kc", (0, 64, 128, 192, 256, 320, 384, 512)))
+        return SearchSpace("gemm", knobs, {"mc": 96, "nc": 1024, "kc": 0}, itemsize, extents, cache_triple)
+    if find_convolution(definition, options) is not None:
+        knobs = (Knob("channels", (0, 8, 16, 24, 32, 48, 64, 96, 128)),)
+        return SearchSpace("convolution", knobs, {"channels": 0}, itemsize, extents, cache_triple)
+    depth = min(3, len(extents))
+    knobs = [Knob("t0", (-1, 0, *_GENERIC_TILES))] if depth else []
+    knobs += [Knob(f"t{i}", _GENERIC_TILES) for i in range(1, depth)]
+    knobs += [Knob("fusion", ("min", "smart", "max"), numeric=False), Knob("unroll", (1, 2, 4, 8)),
+              Knob("vectorize", (True, False), numeric=False)]
+    default: Config = {"fusion": "smart", "unroll": 1, "vectorize": True}
+    if depth:
+        default.update({"t0": 0, **{f"t{i}": 64 for i in range(1, depth)}})
+    return SearchSpace("generic", tuple(knobs), default, itemsize, extents, cache_triple)

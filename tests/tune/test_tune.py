@@ -1,0 +1,233 @@
+"""polyc.tune: the search, its records, resuming, Ctrl-C, records from other machines, Dask.
+
+Searches here are tiny (a few trials on 64-element kernels): these tests check what the tuner
+does with its measurements, not how fast anything is (benchmarks/ measure that).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import polyc
+from polyc.tune import records as records_module
+from polyc.tune.machine import this_machine
+from polyc.tune.records import (SCHEMA_VERSION, TuningKey, TuningRecord, append_record, best_options,
+                                merge_records, read_records)
+
+MATMUL = """
+def matmul(float(M, K) A, float(K, N) B) -> (C) {
+    C(m, n) +=! A(m, r_k) * B(r_k, n)
+}"""
+ROWSUM = """
+def rowsum(float(M, N) A) -> (B) {
+    B(m) +=! A(m, r_n) * 2
+}"""
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def matmul_args():
+    rng = np.random.default_rng(0)
+    return rng.random((64, 48), dtype=np.float32), rng.random((48, 80), dtype=np.float32)
+
+
+@pytest.fixture
+def records(tmp_path, monkeypatch):
+    """A private records file, also the default one (what define() reads)."""
+    path = tmp_path / "records.jsonl"
+    monkeypatch.setenv("POLYC_TUNING_FILE", str(path))
+    return path
+
+
+def test_tune_records_every_trial_and_define_uses_the_best(records, matmul_args):
+    kernel = polyc.define(MATMUL).matmul
+    result = polyc.tune(kernel, *matmul_args, budget=5, progress=False, seed=1)
+    assert result.trials == 5 and result.space.path == "gemm" and not result.interrupted
+    lines = read_records(records)
+    assert len(lines) == 5 and all(r.key == result.key for r in lines)
+    assert lines[0].options == {}, "polyc's defaults are measured first"
+    ok = [r for r in lines if r.status == "ok"]
+    assert ok and result.best_seconds == min(r.seconds for r in ok)
+    assert result.default_seconds == lines[0].seconds
+    # Every record names its machine; the best options apply to a fresh define() of the same def
+    # (formatted differently: the key is the def's meaning, not its text).
+    assert lines[0].machine == this_machine().to_json() and lines[0].key.machine == this_machine().id
+    assert best_options(result.key) == result.best_options
+    fresh = polyc.define(MATMUL.replace("    ", "  ") + "\n# same def\n").matmul
+    sizes = {"M": 64, "K": 48, "N": 80}
+    tuned = dict(result.best_options)
+    if "tile_sizes" in tuned:
+        tuned["tile_sizes"] = tuple(tuned["tile_sizes"])
+    assert fresh.c_source(sizes) == polyc.define(MATMUL, tuning=False, **tuned).matmul.c_source(sizes)
+    out = fresh(*matmul_args)
+    np.testing.assert_allclose(out, matmul_args[0].astype(np.float64) @ matmul_args[1], rtol=1e-5, atol=1e-5)
+    # tuning=False ignores the records.
+    untuned = polyc.define(MATMUL, tuning=False).matmul
+    assert untuned.stages(sizes).kernel.source == polyc.define(MATMUL, tuning=False).matmul.c_source(sizes)
+
+
+def test_records_keep_only_options_left_at_their_defaults(records, matmul_args):
+    kernel = polyc.define(MATMUL).matmul
+    key = TuningKey.for_call(kernel.definition, {"M": 64, "K": 48, "N": 80},
+                             polyc.tune.search.target_of(kernel.options.replace(tuning=False)))
+    append_record(TuningRecord(key, {"tile_sizes": [48, 128, 64]}, "ok", 1e-6), records)
+    assert "128" in kernel.c_source({"M": 64, "K": 48, "N": 80})
+    assert polyc.define(MATMUL).matmul.stages({"M": 64, "K": 48, "N": 80}).kernel.source == \
+        polyc.define(MATMUL, tile_sizes=(48, 128, 64)).matmul.c_source({"M": 64, "K": 48, "N": 80})
+    mine = polyc.define(MATMUL, tile_sizes=(24, 256, 32)).matmul
+    assert mine.stages({"M": 64, "K": 48, "N": 80}).kernel.source == \
+        polyc.define(MATMUL, tile_sizes=(24, 256, 32), tuning=False).matmul.c_source({"M": 64, "K": 48, "N": 80})
+
+
+def test_wrong_failed_and_foreign_records_are_never_used(records, matmul_args):
+    kernel = polyc.define(MATMUL).matmul
+    key = TuningKey.for_call(kernel.definition, {"M": 64, "K": 48, "N": 80}, "c 000")
+    other_machine = TuningKey(key.definition, key.sizes, key.dtypes, key.target, "another-machine")
+    append_record(TuningRecord(key, {"tile_sizes": [24, 128, 64]}, "ok", 2e-3), records)
+    append_record(TuningRecord(key, {"tile_sizes": [48, 128, 64]}, "wrong", 1e-6, message="differs"), records)
+    append_record(TuningRecord(key, {"tile_sizes": [72, 128, 64]}, "error", None), records)
+    append_record(TuningRecord(key, {"tile_sizes": [96, 128, 64]}, "pruned", None, runs=(1.0,)), records)
+    append_record(TuningRecord(other_machine, {"tile_sizes": [120, 128, 64]}, "ok", 1e-9), records)
+    assert best_options(key) == {"tile_sizes": [24, 128, 64]}
+    assert best_options(TuningKey(*key.__dict__.values())) == {"tile_sizes": [24, 128, 64]}
+
+
+def test_records_from_another_machine_are_a_starting_point_only(records, tmp_path, matmul_args):
+    kernel = polyc.define(MATMUL).matmul
+    foreign = tmp_path / "from-the-cluster.jsonl"
+    sizes = {"M": 64, "K": 48, "N": 80}
+    target = polyc.tune.search.target_of(kernel.options.replace(tuning=False))
+    there = TuningKey(TuningKey.for_call(kernel.definition, sizes, target).definition,
+                      tuple(sizes.items()), ("float32", "float32"), target, "a-xeon-somewhere")
+    append_record(TuningRecord(there, {"tile_sizes": [48, 256, 128]}, "ok", 1e-7), foreign)
+    assert merge_records([foreign], records) == 1 and merge_records([foreign], records) == 0
+    assert kernel.c_source(sizes) == polyc.define(MATMUL, tuning=False).matmul.c_source(sizes)
+    result = polyc.tune(kernel, *matmul_args, budget=2, start_from=foreign, progress=False)
+    measured_here = [r for r in read_records(records) if r.key.machine == this_machine().id]
+    assert [r.options for r in measured_here] == [{}, {"tile_sizes": [48, 256, 128]}]
+    assert result.measured == 2
+
+
+def test_unreadable_lines_are_skipped_with_a_warning_and_calls_still_work(records, matmul_args):
+    kernel = polyc.define(MATMUL).matmul
+    polyc.tune(kernel, *matmul_args, budget=1, progress=False)
+    with open(records, "a") as file:
+        file.write('{"schema": 1, "key": {"def": "x"')   # a run killed mid-write
+        file.write("\nnot json at all\n")
+        file.write(json.dumps({"schema": SCHEMA_VERSION + 1, "key": {}}) + "\n")
+    with pytest.warns(polyc.PolycWarning) as caught:
+        kept = read_records(records)
+    assert len(kept) == 1
+    messages = " ".join(str(w.message) for w in caught)
+    assert f"{records}:2" in messages and f"{records}:3" in messages and "newer than this polyc" in messages
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a call never warns about the records: `polyc tune --list` does
+        np.testing.assert_allclose(polyc.define(MATMUL).matmul(*matmul_args),
+                                   matmul_args[0].astype(np.float64) @ matmul_args[1], rtol=1e-5, atol=1e-5)
+
+
+def test_an_old_schema_is_converted_on_load(tmp_path, monkeypatch):
+    path = tmp_path / "old.jsonl"
+    current = TuningRecord(TuningKey("d", (("N", 4),), ("float32",), "c x", "m"), {"unroll": 2}, "ok", 0.5)
+    old = current.to_json()
+    old["schema"] = 0
+    old["seconds_ms"] = old.pop("seconds") * 1e3      # a made-up older layout
+    path.write_text(json.dumps(old) + "\n")
+
+    def upgrade_0_to_1(data: dict) -> dict:
+        data = dict(data, schema=1)
+        data["seconds"] = data.pop("seconds_ms") / 1e3
+        return data
+    monkeypatch.setitem(records_module._UPGRADES, 0, upgrade_0_to_1)
+    (loaded,) = read_records(path)
+    assert loaded.seconds == 0.5 and loaded.options == {"unroll": 2}
+
+
+def test_ctrl_c_keeps_what_was_found(records, matmul_args, monkeypatch):
+    from polyc.tune import search
+    real, calls = search.measure_candidate, []
+
+    def interrupted_on_the_third(job, inputs, reference):
+        calls.append(job)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(job, inputs, reference)
+    monkeypatch.setattr(search, "measure_candidate", interrupted_on_the_third)
+    result = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, budget=10, progress=False)
+    assert result.interrupted and result.trials == 2 and len(read_records(records)) == 2
+    assert result.best_seconds is not None
+
+
+def test_a_killed_run_resumes_from_its_records(records, matmul_args, tmp_path):
+    script = tmp_path / "tune_forever.py"
+    script.write_text(textwrap.dedent(f"""
+        import numpy as np, polyc
+        rng = np.random.default_rng(0)
+        A, B = rng.random((64, 48), dtype=np.float32), rng.random((48, 80), dtype=np.float32)
+        polyc.tune(polyc.define({MATMUL!r}).matmul, A, B, budget=500, progress=False)
+    """))
+    process = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "POLYC_TUNING_FILE": str(records)})
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (not records.exists() or records.read_text().count("\n") < 3):
+            time.sleep(0.1)
+        assert process.poll() is None, "the tuning run ended before it could be killed"
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    before = read_records(records)
+    assert len(before) >= 3
+    result = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, budget=3, progress=False)
+    after = read_records(records)
+    assert len(after) == len(before) + 3 and result.measured == len(after)
+    identities = [json.dumps(r.options, sort_keys=True) for r in after]
+    assert len(set(identities)) == len(identities), "a resumed run measures only new candidates"
+    assert result.best_seconds == min(r.seconds for r in after if r.status == "ok")
+
+
+def test_random_and_generic_path(records):
+    A = np.random.default_rng(1).random((40, 70), dtype=np.float32)
+    kernel = polyc.define(ROWSUM).rowsum
+    result = polyc.tune(kernel, A, budget=3, strategy="random", progress=False)
+    assert result.space.path == "generic" and result.trials == 3
+    assert {k.name for k in result.space.knobs} >= {"t0", "fusion", "unroll", "vectorize"}
+    np.testing.assert_allclose(kernel(A), 2 * A.astype(np.float64).sum(axis=1), rtol=1e-5)
+
+
+def test_bad_requests_are_polyc_errors(matmul_args):
+    kernel = polyc.define(MATMUL).matmul
+    for bad, message in (({"budget": 0}, "budget"), ({"budget": True}, "budget"),
+                         ({"strategy": "genetic"}, "strategy")):
+        with pytest.raises(polyc.PolycError, match=message):
+            polyc.tune(kernel, *matmul_args, progress=False, **bad)
+    with pytest.raises(polyc.PolycError, match="tune.. takes a polyc kernel"):
+        polyc.tune(lambda a, b: a @ b, *matmul_args)
+    with pytest.raises(polyc.PolycError, match="nothing to tune"):
+        polyc.tune(polyc.define(MATMUL, backend="interpreter").matmul, *matmul_args)
+    with pytest.raises(polyc.SignatureError):
+        polyc.tune(kernel, matmul_args[0], matmul_args[0], budget=1)
+
+
+def test_dask_local_cluster_gives_the_same_records(records, tmp_path, matmul_args):
+    distributed = pytest.importorskip("dask.distributed")
+    local = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, budget=2, records=tmp_path / "local.jsonl",
+                       progress=False)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) \
+            as cluster, distributed.Client(cluster) as client:
+        remote = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, budget=4, client=client, progress=False)
+    assert remote.key == local.key and remote.trials == 4
+    local_lines = [json.loads(line) for line in (tmp_path / "local.jsonl").read_text().splitlines()]
+    remote_lines = [json.loads(line) for line in records.read_text().splitlines()]
+    assert all(set(line) == set(local_lines[0]) for line in remote_lines)
+    assert remote_lines[0]["key"] == local_lines[0]["key"] and remote_lines[0]["options"] == {}
+    assert remote.best_options == best_options(remote.key) or remote.best_seconds is None
