@@ -4,6 +4,9 @@
     polyc compile FILE.tc [--entry NAME] [--emit ast|ranges|isl|schedule|c] [-o OUT] [options]
     polyc compile FILE.tc [--entry NAME] --target host|avx512|avx2|generic|neon [--shape ...] -o OUTDIR
     polyc run FILE.tc [--entry NAME] --shape NAME=SIZE ... [--check] [--repeat N] [--seed S] [options]
+    polyc tune FILE.tc [--entry NAME] --shape NAME=SIZE ... [--budget B] [--strategy model|random]
+               [--records FILE] [--start-from FILE] [--scheduler ADDRESS] [options]
+    polyc tune --list [--records FILE]   |   polyc tune --merge FILE ... [--records FILE]
 
 Exit status: 0 on success; 1 for an error in the TC file, in compilation or in a run, for a
 missing file, and for a ``--check`` mismatch; 2 for a command-line usage error and for a stage
@@ -116,6 +119,18 @@ floats, small integers (kept inside the tensor when they index one), random bool
 element reduces over.
 """
 
+_TUNE_EXAMPLES = """\
+examples:
+  polyc tune examples/matmul.tc --entry matmul --shape M=1024,K=1024,N=1024 --budget 60s
+  polyc tune examples/matmul.tc --entry matmul --shape M=1024,K=1024,N=1024 --budget 40 --strategy random
+  polyc tune examples/conv.tc --entry conv2d --shape N=8,C=64,H=56,W=56,F=64,KH=3,KW=3 --scheduler tcp://head:8786
+  polyc tune --list
+  polyc tune --merge other-node.jsonl
+
+Interrupt with Ctrl-C at any time: what was measured is kept, and a later run with the same
+arguments continues from it.
+"""
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``polyc`` and its subcommands."""
@@ -159,6 +174,29 @@ def build_parser() -> argparse.ArgumentParser:
                             help="seed of the random inputs (default: 0)")
     _add_option_arguments(run_parser)
     run_parser.set_defaults(handler=run_run)
+
+    tune_parser = commands.add_parser(
+        "tune", help="search a def's options for given sizes on this machine; list or merge tuning records",
+        description="Measure candidate options of one def for the given sizes on random inputs and record\n"
+                    "them; later compilations of that def at those sizes on this machine use the best.",
+        epilog=_TUNE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tune_parser.add_argument("file", metavar="FILE.tc", nargs="?", help="TC source file")
+    tune_parser.add_argument("--entry", metavar="NAME", help="the def to tune (may be left out if the file has one)")
+    _add_shape_argument(tune_parser, "the value of a size of the def (every size needs one)")
+    tune_parser.add_argument("--budget", type=_parse_budget, default=60.0, metavar="B",
+                             help="seconds (60s, 2.5m, or a number with a dot) or trials (an integer); default 60s")
+    tune_parser.add_argument("--strategy", choices=("model", "random"), default="model",
+                             help="cost-model-guided search (default) or random search")
+    tune_parser.add_argument("--records", metavar="FILE",
+                             help="the tuning records file (default: $POLYC_TUNING_FILE, else in the kernel cache)")
+    tune_parser.add_argument("--start-from", metavar="FILE", help="measure these records' options first "
+                                                                  "(records from another machine, say)")
+    tune_parser.add_argument("--scheduler", metavar="ADDRESS", help="measure on the workers of this Dask scheduler")
+    tune_parser.add_argument("--seed", type=int, default=0, metavar="S", help="seed of inputs and search (default 0)")
+    tune_parser.add_argument("--list", action="store_true", help="list the best record of every key and exit")
+    tune_parser.add_argument("--merge", nargs="+", metavar="FILE", help="add these files' records and exit")
+    _add_option_arguments(tune_parser)
+    tune_parser.set_defaults(handler=run_tune)
     return parser
 
 
@@ -368,6 +406,85 @@ def run_run(args: argparse.Namespace) -> int:
     report = compare_outputs(definition, sizes, inputs, outputs, expected)
     print(report.text)
     return 0 if report.ok else EXIT_ERROR
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """``polyc tune``: search one def's options, or list or merge the tuning records."""
+    from polyc.tune.records import default_records_path, merge_records, read_records
+    records = args.records or default_records_path()
+    if args.merge:
+        added = merge_records(args.merge, records)
+        print(f"{added} record(s) added to {records}")
+        return 0
+    if args.list:
+        return _list_records(read_records(records), records)
+    if args.file is None:
+        raise CommandLineError("polyc tune needs FILE.tc (or --list, or --merge FILE ...)")
+    module = _load(args.file, _define_options(args))
+    kernel = _single_kernel(module, args.file, args.entry)
+    sizes = _sizes_for(kernel.definition, _merge_shapes(args.shape))
+    inputs = random_inputs(kernel.definition, sizes, np.random.default_rng(args.seed))
+    client = None
+    if args.scheduler:
+        try:
+            from dask.distributed import Client
+        except ImportError as error:
+            raise PolycError("--scheduler needs dask.distributed: pip install 'polyc[tune]'") from error
+        client = Client(args.scheduler)
+    try:
+        result = polyc.tune(kernel, *inputs, budget=args.budget, strategy=args.strategy, records=records,
+                            start_from=args.start_from, client=client, seed=args.seed,
+                            progress=sys.stderr.isatty())
+    finally:
+        if client is not None:
+            client.close()
+    print(f"{kernel.name}: " + ", ".join(f"{n}={sizes[n]}" for n in kernel.definition.sizes)
+          + f" ({result.space.path} path); {result.trials} trial(s) measured, {result.measured} in all"
+          + (" (interrupted)" if result.interrupted else ""))
+    if result.best_seconds is None:
+        print("no candidate ran correctly")
+        return EXIT_ERROR
+    default = _format_seconds(result.default_seconds) if result.default_seconds else "not measured"
+    print(f"default options: {default}")
+    print(f"best: {_format_seconds(result.best_seconds)} with {result.best_options or 'the default options'}"
+          + (f" ({result.speedup:.2f}x)" if result.speedup else ""))
+    print(f"records: {result.records_path}")
+    return 0
+
+
+def _list_records(records, path) -> int:
+    from polyc.tune.machine import this_machine
+    best: dict = {}
+    for record in records:
+        if record.status == "ok" and (record.key not in best or record.seconds < best[record.key].seconds):
+            best[record.key] = record
+    print(f"{len(records)} record(s) in {path}; best of {len(best)} key(s):")
+    here = this_machine().id
+    for key, record in best.items():
+        name = record.tc.split("(", 1)[0].replace("def ", "").strip() or key.definition
+        sizes = ",".join(f"{n}={v}" for n, v in key.sizes)
+        where = "this machine" if key.machine == here else f"machine {key.machine} (not used here)"
+        print(f"  {name} {sizes} {'/'.join(key.dtypes)}: {_format_seconds(record.seconds)} "
+              f"with {record.options or 'the defaults'} [{where}]")
+    return 0
+
+
+def _parse_budget(text: str) -> float | int:
+    """``60s``, ``2.5m`` and ``60.0`` are seconds; ``40`` is a number of trials."""
+    try:
+        if text.endswith("s"):
+            value: float | int = float(text[:-1])
+        elif text.endswith("m"):
+            value = float(text[:-1]) * 60
+        elif "." in text:
+            value = float(text)
+        else:
+            value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a budget: {text!r} (seconds like 60s or 2.5m, or trials like 40)")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"the budget must be positive, not {text!r}")
+    return value
 
 
 def _single_kernel(module: polyc.Module, path: str, entry: str | None) -> polyc.Kernel:

@@ -231,3 +231,18 @@ def test_dask_local_cluster_gives_the_same_records(records, tmp_path, matmul_arg
     assert all(set(line) == set(local_lines[0]) for line in remote_lines)
     assert remote_lines[0]["key"] == local_lines[0]["key"] and remote_lines[0]["options"] == {}
     assert remote.best_options == best_options(remote.key) or remote.best_seconds is None
+
+
+def test_command_line_tunes_lists_and_merges(tmp_path):
+    from polyc.cli import main
+    records, other = tmp_path / "records.jsonl", tmp_path / "other.jsonl"
+    tc = tmp_path / "rowsum.tc"
+    tc.write_text(ROWSUM)
+    assert main(["tune", str(tc), "--shape", "M=16,N=24", "--budget", "2", "--records", str(records)]) == 0
+    assert len(read_records(records)) == 2
+    assert main(["tune", "--merge", str(records), "--records", str(other)]) == 0
+    assert len(read_records(other)) == 2
+    assert main(["tune", "--list", "--records", str(other)]) == 0
+    assert main(["tune", "--records", str(other)]) == 2            # no file: a usage error
+    assert main(["tune", str(tc), "--shape", "M=16", "--records", str(records)]) != 0   # N missing
+    assert main(["tune", str(tc), "--shape", "M=16,N=24", "--budget", "0"]) == 2
