@@ -1,6 +1,6 @@
 """Run the benchmark suite: polyc beside numpy, einsum, gcc -O3 and clang+Polly on naive C.
 
-    python -m benchmarks [--quick] [--filter REGEX] [--repeat N] [--json PATH]
+    python -m benchmarks [--quick] [--filter REGEX] [--repeat N] [--json PATH] [--tuned | --tune SECONDS]
 
 For each case, polyc compiles the TC def (in a fresh kernel cache, so the C compiler's time is
 counted), every implementation is checked against a float64 numpy reference, then each is timed:
@@ -9,6 +9,10 @@ take longer than ``--max-seconds``).  The calls are timed in blocks, one impleme
 time, so the OpenMP and OpenBLAS thread pools do not compete for the two cores, and in three
 interleaved rounds, so a change of the machine's load during a case reaches every
 implementation alike.
+
+The polyc column is polyc untuned (its defaults, ``tuning=False``).  ``--tuned`` adds a column
+for polyc with this machine's tuning records (``polyc.tune``), ``--tune SECONDS`` first tunes
+each case with that budget (its tuning time is reported) and then does the same.
 """
 from __future__ import annotations
 
@@ -47,11 +51,21 @@ def parse_args(argv):
     parser.add_argument("--list", action="store_true", help="list the selected cases and exit")
     parser.add_argument("--polly-flags", default="", metavar="FLAGS",
                         help="extra flags for clang+Polly, e.g. '-mllvm -polly-position=early'")
+    tuning = parser.add_mutually_exclusive_group()
+    tuning.add_argument("--tuned", action="store_true",
+                        help="also time polyc with this machine's tuning records (a 'tuned' column)")
+    tuning.add_argument("--tune", type=float, metavar="SECONDS",
+                        help="tune each case with this budget first (polyc.tune), then as --tuned")
+    parser.add_argument("--records", type=Path, metavar="FILE",
+                        help="the tuning records (default: $POLYC_TUNING_FILE, else in the user's kernel cache)")
     parser.add_argument("--keep-blas-env", action="store_true",
                         help="keep OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE (cleared by default, see __main__)")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    if args.tune is not None and args.tune <= 0:
+        parser.error("--tune needs a positive number of seconds")
+    args.tuned = args.tuned or args.tune is not None
     return args
 
 
@@ -107,7 +121,7 @@ def run_case(case: suite.Case, args, toolchains: dict, build_dir: Path) -> dict:
               "times": {}, "checks": {}, "errors": {}, "compile_seconds": {}, "gflops": {}, "ratios": {}}
     start = time.perf_counter()
     try:
-        kernel = polyc.define(case.source, filename=f"<{case.name}>")[case.entry]
+        kernel = polyc.define(case.source, filename=f"<{case.name}>", tuning=False)[case.entry]
     except Exception as error:  # without the checked def there are no inputs: skip the case
         result["errors"]["polyc"] = f"{type(error).__name__}: {error}"
         return result
@@ -118,6 +132,18 @@ def run_case(case: suite.Case, args, toolchains: dict, build_dir: Path) -> dict:
     reference = as_tuple(case.numpy(*(x.astype(np.float64) for x in inputs)))
 
     preparations = {"polyc": functools.partial(_prepare_polyc, kernel, inputs)}
+    if args.tuned:
+        if args.tune is not None:
+            tuning_start = time.perf_counter()
+            try:
+                found = polyc.tune(polyc.define(case.source, filename=f"<{case.name}>")[case.entry], *inputs,
+                                   budget=float(args.tune), progress=False)
+                result["tuning"] = {"seconds": time.perf_counter() - tuning_start, "trials": found.trials,
+                                    "best_options": found.best_options, "space": found.space.path}
+            except Exception as error:
+                result["errors"]["tuned"] = f"tuning failed: {type(error).__name__}: {error}"
+        tuned = polyc.define(case.source, filename=f"<{case.name}>")[case.entry]
+        preparations["tuned"] = functools.partial(_prepare_polyc, tuned, inputs)
     for name, function in (("numpy", case.numpy), ("einsum", case.einsum)):
         if function is not None:
             preparations[name] = functools.partial(_prepare_numpy, function, inputs)
@@ -180,7 +206,10 @@ def machine_info() -> dict:
                 break
     except OSError:
         pass
-    return {"cpu": model, "logical_cpus": os.cpu_count(),
+    from polyc.tune.machine import this_machine
+    fingerprint = this_machine()
+    return {"cpu": model, "isa": list(fingerprint.isa), "caches": list(fingerprint.caches),
+            "fingerprint": fingerprint.id, "logical_cpus": os.cpu_count(),
             "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
             "platform": platform.platform(), "python": platform.python_version(),
             "numpy": np.__version__, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
@@ -254,7 +283,8 @@ def print_preamble(results: dict, args, count: int) -> None:
           f"{(polyc_source['git_commit'] or 'unknown')[:10]}"
           f"{', with uncommitted changes' if polyc_source['uncommitted_changes'] else ''}): "
           f"{count} case(s), median of up to {args.repeat} runs (at most ~{args.max_seconds:g} s each)")
-    print(f"machine: {results['machine']['cpu']}, {results['machine']['usable_cpus']} cpu(s), "
+    print(f"machine: {results['machine']['cpu']} ({' '.join(results['machine']['isa'])}), "
+          f"{results['machine']['usable_cpus']} cpu(s), "
           f"load {results['machine']['loadavg_start'][0]:.2f}; BLAS: {blas_summary(results['blas'])}")
     for name, toolchain in results["toolchains"].items():
         if name != "polyc":
@@ -277,14 +307,19 @@ def main(argv=None, blas_environment: dict | None = None) -> int:
     toolchains, notes = find_toolchains(args)
     results = describe_run(args, argv, toolchains, notes, blas_environment)
     print_preamble(results, args, len(selected))
-    print(report.header())
+    print(report.header(args.tuned))
+    if args.tuned:  # the records stay where they are when the kernel cache moves below
+        from polyc.tune.records import default_records_path
+        os.environ["POLYC_TUNING_FILE"] = str(args.records or default_records_path())
+        results["settings"]["tuning_records"] = os.environ["POLYC_TUNING_FILE"]
+        results["settings"]["tune_seconds"] = args.tune
     with tempfile.TemporaryDirectory(prefix="polyc-bench-cache-") as cache, \
             tempfile.TemporaryDirectory(prefix="polyc-bench-naive-") as build_dir:
         os.environ["POLYC_CACHE_DIR"] = cache  # a fresh cache: compile times include the C compiler
         for case in selected:
             record = run_case(case, args, toolchains, Path(build_dir))
             results["cases"].append(record)
-            print(report.row(record), flush=True)
+            print(report.row(record, args.tuned), flush=True)
 
     results["machine"]["loadavg_end"] = list(os.getloadavg())
     results["summary"] = report.summarize(results["cases"], suite.GROUPS)
