@@ -748,11 +748,14 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int64_t
 {
     const int64_t nred = g->nred, nfb = g->nfb;
     g->wg_stride = nfb * nred * POLYC_RF;
-    int nthr = 1;
+    int nthr = 1, most = 1;
 #if defined(_OPENMP)
-    if ((double)g->nitems * (double)g->npoints * (double)g->nf * (double)(nred > 0 ? nred : 1) >= THRESHOLD)
-        nthr = omp_get_max_threads();
+    if ((double)g->nitems * (double)g->npoints * (double)g->nf * (double)(nred > 0 ? nred : 1) >= THRESHOLD) {
+        most = omp_get_max_threads();
+        nthr = polyc_threads(most);
+    }
 #endif
+    (void)most;
     T *wpack = polyc_alloc(ngroups * g->wg_stride);
     T *panels = g->direct ? NULL : polyc_alloc((int64_t)nthr * nred * POLYC_NR);
     if (wpack == NULL || (!g->direct && panels == NULL)) { free(wpack); free(panels); return STATUS; }
@@ -788,15 +791,20 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int64_t
     }
 #if defined(_OPENMP)
     else {
+        int slow = 0;
         #pragma omp parallel num_threads(nthr)
         {
+            polyc_thread_clock_t clock;
+            polyc_thread_start(&clock);
             T *panel = panels == NULL ? NULL : panels + (int64_t)omp_get_thread_num() * nred * POLYC_NR;
-            #pragma omp for schedule(dynamic, 1)
+            #pragma omp for schedule(dynamic, 1) nowait
             for (int64_t x = 0; x < total; x++) {
                 const int64_t c = x % nchunks, t = x / nchunks % g->ntiles, b = x / nchunks / g->ntiles;
                 polyc_conv_tile(g, b, t, c * chunk, polyc_min(nfb, (c + 1) * chunk), panel, init);
             }
+            polyc_thread_stop(&clock, &slow);
         }
+        polyc_threads_after(nthr, most, slow);
     }
 #endif
     free(wpack);

@@ -1236,11 +1236,14 @@ static int polyc_gemm_run_SHAPE(const polyc_gemm_t *restrict g, int init)
     const int64_t kc_most = polyc_min(polyc_kc_most_SHAPE(g), g->k);
     const int64_t a_elements = polyc_round_up(polyc_min(MC, g->m), MR) * kc_most;
     const int64_t b_elements = polyc_round_up(polyc_min(NC, g->n), NR) * kc_most;
-    int nthr = 1;
+    int nthr = 1, most = 1;
 #if defined(_OPENMP)
-    if ((double)g->nbatch * (double)g->m * (double)g->n * (double)g->k >= THRESHOLD)
-        nthr = omp_get_max_threads();
+    if ((double)g->nbatch * (double)g->m * (double)g->n * (double)g->k >= THRESHOLD) {
+        most = omp_get_max_threads();
+        nthr = polyc_threads(most);
+    }
 #endif
+    (void)most;
     /* Per thread: an A panel, and two B panels (a shared pair when rows are shared). */
     T *apacks = polyc_alloc(a_elements * nthr), *bpacks = polyc_alloc(2 * b_elements * nthr);
     if (apacks == NULL || bpacks == NULL) { free(apacks); free(bpacks); return STATUS; }
@@ -1258,8 +1261,11 @@ static int polyc_gemm_run_SHAPE(const polyc_gemm_t *restrict g, int init)
         const int by_batch = g->nbatch >= 2 * nthr;
         polyc_team_t team;
         memset(&team, 0, sizeof team);
+        int slow = 0;
         #pragma omp parallel num_threads(nthr)
         {
+            polyc_thread_clock_t clock;
+            polyc_thread_start(&clock);
             const int tid = omp_get_thread_num();
             __atomic_store_n(&team.size, omp_get_num_threads(), __ATOMIC_RELAXED);  /* the same in all */
             polyc_progress_t progress = {0, 0, 0};
@@ -1276,7 +1282,9 @@ static int polyc_gemm_run_SHAPE(const polyc_gemm_t *restrict g, int init)
                     polyc_product_SHAPE(g, bt, init, bpacks + (split_n ? 2 * b_elements * tid : 0),
                                         apacks + a_elements * tid, &team, tid, &progress);
             }
+            polyc_thread_stop(&clock, &slow);
         }
+        polyc_threads_after(nthr, most, slow);
     }
 #endif
     free(apacks);

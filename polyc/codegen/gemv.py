@@ -182,15 +182,19 @@ static int polyc_gemm_run(const polyc_gemm_t *restrict g, int init)
 {
     const int order = polyc_gemv_order(g);
     const int64_t unit = order == 1 ? 16 : 4;
-    int nthr = 1;
+    int nthr = 1, most = 1, slow = 0;
 #if defined(_OPENMP)
-    if ((double)g->m * (double)g->k >= THRESHOLD)
-        nthr = omp_get_max_threads();
+    if ((double)g->m * (double)g->k >= THRESHOLD) {
+        most = omp_get_max_threads();
+        nthr = polyc_threads(most);
+    }
     #pragma omp parallel num_threads(nthr) if(nthr > 1)
 #endif
     {
         int t = 0, team = 1;
 #if defined(_OPENMP)
+        polyc_thread_clock_t clock;
+        if (nthr > 1) polyc_thread_start(&clock);
         t = omp_get_thread_num();
         team = omp_get_num_threads();
 #endif
@@ -201,8 +205,14 @@ static int polyc_gemm_run(const polyc_gemm_t *restrict g, int init)
             else if (order == 1) polyc_gemv_columns(g, init, lo, hi);
             else polyc_gemv_tables(g, init, lo, hi);
         }
+#if defined(_OPENMP)
+        if (nthr > 1) polyc_thread_stop(&clock, &slow);
+#endif
     }
-    (void)nthr;
+#if defined(_OPENMP)
+    polyc_threads_after(nthr, most, slow);
+#endif
+    (void)nthr; (void)most; (void)slow;
     return 0;
 }
 """

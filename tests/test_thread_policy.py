@@ -1,0 +1,106 @@
+"""The thread policy of the contraction, matrix-vector and convolution kernels
+(:data:`polyc.codegen.pattern_kernel.THREAD_POLICY_C`): fewer threads while the machine is busier
+than its cores, all of them again once it is not.
+
+The C is compiled into a small test program: its decisions are checked call by call, and its
+detection on a real crowded processor (two OpenMP threads pinned to one CPU, so each is kept
+waiting half the time) and on an uncrowded one.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import textwrap
+
+import pytest
+
+from polyc.codegen.pattern_kernel import THREAD_POLICY_C
+
+PROGRAM = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+""" + THREAD_POLICY_C + r"""
+/* Each thread of a team of `nthr` spins for `seconds` of CPU time; returns the slow count. */
+static int region(int nthr, double seconds)
+{
+    int slow = 0;
+    #pragma omp parallel num_threads(nthr)
+    {
+        polyc_thread_clock_t clock;
+        polyc_thread_start(&clock);
+        const double start = polyc_clock(CLOCK_THREAD_CPUTIME_ID);
+        volatile double x = 0;
+        while (polyc_clock(CLOCK_THREAD_CPUTIME_ID) - start < seconds) x += 1;
+        polyc_thread_stop(&clock, &slow);
+    }
+    return slow;
+}
+
+int main(int argc, char **argv)
+{
+    if (strcmp(argv[1], "decisions") == 0) {
+        /* A call that found one of 4 threads slow: 3 threads for the next 16 calls, then 4 to try
+           again; still slow: 32 calls; then fine: all of them, and the wait starts at 16 again. */
+        printf("%d", polyc_threads(4));
+        polyc_threads_after(4, 4, 1);
+        for (int i = 0; i < 17; i++) printf(" %d", polyc_threads(4));
+        polyc_threads_after(4, 4, 3);
+        printf(" |");
+        for (int i = 0; i < 33; i++) printf(" %d", polyc_threads(4));
+        polyc_threads_after(4, 4, 0);
+        printf(" | %d %d\n", polyc_threads(4), polyc_threads_record()->backoff);
+        return 0;
+    }
+    /* measure: the slow threads of a region of two threads, each spinning 40 ms of CPU time */
+    printf("%d\n", region(2, 0.04));
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+    compiler = shutil.which(os.environ.get("POLYC_CC") or os.environ.get("CC") or "gcc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    directory = tmp_path_factory.mktemp("thread-policy")
+    (directory / "policy.c").write_text(PROGRAM)
+    subprocess.run([compiler, "-O1", "-fopenmp", "-o", str(directory / "policy"), str(directory / "policy.c")],
+                   check=True, capture_output=True)
+    return directory / "policy"
+
+
+def test_decisions_call_by_call(program):
+    output = subprocess.run([str(program), "decisions"], capture_output=True, text=True, check=True).stdout.split("|")
+    first = output[0].split()
+    assert first == ["4"] + ["3"] * 16 + ["4"]
+    second = output[1].split()
+    assert second == ["1"] * 32 + ["4"]               # 3 of 4 slow: one thread, twice as long
+    last = output[2].split()
+    assert last == ["4", "16"]
+
+
+def _run(program, cpus: str, threads: int = 2) -> int:
+    taskset = shutil.which("taskset")
+    if taskset is None:
+        pytest.skip("taskset (util-linux) is not installed")
+    run = subprocess.run([taskset, "-c", cpus, str(program), "measure"], capture_output=True, text=True,
+                         check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "passive"})
+    return int(run.stdout)
+
+
+def test_threads_sharing_one_cpu_are_found_slow(program):
+    # Two threads on one CPU: each waits for the other about half of its 40 ms.
+    assert _run(program, "0") >= 1
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_threads_on_their_own_cpus_are_not_slow_when_the_machine_is_idle(program):
+    if os.getloadavg()[0] > 0.5:
+        pytest.skip(f"the machine is busy (load {os.getloadavg()[0]:.2f}): other processes may take the CPUs")
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    assert _run(program, f"{cpus[0]},{cpus[1]}") == 0
