@@ -219,13 +219,15 @@ def _add_option_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-vectorize", dest="vectorize", action="store_const", const=False,
                        help="no SIMD pragmas")
     group.add_argument("--unroll", type=_positive_int, metavar="N", help="unroll factor of the innermost loop")
+    group.add_argument("--threads", type=_positive_int, metavar="N", help="at most N threads (default: all cores)")
     group.add_argument("--no-specialize", dest="specialize", action="store_const", const=False,
                        help="compile once for all sizes instead of for each call's sizes")
     group.add_argument("--cc", metavar="CC", help="C compiler (default: $POLYC_CC, $CC, then cc)")
     group.add_argument("--cflags", metavar="FLAGS", help='C compiler flags, as one string: --cflags "-O3 -march=native"')
 
 
-_OPTION_NAMES = ("backend", "fusion", "tile_sizes", "parallel", "vectorize", "unroll", "specialize", "cc", "cflags")
+_OPTION_NAMES = ("backend", "fusion", "tile_sizes", "parallel", "vectorize", "unroll", "threads", "specialize", "cc",
+                 "cflags")
 
 
 def _define_options(args: argparse.Namespace) -> dict:

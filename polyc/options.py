@@ -33,6 +33,7 @@ class Options:
     - ``cache_sizes``: the data caches tile and block sizes are chosen for, ``(L1, L2, L3)`` in
       bytes (L1 and L2 per core); None reads this machine's.  Exports for another machine use
       that target's (:mod:`polyc.codegen.targets`).
+    - ``threads``: the most threads a parallel kernel uses (None: OpenMP's default, all cores).
     - ``tuning``: compile each call's sizes with the fastest options :func:`polyc.tune` recorded
       for this def, these sizes and dtypes, this compiler and this machine, when there is such a
       record; only options left at their defaults take the recorded values.  False: never.
@@ -50,6 +51,7 @@ class Options:
     blas_contractions: bool = True
     direct_convolutions: bool = True
     cache_sizes: tuple[int, int, int] | None = None
+    threads: int | None = None
     tuning: bool = True
 
     @staticmethod
@@ -81,6 +83,9 @@ class Options:
                 isinstance(self.cache_sizes, tuple) and len(self.cache_sizes) == 3
                 and all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in self.cache_sizes)):
             raise PolycError(f"cache_sizes must be three positive byte counts (L1, L2, L3), not {self.cache_sizes!r}")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise PolycError(f"threads must be None or an integer >= 1, not {self.threads!r}")
         if not isinstance(self.unroll, int) or self.unroll < 1:
             raise PolycError(f"unroll must be an integer >= 1, not {self.unroll!r}")
         for name in ("parallel", "vectorize", "specialize", "blas_contractions", "direct_convolutions",

@@ -127,7 +127,11 @@ class _KernelWriter:
         body.append(self.node(ast))
         body.append(cgen.Statement(f"return {_STATUS}"))
         function = cgen.FunctionBody(cgen.FunctionDeclaration(cgen.Value("int", name), arguments), cgen.Block(body))
-        source = "\n".join([self.header(), PRELUDE, _CHECKED_INDEX, *self.reduction_declarations, str(function), ""])
+        text = str(function)
+        if self.options.threads is not None:  # every parallel loop: at most that many threads
+            text = re.sub(r"^(\s*#pragma omp parallel for\b)", rf"\1 num_threads({self.options.threads})", text,
+                          flags=re.M)
+        source = "\n".join([self.header(), PRELUDE, _CHECKED_INDEX, *self.reduction_declarations, text, ""])
         return GeneratedKernel(name, source, tensors, sizes)
 
     def header(self) -> str:
@@ -137,7 +141,8 @@ class _KernelWriter:
         lines = [f"polyc kernel for def '{self.definition.name}'",
                  f"sizes: {sizes}",
                  f"options: fusion={o.fusion} tile_sizes={o.tile_sizes} parallel={o.parallel} "
-                 f"vectorize={o.vectorize} unroll={o.unroll} specialize={o.specialize}"]
+                 f"vectorize={o.vectorize} unroll={o.unroll} specialize={o.specialize}"
+                 + (f" threads={o.threads}" if o.threads is not None else "")]
         lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
         return c_comment(lines)
 

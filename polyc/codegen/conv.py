@@ -751,7 +751,7 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int64_t
     int nthr = 1, most = 1;
 #if defined(_OPENMP)
     if ((double)g->nitems * (double)g->npoints * (double)g->nf * (double)(nred > 0 ? nred : 1) >= THRESHOLD) {
-        most = omp_get_max_threads();
+        most = polyc_most_threads();
         nthr = polyc_threads(most);
     }
 #endif

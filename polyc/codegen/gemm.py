@@ -1239,7 +1239,7 @@ static int polyc_gemm_run_SHAPE(const polyc_gemm_t *restrict g, int init)
     int nthr = 1, most = 1;
 #if defined(_OPENMP)
     if ((double)g->nbatch * (double)g->m * (double)g->n * (double)g->k >= THRESHOLD) {
-        most = omp_get_max_threads();
+        most = polyc_most_threads();
         nthr = polyc_threads(most);
     }
 #endif

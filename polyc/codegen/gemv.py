@@ -185,7 +185,7 @@ static int polyc_gemm_run(const polyc_gemm_t *restrict g, int init)
     int nthr = 1, most = 1, slow = 0;
 #if defined(_OPENMP)
     if ((double)g->m * (double)g->k >= THRESHOLD) {
-        most = omp_get_max_threads();
+        most = polyc_most_threads();
         nthr = polyc_threads(most);
     }
     #pragma omp parallel num_threads(nthr) if(nthr > 1)

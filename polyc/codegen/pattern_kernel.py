@@ -53,6 +53,17 @@ static double polyc_clock(clockid_t which)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* The threads a parallel call may use: OpenMP's, or fewer when the kernel was compiled so. */
+static int polyc_most_threads(void)
+{
+    const int most = omp_get_max_threads();
+#ifdef POLYC_MAX_THREADS
+    return most < POLYC_MAX_THREADS ? most : POLYC_MAX_THREADS;
+#else
+    return most;
+#endif
+}
+
 /* The threads for a call that could use `most`. */
 static int polyc_threads(int most)
 {
@@ -130,6 +141,8 @@ class PatternKernelWriter:
         lines = list(includes)
         if self.options.parallel:
             lines += ["#ifdef _OPENMP", "#include <omp.h>", "#endif"]
+        if self.options.threads is not None:
+            lines.append(f"#define POLYC_MAX_THREADS {self.options.threads}")
         lines.append(THREAD_POLICY_C)
         if not self.options.vectorize:
             lines.append(f"#define {portable_macro} 1")

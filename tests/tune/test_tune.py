@@ -246,3 +246,19 @@ def test_command_line_tunes_lists_and_merges(tmp_path):
     assert main(["tune", "--records", str(other)]) == 2            # no file: a usage error
     assert main(["tune", str(tc), "--shape", "M=16", "--records", str(records)]) != 0   # N missing
     assert main(["tune", str(tc), "--shape", "M=16,N=24", "--budget", "0"]) == 2
+
+
+def test_threads_option_limits_every_kind_of_kernel():
+    sizes = {"M": 64, "K": 48, "N": 80}
+    gemm = polyc.define(MATMUL, threads=1, tuning=False).matmul
+    assert "#define POLYC_MAX_THREADS 1" in gemm.c_source(sizes)
+    assert "POLYC_MAX_THREADS" not in polyc.define(MATMUL, tuning=False).matmul.c_source(sizes).split("#ifdef")[0]
+    generic = polyc.define(ROWSUM, threads=3, tuning=False).rowsum
+    source = generic.c_source({"M": 4000, "N": 64})
+    assert "omp parallel for" in source and all("num_threads(3)" in line for line in source.splitlines()
+                                                 if "#pragma omp parallel for" in line)
+    A = np.random.default_rng(2).random((4000, 64), dtype=np.float32)
+    np.testing.assert_allclose(generic(A), 2 * A.astype(np.float64).sum(axis=1), rtol=1e-5)
+    for bad in (0, -2, True, 1.5):
+        with pytest.raises(polyc.PolycError, match="threads"):
+            polyc.define(MATMUL, threads=bad)
