@@ -792,10 +792,11 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int64_t
 #if defined(_OPENMP)
     else {
         int slow = 0;
+        const double call_start = polyc_call_start();
         #pragma omp parallel num_threads(nthr)
         {
             polyc_thread_clock_t clock;
-            polyc_thread_start(&clock);
+            polyc_thread_start(&clock, call_start);
             T *panel = panels == NULL ? NULL : panels + (int64_t)omp_get_thread_num() * nred * POLYC_NR;
             #pragma omp for schedule(dynamic, 1) nowait
             for (int64_t x = 0; x < total; x++) {

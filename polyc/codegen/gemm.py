@@ -1262,10 +1262,11 @@ static int polyc_gemm_run_SHAPE(const polyc_gemm_t *restrict g, int init)
         polyc_team_t team;
         memset(&team, 0, sizeof team);
         int slow = 0;
+        const double call_start = polyc_call_start();
         #pragma omp parallel num_threads(nthr)
         {
             polyc_thread_clock_t clock;
-            polyc_thread_start(&clock);
+            polyc_thread_start(&clock, call_start);
             const int tid = omp_get_thread_num();
             __atomic_store_n(&team.size, omp_get_num_threads(), __ATOMIC_RELAXED);  /* the same in all */
             polyc_progress_t progress = {0, 0, 0};

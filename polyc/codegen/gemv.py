@@ -188,13 +188,14 @@ static int polyc_gemm_run(const polyc_gemm_t *restrict g, int init)
         most = polyc_most_threads();
         nthr = polyc_threads(most);
     }
+    const double call_start = polyc_call_start();
     #pragma omp parallel num_threads(nthr) if(nthr > 1)
 #endif
     {
         int t = 0, team = 1;
 #if defined(_OPENMP)
         polyc_thread_clock_t clock;
-        if (nthr > 1) polyc_thread_start(&clock);
+        if (nthr > 1) polyc_thread_start(&clock, call_start);
         t = omp_get_thread_num();
         team = omp_get_num_threads();
 #endif

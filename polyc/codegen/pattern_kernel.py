@@ -26,15 +26,18 @@ from polyc.options import Options
 #: then passes the count of slow threads to polyc_threads_after().
 THREAD_POLICY_C = r"""#if defined(_OPENMP)
 #include <time.h>
-/* Threads the machine runs now.  On a machine busier than its cores, a parallel region waits
-   for its slowest thread, and a thread that lost its core waits a scheduler time slice
-   (milliseconds) to get it back: 50 calls of a 0.3 ms sgemm had a 90th percentile of 8 ms
-   beside one busy process.  So each thread measures the time it was ready but not running
-   (wall time minus its CPU time) during its share of the work; when some threads lost more
-   than a quarter of it, later calls use that many fewer threads, until a call with every
-   thread is tried again after a number of calls that doubles each time the machine is still
-   busy (16 up to 4096) and starts at 16 again once it is not.  An idle machine never loses a
-   thread (nothing is lost), and the cost is two clock reads per thread and call.
+/* Threads the machine runs now.  On a machine busier than its cores, a short parallel call
+   waits for its slowest thread, and a thread that is woken while another process has its core,
+   or loses the core during its share, waits a scheduler time slice (milliseconds): 50 calls of
+   a 0.3 ms sgemm had a 90th percentile of 8 ms beside one busy process.  So each thread
+   measures how long it was kept from running between the call's start and the end of its
+   share (wall time minus its CPU time); when some threads lost over half a millisecond and over
+   a quarter of a call shorter than 20 ms, later calls use that many fewer threads, until a call
+   with every thread is tried again after a number of calls that doubles each time the machine
+   is still busy (16 up to 4096) and starts at 16 again once it is not.  Longer calls keep every
+   thread: the threads share their work as they go, and a fair share of a busy machine's cores
+   still computes more than one core.  An idle machine never loses a thread (waking one takes
+   tens of microseconds), and the cost is two clock reads per thread and call.
    POLYC_THREADS=all in the environment turns the policy off. */
 typedef struct { int64_t calls, retry_at; int limit, backoff, off; } polyc_threads_t;
 typedef struct { double wall, cpu; } polyc_thread_clock_t;
@@ -81,19 +84,23 @@ static int polyc_threads(int most)
     return limit;
 }
 
-static void polyc_thread_start(polyc_thread_clock_t *clock)
+/* The call's start, read by the calling thread before the parallel region. */
+static double polyc_call_start(void) { return polyc_clock(CLOCK_MONOTONIC); }
+
+/* In each thread, first thing in the region: the waiting since `call_start` counts as lost. */
+static void polyc_thread_start(polyc_thread_clock_t *clock, double call_start)
 {
-    clock->wall = polyc_clock(CLOCK_MONOTONIC);
+    clock->wall = call_start;
     clock->cpu = polyc_clock(CLOCK_THREAD_CPUTIME_ID);
 }
 
-/* Adds one to *slow when this thread was kept off the processor for over a quarter of its
-   share of the work, and for over 50 us (a context switch or two is not a busy machine). */
+/* In each thread, at the end of its share: adds one to *slow when it was kept from running
+   long enough to matter (see above). */
 static void polyc_thread_stop(const polyc_thread_clock_t *clock, int *slow)
 {
     const double wall = polyc_clock(CLOCK_MONOTONIC) - clock->wall;
     const double lost = wall - (polyc_clock(CLOCK_THREAD_CPUTIME_ID) - clock->cpu);
-    if (lost > 50e-6 && lost > 0.25 * wall)
+    if (lost > 0.5e-3 && lost > 0.25 * wall && wall < 20e-3)
         __atomic_add_fetch(slow, 1, __ATOMIC_RELAXED);
 }
 
