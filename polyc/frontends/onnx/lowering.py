@@ -1,0 +1,186 @@
+"""What ONNX operators lower to: TC statements over named values, views, and constants.
+
+A session plans a model for one set of concrete input shapes (:mod:`polyc.frontends.onnx.plan`),
+so every value has a concrete shape here.  A converter (:mod:`polyc.frontends.onnx.ops`) reads
+its inputs as :class:`Value` s and, through a :class:`Builder`, either
+
+- emits TC statements (:class:`KernelStep`) writing new values, each statement with explicit
+  ``where`` ranges for all of its indices, so nothing depends on range inference;
+- declares a view (:class:`ViewStep`): the same elements under another shape (Reshape,
+  Flatten, Squeeze, Unsqueeze, Identity), which costs nothing at run time;
+- or returns constants (Shape, Constant, a folded subgraph).
+
+Rank-0 values are rank 1 of extent 1 in TC (``v(0)``) and get their empty shape back at the
+session's edge.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from polyc.errors import UnsupportedError
+from polyc.frontends.onnx.model import TC_TYPES
+
+
+@dataclass(eq=False)
+class Value:
+    """A tensor of the planned graph.  ``ident`` names it in TC; ``const`` holds it when known
+    at plan time (initializers, folded subgraphs)."""
+
+    ident: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    const: np.ndarray | None = None
+    onnx_name: str = ""
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def tc_shape(self) -> tuple[int, ...]:
+        return self.shape if self.shape else (1,)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(eq=False)
+class KernelStep:
+    """TC statements of one node: read ``reads``, write ``writes``.  ``kind`` guides fusion:
+    ``elementwise`` (each output element from the same-index elements of inputs, broadcast
+    allowed), ``reduction``, ``contraction``, ``convolution`` or ``other``."""
+
+    node: str
+    statements: list[str]
+    reads: list[Value]
+    writes: list[Value]
+    kind: str
+
+
+@dataclass(eq=False)
+class ViewStep:
+    node: str
+    source: Value
+    target: Value
+
+
+@dataclass
+class Builder:
+    """Emits the steps of one node."""
+
+    node_name: str
+    op_type: str
+    new_ident: callable
+    steps: list = field(default_factory=list)
+
+    # ------------------------------------------------------------------ values
+    def new(self, shape, dtype, onnx_name: str = "") -> Value:
+        return Value(self.new_ident(), np.dtype(dtype), tuple(int(d) for d in shape), None, onnx_name)
+
+    def const(self, array, onnx_name: str = "") -> Value:
+        array = np.asarray(array)
+        if array.dtype not in TC_TYPES:
+            raise UnsupportedError(f"{self.where}: constant of type {array.dtype} is not supported")
+        return Value(self.new_ident(), array.dtype, array.shape, array, onnx_name)
+
+    def view(self, source: Value, shape) -> Value:
+        shape = tuple(int(d) for d in shape)
+        if math.prod(shape) != source.size:
+            raise UnsupportedError(f"{self.where}: cannot view {source.shape} as {shape}")
+        if source.const is not None:
+            return self.const(source.const.reshape(shape))
+        target = self.new(shape, source.dtype)
+        self.steps.append(ViewStep(self.node_name, source, target))
+        return target
+
+    @property
+    def where(self) -> str:
+        return f"node {self.node_name!r} ({self.op_type})"
+
+    # ------------------------------------------------------------------ TC text
+    def ref(self, value: Value, subscripts) -> str:
+        """``value`` at ``subscripts`` (strings), or its literal when it is a constant scalar."""
+        literal = self.literal(value)
+        if literal is not None:
+            return literal
+        subscripts = list(subscripts) if value.shape else ["0"]
+        return f"{value.ident}({', '.join(subscripts)})"
+
+    @staticmethod
+    def literal(value: Value) -> str | None:
+        """A constant scalar's TC literal (finite numbers only; bools and others stay tensors)."""
+        if value.const is None or value.const.size != 1 or value.dtype.kind not in "fiu":
+            return None
+        number = value.const.reshape(()).item()
+        if value.dtype.kind == "f":
+            if not math.isfinite(number):
+                return None
+            text = repr(float(number))
+            if value.dtype != np.float32 and value.dtype != np.float64:
+                return None
+            return f"({text})" if number < 0 else text
+        if value.dtype != np.int64 and value.dtype != np.int32:
+            return None
+        return f"({int(number)})" if number < 0 else str(int(number))
+
+    def broadcast_subscripts(self, value: Value, out_shape, indices) -> list[str]:
+        """Subscripts of ``value`` inside an output of ``out_shape`` indexed by ``indices``
+        (numpy broadcasting: dimensions aligned right, extent 1 read at 0)."""
+        offset = len(out_shape) - value.rank
+        if offset < 0:
+            raise UnsupportedError(f"{self.where}: cannot broadcast {value.shape} to {tuple(out_shape)}")
+        subscripts = []
+        for d, extent in enumerate(value.shape):
+            if extent == out_shape[offset + d]:
+                subscripts.append(indices[offset + d])
+            elif extent == 1:
+                subscripts.append("0")
+            else:
+                raise UnsupportedError(f"{self.where}: cannot broadcast {value.shape} to {tuple(out_shape)}")
+        return subscripts
+
+    @staticmethod
+    def ranges(names, extents) -> str:
+        parts = [f"{n} in 0:{e}" for n, e in zip(names, extents)]
+        return " where " + ", ".join(parts) if parts else ""
+
+    def statement(self, target: Value, indices, op: str, rhs: str, reductions=()) -> str:
+        """``target(indices) op rhs where <every index and reduction index with its range>``;
+        ``reductions`` are (name, extent) pairs."""
+        indices = list(indices) if target.shape else ["z0"]
+        extents = list(target.tc_shape)
+        names = indices + [r for r, _ in reductions]
+        extents += [e for _, e in reductions]
+        return f"{target.ident}({', '.join(indices)}) {op} {rhs}{self.ranges(names, extents)}"
+
+    def emit(self, statements, reads, writes, kind: str) -> None:
+        reads = [r for r in reads if self.literal(r) is None]
+        self.steps.append(KernelStep(self.node_name, list(statements), _unique(reads), list(writes), kind))
+
+
+def _unique(values):
+    seen, result = set(), []
+    for v in values:
+        if id(v) not in seen:
+            seen.add(id(v))
+            result.append(v)
+    return result
+
+
+def indices(rank: int, prefix: str = "i") -> list[str]:
+    return [f"{prefix}{d}" for d in range(rank)]
+
+
+def broadcast_shape(where: str, *shapes) -> tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*[tuple(s) for s in shapes]))
+    except ValueError as error:
+        raise UnsupportedError(f"{where}: shapes {', '.join(str(tuple(s)) for s in shapes)} do not broadcast") from error
+
+
+def tc_type(dtype) -> str:
+    return TC_TYPES[np.dtype(dtype)]

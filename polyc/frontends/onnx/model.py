@@ -1,0 +1,136 @@
+"""Loading an ONNX model: from a ModelProto, a path or bytes, checked, shapes inferred.
+
+The user's ModelProto is never modified: the importer works on a copy.  Every failure to read,
+parse or validate the model is a :class:`polyc.PolycError` naming the model and the problem.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from polyc.errors import PolycError
+
+#: The element types polyc computes in, as numpy dtypes, and their TC spelling.
+TC_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double", np.dtype(np.float16): "float16",
+            np.dtype(np.int8): "int8", np.dtype(np.int16): "int16", np.dtype(np.int32): "int32",
+            np.dtype(np.int64): "int64", np.dtype(np.uint8): "uint8", np.dtype(np.uint16): "uint16",
+            np.dtype(np.uint32): "uint32", np.dtype(np.uint64): "uint64", np.dtype(np.bool_): "bool"}
+#: The oldest opset of the default domain polyc converts.
+MIN_OPSET = 11
+
+
+def _onnx():
+    try:
+        import onnx
+    except ImportError as error:  # pragma: no cover - the onnx extra brings it
+        raise PolycError("polyc.onnx needs the onnx package: pip install 'polyc[onnx]'") from error
+    return onnx
+
+
+def numpy_dtype(elem_type: int) -> np.dtype | None:
+    """The numpy dtype of an ONNX TensorProto element type, or None for ones polyc cannot compute in."""
+    onnx = _onnx()
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return dtype if dtype in TC_TYPES else None
+
+
+def type_name(elem_type: int) -> str:
+    """onnxruntime's spelling of a tensor type: ``tensor(float)``, ``tensor(int64)``, ..."""
+    onnx = _onnx()
+    name = onnx.TensorProto.DataType.Name(elem_type).lower()
+    return f"tensor({ {'float': 'float', 'double': 'double'}.get(name, name) })"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A graph input or output: its name, element type and shape (ints, or strings for symbolic dims)."""
+
+    name: str
+    elem_type: int
+    shape: tuple[int | str | None, ...] | None
+
+    @property
+    def dtype(self) -> np.dtype | None:
+        return numpy_dtype(self.elem_type)
+
+    @property
+    def type(self) -> str:
+        return type_name(self.elem_type)
+
+
+def tensor_info(value_info) -> TensorInfo:
+    tensor_type = value_info.type.tensor_type
+    shape = None
+    if tensor_type.HasField("shape"):
+        dims = []
+        for dim in tensor_type.shape.dim:
+            if dim.HasField("dim_value"):
+                dims.append(int(dim.dim_value))
+            elif dim.HasField("dim_param"):
+                dims.append(dim.dim_param)
+            else:
+                dims.append(None)
+        shape = tuple(dims)
+    return TensorInfo(value_info.name, tensor_type.elem_type, shape)
+
+
+def load_model(model, where: str | None = None):
+    """A checked, shape-inferred copy of ``model`` (a ModelProto, a path or the bytes of one)."""
+    onnx = _onnx()
+    from google.protobuf.message import DecodeError
+
+    if isinstance(model, onnx.ModelProto):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        where = where or f"model {model.graph.name or '(unnamed)'}"
+    elif isinstance(model, (bytes, bytearray, memoryview)):
+        where = where or "model bytes"
+        copy = onnx.ModelProto()
+        try:
+            copy.ParseFromString(bytes(model))
+        except (DecodeError, RuntimeError, ValueError) as error:
+            raise PolycError(f"{where}: not an ONNX model ({error})") from error
+    elif isinstance(model, (str, os.PathLike)):
+        where = where or os.fspath(model)
+        if not os.path.exists(model):
+            raise PolycError(f"{where}: no such file")
+        try:
+            copy = onnx.load(os.fspath(model), load_external_data=True)
+        except (DecodeError, RuntimeError, ValueError, OSError) as error:
+            raise PolycError(f"{where}: not a readable ONNX model ({type(error).__name__}: {error})") from error
+    else:
+        raise PolycError(f"an ONNX model is a ModelProto, a path or bytes, not {type(model).__name__}")
+    if not copy.graph.node and not copy.graph.output:
+        raise PolycError(f"{where}: the model has no graph (an empty or truncated file?)")
+    try:
+        onnx.checker.check_model(copy)
+    except onnx.checker.ValidationError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise PolycError(f"{where}: the ONNX checker rejects the model: {first}") from error
+    opset = default_opset(copy)
+    newest = onnx.defs.onnx_opset_version()
+    if opset < MIN_OPSET or opset > newest:
+        raise PolycError(f"{where}: opset {opset} of the default domain; polyc converts opsets "
+                         f"{MIN_OPSET} to {newest} (the newest the installed onnx knows)")
+    try:
+        copy = onnx.shape_inference.infer_shapes(copy, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - shapes are also computed per call; inference only helps
+        pass
+    return copy, where
+
+
+def default_opset(model) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    return 1
+
+
+def initializers(graph) -> dict[str, np.ndarray]:
+    onnx = _onnx()
+    return {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}

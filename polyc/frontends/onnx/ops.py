@@ -1,0 +1,1093 @@
+"""ONNX operators as TC: one converter class per operator, one ``_impl_vN`` per opset change.
+
+A converter's ``_impl_vN(b, node, inputs)`` gets a :class:`~polyc.frontends.onnx.lowering.Builder`,
+the node's attributes (``node.attr(name, default)``) and its inputs as
+:class:`~polyc.frontends.onnx.lowering.Value` s (None for an omitted optional input), and returns
+its outputs as values.  The version used is the newest ``N`` not above the model's opset.
+Adding an operator is adding a class and a line in :data:`CONVERTERS`.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from polyc.errors import UnsupportedError
+from polyc.frontends.onnx.lowering import Builder, Value, broadcast_shape, indices, tc_type
+
+
+class Node:
+    """An ONNX node's identity and attributes, as converters read them."""
+
+    def __init__(self, proto, name: str):
+        from onnx import helper
+        self.proto = proto
+        self.name = name
+        self.op_type = proto.op_type
+        self.attributes = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
+        self.outputs = list(proto.output)
+
+    def attr(self, name: str, default=None):
+        value = self.attributes.get(name, default)
+        if isinstance(value, bytes):
+            return value.decode()
+        return value
+
+
+class Converter:
+    """Base class: finds the ``_impl_vN`` for an opset.  ``CONSTANT_INPUTS``: the input
+    positions that must be known when the model is compiled (shapes, axes, pads, ...); a graph
+    input feeding one is specialised on: its values, like the shapes, select the compiled plan."""
+
+    CONSTANT_INPUTS: tuple[int, ...] = ()
+
+    @classmethod
+    def version_for(cls, opset: int) -> int | None:
+        versions = [int(name[len("_impl_v"):]) for name in dir(cls) if name.startswith("_impl_v")]
+        usable = [v for v in versions if v <= opset]
+        return max(usable) if usable else None
+
+    @classmethod
+    def convert(cls, b: Builder, node: Node, inputs: list, opset: int) -> list[Value]:
+        version = cls.version_for(opset)
+        return getattr(cls, f"_impl_v{version}")(b, node, inputs)
+
+
+def _require_const(b: Builder, value: Value | None, what: str) -> np.ndarray:
+    if value is None:
+        raise UnsupportedError(f"{b.where}: {what} is required")
+    if value.const is None:
+        raise UnsupportedError(f"{b.where}: {what} must be known when the model is compiled "
+                               "(a constant or computed from shapes), not computed at run time")
+    return value.const
+
+
+def _axis(b: Builder, axis: int, rank: int) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise UnsupportedError(f"{b.where}: axis {axis} out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+# ----------------------------------------------------------------------------- elementwise
+def _elementwise(b: Builder, inputs: list[Value], dtype, make_rhs) -> Value:
+    """One output over the broadcast shape of ``inputs``; ``make_rhs(refs)`` gives the expression."""
+    shape = broadcast_shape(b.where, *[v.shape for v in inputs])
+    out = b.new(shape, dtype)
+    idx = indices(len(shape))
+    refs = [b.ref(v, b.broadcast_subscripts(v, shape, idx)) for v in inputs]
+    b.emit([b.statement(out, idx, "=", make_rhs(refs))], inputs, [out], "elementwise")
+    return out
+
+
+def _float_only(b: Builder, value: Value) -> None:
+    if value.dtype.kind != "f":
+        raise UnsupportedError(f"{b.where}: {b.op_type} of {value.dtype} tensors is not supported (floats only)")
+
+
+def _unary(expression: str, floats_only: bool = True):
+    class Unary(Converter):
+        @staticmethod
+        def _impl_v1(b, node, inputs):
+            (x,) = inputs[:1]
+            if floats_only:
+                _float_only(b, x)
+            return [_elementwise(b, [x], x.dtype, lambda r: expression.format(x=r[0]))]
+    return Unary
+
+
+def _binary(operator: str, result_bool: bool = False, function: bool = False):
+    class Binary(Converter):
+        @staticmethod
+        def _impl_v1(b, node, inputs):
+            a, c = inputs[:2]
+            if a.dtype != c.dtype:
+                raise UnsupportedError(f"{b.where}: operands of types {a.dtype} and {c.dtype}")
+            dtype = np.bool_ if result_bool else a.dtype
+            if function:
+                return [_elementwise(b, [a, c], dtype, lambda r: f"{operator}({r[0]}, {r[1]})")]
+            return [_elementwise(b, [a, c], dtype, lambda r: f"({r[0]} {operator} {r[1]})")]
+    return Binary
+
+
+def _variadic(combine: str, mean: bool = False):
+    class Variadic(Converter):
+        @staticmethod
+        def _impl_v1(b, node, inputs):
+            values = [v for v in inputs if v is not None]
+
+            def rhs(refs):
+                text = refs[0]
+                for r in refs[1:]:
+                    text = f"{combine}({text}, {r})" if combine.isalpha() else f"({text} {combine} {r})"
+                return f"({text}) / {len(refs)}" if mean else text
+            return [_elementwise(b, values, values[0].dtype, rhs)]
+    return Variadic
+
+
+def _number(value: float) -> str:
+    text = repr(float(value))
+    return f"({text})" if value < 0 else text
+
+
+class LeakyRelu(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        alpha = _number(node.attr("alpha", 0.01))
+        return [_elementwise(b, inputs[:1], inputs[0].dtype, lambda r: f"({r[0]} >= 0 ? {r[0]} : {r[0]} * {alpha})")]
+
+
+class Elu(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        alpha = _number(node.attr("alpha", 1.0))
+        return [_elementwise(b, inputs[:1], inputs[0].dtype,
+                             lambda r: f"({r[0]} >= 0 ? {r[0]} : {alpha} * expm1({r[0]}))")]
+
+
+class Selu(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        alpha = _number(node.attr("alpha", 1.67326319217681884765625))
+        gamma = _number(node.attr("gamma", 1.05070102214813232421875))
+        return [_elementwise(b, inputs[:1], inputs[0].dtype,
+                             lambda r: f"{gamma} * ({r[0]} > 0 ? {r[0]} : {alpha} * expm1({r[0]}))")]
+
+
+class HardSigmoid(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        alpha, beta = _number(node.attr("alpha", 0.2)), _number(node.attr("beta", 0.5))
+        return [_elementwise(b, inputs[:1], inputs[0].dtype,
+                             lambda r: f"fmax(0, fmin(1, {alpha} * {r[0]} + {beta}))")]
+
+
+class Gelu(Converter):
+    @staticmethod
+    def _impl_v20(b, node, inputs):
+        (x,) = inputs[:1]
+        _float_only(b, x)
+        if node.attr("approximate", "none") == "tanh":
+            return [_elementwise(b, [x], x.dtype, lambda r: (
+                f"0.5 * {r[0]} * (1 + tanh(0.7978845608028654 * ({r[0]} + 0.044715 * {r[0]} * {r[0]} * {r[0]})))"))]
+        return [_elementwise(b, [x], x.dtype, lambda r: f"0.5 * {r[0]} * (1 + erf({r[0]} * 0.7071067811865476))")]
+
+
+class PRelu(Converter):
+    @staticmethod
+    def _impl_v9(b, node, inputs):
+        x, slope = inputs[:2]
+        return [_elementwise(b, [x, slope], x.dtype, lambda r: f"({r[0]} >= 0 ? {r[0]} : {r[0]} * {r[1]})")]
+
+
+class Clip(Converter):
+    @staticmethod
+    def _impl_v6(b, node, inputs):
+        x = inputs[0]
+        lo, hi = node.attr("min", -3.4028234663852886e38), node.attr("max", 3.4028234663852886e38)
+        return [_elementwise(b, [x], x.dtype, lambda r: f"fmin(fmax({r[0]}, {_number(lo)}), {_number(hi)})")]
+
+    @staticmethod
+    def _impl_v11(b, node, inputs):
+        x = inputs[0]
+        bounds = [v for v in inputs[1:3]]
+        values = [x] + [v for v in bounds if v is not None]
+
+        def rhs(refs):
+            text, k = refs[0], 1
+            generic = "max" if x.dtype.kind in "iu" else "fmax"
+            for position, bound in enumerate(bounds):
+                if bound is None:
+                    continue
+                function = generic if position == 0 else generic.replace("max", "min")
+                text = f"{function}({text}, {refs[k]})"
+                k += 1
+            return text
+        return [_elementwise(b, values, x.dtype, rhs)]
+
+
+class Pow(Converter):
+    """x ** y; the exponent may have another type (converted); integers are powered in double."""
+
+    @staticmethod
+    def _impl_v7(b, node, inputs):
+        x, y = inputs[:2]
+        if x.dtype.kind == "f":
+            exponent = (lambda r: r) if y.dtype == x.dtype else (lambda r: f"{tc_type(x.dtype)}({r})")
+            return [_elementwise(b, [x, y], x.dtype, lambda r: f"pow({r[0]}, {exponent(r[1])})")]
+        return [_elementwise(b, [x, y], x.dtype,
+                             lambda r: f"{tc_type(x.dtype)}(pow(double({r[0]}), double({r[1]})))")]
+
+
+class Where(Converter):
+    @staticmethod
+    def _impl_v9(b, node, inputs):
+        condition, x, y = inputs[:3]
+        return [_elementwise(b, [condition, x, y], x.dtype, lambda r: f"({r[0]} ? {r[1]} : {r[2]})")]
+
+
+class Not(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        return [_elementwise(b, inputs[:1], np.bool_, lambda r: f"!{r[0]}")]
+
+
+class Cast(Converter):
+    @staticmethod
+    def _impl_v6(b, node, inputs):
+        from polyc.frontends.onnx.model import numpy_dtype
+        (x,) = inputs[:1]
+        to = numpy_dtype(node.attr("to"))
+        if to is None:
+            raise UnsupportedError(f"{b.where}: Cast to element type {node.attr('to')} is not supported")
+        if to == x.dtype:
+            return [x]
+        if x.const is not None:
+            return [b.const(x.const.astype(to))]
+        if to == np.bool_:
+            return [_elementwise(b, [x], to, lambda r: f"{r[0]} != 0")]
+        return [_elementwise(b, [x], to, lambda r: f"{tc_type(to)}({r[0]})")]
+
+
+class Identity(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        return [b.view(inputs[0], inputs[0].shape)]
+
+
+class Dropout(Converter):
+    """Inference: the input unchanged, and a mask of ones when asked for."""
+
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        training = inputs[2] if len(inputs) > 2 else None
+        if training is not None and (training.const is None or bool(training.const.reshape(-1)[0])):
+            raise UnsupportedError(f"{b.where}: Dropout in training mode (polyc runs inference)")
+        out = [b.view(inputs[0], inputs[0].shape)]
+        if len(node.outputs) > 1 and node.outputs[1]:
+            out.append(b.const(np.ones(inputs[0].shape, np.bool_)))
+        return out
+
+
+# ----------------------------------------------------------------------------- shapes and views
+class Shape(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        shape = np.array(inputs[0].shape, np.int64)
+        start, end = node.attr("start", 0), node.attr("end", None)
+        return [b.const(shape[start:end])]
+
+
+class Size(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        return [b.const(np.array(inputs[0].size, np.int64))]
+
+
+class Constant(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        from onnx import numpy_helper
+        for name, value in node.attributes.items():
+            if name == "value":
+                return [b.const(numpy_helper.to_array(value))]
+            if name == "value_float":
+                return [b.const(np.array(value, np.float32))]
+            if name == "value_floats":
+                return [b.const(np.array(value, np.float32))]
+            if name == "value_int":
+                return [b.const(np.array(value, np.int64))]
+            if name == "value_ints":
+                return [b.const(np.array(value, np.int64))]
+        raise UnsupportedError(f"{b.where}: Constant with attribute {', '.join(node.attributes)}")
+
+
+class ConstantOfShape(Converter):
+    CONSTANT_INPUTS = (0,)
+
+    @staticmethod
+    def _impl_v9(b, node, inputs):
+        from onnx import numpy_helper
+        shape = _require_const(b, inputs[0], "the shape")
+        value = node.attributes.get("value")
+        fill = numpy_helper.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
+        return [b.const(np.full(tuple(int(d) for d in shape), fill[0], dtype=fill.dtype))]
+
+
+class Range(Converter):
+    CONSTANT_INPUTS = (0, 1, 2)
+
+    @staticmethod
+    def _impl_v11(b, node, inputs):
+        start, limit, delta = (_require_const(b, v, name).reshape(()) for v, name in
+                               zip(inputs[:3], ("start", "limit", "delta")))
+        count = max(int(math.ceil((limit - start) / delta)), 0)
+        return [b.const((start + np.arange(count) * delta).astype(start.dtype))]
+
+
+class Reshape(Converter):
+    CONSTANT_INPUTS = (1,)
+
+    @staticmethod
+    def _shape(b, x, target, allowzero=0):
+        target = [int(d) for d in target]
+        shape = []
+        for position, d in enumerate(target):
+            shape.append(x.shape[position] if d == 0 and not allowzero else d)
+        if shape.count(-1) > 1:
+            raise UnsupportedError(f"{b.where}: more than one -1 in the target shape {target}")
+        if -1 in shape:
+            known = math.prod(d for d in shape if d != -1)
+            shape[shape.index(-1)] = x.size // known if known else 0
+        return shape
+
+    @staticmethod
+    def _impl_v5(b, node, inputs):
+        x, target = inputs[:2]
+        return [b.view(x, Reshape._shape(b, x, _require_const(b, target, "the shape"), node.attr("allowzero", 0)))]
+
+
+class Flatten(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        x = inputs[0]
+        axis = node.attr("axis", 1)
+        axis = axis + x.rank if axis < 0 else axis
+        return [b.view(x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))]
+
+
+class Squeeze(Converter):
+    CONSTANT_INPUTS = (1,)
+
+    @staticmethod
+    def _squeeze(b, x, axes):
+        if axes is None:
+            return [b.view(x, [d for d in x.shape if d != 1])]
+        axes = {_axis(b, int(a), x.rank) for a in axes}
+        return [b.view(x, [d for i, d in enumerate(x.shape) if i not in axes])]
+
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        return Squeeze._squeeze(b, inputs[0], node.attr("axes"))
+
+    @staticmethod
+    def _impl_v13(b, node, inputs):
+        axes = inputs[1] if len(inputs) > 1 else None
+        return Squeeze._squeeze(b, inputs[0], None if axes is None else _require_const(b, axes, "axes"))
+
+
+class Unsqueeze(Converter):
+    CONSTANT_INPUTS = (1,)
+
+    @staticmethod
+    def _unsqueeze(b, x, axes):
+        rank = x.rank + len(axes)
+        axes = sorted(a % rank for a in (int(a) for a in axes))
+        shape = list(x.shape)
+        for a in axes:
+            shape.insert(a, 1)
+        return [b.view(x, shape)]
+
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        return Unsqueeze._unsqueeze(b, inputs[0], node.attr("axes"))
+
+    @staticmethod
+    def _impl_v13(b, node, inputs):
+        return Unsqueeze._unsqueeze(b, inputs[0], _require_const(b, inputs[1], "axes"))
+
+
+class Transpose(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        x = inputs[0]
+        perm = node.attr("perm") or list(reversed(range(x.rank)))
+        out = b.new([x.shape[p] for p in perm], x.dtype)
+        idx = indices(x.rank)
+        source = [None] * x.rank
+        for position, p in enumerate(perm):
+            source[p] = idx[position]
+        b.emit([b.statement(out, idx, "=", b.ref(x, source))], [x], [out], "other")
+        return [out]
+
+
+class Expand(Converter):
+    CONSTANT_INPUTS = (1,)
+
+    @staticmethod
+    def _impl_v8(b, node, inputs):
+        x, shape = inputs[:2]
+        target = tuple(int(d) for d in _require_const(b, shape, "the shape"))
+        out_shape = broadcast_shape(b.where, x.shape, target)
+        out = b.new(out_shape, x.dtype)
+        idx = indices(len(out_shape))
+        b.emit([b.statement(out, idx, "=", b.ref(x, b.broadcast_subscripts(x, out_shape, idx)))], [x], [out],
+               "elementwise")
+        return [out]
+
+
+class Concat(Converter):
+    @staticmethod
+    def _impl_v4(b, node, inputs):
+        values = [v for v in inputs if v is not None and v.size > 0] or [inputs[0]]
+        axis = _axis(b, node.attr("axis"), values[0].rank)
+        total = sum(v.shape[axis] for v in values)
+        shape = list(values[0].shape)
+        shape[axis] = total
+        out = b.new(shape, values[0].dtype)
+        idx = indices(len(shape))
+        offsets, start = [], 0
+        for v in values:
+            offsets.append(start)
+            start += v.shape[axis]
+
+        def piece(k: int) -> str:
+            subscripts = list(idx)
+            if offsets[k]:
+                subscripts[axis] = f"{idx[axis]} - {offsets[k]}"
+            return b.ref(values[k], subscripts)
+        rhs = piece(len(values) - 1)
+        for k in range(len(values) - 2, -1, -1):
+            rhs = f"({idx[axis]} < {offsets[k + 1]} ? {piece(k)} : {rhs})"
+        b.emit([b.statement(out, idx, "=", rhs)], values, [out], "other")
+        return [out]
+
+
+class Split(Converter):
+    CONSTANT_INPUTS = (1,)
+
+    @staticmethod
+    def _split(b, node, x, sizes):
+        axis = _axis(b, node.attr("axis", 0), x.rank)
+        count = len(node.outputs)
+        if sizes is None:
+            extent = x.shape[axis]
+            chunk = -(-extent // count)
+            sizes = [min(chunk, extent - k * chunk) for k in range(count)]
+        outputs, start = [], 0
+        for size in sizes:
+            shape = list(x.shape)
+            shape[axis] = int(size)
+            out = b.new(shape, x.dtype)
+            idx = indices(x.rank)
+            subscripts = list(idx)
+            if start:
+                subscripts[axis] = f"{idx[axis]} + {start}"
+            b.emit([b.statement(out, idx, "=", b.ref(x, subscripts))], [x], [out], "other")
+            outputs.append(out)
+            start += int(size)
+        return outputs
+
+    @staticmethod
+    def _impl_v2(b, node, inputs):
+        return Split._split(b, node, inputs[0], node.attr("split"))
+
+    @staticmethod
+    def _impl_v13(b, node, inputs):
+        sizes = inputs[1] if len(inputs) > 1 else None
+        return Split._split(b, node, inputs[0], None if sizes is None else _require_const(b, sizes, "split"))
+
+
+class Slice(Converter):
+    CONSTANT_INPUTS = (1, 2, 3, 4)
+
+    @staticmethod
+    def _impl_v10(b, node, inputs):
+        x = inputs[0]
+        starts = _require_const(b, inputs[1], "starts")
+        ends = _require_const(b, inputs[2], "ends")
+        axes = _require_const(b, inputs[3], "axes") if len(inputs) > 3 and inputs[3] is not None \
+            else np.arange(len(starts))
+        steps = _require_const(b, inputs[4], "steps") if len(inputs) > 4 and inputs[4] is not None \
+            else np.ones(len(starts), np.int64)
+        first, step = [0] * x.rank, [1] * x.rank
+        shape = list(x.shape)
+        for s, e, a, st in zip(starts, ends, axes, steps):
+            a = _axis(b, int(a), x.rank)
+            if int(st) == 0:
+                raise UnsupportedError(f"{b.where}: a step of 0")
+            big = np.iinfo(np.int64).max
+            start, stop, stride = slice(int(max(min(s, big), -big)), int(max(min(e, big), -big)),
+                                        int(st)).indices(x.shape[a])
+            first[a], step[a] = start, stride
+            shape[a] = len(range(start, stop, stride))
+        if x.const is not None:
+            view = x.const[tuple(slice(f, f + st * n if st > 0 else (f + st * n if f + st * n >= 0 else None), st)
+                                 for f, st, n in zip(first, step, shape))]
+            return [b.const(np.ascontiguousarray(view))]
+        out = b.new(shape, x.dtype)
+        idx = indices(x.rank)
+        subscripts = [_affine(st, i, f) for st, i, f in zip(step, idx, first)]
+        b.emit([b.statement(out, idx, "=", b.ref(x, subscripts))], [x], [out], "other")
+        return [out]
+
+
+def _affine(scale: int, index: str, offset: int) -> str:
+    text = index if scale == 1 else f"{scale} * {index}" if scale > 0 else f"{offset} - {-scale} * {index}"
+    if scale < 0:
+        return text
+    return f"{text} + {offset}" if offset else text
+
+
+class Gather(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        x, which = inputs[:2]
+        axis = _axis(b, node.attr("axis", 0), x.rank)
+        if which.const is not None:
+            which = b.const(np.where(which.const < 0, which.const + x.shape[axis], which.const).astype(np.int64))
+        if x.const is not None and which.const is not None:
+            return [b.const(np.take(x.const, which.const, axis=axis))]
+        shape = list(x.shape[:axis]) + list(which.shape) + list(x.shape[axis + 1:])
+        out = b.new(shape, x.dtype)
+        idx = indices(len(shape))
+        inner = idx[axis:axis + which.rank]
+        position = b.ref(which, inner) if which.shape else b.ref(which, [])
+        if which.const is None:  # negative indices count from the end
+            position = f"({position} < 0 ? {position} + {x.shape[axis]} : {position})"
+        subscripts = idx[:axis] + [position] + idx[axis + which.rank:]
+        b.emit([b.statement(out, idx, "=", b.ref(x, subscripts))], [x, which], [out], "other")
+        return [out]
+
+
+class Pad(Converter):
+    CONSTANT_INPUTS = (1, 3)
+
+    @staticmethod
+    def _pad(b, node, x, pads, value):
+        mode = node.attr("mode", "constant")
+        if mode != "constant":
+            raise UnsupportedError(f"{b.where}: Pad mode {mode!r} (only 'constant' is supported)")
+        pads = [int(p) for p in pads]
+        begin, end = pads[:x.rank], pads[x.rank:]
+        shape = [d + p + q for d, p, q in zip(x.shape, begin, end)]
+        out = b.new(shape, x.dtype)
+        idx = indices(x.rank)
+        guards = []
+        subscripts = []
+        for i, d, p, q in zip(idx, x.shape, begin, end):
+            subscripts.append(f"{i} - {p}" if p > 0 else f"{i} + {-p}" if p < 0 else i)
+            if p > 0:
+                guards.append(f"{i} >= {p}")
+            if q > 0:
+                guards.append(f"{i} < {d + p}")
+        fill = value if value is not None else b.const(np.zeros((), x.dtype))
+        fill_ref = b.ref(fill, [])
+        rhs = f"({' && '.join(guards)}) ? {b.ref(x, subscripts)} : {fill_ref}" if guards else b.ref(x, subscripts)
+        b.emit([b.statement(out, idx, "=", rhs)], [x, fill], [out], "other")
+        return [out]
+
+    @staticmethod
+    def _impl_v2(b, node, inputs):
+        value = b.const(np.array(node.attr("value", 0.0), inputs[0].dtype))
+        return Pad._pad(b, node, inputs[0], node.attr("pads"), value)
+
+    @staticmethod
+    def _impl_v11(b, node, inputs):
+        x = inputs[0]
+        pads = _require_const(b, inputs[1], "pads")
+        value = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+        if len(inputs) > 3 and inputs[3] is not None:
+            axes = [_axis(b, int(a), x.rank) for a in _require_const(b, inputs[3], "axes")]
+            full = [0] * (2 * x.rank)
+            for k, a in enumerate(axes):
+                full[a], full[x.rank + a] = int(pads[k]), int(pads[len(axes) + k])
+            pads = full
+        if value is not None and value.shape not in ((), (1,)):
+            raise UnsupportedError(f"{b.where}: a constant_value of shape {value.shape}")
+        if value is not None and value.shape == (1,):
+            value = b.view(value, ())
+        return Pad._pad(b, node, x, pads, value)
+
+
+# ----------------------------------------------------------------------------- contractions
+class MatMul(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        a, c = inputs[:2]
+        if a.rank == 0 or c.rank == 0:
+            raise UnsupportedError(f"{b.where}: MatMul of a scalar")
+        a_shape = ((1,) + a.shape) if a.rank == 1 else a.shape
+        c_shape = (c.shape + (1,)) if c.rank == 1 else c.shape
+        if a_shape[-1] != c_shape[-2]:
+            raise UnsupportedError(f"{b.where}: MatMul of {a.shape} and {c.shape}: inner extents differ")
+        batch = broadcast_shape(b.where, a_shape[:-2], c_shape[:-2])
+        full = batch + (a_shape[-2], c_shape[-1])
+        shape = list(batch) + ([a.shape[-2]] if a.rank > 1 else []) + ([c.shape[-1]] if c.rank > 1 else [])
+        out = b.new(shape, a.dtype)
+        idx = indices(len(full))
+        out_idx = idx[:len(batch)] + ([idx[-2]] if a.rank > 1 else []) + ([idx[-1]] if c.rank > 1 else [])
+        a_sub = b.broadcast_subscripts(Value("", a.dtype, a_shape[:-2]), batch, idx[:len(batch)]) \
+            + ([idx[-2]] if a.rank > 1 else []) + ["r0"]
+        c_sub = b.broadcast_subscripts(Value("", c.dtype, c_shape[:-2]), batch, idx[:len(batch)]) \
+            + ["r0"] + ([idx[-1]] if c.rank > 1 else [])
+        rhs = f"{b.ref(a, a_sub)} * {b.ref(c, c_sub)}"
+        b.emit([b.statement(out, out_idx, "+=!", rhs, [("r0", a_shape[-1])])], [a, c], [out], "contraction")
+        return [out]
+
+
+class Gemm(Converter):
+    @staticmethod
+    def _impl_v7(b, node, inputs):
+        a, c = inputs[:2]
+        bias = inputs[2] if len(inputs) > 2 else None
+        alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
+        trans_a, trans_b = node.attr("transA", 0), node.attr("transB", 0)
+        m = a.shape[1] if trans_a else a.shape[0]
+        k = a.shape[0] if trans_a else a.shape[1]
+        n = c.shape[0] if trans_b else c.shape[1]
+        out = b.new((m, n), a.dtype)
+        a_ref = b.ref(a, ["r0", "i0"] if trans_a else ["i0", "r0"])
+        c_ref = b.ref(c, ["i1", "r0"] if trans_b else ["r0", "i1"])
+        statements = [b.statement(out, ["i0", "i1"], "+=!", f"{a_ref} * {c_ref}", [("r0", k)])]
+        epilogue = f"{out.ident}(i0, i1)" if alpha == 1 else f"{_number(alpha)} * {out.ident}(i0, i1)"
+        if bias is not None and beta != 0:
+            bias_ref = b.ref(bias, b.broadcast_subscripts(bias, (m, n), ["i0", "i1"]))
+            epilogue += f" + {bias_ref}" if beta == 1 else f" + {_number(beta)} * {bias_ref}"
+        if epilogue != f"{out.ident}(i0, i1)":
+            statements.append(b.statement(out, ["i0", "i1"], "=", epilogue))
+        b.emit(statements, [a, c] + ([bias] if bias is not None else []), [out], "contraction")
+        return [out]
+
+
+class Einsum(Converter):
+    @staticmethod
+    def _impl_v12(b, node, inputs):
+        equation = node.attr("equation").replace(" ", "")
+        if "..." in equation:
+            raise UnsupportedError(f"{b.where}: Einsum with an ellipsis ({equation})")
+        left, _, right = equation.partition("->")
+        terms = left.split(",")
+        if right == "" and "->" not in equation:
+            letters = "".join(terms)
+            right = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+        extents = {}
+        for term, value in zip(terms, inputs):
+            for letter, extent in zip(term, value.shape):
+                extents[letter] = extent
+        out = b.new([extents[c] for c in right], inputs[0].dtype)
+        name = {c: (f"i{right.index(c)}" if c in right else f"r_{c}") for c in extents}
+        rhs = " * ".join(b.ref(v, [name[c] for c in term]) for term, v in zip(terms, inputs))
+        reductions = [(name[c], extents[c]) for c in extents if c not in right]
+        op = "+=!" if reductions else "="
+        b.emit([b.statement(out, [name[c] for c in right], op, rhs, reductions)], inputs, [out], "contraction")
+        return [out]
+
+
+# ----------------------------------------------------------------------------- convolutions and pools
+def _spatial(b, node, x, kernel, strides_default=1):
+    """Output extents, pads (begin, end), strides and dilations of a window over x's spatial dims."""
+    spatial = x.shape[2:]
+    k = len(spatial)
+    strides = node.attr("strides") or [strides_default] * k
+    dilations = node.attr("dilations") or [1] * k
+    pads = list(node.attr("pads") or [0] * (2 * k))
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    ceil = node.attr("ceil_mode", 0)
+    outs = []
+    for d in range(k):
+        effective = (kernel[d] - 1) * dilations[d] + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            out = -(-spatial[d] // strides[d])
+            total = max((out - 1) * strides[d] + effective - spatial[d], 0)
+            small, large = total // 2, total - total // 2
+            pads[d], pads[k + d] = (small, large) if auto_pad == "SAME_UPPER" else (large, small)
+        elif auto_pad == "VALID":
+            pads[d] = pads[k + d] = 0
+        span = spatial[d] + pads[d] + pads[k + d] - effective
+        out = (-(-span // strides[d]) if ceil else span // strides[d]) + 1
+        if ceil and (out - 1) * strides[d] >= spatial[d] + pads[d]:
+            out -= 1  # the last window would start in the end padding
+        outs.append(max(out, 0))
+    return outs, pads[:k], pads[k:], strides, dilations
+
+
+class Conv(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        x, w = inputs[:2]
+        bias = inputs[2] if len(inputs) > 2 else None
+        if x.rank < 3:
+            raise UnsupportedError(f"{b.where}: Conv of a rank-{x.rank} input")
+        groups = node.attr("group", 1)
+        n, channels = x.shape[:2]
+        filters, per_group = w.shape[:2]
+        kernel = list(w.shape[2:])
+        outs, begin, end, strides, dilations = _spatial(b, node, x, kernel)
+        k = len(kernel)
+        if any(begin) or any(end):
+            x = Pad._pad(b, _Attributes(mode="constant"), x, [0, 0, *begin, 0, 0, *end], None)[0]
+        sp = [f"s{d}" for d in range(k)]
+        taps = [f"r_k{d}" for d in range(k)]
+        window = [_affine(strides[d], sp[d], 0) + (f" + {_affine(dilations[d], taps[d], 0)}") for d in range(k)]
+        tap_ranges = [(taps[d], kernel[d]) for d in range(k)]
+        per_filter_group = filters // groups
+        if groups == 1:
+            out = b.new([n, filters, *outs], x.dtype)
+            rhs = f"{b.ref(x, ['n', 'r_c', *window])} * {b.ref(w, ['f', 'r_c', *taps])}"
+            statements = [b.statement(out, ["n", "f", *sp], "+=!", rhs, [("r_c", per_group)] + tap_ranges)]
+            if bias is not None:
+                statements.append(b.statement(out, ["n", "f", *sp], "=",
+                                              f"{out.ident}(n, f, {', '.join(sp)}) + {b.ref(bias, ['f'])}"))
+            b.emit(statements, [x, w] + ([bias] if bias is not None else []), [out], "convolution")
+            return [out]
+        if per_group == 1 and per_filter_group == 1 and w.const is not None:
+            w3 = b.const(w.const.reshape([filters] + kernel))
+            out = b.new([n, filters, *outs], x.dtype)
+            rhs = f"{b.ref(x, ['n', 'c', *window])} * {b.ref(w3, ['c', *taps])}"
+            statements = [b.statement(out, ["n", "c", *sp], "+=!", rhs, tap_ranges)]
+            if bias is not None:
+                statements.append(b.statement(out, ["n", "c", *sp], "=",
+                                              f"{out.ident}(n, c, {', '.join(sp)}) + {b.ref(bias, ['c'])}"))
+            b.emit(statements, [x, w3] + ([bias] if bias is not None else []), [out], "convolution")
+            return [out]
+        # Grouped: channels as (group, channel in group), the layout polyc's convolution kernel reads.
+        x5 = b.view(x, [n, groups, per_group, *x.shape[2:]])
+        w5 = b.view(w, [groups, per_filter_group, per_group, *kernel])
+        out5 = b.new([n, groups, per_filter_group, *outs], x.dtype)
+        rhs = f"{b.ref(x5, ['n', 'g', 'r_c', *window])} * {b.ref(w5, ['g', 'f', 'r_c', *taps])}"
+        statements = [b.statement(out5, ["n", "g", "f", *sp], "+=!", rhs, [("r_c", per_group)] + tap_ranges)]
+        reads = [x5, w5]
+        if bias is not None:
+            b2 = b.view(bias, [groups, per_filter_group])
+            statements.append(b.statement(out5, ["n", "g", "f", *sp], "=",
+                                          f"{out5.ident}(n, g, f, {', '.join(sp)}) + {b.ref(b2, ['g', 'f'])}"))
+            reads.append(b2)
+        b.emit(statements, reads, [out5], "convolution")
+        return [b.view(out5, [n, filters, *outs])]
+
+
+class _Attributes:
+    def __init__(self, **attributes):
+        self.attributes = attributes
+
+    def attr(self, name, default=None):
+        return self.attributes.get(name, default)
+
+
+class MaxPool(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        x = inputs[0]
+        if len(node.outputs) > 1 and node.outputs[1]:
+            raise UnsupportedError(f"{b.where}: MaxPool's Indices output")
+        kernel = node.attr("kernel_shape")
+        outs, begin, end, strides, dilations = _spatial(b, node, x, kernel)
+        out = b.new(list(x.shape[:2]) + outs, x.dtype)
+        return [_pool(b, x, out, kernel, begin, strides, dilations, "max")]
+
+
+class AveragePool(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        x = inputs[0]
+        kernel = node.attr("kernel_shape")
+        outs, begin, end, strides, dilations = _spatial(b, node, x, kernel)
+        out = b.new(list(x.shape[:2]) + outs, x.dtype)
+        return [_pool(b, x, out, kernel, begin, strides, dilations, "average",
+                      include_pad=node.attr("count_include_pad", 0), end=end)]
+
+
+def _pool(b, x, out, kernel, begin, strides, dilations, kind, include_pad=0, end=None):
+    k = len(kernel)
+    sp = [f"s{d}" for d in range(k)]
+    taps = [f"r_k{d}" for d in range(k)]
+    positions = [f"{_affine(strides[d], sp[d], 0)} + {_affine(dilations[d], taps[d], 0)} - {begin[d]}"
+                 if begin[d] else f"{_affine(strides[d], sp[d], 0)} + {_affine(dilations[d], taps[d], 0)}"
+                 for d in range(k)]
+    inside = []
+    for d in range(k):
+        if begin[d]:
+            inside.append(f"{positions[d]} >= 0")
+        inside.append(f"{positions[d]} < {x.shape[2 + d]}")
+    guard = " && ".join(inside)
+    read = b.ref(x, ["n", "c", *positions])
+    ranges = [(taps[d], kernel[d]) for d in range(k)]
+    if kind == "max":
+        lowest = b.const(np.array(-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min, x.dtype))
+        rhs = f"({guard}) ? {read} : {b.ref(lowest, [])}" if guard else read
+        b.emit([b.statement(out, ["n", "c", *sp], "max=!", rhs, ranges)], [x, lowest], [out], "reduction")
+        return out
+    total = b.new(out.shape, x.dtype)
+    rhs = f"({guard}) ? {read} : 0" if guard else read
+    statements = [b.statement(total, ["n", "c", *sp], "+=!", rhs, ranges)]
+    if include_pad:
+        # Taps in the padding count, taps past it (ceil mode) do not: of the K taps at
+        # s*o + d*t (padded coordinates), those below the padded extent P.
+        divisor = "(" + " * ".join(f"min({kernel[d]}, ({x.shape[2 + d] + end[d] + begin[d]} - "
+                                   f"{_affine(strides[d], sp[d], 0)} + {dilations[d] - 1}) / {dilations[d]})"
+                                   for d in range(k)) + ")"
+    else:
+        count = b.new(out.shape[2:], x.dtype)
+        statements.append(b.statement(count, sp, "+=!", f"({guard}) ? 1 : 0", ranges) if guard else
+                          b.statement(count, sp, "+=!", "1", ranges))
+        divisor = f"{count.ident}({', '.join(sp)})"
+    statements.append(b.statement(out, ["n", "c", *sp], "=", f"{total.ident}(n, c, {', '.join(sp)}) / {divisor}"))
+    b.emit(statements, [x], [out], "reduction")
+    return out
+
+
+class GlobalAveragePool(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        return [_global_pool(b, inputs[0], "average")]
+
+
+class GlobalMaxPool(Converter):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        return [_global_pool(b, inputs[0], "max")]
+
+
+def _global_pool(b, x, kind):
+    k = x.rank - 2
+    out = b.new(list(x.shape[:2]) + [1] * k, x.dtype)
+    keep = [f"z{d}" for d in range(k)]
+    taps = [(f"r_s{d}", x.shape[2 + d]) for d in range(k)]
+    read = b.ref(x, ["n", "c", *[t for t, _ in taps]])
+    if kind == "max":
+        b.emit([b.statement(out, ["n", "c", *keep], "max=!", read, taps)], [x], [out], "reduction")
+    else:
+        count = math.prod(x.shape[2:])
+        b.emit([b.statement(out, ["n", "c", *keep], "+=!", read, taps),
+                b.statement(out, ["n", "c", *keep], "=", f"{out.ident}(n, c, {', '.join(keep)}) / {count}")],
+               [x], [out], "reduction")
+    return out
+
+
+class BatchNormalization(Converter):
+    """Inference mode: (x - mean) / sqrt(var + epsilon) * scale + bias, per channel."""
+
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        x, scale, bias, mean, var = inputs[:5]
+        if node.attr("training_mode", 0):
+            raise UnsupportedError(f"{b.where}: BatchNormalization in training mode")
+        epsilon = node.attr("epsilon", 1e-5)
+        if all(v.const is not None for v in (scale, bias, mean, var)):
+            # Folded to one multiply-add per element.
+            factor = (scale.const / np.sqrt(var.const.astype(np.float64) + epsilon)).astype(x.dtype)
+            shift = (bias.const - mean.const * factor).astype(x.dtype)
+            factor_value, shift_value = b.const(factor), b.const(shift)
+            channel = lambda v: b.ref(v, ["i1"])  # noqa: E731
+            return [_channelwise(b, x, lambda ref: f"{ref} * {channel(factor_value)} + {channel(shift_value)}",
+                                 [factor_value, shift_value])]
+        channel = lambda v: b.ref(v, ["i1"])  # noqa: E731
+        return [_channelwise(b, x, lambda ref: (f"({ref} - {channel(mean)}) / sqrt({channel(var)} + "
+                                                f"{_number(epsilon)}) * {channel(scale)} + {channel(bias)}"),
+                             [scale, bias, mean, var])]
+
+
+def _channelwise(b, x, make, extra):
+    out = b.new(x.shape, x.dtype)
+    idx = indices(x.rank)
+    b.emit([b.statement(out, idx, "=", make(b.ref(x, idx)))], [x, *extra], [out], "elementwise")
+    return out
+
+
+# ----------------------------------------------------------------------------- reductions
+def _reduce_axes(b, node, x, axes_input=None):
+    axes = node.attr("axes")
+    if axes_input is not None:
+        axes = _require_const(b, axes_input, "axes").tolist()
+    if axes is None or len(axes) == 0:
+        if node.attr("noop_with_empty_axes", 0):
+            return []
+        return list(range(x.rank))
+    return sorted({_axis(b, int(a), x.rank) for a in axes})
+
+
+def _reduce(kind: str):
+    class Reduce(Converter):
+        CONSTANT_INPUTS = (1,)
+        @staticmethod
+        def _lower(b, node, x, axes):
+            keep = node.attr("keepdims", 1)
+            if not axes:
+                return [b.view(x, x.shape)]
+            idx = indices(x.rank)
+            out_shape = [1 if d in axes else e for d, e in enumerate(x.shape)] if keep else \
+                [e for d, e in enumerate(x.shape) if d not in axes]
+            out_idx = [f"z{d}" if d in axes else idx[d] for d in range(x.rank)] if keep else \
+                [idx[d] for d in range(x.rank) if d not in axes]
+            source = [f"r{d}" if d in axes else idx[d] for d in range(x.rank)]
+            reductions = [(f"r{d}", x.shape[d]) for d in axes]
+            out = b.new(out_shape, x.dtype)
+            read = b.ref(x, source)
+            op = {"sum": "+=!", "mean": "+=!", "max": "max=!", "min": "min=!", "prod": "*=!",
+                  "sumsquare": "+=!", "l2": "+=!", "l1": "+=!"}[kind]
+            value = {"sumsquare": f"{read} * {read}", "l2": f"{read} * {read}", "l1": f"abs({read})"}.get(kind, read)
+            statements = [b.statement(out, out_idx, op, value, reductions)]
+            lhs = f"{out.ident}({', '.join(out_idx) if out.shape else '0'})"
+            if kind == "mean":
+                count = math.prod(x.shape[d] for d in axes)
+                statements.append(b.statement(out, out_idx, "=", f"{lhs} / {count}"))
+            if kind == "l2":
+                statements.append(b.statement(out, out_idx, "=", f"sqrt({lhs})"))
+            b.emit(statements, [x], [out], "reduction")
+            return [out]
+
+        @staticmethod
+        def _impl_v1(b, node, inputs):
+            return Reduce._lower(b, node, inputs[0], _reduce_axes(b, node, inputs[0]))
+
+        @staticmethod
+        def _impl_v18(b, node, inputs):
+            axes = inputs[1] if len(inputs) > 1 else None
+            return Reduce._lower(b, node, inputs[0], _reduce_axes(b, node, inputs[0], axes))
+    return Reduce
+
+
+class ReduceSum(_reduce("sum")):
+    @staticmethod
+    def _impl_v13(b, node, inputs):  # ReduceSum took axes as an input from opset 13
+        axes = inputs[1] if len(inputs) > 1 else None
+        return ReduceSum._lower(b, node, inputs[0], _reduce_axes(b, node, inputs[0], axes))
+
+
+class ArgMax(Converter):
+    @staticmethod
+    def _arg(b, node, x, pick):
+        axis = _axis(b, node.attr("axis", 0), x.rank)
+        keep = node.attr("keepdims", 1)
+        last = node.attr("select_last_index", 0)
+        idx = indices(x.rank)
+        best_shape = [1 if d == axis else e for d, e in enumerate(x.shape)]
+        best_idx = [("z0" if d == axis else idx[d]) for d in range(x.rank)]
+        source = [("r0" if d == axis else idx[d]) for d in range(x.rank)]
+        best = b.new(best_shape, x.dtype)
+        out_shape = best_shape if keep else [e for d, e in enumerate(x.shape) if d != axis]
+        out_idx = best_idx if keep else [idx[d] for d in range(x.rank) if d != axis]
+        out = b.new(out_shape, np.int64)
+        best_at = b.ref(best, [("0" if d == axis else idx[d]) for d in range(x.rank)])
+        extent = x.shape[axis]
+        op, none = ("max=!", "int64(-1)") if last else ("min=!", f"int64({extent})")
+        b.emit([b.statement(best, best_idx, f"{pick}=!", b.ref(x, source), [("r0", extent)]),
+                b.statement(out, out_idx, op, f"{b.ref(x, source)} == {best_at} ? int64(r0) : {none}",
+                            [("r0", extent)])], [x], [out], "reduction")
+        return [out]
+
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        return ArgMax._arg(b, node, inputs[0], "max")
+
+
+class ArgMin(ArgMax):
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        return ArgMax._arg(b, node, inputs[0], "min")
+
+
+class Softmax(Converter):
+    @staticmethod
+    def _lower(b, node, x, axes, log: bool):
+        idx = indices(x.rank)
+        rest = [d for d in range(x.rank) if d not in axes]
+        kept = [idx[d] for d in rest]
+        kept_shape = [x.shape[d] for d in rest] or [1]
+        kept_idx = kept or ["z0"]
+        reduced = [("r" + str(d), x.shape[d]) for d in axes]
+        source = [f"r{d}" if d in axes else idx[d] for d in range(x.rank)]
+        most = b.new(kept_shape, x.dtype)
+        total = b.new(kept_shape, x.dtype)
+        out = b.new(x.shape, x.dtype)
+        at = ", ".join(kept_idx)
+        statements = [b.statement(most, kept_idx, "max=!", b.ref(x, source), reduced),
+                      b.statement(total, kept_idx, "+=!", f"exp({b.ref(x, source)} - {most.ident}({at}))", reduced)]
+        if log:
+            statements.append(b.statement(out, idx, "=", f"{b.ref(x, idx)} - {most.ident}({at}) - log({total.ident}({at}))"))
+        else:
+            statements.append(b.statement(out, idx, "=", f"exp({b.ref(x, idx)} - {most.ident}({at})) / {total.ident}({at})"))
+        b.emit(statements, [x], [out], "reduction")
+        return [out]
+
+    @staticmethod
+    def _impl_v1(b, node, inputs):  # before opset 13: over all axes from `axis` on (a 2-D view)
+        x = inputs[0]
+        axis = _axis(b, node.attr("axis", 1), x.rank)
+        return Softmax._lower(b, node, x, list(range(axis, x.rank)), node.op_type == "LogSoftmax")
+
+    @staticmethod
+    def _impl_v13(b, node, inputs):
+        x = inputs[0]
+        axis = _axis(b, node.attr("axis", -1), x.rank)
+        return Softmax._lower(b, node, x, [axis], node.op_type == "LogSoftmax")
+
+
+class LayerNormalization(Converter):
+    @staticmethod
+    def _impl_v17(b, node, inputs):
+        x, scale = inputs[:2]
+        bias = inputs[2] if len(inputs) > 2 else None
+        axis = _axis(b, node.attr("axis", -1), x.rank)
+        epsilon = node.attr("epsilon", 1e-5)
+        idx = indices(x.rank)
+        kept, norm = idx[:axis], idx[axis:]
+        kept_idx = kept or ["z0"]
+        kept_shape = list(x.shape[:axis]) or [1]
+        reduced = [(f"r{d}", x.shape[d]) for d in range(axis, x.rank)]
+        source = kept + [r for r, _ in reduced]
+        count = math.prod(x.shape[axis:])
+        mean, var, out = b.new(kept_shape, x.dtype), b.new(kept_shape, x.dtype), b.new(x.shape, x.dtype)
+        at = ", ".join(kept_idx)
+        statements = [
+            b.statement(mean, kept_idx, "+=!", b.ref(x, source), reduced),
+            b.statement(mean, kept_idx, "=", f"{mean.ident}({at}) / {count}"),
+            b.statement(var, kept_idx, "+=!", f"({b.ref(x, source)} - {mean.ident}({at})) * "
+                                              f"({b.ref(x, source)} - {mean.ident}({at}))", reduced),
+            b.statement(var, kept_idx, "=", f"{var.ident}({at}) / {count}")]
+        shape_norm = x.shape[axis:]
+        scale_ref = b.ref(scale, b.broadcast_subscripts(scale, shape_norm, norm))
+        rhs = f"({b.ref(x, idx)} - {mean.ident}({at})) / sqrt({var.ident}({at}) + {_number(epsilon)}) * {scale_ref}"
+        if bias is not None:
+            rhs += f" + {b.ref(bias, b.broadcast_subscripts(bias, shape_norm, norm))}"
+        statements.append(b.statement(out, idx, "=", rhs))
+        outputs = [out]
+        if len(node.outputs) > 1:  # Mean and InvStdDev, with the normalised axes kept as 1
+            stat_shape = list(x.shape[:axis]) + [1] * (x.rank - axis)
+            stat_idx = kept + [f"z{d}" for d in range(axis, x.rank)]
+            mean_out, inv_out = b.new(stat_shape, x.dtype), b.new(stat_shape, x.dtype)
+            statements.append(b.statement(mean_out, stat_idx, "=", f"{mean.ident}({at})"))
+            statements.append(b.statement(inv_out, stat_idx, "=", f"1 / sqrt({var.ident}({at}) + {_number(epsilon)})"))
+            outputs += [mean_out, inv_out]
+        b.emit(statements, [x, scale] + ([bias] if bias is not None else []), outputs, "reduction")
+        return outputs
+
+
+# ----------------------------------------------------------------------------- the registry
+_FLOAT_FUNCTIONS = {"Exp": "exp({x})", "Log": "log({x})", "Sqrt": "sqrt({x})", "Tanh": "tanh({x})",
+                    "Erf": "erf({x})", "Sin": "sin({x})", "Cos": "cos({x})", "Tan": "tan({x})",
+                    "Asin": "asin({x})", "Acos": "acos({x})", "Atan": "atan({x})", "Sinh": "sinh({x})",
+                    "Cosh": "cosh({x})", "Asinh": "asinh({x})", "Acosh": "acosh({x})", "Atanh": "atanh({x})",
+                    "Floor": "floor({x})", "Ceil": "ceil({x})", "Reciprocal": "1 / {x}",
+                    "Sigmoid": "1 / (1 + exp(-{x}))", "Softplus": "log1p(exp({x}))",
+                    "Softsign": "{x} / (1 + fabs({x}))", "HardSwish": "{x} * fmax(0, fmin(1, {x} / 6 + 0.5))",
+                    "Mish": "{x} * tanh(log1p(exp({x})))"}
+
+CONVERTERS: dict[str, type[Converter]] = {
+    **{op: _unary(expression) for op, expression in _FLOAT_FUNCTIONS.items()},
+    "Relu": _unary("({x} > 0 ? {x} : 0)", floats_only=False),
+    "Neg": _unary("-{x}", floats_only=False),
+    "Abs": _unary("abs({x})", floats_only=False),
+    "Sign": _unary("({x} > 0 ? 1 : ({x} < 0 ? -1 : 0))", floats_only=False),
+    "Add": _binary("+"), "Sub": _binary("-"), "Mul": _binary("*"), "Div": _binary("/"),
+    "Pow": Pow,
+    "Equal": _binary("==", True), "Less": _binary("<", True), "Greater": _binary(">", True),
+    "LessOrEqual": _binary("<=", True), "GreaterOrEqual": _binary(">=", True),
+    "And": _binary("&&", True), "Or": _binary("||", True), "Xor": _binary("!=", True),
+    "Max": _variadic("max"), "Min": _variadic("min"), "Sum": _variadic("+"), "Mean": _variadic("+", mean=True),
+    "Not": Not, "Where": Where, "Cast": Cast, "Clip": Clip,
+    "LeakyRelu": LeakyRelu, "Elu": Elu, "Selu": Selu, "HardSigmoid": HardSigmoid, "Gelu": Gelu, "PRelu": PRelu,
+    "Identity": Identity, "Dropout": Dropout,
+    "Shape": Shape, "Size": Size, "Constant": Constant, "ConstantOfShape": ConstantOfShape, "Range": Range,
+    "Reshape": Reshape, "Flatten": Flatten, "Squeeze": Squeeze, "Unsqueeze": Unsqueeze,
+    "Transpose": Transpose, "Expand": Expand, "Concat": Concat, "Split": Split, "Slice": Slice,
+    "Gather": Gather, "Pad": Pad,
+    "MatMul": MatMul, "Gemm": Gemm, "Einsum": Einsum,
+    "Conv": Conv, "MaxPool": MaxPool, "AveragePool": AveragePool,
+    "GlobalAveragePool": GlobalAveragePool, "GlobalMaxPool": GlobalMaxPool,
+    "BatchNormalization": BatchNormalization, "LayerNormalization": LayerNormalization,
+    "ReduceSum": ReduceSum, "ReduceMean": _reduce("mean"), "ReduceMax": _reduce("max"),
+    "ReduceMin": _reduce("min"), "ReduceProd": _reduce("prod"), "ReduceSumSquare": _reduce("sumsquare"),
+    "ReduceL1": _reduce("l1"), "ReduceL2": _reduce("l2"),
+    "ArgMax": ArgMax, "ArgMin": ArgMin, "Softmax": Softmax, "LogSoftmax": Softmax,
+}

@@ -1,0 +1,301 @@
+"""A model planned for one set of concrete input shapes: folded, fused, compiled to polyc kernels.
+
+1. **Convert** every node in graph order (:mod:`polyc.frontends.onnx.ops`).  A node whose inputs
+   are all constants (initializers, shapes, folded results) is **folded**: its TC statements are
+   evaluated now by polyc's reference interpreter, so shape subgraphs (Shape -> Gather -> Concat
+   -> Reshape) and constant arithmetic cost nothing at run time.
+2. **Fuse** (``graph_fusion=True``), in the spirit of TVM's rules: an elementwise step joins the
+   kernel that produces its input when that input has no other use (a convolution's or a
+   contraction's epilogue: bias, batch normalization, activation; chains of elementwise steps),
+   updating the producer's tensor in place so that polyc's convolution and gemm kernels still
+   recognise the def; a reduction joins a kernel of elementwise steps that feeds it.  Each group
+   becomes ONE TC def whose intermediate tensors are temporaries.
+3. **Compile** each group with ``polyc.define`` (so the bounds proof, the schedule and the
+   kernel cache are polyc's own), and run them in order; views (Reshape, Flatten, ...) are
+   reshapes of the buffers, without a copy.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from polyc.errors import PolycError, UnsupportedError
+from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type
+from polyc.frontends.onnx.ops import CONVERTERS, Node
+
+#: The most statements one fused group may hold (isl's scheduler grows with them).
+MAX_GROUP_STATEMENTS = 12
+_FUSABLE_INTO = {"elementwise": ("elementwise", "contraction", "convolution", "reduction", "other"),
+                 "reduction": ("elementwise",)}
+
+
+@dataclass(eq=False)
+class Group:
+    """One TC def: the steps fused into it, and after planning its inputs, outputs and kernel."""
+
+    index: int
+    steps: list[KernelStep]
+    inputs: list[Value] = field(default_factory=list)
+    outputs: list[Value] = field(default_factory=list)
+    source: str = ""
+    kernel: object = None
+
+    @property
+    def name(self) -> str:
+        return f"group{self.index}"
+
+    @property
+    def nodes(self) -> list[str]:
+        seen = []
+        for step in self.steps:
+            if step.node not in seen:
+                seen.append(step.node)
+        return seen
+
+    @property
+    def kinds(self) -> set[str]:
+        return {s.kind for s in self.steps}
+
+    @property
+    def statement_count(self) -> int:
+        return sum(len(s.statements) for s in self.steps)
+
+
+class Plan:
+    """The model's graph for the input shapes ``shapes`` (name -> tuple of ints)."""
+
+    def __init__(self, graph, opset: int, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, np.dtype],
+                 constants: dict[str, np.ndarray], options: dict, graph_fusion: bool):
+        self._counter = 0
+        self.values: dict[str, Value] = {}
+        self.inputs: list[Value] = []
+        for name, shape in shapes.items():
+            value = Value(self._new_ident(), dtypes[name], tuple(shape), None, name)
+            self.values[name] = value
+            self.inputs.append(value)
+        for name, array in constants.items():
+            if name not in self.values:
+                self.values[name] = Value(self._new_ident(), array.dtype, array.shape, array, name)
+        steps: list = []
+        for position, proto in enumerate(graph.node):
+            node = Node(proto, proto.name or f"{proto.op_type}_{position}")
+            inputs = [self.values[name] if name else None for name in proto.input]
+            builder = Builder(node.name, node.op_type, self._new_ident)
+            outputs = CONVERTERS[node.op_type].convert(builder, node, inputs, opset)
+            if _foldable(builder.steps, inputs):
+                _fold(builder.steps, node.name)
+            else:
+                steps += builder.steps
+            for name, value in zip(proto.output, outputs):
+                if name:
+                    value.onnx_name = value.onnx_name or name
+                    self.values[name] = value
+        missing = [o.name for o in graph.output if o.name not in self.values]
+        if missing:
+            raise PolycError(f"the graph's outputs {', '.join(missing)} are not computed by any node")
+        self.outputs = [self.values[o.name] for o in graph.output]
+        self.order = self._fuse(steps, graph_fusion)
+        self.groups = [item for item in self.order if isinstance(item, Group)]
+        self._compile(options)
+
+    def _new_ident(self) -> str:
+        self._counter += 1
+        return f"v{self._counter}"
+
+    # ------------------------------------------------------------------ fusion
+    def _fuse(self, steps: list, graph_fusion: bool) -> list:
+        uses: dict[int, int] = {}
+        for step in steps:
+            for value in (step.reads if isinstance(step, KernelStep) else [step.source]):
+                uses[id(value)] = uses.get(id(value), 0) + 1
+        for value in self.outputs:
+            uses[id(value)] = uses.get(id(value), 0) + 1
+        order: list = []
+        made_by: dict[int, int] = {}   # value id -> position in order of the item writing it
+        renamed: dict[str, Value] = {}  # an epilogue's old tensor name -> its value (now the producer's name)
+        for step in steps:
+            if isinstance(step, ViewStep):
+                made_by[id(step.target)] = len(order)
+                order.append(step)
+                continue
+            target = self._fusion_target(step, order, made_by, uses) if graph_fusion else None
+            if target is None:
+                group = Group(len(order), [step])
+                position = len(order)
+                order.append(group)
+            else:
+                position, producer = target
+                group = order[position]
+                if producer is not None:  # an epilogue: it updates the producer's tensor
+                    renamed[step.writes[0].ident] = step.writes[0]
+                    step.writes[0].ident = producer.ident
+                group.steps.append(step)
+            for value in step.writes:
+                made_by[id(value)] = position
+        if renamed:  # statements were written with the old names
+            token = re.compile(r"\bv\d+\b")
+            for item in order:
+                if isinstance(item, Group):
+                    for step in item.steps:
+                        step.statements = [token.sub(lambda m: renamed[m.group()].ident if m.group() in renamed
+                                                     else m.group(), s) for s in step.statements]
+        groups = [item for item in order if isinstance(item, Group)]
+        for number, group in enumerate(groups):
+            group.index = number
+        return order
+
+    def _fusion_target(self, step: KernelStep, order, made_by, uses):
+        """(position of the group ``step`` joins, the value it may update in place or None)."""
+        if step.kind not in _FUSABLE_INTO:
+            return None
+        best = None
+        for value in step.reads:
+            position = made_by.get(id(value))
+            if position is None or not isinstance(order[position], Group) or uses.get(id(value)) != 1:
+                continue
+            group = order[position]
+            if not group.kinds <= set(_FUSABLE_INTO[step.kind]) or \
+                    group.statement_count + len(step.statements) > MAX_GROUP_STATEMENTS:
+                continue
+            # Every other input must exist when that group runs.
+            if any(made_by.get(id(other), -1) > position for other in step.reads if other is not value):
+                continue
+            if best is None or position > best[0]:
+                best = (position, value)
+        if best is None:
+            return None
+        position, value = best
+        in_place = step.kind == "elementwise" and len(step.writes) == 1 and step.writes[0].shape == value.shape \
+            and step.writes[0].dtype == value.dtype and value not in self.outputs
+        return position, (value if in_place else None)
+
+    # ------------------------------------------------------------------ compilation
+    def _compile(self, options: dict) -> None:
+        import polyc
+        needed_later: dict[int, int] = {}
+        for position, item in enumerate(self.order):
+            reads = [item.source] if isinstance(item, ViewStep) else [v for s in item.steps for v in s.reads]
+            for value in reads:
+                needed_later[id(value)] = max(needed_later.get(id(value), -1), position)
+        outputs = {id(v) for v in self.outputs}
+        for position, group in enumerate(self.order):
+            if not isinstance(group, Group):
+                continue
+            written = {id(v): v for s in group.steps for v in s.writes}
+            seen = set()
+            for step in group.steps:
+                for value in step.reads:
+                    if id(value) not in written and id(value) not in seen:
+                        seen.add(id(value))
+                        group.inputs.append(value)
+            group.outputs = [v for key, v in written.items()
+                             if key in outputs or needed_later.get(key, -1) > position]
+            if not group.outputs:  # nothing of it is used: keep the last value so the def has an output
+                group.outputs = [list(written.values())[-1]]
+            group.source = _def_text(group)
+            try:
+                group.kernel = polyc.define(group.source, filename=f"<onnx {group.name}>", **options)[group.name]
+            except PolycError as error:
+                raise PolycError(f"nodes {', '.join(group.nodes)}: polyc cannot compile their TC "
+                                 f"(a bug in the ONNX lowering; please report it):\n{group.source}\n{error}") from error
+
+    # ------------------------------------------------------------------ running
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        buffers: dict[str, np.ndarray] = {}
+        for value in self.inputs:
+            buffers[value.ident] = np.ascontiguousarray(feeds[value.onnx_name]).reshape(value.tc_shape)
+        for item in self.order:
+            if isinstance(item, ViewStep):
+                buffers[item.target.ident] = _array(item.source, buffers).reshape(item.target.tc_shape)
+                continue
+            results = item.kernel(*[_array(v, buffers) for v in item.inputs])
+            results = results if isinstance(results, tuple) else (results,)
+            for value, array in zip(item.outputs, results):
+                buffers[value.ident] = array
+        given = {id(v) for v in self.inputs}
+        outputs = {}
+        for value in self.outputs:
+            array = _array(value, buffers).reshape(value.shape)
+            if value.const is not None or id(value) in given or not array.flags.owndata and _aliases_input(
+                    array, buffers, self.inputs):
+                array = np.array(array, copy=True)
+            outputs[value.onnx_name] = array
+        return outputs
+
+    def tc_source(self) -> str:
+        """The whole model as TC: one def per kernel, then the sequence of calls and views."""
+        parts = [g.source for g in self.groups]
+        lines = ["# The model, in order (views reshape a buffer; they copy nothing):"]
+        for item in self.order:
+            if isinstance(item, ViewStep):
+                lines.append(f"#   {item.target.ident} = view of {item.source.ident} as {item.target.shape}")
+            else:
+                outs = ", ".join(v.ident for v in item.outputs)
+                ins = ", ".join(v.ident for v in item.inputs)
+                lines.append(f"#   {outs} = {item.name}({ins})    # {', '.join(item.nodes)}")
+        names = ", ".join(f"{v.ident} = {v.onnx_name!r}" for v in self.inputs + self.outputs)
+        lines.append(f"# inputs and outputs: {names}")
+        return "\n\n".join(parts) + "\n\n" + "\n".join(lines) + "\n"
+
+
+def _array(value: Value, buffers: dict) -> np.ndarray:
+    if value.const is not None:
+        return np.ascontiguousarray(value.const).reshape(value.tc_shape)
+    return buffers[value.ident]
+
+
+def _aliases_input(array, buffers, inputs) -> bool:
+    return any(np.shares_memory(array, buffers[v.ident]) for v in inputs)
+
+
+def _foldable(steps: list, inputs: list) -> bool:
+    if not steps or not any(isinstance(s, KernelStep) for s in steps):
+        return False
+    reads = [v for s in steps for v in (s.reads if isinstance(s, KernelStep) else [s.source])]
+    written = {id(v) for s in steps for v in (s.writes if isinstance(s, KernelStep) else [s.target])}
+    return all(v.const is not None or id(v) in written for v in reads)
+
+
+def _fold(steps: list, node: str) -> None:
+    """Evaluate a node's steps on constants with the reference interpreter (compile time)."""
+    import polyc
+    for step in steps:
+        if isinstance(step, ViewStep):
+            step.target.const = step.source.const.reshape(step.target.shape)
+            continue
+        group = Group(0, [step], [v for v in step.reads], list(step.writes))
+        source = _def_text(group)
+        kernel = polyc.define(source, filename=f"<onnx fold {node}>", backend="interpreter")[group.name]
+        results = kernel(*[np.ascontiguousarray(v.const).reshape(v.tc_shape) for v in step.reads])
+        results = results if isinstance(results, tuple) else (results,)
+        for value, array in zip(step.writes, results):
+            value.const = np.asarray(array).reshape(value.shape)
+
+
+def _def_text(group: Group) -> str:
+    parameters = ", ".join(f"{tc_type(v.dtype)}({', '.join(map(str, v.tc_shape))}) {v.ident}" for v in group.inputs)
+    outputs = ", ".join(v.ident for v in group.outputs)
+    body = "\n".join(f"    {s}" for step in group.steps for s in step.statements)
+    nodes = ", ".join(group.nodes)
+    return f"# {nodes}\ndef {group.name}({parameters}) -> ({outputs}) {{\n{body}\n}}"
+
+
+def check_supported(graph, opset: int) -> list[tuple[str, int, str]]:
+    """(op type, opset, node name) of every node no converter handles."""
+    missing = []
+    for position, node in enumerate(graph.node):
+        name = node.name or f"{node.op_type}_{position}"
+        converter = CONVERTERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if converter is None or converter.version_for(opset) is None:
+            label = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+            missing.append((label, opset, name))
+    return missing
+
+
+def unsupported_error(missing, where: str) -> UnsupportedError:
+    listed = "; ".join(f"{op} (opset {opset}) at node {name!r}" for op, opset, name in missing)
+    kinds = sorted({op for op, _, _ in missing})
+    return UnsupportedError(f"{where}: {len(missing)} node(s) use operators polyc does not support: {listed} "
+                            f"[unsupported: {', '.join(kinds)}]")

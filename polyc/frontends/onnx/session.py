@@ -1,0 +1,186 @@
+"""``polyc.onnx.InferenceSession``: onnxruntime's session API over polyc kernels.
+
+    session = polyc.onnx.InferenceSession("model.onnx")        # ort.InferenceSession("model.onnx")
+    (logits,) = session.run(None, {"input": images})
+
+The model is loaded, checked and every node's operator looked up when the session is made (all
+unsupported operators are reported at once).  A run with input shapes not seen before plans and
+compiles the model for them (:class:`~polyc.frontends.onnx.plan.Plan`); its kernels land in
+polyc's disk cache, so a new process compiles nothing it has compiled before.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from polyc.errors import PolycError, SignatureError
+from polyc.frontends.onnx.model import default_opset, initializers, load_model, tensor_info
+from polyc.frontends.onnx.plan import Plan, check_supported, unsupported_error
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """An input or output as onnxruntime describes it: name, shape (ints, strings for symbolic
+    dimensions, None when unknown) and type (``tensor(float)``)."""
+
+    name: str
+    shape: list
+    type: str
+
+
+class InferenceSession:
+    """Runs an ONNX model with polyc.  ``model``: a ModelProto (never modified), a path or bytes.
+    ``graph_fusion`` (default True) fuses elementwise operators into the kernels that feed them;
+    every other keyword is a ``polyc.define`` option (``fusion``, ``threads``, ``cflags``, ...)
+    used for every kernel.  onnxruntime's ``sess_options`` and ``providers`` are accepted and
+    ignored, so that switching needs no other change."""
+
+    def __init__(self, model, sess_options=None, providers=None, provider_options=None, *,
+                 graph_fusion: bool = True, **options):
+        from polyc.options import Options
+        Options.from_kwargs(**options)  # a bad option fails now, not at the first run
+        self._model, self._where = load_model(model)
+        graph = self._model.graph
+        self._opset = default_opset(self._model)
+        missing = check_supported(graph, self._opset)
+        if missing:
+            raise unsupported_error(missing, self._where)
+        self._constants = initializers(graph)
+        self._inputs = [tensor_info(v) for v in graph.input if v.name not in self._constants]
+        self._outputs = [tensor_info(v) for v in graph.output]
+        for info in self._inputs:
+            if info.dtype is None:
+                raise PolycError(f"{self._where}: input {info.name!r} has type {info.type}, which polyc cannot compute in")
+        self._specialised = _specialising_inputs(graph, {i.name for i in self._inputs})
+        self._options = options
+        self.graph_fusion = graph_fusion
+        self._plans: dict[tuple, Plan] = {}
+        self._last: Plan | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ onnxruntime's API
+    def get_inputs(self) -> list[NodeArg]:
+        return [NodeArg(i.name, list(i.shape) if i.shape is not None else None, i.type) for i in self._inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [NodeArg(o.name, list(o.shape) if o.shape is not None else None, o.type) for o in self._outputs]
+
+    def get_modelmeta(self):
+        return self._model.metadata_props
+
+    def run(self, output_names, input_feed: dict, run_options=None) -> list[np.ndarray]:
+        """The outputs named in ``output_names`` (None: all), in that order."""
+        if not isinstance(input_feed, dict):
+            raise SignatureError(f"input_feed must be a dict of input name -> array, not {type(input_feed).__name__}")
+        known = [o.name for o in self._outputs]
+        names = known if output_names is None else list(output_names)
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise SignatureError(f"Invalid output name(s): {', '.join(map(repr, unknown))}; "
+                                 f"the model's outputs are {', '.join(map(repr, known))}")
+        feeds = self._check_feeds(input_feed)
+        values = {name: feeds[name] for name in self._specialised}
+        plan = self.plan_for({k: v.shape for k, v in feeds.items()}, values)
+        results = plan.run(feeds)
+        return [results[n] for n in names]
+
+    # ------------------------------------------------------------------ what it did
+    def plan_for(self, shapes: dict, values: dict | None = None) -> Plan:
+        """The plan (kernels and views) for inputs of these shapes, made on first use.
+        ``values``: the contents of the inputs that give shapes, axes or pads to the model
+        (see ``CONSTANT_INPUTS`` in :mod:`.ops`); the plan is specialised on them too."""
+        values = {name: np.array(values[name]) for name in self._specialised} if self._specialised else {}
+        key = tuple(tuple(shapes[i.name]) for i in self._inputs) + tuple(
+            (name, array.dtype.str, array.shape, array.tobytes()) for name, array in sorted(values.items()))
+        plan = self._plans.get(key)
+        if plan is None:
+            with self._lock:
+                plan = self._plans.get(key)
+                if plan is None:
+                    runtime = [i for i in self._inputs if i.name not in values]
+                    plan = Plan(self._model.graph, self._opset, {i.name: tuple(shapes[i.name]) for i in runtime},
+                                {i.name: i.dtype for i in runtime}, {**self._constants, **values}, self._options,
+                                self.graph_fusion)
+                    self._plans[key] = plan
+        self._last = plan
+        return plan
+
+    def _plan(self, shapes: dict | None) -> Plan:
+        if shapes is not None and self._specialised:
+            raise PolycError(f"inputs {', '.join(sorted(self._specialised))} give the model shapes or axes: "
+                             "run the session once to plan it")
+        if shapes is not None:
+            return self.plan_for(shapes)
+        if self._last is None:
+            concrete = {}
+            for info in self._inputs:
+                if info.shape is None or not all(isinstance(d, int) for d in info.shape):
+                    raise PolycError(f"input {info.name!r} has symbolic dimensions {info.shape}: "
+                                     "run the session once or pass shapes={name: shape}")
+                concrete[info.name] = info.shape
+            return self.plan_for(concrete)
+        return self._last
+
+    def tc_source(self, shapes: dict | None = None) -> str:
+        """The model as TC for ``shapes`` (default: the last run's): one def per kernel, then the
+        order of calls and views."""
+        return self._plan(shapes).tc_source()
+
+    @property
+    def groups(self) -> list[list[str]]:
+        """For the last run's plan: the ONNX nodes of each kernel, in execution order."""
+        return [g.nodes for g in self._plan(None).groups]
+
+    def kernels(self, shapes: dict | None = None) -> list:
+        """The polyc kernels (``polyc.Kernel``) of the plan, for ``stages()``/``c_source()``."""
+        return [g.kernel for g in self._plan(shapes).groups]
+
+    # ------------------------------------------------------------------ feeds
+    def _check_feeds(self, input_feed: dict) -> dict[str, np.ndarray]:
+        expected = [i.name for i in self._inputs]
+        missing = [n for n in expected if n not in input_feed]
+        if missing:
+            raise SignatureError(f"Required inputs ({', '.join(map(repr, missing))}) are missing from input feed "
+                                 f"({', '.join(map(repr, input_feed))})")
+        extra = [n for n in input_feed if n not in expected]
+        if extra:
+            raise SignatureError(f"Invalid input name(s): {', '.join(map(repr, extra))}; "
+                                 f"the model's inputs are {', '.join(map(repr, expected))}")
+        feeds, symbols = {}, {}
+        for info in self._inputs:
+            value = input_feed[info.name]
+            array = np.asarray(value)
+            if array.dtype != info.dtype:
+                raise SignatureError(f"Unexpected input data type for {info.name!r}. "
+                                     f"Actual: tensor({array.dtype}), expected: {info.type}")
+            if info.shape is not None:
+                if array.ndim != len(info.shape):
+                    raise SignatureError(f"Invalid rank for input: {info.name} Got: {array.ndim} "
+                                         f"Expected: {len(info.shape)} Please fix either the inputs or the model.")
+                for index, (got, want) in enumerate(zip(array.shape, info.shape)):
+                    if isinstance(want, int) and got != want:
+                        raise SignatureError(f"Got invalid dimensions for input: {info.name} for the following "
+                                             f"indices index: {index} Got: {got} Expected: {want} "
+                                             "Please fix either the inputs or the model.")
+                    if isinstance(want, str):
+                        seen = symbols.setdefault(want, (got, info.name, index))
+                        if seen[0] != got:
+                            raise SignatureError(f"dimension {want!r} is {seen[0]} in input {seen[1]!r} "
+                                                 f"(index {seen[2]}) but {got} in input {info.name!r} (index {index})")
+            feeds[info.name] = array
+        return feeds
+
+
+def _specialising_inputs(graph, inputs: set[str]) -> set[str]:
+    """Graph inputs read where a converter needs a value known at compile time (a Reshape's
+    shape, a Slice's starts, ...): plans are specialised on their contents."""
+    from polyc.frontends.onnx.ops import CONVERTERS
+    found = set()
+    for node in graph.node:
+        converter = CONVERTERS.get(node.op_type)
+        for position in getattr(converter, "CONSTANT_INPUTS", ()):
+            if position < len(node.input) and node.input[position] in inputs:
+                found.add(node.input[position])
+    return found
