@@ -218,6 +218,14 @@ class Pow(Converter):
                              lambda r: f"{tc_type(x.dtype)}(pow(double({r[0]}), double({r[1]})))")]
 
 
+class Sign(Converter):
+    @staticmethod
+    def _impl_v9(b, node, inputs):
+        (x,) = inputs[:1]
+        t = tc_type(x.dtype)
+        return [_elementwise(b, [x], x.dtype, lambda r: f"({r[0]} > 0 ? {t}(1) : ({r[0]} < 0 ? {t}(-1) : {t}(0)))")]
+
+
 class Where(Converter):
     @staticmethod
     def _impl_v9(b, node, inputs):
@@ -991,12 +999,15 @@ class Softmax(Converter):
         total = b.new(kept_shape, x.dtype)
         out = b.new(x.shape, x.dtype)
         at = ", ".join(kept_idx)
+        at_point = ", ".join(kept) or "0"   # in statements over every index of x
         statements = [b.statement(most, kept_idx, "max=!", b.ref(x, source), reduced),
                       b.statement(total, kept_idx, "+=!", f"exp({b.ref(x, source)} - {most.ident}({at}))", reduced)]
         if log:
-            statements.append(b.statement(out, idx, "=", f"{b.ref(x, idx)} - {most.ident}({at}) - log({total.ident}({at}))"))
+            statements.append(b.statement(out, idx, "=", f"{b.ref(x, idx)} - {most.ident}({at_point}) - "
+                                                         f"log({total.ident}({at_point}))"))
         else:
-            statements.append(b.statement(out, idx, "=", f"exp({b.ref(x, idx)} - {most.ident}({at})) / {total.ident}({at})"))
+            statements.append(b.statement(out, idx, "=", f"exp({b.ref(x, idx)} - {most.ident}({at_point})) / "
+                                                         f"{total.ident}({at_point})"))
         b.emit(statements, [x], [out], "reduction")
         return [out]
 
@@ -1037,7 +1048,9 @@ class LayerNormalization(Converter):
             b.statement(var, kept_idx, "=", f"{var.ident}({at}) / {count}")]
         shape_norm = x.shape[axis:]
         scale_ref = b.ref(scale, b.broadcast_subscripts(scale, shape_norm, norm))
-        rhs = f"({b.ref(x, idx)} - {mean.ident}({at})) / sqrt({var.ident}({at}) + {_number(epsilon)}) * {scale_ref}"
+        at_point = ", ".join(kept) or "0"
+        rhs = (f"({b.ref(x, idx)} - {mean.ident}({at_point})) / sqrt({var.ident}({at_point}) + {_number(epsilon)})"
+               f" * {scale_ref}")
         if bias is not None:
             rhs += f" + {b.ref(bias, b.broadcast_subscripts(bias, shape_norm, norm))}"
         statements.append(b.statement(out, idx, "=", rhs))
@@ -1068,7 +1081,7 @@ CONVERTERS: dict[str, type[Converter]] = {
     "Relu": _unary("({x} > 0 ? {x} : 0)", floats_only=False),
     "Neg": _unary("-{x}", floats_only=False),
     "Abs": _unary("abs({x})", floats_only=False),
-    "Sign": _unary("({x} > 0 ? 1 : ({x} < 0 ? -1 : 0))", floats_only=False),
+    "Sign": Sign,
     "Add": _binary("+"), "Sub": _binary("-"), "Mul": _binary("*"), "Div": _binary("/"),
     "Pow": Pow,
     "Equal": _binary("==", True), "Less": _binary("<", True), "Greater": _binary(">", True),

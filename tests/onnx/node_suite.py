@@ -1,0 +1,90 @@
+"""onnx's backend node tests, run on polyc.onnx.backend (shared by test_node_suite_*.py).
+
+The installed onnx wheel has no node test data on disk, so the cases come from onnx's own
+generators (``onnx.backend.test.case.node.collect_testcases``): each holds the model, its
+inputs and the expected outputs, computed by onnx's reference implementation.  Outputs are
+compared with the case's tolerances (rtol 1e-3 and atol 1e-7 unless the case says otherwise),
+as onnx's runner does.
+
+A case is skipped only for a reason stated here: its opset is older than polyc converts, it
+uses an element type polyc does not compute in (the reason names the type), one of its
+operators is not converted (named), or it is listed in EXCLUDED with why.
+"""
+from __future__ import annotations
+
+import functools
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+from polyc.errors import UnsupportedError  # noqa: E402
+from polyc.frontends.onnx import backend  # noqa: E402
+from polyc.frontends.onnx.model import MIN_OPSET, TC_TYPES, default_opset, numpy_dtype  # noqa: E402
+from polyc.frontends.onnx.ops import CONVERTERS  # noqa: E402
+
+#: Cases polyc declines on purpose (an UnsupportedError with this reason is a skip, not a failure).
+EXCLUDED = {
+    r"training_mode|training_dropout": "training mode: polyc compiles models for inference",
+    r"^test_(edge|reflect|wrap)_pad": "Pad modes edge, reflect and wrap are not implemented (constant is)",
+    r"maxpool_with_argmax": "MaxPool's second output (Indices) is not implemented",
+    r"einsum_batch_diagonal": "Einsum with an ellipsis is not implemented",
+    r"(blackman|hamming|hann)window.*_expanded|center_crop_pad.*_expanded":
+        "a Range or Pad whose extent is computed from tensor data at run time: polyc plans every "
+        "shape when it compiles",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def cases() -> dict:
+    from onnx.backend.test.case import node
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return {case.name: case for case in node.collect_testcases(None)}
+
+
+def names(part: int, parts: int) -> list[str]:
+    return sorted(cases())[part::parts]
+
+
+def _array(value):
+    return onnx.numpy_helper.to_array(value) if isinstance(value, onnx.TensorProto) else value
+
+
+def _types(model) -> list[int]:
+    graph = model.graph
+    return [v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.output)]
+
+
+def run_case(name: str) -> None:
+    case = cases()[name]
+    model = case.model
+    ops = sorted({n.op_type for n in model.graph.node})
+    missing = [op for op in ops if op not in CONVERTERS]
+    if missing:
+        pytest.skip(f"operator {', '.join(missing)} is not converted by polyc")
+    opset = default_opset(model)
+    if opset < MIN_OPSET:
+        pytest.skip(f"opset {opset}: polyc converts opsets {MIN_OPSET} and newer")
+    for elem_type in _types(model):
+        if numpy_dtype(elem_type) is None:
+            pytest.skip(f"dtype {onnx.TensorProto.DataType.Name(elem_type).lower()} is not one polyc computes in "
+                        f"({', '.join(sorted(set(TC_TYPES.values())))})")
+    try:
+        prepared = backend.prepare(model)
+        for inputs, expected in case.data_sets:
+            got = prepared.run([_array(i) for i in inputs])
+            assert len(got) == len(expected)
+            for position, (g, e) in enumerate(zip(got, expected)):
+                e = np.asarray(_array(e))
+                assert g.dtype == e.dtype, f"output {position}: dtype {g.dtype}, expected {e.dtype}"
+                assert g.shape == e.shape, f"output {position}: shape {g.shape}, expected {e.shape}"
+                np.testing.assert_allclose(g, e, rtol=case.rtol, atol=case.atol)
+    except UnsupportedError as error:
+        for pattern, reason in EXCLUDED.items():
+            if re.search(pattern, name):
+                pytest.skip(f"{reason} ({error})")
+        raise
