@@ -4,6 +4,7 @@
     polyc compile FILE.tc [--entry NAME] [--emit ast|ranges|isl|schedule|c] [-o OUT] [options]
     polyc compile FILE.tc [--entry NAME] --target host|avx512|avx2|generic|neon [--shape ...] -o OUTDIR
     polyc run FILE.tc [--entry NAME] --shape NAME=SIZE ... [--check] [--repeat N] [--seed S] [options]
+    polyc onnx MODEL.onnx [--shape INPUT=D0,D1,...] [--emit tc|groups|c] [--run [--check] [--bench]] [options]
     polyc tune FILE.tc [--entry NAME] --shape NAME=SIZE ... [--budget B] [--strategy model|random]
                [--records FILE] [--start-from FILE] [--scheduler ADDRESS] [options]
     polyc tune --list [--records FILE]   |   polyc tune --merge FILE ... [--records FILE]
@@ -174,6 +175,24 @@ def build_parser() -> argparse.ArgumentParser:
                             help="seed of the random inputs (default: 0)")
     _add_option_arguments(run_parser)
     run_parser.set_defaults(handler=run_run)
+
+    onnx_parser = commands.add_parser(
+        "onnx", help="compile an ONNX model: print it as TC, its kernels, or run and check it",
+        description="Compile an ONNX model with polyc for given input shapes; print the model as TC\n"
+                    "(one def per fused kernel), the nodes of each kernel, or their C; or run it on\n"
+                    "random inputs, compare with onnxruntime (--check) and time it (--bench).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    onnx_parser.add_argument("model", metavar="MODEL.onnx", help="ONNX model file")
+    onnx_parser.add_argument("--shape", action="append", default=[], metavar="INPUT=D0,D1,...",
+                             help="an input's shape (symbolic dimensions default to 1)")
+    onnx_parser.add_argument("--emit", choices=("tc", "groups", "c"), help="what to print")
+    onnx_parser.add_argument("--run", action="store_true", help="run on random inputs")
+    onnx_parser.add_argument("--check", action="store_true", help="with --run: compare with onnxruntime")
+    onnx_parser.add_argument("--bench", action="store_true", help="with --run: time polyc (and onnxruntime)")
+    onnx_parser.add_argument("--no-graph-fusion", dest="graph_fusion", action="store_false",
+                             help="one kernel per operator")
+    _add_option_arguments(onnx_parser)
+    onnx_parser.set_defaults(handler=run_onnx)
 
     tune_parser = commands.add_parser(
         "tune", help="search a def's options for given sizes on this machine; list or merge tuning records",
@@ -487,6 +506,78 @@ def _parse_budget(text: str) -> float | int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"the budget must be positive, not {text!r}")
     return value
+
+
+def run_onnx(args: argparse.Namespace) -> int:
+    """``polyc onnx``: compile a model for given shapes; print, run, check or time it."""
+    import polyc.onnx as ponnx
+    options = {k: v for k, v in _define_options(args).items() if k != "backend"}
+    session = ponnx.InferenceSession(args.model, graph_fusion=args.graph_fusion, **options)
+    given = {}
+    for text in args.shape:
+        name, _, dims = text.partition("=")
+        try:
+            given[name] = tuple(int(d) for d in dims.split(",") if d.strip())
+        except ValueError:
+            raise CommandLineError(f"--shape {text!r}: expected INPUT=D0,D1,... with integer extents")
+    unknown = set(given) - {i.name for i in session.get_inputs()}
+    if unknown:
+        raise CommandLineError(f"--shape names no input of the model: {', '.join(sorted(unknown))}")
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for arg in session.get_inputs():
+        shape = given.get(arg.name) or tuple(d if isinstance(d, int) else 1 for d in (arg.shape or ()))
+        dtype = np.dtype({"tensor(float)": np.float32, "tensor(double)": np.float64}.get(arg.type, np.int64))
+        feeds[arg.name] = (rng.standard_normal(shape).astype(dtype) if dtype.kind == "f"
+                           else np.zeros(shape, dtype))
+    start = time.perf_counter()
+    outputs = session.run(None, feeds)
+    first_call = time.perf_counter() - start
+    if args.emit == "tc":
+        print(session.tc_source(), end="")
+    elif args.emit == "groups":
+        for number, nodes in enumerate(session.groups):
+            print(f"group{number}: {', '.join(nodes)}")
+    elif args.emit == "c":
+        for kernel in session.kernels():
+            print(kernel.c_source({}))
+    if not args.run and args.emit is not None:
+        return 0
+    for arg, output in zip(session.get_outputs(), outputs):
+        print(f"output {arg.name}: {output.dtype.name}{tuple(output.shape)}")
+    print(f"first run (planning and compiling included): {_format_seconds(first_call)}; "
+          f"{len(session.groups)} kernel(s)")
+    if args.bench:
+        times = []
+        for _ in range(DEFAULT_REPEAT * 2):
+            start = time.perf_counter()
+            session.run(None, feeds)
+            times.append(time.perf_counter() - start)
+        print(f"polyc: median {_format_seconds(statistics.median(times))} over {len(times)} runs")
+    if args.check or args.bench:
+        try:
+            import onnxruntime
+        except ImportError:
+            print("onnxruntime is not installed: no comparison")
+            return 0
+        reference = onnxruntime.InferenceSession(args.model, providers=["CPUExecutionProvider"])
+        expected = reference.run(None, feeds)
+        if args.bench:
+            times = []
+            for _ in range(DEFAULT_REPEAT * 2):
+                start = time.perf_counter()
+                reference.run(None, feeds)
+                times.append(time.perf_counter() - start)
+            print(f"onnxruntime: median {_format_seconds(statistics.median(times))}")
+        if args.check:
+            worst = max(float(np.max(np.abs(g.astype(np.float64) - e) / (np.abs(e) + 1e-6), initial=0.0))
+                        if g.dtype.kind == "f" else float(np.any(g != e)) for g, e in zip(outputs, expected))
+            ok = all(g.shape == e.shape and (np.allclose(g, e, rtol=1e-3, atol=1e-5) if g.dtype.kind == "f"
+                                             else np.array_equal(g, e)) for g, e in zip(outputs, expected))
+            print(f"outputs {'match onnxruntime' if ok else 'DIFFER from onnxruntime'} (rtol 1e-3, atol 1e-5; "
+                  f"worst relative difference {worst:.2g})")
+            return 0 if ok else EXIT_ERROR
+    return 0
 
 
 def _single_kernel(module: polyc.Module, path: str, entry: str | None) -> polyc.Kernel:

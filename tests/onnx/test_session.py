@@ -1,0 +1,175 @@
+"""polyc.onnx.InferenceSession: onnxruntime's API, its errors, fusion, and agreement with onnxruntime."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import polyc  # noqa: E402
+import polyc.onnx as ponnx  # noqa: E402
+
+
+def small_cnn(opset: int = 17) -> onnx.ModelProto:
+    """Conv (padded, strided) + BatchNormalization + Relu, a Flatten, Gemm, Softmax; symbolic batch."""
+    rng = np.random.default_rng(0)
+    weights = {
+        "W": rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3,
+        "B": rng.standard_normal(4).astype(np.float32),
+        "scale": rng.uniform(0.5, 1.5, 4).astype(np.float32), "shift": rng.standard_normal(4).astype(np.float32),
+        "mean": rng.standard_normal(4).astype(np.float32), "var": rng.uniform(0.5, 2, 4).astype(np.float32),
+        "Wf": rng.standard_normal((5, 64)).astype(np.float32) * 0.1, "Bf": rng.standard_normal(5).astype(np.float32),
+    }
+    nodes = [helper.make_node("Conv", ["X", "W", "B"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv"),
+             helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["bn"], name="bn"),
+             helper.make_node("Relu", ["bn"], ["r"], name="relu"),
+             helper.make_node("Flatten", ["r"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "Wf", "Bf"], ["g"], transB=1, name="fc"),
+             helper.make_node("Softmax", ["g"], ["Y"], axis=-1, name="softmax")]
+    graph = helper.make_graph(nodes, "small_cnn",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 5])],
+                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.fixture(scope="module")
+def model():
+    return small_cnn()
+
+
+@pytest.fixture(scope="module")
+def session(model):
+    return ponnx.InferenceSession(model)
+
+
+def reference(model, x):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+
+
+def test_matches_onnxruntime_and_the_batch_may_change(model, session):
+    for batch in (2, 1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 8, 8)).astype(np.float32)
+        (got,) = session.run(None, {"X": x})
+        np.testing.assert_allclose(got, reference(model, x), rtol=1e-3, atol=1e-6)
+
+
+def test_the_api_is_onnxruntimes(model, session):
+    (inp,), (out,) = session.get_inputs(), session.get_outputs()
+    assert (inp.name, inp.shape, inp.type) == ("X", ["N", 3, 8, 8], "tensor(float)")
+    assert (out.name, out.shape, out.type) == ("Y", ["N", 5], "tensor(float)")
+    x = np.zeros((1, 3, 8, 8), np.float32)
+    assert len(session.run(["Y"], {"X": x})) == 1 and len(session.run(None, {"X": x})) == 1
+    # sess_options and providers are accepted, so switching from onnxruntime is one line
+    ponnx.InferenceSession(model, None, providers=["CPUExecutionProvider"])
+
+
+def test_fusion_makes_fewer_kernels_with_the_same_results(model, session):
+    x = np.random.default_rng(7).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    fused = session.run(None, {"X": x})[0]
+    unfused_session = ponnx.InferenceSession(model, graph_fusion=False)
+    unfused = unfused_session.run(None, {"X": x})[0]
+    np.testing.assert_allclose(fused, unfused, rtol=1e-5, atol=1e-6)
+    assert len(session.groups) < len(unfused_session.groups)
+    # BatchNormalization and Relu are epilogues of the convolution's kernel, which polyc still
+    # compiles with its direct convolution kernel (the padding is a kernel of its own before it).
+    conv_group = next(g for g in session.groups if "bn" in g)
+    assert conv_group == ["conv", "bn", "relu"]
+    kernel = session.kernels()[session.groups.index(conv_group)]
+    assert kernel.stages({}).convolution is not None
+    source = session.tc_source()
+    assert source.count("def group") == len(session.groups) and "view of" in source
+
+
+def test_unsupported_operators_are_all_listed_at_once():
+    nodes = [helper.make_node("Relu", ["X"], ["a"], name="ok"),
+             helper.make_node("TopK", ["a", "k"], ["b", "i"], name="top"),
+             helper.make_node("Trilu", ["b"], ["c"], name="tri"),
+             helper.make_node("Trilu", ["c"], ["Y"], name="tri2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 4])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array([2], np.int64), "k")])
+    graph.output[0].type.tensor_type.shape.dim.add().dim_value = 4
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(polyc.UnsupportedError) as caught:
+        ponnx.InferenceSession(model)
+    message = str(caught.value)
+    assert "3 node(s)" in message and "'top'" in message and "'tri'" in message and "'tri2'" in message
+    assert "TopK (opset 17)" in message
+
+
+def test_bad_feeds_get_precise_errors(session):
+    x = np.zeros((2, 3, 8, 8), np.float32)
+    cases = [({}, "Required inputs ('X') are missing"),
+             ({"X": x, "Z": x}, "Invalid input name(s): 'Z'"),
+             ({"X": x.astype(np.float64)}, "Unexpected input data type for 'X'. Actual: tensor(float64), expected: tensor(float)"),
+             ({"X": x[0]}, "Invalid rank for input: X Got: 3 Expected: 4"),
+             ({"X": np.zeros((2, 3, 9, 8), np.float32)}, "index: 2 Got: 9 Expected: 8")]
+    for feed, message in cases:
+        with pytest.raises(polyc.SignatureError) as caught:
+            session.run(None, feed)
+        assert message in str(caught.value)
+    with pytest.raises(polyc.SignatureError, match="Invalid output name"):
+        session.run(["nope"], {"X": x})
+
+
+def test_the_users_model_is_not_modified_and_files_and_bytes_load(model, tmp_path):
+    before = model.SerializeToString()
+    ponnx.InferenceSession(model).run(None, {"X": np.ones((1, 3, 8, 8), np.float32)})
+    assert model.SerializeToString() == before
+    path = tmp_path / "model.onnx"
+    path.write_bytes(before)
+    x = np.ones((1, 3, 8, 8), np.float32)
+    np.testing.assert_allclose(ponnx.InferenceSession(str(path)).run(None, {"X": x})[0],
+                               ponnx.InferenceSession(before).run(None, {"X": x})[0])
+
+
+def test_malformed_and_truncated_models_are_polyc_errors(model, tmp_path):
+    data = model.SerializeToString()
+    for bad in (data[: len(data) // 2], b"not a model at all", b""):
+        with pytest.raises(polyc.PolycError):
+            ponnx.InferenceSession(bad)
+    path = tmp_path / "truncated.onnx"
+    path.write_bytes(data[:100])
+    with pytest.raises(polyc.PolycError, match="truncated.onnx"):
+        ponnx.InferenceSession(str(path))
+    with pytest.raises(polyc.PolycError, match="no such file"):
+        ponnx.InferenceSession(str(tmp_path / "missing.onnx"))
+    with pytest.raises(polyc.PolycError, match="opset"):
+        ponnx.InferenceSession(small_cnn(opset=9))
+    with pytest.raises(polyc.PolycError, match="unknown option"):
+        ponnx.InferenceSession(model, tile_size=4)
+
+
+def test_shape_subgraphs_are_evaluated_when_compiling():
+    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape, as PyTorch exports a flatten."""
+    nodes = [helper.make_node("Shape", ["X"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+             helper.make_node("Concat", ["n1", "minus_one"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["X", "shape"], ["r"]),
+             helper.make_node("Relu", ["r"], ["Y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2, 3])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 6])],
+                              [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                               numpy_helper.from_array(np.array([0], np.int64), "axes"),
+                               numpy_helper.from_array(np.array([-1], np.int64), "minus_one")])
+    session = ponnx.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = np.random.default_rng(0).standard_normal((4, 2, 3)).astype(np.float32)
+    np.testing.assert_allclose(session.run(None, {"X": x})[0], np.maximum(x.reshape(4, 6), 0))
+    assert session.groups == [["Relu_5"]]   # one kernel: the shape arithmetic was folded
+
+
+def test_cli_emits_tc_groups_and_checks_against_onnxruntime(model, tmp_path, capsys):
+    from polyc.cli import main
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert main(["onnx", str(path), "--shape", "X=2,3,8,8", "--emit", "tc"]) == 0
+    assert "def group0" in capsys.readouterr().out
+    assert main(["onnx", str(path), "--shape", "X=2,3,8,8", "--emit", "groups"]) == 0
+    assert "conv, bn, relu" in capsys.readouterr().out
+    assert main(["onnx", str(path), "--shape", "X=2,3,8,8", "--run", "--check"]) == 0
+    assert "match onnxruntime" in capsys.readouterr().out
+    assert main(["onnx", str(tmp_path / "missing.onnx")]) == 1
