@@ -138,7 +138,7 @@ def test_malformed_and_truncated_models_are_polyc_errors(model, tmp_path):
     with pytest.raises(polyc.PolycError, match="no such file"):
         ponnx.InferenceSession(str(tmp_path / "missing.onnx"))
     with pytest.raises(polyc.PolycError, match="opset"):
-        ponnx.InferenceSession(small_cnn(opset=9))
+        ponnx.InferenceSession(small_cnn(opset=6))
     with pytest.raises(polyc.PolycError, match="unknown option"):
         ponnx.InferenceSession(model, tile_size=4)
 

@@ -17,8 +17,8 @@ TC_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double", np.dt
             np.dtype(np.int8): "int8", np.dtype(np.int16): "int16", np.dtype(np.int32): "int32",
             np.dtype(np.int64): "int64", np.dtype(np.uint8): "uint8", np.dtype(np.uint16): "uint16",
             np.dtype(np.uint32): "uint32", np.dtype(np.uint64): "uint64", np.dtype(np.bool_): "bool"}
-#: The oldest opset of the default domain polyc converts.
-MIN_OPSET = 11
+#: The oldest opset of the default domain polyc converts (onnx's own "light" real models are opset 9).
+MIN_OPSET = 7
 
 
 def _onnx():
