@@ -116,6 +116,18 @@ class Kernel:
         self.bounds_precondition.check(checked, self.definition.source or None)
         return checked
 
+    def explain(self, sizes: dict):
+        """What polyc did with every loop at ``sizes`` and why (:mod:`polyc.viz.explain`): an
+        object that prints as text and displays as a table in a notebook."""
+        from polyc.viz.explain import explain
+        return explain(self, self._checked_sizes(sizes))
+
+    def check_schedule(self, schedule, sizes: dict | None = None):
+        """Whether a schedule of your own (isl text such as ``"{ S0[m, n, r_k] -> [r_k, m, n] }"``)
+        respects every dependence of this def; if not, the violated ones with witness pairs."""
+        from polyc.viz.explain import check_schedule
+        return check_schedule(self, schedule, self._checked_sizes(sizes) if sizes else None)
+
     def isl_model_text(self, sizes: dict | None = None) -> str:
         """Domains and accesses of every statement, and the dependences, as isl text; for a
         contraction compiled as a gemm kernel, also the packing statements of one cache block

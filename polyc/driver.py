@@ -54,6 +54,8 @@ class Stages:
     convolution: Convolution | None = None  # set when ``kernel`` is a direct convolution kernel
     segments: tuple["Stages", ...] = ()     # when ``kernel`` runs the def in segments, theirs
     packing: tuple[PackingProgram, ...] = ()  # a gemm kernel's packing statements, per register block
+    decisions: tuple = ()   # per band: tiling, parallel and simd decisions (polyc.schedule.transform.BandDecision)
+    options: Options | None = None  # the options it was compiled with (tuning records applied)
 
 
 @dataclass(frozen=True)
@@ -92,25 +94,29 @@ def compile_stages(definition: CheckedDef, options: Options,
     program = analysis.program
     if options.specialize and sizes is not None:
         program = build_program(definition, sizes, ctx=analysis.program.ctx)
-    optimized = optimize_schedule(schedule, program, options, dependences)
+    decisions: list = []
+    optimized = optimize_schedule(schedule, program, options, dependences, decisions)
     contraction = find_blas_contraction(definition, options)
     if contraction is not None:
         if contraction.is_matvec:
             return Stages(program, dependences, schedule, optimized, generate_gemv(program, contraction, options),
-                          contraction)
+                          contraction, decisions=tuple(decisions), options=options)
         return Stages(program, dependences, schedule, optimized, generate_gemm(program, contraction, options),
-                      contraction, packing=packing_programs(program, contraction, options))
+                      contraction, packing=packing_programs(program, contraction, options),
+                      decisions=tuple(decisions), options=options)
     convolution = find_convolution(definition, options)
     if convolution is not None:
         return Stages(program, dependences, schedule, optimized, generate_conv(program, convolution, options),
-                      convolution=convolution)
+                      convolution=convolution, decisions=tuple(decisions), options=options)
     segments = plan_segments(definition) if _blas_enabled(options) else None
     if segments is not None:
         parts = tuple(compile_stages(segment.definition, options, sizes) for segment in segments)
         size_arguments = () if program.size_values is not None else tuple(definition.sizes)
         kernel = link_segments(definition.name, definition, [part.kernel for part in parts], size_arguments)
-        return Stages(program, dependences, schedule, optimized, kernel, segments=parts)
-    return Stages(program, dependences, schedule, optimized, generate_c(program, optimized, options))
+        return Stages(program, dependences, schedule, optimized, kernel, segments=parts, decisions=tuple(decisions),
+                      options=options)
+    return Stages(program, dependences, schedule, optimized, generate_c(program, optimized, options),
+                  decisions=tuple(decisions), options=options)
 
 
 def _blas_enabled(options: Options) -> bool:

@@ -50,25 +50,56 @@ _MAX_PRIVATE_REDUCTION = 4096
 _BAND = isl.schedule_node_type.band
 
 
+@dataclass
+class BandDecision:
+    """What :func:`optimize_schedule` decided for one band, and why (read by :mod:`polyc.viz`).
+
+    ``statements``: the statements under the band; ``depth``: the schedule depth of its first
+    member; ``tile_sizes``: the sizes it was tiled with, or None with ``tiling`` saying why not;
+    ``parallel``: "parallel" (member 0 is a parallel loop), "reduce:CLAUSES" (a parallel loop
+    with OpenMP reductions) or None with ``parallel_reason``; ``innermost``: for a leaf band,
+    "simd", "simd:CLAUSES" or None with ``simd_reason``."""
+
+    statements: tuple[str, ...]
+    depth: int
+    members: int
+    permutable: bool
+    coincident: tuple[bool, ...]
+    tile_sizes: tuple[int, ...] | None = None
+    tiling: str = ""
+    parallel: str | None = None
+    parallel_reason: str = ""
+    innermost: str | None = None
+    simd_reason: str = ""
+    #: The band as the scheduler left it (before tiling): per member a union map from statement
+    #: instances to that loop's value, and the map of the enclosing loops.
+    member_maps: tuple = ()
+    prefix: object = None
+    #: Per member: statement -> the TC index that loop runs over (as member_indices finds it).
+    member_indices: tuple = ()
+
+
 @dataclass(frozen=True)
 class _Context:
     program: PolyProgram
     options: Options
     dependences: Dependences | None
+    decisions: list | None = None
 
 
 def optimize_schedule(schedule: isl.Schedule, program: PolyProgram, options: Options,
-                      dependences: Dependences | None = None) -> isl.Schedule:
+                      dependences: Dependences | None = None, decisions: list | None = None) -> isl.Schedule:
     """Tile, reorder and mark ``schedule`` as the options ask; the result is equivalent to it.
 
     With ``dependences``, loop nests in sequence that share a parallel outer loop are fused
     first (unless ``options.fusion`` is ``min``); a band with no parallel member whose outer
     member carries only reduction dependences is marked ``reduce``: a parallel loop with an
     OpenMP reduction; and innermost reduction loops are vectorised (``simd:`` marks).
+    ``decisions``, when given, receives a :class:`BandDecision` per band visited.
     """
     if dependences is not None and options.fusion != "min":
         schedule = fuse_outer_loops(schedule, program, dependences, tiling.cache_sizes(options))
-    node = _visit(schedule.get_root(), _Context(program, options, dependences), parallel_above=False)
+    node = _visit(schedule.get_root(), _Context(program, options, dependences, decisions), parallel_above=False)
     return node.get_schedule()
 
 
@@ -86,15 +117,36 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
     depth = node.get_tree_depth()
     leaf_band = not _has_band_below(node)
     n_members = node.band_n_member()
+    decision = BandDecision(tuple(sorted(s.get_tuple_name() for s in _sets(node.get_domain()))),
+                            node.get_schedule_depth(), n_members, bool(node.band_get_permutable()),
+                            tuple(bool(node.band_member_get_coincident(i)) for i in range(n_members)))
+    if context.decisions is not None:
+        decision.member_maps = tuple(_member_map(node, m) for m in range(n_members))
+        decision.prefix = node.get_prefix_schedule_union_map()
+        decision.member_indices = tuple(member_indices(node, m, context.program) for m in range(n_members))
+        context.decisions.append(decision)
 
     tiled = False
-    if options.tile_sizes != () and node.band_get_permutable() and n_members >= 2:
+    if options.tile_sizes == ():
+        decision.tiling = "tiling is off (tile_sizes=())"
+    elif not node.band_get_permutable():
+        decision.tiling = "the band is not permutable: its loops cannot be interchanged, so not tiled"
+    elif n_members < 2:
+        decision.tiling = "one loop: nothing to tile"
+    else:
         sizes = choose_tile_sizes(node, context.program, options.tile_sizes, tiling.cache_sizes(options))
         if sizes is not None:
             node = node.band_tile(isl.MultiVal.from_val_list(node.band_get_space(), _val_list(node, sizes)))
             tiled = True
+            decision.tile_sizes = tuple(sizes)
+        else:
+            decision.tiling = "the cache model found the data of the loops fits in cache untiled"
 
     marked_parallel = False
+    if not options.parallel:
+        decision.parallel_reason = "parallel loops are off (parallel=False)"
+    elif parallel_above:
+        decision.parallel_reason = "an enclosing loop is already parallel (OpenMP loops are not nested)"
     if options.parallel and not parallel_above:
         coincident = [node.band_member_get_coincident(i) for i in range(node.band_n_member())]
         if any(coincident):
@@ -103,11 +155,19 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
                 order = [first] + [i for i in range(node.band_n_member()) if i != first]
                 node = _permute(node, order)
             marked_parallel = bool(node.band_member_get_coincident(0))
+            if marked_parallel:
+                decision.parallel = "parallel"
+            else:
+                decision.parallel_reason = ("the coincident loop cannot be moved outermost: the band is not "
+                                            "permutable")
+        else:
+            decision.parallel_reason = "every loop of the band carries a dependence"
 
     reduction_clause = None
     if options.parallel and not parallel_above and not marked_parallel:
-        node, reduction_clause = _parallel_reduction(node, context)
+        node, reduction_clause = _parallel_reduction(node, context, decision)
         if reduction_clause is not None:
+            decision.parallel = f"{REDUCE}:{reduction_clause}"
             name = f"{REDUCE}:{reduction_clause}@{node.get_schedule_depth()}"
             node = node.insert_mark(isl.Id(name, context=node.get_ctx())).child(0)
 
@@ -115,7 +175,7 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
     inner = node.child(0) if tiled else node
     if leaf_band:
         inner = _finish_innermost(inner, context, keep_first=(marked_parallel or reduction_clause is not None)
-                                  and not tiled)
+                                  and not tiled, decision=decision)
     else:
         for position in range(inner.n_children()):
             inner = _visit(inner.child(position), context, parallel_above or marked_parallel).parent()
@@ -130,7 +190,8 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
     return inner
 
 
-def _parallel_reduction(band: isl.ScheduleNode, context: _Context) -> tuple[isl.ScheduleNode, str | None]:
+def _parallel_reduction(band: isl.ScheduleNode, context: _Context,
+                        decision: BandDecision | None = None) -> tuple[isl.ScheduleNode, str | None]:
     """Make the band's first member a parallel loop with an OpenMP reduction, if that is valid.
 
     It is when every update under the band is a reduction with an operator OpenMP can combine,
@@ -139,6 +200,11 @@ def _parallel_reduction(band: isl.ScheduleNode, context: _Context) -> tuple[isl.
     split off in front of it (a sequence), since inside the loop they would reset a thread's
     private copy.  Returns the node at the band's position and the clause text, or None.
     """
+    def declined(reason: str):
+        if decision is not None:
+            decision.parallel_reason += f"; not a parallel reduction either: {reason}"
+        return band, None
+
     if context.dependences is None:
         return band, None
     program = context.program
@@ -147,21 +213,27 @@ def _parallel_reduction(band: isl.ScheduleNode, context: _Context) -> tuple[isl.
     updates = [s for s in statements if s.kind == "update"]
     inits = [s for s in statements if s.kind == "init"]
     if not updates or len(updates) + len(inits) != len(statements):
-        return band, None
+        return declined("the band holds statements other than reductions and their initialisations")
     clauses: dict[str, str] = {}
     for statement in updates:
         source = statement.source
         target = program.definition.tensor(source.target)
         table = _OPENMP_INTEGER_REDUCTIONS if target.dtype.kind in "iu" else _OPENMP_REDUCTIONS
         if source.op not in table:
-            return band, None
+            if source.op in ("min", "max"):
+                return declined(f"{source.op}= on floating-point {source.target}: OpenMP's {source.op} reduction "
+                                "treats NaN differently from polyc's fmin/fmax semantics")
+            return declined(f"OpenMP has no reduction for {source.op}= on {target.dtype}")
         size = 1
         for extent in target.shape:
             if program.size_values is None and not extent.is_constant:
-                return band, None
+                return declined(f"{source.target}'s size is not known when compiling (specialize=False)")
             size *= extent.evaluate(program.size_values or {})
-        if size > _MAX_PRIVATE_REDUCTION or clauses.get(source.target, table[source.op]) != table[source.op]:
-            return band, None
+        if size > _MAX_PRIVATE_REDUCTION:
+            return declined(f"{source.target} has {size} elements, more than the {_MAX_PRIVATE_REDUCTION} "
+                            "that every thread could keep a private copy of")
+        if clauses.get(source.target, table[source.op]) != table[source.op]:
+            return declined(f"{source.target} is reduced with two different operators")
         clauses[source.target] = table[source.op]
     every = context.dependences.all
     update_domain = _union_of(program, updates)
@@ -169,14 +241,14 @@ def _parallel_reduction(band: isl.ScheduleNode, context: _Context) -> tuple[isl.
         init_domain = _union_of(program, inits)
         # Running all initialisations first is valid only if none of them waits for an update.
         if not every.intersect_domain(update_domain).intersect_range(init_domain).is_empty():
-            return band, None
+            return declined("an initialisation must wait for an update")
     others = context.dependences.non_reduction.intersect_domain(update_domain).intersect_range(update_domain)
     prefix = band.get_prefix_schedule_union_map()
     member = isl.UnionMap.from_multi_union_pw_aff(
         isl.MultiUnionPwAff.from_union_pw_aff(band.band_get_partial_schedule().get_at(0)))
     carried = others.intersect(prefix.apply_range(prefix.reverse())).subtract(member.apply_range(member.reverse()))
     if not carried.is_empty():
-        return band, None
+        return declined("the outer loop carries dependences other than the reductions'")
     if inits:
         filters = isl.UnionSetList.alloc(band.get_ctx(), 2).add(init_domain).add(update_domain)
         band = band.insert_sequence(filters).child(1).child(0)
@@ -209,7 +281,8 @@ def _coincident_depths(node: isl.ScheduleNode) -> list[int]:
     return depths
 
 
-def _finish_innermost(node: isl.ScheduleNode, context: _Context, keep_first: bool) -> isl.ScheduleNode:
+def _finish_innermost(node: isl.ScheduleNode, context: _Context, keep_first: bool,
+                      decision: BandDecision | None = None) -> isl.ScheduleNode:
     """Reorder an innermost band for stride-1 access; mark its innermost member simd/unroll.
 
     ``keep_first``: member 0 is the parallel loop and must stay outermost.  Returns the node at
@@ -233,6 +306,16 @@ def _finish_innermost(node: isl.ScheduleNode, context: _Context, keep_first: boo
     reduction_clause = reductions.get(n - 1) if not coincident else None
     wants_simd = options.vectorize and (coincident or reduction_clause is not None)
     wants_unroll = options.unroll > 1
+    if decision is not None:
+        if wants_simd:
+            decision.innermost = SIMD if reduction_clause is None else f"{SIMD}:{reduction_clause}"
+        elif not options.vectorize:
+            decision.simd_reason = "vectorisation is off (vectorize=False)"
+        elif keep_first and n == 1:
+            decision.simd_reason = "the band's only loop is the parallel one"
+        else:
+            decision.simd_reason = ("the innermost loop carries a dependence that is not a reduction into "
+                                    "an element it does not move")
     if not (wants_simd or wants_unroll):
         return node
     top_depth = node.get_tree_depth()

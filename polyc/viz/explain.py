@@ -1,0 +1,424 @@
+"""``kernel.explain(sizes)``: for every loop polyc generated, what it did and why, with witnesses.
+
+The answers come from the compilation itself, not from a second analysis that could disagree
+with it: the kernel path the driver took (:class:`polyc.driver.Stages`), and for the generic
+path the decisions :func:`polyc.schedule.transform.optimize_schedule` recorded per band
+(:class:`~polyc.schedule.transform.BandDecision`: tiling, parallel loop or parallel reduction,
+simd).  Where a loop is not parallel, the explanation adds a *witness* computed with isl from
+the dependences and the band's schedule at the given sizes: a concrete pair of statement
+instances the loop orders, the kind of dependence, the array element they share and the
+distance between them.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from polyc.ir.dependences import Dependences
+from polyc.ir.model import PolyProgram
+
+KINDS = ("flow", "anti", "output", "reduction")
+_KIND_WORDS = {"flow": "reads what the other wrote (flow, read after write)",
+               "anti": "overwrites what the other read (anti, write after read)",
+               "output": "writes the element the other wrote (output, write after write)",
+               "reduction": "accumulates into the element the other accumulated into (reduction)"}
+
+
+@dataclass(frozen=True)
+class Witness:
+    """A dependence a loop carries, at concrete sizes: ``source`` runs before ``sink``."""
+
+    kind: str
+    source: str                 # statement name
+    source_instance: dict
+    sink: str
+    sink_instance: dict
+    element: str                # e.g. "B(3)"
+    distance: tuple[int, ...]   # sink minus source in the band's loops, outermost first
+
+    def describe(self) -> str:
+        def instance(name, values):
+            return f"{name}({', '.join(f'{k}={v}' for k, v in values.items())})"
+        return (f"{instance(self.sink, self.sink_instance)} {_KIND_WORDS[self.kind]} "
+                f"{instance(self.source, self.source_instance)}: element {self.element}, "
+                f"distance {self.distance}")
+
+
+@dataclass
+class LoopExplanation:
+    """One loop of the generated code (a band member)."""
+
+    statements: tuple[str, ...]
+    index: str                  # the TC index it runs over (per statement when they differ)
+    depth: int
+    parallel: bool
+    parallel_how: str           # "parallel for", "parallel reduction (+:B)", or ""
+    vectorised: bool
+    tile_size: int | None
+    reasons: list[str] = field(default_factory=list)
+    witness: Witness | None = None
+    advice: str = ""
+
+    def describe(self) -> str:
+        flags = [("parallel" + (f" ({self.parallel_how})" if self.parallel_how else "")) if self.parallel
+                 else "not parallel", "vectorised" if self.vectorised else "not vectorised",
+                 f"tiled by {self.tile_size}" if self.tile_size else "not tiled"]
+        lines = [f"loop over {self.index} [{', '.join(self.statements)}]: {', '.join(flags)}"]
+        lines += [f"    - {reason}" for reason in self.reasons]
+        if self.witness is not None:
+            lines.append(f"    - witness: {self.witness.describe()}")
+        if self.advice:
+            lines.append(f"    - {self.advice}")
+        return "\n".join(lines)
+
+
+@dataclass
+class Explanation:
+    """What polyc did with a def at some sizes; ``str()`` or a notebook's display shows it."""
+
+    name: str
+    sizes: dict
+    path: str                   # "generic", "contraction", "matrix-vector", "convolution", "segments"
+    summary: list[str]
+    loops: list[LoopExplanation]
+    parts: list["Explanation"] = field(default_factory=list)
+
+    def loop(self, index: str, statement: str | None = None) -> LoopExplanation:
+        """The explanation of the (first) loop over ``index`` (of ``statement``, if given)."""
+        for loop in self.loops + [l for p in self.parts for l in p.loops]:
+            if (index == loop.index or index in loop.index.split("/")) and (
+                    statement is None or statement in loop.statements):
+                return loop
+        raise KeyError(f"no loop over {index!r}" + (f" of {statement}" if statement else ""))
+
+    def __str__(self) -> str:
+        sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items()) or "no sizes"
+        lines = [f"def {self.name} at {sizes}: {self.path} path"] + [f"  {s}" for s in self.summary]
+        lines += ["  " + line for loop in self.loops for line in loop.describe().splitlines()]
+        for part in self.parts:
+            lines += ["  " + line for line in str(part).splitlines()]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        def badge(ok: bool, yes: str, no: str) -> str:
+            colour = "#2e7d32" if ok else "#b71c1c"
+            return f'<span style="color:{colour};font-weight:bold">{html.escape(yes if ok else no)}</span>'
+        rows = []
+        for loop in self.loops + [l for p in self.parts for l in p.loops]:
+            details = "".join(f"<li>{html.escape(r)}</li>" for r in loop.reasons)
+            if loop.witness is not None:
+                details += f"<li><i>witness</i>: {html.escape(loop.witness.describe())}</li>"
+            if loop.advice:
+                details += f"<li>{html.escape(loop.advice)}</li>"
+            rows.append(f"<tr><td><code>{html.escape(loop.index)}</code></td><td>{html.escape(', '.join(loop.statements))}</td>"
+                        f"<td>{badge(loop.parallel, 'parallel', 'sequential')}</td>"
+                        f"<td>{badge(loop.vectorised, 'simd', 'scalar')}</td>"
+                        f"<td>{loop.tile_size or ''}</td><td><ul>{details}</ul></td></tr>")
+        summary = "".join(f"<li>{html.escape(s)}</li>" for s in self.summary)
+        sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
+        return (f"<div><b>def {html.escape(self.name)}</b> at {html.escape(sizes)}: {html.escape(self.path)} path"
+                f"<ul>{summary}</ul><table><tr><th>loop</th><th>statements</th><th>parallel</th><th>vector</th>"
+                f"<th>tile</th><th>why</th></tr>{''.join(rows)}</table></div>")
+
+
+def explain(kernel, sizes: dict) -> Explanation:
+    """The explanation of ``kernel`` (a :class:`polyc.Kernel`) compiled for ``sizes``."""
+    stages = kernel.stages(sizes)
+    return _explain_stages(kernel.definition.name, stages, dict(sizes))
+
+
+def _explain_stages(name: str, stages, sizes: dict) -> Explanation:
+    if stages.contraction is not None:
+        c = stages.contraction
+        if c.is_matvec:
+            return Explanation(name, sizes, "matrix-vector", [
+                f"{c.describe()} is a matrix-vector product: polyc's matrix-vector kernel computes it, its rows "
+                "(or columns) shared among the threads; the reduction runs inside each share"], [])
+        return Explanation(name, sizes, "contraction", [
+            f"{c.describe()} is a tensor contraction: polyc's BLIS-style gemm kernel computes it (blocks of rows "
+            "and columns taken by the threads as they go, packed panels, a register-blocked micro-kernel), "
+            "so the generic loop nest is not used; its reduction index stays sequential inside each block",
+            "blas_contractions=False compiles it as a loop nest instead"], [])
+    if stages.convolution is not None:
+        return Explanation(name, sizes, "convolution", [
+            "a convolution: polyc's direct convolution kernel computes it (weights packed in blocks of output "
+            "channels, work items of (batch, tile, channel block) taken by the threads as they go)",
+            "direct_convolutions=False compiles it as a loop nest instead"], [])
+    if stages.segments:
+        parts = [_explain_stages(f"{name} segment {k}", part, sizes) for k, part in enumerate(stages.segments)]
+        return Explanation(name, sizes, "segments", [
+            f"the def mixes contractions with other statements: it runs as {len(parts)} segments in order, "
+            "each compiled on its own path"], [], parts)
+    return _explain_generic(name, stages, sizes)
+
+
+def _explain_generic(name: str, stages, sizes: dict) -> Explanation:
+    program: PolyProgram = stages.program
+    options = stages.options
+    summary = []
+    bands = list(stages.decisions)
+    nests = [d for d in bands if d.depth == 0]
+    if len(nests) > 1:
+        fusion = options.fusion if options is not None else "smart"
+        kept = ", ".join("{" + ", ".join(d.statements) + "}" for d in nests)
+        why = {"min": "fusion='min' keeps every statement in a loop nest of its own",
+               "smart": "fusion='smart' fuses loop nests only where the fused nest keeps a parallel outer loop",
+               "max": "the dependences do not allow one nest"}.get(fusion, "")
+        summary.append(f"{len(nests)} loop nests, run one after the other: {kept}" + (f" ({why})" if why else ""))
+    loops = []
+    params = _parameter_values(program, sizes)
+    for decision in bands:
+        loops += _explain_band(decision, stages.dependences, program, params)
+    for decision in bands:
+        shifts = _shifts(decision)
+        if shifts:
+            summary.append(shifts)
+    return Explanation(name, sizes, "generic", summary, loops)
+
+
+def _explain_band(decision, dependences: Dependences, program: PolyProgram, params) -> list[LoopExplanation]:
+    result = []
+    band_statements = set(decision.statements)
+    for member in range(decision.members):
+        indices = decision.member_indices[member] if decision.member_indices else {}
+        real = {s: i for s, i in indices.items() if not s.endswith("_init")} or indices
+        index = "/".join(sorted(set(real.values()))) or f"c{decision.depth + member}"
+        parallel = member == 0 and decision.parallel is not None
+        how = "parallel for" if decision.parallel == "parallel" else \
+            f"parallel reduction ({decision.parallel.split(':', 1)[1]})" if decision.parallel else ""
+        vectorised = member == decision.members - 1 and decision.innermost is not None
+        loop = LoopExplanation(tuple(sorted(band_statements)), index, decision.depth + member, parallel, how,
+                               vectorised, decision.tile_sizes[member] if decision.tile_sizes else None)
+        if len(band_statements - {s for s in band_statements if s.endswith("_init")}) > 1:
+            loop.reasons.append(f"fused: statements {', '.join(sorted(band_statements))} share this loop")
+        if decision.tile_sizes is None and member == 0 and decision.tiling:
+            loop.reasons.append(f"not tiled: {decision.tiling}")
+        if not parallel:
+            if member == 0:
+                if decision.parallel_reason:
+                    loop.reasons.append(f"not parallel: {decision.parallel_reason}")
+            elif decision.parallel is not None:
+                loop.reasons.append("not parallel: the outer loop of the band is (OpenMP loops are not nested)")
+            elif decision.coincident[member]:
+                loop.reasons.append("carries no dependence, but is not the outermost loop of the band")
+            witness = _witness(decision, member, dependences, program, params)
+            if witness is not None and not (decision.coincident[member] and witness.kind == "reduction"):
+                loop.witness = witness
+                if witness.kind == "reduction" and member == 0 and not decision.parallel:
+                    loop.advice = ("it is a reduction index: polyc parallelises the loops over the output's indices "
+                                   "when there are any; a parallel reduction needs an operator OpenMP combines "
+                                   "as polyc does (+, *, integer min/max) and a target small enough to copy per thread")
+        if member == decision.members - 1:
+            if vectorised:
+                clause = decision.innermost.split(":", 1)[1] if ":" in decision.innermost else ""
+                loop.reasons.append("innermost, vectorised" + (f" with simd reductions ({clause})" if clause else ""))
+            elif decision.simd_reason:
+                loop.reasons.append(f"not vectorised: {decision.simd_reason}")
+        result.append(loop)
+    return result
+
+
+def carried_dependences(decision, member: int, dependences: Dependences, kind: str) -> isl.UnionMap:
+    """The dependences of ``kind`` between statements of the band that ``member`` carries: same
+    enclosing loops, same outer members of the band, different values of this one."""
+    union = getattr(dependences, kind)
+    domain = None
+    for statement_map in decision.member_maps[:1]:
+        domain = statement_map.domain()
+    union = union.intersect_domain(domain).intersect_range(domain)
+    same = decision.prefix.apply_range(decision.prefix.reverse())
+    for outer in decision.member_maps[:member]:
+        same = same.intersect(outer.apply_range(outer.reverse()))
+    this = decision.member_maps[member]
+    return union.intersect(same).subtract(this.apply_range(this.reverse()))
+
+
+def _witness(decision, member: int, dependences: Dependences, program: PolyProgram, params) -> Witness | None:
+    found = {}
+    reductions = carried_dependences(decision, member, dependences, "reduction")
+    for kind in KINDS:
+        carried = carried_dependences(decision, member, dependences, kind)
+        if kind != "reduction":  # a reduction's self-dependences are reported as such
+            carried = carried.subtract(reductions)
+        if params is not None:
+            carried = carried.intersect_params(params)
+        if not carried.is_empty():
+            found[kind] = carried
+    if not found:
+        return None
+    # Prefer a dependence between the computing statements: one from a `!` initialisation is
+    # real but says less (the initialisation runs at the loop's first value).
+    candidates = []
+    for rank, kind in enumerate(("flow", "anti", "output", "reduction")):
+        maps: list[isl.Map] = []
+        if kind in found:
+            found[kind].foreach_map(maps.append)
+        for relation in maps:
+            touches_init = any(relation.get_tuple_name(t).endswith("_init")
+                               for t in (isl.dim_type.in_, isl.dim_type.out))
+            candidates.append((touches_init, rank, kind, relation))
+    _, _, kind, relation = min(candidates, key=lambda c: (c[0], c[1]))
+    point = relation.wrap().sample_point()
+    n_in = relation.dim(isl.dim_type.in_)
+    n_out = relation.dim(isl.dim_type.out)
+    values = [point.get_coordinate_val(isl.dim_type.set, i).to_python() for i in range(n_in + n_out)]
+    source_name, sink_name = relation.get_tuple_name(isl.dim_type.in_), relation.get_tuple_name(isl.dim_type.out)
+    source = program.statement(source_name)
+    sink = program.statement(sink_name)
+    source_values, sink_values = values[:n_in], values[n_in:]
+    # The element both touch: what the source wrote (for an anti dependence: what the sink writes).
+    element = _element(sink, sink_values) if kind == "anti" else _element(source, source_values)
+    distance = tuple(_member_value(m, sink_name, sink_values) - _member_value(m, source_name, source_values)
+                     for m in decision.member_maps)
+    return Witness(kind, source_name, dict(zip(source.indices, source_values)), sink_name,
+                   dict(zip(sink.indices, sink_values)), element, distance)
+
+
+def _instance(name: str, values, ctx: isl.Context) -> isl.Set:
+    text = ", ".join(str(v) for v in values)
+    return isl.Set(f"{{ {name}[{text}] }}", context=ctx)
+
+
+def _member_value(member_map: isl.UnionMap, name: str, values) -> int:
+    instance = _instance(name, values, member_map.get_ctx()).align_params(member_map.get_space())
+    image = member_map.intersect_domain(isl.UnionSet.from_set(instance))
+    sets: list[isl.Set] = []
+    image.range().foreach_set(sets.append)
+    point = sets[0].sample_point()
+    return point.get_coordinate_val(isl.dim_type.set, 0).to_python()
+
+
+def _element(statement, values) -> str:
+    """The element ``statement`` writes at the instance ``values``."""
+    access = statement.write
+    instance = _instance(statement.name, values, access.get_ctx()).align_params(access.domain().get_space())
+    image = access.intersect_domain(instance)
+    point = image.range().sample_point()
+    tensor = access.get_tuple_name(isl.dim_type.out)
+    count = access.dim(isl.dim_type.out)
+    coordinates = [point.get_coordinate_val(isl.dim_type.set, i).to_python() for i in range(count)]
+    return f"{tensor}({', '.join(map(str, coordinates))})"
+
+
+def _parameter_values(program: PolyProgram, sizes: dict) -> isl.Set | None:
+    if not program.params:
+        return None
+    names = ", ".join(program.params)
+    constraints = " and ".join(f"{p} = {int(sizes[p])}" for p in program.params if p in sizes)
+    return isl.Set(f"[{names}] -> {{ : {constraints} }}", context=program.ctx) if constraints else None
+
+
+def _shifts(decision) -> str | None:
+    """'S1 runs shifted by ...' when fused statements are scheduled at different offsets."""
+    if len(decision.statements) < 2 or not decision.member_maps:
+        return None
+    notes = []
+    for member, member_map in enumerate(decision.member_maps):
+        offsets = {}
+        maps: list[isl.Map] = []
+        member_map.foreach_map(maps.append)
+        for relation in maps:
+            name = relation.get_tuple_name(isl.dim_type.in_)
+            if name.endswith("_init"):
+                continue
+            pieces = []
+            isl.PwMultiAff.from_map(relation).foreach_piece(lambda s, maff: pieces.append(maff))
+            if pieces:
+                aff = pieces[0].get_at(0)
+                offsets[name] = aff.get_constant_val().to_python()
+        if len(set(offsets.values())) > 1:
+            notes.append("loop %d: %s" % (decision.depth + member,
+                                          ", ".join(f"{n} at offset {o}" for n, o in sorted(offsets.items()))))
+    if not notes:
+        return None
+    return ("fused with a shift (a statement reads another's result at a neighbouring point, so the schedule "
+            "runs it later in the same loop): " + "; ".join(notes))
+
+
+@dataclass
+class ScheduleCheck:
+    """The verdict on a user's schedule: ``valid``, else the dependences it violates."""
+
+    schedule: str
+    violations: list[Witness]
+
+    @property
+    def valid(self) -> bool:
+        return not self.violations
+
+    def __str__(self) -> str:
+        if self.valid:
+            return f"the schedule respects every dependence: {self.schedule}"
+        return "the schedule violates dependences:\n" + "\n".join(
+            f"  {w.kind}: {w.describe()} (the sink would run first or at the same time)" for w in self.violations)
+
+    def _repr_html_(self) -> str:
+        return "<pre>" + html.escape(str(self)) + "</pre>"
+
+
+def check_schedule(kernel, schedule, sizes: dict | None = None) -> ScheduleCheck:
+    """Whether ``schedule`` (isl text of a union map from statement instances to time vectors,
+    e.g. ``"{ S0[m, n, r_k] -> [r_k, m, n]; S0_init[m, n] -> [-1, m, n] }"``, an isl.UnionMap or
+    an isl.Schedule) runs every dependence's source before its sink.  Violations come with a
+    witness pair at ``sizes`` (when given) or at some sizes."""
+    from polyc.driver import analyse
+    definition = kernel.definition
+    analysis = analyse(definition, kernel.options.fusion)
+    program, dependences = analysis.program, analysis.dependences
+    ctx = program.ctx
+    if isinstance(schedule, isl.Schedule):
+        relation = isl.UnionMap.read_from_str(ctx, str(schedule.get_map()))
+    else:
+        try:
+            relation = isl.UnionMap.read_from_str(ctx, str(schedule))
+        except isl.Error as error:
+            from polyc.errors import PolycError
+            raise PolycError(f"not an isl union map: {schedule!r} ({error})") from error
+    relation = relation.align_params(program.context.get_space())
+    missing = program.domain.subtract(relation.domain())
+    if not missing.is_empty():
+        from polyc.errors import PolycError
+        raise PolycError(f"the schedule gives no time to some statement instances: {missing.coalesce()}")
+    params = _parameter_values(program, sizes) if sizes else None
+    violations = []
+    for kind in KINDS:
+        deps = getattr(dependences, kind)
+        if kind != "reduction":
+            deps = deps.subtract(dependences.reduction)
+        times = deps.apply_domain(relation).apply_range(relation)
+        bad_times = times.subtract(_lex_lt_of(times))
+        if bad_times.is_empty():
+            continue
+        bad = deps.intersect(relation.apply_range(bad_times).apply_range(relation.reverse()))
+        if params is not None:
+            bad = bad.intersect_params(params)
+        if bad.is_empty():
+            continue
+        maps: list[isl.Map] = []
+        bad.foreach_map(maps.append)
+        point = maps[0].wrap().sample_point()
+        n_in, n_out = maps[0].dim(isl.dim_type.in_), maps[0].dim(isl.dim_type.out)
+        values = [point.get_coordinate_val(isl.dim_type.set, i).to_python() for i in range(n_in + n_out)]
+        source = program.statement(maps[0].get_tuple_name(isl.dim_type.in_))
+        sink = program.statement(maps[0].get_tuple_name(isl.dim_type.out))
+        element = _element(sink, values[n_in:]) if kind == "anti" else _element(source, values[:n_in])
+        distance = tuple(b - a for a, b in zip(values[:n_in], values[n_in:])) if source is sink else ()
+        violations.append(Witness(kind, source.name, dict(zip(source.indices, values[:n_in])), sink.name,
+                                  dict(zip(sink.indices, values[n_in:])), element, distance))
+    return ScheduleCheck(str(schedule), violations)
+
+
+def _lex_lt_of(times: isl.UnionMap) -> isl.UnionMap:
+    """The pairs of ``times`` whose first time vector is lexicographically before the second."""
+    result = isl.UnionMap.empty(times.get_space())
+    maps: list[isl.Map] = []
+    times.foreach_map(maps.append)
+    for relation in maps:
+        space = relation.get_space().domain()
+        if relation.dim(isl.dim_type.in_) != relation.dim(isl.dim_type.out):
+            continue
+        earlier = isl.Map.lex_lt(space).intersect_domain(relation.domain()).intersect_range(relation.range())
+        result = result.union(isl.UnionMap.from_map(relation.intersect(earlier)))
+    return result

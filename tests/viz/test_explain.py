@@ -1,0 +1,197 @@
+"""kernel.explain(sizes) and kernel.check_schedule(schedule): the right reason on each kernel,
+checked against the decision polyc took (its recorded band decisions and the pragmas in the
+generated C) and against the dependence relation (every witness is a pair in it)."""
+from __future__ import annotations
+
+import islpy as isl
+import pytest
+
+import polyc
+from polyc.viz.explain import Explanation
+
+MATMUL = "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
+ROWSUM = "def rowsum(float(M, N) A) -> (B) { B(m) +=! A(m, r_n) }"
+SOFTMAX = """def softmax(float(N, D) X) -> (Y) {
+    M(n) max=! X(n, r_d)
+    S(n) +=! exp(X(n, r_d) - M(n))
+    Y(n, d) = exp(X(n, d) - M(n)) / S(n)
+}"""
+SHIFTED = """def shifted(float(N) A) -> (C) {
+    B(i) = A(i) * 2 where i in 0:N
+    C(i) = B(i + 1) + B(i) where i in 0:N-1
+}"""
+
+
+def explained(source: str, sizes: dict, **options) -> tuple[Explanation, object]:
+    module = polyc.define(source, **options)
+    kernel = module[module.names[0]]
+    return kernel.explain(sizes), kernel.stages(sizes)
+
+
+def assert_witness_is_a_dependence(explanation: Explanation, stages, sizes: dict) -> int:
+    """Every witness is a pair of the dependence relation of its kind, at these sizes."""
+    program = stages.program
+    checked = 0
+    for loop in explanation.loops:
+        w = loop.witness
+        if w is None:
+            continue
+        source = ", ".join(str(v) for v in w.source_instance.values())
+        sink = ", ".join(str(v) for v in w.sink_instance.values())
+        pair = isl.UnionMap.read_from_str(program.ctx, f"{{ {w.source}[{source}] -> {w.sink}[{sink}] }}")
+        relation = getattr(stages.dependences, w.kind)
+        params = ", ".join(program.params)
+        fixed = " and ".join(f"{p} = {sizes[p]}" for p in program.params)
+        pair = pair.align_params(relation.get_space())
+        if params:
+            fixed_sizes = isl.Set.read_from_str(program.ctx, f"[{params}] -> {{ : {fixed} }}")
+            relation, pair = relation.intersect_params(fixed_sizes), pair.intersect_params(fixed_sizes)
+        assert pair.is_subset(relation), f"{w.describe()} is not a {w.kind} dependence"
+        checked += 1
+    return checked
+
+
+def pragmas(stages) -> str:
+    return "\n".join(line.strip() for line in stages.kernel.source.splitlines() if line.strip().startswith("#pragma omp"))
+
+
+def test_matmul_loop_nest_parallel_rows_reduction_inside():
+    sizes = {"M": 16, "K": 8, "N": 12}
+    e, stages = explained(MATMUL, sizes, blas_contractions=False)
+    assert e.path == "generic"
+    m, n, r = e.loop("m"), e.loop("n"), e.loop("r_k")
+    assert m.parallel and m.parallel_how == "parallel for" and not n.parallel and not r.parallel
+    assert "omp parallel for" in pragmas(stages)
+    assert r.witness is not None and r.witness.kind == "reduction" and r.witness.element.startswith("C(")
+    assert r.witness.distance[-1] != 0 and r.witness.distance[:2] == (0, 0)
+    assert "outer loop of the band is" in " ".join(n.reasons)
+    assert assert_witness_is_a_dependence(e, stages, sizes) >= 1
+
+
+def test_a_contraction_goes_to_the_gemm_kernel():
+    e, stages = explained(MATMUL, {"M": 64, "K": 64, "N": 64})
+    assert e.path == "contraction" and stages.contraction is not None
+    assert "gemm" in " ".join(e.summary) and "blas_contractions=False" in " ".join(e.summary)
+
+
+def test_matrix_vector_and_convolution_paths():
+    e, stages = explained("def mv(float(M, K) A, float(K) x) -> (y) { y(m) +=! A(m, r_k) * x(r_k) }",
+                          {"M": 64, "K": 64})
+    assert e.path == "matrix-vector" and stages.contraction.is_matvec
+    conv = """def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (O) {
+        O(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw) }"""
+    e, stages = explained(conv, {"N": 1, "C": 2, "H": 6, "W": 6, "F": 3, "KH": 3, "KW": 3})
+    assert e.path == "convolution" and stages.convolution is not None
+
+
+def test_row_sum_parallel_rows_simd_reduction():
+    sizes = {"M": 16, "N": 8}
+    e, stages = explained(ROWSUM, sizes)
+    m, r = e.loop("m"), e.loop("r_n")
+    assert m.parallel and r.vectorised and "simd reductions (+:B)" in " ".join(r.reasons)
+    assert any("simd" in p for p in pragmas(stages).splitlines())
+    assert r.witness.kind == "reduction" and assert_witness_is_a_dependence(e, stages, sizes) == 1
+
+
+def test_a_total_is_a_parallel_reduction():
+    e, stages = explained("def total(float(N) A) -> (B) { B(z) +=! A(r) where z in 0:1 }", {"N": 100})
+    loop = e.loop("r")
+    assert loop.parallel and loop.parallel_how == "parallel reduction (+:B)"
+    assert "reduction(+:" in pragmas(stages)
+
+
+def test_a_float_max_is_not_an_openmp_reduction_because_of_nan():
+    sizes = {"N": 100}
+    e, stages = explained("def top(float(N) A) -> (B) { B(z) max=! A(r) where z in 0:1 }", sizes)
+    loop = e.loop("r")
+    assert not loop.parallel and "NaN" in " ".join(loop.reasons)
+    assert stages.decisions[0].parallel is None and "omp parallel" not in pragmas(stages)
+    assert loop.witness.kind == "reduction" and assert_witness_is_a_dependence(e, stages, sizes) == 1
+
+
+def test_an_integer_max_is_an_openmp_reduction():
+    e, stages = explained("def top(int32(N) A) -> (B) { B(z) max=! A(r) where z in 0:1 }", {"N": 100})
+    assert e.loop("r").parallel_how == "parallel reduction (max:B)"
+
+
+def test_a_reduction_target_too_large_to_privatise():
+    source = "def hist(float(N) A) -> (B) { B(j) +=! A(r) * 0 + (j == r % 8 ? 1 : 0) where j in 0:8192 }"
+    e, stages = explained(source, {"N": 16}, parallel=True)
+    reasons = " ".join(r for loop in e.loops for r in loop.reasons)
+    decision = stages.decisions[0]
+    if decision.parallel == "parallel":       # the scheduler found j parallel first: nothing to privatise
+        assert e.loop("j").parallel
+    else:
+        assert "8192 elements" in reasons
+
+
+def test_softmax_row_reductions():
+    sizes = {"N": 8, "D": 16}
+    e, stages = explained(SOFTMAX, sizes)
+    assert e.path == "generic"
+    rows = [loop for loop in e.loops if loop.index == "n"]
+    assert rows and all(loop.parallel for loop in rows[:1])
+    inner = [loop for loop in e.loops if loop.index == "r_d"]
+    assert inner and any(loop.vectorised for loop in inner)
+    assert any("max:M" in r for loop in inner for r in loop.reasons)
+    assert_witness_is_a_dependence(e, stages, sizes)
+
+
+def test_fusion_min_keeps_statements_apart():
+    e, stages = explained(SOFTMAX, {"N": 8, "D": 16}, fusion="min")
+    nests = [d for d in stages.decisions if d.depth == 0]
+    assert len(nests) >= 3
+    assert "fusion='min' keeps every statement in a loop nest of its own" in " ".join(e.summary)
+
+
+def test_fusion_with_a_shift():
+    e, stages = explained(SHIFTED, {"N": 32}, fusion="max")
+    fused = [d for d in stages.decisions if {"S0", "S1"} <= set(d.statements)]
+    assert fused, "fusion='max' fuses the two statements"
+    assert any("shift" in line for line in e.summary)
+    assert any("fused: statements S0, S1" in r for loop in e.loops for r in loop.reasons)
+
+
+def test_options_that_switch_things_off_are_named():
+    sizes = {"M": 16, "N": 8}
+    e, _ = explained(ROWSUM, sizes, parallel=False)
+    assert "parallel=False" in " ".join(e.loop("m").reasons)
+    e, _ = explained(ROWSUM, sizes, vectorize=False)
+    assert "vectorize=False" in " ".join(e.loop("r_n").reasons)
+    e, _ = explained(ROWSUM, sizes, tile_sizes=())
+    assert "tile_sizes=()" in " ".join(e.loop("m").reasons)
+
+
+def test_segments_are_explained_part_by_part():
+    source = """def mlp(float(B, K) I, float(K, N) W) -> (O) {
+        T(b, n) +=! I(b, r_k) * W(r_k, n)
+        O(b, n) = T(b, n) + T(b, n) * T(b, n) where b in 0:B, n in 0:N
+        S(b) +=! O(b, r_n)
+        O(b, n) = O(b, n) / S(b)
+    }"""
+    e, stages = explained(source, {"B": 32, "K": 32, "N": 32})
+    if stages.segments:
+        assert e.path == "segments" and len(e.parts) == len(stages.segments)
+        assert e.parts[0].path == "contraction"
+
+
+def test_explanations_render_as_text_and_html():
+    e, _ = explained(ROWSUM, {"M": 16, "N": 8})
+    text, page = str(e), e._repr_html_()
+    assert "loop over m" in text and "parallel" in text
+    assert "<table>" in page and "r_n" in page
+
+
+def test_check_schedule_accepts_and_refuses_with_witnesses():
+    kernel = polyc.define(MATMUL, blas_contractions=False).mm
+    good = kernel.check_schedule("{ S0[m, n, r_k] -> [1, r_k, m, n]; S0_init[m, n] -> [0, 0, m, n] }")
+    assert good.valid
+    bad = kernel.check_schedule("{ S0[m, n, r_k] -> [0, m, n, r_k]; S0_init[m, n] -> [1, m, n, 0] }",
+                                {"M": 4, "K": 3, "N": 2})
+    assert not bad.valid and {w.kind for w in bad.violations} >= {"flow"}
+    flow = next(w for w in bad.violations if w.kind == "flow")
+    assert flow.source == "S0_init" and flow.sink == "S0" and flow.element.startswith("C(")
+    with pytest.raises(polyc.PolycError, match="no time"):
+        kernel.check_schedule("{ S0[m, n, r_k] -> [m, n, r_k] }")
+    with pytest.raises(polyc.PolycError, match="not an isl union map"):
+        kernel.check_schedule("{ this is not isl")
