@@ -2,9 +2,12 @@
 
 - :func:`polyc.viz.explain.explain` (``kernel.explain(sizes)``): every loop, parallel or not,
   vectorised or not, tiled, fused, and why, with witnesses.
+- :func:`polyc.viz.domain.plot_domain`: a statement's points at small sizes, the dependence
+  arrows between them, and the order the compiled schedule runs them in (matplotlib; SVG/PNG).
 - :func:`polyc.viz.explain.check_schedule` (``kernel.check_schedule(schedule)``): a schedule of
   your own, accepted or refused with the dependences it violates.
 """
+from polyc.viz.domain import DomainPlot, plot_domain
 from polyc.viz.explain import Explanation, LoopExplanation, ScheduleCheck, Witness, check_schedule, explain
 
-__all__ = ["explain", "check_schedule", "Explanation", "LoopExplanation", "ScheduleCheck", "Witness"]
+__all__ = ["plot_domain", "DomainPlot", "explain", "check_schedule", "Explanation", "LoopExplanation", "ScheduleCheck", "Witness"]
