@@ -125,7 +125,8 @@ class Builder:
             return f"({text})" if number < 0 else text
         if value.dtype != np.int64 and value.dtype != np.int32:
             return None
-        return f"({int(number)})" if number < 0 else str(int(number))
+        # Typed: a statement of literals alone would otherwise compute in TC's default int.
+        return f"{tc_type(value.dtype)}({int(number)})"
 
     def broadcast_subscripts(self, value: Value, out_shape, indices) -> list[str]:
         """Subscripts of ``value`` inside an output of ``out_shape`` indexed by ``indices``

@@ -226,6 +226,24 @@ class Sign(Converter):
         return [_elementwise(b, [x], x.dtype, lambda r: f"({r[0]} > 0 ? {t}(1) : ({r[0]} < 0 ? {t}(-1) : {t}(0)))")]
 
 
+class Mod(Converter):
+    """Integers: the remainder with the divisor's sign (``fmod=0``, as Python's ``%``); floats
+    (``fmod=1``): C's fmod, with the dividend's sign."""
+
+    @staticmethod
+    def _impl_v10(b, node, inputs):
+        a, c = inputs[:2]
+        if node.attr("fmod", 0) or a.dtype.kind == "f":
+            if a.dtype.kind != "f":
+                return [_elementwise(b, [a, c], a.dtype, lambda r: f"({r[0]} % {r[1]})")]
+            return [_elementwise(b, [a, c], a.dtype, lambda r: f"fmod({r[0]}, {r[1]})")]
+
+        def python_mod(r):
+            rem = f"({r[0]} % {r[1]})"
+            return f"(({rem} != 0 && ({rem} < 0) != ({r[1]} < 0)) ? {rem} + {r[1]} : {rem})"
+        return [_elementwise(b, [a, c], a.dtype, python_mod)]
+
+
 class Where(Converter):
     @staticmethod
     def _impl_v9(b, node, inputs):
@@ -1088,7 +1106,7 @@ CONVERTERS: dict[str, type[Converter]] = {
     "LessOrEqual": _binary("<=", True), "GreaterOrEqual": _binary(">=", True),
     "And": _binary("&&", True), "Or": _binary("||", True), "Xor": _binary("!=", True),
     "Max": _variadic("max"), "Min": _variadic("min"), "Sum": _variadic("+"), "Mean": _variadic("+", mean=True),
-    "Not": Not, "Where": Where, "Cast": Cast, "Clip": Clip,
+    "Mod": Mod, "Not": Not, "Where": Where, "Cast": Cast, "Clip": Clip,
     "LeakyRelu": LeakyRelu, "Elu": Elu, "Selu": Selu, "HardSigmoid": HardSigmoid, "Gelu": Gelu, "PRelu": PRelu,
     "Identity": Identity, "Dropout": Dropout,
     "Shape": Shape, "Size": Size, "Constant": Constant, "ConstantOfShape": ConstantOfShape, "Range": Range,

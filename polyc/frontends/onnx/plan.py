@@ -271,7 +271,7 @@ def _fold(steps: list, node: str) -> None:
         results = kernel(*[np.ascontiguousarray(v.const).reshape(v.tc_shape) for v in step.reads])
         results = results if isinstance(results, tuple) else (results,)
         for value, array in zip(step.writes, results):
-            value.const = np.asarray(array).reshape(value.shape)
+            value.const = np.asarray(array).astype(value.dtype, copy=False).reshape(value.shape)
 
 
 def _def_text(group: Group) -> str:
