@@ -25,7 +25,9 @@ from polyc.options import Options
 #: each thread of the region wraps its work in polyc_thread_start/_stop, and the calling thread
 #: then passes the count of slow threads to polyc_threads_after().
 THREAD_POLICY_C = r"""#if defined(_OPENMP)
+#include <omp.h>
 #include <time.h>
+#define POLYC_UNUSED __attribute__((unused))  /* a serial kernel calls none of these */
 /* Threads the machine runs now.  On a machine busier than its cores, a short parallel call
    waits for its slowest thread, and a thread that is woken while another process has its core,
    or loses the core during its share, waits a scheduler time slice (milliseconds): 50 calls of
@@ -43,13 +45,13 @@ typedef struct { int64_t calls, retry_at; int limit, backoff, off; } polyc_threa
 typedef struct { double wall, cpu; } polyc_thread_clock_t;
 
 /* The library's record (a function's static: linked segments each keep their own). */
-static polyc_threads_t *polyc_threads_record(void)
+static POLYC_UNUSED polyc_threads_t *polyc_threads_record(void)
 {
     static polyc_threads_t record = {0, 0, 0, 16, -1};
     return &record;
 }
 
-static double polyc_clock(clockid_t which)
+static POLYC_UNUSED double polyc_clock(clockid_t which)
 {
     struct timespec t;
     clock_gettime(which, &t);
@@ -57,7 +59,7 @@ static double polyc_clock(clockid_t which)
 }
 
 /* The threads a parallel call may use: OpenMP's, or fewer when the kernel was compiled so. */
-static int polyc_most_threads(void)
+static POLYC_UNUSED int polyc_most_threads(void)
 {
     const int most = omp_get_max_threads();
 #ifdef POLYC_MAX_THREADS
@@ -68,7 +70,7 @@ static int polyc_most_threads(void)
 }
 
 /* The threads for a call that could use `most`. */
-static int polyc_threads(int most)
+static POLYC_UNUSED int polyc_threads(int most)
 {
     polyc_threads_t *s = polyc_threads_record();
     int off = __atomic_load_n(&s->off, __ATOMIC_RELAXED);
@@ -85,10 +87,10 @@ static int polyc_threads(int most)
 }
 
 /* The call's start, read by the calling thread before the parallel region. */
-static double polyc_call_start(void) { return polyc_clock(CLOCK_MONOTONIC); }
+static POLYC_UNUSED double polyc_call_start(void) { return polyc_clock(CLOCK_MONOTONIC); }
 
 /* In each thread, first thing in the region: the waiting since `call_start` counts as lost. */
-static void polyc_thread_start(polyc_thread_clock_t *clock, double call_start)
+static POLYC_UNUSED void polyc_thread_start(polyc_thread_clock_t *clock, double call_start)
 {
     clock->wall = call_start;
     clock->cpu = polyc_clock(CLOCK_THREAD_CPUTIME_ID);
@@ -96,7 +98,7 @@ static void polyc_thread_start(polyc_thread_clock_t *clock, double call_start)
 
 /* In each thread, at the end of its share: adds one to *slow when it was kept from running
    long enough to matter (see above). */
-static void polyc_thread_stop(const polyc_thread_clock_t *clock, int *slow)
+static POLYC_UNUSED void polyc_thread_stop(const polyc_thread_clock_t *clock, int *slow)
 {
     const double wall = polyc_clock(CLOCK_MONOTONIC) - clock->wall;
     const double lost = wall - (polyc_clock(CLOCK_THREAD_CPUTIME_ID) - clock->cpu);
@@ -105,7 +107,7 @@ static void polyc_thread_stop(const polyc_thread_clock_t *clock, int *slow)
 }
 
 /* After a region of `nthr` threads (out of `most`) of which `slow` were kept waiting. */
-static void polyc_threads_after(int nthr, int most, int slow)
+static POLYC_UNUSED void polyc_threads_after(int nthr, int most, int slow)
 {
     polyc_threads_t *s = polyc_threads_record();
     if (nthr <= 1)
