@@ -1,0 +1,134 @@
+"""The real models through polyc beside onnxruntime: latency and compile times.
+
+    python -m benchmarks.onnx_bench [--models resnet18,encoder] [--batches 1,8] [--repeat 10] [--json PATH]
+
+For each model (benchmarks/onnx_models) and batch size (224x224 images; 128-token sequences
+for the encoder): polyc's median latency with graph fusion and without (``graph_fusion=False``),
+onnxruntime's with its default graph optimisations and with them off, all on the same number
+of threads (the machine's cores; onnxruntime's ``intra_op_num_threads`` set to match), and
+polyc's compile time cold (an empty kernel cache, in a new process) and warm (a new process
+whose kernels are all in the cache).  Every implementation's output is compared with
+onnxruntime's first.  Ratios are onnxruntime time / polyc time: above 1, polyc is faster.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.onnx_models import MODELS, load  # noqa: E402
+
+_COMPILE_SCRIPT = """
+import sys, time, numpy as np
+sys.path.insert(0, {repo!r})
+from benchmarks.onnx_models import load
+import polyc.onnx
+start = time.perf_counter()
+session = polyc.onnx.InferenceSession(load({name!r}))
+session.run(None, {{"input": np.zeros({shape!r}, np.float32)}})
+print(time.perf_counter() - start)
+"""
+
+
+def input_shape(name: str, batch: int) -> tuple[int, ...]:
+    return (batch, 128, 768) if name == "encoder" else (batch, 3, 224, 224)
+
+
+def median_time(function, repeat: int) -> float:
+    function()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def compile_seconds(name: str, shape, cache: str) -> float:
+    script = _COMPILE_SCRIPT.format(repo=str(REPO), name=name, shape=tuple(shape))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={**os.environ, "POLYC_CACHE_DIR": cache}, timeout=3600)
+    if run.returncode != 0:
+        raise RuntimeError(run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed")
+    return float(run.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.onnx_bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "onnx_last.json")
+    args = parser.parse_args(argv)
+    import onnxruntime as ort
+
+    import polyc
+    import polyc.onnx
+    threads = len(os.sched_getaffinity(0))
+    machine = polyc.tune.this_machine()
+    print(f"machine: {machine.describe()}; onnxruntime {ort.__version__} on {threads} threads")
+    header = (f"{'model':<16} {'batch':>5} {'polyc ms':>9} {'unfused':>9} {'ort ms':>8} {'ort noopt':>9} "
+              f"{'ort/polyc':>9} {'fusion x':>8} {'cold s':>7} {'warm s':>7} check")
+    print(header + "\n" + "-" * len(header))
+    results = {"machine": machine.to_json(), "threads": threads, "rows": []}
+    for name in args.models.split(","):
+        model = load(name)
+        data = model.SerializeToString()
+        for batch in (int(b) for b in args.batches.split(",")):
+            shape = input_shape(name, batch)
+            x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+            row = {"model": name, "batch": batch}
+            try:
+                options = ort.SessionOptions()
+                options.intra_op_num_threads = threads
+                reference = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+                expected = reference.run(None, {"input": x})[0]
+                row["ort"] = median_time(lambda: reference.run(None, {"input": x}), args.repeat)
+                plain = ort.SessionOptions()
+                plain.intra_op_num_threads = threads
+                plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+                unoptimised = ort.InferenceSession(data, plain, providers=["CPUExecutionProvider"])
+                row["ort_noopt"] = median_time(lambda: unoptimised.run(None, {"input": x}), args.repeat)
+                with tempfile.TemporaryDirectory() as cache:
+                    row["cold_compile"] = compile_seconds(name, shape, cache)
+                    row["warm_compile"] = compile_seconds(name, shape, cache)
+                for fused in (True, False):
+                    session = polyc.onnx.InferenceSession(model, graph_fusion=fused)
+                    got = session.run(None, {"input": x})[0]
+                    ok = bool(np.allclose(got, expected, rtol=1e-3, atol=1e-4))
+                    key = "polyc" if fused else "polyc_unfused"
+                    row[key] = median_time(lambda: session.run(None, {"input": x}), args.repeat)
+                    row[f"{key}_ok"] = ok
+                    if fused:
+                        row["kernels"] = len(session.groups)
+            except Exception as error:  # a row that fails says so; the others still run
+                row["error"] = f"{type(error).__name__}: {str(error)[:200]}"
+            results["rows"].append(row)
+            if "error" in row:
+                print(f"{name:<16} {batch:>5} ERROR {row['error']}", flush=True)
+                continue
+            check = "ok" if row["polyc_ok"] and row["polyc_unfused_ok"] else "MISMATCH"
+            print(f"{name:<16} {batch:>5} {row['polyc'] * 1e3:>9.2f} {row['polyc_unfused'] * 1e3:>9.2f} "
+                  f"{row['ort'] * 1e3:>8.2f} {row['ort_noopt'] * 1e3:>9.2f} {row['ort'] / row['polyc']:>8.2f}x "
+                  f"{row['polyc_unfused'] / row['polyc']:>7.2f}x {row['cold_compile']:>7.1f} "
+                  f"{row['warm_compile']:>7.2f} {check}", flush=True)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"raw results: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
