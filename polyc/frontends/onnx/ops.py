@@ -233,10 +233,16 @@ class Mod(Converter):
     @staticmethod
     def _impl_v10(b, node, inputs):
         a, c = inputs[:2]
-        if node.attr("fmod", 0) or a.dtype.kind == "f":
+        if node.attr("fmod", 0):
             if a.dtype.kind != "f":
                 return [_elementwise(b, [a, c], a.dtype, lambda r: f"({r[0]} % {r[1]})")]
             return [_elementwise(b, [a, c], a.dtype, lambda r: f"fmod({r[0]}, {r[1]})")]
+        if a.dtype.kind == "f":  # as numpy.mod: the divisor's sign, zeros included
+            def float_mod(r):
+                rem = f"fmod({r[0]}, {r[1]})"
+                moved = f"(({rem} != 0 && ({rem} < 0) != ({r[1]} < 0)) ? {rem} + {r[1]} : {rem})"
+                return f"({rem} == 0 ? copysign({rem}, {r[1]}) : {moved})"
+            return [_elementwise(b, [a, c], a.dtype, float_mod)]
 
         def python_mod(r):
             rem = f"({r[0]} % {r[1]})"
