@@ -3,11 +3,15 @@
 - :func:`polyc.viz.explain.explain` (``kernel.explain(sizes)``): every loop, parallel or not,
   vectorised or not, tiled, fused, and why, with witnesses.
 - :func:`polyc.viz.domain.plot_domain`: a statement's points at small sizes, the dependence
-  arrows between them, and the order the compiled schedule runs them in (matplotlib; SVG/PNG).
+  arrows between them, the order the compiled schedule runs them in, its tiles and parallel
+  loop (matplotlib; SVG/PNG).
+- :func:`polyc.viz.view.view_domain`: the same in 2-D or 3-D, interactive in a notebook (rotate,
+  zoom, filter, colour by order, tile or thread, step through the order), plain HTML.
 - :func:`polyc.viz.explain.check_schedule` (``kernel.check_schedule(schedule)``): a schedule of
   your own, accepted or refused with the dependences it violates.
 """
 from polyc.viz.domain import DomainPlot, plot_domain
+from polyc.viz.view import DomainView, view_domain
 from polyc.viz.explain import Explanation, LoopExplanation, ScheduleCheck, Witness, check_schedule, explain
 
-__all__ = ["plot_domain", "DomainPlot", "explain", "check_schedule", "Explanation", "LoopExplanation", "ScheduleCheck", "Witness"]
+__all__ = ["plot_domain", "DomainPlot", "view_domain", "DomainView", "explain", "check_schedule", "Explanation", "LoopExplanation", "ScheduleCheck", "Witness"]

@@ -9,42 +9,51 @@ arrow is a pair of the dependence relation (coloured by kind: flow, anti, output
 between two plotted points.  A statement with more than two indices is shown as the 2-D slice
 at ``fixed`` values of the others (default: their lowest), named in the title.  Several
 statements are drawn side by side, each in its own colour, as Clint does.  ``order=True``
-numbers the points in the order the compiled schedule runs them.
+numbers the points in the order the compiled schedule runs them; ``tiles=True`` draws the tiles
+of the compiled schedule as hulls with only the dependences between tiles (islplot's view);
+``parallel=True`` colours the points by the iteration of the parallel loop that runs them.
+For 3-D, rotation, filters and a step-through of the order, see :mod:`polyc.viz.view`.
 """
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import islpy as isl
-import numpy as np
-
-from polyc.errors import PolycError
+from polyc.viz.instances import KINDS, Instances, StatementPoints, collect
 
 KIND_COLOURS = {"flow": "#1565c0", "anti": "#c62828", "output": "#6a1b9a", "reduction": "#2e7d32"}
+VIOLATED_COLOUR = "#ff1744"
 STATEMENT_COLOURS = ("#37474f", "#ef6c00", "#00838f", "#ad1457", "#558b2f", "#4527a0")
-MAX_POINTS = 20000
-
-
-@dataclass
-class StatementPoints:
-    name: str
-    indices: tuple[str, ...]
-    points: np.ndarray          # every instance at the sizes, one row per point
-    shown: np.ndarray           # mask of the rows in the plotted slice
-    dims: tuple[int, int]       # which indices are the plot's x and y
-    fixed: dict                 # index -> value of the other indices in the slice
 
 
 @dataclass
 class DomainPlot:
     """Points per statement, dependence arrows, and a matplotlib figure of them."""
 
-    statements: list[StatementPoints]
-    arrows: list[tuple[str, str, tuple, str, tuple]]   # (kind, source, point, sink, point)
-    order: dict = field(default_factory=dict)          # (statement, point) -> position in the schedule
-    title: str = ""
+    instances: Instances
+    show_order: bool = False
+    tiles: bool = False          # tile hulls, and only the arrows that cross tiles
+    parallel: bool = False       # points shaded by the iteration of the parallel loop
     _figure: object = None
+
+    @property
+    def statements(self) -> list[StatementPoints]:
+        return self.instances.statements
+
+    @property
+    def arrows(self) -> list:
+        """The arrows drawn: every dependence pair shown, or with ``tiles`` those crossing tiles."""
+        if self.tiles and self.instances.tile:
+            return [a for a in self.instances.arrows if self.instances.crosses_tiles(a)]
+        return self.instances.arrows
+
+    @property
+    def order(self) -> dict:
+        return self.instances.order if self.show_order else {}
+
+    @property
+    def title(self) -> str:
+        return self.instances.title
 
     @property
     def figure(self):
@@ -65,128 +74,148 @@ class DomainPlot:
         import matplotlib
         matplotlib.use("Agg", force=False)
         from matplotlib.figure import Figure
-        figure = Figure(figsize=(4.2 * max(1, len(self.statements)), 4.2))
-        axes = figure.subplots(1, len(self.statements), squeeze=False)[0]
+        flat = all(len(set(st.dims)) == 1 for st in self.statements)
+        width = sum(_extent(st, 0) + 1 for st in self.statements) if not flat else max(
+            (_extent(st, 0) + 1 for st in self.statements), default=1)
+        height = max((_extent(st, 1) + 1 for st in self.statements), default=1) if not flat else len(self.statements)
+        scale = min(1.0, 14.0 / max(width, height, 1))
+        figure = Figure(figsize=(max(3.5, 0.55 * width * scale + 1.5), max(2.2, 0.55 * height * scale + 1.6)))
+        ax = figure.subplots()
         position = {}
-        for ax, (k, s) in zip(axes, enumerate(self.statements)):
-            xs, ys = s.points[s.shown][:, s.dims[0]], s.points[s.shown][:, s.dims[1]] if s.points.shape[1] > 1 \
-                else np.zeros(int(s.shown.sum()))
-            ax.scatter(xs, ys, s=28, color=STATEMENT_COLOURS[k % len(STATEMENT_COLOURS)], zorder=3)
-            for point, x, y in zip(s.points[s.shown], xs, ys):
-                position[(s.name, tuple(int(v) for v in point))] = (ax, x, y)
+        shades = sorted(set(self.instances.parallel.values())) if self.parallel else []
+        offset = 0
+        for k, s in enumerate(self.statements):
+            # Statements side by side (2-D) or one row each (1-D), in their own colours, as Clint does.
+            points = s.shown_points()
+            low_x = min((p[s.dims[0]] for p in points), default=0)
+            xs = [p[s.dims[0]] - (low_x - offset if not flat else 0) for p in points]
+            ys = [p[s.dims[1]] if not flat else -k for p in points]
+            colour = STATEMENT_COLOURS[k % len(STATEMENT_COLOURS)]
+            if shades:
+                import matplotlib.cm as cm
+                colours = [cm.tab10(shades.index(self.instances.parallel[(s.name, p)]) % 10)
+                           if (s.name, p) in self.instances.parallel else colour for p in points]
+                ax.scatter(xs, ys, s=40, c=colours, zorder=3)
+            else:
+                ax.scatter(xs, ys, s=28, color=colour, zorder=3)
+            for point, x, y in zip(points, xs, ys):
+                position[(s.name, point)] = (x, y)
                 if self.order:
-                    ax.annotate(str(self.order.get((s.name, tuple(int(v) for v in point)), "")), (x, y),
-                                fontsize=6, xytext=(3, 3), textcoords="offset points")
+                    ax.annotate(str(self.order.get((s.name, point), "")), (x, y),
+                                fontsize=6, xytext=(4, -10), textcoords="offset points")
+            if self.tiles:
+                self._draw_tiles(ax, s, points, xs, ys)
             fixed = ", ".join(f"{i}={v}" for i, v in s.fixed.items())
-            ax.set_title(f"{s.name}" + (f" at {fixed}" if fixed else ""), fontsize=9)
-            ax.set_xlabel(s.indices[s.dims[0]] if s.indices else "")
-            ax.set_ylabel(s.indices[s.dims[1]] if len(s.indices) > 1 else "")
-            ax.set_aspect("equal", adjustable="datalim")
-            ax.grid(alpha=0.2)
+            label = f"{s.name}" + (f" at {fixed}" if fixed else "")
+            if flat:
+                ax.annotate(label, (min(xs, default=0), -k), xytext=(-8, 0), textcoords="offset points",
+                            ha="right", va="center", fontsize=8, color=colour)
+            else:
+                ax.annotate(label, (offset, max(ys, default=0)), xytext=(0, 10), textcoords="offset points",
+                            fontsize=8, color=colour)
+                offset += _extent(s, 0) + 2
+        ax.set_xlabel(" / ".join(dict.fromkeys(st.indices[st.dims[0]] for st in self.statements if st.indices)))
+        if not flat:
+            ax.set_ylabel(" / ".join(dict.fromkeys(st.indices[st.dims[1]] for st in self.statements)))
+        else:
+            ax.set_yticks([])
+        ax.set_aspect("equal", adjustable="datalim")
+        ax.grid(alpha=0.2)
         for kind, source, a, sink, b in self.arrows:
             start, end = position.get((source, a)), position.get((sink, b))
-            if start is None or end is None or start[0] is not end[0]:
+            if start is None or end is None:
                 continue
-            start[0].annotate("", xy=(end[1], end[2]), xytext=(start[1], start[2]),
-                              arrowprops=dict(arrowstyle="->", color=KIND_COLOURS[kind], lw=0.9, alpha=0.8))
-        kinds = sorted({a[0] for a in self.arrows})
-        if kinds:
-            from matplotlib.lines import Line2D
-            figure.legend([Line2D([0], [0], color=KIND_COLOURS[k]) for k in kinds], kinds, loc="upper right",
-                          ncol=len(kinds), fontsize=8, frameon=False)
+            bad = (source, a, sink, b) in self.instances.violated
+            curved = "arc3,rad=0.25" if start[1] == end[1] and abs(start[0] - end[0]) > 1 else "arc3"
+            ax.annotate("", xy=end, xytext=start,
+                        arrowprops=dict(arrowstyle="->", color=VIOLATED_COLOUR if bad else KIND_COLOURS[kind],
+                                        lw=2.2 if bad else 0.9, alpha=1 if bad else 0.8, connectionstyle=curved,
+                                        shrinkA=4, shrinkB=4),
+                        zorder=4 if bad else 2)
+        handles, labels = [], []
+        from matplotlib.lines import Line2D
+        for kind in sorted({a[0] for a in self.arrows}):
+            handles.append(Line2D([0], [0], color=KIND_COLOURS[kind]))
+            labels.append(kind + (" (between tiles)" if self.tiles and self.instances.tile else ""))
+        if self.instances.violated:
+            handles.append(Line2D([0], [0], color=VIOLATED_COLOUR, lw=2.2))
+            labels.append("violated by the schedule (its sink would run first)")
+        if shades:
+            handles.append(Line2D([0], [0], marker="o", linestyle="", color="#888"))
+            labels.append(f"colour: iteration of the parallel loop {self.instances.parallel_loop}")
+        if handles:
+            figure.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 2),
+                          fontsize=8, frameon=False)
         if self.title:
-            figure.suptitle(self.title, fontsize=10)
+            figure.suptitle(self.title, fontsize=10, x=0.02, ha="left")
         return figure
+
+    def _draw_tiles(self, ax, s, points, xs, ys) -> None:
+        """One hull per tile around the points it holds (a box, slightly padded)."""
+        groups: dict = {}
+        for point, x, y in zip(points, xs, ys):
+            tile = self.instances.tile.get((s.name, point))
+            if tile is not None:
+                groups.setdefault(tile, []).append((x, y))
+        from matplotlib.patches import Polygon
+        for tile, members in groups.items():
+            hull = convex_hull(members)
+            padded = _pad(hull, 0.3)
+            ax.add_patch(Polygon(padded, closed=True, fill=True, facecolor="#fff59d", alpha=0.35,
+                                 edgecolor="#f9a825", lw=1.0, zorder=1))
+
+
+def _extent(statement: StatementPoints, axis: int) -> int:
+    """How many steps the shown points span along the picture's ``axis``."""
+    values = [p[statement.dims[min(axis, len(statement.dims) - 1)]] for p in statement.shown_points()]
+    return max(values) - min(values) if values else 0
+
+
+def convex_hull(points) -> list[tuple[float, float]]:
+    """The convex hull of 2-D points, counter-clockwise (Andrew's monotone chain)."""
+    unique = sorted(set(points))
+    if len(unique) <= 2:
+        return unique
+
+    def cross(o, a, b):
+        return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+    def half(sequence):
+        chain: list = []
+        for p in sequence:
+            while len(chain) >= 2 and cross(chain[-2], chain[-1], p) <= 0:
+                chain.pop()
+            chain.append(p)
+        return chain[:-1]
+    return half(unique) + half(reversed(unique))
+
+
+def _pad(hull, margin):
+    """``hull`` grown by ``margin`` on every side (points and segments become boxes)."""
+    xs, ys = [p[0] for p in hull], [p[1] for p in hull]
+    if len(hull) <= 2 or len(set(xs)) == 1 or len(set(ys)) == 1:
+        x0, x1, y0, y1 = min(xs) - margin, max(xs) + margin, min(ys) - margin, max(ys) + margin
+        return [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
+    cx, cy = sum(xs) / len(xs), sum(ys) / len(ys)
+    result = []
+    for x, y in hull:
+        dx, dy = x - cx, y - cy
+        length = max((dx * dx + dy * dy) ** 0.5, 1e-9)
+        result.append((x + margin * 1.5 * dx / length, y + margin * 1.5 * dy / length))
+    return result
 
 
 def plot_domain(kernel, sizes: dict, statements=None, dims=None, fixed: dict | None = None,
-                kinds=("flow", "anti", "output", "reduction"), order: bool = False) -> DomainPlot:
+                kinds=KINDS, order: bool = False, tiles: bool = False, parallel: bool = False,
+                schedule=None, violated=None) -> DomainPlot:
     """The points of ``statements`` (names like ``S0``; default: all but ``!`` initialisations)
     of ``kernel`` at ``sizes``, the dependence arrows of ``kinds`` between them, and with
-    ``order`` their positions in the compiled schedule."""
-    stages = kernel.stages(sizes)
-    program = stages.program
-    names = list(statements) if statements else [s.name for s in program.statements if s.kind != "init"]
-    unknown = [n for n in names if n not in {s.name for s in program.statements}]
-    if unknown:
-        raise PolycError(f"no statement {', '.join(unknown)}; the statements are "
-                         f"{', '.join(s.name for s in program.statements)}")
-    plotted = []
-    for name in names:
-        statement = program.statement(name)
-        points = _points(statement.domain)
-        wanted = tuple(dims) if dims else statement.indices[:2]
-        missing = [d for d in wanted if d not in statement.indices]
-        if missing:
-            raise PolycError(f"{name} has no index {', '.join(missing)} (its indices: {', '.join(statement.indices)})")
-        axes = tuple(statement.indices.index(d) for d in wanted) if wanted else (0,)
-        if len(axes) == 1:
-            axes = (axes[0], axes[0])
-        slice_values = {}
-        shown = np.ones(len(points), bool)
-        for position, index in enumerate(statement.indices):
-            if position in axes:
-                continue
-            value = (fixed or {}).get(index, int(points[:, position].min()) if len(points) else 0)
-            slice_values[index] = value
-            shown &= points[:, position] == value
-        plotted.append(StatementPoints(name, statement.indices, points, shown, axes[:2], slice_values))
-    arrows = []
-    for kind in kinds:
-        relation = getattr(stages.dependences, kind)
-        if kind != "reduction":
-            relation = relation.subtract(stages.dependences.reduction)
-        relation = relation.intersect_params(program.context)
-        shown = {s.name: {tuple(int(v) for v in p) for p in s.points[s.shown]} for s in plotted}
-        for source, a, sink, b in _pairs(relation):
-            if a in shown.get(source, ()) and b in shown.get(sink, ()):
-                arrows.append((kind, source, a, sink, b))
-    ranks = _schedule_order(stages.optimized_schedule, program, plotted) if order else {}
-    sizes_text = ", ".join(f"{k}={v}" for k, v in sizes.items())
-    return DomainPlot(plotted, arrows, ranks, f"{kernel.definition.name} at {sizes_text}")
-
-
-def _points(domain: isl.Set) -> np.ndarray:
-    points: list[list[int]] = []
-    n = domain.dim(isl.dim_type.set)
-
-    def add(point):
-        if len(points) > MAX_POINTS:
-            raise PolycError(f"more than {MAX_POINTS} points: plot smaller sizes")
-        points.append([point.get_coordinate_val(isl.dim_type.set, i).to_python() for i in range(n)])
-    domain.foreach_point(add)
-    return np.array(points, dtype=np.int64).reshape(len(points), n)
-
-
-def _pairs(relation: isl.UnionMap):
-    maps: list[isl.Map] = []
-    relation.foreach_map(maps.append)
-    for relation_map in maps:
-        n_in, n_out = relation_map.dim(isl.dim_type.in_), relation_map.dim(isl.dim_type.out)
-        source = relation_map.get_tuple_name(isl.dim_type.in_)
-        sink = relation_map.get_tuple_name(isl.dim_type.out)
-        found: list = []
-        relation_map.wrap().foreach_point(lambda p: found.append(
-            [p.get_coordinate_val(isl.dim_type.set, i).to_python() for i in range(n_in + n_out)]))
-        for values in found:
-            yield source, tuple(values[:n_in]), sink, tuple(values[n_in:])
-
-
-def _schedule_order(schedule: isl.Schedule, program, plotted) -> dict:
-    """(statement, point) -> its position when the schedule runs the plotted instances in order."""
-    relation = schedule.get_map().intersect_params(program.context)
-    timed = []
-    for statements in plotted:
-        for point in statements.points[statements.shown]:
-            values = tuple(int(v) for v in point)
-            instance = isl.Set.read_from_str(program.ctx, f"{{ {statements.name}[{', '.join(map(str, values))}] }}")
-            image = relation.intersect_domain(isl.UnionSet.from_set(instance.align_params(relation.get_space())))
-            sets: list[isl.Set] = []
-            image.range().foreach_set(sets.append)
-            time = sets[0].sample_point()
-            n = sets[0].dim(isl.dim_type.set)
-            timed.append((tuple(time.get_coordinate_val(isl.dim_type.set, i).to_python() for i in range(n)),
-                          statements.name, values))
-    width = max((len(t[0]) for t in timed), default=0)
-    timed.sort(key=lambda t: t[0] + (0,) * (width - len(t[0])))
-    return {(name, point): rank for rank, (_, name, point) in enumerate(timed)}
+    ``order`` their positions in the compiled schedule; ``tiles`` draws the compiled schedule's
+    tiles as hulls and keeps only the arrows between tiles; ``parallel`` colours each point by
+    the iteration of the parallel loop it runs in.  ``schedule`` (isl text, a union map or an
+    isl.Schedule) numbers the points in a schedule of your own instead, and ``violated`` (a
+    union map of dependence pairs) draws those arrows bold red: see
+    :meth:`polyc.viz.explain.ScheduleCheck.plot`."""
+    return DomainPlot(collect(kernel, sizes, statements, dims, fixed, kinds, max_dims=2, schedule=schedule,
+                              violated=violated),
+                      show_order=order, tiles=tiles, parallel=parallel)

@@ -343,10 +343,25 @@ class ScheduleCheck:
 
     schedule: str
     violations: list[Witness]
+    kernel: object = None
+    relation: isl.UnionMap | None = None       # the schedule, instances -> time vectors
+    violated: isl.UnionMap | None = None       # the dependence pairs it runs sink-first, every size
 
     @property
     def valid(self) -> bool:
         return not self.violations
+
+    def plot(self, sizes: dict, **options):
+        """The instances at ``sizes`` numbered in this schedule's order, with the dependences it
+        violates drawn in bold red (:func:`polyc.viz.plot_domain`'s options apply)."""
+        from polyc.viz.domain import plot_domain
+        options.setdefault("order", True)
+        return plot_domain(self.kernel, sizes, schedule=self.relation, violated=self.violated, **options)
+
+    def view(self, sizes: dict, **options):
+        """The same as an interactive view (:func:`polyc.viz.view_domain`)."""
+        from polyc.viz.view import view_domain
+        return view_domain(self.kernel, sizes, schedule=self.relation, violated=self.violated, **options)
 
     def __str__(self) -> str:
         if self.valid:
@@ -383,6 +398,7 @@ def check_schedule(kernel, schedule, sizes: dict | None = None) -> ScheduleCheck
         raise PolycError(f"the schedule gives no time to some statement instances: {missing.coalesce()}")
     params = _parameter_values(program, sizes) if sizes else None
     violations = []
+    violated = isl.UnionMap.empty(dependences.flow.get_space())
     for kind in KINDS:
         deps = getattr(dependences, kind)
         if kind != "reduction":
@@ -392,6 +408,7 @@ def check_schedule(kernel, schedule, sizes: dict | None = None) -> ScheduleCheck
         if bad_times.is_empty():
             continue
         bad = deps.intersect(relation.apply_range(bad_times).apply_range(relation.reverse()))
+        violated = violated.union(bad)
         if params is not None:
             bad = bad.intersect_params(params)
         if bad.is_empty():
@@ -407,7 +424,7 @@ def check_schedule(kernel, schedule, sizes: dict | None = None) -> ScheduleCheck
         distance = tuple(b - a for a, b in zip(values[:n_in], values[n_in:])) if source is sink else ()
         violations.append(Witness(kind, source.name, dict(zip(source.indices, values[:n_in])), sink.name,
                                   dict(zip(sink.indices, values[n_in:])), element, distance))
-    return ScheduleCheck(str(schedule), violations)
+    return ScheduleCheck(str(schedule), violations, kernel, relation, violated)
 
 
 def _lex_lt_of(times: isl.UnionMap) -> isl.UnionMap:

@@ -184,3 +184,44 @@ def test_check_schedule_accepts_and_refuses_with_witnesses():
         kernel.check_schedule("{ S0[m, n, r_k] -> [m, n, r_k] }")
     with pytest.raises(polyc.PolycError, match="not an isl union map"):
         kernel.check_schedule("{ this is not isl")
+
+
+FIRST_SUM = """def firstsum(float(N) A) -> (B) {
+    B(j) = A(j) where j in 0:N
+    B(z) += A(r) where z in 0:1, r in 0:N
+}"""
+
+
+def test_a_reduction_target_too_large_to_privatise():
+    # The sum into B(0) could run as an OpenMP reduction, but OpenMP would give every thread a
+    # private copy of all of B: polyc declines above 4096 elements and says so.
+    sizes = {"N": 10000}
+    e, stages = explained(FIRST_SUM, sizes)
+    loop = e.loop("r")
+    band = next(d for d in stages.decisions if d.statements == ("S1",))
+    assert not loop.parallel and band.parallel is None
+    assert "B has 10000 elements, more than the 4096" in " ".join(loop.reasons)
+    assert "parallel for reduction" not in pragmas(stages) and "omp simd reduction(+:" in pragmas(stages)
+    assert loop.witness.kind == "reduction" and assert_witness_is_a_dependence(e, stages, sizes) == 1
+    e, stages = explained(FIRST_SUM, {"N": 100})
+    assert e.loop("r").parallel_how == "parallel reduction (+:B)"
+    assert next(d for d in stages.decisions if d.statements == ("S1",)).parallel == "reduce:+:B"
+
+
+def test_a_fused_stencil_carries_dependences_on_both_loops():
+    source = """def stencil(float(N, M) A) -> (C) {
+        B(i, j) = A(i, j) * 2 where i in 0:N, j in 0:M
+        C(i, j) = B(i + 1, j) + B(i, j + 1) + B(i, j) where i in 0:N-1, j in 0:M-1
+    }"""
+    sizes = {"N": 6, "M": 6}
+    e, stages = explained(source, sizes, fusion="max")
+    fused = next(d for d in stages.decisions if {"S0", "S1"} <= set(d.statements))
+    assert fused.parallel is None and "omp parallel" not in pragmas(stages)
+    assert [loop.parallel for loop in e.loops] == [False, False]
+    assert all(loop.witness.kind == "flow" for loop in e.loops)
+    assert assert_witness_is_a_dependence(e, stages, sizes) == 2
+    # The distances: the outer loop carries B(i + 1, j) -> C(i, j), the inner B(i, j + 1).
+    assert e.loops[0].witness.distance[0] > 0 and e.loops[1].witness.distance == (0, 1)
+    # With the default fusion the two nests stay apart and both are parallel.
+    e, _ = explained(source, sizes)
+    assert all(loop.parallel for loop in e.loops if loop.depth == 0)

@@ -1,0 +1,238 @@
+"""Statement instances at small sizes, the dependence pairs between them, and what the compiled
+schedule does with each one: its position in the execution order, its tile, and the iteration
+of the parallel loop it runs in.  The static plots (:mod:`polyc.viz.domain`) and the interactive
+view (:mod:`polyc.viz.view`) draw the same :class:`Instances`.
+
+Everything is enumerated by isl from the compilation's own objects (:class:`polyc.driver.Stages`):
+the statements' domains, the dependence relations, the optimised schedule's map, and the bands'
+tiling and parallel decisions (:class:`polyc.schedule.transform.BandDecision`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import islpy as isl
+import numpy as np
+
+from polyc.errors import PolycError
+
+KINDS = ("flow", "anti", "output", "reduction")
+MAX_POINTS = 20000
+
+
+@dataclass
+class StatementPoints:
+    name: str
+    indices: tuple[str, ...]
+    points: np.ndarray          # every instance at the sizes, one row per point
+    shown: np.ndarray           # mask of the rows in the plotted slice
+    dims: tuple[int, ...]       # which indices are the picture's axes (x, y[, z])
+    fixed: dict                 # index -> value of the other indices in the slice
+
+    def shown_points(self) -> list[tuple[int, ...]]:
+        return [tuple(int(v) for v in p) for p in self.points[self.shown]]
+
+
+@dataclass
+class Instances:
+    """What a picture of ``kernel`` at ``sizes`` shows.  Keys of the per-instance dicts are
+    ``(statement, point)`` with ``point`` a tuple of the statement's index values."""
+
+    statements: list[StatementPoints]
+    arrows: list[tuple[str, str, tuple, str, tuple]]   # (kind, source, point, sink, point)
+    title: str = ""
+    order: dict = field(default_factory=dict)     # -> position in the schedule, 0 first
+    tile: dict = field(default_factory=dict)      # -> tile coordinates in the outermost tiled band
+    tile_sizes: tuple = ()
+    parallel: dict = field(default_factory=dict)  # -> iteration of the outermost parallel loop
+    parallel_loop: str = ""                       # e.g. "m (tiles of 32)"
+    violated: set = field(default_factory=set)    # arrows a user's schedule runs sink-first
+    schedule_source: str = "compiled"             # whose order: "compiled" or "user"
+
+    def crosses_tiles(self, arrow) -> bool:
+        """Whether a dependence arrow joins two different tiles (islplot shows only those)."""
+        _, source, a, sink, b = arrow
+        return self.tile.get((source, a)) != self.tile.get((sink, b))
+
+
+def collect(kernel, sizes: dict, statements=None, dims=None, fixed: dict | None = None,
+            kinds=KINDS, max_dims: int = 2, schedule=None, violated: isl.UnionMap | None = None) -> Instances:
+    """The instances of ``statements`` (names like ``S0``; default: all but ``!`` initialisations)
+    of ``kernel`` at ``sizes``, sliced to ``dims`` (at most ``max_dims`` index names; default
+    the first ones) at ``fixed`` values of the other indices (default: their lowest), with the
+    dependence arrows of ``kinds`` between shown instances and the schedule's view of them.
+
+    ``schedule`` (isl text, a union map from instances to time vectors, or an isl.Schedule)
+    orders the instances instead of the compiled schedule (tiles and parallel loops are then
+    not shown: they belong to the compiled one); ``violated`` marks the arrows in that relation
+    (:meth:`polyc.viz.explain.ScheduleCheck.plot` passes the pairs a schedule violates)."""
+    unknown_kinds = [k for k in kinds if k not in KINDS]
+    if unknown_kinds:
+        raise PolycError(f"unknown dependence kind {', '.join(map(repr, unknown_kinds))}; "
+                         f"the kinds are {', '.join(KINDS)}")
+    if dims is not None and len(dims) > max_dims:
+        raise PolycError(f"at most {max_dims} dims can be drawn here, not {len(dims)} ({', '.join(dims)})")
+    stages = kernel.stages(sizes)
+    program = stages.program
+    names = list(statements) if statements else [s.name for s in program.statements if s.kind != "init"]
+    unknown = [n for n in names if n not in {s.name for s in program.statements}]
+    if unknown:
+        raise PolycError(f"no statement {', '.join(unknown)}; the statements are "
+                         f"{', '.join(s.name for s in program.statements)}")
+    plotted = [_slice(program.statement(name), dims, fixed, max_dims) for name in names]
+    shown = {s.name: set(s.shown_points()) for s in plotted}
+    arrows = []
+    for kind in kinds:
+        relation = getattr(stages.dependences, kind)
+        if kind != "reduction":
+            relation = relation.subtract(stages.dependences.reduction)
+        relation = relation.intersect_params(program.context)
+        for source, a, sink, b in pairs(relation):
+            if a in shown.get(source, ()) and b in shown.get(sink, ()):
+                arrows.append((kind, source, a, sink, b))
+    sizes_text = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    result = Instances(plotted, arrows, f"{kernel.definition.name} at {sizes_text}")
+    if schedule is None:
+        result.order = schedule_order(stages.optimized_schedule.get_map(), program, plotted)
+        _band_views(result, stages, program)
+    else:
+        result.order = schedule_order(_fix_sizes(_as_union_map(schedule, program), sizes), program, plotted)
+        result.schedule_source = "user"
+    if violated is not None:
+        bad = _fix_sizes(violated, sizes)
+        result.violated = {(source, a, sink, b) for source, a, sink, b in pairs(bad)}
+        for source, a, sink, b in result.violated:
+            if (source, a) in result.order and (sink, b) in result.order and not any(
+                    arrow[1:] == (source, a, sink, b) for arrow in arrows):
+                kind = next((k for k in KINDS if _has_pair(getattr(stages.dependences, k), program,
+                                                            source, a, sink, b)), "flow")
+                arrows.append((kind, source, a, sink, b))
+    return result
+
+
+def _fix_sizes(relation: isl.UnionMap, sizes: dict) -> isl.UnionMap:
+    """``relation`` with its size parameters set to ``sizes`` (a relation made for every size)."""
+    space = relation.get_space()
+    names = [space.get_dim_name(isl.dim_type.param, i) for i in range(space.dim(isl.dim_type.param))]
+    constraints = " and ".join(f"{n} = {int(sizes[n])}" for n in names if n in sizes)
+    if not constraints:
+        return relation
+    values = isl.Set.read_from_str(relation.get_ctx(), f"[{', '.join(names)}] -> {{ : {constraints} }}")
+    return relation.intersect_params(values)
+
+
+def _as_union_map(schedule, program) -> isl.UnionMap:
+    if isinstance(schedule, isl.Schedule):
+        schedule = schedule.get_map()
+    try:
+        relation = isl.UnionMap.read_from_str(program.ctx, str(schedule))
+    except isl.Error as error:
+        raise PolycError(f"not an isl union map: {schedule!r} ({error})") from error
+    return relation.align_params(program.context.get_space())
+
+
+def _has_pair(relation: isl.UnionMap, program, source, a, sink, b) -> bool:
+    pair = isl.UnionMap.read_from_str(program.ctx, f"{{ {source}{list(a)} -> {sink}{list(b)} }}")
+    return not pair.align_params(relation.get_space()).intersect(relation.intersect_params(program.context)).is_empty()
+
+
+def _slice(statement, dims, fixed, max_dims) -> StatementPoints:
+    points = domain_points(statement.domain)
+    wanted = tuple(dims) if dims else statement.indices[:max_dims]
+    missing = [d for d in wanted if d not in statement.indices]
+    if missing:
+        raise PolycError(f"{statement.name} has no index {', '.join(missing)} "
+                         f"(its indices: {', '.join(statement.indices)})")
+    unknown_fixed = [i for i in (fixed or {}) if i not in statement.indices]
+    if unknown_fixed:
+        raise PolycError(f"fixed names {', '.join(unknown_fixed)}, which {statement.name} has no index of "
+                         f"(its indices: {', '.join(statement.indices)})")
+    axes = tuple(statement.indices.index(d) for d in wanted) if wanted else (0,)
+    slice_values = {}
+    shown = np.ones(len(points), bool)
+    for position, index in enumerate(statement.indices):
+        if position in axes:
+            continue
+        value = (fixed or {}).get(index, int(points[:, position].min()) if len(points) else 0)
+        slice_values[index] = value
+        shown &= points[:, position] == value
+    return StatementPoints(statement.name, statement.indices, points, shown, axes, slice_values)
+
+
+def domain_points(domain: isl.Set) -> np.ndarray:
+    """Every integer point of a bounded ``domain``, one row each."""
+    points: list[list[int]] = []
+    n = domain.dim(isl.dim_type.set)
+
+    def add(point):
+        if len(points) > MAX_POINTS:
+            raise PolycError(f"more than {MAX_POINTS} points: draw smaller sizes")
+        points.append([point.get_coordinate_val(isl.dim_type.set, i).to_python() for i in range(n)])
+    domain.foreach_point(add)
+    return np.array(points, dtype=np.int64).reshape(len(points), n)
+
+
+def pairs(relation: isl.UnionMap):
+    """(source statement, source point, sink statement, sink point) for every pair of a bounded
+    relation."""
+    maps: list[isl.Map] = []
+    relation.foreach_map(maps.append)
+    for relation_map in maps:
+        n_in, n_out = relation_map.dim(isl.dim_type.in_), relation_map.dim(isl.dim_type.out)
+        source = relation_map.get_tuple_name(isl.dim_type.in_)
+        sink = relation_map.get_tuple_name(isl.dim_type.out)
+        found: list = []
+        relation_map.wrap().foreach_point(lambda p: found.append(
+            [p.get_coordinate_val(isl.dim_type.set, i).to_python() for i in range(n_in + n_out)]))
+        for values in found:
+            yield source, tuple(values[:n_in]), sink, tuple(values[n_in:])
+
+
+def _images(relation: isl.UnionMap, program, plotted) -> dict:
+    """(statement, point) -> the value vector ``relation`` maps each shown instance to."""
+    relation = relation.intersect_params(program.context)
+    result = {}
+    for statement in plotted:
+        domain = isl.UnionSet.from_set(program.statement(statement.name).domain)
+        restricted = relation.intersect_domain(domain.align_params(relation.get_space()))
+        wanted = set(statement.shown_points())
+        for source, a, _, b in pairs(restricted):
+            if source == statement.name and a in wanted:
+                result[(source, a)] = b
+    return result
+
+
+def schedule_order(schedule: isl.UnionMap, program, plotted) -> dict:
+    """(statement, point) -> its position when ``schedule`` (instances -> time vectors) runs the
+    shown instances in order."""
+    times = _images(schedule, program, plotted)
+    width = max((len(t) for t in times.values()), default=0)
+    ordered = sorted(times, key=lambda key: times[key] + (0,) * (width - len(times[key])))
+    return {key: rank for rank, key in enumerate(ordered)}
+
+
+def _band_views(result: Instances, stages, program) -> None:
+    """Fill ``tile`` from the outermost tiled band and ``parallel`` from the outermost parallel
+    band over the shown statements.  A band's member maps are its loops before tiling; a tile
+    coordinate is the loop value divided by the tile size, rounded down."""
+    names = {s.name for s in result.statements}
+    decisions = [d for d in stages.decisions if names & set(d.statements) and d.member_maps]
+    tiled = next((d for d in decisions if d.tile_sizes), None)
+    if tiled is not None:
+        values = _member_values(tiled, program, result.statements)
+        result.tile = {key: tuple(v // t for v, t in zip(vector, tiled.tile_sizes)) for key, vector in values.items()}
+        result.tile_sizes = tuple(tiled.tile_sizes)
+    parallel = next((d for d in decisions if d.parallel), None)
+    if parallel is not None:
+        values = _member_values(parallel, program, result.statements, members=1)
+        size = parallel.tile_sizes[0] if parallel.tile_sizes else 1
+        result.parallel = {key: vector[0] // size for key, vector in values.items()}
+        index = "/".join(sorted({i for i in parallel.member_indices[0].values()})) if parallel.member_indices else ""
+        result.parallel_loop = (index or f"c{parallel.depth}") + (f" (tiles of {size})" if size > 1 else "")
+
+
+def _member_values(decision, program, plotted, members=None) -> dict:
+    maps = decision.member_maps[:members] if members else decision.member_maps
+    per_member = [_images(m, program, plotted) for m in maps]
+    keys = set(per_member[0]).intersection(*per_member[1:])
+    return {key: tuple(m[key][0] for m in per_member) for key in keys}
