@@ -7,11 +7,14 @@
   loop (matplotlib; SVG/PNG).
 - :func:`polyc.viz.view.view_domain`: the same in 2-D or 3-D, interactive in a notebook (rotate,
   zoom, filter, colour by order, tile or thread, step through the order), plain HTML.
+- :func:`polyc.viz.schedule_tree.schedule_tree`: the compiled schedule tree as a diagram beside
+  the loop nest it became (HTML).
 - :func:`polyc.viz.explain.check_schedule` (``kernel.check_schedule(schedule)``): a schedule of
   your own, accepted or refused with the dependences it violates.
 """
 from polyc.viz.domain import DomainPlot, plot_domain
+from polyc.viz.schedule_tree import ScheduleTreeView, schedule_tree
 from polyc.viz.view import DomainView, view_domain
 from polyc.viz.explain import Explanation, LoopExplanation, ScheduleCheck, Witness, check_schedule, explain
 
-__all__ = ["plot_domain", "DomainPlot", "view_domain", "DomainView", "explain", "check_schedule", "Explanation", "LoopExplanation", "ScheduleCheck", "Witness"]
+__all__ = ["plot_domain", "DomainPlot", "view_domain", "DomainView", "schedule_tree", "ScheduleTreeView", "explain", "check_schedule", "Explanation", "LoopExplanation", "ScheduleCheck", "Witness"]

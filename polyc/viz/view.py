@@ -74,7 +74,9 @@ class DomainView:
         kinds = sorted({a[0] for a in self.instances.arrows})
         checks = "".join(f'<label style="color:{KIND_COLOURS[k]}"><input type="checkbox" data-kind="{k}" checked> '
                          f"{k}</label> " for k in kinds)
-        colourings = [("statement", "statement")] + [("order", "execution order")]
+        colourings = [("statement", "statement"), ("order", "execution order")]
+        if self.instances.schedule_source == "user":     # a schedule of one's own: its order first
+            colourings.reverse()
         if self.instances.tile:
             colourings.append(("tile", "tile"))
         if self.instances.parallel:
