@@ -163,10 +163,10 @@ _SCRIPT = r"""
     var box = root.querySelector('input[data-kind="' + kind + '"]');
     return !box || box.checked;
   }
-  function axis(from, to, label) {
+  function axis(from, to) {
     var a = project(from), b = project(to);
     ctx.strokeStyle = "#bbb"; ctx.beginPath(); ctx.moveTo(a[0], a[1]); ctx.lineTo(b[0], b[1]); ctx.stroke();
-    ctx.fillStyle = "#555"; ctx.fillText(label, b[0] + 4, b[1] - 4);
+    return b;
   }
   function arrow(a, b, colourText, alpha) {
     var dx = b[0] - a[0], dy = b[1] - a[1], length = Math.sqrt(dx * dx + dy * dy);
@@ -183,10 +183,10 @@ _SCRIPT = r"""
     ctx.clearRect(0, 0, canvas.width, canvas.height);
     ctx.font = "11px sans-serif";
     screen = data.points.map(function (p) { return project(p.c); });
-    var origin = [low[0] - 0.5, low[1] - 0.5, low[2] - 0.5];
+    var origin = [low[0] - 0.5, low[1] - 0.5, low[2] - 0.5], labels = [];
     for (var d = 0; d < data.dims; d++) {
-      var end = origin.slice(); end[d] = high[d] + 0.8;
-      axis(origin.slice(0, 3), end, data.statements[0].axes[d] || "");
+      var end = origin.slice(); end[d] = high[d] + 1.2;
+      labels.push([axis(origin.slice(0, 3), end), data.statements[0].axes[d] || ""]);
     }
     data.arrows.forEach(function (a) {
       if (!kindShown(a[0]) || (between && between.checked && !a[3])) return;
@@ -207,6 +207,9 @@ _SCRIPT = r"""
       }
     });
     ctx.globalAlpha = 1;
+    ctx.font = "bold 12px sans-serif"; ctx.fillStyle = "#333";
+    labels.forEach(function (l) { ctx.fillText(l[1], l[0][0] + 4, l[0][1] - 4); });
+    ctx.font = "11px sans-serif";
     var names = data.statements.map(function (s) { return s.name + (s.fixed ? " at " + s.fixed : ""); });
     ctx.fillStyle = "#333"; ctx.fillText(names.join("   "), 6, 14);
     if (colourBy.value === "par") ctx.fillText("colour: iteration of the parallel loop " + data.parallelLoop, 6, 28);
