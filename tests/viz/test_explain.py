@@ -225,3 +225,37 @@ def test_a_fused_stencil_carries_dependences_on_both_loops():
     # With the default fusion the two nests stay apart and both are parallel.
     e, _ = explained(source, sizes)
     assert all(loop.parallel for loop in e.loops if loop.depth == 0)
+
+
+def test_elementwise_column_sum_and_layer_norm():
+    # Elementwise: rows in parallel, columns vectorised; no dependence, so no witness.
+    e, stages = explained("def add(float(M, N) A, float(M, N) B) -> (C) { C(m, n) = A(m, n) + B(m, n) }",
+                          {"M": 64, "N": 64})
+    (band,) = stages.decisions
+    assert (band.parallel, band.innermost) == ("parallel", "simd")
+    assert e.loop("m").parallel and e.loop("n").vectorised and not e.loop("n").parallel
+    assert all(loop.witness is None for loop in e.loops)
+    assert "#pragma omp parallel for" in pragmas(stages) and "#pragma omp simd" in pragmas(stages)
+    # A column sum: the output's index j is the parallel loop, the reduction runs inside it.
+    sizes = {"N": 64, "M": 64}
+    e, stages = explained("def colsum(float(N, M) A) -> (B) { B(j) +=! A(r_i, j) }", sizes)
+    assert e.loop("j").parallel and not e.loop("r_i").parallel
+    assert e.loop("r_i").witness.kind == "reduction" and e.loop("r_i").witness.element.startswith("B(")
+    assert assert_witness_is_a_dependence(e, stages, sizes) == 1
+    # Layer norm: two row reductions and the normalisation fused under one parallel row loop,
+    # each inner loop vectorised (the reductions with simd reduction clauses).
+    source = """def layernorm(float(N, D) X) -> (Y) {
+        mean(n) +=! X(n, r_d) / D
+        var(n) +=! (X(n, r_d) - mean(n)) * (X(n, r_d) - mean(n)) / D
+        Y(n, d) = (X(n, d) - mean(n)) / sqrt(var(n) + 1e-5)
+    }"""
+    sizes = {"N": 16, "D": 64}
+    e, stages = explained(source, sizes)
+    outer = stages.decisions[0]
+    assert outer.parallel == "parallel" and set(outer.statements) >= {"S0", "S1", "S2"}
+    assert [d.innermost for d in stages.decisions[1:]] == ["simd:+:mean", "simd:+:var", "simd"]
+    assert e.loop("n").parallel and "fused: statements S0, S0_init, S1, S1_init, S2" in " ".join(e.loop("n").reasons)
+    inner = [loop for loop in e.loops if loop.depth == 1]
+    assert all(loop.vectorised and not loop.parallel for loop in inner)
+    assert all("an enclosing loop is already parallel" in " ".join(loop.reasons) for loop in inner)
+    assert assert_witness_is_a_dependence(e, stages, sizes) == 2
