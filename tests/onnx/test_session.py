@@ -12,7 +12,7 @@ import polyc  # noqa: E402
 import polyc.onnx as ponnx  # noqa: E402
 
 
-def small_cnn(opset: int = 17) -> onnx.ModelProto:
+def small_cnn(opset: int = 17, image: int = 8) -> onnx.ModelProto:
     """Conv (padded, strided) + BatchNormalization + Relu, a Flatten, Gemm, Softmax; symbolic batch."""
     rng = np.random.default_rng(0)
     weights = {
@@ -20,7 +20,7 @@ def small_cnn(opset: int = 17) -> onnx.ModelProto:
         "B": rng.standard_normal(4).astype(np.float32),
         "scale": rng.uniform(0.5, 1.5, 4).astype(np.float32), "shift": rng.standard_normal(4).astype(np.float32),
         "mean": rng.standard_normal(4).astype(np.float32), "var": rng.uniform(0.5, 2, 4).astype(np.float32),
-        "Wf": rng.standard_normal((5, 64)).astype(np.float32) * 0.1, "Bf": rng.standard_normal(5).astype(np.float32),
+        "Wf": rng.standard_normal((5, 4 * (image // 2) ** 2)).astype(np.float32) * 0.1, "Bf": rng.standard_normal(5).astype(np.float32),
     }
     nodes = [helper.make_node("Conv", ["X", "W", "B"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv"),
              helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["bn"], name="bn"),
@@ -29,7 +29,7 @@ def small_cnn(opset: int = 17) -> onnx.ModelProto:
              helper.make_node("Gemm", ["f", "Wf", "Bf"], ["g"], transB=1, name="fc"),
              helper.make_node("Softmax", ["g"], ["Y"], axis=-1, name="softmax")]
     graph = helper.make_graph(nodes, "small_cnn",
-                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3, image, image])],
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 5])],
                               [numpy_helper.from_array(v, k) for k, v in weights.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
@@ -73,14 +73,36 @@ def test_fusion_makes_fewer_kernels_with_the_same_results(model, session):
     unfused = unfused_session.run(None, {"X": x})[0]
     np.testing.assert_allclose(fused, unfused, rtol=1e-5, atol=1e-6)
     assert len(session.groups) < len(unfused_session.groups)
-    # BatchNormalization and Relu are epilogues of the convolution's kernel, which polyc still
-    # compiles with its direct convolution kernel (the padding is a kernel of its own before it).
+    # BatchNormalization and Relu are epilogues of the convolution's kernel.  At 4x4 outputs the
+    # convolution runs as a matrix product (polyc's gemm kernel) after an im2col step of its own.
     conv_group = next(g for g in session.groups if "bn" in g)
-    assert conv_group == ["conv", "bn", "relu"]
+    assert conv_group == ["conv", "bn", "relu"] and ["conv"] in session.groups
     kernel = session.kernels()[session.groups.index(conv_group)]
-    assert kernel.stages({}).convolution is not None
+    assert kernel_paths(kernel.stages({})) == {"contraction"}
+    im2col = session.tc_source().split("# conv\n")[1].split("\n}")[0]
+    assert "?" in im2col and ">= 1" in im2col      # the window's reads of the padding are zeros
     source = session.tc_source()
     assert source.count("def group") == len(session.groups) and "view of" in source
+
+
+def kernel_paths(stages) -> set[str]:
+    parts = stages.segments or (stages,)
+    return {"contraction" if p.contraction is not None else "convolution" if p.convolution is not None
+            else "generic" for p in parts}
+
+
+def test_larger_images_use_the_direct_convolution_kernel():
+    # 16x16 outputs: more positions than MATRIX_PRODUCT_POSITIONS, so the direct kernel, with
+    # the padding a kernel of its own before it and BatchNormalization and Relu as epilogues.
+    from polyc.frontends.onnx.ops import MATRIX_PRODUCT_POSITIONS
+    assert 16 * 16 > MATRIX_PRODUCT_POSITIONS
+    model = small_cnn(image=32)
+    session = ponnx.InferenceSession(model)
+    x = np.random.default_rng(3).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    np.testing.assert_allclose(session.run(None, {"X": x})[0], reference(model, x), rtol=1e-3, atol=1e-6)
+    conv_group = next(g for g in session.groups if "bn" in g)
+    assert conv_group == ["conv", "bn", "relu"]
+    assert kernel_paths(session.kernels()[session.groups.index(conv_group)].stages({})) == {"convolution"}
 
 
 def test_unsupported_operators_are_all_listed_at_once():
