@@ -31,6 +31,7 @@ from polyc.options import Options
 from polyc.runtime import CompilerOptions, get_function, get_or_build, load_library
 from polyc.runtime import arguments
 from polyc.runtime.arguments import BoundCall
+from polyc.runtime.cache import find_request, remember_request, request_key
 from polyc.runtime.compiler import LANGUAGE_FLAGS
 from polyc.schedule.contraction import Contraction, recognise_gemm_def, worth_a_gemm_kernel
 from polyc.schedule.convolution import Convolution, recognise_conv_def
@@ -182,11 +183,44 @@ class CompiledKernel:
                 compiled = self._compiled.get(key)
                 if compiled is None:
                     options = tuned_options(self.definition, self.options, sizes)
-                    analysis = self.analysis() if options.fusion == self.options.fusion else None
-                    stages = compile_stages(self.definition, options, sizes, analysis)
-                    compiled = _Compiled(stages.kernel, options)
+                    compiled = self._from_earlier_process(options, key)
+                    if compiled is None:
+                        analysis = self.analysis() if options.fusion == self.options.fusion else None
+                        stages = compile_stages(self.definition, options, sizes, analysis)
+                        compiled = _Compiled(stages.kernel, options)
+                        self._remember(options, key, stages.kernel)
                     self._compiled[key] = compiled
         return compiled
+
+    def _request(self, options: Options, sizes_key: tuple) -> str | None:
+        """The cache's name for compiling this def with ``options`` at these sizes (None for a
+        def without TC text, which is always generated)."""
+        if not self.definition.source:
+            return None
+        return request_key({"def": self.definition.name, "text": self.definition.source,
+                            "options": repr(options), "sizes": list(sizes_key)})
+
+    def _from_earlier_process(self, options: Options, sizes_key: tuple) -> "_Compiled | None":
+        """The kernel an earlier process generated for the same request, straight from the
+        cache: no dependences, scheduling or code generation (see polyc.runtime.cache)."""
+        key = self._request(options, sizes_key)
+        found = find_request(key, compiler_options(options)) if key else None
+        if found is None:
+            return None
+        source, call = found
+        try:
+            kernel = GeneratedKernel(call["function_name"], source, tuple(call["tensor_arguments"]),
+                                     tuple(call["size_arguments"]))
+        except (KeyError, TypeError):
+            return None
+        return _Compiled(kernel, options)
+
+    def _remember(self, options: Options, sizes_key: tuple, kernel: GeneratedKernel) -> None:
+        key = self._request(options, sizes_key)
+        if key:
+            remember_request(key, kernel.source, compiler_options(options),
+                             {"function_name": kernel.function_name, "tensor_arguments": list(kernel.tensor_arguments),
+                              "size_arguments": list(kernel.size_arguments)})
 
     def forget_compiled(self) -> None:
         """Drop the compiled functions, so that the next call of each size looks up its options

@@ -21,6 +21,14 @@ How concurrent builders stay correct:
 
 Hashing a library costs a read of the file, so each process verifies an entry once and afterwards
 trusts it while the ``stat`` (inode, size, mtime) of its library and meta.json is unchanged.
+
+Compile requests: generating a kernel's C (dependences, scheduling, code generation) costs tens
+of milliseconds per def, which a process that finds every library in the cache should not pay
+(an ONNX model's 40 kernels took 2.3 s).  So ``<cache>/requests/<key[:2]>/<key>.json`` maps a
+request -- the def's TC text, its options, its sizes and a digest of polyc's own code, see
+:func:`request_key` -- to the library entry its C went into and how to call it.  A request file
+is only a shortcut: one that is missing, malformed or names an entry that fails its checks is a
+miss, and the kernel is generated again.
 """
 from __future__ import annotations
 
@@ -51,6 +59,8 @@ LIBRARY_NAME = "kernel.so"
 META_NAME = "meta.json"
 #: Prefix of the private build directories; anything so named in the cache is a build in progress.
 BUILD_DIR_PREFIX = ".build-"
+
+REQUESTS_DIR = "requests"
 
 #: Entry directory -> signatures of its library and meta.json when this process last verified it.
 _verified_entries: dict[Path, tuple[tuple[int, int, int], tuple[int, int, int]]] = {}
@@ -212,3 +222,58 @@ def _build_entry(c_source: str, options: CompilerOptions, key: str, entry: Path,
         ) from error
     finally:
         shutil.rmtree(build_dir, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- compile requests
+_code_digest: str | None = None
+
+
+def polyc_code_digest() -> str:
+    """sha256 of polyc's own Python sources: a request made by other code is another request."""
+    global _code_digest
+    if _code_digest is None:
+        package = Path(__file__).resolve().parent.parent
+        digest = hashlib.sha256()
+        for path in sorted(package.rglob("*.py")):
+            digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+        _code_digest = digest.hexdigest()
+    return _code_digest
+
+
+def request_key(identity: dict) -> str:
+    """The hex sha256 naming a compile request (``identity``: JSON-serialisable, e.g. the def's
+    text, options and sizes)."""
+    whole = {"format": CACHE_FORMAT_VERSION, "polyc": POLYC_VERSION, "code": polyc_code_digest(),
+             "request": identity}
+    return hashlib.sha256(json.dumps(whole, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def find_request(key: str, options: CompilerOptions) -> tuple[str, dict] | None:
+    """(C source, call metadata) recorded for request ``key`` if its library entry is valid."""
+    try:
+        request = json.loads((cache_dir() / REQUESTS_DIR / key[:2] / f"{key}.json").read_text(encoding="utf-8"))
+        library_key, call = request["library"], request["call"]
+        entry = cache_dir() / library_key[:2] / library_key
+        source = (entry / SOURCE_NAME).read_text(encoding="utf-8")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(call, dict) or cache_key(source, options) != library_key or \
+            not _entry_is_valid(entry, library_key, rehash=False):
+        return None
+    return source, call
+
+
+def remember_request(key: str, c_source: str, options: CompilerOptions, call: dict) -> None:
+    """Record that request ``key`` compiles to ``c_source`` (already in the cache), called as
+    ``call`` says.  Best effort: a cache that cannot take the file only loses the shortcut."""
+    directory = cache_dir() / REQUESTS_DIR / key[:2]
+    text = json.dumps({"library": cache_key(c_source, options), "call": call}, sort_keys=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=BUILD_DIR_PREFIX, dir=directory)
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.replace(temporary, directory / f"{key}.json")
+    except OSError:
+        with contextlib.suppress(OSError, UnboundLocalError):
+            os.unlink(temporary)
