@@ -33,13 +33,17 @@ THREAD_POLICY_C = r"""#if defined(_OPENMP)
    or loses the core during its share, waits a scheduler time slice (milliseconds): 50 calls of
    a 0.3 ms sgemm had a 90th percentile of 8 ms beside one busy process.  So each thread
    measures how long it was kept from running between the call's start and the end of its
-   share (wall time minus its CPU time); when some threads lost over half a millisecond and over
-   a quarter of a call shorter than 20 ms, later calls use that many fewer threads, until a call
+   share (wall time minus its CPU time); when some threads lost over 2 ms and over a quarter of
+   a call shorter than 20 ms, later calls use that many fewer threads, until a call
    with every thread is tried again after a number of calls that doubles each time the machine
    is still busy (16 up to 4096) and starts at 16 again once it is not.  Longer calls keep every
    thread: the threads share their work as they go, and a fair share of a busy machine's cores
    still computes more than one core.  An idle machine never loses a thread (waking one takes
-   tens of microseconds), and the cost is two clock reads per thread and call.
+   tens of microseconds), and the cost is two clock reads per thread and call.  Why 2 ms: a
+   lost scheduler slice is several milliseconds, while waking a thread on a virtual processor
+   that the host has put to sleep can take one (seen on an Intel Xeon VM after 50 ms idle, and
+   after numpy's calls); with 0.5 ms such wakes halved a 512^3 sgemm (1.34 ms on one thread
+   instead of 0.75 ms on two) in benchmarks, for no gain in the busy-machine percentiles.
    POLYC_THREADS=all in the environment turns the policy off. */
 typedef struct { int64_t calls, retry_at; int limit, backoff, off; } polyc_threads_t;
 typedef struct { double wall, cpu; } polyc_thread_clock_t;
@@ -102,7 +106,7 @@ static POLYC_UNUSED void polyc_thread_stop(const polyc_thread_clock_t *clock, in
 {
     const double wall = polyc_clock(CLOCK_MONOTONIC) - clock->wall;
     const double lost = wall - (polyc_clock(CLOCK_THREAD_CPUTIME_ID) - clock->cpu);
-    if (lost > 0.5e-3 && lost > 0.25 * wall && wall < 20e-3)
+    if (lost > 2e-3 && lost > 0.25 * wall && wall < 20e-3)
         __atomic_add_fetch(slow, 1, __ATOMIC_RELAXED);
 }
 
