@@ -195,3 +195,29 @@ def test_cli_emits_tc_groups_and_checks_against_onnxruntime(model, tmp_path, cap
     assert main(["onnx", str(path), "--shape", "X=2,3,8,8", "--run", "--check"]) == 0
     assert "match onnxruntime" in capsys.readouterr().out
     assert main(["onnx", str(tmp_path / "missing.onnx")]) == 1
+
+
+@pytest.mark.parametrize("trans_b,bias_shape,alpha,beta", [(1, (6,), 1.0, 1.0), (0, (1, 6), 0.5, 2.0), (1, (), 1.0, 1.0),
+                                                           (0, None, 1.0, 1.0)])
+def test_a_one_row_gemm_is_a_matrix_vector_product(trans_b, bias_shape, alpha, beta):
+    rng = np.random.default_rng(5)
+    weights = rng.standard_normal((6, 40) if trans_b else (40, 6)).astype(np.float32)
+    initializers = [numpy_helper.from_array(weights, "W")]
+    inputs = ["X", "W"]
+    if bias_shape is not None:
+        initializers.append(numpy_helper.from_array(rng.standard_normal(bias_shape).astype(np.float32), "C"))
+        inputs.append("C")
+    node = helper.make_node("Gemm", inputs, ["Y"], transB=trans_b, alpha=alpha, beta=beta, name="fc")
+    graph = helper.make_graph([node], "fc", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 40])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 6])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ponnx.InferenceSession(model)
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, 40)).astype(np.float32)
+        (got,) = session.run(None, {"X": x})
+        expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"X": x})[0]
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        (kernel,) = session.kernels()
+        contraction = kernel.stages({}).contraction
+        assert contraction is not None and contraction.is_matvec == (batch == 1)
