@@ -82,7 +82,8 @@ class DomainView:
         if self.instances.parallel:
             colourings.append(("par", "parallel iteration"))
         options = "".join(f'<option value="{v}">{html.escape(t)}</option>' for v, t in colourings)
-        tiles = ('<label><input type="checkbox" data-role="between"> only arrows between tiles</label> '
+        tiles = ('<label><input type="checkbox" data-role="hulls"> tile hulls</label> '
+                 '<label><input type="checkbox" data-role="between"> only arrows between tiles</label> '
                  if self.instances.tile else "")
         count = len(payload["points"])
         return f"""<div class="polyc-view" id="{view_id}" style="font:12px sans-serif;max-width:{self.width}px">
@@ -129,6 +130,7 @@ _SCRIPT = r"""
   var colourBy = root.querySelector('[data-role="colour"]'), step = root.querySelector('[data-role="step"]');
   var stepText = root.querySelector('[data-role="step-text"]'), info = root.querySelector('[data-role="info"]');
   var between = root.querySelector('[data-role="between"]'), play = root.querySelector('[data-role="play"]');
+  var hulls = root.querySelector('[data-role="hulls"]');
   var three = data.dims === 3;
   var yaw = three ? 0.65 : 0, pitch = three ? 0.45 : 0, zoom = 1;
   var n = data.points.length, palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -178,6 +180,49 @@ _SCRIPT = r"""
     ctx.lineTo(tipX - ux * 6 + uy * 3, tipY - uy * 6 - ux * 3); ctx.closePath(); ctx.fill();
     ctx.globalAlpha = 1;
   }
+  // The convex hull of 2-D points (monotone chain), counter-clockwise.
+  function hull(points) {
+    points = points.slice().sort(function (a, b) { return a[0] - b[0] || a[1] - b[1]; });
+    if (points.length < 3) return points;
+    function cross(o, a, b) { return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0]); }
+    function half(list) {
+      var chain = [];
+      list.forEach(function (p) {
+        while (chain.length >= 2 && cross(chain[chain.length - 2], chain[chain.length - 1], p) <= 0) chain.pop();
+        chain.push(p);
+      });
+      chain.pop();
+      return chain;
+    }
+    return half(points).concat(half(points.slice().reverse()));
+  }
+  // Each tile of each statement as the hull of its points on the screen, padded a little.
+  function drawHulls() {
+    var groups = {};
+    data.points.forEach(function (p, i) {
+      if (p.tile === null) return;
+      var key = p.s + ":" + p.tile.join(",");
+      (groups[key] = groups[key] || []).push(screen[i]);
+    });
+    Object.keys(groups).forEach(function (key) {
+      var outline = hull(groups[key]), cx = 0, cy = 0;
+      outline.forEach(function (p) { cx += p[0] / outline.length; cy += p[1] / outline.length; });
+      ctx.beginPath();
+      outline.forEach(function (p, k) {
+        var dx = p[0] - cx, dy = p[1] - cy, length = Math.max(Math.sqrt(dx * dx + dy * dy), 1e-6);
+        var x = p[0] + 9 * dx / length, y = p[1] + 9 * dy / length;
+        if (k === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+      });
+      if (outline.length < 3) {  // one point or a segment: a box around it
+        var xs = outline.map(function (p) { return p[0]; }), ys = outline.map(function (p) { return p[1]; });
+        var x0 = Math.min.apply(null, xs) - 9, y0 = Math.min.apply(null, ys) - 9;
+        ctx.rect(x0, y0, Math.max.apply(null, xs) + 9 - x0, Math.max.apply(null, ys) + 9 - y0);
+      }
+      ctx.closePath();
+      ctx.fillStyle = "rgba(255, 245, 157, 0.35)"; ctx.strokeStyle = "#f9a825";
+      ctx.fill(); ctx.stroke();
+    });
+  }
   function draw() {
     var done = +step.value;
     ctx.clearRect(0, 0, canvas.width, canvas.height);
@@ -188,6 +233,7 @@ _SCRIPT = r"""
       var end = origin.slice(); end[d] = high[d] + 1.2;
       labels.push([axis(origin.slice(0, 3), end), data.statements[0].axes[d] || ""]);
     }
+    if (hulls && hulls.checked) drawHulls();
     data.arrows.forEach(function (a) {
       if (!kindShown(a[0]) || (between && between.checked && !a[3])) return;
       var visible = data.points[a[1]].order < done && data.points[a[2]].order < done;
@@ -251,6 +297,7 @@ _SCRIPT = r"""
     }, Math.max(15, Math.min(250, 6000 / Math.max(1, n))));
   });
   [colourBy, step, between].forEach(function (el) { if (el) el.addEventListener("input", draw); });
+  if (hulls) hulls.addEventListener("change", draw);
   root.querySelectorAll("input[data-kind]").forEach(function (el) { el.addEventListener("change", draw); });
   if (between) between.addEventListener("change", draw);
   colourBy.addEventListener("change", draw);

@@ -1,6 +1,7 @@
 """Every notebook in notebooks/ runs top to bottom (nbclient, a real Jupyter kernel), and its
 static HTML export (nbconvert) opens in headless Chromium without JavaScript errors, with every
-interactive view drawn: not blank, redrawn when dragged, and stepping when played.
+interactive view drawn: not blank, redrawn when dragged, tile hulls drawn when ticked, and
+stepping when played.
 
 ``POLYC_SCREENSHOT_DIR=dir`` keeps the screenshots (one PNG per view) for a look by eye.
 """
@@ -105,6 +106,11 @@ def test_exported_html_in_a_browser(name, executed, tmp_path):
             ActionChains(driver).move_to_element(canvas).click_and_hold().move_by_offset(60, 25).release().perform()
             after = canvas.screenshot_as_png
             assert inked_fraction(after) > 0.01
+            hulls = view.find_elements(By.CSS_SELECTOR, '[data-role="hulls"]')
+            if hulls:   # the compiled schedule's tiles, drawn as hulls around their points
+                plain = canvas.screenshot_as_png
+                hulls[0].click()
+                assert canvas.screenshot_as_png != plain and inked_fraction(canvas.screenshot_as_png) > 0.01
             step = view.find_element(By.CSS_SELECTOR, '[data-role="step"]')
             total = int(step.get_attribute("max"))
             view.find_element(By.CSS_SELECTOR, '[data-role="play"]').click()
