@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from polyc.viz.page import write_page
+
 _ids = itertools.count()
 _LOOP_HEADER = re.compile(r"\bfor \((?:int64_t|int|long) (c\d+) = ")
 _MEMBER = re.compile(r"(\w+)\[[^\]]*\] -> \[\((.*?)\)\]")
@@ -130,9 +132,7 @@ class ScheduleTreeView:
 
     def save(self, path) -> None:
         """Write the diagram as a self-contained HTML page."""
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(self.title)}"
-                    f"</title></head><body>\n{self.html()}\n</body></html>\n")
+        write_page(path, self.title, self.html())
 
 
 def schedule_tree(kernel, sizes: dict) -> ScheduleTreeView:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from polyc.viz.domain import KIND_COLOURS, STATEMENT_COLOURS
 from polyc.viz.instances import KINDS, Instances, collect
+from polyc.viz.page import write_page
 
 _ids = itertools.count()
 
@@ -103,9 +104,7 @@ class DomainView:
 
     def save(self, path) -> None:
         """Write the view as a self-contained HTML page."""
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(self.instances.title)}"
-                    f"</title></head><body>\n{self.html()}\n</body></html>\n")
+        write_page(path, self.instances.title, self.html())
 
 
 def view_domain(kernel, sizes: dict, statements=None, dims=None, fixed: dict | None = None,

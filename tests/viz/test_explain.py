@@ -8,17 +8,13 @@ import pytest
 
 import polyc
 from polyc.viz.explain import Explanation
+from tests.viz.sources import MATMUL, SHIFTED  # noqa: E402
 
-MATMUL = "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
 ROWSUM = "def rowsum(float(M, N) A) -> (B) { B(m) +=! A(m, r_n) }"
 SOFTMAX = """def softmax(float(N, D) X) -> (Y) {
     M(n) max=! X(n, r_d)
     S(n) +=! exp(X(n, r_d) - M(n))
     Y(n, d) = exp(X(n, d) - M(n)) / S(n)
-}"""
-SHIFTED = """def shifted(float(N) A) -> (C) {
-    B(i) = A(i) * 2 where i in 0:N
-    C(i) = B(i + 1) + B(i) where i in 0:N-1
 }"""
 
 

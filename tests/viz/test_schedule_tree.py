@@ -11,12 +11,8 @@ import pytest
 import polyc
 from polyc.viz import schedule_tree
 from polyc.viz.schedule_tree import ScheduleTreeView
+from tests.viz.sources import MATMUL, SHIFTED  # noqa: E402
 
-MATMUL = "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
-SHIFTED = """def shifted(float(N) A) -> (C) {
-    B(i) = A(i) * 2 where i in 0:N
-    C(i) = B(i + 1) + B(i) where i in 0:N-1
-}"""
 SIZES = {"M": 16, "K": 12, "N": 8}
 
 

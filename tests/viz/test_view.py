@@ -14,12 +14,8 @@ pytest.importorskip("matplotlib")
 
 import polyc  # noqa: E402
 from polyc.viz import plot_domain, view_domain  # noqa: E402
+from tests.viz.sources import MATMUL, SHIFTED  # noqa: E402
 
-MATMUL = "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
-SHIFTED = """def shifted(float(N) A) -> (C) {
-    B(i) = A(i) * 2 where i in 0:N
-    C(i) = B(i + 1) + B(i) where i in 0:N-1
-}"""
 SIZES = {"M": 6, "K": 5, "N": 4}
 
 
