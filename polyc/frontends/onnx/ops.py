@@ -857,6 +857,83 @@ class Conv(Converter):
         return [out]
 
 
+class ConvTranspose(Converter):
+    """The transpose of a convolution, gathered: output position ``o`` sums the inputs ``i`` and
+    taps ``t`` with ``i * stride + t * dilation - pad_begin == o``, i.e. ``i = (o + pad_begin -
+    t * dilation) / stride`` where that divides exactly and falls inside the input (the guard
+    of each term).  Output shape and padding as onnx's reference computes them (``pads``,
+    ``output_shape``, ``output_padding``, ``auto_pad``)."""
+
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        x, w = inputs[:2]
+        bias = inputs[2] if len(inputs) > 2 else None
+        if x.rank < 3:
+            raise UnsupportedError(f"{b.where}: ConvTranspose of a rank-{x.rank} input")
+        k = x.rank - 2
+        groups = node.attr("group", 1)
+        n, channels = x.shape[:2]
+        per_group, kernel = w.shape[1], list(w.shape[2:])
+        strides = list(node.attr("strides") or [1] * k)
+        dilations = list(node.attr("dilations") or [1] * k)
+        extra = list(node.attr("output_padding") or [0] * k)
+        outs, begin = ConvTranspose._geometry(node, x.shape[2:], kernel, strides, dilations, extra)
+        sp, taps = [f"s{d}" for d in range(k)], [f"r_k{d}" for d in range(k)]
+        guards, subscripts = [], []
+        for d in range(k):
+            at = f"{sp[d]} + {begin[d]}" if begin[d] >= 0 else f"{sp[d]} - {-begin[d]}"
+            at += f" - {_affine(dilations[d], taps[d], 0)}"
+            guards += [f"{at} >= 0", f"{at} < {strides[d] * x.shape[2 + d]}"]
+            if strides[d] > 1:
+                guards.append(f"({at}) % {strides[d]} == 0")
+                subscripts.append(f"({at}) / {strides[d]}")
+            else:
+                subscripts.append(at)
+        zero = b.ref(b.const(np.zeros((), x.dtype)), [])
+        ranges = [("r_c", channels // groups)] + [(taps[d], kernel[d]) for d in range(k)]
+        if groups == 1:
+            out = b.new([n, per_group, *outs], x.dtype)
+            product = f"{b.ref(x, ['n', 'r_c', *subscripts])} * {b.ref(w, ['r_c', 'f', *taps])}"
+            indices, reads, result = ["n", "f", *sp], [x, w], out
+            bias_ref = b.ref(bias, ["f"]) if bias is not None else None
+        else:
+            x5 = b.view(x, [n, groups, channels // groups, *x.shape[2:]])
+            w5 = b.view(w, [groups, channels // groups, per_group, *kernel])
+            out = b.new([n, groups, per_group, *outs], x.dtype)
+            product = f"{b.ref(x5, ['n', 'g', 'r_c', *subscripts])} * {b.ref(w5, ['g', 'r_c', 'f', *taps])}"
+            indices, reads, result = ["n", "g", "f", *sp], [x5, w5], out
+            if bias is not None:
+                bias = b.view(bias, [groups, per_group])
+            bias_ref = b.ref(bias, ["g", "f"]) if bias is not None else None
+        statements = [b.statement(out, indices, "+=!", f"({' && '.join(guards)}) ? {product} : {zero}", ranges)]
+        if bias is not None:
+            statements.append(b.statement(out, indices, "=", f"{b.ref(out, indices)} + {bias_ref}"))
+            reads.append(bias)
+        b.emit(statements, reads, [out], "other")
+        return [result if groups == 1 else b.view(out, [n, groups * per_group, *outs])]
+
+    @staticmethod
+    def _geometry(node, spatial, kernel, strides, dilations, extra):
+        """(output extents, padding at the beginning of each dimension)."""
+        k = len(spatial)
+        pads, shape = node.attr("pads"), node.attr("output_shape")
+        auto_pad = node.attr("auto_pad", "NOTSET")
+        if shape is not None:
+            shape = list(shape)[-k:]
+        span = [strides[d] * (spatial[d] - 1) + extra[d] + (kernel[d] - 1) * dilations[d] + 1 for d in range(k)]
+        if pads is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            shape = shape or [spatial[d] * strides[d] for d in range(k)]
+            total = [span[d] - shape[d] for d in range(k)]
+            begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
+            return shape, begin
+        pads = list(pads or [0] * (2 * k))
+        if auto_pad == "VALID":
+            pads = [0] * (2 * k)
+        if shape is None:
+            shape = [span[d] - pads[d] - pads[k + d] for d in range(k)]
+        return shape, pads[:k]
+
+
 #: Output positions per image up to which a convolution runs as a matrix product (polyc's gemm
 #: kernel) rather than as polyc's direct convolution kernel.  With few positions the direct
 #: kernel's vectors along the output row are short and its filter blocks reread; the product's
@@ -1187,6 +1264,7 @@ _FLOAT_FUNCTIONS = {"Exp": "exp({x})", "Log": "log({x})", "Sqrt": "sqrt({x})", "
                     "Mish": "{x} * tanh(log1p(exp({x})))"}
 
 CONVERTERS: dict[str, type[Converter]] = {
+    "ConvTranspose": ConvTranspose,
     **{op: _unary(expression) for op, expression in _FLOAT_FUNCTIONS.items()},
     "Relu": _unary("({x} > 0 ? {x} : 0)", floats_only=False),
     "Neg": _unary("-{x}", floats_only=False),
