@@ -32,6 +32,8 @@ EXCLUDED = {
     r"^test_(edge|reflect|wrap)_pad": "Pad modes edge, reflect and wrap are not implemented (constant is)",
     r"maxpool_with_argmax": "MaxPool's second output (Indices) is not implemented",
     r"einsum_batch_diagonal": "Einsum with an ellipsis is not implemented",
+    r"resize_tf_crop_and_resize": "Resize's tf_crop_and_resize (a region of interest and an extrapolation "
+                                  "value) is not implemented",
     r"(blackman|hamming|hann)window.*_expanded|center_crop_pad.*_expanded":
         "a Range or Pad whose extent is computed from tensor data at run time: polyc plans every "
         "shape when it compiles",

@@ -247,3 +247,22 @@ def test_conv_transpose_with_bias_and_relu_against_onnxruntime(group):
     # Relu joins the transposed convolution's kernel; with groups the output is a view of the
     # grouped layout, and fusion does not see through views yet.
     assert session.groups == ([["up", "relu"]] if group == 1 else [["up"], ["relu"]])
+
+
+@pytest.mark.parametrize("mode,transform", [("nearest", "asymmetric"), ("linear", "half_pixel"),
+                                            ("cubic", "pytorch_half_pixel")])
+def test_resize_against_onnxruntime(mode, transform):
+    # A decoder's 2x upsampling of feature maps, as torch's F.interpolate exports it.
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    node = helper.make_node("Resize", ["X", "", "scales"], ["Y"], mode=mode,
+                            coordinate_transformation_mode=transform, name="up")
+    graph = helper.make_graph([node], "up", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3, 5, 7])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 3, 10, 14])], [scales])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    session = ponnx.InferenceSession(model)
+    rng = np.random.default_rng(2)
+    for batch in (2, 1):
+        x = rng.standard_normal((batch, 3, 5, 7)).astype(np.float32)
+        expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"X": x})[0]
+        np.testing.assert_allclose(session.run(None, {"X": x})[0], expected, rtol=1e-5, atol=1e-5)

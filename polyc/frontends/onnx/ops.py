@@ -934,6 +934,132 @@ class ConvTranspose(Converter):
         return shape, pads[:k]
 
 
+class Resize(Converter):
+    """Resize as one gather-and-weigh pass per resized axis: output ``y`` along the axis is
+    ``sum_j W[y, j] * X(..., I[y, j], ...)``.  The tables come from onnx's own reference
+    implementation, run when the model is compiled on an identity matrix along each axis (a
+    resize is linear and separable), so every mode, coordinate transformation, rounding rule,
+    antialiasing and ``exclude_outside`` means exactly what onnx says; the pass keeps a row's
+    nonzero weights only (one for nearest, two for linear, four for cubic)."""
+
+    CONSTANT_INPUTS = (1, 2, 3)
+
+    @staticmethod
+    def _impl_v10(b, node, inputs):   # inputs (X, scales)
+        raise AssertionError("Resize.convert passes the opset to _resize")
+
+    _impl_v11 = _impl_v10              # inputs (X, roi, scales, sizes)
+
+    @classmethod
+    def convert(cls, b, node, inputs, opset):
+        # The weights are computed by onnx's reference at the model's own opset.
+        return cls._resize(b, node, inputs, opset)
+
+    @staticmethod
+    def _resize(b, node, inputs, opset):
+        x = inputs[0]
+        given = lambda i: inputs[i] if len(inputs) > i and inputs[i] is not None else None  # noqa: E731
+        if opset < 11:
+            roi, scales, sizes = None, given(1), None
+        else:
+            roi, scales, sizes = given(1), given(2), given(3)
+        mode = node.attr("mode", "nearest")
+        if node.attr("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize":
+            raise UnsupportedError(f"{b.where}: Resize with coordinate_transformation_mode "
+                                   "'tf_crop_and_resize'")
+        if mode != "nearest" and x.dtype.kind != "f":
+            raise UnsupportedError(f"{b.where}: Resize mode {mode!r} on {x.dtype}")
+        axes = [a % x.rank for a in (node.attr("axes") or range(x.rank))]
+        scales = [float(v) for v in _require_const(b, scales, "Resize's scales")] if scales is not None and \
+            scales.size else None
+        sizes = [int(v) for v in _require_const(b, sizes, "Resize's sizes")] if sizes is not None and \
+            sizes.size else None
+        if (scales is None) == (sizes is None):
+            raise UnsupportedError(f"{b.where}: Resize needs exactly one of scales and sizes")
+        del roi
+        out_shape = list(x.shape)
+        per_axis = {}
+        if scales is not None:
+            for axis, scale in zip(axes, scales):
+                out_shape[axis] = int(np.floor(x.shape[axis] * scale))
+                per_axis[axis] = ("scales", scale)
+        else:
+            policy = node.attr("keep_aspect_ratio_policy", "stretch")
+            if policy == "stretch":
+                wanted = dict(zip(axes, sizes))
+            else:
+                ratios = [size / x.shape[axis] for axis, size in zip(axes, sizes)]
+                common = min(ratios) if policy == "not_larger" else max(ratios)
+                wanted = {axis: int(np.floor(x.shape[axis] * common + 0.5)) for axis in axes}
+            for axis, size in wanted.items():
+                out_shape[axis] = size
+                per_axis[axis] = ("sizes", size)
+        value = x
+        for axis in sorted(per_axis):
+            if out_shape[axis] == x.shape[axis] and per_axis[axis] in (("scales", 1.0), ("sizes", x.shape[axis])):
+                continue
+            weights = _resize_weights(node, opset, x.shape[axis], *per_axis[axis])
+            value = _weighted_gather(b, value, axis, weights)
+        if value is x:
+            value = b.new(list(x.shape), x.dtype)
+            idx = indices(x.rank)
+            b.emit([b.statement(value, idx, "=", b.ref(x, idx))], [x], [value], "elementwise")
+        return [value]
+
+
+def _resize_weights(node, opset: int, length: int, kind: str, amount) -> np.ndarray:
+    """(output length x ``length``) weights of a one-axis Resize with ``node``'s attributes, by
+    onnx's reference implementation applied to the identity."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+    attributes = [a for a in node.proto.attribute if a.name not in ("axes", "keep_aspect_ratio_policy")]
+    resize = helper.make_node("Resize", [], ["Y"])
+    resize.attribute.extend(attributes)
+    if opset < 11:
+        resize.input.extend(["X", "scales"])
+        initializers = [helper.make_tensor("scales", TensorProto.FLOAT, [2], [float(amount), 1.0])]
+    elif kind == "scales":
+        resize.input.extend(["X", "", "scales"])
+        initializers = [helper.make_tensor("scales", TensorProto.FLOAT, [2], [float(amount), 1.0])]
+    else:
+        resize.input.extend(["X", "", "", "sizes"])
+        initializers = [helper.make_tensor("sizes", TensorProto.INT64, [2], [int(amount), length])]
+    graph = helper.make_graph([resize], "axis", [helper.make_tensor_value_info("X", TensorProto.DOUBLE, [length, length])],
+                              [helper.make_tensor_value_info("Y", TensorProto.DOUBLE, None)], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    (result,) = ReferenceEvaluator(model).run(None, {"X": np.eye(length)})
+    return np.asarray(result, dtype=np.float64)
+
+
+def _weighted_gather(b, x, axis: int, weights: np.ndarray):
+    """``x`` resampled along ``axis``: output ``y`` is ``sum_j W[y, j] * x(.., I[y, j], ..)`` over
+    the nonzero weights of row ``y`` of ``weights``."""
+    rows = weights.shape[0]
+    terms = max(1, int((weights != 0).sum(axis=1).max()))
+    table = np.zeros((rows, terms), np.int64)
+    factor = np.zeros((rows, terms), np.float64)
+    for y in range(rows):
+        nonzero = np.flatnonzero(weights[y])
+        table[y, :len(nonzero)] = nonzero
+        factor[y, :len(nonzero)] = weights[y, nonzero]
+    shape = list(x.shape)
+    shape[axis] = rows
+    out = b.new(shape, x.dtype)
+    idx = indices(x.rank)
+    where = b.const(table if terms > 1 else table[:, 0])
+    pick = lambda j: [idx[axis], str(j)] if terms > 1 else [idx[axis]]  # noqa: E731
+    reads = [x, where]
+    if terms == 1 and np.all(factor[:, 0] == 1):      # nearest: a gather
+        rhs = b.ref(x, idx[:axis] + [b.ref(where, pick(0))] + idx[axis + 1:])
+    else:
+        scale = b.const(factor.astype(x.dtype) if terms > 1 else factor[:, 0].astype(x.dtype))
+        reads.append(scale)
+        rhs = " + ".join(f"{b.ref(scale, pick(j))} * {b.ref(x, idx[:axis] + [b.ref(where, pick(j))] + idx[axis + 1:])}"
+                         for j in range(terms))
+    b.emit([b.statement(out, idx, "=", rhs)], reads, [out], "other")
+    return out
+
+
 #: Output positions per image up to which a convolution runs as a matrix product (polyc's gemm
 #: kernel) rather than as polyc's direct convolution kernel.  With few positions the direct
 #: kernel's vectors along the output row are short and its filter blocks reread; the product's
@@ -1265,6 +1391,7 @@ _FLOAT_FUNCTIONS = {"Exp": "exp({x})", "Log": "log({x})", "Sqrt": "sqrt({x})", "
 
 CONVERTERS: dict[str, type[Converter]] = {
     "ConvTranspose": ConvTranspose,
+    "Resize": Resize,
     **{op: _unary(expression) for op, expression in _FLOAT_FUNCTIONS.items()},
     "Relu": _unary("({x} > 0 ? {x} : 0)", floats_only=False),
     "Neg": _unary("-{x}", floats_only=False),
