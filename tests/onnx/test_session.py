@@ -73,13 +73,16 @@ def test_fusion_makes_fewer_kernels_with_the_same_results(model, session):
     unfused = unfused_session.run(None, {"X": x})[0]
     np.testing.assert_allclose(fused, unfused, rtol=1e-5, atol=1e-6)
     assert len(session.groups) < len(unfused_session.groups)
-    # BatchNormalization and Relu are epilogues of the convolution's kernel.  At 4x4 outputs the
-    # convolution runs as a matrix product (polyc's gemm kernel) after an im2col step of its own.
-    conv_group = next(g for g in session.groups if "bn" in g)
-    assert conv_group == ["conv", "bn", "relu"] and ["conv"] in session.groups
+    # BatchNormalization is folded into the convolution's weights ("conv+bn", a node of the
+    # plan), Relu is an epilogue of its kernel; without graph fusion, three kernels.  At 4x4
+    # outputs the convolution runs as a matrix product (polyc's gemm kernel) after an im2col
+    # step of its own.
+    assert ["bn"] in unfused_session.groups and ["conv"] in unfused_session.groups
+    conv_group = next(g for g in session.groups if "relu" in g)
+    assert conv_group == ["conv+bn", "relu"] and ["conv+bn"] in session.groups
     kernel = session.kernels()[session.groups.index(conv_group)]
     assert kernel_paths(kernel.stages({})) == {"contraction"}
-    im2col = session.tc_source().split("# conv\n")[1].split("\n}")[0]
+    im2col = session.tc_source().split("# conv+bn\n")[1].split("\n}")[0]
     assert "?" in im2col and ">= 1" in im2col      # the window's reads of the padding are zeros
     source = session.tc_source()
     assert source.count("def group") == len(session.groups) and "view of" in source
@@ -100,8 +103,8 @@ def test_larger_images_use_the_direct_convolution_kernel():
     session = ponnx.InferenceSession(model)
     x = np.random.default_rng(3).standard_normal((2, 3, 32, 32)).astype(np.float32)
     np.testing.assert_allclose(session.run(None, {"X": x})[0], reference(model, x), rtol=1e-3, atol=1e-6)
-    conv_group = next(g for g in session.groups if "bn" in g)
-    assert conv_group == ["conv", "bn", "relu"]
+    conv_group = next(g for g in session.groups if "relu" in g)
+    assert conv_group == ["conv+bn", "relu"]
     assert kernel_paths(session.kernels()[session.groups.index(conv_group)].stages({})) == {"convolution"}
 
 
@@ -191,7 +194,7 @@ def test_cli_emits_tc_groups_and_checks_against_onnxruntime(model, tmp_path, cap
     assert main(["onnx", str(path), "--shape", "X=2,3,8,8", "--emit", "tc"]) == 0
     assert "def group0" in capsys.readouterr().out
     assert main(["onnx", str(path), "--shape", "X=2,3,8,8", "--emit", "groups"]) == 0
-    assert "conv, bn, relu" in capsys.readouterr().out
+    assert "conv+bn, relu" in capsys.readouterr().out
     assert main(["onnx", str(path), "--shape", "X=2,3,8,8", "--run", "--check"]) == 0
     assert "match onnxruntime" in capsys.readouterr().out
     assert main(["onnx", str(tmp_path / "missing.onnx")]) == 1
@@ -266,3 +269,23 @@ def test_resize_against_onnxruntime(mode, transform):
         expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
             None, {"X": x})[0]
         np.testing.assert_allclose(session.run(None, {"X": x})[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_batch_norm_folds_into_a_grouped_conv_without_bias():
+    rng = np.random.default_rng(4)
+    weights = {"W": rng.standard_normal((6, 2, 3, 3)).astype(np.float32),
+               "scale": rng.uniform(0.5, 1.5, 6).astype(np.float32), "shift": rng.standard_normal(6).astype(np.float32),
+               "mean": rng.standard_normal(6).astype(np.float32), "var": rng.uniform(0.5, 2, 6).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["X", "W"], ["c"], group=2, pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["Y"], epsilon=1e-3,
+                              name="bn")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 6, 6, 6])],
+                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    before = model.SerializeToString()
+    session = ponnx.InferenceSession(model)
+    x = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(session.run(None, {"X": x})[0], reference(model, x), rtol=1e-4, atol=1e-5)
+    assert session.groups[-1] == ["conv+bn"] and "bn" not in {n for g in session.groups for n in g}
+    assert model.SerializeToString() == before

@@ -79,7 +79,10 @@ class Plan:
             if name not in self.values:
                 self.values[name] = Value(self._new_ident(), array.dtype, array.shape, array, name)
         steps: list = []
-        for position, proto in enumerate(graph.node):
+        nodes = list(graph.node)
+        if graph_fusion:
+            nodes = fold_batch_norms(nodes, {o.name for o in graph.output}, self.values, self._new_ident)
+        for position, proto in enumerate(nodes):
             node = Node(proto, proto.name or f"{proto.op_type}_{position}")
             inputs = [self.values[name] if name else None for name in proto.input]
             builder = Builder(node.name, node.op_type, self._new_ident)
@@ -299,3 +302,60 @@ def unsupported_error(missing, where: str) -> UnsupportedError:
     kinds = sorted({op for op, _, _ in missing})
     return UnsupportedError(f"{where}: {len(missing)} node(s) use operators polyc does not support: {listed} "
                             f"[unsupported: {', '.join(kinds)}]")
+
+
+def fold_batch_norms(nodes: list, graph_outputs: set, values: dict, new_ident) -> list:
+    """The nodes with every inference BatchNormalization that follows a Conv folded into the
+    Conv's weights and bias, as onnxruntime and TVM do: per filter f, with
+    ``k = scale / sqrt(var + epsilon)``, ``W'[f] = W[f] * k[f]`` and ``B'[f] = (B[f] - mean[f])
+    * k[f] + shift[f]``.  Only where the Conv's output feeds the BatchNormalization alone and
+    every parameter is a constant.  New NodeProtos replace the two; the model's are not
+    touched.  The folded weights join ``values`` as constants (``new_ident`` names them in TC)."""
+    from onnx import NodeProto
+    uses: dict[str, int] = {}
+    for node in nodes:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+    producer = {name: position for position, node in enumerate(nodes) for name in node.output}
+    result: list = list(nodes)
+    dropped: set[int] = set()
+    for position, norm in enumerate(nodes):
+        if norm.op_type != "BatchNormalization" or len(norm.input) < 5 or len([o for o in norm.output if o]) != 1:
+            continue
+        attributes = {a.name: a for a in norm.attribute}
+        if "training_mode" in attributes and attributes["training_mode"].i:
+            continue
+        conv_position = producer.get(norm.input[0])
+        if conv_position is None or nodes[conv_position].op_type != "Conv":
+            continue
+        conv = nodes[conv_position]
+        if uses.get(conv.output[0], 0) != 1 or conv.output[0] in graph_outputs:
+            continue
+        parameters = [values.get(name) for name in list(norm.input[1:5]) + list(conv.input[1:3])]
+        if any(v is None or v.const is None for v in parameters[:5]) or \
+                (len(conv.input) > 2 and conv.input[2] and parameters[5] is None):
+            continue
+        scale, shift, mean, var, weights = (v.const for v in parameters[:5])
+        bias = parameters[5].const if len(parameters) > 5 and parameters[5] is not None else None
+        epsilon = attributes["epsilon"].f if "epsilon" in attributes else 1e-5
+        if weights.dtype.kind != "f" or weights.shape[0] != scale.shape[0]:
+            continue
+        k = scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + epsilon)
+        folded_weights = (weights * k.reshape((-1,) + (1,) * (weights.ndim - 1))).astype(weights.dtype)
+        base = bias.astype(np.float64) if bias is not None else np.zeros_like(k)
+        folded_bias = ((base - mean) * k + shift).astype(weights.dtype)
+        names = []
+        for suffix, array in (("weights", folded_weights), ("bias", folded_bias)):
+            name = f"polyc_folded_{norm.output[0]}_{suffix}"
+            values[name] = Value(new_ident(), array.dtype, array.shape, array, name)
+            names.append(name)
+        merged = NodeProto()
+        merged.CopyFrom(conv)
+        del merged.input[:]
+        merged.input.extend([conv.input[0], *names])
+        del merged.output[:]
+        merged.output.extend([norm.output[0]])
+        merged.name = f"{conv.name or 'Conv'}+{norm.name or 'BatchNormalization'}"
+        result[conv_position] = merged
+        dropped.add(position)
+    return [node for position, node in enumerate(result) if position not in dropped]
