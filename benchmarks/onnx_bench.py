@@ -72,6 +72,18 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "onnx_last.json")
     args = parser.parse_args(argv)
+    pairs = [(name, int(batch)) for name in args.models.split(",") for batch in args.batches.split(",")]
+    results = run_models(pairs, args.repeat)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"raw results: {args.json}")
+    return 1 if any(not row.get("polyc_ok", True) or not row.get("polyc_unfused_ok", True)
+                    for row in results["rows"]) else 0
+
+
+def run_models(pairs, repeat: int) -> dict:
+    """Measure each (model, batch) of ``pairs``, printing a table row as each finishes; the
+    results as JSON-ready data (also what ``python -m benchmarks`` keeps under "onnx")."""
     import onnxruntime as ort
 
     import polyc
@@ -83,51 +95,47 @@ def main(argv=None) -> int:
               f"{'ort/polyc':>9} {'fusion x':>8} {'cold s':>7} {'warm s':>7} check")
     print(header + "\n" + "-" * len(header))
     results = {"machine": machine.to_json(), "threads": threads, "rows": []}
-    for name in args.models.split(","):
+    for name, batch in pairs:
         model = load(name)
         data = model.SerializeToString()
-        for batch in (int(b) for b in args.batches.split(",")):
-            shape = input_shape(name, batch)
-            x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-            row = {"model": name, "batch": batch}
-            try:
-                options = ort.SessionOptions()
-                options.intra_op_num_threads = threads
-                reference = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-                expected = reference.run(None, {"input": x})[0]
-                row["ort"] = median_time(lambda: reference.run(None, {"input": x}), args.repeat)
-                plain = ort.SessionOptions()
-                plain.intra_op_num_threads = threads
-                plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-                unoptimised = ort.InferenceSession(data, plain, providers=["CPUExecutionProvider"])
-                row["ort_noopt"] = median_time(lambda: unoptimised.run(None, {"input": x}), args.repeat)
-                with tempfile.TemporaryDirectory() as cache:
-                    row["cold_compile"] = compile_seconds(name, shape, cache)
-                    row["warm_compile"] = compile_seconds(name, shape, cache)
-                for fused in (True, False):
-                    session = polyc.onnx.InferenceSession(model, graph_fusion=fused)
-                    got = session.run(None, {"input": x})[0]
-                    ok = bool(np.allclose(got, expected, rtol=1e-3, atol=1e-4))
-                    key = "polyc" if fused else "polyc_unfused"
-                    row[key] = median_time(lambda: session.run(None, {"input": x}), args.repeat)
-                    row[f"{key}_ok"] = ok
-                    if fused:
-                        row["kernels"] = len(session.groups)
-            except Exception as error:  # a row that fails says so; the others still run
-                row["error"] = f"{type(error).__name__}: {str(error)[:200]}"
-            results["rows"].append(row)
-            if "error" in row:
-                print(f"{name:<16} {batch:>5} ERROR {row['error']}", flush=True)
-                continue
-            check = "ok" if row["polyc_ok"] and row["polyc_unfused_ok"] else "MISMATCH"
-            print(f"{name:<16} {batch:>5} {row['polyc'] * 1e3:>9.2f} {row['polyc_unfused'] * 1e3:>9.2f} "
-                  f"{row['ort'] * 1e3:>8.2f} {row['ort_noopt'] * 1e3:>9.2f} {row['ort'] / row['polyc']:>8.2f}x "
-                  f"{row['polyc_unfused'] / row['polyc']:>7.2f}x {row['cold_compile']:>7.1f} "
-                  f"{row['warm_compile']:>7.2f} {check}", flush=True)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"raw results: {args.json}")
-    return 0
+        shape = input_shape(name, batch)
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        row = {"model": name, "batch": batch}
+        try:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            reference = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+            expected = reference.run(None, {"input": x})[0]
+            row["ort"] = median_time(lambda: reference.run(None, {"input": x}), repeat)
+            plain = ort.SessionOptions()
+            plain.intra_op_num_threads = threads
+            plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            unoptimised = ort.InferenceSession(data, plain, providers=["CPUExecutionProvider"])
+            row["ort_noopt"] = median_time(lambda: unoptimised.run(None, {"input": x}), repeat)
+            with tempfile.TemporaryDirectory() as cache:
+                row["cold_compile"] = compile_seconds(name, shape, cache)
+                row["warm_compile"] = compile_seconds(name, shape, cache)
+            for fused in (True, False):
+                session = polyc.onnx.InferenceSession(model, graph_fusion=fused)
+                got = session.run(None, {"input": x})[0]
+                ok = bool(np.allclose(got, expected, rtol=1e-3, atol=1e-4))
+                key = "polyc" if fused else "polyc_unfused"
+                row[key] = median_time(lambda: session.run(None, {"input": x}), repeat)
+                row[f"{key}_ok"] = ok
+                if fused:
+                    row["kernels"] = len(session.groups)
+        except Exception as error:  # a row that fails says so; the others still run
+            row["error"] = f"{type(error).__name__}: {str(error)[:200]}"
+        results["rows"].append(row)
+        if "error" in row:
+            print(f"{name:<16} {batch:>5} ERROR {row['error']}", flush=True)
+            continue
+        check = "ok" if row["polyc_ok"] and row["polyc_unfused_ok"] else "MISMATCH"
+        print(f"{name:<16} {batch:>5} {row['polyc'] * 1e3:>9.2f} {row['polyc_unfused'] * 1e3:>9.2f} "
+              f"{row['ort'] * 1e3:>8.2f} {row['ort_noopt'] * 1e3:>9.2f} {row['ort'] / row['polyc']:>8.2f}x "
+              f"{row['polyc_unfused'] / row['polyc']:>7.2f}x {row['cold_compile']:>7.1f} "
+              f"{row['warm_compile']:>7.2f} {check}", flush=True)
+    return results
 
 
 if __name__ == "__main__":

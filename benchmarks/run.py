@@ -69,6 +69,19 @@ def parse_args(argv):
     return args
 
 
+def select_onnx_models(args) -> list[tuple[str, int]]:
+    """(model, batch) of the "onnx" group (benchmarks.onnx_bench) that ``--filter`` selects;
+    none with ``--quick``."""
+    if args.quick:
+        return []
+    from benchmarks.onnx_models import MODELS
+    pairs = [(name, batch) for name in MODELS for batch in (1, 8)]
+    if args.filter:
+        pattern = re.compile(args.filter)
+        pairs = [(n, b) for n, b in pairs if pattern.search(f"{n} batch {b}") or pattern.search("onnx")]
+    return pairs
+
+
 def select_cases(args) -> list[suite.Case]:
     cases = suite.quick_suite() if args.quick else suite.full_suite()
     if args.filter:
@@ -297,10 +310,13 @@ def main(argv=None, blas_environment: dict | None = None) -> int:
     """Run the suite; 1 if any implementation gave a wrong result or failed, else 0."""
     args = parse_args(argv)
     selected = select_cases(args)
-    if args.list or not selected:
+    onnx_models = select_onnx_models(args)
+    if args.list or not (selected or onnx_models):
         for case in selected:
             print(f"{case.group:<14} {case.title}")
-        if not selected:
+        for name, batch in onnx_models:
+            print(f"{'onnx':<14} {name} batch {batch}")
+        if not (selected or onnx_models):
             print("no case matches --filter", file=sys.stderr)
         return 0 if args.list else 2
 
@@ -320,11 +336,28 @@ def main(argv=None, blas_environment: dict | None = None) -> int:
             record = run_case(case, args, toolchains, Path(build_dir))
             results["cases"].append(record)
             print(report.row(record, args.tuned), flush=True)
+        if onnx_models:
+            results["onnx"] = run_onnx_models(onnx_models, args.repeat)
 
     results["machine"]["loadavg_end"] = list(os.getloadavg())
     results["summary"] = report.summarize(results["cases"], suite.GROUPS)
-    print(report.summary_text(results["summary"]))
+    if selected:
+        print(report.summary_text(results["summary"]))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1) + "\n")
     print(f"\nraw results: {args.json}")
-    return 1 if results["summary"]["mismatches"] else 0
+    onnx_mismatch = any(not row.get(key, True) for row in results.get("onnx", {}).get("rows", [])
+                        for key in ("polyc_ok", "polyc_unfused_ok"))
+    return 1 if results["summary"]["mismatches"] or onnx_mismatch else 0
+
+
+def run_onnx_models(pairs, repeat: int) -> dict:
+    """The "onnx" group: the real models through polyc and onnxruntime (benchmarks.onnx_bench)."""
+    print("\nONNX models: polyc sessions beside onnxruntime (benchmarks.onnx_bench; ratios ort/polyc)")
+    import importlib.util
+    missing = [name for name in ("onnx", "onnxruntime") if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"skipped: {' and '.join(missing)} not installed (pip install 'polyc[test]')")
+        return {"skipped": f"{' and '.join(missing)} not installed"}
+    from benchmarks.onnx_bench import run_models
+    return run_models(pairs, repeat)
