@@ -56,8 +56,10 @@ int main(int argc, char **argv)
         printf(" | %d %d\n", polyc_threads(4), polyc_threads_record()->backoff);
         return 0;
     }
-    /* measure: the slow threads of a region of two threads, each spinning 5 ms of CPU time */
-    printf("%d\n", region(2, 0.005));
+    /* measure: the slow threads of five regions in a row of two threads, each spinning 5 ms
+       of CPU time */
+    for (int i = 0; i < 5; i++) printf("%d ", region(2, 0.005));
+    printf("\n");
     return 0;
 }
 """
@@ -85,18 +87,18 @@ def test_decisions_call_by_call(program):
     assert last == ["4", "16"]
 
 
-def _run(program, cpus: str, threads: int = 2) -> int:
+def _run(program, cpus: str, threads: int = 2) -> list[int]:
     taskset = shutil.which("taskset")
     if taskset is None:
         pytest.skip("taskset (util-linux) is not installed")
     run = subprocess.run([taskset, "-c", cpus, str(program), "measure"], capture_output=True, text=True,
                          check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "passive"})
-    return int(run.stdout)
+    return [int(word) for word in run.stdout.split()]
 
 
 def test_threads_sharing_one_cpu_are_found_slow(program):
-    # Two threads on one CPU: one waits for the other most of its 5 ms.
-    assert _run(program, "0") >= 1
+    # Two threads on one CPU: one waits for the other most of its 5 ms, in every region.
+    assert all(slow >= 1 for slow in _run(program, "0"))
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
@@ -104,4 +106,8 @@ def test_threads_on_their_own_cpus_are_not_slow_when_the_machine_is_idle(program
     if os.getloadavg()[0] > 0.5:
         pytest.skip(f"the machine is busy (load {os.getloadavg()[0]:.2f}): other processes may take the CPUs")
     cpus = sorted(os.sched_getaffinity(0))[:2]
-    assert _run(program, f"{cpus[0]},{cpus[1]}") == 0
+    # A virtual machine's host may pause both processors for milliseconds now and then (seen
+    # on an Intel VM: about one region in six), which the policy rightly counts; but on an idle
+    # machine most regions find both threads running at once.
+    slow_regions = sum(slow > 0 for slow in _run(program, f"{cpus[0]},{cpus[1]}"))
+    assert slow_regions <= 2, f"{slow_regions} of 5 regions had a slow thread"
