@@ -47,13 +47,28 @@ int main(int argc, char **argv)
         /* A call that found one of 4 threads slow: 3 threads for the next 16 calls, then 4 to try
            again; still slow: 32 calls; then fine: all of them, and the wait starts at 16 again. */
         printf("%d", polyc_threads(4));
-        polyc_threads_after(4, 4, 1);
+        polyc_threads_note(4, 4, 1);
         for (int i = 0; i < 17; i++) printf(" %d", polyc_threads(4));
-        polyc_threads_after(4, 4, 3);
+        polyc_threads_note(4, 4, 3);
         printf(" |");
         for (int i = 0; i < 33; i++) printf(" %d", polyc_threads(4));
-        polyc_threads_after(4, 4, 0);
+        polyc_threads_note(4, 4, 0);
         printf(" | %d %d\n", polyc_threads(4), polyc_threads_record()->backoff);
+        return 0;
+    }
+    if (strcmp(argv[1], "crowded") == 0) {
+        /* Whether the machine is crowded, asked while `nthr` threads of this process spin. */
+        int answer = 0;
+        #pragma omp parallel
+        {
+            const double start = polyc_clock(CLOCK_MONOTONIC);
+            volatile double x = 0;
+            while (polyc_clock(CLOCK_MONOTONIC) - start < 0.05) x += 1;
+            #pragma omp master
+            answer = polyc_machine_crowded();
+            #pragma omp barrier
+        }
+        printf("%d\n", answer);
         return 0;
     }
     /* measure: the slow threads of five regions in a row of two threads, each spinning 5 ms
@@ -87,13 +102,26 @@ def test_decisions_call_by_call(program):
     assert last == ["4", "16"]
 
 
-def _run(program, cpus: str, threads: int = 2) -> list[int]:
+def _run(program, cpus: str, threads: int = 2, what: str = "measure") -> list[int]:
     taskset = shutil.which("taskset")
     if taskset is None:
         pytest.skip("taskset (util-linux) is not installed")
-    run = subprocess.run([taskset, "-c", cpus, str(program), "measure"], capture_output=True, text=True,
+    run = subprocess.run([taskset, "-c", cpus, str(program), what], capture_output=True, text=True,
                          check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "passive"})
     return [int(word) for word in run.stdout.split()]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="no /proc/stat (not Linux)")
+def test_three_spinning_threads_crowd_two_cpus_and_two_do_not(program):
+    cpus = sorted(os.sched_getaffinity(0))
+    # Three threads pinned to one CPU crowd it whatever the rest of the machine does.
+    assert _run(program, str(cpus[0]), threads=3, what="crowded") == [1]
+    if len(cpus) >= 2 and os.getloadavg()[0] <= 0.5:
+        # Two threads on two CPUs of an idle machine: a late thread there is a late wake-up.
+        # Another process may run for a moment (a test worker beside this one), so of three
+        # tries one must find the machine uncrowded.
+        answers = [_run(program, f"{cpus[0]},{cpus[1]}", threads=2, what="crowded") for _ in range(3)]
+        assert [0] in answers, answers
 
 
 def test_threads_sharing_one_cpu_are_found_slow(program):

@@ -26,6 +26,9 @@ from polyc.options import Options
 #: then passes the count of slow threads to polyc_threads_after().
 THREAD_POLICY_C = r"""#if defined(_OPENMP)
 #include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #define POLYC_UNUSED __attribute__((unused))  /* a serial kernel calls none of these */
 /* Threads the machine runs now.  On a machine busier than its cores, a short parallel call
@@ -44,6 +47,11 @@ THREAD_POLICY_C = r"""#if defined(_OPENMP)
    that the host has put to sleep can take one (seen on an Intel Xeon VM after 50 ms idle, and
    after numpy's calls); with 0.5 ms such wakes halved a 512^3 sgemm (1.34 ms on one thread
    instead of 0.75 ms on two) in benchmarks, for no gain in the busy-machine percentiles.
+   Slow threads count only while the machine is crowded: more threads runnable than it has
+   processors (/proc/stat's procs_running, read only after a slow call).  A thread woken late on
+   an idle machine (a virtual processor the host let sleep: after a 0.3 s pause, seen on an AMD
+   EPYC VM, every first call) is no reason to drop threads: without this check a 512^3 sgemm
+   called after pauses ran on one thread most of the time (0.63x numpy instead of 1.0x).
    POLYC_THREADS=all in the environment turns the policy off. */
 typedef struct { int64_t calls, retry_at; int limit, backoff, off; } polyc_threads_t;
 typedef struct { double wall, cpu; } polyc_thread_clock_t;
@@ -110,8 +118,26 @@ static POLYC_UNUSED void polyc_thread_stop(const polyc_thread_clock_t *clock, in
         __atomic_add_fetch(slow, 1, __ATOMIC_RELAXED);
 }
 
-/* After a region of `nthr` threads (out of `most`) of which `slow` were kept waiting. */
-static POLYC_UNUSED void polyc_threads_after(int nthr, int most, int slow)
+/* Whether more threads are runnable now than the processors this process may use; where
+   /proc/stat cannot be read, assume so (the slow threads are then the only evidence). */
+static POLYC_UNUSED int polyc_machine_crowded(void)
+{
+    FILE *file = fopen("/proc/stat", "r");
+    if (file == NULL)
+        return 1;
+    char line[256];
+    long running = -1;
+    while (fgets(line, sizeof line, file) != NULL)
+        if (strncmp(line, "procs_running ", 14) == 0) {
+            running = strtol(line + 14, NULL, 10);
+            break;
+        }
+    fclose(file);
+    return running < 0 || running > omp_get_num_procs();
+}
+
+/* Records a region of `nthr` threads (out of `most`) of which `slow` were kept waiting. */
+static POLYC_UNUSED void polyc_threads_note(int nthr, int most, int slow)
 {
     polyc_threads_t *s = polyc_threads_record();
     if (nthr <= 1)
@@ -126,6 +152,12 @@ static POLYC_UNUSED void polyc_threads_after(int nthr, int most, int slow)
         __atomic_store_n(&s->limit, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&s->backoff, 16, __ATOMIC_RELAXED);
     }
+}
+
+/* After a region of `nthr` threads (out of `most`) of which `slow` were kept waiting. */
+static POLYC_UNUSED void polyc_threads_after(int nthr, int most, int slow)
+{
+    polyc_threads_note(nthr, most, slow > 0 && polyc_machine_crowded() ? slow : 0);
 }
 #endif
 """
