@@ -290,8 +290,8 @@ class _GemmWriter(PatternKernelWriter):
             pieces.append("#else" if guard is None else f"{'#if' if position == 0 else '#elif'} {guard}")
             if isa in ISA_HEADERS:
                 pieces.append(f"#include <{ISA_HEADERS[isa]}>")
-            if isa == "avx512" and self.dtype.itemsize == 4:
-                pieces.append(_TRANSPOSE16)
+            if isa in _TRANSPOSES and self.dtype.itemsize == 4:
+                pieces.append(_TRANSPOSES[isa])
             pieces.append(f'#define POLYC_GEMM_ISA "{isa}"')
             shapes = self.shapes_for(isa)
             for shape in shapes:
@@ -309,7 +309,7 @@ class _GemmWriter(PatternKernelWriter):
         l2 = caches.get(2, 1 << 20)
         for macro, value in (("MR", shape.mr), ("NR", shape.nr), ("MC", mc), ("NC", nc), ("KC", kc),
                              ("KC_FIXED", int(kc_fixed)), ("L1_BYTES", caches.get(1, 32 * 1024)), ("L2_BYTES", l2),
-                             ("WIDE_BLOCK", int(shape.vectors >= 2))):
+                             ("WIDE_BLOCK", int(shape.vectors >= 3))):
             text = re.sub(rf"\b{macro}\b", str(value), text)
         text = text.replace("_SHAPE", f"_{shape.name}").replace("MASKED_B", "1" if shape.isa == "avx512" else "0")
         if not self.options.parallel:
@@ -734,21 +734,23 @@ _MICRO_KERNELS = {"avx512": _vector_micro_kernel, "avx2": _vector_micro_kernel, 
 
 
 def _transposed_b(shape: MicroKernelShape, dtype: np.dtype) -> str:
-    """AVX-512 packing of a float sliver of B stored transposed (columns evenly spaced, K
-    contiguous, as in ``A * B^T``): 16 x 16 blocks transposed in registers, four times faster
-    than element by element."""
-    if shape.isa != "avx512" or np.dtype(dtype).itemsize != 4:
+    """Packing of a float sliver of B stored transposed (columns evenly spaced, K contiguous,
+    as in ``A * B^T``) by register transposes: 16 x 16 blocks on AVX-512, 8 x 8 on AVX2.
+    Element by element the packing costs as much as a third of a 128 x 1024 x 1024 product on
+    AVX2 (tmm: 4.1 ms instead of 2.9 on an AMD EPYC); by blocks, about four times less."""
+    block = {"avx512": 16, "avx2": 8}.get(shape.isa)
+    if block is None or np.dtype(dtype).itemsize != 4:
         return ""
-    return """    if (cols == NR && g->b_n_stride > 0 && g->b_k_stride == 1) {  /* B transposed: in 16 x 16 blocks */
+    return f"""    if (cols == NR && g->b_n_stride > 0 && g->b_k_stride == 1) {{  /* B transposed: in {block} x {block} blocks */
         int64_t k = 0;
-        for (; k + 16 <= kc; k += 16)
-            for (int64_t v = 0; v < NR; v += 16)
-                polyc_transpose16(b + b_n[v] + pc + k, g->b_n_stride, dst + k * NR + v, NR);
+        for (; k + {block} <= kc; k += {block})
+            for (int64_t v = 0; v < NR; v += {block})
+                polyc_transpose{block}(b + b_n[v] + pc + k, g->b_n_stride, dst + k * NR + v, NR);
         for (; k < kc; k++)
             for (int64_t j = 0; j < NR; j++)
                 dst[k * NR + j] = b[b_n[j] + pc + k];
         return;
-    }
+    }}
 """
 
 
@@ -866,6 +868,33 @@ static inline void polyc_transpose16(const float *restrict src, int64_t ld, floa
         _mm512_storeu_ps(dst + i * ldd, r[i]);
 }
 """
+
+_TRANSPOSE8 = r"""
+/* dst[t*ldd + j] = src[j*ld + t] for j, t < 8: an 8 x 8 float block transposed in AVX registers. */
+static inline void polyc_transpose8(const float *restrict src, int64_t ld, float *restrict dst, int64_t ldd)
+{
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = _mm256_loadu_ps(src + i * ld);
+    for (int i = 0; i < 8; i += 2) {  /* interleave pairs of rows, within 128-bit lanes */
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {  /* then pairs of pairs: columns c and c + 4 of four rows */
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; i++) {  /* then the 128-bit halves of rows 0-3 and 4-7 */
+        _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+"""
+
+#: The register transposes of each instruction set, for packing a transposed float B.
+_TRANSPOSES = {"avx512": _TRANSPOSE16, "avx2": _TRANSPOSE8}
 
 
 def _shape_score(shape: MicroKernelShape, m: int, n: int, run: int) -> float:
