@@ -309,7 +309,7 @@ class _GemmWriter(PatternKernelWriter):
         l2 = caches.get(2, 1 << 20)
         for macro, value in (("MR", shape.mr), ("NR", shape.nr), ("MC", mc), ("NC", nc), ("KC", kc),
                              ("KC_FIXED", int(kc_fixed)), ("L1_BYTES", caches.get(1, 32 * 1024)), ("L2_BYTES", l2),
-                             ("WIDE_BLOCK", int(shape.vectors >= 3))):
+                             ("WIDE_BLOCK", int(shape.vectors >= 2 and shape.isa != "avx2"))):
             text = re.sub(rf"\b{macro}\b", str(value), text)
         text = text.replace("_SHAPE", f"_{shape.name}").replace("MASKED_B", "1" if shape.isa == "avx512" else "0")
         if not self.options.parallel:
@@ -1145,8 +1145,10 @@ static int polyc_direct_b_SHAPE(const polyc_gemm_t *restrict g, int64_t jr, int6
    An A block with evenly spaced rows is read in place when at most two B slivers use it, or
    when its rows run along K, the register block is at least two vectors wide and an A sliver
    (MR x KC) is within a quarter of L1, as a packed one would be: packing then costs more than
-   it saves (sgemm 512-2048 and tmm ran 4-13% faster in place; sharing columns, each thread
-   would pack all of A).  Not with one vector per row, whose loop is mostly A's broadcasts:
+   it saves (sgemm 512-2048 and tmm ran 4-13% faster in place on AVX-512; sharing columns,
+   each thread would pack all of A).  Not on AVX2, whose 6 x 16 block has half the
+   multiply-adds per load of A: the six row streams cost more there than packing (an AMD EPYC
+   Zen 3: sgemm 1024 12% slower in place).  Not with one vector per row, whose loop is mostly A's broadcasts:
    their MR row pointers take the registers (a Kronecker step, 8% slower); nor with the long
    KC blocks of small targets (the MLP layer's 2000, 1-4% slower in place). */
 static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int init, T *restrict bpacks,
