@@ -293,7 +293,7 @@ def _finish_innermost(node: isl.ScheduleNode, context: _Context, keep_first: boo
     movable = range(1 if keep_first else 0, n)
     reductions = {m: _simd_reductions(node, m, context) for m in movable} if options.vectorize else {}
     if len(movable) >= 2 and node.band_get_permutable():
-        scores = {member: _stride_score(node, member, context.program) for member in movable}
+        scores = {member: stride_score(node, member, context.program) for member in movable}
 
         def preference(m: int):
             coincident = node.band_member_get_coincident(m)
@@ -473,7 +473,7 @@ def _statement_or_none(program: PolyProgram, name: str):
     return next((s for s in program.statements if s.name == name), None)
 
 
-def _stride_score(node: isl.ScheduleNode, member: int, program: PolyProgram) -> int:
+def stride_score(node: isl.ScheduleNode, member: int, program: PolyProgram) -> int:
     """How good a member is as the innermost loop: +2 per stride-1 access, -2 per access it
     strides over a non-last dimension, 0 for accesses it does not move.  ``!`` initialisations
     do not count: they run once per element, not once per iteration of the reduction."""

@@ -1,0 +1,71 @@
+"""The default tile sizes (:func:`polyc.schedule.tiling.choose_tile_sizes`): the cost model's
+choice between equal blocks and whole inner loops, read from the compiled kernel's decisions
+(``kernel.explain``), with the cache sizes pinned so that the choice does not depend on the
+machine the tests run on."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import polyc
+from polyc.schedule import tiling
+
+CACHES = (32 * 1024, 512 * 1024, 32 * 1024 * 1024)
+
+TENSORDOT = """
+def tensordot(float(N, C1, C2, H, W) I0, float(N, C2, C3, H, W) I1) -> (O) {
+    O(n, c1, c3, h, w) +=! I0(n, c1, r_c2, h, w) * I1(n, r_c2, c3, h, w)
+}"""
+
+MATMUL = "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
+
+
+def tiles(source: str, entry: str, sizes: dict, **options) -> dict[str, int | None]:
+    kernel = polyc.define(source, tuning=False, cache_sizes=CACHES, **options)[entry]
+    explanation = kernel.explain(sizes)
+    return {loop.index: loop.tile_size for loop in explanation.loops}
+
+
+def test_a_streaming_contraction_keeps_its_planes_whole():
+    # Every access is moved by n, h and w: cutting the 28 x 28 planes buys no reuse, only
+    # short inner loops (twice as slow, measured); the outer n and c1 shrink instead.
+    chosen = tiles(TENSORDOT, "tensordot", dict(N=32, C1=512, C2=8, C3=2, H=28, W=28))
+    assert chosen["h"] == 28 and chosen["w"] == 28 and chosen["n"] == 1
+    assert chosen["c1"] < 512
+
+
+def test_a_matmul_keeps_equal_blocks():
+    # Each operand is reused along the member that does not move it: equal blocks keep that.
+    chosen = tiles(MATMUL, "mm", dict(M=512, N=512, K=512), blas_contractions=False)
+    assert chosen["m"] == chosen["n"] == chosen["r_k"] == 128  # 3 x 128 x 128 floats: 192 KiB, half of L2
+
+
+def test_symbolic_sizes_get_equal_blocks():
+    kernel = polyc.define(TENSORDOT, tuning=False, specialize=False, cache_sizes=CACHES).tensordot
+    explanation = kernel.explain(dict(N=32, C1=512, C2=8, C3=2, H=28, W=28))
+    assert len({loop.tile_size for loop in explanation.loops}) == 1
+
+
+def test_the_model_prefers_whole_inner_loops_only_when_reuse_is_not_lost():
+    # (members moving the access, element size): a matmul's three operands...
+    matmul = [(frozenset({0, 2}), 4), (frozenset({2, 1}), 4), (frozenset({0, 1}), 4)]
+    budget = CACHES[1] // 2
+    equal = tiling._equal_sizes(matmul, 3, budget)
+    whole = tiling._outer_first_sizes(matmul, [512, 512, 512], 1, budget)
+    assert tiling._cost(matmul, equal, 1) < tiling._cost(matmul, whole, 1)
+    # ... and an elementwise product, where no member gives reuse.
+    elementwise = [(frozenset({0, 1}), 4)] * 3
+    equal = tiling._equal_sizes(elementwise, 2, budget)
+    whole = tiling._outer_first_sizes(elementwise, [1000, 1000], 1, budget)
+    assert whole[1] == 1000 and tiling._cost(elementwise, whole, 1) < tiling._cost(elementwise, equal, 1)
+
+
+@pytest.mark.parametrize("sizes", [dict(N=2, C1=8, C2=3, C3=2, H=5, W=7), dict(N=3, C1=40, C2=8, C3=2, H=28, W=28)])
+def test_the_chosen_tiles_compute_the_tensordot(sizes):
+    rng = np.random.default_rng(0)
+    n, c1, c2, c3, h, w = (sizes[k] for k in ("N", "C1", "C2", "C3", "H", "W"))
+    I0 = rng.standard_normal((n, c1, c2, h, w)).astype(np.float32)
+    I1 = rng.standard_normal((n, c2, c3, h, w)).astype(np.float32)
+    kernel = polyc.define(TENSORDOT, tuning=False, cache_sizes=CACHES).tensordot
+    expected = np.einsum("nachw,ncbhw->nabhw", I0.astype(np.float64), I1.astype(np.float64))
+    np.testing.assert_allclose(kernel(I0, I1), expected, rtol=1e-5, atol=1e-5)
