@@ -757,15 +757,21 @@ def _spatial(b, node, x, kernel, strides_default=1):
     return outs, pads[:k], pads[k:], strides, dilations
 
 
+def _convolution_operands(b, node, inputs):
+    """(input, weights, bias or None, groups, batch, channels) of a Conv or ConvTranspose, whose
+    input must have a batch, channels and at least one spatial dimension."""
+    x, w = inputs[:2]
+    bias = inputs[2] if len(inputs) > 2 else None
+    if x.rank < 3:
+        raise UnsupportedError(f"{b.where}: {node.op_type} of a rank-{x.rank} input")
+    n, channels = x.shape[:2]
+    return x, w, bias, node.attr("group", 1), n, channels
+
+
 class Conv(Converter):
     @staticmethod
     def _impl_v1(b, node, inputs):
-        x, w = inputs[:2]
-        bias = inputs[2] if len(inputs) > 2 else None
-        if x.rank < 3:
-            raise UnsupportedError(f"{b.where}: Conv of a rank-{x.rank} input")
-        groups = node.attr("group", 1)
-        n, channels = x.shape[:2]
+        x, w, bias, groups, n, channels = _convolution_operands(b, node, inputs)
         filters, per_group = w.shape[:2]
         kernel = list(w.shape[2:])
         outs, begin, end, strides, dilations = _spatial(b, node, x, kernel)
@@ -866,13 +872,8 @@ class ConvTranspose(Converter):
 
     @staticmethod
     def _impl_v1(b, node, inputs):
-        x, w = inputs[:2]
-        bias = inputs[2] if len(inputs) > 2 else None
-        if x.rank < 3:
-            raise UnsupportedError(f"{b.where}: ConvTranspose of a rank-{x.rank} input")
+        x, w, bias, groups, n, channels = _convolution_operands(b, node, inputs)
         k = x.rank - 2
-        groups = node.attr("group", 1)
-        n, channels = x.shape[:2]
         per_group, kernel = w.shape[1], list(w.shape[2:])
         strides = list(node.attr("strides") or [1] * k)
         dilations = list(node.attr("dilations") or [1] * k)
