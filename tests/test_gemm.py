@@ -460,3 +460,24 @@ def test_neon_export_is_blocked_for_aarch64_caches():
     rng = np.random.default_rng(3)  # and a kernel blocked for other caches still computes the same
     a, b = rand(rng, (300, 300)), rand(rng, (300, 300))
     check(polyc.define(MATMUL, cache_sizes=(4096, 65536, 1 << 20)).f, (a, b), [a.astype(np.float64) @ b], 300)
+
+
+@pytest.mark.parametrize("entry, source", [
+    ("tmm", "def tmm(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }"),
+    ("mm", "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"),
+], ids=["transposed-b", "matmul"])
+def test_the_avx512_path_compiles_on_any_x86_machine(entry, source, tmp_path):
+    # An AVX2 machine cannot run the AVX-512 micro-kernels and register transposes, but it can
+    # compile them: a change to the shared templates must not break the other instruction set.
+    if subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip() != "x86_64":
+        pytest.skip("AVX-512 is an x86-64 instruction set")
+    kernel = polyc.define(source, tuning=False)[entry]
+    c_file = tmp_path / "kernel.c"
+    c_file.write_text(kernel.c_source(dict(M=96, N=256, K=64)))
+    for flags in ("-mavx512f -mavx512vl -mfma", "-mavx2 -mfma"):
+        built = subprocess.run(["gcc", "-O2", "-std=gnu11", "-fopenmp", "-Wall", "-Werror=implicit-function-declaration",
+                                *flags.split(), "-c", str(c_file), "-o", str(tmp_path / "kernel.o")],
+                               capture_output=True, text=True)
+        assert built.returncode == 0, built.stderr[-2000:]
+        symbols = subprocess.run(["nm", str(tmp_path / "kernel.o")], capture_output=True, text=True).stdout
+        assert "polyc_" in symbols
