@@ -462,18 +462,24 @@ def test_neon_export_is_blocked_for_aarch64_caches():
     check(polyc.define(MATMUL, cache_sizes=(4096, 65536, 1 << 20)).f, (a, b), [a.astype(np.float64) @ b], 300)
 
 
-@pytest.mark.parametrize("entry, source", [
-    ("tmm", "def tmm(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }"),
-    ("mm", "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"),
-], ids=["transposed-b", "matmul"])
-def test_the_avx512_path_compiles_on_any_x86_machine(entry, source, tmp_path):
+@pytest.mark.parametrize("entry, source, sizes", [
+    ("tmm", "def tmm(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }",
+     dict(M=96, N=256, K=64)),
+    ("mm", "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
+     dict(M=96, N=256, K=64)),
+    ("conv", "def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1, float(F) B1) -> (O) {\n"
+             "  O(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw)\n"
+             "  O(n, f, h, w) = fmax(O(n, f, h, w) + B1(f), 0.0)\n}",
+     dict(N=1, C=16, H=20, W=20, F=32, KH=3, KW=3)),
+], ids=["transposed-b", "matmul", "convolution"])
+def test_the_avx512_path_compiles_on_any_x86_machine(entry, source, sizes, tmp_path):
     # An AVX2 machine cannot run the AVX-512 micro-kernels and register transposes, but it can
     # compile them: a change to the shared templates must not break the other instruction set.
     if subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip() != "x86_64":
         pytest.skip("AVX-512 is an x86-64 instruction set")
     kernel = polyc.define(source, tuning=False)[entry]
     c_file = tmp_path / "kernel.c"
-    c_file.write_text(kernel.c_source(dict(M=96, N=256, K=64)))
+    c_file.write_text(kernel.c_source(sizes))
     for flags in ("-mavx512f -mavx512vl -mfma", "-mavx2 -mfma"):
         built = subprocess.run(["gcc", "-O2", "-std=gnu11", "-fopenmp", "-Wall", "-Werror=implicit-function-declaration",
                                 *flags.split(), "-c", str(c_file), "-o", str(tmp_path / "kernel.o")],
@@ -481,3 +487,6 @@ def test_the_avx512_path_compiles_on_any_x86_machine(entry, source, tmp_path):
         assert built.returncode == 0, built.stderr[-2000:]
         symbols = subprocess.run(["nm", str(tmp_path / "kernel.o")], capture_output=True, text=True).stdout
         assert "polyc_" in symbols
+        if entry == "conv":  # the direct kernel, and AVX2's unmasked blocks for whole vectors
+            assert "polyc conv kernel" in c_file.read_text()
+            assert ("polyc_conv_kernel_3_full" in symbols) == flags.startswith("-mavx2")
