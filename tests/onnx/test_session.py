@@ -289,3 +289,37 @@ def test_batch_norm_folds_into_a_grouped_conv_without_bias():
     np.testing.assert_allclose(session.run(None, {"X": x})[0], reference(model, x), rtol=1e-4, atol=1e-5)
     assert session.groups[-1] == ["conv+bn"] and "bn" not in {n for g in session.groups for n in g}
     assert model.SerializeToString() == before
+
+
+@pytest.mark.parametrize("attributes, shape", [
+    (dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), (2, 3, 12, 11)),      # resnet's stem
+    (dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1), (1, 2, 10, 9)),               # squeezenet's
+    (dict(kernel_shape=[2, 3], strides=[1, 2], pads=[1, 2, 0, 2], dilations=[2, 1]), (1, 2, 7, 9)),
+    (dict(kernel_shape=[5, 5], strides=[1, 1], pads=[2, 2, 2, 2]), (1, 1, 3, 4)),         # edges meet
+    (dict(kernel_shape=[3], strides=[2], auto_pad="SAME_UPPER"), (2, 3, 8)),
+    (dict(kernel_shape=[2, 2, 2], strides=[2, 2, 2]), (1, 2, 4, 6, 5)),
+], ids=["stem", "ceil", "dilated", "small-image", "1d-same", "3d"])
+def test_max_pool_is_separable_and_agrees_with_onnxruntime(attributes, shape):
+    # One unrolled max per dimension, the interior without guards, each edge position with the
+    # taps inside the input; NaN-free random data (fmax and onnxruntime differ only on NaN).
+    node = helper.make_node("MaxPool", ["X"], ["Y"], name="pool", **attributes)
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [f"d{i}" for i in range(len(shape))])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    session = ponnx.InferenceSession(model)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+    np.testing.assert_array_equal(session.run(None, {"X": x})[0], expected)
+    source = session.tc_source()
+    assert "max=!" not in source and "fmax(" in source
+
+
+def test_max_pool_with_a_long_window_stays_a_reduction():
+    node = helper.make_node("MaxPool", ["X"], ["Y"], kernel_shape=[12], name="pool")
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("X", TensorProto.FLOAT, (1, 2, 16))],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", "C", "W"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(6).standard_normal((1, 2, 16)).astype(np.float32)
+    session = ponnx.InferenceSession(model)
+    np.testing.assert_array_equal(session.run(None, {"X": x})[0], reference(model, x))
+    assert "max=!" in session.tc_source()

@@ -557,7 +557,7 @@ def _affine(scale: int, index: str, offset: int) -> str:
     text = index if scale == 1 else f"{scale} * {index}" if scale > 0 else f"{offset} - {-scale} * {index}"
     if scale < 0:
         return text
-    return f"{text} + {offset}" if offset else text
+    return f"{text} + {offset}" if offset > 0 else f"{text} - {-offset}" if offset else text
 
 
 class Gather(Converter):
@@ -1095,6 +1095,8 @@ class MaxPool(Converter):
         kernel = node.attr("kernel_shape")
         outs, begin, end, strides, dilations = _spatial(b, node, x, kernel)
         out = b.new(list(x.shape[:2]) + outs, x.dtype)
+        if _separable_max_pool(b, x, out, kernel, begin, strides, dilations):
+            return [out]
         return [_pool(b, x, out, kernel, begin, strides, dilations, "max")]
 
 
@@ -1107,6 +1109,70 @@ class AveragePool(Converter):
         out = b.new(list(x.shape[:2]) + outs, x.dtype)
         return [_pool(b, x, out, kernel, begin, strides, dilations, "average",
                       include_pad=node.attr("count_include_pad", 0), end=end)]
+
+
+#: Windows of at most this many taps along one dimension are unrolled by the separable max pool.
+SEPARABLE_POOL_TAPS = 8
+#: Output positions per dimension, at each end, whose windows may hang over the input's edge.
+_SEPARABLE_POOL_EDGES = 4
+
+
+def _window_regions(extent: int, outputs: int, size: int, stride: int, dilation: int, pad: int):
+    """The output positions of a window along one dimension as ``(first, last + 1, taps)``
+    regions: the interior, where all ``size`` taps fall inside the input of ``extent``, and
+    one region per edge position with the taps that do.  None when an edge is too wide to
+    list or a position has no tap inside (then the guarded reduction is used)."""
+    def taps(o):
+        return tuple(t for t in range(size) if 0 <= stride * o + dilation * t - pad < extent)
+
+    low = min(outputs, -(-pad // stride))
+    high = max(low, min(outputs, (extent - 1 - dilation * (size - 1) + pad) // stride + 1))
+    edges = list(range(low)) + list(range(high, outputs))
+    if len(edges) > 2 * _SEPARABLE_POOL_EDGES or any(not taps(o) for o in edges):
+        return None
+    regions = [(o, o + 1, taps(o)) for o in range(low)]
+    if high > low:
+        regions.append((low, high, tuple(range(size))))
+    return regions + [(o, o + 1, taps(o)) for o in range(high, outputs)]
+
+
+def _separable_max_pool(b, x, out, kernel, begin, strides, dilations) -> bool:
+    """MaxPool as one max per spatial dimension, innermost first (a max over a box is the max
+    over its rows of the max along each row), with the taps unrolled into ``fmax`` and the
+    output positions split into an interior, which reads without guards, and the few edge
+    positions, which read only their taps inside the input (max ignores the padding).  For
+    resnet18's 3x3 stride-2 pool on 64 x 112 x 112: 2.0 ms as a guarded reduction, 0.2 ms so
+    (AMD EPYC Zen 3, 2 threads), as fast as onnxruntime's.  False (nothing emitted) for long
+    windows or wide edges."""
+    k = len(kernel)
+    if any(size > SEPARABLE_POOL_TAPS for size in kernel):
+        return False
+    plans = [_window_regions(x.shape[2 + d], out.shape[2 + d], kernel[d], strides[d], dilations[d], begin[d])
+             for d in range(k)]
+    if any(plan is None for plan in plans):
+        return False
+    statements, source = [], x
+    maximum = "fmax" if x.dtype.kind == "f" else "max"  # fmax would make integers floats
+    idx = ["n", "c"] + [f"s{d}" for d in range(k)]
+    for d in reversed(range(k)):
+        shape = list(source.shape)
+        shape[2 + d] = out.shape[2 + d]
+        target = out if d == 0 else b.new(shape, x.dtype)
+        # The last positions first: TC takes a temporary's extent from its first write.
+        for first, stop, taps in sorted(plans[d], key=lambda region: -region[1]):
+            reads = []
+            for t in taps:
+                at = _affine(strides[d], idx[2 + d], dilations[d] * t - begin[d])
+                reads.append(b.ref(source, idx[:2 + d] + [at] + idx[3 + d:]))
+            rhs = reads[0]
+            for read in reads[1:]:
+                rhs = f"{maximum}({rhs}, {read})"
+            ranges = ", ".join(f"{name} in {first if axis == 2 + d else 0}:{stop if axis == 2 + d else extent}"
+                               for axis, (name, extent) in enumerate(zip(idx, shape)))
+            statements.append(f"{target.ident}({', '.join(idx)}) = {rhs} where {ranges}")
+        source = target
+    b.emit(statements, [x], [out], "reduction")
+    return True
 
 
 def _pool(b, x, out, kernel, begin, strides, dilations, kind, include_pad=0, end=None):
