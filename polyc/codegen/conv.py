@@ -764,6 +764,26 @@ static void polyc_conv_tile(const polyc_conv_t *restrict g, int64_t b, int64_t t
     }
 }
 
+/* Packs channel block x (over all groups: [group][channel block]) of the weights into
+   g->wpack as [r][RF], zero rows past the last channel. */
+static void polyc_conv_pack(const polyc_conv_t *restrict g, const T *restrict w, const int64_t *restrict w_g,
+                            const int64_t *restrict w_f, const int64_t *restrict w_r, int64_t x)
+{
+    const int64_t nred = g->nred, wg = x / g->nfb, fb = x % g->nfb;
+    T *restrict dst = (T *)g->wpack + x * nred * POLYC_RF;
+    /* RF source rows read side by side and dst written in order: one pass over each (row by
+       row, dst was written RF times over, at a third of the speed). */
+    const T *src[POLYC_RF];
+    const int64_t rows = polyc_min(POLYC_RF, g->nf - fb * POLYC_RF);
+    for (int64_t i = 0; i < rows; i++)
+        src[i] = w + w_g[wg] + w_f[fb * POLYC_RF + i];
+    for (int64_t r = 0; r < nred; r++) {
+        const int64_t at = w_r[r];
+        for (int64_t i = 0; i < POLYC_RF; i++)
+            dst[r * POLYC_RF + i] = i < rows ? src[i][at] : (T)0;
+    }
+}
+
 /* Packs the weights, then every tile; 0, or STATUS when memory is short. */
 static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int64_t ngroups,
                           const int64_t *restrict w_g, const int64_t *restrict w_f, const int64_t *restrict w_r,
@@ -782,21 +802,8 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int64_t
     T *wpack = polyc_alloc(ngroups * g->wg_stride);
     T *panels = g->direct ? NULL : polyc_alloc((int64_t)nthr * nred * POLYC_NR);
     if (wpack == NULL || (!g->direct && panels == NULL)) { free(wpack); free(panels); return STATUS; }
-    /* Weights: [group][channel block][r][RF], zero rows past the last channel. */
-    for (int64_t x = 0; x < ngroups * nfb; x++) {
-        const int64_t wg = x / nfb, fb = x % nfb;
-        T *restrict dst = wpack + x * nred * POLYC_RF;
-        for (int64_t i = 0; i < POLYC_RF; i++) {
-            const int64_t f = fb * POLYC_RF + i;
-            if (f < g->nf) {
-                const T *restrict src = w + w_g[wg] + w_f[f];
-                for (int64_t r = 0; r < nred; r++) dst[r * POLYC_RF + i] = src[w_r[r]];
-            } else {
-                for (int64_t r = 0; r < nred; r++) dst[r * POLYC_RF + i] = 0;
-            }
-        }
-    }
     g->wpack = wpack;
+    const int64_t npack = ngroups * nfb;
     /* Work items: (item, tile, chunk of channel blocks); chunks only when there are few tiles. */
     int64_t chunk = CHUNK_BLOCKS;
     if (chunk <= 0) {
@@ -807,6 +814,8 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int64_t
     const int64_t nchunks = (nfb + chunk - 1) / chunk;
     const int64_t total = g->nitems * g->ntiles * nchunks;
     if (nthr <= 1) {
+        for (int64_t x = 0; x < npack; x++)
+            polyc_conv_pack(g, w, w_g, w_f, w_r, x);
         for (int64_t x = 0; x < total; x++) {
             const int64_t c = x % nchunks, t = x / nchunks % g->ntiles, b = x / nchunks / g->ntiles;
             polyc_conv_tile(g, b, t, c * chunk, polyc_min(nfb, (c + 1) * chunk), panels, init);
@@ -821,6 +830,11 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int64_t
             polyc_thread_clock_t clock;
             polyc_thread_start(&clock, call_start);
             T *panel = panels == NULL ? NULL : panels + (int64_t)omp_get_thread_num() * nred * POLYC_NR;
+            /* The threads pack the weights together (for 256 x 256 x 3 x 3 filters a quarter of
+               the call on one thread, AMD EPYC Zen 3), then wait for one another. */
+            #pragma omp for schedule(static)
+            for (int64_t x = 0; x < npack; x++)
+                polyc_conv_pack(g, w, w_g, w_f, w_r, x);
             #pragma omp for schedule(dynamic, 1) nowait
             for (int64_t x = 0; x < total; x++) {
                 const int64_t c = x % nchunks, t = x / nchunks % g->ntiles, b = x / nchunks / g->ntiles;
