@@ -323,3 +323,38 @@ def test_max_pool_with_a_long_window_stays_a_reduction():
     session = ponnx.InferenceSession(model)
     np.testing.assert_array_equal(session.run(None, {"X": x})[0], reference(model, x))
     assert "max=!" in session.tc_source()
+
+
+@pytest.mark.parametrize("attributes, shape, kernel, bias", [
+    (dict(pads=[1, 1, 1, 1]), (2, 4, 9, 7), (3, 3), True),                              # mobilenet's
+    (dict(pads=[1, 1, 1, 1], strides=[2, 2]), (1, 3, 10, 11), (3, 3), True),
+    (dict(pads=[2, 0, 2, 1], dilations=[2, 1]), (1, 2, 8, 6), (3, 3), False),
+    (dict(pads=[1, 1, 1, 1]), (1, 2, 2, 1), (3, 3), True),                              # no interior
+    (dict(pads=[1, 2], strides=[3]), (2, 5, 13), (4,), True),
+    (dict(pads=[2, 2, 2, 2]), (1, 3, 9, 9), (5, 5), True),                              # the conv kernel
+], ids=["3x3", "stride-2", "dilated-asymmetric", "tiny-image", "1d", "5x5"])
+def test_depthwise_convolutions_unrolled_against_onnxruntime(attributes, shape, kernel, bias):
+    # One filter per channel, then relu6 (Clip): the taps written out with the edges guarded,
+    # and the Clip fused into the same kernel.
+    rng = np.random.default_rng(7)
+    channels = shape[1]
+    initializers = [numpy_helper.from_array(rng.standard_normal((channels, 1, *kernel)).astype(np.float32), "W"),
+                    numpy_helper.from_array(np.array(0, np.float32), "lo"),
+                    numpy_helper.from_array(np.array(6, np.float32), "hi")]
+    if bias:
+        initializers.append(numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "B"))
+    nodes = [helper.make_node("Conv", ["X", "W"] + (["B"] if bias else []), ["c"], group=channels, name="dw",
+                              **attributes),
+             helper.make_node("Clip", ["c", "lo", "hi"], ["Y"], name="relu6")]
+    rank = len(shape)
+    graph = helper.make_graph(nodes, "dw", [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [f"d{i}" for i in range(rank)])],
+                              initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal(shape).astype(np.float32)
+    session = ponnx.InferenceSession(model)
+    np.testing.assert_allclose(session.run(None, {"X": x})[0], reference(model, x), rtol=1e-5, atol=1e-5)
+    unrolled = kernel != (5, 5)
+    assert ("+=!" not in session.tc_source()) == unrolled
+    # unrolled, the edges need no padding step before the kernel
+    assert session.groups == [["dw", "relu6"]] if unrolled else session.groups == [["dw"], ["dw", "relu6"]]
