@@ -98,7 +98,7 @@ def test_larger_images_use_the_direct_convolution_kernel():
     # 16x16 outputs: more positions than MATRIX_PRODUCT_POSITIONS, so the direct kernel, with
     # the padding a kernel of its own before it and BatchNormalization and Relu as epilogues.
     from polyc.frontends.onnx.ops import MATRIX_PRODUCT_POSITIONS
-    assert 16 * 16 > MATRIX_PRODUCT_POSITIONS
+    assert all(16 * 16 > windows for windows, _ in MATRIX_PRODUCT_POSITIONS.values())
     model = small_cnn(image=32)
     session = ponnx.InferenceSession(model)
     x = np.random.default_rng(3).standard_normal((2, 3, 32, 32)).astype(np.float32)
@@ -358,3 +358,23 @@ def test_depthwise_convolutions_unrolled_against_onnxruntime(attributes, shape, 
     assert ("+=!" not in session.tc_source()) == unrolled
     # unrolled, the edges need no padding step before the kernel
     assert session.groups == [["dw", "relu6"]] if unrolled else session.groups == [["dw"], ["dw", "relu6"]]
+
+
+@pytest.mark.parametrize("image", [2, 7, 14])
+def test_pointwise_convolutions_take_the_path_measured_faster_on_this_machine(image):
+    # A 1x1 convolution is a matrix product; which kernel computes it faster depends on the
+    # positions per image and on the vector width (MATRIX_PRODUCT_POSITIONS).
+    from polyc.codegen.targets import get_target
+    from polyc.frontends.onnx.ops import MATRIX_PRODUCT_POSITIONS
+    rng = np.random.default_rng(8)
+    node = helper.make_node("Conv", ["X", "W"], ["Y"], name="pw")
+    graph = helper.make_graph([node], "pw", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 8, image, image])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 16, image, image])],
+                              [numpy_helper.from_array(rng.standard_normal((16, 8, 1, 1)).astype(np.float32), "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ponnx.InferenceSession(model)
+    x = rng.standard_normal((1, 8, image, image)).astype(np.float32)
+    np.testing.assert_allclose(session.run(None, {"X": x})[0], reference(model, x), rtol=1e-4, atol=1e-5)
+    limit = MATRIX_PRODUCT_POSITIONS.get(get_target("host").vector_bits, MATRIX_PRODUCT_POSITIONS[256])[1]
+    expected = "contraction" if image * image <= limit else "convolution"
+    assert kernel_paths(session.kernels()[0].stages({})) == {expected}

@@ -1066,20 +1066,27 @@ def _weighted_gather(b, x, axis: int, weights: np.ndarray):
 
 
 #: Output positions per image up to which a convolution runs as a matrix product (polyc's gemm
-#: kernel) rather than as polyc's direct convolution kernel.  With few positions the direct
-#: kernel's vectors along the output row are short and its filter blocks reread; the product's
-#: panels stay full.  Measured on an Intel Xeon (AVX-512), 2 threads, batch 1: 3x3 convolutions
-#: at 7x7 outputs 2.6x faster as a product (im2col included), at 10x10 1.7x, at 14x14 0.8x, at
-#: 28x28 0.6x; 1x1 at 7x7 2.0-2.3x, at 14x14 1.1-1.3x, at 56x56 0.5-0.7x.
-MATRIX_PRODUCT_POSITIONS = 144
-MATRIX_PRODUCT_POSITIONS_1X1 = 196
+#: kernel) rather than as polyc's direct convolution kernel, for (windows of more than one
+#: tap, pointwise 1x1), by the host's vector width.  With few positions the direct kernel's
+#: vectors along the output row are short and its filter blocks reread; the product's panels
+#: stay full.  Measured with 2 threads at batch 1.  On an Intel Xeon (AVX-512): 3x3
+#: convolutions at 7x7 outputs 2.6x faster as a product (im2col included), at 10x10 1.7x, at
+#: 14x14 0.8x, at 28x28 0.6x; 1x1 at 7x7 2.0-2.3x, at 14x14 1.1-1.3x, at 56x56 0.5-0.7x.  On an
+#: AMD EPYC Zen 3 (AVX2), whose gemm register block is a quarter of AVX-512's: 3x3 512 x 512 at
+#: 7x7 the same either way (2.45 and 2.48 ms); 1x1 in mobilenet_v2's run (weights not in
+#: cache) as a product 1.5x faster at 7x7 (1280 x 320: 0.77 and 1.19 ms; 960 x 160: 0.43
+#: and 0.50 ms), 0.6x at 14x14 (576 x 96: 0.58 and 0.35 ms).
+MATRIX_PRODUCT_POSITIONS = {512: (144, 196), 256: (144, 49)}
 
 
 def _as_matrix_product(kernel, outs, strides, dilations, begin, end) -> bool:
+    from polyc.codegen.targets import get_target
     positions = int(np.prod(outs)) if outs else 1
     pointwise = all(size == 1 for size in kernel) and all(s == 1 for s in strides) and not any(begin) \
         and not any(end)
-    return positions <= (MATRIX_PRODUCT_POSITIONS_1X1 if pointwise else MATRIX_PRODUCT_POSITIONS)
+    windows, pointwise_limit = MATRIX_PRODUCT_POSITIONS.get(get_target("host").vector_bits,
+                                                            MATRIX_PRODUCT_POSITIONS[256])
+    return positions <= (pointwise_limit if pointwise else windows)
 
 
 class _Attributes:
