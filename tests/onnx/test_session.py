@@ -378,3 +378,29 @@ def test_pointwise_convolutions_take_the_path_measured_faster_on_this_machine(im
     limit = MATRIX_PRODUCT_POSITIONS.get(get_target("host").vector_bits, MATRIX_PRODUCT_POSITIONS[256])[1]
     expected = "contraction" if image * image <= limit else "convolution"
     assert kernel_paths(session.kernels()[0].stages({})) == {expected}
+
+
+def test_large_initializers_are_checked_and_inferred_without_their_data():
+    # onnx's checker and shape inference see the large weights as typed inputs (a skeleton),
+    # so they are not serialised twice; the loaded model keeps them, and the inferred shapes.
+    from polyc.frontends.onnx.model import _SKELETON_ELEMENTS, load_model
+    rng = np.random.default_rng(9)
+    weights = rng.standard_normal((128, _SKELETON_ELEMENTS // 64)).astype(np.float32)   # > the limit
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["h"], name="mm"), helper.make_node("Relu", ["h"], ["Y"], name="r")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 128])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", weights.shape[1]])],
+                              [numpy_helper.from_array(weights, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    loaded, _ = load_model(model)
+    assert [t.name for t in loaded.graph.initializer] == ["W"] and [i.name for i in loaded.graph.input] == ["X"]
+    np.testing.assert_array_equal(numpy_helper.to_array(loaded.graph.initializer[0]), weights)
+    inferred = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in loaded.graph.value_info}
+    assert inferred["h"] == ["N", weights.shape[1]]
+    x = rng.standard_normal((3, 128)).astype(np.float32)
+    np.testing.assert_allclose(ponnx.InferenceSession(model).run(None, {"X": x})[0], reference(model, x),
+                               rtol=1e-4, atol=1e-4)
+    bad = helper.make_model(helper.make_graph([helper.make_node("MatMul", ["X", "W"], ["Y"], name="mm", bogus=1)], "g",
+                                              graph.input, graph.output, graph.initializer),
+                            opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(polyc.PolycError, match="checker"):
+        load_model(bad)

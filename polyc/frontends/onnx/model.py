@@ -107,8 +107,9 @@ def load_model(model, where: str | None = None):
         raise PolycError(f"an ONNX model is a ModelProto, a path or bytes, not {type(model).__name__}")
     if not copy.graph.node and not copy.graph.output:
         raise PolycError(f"{where}: the model has no graph (an empty or truncated file?)")
+    skeleton = _skeleton(copy)
     try:
-        onnx.checker.check_model(copy)
+        onnx.checker.check_model(skeleton)
     except onnx.checker.ValidationError as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise PolycError(f"{where}: the ONNX checker rejects the model: {first}") from error
@@ -118,10 +119,41 @@ def load_model(model, where: str | None = None):
         raise PolycError(f"{where}: opset {opset} of the default domain; polyc converts opsets "
                          f"{MIN_OPSET} to {newest} (the newest the installed onnx knows)")
     try:
-        copy = onnx.shape_inference.infer_shapes(copy, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - shapes are also computed per call; inference only helps
-        pass
+        inferred = None
+    if inferred is not None:
+        del copy.graph.value_info[:]
+        copy.graph.value_info.extend(inferred.graph.value_info)
+        del copy.graph.output[:]
+        copy.graph.output.extend(inferred.graph.output)
     return copy, where
+
+
+#: Initializers with more elements than this are left out of the model that the checker and
+#: shape inference see (graph inputs of the same type and shape stand in for them).
+_SKELETON_ELEMENTS = 4096
+
+
+def _skeleton(model):
+    """``model`` with its large initializers as typed graph inputs instead: what onnx's checker
+    and shape inference need (small initializers stay, for shapes computed from their values),
+    without serialising the weights twice (resnet18: 45 MB, 0.4 s of a warm start of 1 s)."""
+    onnx = _onnx()
+    skeleton = onnx.ModelProto()
+    skeleton.CopyFrom(model)
+    graph = skeleton.graph
+    inputs = {i.name for i in graph.input}
+    kept = []
+    for tensor in graph.initializer:
+        if int(np.prod(tensor.dims, dtype=np.int64)) <= _SKELETON_ELEMENTS:
+            kept.append(tensor)
+        elif tensor.name not in inputs:
+            graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    if len(kept) < len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+    return skeleton
 
 
 def default_opset(model) -> int:
