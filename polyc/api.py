@@ -22,7 +22,7 @@ from polyc.lang import ast
 from polyc.lang.checked import CheckedDef
 from polyc.lang.parser import parse
 from polyc.lang.sema import check_def
-from polyc.options import Options
+from polyc.options import GPU_BACKENDS, Options
 from polyc.runtime.arguments import bind_arguments
 
 
@@ -145,6 +145,27 @@ class Kernel:
         """The generated C translation unit (specialised to ``sizes`` when given)."""
         return self.stages(sizes).kernel.source
 
+    def gpu_source(self, sizes: dict, dialect: str | None = None) -> str:
+        """The GPU code of this kernel at ``sizes``: one kernel function per launch, in
+        ``dialect`` (``"opencl"`` or ``"cuda"``; default: the backend's, else OpenCL), with the
+        mapping of each launch (grid, block, which loop runs along x, y, z) in comments."""
+        return self.gpu_stages(sizes, dialect).gpu_source.source
+
+    def gpu_stages(self, sizes: dict, dialect: str | None = None):
+        """:meth:`stages` of the GPU pipeline at ``sizes``: ``.gpu`` holds the launches and their
+        mapping (``.gpu.describe()``), ``.gpu_source`` the code and launch configurations."""
+        from polyc.driver import compile_gpu_stages
+        from polyc.codegen.gpu import DIALECTS
+        dialect = dialect or (self.options.backend if self.options.backend in GPU_BACKENDS else "opencl")
+        if dialect not in DIALECTS:
+            raise PolycError(f"unknown GPU dialect {dialect!r}; the dialects are: {', '.join(DIALECTS)}")
+        from polyc.driver import analyse
+        checked = self._checked_sizes(sizes)
+        options = self.options.replace(specialize=True)
+        analysis = analyse(self.definition, options.fusion)
+        program = build_program(self.definition, checked, ctx=analysis.program.ctx)
+        return compile_gpu_stages(program, analysis.dependences, analysis.schedule, options, dialect)
+
     def export_c(self, directory, sizes: dict | None = None, target: str = "neon", name: str | None = None):
         """Write this kernel as ``NAME.c`` (self-contained C: no Python needed) and ``NAME.h``
         (prototype; arguments, dtypes and shapes in a comment) into ``directory``, for ``target``
@@ -178,6 +199,9 @@ def _input_signature(args: tuple) -> tuple | None:
 def _make_backend(definition: CheckedDef, options: Options):
     if options.backend == "interpreter":
         return lambda call: run_bound(definition, call)
+    if options.backend in GPU_BACKENDS:
+        from polyc.runtime.gpu import GpuCompiledKernel
+        return GpuCompiledKernel(definition, options)
     from polyc.driver import CompiledKernel  # the polyhedral pipeline; imported lazily (isl, cgen)
     return CompiledKernel(definition, options)
 

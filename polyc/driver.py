@@ -23,11 +23,12 @@ from polyc.codegen.conv import generate_conv
 from polyc.codegen.gemm import STATUS_OUT_OF_MEMORY, generate_gemm, packing_programs
 from polyc.codegen.gemv import generate_gemv
 from polyc.codegen.link import link_segments
-from polyc.errors import BoundsError
+from polyc.codegen.gpu import GpuKernelSource, generate_gpu
+from polyc.errors import BoundsError, PolycError
 from polyc.ir.dependences import Dependences, compute_dependences
 from polyc.ir.model import PolyProgram, build_program
 from polyc.lang.checked import CheckedDef
-from polyc.options import Options
+from polyc.options import GPU_BACKENDS, Options
 from polyc.runtime import CompilerOptions, get_function, get_or_build, load_library
 from polyc.runtime import arguments
 from polyc.runtime.arguments import BoundCall
@@ -35,6 +36,9 @@ from polyc.runtime.cache import find_request, remember_request, request_key
 from polyc.runtime.compiler import LANGUAGE_FLAGS
 from polyc.schedule.contraction import Contraction, recognise_gemm_def, worth_a_gemm_kernel
 from polyc.schedule.convolution import Convolution, recognise_conv_def
+from polyc.schedule import tiling
+from polyc.schedule.gpu_mapping import GpuPlan, map_to_gpu
+from polyc.schedule.outer_fusion import fuse_outer_loops
 from polyc.schedule.packing import PackingProgram
 from polyc.schedule.scheduler import compute_schedule
 from polyc.schedule.segments import plan_segments
@@ -57,6 +61,8 @@ class Stages:
     packing: tuple[PackingProgram, ...] = ()  # a gemm kernel's packing statements, per register block
     decisions: tuple = ()   # per band: tiling, parallel and simd decisions (polyc.schedule.transform.BandDecision)
     options: Options | None = None  # the options it was compiled with (tuning records applied)
+    gpu: "GpuPlan | None" = None  # for the GPU back ends: the launches and their mapping
+    gpu_source: "GpuKernelSource | None" = None  # ... and their code (``kernel.source`` too)
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,8 @@ def compile_stages(definition: CheckedDef, options: Options,
     program = analysis.program
     if options.specialize and sizes is not None:
         program = build_program(definition, sizes, ctx=analysis.program.ctx)
+    if options.backend in GPU_BACKENDS:
+        return compile_gpu_stages(program, dependences, schedule, options)
     decisions: list = []
     optimized = optimize_schedule(schedule, program, options, dependences, decisions)
     contraction = find_blas_contraction(definition, options)
@@ -118,6 +126,24 @@ def compile_stages(definition: CheckedDef, options: Options,
                       options=options)
     return Stages(program, dependences, schedule, optimized, generate_c(program, optimized, options),
                   decisions=tuple(decisions), options=options)
+
+
+def compile_gpu_stages(program: PolyProgram, dependences: Dependences, schedule: isl.Schedule,
+                       options: Options, dialect: str | None = None) -> Stages:
+    """The GPU pipeline: outer loops fused as on the CPU, the tree cut into launches and mapped
+    to blocks and threads (:mod:`polyc.schedule.gpu_mapping`), printed in ``dialect`` (default:
+    the back end's)."""
+    if program.size_values is None:
+        raise PolycError(f"{program.definition.name}: the GPU back ends compile for concrete sizes "
+                         "(specialize=False and sizes=None are not supported)")
+    mapped = schedule
+    if options.fusion != "min":
+        mapped = fuse_outer_loops(schedule, program, dependences, tiling.cache_sizes(options))
+    plan = map_to_gpu(program, mapped, dependences, options.block)
+    source = generate_gpu(program, plan, options, dialect or options.backend)
+    first = source.launches[0].function_name if source.launches else ""
+    kernel = GeneratedKernel(first, source.source, source.tensor_arguments, ())
+    return Stages(program, dependences, schedule, mapped, kernel, options=options, gpu=plan, gpu_source=source)
 
 
 def _blas_enabled(options: Options) -> bool:

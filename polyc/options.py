@@ -4,17 +4,26 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import math
+
 from polyc.errors import PolycError
 
 FUSION_STRATEGIES = ("min", "smart", "max")
-BACKENDS = ("c", "interpreter")
+GPU_BACKENDS = ("opencl", "cuda")
+BACKENDS = ("c", "interpreter", *GPU_BACKENDS)
+#: Most threads in a block the ``block`` option may ask for (CUDA's limit; OpenCL devices report theirs).
+MAX_BLOCK_THREADS = 1024
 
 
 @dataclass(frozen=True)
 class Options:
     """What ``polyc.define(source, **options)`` accepts.
 
-    - ``backend``: ``"c"`` (compiled C/OpenMP) or ``"interpreter"`` (the numpy reference).
+    - ``backend``: ``"c"`` (compiled C/OpenMP), ``"interpreter"`` (the numpy reference),
+      ``"opencl"`` (OpenCL C through pyopencl) or ``"cuda"`` (CUDA C through pycuda): see
+      :mod:`polyc.schedule.gpu_mapping` and :mod:`polyc.codegen.gpu`.
+    - ``block``: for the GPU back ends, threads per block along x, y, z (x first; one entry per
+      mapped loop, at most three; None: 256 threads shaped by the number of mapped loops).
     - ``fusion``: ``"min"`` (no fusion), ``"smart"`` (fuse where outer parallelism is kept), ``"max"``.
     - ``tile_sizes``: None (a model of the caches picks them), ``()`` (no tiling) or sizes
       for the outermost band, outermost first.
@@ -53,6 +62,7 @@ class Options:
     cache_sizes: tuple[int, int, int] | None = None
     threads: int | None = None
     tuning: bool = True
+    block: tuple[int, ...] | None = None
 
     @staticmethod
     def from_kwargs(**kwargs) -> "Options":
@@ -63,6 +73,8 @@ class Options:
                 raise PolycError(f"unknown option '{name}'; the options are: {', '.join(sorted(known))}")
         if "tile_sizes" in kwargs and kwargs["tile_sizes"] is not None:
             kwargs["tile_sizes"] = tuple(kwargs["tile_sizes"])
+        if "block" in kwargs and isinstance(kwargs["block"], (list, int)):
+            kwargs["block"] = tuple(kwargs["block"]) if isinstance(kwargs["block"], list) else (kwargs["block"],)
         if "cache_sizes" in kwargs and isinstance(kwargs["cache_sizes"], list):
             kwargs["cache_sizes"] = tuple(kwargs["cache_sizes"])
         if "cflags" in kwargs and kwargs["cflags"] is not None:
@@ -86,6 +98,14 @@ class Options:
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
                                          or self.threads < 1):
             raise PolycError(f"threads must be None or an integer >= 1, not {self.threads!r}")
+        if self.block is not None:
+            if not (isinstance(self.block, tuple) and 1 <= len(self.block) <= 3 and all(
+                    isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in self.block)):
+                raise PolycError(f"block must be one to three positive integers (threads along x, y, z), "
+                                 f"not {self.block!r}")
+            if math.prod(self.block) > MAX_BLOCK_THREADS:
+                raise PolycError(f"block {self.block} has {math.prod(self.block)} threads; at most "
+                                 f"{MAX_BLOCK_THREADS} are allowed")
         if not isinstance(self.unroll, int) or self.unroll < 1:
             raise PolycError(f"unroll must be an integer >= 1, not {self.unroll!r}")
         for name in ("parallel", "vectorize", "specialize", "blas_contractions", "direct_convolutions",

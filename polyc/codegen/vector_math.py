@@ -75,10 +75,23 @@ ULP_BOUNDS: dict[tuple[str, str], float] = {
 
 #: C text of the functions, part of the prelude (needs <stdint.h>, <string.h>, <math.h>).
 VECTOR_MATH_C = r"""/* Elementary functions that vectorise (polyc/codegen/vector_math.py). */
+/* Bit casts: OpenCL C and CUDA have no memcpy in device code, but their own reinterpreting casts. */
+#if defined(__OPENCL_C_VERSION__)
+static inline uint32_t polyc_bits_f32(float x) { return as_uint(x); }
+static inline float polyc_f32_from_bits(uint32_t u) { return as_float(u); }
+static inline uint64_t polyc_bits_f64(double x) { return as_ulong(x); }
+static inline double polyc_f64_from_bits(uint64_t u) { return as_double(u); }
+#elif defined(__CUDACC__)
+static inline uint32_t polyc_bits_f32(float x) { return __float_as_uint(x); }
+static inline float polyc_f32_from_bits(uint32_t u) { return __uint_as_float(u); }
+static inline uint64_t polyc_bits_f64(double x) { return (uint64_t)__double_as_longlong(x); }
+static inline double polyc_f64_from_bits(uint64_t u) { return __longlong_as_double((long long)u); }
+#else
 static inline uint32_t polyc_bits_f32(float x) { uint32_t u; memcpy(&u, &x, sizeof u); return u; }
 static inline float polyc_f32_from_bits(uint32_t u) { float x; memcpy(&x, &u, sizeof x); return x; }
 static inline uint64_t polyc_bits_f64(double x) { uint64_t u; memcpy(&u, &x, sizeof u); return u; }
 static inline double polyc_f64_from_bits(uint64_t u) { double x; memcpy(&x, &u, sizeof x); return x; }
+#endif
 /* condition ? a : b by bit masks: both sides are computed, so gcc needs no branch (with
    -ftrapping-math it would not compute a floating-point operation only one side needs). */
 static inline float polyc_select_f32(int condition, float a, float b)

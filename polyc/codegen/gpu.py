@@ -1,0 +1,186 @@
+"""GPU code generation: one printer, two dialects (OpenCL C and CUDA C).
+
+A mapped def (:class:`polyc.schedule.gpu_mapping.GpuPlan`) becomes one translation unit with one
+kernel function per launch.  Each kernel takes every tensor of the def (inputs ``const``) and a
+status word, reads its block and thread ids into the parameters the mapping named, and runs the
+isl AST of its thread's instances, printed by the C back end's writer (statements, expressions
+and their exact semantics are the CPU's: :mod:`polyc.codegen.c_expr`).  The dialects differ
+only in spelling:
+
+============  ==============================  ===================================
+              OpenCL C                        CUDA C
+============  ==============================  ===================================
+kernel        ``__kernel void``               ``extern "C" __global__ void``
+pointers      ``__global T *restrict``        ``T *__restrict__``
+ids           ``get_group_id``/``get_local_id``  ``blockIdx``/``threadIdx``
+helpers       ``static inline``               ``static __device__ inline``
+============  ==============================  ===================================
+
+The CPU prelude is reused with its ``#include`` lines replaced by each dialect's header:
+OpenCL C has the C99 integer types under other names and its math functions overloaded
+without the ``f`` suffix.  float16 is not supported by the GPU back ends yet (OpenCL's ``half``
+needs an extension PoCL's CPU device lacks); such defs fail with a PolycError naming the tensor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cgen
+import islpy as isl
+import numpy as np
+
+from polyc.codegen.c import _KernelWriter, _extent_name, _STATUS, c_comment
+from polyc.codegen.c_expr import PRELUDE, c_type
+from polyc.errors import PolycError
+from polyc.ir.model import PolyProgram
+from polyc.lang import checked as ir
+from polyc.lang.builtins import BUILTINS
+from polyc.options import Options
+from polyc.schedule.gpu_mapping import BLOCK_ID, THREAD_ID, GpuLaunch, GpuPlan
+
+DIALECTS = ("opencl", "cuda")
+
+#: The kernel argument the status (1: a data-dependent subscript fell outside its tensor) goes to.
+STATUS_ARGUMENT = "polyc_status_out"
+
+_MATH_FUNCTIONS = sorted({b.c_name for b in BUILTINS.values()} | {"fabs", "fmin", "fmax", "sqrt", "trunc", "fmod",
+                                                                    "floor", "ceil", "round", "rint", "nearbyint"})
+
+_OPENCL_HEADER = "\n".join([
+    "/* ---- OpenCL C spellings of what the C prelude takes from <stdint.h> and <math.h> ---- */",
+    "#pragma OPENCL EXTENSION cl_khr_fp64 : enable",
+    "typedef char int8_t; typedef short int16_t; typedef int int32_t; typedef long int64_t;",
+    "typedef uchar uint8_t; typedef ushort uint16_t; typedef uint uint32_t; typedef ulong uint64_t;",
+    "#define INT64_C(x) ((long)(x##L))",
+    "#define _Bool bool",
+    # OpenCL's math functions are overloaded on float and double: C's float32 names map to them.
+    *(f"#define {name}f {name}" for name in _MATH_FUNCTIONS),
+    "#define POLYC_FN static inline",
+])
+
+_CUDA_HEADER = "\n".join([
+    "/* ---- CUDA C++ spellings of C99 ---- */",
+    "#pragma nv_diag_suppress 177  /* a prelude helper the kernel does not use */",
+    "#include <stdint.h>",
+    "#include <math.h>",
+    "#define restrict __restrict__",
+    "#define _Bool bool",
+    "#define POLYC_FN static __device__ inline",
+])
+
+_STATUS_HELPER = """
+POLYC_FN int64_t polyc_checked_index(int64_t index, int64_t extent, int *status)
+{
+    if (index >= 0 && index < extent) return index;
+    *status = 1;
+    return 0;
+}
+"""
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """A kernel function of a GPU translation unit and its launch: blocks per grid and threads
+    per block, x first (CUDA's gridDim/blockDim; OpenCL's global size is their product)."""
+
+    function_name: str
+    grid: tuple[int, ...]
+    block: tuple[int, ...]
+
+    @property
+    def global_size(self) -> tuple[int, ...]:
+        return tuple(g * b for g, b in zip(self.grid, self.block))
+
+
+@dataclass(frozen=True)
+class GpuKernelSource:
+    """A def as GPU code: the source, its dialect, the launches in order, and the tensors each
+    kernel takes (in argument order; then the status word)."""
+
+    dialect: str
+    source: str
+    launches: tuple[LaunchConfig, ...]
+    tensor_arguments: tuple[str, ...]
+
+
+def device_prelude(dialect: str) -> str:
+    """The C prelude for device code in ``dialect``."""
+    header = _OPENCL_HEADER if dialect == "opencl" else _CUDA_HEADER
+    body = "\n".join(line for line in PRELUDE.splitlines() if not line.startswith("#include"))
+    return header + "\n" + body.replace("static inline", "POLYC_FN") + _STATUS_HELPER
+
+
+def generate_gpu(program: PolyProgram, plan: GpuPlan, options: Options, dialect: str) -> GpuKernelSource:
+    """The translation unit of ``plan`` in ``dialect`` (``opencl`` or ``cuda``)."""
+    if dialect not in DIALECTS:
+        raise PolycError(f"unknown GPU dialect {dialect!r}; the dialects are: {', '.join(DIALECTS)}")
+    definition = program.definition
+    for tensor in definition.tensors:
+        if tensor.dtype == np.float16:
+            raise PolycError(f"{definition.name}: tensor {tensor.name} is float16, which the GPU back ends do not "
+                             "support yet (use float32)")
+    functions, launches = [], []
+    for launch in plan.launches:
+        writer = _GpuKernelWriter(program, options, launch, dialect)
+        functions.append(writer.function())
+        launches.append(LaunchConfig(launch.name, launch.grid, launch.block))
+    header = c_comment([f"polyc {dialect} kernels for def '{definition.name}'",
+                        "sizes: " + ", ".join(f"{k}={v}" for k, v in program.size_values.items()),
+                        *(f"  {s.name}: {s.text}" for s in definition.statements),
+                        "launches, in order:",
+                        *(f"  {l.function_name}: grid {l.grid}, block {l.block}" for l in launches)])
+    source = "\n".join([header, device_prelude(dialect), *functions, ""])
+    return GpuKernelSource(dialect, source, tuple(launches), tuple(t.name for t in definition.tensors))
+
+
+class _GpuKernelWriter(_KernelWriter):
+    """The C back end's statement and loop printer, writing the kernel of one launch."""
+
+    def __init__(self, program: PolyProgram, options: Options, launch: GpuLaunch, dialect: str):
+        super().__init__(program, None, options)
+        self.launch = launch
+        self.dialect = dialect
+
+    def function(self) -> str:
+        d = self.definition
+        opencl = self.dialect == "opencl"
+        arguments = []
+        for t in d.tensors:
+            ctype = "uchar" if opencl and t.dtype.kind == "b" else c_type(t.dtype)
+            qualified = f"const {ctype}" if t.role is ir.Role.INPUT else ctype
+            if opencl:
+                arguments.append(f"__global {qualified} *restrict {self._argument_name(t)}")
+            else:
+                arguments.append(f"{qualified} *restrict {t.name}")
+        arguments.append(f"{'__global ' if opencl else ''}int *{STATUS_ARGUMENT}")
+        body: list = []
+        for t in d.tensors:  # OpenCL has no bool pointers as arguments: its bool is one byte here
+            if opencl and t.dtype.kind == "b":
+                const = "const " if t.role is ir.Role.INPUT else ""
+                body.append(cgen.Statement(f"__global {const}bool *restrict {t.name} = "
+                                           f"(__global {const}bool *){self._argument_name(t)}"))
+        for s in d.sizes:
+            body.append(cgen.Statement(f"const int64_t {self.size_c[s]} = {self.program.size_values[s]}"))
+        for t in d.tensors:
+            for dim, extent in enumerate(t.shape):
+                body.append(cgen.Statement(f"const int64_t {_extent_name(t.name, dim)} = {self.size_expr(extent)}"))
+        for dim in range(len(self.launch.loops)):
+            block, thread = (f"get_group_id({dim})", f"get_local_id({dim})") if opencl else \
+                (f"blockIdx.{'xyz'[dim]}", f"threadIdx.{'xyz'[dim]}")
+            body.append(cgen.Statement(f"const int64_t {BLOCK_ID}{dim} = (int64_t){block}"))
+            body.append(cgen.Statement(f"const int64_t {THREAD_ID}{dim} = (int64_t){thread}"))
+        body.append(cgen.Statement(f"int {_STATUS} = 0"))
+        build = isl.AstBuild.from_context(self.launch.context)
+        ast = build.node_from_schedule_map(self.launch.schedule.intersect_domain(self.launch.thread_domain))
+        body.append(self.node(ast))
+        body.append(cgen.If(_STATUS, cgen.Statement(f"*{STATUS_ARGUMENT} = 1")))
+        qualifier = "__kernel void" if opencl else 'extern "C" __global__ void'
+        signature = f"{qualifier} {self.launch.name}({', '.join(arguments)})"
+        text = str(cgen.FunctionBody(cgen.Line(signature), cgen.Block(body)))
+        # the CPU writer passes the status by address to its (atomic) helper; here it is private
+        return c_comment(self.launch.describe().splitlines()) + "\n" + text
+
+    @staticmethod
+    def _argument_name(tensor) -> str:
+        return f"{tensor.name}_bytes" if tensor.dtype.kind == "b" else tensor.name
+

@@ -1,0 +1,285 @@
+"""GPU runtimes: build a def's GPU code, copy its tensors to the device, run its launches.
+
+``backend="opencl"`` runs through pyopencl on the device the usual ``PYOPENCL_CTX`` conventions
+choose (on a machine without a GPU, PoCL's CPU device runs the same kernels, with work-groups,
+local memory and barriers executed faithfully).  ``backend="cuda"`` runs through pycuda, which
+compiles with nvcc; it needs an NVIDIA GPU and its driver.  Built programs are cached on disk
+under polyc's cache directory (``opencl/``, ``cuda/``), keyed by their source and device.
+
+A call copies every tensor to the device (outputs too: a def may accumulate into them), runs
+the launches in order on one queue (each launch sees the previous ones' writes: the global
+barrier between them) and copies the outputs back.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from polyc.codegen.gpu import GpuKernelSource
+from polyc.errors import BoundsError, PolycError
+from polyc.lang.checked import CheckedDef
+from polyc.options import Options
+from polyc.runtime.arguments import BoundCall
+from polyc.runtime.cache import cache_dir
+
+
+class OpenCLRuntime:
+    """A pyopencl context and queue, created on first use."""
+
+    _shared: "OpenCLRuntime | None" = None
+    _lock = threading.Lock()
+
+    def __init__(self):
+        try:
+            import pyopencl as cl
+        except ImportError as error:
+            raise PolycError("backend='opencl' needs pyopencl and an OpenCL driver: pip install pyopencl "
+                             "(and pocl-binary-distribution to run on the CPU)") from error
+        self.cl = cl
+        try:
+            self.context = cl.create_some_context(interactive=False)
+        except cl.Error as error:
+            raise PolycError(f"backend='opencl': no OpenCL device found ({error}); install a driver, or "
+                             "pocl-binary-distribution to run on the CPU") from error
+        self.queue = cl.CommandQueue(self.context)
+        self.device = self.context.devices[0]
+        self._programs: dict[str, object] = {}
+        self._kernels: dict[tuple[int, str], object] = {}
+
+    @classmethod
+    def shared(cls) -> "OpenCLRuntime":
+        with cls._lock:
+            if cls._shared is None:
+                cls._shared = OpenCLRuntime()
+            return cls._shared
+
+    def describe(self) -> str:
+        return f"{self.device.platform.name}: {self.device.name}"
+
+    def program(self, source: str):
+        program = self._programs.get(source)
+        if program is None:
+            directory = cache_dir() / "opencl"
+            directory.mkdir(parents=True, exist_ok=True)
+            try:
+                program = self.cl.Program(self.context, source).build(cache_dir=str(directory))
+            except self.cl.RuntimeError as error:
+                raise PolycError(f"the OpenCL compiler rejected polyc's kernel (a polyc bug):\n{error}") from error
+            self._programs[source] = program
+        return program
+
+    def _kernel(self, program, name: str):
+        kernel = self._kernels.get((id(program), name))
+        if kernel is None:
+            kernel = self._kernels[(id(program), name)] = self.cl.Kernel(program, name)
+        return kernel
+
+    def run(self, code: GpuKernelSource, arrays: Mapping[str, np.ndarray], outputs: tuple[str, ...]) -> int:
+        """Run ``code``'s launches on ``arrays`` (every tensor, C-contiguous); copy ``outputs``
+        back into their arrays; return the status word."""
+        cl = self.cl
+        program = self.program(code.source)
+        flags = cl.mem_flags
+        buffers = {name: cl.Buffer(self.context, flags.READ_WRITE | flags.COPY_HOST_PTR, hostbuf=_nonempty(array))
+                   for name, array in arrays.items()}
+        status = np.zeros(1, np.int32)
+        status_buffer = cl.Buffer(self.context, flags.READ_WRITE | flags.COPY_HOST_PTR, hostbuf=status)
+        arguments = [buffers[name] for name in code.tensor_arguments] + [status_buffer]
+        for launch in code.launches:
+            kernel = self._kernel(program, launch.function_name)
+            kernel(self.queue, launch.global_size, launch.block, *arguments)
+        for name in outputs:
+            if arrays[name].size:
+                cl.enqueue_copy(self.queue, arrays[name], buffers[name])
+        cl.enqueue_copy(self.queue, status, status_buffer)
+        self.queue.finish()
+        return int(status[0])
+
+
+class CudaRuntime:
+    """pycuda on the first CUDA device; fails with a PolycError saying what is missing."""
+
+    _shared: "CudaRuntime | None" = None
+    _lock = threading.Lock()
+
+    def __init__(self):
+        try:
+            import pycuda.driver as driver
+            driver.init()
+            if driver.Device.count() == 0:
+                raise PolycError("backend='cuda': no CUDA device is present")
+            import pycuda.autoinit  # noqa: F401 (imported for its effect: it creates the context)
+            from pycuda.compiler import SourceModule
+        except ImportError as error:
+            raise PolycError("backend='cuda' needs pycuda (pip install pycuda), the CUDA toolkit (nvcc) and an "
+                             f"NVIDIA GPU: {error}") from error
+        except PolycError:
+            raise
+        except Exception as error:  # pycuda.driver.Error: no driver, no device
+            raise PolycError(f"backend='cuda' needs an NVIDIA GPU and its driver: {error}") from error
+        self.driver, self.source_module = driver, SourceModule
+        self._modules: dict[str, object] = {}
+
+    @classmethod
+    def shared(cls) -> "CudaRuntime":
+        with cls._lock:
+            if cls._shared is None:
+                cls._shared = CudaRuntime()
+            return cls._shared
+
+    def run(self, code: GpuKernelSource, arrays: Mapping[str, np.ndarray], outputs: tuple[str, ...]) -> int:
+        module = self._modules.get(code.source)
+        if module is None:
+            directory = cache_dir() / "cuda"
+            directory.mkdir(parents=True, exist_ok=True)
+            module = self.source_module(code.source, no_extern_c=True, cache_dir=str(directory))
+            self._modules[code.source] = module
+        driver = self.driver
+        device = {name: driver.to_device(_nonempty(array)) for name, array in arrays.items()}
+        status = np.zeros(1, np.int32)
+        status_device = driver.to_device(status)
+        arguments = [device[name] for name in code.tensor_arguments] + [status_device]
+        for launch in code.launches:
+            function = module.get_function(launch.function_name)
+            function(*arguments, block=_three(launch.block), grid=_three(launch.grid))
+        for name in outputs:
+            if arrays[name].size:
+                driver.memcpy_dtoh(arrays[name], device[name])
+        driver.memcpy_dtoh(status, status_device)
+        return int(status[0])
+
+
+@dataclass(frozen=True)
+class CudaResources:
+    """What ptxas reports for one kernel function (``nvcc -Xptxas -v``)."""
+
+    function: str
+    registers: int
+    shared_bytes: int
+    stack_bytes: int
+    spill_stores: int
+    spill_loads: int
+
+
+#: GPU architectures CUDA code is compiled for in the tests and reports (Ampere, Hopper).
+CUDA_ARCHITECTURES = ("sm_80", "sm_90")
+
+
+def find_nvcc() -> str | None:
+    """``$POLYC_NVCC``, else nvcc on the PATH, else the CUDA toolkit's default place."""
+    for candidate in (os.environ.get("POLYC_NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def cuda_resources(source: str, arch: str = "sm_80") -> dict[str, CudaResources]:
+    """Compile CUDA ``source`` for ``arch`` with nvcc (no GPU needed) and return ptxas's resource
+    report per kernel function: registers, shared memory, stack, spills."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise PolycError("nvcc was not found (set $POLYC_NVCC or put the CUDA toolkit's bin on the PATH)")
+    with tempfile.TemporaryDirectory(prefix="polyc-nvcc-") as directory:
+        path = Path(directory) / "kernel.cu"
+        path.write_text(source)
+        done = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-Xptxas", "-v", "-o", str(path.with_suffix(".cubin")),
+                               str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise PolycError(f"nvcc rejected polyc's CUDA code for {arch} (a polyc bug):\n{done.stderr[-4000:]}")
+    return _parse_ptxas(done.stderr)
+
+
+def _parse_ptxas(report: str) -> dict[str, CudaResources]:
+    found: dict[str, CudaResources] = {}
+    function = None
+    fields: dict[str, int] = {}
+    for line in report.splitlines():
+        start = re.search(r"Compiling entry function '(\w+)'", line)
+        if start:
+            function, fields = start.group(1), {}
+            continue
+        if function is None:
+            continue
+        for key, pattern in (("stack_bytes", r"(\d+) bytes stack frame"), ("spill_stores", r"(\d+) bytes spill stores"),
+                             ("spill_loads", r"(\d+) bytes spill loads"), ("registers", r"Used (\d+) registers"),
+                             ("shared_bytes", r"(\d+) bytes smem")):
+            match = re.search(pattern, line)
+            if match:
+                fields[key] = int(match.group(1))
+        if "Used" in line and "registers" in line:
+            found[function] = CudaResources(function, fields.get("registers", 0), fields.get("shared_bytes", 0),
+                                            fields.get("stack_bytes", 0), fields.get("spill_stores", 0),
+                                            fields.get("spill_loads", 0))
+            function = None
+    return found
+
+
+def _three(sizes: tuple[int, ...]) -> tuple[int, int, int]:
+    return tuple(sizes) + (1,) * (3 - len(sizes))
+
+
+def _nonempty(array: np.ndarray) -> np.ndarray:
+    """Device buffers cannot be empty: a zero-size tensor gets a one-element stand-in."""
+    return array if array.size else np.zeros(1, array.dtype)
+
+
+RUNTIMES = {"opencl": OpenCLRuntime, "cuda": CudaRuntime}
+
+
+class GpuCompiledKernel:
+    """Calls a def through a GPU back end; generates and builds its code on first use per size
+    signature (the API's backend for ``backend="opencl"`` and ``"cuda"``)."""
+
+    def __init__(self, definition: CheckedDef, options: Options):
+        self.definition = definition
+        self.options = options
+        self._code: dict[tuple, GpuKernelSource] = {}
+        self._analysis = None
+        self._lock = threading.Lock()
+
+    def runtime(self):
+        return RUNTIMES[self.options.backend].shared()
+
+    def code_for(self, sizes: Mapping[str, int]) -> GpuKernelSource:
+        key = tuple(sizes[s] for s in self.definition.sizes)
+        code = self._code.get(key)
+        if code is None:
+            from polyc.driver import analyse, compile_stages
+            with self._lock:
+                if self._analysis is None:
+                    self._analysis = analyse(self.definition, self.options.fusion)
+                options = self.options.replace(specialize=True)
+                code = compile_stages(self.definition, options, sizes, self._analysis).gpu_source
+                self._code[key] = code
+        return code
+
+    def __call__(self, call: BoundCall) -> tuple[np.ndarray, ...]:
+        definition = self.definition
+        runtime = self.runtime()  # before compiling: a missing driver is said first
+        code = self.code_for(call.sizes)
+        arrays = {}
+        for tensor in definition.tensors:
+            array = call.arrays.get(tensor.name)
+            if array is None:
+                array = call.new_array(tensor)
+            arrays[tensor.name] = np.ascontiguousarray(array)
+        status = runtime.run(code, arrays, tuple(definition.outputs)) if code.launches else 0
+        if status:
+            raise BoundsError(f"{definition.name}: a data-dependent subscript fell outside its tensor "
+                              f"(an index array holds a value out of range)")
+        results = []
+        for name in definition.outputs:
+            given = call.arrays[name]
+            if arrays[name] is not given:
+                given[...] = arrays[name]
+            results.append(given)
+        return tuple(results)

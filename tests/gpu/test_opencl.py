@@ -1,0 +1,52 @@
+"""The GPU back end through OpenCL (PoCL on a machine without a GPU) against the numpy references.
+
+Every kernel of the corpus (tests/kernels.py) at every size set, under several mapping option
+sets: the default, fusion off, odd block sizes (partial blocks at every edge).  float16 kernels
+skip with the reason (the GPU back ends do not support float16 yet).
+"""
+from __future__ import annotations
+
+import pytest
+
+import polyc
+from kernels import KERNELS, check_kernel
+
+pyopencl = pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install pyopencl)")
+
+
+def _opencl_device() -> str | None:
+    try:
+        return pyopencl.create_some_context(interactive=False).devices[0].name
+    except Exception:  # no platform, no device
+        return None
+
+
+pytestmark = pytest.mark.skipif(_opencl_device() is None,
+                                reason="no OpenCL device (pip install pocl-binary-distribution runs on the CPU)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_cache(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("opencl-kernel-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("POLYC_CACHE_DIR", str(directory))
+        yield directory
+
+
+OPTION_SETS = {
+    "default": {},
+    "fusion-min": dict(fusion="min"),
+    "odd-blocks": dict(block=(7, 3, 2)),
+}
+
+CORPUS = [pytest.param(case, options, id=f"{case.name}-{label}")
+          for label, options in OPTION_SETS.items() for case in KERNELS]
+
+
+@pytest.mark.parametrize("case, options", CORPUS)
+def test_kernel_matches_numpy_through_opencl(case, options):
+    if "float16" in case.tags:
+        pytest.skip("float16: not supported by the GPU back ends yet")
+    kernel = polyc.define(case.source, backend="opencl", **options)[case.entry]
+    for sizes in case.size_sets:
+        check_kernel(case, kernel, sizes, seed=0)
