@@ -182,30 +182,33 @@ def find_nvcc() -> str | None:
     return None
 
 
-def cuda_resources(source: str, arch: str = "sm_80") -> dict[str, CudaResources]:
-    """Compile CUDA ``source`` for ``arch`` with nvcc (no GPU needed) and return ptxas's resource
-    report per kernel function: registers, shared memory, stack, spills."""
+def cuda_resources(source: str, archs: tuple[str, ...] = CUDA_ARCHITECTURES) -> dict[str, dict[str, CudaResources]]:
+    """Compile CUDA ``source`` for each architecture in ``archs`` with nvcc (no GPU needed, one
+    nvcc run) and return ptxas's resource report: arch -> kernel function -> registers, shared
+    memory, stack, spills."""
     nvcc = find_nvcc()
     if nvcc is None:
         raise PolycError("nvcc was not found (set $POLYC_NVCC or put the CUDA toolkit's bin on the PATH)")
+    targets = [flag for arch in archs for flag in ("-gencode", f"arch=compute_{arch[3:]},code={arch}")]
     with tempfile.TemporaryDirectory(prefix="polyc-nvcc-") as directory:
         path = Path(directory) / "kernel.cu"
         path.write_text(source)
-        done = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-Xptxas", "-v", "-o", str(path.with_suffix(".cubin")),
+        done = subprocess.run([nvcc, "-fatbin", *targets, "-Xptxas", "-v", "-o", str(path.with_suffix(".fatbin")),
                                str(path)], capture_output=True, text=True)
     if done.returncode != 0:
-        raise PolycError(f"nvcc rejected polyc's CUDA code for {arch} (a polyc bug):\n{done.stderr[-4000:]}")
+        raise PolycError(f"nvcc rejected polyc's CUDA code for {', '.join(archs)} (a polyc bug):\n"
+                         f"{done.stderr[-4000:]}")
     return _parse_ptxas(done.stderr)
 
 
-def _parse_ptxas(report: str) -> dict[str, CudaResources]:
-    found: dict[str, CudaResources] = {}
-    function = None
+def _parse_ptxas(report: str) -> dict[str, dict[str, CudaResources]]:
+    found: dict[str, dict[str, CudaResources]] = {}
+    function = arch = None
     fields: dict[str, int] = {}
     for line in report.splitlines():
-        start = re.search(r"Compiling entry function '(\w+)'", line)
+        start = re.search(r"Compiling entry function '(\w+)' for '(\w+)'", line)
         if start:
-            function, fields = start.group(1), {}
+            function, arch, fields = start.group(1), start.group(2), {}
             continue
         if function is None:
             continue
@@ -216,9 +219,9 @@ def _parse_ptxas(report: str) -> dict[str, CudaResources]:
             if match:
                 fields[key] = int(match.group(1))
         if "Used" in line and "registers" in line:
-            found[function] = CudaResources(function, fields.get("registers", 0), fields.get("shared_bytes", 0),
-                                            fields.get("stack_bytes", 0), fields.get("spill_stores", 0),
-                                            fields.get("spill_loads", 0))
+            found.setdefault(arch, {})[function] = CudaResources(
+                function, fields.get("registers", 0), fields.get("shared_bytes", 0), fields.get("stack_bytes", 0),
+                fields.get("spill_stores", 0), fields.get("spill_loads", 0))
             function = None
     return found
 

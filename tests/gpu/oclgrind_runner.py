@@ -1,0 +1,68 @@
+"""Run polyc's OpenCL kernels for tests/gpu/test_oclgrind.py, under oclgrind (a subprocess:
+oclgrind replaces the OpenCL library with its simulator through LD_PRELOAD).
+
+    python oclgrind_runner.py case NAME       a corpus kernel at its first size set, checked against numpy
+    python oclgrind_runner.py racy            negative control: matmul with its reduction loop across threads
+    python oclgrind_runner.py out-of-bounds   negative control: matmul reading one row past A
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import polyc  # noqa: E402
+from kernels import CASES, check_kernel  # noqa: E402
+from polyc.codegen.gpu import generate_gpu  # noqa: E402
+from polyc.runtime.gpu import OpenCLRuntime  # noqa: E402
+from polyc.schedule.gpu_mapping import GpuPlan, _launch, _mapped_loops  # noqa: E402
+
+MATMUL_SIZES = dict(M=4, K=6, N=5)
+
+
+def run_case(name: str) -> None:
+    case = CASES[name]
+    kernel = polyc.define(case.source, backend="opencl")[case.entry]
+    check_kernel(case, kernel, case.size_sets[0], seed=0)
+
+
+def run_matmul_source(source_of) -> None:
+    """Run matmul's OpenCL code as ``source_of(stages)`` gives it (launches as generated)."""
+    kernel = polyc.define(CASES["matmul"].source, backend="opencl").matmul
+    stages = kernel.gpu_stages(MATMUL_SIZES)
+    code = source_of(stages)
+    arrays = {"A": np.ones((4, 6), np.float32), "B": np.ones((6, 5), np.float32), "C": np.zeros((4, 5), np.float32)}
+    OpenCLRuntime.shared().run(code, arrays, ("C",))
+
+
+def racy(stages):
+    """The reduction member r_k given to the threads: the proofs refuse it, oclgrind sees the race."""
+    launch, = stages.gpu.launches
+    band = stages.optimized_schedule.get_root().child(0)
+    loops = _mapped_loops(stages.program, band, launch.domain, [2], (8,))
+    bad = _launch(launch.name, stages.program, launch.schedule, launch.domain, loops, "negative control: racy")
+    return generate_gpu(stages.program, GpuPlan("matmul", (bad,)), stages.options, "opencl")
+
+
+def out_of_bounds(stages):
+    """Every read of A one row further down: the last row's threads read past the buffer."""
+    code = stages.gpu_source
+    source = code.source.replace("(A[", "(A[A_extent1 + ", 1)
+    assert source != code.source
+    return type(code)(code.dialect, source, code.launches, code.tensor_arguments)
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "case":
+        run_case(sys.argv[2])
+    elif mode == "racy":
+        run_matmul_source(racy)
+    elif mode == "out-of-bounds":
+        run_matmul_source(out_of_bounds)
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    print("done")

@@ -1,0 +1,59 @@
+"""The CUDA dialect: every corpus kernel compiles with nvcc for sm_80 and sm_90 (no GPU needed),
+with ptxas's resource report checked (no spills); launches need a GPU and skip without one."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import polyc
+from kernels import CASES, KERNELS
+from polyc.errors import PolycError
+from polyc.runtime.gpu import CUDA_ARCHITECTURES, cuda_resources, find_nvcc
+
+needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc (the CUDA toolkit) is not installed")
+
+
+@needs_nvcc
+@pytest.mark.parametrize("case", [pytest.param(case, id=case.name) for case in KERNELS])
+def test_corpus_kernel_compiles_for_ampere_and_hopper_without_spills(case):
+    if "float16" in case.tags:
+        pytest.skip("float16: not supported by the GPU back ends yet")
+    kernel = polyc.define(case.source)[case.entry]
+    stages = kernel.gpu_stages(dict(case.size_sets[0]), "cuda")
+    report = cuda_resources(stages.gpu_source.source)
+    assert set(report) == set(CUDA_ARCHITECTURES)
+    for arch, functions in report.items():
+        assert set(functions) == {launch.name for launch in stages.gpu.launches}, arch
+        for resources in functions.values():
+            assert resources.spill_stores == resources.spill_loads == 0, (arch, resources)
+            assert 0 < resources.registers <= 255
+
+
+def _has_cuda_gpu() -> str | None:
+    """None when pycuda can launch on a GPU here, else what is missing."""
+    try:
+        import pycuda.driver as driver
+        driver.init()
+        return None if driver.Device.count() else "no CUDA device"
+    except ImportError:
+        return "pycuda is not installed"
+    except Exception as error:  # no driver
+        return f"no CUDA driver ({error})"
+
+
+def test_cuda_launches_match_numpy_where_a_gpu_exists():
+    missing = _has_cuda_gpu()
+    if missing is not None:
+        pytest.skip(f"needs an NVIDIA GPU with pycuda: {missing}")
+    case = CASES["matmul"]
+    kernel = polyc.define(case.source, backend="cuda")[case.entry]
+    a, b = np.ones((33, 17), np.float32), np.ones((17, 65), np.float32)
+    np.testing.assert_allclose(kernel(a, b), a @ b)
+
+
+def test_cuda_without_a_gpu_is_a_clear_error():
+    if _has_cuda_gpu() is None:
+        pytest.skip("a GPU is present")
+    kernel = polyc.define(CASES["matmul"].source, backend="cuda").matmul
+    with pytest.raises(PolycError, match="backend='cuda' needs"):
+        kernel(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32))

@@ -1,0 +1,88 @@
+"""The GPU mapping stage: which loops go to blocks and threads, and the proofs every launch
+must pass (with negative controls: launches built wrong on purpose fail them)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import polyc
+from kernels import CASES
+from polyc.errors import PolycError
+from polyc.schedule.gpu_mapping import _launch, _mapped_loops, prove_launch
+
+
+def stages(case_name: str, sizes=None, **options):
+    case = CASES[case_name]
+    kernel = polyc.define(case.source, **options)[case.entry]
+    return kernel.gpu_stages(dict(sizes or case.size_sets[0]))
+
+
+def test_matmul_maps_n_to_x_and_m_to_y_with_the_reduction_inside_each_thread():
+    launch, = stages("matmul", dict(M=37, K=20, N=45)).gpu.launches
+    x, y = launch.loops
+    assert set(x.indices.values()) == {"n"} and set(y.indices.values()) == {"m"}
+    assert (x.block, y.block) == (32, 8) and (x.grid, y.grid) == (2, 5)  # 45 = 32 + 13, 37 = 4 * 8 + 5
+    assert launch.grid == (2, 5) and launch.block == (32, 8)
+
+
+def test_blocks_are_tightened_to_small_domains():
+    launch, = stages("matmul", dict(M=3, K=4, N=5)).gpu.launches
+    assert launch.block == (5, 3) and launch.grid == (1, 1)
+
+
+def test_a_sequence_of_statements_with_a_global_dependence_becomes_a_sequence_of_launches():
+    plan = stages("atax").gpu
+    assert len(plan.launches) == 2
+
+
+def test_row_wise_softmax_is_one_launch_with_one_thread_per_row():
+    case_sizes = dict(CASES["softmax"].size_sets[0])
+    launch, = stages("softmax", case_sizes).gpu.launches
+    assert len(launch.loops) == 1 and launch.loops[0].extent == list(case_sizes.values())[0]
+
+
+def test_a_full_reduction_runs_on_one_thread_and_says_why():
+    plan = stages("sum_all").gpu
+    assert any(not launch.loops and "one thread" in launch.reason for launch in plan.launches)
+
+
+def test_the_block_option_shapes_the_blocks():
+    launch, = stages("matmul", dict(M=37, K=20, N=45), block=(16, 4)).gpu.launches
+    assert launch.block == (16, 4) and launch.grid == (3, 10)
+
+
+@pytest.mark.parametrize("block", [(0,), (1, 2, 3, 4), (2048,), (64, 32), "x"])
+def test_bad_block_options_are_refused(block):
+    with pytest.raises(PolycError, match="block"):
+        polyc.define(CASES["matmul"].source, backend="opencl", block=block)
+
+
+def test_float16_is_refused_by_name():
+    with pytest.raises(PolycError, match="float16"):
+        stages("half_axpby")
+
+
+def _with_loop(launch, program, **changes):
+    """``launch`` with its x loop changed, its thread domain rebuilt to match."""
+    loops = (dataclasses.replace(launch.loops[0], **changes),) + launch.loops[1:]
+    return _launch(launch.name, program, launch.schedule, launch.domain, loops, "negative control")
+
+
+def test_negative_control_a_grid_too_small_leaves_instances_unrun():
+    st = stages("matmul", dict(M=37, K=20, N=45))
+    launch, = st.gpu.launches
+    bad = _with_loop(launch, st.program, grid=1)  # 32 of 45 columns
+    assert "no thread of the grid runs" in prove_launch(bad, st.program, st.dependences)
+
+
+def test_negative_control_threads_along_a_reduction_race():
+    st = stages("matmul", dict(M=6, K=20, N=5))
+    launch, = st.gpu.launches
+    band = st.optimized_schedule.get_root().child(0)
+    assert not band.band_member_get_coincident(2)  # r_k: carries the reduction's dependence
+    loops = _mapped_loops(st.program, band, launch.domain, [2], (8,))
+    bad = _launch(launch.name, st.program, launch.schedule, launch.domain, loops, "negative control")
+    failure = prove_launch(bad, st.program, st.dependences)
+    assert failure is not None and "a dependence joins two threads" in failure
+    assert prove_launch(launch, st.program, st.dependences) is None
