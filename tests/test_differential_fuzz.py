@@ -946,6 +946,44 @@ def test_multi_statement(data, case_tally):
     run_problem(data, data.draw(multi_statement_problems(), label="problem"), case_tally, "multi_statement")
 
 
+#: Defs the OpenCL back end is fuzzed with (each compiled per size set, by PoCL: slower to build).
+OPENCL_EXAMPLES = 120
+OPENCL_SIZE_SETS = 2
+
+
+def _opencl_missing() -> str | None:
+    try:
+        import pyopencl
+        pyopencl.create_some_context(interactive=False)
+        return None
+    except Exception as error:  # not installed, no platform, no device
+        return f"no OpenCL device ({type(error).__name__}: {error}); pip install pyopencl pocl-binary-distribution"
+
+
+@st.composite
+def opencl_option_sets(draw) -> dict:
+    block = draw(st.sampled_from([None, (1,), (5, 3), (32, 2, 2), (7, 1, 3)]))
+    return {"backend": "opencl", "fusion": draw(st.sampled_from(["smart", "min", "max"])), "block": block}
+
+
+@pytest.mark.skipif(_opencl_missing() is not None, reason=str(_opencl_missing()))
+@seed(FUZZ_SEED)
+@fuzz_settings(OPENCL_EXAMPLES)
+@given(data=st.data())
+def test_opencl_back_end(data):
+    """Contractions and multi-statement defs through the GPU mapping and OpenCL, on PoCL."""
+    kind = data.draw(st.sampled_from(["contraction", "multi-statement"]), label="kind")
+    problem = data.draw(contraction_problems() if kind == "contraction" else multi_statement_problems(),
+                        label="problem")
+    options = data.draw(opencl_option_sets(), label="options")
+    sizes_list = data.draw(size_sets(problem), label="sizes")[:OPENCL_SIZE_SETS]
+    value_seed = data.draw(st.integers(0, 2 ** 32 - 1), label="value_seed")
+    note(f"POLYC_FUZZ_SEED={FUZZ_SEED}\n{problem.source()}options: {options}")
+    kernel = compile_problem(problem, options)
+    for sizes in sizes_list:
+        check_case(problem, options, sizes, value_seed, kernel)
+
+
 #: Cases that once failed, minimised: (what went wrong, problem, options, sizes, value seed).
 REGRESSIONS = [
     ("a then-branch ending in an else-less if took the C else (codegen/c.py)",
