@@ -3,6 +3,7 @@
     polyc --version
     polyc compile FILE.tc [--entry NAME] [--emit ast|ranges|isl|schedule|c] [-o OUT] [options]
     polyc compile FILE.tc [--entry NAME] --target host|avx512|avx2|generic|neon [--shape ...] -o OUTDIR
+    polyc compile FILE.tc [--entry NAME] --target cuda|opencl --shape ... -o OUTDIR
     polyc run FILE.tc [--entry NAME] --shape NAME=SIZE ... [--check] [--repeat N] [--seed S] [options]
     polyc onnx MODEL.onnx [--shape INPUT=D0,D1,...] [--emit tc|groups|c] [--run [--check] [--bench]] [options]
     polyc tune FILE.tc [--entry NAME] --shape NAME=SIZE ... [--budget B] [--strategy model|random]
@@ -17,14 +18,17 @@ errors add the offending line and a caret), never a traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 import polyc
+from polyc.codegen.gpu import DIALECTS as GPU_DIALECTS, STATUS_ARGUMENT
 from polyc.codegen.targets import TARGET_NAMES, export_kernel
 from polyc.errors import PolycError
 from polyc.interpreter import interpret
@@ -151,9 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     compile_parser.add_argument("--emit", choices=tuple(EMIT_METHODS), default=None,
                                 help=f"what to print (default: {DEFAULT_EMIT})")
     compile_parser.add_argument("-o", "--output", metavar="OUT", help="write to OUT instead of stdout")
-    compile_parser.add_argument("--target", choices=TARGET_NAMES,
+    compile_parser.add_argument("--target", choices=(*TARGET_NAMES, *GPU_DIALECTS),
                                 help="export C for this machine: without --emit, write NAME.c and NAME.h "
-                                     "into the directory -o OUTDIR; with --emit c, print the C")
+                                     "into the directory -o OUTDIR; with --emit c, print the C.  cuda and "
+                                     "opencl (every size given with --shape): NAME.cu or NAME.cl and "
+                                     "NAME.launch.json (the kernels in launch order, grid and block sizes)")
     _add_shape_argument(compile_parser, "a size to specialise for (--emit isl, schedule or c; "
                                         "default: for all sizes)")
     _add_option_arguments(compile_parser)
@@ -332,7 +338,7 @@ def run_compile(args: argparse.Namespace) -> int:
         raise CommandLineError(f"--target applies to C, not to --emit {args.emit}: use --emit c, or leave "
                                "out --emit to write NAME.c and NAME.h into -o OUTDIR")
     if exporting and args.output is None:
-        raise CommandLineError("--target without --emit writes NAME.c and NAME.h: give their directory "
+        raise CommandLineError("--target without --emit writes files (NAME.c and NAME.h; NAME.cu or NAME.cl and NAME.launch.json): give their directory "
                                "with -o OUTDIR (or print the C with --emit c)")
     args.emit = "c" if args.target is not None else args.emit or DEFAULT_EMIT
     method = EMIT_METHODS[args.emit]
@@ -354,7 +360,11 @@ def run_compile(args: argparse.Namespace) -> int:
             raise CommandLineError(f"--shape names {', '.join(unknown)}, not a size of "
                                    f"{_describe_kernels(kernels)} (sizes: {', '.join(sorted(known)) or 'none'})")
 
-    if args.target is not None:
+    if args.target in GPU_DIALECTS:
+        texts = _gpu_exports(kernels, shapes, args.target, args.output if exporting else None)
+        if exporting:
+            return 0
+    elif args.target is not None:
         exports = [export_kernel(kernel, _kernel_sizes(kernel, shapes), args.target) for kernel in kernels]
         if exporting:
             for exported in exports:
@@ -381,6 +391,29 @@ def _emit(kernel: polyc.Kernel, emit: str, shapes: dict[str, int]) -> str:
     if emit == "ranges":
         return kernel.describe()
     return getattr(kernel, EMIT_METHODS[emit])(_kernel_sizes(kernel, shapes))
+
+
+def _gpu_exports(kernels: list[polyc.Kernel], shapes: dict[str, int], dialect: str, directory: str | None) -> list[str]:
+    """The GPU code of each kernel; with ``directory``, written there as NAME.cu / NAME.cl and
+    NAME.launch.json."""
+    texts = []
+    for kernel in kernels:
+        missing = [name for name in kernel.definition.sizes if name not in shapes]
+        if missing:
+            raise CommandLineError(f"--target {dialect} compiles for concrete sizes: give {', '.join(missing)} "
+                                   f"with --shape (def {kernel.name})")
+        code = kernel.gpu_stages(_kernel_sizes(kernel, shapes) or {}, dialect).gpu_source
+        texts.append(code.source)
+        if directory is not None:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            suffix = ".cu" if dialect == "cuda" else ".cl"
+            _write(str(Path(directory) / f"{kernel.name}{suffix}"), code.source)
+            launches = {"dialect": dialect, "arguments": [*code.tensor_arguments, STATUS_ARGUMENT],
+                        "sizes": {name: shapes[name] for name in kernel.definition.sizes},
+                        "launches": [{"kernel": launch.function_name, "grid": list(launch.grid),
+                                      "block": list(launch.block)} for launch in code.launches]}
+            _write(str(Path(directory) / f"{kernel.name}.launch.json"), json.dumps(launches, indent=2) + "\n")
+    return texts
 
 
 def _kernel_sizes(kernel: polyc.Kernel, shapes: dict[str, int]) -> dict[str, int] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import json
 from pathlib import Path
 
 import numpy as np
@@ -402,3 +403,21 @@ def test_subprocess_syntax_error_has_no_traceback(tc_file):
     assert result.returncode == 1
     assert result.stderr.startswith(f"polyc: error: {path}:2:15:")
     assert "Traceback" not in result.stderr
+
+
+# ----------------------------------------------------------------------------- GPU exports
+@pytest.mark.parametrize("dialect, suffix, qualifier", [("cuda", ".cu", "__global__"), ("opencl", ".cl", "__kernel")])
+def test_compile_exports_gpu_code_with_its_launch_configuration(capsys, tmp_path, dialect, suffix, qualifier):
+    status, _, err = run_cli(capsys, "compile", MATMUL, "--entry", "matmul", "--target", dialect, *MATMUL_SHAPES,
+                             "-o", str(tmp_path))
+    assert status == 0, err
+    assert qualifier in (tmp_path / f"matmul{suffix}").read_text()
+    launch = json.loads((tmp_path / "matmul.launch.json").read_text())
+    assert launch["launches"] == [{"kernel": "polyc_matmul_k0", "grid": [1, 2], "block": [8, 8]}]
+    assert launch["arguments"] == ["A", "B", "C", "polyc_status_out"]
+
+
+def test_compile_gpu_target_needs_every_size(capsys, tmp_path):
+    status, _, err = run_cli(capsys, "compile", MATMUL, "--entry", "matmul", "--target", "cuda", "--shape", "M=4",
+                             "-o", str(tmp_path))
+    assert status == 2 and "K, N" in err and "--shape" in err
