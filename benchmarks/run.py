@@ -82,6 +82,19 @@ def select_onnx_models(args) -> list[tuple[str, int]]:
     return pairs
 
 
+def select_gpu_cases(args) -> list[str]:
+    """Kernels of the "gpu" group (benchmarks.gpu_bench) that ``--filter`` selects; none with
+    ``--quick``."""
+    if args.quick:
+        return []
+    from benchmarks.gpu_bench import GPU_CASES
+    names = [name for name, _, _ in GPU_CASES]
+    if args.filter:
+        pattern = re.compile(args.filter)
+        names = [n for n in names if pattern.search(f"gpu {n}")]
+    return names
+
+
 def select_cases(args) -> list[suite.Case]:
     cases = suite.quick_suite() if args.quick else suite.full_suite()
     if args.filter:
@@ -311,12 +324,15 @@ def main(argv=None, blas_environment: dict | None = None) -> int:
     args = parse_args(argv)
     selected = select_cases(args)
     onnx_models = select_onnx_models(args)
-    if args.list or not (selected or onnx_models):
+    gpu_cases = select_gpu_cases(args)
+    if args.list or not (selected or onnx_models or gpu_cases):
         for case in selected:
             print(f"{case.group:<14} {case.title}")
         for name, batch in onnx_models:
             print(f"{'onnx':<14} {name} batch {batch}")
-        if not (selected or onnx_models):
+        for name in gpu_cases:
+            print(f"{'gpu':<14} {name}")
+        if not (selected or onnx_models or gpu_cases):
             print("no case matches --filter", file=sys.stderr)
         return 0 if args.list else 2
 
@@ -338,6 +354,9 @@ def main(argv=None, blas_environment: dict | None = None) -> int:
             print(report.row(record, args.tuned), flush=True)
         if onnx_models:
             results["onnx"] = run_onnx_models(onnx_models, args.repeat)
+        if gpu_cases:
+            from benchmarks.gpu_bench import run_gpu_cases
+            results["gpu"] = run_gpu_cases(args.repeat, gpu_cases)
 
     results["machine"]["loadavg_end"] = list(os.getloadavg())
     results["summary"] = report.summarize(results["cases"], suite.GROUPS)

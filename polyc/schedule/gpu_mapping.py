@@ -154,6 +154,9 @@ def _map_launch(name: str, program: PolyProgram, schedule: isl.Schedule, depende
     if not candidates:
         return _launch(name, program, flat, domain, (),
                        "every member of the kernel's first band carries a dependence: one thread runs it")
+    # Loops of one iteration (a batch of 1) would only waste a dimension of the block.
+    extents = {m: _member_extent(program, node, domain, m) for m in candidates}
+    candidates = [m for m in candidates if extents[m] > 1] or candidates[:1]
     # x: the member most often stride-1 (the outermost among equals); y, z: the outermost others.
     x = max(candidates, key=lambda m: (stride_score(node, m, program), -m))
     members = [x] + [m for m in candidates if m != x][:MAX_MAPPED - 1]
@@ -170,6 +173,22 @@ def _map_launch(name: str, program: PolyProgram, schedule: isl.Schedule, depende
     return _launch(name, program, flat, domain, (), "no mapping passed the proofs: one thread runs it" + reason_dropped)
 
 
+def _member_map(band: isl.ScheduleNode, member: int, domain: isl.UnionSet) -> isl.UnionMap:
+    partial = band.band_get_partial_schedule()
+    return isl.UnionMap.from_multi_union_pw_aff(
+        isl.MultiUnionPwAff.from_union_pw_aff(partial.get_at(member))).intersect_domain(domain)
+
+
+def _member_range(program: PolyProgram, band: isl.ScheduleNode, domain: isl.UnionSet, member: int) -> tuple[int, int]:
+    values = _constant_set(_member_map(band, member, domain).range(), program)
+    return _constant_bound(values.dim_min(0)), _constant_bound(values.dim_max(0))
+
+
+def _member_extent(program: PolyProgram, band: isl.ScheduleNode, domain: isl.UnionSet, member: int) -> int:
+    low, high = _member_range(program, band, domain, member)
+    return high - low + 1
+
+
 def _mapped_loops(program: PolyProgram, band: isl.ScheduleNode, domain: isl.UnionSet, members: list[int],
                   block: tuple[int, ...] | None) -> tuple[MappedLoop, ...]:
     from polyc.schedule.transform import member_indices
@@ -177,12 +196,9 @@ def _mapped_loops(program: PolyProgram, band: isl.ScheduleNode, domain: isl.Unio
         members = members[:len(block)]
     sizes = block[:len(members)] if block is not None else DEFAULT_BLOCKS[len(members)]
     loops = []
-    partial = band.band_get_partial_schedule()
     for member, size in zip(members, sizes):
-        member_map = isl.UnionMap.from_multi_union_pw_aff(
-            isl.MultiUnionPwAff.from_union_pw_aff(partial.get_at(member))).intersect_domain(domain)
-        values = _constant_set(member_map.range(), program)
-        low, high = _constant_bound(values.dim_min(0)), _constant_bound(values.dim_max(0))
+        member_map = _member_map(band, member, domain)
+        low, high = _member_range(program, band, domain, member)
         extent = high - low + 1
         size = max(1, min(size, extent))  # tightened to the domain: no block of idle threads
         loops.append(MappedLoop(member, member_map, low, extent, size, -(-extent // size),

@@ -10,6 +10,16 @@ from kernels import CASES, KERNELS
 from polyc.errors import PolycError
 from polyc.runtime.gpu import CUDA_ARCHITECTURES, cuda_resources, find_nvcc
 
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_cache(tmp_path_factory):
+    """Builds (OpenCL programs of the benchmark test) go to a cache of this module's own."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("POLYC_CACHE_DIR", str(tmp_path_factory.mktemp("cuda-test-cache")))
+        yield
+
+
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc (the CUDA toolkit) is not installed")
 
 
@@ -57,3 +67,18 @@ def test_cuda_without_a_gpu_is_a_clear_error():
     kernel = polyc.define(CASES["matmul"].source, backend="cuda").matmul
     with pytest.raises(PolycError, match="backend='cuda' needs"):
         kernel(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32))
+
+
+def test_occupancy_estimate_follows_the_sm80_limits():
+    from benchmarks.gpu_bench import occupancy_sm80
+    assert occupancy_sm80(32, 256, 0) == 1.0          # 8 blocks of 8 warps: all 64 warps
+    assert occupancy_sm80(128, 256, 0) == 0.25        # 4096 registers per warp: 2 blocks of 8 warps
+    assert occupancy_sm80(32, 256, 48 * 1024) == 0.375  # 3 blocks fit in 164 KiB of shared memory
+
+
+@needs_nvcc
+def test_gpu_benchmark_group_reports_static_figures_without_a_gpu():
+    from benchmarks.gpu_bench import run_gpu_cases
+    result = run_gpu_cases(1, ["batch_matmul"])
+    row, = result["rows"]
+    assert row["spills"] == 0 and row["registers"] > 0 and row["loads_per_fma"] == 3.0
