@@ -38,6 +38,7 @@ from polyc.schedule.contraction import Contraction, recognise_gemm_def, worth_a_
 from polyc.schedule.convolution import Convolution, recognise_conv_def
 from polyc.schedule import tiling
 from polyc.schedule.gpu_mapping import GpuPlan, map_to_gpu
+from polyc.schedule.gpu_promotion import DEFAULT_MAX_SHARED_BYTES
 from polyc.schedule.outer_fusion import fuse_outer_loops
 from polyc.schedule.packing import PackingProgram
 from polyc.schedule.scheduler import compute_schedule
@@ -139,11 +140,18 @@ def compile_gpu_stages(program: PolyProgram, dependences: Dependences, schedule:
     mapped = schedule
     if options.fusion != "min":
         mapped = fuse_outer_loops(schedule, program, dependences, tiling.cache_sizes(options))
-    plan = map_to_gpu(program, mapped, dependences, options.block)
+    plan = map_to_gpu(program, mapped, dependences, options.block, shared_memory_budget(options))
     source = generate_gpu(program, plan, options, dialect or options.backend)
     first = source.launches[0].function_name if source.launches else ""
     kernel = GeneratedKernel(first, source.source, source.tensor_arguments, ())
     return Stages(program, dependences, schedule, mapped, kernel, options=options, gpu=plan, gpu_source=source)
+
+
+def shared_memory_budget(options: Options) -> int:
+    """Bytes of shared memory a GPU launch may use for promoted tiles."""
+    if not options.use_shared_memory:
+        return 0
+    return options.max_shared_memory if options.max_shared_memory is not None else DEFAULT_MAX_SHARED_BYTES
 
 
 def _blas_enabled(options: Options) -> bool:

@@ -24,6 +24,9 @@ class Options:
       :mod:`polyc.schedule.gpu_mapping` and :mod:`polyc.codegen.gpu`.
     - ``block``: for the GPU back ends, threads per block along x, y, z (x first; one entry per
       mapped loop, at most three; None: 256 threads shaped by the number of mapped loops).
+    - ``use_shared_memory``, ``max_shared_memory``: for the GPU back ends, copy tiles a block
+      reuses into shared memory (default True), using at most that many bytes per launch
+      (None: 48 KiB).
     - ``fusion``: ``"min"`` (no fusion), ``"smart"`` (fuse where outer parallelism is kept), ``"max"``.
     - ``tile_sizes``: None (a model of the caches picks them), ``()`` (no tiling) or sizes
       for the outermost band, outermost first.
@@ -63,6 +66,8 @@ class Options:
     threads: int | None = None
     tuning: bool = True
     block: tuple[int, ...] | None = None
+    use_shared_memory: bool = True
+    max_shared_memory: int | None = None
 
     @staticmethod
     def from_kwargs(**kwargs) -> "Options":
@@ -108,8 +113,11 @@ class Options:
                                  f"{MAX_BLOCK_THREADS} are allowed")
         if not isinstance(self.unroll, int) or self.unroll < 1:
             raise PolycError(f"unroll must be an integer >= 1, not {self.unroll!r}")
+        if self.max_shared_memory is not None and (isinstance(self.max_shared_memory, bool) or not isinstance(
+                self.max_shared_memory, int) or self.max_shared_memory < 0):
+            raise PolycError(f"max_shared_memory must be None or a number of bytes >= 0, not {self.max_shared_memory!r}")
         for name in ("parallel", "vectorize", "specialize", "blas_contractions", "direct_convolutions",
-                     "tuning"):
+                     "tuning", "use_shared_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise PolycError(f"{name} must be True or False, not {getattr(self, name)!r}")
 

@@ -29,7 +29,7 @@ import cgen
 import islpy as isl
 import numpy as np
 
-from polyc.codegen.c import _KernelWriter, _extent_name, _STATUS, c_comment
+from polyc.codegen.c import _KernelWriter, _extent_name, _STATUS, aff_c, c_comment
 from polyc.codegen.c_expr import PRELUDE, c_type
 from polyc.errors import PolycError
 from polyc.ir.model import PolyProgram
@@ -37,6 +37,7 @@ from polyc.lang import checked as ir
 from polyc.lang.builtins import BUILTINS
 from polyc.options import Options
 from polyc.schedule.gpu_mapping import BLOCK_ID, THREAD_ID, GpuLaunch, GpuPlan
+from polyc.schedule.gpu_promotion import BARRIER, COPY, SharedArray
 
 DIALECTS = ("opencl", "cuda")
 
@@ -140,6 +141,8 @@ class _GpuKernelWriter(_KernelWriter):
         super().__init__(program, None, options)
         self.launch = launch
         self.dialect = dialect
+        self.promotion = launch.promotion
+        self.current: tuple | None = None  # (statement, index C texts) while a statement is printed
 
     def function(self) -> str:
         d = self.definition
@@ -170,8 +173,13 @@ class _GpuKernelWriter(_KernelWriter):
             body.append(cgen.Statement(f"const int64_t {BLOCK_ID}{dim} = (int64_t){block}"))
             body.append(cgen.Statement(f"const int64_t {THREAD_ID}{dim} = (int64_t){thread}"))
         body.append(cgen.Statement(f"int {_STATUS} = 0"))
+        shared_qualifier = "__local" if opencl else "__shared__"
+        for array in (self.promotion.arrays if self.promotion else ()):
+            body.append(cgen.Statement(f"{shared_qualifier} {c_type(array.dtype)} {array.name}[{array.elements}]"))
+        schedule, domain = (self.promotion.schedule, self.promotion.thread_domain) if self.promotion else \
+            (self.launch.schedule, self.launch.thread_domain)
         build = isl.AstBuild.from_context(self.launch.context)
-        ast = build.node_from_schedule_map(self.launch.schedule.intersect_domain(self.launch.thread_domain))
+        ast = build.node_from_schedule_map(schedule.intersect_domain(domain))
         body.append(self.node(ast))
         body.append(cgen.If(_STATUS, cgen.Statement(f"*{STATUS_ARGUMENT} = 1")))
         qualifier = "__kernel void" if opencl else 'extern "C" __global__ void'
@@ -179,6 +187,42 @@ class _GpuKernelWriter(_KernelWriter):
         text = str(cgen.FunctionBody(cgen.Line(signature), cgen.Block(body)))
         # the CPU writer passes the status by address to its (atomic) helper; here it is private
         return c_comment(self.launch.describe().splitlines()) + "\n" + text
+
+    def user_node(self, call: isl.AstExpr):
+        name = call.get_op_arg(0).get_id().get_name()
+        arguments = [self.expr(call.get_op_arg(i + 1)) for i in range(call.get_op_n_arg() - 1)]
+        if name.startswith(BARRIER):
+            return cgen.Statement("barrier(CLK_LOCAL_MEM_FENCE)" if self.dialect == "opencl" else "__syncthreads()")
+        if name.startswith(COPY):
+            array = self.promotion.array(name[len(COPY):])
+            slice_text, elements = arguments[0], arguments[1:]
+            return cgen.Statement(f"{array.name}[{self.local_index(array, slice_text, elements)}] = "
+                                  f"{super().element(array.tensor, elements)}")
+        statement = self.program.statement(name)
+        self.current = (statement, dict(zip(statement.indices, arguments)))
+        try:
+            return super().user_node(call)
+        finally:
+            self.current = None
+
+    def element(self, tensor_name: str, subscripts: list[str], checked: bool = False) -> str:
+        array = self.promotion.array(tensor_name) if self.promotion and self.current else None
+        if array is None:
+            return super().element(tensor_name, subscripts, checked)
+        statement, index_c = self.current
+        member = aff_c(self.promotion.member_affs[statement.name], [index_c[i] for i in statement.indices],
+                       self.param_names)
+        slice_text = f"polyc_floord({member} - {self.promotion.low}, {self.promotion.slice_size})"
+        return f"{array.name}[{self.local_index(array, slice_text, subscripts)}]"
+
+    def local_index(self, array: SharedArray, slice_text: str, elements: list[str]) -> str:
+        """C text of element ``elements`` of slice ``slice_text`` in the shared box."""
+        terms = []
+        for element, offset, stride in zip(elements, array.offsets, array.strides):
+            offset_text = aff_c(offset, [slice_text], self.param_names)
+            term = f"(({element}) - ({offset_text}))"
+            terms.append(term if stride == 1 else f"{term} * {stride}")
+        return " + ".join(terms)
 
     @staticmethod
     def _argument_name(tensor) -> str:

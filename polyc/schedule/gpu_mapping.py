@@ -30,6 +30,7 @@ wrong kernel.  Accesses are proved in bounds for the whole def when it is define
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import islpy as isl
@@ -37,6 +38,7 @@ import islpy as isl
 from polyc.errors import PolycError
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
+from polyc.schedule.gpu_promotion import DEFAULT_MAX_SHARED_BYTES, Promotion, promote, prove_promotion
 from polyc.schedule.transform import stride_score
 
 #: Threads per block when the options give none, by the number of mapped members (x first):
@@ -79,6 +81,7 @@ class GpuLaunch:
     thread_domain: isl.UnionSet     # the instances of the thread given by the id parameters
     context: isl.Set                # the sizes and the ranges of the block and thread ids
     reason: str                     # why these members were (or none was) mapped
+    promotion: "Promotion | None" = None  # shared-memory tiles (polyc.schedule.gpu_promotion)
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -95,6 +98,11 @@ class GpuLaunch:
             lines.append(f"  {dim}: band member {loop.member} ({indices}), values {loop.offset}.."
                          f"{loop.offset + loop.extent - 1} = {loop.offset} + {loop.block} * block.{dim} + thread.{dim}")
         lines.append(f"  {self.reason}")
+        if self.promotion is not None:
+            p = self.promotion
+            lines.append(f"  band member {p.member} in slices of {p.slice_size}; shared memory "
+                         f"({p.shared_bytes} bytes): " + ", ".join(
+                             f"{a.tensor} as {a.name}[{' x '.join(map(str, a.sizes))}]" for a in p.arrays))
         lines.append(f"  per thread: {self.schedule.intersect_domain(self.thread_domain).coalesce()}")
         return "\n".join(lines)
 
@@ -111,10 +119,11 @@ class GpuPlan:
 
 
 def map_to_gpu(program: PolyProgram, schedule: isl.Schedule, dependences: Dependences,
-               block: tuple[int, ...] | None = None) -> GpuPlan:
+               block: tuple[int, ...] | None = None, shared_memory: int = DEFAULT_MAX_SHARED_BYTES) -> GpuPlan:
     """Cut ``schedule`` (for ``program``, whose sizes must be fixed) into launches and map each
     launch's coincident loops to blocks and threads; ``block`` overrides the threads per block
-    (x first; as many entries as members are mapped, at most three)."""
+    (x first; as many entries as members are mapped, at most three); ``shared_memory`` is the
+    most bytes of shared memory a launch may use for promoted tiles (0: no promotion)."""
     if program.size_values is None:
         raise PolycError(f"{program.definition.name}: GPU kernels are generated for concrete sizes "
                          "(specialize=False is not supported by the GPU back ends)")
@@ -123,8 +132,22 @@ def map_to_gpu(program: PolyProgram, schedule: isl.Schedule, dependences: Depend
         if domain.intersect_params(program.context).is_empty():
             continue
         name = f"polyc_{program.definition.name}_k{len(launches)}"
-        launches.append(_map_launch(name, program, schedule, dependences, domain, node, block))
+        launch = _map_launch(name, program, schedule, dependences, domain, node, block)
+        if launch.loops and shared_memory > 0:
+            launch = _with_promotion(launch, program, node, shared_memory)
+        launches.append(launch)
     return GpuPlan(program.definition.name, tuple(launches))
+
+
+def _with_promotion(launch: GpuLaunch, program: PolyProgram, band: isl.ScheduleNode, shared_memory: int) -> GpuLaunch:
+    """``launch`` with its reused tiles in shared memory, when that pays and passes the proofs."""
+    promotion = promote(program, launch, band, max_shared_bytes=shared_memory)
+    if promotion is None:
+        return launch
+    failure = prove_promotion(promotion, program, launch)
+    if failure is not None:
+        return dataclasses.replace(launch, reason=launch.reason + f"; no shared memory: {failure}")
+    return dataclasses.replace(launch, promotion=promotion)
 
 
 def _kernel_roots(schedule: isl.Schedule, program: PolyProgram) -> list[tuple[isl.UnionSet, isl.ScheduleNode | None]]:

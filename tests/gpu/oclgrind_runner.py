@@ -4,10 +4,12 @@ oclgrind replaces the OpenCL library with its simulator through LD_PRELOAD).
     python oclgrind_runner.py case NAME       a corpus kernel at its first size set, checked against numpy
     python oclgrind_runner.py racy            negative control: matmul with its reduction loop across threads
     python oclgrind_runner.py out-of-bounds   negative control: matmul reading one row past A
+    python oclgrind_runner.py no-barrier      negative control: shared-memory matmul without its barriers
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import numpy as np
@@ -20,7 +22,7 @@ from polyc.codegen.gpu import generate_gpu  # noqa: E402
 from polyc.runtime.gpu import OpenCLRuntime  # noqa: E402
 from polyc.schedule.gpu_mapping import GpuPlan, _launch, _mapped_loops  # noqa: E402
 
-MATMUL_SIZES = dict(M=4, K=6, N=5)
+MATMUL_SIZES = dict(M=4, K=40, N=5)  # K > 32: two slices of the shared-memory tiles
 
 
 def run_case(name: str) -> None:
@@ -48,9 +50,18 @@ def racy(stages):
 
 
 def out_of_bounds(stages):
-    """Every read of A one row further down: the last row's threads read past the buffer."""
+    """The first read of A one row further down: the last row's threads read past the buffer."""
     code = stages.gpu_source
-    source = code.source.replace("(A[", "(A[A_extent1 + ", 1)
+    start = code.source.index("__kernel")
+    read = re.compile(r"(?<!\w)A\[").search(code.source, code.source.index("{", start))
+    source = code.source[:read.end()] + "A_extent1 + " + code.source[read.end():]
+    return type(code)(code.dialect, source, code.launches, code.tensor_arguments)
+
+
+def without_barriers(stages):
+    """The shared-memory matmul with its barriers deleted: copies race with reads."""
+    code = stages.gpu_source
+    source = code.source.replace("barrier(CLK_LOCAL_MEM_FENCE);", ";")
     assert source != code.source
     return type(code)(code.dialect, source, code.launches, code.tensor_arguments)
 
@@ -63,6 +74,8 @@ if __name__ == "__main__":
         run_matmul_source(racy)
     elif mode == "out-of-bounds":
         run_matmul_source(out_of_bounds)
+    elif mode == "no-barrier":
+        run_matmul_source(without_barriers)
     else:
         raise SystemExit(f"unknown mode {mode}")
     print("done")

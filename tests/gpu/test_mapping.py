@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import islpy as isl
+
 import pytest
 
 import polyc
@@ -86,3 +88,36 @@ def test_negative_control_threads_along_a_reduction_race():
     failure = prove_launch(bad, st.program, st.dependences)
     assert failure is not None and "a dependence joins two threads" in failure
     assert prove_launch(launch, st.program, st.dependences) is None
+
+
+# ----------------------------------------------------------------------------- shared memory
+def test_matmul_tiles_go_to_shared_memory_in_slices_of_the_reduction():
+    st = stages("matmul", dict(M=37, K=70, N=45))
+    promotion = st.gpu.launches[0].promotion
+    assert promotion is not None and promotion.member == 2 and promotion.slice_size == 32
+    shapes = {array.tensor: array.sizes for array in promotion.arrays}
+    assert shapes == {"A": (8, 32), "B": (32, 32)}  # rows of the block x a slice; a slice x columns
+    source = st.gpu_source.source
+    assert "__local float A_shared[256]" in source and source.count("barrier(CLK_LOCAL_MEM_FENCE)") == 2
+
+
+def test_shared_memory_can_be_turned_off_or_limited():
+    assert stages("matmul", dict(M=37, K=70, N=45), use_shared_memory=False).gpu.launches[0].promotion is None
+    small = stages("matmul", dict(M=37, K=70, N=45), max_shared_memory=1024).gpu.launches[0].promotion
+    assert [a.tensor for a in small.arrays] == ["A"]  # B's 4 KiB box does not fit
+
+
+def test_negative_control_the_race_proof_needs_the_barriers():
+    from polyc.schedule.gpu_promotion import BARRIER, prove_promotion
+    st = stages("matmul", dict(M=37, K=70, N=45))
+    launch = st.gpu.launches[0]
+    assert prove_promotion(launch.promotion, st.program, launch) is None
+    sets = []
+    launch.promotion.block_domain.foreach_set(sets.append)
+    kept = [s for s in sets if not s.get_tuple_name().startswith(BARRIER)]
+    without = isl.UnionSet.from_set(kept[0])
+    for s in kept[1:]:
+        without = without.union(isl.UnionSet.from_set(s))
+    broken = dataclasses.replace(launch.promotion, block_domain=without)
+    failure = prove_promotion(broken, st.program, launch)
+    assert failure is not None and "race without a barrier" in failure

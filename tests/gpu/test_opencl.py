@@ -1,7 +1,8 @@
 """The GPU back end through OpenCL (PoCL on a machine without a GPU) against the numpy references.
 
 Every kernel of the corpus (tests/kernels.py) at every size set, under several mapping option
-sets: the default, fusion off, odd block sizes (partial blocks at every edge).  float16 kernels
+sets: the default, fusion off, odd block sizes (partial blocks at every edge), shared memory off,
+and a shared-memory budget that admits only small tiles.  float16 kernels
 skip with the reason (the GPU back ends do not support float16 yet).
 """
 from __future__ import annotations
@@ -37,6 +38,8 @@ OPTION_SETS = {
     "default": {},
     "fusion-min": dict(fusion="min"),
     "odd-blocks": dict(block=(7, 3, 2)),
+    "no-shared-memory": dict(use_shared_memory=False),
+    "small-shared-memory": dict(max_shared_memory=600, block=(16, 4)),
 }
 
 CORPUS = [pytest.param(case, options, id=f"{case.name}-{label}")

@@ -1,0 +1,422 @@
+"""Shared-memory promotion for GPU launches: tiles that a block's threads reuse are copied into
+shared (OpenCL: local) memory once per slice of the sequential loop, and read from there.
+
+The loop a launch's threads run sequentially first (the first unmapped member of its band: a
+matmul's reduction loop) is cut into slices of ``slice_size`` iterations.  For every tensor the
+launch only reads, with affine accesses, the elements a block touches in one slice (its
+*footprint*, computed with isl over the block's instances) fit a box of constant size at an
+offset affine in the block ids and the slice; when the block reads each element twice or more
+on average, the box becomes a shared array.  The schedule of each thread becomes
+
+    for each slice s:
+        copy (phase 0):    the footprint of slice s, element j of the box by thread j mod T
+        barrier (phase 1)
+        compute (phase 2): the statement instances of slice s, in their old order, promoted
+                           reads going to the shared arrays
+        barrier (phase 3)
+
+as new statements of the launch's flat schedule (``polyc_copy_<T>[s, e...]``,
+``polyc_barrier<p>[s]``), so isl generates the loops and guards of all of them together.
+Copies walk the box in row-major order with consecutive threads on consecutive elements, so
+the global loads of a warp are consecutive.  Barriers are executed by every thread of the
+block (their domains do not depend on the thread ids).
+
+:func:`prove_promotion` checks, with isl, that no two different threads of a block touch one
+shared element (one of them writing) without a barrier between the two accesses in schedule
+order, and that every promoted read finds its element copied in its slice.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import islpy as isl
+
+from polyc.ir.bounds import tensor_box
+from polyc.ir.model import PolyProgram
+
+#: Iterations of the sequential loop per shared-memory slice.
+SLICE_SIZE = 32
+#: Shared memory a launch may use unless told otherwise: what every CUDA GPU since sm_20 and
+#: OpenCL devices commonly give a block without opting in (48 KiB).
+DEFAULT_MAX_SHARED_BYTES = 48 * 1024
+
+COPY = "polyc_copy_"
+BARRIER = "polyc_barrier"
+#: Phases of a slice, the second dimension of every time in the promoted schedule.
+PHASE_COPY, PHASE_BARRIER_BEFORE, PHASE_COMPUTE, PHASE_BARRIER_AFTER = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class SharedArray:
+    """A tensor's box in shared memory: element ``e`` of slice ``s`` is at local index
+    ``sum_d (e_d - offset_d(s)) * stride_d``."""
+
+    tensor: str
+    name: str
+    sizes: tuple[int, ...]
+    offsets: tuple[isl.Aff, ...]   # on the space [s] (parameters: sizes, block ids)
+    dtype: object
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.sizes)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return tuple(math.prod(self.sizes[d + 1:]) for d in range(len(self.sizes)))
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """What promotion did to a launch."""
+
+    member: int                    # the band member cut into slices
+    low: int                       # its smallest value: slice = floor((value - low) / slice_size)
+    slice_size: int
+    member_affs: dict              # statement -> isl.Aff of the member's value on its instance
+    arrays: tuple[SharedArray, ...]
+    schedule: isl.UnionMap         # the new flat schedule (compute, copy and barrier statements)
+    thread_domain: isl.UnionSet    # what one thread runs of it
+    block_domain: isl.UnionSet     # what the whole block runs (thread ids free)
+    thread_of: isl.UnionMap        # block instance -> [linear thread id]
+
+    def array(self, tensor: str) -> SharedArray | None:
+        return next((a for a in self.arrays if a.tensor == tensor), None)
+
+    @property
+    def shared_bytes(self) -> int:
+        return sum(a.elements * a.dtype.itemsize for a in self.arrays)
+
+
+def promote(program: PolyProgram, launch, band: isl.ScheduleNode, slice_size: int = SLICE_SIZE,
+            max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES) -> Promotion | None:
+    """The promotion of ``launch`` (whose first band is ``band``), or None when nothing pays."""
+    mapped = {loop.member for loop in launch.loops}
+    free = [m for m in range(band.band_n_member()) if m not in mapped]
+    if not launch.loops or not free or max_shared_bytes <= 0:
+        return None
+    member = free[0]  # the first loop each thread runs: slicing it keeps every thread's order
+    member_map = isl.UnionMap.from_multi_union_pw_aff(isl.MultiUnionPwAff.from_union_pw_aff(
+        band.band_get_partial_schedule().get_at(member))).intersect_domain(launch.domain)
+    member_affs = _single_affs(member_map, program, launch.domain)
+    if member_affs is None:
+        return None
+    values = isl.Set.from_union_set(member_map.range()).intersect_params(program.context)
+    values = values.project_out(isl.dim_type.param, 0, values.dim(isl.dim_type.param))
+    low, high = _constant(values.dim_min(0)), _constant(values.dim_max(0))
+    if high - low + 1 <= 1:
+        return None
+    slice_of = member_map.apply_range(isl.UnionMap.from_map(isl.Map.read_from_str(
+        program.ctx, f"{{ [v] -> [s] : {slice_size} s <= v - {low} < {slice_size} s + {slice_size} }}")))
+
+    thread_params = [f"polyc_thread{d}" for d in range(len(launch.loops))]
+    block_domain = _project_params(launch.thread_domain, thread_params)
+    threads = math.prod(launch.block)
+    written = {program.statement(s).source.target for s in launch.statements}
+    arrays = []
+    read = {a.tensor for s in launch.statements for a in program.statement(s).reads}
+    for tensor in sorted(read - written):
+        if program.definition.tensor(tensor).rank == 0:  # a scalar: no tile to share
+            continue
+        array = _shared_array(program, launch, block_domain, slice_of, tensor, threads * slice_size)
+        if array is not None:
+            arrays.append(array)
+    budget = max_shared_bytes
+    arrays = [a for a in arrays if (budget := budget - a.elements * a.dtype.itemsize) >= 0]
+    if not arrays:
+        return None
+
+    flat = launch.schedule
+    length = _flat_length(flat)
+    width = max([length] + [len(a.sizes) + 1 for a in arrays]) + 2
+    pad = lambda n: ", ".join(["0"] * (width - 2 - n))  # noqa: E731
+    flat_dims = ", ".join(f"f{i}" for i in range(length))
+    to_time = isl.Map.read_from_str(
+        program.ctx, f"{{ [[s] -> [{flat_dims}]] -> [s, {PHASE_COMPUTE}{', ' + flat_dims if length else ''}"
+                     f"{', ' + pad(length) if width - 2 > length else ''}] }}")
+    schedule = slice_of.range_product(flat).apply_range(isl.UnionMap.from_map(to_time))
+    slices = isl.Set.from_union_set(slice_of.intersect_domain(block_domain).range())
+    thread_domain = launch.thread_domain
+    full_block = block_domain
+    linear_thread = _linear_thread_aff(launch, program)
+    thread_of = _compute_thread_map(launch, program, block_domain)
+    for position, array in enumerate(arrays):
+        copies = _copy_set(program, block_domain, slice_of, array).align_params(launch.context.get_space())
+        rank = len(array.sizes)
+        e = ", ".join(f"e{d}" for d in range(rank))
+        # each array's copy has a loop nest of its own: [s, phase, which array, element...]
+        schedule = schedule.union(isl.UnionMap.from_map(isl.Map.read_from_str(
+            program.ctx, f"{{ {COPY}{array.tensor}[s, {e}] -> [s, {PHASE_COPY}, {position}, {e}"
+                         f"{', ' + pad(rank + 1) if width - 2 > rank + 1 else ''}] }}")))
+        owner = _copy_owner(array, copies.get_space(), launch)
+        owned = copies.intersect(isl.Set.from_basic_set(
+            owner.sub(_params_on(linear_thread, copies.get_space())).zero_basic_set()))
+        thread_domain = thread_domain.union(isl.UnionSet.from_set(owned).intersect_params(launch.context))
+        full_block = full_block.union(isl.UnionSet.from_set(copies))
+        thread_of = thread_of.union(isl.UnionMap.from_map(isl.Map.from_aff(owner)).intersect_domain(
+            isl.UnionSet.from_set(copies)))
+    for phase in (PHASE_BARRIER_BEFORE, PHASE_BARRIER_AFTER):
+        name = f"{BARRIER}{phase}"
+        barriers = slices.set_tuple_name(name)
+        schedule = schedule.union(isl.UnionMap.from_map(isl.Map.read_from_str(
+            program.ctx, f"{{ {name}[s] -> [s, {phase}{', ' + pad(0) if width > 2 else ''}] }}")))
+        thread_domain = thread_domain.union(isl.UnionSet.from_set(barriers).intersect_params(launch.context))
+        full_block = full_block.union(isl.UnionSet.from_set(barriers))
+    return Promotion(member, low, slice_size, member_affs, tuple(arrays), schedule, thread_domain, full_block,
+                     thread_of)
+
+
+def prove_promotion(promotion: Promotion, program: PolyProgram, launch) -> str | None:
+    """None when the promoted launch is race-free and complete, else what fails: two different
+    threads of a block touching one shared element (one writing) with no barrier between the
+    accesses in schedule order, or a promoted read whose element its slice does not copy."""
+    time = promotion.schedule.intersect_domain(promotion.block_domain)
+    barrier_times = isl.UnionSet.empty(time.range().get_space())
+    for name in (f"{BARRIER}{PHASE_BARRIER_BEFORE}", f"{BARRIER}{PHASE_BARRIER_AFTER}"):
+        barrier_times = barrier_times.union(time.intersect_domain(_named(promotion.block_domain, name)).range())
+    times = time.range()
+    separated = times.lex_lt_union_set(barrier_times).apply_range(barrier_times.lex_lt_union_set(times))
+    same_thread = promotion.thread_of.apply_range(promotion.thread_of.reverse())
+    for array in promotion.arrays:
+        writes, reads = _shared_accesses(promotion, program, launch, array)
+        accesses = writes.union(reads)
+        # pairs of instances touching one shared element, at least one writing, on two threads
+        same_element = writes.apply_range(accesses.reverse()).union(accesses.apply_range(writes.reverse()))
+        conflicting = same_element.subtract(same_thread)
+        ordered = time.reverse().apply_range(conflicting).apply_range(time)  # their times, both ways round
+        race = ordered.intersect(times.lex_lt_union_set(times)).subtract(separated)
+        if not race.is_empty():
+            return f"shared {array.name}: threads race without a barrier between {race.coalesce()}"
+        copied = _named(promotion.block_domain, COPY + array.tensor)
+        needed = _needed_copies(promotion, program, launch, array)
+        if not needed.is_subset(copied):
+            return f"shared {array.name}: a read finds its element not copied: {needed.subtract(copied)}"
+    return None
+
+
+# ----------------------------------------------------------------------------- pieces
+def _shared_array(program: PolyProgram, launch, block_domain: isl.UnionSet, slice_of: isl.UnionMap,
+                  tensor: str, reads_per_slice: int) -> SharedArray | None:
+    """``tensor``'s box per slice when every read is affine and the box is reused enough."""
+    relation = _reads_of(program, launch, tensor)
+    if relation is None:
+        return None
+    footprint = slice_of.intersect_domain(block_domain).reverse().apply_range(relation.intersect_domain(block_domain))
+    if footprint.is_empty():
+        return None
+    footprint = isl.Map.from_union_map(footprint)
+    rank = footprint.dim(isl.dim_type.out)
+    offsets, sizes = [], []
+    for d in range(rank):
+        along = footprint.project_out(isl.dim_type.out, d + 1, rank - d - 1).project_out(isl.dim_type.out, 0, d)
+        low = along.lexmin_pw_multi_aff().get_pw_aff(0)
+        high = along.lexmax_pw_multi_aff().get_pw_aff(0)
+        pieces: list[isl.Aff] = []
+        low.coalesce().foreach_piece(lambda _set, aff: pieces.append(aff))
+        if len(pieces) != 1:
+            return None
+        size = high.sub(low).max_val()
+        if not size.is_int():
+            return None
+        offsets.append(pieces[0])
+        sizes.append(size.to_python() + 1)
+    dtype = program.definition.tensor(tensor).dtype
+    if math.prod(sizes) * 2 > reads_per_slice:  # each element read less than twice: no reuse to exploit
+        return None
+    return SharedArray(tensor, f"{tensor}_shared", tuple(sizes), tuple(offsets), dtype)
+
+
+def _reads_of(program: PolyProgram, launch, tensor: str) -> isl.UnionMap | None:
+    """Instance -> element of every read of ``tensor`` in the launch (where its guard holds);
+    None if one is data-dependent."""
+    result = None
+    for name in launch.statements:
+        for access in program.statement(name).reads:
+            if access.tensor != tensor:
+                continue
+            if not access.exact:
+                return None
+            relation = isl.UnionMap.from_map(access.relation.intersect_domain(access.guard))
+            result = relation if result is None else result.union(relation)
+    return result
+
+
+def _copy_set(program: PolyProgram, block_domain: isl.UnionSet, slice_of: isl.UnionMap,
+              array: SharedArray) -> isl.Set:
+    """``polyc_copy_T[s, e...]``: every element of the block's footprint in slice s (within
+    the tensor: the footprint of guarded reads is where their guards hold)."""
+    relation = _reads_of_tensor_in(program, block_domain, array.tensor)
+    footprint = slice_of.intersect_domain(block_domain).reverse().apply_range(relation)
+    inside = isl.UnionSet.from_set(tensor_box(program, array.tensor))
+    footprint = isl.Map.from_union_map(footprint.intersect_range(inside))
+    return footprint.wrap().flatten().set_tuple_name(COPY + array.tensor)
+
+
+def _reads_of_tensor_in(program: PolyProgram, domain: isl.UnionSet, tensor: str) -> isl.UnionMap:
+    result = isl.UnionMap.empty(domain.get_space())
+    for statement in program.statements:
+        for access in statement.reads:
+            if access.tensor == tensor:
+                result = result.union(isl.UnionMap.from_map(access.relation.intersect_domain(access.guard)))
+    return result.intersect_domain(domain)
+
+
+def _local_index(array: SharedArray, space: isl.Space) -> isl.Aff:
+    """On ``polyc_copy_T[s, e...]``: the element's local index in the box."""
+    ls = isl.LocalSpace.from_space(space)
+    total = isl.Aff.zero_on_domain(ls)
+    rank = len(array.sizes)
+    to_slice = isl.MultiAff.from_aff(isl.Aff.var_on_domain(ls, isl.dim_type.set, 0))
+    for d in range(rank):
+        element = isl.Aff.var_on_domain(ls, isl.dim_type.set, d + 1)
+        offset = _align(array.offsets[d], space).pullback_multi_aff(to_slice)
+        total = total.add(element.sub(offset).scale_val(isl.Val.int_from_si(space.get_ctx(), array.strides[d])))
+    return total
+
+
+def _copy_owner(array: SharedArray, space: isl.Space, launch) -> isl.Aff:
+    """On ``polyc_copy_T[s, e...]``: the linear id of the thread that copies the element.  The
+    box's last dimension goes across thread.x (consecutive threads, consecutive addresses:
+    coalesced loads), its other dimensions, row-major, across the rest of the block."""
+    ctx = space.get_ctx()
+    ls = isl.LocalSpace.from_space(space)
+    to_slice = isl.MultiAff.from_aff(isl.Aff.var_on_domain(ls, isl.dim_type.set, 0))
+    local = [isl.Aff.var_on_domain(ls, isl.dim_type.set, d + 1).sub(
+        _align(array.offsets[d], space).pullback_multi_aff(to_slice)) for d in range(len(array.sizes))]
+    across_x = launch.loops[0].block
+    rest = math.prod(launch.block) // across_x
+    owner = local[-1].mod_val(isl.Val.int_from_si(ctx, across_x))
+    if rest > 1 and len(local) > 1:
+        rows = isl.Aff.zero_on_domain(ls)
+        for d in range(len(local) - 1):
+            stride = math.prod(array.sizes[d + 1:-1])
+            rows = rows.add(local[d].scale_val(isl.Val.int_from_si(ctx, stride)))
+        owner = owner.add(rows.mod_val(isl.Val.int_from_si(ctx, rest)).scale_val(isl.Val.int_from_si(ctx, across_x)))
+    return owner
+
+
+def _align(aff: isl.Aff, space: isl.Space) -> isl.Aff:
+    return aff.align_params(space)
+
+
+def _params_on(aff: isl.Aff, space: isl.Space) -> isl.Aff:
+    """A parametric (zero-dimensional) affine expression moved onto the set space ``space``."""
+    ls = isl.LocalSpace.from_space(space)
+    result = isl.Aff.zero_on_domain(ls)
+    aligned = aff.align_params(space)
+    for p in range(aligned.dim(isl.dim_type.param)):
+        c = aligned.get_coefficient_val(isl.dim_type.param, p)
+        if not c.is_zero():
+            name = aligned.get_dim_name(isl.dim_type.param, p)
+            position = space.find_dim_by_name(isl.dim_type.param, name)
+            result = result.add(isl.Aff.var_on_domain(ls, isl.dim_type.param, position).scale_val(c))
+    return result.add_constant_val(aligned.get_constant_val())
+
+
+def _linear_thread_aff(launch, program: PolyProgram) -> isl.Aff:
+    """thread.x + block.x * (thread.y + block.y * thread.z), over the parameters."""
+    names = [f"polyc_thread{d}" for d in range(len(launch.loops))]
+    terms, stride = [], 1
+    for d, name in enumerate(names):
+        terms.append(f"{stride} {name}" if stride != 1 else name)
+        stride *= launch.loops[d].block
+    params = ", ".join(names)
+    return isl.Aff.read_from_str(program.ctx, f"[{params}] -> {{ [({' + '.join(terms)})] }}")
+
+
+def _compute_thread_map(launch, program: PolyProgram, block_domain: isl.UnionSet) -> isl.UnionMap:
+    """Statement instance of the block -> [linear thread id] (mapped member values relative to
+    the block's start)."""
+    result = None
+    stride = 1
+    for d, loop in enumerate(launch.loops):
+        part = loop.schedule.apply_range(isl.UnionMap.from_map(isl.Map.read_from_str(
+            program.ctx, f"[polyc_block{d}] -> {{ [v] -> [{stride}v - {stride * loop.offset} - "
+                         f"{stride * loop.block}polyc_block{d}] }}")))
+        result = part if result is None else _add_ranges(result, part, program)
+        stride *= loop.block
+    return result.intersect_domain(block_domain)
+
+
+def _add_ranges(a: isl.UnionMap, b: isl.UnionMap, program: PolyProgram) -> isl.UnionMap:
+    plus = isl.Map.read_from_str(program.ctx, "{ [[x] -> [y]] -> [x + y] }")
+    return a.range_product(b).apply_range(isl.UnionMap.from_map(plus))
+
+
+def _shared_accesses(promotion: Promotion, program: PolyProgram, launch, array: SharedArray):
+    """(writes, reads) of ``array``: block instance -> [local index]."""
+    copies = _named(promotion.block_domain, COPY + array.tensor)
+    copy_set = isl.Set.from_union_set(copies)
+    writes = isl.UnionMap.from_map(isl.Map.from_aff(_local_index(array, copy_set.get_space()))) \
+        .intersect_domain(copies)
+    reads = _needed_copies_map(promotion, program, launch, array)
+    copy_local = isl.UnionMap.from_map(isl.Map.from_aff(_local_index(array, copy_set.get_space())))
+    return writes, reads.apply_range(copy_local)
+
+
+def _needed_copies_map(promotion: Promotion, program: PolyProgram, launch, array: SharedArray) -> isl.UnionMap:
+    """Block instance reading ``array``'s tensor -> the copy instance ``[s, e...]`` of its element."""
+    relation = _reads_of_tensor_in(program, promotion.block_domain, array.tensor)
+    slice_map = _slice_map(promotion, program)
+    pair = slice_map.range_product(relation)
+    rank = len(array.sizes)
+    e = ", ".join(f"e{d}" for d in range(rank))
+    flatten = isl.Map.read_from_str(program.ctx, f"{{ [[s] -> {array.tensor}[{e}]] -> {COPY}{array.tensor}[s, {e}] }}")
+    return pair.apply_range(isl.UnionMap.from_map(flatten))
+
+
+def _needed_copies(promotion: Promotion, program: PolyProgram, launch, array: SharedArray) -> isl.UnionSet:
+    return _needed_copies_map(promotion, program, launch, array).range()
+
+
+def _slice_map(promotion: Promotion, program: PolyProgram) -> isl.UnionMap:
+    result = isl.UnionMap.empty(promotion.block_domain.get_space())
+    for name, aff in promotion.member_affs.items():
+        value = isl.Map.from_aff(aff)
+        result = result.union(isl.UnionMap.from_map(value))
+    to_slice = isl.Map.read_from_str(
+        program.ctx, f"{{ [v] -> [s] : {promotion.slice_size} s <= v - {promotion.low} < "
+                     f"{promotion.slice_size} s + {promotion.slice_size} }}")
+    return result.apply_range(isl.UnionMap.from_map(to_slice))
+
+
+def _named(union: isl.UnionSet, name: str) -> isl.UnionSet:
+    found: list[isl.Set] = []
+    union.foreach_set(lambda s: found.append(s) if s.get_tuple_name() == name else None)
+    return isl.UnionSet.from_set(found[0]) if found else isl.UnionSet.empty(union.get_space())
+
+
+def _single_affs(member_map: isl.UnionMap, program: PolyProgram, domain: isl.UnionSet) -> dict | None:
+    """Statement -> the member's value as one affine expression of its instance."""
+    affs = {}
+    maps: list[isl.Map] = []
+    member_map.foreach_map(maps.append)
+    for m in maps:
+        pma = m.as_pw_multi_aff() if hasattr(m, "as_pw_multi_aff") else isl.PwMultiAff.from_map(m)
+        pieces: list[isl.Aff] = []
+        pma.get_pw_aff(0).coalesce().foreach_piece(lambda _set, aff: pieces.append(aff))
+        if len(pieces) != 1:
+            return None
+        affs[m.get_tuple_name(isl.dim_type.in_)] = pieces[0]
+    return affs
+
+
+def _project_params(union: isl.UnionSet, names: list[str]) -> isl.UnionSet:
+    for name in names:
+        position = union.get_space().find_dim_by_name(isl.dim_type.param, name)
+        if position >= 0:
+            union = union.project_out(isl.dim_type.param, position, 1)
+    return union
+
+
+def _flat_length(flat: isl.UnionMap) -> int:
+    maps: list[isl.Map] = []
+    flat.foreach_map(maps.append)
+    return maps[0].dim(isl.dim_type.out) if maps else 0
+
+
+def _constant(bound: isl.PwAff) -> int:
+    pieces: list[isl.Aff] = []
+    bound.foreach_piece(lambda _set, aff: pieces.append(aff))
+    return pieces[0].get_constant_val().to_python()
