@@ -9,9 +9,9 @@ figures instead, from nvcc's ptxas report for sm_80 (Ampere) and polyc's mapping
 - estimated occupancy on sm_80: resident warps per SM over the 64 possible, limited by registers
   (65536 per SM, allocated per warp in units of 256), threads (2048 per SM), blocks (32 per SM)
   and shared memory (164 KiB per SM);
-- reads per FMA: the reads of tensor elements the kernel's statements make (the accumulator's
-  included) per multiply-add, counted over the iteration domains with isl; without shared or
-  register promotion each is a global load (what promotion would lower);
+- global loads per FMA: reads of tensors left in global memory (counted over the iteration
+  domains with isl), copies into shared memory (each block's box once per slice) and loads of
+  the per-thread register arrays, per multiply-add: what promotion lowers (3 without it);
 - the time on the OpenCL device that is present (PoCL on the CPU here: a check that the kernel
   runs, not a GPU figure).
 
@@ -60,15 +60,28 @@ def occupancy_sm80(registers: int, threads: int, shared_bytes: int) -> float:
 
 
 def loads_per_fma(stages) -> float | None:
-    """Reads per multiply-add over the kernel's statement instances (None: no multiply-add)."""
-    reads = fmas = 0
-    for statement in stages.program.statements:
-        count = statement.domain.intersect_params(stages.program.context).count_val().to_python()
-        reads += count * len(statement.reads)
-        rhs = statement.source.rhs
-        if statement.kind == "update" and statement.source.op == "+" and isinstance(rhs, ir.Binary) and rhs.op == "*":
-            fmas += count
-    return reads / fmas if fmas else None
+    """Global loads per multiply-add over the whole grid (None: no multiply-add): reads of
+    tensors left in global memory, plus the copies into shared memory (every block copies its
+    box once per slice) and the loads of the private (register) arrays."""
+    program = stages.program
+    loads = fmas = 0
+    for launch in stages.gpu.launches:
+        shared = {a.tensor for a in launch.promotion.arrays} if launch.promotion else set()
+        private = {a.tensor for a in launch.private.arrays} if launch.private else set()
+        for name in launch.statements:
+            statement = program.statement(name)
+            count = statement.domain.intersect_params(program.context).count_val().to_python()
+            loads += count * sum(1 for access in statement.reads if access.tensor not in shared | private)
+            rhs = statement.source.rhs
+            if statement.kind == "update" and statement.source.op == "+" and isinstance(rhs, ir.Binary) \
+                    and rhs.op == "*":
+                fmas += count
+        blocks = math.prod(launch.grid)
+        if launch.promotion:
+            loads += blocks * launch.promotion.slices * sum(a.elements for a in launch.promotion.arrays)
+        if launch.private:
+            loads += blocks * math.prod(launch.block) * sum(a.elements for a in launch.private.arrays)
+    return loads / fmas if fmas else None
 
 
 def _cuda_gpu() -> str | None:
@@ -91,7 +104,7 @@ def run_gpu_cases(repeat: int, names=None) -> dict:
     if find_nvcc() is None:
         print("nvcc not found: no ptxas figures")
     header = (f"{'kernel':<14} {'launches':>8} {'block':>12} {'regs':>5} {'smem B':>7} {'spills':>6} "
-              f"{'occupancy':>9} {'reads/FMA':>9} {'OpenCL ms':>10}")
+              f"{'occupancy':>9} {'loads/FMA':>9} {'OpenCL ms':>10}")
     print(header)
     rows = []
     for name, source, sizes in GPU_CASES:

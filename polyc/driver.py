@@ -140,7 +140,8 @@ def compile_gpu_stages(program: PolyProgram, dependences: Dependences, schedule:
     mapped = schedule
     if options.fusion != "min":
         mapped = fuse_outer_loops(schedule, program, dependences, tiling.cache_sizes(options))
-    plan = map_to_gpu(program, mapped, dependences, options.block, shared_memory_budget(options))
+    plan = map_to_gpu(program, mapped, dependences, options.block, shared_memory_budget(options),
+                      options.use_private_memory)
     source = generate_gpu(program, plan, options, dialect or options.backend)
     first = source.launches[0].function_name if source.launches else ""
     kernel = GeneratedKernel(first, source.source, source.tensor_arguments, ())

@@ -27,6 +27,8 @@ class Options:
     - ``use_shared_memory``, ``max_shared_memory``: for the GPU back ends, copy tiles a block
       reuses into shared memory (default True), using at most that many bytes per launch
       (None: 48 KiB).
+    - ``use_private_memory``: for the GPU back ends, keep the elements each thread alone writes
+      (a matmul's accumulator) in registers from the start of a launch to its end (default True).
     - ``fusion``: ``"min"`` (no fusion), ``"smart"`` (fuse where outer parallelism is kept), ``"max"``.
     - ``tile_sizes``: None (a model of the caches picks them), ``()`` (no tiling) or sizes
       for the outermost band, outermost first.
@@ -67,6 +69,7 @@ class Options:
     tuning: bool = True
     block: tuple[int, ...] | None = None
     use_shared_memory: bool = True
+    use_private_memory: bool = True
     max_shared_memory: int | None = None
 
     @staticmethod
@@ -117,7 +120,7 @@ class Options:
                 self.max_shared_memory, int) or self.max_shared_memory < 0):
             raise PolycError(f"max_shared_memory must be None or a number of bytes >= 0, not {self.max_shared_memory!r}")
         for name in ("parallel", "vectorize", "specialize", "blas_contractions", "direct_convolutions",
-                     "tuning", "use_shared_memory"):
+                     "tuning", "use_shared_memory", "use_private_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise PolycError(f"{name} must be True or False, not {getattr(self, name)!r}")
 

@@ -37,7 +37,7 @@ from polyc.lang import checked as ir
 from polyc.lang.builtins import BUILTINS
 from polyc.options import Options
 from polyc.schedule.gpu_mapping import BLOCK_ID, THREAD_ID, GpuLaunch, GpuPlan
-from polyc.schedule.gpu_promotion import BARRIER, COPY, SharedArray
+from polyc.schedule.gpu_promotion import BARRIER, COPY, LOAD, STORE, SharedArray
 
 DIALECTS = ("opencl", "cuda")
 
@@ -142,6 +142,7 @@ class _GpuKernelWriter(_KernelWriter):
         self.launch = launch
         self.dialect = dialect
         self.promotion = launch.promotion
+        self.private = launch.private
         self.current: tuple | None = None  # (statement, index C texts) while a statement is printed
 
     def function(self) -> str:
@@ -176,8 +177,9 @@ class _GpuKernelWriter(_KernelWriter):
         shared_qualifier = "__local" if opencl else "__shared__"
         for array in (self.promotion.arrays if self.promotion else ()):
             body.append(cgen.Statement(f"{shared_qualifier} {c_type(array.dtype)} {array.name}[{array.elements}]"))
-        schedule, domain = (self.promotion.schedule, self.promotion.thread_domain) if self.promotion else \
-            (self.launch.schedule, self.launch.thread_domain)
+        for array in (self.private.arrays if self.private else ()):
+            body.append(cgen.Statement(f"{c_type(array.dtype)} {array.name}[{array.elements}]"))
+        schedule, domain = self.launch.body()
         build = isl.AstBuild.from_context(self.launch.context)
         ast = build.node_from_schedule_map(schedule.intersect_domain(domain))
         body.append(self.node(ast))
@@ -193,6 +195,12 @@ class _GpuKernelWriter(_KernelWriter):
         arguments = [self.expr(call.get_op_arg(i + 1)) for i in range(call.get_op_n_arg() - 1)]
         if name.startswith(BARRIER):
             return cgen.Statement("barrier(CLK_LOCAL_MEM_FENCE)" if self.dialect == "opencl" else "__syncthreads()")
+        if name.startswith(LOAD) or name.startswith(STORE):
+            array = self.private.array(name[len(LOAD) if name.startswith(LOAD) else len(STORE):])
+            private = f"{array.name}[{self.private_index(array, arguments)}]"
+            global_element = super().element(array.tensor, arguments)
+            return cgen.Statement(f"{private} = {global_element}" if name.startswith(LOAD) else
+                                  f"{global_element} = {private}")
         if name.startswith(COPY):
             array = self.promotion.array(name[len(COPY):])
             slice_text, elements = arguments[0], arguments[1:]
@@ -206,6 +214,9 @@ class _GpuKernelWriter(_KernelWriter):
             self.current = None
 
     def element(self, tensor_name: str, subscripts: list[str], checked: bool = False) -> str:
+        private = self.private.array(tensor_name) if self.private and self.current else None
+        if private is not None:
+            return f"{private.name}[{self.private_index(private, subscripts)}]"
         array = self.promotion.array(tensor_name) if self.promotion and self.current else None
         if array is None:
             return super().element(tensor_name, subscripts, checked)
@@ -214,6 +225,14 @@ class _GpuKernelWriter(_KernelWriter):
                        self.param_names)
         slice_text = f"polyc_floord({member} - {self.promotion.low}, {self.promotion.slice_size})"
         return f"{array.name}[{self.local_index(array, slice_text, subscripts)}]"
+
+    def private_index(self, array, elements: list[str]) -> str:
+        """C text of an element's place in a thread's private array."""
+        terms = []
+        for element, offset, stride in zip(elements, array.offsets, array.strides):
+            term = f"(({element}) - ({aff_c(offset, [], self.param_names)}))"
+            terms.append(term if stride == 1 else f"{term} * {stride}")
+        return " + ".join(terms)
 
     def local_index(self, array: SharedArray, slice_text: str, elements: list[str]) -> str:
         """C text of element ``elements`` of slice ``slice_text`` in the shared box."""

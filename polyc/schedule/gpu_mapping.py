@@ -10,8 +10,8 @@ reduction's) to the hardware:
 * in a kernel's first band, up to three coincident members are mapped: member value
   ``v = offset + block_size * block_id + thread_id``, so each thread runs exactly one value of
   each mapped member.  The member whose accesses are most often stride-1 goes to dimension
-  ``x`` (consecutive threads of a warp then touch consecutive addresses), the outermost
-  others to ``y`` and ``z``;
+  ``x`` (consecutive threads of a warp then touch consecutive addresses), the innermost other
+  to ``y`` and the outermost other to ``z``;
 * everything else (the unmapped members, inner bands, reduction loops) runs in the order of
   the schedule inside each thread: a reduction stays sequential per thread.
 
@@ -38,13 +38,15 @@ import islpy as isl
 from polyc.errors import PolycError
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
-from polyc.schedule.gpu_promotion import DEFAULT_MAX_SHARED_BYTES, Promotion, promote, prove_promotion
+from polyc.schedule.gpu_promotion import (DEFAULT_MAX_SHARED_BYTES, PrivatePromotion, Promotion, promote,
+                                          promote_private, prove_promotion)
 from polyc.schedule.transform import stride_score
 
 #: Threads per block when the options give none, by the number of mapped members (x first):
 #: 256 threads, a multiple of the warp (32) and of AMD's wavefront (64); x at least a warp wide
-#: so that a warp's accesses along the stride-1 loop are coalesced.
-DEFAULT_BLOCKS = {1: (256,), 2: (32, 8), 3: (32, 4, 2)}
+#: so that a warp's accesses along the stride-1 loop are coalesced; z (the outermost loop, often
+#: a batch) across blocks only, so that a block's threads share their tiles along x and y.
+DEFAULT_BLOCKS = {1: (256,), 2: (32, 8), 3: (32, 8, 1)}
 
 #: Most members mapped to the grid and to the threads of a block (CUDA's and OpenCL's x, y, z).
 MAX_MAPPED = 3
@@ -82,6 +84,14 @@ class GpuLaunch:
     context: isl.Set                # the sizes and the ranges of the block and thread ids
     reason: str                     # why these members were (or none was) mapped
     promotion: "Promotion | None" = None  # shared-memory tiles (polyc.schedule.gpu_promotion)
+    private: "PrivatePromotion | None" = None  # what each thread keeps in registers
+
+    def body(self) -> tuple[isl.UnionMap, isl.UnionSet]:
+        """The flat schedule and one thread's instances, after promotion: what code is made of."""
+        for stage in (self.private, self.promotion):
+            if stage is not None:
+                return stage.schedule, stage.thread_domain
+        return self.schedule, self.thread_domain
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -103,6 +113,9 @@ class GpuLaunch:
             lines.append(f"  band member {p.member} in slices of {p.slice_size}; shared memory "
                          f"({p.shared_bytes} bytes): " + ", ".join(
                              f"{a.tensor} as {a.name}[{' x '.join(map(str, a.sizes))}]" for a in p.arrays))
+        if self.private is not None:
+            lines.append("  registers: " + ", ".join(f"{a.tensor} as {a.name}[{' x '.join(map(str, a.sizes))}]"
+                                                     for a in self.private.arrays))
         lines.append(f"  per thread: {self.schedule.intersect_domain(self.thread_domain).coalesce()}")
         return "\n".join(lines)
 
@@ -119,11 +132,13 @@ class GpuPlan:
 
 
 def map_to_gpu(program: PolyProgram, schedule: isl.Schedule, dependences: Dependences,
-               block: tuple[int, ...] | None = None, shared_memory: int = DEFAULT_MAX_SHARED_BYTES) -> GpuPlan:
+               block: tuple[int, ...] | None = None, shared_memory: int = DEFAULT_MAX_SHARED_BYTES,
+               private_memory: bool = True) -> GpuPlan:
     """Cut ``schedule`` (for ``program``, whose sizes must be fixed) into launches and map each
     launch's coincident loops to blocks and threads; ``block`` overrides the threads per block
     (x first; as many entries as members are mapped, at most three); ``shared_memory`` is the
-    most bytes of shared memory a launch may use for promoted tiles (0: no promotion)."""
+    most bytes of shared memory a launch may use for promoted tiles (0: no promotion);
+    ``private_memory`` keeps what each thread alone writes in registers."""
     if program.size_values is None:
         raise PolycError(f"{program.definition.name}: GPU kernels are generated for concrete sizes "
                          "(specialize=False is not supported by the GPU back ends)")
@@ -135,6 +150,9 @@ def map_to_gpu(program: PolyProgram, schedule: isl.Schedule, dependences: Depend
         launch = _map_launch(name, program, schedule, dependences, domain, node, block)
         if launch.loops and shared_memory > 0:
             launch = _with_promotion(launch, program, node, shared_memory)
+        if launch.loops and private_memory:
+            body_schedule, body_domain = launch.body()
+            launch = dataclasses.replace(launch, private=promote_private(program, launch, body_schedule, body_domain))
         launches.append(launch)
     return GpuPlan(program.definition.name, tuple(launches))
 
@@ -180,9 +198,12 @@ def _map_launch(name: str, program: PolyProgram, schedule: isl.Schedule, depende
     # Loops of one iteration (a batch of 1) would only waste a dimension of the block.
     extents = {m: _member_extent(program, node, domain, m) for m in candidates}
     candidates = [m for m in candidates if extents[m] > 1] or candidates[:1]
-    # x: the member most often stride-1 (the outermost among equals); y, z: the outermost others.
+    # x: the member most often stride-1 (the outermost among equals); y: the innermost other
+    # (next to x in the loop nest, so a block's tile is a 2-D patch with reuse along both); z:
+    # the outermost other (a batch: blocks only, DEFAULT_BLOCKS gives it one thread).
     x = max(candidates, key=lambda m: (stride_score(node, m, program), -m))
-    members = [x] + [m for m in candidates if m != x][:MAX_MAPPED - 1]
+    others = [m for m in candidates if m != x]
+    members = [x] + ([others[-1]] + others[:1] if len(others) >= 2 else others)
     reason_dropped = ""
     while members:
         loops = _mapped_loops(program, node, domain, members, block)

@@ -74,6 +74,7 @@ class Promotion:
     member: int                    # the band member cut into slices
     low: int                       # its smallest value: slice = floor((value - low) / slice_size)
     slice_size: int
+    slices: int                    # how many slices the member's values make
     member_affs: dict              # statement -> isl.Aff of the member's value on its instance
     arrays: tuple[SharedArray, ...]
     schedule: isl.UnionMap         # the new flat schedule (compute, copy and barrier statements)
@@ -96,30 +97,33 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, slice_size: in
     free = [m for m in range(band.band_n_member()) if m not in mapped]
     if not launch.loops or not free or max_shared_bytes <= 0:
         return None
-    member = free[0]  # the first loop each thread runs: slicing it keeps every thread's order
-    member_map = isl.UnionMap.from_multi_union_pw_aff(isl.MultiUnionPwAff.from_union_pw_aff(
-        band.band_get_partial_schedule().get_at(member))).intersect_domain(launch.domain)
+    # the first loop each thread runs (of more than one iteration): slicing it keeps every
+    # thread's order
+    for member in free:
+        member_map = isl.UnionMap.from_multi_union_pw_aff(isl.MultiUnionPwAff.from_union_pw_aff(
+            band.band_get_partial_schedule().get_at(member))).intersect_domain(launch.domain)
+        values = isl.Set.from_union_set(member_map.range()).intersect_params(program.context)
+        values = values.project_out(isl.dim_type.param, 0, values.dim(isl.dim_type.param))
+        low, high = _constant(values.dim_min(0)), _constant(values.dim_max(0))
+        if high > low:
+            break
+    else:
+        return None
     member_affs = _single_affs(member_map, program, launch.domain)
     if member_affs is None:
-        return None
-    values = isl.Set.from_union_set(member_map.range()).intersect_params(program.context)
-    values = values.project_out(isl.dim_type.param, 0, values.dim(isl.dim_type.param))
-    low, high = _constant(values.dim_min(0)), _constant(values.dim_max(0))
-    if high - low + 1 <= 1:
         return None
     slice_of = member_map.apply_range(isl.UnionMap.from_map(isl.Map.read_from_str(
         program.ctx, f"{{ [v] -> [s] : {slice_size} s <= v - {low} < {slice_size} s + {slice_size} }}")))
 
     thread_params = [f"polyc_thread{d}" for d in range(len(launch.loops))]
     block_domain = _project_params(launch.thread_domain, thread_params)
-    threads = math.prod(launch.block)
     written = {program.statement(s).source.target for s in launch.statements}
     arrays = []
     read = {a.tensor for s in launch.statements for a in program.statement(s).reads}
     for tensor in sorted(read - written):
         if program.definition.tensor(tensor).rank == 0:  # a scalar: no tile to share
             continue
-        array = _shared_array(program, launch, block_domain, slice_of, tensor, threads * slice_size)
+        array = _shared_array(program, launch, block_domain, slice_of, tensor)
         if array is not None:
             arrays.append(array)
     budget = max_shared_bytes
@@ -163,7 +167,7 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, slice_size: in
             program.ctx, f"{{ {name}[s] -> [s, {phase}{', ' + pad(0) if width > 2 else ''}] }}")))
         thread_domain = thread_domain.union(isl.UnionSet.from_set(barriers).intersect_params(launch.context))
         full_block = full_block.union(isl.UnionSet.from_set(barriers))
-    return Promotion(member, low, slice_size, member_affs, tuple(arrays), schedule, thread_domain, full_block,
+    return Promotion(member, low, slice_size, -(-(high - low + 1) // slice_size), member_affs, tuple(arrays), schedule, thread_domain, full_block,
                      thread_of)
 
 
@@ -197,11 +201,13 @@ def prove_promotion(promotion: Promotion, program: PolyProgram, launch) -> str |
 
 # ----------------------------------------------------------------------------- pieces
 def _shared_array(program: PolyProgram, launch, block_domain: isl.UnionSet, slice_of: isl.UnionMap,
-                  tensor: str, reads_per_slice: int) -> SharedArray | None:
-    """``tensor``'s box per slice when every read is affine and the box is reused enough."""
+                  tensor: str) -> SharedArray | None:
+    """``tensor``'s box per slice when every read is affine and the box is reused enough: the
+    first block reads each element of its first slice's box twice or more on average."""
     relation = _reads_of(program, launch, tensor)
     if relation is None:
         return None
+    reads_per_slice = _first_block_reads(program, launch, block_domain, slice_of, relation)
     footprint = slice_of.intersect_domain(block_domain).reverse().apply_range(relation.intersect_domain(block_domain))
     if footprint.is_empty():
         return None
@@ -225,6 +231,22 @@ def _shared_array(program: PolyProgram, launch, block_domain: isl.UnionSet, slic
     if math.prod(sizes) * 2 > reads_per_slice:  # each element read less than twice: no reuse to exploit
         return None
     return SharedArray(tensor, f"{tensor}_shared", tuple(sizes), tuple(offsets), dtype)
+
+
+def _first_block_reads(program: PolyProgram, launch, block_domain: isl.UnionSet, slice_of: isl.UnionMap,
+                       relation: isl.UnionMap) -> int:
+    """How many reads ``relation`` makes in block 0 in slice 0 (counted with isl)."""
+    first_slice = slice_of.intersect_range(isl.UnionSet.from_set(isl.Set.read_from_str(program.ctx, "{ [0] }")))
+    ids = " and ".join(f"polyc_block{d} = 0" for d in range(len(launch.loops)))
+    names = ", ".join(f"polyc_block{d}" for d in range(len(launch.loops)))
+    first_block = isl.Set.read_from_str(program.ctx, f"[{names}] -> {{ : {ids} }}")
+    pairs = relation.intersect_domain(block_domain.intersect(first_slice.domain())).intersect_params(first_block)
+    total = 0
+    sets: list[isl.Set] = []
+    pairs.wrap().foreach_set(sets.append)
+    for pair_set in sets:
+        total += pair_set.intersect_params(program.context.align_params(pair_set.get_space())).count_val().to_python()
+    return total
 
 
 def _reads_of(program: PolyProgram, launch, tensor: str) -> isl.UnionMap | None:
@@ -420,3 +442,134 @@ def _constant(bound: isl.PwAff) -> int:
     pieces: list[isl.Aff] = []
     bound.foreach_piece(lambda _set, aff: pieces.append(aff))
     return pieces[0].get_constant_val().to_python()
+
+
+# ----------------------------------------------------------------------------- registers
+#: Most elements of one tensor a thread keeps in registers (private memory).
+MAX_PRIVATE_ELEMENTS = 16
+
+LOAD = "polyc_load_"
+STORE = "polyc_store_"
+
+
+@dataclass(frozen=True)
+class PrivateArray:
+    """A tensor's elements one thread writes, kept in a private array (registers) from the
+    start of the launch to its end: element ``e`` at ``sum_d (e_d - offset_d) * stride_d``."""
+
+    tensor: str
+    name: str
+    sizes: tuple[int, ...]
+    offsets: tuple[isl.Aff, ...]   # parametric: sizes, block and thread ids
+    dtype: object
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.sizes)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return tuple(math.prod(self.sizes[d + 1:]) for d in range(len(self.sizes)))
+
+
+@dataclass(frozen=True)
+class PrivatePromotion:
+    arrays: tuple[PrivateArray, ...]
+    schedule: isl.UnionMap         # [0, load...], [1, the body's time...], [2, store...]
+    thread_domain: isl.UnionSet
+
+    def array(self, tensor: str) -> PrivateArray | None:
+        return next((a for a in self.arrays if a.tensor == tensor), None)
+
+
+def promote_private(program: PolyProgram, launch, schedule: isl.UnionMap, thread_domain: isl.UnionSet,
+                    max_elements: int = MAX_PRIVATE_ELEMENTS) -> PrivatePromotion | None:
+    """Every tensor the launch writes whose elements touched by one thread fit a small box
+    (a matmul's accumulator: one element) lives in a private array: loaded once before the
+    body, stored once after it.  ``schedule`` and ``thread_domain`` are the body's (with or
+    without shared memory).  The mapping's proof (no dependence between threads) makes the
+    threads' boxes disjoint."""
+    if not launch.loops:
+        return None
+    written = sorted({program.statement(s).source.target for s in launch.statements})
+    statements = isl.UnionSet.empty(thread_domain.get_space())
+    for name in launch.statements:
+        statements = statements.union(_named(thread_domain, name))
+    arrays = []
+    for tensor in written:
+        accesses = _accesses_of(program, launch, tensor)
+        if accesses is None or program.definition.tensor(tensor).rank == 0:
+            continue
+        footprint = isl.Set.from_union_set(accesses.intersect_domain(statements).range()).intersect_params(
+            launch.context)
+        if footprint.is_empty():
+            continue
+        box = _parametric_box(footprint)
+        if box is None:
+            continue
+        offsets, sizes = box
+        if math.prod(sizes) > max_elements:
+            continue
+        arrays.append(PrivateArray(tensor, f"{tensor}_private", sizes, offsets,
+                                   program.definition.tensor(tensor).dtype))
+    if not arrays:
+        return None
+    length = _flat_length(schedule)
+    width = max([length] + [len(a.sizes) for a in arrays]) + 1
+
+    def shifted(stage: int, n: int, dims: str) -> str:
+        zeros = ", ".join(["0"] * (width - 1 - n))
+        return f"[{stage}{', ' + dims if dims else ''}{', ' + zeros if zeros else ''}]"
+
+    dims = ", ".join(f"f{i}" for i in range(length))
+    body = isl.Map.read_from_str(program.ctx, f"{{ [{dims}] -> {shifted(1, length, dims)} }}")
+    result = schedule.apply_range(isl.UnionMap.from_map(body))
+    domain = thread_domain
+    for array in arrays:
+        accesses = _accesses_of(program, launch, array.tensor)
+        footprint = isl.Set.from_union_set(accesses.intersect_domain(statements).range())
+        footprint = footprint.intersect(tensor_box(program, array.tensor)).intersect_params(launch.context)
+        e = ", ".join(f"e{d}" for d in range(len(array.sizes)))
+        for stage, prefix in ((0, LOAD), (2, STORE)):
+            name = prefix + array.tensor
+            domain = domain.union(isl.UnionSet.from_set(footprint.set_tuple_name(name)))
+            result = result.union(isl.UnionMap.from_map(isl.Map.read_from_str(
+                program.ctx, f"{{ {name}[{e}] -> {shifted(stage, len(array.sizes), e)} }}")))
+    return PrivatePromotion(tuple(arrays), result, domain)
+
+
+def _accesses_of(program: PolyProgram, launch, tensor: str) -> isl.UnionMap | None:
+    """Instance -> element of every access (reads and writes) of ``tensor`` in the launch;
+    None if a read is data-dependent."""
+    result = None
+    for name in launch.statements:
+        statement = program.statement(name)
+        relations = [statement.write] if statement.source.target == tensor else []
+        for access in statement.reads:
+            if access.tensor == tensor:
+                if not access.exact:
+                    return None
+                relations.append(access.relation)
+        for relation in relations:
+            union = isl.UnionMap.from_map(relation)
+            result = union if result is None else result.union(union)
+    return result
+
+
+def _parametric_box(footprint: isl.Set) -> tuple[tuple[isl.Aff, ...], tuple[int, ...]] | None:
+    """Offsets (affine in the parameters) and constant sizes of a box holding ``footprint``."""
+    offsets, sizes = [], []
+    rank = footprint.dim(isl.dim_type.set)
+    for d in range(rank):
+        along = footprint.project_out(isl.dim_type.set, d + 1, rank - d - 1).project_out(isl.dim_type.set, 0, d)
+        low, high = along.dim_min(0), along.dim_max(0)
+        pieces: list[isl.Aff] = []
+        low.coalesce().foreach_piece(lambda _set, aff: pieces.append(aff))
+        if len(pieces) != 1:
+            return None
+        size = high.sub(low).max_val()
+        if not size.is_int():
+            return None
+        offsets.append(pieces[0])
+        sizes.append(size.to_python() + 1)
+    return tuple(offsets), tuple(sizes)

@@ -81,4 +81,5 @@ def test_gpu_benchmark_group_reports_static_figures_without_a_gpu():
     from benchmarks.gpu_bench import run_gpu_cases
     result = run_gpu_cases(1, ["batch_matmul"])
     row, = result["rows"]
-    assert row["spills"] == 0 and row["registers"] > 0 and row["loads_per_fma"] == 3.0
+    # with shared memory and the accumulator in a register: far fewer than 3 loads per FMA
+    assert row["spills"] == 0 and row["registers"] > 0 and row["loads_per_fma"] < 0.3

@@ -121,3 +121,12 @@ def test_negative_control_the_race_proof_needs_the_barriers():
     broken = dataclasses.replace(launch.promotion, block_domain=without)
     failure = prove_promotion(broken, st.program, launch)
     assert failure is not None and "race without a barrier" in failure
+
+
+def test_accumulators_live_in_registers():
+    matmul = stages("matmul", dict(M=37, K=70, N=45)).gpu.launches[0].private
+    assert [(a.tensor, a.sizes) for a in matmul.arrays] == [("C", (1, 1))]
+    softmax = stages("softmax", dict(N=7, D=33)).gpu.launches[0].private
+    # the row's max and sum; not its D outputs
+    assert sorted((a.tensor, a.sizes) for a in softmax.arrays) == [("expSum", (1,)), ("maxVal", (1,))]
+    assert stages("matmul", dict(M=37, K=70, N=45), use_private_memory=False).gpu.launches[0].private is None

@@ -1,7 +1,7 @@
 """The GPU back end through OpenCL (PoCL on a machine without a GPU) against the numpy references.
 
 Every kernel of the corpus (tests/kernels.py) at every size set, under several mapping option
-sets: the default, fusion off, odd block sizes (partial blocks at every edge), shared memory off,
+sets: the default, fusion off, odd block sizes (partial blocks at every edge), shared memory off, private memory off,
 and a shared-memory budget that admits only small tiles.  float16 kernels
 skip with the reason (the GPU back ends do not support float16 yet).
 """
@@ -39,6 +39,7 @@ OPTION_SETS = {
     "fusion-min": dict(fusion="min"),
     "odd-blocks": dict(block=(7, 3, 2)),
     "no-shared-memory": dict(use_shared_memory=False),
+    "no-private-memory": dict(use_private_memory=False),
     "small-shared-memory": dict(max_shared_memory=600, block=(16, 4)),
 }
 
