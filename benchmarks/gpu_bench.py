@@ -78,7 +78,7 @@ def loads_per_fma(stages) -> float | None:
                 fmas += count
         blocks = math.prod(launch.grid)
         if launch.promotion:
-            loads += blocks * launch.promotion.slices * sum(a.elements for a in launch.promotion.arrays)
+            loads += blocks * launch.promotion.slices * sum(math.prod(a.sizes) for a in launch.promotion.arrays)
         if launch.private:
             loads += blocks * math.prod(launch.block) * sum(a.elements for a in launch.private.arrays)
     return loads / fmas if fmas else None

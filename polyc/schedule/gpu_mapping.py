@@ -31,6 +31,7 @@ wrong kernel.  Accesses are proved in bounds for the whole def when it is define
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import islpy as isl
@@ -39,7 +40,7 @@ from polyc.errors import PolycError
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 from polyc.schedule.gpu_promotion import (DEFAULT_MAX_SHARED_BYTES, PrivatePromotion, Promotion, promote,
-                                          promote_private, prove_promotion)
+                                          promote_private, prove_promotion, shared_accesses)
 from polyc.schedule.transform import stride_score
 
 #: Threads per block when the options give none, by the number of mapped members (x first):
@@ -85,6 +86,9 @@ class GpuLaunch:
     reason: str                     # why these members were (or none was) mapped
     promotion: "Promotion | None" = None  # shared-memory tiles (polyc.schedule.gpu_promotion)
     private: "PrivatePromotion | None" = None  # what each thread keeps in registers
+    #: per global access of the statements (statement, tensor, "read"/"write"): the address
+    #: differences between neighbouring threads along x at the same step (see access_strides)
+    strides: tuple = ()
 
     def body(self) -> tuple[isl.UnionMap, isl.UnionSet]:
         """The flat schedule and one thread's instances, after promotion: what code is made of."""
@@ -116,6 +120,18 @@ class GpuLaunch:
         if self.private is not None:
             lines.append("  registers: " + ", ".join(f"{a.tensor} as {a.name}[{' x '.join(map(str, a.sizes))}]"
                                                      for a in self.private.arrays))
+        for statement, tensor, kind, strides in self.strides:
+            if kind == "shared read":  # 32 banks of 4-byte words: an odd step (or 0) meets each bank once
+                verdict = "no bank conflict" if all(d == 0 or d % 2 for d in strides) else "bank conflicts"
+            elif kind.startswith("shared read"):
+                verdict = "bank conflicts not judged for this element size"
+            else:
+                verdict = "coalesced" if strides <= {0, 1} else "not coalesced"
+            lines.append(f"  {statement} {kind} of {tensor}: address step between threads x, x+1: "
+                         f"{', '.join(map(str, sorted(strides)))} ({verdict}, proved with isl)")
+        if self.promotion is not None:
+            lines.append("  copies into shared memory: consecutive threads x copy consecutive elements of the "
+                         "last dimension (coalesced)")
         lines.append(f"  per thread: {self.schedule.intersect_domain(self.thread_domain).coalesce()}")
         return "\n".join(lines)
 
@@ -153,6 +169,8 @@ def map_to_gpu(program: PolyProgram, schedule: isl.Schedule, dependences: Depend
         if launch.loops and private_memory:
             body_schedule, body_domain = launch.body()
             launch = dataclasses.replace(launch, private=promote_private(program, launch, body_schedule, body_domain))
+        if launch.loops:
+            launch = dataclasses.replace(launch, strides=access_strides(launch, program))
         launches.append(launch)
     return GpuPlan(program.definition.name, tuple(launches))
 
@@ -166,6 +184,85 @@ def _with_promotion(launch: GpuLaunch, program: PolyProgram, band: isl.ScheduleN
     if failure is not None:
         return dataclasses.replace(launch, reason=launch.reason + f"; no shared memory: {failure}")
     return dataclasses.replace(launch, promotion=promotion)
+
+
+def access_strides(launch: GpuLaunch, program: PolyProgram) -> tuple:
+    """For every access to global memory of the launch's statements (promoted ones excepted):
+    the differences of the element addresses that threads x and x + 1 of a block touch at the
+    same step (same instance of every loop but the mapped x), computed with isl.  {1} or {0, 1}
+    is a coalesced access, {0} a broadcast; an empty set: no neighbouring pair exists."""
+    x = launch.loops[0]
+    flat = launch.schedule
+    position = _flat_position(flat, x.schedule, program)
+    if position is None:
+        return ()
+    length = _out_dims(flat)
+    step = isl.Map.read_from_str(program.ctx, "{ [%s] -> [%s] }" % (
+        ", ".join(f"f{i}" for i in range(length)),
+        ", ".join(f"f{i} + 1" if i == position else f"f{i}" for i in range(length))))
+    neighbours = flat.apply_range(isl.UnionMap.from_map(step)).apply_range(flat.reverse()) \
+        .intersect_params(program.context)
+    shared = {a.tensor for a in launch.promotion.arrays} if launch.promotion else set()
+    private = {a.tensor for a in launch.private.arrays} if launch.private else set()
+    found = []
+    for name in launch.statements:
+        statement = program.statement(name)
+        accesses = [(statement.source.target, "write", statement.write)]
+        accesses += [(a.tensor, "read", a.relation) for a in statement.reads if a.exact]
+        for tensor, kind, relation in accesses:
+            if tensor in shared | private or program.definition.tensor(tensor).rank == 0:
+                continue
+            address = isl.UnionMap.from_map(relation).apply_range(isl.UnionMap.from_map(_address_map(program, tensor)))
+            strides = _delta_values(neighbours.apply_domain(address).apply_range(address), program)
+            if strides:
+                found.append((name, tensor, kind, frozenset(strides)))
+    if launch.promotion is not None:
+        for array in launch.promotion.arrays:
+            _, reads = shared_accesses(launch.promotion, program, launch, array)
+            strides = _delta_values(neighbours.apply_domain(reads).apply_range(reads), program)
+            if strides:
+                kind = "shared read" if array.dtype.itemsize == 4 else f"shared read ({array.dtype.itemsize}-byte elements)"
+                found.append(("*", array.name, kind, frozenset(strides)))
+    return tuple(found)
+
+
+def _delta_values(pairs: isl.UnionMap, program: PolyProgram) -> set:
+    """The differences ``a2 - a1`` over ``pairs`` of one-dimensional values: the two extremes,
+    and the values between when they are at most one apart."""
+    deltas: list[isl.Set] = []
+    pairs.deltas().foreach_set(deltas.append)
+    found = set()
+    for delta in deltas:
+        delta = delta.intersect_params(program.context)
+        delta = delta.project_out(isl.dim_type.param, 0, delta.dim(isl.dim_type.param))
+        if not delta.is_empty():
+            found |= {_constant_bound(delta.dim_min(0)), _constant_bound(delta.dim_max(0))}
+    return found
+
+
+def _address_map(program: PolyProgram, tensor: str) -> isl.Map:
+    """``T[e...] -> [row-major linear address]`` at the program's sizes."""
+    shape = program.definition.tensor(tensor).concrete_shape(program.size_values)
+    dims = [f"e{d}" for d in range(len(shape))]
+    terms = [f"{math.prod(shape[d + 1:])}{name}" for d, name in enumerate(dims)]
+    return isl.Map.read_from_str(program.ctx, f"{{ {tensor}[{', '.join(dims)}] -> [{' + '.join(terms)}] }}")
+
+
+def _flat_position(flat: isl.UnionMap, member: isl.UnionMap, program: PolyProgram) -> int | None:
+    """The dimension of the flat schedule that holds the band member's value."""
+    length = _out_dims(flat)
+    for position in range(length):
+        pick = isl.Map.read_from_str(program.ctx, "{ [%s] -> [f%d] }" % (
+            ", ".join(f"f{i}" for i in range(length)), position))
+        if flat.apply_range(isl.UnionMap.from_map(pick)).is_equal(member):
+            return position
+    return None
+
+
+def _out_dims(flat: isl.UnionMap) -> int:
+    maps: list[isl.Map] = []
+    flat.foreach_map(maps.append)
+    return maps[0].dim(isl.dim_type.out) if maps else 0
 
 
 def _kernel_roots(schedule: isl.Schedule, program: PolyProgram) -> list[tuple[isl.UnionSet, isl.ScheduleNode | None]]:

@@ -50,7 +50,9 @@ PHASE_COPY, PHASE_BARRIER_BEFORE, PHASE_COMPUTE, PHASE_BARRIER_AFTER = 0, 1, 2, 
 @dataclass(frozen=True)
 class SharedArray:
     """A tensor's box in shared memory: element ``e`` of slice ``s`` is at local index
-    ``sum_d (e_d - offset_d(s)) * stride_d``."""
+    ``sum_d (e_d - offset_d(s)) * stride_d``.  Rows (the last dimension) are padded to an odd
+    length: threads reading down a column then hit different banks of the 32 (a column of an
+    unpadded 32-wide box would be one bank, 32 accesses in turn)."""
 
     tensor: str
     name: str
@@ -59,12 +61,19 @@ class SharedArray:
     dtype: object
 
     @property
+    def row_length(self) -> int:
+        last = self.sizes[-1]
+        return last + 1 if len(self.sizes) > 1 and last % 2 == 0 else last
+
+    @property
     def elements(self) -> int:
-        return math.prod(self.sizes)
+        """Elements of the array, padding included."""
+        return math.prod(self.sizes[:-1]) * self.row_length
 
     @property
     def strides(self) -> tuple[int, ...]:
-        return tuple(math.prod(self.sizes[d + 1:]) for d in range(len(self.sizes)))
+        padded = (*self.sizes[:-1], self.row_length)
+        return tuple(math.prod(padded[d + 1:]) for d in range(len(padded)))
 
 
 @dataclass(frozen=True)
@@ -183,7 +192,7 @@ def prove_promotion(promotion: Promotion, program: PolyProgram, launch) -> str |
     separated = times.lex_lt_union_set(barrier_times).apply_range(barrier_times.lex_lt_union_set(times))
     same_thread = promotion.thread_of.apply_range(promotion.thread_of.reverse())
     for array in promotion.arrays:
-        writes, reads = _shared_accesses(promotion, program, launch, array)
+        writes, reads = shared_accesses(promotion, program, launch, array)
         accesses = writes.union(reads)
         # pairs of instances touching one shared element, at least one writing, on two threads
         same_element = writes.apply_range(accesses.reverse()).union(accesses.apply_range(writes.reverse()))
@@ -366,7 +375,7 @@ def _add_ranges(a: isl.UnionMap, b: isl.UnionMap, program: PolyProgram) -> isl.U
     return a.range_product(b).apply_range(isl.UnionMap.from_map(plus))
 
 
-def _shared_accesses(promotion: Promotion, program: PolyProgram, launch, array: SharedArray):
+def shared_accesses(promotion: Promotion, program: PolyProgram, launch, array: SharedArray):
     """(writes, reads) of ``array``: block instance -> [local index]."""
     copies = _named(promotion.block_domain, COPY + array.tensor)
     copy_set = isl.Set.from_union_set(copies)

@@ -98,13 +98,13 @@ def test_matmul_tiles_go_to_shared_memory_in_slices_of_the_reduction():
     shapes = {array.tensor: array.sizes for array in promotion.arrays}
     assert shapes == {"A": (8, 32), "B": (32, 32)}  # rows of the block x a slice; a slice x columns
     source = st.gpu_source.source
-    assert "__local float A_shared[256]" in source and source.count("barrier(CLK_LOCAL_MEM_FENCE)") == 2
+    assert "__local float A_shared[264]" in source  # 8 rows of 32 + 1 (padding) and source.count("barrier(CLK_LOCAL_MEM_FENCE)") == 2
 
 
 def test_shared_memory_can_be_turned_off_or_limited():
     assert stages("matmul", dict(M=37, K=70, N=45), use_shared_memory=False).gpu.launches[0].promotion is None
-    small = stages("matmul", dict(M=37, K=70, N=45), max_shared_memory=1024).gpu.launches[0].promotion
-    assert [a.tensor for a in small.arrays] == ["A"]  # B's 4 KiB box does not fit
+    small = stages("matmul", dict(M=37, K=70, N=45), max_shared_memory=1100).gpu.launches[0].promotion
+    assert [a.tensor for a in small.arrays] == ["A"]  # A: 8 x 33 floats fit, B: 32 x 33 do not
 
 
 def test_negative_control_the_race_proof_needs_the_barriers():
@@ -130,3 +130,27 @@ def test_accumulators_live_in_registers():
     # the row's max and sum; not its D outputs
     assert sorted((a.tensor, a.sizes) for a in softmax.arrays) == [("expSum", (1,)), ("maxVal", (1,))]
     assert stages("matmul", dict(M=37, K=70, N=45), use_private_memory=False).gpu.launches[0].private is None
+
+
+# ----------------------------------------------------------------------------- access proofs
+def strides_of(launch) -> dict:
+    return {(statement, tensor, kind): set(strides) for statement, tensor, kind, strides in launch.strides}
+
+
+def test_global_accesses_are_proved_coalesced_or_not():
+    plain = stages("matmul", dict(M=37, K=70, N=45), use_shared_memory=False, use_private_memory=False)
+    found = strides_of(plain.gpu.launches[0])
+    assert found[("S0", "B", "read")] == {1} and found[("S0", "C", "write")] == {1}  # along n
+    assert found[("S0", "A", "read")] == {0}  # the same element for the whole warp: a broadcast
+    transposed = polyc.define("def tmm(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }",
+                              use_shared_memory=False).tmm.gpu_stages(dict(M=37, K=70, N=45))
+    assert strides_of(transposed.gpu.launches[0])[("S0", "B", "read")] == {70}  # a row apart: not coalesced
+    assert "not coalesced" in transposed.gpu.describe()
+
+
+def test_shared_rows_are_padded_so_column_reads_meet_every_bank():
+    transposed = polyc.define("def tmm(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }"
+                              ).tmm.gpu_stages(dict(M=37, K=70, N=45))
+    launch = transposed.gpu.launches[0]
+    assert strides_of(launch)[("*", "B_shared", "shared read")] == {33}  # 32 + 1 of padding: odd
+    assert "bank conflicts" not in launch.describe() and "no bank conflict" in launch.describe()
