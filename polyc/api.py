@@ -56,8 +56,14 @@ class Kernel:
 
         Returns the output array, or a tuple of all outputs in declared order when there are
         several.  ``outputs=[...]`` passes pre-allocated outputs, which are updated in place
-        (statements without ``!`` accumulate into them).  Inputs are never modified.
+        (statements without ``!`` accumulate into them).  Inputs are never modified.  With
+        ``backend="opencl"``/``"cuda"``, inputs may be the runtime's device arrays (pyopencl
+        ``Array``, pycuda ``GPUArray``): they are used in place and the outputs are device arrays.
         """
+        device_call = getattr(self._backend, "device_call", None)
+        if device_call is not None and any(_is_device_array(a) for a in args):
+            results = device_call(tuple(args), outputs, self._check_sizes_once)
+            return results[0] if len(results) == 1 else results
         repeat_key = _input_signature(args) if outputs is None and self._repeatable else None
         repeat = self._repeat_calls.get(repeat_key) if repeat_key is not None else None
         if repeat is not None:
@@ -72,6 +78,12 @@ class Kernel:
         if repeat_key is not None and len(self._repeat_calls) < _REPEAT_CALLS:
             self._repeat_calls[repeat_key] = self._backend.repeat_plan(call)
         return results[0] if len(results) == 1 else results
+
+    def _check_sizes_once(self, sizes: dict) -> None:
+        signature = tuple(sizes[s] for s in self.definition.sizes)
+        if signature not in self._sizes_checked:
+            self.bounds_precondition.check(sizes, self.definition.source or None)
+            self._sizes_checked.add(signature)
 
     def describe(self) -> str:
         """The checked definition: shapes of all tensors, and every statement's index ranges."""
@@ -194,6 +206,11 @@ def _input_signature(args: tuple) -> tuple | None:
             return None
         signature.append((value.shape, value.dtype))
     return tuple(signature)
+
+
+def _is_device_array(value) -> bool:
+    """A GPU runtime's array (pyopencl, pycuda): the GPU back ends use it in place."""
+    return type(value).__module__.startswith(("pyopencl", "pycuda"))
 
 
 def _make_backend(definition: CheckedDef, options: Options):

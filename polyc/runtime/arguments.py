@@ -40,7 +40,7 @@ def allocate(shape: tuple[int, ...], dtype: np.dtype, uninitialised: bool) -> np
     return (allocate_uninitialised if uninitialised else np.zeros)(shape, dtype=dtype)
 
 
-def _as_input_array(definition: CheckedDef, tensor: Tensor, value) -> np.ndarray:
+def as_input_array(definition: CheckedDef, tensor: Tensor, value) -> np.ndarray:
     where = f"{definition.name}: input '{tensor.name}'"
     if tensor.rank == 0 and isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, np.ndarray):
         return _scalar_to_array(where, tensor, value)
@@ -105,7 +105,7 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
         names = ", ".join(definition.inputs) or "none"
         raise SignatureError(f"{definition.name} takes {len(definition.inputs)} input(s) ({names}), "
                              f"got {len(args)}")
-    arrays = {name: _as_input_array(definition, definition.tensor(name), value)
+    arrays = {name: as_input_array(definition, definition.tensor(name), value)
               for name, value in zip(definition.inputs, args)}
 
     sizes: dict[str, int] = {}

@@ -6,12 +6,15 @@ local memory and barriers executed faithfully).  ``backend="cuda"`` runs through
 compiles with nvcc; it needs an NVIDIA GPU and its driver.  Built programs are cached on disk
 under polyc's cache directory (``opencl/``, ``cuda/``), keyed by their source and device.
 
-A call copies every tensor to the device (outputs too: a def may accumulate into them), runs
-the launches in order on one queue (each launch sees the previous ones' writes: the global
-barrier between them) and copies the outputs back.
+A call with numpy arrays copies every tensor to the device (outputs too: a def may accumulate
+into them), runs the launches in order on one queue (each launch sees the previous ones'
+writes: the global barrier between them) and copies the outputs back.  A call with the
+runtime's own device arrays (pyopencl's ``Array``, pycuda's ``GPUArray``) among its inputs
+uses them in place and returns device arrays: no copy.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
@@ -25,10 +28,10 @@ from typing import Mapping
 import numpy as np
 
 from polyc.codegen.gpu import GpuKernelSource
-from polyc.errors import BoundsError, PolycError
+from polyc.errors import BoundsError, PolycError, SignatureError
 from polyc.lang.checked import CheckedDef
 from polyc.options import Options
-from polyc.runtime.arguments import BoundCall
+from polyc.runtime.arguments import BoundCall, as_input_array
 from polyc.runtime.cache import cache_dir
 
 
@@ -83,14 +86,27 @@ class OpenCLRuntime:
             kernel = self._kernels[(id(program), name)] = self.cl.Kernel(program, name)
         return kernel
 
-    def run(self, code: GpuKernelSource, arrays: Mapping[str, np.ndarray], outputs: tuple[str, ...]) -> int:
-        """Run ``code``'s launches on ``arrays`` (every tensor, C-contiguous); copy ``outputs``
-        back into their arrays; return the status word."""
+    def is_device_array(self, value) -> bool:
+        from pyopencl.array import Array
+        return isinstance(value, Array)
+
+    def zeros(self, shape: tuple[int, ...], dtype) -> object:
+        from pyopencl import array as cl_array
+        return cl_array.zeros(self.queue, shape, dtype)
+
+    def run(self, code: GpuKernelSource, arrays: Mapping[str, object], outputs: tuple[str, ...]) -> int:
+        """Run ``code``'s launches on ``arrays`` (every tensor: C-contiguous numpy arrays, copied
+        in, or pyopencl arrays, used in place); copy those of ``outputs`` that are numpy arrays
+        back; return the status word."""
         cl = self.cl
         program = self.program(code.source)
         flags = cl.mem_flags
-        buffers = {name: cl.Buffer(self.context, flags.READ_WRITE | flags.COPY_HOST_PTR, hostbuf=_nonempty(array))
-                   for name, array in arrays.items()}
+        buffers = {}
+        for name, array in arrays.items():
+            if self.is_device_array(array):
+                buffers[name] = array.data if array.size else self._empty_buffer()
+            else:
+                buffers[name] = cl.Buffer(self.context, flags.READ_WRITE | flags.COPY_HOST_PTR, hostbuf=_nonempty(array))
         status = np.zeros(1, np.int32)
         status_buffer = cl.Buffer(self.context, flags.READ_WRITE | flags.COPY_HOST_PTR, hostbuf=status)
         arguments = [buffers[name] for name in code.tensor_arguments] + [status_buffer]
@@ -98,11 +114,14 @@ class OpenCLRuntime:
             kernel = self._kernel(program, launch.function_name)
             kernel(self.queue, launch.global_size, launch.block, *arguments)
         for name in outputs:
-            if arrays[name].size:
+            if isinstance(arrays[name], np.ndarray) and arrays[name].size:
                 cl.enqueue_copy(self.queue, arrays[name], buffers[name])
         cl.enqueue_copy(self.queue, status, status_buffer)
         self.queue.finish()
         return int(status[0])
+
+    def _empty_buffer(self):
+        return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, 4)
 
 
 class CudaRuntime:
@@ -117,7 +136,7 @@ class CudaRuntime:
             driver.init()
             if driver.Device.count() == 0:
                 raise PolycError("backend='cuda': no CUDA device is present")
-            import pycuda.autoinit  # noqa: F401 (imported for its effect: it creates the context)
+            importlib.import_module("pycuda.autoinit")  # imported for its effect: it creates the context
             from pycuda.compiler import SourceModule
         except ImportError as error:
             raise PolycError("backend='cuda' needs pycuda (pip install pycuda), the CUDA toolkit (nvcc) and an "
@@ -136,7 +155,16 @@ class CudaRuntime:
                 cls._shared = CudaRuntime()
             return cls._shared
 
-    def run(self, code: GpuKernelSource, arrays: Mapping[str, np.ndarray], outputs: tuple[str, ...]) -> int:
+    def is_device_array(self, value) -> bool:
+        from pycuda.gpuarray import GPUArray
+        return isinstance(value, GPUArray)
+
+    def zeros(self, shape: tuple[int, ...], dtype) -> object:
+        from pycuda import gpuarray
+        return gpuarray.zeros(shape, dtype)
+
+    def run(self, code: GpuKernelSource, arrays: Mapping[str, object], outputs: tuple[str, ...]) -> int:
+        """As :meth:`OpenCLRuntime.run`, with pycuda's GPUArrays as the device arrays."""
         module = self._modules.get(code.source)
         if module is None:
             directory = cache_dir() / "cuda"
@@ -144,7 +172,8 @@ class CudaRuntime:
             module = self.source_module(code.source, no_extern_c=True, cache_dir=str(directory))
             self._modules[code.source] = module
         driver = self.driver
-        device = {name: driver.to_device(_nonempty(array)) for name, array in arrays.items()}
+        device = {name: array.gpudata if self.is_device_array(array) else driver.to_device(_nonempty(array))
+                  for name, array in arrays.items()}
         status = np.zeros(1, np.int32)
         status_device = driver.to_device(status)
         arguments = [device[name] for name in code.tensor_arguments] + [status_device]
@@ -152,7 +181,7 @@ class CudaRuntime:
             function = module.get_function(launch.function_name)
             function(*arguments, block=_three(launch.block), grid=_three(launch.grid))
         for name in outputs:
-            if arrays[name].size:
+            if isinstance(arrays[name], np.ndarray) and arrays[name].size:
                 driver.memcpy_dtoh(arrays[name], device[name])
         driver.memcpy_dtoh(status, status_device)
         return int(status[0])
@@ -226,6 +255,15 @@ def _parse_ptxas(report: str) -> dict[str, dict[str, CudaResources]]:
     return found
 
 
+def _check_device_array(definition: CheckedDef, name: str, role: str, value, dtype, shape) -> None:
+    where = f"{definition.name}: {role} '{name}'"
+    if np.dtype(value.dtype) != dtype or tuple(value.shape) != tuple(shape):
+        raise SignatureError(f"{where} must be a {dtype.name} device array of shape {tuple(shape)}, not "
+                             f"{np.dtype(value.dtype).name} {tuple(value.shape)}")
+    if not value.flags.c_contiguous or getattr(value, "offset", 0):
+        raise SignatureError(f"{where} must be a C-contiguous device array starting at its buffer's start")
+
+
 def _three(sizes: tuple[int, ...]) -> tuple[int, int, int]:
     return tuple(sizes) + (1,) * (3 - len(sizes))
 
@@ -264,6 +302,55 @@ class GpuCompiledKernel:
                 code = compile_stages(self.definition, options, sizes, self._analysis).gpu_source
                 self._code[key] = code
         return code
+
+    def device_call(self, args: tuple, outputs, check_sizes) -> tuple:
+        """Run on arguments of which some are the runtime's device arrays (pyopencl or pycuda):
+        they are used in place, and the outputs are device arrays (given in ``outputs``, or
+        new ones).  Host arrays and scalars among the inputs are copied in.  ``check_sizes``
+        checks the sizes inferred (the kernel's bounds precondition)."""
+        definition = self.definition
+        runtime = self.runtime()
+        if len(args) != len(definition.inputs):
+            raise SignatureError(f"{definition.name} takes {len(definition.inputs)} input(s) "
+                                 f"({', '.join(definition.inputs) or 'none'}), got {len(args)}")
+        given = dict(zip(definition.inputs, args))
+        sizes = {}
+        for binding in definition.size_bindings:
+            value = given[binding.tensor]
+            sizes[binding.size] = int(np.asarray(value)) if binding.dim is None else int(value.shape[binding.dim])
+        check_sizes(sizes)
+        shapes = {tensor.name: tensor.concrete_shape(sizes) for tensor in definition.tensors}
+        arrays: dict[str, object] = {}
+        for name, value in given.items():
+            tensor = definition.tensor(name)
+            if runtime.is_device_array(value):
+                _check_device_array(definition, name, "input", value, tensor.dtype, shapes[name])
+                arrays[name] = value
+            else:
+                arrays[name] = np.ascontiguousarray(as_input_array(definition, tensor, value))
+                if arrays[name].shape != shapes[name]:
+                    raise SignatureError(f"{definition.name}: input '{name}' has shape {arrays[name].shape}, "
+                                         f"expected {shapes[name]}")
+        if outputs is not None:
+            outputs = tuple(outputs)
+            if len(outputs) != len(definition.outputs):
+                raise SignatureError(f"{definition.name} has {len(definition.outputs)} output(s), got {len(outputs)} "
+                                     "in outputs=")
+            for name, value in zip(definition.outputs, outputs):
+                if not runtime.is_device_array(value):
+                    raise SignatureError(f"{definition.name}: with device inputs, output '{name}' must be a device "
+                                         f"array too, not {type(value).__name__}")
+                _check_device_array(definition, name, "output", value, definition.tensor(name).dtype, shapes[name])
+                arrays[name] = value
+        for tensor in definition.tensors:
+            if tensor.name not in arrays:
+                arrays[tensor.name] = runtime.zeros(shapes[tensor.name], tensor.dtype)
+        code = self.code_for(sizes)
+        status = runtime.run(code, arrays, ()) if code.launches else 0
+        if status:
+            raise BoundsError(f"{definition.name}: a data-dependent subscript fell outside its tensor "
+                              f"(an index array holds a value out of range)")
+        return tuple(arrays[name] for name in definition.outputs)
 
     def __call__(self, call: BoundCall) -> tuple[np.ndarray, ...]:
         definition = self.definition

@@ -7,6 +7,7 @@ skip with the reason (the GPU back ends do not support float16 yet).
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import polyc
@@ -54,3 +55,26 @@ def test_kernel_matches_numpy_through_opencl(case, options):
     kernel = polyc.define(case.source, backend="opencl", **options)[case.entry]
     for sizes in case.size_sets:
         check_kernel(case, kernel, sizes, seed=0)
+
+
+def test_device_arrays_are_used_in_place_and_outputs_stay_on_the_device():
+    from pyopencl import array as cl_array
+    from polyc.runtime.gpu import OpenCLRuntime
+    queue = OpenCLRuntime.shared().queue
+    kernel = polyc.define("def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
+                          backend="opencl").mm
+    rng = np.random.default_rng(0)
+    a, b = rng.random((9, 40), np.float32), rng.random((40, 7), np.float32)
+    a_device, b_device = cl_array.to_device(queue, a), cl_array.to_device(queue, b)
+    c = kernel(a_device, b_device)
+    assert isinstance(c, cl_array.Array)
+    np.testing.assert_allclose(c.get(), a @ b, rtol=1e-5)
+    mixed = kernel(a_device, b)  # a host input beside a device one is copied in
+    np.testing.assert_allclose(mixed.get(), a @ b, rtol=1e-5)
+    given = cl_array.zeros(queue, (9, 7), np.float32)
+    assert kernel(a_device, b_device, outputs=[given]) is given
+    np.testing.assert_allclose(given.get(), a @ b, rtol=1e-5)
+    with pytest.raises(polyc.PolycError, match="float32 device array of shape"):
+        kernel(a_device, cl_array.to_device(queue, b.astype(np.float64)))
+    with pytest.raises(polyc.PolycError, match="must be a device array"):
+        kernel(a_device, b_device, outputs=[np.zeros((9, 7), np.float32)])
