@@ -184,8 +184,17 @@ class Kernel:
         (``host``, ``avx512``, ``avx2``, ``generic`` or ``neon``; see :mod:`polyc.codegen.targets`).
         ``sizes`` (all of them) specialises the kernel; None passes them as arguments.
         ``name`` defaults to the def's name.  Returns the paths ``(c_path, h_path)``."""
-        from polyc.codegen.targets import export_kernel
-        return export_kernel(self, sizes, target, name).write(directory)
+        return self.exported_c(sizes, target, name).write(directory)
+
+    def exported_c(self, sizes: dict | None = None, target: str = "neon", name: str | None = None):
+        """:meth:`export_c`'s two files as text (:class:`polyc.codegen.targets.ExportedC`), not written."""
+        from polyc.codegen.targets import export_c, export_sizes, get_target
+        target = get_target(target)
+        sizes = export_sizes(self.definition, sizes)
+        if sizes is not None:
+            self.bounds_precondition.check(sizes, self.definition.source or None)
+        changes = {} if target.cache_sizes is None else {"cache_sizes": target.cache_sizes}
+        return export_c(self.stages(sizes, **changes), target, name)
 
     def __repr__(self) -> str:
         return f"<polyc kernel {self.definition.name}: {len(self.definition.inputs)} input(s), " \

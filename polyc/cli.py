@@ -29,7 +29,7 @@ import numpy as np
 
 import polyc
 from polyc.codegen.gpu import DIALECTS as GPU_DIALECTS, STATUS_ARGUMENT
-from polyc.codegen.targets import TARGET_NAMES, export_kernel
+from polyc.codegen.targets import TARGET_NAMES
 from polyc.errors import PolycError
 from polyc.interpreter import interpret
 from polyc.lang import checked as ir
@@ -365,7 +365,7 @@ def run_compile(args: argparse.Namespace) -> int:
         if exporting:
             return 0
     elif args.target is not None:
-        exports = [export_kernel(kernel, _kernel_sizes(kernel, shapes), args.target) for kernel in kernels]
+        exports = [kernel.exported_c(_kernel_sizes(kernel, shapes), args.target) for kernel in kernels]
         if exporting:
             for exported in exports:
                 exported.write(args.output)

@@ -451,10 +451,10 @@ def test_cache_sizes_option_is_validated():
 
 def test_neon_export_is_blocked_for_aarch64_caches():
     """The export takes its block sizes from the target's cache model, not from this machine."""
-    from polyc.codegen.targets import TARGETS, export_kernel
+    from polyc.codegen.targets import TARGETS
     kernel = polyc.define(MATMUL).f
     sizes = {"M": 300, "K": 300, "N": 300}
-    exported = export_kernel(kernel, sizes, "neon").c_source
+    exported = kernel.exported_c(sizes, "neon").c_source
     assert exported.endswith(kernel.stages(sizes, cache_sizes=TARGETS["neon"].cache_sizes).kernel.source)
     assert not exported.endswith(kernel.stages(sizes, cache_sizes=(1 << 16, 4 << 20, 64 << 20)).kernel.source)
     rng = np.random.default_rng(3)  # and a kernel blocked for other caches still computes the same

@@ -37,7 +37,6 @@ from polyc.lang.checked import CheckedDef, Role, Tensor
 from polyc.runtime.compiler import DEFAULT_OPTIMISATION_FLAGS, LANGUAGE_FLAGS, CompilerOptions
 
 if TYPE_CHECKING:
-    from polyc.api import Kernel
     from polyc.driver import Stages
 
 
@@ -180,18 +179,6 @@ def export_c(stages: "Stages", target: str | Target = DEFAULT_EXPORT_TARGET, nam
     precondition = str(check_bounds(stages.program)) if sizes is None else ""
     header = _header(definition, kernel, sizes, target, name, prototype, precondition)
     return ExportedC(name, target, c_source, header)
-
-
-def export_kernel(kernel: "Kernel", sizes: Mapping[str, int] | None = None,
-                  target: str | Target = DEFAULT_EXPORT_TARGET, name: str | None = None) -> ExportedC:
-    """:func:`export_c` of a :class:`polyc.Kernel`, compiled for ``sizes`` (all of them, checked
-    against the kernel's bounds precondition) or, with None, for sizes passed as arguments."""
-    target = get_target(target)
-    sizes = export_sizes(kernel.definition, sizes)
-    if sizes is not None:
-        kernel.bounds_precondition.check(sizes, kernel.definition.source or None)
-    changes = {} if target.cache_sizes is None else {"cache_sizes": target.cache_sizes}
-    return export_c(kernel.stages(sizes, **changes), target, name)
 
 
 def export_sizes(definition: CheckedDef, sizes: Mapping[str, int] | None) -> dict[str, int] | None:
