@@ -124,6 +124,10 @@ def run_gpu_cases(repeat: int, names=None) -> dict:
                        occupancy=occupancy_sm80(worst.registers, threads, worst.shared_bytes))
         row["loads_per_fma"] = loads_per_fma(stages)
         row["opencl_ms"] = _opencl_time(source, kernel.name, sizes, repeat)
+        if missing is None:  # a GPU: polyc's CUDA on device arrays beside the library's kernel
+            row["cuda_ms"], row["baseline_ms"], row["baseline"] = _cuda_times(name, source, kernel.name, sizes, repeat)
+            print(f"  {name}: polyc CUDA {_fmt(row['cuda_ms'], '.3f')} ms, {row['baseline']} "
+                  f"{_fmt(row['baseline_ms'], '.3f')} ms")
         rows.append(row)
         block = "x".join(str(b) for b in stages.gpu.launches[0].block) if stages.gpu.launches else "-"
         print(f"{name:<14} {row['launches']:>8} {block:>12} {row.get('registers', '-'):>5} "
@@ -131,6 +135,80 @@ def run_gpu_cases(repeat: int, names=None) -> dict:
               f"{_fmt(row.get('occupancy'), '.0%'):>9} {_fmt(row['loads_per_fma'], '.2f'):>9} "
               f"{_fmt(row['opencl_ms'], '.1f'):>10}", flush=True)
     return {"gpu": None if missing else "present", "missing": missing, "rows": rows}
+
+
+def _cuda_times(name: str, source: str, entry: str, sizes: dict, repeat: int):
+    """(polyc CUDA ms, baseline ms, baseline name): medians, device arrays, synchronised.
+    The baseline is cupy's (cuBLAS for the products) or torch's (cuDNN for the convolution),
+    whichever is installed.  Written for machines with a GPU; these development machines have
+    none, so this path has not run here."""
+    import pycuda.driver as driver
+    from pycuda import gpuarray
+    kernel = polyc.define(source, backend="cuda")[entry]
+    rng = np.random.default_rng(0)
+    host = [rng.standard_normal(kernel.definition.tensor(n).concrete_shape(sizes)).astype(np.float32)
+            for n in kernel.definition.inputs]
+    device = [gpuarray.to_gpu(a) for a in host]
+
+    def polyc_call():
+        kernel(*device)
+        driver.Context.synchronize()
+    baseline_name, baseline = _library_baseline(name, host)
+    return _median_ms(polyc_call, repeat), (_median_ms(baseline, repeat) if baseline else None), baseline_name
+
+
+def _library_baseline(name: str, host: list):
+    """A callable running the same computation in cupy or torch on the GPU, or (name, None)."""
+    try:
+        import cupy
+        xs = [cupy.asarray(a) for a in host]
+        sync = cupy.cuda.Device().synchronize
+        library = "cupy"
+    except ImportError:
+        try:
+            import torch
+            xs = [torch.from_numpy(a).cuda() for a in host]
+            sync = torch.cuda.synchronize
+            library = "torch"
+        except ImportError:
+            return "no cupy or torch", None
+    if name in ("matmul", "batch_matmul"):
+        run = lambda: xs[0] @ xs[1]  # noqa: E731
+    elif name == "conv2d 3x3" and library == "torch":
+        import torch.nn.functional as functional
+        run = lambda: functional.conv2d(xs[0], xs[1])  # noqa: E731
+    elif name == "softmax":
+        def run():
+            e = _exp(library, xs[0] - _row_max(library, xs[0]))
+            return e / (e.sum(axis=1, keepdims=True) if library == "cupy" else e.sum(dim=1, keepdim=True))
+    else:
+        return f"no {library} baseline", None
+
+    def call():
+        run()
+        sync()
+    return library, call
+
+
+def _exp(library: str, x):
+    if library == "cupy":
+        import cupy
+        return cupy.exp(x)
+    return x.exp()
+
+
+def _row_max(library: str, x):
+    return x.max(axis=1, keepdims=True) if library == "cupy" else x.max(dim=1, keepdim=True).values
+
+
+def _median_ms(call, repeat: int) -> float:
+    call()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
 
 
 def _opencl_time(source: str, entry: str, sizes: dict, repeat: int) -> float | None:
