@@ -35,11 +35,22 @@ from polyc.runtime.arguments import BoundCall, as_input_array
 from polyc.runtime.cache import cache_dir
 
 
-class OpenCLRuntime:
-    """A pyopencl context and queue, created on first use."""
+class _SharedRuntime:
+    """One runtime object per process and kind, created on first use (creating a context is slow)."""
 
-    _shared: "OpenCLRuntime | None" = None
+    _shared = None
     _lock = threading.Lock()
+
+    @classmethod
+    def shared(cls):
+        with cls._lock:
+            if cls.__dict__.get("_shared") is None:
+                cls._shared = cls()
+            return cls._shared
+
+
+class OpenCLRuntime(_SharedRuntime):
+    """A pyopencl context and queue."""
 
     def __init__(self):
         try:
@@ -57,13 +68,6 @@ class OpenCLRuntime:
         self.device = self.context.devices[0]
         self._programs: dict[str, object] = {}
         self._kernels: dict[tuple[int, str], object] = {}
-
-    @classmethod
-    def shared(cls) -> "OpenCLRuntime":
-        with cls._lock:
-            if cls._shared is None:
-                cls._shared = OpenCLRuntime()
-            return cls._shared
 
     def describe(self) -> str:
         return f"{self.device.platform.name}: {self.device.name}"
@@ -124,11 +128,8 @@ class OpenCLRuntime:
         return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, 4)
 
 
-class CudaRuntime:
+class CudaRuntime(_SharedRuntime):
     """pycuda on the first CUDA device; fails with a PolycError saying what is missing."""
-
-    _shared: "CudaRuntime | None" = None
-    _lock = threading.Lock()
 
     def __init__(self):
         try:
@@ -147,13 +148,6 @@ class CudaRuntime:
             raise PolycError(f"backend='cuda' needs an NVIDIA GPU and its driver: {error}") from error
         self.driver, self.source_module = driver, SourceModule
         self._modules: dict[str, object] = {}
-
-    @classmethod
-    def shared(cls) -> "CudaRuntime":
-        with cls._lock:
-            if cls._shared is None:
-                cls._shared = CudaRuntime()
-            return cls._shared
 
     def is_device_array(self, value) -> bool:
         from pycuda.gpuarray import GPUArray

@@ -220,22 +220,10 @@ def _shared_array(program: PolyProgram, launch, block_domain: isl.UnionSet, slic
     footprint = slice_of.intersect_domain(block_domain).reverse().apply_range(relation.intersect_domain(block_domain))
     if footprint.is_empty():
         return None
-    footprint = isl.Map.from_union_map(footprint)
-    rank = footprint.dim(isl.dim_type.out)
-    offsets, sizes = [], []
-    for d in range(rank):
-        along = footprint.project_out(isl.dim_type.out, d + 1, rank - d - 1).project_out(isl.dim_type.out, 0, d)
-        low = along.lexmin_pw_multi_aff().get_pw_aff(0)
-        high = along.lexmax_pw_multi_aff().get_pw_aff(0)
-        pieces: list[isl.Aff] = []
-        low.coalesce().foreach_piece(lambda _set, aff: pieces.append(aff))
-        if len(pieces) != 1:
-            return None
-        size = high.sub(low).max_val()
-        if not size.is_int():
-            return None
-        offsets.append(pieces[0])
-        sizes.append(size.to_python() + 1)
+    box = _box(isl.Map.from_union_map(footprint))
+    if box is None:
+        return None
+    offsets, sizes = box
     dtype = program.definition.tensor(tensor).dtype
     if math.prod(sizes) * 2 > reads_per_slice:  # each element read less than twice: no reuse to exploit
         return None
@@ -513,7 +501,7 @@ def promote_private(program: PolyProgram, launch, schedule: isl.UnionMap, thread
             launch.context)
         if footprint.is_empty():
             continue
-        box = _parametric_box(footprint)
+        box = _box(footprint)
         if box is None:
             continue
         offsets, sizes = box
@@ -565,13 +553,17 @@ def _accesses_of(program: PolyProgram, launch, tensor: str) -> isl.UnionMap | No
     return result
 
 
-def _parametric_box(footprint: isl.Set) -> tuple[tuple[isl.Aff, ...], tuple[int, ...]] | None:
-    """Offsets (affine in the parameters) and constant sizes of a box holding ``footprint``."""
+def _box(footprint: isl.Set | isl.Map) -> tuple[tuple[isl.Aff, ...], tuple[int, ...]] | None:
+    """Offsets and constant sizes of a box holding ``footprint``: a set of elements (offsets
+    affine in the parameters) or a map to elements (offsets affine in its inputs too, a
+    slice say); None when a lower bound is not one affine expression or a size not constant."""
+    kind = isl.dim_type.out if isinstance(footprint, isl.Map) else isl.dim_type.set
     offsets, sizes = [], []
-    rank = footprint.dim(isl.dim_type.set)
+    rank = footprint.dim(kind)
     for d in range(rank):
-        along = footprint.project_out(isl.dim_type.set, d + 1, rank - d - 1).project_out(isl.dim_type.set, 0, d)
-        low, high = along.dim_min(0), along.dim_max(0)
+        along = footprint.project_out(kind, d + 1, rank - d - 1).project_out(kind, 0, d)
+        low = along.lexmin_pw_multi_aff().get_pw_aff(0)
+        high = along.lexmax_pw_multi_aff().get_pw_aff(0)
         pieces: list[isl.Aff] = []
         low.coalesce().foreach_piece(lambda _set, aff: pieces.append(aff))
         if len(pieces) != 1:
