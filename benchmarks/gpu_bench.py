@@ -20,12 +20,11 @@ figures instead, from nvcc's ptxas report for sm_80 (Ampere) and polyc's mapping
 from __future__ import annotations
 
 import math
-import statistics
-import time
 
 import numpy as np
 
 import polyc
+from benchmarks.measure import median_time
 from polyc.lang import checked as ir
 
 #: (name, TC source, sizes): a contraction, a batched one, a convolution, row-wise reductions.
@@ -84,20 +83,9 @@ def loads_per_fma(stages) -> float | None:
     return loads / fmas if fmas else None
 
 
-def _cuda_gpu() -> str | None:
-    try:
-        import pycuda.driver as driver
-        driver.init()
-        return None if driver.Device.count() else "no CUDA device"
-    except ImportError:
-        return "pycuda is not installed"
-    except Exception as error:
-        return f"no CUDA driver: {error}"
-
-
 def run_gpu_cases(repeat: int, names=None) -> dict:
-    from polyc.runtime.gpu import cuda_resources, find_nvcc
-    missing = _cuda_gpu()
+    from polyc.runtime.gpu import cuda_missing, cuda_resources, find_nvcc
+    missing = cuda_missing()
     print("\nGPU kernels (benchmarks.gpu_bench)")
     if missing is not None:
         print(f"no GPU present ({missing}): static figures for sm_80 from ptxas and polyc's mapping instead")
@@ -202,13 +190,7 @@ def _row_max(library: str, x):
 
 
 def _median_ms(call, repeat: int) -> float:
-    call()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    return median_time(call, repeat) * 1e3
 
 
 def _opencl_time(source: str, entry: str, sizes: dict, repeat: int) -> float | None:
@@ -218,13 +200,7 @@ def _opencl_time(source: str, entry: str, sizes: dict, repeat: int) -> float | N
         rng = np.random.default_rng(0)
         inputs = [rng.standard_normal(kernel.definition.tensor(n).concrete_shape(sizes)).astype(np.float32)
                   for n in kernel.definition.inputs]
-        kernel(*inputs)
-        times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            kernel(*inputs)
-            times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
+        return _median_ms(lambda: kernel(*inputs), repeat)
     except polyc.PolycError:
         return None
 

@@ -82,6 +82,18 @@ def time_interleaved(functions: dict[str, Callable[[], object]], repeat: int, ma
     return records
 
 
+def median_time(function: Callable[[], object], repeat: int) -> float:
+    """Median wall time of ``function`` in seconds over ``repeat`` calls after one warm-up
+    (the ONNX and GPU groups, whose calls are long enough not to need interleaving)."""
+    function()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def as_tuple(result) -> tuple:
     return result if isinstance(result, tuple) else (result,)
 

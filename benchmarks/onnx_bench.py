@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +25,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.measure import median_time  # noqa: E402
 from benchmarks.onnx_models import MODELS, load  # noqa: E402
 
 _COMPILE_SCRIPT = """
@@ -45,14 +44,6 @@ def input_shape(name: str, batch: int) -> tuple[int, ...]:
     return (batch, 128, 768) if name == "encoder" else (batch, 3, 224, 224)
 
 
-def median_time(function, repeat: int) -> float:
-    function()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def compile_seconds(name: str, shape, cache: str) -> float:

@@ -270,6 +270,18 @@ def _nonempty(array: np.ndarray) -> np.ndarray:
 RUNTIMES = {"opencl": OpenCLRuntime, "cuda": CudaRuntime}
 
 
+def cuda_missing() -> str | None:
+    """None when pycuda can launch on a GPU here, else what is missing (for skips and reports)."""
+    try:
+        import pycuda.driver as driver
+        driver.init()
+        return None if driver.Device.count() else "no CUDA device"
+    except ImportError:
+        return "pycuda is not installed"
+    except Exception as error:  # pycuda.driver.Error: no driver
+        return f"no CUDA driver ({error})"
+
+
 class GpuCompiledKernel:
     """Calls a def through a GPU back end; generates and builds its code on first use per size
     signature (the API's backend for ``backend="opencl"`` and ``"cuda"``)."""

@@ -8,7 +8,7 @@ import pytest
 import polyc
 from kernels import CASES, KERNELS
 from polyc.errors import PolycError
-from polyc.runtime.gpu import CUDA_ARCHITECTURES, cuda_resources, find_nvcc
+from polyc.runtime.gpu import CUDA_ARCHITECTURES, cuda_missing, cuda_resources, find_nvcc
 
 
 
@@ -39,20 +39,8 @@ def test_corpus_kernel_compiles_for_ampere_and_hopper_without_spills(case):
             assert 0 < resources.registers <= 255
 
 
-def _has_cuda_gpu() -> str | None:
-    """None when pycuda can launch on a GPU here, else what is missing."""
-    try:
-        import pycuda.driver as driver
-        driver.init()
-        return None if driver.Device.count() else "no CUDA device"
-    except ImportError:
-        return "pycuda is not installed"
-    except Exception as error:  # no driver
-        return f"no CUDA driver ({error})"
-
-
 def test_cuda_launches_match_numpy_where_a_gpu_exists():
-    missing = _has_cuda_gpu()
+    missing = cuda_missing()
     if missing is not None:
         pytest.skip(f"needs an NVIDIA GPU with pycuda: {missing}")
     case = CASES["matmul"]
@@ -62,7 +50,7 @@ def test_cuda_launches_match_numpy_where_a_gpu_exists():
 
 
 def test_cuda_without_a_gpu_is_a_clear_error():
-    if _has_cuda_gpu() is None:
+    if cuda_missing() is None:
         pytest.skip("a GPU is present")
     kernel = polyc.define(CASES["matmul"].source, backend="cuda").matmul
     with pytest.raises(PolycError, match="backend='cuda' needs"):
