@@ -53,6 +53,9 @@ _OPENCL_HEADER = "\n".join([
     "typedef char int8_t; typedef short int16_t; typedef int int32_t; typedef long int64_t;",
     "typedef uchar uint8_t; typedef ushort uint16_t; typedef uint uint32_t; typedef ulong uint64_t;",
     "#define INT64_C(x) ((long)(x##L))",
+    "#define UINT64_C(x) ((ulong)(x##UL))",
+    "#define INT32_MIN (-2147483647 - 1)",
+    "#define INT64_MIN (-9223372036854775807L - 1)",
     "#define _Bool bool",
     # OpenCL's math functions are overloaded on float and double: C's float32 names map to them.
     *(f"#define {name}f {name}" for name in _MATH_FUNCTIONS),

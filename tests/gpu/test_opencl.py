@@ -78,3 +78,19 @@ def test_device_arrays_are_used_in_place_and_outputs_stay_on_the_device():
         kernel(a_device, cl_array.to_device(queue, b.astype(np.float64)))
     with pytest.raises(polyc.PolycError, match="must be a device array"):
         kernel(a_device, b_device, outputs=[np.zeros((9, 7), np.float32)])
+
+
+def test_integer_extremes_compile_in_opencl_c():
+    """OpenCL C has no <stdint.h>: the limits and constant macros C's integer code uses come
+    from polyc's header (found by the OpenCL fuzzer: an int32 max=! starts from INT32_MIN)."""
+    kernel = polyc.define("""
+def extremes(int32(N) A, int64(N) B, uint64(N) U) -> (O, P, Q) {
+    O() max=! A(r_i)
+    P() max=! B(r_i)
+    Q() max=! U(r_i)
+}""", backend="opencl").extremes
+    a = np.array([-5, -7, -2**31], np.int32)
+    b = np.array([-2**63, -1, -9], np.int64)
+    u = np.array([3, 2**64 - 1, 0], np.uint64)
+    o, p, q = kernel(a, b, u)
+    assert (o, p, q) == (-5, -1, 2**64 - 1)
