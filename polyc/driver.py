@@ -37,7 +37,7 @@ from polyc.runtime.compiler import LANGUAGE_FLAGS
 from polyc.schedule.contraction import Contraction, recognise_gemm_def, worth_a_gemm_kernel
 from polyc.schedule.convolution import Convolution, recognise_conv_def
 from polyc.schedule import tiling
-from polyc.schedule.gpu_mapping import GpuPlan, map_to_gpu
+from polyc.schedule.gpu_mapping import GpuPlan, MappingOptions, map_to_gpu
 from polyc.schedule.gpu_promotion import DEFAULT_MAX_SHARED_BYTES
 from polyc.schedule.outer_fusion import fuse_outer_loops
 from polyc.schedule.packing import PackingProgram
@@ -140,12 +140,18 @@ def compile_gpu_stages(program: PolyProgram, dependences: Dependences, schedule:
     mapped = schedule
     if options.fusion != "min":
         mapped = fuse_outer_loops(schedule, program, dependences, tiling.cache_sizes(options))
-    plan = map_to_gpu(program, mapped, dependences, options.block, shared_memory_budget(options),
-                      options.use_private_memory)
+    plan = map_to_gpu(program, mapped, dependences, mapping_options(options))
     source = generate_gpu(program, plan, options, dialect or options.backend)
     first = source.launches[0].function_name if source.launches else ""
     kernel = GeneratedKernel(first, source.source, source.tensor_arguments, ())
     return Stages(program, dependences, schedule, mapped, kernel, options=options, gpu=plan, gpu_source=source)
+
+
+def mapping_options(options: Options) -> MappingOptions:
+    """The GPU mapping's choices from the user's options."""
+    return MappingOptions(block=options.block, grid=options.grid, tile_sizes=options.tile_sizes or None,
+                          unroll=options.unroll, shared_memory=shared_memory_budget(options),
+                          private_memory=options.use_private_memory)
 
 
 def shared_memory_budget(options: Options) -> int:

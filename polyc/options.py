@@ -24,6 +24,14 @@ class Options:
       :mod:`polyc.schedule.gpu_mapping` and :mod:`polyc.codegen.gpu`.
     - ``block``: for the GPU back ends, threads per block along x, y, z (x first; one entry per
       mapped loop, at most three; None: 256 threads shaped by the number of mapped loops).
+    - ``grid``: for the GPU back ends, the most blocks along x, y, z (None: as many as the
+      domain needs); with fewer, each thread runs several rounds (a grid-stride loop).
+    - ``tile_sizes`` on the GPU back ends (TC's meaning): per member of a launch's first band,
+      what one block covers of a mapped member (its threads times the values each keeps in a
+      register tile) and the shared-memory slice of the sequential one.  None: a model picks
+      (4 x 4 register tiles where a reduction reuses its operands, slices of 32).
+    - ``unroll`` on the GPU back ends: also unroll the sequential loop around a register tile
+      when the unrolled body has at most this many statements (register tiles are always unrolled).
     - ``use_shared_memory``, ``max_shared_memory``: for the GPU back ends, copy tiles a block
       reuses into shared memory (default True), using at most that many bytes per launch
       (None: 48 KiB).
@@ -68,6 +76,7 @@ class Options:
     threads: int | None = None
     tuning: bool = True
     block: tuple[int, ...] | None = None
+    grid: tuple[int, ...] | None = None
     use_shared_memory: bool = True
     use_private_memory: bool = True
     max_shared_memory: int | None = None
@@ -81,8 +90,9 @@ class Options:
                 raise PolycError(f"unknown option '{name}'; the options are: {', '.join(sorted(known))}")
         if "tile_sizes" in kwargs and kwargs["tile_sizes"] is not None:
             kwargs["tile_sizes"] = tuple(kwargs["tile_sizes"])
-        if "block" in kwargs and isinstance(kwargs["block"], (list, int)):
-            kwargs["block"] = tuple(kwargs["block"]) if isinstance(kwargs["block"], list) else (kwargs["block"],)
+        for name in ("block", "grid"):
+            if isinstance(kwargs.get(name), (list, int)) and not isinstance(kwargs.get(name), bool):
+                kwargs[name] = tuple(kwargs[name]) if isinstance(kwargs[name], list) else (kwargs[name],)
         if "cache_sizes" in kwargs and isinstance(kwargs["cache_sizes"], list):
             kwargs["cache_sizes"] = tuple(kwargs["cache_sizes"])
         if "cflags" in kwargs and kwargs["cflags"] is not None:
@@ -114,6 +124,10 @@ class Options:
             if math.prod(self.block) > MAX_BLOCK_THREADS:
                 raise PolycError(f"block {self.block} has {math.prod(self.block)} threads; at most "
                                  f"{MAX_BLOCK_THREADS} are allowed")
+        if self.grid is not None and not (isinstance(self.grid, tuple) and 1 <= len(self.grid) <= 3 and all(
+                isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in self.grid)):
+            raise PolycError(f"grid must be one to three positive integers (most blocks along x, y, z), "
+                             f"not {self.grid!r}")
         if not isinstance(self.unroll, int) or self.unroll < 1:
             raise PolycError(f"unroll must be an integer >= 1, not {self.unroll!r}")
         if self.max_shared_memory is not None and (isinstance(self.max_shared_memory, bool) or not isinstance(

@@ -29,8 +29,8 @@ import cgen
 import islpy as isl
 import numpy as np
 
-from polyc.codegen.c import _KernelWriter, _extent_name, _STATUS, aff_c, c_comment
-from polyc.codegen.c_expr import PRELUDE, c_type
+from polyc.codegen.c import _KernelWriter, _combine, _extent_name, _STATUS, aff_c, c_comment
+from polyc.codegen.c_expr import PRELUDE, c_constant, c_type
 from polyc.errors import PolycError
 from polyc.ir.model import PolyProgram
 from polyc.lang import checked as ir
@@ -38,6 +38,10 @@ from polyc.lang.builtins import BUILTINS
 from polyc.options import Options
 from polyc.schedule.gpu_mapping import BLOCK_ID, THREAD_ID, GpuLaunch, GpuPlan
 from polyc.schedule.gpu_promotion import BARRIER, COPY, LOAD, STORE, SharedArray
+from polyc.schedule.gpu_reduction import FINAL, PARTIAL_INIT, PARTIAL_STORE, TREE
+from polyc.types import identity
+
+_REDUCTION_STATEMENTS = (PARTIAL_INIT, PARTIAL_STORE, TREE, FINAL)
 
 DIALECTS = ("opencl", "cuda")
 
@@ -171,7 +175,7 @@ class _GpuKernelWriter(_KernelWriter):
         for t in d.tensors:
             for dim, extent in enumerate(t.shape):
                 body.append(cgen.Statement(f"const int64_t {_extent_name(t.name, dim)} = {self.size_expr(extent)}"))
-        for dim in range(len(self.launch.loops)):
+        for dim in range(self.launch.thread_dims):
             block, thread = (f"get_group_id({dim})", f"get_local_id({dim})") if opencl else \
                 (f"blockIdx.{'xyz'[dim]}", f"threadIdx.{'xyz'[dim]}")
             body.append(cgen.Statement(f"const int64_t {BLOCK_ID}{dim} = (int64_t){block}"))
@@ -182,8 +186,15 @@ class _GpuKernelWriter(_KernelWriter):
             body.append(cgen.Statement(f"{shared_qualifier} {c_type(array.dtype)} {array.name}[{array.elements}]"))
         for array in (self.private.arrays if self.private else ()):
             body.append(cgen.Statement(f"{c_type(array.dtype)} {array.name}[{array.elements}]"))
+        reduction = self.launch.reduction
+        for tensor, op in (reduction.targets if reduction else ()):
+            dtype = self.definition.tensor(tensor).dtype
+            body.append(cgen.Statement(f"{c_type(dtype)} {reduction.partial(tensor)}[1]"))
+            body.append(cgen.Statement(f"{shared_qualifier} {c_type(dtype)} {reduction.shared(tensor)}[{reduction.threads}]"))
         schedule, domain = self.launch.body()
-        build = isl.AstBuild.from_context(self.launch.context)
+        build = isl.AstBuild.from_context(self.launch.build_context)
+        if self.launch.unrolled is not None:
+            build = build.set_options(self.launch.unrolled)
         ast = build.node_from_schedule_map(schedule.intersect_domain(domain))
         body.append(self.node(ast))
         body.append(cgen.If(_STATUS, cgen.Statement(f"*{STATUS_ARGUMENT} = 1")))
@@ -196,6 +207,9 @@ class _GpuKernelWriter(_KernelWriter):
     def user_node(self, call: isl.AstExpr):
         name = call.get_op_arg(0).get_id().get_name()
         arguments = [self.expr(call.get_op_arg(i + 1)) for i in range(call.get_op_n_arg() - 1)]
+        reduction = self.launch.reduction
+        if reduction is not None and name.startswith(_REDUCTION_STATEMENTS):
+            return cgen.Statement(self.reduction_statement(reduction, name))
         if name.startswith(BARRIER):
             return cgen.Statement("barrier(CLK_LOCAL_MEM_FENCE)" if self.dialect == "opencl" else "__syncthreads()")
         if name.startswith(LOAD) or name.startswith(STORE):
@@ -216,7 +230,30 @@ class _GpuKernelWriter(_KernelWriter):
         finally:
             self.current = None
 
+    def reduction_statement(self, reduction, name: str) -> str:
+        """A statement of a block reduction: partials, the tree's steps, the final combine."""
+        thread = f"{THREAD_ID}0"
+        for tensor, op in reduction.targets:
+            dtype = self.definition.tensor(tensor).dtype
+            partial, tree, ctype = f"{reduction.partial(tensor)}[0]", reduction.shared(tensor), c_type(dtype)
+            if name == PARTIAL_INIT + tensor:
+                return f"{partial} = {c_constant(identity(op, dtype).item(), dtype)}"
+            if name == PARTIAL_STORE + tensor:
+                return f"{tree}[{thread}] = {partial}"
+            if name == FINAL + tensor:
+                target = super().element(tensor, [])
+                return f"{target} = {_combine(op, dtype, target, f'{tree}[0]', ctype)}"
+            if name.startswith(TREE) and name[len(TREE):].rsplit("_", 1)[0] == tensor:
+                stride = reduction.tree_stride(int(name.rsplit("_", 1)[1]))
+                mine = f"{tree}[{thread}]"
+                return f"{mine} = {_combine(op, dtype, mine, f'{tree}[{thread} + {stride}]', ctype)}"
+        raise PolycError(f"internal: unknown block-reduction statement {name}")
+
     def element(self, tensor_name: str, subscripts: list[str], checked: bool = False) -> str:
+        reduction = self.launch.reduction
+        if reduction is not None and self.current and self.current[0].name in reduction.updates and \
+                any(tensor_name == t for t, _ in reduction.targets):
+            return f"{reduction.partial(tensor_name)}[0]"
         private = self.private.array(tensor_name) if self.private and self.current else None
         if private is not None:
             return f"{private.name}[{self.private_index(private, subscripts)}]"
@@ -232,8 +269,10 @@ class _GpuKernelWriter(_KernelWriter):
     def private_index(self, array, elements: list[str]) -> str:
         """C text of an element's place in a thread's private array."""
         terms = []
-        for element, offset, stride in zip(elements, array.offsets, array.strides):
+        for element, offset, stride, step in zip(elements, array.offsets, array.strides,
+                                                 array.steps or (1,) * len(elements)):
             term = f"(({element}) - ({aff_c(offset, [], self.param_names)}))"
+            term = term if step == 1 else f"({term} / {step})"  # exact: the elements are step apart
             terms.append(term if stride == 1 else f"{term} * {stride}")
         return " + ".join(terms)
 

@@ -39,8 +39,9 @@ import islpy as isl
 from polyc.errors import PolycError
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
-from polyc.schedule.gpu_promotion import (DEFAULT_MAX_SHARED_BYTES, PrivatePromotion, Promotion, promote,
+from polyc.schedule.gpu_promotion import (BLOCK_ID, DEFAULT_MAX_SHARED_BYTES, MAX_PRIVATE_ELEMENTS, THREAD_ID, PrivatePromotion, Promotion, promote,
                                           promote_private, prove_promotion, shared_accesses)
+from polyc.schedule.gpu_reduction import BlockReduction, reduce_in_block
 from polyc.schedule.transform import stride_score
 
 #: Threads per block when the options give none, by the number of mapped members (x first):
@@ -52,11 +53,15 @@ DEFAULT_BLOCKS = {1: (256,), 2: (32, 8), 3: (32, 8, 1)}
 #: Most members mapped to the grid and to the threads of a block (CUDA's and OpenCL's x, y, z).
 MAX_MAPPED = 3
 
+#: Values of a mapped member one thread runs when a register tile pays (see _register_tile),
+#: and the most accumulators a thread's register tile may hold: 4 x 4 = 16 floats, a quarter of
+#: what sm_80 gives a thread at full occupancy (64 registers), leaving room for the operands.
+DEFAULT_REGISTER_VALUES = 4
+MAX_REGISTER_TILE = 16
+
 _BAND = isl.schedule_node_type.band
 _SPLITTING = (isl.schedule_node_type.sequence, isl.schedule_node_type.set)
 
-BLOCK_ID = "polyc_block"
-THREAD_ID = "polyc_thread"
 
 
 @dataclass(frozen=True)
@@ -68,8 +73,25 @@ class MappedLoop:
     offset: int               # smallest value of the member over the kernel's instances
     extent: int               # number of values, offset .. offset + extent - 1
     block: int                # threads per block along this dimension
-    grid: int                 # blocks along this dimension: ceil(extent / block)
+    grid: int                 # blocks along this dimension
     indices: dict             # statement -> the TC index the member runs over, when one
+    registers: int = 1        # values per thread in one round, ``block`` apart (a register tile)
+    rounds: int = 1           # rounds of the whole grid (more than one when ``grid`` was bounded)
+
+    @property
+    def span(self) -> int:
+        """Values one block covers in one round."""
+        return self.block * self.registers
+
+    def value(self, block: str, thread: str, register: str, round_: str) -> str:
+        """The member's value run by a thread, in isl syntax."""
+        return (f"{self.offset} + {self.span} * ({block} + {self.grid} * {round_}) + {thread} + "
+                f"{self.block} * {register}")
+
+    def describe(self, dim: str) -> str:
+        tile = f" + {self.block} * r, r < {self.registers}" if self.registers > 1 else ""
+        rounds = f" + {self.span * self.grid} * g, g < {self.rounds}" if self.rounds > 1 else ""
+        return f"{self.offset} + {self.span} * block.{dim} + thread.{dim}{tile}{rounds}"
 
 
 @dataclass(frozen=True)
@@ -89,10 +111,14 @@ class GpuLaunch:
     #: per global access of the statements (statement, tensor, "read"/"write"): the address
     #: differences between neighbouring threads along x at the same step (see access_strides)
     strides: tuple = ()
+    #: a full reduction's tree on one block (polyc.schedule.gpu_reduction), when ``loops`` is empty
+    reduction: "BlockReduction | None" = None
+    #: isl AST build options unrolling loops of the body (register tiles, ``unroll``), or None
+    unrolled: isl.UnionMap | None = None
 
     def body(self) -> tuple[isl.UnionMap, isl.UnionSet]:
         """The flat schedule and one thread's instances, after promotion: what code is made of."""
-        for stage in (self.private, self.promotion):
+        for stage in (self.reduction, self.private, self.promotion):
             if stage is not None:
                 return stage.schedule, stage.thread_domain
         return self.schedule, self.thread_domain
@@ -103,15 +129,30 @@ class GpuLaunch:
 
     @property
     def block(self) -> tuple[int, ...]:
+        if self.reduction is not None:
+            return (self.reduction.threads,)
         return tuple(loop.block for loop in self.loops) or (1,)
+
+    @property
+    def thread_dims(self) -> int:
+        """How many thread/block id dimensions the kernel reads."""
+        return len(self.loops) or (1 if self.reduction is not None else 0)
+
+    @property
+    def build_context(self) -> isl.Set:
+        return self.reduction.context if self.reduction is not None else self.context
 
     def describe(self) -> str:
         lines = [f"kernel {self.name}: grid {self.grid}, block {self.block}; statements {', '.join(self.statements)}"]
         for dim, loop in zip("xyz", self.loops):
             indices = ", ".join(f"{s}.{i}" for s, i in sorted(loop.indices.items())) or "a schedule dimension"
             lines.append(f"  {dim}: band member {loop.member} ({indices}), values {loop.offset}.."
-                         f"{loop.offset + loop.extent - 1} = {loop.offset} + {loop.block} * block.{dim} + thread.{dim}")
+                         f"{loop.offset + loop.extent - 1} = {loop.describe(dim)}")
         lines.append(f"  {self.reason}")
+        if self.reduction is not None:
+            r = self.reduction
+            lines.append(f"  block reduction: {r.threads} threads each reduce a share into a partial, then a tree of "
+                         f"{r.steps} steps in shared memory: " + ", ".join(f"{t} ({op})" for t, op in r.targets))
         if self.promotion is not None:
             p = self.promotion
             lines.append(f"  band member {p.member} in slices of {p.slice_size}; shared memory "
@@ -147,14 +188,28 @@ class GpuPlan:
         return "\n".join(launch.describe() for launch in self.launches) or "no launch: every domain is empty"
 
 
+@dataclass(frozen=True)
+class MappingOptions:
+    """What the mapping may choose, in the spirit of Tensor Comprehensions' MappingOptions.
+    Sizes are x first (``block``, ``grid``) or in the order of the launch's first band
+    (``tile_sizes``, as TC: a mapped member's tile is what one block covers, ``block`` threads
+    times the values each thread keeps in registers; the sequential member's tile is its
+    shared-memory slice)."""
+
+    block: tuple[int, ...] | None = None      # threads per block; None: DEFAULT_BLOCKS
+    grid: tuple[int, ...] | None = None       # most blocks per dimension; more work: grid-stride rounds
+    tile_sizes: tuple[int, ...] | None = None  # None: the register-tile model (default_registers)
+    unroll: int = 1                           # unroll innermost sequential loops up to this many statements
+    shared_memory: int = DEFAULT_MAX_SHARED_BYTES  # bytes per block for promoted tiles; 0: none
+    private_memory: bool = True
+    block_reductions: bool = True
+    registers: int = MAX_REGISTER_TILE        # most accumulators in one thread's register tile
+
+
 def map_to_gpu(program: PolyProgram, schedule: isl.Schedule, dependences: Dependences,
-               block: tuple[int, ...] | None = None, shared_memory: int = DEFAULT_MAX_SHARED_BYTES,
-               private_memory: bool = True) -> GpuPlan:
+               options: MappingOptions = MappingOptions()) -> GpuPlan:
     """Cut ``schedule`` (for ``program``, whose sizes must be fixed) into launches and map each
-    launch's coincident loops to blocks and threads; ``block`` overrides the threads per block
-    (x first; as many entries as members are mapped, at most three); ``shared_memory`` is the
-    most bytes of shared memory a launch may use for promoted tiles (0: no promotion);
-    ``private_memory`` keeps what each thread alone writes in registers."""
+    launch's coincident loops to blocks and threads as ``options`` say."""
     if program.size_values is None:
         raise PolycError(f"{program.definition.name}: GPU kernels are generated for concrete sizes "
                          "(specialize=False is not supported by the GPU back ends)")
@@ -163,21 +218,29 @@ def map_to_gpu(program: PolyProgram, schedule: isl.Schedule, dependences: Depend
         if domain.intersect_params(program.context).is_empty():
             continue
         name = f"polyc_{program.definition.name}_k{len(launches)}"
-        launch = _map_launch(name, program, schedule, dependences, domain, node, block)
-        if launch.loops and shared_memory > 0:
-            launch = _with_promotion(launch, program, node, shared_memory)
-        if launch.loops and private_memory:
+        launch = _map_launch(name, program, schedule, dependences, domain, node, options)
+        if launch.loops and options.shared_memory > 0:
+            launch = _with_promotion(launch, program, node, options)
+        if launch.loops and options.private_memory:
             body_schedule, body_domain = launch.body()
-            launch = dataclasses.replace(launch, private=promote_private(program, launch, body_schedule, body_domain))
+            launch = dataclasses.replace(launch, private=promote_private(program, launch, body_schedule, body_domain,
+                                                                         max(options.registers, MAX_PRIVATE_ELEMENTS)))
         if launch.loops:
             launch = dataclasses.replace(launch, strides=access_strides(launch, program))
-        launches.append(launch)
+        elif options.block_reductions:
+            reduction = reduce_in_block(program, launch, node, dependences)
+            if reduction is not None:
+                launch = dataclasses.replace(launch, reduction=reduction,
+                                             reason=launch.reason.replace("one thread runs it", "a block reduces it"))
+        launches.append(dataclasses.replace(launch, unrolled=_unrolled_dims(launch, program, options.unroll)))
     return GpuPlan(program.definition.name, tuple(launches))
 
 
-def _with_promotion(launch: GpuLaunch, program: PolyProgram, band: isl.ScheduleNode, shared_memory: int) -> GpuLaunch:
+def _with_promotion(launch: GpuLaunch, program: PolyProgram, band: isl.ScheduleNode,
+                    options: MappingOptions) -> GpuLaunch:
     """``launch`` with its reused tiles in shared memory, when that pays and passes the proofs."""
-    promotion = promote(program, launch, band, max_shared_bytes=shared_memory)
+    promotion = promote(program, launch, band, max_shared_bytes=options.shared_memory,
+                        slice_sizes=options.tile_sizes)
     if promotion is None:
         return launch
     failure = prove_promotion(promotion, program, launch)
@@ -284,7 +347,7 @@ def _kernel_roots(schedule: isl.Schedule, program: PolyProgram) -> list[tuple[is
 
 
 def _map_launch(name: str, program: PolyProgram, schedule: isl.Schedule, dependences: Dependences,
-                domain: isl.UnionSet, node: isl.ScheduleNode | None, block: tuple[int, ...] | None) -> GpuLaunch:
+                domain: isl.UnionSet, node: isl.ScheduleNode | None, options: MappingOptions) -> GpuLaunch:
     flat = schedule.get_map().intersect_domain(domain)
     if node is None or node.get_type() != _BAND:
         return _launch(name, program, flat, domain, (), "no band at the top of the kernel: one thread runs it")
@@ -303,7 +366,7 @@ def _map_launch(name: str, program: PolyProgram, schedule: isl.Schedule, depende
     members = [x] + ([others[-1]] + others[:1] if len(others) >= 2 else others)
     reason_dropped = ""
     while members:
-        loops = _mapped_loops(program, node, domain, members, block)
+        loops = _mapped_loops(program, node, domain, members, options)
         launch = _launch(name, program, flat, domain, loops,
                          f"coincident members {candidates} of the first band; mapped {members}" + reason_dropped)
         failure = prove_launch(launch, program, dependences)
@@ -331,20 +394,68 @@ def _member_extent(program: PolyProgram, band: isl.ScheduleNode, domain: isl.Uni
 
 
 def _mapped_loops(program: PolyProgram, band: isl.ScheduleNode, domain: isl.UnionSet, members: list[int],
-                  block: tuple[int, ...] | None) -> tuple[MappedLoop, ...]:
+                  options: MappingOptions) -> tuple[MappedLoop, ...]:
     from polyc.schedule.transform import member_indices
+    block = options.block
     if block is not None and len(block) < len(members):
         members = members[:len(block)]
     sizes = block[:len(members)] if block is not None else DEFAULT_BLOCKS[len(members)]
+    registers = _register_tile(program, band, domain, members, sizes, options)
     loops = []
-    for member, size in zip(members, sizes):
+    for d, (member, size) in enumerate(zip(members, sizes)):
         member_map = _member_map(band, member, domain)
         low, high = _member_range(program, band, domain, member)
         extent = high - low + 1
         size = max(1, min(size, extent))  # tightened to the domain: no block of idle threads
-        loops.append(MappedLoop(member, member_map, low, extent, size, -(-extent // size),
-                                member_indices(band, member, program)))
+        tile = max(1, min(registers[d], -(-extent // size)))
+        grid = -(-extent // (size * tile))
+        if options.grid is not None and d < len(options.grid):
+            grid = min(grid, options.grid[d])
+        rounds = -(-extent // (size * tile * grid))
+        loops.append(MappedLoop(member, member_map, low, extent, size, grid, member_indices(band, member, program),
+                                tile, rounds))
     return tuple(loops)
+
+
+def _register_tile(program: PolyProgram, band: isl.ScheduleNode, domain: isl.UnionSet, members: list[int],
+                   blocks: tuple[int, ...], options: MappingOptions) -> list[int]:
+    """Values each thread runs of each mapped member in one round (its register tile).
+
+    ``tile_sizes`` decides when given (a member's tile over its block size).  Otherwise a
+    thread takes 4 values of a member when a reduction inside the thread reads, with the
+    member's value changing, a tensor element that does not change with it (a matmul's
+    ``A(m, k)`` along ``n``): the element is then loaded once for the 4 values.  At most
+    ``options.registers`` values in all, the outermost mapped member giving way first."""
+    if options.tile_sizes is not None:
+        return [max(1, options.tile_sizes[m] // b) if m < len(options.tile_sizes) else 1
+                for m, b in zip(members, blocks)]
+    mapped_names = {m: _indices_of(band, m, program) for m in members}
+    tile = [1] * len(members)
+    for d, member in enumerate(members):
+        for statement in program.statements:
+            index = mapped_names[member].get(statement.name)
+            if statement.kind != "update" or index is None or statement.name not in _names(domain):
+                continue
+            reduction = set(statement.indices) - set(statement.source.indices)
+            if not reduction:
+                continue  # no loop inside the thread: nothing to reuse across its values
+            if any(access.read is not None and access.exact and program.definition.tensor(access.tensor).rank > 0
+                   and not any(index in subscript.names() for subscript in access.read.subscripts)
+                   for access in statement.reads):
+                tile[d] = DEFAULT_REGISTER_VALUES
+    while math.prod(tile) > options.registers:
+        d = max(d for d in range(len(tile)) if tile[d] > 1)
+        tile[d] //= 2
+    return tile
+
+
+def _indices_of(band: isl.ScheduleNode, member: int, program: PolyProgram) -> dict:
+    from polyc.schedule.transform import member_indices
+    return member_indices(band, member, program)
+
+
+def _names(union: isl.UnionSet) -> set[str]:
+    return {piece.get_tuple_name() for piece in _sets(union)}
 
 
 def _launch(name: str, program: PolyProgram, flat: isl.UnionMap, domain: isl.UnionSet,
@@ -359,11 +470,122 @@ def _launch(name: str, program: PolyProgram, flat: isl.UnionMap, domain: isl.Uni
     thread_domain = domain
     for d, loop in enumerate(loops):
         value = isl.Set.read_from_str(
-            program.ctx, f"[{params}] -> {{ [v] : v = {loop.offset} + {loop.block} * {BLOCK_ID}{d} + {THREAD_ID}{d} }}")
+            program.ctx, f"[{params}] -> {{ [v] : exists r, g : 0 <= r < {loop.registers} and 0 <= g < {loop.rounds}"
+                         f" and v = {loop.value(f'{BLOCK_ID}{d}', f'{THREAD_ID}{d}', 'r', 'g')} }}")
         thread_domain = loop.schedule.intersect_range(isl.UnionSet.from_set(value)).domain().intersect(thread_domain)
     thread_domain = thread_domain.intersect_params(context)
     statements = tuple(sorted(s.get_tuple_name() for s in _sets(domain)))
-    return GpuLaunch(name, statements, domain, loops, flat, thread_domain, context, reason)
+    return GpuLaunch(name, statements, domain, loops, _threads_innermost(flat, loops, program), thread_domain,
+                     context, reason)
+
+
+def _threads_innermost(flat: isl.UnionMap, loops: tuple[MappedLoop, ...], program: PolyProgram) -> isl.UnionMap:
+    """``flat`` with each mapped member's value moved to the end (z, y, x) and its round left in
+    its place: inside a thread, the values of a register tile are then the innermost loops, so
+    that the loop around them (a reduction) reuses each loaded element for all of them.  This
+    keeps every dependence's order: a mapped member is coincident, equal on both ends of every
+    dependence, and so is its round (:func:`prove_launch` checks the launch anyway)."""
+    positions = [_flat_position(flat, loop.schedule, program) for loop in loops]
+    if not loops or None in positions:
+        return flat
+    length = _out_dims(flat)
+    old = [f"f{i}" for i in range(length)]
+    new = list(old)
+    for loop, position in zip(loops, positions):
+        new[position] = f"floor((f{position} - {loop.offset}) / {loop.span * loop.grid})"
+    new += [f"f{position}" for position in reversed(positions)]
+    move = isl.Map.read_from_str(program.ctx, f"{{ [{', '.join(old)}] -> [{', '.join(new)}] }}")
+    return flat.apply_range(isl.UnionMap.from_map(move))
+
+
+def _unrolled_dims(launch: GpuLaunch, program: PolyProgram, unroll: int) -> isl.UnionMap | None:
+    """AST build options unrolling, in the statements of the def only, the loops over a
+    register tile's values (so that the tile's elements are registers, not an indexed array)
+    and, when ``unroll`` allows, the sequential loop around them: isl emits each iteration
+    with its own guard."""
+    tiles = [loop for loop in launch.loops if loop.registers > 1]
+    if not tiles and unroll <= 1:
+        return None
+    schedule, thread_domain = launch.body()
+    compute = isl.UnionSet.empty(thread_domain.get_space())
+    for piece in _sets(thread_domain):
+        if piece.get_tuple_name() in launch.statements:
+            compute = compute.union(isl.UnionSet.from_set(piece))
+    timed = schedule.intersect_domain(compute)
+    if timed.is_empty():
+        return None
+    times = timed.range()
+    statements = 1
+    dims = []
+    for loop in tiles:
+        position = _flat_position(timed, loop.schedule.intersect_domain(compute), program)
+        if position is not None:
+            dims.append(position)
+            statements *= loop.registers
+    if unroll > 1 and dims:  # the innermost loop outside the tile (dimensions of one value skipped)
+        per_statement = [timed.intersect_domain(isl.UnionSet.from_set(piece)).range() for piece in _sets(compute)]
+        for inner in range(min(dims) - 1, -1, -1):
+            counts = [_trip_count(t, inner, launch, program) for t in per_statement]
+            trips = None if None in counts else max(counts)
+            if trips is None or trips > 1:
+                if trips is not None and statements * trips <= unroll:
+                    dims.append(inner)
+                break
+    if not dims:
+        return None
+    # the options apply where the def's statements run: at their times' constant dimensions (a
+    # simple set: isl's AST generation slows down badly with the times themselves)
+    where = isl.UnionSet.empty(times.get_space())
+    for piece in _sets(times):
+        piece = piece.intersect_params(launch.context)
+        fixed = []
+        for d in range(piece.dim(isl.dim_type.set)):
+            low, high = piece.dim_min(d), piece.dim_max(d)
+            constant = low.is_equal(high) and low.is_cst() if hasattr(low, "is_cst") else False
+            fixed.append(f"t{d} = {_constant_bound(low)}" if constant else None)
+        names = ", ".join(f"t{d}" for d in range(len(fixed)))
+        conditions = " and ".join(f for f in fixed if f) or "true"
+        where = where.union(isl.UnionSet.read_from_str(program.ctx, f"{{ [{names}] : {conditions} }}"))
+    options = isl.UnionMap.empty(times.get_space())
+    for position in dims:
+        option = isl.UnionSet.from_set(isl.Set.read_from_str(program.ctx, f"{{ unroll[{position}] }}"))
+        options = options.union(isl.UnionMap.from_domain_and_range(where, option))
+    return options
+
+
+def _trip_count(times: isl.UnionSet, position: int, launch: GpuLaunch, program: PolyProgram) -> int | None:
+    """Most iterations the loop at ``position`` of ``times`` makes for fixed outer values."""
+    if position < 0:
+        return None
+    most = 0
+    for piece in _sets(times):
+        piece = piece.intersect_params(launch.context)
+        rank = piece.dim(isl.dim_type.set)
+        along = piece.project_out(isl.dim_type.set, position + 1, rank - position - 1)
+        outer_to_value = isl.Map.read_from_str(program.ctx, "{ [%s] -> [d%d] }" % (
+            ", ".join(f"d{i}" for i in range(position + 1)), position)).intersect_domain(along.reset_tuple_id())
+        outer_to_value = outer_to_value.project_out(isl.dim_type.in_, position, 1)
+        high = outer_to_value.lexmax_pw_multi_aff().get_pw_aff(0)
+        low = outer_to_value.lexmin_pw_multi_aff().get_pw_aff(0)
+        span = high.sub(low).max_val()
+        if not span.is_int():
+            return None
+        most = max(most, span.to_python() + 1)
+    return most
+
+
+def _thread_map(launch: GpuLaunch, program: PolyProgram) -> isl.UnionMap:
+    """Instance -> [block ids..., thread ids...] of the thread of the grid that runs it."""
+    per_dim = []
+    for loop in launch.loops:
+        split = isl.Map.read_from_str(
+            program.ctx, f"{{ [v] -> [b, t] : exists r, g : 0 <= r < {loop.registers} and 0 <= g < {loop.rounds} "
+                         f"and v = {loop.value('b', 't', 'r', 'g')} and 0 <= t < {loop.block} and 0 <= b < {loop.grid} }}")
+        per_dim.append(loop.schedule.apply_range(isl.UnionMap.from_map(split)))
+    result = per_dim[0]
+    for other in per_dim[1:]:
+        result = result.range_product(other)
+    return result.intersect_params(program.context)
 
 
 def prove_launch(launch: GpuLaunch, program: PolyProgram, dependences: Dependences) -> str | None:
@@ -383,20 +605,6 @@ def prove_launch(launch: GpuLaunch, program: PolyProgram, dependences: Dependenc
     if not crossing.is_empty():
         return f"a dependence joins two threads: {crossing.coalesce()}"
     return None
-
-
-def _thread_map(launch: GpuLaunch, program: PolyProgram) -> isl.UnionMap:
-    """Instance -> [block ids..., thread ids...] of the thread of the grid that runs it."""
-    per_dim = []
-    for loop in launch.loops:
-        split = isl.Map.read_from_str(
-            program.ctx, f"{{ [v] -> [b, t] : v = {loop.offset} + {loop.block} * b + t "
-                         f"and 0 <= t < {loop.block} and 0 <= b < {loop.grid} }}")
-        per_dim.append(loop.schedule.apply_range(isl.UnionMap.from_map(split)))
-    result = per_dim[0]
-    for other in per_dim[1:]:
-        result = result.range_product(other)
-    return result.intersect_params(program.context)
 
 
 def _constant_set(values: isl.UnionSet, program: PolyProgram) -> isl.Set:

@@ -43,6 +43,9 @@ DEFAULT_MAX_SHARED_BYTES = 48 * 1024
 
 COPY = "polyc_copy_"
 BARRIER = "polyc_barrier"
+#: The parameters that stand for a thread's block and thread ids (one per mapped dimension).
+BLOCK_ID = "polyc_block"
+THREAD_ID = "polyc_thread"
 #: Phases of a slice, the second dimension of every time in the promoted schedule.
 PHASE_COPY, PHASE_BARRIER_BEFORE, PHASE_COMPUTE, PHASE_BARRIER_AFTER = 0, 1, 2, 3
 
@@ -99,9 +102,10 @@ class Promotion:
         return sum(a.elements * a.dtype.itemsize for a in self.arrays)
 
 
-def promote(program: PolyProgram, launch, band: isl.ScheduleNode, slice_size: int = SLICE_SIZE,
-            max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES) -> Promotion | None:
-    """The promotion of ``launch`` (whose first band is ``band``), or None when nothing pays."""
+def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES,
+            slice_sizes: tuple[int, ...] | None = None) -> Promotion | None:
+    """The promotion of ``launch`` (whose first band is ``band``), or None when nothing pays;
+    ``slice_sizes`` (per band member, TC's tile sizes) sets the slice, else SLICE_SIZE."""
     mapped = {loop.member for loop in launch.loops}
     free = [m for m in range(band.band_n_member()) if m not in mapped]
     if not launch.loops or not free or max_shared_bytes <= 0:
@@ -118,6 +122,7 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, slice_size: in
             break
     else:
         return None
+    slice_size = slice_sizes[member] if slice_sizes and member < len(slice_sizes) else SLICE_SIZE
     member_affs = _single_affs(member_map, program, launch.domain)
     if member_affs is None:
         return None
@@ -184,21 +189,10 @@ def prove_promotion(promotion: Promotion, program: PolyProgram, launch) -> str |
     """None when the promoted launch is race-free and complete, else what fails: two different
     threads of a block touching one shared element (one writing) with no barrier between the
     accesses in schedule order, or a promoted read whose element its slice does not copy."""
-    time = promotion.schedule.intersect_domain(promotion.block_domain)
-    barrier_times = isl.UnionSet.empty(time.range().get_space())
-    for name in (f"{BARRIER}{PHASE_BARRIER_BEFORE}", f"{BARRIER}{PHASE_BARRIER_AFTER}"):
-        barrier_times = barrier_times.union(time.intersect_domain(_named(promotion.block_domain, name)).range())
-    times = time.range()
-    separated = times.lex_lt_union_set(barrier_times).apply_range(barrier_times.lex_lt_union_set(times))
-    same_thread = promotion.thread_of.apply_range(promotion.thread_of.reverse())
+    barriers = [f"{BARRIER}{PHASE_BARRIER_BEFORE}", f"{BARRIER}{PHASE_BARRIER_AFTER}"]
     for array in promotion.arrays:
         writes, reads = shared_accesses(promotion, program, launch, array)
-        accesses = writes.union(reads)
-        # pairs of instances touching one shared element, at least one writing, on two threads
-        same_element = writes.apply_range(accesses.reverse()).union(accesses.apply_range(writes.reverse()))
-        conflicting = same_element.subtract(same_thread)
-        ordered = time.reverse().apply_range(conflicting).apply_range(time)  # their times, both ways round
-        race = ordered.intersect(times.lex_lt_union_set(times)).subtract(separated)
+        race = find_races(promotion.schedule, promotion.block_domain, barriers, promotion.thread_of, writes, reads)
         if not race.is_empty():
             return f"shared {array.name}: threads race without a barrier between {race.coalesce()}"
         copied = _named(promotion.block_domain, COPY + array.tensor)
@@ -206,6 +200,28 @@ def prove_promotion(promotion: Promotion, program: PolyProgram, launch) -> str |
         if not needed.is_subset(copied):
             return f"shared {array.name}: a read finds its element not copied: {needed.subtract(copied)}"
     return None
+
+
+def find_races(schedule: isl.UnionMap, block_domain: isl.UnionSet, barrier_names: list[str],
+               thread_of: isl.UnionMap, writes: isl.UnionMap, reads: isl.UnionMap) -> isl.UnionMap:
+    """The pairs of times at which two different threads of a block touch one element of a
+    shared array (one of them writing: ``writes`` and ``reads`` map block instances to the
+    array's elements) with no barrier (an instance named in ``barrier_names``, run by every
+    thread) strictly between them in ``schedule``; ``thread_of`` maps block instances to
+    their thread.  Empty: no race."""
+    time = schedule.intersect_domain(block_domain)
+    times = time.range()
+    barrier_times = isl.UnionSet.empty(times.get_space())
+    for name in barrier_names:
+        barrier_times = barrier_times.union(time.intersect_domain(_named(block_domain, name)).range())
+    separated = times.lex_lt_union_set(barrier_times).apply_range(barrier_times.lex_lt_union_set(times))
+    same_thread = thread_of.apply_range(thread_of.reverse())
+    accesses = writes.union(reads)
+    same_element = writes.apply_range(accesses.reverse()).union(accesses.apply_range(writes.reverse()))
+    conflicting = same_element.subtract(same_thread)
+    ordered = time.reverse().apply_range(conflicting).apply_range(time)  # their times, both ways round
+    # equal times are simultaneous on two threads: a race whatever the barriers
+    return ordered.intersect(times.lex_le_union_set(times)).subtract(separated)
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -349,10 +365,10 @@ def _compute_thread_map(launch, program: PolyProgram, block_domain: isl.UnionSet
     the block's start)."""
     result = None
     stride = 1
-    for d, loop in enumerate(launch.loops):
+    for d, loop in enumerate(launch.loops):  # a value's thread: its offset from the start, modulo the block
         part = loop.schedule.apply_range(isl.UnionMap.from_map(isl.Map.read_from_str(
-            program.ctx, f"[polyc_block{d}] -> {{ [v] -> [{stride}v - {stride * loop.offset} - "
-                         f"{stride * loop.block}polyc_block{d}] }}")))
+            program.ctx, f"{{ [v] -> [w] : exists q, t : w = {stride} t and 0 <= t < {loop.block} and "
+                         f"v = {loop.offset} + {loop.block} q + t }}")))
         result = part if result is None else _add_ranges(result, part, program)
         stride *= loop.block
     return result.intersect_domain(block_domain)
@@ -452,13 +468,14 @@ STORE = "polyc_store_"
 @dataclass(frozen=True)
 class PrivateArray:
     """A tensor's elements one thread writes, kept in a private array (registers) from the
-    start of the launch to its end: element ``e`` at ``sum_d (e_d - offset_d) * stride_d``."""
+    start of the launch to its end: element ``e`` at ``sum_d (e_d - offset_d) / step_d * stride_d``."""
 
     tensor: str
     name: str
     sizes: tuple[int, ...]
     offsets: tuple[isl.Aff, ...]   # parametric: sizes, block and thread ids
     dtype: object
+    steps: tuple[int, ...] = ()    # per dimension: the distance between the thread's elements
 
     @property
     def elements(self) -> int:
@@ -505,10 +522,13 @@ def promote_private(program: PolyProgram, launch, schedule: isl.UnionMap, thread
         if box is None:
             continue
         offsets, sizes = box
+        # a register tile's values are ``block`` apart: keep every step-th element only
+        steps = tuple(_step(footprint, d) for d in range(len(sizes)))
+        sizes = tuple((size - 1) // step + 1 for size, step in zip(sizes, steps))
         if math.prod(sizes) > max_elements:
             continue
         arrays.append(PrivateArray(tensor, f"{tensor}_private", sizes, offsets,
-                                   program.definition.tensor(tensor).dtype))
+                                   program.definition.tensor(tensor).dtype, steps))
     if not arrays:
         return None
     length = _flat_length(schedule)
@@ -551,6 +571,13 @@ def _accesses_of(program: PolyProgram, launch, tensor: str) -> isl.UnionMap | No
             union = isl.UnionMap.from_map(relation)
             result = union if result is None else result.union(union)
     return result
+
+
+def _step(footprint: isl.Set, dim: int) -> int:
+    """The distance isl proves between the values of dimension ``dim`` of ``footprint`` (1 when
+    it finds none)."""
+    stride = footprint.get_stride(dim)
+    return stride.to_python() if stride.is_int() and stride.to_python() > 0 else 1
 
 
 def _box(footprint: isl.Set | isl.Map) -> tuple[tuple[isl.Aff, ...], tuple[int, ...]] | None:

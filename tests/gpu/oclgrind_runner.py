@@ -20,7 +20,7 @@ import polyc  # noqa: E402
 from kernels import CASES, check_kernel  # noqa: E402
 from polyc.codegen.gpu import generate_gpu  # noqa: E402
 from polyc.runtime.gpu import OpenCLRuntime  # noqa: E402
-from polyc.schedule.gpu_mapping import GpuPlan, _launch, _mapped_loops  # noqa: E402
+from polyc.schedule.gpu_mapping import GpuPlan, MappingOptions, _launch, _mapped_loops  # noqa: E402
 
 MATMUL_SIZES = dict(M=4, K=40, N=5)  # K > 32: two slices of the shared-memory tiles
 
@@ -44,7 +44,7 @@ def racy(stages):
     """The reduction member r_k given to the threads: the proofs refuse it, oclgrind sees the race."""
     launch, = stages.gpu.launches
     band = stages.optimized_schedule.get_root().child(0)
-    loops = _mapped_loops(stages.program, band, launch.domain, [2], (8,))
+    loops = _mapped_loops(stages.program, band, launch.domain, [2], MappingOptions(block=(8,)))
     bad = _launch(launch.name, stages.program, launch.schedule, launch.domain, loops, "negative control: racy")
     return generate_gpu(stages.program, GpuPlan("matmul", (bad,)), stages.options, "opencl")
 

@@ -11,7 +11,7 @@ import pytest
 import polyc
 from kernels import CASES
 from polyc.errors import PolycError
-from polyc.schedule.gpu_mapping import _launch, _mapped_loops, prove_launch
+from polyc.schedule.gpu_mapping import MappingOptions, _launch, _mapped_loops, prove_launch
 
 
 def stages(case_name: str, sizes=None, **options):
@@ -24,8 +24,15 @@ def test_matmul_maps_n_to_x_and_m_to_y_with_the_reduction_inside_each_thread():
     launch, = stages("matmul", dict(M=37, K=20, N=45)).gpu.launches
     x, y = launch.loops
     assert set(x.indices.values()) == {"n"} and set(y.indices.values()) == {"m"}
-    assert (x.block, y.block) == (32, 8) and (x.grid, y.grid) == (2, 5)  # 45 = 32 + 13, 37 = 4 * 8 + 5
-    assert launch.grid == (2, 5) and launch.block == (32, 8)
+    # register tiles: 45 = 32 + 13 values along x are 2 per thread, 37 = 4 * 8 + 5 along y 4 per thread
+    assert (x.block, y.block) == (32, 8) and (x.registers, y.registers) == (2, 4)
+    assert launch.grid == (1, 2) and launch.block == (32, 8)
+
+
+def test_without_register_tiles_each_thread_runs_one_element():
+    launch, = stages("matmul", dict(M=37, K=20, N=45), tile_sizes=(8, 32, 32)).gpu.launches
+    x, y = launch.loops
+    assert (x.registers, y.registers) == (1, 1) and launch.grid == (2, 5)  # 45 = 32 + 13, 37 = 4 * 8 + 5
 
 
 def test_blocks_are_tightened_to_small_domains():
@@ -44,14 +51,59 @@ def test_row_wise_softmax_is_one_launch_with_one_thread_per_row():
     assert len(launch.loops) == 1 and launch.loops[0].extent == list(case_sizes.values())[0]
 
 
-def test_a_full_reduction_runs_on_one_thread_and_says_why():
-    plan = stages("sum_all").gpu
-    assert any(not launch.loops and "one thread" in launch.reason for launch in plan.launches)
+def test_a_full_reduction_runs_as_a_tree_on_one_block():
+    launch, = stages("sum_all", dict(M=300, N=7)).gpu.launches
+    assert launch.reduction is not None and launch.block == (256,) and launch.reduction.steps == 8
+    assert "a block reduces it" in launch.reason
+
+
+def test_the_reduction_tree_is_proved_race_free_and_needs_every_barrier():
+    from polyc.schedule.gpu_reduction import prove_tree
+    launch, = stages("sum_all", dict(M=40, N=7)).gpu.launches
+    reduction = launch.reduction
+    assert reduction.threads == 64 and prove_tree(reduction, launch_program("sum_all", dict(M=40, N=7))) is None
+    for barrier in ("polyc_barrier4", "polyc_barrier8"):  # before the tree, between two steps
+        kept = isl.UnionSet.empty(reduction.block_domain.get_space())
+        for piece in _sets(reduction.block_domain):
+            if piece.get_tuple_name() != barrier:
+                kept = kept.union(isl.UnionSet.from_set(piece))
+        broken = dataclasses.replace(reduction, block_domain=kept)
+        assert "race without a barrier" in prove_tree(broken, launch_program("sum_all", dict(M=40, N=7)))
+
+
+def launch_program(case_name, sizes):
+    case = CASES[case_name]
+    return polyc.define(case.source)[case.entry].gpu_stages(sizes).program
+
+
+def _sets(union):
+    found = []
+    union.foreach_set(found.append)
+    return found
+
+
+def test_a_reduction_over_one_value_runs_on_one_thread_and_says_why():
+    launch, = stages("sum_all", dict(M=1, N=3)).gpu.launches
+    assert launch.reduction is None and "one thread" in launch.reason
 
 
 def test_the_block_option_shapes_the_blocks():
-    launch, = stages("matmul", dict(M=37, K=20, N=45), block=(16, 4)).gpu.launches
+    launch, = stages("matmul", dict(M=37, K=20, N=45), block=(16, 4), tile_sizes=(4, 16, 32)).gpu.launches
     assert launch.block == (16, 4) and launch.grid == (3, 10)
+    launch, = stages("matmul", dict(M=37, K=20, N=45), block=(16, 4)).gpu.launches  # 3 x 4 register tiles
+    assert [loop.registers for loop in launch.loops] == [3, 4] and launch.grid == (1, 3)
+
+
+def test_the_grid_option_bounds_the_blocks_and_threads_run_rounds():
+    launch, = stages("matmul", dict(M=37, K=20, N=45), grid=(1, 2), **ONE_VALUE_PER_THREAD).gpu.launches
+    assert launch.grid == (1, 2) and [loop.rounds for loop in launch.loops] == [2, 3]
+
+
+def test_unroll_unrolls_the_reduction_around_the_register_tile():
+    plain = stages("matmul", dict(M=37, K=8, N=45)).gpu_source.source
+    unrolled = stages("matmul", dict(M=37, K=8, N=45), unroll=64).gpu_source.source
+    assert "c5 += " in plain or "c5++" in plain or "for (int64_t c5" in plain
+    assert unrolled.count("C_private") > plain.count("C_private")
 
 
 @pytest.mark.parametrize("block", [(0,), (1, 2, 3, 4), (2048,), (64, 32), "x"])
@@ -65,6 +117,10 @@ def test_float16_is_refused_by_name():
         stages("half_axpby")
 
 
+#: Options for a matmul without register tiles (TC's tile sizes: the block's 8 x 32 threads, slices of 32).
+ONE_VALUE_PER_THREAD = dict(tile_sizes=(8, 32, 32))
+
+
 def _with_loop(launch, program, **changes):
     """``launch`` with its x loop changed, its thread domain rebuilt to match."""
     loops = (dataclasses.replace(launch.loops[0], **changes),) + launch.loops[1:]
@@ -72,7 +128,7 @@ def _with_loop(launch, program, **changes):
 
 
 def test_negative_control_a_grid_too_small_leaves_instances_unrun():
-    st = stages("matmul", dict(M=37, K=20, N=45))
+    st = stages("matmul", dict(M=37, K=20, N=45), **ONE_VALUE_PER_THREAD)
     launch, = st.gpu.launches
     bad = _with_loop(launch, st.program, grid=1)  # 32 of 45 columns
     assert "no thread of the grid runs" in prove_launch(bad, st.program, st.dependences)
@@ -83,7 +139,7 @@ def test_negative_control_threads_along_a_reduction_race():
     launch, = st.gpu.launches
     band = st.optimized_schedule.get_root().child(0)
     assert not band.band_member_get_coincident(2)  # r_k: carries the reduction's dependence
-    loops = _mapped_loops(st.program, band, launch.domain, [2], (8,))
+    loops = _mapped_loops(st.program, band, launch.domain, [2], MappingOptions(block=(8,)))
     bad = _launch(launch.name, st.program, launch.schedule, launch.domain, loops, "negative control")
     failure = prove_launch(bad, st.program, st.dependences)
     assert failure is not None and "a dependence joins two threads" in failure
@@ -92,7 +148,7 @@ def test_negative_control_threads_along_a_reduction_race():
 
 # ----------------------------------------------------------------------------- shared memory
 def test_matmul_tiles_go_to_shared_memory_in_slices_of_the_reduction():
-    st = stages("matmul", dict(M=37, K=70, N=45))
+    st = stages("matmul", dict(M=37, K=70, N=45), **ONE_VALUE_PER_THREAD)
     promotion = st.gpu.launches[0].promotion
     assert promotion is not None and promotion.member == 2 and promotion.slice_size == 32
     shapes = {array.tensor: array.sizes for array in promotion.arrays}
@@ -103,7 +159,8 @@ def test_matmul_tiles_go_to_shared_memory_in_slices_of_the_reduction():
 
 def test_shared_memory_can_be_turned_off_or_limited():
     assert stages("matmul", dict(M=37, K=70, N=45), use_shared_memory=False).gpu.launches[0].promotion is None
-    small = stages("matmul", dict(M=37, K=70, N=45), max_shared_memory=1100).gpu.launches[0].promotion
+    small = stages("matmul", dict(M=37, K=70, N=45), max_shared_memory=1100,
+                   **ONE_VALUE_PER_THREAD).gpu.launches[0].promotion
     assert [a.tensor for a in small.arrays] == ["A"]  # A: 8 x 33 floats fit, B: 32 x 33 do not
 
 
@@ -124,8 +181,10 @@ def test_negative_control_the_race_proof_needs_the_barriers():
 
 
 def test_accumulators_live_in_registers():
-    matmul = stages("matmul", dict(M=37, K=70, N=45)).gpu.launches[0].private
+    matmul = stages("matmul", dict(M=37, K=70, N=45), **ONE_VALUE_PER_THREAD).gpu.launches[0].private
     assert [(a.tensor, a.sizes) for a in matmul.arrays] == [("C", (1, 1))]
+    tiled = stages("matmul", dict(M=37, K=70, N=45)).gpu.launches[0].private  # a 4 x 2 register tile
+    assert [(a.tensor, a.sizes, a.steps) for a in tiled.arrays] == [("C", (4, 2), (8, 32))]
     softmax = stages("softmax", dict(N=7, D=33)).gpu.launches[0].private
     # the row's max and sum; not its D outputs
     assert sorted((a.tensor, a.sizes) for a in softmax.arrays) == [("expSum", (1,)), ("maxVal", (1,))]
