@@ -36,6 +36,7 @@ from polyc.lang import checked as ir
 from polyc.lang.printer import format_def
 from polyc.lang.symbolic import Affine
 from polyc.options import BACKENDS, FUSION_STRATEGIES
+from polyc.schedule.gpu_device import DEVICE_MODELS
 
 #: ``--emit`` stage -> the Kernel method giving its text (None: the front end answers directly).
 EMIT_METHODS = {"ast": None, "ranges": None, "isl": "isl_model_text", "schedule": "schedule_text",
@@ -249,10 +250,20 @@ def _add_option_arguments(parser: argparse.ArgumentParser) -> None:
                        help="compile once for all sizes instead of for each call's sizes")
     group.add_argument("--cc", metavar="CC", help="C compiler (default: $POLYC_CC, $CC, then cc)")
     group.add_argument("--cflags", metavar="FLAGS", help='C compiler flags, as one string: --cflags "-O3 -march=native"')
+    gpu = parser.add_argument_group("GPU mapping options (backend opencl or cuda, --target cuda or opencl)")
+    gpu.add_argument("--block", type=_parse_tile_sizes, metavar="X[,Y[,Z]]", help="threads per block, x first")
+    gpu.add_argument("--grid", type=_parse_tile_sizes, metavar="X[,Y[,Z]]",
+                     help="at most this many blocks along x, y, z (more work: grid-stride rounds)")
+    gpu.add_argument("--device", choices=sorted(DEVICE_MODELS),
+                     help="the device model the defaults come from (default: this machine's device)")
+    gpu.add_argument("--no-shared-memory", dest="use_shared_memory", action="store_const", const=False,
+                     help="no shared-memory tiles")
+    gpu.add_argument("--no-private-memory", dest="use_private_memory", action="store_const", const=False,
+                     help="no register tiles or accumulators in registers")
 
 
 _OPTION_NAMES = ("backend", "fusion", "tile_sizes", "parallel", "vectorize", "unroll", "threads", "specialize", "cc",
-                 "cflags")
+                 "cflags", "block", "grid", "device", "use_shared_memory", "use_private_memory")
 
 
 def _define_options(args: argparse.Namespace) -> dict:

@@ -11,6 +11,7 @@ signature so that repeated calls cost only argument checking and the call itself
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 from dataclasses import dataclass
 from typing import Mapping
@@ -37,6 +38,7 @@ from polyc.runtime.compiler import LANGUAGE_FLAGS
 from polyc.schedule.contraction import Contraction, recognise_gemm_def, worth_a_gemm_kernel
 from polyc.schedule.convolution import Convolution, recognise_conv_def
 from polyc.schedule import tiling
+from polyc.schedule.gpu_device import DEFAULT_DEVICE, DeviceModel, named_device
 from polyc.schedule.gpu_mapping import GpuPlan, MappingOptions, map_to_gpu
 from polyc.schedule.gpu_promotion import DEFAULT_MAX_SHARED_BYTES
 from polyc.schedule.outer_fusion import fuse_outer_loops
@@ -64,6 +66,12 @@ class Stages:
     options: Options | None = None  # the options it was compiled with (tuning records applied)
     gpu: "GpuPlan | None" = None  # for the GPU back ends: the launches and their mapping
     gpu_source: "GpuKernelSource | None" = None  # ... and their code (``kernel.source`` too)
+
+    @property
+    def mapped_schedule(self) -> isl.Schedule:
+        """The schedule tree the code was generated from: for the GPU back ends the launches'
+        mapping (kernel marks, bands of block and thread ids, the order inside each thread)."""
+        return self.gpu.schedule(self.program.ctx) if self.gpu is not None else self.optimized_schedule
 
 
 @dataclass(frozen=True)
@@ -140,18 +148,38 @@ def compile_gpu_stages(program: PolyProgram, dependences: Dependences, schedule:
     mapped = schedule
     if options.fusion != "min":
         mapped = fuse_outer_loops(schedule, program, dependences, tiling.cache_sizes(options))
-    plan = map_to_gpu(program, mapped, dependences, mapping_options(options))
+    plan = map_to_gpu(program, mapped, dependences, mapping_options(options, dialect or options.backend))
     source = generate_gpu(program, plan, options, dialect or options.backend)
     first = source.launches[0].function_name if source.launches else ""
     kernel = GeneratedKernel(first, source.source, source.tensor_arguments, ())
     return Stages(program, dependences, schedule, mapped, kernel, options=options, gpu=plan, gpu_source=source)
 
 
-def mapping_options(options: Options) -> MappingOptions:
-    """The GPU mapping's choices from the user's options."""
+def mapping_options(options: Options, dialect: str) -> MappingOptions:
+    """The GPU mapping's choices from the user's options and the device's model."""
+    device = gpu_device(options, dialect)
+    if options.block is not None and math.prod(options.block) > device.max_threads_per_block:
+        raise PolycError(f"block {options.block} has {math.prod(options.block)} threads; the {device.name} "
+                         f"allows at most {device.max_threads_per_block} per block")
     return MappingOptions(block=options.block, grid=options.grid, tile_sizes=options.tile_sizes or None,
-                          unroll=options.unroll, shared_memory=shared_memory_budget(options),
-                          private_memory=options.use_private_memory)
+                          unroll=options.unroll, shared_memory=min(shared_memory_budget(options),
+                                                                   device.shared_memory_per_block),
+                          private_memory=options.use_private_memory, registers=device.register_tile,
+                          device=device)
+
+
+def gpu_device(options: Options, dialect: str) -> DeviceModel:
+    """The device model the mapping uses: the named one, else the device this machine runs
+    ``dialect`` on, else the dialect's named default."""
+    if options.device is not None:
+        return named_device(options.device)
+    if dialect not in _QUERIED_DEVICES:
+        from polyc.runtime.gpu import query_device  # the runtime's device queries, imported lazily
+        _QUERIED_DEVICES[dialect] = query_device(dialect) or named_device(DEFAULT_DEVICE[dialect])
+    return _QUERIED_DEVICES[dialect]
+
+
+_QUERIED_DEVICES: dict[str, DeviceModel] = {}
 
 
 def shared_memory_budget(options: Options) -> int:

@@ -24,6 +24,9 @@ class Options:
       :mod:`polyc.schedule.gpu_mapping` and :mod:`polyc.codegen.gpu`.
     - ``block``: for the GPU back ends, threads per block along x, y, z (x first; one entry per
       mapped loop, at most three; None: 256 threads shaped by the number of mapped loops).
+    - ``device``: for the GPU back ends, the device model the mapping's defaults come from:
+      ``"sm_80"``, ``"sm_90"`` or ``"pocl"`` (None: the device this machine runs the back end
+      on, else ``sm_80`` for CUDA and ``pocl`` for OpenCL).
     - ``grid``: for the GPU back ends, the most blocks along x, y, z (None: as many as the
       domain needs); with fewer, each thread runs several rounds (a grid-stride loop).
     - ``tile_sizes`` on the GPU back ends (TC's meaning): per member of a launch's first band,
@@ -77,6 +80,7 @@ class Options:
     tuning: bool = True
     block: tuple[int, ...] | None = None
     grid: tuple[int, ...] | None = None
+    device: str | None = None
     use_shared_memory: bool = True
     use_private_memory: bool = True
     max_shared_memory: int | None = None
@@ -128,6 +132,9 @@ class Options:
                 isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in self.grid)):
             raise PolycError(f"grid must be one to three positive integers (most blocks along x, y, z), "
                              f"not {self.grid!r}")
+        if self.device is not None:
+            from polyc.schedule.gpu_device import named_device
+            named_device(self.device if isinstance(self.device, str) else repr(self.device))
         if not isinstance(self.unroll, int) or self.unroll < 1:
             raise PolycError(f"unroll must be an integer >= 1, not {self.unroll!r}")
         if self.max_shared_memory is not None and (isinstance(self.max_shared_memory, bool) or not isinstance(

@@ -33,6 +33,7 @@ from polyc.lang.checked import CheckedDef
 from polyc.options import Options
 from polyc.runtime.arguments import BoundCall, as_input_array
 from polyc.runtime.cache import cache_dir
+from polyc.schedule.gpu_device import DEVICE_MODELS, DeviceModel
 
 
 class _SharedRuntime:
@@ -71,6 +72,14 @@ class OpenCLRuntime(_SharedRuntime):
 
     def describe(self) -> str:
         return f"{self.device.platform.name}: {self.device.name}"
+
+    def device_model(self) -> DeviceModel:
+        """The mapping's model of this device, from OpenCL's device queries."""
+        d, cl = self.device, self.cl
+        gpu = bool(d.type & cl.device_type.GPU)
+        warp = 32 if gpu else max(1, d.preferred_vector_width_float)
+        return DeviceModel(f"{d.platform.name}: {d.name}", d.max_work_group_size, d.local_mem_size, warp,
+                           DEVICE_MODELS["sm_80"].register_tile)
 
     def program(self, source: str):
         program = self._programs.get(source)
@@ -148,6 +157,16 @@ class CudaRuntime(_SharedRuntime):
             raise PolycError(f"backend='cuda' needs an NVIDIA GPU and its driver: {error}") from error
         self.driver, self.source_module = driver, SourceModule
         self._modules: dict[str, object] = {}
+
+    def device_model(self) -> DeviceModel:
+        """The mapping's model of the current CUDA device, from its attributes."""
+        attribute = self.driver.device_attribute
+        device = self.driver.Context.get_device()
+        major, minor = device.compute_capability()
+        return DeviceModel(f"sm_{major}{minor}: {device.name()}",
+                           device.get_attribute(attribute.MAX_THREADS_PER_BLOCK),
+                           device.get_attribute(attribute.MAX_SHARED_MEMORY_PER_BLOCK),
+                           device.get_attribute(attribute.WARP_SIZE), DEVICE_MODELS["sm_80"].register_tile)
 
     def is_device_array(self, value) -> bool:
         from pycuda.gpuarray import GPUArray
@@ -379,3 +398,12 @@ class GpuCompiledKernel:
                 given[...] = arrays[name]
             results.append(given)
         return tuple(results)
+
+
+def query_device(dialect: str) -> DeviceModel | None:
+    """The model of the device ``dialect``'s runtime runs on, or None when there is none here."""
+    runtime = OpenCLRuntime if dialect == "opencl" else CudaRuntime
+    try:
+        return runtime.shared().device_model()
+    except PolycError:
+        return None

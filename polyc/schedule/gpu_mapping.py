@@ -39,6 +39,7 @@ import islpy as isl
 from polyc.errors import PolycError
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
+from polyc.schedule.gpu_device import DeviceModel
 from polyc.schedule.gpu_promotion import (BLOCK_ID, DEFAULT_MAX_SHARED_BYTES, MAX_PRIVATE_ELEMENTS, THREAD_ID, PrivatePromotion, Promotion, promote,
                                           promote_private, prove_promotion, shared_accesses)
 from polyc.schedule.gpu_reduction import BlockReduction, reduce_in_block
@@ -142,6 +143,32 @@ class GpuLaunch:
     def build_context(self) -> isl.Set:
         return self.reduction.context if self.reduction is not None else self.context
 
+    def mapped_subtree(self, node: isl.ScheduleNode) -> isl.ScheduleNode:
+        """Insert this launch's mapping above ``node`` (a leaf): marks, block and thread bands and
+        the per-thread order; returns the top inserted node."""
+        inner = self.schedule.intersect_domain(self.domain)
+        node = node.insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(inner))
+        if self.loops:
+            blocks, threads = None, None
+            for loop in self.loops:
+                split = isl.Map.read_from_str(self.context.get_ctx(), (
+                    f"{{ [v] -> [b, t] : exists q, r : v = {loop.offset} + {loop.span} q + {loop.block} r + t and "
+                    f"0 <= t < {loop.block} and 0 <= r < {loop.registers} and b = q mod {loop.grid} }}"))
+                ids = loop.schedule.apply_range(isl.UnionMap.from_map(split))
+                block = ids.apply_range(isl.UnionMap.from_map(isl.Map.read_from_str(self.context.get_ctx(), "{ [b, t] -> [b] }")))
+                thread = ids.apply_range(isl.UnionMap.from_map(isl.Map.read_from_str(self.context.get_ctx(), "{ [b, t] -> [t] }")))
+                blocks = block if blocks is None else blocks.flat_range_product(block)
+                threads = thread if threads is None else threads.flat_range_product(thread)
+            node = node.insert_mark(isl.Id("per thread", context=self.context.get_ctx()))
+            node = node.insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(threads.intersect_domain(self.domain)))
+            node = node.insert_mark(isl.Id(f"threads {'xyz'[:len(self.loops)]}: block {self.block}",
+                                           context=self.context.get_ctx()))
+            node = node.insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(blocks.intersect_domain(self.domain)))
+        elif self.reduction is not None:
+            node = node.insert_mark(isl.Id(f"block reduction: {self.reduction.threads} threads and a tree in "
+                                           "shared memory", context=self.context.get_ctx()))
+        return node.insert_mark(isl.Id(f"kernel {self.name}: grid {self.grid}", context=self.context.get_ctx()))
+
     def describe(self) -> str:
         lines = [f"kernel {self.name}: grid {self.grid}, block {self.block}; statements {', '.join(self.statements)}"]
         for dim, loop in zip("xyz", self.loops):
@@ -183,9 +210,37 @@ class GpuPlan:
 
     definition_name: str
     launches: tuple[GpuLaunch, ...]
+    device: DeviceModel | None = None
+
+    def schedule(self, ctx: isl.Context) -> isl.Schedule:
+        """The mapped schedule tree: a sequence of launches, each a mark naming the kernel and
+        its grid, a band of block ids, a mark, a band of thread ids, and the order inside a
+        thread (the def's statements; copies and barriers are in ``describe``)."""
+        launches = [launch for launch in self.launches if not launch.domain.is_empty()]
+        if not launches:
+            return isl.Schedule.empty(isl.Space.params_alloc(ctx, 0))
+        domain = launches[0].domain
+        for launch in launches[1:]:
+            domain = domain.union(launch.domain)
+        schedule = isl.Schedule.from_domain(domain)
+        node = schedule.get_root().child(0)
+        if len(launches) > 1:
+            filters = isl.UnionSetList.alloc(ctx, len(launches))
+            for launch in launches:
+                filters = filters.add(launch.domain)
+            node = node.insert_sequence(filters)
+        for position, launch in enumerate(launches):
+            at = node.child(position).child(0) if len(launches) > 1 else node
+            node = launch.mapped_subtree(at)
+            node = node.parent() if len(launches) > 1 else node
+            while len(launches) > 1 and node.get_type() != isl.schedule_node_type.sequence:
+                node = node.parent()
+        return node.get_schedule()
 
     def describe(self) -> str:
-        return "\n".join(launch.describe() for launch in self.launches) or "no launch: every domain is empty"
+        lines = [self.device.describe()] if self.device is not None else []
+        lines += [launch.describe() for launch in self.launches] or ["no launch: every domain is empty"]
+        return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -204,6 +259,7 @@ class MappingOptions:
     private_memory: bool = True
     block_reductions: bool = True
     registers: int = MAX_REGISTER_TILE        # most accumulators in one thread's register tile
+    device: DeviceModel | None = None         # what the defaults were chosen for (shown by describe)
 
 
 def map_to_gpu(program: PolyProgram, schedule: isl.Schedule, dependences: Dependences,
@@ -233,7 +289,7 @@ def map_to_gpu(program: PolyProgram, schedule: isl.Schedule, dependences: Depend
                 launch = dataclasses.replace(launch, reduction=reduction,
                                              reason=launch.reason.replace("one thread runs it", "a block reduces it"))
         launches.append(dataclasses.replace(launch, unrolled=_unrolled_dims(launch, program, options.unroll)))
-    return GpuPlan(program.definition.name, tuple(launches))
+    return GpuPlan(program.definition.name, tuple(launches), options.device)
 
 
 def _with_promotion(launch: GpuLaunch, program: PolyProgram, band: isl.ScheduleNode,

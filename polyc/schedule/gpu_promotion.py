@@ -122,26 +122,31 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
             break
     else:
         return None
-    slice_size = slice_sizes[member] if slice_sizes and member < len(slice_sizes) else SLICE_SIZE
     member_affs = _single_affs(member_map, program, launch.domain)
     if member_affs is None:
         return None
-    slice_of = member_map.apply_range(isl.UnionMap.from_map(isl.Map.read_from_str(
-        program.ctx, f"{{ [v] -> [s] : {slice_size} s <= v - {low} < {slice_size} s + {slice_size} }}")))
-
     thread_params = [f"polyc_thread{d}" for d in range(len(launch.loops))]
     block_domain = _project_params(launch.thread_domain, thread_params)
-    written = {program.statement(s).source.target for s in launch.statements}
-    arrays = []
-    read = {a.tensor for s in launch.statements for a in program.statement(s).reads}
-    for tensor in sorted(read - written):
-        if program.definition.tensor(tensor).rank == 0:  # a scalar: no tile to share
-            continue
-        array = _shared_array(program, launch, block_domain, slice_of, tensor)
-        if array is not None:
-            arrays.append(array)
+    # the slice: the user's (TC's tile size of the member), else the largest of 32, 16, ... 1
+    # at which every reused tile fits the budget (a block with a register tile covers more
+    # elements, and so needs thinner slices); when none does, slices of 32 with what fits
+    if slice_sizes and member < len(slice_sizes):
+        candidates = [slice_sizes[member]]
+    else:
+        candidates = [SLICE_SIZE >> k for k in range(SLICE_SIZE.bit_length()) if SLICE_SIZE >> k <= high - low + 1]
+    for slice_size in candidates:
+        slice_of = member_map.apply_range(isl.UnionMap.from_map(isl.Map.read_from_str(
+            program.ctx, f"{{ [v] -> [s] : {slice_size} s <= v - {low} < {slice_size} s + {slice_size} }}")))
+        reused = _reused_arrays(program, launch, block_domain, slice_of)
+        if sum(a.elements * a.dtype.itemsize for a in reused) <= max_shared_bytes:
+            break
+    else:
+        slice_size = candidates[0]
+        slice_of = member_map.apply_range(isl.UnionMap.from_map(isl.Map.read_from_str(
+            program.ctx, f"{{ [v] -> [s] : {slice_size} s <= v - {low} < {slice_size} s + {slice_size} }}")))
+        reused = _reused_arrays(program, launch, block_domain, slice_of)
     budget = max_shared_bytes
-    arrays = [a for a in arrays if (budget := budget - a.elements * a.dtype.itemsize) >= 0]
+    arrays = [a for a in reused if (budget := budget - a.elements * a.dtype.itemsize) >= 0]
     if not arrays:
         return None
 
@@ -183,6 +188,20 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
         full_block = full_block.union(isl.UnionSet.from_set(barriers))
     return Promotion(member, low, slice_size, -(-(high - low + 1) // slice_size), member_affs, tuple(arrays), schedule, thread_domain, full_block,
                      thread_of)
+
+
+def _reused_arrays(program: PolyProgram, launch, block_domain: isl.UnionSet, slice_of: isl.UnionMap) -> list:
+    """The shared arrays of the tensors the launch only reads and reuses in a slice."""
+    written = {program.statement(s).source.target for s in launch.statements}
+    read = {a.tensor for s in launch.statements for a in program.statement(s).reads}
+    arrays = []
+    for tensor in sorted(read - written):
+        if program.definition.tensor(tensor).rank == 0:  # a scalar: no tile to share
+            continue
+        array = _shared_array(program, launch, block_domain, slice_of, tensor)
+        if array is not None:
+            arrays.append(array)
+    return arrays
 
 
 def prove_promotion(promotion: Promotion, program: PolyProgram, launch) -> str | None:

@@ -82,6 +82,15 @@ def _sets(union):
     return found
 
 
+def test_stages_show_the_mapped_schedule_tree():
+    case = CASES["atax"]
+    kernel = polyc.define(case.source, backend="opencl")[case.entry]
+    tree = str(kernel.stages(dict(case.size_sets[0])).mapped_schedule.get_root())
+    assert tree.count('mark: "kernel polyc_atax_k') == 2 and "sequence" in tree
+    assert tree.count('mark: "threads x: block') == 2 and tree.count('mark: "per thread"') == 2
+    assert "block reduction" in str(stages("sum_all", dict(M=40, N=7)).mapped_schedule.get_root())
+
+
 def test_a_reduction_over_one_value_runs_on_one_thread_and_says_why():
     launch, = stages("sum_all", dict(M=1, N=3)).gpu.launches
     assert launch.reduction is None and "one thread" in launch.reason
@@ -162,6 +171,13 @@ def test_shared_memory_can_be_turned_off_or_limited():
     small = stages("matmul", dict(M=37, K=70, N=45), max_shared_memory=1100,
                    **ONE_VALUE_PER_THREAD).gpu.launches[0].promotion
     assert [a.tensor for a in small.arrays] == ["A"]  # A: 8 x 33 floats fit, B: 32 x 33 do not
+
+
+def test_slices_thin_until_every_reused_tile_fits_the_budget():
+    launch = stages("matmul", dict(M=37, K=70, N=45), max_shared_memory=2000).gpu.launches[0]
+    promotion = launch.promotion
+    assert sorted(a.tensor for a in promotion.arrays) == ["A", "B"] and promotion.slice_size < 32
+    assert promotion.shared_bytes <= 2000
 
 
 def test_negative_control_the_race_proof_needs_the_barriers():
