@@ -413,8 +413,18 @@ def test_compile_exports_gpu_code_with_its_launch_configuration(capsys, tmp_path
     assert status == 0, err
     assert qualifier in (tmp_path / f"matmul{suffix}").read_text()
     launch = json.loads((tmp_path / "matmul.launch.json").read_text())
-    assert launch["launches"] == [{"kernel": "polyc_matmul_k0", "grid": [1, 2], "block": [8, 8]}]
+    assert launch["launches"] == [{"kernel": "polyc_matmul_k0", "grid": [1, 1], "block": [8, 8]}]  # 4 x 1 register tiles
     assert launch["arguments"] == ["A", "B", "C", "polyc_status_out"]
+
+
+def test_compile_gpu_target_takes_the_mapping_options(capsys, tmp_path):
+    status, _, err = run_cli(capsys, "compile", MATMUL, "--entry", "matmul", "--target", "cuda", *MATMUL_SHAPES,
+                             "--block", "4,2", "--grid", "1,2", "--device", "sm_90", "--no-private-memory",
+                             "-o", str(tmp_path))
+    assert status == 0, err
+    launch = json.loads((tmp_path / "matmul.launch.json").read_text())
+    assert launch["launches"] == [{"kernel": "polyc_matmul_k0", "grid": [1, 2], "block": [4, 2]}]
+    assert "device model sm_90" in (tmp_path / "matmul.cu").read_text()
 
 
 def test_compile_gpu_target_needs_every_size(capsys, tmp_path):

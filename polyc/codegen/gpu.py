@@ -135,6 +135,7 @@ def generate_gpu(program: PolyProgram, plan: GpuPlan, options: Options, dialect:
     header = c_comment([f"polyc {dialect} kernels for def '{definition.name}'",
                         "sizes: " + ", ".join(f"{k}={v}" for k, v in program.size_values.items()),
                         *(f"  {s.name}: {s.text}" for s in definition.statements),
+                        *([plan.device.describe()] if plan.device is not None else []),
                         "launches, in order:",
                         *(f"  {l.function_name}: grid {l.grid}, block {l.block}" for l in launches)])
     source = "\n".join([header, device_prelude(dialect), *functions, ""])

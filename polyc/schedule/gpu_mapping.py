@@ -481,7 +481,10 @@ def _register_tile(program: PolyProgram, band: isl.ScheduleNode, domain: isl.Uni
     thread takes 4 values of a member when a reduction inside the thread reads, with the
     member's value changing, a tensor element that does not change with it (a matmul's
     ``A(m, k)`` along ``n``): the element is then loaded once for the 4 values.  At most
-    ``options.registers`` values in all, the outermost mapped member giving way first."""
+    ``options.registers`` values in all, the outermost mapped member giving way first; none
+    without private memory."""
+    if not options.private_memory:
+        return [1] * len(members)  # a register tile outside registers would only cost
     if options.tile_sizes is not None:
         return [max(1, options.tile_sizes[m] // b) if m < len(options.tile_sizes) else 1
                 for m, b in zip(members, blocks)]
