@@ -176,10 +176,11 @@ class _GpuKernelWriter(_KernelWriter):
         for t in d.tensors:
             for dim, extent in enumerate(t.shape):
                 body.append(cgen.Statement(f"const int64_t {_extent_name(t.name, dim)} = {self.size_expr(extent)}"))
-        for dim in range(self.launch.thread_dims):
-            block, thread = (f"get_group_id({dim})", f"get_local_id({dim})") if opencl else \
-                (f"blockIdx.{'xyz'[dim]}", f"threadIdx.{'xyz'[dim]}")
+        for dim in range(self.launch.block_dims):
+            block = f"get_group_id({dim})" if opencl else f"blockIdx.{'xyz'[dim]}"
             body.append(cgen.Statement(f"const int64_t {BLOCK_ID}{dim} = (int64_t){block}"))
+        for dim in range(self.launch.thread_dims):
+            thread = f"get_local_id({dim})" if opencl else f"threadIdx.{'xyz'[dim]}"
             body.append(cgen.Statement(f"const int64_t {THREAD_ID}{dim} = (int64_t){thread}"))
         body.append(cgen.Statement(f"int {_STATUS} = 0"))
         shared_qualifier = "__local" if opencl else "__shared__"
@@ -188,10 +189,11 @@ class _GpuKernelWriter(_KernelWriter):
         for array in (self.private.arrays if self.private else ()):
             body.append(cgen.Statement(f"{c_type(array.dtype)} {array.name}[{array.elements}]"))
         reduction = self.launch.reduction
-        for tensor, op in (reduction.targets if reduction else ()):
-            dtype = self.definition.tensor(tensor).dtype
-            body.append(cgen.Statement(f"{c_type(dtype)} {reduction.partial(tensor)}[1]"))
-            body.append(cgen.Statement(f"{shared_qualifier} {c_type(dtype)} {reduction.shared(tensor)}[{reduction.threads}]"))
+        for tree in (reduction.trees if reduction else ()):
+            ctype = c_type(self.definition.tensor(tree.tensor).dtype)
+            body.append(cgen.Statement(f"{ctype} {reduction.partial(tree.statement)}[1]"))
+            body.append(cgen.Statement(f"{shared_qualifier} {ctype} {reduction.shared(tree.statement)}"
+                                       f"[{reduction.threads}]"))
         schedule, domain = self.launch.body()
         build = isl.AstBuild.from_context(self.launch.build_context)
         if self.launch.unrolled is not None:
@@ -212,7 +214,11 @@ class _GpuKernelWriter(_KernelWriter):
         if reduction is not None and name.startswith(_REDUCTION_STATEMENTS):
             return cgen.Statement(self.reduction_statement(reduction, name))
         if name.startswith(BARRIER):
-            return cgen.Statement("barrier(CLK_LOCAL_MEM_FENCE)" if self.dialect == "opencl" else "__syncthreads()")
+            if self.dialect == "cuda":
+                return cgen.Statement("__syncthreads()")  # orders the block's global memory accesses too
+            # a block reduction's statements read global memory other threads wrote
+            fences = "CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE" if reduction is not None else "CLK_LOCAL_MEM_FENCE"
+            return cgen.Statement(f"barrier({fences})")
         if name.startswith(LOAD) or name.startswith(STORE):
             array = self.private.array(name[len(LOAD) if name.startswith(LOAD) else len(STORE):])
             private = f"{array.name}[{self.private_index(array, arguments)}]"
@@ -234,27 +240,33 @@ class _GpuKernelWriter(_KernelWriter):
     def reduction_statement(self, reduction, name: str) -> str:
         """A statement of a block reduction: partials, the tree's steps, the final combine."""
         thread = f"{THREAD_ID}0"
-        for tensor, op in reduction.targets:
-            dtype = self.definition.tensor(tensor).dtype
-            partial, tree, ctype = f"{reduction.partial(tensor)}[0]", reduction.shared(tensor), c_type(dtype)
-            if name == PARTIAL_INIT + tensor:
-                return f"{partial} = {c_constant(identity(op, dtype).item(), dtype)}"
-            if name == PARTIAL_STORE + tensor:
-                return f"{tree}[{thread}] = {partial}"
-            if name == FINAL + tensor:
-                target = super().element(tensor, [])
-                return f"{target} = {_combine(op, dtype, target, f'{tree}[0]', ctype)}"
-            if name.startswith(TREE) and name[len(TREE):].rsplit("_", 1)[0] == tensor:
-                stride = reduction.tree_stride(int(name.rsplit("_", 1)[1]))
-                mine = f"{tree}[{thread}]"
-                return f"{mine} = {_combine(op, dtype, mine, f'{tree}[{thread} + {stride}]', ctype)}"
-        raise PolycError(f"internal: unknown block-reduction statement {name}")
+        for prefix in (PARTIAL_INIT, PARTIAL_STORE, FINAL, TREE):
+            if name.startswith(prefix):
+                statement, step = name[len(prefix):], None
+                if prefix == TREE:
+                    statement, step = statement.rsplit("_", 1)
+                break
+        tree = reduction.tree(statement)
+        if tree is None:
+            raise PolycError(f"internal: unknown block-reduction statement {name}")
+        dtype = self.definition.tensor(tree.tensor).dtype
+        partial, shared, ctype = f"{reduction.partial(statement)}[0]", reduction.shared(statement), c_type(dtype)
+        if prefix == PARTIAL_INIT:
+            return f"{partial} = {c_constant(identity(tree.op, dtype).item(), dtype)}"
+        if prefix == PARTIAL_STORE:
+            return f"{shared}[{thread}] = {partial}"
+        if prefix == FINAL:
+            target = super().element(tree.tensor, [aff_c(aff, [], self.param_names) for aff in tree.subscripts])
+            return f"{target} = {_combine(tree.op, dtype, target, f'{shared}[0]', ctype)}"
+        mine = f"{shared}[{thread}]"
+        other = f"{shared}[{thread} + {reduction.tree_stride(int(step))}]"
+        return f"{mine} = {_combine(tree.op, dtype, mine, other, ctype)}"
 
     def element(self, tensor_name: str, subscripts: list[str], checked: bool = False) -> str:
         reduction = self.launch.reduction
-        if reduction is not None and self.current and self.current[0].name in reduction.updates and \
-                any(tensor_name == t for t, _ in reduction.targets):
-            return f"{reduction.partial(tensor_name)}[0]"
+        tree = reduction.tree(self.current[0].name) if reduction is not None and self.current else None
+        if tree is not None and tensor_name == tree.tensor:  # a tree's update accumulates into its partial
+            return f"{reduction.partial(tree.statement)}[0]"
         private = self.private.array(tensor_name) if self.private and self.current else None
         if private is not None:
             return f"{private.name}[{self.private_index(private, subscripts)}]"

@@ -78,8 +78,9 @@ class OpenCLRuntime(_SharedRuntime):
         d, cl = self.device, self.cl
         gpu = bool(d.type & cl.device_type.GPU)
         warp = 32 if gpu else max(1, d.preferred_vector_width_float)
+        fill = d.max_compute_units * (2048 if gpu else warp)
         return DeviceModel(f"{d.platform.name}: {d.name}", d.max_work_group_size, d.local_mem_size, warp,
-                           DEVICE_MODELS["sm_80"].register_tile)
+                           DEVICE_MODELS["sm_80"].register_tile, fill)
 
     def program(self, source: str):
         program = self._programs.get(source)

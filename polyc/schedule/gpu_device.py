@@ -23,11 +23,14 @@ class DeviceModel:
     #: accumulators a thread's register tile may hold: about a quarter of the registers a
     #: thread has when the device runs its most threads
     register_tile: int
+    #: threads that keep the whole device busy (its multiprocessors times the threads each
+    #: runs at once): a launch with fewer rows than this gives each row a block of its own
+    fill_threads: int
 
     def describe(self) -> str:
         return (f"device model {self.name}: at most {self.max_threads_per_block} threads and "
                 f"{self.shared_memory_per_block} bytes of shared memory per block, warps of {self.warp}, "
-                f"register tiles of at most {self.register_tile} values")
+                f"register tiles of at most {self.register_tile} values, {self.fill_threads} threads fill it")
 
 
 #: Named models.  sm_80 (A100) and sm_90 (H100): 1024 threads per block, 48 KiB of shared
@@ -35,9 +38,9 @@ class DeviceModel:
 #: 64 at half: a 16-value tile leaves room for operands and addresses).  PoCL on a CPU: a
 #: work-group is a loop nest on one core, "local" memory is ordinary memory in the caches.
 DEVICE_MODELS = {
-    "sm_80": DeviceModel("sm_80", 1024, 48 * 1024, 32, 16),
-    "sm_90": DeviceModel("sm_90", 1024, 48 * 1024, 32, 16),
-    "pocl": DeviceModel("pocl", 4096, 256 * 1024, 8, 16),
+    "sm_80": DeviceModel("sm_80", 1024, 48 * 1024, 32, 16, 108 * 2048),   # A100: 108 SMs
+    "sm_90": DeviceModel("sm_90", 1024, 48 * 1024, 32, 16, 132 * 2048),   # H100 SXM: 132 SMs
+    "pocl": DeviceModel("pocl", 4096, 256 * 1024, 8, 16, 2 * 8),          # two cores of 8 lanes
 }
 
 #: The model a back end assumes when no device can be queried.

@@ -42,7 +42,7 @@ from polyc.ir.model import PolyProgram
 from polyc.schedule.gpu_device import DeviceModel
 from polyc.schedule.gpu_promotion import (BLOCK_ID, DEFAULT_MAX_SHARED_BYTES, MAX_PRIVATE_ELEMENTS, THREAD_ID, PrivatePromotion, Promotion, promote,
                                           promote_private, prove_promotion, shared_accesses)
-from polyc.schedule.gpu_reduction import BlockReduction, reduce_in_block
+from polyc.schedule.gpu_reduction import BlockReduction, reduce_in_blocks
 from polyc.schedule.transform import stride_score
 
 #: Threads per block when the options give none, by the number of mapped members (x first):
@@ -126,6 +126,8 @@ class GpuLaunch:
 
     @property
     def grid(self) -> tuple[int, ...]:
+        if self.reduction is not None:
+            return self.reduction.grid
         return tuple(loop.grid for loop in self.loops) or (1,)
 
     @property
@@ -135,9 +137,14 @@ class GpuLaunch:
         return tuple(loop.block for loop in self.loops) or (1,)
 
     @property
+    def block_dims(self) -> int:
+        """How many block id dimensions the kernel reads."""
+        return len(self.reduction.grid) if self.reduction is not None else len(self.loops)
+
+    @property
     def thread_dims(self) -> int:
-        """How many thread/block id dimensions the kernel reads."""
-        return len(self.loops) or (1 if self.reduction is not None else 0)
+        """How many thread id dimensions the kernel reads."""
+        return 1 if self.reduction is not None else len(self.loops)
 
     @property
     def build_context(self) -> isl.Set:
@@ -178,8 +185,13 @@ class GpuLaunch:
         lines.append(f"  {self.reason}")
         if self.reduction is not None:
             r = self.reduction
-            lines.append(f"  block reduction: {r.threads} threads each reduce a share into a partial, then a tree of "
-                         f"{r.steps} steps in shared memory: " + ", ".join(f"{t} ({op})" for t, op in r.targets))
+            for d, row in enumerate(r.rows):
+                indices = ", ".join(f"{s}.{i}" for s, i in sorted(row.indices.items())) or "a schedule dimension"
+                lines.append(f"  rows: band member {row.member} ({indices}), values {row.offset}.."
+                             f"{row.offset + row.extent - 1} = {row.offset} + block.{'xyz'[d]}")
+            lines.append(f"  block of {r.threads} threads: each statement's innermost loop dealt across them, a "
+                         "barrier after each statement" + (f"; tree reductions of {r.steps} steps in shared memory: "
+                         + ", ".join(f"{t.statement} into {t.tensor} ({t.op})" for t in r.trees) if r.trees else ""))
         if self.promotion is not None:
             p = self.promotion
             lines.append(f"  band member {p.member} in slices of {p.slice_size}; shared memory "
@@ -275,6 +287,8 @@ def map_to_gpu(program: PolyProgram, schedule: isl.Schedule, dependences: Depend
             continue
         name = f"polyc_{program.definition.name}_k{len(launches)}"
         launch = _map_launch(name, program, schedule, dependences, domain, node, options)
+        if options.block_reductions and (not launch.loops or _prefers_block_rows(launch, options)):
+            launch = _with_block_reduction(launch, program, schedule, domain, node, dependences, options)
         if launch.loops and options.shared_memory > 0:
             launch = _with_promotion(launch, program, node, options)
         if launch.loops and options.private_memory:
@@ -283,13 +297,37 @@ def map_to_gpu(program: PolyProgram, schedule: isl.Schedule, dependences: Depend
                                                                          max(options.registers, MAX_PRIVATE_ELEMENTS)))
         if launch.loops:
             launch = dataclasses.replace(launch, strides=access_strides(launch, program))
-        elif options.block_reductions:
-            reduction = reduce_in_block(program, launch, node, dependences)
-            if reduction is not None:
-                launch = dataclasses.replace(launch, reduction=reduction,
-                                             reason=launch.reason.replace("one thread runs it", "a block reduces it"))
         launches.append(dataclasses.replace(launch, unrolled=_unrolled_dims(launch, program, options.unroll)))
     return GpuPlan(program.definition.name, tuple(launches), options.device)
+
+
+def _with_block_reduction(launch: GpuLaunch, program: PolyProgram, schedule: isl.Schedule, domain: isl.UnionSet,
+                          node: isl.ScheduleNode | None, dependences: Dependences,
+                          options: MappingOptions) -> GpuLaunch:
+    """``launch`` run by a block per row of its mapped loop (one block without one), when the
+    block reduction applies and passes its proofs; else ``launch`` unchanged."""
+    flat = schedule.get_map().intersect_domain(domain)
+    rows = [loop.member for loop in launch.loops]
+    warp = options.device.warp if options.device is not None else 32
+    reduction = reduce_in_blocks(program, flat, domain, node, dependences, rows,
+                                 min_row_work=2 * warp if rows else 2, warp=warp)
+    if reduction is None:
+        return launch
+    if rows:
+        reason = (f"{launch.reason}; a block per row: {launch.loops[0].extent} rows, one thread each, would not "
+                  "fill the device")
+    else:
+        reason = launch.reason.replace("one thread runs it", "a block reduces it")
+    return dataclasses.replace(_launch(launch.name, program, flat, domain, (), reason), reduction=reduction)
+
+
+def _prefers_block_rows(launch: GpuLaunch, options: MappingOptions) -> bool:
+    """The model's choice between one thread per row and one block per row, for a launch
+    mapping one loop whose threads run loops of their own (a softmax, a matrix-vector
+    product): blocks when one thread per row would leave the device mostly idle."""
+    if len(launch.loops) != 1 or options.device is None:
+        return False
+    return launch.loops[0].extent < options.device.fill_threads
 
 
 def _with_promotion(launch: GpuLaunch, program: PolyProgram, band: isl.ScheduleNode,

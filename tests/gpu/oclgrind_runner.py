@@ -2,6 +2,7 @@
 oclgrind replaces the OpenCL library with its simulator through LD_PRELOAD).
 
     python oclgrind_runner.py case NAME       a corpus kernel at its first size set, checked against numpy
+    python oclgrind_runner.py block-rows NAME the same with a block per row (tree reductions, barriers)
     python oclgrind_runner.py racy            negative control: matmul with its reduction loop across threads
     python oclgrind_runner.py out-of-bounds   negative control: matmul reading one row past A
     python oclgrind_runner.py no-barrier      negative control: shared-memory matmul without its barriers
@@ -29,6 +30,17 @@ def run_case(name: str) -> None:
     case = CASES[name]
     kernel = polyc.define(case.source, backend="opencl")[case.entry]
     check_kernel(case, kernel, case.size_sets[0], seed=0)
+
+
+def run_block_rows(name: str) -> None:
+    """A corpus kernel with a block per row (sm_80's model) at sizes long enough for it."""
+    case = CASES[name]
+    kernel = polyc.define(case.source, backend="opencl", device="sm_80")[case.entry]
+    sizes = {size: (value if value <= 2 else max(value, 70)) for size, value in case.size_sets[0].items()}
+    first = next(iter(sizes))  # few rows: oclgrind runs every work-item of every block
+    sizes[first] = min(sizes[first], 3)
+    assert any(launch.reduction is not None for launch in kernel.gpu_stages(sizes).gpu.launches)
+    check_kernel(case, kernel, sizes, seed=0)
 
 
 def run_matmul_source(source_of) -> None:
@@ -70,6 +82,8 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "case":
         run_case(sys.argv[2])
+    elif mode == "block-rows":
+        run_block_rows(sys.argv[2])
     elif mode == "racy":
         run_matmul_source(racy)
     elif mode == "out-of-bounds":

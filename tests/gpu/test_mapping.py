@@ -51,6 +51,36 @@ def test_row_wise_softmax_is_one_launch_with_one_thread_per_row():
     assert len(launch.loops) == 1 and launch.loops[0].extent == list(case_sizes.values())[0]
 
 
+def test_few_long_rows_get_a_block_each_where_the_device_needs_the_threads():
+    launch, = stages("softmax", dict(N=7, D=300), device="sm_80").gpu.launches
+    reduction = launch.reduction
+    assert launch.grid == (7,) and launch.block == (256,) and not launch.loops
+    assert [(t.statement, t.tensor, t.op) for t in reduction.trees] == [("S0", "maxVal", "max"), ("S2", "expSum", "+")]
+    # enough rows fill the device one thread each (pocl's model: two cores of 8 lanes)
+    assert stages("softmax", dict(N=40, D=300), device="pocl").gpu.launches[0].reduction is None
+
+
+def test_negative_control_a_statement_moved_before_what_it_reads_fails_the_proof():
+    from polyc.schedule.gpu_reduction import prove_block_reduction
+    st = stages("softmax", dict(N=7, D=300), device="sm_80")
+    launch, = st.gpu.launches
+    reduction = launch.reduction
+    assert prove_block_reduction(reduction, st.program, launch.domain, st.dependences) is None
+    pieces = []
+    reduction.schedule.foreach_map(pieces.append)
+    moved = isl.UnionMap.empty(reduction.schedule.get_space())
+    for piece in pieces:  # O(n, d) = expDistance(n, d) / expSum(n) first: before expSum is summed
+        if piece.get_tuple_name(isl.dim_type.in_) == "S3":
+            piece = piece.set_tuple_name(isl.dim_type.in_, "S3")
+            rank = piece.dim(isl.dim_type.out)
+            first = isl.Map.read_from_str(st.program.ctx, "{ [%s] -> [-1, %s] }" % (
+                ", ".join(f"t{i}" for i in range(rank)), ", ".join(f"t{i}" for i in range(1, rank))))
+            piece = piece.apply_range(first)
+        moved = moved.union(isl.UnionMap.from_map(piece))
+    broken = dataclasses.replace(reduction, schedule=moved)
+    assert "goes backwards" in prove_block_reduction(broken, st.program, launch.domain, st.dependences)
+
+
 def test_a_full_reduction_runs_as_a_tree_on_one_block():
     launch, = stages("sum_all", dict(M=300, N=7)).gpu.launches
     assert launch.reduction is not None and launch.block == (256,) and launch.reduction.steps == 8
@@ -62,7 +92,7 @@ def test_the_reduction_tree_is_proved_race_free_and_needs_every_barrier():
     launch, = stages("sum_all", dict(M=40, N=7)).gpu.launches
     reduction = launch.reduction
     assert reduction.threads == 64 and prove_tree(reduction, launch_program("sum_all", dict(M=40, N=7))) is None
-    for barrier in ("polyc_barrier4", "polyc_barrier8"):  # before the tree, between two steps
+    for barrier in ("polyc_barrier_g1_3", "polyc_barrier_g1_7"):  # before the tree, between two steps
         kept = isl.UnionSet.empty(reduction.block_domain.get_space())
         for piece in _sets(reduction.block_domain):
             if piece.get_tuple_name() != barrier:
@@ -92,7 +122,7 @@ def test_stages_show_the_mapped_schedule_tree():
 
 
 def test_a_reduction_over_one_value_runs_on_one_thread_and_says_why():
-    launch, = stages("sum_all", dict(M=1, N=3)).gpu.launches
+    launch, = stages("sum_all", dict(M=1, N=1)).gpu.launches
     assert launch.reduction is None and "one thread" in launch.reason
 
 
@@ -201,7 +231,7 @@ def test_accumulators_live_in_registers():
     assert [(a.tensor, a.sizes) for a in matmul.arrays] == [("C", (1, 1))]
     tiled = stages("matmul", dict(M=37, K=70, N=45)).gpu.launches[0].private  # a 4 x 2 register tile
     assert [(a.tensor, a.sizes, a.steps) for a in tiled.arrays] == [("C", (4, 2), (8, 32))]
-    softmax = stages("softmax", dict(N=7, D=33)).gpu.launches[0].private
+    softmax = stages("softmax", dict(N=40, D=33), device="pocl").gpu.launches[0].private
     # the row's max and sum; not its D outputs
     assert sorted((a.tensor, a.sizes) for a in softmax.arrays) == [("expSum", (1,)), ("maxVal", (1,))]
     assert stages("matmul", dict(M=37, K=70, N=45), use_private_memory=False).gpu.launches[0].private is None

@@ -51,6 +51,14 @@ def test_kernel_is_clean_under_oclgrind(tmp_path, name):
     assert not found, "\n\n".join(found)[:3000]
 
 
+@pytest.mark.parametrize("name", ["softmax", "sum_all"])
+def test_block_reductions_are_clean_under_oclgrind(tmp_path, name):
+    done = run_under_oclgrind(tmp_path, "block-rows", name)
+    assert done.returncode == 0 and "done" in done.stdout, done.stderr[-3000:]
+    found = errors_in(done.stderr)
+    assert not found, "\n\n".join(found)[:3000]
+
+
 def test_negative_control_a_race_is_reported(tmp_path):
     done = run_under_oclgrind(tmp_path, "racy")
     assert any("data race" in error for error in errors_in(done.stderr))

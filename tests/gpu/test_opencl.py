@@ -57,6 +57,22 @@ def test_kernel_matches_numpy_through_opencl(case, options):
         check_kernel(case, kernel, sizes, seed=0)
 
 
+#: Kernels whose launches run a block per row (or one block) under sm_80's model at long rows.
+BLOCK_REDUCTIONS = ("matvec", "dot", "sum_all", "symmetrize_trace", "atax", "gesummv", "softmax", "log_softmax",
+                    "layernorm", "window_sum", "row_sum", "row_mean", "row_max", "col_min", "row_prod", "max_all",
+                    "int_rowsum", "double_norm", "compare", "running_max")
+
+
+@pytest.mark.parametrize("name", BLOCK_REDUCTIONS)
+def test_block_reductions_match_numpy_through_opencl(name):
+    from kernels import CASES
+    case = CASES[name]
+    kernel = polyc.define(case.source, backend="opencl", device="sm_80")[case.entry]
+    sizes = {size: (value if value <= 2 else max(value, 70)) for size, value in case.size_sets[0].items()}
+    assert any(launch.reduction is not None for launch in kernel.gpu_stages(sizes).gpu.launches)
+    check_kernel(case, kernel, sizes, seed=0)
+
+
 def test_device_arrays_are_used_in_place_and_outputs_stay_on_the_device():
     from pyopencl import array as cl_array
     from polyc.runtime.gpu import OpenCLRuntime
