@@ -9,7 +9,8 @@ offset affine in the block ids and the slice; when the block reads each element 
 on average, the box becomes a shared array.  The schedule of each thread becomes
 
     for each slice s:
-        copy (phase 0):    the footprint of slice s, element j of the box by thread j mod T
+        copy (phase 0):    the footprint of slice s, element j of the box by thread j mod T,
+                           in round j div T
         barrier (phase 1)
         compute (phase 2): the statement instances of slice s, in their old order, promoted
                            reads going to the shared arrays
@@ -152,7 +153,7 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
 
     flat = launch.schedule
     length = _flat_length(flat)
-    width = max([length] + [len(a.sizes) + 1 for a in arrays]) + 2
+    width = max([length] + [len(a.sizes) + 3 for a in arrays]) + 2
     pad = lambda n: ", ".join(["0"] * (width - 2 - n))  # noqa: E731
     flat_dims = ", ".join(f"f{i}" for i in range(length))
     to_time = isl.Map.read_from_str(
@@ -166,13 +167,10 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
     thread_of = _compute_thread_map(launch, program, block_domain)
     for position, array in enumerate(arrays):
         copies = _copy_set(program, block_domain, slice_of, array).align_params(launch.context.get_space())
-        rank = len(array.sizes)
-        e = ", ".join(f"e{d}" for d in range(rank))
-        # each array's copy has a loop nest of its own: [s, phase, which array, element...]
-        schedule = schedule.union(isl.UnionMap.from_map(isl.Map.read_from_str(
-            program.ctx, f"{{ {COPY}{array.tensor}[s, {e}] -> [s, {PHASE_COPY}, {position}, {e}"
-                         f"{', ' + pad(rank + 1) if width - 2 > rank + 1 else ''}] }}")))
-        owner = _copy_owner(array, copies.get_space(), launch)
+        owner, rounds = _copy_distribution(array, copies.get_space(), launch)
+        # each array's copy has a loop nest of its own: [s, phase, which array, rounds, element...]
+        schedule = schedule.union(isl.UnionMap.from_map(
+            _copy_time(copies.get_space(), position, rounds, width)))
         owned = copies.intersect(isl.Set.from_basic_set(
             owner.sub(_params_on(linear_thread, copies.get_space())).zero_basic_set()))
         thread_domain = thread_domain.union(isl.UnionSet.from_set(owned).intersect_params(launch.context))
@@ -329,10 +327,11 @@ def _local_index(array: SharedArray, space: isl.Space) -> isl.Aff:
     return total
 
 
-def _copy_owner(array: SharedArray, space: isl.Space, launch) -> isl.Aff:
-    """On ``polyc_copy_T[s, e...]``: the linear id of the thread that copies the element.  The
-    box's last dimension goes across thread.x (consecutive threads, consecutive addresses:
-    coalesced loads), its other dimensions, row-major, across the rest of the block."""
+def _copy_distribution(array: SharedArray, space: isl.Space, launch) -> tuple[isl.Aff, tuple[isl.Aff, isl.Aff]]:
+    """On ``polyc_copy_T[s, e...]``: the linear id of the thread that copies the element, and the
+    round in which it does (the element's position along x and across the rest, divided by the
+    block).  The box's last dimension goes across thread.x (consecutive threads, consecutive
+    addresses: coalesced loads), its other dimensions, row-major, across the rest of the block."""
     ctx = space.get_ctx()
     ls = isl.LocalSpace.from_space(space)
     to_slice = isl.MultiAff.from_aff(isl.Aff.var_on_domain(ls, isl.dim_type.set, 0))
@@ -341,13 +340,32 @@ def _copy_owner(array: SharedArray, space: isl.Space, launch) -> isl.Aff:
     across_x = launch.loops[0].block
     rest = math.prod(launch.block) // across_x
     owner = local[-1].mod_val(isl.Val.int_from_si(ctx, across_x))
+    round_x = local[-1].scale_down_val(isl.Val.int_from_si(ctx, across_x)).floor()
+    round_rest = isl.Aff.zero_on_domain(ls)
     if rest > 1 and len(local) > 1:
         rows = isl.Aff.zero_on_domain(ls)
         for d in range(len(local) - 1):
             stride = math.prod(array.sizes[d + 1:-1])
             rows = rows.add(local[d].scale_val(isl.Val.int_from_si(ctx, stride)))
         owner = owner.add(rows.mod_val(isl.Val.int_from_si(ctx, rest)).scale_val(isl.Val.int_from_si(ctx, across_x)))
-    return owner
+        round_rest = rows.scale_down_val(isl.Val.int_from_si(ctx, rest)).floor()
+    return owner, (round_x, round_rest)
+
+
+def _copy_time(space: isl.Space, position: int, rounds: tuple[isl.Aff, ...], width: int) -> isl.Map:
+    """``polyc_copy_T[s, e...] -> [s, PHASE_COPY, position, rounds..., e..., 0...]``: a thread's
+    copies loop over explicit rounds, each element fixed by its round and the thread.  (Without
+    the rounds, isl's AST generation has been seen to drop elements of a thread whose element
+    dimensions are tied to the thread id only modulo the block.)"""
+    ls = isl.LocalSpace.from_space(space)
+    constant = lambda value: isl.Aff.zero_on_domain(ls).add_constant_val(isl.Val.int_from_si(space.get_ctx(), value))  # noqa: E731
+    elements = [isl.Aff.var_on_domain(ls, isl.dim_type.set, d) for d in range(1, space.dim(isl.dim_type.set))]
+    time = [isl.Aff.var_on_domain(ls, isl.dim_type.set, 0), constant(PHASE_COPY), constant(position), *rounds, *elements]
+    time += [constant(0)] * (width - len(time))
+    result = isl.Map.from_aff(time[0])
+    for aff in time[1:]:
+        result = result.flat_range_product(isl.Map.from_aff(aff))
+    return result
 
 
 def _align(aff: isl.Aff, space: isl.Space) -> isl.Aff:

@@ -110,3 +110,23 @@ def extremes(int32(N) A, int64(N) B, uint64(N) U) -> (O, P, Q) {
     u = np.array([3, 2**64 - 1, 0], np.uint64)
     o, p, q = kernel(a, b, u)
     assert (o, p, q) == (-5, -1, 2**64 - 1)
+
+
+def test_shared_copies_with_more_elements_than_threads_copy_every_element():
+    """A tile of B[4 x 4 x 4] copied by a block of 4 x 8 threads: two rounds per thread.  Found by
+    the OpenCL fuzzer: with each thread's elements tied to its id only modulo the block (no
+    round in the copy's schedule), isl's AST generation kept one element of the two."""
+    kernel = polyc.define("""
+def spread(float(M, 2) A, float(N, 4, N) B) -> (O, T) {
+    T(i, k, j, l, r_a) = A(r_a, k) + B(j, l, i)
+    O(i, j, k, l) +=! T(i, k, j, l, r_a)
+}""", backend="opencl").spread
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((8, 2)).astype(np.float32)
+    b = rng.standard_normal((4, 4, 4)).astype(np.float32)
+    t = a.T[None, :, None, None, :] + np.transpose(b, (2, 0, 1))[:, None, :, :, None]
+    launch = kernel.gpu_stages(dict(M=8, N=4)).gpu.launches[0]
+    assert launch.promotion is not None and launch.promotion.array("B") is not None
+    o_result, t_result = kernel(a, b)
+    np.testing.assert_allclose(t_result, t, rtol=1e-6)
+    np.testing.assert_allclose(o_result, t.sum(-1).transpose(0, 2, 1, 3), rtol=1e-5, atol=1e-6)
