@@ -37,6 +37,7 @@ from hypothesis import HealthCheck, given, note, seed, settings
 from hypothesis import strategies as st
 
 import polyc
+from polyc.runtime.gpu import opencl_missing
 
 #: Hypothesis' seed for this run; printed with every failure, set it to replay a run.
 FUZZ_SEED = int(os.environ.get("POLYC_FUZZ_SEED") or random.SystemRandom().randrange(2 ** 32))
@@ -951,22 +952,13 @@ OPENCL_EXAMPLES = 120
 OPENCL_SIZE_SETS = 2
 
 
-def _opencl_missing() -> str | None:
-    try:
-        import pyopencl
-        pyopencl.create_some_context(interactive=False)
-        return None
-    except Exception as error:  # not installed, no platform, no device
-        return f"no OpenCL device ({type(error).__name__}: {error}); pip install pyopencl pocl-binary-distribution"
-
-
 @st.composite
 def opencl_option_sets(draw) -> dict:
     block = draw(st.sampled_from([None, (1,), (5, 3), (32, 2, 2), (7, 1, 3)]))
     return {"backend": "opencl", "fusion": draw(st.sampled_from(["smart", "min", "max"])), "block": block}
 
 
-@pytest.mark.skipif(_opencl_missing() is not None, reason=str(_opencl_missing()))
+@pytest.mark.skipif(opencl_missing() is not None, reason=str(opencl_missing()))
 @seed(FUZZ_SEED)
 @fuzz_settings(OPENCL_EXAMPLES)
 @given(data=st.data())

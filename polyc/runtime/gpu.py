@@ -60,11 +60,7 @@ class OpenCLRuntime(_SharedRuntime):
             raise PolycError("backend='opencl' needs pyopencl and an OpenCL driver: pip install pyopencl "
                              "(and pocl-binary-distribution to run on the CPU)") from error
         self.cl = cl
-        try:
-            self.context = cl.create_some_context(interactive=False)
-        except cl.Error as error:
-            raise PolycError(f"backend='opencl': no OpenCL device found ({error}); install a driver, or "
-                             "pocl-binary-distribution to run on the CPU") from error
+        self.context = _opencl_context(cl)
         self.queue = cl.CommandQueue(self.context)
         self.device = self.context.devices[0]
         self._programs: dict[str, object] = {}
@@ -138,6 +134,48 @@ class OpenCLRuntime(_SharedRuntime):
         return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, 4)
 
 
+_PROBE_KERNEL = "__kernel void polyc_probe(__global float *x) { x[get_global_id(0)] += 1.0f; }"
+
+
+def _opencl_context(cl):
+    """The context of the device ``PYOPENCL_CTX`` names; without it, the first device (GPUs
+    before CPUs) whose compiler builds a probe kernel.  Probing matters where a driver cannot
+    compile for the machine it runs on: PoCL 3.0's LLVM, for one, rejects CPUs newer than itself
+    ('unknown target CPU'), while another installed PoCL may build for them."""
+    # PoCL's automatic choice of work-group method fails an assertion in Debian's PoCL 3.1 on some
+    # one-thread blocks with barriers in loops ('Multiple outgoing edges from exit block'); its
+    # loop-vectorising method, the one it picks for larger blocks, compiles them.  A user's own
+    # setting is kept.
+    os.environ.setdefault("POCL_WORK_GROUP_METHOD", "loopvec")
+    if os.environ.get("PYOPENCL_CTX"):
+        try:
+            return cl.create_some_context(interactive=False)
+        except (cl.Error, RuntimeError) as error:
+            raise PolycError(f"backend='opencl': PYOPENCL_CTX={os.environ['PYOPENCL_CTX']!r} names no "
+                             f"usable OpenCL device ({error})") from error
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:
+        platforms = []
+    devices = [device for platform in platforms for device in platform.get_devices()]
+    devices.sort(key=lambda device: not device.type & cl.device_type.GPU)
+    failures = []
+    for device in devices:
+        context = cl.Context([device])
+        try:
+            cl.Program(context, _PROBE_KERNEL).build()
+            return context
+        except cl.Error as error:
+            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+            reason = next((line for line in lines if line.startswith("error:")), lines[0] if lines else "")
+            failures.append(f"{device.platform.name}: {device.name}: {reason}")
+    if not devices:
+        raise PolycError("backend='opencl': no OpenCL device found; install a driver, or "
+                         "pocl-binary-distribution (or Debian's pocl-opencl-icd) to run on the CPU")
+    raise PolycError("backend='opencl': no OpenCL device could build a kernel:\n  " + "\n  ".join(failures)
+                     + "\n(Debian's pocl-opencl-icd builds for CPUs that PoCL 3.0's LLVM does not know)")
+
+
 class CudaRuntime(_SharedRuntime):
     """pycuda on the first CUDA device; fails with a PolycError saying what is missing."""
 
@@ -167,7 +205,9 @@ class CudaRuntime(_SharedRuntime):
         return DeviceModel(f"sm_{major}{minor}: {device.name()}",
                            device.get_attribute(attribute.MAX_THREADS_PER_BLOCK),
                            device.get_attribute(attribute.MAX_SHARED_MEMORY_PER_BLOCK),
-                           device.get_attribute(attribute.WARP_SIZE), DEVICE_MODELS["sm_80"].register_tile)
+                           device.get_attribute(attribute.WARP_SIZE), DEVICE_MODELS["sm_80"].register_tile,
+                           device.get_attribute(attribute.MULTIPROCESSOR_COUNT)
+                           * device.get_attribute(attribute.MAX_THREADS_PER_MULTIPROCESSOR))
 
     def is_device_array(self, value) -> bool:
         from pycuda.gpuarray import GPUArray
@@ -300,6 +340,15 @@ def cuda_missing() -> str | None:
         return "pycuda is not installed"
     except Exception as error:  # pycuda.driver.Error: no driver
         return f"no CUDA driver ({error})"
+
+
+def opencl_missing() -> str | None:
+    """None when polyc's OpenCL runtime has a device that builds kernels here, else why not."""
+    try:
+        OpenCLRuntime.shared()
+        return None
+    except PolycError as error:
+        return str(error)
 
 
 class GpuCompiledKernel:

@@ -12,19 +12,12 @@ import pytest
 
 import polyc
 from kernels import KERNELS, check_kernel
+from polyc.runtime.gpu import opencl_missing
 
 pyopencl = pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install pyopencl)")
 
 
-def _opencl_device() -> str | None:
-    try:
-        return pyopencl.create_some_context(interactive=False).devices[0].name
-    except Exception:  # no platform, no device
-        return None
-
-
-pytestmark = pytest.mark.skipif(_opencl_device() is None,
-                                reason="no OpenCL device (pip install pocl-binary-distribution runs on the CPU)")
+pytestmark = pytest.mark.skipif(opencl_missing() is not None, reason=str(opencl_missing()))
 
 
 @pytest.fixture(scope="module", autouse=True)
