@@ -343,13 +343,13 @@ def mlp2(float(B, M) I, float(N, M) W1, float(N) B1) -> (A1) {
 
 if __name__ == "__main__":
     # Exhaustive float32 measurement: every input, against float64 numpy, in chunks.
-    library = load_library(get_or_build(_harness(FUNCTIONS), OPTIONS))
+    harness = load_library(get_or_build(_harness(FUNCTIONS), OPTIONS))
     names = sys.argv[1:] or [name for name, dtype in TRANSCENDENTAL if dtype == FLOAT32]
     for name in names:
         worst, at = 0.0, 0.0
         for start in range(0, 1 << 32, 1 << 24):
             x = np.arange(start, start + (1 << 24), dtype=np.uint64).astype(np.uint32).view(np.float32)
-            result, exact = apply(library, name, x), _reference(name, x)
+            result, exact = apply(harness, name, x), _reference(name, x)
             errors = ulp_errors(result, exact)
             if errors.size and errors.max() > worst:
                 worst, at = float(errors.max()), float(x[errors.argmax()])
