@@ -43,6 +43,7 @@ from polyc.schedule.gpu_device import DeviceModel
 from polyc.schedule.gpu_promotion import (BLOCK_ID, DEFAULT_MAX_SHARED_BYTES, MAX_PRIVATE_ELEMENTS, THREAD_ID, PrivatePromotion, Promotion, promote,
                                           promote_private, prove_promotion, shared_accesses)
 from polyc.schedule.gpu_reduction import BlockReduction, reduce_in_blocks
+from polyc.schedule.isl_helpers import constant_bound, out_dims, sets
 from polyc.schedule.transform import stride_score
 
 #: Threads per block when the options give none, by the number of mapped members (x first):
@@ -353,7 +354,7 @@ def access_strides(launch: GpuLaunch, program: PolyProgram) -> tuple:
     position = _flat_position(flat, x.schedule, program)
     if position is None:
         return ()
-    length = _out_dims(flat)
+    length = out_dims(flat)
     step = isl.Map.read_from_str(program.ctx, "{ [%s] -> [%s] }" % (
         ", ".join(f"f{i}" for i in range(length)),
         ", ".join(f"f{i} + 1" if i == position else f"f{i}" for i in range(length))))
@@ -393,7 +394,7 @@ def _delta_values(pairs: isl.UnionMap, program: PolyProgram) -> set:
         delta = delta.intersect_params(program.context)
         delta = delta.project_out(isl.dim_type.param, 0, delta.dim(isl.dim_type.param))
         if not delta.is_empty():
-            found |= {_constant_bound(delta.dim_min(0)), _constant_bound(delta.dim_max(0))}
+            found |= {constant_bound(delta.dim_min(0)), constant_bound(delta.dim_max(0))}
     return found
 
 
@@ -407,7 +408,7 @@ def _address_map(program: PolyProgram, tensor: str) -> isl.Map:
 
 def _flat_position(flat: isl.UnionMap, member: isl.UnionMap, program: PolyProgram) -> int | None:
     """The dimension of the flat schedule that holds the band member's value."""
-    length = _out_dims(flat)
+    length = out_dims(flat)
     for position in range(length):
         pick = isl.Map.read_from_str(program.ctx, "{ [%s] -> [f%d] }" % (
             ", ".join(f"f{i}" for i in range(length)), position))
@@ -416,10 +417,6 @@ def _flat_position(flat: isl.UnionMap, member: isl.UnionMap, program: PolyProgra
     return None
 
 
-def _out_dims(flat: isl.UnionMap) -> int:
-    maps: list[isl.Map] = []
-    flat.foreach_map(maps.append)
-    return maps[0].dim(isl.dim_type.out) if maps else 0
 
 
 def _kernel_roots(schedule: isl.Schedule, program: PolyProgram) -> list[tuple[isl.UnionSet, isl.ScheduleNode | None]]:
@@ -479,7 +476,7 @@ def _member_map(band: isl.ScheduleNode, member: int, domain: isl.UnionSet) -> is
 
 def _member_range(program: PolyProgram, band: isl.ScheduleNode, domain: isl.UnionSet, member: int) -> tuple[int, int]:
     values = _constant_set(_member_map(band, member, domain).range(), program)
-    return _constant_bound(values.dim_min(0)), _constant_bound(values.dim_max(0))
+    return constant_bound(values.dim_min(0)), constant_bound(values.dim_max(0))
 
 
 def _member_extent(program: PolyProgram, band: isl.ScheduleNode, domain: isl.UnionSet, member: int) -> int:
@@ -552,7 +549,7 @@ def _indices_of(band: isl.ScheduleNode, member: int, program: PolyProgram) -> di
 
 
 def _names(union: isl.UnionSet) -> set[str]:
-    return {piece.get_tuple_name() for piece in _sets(union)}
+    return {piece.get_tuple_name() for piece in sets(union)}
 
 
 def _launch(name: str, program: PolyProgram, flat: isl.UnionMap, domain: isl.UnionSet,
@@ -571,7 +568,7 @@ def _launch(name: str, program: PolyProgram, flat: isl.UnionMap, domain: isl.Uni
                          f" and v = {loop.value(f'{BLOCK_ID}{d}', f'{THREAD_ID}{d}', 'r', 'g')} }}")
         thread_domain = loop.schedule.intersect_range(isl.UnionSet.from_set(value)).domain().intersect(thread_domain)
     thread_domain = thread_domain.intersect_params(context)
-    statements = tuple(sorted(s.get_tuple_name() for s in _sets(domain)))
+    statements = tuple(sorted(s.get_tuple_name() for s in sets(domain)))
     return GpuLaunch(name, statements, domain, loops, _threads_innermost(flat, loops, program), thread_domain,
                      context, reason)
 
@@ -585,7 +582,7 @@ def _threads_innermost(flat: isl.UnionMap, loops: tuple[MappedLoop, ...], progra
     positions = [_flat_position(flat, loop.schedule, program) for loop in loops]
     if not loops or None in positions:
         return flat
-    length = _out_dims(flat)
+    length = out_dims(flat)
     old = [f"f{i}" for i in range(length)]
     new = list(old)
     for loop, position in zip(loops, positions):
@@ -605,7 +602,7 @@ def _unrolled_dims(launch: GpuLaunch, program: PolyProgram, unroll: int) -> isl.
         return None
     schedule, thread_domain = launch.body()
     compute = isl.UnionSet.empty(thread_domain.get_space())
-    for piece in _sets(thread_domain):
+    for piece in sets(thread_domain):
         if piece.get_tuple_name() in launch.statements:
             compute = compute.union(isl.UnionSet.from_set(piece))
     timed = schedule.intersect_domain(compute)
@@ -620,7 +617,7 @@ def _unrolled_dims(launch: GpuLaunch, program: PolyProgram, unroll: int) -> isl.
             dims.append(position)
             statements *= loop.registers
     if unroll > 1 and dims:  # the innermost loop outside the tile (dimensions of one value skipped)
-        per_statement = [timed.intersect_domain(isl.UnionSet.from_set(piece)).range() for piece in _sets(compute)]
+        per_statement = [timed.intersect_domain(isl.UnionSet.from_set(piece)).range() for piece in sets(compute)]
         for inner in range(min(dims) - 1, -1, -1):
             counts = [_trip_count(t, inner, launch, program) for t in per_statement]
             trips = None if None in counts else max(counts)
@@ -633,13 +630,13 @@ def _unrolled_dims(launch: GpuLaunch, program: PolyProgram, unroll: int) -> isl.
     # the options apply where the def's statements run: at their times' constant dimensions (a
     # simple set: isl's AST generation slows down badly with the times themselves)
     where = isl.UnionSet.empty(times.get_space())
-    for piece in _sets(times):
+    for piece in sets(times):
         piece = piece.intersect_params(launch.context)
         fixed = []
         for d in range(piece.dim(isl.dim_type.set)):
             low, high = piece.dim_min(d), piece.dim_max(d)
             constant = low.is_equal(high) and low.is_cst() if hasattr(low, "is_cst") else False
-            fixed.append(f"t{d} = {_constant_bound(low)}" if constant else None)
+            fixed.append(f"t{d} = {constant_bound(low)}" if constant else None)
         names = ", ".join(f"t{d}" for d in range(len(fixed)))
         conditions = " and ".join(f for f in fixed if f) or "true"
         where = where.union(isl.UnionSet.read_from_str(program.ctx, f"{{ [{names}] : {conditions} }}"))
@@ -655,7 +652,7 @@ def _trip_count(times: isl.UnionSet, position: int, launch: GpuLaunch, program: 
     if position < 0:
         return None
     most = 0
-    for piece in _sets(times):
+    for piece in sets(times):
         piece = piece.intersect_params(launch.context)
         rank = piece.dim(isl.dim_type.set)
         along = piece.project_out(isl.dim_type.set, position + 1, rank - position - 1)
@@ -708,20 +705,3 @@ def _constant_set(values: isl.UnionSet, program: PolyProgram) -> isl.Set:
     """A one-dimensional set of values with the program's (fixed) sizes substituted."""
     result = isl.Set.from_union_set(values).intersect_params(program.context)
     return result.project_out(isl.dim_type.param, 0, result.dim(isl.dim_type.param))
-
-
-def _constant_bound(bound: isl.PwAff) -> int:
-    pieces = []
-    bound.foreach_piece(lambda _set, aff: pieces.append(aff))
-    if len(pieces) != 1 or not pieces[0].is_cst():
-        raise PolycError(f"internal: the GPU mapping found a loop bound that is not a constant: {bound}")
-    value = pieces[0].get_constant_val()
-    if not value.is_int():
-        raise PolycError(f"internal: the GPU mapping found a fractional loop bound: {bound}")
-    return value.to_python()
-
-
-def _sets(union: isl.UnionSet) -> list[isl.Set]:
-    found: list[isl.Set] = []
-    union.foreach_set(found.append)
-    return found

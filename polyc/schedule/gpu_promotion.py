@@ -35,6 +35,7 @@ import islpy as isl
 
 from polyc.ir.bounds import tensor_box
 from polyc.ir.model import PolyProgram
+from polyc.schedule.isl_helpers import constant_bound, named, out_dims, project_params, sets
 
 #: Iterations of the sequential loop per shared-memory slice.
 SLICE_SIZE = 32
@@ -118,7 +119,7 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
             band.band_get_partial_schedule().get_at(member))).intersect_domain(launch.domain)
         values = isl.Set.from_union_set(member_map.range()).intersect_params(program.context)
         values = values.project_out(isl.dim_type.param, 0, values.dim(isl.dim_type.param))
-        low, high = _constant(values.dim_min(0)), _constant(values.dim_max(0))
+        low, high = constant_bound(values.dim_min(0)), constant_bound(values.dim_max(0))
         if high > low:
             break
     else:
@@ -127,7 +128,7 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
     if member_affs is None:
         return None
     thread_params = [f"polyc_thread{d}" for d in range(len(launch.loops))]
-    block_domain = _project_params(launch.thread_domain, thread_params)
+    block_domain = project_params(launch.thread_domain, thread_params)
     # the slice: the user's (TC's tile size of the member), else the largest of 32, 16, ... 1
     # at which every reused tile fits the budget (a block with a register tile covers more
     # elements, and so needs thinner slices); when none does, slices of 32 with what fits
@@ -152,7 +153,7 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
         return None
 
     flat = launch.schedule
-    length = _flat_length(flat)
+    length = out_dims(flat)
     width = max([length] + [len(a.sizes) + 3 for a in arrays]) + 2
     pad = lambda n: ", ".join(["0"] * (width - 2 - n))  # noqa: E731
     flat_dims = ", ".join(f"f{i}" for i in range(length))
@@ -212,7 +213,7 @@ def prove_promotion(promotion: Promotion, program: PolyProgram, launch) -> str |
         race = find_races(promotion.schedule, promotion.block_domain, barriers, promotion.thread_of, writes, reads)
         if not race.is_empty():
             return f"shared {array.name}: threads race without a barrier between {race.coalesce()}"
-        copied = _named(promotion.block_domain, COPY + array.tensor)
+        copied = named(promotion.block_domain, COPY + array.tensor)
         needed = _needed_copies(promotion, program, launch, array)
         if not needed.is_subset(copied):
             return f"shared {array.name}: a read finds its element not copied: {needed.subtract(copied)}"
@@ -230,7 +231,7 @@ def find_races(schedule: isl.UnionMap, block_domain: isl.UnionSet, barrier_names
     times = time.range()
     barrier_times = isl.UnionSet.empty(times.get_space())
     for name in barrier_names:
-        barrier_times = barrier_times.union(time.intersect_domain(_named(block_domain, name)).range())
+        barrier_times = barrier_times.union(time.intersect_domain(named(block_domain, name)).range())
     separated = times.lex_lt_union_set(barrier_times).apply_range(barrier_times.lex_lt_union_set(times))
     same_thread = thread_of.apply_range(thread_of.reverse())
     accesses = writes.union(reads)
@@ -272,9 +273,7 @@ def _first_block_reads(program: PolyProgram, launch, block_domain: isl.UnionSet,
     first_block = isl.Set.read_from_str(program.ctx, f"[{names}] -> {{ : {ids} }}")
     pairs = relation.intersect_domain(block_domain.intersect(first_slice.domain())).intersect_params(first_block)
     total = 0
-    sets: list[isl.Set] = []
-    pairs.wrap().foreach_set(sets.append)
-    for pair_set in sets:
+    for pair_set in sets(pairs.wrap()):
         total += pair_set.intersect_params(program.context.align_params(pair_set.get_space())).count_val().to_python()
     return total
 
@@ -418,7 +417,7 @@ def _add_ranges(a: isl.UnionMap, b: isl.UnionMap, program: PolyProgram) -> isl.U
 
 def shared_accesses(promotion: Promotion, program: PolyProgram, launch, array: SharedArray):
     """(writes, reads) of ``array``: block instance -> [local index]."""
-    copies = _named(promotion.block_domain, COPY + array.tensor)
+    copies = named(promotion.block_domain, COPY + array.tensor)
     copy_set = isl.Set.from_union_set(copies)
     writes = isl.UnionMap.from_map(isl.Map.from_aff(_local_index(array, copy_set.get_space()))) \
         .intersect_domain(copies)
@@ -453,10 +452,6 @@ def _slice_map(promotion: Promotion, program: PolyProgram) -> isl.UnionMap:
     return result.apply_range(isl.UnionMap.from_map(to_slice))
 
 
-def _named(union: isl.UnionSet, name: str) -> isl.UnionSet:
-    found: list[isl.Set] = []
-    union.foreach_set(lambda s: found.append(s) if s.get_tuple_name() == name else None)
-    return isl.UnionSet.from_set(found[0]) if found else isl.UnionSet.empty(union.get_space())
 
 
 def _single_affs(member_map: isl.UnionMap, program: PolyProgram, domain: isl.UnionSet) -> dict | None:
@@ -474,24 +469,10 @@ def _single_affs(member_map: isl.UnionMap, program: PolyProgram, domain: isl.Uni
     return affs
 
 
-def _project_params(union: isl.UnionSet, names: list[str]) -> isl.UnionSet:
-    for name in names:
-        position = union.get_space().find_dim_by_name(isl.dim_type.param, name)
-        if position >= 0:
-            union = union.project_out(isl.dim_type.param, position, 1)
-    return union
 
 
-def _flat_length(flat: isl.UnionMap) -> int:
-    maps: list[isl.Map] = []
-    flat.foreach_map(maps.append)
-    return maps[0].dim(isl.dim_type.out) if maps else 0
 
 
-def _constant(bound: isl.PwAff) -> int:
-    pieces: list[isl.Aff] = []
-    bound.foreach_piece(lambda _set, aff: pieces.append(aff))
-    return pieces[0].get_constant_val().to_python()
 
 
 # ----------------------------------------------------------------------------- registers
@@ -545,7 +526,7 @@ def promote_private(program: PolyProgram, launch, schedule: isl.UnionMap, thread
     written = sorted({program.statement(s).source.target for s in launch.statements})
     statements = isl.UnionSet.empty(thread_domain.get_space())
     for name in launch.statements:
-        statements = statements.union(_named(thread_domain, name))
+        statements = statements.union(named(thread_domain, name))
     arrays = []
     for tensor in written:
         accesses = _accesses_of(program, launch, tensor)
@@ -568,7 +549,7 @@ def promote_private(program: PolyProgram, launch, schedule: isl.UnionMap, thread
                                    program.definition.tensor(tensor).dtype, steps))
     if not arrays:
         return None
-    length = _flat_length(schedule)
+    length = out_dims(schedule)
     width = max([length] + [len(a.sizes) for a in arrays]) + 1
 
     def shifted(stage: int, n: int, dims: str) -> str:

@@ -50,6 +50,7 @@ import islpy as isl
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 from polyc.schedule.gpu_promotion import BARRIER, BLOCK_ID, THREAD_ID, find_races
+from polyc.schedule.isl_helpers import constant_bound, named, out_dims, project_params, sets
 
 #: Threads of a reduction block (a power of two; fewer when the work of a row is shorter).
 REDUCTION_THREADS = 256
@@ -143,14 +144,14 @@ def reduce_in_blocks(program: PolyProgram, flat: isl.UnionMap, domain: isl.Union
         low, high = _range(member_map.range(), program)
         row_loops.append(RowLoop(member, member_map, low, high - low + 1, member_indices(band, member, program)))
     row_of = _rows_map(row_loops, domain, ctx)
-    length = _out_dims(flat)
+    length = out_dims(flat)
 
     # the groups, in the order of the flat schedule: (statement, dealt position or None, low)
     groups = []
     most_work = 0
     for statement_name in _in_flat_order(flat, domain, program):
         statement = program.statement(statement_name)
-        instances = _named(domain, statement_name)
+        instances = named(domain, statement_name)
         times = flat.intersect_domain(instances)
         # the innermost loop (consecutive threads, consecutive addresses), or the longest when
         # the innermost is too short to give every thread work
@@ -198,7 +199,7 @@ def reduce_in_blocks(program: PolyProgram, flat: isl.UnionMap, domain: isl.Union
         if tree is None:
             continue
         write = isl.UnionMap.from_map(program.statement(statement_name).write)
-        element = isl.Set.from_union_set(write.intersect_domain(_named(in_block, statement_name)).range())
+        element = isl.Set.from_union_set(write.intersect_domain(named(in_block, statement_name)).range())
         subscripts = _single_affs(element.intersect_params(context))
         if subscripts is None:
             return None
@@ -235,7 +236,7 @@ def _block_schedule(program: PolyProgram, flat: isl.UnionMap, domain: isl.UnionS
         new_statement(name, group, phase)
 
     for group, (statement, dealt, low, tree) in enumerate(groups):
-        instances = _named(domain, statement)
+        instances = named(domain, statement)
         phase = 1 if tree else 0
         at = isl.UnionMap.read_from_str(ctx, f"{{ [{dims}] -> [{group}, {phase}{', ' + dims if dims else ''}] }}")
         schedule = schedule.union(flat.intersect_domain(instances).apply_range(at))
@@ -285,7 +286,7 @@ def prove_tree(reduction: BlockReduction, program: PolyProgram) -> str | None:
         names = {*barriers, PARTIAL_STORE + statement, FINAL + statement,
                  *(f"{TREE}{statement}_{step}" for step in range(reduction.steps))}
         involved = isl.UnionSet.empty(reduction.block_domain.get_space())
-        for piece in _sets(reduction.block_domain):
+        for piece in sets(reduction.block_domain):
             if piece.get_tuple_name() in names:
                 involved = involved.union(isl.UnionSet.from_set(piece))
         race = find_races(reduction.schedule, involved, barriers, reduction.thread_of, writes, reads)
@@ -304,7 +305,7 @@ def prove_block_reduction(reduction: BlockReduction, program: PolyProgram, domai
     # every dependence counts but a tree's own reduction (its updates may run in any order)
     related = dependences.all
     for tree in reduction.trees:
-        updates = _named(domain, tree.statement)
+        updates = named(domain, tree.statement)
         related = related.subtract(dependences.reduction.intersect_domain(updates).intersect_range(updates))
     related = related.intersect_domain(domain).intersect_range(domain)
     if reduction.rows:
@@ -313,7 +314,7 @@ def prove_block_reduction(reduction: BlockReduction, program: PolyProgram, domai
         if not across.subtract(across.range().identity()).is_empty():
             return "a dependence joins two rows"
     block_ids = [f"{BLOCK_ID}{d}" for d in range(len(reduction.rows))]
-    in_block = _project_params(reduction.block_domain, block_ids)
+    in_block = project_params(reduction.block_domain, block_ids)
     related = related.intersect_domain(in_block).intersect_range(in_block)
     if reduction.rows:  # within one block: both ends in the same row
         same_row = row_of.apply_range(row_of.reverse())
@@ -328,7 +329,7 @@ def prove_block_reduction(reduction: BlockReduction, program: PolyProgram, domai
     # statements, going forward, crosses one; within a statement (one phase of one group) a
     # dependence must stay inside one thread.
     same_thread = reduction.thread_of.apply_range(reduction.thread_of.reverse())
-    for piece in _sets(domain):
+    for piece in sets(domain):
         instances = isl.UnionSet.from_set(piece)
         crossing = related.intersect_domain(instances).intersect_range(instances).subtract(same_thread)
         if not crossing.is_empty():
@@ -350,7 +351,7 @@ def _rows_map(rows: list[RowLoop], domain: isl.UnionSet, ctx: isl.Context) -> is
 def _in_flat_order(flat: isl.UnionMap, domain: isl.UnionSet, program: PolyProgram) -> list[str]:
     """The launch's statements by their first instance's time."""
     firsts = []
-    for piece in _sets(domain):
+    for piece in sets(domain):
         times = isl.Set.from_union_set(flat.intersect_domain(isl.UnionSet.from_set(piece)).range())
         times = times.intersect_params(program.context)
         first = times.lexmin()
@@ -368,7 +369,7 @@ def _pick(times: isl.UnionMap, position: int, length: int, ctx: isl.Context) -> 
 
 def _values_per_row(times: isl.UnionMap, row_of: isl.UnionMap, position: int, program: PolyProgram) -> int:
     """Most values dimension ``position`` of ``times`` takes within one row."""
-    values = row_of.reverse().apply_range(_pick(times, position, _out_dims(times), program.ctx))
+    values = row_of.reverse().apply_range(_pick(times, position, out_dims(times), program.ctx))
     if values.is_empty():
         return 0
     relation = isl.Map.from_union_map(values).intersect_params(program.context)
@@ -397,38 +398,4 @@ def _single_affs(element: isl.Set) -> tuple[isl.Aff, ...] | None:
 def _range(values: isl.UnionSet, program: PolyProgram) -> tuple[int, int]:
     values = isl.Set.from_union_set(values).intersect_params(program.context)
     values = values.project_out(isl.dim_type.param, 0, values.dim(isl.dim_type.param))
-    return _constant(values.dim_min(0)), _constant(values.dim_max(0))
-
-
-def _named(union: isl.UnionSet, name: str) -> isl.UnionSet:
-    found = [piece for piece in _sets(union) if piece.get_tuple_name() == name]
-    result = isl.UnionSet.empty(union.get_space())
-    for piece in found:
-        result = result.union(isl.UnionSet.from_set(piece))
-    return result
-
-
-def _sets(union: isl.UnionSet) -> list[isl.Set]:
-    found: list[isl.Set] = []
-    union.foreach_set(found.append)
-    return found
-
-
-def _project_params(union: isl.UnionSet, names: list[str]) -> isl.UnionSet:
-    for name in names:
-        position = union.get_space().find_dim_by_name(isl.dim_type.param, name)
-        if position >= 0:
-            union = union.project_out(isl.dim_type.param, position, 1)
-    return union
-
-
-def _out_dims(flat: isl.UnionMap) -> int:
-    maps: list[isl.Map] = []
-    flat.foreach_map(maps.append)
-    return maps[0].dim(isl.dim_type.out) if maps else 0
-
-
-def _constant(bound: isl.PwAff) -> int:
-    pieces: list[isl.Aff] = []
-    bound.foreach_piece(lambda _set, aff: pieces.append(aff))
-    return pieces[0].get_constant_val().to_python()
+    return constant_bound(values.dim_min(0)), constant_bound(values.dim_max(0))

@@ -1,0 +1,52 @@
+"""Small isl conveniences the schedule stages share: the pieces of union sets and maps, and the
+constant values of loop bounds once a program's sizes are fixed."""
+from __future__ import annotations
+
+import islpy as isl
+
+from polyc.errors import PolycError
+
+
+def sets(union: isl.UnionSet) -> list[isl.Set]:
+    """The sets of ``union``, one per statement."""
+    found: list[isl.Set] = []
+    union.foreach_set(found.append)
+    return found
+
+
+def named(union: isl.UnionSet, name: str) -> isl.UnionSet:
+    """The part of ``union`` whose tuple is ``name``."""
+    result = isl.UnionSet.empty(union.get_space())
+    for piece in sets(union):
+        if piece.get_tuple_name() == name:
+            result = result.union(isl.UnionSet.from_set(piece))
+    return result
+
+
+def out_dims(flat: isl.UnionMap) -> int:
+    """How many output dimensions the maps of a flat schedule have (0 for an empty one)."""
+    maps: list[isl.Map] = []
+    flat.foreach_map(maps.append)
+    return maps[0].dim(isl.dim_type.out) if maps else 0
+
+
+def project_params(union: isl.UnionSet, names: list[str]) -> isl.UnionSet:
+    """``union`` with the parameters ``names`` (those it has) projected out."""
+    for name in names:
+        position = union.get_space().find_dim_by_name(isl.dim_type.param, name)
+        if position >= 0:
+            union = union.project_out(isl.dim_type.param, position, 1)
+    return union
+
+
+def constant_bound(bound: isl.PwAff) -> int:
+    """The integer a bound computed under fixed sizes is; a PolycError (an internal one) when it
+    is not a single integer constant."""
+    pieces: list[isl.Aff] = []
+    bound.foreach_piece(lambda _set, aff: pieces.append(aff))
+    if len(pieces) != 1 or not pieces[0].is_cst():
+        raise PolycError(f"internal: the GPU mapping found a loop bound that is not a constant: {bound}")
+    value = pieces[0].get_constant_val()
+    if not value.is_int():
+        raise PolycError(f"internal: the GPU mapping found a fractional loop bound: {bound}")
+    return value.to_python()
