@@ -226,16 +226,38 @@ class _GpuKernelWriter(_KernelWriter):
             return cgen.Statement(f"{private} = {global_element}" if name.startswith(LOAD) else
                                   f"{global_element} = {private}")
         if name.startswith(COPY):
-            array = self.promotion.array(name[len(COPY):])
-            slice_text, elements = arguments[0], arguments[1:]
-            return cgen.Statement(f"{array.name}[{self.local_index(array, slice_text, elements)}] = "
-                                  f"{super().element(array.tensor, elements)}")
+            return self.copy(self.promotion.array(name[len(COPY):]), *arguments)
         statement = self.program.statement(name)
         self.current = (statement, dict(zip(statement.indices, arguments)))
         try:
             return super().user_node(call)
         finally:
             self.current = None
+
+    def copy(self, array: SharedArray, slice_text: str, copy_text: str) -> cgen.Block:
+        """Copy ``copy_text`` of slice ``slice_text`` into ``array``: its element (or group of
+        ``array.vector`` floats, loaded with one vector load, 16-byte aligned as the promotion
+        proved, and stored one by one: padded shared rows are not aligned) from the copy's
+        number, as the promotion numbers the box's units (gpu_promotion's ``_copy_elements``)."""
+        statements = [cgen.Statement(f"const int64_t polyc_copy = {copy_text}")]
+        elements = []
+        for d, (size, stride, offset) in enumerate(zip(array.copy_sizes, array.copy_strides, array.offsets)):
+            unit = "polyc_copy" if stride == 1 else f"(polyc_copy / {stride})"
+            unit = unit if d == 0 else f"({unit} % {size})"  # copy < copies: the first needs no modulus
+            if d == len(array.sizes) - 1 and array.vector > 1:
+                unit = f"({unit} * {array.vector})"
+            elements.append(f"({aff_c(offset, [slice_text], self.param_names)} + {unit})")
+        source = super().element(array.tensor, elements)
+        first = self.local_index(array, slice_text, elements)
+        if array.vector == 1:
+            return cgen.Block(statements + [cgen.Statement(f"{array.name}[{first}] = {source}")])
+        width = array.vector
+        load = (f"vload{width}(0, &{source})" if self.dialect == "opencl" else
+                f"*(const float{width} *)(&{source})")
+        statements.append(cgen.Statement(f"const float{width} polyc_vector = {load}"))
+        for k, lane in enumerate("xyzw"[:width]):
+            statements.append(cgen.Statement(f"{array.name}[{first} + {k}] = polyc_vector.{lane}"))
+        return cgen.Block(statements)
 
     def reduction_statement(self, reduction, name: str) -> str:
         """A statement of a block reduction: partials, the tree's steps, the final combine."""

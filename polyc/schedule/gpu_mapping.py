@@ -211,8 +211,10 @@ class GpuLaunch:
             lines.append(f"  {statement} {kind} of {tensor}: address step between threads x, x+1: "
                          f"{', '.join(map(str, sorted(strides)))} ({verdict}, proved with isl)")
         if self.promotion is not None:
+            vectors = [a.name for a in self.promotion.arrays if a.vector > 1]
             lines.append("  copies into shared memory: consecutive threads x copy consecutive elements of the "
-                         "last dimension (coalesced)")
+                         "last dimension (coalesced)" + (f"; {', '.join(vectors)} in aligned float4 loads (proved)"
+                                                         if vectors else ""))
         lines.append(f"  per thread: {self.schedule.intersect_domain(self.thread_domain).coalesce()}")
         return "\n".join(lines)
 

@@ -9,8 +9,8 @@ offset affine in the block ids and the slice; when the block reads each element 
 on average, the box becomes a shared array.  The schedule of each thread becomes
 
     for each slice s:
-        copy (phase 0):    the footprint of slice s, element j of the box by thread j mod T,
-                           in round j div T
+        copy (phase 0):    the footprint of slice s, element j of the box (row-major) by
+                           thread j mod T, in round j div T
         barrier (phase 1)
         compute (phase 2): the statement instances of slice s, in their old order, promoted
                            reads going to the shared arrays
@@ -28,10 +28,12 @@ order, and that every promoted read finds its element copied in its slice.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import islpy as isl
+import numpy as np
 
 from polyc.ir.bounds import tensor_box
 from polyc.ir.model import PolyProgram
@@ -44,12 +46,16 @@ SLICE_SIZE = 32
 DEFAULT_MAX_SHARED_BYTES = 48 * 1024
 
 COPY = "polyc_copy_"
+#: The elements copies move, ``polyc_copied_<T>[s, e...]``: the proofs' view of the copies.
+COPIED = "polyc_copied_"
 BARRIER = "polyc_barrier"
 #: The parameters that stand for a thread's block and thread ids (one per mapped dimension).
 BLOCK_ID = "polyc_block"
 THREAD_ID = "polyc_thread"
 #: Phases of a slice, the second dimension of every time in the promoted schedule.
 PHASE_COPY, PHASE_BARRIER_BEFORE, PHASE_COMPUTE, PHASE_BARRIER_AFTER = 0, 1, 2, 3
+#: Elements of a vector load in shared-memory copies (float4: 16 bytes, one load instruction).
+VECTOR_WIDTH = 4
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,9 @@ class SharedArray:
     sizes: tuple[int, ...]
     offsets: tuple[isl.Aff, ...]   # on the space [s] (parameters: sizes, block ids)
     dtype: object
+    #: elements one copy instance moves with one vector load (a float4): 1, or VECTOR_WIDTH
+    #: where the rows' groups of four are proved aligned and inside the tensor
+    vector: int = 1
 
     @property
     def row_length(self) -> int:
@@ -79,6 +88,21 @@ class SharedArray:
     def strides(self) -> tuple[int, ...]:
         padded = (*self.sizes[:-1], self.row_length)
         return tuple(math.prod(padded[d + 1:]) for d in range(len(padded)))
+
+    @property
+    def copy_sizes(self) -> tuple[int, ...]:
+        """The box in copy units: elements, groups of ``vector`` along the last dimension."""
+        return (*self.sizes[:-1], -(-self.sizes[-1] // self.vector))
+
+    @property
+    def copy_strides(self) -> tuple[int, ...]:
+        """Copy j moves unit ``(j // copy_strides[d]) % copy_sizes[d]`` of dimension d."""
+        sizes = self.copy_sizes
+        return tuple(math.prod(sizes[d + 1:]) for d in range(len(sizes)))
+
+    @property
+    def copies(self) -> int:
+        return math.prod(self.copy_sizes)
 
 
 @dataclass(frozen=True)
@@ -151,25 +175,27 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
     arrays = [a for a in reused if (budget := budget - a.elements * a.dtype.itemsize) >= 0]
     if not arrays:
         return None
+    slices = isl.Set.from_union_set(slice_of.intersect_domain(block_domain).range())
+    arrays = [dataclasses.replace(a, vector=_vector_width(program, a, slices)) for a in arrays]
 
     flat = launch.schedule
     length = out_dims(flat)
-    width = max([length] + [len(a.sizes) + 3 for a in arrays]) + 2
+    width = max(length, 3) + 2
     pad = lambda n: ", ".join(["0"] * (width - 2 - n))  # noqa: E731
     flat_dims = ", ".join(f"f{i}" for i in range(length))
     to_time = isl.Map.read_from_str(
         program.ctx, f"{{ [[s] -> [{flat_dims}]] -> [s, {PHASE_COMPUTE}{', ' + flat_dims if length else ''}"
                      f"{', ' + pad(length) if width - 2 > length else ''}] }}")
     schedule = slice_of.range_product(flat).apply_range(isl.UnionMap.from_map(to_time))
-    slices = isl.Set.from_union_set(slice_of.intersect_domain(block_domain).range())
     thread_domain = launch.thread_domain
     full_block = block_domain
     linear_thread = _linear_thread_aff(launch, program)
     thread_of = _compute_thread_map(launch, program, block_domain)
+    threads = math.prod(launch.block)
     for position, array in enumerate(arrays):
-        copies = _copy_set(program, block_domain, slice_of, array).align_params(launch.context.get_space())
-        owner, rounds = _copy_distribution(array, copies.get_space(), launch)
-        # each array's copy has a loop nest of its own: [s, phase, which array, rounds, element...]
+        copies = _copy_set(program, slices, array).align_params(launch.context.get_space())
+        owner, rounds = _copy_distribution(copies.get_space(), threads)
+        # each array's copy has a loop of its own: [s, phase, which array, round, copy]
         schedule = schedule.union(isl.UnionMap.from_map(
             _copy_time(copies.get_space(), position, rounds, width)))
         owned = copies.intersect(isl.Set.from_basic_set(
@@ -213,7 +239,8 @@ def prove_promotion(promotion: Promotion, program: PolyProgram, launch) -> str |
         race = find_races(promotion.schedule, promotion.block_domain, barriers, promotion.thread_of, writes, reads)
         if not race.is_empty():
             return f"shared {array.name}: threads race without a barrier between {race.coalesce()}"
-        copied = named(promotion.block_domain, COPY + array.tensor)
+        copies = isl.Set.from_union_set(named(promotion.block_domain, COPY + array.tensor))
+        copied = isl.UnionSet.from_set(copied_elements(array, copies).range())
         needed = _needed_copies(promotion, program, launch, array)
         if not needed.is_subset(copied):
             return f"shared {array.name}: a read finds its element not copied: {needed.subtract(copied)}"
@@ -293,15 +320,72 @@ def _reads_of(program: PolyProgram, launch, tensor: str) -> isl.UnionMap | None:
     return result
 
 
-def _copy_set(program: PolyProgram, block_domain: isl.UnionSet, slice_of: isl.UnionMap,
-              array: SharedArray) -> isl.Set:
-    """``polyc_copy_T[s, e...]``: every element of the block's footprint in slice s (within
-    the tensor: the footprint of guarded reads is where their guards hold)."""
-    relation = _reads_of_tensor_in(program, block_domain, array.tensor)
-    footprint = slice_of.intersect_domain(block_domain).reverse().apply_range(relation)
-    inside = isl.UnionSet.from_set(tensor_box(program, array.tensor))
-    footprint = isl.Map.from_union_map(footprint.intersect_range(inside))
-    return footprint.wrap().flatten().set_tuple_name(COPY + array.tensor)
+def _copy_set(program: PolyProgram, slices: isl.Set, array: SharedArray) -> isl.Set:
+    """``polyc_copy_T[s, j]``: copy j of slice s, for every unit of the box (element, or group
+    of ``vector``) that lies in the tensor (a box at the tensor's edge reaches past it)."""
+    space = isl.Set.read_from_str(program.ctx, f"{{ {COPY}{array.tensor}[s, j] : 0 <= j < {array.copies} }}")
+    copies = space.align_params(slices.get_space()).intersect(
+        slices.align_params(space.get_space()).insert_dims(isl.dim_type.set, 1, 1)
+        .set_tuple_name(COPY + array.tensor))
+    to_tensor = _copy_elements(array, copies.get_space()).apply_range(_copied_to_tensor(array, program))
+    inside = to_tensor.intersect_range(tensor_box(program, array.tensor).align_params(to_tensor.get_space()))
+    return copies.intersect(inside.domain())
+
+
+def _copy_elements(array: SharedArray, space: isl.Space) -> isl.Map:
+    """``polyc_copy_T[s, j] -> polyc_copied_T[s, e...]``: the element copy j moves (a group's
+    first element): unit ``(j // copy_strides[d]) % copy_sizes[d]`` of each dimension."""
+    ctx = space.get_ctx()
+    ls = isl.LocalSpace.from_space(space)
+    slice_var, j = (isl.Aff.var_on_domain(ls, isl.dim_type.set, d) for d in (0, 1))
+    to_slice = isl.MultiAff.from_aff(slice_var)
+    result = isl.Map.from_aff(slice_var)
+    rank = len(array.sizes)
+    for d, (size, stride) in enumerate(zip(array.copy_sizes, array.copy_strides)):
+        unit = j.scale_down_val(isl.Val.int_from_si(ctx, stride)).floor().mod_val(isl.Val.int_from_si(ctx, size))
+        if d == rank - 1:
+            unit = unit.scale_val(isl.Val.int_from_si(ctx, array.vector))
+        element = unit.add(_align(array.offsets[d], space).pullback_multi_aff(to_slice))
+        result = result.flat_range_product(isl.Map.from_aff(element))
+    return result.set_tuple_name(isl.dim_type.out, COPIED + array.tensor)
+
+
+def _copied_to_tensor(array: SharedArray, program: PolyProgram) -> isl.Map:
+    e = ", ".join(f"e{d}" for d in range(len(array.sizes)))
+    return isl.Map.read_from_str(program.ctx, f"{{ {COPIED}{array.tensor}[s, {e}] -> {array.tensor}[{e}] }}")
+
+
+def _group_map(array: SharedArray, space: isl.Space) -> isl.Map:
+    """On ``polyc_copied_T[s, e...]``: a group's first element -> the group's elements."""
+    outer = ", ".join(["s"] + [f"e{d}" for d in range(len(array.sizes) - 1)])
+    name = COPIED + array.tensor
+    result = isl.Map.read_from_str(space.get_ctx(), f"{{ {name}[{outer}, x] -> {name}[{outer}, y] : "
+                                                    f"x <= y < x + {array.vector} }}")
+    return result.align_params(space)
+
+
+def copied_elements(array: SharedArray, copies: isl.Set) -> isl.Map:
+    """Copy instance -> every element it moves."""
+    elements = _copy_elements(array, copies.get_space()).intersect_domain(copies)
+    return elements.apply_range(_group_map(array, elements.get_space().range()))
+
+
+def _vector_width(program: PolyProgram, array: SharedArray, slices: isl.Set) -> int:
+    """VECTOR_WIDTH when ``array``'s copies can move its rows in float4 loads: float32 elements,
+    boxes whose rows are a whole number of groups starting at a multiple of the width (proved
+    for every slice of every block with isl), and a tensor whose rows are a whole number of
+    groups too, so that a group holding an element of the tensor lies inside it (and its
+    address is 16-byte aligned), else 1."""
+    width = VECTOR_WIDTH
+    if array.dtype != np.float32 or array.sizes[-1] % width:
+        return 1
+    box = tensor_box(program, array.tensor)
+    if (constant_bound(box.dim_max(box.dim(isl.dim_type.set) - 1)) + 1) % width:
+        return 1
+    aligned = isl.Set.from_basic_set(array.offsets[-1].mod_val(isl.Val.int_from_si(program.ctx, width)).zero_basic_set())
+    slices = slices.align_params(aligned.get_space())
+    aligned = aligned.align_params(slices.get_space())
+    return width if slices.is_subset(aligned) else 1
 
 
 def _reads_of_tensor_in(program: PolyProgram, domain: isl.UnionSet, tensor: str) -> isl.UnionMap:
@@ -326,36 +410,21 @@ def _local_index(array: SharedArray, space: isl.Space) -> isl.Aff:
     return total
 
 
-def _copy_distribution(array: SharedArray, space: isl.Space, launch) -> tuple[isl.Aff, tuple[isl.Aff, isl.Aff]]:
-    """On ``polyc_copy_T[s, e...]``: the linear id of the thread that copies the element, and the
-    round in which it does (the element's position along x and across the rest, divided by the
-    block).  The box's last dimension goes across thread.x (consecutive threads, consecutive
-    addresses: coalesced loads), its other dimensions, row-major, across the rest of the block."""
-    ctx = space.get_ctx()
+def _copy_distribution(space: isl.Space, threads: int) -> tuple[isl.Aff, tuple[isl.Aff]]:
+    """On ``polyc_copy_T[s, j]``: the linear id of the thread that makes copy j, and the round
+    in which it does: j mod T and j div T.  Consecutive copies move consecutive units of a row,
+    so consecutive threads x load consecutive addresses (coalesced), and every thread works
+    while there are copies.  (isl generates each thread's copies as one loop over rounds; the
+    element of a copy is computed from j in the printed code.  Letting isl derive the elements
+    from the thread id through a modulus lost elements in its AST generation.)"""
     ls = isl.LocalSpace.from_space(space)
-    to_slice = isl.MultiAff.from_aff(isl.Aff.var_on_domain(ls, isl.dim_type.set, 0))
-    local = [isl.Aff.var_on_domain(ls, isl.dim_type.set, d + 1).sub(
-        _align(array.offsets[d], space).pullback_multi_aff(to_slice)) for d in range(len(array.sizes))]
-    across_x = launch.loops[0].block
-    rest = math.prod(launch.block) // across_x
-    owner = local[-1].mod_val(isl.Val.int_from_si(ctx, across_x))
-    round_x = local[-1].scale_down_val(isl.Val.int_from_si(ctx, across_x)).floor()
-    round_rest = isl.Aff.zero_on_domain(ls)
-    if rest > 1 and len(local) > 1:
-        rows = isl.Aff.zero_on_domain(ls)
-        for d in range(len(local) - 1):
-            stride = math.prod(array.sizes[d + 1:-1])
-            rows = rows.add(local[d].scale_val(isl.Val.int_from_si(ctx, stride)))
-        owner = owner.add(rows.mod_val(isl.Val.int_from_si(ctx, rest)).scale_val(isl.Val.int_from_si(ctx, across_x)))
-        round_rest = rows.scale_down_val(isl.Val.int_from_si(ctx, rest)).floor()
-    return owner, (round_x, round_rest)
+    j = isl.Aff.var_on_domain(ls, isl.dim_type.set, 1)
+    t = isl.Val.int_from_si(space.get_ctx(), threads)
+    return j.mod_val(t), (j.scale_down_val(t).floor(),)
 
 
 def _copy_time(space: isl.Space, position: int, rounds: tuple[isl.Aff, ...], width: int) -> isl.Map:
-    """``polyc_copy_T[s, e...] -> [s, PHASE_COPY, position, rounds..., e..., 0...]``: a thread's
-    copies loop over explicit rounds, each element fixed by its round and the thread.  (Without
-    the rounds, isl's AST generation has been seen to drop elements of a thread whose element
-    dimensions are tied to the thread id only modulo the block.)"""
+    """``polyc_copy_T[s, j] -> [s, PHASE_COPY, position, round, j, 0...]``."""
     ls = isl.LocalSpace.from_space(space)
     constant = lambda value: isl.Aff.zero_on_domain(ls).add_constant_val(isl.Val.int_from_si(space.get_ctx(), value))  # noqa: E731
     elements = [isl.Aff.var_on_domain(ls, isl.dim_type.set, d) for d in range(1, space.dim(isl.dim_type.set))]
@@ -417,23 +486,22 @@ def _add_ranges(a: isl.UnionMap, b: isl.UnionMap, program: PolyProgram) -> isl.U
 
 def shared_accesses(promotion: Promotion, program: PolyProgram, launch, array: SharedArray):
     """(writes, reads) of ``array``: block instance -> [local index]."""
-    copies = named(promotion.block_domain, COPY + array.tensor)
-    copy_set = isl.Set.from_union_set(copies)
-    writes = isl.UnionMap.from_map(isl.Map.from_aff(_local_index(array, copy_set.get_space()))) \
-        .intersect_domain(copies)
+    copies = isl.Set.from_union_set(named(promotion.block_domain, COPY + array.tensor))
+    written = copied_elements(array, copies)
+    local = isl.Map.from_aff(_local_index(array, written.get_space().range()))
+    writes = isl.UnionMap.from_map(written.apply_range(local))
     reads = _needed_copies_map(promotion, program, launch, array)
-    copy_local = isl.UnionMap.from_map(isl.Map.from_aff(_local_index(array, copy_set.get_space())))
-    return writes, reads.apply_range(copy_local)
+    return writes, reads.apply_range(isl.UnionMap.from_map(local))
 
 
 def _needed_copies_map(promotion: Promotion, program: PolyProgram, launch, array: SharedArray) -> isl.UnionMap:
-    """Block instance reading ``array``'s tensor -> the copy instance ``[s, e...]`` of its element."""
+    """Block instance reading ``array``'s tensor -> its element as copied, ``polyc_copied_T[s, e...]``."""
     relation = _reads_of_tensor_in(program, promotion.block_domain, array.tensor)
     slice_map = _slice_map(promotion, program)
     pair = slice_map.range_product(relation)
     rank = len(array.sizes)
     e = ", ".join(f"e{d}" for d in range(rank))
-    flatten = isl.Map.read_from_str(program.ctx, f"{{ [[s] -> {array.tensor}[{e}]] -> {COPY}{array.tensor}[s, {e}] }}")
+    flatten = isl.Map.read_from_str(program.ctx, f"{{ [[s] -> {array.tensor}[{e}]] -> {COPIED}{array.tensor}[s, {e}] }}")
     return pair.apply_range(isl.UnionMap.from_map(flatten))
 
 
