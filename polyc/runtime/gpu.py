@@ -316,6 +316,10 @@ def _check_device_array(definition: CheckedDef, name: str, role: str, value, dty
                              f"{np.dtype(value.dtype).name} {tuple(value.shape)}")
     if not value.flags.c_contiguous or getattr(value, "offset", 0):
         raise SignatureError(f"{where} must be a C-contiguous device array starting at its buffer's start")
+    pointer = getattr(value, "gpudata", None)  # pycuda: a view's data pointer may lie inside a buffer
+    if pointer is not None and int(pointer) % 16:
+        raise SignatureError(f"{where} must start at a 16-byte aligned address (polyc's copies load 4 floats "
+                             f"at a time); this view starts at {int(pointer):#x}")
 
 
 def _three(sizes: tuple[int, ...]) -> tuple[int, int, int]:

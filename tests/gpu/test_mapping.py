@@ -259,3 +259,17 @@ def test_shared_rows_are_padded_so_column_reads_meet_every_bank():
     launch = transposed.gpu.launches[0]
     assert strides_of(launch)[("*", "B_shared", "shared read")] == {33}  # 32 + 1 of padding: odd
     assert "bank conflicts" not in launch.describe() and "no bank conflict" in launch.describe()
+
+
+def test_vector_copies_need_rows_of_four_floats_proved_aligned():
+    """Shared-memory copies move 4 floats with one aligned vector load only where isl proves every
+    row of the box starts at a multiple of 4 in a tensor whose rows are multiples of 4."""
+    source = "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
+    aligned = polyc.define(source, backend="opencl", device="sm_80").mm
+    arrays = {a.tensor: a.vector for a in aligned.gpu_stages(dict(M=64, K=64, N=64)).gpu.launches[0].promotion.arrays}
+    assert arrays == {"A": 4, "B": 4}
+    assert "vload4(0, &A[" in aligned.gpu_source(dict(M=64, K=64, N=64), "opencl")
+    assert "*(const float4 *)(&B[" in aligned.gpu_source(dict(M=64, K=64, N=64), "cuda")
+    # rows of 66 floats: a row's groups of 4 do not start at multiples of 4 in memory
+    arrays = {a.tensor: a.vector for a in aligned.gpu_stages(dict(M=64, K=66, N=64)).gpu.launches[0].promotion.arrays}
+    assert arrays["A"] == 1
