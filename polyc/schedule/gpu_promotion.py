@@ -119,6 +119,7 @@ class Promotion:
     thread_domain: isl.UnionSet    # what one thread runs of it
     block_domain: isl.UnionSet     # what the whole block runs (thread ids free)
     thread_of: isl.UnionMap        # block instance -> [linear thread id]
+    slice_of: isl.UnionMap         # statement instance -> [its slice]
 
     def array(self, tensor: str) -> SharedArray | None:
         return next((a for a in self.arrays if a.tensor == tensor), None)
@@ -211,8 +212,8 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
             program.ctx, f"{{ {name}[s] -> [s, {phase}{', ' + pad(0) if width > 2 else ''}] }}")))
         thread_domain = thread_domain.union(isl.UnionSet.from_set(barriers).intersect_params(launch.context))
         full_block = full_block.union(isl.UnionSet.from_set(barriers))
-    return Promotion(member, low, slice_size, -(-(high - low + 1) // slice_size), member_affs, tuple(arrays), schedule, thread_domain, full_block,
-                     thread_of)
+    return Promotion(member, low, slice_size, -(-(high - low + 1) // slice_size), member_affs, tuple(arrays), schedule,
+                     thread_domain, full_block, thread_of, slice_of)
 
 
 def _reused_arrays(program: PolyProgram, launch, block_domain: isl.UnionSet, slice_of: isl.UnionMap) -> list:
@@ -388,17 +389,8 @@ def _vector_width(program: PolyProgram, array: SharedArray, slices: isl.Set) -> 
     return width if slices.is_subset(aligned) else 1
 
 
-def _reads_of_tensor_in(program: PolyProgram, domain: isl.UnionSet, tensor: str) -> isl.UnionMap:
-    result = isl.UnionMap.empty(domain.get_space())
-    for statement in program.statements:
-        for access in statement.reads:
-            if access.tensor == tensor:
-                result = result.union(isl.UnionMap.from_map(access.relation.intersect_domain(access.guard)))
-    return result.intersect_domain(domain)
-
-
 def _local_index(array: SharedArray, space: isl.Space) -> isl.Aff:
-    """On ``polyc_copy_T[s, e...]``: the element's local index in the box."""
+    """On ``polyc_copied_T[s, e...]``: the element's local index in the box."""
     ls = isl.LocalSpace.from_space(space)
     total = isl.Aff.zero_on_domain(ls)
     rank = len(array.sizes)
@@ -496,9 +488,8 @@ def shared_accesses(promotion: Promotion, program: PolyProgram, launch, array: S
 
 def _needed_copies_map(promotion: Promotion, program: PolyProgram, launch, array: SharedArray) -> isl.UnionMap:
     """Block instance reading ``array``'s tensor -> its element as copied, ``polyc_copied_T[s, e...]``."""
-    relation = _reads_of_tensor_in(program, promotion.block_domain, array.tensor)
-    slice_map = _slice_map(promotion, program)
-    pair = slice_map.range_product(relation)
+    relation = _reads_of(program, launch, array.tensor).intersect_domain(promotion.block_domain)  # exact: promoted
+    pair = promotion.slice_of.range_product(relation)
     rank = len(array.sizes)
     e = ", ".join(f"e{d}" for d in range(rank))
     flatten = isl.Map.read_from_str(program.ctx, f"{{ [[s] -> {array.tensor}[{e}]] -> {COPIED}{array.tensor}[s, {e}] }}")
@@ -507,19 +498,6 @@ def _needed_copies_map(promotion: Promotion, program: PolyProgram, launch, array
 
 def _needed_copies(promotion: Promotion, program: PolyProgram, launch, array: SharedArray) -> isl.UnionSet:
     return _needed_copies_map(promotion, program, launch, array).range()
-
-
-def _slice_map(promotion: Promotion, program: PolyProgram) -> isl.UnionMap:
-    result = isl.UnionMap.empty(promotion.block_domain.get_space())
-    for name, aff in promotion.member_affs.items():
-        value = isl.Map.from_aff(aff)
-        result = result.union(isl.UnionMap.from_map(value))
-    to_slice = isl.Map.read_from_str(
-        program.ctx, f"{{ [v] -> [s] : {promotion.slice_size} s <= v - {promotion.low} < "
-                     f"{promotion.slice_size} s + {promotion.slice_size} }}")
-    return result.apply_range(isl.UnionMap.from_map(to_slice))
-
-
 
 
 def _single_affs(member_map: isl.UnionMap, program: PolyProgram, domain: isl.UnionSet) -> dict | None:
