@@ -69,3 +69,22 @@ def test_the_chosen_tiles_compute_the_tensordot(sizes):
     kernel = polyc.define(TENSORDOT, tuning=False, cache_sizes=CACHES).tensordot
     expected = np.einsum("nachw,ncbhw->nabhw", I0.astype(np.float64), I1.astype(np.float64))
     np.testing.assert_allclose(kernel(I0, I1), expected, rtol=1e-5, atol=1e-5)
+
+
+MVT = """
+def mvt(double(N) y_1, double(N) y_2, double(N, N) A) -> (x1, x2) {
+    x1(i) +=! A(i, r_j) * y_1(r_j)
+    x2(i) +=! A(r_j, i) * y_2(r_j)
+}"""
+
+
+def test_the_parallel_loop_keeps_a_tile_for_every_thread():
+    # x2's A(r_j, i): the model keeps i whole (stride 1) and cuts r_j; with a 1 MiB L2 (an AMD
+    # Zen 5) the whole of i fits, which would leave one tile of the parallel loop over i, and
+    # every thread but one idle.  The tile of i shrinks to leave one per thread.
+    zen5 = (48 * 1024, 1024 * 1024, 32 * 1024 * 1024)
+    for threads in (2, 4):
+        kernel = polyc.define(MVT, tuning=False, cache_sizes=zen5, threads=threads, blas_contractions=False).mvt
+        explanation = kernel.explain(dict(N=512))
+        sizes = [loop.tile_size for loop in explanation.loops if loop.index == "i"]
+        assert sizes and all(size is not None and 512 // size >= threads for size in sizes), (threads, sizes)

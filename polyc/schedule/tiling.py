@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from pathlib import Path
 
 import islpy as isl
@@ -51,9 +52,10 @@ def machine_cache_sizes() -> dict[int, int]:
     return sizes
 
 
-def choose_tile_sizes(node: isl.ScheduleNode, program: PolyProgram,
-                      user_sizes: tuple[int, ...] | None, caches: dict[int, int]) -> list[int] | None:
-    """Tile sizes for the band at ``node`` (outermost member first), or None not to tile."""
+def choose_tile_sizes(node: isl.ScheduleNode, program: PolyProgram, user_sizes: tuple[int, ...] | None,
+                      caches: dict[int, int], threads: int | None = None) -> list[int] | None:
+    """Tile sizes for the band at ``node`` (outermost member first), or None not to tile;
+    ``threads``: how many threads run its parallel loop (None: this machine's cores)."""
     n = node.band_n_member()
     if user_sizes:
         sizes = list(user_sizes[:n])
@@ -81,8 +83,28 @@ def choose_tile_sizes(node: isl.ScheduleNode, program: PolyProgram,
     whole_inner = _outer_first_sizes(accesses, extents, inner, budget)
     capped = [min(size, extent) for size, extent in zip(equal, extents)]  # a tile beyond the extent is the extent
     if whole_inner is not None and _cost(accesses, whole_inner, inner) < _cost(accesses, capped, inner):
-        return whole_inner
-    return equal
+        chosen = whole_inner
+    else:
+        chosen = equal
+    coincident = [m for m in range(n) if node.band_member_get_coincident(m)]
+    if coincident:
+        _leave_tiles_for_threads(chosen, extents, coincident[0], threads or _cores())
+    return chosen
+
+
+def _leave_tiles_for_threads(sizes: list[int], extents: list[int], parallel: int, threads: int) -> None:
+    """Shrink the tile of the member whose tile loop runs in parallel until its tiles are at
+    least as many as the threads (where its extent allows): a tile as large as the whole loop
+    leaves all but one thread idle (a large L2, as on an AMD Zen 5, makes whole rows fit)."""
+    if threads > 1 and -(-extents[parallel] // sizes[parallel]) < threads:
+        sizes[parallel] = max(1, -(-extents[parallel] // threads))
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _footprint(accesses: list[tuple[frozenset[int], int]], sizes: list[int]) -> int:

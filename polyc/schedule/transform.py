@@ -134,7 +134,8 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
     elif n_members < 2:
         decision.tiling = "one loop: nothing to tile"
     else:
-        sizes = choose_tile_sizes(node, context.program, options.tile_sizes, tiling.cache_sizes(options))
+        sizes = choose_tile_sizes(node, context.program, options.tile_sizes, tiling.cache_sizes(options),
+                                  options.threads)
         if sizes is not None:
             node = node.band_tile(isl.MultiVal.from_val_list(node.band_get_space(), _val_list(node, sizes)))
             tiled = True
