@@ -260,10 +260,12 @@ def _add_option_arguments(parser: argparse.ArgumentParser) -> None:
                      help="no shared-memory tiles")
     gpu.add_argument("--no-private-memory", dest="use_private_memory", action="store_const", const=False,
                      help="no register tiles or accumulators in registers")
+    gpu.add_argument("--no-double-buffer", dest="double_buffer", action="store_const", const=False,
+                     help="one buffer per shared tile (copy, barrier, compute, barrier in every slice)")
 
 
 _OPTION_NAMES = ("backend", "fusion", "tile_sizes", "parallel", "vectorize", "unroll", "threads", "specialize", "cc",
-                 "cflags", "block", "grid", "device", "use_shared_memory", "use_private_memory")
+                 "cflags", "block", "grid", "device", "use_shared_memory", "use_private_memory", "double_buffer")
 
 
 def _define_options(args: argparse.Namespace) -> dict:

@@ -164,7 +164,8 @@ def mapping_options(options: Options, dialect: str) -> MappingOptions:
     return MappingOptions(block=options.block, grid=options.grid, tile_sizes=options.tile_sizes or None,
                           unroll=options.unroll, shared_memory=min(shared_memory_budget(options),
                                                                    device.shared_memory_per_block),
-                          private_memory=options.use_private_memory, registers=device.register_tile,
+                          private_memory=options.use_private_memory, double_buffer=options.double_buffer,
+                          registers=device.register_tile,
                           device=device)
 
 

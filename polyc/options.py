@@ -40,6 +40,9 @@ class Options:
       (None: 48 KiB).
     - ``use_private_memory``: for the GPU back ends, keep the elements each thread alone writes
       (a matmul's accumulator) in registers from the start of a launch to its end (default True).
+    - ``double_buffer``: for the GPU back ends, give each shared tile two buffers and copy the
+      next slice while the block computes this one (one barrier per slice instead of two), where
+      there are several slices and both buffers fit ``max_shared_memory`` (default True).
     - ``fusion``: ``"min"`` (no fusion), ``"smart"`` (fuse where outer parallelism is kept), ``"max"``.
     - ``tile_sizes``: None (a model of the caches picks them), ``()`` (no tiling) or sizes
       for the outermost band, outermost first.
@@ -83,6 +86,7 @@ class Options:
     device: str | None = None
     use_shared_memory: bool = True
     use_private_memory: bool = True
+    double_buffer: bool = True
     max_shared_memory: int | None = None
 
     @staticmethod
@@ -141,7 +145,7 @@ class Options:
                 self.max_shared_memory, int) or self.max_shared_memory < 0):
             raise PolycError(f"max_shared_memory must be None or a number of bytes >= 0, not {self.max_shared_memory!r}")
         for name in ("parallel", "vectorize", "specialize", "blas_contractions", "direct_convolutions",
-                     "tuning", "use_shared_memory", "use_private_memory"):
+                     "tuning", "use_shared_memory", "use_private_memory", "double_buffer"):
             if not isinstance(getattr(self, name), bool):
                 raise PolycError(f"{name} must be True or False, not {getattr(self, name)!r}")
 

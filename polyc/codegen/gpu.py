@@ -185,7 +185,7 @@ class _GpuKernelWriter(_KernelWriter):
         body.append(cgen.Statement(f"int {_STATUS} = 0"))
         shared_qualifier = "__local" if opencl else "__shared__"
         for array in (self.promotion.arrays if self.promotion else ()):
-            body.append(cgen.Statement(f"{shared_qualifier} {c_type(array.dtype)} {array.name}[{array.elements}]"))
+            body.append(cgen.Statement(f"{shared_qualifier} {c_type(array.dtype)} {array.name}[{array.allocated}]"))
         for array in (self.private.arrays if self.private else ()):
             body.append(cgen.Statement(f"{c_type(array.dtype)} {array.name}[{array.elements}]"))
         reduction = self.launch.reduction
@@ -318,6 +318,8 @@ class _GpuKernelWriter(_KernelWriter):
             offset_text = aff_c(offset, [slice_text], self.param_names)
             term = f"(({element}) - ({offset_text}))"
             terms.append(term if stride == 1 else f"{term} * {stride}")
+        if array.buffers > 1:  # slice s in buffer s mod buffers (slices count from 0)
+            terms.append(f"(({slice_text}) % {array.buffers}) * {array.elements}")
         return " + ".join(terms)
 
     @staticmethod

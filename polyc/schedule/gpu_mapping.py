@@ -196,7 +196,7 @@ class GpuLaunch:
         if self.promotion is not None:
             p = self.promotion
             lines.append(f"  band member {p.member} in slices of {p.slice_size}; shared memory "
-                         f"({p.shared_bytes} bytes): " + ", ".join(
+                         f"({p.shared_bytes} bytes{', double-buffered' if p.double_buffered else ''}): " + ", ".join(
                              f"{a.tensor} as {a.name}[{' x '.join(map(str, a.sizes))}]" for a in p.arrays))
         if self.private is not None:
             lines.append("  registers: " + ", ".join(f"{a.tensor} as {a.name}[{' x '.join(map(str, a.sizes))}]"
@@ -272,6 +272,7 @@ class MappingOptions:
     unroll: int = 1                           # unroll innermost sequential loops up to this many statements
     shared_memory: int = DEFAULT_MAX_SHARED_BYTES  # bytes per block for promoted tiles; 0: none
     private_memory: bool = True
+    double_buffer: bool = True                # copy the next shared-memory slice while computing this one
     block_reductions: bool = True
     registers: int = MAX_REGISTER_TILE        # most accumulators in one thread's register tile
     device: DeviceModel | None = None         # what the defaults were chosen for (shown by describe)
@@ -337,7 +338,7 @@ def _with_promotion(launch: GpuLaunch, program: PolyProgram, band: isl.ScheduleN
                     options: MappingOptions) -> GpuLaunch:
     """``launch`` with its reused tiles in shared memory, when that pays and passes the proofs."""
     promotion = promote(program, launch, band, max_shared_bytes=options.shared_memory,
-                        slice_sizes=options.tile_sizes)
+                        slice_sizes=options.tile_sizes, double_buffer=options.double_buffer)
     if promotion is None:
         return launch
     failure = prove_promotion(promotion, program, launch)

@@ -73,6 +73,9 @@ class SharedArray:
     #: elements one copy instance moves with one vector load (a float4): 1, or VECTOR_WIDTH
     #: where the rows' groups of four are proved aligned and inside the tensor
     vector: int = 1
+    #: copies of the box: 2 when double-buffered (slice s in buffer s mod 2, the next slice
+    #: copied while this one is computed), else 1
+    buffers: int = 1
 
     @property
     def row_length(self) -> int:
@@ -88,6 +91,11 @@ class SharedArray:
     def strides(self) -> tuple[int, ...]:
         padded = (*self.sizes[:-1], self.row_length)
         return tuple(math.prod(padded[d + 1:]) for d in range(len(padded)))
+
+    @property
+    def allocated(self) -> int:
+        """Elements of the shared array: every buffer, padding included."""
+        return self.elements * self.buffers
 
     @property
     def copy_sizes(self) -> tuple[int, ...]:
@@ -126,13 +134,19 @@ class Promotion:
 
     @property
     def shared_bytes(self) -> int:
-        return sum(a.elements * a.dtype.itemsize for a in self.arrays)
+        return sum(a.allocated * a.dtype.itemsize for a in self.arrays)
+
+    @property
+    def double_buffered(self) -> bool:
+        return any(a.buffers > 1 for a in self.arrays)
 
 
 def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES,
-            slice_sizes: tuple[int, ...] | None = None) -> Promotion | None:
+            slice_sizes: tuple[int, ...] | None = None, double_buffer: bool = True) -> Promotion | None:
     """The promotion of ``launch`` (whose first band is ``band``), or None when nothing pays;
-    ``slice_sizes`` (per band member, TC's tile sizes) sets the slice, else SLICE_SIZE."""
+    ``slice_sizes`` (per band member, TC's tile sizes) sets the slice, else SLICE_SIZE;
+    ``double_buffer``: copy the next slice while computing this one where there are several
+    slices and two copies of the tiles fit the budget."""
     mapped = {loop.member for loop in launch.loops}
     free = [m for m in range(band.band_n_member()) if m not in mapped]
     if not launch.loops or not free or max_shared_bytes <= 0:
@@ -177,7 +191,10 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
     if not arrays:
         return None
     slices = isl.Set.from_union_set(slice_of.intersect_domain(block_domain).range())
-    arrays = [dataclasses.replace(a, vector=_vector_width(program, a, slices)) for a in arrays]
+    count = -(-(high - low + 1) // slice_size)
+    used = sum(a.elements * a.dtype.itemsize for a in arrays)
+    buffers = 2 if double_buffer and count > 1 and 2 * used <= max_shared_bytes else 1
+    arrays = [dataclasses.replace(a, vector=_vector_width(program, a, slices), buffers=buffers) for a in arrays]
 
     flat = launch.schedule
     length = out_dims(flat)
@@ -196,23 +213,29 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
     for position, array in enumerate(arrays):
         copies = _copy_set(program, slices, array).align_params(launch.context.get_space())
         owner, rounds = _copy_distribution(copies.get_space(), threads)
-        # each array's copy has a loop of its own: [s, phase, which array, round, copy]
+        # each array's copy has a loop of its own: [s, phase, which array, round, copy]; double
+        # buffered, slice s is copied in the iteration before (s - 1: the first before the loop)
         schedule = schedule.union(isl.UnionMap.from_map(
-            _copy_time(copies.get_space(), position, rounds, width)))
+            _copy_time(copies.get_space(), position, rounds, width, buffers - 1)))
         owned = copies.intersect(isl.Set.from_basic_set(
             owner.sub(_params_on(linear_thread, copies.get_space())).zero_basic_set()))
         thread_domain = thread_domain.union(isl.UnionSet.from_set(owned).intersect_params(launch.context))
         full_block = full_block.union(isl.UnionSet.from_set(copies))
         thread_of = thread_of.union(isl.UnionMap.from_map(isl.Map.from_aff(owner)).intersect_domain(
             isl.UnionSet.from_set(copies)))
-    for phase in (PHASE_BARRIER_BEFORE, PHASE_BARRIER_AFTER):
+    # one buffer: copy, barrier, compute, barrier in every slice.  Two: copy the next slice,
+    # compute this one (the other buffer), barrier; and a copy and barrier before the first
+    phases = (PHASE_BARRIER_BEFORE, PHASE_BARRIER_AFTER) if buffers == 1 else (PHASE_BARRIER_AFTER,)
+    if buffers > 1:
+        slices = slices.union(isl.Set.read_from_str(program.ctx, "{ [-1] }").align_params(slices.get_space()))
+    for phase in phases:
         name = f"{BARRIER}{phase}"
         barriers = slices.set_tuple_name(name)
         schedule = schedule.union(isl.UnionMap.from_map(isl.Map.read_from_str(
             program.ctx, f"{{ {name}[s] -> [s, {phase}{', ' + pad(0) if width > 2 else ''}] }}")))
         thread_domain = thread_domain.union(isl.UnionSet.from_set(barriers).intersect_params(launch.context))
         full_block = full_block.union(isl.UnionSet.from_set(barriers))
-    return Promotion(member, low, slice_size, -(-(high - low + 1) // slice_size), member_affs, tuple(arrays), schedule,
+    return Promotion(member, low, slice_size, count, member_affs, tuple(arrays), schedule,
                      thread_domain, full_block, thread_of, slice_of)
 
 
@@ -399,6 +422,9 @@ def _local_index(array: SharedArray, space: isl.Space) -> isl.Aff:
         element = isl.Aff.var_on_domain(ls, isl.dim_type.set, d + 1)
         offset = _align(array.offsets[d], space).pullback_multi_aff(to_slice)
         total = total.add(element.sub(offset).scale_val(isl.Val.int_from_si(space.get_ctx(), array.strides[d])))
+    if array.buffers > 1:  # slice s in buffer s mod buffers
+        buffer = isl.Aff.var_on_domain(ls, isl.dim_type.set, 0).mod_val(isl.Val.int_from_si(space.get_ctx(), array.buffers))
+        total = total.add(buffer.scale_val(isl.Val.int_from_si(space.get_ctx(), array.elements)))
     return total
 
 
@@ -415,12 +441,13 @@ def _copy_distribution(space: isl.Space, threads: int) -> tuple[isl.Aff, tuple[i
     return j.mod_val(t), (j.scale_down_val(t).floor(),)
 
 
-def _copy_time(space: isl.Space, position: int, rounds: tuple[isl.Aff, ...], width: int) -> isl.Map:
-    """``polyc_copy_T[s, j] -> [s, PHASE_COPY, position, round, j, 0...]``."""
+def _copy_time(space: isl.Space, position: int, rounds: tuple[isl.Aff, ...], width: int, ahead: int = 0) -> isl.Map:
+    """``polyc_copy_T[s, j] -> [s - ahead, PHASE_COPY, position, round, j, 0...]``."""
     ls = isl.LocalSpace.from_space(space)
     constant = lambda value: isl.Aff.zero_on_domain(ls).add_constant_val(isl.Val.int_from_si(space.get_ctx(), value))  # noqa: E731
     elements = [isl.Aff.var_on_domain(ls, isl.dim_type.set, d) for d in range(1, space.dim(isl.dim_type.set))]
-    time = [isl.Aff.var_on_domain(ls, isl.dim_type.set, 0), constant(PHASE_COPY), constant(position), *rounds, *elements]
+    iteration = isl.Aff.var_on_domain(ls, isl.dim_type.set, 0).add_constant_val(isl.Val.int_from_si(space.get_ctx(), -ahead))
+    time = [iteration, constant(PHASE_COPY), constant(position), *rounds, *elements]
     time += [constant(0)] * (width - len(time))
     result = isl.Map.from_aff(time[0])
     for aff in time[1:]:

@@ -193,7 +193,28 @@ def test_matmul_tiles_go_to_shared_memory_in_slices_of_the_reduction():
     shapes = {array.tensor: array.sizes for array in promotion.arrays}
     assert shapes == {"A": (8, 32), "B": (32, 32)}  # rows of the block x a slice; a slice x columns
     source = st.gpu_source.source
-    assert "__local float A_shared[264]" in source  # 8 rows of 32 + 1 (padding) and source.count("barrier(CLK_LOCAL_MEM_FENCE)") == 2
+    assert "__local float A_shared[528]" in source  # two buffers of 8 rows of 32 + 1 (padding)
+
+
+def test_double_buffering_copies_the_next_slice_while_computing_this_one():
+    single = stages("matmul", dict(M=37, K=70, N=45), double_buffer=False, **ONE_VALUE_PER_THREAD)
+    double = stages("matmul", dict(M=37, K=70, N=45), **ONE_VALUE_PER_THREAD)
+    assert not single.gpu.launches[0].promotion.double_buffered and double.gpu.launches[0].promotion.double_buffered
+    assert "__local float A_shared[264]" in single.gpu_source.source
+    assert "double-buffered" in double.gpu.describe()
+    # two barriers per slice with one buffer; one per slice and one before the first with two
+    for st, barriers in ((single, {"polyc_barrier1", "polyc_barrier3"}), (double, {"polyc_barrier3"})):
+        names = {s.get_tuple_name() for s in _sets(st.gpu.launches[0].promotion.block_domain)}
+        assert {n for n in names if n.startswith("polyc_barrier")} == barriers
+    # a slice's buffer is s mod 2: with one buffer named for both, the copy of the next slice
+    # overwrites what the block still reads, and the race proof says so
+    from polyc.schedule.gpu_promotion import prove_promotion
+    launch = double.gpu.launches[0]
+    assert prove_promotion(launch.promotion, double.program, launch) is None
+    one_buffer = dataclasses.replace(launch.promotion, arrays=tuple(
+        dataclasses.replace(a, buffers=1) for a in launch.promotion.arrays))
+    failure = prove_promotion(one_buffer, double.program, launch)
+    assert failure is not None and "race" in failure
 
 
 def test_shared_memory_can_be_turned_off_or_limited():
