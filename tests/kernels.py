@@ -1015,3 +1015,19 @@ def _running_max():
 #: The corpus by name.
 CASES: dict[str, KernelCase] = {case.name: case for case in KERNELS}
 assert len(CASES) == len(KERNELS), "kernel names must be unique"
+
+
+#: float16 defs: every operation rounded to float16 as on the CPU (OpenCL: float buffers and a
+#: rounding through half bits; CUDA: __half).
+FLOAT16_DEFS = """
+def elementwise(float16(N) X, float16(N) Y, double(N) D, int32(N) I) -> (Z) {
+    Z(i) = exp(X(i)) / (Y(i) + 3) - sqrt(fabs(X(i))) * tanh(Y(i)) + float16(D(i)) + float16(I(i))
+}
+def matmul(float16(M, K) A, float16(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }
+def softmax(float16(N, D) X) -> (Y) {
+    M(n) max=! X(n, r_d)
+    E(n, d) = exp(X(n, d) - M(n))
+    S(n) +=! E(n, r_d)
+    Y(n, d) = E(n, d) / S(n)
+}
+"""

@@ -25,7 +25,7 @@ import cgen
 import islpy as isl
 import numpy as np
 
-from polyc.codegen.c_expr import PRELUDE, CExpressionPrinter, c_constant, c_type
+from polyc.codegen.c_expr import PRELUDE, CExpressionPrinter, c_constant, c_type, to_float16
 from polyc.errors import PolycError
 from polyc.ir.model import PolyProgram, PolyStatement, isl_name
 from polyc.lang import checked as ir
@@ -608,6 +608,8 @@ def _extent_name(tensor: str, dim: int) -> str:
 def _combine(op: str, dtype: np.dtype, current: str, value: str, ctype: str) -> str:
     """``current op value`` in the target type, with the interpreter's min/max semantics."""
     if op in ("+", "*"):
+        if dtype == np.float16:  # in float, then one rounding (as every float16 operation)
+            return to_float16(f"(float){current} {op} (float){value}")
         return f"({ctype})({current} {op} {value})"
     if dtype.kind == "f":
         suffix = "f" if dtype.itemsize <= 4 else ""

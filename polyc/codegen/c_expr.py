@@ -98,7 +98,13 @@ static inline double polyc_rsqrt(double x) { return 1.0 / sqrt(x); }
 
 """ + VECTOR_MATH_C + r"""
 /* round() is C's: half away from zero.  bool is _Bool.  float16 is _Float16 (gcc >= 12 on
-   x86-64, or AArch64); generated code computes float16 operations in float and converts back. */
+   x86-64, or AArch64); generated code computes float16 operations in float and rounds back with
+   POLYC_F16 (from float) or POLYC_F16_DOUBLE (from double), which the GPU dialects define in
+   their own ways. */
+#ifndef POLYC_F16
+#define POLYC_F16(x) ((_Float16)(x))
+#define POLYC_F16_DOUBLE(x) ((_Float16)(x))
+#endif
 /* ---- end of polyc prelude ---- */
 """
 
@@ -240,6 +246,8 @@ class CExpressionPrinter:
             return f"({operand} != 0)"  # NaN is true, as in numpy
         if target.kind in "iu" and source.kind == "f":
             return f"polyc_float_to_{target.name}({operand})"
+        if target == FLOAT16:
+            return to_float16(operand, source)
         return f"(({c_type(target)}){operand})"
 
     def _print_Call(self, expr: Call) -> str:
@@ -253,11 +261,19 @@ class CExpressionPrinter:
         return f"polyc_{expr.func}_{dtype.name}({', '.join(args)})"
 
 
+def to_float16(text: str, source: np.dtype = np.dtype(np.float32)) -> str:
+    """C text of ``text`` (a float, or a ``source`` value) rounded to float16: one rounding, by
+    the prelude's POLYC_F16 macros (a cast in C; the GPU dialects round their own way)."""
+    if np.dtype(source) == FLOAT64:
+        return f"POLYC_F16_DOUBLE({text})"
+    return f"POLYC_F16({text})" if np.dtype(source) == FLOAT32 else f"POLYC_F16((float)({text}))"
+
+
 def _float_arithmetic(op: str, dtype: np.dtype, lhs: str, rhs: str) -> str:
     if dtype == FLOAT16:
         if op == "%":
-            return f"((_Float16)fmodf((float){lhs}, (float){rhs}))"
-        return f"((_Float16)((float){lhs} {op} (float){rhs}))"
+            return to_float16(f"fmodf((float){lhs}, (float){rhs})")
+        return to_float16(f"(float){lhs} {op} (float){rhs}")
     if op == "%":
         return f"{'fmodf' if dtype == FLOAT32 else 'fmod'}({lhs}, {rhs})"
     return f"({lhs} {op} {rhs})"
@@ -272,8 +288,8 @@ def _float_call(func: str, dtype: np.dtype, args: list[str]) -> str:
         return f"{float_name}({', '.join(args)})"
     widened = ", ".join(f"(float){a}" for a in args)
     if func == "rsqrt":  # the interpreter rounds the square root to float16 before the reciprocal
-        return f"((_Float16)(1.0f / (float)(_Float16)sqrtf({widened})))"
-    return f"((_Float16){float_name}({widened}))"
+        return to_float16(f"1.0f / (float){to_float16(f'sqrtf({widened})')}")
+    return to_float16(f"{float_name}({widened})")
 
 
 def c_constant(value: int | float | bool, dtype: np.dtype) -> str:

@@ -18,8 +18,9 @@ helpers       ``static inline``               ``static __device__ inline``
 
 The CPU prelude is reused with its ``#include`` lines replaced by each dialect's header:
 OpenCL C has the C99 integer types under other names and its math functions overloaded
-without the ``f`` suffix.  float16 is not supported by the GPU back ends yet (OpenCL's ``half``
-needs an extension PoCL's CPU device lacks); such defs fail with a PolycError naming the tensor.
+without the ``f`` suffix.  float16 is CUDA's ``__half``; in OpenCL C, whose ``half`` values need an
+extension (PoCL's CPU device lacks it), float16 tensors are float buffers (the runtime converts)
+and every float16 result is rounded through ``vstore_half_rte``/``vload_half``.
 """
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ from dataclasses import dataclass
 
 import cgen
 import islpy as isl
-import numpy as np
 
 from polyc.codegen.c import _KernelWriter, _combine, _extent_name, _STATUS, aff_c, c_comment
 from polyc.codegen.c_expr import PRELUDE, c_constant, c_type
@@ -64,6 +64,16 @@ _OPENCL_HEADER = "\n".join([
     # OpenCL's math functions are overloaded on float and double: C's float32 names map to them.
     *(f"#define {name}f {name}" for name in _MATH_FUNCTIONS),
     "#define POLYC_FN static inline",
+    # float16 without cl_khr_fp16 (PoCL's CPU device lacks it): values and buffers are float,
+    # every result rounded to float16 by a store and load of half bits, so a float16 def computes
+    # what it computes elsewhere; the runtime converts float16 arrays on the way in and out
+    "#define _Float16 float",
+    "POLYC_FN float polyc_round_half(float x)",
+    "{ ushort bits; vstore_half_rte(x, 0, (__private half *)&bits); return vload_half(0, (__private half *)&bits); }",
+    "POLYC_FN float polyc_round_half_double(double x)",
+    "{ ushort bits; vstore_half_rte(x, 0, (__private half *)&bits); return vload_half(0, (__private half *)&bits); }",
+    "#define POLYC_F16(x) polyc_round_half(x)",
+    "#define POLYC_F16_DOUBLE(x) polyc_round_half_double(x)",
 ])
 
 _CUDA_HEADER = "\n".join([
@@ -74,6 +84,10 @@ _CUDA_HEADER = "\n".join([
     "#define restrict __restrict__",
     "#define _Bool bool",
     "#define POLYC_FN static __device__ inline",
+    "#include <cuda_fp16.h>",  # float16 is __half, computed in float and rounded once per operation
+    "#define _Float16 __half",
+    "#define POLYC_F16(x) __float2half_rn(x)",
+    "#define POLYC_F16_DOUBLE(x) __double2half(x)",
 ])
 
 _STATUS_HELPER = """
@@ -123,10 +137,6 @@ def generate_gpu(program: PolyProgram, plan: GpuPlan, options: Options, dialect:
     if dialect not in DIALECTS:
         raise PolycError(f"unknown GPU dialect {dialect!r}; the dialects are: {', '.join(DIALECTS)}")
     definition = program.definition
-    for tensor in definition.tensors:
-        if tensor.dtype == np.float16:
-            raise PolycError(f"{definition.name}: tensor {tensor.name} is float16, which the GPU back ends do not "
-                             "support yet (use float32)")
     functions, launches = [], []
     for launch in plan.launches:
         writer = _GpuKernelWriter(program, options, launch, dialect)

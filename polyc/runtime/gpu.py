@@ -53,6 +53,10 @@ class _SharedRuntime:
 class OpenCLRuntime(_SharedRuntime):
     """A pyopencl context and queue."""
 
+    #: float16 tensors live on the device as float (polyc's OpenCL C rounds every float16 result
+    #: without needing cl_khr_fp16); numpy arrays are converted on the way in and out
+    float16_as_float = True
+
     def __init__(self):
         try:
             import pyopencl as cl
@@ -116,7 +120,8 @@ class OpenCLRuntime(_SharedRuntime):
             if self.is_device_array(array):
                 buffers[name] = array.data if array.size else self._empty_buffer()
             else:
-                buffers[name] = cl.Buffer(self.context, flags.READ_WRITE | flags.COPY_HOST_PTR, hostbuf=_nonempty(array))
+                host = array.astype(np.float32) if array.dtype == np.float16 else array
+                buffers[name] = cl.Buffer(self.context, flags.READ_WRITE | flags.COPY_HOST_PTR, hostbuf=_nonempty(host))
         status = np.zeros(1, np.int32)
         status_buffer = cl.Buffer(self.context, flags.READ_WRITE | flags.COPY_HOST_PTR, hostbuf=status)
         arguments = [buffers[name] for name in code.tensor_arguments] + [status_buffer]
@@ -124,8 +129,15 @@ class OpenCLRuntime(_SharedRuntime):
             kernel = self._kernel(program, launch.function_name)
             kernel(self.queue, launch.global_size, launch.block, *arguments)
         for name in outputs:
-            if isinstance(arrays[name], np.ndarray) and arrays[name].size:
-                cl.enqueue_copy(self.queue, arrays[name], buffers[name])
+            array = arrays[name]
+            if isinstance(array, np.ndarray) and array.size:
+                if array.dtype == np.float16:  # float on the device, every value a float16 one: exact
+                    device_values = np.empty(array.shape, np.float32)
+                    cl.enqueue_copy(self.queue, device_values, buffers[name])
+                    self.queue.finish()
+                    array[...] = device_values.astype(np.float16)
+                else:
+                    cl.enqueue_copy(self.queue, array, buffers[name])
         cl.enqueue_copy(self.queue, status, status_buffer)
         self.queue.finish()
         return int(status[0])
@@ -389,6 +401,9 @@ class GpuCompiledKernel:
         checks the sizes inferred (the kernel's bounds precondition)."""
         definition = self.definition
         runtime = self.runtime()
+        if getattr(runtime, "float16_as_float", False) and any(t.dtype == np.float16 for t in definition.tensors):
+            raise SignatureError(f"{definition.name} has float16 tensors, which the OpenCL back end keeps as float "
+                                 "on the device: call it with numpy arrays (they are converted), not device arrays")
         if len(args) != len(definition.inputs):
             raise SignatureError(f"{definition.name} takes {len(definition.inputs)} input(s) "
                                  f"({', '.join(definition.inputs) or 'none'}), got {len(args)}")

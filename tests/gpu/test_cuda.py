@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import polyc
-from kernels import CASES, KERNELS
+from kernels import CASES, FLOAT16_DEFS, KERNELS
 from polyc.errors import PolycError
 from polyc.runtime.gpu import CUDA_ARCHITECTURES, cuda_missing, cuda_resources, find_nvcc
 
@@ -26,8 +26,6 @@ needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc (the CUDA tool
 @needs_nvcc
 @pytest.mark.parametrize("case", [pytest.param(case, id=case.name) for case in KERNELS])
 def test_corpus_kernel_compiles_for_ampere_and_hopper_without_spills(case):
-    if "float16" in case.tags:
-        pytest.skip("float16: not supported by the GPU back ends yet")
     kernel = polyc.define(case.source)[case.entry]
     stages = kernel.gpu_stages(dict(case.size_sets[0]), "cuda")
     report = cuda_resources(stages.gpu_source.source)
@@ -37,6 +35,16 @@ def test_corpus_kernel_compiles_for_ampere_and_hopper_without_spills(case):
         for resources in functions.values():
             assert resources.spill_stores == resources.spill_loads == 0, (arch, resources)
             assert 0 < resources.registers <= 255
+
+
+@needs_nvcc
+def test_float16_defs_compile_as_half_for_ampere_and_hopper():
+    module = polyc.define(FLOAT16_DEFS, device="sm_80")
+    for name, sizes in (("elementwise", dict(N=300)), ("matmul", dict(M=40, K=70, N=36)), ("softmax", dict(N=7, D=300))):
+        source = module[name].gpu_source(sizes, "cuda")
+        assert "__half" in source
+        for functions in cuda_resources(source).values():
+            assert all(r.spill_stores == r.spill_loads == 0 for r in functions.values())
 
 
 def test_cuda_launches_match_numpy_where_a_gpu_exists():

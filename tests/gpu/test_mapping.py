@@ -151,11 +151,6 @@ def test_bad_block_options_are_refused(block):
         polyc.define(CASES["matmul"].source, backend="opencl", block=block)
 
 
-def test_float16_is_refused_by_name():
-    with pytest.raises(PolycError, match="float16"):
-        stages("half_axpby")
-
-
 #: Options for a matmul without register tiles (TC's tile sizes: the block's 8 x 32 threads, slices of 32).
 ONE_VALUE_PER_THREAD = dict(tile_sizes=(8, 32, 32))
 

@@ -2,8 +2,7 @@
 
 Every kernel of the corpus (tests/kernels.py) at every size set, under several mapping option
 sets: the default, fusion off, odd block sizes (partial blocks at every edge), shared memory off, private memory off,
-and a shared-memory budget that admits only small tiles.  float16 kernels
-skip with the reason (the GPU back ends do not support float16 yet).
+and a shared-memory budget that admits only small tiles.
 """
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import numpy as np
 import pytest
 
 import polyc
-from kernels import KERNELS, check_kernel
+from kernels import FLOAT16_DEFS, KERNELS, check_kernel
 from polyc.runtime.gpu import opencl_missing
 
 pyopencl = pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install pyopencl)")
@@ -43,8 +42,6 @@ CORPUS = [pytest.param(case, options, id=f"{case.name}-{label}")
 
 @pytest.mark.parametrize("case, options", CORPUS)
 def test_kernel_matches_numpy_through_opencl(case, options):
-    if "float16" in case.tags:
-        pytest.skip("float16: not supported by the GPU back ends yet")
     kernel = polyc.define(case.source, backend="opencl", **options)[case.entry]
     for sizes in case.size_sets:
         check_kernel(case, kernel, sizes, seed=0)
@@ -123,3 +120,23 @@ def spread(float(M, 2) A, float(N, 4, N) B) -> (O, T) {
     o_result, t_result = kernel(a, b)
     np.testing.assert_allclose(t_result, t, rtol=1e-6)
     np.testing.assert_allclose(o_result, t.sum(-1).transpose(0, 2, 1, 3), rtol=1e-5, atol=1e-6)
+
+
+def test_float16_rounds_every_operation_as_the_cpu_does():
+    gpu = polyc.define(FLOAT16_DEFS, backend="opencl", device="sm_80")
+    cpu = polyc.define(FLOAT16_DEFS)
+    rng = np.random.default_rng(5)
+    x, y = (rng.standard_normal(300).astype(np.float16) for _ in range(2))
+    d, i = rng.standard_normal(300) * 1e3, rng.integers(-70000, 70000, 300).astype(np.int32)
+    np.testing.assert_array_equal(gpu.elementwise(x, y, d, i), cpu.elementwise(x, y, d, i))  # same roundings
+    a, b = rng.standard_normal((40, 70)).astype(np.float16), rng.standard_normal((70, 36)).astype(np.float16)
+    launch = gpu.matmul.gpu_stages(dict(M=40, K=70, N=36)).gpu.launches[0]
+    assert launch.promotion is not None and launch.private is not None  # shared tiles and registers in float16
+    np.testing.assert_allclose(gpu.matmul(a, b).astype(np.float64), a.astype(np.float64) @ b, rtol=0, atol=0.2)
+    rows = rng.standard_normal((7, 300)).astype(np.float16)  # few rows: a block per row, trees in float16
+    assert gpu.softmax.gpu_stages(dict(N=7, D=300)).gpu.launches[0].reduction is not None
+    np.testing.assert_allclose(gpu.softmax(rows).astype(np.float64), cpu.softmax(rows), rtol=0, atol=2e-3)
+    with pytest.raises(polyc.PolycError, match="float16"):  # device arrays would hold float, not half
+        from pyopencl import array as cl_array
+        from polyc.runtime.gpu import OpenCLRuntime
+        gpu.matmul(cl_array.to_device(OpenCLRuntime.shared().queue, a), b)
