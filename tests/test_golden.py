@@ -73,10 +73,16 @@ VARIANTS = ("sizes64", "parametric")
 PINNED_CACHE_SIZES = {1: 32 * 1024, 2: 1024 * 1024, 3: 8 * 1024 * 1024}
 
 
+#: The cores the tile model leaves a parallel tile for (tiling._leave_tiles_for_threads).
+PINNED_CORES = 2
+
+
 @pytest.fixture(autouse=True)
 def pinned_cache_model(monkeypatch):
-    """Automatic tile sizes computed from PINNED_CACHE_SIZES, not from this machine's caches."""
+    """Automatic tile sizes computed from PINNED_CACHE_SIZES and PINNED_CORES, not from this
+    machine's caches and cores."""
     monkeypatch.setattr(tiling, "machine_cache_sizes", lambda: dict(PINNED_CACHE_SIZES))
+    monkeypatch.setattr(tiling, "_cores", lambda: PINNED_CORES)
 
 
 def kernel_of(case: str, **options) -> polyc.api.Kernel:

@@ -27,17 +27,18 @@ int polyc_matmul(const float *__restrict__ A, const float *__restrict__ B, float
   int polyc_status = 0;
   (void)polyc_status;
   #pragma omp parallel for
-  for (int64_t c3 = INT64_C(0); c3 <= INT64_C(63); c3 += INT64_C(1))
-    for (int64_t c4 = INT64_C(0); c4 <= INT64_C(63); c4 += INT64_C(1))
-    {
-      const float polyc_invariant_0 = A[((c3) * A_extent1 + (c4))];
-      #pragma omp simd
-      for (int64_t c5 = INT64_C(0); c5 <= INT64_C(63); c5 += INT64_C(1))
+  for (int64_t c0 = INT64_C(0); c0 <= INT64_C(63); c0 += INT64_C(32))
+    for (int64_t c3 = INT64_C(0); c3 <= INT64_C(31); c3 += INT64_C(1))
+      for (int64_t c4 = INT64_C(0); c4 <= INT64_C(63); c4 += INT64_C(1))
       {
-        if ((c4 == INT64_C(0)))
-          C[((c3) * C_extent1 + (c5))] = 0.0f;
-        C[((c3) * C_extent1 + (c5))] = (float)(C[((c3) * C_extent1 + (c5))] + ((polyc_invariant_0) * (B[((c4) * B_extent1 + (c5))])));
+        const float polyc_invariant_0 = A[(((((c0 + c3)))) * A_extent1 + (c4))];
+        #pragma omp simd
+        for (int64_t c5 = INT64_C(0); c5 <= INT64_C(63); c5 += INT64_C(1))
+        {
+          if ((c4 == INT64_C(0)))
+            C[(((c0 + c3)) * C_extent1 + (c5))] = 0.0f;
+          C[(((c0 + c3)) * C_extent1 + (c5))] = (float)(C[(((c0 + c3)) * C_extent1 + (c5))] + ((polyc_invariant_0) * (B[((c4) * B_extent1 + (c5))])));
+        }
       }
-    }
   return polyc_status;
 }

@@ -34,13 +34,14 @@ int polyc_mlp(const float *__restrict__ I, const float *__restrict__ W, const fl
     #pragma omp simd
     for (int64_t c1 = INT64_C(0); c1 <= INT64_C(63); c1 += INT64_C(1))
       O[((c0) * O_extent1 + (c1))] = 0.0f;
-    for (int64_t c3 = INT64_C(0); c3 <= INT64_C(63); c3 += INT64_C(1))
-    {
-      const float polyc_invariant_0 = I[((c0) * I_extent1 + (c3))];
-      #pragma omp simd
-      for (int64_t c4 = INT64_C(0); c4 <= INT64_C(63); c4 += INT64_C(1))
-        O[((c0) * O_extent1 + (c4))] = (float)(O[((c0) * O_extent1 + (c4))] + ((polyc_invariant_0) * (W[((c3) * W_extent1 + (c4))])));
-    }
+    for (int64_t c1 = INT64_C(0); c1 <= INT64_C(63); c1 += INT64_C(32))
+      for (int64_t c3 = INT64_C(0); c3 <= INT64_C(63); c3 += INT64_C(1))
+      {
+        const float polyc_invariant_0 = I[((c0) * I_extent1 + (c3))];
+        #pragma omp simd
+        for (int64_t c4 = INT64_C(0); c4 <= INT64_C(31); c4 += INT64_C(1))
+          O[((c0) * O_extent1 + ((c1 + c4)))] = (float)(O[((c0) * O_extent1 + ((c1 + c4)))] + ((polyc_invariant_0) * (W[((c3) * W_extent1 + ((((c1 + c4)))))])));
+      }
     #pragma omp simd
     for (int64_t c1 = INT64_C(0); c1 <= INT64_C(63); c1 += INT64_C(1))
       O[((c0) * O_extent1 + (c1))] = polyc_fmaxf(((O[((c0) * O_extent1 + (c1))]) + (b[(c1)])), 0.0f);

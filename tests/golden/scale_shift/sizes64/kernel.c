@@ -27,12 +27,13 @@ int polyc_scale_shift(const float *__restrict__ A, float *__restrict__ C, float 
   int polyc_status = 0;
   (void)polyc_status;
   #pragma omp parallel for
-  for (int64_t c2 = INT64_C(0); c2 <= INT64_C(63); c2 += INT64_C(1))
-  #pragma omp simd
-  for (int64_t c3 = INT64_C(0); c3 <= INT64_C(63); c3 += INT64_C(1))
-  {
-    B[((c2) * B_extent1 + (c3))] = ((A[((c2) * A_extent1 + (c3))]) * 2.0f);
-    C[((c2) * C_extent1 + (c3))] = ((B[((c2) * B_extent1 + (c3))]) + 1.0f);
-  }
+  for (int64_t c0 = INT64_C(0); c0 <= INT64_C(63); c0 += INT64_C(32))
+    for (int64_t c2 = INT64_C(0); c2 <= INT64_C(31); c2 += INT64_C(1))
+    #pragma omp simd
+    for (int64_t c3 = INT64_C(0); c3 <= INT64_C(63); c3 += INT64_C(1))
+    {
+      B[(((c0 + c2)) * B_extent1 + (c3))] = ((A[(((((c0 + c2)))) * A_extent1 + (c3))]) * 2.0f);
+      C[(((c0 + c2)) * C_extent1 + (c3))] = ((B[(((((c0 + c2)))) * B_extent1 + (c3))]) + 1.0f);
+    }
   return polyc_status;
 }
