@@ -254,16 +254,22 @@ def _reused_arrays(program: PolyProgram, launch, block_domain: isl.UnionSet, sli
 
 
 def prove_promotion(promotion: Promotion, program: PolyProgram, launch) -> str | None:
-    """None when the promoted launch is race-free and complete, else what fails: two different
-    threads of a block touching one shared element (one writing) with no barrier between the
-    accesses in schedule order, or a promoted read whose element its slice does not copy."""
+    """None when the promoted launch is race-free, complete and in bounds, else what fails: a
+    copy reading outside its tensor, two different threads of a block touching one shared
+    element (one writing) with no barrier between the accesses in schedule order, or a promoted
+    read whose element its slice does not copy."""
     barriers = [f"{BARRIER}{PHASE_BARRIER_BEFORE}", f"{BARRIER}{PHASE_BARRIER_AFTER}"]
     for array in promotion.arrays:
+        copies = isl.Set.from_union_set(named(promotion.block_domain, COPY + array.tensor))
+        read = copied_elements(array, copies).range().apply(_copied_to_tensor(array, program))
+        inside = tensor_box(program, array.tensor)
+        outside = read.subtract(inside.align_params(read.get_space()))
+        if not outside.is_empty():
+            return f"shared {array.name}: copies read outside {array.tensor}: {outside.coalesce()}"
         writes, reads = shared_accesses(promotion, program, launch, array)
         race = find_races(promotion.schedule, promotion.block_domain, barriers, promotion.thread_of, writes, reads)
         if not race.is_empty():
             return f"shared {array.name}: threads race without a barrier between {race.coalesce()}"
-        copies = isl.Set.from_union_set(named(promotion.block_domain, COPY + array.tensor))
         copied = isl.UnionSet.from_set(copied_elements(array, copies).range())
         needed = _needed_copies(promotion, program, launch, array)
         if not needed.is_subset(copied):

@@ -289,3 +289,17 @@ def test_vector_copies_need_rows_of_four_floats_proved_aligned():
     # rows of 66 floats: a row's groups of 4 do not start at multiples of 4 in memory
     arrays = {a.tensor: a.vector for a in aligned.gpu_stages(dict(M=64, K=66, N=64)).gpu.launches[0].promotion.arrays}
     assert arrays["A"] == 1
+
+
+def test_negative_control_a_copy_past_the_tensor_fails_the_bounds_proof():
+    """The out-of-bounds copy of tests/gpu/test_oclgrind.py, seen by isl: A's box one row
+    further down, so the last block's copies read past A."""
+    from polyc.schedule.gpu_promotion import prove_promotion
+    st = stages("matmul", dict(M=37, K=70, N=45))
+    launch = st.gpu.launches[0]
+    assert prove_promotion(launch.promotion, st.program, launch) is None
+    arrays = tuple(dataclasses.replace(a, offsets=(a.offsets[0].add_constant_val(isl.Val.int_from_si(a.offsets[0].get_ctx(), 1)),
+                                                   *a.offsets[1:])) if a.tensor == "A" else a
+                   for a in launch.promotion.arrays)
+    failure = prove_promotion(dataclasses.replace(launch.promotion, arrays=arrays), st.program, launch)
+    assert failure is not None and "copies read outside A" in failure
