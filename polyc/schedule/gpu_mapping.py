@@ -191,7 +191,7 @@ class GpuLaunch:
                 lines.append(f"  rows: band member {row.member} ({indices}), values {row.offset}.."
                              f"{row.offset + row.extent - 1} = {row.offset} + block.{'xyz'[d]}")
             lines.append(f"  block of {r.threads} threads: each statement's innermost loop dealt across them, a "
-                         "barrier after each statement" + (f"; tree reductions of {r.steps} steps in shared memory: "
+                         "barrier between statements where a dependence between threads needs one" + (f"; tree reductions of {r.steps} steps in shared memory: "
                          + ", ".join(f"{t.statement} into {t.tensor} ({t.op})" for t in r.trees) if r.trees else ""))
         if self.promotion is not None:
             p = self.promotion

@@ -11,7 +11,8 @@ Two kinds of launch run this way instead of one value per thread
   coalesced.  Each row then goes to a block of its own.
 
 Inside a block, the launch's statements run one after the other (in the order of the flat
-schedule), each followed by a barrier.  A statement's innermost loop (the last dimension of
+schedule), each followed by a barrier where a dependence between two threads needs one (the
+barriers that isl finds needless are dropped).  A statement's innermost loop (the last dimension of
 the flat schedule along which it varies within a row) is dealt to the threads cyclically
 (consecutive threads take consecutive values: coalesced); a statement without one runs on
 thread 0.  An update whose target is one element per block (``s(n) += ...`` in row ``n``) is a
@@ -33,15 +34,17 @@ so isl generates the loops and the guards.  For a tree reduction's group:
     phase 4 + 2L       target = target op tree[0]                (thread 0)
     phase 5 + 2L       barrier
 
-and for any other statement: phase 0 the statement, phase 1 a barrier.  The barriers fence
-global memory too: a later statement reads what an earlier one wrote, on another thread.
+and for any other statement: phase 0 the statement, phase 1 a barrier (when needed).  The
+barriers fence global memory too: a later statement reads what an earlier one wrote, on
+another thread.
 
 :func:`prove_block_reduction` checks the result with isl: no dependence joins two rows; every
 dependence between two statement instances goes forward in the new order and, between two
-threads, crosses a barrier; and each tree is race-free (:func:`prove_tree`).
+threads, has a barrier between its two ends; and each tree is race-free (:func:`prove_tree`).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -206,7 +209,27 @@ def reduce_in_blocks(program: PolyProgram, flat: isl.UnionMap, domain: isl.Union
         trees.append(Tree(statement_name, *tree, subscripts, group))
     reduction = BlockReduction(threads, tuple(row_loops), tuple(trees), schedule, thread_domain, context,
                                in_block.intersect_params(context), thread_of, tuple(barriers))
-    return reduction if prove_block_reduction(reduction, program, domain, dependences) is None else None
+    if prove_block_reduction(reduction, program, domain, dependences) is not None:
+        return None
+    # a statement's closing barrier stays only where a dependence between two threads needs it
+    # (a softmax's exponentials feed its sum on the same threads: no barrier between them)
+    tree_groups = {tree.group for tree in trees}
+    for group in range(len(groups)):
+        if group in tree_groups:  # its result is written by the final step: keep its barriers
+            continue
+        trial = _without_barrier(reduction, f"{GROUP_BARRIER}{group}_1")
+        if not _unseparated(trial, program, domain, dependences).is_empty():
+            continue
+        reduction = trial
+    return reduction
+
+
+def _without_barrier(reduction: BlockReduction, name: str) -> BlockReduction:
+    keep = lambda union: union.subtract(named(union, name))  # noqa: E731
+    return dataclasses.replace(reduction, schedule=reduction.schedule.subtract_domain(named(reduction.block_domain, name)),
+                               thread_domain=keep(reduction.thread_domain), block_domain=keep(reduction.block_domain),
+                               thread_of=reduction.thread_of.subtract_domain(named(reduction.block_domain, name)),
+                               barriers=tuple(b for b in reduction.barriers if b != name))
 
 
 def _block_schedule(program: PolyProgram, flat: isl.UnionMap, domain: isl.UnionSet, groups: list, threads: int,
@@ -302,39 +325,65 @@ def prove_block_reduction(reduction: BlockReduction, program: PolyProgram, domai
     """None when the block reduction computes what the schedule did, else what fails: a
     dependence between two rows (two blocks), one going backwards in the new order, or one
     between two threads with no barrier between; then the trees' own proof."""
-    # every dependence counts but a tree's own reduction (its updates may run in any order)
-    related = dependences.all
-    for tree in reduction.trees:
-        updates = named(domain, tree.statement)
-        related = related.subtract(dependences.reduction.intersect_domain(updates).intersect_range(updates))
-    related = related.intersect_domain(domain).intersect_range(domain)
     if reduction.rows:
         row_of = _rows_map(list(reduction.rows), domain, program.ctx)
-        across = related.apply_domain(row_of).apply_range(row_of)
+        kept = _kept_dependences(reduction, domain, dependences)
+        across = kept.apply_domain(row_of).apply_range(row_of)
         if not across.subtract(across.range().identity()).is_empty():
             return "a dependence joins two rows"
+    related = _related(reduction, domain, dependences)
     block_ids = [f"{BLOCK_ID}{d}" for d in range(len(reduction.rows))]
     in_block = project_params(reduction.block_domain, block_ids)
-    related = related.intersect_domain(in_block).intersect_range(in_block)
-    if reduction.rows:  # within one block: both ends in the same row
-        same_row = row_of.apply_range(row_of.reverse())
-        related = related.intersect(same_row)
     time = reduction.schedule.intersect_domain(in_block)
     pairs = time.reverse().apply_range(related).apply_range(time)
     times = pairs.domain().union(pairs.range())
     backwards = pairs.intersect(times.lex_ge_union_set(times))
     if not backwards.is_empty():
         return f"a dependence goes backwards in the block's order: {backwards.coalesce()}"
-    # Each statement is a group of its own that ends with a barrier, so a dependence between two
-    # statements, going forward, crosses one; within a statement (one phase of one group) a
-    # dependence must stay inside one thread.
-    same_thread = reduction.thread_of.apply_range(reduction.thread_of.reverse())
-    for piece in sets(domain):
-        instances = isl.UnionSet.from_set(piece)
-        crossing = related.intersect_domain(instances).intersect_range(instances).subtract(same_thread)
-        if not crossing.is_empty():
-            return f"a dependence joins two threads within one statement: {crossing.coalesce()}"
+    # a dependence between two threads needs a barrier between its two ends
+    unseparated = _unseparated(reduction, program, domain, dependences)
+    if not unseparated.is_empty():
+        return f"a dependence joins two threads with no barrier between: {unseparated.coalesce()}"
     return prove_tree(reduction, program)
+
+
+def _kept_dependences(reduction: BlockReduction, domain: isl.UnionSet, dependences: Dependences) -> isl.UnionMap:
+    """The launch's dependences but a tree's own reduction (its updates may run in any order)."""
+    related = dependences.all
+    for tree in reduction.trees:
+        updates = named(domain, tree.statement)
+        related = related.subtract(dependences.reduction.intersect_domain(updates).intersect_range(updates))
+    return related.intersect_domain(domain).intersect_range(domain)
+
+
+def _related(reduction: BlockReduction, domain: isl.UnionSet, dependences: Dependences) -> isl.UnionMap:
+    """The dependences the block must keep, between instances of one block (and one row)."""
+    block_ids = [f"{BLOCK_ID}{d}" for d in range(len(reduction.rows))]
+    in_block = project_params(reduction.block_domain, block_ids)
+    related = _kept_dependences(reduction, domain, dependences).intersect_domain(in_block).intersect_range(in_block)
+    if reduction.rows:
+        row_of = _rows_map(list(reduction.rows), domain, reduction.context.get_ctx())
+        related = related.intersect(row_of.apply_range(row_of.reverse()))
+    return related
+
+
+def _unseparated(reduction: BlockReduction, program: PolyProgram, domain: isl.UnionSet,
+                 dependences: Dependences) -> isl.UnionMap:
+    """The times of dependences between two threads of a block with no barrier between."""
+    related = _related(reduction, domain, dependences)
+    same_thread = reduction.thread_of.apply_range(reduction.thread_of.reverse())
+    block_ids = [f"{BLOCK_ID}{d}" for d in range(len(reduction.rows))]
+    in_block = project_params(reduction.block_domain, block_ids)
+    time = reduction.schedule.intersect_domain(in_block)
+    pairs = time.reverse().apply_range(related.subtract(same_thread)).apply_range(time)
+    if pairs.is_empty():
+        return pairs
+    barrier_times = isl.UnionSet.empty(pairs.get_space().domain())
+    for name in reduction.barriers:
+        barrier_times = barrier_times.union(time.intersect_domain(named(in_block, name)).range())
+    before = pairs.domain().lex_lt_union_set(barrier_times)
+    after = barrier_times.lex_lt_union_set(pairs.range())
+    return pairs.subtract(before.apply_range(after))
 
 
 # ----------------------------------------------------------------------------- pieces

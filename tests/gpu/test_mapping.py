@@ -81,6 +81,20 @@ def test_negative_control_a_statement_moved_before_what_it_reads_fails_the_proof
     assert "goes backwards" in prove_block_reduction(broken, st.program, launch.domain, st.dependences)
 
 
+def test_block_reductions_keep_only_the_barriers_a_dependence_between_threads_needs():
+    from polyc.schedule.gpu_reduction import _without_barrier, prove_block_reduction
+    st = stages("softmax", dict(N=7, D=300), device="sm_80")
+    launch, = st.gpu.launches
+    reduction = launch.reduction
+    last = len(launch.statements) - 1  # a group per statement, in the block's order
+    assert f"polyc_barrier_g{last}_1" not in reduction.barriers  # nothing follows the last statement
+    closing = [name for name in reduction.barriers if name.endswith("_1")]
+    assert closing and len(closing) < last
+    for name in closing:  # each closing barrier kept is needed: without it, the proof fails
+        failure = prove_block_reduction(_without_barrier(reduction, name), st.program, launch.domain, st.dependences)
+        assert failure is not None and "no barrier between" in failure, name
+
+
 def test_a_full_reduction_runs_as_a_tree_on_one_block():
     launch, = stages("sum_all", dict(M=300, N=7)).gpu.launches
     assert launch.reduction is not None and launch.block == (256,) and launch.reduction.steps == 8
