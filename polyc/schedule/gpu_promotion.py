@@ -644,12 +644,36 @@ def promote_private(program: PolyProgram, launch, schedule: isl.UnionMap, thread
         footprint = isl.Set.from_union_set(accesses.intersect_domain(statements).range())
         footprint = footprint.intersect(tensor_box(program, array.tensor)).intersect_params(launch.context)
         e = ", ".join(f"e{d}" for d in range(len(array.sizes)))
-        for stage, prefix in ((0, LOAD), (2, STORE)):
+        loaded = footprint.intersect(_read_before_written(program, launch, array.tensor, schedule, statements))
+        for stage, prefix, elements in ((0, LOAD, loaded), (2, STORE, footprint)):
             name = prefix + array.tensor
-            domain = domain.union(isl.UnionSet.from_set(footprint.set_tuple_name(name)))
+            domain = domain.union(isl.UnionSet.from_set(elements.set_tuple_name(name)))
             result = result.union(isl.UnionMap.from_map(isl.Map.read_from_str(
                 program.ctx, f"{{ {name}[{e}] -> {shifted(stage, len(array.sizes), e)} }}")))
     return PrivatePromotion(tuple(arrays), result, domain)
+
+
+def _read_before_written(program: PolyProgram, launch, tensor: str, schedule: isl.UnionMap,
+                         statements: isl.UnionSet) -> isl.Set:
+    """The elements of ``tensor`` whose first access in a thread's order is a read (within an
+    instance, reads come before the write): only those need loading into the private array;
+    an accumulator its init statement sets first does not."""
+    reads = writes = None
+    for name in launch.statements:
+        statement = program.statement(name)
+        if statement.source.target == tensor:
+            write = isl.UnionMap.from_map(statement.write)
+            writes = write if writes is None else writes.union(write)
+        for access in statement.reads:
+            if access.tensor == tensor:
+                read = isl.UnionMap.from_map(access.relation)
+                reads = read if reads is None else reads.union(read)
+    if reads is None:
+        return isl.Set.empty(tensor_box(program, tensor).get_space())
+    timed = schedule.intersect_domain(statements)
+    read_times = reads.reverse().apply_range(timed)            # element -> times it is read
+    first = read_times.union(writes.reverse().apply_range(timed)).lexmin()
+    return first.intersect(read_times).domain().extract_set(tensor_box(program, tensor).get_space())
 
 
 def _accesses_of(program: PolyProgram, launch, tensor: str) -> isl.UnionMap | None:

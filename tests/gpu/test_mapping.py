@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import islpy as isl
+import numpy as np
 
 import pytest
 
@@ -317,3 +318,18 @@ def test_negative_control_a_copy_past_the_tensor_fails_the_bounds_proof():
                    for a in launch.promotion.arrays)
     failure = prove_promotion(dataclasses.replace(launch.promotion, arrays=arrays), st.program, launch)
     assert failure is not None and "copies read outside A" in failure
+
+
+def test_private_tiles_load_only_what_is_read_before_it_is_written():
+    """A matmul's accumulators are set by its init statement first: no load of C; an update
+    without '!' reads C's old values first: loaded."""
+    fresh = polyc.define("def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
+                         backend="opencl").mm
+    source = fresh.gpu_source(dict(M=64, K=64, N=64), "opencl")
+    assert "C_private" in source and "= C[" not in source
+    accumulate = polyc.define("def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) += A(m, r_k) * B(r_k, n) }",
+                              backend="opencl").mm
+    assert "= C[" in accumulate.gpu_source(dict(M=64, K=64, N=64), "opencl")
+    a, b, c = (np.ones((64, 64), np.float32) for _ in range(3))
+    np.testing.assert_allclose(accumulate(a, b, outputs=[c]), 65.0)
+    np.testing.assert_allclose(fresh(a, b), 64.0)
