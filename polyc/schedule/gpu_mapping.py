@@ -43,7 +43,7 @@ from polyc.schedule.gpu_device import DeviceModel
 from polyc.schedule.gpu_promotion import (BLOCK_ID, DEFAULT_MAX_SHARED_BYTES, MAX_PRIVATE_ELEMENTS, THREAD_ID, PrivatePromotion, Promotion, promote,
                                           promote_private, prove_promotion, shared_accesses)
 from polyc.schedule.gpu_reduction import BlockReduction, reduce_in_blocks
-from polyc.schedule.isl_helpers import constant_bound, out_dims, sets
+from polyc.schedule.isl_helpers import constant_bound, out_dims, sets, value_range
 from polyc.schedule.transform import stride_score
 
 #: Threads per block when the options give none, by the number of mapped members (x first):
@@ -478,8 +478,7 @@ def _member_map(band: isl.ScheduleNode, member: int, domain: isl.UnionSet) -> is
 
 
 def _member_range(program: PolyProgram, band: isl.ScheduleNode, domain: isl.UnionSet, member: int) -> tuple[int, int]:
-    values = _constant_set(_member_map(band, member, domain).range(), program)
-    return constant_bound(values.dim_min(0)), constant_bound(values.dim_max(0))
+    return value_range(_member_map(band, member, domain).range(), program.context)
 
 
 def _member_extent(program: PolyProgram, band: isl.ScheduleNode, domain: isl.UnionSet, member: int) -> int:
@@ -702,9 +701,3 @@ def prove_launch(launch: GpuLaunch, program: PolyProgram, dependences: Dependenc
     if not crossing.is_empty():
         return f"a dependence joins two threads: {crossing.coalesce()}"
     return None
-
-
-def _constant_set(values: isl.UnionSet, program: PolyProgram) -> isl.Set:
-    """A one-dimensional set of values with the program's (fixed) sizes substituted."""
-    result = isl.Set.from_union_set(values).intersect_params(program.context)
-    return result.project_out(isl.dim_type.param, 0, result.dim(isl.dim_type.param))

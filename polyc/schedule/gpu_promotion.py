@@ -37,7 +37,7 @@ import numpy as np
 
 from polyc.ir.bounds import tensor_box
 from polyc.ir.model import PolyProgram
-from polyc.schedule.isl_helpers import constant_bound, named, out_dims, project_params, sets
+from polyc.schedule.isl_helpers import constant_bound, named, out_dims, project_params, sets, value_range
 
 #: Iterations of the sequential loop per shared-memory slice.
 SLICE_SIZE = 32
@@ -156,9 +156,7 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
     for member in free:
         member_map = isl.UnionMap.from_multi_union_pw_aff(isl.MultiUnionPwAff.from_union_pw_aff(
             band.band_get_partial_schedule().get_at(member))).intersect_domain(launch.domain)
-        values = isl.Set.from_union_set(member_map.range()).intersect_params(program.context)
-        values = values.project_out(isl.dim_type.param, 0, values.dim(isl.dim_type.param))
-        low, high = constant_bound(values.dim_min(0)), constant_bound(values.dim_max(0))
+        low, high = value_range(member_map.range(), program.context)
         if high > low:
             break
     else:
@@ -212,11 +210,11 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
     threads = math.prod(launch.block)
     for position, array in enumerate(arrays):
         copies = _copy_set(program, slices, array).align_params(launch.context.get_space())
-        owner, rounds = _copy_distribution(copies.get_space(), threads)
+        owner, round_of = _copy_distribution(copies.get_space(), threads)
         # each array's copy has a loop of its own: [s, phase, which array, round, copy]; double
         # buffered, slice s is copied in the iteration before (s - 1: the first before the loop)
         schedule = schedule.union(isl.UnionMap.from_map(
-            _copy_time(copies.get_space(), position, rounds, width, buffers - 1)))
+            _copy_time(copies.get_space(), position, round_of, width, buffers - 1)))
         owned = copies.intersect(isl.Set.from_basic_set(
             owner.sub(_params_on(linear_thread, copies.get_space())).zero_basic_set()))
         thread_domain = thread_domain.union(isl.UnionSet.from_set(owned).intersect_params(launch.context))
@@ -434,7 +432,7 @@ def _local_index(array: SharedArray, space: isl.Space) -> isl.Aff:
     return total
 
 
-def _copy_distribution(space: isl.Space, threads: int) -> tuple[isl.Aff, tuple[isl.Aff]]:
+def _copy_distribution(space: isl.Space, threads: int) -> tuple[isl.Aff, isl.Aff]:
     """On ``polyc_copy_T[s, j]``: the linear id of the thread that makes copy j, and the round
     in which it does: j mod T and j div T.  Consecutive copies move consecutive units of a row,
     so consecutive threads x load consecutive addresses (coalesced), and every thread works
@@ -444,16 +442,16 @@ def _copy_distribution(space: isl.Space, threads: int) -> tuple[isl.Aff, tuple[i
     ls = isl.LocalSpace.from_space(space)
     j = isl.Aff.var_on_domain(ls, isl.dim_type.set, 1)
     t = isl.Val.int_from_si(space.get_ctx(), threads)
-    return j.mod_val(t), (j.scale_down_val(t).floor(),)
+    return j.mod_val(t), j.scale_down_val(t).floor()
 
 
-def _copy_time(space: isl.Space, position: int, rounds: tuple[isl.Aff, ...], width: int, ahead: int = 0) -> isl.Map:
+def _copy_time(space: isl.Space, position: int, round_of: isl.Aff, width: int, ahead: int = 0) -> isl.Map:
     """``polyc_copy_T[s, j] -> [s - ahead, PHASE_COPY, position, round, j, 0...]``."""
     ls = isl.LocalSpace.from_space(space)
     constant = lambda value: isl.Aff.zero_on_domain(ls).add_constant_val(isl.Val.int_from_si(space.get_ctx(), value))  # noqa: E731
     elements = [isl.Aff.var_on_domain(ls, isl.dim_type.set, d) for d in range(1, space.dim(isl.dim_type.set))]
     iteration = isl.Aff.var_on_domain(ls, isl.dim_type.set, 0).add_constant_val(isl.Val.int_from_si(space.get_ctx(), -ahead))
-    time = [iteration, constant(PHASE_COPY), constant(position), *rounds, *elements]
+    time = [iteration, constant(PHASE_COPY), constant(position), round_of, *elements]
     time += [constant(0)] * (width - len(time))
     result = isl.Map.from_aff(time[0])
     for aff in time[1:]:

@@ -53,7 +53,7 @@ import islpy as isl
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 from polyc.schedule.gpu_promotion import BARRIER, BLOCK_ID, THREAD_ID, find_races
-from polyc.schedule.isl_helpers import constant_bound, named, out_dims, project_params, sets
+from polyc.schedule.isl_helpers import named, out_dims, project_params, sets, value_range
 
 #: Threads of a reduction block (a power of two; fewer when the work of a row is shorter).
 REDUCTION_THREADS = 256
@@ -144,7 +144,7 @@ def reduce_in_blocks(program: PolyProgram, flat: isl.UnionMap, domain: isl.Union
     for member in rows:
         member_map = isl.UnionMap.from_multi_union_pw_aff(isl.MultiUnionPwAff.from_union_pw_aff(
             band.band_get_partial_schedule().get_at(member))).intersect_domain(domain)
-        low, high = _range(member_map.range(), program)
+        low, high = value_range(member_map.range(), program.context)
         row_loops.append(RowLoop(member, member_map, low, high - low + 1, member_indices(band, member, program)))
     row_of = _rows_map(row_loops, domain, ctx)
     length = out_dims(flat)
@@ -165,7 +165,7 @@ def reduce_in_blocks(program: PolyProgram, flat: isl.UnionMap, domain: isl.Union
         if varying:
             dealt = varying[-1] if work[varying[-1]] >= 2 * warp else max(varying, key=lambda p: (work[p], p))
             most_work = max(most_work, work[dealt])
-        low = _range(_pick(times, dealt, length, ctx).range(), program)[0] if dealt is not None else 0
+        low = value_range(_pick(times, dealt, length, ctx).range(), program.context)[0] if dealt is not None else 0
         tree = None
         if dealt is not None and _one_element_per_row(statement, row_of.intersect_domain(instances), program):
             if statement.kind != "update" or statement.source.op not in _SUPPORTED:
@@ -442,9 +442,3 @@ def _single_affs(element: isl.Set) -> tuple[isl.Aff, ...] | None:
             return None
         affs.append(pieces[0])
     return tuple(affs)
-
-
-def _range(values: isl.UnionSet, program: PolyProgram) -> tuple[int, int]:
-    values = isl.Set.from_union_set(values).intersect_params(program.context)
-    values = values.project_out(isl.dim_type.param, 0, values.dim(isl.dim_type.param))
-    return constant_bound(values.dim_min(0)), constant_bound(values.dim_max(0))

@@ -50,3 +50,11 @@ def constant_bound(bound: isl.PwAff) -> int:
     if not value.is_int():
         raise PolycError(f"internal: the GPU mapping found a fractional loop bound: {bound}")
     return value.to_python()
+
+
+def value_range(values: isl.UnionSet, context: isl.Set) -> tuple[int, int]:
+    """The smallest and the largest of one-dimensional ``values`` with the sizes fixed by
+    ``context`` (a schedule member's values over a launch, say)."""
+    fixed = isl.Set.from_union_set(values).intersect_params(context)
+    fixed = fixed.project_out(isl.dim_type.param, 0, fixed.dim(isl.dim_type.param))
+    return constant_bound(fixed.dim_min(0)), constant_bound(fixed.dim_max(0))

@@ -34,6 +34,7 @@ import islpy as isl
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram, PolyStatement, isl_name
 from polyc.lang.symbolic import Affine
+from polyc.schedule.isl_helpers import sets
 
 _BAND = isl.schedule_node_type.band
 _SEQUENCE = isl.schedule_node_type.sequence
@@ -163,7 +164,7 @@ class _Fuser:
             return None
         member = band.band_get_partial_schedule().get_at(0)
         indices = _member_indices(member, self.program)
-        names = {s.get_tuple_name() for s in _sets(band.get_domain())}
+        names = {s.get_tuple_name() for s in sets(band.get_domain())}
         if indices is None or not names <= indices.keys():
             return None
         return _OuterLoop(member, {name: indices[name] for name in names})
@@ -280,12 +281,6 @@ def _same_prefix(node: isl.ScheduleNode) -> isl.UnionMap:
     return _same(node.get_prefix_schedule_union_map())
 
 
-def _sets(union: isl.UnionSet) -> list[isl.Set]:
-    found: list[isl.Set] = []
-    union.foreach_set(found.append)
-    return found
-
-
 def _member_indices(member: isl.UnionPwAff, program: PolyProgram,
                     allow_others: bool = False) -> dict[str, str] | None:
     """Per statement, the index a band member runs over (``index + constant``), or None if the
@@ -329,7 +324,7 @@ def _band_properties(band: isl.MultiUnionPwAff, deps: isl.UnionMap) -> tuple[boo
     distances = deps.apply_domain(schedule).apply_range(schedule).deltas()
     if distances.is_empty():
         return True, [True] * n
-    (distance_set,) = _sets(distances)
+    (distance_set,) = sets(distances)
     zero = isl.Val.zero(distance_set.get_ctx())
     permutable = all(_every(distance_set, member, ">= 0") for member in range(n))
     coincident = []

@@ -30,6 +30,7 @@ from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 from polyc.lang.symbolic import Affine
 from polyc.options import Options
+from polyc.schedule.isl_helpers import sets
 from polyc.schedule.outer_fusion import fuse_outer_loops
 from polyc.schedule import tiling
 from polyc.schedule.tiling import choose_tile_sizes
@@ -117,7 +118,7 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
     depth = node.get_tree_depth()
     leaf_band = not _has_band_below(node)
     n_members = node.band_n_member()
-    decision = BandDecision(tuple(sorted(s.get_tuple_name() for s in _sets(node.get_domain()))),
+    decision = BandDecision(tuple(sorted(s.get_tuple_name() for s in sets(node.get_domain()))),
                             node.get_schedule_depth(), n_members, bool(node.band_get_permutable()),
                             tuple(bool(node.band_member_get_coincident(i)) for i in range(n_members)))
     if context.decisions is not None:
@@ -210,7 +211,7 @@ def _parallel_reduction(band: isl.ScheduleNode, context: _Context,
         return band, None
     program = context.program
     domain = band.get_domain()
-    statements = [program.statement(s.get_tuple_name()) for s in _sets(domain)]
+    statements = [program.statement(s.get_tuple_name()) for s in sets(domain)]
     updates = [s for s in statements if s.kind == "update"]
     inits = [s for s in statements if s.kind == "init"]
     if not updates or len(updates) + len(inits) != len(statements):
@@ -261,12 +262,6 @@ def _union_of(program: PolyProgram, statements) -> isl.UnionSet:
     for statement in statements:
         result = result.union(isl.UnionSet.from_set(statement.domain))
     return result
-
-
-def _sets(union: isl.UnionSet) -> list[isl.Set]:
-    found: list[isl.Set] = []
-    union.foreach_set(found.append)
-    return found
 
 
 def _coincident_depths(node: isl.ScheduleNode) -> list[int]:
@@ -347,7 +342,7 @@ def _simd_reductions(band: isl.ScheduleNode, member: int, context: _Context) -> 
     if context.dependences is None or band.band_member_get_coincident(member):
         return None
     program = context.program
-    statements = [program.statement(s.get_tuple_name()) for s in _sets(band.get_domain())]
+    statements = [program.statement(s.get_tuple_name()) for s in sets(band.get_domain())]
     moved = member_indices(band, member, program)
     clauses: dict[str, str] = {}
     for statement in statements:
@@ -393,7 +388,7 @@ def _member_map(band: isl.ScheduleNode, member: int) -> isl.UnionMap:
 def _split_off_initialisations(band: isl.ScheduleNode, program: PolyProgram) -> isl.ScheduleNode:
     """Put the ``!`` initialisations under ``band`` in a sequence before the rest; returns the
     band over the rest (at the same position when there are none)."""
-    statements = [program.statement(s.get_tuple_name()) for s in _sets(band.get_domain())]
+    statements = [program.statement(s.get_tuple_name()) for s in sets(band.get_domain())]
     inits = [s for s in statements if s.kind == "init"]
     if not inits:
         return band
