@@ -155,10 +155,11 @@ def _opencl_context(cl):
     compile for the machine it runs on: PoCL 3.0's LLVM, for one, rejects CPUs newer than itself
     ('unknown target CPU'), while another installed PoCL may build for them."""
     # PoCL's automatic choice of work-group method fails an assertion in Debian's PoCL 3.1 on some
-    # one-thread blocks with barriers in loops ('Multiple outgoing edges from exit block'); its
-    # loop-vectorising method, the one it picks for larger blocks, compiles them.  A user's own
-    # setting is kept.
-    os.environ.setdefault("POCL_WORK_GROUP_METHOD", "loopvec")
+    # one-thread blocks with barriers in loops ('Multiple outgoing edges from exit block'), and
+    # its loop-vectorising method miscompiled a one-thread block with a register tile (checked
+    # against oclgrind); its plain work-item loops compile both correctly.  A user's own setting
+    # is kept.
+    os.environ.setdefault("POCL_WORK_GROUP_METHOD", "loops")
     if os.environ.get("PYOPENCL_CTX"):
         try:
             return cl.create_some_context(interactive=False)

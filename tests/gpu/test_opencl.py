@@ -140,3 +140,19 @@ def test_float16_rounds_every_operation_as_the_cpu_does():
         from pyopencl import array as cl_array
         from polyc.runtime.gpu import OpenCLRuntime
         gpu.matmul(cl_array.to_device(OpenCLRuntime.shared().queue, a), b)
+
+
+def test_one_thread_blocks_with_register_tiles_and_shared_tiles():
+    """Found by the OpenCL fuzzer (seed 4190697506): PoCL's loop-vectorising work-group method
+    miscompiled this launch (one thread per block, a register tile of 4, shared tiles); oclgrind
+    and PoCL's plain work-item loops, which polyc now selects, compute it right."""
+    kernel = polyc.define("""
+def chain(float(M, N) A, float(M) B) -> (O) {
+    O(i) +=! A(r_a, i)
+    T(i) +=! O(i) + B(r_a)
+    O(i) = T(i)
+}""", backend="opencl", fusion="min", block=(1,)).chain
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((2, 5)).astype(np.float32), rng.standard_normal(2).astype(np.float32)
+    column_sums = a.astype(np.float64).sum(0)
+    np.testing.assert_allclose(kernel(a, b), (column_sums[:, None] + b[None, :]).sum(1), rtol=1e-5)
