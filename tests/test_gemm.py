@@ -490,3 +490,40 @@ def test_the_avx512_path_compiles_on_any_x86_machine(entry, source, sizes, tmp_p
         if entry == "conv":  # the direct kernel, and AVX2's unmasked blocks for whole vectors
             assert "polyc conv kernel" in c_file.read_text()
             assert ("polyc_conv_kernel_3_full" in symbols) == flags.startswith("-mavx2")
+
+
+def test_row_blocks_shared_by_a_team_come_in_multiples_of_its_size(tmp_path):
+    """Threads take shared row blocks in turn: a count that is not a multiple of the team leaves
+    one thread computing the last block alone (512 rows in 126-row blocks: 5 blocks for 2
+    threads).  polyc_team_step never makes the longest thread's share longer than
+    polyc_balanced_step's, and for the sizes of that case makes every share equal."""
+    import re
+    from polyc.codegen.gemm import _COMMON
+    # polyc_round_up, polyc_balanced_step and polyc_team_step, in this order in the C text
+    functions = re.search(r"static int64_t polyc_round_up\(.*?static int64_t polyc_team_step\(.*?\n}\n", _COMMON,
+                          re.S).group(0)
+    program = tmp_path / "steps.c"
+    program.write_text("#include <stdint.h>\n#include <stdio.h>\n"
+                       "#define polyc_min(a, b) ((a) < (b) ? (a) : (b))\n#define polyc_max(a, b) ((a) > (b) ? (a) : (b))\n"
+                       + functions + "\nint main(void) {\n"
+                       "    for (int64_t total = 1; total <= 2100; total += total < 700 ? 7 : 1)\n"
+                       "        for (int64_t most = 6; most <= 300; most += 6)\n"
+                       "            for (int nthr = 1; nthr <= 4; nthr++)\n"
+                       "                if (total <= 700 || total == 2048 || total == 512)\n"
+                       "                    printf(\"%ld %ld %d %ld %ld\\n\", (long)total, (long)most, nthr,\n"
+                       "                           (long)polyc_balanced_step(total, most, 6),\n"
+                       "                           (long)polyc_team_step(total, most, 6, nthr));\n"
+                       "    return 0;\n}\n")
+    subprocess.run(["gcc", "-O1", "-o", str(tmp_path / "steps"), str(program)], check=True, capture_output=True)
+    output = subprocess.run([str(tmp_path / "steps")], capture_output=True, text=True, check=True).stdout
+
+    def longest_share(total, step, nthr):  # rows of the thread that takes the most blocks
+        blocks = -(-total // step)
+        return min(total, -(-blocks // nthr) * step)
+    for line in output.splitlines():
+        total, most, nthr, balanced, team = map(int, line.split())
+        assert team % 6 == 0 and team <= max(most, 6), line
+        assert longest_share(total, team, nthr) <= longest_share(total, balanced, nthr), line
+    for total, nthr, blocks in [(512, 2, 6), (2048, 2, 18)]:
+        step = next(int(l.split()[4]) for l in output.splitlines() if l.split()[:3] == [str(total), "126", str(nthr)])
+        assert -(-total // step) == blocks

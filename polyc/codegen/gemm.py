@@ -1003,6 +1003,17 @@ static int64_t polyc_balanced_step(int64_t total, int64_t most, int64_t multiple
     return polyc_min(most, polyc_round_up((total + blocks - 1) / blocks, multiple));
 }
 
+/* The same for blocks that `nthr` threads take in turn: their count a multiple of nthr where
+   the rounding to `multiple` allows, so no thread is left computing the last block alone (a
+   512^3 sgemm cut into 5 row blocks for 2 threads ran 13% slower than in 6 on an AMD EPYC
+   Zen 5, whose cache model gives 126-row blocks). */
+static int64_t polyc_team_step(int64_t total, int64_t most, int64_t multiple, int nthr)
+{
+    if (total <= 0 || nthr <= 1) return polyc_balanced_step(total, most, multiple);
+    const int64_t blocks = polyc_round_up((total + most - 1) / most, nthr);
+    return polyc_max(multiple, polyc_round_up((total + blocks - 1) / blocks, multiple));
+}
+
 /* A barrier that spins briefly, then yields the processor while it waits: on a machine busier
    than its cores, a waiting thread must not keep the thread it waits for off the processor
    (OpenMP's default spinning can cost a scheduler time slice, milliseconds, per barrier).
@@ -1174,7 +1185,7 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
     const int64_t per_thread = polyc_max(1, polyc_min(8, g->m / (POLYC_SHARED_ROWS * nthr)));
     const int64_t mc_most = shared_b ? polyc_min(mc_cap, polyc_round_up((g->m + per_thread * nthr - 1)
                                                                          / (per_thread * nthr), MR)) : MC;
-    const int64_t mc_step = polyc_balanced_step(g->m, mc_most, MR);
+    const int64_t mc_step = shared_b ? polyc_team_step(g->m, mc_most, MR, nthr) : polyc_balanced_step(g->m, mc_most, MR);
     const int64_t row_blocks = (g->m + mc_step - 1) / mc_step;
     const int64_t stride = NR * kc_step;  /* between slivers in a bpack */
     const int64_t panel = polyc_round_up(polyc_min(NC, g->n), NR) * polyc_min(polyc_kc_most_SHAPE(g), g->k);
