@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -56,7 +57,8 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(argv[1], "crowded") == 0) {
-        /* Whether the machine is crowded, asked while `nthr` threads of this process spin. */
+        /* Whether the machine is crowded for a team of argv[2] threads (default: all of this
+           process's), asked while all of this process's threads spin. */
         int answer = 0;
         #pragma omp parallel
         {
@@ -64,7 +66,7 @@ int main(int argc, char **argv)
             volatile double x = 0;
             while (polyc_clock(CLOCK_MONOTONIC) - start < 0.05) x += 1;
             #pragma omp master
-            answer = polyc_machine_crowded();
+            answer = polyc_machine_crowded(argc > 2 ? atoi(argv[2]) : omp_get_num_threads());
             #pragma omp barrier
         }
         printf("%d\n", answer);
@@ -101,11 +103,11 @@ def test_decisions_call_by_call(program):
     assert last == ["4", "16"]
 
 
-def _run(program, cpus: str, threads: int = 2, what: str = "measure") -> list[int]:
+def _run(program, cpus: str, threads: int = 2, what: str = "measure", *arguments: str) -> list[int]:
     taskset = shutil.which("taskset")
     if taskset is None:
         pytest.skip("taskset (util-linux) is not installed")
-    run = subprocess.run([taskset, "-c", cpus, str(program), what], capture_output=True, text=True,
+    run = subprocess.run([taskset, "-c", cpus, str(program), what, *arguments], capture_output=True, text=True,
                          check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "passive"})
     return [int(word) for word in run.stdout.split()]
 
@@ -121,6 +123,27 @@ def test_three_spinning_threads_crowd_two_cpus_and_two_do_not(program):
         # tries one must find the machine uncrowded.
         answers = [_run(program, f"{cpus[0]},{cpus[1]}", threads=2, what="crowded") for _ in range(3)]
         assert [0] in answers, answers
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="no /proc (not Linux)")
+def test_other_processes_crowd_the_machine_and_this_ones_threads_do_not(program):
+    cpu = str(sorted(os.sched_getaffinity(0))[0])
+    taskset = shutil.which("taskset")
+    if taskset is None:
+        pytest.skip("taskset (util-linux) is not installed")
+    # A busy process on the CPU: a one-thread team there is crowded.
+    busy = subprocess.Popen([taskset, "-c", cpu, sys.executable, "-c", "while True: pass"])
+    try:
+        assert _run(program, cpu, 1, "crowded", "1") == [1]
+    finally:
+        busy.kill()
+        busy.wait()
+    if os.getloadavg()[0] > 0.5:
+        pytest.skip(f"the machine is busy (load {os.getloadavg()[0]:.2f}): other processes may take the CPU")
+    # Three spinning threads of this process (as OpenBLAS's idle threads spin after a numpy call)
+    # do not crowd it for a one-thread team; of three tries one must find the CPU free of others.
+    answers = [_run(program, cpu, 3, "crowded", "1") for _ in range(3)]
+    assert [0] in answers, answers
 
 
 def test_threads_sharing_one_cpu_are_found_slow(program):

@@ -25,6 +25,7 @@ from polyc.options import Options
 #: each thread of the region wraps its work in polyc_thread_start/_stop, and the calling thread
 #: then passes the count of slow threads to polyc_threads_after().
 THREAD_POLICY_C = r"""#if defined(_OPENMP)
+#include <dirent.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,8 +48,9 @@ THREAD_POLICY_C = r"""#if defined(_OPENMP)
    that the host has put to sleep can take one (seen on an Intel Xeon VM after 50 ms idle, and
    after numpy's calls); with 0.5 ms such wakes halved a 512^3 sgemm (1.34 ms on one thread
    instead of 0.75 ms on two) in benchmarks, for no gain in the busy-machine percentiles.
-   Slow threads count only while the machine is crowded: more threads runnable than it has
-   processors (/proc/stat's procs_running, read only after a slow call).  A thread woken late on
+   Slow threads count only while other processes crowd the machine: their runnable threads and
+   the call's team are more than its processors (/proc/stat's procs_running less this process's
+   running threads, read only after a slow call).  A thread woken late on
    an idle machine (a virtual processor the host let sleep: after a 0.3 s pause, seen on an AMD
    EPYC VM, every first call) is no reason to drop threads: without this check a 512^3 sgemm
    called after pauses ran on one thread most of the time (0.63x numpy instead of 1.0x).
@@ -118,9 +120,40 @@ static POLYC_UNUSED void polyc_thread_stop(const polyc_thread_clock_t *clock, in
         __atomic_add_fetch(slow, 1, __ATOMIC_RELAXED);
 }
 
-/* Whether more threads are runnable now than the processors this process may use; where
-   /proc/stat cannot be read, assume so (the slow threads are then the only evidence). */
-static POLYC_UNUSED int polyc_machine_crowded(void)
+/* Threads of this process that are running or runnable now (state R in /proc/self/task/N/stat);
+   -1 where that cannot be read. */
+static POLYC_UNUSED int polyc_own_running(void)
+{
+    DIR *tasks = opendir("/proc/self/task");
+    if (tasks == NULL)
+        return -1;
+    int running = 0;
+    char path[96], stat[512];
+    for (struct dirent *task; (task = readdir(tasks)) != NULL;) {
+        if (task->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "/proc/self/task/%.40s/stat", task->d_name);
+        FILE *file = fopen(path, "r");
+        if (file == NULL)
+            continue;  /* the thread ended meanwhile */
+        const size_t length = fread(stat, 1, sizeof stat - 1, file);
+        fclose(file);
+        stat[length] = '\0';
+        const char *name_end = strrchr(stat, ')');  /* a thread's name may hold spaces and ')' */
+        running += name_end != NULL && name_end[1] == ' ' && name_end[2] == 'R';
+    }
+    closedir(tasks);
+    return running;
+}
+
+/* Whether other processes crowd the processors this process may use: their runnable threads
+   (/proc/stat's procs_running less this process's own) and a team of `nthr` threads are more
+   than the processors.  Threads of this process do not count: after a numpy call, OpenBLAS's
+   idle threads spin for about 0.1 s, and counting them dropped a 16 MB Kronecker step called
+   just after numpy calls to one thread for the next 16 to 4096 calls (3.4 ms instead of 1.7 ms
+   on an AMD EPYC Zen 5), long after the spinning stopped.  Where /proc cannot be read, assume
+   crowded (the slow threads are then the only evidence). */
+static POLYC_UNUSED int polyc_machine_crowded(int nthr)
 {
     FILE *file = fopen("/proc/stat", "r");
     if (file == NULL)
@@ -133,7 +166,11 @@ static POLYC_UNUSED int polyc_machine_crowded(void)
             break;
         }
     fclose(file);
-    return running < 0 || running > omp_get_num_procs();
+    const int own = polyc_own_running();
+    if (running < 0 || own < 0)
+        return 1;
+    const long others = running > own ? running - own : 0;
+    return others + nthr > omp_get_num_procs();
 }
 
 /* Records a region of `nthr` threads (out of `most`) of which `slow` were kept waiting. */
@@ -157,7 +194,7 @@ static POLYC_UNUSED void polyc_threads_note(int nthr, int most, int slow)
 /* After a region of `nthr` threads (out of `most`) of which `slow` were kept waiting. */
 static POLYC_UNUSED void polyc_threads_after(int nthr, int most, int slow)
 {
-    polyc_threads_note(nthr, most, slow > 0 && polyc_machine_crowded() ? slow : 0);
+    polyc_threads_note(nthr, most, slow > 0 && polyc_machine_crowded(nthr) ? slow : 0);
 }
 #endif
 """
