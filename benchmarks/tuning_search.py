@@ -1,6 +1,6 @@
 """Does the tuner's cost model earn its place?  Guided against random search, trial by trial.
 
-    python -m benchmarks.tuning_search [--trials 40] [--seeds 20] [--filter TEXT] [--json PATH]
+    python -m benchmarks.tuning_search [--trials 40] [--seeds 20] [--filter REGEX] [--json PATH]
 
 First every configuration of each kernel's search space is measured once (and kept in
 ``--table``, so a later run reuses it).  Then both strategies run ``--trials`` trials from many
@@ -8,11 +8,16 @@ seeds, reading their measurements from that table, so they are compared on ident
 the difference between them is the search, not the machine's noise.  The figure of merit is the number of trials a search needs before its best time is
 within 5% of the best time any run found for that kernel (95% of the best speed); the table
 gives its median over the seeds (a search that never gets there counts as trials + 1).
+
+Measuring a space takes a while: about 500 configurations for a contraction (sgemm, mlp, tmm:
+5-10 minutes each on two cores) and about 650 for the generic path's transpose-add, whose
+candidates compile more slowly (20-30 minutes).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import tempfile
 from pathlib import Path
@@ -28,6 +33,8 @@ KERNELS = {
     "mlp 128x2000x128": ("def mlp(float(B, K) I, float(K, N) W, float(N) bias) -> (O) {\n"
                          "  O(b, n) +=! I(b, r_k) * W(r_k, n)\n  O(b, n) = fmax(O(b, n) + bias(n), 0)\n}",
                          "mlp", {"I": (128, 2000), "W": (2000, 128), "bias": (128,)}),
+    "tmm 128x1024x1024": ("def tmm(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }",
+                          "tmm", {"A": (128, 1024), "B": (1024, 1024)}),
     "transpose-add 1024": ("def tadd(float(N, N) A, float(N, N) B) -> (C) {\n"
                            "  C(i, j) = A(j, i) + B(i, j)\n  C(i, j) = C(i, j) * 2 + A(i, j)\n}",
                            "tadd", {"A": (1024, 1024), "B": (1024, 1024)}),
@@ -39,7 +46,7 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=40, help="trials per search (40)")
     parser.add_argument("--seeds", type=int, default=20, help="searches per strategy and kernel (20)")
-    parser.add_argument("--filter", default="", help="only kernels whose title contains this")
+    parser.add_argument("--filter", default="", help="only kernels whose title matches this regular expression")
     parser.add_argument("--table", type=Path, default=Path(__file__).resolve().parent / "results" / "tuning_tables.json",
                         help="measured spaces, reused (and completed) by later runs")
     parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "tuning_search.json")
@@ -53,7 +60,7 @@ def main(argv=None) -> int:
     print(f"{'kernel':<20} {'space':>6} {'best ms':>9} {'within 5%':>9} {'random: trials to 95%':>22} "
           f"{'guided':>7} {'ratio':>6}")
     for title, (source, entry, shapes) in KERNELS.items():
-        if args.filter not in title:
+        if not re.search(args.filter, title):
             continue
         rng = np.random.default_rng(0)
         inputs = [rng.uniform(-1, 1, size=shape).astype(np.float32) for shape in shapes.values()]
@@ -95,15 +102,38 @@ def _measure_space(kernel, inputs, table: dict, path: Path, tables: dict) -> Non
     configs = [dict(zip([k.name for k in space.knobs], values))
                for values in itertools.product(*(k.choices for k in space.knobs))]
     todo = [c for c in configs if space.identity(c) not in table]
-    for number, config in enumerate(todo, 1):
-        options = space.options(config)
-        job = {"source": source, "name": kernel.definition.name, "options": {**base, **options},
-               "terms": terms, "limit": float("inf")}
+    jobs = [{"source": source, "name": kernel.definition.name, "options": {**base, **space.options(config)},
+             "terms": terms, "limit": float("inf")} for config in todo]
+    _compile_ahead(jobs, inputs)
+    for number, (config, job) in enumerate(zip(todo, jobs), 1):
         table[space.identity(config)] = search.measure_candidate(job, tuple(inputs), reference)
         if number % 20 == 0 or number == len(todo):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(tables) + "\n")
             print(f"  measured {number}/{len(todo)} configurations of {kernel.definition.name}", flush=True)
+
+
+def _compile_ahead(jobs: list, inputs) -> None:
+    """Compile every candidate into the kernel cache on all cores first: the measurements then
+    load them, and run one at a time on a machine that compiles nothing meanwhile."""
+    import concurrent.futures
+    import os
+    if not jobs:
+        return
+    import multiprocessing
+    # spawned, not forked: a fork of a process whose OpenMP threads ran can hang in the child
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1, mp_context=spawn) as pool:
+        list(pool.map(_compile_one, jobs, [inputs] * len(jobs), chunksize=4))
+    print(f"  compiled {len(jobs)} configurations", flush=True)
+
+
+def _compile_one(job: dict, inputs) -> None:
+    options = {k: (tuple(v) if isinstance(v, list) else v) for k, v in job["options"].items()}
+    try:
+        polyc.define(job["source"], **options)[job["name"]](*inputs)
+    except polyc.PolycError:
+        pass  # measured (and reported) as an error later
 
 
 def _replay(kernel, inputs, table: dict, strategy: str, seed: int, trials: int) -> list:
