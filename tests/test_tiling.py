@@ -71,6 +71,17 @@ def test_the_chosen_tiles_compute_the_tensordot(sizes):
     np.testing.assert_allclose(kernel(I0, I1), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_the_reduction_runs_outside_the_contiguous_planes():
+    # h and w scan whole 5 x 6 planes of O, I0 and I1: the reduction over r_c2 (7 steps) goes
+    # outside both, so each step streams one plane, instead of running between h and w over
+    # 6-element rows of 7 planes.
+    import re
+    kernel = polyc.define(TENSORDOT, tuning=False, cache_sizes=CACHES).tensordot
+    source = kernel.c_source(dict(N=2, C1=3, C2=7, C3=2, H=5, W=6))
+    bounds = [int(b) for b in re.findall(r"for \(int64_t c\d+ = INT64_C\(0\); c\d+ <= INT64_C\((\d+)\)", source)]
+    assert bounds.index(6) < bounds.index(4) < bounds.index(5), bounds  # r_c2, then h, then w
+
+
 MVT = """
 def mvt(double(N) y_1, double(N) y_2, double(N, N) A) -> (x1, x2) {
     x1(i) +=! A(i, r_j) * y_1(r_j)

@@ -13,7 +13,9 @@ by band:
    vectorises when it is coincident, or when the only dependences it carries are those of
    reductions into elements it does not move (a row sum along its row): it is then marked
    ``simd:OP:TENSOR;...``, an OpenMP simd loop with reductions, after the ``!``
-   initialisations in the band are split off in front of it.
+   initialisations in the band are split off in front of it.  Members that extend its
+   accesses to one contiguous block of every tensor (h outside w over whole rows) stay just
+   outside it, and the others (a reduction) go outside them, while the blocks fit in L1.
 
 Marks are isl mark nodes named ``KIND@DEPTHS`` (KIND in MARKS, plus ``:N`` for unroll) where
 DEPTHS lists the schedule depths of the band members the pragma may go to: code generation
@@ -22,6 +24,7 @@ them, so a pragma never lands on a wrong loop when isl elides single-iteration l
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import islpy as isl
@@ -295,8 +298,10 @@ def _finish_innermost(node: isl.ScheduleNode, context: _Context, keep_first: boo
             coincident = node.band_member_get_coincident(m)
             return coincident or reductions.get(m) is not None, scores[m], coincident, m
         best = max(movable, key=preference)
-        if best != n - 1:
-            node = _permute(node, [m for m in range(n) if m != best] + [best])
+        run = _contiguous_run(node, best, movable, context) if preference(best)[0] else [best]
+        order = [m for m in range(n) if m not in run] + run
+        if order != list(range(n)):
+            node = _permute(node, order)
             reductions = {n - 1: reductions.get(best)}
     coincident = node.band_member_get_coincident(n - 1)
     reduction_clause = reductions.get(n - 1) if not coincident else None
@@ -326,6 +331,70 @@ def _finish_innermost(node: isl.ScheduleNode, context: _Context, keep_first: boo
     while node.get_tree_depth() > top_depth:
         node = node.parent()
     return node
+
+
+def _contiguous_run(band: isl.ScheduleNode, innermost: int, movable, context: _Context) -> list[int]:
+    """``innermost`` and the members that, just outside it, make every access of the band scan
+    one contiguous block (outermost first): a member whose index subscripts the dimension just
+    before the run's in every access, where the run covers whole rows.  The other members, a
+    reduction among them, then go outside the block.  The tensordot
+    ``O(n, c1, c3, h, w) +=! I0(n, c1, r_c2, h, w) * I1(n, r_c2, c3, h, w)`` with W = 28 ran its
+    8 reduction steps between h and w, each over 28-element rows of 8 planes of I0; with
+    ``r_c2`` outside ``(h, w)`` each step streams a 784-element plane: 1.6x faster (AMD EPYC
+    Zen 5), as gcc -O3 runs the naive loops.  Only for sizes known when compiling, and while
+    the block of every tensor the band touches fits in half of L1, since the reduction now
+    reads and writes the target's block once per step."""
+    program = context.program
+    if program.size_values is None or context.dependences is None:
+        return [innermost]
+    statements = [program.statement(s.get_tuple_name()) for s in sets(band.get_domain())]
+    statements = [s for s in statements if s.kind != "init"]
+    indices = {m: member_indices(band, m, program) for m in movable}
+    # candidates: members that run over one index of every statement (not a tile's constant 0)
+    candidates = [m for m in movable if all(s.name in indices[m] for s in statements)]
+    if innermost not in candidates:
+        return [innermost]
+
+    def accesses(statement):
+        yield statement.source.target, tuple(Affine.var(i) for i in statement.source.indices)
+        for access in statement.reads:
+            if access.read is not None:
+                yield access.tensor, tuple(access.read.subscripts)
+
+    def extent(statement, index: str) -> int:
+        bounds = statement.source.range_of(index)
+        return bounds.hi.evaluate(program.size_values) - bounds.lo.evaluate(program.size_values)
+
+    def extends(member: int, run: list[int]) -> bool:
+        for statement in statements:
+            index, inner = indices[member][statement.name], [indices[m][statement.name] for m in run]
+            for tensor, subscripts in accesses(statement):
+                depth = len(subscripts) - len(run)  # the dimension the member must subscript
+                shape = program.definition.tensor(tensor).shape
+                if depth < 1 or not all(isinstance(x, Affine) for x in subscripts) \
+                        or subscripts[depth - 1:] != tuple(Affine.var(i) for i in [index] + inner) \
+                        or any(index in x.names() for x in subscripts[:depth - 1]) \
+                        or any(shape[depth + k].evaluate(program.size_values) != extent(statement, i)
+                               for k, i in enumerate(inner)):
+                    return False
+        return True
+
+    def block_bytes(run: list[int]) -> int:
+        """Bytes of the blocks the run scans, over the tensors the band touches."""
+        blocks: dict[str, int] = {}
+        for statement in statements:
+            elements = math.prod(extent(statement, indices[m][statement.name]) for m in run)
+            for tensor, _ in accesses(statement):
+                blocks[tensor] = max(blocks.get(tensor, 0), elements * program.definition.tensor(tensor).dtype.itemsize)
+        return sum(blocks.values())
+
+    run = [innermost]
+    budget = tiling.cache_sizes(context.options).get(1, 32 << 10) // 2
+    while True:
+        member = next((m for m in candidates if m not in run and extends(m, run)), None)
+        if member is None or block_bytes([member] + run) > budget:
+            return run
+        run.insert(0, member)
 
 
 def _simd_reductions(band: isl.ScheduleNode, member: int, context: _Context) -> str | None:
