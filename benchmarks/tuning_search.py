@@ -35,6 +35,11 @@ KERNELS = {
                          "mlp", {"I": (128, 2000), "W": (2000, 128), "bias": (128,)}),
     "tmm 128x1024x1024": ("def tmm(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }",
                           "tmm", {"A": (128, 1024), "B": (1024, 1024)}),
+    "softmax 1024x2048": ("def softmax(float(N, D) X) -> (O) {\n  M(n) max=! X(n, r_d)\n"
+                          "  O(n, d) = exp(X(n, d) - M(n))\n  S(n) +=! O(n, r_d)\n  O(n, d) = O(n, d) / S(n)\n}",
+                          "softmax", {"X": (1024, 2048)}),
+    "transpose-scale 2048": ("def tscale(float(N, N) A) -> (B) { B(i, j) = A(j, i) * 2 }",
+                             "tscale", {"A": (2048, 2048)}),
     "transpose-add 1024": ("def tadd(float(N, N) A, float(N, N) B) -> (C) {\n"
                            "  C(i, j) = A(j, i) + B(i, j)\n  C(i, j) = C(i, j) * 2 + A(i, j)\n}",
                            "tadd", {"A": (1024, 1024), "B": (1024, 1024)}),
@@ -91,7 +96,6 @@ def main(argv=None) -> int:
 
 def _measure_space(kernel, inputs, table: dict, path: Path, tables: dict) -> None:
     """Measure every configuration of the kernel's space not yet in ``table`` (saved as it goes)."""
-    import itertools
     from polyc.runtime.arguments import bind_arguments
     call = bind_arguments(kernel.definition, tuple(inputs))
     space = search.space_for(kernel.definition, call.sizes, kernel.options)
@@ -99,8 +103,7 @@ def _measure_space(kernel, inputs, table: dict, path: Path, tables: dict) -> Non
     terms = search._tolerance_terms(kernel.definition, call.sizes)
     source = polyc.lang.printer.format_def(kernel.syntax)
     base = {k: v for k, v in __import__("dataclasses").asdict(kernel.options).items()}
-    configs = [dict(zip([k.name for k in space.knobs], values))
-               for values in itertools.product(*(k.choices for k in space.knobs))]
+    configs = list(space.configs())
     todo = [c for c in configs if space.identity(c) not in table]
     jobs = [{"source": source, "name": kernel.definition.name, "options": {**base, **space.options(config)},
              "terms": terms, "limit": float("inf")} for config in todo]

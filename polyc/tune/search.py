@@ -6,9 +6,10 @@ The loop (AutoTVM's and Ansor's, at the scale of one kernel):
    another machine, say): every later candidate is compared with them.
 2. Train the cost model (:mod:`polyc.tune.cost_model`) on everything measured for this key so
    far, earlier runs included (records resume a search).
-3. Propose: simulated-annealing walks over the space (:mod:`polyc.tune.space`) from the best
-   measured configurations, scored by the model; the best unmeasured ones, plus a few random
-   ones so the model keeps learning, form the next batch.
+3. Propose: the model ranks the whole space when it is small (at most ``ENUMERATED_SPACE``
+   configurations), else simulated-annealing walks over it (:mod:`polyc.tune.space`) from the
+   best measured configurations, scored by the model; the best unmeasured ones, plus a few
+   random ones so the model keeps learning, form the next batch.
 4. Measure the batch (:func:`measure_candidate`: compile, check against the reference
    interpreter, time; stop a candidate whose first run is ``prune_factor`` times slower than the
    best, as TC's tuner does), append each result to the records file, repeat until the budget
@@ -42,6 +43,8 @@ STRATEGIES = ("model", "random")
 #: Seconds of repeated runs per candidate (at least MIN_RUNS, at most MAX_RUNS runs).
 MEASURE_SECONDS = 0.2
 MIN_RUNS, MAX_RUNS = 3, 50
+#: Spaces of at most this many configurations are ranked whole by the cost model each round.
+ENUMERATED_SPACE = 20000
 
 
 @dataclass
@@ -221,11 +224,18 @@ def _propose(space: SearchSpace, measured, model: CostModel | None, rng: random.
         model.fit([f for f, _ in points], [s if s is not None else penalty for _, s in points])
     if not model.trained:
         return _random_unmeasured(space, rng, batch, fresh)
-    # Simulated annealing on the model's predictions, from the best measured configurations.
-    starts = [c for c, r in sorted(with_configs, key=lambda cr: cr[1].seconds if cr[1].status == "ok"
-                                   and cr[1].seconds is not None else math.inf)[:4]]
-    starts += [space.random_config(rng) for _ in range(4)]
     pool: dict[str, dict] = {}
+    if space.size <= ENUMERATED_SPACE:
+        # A space this small is ranked whole: the model's best guesses, not an annealer's.
+        for config in space.configs():
+            if fresh(config):
+                pool.setdefault(space.identity(config), config)
+        starts = []
+    else:
+        # Simulated annealing on the model's predictions, from the best measured configurations.
+        starts = [c for c, r in sorted(with_configs, key=lambda cr: cr[1].seconds if cr[1].status == "ok"
+                                       and cr[1].seconds is not None else math.inf)[:4]]
+        starts += [space.random_config(rng) for _ in range(4)]
     for start in starts:
         current = dict(start)
         current_score = float(model.predict([space.features(current)])[0])
@@ -240,7 +250,9 @@ def _propose(space: SearchSpace, measured, model: CostModel | None, rng: random.
             temperature *= 0.93
     if not pool:
         return _random_unmeasured(space, rng, batch, fresh)
-    ranked = sorted(pool.values(), key=lambda c: float(model.predict([space.features(c)])[0]))
+    candidates = list(pool.values())
+    predicted = model.predict([space.features(c) for c in candidates])
+    ranked = [candidates[i] for i in np.argsort(predicted, kind="stable")]
     explore = max(1, batch // 4)   # epsilon-greedy: some random candidates keep the model honest
     chosen = ranked[:batch - explore]
     chosen += [c for c in _random_unmeasured(space, rng, explore, fresh)

@@ -15,6 +15,7 @@ cost model (the knobs, and footprints of the blocks they imply relative to the c
 """
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Mapping
@@ -71,6 +72,11 @@ class SearchSpace:
                     changes[name] = config[name]
         return changes
 
+    def configs(self):
+        """Every configuration of the space (:attr:`size` of them)."""
+        for values in itertools.product(*(k.choices for k in self.knobs)):
+            yield {k.name: v for k, v in zip(self.knobs, values)}
+
     def random_config(self, rng: random.Random) -> Config:
         return {k.name: rng.choice(k.choices) for k in self.knobs}
 
@@ -93,8 +99,9 @@ class SearchSpace:
 
     def features(self, config: Mapping[str, object]) -> list[float]:
         values: list[float] = []
+        unused = self._unused(config)
         for knob in self.knobs:
-            value = config[knob.name]
+            value = 0 if knob.name in unused else config[knob.name]
             if knob.numeric:
                 number = float(value)
                 values += [math.log2(number) if number > 0 else 0.0, 1.0 if number <= 0 else 0.0]
@@ -102,6 +109,15 @@ class SearchSpace:
                 values += [1.0 if value == choice else 0.0 for choice in knob.choices]
         values += self._footprints(config)
         return values
+
+    def _unused(self, config: Mapping[str, object]) -> set[str]:
+        """Knobs that ``config``'s other knobs make meaningless (as :meth:`options` ignores them):
+        the model sees them as absent, not as values that seem to change the time."""
+        if self.path == "gemm" and config["kc"] == 0:
+            return {"mc", "nc"}
+        if self.path == "generic" and "t0" in config and int(config["t0"]) <= 0:
+            return {k.name for k in self.knobs if k.name.startswith("t") and k.name != "t0"}
+        return set()
 
     def _footprints(self, config: Mapping[str, object]) -> list[float]:
         """log2 of the bytes a block of the configuration touches, over each cache level."""

@@ -204,6 +204,22 @@ def test_random_and_generic_path(records):
     np.testing.assert_allclose(kernel(A), 2 * A.astype(np.float64).sum(axis=1), rtol=1e-5)
 
 
+def test_the_model_sees_the_whole_space_and_only_knobs_that_matter():
+    from polyc.tune.space import space_for
+    definition = polyc.define(MATMUL, blas_contractions=False).matmul
+    space = space_for(definition.definition, {"M": 64, "K": 48, "N": 80}, definition.options)
+    configs = list(space.configs())
+    assert len(configs) == space.size and len({json.dumps(c, sort_keys=True) for c in configs}) == space.size
+    # Tiling off (t0 = -1) or left to polyc (t0 = 0): the inner tiles change nothing, so the
+    # cost model must not see them change; with tiles given, it must.
+    base = dict(space.default)
+    for t0 in (-1, 0):
+        same = [space.features({**base, "t0": t0, "t1": t1}) for t1 in (16, 256)]
+        assert same[0] == same[1] and space.identity({**base, "t0": t0, "t1": 16}) == \
+            space.identity({**base, "t0": t0, "t1": 256})
+    assert space.features({**base, "t0": 64, "t1": 16}) != space.features({**base, "t0": 64, "t1": 256})
+
+
 def test_bad_requests_are_polyc_errors(matmul_args):
     kernel = polyc.define(MATMUL).matmul
     for bad, message in (({"budget": 0}, "budget"), ({"budget": True}, "budget"),
