@@ -71,6 +71,14 @@ def test_the_chosen_tiles_compute_the_tensordot(sizes):
     np.testing.assert_allclose(kernel(I0, I1), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_a_transpose_is_cut_into_blocks_not_rows():
+    # B(i, j) = A(j, i): j innermost strides across A's rows, one cache line per element.
+    # Whole rows of j (16 x 2048 tiles) would touch 2048 lines per run, four times L1, and
+    # fetch every line again for the next i; equal blocks keep a run's lines in L1.
+    chosen = tiles("def t(float(N, N) A) -> (B) { B(i, j) = A(j, i) * 2 }", "t", dict(N=2048))
+    assert chosen["i"] == chosen["j"] and chosen["j"] * 64 <= CACHES[0] // 2, chosen
+
+
 def test_the_reduction_runs_outside_the_contiguous_planes():
     # h and w scan whole 5 x 6 planes of O, I0 and I1: the reduction over r_c2 (7 steps) goes
     # outside both, so each step streams one plane, instead of running between h and w over
