@@ -40,6 +40,10 @@ KERNELS = {
                           "softmax", {"X": (1024, 2048)}),
     "transpose-scale 2048": ("def tscale(float(N, N) A) -> (B) { B(i, j) = A(j, i) * 2 }",
                              "tscale", {"A": (2048, 2048)}),
+    "mvt 4096 (loop nests)": ("def mvt(float(N) y1, float(N) y2, float(N, N) A) -> (x1, x2) {\n"
+                              "  x1(i) +=! A(i, r_j) * y1(r_j)\n  x2(i) +=! A(r_j, i) * y2(r_j)\n}",
+                              "mvt", {"y1": (4096,), "y2": (4096,), "A": (4096, 4096)},
+                              {"blas_contractions": False}),
     "transpose-add 1024": ("def tadd(float(N, N) A, float(N, N) B) -> (C) {\n"
                            "  C(i, j) = A(j, i) + B(i, j)\n  C(i, j) = C(i, j) * 2 + A(i, j)\n}",
                            "tadd", {"A": (1024, 1024), "B": (1024, 1024)}),
@@ -64,12 +68,12 @@ def main(argv=None) -> int:
     results = {"machine": machine.to_json(), "trials": args.trials, "seeds": args.seeds, "kernels": {}}
     print(f"{'kernel':<20} {'space':>6} {'best ms':>9} {'within 5%':>9} {'random: trials to 95%':>22} "
           f"{'guided':>7} {'ratio':>6}")
-    for title, (source, entry, shapes) in KERNELS.items():
+    for title, (source, entry, shapes, *options) in KERNELS.items():
         if not re.search(args.filter, title):
             continue
         rng = np.random.default_rng(0)
         inputs = [rng.uniform(-1, 1, size=shape).astype(np.float32) for shape in shapes.values()]
-        kernel = polyc.define(source, tuning=False)[entry]
+        kernel = polyc.define(source, tuning=False, **(options[0] if options else {}))[entry]
         table = tables["kernels"].setdefault(title, {})
         _measure_space(kernel, inputs, table, args.table, tables)
         times = {k: v["seconds"] for k, v in table.items() if v.get("status") == "ok"}
