@@ -58,16 +58,20 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "crowded") == 0) {
         /* Whether the machine is crowded for a team of argv[2] threads (default: all of this
-           process's), asked while all of this process's threads spin. */
-        int answer = 0;
+           process's), asked while all of this process's threads spin: the others until the
+           master has its answer. */
+        int answer = 0, answered = 0;
         #pragma omp parallel
         {
             const double start = polyc_clock(CLOCK_MONOTONIC);
             volatile double x = 0;
             while (polyc_clock(CLOCK_MONOTONIC) - start < 0.05) x += 1;
-            #pragma omp master
-            answer = polyc_machine_crowded(argc > 2 ? atoi(argv[2]) : omp_get_num_threads());
-            #pragma omp barrier
+            if (omp_get_thread_num() == 0) {
+                answer = polyc_machine_crowded(argc > 2 ? atoi(argv[2]) : omp_get_num_threads());
+                __atomic_store_n(&answered, 1, __ATOMIC_RELEASE);
+            } else {
+                while (!__atomic_load_n(&answered, __ATOMIC_ACQUIRE)) x += 1;
+            }
         }
         printf("%d\n", answer);
         return 0;

@@ -155,6 +155,9 @@ static POLYC_UNUSED int polyc_own_running(void)
    crowded (the slow threads are then the only evidence). */
 static POLYC_UNUSED int polyc_machine_crowded(int nthr)
 {
+    /* Counted before and after /proc/stat, the larger count: threads of this process that
+       fall asleep or wake meanwhile (a team leaving its region) are not taken for others. */
+    const int own_before = polyc_own_running();
     FILE *file = fopen("/proc/stat", "r");
     if (file == NULL)
         return 1;
@@ -166,8 +169,8 @@ static POLYC_UNUSED int polyc_machine_crowded(int nthr)
             break;
         }
     fclose(file);
-    const int own = polyc_own_running();
-    if (running < 0 || own < 0)
+    const int own_after = polyc_own_running(), own = own_before > own_after ? own_before : own_after;
+    if (running < 0 || own_before < 0 || own_after < 0)
         return 1;
     const long others = running > own ? running - own : 0;
     return others + nthr > omp_get_num_procs();
