@@ -60,7 +60,7 @@ def choose_tile_sizes(node: isl.ScheduleNode, program: PolyProgram, user_sizes: 
     if user_sizes:
         sizes = list(user_sizes[:n])
         return sizes + [sizes[-1]] * (n - len(sizes))
-    from polyc.schedule.transform import member_indices, stride_score  # shares the member analysis
+    from polyc.schedule.transform import member_indices, statement_accesses, stride_score  # shares the member analysis
 
     movers: list[dict[str, str]] = [member_indices(node, m, program) for m in range(n)]
     accesses: list[tuple[frozenset[int], int]] = []  # (members moving the access, element size)
@@ -69,9 +69,7 @@ def choose_tile_sizes(node: isl.ScheduleNode, program: PolyProgram, user_sizes: 
     for name in statements:
         statement = program.statement(name)
         members = {m: movers[m][name] for m in range(n) if name in movers[m]}
-        pairs = [(statement.source.target, tuple(Affine.var(i) for i in statement.source.indices))]
-        pairs += [(a.tensor, a.read.subscripts) for a in statement.reads if a.read is not None]
-        for tensor, subscripts in pairs:
+        for tensor, subscripts in statement_accesses(statement):
             moving = frozenset(m for m, index in members.items()
                                if any(not isinstance(s, Affine) or index in s.names() for s in subscripts))
             accesses.append((moving, program.definition.tensor(tensor).dtype.itemsize))

@@ -355,12 +355,6 @@ def _contiguous_run(band: isl.ScheduleNode, innermost: int, movable, context: _C
     if innermost not in candidates:
         return [innermost]
 
-    def accesses(statement):
-        yield statement.source.target, tuple(Affine.var(i) for i in statement.source.indices)
-        for access in statement.reads:
-            if access.read is not None:
-                yield access.tensor, tuple(access.read.subscripts)
-
     def extent(statement, index: str) -> int:
         bounds = statement.source.range_of(index)
         return bounds.hi.evaluate(program.size_values) - bounds.lo.evaluate(program.size_values)
@@ -368,7 +362,7 @@ def _contiguous_run(band: isl.ScheduleNode, innermost: int, movable, context: _C
     def extends(member: int, run: list[int]) -> bool:
         for statement in statements:
             index, inner = indices[member][statement.name], [indices[m][statement.name] for m in run]
-            for tensor, subscripts in accesses(statement):
+            for tensor, subscripts in statement_accesses(statement):
                 depth = len(subscripts) - len(run)  # the dimension the member must subscript
                 shape = program.definition.tensor(tensor).shape
                 if depth < 1 or not all(isinstance(x, Affine) for x in subscripts) \
@@ -384,7 +378,7 @@ def _contiguous_run(band: isl.ScheduleNode, innermost: int, movable, context: _C
         blocks: dict[str, int] = {}
         for statement in statements:
             elements = math.prod(extent(statement, indices[m][statement.name]) for m in run)
-            for tensor, _ in accesses(statement):
+            for tensor, _ in statement_accesses(statement):
                 blocks[tensor] = max(blocks.get(tensor, 0), elements * program.definition.tensor(tensor).dtype.itemsize)
         return sum(blocks.values())
 
@@ -538,6 +532,12 @@ def _statement_or_none(program: PolyProgram, name: str):
     return next((s for s in program.statements if s.name == name), None)
 
 
+def statement_accesses(statement) -> list[tuple[str, tuple]]:
+    """(tensor, subscripts) of a statement's target and of each of its reads, target first."""
+    accesses = [(statement.source.target, tuple(Affine.var(i) for i in statement.source.indices))]
+    return accesses + [(a.tensor, tuple(a.read.subscripts)) for a in statement.reads if a.read is not None]
+
+
 def stride_score(node: isl.ScheduleNode, member: int, program: PolyProgram) -> int:
     """How good a member is as the innermost loop: +2 per stride-1 access, -2 per access it
     strides over a non-last dimension, 0 for accesses it does not move.  ``!`` initialisations
@@ -547,9 +547,7 @@ def stride_score(node: isl.ScheduleNode, member: int, program: PolyProgram) -> i
         statement = program.statement(statement_name)
         if statement.kind == "init":
             continue
-        subscripts = [tuple(Affine.var(i) for i in statement.source.indices)]
-        subscripts += [tuple(access.read.subscripts) for access in statement.reads if access.read is not None]
-        for access in subscripts:
+        for _, access in statement_accesses(statement):
             involved = [d for d, s in enumerate(access) if not isinstance(s, Affine) or index in s.names()]
             if not involved:
                 continue

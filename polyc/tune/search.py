@@ -224,18 +224,36 @@ def _propose(space: SearchSpace, measured, model: CostModel | None, rng: random.
         model.fit([f for f, _ in points], [s if s is not None else penalty for _, s in points])
     if not model.trained:
         return _random_unmeasured(space, rng, batch, fresh)
+    pool = (_whole_space(space, fresh) if space.size <= ENUMERATED_SPACE
+            else _annealed(space, with_configs, model, rng, fresh))
+    if not pool:
+        return _random_unmeasured(space, rng, batch, fresh)
+    candidates = list(pool.values())
+    predicted = model.predict([space.features(c) for c in candidates])
+    ranked = [candidates[i] for i in np.argsort(predicted, kind="stable")]
+    explore = max(1, batch // 4)   # epsilon-greedy: some random candidates keep the model honest
+    chosen = ranked[:batch - explore]
+    chosen += [c for c in _random_unmeasured(space, rng, explore, fresh)
+               if space.identity(c) not in {space.identity(x) for x in chosen}]
+    return chosen
+
+
+def _whole_space(space: SearchSpace, fresh) -> dict[str, dict]:
+    """Every unmeasured configuration of a small space: the model ranks them all."""
     pool: dict[str, dict] = {}
-    if space.size <= ENUMERATED_SPACE:
-        # A space this small is ranked whole: the model's best guesses, not an annealer's.
-        for config in space.configs():
-            if fresh(config):
-                pool.setdefault(space.identity(config), config)
-        starts = []
-    else:
-        # Simulated annealing on the model's predictions, from the best measured configurations.
-        starts = [c for c, r in sorted(with_configs, key=lambda cr: cr[1].seconds if cr[1].status == "ok"
-                                       and cr[1].seconds is not None else math.inf)[:4]]
-        starts += [space.random_config(rng) for _ in range(4)]
+    for config in space.configs():
+        if fresh(config):
+            pool.setdefault(space.identity(config), config)
+    return pool
+
+
+def _annealed(space: SearchSpace, with_configs, model: CostModel, rng: random.Random, fresh) -> dict[str, dict]:
+    """Unmeasured configurations met by simulated-annealing walks on the model's predictions,
+    from the best measured configurations and from random ones."""
+    starts = [c for c, r in sorted(with_configs, key=lambda cr: cr[1].seconds if cr[1].status == "ok"
+                                   and cr[1].seconds is not None else math.inf)[:4]]
+    starts += [space.random_config(rng) for _ in range(4)]
+    pool: dict[str, dict] = {}
     for start in starts:
         current = dict(start)
         current_score = float(model.predict([space.features(current)])[0])
@@ -248,16 +266,7 @@ def _propose(space: SearchSpace, measured, model: CostModel | None, rng: random.
             if score < current_score or rng.random() < math.exp((current_score - score) / temperature):
                 current, current_score = candidate, score
             temperature *= 0.93
-    if not pool:
-        return _random_unmeasured(space, rng, batch, fresh)
-    candidates = list(pool.values())
-    predicted = model.predict([space.features(c) for c in candidates])
-    ranked = [candidates[i] for i in np.argsort(predicted, kind="stable")]
-    explore = max(1, batch // 4)   # epsilon-greedy: some random candidates keep the model honest
-    chosen = ranked[:batch - explore]
-    chosen += [c for c in _random_unmeasured(space, rng, explore, fresh)
-               if space.identity(c) not in {space.identity(x) for x in chosen}]
-    return chosen
+    return pool
 
 
 def _random_unmeasured(space: SearchSpace, rng: random.Random, count: int, fresh) -> list[dict]:
