@@ -23,6 +23,13 @@ from polyc.errors import PolycError
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 
+#: The largest constant shift isl may give a statement in a band.  Fusing loops by shifting one
+#: statement a few iterations is what stencils need; a shift by most of a loop's extent (a
+#: layer norm's variance pass fused after its mean pass, 767 iterations later, which isl finds
+#: once the sizes are literal numbers) buys no reuse, since every value is consumed long after
+#: it was produced, and it costs the vector loop: the fused band then runs along the rows.
+MAX_SHIFT = 16
+
 
 def configure_fusion(ctx: isl.Context, fusion: str) -> None:
     """Set isl's scheduler options on ``ctx`` for a fusion strategy."""
@@ -42,6 +49,7 @@ def configure_fusion(ctx: isl.Context, fusion: str) -> None:
         raise PolycError(f"unknown fusion strategy {fusion!r}")
     ctx.set_schedule_treat_coalescing(1)  # prefer schedules whose inner loops follow the data
     ctx.set_schedule_outer_coincidence(0)
+    ctx.set_schedule_max_constant_term(MAX_SHIFT)
 
 
 def compute_schedule(program: PolyProgram, dependences: Dependences, fusion: str = "smart") -> isl.Schedule:
