@@ -1461,14 +1461,17 @@ class Softmax(Converter):
         out = b.new(x.shape, x.dtype)
         at = ", ".join(kept_idx)
         at_point = ", ".join(kept) or "0"   # in statements over every index of x
-        statements = [b.statement(most, kept_idx, "max=!", b.ref(x, source), reduced),
-                      b.statement(total, kept_idx, "+=!", f"exp({b.ref(x, source)} - {most.ident}({at}))", reduced)]
+        statements = [b.statement(most, kept_idx, "max=!", b.ref(x, source), reduced)]
         if log:
-            statements.append(b.statement(out, idx, "=", f"{b.ref(x, idx)} - {most.ident}({at_point}) - "
-                                                         f"log({total.ident}({at_point}))"))
-        else:
-            statements.append(b.statement(out, idx, "=", f"exp({b.ref(x, idx)} - {most.ident}({at_point})) / "
-                                                         f"{total.ident}({at_point})"))
+            statements += [
+                b.statement(total, kept_idx, "+=!", f"exp({b.ref(x, source)} - {most.ident}({at}))", reduced),
+                b.statement(out, idx, "=", f"{b.ref(x, idx)} - {most.ident}({at_point}) - "
+                                           f"log({total.ident}({at_point}))")]
+        else:  # each exp once: into the output, summed from there, then divided in place
+            statements += [
+                b.statement(out, idx, "=", f"exp({b.ref(x, idx)} - {most.ident}({at_point}))"),
+                b.statement(total, kept_idx, "+=!", b.ref(out, source), reduced),
+                b.statement(out, idx, "=", f"{b.ref(out, idx)} / {total.ident}({at_point})")]
         b.emit(statements, [x], [out], "reduction")
         return [out]
 
