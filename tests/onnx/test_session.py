@@ -404,3 +404,27 @@ def test_large_initializers_are_checked_and_inferred_without_their_data():
                             opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(polyc.PolycError, match="checker"):
         load_model(bad)
+
+
+@pytest.mark.parametrize("rows", [3, 300])
+def test_products_by_constant_weights_of_few_rows_read_them_blocked(rows):
+    # Up to BLOCKED_WEIGHT_ROWS rows, W(K, N) becomes W'(N / NR, K, NR) at plan time, whose
+    # slivers the gemm kernel reads in place; above, the plain product packs W.
+    from polyc.frontends.onnx.ops import BLOCKED_WEIGHT_ROWS, _weight_sliver
+    from polyc.frontends.onnx.lowering import Value
+    rng = np.random.default_rng(9)
+    weights = rng.standard_normal((24, 128)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["P"], name="mm"), helper.make_node("Add", ["P", "B"], ["Y"], name="bias")]
+    graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, "T", 24])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, "T", 128])],
+                              [numpy_helper.from_array(weights, "W"),
+                               numpy_helper.from_array(rng.standard_normal(128).astype(np.float32), "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ponnx.InferenceSession(model)
+    x = rng.standard_normal((1, rows, 24)).astype(np.float32)
+    np.testing.assert_allclose(session.run(None, {"X": x})[0], reference(model, x), rtol=1e-4, atol=1e-5)
+    sliver = _weight_sliver(Value("x", x.dtype, x.shape), Value("w", weights.dtype, weights.shape, weights))
+    contraction = session.kernels()[0].stages({}).contraction
+    blocked = len(session.plan_for({"X": x.shape}).groups[0].inputs[1].shape) == 3
+    assert blocked == (rows <= BLOCKED_WEIGHT_ROWS and sliver > 0)
+    assert contraction is not None and contraction.n == (("nb", "nr") if blocked else ("i2",))
