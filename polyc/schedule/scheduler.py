@@ -23,11 +23,14 @@ from polyc.errors import PolycError
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 
-#: The largest constant shift isl may give a statement in a band.  Fusing loops by shifting one
-#: statement a few iterations is what stencils need; a shift by most of a loop's extent (a
-#: layer norm's variance pass fused after its mean pass, 767 iterations later, which isl finds
-#: once the sizes are literal numbers) buys no reuse, since every value is consumed long after
-#: it was produced, and it costs the vector loop: the fused band then runs along the rows.
+#: The largest constant shift of a statement in a band that ``smart`` fusion keeps.  Fusing loops
+#: by shifting one statement a few iterations is what stencils need; a shift by most of a loop's
+#: extent (a layer norm's variance pass fused after its mean pass, 767 iterations later, which
+#: isl finds once the sizes are literal numbers) buys no reuse, since every value is consumed
+#: long after it was produced, and it costs the vector loop: the fused band then runs along
+#: the rows, 6x slower.  Such a schedule is computed again with the components apart, whose
+#: outer loops :mod:`polyc.schedule.outer_fusion` then fuses.  (Bounding isl's constant terms
+#: instead made its search take minutes on mobilenet_v2's unrolled depthwise convolutions.)
 MAX_SHIFT = 16
 
 
@@ -49,7 +52,6 @@ def configure_fusion(ctx: isl.Context, fusion: str) -> None:
         raise PolycError(f"unknown fusion strategy {fusion!r}")
     ctx.set_schedule_treat_coalescing(1)  # prefer schedules whose inner loops follow the data
     ctx.set_schedule_outer_coincidence(0)
-    ctx.set_schedule_max_constant_term(MAX_SHIFT)
 
 
 def compute_schedule(program: PolyProgram, dependences: Dependences, fusion: str = "smart") -> isl.Schedule:
@@ -58,4 +60,28 @@ def compute_schedule(program: PolyProgram, dependences: Dependences, fusion: str
     every = dependences.all
     constraints = isl.ScheduleConstraints.on_domain(program.domain).set_context(program.context)
     constraints = constraints.set_validity(every).set_proximity(every).set_coincidence(every)
-    return constraints.compute_schedule()
+    schedule = constraints.compute_schedule()
+    if fusion == "smart" and largest_shift(schedule) > MAX_SHIFT:
+        configure_fusion(program.ctx, "min")
+        schedule = constraints.compute_schedule()
+        configure_fusion(program.ctx, fusion)
+    return schedule
+
+
+def largest_shift(schedule: isl.Schedule) -> int:
+    """The largest absolute constant term of a statement's piece of a band member that moves
+    with the statement's indices (a constant piece only places a statement whose domain is one
+    point along the member, such as the edge row of an unrolled stencil)."""
+    largest, nodes = 0, [schedule.get_root()]
+    while nodes:
+        node = nodes.pop()
+        if node.get_type() == isl.schedule_node_type.band:
+            partial = node.band_get_partial_schedule()
+            for member in range(partial.dim(isl.dim_type.out)):
+                pieces = partial.get_at(member).get_pw_aff_list()
+                for position in range(pieces.n_pw_aff()):
+                    for _, aff in pieces.get_at(position).get_pieces():
+                        if not aff.is_cst():
+                            largest = max(largest, abs(aff.get_constant_val().to_python()))
+        nodes += [node.child(position) for position in range(node.n_children())]
+    return largest
