@@ -428,3 +428,28 @@ def test_products_by_constant_weights_of_few_rows_read_them_blocked(rows):
     blocked = len(session.plan_for({"X": x.shape}).groups[0].inputs[1].shape) == 3
     assert blocked == (rows <= BLOCKED_WEIGHT_ROWS and sliver > 0)
     assert contraction is not None and contraction.n == (("nb", "nr") if blocked else ("i2",))
+
+
+@pytest.mark.parametrize("axis,views", [(1, True), (2, False)])
+def test_splits_along_the_outermost_axis_are_views(axis, views):
+    # (1, 6, 4) split along axis 1: each part is a contiguous run of X, a view; along axis 2
+    # the parts interleave and are copied by kernels.  Each part then feeds a kernel of its own.
+    rng = np.random.default_rng(10)
+    nodes = [helper.make_node("Exp", ["X"], ["E"], name="exp"),
+             helper.make_node("Split", ["E", "sizes"], ["A", "B"], axis=axis, name="split"),
+             helper.make_node("Neg", ["A"], ["Y"], name="neg"), helper.make_node("Abs", ["B"], ["Z"], name="abs")]
+    parts = [2, 4] if axis == 1 else [1, 3]
+    shapes = [[1, p, 4] if axis == 1 else [1, 6, p] for p in parts]
+    graph = helper.make_graph(nodes, "split", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 6, 4])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in zip("YZ", shapes)],
+                              [numpy_helper.from_array(np.array(parts, np.int64), "sizes")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ponnx.InferenceSession(model)
+    x = rng.standard_normal((1, 6, 4)).astype(np.float32)
+    got = session.run(None, {"X": x})
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"X": x})
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-6)
+    split_kernels = [g for g in session.groups if "split" in g]
+    assert (split_kernels == []) == views, session.groups
+    assert ("from element 8" in session.tc_source()) == views

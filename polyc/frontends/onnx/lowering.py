@@ -63,9 +63,19 @@ class KernelStep:
 
 @dataclass(eq=False)
 class ViewStep:
+    """``target`` is the elements of ``source`` from flat position ``offset`` on, under
+    ``target``'s shape: a reshape, or a contiguous part (a Split along the outermost axis)."""
+
     node: str
     source: Value
     target: Value
+    offset: int = 0
+
+    def of(self, array: np.ndarray) -> np.ndarray:
+        """The view of ``array`` (``source``'s elements, C-contiguous)."""
+        if self.offset == 0 and array.size == self.target.size:
+            return array.reshape(self.target.tc_shape)
+        return array.reshape(-1)[self.offset:self.offset + self.target.size].reshape(self.target.tc_shape)
 
 
 @dataclass
@@ -91,11 +101,18 @@ class Builder:
         shape = tuple(int(d) for d in shape)
         if math.prod(shape) != source.size:
             raise UnsupportedError(f"{self.where}: cannot view {source.shape} as {shape}")
+        return self.part(source, shape, 0)
+
+    def part(self, source: Value, shape, offset: int) -> Value:
+        """The ``prod(shape)`` elements of ``source`` from flat position ``offset`` on, as a
+        value of ``shape``, without a copy."""
+        shape = tuple(int(d) for d in shape)
+        step = ViewStep(self.node_name, source, Value("", source.dtype, shape), offset)
         if source.const is not None:
-            return self.const(source.const.reshape(shape))
-        target = self.new(shape, source.dtype)
-        self.steps.append(ViewStep(self.node_name, source, target))
-        return target
+            return self.const(step.of(np.ascontiguousarray(source.const)).reshape(shape))
+        step.target = self.new(shape, source.dtype)
+        self.steps.append(step)
+        return step.target
 
     @property
     def where(self) -> str:

@@ -495,10 +495,16 @@ class Split(Converter):
             extent = x.shape[axis]
             chunk = -(-extent // count)
             sizes = [min(chunk, extent - k * chunk) for k in range(count)]
+        # Along the outermost axis of extent above one, each part is a contiguous run of x.
+        contiguous = all(extent == 1 for extent in x.shape[:axis])
         outputs, start = [], 0
         for size in sizes:
             shape = list(x.shape)
             shape[axis] = int(size)
+            if contiguous:
+                outputs.append(b.part(x, shape, start * math.prod(x.shape[axis + 1:])))
+                start += int(size)
+                continue
             out = b.new(shape, x.dtype)
             idx = indices(x.rank)
             subscripts = list(idx)

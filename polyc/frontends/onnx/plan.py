@@ -211,7 +211,7 @@ class Plan:
             buffers[value.ident] = np.ascontiguousarray(feeds[value.onnx_name]).reshape(value.tc_shape)
         for item in self.order:
             if isinstance(item, ViewStep):
-                buffers[item.target.ident] = _array(item.source, buffers).reshape(item.target.tc_shape)
+                buffers[item.target.ident] = item.of(_array(item.source, buffers))
                 continue
             results = item.kernel(*[_array(v, buffers) for v in item.inputs])
             results = results if isinstance(results, tuple) else (results,)
@@ -233,7 +233,8 @@ class Plan:
         lines = ["# The model, in order (views reshape a buffer; they copy nothing):"]
         for item in self.order:
             if isinstance(item, ViewStep):
-                lines.append(f"#   {item.target.ident} = view of {item.source.ident} as {item.target.shape}")
+                part = f" from element {item.offset}" if item.offset or item.target.size != item.source.size else ""
+                lines.append(f"#   {item.target.ident} = view of {item.source.ident}{part} as {item.target.shape}")
             else:
                 outs = ", ".join(v.ident for v in item.outputs)
                 ins = ", ".join(v.ident for v in item.inputs)
@@ -266,7 +267,7 @@ def _fold(steps: list, node: str) -> None:
     import polyc
     for step in steps:
         if isinstance(step, ViewStep):
-            step.target.const = step.source.const.reshape(step.target.shape)
+            step.target.const = step.of(np.ascontiguousarray(step.source.const)).reshape(step.target.shape)
             continue
         group = Group(0, [step], [v for v in step.reads], list(step.writes))
         source = _def_text(group)
