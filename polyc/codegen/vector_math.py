@@ -326,28 +326,20 @@ static inline float polyc_coshf(float x)
 static inline float polyc_erff(float x)
 {
     float a = polyc_f32_from_bits(polyc_bits_f32(x) & 0x7fffffffu);
-    float s = a * a;
-    float p = 0x1.63786cp-14f;
-    p = p * s + -0x1.ad29aep-11f;
-    p = p * s + 0x1.5538b4p-8f;
-    p = p * s + -0x1.b81d2ap-6f;
-    p = p * s + 0x1.ce2ed4p-4f;
-    p = p * s + -0x1.812746p-2f;
-    p = p * s + 0x1.06eba8p-3f;
+    const float p_coefficients[7] = {0x1.63786cp-14f, -0x1.ad29aep-11f, 0x1.5538b4p-8f, -0x1.b81d2ap-6f,
+                                     0x1.ce2ed4p-4f, -0x1.812746p-2f, 0x1.06eba8p-3f};
+    const float q_coefficients[10] = {-0x1.ad6ff8p-20f, 0x1.1ce292p-15f, -0x1.91ee44p-13f, 0x1.9badb0p-11f,
+                                      -0x1.7e4548p-9f, 0x1.4f2e6cp-7f, -0x1.1dd504p-5f, 0x1.f56d36p-4f,
+                                      -0x1.0b07d0p-1f, -0x1.8ae8fcp+0f};
+    float s = a * a, p = p_coefficients[0];
+    for (int i = 1; i < 7; i++)
+        p = p * s + p_coefficients[i];
     float small = a + a * p;
     float ac = polyc_select_f32(a > 1.0f, a, 1.0f);
     ac = polyc_select_f32(ac < 3.92f, ac, 3.92f);
-    float t = (ac - 2.46f) * (1.0f / 1.46f);
-    float q = -0x1.ad6ff8p-20f;
-    q = q * t + 0x1.1ce292p-15f;
-    q = q * t + -0x1.91ee44p-13f;
-    q = q * t + 0x1.9badb0p-11f;
-    q = q * t + -0x1.7e4548p-9f;
-    q = q * t + 0x1.4f2e6cp-7f;
-    q = q * t + -0x1.1dd504p-5f;
-    q = q * t + 0x1.f56d36p-4f;
-    q = q * t + -0x1.0b07d0p-1f;
-    q = q * t + -0x1.8ae8fcp+0f;
+    float t = (ac - 2.46f) * (1.0f / 1.46f), q = q_coefficients[0];
+    for (int i = 1; i < 10; i++)
+        q = q * t + q_coefficients[i];
     float hi = polyc_f32_from_bits(polyc_bits_f32(ac) & 0xfffff000u), lo = ac - hi;
     float large = 1.0f - polyc_expf((q - hi * hi) - lo * (hi + ac));
     float r = polyc_select_f32(a < 1.0f, small, large);
