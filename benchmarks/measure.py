@@ -84,7 +84,7 @@ def time_interleaved(functions: dict[str, Callable[[], object]], repeat: int, ma
 
 def median_time(function: Callable[[], object], repeat: int) -> float:
     """Median wall time of ``function`` in seconds over ``repeat`` calls after one warm-up
-    (the ONNX and GPU groups, whose calls are long enough not to need interleaving)."""
+    (the GPU group, whose calls are long enough not to need interleaving)."""
     function()
     times = []
     for _ in range(repeat):

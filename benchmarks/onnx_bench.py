@@ -7,8 +7,9 @@ for the encoder): polyc's median latency with graph fusion and without (``graph_
 onnxruntime's with its default graph optimisations and with them off, all on the same number
 of threads (the machine's cores; onnxruntime's ``intra_op_num_threads`` set to match), and
 polyc's compile time cold (an empty kernel cache, in a new process) and warm (a new process
-whose kernels are all in the cache).  Every implementation's output is compared with
-onnxruntime's first.  Ratios are onnxruntime time / polyc time: above 1, polyc is faster.
+whose kernels are all in the cache).  The four are timed in interleaved rounds
+(:func:`benchmarks.measure.time_interleaved`), medians of ``--repeat`` calls each.  polyc's
+outputs are compared with onnxruntime's first.  Ratios are onnxruntime time / polyc time: above 1, polyc is faster.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.measure import median_time  # noqa: E402
+from benchmarks.measure import time_interleaved  # noqa: E402
 from benchmarks.onnx_models import MODELS, load  # noqa: E402
 
 _COMPILE_SCRIPT = """
@@ -97,24 +98,27 @@ def run_models(pairs, repeat: int) -> dict:
             options.intra_op_num_threads = threads
             reference = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
             expected = reference.run(None, {"input": x})[0]
-            row["ort"] = median_time(lambda: reference.run(None, {"input": x}), repeat)
             plain = ort.SessionOptions()
             plain.intra_op_num_threads = threads
             plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
             unoptimised = ort.InferenceSession(data, plain, providers=["CPUExecutionProvider"])
-            row["ort_noopt"] = median_time(lambda: unoptimised.run(None, {"input": x}), repeat)
             with tempfile.TemporaryDirectory() as cache:
                 row["cold_compile"] = compile_seconds(name, shape, cache)
                 row["warm_compile"] = compile_seconds(name, shape, cache)
+            runs = {"ort": reference.run, "ort_noopt": unoptimised.run}
             for fused in (True, False):
                 session = polyc.onnx.InferenceSession(model, graph_fusion=fused)
                 got = session.run(None, {"input": x})[0]
-                ok = bool(np.allclose(got, expected, rtol=1e-3, atol=1e-4))
                 key = "polyc" if fused else "polyc_unfused"
-                row[key] = median_time(lambda: session.run(None, {"input": x}), repeat)
-                row[f"{key}_ok"] = ok
+                row[f"{key}_ok"] = bool(np.allclose(got, expected, rtol=1e-3, atol=1e-4))
+                runs[key] = session.run
                 if fused:
                     row["kernels"] = len(session.groups)
+            # In interleaved rounds, so that a change of the shared machine's load during the
+            # row reaches every implementation alike and the ratios hold.
+            times = time_interleaved({key: (lambda run=run: run(None, {"input": x})) for key, run in runs.items()},
+                                     repeat, max_seconds=60.0)
+            row.update({key: record["median"] for key, record in times.items()})
         except Exception as error:  # a row that fails says so; the others still run
             row["error"] = f"{type(error).__name__}: {str(error)[:200]}"
         results["rows"].append(row)
