@@ -332,13 +332,13 @@ static inline float polyc_erff(float x)
                                       -0x1.7e4548p-9f, 0x1.4f2e6cp-7f, -0x1.1dd504p-5f, 0x1.f56d36p-4f,
                                       -0x1.0b07d0p-1f, -0x1.8ae8fcp+0f};
     float s = a * a, p = p_coefficients[0];
-    for (int i = 1; i < 7; i++)
+    for (int64_t i = 1; i < 7; i++)
         p = p * s + p_coefficients[i];
     float small = a + a * p;
     float ac = polyc_select_f32(a > 1.0f, a, 1.0f);
     ac = polyc_select_f32(ac < 3.92f, ac, 3.92f);
     float t = (ac - 2.46f) * (1.0f / 1.46f), q = q_coefficients[0];
-    for (int i = 1; i < 10; i++)
+    for (int64_t i = 1; i < 10; i++)
         q = q * t + q_coefficients[i];
     float hi = polyc_f32_from_bits(polyc_bits_f32(ac) & 0xfffff000u), lo = ac - hi;
     float large = 1.0f - polyc_expf((q - hi * hi) - lo * (hi + ac));
