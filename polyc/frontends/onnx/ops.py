@@ -496,7 +496,7 @@ class Split(Converter):
             chunk = -(-extent // count)
             sizes = [min(chunk, extent - k * chunk) for k in range(count)]
         # Along the outermost axis of extent above one, each part is a contiguous run of x.
-        contiguous = all(extent == 1 for extent in x.shape[:axis])
+        contiguous = all(outer == 1 for outer in x.shape[:axis])
         outputs, start = [], 0
         for size in sizes:
             shape = list(x.shape)

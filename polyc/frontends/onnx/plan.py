@@ -230,7 +230,7 @@ class Plan:
     def tc_source(self) -> str:
         """The whole model as TC: one def per kernel, then the sequence of calls and views."""
         parts = [g.source for g in self.groups]
-        lines = ["# The model, in order (views reshape a buffer; they copy nothing):"]
+        lines = ["# The model, in order (views reshape a buffer or take a contiguous part of it; they copy nothing):"]
         for item in self.order:
             if isinstance(item, ViewStep):
                 part = f" from element {item.offset}" if item.offset or item.target.size != item.source.size else ""
