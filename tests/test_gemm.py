@@ -315,6 +315,20 @@ def test_multi_index_groups_and_kronecker_steps():
         check(step2, (w1, xw2), [np.einsum("mard,er->maed", xw2.astype(np.float64), w1)], n1)
 
 
+def test_short_rows_of_a_read_in_place_are_fetched_ahead():
+    """A Kronecker step reads its 19-float rows of X in place, a few multiply-adds per byte:
+    the loops ask for the rows 8 KiB ahead, up to the last row and not beyond (M = 3001 rows,
+    not a multiple of any register block, so the last blocks are partial)."""
+    step1 = polyc.define(POSITIVE["kronecker_step1"][0]).f
+    sizes = dict(D2=16, N2=19, M=3001, N0=1, N1=1)
+    source = step1.c_source(sizes)
+    assert "polyc_prefetch_rows(a + (ic + ir + a_ahead)" in source
+    assert "ic + ir + a_ahead + mr <= g->m" in source
+    rng = np.random.default_rng(8)
+    w2, x = rand(rng, (16, 19)), rand(rng, (3001, 1, 1, 19))
+    check(step1, (w2, x), [np.einsum("mabr,dr->mabd", x.astype(np.float64), w2)], 19)
+
+
 def test_conv1x1_with_bias_and_relu_epilogue():
     source = """def conv(float(N, C, H, W) I, float(F, C) W1, float(F) bias) -> (O) {
         O(n, f, h, w) +=! I(n, r_c, h, w) * W1(f, r_c)

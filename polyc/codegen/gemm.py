@@ -992,6 +992,14 @@ static void polyc_scatter(const T *restrict block, int64_t stride, T *restrict c
         }
 }
 
+/* Asks for the cache lines of `rows` rows of `bytes` bytes each, `stride` elements apart. */
+static void polyc_prefetch_rows(const T *p, int64_t rows, int64_t stride, int64_t bytes)
+{
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t offset = 0; offset < bytes; offset += 64)
+            __builtin_prefetch((const char *)(p + i * stride) + offset, 0, 3);
+}
+
 static int64_t polyc_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 /* The step that cuts `total` into as few blocks of at most `most` as possible, of nearly equal
@@ -1205,6 +1213,14 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
         }
         const int direct_a = a_in_place && (s_hi - s_lo <= 2 || (g->a_k_stride == 1 && WIDE_BLOCK
                                                                   && MR * kc_step * (int64_t)sizeof(T) <= L1_BYTES / 4));
+        /* An A read in place whose rows are short (a K block of at most 256 bytes) streams from
+           memory at a few multiply-adds per byte, and the hardware prefetcher does not keep up
+           with a block's MR row streams: each block asks for the rows about 8 KiB ahead.  The
+           262144 x 16 x 32 Kronecker step on a Zen 5, two threads: 1.73 -> 1.03 ms (AVX2 code:
+           1.83 -> 1.21 ms), numpy 1.08 ms. */
+        const int prefetch_a = direct_a && g->a_k_stride == 1 && g->a_m_stride > 0
+                               && kc_step * (int64_t)sizeof(T) <= 256;
+        const int64_t a_ahead = prefetch_a ? polyc_round_up(polyc_max(1, 8192 / (g->a_m_stride * (int64_t)sizeof(T))), MR) : 0;
         for (int64_t pc = 0; pc < g->k; pc += kc_step, progress->panels++) {
             const int64_t kc = polyc_min(kc_step, g->k - pc);
             const int beta = pc > 0 || !init;
@@ -1251,11 +1267,14 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
                         /* Constant arguments let the compiler specialise the kernel for packed A and B. */
                         if (cover == 0)
                             polyc_guarded_write(g, bt, NULL, 0, c, ic + ir, mr, jr, nr, beta);
-                        else if (direct_a)
+                        else if (direct_a) {
+                            if (prefetch_a && s == s_lo && ic + ir + a_ahead + mr <= g->m)
+                                polyc_prefetch_rows(a + (ic + ir + a_ahead) * g->a_m_stride + pc, mr,
+                                                    g->a_m_stride, kc * (int64_t)sizeof(T));
                             polyc_kernel_SHAPE(kc, a + (ic + ir) * g->a_m_stride + pc * g->a_k_stride, mr,
                                                g->a_m_stride, g->a_k_stride, bp, b_rs, !direct_b || nr == NR, dst,
                                                dst_m, dst_n, mr, nr, dst_beta, dst_unit);
-                        else if (direct_b)
+                        } else if (direct_b)
                             polyc_kernel_SHAPE(kc, apack + ir * kc, MR, 1, MR, bp, b_rs, nr == NR, dst,
                                                dst_m, dst_n, mr, nr, dst_beta, dst_unit);
                         else
