@@ -44,6 +44,12 @@ KERNELS = {
                               "  x1(i) +=! A(i, r_j) * y1(r_j)\n  x2(i) +=! A(r_j, i) * y2(r_j)\n}",
                               "mvt", {"y1": (4096,), "y2": (4096,), "A": (4096, 4096)},
                               {"blas_contractions": False}),
+    "jacobi-2d 4096": ("def jacobi(float(N, N) A) -> (B) {\n"
+                       "  B(i, j) = 0.2 * (A(i, j) + A(i-1, j) + A(i+1, j) + A(i, j-1) + A(i, j+1))"
+                       " where i in 1:N-1, j in 1:N-1\n}",
+                       "jacobi", {"A": (4096, 4096)}),
+    "symmetrise 2048": ("def sym(float(N, N) A) -> (B) { B(i, j) = 0.5 * (A(i, j) + A(j, i)) }",
+                        "sym", {"A": (2048, 2048)}),
     "transpose-add 1024": ("def tadd(float(N, N) A, float(N, N) B) -> (C) {\n"
                            "  C(i, j) = A(j, i) + B(i, j)\n  C(i, j) = C(i, j) * 2 + A(i, j)\n}",
                            "tadd", {"A": (1024, 1024), "B": (1024, 1024)}),
@@ -65,7 +71,10 @@ def main(argv=None) -> int:
     tables = json.loads(args.table.read_text()) if args.table.exists() else {}
     tables = tables if tables.get("machine") == machine.id else {"machine": machine.id, "kernels": {}}
     print(f"machine: {machine.describe()}")
-    results = {"machine": machine.to_json(), "trials": args.trials, "seeds": args.seeds, "kernels": {}}
+    # A run over some of the kernels (--filter) keeps the others' results from the same machine.
+    results = json.loads(args.json.read_text()) if args.json.exists() else {}
+    if results.get("machine") != machine.to_json():
+        results = {"machine": machine.to_json(), "kernels": {}}
     print(f"{'kernel':<20} {'space':>6} {'best ms':>9} {'within 5%':>9} {'random: trials to 95%':>22} "
           f"{'guided':>7} {'ratio':>6}")
     for title, (source, entry, shapes, *options) in KERNELS.items():
@@ -91,6 +100,7 @@ def main(argv=None) -> int:
         print(f"{title:<20} {len(table):>6} {best * 1e3:>9.3f} {near:>9} {needed['random']:>22} "
               f"{needed['model']:>7} {needed['model'] / needed['random']:>6.2f}")
         results["kernels"][title] = {"space_size": len(table), "best_seconds": best, "configs_within_5pc": near,
+                                     "trials": args.trials, "seeds": args.seeds,
                                      "trials_to_95": needed, "curves": curves}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1) + "\n")
