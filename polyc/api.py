@@ -64,10 +64,10 @@ class Kernel:
         if device_call is not None and any(_is_device_array(a) for a in args):
             results = device_call(tuple(args), outputs, self._check_sizes_once)
             return results[0] if len(results) == 1 else results
-        repeat_key = _input_signature(args) if outputs is None and self._repeatable else None
+        repeat_key = _input_signature(args) if self._repeatable else None
         repeat = self._repeat_calls.get(repeat_key) if repeat_key is not None else None
-        if repeat is not None:
-            results = repeat(args)
+        if repeat is not None and (outputs is None or repeat.outputs_fit(args, outputs)):
+            results = repeat(args, outputs)
             return results[0] if len(results) == 1 else results
         call = bind_arguments(self.definition, args, outputs, self._written_before_read, self._shape_memo)
         signature = tuple(call.sizes[s] for s in self.definition.sizes)
@@ -75,7 +75,7 @@ class Kernel:
             self.bounds_precondition.check(call.sizes, self.definition.source or None)
             self._sizes_checked.add(signature)
         results = self._backend(call)
-        if repeat_key is not None and len(self._repeat_calls) < _REPEAT_CALLS:
+        if repeat_key is not None and repeat is None and len(self._repeat_calls) < _REPEAT_CALLS:
             self._repeat_calls[repeat_key] = self._backend.repeat_plan(call)
         return results[0] if len(results) == 1 else results
 

@@ -475,10 +475,27 @@ def test_repeated_calls_still_check_what_the_signature_does_not_fix():
     with pytest.raises(polyc.PolycError, match="numpy array"):
         kernel(A.tolist(), B)
     np.testing.assert_allclose(kernel(A, np.asfortranarray(B)), A.astype(np.float64) @ B, rtol=1e-5, atol=1e-5)
-    # outputs= always takes the checked path, and writes into the given array
+    # outputs= of the signature's shape and dtype, C-contiguous, writeable and apart from the
+    # inputs take the resolved path and are written in place; any other goes through the checks
+    want = A.astype(np.float64) @ B
     out = np.full((5, 7), np.nan, np.float32)
     assert kernel(A, B, outputs=[out]) is out
-    np.testing.assert_allclose(out, A.astype(np.float64) @ B, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    strided = np.full((5, 14), np.nan, np.float32)
+    kernel(A, B, outputs=[strided[:, ::2]])
+    np.testing.assert_allclose(strided[:, ::2], want, rtol=1e-5, atol=1e-5)
+    assert np.isnan(strided[:, 1::2]).all()
+    with pytest.raises(polyc.PolycError, match="shape"):
+        kernel(A, B, outputs=[np.empty((7, 5), np.float32)])
+    with pytest.raises(polyc.PolycError, match="read-only"):
+        frozen = np.empty((5, 7), np.float32)
+        frozen.flags.writeable = False
+        kernel(A, B, outputs=[frozen])
+    shared = np.zeros(5 * 7 + 5 * 6, np.float32)
+    A_in_shared = shared[:30].reshape(5, 6)
+    A_in_shared[...] = A
+    with pytest.raises(polyc.PolycError, match="overlaps"):
+        kernel(A_in_shared, B, outputs=[shared[5:40].reshape(5, 7)])
     assert len(kernel._repeat_calls) == 1
 
 

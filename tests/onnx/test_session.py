@@ -453,3 +453,85 @@ def test_splits_along_the_outermost_axis_are_views(axis, views):
     split_kernels = [g for g in session.groups if "split" in g]
     assert (split_kernels == []) == views, session.groups
     assert ("from element 8" in session.tc_source()) == views
+
+
+def residual_model() -> onnx.ModelProto:
+    """Relu -> Conv -> Add(relu, conv) -> Sigmoid -> Mul(relu, sigmoid) -> Flatten -> Y, and the
+    relu's output returned too: values that die at different steps, one that lives to the end."""
+    rng = np.random.default_rng(12)
+    nodes = [helper.make_node("Relu", ["X"], ["a"], name="relu"),
+             helper.make_node("Conv", ["a", "W"], ["b"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Add", ["a", "b"], ["c"], name="add"),
+             helper.make_node("Sigmoid", ["c"], ["d"], name="sigmoid"),
+             helper.make_node("Mul", ["a", "d"], ["e"], name="mul"),
+             helper.make_node("Exp", ["e"], ["f"], name="exp"),
+             helper.make_node("Flatten", ["f"], ["Y"], name="flatten"),
+             helper.make_node("Identity", ["a"], ["R"], name="identity")]
+    graph = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4, 6, 6])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 144]),
+                               helper.make_tensor_value_info("R", TensorProto.FLOAT, ["N", 4, 6, 6])],
+                              [numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32) * 0.3, "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("graph_fusion", [False, True])
+def test_intermediate_tensors_share_an_arena_by_their_lifetimes(graph_fusion):
+    from polyc.frontends.onnx.lowering import ViewStep
+    model = residual_model()
+    session = ponnx.InferenceSession(model, graph_fusion=graph_fusion)
+    x = np.random.default_rng(13).standard_normal((2, 4, 6, 6)).astype(np.float32)
+    plan = session.plan_for({"X": x.shape})
+    # Lifetimes as the plan's steps read them, views counted as reads of their source.
+    root, born, last = {}, {}, {}
+    for position, item in enumerate(plan.order):
+        if isinstance(item, ViewStep):
+            root[item.target.ident] = root.get(item.source.ident, item.source.ident)
+            last[root[item.target.ident]] = position
+            continue
+        for value in item.inputs:
+            last[root.get(value.ident, value.ident)] = position
+        for value in item.outputs:
+            born[value.ident] = position
+    returned = {root.get(v.ident, v.ident) for v in plan.outputs}
+    placed = {v.ident: v for v in plan._arena_values}
+    assert placed and not returned & set(placed)
+    spans = {ident: (plan.memory.offsets[ident], plan.memory.offsets[ident] + v.size * 4) for ident, v in placed.items()}
+    for one in placed:
+        for other in placed:
+            alive_together = one != other and born[one] <= last.get(other, born[other]) \
+                and born[other] <= last.get(one, born[one])
+            if alive_together:
+                assert spans[one][1] <= spans[other][0] or spans[other][1] <= spans[one][0], (one, other)
+    if not graph_fusion:  # six kernels' outputs in the arena, which reuses the memory of dead ones
+        assert len(placed) >= 4 and plan.memory.size < sum(v.size * 4 for v in placed.values())
+    # Right answers, and what a run returned stays the user's: the next run does not overwrite it.
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"X": x})
+    first = session.run(None, {"X": x})
+    kept = [a.copy() for a in first]
+    session.run(None, {"X": -x})
+    for got, want, copy in zip(first, expected, kept):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(got, copy)
+
+
+def test_runs_in_threads_at_the_same_time_take_arenas_of_their_own():
+    import threading
+    model = residual_model()
+    session = ponnx.InferenceSession(model, graph_fusion=False)
+    reference_session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    inputs = [np.random.default_rng(20 + i).standard_normal((3, 4, 6, 6)).astype(np.float32) for i in range(4)]
+    session.run(None, {"X": inputs[0]})  # compiled before the threads start
+    failures = []
+
+    def work(x):
+        want = reference_session.run(None, {"X": x})
+        for _ in range(30):
+            for got, expected in zip(session.run(None, {"X": x}), want):
+                if not np.allclose(got, expected, rtol=1e-5, atol=1e-6):
+                    failures.append(float(np.abs(got - expected).max()))
+    threads = [threading.Thread(target=work, args=(x,)) for x in inputs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures

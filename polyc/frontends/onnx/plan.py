@@ -17,12 +17,15 @@
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from polyc.errors import PolycError, UnsupportedError
+from polyc.runtime.arguments import allocate
 from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type
+from polyc.frontends.onnx.memory import Arena, plan_memory
 from polyc.frontends.onnx.ops import CONVERTERS, Node
 
 #: The most statements one fused group may hold (isl's scheduler grows with them).
@@ -102,6 +105,12 @@ class Plan:
         self.order = self._fuse(steps, graph_fusion)
         self.groups = [item for item in self.order if isinstance(item, Group)]
         self._compile(options)
+        # The kernels' outputs that they overwrite before reading go to the arena (memory.py).
+        starts_unread = [v for g in self.groups for v in g.outputs if v.ident in g.kernel._written_before_read]
+        self.memory = plan_memory(self.order, self.outputs, starts_unread)
+        self._arena_values = [v for v in starts_unread if v.ident in self.memory.offsets]
+        self._idle_arenas: list[Arena] = []
+        self._arenas_lock = threading.Lock()
 
     def _new_ident(self) -> str:
         self._counter += 1
@@ -206,17 +215,14 @@ class Plan:
 
     # ------------------------------------------------------------------ running
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        buffers: dict[str, np.ndarray] = {}
-        for value in self.inputs:
-            buffers[value.ident] = np.ascontiguousarray(feeds[value.onnx_name]).reshape(value.tc_shape)
-        for item in self.order:
-            if isinstance(item, ViewStep):
-                buffers[item.target.ident] = item.of(_array(item.source, buffers))
-                continue
-            results = item.kernel(*[_array(v, buffers) for v in item.inputs])
-            results = results if isinstance(results, tuple) else (results,)
-            for value, array in zip(item.outputs, results):
-                buffers[value.ident] = array
+        with self._arenas_lock:
+            arena = self._idle_arenas.pop() if self._idle_arenas else None
+        arena = arena or Arena(self.memory, self._arena_values)
+        try:
+            buffers = self._run_in(arena, feeds)
+        finally:
+            with self._arenas_lock:
+                self._idle_arenas.append(arena)
         given = {id(v) for v in self.inputs}
         outputs = {}
         for value in self.outputs:
@@ -226,6 +232,26 @@ class Plan:
                 array = np.array(array, copy=True)
             outputs[value.onnx_name] = array
         return outputs
+
+    def _run_in(self, arena: Arena, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        buffers: dict[str, np.ndarray] = {}
+        for value in self.inputs:
+            buffers[value.ident] = np.ascontiguousarray(feeds[value.onnx_name]).reshape(value.tc_shape)
+        for item in self.order:
+            if isinstance(item, ViewStep):
+                buffers[item.target.ident] = item.of(_array(item.source, buffers))
+                continue
+            inputs = [_array(v, buffers) for v in item.inputs]
+            outputs = [arena.arrays.get(v.ident) for v in item.outputs]
+            if any(array is None for array in outputs):  # the user's (returned) or zeros: fresh
+                outputs = [array if array is not None else allocate(
+                    v.tc_shape, v.dtype, v.ident in item.kernel._written_before_read)
+                    for array, v in zip(outputs, item.outputs)]
+            results = item.kernel(*inputs, outputs=outputs)
+            results = results if isinstance(results, tuple) else (results,)
+            for value, array in zip(item.outputs, results):
+                buffers[value.ident] = array
+        return buffers
 
     def tc_source(self) -> str:
         """The whole model as TC: one def per kernel, then the sequence of calls and views."""
