@@ -49,6 +49,9 @@ CONV_BIAS_RELU = """def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1, float(
 STRIDED = """def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (O) {
     O(n, f, h, w) +=! I(n, r_c, 2 * h + r_kh, 3 * w + r_kw) * W1(f, r_c, r_kh, r_kw)
 }"""
+STRIDE_2 = """def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (O) {
+    O(n, f, h, w) +=! I(n, r_c, 2 * h + r_kh, 2 * w + r_kw) * W1(f, r_c, r_kh, r_kw)
+}"""
 DILATED = """def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (O) {
     O(n, f, h, w) +=! I(n, r_c, h + 2 * r_kh, w + 3 * r_kw) * W1(f, r_c, r_kh, r_kw)
 }"""
@@ -299,6 +302,7 @@ NUMPY_REFERENCES = {
     CONV_BIAS_RELU: (lambda I, W, B: np.maximum(numpy_conv2d(I, W) + B[None, :, None, None], 0),
                      lambda w: np.prod(w[1:]) + 1),
     STRIDED: (lambda I, W: numpy_conv2d(I, W, stride=(2, 3)), lambda w: np.prod(w[1:])),
+    STRIDE_2: (lambda I, W: numpy_conv2d(I, W, stride=(2, 2)), lambda w: np.prod(w[1:])),
     DILATED: (lambda I, W: numpy_conv2d(I, W, dilation=(2, 3)), lambda w: np.prod(w[1:])),
     STRIDED_DILATED_OFFSET: (lambda I, W: numpy_conv2d(I, W, stride=(2, 1), dilation=(2, 2), offset=(1, 3)),
                              lambda w: np.prod(w[1:])),
@@ -452,6 +456,21 @@ def test_special_values_stay_where_they_belong():
         assert_close(got[finite], want[finite], 9 * c, np.float32, (image[np.isfinite(image)], weights))
 
 
+@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+def test_stride_2_along_rows_packs_by_vectors(cflags):
+    """Points two image elements apart are packed by vector loads (stepped packing): output
+    rows of 7 to 70 points (vectors within a row, across the end of one, at the image's last
+    element, and a tile's last partial vector) against numpy, and the C says so."""
+    rng = np.random.default_rng(11)
+    kernel = polyc.define(STRIDE_2, cflags=cflags, specialize=False).conv
+    assert "polyc_pack_stepped(dst + j" in kernel.c_source()
+    for n, c, h, w, f, kh, kw in [(1, 3, 9, 17, 5, 3, 3), (2, 2, 7, 36, 4, 3, 3), (1, 3, 12, 143, 8, 7, 7),
+                                  (1, 1, 3, 34, 3, 1, 2)]:
+        image, weights = rand(rng, (n, c, h, w)), rand(rng, (f, c, kh, kw))
+        expected = numpy_conv2d(image, weights, stride=(2, 2))
+        assert_close(kernel(image, weights), expected, c * kh * kw, np.float32, (image, weights))
+
+
 @pytest.mark.parametrize("cflags", ["-O2 -mavx2 -mfma", "-O2"], ids=["avx2", "portable"])
 def test_every_instruction_set(cflags):
     """The same sources built without AVX-512 (AVX2 kernels, write-back through buffers) and
@@ -501,7 +520,7 @@ import numpy as np
 import polyc
 from kernels import assert_close
 sys.path.insert(0, sys.argv[1])
-from test_conv import CONV_BIAS_RELU, STRIDED, GROUPED, DEPTHWISE, NHWC, CONV1D, ACCUMULATING, numpy_check
+from test_conv import CONV_BIAS_RELU, STRIDED, STRIDE_2, GROUPED, DEPTHWISE, NHWC, CONV1D, ACCUMULATING, numpy_check
 rng = np.random.default_rng(0)
 for position, flags in enumerate(sys.argv[2:]):
     # parametric kernels (one build for every size); specialised ones with the first flags only
@@ -511,6 +530,7 @@ for position, flags in enumerate(sys.argv[2:]):
                        [(1, 4, 9, 40), (6, 4, 4, 4), (6,)], [(1, 2, 3, 3), (3, 2, 3, 3), (3,)]][specialize * 2:]:
             numpy_check(CONV_BIAS_RELU, shapes, options)
         numpy_check(STRIDED, [(2, 3, 11, 29), (5, 3, 3, 2)], options)
+        numpy_check(STRIDE_2, [(1, 2, 7, 36), (3, 2, 3, 3)], options)
         numpy_check(GROUPED, [(2, 3, 4, 7, 9), (3, 5, 4, 3, 3), (3, 5)], options)
         numpy_check(DEPTHWISE, [(2, 3, 6, 35), (3, 3, 3)], options)
         numpy_check(NHWC, [(2, 6, 5, 3), (3, 2, 3, 4)], options)

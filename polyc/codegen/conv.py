@@ -232,6 +232,7 @@ class _ConvWriter(PatternKernelWriter):
                   "const int64_t *in_b, *out_b, *wg_b, *out_f, *in_r, *in_p, *out_p, *out_c, *tile_p, *panel_r",
                   "const unsigned char *unit",
                   "const uint32_t *vmask",
+                  "const unsigned char *vstep",
                   "int direct, packed_out, dense_out"]
         for name in self.epilogue_tensors():
             tensor = self.definition.tensor(name)
@@ -248,7 +249,7 @@ class _ConvWriter(PatternKernelWriter):
                 "   flattened point outside the output); per output point p (the points q with out_p[q] >= 0,\n"
                 "   in order) out_c; tile_p[t]: the first output point of tile t (t <= ntiles); panel_r[r] =\n"
                 "   r * NR; per tile unit (its outputs are consecutive); per vector of LANES points vmask (its\n"
-                "   lanes with out_p >= 0); direct: in_p[q] == in_p[0] + q for every q (the image is read in\n"
+                "   lanes with out_p >= 0) and vstep (1 or 2: its points' image offsets step by that, else 0); direct: in_p[q] == in_p[0] + q for every q (the image is read in\n"
                 "   place, else tiles are packed); packed_out: out_c[p] == out_c[0] + p (the outputs of a tile\n"
                 "   are consecutive once the dropped points are left out); dense_out: and out_c[0] == 0;\n"
                 "   ix_*: index values for the epilogue (of the points: per output point p). */\n"
@@ -265,6 +266,7 @@ class _ConvWriter(PatternKernelWriter):
             pieces += [f'#define POLYC_CONV_ISA "{isa}"', f"#define POLYC_RF {shape.rf}",
                        f"#define POLYC_COMPRESS {1 if isa == 'avx512' else 0}",
                        f"#define POLYC_NR {shape.nr}", f"#define POLYC_LANES {shape.lanes}"]
+            pieces.append(_STEPPED_PACKING.get((isa, self.ctype), "#define POLYC_PACK_STEPPED 0"))
             if isa == "portable":
                 pieces.append(typed(_PORTABLE_KERNEL, self.ctype))
             else:
@@ -413,13 +415,14 @@ class _ConvWriter(PatternKernelWriter):
         total = " + ".join(f"polyc_{count_name}" for _, count_name in tables)
         body += ["const int64_t polyc_nvec = (polyc_npoints + POLYC_LANES - 1) / POLYC_LANES;",
                  f"int64_t *polyc_tables = (int64_t *)malloc(sizeof(int64_t) * (size_t)({total}) + "
-                 "sizeof(uint32_t) * (size_t)polyc_nvec + (size_t)polyc_ntiles);",
+                 "sizeof(uint32_t) * (size_t)polyc_nvec + (size_t)polyc_ntiles + (size_t)polyc_nvec);",
                  f"if (polyc_tables == NULL) return {STATUS_OUT_OF_MEMORY};",
                  "int64_t *polyc_next = polyc_tables;"]
         for table, count_name in tables:
             body += [f"int64_t *polyc_{table} = polyc_next;", f"polyc_next += polyc_{count_name};"]
         body += ["uint32_t *polyc_vmask = (uint32_t *)polyc_next;",
-                 "unsigned char *polyc_unit = (unsigned char *)(polyc_vmask + polyc_nvec);"]
+                 "unsigned char *polyc_unit = (unsigned char *)(polyc_vmask + polyc_nvec);",
+                 "unsigned char *polyc_vstep = polyc_unit + polyc_ntiles;"]
 
         # items: image and output offsets, packed weight group, index values
         group_flat = []
@@ -486,6 +489,11 @@ class _ConvWriter(PatternKernelWriter):
                  " polyc_j++)",
                  "        polyc_bits |= (uint32_t)(polyc_out_p[polyc_v * POLYC_LANES + polyc_j] >= 0) << polyc_j;",
                  "    polyc_vmask[polyc_v] = polyc_bits;",
+                 "    const int64_t *polyc_q = polyc_in_p + polyc_v * POLYC_LANES;",
+                 "    int polyc_step = polyc_v * POLYC_LANES + POLYC_LANES <= polyc_npoints ? (int)(polyc_q[1] - polyc_q[0]) : 0;",
+                 "    for (int64_t polyc_j = 1; polyc_j < POLYC_LANES && polyc_step; polyc_j++)",
+                 "        polyc_step = polyc_q[polyc_j] - polyc_q[polyc_j - 1] == polyc_step ? polyc_step : 0;",
+                 "    polyc_vstep[polyc_v] = (unsigned char)(polyc_step == 1 || polyc_step == 2 ? polyc_step : 0);",
                  "}"]
         body += ["polyc_conv_t polyc_g;",
                  "memset(&polyc_g, 0, sizeof polyc_g);",
@@ -493,7 +501,7 @@ class _ConvWriter(PatternKernelWriter):
                  "polyc_g.nitems = polyc_nitems; polyc_g.nf = polyc_nf; polyc_g.nfb = polyc_nfb;",
                  "polyc_g.npoints = polyc_npoints; polyc_g.nred = polyc_nred; polyc_g.ntiles = polyc_ntiles;",
                  "polyc_g.nout = polyc_nout; polyc_g.out_c = polyc_out_c; polyc_g.tile_p = polyc_tile_p;",
-                 "polyc_g.vmask = polyc_vmask;",
+                 "polyc_g.vmask = polyc_vmask; polyc_g.vstep = polyc_vstep;",
                  "polyc_g.packed_out = polyc_steps_by_one(polyc_out_c, polyc_nout);",
                  "polyc_g.dense_out = polyc_g.packed_out && (polyc_nout == 0 || polyc_out_c[0] == 0);",
                  "polyc_g.in_b = polyc_in_b; polyc_g.out_b = polyc_out_b; polyc_g.wg_b = polyc_wg_b;",
@@ -640,6 +648,37 @@ def _dispatch(shape: BlockShape, ctype: str) -> str:
             "}")
 
 
+#: Per instruction set and element type: polyc_pack_stepped(dst, src, step), which copies one
+#: vector of points whose image elements are ``step`` (1 or 2) apart, the last one read being
+#: the last point's (the second half of a stride-2 vector is loaded under a mask).  Gathers
+#: were a third of resnet18's 7 x 7 stride-2 stem convolution (AVX-512, a Zen 5).
+_STEPPED_PACKING = {
+    ("avx512", "float"): """#define POLYC_PACK_STEPPED 1
+static inline void polyc_pack_stepped(float *restrict dst, const float *restrict src, int step)
+{
+    if (step == 1) {
+        _mm512_storeu_ps(dst, _mm512_loadu_ps(src));
+        return;
+    }
+    const __m512 low = _mm512_loadu_ps(src), high = _mm512_maskz_loadu_ps((__mmask16)0x7fff, src + 16);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    _mm512_storeu_ps(dst, _mm512_permutex2var_ps(low, even, high));
+}""",
+    ("avx2", "float"): """#define POLYC_PACK_STEPPED 1
+static inline void polyc_pack_stepped(float *restrict dst, const float *restrict src, int step)
+{
+    if (step == 1) {
+        _mm256_storeu_ps(dst, _mm256_loadu_ps(src));
+        return;
+    }
+    const __m256 low = _mm256_loadu_ps(src);
+    const __m256 high = _mm256_maskload_ps(src + 8, _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, -1, 0));
+    /* (0 2 8 10 | 4 6 12 14), then the 64-bit pairs in order: 0 2 4 6 8 10 12 14 */
+    const __m256 pairs = _mm256_shuffle_ps(low, high, _MM_SHUFFLE(2, 0, 2, 0));
+    _mm256_storeu_ps(dst, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(pairs), _MM_SHUFFLE(3, 1, 2, 0))));
+}""",
+}
+
 _PORTABLE_KERNEL = r"""
 /* RF channels x up to NR points in portable C (the compiler vectorises the inner loops); the
    same contract as the vector kernels. */
@@ -733,11 +772,25 @@ static void polyc_conv_tile(const polyc_conv_t *restrict g, int64_t b, int64_t t
     } else {  /* gather the tile's rows of B into a panel, zero past n */
         const T *restrict in = g->in + g->in_b[b];
         const int64_t *restrict in_p = g->in_p + q0;
+        const unsigned char *restrict vstep = g->vstep + q0 / POLYC_LANES;
         for (int64_t r = 0; r < g->nred; r++) {
             const T *restrict src = in + g->in_r[r];
             T *restrict dst = panel + r * POLYC_NR;
-            for (int64_t j = 0; j < n; j++) dst[j] = src[in_p[j]];
-            for (int64_t j = n; j < POLYC_NR; j++) dst[j] = 0;
+            int64_t j = 0;
+#if POLYC_PACK_STEPPED
+            /* Vectors of points a stride of 1 or 2 apart in the image (the points of a strided
+               convolution along a row) are moved by vector loads instead of a gather. */
+            for (; j + POLYC_LANES <= n; j += POLYC_LANES) {
+                if (vstep[j / POLYC_LANES])
+                    polyc_pack_stepped(dst + j, src + in_p[j], vstep[j / POLYC_LANES]);
+                else
+                    for (int64_t i = j; i < j + POLYC_LANES; i++) dst[i] = src[in_p[i]];
+            }
+#else
+            (void)vstep;
+#endif
+            for (; j < n; j++) dst[j] = src[in_p[j]];
+            for (j = n; j < POLYC_NR; j++) dst[j] = 0;
         }
         bp = panel;
         roff = g->panel_r;
