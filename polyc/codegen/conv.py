@@ -227,8 +227,9 @@ class _ConvWriter(PatternKernelWriter):
 
     def context_struct(self) -> str:
         t = self.ctype
-        fields = [f"const {t} *in", f"{t} *out", f"const {t} *wpack",
-                  "int64_t nitems, nf, nfb, npoints, nout, nred, ntiles, wg_stride",
+        fields = [f"const {t} *in", f"{t} *out", f"const {t} *wpack", f"const {t} *w",
+                  "int64_t nitems, nf, nfb, npoints, nout, nred, ntiles, wg_stride, w_row",
+                  "const int64_t *w_g",
                   "const int64_t *in_b, *out_b, *wg_b, *out_f, *in_r, *in_p, *out_p, *out_c, *tile_p, *panel_r",
                   "const unsigned char *unit",
                   "const uint32_t *vmask",
@@ -529,7 +530,8 @@ _VECTOR_SPELLINGS = {
     ("avx2", 8): ("__m256d", "_mm256", "pd"),
 }
 
-_KERNEL_ARGUMENTS = ("int64_t nred, const T *restrict wp, const T *restrict bp, const int64_t *restrict roff, "
+_KERNEL_ARGUMENTS = ("int64_t nred, const T *restrict wp, int64_t w_step, int64_t w_row, const T *restrict bp, "
+                     "const int64_t *restrict roff, "
                      "int64_t n, T *restrict out, const int64_t *restrict row_off, int64_t rows, int beta, "
                      "int mode, const uint32_t *restrict vmask, T *restrict block")
 
@@ -592,14 +594,15 @@ def _vector_kernel(shape: BlockShape, dtype: np.dtype, nv: int, masked: bool = T
 
     for row in acc:
         lines.append(f"    {vec} " + ", ".join(f"{name} = {pre}_setzero_{suffix}()" for name in row) + ";")
-    lines += ["    for (int64_t r = 0; r < nred; r++) {",
+    lines += [f"    const {ctype} *restrict w{i} = wp + {'0' if i == 0 else f'(rows > {i} ? {i} * w_row : 0)'};"
+              for i in range(rf)]
+    lines += ["    for (int64_t r = 0, k = 0; r < nred; r++, k += w_step) {",
               f"        const {ctype} *restrict row = bp + roff[r];",
-              f"        const {ctype} *restrict a = wp + r * {rf};",
               f"        const {vec} " + ", ".join(f"b{v} = {load(v, 'row')}" for v in range(nv)) + ";",
               f"        {vec} w;"]
     for i in range(rf):
         fmas = " ".join(f"{acc[i][v]} = {pre}_fmadd_{suffix}(w, b{v}, {acc[i][v]});" for v in range(nv))
-        lines.append(f"        w = {pre}_set1_{suffix}(a[{i}]); {fmas}")
+        lines.append(f"        w = {pre}_set1_{suffix}(w{i}[k]); {fmas}")
     lines += ["    }", "    if (mode == 1) {"]
     for i in range(rf):
         guard = "" if i == 0 else f"if (rows > {i}) "
@@ -634,7 +637,7 @@ def _vector_kernel(shape: BlockShape, dtype: np.dtype, nv: int, masked: bool = T
 
 
 def _dispatch(shape: BlockShape, ctype: str) -> str:
-    arguments = "(nred, wp, bp, roff, n, out, row_off, rows, beta, mode, vmask, block)"
+    arguments = "(nred, wp, w_step, w_row, bp, roff, n, out, row_off, rows, beta, mode, vmask, block)"
     if shape.isa == "avx2":  # whole vectors: the kernels without a lane mask
         cases = "\n".join(f"    case {nv}: if (n == {nv * shape.lanes}) polyc_conv_kernel_{nv}_full{arguments}; "
                           f"else polyc_conv_kernel_{nv}{arguments}; break;" for nv in range(1, shape.vectors + 1))
@@ -682,8 +685,8 @@ static inline void polyc_pack_stepped(float *restrict dst, const float *restrict
 _PORTABLE_KERNEL = r"""
 /* RF channels x up to NR points in portable C (the compiler vectorises the inner loops); the
    same contract as the vector kernels. */
-static inline void polyc_conv_block(int64_t nred, const T *restrict wp, const T *restrict bp,
-    const int64_t *restrict roff, int64_t n, T *restrict out, const int64_t *restrict row_off, int64_t rows,
+static inline void polyc_conv_block(int64_t nred, const T *restrict wp, int64_t w_step, int64_t w_row,
+    const T *restrict bp, const int64_t *restrict roff, int64_t n, T *restrict out, const int64_t *restrict row_off, int64_t rows,
     int beta, int mode, const uint32_t *restrict vmask, T *restrict block)
 {
     (void)vmask;
@@ -691,9 +694,8 @@ static inline void polyc_conv_block(int64_t nred, const T *restrict wp, const T 
     for (int64_t x = 0; x < POLYC_RF * POLYC_NR; x++) acc[x] = 0;
     for (int64_t r = 0; r < nred; r++) {
         const T *restrict row = bp + roff[r];
-        const T *restrict a = wp + r * POLYC_RF;
         for (int64_t i = 0; i < POLYC_RF; i++) {
-            const T ai = a[i];
+            const T ai = wp[(i < rows ? i * w_row : 0) + r * w_step];
             T *restrict c = acc + i * POLYC_NR;
             #pragma omp simd
             for (int64_t j = 0; j < n; j++)
@@ -795,7 +797,9 @@ static void polyc_conv_tile(const polyc_conv_t *restrict g, int64_t b, int64_t t
         bp = panel;
         roff = g->panel_r;
     }
-    const T *restrict wp = g->wpack + g->wg_b[b] * g->wg_stride;
+    /* The weights of channel block fb, (r, i) at wp[r * w_step + i * w_row]: packed, or W itself. */
+    const int64_t w_step = g->wpack ? POLYC_RF : 1, w_row = g->wpack ? 1 : g->w_row;
+    const T *restrict wp = g->wpack ? g->wpack + g->wg_b[b] * g->wg_stride : g->w + g->w_g[g->wg_b[b]];
     /* Write-back: 1, outputs consecutive; 2, consecutive but for dropped points (AVX-512
        compresses the vectors); 0, through a buffer. */
     const int64_t p0 = g->tile_p[t], p1 = g->tile_p[t + 1];
@@ -808,7 +812,7 @@ static void polyc_conv_tile(const polyc_conv_t *restrict g, int64_t b, int64_t t
         const int64_t f0 = fb * POLYC_RF, rows = polyc_min(POLYC_RF, g->nf - f0);
         for (int64_t i = 0; i < rows; i++)
             row_off[i] = g->out_b[b] + g->out_f[f0 + i] + first;
-        polyc_conv_block(g->nred, wp + fb * g->nred * POLYC_RF, bp, roff, n, g->out, row_off, rows, !init,
+        polyc_conv_block(g->nred, wp + f0 * (g->wpack ? g->nred : g->w_row), w_step, w_row, bp, roff, n, g->out, row_off, rows, !init,
                          mode, vmask, block);
         if (mode == 0)
             polyc_conv_scatter(g, block, b, f0, rows, q0, n, !init);
@@ -852,11 +856,20 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int64_t
     }
 #endif
     (void)most;
-    T *wpack = polyc_alloc(ngroups * g->wg_stride);
+    /* Weights whose reduction points are consecutive in each channel's row, the rows evenly
+       spaced (W(F, C, KH, KW), the usual layout) are read in place: RF row streams of
+       broadcasts instead of one, and no packing, which cost 14% of a 256 -> 256 3x3
+       convolution at 14 x 14 and reads all the weights once more (a Zen 5). */
+    const int64_t w_row = g->nf > 1 ? w_f[1] - w_f[0] : 0;
+    int in_place = nred > 0 && w_f[0] == 0 && w_r[0] == 0 && polyc_steps_by_one(w_r, nred);
+    for (int64_t f = 0; in_place && f < g->nf; f++)
+        in_place = w_f[f] == f * w_row;
+    g->w = w; g->w_g = w_g; g->w_row = w_row;
+    T *wpack = in_place ? NULL : polyc_alloc(ngroups * g->wg_stride);
     T *panels = g->direct ? NULL : polyc_alloc((int64_t)nthr * nred * POLYC_NR);
-    if (wpack == NULL || (!g->direct && panels == NULL)) { free(wpack); free(panels); return STATUS; }
+    if ((!in_place && wpack == NULL) || (!g->direct && panels == NULL)) { free(wpack); free(panels); return STATUS; }
     g->wpack = wpack;
-    const int64_t npack = ngroups * nfb;
+    const int64_t npack = in_place ? 0 : ngroups * nfb;
     /* Work items: (item, tile, chunk of channel blocks); chunks only when there are few tiles. */
     int64_t chunk = CHUNK_BLOCKS;
     if (chunk <= 0) {
