@@ -25,7 +25,10 @@ broadcast) is chosen because in the layouts convolutions come in (NCHW: ``O(n, f
 ``I(n, c, h + kh, w + kw)``) the output width ``w`` is the stride-1 dimension of both the
 output and, at stride 1, of the image, so the loads and the stores are plain contiguous vector
 accesses, while the output channels are a whole plane apart in O (vectorising along them would
-scatter every store).  The weights are packed once per call into blocks of RF channels,
+scatter every store).  Weights in the usual layout (``W(F, C, KH, KW)``: each channel's
+reduction points consecutive, the channels' rows evenly spaced) are read in place, the
+broadcasts of a block reading RF rows side by side (a block's rows past the last channel read
+row 0 and are dropped); other layouts are packed once per call into blocks of RF channels,
 ``[group][channel block][r][RF]`` (zero rows pad the last block), so the broadcasts read one
 contiguous stream.
 
