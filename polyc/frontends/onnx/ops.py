@@ -1114,16 +1114,18 @@ def _weighted_gather(b, x, axis: int, weights: np.ndarray):
 
 #: Output positions per image up to which a convolution runs as a matrix product (polyc's gemm
 #: kernel) rather than as polyc's direct convolution kernel, for (windows of more than one
-#: tap, pointwise 1x1), by the host's vector width.  With few positions the direct kernel's
-#: vectors along the output row are short and its filter blocks reread; the product's panels
-#: stay full.  Measured with 2 threads at batch 1.  On an Intel Xeon (AVX-512): 3x3
-#: convolutions at 7x7 outputs 2.6x faster as a product (im2col included), at 10x10 1.7x, at
-#: 14x14 0.8x, at 28x28 0.6x; 1x1 at 7x7 2.0-2.3x, at 14x14 1.1-1.3x, at 56x56 0.5-0.7x.  On an
-#: AMD EPYC Zen 3 (AVX2), whose gemm register block is a quarter of AVX-512's: 3x3 512 x 512 at
-#: 7x7 the same either way (2.45 and 2.48 ms); 1x1 in mobilenet_v2's run (weights not in
-#: cache) as a product 1.5x faster at 7x7 (1280 x 320: 0.77 and 1.19 ms; 960 x 160: 0.43
-#: and 0.50 ms), 0.6x at 14x14 (576 x 96: 0.58 and 0.35 ms).
-MATRIX_PRODUCT_POSITIONS = {512: (144, 196), 256: (144, 49)}
+#: tap, pointwise 1x1), by the host's vector width.  With very few positions the direct
+#: kernel's vectors along the output row are mostly empty (a 3x3 window at 5x5 outputs fills
+#: 25 of 48 lanes; the product's 8 x 16 or 8 x 32 blocks 25 of 32), and a 1x1 convolution of
+#: one vector's positions or fewer (efficientnet's squeeze-and-excitation: one position) is a
+#: matrix-vector product.  Above that the direct kernel: since it reads the weights in place
+#: (no packing per call) it runs faster than the product at 7x7, 14x14 and beyond, where with
+#: packed weights the product had been 2.6x faster at 7x7 (3x3, an Intel Xeon) and 1.5x (1x1,
+#: an AMD EPYC Zen 3).  Measured on an AMD EPYC Zen 5, 2 threads, batch 1, old limits
+#: (144, 196) against these: resnet18 11.74 -> 11.33 ms (batch 8: 90.3 -> 86.3),
+#: mobilenet_v2 7.60 -> 7.01, efficientnet_b0 14.95 -> 13.86, squeezenet1_1 the same (4.74 and
+#: 4.85); AVX2 code on the same machine: resnet18 21.7 -> 20.4, mobilenet_v2 7.71 -> 7.02.
+MATRIX_PRODUCT_POSITIONS = {512: (36, 16), 256: (36, 8)}
 
 
 def _as_matrix_product(kernel, outs, strides, dilations, begin, end) -> bool:
