@@ -382,6 +382,25 @@ def test_float64_with_epilogue_and_every_block_shape():
         numpy_check(CONV_BIAS_RELU, [(2, 3, 11, 37), (f, 3, 3, 3), (f,)], seed=seed)
 
 
+def test_a_residual_of_the_outputs_shape_is_read_at_the_outputs_offset():
+    """An epilogue reading a tensor of the target's shape at the target's point (a residual
+    block's Add) addresses it like the target, one stream, not through the per-point index
+    tables; a residual of another shape (broadcast along a dimension) keeps the tables."""
+    residual = """def conv(float(2, 3, 11, 37) I, float(5, 3, 3, 3) W1, float(2, 5, 9, 35) R) -> (O) {
+    O(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw)
+    O(n, f, h, w) = fmax(O(n, f, h, w) + R(n, f, h, w), 0)
+}"""
+    broadcast = residual.replace("float(2, 5, 9, 35) R", "float(1, 5, 9, 35) R").replace("R(n, f, h, w)", "R(0, f, h, w)")
+    rng = np.random.default_rng(4)
+    image, weights = rand(rng, (2, 3, 11, 37)), rand(rng, (5, 3, 3, 3))
+    for source, shape in ((residual, (2, 5, 9, 35)), (broadcast, (1, 5, 9, 35))):
+        kernel = polyc.define(source).conv
+        assert ("R[polyc_o]" in kernel.c_source({})) == (shape[0] == 2)
+        r = rand(rng, shape)
+        expected = np.maximum(numpy_conv2d(image, weights) + r, 0)
+        assert_close(kernel(image, weights, r), expected, 3 * 9 + 1, np.float32, (image, weights, r))
+
+
 def test_bias_relu_epilogue_against_numpy():
     kernel = polyc.define(CONV_BIAS_RELU).conv
     rng = np.random.default_rng(2)

@@ -283,8 +283,19 @@ class PatternKernelWriter:
         target = self.definition.tensor(statement.target)
         lhs = lhs or self.element(statement.target, [index_c[i] for i in statement.indices])
 
+        own_point = tuple(Affine.var(i) for i in statement.indices)
+
         def access(read: ir.Read, subscripts: list[str]) -> str:
-            return lhs if read.tensor == statement.target else self.element(read.tensor, subscripts)
+            if read.tensor == statement.target:
+                return lhs
+            # A tensor of the target's shape read at the target's own point is at the target's
+            # offset: one stream like the target's, where an address from the per-point index
+            # tables was gathered element by element (a residual added in a convolution's
+            # epilogue: resnet18's layer-1 blocks at batch 8, 5.6 ms against 4.5 without it).
+            if read.subscripts == own_point and lhs.startswith(f"{statement.target}[") \
+                    and self.definition.tensor(read.tensor).shape == target.shape:
+                return read.tensor + lhs[len(statement.target):]
+            return self.element(read.tensor, subscripts)
 
         printer = CExpressionPrinter(
             access=access,
