@@ -347,20 +347,21 @@ class RepeatCall:
             else:
                 self.arguments.append((call.shapes[name], definition.tensor(name).dtype,
                                        name in call.written_before_read, outputs.get(name)))
+        # (shape, dtype) of each output, in declared order
+        self.output_types = [None] * len(definition.outputs)
+        for argument in self.arguments:
+            if type(argument) is not int and argument[3] is not None:
+                self.output_types[argument[3]] = argument[:2]
 
     def outputs_fit(self, args: tuple, outputs) -> bool:
         """Whether ``outputs`` can be written as they are: one C-contiguous, writeable ndarray of
         the right shape and dtype per output, none of whose bytes lie between the first and last
         byte of another argument (a stricter test than :func:`bind_arguments`'s, which the call
         falls back to otherwise)."""
-        if type(outputs) not in (list, tuple) or len(outputs) != len(self.definition.outputs):
+        if type(outputs) not in (list, tuple) or len(outputs) != len(self.output_types):
             return False
-        expected = [None] * len(outputs)
-        for argument in self.arguments:
-            if type(argument) is not int and argument[3] is not None:
-                expected[argument[3]] = argument
         spans = [(a.ctypes.data, a.ctypes.data + a.nbytes) for a in args if type(a) is np.ndarray]
-        for array, (shape, dtype, _, _) in zip(outputs, expected):
+        for array, (shape, dtype) in zip(outputs, self.output_types):
             if type(array) is not np.ndarray or array.shape != shape or array.dtype != dtype \
                     or not array.flags.c_contiguous or not array.flags.writeable:
                 return False

@@ -231,7 +231,7 @@ class _ConvWriter(PatternKernelWriter):
     def context_struct(self) -> str:
         t = self.ctype
         fields = [f"const {t} *in", f"{t} *out", f"const {t} *wpack", f"const {t} *w",
-                  "int64_t nitems, nf, nfb, npoints, nout, nred, ntiles, wg_stride, w_row",
+                  "int64_t nitems, nf, nfb, npoints, nout, nred, ntiles, wg_stride, w_step, w_row",
                   "const int64_t *w_g",
                   "const int64_t *in_b, *out_b, *wg_b, *out_f, *in_r, *in_p, *out_p, *out_c, *tile_p, *panel_r",
                   "const unsigned char *unit",
@@ -800,9 +800,10 @@ static void polyc_conv_tile(const polyc_conv_t *restrict g, int64_t b, int64_t t
         bp = panel;
         roff = g->panel_r;
     }
-    /* The weights of channel block fb, (r, i) at wp[r * w_step + i * w_row]: packed, or W itself. */
-    const int64_t w_step = g->wpack ? POLYC_RF : 1, w_row = g->wpack ? 1 : g->w_row;
+    /* The weights of the item's group; channel f0 + i at step r: wp[f0 * w_row + i * w_row + r * w_step]
+       in W itself, wp[f0 * nred + i + r * RF] packed (w_row 1, w_step RF). */
     const T *restrict wp = g->wpack ? g->wpack + g->wg_b[b] * g->wg_stride : g->w + g->w_g[g->wg_b[b]];
+    const int64_t channel = g->wpack ? g->nred : g->w_row;
     /* Write-back: 1, outputs consecutive; 2, consecutive but for dropped points (AVX-512
        compresses the vectors); 0, through a buffer. */
     const int64_t p0 = g->tile_p[t], p1 = g->tile_p[t + 1];
@@ -815,7 +816,7 @@ static void polyc_conv_tile(const polyc_conv_t *restrict g, int64_t b, int64_t t
         const int64_t f0 = fb * POLYC_RF, rows = polyc_min(POLYC_RF, g->nf - f0);
         for (int64_t i = 0; i < rows; i++)
             row_off[i] = g->out_b[b] + g->out_f[f0 + i] + first;
-        polyc_conv_block(g->nred, wp + f0 * (g->wpack ? g->nred : g->w_row), w_step, w_row, bp, roff, n, g->out, row_off, rows, !init,
+        polyc_conv_block(g->nred, wp + f0 * channel, g->w_step, g->w_row, bp, roff, n, g->out, row_off, rows, !init,
                          mode, vmask, block);
         if (mode == 0)
             polyc_conv_scatter(g, block, b, f0, rows, q0, n, !init);
@@ -867,7 +868,9 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int64_t
     int in_place = nred > 0 && w_f[0] == 0 && w_r[0] == 0 && polyc_steps_by_one(w_r, nred);
     for (int64_t f = 0; in_place && f < g->nf; f++)
         in_place = w_f[f] == f * w_row;
-    g->w = w; g->w_g = w_g; g->w_row = w_row;
+    g->w = w; g->w_g = w_g;
+    g->w_step = in_place ? 1 : POLYC_RF;
+    g->w_row = in_place ? w_row : 1;
     T *wpack = in_place ? NULL : polyc_alloc(ngroups * g->wg_stride);
     T *panels = g->direct ? NULL : polyc_alloc((int64_t)nthr * nred * POLYC_NR);
     if ((!in_place && wpack == NULL) || (!g->direct && panels == NULL)) { free(wpack); free(panels); return STATUS; }

@@ -64,13 +64,12 @@ def plan_memory(order: list, outputs: list, arena_values: list) -> MemoryPlan:
         for value in item.outputs:
             if value.ident not in candidates:
                 continue
-            size = _rounded(value.size * np.dtype(value.dtype).itemsize)
+            size = _rounded(_nbytes(value))
             start, top = _take(free, top, size)
             offsets[value.ident] = start
-            ends_at.setdefault(max(position, last_read.get(value.ident, position)), []).append(value.ident)
-        for ident in ends_at.pop(position, ()):
-            value = candidates[ident]
-            _give(free, offsets[ident], _rounded(value.size * np.dtype(value.dtype).itemsize))
+            ends_at.setdefault(max(position, last_read.get(value.ident, position)), []).append((start, size))
+        for start, size in ends_at.pop(position, ()):
+            _give(free, start, size)
     return MemoryPlan(top, offsets)
 
 
@@ -83,8 +82,11 @@ class Arena:
         self.arrays = {}
         for value in values:
             offset = skip + memory.offsets[value.ident]
-            nbytes = value.size * np.dtype(value.dtype).itemsize
-            self.arrays[value.ident] = self.buffer[offset:offset + nbytes].view(value.dtype).reshape(value.tc_shape)
+            self.arrays[value.ident] = self.buffer[offset:offset + _nbytes(value)].view(value.dtype).reshape(value.tc_shape)
+
+
+def _nbytes(value) -> int:
+    return value.size * np.dtype(value.dtype).itemsize
 
 
 def _rounded(nbytes: int) -> int:
