@@ -523,6 +523,31 @@ def test_threads_repeatedly(cflags):
             assert_close(compiled(*inputs), expected, int(ops(shapes[1])), np.float32, inputs)
 
 
+def test_tables_kept_for_their_sizes_only():
+    """A kernel keeps the tables of its first call's sizes for later calls (see
+    ``PatternKernelWriter.kept_tables``): a parametric kernel called with three shapes in turn,
+    from four threads at once, each call against numpy (a record used for other sizes, or
+    published half built, gives wrong numbers)."""
+    from concurrent.futures import ThreadPoolExecutor
+    rng = np.random.default_rng(12)
+    compiled = polyc.define(CONV_BIAS_RELU, specialize=False).conv
+    reference, ops = NUMPY_REFERENCES[CONV_BIAS_RELU]
+    cases = []
+    for shapes in ([(1, 8, 20, 30), (16, 8, 3, 3), (16,)], [(2, 3, 9, 41), (5, 3, 1, 1), (5,)],
+                   [(1, 8, 30, 20), (16, 8, 3, 3), (16,)]):
+        inputs = [rand(rng, shape) for shape in shapes]
+        cases.append((inputs, reference(*inputs), int(ops(shapes[1]))))
+
+    def run(start: int) -> None:
+        for call in range(12):
+            inputs, expected, terms = cases[(start + call) % len(cases)]
+            assert_close(compiled(*inputs), expected, terms, np.float32, inputs)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(run, range(4)))
+    assert "polyc_kept" in compiled.c_source()
+
+
 def test_large_case_matches_numpy_in_parallel():
     """The benchmark's shape at a smaller batch: full tiles, compressed write-back, threads."""
     rng = np.random.default_rng(9)

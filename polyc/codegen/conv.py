@@ -232,12 +232,14 @@ class _ConvWriter(PatternKernelWriter):
         t = self.ctype
         fields = [f"const {t} *in", f"{t} *out", f"const {t} *wpack", f"const {t} *w",
                   "int64_t nitems, nf, nfb, npoints, nout, nred, ntiles, wg_stride, w_step, w_row",
-                  "const int64_t *w_g",
+                  "const int64_t *w_g, *w_f, *w_r",
+                  "int64_t ngroups",
                   "const int64_t *in_b, *out_b, *wg_b, *out_f, *in_r, *in_p, *out_p, *out_c, *tile_p, *panel_r",
                   "const unsigned char *unit",
                   "const uint32_t *vmask",
                   "const unsigned char *vstep",
-                  "int direct, packed_out, dense_out"]
+                  "int direct, packed_out, dense_out",
+                  f"int64_t key[{self.key_length()}]"]
         for name in self.epilogue_tensors():
             tensor = self.definition.tensor(name)
             qualifier = "const " if tensor.role is ir.Role.INPUT else ""
@@ -256,7 +258,9 @@ class _ConvWriter(PatternKernelWriter):
                 "   lanes with out_p >= 0) and vstep (1 or 2: its points' image offsets step by that, else 0); direct: in_p[q] == in_p[0] + q for every q (the image is read in\n"
                 "   place, else tiles are packed); packed_out: out_c[p] == out_c[0] + p (the outputs of a tile\n"
                 "   are consecutive once the dropped points are left out); dense_out: and out_c[0] == 0;\n"
-                "   ix_*: index values for the epilogue (of the points: per output point p). */\n"
+                "   ix_*: index values for the epilogue (of the points: per output point p); w_g, w_f, w_r:\n"
+                "   the weights' offsets per group, channel and reduction point; key: the sizes the tables\n"
+                "   were built for. */\n"
                 f"typedef struct {{\n{body}\n}} polyc_conv_t;")
 
     # ------------------------------------------------------------------ register blocks
@@ -417,14 +421,14 @@ class _ConvWriter(PatternKernelWriter):
             tables += [(f"ix_{i}", "nitems") for i in lay.items] + [(f"ix_{i}", "nf") for i in conv.f]
             tables += [(f"ix_{i}", "npoints") for i in lay.points]
         total = " + ".join(f"polyc_{count_name}" for _, count_name in tables)
-        body += ["const int64_t polyc_nvec = (polyc_npoints + POLYC_LANES - 1) / POLYC_LANES;",
-                 f"int64_t *polyc_tables = (int64_t *)malloc(sizeof(int64_t) * (size_t)({total}) + "
+        build = ["const int64_t polyc_nvec = (polyc_npoints + POLYC_LANES - 1) / POLYC_LANES;",
+                 f"polyc_tables = (int64_t *)malloc(sizeof(int64_t) * (size_t)({total}) + "
                  "sizeof(uint32_t) * (size_t)polyc_nvec + (size_t)polyc_ntiles + (size_t)polyc_nvec);",
                  f"if (polyc_tables == NULL) return {STATUS_OUT_OF_MEMORY};",
                  "int64_t *polyc_next = polyc_tables;"]
         for table, count_name in tables:
-            body += [f"int64_t *polyc_{table} = polyc_next;", f"polyc_next += polyc_{count_name};"]
-        body += ["uint32_t *polyc_vmask = (uint32_t *)polyc_next;",
+            build += [f"int64_t *polyc_{table} = polyc_next;", f"polyc_next += polyc_{count_name};"]
+        build += ["uint32_t *polyc_vmask = (uint32_t *)polyc_next;",
                  "unsigned char *polyc_unit = (unsigned char *)(polyc_vmask + polyc_nvec);",
                  "unsigned char *polyc_vstep = polyc_unit + polyc_ntiles;"]
 
@@ -438,15 +442,15 @@ class _ConvWriter(PatternKernelWriter):
                       f"polyc_wg_b[polyc_x] = {terms(group_flat)};"]
         if epilogue:
             item_lines += [f"polyc_ix_{i}[polyc_x] = polyc_v_{i};" for i in lay.items]
-        body += self.loop_nest(lay.items, item_lines)
-        body += self.loop_nest(conv.groups, [f"polyc_w_g[polyc_x] = {terms([self.weight_term(g) for g in conv.groups])};"])
+        build += self.loop_nest(lay.items, item_lines)
+        build += self.loop_nest(conv.groups, [f"polyc_w_g[polyc_x] = {terms([self.weight_term(g) for g in conv.groups])};"])
         f_lines = [f"polyc_out_f[polyc_x] = {terms([self.target_term(i) for i in conv.f])};",
                    f"polyc_w_f[polyc_x] = {terms([self.weight_term(i) for i in conv.f])};"]
         if epilogue:
             f_lines += [f"polyc_ix_{i}[polyc_x] = polyc_v_{i};" for i in conv.f]
-        body += self.loop_nest(conv.f, f_lines)
+        build += self.loop_nest(conv.f, f_lines)
         offset = terms([f"({w.offset}) * {self.stride(conv.image, w.dim)}" for w in conv.windows if w.offset])
-        body += self.loop_nest(lay.reduction, [
+        build += self.loop_nest(lay.reduction, [
             f"polyc_in_r[polyc_x] = {terms([self.image_term(i) for i in lay.reduction])} + {offset};",
             f"polyc_w_r[polyc_x] = {terms([self.weight_term(i) for i in lay.reduction])};",
             "polyc_panel_r[polyc_x] = polyc_x * POLYC_NR;"])
@@ -456,7 +460,7 @@ class _ConvWriter(PatternKernelWriter):
                        f"{terms([self.target_term(i) for i in lay.points])};"]
         if epilogue:
             point_lines += [f"polyc_ix_{i}[polyc_x] = polyc_v_{i};" for i in lay.points]
-        body.append("int64_t polyc_nout = polyc_npoints;")
+        build.append("int64_t polyc_nout = polyc_npoints;")
         if lay.flat:
             h, w = lay.points
             flat_lines = [f"const int64_t polyc_v_{h} = polyc_x / polyc_pitch, polyc_v_{w} = polyc_x % polyc_pitch;",
@@ -468,14 +472,14 @@ class _ConvWriter(PatternKernelWriter):
                           *(f"    polyc_ix_{i}[polyc_nout] = polyc_v_{i};" for i in lay.points if epilogue),
                           "    polyc_nout++;",
                           "}"]
-            body += ["if (polyc_flat) {",
+            build += ["if (polyc_flat) {",
                      "    polyc_nout = 0;",
                      "    for (int64_t polyc_x = 0; polyc_x < polyc_npoints; polyc_x++) {",
                      *("        " + line for line in flat_lines),
                      "    }",
                      "} else"]
-        body += self.loop_nest(lay.points, point_lines)
-        body += ["/* Per tile: its first output point, and whether its outputs are consecutive; per vector:\n"
+        build += self.loop_nest(lay.points, point_lines)
+        build += ["/* Per tile: its first output point, and whether its outputs are consecutive; per vector:\n"
                  "   its lanes that are output points. */",
                  "for (int64_t polyc_t = 0, polyc_p = 0; polyc_t <= polyc_ntiles; polyc_t++) {",
                  "    const int64_t polyc_q0 = polyc_t * POLYC_NR;",
@@ -499,27 +503,27 @@ class _ConvWriter(PatternKernelWriter):
                  "        polyc_step = polyc_q[polyc_j] - polyc_q[polyc_j - 1] == polyc_step ? polyc_step : 0;",
                  "    polyc_vstep[polyc_v] = (unsigned char)(polyc_step == 1 || polyc_step == 2 ? polyc_step : 0);",
                  "}"]
-        body += ["polyc_conv_t polyc_g;",
-                 "memset(&polyc_g, 0, sizeof polyc_g);",
-                 f"polyc_g.in = {conv.image}; polyc_g.out = {conv.target};",
-                 "polyc_g.nitems = polyc_nitems; polyc_g.nf = polyc_nf; polyc_g.nfb = polyc_nfb;",
-                 "polyc_g.npoints = polyc_npoints; polyc_g.nred = polyc_nred; polyc_g.ntiles = polyc_ntiles;",
-                 "polyc_g.nout = polyc_nout; polyc_g.out_c = polyc_out_c; polyc_g.tile_p = polyc_tile_p;",
-                 "polyc_g.vmask = polyc_vmask; polyc_g.vstep = polyc_vstep;",
-                 "polyc_g.packed_out = polyc_steps_by_one(polyc_out_c, polyc_nout);",
-                 "polyc_g.dense_out = polyc_g.packed_out && (polyc_nout == 0 || polyc_out_c[0] == 0);",
-                 "polyc_g.in_b = polyc_in_b; polyc_g.out_b = polyc_out_b; polyc_g.wg_b = polyc_wg_b;",
-                 "polyc_g.out_f = polyc_out_f; polyc_g.in_r = polyc_in_r; polyc_g.in_p = polyc_in_p;",
-                 "polyc_g.out_p = polyc_out_p; polyc_g.panel_r = polyc_panel_r; polyc_g.unit = polyc_unit;",
-                 "polyc_g.direct = polyc_steps_by_one(polyc_in_p, polyc_npoints);"]
+        build += ["polyc_g.nitems = polyc_nitems; polyc_g.nf = polyc_nf; polyc_g.nfb = polyc_nfb;",
+                  "polyc_g.npoints = polyc_npoints; polyc_g.nred = polyc_nred; polyc_g.ntiles = polyc_ntiles;",
+                  "polyc_g.nout = polyc_nout; polyc_g.out_c = polyc_out_c; polyc_g.tile_p = polyc_tile_p;",
+                  "polyc_g.vmask = polyc_vmask; polyc_g.vstep = polyc_vstep;",
+                  "polyc_g.packed_out = polyc_steps_by_one(polyc_out_c, polyc_nout);",
+                  "polyc_g.dense_out = polyc_g.packed_out && (polyc_nout == 0 || polyc_out_c[0] == 0);",
+                  "polyc_g.in_b = polyc_in_b; polyc_g.out_b = polyc_out_b; polyc_g.wg_b = polyc_wg_b;",
+                  "polyc_g.out_f = polyc_out_f; polyc_g.in_r = polyc_in_r; polyc_g.in_p = polyc_in_p;",
+                  "polyc_g.out_p = polyc_out_p; polyc_g.panel_r = polyc_panel_r; polyc_g.unit = polyc_unit;",
+                  "polyc_g.direct = polyc_steps_by_one(polyc_in_p, polyc_npoints);",
+                  "polyc_g.ngroups = polyc_ngroups; polyc_g.w_g = polyc_w_g; polyc_g.w_f = polyc_w_f;"
+                  " polyc_g.w_r = polyc_w_r;"]
+        if epilogue:
+            build += [f"polyc_g.ix_{i} = polyc_ix_{i};" for i in conv.target_indices]
+        body += self.kept_tables("polyc_conv_t", build)
+        body.append(f"polyc_g.in = {conv.image}; polyc_g.out = {conv.target};")
         for tensor in self.epilogue_tensors():
             body.append(f"polyc_g.t_{tensor} = {tensor};")
-        if epilogue:
-            if not self.specialised:
-                body += [f"polyc_g.s_{self.size_c[s]} = {self.size_c[s]};" for s in d.sizes]
-            body += [f"polyc_g.ix_{i} = polyc_ix_{i};" for i in conv.target_indices]
-        body += [f"const int polyc_status = polyc_conv_run(&polyc_g, {conv.weights}, polyc_ngroups, polyc_w_g, "
-                 f"polyc_w_f, polyc_w_r, {1 if conv.init else 0});",
+        if epilogue and not self.specialised:
+            body += [f"polyc_g.s_{self.size_c[s]} = {self.size_c[s]};" for s in d.sizes]
+        body += [f"const int polyc_status = polyc_conv_run(&polyc_g, {conv.weights}, {1 if conv.init else 0});",
                  "free(polyc_tables);", "return polyc_status;"]
         signature = f"int {name}({', '.join(arguments)})"
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
@@ -846,11 +850,10 @@ static void polyc_conv_pack(const polyc_conv_t *restrict g, const T *restrict w,
 }
 
 /* Packs the weights, then every tile; 0, or STATUS when memory is short. */
-static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int64_t ngroups,
-                          const int64_t *restrict w_g, const int64_t *restrict w_f, const int64_t *restrict w_r,
-                          int init)
+static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int init)
 {
-    const int64_t nred = g->nred, nfb = g->nfb;
+    const int64_t nred = g->nred, nfb = g->nfb, ngroups = g->ngroups;
+    const int64_t *restrict w_g = g->w_g, *restrict w_f = g->w_f, *restrict w_r = g->w_r;
     g->wg_stride = nfb * nred * POLYC_RF;
     int nthr = 1, most = 1;
 #if defined(_OPENMP)
@@ -868,7 +871,7 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int64_t
     int in_place = nred > 0 && w_f[0] == 0 && w_r[0] == 0 && polyc_steps_by_one(w_r, nred);
     for (int64_t f = 0; in_place && f < g->nf; f++)
         in_place = w_f[f] == f * w_row;
-    g->w = w; g->w_g = w_g;
+    g->w = w;
     g->w_step = in_place ? 1 : POLYC_RF;
     g->w_row = in_place ? w_row : 1;
     T *wpack = in_place ? NULL : polyc_alloc(ngroups * g->wg_stride);

@@ -236,6 +236,45 @@ class PatternKernelWriter:
     def size_expr(self, value: Affine) -> str:
         return value.to_c(lambda name: self.size_c[name])
 
+    def key_length(self) -> int:
+        """Entries of the key that tells the sizes a kernel's tables were built for (see
+        :meth:`kept_tables`): one per size, or a single 0 when the sizes are literal."""
+        return 1 if self.specialised else max(1, len(self.definition.sizes))
+
+    def kept_tables(self, record: str, build: list[str]) -> list[str]:
+        """C lines that give ``polyc_g`` (of struct type ``record``, with a ``key`` field) the
+        tables of this call's sizes: ``build`` (lines that fill ``polyc_g`` and may set
+        ``polyc_tables`` to the memory they allocate, freed by the caller at the end of the call)
+        runs on a kernel's first call, whose record is then kept for every later call with the
+        same sizes.  Built on every call, the point tables of a 1 x 1 convolution at 112 x 112
+        took as long as the convolution (mobilenet_v2, an AMD EPYC Zen 5), and freeing them
+        made the kernel interrupt its other threads' processors.  Calls with other sizes build
+        their own; the kept record lives as long as the library."""
+        sizes = [self.size_c[s] for s in self.definition.sizes] if not self.specialised else []
+        key = ", ".join(sizes) if sizes else "0"
+        return [f"const int64_t polyc_key[{self.key_length()}] = {{{key}}};",
+                f"static {record} *polyc_kept;",
+                f"{record} polyc_g;",
+                "int64_t *polyc_tables = NULL;",
+                f"{record} *const polyc_found = __atomic_load_n(&polyc_kept, __ATOMIC_ACQUIRE);",
+                "if (polyc_found != NULL && memcmp(polyc_found->key, polyc_key, sizeof polyc_key) == 0) {",
+                "    polyc_g = *polyc_found;",
+                "} else {",
+                "    memset(&polyc_g, 0, sizeof polyc_g);",
+                *("    " + line for line in build),
+                "    memcpy(polyc_g.key, polyc_key, sizeof polyc_key);",
+                f"    {record} *polyc_keep = polyc_found == NULL ? ({record} *)malloc(sizeof *polyc_keep) : NULL;",
+                f"    {record} *polyc_none = NULL;",
+                "    if (polyc_keep != NULL) {",
+                "        *polyc_keep = polyc_g;",
+                "        if (__atomic_compare_exchange_n(&polyc_kept, &polyc_none, polyc_keep, 0, __ATOMIC_RELEASE,",
+                "                                        __ATOMIC_RELAXED))",
+                "            polyc_tables = NULL;  /* the kept record owns them now */",
+                "        else",
+                "            free(polyc_keep);",
+                "    }",
+                "}"]
+
     def size_declarations(self, parametric_value: Callable[[str], str | None]) -> list[str]:
         """``const int64_t`` declarations of the sizes (``parametric_value(size)`` when not
         specialised; None: it is a function argument) and of every tensor extent."""
