@@ -293,12 +293,16 @@ def _finish_innermost(node: isl.ScheduleNode, context: _Context, keep_first: boo
     reductions = {m: _simd_reductions(node, m, context) for m in movable} if options.vectorize else {}
     if len(movable) >= 2 and node.band_get_permutable():
         scores = {member: stride_score(node, member, context.program) for member in movable}
+        # A member that is constant for every statement (a batch of one, say) is no loop: made
+        # innermost, it took the vector pragma from the real loop whenever every real loop
+        # scored below zero (resnet18's stride-2 max pool along rows ran scalar).
+        moves = {member: not _constant_member(node, member) for member in movable}
 
         def preference(m: int):
             coincident = node.band_member_get_coincident(m)
-            return coincident or reductions.get(m) is not None, scores[m], coincident, m
+            return moves[m], coincident or reductions.get(m) is not None, scores[m], coincident, m
         best = max(movable, key=preference)
-        run = _contiguous_run(node, best, movable, context) if preference(best)[0] else [best]
+        run = _contiguous_run(node, best, movable, context) if preference(best)[1] else [best]
         order = [m for m in range(n) if m not in run] + run
         if order != list(range(n)):
             node = _permute(node, order)
@@ -526,6 +530,16 @@ def member_indices(node: isl.ScheduleNode, member: int, program: PolyProgram) ->
         if len(nonzero) == 1 and abs(coefficients[nonzero[0]]) == 1:
             found[name] = statement.indices[nonzero[0]]
     return found
+
+
+def _constant_member(node: isl.ScheduleNode, member: int) -> bool:
+    """Whether ``member`` of a band gives every statement instance the same value (within
+    each statement: its schedule uses none of the statement's indices)."""
+    pieces: list[isl.Aff] = []
+    node.band_get_partial_schedule().get_at(member).foreach_pw_aff(
+        lambda pw_aff: pw_aff.foreach_piece(lambda _set, aff: pieces.append(aff)))
+    return all(aff.get_coefficient_val(isl.dim_type.in_, d).is_zero()
+               for aff in pieces for d in range(aff.dim(isl.dim_type.in_)))
 
 
 def _statement_or_none(program: PolyProgram, name: str):
