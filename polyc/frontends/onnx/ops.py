@@ -1259,8 +1259,8 @@ def _unrolled_depthwise(b, x, w, bias, kernel, outs, begin, strides, dilations):
 
 
 def _separable_max_pool(b, x, out, kernel, begin, strides, dilations) -> bool:
-    """MaxPool as one max per spatial dimension, innermost first (a max over a box is the max
-    over its rows of the max along each row), with the taps unrolled into ``fmax`` and the
+    """MaxPool as one max per spatial dimension, outermost first (a max over a box is the max
+    along its rows of the max over its rows), with the taps unrolled into ``fmax`` and the
     output positions split into an interior, which reads without guards, and the few edge
     positions, which read only their taps inside the input (max ignores the padding).  For
     resnet18's 3x3 stride-2 pool on 64 x 112 x 112: 2.0 ms as a guarded reduction, 0.2 ms so
@@ -1276,10 +1276,13 @@ def _separable_max_pool(b, x, out, kernel, begin, strides, dilations) -> bool:
     statements, source = [], x
     maximum = "fmax" if x.dtype.kind == "f" else "max"  # fmax would make integers floats
     idx = ["n", "c"] + [f"s{d}" for d in range(k)]
-    for d in reversed(range(k)):
+    # The outermost dimension first: its pass reads whole rows (vectors of consecutive
+    # elements) and, with a stride, leaves fewer rows for the passes that read along them
+    # (resnet18's 3x3 stride-2 pool on 64 x 112 x 112: 0.24 -> 0.11 ms alone, AMD EPYC Zen 5).
+    for d in range(k):
         shape = list(source.shape)
         shape[2 + d] = out.shape[2 + d]
-        target = out if d == 0 else b.new(shape, x.dtype)
+        target = out if d == k - 1 else b.new(shape, x.dtype)
         # The last positions first: TC takes a temporary's extent from its first write.
         for first, stop, taps in sorted(plans[d], key=lambda region: -region[1]):
             reads = []
