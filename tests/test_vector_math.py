@@ -173,20 +173,41 @@ def test_special_values_are_numpys(library, name, dtype):
 
 
 def test_fmax_and_fmin_ignore_nan():
+    """NaN in either argument gives the other (the sign of a zero from zeros of both signs is
+    unspecified, as in C, and numpy's differs between scalars and arrays); in scalar code and
+    in vector loops with their scalar tails, with a variable second argument and a constant
+    one (a clip, folded differently by gcc)."""
     source = PRELUDE + """
 void pairs(const double *a, const double *b, double *out, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         out[2 * i] = polyc_fmax(a[i], b[i]);
         out[2 * i + 1] = polyc_fminf((float)a[i], (float)b[i]);
     }
+}
+void vectors(const float *a, const float *b, float *out, int64_t n) {
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) out[i] = polyc_fmaxf(a[i], b[i]);
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) out[n + i] = polyc_fminf(a[i], b[i]);
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) out[2 * n + i] = polyc_fminf(polyc_fmaxf(a[i], 0.0f), 6.0f);
 }"""
-    pairs = get_function(load_library(get_or_build(source, OPTIONS)), "pairs", [ctypes.c_void_p] * 3 + [ctypes.c_int64])
-    a = np.array([1.0, np.nan, 2.0, np.nan, -np.inf, 3.0])
-    b = np.array([np.nan, 1.0, 5.0, np.nan, 2.0, -1.0])
+    library = load_library(get_or_build(source, OPTIONS))
+    pairs = get_function(library, "pairs", [ctypes.c_void_p] * 3 + [ctypes.c_int64])
+    a = np.array([1.0, np.nan, 2.0, np.nan, -np.inf, 3.0, -0.0, 0.0, -0.0, 4.0])
+    b = np.array([np.nan, 1.0, 5.0, np.nan, 2.0, -1.0, 0.0, -0.0, -0.0, 4.0])
     out = np.empty(2 * a.size)
     pairs(a.ctypes.data, b.ctypes.data, out.ctypes.data, a.size)
     np.testing.assert_array_equal(out[0::2], np.fmax(a, b))
     np.testing.assert_array_equal(out[1::2], np.fmin(a, b))
+    vectors = get_function(library, "vectors", [ctypes.c_void_p] * 3 + [ctypes.c_int64])
+    a32, b32 = np.tile(a, 4).astype(np.float32)[:37], np.tile(b[::-1], 4).astype(np.float32)[:37]  # 37: tails
+    a32[::3] = np.linspace(-3, 9, a32[::3].size)
+    out32 = np.empty(3 * a32.size, np.float32)
+    vectors(a32.ctypes.data, b32.ctypes.data, out32.ctypes.data, a32.size)
+    clip = np.fmin(np.fmax(a32, np.float32(0)), np.float32(6))
+    for got, expected in zip(np.split(out32, 3), (np.fmax(a32, b32), np.fmin(a32, b32), clip)):
+        np.testing.assert_array_equal(got, expected)
 
 
 #: Instruction sets the functions must vectorise for, whatever the host: (compiler, flags).  The

