@@ -79,6 +79,15 @@ class Kernel:
             self._repeat_calls[repeat_key] = self._backend.repeat_plan(call)
         return results[0] if len(results) == 1 else results
 
+    def repeat_call(self, args: tuple, outputs):
+        """The resolved call (:class:`polyc.driver.RepeatCall`) that ``self(*args, outputs=outputs)``
+        takes, when arguments of this signature have been called before and ``outputs`` fit;
+        else None.  For callers that run the same kernels on the same memory again and again (an
+        ONNX plan) and keep its pointers."""
+        repeat_key = _input_signature(args) if self._repeatable else None
+        repeat = self._repeat_calls.get(repeat_key) if repeat_key is not None else None
+        return repeat if repeat is not None and repeat.outputs_fit(args, outputs) else None
+
     def _check_sizes_once(self, sizes: dict) -> None:
         signature = tuple(sizes[s] for s in self.definition.sizes)
         if signature not in self._sizes_checked:

@@ -372,6 +372,26 @@ class RepeatCall:
             spans.append((start, end))
         return True
 
+    def argument_sources(self) -> list[tuple]:
+        """Where each tensor argument of the C function (in order, before the sizes) comes
+        from: ``("input", position)``, ``("output", position)``, or ``("temporary", shape,
+        dtype, uninitialised)`` (uninitialised: the kernel writes it all before reading it, so
+        its memory may be reused; else it must start as zeros)."""
+        sources = []
+        for argument in self.arguments:
+            if type(argument) is int:
+                sources.append(("input", argument))
+            elif argument[3] is not None:
+                sources.append(("output", argument[3]))
+            else:
+                sources.append(("temporary", *argument[:3]))
+        return sources
+
+    def status(self, status: int) -> None:
+        """Raise the error the C function's return value stands for (nothing for 0)."""
+        if status:
+            _check_status(self.definition, status)
+
     def __call__(self, args: tuple, outputs=None) -> tuple[np.ndarray, ...]:
         """``outputs``: None (fresh arrays), or arrays that passed :meth:`outputs_fit`."""
         pointers, allocated = [], []  # temporaries too stay alive until the function returns

@@ -535,3 +535,34 @@ def test_runs_in_threads_at_the_same_time_take_arenas_of_their_own():
     for thread in threads:
         thread.join()
     assert not failures
+
+
+@pytest.mark.parametrize("graph_fusion", [False, True])
+def test_runs_after_the_first_call_the_kernels_by_their_resolved_pointers(graph_fusion, monkeypatch):
+    """From an arena's second run on, the plan calls the kernels' C functions with the pointers
+    read in the first (polyc.frontends.onnx.plan._ResolvedRun), not through Kernel.__call__;
+    answers stay onnxruntime's run after run, for feeds that are not C-contiguous too, and
+    returned arrays stay the user's."""
+    model = residual_model()
+    session = ponnx.InferenceSession(model, graph_fusion=graph_fusion)
+    reference_session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(21).standard_normal((2, 4, 6, 6)).astype(np.float32)
+    first = session.run(None, {"X": x})
+    kept = [a.copy() for a in first]
+    plan = session.plan_for({"X": x.shape})
+    (arena,) = plan._idle_arenas
+    steps = [step for step in arena.resolved.steps if isinstance(step, tuple)]
+    assert len(steps) == len(plan.groups) and all(repeat is not None for _, repeat, _, _ in steps)
+    checked_calls = []
+    original = polyc.Kernel.__call__
+    monkeypatch.setattr(polyc.Kernel, "__call__", lambda self, *a, **k: checked_calls.append(self) or original(self, *a, **k))
+    for scale in (-1.0, 2.5, 0.5):
+        for got, want in zip(session.run(None, {"X": scale * x}), reference_session.run(None, {"X": scale * x})):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert not checked_calls
+    strided = np.repeat(3 * x, 2, axis=3)[..., ::2]  # a feed that is not C-contiguous: copied first
+    for got, want in zip(session.run(None, {"X": strided}), reference_session.run(None, {"X": 3 * x})):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert not checked_calls
+    for got, copy in zip(first, kept):
+        np.testing.assert_array_equal(got, copy)

@@ -80,6 +80,7 @@ class Arena:
         self.buffer = np.empty(memory.size + ALIGNMENT, np.uint8)
         skip = -self.buffer.ctypes.data % ALIGNMENT
         self.arrays = {}
+        self.resolved = None  # the plan's calls on this memory, once resolved (plan.py)
         for value in values:
             offset = skip + memory.offsets[value.ident]
             self.arrays[value.ident] = self.buffer[offset:offset + _nbytes(value)].view(value.dtype).reshape(value.tc_shape)
