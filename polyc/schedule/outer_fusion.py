@@ -18,6 +18,10 @@ statement with a band over its other indices (in source order).  Softmax, before
     for n: for d: O(n, d) = O(n, d) / S(n)          for d: S(n) += O(n, d)     (simd reduction)
                                                     for d: O(n, d) = ... / S(n)
 
+Under the outer loop, each statement's next index joins it as a second shared loop when it has
+the same range in every statement and carries no dependence among them (a batch loop, then a
+channel loop: work plane by plane).
+
 For a fixed outer index the statement instances keep their source order, so the result is
 valid whenever no dependence among the run crosses outer iterations.  Fusing gives up tiling
 the outer loop and running it innermost, so a run is formed only when neither would pay: every
@@ -105,26 +109,66 @@ class _Fuser:
         return self.distribute(_run_domain(sequence, run), self.outer_loop(sequence, run), _same_prefix(sequence))
 
     def distribute(self, domain: isl.UnionSet, outer: _OuterLoop, same_prefix: isl.UnionMap) -> isl.Schedule:
-        """``domain`` under one loop ``outer``, inside it each statement in source order under
-        a band over its other indices."""
+        """``domain`` under the loop ``outer`` (and the loops below it that every statement
+        shares: see :meth:`shared_loop_below`), inside them each statement in source order
+        under a band over its other indices."""
+        statements = [s for s in self.program.statements if s.name in outer.index_of
+                      and not domain.intersect(isl.UnionSet.from_set(s.domain)).is_empty()]
+        outers = [outer]
         same_outer = _same(isl.UnionMap.from_union_pw_aff(outer.schedule))
+        while (below := self.shared_loop_below(domain, statements, outers, same_prefix.intersect(same_outer))):
+            outers.append(below)
+            same_outer = same_outer.intersect(_same(isl.UnionMap.from_union_pw_aff(below.schedule)))
         parts = []
-        for statement in self.program.statements:
-            if statement.name not in outer.index_of:
-                continue
+        for statement in statements:
             part_domain = domain.intersect(isl.UnionSet.from_set(statement.domain))
-            if part_domain.is_empty():
-                continue
             part = isl.Schedule.from_domain(part_domain)
-            inner = [i for i in statement.indices if i != outer.index_of[statement.name]]
+            inner = [i for i in statement.indices if i not in {o.index_of[statement.name] for o in outers}]
             if inner:
                 band = self._statement_band(statement, inner)
                 deps = self.dependences.intersect_domain(part_domain).intersect_range(part_domain) \
                     .intersect(same_prefix).intersect(same_outer)
                 part = _with_band(part, band, *_band_properties(band, deps))
             parts.append(part)
-        return _with_band(_in_sequence(parts, domain), isl.MultiUnionPwAff.from_union_pw_aff(outer.schedule),
-                          True, [True])
+        loops = isl.MultiUnionPwAff.from_union_pw_aff(outers[0].schedule)
+        for below in outers[1:]:
+            loops = loops.flat_range_product(isl.MultiUnionPwAff.from_union_pw_aff(below.schedule))
+        return _with_band(_in_sequence(parts, domain), loops, True, [True] * len(outers))
+
+    def shared_loop_below(self, domain: isl.UnionSet, statements: list[PolyStatement], outers: list[_OuterLoop],
+                          same_outer: isl.UnionMap) -> _OuterLoop | None:
+        """A second shared loop under ``outers``: each statement's first index (in source order)
+        that they do not run over, when it has the same range in every statement, carries no
+        dependence among them for fixed outer indices, and loses no locality (as the outer
+        loop's).  mobilenet_v2's depthwise convolutions at batch 8 (a loop over the images,
+        and in it the statements for the interior and each edge, each over all channels) then
+        run all their statements channel by channel, in the caches (192 channels at 28 x 28: 0.37 ->
+        0.32 ms alone, AMD EPYC Zen 5).  Only loops of one range in every statement are shared
+        so: the row loops of regions (an interior, its edges) would need guards."""
+        if not statements:  # (an empty domain: nothing runs under the outer loop)
+            return None
+        index_of = {}
+        schedule = None
+        ranges = None
+        for statement in statements:
+            used = {o.index_of[statement.name] for o in outers}
+            free = [i for i in statement.indices if i not in used]
+            if not free:
+                return None
+            index_of[statement.name] = free[0]
+            position = statement.indices.index(free[0])
+            extent = (statement.domain.dim_min(position), statement.domain.dim_max(position))
+            if ranges is None:
+                ranges = extent
+            elif not (ranges[0].is_equal(extent[0]) and ranges[1].is_equal(extent[1])):
+                return None
+            member = self._statement_band(statement, [free[0]]).get_at(0)
+            schedule = member if schedule is None else schedule.union_add(member)
+        below = _OuterLoop(schedule, index_of)
+        deps = self.dependences.intersect_domain(domain).intersect_range(domain).intersect(same_outer)
+        if not deps.is_subset(_same(isl.UnionMap.from_union_pw_aff(schedule))) or not self.keeps_locality(below):
+            return None
+        return below
 
     def shifted_fusion(self, band: isl.ScheduleNode) -> bool:
         """Whether below the outer member of ``band`` isl fused statements by running them one
