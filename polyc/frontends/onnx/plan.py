@@ -312,27 +312,34 @@ class _ResolvedRun:
                      for v in item.outputs if v.ident not in arena.arrays]
             new_each_run.update(ident for ident, *_ in fresh)
             repeat = item.kernel.repeat_call(tuple(inputs), outputs)
-            arguments = None if repeat is None else []
-            for source in (repeat.argument_sources() if repeat is not None else ()):
-                if source[0] in ("input", "output"):
-                    value = (item.inputs if source[0] == "input" else item.outputs)[source[1]]
-                    array = (inputs if source[0] == "input" else outputs)[source[1]]
-                    if value.ident in new_each_run:
-                        arguments.append(value.ident)
-                    else:
-                        self.keep_alive.append(array)
-                        arguments.append(array.ctypes.data)
-                elif source[3]:  # a temporary written before it is read: one for every run
-                    temporary = allocate(source[1], source[2], True)
-                    self.keep_alive.append(temporary)
-                    arguments.append(temporary.ctypes.data)
-                else:  # a temporary that starts as zeros: new in every run
-                    arguments.append(tuple(source[1:3]))
+            arguments = None if repeat is None else self._arguments(item, repeat, inputs, outputs, new_each_run)
             self.steps.append((item, repeat, arguments, fresh))
 
+    def _arguments(self, item: Group, repeat, inputs: list, outputs: list, new_each_run: set) -> list:
+        """The C function's tensor arguments: a pointer (int) where the memory stays put, a
+        value's ident (str) where it is new in every run, (shape, dtype) for a temporary that
+        must start as zeros in every run."""
+        arguments = []
+        for source in repeat.argument_sources():
+            if source[0] in ("input", "output"):
+                value = (item.inputs if source[0] == "input" else item.outputs)[source[1]]
+                array = (inputs if source[0] == "input" else outputs)[source[1]]
+                if value.ident in new_each_run:
+                    arguments.append(value.ident)
+                    continue
+            elif source[3]:  # a temporary written before it is read: one for every run
+                array = allocate(source[1], source[2], True)
+            else:
+                arguments.append(tuple(source[1:3]))
+                continue
+            self.keep_alive.append(array)
+            arguments.append(array.ctypes.data)
+        return arguments
+
     def takes(self, buffers: dict) -> bool:
-        """Whether the feeds (in ``buffers``) are what the resolved calls were resolved for:
-        C-contiguous arrays of the plan's dtypes (byte order included)."""
+        """Whether the feeds (in ``buffers``, made C-contiguous by the caller) have the dtypes
+        the calls were resolved for, byte order included (a guard for callers of Plan.run that
+        bypass the session's feed checks)."""
         return all(buffers[v.ident].dtype == v.dtype for v in self.plan.inputs)
 
     def run(self, buffers: dict) -> dict:
