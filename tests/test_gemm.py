@@ -260,6 +260,30 @@ def test_threads_with_partial_blocks_repeatedly(cflags):
             check(kernel, (a, b), [expected], k)
 
 
+def test_packing_workspace_kept_between_calls_of_any_size():
+    """The packing buffers are one block the kernel keeps from call to call (``KEPT_WORKSPACE_C``):
+    calls whose products need more than the kept block, less, and the same, in turn from four
+    threads at once (so that calls find the block taken, and give theirs back second), each
+    against numpy.  A block used by two calls at once, or kept when too small, gives wrong
+    numbers."""
+    from concurrent.futures import ThreadPoolExecutor
+    kernel = polyc.define(MATMUL, specialize=False, tile_sizes=(24, 64, 32)).f
+    assert "polyc_workspace_take" in kernel.c_source()
+    rng = np.random.default_rng(10)
+    cases = []
+    for m, k, n in [(40, 30, 50), (300, 100, 400), (7, 5, 3), (200, 170, 90)]:
+        a, b = rand(rng, (m, k)), rand(rng, (k, n))
+        cases.append((a, b, a.astype(np.float64) @ b))
+
+    def run(start: int) -> None:
+        for call in range(12):
+            a, b, expected = cases[(start + call) % len(cases)]
+            check(kernel, (a, b), [expected], a.shape[1])
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(run, range(4)))
+
+
 LAYOUTS = {
     # name: (source, numpy of float64 inputs, input shapes for (m, k, n), terms each element sums)
     "tmm": (POSITIVE["tmm"][0], lambda A, B: A @ B.T, lambda m, k, n: [(m, k), (n, k)], lambda k: k),

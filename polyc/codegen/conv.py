@@ -70,7 +70,9 @@ the like, with C's semantics, not calls into libm).  Threads (``parallel=True``,
 (item, tile of points, chunk of channel blocks) triples dynamically; a chunk is all the channel
 blocks unless there are fewer than four triples per thread.  ``options.tile_sizes`` with at
 least one entry sets the channels per chunk (its first entry, rounded to a multiple of RF).
-The function returns 0, or 2 when memory for its tables and buffers could not be allocated.
+Packed weights and input panels live in a block of memory the kernel keeps from call to call
+(:data:`polyc.codegen.pattern_kernel.KEPT_WORKSPACE_C`).  The function returns 0, or 2 when
+memory for its tables and buffers could not be allocated.
 """
 from __future__ import annotations
 
@@ -742,13 +744,6 @@ static inline uint32_t polyc_lane_mask(int64_t n, int lanes)
 {
     return n >= lanes ? (uint32_t)((1ull << lanes) - 1) : n <= 0 ? 0u : (uint32_t)((1u << n) - 1);
 }
-
-/* 64-byte aligned memory for `elements` values (at least one). */
-static T *polyc_alloc(int64_t elements)
-{
-    const int64_t bytes = (elements > 0 ? elements : 1) * (int64_t)sizeof(T);
-    return (T *)aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
-}
 """
 
 # The loops around the register blocks; CHUNK_BLOCKS (channel blocks per work item, 0: chosen
@@ -874,9 +869,19 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int ini
     g->w = w;
     g->w_step = in_place ? 1 : POLYC_RF;
     g->w_row = in_place ? w_row : 1;
-    T *wpack = in_place ? NULL : polyc_alloc(ngroups * g->wg_stride);
-    T *panels = g->direct ? NULL : polyc_alloc((int64_t)nthr * nred * POLYC_NR);
-    if ((!in_place && wpack == NULL) || (!g->direct && panels == NULL)) { free(wpack); free(panels); return STATUS; }
+    /* Packed weights and each thread's input panel, in the kernel's kept workspace. */
+    const int64_t line = 64 / (int64_t)sizeof(T);  /* the panels start on a cache line */
+    const int64_t wpack_elements = in_place ? 0 : (ngroups * g->wg_stride + line - 1) / line * line;
+    const int64_t panel_elements = g->direct ? 0 : (int64_t)nthr * nred * POLYC_NR;
+    polyc_workspace_t *workspace = NULL;
+    if (wpack_elements + panel_elements > 0) {
+        workspace = polyc_workspace_take((size_t)(wpack_elements + panel_elements) * sizeof(T));
+        if (workspace == NULL)
+            return STATUS;
+    }
+    T *const memory = workspace == NULL ? NULL : (T *)workspace->memory;
+    T *wpack = in_place ? NULL : memory;
+    T *panels = g->direct || memory == NULL ? NULL : memory + wpack_elements;
     g->wpack = wpack;
     const int64_t npack = in_place ? 0 : ngroups * nfb;
     /* Work items: (item, tile, chunk of channel blocks); chunks only when there are few tiles. */
@@ -926,8 +931,7 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int ini
         polyc_threads_after(nthr, most, slow);
     }
 #endif
-    free(wpack);
-    free(panels);
+    polyc_workspace_give_back(workspace);
     return 0;
 }
 """

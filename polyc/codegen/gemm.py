@@ -56,9 +56,9 @@ Threads: with ``parallel=True`` (and enough work), whole products are shared out
 are at least two per thread, else the blocks of rows of each product (or, for short and wide
 products, its column slivers).  Threads take batches, row blocks and B slivers from shared
 tickets as they go and wait at a barrier that yields the processor, so a thread held up by a
-busy machine delays the others by one block.  Packing buffers are allocated once per call with
-``aligned_alloc`` and freed before returning.  The function returns 0, or 2 when memory for the
-buffers could not be allocated.
+busy machine delays the others by one block.  The packing buffers are one block of memory the
+kernel keeps from call to call (:data:`polyc.codegen.pattern_kernel.KEPT_WORKSPACE_C`).  The
+function returns 0, or 2 when memory for the buffers could not be allocated.
 """
 from __future__ import annotations
 
@@ -1073,13 +1073,6 @@ static int64_t polyc_take(int64_t *tickets, int64_t *base, int64_t count, int nt
     *base += count + nthr;
     return -1;
 }
-
-/* 64-byte aligned memory for `elements` values (at least one). */
-static T *polyc_alloc(int64_t elements)
-{
-    const size_t bytes = (size_t)polyc_round_up(elements > 0 ? elements : 1, 64) * sizeof(T);
-    return (T *)aligned_alloc(64, bytes);
-}
 """
 
 # Packing, the loops around the micro-kernel and the thread sharing of one register block.  MR,
@@ -1312,9 +1305,13 @@ static int polyc_gemm_run_SHAPE(const polyc_gemm_t *restrict g, int init)
     }
 #endif
     (void)most;
-    /* Per thread: an A panel, and two B panels (a shared pair when rows are shared). */
-    T *apacks = polyc_alloc(a_elements * nthr), *bpacks = polyc_alloc(2 * b_elements * nthr);
-    if (apacks == NULL || bpacks == NULL) { free(apacks); free(bpacks); return STATUS; }
+    /* Per thread: an A panel, and two B panels (a shared pair when rows are shared), in the
+       kernel's kept workspace. */
+    const int64_t a_total = polyc_round_up(a_elements * nthr, 64 / (int64_t)sizeof(T));
+    polyc_workspace_t *workspace = polyc_workspace_take((size_t)(a_total + 2 * b_elements * nthr) * sizeof(T));
+    if (workspace == NULL)
+        return STATUS;
+    T *apacks = (T *)workspace->memory, *bpacks = apacks + a_total;
     if (nthr <= 1) {
         polyc_progress_t progress = {0, 0, 0};
         for (int64_t bt = 0; bt < g->nbatch; bt++)
@@ -1356,8 +1353,7 @@ static int polyc_gemm_run_SHAPE(const polyc_gemm_t *restrict g, int init)
         polyc_threads_after(nthr, most, slow);
     }
 #endif
-    free(apacks);
-    free(bpacks);
+    polyc_workspace_give_back(workspace);
     return 0;
 }
 """
