@@ -44,10 +44,18 @@ static int region(int nthr, double seconds)
 int main(int argc, char **argv)
 {
     if (strcmp(argv[1], "decisions") == 0) {
-        /* A call that found one of 4 threads slow: 3 threads for the next 16 calls, then 4 to try
-           again; still slow: 32 calls; then fine: all of them, and the wait starts at 16 again. */
+        /* One slow call, then a fine one: all 4 threads still.  Two calls in a row that found
+           one of 4 threads slow: 3 threads for the next 16 calls, then 4 to try again; still
+           slow: 32 calls; then fine: all of them, and the wait starts at 16 again. */
         printf("%d", polyc_threads(4));
         polyc_threads_note(4, 4, 1);
+        printf(" %d", polyc_threads(4));
+        polyc_threads_note(4, 4, 0);
+        printf(" %d", polyc_threads(4));
+        polyc_threads_note(4, 4, 1);
+        printf(" %d", polyc_threads(4));
+        polyc_threads_note(4, 4, 1);
+        printf(" /");
         for (int i = 0; i < 17; i++) printf(" %d", polyc_threads(4));
         polyc_threads_note(4, 4, 3);
         printf(" |");
@@ -100,8 +108,9 @@ def program(tmp_path_factory):
 
 def test_decisions_call_by_call(program):
     output = subprocess.run([str(program), "decisions"], capture_output=True, text=True, check=True).stdout.split("|")
-    first = output[0].split()
-    assert first == ["4"] + ["3"] * 16 + ["4"]
+    suspected, first = (part.split() for part in output[0].split("/"))
+    assert suspected == ["4", "4", "4", "4"]         # a slow call, a fine one, two slow in a row
+    assert first == ["3"] * 16 + ["4"]
     second = output[1].split()
     assert second == ["1"] * 32 + ["4"]               # 3 of 4 slow: one thread, twice as long
     last = output[2].split()

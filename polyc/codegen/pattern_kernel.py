@@ -38,7 +38,10 @@ THREAD_POLICY_C = r"""#if defined(_OPENMP)
    a 0.3 ms sgemm had a 90th percentile of 8 ms beside one busy process.  So each thread
    measures how long it was kept from running between the call's start and the end of its
    share (wall time minus its CPU time); when some threads lost over 2 ms and over a quarter of
-   a call shorter than 20 ms, later calls use that many fewer threads, until a call
+   a call shorter than 20 ms in two calls in a row (one such call on a machine that was not
+   busy is a suspicion only: a benchmark's sgemm 1024 dropped to one thread for its next 16
+   calls after single late wakes in 3 of 8 runs, 0.55x numpy instead of 1.05x, an AMD EPYC
+   Zen 5), later calls use that many fewer threads, until a call
    with every thread is tried again after a number of calls that doubles each time the machine
    is still busy (16 up to 4096) and starts at 16 again once it is not.  Longer calls keep every
    thread: the threads share their work as they go, and a fair share of a busy machine's cores
@@ -55,13 +58,13 @@ THREAD_POLICY_C = r"""#if defined(_OPENMP)
    EPYC VM, every first call) is no reason to drop threads: without this check a 512^3 sgemm
    called after pauses ran on one thread most of the time (0.63x numpy instead of 1.0x).
    POLYC_THREADS=all in the environment turns the policy off. */
-typedef struct { int64_t calls, retry_at; int limit, backoff, off; } polyc_threads_t;
+typedef struct { int64_t calls, retry_at; int limit, backoff, off, suspect; } polyc_threads_t;
 typedef struct { double wall, cpu; } polyc_thread_clock_t;
 
 /* The library's record (a function's static: linked segments each keep their own). */
 static POLYC_UNUSED polyc_threads_t *polyc_threads_record(void)
 {
-    static polyc_threads_t record = {0, 0, 0, 16, -1};
+    static polyc_threads_t record = {0, 0, 0, 16, -1, 0};
     return &record;
 }
 
@@ -184,6 +187,12 @@ static POLYC_UNUSED void polyc_threads_note(int nthr, int most, int slow)
         return;
     const int64_t calls = __atomic_load_n(&s->calls, __ATOMIC_RELAXED);
     if (slow > 0) {
+        /* With every thread and none held back before: the first slow call only raises the
+           suspicion; a retry after backing off, or a second slow call in a row, confirms it. */
+        if (nthr == most && __atomic_load_n(&s->limit, __ATOMIC_RELAXED) <= 0
+            && !__atomic_exchange_n(&s->suspect, 1, __ATOMIC_RELAXED))
+            return;
+        __atomic_store_n(&s->suspect, 0, __ATOMIC_RELAXED);
         int backoff = __atomic_load_n(&s->backoff, __ATOMIC_RELAXED);
         __atomic_store_n(&s->limit, nthr - slow > 1 ? nthr - slow : 1, __ATOMIC_RELAXED);
         __atomic_store_n(&s->retry_at, calls + backoff, __ATOMIC_RELAXED);
@@ -191,6 +200,7 @@ static POLYC_UNUSED void polyc_threads_note(int nthr, int most, int slow)
     } else if (nthr == most) {
         __atomic_store_n(&s->limit, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&s->backoff, 16, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->suspect, 0, __ATOMIC_RELAXED);
     }
 }
 
