@@ -222,13 +222,21 @@ static POLYC_UNUSED void polyc_threads_after(int nthr, int most, int slow)
 #: others freed, so a kernel holds at most one block, of the size one of its calls needed
 #: (untouched pages of it cost no memory), for as long as its library is loaded.
 KEPT_WORKSPACE_C = r"""#include <stdlib.h>
+#define POLYC_WORKSPACE_UNUSED __attribute__((unused))  /* a kernel without packing calls none */
 typedef struct { void *memory; size_t bytes; } polyc_workspace_t;
-static __attribute__((unused)) polyc_workspace_t *polyc_kept_workspace;
+typedef struct { polyc_workspace_t *block; } polyc_kept_workspace_t;
+
+/* The kept block (a function's static: linked segments each keep their own). */
+static POLYC_WORKSPACE_UNUSED polyc_kept_workspace_t *polyc_kept_workspace(void)
+{
+    static polyc_kept_workspace_t kept;
+    return &kept;
+}
 
 /* 64-byte aligned scratch memory of at least `bytes` bytes, or NULL when there is none. */
-static __attribute__((unused)) polyc_workspace_t *polyc_workspace_take(size_t bytes)
+static POLYC_WORKSPACE_UNUSED polyc_workspace_t *polyc_workspace_take(size_t bytes)
 {
-    polyc_workspace_t *w = __atomic_exchange_n(&polyc_kept_workspace, NULL, __ATOMIC_ACQUIRE);
+    polyc_workspace_t *w = __atomic_exchange_n(&polyc_kept_workspace()->block, NULL, __ATOMIC_ACQUIRE);
     if (w != NULL && w->bytes >= bytes)
         return w;
     if (w != NULL) {
@@ -248,11 +256,11 @@ static __attribute__((unused)) polyc_workspace_t *polyc_workspace_take(size_t by
 }
 
 /* Ends a call's use of `w` (NULL: nothing): kept for the next call, or freed. */
-static __attribute__((unused)) void polyc_workspace_give_back(polyc_workspace_t *w)
+static POLYC_WORKSPACE_UNUSED void polyc_workspace_give_back(polyc_workspace_t *w)
 {
     polyc_workspace_t *none = NULL;
-    if (w != NULL && !__atomic_compare_exchange_n(&polyc_kept_workspace, &none, w, 0, __ATOMIC_RELEASE,
-                                                  __ATOMIC_RELAXED)) {
+    polyc_kept_workspace_t *kept = polyc_kept_workspace();
+    if (w != NULL && !__atomic_compare_exchange_n(&kept->block, &none, w, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
         free(w->memory);
         free(w);
     }
