@@ -873,15 +873,11 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int ini
     const int64_t line = 64 / (int64_t)sizeof(T);  /* the panels start on a cache line */
     const int64_t wpack_elements = in_place ? 0 : (ngroups * g->wg_stride + line - 1) / line * line;
     const int64_t panel_elements = g->direct ? 0 : (int64_t)nthr * nred * POLYC_NR;
-    polyc_workspace_t *workspace = NULL;
-    if (wpack_elements + panel_elements > 0) {
-        workspace = polyc_workspace_take((size_t)(wpack_elements + panel_elements) * sizeof(T));
-        if (workspace == NULL)
-            return STATUS;
-    }
-    T *const memory = workspace == NULL ? NULL : (T *)workspace->memory;
-    T *wpack = in_place ? NULL : memory;
-    T *panels = g->direct || memory == NULL ? NULL : memory + wpack_elements;
+    polyc_workspace_t *workspace = polyc_workspace_take((size_t)(wpack_elements + panel_elements) * sizeof(T));
+    if (workspace == NULL)
+        return STATUS;
+    T *wpack = in_place ? NULL : (T *)workspace->memory;
+    T *panels = g->direct ? NULL : (T *)workspace->memory + wpack_elements;
     g->wpack = wpack;
     const int64_t npack = in_place ? 0 : ngroups * nfb;
     /* Work items: (item, tile, chunk of channel blocks); chunks only when there are few tiles. */
