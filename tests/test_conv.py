@@ -557,6 +557,86 @@ def test_large_case_matches_numpy_in_parallel():
     assert_close(out, expected, 64 * 9 + 1, np.float32, (image, weights, bias))
 
 
+# ----------------------------------------------------------------------------- channel mode
+# Output channels innermost (NHWC): the kernel vectorises along them (polyc/codegen/conv_channels.py).
+NHWC_BIAS_RELU = """def conv(float(N, H, W, C) I, float(KH, KW, C, F) W1, float(F) B) -> (O) {
+    O(n, h, w, f) +=! I(n, h + r_kh, w + r_kw, r_c) * W1(r_kh, r_kw, r_c, f)
+    O(n, h, w, f) = fmax(O(n, h, w, f) + B(f), 0)
+}"""
+#: Strided and dilated windows, weights in ONNX's (F, C, KH, KW) order: packed per call.
+NHWC_STRIDED_OIHW = """def conv(float(N, H, W, C) I, float(F, C, KH, KW) W1) -> (O) {
+    O(n, h, w, f) +=! I(n, 2 * h + 2 * r_kh, 3 * w + r_kw, r_c) * W1(f, r_c, r_kh, r_kw)
+}"""
+NHWC_GROUPED = """def conv(float(N, H, W, G, C) I, float(G, KH, KW, C, F) W1) -> (O) {
+    O(n, h, w, g, f) +=! I(n, h + r_kh, w + r_kw, g, r_c) * W1(g, r_kh, r_kw, r_c, f)
+}"""
+NHWC_ACCUMULATING = NHWC.replace("+=!", "+=")
+
+
+def _nhwc_reference(image, weights_fckk, **geometry):
+    """numpy_conv2d on NHWC images, back to NHWC."""
+    return numpy_conv2d(image.transpose(0, 3, 1, 2), weights_fckk, **geometry).transpose(0, 2, 3, 1)
+
+
+NUMPY_REFERENCES.update({
+    NHWC_BIAS_RELU: (lambda I, W, B: np.maximum(_nhwc_reference(I, W.transpose(3, 2, 0, 1)) + B, 0),
+                     lambda w: np.prod(w[:3]) + 1),
+    NHWC_STRIDED_OIHW: (lambda I, W: _nhwc_reference(I, W, stride=(2, 3), dilation=(2, 1)),
+                        lambda w: np.prod(w[1:])),
+    NHWC_GROUPED: (lambda I, W: np.einsum("nhwgcij,gijcf->nhwgf", windows(I, W.shape[1:3], (1, 2)), W),
+                   lambda w: np.prod(w[1:4])),
+    NHWC_ACCUMULATING: (lambda I, W, O: O + _nhwc_reference(I, W.transpose(3, 2, 0, 1)), lambda w: np.prod(w[:3]) + 1),
+})
+
+#: (source, input shapes): output channels 1 to 200 (one partial vector, whole blocks, blocks
+#: and a tail), images of one pixel to several rows of blocks, a batch that tiles cross, and
+#: reductions longer than one chunk of the weights (3 x 3 x 480 steps, every instruction set).
+CHANNEL_MODE_CASES = [
+    (NHWC_BIAS_RELU, [[(1, 1, 1, 1), (1, 1, 1, 1), (1,)], [(2, 5, 7, 3), (3, 2, 3, 20), (20,)],
+                      [(3, 6, 9, 8), (3, 3, 8, 64), (64,)], [(1, 9, 10, 5), (3, 3, 5, 70), (70,)],
+                      [(2, 4, 5, 16), (1, 2, 16, 200), (200,)], [(1, 5, 6, 480), (3, 3, 480, 24), (24,)]]),
+    (NHWC_STRIDED_OIHW, [[(2, 11, 20, 3), (17, 3, 3, 2)], [(1, 9, 13, 6), (64, 6, 2, 3)]]),
+    (NHWC_GROUPED, [[(2, 5, 6, 3, 4), (3, 3, 3, 4, 18)], [(1, 4, 4, 2, 1), (2, 1, 1, 1, 1)]]),
+]
+
+
+@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+def test_channel_mode_against_numpy(cflags):
+    """NHWC convolutions vectorised along their output channels, parametric (one build for
+    every size), on every instruction set; float64 too."""
+    for source, shape_sets in CHANNEL_MODE_CASES:
+        for seed, shapes in enumerate(shape_sets):
+            kernel = numpy_check(source, shapes, dict(cflags=cflags, specialize=False), seed=seed)
+        assert "output channels vectorised" in kernel.c_source()
+    numpy_check(NHWC_BIAS_RELU.replace("float", "double"), [(2, 5, 7, 3), (3, 2, 3, 20), (20,)],
+                dict(cflags=cflags, specialize=False), dtype=np.float64)
+
+
+def test_channel_mode_serial_specialised_tiles_and_accumulation():
+    rng = np.random.default_rng(13)
+    shapes = [(2, 9, 12, 8), (3, 3, 8, 40), (40,)]
+    for options in (dict(parallel=False), {}, dict(tile_sizes=(1,)), dict(tile_sizes=(50,))):
+        numpy_check(NHWC_BIAS_RELU, shapes, options)
+    initial = rand(rng, (2, 7, 10, 40))
+    numpy_check(NHWC_ACCUMULATING, [(2, 9, 12, 8), (3, 3, 8, 40)], outputs=[initial])
+    kernel = polyc.define(NHWC_BIAS_RELU).conv
+    bias = rand(rng, (5,))
+    out = kernel(np.zeros((2, 4, 4, 0), np.float32), np.zeros((3, 3, 0, 5), np.float32), bias)
+    np.testing.assert_array_equal(out, np.broadcast_to(np.maximum(bias, 0), (2, 2, 2, 5)))
+
+
+@pytest.mark.parametrize("cflags", [None, "-O2"], ids=["native", "portable"])
+def test_channel_mode_threads_repeatedly(cflags):
+    rng = np.random.default_rng(14)
+    compiled = polyc.define(NHWC_BIAS_RELU, cflags=cflags).conv
+    reference, ops = NUMPY_REFERENCES[NHWC_BIAS_RELU]
+    shapes = [(2, 16, 15, 32), (3, 3, 32, 96), (96,)]
+    inputs = [rand(rng, shape) for shape in shapes]
+    expected = reference(*inputs)
+    for _ in range(25):
+        assert_close(compiled(*inputs), expected, int(ops(shapes[1])), np.float32, inputs)
+
+
 # ----------------------------------------------------------------------------- sanitizers
 _SANITIZED_SCRIPT = """
 import sys
@@ -564,7 +644,8 @@ import numpy as np
 import polyc
 from kernels import assert_close
 sys.path.insert(0, sys.argv[1])
-from test_conv import CONV_BIAS_RELU, STRIDED, STRIDE_2, GROUPED, DEPTHWISE, NHWC, CONV1D, ACCUMULATING, numpy_check
+from test_conv import (CONV_BIAS_RELU, STRIDED, STRIDE_2, GROUPED, DEPTHWISE, NHWC, NHWC_BIAS_RELU,
+                       NHWC_STRIDED_OIHW, CONV1D, ACCUMULATING, numpy_check)
 rng = np.random.default_rng(0)
 for position, flags in enumerate(sys.argv[2:]):
     # parametric kernels (one build for every size); specialised ones with the first flags only
@@ -578,6 +659,8 @@ for position, flags in enumerate(sys.argv[2:]):
         numpy_check(GROUPED, [(2, 3, 4, 7, 9), (3, 5, 4, 3, 3), (3, 5)], options)
         numpy_check(DEPTHWISE, [(2, 3, 6, 35), (3, 3, 3)], options)
         numpy_check(NHWC, [(2, 6, 5, 3), (3, 2, 3, 4)], options)
+        numpy_check(NHWC_BIAS_RELU, [(2, 5, 7, 3), (3, 2, 3, 20), (20,)], options)
+        numpy_check(NHWC_STRIDED_OIHW, [(2, 11, 20, 3), (17, 3, 3, 2)], options)
         if not specialize:
             numpy_check(CONV1D, [(2, 3, 37), (4, 3, 3), (4,)], options)
             numpy_check(ACCUMULATING, [(2, 3, 9, 20), (5, 3, 3, 3)], options,

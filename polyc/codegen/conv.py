@@ -83,6 +83,7 @@ from math import prod
 import numpy as np
 
 from polyc.codegen.c import GeneratedKernel, c_comment, _extent_name
+from polyc.codegen import conv_channels
 from polyc.codegen.c_expr import PRELUDE, c_type
 from polyc.codegen.pattern_kernel import PatternKernelWriter, typed
 from polyc.ir.model import PolyProgram
@@ -158,18 +159,26 @@ def generate_conv(program: PolyProgram, conv: Convolution, options: Options) -> 
 @dataclass(frozen=True)
 class _Layout:
     """How the kernel enumerates the convolution: which target indices are items and points,
-    and whether the points are flattened rows (``flat``: the last two indices, image row
-    pitch) or a plain product."""
+    whether the points are flattened rows (``flat``: the last two indices, image row pitch) or
+    a plain product, and which dimension is vectorised (``channels``: the output channels,
+    :mod:`polyc.codegen.conv_channels`; else the points)."""
 
     items: tuple[str, ...]
     points: tuple[str, ...]
     flat: bool
     reduction: tuple[str, ...]
+    channels: bool = False
 
 
 def _layout(conv: Convolution, image_rank: int) -> _Layout:
     reduction = tuple(i for i in conv.weight_indices if i in conv.channels or i in conv.kernel)
     inner = conv.target_indices[-1]
+    if conv.f == (inner,):
+        # Output channels innermost (NHWC): vectorised along them; every other index but the
+        # groups is a point, the batch included, so that tiles run on across images.
+        items = tuple(i for i in conv.target_indices if i in conv.groups)
+        points = tuple(i for i in conv.target_indices if i not in conv.f and i not in items)
+        return _Layout(items, points, False, reduction, channels=True)
     if inner in conv.spatial and conv.window_of(inner).stride == 1 and conv.window_of(inner).dim == image_rank - 1:
         outer = conv.target_indices[-2] if len(conv.target_indices) >= 2 else None
         if outer in conv.spatial and conv.window_of(outer).stride == 1 \
@@ -196,6 +205,7 @@ class _ConvWriter(PatternKernelWriter):
         elif all(conv.extent(i).is_constant for i in conv.f):
             channels = prod(conv.extent(i).constant for i in conv.f)
         self.rf = choose_rows(channels)
+        self.channel_blocks = {isa: conv_channels.channel_block(isa, self.dtype, channels) for isa in ISA_GUARDS}
 
     # ------------------------------------------------------------------ top level
     def write(self) -> GeneratedKernel:
@@ -211,8 +221,13 @@ class _ConvWriter(PatternKernelWriter):
         o, lay = self.options, self.layout
         sizes = ", ".join(f"{k}={v}" for k, v in self.program.size_values.items()) if self.specialised \
             else "parametric"
-        lines = [f"{CONV_KERNEL_MARK} for def '{self.definition.name}' (direct convolution: points "
-                 f"vectorised, {self.rf} output channels per register block)",
+        if lay.channels:
+            block = self.channel_blocks["avx512"]
+            form = (f"output channels vectorised, up to {block.vectors} vectors of channels x {block.points} "
+                    "points per AVX-512 register block")
+        else:
+            form = f"points vectorised, {self.rf} output channels per register block"
+        lines = [f"{CONV_KERNEL_MARK} for def '{self.definition.name}' (direct convolution: {form})",
                  f"sizes: {sizes}",
                  f"options: tile_sizes={o.tile_sizes} parallel={o.parallel} vectorize={o.vectorize} "
                  f"specialize={o.specialize}",
@@ -241,6 +256,7 @@ class _ConvWriter(PatternKernelWriter):
                   "const uint32_t *vmask",
                   "const unsigned char *vstep",
                   "int direct, packed_out, dense_out",
+                  "int64_t take_size, takes, nwork, rchunk",
                   f"int64_t key[{self.key_length()}]"]
         for name in self.epilogue_tensors():
             tensor = self.definition.tensor(name)
@@ -261,7 +277,9 @@ class _ConvWriter(PatternKernelWriter):
                 "   place, else tiles are packed); packed_out: out_c[p] == out_c[0] + p (the outputs of a tile\n"
                 "   are consecutive once the dropped points are left out); dense_out: and out_c[0] == 0;\n"
                 "   ix_*: index values for the epilogue (of the points: per output point p); w_g, w_f, w_r:\n"
-                "   the weights' offsets per group, channel and reduction point; key: the sizes the tables\n"
+                "   the weights' offsets per group, channel and reduction point; work items (set per call):\n"
+                "   nwork of them, `takes` per item and tile (or channel block) of `take_size` channel blocks\n"
+                "   (or tiles), rchunk: reduction steps per chunk (channel mode); key: the sizes the tables\n"
                 "   were built for. */\n"
                 f"typedef struct {{\n{body}\n}} polyc_conv_t;")
 
@@ -270,10 +288,15 @@ class _ConvWriter(PatternKernelWriter):
         pieces = []
         for position, (isa, guard) in enumerate(ISA_GUARDS.items()):
             pieces.append("#else" if guard is None else f"{'#if' if position == 0 else '#elif'} {guard}")
-            shape = block_shape(isa, self.dtype, self.rf)
             if isa != "portable":
                 pieces.append("#include <immintrin.h>")
+            if self.layout.channels:
+                pieces.append(f'#define POLYC_CONV_ISA "{isa}"')
+                pieces += conv_channels.instruction_set(self.channel_blocks[isa], self.dtype)
+                continue
+            shape = block_shape(isa, self.dtype, self.rf)
             pieces += [f'#define POLYC_CONV_ISA "{isa}"', f"#define POLYC_RF {shape.rf}",
+                       f"#define POLYC_FBLOCK {shape.rf}", "#define POLYC_PANELS 1",
                        f"#define POLYC_COMPRESS {1 if isa == 'avx512' else 0}",
                        f"#define POLYC_NR {shape.nr}", f"#define POLYC_LANES {shape.lanes}"]
             pieces.append(_STEPPED_PACKING.get((isa, self.ctype), "#define POLYC_PACK_STEPPED 0"))
@@ -305,9 +328,19 @@ class _ConvWriter(PatternKernelWriter):
         body += [f"const int64_t polyc_ix_{i} = polyc_g->ix_{i}[polyc_b];" for i in lay.items]
         body += ["(void)polyc_b;", "const int64_t polyc_ob = polyc_g->out_b[polyc_b];"]
         statements = [self.epilogue_statement(s) + ";" for s in conv.epilogues]
+        simd = ["#pragma omp simd"] if self.options.vectorize else []
+        if lay.channels:  # per point, a loop over consecutive channels the compiler vectorises
+            body += ["for (int64_t polyc_p = polyc_p0; polyc_p < polyc_p1; polyc_p++) {",
+                     *(f"    const int64_t polyc_ix_{i} = polyc_g->ix_{i}[polyc_p];" for i in lay.points),
+                     "    const int64_t polyc_op = polyc_ob + polyc_g->out_p[polyc_p];",
+                     *("    " + line for line in simd),
+                     "    for (int64_t polyc_f = polyc_f0; polyc_f < polyc_f0 + polyc_rows; polyc_f++) {",
+                     f"        const int64_t polyc_ix_{conv.f[0]} = polyc_f, polyc_o = polyc_op + polyc_f;",
+                     *("        " + line for line in statements),
+                     "    }", "}"]
+            return self._epilogue_text(body)
 
         def point_loop(offset: str) -> list[str]:
-            simd = ["#pragma omp simd"] if self.options.vectorize else []
             return [*simd,
                     "for (int64_t polyc_p = polyc_p0; polyc_p < polyc_p1; polyc_p++) {",
                     *(f"    const int64_t polyc_ix_{i} = polyc_g->ix_{i}[polyc_p];" for i in lay.points),
@@ -323,6 +356,10 @@ class _ConvWriter(PatternKernelWriter):
                  "    } else {",
                  *("        " + line for line in point_loop("polyc_g->out_c[polyc_p]")),
                  "    }", "}"]
+        return self._epilogue_text(body)
+
+    @staticmethod
+    def _epilogue_text(body: list[str]) -> str:
         return ("#define POLYC_HAS_EPILOGUE 1\n" +
                 "/* The statements after the convolution, on one finished block: item b, channels f0..,\n"
                 "   output points p0 <= p < p1. */\n"
@@ -336,15 +373,20 @@ class _ConvWriter(PatternKernelWriter):
 
     # ------------------------------------------------------------------ the loops
     def driver(self) -> str:
-        text = typed(_DRIVER, self.ctype)
+        channels = self.layout.channels
+        text = typed((conv_channels.WORK if channels else _POINTS_WORK) + _RUN, self.ctype)
         if not self.options.parallel:
             text = re.sub(r"#if defined\(_OPENMP\)\n.*?#endif\n", "", text, flags=re.DOTALL)
-        chunk = 0
+        # options.tile_sizes[0]: output channels per work item (points mode), or output points
+        # per work item (channel mode).
+        take = 0
         if self.options.tile_sizes:
-            chunk = max(1, self.options.tile_sizes[0] // self.rf)
+            per = self.channel_blocks["avx512"].points if channels else self.rf
+            take = max(1, self.options.tile_sizes[0] // per)
         return (text.replace("STATUS", str(STATUS_OUT_OF_MEMORY))
                 .replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
-                .replace("CHUNK_BLOCKS", str(chunk)))
+                .replace("WEIGHT_SLICE", str(conv_channels.WEIGHT_SLICE_BYTES))
+                .replace("CHUNK_BLOCKS", str(take)))
 
     # ------------------------------------------------------------------ the entry point
     def image_term(self, index: str) -> str | None:
@@ -414,7 +456,7 @@ class _ConvWriter(PatternKernelWriter):
         else:
             body.append(f"const int64_t polyc_npoints = {count(lay.points)};")
         body += ["if (polyc_nitems == 0 || polyc_nf == 0 || polyc_npoints == 0) return 0;",
-                 "const int64_t polyc_nfb = (polyc_nf + POLYC_RF - 1) / POLYC_RF;",
+                 "const int64_t polyc_nfb = (polyc_nf + POLYC_FBLOCK - 1) / POLYC_FBLOCK;",
                  "const int64_t polyc_ntiles = (polyc_npoints + POLYC_NR - 1) / POLYC_NR;"]
         tables = [("in_b", "nitems"), ("out_b", "nitems"), ("wg_b", "nitems"), ("w_g", "ngroups"),
                   ("out_f", "nf"), ("w_f", "nf"), ("in_r", "nred"), ("w_r", "nred"), ("panel_r", "nred"),
@@ -746,9 +788,9 @@ static inline uint32_t polyc_lane_mask(int64_t n, int lanes)
 }
 """
 
-# The loops around the register blocks; CHUNK_BLOCKS (channel blocks per work item, 0: chosen
-# here), THRESHOLD and STATUS are replaced.
-_DRIVER = r"""
+# The points mode's tiles, packing and work items; CHUNK_BLOCKS (channel blocks per work item,
+# 0: chosen here) is replaced.
+_POINTS_WORK = r"""
 /* A block written through `block` (RF x NR): each point q0 + j with out_p >= 0, rows < `rows`. */
 static void polyc_conv_scatter(const polyc_conv_t *restrict g, const T *restrict block, int64_t b, int64_t f0,
                                int64_t rows, int64_t q0, int64_t n, int beta)
@@ -844,12 +886,48 @@ static void polyc_conv_pack(const polyc_conv_t *restrict g, const T *restrict w,
     }
 }
 
-/* Packs the weights, then every tile; 0, or STATUS when memory is short. */
+/* Weights in the usual layout (each channel's reduction points consecutive, the rows evenly
+   spaced: W(F, C, KH, KW)) are read in place: RF row streams of broadcasts instead of one, and
+   no packing, which cost 14% of a 256 -> 256 3x3 convolution at 14 x 14 and reads all the
+   weights once more (a Zen 5).  Also chooses the work items: (item, tile, chunk of channel
+   blocks), chunks only when there are few tiles.  Returns whether the weights are in place. */
+static int polyc_conv_plan(polyc_conv_t *restrict g, int nthr)
+{
+    const int64_t *restrict w_f = g->w_f;
+    const int64_t w_row = g->nf > 1 ? w_f[1] - w_f[0] : 0;
+    int in_place = g->nred > 0 && w_f[0] == 0 && g->w_r[0] == 0 && polyc_steps_by_one(g->w_r, g->nred);
+    for (int64_t f = 0; in_place && f < g->nf; f++)
+        in_place = w_f[f] == f * w_row;
+    g->w_step = in_place ? 1 : POLYC_RF;
+    g->w_row = in_place ? w_row : 1;
+    int64_t chunk = CHUNK_BLOCKS;
+    if (chunk <= 0) {
+        const int64_t tiles = g->nitems * g->ntiles, wanted = 4 * (int64_t)nthr;
+        const int64_t chunks = tiles >= wanted ? 1 : polyc_min(g->nfb, (wanted + tiles - 1) / tiles);
+        chunk = (g->nfb + chunks - 1) / chunks;
+    }
+    g->take_size = chunk;
+    g->takes = (g->nfb + chunk - 1) / chunk;
+    g->nwork = g->nitems * g->ntiles * g->takes;
+    return in_place;
+}
+
+/* Work item x: item b, tile t, chunk c of channel blocks. */
+static void polyc_conv_work(const polyc_conv_t *restrict g, int64_t x, T *restrict panel, int init)
+{
+    const int64_t c = x % g->takes, t = x / g->takes % g->ntiles, b = x / g->takes / g->ntiles;
+    polyc_conv_tile(g, b, t, c * g->take_size, polyc_min(g->nfb, (c + 1) * g->take_size), panel, init);
+}
+"""
+
+# The loops around the work items, in both modes (each defines polyc_conv_plan, _work and _pack);
+# THRESHOLD and STATUS are replaced.
+_RUN = r"""
+/* Packs the weights, then does every work item; 0, or STATUS when memory is short. */
 static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int init)
 {
-    const int64_t nred = g->nred, nfb = g->nfb, ngroups = g->ngroups;
+    const int64_t nred = g->nred, ngroups = g->ngroups;
     const int64_t *restrict w_g = g->w_g, *restrict w_f = g->w_f, *restrict w_r = g->w_r;
-    g->wg_stride = nfb * nred * POLYC_RF;
     int nthr = 1, most = 1;
 #if defined(_OPENMP)
     if ((double)g->nitems * (double)g->npoints * (double)g->nf * (double)(nred > 0 ? nred : 1) >= THRESHOLD) {
@@ -858,44 +936,24 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int ini
     }
 #endif
     (void)most;
-    /* Weights whose reduction points are consecutive in each channel's row, the rows evenly
-       spaced (W(F, C, KH, KW), the usual layout) are read in place: RF row streams of
-       broadcasts instead of one, and no packing, which cost 14% of a 256 -> 256 3x3
-       convolution at 14 x 14 and reads all the weights once more (a Zen 5). */
-    const int64_t w_row = g->nf > 1 ? w_f[1] - w_f[0] : 0;
-    int in_place = nred > 0 && w_f[0] == 0 && w_r[0] == 0 && polyc_steps_by_one(w_r, nred);
-    for (int64_t f = 0; in_place && f < g->nf; f++)
-        in_place = w_f[f] == f * w_row;
     g->w = w;
-    g->w_step = in_place ? 1 : POLYC_RF;
-    g->w_row = in_place ? w_row : 1;
+    const int in_place = polyc_conv_plan(g, nthr);
+    g->wg_stride = g->nfb * nred * POLYC_FBLOCK;
     /* Packed weights and each thread's input panel, in the kernel's kept workspace. */
     const int64_t line = 64 / (int64_t)sizeof(T);  /* the panels start on a cache line */
     const int64_t wpack_elements = in_place ? 0 : (ngroups * g->wg_stride + line - 1) / line * line;
-    const int64_t panel_elements = g->direct ? 0 : (int64_t)nthr * nred * POLYC_NR;
+    const int64_t panel_elements = POLYC_PANELS && !g->direct ? (int64_t)nthr * nred * POLYC_NR : 0;
     polyc_workspace_t *workspace = polyc_workspace_take((size_t)(wpack_elements + panel_elements) * sizeof(T));
     if (workspace == NULL)
         return STATUS;
-    T *wpack = in_place ? NULL : (T *)workspace->memory;
-    T *panels = g->direct ? NULL : (T *)workspace->memory + wpack_elements;
-    g->wpack = wpack;
-    const int64_t npack = in_place ? 0 : ngroups * nfb;
-    /* Work items: (item, tile, chunk of channel blocks); chunks only when there are few tiles. */
-    int64_t chunk = CHUNK_BLOCKS;
-    if (chunk <= 0) {
-        const int64_t tiles = g->nitems * g->ntiles, wanted = 4 * (int64_t)nthr;
-        const int64_t chunks = tiles >= wanted ? 1 : polyc_min(nfb, (wanted + tiles - 1) / tiles);
-        chunk = (nfb + chunks - 1) / chunks;
-    }
-    const int64_t nchunks = (nfb + chunk - 1) / chunk;
-    const int64_t total = g->nitems * g->ntiles * nchunks;
+    T *panels = panel_elements ? (T *)workspace->memory + wpack_elements : NULL;
+    g->wpack = in_place ? NULL : (T *)workspace->memory;
+    const int64_t npack = in_place ? 0 : ngroups * g->nfb, total = g->nwork;
     if (nthr <= 1) {
         for (int64_t x = 0; x < npack; x++)
             polyc_conv_pack(g, w, w_g, w_f, w_r, x);
-        for (int64_t x = 0; x < total; x++) {
-            const int64_t c = x % nchunks, t = x / nchunks % g->ntiles, b = x / nchunks / g->ntiles;
-            polyc_conv_tile(g, b, t, c * chunk, polyc_min(nfb, (c + 1) * chunk), panels, init);
-        }
+        for (int64_t x = 0; x < total; x++)
+            polyc_conv_work(g, x, panels, init);
     }
 #if defined(_OPENMP)
     else {
@@ -918,10 +976,8 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int ini
                convolution at 112 x 112: 0.61-0.71 -> 0.55-0.61 ms, AMD EPYC Zen 3); at most 4
                items a run, so that the last runs still balance. */
             #pragma omp for schedule(dynamic, run) nowait
-            for (int64_t x = 0; x < total; x++) {
-                const int64_t c = x % nchunks, t = x / nchunks % g->ntiles, b = x / nchunks / g->ntiles;
-                polyc_conv_tile(g, b, t, c * chunk, polyc_min(nfb, (c + 1) * chunk), panel, init);
-            }
+            for (int64_t x = 0; x < total; x++)
+                polyc_conv_work(g, x, panel, init);
             polyc_thread_stop(&clock, &slow);
         }
         polyc_threads_after(nthr, most, slow);

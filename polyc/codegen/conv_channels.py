@@ -1,0 +1,273 @@
+"""The direct convolution kernel's second form: output channels vectorised, for layouts whose
+output channels are the innermost dimension (NHWC: ``O(n, h, w, f)``).
+
+:mod:`polyc.codegen.conv` vectorises along the output points, which are contiguous in NCHW.
+In NHWC the points are a whole pixel (all its channels) apart, so that form would gather every
+tile of the image into a panel first; here the register block is instead ``NFV`` vectors of
+consecutive output channels x ``RQ`` points::
+
+    for each reduction step r:   w_v = W[r][f0 + v * LANES ..]          (NFV vector loads)
+                                 for each point j: b = I[point j][r]   (one broadcast)
+                                                   acc[j][v] += w_v * b
+
+the matrix product ``O[q, f] = B[q, r] * W[r, f]`` with W's rows as vectors, as oneDNN's and
+MLAS's blocked-channel kernels do.  Each point of the block is read through its own pointer
+(``ip[j]``, the image at that point) plus the step's offset ``in_r[r]``, so the points may be
+anywhere in the image: strides, dilations and rows crossed inside a block need no packing.  A
+block's stores are whole vectors of one output pixel's channels (the last under a lane mask
+when the channels are not a multiple of the vector).  Tiles of RQ points cover every output
+point of a group in order, across images and rows (the batch is a point index here); the last
+tile repeats its last point and drops the copies.
+
+Weights whose output channels are consecutive (``W(kh, kw, c, f)``) and whose reduction rows
+are evenly spaced are read in place, as the vectors of each step; others are packed once per
+call into ``[group][channel block][r][NF]`` (zero columns pad the last block).
+
+Work.  A work item is (group, block of NF channels, run of tiles); within it the reduction is
+cut into chunks whose slice of the weights (``rchunk x NF``) fits a share of L2, and every tile
+of the run is done for one chunk before the next (the output block is accumulated in memory
+between chunks), so the weights stream from L3 once per run, not once per tile (512 -> 512 3x3
+filters are 9.4 MB).  The epilogue runs on each tile after its last chunk, vectorised along the
+channels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from polyc.codegen.c_expr import c_type
+from polyc.codegen.pattern_kernel import typed
+
+#: Channel vectors (NFV) per register block, per instruction set, at most.
+MAX_CHANNEL_VECTORS = {"avx512": 4, "avx2": 2, "portable": 1}
+
+#: Points per register block (RQ) by the block's channel vectors: NFV x RQ accumulators, NFV
+#: weight vectors and one broadcast fit the registers (32 with AVX-512, 16 with AVX2).
+_POINTS = {"avx512": {4: 6, 3: 8, 2: 12, 1: 12}, "avx2": {2: 6, 1: 12}, "portable": {1: 4}}
+
+#: Bytes of the weights a reduction chunk may use (rchunk x NF elements): a share of L2 on
+#: every x86 core polyc targets (512 KiB on Zen 3, 1-2 MiB on Zen 5 and Xeons).
+WEIGHT_SLICE_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class ChannelBlock:
+    """``vectors`` vectors of ``lanes`` output channels x ``points`` points."""
+
+    isa: str
+    lanes: int
+    vectors: int
+    points: int
+
+    @property
+    def nf(self) -> int:
+        return self.lanes * self.vectors
+
+
+def channel_block(isa: str, dtype: np.dtype, channels: int | None) -> ChannelBlock:
+    """The register block of ``isa`` for ``channels`` output channels (None: unknown)."""
+    itemsize = np.dtype(dtype).itemsize
+    lanes = {"avx512": 64, "avx2": 32, "portable": 128}[isa] // itemsize
+    most = MAX_CHANNEL_VECTORS[isa]
+    vectors = most if not channels else max(1, min(most, -(-channels // lanes)))
+    return ChannelBlock(isa, lanes, vectors, _POINTS[isa][vectors])
+
+
+_SPELLINGS = {
+    ("avx512", 4): ("__m512", "_mm512", "ps"),
+    ("avx512", 8): ("__m512d", "_mm512", "pd"),
+    ("avx2", 4): ("__m256", "_mm256", "ps"),
+    ("avx2", 8): ("__m256d", "_mm256", "pd"),
+}
+
+_ARGUMENTS = ("int64_t nred, const T *restrict wp, int64_t w_step, const T *const *restrict ip, "
+              "const int64_t *restrict roff, T *restrict out, const int64_t *restrict oo, int beta, int64_t tail")
+
+
+def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool = True) -> str:
+    """``polyc_convc_kernel_<nfv>``: nfv channel vectors x RQ points, unrolled.  The last vector
+    holds ``tail`` channels (1..LANES): loaded and stored under a lane mask (``masked=False``,
+    AVX2's ``_full`` kernels: all vectors whole, no mask register held through the loop).
+    Point j's image is ``ip[j] + roff[r]`` at step r, its output ``out + oo[j]`` (skipped when
+    ``oo[j] < 0``); step r's weights are ``wp + r * w_step``."""
+    ctype = c_type(dtype)
+    vec, pre, suffix = _SPELLINGS[(block.isa, np.dtype(dtype).itemsize)]
+    lanes, rq, last = block.lanes, block.points, nfv - 1
+    name = f"polyc_convc_kernel_{nfv}{'' if masked else '_full'}"
+    lines = [f"/* {nfv} vector(s) of output channels x {rq} points. */",
+             f"static __attribute__((noinline)) void {name}({typed(_ARGUMENTS, ctype)})", "{"]
+    load_full, store_full = f"{pre}_loadu_{suffix}({{ptr}})", f"{pre}_storeu_{suffix}({{ptr}}, {{value}});"
+    if not masked:
+        load_last, store_last = load_full, store_full
+        lines.append("    (void)tail;")
+    elif block.isa == "avx512":
+        mask = "__mmask16" if lanes == 16 else "__mmask8"
+        lines.append(f"    const {mask} km = ({mask})polyc_lane_mask(tail, {lanes});")
+        load_last = f"{pre}_maskz_loadu_{suffix}(km, {{ptr}})"
+        store_last = f"{pre}_mask_storeu_{suffix}({{ptr}}, km, {{value}});"
+    else:
+        bits = 32 if lanes == 8 else 64
+        set1 = "_mm256_set1_epi32((int)" if bits == 32 else "_mm256_set1_epi64x((long long)"
+        iota = f"_mm256_setr_epi32({', '.join(map(str, range(8)))})" if bits == 32 else "_mm256_setr_epi64x(0, 1, 2, 3)"
+        lines.append(f"    const __m256i km = _mm256_cmpgt_epi{bits}({set1}tail), {iota});")
+        load_last = f"{pre}_maskload_{suffix}({{ptr}}, km)"
+        store_last = f"{pre}_maskstore_{suffix}({{ptr}}, km, {{value}});"
+
+    def load(v: int, base: str) -> str:
+        return (load_last if v == last else load_full).format(ptr=f"{base} + {v * lanes}")
+
+    def store(v: int, base: str, value: str) -> str:
+        return (store_last if v == last else store_full).format(ptr=f"{base} + {v * lanes}", value=value)
+
+    acc = [[f"c{j}_{v}" for v in range(nfv)] for j in range(rq)]
+    for row in acc:
+        lines.append(f"    {vec} " + ", ".join(f"{a} = {pre}_setzero_{suffix}()" for a in row) + ";")
+    lines.append("    " + " ".join(f"const {ctype} *restrict p{j} = ip[{j}];" for j in range(rq)))
+    lines += ["    for (int64_t r = 0; r < nred; r++, wp += w_step) {",
+              "        const int64_t o = roff[r];",
+              f"        const {vec} " + ", ".join(f"w{v} = {load(v, 'wp')}" for v in range(nfv)) + ";",
+              f"        {vec} b;"]
+    for j in range(rq):
+        fmas = " ".join(f"{acc[j][v]} = {pre}_fmadd_{suffix}(w{v}, b, {acc[j][v]});" for v in range(nfv))
+        lines.append(f"        b = {pre}_set1_{suffix}(p{j}[o]); {fmas}")
+    lines.append("    }")
+    for j in range(rq):
+        body = [f"{ctype} *restrict q = out + oo[{j}];"]
+        body += [f"if (beta) {acc[j][v]} = {pre}_add_{suffix}({load(v, 'q')}, {acc[j][v]});" for v in range(nfv)]
+        body += [store(v, "q", acc[j][v]) for v in range(nfv)]
+        lines.append(f"    if (oo[{j}] >= 0) {{ " + " ".join(body) + " }")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def dispatch(block: ChannelBlock, ctype: str) -> str:
+    """``polyc_convc_block``: the kernel for ``nfv`` vectors (AVX2: without a mask when whole)."""
+    arguments = "(nred, wp, w_step, ip, roff, out, oo, beta, tail)"
+    cases = []
+    for nfv in range(1, block.vectors + 1):
+        if block.isa == "avx2":
+            cases.append(f"    case {nfv}: if (tail == {block.lanes}) polyc_convc_kernel_{nfv}_full{arguments}; "
+                         f"else polyc_convc_kernel_{nfv}{arguments}; break;")
+        else:
+            cases.append(f"    case {nfv}: polyc_convc_kernel_{nfv}{arguments}; break;")
+    return ("/* One block: nfv vectors of channels (the last holding `tail`) x RQ points. */\n"
+            f"static inline void polyc_convc_block(int64_t nfv, {typed(_ARGUMENTS, ctype)})\n"
+            "{\n    switch (nfv) {\n" + "\n".join(cases) + "\n    default: break;\n    }\n}")
+
+
+def instruction_set(block: ChannelBlock, dtype: np.dtype) -> list[str]:
+    """The macros and kernels of one instruction set."""
+    ctype = c_type(dtype)
+    lines = [f"#define POLYC_NR {block.points}", f"#define POLYC_LANES {block.lanes}",
+             f"#define POLYC_FBLOCK {block.nf}", "#define POLYC_PANELS 0"]
+    if block.isa == "portable":
+        return lines + [typed(PORTABLE_KERNEL, ctype)]
+    kernels = [vector_kernel(block, dtype, nfv) for nfv in range(1, block.vectors + 1)]
+    if block.isa == "avx2":
+        kernels += [vector_kernel(block, dtype, nfv, masked=False) for nfv in range(1, block.vectors + 1)]
+    return lines + kernels + [dispatch(block, ctype)]
+
+
+PORTABLE_KERNEL = r"""
+/* FBLOCK channels x RQ points in portable C (the compiler vectorises the channel loops); the
+   contract of the vector kernels, nfv 1 and tail channels. */
+static inline void polyc_convc_block(int64_t nfv, int64_t nred, const T *restrict wp, int64_t w_step,
+    const T *const *restrict ip, const int64_t *restrict roff, T *restrict out, const int64_t *restrict oo, int beta,
+    int64_t tail)
+{
+    (void)nfv;
+    T acc[POLYC_NR][POLYC_FBLOCK] __attribute__((aligned(64)));
+    for (int64_t j = 0; j < POLYC_NR; j++)
+        for (int64_t i = 0; i < POLYC_FBLOCK; i++) acc[j][i] = 0;
+    for (int64_t r = 0; r < nred; r++, wp += w_step) {
+        const int64_t o = roff[r];
+        for (int64_t j = 0; j < POLYC_NR; j++) {
+            const T b = ip[j][o];
+            #pragma omp simd
+            for (int64_t i = 0; i < tail; i++) acc[j][i] += wp[i] * b;
+        }
+    }
+    for (int64_t j = 0; j < POLYC_NR; j++) {
+        if (oo[j] < 0) continue;
+        T *restrict q = out + oo[j];
+        for (int64_t i = 0; i < tail; i++) q[i] = beta ? q[i] + acc[j][i] : acc[j][i];
+    }
+}
+"""
+
+#: The work of one item (group, channel block, run of tiles), the weights' packing and the
+#: in-place test, in channel mode; the shared loops are conv.py's _RUN.
+WORK = r"""
+/* Work item x: group b, channel block fb, tiles t0 <= t < t1 (a run). */
+static void polyc_conv_work(const polyc_conv_t *restrict g, int64_t x, T *restrict panel, int init)
+{
+    (void)panel;
+    const int64_t run = x % g->takes, fb = x / g->takes % g->nfb, b = x / g->takes / g->nfb;
+    const int64_t t0 = run * g->take_size, t1 = polyc_min(g->ntiles, t0 + g->take_size);
+    const int64_t f0 = fb * POLYC_FBLOCK, nfc = polyc_min(POLYC_FBLOCK, g->nf - f0);
+    const int64_t nfv = (nfc + POLYC_LANES - 1) / POLYC_LANES, tail = nfc - (nfv - 1) * POLYC_LANES;
+    const T *restrict wp = g->wpack ? g->wpack + (g->wg_b[b] * g->nfb + fb) * g->nred * POLYC_FBLOCK
+                                    : g->w + g->w_g[g->wg_b[b]] + g->w_f[f0];
+    const T *restrict in = g->in + g->in_b[b];
+    const int64_t ob = g->out_b[b] + g->out_f[f0];
+    const T *ip[POLYC_NR];
+    int64_t oo[POLYC_NR];
+    int64_t r0 = 0;
+    do {  /* at least once: an empty reduction still writes its zeros */
+        const int64_t nr = polyc_min(g->rchunk, g->nred - r0);
+        for (int64_t t = t0; t < t1; t++) {
+            const int64_t q0 = t * POLYC_NR, n = polyc_min(POLYC_NR, g->npoints - q0);
+            for (int64_t j = 0; j < POLYC_NR; j++) {
+                ip[j] = in + g->in_p[q0 + polyc_min(j, n - 1)];
+                oo[j] = j < n ? ob + g->out_p[q0 + j] : -1;
+            }
+            polyc_convc_block(nfv, nr, wp + r0 * g->w_step, g->w_step, ip, g->in_r + r0, g->out, oo,
+                              !init || r0 > 0, tail);
+        }
+        r0 += g->rchunk;
+    } while (r0 < g->nred);
+    if (POLYC_HAS_EPILOGUE)
+        for (int64_t t = t0; t < t1; t++)
+            polyc_epilogue(g, b, f0, nfc, t * POLYC_NR, polyc_min(g->npoints, (t + 1) * POLYC_NR));
+}
+
+/* Packs channel block x (over all groups: [group][channel block]) into g->wpack as [r][FBLOCK],
+   zero columns past the last channel. */
+static void polyc_conv_pack(const polyc_conv_t *restrict g, const T *restrict w, const int64_t *restrict w_g,
+                            const int64_t *restrict w_f, const int64_t *restrict w_r, int64_t x)
+{
+    const int64_t nred = g->nred, wg = x / g->nfb, f0 = x % g->nfb * POLYC_FBLOCK;
+    const int64_t nfc = polyc_min(POLYC_FBLOCK, g->nf - f0);
+    T *restrict dst = (T *)g->wpack + x * nred * POLYC_FBLOCK;
+    for (int64_t r = 0; r < nred; r++)
+        for (int64_t i = 0; i < POLYC_FBLOCK; i++)
+            dst[r * POLYC_FBLOCK + i] = i < nfc ? w[w_g[wg] + w_f[f0 + i] + w_r[r]] : (T)0;
+}
+
+/* Weights whose channels are consecutive and whose reduction rows are evenly spaced are read
+   in place (w_step: the rows' spacing); else packed (w_step FBLOCK).  Also chooses the work
+   items: runs of tiles (`take_size` tiles, `takes` runs per channel block), at least 8 items
+   per thread, and the reduction chunk.  Returns whether the weights are read in place. */
+static int polyc_conv_plan(polyc_conv_t *restrict g, int nthr)
+{
+    const int64_t row = g->nred > 1 ? g->w_r[1] - g->w_r[0] : 0;
+    int in_place = g->nred > 0 && g->w_r[0] == 0;
+    for (int64_t r = 0; in_place && r < g->nred; r++)
+        in_place = g->w_r[r] == r * row;
+    for (int64_t f = 0; in_place && f < g->nf; f++)
+        in_place = g->w_f[f] == f;
+    g->w_step = in_place ? row : POLYC_FBLOCK;
+    g->rchunk = polyc_max(1, WEIGHT_SLICE / ((int64_t)sizeof(T) * POLYC_FBLOCK));
+    int64_t take = CHUNK_BLOCKS;
+    if (take <= 0) {
+        const int64_t blocks = g->nitems * g->nfb, wanted = 8 * (int64_t)nthr;
+        const int64_t runs = blocks >= wanted ? 1 : polyc_min(g->ntiles, (wanted + blocks - 1) / blocks);
+        take = (g->ntiles + runs - 1) / runs;
+    }
+    g->take_size = polyc_max(1, take);
+    g->takes = (g->ntiles + g->take_size - 1) / g->take_size;
+    g->nwork = g->nitems * g->nfb * g->takes;
+    return in_place;
+}
+"""
