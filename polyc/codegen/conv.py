@@ -256,7 +256,7 @@ class _ConvWriter(PatternKernelWriter):
                   "const uint32_t *vmask",
                   "const unsigned char *vstep",
                   "int direct, packed_out, dense_out",
-                  "int64_t take_size, takes, nwork, rchunk",
+                  "int64_t take_size, takes, nwork, rchunk, fchunk_size, fchunks, image_elements",
                   f"int64_t key[{self.key_length()}]"]
         for name in self.epilogue_tensors():
             tensor = self.definition.tensor(name)
@@ -563,6 +563,8 @@ class _ConvWriter(PatternKernelWriter):
             build += [f"polyc_g.ix_{i} = polyc_ix_{i};" for i in conv.target_indices]
         body += self.kept_tables("polyc_conv_t", build)
         body.append(f"polyc_g.in = {conv.image}; polyc_g.out = {conv.target};")
+        image_extents = [_extent_name(conv.image, dim) for dim in range(d.tensor(conv.image).rank)]
+        body.append(f"polyc_g.image_elements = {' * '.join(image_extents) or '1'};")
         for tensor in self.epilogue_tensors():
             body.append(f"polyc_g.t_{tensor} = {tensor};")
         if epilogue and not self.specialised:

@@ -199,18 +199,18 @@ static inline void polyc_convc_block(int64_t nfv, int64_t nred, const T *restric
 #: The work of one item (group, channel block, run of tiles), the weights' packing and the
 #: in-place test, in channel mode; the shared loops are conv.py's _RUN.
 WORK = r"""
-/* Work item x: group b, channel block fb, tiles t0 <= t < t1 (a run). */
+/* Work item x: group b, channel blocks fb0 <= fb < fb1 (a chunk of them), tiles t0 <= t < t1
+   (a run).  For each chunk of the reduction, every tile of the run is done for every channel
+   block of the chunk, so the weights' slice (rchunk rows, the chunk's channels: one stretch of
+   each row of W(kh, kw, c, f)) is read from memory once per run and then from L2. */
 static void polyc_conv_work(const polyc_conv_t *restrict g, int64_t x, T *restrict panel, int init)
 {
     (void)panel;
-    const int64_t run = x % g->takes, fb = x / g->takes % g->nfb, b = x / g->takes / g->nfb;
+    const int64_t run = x % g->takes, chunk = x / g->takes % g->fchunks, b = x / g->takes / g->fchunks;
     const int64_t t0 = run * g->take_size, t1 = polyc_min(g->ntiles, t0 + g->take_size);
-    const int64_t f0 = fb * POLYC_FBLOCK, nfc = polyc_min(POLYC_FBLOCK, g->nf - f0);
-    const int64_t nfv = (nfc + POLYC_LANES - 1) / POLYC_LANES, tail = nfc - (nfv - 1) * POLYC_LANES;
-    const T *restrict wp = g->wpack ? g->wpack + (g->wg_b[b] * g->nfb + fb) * g->nred * POLYC_FBLOCK
-                                    : g->w + g->w_g[g->wg_b[b]] + g->w_f[f0];
+    const int64_t fb0 = chunk * g->fchunk_size, fb1 = polyc_min(g->nfb, fb0 + g->fchunk_size);
     const T *restrict in = g->in + g->in_b[b];
-    const int64_t ob = g->out_b[b] + g->out_f[f0];
+    const T *restrict wgroup = g->wpack ? g->wpack + g->wg_b[b] * g->wg_stride : g->w + g->w_g[g->wg_b[b]];
     const T *ip[POLYC_NR];
     int64_t oo[POLYC_NR];
     int64_t r0 = 0;
@@ -220,16 +220,24 @@ static void polyc_conv_work(const polyc_conv_t *restrict g, int64_t x, T *restri
             const int64_t q0 = t * POLYC_NR, n = polyc_min(POLYC_NR, g->npoints - q0);
             for (int64_t j = 0; j < POLYC_NR; j++) {
                 ip[j] = in + g->in_p[q0 + polyc_min(j, n - 1)];
-                oo[j] = j < n ? ob + g->out_p[q0 + j] : -1;
+                oo[j] = j < n ? g->out_b[b] + g->out_p[q0 + j] : -1;
             }
-            polyc_convc_block(nfv, nr, wp + r0 * g->w_step, g->w_step, ip, g->in_r + r0, g->out, oo,
-                              !init || r0 > 0, tail);
+            for (int64_t fb = fb0; fb < fb1; fb++) {
+                const int64_t f0 = fb * POLYC_FBLOCK, nfc = polyc_min(POLYC_FBLOCK, g->nf - f0);
+                const int64_t nfv = (nfc + POLYC_LANES - 1) / POLYC_LANES, tail = nfc - (nfv - 1) * POLYC_LANES;
+                const T *restrict wp = (g->wpack ? wgroup + fb * g->nred * POLYC_FBLOCK : wgroup + g->w_f[f0])
+                                       + r0 * g->w_step;
+                polyc_convc_block(nfv, nr, wp, g->w_step, ip, g->in_r + r0, g->out + g->out_f[f0], oo,
+                                  !init || r0 > 0, tail);
+            }
         }
         r0 += g->rchunk;
     } while (r0 < g->nred);
     if (POLYC_HAS_EPILOGUE)
         for (int64_t t = t0; t < t1; t++)
-            polyc_epilogue(g, b, f0, nfc, t * POLYC_NR, polyc_min(g->npoints, (t + 1) * POLYC_NR));
+            for (int64_t fb = fb0; fb < fb1; fb++)
+                polyc_epilogue(g, b, fb * POLYC_FBLOCK, polyc_min(POLYC_FBLOCK, g->nf - fb * POLYC_FBLOCK),
+                               t * POLYC_NR, polyc_min(g->npoints, (t + 1) * POLYC_NR));
 }
 
 /* Packs channel block x (over all groups: [group][channel block]) into g->wpack as [r][FBLOCK],
@@ -247,8 +255,12 @@ static void polyc_conv_pack(const polyc_conv_t *restrict g, const T *restrict w,
 
 /* Weights whose channels are consecutive and whose reduction rows are evenly spaced are read
    in place (w_step: the rows' spacing); else packed (w_step FBLOCK).  Also chooses the work
-   items: runs of tiles (`take_size` tiles, `takes` runs per channel block), at least 8 items
-   per thread, and the reduction chunk.  Returns whether the weights are read in place. */
+   items: chunks of channel blocks x runs of tiles, for the least memory traffic (each run
+   reads all the weights of its chunk, each chunk reads the image once more): when the weights
+   come from memory (a model's weights do not stay in L3), a run per item on 2 threads of a 512
+   -> 64 3x3 convolution at 7 x 7 read them 8 times.  Of the splits with at least one item per
+   thread, the one with the least traffic, or with more items (up to 4 per thread, for balance)
+   for at most 5% more.  Then the reduction chunk.  Returns whether the weights are in place. */
 static int polyc_conv_plan(polyc_conv_t *restrict g, int nthr)
 {
     const int64_t row = g->nred > 1 ? g->w_r[1] - g->w_r[0] : 0;
@@ -258,16 +270,40 @@ static int polyc_conv_plan(polyc_conv_t *restrict g, int nthr)
     for (int64_t f = 0; in_place && f < g->nf; f++)
         in_place = g->w_f[f] == f;
     g->w_step = in_place ? row : POLYC_FBLOCK;
-    g->rchunk = polyc_max(1, WEIGHT_SLICE / ((int64_t)sizeof(T) * POLYC_FBLOCK));
-    int64_t take = CHUNK_BLOCKS;
-    if (take <= 0) {
-        const int64_t blocks = g->nitems * g->nfb, wanted = 8 * (int64_t)nthr;
-        const int64_t runs = blocks >= wanted ? 1 : polyc_min(g->ntiles, (wanted + blocks - 1) / blocks);
-        take = (g->ntiles + runs - 1) / runs;
+    const double weights = (double)g->nred * (double)g->nf, image = (double)g->image_elements;
+    const int64_t wanted = 4 * (int64_t)nthr;
+    int64_t best_chunks = 1, best_runs = 1, best_items = 0;
+    double best = -1;
+    for (int pass = 0; pass < 2; pass++) {  /* the least traffic, then the most items near it */
+        for (int64_t chunks = 1; chunks <= g->nfb; chunks++) {
+            const int64_t size = (g->nfb + chunks - 1) / chunks;
+            if (chunks > 1 && (g->nfb + size - 1) / size != chunks)
+                continue;  /* the same chunks as a smaller count */
+            const int64_t per = g->nitems * chunks;
+            for (int want = 0; want < 2; want++) {
+                const int64_t items = want ? wanted : nthr;
+                const int64_t runs = polyc_max(1, polyc_min(g->ntiles, (items + per - 1) / per));
+                const double traffic = (double)runs * weights + (double)chunks * image;
+                if (pass == 0 ? best < 0 || traffic < best
+                              : traffic <= 1.05 * best && polyc_min(per * runs, wanted) > best_items) {
+                    if (pass == 0)
+                        best = traffic;
+                    best_chunks = chunks;
+                    best_runs = runs;
+                    best_items = polyc_min(per * runs, wanted);
+                }
+            }
+        }
     }
+    int64_t take = CHUNK_BLOCKS;
+    if (take <= 0)
+        take = (g->ntiles + best_runs - 1) / best_runs;
     g->take_size = polyc_max(1, take);
     g->takes = (g->ntiles + g->take_size - 1) / g->take_size;
-    g->nwork = g->nitems * g->nfb * g->takes;
+    g->fchunk_size = (g->nfb + best_chunks - 1) / best_chunks;
+    g->fchunks = (g->nfb + g->fchunk_size - 1) / g->fchunk_size;
+    g->rchunk = polyc_max(1, WEIGHT_SLICE / ((int64_t)sizeof(T) * POLYC_FBLOCK * g->fchunk_size));
+    g->nwork = g->nitems * g->fchunks * g->takes;
     return in_place;
 }
 """

@@ -66,7 +66,9 @@ def test_the_api_is_onnxruntimes(model, session):
     ponnx.InferenceSession(model, None, providers=["CPUExecutionProvider"])
 
 
-def test_fusion_makes_fewer_kernels_with_the_same_results(model, session):
+def test_fusion_makes_fewer_kernels_with_the_same_results(model):
+    # In ONNX's layout (the channels-last pass has tests of its own, test_channels_last.py).
+    session = ponnx.InferenceSession(model, channels_last=False)
     x = np.random.default_rng(7).standard_normal((2, 3, 8, 8)).astype(np.float32)
     fused = session.run(None, {"X": x})[0]
     unfused_session = ponnx.InferenceSession(model, graph_fusion=False)
@@ -100,7 +102,7 @@ def test_larger_images_use_the_direct_convolution_kernel():
     from polyc.frontends.onnx.ops import MATRIX_PRODUCT_POSITIONS
     assert all(16 * 16 > windows for windows, _ in MATRIX_PRODUCT_POSITIONS.values())
     model = small_cnn(image=32)
-    session = ponnx.InferenceSession(model)
+    session = ponnx.InferenceSession(model, channels_last=False)
     x = np.random.default_rng(3).standard_normal((2, 3, 32, 32)).astype(np.float32)
     np.testing.assert_allclose(session.run(None, {"X": x})[0], reference(model, x), rtol=1e-3, atol=1e-6)
     conv_group = next(g for g in session.groups if "relu" in g)
@@ -372,7 +374,7 @@ def test_pointwise_convolutions_take_the_path_measured_faster_on_this_machine(im
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 16, image, image])],
                               [numpy_helper.from_array(rng.standard_normal((16, 8, 1, 1)).astype(np.float32), "W")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    session = ponnx.InferenceSession(model)
+    session = ponnx.InferenceSession(model, channels_last=False)  # (in NHWC: always the gemm kernel)
     x = rng.standard_normal((1, 8, image, image)).astype(np.float32)
     np.testing.assert_allclose(session.run(None, {"X": x})[0], reference(model, x), rtol=1e-4, atol=1e-5)
     limit = MATRIX_PRODUCT_POSITIONS.get(get_target("host").vector_bits, MATRIX_PRODUCT_POSITIONS[256])[1]

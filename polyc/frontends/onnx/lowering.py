@@ -52,13 +52,16 @@ class Value:
 class KernelStep:
     """TC statements of one node: read ``reads``, write ``writes``.  ``kind`` guides fusion:
     ``elementwise`` (each output element from the same-index elements of inputs, broadcast
-    allowed), ``reduction``, ``contraction``, ``convolution`` or ``other``."""
+    allowed), ``reduction``, ``contraction``, ``convolution`` or ``other``.  ``options``: polyc
+    options the kernel these statements end up in should be compiled with (the session's own
+    options win)."""
 
     node: str
     statements: list[str]
     reads: list[Value]
     writes: list[Value]
     kind: str
+    options: dict = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -175,9 +178,10 @@ class Builder:
         extents += [e for _, e in reductions]
         return f"{target.ident}({', '.join(indices)}) {op} {rhs}{self.ranges(names, extents)}"
 
-    def emit(self, statements, reads, writes, kind: str) -> None:
+    def emit(self, statements, reads, writes, kind: str, options: dict | None = None) -> None:
         reads = [r for r in reads if self.literal(r) is None]
-        self.steps.append(KernelStep(self.node_name, list(statements), _unique(reads), list(writes), kind))
+        self.steps.append(KernelStep(self.node_name, list(statements), _unique(reads), list(writes), kind,
+                                     dict(options or {})))
 
 
 def _unique(values):

@@ -4,6 +4,9 @@
    are all constants (initializers, shapes, folded results) is **folded**: its TC statements are
    evaluated now by polyc's reference interpreter, so shape subgraphs (Shape -> Gather -> Concat
    -> Reshape) and constant arithmetic cost nothing at run time.
+   With ``channels_last``, 2-D convolutions and the pools and elementwise operators between
+   them are converted in NHWC instead (:mod:`polyc.frontends.onnx.channels_last`), with
+   transposes only where a value crosses between the layouts.
 2. **Fuse** (``graph_fusion=True``), in the spirit of TVM's rules: an elementwise step joins the
    kernel that produces its input when that input has no other use (a convolution's or a
    contraction's epilogue: bias, batch normalization, activation; chains of elementwise steps),
@@ -24,6 +27,7 @@ import numpy as np
 
 from polyc.errors import PolycError, UnsupportedError
 from polyc.runtime.arguments import allocate
+from polyc.frontends.onnx.channels_last import ChannelsLast
 from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type
 from polyc.frontends.onnx.memory import Arena, plan_memory
 from polyc.frontends.onnx.ops import CONVERTERS, Node
@@ -70,7 +74,8 @@ class Plan:
     """The model's graph for the input shapes ``shapes`` (name -> tuple of ints)."""
 
     def __init__(self, graph, opset: int, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, np.dtype],
-                 constants: dict[str, np.ndarray], options: dict, graph_fusion: bool):
+                 constants: dict[str, np.ndarray], options: dict, graph_fusion: bool,
+                 channels_last: bool = False):
         self._counter = 0
         self.values: dict[str, Value] = {}
         self.inputs: list[Value] = []
@@ -85,8 +90,15 @@ class Plan:
         nodes = list(graph.node)
         if graph_fusion:
             nodes = fold_batch_norms(nodes, {o.name for o in graph.output}, self.values, self._new_ident)
+        layout = ChannelsLast(self.values, self._new_ident) if channels_last else None
         for position, proto in enumerate(nodes):
             node = Node(proto, proto.name or f"{proto.op_type}_{position}")
+            if layout is not None:
+                converted = layout.convert(node, opset)
+                if converted is not None:
+                    steps += converted
+                    continue
+                steps += layout.need_nchw(proto.input)
             inputs = [self.values[name] if name else None for name in proto.input]
             builder = Builder(node.name, node.op_type, self._new_ident)
             outputs = CONVERTERS[node.op_type].convert(builder, node, inputs, opset)
@@ -98,6 +110,8 @@ class Plan:
                 if name:
                     value.onnx_name = value.onnx_name or name
                     self.values[name] = value
+        if layout is not None:
+            steps += layout.need_nchw([o.name for o in graph.output])
         missing = [o.name for o in graph.output if o.name not in self.values]
         if missing:
             raise PolycError(f"the graph's outputs {', '.join(missing)} are not computed by any node")
@@ -208,7 +222,9 @@ class Plan:
                 group.outputs = [list(written.values())[-1]]
             group.source = _def_text(group)
             try:
-                group.kernel = polyc.define(group.source, filename=f"<onnx {group.name}>", **options)[group.name]
+                wanted = {k: v for step in group.steps for k, v in step.options.items()}
+                group.kernel = polyc.define(group.source, filename=f"<onnx {group.name}>",
+                                            **{**wanted, **options})[group.name]
             except PolycError as error:
                 raise PolycError(f"nodes {', '.join(group.nodes)}: polyc cannot compile their TC "
                                  f"(a bug in the ONNX lowering; please report it):\n{group.source}\n{error}") from error

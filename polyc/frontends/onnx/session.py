@@ -32,13 +32,14 @@ class NodeArg:
 
 class InferenceSession:
     """Runs an ONNX model with polyc.  ``model``: a ModelProto (never modified), a path or bytes.
-    ``graph_fusion`` (default True) fuses elementwise operators into the kernels that feed them;
-    every other keyword is a ``polyc.define`` option (``fusion``, ``threads``, ``cflags``, ...)
+    ``graph_fusion`` (default True) folds batch normalizations into convolutions and fuses
+    elementwise operators into the kernels that feed them; ``channels_last`` (default: as
+    ``graph_fusion``) computes 2-D convolutions and the operators between them in NHWC; every other keyword is a ``polyc.define`` option (``fusion``, ``threads``, ``cflags``, ...)
     used for every kernel.  onnxruntime's ``sess_options`` and ``providers`` are accepted and
     ignored, so that switching needs no other change."""
 
     def __init__(self, model, sess_options=None, providers=None, provider_options=None, *,
-                 graph_fusion: bool = True, **options):
+                 graph_fusion: bool = True, channels_last: bool | None = None, **options):
         from polyc.options import Options
         Options.from_kwargs(**options)  # a bad option fails now, not at the first run
         self._model, self._where = load_model(model)
@@ -56,6 +57,7 @@ class InferenceSession:
         self._specialised = _specialising_inputs(graph, {i.name for i in self._inputs})
         self._options = options
         self.graph_fusion = graph_fusion
+        self.channels_last = graph_fusion if channels_last is None else bool(channels_last)
         self._plans: dict[tuple, Plan] = {}
         self._last: Plan | None = None
         self._lock = threading.Lock()
@@ -102,7 +104,7 @@ class InferenceSession:
                     runtime = [i for i in self._inputs if i.name not in values]
                     plan = Plan(self._model.graph, self._opset, {i.name: tuple(shapes[i.name]) for i in runtime},
                                 {i.name: i.dtype for i in runtime}, {**self._constants, **values}, self._options,
-                                self.graph_fusion)
+                                self.graph_fusion, self.channels_last)
                     self._plans[key] = plan
         self._last = plan
         return plan

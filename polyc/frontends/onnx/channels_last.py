@@ -1,0 +1,264 @@
+"""Channels-last layout: 2-D convolutions and what lies between them computed in NHWC.
+
+ONNX images are NCHW.  polyc's convolution kernel is fastest when the output channels are the
+innermost dimension (:mod:`polyc.codegen.conv_channels`: each step of the reduction loads
+vectors of weights for consecutive channels and broadcasts one image element per point), and
+a 1 x 1 convolution in NHWC is one matrix product over all pixels.  So, as onnxruntime and
+TVM change the layout of convolution chains, a plan with ``channels_last`` (the default with
+graph fusion) converts the nodes below in NHWC as it meets them:
+
+- **Conv** (2-D, constant weights, one group): the weights are transposed once to
+  ``(KH, KW, C, F)``; the input is taken in NHWC;
+- **pools** (MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool) of an input that already
+  is in NHWC;
+- **elementwise** operators (activations, arithmetic with broadcasting, Clip, Where, Cast, ...)
+  with at least one rank-4 input in NHWC: every other rank-4 input is taken in NHWC too, and a
+  constant that broadcasts against them is transposed to match (``(C, 1, 1)`` -> ``(1, 1, C)``);
+- **Concat** along the channels, of such inputs, as a Concat along the last axis.
+
+Every value a node produces this way exists in NHWC only.  A node that needs it in ONNX's
+layout (a Flatten, a Gemm, a graph output) gets it through a transpose emitted just before,
+once per value; a value needed in NHWC that exists in NCHW only (the graph's input image) is
+transposed the other way, once.  A transpose of an image whose spatial extent or channel count
+is 1 (a global pool's output) moves nothing: it is a view.  Nothing else changes: the rest of
+the plan (fusion, memory, compilation) sees ordinary values and steps.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from polyc.frontends.onnx.lowering import Builder, Value, indices
+from polyc.frontends.onnx.ops import (CONVERTERS, MaxPool, AveragePool, Node, Pad, _affine, _Attributes, _spatial,
+                                      _FLOAT_FUNCTIONS, global_pool, unrolled_depthwise)
+
+#: NCHW -> NHWC and back, as Transpose perms.
+TO_CHANNELS_LAST = (0, 2, 3, 1)
+TO_CHANNELS_FIRST = (0, 3, 1, 2)
+
+#: Operators computed element by element (with numpy broadcasting): they commute with a
+#: transpose of all their inputs.
+ELEMENTWISE = frozenset(_FLOAT_FUNCTIONS) | {
+    "Relu", "Neg", "Abs", "Sign", "Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "Greater", "LessOrEqual",
+    "GreaterOrEqual", "And", "Or", "Xor", "Max", "Min", "Sum", "Mean", "Mod", "Not", "Where", "Cast", "Clip",
+    "LeakyRelu", "Elu", "Selu", "HardSigmoid", "Gelu", "PRelu", "Identity"}
+
+_POOLS = {"MaxPool": MaxPool.lower, "AveragePool": AveragePool.lower,
+          "GlobalAveragePool": lambda b, node, inputs, channels_last: [global_pool(b, inputs[0], "average", True)],
+          "GlobalMaxPool": lambda b, node, inputs, channels_last: [global_pool(b, inputs[0], "max", True)]}
+
+#: Element types of polyc's convolution kernel.
+_CONV_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+class ChannelsLast:
+    """The NHWC values of a plan being converted.  ``values`` is the plan's map from ONNX names
+    to values in ONNX's layout; a value produced here is in ``nhwc`` instead until a node
+    needs it in NCHW (:meth:`need_nchw`)."""
+
+    def __init__(self, values: dict[str, Value], new_ident):
+        self.values = values
+        self.nhwc: dict[str, Value] = {}
+        self.new_ident = new_ident
+
+    # ------------------------------------------------------------------ node conversion
+    def convert(self, node: Node, opset: int) -> list | None:
+        """The steps computing ``node`` in NHWC (its outputs then in ``nhwc``), or None when the
+        node is not converted (the plan converts it as usual, after :meth:`need_nchw`)."""
+        proto = node.proto
+        op = node.op_type
+        if proto.domain not in ("", "ai.onnx"):
+            return None
+        known = [self._known(name) for name in proto.input if name]
+        if all(value.const is not None for value in known):
+            return None  # folded by the plan
+        b = Builder(node.name, op, self.new_ident)
+        if op == "Conv":
+            outputs = self._conv(b, node)
+        elif op in _POOLS:
+            outputs = self._pool(b, node)
+        elif op in ELEMENTWISE or (op == "Dropout" and len([o for o in node.outputs if o]) == 1):
+            outputs = self._elementwise(b, node, opset)
+        elif op == "Concat":
+            outputs = self._concat(b, node, opset)
+        else:
+            outputs = None
+        if outputs is None:
+            return None
+        for name, value in zip(proto.output, outputs):
+            if name:
+                value.onnx_name = name
+                self.nhwc[name] = value
+        return b.steps
+
+    def _known(self, name: str) -> Value | None:
+        """A value of the node's input ``name`` in either layout (None: an omitted input)."""
+        if not name:
+            return None
+        return self.nhwc.get(name) or self.values[name]
+
+    def _image(self, b: Builder, name: str) -> Value:
+        """Input ``name`` in NHWC, transposed from NCHW (once) if that is all there is (a step
+        of its own node, ``<name> to NHWC``, before the steps of ``b``)."""
+        if name not in self.nhwc:
+            transpose = Builder(f"{name} to NHWC", "Transpose", self.new_ident)
+            self.nhwc[name] = _transposed(transpose, self.values[name], TO_CHANNELS_LAST)
+            b.steps += transpose.steps
+        return self.nhwc[name]
+
+    def _conv(self, b: Builder, node: Node) -> list | None:
+        proto = node.proto
+        x, w = self._known(proto.input[0]), self._known(proto.input[1])
+        bias = self._known(proto.input[2]) if len(proto.input) > 2 else None
+        if x is None or w is None or w.const is None or w.rank != 4 or x.rank != 4 or x.dtype not in _CONV_DTYPES \
+                or w.dtype != x.dtype or (bias is not None and bias.rank != 1):
+            return None
+        groups = node.attr("group", 1)
+        if groups != 1:
+            return self._depthwise(b, node, x, w, bias) if groups == w.shape[0] and w.shape[1] == 1 else None
+        if not _pays_in_channels_last(b, node, x, w, proto.input[0] in self.nhwc):
+            return None
+        x = self._image(b, proto.input[0])
+        return [conv_channels_last(b, node, x, w, bias)]
+
+    def _depthwise(self, b: Builder, node: Node, x: Value, w: Value, bias: Value | None) -> list | None:
+        """A depthwise convolution (one filter per channel) of an image in NHWC already, its
+        taps written out, vectorised along the channels (:func:`.ops.unrolled_depthwise`)."""
+        name = node.proto.input[0]
+        if name not in self.nhwc or self.nhwc[name].shape[-1] != w.shape[0]:
+            return None
+        kernel = list(w.shape[2:])
+        outs, begin, _, strides, dilations = _spatial(b, node, self.nhwc[name], kernel, channels_last=True)
+        out = unrolled_depthwise(b, self.nhwc[name], w, bias, kernel, outs, begin, strides, dilations,
+                                 channels_last=True)
+        return None if out is None else [out]
+
+    def _pool(self, b: Builder, node: Node) -> list | None:
+        proto = node.proto
+        if proto.input[0] not in self.nhwc or self.nhwc[proto.input[0]].rank != 4:
+            return None
+        if node.op_type == "MaxPool" and len(node.outputs) > 1 and node.outputs[1]:
+            return None
+        return _POOLS[node.op_type](b, node, [self.nhwc[proto.input[0]]], True)
+
+    def _channels_last_inputs(self, b: Builder, names) -> list | None:
+        """The inputs of an elementwise node or a Concat in NHWC, or None when none of them is
+        in NHWC already or one cannot be (a run-time value of another rank, a constant that
+        does not broadcast to rank 4)."""
+        known = [self._known(name) for name in names]
+        if not any(name in self.nhwc for name in names if name):
+            return None
+        inputs = []
+        for name, value in zip(names, known):
+            if value is None:
+                inputs.append(None)
+            elif value.const is not None:
+                if value.rank > 4:
+                    return None
+                if value.rank == 0:
+                    inputs.append(value)
+                else:
+                    array = value.const.reshape((1,) * (4 - value.rank) + value.const.shape)
+                    inputs.append(b.const(np.ascontiguousarray(array.transpose(TO_CHANNELS_LAST))))
+            elif value.rank != 4:
+                return None
+            else:
+                inputs.append(None)  # a run-time image: taken in NHWC below, once all are known to be
+        return [self._image(b, name) if value is None and name else value for name, value in zip(names, inputs)]
+
+    def _elementwise(self, b: Builder, node: Node, opset: int) -> list | None:
+        inputs = self._channels_last_inputs(b, list(node.proto.input))
+        if inputs is None:
+            return None
+        return CONVERTERS[node.op_type].convert(b, node, inputs, opset)
+
+    def _concat(self, b: Builder, node: Node, opset: int) -> list | None:
+        if node.attr("axis") not in (1, -3):
+            return None
+        names = list(node.proto.input)
+        if any(self._known(name) is None or self._known(name).rank != 4 for name in names):
+            return None
+        inputs = self._channels_last_inputs(b, names)
+        if inputs is None:
+            return None
+        along_channels = Node(node.proto, node.name)
+        along_channels.attributes["axis"] = 3
+        return CONVERTERS["Concat"].convert(b, along_channels, inputs, opset)
+
+    # ------------------------------------------------------------------ back to ONNX's layout
+    def need_nchw(self, names) -> list:
+        """Steps giving every value of ``names`` that exists in NHWC only its NCHW form (in
+        ``values``), for a node that reads them so: each a node of its own, ``<name> to NCHW``."""
+        steps = []
+        for name in names:
+            if name and name not in self.values and name in self.nhwc:
+                b = Builder(f"{name} to NCHW", "Transpose", self.new_ident)
+                value = _transposed(b, self.nhwc[name], TO_CHANNELS_FIRST)
+                value.onnx_name = name
+                self.values[name] = value
+                steps += b.steps
+        return steps
+
+
+def _transposed(b: Builder, x: Value, perm) -> Value:
+    """``x`` with its dimensions in ``perm``'s order: a view when only dimensions of extent 1
+    move (a 1 x 1 image, one channel), else a transpose step."""
+    shape = [x.shape[p] for p in perm]
+    moving = [d for d in range(x.rank) if x.shape[d] != 1]
+    if [p for p in perm if x.shape[p] != 1] == moving:
+        return b.view(x, shape)
+    out = b.new(shape, x.dtype)
+    idx = indices(x.rank)
+    source = [None] * x.rank
+    for position, p in enumerate(perm):
+        source[p] = idx[position]
+    b.emit([b.statement(out, idx, "=", b.ref(x, source))], [x], [out], "other")
+    return out
+
+
+#: A convolution stays in NCHW when it has fewer output pixels than this (over the batch) and
+#: more bytes of weights than CHANNELS_LAST_WEIGHT_BYTES: its weights, read once per call,
+#: dominate, and the NCHW kernel streams each filter's weights in one run, where the NHWC
+#: kernel reads stretches of every row of W(kh, kw, c, f).  resnet18's 512 -> 512 3 x 3 layers
+#: at 7 x 7, batch 1, weights not in cache: 0.69 ms in NCHW, 0.87-1.05 ms in NHWC (AMD EPYC Zen 5).
+CHANNELS_LAST_MIN_PIXELS = 256
+CHANNELS_LAST_WEIGHT_BYTES = 1 << 20
+
+
+def _pays_in_channels_last(b: Builder, node: Node, x: Value, w: Value, x_channels_last: bool) -> bool:
+    """Whether a Conv (one group) runs faster in NHWC (see CHANNELS_LAST_MIN_PIXELS); a 1 x 1
+    stride-1 one is a matrix product (the gemm kernel), at least as fast in NHWC."""
+    outs, begin, end, strides, _ = _spatial(b, node, x, list(w.shape[2:]), channels_last=x_channels_last)
+    if w.shape[2:] == (1, 1) and list(strides) == [1, 1] and not any(begin) and not any(end):
+        return True
+    return x.shape[0] * int(np.prod(outs)) >= CHANNELS_LAST_MIN_PIXELS or w.const.nbytes <= CHANNELS_LAST_WEIGHT_BYTES
+
+
+def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value | None) -> Value:
+    """A 2-D Conv (one group) of the NHWC image ``x`` with ONNX's ``(F, C, KH, KW)`` constant
+    weights ``w``: the NHWC output.  A 1 x 1 stride-1 convolution without padding is a matrix
+    product over every pixel (polyc's gemm kernel); others read a zero-padded copy of the
+    image (when there is padding) with weights ``(KH, KW, C, F)`` (the convolution kernel's
+    channel mode reads them in place)."""
+    filters, channels, kh, kw = w.shape
+    outs, begin, end, strides, dilations = _spatial(b, node, x, [kh, kw], channels_last=True)
+    n = x.shape[0]
+    out = b.new([n, *outs, filters], x.dtype)
+    idx = ["n", "s0", "s1", "f"]
+    if (kh, kw) == (1, 1) and list(strides) == [1, 1] and not any(begin) and not any(end):
+        weights = b.const(np.ascontiguousarray(w.const.reshape(filters, channels).T))
+        rhs = f"{b.ref(x, ['n', 's0', 's1', 'r_c'])} * {b.ref(weights, ['r_c', 'f'])}"
+        reductions, kind = [("r_c", channels)], "contraction"
+    else:
+        if any(begin) or any(end):
+            x = Pad._pad(b, _Attributes(mode="constant"), x, [0, *begin, 0, 0, *end, 0], None)[0]
+        weights = b.const(np.ascontiguousarray(w.const.transpose(2, 3, 1, 0)))
+        window = [f"{_affine(strides[d], f's{d}', 0)} + {_affine(dilations[d], f'r_k{d}', 0)}" for d in range(2)]
+        rhs = f"{b.ref(x, ['n', *window, 'r_c'])} * {b.ref(weights, ['r_k0', 'r_k1', 'r_c', 'f'])}"
+        reductions, kind = [("r_k0", kh), ("r_k1", kw), ("r_c", channels)], "convolution"
+    statements = [b.statement(out, idx, "+=!", rhs, reductions)]
+    reads = [x, weights]
+    if bias is not None:
+        statements.append(b.statement(out, idx, "=", f"{out.ident}(n, s0, s1, f) + {b.ref(bias, ['f'])}"))
+        reads.append(bias)
+    b.emit(statements, reads, [out], kind)
+    return out

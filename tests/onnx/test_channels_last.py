@@ -1,0 +1,123 @@
+"""The channels-last pass (polyc/frontends/onnx/channels_last.py): convolution chains in NHWC,
+against onnxruntime, with transposes only where values cross between the layouts."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import polyc.onnx as ponnx  # noqa: E402
+from polyc.frontends.onnx import channels_last  # noqa: E402
+
+
+def _model(nodes, weights, outputs, channels=3, image=12):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", channels, image, image])],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in outputs],
+                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def network() -> onnx.ModelProto:
+    """Every kind of node the pass converts: a padded strided Conv with BatchNormalization and
+    Relu, a padded MaxPool, a depthwise Conv with Clip, a 1x1 Conv, a residual Add, a Mul and a
+    PRelu by (C, 1, 1) constants, a Concat along the channels, an AveragePool counting its
+    padding, a GlobalAveragePool before a Flatten and a Gemm; a second output from the middle."""
+    rng = np.random.default_rng(0)
+
+    def r(*shape, scale=0.3):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+    weights = {"W1": r(8, 3, 3, 3), "B1": r(8), "scale": rng.uniform(0.5, 1.5, 8).astype(np.float32),
+               "shift": r(8), "mean": r(8), "var": rng.uniform(0.5, 2, 8).astype(np.float32),
+               "Wd": r(8, 1, 3, 3), "Bd": r(8), "lo": np.array(0, np.float32), "hi": np.array(6, np.float32),
+               "Wp": r(8, 8, 1, 1), "M": r(8, 1, 1, scale=1), "slope": r(8, 1, 1, scale=0.1),
+               "Wc": r(4, 8, 3, 3), "Wf": r(5, 12), "Bf": r(5)}
+    nodes = [helper.make_node("Conv", ["X", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv1"),
+             helper.make_node("BatchNormalization", ["c1", "scale", "shift", "mean", "var"], ["bn"], name="bn"),
+             helper.make_node("Relu", ["bn"], ["r1"], name="relu1"),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1], name="pool"),
+             helper.make_node("Conv", ["p1", "Wd", "Bd"], ["d1"], group=8, pads=[1, 1, 1, 1], name="dw"),
+             helper.make_node("Clip", ["d1", "lo", "hi"], ["d2"], name="relu6"),
+             helper.make_node("Conv", ["d2", "Wp"], ["pw"], name="pw"),
+             helper.make_node("Add", ["pw", "p1"], ["res"], name="add"),
+             helper.make_node("Mul", ["res", "M"], ["scaled"], name="mul"),
+             helper.make_node("PRelu", ["scaled", "slope"], ["pr"], name="prelu"),
+             helper.make_node("Conv", ["pr", "Wc"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             helper.make_node("Concat", ["c2", "pr"], ["cat"], axis=1, name="concat"),
+             helper.make_node("AveragePool", ["cat"], ["ap"], kernel_shape=[2, 2], pads=[1, 1, 1, 1], strides=[2, 2],
+                              count_include_pad=1, name="avg"),
+             helper.make_node("GlobalAveragePool", ["ap"], ["gap"], name="gap"),
+             helper.make_node("Flatten", ["gap"], ["flat"], name="flatten"),
+             helper.make_node("Gemm", ["flat", "Wf", "Bf"], ["Y"], transB=1, name="fc")]
+    return _model(nodes, weights, [("Y", ["N", 5]), ("res", ["N", 8, 6, 6])])
+
+
+def test_a_network_in_channels_last_matches_onnxruntime_at_two_batches():
+    model = network()
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session, nchw = ponnx.InferenceSession(model), ponnx.InferenceSession(model, channels_last=False)
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 12, 12)).astype(np.float32)
+        want = reference.run(None, {"X": x})
+        for got in (session.run(None, {"X": x}), nchw.run(None, {"X": x})):
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    # One transpose into NHWC (the image), one back for the middle output; the global pool's
+    # 1 x 1 output goes back to NCHW as a view, not a kernel.
+    nodes = [name for group in session.groups for name in group]
+    assert [n for n in nodes if n.endswith(" to NHWC")] == ["X to NHWC"]
+    assert [n for n in nodes if n.endswith(" to NCHW")] == ["res to NCHW"]
+    source = session.tc_source()
+    assert "float(3, 6, 6, 8)" in source      # NHWC tensors (the last plan: batch 3)
+    assert "dw" in nodes and "concat" in nodes
+
+
+def test_what_the_pass_leaves_in_onnx_layout():
+    """Weights computed at run time, a grouped (not depthwise) Conv and a 1-D Conv stay in NCHW,
+    and so does a convolution whose weights outweigh its few output pixels."""
+    rng = np.random.default_rng(1)
+    weights = {"Wg": rng.standard_normal((4, 2, 3, 3)).astype(np.float32),
+               "W1": rng.standard_normal((4, 4, 3, 3)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["X", "W"], ["a"], pads=[1, 1, 1, 1], name="runtime_weights"),
+             helper.make_node("Conv", ["a", "Wg"], ["b"], group=2, name="grouped"),
+             helper.make_node("Conv", ["b", "W1"], ["Y"], name="heavy")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 4, 6, 6]),
+                                           helper.make_tensor_value_info("W", TensorProto.FLOAT, [4, 4, 3, 3])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4, 2, 2])],
+                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"X": rng.standard_normal((1, 4, 6, 6)).astype(np.float32),
+             "W": rng.standard_normal((4, 4, 3, 3)).astype(np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    limit = channels_last.CHANNELS_LAST_WEIGHT_BYTES
+    try:
+        channels_last.CHANNELS_LAST_WEIGHT_BYTES = 4 * 4 * 9 * 4 - 1   # "heavy"'s weights are more
+        session = ponnx.InferenceSession(model)
+        np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+    finally:
+        channels_last.CHANNELS_LAST_WEIGHT_BYTES = limit
+    assert not any(name.endswith((" to NHWC", " to NCHW")) for group in session.groups for name in group)
+
+
+def test_converted_nodes_in_the_backend_sense():
+    """A Conv alone (transposed in and out), a pool of an NCHW input (not converted), and an
+    elementwise node between an NHWC value and an NCHW graph input (which is transposed)."""
+    rng = np.random.default_rng(2)
+    weights = {"W": rng.standard_normal((6, 3, 3, 3)).astype(np.float32)}
+    nodes = [helper.make_node("MaxPool", ["X"], ["p"], kernel_shape=[2, 2], name="pool"),
+             helper.make_node("Conv", ["p", "W"], ["c"], name="conv"),
+             helper.make_node("Add", ["c", "Z"], ["Y"], name="add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3, 9, 9]),
+                                           helper.make_tensor_value_info("Z", TensorProto.FLOAT, [2, 6, 6, 6])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 6, 6, 6])],
+                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"X": rng.standard_normal((2, 3, 9, 9)).astype(np.float32),
+             "Z": rng.standard_normal((2, 6, 6, 6)).astype(np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    session = ponnx.InferenceSession(model)
+    np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+    names = [name for group in session.groups for name in group]
+    assert {"p to NHWC", "Z to NHWC", "Y to NCHW"} <= set(names)
