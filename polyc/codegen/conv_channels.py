@@ -23,12 +23,15 @@ Weights whose output channels are consecutive (``W(kh, kw, c, f)``) and whose re
 are evenly spaced are read in place, as the vectors of each step; others are packed once per
 call into ``[group][channel block][r][NF]`` (zero columns pad the last block).
 
-Work.  A work item is (group, block of NF channels, run of tiles); within it the reduction is
-cut into chunks whose slice of the weights (``rchunk x NF``) fits a share of L2, and every tile
-of the run is done for one chunk before the next (the output block is accumulated in memory
-between chunks), so the weights stream from L3 once per run, not once per tile (512 -> 512 3x3
-filters are 9.4 MB).  The epilogue runs on each tile after its last chunk, vectorised along the
-channels.
+Work.  A work item is (group, chunk of channel blocks, run of tiles); within it the reduction
+is cut into chunks whose slice of the weights (``rchunk`` rows x the item's channels) fits a
+share of L2, and every tile and channel block of the item is done for one chunk before the
+next (the output block is accumulated in memory between chunks), so the weights come from
+memory once per run, not once per tile (512 -> 512 3x3 filters are 9.4 MB).  How many chunks
+and runs: the split with the least memory traffic (each run reads its chunk's weights, each
+chunk reads the image) among those with an item per thread, or more items (up to 4 per thread)
+for at most 5% more traffic.  The epilogue runs on each tile after its last chunk, vectorised
+along the channels.
 """
 from __future__ import annotations
 
