@@ -259,7 +259,8 @@ static void polyc_conv_pack(const polyc_conv_t *restrict g, const T *restrict w,
 /* Weights whose channels are consecutive and whose reduction rows are evenly spaced are read
    in place (w_step: the rows' spacing); else packed (w_step FBLOCK).  Also chooses the work
    items: chunks of channel blocks x runs of tiles, for the least memory traffic (each run
-   reads all the weights of its chunk, each chunk reads the image once more): when the weights
+   reads all the weights of its chunk, unless they fit in L2, where a thread's runs share
+   them; each chunk reads the image once more): when the weights
    come from memory (a model's weights do not stay in L3), a run per item on 2 threads of a 512
    -> 64 3x3 convolution at 7 x 7 read them 8 times.  Of the splits with at least one item per
    thread, the one with the least traffic, or with more items (up to 4 per thread, for balance)
@@ -286,7 +287,10 @@ static int polyc_conv_plan(polyc_conv_t *restrict g, int nthr)
             for (int want = 0; want < 2; want++) {
                 const int64_t items = want ? wanted : nthr;
                 const int64_t runs = polyc_max(1, polyc_min(g->ntiles, (items + per - 1) / per));
-                const double traffic = (double)runs * weights + (double)chunks * image;
+                /* A chunk's weights that fit in L2 stay there between a thread's runs. */
+                const int fits = (double)size * POLYC_FBLOCK * (double)g->nred * sizeof(T) <= 2.0 * WEIGHT_SLICE;
+                const double reads = fits ? (double)polyc_min(runs, nthr) : (double)runs;
+                const double traffic = reads * weights + (double)chunks * image;
                 if (pass == 0 ? best < 0 || traffic < best
                               : traffic <= 1.05 * best && polyc_min(per * runs, wanted) > best_items) {
                     if (pass == 0)

@@ -29,7 +29,7 @@ import numpy as np
 
 from polyc.frontends.onnx.lowering import Builder, Value, indices
 from polyc.frontends.onnx.ops import (CONVERTERS, MaxPool, AveragePool, Node, Pad, _affine, _Attributes, _spatial,
-                                      _FLOAT_FUNCTIONS, global_pool, unrolled_depthwise)
+                                      _FLOAT_FUNCTIONS, global_pool, image_indices, unrolled_depthwise)
 
 #: NCHW -> NHWC and back, as Transpose perms.
 TO_CHANNELS_LAST = (0, 2, 3, 1)
@@ -117,6 +117,9 @@ class ChannelsLast:
             return self._depthwise(b, node, x, w, bias) if groups == w.shape[0] and w.shape[1] == 1 else None
         if not _pays_in_channels_last(b, node, x, w, proto.input[0] in self.nhwc):
             return None
+        if proto.input[0] not in self.nhwc and w.shape[1] <= IMAGE_CHANNELS_READ_IN_PLACE \
+                and w.shape[2:] != (1, 1):
+            return [conv_channels_last(b, node, x, w, bias, image_channels_last=False)]
         x = self._image(b, proto.input[0])
         return [conv_channels_last(b, node, x, w, bias)]
 
@@ -215,45 +218,70 @@ def _transposed(b: Builder, x: Value, perm) -> Value:
     return out
 
 
-#: A convolution stays in NCHW when it has fewer output pixels than this (over the batch) and
-#: more bytes of weights than CHANNELS_LAST_WEIGHT_BYTES: its weights, read once per call,
-#: dominate, and the NCHW kernel streams each filter's weights in one run, where the NHWC
-#: kernel reads stretches of every row of W(kh, kw, c, f).  resnet18's 512 -> 512 3 x 3 layers
-#: at 7 x 7, batch 1, weights not in cache: 0.69 ms in NCHW, 0.87-1.05 ms in NHWC (AMD EPYC Zen 5).
-CHANNELS_LAST_MIN_PIXELS = 256
+#: A stride-1 convolution stays in NCHW when it has fewer output pixels than this (over the
+#: batch) and more bytes of weights than CHANNELS_LAST_WEIGHT_BYTES: its weights, read once per
+#: call, dominate, and the NCHW kernel streams each filter's weights in one run (and reads the
+#: image in place at stride 1), where the NHWC kernel reads stretches of every row of
+#: W(kh, kw, c, f).  Weights not in cache (a model's), AMD EPYC Zen 5: resnet18's 512 -> 512
+#: 3 x 3 layers at 7 x 7, batch 1: 0.66 ms in NCHW, 0.83 in NHWC; but 256 -> 256 at 14 x 14
+#: 0.58 against 0.54, and strided layers (packed tiles in NCHW) 256 -> 512 to 7 x 7 0.56
+#: against 0.48.
+CHANNELS_LAST_MIN_PIXELS = 64
 CHANNELS_LAST_WEIGHT_BYTES = 1 << 20
 
 
 def _pays_in_channels_last(b: Builder, node: Node, x: Value, w: Value, x_channels_last: bool) -> bool:
     """Whether a Conv (one group) runs faster in NHWC (see CHANNELS_LAST_MIN_PIXELS); a 1 x 1
-    stride-1 one is a matrix product (the gemm kernel), at least as fast in NHWC."""
+    one without padding is measured at least as fast in NHWC (mobilenet_v2's 320 -> 1280 at
+    7 x 7: 0.12 ms against 0.15)."""
     outs, begin, end, strides, _ = _spatial(b, node, x, list(w.shape[2:]), channels_last=x_channels_last)
-    if w.shape[2:] == (1, 1) and list(strides) == [1, 1] and not any(begin) and not any(end):
+    pointwise = w.shape[2:] == (1, 1) and not any(begin) and not any(end)
+    if pointwise or any(s != 1 for s in strides) or w.const.nbytes <= CHANNELS_LAST_WEIGHT_BYTES:
         return True
-    return x.shape[0] * int(np.prod(outs)) >= CHANNELS_LAST_MIN_PIXELS or w.const.nbytes <= CHANNELS_LAST_WEIGHT_BYTES
+    return x.shape[0] * int(np.prod(outs)) >= CHANNELS_LAST_MIN_PIXELS
 
 
-def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value | None) -> Value:
-    """A 2-D Conv (one group) of the NHWC image ``x`` with ONNX's ``(F, C, KH, KW)`` constant
-    weights ``w``: the NHWC output.  A 1 x 1 stride-1 convolution without padding is a matrix
-    product over every pixel (polyc's gemm kernel); others read a zero-padded copy of the
-    image (when there is padding) with weights ``(KH, KW, C, F)`` (the convolution kernel's
-    channel mode reads them in place)."""
+#: A 1 x 1 stride-1 convolution with at least this many filters is a matrix product over
+#: every pixel (the gemm kernel); one with fewer runs through the convolution kernel, which
+#: reads its weights in place and needs no packing: for mobilenet_v2's 16 -> 96 layer at 112 x
+#: 112, 0.16 ms against 0.18, 576 -> 96 at 14 x 14 0.063 against 0.087; 320 -> 1280 at 7 x 7
+#: 0.15 against 0.12 (AMD EPYC Zen 5).
+POINTWISE_GEMM_FILTERS = 512
+
+
+#: A Conv of an image in NCHW with at most this many channels (a photograph's three) reads it
+#: in place, without a transpose first: every step of the convolution kernel's reduction
+#: broadcasts one element per point wherever it lies.  resnet18's input: the transpose cost
+#: 0.06 ms of the 0.6 ms of the first layer (AMD EPYC Zen 5).
+IMAGE_CHANNELS_READ_IN_PLACE = 4
+
+
+def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value | None,
+                       image_channels_last: bool = True) -> Value:
+    """A 2-D Conv (one group) of the image ``x`` (NHWC, or NCHW when not
+    ``image_channels_last``) with ONNX's ``(F, C, KH, KW)`` constant weights ``w``: the NHWC
+    output.  A 1 x 1 stride-1 convolution without padding and with many filters is a matrix
+    product over every pixel (polyc's gemm kernel; the image in NHWC); others read a
+    zero-padded copy of the image (when there is padding) with weights ``(KH, KW, C, F)`` (the
+    convolution kernel's channel mode reads them in place)."""
     filters, channels, kh, kw = w.shape
-    outs, begin, end, strides, dilations = _spatial(b, node, x, [kh, kw], channels_last=True)
+    outs, begin, end, strides, dilations = _spatial(b, node, x, [kh, kw], channels_last=image_channels_last)
     n = x.shape[0]
     out = b.new([n, *outs, filters], x.dtype)
     idx = ["n", "s0", "s1", "f"]
-    if (kh, kw) == (1, 1) and list(strides) == [1, 1] and not any(begin) and not any(end):
+    if (kh, kw) == (1, 1) and list(strides) == [1, 1] and not any(begin) and not any(end) \
+            and filters >= POINTWISE_GEMM_FILTERS and image_channels_last:
         weights = b.const(np.ascontiguousarray(w.const.reshape(filters, channels).T))
         rhs = f"{b.ref(x, ['n', 's0', 's1', 'r_c'])} * {b.ref(weights, ['r_c', 'f'])}"
         reductions, kind = [("r_c", channels)], "contraction"
     else:
         if any(begin) or any(end):
-            x = Pad._pad(b, _Attributes(mode="constant"), x, [0, *begin, 0, 0, *end, 0], None)[0]
+            pads = image_indices(image_channels_last, 0, 0, begin) + image_indices(image_channels_last, 0, 0, end)
+            x = Pad._pad(b, _Attributes(mode="constant"), x, pads, None)[0]
         weights = b.const(np.ascontiguousarray(w.const.transpose(2, 3, 1, 0)))
         window = [f"{_affine(strides[d], f's{d}', 0)} + {_affine(dilations[d], f'r_k{d}', 0)}" for d in range(2)]
-        rhs = f"{b.ref(x, ['n', *window, 'r_c'])} * {b.ref(weights, ['r_k0', 'r_k1', 'r_c', 'f'])}"
+        image = b.ref(x, image_indices(image_channels_last, "n", "r_c", window))
+        rhs = f"{image} * {b.ref(weights, ['r_k0', 'r_k1', 'r_c', 'f'])}"
         reductions, kind = [("r_k0", kh), ("r_k1", kw), ("r_c", channels)], "convolution"
     statements = [b.statement(out, idx, "+=!", rhs, reductions)]
     reads = [x, weights]

@@ -8,6 +8,7 @@ Adding an operator is adding a class and a line in :data:`CONVERTERS`.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -1164,6 +1165,8 @@ class MaxPool(Converter):
         kernel = node.attr("kernel_shape")
         outs, begin, end, strides, dilations = _spatial(b, node, x, kernel, channels_last=channels_last)
         out = b.new(image_indices(channels_last, x.shape[0], x.shape[-1 if channels_last else 1], outs), x.dtype)
+        if channels_last and _unrolled_max_pool(b, x, out, kernel, begin, strides, dilations):
+            return [out]
         if _separable_max_pool(b, x, out, kernel, begin, strides, dilations, channels_last):
             return [out]
         return [_pool(b, x, out, kernel, begin, strides, dilations, "max", channels_last=channels_last)]
@@ -1278,6 +1281,41 @@ def unrolled_depthwise(b, x, w, bias, kernel, outs, begin, strides, dilations, c
     b.emit(statements, [x, weights] + ([bias] if bias is not None else []), [out], "other",
            dict(fusion="min") if channels_last else None)
     return out
+
+
+def _unrolled_max_pool(b, x, out, kernel, begin, strides, dilations) -> bool:
+    """A MaxPool of an NHWC image as one statement per region of output positions (the
+    interior, where every tap is inside the image, and each edge, with the taps inside), each
+    a max of its taps written out, vectorised along the channels, with no guards: one pass
+    over the image, where the separable form (:func:`_separable_max_pool`) makes two through
+    a temporary.  resnet18's 3x3 stride-2 pool on 112 x 112 x 64 at batch 8: 1.6 ms separable
+    (AMD EPYC Zen 5).  False (nothing emitted) for windows of more than UNROLLED_DEPTHWISE_TAPS
+    taps or wide edges."""
+    k = len(kernel)
+    if math.prod(kernel) > UNROLLED_DEPTHWISE_TAPS:
+        return False
+    plans = [_window_regions(x.shape[1 + d], out.shape[1 + d], kernel[d], strides[d], dilations[d], begin[d])
+             for d in range(k)]
+    if any(plan is None for plan in plans):
+        return False
+    maximum = "fmax" if x.dtype.kind == "f" else "max"
+    sp = [f"s{d}" for d in range(k)]
+    idx = image_indices(True, "n", "c", sp)
+    statements = []
+    # The last positions first: TC takes a temporary's extent from its first write.
+    for regions in sorted(itertools.product(*plans), key=lambda rs: [-hi for _, hi, _ in rs]):
+        reads = []
+        for taps in itertools.product(*(taps for _, _, taps in regions)):
+            at = [_affine(strides[d], sp[d], dilations[d] * t - begin[d]) for d, t in enumerate(taps)]
+            reads.append(b.ref(x, image_indices(True, "n", "c", at)))
+        rhs = reads[0]
+        for read in reads[1:]:
+            rhs = f"{maximum}({rhs}, {read})"
+        ranges = image_indices(True, (0, x.shape[0]), (0, x.shape[-1]), [(lo, hi) for lo, hi, _ in regions])
+        statements.append(f"{out.ident}({', '.join(idx)}) = {rhs} where "
+                          + ", ".join(f"{name} in {lo}:{hi}" for name, (lo, hi) in zip(idx, ranges)))
+    b.emit(statements, [x], [out], "reduction", dict(fusion="min"))
+    return True
 
 
 def _separable_max_pool(b, x, out, kernel, begin, strides, dilations, channels_last=False) -> bool:
