@@ -141,3 +141,25 @@ def test_max_pools_of_nhwc_images(attributes):
     session = ponnx.InferenceSession(model)
     np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-5, atol=1e-6)
     assert "Y to NCHW" in [name for group in session.groups for name in group]
+
+
+@pytest.mark.parametrize("attributes", [
+    dict(pads=[1, 1, 1, 1], strides=[2, 2]), dict(pads=[0, 1, 1, 0]), dict(dilations=[2, 2], pads=[2, 2, 2, 2]),
+    dict(kernel=[5, 5], pads=[2, 2, 2, 2])], ids=["stride-2", "asymmetric", "dilated", "5x5-stays-nchw"])
+def test_depthwise_convolutions_of_nhwc_images(attributes):
+    """A depthwise Conv after a convolution (so in NHWC): the bias and the taps inside per
+    region of positions; a 5 x 5 one (more taps than are written out) goes back to NCHW."""
+    attributes = dict(attributes)
+    kernel = attributes.pop("kernel", [3, 3])
+    rng = np.random.default_rng(4)
+    weights = {"W": rng.standard_normal((16, 3, 1, 1)).astype(np.float32),
+               "Wd": rng.standard_normal((16, 1, *kernel)).astype(np.float32), "Bd": rng.standard_normal(16).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["X", "W"], ["c"], name="conv"),
+             helper.make_node("Conv", ["c", "Wd", "Bd"], ["Y"], group=16, name="dw", **attributes)]
+    model = _model(nodes, weights, [("Y", ["N", 16, "H", "W"])], image=11)
+    feeds = {"X": rng.standard_normal((2, 3, 11, 11)).astype(np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    session = ponnx.InferenceSession(model)
+    np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-5)
+    names = [name for group in session.groups for name in group]
+    assert ("c to NCHW" in names) == (kernel == [5, 5])
