@@ -576,12 +576,6 @@ class _ConvWriter(PatternKernelWriter):
 
 
 # ----------------------------------------------------------------------------- micro-kernels
-_VECTOR_SPELLINGS = {
-    ("avx512", 4): ("__m512", "_mm512", "ps"),
-    ("avx512", 8): ("__m512d", "_mm512", "pd"),
-    ("avx2", 4): ("__m256", "_mm256", "ps"),
-    ("avx2", 8): ("__m256d", "_mm256", "pd"),
-}
 
 _KERNEL_ARGUMENTS = ("int64_t nred, const T *restrict wp, int64_t w_step, int64_t w_row, const T *restrict bp, "
                      "const int64_t *restrict roff, "
@@ -612,32 +606,16 @@ def _vector_kernel(shape: BlockShape, dtype: np.dtype, nv: int, masked: bool = T
     goes to ``block`` (RF x NR) for the caller to scatter.
     """
     ctype = c_type(dtype)
-    vec, pre, suffix = _VECTOR_SPELLINGS[(shape.isa, np.dtype(dtype).itemsize)]
     rf, lanes, nr = shape.rf, shape.lanes, shape.nr
     acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(rf)]
     last = nv - 1
+    vec, pre, suffix, mask_line, load_full, store_full, load_last, store_last = conv_channels.masked_access(
+        shape.isa, dtype, lanes, f"n - {last * lanes}" if masked else None)
     lines = [f"/* {rf} channels x {nv} {'' if masked else 'whole '}vector(s) of points. */",
              f"static __attribute__((noinline)) void polyc_conv_kernel_{nv}{'' if masked else '_full'}"
              f"({typed(_KERNEL_ARGUMENTS, ctype)})",
-             "{"]
-    load_full = f"{pre}_loadu_{suffix}({{ptr}})"
-    store_full = f"{pre}_storeu_{suffix}({{ptr}}, {{value}});"
-    if not masked:
-        load_last, store_last = load_full, store_full
-        lines.append("    (void)n;")
-    elif shape.isa == "avx512":
-        mask_type = "__mmask16" if lanes == 16 else "__mmask8"
-        lines.append(f"    const {mask_type} km = ({mask_type})polyc_lane_mask(n - {last * lanes}, {lanes});")
-        load_last = f"{pre}_maskz_loadu_{suffix}(km, {{ptr}})"
-        store_last = f"{pre}_mask_storeu_{suffix}({{ptr}}, km, {{value}});"
-    else:
-        bits = 32 if lanes == 8 else 64
-        set1 = "_mm256_set1_epi32((int)" if bits == 32 else "_mm256_set1_epi64x((long long)"
-        iota = f"_mm256_setr_epi32({', '.join(map(str, range(8)))})" if bits == 32 else "_mm256_setr_epi64x(0, 1, 2, 3)"
-        lines.append(f"    const __m256i km = _mm256_cmpgt_epi{bits}("
-                     f"{set1}polyc_max(0, polyc_min({lanes}, n - {last * lanes}))), {iota});")
-        load_last = f"{pre}_maskload_{suffix}({{ptr}}, km)"
-        store_last = f"{pre}_maskstore_{suffix}({{ptr}}, km, {{value}});"
+             "{",
+             f"    {mask_line}" if mask_line else "    (void)n;"]
 
     def load(v: int, base: str) -> str:
         return (load_last if v == last else load_full).format(ptr=f"{base} + {v * lanes}")

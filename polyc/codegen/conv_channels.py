@@ -88,6 +88,29 @@ _ARGUMENTS = ("int64_t nred, const T *restrict wp, int64_t w_step, const T *cons
               "const int64_t *restrict roff, T *restrict out, const int64_t *restrict oo, int beta, int64_t tail")
 
 
+def masked_access(isa: str, dtype: np.dtype, lanes: int, count: str | None):
+    """The C spellings of ``isa``'s vectors of ``dtype``: (vector type, intrinsic prefix,
+    suffix, the line declaring the lane mask ``km`` or None, load and store formats of a whole
+    vector, load and store formats of the last one).  ``count``: C for the number of lanes of
+    the last vector in use (loads and stores under the mask ``km``), None: whole vectors.  The
+    formats take ``{ptr}`` (and ``{value}``)."""
+    vec, pre, suffix = _SPELLINGS[(isa, np.dtype(dtype).itemsize)]
+    load_full, store_full = f"{pre}_loadu_{suffix}({{ptr}})", f"{pre}_storeu_{suffix}({{ptr}}, {{value}});"
+    if count is None:
+        return vec, pre, suffix, None, load_full, store_full, load_full, store_full
+    if isa == "avx512":
+        mask = "__mmask16" if lanes == 16 else "__mmask8"
+        return (vec, pre, suffix, f"const {mask} km = ({mask})polyc_lane_mask({count}, {lanes});",
+                load_full, store_full, f"{pre}_maskz_loadu_{suffix}(km, {{ptr}})",
+                f"{pre}_mask_storeu_{suffix}({{ptr}}, km, {{value}});")
+    bits = 32 if lanes == 8 else 64
+    set1 = "_mm256_set1_epi32((int)" if bits == 32 else "_mm256_set1_epi64x((long long)"
+    iota = f"_mm256_setr_epi32({', '.join(map(str, range(8)))})" if bits == 32 else "_mm256_setr_epi64x(0, 1, 2, 3)"
+    return (vec, pre, suffix,
+            f"const __m256i km = _mm256_cmpgt_epi{bits}({set1}polyc_max(0, polyc_min({lanes}, {count}))), {iota});",
+            load_full, store_full, f"{pre}_maskload_{suffix}({{ptr}}, km)", f"{pre}_maskstore_{suffix}({{ptr}}, km, {{value}});")
+
+
 def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool = True) -> str:
     """``polyc_convc_kernel_<nfv>``: nfv channel vectors x RQ points, unrolled.  The last vector
     holds ``tail`` channels (1..LANES): loaded and stored under a lane mask (``masked=False``,
@@ -95,27 +118,13 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
     Point j's image is ``ip[j] + roff[r]`` at step r, its output ``out + oo[j]`` (skipped when
     ``oo[j] < 0``); step r's weights are ``wp + r * w_step``."""
     ctype = c_type(dtype)
-    vec, pre, suffix = _SPELLINGS[(block.isa, np.dtype(dtype).itemsize)]
     lanes, rq, last = block.lanes, block.points, nfv - 1
+    vec, pre, suffix, mask_line, load_full, store_full, load_last, store_last = masked_access(
+        block.isa, dtype, lanes, "tail" if masked else None)
     name = f"polyc_convc_kernel_{nfv}{'' if masked else '_full'}"
     lines = [f"/* {nfv} vector(s) of output channels x {rq} points. */",
-             f"static __attribute__((noinline)) void {name}({typed(_ARGUMENTS, ctype)})", "{"]
-    load_full, store_full = f"{pre}_loadu_{suffix}({{ptr}})", f"{pre}_storeu_{suffix}({{ptr}}, {{value}});"
-    if not masked:
-        load_last, store_last = load_full, store_full
-        lines.append("    (void)tail;")
-    elif block.isa == "avx512":
-        mask = "__mmask16" if lanes == 16 else "__mmask8"
-        lines.append(f"    const {mask} km = ({mask})polyc_lane_mask(tail, {lanes});")
-        load_last = f"{pre}_maskz_loadu_{suffix}(km, {{ptr}})"
-        store_last = f"{pre}_mask_storeu_{suffix}({{ptr}}, km, {{value}});"
-    else:
-        bits = 32 if lanes == 8 else 64
-        set1 = "_mm256_set1_epi32((int)" if bits == 32 else "_mm256_set1_epi64x((long long)"
-        iota = f"_mm256_setr_epi32({', '.join(map(str, range(8)))})" if bits == 32 else "_mm256_setr_epi64x(0, 1, 2, 3)"
-        lines.append(f"    const __m256i km = _mm256_cmpgt_epi{bits}({set1}tail), {iota});")
-        load_last = f"{pre}_maskload_{suffix}({{ptr}}, km)"
-        store_last = f"{pre}_maskstore_{suffix}({{ptr}}, km, {{value}});"
+             f"static __attribute__((noinline)) void {name}({typed(_ARGUMENTS, ctype)})", "{",
+             f"    {mask_line}" if mask_line else "    (void)tail;"]
 
     def load(v: int, base: str) -> str:
         return (load_last if v == last else load_full).format(ptr=f"{base} + {v * lanes}")

@@ -20,6 +20,18 @@ def _model(nodes, weights, outputs, channels=3, image=12):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def _two_inputs(nodes, weights, first, second, output_shape, rng):
+    """(model, feeds, onnxruntime's output) of a graph with two inputs (name, shape) and one output Y."""
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+                                           for name, shape in (first, second)],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, output_shape)],
+                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in (first, second)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    return model, feeds, want
+
+
 def network() -> onnx.ModelProto:
     """Every kind of node the pass converts: a padded strided Conv with BatchNormalization and
     Relu, a padded MaxPool, a depthwise Conv with Clip, a 1x1 Conv, a residual Add, a Mul and a
@@ -84,14 +96,7 @@ def test_what_the_pass_leaves_in_onnx_layout():
     nodes = [helper.make_node("Conv", ["X", "W"], ["a"], pads=[1, 1, 1, 1], name="runtime_weights"),
              helper.make_node("Conv", ["a", "Wg"], ["b"], group=2, name="grouped"),
              helper.make_node("Conv", ["b", "W1"], ["Y"], name="heavy")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 4, 6, 6]),
-                                           helper.make_tensor_value_info("W", TensorProto.FLOAT, [4, 4, 3, 3])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4, 2, 2])],
-                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    feeds = {"X": rng.standard_normal((1, 4, 6, 6)).astype(np.float32),
-             "W": rng.standard_normal((4, 4, 3, 3)).astype(np.float32)}
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    model, feeds, want = _two_inputs(nodes, weights, ("X", [1, 4, 6, 6]), ("W", [4, 4, 3, 3]), [1, 4, 2, 2], rng)
     limit = channels_last.CHANNELS_LAST_WEIGHT_BYTES
     try:
         channels_last.CHANNELS_LAST_WEIGHT_BYTES = 4 * 4 * 9 * 4 - 1   # "heavy"'s weights are more
@@ -110,14 +115,7 @@ def test_converted_nodes_in_the_backend_sense():
     nodes = [helper.make_node("MaxPool", ["X"], ["p"], kernel_shape=[2, 2], name="pool"),
              helper.make_node("Conv", ["p", "W"], ["c"], name="conv"),
              helper.make_node("Add", ["c", "Z"], ["Y"], name="add")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 6, 9, 9]),
-                                           helper.make_tensor_value_info("Z", TensorProto.FLOAT, [2, 6, 6, 6])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 6, 6, 6])],
-                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    feeds = {"X": rng.standard_normal((2, 6, 9, 9)).astype(np.float32),
-             "Z": rng.standard_normal((2, 6, 6, 6)).astype(np.float32)}
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    model, feeds, want = _two_inputs(nodes, weights, ("X", [2, 6, 9, 9]), ("Z", [2, 6, 6, 6]), [2, 6, 6, 6], rng)
     session = ponnx.InferenceSession(model)
     np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
     names = [name for group in session.groups for name in group]
