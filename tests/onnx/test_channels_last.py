@@ -161,3 +161,22 @@ def test_depthwise_convolutions_of_nhwc_images(attributes):
     np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-5)
     names = [name for group in session.groups for name in group]
     assert ("c to NCHW" in names) == (kernel == [5, 5])
+
+
+def test_the_shape_of_an_nhwc_value_needs_no_transpose():
+    """Shape (and what exporters compute from it) of a value that exists in NHWC only is its
+    NCHW shape, read without moving the data."""
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("Conv", ["X", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Shape", ["c"], ["S"], name="shape"),
+             helper.make_node("GlobalAveragePool", ["c"], ["Y"], name="gap")]
+    model = _model(nodes, {"W": rng.standard_normal((8, 3, 3, 3)).astype(np.float32)},
+                   [("Y", ["N", 8, 1, 1])], image=9)
+    model.graph.output.append(helper.make_tensor_value_info("S", TensorProto.INT64, [4]))
+    feeds = {"X": rng.standard_normal((2, 3, 9, 9)).astype(np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    session = ponnx.InferenceSession(model)
+    got = session.run(None, feeds)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(got[1], want[1])
+    assert not any(name.endswith(" to NCHW") for group in session.groups for name in group)

@@ -72,6 +72,8 @@ class ChannelsLast:
         if all(value.const is not None for value in known):
             return None  # folded by the plan
         b = Builder(node.name, op, self.new_ident)
+        if op in ("Shape", "Size") and proto.input[0] in self.nhwc and proto.input[0] not in self.values:
+            return self._shape_of(b, node, opset)
         if op == "Conv":
             outputs = self._conv(b, node)
         elif op in _POOLS:
@@ -88,6 +90,17 @@ class ChannelsLast:
             if name:
                 value.onnx_name = name
                 self.nhwc[name] = value
+        return b.steps
+
+    def _shape_of(self, b: Builder, node: Node, opset: int) -> list:
+        """Shape or Size of a value in NHWC only: its NCHW shape, with no transpose (an
+        exporter's Shape -> Gather -> Concat -> Reshape reads the shape long before the data)."""
+        image = self.nhwc[node.proto.input[0]]
+        stand_in = Value("", image.dtype, tuple(image.shape[p] for p in TO_CHANNELS_FIRST))
+        for name, value in zip(node.proto.output, CONVERTERS[node.op_type].convert(b, node, [stand_in], opset)):
+            if name:
+                value.onnx_name = name
+                self.values[name] = value
         return b.steps
 
     def _known(self, name: str) -> Value | None:
