@@ -42,9 +42,11 @@ ELEMENTWISE = frozenset(_FLOAT_FUNCTIONS) | {
     "GreaterOrEqual", "And", "Or", "Xor", "Max", "Min", "Sum", "Mean", "Mod", "Not", "Where", "Cast", "Clip",
     "LeakyRelu", "Elu", "Selu", "HardSigmoid", "Gelu", "PRelu", "Identity"}
 
+#: The pools' lowerings, called as (builder, node, inputs, channels_last).
 _POOLS = {"MaxPool": MaxPool.lower, "AveragePool": AveragePool.lower,
-          "GlobalAveragePool": lambda b, node, inputs, channels_last: [global_pool(b, inputs[0], "average", True)],
-          "GlobalMaxPool": lambda b, node, inputs, channels_last: [global_pool(b, inputs[0], "max", True)]}
+          "GlobalAveragePool": lambda b, node, inputs, channels_last: [
+              global_pool(b, inputs[0], "average", channels_last)],
+          "GlobalMaxPool": lambda b, node, inputs, channels_last: [global_pool(b, inputs[0], "max", channels_last)]}
 
 #: Element types of polyc's convolution kernel.
 _CONV_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))

@@ -34,7 +34,8 @@ class InferenceSession:
     """Runs an ONNX model with polyc.  ``model``: a ModelProto (never modified), a path or bytes.
     ``graph_fusion`` (default True) folds batch normalizations into convolutions and fuses
     elementwise operators into the kernels that feed them; ``channels_last`` (default: as
-    ``graph_fusion``) computes 2-D convolutions and the operators between them in NHWC; every other keyword is a ``polyc.define`` option (``fusion``, ``threads``, ``cflags``, ...)
+    ``graph_fusion``) computes 2-D convolutions and the operators between them in NHWC; every
+    other keyword is a ``polyc.define`` option (``fusion``, ``threads``, ``cflags``, ...)
     used for every kernel.  onnxruntime's ``sess_options`` and ``providers`` are accepted and
     ignored, so that switching needs no other change."""
 
