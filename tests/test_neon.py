@@ -74,6 +74,7 @@ CASES = [
     ("double_norm", dict(M=5, N=7)),
     ("matmul_acc", dict(M=4, K=5, N=3)),
     ("resize", dict(N=7, K=4)),
+    ("matvec", dict(M=9, N=531)),
 ]
 CASE_IDS = [f"{name}-" + "-".join(f"{k}{v}" for k, v in sizes.items()) for name, sizes in CASES]
 #: Parametric exports (sizes passed at run time), one specialised copy of each case above.
@@ -585,7 +586,7 @@ def test_neon_gemm_header_is_usable_from_cplusplus(tmp_path, sizes):
 
 
 # ----------------------------------------------------------------------------- x86, natively
-X86_CASES = [CASES[i] for i in (0, 2, 3, 5, 7, 9, 11, 13)]
+X86_CASES = [CASES[i] for i in (0, 2, 3, 5, 7, 9, 11, 13, 15)]
 
 
 @pytest.mark.skipif(not _cpu_has("avx2"), reason="AVX2 absent from this CPU")

@@ -278,6 +278,19 @@ def test_matrix_vector_kernels_under_options(name, options):
     _check(MATVEC[name], _matvec_sizes(name, MATVEC_SIZES[-1]), *MATVEC_NUMPY[name], np.float32, **options)
 
 
+@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_matrix_vector_rows_in_every_instruction_set(cflags, dtype):
+    """The rows loop's vector partial sums: several blocks of SUM_BLOCK columns, a last block
+    that ends inside a vector, rows past a multiple of four, accumulation into y."""
+    for name in ("rows", "accumulating"):
+        source = MATVEC[name].replace("float", "double") if dtype == np.float64 else MATVEC[name]
+        for sizes in (dict(M=9, K=531), dict(M=6, K=1031), dict(M=3, K=13)):
+            outputs = (np.random.default_rng(2).uniform(-1, 1, sizes["M"]).astype(dtype),) if name == "accumulating" else None
+            kernel = _check(source, sizes, *MATVEC_NUMPY[name], dtype, outputs=outputs, cflags=cflags, specialize=False)
+        assert kernel.stages(sizes).contraction.is_matvec
+
+
 def test_matrix_vector_layouts_the_kernel_does_not_stream_stay_generic():
     source = "def f(float(M, K, L) A, float(L, K) x) -> (y) { y(i) +=! A(i, r_k, r_l) * x(r_l, r_k) }"
     sizes = dict(M=9, K=4, L=3)
