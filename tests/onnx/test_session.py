@@ -362,6 +362,56 @@ def test_depthwise_convolutions_unrolled_against_onnxruntime(attributes, shape, 
     assert session.groups == [["dw", "relu6"]] if unrolled else session.groups == [["dw"], ["dw", "relu6"]]
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_silu_and_gelu_chains_are_epilogues_of_the_kernel_computing_their_input(channels_last):
+    # SiLU (x * sigmoid(x)) after a convolution and GELU (x * (1 + erf(x / sqrt 2)) / 2) after
+    # a product read x twice; the elementwise statements are substituted into each other
+    # until x has one reader, which joins the kernel computing x.  Sigmoid's output is also a
+    # graph output in the third chain, so it stays a tensor there.
+    rng = np.random.default_rng(11)
+    initializers = [numpy_helper.from_array(rng.standard_normal((6, 4, 3, 3)).astype(np.float32), "W"),
+                    numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "B"),
+                    numpy_helper.from_array(rng.standard_normal((10, 7)).astype(np.float32), "M"),
+                    numpy_helper.from_array(rng.standard_normal(7).astype(np.float32), "C"),
+                    numpy_helper.from_array(np.array(1.4142135, np.float32), "sqrt2"),
+                    numpy_helper.from_array(np.array(1, np.float32), "one"),
+                    numpy_helper.from_array(np.array(0.5, np.float32), "half")]
+    nodes = [helper.make_node("Conv", ["X", "W", "B"], ["x"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Sigmoid", ["x"], ["s"], name="sigmoid"),
+             helper.make_node("Mul", ["x", "s"], ["Y"], name="silu"),
+             helper.make_node("MatMul", ["Z", "M"], ["p"], name="matmul"),
+             helper.make_node("Add", ["p", "C"], ["q"], name="bias"),
+             helper.make_node("Div", ["q", "sqrt2"], ["d"], name="div"),
+             helper.make_node("Erf", ["d"], ["e"], name="erf"),
+             helper.make_node("Add", ["e", "one"], ["a"], name="plus_one"),
+             helper.make_node("Mul", ["q", "a"], ["m"], name="times_x"),
+             helper.make_node("Mul", ["m", "half"], ["G"], name="gelu"),
+             helper.make_node("Conv", ["X", "W"], ["x2"], pads=[1, 1, 1, 1], name="conv2"),
+             helper.make_node("Sigmoid", ["x2"], ["S"], name="sigmoid2"),
+             helper.make_node("Mul", ["x2", "S"], ["Y2"], name="silu2")]
+    graph = helper.make_graph(
+        nodes, "chains", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4, 9, 9]),
+                          helper.make_tensor_value_info("Z", TensorProto.FLOAT, ["N", 5, 10])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 6, 9, 9]),
+         helper.make_tensor_value_info("G", TensorProto.FLOAT, ["N", 5, 7]),
+         helper.make_tensor_value_info("S", TensorProto.FLOAT, ["N", 6, 9, 9]),
+         helper.make_tensor_value_info("Y2", TensorProto.FLOAT, ["N", 6, 9, 9])],
+        initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"X": rng.standard_normal((2, 4, 9, 9)).astype(np.float32),
+             "Z": rng.standard_normal((2, 5, 10)).astype(np.float32)}
+    session = ponnx.InferenceSession(model, channels_last=channels_last)
+    import onnxruntime
+    expected = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for got, want in zip(session.run(None, feeds), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    groups = session.groups
+    assert any(g[0] == "conv" and g[-1] == "silu" for g in groups)
+    assert any(g[0] in ("matmul", "bias") and g[-1] == "gelu" for g in groups)
+    nodes = {n for g in groups for n in g}
+    assert "sigmoid" not in nodes and "erf" not in nodes and "sigmoid2" in nodes
+
+
 @pytest.mark.parametrize("image", [2, 7, 14])
 def test_pointwise_convolutions_take_the_path_measured_faster_on_this_machine(image):
     # A 1x1 convolution is a matrix product; which kernel computes it faster depends on the
