@@ -143,10 +143,13 @@ def test_max_pools_of_nhwc_images(attributes):
 
 @pytest.mark.parametrize("attributes", [
     dict(pads=[1, 1, 1, 1], strides=[2, 2]), dict(pads=[0, 1, 1, 0]), dict(dilations=[2, 2], pads=[2, 2, 2, 2]),
-    dict(kernel=[5, 5], pads=[2, 2, 2, 2])], ids=["stride-2", "asymmetric", "dilated", "5x5-stays-nchw"])
+    dict(kernel=[5, 5], pads=[2, 2, 2, 2]), dict(kernel=[5, 5], pads=[1, 2, 2, 1], strides=[2, 2]),
+    dict(kernel=[5, 3], pads=[0, 0, 0, 0], dilations=[1, 2])],
+    ids=["stride-2", "asymmetric", "dilated", "5x5", "5x5-stride-2-asymmetric", "5x3-unpadded"])
 def test_depthwise_convolutions_of_nhwc_images(attributes):
     """A depthwise Conv after a convolution (so in NHWC): the bias and the taps inside per
-    region of positions; a 5 x 5 one (more taps than are written out) goes back to NCHW."""
+    region of positions; a window of more taps than that writes out (5 x 5) reads a padded
+    copy of the image in one statement, in NHWC too."""
     attributes = dict(attributes)
     kernel = attributes.pop("kernel", [3, 3])
     rng = np.random.default_rng(4)
@@ -160,7 +163,9 @@ def test_depthwise_convolutions_of_nhwc_images(attributes):
     session = ponnx.InferenceSession(model)
     np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-5)
     names = [name for group in session.groups for name in group]
-    assert ("c to NCHW" in names) == (kernel == [5, 5])
+    assert "c to NCHW" not in names
+    padded = any(attributes.get("pads", [0]))
+    assert session.groups.count(["dw"]) == (2 if padded and kernel[0] * kernel[1] > 9 else 1)  # the pad
 
 
 def test_the_shape_of_an_nhwc_value_needs_no_transpose():
