@@ -185,3 +185,22 @@ def test_the_shape_of_an_nhwc_value_needs_no_transpose():
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(got[1], want[1])
     assert not any(name.endswith(" to NCHW") for group in session.groups for name in group)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_global_average_of_an_nhwc_image_streams_it_with_the_channels_in_vectors(batch):
+    """GlobalAveragePool of an NHWC value: the image viewed as (positions, C) times a vector of
+    1 / positions (at batch 1 polyc's matrix-vector kernel), then the Conv after it."""
+    rng = np.random.default_rng(5)
+    weights = {"W": rng.standard_normal((40, 3, 3, 3)).astype(np.float32),
+               "Ws": rng.standard_normal((8, 40, 1, 1)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["X", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("GlobalAveragePool", ["c"], ["g"], name="gap"),
+             helper.make_node("Conv", ["g", "Ws"], ["Y"], name="squeeze")]
+    model = _model(nodes, weights, [("Y", ["N", 8, 1, 1])], image=13)
+    feeds = {"X": rng.standard_normal((batch, 3, 13, 13)).astype(np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    session = ponnx.InferenceSession(model)
+    np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-5)
+    stages = session.kernels()[session.groups.index(["gap"])].stages({})
+    assert (stages.contraction is not None and stages.contraction.is_matvec) == (batch == 1)

@@ -1471,6 +1471,8 @@ def global_pool(b, x, kind, channels_last=False):
     k = x.rank - 2
     first = 1 if channels_last else 2  # the first spatial axis
     channels = x.shape[-1] if channels_last else x.shape[1]
+    if channels_last and kind != "max" and x.dtype.kind == "f":
+        return _channels_last_global_average(b, x)
     out = b.new(image_indices(channels_last, x.shape[0], channels, [1] * k), x.dtype)
     idx = image_indices(channels_last, "n", "c", [f"z{d}" for d in range(k)])
     taps = [(f"r_s{d}", x.shape[first + d]) for d in range(k)]
@@ -1483,6 +1485,26 @@ def global_pool(b, x, kind, channels_last=False):
                 b.statement(out, idx, "=", f"{out.ident}({', '.join(idx)}) / {count}")],
                [x], [out], "reduction")
     return out
+
+
+def _channels_last_global_average(b, x):
+    """The mean over the positions of an NHWC image as a product of the image, viewed as
+    ``(N, positions, C)``, with a vector of ``1 / positions``: at batch 1, polyc's
+    matrix-vector kernel, which streams the image with the channels in vector registers; as a
+    reduction over (h, w) per channel, polyc's loops read the image a channel apart (for
+    efficientnet_b0's 112 x 112 x 32: 136 us against 35 us; at batch 8, a 3-D reduction, 1.0
+    ms against 0.08 ms; AMD EPYC Zen 5)."""
+    n, channels = x.shape[0], x.shape[-1]
+    positions = math.prod(x.shape[1:-1])
+    weights = b.const(np.full(positions, 1 / positions, x.dtype))
+    if n == 1:
+        image, total, idx = b.view(x, [positions, channels]), b.new([channels], x.dtype), ["c"]
+    else:
+        image, total, idx = b.view(x, [n, positions, channels]), b.new([n, channels], x.dtype), ["n", "c"]
+    read = b.ref(image, idx[:-1] + ["r_p", "c"])
+    b.emit([b.statement(total, idx, "+=!", f"{read} * {b.ref(weights, ['r_p'])}", [("r_p", positions)])],
+           [image, weights], [total], "contraction")
+    return b.view(total, [n] + [1] * (x.rank - 2) + [channels])
 
 
 class BatchNormalization(Converter):
