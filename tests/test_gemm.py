@@ -565,3 +565,22 @@ def test_row_blocks_shared_by_a_team_come_in_multiples_of_its_size(tmp_path):
     for total, nthr, blocks in [(512, 2, 6), (2048, 2, 18)]:
         step = next(int(l.split()[4]) for l in output.splitlines() if l.split()[:3] == [str(total), "126", str(nthr)])
         assert -(-total // step) == blocks
+
+
+@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+def test_epilogue_over_several_n_indices(cflags):
+    """A product by blocked weights, O(i, nb, nr), with a bias read at 10 * nb + nr and an
+    activation: the epilogue runs along the runs of the block where only nr moves, blocks
+    (tile sizes) cutting those runs anywhere."""
+    source = """def blocked(float(M, K) A, float(NB, K, R) W, float(N) B) -> (O) {
+        O(i, nb, nr) +=! A(i, r_k) * W(nb, r_k, nr)
+        O(i, nb, nr) = fmax(O(i, nb, nr) + B(10 * nb + nr), 0.0)
+    }"""
+    rng = np.random.default_rng(12)
+    a, w, bias = rand(rng, (37, 20)), rand(rng, (3, 20, 10)), rand(rng, (30,))
+    expected = np.maximum(np.einsum("ik,bkr->ibr", a.astype(np.float64), w) + bias.reshape(3, 10), 0)
+    for tile_sizes in (None, (8, 7, 16)):
+        options = dict(cflags=cflags) if tile_sizes is None else dict(cflags=cflags, tile_sizes=tile_sizes)
+        kernel = polyc.define(source, **options).blocked
+        assert kernel.stages(dict(M=37, K=20, NB=3, R=10, N=30)).contraction.n == ("nb", "nr")
+        check(kernel, (a, w, bias), [expected], 21)

@@ -249,9 +249,9 @@ def test_conv_transpose_with_bias_and_relu_against_onnxruntime(group):
             None, {"X": x})[0]
         assert got.shape == expected.shape == (batch, 6, 10, 11)
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
-    # Relu joins the transposed convolution's kernel; with groups the output is a view of the
-    # grouped layout, and fusion does not see through views yet.
-    assert session.groups == ([["up", "relu"]] if group == 1 else [["up"], ["relu"]])
+    # Relu joins the transposed convolution's kernel; with groups through the view of the
+    # grouped layout, at that layout's indices.
+    assert session.groups == [["up", "relu"]]
 
 
 @pytest.mark.parametrize("mode,transform", [("nearest", "asymmetric"), ("linear", "half_pixel"),
@@ -461,12 +461,15 @@ def test_large_initializers_are_checked_and_inferred_without_their_data():
 @pytest.mark.parametrize("rows", [3, 300])
 def test_products_by_constant_weights_of_few_rows_read_them_blocked(rows):
     # Up to BLOCKED_WEIGHT_ROWS rows, W(K, N) becomes W'(N / NR, K, NR) at plan time, whose
-    # slivers the gemm kernel reads in place; above, the plain product packs W.
+    # slivers the gemm kernel reads in place; above, the plain product packs W.  The bias and
+    # the activation are epilogues either way: through the view of the blocked product as
+    # (.., N), they update the product's (.., N / NR, NR) tensor at its own indices.
     from polyc.frontends.onnx.ops import BLOCKED_WEIGHT_ROWS, _weight_sliver
     from polyc.frontends.onnx.lowering import Value
     rng = np.random.default_rng(9)
     weights = rng.standard_normal((24, 128)).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["X", "W"], ["P"], name="mm"), helper.make_node("Add", ["P", "B"], ["Y"], name="bias")]
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["P"], name="mm"), helper.make_node("Add", ["P", "B"], ["Q"], name="bias"),
+             helper.make_node("Relu", ["Q"], ["Y"], name="act")]
     graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, "T", 24])],
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, "T", 128])],
                               [numpy_helper.from_array(weights, "W"),
@@ -480,6 +483,7 @@ def test_products_by_constant_weights_of_few_rows_read_them_blocked(rows):
     blocked = len(session.plan_for({"X": x.shape}).groups[0].inputs[1].shape) == 3
     assert blocked == (rows <= BLOCKED_WEIGHT_ROWS and sliver > 0)
     assert contraction is not None and contraction.n == (("nb", "nr") if blocked else ("i2",))
+    assert session.groups == [["mm", "bias", "act"]]
 
 
 @pytest.mark.parametrize("axis,views", [(1, True), (2, False)])

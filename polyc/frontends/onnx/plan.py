@@ -19,6 +19,7 @@
 """
 from __future__ import annotations
 
+import math
 import re
 import threading
 from dataclasses import dataclass, field
@@ -149,6 +150,8 @@ class Plan:
                 order.append(step)
                 continue
             target = self._fusion_target(step, order, made_by, uses) if graph_fusion else None
+            if target is None and graph_fusion and self._fuse_through_view(step, order, made_by, uses):
+                continue
             if target is None:
                 group = Group(len(order), [step])
                 position = len(order)
@@ -198,6 +201,44 @@ class Plan:
         in_place = step.kind == "elementwise" and len(step.writes) == 1 and step.writes[0].shape == value.shape \
             and step.writes[0].dtype == value.dtype and value not in self.outputs
         return position, (value if in_place else None)
+
+    def _fuse_through_view(self, step: KernelStep, order, made_by, uses) -> bool:
+        """Makes ``step``, elementwise on a view ``v`` that merges dimensions of a kernel's
+        tensor ``t`` (a product by blocked weights ``(.., N / NR, NR)`` viewed as ``(.., N)``),
+        an epilogue of that kernel, updating ``t`` in place at ``t``'s indices; the view then
+        gives the step's result.  Only where ``v`` and ``t`` have no other use.  Returns
+        whether it did."""
+        if step.kind != "elementwise" or len(step.statements) != 1 or len(step.writes) != 1:
+            return False
+        result = step.writes[0]
+        parts = _STATEMENT.match(step.statements[0])
+        if parts is None or parts["target"] != result.ident:
+            return False
+        for view in step.reads:
+            position = made_by.get(id(view))
+            item = order[position] if position is not None else None
+            if not isinstance(item, ViewStep) or item.target is not view or item.offset or uses.get(id(view)) != 1:
+                continue
+            tensor = item.source
+            producer = made_by.get(id(tensor))
+            group = order[producer] if producer is not None else None
+            if not isinstance(group, Group) or uses.get(id(tensor)) != 1 or id(tensor) in {id(v) for v in self.outputs} \
+                    or not group.kinds <= set(_FUSABLE_INTO["elementwise"]) \
+                    or group.statement_count + 1 > MAX_GROUP_STATEMENTS or result.shape != view.shape \
+                    or result.dtype != tensor.dtype \
+                    or any(made_by.get(id(other), -1) > producer for other in step.reads if other is not view):
+                continue
+            statement = _merged_statement(parts, view, tensor)
+            if statement is None:
+                continue
+            step.statements = [statement]
+            step.reads = [tensor if r is view else r for r in step.reads]
+            step.writes = [tensor]
+            group.steps.append(step)
+            item.target = result  # the view of the updated tensor is the step's result
+            made_by[id(result)] = position
+            return True
+        return False
 
     # ------------------------------------------------------------------ compilation
     def _compile(self, options: dict) -> None:
@@ -422,6 +463,48 @@ def inline_elementwise(steps: list, outputs: list) -> list:
             readers[id(read)] = [r for n, r in enumerate(moved) if all(r is not q for q in moved[:n])]
         dropped.add(id(step))
     return [step for step in steps if id(step) not in dropped]
+
+
+def _merged_statement(parts, view: Value, tensor: Value) -> str | None:
+    """The elementwise statement ``parts`` (over ``view``'s indices, reading ``view`` there)
+    rewritten over the indices of ``tensor``, of which ``view`` merges runs of consecutive
+    dimensions: each merged index becomes its affine combination of ``tensor``'s, and the
+    statement updates ``tensor`` in place.  None when the shapes or the reads do not allow it."""
+    names = [n.strip() for n in parts["indices"].split(",")] if view.shape else []
+    if len(names) != len(view.shape) or not all(re.fullmatch(r"[A-Za-z_]\w*", n) for n in names):
+        return None
+    reads = re.findall(rf"\b{view.ident}\(([^()]*)\)", parts["rhs"])
+    if reads != [parts["indices"]] * len(reads) or not reads:
+        return None
+    runs, start = [], 0  # the dimensions of `tensor` each dimension of `view` merges
+    for extent in view.shape:
+        stop, product = start, 1
+        while stop < len(tensor.shape) and (product < extent or stop == start):
+            product *= tensor.shape[stop]
+            stop += 1
+        if product != extent:
+            return None
+        runs.append(range(start, stop))
+        start = stop
+    if start != len(tensor.shape):
+        return None
+    marker = "\x00"  # stands for the read of the view while the indices are substituted
+    rhs = re.sub(rf"\b{view.ident}\({re.escape(parts['indices'])}\)", marker, parts["rhs"])
+    indices, combined = [], {}
+    for name, run in zip(names, runs):
+        if len(run) == 1:
+            indices.append(name)
+            continue
+        split = [f"{name}_{m}" for m in range(len(run))]
+        strides = [math.prod(tensor.shape[d] for d in run[m + 1:]) for m in range(len(run))]
+        combined[name] = " + ".join(f"{stride} * {part}" if stride != 1 else part
+                                    for part, stride in zip(split, strides))
+        indices += split
+    for name, expression in combined.items():
+        rhs = re.sub(rf"\b{name}\b", f"({expression})", rhs)
+    rhs = rhs.replace(marker, f"{tensor.ident}({', '.join(indices)})")
+    ranges = ", ".join(f"{name} in 0:{extent}" for name, extent in zip(indices, tensor.tc_shape))
+    return f"{tensor.ident}({', '.join(indices)}) = {rhs} where {ranges}"
 
 
 def _inlinable(step, kept: set):
