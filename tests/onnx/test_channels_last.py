@@ -204,3 +204,31 @@ def test_global_average_of_an_nhwc_image_streams_it_with_the_channels_in_vectors
     np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-5)
     stages = session.kernels()[session.groups.index(["gap"])].stages({})
     assert (stages.contraction is not None and stages.contraction.is_matvec) == (batch == 1)
+
+
+@pytest.mark.parametrize("batch, image", [(1, 7), (2, 14)])
+def test_pointwise_convolutions_of_many_filters_read_blocked_weights_at_few_pixels(batch, image):
+    """A 1 x 1 NHWC convolution of 512 or more filters is a matrix product; over at most
+    BLOCKED_WEIGHT_ROWS pixels its weights are blocked at plan time as the gemm kernel reads
+    them (no packing per call), and the bias and Clip are epilogues through the view of the
+    blocked product as NHWC, at its (.., F / NR, NR) indices."""
+    from polyc.frontends.onnx.channels_last import POINTWISE_GEMM_FILTERS
+    from polyc.frontends.onnx.ops import BLOCKED_WEIGHT_ROWS
+    rng = np.random.default_rng(6)
+    filters = POINTWISE_GEMM_FILTERS + 128
+    weights = {"W": rng.standard_normal((24, 3, 3, 3)).astype(np.float32),
+               "Wp": rng.standard_normal((filters, 24, 1, 1)).astype(np.float32),
+               "Bp": rng.standard_normal(filters).astype(np.float32),
+               "lo": np.array(0, np.float32), "hi": np.array(6, np.float32)}
+    nodes = [helper.make_node("Conv", ["X", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Conv", ["c", "Wp", "Bp"], ["p"], name="pw"),
+             helper.make_node("Clip", ["p", "lo", "hi"], ["Y"], name="relu6")]
+    model = _model(nodes, weights, [("Y", ["N", filters, image, image])], image=image)
+    feeds = {"X": rng.standard_normal((batch, 3, image, image)).astype(np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    session = ponnx.InferenceSession(model)
+    np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+    group = next(g for g in session.plan_for({"X": feeds["X"].shape}).groups if "relu6" in g.nodes)
+    assert group.nodes == ["pw", "relu6"]
+    blocked = batch * image * image <= BLOCKED_WEIGHT_ROWS
+    assert (group.outputs[0].rank == 5) == blocked and group.kernel.stages({}).contraction is not None

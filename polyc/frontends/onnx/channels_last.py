@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from polyc.frontends.onnx.lowering import Builder, Value, indices
-from polyc.frontends.onnx.ops import (CONVERTERS, MaxPool, AveragePool, Node, Pad, _affine, _Attributes, _spatial,
+from polyc.frontends.onnx.ops import (CONVERTERS, _product_by_blocked_weights, _weight_sliver, MaxPool, AveragePool, Node, Pad, _affine, _Attributes, _spatial,
                                       _FLOAT_FUNCTIONS, global_pool, image_indices, unrolled_depthwise)
 
 #: NCHW -> NHWC and back, as Transpose perms.
@@ -256,6 +256,15 @@ def _pays_in_channels_last(b: Builder, node: Node, x: Value, w: Value, x_channel
     return x.shape[0] * int(np.prod(outs)) >= CHANNELS_LAST_MIN_PIXELS
 
 
+def _add_channel_bias(b: Builder, x: Value, bias: Value) -> Value:
+    """``x + bias`` along the last (channel) axis, an elementwise step (an epilogue of the
+    kernel computing ``x``, through its view if need be)."""
+    out = b.new(x.shape, x.dtype)
+    idx = ["n", "s0", "s1", "f"]
+    b.emit([b.statement(out, idx, "=", f"{b.ref(x, idx)} + {b.ref(bias, ['f'])}")], [x, bias], [out], "elementwise")
+    return out
+
+
 #: A 1 x 1 stride-1 convolution with at least this many filters is a matrix product over
 #: every pixel (the gemm kernel); one with fewer runs through the convolution kernel, which
 #: reads its weights in place and needs no packing: for mobilenet_v2's 16 -> 96 layer at 112 x
@@ -287,6 +296,11 @@ def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value |
     if (kh, kw) == (1, 1) and list(strides) == [1, 1] and not any(begin) and not any(end) \
             and filters >= POINTWISE_GEMM_FILTERS and image_channels_last:
         weights = b.const(np.ascontiguousarray(w.const.reshape(filters, channels).T))
+        sliver = _weight_sliver(x, weights)
+        if sliver:  # few pixels: the weights blocked as the gemm kernel reads them, not packed per call
+            product = _product_by_blocked_weights(b, x, weights, sliver, out.shape, ["n", "s0", "s1"],
+                                                  ["n", "s0", "s1", "r0"])
+            return product if bias is None else _add_channel_bias(b, product, bias)
         rhs = f"{b.ref(x, ['n', 's0', 's1', 'r_c'])} * {b.ref(weights, ['r_c', 'f'])}"
         reductions, kind = [("r_c", channels)], "contraction"
     else:
