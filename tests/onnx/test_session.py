@@ -458,7 +458,7 @@ def test_large_initializers_are_checked_and_inferred_without_their_data():
         load_model(bad)
 
 
-@pytest.mark.parametrize("rows", [3, 300])
+@pytest.mark.parametrize("rows", [3, 5000])
 def test_products_by_constant_weights_of_few_rows_read_them_blocked(rows):
     # Up to BLOCKED_WEIGHT_ROWS rows, W(K, N) becomes W'(N / NR, K, NR) at plan time, whose
     # slivers the gemm kernel reads in place; above, the plain product packs W.  The bias and

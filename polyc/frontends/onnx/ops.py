@@ -671,10 +671,12 @@ class MatMul(Converter):
 #: ``W'(N / NR, K, NR)`` made at plan time: each NR-wide sliver of N is then laid out as the gemm
 #: kernel packs it, so the kernel reads it in place instead of packing all of W on every call
 #: (as onnxruntime pre-packs its weights).  Few rows amortise that packing least: a BERT layer's
-#: eight products at 128 rows took 9.5 ms packed and 8.7 ms blocked; at 1024 rows 1% apart,
-#: and the blocked product's output is a view, into which no bias or activation fuses (AMD EPYC
-#: Zen 5).
-BLOCKED_WEIGHT_ROWS = 256
+#: eight products at 128 rows took 9.5 ms packed and 8.7 ms blocked; at 1024 rows 1% apart.
+#: Since a bias or activation fuses through the view of the blocked product, more rows read
+#: blocked weights too: mobilenet_v2 at batch 8 (1x1 convolutions of 392 and 1568 pixels),
+#: 23.4-24.0 ms with 256 rows at most, 22.5-23.4 with 4096, alternating processes; the encoder
+#: at batch 8 (1024 rows) the same (AMD EPYC Zen 5).
+BLOCKED_WEIGHT_ROWS = 4096
 
 
 def _weight_sliver(a: Value, c: Value) -> int:
