@@ -28,8 +28,9 @@ from __future__ import annotations
 import numpy as np
 
 from polyc.frontends.onnx.lowering import Builder, Value, indices
-from polyc.frontends.onnx.ops import (CONVERTERS, _product_by_blocked_weights, _weight_sliver, MaxPool, AveragePool, Node, Pad, _affine, _Attributes, _spatial,
-                                      _FLOAT_FUNCTIONS, global_pool, image_indices, unrolled_depthwise)
+from polyc.frontends.onnx.ops import (CONVERTERS, MaxPool, AveragePool, Node, Pad, _affine, _Attributes, _spatial,
+                                      _FLOAT_FUNCTIONS, _product_by_blocked_weights, _weight_sliver, global_pool,
+                                      image_indices, unrolled_depthwise)
 
 #: NCHW -> NHWC and back, as Transpose perms.
 TO_CHANNELS_LAST = (0, 2, 3, 1)
@@ -297,7 +298,7 @@ def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value |
             and filters >= POINTWISE_GEMM_FILTERS and image_channels_last:
         weights = b.const(np.ascontiguousarray(w.const.reshape(filters, channels).T))
         sliver = _weight_sliver(x, weights)
-        if sliver:  # few pixels: the weights blocked as the gemm kernel reads them, not packed per call
+        if sliver:  # up to BLOCKED_WEIGHT_ROWS pixels: weights blocked as the gemm kernel reads them
             product = _product_by_blocked_weights(b, x, weights, sliver, out.shape, ["n", "s0", "s1"],
                                                   ["n", "s0", "s1", "r0"])
             return product if bias is None else _add_channel_bias(b, product, bias)

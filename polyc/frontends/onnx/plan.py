@@ -471,8 +471,9 @@ def _merged_statement(parts, view: Value, tensor: Value) -> str | None:
     dimensions: each merged index becomes its affine combination of ``tensor``'s, and the
     statement updates ``tensor`` in place.  None when the shapes or the reads do not allow it."""
     names = [n.strip() for n in parts["indices"].split(",")] if view.shape else []
-    if len(names) != len(view.shape) or not all(re.fullmatch(r"[A-Za-z_]\w*", n) for n in names):
-        return None
+    if len(names) != len(view.shape) or not all(re.fullmatch(r"[A-Za-z_]\w*", n) for n in names) \
+            or parts["ranges"] != " where " + ", ".join(f"{n} in 0:{e}" for n, e in zip(names, view.shape)):
+        return None  # (an elementwise step covers its whole output: anything else is left alone)
     reads = re.findall(rf"\b{view.ident}\(([^()]*)\)", parts["rhs"])
     if reads != [parts["indices"]] * len(reads) or not reads:
         return None
