@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from polyc.codegen.c import SUM_BLOCK, GeneratedKernel
 from polyc.codegen.c_expr import PRELUDE
-from polyc.codegen.gemm import _COMMON, ISA_GUARDS, ISA_HEADERS, _GemmWriter
+from polyc.codegen.gemm import _COMMON, _NEON_SPELLINGS, _VECTOR_SPELLINGS, ISA_GUARDS, ISA_HEADERS, _GemmWriter
 from polyc.codegen.pattern_kernel import typed
 from polyc.ir.model import PolyProgram
 from polyc.options import Options
@@ -60,8 +60,9 @@ class _GemvWriter(_GemmWriter):
             "(BLIS structure: packing, cache blocks, register micro-kernel)", "(matrix-vector product)", 1)
 
     def loops(self) -> str:
-        text = self.row_vectors() + typed(_GEMV_LOOPS, self.ctype).replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}").replace(
+        loops = typed(_GEMV_LOOPS, self.ctype).replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}").replace(
             "POLYC_SUM_BLOCK SUM_BLOCK", f"POLYC_SUM_BLOCK {SUM_BLOCK}")
+        text = self.row_vectors() + loops
         if not self.options.vectorize:
             text = "\n".join(line for line in text.splitlines() if "#pragma omp simd" not in line)
         if not self.options.parallel:
@@ -86,11 +87,10 @@ class _GemvWriter(_GemmWriter):
 def _row_vector_macros(isa: str, ctype: str) -> str:
     """``polyc_gv_t`` and its load, fma (a * b + c), add, zero and horizontal sum in ``isa``."""
     double = ctype == "double"
+    itemsize = 8 if double else 4
     if isa in ("avx512", "avx2"):
-        bits = 512 if isa == "avx512" else 256
-        lanes = bits // (64 if double else 32)
-        vec = f"__m{bits}{'d' if double else ''}"
-        pre, suffix = f"_mm{bits}", "pd" if double else "ps"
+        vec, pre, suffix = _VECTOR_SPELLINGS[(isa, itemsize)]
+        lanes = (512 if isa == "avx512" else 256) // (8 * itemsize)
         if isa == "avx512":
             total = f"#define polyc_gv_sum(v) {pre}_reduce_add_{suffix}(v)"
         elif double:
@@ -109,9 +109,9 @@ def _row_vector_macros(isa: str, ctype: str) -> str:
             f"#define polyc_gv_add(a, b) {pre}_add_{suffix}(a, b)",
             f"#define polyc_gv_zero() {pre}_setzero_{suffix}()", total])
     if isa == "neon":
-        vec, suffix = ("float64x2_t", "f64") if double else ("float32x4_t", "f32")
+        vec, suffix = _NEON_SPELLINGS[itemsize]
         return "\n".join([
-            f"#define POLYC_GV_LANES {2 if double else 4}", f"typedef {vec} polyc_gv_t;",
+            f"#define POLYC_GV_LANES {16 // itemsize}", f"typedef {vec} polyc_gv_t;",
             f"#define polyc_gv_load(p) vld1q_{suffix}(p)",
             f"#define polyc_gv_fma(a, b, c) vfmaq_{suffix}(c, a, b)",
             f"#define polyc_gv_add(a, b) vaddq_{suffix}(a, b)",

@@ -1314,9 +1314,7 @@ def _padded_depthwise(b, x, weights, bias, out, kernel, begin, strides, dilation
     sp = [f"s{d}" for d in range(k)]
     reads = [(taps, b.ref(x, ["n", *(_affine(strides[d], sp[d], dilations[d] * t) for d, t in enumerate(taps)), "c"]))
              for taps in np.ndindex(*kernel)]
-    idx = ["n", *sp, "c"]
-    b.emit([f"{out.ident}({', '.join(idx)}) = {combine(reads)} where "
-            + ", ".join(f"{name} in 0:{extent}" for name, extent in zip(idx, out.shape))],
+    b.emit([b.statement(out, ["n", *sp, "c"], "=", combine(reads))],
            [x, weights] + ([bias] if bias is not None else []), [out], "other")
     return out
 

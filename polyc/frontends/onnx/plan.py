@@ -432,6 +432,11 @@ class _ResolvedRun:
 _STATEMENT = re.compile(r"^(?P<target>v\d+)\((?P<indices>[^()]*)\) = (?P<rhs>.*?)(?P<ranges> where [^()]*)?$")
 
 
+def _subscripts_of(value: Value, text: str) -> list[str]:
+    """The subscripts of each read of ``value`` in the TC ``text``."""
+    return re.findall(rf"\b{value.ident}\(([^()]*)\)", text)
+
+
 def inline_elementwise(steps: list, outputs: list) -> list:
     """Substitutes an elementwise statement ``s(i..) = e`` into the one elementwise statement
     that reads ``s``, once, at the same indices over the same ranges, and drops it.  A value
@@ -474,7 +479,7 @@ def _merged_statement(parts, view: Value, tensor: Value) -> str | None:
     if len(names) != len(view.shape) or not all(re.fullmatch(r"[A-Za-z_]\w*", n) for n in names) \
             or parts["ranges"] != " where " + ", ".join(f"{n} in 0:{e}" for n, e in zip(names, view.shape)):
         return None  # (an elementwise step covers its whole output: anything else is left alone)
-    reads = re.findall(rf"\b{view.ident}\(([^()]*)\)", parts["rhs"])
+    reads = _subscripts_of(view, parts["rhs"])
     if reads != [parts["indices"]] * len(reads) or not reads:
         return None
     runs, start = [], 0  # the dimensions of `tensor` each dimension of `view` merges
@@ -517,7 +522,7 @@ def _inlinable(step, kept: set):
     if value.dtype.kind != "f" or any(read.dtype != value.dtype for read in step.reads):
         return None
     parts = _STATEMENT.match(step.statements[0])
-    return parts if parts is not None and f"{value.ident}(" not in parts["rhs"] else None
+    return parts if parts is not None and not _subscripts_of(value, parts["rhs"]) else None
 
 
 def _inlines_into(consumer, value: Value, parts) -> bool:
@@ -527,9 +532,8 @@ def _inlines_into(consumer, value: Value, parts) -> bool:
             or consumer.writes[0].dtype != value.dtype:
         return False
     target = _STATEMENT.match(consumer.statements[0])
-    reads = re.findall(rf"\b{value.ident}\(([^()]*)\)", consumer.statements[0])
     return target is not None and target["ranges"] == parts["ranges"] and target["indices"] == parts["indices"] \
-        and reads == [parts["indices"]]
+        and _subscripts_of(value, consumer.statements[0]) == [parts["indices"]]
 
 
 def _array(value: Value, buffers: dict) -> np.ndarray:
