@@ -625,6 +625,51 @@ def test_channel_mode_serial_specialised_tiles_and_accumulation():
     np.testing.assert_array_equal(out, np.broadcast_to(np.maximum(bias, 0), (2, 2, 2, 5)))
 
 
+#: Every form the register epilogue covers: a per-channel bias and scale, a residual at the
+#: output's point, fmax/fmin against constants and against a tensor (NaN rules), and division.
+def nhwc_register_epilogue(n, h, w, c, k, f):
+    """Every form the register epilogue covers: a per-channel bias and scale, a residual at the
+    output's point, fmax/fmin against constants and against a tensor (NaN rules), division."""
+    return f"""def conv(float({n}, {h}, {w}, {c}) I, float({k}, {k}, {c}, {f}) W1, float({f}) B, float({f}) S,
+                        float({n}, {h - k + 1}, {w - k + 1}, {f}) R) -> (O) {{
+    O(n, h, w, f) +=! I(n, h + r_kh, w + r_kw, r_c) * W1(r_kh, r_kw, r_c, f)
+    O(n, h, w, f) = fmin(fmax((O(n, h, w, f) + B(f)) * S(f) - R(n, h, w, f), 0.0), 6.0)
+    O(n, h, w, f) = fmax(O(n, h, w, f), R(n, h, w, f)) / 2.0
+}}"""
+
+
+@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
+def test_channel_mode_epilogue_in_registers(cflags):
+    """The vector kernels apply the epilogue to their accumulators before the one store; the
+    results equal the scalar epilogue's (the portable build) bit for bit, NaNs, infinities and
+    signed zeros included, with tail channels under a lane mask and reductions of several
+    chunks (480 x 9 steps).  An epilogue the vector form does not cover (an index value) keeps the scalar pass."""
+    rng = np.random.default_rng(15)
+    for n, h, w, c, k, f in [(2, 5, 7, 3, 3, 20), (1, 4, 9, 480, 3, 70), (1, 3, 3, 2, 1, 1), (2, 6, 6, 16, 1, 64)]:
+        source = nhwc_register_epilogue(n, h, w, c, k, f)
+        vector = polyc.define(source, cflags=cflags).conv
+        scalar = polyc.define(source, cflags="-O2").conv
+        assert "polyc_epilogue_vector(g," in vector.c_source() and "polyc_epilogue(g," in scalar.c_source()
+        # Small integers: every sum and product exact, so both builds must agree bit for bit.
+        integers = lambda low, high, shape: rng.integers(low, high, shape).astype(np.float32)  # noqa: E731
+        image, weights = integers(-3, 4, (n, h, w, c)), integers(-2, 3, (k, k, c, f))
+        bias, scale = integers(-20, 21, (f,)), integers(-2, 3, (f,))
+        residual = integers(-9, 10, (n, h - k + 1, w - k + 1, f))
+        residual.flat[::7] = np.nan
+        residual.flat[3::11] = -0.0
+        residual.flat[5::13] = np.inf
+        bias[::5] = np.nan
+        inputs = (image, weights, bias, scale, residual)
+        got, want = vector(*inputs), scalar(*inputs)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        conv = np.einsum("nhwcij,ijcf->nhwf", windows(image, (k, k), (1, 2)), weights)
+        reference = np.fmin(np.fmax((conv + bias) * scale - residual, 0), 6)
+        reference = np.where(np.isnan(residual), reference, np.where(reference >= residual, reference, residual)) / 2
+        assert_close(got, reference, c * k * k + 4, np.float32, inputs)
+    with_index = NHWC_BIAS_RELU.replace("+ B(f), 0)", "+ B(f) + float(w), 0)")
+    assert "polyc_epilogue_vector" not in polyc.define(with_index, cflags=cflags).conv.c_source()
+
+
 @pytest.mark.parametrize("cflags", [None, "-O2"], ids=["native", "portable"])
 def test_channel_mode_threads_repeatedly(cflags):
     rng = np.random.default_rng(14)

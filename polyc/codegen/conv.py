@@ -86,6 +86,7 @@ from polyc.codegen.c import GeneratedKernel, c_comment, _extent_name
 from polyc.codegen import conv_channels
 from polyc.codegen.c_expr import PRELUDE, c_type
 from polyc.codegen.pattern_kernel import PatternKernelWriter, typed
+from polyc.codegen.register_epilogue import RegisterEpilogue
 from polyc.ir.model import PolyProgram
 from polyc.lang import checked as ir
 from polyc.options import Options
@@ -206,6 +207,9 @@ class _ConvWriter(PatternKernelWriter):
             channels = prod(conv.extent(i).constant for i in conv.f)
         self.rf = choose_rows(channels)
         self.channel_blocks = {isa: conv_channels.channel_block(isa, self.dtype, channels) for isa in ISA_GUARDS}
+        # Channel mode applies what it can of the epilogue to the accumulators, in registers.
+        self.register_epilogue = RegisterEpilogue.of(conv.epilogues, self.definition, conv.target_indices, conv.f[0]) \
+            if self.layout.channels and len(conv.f) == 1 and options.vectorize else None
 
     # ------------------------------------------------------------------ top level
     def write(self) -> GeneratedKernel:
@@ -292,7 +296,8 @@ class _ConvWriter(PatternKernelWriter):
                 pieces.append("#include <immintrin.h>")
             if self.layout.channels:
                 pieces.append(f'#define POLYC_CONV_ISA "{isa}"')
-                pieces += conv_channels.instruction_set(self.channel_blocks[isa], self.dtype)
+                pieces += conv_channels.instruction_set(self.channel_blocks[isa], self.dtype,
+                                                        self.register_epilogue, self.definition)
                 continue
             shape = block_shape(isa, self.dtype, self.rf)
             pieces += [f'#define POLYC_CONV_ISA "{isa}"', f"#define POLYC_RF {shape.rf}",

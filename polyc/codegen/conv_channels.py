@@ -30,8 +30,11 @@ next (the output block is accumulated in memory between chunks), so the weights 
 memory once per run, not once per tile (512 -> 512 3x3 filters are 9.4 MB).  How many chunks
 and runs: the split with the least memory traffic (each run reads its chunk's weights, each
 chunk reads the image) among those with an item per thread, or more items (up to 4 per thread)
-for at most 5% more traffic.  The epilogue runs on each tile after its last chunk, vectorised
-along the channels.
+for at most 5% more traffic.  Each kernel call also prefetches, a line per step, its share of
+the weights the next chunk (or the next item) will read, which a model's weights need: they come
+from memory.  The epilogue is applied to the accumulators of the last chunk before their store
+when :mod:`polyc.codegen.register_epilogue` covers it (bias, scale, residual, ReLU, Clip); else
+it runs on each tile after its last chunk, vectorised along the channels.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ import numpy as np
 
 from polyc.codegen.c_expr import c_type
 from polyc.codegen.pattern_kernel import typed
+from polyc.codegen.register_epilogue import RegisterEpilogue
 
 #: Channel vectors (NFV) per register block, per instruction set, at most.
 MAX_CHANNEL_VECTORS = {"avx512": 4, "avx2": 2, "portable": 1}
@@ -85,7 +89,8 @@ _SPELLINGS = {
 }
 
 _ARGUMENTS = ("int64_t nred, const T *restrict wp, int64_t w_step, const T *const *restrict ip, "
-              "const int64_t *restrict roff, T *restrict out, const int64_t *restrict oo, int beta, int64_t tail")
+              "const int64_t *restrict roff, T *restrict out, const int64_t *restrict oo, int beta, int64_t tail, "
+              "const char *pf, int64_t pf_step, int64_t npf, const polyc_conv_t *restrict g, int64_t f0, int last_chunk")
 
 
 def masked_access(isa: str, dtype: np.dtype, lanes: int, count: str | None):
@@ -111,12 +116,16 @@ def masked_access(isa: str, dtype: np.dtype, lanes: int, count: str | None):
             load_full, store_full, f"{pre}_maskload_{suffix}({{ptr}}, km)", f"{pre}_maskstore_{suffix}({{ptr}}, km, {{value}});")
 
 
-def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool = True) -> str:
+def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool = True,
+                  epilogue: bool = False) -> str:
     """``polyc_convc_kernel_<nfv>``: nfv channel vectors x RQ points, unrolled.  The last vector
     holds ``tail`` channels (1..LANES): loaded and stored under a lane mask (``masked=False``,
     AVX2's ``_full`` kernels: all vectors whole, no mask register held through the loop).
     Point j's image is ``ip[j] + roff[r]`` at step r, its output ``out + oo[j]`` (skipped when
-    ``oo[j] < 0``); step r's weights are ``wp + r * w_step``."""
+    ``oo[j] < 0``); step r's weights are ``wp + r * w_step``.  Step r < npf also prefetches
+    line r of the weights to come: ``pf``'s rows ``pf_step`` bytes apart, POLYC_PF_LINES lines
+    each.  With ``epilogue``, the last chunk's accumulators go through ``polyc_epilogue_vector``
+    (:mod:`polyc.codegen.register_epilogue`) before their store."""
     ctype = c_type(dtype)
     lanes, rq, last = block.lanes, block.points, nfv - 1
     vec, pre, suffix, mask_line, load_full, store_full, load_last, store_last = masked_access(
@@ -124,7 +133,8 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
     name = f"polyc_convc_kernel_{nfv}{'' if masked else '_full'}"
     lines = [f"/* {nfv} vector(s) of output channels x {rq} points. */",
              f"static __attribute__((noinline)) void {name}({typed(_ARGUMENTS, ctype)})", "{",
-             f"    {mask_line}" if mask_line else "    (void)tail;"]
+             f"    {mask_line}" if mask_line else "    (void)tail;",
+             "    (void)g; (void)f0; (void)last_chunk;"]
 
     def load(v: int, base: str) -> str:
         return (load_last if v == last else load_full).format(ptr=f"{base} + {v * lanes}")
@@ -138,6 +148,7 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
     lines.append("    " + " ".join(f"const {ctype} *restrict p{j} = ip[{j}];" for j in range(rq)))
     lines += ["    for (int64_t r = 0; r < nred; r++, wp += w_step) {",
               "        const int64_t o = roff[r];",
+              "        if (r < npf) POLYC_PREFETCH_LINE(pf, pf_step, r);",
               f"        const {vec} " + ", ".join(f"w{v} = {load(v, 'wp')}" for v in range(nfv)) + ";",
               f"        {vec} b;"]
     for j in range(rq):
@@ -147,6 +158,12 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
     for j in range(rq):
         body = [f"{ctype} *restrict q = out + oo[{j}];"]
         body += [f"if (beta) {acc[j][v]} = {pre}_add_{suffix}({load(v, 'q')}, {acc[j][v]});" for v in range(nfv)]
+        if epilogue:
+            for v in range(nfv):
+                call = "polyc_epilogue_vector_masked" if masked and v == last else "polyc_epilogue_vector"
+                extra = ", km" if masked and v == last else ""
+                body.append(f"if (last_chunk) {acc[j][v]} = {call}(g, {acc[j][v]}, f0 + {v * lanes}, "
+                            f"q - g->out + {v * lanes}{extra});")
         body += [store(v, "q", acc[j][v]) for v in range(nfv)]
         lines.append(f"    if (oo[{j}] >= 0) {{ " + " ".join(body) + " }")
     lines.append("}")
@@ -155,7 +172,7 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
 
 def dispatch(block: ChannelBlock, ctype: str) -> str:
     """``polyc_convc_block``: the kernel for ``nfv`` vectors (AVX2: without a mask when whole)."""
-    arguments = "(nred, wp, w_step, ip, roff, out, oo, beta, tail)"
+    arguments = "(nred, wp, w_step, ip, roff, out, oo, beta, tail, pf, pf_step, npf, g, f0, last_chunk)"
     cases = []
     for nfv in range(1, block.vectors + 1):
         if block.isa == "avx2":
@@ -168,16 +185,26 @@ def dispatch(block: ChannelBlock, ctype: str) -> str:
             "{\n    switch (nfv) {\n" + "\n".join(cases) + "\n    default: break;\n    }\n}")
 
 
-def instruction_set(block: ChannelBlock, dtype: np.dtype) -> list[str]:
-    """The macros and kernels of one instruction set."""
+def instruction_set(block: ChannelBlock, dtype: np.dtype, epilogue: RegisterEpilogue | None = None,
+                    definition=None) -> list[str]:
+    """The macros and kernels of one instruction set; ``epilogue``: the kernel's epilogue in
+    vector form (of ``definition``), applied by the vector kernels."""
     ctype = c_type(dtype)
     lines = [f"#define POLYC_NR {block.points}", f"#define POLYC_LANES {block.lanes}",
-             f"#define POLYC_FBLOCK {block.nf}", "#define POLYC_PANELS 0"]
+             f"#define POLYC_FBLOCK {block.nf}", "#define POLYC_PANELS 0",
+             f"#define POLYC_PF_LINES {max(1, block.nf * np.dtype(dtype).itemsize // 64)}",
+             "#define POLYC_PREFETCH_LINE(pf, step, r) \\\n"
+             "    __builtin_prefetch((pf) + (r) / POLYC_PF_LINES * (step) + (r) % POLYC_PF_LINES * 64, 0, 2)"]
     if block.isa == "portable":
-        return lines + [typed(PORTABLE_KERNEL, ctype)]
-    kernels = [vector_kernel(block, dtype, nfv) for nfv in range(1, block.vectors + 1)]
+        return lines + ["#define POLYC_REGISTER_EPILOGUE 0", typed(PORTABLE_KERNEL, ctype)]
+    in_registers = epilogue is not None
+    lines.append(f"#define POLYC_REGISTER_EPILOGUE {int(in_registers)}")
+    if in_registers:
+        lines += [epilogue.function(block.isa, masked, definition) for masked in (False, True)]
+    kernels = [vector_kernel(block, dtype, nfv, epilogue=in_registers) for nfv in range(1, block.vectors + 1)]
     if block.isa == "avx2":
-        kernels += [vector_kernel(block, dtype, nfv, masked=False) for nfv in range(1, block.vectors + 1)]
+        kernels += [vector_kernel(block, dtype, nfv, masked=False, epilogue=in_registers)
+                    for nfv in range(1, block.vectors + 1)]
     return lines + kernels + [dispatch(block, ctype)]
 
 
@@ -186,14 +213,16 @@ PORTABLE_KERNEL = r"""
    contract of the vector kernels, nfv 1 and tail channels. */
 static inline void polyc_convc_block(int64_t nfv, int64_t nred, const T *restrict wp, int64_t w_step,
     const T *const *restrict ip, const int64_t *restrict roff, T *restrict out, const int64_t *restrict oo, int beta,
-    int64_t tail)
+    int64_t tail, const char *pf, int64_t pf_step, int64_t npf, const polyc_conv_t *restrict g, int64_t f0,
+    int last_chunk)
 {
-    (void)nfv;
+    (void)nfv; (void)g; (void)f0; (void)last_chunk;
     T acc[POLYC_NR][POLYC_FBLOCK] __attribute__((aligned(64)));
     for (int64_t j = 0; j < POLYC_NR; j++)
         for (int64_t i = 0; i < POLYC_FBLOCK; i++) acc[j][i] = 0;
     for (int64_t r = 0; r < nred; r++, wp += w_step) {
         const int64_t o = roff[r];
+        if (r < npf) POLYC_PREFETCH_LINE(pf, pf_step, r);
         for (int64_t j = 0; j < POLYC_NR; j++) {
             const T b = ip[j][o];
             #pragma omp simd
@@ -211,6 +240,13 @@ static inline void polyc_convc_block(int64_t nfv, int64_t nred, const T *restric
 #: The work of one item (group, channel block, run of tiles), the weights' packing and the
 #: in-place test, in channel mode; the shared loops are conv.py's _RUN.
 WORK = r"""
+/* Row 0 of channel block fb's weights for item group b (packed, or in place). */
+static const T *polyc_conv_block_weights(const polyc_conv_t *restrict g, int64_t b, int64_t fb)
+{
+    return g->wpack ? g->wpack + g->wg_b[b] * g->wg_stride + fb * g->nred * POLYC_FBLOCK
+                    : g->w + g->w_g[g->wg_b[b]] + g->w_f[fb * POLYC_FBLOCK];
+}
+
 /* Work item x: group b, channel blocks fb0 <= fb < fb1 (a chunk of them), tiles t0 <= t < t1
    (a run).  For each chunk of the reduction, every tile of the run is done for every channel
    block of the chunk, so the weights' slice (rchunk rows, the chunk's channels: one stretch of
@@ -222,12 +258,21 @@ static void polyc_conv_work(const polyc_conv_t *restrict g, int64_t x, T *restri
     const int64_t t0 = run * g->take_size, t1 = polyc_min(g->ntiles, t0 + g->take_size);
     const int64_t fb0 = chunk * g->fchunk_size, fb1 = polyc_min(g->nfb, fb0 + g->fchunk_size);
     const T *restrict in = g->in + g->in_b[b];
-    const T *restrict wgroup = g->wpack ? g->wpack + g->wg_b[b] * g->wg_stride : g->w + g->w_g[g->wg_b[b]];
     const T *ip[POLYC_NR];
     int64_t oo[POLYC_NR];
     int64_t r0 = 0;
     do {  /* at least once: an empty reduction still writes its zeros */
         const int64_t nr = polyc_min(g->rchunk, g->nred - r0);
+        /* The weights to come: the next chunk's, or after the last the next item's first
+           (taken next by this thread, mostly).  A model's weights come from memory (resnet18's
+           512 -> 512 3x3 filters are 9.4 MB), and read only when their chunk starts, each
+           chunk's first tile waits on them; so every kernel call prefetches its share of them,
+           a line per step, as it computes (a burst of prefetches at each call did nothing). */
+        const int64_t ahead_x = r0 + nr < g->nred ? x : x + 1, ahead_r0 = ahead_x == x ? r0 + nr : 0;
+        const int64_t ahead_nr = polyc_min(g->rchunk, g->nred - ahead_r0), tiles = t1 - t0;
+        const int64_t ahead_b = ahead_x / g->takes / g->fchunks;
+        const int64_t ahead_fb0 = ahead_x / g->takes % g->fchunks * g->fchunk_size;
+        const int64_t ahead_fb1 = polyc_min(g->nfb, ahead_fb0 + g->fchunk_size);
         for (int64_t t = t0; t < t1; t++) {
             const int64_t q0 = t * POLYC_NR, n = polyc_min(POLYC_NR, g->npoints - q0);
             for (int64_t j = 0; j < POLYC_NR; j++) {
@@ -237,15 +282,24 @@ static void polyc_conv_work(const polyc_conv_t *restrict g, int64_t x, T *restri
             for (int64_t fb = fb0; fb < fb1; fb++) {
                 const int64_t f0 = fb * POLYC_FBLOCK, nfc = polyc_min(POLYC_FBLOCK, g->nf - f0);
                 const int64_t nfv = (nfc + POLYC_LANES - 1) / POLYC_LANES, tail = nfc - (nfv - 1) * POLYC_LANES;
-                const T *restrict wp = (g->wpack ? wgroup + fb * g->nred * POLYC_FBLOCK : wgroup + g->w_f[f0])
-                                       + r0 * g->w_step;
+                const T *restrict wp = polyc_conv_block_weights(g, b, fb) + r0 * g->w_step;
+                /* This call's share: the rows of the same block to come, split over the tiles. */
+                const int64_t ahead_fb = ahead_fb0 + fb - fb0;
+                const char *pf = NULL;
+                int64_t npf = 0;
+                if (ahead_x < g->nwork && ahead_fb < ahead_fb1) {
+                    const int64_t row0 = ahead_nr * (t - t0) / tiles, row1 = ahead_nr * (t - t0 + 1) / tiles;
+                    pf = (const char *)(polyc_conv_block_weights(g, ahead_b, ahead_fb) + (ahead_r0 + row0) * g->w_step);
+                    npf = (row1 - row0) * POLYC_PF_LINES;
+                }
                 polyc_convc_block(nfv, nr, wp, g->w_step, ip, g->in_r + r0, g->out + g->out_f[f0], oo,
-                                  !init || r0 > 0, tail);
+                                  !init || r0 > 0, tail, pf, g->w_step * (int64_t)sizeof(T), npf,
+                                  g, f0, r0 + nr >= g->nred);
             }
         }
         r0 += g->rchunk;
     } while (r0 < g->nred);
-    if (POLYC_HAS_EPILOGUE)
+    if (POLYC_HAS_EPILOGUE && !POLYC_REGISTER_EPILOGUE)
         for (int64_t t = t0; t < t1; t++)
             for (int64_t fb = fb0; fb < fb1; fb++)
                 polyc_epilogue(g, b, fb * POLYC_FBLOCK, polyc_min(POLYC_FBLOCK, g->nf - fb * POLYC_FBLOCK),

@@ -1,0 +1,162 @@
+"""Epilogue statements applied to a kernel's accumulators in registers, before their one store.
+
+A convolution's or product's epilogue (bias, ReLU, Clip, a residual added) is otherwise a second
+pass over the finished output: every element stored by the kernel is loaded, changed and stored
+again, with the per-point bookkeeping of a loop the compiler vectorises.  For a convolution of
+few input channels that pass costs as much as the convolution (mobilenet_v2's 1x1 16 -> 96 at
+112 x 112 on one core: 0.20 ms without its bias and Clip, 0.30 ms with them, AMD EPYC Zen 5).
+Here the statements become intrinsics on one vector of accumulators, as oneDNN's post-ops and
+MLAS's kernels do: the accumulators of consecutive channels of one output point.
+
+The vector form covers what models put after a convolution, with the interpreter's semantics:
+``+ - * /`` on floats, fmax/fmin/max/min (NaN rules of polyc's scalar ``polyc_fmaxf``: a NaN
+second argument gives the first, else ``a >= b ? a : b``), constants, the target itself, a
+vector indexed by the channel alone (a bias, a scale), and a tensor of the target's shape at the
+target's own point (a residual).  Anything else (a sigmoid, an index value, a gather) keeps the
+scalar pass: :meth:`RegisterEpilogue.of` returns None.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from polyc.codegen.c_expr import c_constant
+from polyc.lang import checked as ir
+from polyc.lang.symbolic import Affine
+
+#: Intrinsic spellings (vector type, prefix, suffix, mask type) per instruction set and item size.
+_SPELLINGS = {
+    ("avx512", 4): ("__m512", "_mm512", "ps", "__mmask16"),
+    ("avx512", 8): ("__m512d", "_mm512", "pd", "__mmask8"),
+    ("avx2", 4): ("__m256", "_mm256", "ps", "__m256i"),
+    ("avx2", 8): ("__m256d", "_mm256", "pd", "__m256i"),
+}
+
+_ARITHMETIC = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
+
+#: fmax-like builtins -> the comparison that keeps the first argument.
+_KEEP_FIRST = {"fmax": "_CMP_GE_OQ", "max": "_CMP_GE_OQ", "fmin": "_CMP_LE_OQ", "min": "_CMP_LE_OQ"}
+
+
+class _Unsupported(Exception):
+    """The epilogue has something the vector form does not cover."""
+
+
+@dataclass(frozen=True)
+class _Operand:
+    """A tensor the epilogue reads: by the channel alone (``per_channel``) or at the target's point."""
+
+    name: str
+    per_channel: bool
+
+
+@dataclass(frozen=True)
+class RegisterEpilogue:
+    """The epilogue of a kernel writing ``target``, as vector code on its accumulators."""
+
+    statements: tuple[ir.CheckedStatement, ...]
+    target: str
+    #: Per statement: its index at the kernel's channel position.
+    channel_indices: tuple[str, ...]
+    dtype: np.dtype
+
+    @classmethod
+    def of(cls, statements, definition, kernel_indices: tuple[str, ...], channel: str) -> RegisterEpilogue | None:
+        """The vector form of ``statements`` (epilogue statements on the target at the kernel's
+        indices ``kernel_indices``, of which ``channel`` is the vectorised one), or None."""
+        if not statements:
+            return None
+        target = statements[0].target
+        dtype = np.dtype(definition.tensor(target).dtype)
+        if dtype not in (np.dtype(np.float32), np.dtype(np.float64)) or channel not in kernel_indices:
+            return None
+        position = kernel_indices.index(channel)
+        channels = []
+        for statement in statements:
+            if statement.target != target or statement.op != "=" or len(statement.indices) != len(kernel_indices):
+                return None
+            channels.append(statement.indices[position])
+        epilogue = cls(tuple(statements), target, tuple(channels), dtype)
+        try:
+            epilogue.function("avx512", masked=True, definition=definition)
+        except _Unsupported:
+            return None
+        return epilogue
+
+    def function(self, isa: str, masked: bool, definition, context: str = "polyc_conv_t") -> str:
+        """``polyc_epilogue_vector[_masked](g, acc, f, e[, km])``: the statements on ``acc``, the
+        target's lanes at channel ``f`` and element ``e`` onwards (the loads of other tensors
+        under the lane mask ``km`` when ``masked``); ``g`` is the kernel's ``context`` record,
+        holding each tensor's address as ``t_<name>``."""
+        vec, pre, suffix, mask_type = _SPELLINGS[(isa, self.dtype.itemsize)]
+        lines: list[str] = []
+        loaded: dict[_Operand, str] = {}
+        target_shape = definition.tensor(self.target).shape
+
+        def temporary(text: str) -> str:
+            name = f"v{len(lines)}"
+            lines.append(f"const {vec} {name} = {text};")
+            return name
+
+        def load(operand: _Operand) -> str:
+            if operand not in loaded:
+                pointer = f"g->t_{operand.name} + {'f' if operand.per_channel else 'e'}"
+                if not masked:
+                    text = f"{pre}_loadu_{suffix}({pointer})"
+                elif isa == "avx512":
+                    text = f"{pre}_maskz_loadu_{suffix}(km, {pointer})"
+                else:
+                    text = f"{pre}_maskload_{suffix}({pointer}, km)"
+                loaded[operand] = temporary(text)
+            return loaded[operand]
+
+        def keep_first(comparison: str, a: str, b: str, b_is_number: bool) -> str:
+            if isa == "avx512":
+                keep = f"{pre}_cmp_{suffix}_mask({a}, {b}, {comparison})"
+                if not b_is_number:
+                    keep += f" | {pre}_cmp_{suffix}_mask({b}, {b}, _CMP_UNORD_Q)"
+                return temporary(f"{pre}_mask_blend_{suffix}({keep}, {b}, {a})")
+            keep = f"{pre}_cmp_{suffix}({a}, {b}, {comparison})"
+            if not b_is_number:
+                keep = f"{pre}_or_{suffix}({keep}, {pre}_cmp_{suffix}({b}, {b}, _CMP_UNORD_Q))"
+            return temporary(f"{pre}_blendv_{suffix}({b}, {a}, {keep})")
+
+        def vector(expr: ir.TExpr, statement: ir.CheckedStatement, channel: str, own_point: tuple) -> str:
+            if np.dtype(expr.dtype) != self.dtype:
+                raise _Unsupported
+            if isinstance(expr, ir.Const):
+                return temporary(f"{pre}_set1_{suffix}({c_constant(expr.value, self.dtype)})")
+            if isinstance(expr, ir.Read):
+                tensor = definition.tensor(expr.tensor)
+                if np.dtype(tensor.dtype) != self.dtype:
+                    raise _Unsupported
+                if expr.subscripts == own_point and expr.tensor == self.target:
+                    return "acc"
+                if expr.subscripts == own_point and tensor.shape == target_shape:
+                    return load(_Operand(expr.tensor, False))
+                if expr.subscripts == (Affine.var(channel),):
+                    return load(_Operand(expr.tensor, True))
+                raise _Unsupported
+            if isinstance(expr, ir.Binary) and expr.op in _ARITHMETIC:
+                lhs = vector(expr.lhs, statement, channel, own_point)
+                rhs = vector(expr.rhs, statement, channel, own_point)
+                return temporary(f"{pre}_{_ARITHMETIC[expr.op]}_{suffix}({lhs}, {rhs})")
+            if isinstance(expr, ir.Call) and expr.func in _KEEP_FIRST and len(expr.args) == 2:
+                a = vector(expr.args[0], statement, channel, own_point)
+                b = vector(expr.args[1], statement, channel, own_point)
+                second = expr.args[1]
+                is_number = isinstance(second, ir.Const) and not np.isnan(second.value)
+                return keep_first(_KEEP_FIRST[expr.func], a, b, is_number)
+            raise _Unsupported
+
+        for statement, channel in zip(self.statements, self.channel_indices):
+            own_point = tuple(Affine.var(i) for i in statement.indices)
+            result = vector(statement.rhs, statement, channel, own_point)
+            lines.append(f"acc = {result};")
+        name = "polyc_epilogue_vector" + ("_masked" if masked else "")
+        mask = f", {mask_type} km" if masked else ""
+        return (f"/* The epilogue on one vector of accumulators: channels f.., target elements e... */\n"
+                f"static inline {vec} {name}(const {context} *restrict g, {vec} acc, int64_t f, int64_t e{mask})\n"
+                f"{{\n    (void)g; (void)f; (void)e;{' (void)km;' if masked else ''}\n"
+                + "\n".join(f"    {line}" for line in lines) + "\n    return acc;\n}")
