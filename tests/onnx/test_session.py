@@ -362,6 +362,34 @@ def test_depthwise_convolutions_unrolled_against_onnxruntime(attributes, shape, 
     assert session.groups == [["dw", "relu6"]] if unrolled else session.groups == [["dw"], ["dw", "relu6"]]
 
 
+@pytest.mark.parametrize("strides", [1, 2])
+def test_channels_last_depthwise_slabs_each_compute_the_activation(strides):
+    # Channels last (after a convolution that takes the image to NHWC), a padded 3x3 depthwise
+    # convolution is an interior and border slabs, one statement each; the Clip after it is
+    # folded into every one of them instead of making a second pass over the output.
+    rng = np.random.default_rng(8)
+    initializers = [numpy_helper.from_array(rng.standard_normal((16, 3, 1, 1)).astype(np.float32), "P"),
+                    numpy_helper.from_array(rng.standard_normal((16, 1, 3, 3)).astype(np.float32), "W"),
+                    numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "B"),
+                    numpy_helper.from_array(np.array(0, np.float32), "lo"),
+                    numpy_helper.from_array(np.array(0.5, np.float32), "hi")]
+    nodes = [helper.make_node("Conv", ["X", "P"], ["p"], name="pointwise"),
+             helper.make_node("Conv", ["p", "W", "B"], ["c"], group=16, pads=[1, 1, 1, 1], strides=[strides] * 2,
+                              name="dw"),
+             helper.make_node("Clip", ["c", "lo", "hi"], ["Y"], name="relu6")]
+    graph = helper.make_graph(nodes, "dw", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3, 10, 9])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 16, "H", "W"])],
+                              initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((2, 3, 10, 9)).astype(np.float32)
+    session = ponnx.InferenceSession(model, channels_last=True)
+    np.testing.assert_allclose(session.run(None, {"X": x})[0], reference(model, x), rtol=1e-5, atol=1e-5)
+    assert ["dw", "relu6"] in session.groups
+    kernel = next(part for part in session.tc_source().split("def ")[1:] if "fmin" in part)
+    statements = [line for line in kernel.split("}")[0].splitlines() if " = " in line]
+    assert len(statements) > 2 and all(" = fmin(fmax((" in line for line in statements)
+
+
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_silu_and_gelu_chains_are_epilogues_of_the_kernel_computing_their_input(channels_last):
     # SiLU (x * sigmoid(x)) after a convolution and GELU (x * (1 + erf(x / sqrt 2)) / 2) after

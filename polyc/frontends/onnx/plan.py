@@ -149,6 +149,7 @@ class Plan:
                 made_by[id(step.target)] = len(order)
                 order.append(step)
                 continue
+            written = list(step.writes)
             target = self._fusion_target(step, order, made_by, uses) if graph_fusion else None
             if target is None and graph_fusion and self._fuse_through_view(step, order, made_by, uses):
                 continue
@@ -159,11 +160,15 @@ class Plan:
             else:
                 position, producer = target
                 group = order[position]
+                writer = next((s for s in reversed(group.steps) if any(w is producer for w in s.writes)), None) \
+                    if producer is not None else None
                 if producer is not None:  # an epilogue: it updates the producer's tensor
                     renamed[step.writes[0].ident] = step.writes[0]
                     step.writes[0].ident = producer.ident
+                if writer is not None and _fold_into_writer(writer, step, producer):
+                    step.statements, step.reads, step.writes = [], [], []  # listed, computed by `writer`
                 group.steps.append(step)
-            for value in step.writes:
+            for value in written:
                 made_by[id(value)] = position
         if renamed:  # statements were written with the old names
             token = re.compile(r"\bv\d+\b")
@@ -468,6 +473,56 @@ def inline_elementwise(steps: list, outputs: list) -> list:
             readers[id(read)] = [r for n, r in enumerate(moved) if all(r is not q for q in moved[:n])]
         dropped.add(id(step))
     return [step for step in steps if id(step) not in dropped]
+
+
+_RANGE = re.compile(r"\b([A-Za-z_]\w*) in (-?\d+):(-?\d+)")
+
+
+def _fold_into_writer(writer: KernelStep, epilogue: KernelStep, value: Value) -> bool:
+    """Folds ``epilogue``, one elementwise statement over the whole of ``value`` that reads it
+    only at its own point, into each statement of ``writer``, when these are several that
+    assign ``value`` in boxes partitioning it (a depthwise convolution's interior and border
+    slabs): each then computes the epilogue of its own expression, where the epilogue was a
+    second pass over the whole output (mobilenet_v2's 3x3 depthwise layers with their Clip).  ``epilogue`` already
+    writes ``value``'s name.  Returns whether it did; then ``writer`` writes the epilogue's
+    value and reads its operands."""
+    parts = _STATEMENT.match(epilogue.statements[0]) if len(epilogue.statements) == 1 else None
+    # (One statement the scheduler fuses with its epilogue itself, in one loop nest.)
+    if parts is None or len(writer.statements) < 2 or len(epilogue.writes) != 1 or value.dtype.kind != "f" \
+            or epilogue.writes[0].dtype != value.dtype or epilogue.writes[0].shape != value.shape:
+        return False
+    names = [n.strip() for n in parts["indices"].split(",")]
+    whole = " where " + ", ".join(f"{n} in 0:{e}" for n, e in zip(names, value.tc_shape))
+    reads = _subscripts_of(value, parts["rhs"])
+    if not value.tc_shape or parts["ranges"] != whole or not reads or reads != [parts["indices"]] * len(reads):
+        return False
+    marker = "\x00"  # the read of `value` while the indices are renamed
+    own = re.sub(rf"\b{value.ident}\({re.escape(parts['indices'])}\)", marker, parts["rhs"])
+    statements, boxes = [], []
+    for text in writer.statements:
+        assigned = _STATEMENT.match(text)
+        if assigned is None or assigned["target"] != value.ident or not assigned["ranges"] \
+                or _subscripts_of(value, assigned["rhs"]):
+            return False
+        mine = [n.strip() for n in assigned["indices"].split(",")]
+        ranges = {name: (int(low), int(high)) for name, low, high in _RANGE.findall(assigned["ranges"])}
+        if len(mine) != len(names) or len(set(mine)) != len(mine) or set(ranges) != set(mine):
+            return False
+        boxes.append([ranges[n] for n in mine])
+        renaming = dict(zip(names, mine))
+        rhs = re.sub(r"\b(" + "|".join(map(re.escape, names)) + r")\b", lambda m: renaming[m.group()], own)
+        statements.append(f"{value.ident}({assigned['indices']}) = "
+                          f"{rhs.replace(marker, '(' + assigned['rhs'] + ')')}{assigned['ranges']}")
+    # The boxes must partition the tensor: inside it, pairwise disjoint, as many points as it.
+    inside = all(0 <= low <= high <= extent for box in boxes for (low, high), extent in zip(box, value.tc_shape))
+    disjoint = all(any(a[1] <= b[0] or b[1] <= a[0] for a, b in zip(first, second))
+                   for n, first in enumerate(boxes) for second in boxes[n + 1:])
+    if not inside or not disjoint or sum(math.prod(h - lo for lo, h in box) for box in boxes) != math.prod(value.tc_shape):
+        return False
+    writer.statements = statements
+    writer.writes = [epilogue.writes[0] if w is value else w for w in writer.writes]
+    writer.reads += [r for r in epilogue.reads if r is not value and all(r is not q for q in writer.reads)]
+    return True
 
 
 def _merged_statement(parts, view: Value, tensor: Value) -> str | None:
