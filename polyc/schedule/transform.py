@@ -39,6 +39,11 @@ from polyc.schedule import tiling
 from polyc.schedule.tiling import choose_tile_sizes
 
 PARALLEL, SIMD, UNROLL, REDUCE = "parallel", "simd", "unroll", "reduce"
+
+#: Statement instances below which a band gets no parallel loop: starting and joining a team of
+#: two threads costs about 1.2 us (AMD EPYC Zen 5), the work of thousands of instances, which a
+#: depthwise convolution's border slabs each paid (a corner: 32 instances).
+MIN_PARALLEL_INSTANCES = 4096
 MARKS = (PARALLEL, SIMD, UNROLL, REDUCE)
 
 #: Reduction operators OpenMP's reduction clause computes with polyc's semantics.  Floating-point
@@ -148,6 +153,8 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
             decision.tiling = "the cache model found the data of the loops fits in cache untiled"
 
     marked_parallel = False
+    instances = _instance_count(node)
+    too_little = instances is not None and instances < MIN_PARALLEL_INSTANCES
     if not options.parallel:
         decision.parallel_reason = "parallel loops are off (parallel=False)"
     elif parallel_above:
@@ -171,10 +178,15 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
     reduction_clause = None
     if options.parallel and not parallel_above and not marked_parallel:
         node, reduction_clause = _parallel_reduction(node, context, decision)
-        if reduction_clause is not None:
+        if reduction_clause is not None and not too_little:
             decision.parallel = f"{REDUCE}:{reduction_clause}"
             name = f"{REDUCE}:{reduction_clause}@{node.get_schedule_depth()}"
             node = node.insert_mark(isl.Id(name, context=node.get_ctx())).child(0)
+    if too_little and (marked_parallel or reduction_clause is not None):
+        # The band keeps the shape a parallel loop gave it, but runs on the calling thread.
+        decision.parallel = None
+        decision.parallel_reason = (f"too little work for threads: {instances} statement instances, fewer than "
+                                    f"{MIN_PARALLEL_INSTANCES}")
 
     # Step into the point band (if tiled) for the innermost-loop decisions.
     inner = node.child(0) if tiled else node
@@ -187,12 +199,27 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
     # Climb back to the position the band had when we were called.
     while inner.get_tree_depth() > depth:
         inner = inner.parent()
-    if marked_parallel:
+    if marked_parallel and not too_little:
         # Any coincident member down the band chain may turn out to be the outermost loop
         # (isl elides loops of one iteration, e.g. a tile loop when the tile covers the extent).
         depths = ",".join(str(d) for d in _coincident_depths(inner))
         inner = inner.insert_mark(isl.Id(f"{PARALLEL}@{depths}", context=inner.get_ctx()))
     return inner
+
+
+def _instance_count(node: isl.ScheduleNode) -> int | None:
+    """How many statement instances run under ``node``, or None where the sizes are not fixed."""
+    total = 0
+    for domain in sets(node.get_domain()):
+        parameters = domain.params()
+        if any(parameters.plain_get_val_if_fixed(isl.dim_type.param, i).is_nan()
+               for i in range(parameters.dim(isl.dim_type.param))):
+            return None
+        count = domain.count_val()
+        if not count.is_int():
+            return None
+        total += count.to_python()
+    return total
 
 
 def _parallel_reduction(band: isl.ScheduleNode, context: _Context,

@@ -111,7 +111,7 @@ def test_an_integer_max_is_an_openmp_reduction():
 
 
 def test_softmax_row_reductions():
-    sizes = {"N": 8, "D": 16}
+    sizes = {"N": 64, "D": 96}
     e, stages = explained(SOFTMAX, sizes)
     assert e.path == "generic"
     rows = [loop for loop in e.loops if loop.index == "n"]
@@ -120,6 +120,16 @@ def test_softmax_row_reductions():
     assert inner and any(loop.vectorised for loop in inner)
     assert any("max:M" in r for loop in inner for r in loop.reasons)
     assert_witness_is_a_dependence(e, stages, sizes)
+
+
+def test_too_little_work_stays_on_the_calling_thread():
+    # 8 rows of 16: fewer statement instances than starting threads is worth; the loop over
+    # the rows keeps its place and says why it is not parallel.
+    e, stages = explained(SOFTMAX, {"N": 8, "D": 16})
+    rows = [loop for loop in e.loops if loop.index == "n"]
+    assert rows and not rows[0].parallel
+    assert any("too little work for threads: 400 statement instances" in r for r in rows[0].reasons)
+    assert "omp parallel" not in stages.kernel.source
 
 
 def test_fusion_min_keeps_statements_apart():
@@ -245,7 +255,7 @@ def test_elementwise_column_sum_and_layer_norm():
         var(n) +=! (X(n, r_d) - mean(n)) * (X(n, r_d) - mean(n)) / D
         Y(n, d) = (X(n, d) - mean(n)) / sqrt(var(n) + 1e-5)
     }"""
-    sizes = {"N": 16, "D": 64}
+    sizes = {"N": 64, "D": 64}
     e, stages = explained(source, sizes)
     outer = stages.decisions[0]
     assert outer.parallel == "parallel" and set(outer.statements) >= {"S0", "S1", "S2"}
