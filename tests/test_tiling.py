@@ -107,3 +107,17 @@ def test_the_parallel_loop_keeps_a_tile_for_every_thread():
         explanation = kernel.explain(dict(N=512))
         sizes = [loop.tile_size for loop in explanation.loops if loop.index == "i"]
         assert sizes and all(size is not None and 512 // size >= threads for size in sizes), (threads, sizes)
+
+
+def test_tiles_are_cut_from_where_the_loop_starts():
+    # The interior rows of a padded image, 1..128, in tiles of 64: cut from row 0 they made
+    # tiles of 63, 64 and 1 rows, and the parallel loop's three iterations gave one thread
+    # two of them.  Each member is shifted to start at 0 first: two tiles of 64.
+    source = """def interior(float(130, 256) A) -> (B) {
+        B(i, j) = A(i - 1, j) + A(i + 1, j) where i in 1:129, j in 0:256
+    }"""
+    kernel = polyc.define(source, tuning=False, cache_sizes=CACHES, tile_sizes=(64, 64)).interior
+    code = kernel.c_source()
+    assert "c0 <= INT64_C(127); c0 += INT64_C(64)" in code, code
+    a = np.random.default_rng(3).standard_normal((130, 256)).astype(np.float32)
+    np.testing.assert_array_equal(kernel(a)[1:], a[:128] + a[2:])  # (row 0 is not written)

@@ -146,6 +146,7 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
         sizes = choose_tile_sizes(node, context.program, options.tile_sizes, tiling.cache_sizes(options),
                                   options.threads)
         if sizes is not None:
+            node = _shift_to_origin(node)
             node = node.band_tile(isl.MultiVal.from_val_list(node.band_get_space(), _val_list(node, sizes)))
             tiled = True
             decision.tile_sizes = tuple(sizes)
@@ -205,6 +206,30 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
         depths = ",".join(str(d) for d in _coincident_depths(inner))
         inner = inner.insert_mark(isl.Id(f"{PARALLEL}@{depths}", context=inner.get_ctx()))
     return inner
+
+
+def _shift_to_origin(band: isl.ScheduleNode) -> isl.ScheduleNode:
+    """The band with each member shifted by a constant so that its smallest value is 0, where
+    that value is known.  Tiles are cut from 0: the interior of a padded image's rows, 1..110,
+    in tiles of 55 made tiles of 54, 55 and 1 rows, and its parallel loop of three iterations
+    gave one thread two of them.  A constant shift of a whole member keeps every order."""
+    schedule = band.band_get_partial_schedule().intersect_domain(band.get_domain())
+    shifts = []
+    for member in range(band.band_n_member()):
+        try:
+            lowest = schedule.get_union_pw_aff(member).min_val()
+        except isl.Error:
+            return band
+        if not lowest.is_int():
+            return band
+        shifts.append(lowest.neg())
+    if all(shift.is_zero() for shift in shifts):
+        return band
+    shift = band.band_get_partial_schedule()
+    domain = shift.domain()
+    for member, value in enumerate(shifts):
+        shift = shift.set_union_pw_aff(member, isl.UnionPwAff.val_on_domain(domain, value))
+    return band.band_shift(shift)
 
 
 def _instance_count(node: isl.ScheduleNode) -> int | None:
