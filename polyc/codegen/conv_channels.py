@@ -90,7 +90,8 @@ _SPELLINGS = {
 
 _ARGUMENTS = ("int64_t nred, const T *restrict wp, int64_t w_step, const T *const *restrict ip, "
               "const int64_t *restrict roff, T *restrict out, const int64_t *restrict oo, int beta, int64_t tail, "
-              "const char *pf, int64_t pf_step, int64_t npf, const polyc_conv_t *restrict g, int64_t f0, int last_chunk")
+              "const char *pf, int64_t pf_step, int64_t npf, const polyc_conv_t *restrict g, int64_t f0, "
+              "int last_chunk")
 
 
 def masked_access(isa: str, dtype: np.dtype, lanes: int, count: str | None):

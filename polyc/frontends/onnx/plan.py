@@ -483,9 +483,9 @@ def _fold_into_writer(writer: KernelStep, epilogue: KernelStep, value: Value) ->
     only at its own point, into each statement of ``writer``, when these are several that
     assign ``value`` in boxes partitioning it (a depthwise convolution's interior and border
     slabs): each then computes the epilogue of its own expression, where the epilogue was a
-    second pass over the whole output (mobilenet_v2's 3x3 depthwise layers with their Clip).  ``epilogue`` already
-    writes ``value``'s name.  Returns whether it did; then ``writer`` writes the epilogue's
-    value and reads its operands."""
+    second pass over the whole output (mobilenet_v2's 3x3 depthwise layers with their Clip).
+    ``epilogue`` already writes ``value``'s name.  Returns whether it did; then ``writer``
+    writes the epilogue's value and reads its operands."""
     parts = _STATEMENT.match(epilogue.statements[0]) if len(epilogue.statements) == 1 else None
     # (One statement the scheduler fuses with its epilogue itself, in one loop nest.)
     if parts is None or len(writer.statements) < 2 or len(epilogue.writes) != 1 or value.dtype.kind != "f" \
@@ -517,7 +517,8 @@ def _fold_into_writer(writer: KernelStep, epilogue: KernelStep, value: Value) ->
     inside = all(0 <= low <= high <= extent for box in boxes for (low, high), extent in zip(box, value.tc_shape))
     disjoint = all(any(a[1] <= b[0] or b[1] <= a[0] for a, b in zip(first, second))
                    for n, first in enumerate(boxes) for second in boxes[n + 1:])
-    if not inside or not disjoint or sum(math.prod(h - lo for lo, h in box) for box in boxes) != math.prod(value.tc_shape):
+    points = sum(math.prod(high - low for low, high in box) for box in boxes)
+    if not inside or not disjoint or points != math.prod(value.tc_shape):
         return False
     writer.statements = statements
     writer.writes = [epilogue.writes[0] if w is value else w for w in writer.writes]
