@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from polyc.codegen.c_expr import c_type
+from polyc.codegen.gemm import _VECTOR_SPELLINGS
 from polyc.codegen.pattern_kernel import typed
 from polyc.codegen.register_epilogue import RegisterEpilogue
 
@@ -81,17 +82,15 @@ def channel_block(isa: str, dtype: np.dtype, channels: int | None) -> ChannelBlo
     return ChannelBlock(isa, lanes, vectors, _POINTS[isa][vectors])
 
 
-_SPELLINGS = {
-    ("avx512", 4): ("__m512", "_mm512", "ps"),
-    ("avx512", 8): ("__m512d", "_mm512", "pd"),
-    ("avx2", 4): ("__m256", "_mm256", "ps"),
-    ("avx2", 8): ("__m256d", "_mm256", "pd"),
-}
-
 _ARGUMENTS = ("int64_t nred, const T *restrict wp, int64_t w_step, const T *const *restrict ip, "
               "const int64_t *restrict roff, T *restrict out, const int64_t *restrict oo, int beta, int64_t tail, "
               "const char *pf, int64_t pf_step, int64_t npf, const polyc_conv_t *restrict g, int64_t f0, "
               "int last_chunk")
+
+
+def mask_type(isa: str, lanes: int) -> str:
+    """The C type of ``isa``'s lane mask ``km`` for vectors of ``lanes`` lanes."""
+    return ("__mmask16" if lanes == 16 else "__mmask8") if isa == "avx512" else "__m256i"
 
 
 def masked_access(isa: str, dtype: np.dtype, lanes: int, count: str | None):
@@ -100,12 +99,12 @@ def masked_access(isa: str, dtype: np.dtype, lanes: int, count: str | None):
     vector, load and store formats of the last one).  ``count``: C for the number of lanes of
     the last vector in use (loads and stores under the mask ``km``), None: whole vectors.  The
     formats take ``{ptr}`` (and ``{value}``)."""
-    vec, pre, suffix = _SPELLINGS[(isa, np.dtype(dtype).itemsize)]
+    vec, pre, suffix = _VECTOR_SPELLINGS[(isa, np.dtype(dtype).itemsize)]
     load_full, store_full = f"{pre}_loadu_{suffix}({{ptr}})", f"{pre}_storeu_{suffix}({{ptr}}, {{value}});"
     if count is None:
         return vec, pre, suffix, None, load_full, store_full, load_full, store_full
     if isa == "avx512":
-        mask = "__mmask16" if lanes == 16 else "__mmask8"
+        mask = mask_type(isa, lanes)
         return (vec, pre, suffix, f"const {mask} km = ({mask})polyc_lane_mask({count}, {lanes});",
                 load_full, store_full, f"{pre}_maskz_loadu_{suffix}(km, {{ptr}})",
                 f"{pre}_mask_storeu_{suffix}({{ptr}}, km, {{value}});")
@@ -201,7 +200,9 @@ def instruction_set(block: ChannelBlock, dtype: np.dtype, epilogue: RegisterEpil
     in_registers = epilogue is not None
     lines.append(f"#define POLYC_REGISTER_EPILOGUE {int(in_registers)}")
     if in_registers:
-        lines += [epilogue.function(block.isa, masked, definition) for masked in (False, True)]
+        _, _, _, _, load_full, _, load_last, _ = masked_access(block.isa, dtype, block.lanes, "tail")
+        lines += [epilogue.function(definition, block.isa, load_full),
+                  epilogue.function(definition, block.isa, load_last, mask_type(block.isa, block.lanes))]
     kernels = [vector_kernel(block, dtype, nfv, epilogue=in_registers) for nfv in range(1, block.vectors + 1)]
     if block.isa == "avx2":
         kernels += [vector_kernel(block, dtype, nfv, masked=False, epilogue=in_registers)

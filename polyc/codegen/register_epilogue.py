@@ -22,16 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from polyc.codegen.c_expr import c_constant
+from polyc.codegen.gemm import _VECTOR_SPELLINGS
 from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine
-
-#: Intrinsic spellings (vector type, prefix, suffix, mask type) per instruction set and item size.
-_SPELLINGS = {
-    ("avx512", 4): ("__m512", "_mm512", "ps", "__mmask16"),
-    ("avx512", 8): ("__m512d", "_mm512", "pd", "__mmask8"),
-    ("avx2", 4): ("__m256", "_mm256", "ps", "__m256i"),
-    ("avx2", 8): ("__m256d", "_mm256", "pd", "__m256i"),
-}
 
 _ARITHMETIC = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
 
@@ -79,17 +72,20 @@ class RegisterEpilogue:
             channels.append(statement.indices[position])
         epilogue = cls(tuple(statements), target, tuple(channels), dtype)
         try:
-            epilogue.function("avx512", masked=True, definition=definition)
+            epilogue.function(definition, "avx512", "{ptr}")
         except _Unsupported:
             return None
         return epilogue
 
-    def function(self, isa: str, masked: bool, definition, context: str = "polyc_conv_t") -> str:
+    def function(self, definition, isa: str, load_format: str, mask_type: str | None = None,
+                 context: str = "polyc_conv_t") -> str:
         """``polyc_epilogue_vector[_masked](g, acc, f, e[, km])``: the statements on ``acc``, the
-        target's lanes at channel ``f`` and element ``e`` onwards (the loads of other tensors
-        under the lane mask ``km`` when ``masked``); ``g`` is the kernel's ``context`` record,
-        holding each tensor's address as ``t_<name>``."""
-        vec, pre, suffix, mask_type = _SPELLINGS[(isa, self.dtype.itemsize)]
+        target's lanes at channel ``f`` and element ``e`` onwards, other tensors read by
+        ``load_format`` (of ``{ptr}``; with ``mask_type``, the ``_masked`` function's loads under
+        its lane mask ``km``); ``g`` is the kernel's ``context`` record, holding each tensor's
+        address as ``t_<name>``."""
+        vec, pre, suffix = _VECTOR_SPELLINGS[(isa, self.dtype.itemsize)]
+        masked = mask_type is not None
         lines: list[str] = []
         loaded: dict[_Operand, str] = {}
         target_shape = definition.tensor(self.target).shape
@@ -102,13 +98,7 @@ class RegisterEpilogue:
         def load(operand: _Operand) -> str:
             if operand not in loaded:
                 pointer = f"g->t_{operand.name} + {'f' if operand.per_channel else 'e'}"
-                if not masked:
-                    text = f"{pre}_loadu_{suffix}({pointer})"
-                elif isa == "avx512":
-                    text = f"{pre}_maskz_loadu_{suffix}(km, {pointer})"
-                else:
-                    text = f"{pre}_maskload_{suffix}({pointer}, km)"
-                loaded[operand] = temporary(text)
+                loaded[operand] = temporary(load_format.format(ptr=pointer))
             return loaded[operand]
 
         def keep_first(comparison: str, a: str, b: str, b_is_number: bool) -> str:
@@ -122,7 +112,7 @@ class RegisterEpilogue:
                 keep = f"{pre}_or_{suffix}({keep}, {pre}_cmp_{suffix}({b}, {b}, _CMP_UNORD_Q))"
             return temporary(f"{pre}_blendv_{suffix}({b}, {a}, {keep})")
 
-        def vector(expr: ir.TExpr, statement: ir.CheckedStatement, channel: str, own_point: tuple) -> str:
+        def vector(expr: ir.TExpr, channel: str, own_point: tuple) -> str:
             if np.dtype(expr.dtype) != self.dtype:
                 raise _Unsupported
             if isinstance(expr, ir.Const):
@@ -139,12 +129,12 @@ class RegisterEpilogue:
                     return load(_Operand(expr.tensor, True))
                 raise _Unsupported
             if isinstance(expr, ir.Binary) and expr.op in _ARITHMETIC:
-                lhs = vector(expr.lhs, statement, channel, own_point)
-                rhs = vector(expr.rhs, statement, channel, own_point)
+                lhs = vector(expr.lhs, channel, own_point)
+                rhs = vector(expr.rhs, channel, own_point)
                 return temporary(f"{pre}_{_ARITHMETIC[expr.op]}_{suffix}({lhs}, {rhs})")
             if isinstance(expr, ir.Call) and expr.func in _KEEP_FIRST and len(expr.args) == 2:
-                a = vector(expr.args[0], statement, channel, own_point)
-                b = vector(expr.args[1], statement, channel, own_point)
+                a = vector(expr.args[0], channel, own_point)
+                b = vector(expr.args[1], channel, own_point)
                 second = expr.args[1]
                 is_number = isinstance(second, ir.Const) and not np.isnan(second.value)
                 return keep_first(_KEEP_FIRST[expr.func], a, b, is_number)
@@ -152,7 +142,7 @@ class RegisterEpilogue:
 
         for statement, channel in zip(self.statements, self.channel_indices):
             own_point = tuple(Affine.var(i) for i in statement.indices)
-            result = vector(statement.rhs, statement, channel, own_point)
+            result = vector(statement.rhs, channel, own_point)
             lines.append(f"acc = {result};")
         name = "polyc_epilogue_vector" + ("_masked" if masked else "")
         mask = f", {mask_type} km" if masked else ""
