@@ -650,3 +650,23 @@ def test_runs_after_the_first_call_the_kernels_by_their_resolved_pointers(graph_
     assert not checked_calls
     for got, copy in zip(first, kept):
         np.testing.assert_array_equal(got, copy)
+
+
+def test_an_image_too_small_for_the_windows_is_a_signature_error():
+    # squeezenet fed 16 x 16: its third MaxPool would get a 1 x 1 image (onnxruntime stops with
+    # SIGFPE on such inputs); the error names the node, and the session still runs larger images.
+    rng = np.random.default_rng(7)
+    nodes = [helper.make_node("Conv", ["X", "W"], ["c"], strides=[2, 2], name="conv"),
+             helper.make_node("MaxPool", ["c"], ["p"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1, name="pool"),
+             helper.make_node("GlobalAveragePool", ["p"], ["Y"], name="mean")]
+    graph = helper.make_graph(nodes, "too_small", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, "H", "W"])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4, 1, 1])],
+                              [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ponnx.InferenceSession(model)
+    with pytest.raises(polyc.SignatureError, match=r"node 'pool' \(MaxPool\): spatial dimension 0 of its input is 1 "
+                                                   r"\(padded: 1\), less than its window of 3"):
+        session.run(None, {"X": rng.standard_normal((1, 3, 4, 9)).astype(np.float32)})
+    x = rng.standard_normal((1, 3, 9, 9)).astype(np.float32)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+    np.testing.assert_allclose(session.run(None, {"X": x})[0], expected, rtol=1e-5, atol=1e-6)

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from polyc.errors import UnsupportedError
+from polyc.errors import SignatureError, UnsupportedError
 from polyc.frontends.onnx.lowering import Builder, Value, broadcast_shape, indices, tc_type
 
 
@@ -808,6 +808,13 @@ def _spatial(b, node, x, kernel, strides_default=1, channels_last=False):
         out = (-(-span // strides[d]) if ceil else span // strides[d]) + 1
         if ceil and (out - 1) * strides[d] >= spatial[d] + pads[d]:
             out -= 1  # the last window would start in the end padding
+        if out < 1 and spatial[d] > 0:
+            # As PyTorch's "output size is too small": an image too small for the model (squeezenet
+            # fed 16 x 16) would otherwise flow on empty and end in a mean of nothing.
+            raise SignatureError(
+                f"{b.where}: spatial dimension {d} of its input is {spatial[d]} (padded: "
+                f"{spatial[d] + pads[d] + pads[k + d]}), less than its window of {effective}: the "
+                f"output would be empty; the model needs a larger input")
         outs.append(max(out, 0))
     return outs, pads[:k], pads[k:], strides, dilations
 
@@ -1471,8 +1478,8 @@ def global_pool(b, x, kind, channels_last=False):
     k = x.rank - 2
     first = 1 if channels_last else 2  # the first spatial axis
     channels = x.shape[-1] if channels_last else x.shape[1]
-    if channels_last and kind != "max" and x.dtype.kind == "f":
-        return _channels_last_global_average(b, x)
+    if channels_last and kind != "max" and x.dtype.kind == "f" and math.prod(x.shape[first:first + k]):
+        return _channels_last_global_average(b, x)  # (the mean of no positions is 0 / 0 below)
     out = b.new(image_indices(channels_last, x.shape[0], channels, [1] * k), x.dtype)
     idx = image_indices(channels_last, "n", "c", [f"z{d}" for d in range(k)])
     taps = [(f"r_s{d}", x.shape[first + d]) for d in range(k)]
