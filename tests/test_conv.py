@@ -670,6 +670,47 @@ def test_channel_mode_epilogue_in_registers(cflags):
     assert "polyc_epilogue_vector" not in polyc.define(with_index, cflags=cflags).conv.c_source()
 
 
+def nhwc_select_epilogue(n, h, w, c, f):
+    """ONNX's Relu as polyc writes it (a select), then selects on every comparison, against a
+    residual R holding NaNs: C's comparisons are false on NaN, but ``!=``."""
+    return f"""def conv(float({n}, {h}, {w}, {c}) I, float(1, 1, {c}, {f}) W1, float({f}) B,
+                        float({n}, {h}, {w}, {f}) R) -> (O) {{
+    O(n, h, w, f) +=! I(n, h + r_kh, w + r_kw, r_c) * W1(r_kh, r_kw, r_c, f)
+    O(n, h, w, f) = O(n, h, w, f) + B(f)
+    O(n, h, w, f) = O(n, h, w, f) > 0 ? O(n, h, w, f) : 0
+    O(n, h, w, f) = (O(n, h, w, f) < R(n, h, w, f) ? 1.0 : 0.0) + (O(n, h, w, f) <= R(n, h, w, f) ? 2.0 : 0.0)
+                    + (O(n, h, w, f) >= R(n, h, w, f) ? 4.0 : 0.0) + (O(n, h, w, f) == R(n, h, w, f) ? 8.0 : 0.0)
+                    + (O(n, h, w, f) != R(n, h, w, f) ? 16.0 : 0.0) + O(n, h, w, f) * 32
+}}"""
+
+
+@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
+def test_channel_mode_select_epilogue_in_registers(cflags):
+    """Selects on comparisons run on the accumulators (a ReLU, ONNX's, among them) with C's
+    answers on NaN: bit for bit the portable build's scalar pass, tail channels masked."""
+    rng = np.random.default_rng(17)
+    for n, h, w, c, f in [(2, 5, 7, 3, 20), (1, 4, 6, 16, 64)]:
+        source = nhwc_select_epilogue(n, h, w, c, f)
+        vector = polyc.define(source, cflags=cflags).conv
+        scalar = polyc.define(source, cflags="-O2").conv
+        assert "polyc_epilogue_vector(g," in vector.c_source() and "polyc_epilogue(g," in scalar.c_source()
+        image = rng.integers(-3, 4, (n, h, w, c)).astype(np.float32)
+        weights = rng.integers(-2, 3, (1, 1, c, f)).astype(np.float32)
+        bias = rng.integers(-4, 5, f).astype(np.float32)
+        bias[::7] = np.nan
+        residual = rng.integers(-3, 4, (n, h, w, f)).astype(np.float32)
+        residual.flat[::5] = np.nan
+        inputs = (image, weights, bias, residual)
+        got = vector(*inputs)
+        np.testing.assert_array_equal(got.view(np.uint32), scalar(*inputs).view(np.uint32))
+        x = np.einsum("nhwc,cf->nhwf", image, weights[0, 0]) + bias
+        x = np.where(x > 0, x, 0)
+        with np.errstate(invalid="ignore"):
+            want = ((x < residual) * 1.0 + (x <= residual) * 2.0 + (x >= residual) * 4.0 + (x == residual) * 8.0
+                    + (x != residual) * 16.0 + x * 32)
+        np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
 @pytest.mark.parametrize("cflags", [None, "-O2"], ids=["native", "portable"])
 def test_channel_mode_threads_repeatedly(cflags):
     rng = np.random.default_rng(14)

@@ -12,8 +12,10 @@ The vector form covers what models put after a convolution, with the interpreter
 ``+ - * /`` on floats, fmax/fmin/max/min (NaN rules of polyc's scalar ``polyc_fmaxf``: a NaN
 second argument gives the first, else ``a >= b ? a : b``), constants, the target itself, a
 vector indexed by the channel alone (a bias, a scale), and a tensor of the target's shape at the
-target's own point (a residual).  Anything else (a sigmoid, an index value, a gather) keeps the
-scalar pass: :meth:`RegisterEpilogue.of` returns None.
+target's own point (a residual), and selects on comparisons of those (ONNX's Relu is
+``x > 0 ? x : 0``; C's comparisons are false on a NaN but ``!=``, as the vector predicates chosen
+below).  Anything else (a sigmoid, an index value, a gather) keeps the scalar pass:
+:meth:`RegisterEpilogue.of` returns None.
 """
 from __future__ import annotations
 
@@ -27,6 +29,10 @@ from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine
 
 _ARITHMETIC = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
+
+#: C's comparisons -> the vector predicate with the same answer on NaN operands.
+_PREDICATES = {"<": "_CMP_LT_OQ", "<=": "_CMP_LE_OQ", ">": "_CMP_GT_OQ", ">=": "_CMP_GE_OQ",
+               "==": "_CMP_EQ_OQ", "!=": "_CMP_NEQ_UQ"}
 
 #: fmax-like builtins -> the comparison that keeps the first argument.
 _KEEP_FIRST = {"fmax": "_CMP_GE_OQ", "max": "_CMP_GE_OQ", "fmin": "_CMP_LE_OQ", "min": "_CMP_LE_OQ"}
@@ -132,6 +138,18 @@ class RegisterEpilogue:
                 lhs = vector(expr.lhs, channel, own_point)
                 rhs = vector(expr.rhs, channel, own_point)
                 return temporary(f"{pre}_{_ARITHMETIC[expr.op]}_{suffix}({lhs}, {rhs})")
+            if isinstance(expr, ir.Select):
+                cond = expr.cond
+                if not isinstance(cond, ir.Binary) or cond.op not in _PREDICATES:
+                    raise _Unsupported
+                a, b = vector(cond.lhs, channel, own_point), vector(cond.rhs, channel, own_point)
+                then = vector(expr.then, channel, own_point)
+                otherwise = vector(expr.otherwise, channel, own_point)
+                if isa == "avx512":
+                    keep = f"{pre}_cmp_{suffix}_mask({a}, {b}, {_PREDICATES[cond.op]})"
+                    return temporary(f"{pre}_mask_blend_{suffix}({keep}, {otherwise}, {then})")
+                keep = f"{pre}_cmp_{suffix}({a}, {b}, {_PREDICATES[cond.op]})"
+                return temporary(f"{pre}_blendv_{suffix}({otherwise}, {then}, {keep})")
             if isinstance(expr, ir.Call) and expr.func in _KEEP_FIRST and len(expr.args) == 2:
                 a = vector(expr.args[0], channel, own_point)
                 b = vector(expr.args[1], channel, own_point)
