@@ -278,3 +278,24 @@ def test_threads_option_limits_every_kind_of_kernel():
     for bad in (0, -2, True, 1.5):
         with pytest.raises(polyc.PolycError, match="threads"):
             polyc.define(MATMUL, threads=bad)
+
+
+def test_large_kernels_are_checked_against_the_default_build(records, matmul_args, monkeypatch):
+    # The interpreter runs about 85 million instances a second: sgemm 2048 took 101 s of a 60 s
+    # budget.  Above INTERPRETED_INSTANCES the reference is polyc's default build, and a
+    # candidate that disagrees with it is still 'wrong'.
+    from polyc import interpreter
+    from polyc.tune import search
+    interpreted = []
+    monkeypatch.setattr(interpreter, "interpret", lambda *a: interpreted.append(a) or pytest.fail("interpreted"))
+    monkeypatch.setattr(search, "INTERPRETED_INSTANCES", 64 * 48 * 80 - 1)
+    kernel = polyc.define(MATMUL).matmul
+    reference = search._reference(kernel, matmul_args, {"M": 64, "K": 48, "N": 80}, kernel.options)
+    np.testing.assert_allclose(reference[0], matmul_args[0] @ matmul_args[1], rtol=1e-5)
+    result = polyc.tune(kernel, *matmul_args, budget=3, progress=False, seed=2)
+    assert not interpreted and result.trials == 3
+    assert all(r.status == "ok" for r in read_records(records))
+    wrong = (reference[0] + 1,)
+    outcome = search.measure_candidate({"source": MATMUL, "name": "matmul", "options": {}, "terms": 48,
+                                        "limit": float("inf")}, matmul_args, wrong)
+    assert outcome["status"] == "wrong"
