@@ -300,28 +300,23 @@ def _reference(kernel, inputs: tuple, sizes: Mapping[str, int], base_options) ->
     return tuple(np.asarray(r) for r in (outputs if isinstance(outputs, tuple) else (outputs,)))
 
 
+def _range_product(statement, indices, sizes: Mapping[str, int], least: int) -> int:
+    """The product of the extents of ``indices`` of ``statement`` at ``sizes``, each at least ``least``."""
+    product = 1
+    for index in indices:
+        r = statement.range_of(index)
+        product *= max(least, r.hi.evaluate(sizes) - r.lo.evaluate(sizes))
+    return product
+
+
 def _statement_instances(definition, sizes: Mapping[str, int]) -> int:
     """The statement instances of ``definition`` at ``sizes``: each statement's index ranges multiplied."""
-    total = 0
-    for statement in definition.statements:
-        count = 1
-        for index in statement.all_indices:
-            r = statement.range_of(index)
-            count *= max(0, r.hi.evaluate(sizes) - r.lo.evaluate(sizes))
-        total += count
-    return total
+    return sum(_range_product(s, s.all_indices, sizes, 0) for s in definition.statements)
 
 
 def _tolerance_terms(definition, sizes: Mapping[str, int]) -> int:
     """The longest chain of accumulated terms in any statement, for the comparison's bound."""
-    longest = 1
-    for statement in definition.statements:
-        terms = 1
-        for index in statement.reduction_indices:
-            r = statement.range_of(index)
-            terms *= max(1, r.hi.evaluate(sizes) - r.lo.evaluate(sizes))
-        longest = max(longest, terms)
-    return longest
+    return max([1] + [_range_product(s, s.reduction_indices, sizes, 1) for s in definition.statements])
 
 
 def outputs_match(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], terms: int) -> str:
