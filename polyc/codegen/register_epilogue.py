@@ -107,16 +107,23 @@ class RegisterEpilogue:
                 loaded[operand] = temporary(load_format.format(ptr=pointer))
             return loaded[operand]
 
-        def keep_first(comparison: str, a: str, b: str, b_is_number: bool) -> str:
+        def compare(a: str, b: str, predicate: str) -> str:
+            """The lane mask of ``a predicate b``: a k-mask (AVX-512) or a vector (AVX2)."""
+            return f"{pre}_cmp_{suffix}{'_mask' if isa == 'avx512' else ''}({a}, {b}, {predicate})"
+
+        def either(mask: str, other: str) -> str:
+            return f"{mask} | {other}" if isa == "avx512" else f"{pre}_or_{suffix}({mask}, {other})"
+
+        def choose(mask: str, then: str, otherwise: str) -> str:
             if isa == "avx512":
-                keep = f"{pre}_cmp_{suffix}_mask({a}, {b}, {comparison})"
-                if not b_is_number:
-                    keep += f" | {pre}_cmp_{suffix}_mask({b}, {b}, _CMP_UNORD_Q)"
-                return temporary(f"{pre}_mask_blend_{suffix}({keep}, {b}, {a})")
-            keep = f"{pre}_cmp_{suffix}({a}, {b}, {comparison})"
+                return temporary(f"{pre}_mask_blend_{suffix}({mask}, {otherwise}, {then})")
+            return temporary(f"{pre}_blendv_{suffix}({otherwise}, {then}, {mask})")
+
+        def keep_first(comparison: str, a: str, b: str, b_is_number: bool) -> str:
+            keep = compare(a, b, comparison)
             if not b_is_number:
-                keep = f"{pre}_or_{suffix}({keep}, {pre}_cmp_{suffix}({b}, {b}, _CMP_UNORD_Q))"
-            return temporary(f"{pre}_blendv_{suffix}({b}, {a}, {keep})")
+                keep = either(keep, compare(b, b, "_CMP_UNORD_Q"))
+            return choose(keep, a, b)
 
         def vector(expr: ir.TExpr, channel: str, own_point: tuple) -> str:
             if np.dtype(expr.dtype) != self.dtype:
@@ -145,11 +152,7 @@ class RegisterEpilogue:
                 a, b = vector(cond.lhs, channel, own_point), vector(cond.rhs, channel, own_point)
                 then = vector(expr.then, channel, own_point)
                 otherwise = vector(expr.otherwise, channel, own_point)
-                if isa == "avx512":
-                    keep = f"{pre}_cmp_{suffix}_mask({a}, {b}, {_PREDICATES[cond.op]})"
-                    return temporary(f"{pre}_mask_blend_{suffix}({keep}, {otherwise}, {then})")
-                keep = f"{pre}_cmp_{suffix}({a}, {b}, {_PREDICATES[cond.op]})"
-                return temporary(f"{pre}_blendv_{suffix}({otherwise}, {then}, {keep})")
+                return choose(compare(a, b, _PREDICATES[cond.op]), then, otherwise)
             if isinstance(expr, ir.Call) and expr.func in _KEEP_FIRST and len(expr.args) == 2:
                 a = vector(expr.args[0], channel, own_point)
                 b = vector(expr.args[1], channel, own_point)
