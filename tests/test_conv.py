@@ -571,11 +571,26 @@ NHWC_GROUPED = """def conv(float(N, H, W, G, C) I, float(G, KH, KW, C, F) W1) ->
     O(n, h, w, g, f) +=! I(n, h + r_kh, w + r_kw, g, r_c) * W1(g, r_kh, r_kw, r_c, f)
 }"""
 NHWC_ACCUMULATING = NHWC.replace("+=!", "+=")
+#: Zero padding of one pixel on every side, written as the statement's condition (as the ONNX
+#: front end writes a padded Conv): the kernel pads its own copy of the image and skips the taps
+#: of a tile that fall wholly in the padding.  A 1 x 1 kernel makes whole rows of padding.
+NHWC_PADDED = """def conv(float(N, H, W, C) I, float(KH, KW, C, F) W1, float(F) B) -> (O) {
+    O(n, h, w, f) +=! (h + r_kh >= 1 && h + r_kh < H + 1 && w + r_kw >= 1 && w + r_kw <= W)
+        ? I(n, h + r_kh - 1, w + r_kw - 1, r_c) * W1(r_kh, r_kw, r_c, f) : 0
+        where h in 0:H + 3 - KH, w in 0:W + 3 - KW, r_kh in 0:KH, r_kw in 0:KW
+    O(n, h, w, f) = fmax(O(n, h, w, f) + B(f), 0)
+}"""
 
 
 def _nhwc_reference(image, weights_fckk, **geometry):
     """numpy_conv2d on NHWC images, back to NHWC."""
     return numpy_conv2d(image.transpose(0, 3, 1, 2), weights_fckk, **geometry).transpose(0, 2, 3, 1)
+
+
+def _padded(image, pads):
+    """An NHWC image with zeros around: ``pads`` (top, left, bottom, right)."""
+    top, left, bottom, right = pads
+    return np.pad(image, [(0, 0), (top, bottom), (left, right), (0, 0)])
 
 
 NUMPY_REFERENCES.update({
@@ -586,6 +601,8 @@ NUMPY_REFERENCES.update({
     NHWC_GROUPED: (lambda I, W: np.einsum("nhwgcij,gijcf->nhwgf", windows(I, W.shape[1:3], (1, 2)), W),
                    lambda w: np.prod(w[1:4])),
     NHWC_ACCUMULATING: (lambda I, W, O: O + _nhwc_reference(I, W.transpose(3, 2, 0, 1)), lambda w: np.prod(w[:3]) + 1),
+    NHWC_PADDED: (lambda I, W, B: np.maximum(_nhwc_reference(_padded(I, (1, 1, 1, 1)), W.transpose(3, 2, 0, 1)) + B, 0),
+                  lambda w: np.prod(w[:3]) + 1),
 })
 
 #: (source, input shapes): output channels 1 to 200 (one partial vector, whole blocks, blocks
@@ -597,6 +614,10 @@ CHANNEL_MODE_CASES = [
                       [(2, 4, 5, 16), (1, 2, 16, 200), (200,)], [(1, 5, 6, 480), (3, 3, 480, 24), (24,)]]),
     (NHWC_STRIDED_OIHW, [[(2, 11, 20, 3), (17, 3, 3, 2)], [(1, 9, 13, 6), (64, 6, 2, 3)]]),
     (NHWC_GROUPED, [[(2, 5, 6, 3, 4), (3, 3, 3, 4, 18)], [(1, 4, 4, 2, 1), (2, 1, 1, 1, 1)]]),
+    # few channels (no taps skipped), taps skipped at 3 x 3, 1 x 1 and 5 x 5, a batch
+    (NHWC_PADDED, [[(2, 5, 7, 3), (3, 3, 3, 20), (20,)], [(1, 9, 8, 16), (3, 3, 16, 40), (40,)],
+                   [(2, 4, 6, 17), (1, 1, 17, 9), (9,)], [(1, 6, 5, 32), (5, 5, 32, 70), (70,)],
+                   [(3, 7, 7, 24), (3, 3, 24, 64), (64,)]]),
 ]
 
 
@@ -623,6 +644,108 @@ def test_channel_mode_serial_specialised_tiles_and_accumulation():
     bias = rand(rng, (5,))
     out = kernel(np.zeros((2, 4, 4, 0), np.float32), np.zeros((3, 3, 0, 5), np.float32), bias)
     np.testing.assert_array_equal(out, np.broadcast_to(np.maximum(bias, 0), (2, 2, 2, 5)))
+
+
+def padded_conv(n, h, w, c, f, kernel, stride, dilation, pads, relu=True):
+    """An NHWC convolution with zero padding ``pads`` (top, left, bottom, right) in its condition,
+    a bias and a ReLU (or the bias only), at these sizes; and its output's height and width."""
+    (kh, kw), (sh, sw), (dh, dw), (top, left, bottom, right) = kernel, stride, dilation, pads
+    oh, ow = (h + top + bottom - dh * (kh - 1) - 1) // sh + 1, (w + left + right - dw * (kw - 1) - 1) // sw + 1
+    y, x = f"{sh} * h + {dh} * r_kh", f"{sw} * w + {dw} * r_kw"
+    inside = [f"{y} >= {top}"] * bool(top) + [f"{y} < {h + top}"] * bool(bottom) \
+        + [f"{x} >= {left}"] * bool(left) + [f"{x} < {w + left}"] * bool(right)
+    product = f"I(n, {y} - {top}, {x} - {left}, r_c) * W1(r_kh, r_kw, r_c, f)"
+    rhs = f"({' && '.join(inside)}) ? {product} : 0" if inside else product
+    return f"""def conv(float({n}, {h}, {w}, {c}) I, float({kh}, {kw}, {c}, {f}) W1, float({f}) B) -> (O) {{
+    O(n, h, w, f) +=! {rhs} where h in 0:{oh}, w in 0:{ow}, r_kh in 0:{kh}, r_kw in 0:{kw}
+    O(n, h, w, f) = {"fmax(O(n, h, w, f) + B(f), 0)" if relu else "O(n, h, w, f) + B(f)"}
+}}""", (oh, ow)
+
+
+#: (N, H, W, C, F, kernel, stride, dilation, pads): asymmetric pads, strides, dilations, a
+#: 7 x 7 stride-2 first layer, pads wider than the kernel reaches (rows of outputs that read
+#: only padding), images smaller than the kernel.
+PADDED_GEOMETRIES = [
+    (1, 14, 14, 16, 32, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+    (2, 7, 9, 24, 70, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+    (1, 11, 10, 16, 20, (7, 7), (2, 2), (1, 1), (3, 3, 3, 3)),
+    (3, 9, 8, 20, 17, (3, 2), (1, 2), (2, 1), (2, 0, 1, 1)),
+    (1, 3, 3, 32, 9, (5, 5), (1, 1), (1, 1), (2, 2, 2, 2)),
+    (2, 5, 6, 16, 12, (1, 3), (1, 1), (1, 1), (2, 0, 3, 4)),
+]
+
+
+@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+def test_zero_padding_in_the_condition_against_numpy(cflags, monkeypatch):
+    """Padded convolutions whose kernel pads the image itself and skips the taps a tile reads in
+    the padding, against numpy on an explicitly padded image; with reduction chunks of 50 steps
+    (runs of taps cut anywhere, chunks a tile skips wholly, first or last), and float64."""
+    from polyc.codegen import conv_channels
+    rng = np.random.default_rng(21)
+    for chunked in (False, True):
+        if chunked:  # rchunk = WEIGHT_SLICE_BYTES / (4 bytes * the channels of a work item)
+            monkeypatch.setattr(conv_channels, "WEIGHT_SLICE_BYTES", 4 * 50 * 16)
+        for n, h, w, c, f, kernel, stride, dilation, pads in PADDED_GEOMETRIES:
+            source, _ = padded_conv(n, h, w, c, f, kernel, stride, dilation, pads)
+            compiled = polyc.define(source, cflags=cflags, parallel=not chunked).conv
+            assert "zero padding outside" in compiled.c_source() and "polyc_conv_pad_rows" in compiled.c_source()
+            image, weights, bias = rand(rng, (n, h, w, c)), rand(rng, (*kernel, c, f)), rand(rng, (f,))
+            want = np.maximum(_nhwc_reference(_padded(image, pads), weights.transpose(3, 2, 0, 1), stride=stride,
+                                              dilation=dilation) + bias, 0)
+            assert_close(compiled(image, weights, bias), want, c * kernel[0] * kernel[1] + 1, np.float32,
+                         (image, weights, bias))
+    source = padded_conv(2, 5, 4, 16, 20, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1))[0].replace("float", "double")
+    image, weights, bias = rand(rng, (2, 5, 4, 16), np.float64), rand(rng, (3, 3, 16, 20), np.float64), rand(rng, (20,), np.float64)
+    want = np.maximum(_nhwc_reference(_padded(image, (1, 1, 1, 1)), weights.transpose(3, 2, 0, 1)) + bias, 0)
+    assert_close(polyc.define(source, cflags=cflags).conv(image, weights, bias), want, 16 * 9 + 1, np.float64,
+                 (image, weights, bias))
+
+
+@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+def test_products_in_the_padding_are_not_in_the_sum(cflags):
+    """The statement's condition excludes the padding's products from the sum, not merely
+    multiplies zeros: with infinite and NaN weights on some taps, the outputs that read those
+    taps only in the padding stay finite, bit for bit the interpreter's, in tiles that mix
+    rows (the tile's points that read a tap in the padding are not stored by its call)."""
+    rng = np.random.default_rng(22)
+    for n, h, w, c, f, kernel, stride, dilation, pads in PADDED_GEOMETRIES[:3]:
+        source, _ = padded_conv(n, h, w, c, f, kernel, stride, dilation, pads, relu=False)
+        image = rng.integers(-3, 4, (n, h, w, c)).astype(np.float32)
+        weights = rng.integers(-2, 3, (*kernel, c, f)).astype(np.float32)
+        weights[0] = np.inf
+        weights[1, 0] = np.nan
+        bias = rng.integers(-2, 3, f).astype(np.float32)
+        got = polyc.define(source, cflags=cflags).conv(image, weights, bias)
+        want = polyc.define(source, backend="interpreter").conv(image, weights, bias)
+        assert np.isfinite(want[:, 0, 0]).all() and not np.isfinite(want).all()
+        np.testing.assert_array_equal(got, want)
+    conv = recognise_conv_def(checked(padded_conv(1, 14, 14, 16, 64, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1))[0]))
+    assert [(b.dim, str(b.lo), str(b.hi)) for b in conv.box] == [(1, "0", "14"), (2, "0", "14")]
+    assert [w.offset for w in conv.windows] == [-1, -1] and "1:[0, 14) 2:[0, 14)" in conv.describe()
+
+
+def test_zero_padding_recognition_limits():
+    """Padding in the condition is the channel mode's (output channels innermost), on windows
+    only, with a zero otherwise."""
+    padded = NHWC_PADDED
+    assert recognise_conv_def(checked(padded)).box
+    nchw = """def conv(float(N, C, H, W) I, float(F, C, 3, 3) W1) -> (O) {
+        O(n, f, h, w) +=! (h + r_kh >= 1 && h + r_kh <= H) ? I(n, r_c, h + r_kh - 1, w + r_kw) * W1(f, r_c, r_kh, r_kw) : 0
+            where h in 0:H, w in 0:W - 2, r_kh in 0:3 }"""
+    on_a_channel = padded.replace("w + r_kw <= W)", "w + r_kw <= W && f < 3)")
+    not_zero = padded.replace(": 0\n", ": 1\n")
+    not_affine = padded.replace("h + r_kh >= 1 &&", "h * h + r_kh >= 1 &&")
+    for source in (nchw, on_a_channel, not_zero):
+        assert recognise_conv_def(checked(source)) is None, source
+    assert not_affine != padded and recognise_conv_def(checked(not_affine)) is None
+    # the generic path computes what the kernel declines, the same numbers
+    rng = np.random.default_rng(3)
+    inputs = [rand(rng, s) for s in [(1, 5, 6, 16), (3, 3, 16, 4), (4,)]]
+    reference, ops = NUMPY_REFERENCES[NHWC_PADDED]
+    generic = polyc.define(on_a_channel).conv
+    want = reference(*inputs)
+    want[..., 3:] = np.maximum(inputs[2][3:], 0)
+    assert_close(generic(*inputs), want, int(ops((3, 3, 16, 4))), np.float32, inputs)
 
 
 #: Every form the register epilogue covers: a per-channel bias and scale, a residual at the
@@ -731,7 +854,7 @@ import polyc
 from kernels import assert_close
 sys.path.insert(0, sys.argv[1])
 from test_conv import (CONV_BIAS_RELU, STRIDED, STRIDE_2, GROUPED, DEPTHWISE, NHWC, NHWC_BIAS_RELU,
-                       NHWC_STRIDED_OIHW, CONV1D, ACCUMULATING, numpy_check)
+                       NHWC_STRIDED_OIHW, NHWC_PADDED, CONV1D, ACCUMULATING, numpy_check)
 rng = np.random.default_rng(0)
 for position, flags in enumerate(sys.argv[2:]):
     # parametric kernels (one build for every size); specialised ones with the first flags only
@@ -747,6 +870,7 @@ for position, flags in enumerate(sys.argv[2:]):
         numpy_check(NHWC, [(2, 6, 5, 3), (3, 2, 3, 4)], options)
         numpy_check(NHWC_BIAS_RELU, [(2, 5, 7, 3), (3, 2, 3, 20), (20,)], options)
         numpy_check(NHWC_STRIDED_OIHW, [(2, 11, 20, 3), (17, 3, 3, 2)], options)
+        numpy_check(NHWC_PADDED, [(2, 5, 7, 16), (3, 3, 16, 20), (20,)], options)
         if not specialize:
             numpy_check(CONV1D, [(2, 3, 37), (4, 3, 3), (4,)], options)
             numpy_check(ACCUMULATING, [(2, 3, 9, 20), (5, 3, 3, 3)], options,

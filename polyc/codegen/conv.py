@@ -262,6 +262,12 @@ class _ConvWriter(PatternKernelWriter):
                   "int direct, packed_out, dense_out",
                   "int64_t take_size, takes, nwork, rchunk, fchunk_size, fchunks, image_elements",
                   f"int64_t key[{self.key_length()}]"]
+        rank = self.definition.tensor(self.conv.image).rank
+        fields += [f"const {t} *image",
+                   f"int64_t pad_elements, pad_shape[{rank}], pad_base[{rank}], pad_lo[{rank}], pad_hi[{rank}]",
+                   f"int64_t image_stride[{rank}]",
+                   "int64_t nchan, ntaps",
+                   "const uint16_t *tap_points"]
         for name in self.epilogue_tensors():
             tensor = self.definition.tensor(name)
             qualifier = "const " if tensor.role is ir.Role.INPUT else ""
@@ -284,7 +290,11 @@ class _ConvWriter(PatternKernelWriter):
                 "   the weights' offsets per group, channel and reduction point; work items (set per call):\n"
                 "   nwork of them, `takes` per item and tile (or channel block) of `take_size` channel blocks\n"
                 "   (or tiles), rchunk: reduction steps per chunk (channel mode); key: the sizes the tables\n"
-                "   were built for. */\n"
+                "   were built for; with zero padding (pad_elements > 0), in is the image's padded copy\n"
+                "   (shape pad_shape; element p is the image at pad_base + p when pad_lo <= p < pad_hi, else\n"
+                "   zero), and tap_points[t * ntaps + tap] (NULL: no padding) the points of tile t that read\n"
+                "   the tap inside the box (bit j: point j); the reduction is ntaps taps of nchan steps. */\n"
+                f"#define POLYC_IMAGE_RANK {rank}\n"
                 f"typedef struct {{\n{body}\n}} polyc_conv_t;")
 
     # ------------------------------------------------------------------ register blocks
@@ -399,13 +409,108 @@ class _ConvWriter(PatternKernelWriter):
         conv = self.conv
         v = f"polyc_v_{index}"
         if index in conv.image_plain:
-            return f"{v} * {self.stride(conv.image, conv.image_plain.index(index))}"
+            return f"{v} * {self.image_stride(conv.image_plain.index(index))}"
         for w in conv.windows:
             if w.x == index:
-                return f"{v} * {w.stride} * {self.stride(conv.image, w.dim)}"
+                return f"{v} * {w.stride} * {self.image_stride(w.dim)}"
             if w.k == index:
-                return f"{v} * {w.dilation} * {self.stride(conv.image, w.dim)}"
+                return f"{v} * {w.dilation} * {self.image_stride(w.dim)}"
         return None
+
+    def image_stride(self, dim: int) -> str:
+        """The stride of the image the kernel reads: its zero-padded copy's with padding."""
+        return f"polyc_pad_stride{dim}" if self.conv.box else self.stride(self.conv.image, dim)
+
+    def padding(self) -> list[str]:
+        """With zero padding: C declaring the padded copy's extents ``polyc_pad_extent<d>``
+        (every position a window reaches, from its offset on) and strides, and the box
+        ``polyc_pad_lo<d>``/``polyc_pad_hi<d>`` in its coordinates (the image's bounds with
+        the statement's condition)."""
+        conv = self.conv
+        rank = self.definition.tensor(conv.image).rank
+        bounds = {b.dim: b for b in conv.box}
+        lines = []
+        for dim in range(rank):
+            image_extent = _extent_name(conv.image, dim)
+            window = next((w for w in conv.windows if w.dim == dim), None)
+            if window is None:
+                extent, base, lo, hi = image_extent, "0", "0", image_extent
+            else:
+                reach = f"{window.stride} * (({self.size_expr(conv.extent(window.x))}) - 1)"
+                if window.k is not None:
+                    reach += f" + {window.dilation} * (({self.size_expr(conv.extent(window.k))}) - 1)"
+                extent, base = f"polyc_max(1, {reach} + 1)", str(window.offset)
+                bound = bounds.get(dim)
+                lo = "0" if bound is None or bound.lo is None else f"polyc_max(0, {self.size_expr(bound.lo)})"
+                hi = image_extent if bound is None or bound.hi is None \
+                    else f"polyc_min({image_extent}, {self.size_expr(bound.hi)})"
+                lo, hi = f"{lo} - ({base})", f"{hi} - ({base})"
+            lines.append(f"const int64_t polyc_pad_extent{dim} = {extent}, polyc_pad_base{dim} = {base}, "
+                         f"polyc_pad_lo{dim} = {lo}, polyc_pad_hi{dim} = {hi};")
+        for dim in range(rank):
+            later = [f"polyc_pad_extent{d}" for d in range(dim + 1, rank)]
+            lines.append(f"const int64_t polyc_pad_stride{dim} = {' * '.join(later) or '1'};")
+        return lines
+
+    def tap_points(self) -> list[str]:
+        """C filling ``polyc_tap_points`` (per tile, per kernel tap): bit j set when point j of
+        the tile reads the tap inside the box along every window dimension (its products are in
+        the sum).  The reduction is the taps, each a run of the channels (the recognition asks
+        for W(kh, kw, c, f)), so a tap is ``nchan`` consecutive steps."""
+        conv = self.conv
+        checks = [f"polyc_px{n}[polyc_q0 + polyc_j] + polyc_kx{n}[polyc_r]" for n in range(len(conv.windows))]
+        inside = " && ".join(f"{c} >= polyc_pad_lo{w.dim} && {c} < polyc_pad_hi{w.dim}"
+                             for c, w in zip(checks, conv.windows))
+        return ["polyc_g.ntaps = polyc_ntaps; polyc_g.nchan = polyc_ntaps > 0 ? polyc_nred / polyc_ntaps : 0;",
+                "if (polyc_g.nchan > 0) {",
+                "    uint16_t *polyc_points = (uint16_t *)polyc_tap_points;",
+                "    for (int64_t polyc_t = 0; polyc_t < polyc_ntiles; polyc_t++) {",
+                "        const int64_t polyc_q0 = polyc_t * POLYC_NR, polyc_n = polyc_min(POLYC_NR, polyc_npoints - polyc_q0);",
+                "        for (int64_t polyc_tap = 0; polyc_tap < polyc_ntaps; polyc_tap++) {",
+                "            const int64_t polyc_r = polyc_tap * polyc_g.nchan;",
+                "            unsigned polyc_bits = 0;",
+                "            for (int64_t polyc_j = 0; polyc_j < polyc_n; polyc_j++)",
+                f"                polyc_bits |= (unsigned)({inside}) << polyc_j;",
+                "            polyc_points[polyc_t * polyc_ntaps + polyc_tap] = (uint16_t)polyc_bits;",
+                "        }",
+                "    }",
+                "    polyc_g.tap_points = polyc_points;",
+                "}"]
+
+    def points_by_padding(self, epilogue: bool) -> list[str]:
+        """C putting the points in order of the taps they read in the padding (those that read
+        none first), so that a tile's points mostly read the same taps there and skip them
+        together: in the image's order, a 14-wide row's tiles of 6 points nearly all hold an
+        edge point, whose taps in the padding the tile's other points read inside.  The key of a
+        point: per window, how many of the kernel's first and last offsets fall outside the
+        box (a window's valid offsets are a run).  Every table of the points is permuted."""
+        conv, lay = self.conv, self.layout
+        key = ["uint64_t polyc_key = 0;  /* wraps past 40 offsets: the order is only a heuristic */"]
+        for n, w in enumerate(conv.windows):
+            taps = self.size_expr(conv.extent(w.k)) if w.k else "1"
+            step = w.dilation if w.k else 0
+            key += [f"for (int64_t polyc_k = 0, polyc_taps = {taps}; polyc_k < polyc_taps; polyc_k++) {{",
+                    f"    const int64_t polyc_at = polyc_px{n}[polyc_x] + {step} * polyc_k;",
+                    f"    polyc_key = polyc_key * 3 + (polyc_at < polyc_pad_lo{w.dim} ? 1 : "
+                    f"polyc_at >= polyc_pad_hi{w.dim} ? 2 : 0);",
+                    "}"]
+        tables = ["in_p", "out_p", "out_c"] + [f"px{n}" for n in range(len(conv.windows))]
+        tables += [f"ix_{i}" for i in lay.points] if epilogue else []
+        return ["{",
+                "    polyc_sort_t *polyc_order = (polyc_sort_t *)malloc(sizeof(polyc_sort_t) * (size_t)polyc_npoints);",
+                "    int64_t *polyc_old = (int64_t *)malloc(sizeof(int64_t) * (size_t)polyc_npoints);",
+                "    if (polyc_order != NULL && polyc_old != NULL) {",
+                "        for (int64_t polyc_x = 0; polyc_x < polyc_npoints; polyc_x++) {",
+                *("            " + line for line in key),
+                "            polyc_order[polyc_x].key = polyc_key;",
+                "            polyc_order[polyc_x].index = polyc_x;",
+                "        }",
+                "        qsort(polyc_order, (size_t)polyc_npoints, sizeof *polyc_order, polyc_sort_compare);",
+                *(f"        polyc_permute(polyc_{table}, polyc_old, polyc_order, polyc_npoints);" for table in tables),
+                "    }",
+                "    free(polyc_order);",
+                "    free(polyc_old);",
+                "}"]
 
     def target_term(self, index: str) -> str:
         return f"polyc_v_{index} * {self.stride(self.conv.target, self.conv.target_indices.index(index))}"
@@ -460,15 +565,25 @@ class _ConvWriter(PatternKernelWriter):
                      " : polyc_oh * polyc_ow;"]
         else:
             body.append(f"const int64_t polyc_npoints = {count(lay.points)};")
+        padded = bool(conv.box)
+        if padded:
+            body += self.padding()
         body += ["if (polyc_nitems == 0 || polyc_nf == 0 || polyc_npoints == 0) return 0;",
                  "const int64_t polyc_nfb = (polyc_nf + POLYC_FBLOCK - 1) / POLYC_FBLOCK;",
                  "const int64_t polyc_ntiles = (polyc_npoints + POLYC_NR - 1) / POLYC_NR;"]
+        if padded:
+            taps = " * ".join(f"({self.size_expr(conv.extent(i))})" for i in lay.reduction if i in conv.kernel)
+            body += [f"const int64_t polyc_ntaps = {taps or '1'};",
+                     "const int64_t polyc_tap_words = (polyc_ntiles * polyc_ntaps + 3) / 4;  /* uint16 each */"]
         tables = [("in_b", "nitems"), ("out_b", "nitems"), ("wg_b", "nitems"), ("w_g", "ngroups"),
                   ("out_f", "nf"), ("w_f", "nf"), ("in_r", "nred"), ("w_r", "nred"), ("panel_r", "nred"),
                   ("in_p", "npoints"), ("out_p", "npoints"), ("out_c", "npoints"), ("tile_p", "ntiles + 1")]
         if epilogue:
             tables += [(f"ix_{i}", "nitems") for i in lay.items] + [(f"ix_{i}", "nf") for i in conv.f]
             tables += [(f"ix_{i}", "npoints") for i in lay.points]
+        if padded:  # per window: its points' and its reduction steps' share of the position
+            tables += [(f"px{n}", "npoints") for n in range(len(conv.windows))]
+            tables += [(f"kx{n}", "nred") for n in range(len(conv.windows))] + [("tap_points", "tap_words")]
         total = " + ".join(f"polyc_{count_name}" for _, count_name in tables)
         build = ["const int64_t polyc_nvec = (polyc_npoints + POLYC_LANES - 1) / POLYC_LANES;",
                  f"polyc_tables = (int64_t *)malloc(sizeof(int64_t) * (size_t)({total}) + "
@@ -498,17 +613,25 @@ class _ConvWriter(PatternKernelWriter):
         if epilogue:
             f_lines += [f"polyc_ix_{i}[polyc_x] = polyc_v_{i};" for i in conv.f]
         build += self.loop_nest(conv.f, f_lines)
-        offset = terms([f"({w.offset}) * {self.stride(conv.image, w.dim)}" for w in conv.windows if w.offset])
-        build += self.loop_nest(lay.reduction, [
+        # The padded copy starts at each window's offset; the image itself is read at it.
+        offset = "0" if padded else \
+            terms([f"({w.offset}) * {self.stride(conv.image, w.dim)}" for w in conv.windows if w.offset])
+        reduction_lines = [
             f"polyc_in_r[polyc_x] = {terms([self.image_term(i) for i in lay.reduction])} + {offset};",
             f"polyc_w_r[polyc_x] = {terms([self.weight_term(i) for i in lay.reduction])};",
-            "polyc_panel_r[polyc_x] = polyc_x * POLYC_NR;"])
+            "polyc_panel_r[polyc_x] = polyc_x * POLYC_NR;"]
+        if padded:
+            reduction_lines += [f"polyc_kx{n}[polyc_x] = {f'{w.dilation} * polyc_v_{w.k}' if w.k else '0'};"
+                                for n, w in enumerate(conv.windows)]
+        build += self.loop_nest(lay.reduction, reduction_lines)
         # points: image and output offsets, output points (compact), index values of the output points
         point_lines = [f"polyc_in_p[polyc_x] = {terms([self.image_term(i) for i in lay.points])};",
                        f"polyc_out_p[polyc_x] = polyc_out_c[polyc_x] = "
                        f"{terms([self.target_term(i) for i in lay.points])};"]
         if epilogue:
             point_lines += [f"polyc_ix_{i}[polyc_x] = polyc_v_{i};" for i in lay.points]
+        if padded:
+            point_lines += [f"polyc_px{n}[polyc_x] = {w.stride} * polyc_v_{w.x};" for n, w in enumerate(conv.windows)]
         build.append("int64_t polyc_nout = polyc_npoints;")
         if lay.flat:
             h, w = lay.points
@@ -528,6 +651,8 @@ class _ConvWriter(PatternKernelWriter):
                      "    }",
                      "} else"]
         build += self.loop_nest(lay.points, point_lines)
+        if padded:
+            build += self.points_by_padding(epilogue)
         build += ["/* Per tile: its first output point, and whether its outputs are consecutive; per vector:\n"
                  "   its lanes that are output points. */",
                  "for (int64_t polyc_t = 0, polyc_p = 0; polyc_t <= polyc_ntiles; polyc_t++) {",
@@ -566,9 +691,19 @@ class _ConvWriter(PatternKernelWriter):
                   " polyc_g.w_r = polyc_w_r;"]
         if epilogue:
             build += [f"polyc_g.ix_{i} = polyc_ix_{i};" for i in conv.target_indices]
+        rank = d.tensor(conv.image).rank
+        if padded:
+            build += self.tap_points()
+            for dim in range(rank):
+                build.append(f"polyc_g.pad_shape[{dim}] = polyc_pad_extent{dim}; "
+                             f"polyc_g.pad_base[{dim}] = polyc_pad_base{dim}; polyc_g.pad_lo[{dim}] = polyc_pad_lo{dim}; "
+                             f"polyc_g.pad_hi[{dim}] = polyc_pad_hi{dim}; "
+                             f"polyc_g.image_stride[{dim}] = {self.stride(conv.image, dim)};")
+            build.append("polyc_g.pad_elements = "
+                         + " * ".join(f"polyc_pad_extent{dim}" for dim in range(rank)) + ";")
         body += self.kept_tables("polyc_conv_t", build)
-        body.append(f"polyc_g.in = {conv.image}; polyc_g.out = {conv.target};")
-        image_extents = [_extent_name(conv.image, dim) for dim in range(d.tensor(conv.image).rank)]
+        body.append(f"polyc_g.in = polyc_g.image = {conv.image}; polyc_g.out = {conv.target};")
+        image_extents = [f"polyc_pad_extent{dim}" if padded else _extent_name(conv.image, dim) for dim in range(rank)]
         body.append(f"polyc_g.image_elements = {' * '.join(image_extents) or '1'};")
         for tensor in self.epilogue_tensors():
             body.append(f"polyc_g.t_{tensor} = {tensor};")
@@ -758,6 +893,23 @@ static inline void polyc_conv_block(int64_t nred, const T *restrict wp, int64_t 
 
 # Helpers used before the register blocks.
 _COMMON = r"""
+/* A point's sort key (its order: by key, then by index). */
+typedef struct { uint64_t key; int64_t index; } polyc_sort_t;
+
+static __attribute__((unused)) int polyc_sort_compare(const void *a, const void *b)
+{
+    const polyc_sort_t *x = (const polyc_sort_t *)a, *y = (const polyc_sort_t *)b;
+    return x->key != y->key ? (x->key < y->key ? -1 : 1) : (x->index > y->index) - (x->index < y->index);
+}
+
+/* table[i] = its old table[order[i].index] (old: scratch of n entries). */
+static __attribute__((unused)) void polyc_permute(int64_t *table, int64_t *old, const polyc_sort_t *order, int64_t n)
+{
+    memcpy(old, table, sizeof(int64_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        table[i] = old[order[i].index];
+}
+
 /* Whether offsets[i] == offsets[0] + i for every i < count. */
 static int polyc_steps_by_one(const int64_t *offsets, int64_t count)
 {
@@ -908,7 +1060,36 @@ static void polyc_conv_work(const polyc_conv_t *restrict g, int64_t x, T *restri
 # The loops around the work items, in both modes (each defines polyc_conv_plan, _work and _pack);
 # THRESHOLD and STATUS are replaced.
 _RUN = r"""
-/* Packs the weights, then does every work item; 0, or STATUS when memory is short. */
+/* Rows row0 <= row < row1 of the image's zero-padded copy `pad` (a row: its innermost
+   dimension; element p is the image at pad_base + p inside [pad_lo, pad_hi), else zero). */
+static void polyc_conv_pad_rows(const polyc_conv_t *restrict g, T *restrict pad, int64_t row0, int64_t row1)
+{
+    const int last = POLYC_IMAGE_RANK - 1;
+    const int64_t inner = g->pad_shape[last];
+    const int64_t a = polyc_max(0, polyc_min(inner, g->pad_lo[last]));
+    const int64_t b = polyc_max(a, polyc_min(inner, g->pad_hi[last]));
+    for (int64_t row = row0; row < row1; row++) {
+        int64_t rest = row, from = g->pad_base[last] + a;  /* the image's innermost stride is 1 */
+        int inside = a < b;
+        for (int d = last - 1; d >= 0; d--) {
+            const int64_t p = rest % g->pad_shape[d];
+            rest /= g->pad_shape[d];
+            inside &= p >= g->pad_lo[d] && p < g->pad_hi[d];
+            from += (g->pad_base[d] + p) * g->image_stride[d];
+        }
+        T *restrict to = pad + row * inner;
+        if (!inside) {
+            memset(to, 0, sizeof(T) * (size_t)inner);
+            continue;
+        }
+        memset(to, 0, sizeof(T) * (size_t)a);
+        memcpy(to + a, g->image + from, sizeof(T) * (size_t)(b - a));
+        memset(to + b, 0, sizeof(T) * (size_t)(inner - b));
+    }
+}
+
+/* Pads the image (when there is padding), packs the weights, then does every work item; 0,
+   or STATUS when memory is short. */
 static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int init)
 {
     const int64_t nred = g->nred, ngroups = g->ngroups;
@@ -928,13 +1109,20 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int ini
     const int64_t line = 64 / (int64_t)sizeof(T);  /* the panels start on a cache line */
     const int64_t wpack_elements = in_place ? 0 : (ngroups * g->wg_stride + line - 1) / line * line;
     const int64_t panel_elements = POLYC_PANELS && !g->direct ? (int64_t)nthr * nred * POLYC_NR : 0;
-    polyc_workspace_t *workspace = polyc_workspace_take((size_t)(wpack_elements + panel_elements) * sizeof(T));
+    const int64_t pad_elements = (g->pad_elements + line - 1) / line * line;
+    polyc_workspace_t *workspace = polyc_workspace_take(
+        (size_t)(wpack_elements + panel_elements + pad_elements) * sizeof(T));
     if (workspace == NULL)
         return STATUS;
     T *panels = panel_elements ? (T *)workspace->memory + wpack_elements : NULL;
+    T *padded = pad_elements ? (T *)workspace->memory + wpack_elements + panel_elements : NULL;
+    const int64_t pad_rows = padded ? g->pad_elements / g->pad_shape[POLYC_IMAGE_RANK - 1] : 0;
+    if (padded)
+        g->in = padded;
     g->wpack = in_place ? NULL : (T *)workspace->memory;
     const int64_t npack = in_place ? 0 : ngroups * g->nfb, total = g->nwork;
     if (nthr <= 1) {
+        polyc_conv_pad_rows(g, padded, 0, pad_rows);
         for (int64_t x = 0; x < npack; x++)
             polyc_conv_pack(g, w, w_g, w_f, w_r, x);
         for (int64_t x = 0; x < total; x++)
@@ -950,6 +1138,9 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int ini
             polyc_thread_clock_t clock;
             polyc_thread_start(&clock, call_start);
             T *panel = panels == NULL ? NULL : panels + (int64_t)omp_get_thread_num() * nred * POLYC_NR;
+            #pragma omp for schedule(static)
+            for (int64_t x = 0; x < pad_rows; x++)
+                polyc_conv_pad_rows(g, padded, x, x + 1);
             /* The threads pack the weights together (for 256 x 256 x 3 x 3 filters a quarter of
                the call on one thread, AMD EPYC Zen 3), then wait for one another. */
             #pragma omp for schedule(static)

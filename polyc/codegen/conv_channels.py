@@ -19,6 +19,16 @@ when the channels are not a multiple of the vector).  Tiles of RQ points cover e
 point of a group in order, across images and rows (the batch is a point index here); the last
 tile repeats its last point and drops the copies.
 
+Zero padding in the statement's condition (:mod:`polyc.schedule.convolution`: the products of
+positions outside a box are not in the sum).  The kernel copies the image into a zero-padded
+copy (in its kept workspace, every call) that the points' pointers then read, and tabulates
+once per size, for each tile and kernel tap, which of the tile's points read the tap inside the
+box.  A call of the register block runs *pieces*: runs of steps (taps) with the same points,
+those whose products count; the steps of a piece that is not every point's add each point's
+products under a mask (AVX-512: an FMA under a whole-vector mask; else a branch per point), so
+the others add nothing, not even 0 * weight (NaN for an infinite weight); taps no point of the
+tile reads inside the box are skipped, as onnxruntime's NCHWc kernels skip the padding.
+
 Weights whose output channels are consecutive (``W(kh, kw, c, f)``) and whose reduction rows
 are evenly spaced are read in place, as the vectors of each step; others are packed once per
 call into ``[group][channel block][r][NF]`` (zero columns pad the last block).
@@ -82,7 +92,7 @@ def channel_block(isa: str, dtype: np.dtype, channels: int | None) -> ChannelBlo
     return ChannelBlock(isa, lanes, vectors, _POINTS[isa][vectors])
 
 
-_ARGUMENTS = ("int64_t nred, const T *restrict wp, int64_t w_step, const T *const *restrict ip, "
+_ARGUMENTS = ("const int64_t *restrict pieces, int64_t npieces, const T *restrict wp, int64_t w_step, const T *const *restrict ip, "
               "const int64_t *restrict roff, T *restrict out, const int64_t *restrict oo, int beta, int64_t tail, "
               "const char *pf, int64_t pf_step, int64_t npf, const polyc_conv_t *restrict g, int64_t f0, "
               "int last_chunk")
@@ -146,15 +156,41 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
     for row in acc:
         lines.append(f"    {vec} " + ", ".join(f"{a} = {pre}_setzero_{suffix}()" for a in row) + ";")
     lines.append("    " + " ".join(f"const {ctype} *restrict p{j} = ip[{j}];" for j in range(rq)))
-    lines += ["    for (int64_t r = 0; r < nred; r++, wp += w_step) {",
-              "        const int64_t o = roff[r];",
-              "        if (r < npf) POLYC_PREFETCH_LINE(pf, pf_step, r);",
-              f"        const {vec} " + ", ".join(f"w{v} = {load(v, 'wp')}" for v in range(nfv)) + ";",
-              f"        {vec} b;"]
-    for j in range(rq):
-        fmas = " ".join(f"{acc[j][v]} = {pre}_fmadd_{suffix}(w{v}, b, {acc[j][v]});" for v in range(nfv))
-        lines.append(f"        b = {pre}_set1_{suffix}(p{j}[o]); {fmas}")
-    lines.append("    }")
+
+    def steps(masked: bool) -> list[str]:
+        """The loop over one piece's steps; ``masked``: point j's products only when bit j of
+        the piece's mask is set (an FMA under a whole-vector mask, or a branch)."""
+        body = ["        for (int64_t r = pieces[3 * k]; r < r1; r++, wq += w_step) {",
+                "            const int64_t o = roff[r];",
+                "            if (r < npf) POLYC_PREFETCH_LINE(pf, pf_step, r);",
+                f"            const {vec} " + ", ".join(f"w{v} = {load(v, 'wq')}" for v in range(nfv)) + ";",
+                f"            {vec} b;"]
+        for j in range(rq):
+            if masked and block.isa == "avx512":
+                fmas = " ".join(f"{acc[j][v]} = {pre}_mask3_fmadd_{suffix}(w{v}, b, {acc[j][v]}, m{j});"
+                                for v in range(nfv))
+            else:
+                fmas = " ".join(f"{acc[j][v]} = {pre}_fmadd_{suffix}(w{v}, b, {acc[j][v]});" for v in range(nfv))
+                if masked:
+                    fmas = f"if (mask >> {j} & 1) {{ {fmas} }}"
+            body.append(f"            b = {pre}_set1_{suffix}(p{j}[o]); {fmas}")
+        return body + ["        }"]
+
+    masks = []
+    if block.isa == "avx512":
+        kind = mask_type(block.isa, lanes)
+        masks = [f"        const {kind} " + ", ".join(f"m{j} = ({kind})-(int)(mask >> {j} & 1)" for j in range(rq)) + ";"]
+    lines += ["    for (int64_t k = 0; k < npieces; k++) {",
+              "        const int64_t r1 = pieces[3 * k + 1];",
+              "        const uint64_t mask = (uint64_t)pieces[3 * k + 2];",
+              "        const T *restrict wq = wp + pieces[3 * k] * w_step;".replace("T *", f"{ctype} *"),
+              "        if (mask == POLYC_ALL_POINTS) {",
+              *("    " + line for line in steps(False)),
+              "            continue;",
+              "        }",
+              *masks,
+              *steps(True),
+              "    }"]
     for j in range(rq):
         body = [f"{ctype} *restrict q = out + oo[{j}];"]
         body += [f"if (beta) {acc[j][v]} = {pre}_add_{suffix}({load(v, 'q')}, {acc[j][v]});" for v in range(nfv)]
@@ -172,7 +208,7 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
 
 def dispatch(block: ChannelBlock, ctype: str) -> str:
     """``polyc_convc_block``: the kernel for ``nfv`` vectors (AVX2: without a mask when whole)."""
-    arguments = "(nred, wp, w_step, ip, roff, out, oo, beta, tail, pf, pf_step, npf, g, f0, last_chunk)"
+    arguments = "(pieces, npieces, wp, w_step, ip, roff, out, oo, beta, tail, pf, pf_step, npf, g, f0, last_chunk)"
     cases = []
     for nfv in range(1, block.vectors + 1):
         if block.isa == "avx2":
@@ -190,7 +226,9 @@ def instruction_set(block: ChannelBlock, dtype: np.dtype, epilogue: RegisterEpil
     """The macros and kernels of one instruction set; ``epilogue``: the kernel's epilogue in
     vector form (of ``definition``), applied by the vector kernels."""
     ctype = c_type(dtype)
+    assert block.points <= 16  # a tile's points are the bits of a uint16_t (tap_points)
     lines = [f"#define POLYC_NR {block.points}", f"#define POLYC_LANES {block.lanes}",
+             f"#define POLYC_ALL_POINTS {(1 << block.points) - 1}u",
              f"#define POLYC_FBLOCK {block.nf}", "#define POLYC_PANELS 0",
              f"#define POLYC_PF_LINES {max(1, block.nf * np.dtype(dtype).itemsize // 64)}",
              "#define POLYC_PREFETCH_LINE(pf, step, r) \\\n"
@@ -213,7 +251,8 @@ def instruction_set(block: ChannelBlock, dtype: np.dtype, epilogue: RegisterEpil
 PORTABLE_KERNEL = r"""
 /* FBLOCK channels x RQ points in portable C (the compiler vectorises the channel loops); the
    contract of the vector kernels, nfv 1 and tail channels. */
-static inline void polyc_convc_block(int64_t nfv, int64_t nred, const T *restrict wp, int64_t w_step,
+static inline void polyc_convc_block(int64_t nfv, const int64_t *restrict pieces, int64_t npieces,
+    const T *restrict wp, int64_t w_step,
     const T *const *restrict ip, const int64_t *restrict roff, T *restrict out, const int64_t *restrict oo, int beta,
     int64_t tail, const char *pf, int64_t pf_step, int64_t npf, const polyc_conv_t *restrict g, int64_t f0,
     int last_chunk)
@@ -222,13 +261,18 @@ static inline void polyc_convc_block(int64_t nfv, int64_t nred, const T *restric
     T acc[POLYC_NR][POLYC_FBLOCK] __attribute__((aligned(64)));
     for (int64_t j = 0; j < POLYC_NR; j++)
         for (int64_t i = 0; i < POLYC_FBLOCK; i++) acc[j][i] = 0;
-    for (int64_t r = 0; r < nred; r++, wp += w_step) {
-        const int64_t o = roff[r];
-        if (r < npf) POLYC_PREFETCH_LINE(pf, pf_step, r);
-        for (int64_t j = 0; j < POLYC_NR; j++) {
-            const T b = ip[j][o];
-            #pragma omp simd
-            for (int64_t i = 0; i < tail; i++) acc[j][i] += wp[i] * b;
+    for (int64_t k = 0; k < npieces; k++) {
+        const uint64_t mask = (uint64_t)pieces[3 * k + 2];
+        const T *restrict wq = wp + pieces[3 * k] * w_step;
+        for (int64_t r = pieces[3 * k]; r < pieces[3 * k + 1]; r++, wq += w_step) {
+            const int64_t o = roff[r];
+            if (r < npf) POLYC_PREFETCH_LINE(pf, pf_step, r);
+            for (int64_t j = 0; j < POLYC_NR; j++) {
+                if (!(mask >> j & 1)) continue;
+                const T b = ip[j][o];
+                #pragma omp simd
+                for (int64_t i = 0; i < tail; i++) acc[j][i] += wq[i] * b;
+            }
         }
     }
     for (int64_t j = 0; j < POLYC_NR; j++) {
@@ -242,6 +286,39 @@ static inline void polyc_convc_block(int64_t nfv, int64_t nred, const T *restric
 #: The work of one item (group, channel block, run of tiles), the weights' packing and the
 #: in-place test, in channel mode; the shared loops are conv.py's _RUN.
 WORK = r"""
+/* The pieces of tile t (n points) for steps r0 <= r < r1 (relative to r0): runs of steps
+   with the points whose products they add (bit j: point j); into `pieces` (3 entries each, room
+   for one per kernel tap), their number returned.  Without padding, one piece of every point;
+   with it, a piece per run of kernel taps that the same points of the tile read inside the box
+   (the points that read a tap in the padding add nothing, not even 0 * weight), none for taps
+   no point reads there.  The points past the tile's end (copies, not stored) count as read. */
+static int64_t polyc_conv_pieces(const polyc_conv_t *restrict g, int64_t t, int64_t n, int64_t r0, int64_t r1,
+                                 int64_t *restrict pieces)
+{
+    if (g->tap_points == NULL) {
+        pieces[0] = 0, pieces[1] = r1 - r0, pieces[2] = POLYC_ALL_POINTS;
+        return r1 > r0;
+    }
+    const uint16_t *restrict points = g->tap_points + t * g->ntaps;
+    const uint64_t copies = POLYC_ALL_POINTS & ~(((uint64_t)1 << n) - 1);
+    const int64_t nchan = g->nchan;
+    int64_t count = 0;
+    for (int64_t tap = r0 / nchan; tap < g->ntaps && tap * nchan < r1;) {
+        const uint16_t mask = points[tap];
+        int64_t end = tap + 1;
+        while (end < g->ntaps && end * nchan < r1 && points[end] == mask)
+            end++;
+        if (mask) {
+            pieces[3 * count] = polyc_max(r0, tap * nchan) - r0;
+            pieces[3 * count + 1] = polyc_min(r1, end * nchan) - r0;
+            pieces[3 * count + 2] = (int64_t)(mask | copies);
+            count++;
+        }
+        tap = end;
+    }
+    return count;
+}
+
 /* Row 0 of channel block fb's weights for item group b (packed, or in place). */
 static const T *polyc_conv_block_weights(const polyc_conv_t *restrict g, int64_t b, int64_t fb)
 {
@@ -262,6 +339,7 @@ static void polyc_conv_work(const polyc_conv_t *restrict g, int64_t x, T *restri
     const T *restrict in = g->in + g->in_b[b];
     const T *ip[POLYC_NR];
     int64_t oo[POLYC_NR];
+    int64_t pieces[3 * (g->ntaps + 1)];  /* one per kernel tap at most (a VLA: ntaps is small) */
     int64_t r0 = 0;
     do {  /* at least once: an empty reduction still writes its zeros */
         const int64_t nr = polyc_min(g->rchunk, g->nred - r0);
@@ -281,10 +359,11 @@ static void polyc_conv_work(const polyc_conv_t *restrict g, int64_t x, T *restri
                 ip[j] = in + g->in_p[q0 + polyc_min(j, n - 1)];
                 oo[j] = j < n ? g->out_b[b] + g->out_p[q0 + j] : -1;
             }
+            const int64_t npieces = polyc_conv_pieces(g, t, n, r0, r0 + nr, pieces);
             for (int64_t fb = fb0; fb < fb1; fb++) {
                 const int64_t f0 = fb * POLYC_FBLOCK, nfc = polyc_min(POLYC_FBLOCK, g->nf - f0);
                 const int64_t nfv = (nfc + POLYC_LANES - 1) / POLYC_LANES, tail = nfc - (nfv - 1) * POLYC_LANES;
-                const T *restrict wp = polyc_conv_block_weights(g, b, fb) + r0 * g->w_step;
+                const T *restrict wp = polyc_conv_block_weights(g, b, fb);
                 /* This call's share: the rows of the same block to come, split over the tiles. */
                 const int64_t ahead_fb = ahead_fb0 + fb - fb0;
                 const char *pf = NULL;
@@ -294,9 +373,9 @@ static void polyc_conv_work(const polyc_conv_t *restrict g, int64_t x, T *restri
                     pf = (const char *)(polyc_conv_block_weights(g, ahead_b, ahead_fb) + (ahead_r0 + row0) * g->w_step);
                     npf = (row1 - row0) * POLYC_PF_LINES;
                 }
-                polyc_convc_block(nfv, nr, wp, g->w_step, ip, g->in_r + r0, g->out + g->out_f[f0], oo,
-                                  !init || r0 > 0, tail, pf, g->w_step * (int64_t)sizeof(T), npf,
-                                  g, f0, r0 + nr >= g->nred);
+                polyc_convc_block(nfv, pieces, npieces, wp + r0 * g->w_step, g->w_step, ip, g->in_r + r0,
+                                  g->out + g->out_f[f0], oo, !init || r0 > 0, tail, pf,
+                                  g->w_step * (int64_t)sizeof(T), npf, g, f0, r0 + nr >= g->nred);
             }
         }
         r0 += g->rchunk;

@@ -60,7 +60,7 @@ import numpy as np
 
 from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine
-from polyc.schedule.patterns import KERNEL_DTYPES, is_epilogue, strip_casts
+from polyc.schedule.patterns import KERNEL_DTYPES, affine_conjunction, is_epilogue, strip_casts
 
 #: Element types a contraction kernel is generated for (target and both operands alike).
 CONTRACTION_DTYPES = KERNEL_DTYPES
@@ -239,7 +239,7 @@ def _guarded_product(rhs: ir.TExpr, target_indices: tuple[str, ...],
         return rhs, ()
     if not (isinstance(rhs.otherwise, ir.Const) and rhs.otherwise.value == 0):
         return None
-    guard = _affine_conjunction(rhs.cond)
+    guard = affine_conjunction(rhs.cond)
     if guard is None:
         return None
     for g in guard:
@@ -247,24 +247,6 @@ def _guarded_product(rhs: ir.TExpr, target_indices: tuple[str, ...],
         if not indices <= set(target_indices) or not indices <= g.linear_names():
             return None
     return rhs.then, guard
-
-
-def _affine_conjunction(cond: ir.TExpr) -> tuple[Affine, ...] | None:
-    """``cond`` (comparisons of integer affine expressions joined by ``&&``) as expressions
-    that must all be >= 0, or None."""
-    from polyc.ir.model import affine_value  # the model's reading of index arithmetic
-
-    if isinstance(cond, ir.Binary) and cond.op == "&&":
-        lhs, rhs = _affine_conjunction(cond.lhs), _affine_conjunction(cond.rhs)
-        return None if lhs is None or rhs is None else lhs + rhs
-    if not (isinstance(cond, ir.Binary) and cond.op in ("<", "<=", ">", ">=", "==")):
-        return None
-    lhs, rhs = affine_value(cond.lhs), affine_value(cond.rhs)
-    if lhs is None or rhs is None:
-        return None
-    one = Affine.const(1)
-    return {"<=": (rhs - lhs,), "<": (rhs - lhs - one,), ">=": (lhs - rhs,), ">": (lhs - rhs - one,),
-            "==": (lhs - rhs, rhs - lhs)}[cond.op]
 
 
 def _factors(product: ir.TExpr, dtype: np.dtype,

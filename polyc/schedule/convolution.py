@@ -37,8 +37,17 @@ Precisely (:func:`recognise_convolution`):
 This covers 1-D, 2-D and 3-D convolutions with any strides, dilations and offsets, grouped
 and depthwise convolutions (with or without a channel multiplier), single-channel filters
 (``blur(h, w) +=! I(h + r_i, w + r_j) * K(r_i, r_j)``) and any layout (NCHW, NHWC, ...).
-Anything else (a window with two spatial or two kernel indices, a reduction index only in W,
-a diagonal, a third factor, ``min=``, integers, zero padding through a ternary) is not a
+*Zero padding* may be written into the statement instead of a padded copy of the image::
+
+    O(n, h, w, f) +=! (h + r_kh >= 1 && h + r_kh < H + 1 && ...) ? I(n, h + r_kh - 1, w + r_kw - 1, r_c) * W(r_kh, r_kw, r_c, f) : 0
+
+when the condition is a conjunction of affine comparisons each of which bounds one window of
+the image (``box``: the positions of each window dimension whose products count), the
+output channels are the target's innermost dimension and the weights' kernel dimensions come
+before their channels (the kernel's channel mode, which pads a copy of the image itself, and
+for each tile of points computes each kernel tap only for the points that read it inside the
+box).  Anything else (a window with two spatial or two kernel indices, a reduction index
+only in W, a diagonal, a third factor, ``min=``, integers, other conditions) is not a
 convolution: the functions return None and the generic polyhedral path compiles the statement.
 A 1x1 convolution has no window; it is a contraction, which the gemm kernel takes.
 
@@ -64,7 +73,7 @@ import numpy as np
 
 from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine
-from polyc.schedule.patterns import KERNEL_DTYPES, is_epilogue, two_factors
+from polyc.schedule.patterns import KERNEL_DTYPES, affine_conjunction, is_epilogue, two_factors
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,16 @@ class Window:
 
 
 @dataclass(frozen=True)
+class Bound:
+    """Image positions ``lo <= position < hi`` along dimension ``dim`` count (None: no bound
+    on that side); the products of positions outside are zero."""
+
+    dim: int
+    lo: Affine | None
+    hi: Affine | None
+
+
+@dataclass(frozen=True)
 class Convolution:
     """A statement recognised as a convolution (see the module doc).
 
@@ -90,6 +109,7 @@ class Convolution:
     classes hold index names in target order (``channels`` and ``kernel``: in W's order).
     ``extents`` gives every index's extent (its range is ``[0, extent)``).  ``init`` is the
     statement's ``!``.  ``epilogues`` are the elementwise statements after it on the target.
+    ``box``: the zero padding (one :class:`Bound` per bounded window dimension; empty: none).
     """
 
     statement: ir.CheckedStatement
@@ -110,6 +130,7 @@ class Convolution:
     dtype: np.dtype
     init: bool
     epilogues: tuple[ir.CheckedStatement, ...] = ()
+    box: tuple[Bound, ...] = ()
 
     def extent(self, index: str) -> Affine:
         return dict(self.extents)[index]
@@ -125,8 +146,10 @@ class Convolution:
         text = " ".join(f"{name}=({', '.join(indices)})" for name, indices in groups)
         windows = " ".join(f"{w.stride}*{w.x}" + (f"+{w.dilation}*{w.k}" if w.k else "")
                            + (f"{w.offset:+d}" if w.offset else "") for w in self.windows)
+        padding = " ".join(f"{b.dim}:[{'' if b.lo is None else b.lo}, {'' if b.hi is None else b.hi})"
+                           for b in self.box)
         return (f"{self.target} {'=' if self.init else '+='} {self.image} (*) {self.weights}: {text}; "
-                f"windows {windows}"
+                f"windows {windows}" + (f"; zero padding outside {padding}" if padding else "")
                 + (f"; {len(self.epilogues)} epilogue statement(s)" if self.epilogues else ""))
 
 
@@ -150,7 +173,11 @@ def recognise_convolution(statement: ir.CheckedStatement, definition: ir.Checked
     dtype = target_tensor.dtype
     if statement.op != "+" or dtype not in KERNEL_DTYPES:
         return None
-    factors = two_factors(statement.rhs, dtype)
+    guarded = _guarded_product(statement.rhs)
+    if guarded is None:
+        return None
+    product, guard = guarded
+    factors = two_factors(product, dtype)
     if factors is None or any(f.tensor == statement.target for f in factors):
         return None
     if any(definition.tensor(f.tensor).dtype != dtype for f in factors):
@@ -196,6 +223,15 @@ def recognise_convolution(statement: ir.CheckedStatement, definition: ir.Checked
     def in_order(group: set[str], order: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(i for i in order if i in group)
 
+    box: tuple[Bound, ...] = ()
+    if guard:
+        kernel_positions = [weight_indices.index(k) for k in ks]
+        channel_positions = [weight_indices.index(c) for c in channels]
+        if target_indices[-1] not in f or max(kernel_positions, default=-1) > min(channel_positions, default=len(weight_indices)):
+            return None  # zero padding is the channel mode's, its reduction the taps of runs of channels
+        box = _padding_box(guard, image_read.subscripts, windows, statement.all_indices)
+        if box is None:
+            return None
     return Convolution(
         statement=statement, target=statement.target, target_indices=target_indices,
         image=image_read.tensor, image_plain=tuple(p if isinstance(p, str) else None for p in image_parts),
@@ -203,7 +239,44 @@ def recognise_convolution(statement: ir.CheckedStatement, definition: ir.Checked
         batch=in_order(batch, target_indices), groups=in_order(groups, target_indices),
         f=in_order(f, target_indices), spatial=in_order(xs, target_indices),
         channels=in_order(channels, weight_indices), kernel=in_order(ks, weight_indices),
-        extents=tuple((i, extents[i]) for i in statement.all_indices), dtype=dtype, init=statement.init)
+        extents=tuple((i, extents[i]) for i in statement.all_indices), dtype=dtype, init=statement.init, box=box)
+
+
+def _guarded_product(rhs: ir.TExpr) -> tuple[ir.TExpr, tuple[Affine, ...]] | None:
+    """``rhs`` as (product, guard): ``cond ? product : 0`` gives the affine conjunction of
+    ``cond`` (expressions that must be >= 0), a plain ``rhs`` no guard; None for another
+    condition."""
+    if not isinstance(rhs, ir.Select):
+        return rhs, ()
+    if not (isinstance(rhs.otherwise, ir.Const) and rhs.otherwise.value == 0):
+        return None
+    guard = affine_conjunction(rhs.cond)
+    return None if guard is None else (rhs.then, guard)
+
+
+def _padding_box(guard: tuple[Affine, ...], subscripts, windows: list[Window],
+                 indices: tuple[str, ...]) -> tuple[Bound, ...] | None:
+    """The bounds on the image's window positions that ``guard`` (expressions >= 0) states, or
+    None when some expression is not ``+-(a window's subscript) + c`` with ``c`` free of
+    ``indices``, or a dimension gets two bounds on one side that do not differ by a constant."""
+    lows: dict[int, Affine] = {}
+    highs: dict[int, Affine] = {}
+    for g in guard:
+        for w, sign in ((w, sign) for w in windows for sign in (1, -1)):
+            rest = g - subscripts[w.dim] if sign == 1 else g + subscripts[w.dim]
+            if not rest.names() & set(indices):
+                break
+        else:
+            return None
+        # sign 1: position >= -rest; sign -1: position <= rest, i.e. position < rest + 1
+        side, bound, tighter = (lows, -rest, max) if sign == 1 else (highs, rest + Affine.const(1), min)
+        if w.dim in side:
+            difference = bound - side[w.dim]
+            if not difference.is_constant:
+                return None
+            bound = side[w.dim] + tighter(0, difference.constant)
+        side[w.dim] = bound
+    return tuple(Bound(dim, lows.get(dim), highs.get(dim)) for dim in sorted(set(lows) | set(highs)))
 
 
 def _image_subscripts(subscripts, target_indices: tuple[str, ...]) -> list[str | Window] | None:

@@ -66,3 +66,21 @@ def is_epilogue(statement: ir.CheckedStatement, target: str, target_indices: tup
         if read.tensor != target and definition.tensor(read.tensor).role is not ir.Role.INPUT:
             return False
     return True
+
+
+def affine_conjunction(cond: ir.TExpr) -> tuple[Affine, ...] | None:
+    """``cond`` (comparisons of integer affine expressions joined by ``&&``) as expressions
+    that must all be >= 0, or None."""
+    if isinstance(cond, ir.Binary) and cond.op == "&&":
+        lhs, rhs = affine_conjunction(cond.lhs), affine_conjunction(cond.rhs)
+        return None if lhs is None or rhs is None else lhs + rhs
+    if not (isinstance(cond, ir.Binary) and cond.op in ("<", "<=", ">", ">=", "==")):
+        return None
+    from polyc.ir.model import affine_value  # the model's reading of index arithmetic (imports this module)
+
+    lhs, rhs = affine_value(cond.lhs), affine_value(cond.rhs)
+    if lhs is None or rhs is None:
+        return None
+    one = Affine.const(1)
+    return {"<=": (rhs - lhs,), "<": (rhs - lhs - one,), ">=": (lhs - rhs,), ">": (lhs - rhs - one,),
+            "==": (lhs - rhs, rhs - lhs)}[cond.op]

@@ -241,18 +241,21 @@ def _transposed(b: Builder, x: Value, perm) -> Value:
 #: W(kh, kw, c, f).  Weights not in cache (a model's), AMD EPYC Zen 5: resnet18's 512 -> 512
 #: 3 x 3 layers at 7 x 7, batch 1: 0.66 ms in NCHW, 0.83 in NHWC; but 256 -> 256 at 14 x 14
 #: 0.58 against 0.54, and strided layers (packed tiles in NCHW) 256 -> 512 to 7 x 7 0.56
-#: against 0.48.
+#: against 0.48.  A padded one runs in NHWC all the same: the NHWC kernel skips the taps that
+#: fall in the padding (a fifth of a 3 x 3's products at 7 x 7): a 512 -> 512 3 x 3 layer at
+#: 7 x 7, batch 1, one core of an AMD EPYC Zen 4: 2.02-2.36 ms in NHWC, 2.62-2.66 in NCHW.
 CHANNELS_LAST_MIN_PIXELS = 64
 CHANNELS_LAST_WEIGHT_BYTES = 1 << 20
 
 
 def _pays_in_channels_last(b: Builder, node: Node, x: Value, w: Value, x_channels_last: bool) -> bool:
-    """Whether a Conv (one group) runs faster in NHWC (see CHANNELS_LAST_MIN_PIXELS); a 1 x 1
-    one without padding is measured at least as fast in NHWC (mobilenet_v2's 320 -> 1280 at
-    7 x 7: 0.12 ms against 0.15)."""
+    """Whether a Conv (one group) runs faster in NHWC (see CHANNELS_LAST_MIN_PIXELS: a padded or
+    strided one does); a 1 x 1 one without padding is measured at least as fast in NHWC
+    (mobilenet_v2's 320 -> 1280 at 7 x 7: 0.12 ms against 0.15)."""
     outs, begin, end, strides, _ = _spatial(b, node, x, list(w.shape[2:]), channels_last=x_channels_last)
-    pointwise = w.shape[2:] == (1, 1) and not any(begin) and not any(end)
-    if pointwise or any(s != 1 for s in strides) or w.const.nbytes <= CHANNELS_LAST_WEIGHT_BYTES:
+    padded = any(begin) or any(end)
+    pointwise = w.shape[2:] == (1, 1) and not padded
+    if pointwise or padded or any(s != 1 for s in strides) or w.const.nbytes <= CHANNELS_LAST_WEIGHT_BYTES:
         return True
     return x.shape[0] * int(np.prod(outs)) >= CHANNELS_LAST_MIN_PIXELS
 
@@ -281,6 +284,14 @@ POINTWISE_GEMM_FILTERS = 512
 IMAGE_CHANNELS_READ_IN_PLACE = 4
 
 
+#: A padded Conv with at least this many input channels has its padding in its statement's
+#: condition (the kernel skips the taps a tile reads in the padding); one with fewer reads a
+#: padded copy of its input: a tap is then a few reduction steps, too few to pay for a tile's
+#: pieces.  resnet18's first layer (3 channels, 7 x 7 taps at stride 2) on one core of an AMD
+#: EPYC Zen 4: 2.52-2.55 ms with its padding in the condition, 2.33 with a padded copy (0.05).
+PADDING_IN_THE_KERNEL_CHANNELS = 16
+
+
 def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value | None,
                        image_channels_last: bool = True) -> Value:
     """A 2-D Conv (one group) of the image ``x`` (NHWC, or NCHW when not
@@ -305,13 +316,24 @@ def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value |
         rhs = f"{b.ref(x, ['n', 's0', 's1', 'r_c'])} * {b.ref(weights, ['r_c', 'f'])}"
         reductions, kind = [("r_c", channels)], "contraction"
     else:
-        if any(begin) or any(end):
+        padded = any(begin) or any(end)
+        if padded and channels < PADDING_IN_THE_KERNEL_CHANNELS:
             pads = image_indices(image_channels_last, 0, 0, begin) + image_indices(image_channels_last, 0, 0, end)
             x = Pad._pad(b, _Attributes(mode="constant"), x, pads, None)[0]
+            begin = end = [0, 0]
+        # Else the padding is the statement's condition: the kernel pads its own copy of the
+        # image and computes each tap of a tile of points only for the points that read it
+        # outside the padding (none: the tap is skipped).
         weights = b.const(np.ascontiguousarray(w.const.transpose(2, 3, 1, 0)))
-        window = [f"{_affine(strides[d], f's{d}', 0)} + {_affine(dilations[d], f'r_k{d}', 0)}" for d in range(2)]
+        window = [f"{_affine(strides[d], f's{d}', 0)} + {_affine(dilations[d], f'r_k{d}', -begin[d])}"
+                  for d in range(2)]
+        extents = list(x.tc_shape)[1:3] if image_channels_last else list(x.tc_shape)[2:4]
+        inside = [f"{window[d]} >= 0" for d in range(2) if begin[d] > 0]
+        inside += [f"{window[d]} < {extents[d]}" for d in range(2) if end[d] > 0]
         image = b.ref(x, image_indices(image_channels_last, "n", "r_c", window))
         rhs = f"{image} * {b.ref(weights, ['r_k0', 'r_k1', 'r_c', 'f'])}"
+        if inside:
+            rhs = f"({' && '.join(inside)}) ? {rhs} : 0.0"
         reductions, kind = [("r_k0", kh), ("r_k1", kw), ("r_c", channels)], "convolution"
     statements = [b.statement(out, idx, "+=!", rhs, reductions)]
     reads = [x, weights]
