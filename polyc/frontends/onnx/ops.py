@@ -1729,6 +1729,37 @@ class LayerNormalization(Converter):
         return outputs
 
 
+class LRN(Converter):
+    """Local response normalisation across channels (AlexNet's, GoogLeNet's): each element over
+    ``(bias + alpha / size * sum of the squares of its channel window) ** beta``, the window the
+    ``size`` channels from ``floor((size - 1) / 2)`` below to ``ceil((size - 1) / 2)`` above,
+    cut at the first and last channels."""
+
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        x = inputs[0]
+        _float_only(b, x)
+        size = node.attr("size")
+        if size is None or size < 1:
+            raise UnsupportedError(f"{b.where}: LRN needs a size of at least 1 (got {size})")
+        if x.rank < 3:
+            raise UnsupportedError(f"{b.where}: LRN of a rank-{x.rank} tensor (rank 3 or more: N, C, ...)")
+        alpha, beta, bias = node.attr("alpha", 1e-4), node.attr("beta", 0.75), node.attr("bias", 1.0)
+        idx = indices(x.rank)
+        below = (size - 1) // 2
+        channel = f"{idx[1]} + r_k - {below}" if below else f"{idx[1]} + r_k"
+        window = [idx[0], channel, *idx[2:]]
+        squares, out = b.new(x.shape, x.dtype), b.new(x.shape, x.dtype)
+        read = b.ref(x, window)
+        statements = [
+            b.statement(squares, idx, "+=!", f"({channel} >= 0 && {channel} < {x.shape[1]}) ? {read} * {read} : 0",
+                        [("r_k", size)]),
+            b.statement(out, idx, "=", f"{b.ref(x, idx)} / pow({_number(bias)} + {_number(alpha / size)} * "
+                                       f"{squares.ident}({', '.join(idx)}), {_number(beta)})")]
+        b.emit(statements, [x], [out], "reduction")
+        return [out]
+
+
 # ----------------------------------------------------------------------------- the registry
 _FLOAT_FUNCTIONS = {"Exp": "exp({x})", "Log": "log({x})", "Sqrt": "sqrt({x})", "Tanh": "tanh({x})",
                     "Erf": "erf({x})", "Sin": "sin({x})", "Cos": "cos({x})", "Tan": "tan({x})",
@@ -1763,7 +1794,7 @@ CONVERTERS: dict[str, type[Converter]] = {
     "MatMul": MatMul, "Gemm": Gemm, "Einsum": Einsum,
     "Conv": Conv, "MaxPool": MaxPool, "AveragePool": AveragePool,
     "GlobalAveragePool": GlobalAveragePool, "GlobalMaxPool": GlobalMaxPool,
-    "BatchNormalization": BatchNormalization, "LayerNormalization": LayerNormalization,
+    "BatchNormalization": BatchNormalization, "LayerNormalization": LayerNormalization, "LRN": LRN,
     "ReduceSum": ReduceSum, "ReduceMean": _reduce("mean"), "ReduceMax": _reduce("max"),
     "ReduceMin": _reduce("min"), "ReduceProd": _reduce("prod"), "ReduceSumSquare": _reduce("sumsquare"),
     "ReduceL1": _reduce("l1"), "ReduceL2": _reduce("l2"),
