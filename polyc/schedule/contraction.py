@@ -60,7 +60,7 @@ import numpy as np
 
 from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine
-from polyc.schedule.patterns import KERNEL_DTYPES, affine_conjunction, is_epilogue, strip_casts
+from polyc.schedule.patterns import KERNEL_DTYPES, guarded_product, is_epilogue, strip_casts
 
 #: Element types a contraction kernel is generated for (target and both operands alike).
 CONTRACTION_DTYPES = KERNEL_DTYPES
@@ -232,21 +232,16 @@ def recognise_contraction(statement: ir.CheckedStatement, definition: ir.Checked
 
 def _guarded_product(rhs: ir.TExpr, target_indices: tuple[str, ...],
                      sizes: tuple[str, ...]) -> tuple[ir.TExpr, tuple[Affine, ...]] | None:
-    """``rhs`` as (product, guard): ``cond ? product : 0`` gives the guard of ``cond`` (each
-    expression >= 0), a plain ``rhs`` no guard; None when the condition is not a conjunction of
-    affine comparisons, linear in ``target_indices``, with sizes."""
-    if not isinstance(rhs, ir.Select):
-        return rhs, ()
-    if not (isinstance(rhs.otherwise, ir.Const) and rhs.otherwise.value == 0):
+    """:func:`~polyc.schedule.patterns.guarded_product` whose condition is linear in
+    ``target_indices``, with sizes (else None)."""
+    guarded = guarded_product(rhs)
+    if guarded is None:
         return None
-    guard = affine_conjunction(rhs.cond)
-    if guard is None:
-        return None
-    for g in guard:
+    for g in guarded[1]:
         indices = g.names() - set(sizes)
         if not indices <= set(target_indices) or not indices <= g.linear_names():
             return None
-    return rhs.then, guard
+    return guarded
 
 
 def _factors(product: ir.TExpr, dtype: np.dtype,

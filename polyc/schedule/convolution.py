@@ -73,7 +73,7 @@ import numpy as np
 
 from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine
-from polyc.schedule.patterns import KERNEL_DTYPES, affine_conjunction, is_epilogue, two_factors
+from polyc.schedule.patterns import KERNEL_DTYPES, guarded_product, is_epilogue, two_factors
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ def recognise_convolution(statement: ir.CheckedStatement, definition: ir.Checked
     dtype = target_tensor.dtype
     if statement.op != "+" or dtype not in KERNEL_DTYPES:
         return None
-    guarded = _guarded_product(statement.rhs)
+    guarded = guarded_product(statement.rhs)
     if guarded is None:
         return None
     product, guard = guarded
@@ -240,18 +240,6 @@ def recognise_convolution(statement: ir.CheckedStatement, definition: ir.Checked
         f=in_order(f, target_indices), spatial=in_order(xs, target_indices),
         channels=in_order(channels, weight_indices), kernel=in_order(ks, weight_indices),
         extents=tuple((i, extents[i]) for i in statement.all_indices), dtype=dtype, init=statement.init, box=box)
-
-
-def _guarded_product(rhs: ir.TExpr) -> tuple[ir.TExpr, tuple[Affine, ...]] | None:
-    """``rhs`` as (product, guard): ``cond ? product : 0`` gives the affine conjunction of
-    ``cond`` (expressions that must be >= 0), a plain ``rhs`` no guard; None for another
-    condition."""
-    if not isinstance(rhs, ir.Select):
-        return rhs, ()
-    if not (isinstance(rhs.otherwise, ir.Const) and rhs.otherwise.value == 0):
-        return None
-    guard = affine_conjunction(rhs.cond)
-    return None if guard is None else (rhs.then, guard)
 
 
 def _padding_box(guard: tuple[Affine, ...], subscripts, windows: list[Window],

@@ -84,3 +84,15 @@ def affine_conjunction(cond: ir.TExpr) -> tuple[Affine, ...] | None:
     one = Affine.const(1)
     return {"<=": (rhs - lhs,), "<": (rhs - lhs - one,), ">=": (lhs - rhs,), ">": (lhs - rhs - one,),
             "==": (lhs - rhs, rhs - lhs)}[cond.op]
+
+
+def guarded_product(rhs: ir.TExpr) -> tuple[ir.TExpr, tuple[Affine, ...]] | None:
+    """``rhs`` as (product, guard): ``cond ? product : 0`` gives the affine conjunction of
+    ``cond`` (expressions that must be >= 0), a plain ``rhs`` no guard; None for another
+    condition or another value otherwise."""
+    if not isinstance(rhs, ir.Select):
+        return rhs, ()
+    if not (isinstance(rhs.otherwise, ir.Const) and rhs.otherwise.value == 0):
+        return None
+    guard = affine_conjunction(rhs.cond)
+    return None if guard is None else (rhs.then, guard)
