@@ -401,6 +401,7 @@ class _ConvWriter(PatternKernelWriter):
         return (text.replace("STATUS", str(STATUS_OUT_OF_MEMORY))
                 .replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
                 .replace("WEIGHT_SLICE", str(conv_channels.WEIGHT_SLICE_BYTES))
+                .replace("FLOPS_PER_BYTE", f"{conv_channels.FLOPS_PER_BYTE!r}")
                 .replace("CHUNK_BLOCKS", str(take)))
 
     # ------------------------------------------------------------------ the entry point

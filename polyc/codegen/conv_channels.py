@@ -64,6 +64,11 @@ MAX_CHANNEL_VECTORS = {"avx512": 4, "avx2": 2, "portable": 1}
 #: weight vectors and one broadcast fit the registers (32 with AVX-512, 16 with AVX2).
 _POINTS = {"avx512": {4: 6, 3: 8, 2: 12, 1: 12}, "avx2": {2: 6, 1: 12}, "portable": {1: 4}}
 
+#: FLOPs a thread does in the time the memory moves a byte, roughly (one Zen 4 core's 117 GFLOP/s
+#: against about 25 GB/s): a split of the work costs the longer of its busiest thread's
+#: arithmetic and its memory traffic at this rate.
+FLOPS_PER_BYTE = 4.0
+
 #: Bytes of the weights a reduction chunk may use (rchunk x NF elements): a share of L2 on
 #: every x86 core polyc targets (512 KiB on Zen 3, 1-2 MiB on Zen 5 and Xeons).
 WEIGHT_SLICE_BYTES = 256 * 1024
@@ -430,15 +435,46 @@ static void polyc_conv_pack(const polyc_conv_t *restrict g, const T *restrict w,
             dst[r * POLYC_FBLOCK + i] = i < nfc ? w[w_g[wg] + w_f[f0 + i] + w_r[r]] : (T)0;
 }
 
+/* The busiest thread's share of the work when the items of a split (chunks of `size` channel
+   blocks x `runs` runs of tiles) are taken in order by whichever thread is free first, as the
+   dynamic schedule hands them out; in channel vectors x tiles (a chunk with the last, partial
+   block has fewer vectors). */
+static double polyc_conv_busiest(const polyc_conv_t *restrict g, int64_t size, int64_t runs, int nthr)
+{
+    const int64_t chunks = (g->nfb + size - 1) / size, take = (g->ntiles + runs - 1) / runs;
+    double load[nthr];
+    for (int i = 0; i < nthr; i++)
+        load[i] = 0;
+    for (int64_t b = 0; b < g->nitems; b++)
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t channels = polyc_min(g->nf, (c + 1) * size * POLYC_FBLOCK) - c * size * POLYC_FBLOCK;
+            const int64_t vectors = (channels + POLYC_LANES - 1) / POLYC_LANES;
+            for (int64_t t0 = 0; t0 < g->ntiles; t0 += take) {
+                int free = 0;
+                for (int i = 1; i < nthr; i++)
+                    free = load[i] < load[free] ? i : free;
+                load[free] += (double)vectors * (double)(polyc_min(g->ntiles, t0 + take) - t0);
+            }
+        }
+    double most = 0;
+    for (int i = 0; i < nthr; i++)
+        most = load[i] > most ? load[i] : most;
+    return most;
+}
+
 /* Weights whose channels are consecutive and whose reduction rows are evenly spaced are read
    in place (w_step: the rows' spacing); else packed (w_step FBLOCK).  Also chooses the work
-   items: chunks of channel blocks x runs of tiles, for the least memory traffic (each run
-   reads all the weights of its chunk, unless they fit in L2, where a thread's runs share
-   them; each chunk reads the image once more): when the weights
-   come from memory (a model's weights do not stay in L3), a run per item on 2 threads of a 512
-   -> 64 3x3 convolution at 7 x 7 read them 8 times.  Of the splits with at least one item per
-   thread, the one with the least traffic, or with more items (up to 4 per thread, for balance)
-   for at most 5% more.  Then the reduction chunk.  Returns whether the weights are in place. */
+   items: chunks of channel blocks x runs of tiles.  A split costs the longer of its busiest
+   thread's arithmetic and its memory traffic (each run reads all the weights of its chunk,
+   unless they fit in L2, where a thread's runs share them; each chunk reads the image once
+   more) at `flops_per_byte` (the machine's balance, roughly): when the weights come from memory (a model's weights do not stay
+   in L3), a run per item on 2 threads of a 512 -> 64 3x3 convolution at 7 x 7 read them 8
+   times; and split by traffic alone, mobilenet_v2's 960 -> 160 1x1 layer at 7 x 7 took chunks
+   of 128 and 32 channels, one per thread, and ran 1.2x faster on two threads than on one.  Of
+   the splits with at least one item per thread, one within 2% of the least cost and 5% of the
+   least traffic among those, with the most items (up to 4 per thread, as threads come free
+   unevenly).  Then the reduction chunk.  Returns whether the weights are
+   in place. */
 static int polyc_conv_plan(polyc_conv_t *restrict g, int nthr)
 {
     const int64_t row = g->nred > 1 ? g->w_r[1] - g->w_r[0] : 0;
@@ -449,29 +485,40 @@ static int polyc_conv_plan(polyc_conv_t *restrict g, int nthr)
         in_place = g->w_f[f] == f;
     g->w_step = in_place ? row : POLYC_FBLOCK;
     const double weights = (double)g->nred * (double)g->nf, image = (double)g->image_elements;
+    /* FLOPs of a channel vector x tile: RQ points, nred steps, an FMA of LANES lanes each. */
+    const double flops = 2.0 * POLYC_NR * POLYC_LANES * (double)polyc_max(1, g->nred);
+    const double flops_per_byte = FLOPS_PER_BYTE;
     const int64_t wanted = 4 * (int64_t)nthr;
     int64_t best_chunks = 1, best_runs = 1, best_items = 0;
-    double best = -1;
-    for (int pass = 0; pass < 2; pass++) {  /* the least traffic, then the most items near it */
+    double least_cost = -1, least_traffic = -1;
+    /* Three passes over the splits: the least cost; the least traffic among those within 2% of
+       it (the cost is a rough estimate); the most items near both. */
+    for (int pass = 0; pass < 3; pass++) {
         for (int64_t chunks = 1; chunks <= g->nfb; chunks++) {
             const int64_t size = (g->nfb + chunks - 1) / chunks;
             if (chunks > 1 && (g->nfb + size - 1) / size != chunks)
                 continue;  /* the same chunks as a smaller count */
             const int64_t per = g->nitems * chunks;
-            for (int want = 0; want < 2; want++) {
-                const int64_t items = want ? wanted : nthr;
+            for (int64_t items = nthr; items <= wanted; items += nthr) {
                 const int64_t runs = polyc_max(1, polyc_min(g->ntiles, (items + per - 1) / per));
                 /* A chunk's weights that fit in L2 stay there between a thread's runs. */
                 const int fits = (double)size * POLYC_FBLOCK * (double)g->nred * sizeof(T) <= 2.0 * WEIGHT_SLICE;
                 const double reads = fits ? (double)polyc_min(runs, nthr) : (double)runs;
-                const double traffic = reads * weights + (double)chunks * image;
-                if (pass == 0 ? best < 0 || traffic < best
-                              : traffic <= 1.05 * best && polyc_min(per * runs, wanted) > best_items) {
-                    if (pass == 0)
-                        best = traffic;
-                    best_chunks = chunks;
-                    best_runs = runs;
-                    best_items = polyc_min(per * runs, wanted);
+                const double traffic = (reads * weights + (double)chunks * image) * sizeof(T);
+                const double busiest = nthr > 1 ? polyc_conv_busiest(g, size, runs, nthr) * flops : 0;
+                const double cost = busiest > flops_per_byte * traffic ? busiest : flops_per_byte * traffic;
+                const int64_t count = polyc_min(per * runs, wanted);
+                if (pass == 0) {
+                    if (least_cost < 0 || cost < least_cost)
+                        least_cost = cost;
+                } else if (cost <= 1.02 * least_cost) {
+                    if (pass == 1 && (least_traffic < 0 || traffic < least_traffic))
+                        least_traffic = traffic;
+                    if (pass == 2 && traffic <= 1.05 * least_traffic && count > best_items) {
+                        best_chunks = chunks;
+                        best_runs = runs;
+                        best_items = count;
+                    }
                 }
             }
         }
