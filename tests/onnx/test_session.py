@@ -228,6 +228,40 @@ def test_a_one_row_gemm_is_a_matrix_vector_product(trans_b, bias_shape, alpha, b
         assert contraction is not None and contraction.is_matvec == (batch == 1)
 
 
+@pytest.mark.parametrize("trans_a,trans_b,bias_shape,alpha,beta", [(0, 1, (100,), 1.0, 1.0), (0, 0, (1, 100), 0.5, 2.0),
+                                                                   (1, 1, (), 1.0, 1.0), (0, 1, None, 1.0, 1.0),
+                                                                   (0, 0, None, 1.5, 1.0)])
+def test_a_gemm_by_constant_weights_reads_them_blocked_with_zero_columns(trans_a, trans_b, bias_shape, alpha, beta):
+    # A fully connected layer of a few rows (a classifier at batch 8): its constant weights,
+    # transposed when transB, become W'(N / NR, K, NR) at plan time with zero columns up to a
+    # whole sliver (100 columns are not a multiple of NR), and alpha and the bias apply to the
+    # product's first N columns.  Against onnxruntime, for each bias form and transposition.
+    from polyc.frontends.onnx.lowering import Value
+    from polyc.frontends.onnx.ops import _weight_sliver
+    rng = np.random.default_rng(12)
+    weights = rng.standard_normal((100, 48) if trans_b else (48, 100)).astype(np.float32)
+    initializers = [numpy_helper.from_array(weights, "W")]
+    inputs = ["X", "W"]
+    if bias_shape is not None:
+        initializers.append(numpy_helper.from_array(rng.standard_normal(bias_shape).astype(np.float32), "C"))
+        inputs.append("C")
+    node = helper.make_node("Gemm", inputs, ["Y"], transA=trans_a, transB=trans_b, alpha=alpha, beta=beta, name="fc")
+    x_shape = [48, "N"] if trans_a else ["N", 48]
+    graph = helper.make_graph([node], "fc", [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 100])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ponnx.InferenceSession(model)
+    for batch in (3, 8):
+        x = rng.standard_normal((48, batch) if trans_a else (batch, 48)).astype(np.float32)
+        (got,) = session.run(None, {"X": x})
+        np.testing.assert_allclose(got, reference(model, x), rtol=1e-5, atol=1e-5)
+        sliver = _weight_sliver(Value("x", x.dtype, (batch, 48)), Value("w", x.dtype, (48, 100), np.zeros((48, 100))),
+                                padded=True)
+        weights_read = session.plan_for({"X": x.shape}).groups[0].inputs[1]
+        assert (len(weights_read.shape) == 3) == (sliver > 0)
+        assert sliver == 0 or weights_read.shape == (-(-100 // sliver), 48, sliver)
+
+
 @pytest.mark.parametrize("group", [1, 2])
 def test_conv_transpose_with_bias_and_relu_against_onnxruntime(group):
     # A decoder's upsampling step: stride 2, padding, output_padding, groups, then Relu.
