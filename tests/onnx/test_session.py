@@ -202,20 +202,27 @@ def test_cli_emits_tc_groups_and_checks_against_onnxruntime(model, tmp_path, cap
     assert main(["onnx", str(tmp_path / "missing.onnx")]) == 1
 
 
-@pytest.mark.parametrize("trans_b,bias_shape,alpha,beta", [(1, (6,), 1.0, 1.0), (0, (1, 6), 0.5, 2.0), (1, (), 1.0, 1.0),
-                                                           (0, None, 1.0, 1.0)])
-def test_a_one_row_gemm_is_a_matrix_vector_product(trans_b, bias_shape, alpha, beta):
-    rng = np.random.default_rng(5)
-    weights = rng.standard_normal((6, 40) if trans_b else (40, 6)).astype(np.float32)
+def _fully_connected(rng, k: int, n: int, trans_a: int, trans_b: int, bias_shape, alpha: float, beta: float):
+    """A model of one Gemm (named "fc") by constant K x N weights (N x K with transB) and an
+    optional constant bias, of a symbolic number of rows N."""
+    weights = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
     initializers = [numpy_helper.from_array(weights, "W")]
     inputs = ["X", "W"]
     if bias_shape is not None:
         initializers.append(numpy_helper.from_array(rng.standard_normal(bias_shape).astype(np.float32), "C"))
         inputs.append("C")
-    node = helper.make_node("Gemm", inputs, ["Y"], transB=trans_b, alpha=alpha, beta=beta, name="fc")
-    graph = helper.make_graph([node], "fc", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 40])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 6])], initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    node = helper.make_node("Gemm", inputs, ["Y"], transA=trans_a, transB=trans_b, alpha=alpha, beta=beta, name="fc")
+    x_shape = [k, "N"] if trans_a else ["N", k]
+    graph = helper.make_graph([node], "fc", [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", n])], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("trans_b,bias_shape,alpha,beta", [(1, (6,), 1.0, 1.0), (0, (1, 6), 0.5, 2.0), (1, (), 1.0, 1.0),
+                                                           (0, None, 1.0, 1.0)])
+def test_a_one_row_gemm_is_a_matrix_vector_product(trans_b, bias_shape, alpha, beta):
+    rng = np.random.default_rng(5)
+    model = _fully_connected(rng, 40, 6, 0, trans_b, bias_shape, alpha, beta)
     session = ponnx.InferenceSession(model)
     for batch in (1, 3):
         x = rng.standard_normal((batch, 40)).astype(np.float32)
@@ -239,17 +246,7 @@ def test_a_gemm_by_constant_weights_reads_them_blocked_with_zero_columns(trans_a
     from polyc.frontends.onnx.lowering import Value
     from polyc.frontends.onnx.ops import _weight_sliver
     rng = np.random.default_rng(12)
-    weights = rng.standard_normal((100, 48) if trans_b else (48, 100)).astype(np.float32)
-    initializers = [numpy_helper.from_array(weights, "W")]
-    inputs = ["X", "W"]
-    if bias_shape is not None:
-        initializers.append(numpy_helper.from_array(rng.standard_normal(bias_shape).astype(np.float32), "C"))
-        inputs.append("C")
-    node = helper.make_node("Gemm", inputs, ["Y"], transA=trans_a, transB=trans_b, alpha=alpha, beta=beta, name="fc")
-    x_shape = [48, "N"] if trans_a else ["N", 48]
-    graph = helper.make_graph([node], "fc", [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape)],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 100])], initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = _fully_connected(rng, 48, 100, trans_a, trans_b, bias_shape, alpha, beta)
     session = ponnx.InferenceSession(model)
     for batch in (3, 8):
         x = rng.standard_normal((48, batch) if trans_a else (batch, 48)).astype(np.float32)
