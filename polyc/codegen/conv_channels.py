@@ -467,14 +467,14 @@ static double polyc_conv_busiest(const polyc_conv_t *restrict g, int64_t size, i
    items: chunks of channel blocks x runs of tiles.  A split costs the longer of its busiest
    thread's arithmetic and its memory traffic (each run reads all the weights of its chunk,
    unless they fit in L2, where a thread's runs share them; each chunk reads the image once
-   more) at `flops_per_byte` (the machine's balance, roughly): when the weights come from memory (a model's weights do not stay
-   in L3), a run per item on 2 threads of a 512 -> 64 3x3 convolution at 7 x 7 read them 8
-   times; and split by traffic alone, mobilenet_v2's 960 -> 160 1x1 layer at 7 x 7 took chunks
-   of 128 and 32 channels, one per thread, and ran 1.2x faster on two threads than on one.  Of
-   the splits with at least one item per thread, one within 2% of the least cost and 5% of the
-   least traffic among those, with the most items (up to 4 per thread, as threads come free
-   unevenly).  Then the reduction chunk.  Returns whether the weights are
-   in place. */
+   more) at `flops_per_byte`, the machine's balance, roughly.  When the weights come from
+   memory (a model's weights do not stay in L3), a run per item on 2 threads of a 512 -> 64 3x3
+   convolution at 7 x 7 read them 8 times; split by traffic alone, mobilenet_v2's 960 -> 160
+   1x1 layer at 7 x 7 took chunks of 128 and 32 channels, one per thread, and ran 1.2x faster
+   on two threads than on one.  Of the splits with at least one item per thread, one within 2%
+   of the least cost and 5% of the least traffic among those, with the most items (up to 4 per
+   thread, as threads come free unevenly).  Then the reduction chunk.  Returns whether the
+   weights are in place. */
 static int polyc_conv_plan(polyc_conv_t *restrict g, int nthr)
 {
     const int64_t row = g->nred > 1 ? g->w_r[1] - g->w_r[0] : 0;

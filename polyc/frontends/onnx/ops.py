@@ -727,7 +727,8 @@ class Gemm(Converter):
             # from memory (mobilenet_v2's classifier at batch 8, 8 x 1280 by 1280 x 1000: 0.81
             # ms on one core, onnxruntime 0.42, AMD EPYC Zen 4).
             matrix = c.const.T if trans_b else c.const
-            sliver = _weight_sliver(a, Value("", c.dtype, matrix.shape, const=matrix), padded=True)
+            rows = Value("", a.dtype, (m, k))  # a's rows, also when transA
+            sliver = _weight_sliver(rows, Value("", c.dtype, matrix.shape, const=matrix), padded=True)
             if sliver:
                 wide = -(-n // sliver) * sliver
                 padded = np.zeros((k, wide), matrix.dtype)
@@ -752,7 +753,8 @@ class Gemm(Converter):
     def _epilogue(b, product, bias, m, n, alpha, beta):
         """``alpha * product + beta * bias`` of the first ``n`` columns of ``product`` (its
         others are the blocked weights' zero columns) as an elementwise step, which the fusion
-        rules make the epilogue of the product's kernel; ``product`` itself when that is all."""
+        rules make the epilogue of the product's kernel when there are no others; ``product``
+        itself when that is all."""
         rhs = b.ref(product, ["i0", "i1"]) if alpha == 1 else f"{_number(alpha)} * {b.ref(product, ['i0', 'i1'])}"
         reads = [product]
         if bias is not None and beta != 0:
