@@ -442,6 +442,18 @@ static void polyc_conv_pack(const polyc_conv_t *restrict g, const T *restrict w,
 static double polyc_conv_busiest(const polyc_conv_t *restrict g, int64_t size, int64_t runs, int nthr)
 {
     const int64_t chunks = (g->nfb + size - 1) / size, take = (g->ntiles + runs - 1) / runs;
+    if (g->nitems * chunks * ((g->ntiles + take - 1) / take) > 16 * (int64_t)nthr) {
+        /* Many items (a grouped convolution's groups): the busiest share is an even share
+           within one item, and the plan, made on every call, need not hand them out. */
+        double total = 0, largest = 0;
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t channels = polyc_min(g->nf, (c + 1) * size * POLYC_FBLOCK) - c * size * POLYC_FBLOCK;
+            const double vectors = (double)((channels + POLYC_LANES - 1) / POLYC_LANES);
+            total += vectors * (double)g->ntiles;
+            largest = vectors * (double)take > largest ? vectors * (double)take : largest;
+        }
+        return total * (double)g->nitems / nthr + largest;
+    }
     double load[nthr];
     for (int i = 0; i < nthr; i++)
         load[i] = 0;
@@ -499,8 +511,11 @@ static int polyc_conv_plan(polyc_conv_t *restrict g, int nthr)
             if (chunks > 1 && (g->nfb + size - 1) / size != chunks)
                 continue;  /* the same chunks as a smaller count */
             const int64_t per = g->nitems * chunks;
-            for (int64_t items = nthr; items <= wanted; items += nthr) {
+            for (int64_t items = nthr, last_runs = 0; items <= wanted; items += nthr) {
                 const int64_t runs = polyc_max(1, polyc_min(g->ntiles, (items + per - 1) / per));
+                if (runs == last_runs)
+                    continue;  /* the same split as the count before */
+                last_runs = runs;
                 /* A chunk's weights that fit in L2 stay there between a thread's runs. */
                 const int fits = (double)size * POLYC_FBLOCK * (double)g->nred * sizeof(T) <= 2.0 * WEIGHT_SLICE;
                 const double reads = fits ? (double)polyc_min(runs, nthr) : (double)runs;
