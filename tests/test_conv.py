@@ -646,6 +646,19 @@ def test_channel_mode_serial_specialised_tiles_and_accumulation():
     np.testing.assert_array_equal(out, np.broadcast_to(np.maximum(bias, 0), (2, 2, 2, 5)))
 
 
+@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
+def test_register_block_points_follow_the_output_points(cflags):
+    """With the sizes known, a register block holds fewer points when the last tile would be
+    mostly copies: 49 points (7 x 7, batch 1) in tiles of 5 with 4 vectors of channels (not 9
+    tiles of 6), 392 (batch 8) in tiles of 6; parametric, the most the registers hold."""
+    def block(batch, **options):
+        kernel = numpy_check(NHWC_BIAS_RELU, [(batch, 7, 7, 96), (1, 1, 96, 320), (320,)],
+                             dict(cflags=cflags, **options), seed=batch)
+        sizes = dict(N=batch, H=7, W=7, C=96, KH=1, KW=1, F=320) if options.get("specialize", True) else None
+        return kernel.c_source(sizes).split('"avx512"')[1].split("#define POLYC_NR ")[1].split()[0]
+    assert (block(1), block(8), block(1, specialize=False)) == ("5", "6", "6")
+
+
 def padded_conv(n, h, w, c, f, kernel, stride, dilation, pads, relu=True):
     """An NHWC convolution with zero padding ``pads`` (top, left, bottom, right) in its condition,
     a bias and a ReLU (or the bias only), at these sizes; and its output's height and width."""

@@ -206,7 +206,11 @@ class _ConvWriter(PatternKernelWriter):
         elif all(conv.extent(i).is_constant for i in conv.f):
             channels = prod(conv.extent(i).constant for i in conv.f)
         self.rf = choose_rows(channels)
-        self.channel_blocks = {isa: conv_channels.channel_block(isa, self.dtype, channels) for isa in ISA_GUARDS}
+        points = None
+        if self.specialised and self.layout.channels:
+            points = prod(conv.extent(i).evaluate(program.size_values) for i in self.layout.points)
+        self.channel_blocks = {isa: conv_channels.channel_block(isa, self.dtype, channels, points)
+                               for isa in ISA_GUARDS}
         # Channel mode applies what it can of the epilogue to the accumulators, in registers.
         self.register_epilogue = RegisterEpilogue.of(conv.epilogues, self.definition, conv.target_indices, conv.f[0]) \
             if self.layout.channels and len(conv.f) == 1 and options.vectorize else None

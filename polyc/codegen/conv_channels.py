@@ -88,13 +88,36 @@ class ChannelBlock:
         return self.lanes * self.vectors
 
 
-def channel_block(isa: str, dtype: np.dtype, channels: int | None) -> ChannelBlock:
-    """The register block of ``isa`` for ``channels`` output channels (None: unknown)."""
+#: Independent accumulators a register block needs to hide the FMA's latency (two FMA units x
+#: about four cycles on the x86 cores polyc targets): fewer points per block leave them idle.
+_LATENCY_ACCUMULATORS = 8
+
+
+def channel_block(isa: str, dtype: np.dtype, channels: int | None, points: int | None = None) -> ChannelBlock:
+    """The register block of ``isa`` for ``channels`` output channels and ``points`` output
+    points (None: unknown).  With the points known, a block of fewer points than the most the
+    registers hold, when the last tile would otherwise be mostly copies: a 7 x 7 image at batch
+    1 is 49 points, 9 tiles of 6 (54 computed) or 10 of 5 (50), for a tenth of the time of
+    resnet18's and mobilenet_v2's last layers."""
     itemsize = np.dtype(dtype).itemsize
     lanes = {"avx512": 64, "avx2": 32, "portable": 128}[isa] // itemsize
     most = MAX_CHANNEL_VECTORS[isa]
     vectors = most if not channels else max(1, min(most, -(-channels // lanes)))
-    return ChannelBlock(isa, lanes, vectors, _POINTS[isa][vectors])
+    return ChannelBlock(isa, lanes, vectors, _block_points(_POINTS[isa][vectors], vectors, points))
+
+
+def _block_points(most: int, vectors: int, points: int | None) -> int:
+    """Points per register block: of 1..most, the least time for ``points`` points, counting
+    each tile's points (the last tile's copies too), at least the accumulators that hide the
+    FMA's latency, and half a point for a tile's own cost (its pointers, its stores); the most
+    points of those that tie."""
+    if not points:
+        return most
+    floor = -(-_LATENCY_ACCUMULATORS // vectors)
+
+    def cost(rq: int) -> float:
+        return -(-points // rq) * (max(rq, floor) + 0.5)
+    return min(range(most, 0, -1), key=cost)
 
 
 _ARGUMENTS = ("const int64_t *restrict pieces, int64_t npieces, const T *restrict wp, int64_t w_step, const T *const *restrict ip, "
