@@ -659,16 +659,24 @@ def test_register_block_points_follow_the_output_points(cflags):
     assert (block(1), block(8), block(1, specialize=False)) == ("5", "6", "6")
 
 
-def padded_conv(n, h, w, c, f, kernel, stride, dilation, pads, relu=True):
-    """An NHWC convolution with zero padding ``pads`` (top, left, bottom, right) in its condition,
-    a bias and a ReLU (or the bias only), at these sizes; and its output's height and width."""
+def _padded_windows(h, w, kernel, stride, dilation, pads, product):
+    """The output's height and width, and the right-hand side of an NHWC convolution over an
+    h x w image with zero padding ``pads`` (top, left, bottom, right) in its condition:
+    ``product`` with the image's window subscripts for ``{y}`` and ``{x}``."""
     (kh, kw), (sh, sw), (dh, dw), (top, left, bottom, right) = kernel, stride, dilation, pads
     oh, ow = (h + top + bottom - dh * (kh - 1) - 1) // sh + 1, (w + left + right - dw * (kw - 1) - 1) // sw + 1
     y, x = f"{sh} * h + {dh} * r_kh", f"{sw} * w + {dw} * r_kw"
     inside = [f"{y} >= {top}"] * bool(top) + [f"{y} < {h + top}"] * bool(bottom) \
         + [f"{x} >= {left}"] * bool(left) + [f"{x} < {w + left}"] * bool(right)
-    product = f"I(n, {y} - {top}, {x} - {left}, r_c) * W1(r_kh, r_kw, r_c, f)"
-    rhs = f"({' && '.join(inside)}) ? {product} : 0" if inside else product
+    product = product.format(y=f"{y} - {top}", x=f"{x} - {left}")
+    return (oh, ow), f"({' && '.join(inside)}) ? {product} : 0" if inside else product
+
+
+def padded_conv(n, h, w, c, f, kernel, stride, dilation, pads, relu=True):
+    """An NHWC convolution with zero padding ``pads`` (top, left, bottom, right) in its condition,
+    a bias and a ReLU (or the bias only), at these sizes; and its output's height and width."""
+    (kh, kw), (oh, ow), rhs = kernel, *_padded_windows(h, w, kernel, stride, dilation, pads,
+                                                        "I(n, {y}, {x}, r_c) * W1(r_kh, r_kw, r_c, f)")
     return f"""def conv(float({n}, {h}, {w}, {c}) I, float({kh}, {kw}, {c}, {f}) W1, float({f}) B) -> (O) {{
     O(n, h, w, f) +=! {rhs} where h in 0:{oh}, w in 0:{ow}, r_kh in 0:{kh}, r_kw in 0:{kw}
     O(n, h, w, f) = {"fmax(O(n, h, w, f) + B(f), 0)" if relu else "O(n, h, w, f) + B(f)"}
@@ -759,6 +767,123 @@ def test_zero_padding_recognition_limits():
     want = reference(*inputs)
     want[..., 3:] = np.maximum(inputs[2][3:], 0)
     assert_close(generic(*inputs), want, int(ops((3, 3, 16, 4))), np.float32, inputs)
+
+
+#: A channels-last depthwise convolution, "same" zero padding in its condition, bias and relu6.
+NHWC_DEPTHWISE = """def conv(float(N, H, W, C) I, float(KH, KW, C) W1, float(C) B) -> (O) {
+    O(n, h, w, c) +=! (h + r_kh >= 1 && h + r_kh < H + 1 && w + r_kw >= 1 && w + r_kw <= W)
+        ? I(n, h + r_kh - 1, w + r_kw - 1, c) * W1(r_kh, r_kw, c) : 0
+        where h in 0:H + 3 - KH, w in 0:W + 3 - KW, r_kh in 0:KH, r_kw in 0:KW
+    O(n, h, w, c) = fmin(fmax(O(n, h, w, c) + B(c), 0), 6)
+}"""
+
+
+def _depthwise_reference(image, weights, stride=(1, 1), dilation=(1, 1), pads=(0, 0, 0, 0)):
+    """An NHWC depthwise convolution in float64, with zero padding ``pads`` (top, left, bottom, right)."""
+    padded = _padded(image.astype(np.float64), pads)
+    (kh, kw, _), (sh, sw), (dh, dw) = weights.shape, stride, dilation
+    oh, ow = (padded.shape[1] - dh * (kh - 1) - 1) // sh + 1, (padded.shape[2] - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((image.shape[0], oh, ow, image.shape[3]))
+    for i in range(kh):
+        for j in range(kw):
+            out += padded[:, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw] * weights[i, j]
+    return out
+
+
+NUMPY_REFERENCES[NHWC_DEPTHWISE] = (
+    lambda I, W, B: np.clip(_depthwise_reference(I, W, pads=(1, 1, 1, 1)) + B, 0, 6), lambda w: np.prod(w[:2]) + 1)
+
+
+def padded_depthwise(n, h, w, c, kernel, stride, dilation, pads, epilogue="relu6", op="+=!"):
+    """An NHWC depthwise convolution with zero padding ``pads`` in its condition at these sizes,
+    then ``epilogue``: "relu6" (a bias, then Clip), "sigmoid" (of the sum plus a bias), "residual"
+    (a tensor R of the output's shape added, then ReLU) or None."""
+    (kh, kw), (oh, ow), rhs = kernel, *_padded_windows(h, w, kernel, stride, dilation, pads,
+                                                        "I(n, {y}, {x}, c) * W1(r_kh, r_kw, c)")
+    extra = {"relu6": f", float({c}) B", "sigmoid": f", float({c}) B", "residual": f", float({n}, {oh}, {ow}, {c}) R",
+             None: ""}[epilogue]
+    after = {"relu6": "O(n, h, w, c) = fmin(fmax(O(n, h, w, c) + B(c), 0), 6)",
+             "sigmoid": "O(n, h, w, c) = 1 / (1 + exp(-(O(n, h, w, c) + B(c))))",
+             "residual": "O(n, h, w, c) = fmax(O(n, h, w, c) + R(n, h, w, c), 0)", None: ""}[epilogue]
+    return f"""def conv(float({n}, {h}, {w}, {c}) I, float({kh}, {kw}, {c}) W1{extra}) -> (O) {{
+    O(n, h, w, c) {op} {rhs} where h in 0:{oh}, w in 0:{ow}, r_kh in 0:{kh}, r_kw in 0:{kw}
+    {after}
+}}""", (n, oh, ow, c)
+
+
+def _depthwise_epilogue(epilogue, sums, extra):
+    return {"relu6": lambda: np.clip(sums + extra, 0, 6), "sigmoid": lambda: 1 / (1 + np.exp(-(sums + extra))),
+            "residual": lambda: np.maximum(sums + extra, 0), None: lambda: sums}[epilogue]()
+
+
+#: (N, H, W, C, kernel, stride, dilation, pads): channels in one partial vector, whole vectors
+#: and a tail; 3 x 3, 5 x 5 (too many weights for the registers) and 3 x 2 windows; strides,
+#: dilations, asymmetric pads; pads wider than the window reaches (rows of outputs that read
+#: only padding), an image smaller than the window; no padding, a batch.
+DEPTHWISE_GEOMETRIES = [
+    (1, 9, 11, 20, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+    (2, 8, 13, 37, (3, 3), (2, 2), (1, 1), (0, 1, 1, 0)),
+    (1, 12, 12, 16, (5, 5), (1, 1), (1, 1), (2, 2, 2, 2)),
+    (1, 10, 14, 48, (3, 2), (1, 2), (2, 1), (2, 0, 1, 3)),
+    (2, 7, 7, 1, (3, 3), (1, 1), (1, 1), (0, 0, 0, 0)),
+    (1, 4, 5, 8, (3, 3), (1, 1), (1, 1), (4, 3, 4, 4)),
+    (1, 3, 2, 24, (5, 5), (2, 1), (1, 2), (3, 2, 3, 4)),
+]
+
+
+@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+def test_depthwise_channels_last_against_numpy(cflags):
+    """Channels-last depthwise convolutions get the depthwise kernel, on every instruction set:
+    every epilogue form (in registers, or a pass over each finished row), accumulation into
+    given outputs, float64, one thread, and sizes unknown when the C is written (the window's
+    too: each output then goes alone)."""
+    rng = np.random.default_rng(31)
+    for geometry, epilogue in zip(DEPTHWISE_GEOMETRIES, ["relu6", "sigmoid", "residual", "relu6", None, "relu6",
+                                                         "sigmoid"]):
+        source, shape = padded_depthwise(*geometry, epilogue=epilogue)
+        compiled = polyc.define(source, cflags=cflags).conv
+        assert "polyc depthwise conv kernel" in compiled.c_source({})
+        n, h, w, c, kernel, stride, dilation, pads = geometry
+        image, weights = rand(rng, (n, h, w, c)), rand(rng, (*kernel, c))
+        extra = [] if epilogue is None else [rand(rng, shape if epilogue == "residual" else (c,))]
+        want = _depthwise_epilogue(epilogue, _depthwise_reference(image, weights, stride, dilation, pads),
+                                   *(extra or [0]))
+        assert_close(compiled(image, weights, *extra), want, kernel[0] * kernel[1] + 2, np.float32,
+                     [image, weights, *extra])
+    geometry = DEPTHWISE_GEOMETRIES[1]
+    source, shape = padded_depthwise(*geometry, epilogue=None, op="+=")
+    image, weights, initial = rand(rng, geometry[:4]), rand(rng, (*geometry[4], geometry[3])), rand(rng, shape)
+    for options in (dict(parallel=False), dict(vectorize=False), {}):
+        got = polyc.define(source, cflags=cflags, **options).conv(image, weights, outputs=[initial.copy()])
+        assert_close(got, initial + _depthwise_reference(image, weights, *geometry[5:]), 10, np.float32,
+                     [image, weights, initial])
+    for shapes in ([(2, 6, 9, 21), (3, 3, 21), (21,)], [(1, 5, 4, 16), (5, 3, 16), (16,)]):
+        compiled = numpy_check(NHWC_DEPTHWISE, shapes, dict(cflags=cflags, specialize=False))
+        assert "polyc depthwise conv kernel" in compiled.c_source()
+    numpy_check(NHWC_DEPTHWISE.replace("float", "double"), [(1, 7, 6, 13), (3, 3, 13), (13,)],
+                dict(cflags=cflags), dtype=np.float64)
+
+
+@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+def test_depthwise_products_in_the_padding_are_not_in_the_sum(cflags):
+    """With infinite and NaN weights on some taps, the outputs that read those taps only in the
+    padding stay finite, bit for bit the interpreter's: the depthwise kernel adds no product
+    of the padding, in its blocks of interior outputs or at the edges."""
+    rng = np.random.default_rng(32)
+    for n, h, w, c, kernel, stride, dilation, pads in DEPTHWISE_GEOMETRIES[:4]:
+        source, _ = padded_depthwise(n, h, w, c, kernel, stride, dilation, pads, epilogue=None)
+        image = rng.integers(-3, 4, (n, h, w, c)).astype(np.float32)
+        weights = rng.integers(-2, 3, (*kernel, c)).astype(np.float32)
+        weights[0] = np.inf
+        weights[1, 0] = np.nan
+        got = polyc.define(source, cflags=cflags).conv(image, weights)
+        want = polyc.define(source, backend="interpreter").conv(image, weights)
+        assert not np.isfinite(want).all()
+        np.testing.assert_array_equal(got, want)
+    nchw = """def conv(float(N, C, H, W) I, float(C, 3, 3) W1) -> (O) {
+        O(n, c, h, w) +=! (h + r_kh >= 1 && h + r_kh <= H) ? I(n, c, h + r_kh - 1, w + r_kw) * W1(c, r_kh, r_kw) : 0
+            where h in 0:H, w in 0:W - 2 }"""
+    assert recognise_conv_def(checked(NHWC_DEPTHWISE)).box and recognise_conv_def(checked(nchw)) is None
 
 
 #: Every form the register epilogue covers: a per-channel bias and scale, a residual at the
@@ -867,7 +992,7 @@ import polyc
 from kernels import assert_close
 sys.path.insert(0, sys.argv[1])
 from test_conv import (CONV_BIAS_RELU, STRIDED, STRIDE_2, GROUPED, DEPTHWISE, NHWC, NHWC_BIAS_RELU,
-                       NHWC_STRIDED_OIHW, NHWC_PADDED, CONV1D, ACCUMULATING, numpy_check)
+                       NHWC_STRIDED_OIHW, NHWC_PADDED, NHWC_DEPTHWISE, CONV1D, ACCUMULATING, numpy_check)
 rng = np.random.default_rng(0)
 for position, flags in enumerate(sys.argv[2:]):
     # parametric kernels (one build for every size); specialised ones with the first flags only
@@ -884,6 +1009,7 @@ for position, flags in enumerate(sys.argv[2:]):
         numpy_check(NHWC_BIAS_RELU, [(2, 5, 7, 3), (3, 2, 3, 20), (20,)], options)
         numpy_check(NHWC_STRIDED_OIHW, [(2, 11, 20, 3), (17, 3, 3, 2)], options)
         numpy_check(NHWC_PADDED, [(2, 5, 7, 16), (3, 3, 16, 20), (20,)], options)
+        numpy_check(NHWC_DEPTHWISE, [(2, 5, 9, 21), (3, 3, 21), (21,)], options)
         if not specialize:
             numpy_check(CONV1D, [(2, 3, 37), (4, 3, 3), (4,)], options)
             numpy_check(ACCUMULATING, [(2, 3, 9, 20), (5, 3, 3, 3)], options,

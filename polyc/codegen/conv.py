@@ -85,6 +85,7 @@ import numpy as np
 from polyc.codegen.c import GeneratedKernel, c_comment, _extent_name
 from polyc.codegen import conv_channels
 from polyc.codegen.c_expr import PRELUDE, c_type
+from polyc.codegen.depthwise import generate_depthwise
 from polyc.codegen.pattern_kernel import PatternKernelWriter, typed
 from polyc.codegen.register_epilogue import RegisterEpilogue
 from polyc.ir.model import PolyProgram
@@ -153,8 +154,9 @@ def block_shape(isa: str, dtype: np.dtype, rf: int) -> BlockShape:
 
 
 def generate_conv(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel:
-    """The C translation unit computing ``program`` (one convolution and its epilogues)."""
-    return _ConvWriter(program, conv, options).write()
+    """The C translation unit computing ``program`` (one convolution and its epilogues); a
+    channels-last depthwise one gets :mod:`polyc.codegen.depthwise`'s kernel."""
+    return generate_depthwise(program, conv, options) or _ConvWriter(program, conv, options).write()
 
 
 @dataclass(frozen=True)
@@ -227,8 +229,7 @@ class _ConvWriter(PatternKernelWriter):
 
     def header(self) -> str:
         o, lay = self.options, self.layout
-        sizes = ", ".join(f"{k}={v}" for k, v in self.program.size_values.items()) if self.specialised \
-            else "parametric"
+        sizes = self.sizes_comment()
         if lay.channels:
             block = self.channel_blocks["avx512"]
             form = (f"output channels vectorised, up to {block.vectors} vectors of channels x {block.points} "

@@ -209,8 +209,7 @@ class _GemmWriter(PatternKernelWriter):
 
     def header(self) -> str:
         o = self.options
-        sizes = ", ".join(f"{k}={v}" for k, v in self.program.size_values.items()) if self.specialised \
-            else "parametric"
+        sizes = self.sizes_comment()
         lines = [f"polyc gemm kernel for def '{self.definition.name}' (BLIS structure: packing, "
                  f"cache blocks, register micro-kernel)",
                  f"sizes: {sizes}",

@@ -285,6 +285,12 @@ class PatternKernelWriter:
         tensor_names = {t.name for t in self.definition.tensors}
         self.size_c = {p: (f"{p}_size" if p in tensor_names or p in _C_KEYWORDS else p) for p in program.params}
 
+    def sizes_comment(self) -> str:
+        """The sizes for the generated source's header: ``N=1, H=56`` or "parametric"."""
+        if not self.specialised:
+            return "parametric"
+        return ", ".join(f"{k}={v}" for k, v in self.program.size_values.items())
+
     def preamble(self, portable_macro: str, includes: list[str]) -> str:
         """``includes``, <omp.h> when parallel, and ``#define portable_macro 1`` when not
         vectorising (the kernel's preprocessor then picks its portable C)."""

@@ -223,23 +223,38 @@ def recognise_convolution(statement: ir.CheckedStatement, definition: ir.Checked
     def in_order(group: set[str], order: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(i for i in order if i in group)
 
-    box: tuple[Bound, ...] = ()
-    if guard:
-        kernel_positions = [weight_indices.index(k) for k in ks]
-        channel_positions = [weight_indices.index(c) for c in channels]
-        if target_indices[-1] not in f or max(kernel_positions, default=-1) > min(channel_positions, default=len(weight_indices)):
-            return None  # zero padding is the channel mode's, its reduction the taps of runs of channels
-        box = _padding_box(guard, image_read.subscripts, windows, statement.all_indices)
-        if box is None:
-            return None
-    return Convolution(
+    conv = Convolution(
         statement=statement, target=statement.target, target_indices=target_indices,
         image=image_read.tensor, image_plain=tuple(p if isinstance(p, str) else None for p in image_parts),
         windows=tuple(windows), weights=weight_read.tensor, weight_indices=weight_indices,
         batch=in_order(batch, target_indices), groups=in_order(groups, target_indices),
         f=in_order(f, target_indices), spatial=in_order(xs, target_indices),
         channels=in_order(channels, weight_indices), kernel=in_order(ks, weight_indices),
-        extents=tuple((i, extents[i]) for i in statement.all_indices), dtype=dtype, init=statement.init, box=box)
+        extents=tuple((i, extents[i]) for i in statement.all_indices), dtype=dtype, init=statement.init)
+    if not guard:
+        return conv
+    kernel_positions = [weight_indices.index(k) for k in ks]
+    channel_positions = [weight_indices.index(c) for c in channels]
+    channel_mode = target_indices[-1] in f \
+        and max(kernel_positions, default=-1) < min(channel_positions, default=len(weight_indices))
+    if not channel_mode and not depthwise_channels_last(conv):
+        return None  # zero padding is the channel mode's (its reduction the taps of runs of channels) or depthwise
+    box = _padding_box(guard, image_read.subscripts, windows, statement.all_indices)
+    return None if box is None else Convolution(**{**conv.__dict__, "box": box})
+
+
+def depthwise_channels_last(conv: Convolution) -> bool:
+    """Whether ``conv`` is a 2-D depthwise convolution in a channels-last layout, the form of
+    :mod:`polyc.codegen.depthwise`: ``O(batch.., h, w, c) +=! I(batch.., window(h), window(w),
+    c) * W(kh, kw, c)`` (the channel the only group index, innermost everywhere; both windows
+    with a kernel index)."""
+    if conv.f or conv.channels or len(conv.groups) != 1 or len(conv.windows) != 2:
+        return False
+    (wh, ww), c, batch = conv.windows, conv.groups[0], conv.batch
+    return wh.k is not None and ww.k is not None \
+        and conv.target_indices == (*batch, wh.x, ww.x, c) \
+        and conv.image_plain == (*batch, None, None, c) \
+        and conv.weight_indices == (wh.k, ww.k, c)
 
 
 def _padding_box(guard: tuple[Affine, ...], subscripts, windows: list[Window],

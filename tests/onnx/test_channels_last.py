@@ -147,9 +147,8 @@ def test_max_pools_of_nhwc_images(attributes):
     dict(kernel=[5, 3], pads=[0, 0, 0, 0], dilations=[1, 2])],
     ids=["stride-2", "asymmetric", "dilated", "5x5", "5x5-stride-2-asymmetric", "5x3-unpadded"])
 def test_depthwise_convolutions_of_nhwc_images(attributes):
-    """A depthwise Conv after a convolution (so in NHWC): the bias and the taps inside per
-    region of positions; a window of more taps than that writes out (5 x 5) reads a padded
-    copy of the image in one statement, in NHWC too."""
+    """A depthwise Conv after a convolution (so in NHWC): one kernel, polyc's depthwise kernel,
+    its zero padding in its statement's condition (no padding step) and its bias an epilogue."""
     attributes = dict(attributes)
     kernel = attributes.pop("kernel", [3, 3])
     rng = np.random.default_rng(4)
@@ -164,8 +163,9 @@ def test_depthwise_convolutions_of_nhwc_images(attributes):
     np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-5)
     names = [name for group in session.groups for name in group]
     assert "c to NCHW" not in names
-    padded = any(attributes.get("pads", [0]))
-    assert session.groups.count(["dw"]) == (2 if padded and kernel[0] * kernel[1] > 9 else 1)  # the pad
+    assert session.groups.count(["dw"]) == 1
+    source = session.kernels({"X": feeds["X"].shape})[session.groups.index(["dw"])].c_source({})
+    assert "polyc depthwise conv kernel" in source
 
 
 def test_the_shape_of_an_nhwc_value_needs_no_transpose():

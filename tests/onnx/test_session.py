@@ -394,10 +394,11 @@ def test_depthwise_convolutions_unrolled_against_onnxruntime(attributes, shape, 
 
 
 @pytest.mark.parametrize("strides", [1, 2])
-def test_channels_last_depthwise_slabs_each_compute_the_activation(strides):
+def test_channels_last_depthwise_is_one_kernel_with_its_padding_and_activation(strides):
     # Channels last (after a convolution that takes the image to NHWC), a padded 3x3 depthwise
-    # convolution is an interior and border slabs, one statement each; the Clip after it is
-    # folded into every one of them instead of making a second pass over the output.
+    # convolution is one statement with the padding in its condition, computed by polyc's
+    # depthwise kernel; its bias and the Clip after it are the kernel's epilogue, with no
+    # padding step before it and no second pass over the output.
     rng = np.random.default_rng(8)
     initializers = [numpy_helper.from_array(rng.standard_normal((16, 3, 1, 1)).astype(np.float32), "P"),
                     numpy_helper.from_array(rng.standard_normal((16, 1, 3, 3)).astype(np.float32), "W"),
@@ -415,10 +416,12 @@ def test_channels_last_depthwise_slabs_each_compute_the_activation(strides):
     x = rng.standard_normal((2, 3, 10, 9)).astype(np.float32)
     session = ponnx.InferenceSession(model, channels_last=True)
     np.testing.assert_allclose(session.run(None, {"X": x})[0], reference(model, x), rtol=1e-5, atol=1e-5)
-    assert ["dw", "relu6"] in session.groups
+    position = session.groups.index(["dw", "relu6"])
+    source = session.kernels({"X": x.shape})[position].c_source({})
+    assert "polyc depthwise conv kernel" in source and "zero padding outside" in source
     kernel = next(part for part in session.tc_source().split("def ")[1:] if "fmin" in part)
-    statements = [line for line in kernel.split("}")[0].splitlines() if " = " in line]
-    assert len(statements) > 2 and all(" = fmin(fmax((" in line for line in statements)
+    statements = [line for line in kernel.split("}")[0].splitlines() if " = " in line or "+=!" in line]
+    assert len(statements) == 3 and "+=!" in statements[0] and " ? " in statements[0]
 
 
 @pytest.mark.parametrize("channels_last", [False, True])

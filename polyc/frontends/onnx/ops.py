@@ -1262,15 +1262,15 @@ def _window_regions(extent: int, outputs: int, size: int, stride: int, dilation:
     return regions + [(o, o + 1, taps(o)) for o in range(high, outputs)]
 
 
-#: Depthwise convolutions with windows of at most this many taps are unrolled per region.  With
-#: 5 x 5 windows polyc's scheduler fused the regions into one loop nest with their conditions
-#: inside the vector loop (10x slower): in NHWC they read a padded copy of the image instead
-#: (:func:`_padded_depthwise`), in NCHW they keep the convolution kernel.
+#: NCHW depthwise convolutions with windows of at most this many taps are unrolled per region.
+#: With 5 x 5 windows polyc's scheduler fused the regions into one loop nest with their
+#: conditions inside the vector loop (10x slower): they keep the convolution kernel.  (In NHWC
+#: depthwise convolutions have a kernel of their own, :mod:`polyc.codegen.depthwise`.)
 UNROLLED_DEPTHWISE_TAPS = 9
 
 
-def unrolled_depthwise(b, x, w, bias, kernel, outs, begin, strides, dilations, channels_last=False):
-    """A depthwise convolution (one filter per channel) as a sum of its taps written out,
+def unrolled_depthwise(b, x, w, bias, kernel, outs, begin, strides, dilations):
+    """A depthwise convolution (one filter per channel) of an NCHW image as a sum of its taps written out,
     vectorised along the output row like an elementwise step, rather than through the
     convolution kernel, whose register blocks have one channel here and a reduction of a few
     taps, and whose padding needs a copy of the image first.  The output starts as the bias;
@@ -1279,30 +1279,14 @@ def unrolled_depthwise(b, x, w, bias, kernel, outs, begin, strides, dilations, c
     112: 1.75 ms with its padding step, 0.28 ms so (AMD EPYC Zen 3).  None when the window is
     too large (see UNROLLED_DEPTHWISE_TAPS)."""
     k = len(kernel)
-    if math.prod(kernel) > UNROLLED_DEPTHWISE_TAPS and not channels_last:
+    if math.prod(kernel) > UNROLLED_DEPTHWISE_TAPS:
         return None
-    first = 1 if channels_last else 2  # the first spatial axis
-    n, channels = x.shape[0], x.shape[-1 if channels_last else 1]
-    if channels_last:  # (KH, KW, C): each tap's weights consecutive along the vectorised channels
-        weights = b.const(np.ascontiguousarray(np.moveaxis(w.const.reshape(channels, *kernel), 0, -1)))
-    else:
-        weights = b.view(w, [channels, *kernel])
-    out = b.new(image_indices(channels_last, n, channels, outs), x.dtype)
-    if channels_last:
-        # Per region of positions, the bias plus the taps inside, in one statement: one pass
-        # over the output, where a start from the bias and guarded edges made two, and more
-        # (mobilenet_v2 at batch 8: 25.8 -> 22.2 ms, AMD EPYC Zen 5).
-        def combine(reads):
-            terms = [f"{b.ref(weights, [*map(str, taps), 'c'])} * {read}" for taps, read in reads]
-            return " + ".join(([b.ref(bias, ["c"])] if bias is not None else []) + terms)
-        statements = _region_statements(b, x, out, kernel, begin, strides, dilations, combine)
-        if statements is not None:
-            b.emit(statements, [x, weights] + ([bias] if bias is not None else []), [out], "other",
-                   dict(fusion="min"))
-            return out
-        return _padded_depthwise(b, x, weights, bias, out, kernel, begin, strides, dilations, combine)
+    first = 2  # the first spatial axis
+    n, channels = x.shape[0], x.shape[1]
+    weights = b.view(w, [channels, *kernel])
+    out = b.new(image_indices(False, n, channels, outs), x.dtype)
     sp = [f"s{d}" for d in range(k)]
-    idx = image_indices(channels_last, "n", "c", sp)
+    idx = image_indices(False, "n", "c", sp)
     full = [(0, extent) for extent in outs]
     interior = [_window_interior(x.shape[first + d], outs[d], kernel[d], strides[d], dilations[d], begin[d])
                 for d in range(k)]
@@ -1312,13 +1296,13 @@ def unrolled_depthwise(b, x, w, bias, kernel, outs, begin, strides, dilations, c
         terms = []
         for taps in np.ndindex(*kernel):
             at = [_affine(strides[d], sp[d], dilations[d] * t - begin[d]) for d, t in enumerate(taps)]
-            read = b.ref(x, image_indices(channels_last, "n", "c", at))
+            read = b.ref(x, image_indices(False, "n", "c", at))
             if guarded:
                 inside = " && ".join(f"{a} >= 0 && {a} < {x.shape[first + d]}" for d, a in enumerate(at))
                 read = f"(({inside}) ? {read} : {zero})"
             tap = list(map(str, taps))
-            terms.append(f"{b.ref(weights, [*tap, 'c'] if channels_last else ['c', *tap])} * {read}")
-        ranges = image_indices(channels_last, (0, n), (0, channels), ranges)
+            terms.append(f"{b.ref(weights, ['c', *tap])} * {read}")
+        ranges = image_indices(False, (0, n), (0, channels), ranges)
         where = ", ".join(f"{name} in {lo}:{hi}" for name, (lo, hi) in zip(idx, ranges))
         return f"{out.ident}({', '.join(idx)}) += {' + '.join(terms)} where {where}"
 
@@ -1333,30 +1317,7 @@ def unrolled_depthwise(b, x, w, bias, kernel, outs, begin, strides, dilations, c
         for edge in ((0, interior[d][0]), (interior[d][1], outs[d])):
             if edge[1] > edge[0]:
                 statements.append(add_taps(interior[:d] + [edge] + full[d + 1:], guarded=True))
-    # In NHWC, isl fused the regions' loop nests into one whose guards sat in the vectorised
-    # channel loop (mobilenet_v2's 3 x 3 layer on 384 x 14 x 14: 0.44 ms; apart, 0.04 ms).
-    b.emit(statements, [x, weights] + ([bias] if bias is not None else []), [out], "other",
-           dict(fusion="min") if channels_last else None)
-    return out
-
-
-def _padded_depthwise(b, x, weights, bias, out, kernel, begin, strides, dilations, combine):
-    """An NHWC depthwise convolution whose window has too many taps for one statement per
-    region (efficientnet_b0's 5 x 5 layers: 25 regions): a zero-padded copy of the image, then
-    one statement of every tap, without guards, vectorised along the channels.  In NCHW
-    instead, with the image and the result transposed around polyc's convolution kernel,
-    efficientnet_b0 at batch 1 took 7.2 ms, against 6.0 ms so (its 144-channel 5 x 5 stride-2
-    layer: 0.27 ms, against 0.08 ms and the padding; AMD EPYC Zen 5)."""
-    k = len(kernel)
-    ends = [max(0, (out.shape[1 + d] - 1) * strides[d] + dilations[d] * (kernel[d] - 1) - begin[d]
-                - (x.shape[1 + d] - 1)) for d in range(k)]
-    if any(begin) or any(ends):
-        x = Pad._pad(b, _Attributes(mode="constant"), x, [0, *begin, 0, 0, *ends, 0], None)[0]
-    sp = [f"s{d}" for d in range(k)]
-    reads = [(taps, b.ref(x, ["n", *(_affine(strides[d], sp[d], dilations[d] * t) for d, t in enumerate(taps)), "c"]))
-             for taps in np.ndindex(*kernel)]
-    b.emit([b.statement(out, ["n", *sp, "c"], "=", combine(reads))],
-           [x, weights] + ([bias] if bias is not None else []), [out], "other")
+    b.emit(statements, [x, weights] + ([bias] if bias is not None else []), [out], "other")
     return out
 
 
