@@ -659,6 +659,21 @@ def test_register_block_points_follow_the_output_points(cflags):
     assert (block(1), block(8), block(1, specialize=False)) == ("5", "6", "6")
 
 
+@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
+def test_evenly_spaced_points_through_one_pointer(cflags):
+    """With the sizes known, tiles whose points are evenly spaced in the image (a row's, at the
+    window's stride) take the kernels that read them through one pointer; tiles that cross a
+    row or an image, and the last, the general ones: 1 x 1, 3 x 3 and strided windows, few
+    output channels (blocks of many points), against numpy."""
+    cases = [[(2, 9, 13, 32), (1, 1, 32, 16), (16,)], [(1, 11, 17, 8), (3, 3, 8, 20), (20,)],
+             [(2, 7, 23, 5), (1, 1, 5, 7), (7,)]]
+    for shapes in cases:
+        kernel = numpy_check(NHWC_BIAS_RELU, shapes, dict(cflags=cflags))
+        sizes = dict(zip("NHWC", shapes[0]), KH=shapes[1][0], KW=shapes[1][1], F=shapes[1][3])
+        assert "polyc_convc_block_uniform(int64_t nfv" in kernel.c_source(sizes)
+    numpy_check(NHWC_STRIDED_OIHW, [(2, 11, 40, 3), (17, 3, 3, 2)], dict(cflags=cflags))
+
+
 def _padded_windows(h, w, kernel, stride, dilation, pads, product):
     """The output's height and width, and the right-hand side of an NHWC convolution over an
     h x w image with zero padding ``pads`` (top, left, bottom, right) in its condition:

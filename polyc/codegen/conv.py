@@ -312,7 +312,8 @@ class _ConvWriter(PatternKernelWriter):
             if self.layout.channels:
                 pieces.append(f'#define POLYC_CONV_ISA "{isa}"')
                 pieces += conv_channels.instruction_set(self.channel_blocks[isa], self.dtype,
-                                                        self.register_epilogue, self.definition)
+                                                        self.register_epilogue, self.definition,
+                                                        self.point_stride())
                 continue
             shape = block_shape(isa, self.dtype, self.rf)
             pieces += [f'#define POLYC_CONV_ISA "{isa}"', f"#define POLYC_RF {shape.rf}",
@@ -330,6 +331,18 @@ class _ConvWriter(PatternKernelWriter):
                 pieces.append(_dispatch(shape, self.ctype))
         pieces.append("#endif")
         return "\n".join(pieces)
+
+    def point_stride(self) -> int | None:
+        """The image's distance (elements) between neighbouring output points of a row, when
+        the sizes are known and the kernel reads the image itself (not a padded copy)."""
+        conv = self.conv
+        if not self.specialised or conv.box:
+            return None
+        window = next((w for w in conv.windows if w.x == self.layout.points[-1]), None)
+        if window is None:
+            return None
+        extents = [e.evaluate(self.program.size_values) for e in self.definition.tensor(conv.image).shape]
+        return window.stride * prod(extents[window.dim + 1:])
 
     # ------------------------------------------------------------------ epilogue
     def epilogue_function(self) -> str:

@@ -64,6 +64,10 @@ MAX_CHANNEL_VECTORS = {"avx512": 4, "avx2": 2, "portable": 1}
 #: weight vectors and one broadcast fit the registers (32 with AVX-512, 16 with AVX2).
 _POINTS = {"avx512": {4: 6, 3: 8, 2: 12, 1: 12}, "avx2": {2: 6, 1: 12}, "portable": {1: 4}}
 
+#: Points per register block whose pointers the general registers hold beside the loop's own;
+#: blocks of more points read evenly spaced points through one pointer where they can.
+_POINTER_POINTS = 8
+
 #: FLOPs a thread does in the time the memory moves a byte, roughly (one Zen 4 core's 117 GFLOP/s
 #: against about 25 GB/s): a split of the work costs the longer of its busiest thread's
 #: arithmetic and its memory traffic at this rate.
@@ -155,7 +159,7 @@ def masked_access(isa: str, dtype: np.dtype, lanes: int, count: str | None):
 
 
 def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool = True,
-                  epilogue: bool = False) -> str:
+                  epilogue: bool = False, point_stride: int | None = None) -> str:
     """``polyc_convc_kernel_<nfv>``: nfv channel vectors x RQ points, unrolled.  The last vector
     holds ``tail`` channels (1..LANES): loaded and stored under a lane mask (``masked=False``,
     AVX2's ``_full`` kernels: all vectors whole, no mask register held through the loop).
@@ -164,12 +168,17 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
     line r of the weights to come: ``pf``'s rows ``pf_step`` bytes apart, POLYC_PF_LINES lines
     each; step r < nipf line r of the image a later tile reads (``ipf``, consecutive lines).
     With ``epilogue``, the last chunk's accumulators go through ``polyc_epilogue_vector``
-    (:mod:`polyc.codegen.register_epilogue`) before their store."""
+    (:mod:`polyc.codegen.register_epilogue`) before their store.  With ``point_stride``
+    (``_uniform`` kernels), point j's image is ``ip[0] + j * point_stride``: one pointer for
+    the tile, its points' offsets in the instructions, where twelve pointers and the loop's own
+    did not fit the general registers (copies to vector registers and back at every step: a
+    1x1 32 -> 16 layer at 112 x 112 ran at 0.56 of the FMAs' peak on one core of an AMD EPYC
+    Zen 4)."""
     ctype = c_type(dtype)
     lanes, rq, last = block.lanes, block.points, nfv - 1
     vec, pre, suffix, mask_line, load_full, store_full, load_last, store_last = masked_access(
         block.isa, dtype, lanes, "tail" if masked else None)
-    name = f"polyc_convc_kernel_{nfv}{'' if masked else '_full'}"
+    name = f"polyc_convc_kernel_{nfv}{'' if masked else '_full'}{'' if point_stride is None else '_uniform'}"
     lines = [f"/* {nfv} vector(s) of output channels x {rq} points. */",
              f"static __attribute__((noinline)) void {name}({typed(_ARGUMENTS, ctype)})", "{",
              f"    {mask_line}" if mask_line else "    (void)tail;",
@@ -184,7 +193,12 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
     acc = [[f"c{j}_{v}" for v in range(nfv)] for j in range(rq)]
     for row in acc:
         lines.append(f"    {vec} " + ", ".join(f"{a} = {pre}_setzero_{suffix}()" for a in row) + ";")
-    lines.append("    " + " ".join(f"const {ctype} *restrict p{j} = ip[{j}];" for j in range(rq)))
+    if point_stride is None:
+        lines.append("    " + " ".join(f"const {ctype} *restrict p{j} = ip[{j}];" for j in range(rq)))
+        point = [f"p{j}[o]" for j in range(rq)]
+    else:
+        lines.append(f"    const {ctype} *restrict p0 = ip[0];")
+        point = [f"p0[o + {j * point_stride}]" for j in range(rq)]
 
     def steps(masked: bool) -> list[str]:
         """The loop over one piece's steps; ``masked``: point j's products only when bit j of
@@ -203,7 +217,7 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
                 fmas = " ".join(f"{acc[j][v]} = {pre}_fmadd_{suffix}(w{v}, b, {acc[j][v]});" for v in range(nfv))
                 if masked:
                     fmas = f"if (mask >> {j} & 1) {{ {fmas} }}"
-            body.append(f"            b = {pre}_set1_{suffix}(p{j}[o]); {fmas}")
+            body.append(f"            b = {pre}_set1_{suffix}({point[j]}); {fmas}")
         return body + ["        }"]
 
     masks = []
@@ -236,25 +250,30 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
     return "\n".join(lines)
 
 
-def dispatch(block: ChannelBlock, ctype: str) -> str:
-    """``polyc_convc_block``: the kernel for ``nfv`` vectors (AVX2: without a mask when whole)."""
+def dispatch(block: ChannelBlock, ctype: str, uniform: bool = False) -> str:
+    """``polyc_convc_block`` (``_uniform``: of the kernels whose points are evenly spaced): the
+    kernel for ``nfv`` vectors (AVX2: without a mask when whole)."""
     arguments = "(pieces, npieces, wp, w_step, ip, roff, out, oo, beta, tail, pf, pf_step, npf, ipf, nipf, g, f0, last_chunk)"
+    kind = "_uniform" if uniform else ""
     cases = []
     for nfv in range(1, block.vectors + 1):
         if block.isa == "avx2":
-            cases.append(f"    case {nfv}: if (tail == {block.lanes}) polyc_convc_kernel_{nfv}_full{arguments}; "
-                         f"else polyc_convc_kernel_{nfv}{arguments}; break;")
+            cases.append(f"    case {nfv}: if (tail == {block.lanes}) polyc_convc_kernel_{nfv}_full{kind}{arguments}; "
+                         f"else polyc_convc_kernel_{nfv}{kind}{arguments}; break;")
         else:
-            cases.append(f"    case {nfv}: polyc_convc_kernel_{nfv}{arguments}; break;")
+            cases.append(f"    case {nfv}: polyc_convc_kernel_{nfv}{kind}{arguments}; break;")
     return ("/* One block: nfv vectors of channels (the last holding `tail`) x RQ points. */\n"
-            f"static inline void polyc_convc_block(int64_t nfv, {typed(_ARGUMENTS, ctype)})\n"
+            f"static inline void polyc_convc_block{kind}(int64_t nfv, {typed(_ARGUMENTS, ctype)})\n"
             "{\n    switch (nfv) {\n" + "\n".join(cases) + "\n    default: break;\n    }\n}")
 
 
 def instruction_set(block: ChannelBlock, dtype: np.dtype, epilogue: RegisterEpilogue | None = None,
-                    definition=None) -> list[str]:
+                    definition=None, point_stride: int | None = None) -> list[str]:
     """The macros and kernels of one instruction set; ``epilogue``: the kernel's epilogue in
-    vector form (of ``definition``), applied by the vector kernels."""
+    vector form (of ``definition``), applied by the vector kernels; ``point_stride``: the
+    image's distance between consecutive points when known (``_uniform`` kernels for the tiles
+    whose points are that far apart, with more points per block than the general registers
+    hold pointers for)."""
     ctype = c_type(dtype)
     assert block.points <= 16  # a tile's points are the bits of a uint16_t (tap_points)
     lines = [f"#define POLYC_NR {block.points}", f"#define POLYC_LANES {block.lanes}",
@@ -263,6 +282,10 @@ def instruction_set(block: ChannelBlock, dtype: np.dtype, epilogue: RegisterEpil
              f"#define POLYC_PF_LINES {max(1, block.nf * np.dtype(dtype).itemsize // 64)}",
              "#define POLYC_PREFETCH_LINE(pf, step, r) \\\n"
              "    __builtin_prefetch((pf) + (r) / POLYC_PF_LINES * (step) + (r) % POLYC_PF_LINES * 64, 0, 2)"]
+    uniform = point_stride is not None and block.isa != "portable" and block.points > _POINTER_POINTS
+    lines.append(f"#define POLYC_POINT_STRIDE {point_stride if uniform else 0}")
+    if not uniform:
+        lines.append("#define polyc_convc_block_uniform polyc_convc_block")
     if block.isa == "portable":
         return lines + ["#define POLYC_REGISTER_EPILOGUE 0", typed(PORTABLE_KERNEL, ctype)]
     in_registers = epilogue is not None
@@ -271,11 +294,14 @@ def instruction_set(block: ChannelBlock, dtype: np.dtype, epilogue: RegisterEpil
         _, _, _, _, load_full, _, load_last, _ = masked_access(block.isa, dtype, block.lanes, "tail")
         lines += [epilogue.function(definition, block.isa, load_full),
                   epilogue.function(definition, block.isa, load_last, mask_type(block.isa, block.lanes))]
-    kernels = [vector_kernel(block, dtype, nfv, epilogue=in_registers) for nfv in range(1, block.vectors + 1)]
-    if block.isa == "avx2":
-        kernels += [vector_kernel(block, dtype, nfv, masked=False, epilogue=in_registers)
+    kernels = []
+    for stride in [None] + [point_stride] * uniform:
+        kernels += [vector_kernel(block, dtype, nfv, epilogue=in_registers, point_stride=stride)
                     for nfv in range(1, block.vectors + 1)]
-    return lines + kernels + [dispatch(block, ctype)]
+        if block.isa == "avx2":
+            kernels += [vector_kernel(block, dtype, nfv, masked=False, epilogue=in_registers, point_stride=stride)
+                        for nfv in range(1, block.vectors + 1)]
+    return lines + kernels + [dispatch(block, ctype)] + [dispatch(block, ctype, uniform=True)] * uniform
 
 
 PORTABLE_KERNEL = r"""
@@ -399,9 +425,11 @@ static void polyc_conv_work(const polyc_conv_t *restrict g, int64_t x, T *restri
         const int64_t ahead_fb1 = polyc_min(g->nfb, ahead_fb0 + g->fchunk_size);
         for (int64_t t = t0; t < t1; t++) {
             const int64_t q0 = t * POLYC_NR, n = polyc_min(POLYC_NR, g->npoints - q0);
+            int uniform = POLYC_POINT_STRIDE > 0 && n == POLYC_NR;  /* points POLYC_POINT_STRIDE apart */
             for (int64_t j = 0; j < POLYC_NR; j++) {
                 ip[j] = in + g->in_p[q0 + polyc_min(j, n - 1)];
                 oo[j] = j < n ? g->out_b[b] + g->out_p[q0 + j] : -1;
+                uniform = uniform && ip[j] == ip[0] + j * POLYC_POINT_STRIDE;
             }
             const int64_t npieces = polyc_conv_pieces(g, t, n, r0, r0 + nr, pieces);
             const char *ipf = NULL;
@@ -430,10 +458,10 @@ static void polyc_conv_work(const polyc_conv_t *restrict g, int64_t x, T *restri
                     pf = (const char *)(polyc_conv_block_weights(g, ahead_b, ahead_fb) + (ahead_r0 + row0) * g->w_step);
                     npf = (row1 - row0) * POLYC_PF_LINES;
                 }
-                polyc_convc_block(nfv, pieces, npieces, wp + r0 * g->w_step, g->w_step, ip, g->in_r + r0,
-                                  g->out + g->out_f[f0], oo, !init || r0 > 0, tail, pf,
-                                  g->w_step * (int64_t)sizeof(T), npf, ipf, fb == fb0 ? nipf : 0, g, f0,
-                                  r0 + nr >= g->nred);
+                (uniform ? polyc_convc_block_uniform : polyc_convc_block)(
+                    nfv, pieces, npieces, wp + r0 * g->w_step, g->w_step, ip, g->in_r + r0, g->out + g->out_f[f0],
+                    oo, !init || r0 > 0, tail, pf, g->w_step * (int64_t)sizeof(T), npf, ipf, fb == fb0 ? nipf : 0,
+                    g, f0, r0 + nr >= g->nred);
             }
         }
         r0 += g->rchunk;
