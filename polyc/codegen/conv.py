@@ -85,7 +85,6 @@ import numpy as np
 from polyc.codegen.c import GeneratedKernel, c_comment, _extent_name
 from polyc.codegen import conv_channels
 from polyc.codegen.c_expr import PRELUDE, c_type
-from polyc.codegen.depthwise import generate_depthwise
 from polyc.codegen.pattern_kernel import PatternKernelWriter, typed
 from polyc.codegen.register_epilogue import RegisterEpilogue
 from polyc.ir.model import PolyProgram
@@ -156,6 +155,7 @@ def block_shape(isa: str, dtype: np.dtype, rf: int) -> BlockShape:
 def generate_conv(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel:
     """The C translation unit computing ``program`` (one convolution and its epilogues); a
     channels-last depthwise one gets :mod:`polyc.codegen.depthwise`'s kernel."""
+    from polyc.codegen.depthwise import generate_depthwise  # which uses this module's ISA_GUARDS
     return generate_depthwise(program, conv, options) or _ConvWriter(program, conv, options).write()
 
 
