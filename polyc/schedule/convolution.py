@@ -46,7 +46,8 @@ the image (``box``: the positions of each window dimension whose products count)
 output channels are the target's innermost dimension and the weights' kernel dimensions come
 before their channels (the kernel's channel mode, which pads a copy of the image itself, and
 for each tile of points computes each kernel tap only for the points that read it inside the
-box).  Anything else (a window with two spatial or two kernel indices, a reduction index
+box), or the convolution is depthwise in a channels-last layout (:func:`depthwise_channels_last`,
+:mod:`polyc.codegen.depthwise`, which skips the taps outside the box).  Anything else (a window with two spatial or two kernel indices, a reduction index
 only in W, a diagonal, a third factor, ``min=``, integers, other conditions) is not a
 convolution: the functions return None and the generic polyhedral path compiles the statement.
 A 1x1 convolution has no window; it is a contraction, which the gemm kernel takes.
