@@ -202,11 +202,8 @@ class _ConvWriter(PatternKernelWriter):
         self.dtype = conv.dtype
         self.ctype = c_type(self.dtype)
         self.layout = _layout(conv, self.definition.tensor(conv.image).rank)
-        channels = None
-        if self.specialised:
-            channels = prod(conv.extent(i).evaluate(program.size_values) for i in conv.f)
-        elif all(conv.extent(i).is_constant for i in conv.f):
-            channels = prod(conv.extent(i).constant for i in conv.f)
+        known = [self.known_extent(conv.extent(i)) for i in conv.f]
+        channels = None if None in known else prod(known)
         self.rf = choose_rows(channels)
         points = None
         if self.specialised and self.layout.channels:

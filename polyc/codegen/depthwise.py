@@ -52,34 +52,23 @@ _PARALLEL_THRESHOLD = 64 * 64 * 64
 
 def generate_depthwise(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel | None:
     """The kernel of a channels-last depthwise convolution, or None for other convolutions."""
-    if not depthwise_channels_last(conv):
-        return None
-    values = program.size_values or {}
-
-    def known(index: str) -> int | None:
-        extent = conv.extent(index)
-        if extent.is_constant:
-            return extent.constant
-        return extent.evaluate(values) if program.size_values is not None else None
-
-    return _DepthwiseWriter(program, conv, options, [known(w.k) for w in conv.windows]).write()
+    return _DepthwiseWriter(program, conv, options).write() if depthwise_channels_last(conv) else None
 
 
 class _DepthwiseWriter(PatternKernelWriter):
-    def __init__(self, program: PolyProgram, conv: Convolution, options: Options, taps: list[int | None]):
+    def __init__(self, program: PolyProgram, conv: Convolution, options: Options):
         super().__init__(program, options)
         self.conv = conv
         self.dtype = np.dtype(conv.dtype)
         self.ctype = c_type(self.dtype)
-        # The kernel's rows and columns: literals when known (its loops unrolled), else the
-        # record's (the outputs then go one at a time).
-        self.kh, self.kw = taps
-        self.kh_c, self.kw_c = (str(t) if t is not None else f"g->{n}" for t, n in zip(taps, ("kh", "kw")))
-        # The channels (the image's and the output's pixel pitch): a literal when the sizes are.
-        channels = conv.extent(conv.groups[0])
-        self.channels_c = str(channels.evaluate(program.size_values)) if self.specialised \
-            else str(channels.constant) if channels.is_constant else "g->c"
         self.channel = conv.groups[0]
+        # The kernel's rows and columns, and the channels (the image's and the output's pixel
+        # pitch): literals when known (the window's loops then unrolled), else the record's (the
+        # outputs then go one at a time).
+        self.kh, self.kw = (self.known_extent(conv.extent(w.k)) for w in conv.windows)
+        self.kh_c, self.kw_c = (str(t) if t is not None else f"g->{n}" for t, n in ((self.kh, "kh"), (self.kw, "kw")))
+        channels = self.known_extent(conv.extent(self.channel))
+        self.channels_c = "g->c" if channels is None else str(channels)
         self.register_epilogue = RegisterEpilogue.of(conv.epilogues, self.definition, conv.target_indices,
                                                      self.channel) if options.vectorize else None
 

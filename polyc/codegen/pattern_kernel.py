@@ -285,6 +285,13 @@ class PatternKernelWriter:
         tensor_names = {t.name for t in self.definition.tensors}
         self.size_c = {p: (f"{p}_size" if p in tensor_names or p in _C_KEYWORDS else p) for p in program.params}
 
+    def known_extent(self, extent: Affine) -> int | None:
+        """An extent's value when the C is written: a literal, or the sizes' when specialised;
+        None when it is only known at run time."""
+        if extent.is_constant:
+            return extent.constant
+        return extent.evaluate(self.program.size_values) if self.specialised else None
+
     def sizes_comment(self) -> str:
         """The sizes for the generated source's header: ``N=1, H=56`` or "parametric"."""
         if not self.specialised:
