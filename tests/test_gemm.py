@@ -11,6 +11,7 @@ polyc/codegen/gemm.py).
 """
 from __future__ import annotations
 
+import platform
 import subprocess
 from pathlib import Path
 
@@ -245,6 +246,27 @@ def test_every_micro_kernel(cflags):
     double = polyc.define(MATMUL.replace("float", "double"), cflags=cflags).f
     a, b = rand(rng, (37, 70), np.float64), rand(rng, (70, 41), np.float64)
     check(double, (a, b), [a @ b], 70)
+
+
+@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
+def test_rows_of_a_along_k_packed_by_register_transposes(cflags):
+    """A row-major float A is packed in 8 x 8 register transposes (x86): K blocks that are and
+    are not multiples of 8 (the last column of a sliver is stored value by value), slivers with
+    fewer rows than the register block (zero rows), and the contraction's scale."""
+    if platform.machine() != "x86_64":
+        pytest.skip("the register transposes are x86 code")
+    rng = np.random.default_rng(12)
+    scaled = MATMUL.replace("A(m, r_k)", "0.5 * A(m, r_k)")
+    for source, factor in ((MATMUL, 1.0), (scaled, 0.5)):
+        for tile_sizes in ((24, 64, 16), (12, 48, 13), None):
+            options = dict(cflags=cflags, specialize=False)
+            kernel = polyc.define(source, **options, **({} if tile_sizes is None else dict(tile_sizes=tile_sizes))).f
+            assert "polyc_pack_rows_along_k(a + " in kernel.c_source()
+            assert ("#define POLYC_HAS_SCALE 1" in kernel.c_source()) == (factor != 1.0)
+            for m, k, n in [(1, 1, 70), (5, 7, 70), (6, 8, 70), (13, 9, 70), (50, 16, 70), (31, 23, 70),
+                            (97, 40, 100), (64, 250, 130)]:
+                a, b = rand(rng, (m, k)), rand(rng, (k, n))
+                check(kernel, (a, b), [factor * (a.astype(np.float64) @ b)], k)
 
 
 @pytest.mark.parametrize("cflags", [None, "-O2"], ids=["native", "portable"])

@@ -290,7 +290,7 @@ class _GemmWriter(PatternKernelWriter):
             if isa in ISA_HEADERS:
                 pieces.append(f"#include <{ISA_HEADERS[isa]}>")
             if isa in _TRANSPOSES and self.dtype.itemsize == 4:
-                pieces.append(_TRANSPOSES[isa])
+                pieces += [_TRANSPOSES[isa], _PACK_ROWS_ALONG_K]
             pieces.append(f'#define POLYC_GEMM_ISA "{isa}"')
             shapes = self.shapes_for(isa)
             for shape in shapes:
@@ -304,6 +304,7 @@ class _GemmWriter(PatternKernelWriter):
         mc, nc, kc = block_sizes(shape, self.dtype.itemsize, self.options.tile_sizes, caches)
         text = typed(_BLOCKED_LOOPS, self.ctype).replace("TRANSPOSED_B\n", _transposed_b(shape, self.dtype))
         text = text.replace("PACK_SLIVERS\n", typed(_pack_sliver_functions(shape), self.ctype))
+        text = text.replace("ROWS_ALONG_K_A", _rows_along_k_a(shape, self.dtype))
         kc_fixed = self.options.tile_sizes is not None and len(self.options.tile_sizes) >= 3
         l2 = caches.get(2, 1 << 20)
         for macro, value in (("MR", shape.mr), ("NR", shape.nr), ("MC", mc), ("NC", nc), ("KC", kc),
@@ -779,6 +780,68 @@ def _transposed_b(shape: MicroKernelShape, dtype: np.dtype) -> str:
 """
 
 
+def _rows_along_k_a(shape: MicroKernelShape, dtype: np.dtype) -> str:
+    """The branch of A's packing for a float A whose rows run along K (row-major A, as in
+    ``A * B`` and the MLP layer) on x86: :data:`_PACK_ROWS_ALONG_K`.  Element by element, each
+    value costs two offset-table lookups: on AVX2, which packs A (see ``direct_a``), that was a
+    third of the micro-kernel's time in the 128 x 2000 x 128 MLP layer."""
+    if shape.isa not in _TRANSPOSES or np.dtype(dtype).itemsize != 4 or shape.mr > 8:
+        return ""
+    return """        else if (g->a_m_stride > 0 && g->a_k_stride == 1)
+            polyc_pack_rows_along_k(a + (ic + s * MR) * g->a_m_stride + pc, g->a_m_stride,
+                                    (int)polyc_min(MR, mc - s * MR), MR, kc, POLYC_HAS_SCALE, g->scale, dst);
+"""
+
+
+#: dst[k*height + i] = src[i*ld + k] (times scale) for i < rows, zero for rows <= i < height
+#: (height <= 8), k < kc: a sliver of A whose rows run along K, in 8 x 8 blocks transposed in
+#: AVX registers.  Each column of a block is stored as 8 values at its place, which also
+#: writes the first 8 - height values of the next column; the columns are stored in order, so
+#: the next store puts those right.  The last column of the sliver is stored value by value, so
+#: nothing past the sliver is written.
+_PACK_ROWS_ALONG_K = r"""
+static inline void polyc_pack_rows_along_k(const float *restrict src, int64_t ld, int rows, int height,
+                                           int64_t kc, int scaled, float scale, float *restrict dst)
+{
+    int64_t k = 0;
+    for (; k + 8 <= kc; k += 8) {
+        __m256 r[8], t[8], column[8];
+        for (int i = 0; i < 8; i++) {
+            r[i] = i < rows ? _mm256_loadu_ps(src + i * ld + k) : _mm256_setzero_ps();
+            if (scaled)
+                r[i] = _mm256_mul_ps(_mm256_set1_ps(scale), r[i]);
+        }
+        for (int i = 0; i < 8; i += 2) {  /* interleave pairs of rows, within 128-bit lanes */
+            t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+            t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 8; i += 4) {  /* then pairs of pairs */
+            r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+            r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+            r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+            r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+        }
+        for (int i = 0; i < 4; i++) {  /* then the 128-bit halves of rows 0-3 and 4-7 */
+            column[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+            column[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+        }
+        const int whole = height == 8 || k + 8 < kc ? 8 : 7;
+        for (int c = 0; c < whole; c++)
+            _mm256_storeu_ps(dst + (k + c) * height, column[c]);
+        if (whole == 7) {
+            float last[8] __attribute__((aligned(32)));
+            _mm256_store_ps(last, column[7]);
+            for (int i = 0; i < height; i++)
+                dst[(k + 7) * height + i] = last[i];
+        }
+    }
+    for (; k < kc; k++)
+        for (int i = 0; i < height; i++)
+            dst[k * height + i] = i >= rows ? 0 : scaled ? scale * src[i * ld + k] : src[i * ld + k];
+}
+"""
+
+
 # ----------------------------------------------------------------------------- packing
 #: How the packing statements' parameters (:mod:`polyc.schedule.packing`) read in the C.
 _PACKING_NAMES = {"M": "g->m", "N": "g->n", "K": "g->k"}
@@ -1098,14 +1161,15 @@ static int64_t polyc_take(int64_t *tickets, int64_t *base, int64_t count, int nt
 _BLOCKED_LOOPS = r"""
 PACK_SLIVERS
 /* A[ic:ic+mc, pc:pc+kc] into MR-tall slivers: element (i, k) of sliver s at
-   [s*MR*kc + k*MR + i], times the contraction's scale; rows past the end are zero. */
+   [s*MR*kc + k*MR + i], times the contraction's scale; rows past the end are zero.  On x86, a
+   float A whose rows run along K (evenly spaced, K contiguous) is packed by register transposes. */
 static void polyc_pack_a_SHAPE(const polyc_gemm_t *restrict g, const T *restrict a, int64_t ic, int64_t mc,
                                int64_t pc, int64_t kc, T *restrict dst)
 {
     for (int64_t s = 0; s * MR < mc; s++, dst += MR * kc) {
         if (mc - s * MR >= MR && polyc_contiguous(g->a_m + ic + s * MR, MR))
             polyc_pack_a_contiguous_SHAPE(g, a, ic, mc, pc, kc, s, dst);
-        else
+ROWS_ALONG_K_A        else
             polyc_pack_a_sliver_SHAPE(g, a, ic, mc, pc, kc, s, dst);
     }
 }
