@@ -290,7 +290,7 @@ class _GemmWriter(PatternKernelWriter):
             if isa in ISA_HEADERS:
                 pieces.append(f"#include <{ISA_HEADERS[isa]}>")
             if isa in _TRANSPOSES and self.dtype.itemsize == 4:
-                pieces += [_TRANSPOSES[isa], _PACK_ROWS_ALONG_K]
+                pieces += [_TRANSPOSE8_REGISTERS, _TRANSPOSES[isa], _PACK_ROWS_ALONG_K]
             pieces.append(f'#define POLYC_GEMM_ISA "{isa}"')
             shapes = self.shapes_for(isa)
             for shape in shapes:
@@ -795,7 +795,7 @@ def _rows_along_k_a(shape: MicroKernelShape, dtype: np.dtype) -> str:
 
 #: dst[k*height + i] = src[i*ld + k] (times scale) for i < rows, zero for rows <= i < height
 #: (height <= 8), k < kc: a sliver of A whose rows run along K, in 8 x 8 blocks transposed in
-#: AVX registers.  Each column of a block is stored as 8 values at its place, which also
+#: AVX registers (:data:`_TRANSPOSE8_REGISTERS`).  Each column of a block is stored as 8 values at its place, which also
 #: writes the first 8 - height values of the next column; the columns are stored in order, so
 #: the next store puts those right.  The last column of the sliver is stored value by value, so
 #: nothing past the sliver is written.
@@ -805,26 +805,13 @@ static inline void polyc_pack_rows_along_k(const float *restrict src, int64_t ld
 {
     int64_t k = 0;
     for (; k + 8 <= kc; k += 8) {
-        __m256 r[8], t[8], column[8];
+        __m256 r[8], column[8];
         for (int i = 0; i < 8; i++) {
             r[i] = i < rows ? _mm256_loadu_ps(src + i * ld + k) : _mm256_setzero_ps();
             if (scaled)
                 r[i] = _mm256_mul_ps(_mm256_set1_ps(scale), r[i]);
         }
-        for (int i = 0; i < 8; i += 2) {  /* interleave pairs of rows, within 128-bit lanes */
-            t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-            t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-        }
-        for (int i = 0; i < 8; i += 4) {  /* then pairs of pairs */
-            r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-            r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
-            r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-            r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
-        }
-        for (int i = 0; i < 4; i++) {  /* then the 128-bit halves of rows 0-3 and 4-7 */
-            column[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
-            column[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
-        }
+        polyc_transpose8_registers(r, column);
         const int whole = height == 8 || k + 8 < kc ? 8 : 7;
         for (int c = 0; c < whole; c++)
             _mm256_storeu_ps(dst + (k + c) * height, column[c]);
@@ -957,13 +944,11 @@ static inline void polyc_transpose16(const float *restrict src, int64_t ld, floa
 }
 """
 
-_TRANSPOSE8 = r"""
-/* dst[t*ldd + j] = src[j*ld + t] for j, t < 8: an 8 x 8 float block transposed in AVX registers. */
-static inline void polyc_transpose8(const float *restrict src, int64_t ld, float *restrict dst, int64_t ldd)
+_TRANSPOSE8_REGISTERS = r"""
+/* column[c] lane i = r[i] lane c for i, c < 8: eight float vectors transposed in AVX registers. */
+static inline void polyc_transpose8_registers(__m256 r[8], __m256 column[8])
 {
-    __m256 r[8], t[8];
-    for (int i = 0; i < 8; i++)
-        r[i] = _mm256_loadu_ps(src + i * ld);
+    __m256 t[8];
     for (int i = 0; i < 8; i += 2) {  /* interleave pairs of rows, within 128-bit lanes */
         t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
         t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -975,9 +960,22 @@ static inline void polyc_transpose8(const float *restrict src, int64_t ld, float
         r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
     }
     for (int i = 0; i < 4; i++) {  /* then the 128-bit halves of rows 0-3 and 4-7 */
-        _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-        _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+        column[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+        column[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
     }
+}
+"""
+
+_TRANSPOSE8 = r"""
+/* dst[t*ldd + j] = src[j*ld + t] for j, t < 8: an 8 x 8 float block transposed in AVX registers. */
+static inline void polyc_transpose8(const float *restrict src, int64_t ld, float *restrict dst, int64_t ldd)
+{
+    __m256 r[8], column[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = _mm256_loadu_ps(src + i * ld);
+    polyc_transpose8_registers(r, column);
+    for (int i = 0; i < 8; i++)
+        _mm256_storeu_ps(dst + i * ldd, column[i]);
 }
 """
 
