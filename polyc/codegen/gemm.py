@@ -307,10 +307,16 @@ class _GemmWriter(PatternKernelWriter):
         text = text.replace("ROWS_ALONG_K_A", _rows_along_k_a(shape, self.dtype))
         kc_fixed = self.options.tile_sizes is not None and len(self.options.tile_sizes) >= 3
         l2 = caches.get(2, 1 << 20)
-        for macro, value in (("MR", shape.mr), ("NR", shape.nr), ("MC", mc), ("NC", nc), ("KC", kc),
-                             ("KC_FIXED", int(kc_fixed)), ("L1_BYTES", caches.get(1, 32 * 1024)), ("L2_BYTES", l2),
-                             ("WIDE_BLOCK", int(shape.vectors >= 2 and shape.isa != "avx2"))):
-            text = re.sub(rf"\b{macro}\b", str(value), text)
+        values = {"MR": shape.mr, "NR": shape.nr, "MC": mc, "NC": nc, "KC": kc, "KC_FIXED": int(kc_fixed),
+                  "L1_BYTES": caches.get(1, 32 * 1024), "L2_BYTES": l2,
+                  "WIDE_BLOCK": int(shape.vectors >= 2 and shape.isa != "avx2")}
+        # In the code only: the comments keep the names ("the longest KC block", not "the longest 256 block").
+        pieces = re.split(r"(/\*.*?\*/)", text, flags=re.S)
+        names = re.compile(r"\b(" + "|".join(values) + r")\b")
+        text = "".join(piece if piece.startswith("/*") else names.sub(lambda m: str(values[m.group(1)]), piece)
+                       for piece in pieces)
+        text = (f"/* Register block {shape.name}: MR = {shape.mr}, NR = {shape.nr}; cache blocks MC = {mc}, "
+                f"NC = {nc}, KC = {kc}{' (given)' if kc_fixed else ''}. */\n" + text)
         text = text.replace("_SHAPE", f"_{shape.name}").replace("MASKED_B", "1" if shape.isa == "avx512" else "0")
         if not self.options.parallel:
             text = re.sub(r"#if defined\(_OPENMP\)\n.*?#endif\n", "", text, flags=re.DOTALL)
