@@ -113,7 +113,7 @@ def _measure_space(kernel, inputs, table: dict, path: Path, tables: dict) -> Non
     from polyc.runtime.arguments import bind_arguments
     call = bind_arguments(kernel.definition, tuple(inputs))
     space = search.space_for(kernel.definition, call.sizes, kernel.options)
-    reference = search._reference(kernel, tuple(inputs))
+    reference = search._reference(kernel, tuple(inputs), call.sizes, kernel.options)
     terms = search._tolerance_terms(kernel.definition, call.sizes)
     source = polyc.lang.printer.format_def(kernel.syntax)
     base = {k: v for k, v in __import__("dataclasses").asdict(kernel.options).items()}
