@@ -799,13 +799,14 @@ def _rows_along_k_a(shape: MicroKernelShape, dtype: np.dtype) -> str:
 """
 
 
-#: dst[k*height + i] = src[i*ld + k] (times scale) for i < rows, zero for rows <= i < height
-#: (height <= 8), k < kc: a sliver of A whose rows run along K, in 8 x 8 blocks transposed in
-#: AVX registers (:data:`_TRANSPOSE8_REGISTERS`).  Each column of a block is stored as 8 values at its place, which also
-#: writes the first 8 - height values of the next column; the columns are stored in order, so
-#: the next store puts those right.  The last column of the sliver is stored value by value, so
-#: nothing past the sliver is written.
+#: A sliver of A whose rows run along K, packed in 8 x 8 blocks transposed in AVX registers
+#: (:data:`_TRANSPOSE8_REGISTERS`).  Each column of a block is stored as 8 values at its place,
+#: which also writes the first 8 - height values of the next column; the columns are stored in
+#: order, so the next store puts those right.  The last column of the sliver is stored value by
+#: value, so nothing past the sliver is written.
 _PACK_ROWS_ALONG_K = r"""
+/* dst[k*height + i] = src[i*ld + k] (times scale when scaled) for i < rows, zero for
+   rows <= i < height (height <= 8), k < kc: a sliver of A whose rows run along K. */
 static inline void polyc_pack_rows_along_k(const float *restrict src, int64_t ld, int rows, int height,
                                            int64_t kc, int scaled, float scale, float *restrict dst)
 {
