@@ -248,16 +248,20 @@ def test_every_micro_kernel(cflags):
     check(double, (a, b), [a @ b], 70)
 
 
+@pytest.mark.parametrize("dtype", ["float", "double"])
 @pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
-def test_rows_of_a_along_k_packed_by_register_transposes(cflags):
-    """A row-major float A is packed in 8 x 8 register transposes (x86): K blocks that are and
-    are not multiples of 8 (the last column of a sliver is stored value by value), slivers with
-    fewer rows than the register block (zero rows), and the contraction's scale."""
+def test_rows_of_a_along_k_packed_by_register_transposes(cflags, dtype):
+    """A row-major A is packed by register transposes on x86 (float 8 x 8, double 4 x 4): K
+    blocks that are and are not multiples of the block (a float sliver's last column is stored
+    value by value), slivers with fewer rows than the register block (zero rows), and the
+    contraction's scale."""
     if platform.machine() != "x86_64":
         pytest.skip("the register transposes are x86 code")
     rng = np.random.default_rng(12)
-    scaled = MATMUL.replace("A(m, r_k)", "0.5 * A(m, r_k)")
-    for source, factor in ((MATMUL, 1.0), (scaled, 0.5)):
+    np_dtype = np.float32 if dtype == "float" else np.float64
+    plain = MATMUL.replace("float", dtype)
+    scaled = plain.replace("A(m, r_k)", "0.5 * A(m, r_k)")
+    for source, factor in ((plain, 1.0), (scaled, 0.5)):
         for tile_sizes in ((24, 64, 16), (12, 48, 13), None):
             options = dict(cflags=cflags, specialize=False)
             kernel = polyc.define(source, **options, **({} if tile_sizes is None else dict(tile_sizes=tile_sizes))).f
@@ -265,7 +269,7 @@ def test_rows_of_a_along_k_packed_by_register_transposes(cflags):
             assert ("#define POLYC_HAS_SCALE 1" in kernel.c_source()) == (factor != 1.0)
             for m, k, n in [(1, 1, 70), (5, 7, 70), (6, 8, 70), (13, 9, 70), (50, 16, 70), (31, 23, 70),
                             (97, 40, 100), (64, 250, 130)]:
-                a, b = rand(rng, (m, k)), rand(rng, (k, n))
+                a, b = rand(rng, (m, k), np_dtype), rand(rng, (k, n), np_dtype)
                 check(kernel, (a, b), [factor * (a.astype(np.float64) @ b)], k)
 
 
@@ -458,6 +462,9 @@ for flags in sys.argv[1:]:
     for m, k, n in [(1, 1, 1), (7, 5, 3), (45, 37, 130), (130, 100, 97)]:
         a = rng.uniform(-1, 1, (m, k)).astype(np.float32); b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
         assert_close(mm(a, b), a.astype(np.float64) @ b, k, np.float32, (a, b))
+    double_mm = polyc.define(sources["mm"].replace("float", "double"), cflags=flags, specialize=False).f
+    a = rng.uniform(-1, 1, (45, 37)); b = rng.uniform(-1, 1, (37, 130))
+    assert_close(double_mm(a, b), a @ b, 37, np.float64, (a, b))
     kron = polyc.define(sources["kron"], cflags=flags, specialize=False).f
     w1 = rng.uniform(-1, 1, (7, 9)).astype(np.float32); x = rng.uniform(-1, 1, (3, 2, 9, 5)).astype(np.float32)
     assert_close(kron(w1, x), np.einsum("mard,er->maed", x.astype(np.float64), w1), 9, np.float32, (w1, x))

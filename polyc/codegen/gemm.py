@@ -290,7 +290,9 @@ class _GemmWriter(PatternKernelWriter):
             if isa in ISA_HEADERS:
                 pieces.append(f"#include <{ISA_HEADERS[isa]}>")
             if isa in _TRANSPOSES and self.dtype.itemsize == 4:
-                pieces += [_TRANSPOSE8_REGISTERS, _TRANSPOSES[isa], _PACK_ROWS_ALONG_K]
+                pieces += [_TRANSPOSE8_REGISTERS, _TRANSPOSES[isa], _PACK_ROWS_ALONG_K[4]]
+            elif isa in _TRANSPOSES and self.dtype.itemsize == 8:
+                pieces.append(_PACK_ROWS_ALONG_K[8])
             pieces.append(f'#define POLYC_GEMM_ISA "{isa}"')
             shapes = self.shapes_for(isa)
             for shape in shapes:
@@ -787,11 +789,12 @@ def _transposed_b(shape: MicroKernelShape, dtype: np.dtype) -> str:
 
 
 def _rows_along_k_a(shape: MicroKernelShape, dtype: np.dtype) -> str:
-    """The branch of A's packing for a float A whose rows run along K (row-major A, as in
-    ``A * B`` and the MLP layer) on x86: :data:`_PACK_ROWS_ALONG_K`.  Element by element, each
-    value costs two offset-table lookups: on AVX2, which packs A (see ``direct_a``), that was a
-    third of the micro-kernel's time in the 128 x 2000 x 128 MLP layer."""
-    if shape.isa not in _TRANSPOSES or np.dtype(dtype).itemsize != 4 or shape.mr > 8:
+    """The branch of A's packing for a float or double A whose rows run along K (row-major A,
+    as in ``A * B`` and the MLP layer) on x86: :data:`_PACK_ROWS_ALONG_K`.  Element by element,
+    each value costs two offset-table lookups: on AVX2, which packs A (see ``direct_a``), that
+    was a third of the micro-kernel's time in the 128 x 2000 x 128 MLP layer, and a quarter in
+    PolyBench's doitgen (double)."""
+    if shape.isa not in _TRANSPOSES or np.dtype(dtype).itemsize not in _PACK_ROWS_ALONG_K or shape.mr > 8:
         return ""
     return """        else if (g->a_m_stride > 0 && g->a_k_stride == 1)
             polyc_pack_rows_along_k(a + (ic + s * MR) * g->a_m_stride + pc, g->a_m_stride,
@@ -799,12 +802,13 @@ def _rows_along_k_a(shape: MicroKernelShape, dtype: np.dtype) -> str:
 """
 
 
-#: A sliver of A whose rows run along K, packed in 8 x 8 blocks transposed in AVX registers
-#: (:data:`_TRANSPOSE8_REGISTERS`).  Each column of a block is stored as 8 values at its place,
-#: which also writes the first 8 - height values of the next column; the columns are stored in
-#: order, so the next store puts those right.  The last column of the sliver is stored value by
-#: value, so nothing past the sliver is written.
-_PACK_ROWS_ALONG_K = r"""
+#: A sliver of A whose rows run along K, packed by register transposes, per element size.
+#: float: 8 x 8 blocks (:data:`_TRANSPOSE8_REGISTERS`).  Each column of a block is stored as 8
+#: values at its place, which also writes the first 8 - height values of the next column; the
+#: columns are stored in order, so the next store puts those right.  The last column of the
+#: sliver is stored value by value, so nothing past the sliver is written.
+#: double: 4 x 4 blocks, each column stored as the 4 (or fewer) values of its rows.
+_PACK_ROWS_ALONG_K = {4: r"""
 /* dst[k*height + i] = src[i*ld + k] (times scale when scaled) for i < rows, zero for
    rows <= i < height (height <= 8), k < kc: a sliver of A whose rows run along K. */
 static inline void polyc_pack_rows_along_k(const float *restrict src, int64_t ld, int rows, int height,
@@ -833,7 +837,47 @@ static inline void polyc_pack_rows_along_k(const float *restrict src, int64_t ld
         for (int i = 0; i < height; i++)
             dst[k * height + i] = i >= rows ? 0 : scaled ? scale * src[i * ld + k] : src[i * ld + k];
 }
-"""
+""", 8: r"""
+/* dst[k*height + i] = src[i*ld + k] (times scale when scaled) for i < rows, zero for
+   rows <= i < height (height <= 8), k < kc: a sliver of A whose rows run along K. */
+static inline void polyc_pack_rows_along_k(const double *restrict src, int64_t ld, int rows, int height,
+                                           int64_t kc, int scaled, double scale, double *restrict dst)
+{
+    int64_t k = 0;
+    for (; k + 4 <= kc; k += 4)
+        for (int g = 0; g < height; g += 4) {  /* rows g .. g + 3 */
+            __m256d r[4], column[4];
+            for (int i = 0; i < 4; i++) {
+                r[i] = g + i < rows ? _mm256_loadu_pd(src + (g + i) * ld + k) : _mm256_setzero_pd();
+                if (scaled)
+                    r[i] = _mm256_mul_pd(_mm256_set1_pd(scale), r[i]);
+            }
+            const __m256d even01 = _mm256_unpacklo_pd(r[0], r[1]), odd01 = _mm256_unpackhi_pd(r[0], r[1]);
+            const __m256d even23 = _mm256_unpacklo_pd(r[2], r[3]), odd23 = _mm256_unpackhi_pd(r[2], r[3]);
+            column[0] = _mm256_permute2f128_pd(even01, even23, 0x20);
+            column[1] = _mm256_permute2f128_pd(odd01, odd23, 0x20);
+            column[2] = _mm256_permute2f128_pd(even01, even23, 0x31);
+            column[3] = _mm256_permute2f128_pd(odd01, odd23, 0x31);
+            const int width = height - g < 4 ? height - g : 4;
+            for (int c = 0; c < 4; c++) {
+                double *restrict to = dst + (k + c) * height + g;
+                if (width == 4) {
+                    _mm256_storeu_pd(to, column[c]);
+                } else if (width == 2) {
+                    _mm_storeu_pd(to, _mm256_castpd256_pd128(column[c]));
+                } else {
+                    double values[4] __attribute__((aligned(32)));
+                    _mm256_store_pd(values, column[c]);
+                    for (int i = 0; i < width; i++)
+                        to[i] = values[i];
+                }
+            }
+        }
+    for (; k < kc; k++)
+        for (int i = 0; i < height; i++)
+            dst[k * height + i] = i >= rows ? 0 : scaled ? scale * src[i * ld + k] : src[i * ld + k];
+}
+"""}
 
 
 # ----------------------------------------------------------------------------- packing
