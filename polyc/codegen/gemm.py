@@ -290,9 +290,8 @@ class _GemmWriter(PatternKernelWriter):
             if isa in ISA_HEADERS:
                 pieces.append(f"#include <{ISA_HEADERS[isa]}>")
             if isa in _TRANSPOSES and self.dtype.itemsize == 4:
-                pieces += [_TRANSPOSE8_REGISTERS, _TRANSPOSES[isa], _PACK_ROWS_ALONG_K[4]]
-            elif isa in _TRANSPOSES and self.dtype.itemsize == 8:
-                pieces.append(_PACK_ROWS_ALONG_K[8])
+                pieces += [_TRANSPOSE8_REGISTERS, _TRANSPOSES[isa]]
+            pieces.append(_rows_along_k_packing(isa, self.dtype))
             pieces.append(f'#define POLYC_GEMM_ISA "{isa}"')
             shapes = self.shapes_for(isa)
             for shape in shapes:
@@ -306,7 +305,7 @@ class _GemmWriter(PatternKernelWriter):
         mc, nc, kc = block_sizes(shape, self.dtype.itemsize, self.options.tile_sizes, caches)
         text = typed(_BLOCKED_LOOPS, self.ctype).replace("TRANSPOSED_B\n", _transposed_b(shape, self.dtype))
         text = text.replace("PACK_SLIVERS\n", typed(_pack_sliver_functions(shape), self.ctype))
-        text = text.replace("ROWS_ALONG_K_A", _rows_along_k_a(shape, self.dtype))
+        text = text.replace("ROWS_ALONG_K_A", _rows_along_k_a(shape))
         kc_fixed = self.options.tile_sizes is not None and len(self.options.tile_sizes) >= 3
         l2 = caches.get(2, 1 << 20)
         values = {"MR": shape.mr, "NR": shape.nr, "MC": mc, "NC": nc, "KC": kc, "KC_FIXED": int(kc_fixed),
@@ -788,19 +787,40 @@ def _transposed_b(shape: MicroKernelShape, dtype: np.dtype) -> str:
 """
 
 
-def _rows_along_k_a(shape: MicroKernelShape, dtype: np.dtype) -> str:
-    """The branch of A's packing for a float or double A whose rows run along K (row-major A,
-    as in ``A * B`` and the MLP layer) on x86: :data:`_PACK_ROWS_ALONG_K`.  Element by element,
-    each value costs two offset-table lookups: on AVX2, which packs A (see ``direct_a``), that
-    was a third of the micro-kernel's time in the 128 x 2000 x 128 MLP layer, and a quarter in
+def _rows_along_k_a(shape: MicroKernelShape) -> str:
+    """The branch of A's packing for an A whose rows run along K (row-major A, as in ``A * B``
+    and the MLP layer): :func:`_rows_along_k_packing`.  Element by element through the offset
+    tables, each value costs two lookups: on AVX2, which packs A (see ``direct_a``), that was a
+    third of the micro-kernel's time in the 128 x 2000 x 128 MLP layer, and a quarter in
     PolyBench's doitgen (double)."""
-    if shape.isa not in _TRANSPOSES or np.dtype(dtype).itemsize not in _PACK_ROWS_ALONG_K or shape.mr > 8:
-        return ""
+    if shape.mr > 8:
+        raise PolycError(f"internal: the packing of A's rows takes at most 8 rows, not {shape.mr}")
     return """        else if (g->a_m_stride > 0 && g->a_k_stride == 1)
             polyc_pack_rows_along_k(a + (ic + s * MR) * g->a_m_stride + pc, g->a_m_stride,
                                     (int)polyc_min(MR, mc - s * MR), MR, kc, POLYC_HAS_SCALE, g->scale, dst);
 """
 
+
+def _rows_along_k_packing(isa: str, dtype: np.dtype) -> str:
+    """``polyc_pack_rows_along_k`` for one instruction set's section: by register transposes
+    for float and double on x86 (:data:`_PACK_ROWS_ALONG_K`), else in plain C (one load per
+    value and no table lookups; the C compiler unrolls the rows)."""
+    if isa in _TRANSPOSES and np.dtype(dtype).itemsize in _PACK_ROWS_ALONG_K:
+        return _PACK_ROWS_ALONG_K[np.dtype(dtype).itemsize]
+    return typed(_PACK_ROWS_ALONG_K_PLAIN, c_type(dtype))
+
+
+_PACK_ROWS_ALONG_K_PLAIN = r"""
+/* dst[k*height + i] = src[i*ld + k] (times scale when scaled) for i < rows, zero for
+   rows <= i < height, k < kc: a sliver of A whose rows run along K. */
+static inline void polyc_pack_rows_along_k(const T *restrict src, int64_t ld, int rows, int height,
+                                           int64_t kc, int scaled, T scale, T *restrict dst)
+{
+    for (int64_t k = 0; k < kc; k++)
+        for (int i = 0; i < height; i++)
+            dst[k * height + i] = i >= rows ? 0 : scaled ? scale * src[i * ld + k] : src[i * ld + k];
+}
+"""
 
 #: A sliver of A whose rows run along K, packed by register transposes, per element size.
 #: float: 8 x 8 blocks (:data:`_TRANSPOSE8_REGISTERS`).  Each column of a block is stored as 8
@@ -1210,8 +1230,9 @@ static int64_t polyc_take(int64_t *tickets, int64_t *base, int64_t count, int nt
 _BLOCKED_LOOPS = r"""
 PACK_SLIVERS
 /* A[ic:ic+mc, pc:pc+kc] into MR-tall slivers: element (i, k) of sliver s at
-   [s*MR*kc + k*MR + i], times the contraction's scale; rows past the end are zero.  On x86, a
-   float A whose rows run along K (evenly spaced, K contiguous) is packed by register transposes. */
+   [s*MR*kc + k*MR + i], times the contraction's scale; rows past the end are zero.  An A whose
+   rows run along K (evenly spaced, K contiguous) is packed without the offset tables (by
+   register transposes on x86). */
 static void polyc_pack_a_SHAPE(const polyc_gemm_t *restrict g, const T *restrict a, int64_t ic, int64_t mc,
                                int64_t pc, int64_t kc, T *restrict dst)
 {
