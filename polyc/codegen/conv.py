@@ -292,9 +292,11 @@ class _ConvWriter(PatternKernelWriter):
                 "   the weights' offsets per group, channel and reduction point; work items (set per call):\n"
                 "   nwork of them, `takes` per item and tile (or channel block) of `take_size` channel blocks\n"
                 "   (or tiles), rchunk: reduction steps per chunk (channel mode); key: the sizes the tables\n"
-                "   were built for; with zero padding (pad_elements > 0), in is the image's padded copy\n"
-                "   (shape pad_shape; element p is the image at pad_base + p when pad_lo <= p < pad_hi, else\n"
-                "   zero), and tap_points[t * ntaps + tap] (NULL: no padding) the points of tile t that read\n"
+                "   were built for; with zero padding, pad_lo <= p < pad_hi is the box in the coordinates of\n"
+                "   the padded image (shape pad_shape; element p is the image at pad_base + p inside the box,\n"
+                "   else zero), which points mode copies (pad_elements > 0: in is that copy) and channel mode\n"
+                "   does not (pad_elements == 0: in is the image); tap_points[t * ntaps + tap] (NULL: no\n"
+                "   padding) the points of tile t that read\n"
                 "   the tap inside the box (bit j: point j); the reduction is ntaps taps of nchan steps. */\n"
                 f"#define POLYC_IMAGE_RANK {rank}\n"
                 f"typedef struct {{\n{body}\n}} polyc_conv_t;")
@@ -433,15 +435,23 @@ class _ConvWriter(PatternKernelWriter):
                 return f"{v} * {w.dilation} * {self.image_stride(w.dim)}"
         return None
 
+    @property
+    def copies_padding(self) -> bool:
+        """Whether the kernel reads a zero-padded copy of the image: with padding, in points mode
+        (the points of a tile are consecutive elements of the image, read as vectors across
+        the padding).  Channel mode reads the image itself (see :mod:`polyc.codegen.conv_channels`:
+        a point reads only the taps it reads inside the box)."""
+        return bool(self.conv.box) and not self.layout.channels
+
     def image_stride(self, dim: int) -> str:
-        """The stride of the image the kernel reads: its zero-padded copy's with padding."""
-        return f"polyc_pad_stride{dim}" if self.conv.box else self.stride(self.conv.image, dim)
+        """The stride of the image the kernel reads: its zero-padded copy's, if it reads one."""
+        return f"polyc_pad_stride{dim}" if self.copies_padding else self.stride(self.conv.image, dim)
 
     def padding(self) -> list[str]:
-        """With zero padding: C declaring the padded copy's extents ``polyc_pad_extent<d>``
-        (every position a window reaches, from its offset on) and strides, and the box
-        ``polyc_pad_lo<d>``/``polyc_pad_hi<d>`` in its coordinates (the image's bounds with
-        the statement's condition)."""
+        """With zero padding: C declaring the padded image's extents ``polyc_pad_extent<d>``
+        (every position a window reaches, from its offset on), the box ``polyc_pad_lo<d>``/
+        ``polyc_pad_hi<d>`` in its coordinates (the image's bounds with the statement's
+        condition), and the strides of its copy when the kernel reads one."""
         conv = self.conv
         rank = self.definition.tensor(conv.image).rank
         bounds = {b.dim: b for b in conv.box}
@@ -463,7 +473,7 @@ class _ConvWriter(PatternKernelWriter):
                 lo, hi = f"{lo} - ({base})", f"{hi} - ({base})"
             lines.append(f"const int64_t polyc_pad_extent{dim} = {extent}, polyc_pad_base{dim} = {base}, "
                          f"polyc_pad_lo{dim} = {lo}, polyc_pad_hi{dim} = {hi};")
-        for dim in range(rank):
+        for dim in range(rank if self.copies_padding else 0):
             later = [f"polyc_pad_extent{d}" for d in range(dim + 1, rank)]
             lines.append(f"const int64_t polyc_pad_stride{dim} = {' * '.join(later) or '1'};")
         return lines
@@ -630,7 +640,7 @@ class _ConvWriter(PatternKernelWriter):
             f_lines += [f"polyc_ix_{i}[polyc_x] = polyc_v_{i};" for i in conv.f]
         build += self.loop_nest(conv.f, f_lines)
         # The padded copy starts at each window's offset; the image itself is read at it.
-        offset = "0" if padded else \
+        offset = "0" if self.copies_padding else \
             terms([f"({w.offset}) * {self.stride(conv.image, w.dim)}" for w in conv.windows if w.offset])
         reduction_lines = [
             f"polyc_in_r[polyc_x] = {terms([self.image_term(i) for i in lay.reduction])} + {offset};",
@@ -715,11 +725,12 @@ class _ConvWriter(PatternKernelWriter):
                              f"polyc_g.pad_base[{dim}] = polyc_pad_base{dim}; polyc_g.pad_lo[{dim}] = polyc_pad_lo{dim}; "
                              f"polyc_g.pad_hi[{dim}] = polyc_pad_hi{dim}; "
                              f"polyc_g.image_stride[{dim}] = {self.stride(conv.image, dim)};")
-            build.append("polyc_g.pad_elements = "
-                         + " * ".join(f"polyc_pad_extent{dim}" for dim in range(rank)) + ";")
+            build.append("polyc_g.pad_elements = " + (
+                " * ".join(f"polyc_pad_extent{dim}" for dim in range(rank)) if self.copies_padding else "0") + ";")
         body += self.kept_tables("polyc_conv_t", build)
         body.append(f"polyc_g.in = polyc_g.image = {conv.image}; polyc_g.out = {conv.target};")
-        image_extents = [f"polyc_pad_extent{dim}" if padded else _extent_name(conv.image, dim) for dim in range(rank)]
+        image_extents = [f"polyc_pad_extent{dim}" if self.copies_padding else _extent_name(conv.image, dim)
+                         for dim in range(rank)]
         body.append(f"polyc_g.image_elements = {' * '.join(image_extents) or '1'};")
         for tensor in self.epilogue_tensors():
             body.append(f"polyc_g.t_{tensor} = {tensor};")

@@ -340,9 +340,9 @@ def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value |
             pads = image_indices(image_channels_last, 0, 0, begin) + image_indices(image_channels_last, 0, 0, end)
             x = Pad._pad(b, _Attributes(mode="constant"), x, pads, None)[0]
             begin = end = [0, 0]
-        # Else the padding is the statement's condition: the kernel pads its own copy of the
-        # image and computes each tap of a tile of points only for the points that read it
-        # outside the padding (none: the tap is skipped).
+        # Else the padding is the statement's condition: the kernel reads the image in place and
+        # computes each tap of a tile of points only for the points that read it inside the
+        # image (none: the tap is skipped).
         weights = b.const(np.ascontiguousarray(w.const.transpose(2, 3, 1, 0)))
         window = [f"{_affine(strides[d], f's{d}', 0)} + {_affine(dilations[d], f'r_k{d}', -begin[d])}"
                   for d in range(2)]
