@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from polyc.frontends.onnx.lowering import Builder, Value, indices
-from polyc.frontends.onnx.ops import (CONVERTERS, MaxPool, AveragePool, Node, Pad, _affine, _Attributes, _spatial,
+from polyc.frontends.onnx.ops import (CONVERTERS, MaxPool, AveragePool, Node, _affine, _spatial,
                                       _FLOAT_FUNCTIONS, _product_by_blocked_weights, _weight_sliver, global_pool,
                                       image_indices)
 
@@ -303,22 +303,14 @@ POINTWISE_GEMM_FILTERS = 512
 IMAGE_CHANNELS_READ_IN_PLACE = 4
 
 
-#: A padded Conv with at least this many input channels has its padding in its statement's
-#: condition (the kernel skips the taps a tile reads in the padding); one with fewer reads a
-#: padded copy of its input: a tap is then a few reduction steps, too few to pay for a tile's
-#: pieces.  resnet18's first layer (3 channels, 7 x 7 taps at stride 2) on one core of an AMD
-#: EPYC Zen 4: 2.52-2.55 ms with its padding in the condition, 2.33 with a padded copy (0.05).
-PADDING_IN_THE_KERNEL_CHANNELS = 16
-
-
 def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value | None,
                        image_channels_last: bool = True) -> Value:
     """A 2-D Conv (one group) of the image ``x`` (NHWC, or NCHW when not
     ``image_channels_last``) with ONNX's ``(F, C, KH, KW)`` constant weights ``w``: the NHWC
     output.  A 1 x 1 stride-1 convolution without padding and with many filters is a matrix
-    product over every pixel (polyc's gemm kernel; the image in NHWC); others read a
-    zero-padded copy of the image (when there is padding) with weights ``(KH, KW, C, F)`` (the
-    convolution kernel's channel mode reads them in place)."""
+    product over every pixel (polyc's gemm kernel; the image in NHWC); others are one
+    statement with the padding in its condition and weights ``(KH, KW, C, F)`` (the
+    convolution kernel's channel mode reads both the image and the weights in place)."""
     filters, channels, kh, kw = w.shape
     outs, begin, end, strides, dilations = _spatial(b, node, x, [kh, kw], channels_last=image_channels_last)
     n = x.shape[0]
@@ -335,14 +327,12 @@ def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value |
         rhs = f"{b.ref(x, ['n', 's0', 's1', 'r_c'])} * {b.ref(weights, ['r_c', 'f'])}"
         reductions, kind = [("r_c", channels)], "contraction"
     else:
-        padded = any(begin) or any(end)
-        if padded and channels < PADDING_IN_THE_KERNEL_CHANNELS:
-            pads = image_indices(image_channels_last, 0, 0, begin) + image_indices(image_channels_last, 0, 0, end)
-            x = Pad._pad(b, _Attributes(mode="constant"), x, pads, None)[0]
-            begin = end = [0, 0]
-        # Else the padding is the statement's condition: the kernel reads the image in place and
+        # The padding is the statement's condition: the kernel reads the image in place and
         # computes each tap of a tile of points only for the points that read it inside the
-        # image (none: the tap is skipped).
+        # image (none: the tap is skipped).  A padded copy of an image of few channels, as a step
+        # of its own, whose taps are a few reduction steps each, was no faster: resnet18's first
+        # layer (3 channels, 7 x 7 taps at stride 2), two cores of an AMD EPYC Zen 4: 1.12-1.14
+        # ms with the copy, 1.11-1.17 without; the model at batch 1 0.99x-0.96x the time.
         weights = b.const(np.ascontiguousarray(w.const.transpose(2, 3, 1, 0)))
         window = [f"{_affine(strides[d], f's{d}', 0)} + {_affine(dilations[d], f'r_k{d}', -begin[d])}"
                   for d in range(2)]
