@@ -419,6 +419,7 @@ class _ConvWriter(PatternKernelWriter):
                 .replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
                 .replace("WEIGHT_SLICE", str(conv_channels.WEIGHT_SLICE_BYTES))
                 .replace("FLOPS_PER_BYTE", f"{conv_channels.FLOPS_PER_BYTE!r}")
+                .replace("OUTPUT_PREFETCH_STEPS", str(conv_channels.OUTPUT_PREFETCH_STEPS))
                 .replace("CHUNK_BLOCKS", str(take)))
 
     # ------------------------------------------------------------------ the entry point
