@@ -28,8 +28,8 @@ each point's products under a mask (AVX-512: an FMA under a whole-vector mask; e
 point), so the others add nothing, not even 0 * weight (NaN for an infinite weight), and read
 through the pointer of a point in the mask (nothing outside the image is read); taps no point of
 the tile reads inside the box are skipped, as onnxruntime's NCHWc kernels skip the padding.  (A
-zero-padded copy of the image, made every call, had cost 4% of a 64 -> 64 3x3 layer at 56 x 56
-on two cores: 1.10 -> 1.05 ms without it, AMD EPYC Zen 4.)
+zero-padded copy of the image, made every call, had cost 4-5% of a 64 -> 64 3x3 layer at 56 x 56
+on two cores: 1.08-1.10 -> 1.02-1.05 ms without it, AMD EPYC Zen 4.)
 
 Weights whose output channels are consecutive (``W(kh, kw, c, f)``) and whose reduction rows
 are evenly spaced are read in place, as the vectors of each step; others are packed once per
