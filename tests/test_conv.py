@@ -1024,6 +1024,9 @@ for position, flags in enumerate(sys.argv[2:]):
         numpy_check(NHWC_BIAS_RELU, [(2, 5, 7, 3), (3, 2, 3, 20), (20,)], options)
         numpy_check(NHWC_STRIDED_OIHW, [(2, 11, 20, 3), (17, 3, 3, 2)], options)
         numpy_check(NHWC_PADDED, [(2, 5, 7, 16), (3, 3, 16, 20), (20,)], options)
+        # one image: the last tile is partial and its last point, the top-left corner, reads
+        # the image's first element; its copies must not read the taps left of it
+        numpy_check(NHWC_PADDED, [(1, 5, 7, 16), (3, 3, 16, 20), (20,)], options)
         numpy_check(NHWC_DEPTHWISE, [(2, 5, 9, 21), (3, 3, 21), (21,)], options)
         if not specialize:
             numpy_check(CONV1D, [(2, 3, 37), (4, 3, 3), (4,)], options)
