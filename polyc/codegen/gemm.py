@@ -305,7 +305,7 @@ class _GemmWriter(PatternKernelWriter):
         mc, nc, kc = block_sizes(shape, self.dtype.itemsize, self.options.tile_sizes, caches)
         text = typed(_BLOCKED_LOOPS, self.ctype).replace("TRANSPOSED_B\n", _transposed_b(shape, self.dtype))
         text = text.replace("PACK_SLIVERS\n", typed(_pack_sliver_functions(shape), self.ctype))
-        text = text.replace("ROWS_ALONG_K_A", _rows_along_k_a(shape))
+        text = text.replace("ROWS_ALONG_K_A", _rows_along_k_a(shape, self.dtype))
         kc_fixed = self.options.tile_sizes is not None and len(self.options.tile_sizes) >= 3
         l2 = caches.get(2, 1 << 20)
         values = {"MR": shape.mr, "NR": shape.nr, "MC": mc, "NC": nc, "KC": kc, "KC_FIXED": int(kc_fixed),
@@ -787,14 +787,14 @@ def _transposed_b(shape: MicroKernelShape, dtype: np.dtype) -> str:
 """
 
 
-def _rows_along_k_a(shape: MicroKernelShape) -> str:
+def _rows_along_k_a(shape: MicroKernelShape, dtype: np.dtype) -> str:
     """The branch of A's packing for an A whose rows run along K (row-major A, as in ``A * B``
     and the MLP layer): :func:`_rows_along_k_packing`.  Element by element through the offset
     tables, each value costs two lookups: on AVX2, which packs A (see ``direct_a``), that was a
     third of the micro-kernel's time in the 128 x 2000 x 128 MLP layer, and a quarter in
     PolyBench's doitgen (double)."""
-    if shape.mr > 8:
-        raise PolycError(f"internal: the packing of A's rows takes at most 8 rows, not {shape.mr}")
+    if shape.isa in _TRANSPOSES and np.dtype(dtype).itemsize == 4 and shape.mr > 8:  # one 8 x 8 transpose
+        raise PolycError(f"internal: the float packing of A's rows takes at most 8 rows, not {shape.mr}")
     return """        else if (g->a_m_stride > 0 && g->a_k_stride == 1)
             polyc_pack_rows_along_k(a + (ic + s * MR) * g->a_m_stride + pc, g->a_m_stride,
                                     (int)polyc_min(MR, mc - s * MR), MR, kc, POLYC_HAS_SCALE, g->scale, dst);
@@ -859,7 +859,7 @@ static inline void polyc_pack_rows_along_k(const float *restrict src, int64_t ld
 }
 """, 8: r"""
 /* dst[k*height + i] = src[i*ld + k] (times scale when scaled) for i < rows, zero for
-   rows <= i < height (height <= 8), k < kc: a sliver of A whose rows run along K. */
+   rows <= i < height, k < kc: a sliver of A whose rows run along K. */
 static inline void polyc_pack_rows_along_k(const double *restrict src, int64_t ld, int rows, int height,
                                            int64_t kc, int scaled, double scale, double *restrict dst)
 {
