@@ -7,7 +7,8 @@ The space depends on the path polyc compiles the def through (:func:`polyc.drive
 - a matrix-vector product: whether to run it on all cores;
 - a direct convolution: the output channels per work item (the first entry of ``tile_sizes``);
 - anything else (the generic polyhedral path, segments included): the tile sizes of the
-  outermost band (or no tiling), the fusion strategy, the unroll factor and vectorisation.
+  outermost band (or no tiling), the fusion strategy (where there is more than one statement to
+  schedule), the unroll factor and vectorisation.
 
 A configuration is a dict knob -> value; :meth:`SearchSpace.options` turns it into the
 ``polyc.define`` options it stands for, and :meth:`SearchSpace.features` into numbers for the
@@ -33,7 +34,7 @@ Config = dict[str, object]
 class Knob:
     name: str
     choices: tuple
-    numeric: bool = True        # features use log2(value) (non-positive values: their own flag)
+    numeric: bool = True        # features use log2(value) (each non-positive value: its own flag)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class SearchSpace:
             elif tiles and tiles[0] != 0:
                 changes["tile_sizes"] = tiles
             for name in ("fusion", "unroll", "vectorize"):
-                if config[name] != getattr(Options(), name):
+                if name in config and config[name] != getattr(Options(), name):
                     changes[name] = config[name]
         return changes
 
@@ -101,10 +102,13 @@ class SearchSpace:
         values: list[float] = []
         unused = self._unused(config)
         for knob in self.knobs:
-            value = 0 if knob.name in unused else config[knob.name]
+            value = None if knob.name in unused else config[knob.name]
             if knob.numeric:
-                number = float(value)
-                values += [math.log2(number) if number > 0 else 0.0, 1.0 if number <= 0 else 0.0]
+                # A non-positive choice is a mode, not a size (t0: -1 no tiling, 0 polyc's
+                # tiles), so each has a flag of its own, as has a knob that does not apply.
+                values.append(math.log2(float(value)) if value is not None and float(value) > 0 else 0.0)
+                values += [1.0 if value == choice else 0.0 for choice in knob.choices if float(choice) <= 0]
+                values.append(1.0 if value is None else 0.0)
             else:
                 values += [1.0 if value == choice else 0.0 for choice in knob.choices]
         values += self._footprints(config)
@@ -165,9 +169,14 @@ def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options
     depth = min(3, len(extents))
     knobs = [Knob("t0", (-1, 0, *_GENERIC_TILES))] if depth else []
     knobs += [Knob(f"t{i}", _GENERIC_TILES) for i in range(1, depth)]
-    knobs += [Knob("fusion", ("min", "smart", "max"), numeric=False), Knob("unroll", (1, 2, 4, 8)),
-              Knob("vectorize", (True, False), numeric=False)]
-    default: Config = {"fusion": "smart", "unroll": 1, "vectorize": True}
+    # The fusion strategy only groups the scheduled statements: with one (an assignment, or a
+    # reduction into the target's existing values) every strategy compiles to the same code,
+    # and a search would measure each candidate three times over.
+    scheduled = sum(2 if s.init and s.op != "=" else 1 for s in definition.statements)
+    if scheduled > 1:
+        knobs.append(Knob("fusion", ("min", "smart", "max"), numeric=False))
+    knobs += [Knob("unroll", (1, 2, 4, 8)), Knob("vectorize", (True, False), numeric=False)]
+    default: Config = {"unroll": 1, "vectorize": True, **({"fusion": "smart"} if scheduled > 1 else {})}
     if depth:
         default.update({"t0": 0, **{f"t{i}": 64 for i in range(1, depth)}})
     return SearchSpace("generic", tuple(knobs), default, itemsize, extents, cache_triple)

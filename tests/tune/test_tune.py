@@ -218,6 +218,24 @@ def test_the_model_sees_the_whole_space_and_only_knobs_that_matter():
         assert same[0] == same[1] and space.identity({**base, "t0": t0, "t1": 16}) == \
             space.identity({**base, "t0": t0, "t1": 256})
     assert space.features({**base, "t0": 64, "t1": 16}) != space.features({**base, "t0": 64, "t1": 256})
+    # ... but no tiling and polyc's own tiles are different modes: the model must tell them apart.
+    assert space.features({**base, "t0": -1}) != space.features({**base, "t0": 0})
+
+
+def test_the_fusion_strategy_is_searched_only_where_it_changes_the_code():
+    from polyc.tune.space import space_for
+    symmetrise = "def sym(float(N, N) A) -> (B) { B(i, j) = 0.5 * (A(i, j) + A(j, i)) }"
+    # One assignment: every strategy gives the same C (but for the comment naming the options).
+    sources = {polyc.define(symmetrise, fusion=f).sym.c_source({"N": 64}).replace(f"fusion={f}", "")
+               for f in ("min", "smart", "max")}
+    assert len(sources) == 1
+    one = polyc.define(symmetrise).sym
+    space = space_for(one.definition, {"N": 64}, one.options)
+    assert "fusion" not in {k.name for k in space.knobs} and "fusion" not in space.default
+    assert all("fusion" not in space.options(c) for c in space.configs())
+    # A reduction that starts from zero is two statements (the zeroing, the sum): fusion counts.
+    rowsum = polyc.define(ROWSUM).rowsum
+    assert "fusion" in {k.name for k in space_for(rowsum.definition, {"M": 8, "N": 8}, rowsum.options).knobs}
 
 
 def test_bad_requests_are_polyc_errors(matmul_args):
