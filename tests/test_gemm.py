@@ -288,15 +288,16 @@ def test_threads_with_partial_blocks_repeatedly(cflags):
             check(kernel, (a, b), [expected], k)
 
 
-def test_packing_workspace_kept_between_calls_of_any_size():
-    """The packing buffers are one block the kernel keeps from call to call (``KEPT_WORKSPACE_C``):
-    calls whose products need more than the kept block, less, and the same, in turn from four
-    threads at once (so that calls find the block taken, and give theirs back second), each
-    against numpy.  A block used by two calls at once, or kept when too small, gives wrong
-    numbers."""
+def test_packing_workspace_and_tables_kept_between_calls_of_any_size():
+    """The packing buffers are one block the kernel keeps from call to call (``KEPT_WORKSPACE_C``),
+    and the offset tables of the first call's sizes are kept for later calls of those sizes
+    (``kept_tables``): calls whose products need more than the kept block, less, and the same,
+    in turn from four threads at once (so that calls find the block taken, and give theirs back
+    second), each against numpy.  A block used by two calls at once, or kept when too small, or
+    tables used for other sizes, give wrong numbers."""
     from concurrent.futures import ThreadPoolExecutor
     kernel = polyc.define(MATMUL, specialize=False, tile_sizes=(24, 64, 32)).f
-    assert "polyc_workspace_take" in kernel.c_source()
+    assert "polyc_workspace_take" in kernel.c_source() and "polyc_kept" in kernel.c_source()
     rng = np.random.default_rng(10)
     cases = []
     for m, k, n in [(40, 30, 50), (300, 100, 400), (7, 5, 3), (200, 170, 90)]:
