@@ -52,5 +52,5 @@ class CostModel:
 
 
 def pruning_limit(best_seconds: float | None, factor: float) -> float:
-    """A candidate whose first run takes longer than this is stopped there (TC's pruning)."""
+    """A candidate whose first two runs take longer than this is stopped there (TC's pruning)."""
     return math.inf if best_seconds is None else best_seconds * factor

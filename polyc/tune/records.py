@@ -15,7 +15,7 @@ given or ``$POLYC_TUNING_FILE`` names another.  A line looks like::
 ``options`` holds only the tuned options that differ from polyc's defaults.  ``status`` is
 ``ok`` (checked against the reference, then timed), ``wrong`` (a result that did not match: the
 candidate is never used), ``error`` (compilation or run failed), or ``pruned`` (stopped after
-one run many times slower than the best).
+two runs many times slower than the best).
 
 A record is used automatically (:func:`best_options`) only when its whole key matches: the same
 def (its canonical text), sizes, dtypes, compiler target, machine fingerprint and polyc version.

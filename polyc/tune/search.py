@@ -11,8 +11,8 @@ The loop (AutoTVM's and Ansor's, at the scale of one kernel):
    best measured configurations, scored by the model; the best unmeasured ones, plus a few
    random ones so the model keeps learning, form the next batch.
 4. Measure the batch (:func:`measure_candidate`: compile, check against the reference
-   interpreter, time; stop a candidate whose first run is ``prune_factor`` times slower than the
-   best, as TC's tuner does), append each result to the records file, repeat until the budget
+   interpreter, time; stop a candidate whose first two runs are ``prune_factor`` times slower
+   than the best, as TC's tuner does), append each result to the records file, repeat until the budget
    is spent.  Ctrl-C ends the search and keeps everything measured.
 
 ``strategy="random"`` skips the model (the baseline it must beat).  ``client=`` measures on Dask
@@ -389,14 +389,18 @@ def measure_candidate(job: Mapping, inputs: tuple, reference: tuple) -> dict:
     if problem:
         return {"status": "wrong", "message": problem}
     with _measurement_lock():
-        runs = []
-        first = _time_call(kernel, inputs)
-        runs.append(first)
+        runs = [_time_call(kernel, inputs)]
+        # Pruned only when a second run is slow too: on a busy machine one run of a fast
+        # candidate can wait a scheduler slice (8 ms for a 0.01 ms matmul, seen in the tests).
+        if runs[0] > job["limit"]:
+            runs.append(_time_call(kernel, inputs))
+        first = min(runs)
         if first > job["limit"]:
             return {"status": "pruned", "runs": runs, "compile_seconds": compile_seconds,
-                    "message": f"first run {first * 1e3:.3f} ms > {job['limit'] * 1e3:.3f} ms"}
+                    "message": f"first runs {', '.join(f'{r * 1e3:.3f}' for r in runs)} ms > "
+                               f"{job['limit'] * 1e3:.3f} ms"}
         count = int(min(MAX_RUNS, max(MIN_RUNS, MEASURE_SECONDS / max(first, 1e-7))))
-        runs += [_time_call(kernel, inputs) for _ in range(count - 1)]
+        runs += [_time_call(kernel, inputs) for _ in range(count - len(runs))]
     return {"status": "ok", "seconds": statistics.median(runs), "runs": runs, "compile_seconds": compile_seconds,
             "machine": this_machine().id}
 
