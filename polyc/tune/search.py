@@ -12,8 +12,8 @@ The loop (AutoTVM's and Ansor's, at the scale of one kernel):
    random ones so the model keeps learning, form the next batch.
 4. Measure the batch (:func:`measure_candidate`: compile, check against the reference
    interpreter, time; stop a candidate whose first two runs are ``prune_factor`` times slower
-   than the best, as TC's tuner does), append each result to the records file, repeat until the budget
-   is spent.  Ctrl-C ends the search and keeps everything measured.
+   than the best, as TC's tuner does), append each result to the records file, repeat until
+   the budget is spent.  Ctrl-C ends the search and keeps everything measured.
 
 ``strategy="random"`` skips the model (the baseline it must beat).  ``client=`` measures on Dask
 workers (:mod:`polyc.tune.distributed`).
@@ -394,12 +394,12 @@ def measure_candidate(job: Mapping, inputs: tuple, reference: tuple) -> dict:
         # candidate can wait a scheduler slice (8 ms for a 0.01 ms matmul, seen in the tests).
         if runs[0] > job["limit"]:
             runs.append(_time_call(kernel, inputs))
-        first = min(runs)
-        if first > job["limit"]:
+        quickest = min(runs)
+        if quickest > job["limit"]:
             return {"status": "pruned", "runs": runs, "compile_seconds": compile_seconds,
                     "message": f"first runs {', '.join(f'{r * 1e3:.3f}' for r in runs)} ms > "
                                f"{job['limit'] * 1e3:.3f} ms"}
-        count = int(min(MAX_RUNS, max(MIN_RUNS, MEASURE_SECONDS / max(first, 1e-7))))
+        count = int(min(MAX_RUNS, max(MIN_RUNS, MEASURE_SECONDS / max(quickest, 1e-7))))
         runs += [_time_call(kernel, inputs) for _ in range(count - len(runs))]
     return {"status": "ok", "seconds": statistics.median(runs), "runs": runs, "compile_seconds": compile_seconds,
             "machine": this_machine().id}
