@@ -120,7 +120,8 @@ def _measure_space(kernel, inputs, table: dict, path: Path, tables: dict) -> set
     source = polyc.lang.printer.format_def(kernel.syntax)
     base = {k: v for k, v in __import__("dataclasses").asdict(kernel.options).items()}
     # One configuration per candidate: configurations that compile to the same options are one.
-    todo = list({space.identity(c): c for c in space.configs() if space.identity(c) not in table}.values())
+    candidates = {space.identity(c): c for c in space.configs()}
+    todo = [config for identity, config in candidates.items() if identity not in table]
     jobs = [{"source": source, "name": kernel.definition.name, "options": {**base, **space.options(config)},
              "terms": terms, "limit": float("inf")} for config in todo]
     _compile_ahead(jobs, inputs)
@@ -130,7 +131,7 @@ def _measure_space(kernel, inputs, table: dict, path: Path, tables: dict) -> set
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(tables) + "\n")
             print(f"  measured {number}/{len(todo)} configurations of {kernel.definition.name}", flush=True)
-    return {space.identity(c) for c in space.configs()}
+    return set(candidates)
 
 
 def _compile_ahead(jobs: list, inputs) -> None:

@@ -163,7 +163,7 @@ class _ProgramBuilder:
     def build(self) -> PolyProgram:
         statements: list[PolyStatement] = []
         for s in self.definition.statements:
-            if s.op != "=" and s.init:
+            if s.has_init_statement:
                 statements.append(self._statement(s, f"{s.name}_init", "init", s.indices))
             statements.append(self._statement(s, s.name, "assign" if s.op == "=" else "update", s.all_indices))
         return PolyProgram(self.definition, self.ctx, self.params, self._context(), tuple(statements),

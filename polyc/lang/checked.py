@@ -210,6 +210,12 @@ class CheckedStatement:
         return f"S{self.position}"
 
     @property
+    def has_init_statement(self) -> bool:
+        """Whether the polyhedral model gives it a statement of its own that first sets the
+        target to the reduction's identity (``S0_init``): a reduction with ``!``."""
+        return self.op != "=" and self.init
+
+    @property
     def all_indices(self) -> tuple[str, ...]:
         return self.indices + self.reduction_indices
 

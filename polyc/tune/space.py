@@ -172,7 +172,7 @@ def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options
     # The fusion strategy only groups the scheduled statements: with one (an assignment, or a
     # reduction into the target's existing values) every strategy compiles to the same code,
     # and a search would measure each candidate three times over.
-    scheduled = sum(2 if s.init and s.op != "=" else 1 for s in definition.statements)
+    scheduled = sum(2 if s.has_init_statement else 1 for s in definition.statements)
     if scheduled > 1:
         knobs.append(Knob("fusion", ("min", "smart", "max"), numeric=False))
     knobs += [Knob("unroll", (1, 2, 4, 8)), Knob("vectorize", (True, False), numeric=False)]
