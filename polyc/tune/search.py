@@ -125,7 +125,7 @@ def tune(kernel, *args, budget: float | int = 60.0, strategy: str = "model", rec
     measured: dict[str, tuple[dict, TuningRecord]] = {}   # identity -> (config or {}, record)
     for record in read_records(path):
         if record.key == key:
-            measured[_identity(record.options)] = (dict(record.config or {}), record)
+            measured[_identity(record.options)] = (_config_in(space, record), record)
     best = _best(measured)
     default_record = measured.get(_identity(space.options(space.default)), (None, None))[1]
     model = CostModel(seed) if strategy == "model" else None
@@ -183,6 +183,17 @@ def _tunable_base(options):
     """The options candidates start from: the kernel's, without records applied (a search must
     not measure the previous best as 'the default')."""
     return options.replace(tuning=False)
+
+
+def _config_in(space: SearchSpace, record: TuningRecord) -> dict:
+    """The configuration of ``space`` that ``record`` measured, for the cost model to learn
+    from; {} where there is none.  A record written when the space had fewer knobs (an older
+    polyc) left them at their defaults; one whose options no configuration gives (a start
+    from other records) is not a point of this space."""
+    if not record.config:
+        return {}
+    config = {**space.default, **{k: v for k, v in record.config.items() if k in space.default}}
+    return config if space.options(config) == dict(record.options) else {}
 
 
 def _identity(options: Mapping) -> str:

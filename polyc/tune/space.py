@@ -4,11 +4,16 @@ The space depends on the path polyc compiles the def through (:func:`polyc.drive
 
 - a contraction compiled as a BLIS-style gemm kernel: the cache blocks ``(MC, NC, KC)``
   (``tile_sizes`` of three entries, rounded by the kernel to its register block);
-- a matrix-vector product: whether to run it on all cores;
+- a matrix-vector product: nothing but the thread count;
 - a direct convolution: the output channels per work item (the first entry of ``tile_sizes``);
 - anything else (the generic polyhedral path, segments included): the tile sizes of the
   outermost band (or no tiling), the fusion strategy (where there is more than one statement to
   schedule), the unroll factor and vectorisation.
+
+Every path also searches the thread count (the ``threads`` option): all the cores, or half,
+a quarter, ... down to one.  A kernel of a few microseconds can lose more to waking a second
+thread and waiting for it than it gains, and a memory-bound one may saturate the memory with
+fewer threads than cores.  Not where the user fixed ``threads`` or turned ``parallel`` off.
 
 A configuration is a dict knob -> value; :meth:`SearchSpace.options` turns it into the
 ``polyc.define`` options it stands for, and :meth:`SearchSpace.features` into numbers for the
@@ -56,9 +61,6 @@ class SearchSpace:
         if self.path == "gemm":
             if config["kc"] != 0:
                 changes["tile_sizes"] = [int(config["mc"]), int(config["nc"]), int(config["kc"])]
-        elif self.path == "gemv":
-            if not config["parallel"]:
-                changes["parallel"] = False
         elif self.path == "convolution":
             if config["channels"] != 0:
                 changes["tile_sizes"] = [int(config["channels"])]
@@ -71,6 +73,8 @@ class SearchSpace:
             for name in ("fusion", "unroll", "vectorize"):
                 if name in config and config[name] != getattr(Options(), name):
                     changes[name] = config[name]
+        if config.get("threads", 0) != 0:
+            changes["threads"] = int(config["threads"])
         return changes
 
     def configs(self):
@@ -120,7 +124,7 @@ class SearchSpace:
         if self.path == "gemm" and config["kc"] == 0:
             return {"mc", "nc"}
         if self.path == "generic" and "t0" in config and int(config["t0"]) <= 0:
-            return {k.name for k in self.knobs if k.name.startswith("t") and k.name != "t0"}
+            return {k.name for k in self.knobs if k.name[0] == "t" and k.name[1:].isdigit() and k.name != "t0"}
         return set()
 
     def _footprints(self, config: Mapping[str, object]) -> list[float]:
@@ -144,8 +148,20 @@ class SearchSpace:
 _GENERIC_TILES = (16, 32, 64, 128, 256)
 
 
-def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options) -> SearchSpace:
-    """The search space of ``definition`` compiled with ``options`` for ``sizes``."""
+def thread_counts(cores: int) -> tuple[int, ...]:
+    """The thread counts searched on ``cores`` cores: 0 (all of them, polyc's default), then
+    half, a quarter, ... down to one."""
+    counts, count = [0], cores // 2
+    while count >= 1:
+        counts.append(count)
+        count //= 2
+    return tuple(counts)
+
+
+def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options,
+              cores: int | None = None) -> SearchSpace:
+    """The search space of ``definition`` compiled with ``options`` for ``sizes`` on a machine
+    with ``cores`` cores (None: this one)."""
     from polyc.driver import find_blas_contraction, find_convolution
     from polyc.schedule.tiling import cache_sizes as option_caches
 
@@ -154,18 +170,28 @@ def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options
     statement = max(definition.statements, key=lambda s: len(s.all_indices))
     extents = tuple(max(1, r.hi.evaluate(sizes) - r.lo.evaluate(sizes)) for _, r in statement.ranges)
     itemsize = max(np.dtype(t.dtype).itemsize for t in definition.tensors)
+    if cores is None:
+        from polyc.tune.machine import this_machine
+        cores = this_machine().cores
+    threads = thread_counts(cores) if options.threads is None and options.parallel else (0,)
+    # Knob and default value of the thread count, where there is more than one count to try.
+    thread_knob = (Knob("threads", threads),) if len(threads) > 1 else ()
+    thread_default = {"threads": 0} if thread_knob else {}
+
+    def space(path: str, knobs: tuple, default: Config) -> SearchSpace:
+        return SearchSpace(path, knobs + thread_knob, {**default, **thread_default}, itemsize, extents,
+                           cache_triple)
+
     contraction = find_blas_contraction(definition, options)
     if contraction is not None and contraction.is_matvec:
-        return SearchSpace("gemv", (Knob("parallel", (True, False), numeric=False),), {"parallel": True},
-                           itemsize, extents, cache_triple)
+        return space("gemv", (), {})
     if contraction is not None:
         knobs = (Knob("mc", (24, 48, 72, 96, 120, 144, 192, 240, 288, 384)),
                  Knob("nc", (128, 256, 512, 1024, 2048, 3072, 4096)),
                  Knob("kc", (0, 64, 128, 192, 256, 320, 384, 512)))
-        return SearchSpace("gemm", knobs, {"mc": 96, "nc": 1024, "kc": 0}, itemsize, extents, cache_triple)
+        return space("gemm", knobs, {"mc": 96, "nc": 1024, "kc": 0})
     if find_convolution(definition, options) is not None:
-        knobs = (Knob("channels", (0, 8, 16, 24, 32, 48, 64, 96, 128)),)
-        return SearchSpace("convolution", knobs, {"channels": 0}, itemsize, extents, cache_triple)
+        return space("convolution", (Knob("channels", (0, 8, 16, 24, 32, 48, 64, 96, 128)),), {"channels": 0})
     depth = min(3, len(extents))
     knobs = [Knob("t0", (-1, 0, *_GENERIC_TILES))] if depth else []
     knobs += [Knob(f"t{i}", _GENERIC_TILES) for i in range(1, depth)]
@@ -179,4 +205,4 @@ def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options
     default: Config = {"unroll": 1, "vectorize": True, **({"fusion": "smart"} if scheduled > 1 else {})}
     if depth:
         default.update({"t0": 0, **{f"t{i}": 64 for i in range(1, depth)}})
-    return SearchSpace("generic", tuple(knobs), default, itemsize, extents, cache_triple)
+    return space("generic", tuple(knobs), default)

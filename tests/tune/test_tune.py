@@ -239,6 +239,36 @@ def test_the_fusion_strategy_is_searched_only_where_it_changes_the_code():
     assert "fusion" in {k.name for k in space_for(rowsum.definition, {"M": 8, "N": 8}, rowsum.options).knobs}
 
 
+def test_the_thread_count_is_searched_unless_the_options_fix_it():
+    from polyc.tune.space import space_for, thread_counts
+    assert thread_counts(1) == (0,) and thread_counts(2) == (0, 1) and thread_counts(12) == (0, 6, 3, 1)
+    sizes = {"M": 64, "K": 48, "N": 80}
+    for path, options in (("gemm", {}), ("generic", {"blas_contractions": False})):
+        kernel = polyc.define(MATMUL, tuning=False, **options).matmul
+        space = space_for(kernel.definition, sizes, kernel.options, cores=8)
+        assert space.path == path and dict((k.name, k.choices) for k in space.knobs)["threads"] == (0, 4, 2, 1)
+        assert space.default["threads"] == 0 and "threads" not in space.options(space.default)
+        assert space.options({**space.default, "threads": 2})["threads"] == 2
+        # ... and the code a count compiles to has that many threads at most.
+        source = kernel.stages(sizes, **space.options({**space.default, "threads": 2})).kernel.source
+        assert ("#define POLYC_MAX_THREADS 2" if path == "gemm" else "num_threads(2)") in source
+        assert space.features({**space.default, "threads": 0}) != space.features({**space.default, "threads": 1})
+        for fixed in ({"threads": 3}, {"parallel": False}):
+            pinned = polyc.define(MATMUL, tuning=False, **options, **fixed).matmul
+            assert "threads" not in {k.name for k in space_for(pinned.definition, sizes, pinned.options, cores=8).knobs}
+    # Records of an older polyc, whose space had no thread count, left it at its default.
+    from polyc.tune.search import _config_in
+    old = TuningRecord(None, {"tile_sizes": [48, 128, 64]}, "ok", 1e-3, config={"mc": 48, "nc": 128, "kc": 64})
+    gemm_space = space_for(polyc.define(MATMUL).matmul.definition, sizes, polyc.define(MATMUL).matmul.options, cores=8)
+    assert _config_in(gemm_space, old) == {"mc": 48, "nc": 128, "kc": 64, "threads": 0}
+    assert _config_in(gemm_space, TuningRecord(None, {"tile_sizes": [7, 7, 7]}, "ok", 1e-3, config={})) == {}
+    # One core: nothing to choose (a matrix-vector product then has no knob at all).
+    gemv = polyc.define("def mv(float(M, K) A, float(K) x) -> (y) { y(m) +=! A(m, r_k) * x(r_k) }").mv
+    space = space_for(gemv.definition, {"M": 64, "K": 48}, gemv.options, cores=1)
+    assert space.path == "gemv" and space.knobs == () and list(space.configs()) == [{}]
+    assert [k.name for k in space_for(gemv.definition, {"M": 64, "K": 48}, gemv.options, cores=2).knobs] == ["threads"]
+
+
 def test_a_candidate_is_pruned_only_when_two_runs_are_slow(matmul_args, monkeypatch):
     """TC's pruning, minus a busy machine's scheduler slice: one slow run is timed again."""
     from polyc.tune import search
