@@ -5,7 +5,7 @@
     polyc compile FILE.tc [--entry NAME] --target host|avx512|avx2|generic|neon [--shape ...] -o OUTDIR
     polyc compile FILE.tc [--entry NAME] --target cuda|opencl --shape ... -o OUTDIR
     polyc run FILE.tc [--entry NAME] --shape NAME=SIZE ... [--check] [--repeat N] [--seed S] [options]
-    polyc onnx MODEL.onnx [--shape INPUT=D0,D1,...] [--emit tc|groups|c] [--run [--check] [--bench]] [options]
+    polyc onnx MODEL.onnx [--shape INPUT=D0,D1,...] [--emit tc|groups|c] [--tune B] [--run [--check] [--bench]] [options]
     polyc tune FILE.tc [--entry NAME] --shape NAME=SIZE ... [--budget B] [--strategy model|random]
                [--records FILE] [--start-from FILE] [--scheduler ADDRESS] [options]
     polyc tune --list [--records FILE]   |   polyc tune --merge FILE ... [--records FILE]
@@ -196,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     onnx_parser.add_argument("--run", action="store_true", help="run on random inputs")
     onnx_parser.add_argument("--check", action="store_true", help="with --run: compare with onnxruntime")
     onnx_parser.add_argument("--bench", action="store_true", help="with --run: time polyc (and onnxruntime)")
+    onnx_parser.add_argument("--tune", type=_parse_budget, metavar="B",
+                             help="first tune every kernel for these shapes, sharing the budget B (seconds "
+                                  "like 600s, or trials) by the kernels' times; later runs use the results")
     onnx_parser.add_argument("--no-graph-fusion", dest="graph_fusion", action="store_false",
                              help="one kernel per operator")
     _add_option_arguments(onnx_parser)
@@ -579,6 +582,16 @@ def run_onnx(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     outputs = session.run(None, feeds)
     first_call = time.perf_counter() - start
+    if args.tune is not None:
+        tuning = polyc.tune(session, feeds, budget=args.tune)
+        for kernel in tuning.kernels:
+            found = kernel.result
+            what = ("not tuned (too small a share)" if found is None else
+                    f"best {_format_seconds(found.best_seconds)} with {found.best_options or 'the defaults'} "
+                    f"after {found.trials} trial(s)" if found.best_seconds else "no candidate ran correctly")
+            print(f"{', '.join(kernel.groups)}: {_format_seconds(kernel.seconds)} per run; {what}")
+        print(f"kernels' time per run: {_format_seconds(tuning.default_seconds)} with the defaults, "
+              f"{_format_seconds(tuning.tuned_seconds)} tuned (as the searches measured them)")
     if args.emit == "tc":
         print(session.tc_source(), end="")
     elif args.emit == "groups":

@@ -24,6 +24,7 @@ import hashlib
 import math
 import random
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -96,13 +97,25 @@ def tune(kernel, *args, budget: float | int = 60.0, strategy: str = "model", rec
     ``client``: a ``dask.distributed.Client`` to measure on its workers.  Returns a
     :class:`TuningResult`; afterwards, calls of ``kernel`` (and of any kernel for the same def)
     with these shapes use the best options found.
+
+    ``kernel`` may also be a ``polyc.onnx.InferenceSession`` and ``args`` one dict of feeds:
+    then every kernel of the model is tuned, the budget shared among them
+    (:func:`polyc.tune.session.tune_session`, which returns a ``SessionTuningResult``).
     """
     from polyc.api import Kernel
     from polyc.lang.printer import format_def
     from polyc.runtime.arguments import bind_arguments
 
+    onnx_session = sys.modules.get("polyc.frontends.onnx.session")  # loaded if kernel can be one
+    if onnx_session is not None and isinstance(kernel, onnx_session.InferenceSession):
+        from polyc.tune.session import tune_session
+        if len(args) != 1:
+            raise PolycError(f"tune(session, feeds) takes one dict of feeds, not {len(args)} arguments")
+        return tune_session(kernel, args[0], budget=budget, progress=progress, strategy=strategy, records=records,
+                            client=client, start_from=start_from, seed=seed, prune_factor=prune_factor, batch=batch)
     if not isinstance(kernel, Kernel):
-        raise PolycError(f"tune() takes a polyc kernel (a def of polyc.define), not {type(kernel).__name__}")
+        raise PolycError(f"tune() takes a polyc kernel (a def of polyc.define) or an ONNX session, "
+                         f"not {type(kernel).__name__}")
     if strategy not in STRATEGIES:
         raise PolycError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:

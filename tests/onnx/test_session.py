@@ -704,3 +704,50 @@ def test_an_image_too_small_for_the_windows_is_a_signature_error():
     x = rng.standard_normal((1, 3, 9, 9)).astype(np.float32)
     expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
     np.testing.assert_allclose(session.run(None, {"X": x})[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_tuning_a_session_tunes_its_costliest_kernels_and_runs_use_the_results(model, tmp_path, monkeypatch, capsys):
+    from polyc.tune.records import read_records
+    records = tmp_path / "records.jsonl"
+    monkeypatch.setenv("POLYC_TUNING_FILE", str(records))
+    session = ponnx.InferenceSession(model)
+    x = np.random.default_rng(4).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    result = polyc.tune(session, {"X": x}, budget=9, progress=False)
+    kernels = result.kernels
+    assert sorted(sum((k.groups for k in kernels), [])) == sorted(f"group{i}" for i in range(len(session.groups)))
+    assert [k.seconds for k in kernels] == sorted((k.seconds for k in kernels), reverse=True)
+    tuned = [k for k in kernels if k.result is not None]
+    assert tuned and tuned[0] is kernels[0] and all(k.budget is None for k in kernels if k.result is None)
+    assert all(k.result.trials == k.budget for k in tuned)
+    assert len(read_records(records)) == sum(k.budget for k in tuned)
+    assert result.tuned_seconds <= result.default_seconds and "distinct kernels tuned" in repr(result)
+    # The resolved calls were dropped, so the next run compiles with the records.
+    plan = session.plans()[-1]
+    assert all(arena.resolved is None for arena in plan._idle_arenas)
+    (got,) = session.run(None, {"X": x})
+    np.testing.assert_allclose(got, reference(model, x), rtol=1e-3, atol=1e-6)
+    # The command line's --tune: the same, on random inputs, then the run.
+    from polyc.cli import main
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert main(["onnx", str(path), "--shape", "X=2,3,8,8", "--tune", "5", "--run"]) == 0
+    printed = capsys.readouterr().out
+    assert "per run; best" in printed and "tuned (as the searches measured them)" in printed
+    assert len(read_records(records)) == sum(k.budget for k in tuned) + 5
+    with pytest.raises(polyc.PolycError, match="feeds"):
+        polyc.tune(session, x, budget=4, progress=False)
+    with pytest.raises(polyc.PolycError, match="tuning=False"):
+        polyc.tune(ponnx.InferenceSession(model, tuning=False), {"X": x}, budget=4, progress=False)
+
+
+def test_a_session_budget_is_shared_by_the_kernels_times():
+    from polyc.tune.session import MIN_SECONDS, KernelTuning, _share
+
+    def shares(budget):
+        entries = [(KernelTuning([name], seconds, None), None, []) for name, seconds in
+                   (("a", 10.0), ("b", 5.0), ("c", 0.1))]
+        _share(entries, budget)
+        return [entry.budget for entry, _, _ in entries]
+    assert shares(30.0) == [20.0, 10.0, None]      # c's 0.2 s went to a and b
+    assert shares(40) == [26, 13, None]            # trials
+    assert MIN_SECONDS > 2.0 and shares(2.0) == [2.0, None, None]   # too little to share: the costliest

@@ -330,6 +330,31 @@ class Plan:
             buffers[value.ident] = array
         return item, inputs, outputs
 
+    def kernel_inputs(self, feeds: dict[str, np.ndarray]) -> list[tuple[Group, list[np.ndarray]]]:
+        """Each kernel call of a run on ``feeds`` (ONNX input name -> array), in order, with the
+        arrays it reads: what a tuner measures the kernels on.  The run has an arena of its
+        own, whose memory later kernels reuse, so the arrays read from it are copies."""
+        arena = Arena(self.memory, self._arena_values)
+        buffers = {v.ident: np.ascontiguousarray(feeds[v.onnx_name]).reshape(v.tc_shape) for v in self.inputs}
+        calls = []
+        for item in self.order:
+            if isinstance(item, ViewStep):
+                buffers[item.target.ident] = item.of(_array(item.source, buffers))
+                continue
+            _, inputs, _ = self._checked_call(item, arena, buffers)
+            calls.append((item, [array if value.const is not None else np.array(array, copy=True)
+                                 for value, array in zip(item.inputs, inputs)]))
+        return calls
+
+    def forget_resolved_calls(self) -> None:
+        """Make the next runs call every kernel through its checked path again, which compiles
+        it anew where it has to (after tuning) before the calls are resolved again."""
+        with self._arenas_lock:
+            for arena in self._idle_arenas:
+                arena.resolved = None
+        for group in self.groups:
+            group.kernel._forget_compiled()
+
     def tc_source(self) -> str:
         """The whole model as TC: one def per kernel, then the sequence of calls and views."""
         parts = [g.source for g in self.groups]

@@ -140,6 +140,11 @@ class InferenceSession:
         """The polyc kernels (``polyc.Kernel``) of the plan, for ``stages()``/``c_source()``."""
         return [g.kernel for g in self._plan(shapes).groups]
 
+    def plans(self) -> list[Plan]:
+        """Every plan made so far (one per set of input shapes), the last run's last."""
+        plans = [p for p in self._plans.values() if p is not self._last]
+        return plans + ([self._last] if self._last is not None else [])
+
     # ------------------------------------------------------------------ feeds
     def _check_feeds(self, input_feed: dict) -> dict[str, np.ndarray]:
         expected = [i.name for i in self._inputs]
