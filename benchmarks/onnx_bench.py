@@ -1,6 +1,7 @@
 """The real models through polyc beside onnxruntime: latency and compile times.
 
     python -m benchmarks.onnx_bench [--models resnet18,encoder] [--batches 1,8] [--repeat 10] [--json PATH]
+                                    [--tuned | --tune SECONDS]
 
 For each model (benchmarks/onnx_models) and batch size (224x224 images; 128-token sequences
 for the encoder): polyc's median latency with graph fusion and without (``graph_fusion=False``),
@@ -10,6 +11,11 @@ polyc's compile time cold (an empty kernel cache, in a new process) and warm (a 
 whose kernels are all in the cache).  The four are timed in interleaved rounds
 (:func:`benchmarks.measure.time_interleaved`), medians of ``--repeat`` calls each.  polyc's
 outputs are compared with onnxruntime's first.  Ratios are onnxruntime time / polyc time: above 1, polyc is faster.
+
+polyc runs with its defaults (``tuning=False``: no tuning records).  ``--tuned`` adds a column
+for polyc with this machine's tuning records; ``--tune SECONDS`` first tunes each model's
+session at each batch with that budget (``polyc.tune(session, feeds)``: every kernel, the
+budget shared by their times) and reports the tuning time, then as ``--tuned``.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +42,7 @@ sys.path.insert(0, {repo!r})
 from benchmarks.onnx_models import load
 import polyc.onnx
 start = time.perf_counter()
-session = polyc.onnx.InferenceSession(load({name!r}))
+session = polyc.onnx.InferenceSession(load({name!r}), tuning=False)
 session.run(None, {{"input": np.zeros({shape!r}, np.float32)}})
 print(time.perf_counter() - start)
 """
@@ -63,19 +70,30 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "onnx_last.json")
+    tuning = parser.add_mutually_exclusive_group()
+    tuning.add_argument("--tuned", action="store_true", help="also time polyc with this machine's tuning records")
+    tuning.add_argument("--tune", type=float, metavar="SECONDS",
+                        help="tune each model's session with this budget first, then as --tuned")
     args = parser.parse_args(argv)
+    if args.tune is not None and args.tune <= 0:
+        parser.error("--tune needs a positive number of seconds")
     pairs = [(name, int(batch)) for name in args.models.split(",") for batch in args.batches.split(",")]
-    results = run_models(pairs, args.repeat)
+    results = run_models(pairs, args.repeat, args.tuned or args.tune is not None, args.tune)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1) + "\n")
     print(f"raw results: {args.json}")
-    return 1 if any(not row.get("polyc_ok", True) or not row.get("polyc_unfused_ok", True)
-                    for row in results["rows"]) else 0
+    return 1 if any(not row.get(key, True) for row in results["rows"] for key in CHECKS) else 0
 
 
-def run_models(pairs, repeat: int) -> dict:
+#: The agreement checks of a row, one per polyc session.
+CHECKS = ("polyc_ok", "polyc_unfused_ok", "polyc_tuned_ok")
+
+
+def run_models(pairs, repeat: int, tuned: bool = False, tune_seconds: float | None = None) -> dict:
     """Measure each (model, batch) of ``pairs``, printing a table row as each finishes; the
-    results as JSON-ready data (also what ``python -m benchmarks`` keeps under "onnx")."""
+    results as JSON-ready data (also what ``python -m benchmarks`` keeps under "onnx").
+    ``tuned``: also polyc with this machine's tuning records, after tuning each session for
+    ``tune_seconds`` when given."""
     import onnxruntime as ort
 
     import polyc
@@ -84,7 +102,8 @@ def run_models(pairs, repeat: int) -> dict:
     machine = polyc.tune.this_machine()
     print(f"machine: {machine.describe()}; onnxruntime {ort.__version__} on {threads} threads")
     header = (f"{'model':<16} {'batch':>5} {'polyc ms':>9} {'unfused':>9} {'ort ms':>8} {'ort noopt':>9} "
-              f"{'ort/polyc':>9} {'fusion x':>8} {'cold s':>7} {'warm s':>7} check")
+              f"{'ort/polyc':>9} {'fusion x':>8} {'cold s':>7} {'warm s':>7}"
+              + (f" {'tuned ms':>9} {'ort/tuned':>9} {'tuning s':>8}" if tuned else "") + " check")
     print(header + "\n" + "-" * len(header))
     results = {"machine": machine.to_json(), "threads": threads, "rows": []}
     for name, batch in pairs:
@@ -106,13 +125,20 @@ def run_models(pairs, repeat: int) -> dict:
                 row["cold_compile"] = compile_seconds(name, shape, cache)
                 row["warm_compile"] = compile_seconds(name, shape, cache)
             runs = {"ort": reference.run, "ort_noopt": unoptimised.run}
-            for fused in (True, False):
-                session = polyc.onnx.InferenceSession(model, graph_fusion=fused)
+            sessions = {"polyc": {"tuning": False}, "polyc_unfused": {"tuning": False, "graph_fusion": False}}
+            if tuned:
+                sessions["polyc_tuned"] = {}
+                if tune_seconds is not None:
+                    start = time.perf_counter()
+                    polyc.tune(polyc.onnx.InferenceSession(model), {"input": x}, budget=float(tune_seconds),
+                               progress=False)
+                    row["tuning_seconds"] = time.perf_counter() - start
+            for key, options in sessions.items():
+                session = polyc.onnx.InferenceSession(model, **options)
                 got = session.run(None, {"input": x})[0]
-                key = "polyc" if fused else "polyc_unfused"
                 row[f"{key}_ok"] = bool(np.allclose(got, expected, rtol=1e-3, atol=1e-4))
                 runs[key] = session.run
-                if fused:
+                if key == "polyc":
                     row["kernels"] = len(session.groups)
             # In interleaved rounds, so that a change of the shared machine's load during the
             # row reaches every implementation alike and the ratios hold.
@@ -125,11 +151,16 @@ def run_models(pairs, repeat: int) -> dict:
         if "error" in row:
             print(f"{name:<16} {batch:>5} ERROR {row['error']}", flush=True)
             continue
-        check = "ok" if row["polyc_ok"] and row["polyc_unfused_ok"] else "MISMATCH"
+        check = "ok" if all(row.get(key, True) for key in CHECKS) else "MISMATCH"
+        tuned_columns = ""
+        if tuned:
+            tuning_time = f"{row['tuning_seconds']:>8.0f}" if "tuning_seconds" in row else f"{'-':>8}"
+            tuned_columns = (f" {row['polyc_tuned'] * 1e3:>9.2f} {row['ort'] / row['polyc_tuned']:>8.2f}x "
+                             f"{tuning_time}")
         print(f"{name:<16} {batch:>5} {row['polyc'] * 1e3:>9.2f} {row['polyc_unfused'] * 1e3:>9.2f} "
               f"{row['ort'] * 1e3:>8.2f} {row['ort_noopt'] * 1e3:>9.2f} {row['ort'] / row['polyc']:>8.2f}x "
               f"{row['polyc_unfused'] / row['polyc']:>7.2f}x {row['cold_compile']:>7.1f} "
-              f"{row['warm_compile']:>7.2f} {check}", flush=True)
+              f"{row['warm_compile']:>7.2f}{tuned_columns} {check}", flush=True)
     return results
 
 

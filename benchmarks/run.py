@@ -353,7 +353,7 @@ def main(argv=None, blas_environment: dict | None = None) -> int:
             results["cases"].append(record)
             print(report.row(record, args.tuned), flush=True)
         if onnx_models:
-            results["onnx"] = run_onnx_models(onnx_models, args.repeat)
+            results["onnx"] = run_onnx_models(onnx_models, args.repeat, args.tuned, args.tune)
         if gpu_cases:
             from benchmarks.gpu_bench import run_gpu_cases
             results["gpu"] = run_gpu_cases(args.repeat, gpu_cases)
@@ -365,12 +365,12 @@ def main(argv=None, blas_environment: dict | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1) + "\n")
     print(f"\nraw results: {args.json}")
-    onnx_mismatch = any(not row.get(key, True) for row in results.get("onnx", {}).get("rows", [])
-                        for key in ("polyc_ok", "polyc_unfused_ok"))
+    from benchmarks.onnx_bench import CHECKS
+    onnx_mismatch = any(not row.get(key, True) for row in results.get("onnx", {}).get("rows", []) for key in CHECKS)
     return 1 if results["summary"]["mismatches"] or onnx_mismatch else 0
 
 
-def run_onnx_models(pairs, repeat: int) -> dict:
+def run_onnx_models(pairs, repeat: int, tuned: bool = False, tune_seconds: float | None = None) -> dict:
     """The "onnx" group: the real models through polyc and onnxruntime (benchmarks.onnx_bench)."""
     print("\nONNX models: polyc sessions beside onnxruntime (benchmarks.onnx_bench; ratios ort/polyc)")
     import importlib.util
@@ -379,4 +379,4 @@ def run_onnx_models(pairs, repeat: int) -> dict:
         print(f"skipped: {' and '.join(missing)} not installed (pip install 'polyc[test]')")
         return {"skipped": f"{' and '.join(missing)} not installed"}
     from benchmarks.onnx_bench import run_models
-    return run_models(pairs, repeat)
+    return run_models(pairs, repeat, tuned, tune_seconds)

@@ -8,7 +8,9 @@ by what each kernel costs in a run: the kernels are timed once with polyc's defa
 distinct kernel (kernels of one def and one set of sizes are tuned once, their times added) gets
 the share of the budget its time has of the run's.  A kernel whose share is below
 ``MIN_SECONDS`` (or ``MIN_TRIALS``) is not tuned and its share goes to the others: a few trials
-teach the search nothing, and such a kernel is too small a part of the run to matter.
+teach the search nothing, and such a kernel is too small a part of the run to matter.  A time
+budget is a deadline (from when the session has been planned and compiled for the feeds'
+shapes): each kernel's search gets its share of the time left when it starts.
 """
 from __future__ import annotations
 
@@ -77,6 +79,7 @@ def tune_session(session, feeds: dict, *, budget: float | int = 600.0, progress:
         raise PolycError(f"tune(session, feeds): feeds must be a dict of input name -> array, "
                          f"not {type(feeds).__name__}")
     session.run(None, feeds)  # plans and compiles for these shapes; bad feeds fail here
+    started = time.monotonic()  # a time budget counts from here: timing the kernels is part of it
     plan = session.plans()[-1]
     calls = plan.kernel_inputs(session._check_feeds(feeds))
     if any(not group.kernel.options.tuning for group, _ in calls):
@@ -97,10 +100,16 @@ def tune_session(session, feeds: dict, *, budget: float | int = 600.0, progress:
     _share(entries, budget)
 
     result = SessionTuningResult([entry for entry, _, _ in entries])
+    # A time budget is a deadline: each kernel gets its share of what is left (the references
+    # computed and the last candidates' overrun come out of it too).
+    deadline = started + budget if isinstance(budget, float) else None
     try:
-        for entry, kernel, inputs in entries:
+        for number, (entry, kernel, inputs) in enumerate(entries):
             if entry.budget is None:
                 continue
+            if deadline is not None:
+                left = sum(e.seconds for e, _, _ in entries[number:] if e.budget is not None)
+                entry.budget = max(1.0, (deadline - time.monotonic()) * entry.seconds / left)
             if progress:
                 print(f"tuning {', '.join(entry.groups)} ({entry.seconds * 1e3:.3f} ms of a run; "
                       f"budget {_describe(entry.budget)})", flush=True)
