@@ -249,6 +249,9 @@ def _add_option_arguments(parser: argparse.ArgumentParser) -> None:
                        help="no SIMD pragmas")
     group.add_argument("--unroll", type=_positive_int, metavar="N", help="unroll factor of the innermost loop")
     group.add_argument("--threads", type=_positive_int, metavar="N", help="at most N threads (default: all cores)")
+    group.add_argument("--micro-kernel", type=_positive_int, metavar="N",
+                       help="a contraction kernel's register block: the instruction set's N-th, widest first "
+                            "(default: chosen for the sizes)")
     group.add_argument("--no-specialize", dest="specialize", action="store_const", const=False,
                        help="compile once for all sizes instead of for each call's sizes")
     group.add_argument("--cc", metavar="CC", help="C compiler (default: $POLYC_CC, $CC, then cc)")
@@ -267,8 +270,9 @@ def _add_option_arguments(parser: argparse.ArgumentParser) -> None:
                      help="one buffer per shared tile (copy, barrier, compute, barrier in every slice)")
 
 
-_OPTION_NAMES = ("backend", "fusion", "tile_sizes", "parallel", "vectorize", "unroll", "threads", "specialize", "cc",
-                 "cflags", "block", "grid", "device", "use_shared_memory", "use_private_memory", "double_buffer")
+_OPTION_NAMES = ("backend", "fusion", "tile_sizes", "parallel", "vectorize", "unroll", "threads", "micro_kernel",
+                 "specialize", "cc", "cflags", "block", "grid", "device", "use_shared_memory", "use_private_memory",
+                 "double_buffer")
 
 
 def _define_options(args: argparse.Namespace) -> dict:

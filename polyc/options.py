@@ -54,6 +54,10 @@ class Options:
       permutation, plus elementwise epilogues) to a BLIS-style kernel (:mod:`polyc.codegen.gemm`)
       instead of the generic polyhedral path; there ``tile_sizes`` of three or more entries are
       its block sizes ``(MC, NC, KC)``.
+    - ``micro_kernel``: the register block of a contraction kernel: None (chosen for each call's
+      sizes by how many of its lanes and rows are real columns and rows), or n >= 1, the
+      instruction set's n-th block, widest first, or its last where it has fewer (AVX-512,
+      float: 6 x 64, 8 x 32, 8 x 16; AVX2: 6 x 16, 8 x 8; :func:`polyc.codegen.gemm.micro_kernel_shapes`).
     - ``direct_convolutions``: compile a def that is one convolution (any strides, dilations,
       groups, depthwise, 1-D to 3-D, plus elementwise epilogues) to the direct convolution
       kernel (:mod:`polyc.codegen.conv`) instead of the generic polyhedral path; there the first
@@ -80,6 +84,7 @@ class Options:
     direct_convolutions: bool = True
     cache_sizes: tuple[int, int, int] | None = None
     threads: int | None = None
+    micro_kernel: int | None = None
     tuning: bool = True
     block: tuple[int, ...] | None = None
     grid: tuple[int, ...] | None = None
@@ -124,6 +129,10 @@ class Options:
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
                                          or self.threads < 1):
             raise PolycError(f"threads must be None or an integer >= 1, not {self.threads!r}")
+        if self.micro_kernel is not None and (isinstance(self.micro_kernel, bool)
+                                              or not isinstance(self.micro_kernel, int) or self.micro_kernel < 1):
+            raise PolycError(f"micro_kernel must be None or an integer >= 1 (the instruction set's n-th "
+                             f"register block, widest first), not {self.micro_kernel!r}")
         if self.block is not None:
             if not (isinstance(self.block, tuple) and 1 <= len(self.block) <= 3 and all(
                     isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in self.block)):

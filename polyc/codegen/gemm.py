@@ -255,10 +255,12 @@ class _GemmWriter(PatternKernelWriter):
 
     # ------------------------------------------------------------------ register blocks
     def shapes_for(self, isa: str) -> tuple[MicroKernelShape, ...]:
-        """The register blocks to generate for ``isa``: all of them for a parametric kernel
-        (the choice is made per call), the best alone when the sizes are known, which saves the
-        C compiler most of its work."""
+        """The register blocks to generate for ``isa``: the one the ``micro_kernel`` option
+        names; else all of them for a parametric kernel (the choice is made per call), the best
+        alone when the sizes are known, which saves the C compiler most of its work."""
         shapes = micro_kernel_shapes(isa, self.dtype)
+        if self.options.micro_kernel is not None:
+            return (shapes[min(self.options.micro_kernel, len(shapes)) - 1],)
         if not self.specialised or len(shapes) == 1:
             return shapes
         c, sizes = self.contraction, self.program.size_values

@@ -37,6 +37,17 @@ class MachineFingerprint:
         text = json.dumps(asdict(self), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    @property
+    def instruction_set(self) -> str:
+        """The instruction set polyc's contraction and convolution kernels use here (the
+        names of :data:`polyc.codegen.gemm.ISA_GUARDS`)."""
+        flags = set(self.isa)
+        if "avx512f" in flags:
+            return "avx512"
+        if {"avx2", "fma"} <= flags:
+            return "avx2"
+        return "neon" if self.machine in ("aarch64", "arm64") and "asimd" in flags else "portable"
+
     def describe(self) -> str:
         caches = "/".join(f"{size // 1024}K" for size in self.caches)
         return f"{self.cpu_model} ({self.machine}; {' '.join(self.isa) or 'no SIMD flags'}; " \

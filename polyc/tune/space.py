@@ -3,7 +3,8 @@
 The space depends on the path polyc compiles the def through (:func:`polyc.driver.compile_stages`):
 
 - a contraction compiled as a BLIS-style gemm kernel: the cache blocks ``(MC, NC, KC)``
-  (``tile_sizes`` of three entries, rounded by the kernel to its register block);
+  (``tile_sizes`` of three entries, rounded by the kernel to its register block) and the
+  register block (``micro_kernel``: polyc's choice per call, or one of the instruction set's);
 - a matrix-vector product: nothing but the thread count;
 - a direct convolution: the output channels per work item (the first entry of ``tile_sizes``);
 - anything else (the generic polyhedral path, segments included): the tile sizes of the
@@ -31,6 +32,7 @@ import numpy as np
 
 from polyc.lang.checked import CheckedDef
 from polyc.options import Options
+from polyc.tune.machine import MachineFingerprint, this_machine
 
 Config = dict[str, object]
 
@@ -61,6 +63,8 @@ class SearchSpace:
         if self.path == "gemm":
             if config["kc"] != 0:
                 changes["tile_sizes"] = [int(config["mc"]), int(config["nc"]), int(config["kc"])]
+            if config.get("micro_kernel", 0) != 0:
+                changes["micro_kernel"] = int(config["micro_kernel"])
         elif self.path == "convolution":
             if config["channels"] != 0:
                 changes["tile_sizes"] = [int(config["channels"])]
@@ -159,9 +163,9 @@ def thread_counts(cores: int) -> tuple[int, ...]:
 
 
 def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options,
-              cores: int | None = None) -> SearchSpace:
-    """The search space of ``definition`` compiled with ``options`` for ``sizes`` on a machine
-    with ``cores`` cores (None: this one)."""
+              machine: MachineFingerprint | None = None) -> SearchSpace:
+    """The search space of ``definition`` compiled with ``options`` for ``sizes`` on ``machine``
+    (None: this one), whose cores and instruction set give the thread counts and register blocks."""
     from polyc.driver import find_blas_contraction, find_convolution
     from polyc.schedule.tiling import cache_sizes as option_caches
 
@@ -170,10 +174,8 @@ def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options
     statement = max(definition.statements, key=lambda s: len(s.all_indices))
     extents = tuple(max(1, r.hi.evaluate(sizes) - r.lo.evaluate(sizes)) for _, r in statement.ranges)
     itemsize = max(np.dtype(t.dtype).itemsize for t in definition.tensors)
-    if cores is None:
-        from polyc.tune.machine import this_machine
-        cores = this_machine().cores
-    threads = thread_counts(cores) if options.threads is None and options.parallel else (0,)
+    machine = machine or this_machine()
+    threads = thread_counts(machine.cores) if options.threads is None and options.parallel else (0,)
     # Knob and default value of the thread count, where there is more than one count to try.
     thread_knob = (Knob("threads", threads),) if len(threads) > 1 else ()
     thread_default = {"threads": 0} if thread_knob else {}
@@ -189,7 +191,16 @@ def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options
         knobs = (Knob("mc", (24, 48, 72, 96, 120, 144, 192, 240, 288, 384)),
                  Knob("nc", (128, 256, 512, 1024, 2048, 3072, 4096)),
                  Knob("kc", (0, 64, 128, 192, 256, 320, 384, 512)))
-        return space("gemm", knobs, {"mc": 96, "nc": 1024, "kc": 0})
+        default = {"mc": 96, "nc": 1024, "kc": 0}
+        if options.micro_kernel is None:
+            # 0: polyc's choice for the sizes; n: the n-th of the instruction set's blocks.
+            from polyc.codegen.gemm import micro_kernel_shapes
+            blocks = len(micro_kernel_shapes(machine.instruction_set, np.dtype(
+                definition.tensor(contraction.target.tensor).dtype)))
+            if blocks > 1:
+                knobs += (Knob("micro_kernel", tuple(range(blocks + 1)), numeric=False),)
+                default["micro_kernel"] = 0
+        return space("gemm", knobs, default)
     if find_convolution(definition, options) is not None:
         return space("convolution", (Knob("channels", (0, 8, 16, 24, 32, 48, 64, 96, 128)),), {"channels": 0})
     depth = min(3, len(extents))

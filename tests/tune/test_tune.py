@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -241,11 +243,12 @@ def test_the_fusion_strategy_is_searched_only_where_it_changes_the_code():
 
 def test_the_thread_count_is_searched_unless_the_options_fix_it():
     from polyc.tune.space import space_for, thread_counts
+    EIGHT_CORES = replace(this_machine(), cores=8)
     assert thread_counts(1) == (0,) and thread_counts(2) == (0, 1) and thread_counts(12) == (0, 6, 3, 1)
     sizes = {"M": 64, "K": 48, "N": 80}
     for path, options in (("gemm", {}), ("generic", {"blas_contractions": False})):
         kernel = polyc.define(MATMUL, tuning=False, **options).matmul
-        space = space_for(kernel.definition, sizes, kernel.options, cores=8)
+        space = space_for(kernel.definition, sizes, kernel.options, machine=EIGHT_CORES)
         assert space.path == path and dict((k.name, k.choices) for k in space.knobs)["threads"] == (0, 4, 2, 1)
         assert space.default["threads"] == 0 and "threads" not in space.options(space.default)
         assert space.options({**space.default, "threads": 2})["threads"] == 2
@@ -255,18 +258,53 @@ def test_the_thread_count_is_searched_unless_the_options_fix_it():
         assert space.features({**space.default, "threads": 0}) != space.features({**space.default, "threads": 1})
         for fixed in ({"threads": 3}, {"parallel": False}):
             pinned = polyc.define(MATMUL, tuning=False, **options, **fixed).matmul
-            assert "threads" not in {k.name for k in space_for(pinned.definition, sizes, pinned.options, cores=8).knobs}
-    # Records of an older polyc, whose space had no thread count, left it at its default.
+            assert "threads" not in {k.name for k in space_for(pinned.definition, sizes, pinned.options, machine=EIGHT_CORES).knobs}
+    # Records of an older polyc, whose space had no thread count (nor register block), left
+    # them at their defaults.
     from polyc.tune.search import _config_in
     old = TuningRecord(None, {"tile_sizes": [48, 128, 64]}, "ok", 1e-3, config={"mc": 48, "nc": 128, "kc": 64})
-    gemm_space = space_for(polyc.define(MATMUL).matmul.definition, sizes, polyc.define(MATMUL).matmul.options, cores=8)
-    assert _config_in(gemm_space, old) == {"mc": 48, "nc": 128, "kc": 64, "threads": 0}
+    matmul = polyc.define(MATMUL).matmul
+    gemm_space = space_for(matmul.definition, sizes, matmul.options, machine=EIGHT_CORES)
+    assert _config_in(gemm_space, old) == {**gemm_space.default, "mc": 48, "nc": 128, "kc": 64}
+    assert gemm_space.default["threads"] == 0
     assert _config_in(gemm_space, TuningRecord(None, {"tile_sizes": [7, 7, 7]}, "ok", 1e-3, config={})) == {}
     # One core: nothing to choose (a matrix-vector product then has no knob at all).
     gemv = polyc.define("def mv(float(M, K) A, float(K) x) -> (y) { y(m) +=! A(m, r_k) * x(r_k) }").mv
-    space = space_for(gemv.definition, {"M": 64, "K": 48}, gemv.options, cores=1)
+    space = space_for(gemv.definition, {"M": 64, "K": 48}, gemv.options, machine=replace(this_machine(), cores=1))
     assert space.path == "gemv" and space.knobs == () and list(space.configs()) == [{}]
-    assert [k.name for k in space_for(gemv.definition, {"M": 64, "K": 48}, gemv.options, cores=2).knobs] == ["threads"]
+    assert [k.name for k in space_for(gemv.definition, {"M": 64, "K": 48}, gemv.options, machine=replace(this_machine(), cores=2)).knobs] == ["threads"]
+
+
+def test_the_register_block_is_searched_on_the_gemm_path():
+    from polyc.codegen.gemm import micro_kernel_shapes
+    from polyc.tune.space import space_for
+    kernel = polyc.define(MATMUL, tuning=False).matmul
+    sizes = {"M": 64, "K": 48, "N": 80}
+    for isa, flags in (("avx512", ("avx2", "avx512f", "fma")), ("avx2", ("avx2", "fma"))):
+        machine = replace(this_machine(), machine="x86_64", isa=flags)
+        assert machine.instruction_set == isa
+        space = space_for(kernel.definition, sizes, kernel.options, machine=machine)
+        blocks = len(micro_kernel_shapes(isa, np.dtype(np.float32)))
+        assert dict((k.name, k.choices) for k in space.knobs)["micro_kernel"] == tuple(range(blocks + 1))
+        assert space.default["micro_kernel"] == 0 and "micro_kernel" not in space.options(space.default)
+        assert space.options({**space.default, "micro_kernel": 2})["micro_kernel"] == 2
+    pinned = polyc.define(MATMUL, tuning=False, micro_kernel=1).matmul
+    assert "micro_kernel" not in {k.name for k in space_for(pinned.definition, sizes, pinned.options).knobs}
+    # Each block, named by the option, is the only one in the C of every instruction set, and
+    # computes the product (rows and columns that fill no whole block included).
+    A = np.random.default_rng(3).random((29, 37), dtype=np.float32)
+    B = np.random.default_rng(4).random((37, 71), dtype=np.float32)
+    for number in (1, 2, 3, 9):
+        forced = polyc.define(MATMUL, tuning=False, micro_kernel=number).matmul
+        source = forced.c_source({"M": 29, "K": 37, "N": 71})
+        for isa in ("avx512", "avx2"):
+            shapes = micro_kernel_shapes(isa, np.dtype(np.float32))
+            section = source.split(f'#define POLYC_GEMM_ISA "{isa}"')[1].split("#define POLYC_GEMM_ISA")[0]
+            assert set(re.findall(r"Register block (\d+x\d+)", section)) == {shapes[min(number, len(shapes)) - 1].name}
+        np.testing.assert_allclose(forced(A, B), A.astype(np.float64) @ B, rtol=1e-5)
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(polyc.PolycError, match="micro_kernel"):
+            polyc.define(MATMUL, micro_kernel=bad)
 
 
 def test_a_candidate_is_pruned_only_when_two_runs_are_slow(matmul_args, monkeypatch):
