@@ -528,11 +528,12 @@ def run_tune(args: argparse.Namespace) -> int:
 
 def _list_records(records, path) -> int:
     from polyc.tune.machine import this_machine
-    best: dict = {}
+    from polyc.tune.records import chosen_record
+    by_key: dict = {}
     for record in records:
-        if record.status == "ok" and (record.key not in best or record.seconds < best[record.key].seconds):
-            best[record.key] = record
-    print(f"{len(records)} record(s) in {path}; best of {len(best)} key(s):")
+        by_key.setdefault(record.key, []).append(record)
+    best = {key: chosen for key, held in by_key.items() if (chosen := chosen_record(held)) is not None}
+    print(f"{len(records)} record(s) in {path}; the chosen of {len(best)} key(s):")
     here = this_machine().id
     for key, record in best.items():
         name = record.tc.split("(", 1)[0].replace("def ", "").strip() or key.definition

@@ -34,6 +34,14 @@ def _measure_on_worker(job: dict, data: tuple, target_machine: str) -> dict:
     return measure_candidate(job, inputs, reference)
 
 
+def _confirm_on_worker(jobs: list, data: tuple, target_machine: str) -> list:
+    from polyc.tune.machine import this_machine as here
+    from polyc.tune.search import confirm_candidates
+    if here().id != target_machine:
+        raise PolycError(f"worker machine {here().describe()} is not the target")
+    return confirm_candidates(jobs, data[0])
+
+
 class DaskMeasurer:
     """Runs the measurer's jobs on the matching workers of a ``dask.distributed.Client``."""
 
@@ -55,3 +63,8 @@ class DaskMeasurer:
                                       allow_other_workers=False, pure=False)
                    for job, worker in zip(jobs, itertools.cycle(self.workers))]
         return self.client.gather(futures)
+
+    def confirm(self, jobs: list[dict]) -> list[dict]:
+        """:func:`polyc.tune.search.confirm_candidates` on one matching worker."""
+        return self.client.submit(_confirm_on_worker, jobs, self._data, self.target, workers=self.workers[:1],
+                                  allow_other_workers=False, pure=False).result()

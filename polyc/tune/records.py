@@ -15,7 +15,10 @@ given or ``$POLYC_TUNING_FILE`` names another.  A line looks like::
 ``options`` holds only the tuned options that differ from polyc's defaults.  ``status`` is
 ``ok`` (checked against the reference, then timed), ``wrong`` (a result that did not match: the
 candidate is never used), ``error`` (compilation or run failed), or ``pruned`` (stopped after
-two runs many times slower than the best).
+two runs many times slower than the best).  ``"confirmed": true`` marks the records of a
+search's confirmation: its best candidate and polyc's defaults timed against each other in
+alternating blocks (:func:`polyc.tune.search.confirm_candidates`); where a key has some, the
+latest confirmation decides (:func:`chosen_record`).
 
 A record is used automatically (:func:`best_options`) only when its whole key matches: the same
 def (its canonical text), sizes, dtypes, compiler target, machine fingerprint and polyc version.
@@ -115,6 +118,7 @@ class TuningRecord:
     session: str = ""
     trial: int = 0
     config: Mapping[str, object] | None = None   # the search space's knobs, for the cost model
+    confirmed: bool = False                      # timed in a confirmation (see the module docstring)
     time: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc)
                       .strftime("%Y-%m-%dT%H:%M:%SZ"))
 
@@ -123,7 +127,7 @@ class TuningRecord:
                 "options": dict(self.options), "status": self.status, "seconds": self.seconds,
                 "runs": list(self.runs), "message": self.message, "session": self.session,
                 "trial": self.trial, "config": None if self.config is None else dict(self.config),
-                "time": self.time}
+                "confirmed": self.confirmed, "time": self.time}
 
     @staticmethod
     def from_json(data: Mapping) -> "TuningRecord":
@@ -134,7 +138,8 @@ class TuningRecord:
                             None if seconds is None else float(seconds),
                             tuple(float(r) for r in data.get("runs") or ()), str(data.get("message", "")),
                             str(data.get("tc", "")), data.get("machine"), str(data.get("session", "")),
-                            int(data.get("trial", 0)), data.get("config"), str(data.get("time", "")))
+                            int(data.get("trial", 0)), data.get("config"), bool(data.get("confirmed", False)),
+                            str(data.get("time", "")))
 
 
 def _upgrade(data: dict, where: str) -> dict | None:
@@ -236,21 +241,41 @@ def best_options(key: TuningKey, path: str | os.PathLike | None = None) -> dict 
     signature = (stat.st_mtime_ns, stat.st_size)
     cached = _RECORD_INDEX.get(path)
     if cached is None or cached[0] != signature:
-        index: dict[TuningKey, TuningRecord] = {}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", PolycWarning)  # `polyc tune --list` shows them
             try:
                 records = read_records(path)
             except PolycError:
                 return None
+        by_key: dict[TuningKey, list[TuningRecord]] = {}
         for record in records:
-            if record.status == "ok" and record.seconds is not None:
-                held = index.get(record.key)
-                if held is None or record.seconds < held.seconds:
-                    index[record.key] = record
+            by_key.setdefault(record.key, []).append(record)
+        index = {key: chosen for key, held in by_key.items() if (chosen := chosen_record(held)) is not None}
         cached = _RECORD_INDEX[path] = (signature, index)
     record = cached[1].get(key)
     return dict(record.options) if record is not None else None
+
+
+#: A confirmed candidate replaces polyc's defaults only when it is this much faster than they
+#: were in the same confirmation: a smaller difference is within what the timings vary.
+CONFIRMED_MARGIN = 0.02
+
+
+def chosen_record(records: list[TuningRecord]) -> TuningRecord | None:
+    """The record whose options calls of this key use, among ``records`` (all of one key, in
+    file order): where there are confirmed ones, the fastest of the latest confirmation (its
+    session's), unless polyc's defaults were within CONFIRMED_MARGIN of it there; else the
+    fastest checked record."""
+    confirmed = [r for r in records if r.confirmed and r.status == "ok" and r.seconds is not None]
+    if confirmed:
+        latest = [r for r in confirmed if r.session == confirmed[-1].session]
+        fastest = min(latest, key=lambda r: r.seconds)
+        defaults = [r for r in latest if not r.options]
+        if defaults and fastest.seconds > defaults[0].seconds * (1 - CONFIRMED_MARGIN):
+            return defaults[0]
+        return fastest
+    checked = [r for r in records if r.status == "ok" and r.seconds is not None]
+    return min(checked, key=lambda r: r.seconds) if checked else None
 
 
 def merge_records(sources: Iterable[str | os.PathLike], into: str | os.PathLike | None = None) -> int:

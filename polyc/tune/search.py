@@ -37,13 +37,17 @@ import numpy as np
 from polyc.errors import PolycError
 from polyc.tune.cost_model import CostModel, pruning_limit
 from polyc.tune.machine import this_machine
-from polyc.tune.records import (TuningKey, TuningRecord, append_record, default_records_path, read_records)
+from polyc.tune.records import (TuningKey, TuningRecord, append_record, chosen_record, default_records_path,
+                                read_records)
 from polyc.tune.space import SearchSpace, space_for
 
 STRATEGIES = ("model", "random")
 #: Seconds of repeated runs per candidate (at least MIN_RUNS, at most MAX_RUNS runs).
 MEASURE_SECONDS = 0.2
 MIN_RUNS, MAX_RUNS = 3, 50
+#: Rounds of the confirmation that times the best candidate against the defaults at the end of
+#: a search, alternating blocks of runs of each (see :func:`confirm_candidates`).
+CONFIRM_ROUNDS = 5
 #: Spaces of at most this many configurations are ranked whole by the cost model each round.
 ENUMERATED_SPACE = 20000
 
@@ -181,6 +185,21 @@ def tune(kernel, *args, budget: float | int = 60.0, strategy: str = "model", rec
             if bar is not None and isinstance(budget, float):
                 bar.n = min(budget, round(budget - max(0.0, deadline - time.monotonic()), 1))
                 bar.refresh()
+        # The best against the defaults, timed in alternating blocks (the search's best time is
+        # the luckiest of many single timings); the records of this confirmation decide which
+        # options calls use (records.chosen_record).
+        if best is not None and best.options and default_record is not None and default_record.status == "ok":
+            confirmation = [{}, dict(best.options)]
+            for options, outcome in zip(confirmation, measure.confirm(confirmation)):
+                record = TuningRecord(key, options, outcome["status"], outcome.get("seconds"),
+                                      tuple(outcome.get("runs", ())), "confirmation", tc=measure.source,
+                                      machine=this_machine().to_json(), session=session,
+                                      config=measured[_identity(options)][0] or None, confirmed=True)
+                append_record(record, path)
+                measured[_identity(options)] = (measured[_identity(options)][0], record)
+            chosen = chosen_record([r for _, r in measured.values()])
+            best = chosen if chosen is not None else best
+            default_record = measured[_identity({})][1]
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -391,6 +410,12 @@ class _Measurer:
             return self._dask.measure([self.job(o, limit) for o in options_list])
         return [measure_candidate(self.job(o, limit), self.inputs, self.reference) for o in options_list]
 
+    def confirm(self, options_list: list[dict]) -> list[dict]:
+        jobs = [self.job(o, math.inf) for o in options_list]
+        if self.client is not None:
+            return self._dask.confirm(jobs)
+        return confirm_candidates(jobs, self.inputs)
+
 
 def measure_candidate(job: Mapping, inputs: tuple, reference: tuple) -> dict:
     """Compile ``job``'s def with its options, check it against ``reference``, time it.  Runs in
@@ -427,6 +452,33 @@ def measure_candidate(job: Mapping, inputs: tuple, reference: tuple) -> dict:
         runs += [_time_call(kernel, inputs) for _ in range(count - len(runs))]
     return {"status": "ok", "seconds": statistics.median(runs), "runs": runs, "compile_seconds": compile_seconds,
             "machine": this_machine().id}
+
+
+def confirm_candidates(jobs: list, inputs: tuple, rounds: int = CONFIRM_ROUNDS) -> list[dict]:
+    """Time already checked candidates against one another: ``rounds`` rounds, each a block of
+    runs of every candidate in turn (the order reversed every other round), so that a change of
+    the machine's load reaches all alike; each one's time is the median of its blocks' medians.
+    The search's best is the fastest of many candidates each timed once, and so, on a noisy
+    machine, often one whose timing was lucky: the confirmation decides (:mod:`.records`)."""
+    import polyc
+    kernels = []
+    for job in jobs:
+        options = {k: tuple(v) if isinstance(v, list) else v for k, v in job["options"].items()}
+        kernel = polyc.define(job["source"], **options)[job["name"]]
+        kernel(*inputs)  # compiled (from the cache) before any timing
+        kernels.append(kernel)
+    blocks: list[list[float]] = [[] for _ in jobs]
+    runs: list[list[float]] = [[] for _ in jobs]
+    with _measurement_lock():
+        quickest = min(_time_call(kernel, inputs) for kernel in kernels)
+        count = int(min(MAX_RUNS, max(MIN_RUNS, MEASURE_SECONDS / max(quickest, 1e-7))))
+        for round_number in range(rounds):
+            order = range(len(kernels)) if round_number % 2 == 0 else reversed(range(len(kernels)))
+            for position in order:
+                block = [_time_call(kernels[position], inputs) for _ in range(count)]
+                runs[position] += block
+                blocks[position].append(statistics.median(block))
+    return [{"status": "ok", "seconds": statistics.median(b), "runs": r} for b, r in zip(blocks, runs)]
 
 
 def _time_call(kernel, inputs) -> float:

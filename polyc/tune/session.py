@@ -80,8 +80,7 @@ def tune_session(session, feeds: dict, *, budget: float | int = 600.0, progress:
                          f"not {type(feeds).__name__}")
     session.run(None, feeds)  # plans and compiles for these shapes; bad feeds fail here
     started = time.monotonic()  # a time budget counts from here: timing the kernels is part of it
-    plan = session.plans()[-1]
-    calls = plan.kernel_inputs(session._check_feeds(feeds))
+    calls = session.kernel_inputs(feeds)
     if any(not group.kernel.options.tuning for group, _ in calls):
         raise PolycError("the session was made with tuning=False: its kernels would not use what tuning finds")
 
@@ -108,8 +107,11 @@ def tune_session(session, feeds: dict, *, budget: float | int = 600.0, progress:
             if entry.budget is None:
                 continue
             if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break  # the others keep polyc's defaults
                 left = sum(e.seconds for e, _, _ in entries[number:] if e.budget is not None)
-                entry.budget = max(1.0, (deadline - time.monotonic()) * entry.seconds / left)
+                entry.budget = remaining * entry.seconds / left
             if progress:
                 print(f"tuning {', '.join(entry.groups)} ({entry.seconds * 1e3:.3f} ms of a run; "
                       f"budget {_describe(entry.budget)})", flush=True)
@@ -135,8 +137,8 @@ def _share(entries: list, budget: float | int) -> None:
             break
         kept.pop()  # the cheapest (entries are sorted costliest first)
     for (entry, _, _), share in zip(kept, shares if kept else []):
-        if share >= least or len(kept) == 1:
-            entry.budget = max(least, int(share)) if isinstance(budget, int) else float(share)
+        if share >= least or len(kept) == 1:  # all of a budget too small to share goes to one
+            entry.budget = min(budget, max(least, int(share))) if isinstance(budget, int) else float(share)
 
 
 def _sizes_of(kernel, inputs: list) -> dict:

@@ -140,6 +140,14 @@ class InferenceSession:
         """The polyc kernels (``polyc.Kernel``) of the plan, for ``stages()``/``c_source()``."""
         return [g.kernel for g in self._plan(shapes).groups]
 
+    def kernel_inputs(self, input_feed: dict) -> list:
+        """Each kernel call of a run on ``input_feed`` (as :meth:`run` takes it), in order: its
+        group (``.kernel``, ``.name``) and the arrays it reads (copies of the intermediate
+        ones); what a tuner measures the kernels on (:mod:`polyc.tune.session`)."""
+        feeds = self._check_feeds(input_feed)
+        values = {name: feeds[name] for name in self._specialised}
+        return self.plan_for({k: v.shape for k, v in feeds.items()}, values).kernel_inputs(feeds)
+
     def plans(self) -> list[Plan]:
         """Every plan made so far (one per set of input shapes), the last run's last."""
         plans = [p for p in self._plans.values() if p is not self._last]
