@@ -528,11 +528,8 @@ def run_tune(args: argparse.Namespace) -> int:
 
 def _list_records(records, path) -> int:
     from polyc.tune.machine import this_machine
-    from polyc.tune.records import chosen_record
-    by_key: dict = {}
-    for record in records:
-        by_key.setdefault(record.key, []).append(record)
-    best = {key: chosen for key, held in by_key.items() if (chosen := chosen_record(held)) is not None}
+    from polyc.tune.records import chosen_records
+    best = chosen_records(records)
     print(f"{len(records)} record(s) in {path}; the chosen of {len(best)} key(s):")
     here = this_machine().id
     for key, record in best.items():

@@ -247,11 +247,7 @@ def best_options(key: TuningKey, path: str | os.PathLike | None = None) -> dict 
                 records = read_records(path)
             except PolycError:
                 return None
-        by_key: dict[TuningKey, list[TuningRecord]] = {}
-        for record in records:
-            by_key.setdefault(record.key, []).append(record)
-        index = {key: chosen for key, held in by_key.items() if (chosen := chosen_record(held)) is not None}
-        cached = _RECORD_INDEX[path] = (signature, index)
+        cached = _RECORD_INDEX[path] = (signature, chosen_records(records))
     record = cached[1].get(key)
     return dict(record.options) if record is not None else None
 
@@ -276,6 +272,14 @@ def chosen_record(records: list[TuningRecord]) -> TuningRecord | None:
         return fastest
     checked = [r for r in records if r.status == "ok" and r.seconds is not None]
     return min(checked, key=lambda r: r.seconds) if checked else None
+
+
+def chosen_records(records: Iterable[TuningRecord]) -> dict[TuningKey, TuningRecord]:
+    """Each key's chosen record (:func:`chosen_record`) among ``records``."""
+    by_key: dict[TuningKey, list[TuningRecord]] = {}
+    for record in records:
+        by_key.setdefault(record.key, []).append(record)
+    return {key: chosen for key, held in by_key.items() if (chosen := chosen_record(held)) is not None}
 
 
 def merge_records(sources: Iterable[str | os.PathLike], into: str | os.PathLike | None = None) -> int:

@@ -108,7 +108,6 @@ def tune(kernel, *args, budget: float | int = 60.0, strategy: str = "model", rec
     """
     from polyc.api import Kernel
     from polyc.lang.printer import format_def
-    from polyc.runtime.arguments import bind_arguments
 
     onnx_session = sys.modules.get("polyc.frontends.onnx.session")  # loaded if kernel can be one
     if onnx_session is not None and isinstance(kernel, onnx_session.InferenceSession):
@@ -127,13 +126,9 @@ def tune(kernel, *args, budget: float | int = 60.0, strategy: str = "model", rec
     if kernel.options.backend != "c":
         raise PolycError(f"tune() measures compiled kernels: backend {kernel.options.backend!r} has nothing to tune")
     definition = kernel.definition
-    call = bind_arguments(definition, args, None, kernel._written_before_read, {})
-    sizes = dict(call.sizes)
-    kernel.bounds_precondition.check(sizes, definition.source or None)
-    inputs = tuple(call.arrays[name] for name in definition.inputs)
+    inputs, sizes, key = bound_call(kernel, args)
     base_options = _tunable_base(kernel.options)
     space = space_for(definition, sizes, base_options)
-    key = TuningKey.for_call(definition, sizes, target_of(base_options))
     path = Path(records) if records is not None else default_records_path()
     measure = _Measurer(format_def(kernel.syntax), definition.name, base_options, inputs,
                         _reference(kernel, inputs, sizes, base_options), _tolerance_terms(definition, sizes), client)
@@ -209,6 +204,18 @@ def tune(kernel, *args, budget: float | int = 60.0, strategy: str = "model", rec
     return TuningResult(key, space, dict(best.options) if best else {}, best.seconds if best else None,
                         default_record.seconds if default_record and default_record.status == "ok" else None,
                         trials, len(measured), interrupted, path, history)
+
+
+def bound_call(kernel, args: tuple) -> tuple[tuple, dict[str, int], TuningKey]:
+    """The input arrays of a call of ``kernel`` on ``args``, its sizes (checked against the def's
+    bounds) and the key its tuning records have."""
+    from polyc.runtime.arguments import bind_arguments
+    definition = kernel.definition
+    call = bind_arguments(definition, tuple(args), None, kernel._written_before_read, {})
+    sizes = dict(call.sizes)
+    kernel.bounds_precondition.check(sizes, definition.source or None)
+    key = TuningKey.for_call(definition, sizes, target_of(_tunable_base(kernel.options)))
+    return tuple(call.arrays[name] for name in definition.inputs), sizes, key
 
 
 def _tunable_base(options):

@@ -21,7 +21,7 @@ import numpy as np
 
 from polyc.errors import PolycError
 from polyc.tune.records import TuningKey
-from polyc.tune.search import TuningResult, _tunable_base, target_of, tune
+from polyc.tune.search import TuningResult, _time_call, bound_call, tune
 
 #: The least budget worth a search of one kernel: seconds, or trials.
 MIN_SECONDS, MIN_TRIALS = 5.0, 4
@@ -87,9 +87,9 @@ def tune_session(session, feeds: dict, *, budget: float | int = 600.0, progress:
     distinct: dict[TuningKey, tuple[KernelTuning, object, list]] = {}
     for group, inputs in calls:
         kernel = group.kernel
-        sizes = kernel._checked_sizes(_sizes_of(kernel, inputs))
-        key = TuningKey.for_call(kernel.definition, sizes, target_of(_tunable_base(kernel.options)))
-        seconds = _time_call(kernel, inputs)
+        _, _, key = bound_call(kernel, inputs)
+        kernel(*inputs)  # compiled before it is timed
+        seconds = float(np.median([_time_call(kernel, inputs) for _ in range(5)]))
         if key in distinct:
             distinct[key][0].groups.append(group.name)
             distinct[key][0].seconds += seconds
@@ -129,32 +129,14 @@ def _share(entries: list, budget: float | int) -> None:
     """Gives each entry its share of ``budget`` by its time, leaving out (budget None) the
     cheapest entries while their share is below the minimum."""
     least = MIN_TRIALS if isinstance(budget, int) else MIN_SECONDS
-    kept = list(entries)
-    while kept:
-        total = sum(entry.seconds for entry, _, _ in kept) or 1.0
-        shares = [budget * entry.seconds / total for entry, _, _ in kept]
-        if shares[-1] >= least or len(kept) == 1:
-            break
-        kept.pop()  # the cheapest (entries are sorted costliest first)
-    for (entry, _, _), share in zip(kept, shares if kept else []):
-        if share >= least or len(kept) == 1:  # all of a budget too small to share goes to one
-            entry.budget = min(budget, max(least, int(share))) if isinstance(budget, int) else float(share)
+    kept = list(entries)  # costliest first: the last has the smallest share
 
-
-def _sizes_of(kernel, inputs: list) -> dict:
-    from polyc.runtime.arguments import bind_arguments
-    return dict(bind_arguments(kernel.definition, tuple(inputs), None, kernel._written_before_read, {}).sizes)
-
-
-def _time_call(kernel, inputs: list, runs: int = 5) -> float:
-    """The median time of a few calls (after one that may compile)."""
-    kernel(*inputs)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        kernel(*inputs)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    def share(entry: KernelTuning) -> float:
+        return budget * entry.seconds / (sum(e.seconds for e, _, _ in kept) or 1.0)
+    while len(kept) > 1 and share(kept[-1][0]) < least:
+        kept.pop()
+    for entry, _, _ in kept:  # all of a budget too small to share goes to the costliest
+        entry.budget = min(budget, max(least, int(share(entry)))) if isinstance(budget, int) else share(entry)
 
 
 def _describe(budget: float | int) -> str:

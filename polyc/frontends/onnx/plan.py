@@ -298,20 +298,26 @@ class Plan:
         return outputs
 
     def _run_in(self, arena: Arena, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        buffers: dict[str, np.ndarray] = {}
-        for value in self.inputs:
-            buffers[value.ident] = np.ascontiguousarray(feeds[value.onnx_name]).reshape(value.tc_shape)
+        buffers = self._feed_buffers(feeds)
         if arena.resolved is not None and arena.resolved.takes(buffers):
             return arena.resolved.run(buffers)
-        calls = []
+        calls = list(self._checked_steps(arena, buffers))
+        if arena.resolved is None:
+            arena.resolved = _ResolvedRun(self, arena, calls)
+        return buffers
+
+    def _feed_buffers(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The feeds (ONNX input name -> array) by ident, C-contiguous, in their TC shapes."""
+        return {v.ident: np.ascontiguousarray(feeds[v.onnx_name]).reshape(v.tc_shape) for v in self.inputs}
+
+    def _checked_steps(self, arena: Arena, buffers: dict):
+        """Runs the plan's steps on ``arena`` through the checked path, yielding each kernel
+        call (:meth:`_checked_call`) as it returns."""
         for item in self.order:
             if isinstance(item, ViewStep):
                 buffers[item.target.ident] = item.of(_array(item.source, buffers))
                 continue
-            calls.append(self._checked_call(item, arena, buffers))
-        if arena.resolved is None:
-            arena.resolved = _ResolvedRun(self, arena, calls)
-        return buffers
+            yield self._checked_call(item, arena, buffers)
 
     @staticmethod
     def _checked_call(item: Group, arena: Arena, buffers: dict) -> tuple:
@@ -334,17 +340,10 @@ class Plan:
         """Each kernel call of a run on ``feeds`` (ONNX input name -> array), in order, with the
         arrays it reads: what a tuner measures the kernels on.  The run has an arena of its
         own, whose memory later kernels reuse, so the arrays read from it are copies."""
-        arena = Arena(self.memory, self._arena_values)
-        buffers = {v.ident: np.ascontiguousarray(feeds[v.onnx_name]).reshape(v.tc_shape) for v in self.inputs}
-        calls = []
-        for item in self.order:
-            if isinstance(item, ViewStep):
-                buffers[item.target.ident] = item.of(_array(item.source, buffers))
-                continue
-            _, inputs, _ = self._checked_call(item, arena, buffers)
-            calls.append((item, [array if value.const is not None else np.array(array, copy=True)
-                                 for value, array in zip(item.inputs, inputs)]))
-        return calls
+        steps = self._checked_steps(Arena(self.memory, self._arena_values), self._feed_buffers(feeds))
+        return [(item, [array if value.const is not None else np.array(array, copy=True)
+                        for value, array in zip(item.inputs, inputs)])
+                for item, inputs, _ in steps]  # copied as each call returns, before later ones
 
     def forget_resolved_calls(self) -> None:
         """Make the next runs call every kernel through its checked path again, which compiles
