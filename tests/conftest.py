@@ -4,6 +4,8 @@ that records the user made with ``polyc.tune`` never change what the tests compi
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import tempfile
 
 import pytest
@@ -21,3 +23,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def update_goldens(request: pytest.FixtureRequest) -> bool:
     """True when pytest ran with ``--update-goldens``: golden tests then write, not compare."""
     return request.config.getoption("--update-goldens")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """When a pytest-xdist worker dies, say how: a segfault prints its own traceback, but a worker
+    killed from outside (the kernel's out-of-memory killer sends SIGKILL) leaves only xdist's
+    "node down: Not properly terminated".  setup.cfg's --max-worker-restart=0 then ends the run
+    instead of letting xdist's loadfile scheduler wait for ever (pytest-xdist issue 1323)."""
+    if error is None:
+        return
+    popen = getattr(getattr(node.gateway, "_io", None), "popen", None)
+    try:
+        status = popen.wait(timeout=10) if popen is not None else None
+    except Exception:  # still running or not a local process: nothing more to say
+        status = None
+    how = f"killed by {signal.Signals(-status).name}" if status is not None and status < 0 else f"exit status {status}"
+    try:
+        with open("/proc/meminfo") as meminfo:
+            available = next(line.split()[1] for line in meminfo if line.startswith("MemAvailable"))
+        memory = f"; {int(available) // 1024} MiB of memory available now"
+    except (OSError, StopIteration):
+        memory = ""
+    sys.stderr.write(f"\n[{node.gateway.id}] worker {how}{memory}\n")
