@@ -122,7 +122,8 @@ def test_records_from_another_machine_are_a_starting_point_only(records, tmp_pat
     assert merge_records([foreign], records) == 1 and merge_records([foreign], records) == 0
     assert kernel.c_source(sizes) == polyc.define(MATMUL, tuning=False).matmul.c_source(sizes)
     result = polyc.tune(kernel, *matmul_args, budget=2, start_from=foreign, progress=False)
-    measured_here = [r for r in read_records(records) if r.key.machine == this_machine().id]
+    # (The search's trials; a confirmation follows where the foreign options were the faster.)
+    measured_here = [r for r in read_records(records) if r.key.machine == this_machine().id and not r.confirmed]
     assert [r.options for r in measured_here] == [{}, {"tile_sizes": [48, 256, 128]}]
     assert result.measured == 2
 
