@@ -268,6 +268,20 @@ class Module:
         return f"<polyc module: {', '.join(self._kernels)}>"
 
 
+def _check_loop_order(definitions: list[CheckedDef], loop_order: tuple[str, ...] | None) -> None:
+    """Every name in ``loop_order`` must be an index of a def of the module (a def that has none
+    of them keeps the scheduler's order, as loops the order does not name do)."""
+    if loop_order is None:
+        return
+    known = {index for definition in definitions for statement in definition.statements
+             for index in statement.all_indices}
+    unknown = [name for name in loop_order if name not in known]
+    if unknown:
+        defs = ", ".join(definition.name for definition in definitions)
+        raise PolycError(f"loop_order names {', '.join(map(repr, unknown))}: no index of {defs} "
+                         f"(the indices: {', '.join(sorted(known))})")
+
+
 def define(source: str, filename: str = "<tc>", **options) -> Module:
     """Parse and check TC ``source``; return a module with one kernel per def.
 
@@ -279,5 +293,7 @@ def define(source: str, filename: str = "<tc>", **options) -> Module:
         raise PolycError(f"define() takes TC source text, not {type(source).__name__}")
     checked_options = Options.from_kwargs(**options)
     tree = parse(source, filename)
-    kernels = {d.name: Kernel(d, check_def(d, source, filename), checked_options) for d in tree.defs}
+    definitions = [check_def(d, source, filename) for d in tree.defs]
+    _check_loop_order(definitions, checked_options.loop_order)
+    kernels = {d.name: Kernel(d, definition, checked_options) for d, definition in zip(tree.defs, definitions)}
     return Module(kernels, tree)

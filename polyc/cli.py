@@ -252,6 +252,9 @@ def _add_option_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--micro-kernel", type=_positive_int, metavar="N",
                        help="a contraction kernel's register block: the instruction set's N-th, widest first "
                             "(default: chosen for the sizes)")
+    group.add_argument("--loop-order", type=_parse_names, metavar="I,J,...",
+                       help="index names, outermost first: the order of each nest's outermost loops "
+                            "(default: the scheduler's)")
     group.add_argument("--no-specialize", dest="specialize", action="store_const", const=False,
                        help="compile once for all sizes instead of for each call's sizes")
     group.add_argument("--cc", metavar="CC", help="C compiler (default: $POLYC_CC, $CC, then cc)")
@@ -271,7 +274,7 @@ def _add_option_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 _OPTION_NAMES = ("backend", "fusion", "tile_sizes", "parallel", "vectorize", "unroll", "threads", "micro_kernel",
-                 "specialize", "cc", "cflags", "block", "grid", "device", "use_shared_memory", "use_private_memory",
+                 "loop_order", "specialize", "cc", "cflags", "block", "grid", "device", "use_shared_memory", "use_private_memory",
                  "double_buffer")
 
 
@@ -292,6 +295,13 @@ def _positive_int(text: str) -> int:
 
 def _parse_tile_sizes(text: str) -> tuple[int, ...]:
     return tuple(_positive_int(part.strip()) for part in text.split(","))
+
+
+def _parse_names(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(","))
+    if not all(name.isidentifier() for name in names):
+        raise argparse.ArgumentTypeError(f"expected index names separated by commas, not {text!r}")
+    return names
 
 
 def _parse_shape(text: str) -> dict[str, int]:

@@ -58,6 +58,11 @@ class Options:
       sizes by how many of its lanes and rows are real columns and rows), or n >= 1, the
       instruction set's n-th block, widest first, or its last where it has fewer (AVX-512,
       float: 6 x 64, 8 x 32, 8 x 16; AVX2: 6 x 16, 8 x 8; :func:`polyc.codegen.gemm.micro_kernel_shapes`).
+    - ``loop_order``: None (the scheduler's order), or TC index names, outermost first: on the
+      generic polyhedral path of the C back end, the loops of each nest's outermost band run in
+      this order (its tile loops, when tiled; ``tile_sizes`` then follow this order).  Loops it
+      does not name follow, in the scheduler's order.  A parallel loop still goes outermost, and
+      the loop whose accesses are most often stride-1 innermost among the point loops.
     - ``direct_convolutions``: compile a def that is one convolution (any strides, dilations,
       groups, depthwise, 1-D to 3-D, plus elementwise epilogues) to the direct convolution
       kernel (:mod:`polyc.codegen.conv`) instead of the generic polyhedral path; there the first
@@ -85,6 +90,7 @@ class Options:
     cache_sizes: tuple[int, int, int] | None = None
     threads: int | None = None
     micro_kernel: int | None = None
+    loop_order: tuple[str, ...] | None = None
     tuning: bool = True
     block: tuple[int, ...] | None = None
     grid: tuple[int, ...] | None = None
@@ -106,6 +112,8 @@ class Options:
         for name in ("block", "grid"):
             if isinstance(kwargs.get(name), (list, int)) and not isinstance(kwargs.get(name), bool):
                 kwargs[name] = tuple(kwargs[name]) if isinstance(kwargs[name], list) else (kwargs[name],)
+        if isinstance(kwargs.get("loop_order"), list):
+            kwargs["loop_order"] = tuple(kwargs["loop_order"])
         if "cache_sizes" in kwargs and isinstance(kwargs["cache_sizes"], list):
             kwargs["cache_sizes"] = tuple(kwargs["cache_sizes"])
         if "cflags" in kwargs and kwargs["cflags"] is not None:
@@ -133,6 +141,12 @@ class Options:
                                               or not isinstance(self.micro_kernel, int) or self.micro_kernel < 1):
             raise PolycError(f"micro_kernel must be None or an integer >= 1 (the instruction set's n-th "
                              f"register block, widest first), not {self.micro_kernel!r}")
+        if self.loop_order is not None and not (
+                isinstance(self.loop_order, tuple) and self.loop_order
+                and all(isinstance(name, str) and name.isidentifier() for name in self.loop_order)
+                and len(set(self.loop_order)) == len(self.loop_order)):
+            raise PolycError(f"loop_order must be None or distinct index names, outermost first, "
+                             f"not {self.loop_order!r}")
         if self.block is not None:
             if not (isinstance(self.block, tuple) and 1 <= len(self.block) <= 3 and all(
                     isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in self.block)):

@@ -200,10 +200,11 @@ def test_compile_passes_options_to_define(capsys, monkeypatch):
     monkeypatch.setattr(polyc, "define", spy)
     status, _, err = run_cli(capsys, "compile", MATMUL, "--fusion", "max", "--tile-sizes", "32,32,8",
                              "--no-parallel", "--no-vectorize", "--unroll", "4", "--no-specialize",
-                             "--cc", "gcc", "--cflags", "-O2 -g")
+                             "--cc", "gcc", "--cflags", "-O2 -g", "--loop-order", "r_k, m")
     assert status == 0, err
     assert seen == {"backend": "interpreter", "fusion": "max", "tile_sizes": (32, 32, 8), "parallel": False,
-                    "vectorize": False, "unroll": 4, "specialize": False, "cc": "gcc", "cflags": "-O2 -g"}
+                    "vectorize": False, "unroll": 4, "specialize": False, "cc": "gcc", "cflags": "-O2 -g",
+                    "loop_order": ("r_k", "m")}
 
 
 # ----------------------------------------------------------------------------- errors

@@ -121,3 +121,31 @@ def test_tiles_are_cut_from_where_the_loop_starts():
     assert "c0 <= INT64_C(127); c0 += INT64_C(64)" in code, code
     a = np.random.default_rng(3).standard_normal((130, 256)).astype(np.float32)
     np.testing.assert_array_equal(kernel(a)[1:], a[:128] + a[2:])  # (row 0 is not written)
+
+
+def test_loop_order_sets_the_order_of_the_outer_loops():
+    sizes = dict(M=96, N=80, K=72)
+    a = np.random.default_rng(5).random((96, 72), dtype=np.float32)
+    b = np.random.default_rng(6).random((72, 80), dtype=np.float32)
+    for order, expected in ((None, ["m", "n", "r_k"]), (("r_k", "n", "m"), ["r_k", "n", "m"]),
+                            (("n",), ["n", "m", "r_k"])):   # loops it does not name follow
+        kernel = polyc.define(MATMUL, tuning=False, cache_sizes=CACHES, blas_contractions=False,
+                              tile_sizes=(32, 16, 8), loop_order=order).mm
+        explanation = kernel.explain(sizes)
+        assert [loop.index for loop in explanation.loops] == expected
+        # Tile sizes follow the order: 32 is the tile of the outermost loop.
+        assert [loop.tile_size for loop in explanation.loops] == [32, 16, 8]
+        # The parallel loop still goes outermost (r_k carries the sum): the tile loops in the C.
+        extents = {"m": 95, "n": 79, "r_k": 71}
+        outer = [index for index in expected if index != "r_k"][:1] + [i for i in expected if i == "r_k"]
+        code = kernel.c_source(sizes)
+        assert f"c0 <= INT64_C({extents[outer[0]]})" in code, code
+        np.testing.assert_allclose(kernel(a, b), a.astype(np.float64) @ b, rtol=1e-5)
+
+
+def test_a_loop_order_naming_no_index_is_an_error():
+    with pytest.raises(polyc.PolycError, match=r"loop_order names 'q': no index of mm \(the indices: m, n, r_k\)"):
+        polyc.define(MATMUL, loop_order=("m", "q"))
+    for bad in (("m", "m"), "mn", (), (1, 2)):
+        with pytest.raises(polyc.PolycError, match="loop_order must be None or distinct index names"):
+            polyc.define(MATMUL, loop_order=bad)

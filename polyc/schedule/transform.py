@@ -4,6 +4,7 @@
 (:mod:`polyc.schedule.outer_fusion`, unless fusion is ``min``), then walks the tree once, band
 by band:
 
+0. the outermost band of each nest takes the loop order the options name (``loop_order``);
 1. a permutable band of two or more members is tiled (rectangular tiles; sizes from the options
    or from the cache model in :mod:`polyc.schedule.tiling`);
 2. the outermost band on each path gets a ``parallel`` mark when one of its members carries no
@@ -126,6 +127,8 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
     depth = node.get_tree_depth()
     leaf_band = not _has_band_below(node)
     n_members = node.band_n_member()
+    if options.loop_order and node.get_schedule_depth() == 0 and n_members > 1 and node.band_get_permutable():
+        node = _in_loop_order(node, context.program, options.loop_order)
     decision = BandDecision(tuple(sorted(s.get_tuple_name() for s in sets(node.get_domain()))),
                             node.get_schedule_depth(), n_members, bool(node.band_get_permutable()),
                             tuple(bool(node.band_member_get_coincident(i)) for i in range(n_members)))
@@ -553,6 +556,19 @@ def _permute(node: isl.ScheduleNode, order: list[int]) -> isl.ScheduleNode:
     for position, source in enumerate(order):
         node = node.band_member_set_coincident(position, coincident[source])
     return node
+
+
+def _in_loop_order(node: isl.ScheduleNode, program: PolyProgram, loop_order: tuple[str, ...]) -> isl.ScheduleNode:
+    """The permutable band with its members in the order ``loop_order`` gives their indices
+    (a member schedules an index of each of its statements); members whose indices it does not
+    name follow, in their order."""
+    rank = {name: position for position, name in enumerate(loop_order)}
+
+    def member_rank(member: int) -> int:
+        named = [rank[index] for index in member_indices(node, member, program).values() if index in rank]
+        return min(named, default=len(loop_order))
+    order = sorted(range(node.band_n_member()), key=lambda member: (member_rank(member), member))
+    return _permute(node, order) if order != list(range(len(order))) else node
 
 
 def _val_list(node: isl.ScheduleNode, sizes: list[int]) -> isl.ValList:

@@ -8,8 +8,9 @@ The space depends on the path polyc compiles the def through (:func:`polyc.drive
 - a matrix-vector product: nothing but the thread count;
 - a direct convolution: the output channels per work item (the first entry of ``tile_sizes``);
 - anything else (the generic polyhedral path, segments included): the tile sizes of the
-  outermost band (or no tiling), the fusion strategy (where there is more than one statement to
-  schedule), the unroll factor and vectorisation.
+  outermost band (or no tiling), the order of its loops (``loop_order``: the scheduler's, or a
+  permutation of the largest statement's first three indices), the fusion strategy (where there
+  is more than one statement to schedule), the unroll factor and vectorisation.
 
 Every path also searches the thread count (the ``threads`` option): all the cores, or half,
 a quarter, ... down to one.  A kernel of a few microseconds can lose more to waking a second
@@ -74,6 +75,8 @@ class SearchSpace:
                 changes["tile_sizes"] = []
             elif tiles and tiles[0] != 0:
                 changes["tile_sizes"] = tiles
+            if config.get("loop_order"):
+                changes["loop_order"] = str(config["loop_order"]).split(",")
             for name in ("fusion", "unroll", "vectorize"):
                 if name in config and config[name] != getattr(Options(), name):
                     changes[name] = config[name]
@@ -206,6 +209,10 @@ def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options
     depth = min(3, len(extents))
     knobs = [Knob("t0", (-1, 0, *_GENERIC_TILES))] if depth else []
     knobs += [Knob(f"t{i}", _GENERIC_TILES) for i in range(1, depth)]
+    if depth >= 2:
+        # "": the scheduler's order; "k,i,j": those indices outermost first (the rest follow).
+        orders = itertools.permutations(statement.all_indices[:depth])
+        knobs.append(Knob("loop_order", ("", *(",".join(order) for order in orders)), numeric=False))
     # The fusion strategy only groups the scheduled statements: with one (an assignment, or a
     # reduction into the target's existing values) every strategy compiles to the same code,
     # and a search would measure each candidate three times over.
@@ -216,4 +223,6 @@ def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options
     default: Config = {"unroll": 1, "vectorize": True, **({"fusion": "smart"} if scheduled > 1 else {})}
     if depth:
         default.update({"t0": 0, **{f"t{i}": 64 for i in range(1, depth)}})
+    if depth >= 2:
+        default["loop_order"] = ""
     return space("generic", tuple(knobs), default)

@@ -5,6 +5,7 @@ does with its measurements, not how fast anything is (benchmarks/ measure that).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -231,6 +232,28 @@ def test_the_model_sees_the_whole_space_and_only_knobs_that_matter():
     assert space.features({**base, "t0": 64, "t1": 16}) != space.features({**base, "t0": 64, "t1": 256})
     # ... but no tiling and polyc's own tiles are different modes: the model must tell them apart.
     assert space.features({**base, "t0": -1}) != space.features({**base, "t0": 0})
+
+
+def test_the_loop_order_is_searched_on_the_generic_path(records):
+    from polyc.tune.space import space_for
+    kernel = polyc.define(MATMUL, blas_contractions=False).matmul
+    sizes = {"M": 64, "K": 48, "N": 80}
+    space = space_for(kernel.definition, sizes, kernel.options)
+    orders = dict((k.name, k.choices) for k in space.knobs)["loop_order"]
+    assert orders[0] == "" and space.default["loop_order"] == "" and "loop_order" not in space.options(space.default)
+    assert sorted(orders[1:]) == sorted(",".join(p) for p in itertools.permutations(("m", "n", "r_k")))
+    assert space.options({**space.default, "loop_order": "r_k,n,m"})["loop_order"] == ["r_k", "n", "m"]
+    assert space.features({**space.default, "loop_order": "r_k,n,m"}) != space.features(space.default)
+    # A record's options (JSON: a list) compile, and the kernel computes the product.
+    A = np.random.default_rng(7).random((64, 48), dtype=np.float32)
+    B = np.random.default_rng(8).random((48, 80), dtype=np.float32)
+    ordered = polyc.define(MATMUL, blas_contractions=False, tuning=False,
+                           **space.options({**space.default, "loop_order": "n,r_k,m"})).matmul
+    assert [loop.index for loop in ordered.explain(sizes).loops] == ["n", "r_k", "m"]
+    np.testing.assert_allclose(ordered(A, B), A.astype(np.float64) @ B, rtol=1e-5)
+    rowsum = polyc.define(ROWSUM).rowsum
+    knobs = space_for(rowsum.definition, {"M": 40, "N": 70}, rowsum.options).knobs
+    assert dict((k.name, k.choices) for k in knobs)["loop_order"] == ("", "m,r_n", "r_n,m")
 
 
 def test_the_fusion_strategy_is_searched_only_where_it_changes_the_code():
