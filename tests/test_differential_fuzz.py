@@ -898,6 +898,11 @@ def fuzz_settings(examples: int):
 
 def run_problem(data, problem: Problem, tally: dict[str, int], test_name: str) -> None:
     options = data.draw(option_sets(), label="options")
+    # Some of the def's indices, in a random order, as the loop_order option (none: the scheduler's).
+    order = data.draw(st.permutations([name for name, _ in problem.index_sizes]), label="loop order")
+    named = data.draw(st.integers(0, len(order)), label="loop order length")
+    if named:
+        options["loop_order"] = tuple(order[:named])
     sizes_list = data.draw(size_sets(problem), label="sizes")
     if options["specialize"]:  # a compilation per size set
         sizes_list = sizes_list[:SPECIALIZED_SIZE_SETS]

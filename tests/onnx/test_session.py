@@ -168,6 +168,8 @@ def test_malformed_and_truncated_models_are_polyc_errors(model, tmp_path):
         ponnx.InferenceSession(small_cnn(opset=6))
     with pytest.raises(polyc.PolycError, match="unknown option"):
         ponnx.InferenceSession(model, tile_size=4)
+    with pytest.raises(polyc.PolycError, match="loop_order is not an option of a session"):
+        ponnx.InferenceSession(model, loop_order=("i", "j"))
 
 
 def test_shape_subgraphs_are_evaluated_when_compiling():

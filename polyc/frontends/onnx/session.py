@@ -43,6 +43,10 @@ class InferenceSession:
                  graph_fusion: bool = True, channels_last: bool | None = None, **options):
         from polyc.options import Options
         Options.from_kwargs(**options)  # a bad option fails now, not at the first run
+        if options.get("loop_order") is not None:
+            raise PolycError("loop_order is not an option of a session: it names the indices of one TC def, "
+                             "and a session's defs have indices the ONNX lowering names (polyc.tune(session, "
+                             "feeds) searches each kernel's loop order)")
         self._model, self._where = load_model(model)
         graph = self._model.graph
         self._opset = default_opset(self._model)
