@@ -274,8 +274,8 @@ def _add_option_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 _OPTION_NAMES = ("backend", "fusion", "tile_sizes", "parallel", "vectorize", "unroll", "threads", "micro_kernel",
-                 "loop_order", "specialize", "cc", "cflags", "block", "grid", "device", "use_shared_memory", "use_private_memory",
-                 "double_buffer")
+                 "loop_order", "specialize", "cc", "cflags", "block", "grid", "device", "use_shared_memory",
+                 "use_private_memory", "double_buffer")
 
 
 def _define_options(args: argparse.Namespace) -> dict:

@@ -209,7 +209,8 @@ def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options
     depth = min(3, len(extents))
     knobs = [Knob("t0", (-1, 0, *_GENERIC_TILES))] if depth else []
     knobs += [Knob(f"t{i}", _GENERIC_TILES) for i in range(1, depth)]
-    if depth >= 2:
+    ordered = depth >= 2 and options.loop_order is None    # not where the def's options fix it
+    if ordered:
         # "": the scheduler's order; "k,i,j": those indices outermost first (the rest follow).
         orders = itertools.permutations(statement.all_indices[:depth])
         knobs.append(Knob("loop_order", ("", *(",".join(order) for order in orders)), numeric=False))
@@ -223,6 +224,6 @@ def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options
     default: Config = {"unroll": 1, "vectorize": True, **({"fusion": "smart"} if scheduled > 1 else {})}
     if depth:
         default.update({"t0": 0, **{f"t{i}": 64 for i in range(1, depth)}})
-    if depth >= 2:
+    if ordered:
         default["loop_order"] = ""
     return space("generic", tuple(knobs), default)

@@ -254,6 +254,8 @@ def test_the_loop_order_is_searched_on_the_generic_path(records):
     rowsum = polyc.define(ROWSUM).rowsum
     knobs = space_for(rowsum.definition, {"M": 40, "N": 70}, rowsum.options).knobs
     assert dict((k.name, k.choices) for k in knobs)["loop_order"] == ("", "m,r_n", "r_n,m")
+    pinned = polyc.define(ROWSUM, loop_order=("r_n",)).rowsum
+    assert "loop_order" not in {k.name for k in space_for(pinned.definition, {"M": 40, "N": 70}, pinned.options).knobs}
 
 
 def test_the_fusion_strategy_is_searched_only_where_it_changes_the_code():
