@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 
@@ -36,7 +37,7 @@ def pytest_testnodedown(node, error) -> None:
     popen = getattr(getattr(node.gateway, "_io", None), "popen", None)
     try:
         status = popen.wait(timeout=10) if popen is not None else None
-    except Exception:  # still running or not a local process: nothing more to say
+    except subprocess.TimeoutExpired:  # still running: nothing more to say
         status = None
     how = f"killed by {signal.Signals(-status).name}" if status is not None and status < 0 else f"exit status {status}"
     try:
