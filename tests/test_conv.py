@@ -946,6 +946,35 @@ def test_channel_mode_epilogue_in_registers(cflags):
     assert "polyc_epilogue_vector" not in polyc.define(with_index, cflags=cflags).conv.c_source()
 
 
+@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
+def test_channel_mode_streams_outputs_larger_than_the_last_level_cache(cflags):
+    """An output larger than the last-level cache (here one of 64 KiB, by ``cache_sizes``) is
+    written with streaming stores where a tile is stored once: whole aligned vectors, the
+    tail channels under their mask.  The results equal those of the cached stores bit for
+    bit, on an aligned output and on one that is not (every store then takes the cached path),
+    and a reduction of several chunks or an accumulation keeps the cached stores."""
+    rng = np.random.default_rng(16)
+    small_l3 = (32 << 10, 1 << 20, 64 << 10)
+    for n, h, w, c, f in [(2, 16, 16, 16, 40), (1, 14, 13, 24, 96), (2, 16, 16, 1100, 40)]:
+        source = NHWC_BIAS_RELU
+        streaming = polyc.define(source, cflags=cflags, cache_sizes=small_l3).conv
+        cached = polyc.define(source, cflags=cflags).conv
+        assert "_stream_p" in streaming.c_source()
+        integers = lambda low, high, shape: rng.integers(low, high, shape).astype(np.float32)  # noqa: E731
+        inputs = (integers(-3, 4, (n, h, w, c)), integers(-2, 3, (1, 1, c, f)), integers(-20, 21, (f,)))
+        assert n * h * w * f * 4 > small_l3[2]
+        want = cached(*inputs)
+        np.testing.assert_array_equal(streaming(*inputs), want)
+        for offset in (0, 1):  # an output of polyc's own alignment, and one a float off it
+            buffer = np.empty(want.size + 16 + offset, np.float32)
+            start = (-buffer.ctypes.data // 4) % 16 + offset
+            out = buffer[start:start + want.size].reshape(want.shape)
+            streaming(*inputs, outputs=[out])
+            np.testing.assert_array_equal(out, want)
+        reference = np.maximum(np.einsum("nhwc,cf->nhwf", inputs[0], inputs[1][0, 0]) + inputs[2], 0)
+        assert_close(want, reference, c + 1, np.float32, inputs)
+
+
 def nhwc_select_epilogue(n, h, w, c, f):
     """ONNX's Relu as polyc writes it (a select), then selects on every comparison, against a
     residual R holding NaNs: C's comparisons are false on NaN, but ``!=``."""

@@ -90,6 +90,7 @@ from polyc.codegen.register_epilogue import RegisterEpilogue
 from polyc.ir.model import PolyProgram
 from polyc.lang import checked as ir
 from polyc.options import Options
+from polyc.schedule import tiling
 from polyc.schedule.convolution import Convolution
 
 #: The return value when tables or buffers cannot be allocated (as the gemm kernel's).
@@ -261,7 +262,7 @@ class _ConvWriter(PatternKernelWriter):
                   "const unsigned char *unit",
                   "const uint32_t *vmask",
                   "const unsigned char *vstep",
-                  "int direct, packed_out, dense_out",
+                  "int direct, packed_out, dense_out, stream_out",
                   "int64_t take_size, takes, nwork, rchunk, fchunk_size, fchunks, image_elements",
                   f"int64_t key[{self.key_length()}]"]
         rank = self.definition.tensor(self.conv.image).rank
@@ -420,7 +421,8 @@ class _ConvWriter(PatternKernelWriter):
                 .replace("WEIGHT_SLICE", str(conv_channels.WEIGHT_SLICE_BYTES))
                 .replace("FLOPS_PER_BYTE", f"{conv_channels.FLOPS_PER_BYTE!r}")
                 .replace("OUTPUT_PREFETCH_STEPS", str(conv_channels.OUTPUT_PREFETCH_STEPS))
-                .replace("CHUNK_BLOCKS", str(take)))
+                .replace("CHUNK_BLOCKS", str(take))
+                .replace("STREAM_BYTES", str(tiling.cache_sizes(self.options).get(3, 32 << 20))))
 
     # ------------------------------------------------------------------ the entry point
     def image_term(self, index: str) -> str | None:
@@ -1116,6 +1118,10 @@ static void polyc_conv_pad_rows(const polyc_conv_t *restrict g, T *restrict pad,
     }
 }
 
+#if !defined(POLYC_STREAM_FENCE)
+#define POLYC_STREAM_FENCE() ((void)0)
+#endif
+
 /* Pads the image (when there is padding), packs the weights, then does every work item; 0,
    or STATUS when memory is short. */
 static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int init)
@@ -1155,6 +1161,7 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int ini
             polyc_conv_pack(g, w, w_g, w_f, w_r, x);
         for (int64_t x = 0; x < total; x++)
             polyc_conv_work(g, x, panels, init);
+        POLYC_STREAM_FENCE();
     }
 #if defined(_OPENMP)
     else {
@@ -1182,6 +1189,7 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int ini
             #pragma omp for schedule(dynamic, run) nowait
             for (int64_t x = 0; x < total; x++)
                 polyc_conv_work(g, x, panel, init);
+            POLYC_STREAM_FENCE();  /* this thread's streaming stores reach memory before the call returns */
             polyc_thread_stop(&clock, &slow);
         }
         polyc_threads_after(nthr, most, slow);
