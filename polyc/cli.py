@@ -5,7 +5,7 @@
     polyc compile FILE.tc [--entry NAME] --target host|avx512|avx2|generic|neon [--shape ...] -o OUTDIR
     polyc compile FILE.tc [--entry NAME] --target cuda|opencl --shape ... -o OUTDIR
     polyc run FILE.tc [--entry NAME] --shape NAME=SIZE ... [--check] [--repeat N] [--seed S] [options]
-    polyc onnx MODEL.onnx [--shape INPUT=D0,D1,...] [--emit tc|groups|c] [--tune B] [--run [--check] [--bench]] [options]
+    polyc onnx MODEL.onnx [--shape INPUT=D0,D1,...] [--emit tc|groups|c] [--tune B] [--run [--check] [--bench] [--profile]] [options]
     polyc tune FILE.tc [--entry NAME] --shape NAME=SIZE ... [--budget B] [--strategy model|random]
                [--records FILE] [--start-from FILE] [--scheduler ADDRESS] [options]
     polyc tune --list [--records FILE]   |   polyc tune --merge FILE ... [--records FILE]
@@ -187,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
         "onnx", help="compile an ONNX model: print it as TC, its kernels, or run and check it",
         description="Compile an ONNX model with polyc for given input shapes; print the model as TC\n"
                     "(one def per fused kernel), the nodes of each kernel, or their C; or run it on\n"
-                    "random inputs, compare with onnxruntime (--check) and time it (--bench).",
+                    "random inputs, compare with onnxruntime (--check), time it (--bench) and each of\n"
+                    "its kernels inside the runs (--profile).",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     onnx_parser.add_argument("model", metavar="MODEL.onnx", help="ONNX model file")
     onnx_parser.add_argument("--shape", action="append", default=[], metavar="INPUT=D0,D1,...",
@@ -196,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     onnx_parser.add_argument("--run", action="store_true", help="run on random inputs")
     onnx_parser.add_argument("--check", action="store_true", help="with --run: compare with onnxruntime")
     onnx_parser.add_argument("--bench", action="store_true", help="with --run: time polyc (and onnxruntime)")
+    onnx_parser.add_argument("--profile", action="store_true",
+                             help="with --run: each kernel's median time inside the runs, costliest first")
     onnx_parser.add_argument("--tune", type=_parse_budget, metavar="B",
                              help="first tune every kernel for these shapes, sharing the budget B (seconds "
                                   "like 600s, or trials) by the kernels' times; later runs use the results")
@@ -625,6 +628,13 @@ def run_onnx(args: argparse.Namespace) -> int:
             session.run(None, feeds)
             times.append(time.perf_counter() - start)
         print(f"polyc: median {_format_seconds(statistics.median(times))} over {len(times)} runs")
+    if args.profile:
+        kernels = session.profile(feeds, repeat=DEFAULT_REPEAT)
+        total = sum(k.seconds for k in kernels)
+        print(f"kernels inside the runs (median of {DEFAULT_REPEAT}): {_format_seconds(total)} in all")
+        for kernel in sorted(kernels, key=lambda k: -k.seconds):
+            print(f"  {kernel.name:>8} {_format_seconds(kernel.seconds):>10} {100 * kernel.seconds / (total or 1):5.1f}%  "
+                  f"{', '.join(kernel.nodes)}")
     if args.check or args.bench:
         try:
             import onnxruntime

@@ -66,6 +66,23 @@ def test_the_api_is_onnxruntimes(model, session):
     ponnx.InferenceSession(model, None, providers=["CPUExecutionProvider"])
 
 
+def test_profile_times_every_kernel_call_of_a_run(model, session):
+    """profile() lists each kernel call of the plan for the feeds, in the run's order, with its
+    nodes, its kernel and a median time taken inside runs; the runs' results stay right."""
+    x = np.random.default_rng(7).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    times = session.profile({"X": x}, repeat=3)
+    assert [t.nodes for t in times] == session.groups and len(times) >= 2
+    assert [t.kernel for t in times] == session.kernels()
+    assert all(t.seconds > 0 for t in times) and times[0].name in str(times[0])
+    assert all(f"def {t.name}(" in session.tc_source() for t in times)
+    (got,) = session.run(None, {"X": x})
+    np.testing.assert_allclose(got, reference(model, x), rtol=1e-3, atol=1e-6)
+    with pytest.raises(polyc.PolycError, match="repeat must be a positive number of runs"):
+        session.profile({"X": x}, repeat=0)
+    with pytest.raises(polyc.SignatureError, match="Invalid rank for input: X Got: 5 Expected: 4"):
+        session.profile({"X": x[..., None]})
+
+
 def test_fusion_makes_fewer_kernels_with_the_same_results(model):
     # In ONNX's layout (the channels-last pass has tests of its own, test_channels_last.py).
     session = ponnx.InferenceSession(model, channels_last=False)
@@ -201,6 +218,9 @@ def test_cli_emits_tc_groups_and_checks_against_onnxruntime(model, tmp_path, cap
     assert "conv+bn, relu" in capsys.readouterr().out
     assert main(["onnx", str(path), "--shape", "X=2,3,8,8", "--run", "--check"]) == 0
     assert "match onnxruntime" in capsys.readouterr().out
+    assert main(["onnx", str(path), "--shape", "X=2,3,8,8", "--run", "--profile"]) == 0
+    out = capsys.readouterr().out
+    assert "kernels inside the runs (median of 5)" in out and "group0" in out and "conv+bn, relu" in out
     assert main(["onnx", str(tmp_path / "missing.onnx")]) == 1
 
 

@@ -7,7 +7,7 @@
 - :mod:`.session`: the session API; :mod:`.backend`: onnx's backend interface (for its test suite).
 """
 from polyc.frontends.onnx.ops import CONVERTERS
-from polyc.frontends.onnx.session import InferenceSession, NodeArg
+from polyc.frontends.onnx.session import InferenceSession, KernelTime, NodeArg
 
 
 def supported_operators() -> dict[str, list[int]]:
@@ -16,4 +16,4 @@ def supported_operators() -> dict[str, list[int]]:
             for op, c in sorted(CONVERTERS.items())}
 
 
-__all__ = ["InferenceSession", "NodeArg", "supported_operators"]
+__all__ = ["InferenceSession", "KernelTime", "NodeArg", "supported_operators"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -278,12 +279,15 @@ class Plan:
                                  f"(a bug in the ONNX lowering; please report it):\n{group.source}\n{error}") from error
 
     # ------------------------------------------------------------------ running
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray], seconds: list | None = None) -> dict[str, np.ndarray]:
+        """The outputs by ONNX name.  ``seconds``: a list that gets each kernel call's wall time,
+        in the plan's order, when the run takes the resolved calls (every run after the first
+        on an arena)."""
         with self._arenas_lock:
             arena = self._idle_arenas.pop() if self._idle_arenas else None
         arena = arena or Arena(self.memory, self._arena_values)
         try:
-            buffers = self._run_in(arena, feeds)
+            buffers = self._run_in(arena, feeds, seconds)
         finally:
             with self._arenas_lock:
                 self._idle_arenas.append(arena)
@@ -297,10 +301,10 @@ class Plan:
             outputs[value.onnx_name] = array
         return outputs
 
-    def _run_in(self, arena: Arena, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run_in(self, arena: Arena, feeds: dict[str, np.ndarray], seconds: list | None = None) -> dict[str, np.ndarray]:
         buffers = self._feed_buffers(feeds)
         if arena.resolved is not None and arena.resolved.takes(buffers):
-            return arena.resolved.run(buffers)
+            return arena.resolved.run(buffers, seconds)
         calls = list(self._checked_steps(arena, buffers))
         if arena.resolved is None:
             arena.resolved = _ResolvedRun(self, arena, calls)
@@ -430,32 +434,42 @@ class _ResolvedRun:
         bypass the session's feed checks)."""
         return all(buffers[v.ident].dtype == v.dtype for v in self.plan.inputs)
 
-    def run(self, buffers: dict) -> dict:
+    def run(self, buffers: dict, seconds: list | None = None) -> dict:
         """Run the plan on the arena; ``buffers`` holds the feeds by ident, and then the arrays
-        of every value run() may return."""
+        of every value run() may return; ``seconds`` (a list) gets each kernel call's time."""
         buffers.update(self.arena.arrays)
         for step in self.steps:
             if isinstance(step, ViewStep):
                 buffers[step.target.ident] = step.of(_array(step.source, buffers))
                 continue
-            item, repeat, arguments, fresh = step
-            if repeat is None:
-                Plan._checked_call(item, self.arena, buffers)
-                continue
-            for ident, shape, dtype, uninitialised in fresh:
-                buffers[ident] = allocate(shape, dtype, uninitialised)
-            zeros = []  # the temporaries that start as zeros, alive until the call returns
-            pointers = []
-            for argument in arguments:
-                if type(argument) is int:
-                    pointers.append(argument)
-                elif type(argument) is str:
-                    pointers.append(buffers[argument].ctypes.data)
-                else:
-                    zeros.append(allocate(argument[0], argument[1], False))
-                    pointers.append(zeros[-1].ctypes.data)
-            repeat.status(repeat.function(*pointers, *repeat.sizes))
+            if seconds is not None:
+                started = time.perf_counter()
+                self._call(step, buffers)
+                seconds.append(time.perf_counter() - started)
+            else:
+                self._call(step, buffers)
         return buffers
+
+    def _call(self, step: tuple, buffers: dict) -> None:
+        """One kernel call: through the checked path where the call was not resolved, else the
+        C function on the pointers, the fresh arrays made and read by name."""
+        item, repeat, arguments, fresh = step
+        if repeat is None:
+            Plan._checked_call(item, self.arena, buffers)
+            return
+        for ident, shape, dtype, uninitialised in fresh:
+            buffers[ident] = allocate(shape, dtype, uninitialised)
+        zeros = []  # the temporaries that start as zeros, alive until the call returns
+        pointers = []
+        for argument in arguments:
+            if type(argument) is int:
+                pointers.append(argument)
+            elif type(argument) is str:
+                pointers.append(buffers[argument].ctypes.data)
+            else:
+                zeros.append(allocate(argument[0], argument[1], False))
+                pointers.append(zeros[-1].ctypes.data)
+        repeat.status(repeat.function(*pointers, *repeat.sizes))
 
 
 _STATEMENT = re.compile(r"^(?P<target>v\d+)\((?P<indices>[^()]*)\) = (?P<rhs>.*?)(?P<ranges> where [^()]*)?$")

@@ -17,7 +17,7 @@ import numpy as np
 
 from polyc.errors import PolycError, SignatureError
 from polyc.frontends.onnx.model import default_opset, initializers, load_model, tensor_info
-from polyc.frontends.onnx.plan import Plan, check_supported, unsupported_error
+from polyc.frontends.onnx.plan import Group, Plan, check_supported, unsupported_error
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,20 @@ class NodeArg:
     name: str
     shape: list
     type: str
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """One kernel call of a run (:meth:`InferenceSession.profile`): its group's name (as in
+    ``tc_source()``), the ONNX nodes fused into it, its median wall time and its kernel."""
+
+    name: str
+    nodes: list
+    seconds: float
+    kernel: object
+
+    def __str__(self) -> str:
+        return f"{self.name:>8} {self.seconds * 1e3:9.3f} ms  {', '.join(self.nodes)}"
 
 
 class InferenceSession:
@@ -151,6 +165,32 @@ class InferenceSession:
         feeds = self._check_feeds(input_feed)
         values = {name: feeds[name] for name in self._specialised}
         return self.plan_for({k: v.shape for k, v in feeds.items()}, values).kernel_inputs(feeds)
+
+    def profile(self, input_feed: dict, repeat: int = 10) -> list[KernelTime]:
+        """Where a run on ``input_feed`` (as :meth:`run` takes it) spends its time: each kernel
+        call of the plan, in the order of the run, with the median of its wall times over
+        ``repeat`` runs, timed inside the runs (the arena's memory, the caches as the kernels
+        before left them: a kernel timed alone on its own inputs can be faster or, with fresh
+        outputs whose pages fault in, far slower).  The run before them plans and compiles."""
+        if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+            raise PolycError(f"repeat must be a positive number of runs, not {repeat!r}")
+        feeds = self._check_feeds(input_feed)
+        values = {name: feeds[name] for name in self._specialised}
+        plan = self.plan_for({k: v.shape for k, v in feeds.items()}, values)
+        groups = [item for item in plan.order if isinstance(item, Group)]
+        plan.run(feeds)
+        runs = []
+        for _ in range(repeat + 1):  # a run through the checked path (a new arena's first) has no times
+            seconds: list[float] = []
+            plan.run(feeds, seconds)
+            if len(seconds) == len(groups):
+                runs.append(seconds)
+            if len(runs) == repeat:
+                break
+        if not runs:
+            raise PolycError("profile: no run took the resolved kernel calls")
+        medians = np.median(np.array(runs), axis=0)
+        return [KernelTime(g.name, g.nodes, float(t), g.kernel) for g, t in zip(groups, medians)]
 
     def plans(self) -> list[Plan]:
         """Every plan made so far (one per set of input shapes), the last run's last."""
