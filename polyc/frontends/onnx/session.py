@@ -101,9 +101,7 @@ class InferenceSession:
         if unknown:
             raise SignatureError(f"Invalid output name(s): {', '.join(map(repr, unknown))}; "
                                  f"the model's outputs are {', '.join(map(repr, known))}")
-        feeds = self._check_feeds(input_feed)
-        values = {name: feeds[name] for name in self._specialised}
-        plan = self.plan_for({k: v.shape for k, v in feeds.items()}, values)
+        plan, feeds = self._plan_for_feeds(input_feed)
         results = plan.run(feeds)
         return [results[n] for n in names]
 
@@ -162,9 +160,8 @@ class InferenceSession:
         """Each kernel call of a run on ``input_feed`` (as :meth:`run` takes it), in order: its
         group (``.kernel``, ``.name``) and the arrays it reads (copies of the intermediate
         ones); what a tuner measures the kernels on (:mod:`polyc.tune.session`)."""
-        feeds = self._check_feeds(input_feed)
-        values = {name: feeds[name] for name in self._specialised}
-        return self.plan_for({k: v.shape for k, v in feeds.items()}, values).kernel_inputs(feeds)
+        plan, feeds = self._plan_for_feeds(input_feed)
+        return plan.kernel_inputs(feeds)
 
     def profile(self, input_feed: dict, repeat: int = 10) -> list[KernelTime]:
         """Where a run on ``input_feed`` (as :meth:`run` takes it) spends its time: each kernel
@@ -174,9 +171,7 @@ class InferenceSession:
         outputs whose pages fault in, far slower).  The run before them plans and compiles."""
         if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
             raise PolycError(f"repeat must be a positive number of runs, not {repeat!r}")
-        feeds = self._check_feeds(input_feed)
-        values = {name: feeds[name] for name in self._specialised}
-        plan = self.plan_for({k: v.shape for k, v in feeds.items()}, values)
+        plan, feeds = self._plan_for_feeds(input_feed)
         groups = [item for item in plan.order if isinstance(item, Group)]
         plan.run(feeds)
         runs = []
@@ -198,6 +193,12 @@ class InferenceSession:
         return plans + ([self._last] if self._last is not None else [])
 
     # ------------------------------------------------------------------ feeds
+    def _plan_for_feeds(self, input_feed: dict) -> tuple[Plan, dict[str, np.ndarray]]:
+        """The plan for ``input_feed`` (checked, as :meth:`run` takes it) and the checked feeds."""
+        feeds = self._check_feeds(input_feed)
+        values = {name: feeds[name] for name in self._specialised}
+        return self.plan_for({k: v.shape for k, v in feeds.items()}, values), feeds
+
     def _check_feeds(self, input_feed: dict) -> dict[str, np.ndarray]:
         expected = [i.name for i in self._inputs]
         missing = [n for n in expected if n not in input_feed]
