@@ -1057,7 +1057,8 @@ for position, flags in enumerate(sys.argv[2:]):
         # the image's first element; its copies must not read the taps left of it
         numpy_check(NHWC_PADDED, [(1, 5, 7, 16), (3, 3, 16, 20), (20,)], options)
         numpy_check(NHWC_DEPTHWISE, [(2, 5, 9, 21), (3, 3, 21), (21,)], options)
-        if not specialize:
+        if not specialize:  # the Winograd kernel (specialised only): odd sizes, F not a whole block
+            numpy_check(NHWC_PADDED, [(2, 9, 7, 16), (3, 3, 16, 48), (48,)], {**options, "specialize": True, "winograd": True})
             numpy_check(CONV1D, [(2, 3, 37), (4, 3, 3), (4,)], options)
             numpy_check(ACCUMULATING, [(2, 3, 9, 20), (5, 3, 3, 3)], options,
                               outputs=[rng.uniform(-1, 1, (2, 5, 7, 18)).astype(np.float32)])

@@ -156,8 +156,11 @@ def block_shape(isa: str, dtype: np.dtype, rf: int) -> BlockShape:
 def generate_conv(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel:
     """The C translation unit computing ``program`` (one convolution and its epilogues); a
     channels-last depthwise one gets :mod:`polyc.codegen.depthwise`'s kernel."""
-    from polyc.codegen.depthwise import generate_depthwise  # which uses this module's ISA_GUARDS
-    return generate_depthwise(program, conv, options) or _ConvWriter(program, conv, options).write()
+    # (these use this module's ISA_GUARDS)
+    from polyc.codegen.depthwise import generate_depthwise
+    from polyc.codegen.winograd import generate_winograd
+    return generate_winograd(program, conv, options) or generate_depthwise(program, conv, options) \
+        or _ConvWriter(program, conv, options).write()
 
 
 @dataclass(frozen=True)

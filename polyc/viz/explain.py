@@ -141,6 +141,13 @@ def _explain_stages(name: str, stages, sizes: dict) -> Explanation:
             "and columns taken by the threads as they go, packed panels, a register-blocked micro-kernel), "
             "so the generic loop nest is not used; its reduction index stays sequential inside each block",
             "blas_contractions=False compiles it as a loop nest instead"], [])
+    if stages.convolution is not None and " * polyc Winograd F(2x2, 3x3)" in stages.kernel.source[:200]:
+        return Explanation(name, sizes, "convolution", [
+            "a 3x3 stride-1 convolution: polyc's Winograd F(2x2, 3x3) kernel computes it (tiles of 2x2 outputs, "
+            "16 matrix products over the input channels; work items of (chunk of tiles, block of output "
+            "channels) shared among the threads)",
+            "winograd=False keeps the direct convolution kernel; direct_convolutions=False compiles it as a "
+            "loop nest"], [])
     if stages.convolution is not None:
         return Explanation(name, sizes, "convolution", [
             "a convolution: polyc's direct convolution kernel computes it (weights packed in blocks of output "

@@ -446,6 +446,33 @@ def test_channels_last_depthwise_is_one_kernel_with_its_padding_and_activation(s
     assert len(statements) == 3 and "+=!" in statements[0] and " ? " in statements[0]
 
 
+def test_three_by_three_convolutions_run_by_winograd_unless_turned_off():
+    # A residual block's 3x3 convolutions (channels last, padded, with bias, the residual and
+    # Relu as epilogues) take the Winograd kernel by default in a session; winograd=False
+    # keeps the direct kernel.  Both agree with onnxruntime.
+    rng = np.random.default_rng(9)
+    weights = {name: (rng.standard_normal(shape) * scale).astype(np.float32) for name, shape, scale in [
+        ("P", (32, 3, 1, 1), 0.5), ("W1", (32, 32, 3, 3), 0.1), ("B1", (32,), 1), ("W2", (32, 32, 3, 3), 0.1)]}
+    nodes = [helper.make_node("Conv", ["X", "P"], ["p"], name="stem"),
+             helper.make_node("Conv", ["p", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "W2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             helper.make_node("Add", ["c2", "p"], ["s"], name="add"),
+             helper.make_node("Relu", ["s"], ["Y"], name="relu2")]
+    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3, 15, 16])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 32, 15, 16])],
+                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((2, 3, 15, 16)).astype(np.float32)
+    want = reference(model, x)
+    for options, winograd in (({}, True), ({"winograd": False}, False)):
+        session = ponnx.InferenceSession(model, **options)
+        np.testing.assert_allclose(session.run(None, {"X": x})[0], want, rtol=1e-4, atol=1e-5)
+        for group in (["conv1", "relu1"], ["conv2", "add", "relu2"]):
+            source = session.kernels({"X": x.shape})[session.groups.index(group)].c_source({})
+            assert ("Winograd F(2x2, 3x3)" in source) == winograd, (group, options)
+
+
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_silu_and_gelu_chains_are_epilogues_of_the_kernel_computing_their_input(channels_last):
     # SiLU (x * sigmoid(x)) after a convolution and GELU (x * (1 + erf(x / sqrt 2)) / 2) after

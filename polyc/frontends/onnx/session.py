@@ -50,12 +50,15 @@ class InferenceSession:
     elementwise operators into the kernels that feed them; ``channels_last`` (default: as
     ``graph_fusion``) computes 2-D convolutions and the operators between them in NHWC; every
     other keyword is a ``polyc.define`` option (``fusion``, ``threads``, ``cflags``, ...)
-    used for every kernel.  onnxruntime's ``sess_options`` and ``providers`` are accepted and
+    used for every kernel; ``winograd`` defaults to True here (3 x 3 convolutions by Winograd's
+    F(2x2, 3x3), :mod:`polyc.codegen.winograd`, as onnxruntime's and oneDNN's CPU kernels may
+    choose their algorithm).  onnxruntime's ``sess_options`` and ``providers`` are accepted and
     ignored, so that switching needs no other change."""
 
     def __init__(self, model, sess_options=None, providers=None, provider_options=None, *,
                  graph_fusion: bool = True, channels_last: bool | None = None, **options):
         from polyc.options import Options
+        options = {"winograd": True, **options}
         Options.from_kwargs(**options)  # a bad option fails now, not at the first run
         if options.get("loop_order") is not None:
             raise PolycError("loop_order is not an option of a session: it names the indices of one TC def, "

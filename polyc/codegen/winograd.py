@@ -1,0 +1,512 @@
+"""C for 3 x 3 stride-1 convolutions in channels-last layouts by Winograd's minimal filtering
+F(2 x 2, 3 x 3): 16 multiplications per 2 x 2 block of outputs and pair of channels instead of 36.
+
+The form (:mod:`polyc.schedule.convolution`; zero padding may be the statement's condition)::
+
+    O(n.., h, w, f) +=[!] (box) ? I(n.., h + r_kh + oh, w + r_kw + ow, r_c) * W(r_kh, r_kw, r_c, f) : 0
+
+with both kernel extents 3, float32, the channels multiples of 16, the sizes known, and the
+option ``winograd=True`` (:class:`polyc.options.Options`; ONNX sessions turn it on).  The
+output is cut into *tiles* of 2 x 2 points; tile ``t`` reads a 4 x 4 patch ``d`` of the image
+(positions outside the box, or past the image, read as 0).  With the constant matrices of
+Lavin and Gray (2016)::
+
+    U = G g G^T      (each 3 x 3 filter g -> 4 x 4; once per call, for all channel pairs)
+    V = B^T d B      (each tile's patch, per input channel: additions only)
+    M[xi] = V[xi] U[xi]   for the 16 positions xi: 16 matrix products over the input channels
+    Y = A^T M A      (4 x 4 -> the tile's 2 x 2 outputs: additions only)
+
+so the 9 multiply-adds per output and channel pair become 4 in the products, which are
+register-blocked as the other kernels' (R tiles x NV vectors of output channels, the tile's V
+broadcast, U's rows loaded as vectors).  Measured on resnet18's layers on two threads (an AMD
+EPYC Zen 4), against the direct kernel (:mod:`polyc.codegen.conv_channels`), which runs them at
+about 90% of the FMA peak: 64 -> 64 at 56 x 56 1.05 -> 0.57 ms, 128 -> 128 at 28 x 28 1.05 ->
+0.56 ms, 256 -> 256 at 14 x 14 0.98 -> 0.58 ms (batch 1; batch 8 alike).
+
+Work.  Tiles go in *chunks* of TB tiles (TB: :func:`chunk_limits`); a work item is (chunk,
+block of FB output channels), and each thread takes a contiguous run of items.  An item
+computes its chunk's V (once for consecutive items of one chunk), then for each position the
+product into M (16 x TB x FB floats), then the output transform, the old output added (``+=``)
+and the epilogue: in registers where :mod:`polyc.codegen.register_epilogue` covers it (bias,
+residual, ReLU, Clip), else on the item's finished outputs.  The weight transform runs at the
+start of every call (the weights are an input like any other), shared by the threads, into
+memory the kernel keeps between calls.
+
+Numerics.  The results differ from the direct sum by rounding only (relative errors about
+1e-6 of the outputs' magnitude on resnet18's layers), but non-finite values spread: an
+infinite input or weight reaches every output of the tiles whose patch holds it, as NaN where
+the transforms subtract it from itself, and padding is multiplied as zeros.  Hence an option,
+off by default in ``polyc.define``.  Not taken (the direct kernel runs them): other strides,
+dilations and kernel sizes, grouped convolutions, channels that are not multiples of 16,
+float64, parametric sizes, and layers where it does not pay (:func:`winograd_pays`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from polyc.codegen.c import GeneratedKernel, c_comment
+from polyc.codegen.c_expr import PRELUDE, c_type
+from polyc.codegen.conv import ISA_GUARDS
+from polyc.codegen.conv_channels import masked_access
+from polyc.codegen.pattern_kernel import PatternKernelWriter
+from polyc.codegen.register_epilogue import RegisterEpilogue
+from polyc.ir.model import PolyProgram
+from polyc.lang import checked as ir
+from polyc.options import Options
+from polyc.schedule.convolution import Convolution
+from polyc.schedule.tiling import cache_sizes
+
+#: Per instruction set: floats per vector, tiles per register block (R), output-channel vectors
+#: per register block (NV).  R x NV accumulators, NV loaded vectors of U and one broadcast fit
+#: the registers (32 with AVX-512, 16 with AVX2).
+_BLOCKS = {"avx512": (16, 6, 4), "avx2": (8, 6, 2), "portable": (4, 4, 2)}
+
+#: Chunks are a multiple of this many tiles (every instruction set's R divides it), so the
+#: products never run past a chunk's V.
+_TILE_STEP = 12
+
+#: Below this many multiply-adds the kernel runs on one thread.
+_PARALLEL_THRESHOLD = 64 * 64 * 64
+
+#: Channels (input and output) must be multiples of this: every vector is whole.
+CHANNEL_MULTIPLE = 16
+
+
+def winograd_form(conv: Convolution, program: PolyProgram, options: Options) -> bool:
+    """Whether ``conv`` has the form this kernel computes (see the module doc), with the option on."""
+    if not options.winograd or program.size_values is None or conv.dtype != np.dtype(np.float32):
+        return False
+    if conv.groups or len(conv.f) != 1 or len(conv.channels) != 1 or len(conv.windows) != 2:
+        return False
+    wh, ww = conv.windows
+    if any(w.k is None or w.stride != 1 or w.dilation != 1 for w in (wh, ww)):
+        return False
+    (f,), (c,), batch = conv.f, conv.channels, conv.batch
+    if conv.target_indices != (*batch, wh.x, ww.x, f) or conv.image_plain != (*batch, None, None, c) \
+            or conv.weight_indices != (wh.k, ww.k, c, f):
+        return False
+    extent = lambda index: conv.extent(index).evaluate(program.size_values)  # noqa: E731
+    if extent(wh.k) != 3 or extent(ww.k) != 3:
+        return False
+    channels, features = extent(c), extent(f)
+    if channels % CHANNEL_MULTIPLE or features % CHANNEL_MULTIPLE:
+        return False
+    images = int(np.prod([extent(i) for i in batch])) if batch else 1
+    tiles = images * -(-extent(wh.x) // 2) * -(-extent(ww.x) // 2)
+    return winograd_pays(channels, features, tiles)
+
+
+def winograd_pays(channels: int, features: int, tiles: int) -> bool:
+    """Whether the kernel beats the direct one, by what was measured (AMD EPYC Zen 4, two
+    threads): resnet18's 3 x 3 layers up to 256 channels gained 1.7-1.9x at batch 1 and 8; its
+    512-channel layers at 7 x 7 lost (16 tiles at batch 1, their 16 x 512 x 512 transformed
+    weights read from memory for little work; 0.85-0.94x at batch 8, where a chunk of tiles
+    fitting L2 is too few to reuse the weights)."""
+    return channels <= 256 and features <= 256 and tiles >= 32
+
+
+def chunk_limits(channels: int, features: int, options: Options) -> tuple[int, int, bool]:
+    """(TB for V in half of L2, TB for V in all of L2, whether U is large), which the kernel's
+    choice of TB at run time takes (``chunking`` in the entry function).
+
+    U (16 x C x F floats) is read once per chunk.  Where it fits half of L2, chunks are sized so
+    that a chunk's V (16 x TB x C floats) fits half of L2 too, and there are at least four work
+    items a thread.  A larger U comes from L3 for every chunk, so then there are as few chunks
+    as give each thread a work item, their V up to all of L2.  resnet18's 256-channel layer at
+    14 x 14 (U 4 MiB, an AMD EPYC Zen 4 with 1 MiB of L2): at batch 1, five chunks of 12 tiles
+    read 21 MB of U per call and the layer gained 1.07x in a run of the model, one chunk of all
+    49 tiles 1.36-1.43x; at batch 8, chunks whose V filled a quarter of L3 (252 tiles) left it
+    at 1.35x alone, chunks of 60 tiles 1.7x."""
+    l2 = cache_sizes(options)[2]
+    per_tile = 16 * channels * 4
+
+    def steps(limit: int) -> int:
+        return max(_TILE_STEP, limit // per_tile // _TILE_STEP * _TILE_STEP)
+
+    return steps(l2 // 2), steps(l2), 16 * channels * features * 4 > l2 // 2
+
+
+def generate_winograd(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel | None:
+    """The Winograd kernel of ``conv``, or None when it does not have the form or would not pay."""
+    return _WinogradWriter(program, conv, options).write() if winograd_form(conv, program, options) else None
+
+
+class _WinogradWriter(PatternKernelWriter):
+    def __init__(self, program: PolyProgram, conv: Convolution, options: Options):
+        super().__init__(program, options)
+        self.conv = conv
+        self.dtype = np.dtype(conv.dtype)
+        (self.f,), (self.c,) = conv.f, conv.channels
+        value = lambda index: conv.extent(index).evaluate(program.size_values)  # noqa: E731
+        self.channels, self.features = value(self.c), value(self.f)
+        self.tb_half, self.tb_whole, self.large_u = chunk_limits(self.channels, self.features, options)
+        self.register_epilogue = RegisterEpilogue.of(conv.epilogues, self.definition, conv.target_indices,
+                                                     self.f) if options.vectorize else None
+
+    def write(self) -> GeneratedKernel:
+        d = self.definition
+        name = f"polyc_{d.name}"
+        parts = [self.header(), PRELUDE, self.preamble("POLYC_CONV_PORTABLE", ["#include <string.h>"]),
+                 self.context_struct(), self.instruction_sets(), _TRANSFORMS, self.entry_function(name), ""]
+        return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), ())
+
+    def header(self) -> str:
+        o = self.options
+        lines = [f"polyc Winograd F(2x2, 3x3) conv kernel for def '{self.definition.name}' "
+                 "(channels-last, tiles of 2 x 2 outputs)",
+                 f"sizes: {self.sizes_comment()}",
+                 f"options: parallel={o.parallel} vectorize={o.vectorize} winograd={o.winograd}",
+                 f"convolution: {self.conv.describe()}"]
+        lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
+        return c_comment(lines)
+
+    def context_struct(self) -> str:
+        fields = ["const float *in", "const float *w", "float *out", "float *u",
+                  "int64_t oh, ow, ih, iw, c, f, lo_h, hi_h, lo_w, hi_w, off_h, off_w",
+                  "int64_t th, tw, tiles, tb, fb, fblocks, init"]
+        for tensor in self.tensors_of_epilogues(self.conv.target, self.conv.epilogues):
+            qualifier = "const " if self.definition.tensor(tensor).role is ir.Role.INPUT else ""
+            fields.append(f"{qualifier}float *t_{tensor}")
+        body = "\n".join(f"    {field};" for field in fields)
+        return ("/* The image, the weights (3, 3, C, F), the output and the transformed weights U (16, C, F);\n"
+                "   output rows and columns, image rows and columns, channels in and out; the image\n"
+                "   positions lo <= p < hi that count (the box within the image), the windows' offsets;\n"
+                "   tile rows and columns, tiles, tiles per chunk, output channels per block, blocks;\n"
+                "   whether the output starts from zero; the epilogue's tensors. */\n"
+                f"typedef struct {{\n{body}\n}} polyc_wg_t;")
+
+    # ------------------------------------------------------------------ per instruction set
+    def instruction_sets(self) -> str:
+        pieces = []
+        for position, (isa, guard) in enumerate(ISA_GUARDS.items()):
+            pieces.append("#else" if guard is None else f"{'#if' if position == 0 else '#elif'} {guard}")
+            lanes, rows, vectors = _BLOCKS[isa]
+            pieces += [f"#define POLYC_WG_LANES {lanes}", f"#define POLYC_WG_R {rows}", f"#define POLYC_WG_NV {vectors}"]
+            if isa == "portable":
+                pieces += ["typedef float polyc_wv __attribute__((vector_size(16)));",
+                           "static inline polyc_wv polyc_wv_load(const float *p) { polyc_wv v; memcpy(&v, p, sizeof v); return v; }",
+                           "static inline void polyc_wv_store(float *p, polyc_wv v) { memcpy(p, &v, sizeof v); }",
+                           "#define WLOAD(p) polyc_wv_load(p)",
+                           "#define WSTORE(p, v) polyc_wv_store((p), (v))",
+                           "#define WSET1(s) ((polyc_wv){0, 0, 0, 0} + (s))",
+                           "#define WADD(a, b) ((a) + (b))",
+                           "#define WSUB(a, b) ((a) - (b))",
+                           "#define WMUL(a, b) ((a) * (b))",
+                           "#define WFMA(a, b, c) ((a) * (b) + (c))",
+                           "#define POLYC_WG_REGISTER_EPILOGUE 0"]
+                continue
+            vec, pre, suffix, _, load, _, _, _ = masked_access(isa, self.dtype, lanes, None)
+            pieces += ["#include <immintrin.h>",
+                       f"typedef {vec} polyc_wv;",
+                       f"#define WLOAD(p) {pre}_loadu_{suffix}(p)",
+                       f"#define WSTORE(p, v) {pre}_storeu_{suffix}((p), (v))",
+                       f"#define WSET1(s) {pre}_set1_{suffix}(s)",
+                       f"#define WADD(a, b) {pre}_add_{suffix}((a), (b))",
+                       f"#define WSUB(a, b) {pre}_sub_{suffix}((a), (b))",
+                       f"#define WMUL(a, b) {pre}_mul_{suffix}((a), (b))",
+                       f"#define WFMA(a, b, c) {pre}_fmadd_{suffix}((a), (b), (c))",
+                       f"#define POLYC_WG_REGISTER_EPILOGUE {int(self.register_epilogue is not None)}"]
+            if self.register_epilogue is not None:
+                pieces.append(self.register_epilogue.function(self.definition, isa, load, context="polyc_wg_t"))
+        pieces.append("#endif")
+        return "\n".join(pieces)
+
+    # ------------------------------------------------------------------ the entry point
+    def entry_function(self, name: str) -> str:
+        d, conv = self.definition, self.conv
+        arguments = []
+        for tensor in d.tensors:
+            qualified = f"const {c_type(tensor.dtype)}" if tensor.role is ir.Role.INPUT else c_type(tensor.dtype)
+            arguments.append(f"{qualified} *__restrict__ {tensor.name}")
+        extent = lambda index: f"({self.size_expr(conv.extent(index))})"  # noqa: E731
+        (wh, ww) = conv.windows
+        image_h, image_w = (self.size_expr(d.tensor(conv.image).shape[w.dim]) for w in conv.windows)
+        box = {b.dim: b for b in conv.box}
+
+        def bound(window, side: str, default: str) -> str:
+            value = getattr(box[window.dim], side) if window.dim in box else None
+            if value is None:
+                return default
+            value = f"({self.size_expr(value)})"
+            return f"polyc_max({value}, 0)" if side == "lo" else f"polyc_min({value}, {default})"
+
+        batch = " * ".join(extent(i) for i in conv.batch) or "1"
+        body = self.size_declarations(lambda s: None)
+        body += ["polyc_wg_t g = {0};",
+                 f"g.in = {conv.image}; g.w = {conv.weights}; g.out = {conv.target};",
+                 f"g.oh = {extent(wh.x)}; g.ow = {extent(ww.x)}; g.ih = {image_h}; g.iw = {image_w};",
+                 f"g.c = {extent(self.c)}; g.f = {extent(self.f)};",
+                 f"g.lo_h = {bound(wh, 'lo', '0')}; g.hi_h = {bound(wh, 'hi', 'g.ih')};",
+                 f"g.lo_w = {bound(ww, 'lo', '0')}; g.hi_w = {bound(ww, 'hi', 'g.iw')};",
+                 f"g.off_h = {wh.offset}; g.off_w = {ww.offset};",
+                 "g.th = (g.oh + 1) / 2; g.tw = (g.ow + 1) / 2;",
+                 f"g.tiles = ({batch}) * g.th * g.tw;",
+                 "g.fb = POLYC_WG_NV * POLYC_WG_LANES; g.fblocks = (g.f + g.fb - 1) / g.fb;",
+                 f"g.init = {1 if conv.init else 0};"]
+        body += [f"g.t_{tensor} = {tensor};" for tensor in self.tensors_of_epilogues(conv.target, conv.epilogues)]
+        # TB (see chunk_limits), a multiple of the tile step.
+        step = _TILE_STEP
+        if self.large_u:
+            chunking = ["const int64_t polyc_want = polyc_max(1, (2 * polyc_nthr + g.fblocks - 1) / g.fblocks);",
+                        f"g.tb = polyc_min({self.tb_whole}, (g.tiles + polyc_want - 1) / polyc_want + {step - 1}) "
+                        f"/ {step} * {step};"]
+        else:
+            chunking = [f"g.tb = polyc_min({self.tb_half}, polyc_max({step}, (g.tiles * g.fblocks + 4 * polyc_nthr - 1)"
+                        f" / (4 * polyc_nthr) + {step - 1}) / {step} * {step});"]
+        chunking += [
+            "const int64_t polyc_chunks = (g.tiles + g.tb - 1) / g.tb;",
+            "const int64_t polyc_items = polyc_chunks * g.fblocks;",
+            "/* U, then each thread's V and M. */",
+            "const size_t polyc_u_floats = (size_t)16 * g.c * g.f;",
+            "const size_t polyc_v_floats = (size_t)16 * g.tb * g.c, polyc_m_floats = (size_t)16 * g.tb * g.fb;"]
+        item = ["const int64_t polyc_chunk = polyc_x / g.fblocks, polyc_fblock = polyc_x % g.fblocks;",
+                "if (polyc_chunk != polyc_v_chunk) {",
+                "    polyc_wg_input(&g, polyc_v, polyc_chunk);",
+                "    polyc_v_chunk = polyc_chunk;",
+                "}",
+                "polyc_wg_products(&g, polyc_v, polyc_m, polyc_chunk, polyc_fblock);",
+                "polyc_wg_output(&g, polyc_m, polyc_chunk, polyc_fblock);"]
+        if conv.epilogues:
+            item += ["if (!POLYC_WG_REGISTER_EPILOGUE) {", *("    " + line for line in self.scalar_epilogue()), "}"]
+        work = "(double)g.tiles * 16.0 * (double)g.c * (double)g.f"
+        thread = lambda share: [  # noqa: E731
+            "float *polyc_v = polyc_space + polyc_u_floats + (size_t)polyc_thread * (polyc_v_floats + polyc_m_floats);",
+            "float *polyc_m = polyc_v + polyc_v_floats;",
+            "int64_t polyc_v_chunk = -1;",
+            *share,
+            "for (int64_t polyc_x = polyc_first; polyc_x < polyc_last; polyc_x++) {",
+            *("    " + line for line in item),
+            "}"]
+        serial = ["const int polyc_thread = 0;",
+                  "for (int64_t polyc_c = 0; polyc_c < g.c; polyc_c++) polyc_wg_weights(&g, polyc_c);",
+                  *thread(["const int64_t polyc_first = 0, polyc_last = polyc_items;"])]
+        allocate = [*chunking,
+                    "polyc_workspace_t *polyc_work = polyc_workspace_take(",
+                    "    (polyc_u_floats + (size_t)polyc_nthr * (polyc_v_floats + polyc_m_floats)) * sizeof(float));",
+                    "if (polyc_work == NULL) return 2;",
+                    "float *polyc_space = (float *)polyc_work->memory;",
+                    "g.u = polyc_space;"]
+        if not self.options.parallel:
+            body += ["const int polyc_nthr = 1;", *allocate, "{", *("    " + line for line in serial), "}",
+                     "polyc_workspace_give_back(polyc_work);", "return 0;"]
+        else:
+            # Items in contiguous runs per thread, so a thread's consecutive items share a chunk's V.
+            share = ["const int64_t polyc_first = polyc_items * polyc_thread / polyc_nthr;",
+                     "const int64_t polyc_last = polyc_items * (polyc_thread + 1) / polyc_nthr;"]
+            body += ["#if defined(_OPENMP)",
+                     "int polyc_nthr = 1, polyc_most = 1, polyc_slow = 0;",
+                     f"if ({work} >= {float(_PARALLEL_THRESHOLD)!r}) {{",
+                     "    polyc_most = polyc_most_threads();",
+                     "    polyc_nthr = polyc_threads(polyc_most);",
+                     "}",
+                     *allocate,
+                     "const double polyc_started = polyc_call_start();",
+                     "#pragma omp parallel num_threads(polyc_nthr) if(polyc_nthr > 1)",
+                     "{",
+                     "    polyc_thread_clock_t polyc_clock;",
+                     "    if (polyc_nthr > 1) polyc_thread_start(&polyc_clock, polyc_started);",
+                     "    const int polyc_thread = omp_get_thread_num();",
+                     "    #pragma omp for schedule(static)",
+                     "    for (int64_t polyc_c = 0; polyc_c < g.c; polyc_c++) polyc_wg_weights(&g, polyc_c);",
+                     "    /* (the loop's barrier: U is complete) */",
+                     *("    " + line for line in thread(share)),
+                     "    if (polyc_nthr > 1) polyc_thread_stop(&polyc_clock, &polyc_slow);",
+                     "}",
+                     "polyc_threads_after(polyc_nthr, polyc_most, polyc_slow);",
+                     "#else",
+                     "const int polyc_nthr = 1;",
+                     *allocate,
+                     "{", *("    " + line for line in serial), "}",
+                     "#endif",
+                     "polyc_workspace_give_back(polyc_work);",
+                     "return 0;"]
+        signature = f"int {name}({', '.join(arguments)})"
+        return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
+
+    def scalar_epilogue(self) -> list[str]:
+        """The epilogue statements on the item's finished outputs (its chunk's tiles, its block
+        of output channels), element by element, in a loop over the channels the compiler vectorises."""
+        conv = self.conv
+        (wh, ww) = conv.windows
+        lines = ["const int64_t polyc_t0 = polyc_chunk * g.tb, polyc_t1 = polyc_min(g.tiles, polyc_t0 + g.tb);",
+                 "const int64_t polyc_f0 = polyc_fblock * g.fb, polyc_f1 = polyc_min(g.f, polyc_f0 + g.fb);",
+                 "for (int64_t polyc_t = polyc_t0; polyc_t < polyc_t1; polyc_t++) {",
+                 "    int64_t polyc_rest = polyc_t / (g.th * g.tw);",
+                 "    const int64_t polyc_ty = polyc_t / g.tw % g.th, polyc_tx = polyc_t % g.tw;"]
+        for index in reversed(conv.batch):
+            lines.append(f"    const int64_t polyc_ix_{index} = polyc_rest % ({self.size_expr(conv.extent(index))}); "
+                         f"polyc_rest /= ({self.size_expr(conv.extent(index))});")
+        lines += ["    (void)polyc_rest;",
+                  f"    for (int64_t polyc_ix_{wh.x} = 2 * polyc_ty; polyc_ix_{wh.x} < polyc_min(g.oh, 2 * polyc_ty + 2); "
+                  f"polyc_ix_{wh.x}++)",
+                  f"    for (int64_t polyc_ix_{ww.x} = 2 * polyc_tx; polyc_ix_{ww.x} < polyc_min(g.ow, 2 * polyc_tx + 2); "
+                  f"polyc_ix_{ww.x}++) {{",
+                  "        #pragma omp simd",
+                  f"        for (int64_t polyc_ix_{self.f} = polyc_f0; polyc_ix_{self.f} < polyc_f1; polyc_ix_{self.f}++) {{",
+                  *(f"            {self.epilogue_assignment(s, conv.target_indices)};" for s in conv.epilogues),
+                  "        }",
+                  "    }",
+                  "}"]
+        return lines
+
+
+#: The transforms and the products, in the vector operations each instruction set defines
+#: above (WLOAD, WFMA, ...), for every kernel of this form alike.
+_TRANSFORMS = r"""
+/* U[xi][c][f] = (G g G^T)[xi] for input channel c, all output channels (g: W[kh][kw][c][f]),
+   G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]. */
+static void polyc_wg_weights(const polyc_wg_t *g, int64_t c)
+{
+    const polyc_wv half = WSET1(0.5f);
+    for (int64_t f = 0; f < g->f; f += POLYC_WG_LANES) {
+        polyc_wv w[3][3], t[4][3];
+        for (int k = 0; k < 3; k++)
+            for (int s = 0; s < 3; s++)
+                w[k][s] = WLOAD(g->w + ((k * 3 + s) * g->c + c) * g->f + f);
+        for (int s = 0; s < 3; s++) {
+            const polyc_wv outer = WADD(w[0][s], w[2][s]);
+            t[0][s] = w[0][s];
+            t[1][s] = WMUL(half, WADD(outer, w[1][s]));
+            t[2][s] = WMUL(half, WSUB(outer, w[1][s]));
+            t[3][s] = w[2][s];
+        }
+        for (int i = 0; i < 4; i++) {
+            const polyc_wv outer = WADD(t[i][0], t[i][2]);
+            const polyc_wv u[4] = {t[i][0], WMUL(half, WADD(outer, t[i][1])), WMUL(half, WSUB(outer, t[i][1])), t[i][2]};
+            for (int j = 0; j < 4; j++)
+                WSTORE(g->u + ((size_t)(i * 4 + j) * g->c + c) * g->f + f, u[j]);
+        }
+    }
+}
+
+/* V[xi][t][c] = (B^T d B)[xi] for the chunk's tiles t, d the tile's 4 x 4 patch of the image
+   (0 outside the box), B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]. */
+static void polyc_wg_input(const polyc_wg_t *g, float *restrict v, int64_t chunk)
+{
+    const int64_t t0 = chunk * g->tb, tn = polyc_min(g->tb, g->tiles - t0);
+    const polyc_wv zero = WSET1(0.0f);
+    for (int64_t t = 0; t < tn; t++) {
+        const int64_t tile = t0 + t, b = tile / (g->th * g->tw), ty = tile / g->tw % g->th, tx = tile % g->tw;
+        const float *rows[4], *image = g->in + b * g->ih * g->iw * g->c;
+        int64_t cols[4];
+        for (int a = 0; a < 4; a++) {
+            const int64_t p = 2 * ty + a + g->off_h, q = 2 * tx + a + g->off_w;
+            rows[a] = p >= g->lo_h && p < g->hi_h ? image + p * g->iw * g->c : NULL;
+            cols[a] = q >= g->lo_w && q < g->hi_w ? q * g->c : -1;
+        }
+        for (int64_t c = 0; c < g->c; c += POLYC_WG_LANES) {
+            polyc_wv d[4][4], e[4][4];
+            for (int a = 0; a < 4; a++)
+                for (int s = 0; s < 4; s++)
+                    d[a][s] = rows[a] != NULL && cols[s] >= 0 ? WLOAD(rows[a] + cols[s] + c) : zero;
+            for (int s = 0; s < 4; s++) {
+                e[0][s] = WSUB(d[0][s], d[2][s]);
+                e[1][s] = WADD(d[1][s], d[2][s]);
+                e[2][s] = WSUB(d[2][s], d[1][s]);
+                e[3][s] = WSUB(d[1][s], d[3][s]);
+            }
+            for (int i = 0; i < 4; i++) {
+                const polyc_wv x[4] = {WSUB(e[i][0], e[i][2]), WADD(e[i][1], e[i][2]),
+                                       WSUB(e[i][2], e[i][1]), WSUB(e[i][1], e[i][3])};
+                for (int j = 0; j < 4; j++)
+                    WSTORE(v + ((size_t)(i * 4 + j) * g->tb + t) * g->c + c, x[j]);
+            }
+        }
+    }
+    /* The rows the products' last register block reads past the last tile: zeros. */
+    const int64_t end = polyc_min(g->tb, (tn + POLYC_WG_R - 1) / POLYC_WG_R * POLYC_WG_R);
+    for (int xi = 0; xi < 16; xi++)
+        if (end > tn)
+            memset(v + ((size_t)xi * g->tb + tn) * g->c, 0, (size_t)(end - tn) * g->c * sizeof(float));
+}
+
+/* M[t..t+R)[0, nv vectors) = V[t..t+R) U (rows of V at v, U's block at u, M's rows at m). */
+static inline __attribute__((always_inline)) void polyc_wg_block(const polyc_wg_t *g, const float *restrict v,
+                                                                 const float *restrict u, float *restrict m,
+                                                                 const int nv)
+{
+    polyc_wv acc[POLYC_WG_R][POLYC_WG_NV];
+    for (int r = 0; r < POLYC_WG_R; r++)
+        for (int k = 0; k < nv; k++)
+            acc[r][k] = WSET1(0.0f);
+    for (int64_t c = 0; c < g->c; c++) {
+        polyc_wv b[POLYC_WG_NV];
+        for (int k = 0; k < nv; k++)
+            b[k] = WLOAD(u + c * g->f + k * POLYC_WG_LANES);
+        for (int r = 0; r < POLYC_WG_R; r++) {
+            const polyc_wv a = WSET1(v[r * g->c + c]);
+            for (int k = 0; k < nv; k++)
+                acc[r][k] = WFMA(a, b[k], acc[r][k]);
+        }
+    }
+    for (int r = 0; r < POLYC_WG_R; r++)
+        for (int k = 0; k < nv; k++)
+            WSTORE(m + r * g->fb + k * POLYC_WG_LANES, acc[r][k]);
+}
+
+/* The 16 products of chunk `chunk`, whose V is at v, for output-channel block fblock, into
+   M[xi][t][fb] (whole register blocks: the rows past the chunk's last tile are zeros, their M
+   rows unused). */
+static void polyc_wg_products(const polyc_wg_t *g, const float *restrict v, float *restrict m, int64_t chunk,
+                              int64_t fblock)
+{
+    const int64_t f0 = fblock * g->fb, tn = polyc_min(g->tb, g->tiles - chunk * g->tb);
+    const int nv = (int)(polyc_min(g->fb, g->f - f0) / POLYC_WG_LANES);
+    for (int xi = 0; xi < 16; xi++) {
+        const float *vx = v + (size_t)xi * g->tb * g->c, *ux = g->u + (size_t)xi * g->c * g->f + f0;
+        float *mx = m + (size_t)xi * g->tb * g->fb;
+        for (int64_t t = 0; t < tn; t += POLYC_WG_R) {
+            switch (nv) {  /* a register block per vector count, its loops unrolled */
+#if POLYC_WG_NV >= 4
+            case 4: polyc_wg_block(g, vx + t * g->c, ux, mx + t * g->fb, 4); break;
+            case 3: polyc_wg_block(g, vx + t * g->c, ux, mx + t * g->fb, 3); break;
+#endif
+            case 2: polyc_wg_block(g, vx + t * g->c, ux, mx + t * g->fb, 2); break;
+            default: polyc_wg_block(g, vx + t * g->c, ux, mx + t * g->fb, 1); break;
+            }
+        }
+    }
+}
+
+/* Y = A^T M A for the chunk's tiles and the block's channels, A^T = [[1, 1, 1, 0], [0, 1, -1, -1]];
+   the old output added (+=), the epilogue in registers where there is one; the outputs past
+   the last row or column of the output are dropped. */
+static void polyc_wg_output(const polyc_wg_t *g, const float *restrict m, int64_t chunk, int64_t fblock)
+{
+    const int64_t t0 = chunk * g->tb, tn = polyc_min(g->tb, g->tiles - t0), f0 = fblock * g->fb;
+    const int64_t nf = polyc_min(g->fb, g->f - f0);
+    for (int64_t t = 0; t < tn; t++) {
+        const int64_t tile = t0 + t, b = tile / (g->th * g->tw), ty = tile / g->tw % g->th, tx = tile % g->tw;
+        for (int64_t k = 0; k < nf; k += POLYC_WG_LANES) {
+            polyc_wv s[2][4];
+            for (int j = 0; j < 4; j++) {
+                const polyc_wv m0 = WLOAD(m + ((size_t)(0 * 4 + j) * g->tb + t) * g->fb + k);
+                const polyc_wv m1 = WLOAD(m + ((size_t)(1 * 4 + j) * g->tb + t) * g->fb + k);
+                const polyc_wv m2 = WLOAD(m + ((size_t)(2 * 4 + j) * g->tb + t) * g->fb + k);
+                const polyc_wv m3 = WLOAD(m + ((size_t)(3 * 4 + j) * g->tb + t) * g->fb + k);
+                s[0][j] = WADD(WADD(m0, m1), m2);
+                s[1][j] = WSUB(WSUB(m1, m2), m3);
+            }
+            for (int i = 0; i < 2; i++) {
+                const int64_t oy = 2 * ty + i;
+                if (oy >= g->oh)
+                    break;
+                const polyc_wv y[2] = {WADD(WADD(s[i][0], s[i][1]), s[i][2]), WSUB(WSUB(s[i][1], s[i][2]), s[i][3])};
+                for (int j = 0; j < 2; j++) {
+                    const int64_t ox = 2 * tx + j;
+                    if (ox >= g->ow)
+                        break;
+                    const int64_t e = ((b * g->oh + oy) * g->ow + ox) * g->f + f0 + k;
+                    polyc_wv a = y[j];
+                    if (!g->init)
+                        a = WADD(WLOAD(g->out + e), a);
+#if POLYC_WG_REGISTER_EPILOGUE
+                    a = polyc_epilogue_vector(g, a, f0 + k, e);
+#endif
+                    WSTORE(g->out + e, a);
+                }
+            }
+        }
+    }
+}
+"""
