@@ -299,33 +299,17 @@ class _DepthwiseWriter(PatternKernelWriter):
 
     # ------------------------------------------------------------------ the entry point
     def entry_function(self, name: str, sizes: tuple[str, ...]) -> str:
-        d, conv = self.definition, self.conv
-        arguments = []
-        for tensor in d.tensors:
-            qualified = f"const {c_type(tensor.dtype)}" if tensor.role is ir.Role.INPUT else c_type(tensor.dtype)
-            arguments.append(f"{qualified} *__restrict__ {tensor.name}")
-        arguments += [f"int64_t {self.size_c[s]}" for s in sizes]
+        conv = self.conv
+        arguments = self.pointer_arguments(sizes)
         extent = lambda index: f"({self.size_expr(conv.extent(index))})"  # noqa: E731
         (wh, ww) = conv.windows
-        image_h, image_w = (self.size_expr(d.tensor(conv.image).shape[w.dim]) for w in conv.windows)
-        box = {b.dim: b for b in conv.box}
-
-        def bound(window, side: str, default: str) -> str:
-            value = getattr(box[window.dim], side) if window.dim in box else None
-            if value is None:
-                return default
-            value = f"({self.size_expr(value)})"
-            return f"polyc_max({value}, 0)" if side == "lo" else f"polyc_min({value}, {default})"
-
         batch = " * ".join(extent(i) for i in conv.batch) or "1"
         body = self.size_declarations(lambda s: None)
         body += ["polyc_dw_t g = {0};",
                  f"g.in = {conv.image}; g.w = {conv.weights}; g.out = {conv.target};",
                  f"g.oh = {extent(wh.x)}; g.ow = {extent(ww.x)}; g.c = {extent(self.channel)};",
-                 f"g.ih = {image_h}; g.iw = {image_w};",
+                 *self.image_box_fields(conv),
                  f"g.kh = {extent(wh.k)}; g.kw = {extent(ww.k)};",
-                 f"g.lo_h = {bound(wh, 'lo', '0')}; g.hi_h = {bound(wh, 'hi', 'g.ih')};",
-                 f"g.lo_w = {bound(ww, 'lo', '0')}; g.hi_w = {bound(ww, 'hi', 'g.iw')};",
                  # the interior columns: every tap of the row inside [lo_w, hi_w)
                  f"g.ow_lo = polyc_min(g.ow, polyc_max(0, polyc_dw_ceil_div(g.lo_w - ({ww.offset}), {ww.stride})));",
                  f"g.ow_hi = polyc_max(g.ow_lo, polyc_min(g.ow, polyc_dw_ceil_div(g.hi_w - {ww.dilation} * polyc_max(g.kw - 1, 0) - ({ww.offset}), {ww.stride})));"]
@@ -350,26 +334,8 @@ class _DepthwiseWriter(PatternKernelWriter):
         if not self.options.parallel:
             body += serial + ["return 0;"]
         else:
-            body += ["#if defined(_OPENMP)",
-                     "int polyc_nthr = 1, polyc_most = 1, polyc_slow = 0;",
-                     f"if ({work} >= {float(_PARALLEL_THRESHOLD)!r}) {{",
-                     "    polyc_most = polyc_most_threads();",
-                     "    polyc_nthr = polyc_threads(polyc_most);",
-                     "}",
-                     "const double polyc_started = polyc_call_start();",
-                     "#pragma omp parallel num_threads(polyc_nthr) if(polyc_nthr > 1)",
-                     "{",
-                     "    polyc_thread_clock_t polyc_clock;",
-                     "    if (polyc_nthr > 1) polyc_thread_start(&polyc_clock, polyc_started);",
-                     "    #pragma omp for schedule(static)",
-                     *("    " + line for line in serial),
-                     "    if (polyc_nthr > 1) polyc_thread_stop(&polyc_clock, &polyc_slow);",
-                     "}",
-                     "polyc_threads_after(polyc_nthr, polyc_most, polyc_slow);",
-                     "#else",
-                     *serial,
-                     "#endif",
-                     "return 0;"]
+            body += self.parallel_region(work, _PARALLEL_THRESHOLD, ["#pragma omp for schedule(static)", *serial],
+                                         serial) + ["return 0;"]
         signature = f"int {name}({', '.join(arguments)})"
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
 

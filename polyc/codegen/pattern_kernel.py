@@ -377,6 +377,62 @@ class PatternKernelWriter:
             offset = f"({subscript})" if dim == 0 else f"({offset} * {_extent_name(tensor_name, dim)} + ({subscript}))"
         return f"{tensor_name}[{offset}]"
 
+    def pointer_arguments(self, sizes: tuple[str, ...]) -> list[str]:
+        """The kernel function's parameters: every tensor's pointer (const for the inputs), in
+        signature order, then the ``sizes`` (a parametric kernel's)."""
+        arguments = []
+        for tensor in self.definition.tensors:
+            qualified = f"const {c_type(tensor.dtype)}" if tensor.role is ir.Role.INPUT else c_type(tensor.dtype)
+            arguments.append(f"{qualified} *__restrict__ {tensor.name}")
+        return arguments + [f"int64_t {self.size_c[s]}" for s in sizes]
+
+    @staticmethod
+    def parallel_region(work: str, threshold: float, region: list[str], serial: list[str],
+                        prologue: tuple[str, ...] = ()) -> list[str]:
+        """C lines that run ``region`` in an OpenMP parallel region under the thread policy
+        (:data:`THREAD_POLICY_C`: ``polyc_nthr`` threads, one when ``work`` is below
+        ``threshold``), ``prologue`` first once ``polyc_nthr`` is known; ``serial`` where
+        OpenMP is off."""
+        return ["#if defined(_OPENMP)",
+                "int polyc_nthr = 1, polyc_most = 1, polyc_slow = 0;",
+                f"if ({work} >= {float(threshold)!r}) {{",
+                "    polyc_most = polyc_most_threads();",
+                "    polyc_nthr = polyc_threads(polyc_most);",
+                "}",
+                *prologue,
+                "const double polyc_started = polyc_call_start();",
+                "#pragma omp parallel num_threads(polyc_nthr) if(polyc_nthr > 1)",
+                "{",
+                "    polyc_thread_clock_t polyc_clock;",
+                "    if (polyc_nthr > 1) polyc_thread_start(&polyc_clock, polyc_started);",
+                *("    " + line for line in region),
+                "    if (polyc_nthr > 1) polyc_thread_stop(&polyc_clock, &polyc_slow);",
+                "}",
+                "polyc_threads_after(polyc_nthr, polyc_most, polyc_slow);",
+                "#else",
+                *serial,
+                "#endif"]
+
+    def image_box_fields(self, conv) -> list[str]:
+        """C assignments to the record ``g`` of a 2-D convolution (:class:`~polyc.schedule.convolution.
+        Convolution`) of the image's rows and columns (``ih, iw``) and of the positions
+        ``lo <= p < hi`` whose products count (``lo_h, hi_h, lo_w, hi_w``: the padding box
+        within the image)."""
+        box = {b.dim: b for b in conv.box}
+
+        def bound(dim: int, side: str, default: str) -> str:
+            value = getattr(box[dim], side) if dim in box else None
+            if value is None:
+                return default
+            value = f"({self.size_expr(value)})"
+            return f"polyc_max({value}, 0)" if side == "lo" else f"polyc_min({value}, {default})"
+
+        (wh, ww) = conv.windows
+        image_h, image_w = (self.size_expr(self.definition.tensor(conv.image).shape[w.dim]) for w in conv.windows)
+        return [f"g.ih = {image_h}; g.iw = {image_w};",
+                f"g.lo_h = {bound(wh.dim, 'lo', '0')}; g.hi_h = {bound(wh.dim, 'hi', 'g.ih')};",
+                f"g.lo_w = {bound(ww.dim, 'lo', '0')}; g.hi_w = {bound(ww.dim, 'hi', 'g.iw')};"]
+
     def tensors_of_epilogues(self, target: str, epilogues: tuple[ir.CheckedStatement, ...]) -> list[str]:
         """The tensors epilogue statements on ``target`` read or write, in signature order."""
         used = {target} if epilogues else set()

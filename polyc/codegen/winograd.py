@@ -45,7 +45,7 @@ from __future__ import annotations
 import numpy as np
 
 from polyc.codegen.c import GeneratedKernel, c_comment
-from polyc.codegen.c_expr import PRELUDE, c_type
+from polyc.codegen.c_expr import PRELUDE
 from polyc.codegen.conv import ISA_GUARDS
 from polyc.codegen.conv_channels import masked_access
 from polyc.codegen.pattern_kernel import PatternKernelWriter
@@ -213,31 +213,16 @@ class _WinogradWriter(PatternKernelWriter):
 
     # ------------------------------------------------------------------ the entry point
     def entry_function(self, name: str) -> str:
-        d, conv = self.definition, self.conv
-        arguments = []
-        for tensor in d.tensors:
-            qualified = f"const {c_type(tensor.dtype)}" if tensor.role is ir.Role.INPUT else c_type(tensor.dtype)
-            arguments.append(f"{qualified} *__restrict__ {tensor.name}")
+        conv = self.conv
+        arguments = self.pointer_arguments(())
         extent = lambda index: f"({self.size_expr(conv.extent(index))})"  # noqa: E731
         (wh, ww) = conv.windows
-        image_h, image_w = (self.size_expr(d.tensor(conv.image).shape[w.dim]) for w in conv.windows)
-        box = {b.dim: b for b in conv.box}
-
-        def bound(window, side: str, default: str) -> str:
-            value = getattr(box[window.dim], side) if window.dim in box else None
-            if value is None:
-                return default
-            value = f"({self.size_expr(value)})"
-            return f"polyc_max({value}, 0)" if side == "lo" else f"polyc_min({value}, {default})"
-
         batch = " * ".join(extent(i) for i in conv.batch) or "1"
         body = self.size_declarations(lambda s: None)
         body += ["polyc_wg_t g = {0};",
                  f"g.in = {conv.image}; g.w = {conv.weights}; g.out = {conv.target};",
-                 f"g.oh = {extent(wh.x)}; g.ow = {extent(ww.x)}; g.ih = {image_h}; g.iw = {image_w};",
-                 f"g.c = {extent(self.c)}; g.f = {extent(self.f)};",
-                 f"g.lo_h = {bound(wh, 'lo', '0')}; g.hi_h = {bound(wh, 'hi', 'g.ih')};",
-                 f"g.lo_w = {bound(ww, 'lo', '0')}; g.hi_w = {bound(ww, 'hi', 'g.iw')};",
+                 f"g.oh = {extent(wh.x)}; g.ow = {extent(ww.x)}; g.c = {extent(self.c)}; g.f = {extent(self.f)};",
+                 *self.image_box_fields(conv),
                  f"g.off_h = {wh.offset}; g.off_w = {ww.offset};",
                  "g.th = (g.oh + 1) / 2; g.tw = (g.ow + 1) / 2;",
                  f"g.tiles = ({batch}) * g.th * g.tw;",
@@ -293,33 +278,15 @@ class _WinogradWriter(PatternKernelWriter):
             # Items in contiguous runs per thread, so a thread's consecutive items share a chunk's V.
             share = ["const int64_t polyc_first = polyc_items * polyc_thread / polyc_nthr;",
                      "const int64_t polyc_last = polyc_items * (polyc_thread + 1) / polyc_nthr;"]
-            body += ["#if defined(_OPENMP)",
-                     "int polyc_nthr = 1, polyc_most = 1, polyc_slow = 0;",
-                     f"if ({work} >= {float(_PARALLEL_THRESHOLD)!r}) {{",
-                     "    polyc_most = polyc_most_threads();",
-                     "    polyc_nthr = polyc_threads(polyc_most);",
-                     "}",
-                     *allocate,
-                     "const double polyc_started = polyc_call_start();",
-                     "#pragma omp parallel num_threads(polyc_nthr) if(polyc_nthr > 1)",
-                     "{",
-                     "    polyc_thread_clock_t polyc_clock;",
-                     "    if (polyc_nthr > 1) polyc_thread_start(&polyc_clock, polyc_started);",
-                     "    const int polyc_thread = omp_get_thread_num();",
-                     "    #pragma omp for schedule(static)",
-                     "    for (int64_t polyc_c = 0; polyc_c < g.c; polyc_c++) polyc_wg_weights(&g, polyc_c);",
-                     "    /* (the loop's barrier: U is complete) */",
-                     *("    " + line for line in thread(share)),
-                     "    if (polyc_nthr > 1) polyc_thread_stop(&polyc_clock, &polyc_slow);",
-                     "}",
-                     "polyc_threads_after(polyc_nthr, polyc_most, polyc_slow);",
-                     "#else",
-                     "const int polyc_nthr = 1;",
-                     *allocate,
-                     "{", *("    " + line for line in serial), "}",
-                     "#endif",
-                     "polyc_workspace_give_back(polyc_work);",
-                     "return 0;"]
+            region = ["const int polyc_thread = omp_get_thread_num();",
+                      "#pragma omp for schedule(static)",
+                      "for (int64_t polyc_c = 0; polyc_c < g.c; polyc_c++) polyc_wg_weights(&g, polyc_c);",
+                      "/* (the loop's barrier: U is complete) */",
+                      *thread(share)]
+            body += self.parallel_region(work, _PARALLEL_THRESHOLD, region,
+                                         ["const int polyc_nthr = 1;", *allocate, "{", *("    " + line for line in serial), "}"],
+                                         prologue=tuple(allocate))
+            body += ["polyc_workspace_give_back(polyc_work);", "return 0;"]
         signature = f"int {name}({', '.join(arguments)})"
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
 
