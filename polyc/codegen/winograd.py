@@ -18,10 +18,12 @@ Lavin and Gray (2016)::
 
 so the 9 multiply-adds per output and channel pair become 4 in the products, which are
 register-blocked as the other kernels' (R tiles x NV vectors of output channels, the tile's V
-broadcast, U's rows loaded as vectors).  Measured on resnet18's layers on two threads (an AMD
-EPYC Zen 4), against the direct kernel (:mod:`polyc.codegen.conv_channels`), which runs them at
-about 90% of the FMA peak: 64 -> 64 at 56 x 56 1.05 -> 0.57 ms, 128 -> 128 at 28 x 28 1.05 ->
-0.56 ms, 256 -> 256 at 14 x 14 0.98 -> 0.58 ms (batch 1; batch 8 alike).
+broadcast, U's rows loaded as vectors).  Measured on resnet18's layers with their bias,
+residual and ReLU on two threads (an AMD EPYC Zen 4), against the direct kernel
+(:mod:`polyc.codegen.conv_channels`), which runs them at about 90% of the FMA peak, each layer
+alone: 64 -> 64 at 56 x 56 1.08 -> 0.65 ms, 128 -> 128 at 28 x 28 1.07 -> 0.64-0.66 ms,
+256 -> 256 at 14 x 14 1.00-1.10 -> 0.73-0.76 ms at batch 1 (8.0-8.3 -> 4.4-4.6 ms at batch 8);
+built with -mavx2 -mfma 1.38-1.61x.
 
 Work.  Tiles go in *chunks* of TB tiles (TB: :func:`chunk_limits`); a work item is (chunk,
 block of FB output channels), and each thread takes a contiguous run of items.  An item
@@ -99,10 +101,10 @@ def winograd_form(conv: Convolution, program: PolyProgram, options: Options) -> 
 
 def winograd_pays(channels: int, features: int, tiles: int) -> bool:
     """Whether the kernel beats the direct one, by what was measured (AMD EPYC Zen 4, two
-    threads): resnet18's 3 x 3 layers up to 256 channels gained 1.7-1.9x at batch 1 and 8; its
-    512-channel layers at 7 x 7 lost (16 tiles at batch 1, their 16 x 512 x 512 transformed
-    weights read from memory for little work; 0.85-0.94x at batch 8, where a chunk of tiles
-    fitting L2 is too few to reuse the weights)."""
+    threads): resnet18's 3 x 3 layers up to 256 channels gained 1.35-1.75x at batch 1 and 8, and
+    smaller layers too (32 -> 32 at 56 x 56 1.4x, 256 -> 256 at 7 x 7 at batch 8 1.2x); in a
+    first version its 512-channel layers at 7 x 7 lost (0.05x at batch 1: 16 tiles, for which the
+    16 x 512 x 512 transformed weights are made and read from memory; 0.85-0.94x at batch 8)."""
     return channels <= 256 and features <= 256 and tiles >= 32
 
 
