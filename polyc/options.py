@@ -69,7 +69,7 @@ class Options:
       entry of ``tile_sizes`` is the number of output channels per work item.
     - ``winograd``: compile a 3 x 3 stride-1 convolution in a channels-last layout whose
       channels are multiples of 16 (float32, known sizes) by Winograd's F(2x2, 3x3)
-      (:mod:`polyc.codegen.winograd`): 1.7-1.9x faster on resnet18's layers, equal up to rounding
+      (:mod:`polyc.codegen.winograd`): 1.35-1.75x faster on resnet18's layers, equal up to rounding
       on finite values, but an infinite input or weight may give NaN in outputs near it.  Off by
       default; ONNX sessions turn it on.
     - ``cache_sizes``: the data caches tile and block sizes are chosen for, ``(L1, L2, L3)`` in

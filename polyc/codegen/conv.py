@@ -155,7 +155,8 @@ def block_shape(isa: str, dtype: np.dtype, rf: int) -> BlockShape:
 
 def generate_conv(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel:
     """The C translation unit computing ``program`` (one convolution and its epilogues); a
-    channels-last depthwise one gets :mod:`polyc.codegen.depthwise`'s kernel."""
+    channels-last 3 x 3 stride-1 one gets :mod:`polyc.codegen.winograd`'s kernel where the
+    option asks for it and it pays, a channels-last depthwise one :mod:`polyc.codegen.depthwise`'s."""
     # (these use this module's ISA_GUARDS)
     from polyc.codegen.depthwise import generate_depthwise
     from polyc.codegen.winograd import generate_winograd
