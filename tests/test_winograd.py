@@ -3,11 +3,15 @@ take it, and its results against numpy within the direct kernel's tolerance (TC'
 reduction's length as the operation count), on AVX-512, AVX2 and portable builds."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 import polyc
 from kernels import assert_close
+from sanitizers import python_environment
 from test_conv import _nhwc_reference, _padded, padded_conv, rand
 
 BUILDS = pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
@@ -81,3 +85,27 @@ def test_other_convolutions_keep_the_direct_kernel():
     assert not uses_winograd(kernel(1, 8, 8, 16, 16, winograd=True))  # 16 tiles
     with pytest.raises(polyc.PolycError, match="winograd must be True or False"):
         polyc.define("def f(float(N) A) -> (B) { B(i) = A(i) }", winograd=1)
+
+
+_TEAM_SCRIPT = """
+import numpy as np
+import polyc
+from kernels import assert_close
+from test_conv import _nhwc_reference, _padded, padded_conv, rand
+source, _ = padded_conv(1, 16, 16, 16, 32, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), relu=False)
+kernel = polyc.define(source, winograd=True).conv
+rng = np.random.default_rng(0)
+image, weights, bias = rand(rng, (1, 16, 16, 16)), rand(rng, (3, 3, 16, 32)), rand(rng, (32,))
+want = _nhwc_reference(_padded(image, (1, 1, 1, 1)), weights.transpose(3, 2, 0, 1)) + bias
+assert_close(kernel(image, weights, bias), want, 9 * 16 + 1, np.float32, (image, weights, bias))
+print("ok")
+"""
+
+
+def test_winograd_shares_its_work_among_the_threads_openmp_gives(tmp_path):
+    """Under a thread limit OpenMP runs a smaller team than the thread policy asked for; every
+    work item still runs (a share by the threads asked for left half the outputs unwritten)."""
+    result = subprocess.run([sys.executable, "-c", _TEAM_SCRIPT], capture_output=True, text=True, timeout=300,
+                            env=python_environment(OMP_THREAD_LIMIT="1", OMP_NUM_THREADS="2",
+                                                   POLYC_CACHE_DIR=str(tmp_path)))
+    assert result.returncode == 0 and result.stdout.split() == ["ok"], result.stdout + result.stderr[-3000:]

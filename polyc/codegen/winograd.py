@@ -278,9 +278,12 @@ class _WinogradWriter(PatternKernelWriter):
             body += ["const int polyc_nthr = 1;", *allocate, "{", *("    " + line for line in serial), "}",
                      "polyc_workspace_give_back(polyc_work);", "return 0;"]
         else:
-            # Items in contiguous runs per thread, so a thread's consecutive items share a chunk's V.
-            share = ["const int64_t polyc_first = polyc_items * polyc_thread / polyc_nthr;",
-                     "const int64_t polyc_last = polyc_items * (polyc_thread + 1) / polyc_nthr;"]
+            # Items in contiguous runs per thread, so a thread's consecutive items share a chunk's
+            # V; shared by the team OpenMP gave, which may be smaller than asked for (a thread
+            # limit, a call from inside a parallel region).
+            share = ["const int polyc_team = omp_get_num_threads();",
+                     "const int64_t polyc_first = polyc_items * polyc_thread / polyc_team;",
+                     "const int64_t polyc_last = polyc_items * (polyc_thread + 1) / polyc_team;"]
             region = ["const int polyc_thread = omp_get_thread_num();",
                       "#pragma omp for schedule(static)",
                       "for (int64_t polyc_c = 0; polyc_c < g.c; polyc_c++) polyc_wg_weights(&g, polyc_c);",
