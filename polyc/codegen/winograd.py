@@ -44,6 +44,8 @@ float64, parametric sizes, and layers where it does not pay (:func:`winograd_pay
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from polyc.codegen.c import GeneratedKernel, c_comment
@@ -75,9 +77,10 @@ _PARALLEL_THRESHOLD = 64 * 64 * 64
 CHANNEL_MULTIPLE = 16
 
 
-def winograd_form(conv: Convolution, program: PolyProgram, options: Options) -> bool:
-    """Whether ``conv`` has the form this kernel computes (see the module doc), with the option on."""
-    if not options.winograd or program.size_values is None or conv.dtype != np.dtype(np.float32):
+def winograd_form(conv: Convolution, size_values: Mapping[str, int] | None, options: Options) -> bool:
+    """Whether ``conv`` at ``size_values`` (None: parametric) has the form this kernel computes
+    (see the module doc) and would pay, with the option on."""
+    if not options.winograd or size_values is None or conv.dtype != np.dtype(np.float32):
         return False
     if conv.groups or len(conv.f) != 1 or len(conv.channels) != 1 or len(conv.windows) != 2:
         return False
@@ -88,7 +91,7 @@ def winograd_form(conv: Convolution, program: PolyProgram, options: Options) -> 
     if conv.target_indices != (*batch, wh.x, ww.x, f) or conv.image_plain != (*batch, None, None, c) \
             or conv.weight_indices != (wh.k, ww.k, c, f):
         return False
-    extent = lambda index: conv.extent(index).evaluate(program.size_values)  # noqa: E731
+    extent = lambda index: conv.extent(index).evaluate(size_values)  # noqa: E731
     if extent(wh.k) != 3 or extent(ww.k) != 3:
         return False
     channels, features = extent(c), extent(f)
@@ -131,7 +134,7 @@ def chunk_limits(channels: int, features: int, options: Options) -> tuple[int, i
 
 def generate_winograd(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel | None:
     """The Winograd kernel of ``conv``, or None when it does not have the form or would not pay."""
-    return _WinogradWriter(program, conv, options).write() if winograd_form(conv, program, options) else None
+    return _WinogradWriter(program, conv, options).write() if winograd_form(conv, program.size_values, options) else None
 
 
 class _WinogradWriter(PatternKernelWriter):

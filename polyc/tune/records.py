@@ -316,7 +316,11 @@ def tuned_options(definition: CheckedDef, options, sizes: Mapping[str, int]):
         return options
     defaults = Options()
     changes = {name: value for name, value in recorded.items()
-               if hasattr(defaults, name) and getattr(options, name) == getattr(defaults, name)}
+               if hasattr(defaults, name) and getattr(options, name) == getattr(defaults, name) and name != "winograd"}
+    if recorded.get("winograd") is False and options.winograd:
+        # The Winograd kernel is the user's opt-in (its numerics differ on non-finite values):
+        # a record may turn it off where the direct kernel measured faster, never on.
+        changes["winograd"] = False
     try:
         return options.replace(**changes) if changes else options
     except PolycError:  # a record naming options this polyc no longer accepts

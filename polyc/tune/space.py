@@ -6,7 +6,9 @@ The space depends on the path polyc compiles the def through (:func:`polyc.drive
   (``tile_sizes`` of three entries, rounded by the kernel to its register block) and the
   register block (``micro_kernel``: polyc's choice per call, or one of the instruction set's);
 - a matrix-vector product: nothing but the thread count;
-- a direct convolution: the output channels per work item (the first entry of ``tile_sizes``);
+- a direct convolution: the output channels per work item (the first entry of ``tile_sizes``),
+  and, where the Winograd kernel would compute it (the option ``winograd`` on, as in ONNX
+  sessions, and a 3 x 3 convolution of its form), whether to use it;
 - anything else (the generic polyhedral path, segments included): the tile sizes of the
   outermost band (or no tiling), the order of its loops (``loop_order``: the scheduler's, or a
   permutation of the largest statement's first three indices), the fusion strategy (where there
@@ -67,7 +69,9 @@ class SearchSpace:
             if config.get("micro_kernel", 0) != 0:
                 changes["micro_kernel"] = int(config["micro_kernel"])
         elif self.path == "convolution":
-            if config["channels"] != 0:
+            if config.get("winograd", True) is False:
+                changes["winograd"] = False
+            if config["channels"] != 0 and not config.get("winograd", False):
                 changes["tile_sizes"] = [int(config["channels"])]
         else:
             tiles = [int(config[f"t{i}"]) for i in range(len(self.extents[:3])) if f"t{i}" in config]
@@ -130,6 +134,8 @@ class SearchSpace:
         the model sees them as absent, not as values that seem to change the time."""
         if self.path == "gemm" and config["kc"] == 0:
             return {"mc", "nc"}
+        if self.path == "convolution" and config.get("winograd", False):
+            return {"channels"}
         if self.path == "generic" and "t0" in config and int(config["t0"]) <= 0:
             return {k.name for k in self.knobs if k.name[0] == "t" and k.name[1:].isdigit() and k.name != "t0"}
         return set()
@@ -145,7 +151,7 @@ class SearchSpace:
         if self.path == "generic" and "t0" in config and int(config["t0"]) > 0:
             tiles = [min(int(config[f"t{i}"]), e) for i, e in enumerate(self.extents[:3])]
             block = math.prod(tiles) * self.itemsize
-        if self.path == "convolution" and config["channels"]:
+        if self.path == "convolution" and config["channels"] and not config.get("winograd", False):
             block = int(config["channels"]) * self.itemsize * 64
         if block is None:
             return [0.0, 0.0, 0.0]
@@ -204,8 +210,17 @@ def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options
                 knobs += (Knob("micro_kernel", tuple(range(blocks + 1)), numeric=False),)
                 default["micro_kernel"] = 0
         return space("gemm", knobs, default)
-    if find_convolution(definition, options) is not None:
-        return space("convolution", (Knob("channels", (0, 8, 16, 24, 32, 48, 64, 96, 128)),), {"channels": 0})
+    convolution = find_convolution(definition, options)
+    if convolution is not None:
+        knobs: tuple = (Knob("channels", (0, 8, 16, 24, 32, 48, 64, 96, 128)),)
+        default = {"channels": 0}
+        from polyc.codegen.winograd import winograd_form
+        if winograd_form(convolution, sizes, options):
+            # polyc's choice, the Winograd kernel, or the direct one (whose channels per item
+            # are the other knob): which is faster depends on the machine's caches and vectors.
+            knobs += (Knob("winograd", (True, False), numeric=False),)
+            default["winograd"] = True
+        return space("convolution", knobs, default)
     depth = min(3, len(extents))
     knobs = [Knob("t0", (-1, 0, *_GENERIC_TILES))] if depth else []
     knobs += [Knob(f"t{i}", _GENERIC_TILES) for i in range(1, depth)]

@@ -473,3 +473,32 @@ def test_large_kernels_are_checked_against_the_default_build(records, matmul_arg
     outcome = search.measure_candidate({"source": MATMUL, "name": "matmul", "options": {}, "terms": 48,
                                         "limit": float("inf")}, matmul_args, wrong)
     assert outcome["status"] == "wrong"
+
+
+WINOGRAD_CONV = """def conv(float(1, 16, 16, 16) I, float(3, 3, 16, 32) W1) -> (O) {
+    O(n, h, w, f) +=! (h + r_kh >= 1 && h + r_kh < 17 && w + r_kw >= 1 && w + r_kw < 17)
+        ? I(n, h + r_kh - 1, w + r_kw - 1, r_c) * W1(r_kh, r_kw, r_c, f) : 0 where h in 0:16, w in 0:16, r_kh in 0:3, r_kw in 0:3
+}"""
+
+
+def test_where_the_winograd_kernel_is_allowed_the_tuner_may_turn_it_off(records):
+    from polyc.tune.space import space_for
+    allowed = polyc.define(WINOGRAD_CONV, winograd=True).conv
+    space = space_for(allowed.definition, {}, allowed.options)
+    assert space.path == "convolution" and dict((k.name, k.choices) for k in space.knobs)["winograd"] == (True, False)
+    assert space.default["winograd"] is True and space.options(space.default) == {}
+    direct = {**space.default, "winograd": False, "channels": 16}
+    assert space.options(direct) == {"winograd": False, "tile_sizes": [16]}
+    # With the Winograd kernel the channels per item mean nothing: the same candidate, the same features.
+    assert space.identity({**space.default, "channels": 16}) == space.identity(space.default)
+    assert space.features({**space.default, "channels": 16}) == space.features(space.default)
+    # Not offered where the user did not allow it.
+    plain = polyc.define(WINOGRAD_CONV).conv
+    assert "winograd" not in {k.name for k in space_for(plain.definition, {}, plain.options).knobs}
+    # A record may turn it off for a kernel that allows it (never on for one that does not).
+    assert "Winograd F(2x2, 3x3)" in allowed.c_source({})
+    key = TuningKey.for_call(allowed.definition, {}, polyc.tune.search.target_of(allowed.options.replace(tuning=False)))
+    append_record(TuningRecord(key, {"winograd": False, "tile_sizes": [16]}, "ok", 1e-6), records)
+    assert "Winograd F(2x2, 3x3)" not in polyc.define(WINOGRAD_CONV, winograd=True).conv.stages({}).kernel.source
+    append_record(TuningRecord(key, {"winograd": True}, "ok", 1e-7), records)
+    assert "Winograd F(2x2, 3x3)" not in polyc.define(WINOGRAD_CONV).conv.stages({}).kernel.source
