@@ -342,12 +342,8 @@ class _DepthwiseWriter(PatternKernelWriter):
     def scalar_epilogue(self) -> list[str]:
         """The epilogue statements on the item's finished outputs, element by element."""
         conv = self.conv
-        lines = ["int64_t polyc_rest = polyc_b;"]
-        for index in reversed(conv.batch):
-            lines.append(f"const int64_t polyc_ix_{index} = polyc_rest % ({self.size_expr(conv.extent(index))}); "
-                         f"polyc_rest /= ({self.size_expr(conv.extent(index))});")
-        lines += ["(void)polyc_rest;",
-                  f"const int64_t polyc_ix_{conv.windows[0].x} = polyc_oh;",
+        lines = self.batch_indices(conv, "polyc_b")
+        lines += [f"const int64_t polyc_ix_{conv.windows[0].x} = polyc_oh;",
                   f"for (int64_t polyc_ix_{conv.windows[1].x} = 0; polyc_ix_{conv.windows[1].x} < g.ow; "
                   f"polyc_ix_{conv.windows[1].x}++) {{",
                   "    #pragma omp simd",

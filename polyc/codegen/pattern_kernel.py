@@ -413,6 +413,15 @@ class PatternKernelWriter:
                 *serial,
                 "#endif"]
 
+    def batch_indices(self, conv, image: str) -> list[str]:
+        """C declarations of ``polyc_ix_<index>`` for a convolution's batch indices, from the
+        flat number ``image`` (C) of the image they make together (row-major)."""
+        lines = [f"int64_t polyc_rest = {image};"]
+        for index in reversed(conv.batch):
+            extent = self.size_expr(conv.extent(index))
+            lines.append(f"const int64_t polyc_ix_{index} = polyc_rest % ({extent}); polyc_rest /= ({extent});")
+        return lines + ["(void)polyc_rest;"]
+
     def image_box_fields(self, conv) -> list[str]:
         """C assignments to the record ``g`` of a 2-D convolution (:class:`~polyc.schedule.convolution.
         Convolution`) of the image's rows and columns (``ih, iw``) and of the positions

@@ -307,13 +307,10 @@ class _WinogradWriter(PatternKernelWriter):
         lines = ["const int64_t polyc_t0 = polyc_chunk * g.tb, polyc_t1 = polyc_min(g.tiles, polyc_t0 + g.tb);",
                  "const int64_t polyc_f0 = polyc_fblock * g.fb, polyc_f1 = polyc_min(g.f, polyc_f0 + g.fb);",
                  "for (int64_t polyc_t = polyc_t0; polyc_t < polyc_t1; polyc_t++) {",
-                 "    int64_t polyc_rest = polyc_t / (g.th * g.tw);",
-                 "    const int64_t polyc_ty = polyc_t / g.tw % g.th, polyc_tx = polyc_t % g.tw;"]
-        for index in reversed(conv.batch):
-            lines.append(f"    const int64_t polyc_ix_{index} = polyc_rest % ({self.size_expr(conv.extent(index))}); "
-                         f"polyc_rest /= ({self.size_expr(conv.extent(index))});")
-        lines += ["    (void)polyc_rest;",
-                  f"    for (int64_t polyc_ix_{wh.x} = 2 * polyc_ty; polyc_ix_{wh.x} < polyc_min(g.oh, 2 * polyc_ty + 2); "
+                 "    int64_t polyc_image, polyc_ty, polyc_tx;",
+                 "    polyc_wg_tile(&g, polyc_t, &polyc_image, &polyc_ty, &polyc_tx);",
+                 *("    " + line for line in self.batch_indices(conv, "polyc_image"))]
+        lines += [f"    for (int64_t polyc_ix_{wh.x} = 2 * polyc_ty; polyc_ix_{wh.x} < polyc_min(g.oh, 2 * polyc_ty + 2); "
                   f"polyc_ix_{wh.x}++)",
                   f"    for (int64_t polyc_ix_{ww.x} = 2 * polyc_tx; polyc_ix_{ww.x} < polyc_min(g.ow, 2 * polyc_tx + 2); "
                   f"polyc_ix_{ww.x}++) {{",
@@ -329,6 +326,14 @@ class _WinogradWriter(PatternKernelWriter):
 #: The transforms and the products, in the vector operations each instruction set defines
 #: above (WLOAD, WFMA, ...), for every kernel of this form alike.
 _TRANSFORMS = r"""
+/* Tile `tile`'s image, row and column of tiles. */
+static inline void polyc_wg_tile(const polyc_wg_t *g, int64_t tile, int64_t *b, int64_t *ty, int64_t *tx)
+{
+    *b = tile / (g->th * g->tw);
+    *ty = tile / g->tw % g->th;
+    *tx = tile % g->tw;
+}
+
 /* U[xi][c][f] = (G g G^T)[xi] for input channel c, all output channels (g: W[kh][kw][c][f]),
    G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]. */
 static void polyc_wg_weights(const polyc_wg_t *g, int64_t c)
@@ -362,7 +367,8 @@ static void polyc_wg_input(const polyc_wg_t *g, float *restrict v, int64_t chunk
     const int64_t t0 = chunk * g->tb, tn = polyc_min(g->tb, g->tiles - t0);
     const polyc_wv zero = WSET1(0.0f);
     for (int64_t t = 0; t < tn; t++) {
-        const int64_t tile = t0 + t, b = tile / (g->th * g->tw), ty = tile / g->tw % g->th, tx = tile % g->tw;
+        int64_t b, ty, tx;
+        polyc_wg_tile(g, t0 + t, &b, &ty, &tx);
         const float *rows[4], *image = g->in + b * g->ih * g->iw * g->c;
         int64_t cols[4];
         for (int a = 0; a < 4; a++) {
@@ -454,7 +460,8 @@ static void polyc_wg_output(const polyc_wg_t *g, const float *restrict m, int64_
     const int64_t t0 = chunk * g->tb, tn = polyc_min(g->tb, g->tiles - t0), f0 = fblock * g->fb;
     const int64_t nf = polyc_min(g->fb, g->f - f0);
     for (int64_t t = 0; t < tn; t++) {
-        const int64_t tile = t0 + t, b = tile / (g->th * g->tw), ty = tile / g->tw % g->th, tx = tile % g->tw;
+        int64_t b, ty, tx;
+        polyc_wg_tile(g, t0 + t, &b, &ty, &tx);
         for (int64_t k = 0; k < nf; k += POLYC_WG_LANES) {
             polyc_wv s[2][4];
             for (int j = 0; j < 4; j++) {
