@@ -9,7 +9,9 @@ conversion of convolutions, pools and the elementwise steps between them with tr
 value leaves that layout, values used twice (a residual) or returned while also consumed, and
 the arena's reuse of buffers by lifetime.  Each hypothesis example is one random graph
 (:func:`graphs`): an image input with a symbolic batch, two to seven nodes drawn from those
-above, random constants, sometimes an intermediate value as a second output.  A session runs it
+above and from pools, reductions, softmax, concat, split, slice, pad, transposes, a reshape to a
+sequence ``(N, C, H * W)`` with products and layer normalization along it, random constants,
+sometimes an intermediate value as a second output.  A session runs it
 at batch 2 and then batch 1 (the plan for a new batch, the same session) and every output must
 match onnxruntime's within the ONNX backend suite's relative tolerance (1e-3), with an absolute
 floor scaled by the output's magnitude (sums of cancelling terms).  Sessions are made with graph
@@ -72,9 +74,24 @@ def _steps(draw, shapes):
     kind, shape = shapes[index]
     seed = draw(st.integers(0, 2 ** 16))
     choices = ["unary", "constant", "residual", "softmax"]
-    choices += ["conv", "conv", "depthwise", "pool", "global", "concat", "reduce", "transpose", "flatten"] \
-        if kind == "image" else ["gemm", "matmul"]
+    choices += {"image": ["conv", "conv", "depthwise", "pool", "global", "concat", "reduce", "transpose", "flatten",
+                          "slice", "pad", "split", "sequence"],
+                "sequence": ["matmul", "layernorm", "transpose", "reduce"],
+                "matrix": ["gemm", "matmul"]}[kind]
     choice = draw(st.sampled_from(choices))
+    if choice == "slice":
+        start = draw(st.integers(0, shape[0] - 1))
+        return ("slice", index, start, draw(st.integers(start + 1, shape[0])), draw(st.sampled_from([1, 2])))
+    if choice == "pad":
+        return ("pad", index, draw(st.lists(st.integers(0, 2), min_size=4, max_size=4)), draw(st.sampled_from([0.0, 1.5])))
+    if choice == "split":
+        if shape[0] % 2:
+            return None
+        return ("split", index, draw(st.integers(0, 1)))
+    if choice == "sequence":  # (N, C, H, W) -> (N, C, H * W)
+        return ("sequence", index)
+    if choice == "layernorm":
+        return ("layernorm", index, seed)
     if choice in ("conv", "depthwise"):
         kernel = draw(st.sampled_from([1, 3]))
         stride = draw(st.sampled_from([1, 1, 2]))
@@ -98,6 +115,8 @@ def _steps(draw, shapes):
         return ("concat", index, draw(st.sampled_from(partners)))
     if choice == "softmax":
         return ("softmax", index, 1 if kind == "image" else -1)
+    if choice == "reduce" and kind == "sequence":
+        return ("reduce_last", index, draw(st.sampled_from(["ReduceMean", "ReduceMax"])))
     if choice == "reduce":
         return ("reduce", index, draw(st.sampled_from(["ReduceMean", "ReduceSum", "ReduceMax"])))
     if choice in ("transpose", "flatten"):
@@ -107,7 +126,7 @@ def _steps(draw, shapes):
     if choice == "unary":
         return ("unary", index, draw(st.integers(0, len(UNARY) - 1)))
     if choice == "constant":
-        form = draw(st.sampled_from(["scalar", "channel", "full"] if kind == "image" else ["scalar", "full"]))
+        form = draw(st.sampled_from(["scalar", "channel", "full"] if kind == "image" else ["scalar", "full", "last"]))
         return ("constant", index, draw(st.sampled_from(["Add", "Mul", "Sub"])), form, seed)
     partners = [i for i, s in enumerate(shapes) if s == (kind, shape)]
     return ("residual", index, draw(st.sampled_from(partners)), draw(st.sampled_from(["Add", "Mul", "Max"])))
@@ -128,11 +147,23 @@ def step_shape(step: tuple, shapes: list) -> tuple:
     if op == "concat":
         return "image", (shape[0] + shapes[step[2]][1][0], *shape[1:])
     if op == "transpose":
-        return "image", (shape[0], shape[2], shape[1])
+        return kind, (shape[0], shape[2], shape[1]) if kind == "image" else (shape[1], shape[0])
     if op == "flatten":
         return "matrix", (int(np.prod(shape)),)
     if op in ("gemm", "matmul"):
-        return "matrix", (step[2],)
+        return kind, (*shape[:-1], step[2])
+    if op == "slice":
+        _, _, start, end, stride = step
+        return "image", (len(range(start, end, stride)), *shape[1:])
+    if op == "pad":
+        top, left, bottom, right = step[2]
+        return "image", (shape[0], shape[1] + top + bottom, shape[2] + left + right)
+    if op == "split":
+        return "image", (shape[0] // 2, *shape[1:])
+    if op == "sequence":
+        return "sequence", (shape[0], shape[1] * shape[2])
+    if op == "reduce_last":
+        return "sequence", (shape[0], 1)
     return kind, shape
 
 
@@ -150,6 +181,10 @@ def build_model(spec: list) -> onnx.ModelProto:
 
     def const(name, array):
         initializers.append(numpy_helper.from_array(np.asarray(array, np.float32), name))
+        return name
+
+    def integers(name, values):
+        initializers.append(numpy_helper.from_array(np.asarray(values, np.int64), name))
         return name
 
     for number, step in enumerate(spec):
@@ -202,13 +237,36 @@ def build_model(spec: list) -> onnx.ModelProto:
             else:
                 nodes.append(helper.make_node(step[2], [source], [out], axes=[2, 3], keepdims=1))
         elif op == "transpose":
-            nodes.append(helper.make_node("Transpose", [source], [out], perm=[0, 1, 3, 2]))
+            nodes.append(helper.make_node("Transpose", [source], [out], perm=[0, 1, 3, 2] if kind == "image" else [0, 2, 1]))
+        elif op == "slice":
+            _, _, start, end, stride = step
+            parameters = [integers(f"{out}_{name}", [v]) for name, v in (("starts", start), ("ends", end), ("axes", 1),
+                                                                         ("steps", stride))]
+            nodes.append(helper.make_node("Slice", [source, *parameters], [out]))
+        elif op == "pad":
+            top, left, bottom, right = step[2]
+            pads = integers(f"{out}_pads", [0, 0, top, left, 0, 0, bottom, right])
+            nodes.append(helper.make_node("Pad", [source, pads, const(f"{out}_value", np.array(step[3]))], [out]))
+        elif op == "split":
+            halves = [f"{out}_0", f"{out}_1"]
+            halves[step[2]] = out
+            nodes.append(helper.make_node("Split", [source, integers(f"{out}_sizes", [shape[0] // 2] * 2)], halves, axis=1))
+        elif op == "sequence":
+            nodes.append(helper.make_node("Reshape", [source, integers(f"{out}_shape", [0, shape[0], -1])], [out]))
+        elif op == "reduce_last":
+            nodes.append(helper.make_node(step[2], [source], [out], axes=[-1], keepdims=1))
+        elif op == "layernorm":
+            rng = np.random.default_rng(step[2])
+            width = shape[-1]
+            nodes.append(helper.make_node("LayerNormalization", [source, const(f"{out}_scale", rng.uniform(0.5, 1.5, width)),
+                                                                 const(f"{out}_bias", rng.standard_normal(width))],
+                                          [out], axis=-1))
         elif op == "flatten":
             nodes.append(helper.make_node("Flatten", [source], [out], axis=1))
         elif op in ("gemm", "matmul"):
             _, _, n, trans_b, bias, seed = step
             rng = np.random.default_rng(seed)
-            (k,) = shape
+            k = shape[-1]
             weight = rng.standard_normal((k, n)) / np.sqrt(k)
             if op == "gemm":
                 inputs = [source, const(f"{out}_w", weight.T if trans_b else weight)]
@@ -224,7 +282,8 @@ def build_model(spec: list) -> onnx.ModelProto:
             rng = np.random.default_rng(seed)
             value = {"scalar": lambda: rng.uniform(0.5, 1.5, (1,)),
                      "channel": lambda: rng.uniform(0.5, 1.5, (shape[0], 1, 1)),
-                     "full": lambda: rng.uniform(0.5, 1.5, shape)}[form]()
+                     "full": lambda: rng.uniform(0.5, 1.5, shape),
+                     "last": lambda: rng.uniform(0.5, 1.5, shape[-1:])}[form]()
             nodes.append(helper.make_node(name, [source, const(f"{out}_k", value)], [out]))
         elif op == "residual":
             nodes.append(helper.make_node(step[3], [source, f"v{step[2]}"], [out]))
