@@ -24,6 +24,7 @@ from polyc.codegen.conv import generate_conv
 from polyc.codegen.gemm import STATUS_OUT_OF_MEMORY, generate_gemm, packing_programs
 from polyc.codegen.gemv import generate_gemv
 from polyc.codegen.link import link_segments
+from polyc.codegen.pointwise_depthwise import generate_pointwise_depthwise
 from polyc.codegen.gpu import GpuKernelSource, generate_gpu
 from polyc.errors import BoundsError, PolycError
 from polyc.ir.dependences import Dependences, compute_dependences
@@ -36,7 +37,8 @@ from polyc.runtime.arguments import BoundCall
 from polyc.runtime.cache import find_request, remember_request, request_key
 from polyc.runtime.compiler import LANGUAGE_FLAGS
 from polyc.schedule.contraction import Contraction, recognise_gemm_def, worth_a_gemm_kernel
-from polyc.schedule.convolution import Convolution, recognise_conv_def
+from polyc.schedule.convolution import Convolution, PointwiseDepthwise, recognise_conv_def, \
+    recognise_pointwise_depthwise_def
 from polyc.schedule import tiling
 from polyc.schedule.gpu_device import DEFAULT_DEVICE, DeviceModel, named_device
 from polyc.schedule.gpu_mapping import GpuPlan, MappingOptions, map_to_gpu
@@ -126,6 +128,10 @@ def compile_stages(definition: CheckedDef, options: Options,
     if convolution is not None:
         return Stages(program, dependences, schedule, optimized, generate_conv(program, convolution, options),
                       convolution=convolution, decisions=tuple(decisions), options=options)
+    chain = find_pointwise_depthwise(definition, options)
+    if chain is not None:
+        return Stages(program, dependences, schedule, optimized, generate_pointwise_depthwise(program, chain, options),
+                      decisions=tuple(decisions), options=options)
     segments = plan_segments(definition) if _blas_enabled(options) else None
     if segments is not None:
         parts = tuple(compile_stages(segment.definition, options, sizes) for segment in segments)
@@ -207,6 +213,14 @@ def find_convolution(definition: CheckedDef, options: Options) -> Convolution | 
     if options.backend != "c" or not options.direct_convolutions:
         return None
     return recognise_conv_def(definition)
+
+
+def find_pointwise_depthwise(definition: CheckedDef, options: Options) -> PointwiseDepthwise | None:
+    """The 1 x 1 and depthwise convolutions a def is compiled as by the fused kernel of
+    :mod:`polyc.codegen.pointwise_depthwise`, or None."""
+    if options.backend != "c" or not options.direct_convolutions:
+        return None
+    return recognise_pointwise_depthwise_def(definition)
 
 
 def compiler_options(options: Options) -> CompilerOptions:

@@ -71,6 +71,10 @@ class _DepthwiseWriter(PatternKernelWriter):
         self.channels_c = "g->c" if channels is None else str(channels)
         self.register_epilogue = RegisterEpilogue.of(conv.epilogues, self.definition, conv.target_indices,
                                                      self.channel) if options.vectorize else None
+        #: Where a row's image rows are: None, the image's (of image b); else the C expression
+        #: of the number of rows a ring buffer at ``g->in`` holds (image row p at p % rows), for
+        #: :mod:`polyc.codegen.pointwise_depthwise`, whose image is computed row by row.
+        self.ring_rows_c: str | None = None
 
     def write(self) -> GeneratedKernel:
         d = self.definition
@@ -91,15 +95,28 @@ class _DepthwiseWriter(PatternKernelWriter):
         lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
         return c_comment(lines)
 
-    def context_struct(self) -> str:
+    def context_fields(self) -> list[str]:
+        """The fields of the kernel's record ``polyc_dw_t``."""
         t = self.ctype
         fields = [f"const {t} *in", f"const {t} *w", f"{t} *out",
                   "int64_t oh, ow, c, ih, iw, kh, kw, lo_h, hi_h, lo_w, hi_w, ow_lo, ow_hi"]
         for name in self.tensors_of_epilogues(self.conv.target, self.conv.epilogues):
-            tensor = self.definition.tensor(name)
-            qualifier = "const " if tensor.role is ir.Role.INPUT else ""
-            fields.append(f"{qualifier}{c_type(tensor.dtype)} *t_{name}")
-        body = "\n".join(f"    {f};" for f in fields)
+            fields.append(self.tensor_field(name))
+        return fields
+
+    def tensor_field(self, name: str) -> str:
+        tensor = self.definition.tensor(name)
+        qualifier = "const " if tensor.role is ir.Role.INPUT else ""
+        return f"{qualifier}{c_type(tensor.dtype)} *t_{name}"
+
+    def image_rows(self) -> tuple[str, str]:
+        """C of the start of image b's channels c0.. and of the offset of its row p from there."""
+        if self.ring_rows_c is None:
+            return "g->in + b * g->ih * g->iw * g->c + c0", "p * g->iw * C"
+        return "g->in + c0", f"(p % {self.ring_rows_c}) * g->iw * C"
+
+    def context_struct(self) -> str:
+        body = "\n".join(f"    {f};" for f in self.context_fields())
         return ("/* The image, the weights (KH, KW, C) and the output; output rows and columns, channels,\n"
                 "   image rows and columns; the box (image positions lo <= p < hi whose products count);\n"
                 "   the interior columns ow_lo <= ow < ow_hi (every tap inside the box); the epilogue's\n"
@@ -156,14 +173,14 @@ class _DepthwiseWriter(PatternKernelWriter):
                  "{",
                  *self.row_prefetch(),
                  f"    {mask_line}" if mask_line else "    (void)tail;",
-                 f"    const {self.ctype} *restrict image = g->in + b * g->ih * g->iw * g->c + c0;",
+                 f"    const {self.ctype} *restrict image = {self.image_rows()[0]};",
                  f"    const {self.ctype} *restrict wc = g->w + c0;",
                  f"    {self.ctype} *restrict row_out = g->out + (b * g->oh + oh) * g->ow * g->c + c0;",
                  f"    const int64_t C = {self.channels_c};",
                  f"    const {self.ctype} *rows[{kh} > 0 ? {kh} : 1];  /* each kernel row's image row, NULL outside the box */",
                  f"    for (int64_t k = 0; k < {kh}; k++) {{",
                  f"        const int64_t p = {wh.stride} * oh + {wh.dilation} * k + {wh.offset};",
-                 "        rows[k] = p >= g->lo_h && p < g->hi_h ? image + p * g->iw * C : NULL;",
+                 f"        rows[k] = p >= g->lo_h && p < g->hi_h ? image + {self.image_rows()[1]} : NULL;",
                  "    }",
                  "    /* The accumulators of output ow: the old output added (+=), the epilogue, one store. */",
                  f"#define POLYC_DW_FINISH(a, ow) do {{ {self.ctype} *restrict q = row_out + (ow) * C; "
@@ -241,6 +258,8 @@ class _DepthwiseWriter(PatternKernelWriter):
         a stride the hardware's prefetchers do not run far enough ahead on.  At batch 8 the
         expansion layers' outputs do not fit in the caches (mobilenet_v2's 144-channel layers at
         56 x 56 are 14.5 MB), and the depthwise layers after them waited on memory."""
+        if self.ring_rows_c is not None:  # the rows are in the caches already
+            return ["#define POLYC_DW_PREFETCH(n) do { } while (0)"]
         (wh, _) = self.conv.windows
         kh = self.kh_c
         return [
@@ -274,7 +293,7 @@ class _DepthwiseWriter(PatternKernelWriter):
             "static void polyc_dw_row_portable(const polyc_dw_t *restrict g, int64_t b, int64_t oh, int64_t c0, "
             "int64_t tail, int init)",
             "{",
-            f"    const {t} *restrict image = g->in + b * g->ih * g->iw * g->c + c0;",
+            f"    const {t} *restrict image = {self.image_rows()[0]};",
             f"    const {t} *restrict wc = g->w + c0;",
             f"    {t} *restrict row_out = g->out + (b * g->oh + oh) * g->ow * g->c + c0;",
             f"    const int64_t C = {self.channels_c};",
@@ -287,7 +306,8 @@ class _DepthwiseWriter(PatternKernelWriter):
             f"            for (int64_t s = 0; s < {kw}; s++) {{",
             f"                const int64_t pw = {ww.stride} * ow + {ww.dilation} * s + {ww.offset};",
             "                if (pw < g->lo_w || pw >= g->hi_w) continue;",
-            f"                const {t} *restrict x = image + (ph * g->iw + pw) * C, *restrict wt = wc + (k * {kw} + s) * C;",
+            "                const int64_t p = ph;",
+            f"                const {t} *restrict x = image + {self.image_rows()[1]} + pw * C, *restrict wt = wc + (k * {kw} + s) * C;",
             "                #pragma omp simd",
             "                for (int64_t i = 0; i < tail; i++) acc[i] += wt[i] * x[i];",
             "            }",

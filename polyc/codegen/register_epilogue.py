@@ -84,12 +84,12 @@ class RegisterEpilogue:
         return epilogue
 
     def function(self, definition, isa: str, load_format: str, mask_type: str | None = None,
-                 context: str = "polyc_conv_t") -> str:
+                 context: str = "polyc_conv_t", name: str = "polyc_epilogue_vector") -> str:
         """``polyc_epilogue_vector[_masked](g, acc, f, e[, km])``: the statements on ``acc``, the
         target's lanes at channel ``f`` and element ``e`` onwards, other tensors read by
         ``load_format`` (of ``{ptr}``; with ``mask_type``, the ``_masked`` function's loads under
         its lane mask ``km``); ``g`` is the kernel's ``context`` record, holding each tensor's
-        address as ``t_<name>``."""
+        address as ``t_<name>``.  ``name``: the function's, for a kernel with two epilogues."""
         vec, pre, suffix = _VECTOR_SPELLINGS[(isa, self.dtype.itemsize)]
         masked = mask_type is not None
         lines: list[str] = []
@@ -165,7 +165,7 @@ class RegisterEpilogue:
             own_point = tuple(Affine.var(i) for i in statement.indices)
             result = vector(statement.rhs, channel, own_point)
             lines.append(f"acc = {result};")
-        name = "polyc_epilogue_vector" + ("_masked" if masked else "")
+        name += "_masked" if masked else ""
         mask = f", {mask_type} km" if masked else ""
         return (f"/* The epilogue on one vector of accumulators: channels f.., target elements e... */\n"
                 f"static inline {vec} {name}(const {context} *restrict g, {vec} acc, int64_t f, int64_t e{mask})\n"

@@ -258,6 +258,85 @@ def depthwise_channels_last(conv: Convolution) -> bool:
         and conv.weight_indices == (wh.k, ww.k, c)
 
 
+@dataclass(frozen=True)
+class PointwiseDepthwise:
+    """A def that is a 1 x 1 convolution into a temporary (with elementwise epilogues on it)
+    whose only reader is a channels-last depthwise convolution into an output (with its own
+    epilogues): an inverted-residual block's expansion and depthwise layers (mobilenet_v2,
+    efficientnet), computed by :mod:`polyc.codegen.pointwise_depthwise` without storing the
+    temporary.  See :func:`recognise_pointwise_depthwise_def`."""
+
+    pointwise: Convolution
+    depthwise: Convolution
+
+    @property
+    def temporary(self) -> str:
+        return self.pointwise.target
+
+    def describe(self) -> str:
+        return f"pointwise {self.pointwise.describe()}; then depthwise {self.depthwise.describe()}"
+
+
+def recognise_pointwise_depthwise_def(definition: ir.CheckedDef) -> PointwiseDepthwise | None:
+    """The def as a :class:`PointwiseDepthwise`, or None.  The statements must be, in order:
+
+    - ``T(batch.., h, w, f) +=! X(batch.., h + r_kh, w + r_kw, r_c) * W1(r_kh, r_kw, r_c, f)``
+      with both kernel extents 1 (ONNX's 1 x 1 convolution in the channels-last layout), ``T`` a
+      temporary of the image's rows and columns;
+    - epilogues on ``T`` (:func:`polyc.schedule.patterns.is_epilogue`) that read, besides
+      ``T`` at its own point, only vectors indexed by the channel ``f`` (a bias, a batch
+      normalization's scale, an activation's constants): the kernel computes ``T`` one row of
+      a block of channels at a time, so nothing else of ``T``'s shape is at hand;
+    - a depthwise convolution reading ``T`` as its image (:func:`depthwise_channels_last`)
+      into an output, and epilogues on that output.  Nothing else reads ``T``.
+    """
+    statements = definition.statements
+    pointwise = recognise_convolution(statements[0], definition) if statements else None
+    if pointwise is None or not _channels_last_pointwise(pointwise, definition):
+        return None
+    temporary = pointwise.target
+    if definition.tensor(temporary).role is not ir.Role.TEMPORARY:
+        return None
+    extents = dict(pointwise.extents)
+    split = next((i for i in range(1, len(statements))
+                  if not is_epilogue(statements[i], temporary, pointwise.target_indices, extents, definition)), None)
+    if split is None or not all(_reads_per_channel(s, pointwise) for s in statements[1:split]):
+        return None
+    depthwise = recognise_convolution(statements[split], definition)
+    if depthwise is None or depthwise.image != temporary or depthwise.weights == temporary \
+            or not depthwise_channels_last(depthwise) or depthwise.dtype != pointwise.dtype \
+            or definition.tensor(depthwise.target).role is not ir.Role.OUTPUT:
+        return None
+    epilogues = statements[split + 1:]
+    if not all(is_epilogue(s, depthwise.target, depthwise.target_indices, dict(depthwise.extents), definition)
+               for s in epilogues):
+        return None  # (an epilogue reading T is not one: T is no input)
+    return PointwiseDepthwise(Convolution(**{**pointwise.__dict__, "epilogues": tuple(statements[1:split])}),
+                              Convolution(**{**depthwise.__dict__, "epilogues": tuple(epilogues)}))
+
+
+def _channels_last_pointwise(conv: Convolution, definition: ir.CheckedDef) -> bool:
+    """Whether ``conv`` is ``T(batch.., h, w, f) +=! X(batch.., h + r_kh, w + r_kw, c) *
+    W(r_kh, r_kw, c, f)`` with kernel extents 1, unpadded, and X of T's rows and columns."""
+    if conv.groups or len(conv.f) != 1 or len(conv.channels) != 1 or len(conv.windows) != 2 \
+            or conv.box or not conv.init:
+        return False
+    (wh, ww), batch, (f,), (c,) = conv.windows, conv.batch, conv.f, conv.channels
+    if any(w.stride != 1 or w.offset != 0 or w.k is None or conv.extent(w.k) != Affine.const(1) for w in conv.windows):
+        return False
+    image, target = definition.tensor(conv.image).shape, definition.tensor(conv.target).shape
+    return conv.target_indices == (*batch, wh.x, ww.x, f) and conv.image_plain == (*batch, None, None, c) \
+        and conv.weight_indices == (wh.k, ww.k, c, f) and tuple(image[-3:-1]) == tuple(target[-3:-1])
+
+
+def _reads_per_channel(statement: ir.CheckedStatement, pointwise: Convolution) -> bool:
+    """Whether an epilogue on the pointwise target reads, besides the target, only tensors
+    subscripted by its channel alone."""
+    channel = Affine.var(statement.indices[pointwise.target_indices.index(pointwise.f[0])])
+    return all(read.tensor == pointwise.target or tuple(read.subscripts) == (channel,)
+               for read in ir.reads(statement.rhs))
+
+
 def _padding_box(guard: tuple[Affine, ...], subscripts, windows: list[Window],
                  indices: tuple[str, ...]) -> tuple[Bound, ...] | None:
     """The bounds on the image's window positions that ``guard`` (expressions >= 0) states, or

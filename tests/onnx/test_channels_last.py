@@ -148,24 +148,29 @@ def test_max_pools_of_nhwc_images(attributes):
     ids=["stride-2", "asymmetric", "dilated", "5x5", "5x5-stride-2-asymmetric", "5x3-unpadded"])
 def test_depthwise_convolutions_of_nhwc_images(attributes):
     """A depthwise Conv after a convolution (so in NHWC): one kernel, polyc's depthwise kernel,
-    its zero padding in its statement's condition (no padding step) and its bias an epilogue."""
+    its zero padding in its statement's condition (no padding step) and its bias an epilogue;
+    after a 1 x 1 convolution that nothing else reads, one kernel with it (the expansion and
+    depthwise layers of an inverted-residual block)."""
     attributes = dict(attributes)
     kernel = attributes.pop("kernel", [3, 3])
     rng = np.random.default_rng(4)
-    weights = {"W": rng.standard_normal((16, 3, 1, 1)).astype(np.float32),
-               "Wd": rng.standard_normal((16, 1, *kernel)).astype(np.float32), "Bd": rng.standard_normal(16).astype(np.float32)}
-    nodes = [helper.make_node("Conv", ["X", "W"], ["c"], name="conv"),
-             helper.make_node("Conv", ["c", "Wd", "Bd"], ["Y"], group=16, name="dw", **attributes)]
-    model = _model(nodes, weights, [("Y", ["N", 16, "H", "W"])], image=11)
-    feeds = {"X": rng.standard_normal((2, 3, 11, 11)).astype(np.float32)}
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    session = ponnx.InferenceSession(model)
-    np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-5)
-    names = [name for group in session.groups for name in group]
-    assert "c to NCHW" not in names
-    assert session.groups.count(["dw"]) == 1
-    source = session.kernels({"X": feeds["X"].shape})[session.groups.index(["dw"])].c_source({})
-    assert "polyc depthwise conv kernel" in source
+    for first, expected in (((1, 1), "polyc pointwise + depthwise conv kernel"), ((3, 3), "polyc depthwise conv kernel")):
+        weights = {"W": rng.standard_normal((16, 3, *first)).astype(np.float32),
+                   "Wd": rng.standard_normal((16, 1, *kernel)).astype(np.float32),
+                   "Bd": rng.standard_normal(16).astype(np.float32)}
+        nodes = [helper.make_node("Conv", ["X", "W"], ["c"], name="conv", pads=[first[0] // 2] * 4),
+                 helper.make_node("Conv", ["c", "Wd", "Bd"], ["Y"], group=16, name="dw", **attributes)]
+        model = _model(nodes, weights, [("Y", ["N", 16, "H", "W"])], image=11)
+        feeds = {"X": rng.standard_normal((2, 3, 11, 11)).astype(np.float32)}
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        session = ponnx.InferenceSession(model)
+        np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-5)
+        names = [name for group in session.groups for name in group]
+        assert "c to NCHW" not in names
+        group = ["conv", "dw"] if first == (1, 1) else ["dw"]
+        assert session.groups.count(group) == 1
+        source = session.kernels({"X": feeds["X"].shape})[session.groups.index(group)].c_source({})
+        assert expected in source
 
 
 def test_the_shape_of_an_nhwc_value_needs_no_transpose():

@@ -418,9 +418,10 @@ def test_depthwise_convolutions_unrolled_against_onnxruntime(attributes, shape, 
 @pytest.mark.parametrize("strides", [1, 2])
 def test_channels_last_depthwise_is_one_kernel_with_its_padding_and_activation(strides):
     # Channels last (after a convolution that takes the image to NHWC), a padded 3x3 depthwise
-    # convolution is one statement with the padding in its condition, computed by polyc's
-    # depthwise kernel; its bias and the Clip after it are the kernel's epilogue, with no
-    # padding step before it and no second pass over the output.
+    # convolution is one statement with the padding in its condition, computed with the 1 x 1
+    # convolution before it by polyc's pointwise + depthwise kernel; its bias and the Clip
+    # after it are the kernel's epilogue, with no padding step before it and no second pass
+    # over the output.
     rng = np.random.default_rng(8)
     initializers = [numpy_helper.from_array(rng.standard_normal((16, 3, 1, 1)).astype(np.float32), "P"),
                     numpy_helper.from_array(rng.standard_normal((16, 1, 3, 3)).astype(np.float32), "W"),
@@ -438,12 +439,12 @@ def test_channels_last_depthwise_is_one_kernel_with_its_padding_and_activation(s
     x = rng.standard_normal((2, 3, 10, 9)).astype(np.float32)
     session = ponnx.InferenceSession(model, channels_last=True)
     np.testing.assert_allclose(session.run(None, {"X": x})[0], reference(model, x), rtol=1e-5, atol=1e-5)
-    position = session.groups.index(["dw", "relu6"])
+    position = session.groups.index(["pointwise", "dw", "relu6"])
     source = session.kernels({"X": x.shape})[position].c_source({})
-    assert "polyc depthwise conv kernel" in source and "zero padding outside" in source
+    assert "polyc pointwise + depthwise conv kernel" in source and "zero padding outside" in source
     kernel = next(part for part in session.tc_source().split("def ")[1:] if "fmin" in part)
     statements = [line for line in kernel.split("}")[0].splitlines() if " = " in line or "+=!" in line]
-    assert len(statements) == 3 and "+=!" in statements[0] and " ? " in statements[0]
+    assert len(statements) == 4 and "+=!" in statements[1] and " ? " in statements[1]
 
 
 def test_three_by_three_convolutions_run_by_winograd_unless_turned_off():

@@ -121,6 +121,8 @@ class Plan:
         if graph_fusion:
             steps = inline_elementwise(steps, self.outputs)
         self.order = self._fuse(steps, graph_fusion)
+        if graph_fusion:
+            self.order = self._fuse_pointwise_into_depthwise(self.order, options)
         self.groups = [item for item in self.order if isinstance(item, Group)]
         self._compile(options)
         # The kernels' outputs that they overwrite before reading go to the arena (memory.py).
@@ -245,6 +247,30 @@ class Plan:
             made_by[id(result)] = position
             return True
         return False
+
+    def _fuse_pointwise_into_depthwise(self, order: list, options: dict) -> list:
+        """Merges a group that computes a 1 x 1 convolution (with its epilogues) into the next
+        group when that is a depthwise convolution alone reading the result, where polyc compiles
+        the pair as one kernel (:func:`polyc.schedule.convolution.recognise_pointwise_depthwise_def`):
+        the expanded tensor of an inverted-residual block then never goes to memory (mobilenet_v2's
+        first is 4.8 MB an image)."""
+        if options.get("backend", "c") != "c" or options.get("direct_convolutions") is False:
+            return order
+        uses: dict[int, int] = {}
+        for value in self.outputs + [v for item in order for v in _reads_of(item)]:
+            uses[id(value)] = uses.get(id(value), 0) + 1
+        merged: list = []
+        for item in order:
+            previous = merged[-1] if merged else None
+            pair = Group(0, previous.steps + item.steps) if isinstance(item, Group) and isinstance(previous, Group) \
+                else None
+            if pair is not None and pair.statement_count <= MAX_GROUP_STATEMENTS and _fused_pair(pair, previous, uses):
+                merged[-1] = pair
+            else:
+                merged.append(item)
+        for number, group in enumerate(item for item in merged if isinstance(item, Group)):
+            group.index = number
+        return merged
 
     # ------------------------------------------------------------------ compilation
     def _compile(self, options: dict) -> None:
@@ -662,6 +688,34 @@ def _fold(steps: list, node: str) -> None:
         results = results if isinstance(results, tuple) else (results,)
         for value, array in zip(step.writes, results):
             value.const = np.asarray(array).astype(value.dtype, copy=False).reshape(value.shape)
+
+
+def _reads_of(item) -> list[Value]:
+    return [item.source] if isinstance(item, ViewStep) else [v for s in item.steps for v in s.reads]
+
+
+def _fused_pair(pair: Group, first: Group, uses: dict[int, int]) -> bool:
+    """Whether ``pair`` (``first``'s steps then the next group's), whose values of ``first``
+    nothing outside it reads, is one kernel: a pointwise then a depthwise convolution."""
+    from polyc.lang.sema import check_source
+    from polyc.schedule.convolution import recognise_pointwise_depthwise_def
+    inside: dict[int, int] = {}
+    for value in _reads_of(pair):
+        inside[id(value)] = inside.get(id(value), 0) + 1
+    written = {id(v): v for s in pair.steps for v in s.writes}
+    if any(uses.get(key, 0) != inside.get(key, 0) for s in first.steps for key in map(id, s.writes)):
+        return False  # a value of the first group is read after the pair, or is an output of the model
+    pair.inputs = list({id(v): v for v in _reads_of(pair) if id(v) not in written}.values())
+    pair.outputs = [v for key, v in written.items() if uses.get(key, 0) > inside.get(key, 0)]
+    if not pair.outputs:
+        return False
+    try:
+        definition = check_source(_def_text(pair))[0]
+    except PolycError:
+        return False
+    found = recognise_pointwise_depthwise_def(definition) is not None
+    pair.inputs, pair.outputs = [], []  # (set again by Plan._compile)
+    return found
 
 
 def _def_text(group: Group) -> str:
