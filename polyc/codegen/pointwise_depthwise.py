@@ -304,7 +304,7 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
         """The 1 x 1 convolution's epilogue statements on a finished row of T in the ring
         (``polyc_row``, channels of vectors polyc_v0..polyc_v1-1), element by element."""
         pointwise, f = self.pointwise, self.pointwise.f[0]
-        return [f"for (int64_t polyc_w = 0; polyc_w < g.iw; polyc_w++) {{",
+        return ["for (int64_t polyc_w = 0; polyc_w < g.iw; polyc_w++) {",
                 "    #pragma omp simd",
                 f"    for (int64_t polyc_ix_{f} = polyc_v0 * POLYC_DW_LANES; "
                 f"polyc_ix_{f} < polyc_min(g.c, polyc_v1 * POLYC_DW_LANES); polyc_ix_{f}++) {{",
