@@ -139,6 +139,26 @@ def test_against_numpy(cflags):
                  np.float32, inputs)
 
 
+#: The sizes unknown as the C is written: the row's last pixels in a block of as many as are left.
+PARAMETRIC = """def blk(float(N, H, W, C) X, float(1, 1, C, E) W1, float(E) B1, float(3, 3, E) W2, float(E) B2) -> (O) {
+    T(n, h, w, f) +=! X(n, h + r_k0, w + r_k1, r_c) * W1(r_k0, r_k1, r_c, f) where h in 0:H, w in 0:W, r_k0 in 0:1, r_k1 in 0:1
+    T(n, h, w, f) = fmin(fmax(T(n, h, w, f) + B1(f), 0.0), 6.0)
+    O(n, h, w, c) +=! (h + r_kh >= 1 && w + r_kw >= 1 && h + r_kh <= H && w + r_kw <= W)
+        ? T(n, h + r_kh - 1, w + r_kw - 1, c) * W2(r_kh, r_kw, c) : 0.0 where h in 0:H, w in 0:W, r_kh in 0:3, r_kw in 0:3
+    O(n, h, w, c) = fmin(fmax(O(n, h, w, c) + B2(c), 0.0), 6.0)
+}"""
+
+
+@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
+def test_parametric_sizes(cflags):
+    rng = np.random.default_rng(44)
+    compiled = polyc.define(PARAMETRIC, cflags=cflags, specialize=False).blk
+    assert FUSED in compiled.c_source()
+    for n, h, w, c, e in ((1, 5, 13, 6, 20), (2, 4, 9, 3, 16), (1, 3, 1, 2, 5)):
+        inputs = inputs_for(rng, n, h, w, c, e)
+        assert_close(compiled(*inputs), reference(inputs), c + 11, np.float32, inputs)
+
+
 def test_both_splits_of_an_image_between_threads():
     """One image: its threads split the channel vectors (six of them: three each) or, where
     that would leave a thread too few for a register block, the output rows (two vectors); on
