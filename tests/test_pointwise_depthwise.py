@@ -86,6 +86,13 @@ def test_rejects_what_the_kernel_does_not_compute(change):
     assert recognise_pointwise_depthwise_def(checked(block(1, 8, 8, 8, 8).replace(*change))) is None
 
 
+def test_the_tuner_searches_only_the_threads():
+    from polyc.tune.space import space_for
+    compiled = polyc.define(block(1, 8, 8, 4, 24)).blk
+    space = space_for(compiled.definition, {}, compiled.options)
+    assert space.path == "pointwise_depthwise" and {k.name for k in space.knobs} <= {"threads"}
+
+
 def test_a_dilated_one_tap_kernel_is_still_1x1():
     source = block(1, 8, 8, 4, 16).replace("X(n, h + r_k0, w + r_k1, r_c)", "X(n, h + 2 * r_k0, w + r_k1, r_c)")
     assert recognise_pointwise_depthwise_def(checked(source)) is not None

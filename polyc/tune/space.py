@@ -49,7 +49,7 @@ class Knob:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    path: str                   # "gemm", "gemv", "convolution" or "generic"
+    path: str                   # "gemm", "gemv", "convolution", "pointwise_depthwise" or "generic"
     knobs: tuple[Knob, ...]
     default: Config             # polyc's own choice, always measured first
     itemsize: int
@@ -175,7 +175,7 @@ def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options
               machine: MachineFingerprint | None = None) -> SearchSpace:
     """The search space of ``definition`` compiled with ``options`` for ``sizes`` on ``machine``
     (None: this one), whose cores and instruction set give the thread counts and register blocks."""
-    from polyc.driver import find_blas_contraction, find_convolution
+    from polyc.driver import find_blas_contraction, find_convolution, find_pointwise_depthwise
     from polyc.schedule.tiling import cache_sizes as option_caches
 
     caches = option_caches(options)
@@ -221,6 +221,8 @@ def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options
             knobs += (Knob("winograd", (True, False), numeric=False),)
             default["winograd"] = True
         return space("convolution", knobs, default)
+    if find_pointwise_depthwise(definition, options) is not None:
+        return space("pointwise_depthwise", (), {})  # its blocks follow the registers; the threads remain
     depth = min(3, len(extents))
     knobs = [Knob("t0", (-1, 0, *_GENERIC_TILES))] if depth else []
     knobs += [Knob(f"t{i}", _GENERIC_TILES) for i in range(1, depth)]
