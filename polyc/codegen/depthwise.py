@@ -84,14 +84,20 @@ class _DepthwiseWriter(PatternKernelWriter):
                  self.context_struct(), self.instruction_sets(), self.entry_function(name, sizes), ""]
         return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
 
+    def title(self) -> str:
+        """The kernel's name and form, the first line of its header."""
+        return (f"polyc depthwise conv kernel for def '{self.definition.name}' (channels vectorised, "
+                f"{ROW_BLOCK} outputs of a row per register block, {self.kh_c} x {self.kw_c} taps)")
+
+    def described(self) -> str:
+        """The header's line on what the kernel computes."""
+        return f"convolution: {self.conv.describe()}"
+
     def header(self) -> str:
         o = self.options
-        sizes = self.sizes_comment()
-        lines = [f"polyc depthwise conv kernel for def '{self.definition.name}' (channels vectorised, "
-                 f"{ROW_BLOCK} outputs of a row per register block, {self.kh_c} x {self.kw_c} taps)",
-                 f"sizes: {sizes}",
+        lines = [self.title(), f"sizes: {self.sizes_comment()}",
                  f"options: parallel={o.parallel} vectorize={o.vectorize} specialize={o.specialize}",
-                 f"convolution: {self.conv.describe()}"]
+                 self.described()]
         lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
         return c_comment(lines)
 
@@ -324,15 +330,7 @@ class _DepthwiseWriter(PatternKernelWriter):
         extent = lambda index: f"({self.size_expr(conv.extent(index))})"  # noqa: E731
         (wh, ww) = conv.windows
         batch = " * ".join(extent(i) for i in conv.batch) or "1"
-        body = self.size_declarations(lambda s: None)
-        body += ["polyc_dw_t g = {0};",
-                 f"g.in = {conv.image}; g.w = {conv.weights}; g.out = {conv.target};",
-                 f"g.oh = {extent(wh.x)}; g.ow = {extent(ww.x)}; g.c = {extent(self.channel)};",
-                 *self.image_box_fields(conv),
-                 f"g.kh = {extent(wh.k)}; g.kw = {extent(ww.k)};",
-                 # the interior columns: every tap of the row inside [lo_w, hi_w)
-                 f"g.ow_lo = polyc_min(g.ow, polyc_max(0, polyc_dw_ceil_div(g.lo_w - ({ww.offset}), {ww.stride})));",
-                 f"g.ow_hi = polyc_max(g.ow_lo, polyc_min(g.ow, polyc_dw_ceil_div(g.hi_w - {ww.dilation} * polyc_max(g.kw - 1, 0) - ({ww.offset}), {ww.stride})));"]
+        body = self.size_declarations(lambda s: None) + self.record(conv.image)
         body += [f"g.t_{tensor} = {tensor};" for tensor in self.tensors_of_epilogues(conv.target, conv.epilogues)]
         body += [f"const int64_t polyc_rows = ({batch}) * g.oh;",
                  "const int64_t polyc_vectors = (g.c + POLYC_DW_LANES - 1) / POLYC_DW_LANES;",
@@ -358,6 +356,21 @@ class _DepthwiseWriter(PatternKernelWriter):
                                          serial) + ["return 0;"]
         signature = f"int {name}({', '.join(arguments)})"
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
+
+    def record(self, image: str) -> list[str]:
+        """C declaring the record ``g`` of the depthwise convolution, its image at ``image``."""
+        conv = self.conv
+        extent = lambda index: f"({self.size_expr(conv.extent(index))})"  # noqa: E731
+        (wh, ww) = conv.windows
+        return ["polyc_dw_t g = {0};",
+                f"g.in = {image}; g.w = {conv.weights}; g.out = {conv.target};",
+                f"g.oh = {extent(wh.x)}; g.ow = {extent(ww.x)}; g.c = {extent(self.channel)};",
+                *self.image_box_fields(conv),
+                f"g.kh = {extent(wh.k)}; g.kw = {extent(ww.k)};",
+                # the interior columns: every tap of the row inside [lo_w, hi_w)
+                f"g.ow_lo = polyc_min(g.ow, polyc_max(0, polyc_dw_ceil_div(g.lo_w - ({ww.offset}), {ww.stride})));",
+                f"g.ow_hi = polyc_max(g.ow_lo, polyc_min(g.ow, polyc_dw_ceil_div(g.hi_w - {ww.dilation} * "
+                f"polyc_max(g.kw - 1, 0) - ({ww.offset}), {ww.stride})));"]
 
     def scalar_epilogue(self) -> list[str]:
         """The epilogue statements on the item's finished outputs, element by element."""

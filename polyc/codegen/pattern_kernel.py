@@ -413,6 +413,16 @@ class PatternKernelWriter:
                 *serial,
                 "#endif"]
 
+    def workspace_region(self, work: str, threshold: float, allocate: list[str], region: list[str],
+                         serial: list[str]) -> list[str]:
+        """C lines that run ``region`` under :meth:`parallel_region` (``serial`` without OpenMP
+        or without the ``parallel`` option) with the kept workspace ``polyc_work`` that
+        ``allocate`` takes once ``polyc_nthr`` is known, and give it back."""
+        alone = ["const int polyc_nthr = 1;", *allocate, "{", *("    " + line for line in serial), "}"]
+        lines = self.parallel_region(work, threshold, region, alone, prologue=tuple(allocate)) \
+            if self.options.parallel else alone
+        return lines + ["polyc_workspace_give_back(polyc_work);"]
+
     def batch_indices(self, conv, image: str) -> list[str]:
         """C declarations of ``polyc_ix_<index>`` for a convolution's batch indices, from the
         flat number ``image`` (C) of the image they make together (row-major)."""

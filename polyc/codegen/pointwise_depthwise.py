@@ -28,7 +28,7 @@ choice as in the other kernels: AVX-512, AVX2 with FMA, or portable C.
 """
 from __future__ import annotations
 
-from polyc.codegen.c import GeneratedKernel, c_comment
+from polyc.codegen.c import GeneratedKernel
 from polyc.codegen.conv import ISA_GUARDS
 from polyc.codegen.conv_channels import masked_access
 from polyc.codegen.depthwise import _PARALLEL_THRESHOLD, _DepthwiseWriter
@@ -62,16 +62,13 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
             self.pointwise.epilogues, self.definition, self.pointwise.target_indices,
             self.pointwise.f[0]) if options.vectorize else None
 
-    def header(self) -> str:
-        o = self.options
-        lines = [f"polyc pointwise + depthwise conv kernel for def '{self.definition.name}' (the 1 x 1 "
-                 f"convolution's rows computed into a ring buffer the depthwise rows read, {self.kh_c} x "
-                 f"{self.kw_c} taps)",
-                 f"sizes: {self.sizes_comment()}",
-                 f"options: parallel={o.parallel} vectorize={o.vectorize} specialize={o.specialize}",
-                 f"convolutions: {self.chain.describe()}"]
-        lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
-        return c_comment(lines)
+    def title(self) -> str:
+        return (f"polyc pointwise + depthwise conv kernel for def '{self.definition.name}' (the 1 x 1 "
+                f"convolution's rows computed into a ring buffer the depthwise rows read, {self.kh_c} x "
+                f"{self.kw_c} taps)")
+
+    def described(self) -> str:
+        return f"convolutions: {self.chain.describe()}"
 
     def context_fields(self) -> list[str]:
         """The depthwise record's fields, and the 1 x 1 convolution's: its image and weights,
@@ -212,19 +209,13 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
         conv, pointwise = self.conv, self.pointwise
         arguments = self.pointer_arguments(sizes)
         extent = lambda index: f"({self.size_expr(conv.extent(index))})"  # noqa: E731
-        (wh, ww) = conv.windows
+        (wh, _) = conv.windows
         images = " * ".join(extent(i) for i in conv.batch) or "1"
         epilogue_tensors = self.tensors_of_epilogues(conv.target, conv.epilogues) + [
             n for n in self.tensors_of_epilogues(pointwise.target, pointwise.epilogues) if n != pointwise.target]
-        body = self.size_declarations(lambda s: None)
-        body += ["polyc_dw_t g = {0};",
-                 f"g.w = {conv.weights}; g.out = {conv.target}; g.x = {pointwise.image}; g.w1 = {pointwise.weights};",
-                 f"g.xc = ({self.size_expr(pointwise.extent(pointwise.channels[0]))});",
-                 f"g.oh = {extent(wh.x)}; g.ow = {extent(ww.x)}; g.c = {extent(self.channel)};",
-                 *self.image_box_fields(conv),
-                 f"g.kh = {extent(wh.k)}; g.kw = {extent(ww.k)};",
-                 f"g.ow_lo = polyc_min(g.ow, polyc_max(0, polyc_dw_ceil_div(g.lo_w - ({ww.offset}), {ww.stride})));",
-                 f"g.ow_hi = polyc_max(g.ow_lo, polyc_min(g.ow, polyc_dw_ceil_div(g.hi_w - {ww.dilation} * polyc_max(g.kw - 1, 0) - ({ww.offset}), {ww.stride})));"]
+        body = self.size_declarations(lambda s: None) + self.record("NULL")  # (each thread's: its ring)
+        body += [f"g.x = {pointwise.image}; g.w1 = {pointwise.weights}; "
+                 f"g.xc = ({self.size_expr(pointwise.extent(pointwise.channels[0]))});"]
         body += [f"g.t_{tensor} = {tensor};" for tensor in dict.fromkeys(epilogue_tensors)]
         ring = self.ring_rows_c.replace("g->", "g.")
         body += [f"const int64_t polyc_images = {images};",
@@ -235,7 +226,6 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
         item = self.item_lines(wh)
         work = ("((double)polyc_images * (double)g.ih * (double)g.iw * (double)g.xc"
                 " + (double)polyc_images * (double)g.oh * (double)g.ow * (double)polyc_max(g.kh * g.kw, 1)) * (double)g.c")
-        (wh, _) = conv.windows
         allocate = [*self.work_split(wh),
                     "const int64_t polyc_items = polyc_images * polyc_bands * polyc_blocks;",
                     f"polyc_workspace_t *polyc_work = polyc_workspace_take((size_t)polyc_nthr * polyc_ring * sizeof({self.ctype}));",
@@ -246,16 +236,10 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
             "polyc_gt.in = polyc_t;"]
         serial = [*thread("0"), "for (int64_t polyc_x = 0; polyc_x < polyc_items; polyc_x++) {",
                   *("    " + line for line in item), "}"]
-        if not self.options.parallel:
-            body += ["const int polyc_nthr = 1;", *allocate, "{", *("    " + line for line in serial), "}"]
-        else:
-            region = [*thread("omp_get_thread_num()"), "#pragma omp for schedule(static)",
-                      "for (int64_t polyc_x = 0; polyc_x < polyc_items; polyc_x++) {",
-                      *("    " + line for line in item), "}"]
-            body += self.parallel_region(work, _PARALLEL_THRESHOLD, region,
-                                         ["const int polyc_nthr = 1;", *allocate, "{", *("    " + line for line in serial), "}"],
-                                         prologue=tuple(allocate))
-        body += ["polyc_workspace_give_back(polyc_work);", "return 0;"]
+        region = [*thread("omp_get_thread_num()"), "#pragma omp for schedule(static)",
+                  "for (int64_t polyc_x = 0; polyc_x < polyc_items; polyc_x++) {",
+                  *("    " + line for line in item), "}"]
+        body += self.workspace_region(work, _PARALLEL_THRESHOLD, allocate, region, serial) + ["return 0;"]
         signature = f"int {name}({', '.join(arguments)})"
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
 

@@ -277,10 +277,8 @@ class _WinogradWriter(PatternKernelWriter):
                     "if (polyc_work == NULL) return 2;",
                     "float *polyc_space = (float *)polyc_work->memory;",
                     "g.u = polyc_space;"]
-        if not self.options.parallel:
-            body += ["const int polyc_nthr = 1;", *allocate, "{", *("    " + line for line in serial), "}",
-                     "polyc_workspace_give_back(polyc_work);", "return 0;"]
-        else:
+        region = []
+        if self.options.parallel:
             # Items in contiguous runs per thread, so a thread's consecutive items share a chunk's
             # V; shared by the team OpenMP gave, which may be smaller than asked for (a thread
             # limit, a call from inside a parallel region).
@@ -292,10 +290,7 @@ class _WinogradWriter(PatternKernelWriter):
                       "for (int64_t polyc_c = 0; polyc_c < g.c; polyc_c++) polyc_wg_weights(&g, polyc_c);",
                       "/* (the loop's barrier: U is complete) */",
                       *thread(share)]
-            body += self.parallel_region(work, _PARALLEL_THRESHOLD, region,
-                                         ["const int polyc_nthr = 1;", *allocate, "{", *("    " + line for line in serial), "}"],
-                                         prologue=tuple(allocate))
-            body += ["polyc_workspace_give_back(polyc_work);", "return 0;"]
+        body += self.workspace_region(work, _PARALLEL_THRESHOLD, allocate, region, serial) + ["return 0;"]
         signature = f"int {name}({', '.join(arguments)})"
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
 
