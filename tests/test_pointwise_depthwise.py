@@ -161,7 +161,7 @@ def test_parametric_sizes(cflags):
     rng = np.random.default_rng(44)
     compiled = polyc.define(PARAMETRIC, cflags=cflags, specialize=False).blk
     assert FUSED in compiled.c_source()
-    for n, h, w, c, e in ((1, 5, 13, 6, 20), (2, 4, 9, 3, 16), (1, 3, 1, 2, 5)):
+    for n, h, w, c, e in ((1, 5, 13, 6, 20), (2, 4, 9, 3, 16), (1, 3, 1, 2, 5), (0, 4, 4, 3, 8), (1, 4, 4, 3, 0)):
         inputs = inputs_for(rng, n, h, w, c, e)
         assert_close(compiled(*inputs), reference(inputs), c + 11, np.float32, inputs)
 

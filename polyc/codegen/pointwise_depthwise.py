@@ -252,7 +252,7 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
         span = f"({wh.dilation} * (g.kh - 1) + 1)"
         return [
             "int64_t polyc_bands = 1, polyc_blocks = 1;",
-            "if (polyc_images < polyc_nthr) {",
+            "if (polyc_images > 0 && polyc_images < polyc_nthr) {  /* (no images: no items) */",
             "    const int64_t want = (polyc_nthr + polyc_images - 1) / polyc_images;",
             "    const int64_t share = (polyc_vectors + want - 1) / want;",
             "    double by_channels = (double)(share * want) / (double)polyc_vectors;",
