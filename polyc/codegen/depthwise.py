@@ -115,11 +115,13 @@ class _DepthwiseWriter(PatternKernelWriter):
         qualifier = "const " if tensor.role is ir.Role.INPUT else ""
         return f"{qualifier}{c_type(tensor.dtype)} *t_{name}"
 
-    def image_rows(self) -> tuple[str, str]:
-        """C of the start of image b's channels c0.. and of the offset of its row p from there."""
-        if self.ring_rows_c is None:
-            return "g->in + b * g->ih * g->iw * g->c + c0", "p * g->iw * C"
-        return "g->in + c0", f"(p % {self.ring_rows_c}) * g->iw * C"
+    def image_start(self) -> str:
+        """C of the start of image b's channels c0.. (in a row function)."""
+        return "g->in + b * g->ih * g->iw * g->c + c0" if self.ring_rows_c is None else "g->in + c0"
+
+    def image_row(self, row: str) -> str:
+        """C of the offset of image row ``row`` from :meth:`image_start`."""
+        return f"{row} * g->iw * C" if self.ring_rows_c is None else f"({row} % {self.ring_rows_c}) * g->iw * C"
 
     def context_struct(self) -> str:
         body = "\n".join(f"    {f};" for f in self.context_fields())
@@ -179,14 +181,14 @@ class _DepthwiseWriter(PatternKernelWriter):
                  "{",
                  *self.row_prefetch(),
                  f"    {mask_line}" if mask_line else "    (void)tail;",
-                 f"    const {self.ctype} *restrict image = {self.image_rows()[0]};",
+                 f"    const {self.ctype} *restrict image = {self.image_start()};",
                  f"    const {self.ctype} *restrict wc = g->w + c0;",
                  f"    {self.ctype} *restrict row_out = g->out + (b * g->oh + oh) * g->ow * g->c + c0;",
                  f"    const int64_t C = {self.channels_c};",
                  f"    const {self.ctype} *rows[{kh} > 0 ? {kh} : 1];  /* each kernel row's image row, NULL outside the box */",
                  f"    for (int64_t k = 0; k < {kh}; k++) {{",
                  f"        const int64_t p = {wh.stride} * oh + {wh.dilation} * k + {wh.offset};",
-                 f"        rows[k] = p >= g->lo_h && p < g->hi_h ? image + {self.image_rows()[1]} : NULL;",
+                 f"        rows[k] = p >= g->lo_h && p < g->hi_h ? image + {self.image_row('p')} : NULL;",
                  "    }",
                  "    /* The accumulators of output ow: the old output added (+=), the epilogue, one store. */",
                  f"#define POLYC_DW_FINISH(a, ow) do {{ {self.ctype} *restrict q = row_out + (ow) * C; "
@@ -299,7 +301,7 @@ class _DepthwiseWriter(PatternKernelWriter):
             "static void polyc_dw_row_portable(const polyc_dw_t *restrict g, int64_t b, int64_t oh, int64_t c0, "
             "int64_t tail, int init)",
             "{",
-            f"    const {t} *restrict image = {self.image_rows()[0]};",
+            f"    const {t} *restrict image = {self.image_start()};",
             f"    const {t} *restrict wc = g->w + c0;",
             f"    {t} *restrict row_out = g->out + (b * g->oh + oh) * g->ow * g->c + c0;",
             f"    const int64_t C = {self.channels_c};",
@@ -312,8 +314,7 @@ class _DepthwiseWriter(PatternKernelWriter):
             f"            for (int64_t s = 0; s < {kw}; s++) {{",
             f"                const int64_t pw = {ww.stride} * ow + {ww.dilation} * s + {ww.offset};",
             "                if (pw < g->lo_w || pw >= g->hi_w) continue;",
-            "                const int64_t p = ph;",
-            f"                const {t} *restrict x = image + {self.image_rows()[1]} + pw * C, *restrict wt = wc + (k * {kw} + s) * C;",
+            f"                const {t} *restrict x = image + {self.image_row('ph')} + pw * C, *restrict wt = wc + (k * {kw} + s) * C;",
             "                #pragma omp simd",
             "                for (int64_t i = 0; i < tail; i++) acc[i] += wt[i] * x[i];",
             "            }",

@@ -74,13 +74,15 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
         """The depthwise record's fields, and the 1 x 1 convolution's: its image and weights,
         its input channels, the vectors its epilogue reads."""
         t = self.ctype
-        fields = super().context_fields() + [f"const {t} *x", f"const {t} *w1", "int64_t xc"]
-        present = set(fields)
-        for name in self.tensors_of_epilogues(self.pointwise.target, self.pointwise.epilogues):
-            field = self.tensor_field(name)
-            if name != self.pointwise.target and field not in present:
-                fields.append(field)
-        return fields
+        return super().context_fields() + [f"const {t} *x", f"const {t} *w1", "int64_t xc"] + [
+            self.tensor_field(name) for name in self.pointwise_epilogue_tensors()]
+
+    def pointwise_epilogue_tensors(self) -> list[str]:
+        """The tensors the 1 x 1 convolution's epilogue reads that the depthwise one's does not
+        (not T, which it updates in registers or in the ring)."""
+        depthwise = set(self.tensors_of_epilogues(self.conv.target, self.conv.epilogues))
+        return [name for name in self.tensors_of_epilogues(self.pointwise.target, self.pointwise.epilogues)
+                if name != self.pointwise.target and name not in depthwise]
 
     # ------------------------------------------------------------------ the rows
     def instruction_sets(self) -> str:
@@ -211,12 +213,11 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
         extent = lambda index: f"({self.size_expr(conv.extent(index))})"  # noqa: E731
         (wh, _) = conv.windows
         images = " * ".join(extent(i) for i in conv.batch) or "1"
-        epilogue_tensors = self.tensors_of_epilogues(conv.target, conv.epilogues) + [
-            n for n in self.tensors_of_epilogues(pointwise.target, pointwise.epilogues) if n != pointwise.target]
         body = self.size_declarations(lambda s: None) + self.record("NULL")  # (each thread's: its ring)
         body += [f"g.x = {pointwise.image}; g.w1 = {pointwise.weights}; "
                  f"g.xc = ({self.size_expr(pointwise.extent(pointwise.channels[0]))});"]
-        body += [f"g.t_{tensor} = {tensor};" for tensor in dict.fromkeys(epilogue_tensors)]
+        body += [f"g.t_{tensor} = {tensor};" for tensor in
+                 self.tensors_of_epilogues(conv.target, conv.epilogues) + self.pointwise_epilogue_tensors()]
         ring = self.ring_rows_c.replace("g->", "g.")
         body += [f"const int64_t polyc_images = {images};",
                  "const int64_t polyc_vectors = (g.c + POLYC_DW_LANES - 1) / POLYC_DW_LANES;",

@@ -264,7 +264,8 @@ class Plan:
             previous = merged[-1] if merged else None
             pair = Group(0, previous.steps + item.steps) if isinstance(item, Group) and isinstance(previous, Group) \
                 else None
-            if pair is not None and pair.statement_count <= MAX_GROUP_STATEMENTS and _fused_pair(pair, previous, uses):
+            if pair is not None and previous.steps[0].kind == item.steps[0].kind == "convolution" \
+                    and pair.statement_count <= MAX_GROUP_STATEMENTS and _fused_pair(pair, previous, uses):
                 merged[-1] = pair
             else:
                 merged.append(item)
@@ -277,20 +278,14 @@ class Plan:
         import polyc
         needed_later: dict[int, int] = {}
         for position, item in enumerate(self.order):
-            reads = [item.source] if isinstance(item, ViewStep) else [v for s in item.steps for v in s.reads]
-            for value in reads:
+            for value in _reads_of(item):
                 needed_later[id(value)] = max(needed_later.get(id(value), -1), position)
         outputs = {id(v) for v in self.outputs}
         for position, group in enumerate(self.order):
             if not isinstance(group, Group):
                 continue
-            written = {id(v): v for s in group.steps for v in s.writes}
-            seen = set()
-            for step in group.steps:
-                for value in step.reads:
-                    if id(value) not in written and id(value) not in seen:
-                        seen.add(id(value))
-                        group.inputs.append(value)
+            written = _written_by(group)
+            group.inputs = _inputs_of(group, written)
             group.outputs = [v for key, v in written.items()
                              if key in outputs or needed_later.get(key, -1) > position]
             if not group.outputs:  # nothing of it is used: keep the last value so the def has an output
@@ -694,6 +689,15 @@ def _reads_of(item) -> list[Value]:
     return [item.source] if isinstance(item, ViewStep) else [v for s in item.steps for v in s.reads]
 
 
+def _written_by(group: Group) -> dict[int, Value]:
+    return {id(v): v for s in group.steps for v in s.writes}
+
+
+def _inputs_of(group: Group, written: dict[int, Value]) -> list[Value]:
+    """The values ``group`` reads and does not write, in order of first read."""
+    return list({id(v): v for v in _reads_of(group) if id(v) not in written}.values())
+
+
 def _fused_pair(pair: Group, first: Group, uses: dict[int, int]) -> bool:
     """Whether ``pair`` (``first``'s steps then the next group's), whose values of ``first``
     nothing outside it reads, is one kernel: a pointwise then a depthwise convolution."""
@@ -702,20 +706,17 @@ def _fused_pair(pair: Group, first: Group, uses: dict[int, int]) -> bool:
     inside: dict[int, int] = {}
     for value in _reads_of(pair):
         inside[id(value)] = inside.get(id(value), 0) + 1
-    written = {id(v): v for s in pair.steps for v in s.writes}
-    if any(uses.get(key, 0) != inside.get(key, 0) for s in first.steps for key in map(id, s.writes)):
+    if any(uses.get(key, 0) != inside.get(key, 0) for key in _written_by(first)):
         return False  # a value of the first group is read after the pair, or is an output of the model
-    pair.inputs = list({id(v): v for v in _reads_of(pair) if id(v) not in written}.values())
-    pair.outputs = [v for key, v in written.items() if uses.get(key, 0) > inside.get(key, 0)]
-    if not pair.outputs:
+    written = _written_by(pair)
+    outputs = [v for key, v in written.items() if uses.get(key, 0) > inside.get(key, 0)]
+    if not outputs:
         return False
-    try:
-        definition = check_source(_def_text(pair))[0]
+    try:  # the pair's def as Plan._compile will write it
+        definition = check_source(_def_text(Group(pair.index, pair.steps, _inputs_of(pair, written), outputs)))[0]
     except PolycError:
         return False
-    found = recognise_pointwise_depthwise_def(definition) is not None
-    pair.inputs, pair.outputs = [], []  # (set again by Plan._compile)
-    return found
+    return recognise_pointwise_depthwise_def(definition) is not None
 
 
 def _def_text(group: Group) -> str:
