@@ -1017,6 +1017,18 @@ CASES: dict[str, KernelCase] = {case.name: case for case in KERNELS}
 assert len(CASES) == len(KERNELS), "kernel names must be unique"
 
 
+#: Found by the OpenCL fuzzer (seed 2958232869), for tests/gpu: at these sizes and blocks (M=14,
+#: N=7, fusion "min", block (5, 3)) isl hoisted the guards of the last launch's private loads and
+#: stores above its slice loop and printed that loop, with its barrier, once per guard; PoCL
+#: compiled the divergent barriers into writes past O's end, and freeing the buffers aborted.
+DIVERGENT_BARRIERS_DEF = """
+def fuzz(float(N, M) A, float(M, N) B, float(N, N, M, M) C) -> (O) {
+    O(j, l, i) +=! ((B(i, j) < i) ? fmax(B(i, j), A(l, r_a)) : B(i, j) * fmin(B(i, j), tanh(B(i, j) + 0.5))) + A(l, r_a)
+    O(j, l, i) += C(j, l, r_a, i)
+    O(j, l, i) = ((B(i, j) <= -0.5) ? tanh(O(j, l, i)) : i) + O(j, l, i)
+}"""
+
+
 #: float16 defs: every operation rounded to float16 as on the CPU (OpenCL: float buffers and a
 #: rounding through half bits; CUDA: __half).
 FLOAT16_DEFS = """

@@ -204,12 +204,7 @@ class _GpuKernelWriter(_KernelWriter):
             body.append(cgen.Statement(f"{ctype} {reduction.partial(tree.statement)}[1]"))
             body.append(cgen.Statement(f"{shared_qualifier} {ctype} {reduction.shared(tree.statement)}"
                                        f"[{reduction.threads}]"))
-        schedule, domain = self.launch.body()
-        build = isl.AstBuild.from_context(self.launch.build_context)
-        if self.launch.unrolled is not None:
-            build = build.set_options(self.launch.unrolled)
-        ast = build.node_from_schedule_map(schedule.intersect_domain(domain))
-        body.append(self.node(ast))
+        body.append(self.node(self.launch.build_ast()))
         body.append(cgen.If(_STATUS, cgen.Statement(f"*{STATUS_ARGUMENT} = 1")))
         qualifier = "__kernel void" if opencl else 'extern "C" __global__ void'
         signature = f"{qualifier} {self.launch.name}({', '.join(arguments)})"

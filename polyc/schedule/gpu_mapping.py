@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 
 import islpy as isl
@@ -40,7 +41,7 @@ from polyc.errors import PolycError
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 from polyc.schedule.gpu_device import DeviceModel
-from polyc.schedule.gpu_promotion import (BLOCK_ID, DEFAULT_MAX_SHARED_BYTES, MAX_PRIVATE_ELEMENTS, THREAD_ID, PrivatePromotion, Promotion, promote,
+from polyc.schedule.gpu_promotion import (BARRIER, BLOCK_ID, DEFAULT_MAX_SHARED_BYTES, MAX_PRIVATE_ELEMENTS, THREAD_ID, PrivatePromotion, Promotion, promote,
                                           promote_private, prove_promotion, shared_accesses)
 from polyc.schedule.gpu_reduction import BlockReduction, reduce_in_blocks
 from polyc.schedule.isl_helpers import constant_bound, out_dims, sets, value_range
@@ -117,6 +118,8 @@ class GpuLaunch:
     reduction: "BlockReduction | None" = None
     #: isl AST build options unrolling loops of the body (register tiles, ``unroll``), or None
     unrolled: isl.UnionMap | None = None
+    #: the isl AST of one thread's code (:meth:`build_ast`), once the barriers in it are checked
+    ast: isl.AstNode | None = None
 
     def body(self) -> tuple[isl.UnionMap, isl.UnionSet]:
         """The flat schedule and one thread's instances, after promotion: what code is made of."""
@@ -124,6 +127,16 @@ class GpuLaunch:
             if stage is not None:
                 return stage.schedule, stage.thread_domain
         return self.schedule, self.thread_domain
+
+    def build_ast(self) -> isl.AstNode:
+        """isl's AST of one thread's code: the body, the block and thread ids as parameters."""
+        if self.ast is not None:
+            return self.ast
+        schedule, domain = self.body()
+        build = isl.AstBuild.from_context(self.build_context)
+        if self.unrolled is not None:
+            build = build.set_options(self.unrolled)
+        return build.node_from_schedule_map(schedule.intersect_domain(domain))
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -290,7 +303,7 @@ def map_to_gpu(program: PolyProgram, schedule: isl.Schedule, dependences: Depend
         if domain.intersect_params(program.context).is_empty():
             continue
         name = f"polyc_{program.definition.name}_k{len(launches)}"
-        launch = _map_launch(name, program, schedule, dependences, domain, node, options)
+        launch = plain = _map_launch(name, program, schedule, dependences, domain, node, options)
         if options.block_reductions and (not launch.loops or _prefers_block_rows(launch, options)):
             launch = _with_block_reduction(launch, program, schedule, domain, node, dependences, options)
         if launch.loops and options.shared_memory > 0:
@@ -299,10 +312,83 @@ def map_to_gpu(program: PolyProgram, schedule: isl.Schedule, dependences: Depend
             body_schedule, body_domain = launch.body()
             launch = dataclasses.replace(launch, private=promote_private(program, launch, body_schedule, body_domain,
                                                                          max(options.registers, MAX_PRIVATE_ELEMENTS)))
-        if launch.loops:
-            launch = dataclasses.replace(launch, strides=access_strides(launch, program))
-        launches.append(dataclasses.replace(launch, unrolled=_unrolled_dims(launch, program, options.unroll)))
+        launches.append(_with_uniform_barriers(launch, plain, program, options))
     return GpuPlan(program.definition.name, tuple(launches), options.device)
+
+
+def _with_uniform_barriers(launch: GpuLaunch, plain: GpuLaunch, program: PolyProgram,
+                           options: MappingOptions) -> GpuLaunch:
+    """``launch`` finished (access strides, unrolling, its AST), with every barrier of its code
+    reached by all threads of a block at the same place: else without its private copies, then
+    without its shared tiles too, then as ``plain`` (the launch before any of these stages and a
+    block reduction: no barrier at all).
+
+    OpenCL and CUDA require a barrier to be met by every thread of the block or by none.  Each
+    thread does run every barrier instance of a promoted schedule, but isl may hoist the guards
+    of thread-dependent statements (a private tile's loads and stores, at the edges of the
+    domain) above the slice loop and print that loop once per guard, so that threads meet the
+    same barriers at different places in the code: undefined behaviour, which PoCL compiled
+    into writes past the end of an output (a fuzzed def with blocks of 5 x 3 on 7 x 14 sizes)."""
+    variants = [launch]
+    if launch.private is not None:
+        variants.append(dataclasses.replace(launch, private=None,
+                                            reason=launch.reason + "; no private copies: " + _DIVERGENT))
+    if launch.promotion is not None:
+        variants.append(dataclasses.replace(launch, private=None, promotion=None,
+                                            reason=launch.reason + "; no shared memory: " + _DIVERGENT))
+    if launch.reduction is not None:
+        variants.append(dataclasses.replace(plain, reason=plain.reason + "; no block reduction: " + _DIVERGENT))
+    for position, variant in enumerate(variants):
+        if variant.loops:
+            variant = dataclasses.replace(variant, strides=access_strides(variant, program))
+        variant = dataclasses.replace(variant, unrolled=_unrolled_dims(variant, program, options.unroll))
+        ast = variant.build_ast()
+        if position == len(variants) - 1 or not divergent_barriers(ast, variant.thread_dims):
+            return dataclasses.replace(variant, ast=ast)  # (the last has no barrier)
+    raise AssertionError("unreachable")
+
+
+_DIVERGENT = "isl guarded its barriers by the thread ids"
+
+
+def divergent_barriers(ast: isl.AstNode, thread_dims: int) -> list[str]:
+    """The barrier calls in ``ast`` that some threads of a block may skip or meet elsewhere: those
+    under a condition, or in a loop whose bounds, depend on the thread ids (directly or through
+    an outer loop's iterator that does)."""
+    found: list[str] = []
+    _visit_barriers(ast, {f"{THREAD_ID}{dim}" for dim in range(thread_dims)}, False, found)
+    return found
+
+
+def _identifiers(*expressions: isl.AstExpr) -> set[str]:
+    return set(_IDENTIFIER.findall(" ".join(e.to_C_str() for e in expressions)))
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+
+
+def _visit_barriers(node: isl.AstNode, varying: set[str], divergent: bool, found: list[str]) -> None:
+    kind = node.get_type()
+    if kind == isl.ast_node_type.block:
+        children = node.block_get_children()
+        for position in range(children.n_ast_node()):
+            _visit_barriers(children.get_at(position), varying, divergent, found)
+    elif kind == isl.ast_node_type.for_:
+        varies = bool(_identifiers(node.for_get_init(), node.for_get_cond(), node.for_get_inc()) & varying)
+        if varies:
+            varying = varying | {node.for_get_iterator().get_id().get_name()}
+        _visit_barriers(node.for_get_body(), varying, divergent or varies, found)
+    elif kind == isl.ast_node_type.if_:
+        divergent = divergent or bool(_identifiers(node.if_get_cond()) & varying)
+        _visit_barriers(node.if_get_then(), varying, divergent, found)
+        if node.if_has_else():
+            _visit_barriers(node.if_get_else(), varying, divergent, found)
+    elif kind == isl.ast_node_type.mark:
+        _visit_barriers(node.mark_get_node(), varying, divergent, found)
+    elif kind == isl.ast_node_type.user and divergent:
+        name = node.user_get_expr().get_op_arg(0).get_id().get_name()
+        if name.startswith(BARRIER):
+            found.append(name)
 
 
 def _with_block_reduction(launch: GpuLaunch, program: PolyProgram, schedule: isl.Schedule, domain: isl.UnionSet,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import polyc
-from kernels import CASES
+from kernels import CASES, DIVERGENT_BARRIERS_DEF
 from polyc.errors import PolycError
 from polyc.schedule.gpu_mapping import MappingOptions, _launch, _mapped_loops, prove_launch
 
@@ -333,3 +333,24 @@ def test_private_tiles_load_only_what_is_read_before_it_is_written():
     a, b, c = (np.ones((64, 64), np.float32) for _ in range(3))
     np.testing.assert_allclose(accumulate(a, b, outputs=[c]), 65.0)
     np.testing.assert_allclose(fresh(a, b), 64.0)
+
+
+def test_every_thread_meets_each_barrier_at_one_place_in_the_code():
+    """isl may hoist guards on the thread ids above a shared-memory slice loop (here: those of
+    a private tile's loads and stores at the edges) and print the loop, barriers and all, once
+    per guard; such a launch goes without its private tile (tests/gpu/test_opencl.py runs it)."""
+    from polyc.schedule.gpu_mapping import divergent_barriers
+    from polyc.schedule.gpu_promotion import MAX_PRIVATE_ELEMENTS, promote_private
+    kernel = polyc.define(DIVERGENT_BARRIERS_DEF, backend="opencl", fusion="min", block=(5, 3)).fuzz
+    st = kernel.gpu_stages(dict(M=14, N=7))
+    for launch in st.gpu.launches:
+        assert divergent_barriers(launch.build_ast(), launch.thread_dims) == []
+    launch = st.gpu.launches[-1]
+    assert launch.promotion is not None and launch.private is None
+    assert "no private copies: isl guarded its barriers by the thread ids" in st.gpu.describe()
+    # negative control: the private tile put back, the check finds the barriers under guards
+    schedule, domain = launch.body()
+    private = promote_private(st.program, launch, schedule, domain, MAX_PRIVATE_ELEMENTS)
+    assert private is not None
+    with_private = dataclasses.replace(launch, private=private, ast=None)
+    assert divergent_barriers(with_private.build_ast(), launch.thread_dims)

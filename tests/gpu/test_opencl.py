@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import polyc
-from kernels import FLOAT16_DEFS, KERNELS, check_kernel
+from kernels import DIVERGENT_BARRIERS_DEF, FLOAT16_DEFS, KERNELS, check_kernel
 from polyc.runtime.gpu import opencl_missing
 
 pyopencl = pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install pyopencl)")
@@ -156,3 +156,41 @@ def chain(float(M, N) A, float(M) B) -> (O) {
     a, b = rng.standard_normal((2, 5)).astype(np.float32), rng.standard_normal(2).astype(np.float32)
     column_sums = a.astype(np.float64).sum(0)
     np.testing.assert_allclose(kernel(a, b), (column_sums[:, None] + b[None, :]).sum(1), rtol=1e-5)
+
+
+def test_no_launch_writes_outside_its_tensors_where_isl_guarded_its_barriers():
+    """Every tensor in a buffer with a guard zone on either side: the launches leave the zones as
+    they were, and the result is the CPU back end's."""
+    import pyopencl as cl
+    from polyc.runtime.gpu import OpenCLRuntime
+    options = dict(fusion="min", block=(5, 3))
+    kernel = polyc.define(DIVERGENT_BARRIERS_DEF, backend="opencl", **options).fuzz
+    sizes = dict(M=14, N=7)
+    code = kernel.gpu_stages(sizes).gpu_source
+    runtime = OpenCLRuntime.shared()
+    program = runtime.program(code.source)
+    rng = np.random.default_rng(5)
+    shapes = {"A": (7, 14), "B": (14, 7), "C": (7, 7, 14, 14), "O": (7, 7, 14)}
+    guard, sentinel = 256, np.float32(7.25)
+    hosts, buffers, arguments = {}, [], []
+    for name in code.tensor_arguments:
+        count = int(np.prod(shapes[name]))
+        host = np.full(count + 2 * guard, sentinel, np.float32)
+        host[guard:guard + count] = rng.standard_normal(count) if name != "O" else 0
+        buffer = cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+        hosts[name] = host
+        buffers.append(buffer)
+        arguments.append(buffer.get_sub_region(guard * 4, count * 4))
+    status = np.zeros(1, np.int32)
+    arguments.append(cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=status))
+    for launch in code.launches:
+        getattr(program, launch.function_name)(runtime.queue, launch.global_size, launch.block, *arguments)
+    for name, buffer in zip(code.tensor_arguments, buffers):
+        cl.enqueue_copy(runtime.queue, hosts[name], buffer)
+    runtime.queue.finish()
+    for name, host in hosts.items():
+        zones = np.concatenate([host[:guard], host[-guard:]])
+        assert np.all(zones == sentinel), f"{name}: {np.count_nonzero(zones != sentinel)} elements written outside it"
+    inputs = [hosts[name][guard:-guard].reshape(shapes[name]) for name in "ABC"]
+    expected = polyc.define(DIVERGENT_BARRIERS_DEF, fusion="min").fuzz(*inputs)
+    np.testing.assert_allclose(hosts["O"][guard:-guard].reshape(shapes["O"]), expected, rtol=1e-5, atol=1e-5)
