@@ -736,6 +736,40 @@ def test_runs_after_the_first_call_the_kernels_by_their_resolved_pointers(graph_
         np.testing.assert_array_equal(got, copy)
 
 
+def test_resolved_calls_are_one_c_call_per_stretch_and_a_kernels_error_still_stops_the_run():
+    """The resolved calls between two views or checked calls run as one call of the sequence
+    runner (polyc.runtime.sequence), with the same answers as calls made one by one from Python
+    (a run timed per kernel); a kernel's status still raises its error: an index out of range."""
+    model = residual_model()
+    session = ponnx.InferenceSession(model)
+    x = np.random.default_rng(22).standard_normal((2, 4, 6, 6)).astype(np.float32)
+    session.run(None, {"X": x})
+    plan = session.plan_for({"X": x.shape})
+    (arena,) = plan._idle_arenas
+    sequence = arena.resolved._sequence
+    runner_calls = []
+    runner = sequence.runner
+    sequence.runner = lambda *arguments: runner_calls.append(arguments[3]) or runner(*arguments)
+    for scale in (1.0, -2.0):
+        one_call = session.run(None, {"X": scale * x})
+        timed = plan.run({"X": scale * x}, seconds=[])
+        for output, got in zip(session.get_outputs(), one_call):
+            np.testing.assert_array_equal(got, timed[output.name])
+    stretches = [op[2] for op in sequence.ops if op[0] == sequence.FLUSH]
+    assert runner_calls == 2 * stretches and sum(stretches) == sum(isinstance(s, tuple) for s in arena.resolved.steps)
+    nodes = [helper.make_node("Gather", ["D", "I"], ["G"], axis=0), helper.make_node("Relu", ["G"], ["Y"])]
+    graph = helper.make_graph(nodes, "gather", [helper.make_tensor_value_info("D", TensorProto.FLOAT, [5, 3]),
+                                                helper.make_tensor_value_info("I", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3])])
+    gather = ponnx.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    d = np.arange(15, dtype=np.float32).reshape(5, 3) - 7
+    for indices in ([4, -5], [1, 2]):
+        np.testing.assert_array_equal(gather.run(None, {"D": d, "I": np.array(indices)})[0],
+                                      np.maximum(d[indices], 0))
+    with pytest.raises(polyc.PolycError, match="outside"):
+        gather.run(None, {"D": d, "I": np.array([1, 7])})
+
+
 def test_an_image_too_small_for_the_windows_is_a_signature_error():
     # squeezenet fed 16 x 16: its third MaxPool would get a 1 x 1 image (onnxruntime stops with
     # SIGFPE on such inputs); the error names the node, and the session still runs larger images.

@@ -19,6 +19,7 @@
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import re
 import threading
@@ -29,6 +30,7 @@ import numpy as np
 
 from polyc.errors import PolycError, UnsupportedError
 from polyc.runtime.arguments import allocate
+from polyc.runtime.sequence import sequence_runner
 from polyc.frontends.onnx.channels_last import ChannelsLast
 from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type
 from polyc.frontends.onnx.memory import Arena, plan_memory
@@ -427,6 +429,7 @@ class _ResolvedRun:
             repeat = item.kernel.repeat_call(tuple(inputs), outputs)
             arguments = None if repeat is None else self._arguments(item, repeat, inputs, outputs, new_each_run)
             self.steps.append((item, repeat, arguments, fresh))
+        self._sequence = _CallSequence(self.steps)
 
     def _arguments(self, item: Group, repeat, inputs: list, outputs: list, new_each_run: set) -> list:
         """The C function's tensor arguments: a pointer (int) where the memory stays put, a
@@ -457,8 +460,12 @@ class _ResolvedRun:
 
     def run(self, buffers: dict, seconds: list | None = None) -> dict:
         """Run the plan on the arena; ``buffers`` holds the feeds by ident, and then the arrays
-        of every value run() may return; ``seconds`` (a list) gets each kernel call's time."""
+        of every value run() may return; ``seconds`` (a list) gets each kernel call's time (each
+        call is then made from Python, not in a sequence)."""
         buffers.update(self.arena.arrays)
+        if seconds is None:
+            self._sequence.run(self.arena, buffers)
+            return buffers
         for step in self.steps:
             if isinstance(step, ViewStep):
                 buffers[step.target.ident] = step.of(_array(step.source, buffers))
@@ -491,6 +498,98 @@ class _ResolvedRun:
                 zeros.append(allocate(argument[0], argument[1], False))
                 pointers.append(zeros[-1].ctypes.data)
         repeat.status(repeat.function(*pointers, *repeat.sizes))
+
+
+class _CallSequence:
+    """A resolved run's kernel calls made from C (:mod:`polyc.runtime.sequence`): each stretch
+    of resolved calls (up to a call through the checked path) is one call of the runner, on a table of their arguments that holds the
+    fixed pointers and sizes; before a stretch runs, the pointers of the arrays new in every
+    run (feeds, fresh outputs, temporaries that start as zeros, views of them) are written
+    into it.  Views and calls through the checked path stay in Python, between stretches."""
+
+    VIEW, CALL, FLUSH, CHECKED = range(4)
+
+    def __init__(self, steps: list):
+        signatures: dict[tuple[int, int], int] = {}
+        functions, kinds, table = [], [], []
+        self.ops: list[tuple] = []
+        self.steps = []  # the resolved calls' steps, in call order (for their statuses)
+        stretch_start = 0
+        for step in steps:
+            if isinstance(step, ViewStep):
+                self.ops.append((self.VIEW, step))
+                continue
+            item, repeat, arguments, fresh = step
+            if repeat is None:
+                self._close(stretch_start, len(functions))
+                stretch_start = len(functions)
+                self.ops.append((self.CHECKED, item))
+                continue
+            signature = (len(arguments), len(repeat.sizes))
+            kinds.append(signatures.setdefault(signature, len(signatures)))
+            functions.append(ctypes.cast(repeat.function, ctypes.c_void_p).value)
+            named, zeros = [], []
+            for argument in arguments:
+                slot = len(table)
+                if type(argument) is int:
+                    table.append(argument)
+                elif type(argument) is str:
+                    named.append((slot, argument))
+                    table.append(0)
+                else:
+                    zeros.append((slot, argument[0], argument[1]))
+                    table.append(0)
+            table.extend(repeat.sizes)
+            self.steps.append(step)
+            self.ops.append((self.CALL, fresh, named, zeros))
+        self._close(stretch_start, len(functions))
+        self.functions = np.array(functions, np.uint64)
+        self.kinds = np.array(kinds, np.int64)
+        self.table = np.array(table, np.int64)
+        self.failed = np.zeros(1, np.int64)
+        self.runner = sequence_runner(tuple(signatures)) if functions else None
+        # the runner's arguments for each stretch: its first call's entries in the tables
+        offsets = np.cumsum([0] + [len(step[2]) + len(step[1].sizes) for step in self.steps])
+        self.ops = [op if op[0] != self.FLUSH else
+                    (self.FLUSH, op[1], op[2], self.functions.ctypes.data + 8 * op[1],
+                     self.kinds.ctypes.data + 8 * op[1], self.table.ctypes.data + 8 * int(offsets[op[1]]))
+                    for op in self.ops]
+
+    def _close(self, start: int, end: int) -> None:
+        if end > start:
+            self.ops.append((self.FLUSH, start, end - start))
+
+    def run(self, arena: Arena, buffers: dict) -> None:
+        table = self.table
+        zeros = []  # the temporaries that start as zeros, alive until their stretch returns
+        for op in self.ops:
+            kind = op[0]
+            if kind == self.CALL:
+                _, fresh, named, zero_slots = op
+                for ident, shape, dtype, uninitialised in fresh:
+                    buffers[ident] = allocate(shape, dtype, uninitialised)
+                for slot, ident in named:
+                    table[slot] = buffers[ident].ctypes.data
+                for slot, shape, dtype in zero_slots:
+                    zeros.append(allocate(shape, dtype, False))
+                    table[slot] = zeros[-1].ctypes.data
+            elif kind == self.VIEW:
+                step = op[1]
+                buffers[step.target.ident] = step.of(_array(step.source, buffers))
+            elif kind == self.FLUSH:
+                _, start, count, functions, kinds, arguments = op
+                status = self.runner(functions, kinds, arguments, count, self.failed.ctypes.data)
+                zeros.clear()
+                if status:
+                    self._fail(start + int(self.failed[0]), status)
+            else:
+                Plan._checked_call(op[1], arena, buffers)
+
+    def _fail(self, call: int, status: int) -> None:
+        if status < 0:
+            raise PolycError(f"polyc's call sequence met an unknown signature at call {call} (a polyc bug)")
+        self.steps[call][1].status(status)
+        raise PolycError(f"kernel {self.steps[call][0].name} returned status {status}")
 
 
 _STATEMENT = re.compile(r"^(?P<target>v\d+)\((?P<indices>[^()]*)\) = (?P<rhs>.*?)(?P<ranges> where [^()]*)?$")
