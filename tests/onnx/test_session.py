@@ -757,6 +757,16 @@ def test_resolved_calls_are_one_c_call_per_stretch_and_a_kernels_error_still_sto
             np.testing.assert_array_equal(got, timed[output.name])
     stretches = [op[2] for op in sequence.ops if op[0] == sequence.FLUSH]
     assert runner_calls == 2 * stretches and sum(stretches) == sum(isinstance(s, tuple) for s in arena.resolved.steps)
+    # a call through the checked path in the middle: two stretches around it, the same answers
+    from polyc.frontends.onnx.plan import _CallSequence
+    steps = list(arena.resolved.steps)
+    calls = [position for position, step in enumerate(steps) if isinstance(step, tuple)]
+    middle = calls[len(calls) // 2]
+    steps[middle] = (steps[middle][0], None, None, steps[middle][3])
+    arena.resolved._sequence = split = _CallSequence(steps)
+    assert [op[2] for op in split.ops if op[0] == split.FLUSH] == [len(calls) // 2, len(calls) - len(calls) // 2 - 1]
+    for output, got in zip(session.get_outputs(), session.run(None, {"X": 3 * x})):
+        np.testing.assert_array_equal(got, plan.run({"X": 3 * x}, seconds=[])[output.name])
     nodes = [helper.make_node("Gather", ["D", "I"], ["G"], axis=0), helper.make_node("Relu", ["G"], ["Y"])]
     graph = helper.make_graph(nodes, "gather", [helper.make_tensor_value_info("D", TensorProto.FLOAT, [5, 3]),
                                                 helper.make_tensor_value_info("I", TensorProto.INT64, [2])],
