@@ -60,10 +60,12 @@ int {RUNNER}(void *const *functions, const int64_t *kinds, const int64_t *argume
 """
 
 
-def sequence_runner(signatures: tuple[tuple[int, int], ...]):
-    """The runner for ``signatures``, built (or found in the kernel cache) and loaded: a ctypes
-    function of (functions, kinds, arguments, count, failed) addresses and the count, returning
-    0, the failing call's status, or -1 for an unknown kind."""
-    library = load_library(get_or_build(runner_source(signatures), CompilerOptions(flags=("-O2",), openmp=False)))
+def sequence_runner(signatures: tuple[tuple[int, int], ...], cc: str | None = None):
+    """The runner for ``signatures``, built by ``cc`` (None: the default C compiler) or found in
+    the kernel cache, and loaded: a ctypes function of (functions, kinds, arguments, count,
+    failed) addresses and the count, returning 0, the failing call's status, or -1 for an
+    unknown kind."""
+    options = CompilerOptions(cc=cc, flags=("-O2",), openmp=False)
+    library = load_library(get_or_build(runner_source(signatures), options))
     return get_function(library, RUNNER, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                           ctypes.c_void_p], ctypes.c_int)

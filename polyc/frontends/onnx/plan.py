@@ -502,10 +502,11 @@ class _ResolvedRun:
 
 class _CallSequence:
     """A resolved run's kernel calls made from C (:mod:`polyc.runtime.sequence`): each stretch
-    of resolved calls (up to a call through the checked path) is one call of the runner, on a table of their arguments that holds the
-    fixed pointers and sizes; before a stretch runs, the pointers of the arrays new in every
-    run (feeds, fresh outputs, temporaries that start as zeros, views of them) are written
-    into it.  Views and calls through the checked path stay in Python, between stretches."""
+    of resolved calls (up to a call through the checked path) is one call of the runner, on a
+    table of their arguments that holds the fixed pointers and sizes; before a stretch runs,
+    the pointers of the arrays new in every run (feeds, fresh outputs, temporaries that start
+    as zeros, views of them) are written into it.  Views and calls through the checked path
+    stay in Python, between stretches.  The runner is built with the kernels' C compiler."""
 
     VIEW, CALL, FLUSH, CHECKED = range(4)
 
@@ -547,7 +548,7 @@ class _CallSequence:
         self.kinds = np.array(kinds, np.int64)
         self.table = np.array(table, np.int64)
         self.failed = np.zeros(1, np.int64)
-        self.runner = sequence_runner(tuple(signatures)) if functions else None
+        self.runner = sequence_runner(tuple(signatures), self.steps[0][0].kernel.options.cc) if functions else None
         # the runner's arguments for each stretch: its first call's entries in the tables
         offsets = np.cumsum([0] + [len(step[2]) + len(step[1].sizes) for step in self.steps])
         self.ops = [op if op[0] != self.FLUSH else
