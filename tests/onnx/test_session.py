@@ -737,9 +737,9 @@ def test_runs_after_the_first_call_the_kernels_by_their_resolved_pointers(graph_
 
 
 def test_resolved_calls_are_one_c_call_per_stretch_and_a_kernels_error_still_stops_the_run():
-    """The resolved calls between two views or checked calls run as one call of the sequence
-    runner (polyc.runtime.sequence), with the same answers as calls made one by one from Python
-    (a run timed per kernel); a kernel's status still raises its error: an index out of range."""
+    """The resolved calls up to a checked call run as one call of the sequence runner
+    (polyc.runtime.sequence), with the same answers as calls made one by one (a run timed per
+    kernel); a kernel's status still raises its error: an index out of range."""
     model = residual_model()
     session = ponnx.InferenceSession(model)
     x = np.random.default_rng(22).standard_normal((2, 4, 6, 6)).astype(np.float32)
@@ -750,13 +750,18 @@ def test_resolved_calls_are_one_c_call_per_stretch_and_a_kernels_error_still_sto
     runner_calls = []
     runner = sequence.runner
     sequence.runner = lambda *arguments: runner_calls.append(arguments[3]) or runner(*arguments)
+    stretches = [op[2] for op in sequence.ops if op[0] == sequence.FLUSH]
+    kernels = sum(isinstance(s, tuple) for s in arena.resolved.steps)
+    assert sum(stretches) == kernels
     for scale in (1.0, -2.0):
+        runner_calls.clear()
         one_call = session.run(None, {"X": scale * x})
+        assert runner_calls == stretches
+        runner_calls.clear()
         timed = plan.run({"X": scale * x}, seconds=[])
+        assert runner_calls == [1] * kernels
         for output, got in zip(session.get_outputs(), one_call):
             np.testing.assert_array_equal(got, timed[output.name])
-    stretches = [op[2] for op in sequence.ops if op[0] == sequence.FLUSH]
-    assert runner_calls == 2 * stretches and sum(stretches) == sum(isinstance(s, tuple) for s in arena.resolved.steps)
     # a call through the checked path in the middle: two stretches around it, the same answers
     from polyc.frontends.onnx.plan import _CallSequence
     steps = list(arena.resolved.steps)

@@ -461,43 +461,10 @@ class _ResolvedRun:
     def run(self, buffers: dict, seconds: list | None = None) -> dict:
         """Run the plan on the arena; ``buffers`` holds the feeds by ident, and then the arrays
         of every value run() may return; ``seconds`` (a list) gets each kernel call's time (each
-        call is then made from Python, not in a sequence)."""
+        call is then a runner call of its own)."""
         buffers.update(self.arena.arrays)
-        if seconds is None:
-            self._sequence.run(self.arena, buffers)
-            return buffers
-        for step in self.steps:
-            if isinstance(step, ViewStep):
-                buffers[step.target.ident] = step.of(_array(step.source, buffers))
-                continue
-            if seconds is not None:
-                started = time.perf_counter()
-                self._call(step, buffers)
-                seconds.append(time.perf_counter() - started)
-            else:
-                self._call(step, buffers)
+        self._sequence.run(self.arena, buffers, seconds)
         return buffers
-
-    def _call(self, step: tuple, buffers: dict) -> None:
-        """One kernel call: through the checked path where the call was not resolved, else the
-        C function on the pointers, the fresh arrays made and read by name."""
-        item, repeat, arguments, fresh = step
-        if repeat is None:
-            Plan._checked_call(item, self.arena, buffers)
-            return
-        for ident, shape, dtype, uninitialised in fresh:
-            buffers[ident] = allocate(shape, dtype, uninitialised)
-        zeros = []  # the temporaries that start as zeros, alive until the call returns
-        pointers = []
-        for argument in arguments:
-            if type(argument) is int:
-                pointers.append(argument)
-            elif type(argument) is str:
-                pointers.append(buffers[argument].ctypes.data)
-            else:
-                zeros.append(allocate(argument[0], argument[1], False))
-                pointers.append(zeros[-1].ctypes.data)
-        repeat.status(repeat.function(*pointers, *repeat.sizes))
 
 
 class _CallSequence:
@@ -515,20 +482,21 @@ class _CallSequence:
         functions, kinds, table = [], [], []
         self.ops: list[tuple] = []
         self.steps = []  # the resolved calls' steps, in call order (for their statuses)
-        stretch_start = 0
+        stretch = (0, 0)  # the first call of the open stretch, and its first entry in the table
         for step in steps:
             if isinstance(step, ViewStep):
                 self.ops.append((self.VIEW, step))
                 continue
             item, repeat, arguments, fresh = step
             if repeat is None:
-                self._close(stretch_start, len(functions))
-                stretch_start = len(functions)
+                self._close(stretch, len(functions))
+                stretch = (len(functions), len(table))
                 self.ops.append((self.CHECKED, item))
                 continue
             signature = (len(arguments), len(repeat.sizes))
             kinds.append(signatures.setdefault(signature, len(signatures)))
             functions.append(ctypes.cast(repeat.function, ctypes.c_void_p).value)
+            call, entry = len(self.steps), len(table)
             named, zeros = [], []
             for argument in arguments:
                 slot = len(table)
@@ -542,31 +510,28 @@ class _CallSequence:
                     table.append(0)
             table.extend(repeat.sizes)
             self.steps.append(step)
-            self.ops.append((self.CALL, fresh, named, zeros))
-        self._close(stretch_start, len(functions))
+            self.ops.append((self.CALL, call, entry, fresh, named, zeros))
+        self._close(stretch, len(functions))
         self.functions = np.array(functions, np.uint64)
         self.kinds = np.array(kinds, np.int64)
         self.table = np.array(table, np.int64)
         self.failed = np.zeros(1, np.int64)
+        self.addresses = tuple(a.ctypes.data for a in (self.functions, self.kinds, self.table, self.failed))
         self.runner = sequence_runner(tuple(signatures), self.steps[0][0].kernel.options.cc) if functions else None
-        # the runner's arguments for each stretch: its first call's entries in the tables
-        offsets = np.cumsum([0] + [len(step[2]) + len(step[1].sizes) for step in self.steps])
-        self.ops = [op if op[0] != self.FLUSH else
-                    (self.FLUSH, op[1], op[2], self.functions.ctypes.data + 8 * op[1],
-                     self.kinds.ctypes.data + 8 * op[1], self.table.ctypes.data + 8 * int(offsets[op[1]]))
-                    for op in self.ops]
 
-    def _close(self, start: int, end: int) -> None:
-        if end > start:
-            self.ops.append((self.FLUSH, start, end - start))
+    def _close(self, stretch: tuple[int, int], end: int) -> None:
+        first, entry = stretch
+        if end > first:
+            self.ops.append((self.FLUSH, first, end - first, entry))
 
-    def run(self, arena: Arena, buffers: dict) -> None:
+    def run(self, arena: Arena, buffers: dict, seconds: list | None = None) -> None:
+        """The run's steps; with ``seconds``, each kernel call made and timed on its own."""
         table = self.table
         zeros = []  # the temporaries that start as zeros, alive until their stretch returns
         for op in self.ops:
             kind = op[0]
             if kind == self.CALL:
-                _, fresh, named, zero_slots = op
+                _, call, entry, fresh, named, zero_slots = op
                 for ident, shape, dtype, uninitialised in fresh:
                     buffers[ident] = allocate(shape, dtype, uninitialised)
                 for slot, ident in named:
@@ -574,17 +539,31 @@ class _CallSequence:
                 for slot, shape, dtype in zero_slots:
                     zeros.append(allocate(shape, dtype, False))
                     table[slot] = zeros[-1].ctypes.data
+                if seconds is not None:
+                    started = time.perf_counter()
+                    self._calls(call, 1, entry)
+                    seconds.append(time.perf_counter() - started)
+                    zeros.clear()
             elif kind == self.VIEW:
                 step = op[1]
                 buffers[step.target.ident] = step.of(_array(step.source, buffers))
             elif kind == self.FLUSH:
-                _, start, count, functions, kinds, arguments = op
-                status = self.runner(functions, kinds, arguments, count, self.failed.ctypes.data)
-                zeros.clear()
-                if status:
-                    self._fail(start + int(self.failed[0]), status)
+                if seconds is None:
+                    self._calls(*op[1:])
+                    zeros.clear()
             else:
+                started = time.perf_counter()
                 Plan._checked_call(op[1], arena, buffers)
+                if seconds is not None:
+                    seconds.append(time.perf_counter() - started)
+
+    def _calls(self, first: int, count: int, entry: int) -> None:
+        """Calls ``first`` .. ``first + count - 1``, their arguments from ``table[entry]`` on;
+        the error of the first that fails."""
+        functions, kinds, table, failed = self.addresses
+        status = self.runner(functions + 8 * first, kinds + 8 * first, table + 8 * entry, count, failed)
+        if status:
+            self._fail(first + int(self.failed[0]), status)
 
     def _fail(self, call: int, status: int) -> None:
         if status < 0:
