@@ -42,6 +42,11 @@ _BOOL_REDUCTIONS = {"+": "||", "*": "&&", "max": "||", "min": "&&"}
 #: summed from zero (vectorised), so the rounding error grows with SUM_BLOCK + n / SUM_BLOCK
 #: terms instead of n: long sums come out as accurate as numpy's pairwise ones.
 SUM_BLOCK = 256
+# A parallel loop of fewer iterations than this takes the parallel loops nested right inside it
+# into its iteration space (OpenMP's collapse): a transformer encoder's qkv Transpose, parallel
+# over its 3 matrices, gave one of two threads two thirds of the work; collapsed with the loops
+# over heads, 35 -> 28 us from cache and 129 -> 102 us from memory (AMD EPYC Zen 4).
+COLLAPSE_BELOW = 32
 
 _STATUS = "polyc_status"
 _MIXED = "<not one element>"
@@ -206,6 +211,10 @@ class _KernelWriter:
             # A long float sum into one element per thread: blocked, each block a simd loop.
             return self.simd_loop(node, pragmas, parallel_reductions, parallel_reduction=True)
         if is_marked_loop:
+            if pragmas == ["omp parallel for"]:
+                loops = _collapsible_loops(node, {f"c{d}" for d in target_depths})
+                if loops > 1:
+                    pragmas = [f"omp parallel for collapse({loops})"]
             return self.for_node(node, pragmas)
         return self.node(node)  # isl elided the marked loop (one iteration): nothing to annotate
 
@@ -528,16 +537,40 @@ def plain_ast_c(node: isl.AstNode, user: Callable[[str, list[str]], str], names:
 
 def _runs_at_least_once(loop: isl.AstNode) -> bool:
     """Whether a loop ``for (c = a; c <= b (or c < b); ...)`` with constant a and b runs."""
-    init, cond = loop.for_get_init(), loop.for_get_cond()
+    return bool(_constant_trip_count(loop))
+
+
+def _constant_trip_count(loop: isl.AstNode) -> int | None:
+    """The iterations of ``for (c = a; c <= b (or c < b); c += s)`` with constants a, b and s."""
+    init, cond, increment = loop.for_get_init(), loop.for_get_cond(), loop.for_get_inc()
     constant = isl.ast_expr_type.int
-    if init.get_type() != constant or cond.get_type() != isl.ast_expr_type.op or cond.get_op_n_arg() != 2:
-        return False
-    bound = cond.get_op_arg(1)
-    if bound.get_type() != constant or cond.get_op_arg(0).get_type() != isl.ast_expr_type.id:
-        return False
-    first, last = init.get_val().to_python(), bound.get_val().to_python()
-    op = cond.get_op_type()
-    return (op == isl.ast_expr_op_type.le and first <= last) or (op == isl.ast_expr_op_type.lt and first < last)
+    if init.get_type() != constant or increment.get_type() != constant or cond.get_type() != isl.ast_expr_type.op \
+            or cond.get_op_type() not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt):
+        return None
+    bound, step = cond.get_op_arg(1), increment.get_val().to_python()
+    if bound.get_type() != constant or step <= 0:
+        return None
+    last = bound.get_val().to_python() - (cond.get_op_type() == isl.ast_expr_op_type.lt)
+    return max(0, (last - init.get_val().to_python()) // step + 1)
+
+
+def _collapsible_loops(loop: isl.AstNode, parallel_iterators: set[str]) -> int:
+    """How many loops, from ``loop`` (a parallel one) inward, one OpenMP loop should share out:
+    while their iterations are fewer than COLLAPSE_BELOW, the loop nested right inside (the
+    whole body: OpenMP's collapse needs perfectly nested loops) joins when it is parallel too
+    (its iterator in ``parallel_iterators``: a coincident band member, which carries no
+    dependence, as the outer one carries none) and its bounds are constants (rectangular)."""
+    loops, iterations = 1, _constant_trip_count(loop)
+    inner = loop.for_get_body()
+    while iterations is not None and iterations < COLLAPSE_BELOW and inner.get_type() == isl.ast_node_type.for_ \
+            and not inner.for_is_degenerate() \
+            and ast_expr_c(inner.for_get_iterator(), {}) in parallel_iterators:
+        count = _constant_trip_count(inner)
+        if count is None:
+            break
+        loops, iterations = loops + 1, iterations * count
+        inner = inner.for_get_body()
+    return loops
 
 
 def _at_most_one_block(loop: isl.AstNode) -> bool:

@@ -26,7 +26,7 @@ int polyc_matmul(const float *__restrict__ A, const float *__restrict__ B, float
   const int64_t C_extent1 = N;
   int polyc_status = 0;
   (void)polyc_status;
-  #pragma omp parallel for
+  #pragma omp parallel for collapse(2)
   for (int64_t c0 = INT64_C(0); c0 <= INT64_C(63); c0 += INT64_C(32))
     for (int64_t c3 = INT64_C(0); c3 <= INT64_C(31); c3 += INT64_C(1))
       for (int64_t c4 = INT64_C(0); c4 <= INT64_C(63); c4 += INT64_C(1))
