@@ -559,12 +559,15 @@ def _collapsible_loops(loop: isl.AstNode, parallel_iterators: set[str]) -> int:
     while their iterations are fewer than COLLAPSE_BELOW, the loop nested right inside (the
     whole body: OpenMP's collapse needs perfectly nested loops) joins when it is parallel too
     (its iterator in ``parallel_iterators``: a coincident band member, which carries no
-    dependence, as the outer one carries none) and its bounds are constants (rectangular)."""
+    dependence, as the outer one carries none) and its bounds are constants (rectangular).  The
+    loop right around a marked (vector) loop stays a loop in each thread: gcc optimises the two
+    together (a transpose of 12 x 128 x 64 floats took 28 us instead of 16 with it collapsed)."""
     loops, iterations = 1, _constant_trip_count(loop)
     inner = loop.for_get_body()
     while iterations is not None and iterations < COLLAPSE_BELOW and inner.get_type() == isl.ast_node_type.for_ \
             and not inner.for_is_degenerate() \
-            and ast_expr_c(inner.for_get_iterator(), {}) in parallel_iterators:
+            and ast_expr_c(inner.for_get_iterator(), {}) in parallel_iterators \
+            and inner.for_get_body().get_type() != isl.ast_node_type.mark:
         count = _constant_trip_count(inner)
         if count is None:
             break

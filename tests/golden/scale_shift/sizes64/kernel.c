@@ -26,7 +26,7 @@ int polyc_scale_shift(const float *__restrict__ A, float *__restrict__ C, float 
   const int64_t B_extent1 = N;
   int polyc_status = 0;
   (void)polyc_status;
-  #pragma omp parallel for collapse(2)
+  #pragma omp parallel for
   for (int64_t c0 = INT64_C(0); c0 <= INT64_C(63); c0 += INT64_C(32))
     for (int64_t c2 = INT64_C(0); c2 <= INT64_C(31); c2 += INT64_C(1))
     #pragma omp simd
