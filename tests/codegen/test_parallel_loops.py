@@ -3,7 +3,7 @@
 A parallel loop of few iterations leaves threads idle or unevenly loaded (3 matrices over 2
 threads: one thread does two thirds), so the C back end collapses the parallel loops nested
 right inside it into one iteration space (:data:`polyc.codegen.c.COLLAPSE_BELOW`), but only
-loops that carry no dependence and have constant bounds.  Each case is also checked against
+loops that carry no dependence and have constant bounds, and not the loop around a vector loop.  Each case is also checked against
 numpy with several thread counts, since a wrong collapse would race or skip iterations.
 """
 from __future__ import annotations
