@@ -16,7 +16,7 @@ static inline int64_t polyc_checked_index(int64_t index, int64_t extent, int *st
     return 0;
 }
 
-#pragma omp declare reduction(polyc_fmax_float : float : omp_out = polyc_fmaxf(omp_out, omp_in)) initializer(omp_priv = -INFINITY)
+#pragma omp declare reduction(polyc_fmax_float : float : omp_out = (omp_in != omp_in || omp_out >= omp_in) ? omp_out : omp_in) initializer(omp_priv = -INFINITY)
 int polyc_softmax(const float *__restrict__ X, float *__restrict__ O, float *__restrict__ M, float *__restrict__ S)
 {
   const int64_t N = 64;
