@@ -646,6 +646,26 @@ def test_channel_mode_serial_specialised_tiles_and_accumulation():
     np.testing.assert_array_equal(out, np.broadcast_to(np.maximum(bias, 0), (2, 2, 2, 5)))
 
 
+def test_half_vector_channel_tails():
+    """Output channels whose last vector is at most half full (AVX-512: 8 float or 4 double
+    lanes) take the ``_half`` kernels, whose last vector is a 256-bit one: one partial vector,
+    a vector and a half, the last of several blocks; padded windows (pieces of masked points),
+    accumulation into the output, float64; against numpy.  A channel count with a fuller last
+    vector has no such kernel."""
+    cases = [(NHWC_PADDED, [(2, 5, 7, 3), (3, 3, 3, 24), (24,)], np.float32, 2),
+             (NHWC_PADDED, [(1, 6, 5, 16), (3, 3, 16, 8), (8,)], np.float32, 1),
+             (NHWC_BIAS_RELU, [(2, 9, 12, 8), (1, 1, 8, 72), (72,)], np.float32, 1),  # blocks of 64, then 8
+             (NHWC_BIAS_RELU, [(1, 7, 9, 5), (3, 3, 5, 40), (40,)], np.float32, 3),
+             (NHWC_BIAS_RELU.replace("float", "double"), [(2, 6, 7, 3), (1, 2, 3, 12), (12,)], np.float64, 2)]
+    for seed, (source, shapes, dtype, vectors) in enumerate(cases):
+        kernel = numpy_check(source, shapes, dtype=dtype, seed=seed)
+        sizes = dict(zip("NHWC", shapes[0]), KH=shapes[1][0], KW=shapes[1][1], F=shapes[1][3])
+        assert f"polyc_convc_kernel_{vectors}_half(" in kernel.c_source(sizes)
+    numpy_check(NHWC_ACCUMULATING, [(2, 9, 12, 8), (3, 3, 8, 24)], outputs=[rand(np.random.default_rng(3), (2, 7, 10, 24))])
+    full = numpy_check(NHWC_BIAS_RELU, [(1, 7, 9, 5), (3, 3, 5, 28), (28,)])
+    assert "_half(" not in full.c_source(dict(N=1, H=7, W=9, C=5, KH=3, KW=3, F=28))
+
+
 @pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
 def test_register_block_points_follow_the_output_points(cflags):
     """With the sizes known, a register block holds fewer points when the last tile would be

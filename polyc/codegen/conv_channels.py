@@ -86,17 +86,23 @@ WEIGHT_SLICE_BYTES = 256 * 1024
 
 @dataclass(frozen=True)
 class ChannelBlock:
-    """``vectors`` vectors of ``lanes`` output channels x ``points`` points."""
+    """``vectors`` vectors of ``lanes`` output channels x ``points`` points.  ``half_tail``:
+    the vectors of the last channel block when its last vector holds at most half a vector's
+    lanes and AVX-512 computes that one in a 256-bit vector (see :func:`vector_kernel`), else 0."""
 
     isa: str
     lanes: int
     vectors: int
     points: int
+    half_tail: int = 0
 
     @property
     def nf(self) -> int:
         return self.lanes * self.vectors
 
+
+#: Where AVX-512's 256-bit vectors have lane masks too (the ``_half`` kernels need them).
+HALF_GUARD = "#if defined(__AVX512VL__)"
 
 #: Independent accumulators a register block needs to hide the FMA's latency (two FMA units x
 #: about four cycles on the x86 cores polyc targets): fewer points per block leave them idle.
@@ -113,7 +119,13 @@ def channel_block(isa: str, dtype: np.dtype, channels: int | None, points: int |
     lanes = {"avx512": 64, "avx2": 32, "portable": 128}[isa] // itemsize
     most = MAX_CHANNEL_VECTORS[isa]
     vectors = most if not channels else max(1, min(most, -(-channels // lanes)))
-    return ChannelBlock(isa, lanes, vectors, _block_points(_POINTS[isa][vectors], vectors, points))
+    half_tail = 0
+    if isa == "avx512" and channels:
+        last_block = channels - (channels - 1) // (lanes * vectors) * (lanes * vectors)
+        last_vectors = -(-last_block // lanes)
+        if last_block - (last_vectors - 1) * lanes <= lanes // 2:
+            half_tail = last_vectors
+    return ChannelBlock(isa, lanes, vectors, _block_points(_POINTS[isa][vectors], vectors, points), half_tail)
 
 
 def _block_points(most: int, vectors: int, points: int | None) -> int:
@@ -165,7 +177,7 @@ def masked_access(isa: str, dtype: np.dtype, lanes: int, count: str | None):
 
 
 def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool = True,
-                  epilogue: bool = False, point_stride: int | None = None) -> str:
+                  epilogue: bool = False, point_stride: int | None = None, half: bool = False) -> str:
     """``polyc_convc_kernel_<nfv>``: nfv channel vectors x RQ points, unrolled.  The last vector
     holds ``tail`` channels (1..LANES): loaded and stored under a lane mask (``masked=False``,
     AVX2's ``_full`` kernels: all vectors whole, no mask register held through the loop).
@@ -179,16 +191,31 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
     the tile, its points' offsets in the instructions, where twelve pointers and the loop's own
     did not fit the general registers (copies to vector registers and back at every step: a
     1x1 32 -> 16 layer at 112 x 112 ran at 0.56 of the FMAs' peak on one core of an AMD EPYC
-    Zen 4)."""
+    Zen 4).  With ``half`` (AVX-512, ``_half`` kernels, for a ``tail`` of at most half the
+    lanes), the last vector is a 256-bit one: an AMD Zen 4 does a 512-bit FMA as two 256-bit
+    halves, masked-off lanes included, so a 1x1 144 -> 24 layer (a vector and a half of
+    channels) cost as much as 144 -> 32; an Intel core's 256-bit FMA takes a port as its
+    512-bit one does.  Its accumulators are widened back to 512 bits (upper lanes zero) for
+    the stores and the epilogue."""
     ctype = c_type(dtype)
     lanes, rq, last = block.lanes, block.points, nfv - 1
     vec, pre, suffix, mask_line, load_full, store_full, load_last, store_last = masked_access(
         block.isa, dtype, lanes, "tail" if masked else None)
-    name = f"polyc_convc_kernel_{nfv}{'' if masked else '_full'}{'' if point_stride is None else '_uniform'}"
-    lines = [f"/* {nfv} vector(s) of output channels x {rq} points. */",
+    name = (f"polyc_convc_kernel_{nfv}{'_half' if half else ''}{'' if masked else '_full'}"
+            f"{'' if point_stride is None else '_uniform'}")
+    lines = [f"/* {nfv} vector(s) of output channels x {rq} points{', the last of 256 bits' if half else ''}. */",
              f"static __attribute__((noinline)) void {name}({typed(_ARGUMENTS, ctype)})", "{",
              f"    {mask_line}" if mask_line else "    (void)tail;",
              "    (void)g; (void)f0; (void)last_chunk;"]
+    full_vectors = last if half else nfv  # the vectors of the register width
+    half_vec, widen = {"ps": ("__m256", "_mm512_zextps256_ps512"), "pd": ("__m256d", "_mm512_zextpd256_pd512")}[suffix]
+    # The broadcast: of the register width, its low half for the last vector (free); a
+    # 256-bit one when that vector is the only one.
+    b_vec, b_pre, narrow = vec, pre, f"_mm512_cast{suffix}512_{suffix}256"
+    if half and not full_vectors:
+        b_vec, b_pre, narrow = half_vec, "_mm256", ""
+    if half:
+        lines.append(f"    const __mmask8 kh = (__mmask8)polyc_lane_mask(tail, {lanes // 2});")
 
     def load(v: int, base: str) -> str:
         return (load_last if v == last else load_full).format(ptr=f"{base} + {v * lanes}")
@@ -198,7 +225,11 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
 
     acc = [[f"c{j}_{v}" for v in range(nfv)] for j in range(rq)]
     for row in acc:
-        lines.append(f"    {vec} " + ", ".join(f"{a} = {pre}_setzero_{suffix}()" for a in row) + ";")
+        full = [f"{a} = {pre}_setzero_{suffix}()" for a in row[:full_vectors]]
+        declarations = [f"{vec} " + ", ".join(full) + ";"] if full else []
+        if half:
+            declarations.append(f"{half_vec} {row[last]} = _mm256_setzero_{suffix}();")
+        lines.append("    " + " ".join(declarations))
     if point_stride is None:
         lines.append("    " + " ".join(f"const {ctype} *restrict p{j} = ip[{j}];" for j in range(rq)))
         point = [f"p{j}[o]" for j in range(rq)]
@@ -220,18 +251,25 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
         body = ["        for (int64_t r = pieces[3 * k]; r < r1; r++, wq += w_step) {",
                 "            const int64_t o = roff[r];",
                 "            if (r < npf) POLYC_PREFETCH_LINE(pf, pf_step, r);",
-                "            if (r < nipf) __builtin_prefetch(ipf + 64 * r, 0, 3);",
-                f"            const {vec} " + ", ".join(f"w{v} = {load(v, 'wq')}" for v in range(nfv)) + ";",
-                f"            {vec} b;"]
+                "            if (r < nipf) __builtin_prefetch(ipf + 64 * r, 0, 3);"]
+        if full_vectors:
+            body.append(f"            const {vec} " + ", ".join(f"w{v} = {load(v, 'wq')}" for v in range(full_vectors)) + ";")
+        if half:
+            body.append(f"            const {half_vec} w{last} = _mm256_maskz_loadu_{suffix}(kh, wq + {last * lanes});")
+        body.append(f"            {b_vec} b;")
         for j in range(rq):
             if masked and block.isa == "avx512":
                 fmas = " ".join(f"{acc[j][v]} = {pre}_mask3_fmadd_{suffix}(w{v}, b, {acc[j][v]}, m{j});"
-                                for v in range(nfv))
+                                for v in range(full_vectors))
+                if half:
+                    fmas += f" {acc[j][last]} = _mm256_mask3_fmadd_{suffix}(w{last}, {narrow}(b), {acc[j][last]}, (__mmask8)m{j});"
             else:
-                fmas = " ".join(f"{acc[j][v]} = {pre}_fmadd_{suffix}(w{v}, b, {acc[j][v]});" for v in range(nfv))
+                fmas = " ".join(f"{acc[j][v]} = {pre}_fmadd_{suffix}(w{v}, b, {acc[j][v]});" for v in range(full_vectors))
+                if half:
+                    fmas += f" {acc[j][last]} = _mm256_fmadd_{suffix}(w{last}, {narrow}(b), {acc[j][last]});"
                 if masked:
                     fmas = f"if (mask >> {j} & 1) {{ {fmas} }}"
-            body.append(f"            b = {pre}_set1_{suffix}({(masked_point if masked else point)[j]}); {fmas}")
+            body.append(f"            b = {b_pre}_set1_{suffix}({(masked_point if masked else point)[j]}); {fmas}")
         return body + ["        }"]
 
     masks = []
@@ -250,8 +288,13 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
               *redirect,
               *steps(True),
               "    }"]
+    if half:  # the stores and the epilogue take the last accumulators widened
+        for j in range(rq):
+            acc[j][last] = f"{acc[j][last]}w"
     for j in range(rq):
         body = [f"{ctype} *restrict q = out + oo[{j}];"]
+        if half:
+            body.append(f"{vec} {acc[j][last]} = {widen}(c{j}_{last});")
         body += [f"if (beta) {acc[j][v]} = {pre}_add_{suffix}({load(v, 'q')}, {acc[j][v]});" for v in range(nfv)]
         if epilogue:
             for v in range(nfv):
@@ -289,6 +332,10 @@ def dispatch(block: ChannelBlock, ctype: str, uniform: bool = False) -> str:
         if block.isa == "avx2":
             cases.append(f"    case {nfv}: if (tail == {block.lanes}) polyc_convc_kernel_{nfv}_full{kind}{arguments}; "
                          f"else polyc_convc_kernel_{nfv}{kind}{arguments}; break;")
+        elif nfv == block.half_tail:
+            cases.append(f"    case {nfv}:\n{HALF_GUARD}\n"
+                         f"        if (tail <= {block.lanes // 2}) {{ polyc_convc_kernel_{nfv}_half{kind}{arguments}; break; }}\n"
+                         f"#endif\n        polyc_convc_kernel_{nfv}{kind}{arguments}; break;")
         else:
             cases.append(f"    case {nfv}: polyc_convc_kernel_{nfv}{kind}{arguments}; break;")
     return ("/* One block: nfv vectors of channels (the last holding `tail`) x RQ points. */\n"
@@ -327,6 +374,9 @@ def instruction_set(block: ChannelBlock, dtype: np.dtype, epilogue: RegisterEpil
     for stride in [None] + [point_stride] * uniform:
         kernels += [vector_kernel(block, dtype, nfv, epilogue=in_registers, point_stride=stride)
                     for nfv in range(1, block.vectors + 1)]
+        if block.half_tail:
+            kernels += [HALF_GUARD, vector_kernel(block, dtype, block.half_tail, epilogue=in_registers,
+                                                  point_stride=stride, half=True), "#endif"]
         if block.isa == "avx2":
             kernels += [vector_kernel(block, dtype, nfv, masked=False, epilogue=in_registers, point_stride=stride)
                         for nfv in range(1, block.vectors + 1)]
