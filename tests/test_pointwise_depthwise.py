@@ -1,6 +1,6 @@
 """The fused 1 x 1 + depthwise convolution kernel (polyc/codegen/pointwise_depthwise.py): which
 defs it takes, and its results against numpy on every instruction-set branch, one thread and
-two, both ways of splitting an image between threads, under AddressSanitizer and UBSan."""
+two, every way of splitting the work between threads, under AddressSanitizer and UBSan."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -166,17 +166,20 @@ def test_parametric_sizes(cflags):
         assert_close(compiled(*inputs), reference(inputs), c + 11, np.float32, inputs)
 
 
-def test_both_splits_of_an_image_between_threads():
-    """One image: its threads split the channel vectors (six of them: three each) or, where
-    that would leave a thread too few for a register block, the output rows (two vectors); on
-    many calls, so that a race between the threads' ring buffers would show."""
+def test_every_split_between_threads():
+    """The threads take work items as they come free: blocks of one image's channel vectors
+    (six vectors), bands of its output rows where the blocks are too few (two vectors, one
+    vector), whole images of a batch; with 2 to 5 threads, on many calls, so that a race
+    between the threads' ring buffers would show."""
     rng = np.random.default_rng(42)
-    for c, e in ((16, 96), (8, 20)):
-        compiled = polyc.define(block(1, 24, 24, c, e), threads=2).blk
-        inputs = inputs_for(rng, 1, 24, 24, c, e)
+    for n, c, e in ((1, 16, 96), (1, 8, 20), (1, 4, 7), (3, 8, 40), (9, 4, 20)):
+        inputs = inputs_for(rng, n, 24, 24, c, e)
         want = reference(inputs)
-        for _ in range(20):
-            assert_close(compiled(*inputs), want, c + 11, np.float32, inputs)
+        for threads in (2, 3, 5):
+            compiled = polyc.define(block(n, 24, 24, c, e), threads=threads).blk
+            assert FUSED in compiled.c_source()
+            for _ in range(8):
+                assert_close(compiled(*inputs), want, c + 11, np.float32, inputs)
 
 
 def test_a_bad_pointwise_epilogue_is_computed_by_the_generic_path():

@@ -43,6 +43,13 @@ from polyc.schedule.convolution import PointwiseDepthwise
 #: rows (112, 56, 28, 14, 7).
 POINTWISE_BLOCK = {"avx512": (7, 3), "avx2": (6, 2)}
 
+#: Work items per thread the split aims at (see ``work_split``): enough that a thread running
+#: slower takes fewer of them.
+ITEMS_PER_THREAD = 4
+
+#: Bands of output rows an image is split into, at most.
+MAX_BANDS = 16
+
 
 def generate_pointwise_depthwise(program: PolyProgram, chain: PointwiseDepthwise, options: Options) -> GeneratedKernel:
     """The kernel of a def recognised as a :class:`PointwiseDepthwise`."""
@@ -237,7 +244,7 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
             "polyc_gt.in = polyc_t;"]
         serial = [*thread("0"), "for (int64_t polyc_x = 0; polyc_x < polyc_items; polyc_x++) {",
                   *("    " + line for line in item), "}"]
-        region = [*thread("omp_get_thread_num()"), "#pragma omp for schedule(static)",
+        region = [*thread("omp_get_thread_num()"), "#pragma omp for schedule(dynamic, 1)",
                   "for (int64_t polyc_x = 0; polyc_x < polyc_items; polyc_x++) {",
                   *("    " + line for line in item), "}"]
         body += self.workspace_region(work, _PARALLEL_THRESHOLD, allocate, region, serial) + ["return 0;"]
@@ -245,23 +252,44 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
 
     def work_split(self, wh) -> list[str]:
-        """C choosing the work items: each image's output rows in ``polyc_bands`` bands and its
-        channel vectors in ``polyc_blocks`` blocks, as many as it takes to give every thread an
-        item; the image's split is by channels, unless that leaves the threads' shares unequal
-        or too few vectors for the 1 x 1 rows' register blocks and bands of rows cost less (a
-        band recomputes the rows of T that the previous band's last output row also read)."""
-        span = f"({wh.dilation} * (g.kh - 1) + 1)"
+        """C choosing the work items, which the threads take as they come free (static halves
+        of one image made the threads wait for each other whenever one virtual processor ran
+        slower than the other, as on a shared machine: mobilenet_v2's 24 -> 144 layer at 56 x 56
+        then took one thread 1.65 times the other's time, an AMD EPYC Zen 4):
+
+        * the images, whole while they make ITEMS_PER_THREAD items per thread (whole images
+          write whole lines of a large output: that layer at batch 8 ran 4% slower in blocks
+          of channels);
+        * else each image's channel vectors in blocks, of at least the 1 x 1 rows' register
+          block (a block reads the image's rows of X again, a few KB each, and computes
+          nothing twice);
+        * and its output rows in the bands that cost least: the busiest thread's share of the
+          items times the rows of T computed (a band recomputes those that the previous band's
+          last output row also read); of the splits within 2% of the least, the one of most
+          items, up to ITEMS_PER_THREAD per thread.
+
+        One thread takes the whole image, by rows."""
+        halo = f"(double)polyc_max(({wh.dilation} * (g.kh - 1) + 1) - {wh.stride}, 0) / (double)polyc_max(g.ih, 1)"
         return [
             "int64_t polyc_bands = 1, polyc_blocks = 1;",
-            "if (polyc_images > 0 && polyc_images < polyc_nthr) {  /* (no images: no items) */",
-            "    const int64_t want = (polyc_nthr + polyc_images - 1) / polyc_images;",
-            "    const int64_t share = (polyc_vectors + want - 1) / want;",
-            "    double by_channels = (double)(share * want) / (double)polyc_vectors;",
-            "    if (share < POLYC_PW_VECTORS) by_channels *= 1.15;  /* narrower register blocks */",
-            "    const double by_rows = (double)((g.oh + want - 1) / want * want) / (double)polyc_max(g.oh, 1)",
-            f"        * (1.0 + (double)(want - 1) * (double)polyc_max({span} - {wh.stride}, 0) / (double)polyc_max(g.ih, 1));",
-            "    if (by_rows < by_channels) polyc_bands = polyc_min(want, polyc_max(g.oh, 1));",
-            "    else polyc_blocks = polyc_min(want, polyc_vectors);",
+            "if (polyc_nthr > 1 && polyc_images > 0) {  /* (no images: no items) */",
+            f"    const int64_t wanted = {ITEMS_PER_THREAD} * (int64_t)polyc_nthr;",
+            "    polyc_blocks = polyc_min((polyc_vectors + POLYC_PW_VECTORS - 1) / POLYC_PW_VECTORS,",
+            "                             (wanted + polyc_images - 1) / polyc_images);",
+            "    const int64_t items = polyc_images * polyc_blocks;",
+            "    double least = -1;",
+            "    int chosen = 0;",
+            "    for (int pass = 0; pass < 2; pass++)",
+            f"        for (int64_t b = 1; b <= polyc_min(g.oh, {MAX_BANDS}); b++) {{",
+            "            const int64_t n = items * b;",
+            "            const double busiest = (double)((n + polyc_nthr - 1) / polyc_nthr) / (double)n;",
+            f"            const double cost = busiest * (1.0 + (double)(b - 1) * {halo});",
+            "            if (pass == 0 && (least < 0 || cost < least)) least = cost;",
+            "            if (pass == 1 && cost <= 1.02 * least && (!chosen || items * polyc_bands < wanted)) {",
+            "                polyc_bands = b;",
+            "                chosen = 1;",
+            "            }",
+            "        }",
             "}"]
 
     def item_lines(self, wh) -> list[str]:
