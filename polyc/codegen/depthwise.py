@@ -353,7 +353,9 @@ class _DepthwiseWriter(PatternKernelWriter):
         if not self.options.parallel:
             body += serial + ["return 0;"]
         else:
-            body += self.parallel_region(work, _PARALLEL_THRESHOLD, ["#pragma omp for schedule(static)", *serial],
+            # Guided: long runs of consecutive rows first, shorter ones as the rows run out, so
+            # that a thread on a slower virtual processor takes fewer (see pointwise_depthwise).
+            body += self.parallel_region(work, _PARALLEL_THRESHOLD, ["#pragma omp for schedule(guided)", *serial],
                                          serial) + ["return 0;"]
         signature = f"int {name}({', '.join(arguments)})"
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
