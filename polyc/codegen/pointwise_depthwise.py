@@ -47,6 +47,11 @@ POINTWISE_BLOCK = {"avx512": (7, 3), "avx2": (6, 2)}
 #: slower takes fewer of them.
 ITEMS_PER_THREAD = 4
 
+#: Channels of a block of one image's channel vectors, at least (rounded up to whole register
+#: blocks): in blocks of two AVX2 vectors mobilenet_v2's 24 -> 144 layer at 56 x 56 ran 15%
+#: slower than in halves of its rows, in blocks of six 7% faster (an AMD EPYC Zen 4).
+BLOCK_CHANNELS = 48
+
 #: Bands of output rows an image is split into, at most.
 MAX_BANDS = 16
 
@@ -260,22 +265,24 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
         * the images, whole while they make ITEMS_PER_THREAD items per thread (whole images
           write whole lines of a large output: that layer at batch 8 ran 4% slower in blocks
           of channels);
-        * else each image's channel vectors in blocks, of at least the 1 x 1 rows' register
-          block (a block reads the image's rows of X again, a few KB each, and computes
-          nothing twice);
+        * else each image's channel vectors in blocks of at least BLOCK_CHANNELS channels (a
+          block reads the image's rows of X again, a few KB each, and computes nothing twice);
         * and its output rows in the bands that cost least: the busiest thread's share of the
           items times the rows of T computed (a band recomputes those that the previous band's
-          last output row also read); of the splits within 2% of the least, the one of most
-          items, up to ITEMS_PER_THREAD per thread.
+          last output row also read, and starts its ring); of the splits within 1% of the
+          least, the one of most items, up to ITEMS_PER_THREAD per thread.
 
         One thread takes the whole image, by rows."""
-        halo = f"(double)polyc_max(({wh.dilation} * (g.kh - 1) + 1) - {wh.stride}, 0) / (double)polyc_max(g.ih, 1)"
+        # A band's rows of T computed twice, and one more for starting its ring (two bands of
+        # mobilenet_v2's 112 x 112 stride-2 layer cost 2-4% where their one row predicted 1%).
+        halo = f"(double)(polyc_max(({wh.dilation} * (g.kh - 1) + 1) - {wh.stride}, 0) + 1) / (double)polyc_max(g.ih, 1)"
         return [
             "int64_t polyc_bands = 1, polyc_blocks = 1;",
             "if (polyc_nthr > 1 && polyc_images > 0) {  /* (no images: no items) */",
             f"    const int64_t wanted = {ITEMS_PER_THREAD} * (int64_t)polyc_nthr;",
-            "    polyc_blocks = polyc_min((polyc_vectors + POLYC_PW_VECTORS - 1) / POLYC_PW_VECTORS,",
-            "                             (wanted + polyc_images - 1) / polyc_images);",
+            f"    const int64_t least_vectors = (({BLOCK_CHANNELS} + POLYC_DW_LANES - 1) / POLYC_DW_LANES + POLYC_PW_VECTORS - 1)",
+            "                                  / POLYC_PW_VECTORS * POLYC_PW_VECTORS;",
+            "    polyc_blocks = polyc_min(polyc_max(1, polyc_vectors / least_vectors), (wanted + polyc_images - 1) / polyc_images);",
             "    const int64_t items = polyc_images * polyc_blocks;",
             "    double least = -1;",
             "    int chosen = 0;",
@@ -285,7 +292,7 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
             "            const double busiest = (double)((n + polyc_nthr - 1) / polyc_nthr) / (double)n;",
             f"            const double cost = busiest * (1.0 + (double)(b - 1) * {halo});",
             "            if (pass == 0 && (least < 0 || cost < least)) least = cost;",
-            "            if (pass == 1 && cost <= 1.02 * least && (!chosen || items * polyc_bands < wanted)) {",
+            "            if (pass == 1 && cost <= 1.01 * least && (!chosen || items * polyc_bands < wanted)) {",
             "                polyc_bands = b;",
             "                chosen = 1;",
             "            }",
