@@ -237,3 +237,29 @@ def test_pointwise_convolutions_of_many_filters_read_blocked_weights_at_few_pixe
     assert group.nodes == ["pw", "relu6"]
     blocked = batch * image * image <= BLOCKED_WEIGHT_ROWS
     assert (group.outputs[0].rank == 5) == blocked and group.kernel.stages({}).contraction is not None
+
+
+@pytest.mark.parametrize("channels, image", [(64, 5), (24, 7)])
+def test_pointwise_weights_outweighing_the_output_are_padded_to_whole_slivers(channels, image):
+    """A 1 x 1 convolution of a filter count no sliver divides reads its weights blocked, with
+    zero filters up to a whole sliver, where they outweigh the output (more channels than
+    pixels); the real filters are copied out after, with the bias.  Else the weights are read
+    in place."""
+    from polyc.frontends.onnx.channels_last import POINTWISE_GEMM_FILTERS
+    rng = np.random.default_rng(8)
+    filters = POINTWISE_GEMM_FILTERS + 40
+    weights = {"W": rng.standard_normal((channels, 3, 3, 3)).astype(np.float32),
+               "Wp": rng.standard_normal((filters, channels, 1, 1)).astype(np.float32),
+               "Bp": rng.standard_normal(filters).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["X", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Conv", ["c", "Wp", "Bp"], ["p"], name="pw"),
+             helper.make_node("Relu", ["p"], ["Y"], name="relu")]
+    model = _model(nodes, weights, [("Y", ["N", filters, image, image])], image=image)
+    feeds = {"X": rng.standard_normal((1, 3, image, image)).astype(np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    session = ponnx.InferenceSession(model)
+    np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+    product = next(g for g in session.plan_for({"X": feeds["X"].shape}).groups if "pw" in g.nodes).outputs[0]
+    padded = channels >= image * image
+    assert (product.rank == 5) == padded
+    assert product.shape[-1] == filters or product.shape[-2] * product.shape[-1] > filters
