@@ -399,3 +399,33 @@ if __name__ == "__main__":
             if errors.size and errors.max() > worst:
                 worst, at = float(errors.max()), float(x[errors.argmax()])
         print(f"{name} float32: max {worst:.4f} ulp (at {at!r})")
+
+
+def test_the_logistic_quotient_is_one_function_as_accurate_as_exp_and_the_quotient():
+    """``1 / (1 + exp(-x))`` (ONNX's Sigmoid; SiLU's second factor), the sum in either order, is
+    printed as ``polyc_sigmoidf(x)``: within SIGMOID_ULP_BOUND of the exact quotient where that
+    is a normal float, and numpy's special values: NaN for NaN, 1 and 0 at the infinities, 0
+    exactly where float32 exp(-x) overflows (x < -88.72), 1 where 1 + exp(-x) rounds to 1."""
+    from polyc.codegen.vector_math import SIGMOID_ULP_BOUND
+    kernels = polyc.define("""
+        def logistic(float(N) X) -> (Y) { Y(i) = 1 / (1 + exp(-X(i))) }
+        def silu(float(N) X) -> (Y) { Y(i) = X(i) * (1 / (exp(-X(i)) + 1)) }
+        def other(float(N) X) -> (Y) { Y(i) = 1 / (2 + exp(-X(i))) }
+    """)
+    assert "polyc_sigmoidf((X" in kernels.logistic.c_source({"N": 8})
+    assert "polyc_sigmoidf((X" in kernels.silu.c_source({"N": 8})
+    assert "polyc_sigmoidf((X" not in kernels.other.c_source({"N": 8})
+    x = sample_inputs("exp", FLOAT32, 2_000_000)
+    with np.errstate(all="ignore"):
+        exact = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+        numpys = 1.0 / (1.0 + np.exp(-x))
+    result = kernels.logistic(x)
+    normal = np.abs(exact) >= np.finfo(np.float32).tiny
+    worst = float(ulp_errors(result[normal], exact[normal]).max())
+    assert worst <= SIGMOID_ULP_BOUND, f"{worst:.3f} ulp"
+    np.testing.assert_array_equal(np.isnan(result), np.isnan(x))
+    settled = (numpys == 0) | (numpys == 1)  # overflowed, or 1 + exp(-x) rounded to 1
+    np.testing.assert_array_equal(result[settled], numpys[settled])
+    special = np.array([np.nan, np.inf, -np.inf, -88.72283, -88.72284, -100.0, 0.0, 20.0], np.float32)
+    with np.errstate(all="ignore"):
+        np.testing.assert_allclose(kernels.silu(special), special * (1 / (np.exp(-special) + 1)), rtol=1e-6, atol=0)

@@ -220,6 +220,9 @@ class CExpressionPrinter:
 
     def _print_Binary(self, expr: Binary) -> str:
         op, dtype = expr.op, expr.dtype
+        logistic = _sigmoid_operand(expr) if dtype == FLOAT32 else None
+        if logistic is not None:
+            return f"polyc_sigmoidf({self.to_c(logistic)})"
         lhs, rhs = self.to_c(expr.lhs), self.to_c(expr.rhs)
         if op in ("&&", "||") or op in _COMPARISONS:
             return f"({lhs} {op} {rhs})"
@@ -259,6 +262,23 @@ class CExpressionPrinter:
         if expr.func == "abs" and dtype.kind == "u":
             return args[0]
         return f"polyc_{expr.func}_{dtype.name}({', '.join(args)})"
+
+
+def _sigmoid_operand(expr: Binary) -> TExpr | None:
+    """``x`` when ``expr`` is ``1 / (1 + exp(-x))`` (ONNX's Sigmoid, and SiLU's second factor),
+    the sum in either order, else None: such a quotient is printed as ``polyc_sigmoidf(x)``
+    (:mod:`polyc.codegen.vector_math`)."""
+    def is_one(e: TExpr) -> bool:
+        return isinstance(e, Const) and e.value == 1
+
+    if expr.op != "/" or not is_one(expr.lhs) or not isinstance(expr.rhs, Binary) or expr.rhs.op != "+":
+        return None
+    terms = (expr.rhs.lhs, expr.rhs.rhs)
+    for one, power in (terms, terms[::-1]):
+        if is_one(one) and isinstance(power, Call) and power.func == "exp" \
+                and isinstance(power.args[0], Unary) and power.args[0].op == "neg":
+            return power.args[0].operand
+    return None
 
 
 def to_float16(text: str, source: np.dtype = np.dtype(np.float32)) -> str:

