@@ -126,16 +126,14 @@ static inline double polyc_with_sign_f64(double magnitude, double sign_of)
 /* exp(x) = 2^k exp(r), x = k ln2 + r, |r| <= ln2/2: k by rounding with a shifter constant, ln2 in
    two parts (k * high part exact), exp(r) by its Taylor polynomial, and 2^k applied as two
    factors so that a subnormal result is rounded once.  Out-of-range x is clamped to where the
-   result already overflows to inf or rounds to 0. */
-static inline float polyc_expf(float x)
+   result already overflows to inf or rounds to 0.  polyc_expf_reduced: exp(r) for xc = k ln2 + r,
+   k in *ki. */
+static inline float polyc_expf_reduced(float xc, int32_t *ki)
 {
-    float xc = polyc_select_f32(x == x, x, 0.0f);
-    xc = polyc_select_f32(xc > 89.0f, 89.0f, xc);
-    xc = polyc_select_f32(xc < -104.0f, -104.0f, xc);
     const float shifter = 0x1.8p23f;
     float t = xc * 0x1.715476p+0f + shifter;
     float k = t - shifter;
-    int32_t ki = (int32_t)(polyc_bits_f32(t) - polyc_bits_f32(shifter));
+    *ki = (int32_t)(polyc_bits_f32(t) - polyc_bits_f32(shifter));
     float r = (xc - k * 0x1.62e4p-1f) - k * 0x1.7f7d1cp-20f;
     float q = 1.0f / 5040;
     q = q * r + 1.0f / 720;
@@ -143,7 +141,15 @@ static inline float polyc_expf(float x)
     q = q * r + 1.0f / 24;
     q = q * r + 1.0f / 6;
     q = q * r + 0.5f;
-    float p = (q * r * r + r) + 1.0f;
+    return (q * r * r + r) + 1.0f;
+}
+static inline float polyc_expf(float x)
+{
+    float xc = polyc_select_f32(x == x, x, 0.0f);
+    xc = polyc_select_f32(xc > 89.0f, 89.0f, xc);
+    xc = polyc_select_f32(xc < -104.0f, -104.0f, xc);
+    int32_t ki;
+    float p = polyc_expf_reduced(xc, &ki);
     int32_t k1 = ki >> 1, k2 = ki - k1;
     float s1 = polyc_f32_from_bits((uint32_t)(k1 + 127) << 23);
     float s2 = polyc_f32_from_bits((uint32_t)(k2 + 127) << 23);
@@ -162,20 +168,10 @@ static inline float polyc_sigmoidf(float x)
     float z = -x;
     z = polyc_select_f32(z > 89.0f, 89.0f, z);
     z = polyc_select_f32(z < -86.0f, -86.0f, z);
-    const float shifter = 0x1.8p23f;
-    float t = z * 0x1.715476p+0f + shifter;
-    float k = t - shifter;
-    float r = (z - k * 0x1.62e4p-1f) - k * 0x1.7f7d1cp-20f;
-    float q = 1.0f / 5040;
-    q = q * r + 1.0f / 720;
-    q = q * r + 1.0f / 120;
-    q = q * r + 1.0f / 24;
-    q = q * r + 1.0f / 6;
-    q = q * r + 0.5f;
-    float p = (q * r * r + r) + 1.0f;
+    int32_t ki;
+    float p = polyc_expf_reduced(z, &ki);
     /* p 2^(k-1), a normal float for k in [-124, 128], then doubled */
-    uint32_t k1 = polyc_bits_f32(t) - polyc_bits_f32(shifter) - 1u;
-    float e = polyc_f32_from_bits(polyc_bits_f32(p) + (k1 << 23)) * 2.0f;
+    float e = polyc_f32_from_bits(polyc_bits_f32(p) + ((uint32_t)(ki - 1) << 23)) * 2.0f;
     return polyc_select_f32(x == x, 1.0f / (1.0f + e), x);
 }
 
