@@ -31,7 +31,8 @@ import numpy as np
 
 from polyc.frontends.onnx.lowering import Builder, Value, indices
 from polyc.frontends.onnx.ops import (CONVERTERS, MaxPool, AveragePool, Node, _affine, _spatial,
-                                      _FLOAT_FUNCTIONS, _product_by_blocked_weights, _weight_sliver, global_pool,
+                                      _FLOAT_FUNCTIONS, _product_by_blocked_weights, _weight_sliver,
+                                      zero_padded_columns, global_pool,
                                       image_indices)
 
 #: NCHW -> NHWC and back, as Transpose perms.
@@ -331,9 +332,8 @@ def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value |
             # real filters copied out after (an elementwise step, with the bias): squeezenet1_1's
             # last layer, 512 -> 1000 at 13 x 13, took 0.96-0.98 ms in a run with its 2 MB of
             # weights read in place, 0.85-0.91 blocked and 0.03 for the copy (AMD EPYC Zen 4).
-            wide = -(-filters // sliver) * sliver
-            padded = np.zeros((channels, wide), matrix.dtype)
-            padded[:, :filters] = matrix
+            padded = zero_padded_columns(matrix, sliver)
+            wide = padded.shape[1]
             product = _product_by_blocked_weights(b, x, b.const(padded), sliver, [n, *outs, wide],
                                                   ["n", "s0", "s1"], ["n", "s0", "s1", "r0"])
             if bias is None and wide == filters:

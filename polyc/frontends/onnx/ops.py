@@ -696,6 +696,14 @@ def _weight_sliver(a: Value, c: Value, padded: bool = False) -> int:
     return sliver if (padded or c.shape[1] % sliver == 0) and c.shape[1] > sliver else 0
 
 
+def zero_padded_columns(matrix: np.ndarray, sliver: int) -> np.ndarray:
+    """``matrix`` with zero columns up to a multiple of ``sliver``."""
+    rows, columns = matrix.shape
+    padded = np.zeros((rows, -(-columns // sliver) * sliver), matrix.dtype)
+    padded[:, :columns] = matrix
+    return padded
+
+
 def _product_by_blocked_weights(b: Builder, a: Value, c: Value, sliver: int, shape, row_idx, a_sub) -> Value:
     """``a @ c`` with ``c`` blocked: ``O(.., nb, nr) +=! A(.., r0) * W'(nb, r0, nr)``, viewed as
     ``shape``."""
@@ -730,10 +738,8 @@ class Gemm(Converter):
             rows = Value("", a.dtype, (m, k))  # a's rows, also when transA
             sliver = _weight_sliver(rows, Value("", c.dtype, matrix.shape, const=matrix), padded=True)
             if sliver:
-                wide = -(-n // sliver) * sliver
-                padded = np.zeros((k, wide), matrix.dtype)
-                padded[:, :n] = matrix
-                product = _product_by_blocked_weights(b, a, b.const(padded), sliver, (m, wide), ["i0"], a_sub)
+                padded = zero_padded_columns(matrix, sliver)
+                product = _product_by_blocked_weights(b, a, b.const(padded), sliver, (m, padded.shape[1]), ["i0"], a_sub)
                 return [Gemm._epilogue(b, product, bias, m, n, alpha, beta)]
         out = b.new((m, n), a.dtype)
         a_ref = b.ref(a, a_sub)
