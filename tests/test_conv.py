@@ -1036,6 +1036,43 @@ def test_channel_mode_select_epilogue_in_registers(cflags):
         np.testing.assert_array_equal(got, want.astype(np.float32))
 
 
+#: SiLU after a bias, as ONNX's Sigmoid and Mul lower: the logistic quotient the register
+#: epilogue computes with polyc_sigmoidf's vector form.
+SILU_EPILOGUE = ("    O(n, h, w, {i}) = O(n, h, w, {i}) + B({i})\n"
+                 "    O(n, h, w, {i}) = O(n, h, w, {i}) * (1 / (1 + exp(-O(n, h, w, {i}))))\n")
+
+
+@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
+def test_logistic_epilogue_in_registers_is_polyc_sigmoidf_bit_for_bit(cflags):
+    """The logistic quotient after a convolution (a full one and a depthwise one) runs on the
+    accumulators and gives what polyc_sigmoidf gives in a loop of its own, bit for bit: NaN and
+    infinite biases, the clamped ends (|x| > 86), tail channels under a lane mask.  Small
+    integer inputs make the sums before it exact.  (The fused 1 x 1 + depthwise pair:
+    tests/test_pointwise_depthwise.py.)"""
+    rng = np.random.default_rng(18)
+    silu = polyc.define("def silu(float(N) X) -> (Y) { Y(i) = X(i) * (1 / (1 + exp(-X(i)))) }", cflags=cflags).silu
+    full = f"""def conv(float(N, H, W, C) I, float(3, 3, C, F) W1, float(F) B) -> (O) {{
+    O(n, h, w, f) +=! I(n, h + r_kh, w + r_kw, r_c) * W1(r_kh, r_kw, r_c, f)
+{SILU_EPILOGUE.format(i="f")}}}"""
+    depthwise = NHWC_DEPTHWISE.replace("    O(n, h, w, c) = fmin(fmax(O(n, h, w, c) + B(c), 0), 6)\n",
+                                       SILU_EPILOGUE.format(i="c"))
+    integers = lambda low, high, shape: rng.integers(low, high, shape).astype(np.float32)  # noqa: E731
+    for source, c in [(full, 3), (depthwise, 20)]:
+        kernel = polyc.define(source, cflags=cflags).conv
+        assert "polyc_epilogue_vector(g," in kernel.c_source() and "polyc_sigmoid_avx" in kernel.c_source()
+        image = integers(-3, 4, (2, 5, 7, c))
+        weights = integers(-2, 3, (3, 3, c, 20) if source == full else (3, 3, 20))
+        bias = integers(-90, 91, 20) + np.float32(0.375)
+        bias[:6] = [np.nan, np.inf, -np.inf, 95.0, -95.0, -0.0]
+        if source == full:
+            sums = np.einsum("nhwcij,ijcf->nhwf", windows(image, (3, 3), (1, 2)), weights)
+        else:
+            sums = _depthwise_reference(image, weights, pads=(1, 1, 1, 1)).astype(np.float32)
+        want = silu((sums + bias).astype(np.float32).ravel()).reshape(sums.shape)
+        got = kernel(image, weights, bias)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 @pytest.mark.parametrize("cflags", [None, "-O2"], ids=["native", "portable"])
 def test_channel_mode_threads_repeatedly(cflags):
     rng = np.random.default_rng(14)

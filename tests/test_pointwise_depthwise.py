@@ -25,6 +25,9 @@ POINTWISE_EPILOGUES = {
     "silu": ("    T(n, h, w, f) = T(n, h, w, f) + B1(f)\n"  # a sigmoid: the pass over each finished row
              "    T(n, h, w, f) = T(n, h, w, f) / (1.0 + exp(-T(n, h, w, f)))\n",
              lambda t, b: (t + b) / (1 + np.exp(-(t + b)))),
+    "silu_product": ("    T(n, h, w, f) = T(n, h, w, f) + B1(f)\n"  # ONNX's Sigmoid and Mul: in registers
+                     "    T(n, h, w, f) = T(n, h, w, f) * (1 / (1 + exp(-T(n, h, w, f))))\n",
+                     lambda t, b: (t + b) / (1 + np.exp(-(t + b)))),
     None: ("", lambda t, b: t),
 }
 
@@ -114,6 +117,7 @@ GEOMETRIES = [
     (1, 7, 7, 40, 160, 3, 1, 1, 1, "silu"),
     (3, 5, 6, 8, 20, 3, 1, 1, 1, None),
     (1, 10, 9, 5, 7, 5, 2, 1, 2, "silu"),
+    (1, 9, 8, 12, 40, 3, 2, 1, 1, "silu_product"),
     (1, 8, 8, 16, 36, 3, 1, 2, 2, "relu6"),
     (1, 4, 5, 3, 24, 3, 1, 1, 3, "relu6"),
 ]
@@ -203,9 +207,10 @@ from kernels import assert_close
 from test_pointwise_depthwise import FUSED, GEOMETRIES, block, inputs_for, reference
 rng = np.random.default_rng(0)
 for flags in sys.argv[2:]:
-    # a batch and a partial vector, the pass over T's rows, a 5 x 5 window, pads wider than it
-    # reaches, and an image split between threads by rows
-    for n, h, w, c, e, kernel, stride, dilation, pad, epilogue in [GEOMETRIES[i] for i in (1, 2, 4, 6)] + [
+    # a batch and a partial vector, the pass over T's rows, a 5 x 5 window, the logistic
+    # function in registers, pads wider than the window reaches, and an image split between
+    # threads by rows
+    for n, h, w, c, e, kernel, stride, dilation, pad, epilogue in [GEOMETRIES[i] for i in (1, 2, 4, 5, 7)] + [
             (1, 24, 24, 8, 20, 3, 1, 1, 1, "relu6")]:
         geometry = dict(kernel=kernel, stride=stride, dilation=dilation, pad=pad, epilogue=epilogue)
         compiled = polyc.define(block(n, h, w, c, e, **geometry), cflags=flags).blk

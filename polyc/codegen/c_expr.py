@@ -220,7 +220,7 @@ class CExpressionPrinter:
 
     def _print_Binary(self, expr: Binary) -> str:
         op, dtype = expr.op, expr.dtype
-        logistic = _sigmoid_operand(expr) if dtype == FLOAT32 else None
+        logistic = logistic_operand(expr) if dtype == FLOAT32 else None
         if logistic is not None:
             return f"polyc_sigmoidf({self.to_c(logistic)})"
         lhs, rhs = self.to_c(expr.lhs), self.to_c(expr.rhs)
@@ -264,7 +264,7 @@ class CExpressionPrinter:
         return f"polyc_{expr.func}_{dtype.name}({', '.join(args)})"
 
 
-def _sigmoid_operand(expr: Binary) -> TExpr | None:
+def logistic_operand(expr: Binary) -> TExpr | None:
     """``x`` when ``expr`` is ``1 / (1 + exp(-x))`` (ONNX's Sigmoid, and SiLU's second factor),
     the sum in either order, else None: such a quotient is printed as ``polyc_sigmoidf(x)``
     (:mod:`polyc.codegen.vector_math`)."""

@@ -12,10 +12,14 @@ The vector form covers what models put after a convolution, with the interpreter
 ``+ - * /`` on floats, fmax/fmin/max/min (NaN rules of polyc's scalar ``polyc_fmaxf``: a NaN
 second argument gives the first, else ``a >= b ? a : b``), constants, the target itself, a
 vector indexed by the channel alone (a bias, a scale), and a tensor of the target's shape at the
-target's own point (a residual), and selects on comparisons of those (ONNX's Relu is
+target's own point (a residual), selects on comparisons of those (ONNX's Relu is
 ``x > 0 ? x : 0``; C's comparisons are false on a NaN but ``!=``, as the vector predicates chosen
-below).  Anything else (a sigmoid, an index value, a gather) keeps the scalar pass:
-:meth:`RegisterEpilogue.of` returns None.
+below), and the float logistic quotient ``1 / (1 + exp(-x))`` (ONNX's Sigmoid, SiLU's second
+factor) as the vector form of ``polyc_sigmoidf`` (:func:`polyc.codegen.vector_math.sigmoid_vector_c`,
+the same results).  Anything else (another exp, an index value, a gather) keeps the scalar
+pass: :meth:`RegisterEpilogue.of` returns None.  In a pass, SiLU after efficientnet_b0's
+expanding 1x1 convolution (16 -> 96 at 112 x 112) cost 0.40-0.57 ns an element on each of two
+threads of an AMD EPYC Zen 4, against 0.37 for the function alone.
 """
 from __future__ import annotations
 
@@ -23,8 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polyc.codegen.c_expr import c_constant
+from polyc.codegen.c_expr import c_constant, logistic_operand
 from polyc.codegen.gemm import _VECTOR_SPELLINGS
+from polyc.codegen.vector_math import sigmoid_vector_c, sigmoid_vector_name
 from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine
 
@@ -93,6 +98,7 @@ class RegisterEpilogue:
         vec, pre, suffix = _VECTOR_SPELLINGS[(isa, self.dtype.itemsize)]
         masked = mask_type is not None
         lines: list[str] = []
+        helpers: list[str] = []  # C the function needs defined before it
         loaded: dict[_Operand, str] = {}
         target_shape = definition.tensor(self.target).shape
 
@@ -141,6 +147,12 @@ class RegisterEpilogue:
                 if expr.subscripts == (Affine.var(channel),):
                     return load(_Operand(expr.tensor, True))
                 raise _Unsupported
+            logistic = logistic_operand(expr) if isinstance(expr, ir.Binary) and self.dtype.itemsize == 4 else None
+            if logistic is not None:
+                operand = vector(logistic, channel, own_point)
+                if not helpers:
+                    helpers.append(sigmoid_vector_c(isa))
+                return temporary(f"{sigmoid_vector_name(isa)}({operand})")
             if isinstance(expr, ir.Binary) and expr.op in _ARITHMETIC:
                 lhs = vector(expr.lhs, channel, own_point)
                 rhs = vector(expr.rhs, channel, own_point)
@@ -167,7 +179,7 @@ class RegisterEpilogue:
             lines.append(f"acc = {result};")
         name += "_masked" if masked else ""
         mask = f", {mask_type} km" if masked else ""
-        return (f"/* The epilogue on one vector of accumulators: channels f.., target elements e... */\n"
+        return ("".join(helpers) + f"/* The epilogue on one vector of accumulators: channels f.., target elements e... */\n"
                 f"static inline {vec} {name}(const {context} *restrict g, {vec} acc, int64_t f, int64_t e{mask})\n"
                 f"{{\n    (void)g; (void)f; (void)e;{' (void)km;' if masked else ''}\n"
                 + "\n".join(f"    {line}" for line in lines) + "\n    return acc;\n}")

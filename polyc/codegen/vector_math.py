@@ -44,6 +44,8 @@ goes through float, as everywhere in generated code.
 """
 from __future__ import annotations
 
+import string
+
 #: Builtins computed by the functions below -> (float32 name, float64 name); None: libm's.
 VECTOR_MATH_FUNCTIONS: dict[str, tuple[str, str | None]] = {
     "fmax": ("polyc_fmaxf", "polyc_fmax"),
@@ -380,3 +382,66 @@ static inline float polyc_erff(float x)
     return polyc_select_f32(x == x, r, x);
 }
 """
+
+# polyc_sigmoidf on one vector of floats, in intrinsics: a register epilogue
+# (polyc/codegen/register_epilogue.py) applies it to a kernel's accumulators before their one
+# store, where a loop over the stored output would load, change and store every element again
+# (efficientnet_b0's SiLU after its convolutions).  The same operations in the same order as
+# polyc_sigmoidf vectorised by gcc with the FMA contraction of -std=gnu11, so the same results.
+# Filled in per instruction set by sigmoid_vector_c ($$ is a literal $).
+_SIGMOID_VECTOR_TEMPLATE = string.Template(r"""
+#ifndef POLYC_SIGMOID_${ISA}_DEFINED
+#define POLYC_SIGMOID_${ISA}_DEFINED
+/* polyc_sigmoidf (the logistic function) on every lane of x. */
+static inline $V ${name}($V x)
+{
+    const $V shifter = ${P}_set1_ps(0x1.8p23f), high = ${P}_set1_ps(89.0f), low = ${P}_set1_ps(-86.0f);
+    $V z = ${P}_xor_ps(x, ${P}_set1_ps(-0.0f));
+    z = $above_high;
+    z = $below_low;
+    const $V t = ${P}_fmadd_ps(z, ${P}_set1_ps(0x1.715476p+0f), shifter);
+    const $V k = ${P}_sub_ps(t, shifter);
+    const $I ki = ${P}_sub_epi32(${P}_castps_$B(t), ${P}_castps_$B(shifter));
+    $V r = ${P}_fnmadd_ps(k, ${P}_set1_ps(0x1.62e4p-1f), z);
+    r = ${P}_fnmadd_ps(k, ${P}_set1_ps(0x1.7f7d1cp-20f), r);
+    $V q = ${P}_fmadd_ps(${P}_set1_ps(1.0f / 5040), r, ${P}_set1_ps(1.0f / 720));
+    q = ${P}_fmadd_ps(q, r, ${P}_set1_ps(1.0f / 120));
+    q = ${P}_fmadd_ps(q, r, ${P}_set1_ps(1.0f / 24));
+    q = ${P}_fmadd_ps(q, r, ${P}_set1_ps(1.0f / 6));
+    q = ${P}_fmadd_ps(q, r, ${P}_set1_ps(0.5f));
+    const $V p = ${P}_add_ps(${P}_fmadd_ps(${P}_mul_ps(q, r), r, r), ${P}_set1_ps(1.0f));
+    /* p 2^(k-1), then doubled in the sum */
+    const $V e = ${P}_cast${B}_ps(${P}_add_epi32(${P}_castps_$B(p), ${P}_slli_epi32(${P}_sub_epi32(ki, ${P}_set1_epi32(1)), 23)));
+    const $V y = ${P}_div_ps(${P}_set1_ps(1.0f), ${P}_fmadd_ps(e, ${P}_set1_ps(2.0f), ${P}_set1_ps(1.0f)));
+    return $nan_kept;
+}
+#endif
+""")
+
+#: Instruction set -> (vector type, intrinsics' prefix, integer vector type, bit cast suffix).
+_SIGMOID_VECTOR_SPELLINGS = {"avx512": ("__m512", "_mm512", "__m512i", "si512"),
+                             "avx2": ("__m256", "_mm256", "__m256i", "si256")}
+
+
+def sigmoid_vector_name(isa: str) -> str:
+    """The C name of :func:`sigmoid_vector_c`'s function for ``isa``."""
+    return f"polyc_sigmoid_{isa}"
+
+
+def sigmoid_vector_c(isa: str) -> str:
+    """C defining ``polyc_sigmoid_<isa>(x)``: polyc_sigmoidf on every lane of a float vector of
+    ``isa`` ("avx512": 16 lanes, "avx2": 8), once per translation unit however often it is
+    included (a kernel with two register epilogues includes it twice)."""
+    vector, prefix, integer, bits = _SIGMOID_VECTOR_SPELLINGS[isa]
+
+    def select(a: str, b: str, predicate: str, then: str, otherwise: str) -> str:
+        """``a predicate b ? then : otherwise``, lane by lane."""
+        if isa == "avx512":
+            return f"{prefix}_mask_blend_ps({prefix}_cmp_ps_mask({a}, {b}, {predicate}), {otherwise}, {then})"
+        return f"{prefix}_blendv_ps({otherwise}, {then}, {prefix}_cmp_ps({a}, {b}, {predicate}))"
+
+    return _SIGMOID_VECTOR_TEMPLATE.substitute(
+        ISA=isa.upper(), name=sigmoid_vector_name(isa), V=vector, P=prefix, I=integer, B=bits,
+        above_high=select("z", "high", "_CMP_GT_OQ", "high", "z"),
+        below_low=select("z", "low", "_CMP_LT_OQ", "low", "z"),
+        nan_kept=select("x", "x", "_CMP_ORD_Q", "y", "x"))
