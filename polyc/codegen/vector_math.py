@@ -396,7 +396,7 @@ _SIGMOID_VECTOR_TEMPLATE = string.Template(r"""
 static inline $V ${name}($V x)
 {
     const $V shifter = ${P}_set1_ps(0x1.8p23f), high = ${P}_set1_ps(89.0f), low = ${P}_set1_ps(-86.0f);
-    $V z = ${P}_xor_ps(x, ${P}_set1_ps(-0.0f));
+    $V z = ${P}_cast${B}_ps(${P}_xor_$B(${P}_castps_$B(x), ${P}_set1_epi32((int)0x80000000u)));  /* -x: the sign bit flipped (512-bit xor_ps needs AVX-512DQ) */
     z = $above_high;
     z = $below_low;
     const $V t = ${P}_fmadd_ps(z, ${P}_set1_ps(0x1.715476p+0f), shifter);
