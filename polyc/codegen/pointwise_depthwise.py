@@ -23,8 +23,9 @@ than threads).
 The 1 x 1 rows are register blocks of pixels x channel vectors (each weight vector loaded
 once per block, each pixel's input channel broadcast once per block), their epilogues on
 the accumulators (:mod:`polyc.codegen.register_epilogue`) or, when those are not covered
-(a sigmoid), in a pass over the finished row.  The instruction set is the C preprocessor's
-choice as in the other kernels: AVX-512, AVX2 with FMA, or portable C.
+(an exp other than the logistic function), in a pass over the finished row.  The instruction
+set is the C preprocessor's choice as in the other kernels: AVX-512, AVX2 with FMA, or
+portable C.
 """
 from __future__ import annotations
 

@@ -30,8 +30,8 @@ block of FB output channels), and each thread takes a contiguous run of items.  
 computes its chunk's V (once for consecutive items of one chunk), then for each position the
 product into M (16 x TB x FB floats), then the output transform, the old output added (``+=``)
 and the epilogue: in registers where :mod:`polyc.codegen.register_epilogue` covers it (bias,
-residual, ReLU, Clip), else on the item's finished outputs.  The weight transform runs at the
-start of every call (the weights are an input like any other), shared by the threads, into
+residual, ReLU, Clip, Sigmoid), else on the item's finished outputs.  The weight transform runs
+at the start of every call (the weights are an input like any other), shared by the threads, into
 memory the kernel keeps between calls.
 
 Numerics.  The results differ from the direct sum by rounding only (relative errors about
