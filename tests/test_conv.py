@@ -863,6 +863,7 @@ DEPTHWISE_GEOMETRIES = [
     (2, 7, 7, 1, (3, 3), (1, 1), (1, 1), (0, 0, 0, 0)),
     (1, 4, 5, 8, (3, 3), (1, 1), (1, 1), (4, 3, 4, 4)),
     (1, 3, 2, 24, (5, 5), (2, 1), (1, 2), (3, 2, 3, 4)),
+    (1, 6, 14, 20, (5, 5), (1, 1), (1, 1), (2, 2, 2, 2)),  # 10 interior outputs a row: 4, 4 and 2
 ]
 
 
@@ -874,7 +875,7 @@ def test_depthwise_channels_last_against_numpy(cflags):
     too: each output then goes alone)."""
     rng = np.random.default_rng(31)
     for geometry, epilogue in zip(DEPTHWISE_GEOMETRIES, ["relu6", "sigmoid", "residual", "relu6", None, "relu6",
-                                                         "sigmoid"]):
+                                                         "sigmoid", "sigmoid"]):
         source, shape = padded_depthwise(*geometry, epilogue=epilogue)
         compiled = polyc.define(source, cflags=cflags).conv
         assert "polyc depthwise conv kernel" in compiled.c_source({})

@@ -15,9 +15,9 @@ neighbouring outputs share loaded once per block of four outputs, 0.12 ms (an AM
 
 Each work item is one output row of one vector of channels (the last under a lane mask).  The
 row's kernel rows that fall outside the box are skipped; its interior outputs (every tap
-inside the box) go in blocks of :data:`ROW_BLOCK` without a test; the outputs near the edges
-one at a time, each tap only when it reads inside the box: the padding's products are not in
-the sum, not even as 0 x weight, as in the interpreter.  Epilogues (bias, activation, a
+inside the box) go in blocks of :data:`ROW_BLOCK` (then of 2 and 1) without a test; the
+outputs near the edges one at a time, each tap only when it reads inside the box: the
+padding's products are not in the sum, not even as 0 x weight, as in the interpreter.  Epilogues (bias, activation, a
 residual) are applied to the accumulators before their one store where
 :mod:`polyc.codegen.register_epilogue` covers them, else in a pass over the finished row.  The
 instruction set is the C preprocessor's choice as in the other kernels: AVX-512, AVX2 with
@@ -43,6 +43,11 @@ from polyc.schedule.convolution import Convolution, depthwise_channels_last
 #: Outputs along the row per register block: their accumulators, a kernel row's weight vectors
 #: and the image vectors they read fit the registers (16 with AVX2).
 ROW_BLOCK = 4
+
+#: The blocks of interior outputs, longest first: the interior outputs a block of four leaves
+#: (the 10 of a 14-wide row with a 5 x 5 filter leave 2; a 7-wide row's 3 fit none) go in
+#: shorter blocks, not one by one with every tap tested.
+INTERIOR_BLOCKS = (ROW_BLOCK, 2, 1)
 
 #: Vector registers per instruction set.
 _REGISTERS = {"avx512": 32, "avx2": 16}
@@ -203,39 +208,13 @@ class _DepthwiseWriter(PatternKernelWriter):
             # loaded once per row, not once per block of outputs.
             hoist = self.kh is not None and \
                 self.kh * self.kw + ROW_BLOCK + len(offsets) + 1 <= _REGISTERS[isa]
-            lines += [f"        if (ow >= g->ow_lo && ow + {ROW_BLOCK} <= g->ow_hi) {{",
-                      f"            {vec} " + ", ".join(f"a{j} = {pre}_setzero_{suffix}()" for j in range(ROW_BLOCK)) + ";"]
-            fmas = [f"a{j} = {fma}(w{{k}}_{t}, x{sw * j + dw * t}, a{j});" for j in range(ROW_BLOCK) for t in range(self.kw)]
-            images = (f"const {vec} " + ", ".join(f"x{s} = {load.format(ptr=f'p + {s} * C')}" for s in offsets) + ";"
-                      if self.kw else "")
+            for block in INTERIOR_BLOCKS:
+                lines += self.interior_block(block, hoist, vec, pre, suffix, load, fma)
             if hoist:
-                for k in range(self.kh):
-                    lines += [f"            if (rows[{k}] != NULL) {{",
-                              f"                const {self.ctype} *restrict p = rows[{k}] + ({sw} * ow + {ow_off}) * C;",
-                              f"                {images}",
-                              *(f"                {line.format(k=k)}" for line in fmas),
-                              "            }"]
                 weights = [f"w{k}_{t} = {load.format(ptr=f'wc + {k * self.kw + t} * C')}"
                            for k in range(self.kh) for t in range(self.kw)]
                 if weights:
                     lines.insert(lines.index("    int64_t ow = 0;"), f"    const {vec} " + ", ".join(weights) + ";")
-            else:
-                lines += [*(["            #pragma GCC unroll 8"] if self.kh is not None else []),
-                          f"            for (int64_t k = 0; k < {kh}; k++) {{",
-                          "                if (rows[k] == NULL) continue;",
-                          f"                const {self.ctype} *restrict p = rows[k] + ({sw} * ow + {ow_off}) * C;",
-                          f"                const {self.ctype} *restrict wk = wc + k * {kw} * C;"]
-                if self.kw:
-                    lines.append(f"                const {vec} " + ", ".join(
-                        f"wk_{t} = {load.format(ptr=f'wk + {t} * C')}" for t in range(self.kw)) + ";")
-                    lines.append(f"                {images}")
-                lines += [f"                {line.format(k='k')}" for line in fmas]
-                lines.append("            }")
-            lines += ["            POLYC_DW_PREFETCH(pf_block);",
-                      *(f"            POLYC_DW_FINISH(a{j}, ow + {j});" for j in range(ROW_BLOCK)),
-                      f"            ow += {ROW_BLOCK};",
-                      "            continue;",
-                      "        }"]
         lines += [f"        {vec} a = {pre}_setzero_{suffix}();  /* an output near an edge: the taps inside the box */",
                   f"        for (int64_t k = 0; k < {kh}; k++) {{",
                   "            if (rows[k] == NULL) continue;",
@@ -255,6 +234,44 @@ class _DepthwiseWriter(PatternKernelWriter):
                   "#undef POLYC_DW_PREFETCH",
                   "}"]
         return "\n".join(lines)
+
+    def interior_block(self, size: int, hoist: bool, vec: str, pre: str, suffix: str, load: str, fma: str) -> list[str]:
+        """The C of ``size`` interior outputs from ``ow`` on, when they are all interior: each
+        kernel row's image vectors loaded once for the block, its weights from the registers
+        (``hoist``) or loaded once per kernel row."""
+        (_, ww), kh, kw = self.conv.windows, self.kh_c, self.kw_c
+        sw, dw, ow_off = ww.stride, ww.dilation, ww.offset
+        offsets = sorted({sw * j + dw * t for j in range(size) for t in range(self.kw)})
+        lines = [f"        if (ow >= g->ow_lo && ow + {size} <= g->ow_hi) {{",
+                 f"            {vec} " + ", ".join(f"a{j} = {pre}_setzero_{suffix}()" for j in range(size)) + ";"]
+        fmas = [f"a{j} = {fma}(w{{k}}_{t}, x{sw * j + dw * t}, a{j});" for j in range(size) for t in range(self.kw)]
+        images = (f"const {vec} " + ", ".join(f"x{s} = {load.format(ptr=f'p + {s} * C')}" for s in offsets) + ";"
+                  if self.kw else "")
+        if hoist:
+            for k in range(self.kh):
+                lines += [f"            if (rows[{k}] != NULL) {{",
+                          f"                const {self.ctype} *restrict p = rows[{k}] + ({sw} * ow + {ow_off}) * C;",
+                          f"                {images}",
+                          *(f"                {line.format(k=k)}" for line in fmas),
+                          "            }"]
+        else:
+            lines += [*(["            #pragma GCC unroll 8"] if self.kh is not None else []),
+                      f"            for (int64_t k = 0; k < {kh}; k++) {{",
+                      "                if (rows[k] == NULL) continue;",
+                      f"                const {self.ctype} *restrict p = rows[k] + ({sw} * ow + {ow_off}) * C;",
+                      f"                const {self.ctype} *restrict wk = wc + k * {kw} * C;"]
+            if self.kw:
+                lines.append(f"                const {vec} " + ", ".join(
+                    f"wk_{t} = {load.format(ptr=f'wk + {t} * C')}" for t in range(self.kw)) + ";")
+                lines.append(f"                {images}")
+            lines += [f"                {line.format(k='k')}" for line in fmas]
+            lines.append("            }")
+        prefetched = "pf_block" if size == ROW_BLOCK else f"pf_block * {size} / {ROW_BLOCK} + 1"
+        return lines + [f"            POLYC_DW_PREFETCH({prefetched});",
+                        *(f"            POLYC_DW_FINISH(a{j}, ow + {j});" for j in range(size)),
+                        f"            ow += {size};",
+                        "            continue;",
+                        "        }"]
 
     def row_prefetch(self) -> list[str]:
         """The start of a vector row: the image lines of this channel vector that the next
