@@ -469,6 +469,7 @@ void vector(const float *restrict x, float *restrict y, int64_t n)
     results = []
     for name in ("scalar", "vector"):
         y = np.empty_like(x)
-        get_function(library, name, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64])(x.ctypes.data, y.ctypes.data, x.size)
+        function = get_function(library, name, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64])
+        function(x.ctypes.data, y.ctypes.data, x.size)
         results.append(y)
     np.testing.assert_array_equal(results[1].view(np.uint32), results[0].view(np.uint32))

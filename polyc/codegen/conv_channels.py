@@ -45,8 +45,8 @@ chunk reads the image) among those with an item per thread, or more items (up to
 for at most 5% more traffic.  Each kernel call also prefetches, a line per step, its share of
 the weights the next chunk (or the next item) will read, which a model's weights need: they come
 from memory.  The epilogue is applied to the accumulators of the last chunk before their store
-when :mod:`polyc.codegen.register_epilogue` covers it (bias, scale, residual, ReLU, Clip, Sigmoid); else
-it runs on each tile after its last chunk, vectorised along the channels.
+when :mod:`polyc.codegen.register_epilogue` covers it (bias, scale, residual, ReLU, Clip,
+Sigmoid); else it runs on each tile after its last chunk, vectorised along the channels.
 """
 from __future__ import annotations
 

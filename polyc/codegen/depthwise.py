@@ -17,11 +17,11 @@ Each work item is one output row of one vector of channels (the last under a lan
 row's kernel rows that fall outside the box are skipped; its interior outputs (every tap
 inside the box) go in blocks of :data:`ROW_BLOCK` (then of 2 and 1) without a test; the
 outputs near the edges one at a time, each tap only when it reads inside the box: the
-padding's products are not in the sum, not even as 0 x weight, as in the interpreter.  Epilogues (bias, activation, a
-residual) are applied to the accumulators before their one store where
-:mod:`polyc.codegen.register_epilogue` covers them, else in a pass over the finished row.  The
-instruction set is the C preprocessor's choice as in the other kernels: AVX-512, AVX2 with
-FMA, or portable C whose channel loops the compiler vectorises.  When the window's size is
+padding's products are not in the sum, not even as 0 x weight, as in the interpreter.
+Epilogues (bias, activation, a residual) are applied to the accumulators before their one
+store where :mod:`polyc.codegen.register_epilogue` covers them, else in a pass over the
+finished row.  The instruction set is the C preprocessor's choice as in the other kernels:
+AVX-512, AVX2 with FMA, or portable C whose channel loops the compiler vectorises.  When the window's size is
 not known as the C is written (parametric kernels of a def whose window is a size), every
 output goes alone, each tap tested.
 """

@@ -179,7 +179,8 @@ class RegisterEpilogue:
             lines.append(f"acc = {result};")
         name += "_masked" if masked else ""
         mask = f", {mask_type} km" if masked else ""
-        return ("".join(helpers) + f"/* The epilogue on one vector of accumulators: channels f.., target elements e... */\n"
+        return ("".join(helpers)
+                + f"/* The epilogue on one vector of accumulators: channels f.., target elements e... */\n"
                 f"static inline {vec} {name}(const {context} *restrict g, {vec} acc, int64_t f, int64_t e{mask})\n"
                 f"{{\n    (void)g; (void)f; (void)e;{' (void)km;' if masked else ''}\n"
                 + "\n".join(f"    {line}" for line in lines) + "\n    return acc;\n}")

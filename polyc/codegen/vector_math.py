@@ -388,7 +388,7 @@ static inline float polyc_erff(float x)
 # store, where a loop over the stored output would load, change and store every element again
 # (efficientnet_b0's SiLU after its convolutions).  The same operations in the same order as
 # polyc_sigmoidf vectorised by gcc with the FMA contraction of -std=gnu11, so the same results.
-# Filled in per instruction set by sigmoid_vector_c ($$ is a literal $).
+# Filled in per instruction set by sigmoid_vector_c.
 _SIGMOID_VECTOR_TEMPLATE = string.Template(r"""
 #ifndef POLYC_SIGMOID_${ISA}_DEFINED
 #define POLYC_SIGMOID_${ISA}_DEFINED
@@ -396,7 +396,8 @@ _SIGMOID_VECTOR_TEMPLATE = string.Template(r"""
 static inline $V ${name}($V x)
 {
     const $V shifter = ${P}_set1_ps(0x1.8p23f), high = ${P}_set1_ps(89.0f), low = ${P}_set1_ps(-86.0f);
-    $V z = ${P}_cast${B}_ps(${P}_xor_$B(${P}_castps_$B(x), ${P}_set1_epi32((int)0x80000000u)));  /* -x: the sign bit flipped (512-bit xor_ps needs AVX-512DQ) */
+    /* -x, the sign bit flipped (a 512-bit xor_ps needs AVX-512DQ) */
+    $V z = ${P}_cast${B}_ps(${P}_xor_$B(${P}_castps_$B(x), ${P}_set1_epi32((int)0x80000000u)));
     z = $above_high;
     z = $below_low;
     const $V t = ${P}_fmadd_ps(z, ${P}_set1_ps(0x1.715476p+0f), shifter);
@@ -411,7 +412,8 @@ static inline $V ${name}($V x)
     q = ${P}_fmadd_ps(q, r, ${P}_set1_ps(0.5f));
     const $V p = ${P}_add_ps(${P}_fmadd_ps(${P}_mul_ps(q, r), r, r), ${P}_set1_ps(1.0f));
     /* p 2^(k-1), then doubled in the sum */
-    const $V e = ${P}_cast${B}_ps(${P}_add_epi32(${P}_castps_$B(p), ${P}_slli_epi32(${P}_sub_epi32(ki, ${P}_set1_epi32(1)), 23)));
+    const $I exponent_step = ${P}_slli_epi32(${P}_sub_epi32(ki, ${P}_set1_epi32(1)), 23);
+    const $V e = ${P}_cast${B}_ps(${P}_add_epi32(${P}_castps_$B(p), exponent_step));
     const $V y = ${P}_div_ps(${P}_set1_ps(1.0f), ${P}_fmadd_ps(e, ${P}_set1_ps(2.0f), ${P}_set1_ps(1.0f)));
     return $nan_kept;
 }
