@@ -202,12 +202,11 @@ class _DepthwiseWriter(PatternKernelWriter):
                  "    int64_t ow = 0;",
                  "    while (ow < g->ow) {"]
         if self.kw is not None:  # the interior in blocks of outputs, the kernel row unrolled
-            offsets = sorted({sw * j + dw * t for j in range(ROW_BLOCK) for t in range(self.kw)})
             # Every tap's weights in registers for the whole row, when they fit beside the
             # accumulators and a kernel row's image vectors (a 3 x 3 filter with AVX-512):
             # loaded once per row, not once per block of outputs.
             hoist = self.kh is not None and \
-                self.kh * self.kw + ROW_BLOCK + len(offsets) + 1 <= _REGISTERS[isa]
+                self.kh * self.kw + ROW_BLOCK + len(self.image_offsets(ROW_BLOCK)) + 1 <= _REGISTERS[isa]
             for block in INTERIOR_BLOCKS:
                 lines += self.interior_block(block, hoist, vec, pre, suffix, load, fma)
             if hoist:
@@ -235,13 +234,18 @@ class _DepthwiseWriter(PatternKernelWriter):
                   "}"]
         return "\n".join(lines)
 
+    def image_offsets(self, size: int) -> list[int]:
+        """The image columns, from a block's first one, that ``size`` outputs read."""
+        ww = self.conv.windows[1]
+        return sorted({ww.stride * j + ww.dilation * t for j in range(size) for t in range(self.kw)})
+
     def interior_block(self, size: int, hoist: bool, vec: str, pre: str, suffix: str, load: str, fma: str) -> list[str]:
         """The C of ``size`` interior outputs from ``ow`` on, when they are all interior: each
         kernel row's image vectors loaded once for the block, its weights from the registers
         (``hoist``) or loaded once per kernel row."""
         (_, ww), kh, kw = self.conv.windows, self.kh_c, self.kw_c
         sw, dw, ow_off = ww.stride, ww.dilation, ww.offset
-        offsets = sorted({sw * j + dw * t for j in range(size) for t in range(self.kw)})
+        offsets = self.image_offsets(size)
         lines = [f"        if (ow >= g->ow_lo && ow + {size} <= g->ow_hi) {{",
                  f"            {vec} " + ", ".join(f"a{j} = {pre}_setzero_{suffix}()" for j in range(size)) + ";"]
         fmas = [f"a{j} = {fma}(w{{k}}_{t}, x{sw * j + dw * t}, a{j});" for j in range(size) for t in range(self.kw)]
