@@ -782,11 +782,11 @@ def _fused_pair(pair: Group, first: Group, uses: dict[int, int]) -> bool:
     nothing outside it reads, is one kernel: a pointwise then a depthwise convolution."""
     from polyc.lang.sema import check_source
     from polyc.schedule.convolution import recognise_pointwise_depthwise_def
+    if not _reads_one_by_one_weights(first.steps[0]):
+        return False  # (checking the pair's def costs 10-20 ms: resnet18 has 18 pairs, none of them this)
     inside: dict[int, int] = {}
     for value in _reads_of(pair):
         inside[id(value)] = inside.get(id(value), 0) + 1
-    if not _reads_one_by_one_weights(first.steps[0]):
-        return False  # (checking the pair's def costs 10-20 ms: resnet18 has 18 pairs, none of them this)
     if any(uses.get(key, 0) != inside.get(key, 0) for key in _written_by(first)):
         return False  # a value of the first group is read after the pair, or is an output of the model
     written = _written_by(pair)
