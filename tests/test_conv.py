@@ -646,6 +646,46 @@ def test_channel_mode_serial_specialised_tiles_and_accumulation():
     np.testing.assert_array_equal(out, np.broadcast_to(np.maximum(bias, 0), (2, 2, 2, 5)))
 
 
+def _blocked_source(n: int, h: int, w: int, c: int, blocks: int, block: int) -> str:
+    """A padded 3 x 3 NHWC convolution whose weights and output are blocked by ``block`` output
+    channels, ``(F / block, 3, 3, C, block)`` and ``(N, H, W, F / block, block)``, as the ONNX
+    front end writes them (its sizes numbers), with a bias, a residual of the output's shape
+    with the channels merged (read by the channel number) and a ReLU."""
+    f = blocks * block
+    return f"""def conv(float({n}, {h}, {w}, {c}) I, float({blocks}, 3, 3, {c}, {block}) W1, float({f}) B,
+                       float({n}, {h}, {w}, {f}) R) -> (O) {{
+    O(n, h, w, fb, fi) +=! (h + r_kh >= 1 && h + r_kh <= {h} && w + r_kw >= 1 && w + r_kw <= {w})
+        ? I(n, h + r_kh - 1, w + r_kw - 1, r_c) * W1(fb, r_kh, r_kw, r_c, fi) : 0
+        where n in 0:{n}, h in 0:{h}, w in 0:{w}, fb in 0:{blocks}, fi in 0:{block}, r_kh in 0:3, r_kw in 0:3
+    O(n, h, w, fb, fi) = fmax(O(n, h, w, fb, fi) + B({block} * fb + fi) + R(n, h, w, {block} * fb + fi), 0)
+}}"""
+
+
+def _blocked_reference(I, W, B, R):
+    """_blocked_source's result, by numpy, blocked."""
+    blocks, _, _, channels, block = W.shape
+    filters = W.transpose(0, 4, 3, 1, 2).reshape(blocks * block, channels, 3, 3)
+    out = np.maximum(_nhwc_reference(_padded(I, (1, 1, 1, 1)), filters) + B + R, 0)
+    return out.reshape(*out.shape[:3], blocks, block)
+
+
+@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
+@pytest.mark.parametrize("block", [64, 24])
+def test_channel_mode_with_blocked_weights(block, cflags):
+    """Output channels as two indices, a block and a channel in it (the innermost dimensions
+    of the output, numbered as one channel): the channel mode, with its epilogue in registers
+    (a bias and a residual read by the channel number).  Blocks of 64 channels are a multiple
+    of every instruction set's register block, and the kernel reads them in place; blocks of
+    24 are not (AVX-512's 3 vectors of 16), and it packs them."""
+    for seed, (n, h, w, c, blocks) in enumerate([(1, 7, 7, 32, 3), (2, 5, 6, 16, 2)]):
+        source = _blocked_source(n, h, w, c, blocks, block)
+        NUMPY_REFERENCES[source] = (_blocked_reference, lambda shape: 9 * shape[3] + 2)
+        kernel = numpy_check(source, [(n, h, w, c), (blocks, 3, 3, c, block), (blocks * block,),
+                                      (n, h, w, blocks * block)], dict(cflags=cflags), seed=seed)
+        text = kernel.c_source()
+        assert "output channels vectorised" in text and "#define POLYC_REGISTER_EPILOGUE 1" in text
+
+
 def test_half_vector_channel_tails():
     """Output channels whose last vector is at most half full (AVX-512: 8 float or 4 double
     lanes) take the ``_half`` kernels, whose last vector is a 256-bit one: one partial vector,

@@ -181,9 +181,10 @@ class _Layout:
 def _layout(conv: Convolution, image_rank: int) -> _Layout:
     reduction = tuple(i for i in conv.weight_indices if i in conv.channels or i in conv.kernel)
     inner = conv.target_indices[-1]
-    if conv.f == (inner,):
-        # Output channels innermost (NHWC): vectorised along them; every other index but the
-        # groups is a point, the batch included, so that tiles run on across images.
+    if conv.f and conv.f == conv.target_indices[-len(conv.f):]:
+        # Output channels innermost (NHWC; several indices: a blocked layout's (f / B, f % B),
+        # numbered as one channel): vectorised along them; every other index but the groups
+        # is a point, the batch included, so that tiles run on across images.
         items = tuple(i for i in conv.target_indices if i in conv.groups)
         points = tuple(i for i in conv.target_indices if i not in conv.f and i not in items)
         return _Layout(items, points, False, reduction, channels=True)
@@ -216,8 +217,8 @@ class _ConvWriter(PatternKernelWriter):
         self.channel_blocks = {isa: conv_channels.channel_block(isa, self.dtype, channels, points)
                                for isa in ISA_GUARDS}
         # Channel mode applies what it can of the epilogue to the accumulators, in registers.
-        self.register_epilogue = RegisterEpilogue.of(conv.epilogues, self.definition, conv.target_indices, conv.f[0]) \
-            if self.layout.channels and len(conv.f) == 1 and options.vectorize else None
+        self.register_epilogue = RegisterEpilogue.of(conv.epilogues, self.definition, conv.target_indices, conv.f) \
+            if self.layout.channels and options.vectorize else None
 
     # ------------------------------------------------------------------ top level
     def write(self) -> GeneratedKernel:
@@ -372,7 +373,10 @@ class _ConvWriter(PatternKernelWriter):
                      "    const int64_t polyc_op = polyc_ob + polyc_g->out_p[polyc_p];",
                      *("    " + line for line in simd),
                      "    for (int64_t polyc_f = polyc_f0; polyc_f < polyc_f0 + polyc_rows; polyc_f++) {",
-                     f"        const int64_t polyc_ix_{conv.f[0]} = polyc_f, polyc_o = polyc_op + polyc_f;",
+                     "        const int64_t polyc_o = polyc_op + polyc_f;",
+                     *(f"        const int64_t polyc_ix_{i} = polyc_f;" for i in conv.f if len(conv.f) == 1),
+                     *(f"        const int64_t polyc_ix_{i} = polyc_g->ix_{i}[polyc_f];" for i in conv.f
+                       if len(conv.f) > 1),
                      *("        " + line for line in statements),
                      "    }", "}"]
             return self._epilogue_text(body)

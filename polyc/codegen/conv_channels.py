@@ -31,9 +31,15 @@ the tile reads inside the box are skipped, as onnxruntime's NCHWc kernels skip t
 zero-padded copy of the image, made every call, had cost 4-5% of a 64 -> 64 3x3 layer at 56 x 56
 on two cores: 1.08-1.10 -> 1.02-1.05 ms without it, AMD EPYC Zen 4.)
 
-Weights whose output channels are consecutive (``W(kh, kw, c, f)``) and whose reduction rows
-are evenly spaced are read in place, as the vectors of each step; others are packed once per
-call into ``[group][channel block][r][NF]`` (zero columns pad the last block).
+Weights whose output channels are consecutive within each block of NF (``W(kh, kw, c, f)``, or
+blocked ``W(f / B, kh, kw, c, f % B)`` for a multiple B of NF) and whose reduction rows are
+evenly spaced are read in place, as the vectors of each step; others are packed once per call
+into ``[group][channel block][r][NF]`` (zero columns pad the last block).  Blocked weights are
+what an ONNX session gives this kernel (:mod:`polyc.frontends.onnx.channels_last`): a block's
+rows are then consecutive, where ``W(kh, kw, c, f)``'s are F apart, which an Intel core's
+prefetchers follow poorly: resnet18's 512 -> 512 3x3 layer at 7 x 7 took 1.8 ms with its
+rows 2 KB apart and 1.1 ms with them consecutive, on two cores of an Intel Xeon (Emerald
+Rapids; onnxruntime 1.2 ms).
 
 Work.  A work item is (group, chunk of channel blocks, run of tiles); within it the reduction
 is cut into chunks whose slice of the weights (``rchunk`` rows x the item's channels) fits a
@@ -629,17 +635,17 @@ static double polyc_conv_busiest(const polyc_conv_t *restrict g, int64_t size, i
     return most;
 }
 
-/* Weights whose channels are consecutive and whose reduction rows are evenly spaced are read
-   in place (w_step: the rows' spacing); else packed (w_step FBLOCK).  Also chooses the work
-   items: chunks of channel blocks x runs of tiles.  A split costs the longer of its busiest
-   thread's arithmetic and its memory traffic (each run reads all the weights of its chunk,
-   unless they fit in L2, where a thread's runs share them; each chunk reads the image once
-   more) at `flops_per_byte`, the machine's balance, roughly.  When the weights come from
-   memory (a model's weights do not stay in L3), a run per item on 2 threads of a 512 -> 64 3x3
-   convolution at 7 x 7 read them 8 times; split by traffic alone, mobilenet_v2's 960 -> 160
-   1x1 layer at 7 x 7 took chunks of 128 and 32 channels, one per thread, and ran 1.2x faster
-   on two threads than on one.  Of the splits with at least one item per thread, one within 2%
-   of the least cost and 5% of the least traffic among those, with the most items (up to 4 per
+/* Weights whose channels are consecutive within each block and whose reduction rows are evenly
+   spaced are read in place (w_step: the rows' spacing); else packed (w_step FBLOCK).  Also
+   chooses the work items: chunks of channel blocks x runs of tiles.  A split costs the longer
+   of its busiest thread's arithmetic and its memory traffic (each run reads all the weights of
+   its chunk, unless they fit in L2, where a thread's runs share them; each chunk reads the
+   image once more) at `flops_per_byte`, the machine's balance, roughly.  When the weights come
+   from memory (a model's weights do not stay in L3), a run per item on 2 threads of a 512 -> 64
+   3x3 convolution at 7 x 7 read them 8 times; split by traffic alone, mobilenet_v2's 960 -> 160
+   1x1 layer at 7 x 7 took chunks of 128 and 32 channels, one per thread, and ran 1.2x faster on
+   two threads than on one.  Of the splits with at least one item per thread, one within 2% of
+   the least cost and 5% of the least traffic among those, with the most items (up to 4 per
    thread, as threads come free unevenly).  Then the reduction chunk.  Returns whether the
    weights are in place. */
 static int polyc_conv_plan(polyc_conv_t *restrict g, int nthr)
@@ -648,8 +654,8 @@ static int polyc_conv_plan(polyc_conv_t *restrict g, int nthr)
     int in_place = g->nred > 0 && g->w_r[0] == 0;
     for (int64_t r = 0; in_place && r < g->nred; r++)
         in_place = g->w_r[r] == r * row;
-    for (int64_t f = 0; in_place && f < g->nf; f++)
-        in_place = g->w_f[f] == f;
+    for (int64_t f = 0; in_place && f < g->nf; f++)  /* each block's channels consecutive */
+        in_place = g->w_f[f] == g->w_f[f - f % POLYC_FBLOCK] + f % POLYC_FBLOCK;
     g->w_step = in_place ? row : POLYC_FBLOCK;
     const double weights = (double)g->nred * (double)g->nf, image = (double)g->image_elements;
     /* FLOPs of a channel vector x tile: RQ points, nred steps, an FMA of LANES lanes each. */

@@ -24,6 +24,7 @@ threads of an AMD EPYC Zen 4, against 0.37 for the function alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 
 import numpy as np
 
@@ -61,32 +62,56 @@ class RegisterEpilogue:
 
     statements: tuple[ir.CheckedStatement, ...]
     target: str
-    #: Per statement: its index at the kernel's channel position.
-    channel_indices: tuple[str, ...]
+    #: Per statement: its indices at the kernel's channel positions.
+    channel_indices: tuple[tuple[str, ...], ...]
     dtype: np.dtype
+    #: The target's extents at the channel positions (all constants when there are several).
+    channel_extents: tuple[int, ...] = (0,)
 
     @classmethod
-    def of(cls, statements, definition, kernel_indices: tuple[str, ...], channel: str) -> RegisterEpilogue | None:
+    def of(cls, statements, definition, kernel_indices: tuple[str, ...],
+           channel: str | tuple[str, ...]) -> RegisterEpilogue | None:
         """The vector form of ``statements`` (epilogue statements on the target at the kernel's
-        indices ``kernel_indices``, of which ``channel`` is the vectorised one), or None."""
+        indices ``kernel_indices``, of which ``channel`` is the vectorised one), or None.
+        ``channel`` may be several indices, the target's last dimensions, which the kernel
+        numbers as one channel in row-major order (a blocked layout's ``(f / B, f % B)``): then
+        a vector read by that number or a tensor of the target's shape with those dimensions
+        merged, read at the target's point, is one the vector form reads."""
         if not statements:
             return None
+        channel = (channel,) if isinstance(channel, str) else tuple(channel)
         target = statements[0].target
         dtype = np.dtype(definition.tensor(target).dtype)
-        if dtype not in (np.dtype(np.float32), np.dtype(np.float64)) or channel not in kernel_indices:
+        if dtype not in (np.dtype(np.float32), np.dtype(np.float64)) or not set(channel) <= set(kernel_indices):
             return None
-        position = kernel_indices.index(channel)
+        positions = [kernel_indices.index(c) for c in channel]
+        extents = (0,)
+        if len(channel) > 1:
+            shape = definition.tensor(target).shape
+            if positions != list(range(len(kernel_indices) - len(channel), len(kernel_indices))) \
+                    or not all(shape[p].is_constant for p in positions):
+                return None
+            extents = tuple(shape[p].constant for p in positions)
         channels = []
         for statement in statements:
             if statement.target != target or statement.op != "=" or len(statement.indices) != len(kernel_indices):
                 return None
-            channels.append(statement.indices[position])
-        epilogue = cls(tuple(statements), target, tuple(channels), dtype)
+            channels.append(tuple(statement.indices[p] for p in positions))
+        epilogue = cls(tuple(statements), target, tuple(channels), dtype, extents)
         try:
             epilogue.function(definition, "avx512", "{ptr}")
         except _Unsupported:
             return None
         return epilogue
+
+    def _flat_channel(self, channel: tuple[str, ...]) -> Affine:
+        """The kernel's channel number in a statement's channel indices (row-major)."""
+        if len(channel) == 1:
+            return Affine.var(channel[0])
+        flat, stride = Affine.const(0), 1
+        for index, extent in reversed(list(zip(channel, self.channel_extents))):
+            flat, stride = flat + Affine.var(index) * stride, stride * extent
+        return flat
 
     def function(self, definition, isa: str, load_format: str, mask_type: str | None = None,
                  context: str = "polyc_conv_t", name: str = "polyc_epilogue_vector") -> str:
@@ -131,7 +156,7 @@ class RegisterEpilogue:
                 keep = either(keep, compare(b, b, "_CMP_UNORD_Q"))
             return choose(keep, a, b)
 
-        def vector(expr: ir.TExpr, channel: str, own_point: tuple) -> str:
+        def vector(expr: ir.TExpr, channel: tuple[str, ...], own_point: tuple) -> str:
             if np.dtype(expr.dtype) != self.dtype:
                 raise _Unsupported
             if isinstance(expr, ir.Const):
@@ -144,8 +169,13 @@ class RegisterEpilogue:
                     return "acc"
                 if expr.subscripts == own_point and tensor.shape == target_shape:
                     return load(_Operand(expr.tensor, False))
-                if expr.subscripts == (Affine.var(channel),):
+                flat = self._flat_channel(channel)
+                if expr.subscripts == (flat,):
                     return load(_Operand(expr.tensor, True))
+                merged = len(channel)  # the channel dimensions read as one (the same elements)
+                if merged > 1 and expr.subscripts == own_point[:-merged] + (flat,) \
+                        and tuple(tensor.shape) == tuple(target_shape[:-merged]) + (Affine.const(prod(self.channel_extents)),):
+                    return load(_Operand(expr.tensor, False))
                 raise _Unsupported
             logistic = logistic_operand(expr) if isinstance(expr, ir.Binary) and self.dtype.itemsize == 4 else None
             if logistic is not None:

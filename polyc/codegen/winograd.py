@@ -92,13 +92,22 @@ def winograd_form(conv: Convolution, size_values: Mapping[str, int] | None, opti
             or conv.weight_indices != (wh.k, ww.k, c, f):
         return False
     extent = lambda index: conv.extent(index).evaluate(size_values)  # noqa: E731
-    if extent(wh.k) != 3 or extent(ww.k) != 3:
+    images = int(np.prod([extent(i) for i in batch])) if batch else 1
+    return winograd_sizes(conv.dtype, (extent(wh.k), extent(ww.k)), (1, 1), (1, 1), extent(c), extent(f),
+                          images, (extent(wh.x), extent(ww.x)))
+
+
+def winograd_sizes(dtype, kernel, strides, dilations, channels: int, features: int, images: int,
+                   outputs) -> bool:
+    """The sizes' part of :func:`winograd_form`: whether a 2-D convolution of ``images``
+    images into ``outputs`` (rows, columns) of ``dtype`` with these kernel extents, strides
+    and dilations is one this kernel computes and would pay (the option on)."""
+    if np.dtype(dtype) != np.dtype(np.float32) or tuple(kernel) != (3, 3) \
+            or tuple(strides) != (1, 1) or tuple(dilations) != (1, 1):
         return False
-    channels, features = extent(c), extent(f)
     if channels % CHANNEL_MULTIPLE or features % CHANNEL_MULTIPLE:
         return False
-    images = int(np.prod([extent(i) for i in batch])) if batch else 1
-    tiles = images * -(-extent(wh.x) // 2) * -(-extent(ww.x) // 2)
+    tiles = images * -(-outputs[0] // 2) * -(-outputs[1] // 2)
     return winograd_pays(channels, features, tiles)
 
 

@@ -263,3 +263,56 @@ def test_pointwise_weights_outweighing_the_output_are_padded_to_whole_slivers(ch
     padded = channels >= image * image
     assert (product.rank == 5) == padded
     assert product.shape[-1] == filters or product.shape[-2] * product.shape[-1] > filters
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_convolutions_read_weights_blocked_by_output_channels(batch):
+    """3 x 3 convolutions of 128 filters that the Winograd kernel does not take (a stride of 2;
+    few tiles) read their weights blocked, ``(F / 64, 3, 3, C, 64)``, into an output blocked
+    the same way and viewed as NHWC: the bias, the residual Add and the Relu after them are
+    epilogues through that view, applied in registers."""
+    rng = np.random.default_rng(9)
+    weights = {"W1": rng.standard_normal((128, 8, 3, 3)).astype(np.float32) * 0.2,
+               "B1": rng.standard_normal(128).astype(np.float32),
+               "W2": rng.standard_normal((128, 128, 3, 3)).astype(np.float32) * 0.05,
+               "B2": rng.standard_normal(128).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["X", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "W2", "B2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             helper.make_node("Add", ["c2", "r1"], ["s"], name="add"),
+             helper.make_node("Relu", ["s"], ["Y"], name="relu2")]
+    model = _model(nodes, weights, [("Y", ["N", 128, 5, 5])], channels=8, image=10)
+    feeds = {"X": rng.standard_normal((batch, 8, 10, 10)).astype(np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    session = ponnx.InferenceSession(model)
+    np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+    plan = session.plan_for({"X": feeds["X"].shape})
+    second = next(g for g in plan.groups if "conv2" in g.nodes)
+    assert second.nodes == ["conv2", "add", "relu2"]
+    assert [v.shape for v in second.inputs if v.const is not None and v.rank == 5] == [(2, 3, 3, 128, 64)]
+    assert second.outputs[0].shape == (batch, 5, 5, 2, 64)
+    text = second.kernel.c_source()
+    assert "output channels vectorised" in text and "#define POLYC_REGISTER_EPILOGUE 1" in text
+
+
+@pytest.mark.parametrize("filters, kernel, strides, outputs, options, dtype, block", [
+    (128, 3, 2, 14, {}, np.float32, 64),
+    (512, 3, 1, 7, {"winograd": True}, np.float32, 64),     # Winograd does not pay at 512 channels
+    (128, 3, 1, 28, {"winograd": True}, np.float32, 0),     # Winograd takes it
+    (128, 3, 1, 28, {"winograd": False}, np.float32, 64),
+    (128, 1, 2, 14, {}, np.float32, 64),
+    (128, 1, 1, 14, {}, np.float32, 0),                     # 1 x 1 stride 1: a depthwise layer may take it in
+    (64, 3, 2, 14, {}, np.float32, 0),                      # one block
+    (96, 3, 2, 14, {}, np.float32, 0),                      # not a multiple of the block
+    (64, 3, 2, 14, {}, np.float64, 32),
+    (128, 3, 2, 14, {"backend": "cuda"}, np.float32, 0),
+    (128, 3, 2, 14, {"direct_convolutions": False}, np.float32, 0),
+])
+def test_which_convolution_weights_are_blocked(filters, kernel, strides, outputs, options, dtype, block):
+    from polyc.codegen.conv_channels import channel_block
+    from polyc.frontends.onnx.lowering import Value
+    w = Value("w", np.dtype(dtype), (filters, 128, kernel, kernel))
+    assert channels_last.filter_block(w, (strides, strides), (1, 1), 1, (outputs, outputs), options) == block
+    # Every instruction set's register block of channels divides the block: read in place.
+    for isa in ("avx512", "avx2", "portable"):
+        assert channels_last.FILTER_BLOCK_BYTES // np.dtype(dtype).itemsize % channel_block(isa, dtype, None).nf == 0

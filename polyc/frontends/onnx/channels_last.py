@@ -26,6 +26,8 @@ the plan (fusion, memory, compilation) sees ordinary values and steps.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import numpy as np
 
@@ -61,10 +63,11 @@ class ChannelsLast:
     to values in ONNX's layout; a value produced here is in ``nhwc`` instead until a node
     needs it in NCHW (:meth:`need_nchw`)."""
 
-    def __init__(self, values: dict[str, Value], new_ident):
+    def __init__(self, values: dict[str, Value], new_ident, options: Mapping = MappingProxyType({})):
         self.values = values
         self.nhwc: dict[str, Value] = {}
         self.new_ident = new_ident
+        self.options = options  # the session's: its back end and kernel options
 
     # ------------------------------------------------------------------ node conversion
     def convert(self, node: Node, opset: int) -> list | None:
@@ -138,9 +141,9 @@ class ChannelsLast:
             return None
         if proto.input[0] not in self.nhwc and w.shape[1] <= IMAGE_CHANNELS_READ_IN_PLACE \
                 and w.shape[2:] != (1, 1):
-            return [conv_channels_last(b, node, x, w, bias, image_channels_last=False)]
+            return [conv_channels_last(b, node, x, w, bias, image_channels_last=False, options=self.options)]
         x = self._image(b, proto.input[0])
-        return [conv_channels_last(b, node, x, w, bias)]
+        return [conv_channels_last(b, node, x, w, bias, options=self.options)]
 
     def _depthwise(self, b: Builder, node: Node, x: Value, w: Value, bias: Value | None) -> list | None:
         """A depthwise convolution (one filter per channel) of an image in NHWC already, as one
@@ -308,14 +311,50 @@ POINTWISE_GEMM_FILTERS = 512
 IMAGE_CHANNELS_READ_IN_PLACE = 4
 
 
+#: A convolution's constant weights are blocked by this many bytes of output channels: AVX-512's
+#: register block of the convolution kernel's channel mode (four vectors), a multiple of the
+#: others' (see :func:`filter_block`).
+FILTER_BLOCK_BYTES = 256
+
+
+def filter_block(w: Value, strides, dilations, images: int, outs, options: Mapping) -> int:
+    """B when the direct convolution kernel should read the weights ``w`` (``(F, C, KH, KW)``)
+    blocked, as ``(F / B, KH, KW, C, B)``, else 0.
+
+    In ``(KH, KW, C, F)`` the kernel reads each reduction step's B channels from a row F
+    apart; blocked, its steps' rows are consecutive (:mod:`polyc.codegen.conv_channels`), as
+    onnxruntime and oneDNN block their filters.  On two cores of an Intel Xeon (Emerald Rapids)
+    resnet18's 512 -> 512 3 x 3 layer at 7 x 7 took 1.8 ms in place and 1.1 ms blocked
+    (onnxruntime 1.2 ms).  Not for: F that is not a multiple of B or is one block (its rows
+    are consecutive already), a 1 x 1 stride-1 convolution (the pair fused with a depthwise
+    layer after it reads ``(1, 1, C, F)``, :mod:`polyc.codegen.pointwise_depthwise`), one that
+    the Winograd kernel takes (it transforms the weights from ``(KH, KW, C, F)`` on every call),
+    and back ends or options without the direct kernel."""
+    from polyc.codegen.winograd import winograd_sizes
+    filters, channels, kh, kw = w.shape
+    block = FILTER_BLOCK_BYTES // w.dtype.itemsize
+    if options.get("backend", "c") != "c" or options.get("direct_convolutions") is False \
+            or filters % block or filters == block:
+        return 0
+    if (kh, kw) == (1, 1) and all(s == 1 for s in strides):
+        return 0
+    if options.get("winograd") and winograd_sizes(w.dtype, (kh, kw), strides, dilations, channels, filters,
+                                                  images, outs):
+        return 0
+    return block
+
+
 def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value | None,
-                       image_channels_last: bool = True) -> Value:
+                       image_channels_last: bool = True, options: Mapping = MappingProxyType({})) -> Value:
     """A 2-D Conv (one group) of the image ``x`` (NHWC, or NCHW when not
     ``image_channels_last``) with ONNX's ``(F, C, KH, KW)`` constant weights ``w``: the NHWC
     output.  A 1 x 1 stride-1 convolution without padding and with many filters is a matrix
     product over every pixel (polyc's gemm kernel; the image in NHWC); others are one
-    statement with the padding in its condition and weights ``(KH, KW, C, F)`` (the
-    convolution kernel's channel mode reads both the image and the weights in place)."""
+    statement with the padding in its condition and weights ``(KH, KW, C, F)``, or blocked as
+    ``(F / B, KH, KW, C, B)`` into an output ``(N, OH, OW, F / B, B)`` viewed as NHWC
+    (:func:`filter_block`; the plan fuses what follows through the view): the convolution
+    kernel's channel mode reads both the image and the weights in place.  ``options``: the
+    session's (its back end, ``winograd``)."""
     filters, channels, kh, kw = w.shape
     outs, begin, end, strides, dilations = _spatial(b, node, x, [kh, kw], channels_last=image_channels_last)
     n = x.shape[0]
@@ -349,17 +388,30 @@ def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value |
         # of its own, whose taps are a few reduction steps each, was no faster: resnet18's first
         # layer (3 channels, 7 x 7 taps at stride 2), two cores of an AMD EPYC Zen 4: 1.12-1.14
         # ms with the copy, 1.11-1.17 without; the model at batch 1 0.99x-0.96x the time.
-        weights = b.const(np.ascontiguousarray(w.const.transpose(2, 3, 1, 0)))
         window = [f"{_affine(strides[d], f's{d}', 0)} + {_affine(dilations[d], f'r_k{d}', -begin[d])}"
                   for d in range(2)]
         extents = list(x.tc_shape)[1:3] if image_channels_last else list(x.tc_shape)[2:4]
         inside = [f"{window[d]} >= 0" for d in range(2) if begin[d] > 0]
         inside += [f"{window[d]} < {extents[d]}" for d in range(2) if end[d] > 0]
         image = b.ref(x, image_indices(image_channels_last, "n", "r_c", window))
+        reductions = [("r_k0", kh), ("r_k1", kw), ("r_c", channels)]
+        block = filter_block(w, strides, dilations, n, outs, options) if isinstance(n, int) else 0
+        if block:
+            blocked = w.const.transpose(0, 2, 3, 1).reshape(filters // block, block, kh, kw, channels)
+            weights = b.const(np.ascontiguousarray(blocked.transpose(0, 2, 3, 4, 1)))
+            rhs = f"{image} * {b.ref(weights, ['fb', 'r_k0', 'r_k1', 'r_c', 'fi'])}"
+            if inside:
+                rhs = f"({' && '.join(inside)}) ? {rhs} : 0.0"
+            target = b.new([n, *outs, filters // block, block], x.dtype)
+            b.emit([b.statement(target, ["n", "s0", "s1", "fb", "fi"], "+=!", rhs, reductions)],
+                   [x, weights], [target], "convolution")
+            product = b.view(target, out.shape)
+            return product if bias is None else _add_channel_bias(b, product, bias)
+        weights = b.const(np.ascontiguousarray(w.const.transpose(2, 3, 1, 0)))
         rhs = f"{image} * {b.ref(weights, ['r_k0', 'r_k1', 'r_c', 'f'])}"
         if inside:
             rhs = f"({' && '.join(inside)}) ? {rhs} : 0.0"
-        reductions, kind = [("r_k0", kh), ("r_k1", kw), ("r_c", channels)], "convolution"
+        kind = "convolution"
     statements = [b.statement(out, idx, "+=!", rhs, reductions)]
     reads = [x, weights]
     if bias is not None:

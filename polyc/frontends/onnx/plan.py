@@ -94,7 +94,7 @@ class Plan:
         nodes = list(graph.node)
         if graph_fusion:
             nodes = fold_batch_norms(nodes, {o.name for o in graph.output}, self.values, self._new_ident)
-        layout = ChannelsLast(self.values, self._new_ident) if channels_last else None
+        layout = ChannelsLast(self.values, self._new_ident, options) if channels_last else None
         for position, proto in enumerate(nodes):
             node = Node(proto, proto.name or f"{proto.op_type}_{position}")
             if layout is not None:
