@@ -400,17 +400,17 @@ def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value |
             blocked = w.const.transpose(0, 2, 3, 1).reshape(filters // block, block, kh, kw, channels)
             weights = b.const(np.ascontiguousarray(blocked.transpose(0, 2, 3, 4, 1)))
             rhs = f"{image} * {b.ref(weights, ['fb', 'r_k0', 'r_k1', 'r_c', 'fi'])}"
-            if inside:
-                rhs = f"({' && '.join(inside)}) ? {rhs} : 0.0"
+        else:
+            weights = b.const(np.ascontiguousarray(w.const.transpose(2, 3, 1, 0)))
+            rhs = f"{image} * {b.ref(weights, ['r_k0', 'r_k1', 'r_c', 'f'])}"
+        if inside:
+            rhs = f"({' && '.join(inside)}) ? {rhs} : 0.0"
+        if block:
             target = b.new([n, *outs, filters // block, block], x.dtype)
             b.emit([b.statement(target, ["n", "s0", "s1", "fb", "fi"], "+=!", rhs, reductions)],
                    [x, weights], [target], "convolution")
             product = b.view(target, out.shape)
             return product if bias is None else _add_channel_bias(b, product, bias)
-        weights = b.const(np.ascontiguousarray(w.const.transpose(2, 3, 1, 0)))
-        rhs = f"{image} * {b.ref(weights, ['r_k0', 'r_k1', 'r_c', 'f'])}"
-        if inside:
-            rhs = f"({' && '.join(inside)}) ? {rhs} : 0.0"
         kind = "convolution"
     statements = [b.statement(out, idx, "+=!", rhs, reductions)]
     reads = [x, weights]
