@@ -103,8 +103,9 @@ def main(argv=None) -> int:
         results["kernels"][title] = {"space_size": len(candidates), "best_seconds": best, "configs_within_5pc": near,
                                      "trials": args.trials, "seeds": args.seeds,
                                      "trials_to_95": needed, "curves": curves}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=1) + "\n")
+        # Written after each kernel: a run stopped during the next keeps this one's result.
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
     print(f"raw results: {args.json}")
     return 0
 
