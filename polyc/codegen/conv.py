@@ -374,9 +374,9 @@ class _ConvWriter(PatternKernelWriter):
                      *("    " + line for line in simd),
                      "    for (int64_t polyc_f = polyc_f0; polyc_f < polyc_f0 + polyc_rows; polyc_f++) {",
                      "        const int64_t polyc_o = polyc_op + polyc_f;",
-                     *(f"        const int64_t polyc_ix_{i} = polyc_f;" for i in conv.f if len(conv.f) == 1),
-                     *(f"        const int64_t polyc_ix_{i} = polyc_g->ix_{i}[polyc_f];" for i in conv.f
-                       if len(conv.f) > 1),
+                     # one channel index is the channel number; several (a blocked layout) come from tables
+                     *(f"        const int64_t polyc_ix_{i} = "
+                       f"{'polyc_f' if len(conv.f) == 1 else f'polyc_g->ix_{i}[polyc_f]'};" for i in conv.f),
                      *("        " + line for line in statements),
                      "    }", "}"]
             return self._epilogue_text(body)

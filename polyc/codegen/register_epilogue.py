@@ -173,8 +173,9 @@ class RegisterEpilogue:
                 if expr.subscripts == (flat,):
                     return load(_Operand(expr.tensor, True))
                 merged = len(channel)  # the channel dimensions read as one (the same elements)
+                merged_shape = tuple(target_shape[:-merged]) + (Affine.const(prod(self.channel_extents)),)
                 if merged > 1 and expr.subscripts == own_point[:-merged] + (flat,) \
-                        and tuple(tensor.shape) == tuple(target_shape[:-merged]) + (Affine.const(prod(self.channel_extents)),):
+                        and tuple(tensor.shape) == merged_shape:
                     return load(_Operand(expr.tensor, False))
                 raise _Unsupported
             logistic = logistic_operand(expr) if isinstance(expr, ir.Binary) and self.dtype.itemsize == 4 else None
