@@ -279,6 +279,10 @@ def _propose(space: SearchSpace, measured, model: CostModel | None, rng: random.
     if not pool:
         return _random_unmeasured(space, rng, batch, fresh)
     candidates = list(pool.values())
+    # Trees predict the same time for whole regions of the space: ties are broken at random,
+    # not by the order the space enumerates its configurations in (which would measure one
+    # corner of a region, its last knobs varied, before any other).
+    rng.shuffle(candidates)
     predicted = model.predict([space.features(c) for c in candidates])
     ranked = [candidates[i] for i in np.argsort(predicted, kind="stable")]
     explore = max(1, batch // 4)   # epsilon-greedy: some random candidates keep the model honest

@@ -1,9 +1,11 @@
 """``python -m benchmarks.tuning_search`` end to end on a tiny kernel whose space is already in
-its table (with made-up times), so nothing is compiled or timed: the table is read, the
-reference is computed, and both strategies are replayed from the table.  The figures the
+its table (with made-up times), so nothing is compiled or timed: the table is read, its fastest configurations "confirmed"
+(at their table times), the reference is computed, and both strategies are replayed from the
+table.  The figures the
 benchmark prints need a whole measured space; this checks only that the command runs."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -29,6 +31,12 @@ def test_the_search_comparison_replays_a_measured_table(tmp_path, monkeypatch):
                 for config in space.configs()}
     best = sorted(measured)[7]
     measured[best]["seconds"] = 1e-4
+    base = dataclasses.asdict(kernel.options)
+
+    def confirm(jobs, _inputs, rounds=None):
+        return [{"status": "ok", "seconds": measured[tuning_search.table_key(job["options"], base)]["seconds"]}
+                for job in jobs]
+    monkeypatch.setattr(search, "confirm_candidates", confirm)
     table, results = tmp_path / "tables.json", tmp_path / "search.json"
     table.write_text(json.dumps({"machine": polyc.tune.this_machine().id, "kernels": {"sgemm 24": measured}}))
 
@@ -38,3 +46,20 @@ def test_the_search_comparison_replays_a_measured_table(tmp_path, monkeypatch):
     assert entry["configs_within_5pc"] == 1 and entry["trials"] == 12 and entry["seeds"] == 2
     assert set(entry["trials_to_95"]) == {"random", "model"}
     assert all(len(curve) == 12 for runs in entry["curves"].values() for curve in runs)
+    confirmed = json.loads(table.read_text())["kernels"]["sgemm 24"]
+    assert sum("confirmed_seconds" in e for e in confirmed.values()) == min(tuning_search.CONFIRMED, len(measured))
+    assert confirmed[best]["confirmed_seconds"] == 1e-4
+
+
+def test_the_replay_reads_each_configuration_its_own_time():
+    """Every knob of a space, the loop order and the thread count included, is part of the key
+    a replayed candidate's time is read under (a replay that dropped some read another's)."""
+    source = "def sym(float(N, N) A) -> (B) { B(i, j) = 0.5 * (A(i, j) + A(j, i)) }"
+    kernel = polyc.define(source, tuning=False).sym
+    call = bind_arguments(kernel.definition, (np.zeros((64, 64), np.float32),))
+    space = search.space_for(kernel.definition, call.sizes, kernel.options)
+    assert "loop_order" in {knob.name for knob in space.knobs}
+    base = dataclasses.asdict(kernel.options.replace(tuning=False))
+    for config in space.configs():
+        options = {**base, **space.options(config)}
+        assert tuning_search.table_key(options, base) == space.identity(config)
