@@ -121,13 +121,10 @@ def _measure_space(kernel, inputs, table: dict, path: Path, tables: dict) -> set
     space = search.space_for(kernel.definition, call.sizes, kernel.options)
     reference = search._reference(kernel, tuple(inputs), call.sizes, kernel.options)
     terms = search._tolerance_terms(kernel.definition, call.sizes)
-    source = polyc.lang.printer.format_def(kernel.syntax)
-    base = {k: v for k, v in __import__("dataclasses").asdict(kernel.options).items()}
     # One configuration per candidate: configurations that compile to the same options are one.
     candidates = {space.identity(c): c for c in space.configs()}
     todo = [config for identity, config in candidates.items() if identity not in table]
-    jobs = [{"source": source, "name": kernel.definition.name, "options": {**base, **space.options(config)},
-             "terms": terms, "limit": float("inf")} for config in todo]
+    jobs = [{**_job(kernel, space.options(config)), "terms": terms, "limit": float("inf")} for config in todo]
     _compile_ahead(jobs, inputs)
     for number, (config, job) in enumerate(zip(todo, jobs), 1):
         table[space.identity(config)] = search.measure_candidate(job, tuple(inputs), reference)
@@ -157,18 +154,23 @@ def _confirm_fastest(kernel, inputs, table: dict, candidates: set[str], path: Pa
     to reach would be one lucky timing no search finds again.  Timed in the same rounds, the
     fastest configurations are compared on equal terms.  Both searches read the same table,
     so this changes neither's trials, only the times they reach and the best to reach."""
-    import dataclasses
     if any("confirmed_seconds" in table[k] for k in candidates):
         return  # confirmed in an earlier run
     fastest = sorted((k for k in candidates if table[k].get("status") == "ok"), key=lambda k: table[k]["seconds"])
     todo = fastest[:CONFIRMED]
-    source = polyc.lang.printer.format_def(kernel.syntax)
-    base = dataclasses.asdict(kernel.options)
-    jobs = [{"source": source, "name": kernel.definition.name, "options": {**base, **json.loads(k)}} for k in todo]
+    jobs = [_job(kernel, json.loads(identity)) for identity in todo]
     for identity, outcome in zip(todo, search.confirm_candidates(jobs, tuple(inputs))):
         table[identity]["confirmed_seconds"] = outcome["seconds"]
     path.write_text(json.dumps(tables) + "\n")
     print(f"  confirmed the {len(todo)} fastest configurations of {kernel.definition.name}", flush=True)
+
+
+def _job(kernel, changes: dict) -> dict:
+    """A measurement job (as :func:`polyc.tune.search.measure_candidate` takes it) for the
+    kernel built with its own options and ``changes``."""
+    import dataclasses
+    return {"source": polyc.lang.printer.format_def(kernel.syntax), "name": kernel.definition.name,
+            "options": {**dataclasses.asdict(kernel.options), **changes}}
 
 
 def _compile_ahead(jobs: list, inputs) -> None:
