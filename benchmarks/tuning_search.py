@@ -126,8 +126,12 @@ def _measure_space(kernel, inputs, table: dict, path: Path, tables: dict) -> set
     todo = [config for identity, config in candidates.items() if identity not in table]
     jobs = [{**_job(kernel, space.options(config)), "terms": terms, "limit": float("inf")} for config in todo]
     _compile_ahead(jobs, inputs)
+    baseline = polyc.define(polyc.lang.printer.format_def(kernel.syntax),
+                            **_plain_options(_job(kernel, {})["options"]))[kernel.definition.name]
     for number, (config, job) in enumerate(zip(todo, jobs), 1):
-        table[space.identity(config)] = search.measure_candidate(job, tuple(inputs), reference)
+        entry = search.measure_candidate(job, tuple(inputs), reference)
+        entry["baseline_seconds"] = _timed(baseline, inputs)
+        table[space.identity(config)] = entry
         if number % 20 == 0 or number == len(todo):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(tables) + "\n")
@@ -141,8 +145,38 @@ CONFIRMED = 96
 
 
 def _seconds(entry: dict) -> float:
-    """A configuration's time in the table: its confirmed time where it has one."""
-    return entry.get("confirmed_seconds", entry["seconds"])
+    """A configuration's time in the table: its confirmed time where it has one, else its
+    time corrected for the machine's speed when it was measured (:func:`_correct_drift`)."""
+    return entry.get("confirmed_seconds", entry.get("corrected_seconds", entry["seconds"]))
+
+
+def _timed(kernel, inputs) -> float:
+    """The median of calls of ``kernel`` for about as long as the tuner times a candidate."""
+    runs = [search._time_call(kernel, inputs)]
+    count = int(min(search.MAX_RUNS, max(search.MIN_RUNS, search.MEASURE_SECONDS / max(runs[0], 1e-7))))
+    runs += [search._time_call(kernel, inputs) for _ in range(count - 1)]
+    return statistics.median(runs)
+
+
+def _correct_drift(table: dict, candidates: set[str]) -> float:
+    """Every measured configuration's time as if the machine had run at its typical speed.
+
+    A space takes ten minutes and more to measure, and the shared machines' speed drifts by 2x
+    over half an hour (an Intel Xeon: transpose-scale 2.0 ms in one half hour, 4.5-4.7 in a
+    later one): timed one after another, configurations measured in a fast minute look better
+    than they are.  So the kernel's own build is timed right after each configuration
+    (``baseline_seconds``), and a configuration's ``corrected_seconds`` is its time scaled by
+    the baseline's median over the whole space against its baseline at that minute.  Returns
+    that median (1.0 scale: 0 when the table has no baseline times, measured before them)."""
+    baselines = [table[k]["baseline_seconds"] for k in candidates if "baseline_seconds" in table[k]]
+    if not baselines:
+        return 0.0
+    typical = statistics.median(baselines)
+    for identity in candidates:
+        entry = table[identity]
+        if entry.get("status") == "ok" and "baseline_seconds" in entry:
+            entry["corrected_seconds"] = entry["seconds"] * typical / entry["baseline_seconds"]
+    return typical
 
 
 def _confirm_fastest(kernel, inputs, table: dict, candidates: set[str], path: Path, tables: dict) -> None:
@@ -154,13 +188,17 @@ def _confirm_fastest(kernel, inputs, table: dict, candidates: set[str], path: Pa
     to reach would be one lucky timing no search finds again.  Timed in the same rounds, the
     fastest configurations are compared on equal terms.  Both searches read the same table,
     so this changes neither's trials, only the times they reach and the best to reach."""
+    typical = _correct_drift(table, candidates)
     if any("confirmed_seconds" in table[k] for k in candidates):
         return  # confirmed in an earlier run
-    fastest = sorted((k for k in candidates if table[k].get("status") == "ok"), key=lambda k: table[k]["seconds"])
+    fastest = sorted((k for k in candidates if table[k].get("status") == "ok"), key=lambda k: _seconds(table[k]))
     todo = fastest[:CONFIRMED]
-    jobs = [_job(kernel, json.loads(identity)) for identity in todo]
-    for identity, outcome in zip(todo, search.confirm_candidates(jobs, tuple(inputs))):
-        table[identity]["confirmed_seconds"] = outcome["seconds"]
+    # The kernel's own build in the same rounds: the confirmed times on the scale of the rest.
+    jobs = [_job(kernel, json.loads(identity)) for identity in todo] + [_job(kernel, {})]
+    *confirmed, baseline = search.confirm_candidates(jobs, tuple(inputs))
+    scale = typical / baseline["seconds"] if typical else 1.0
+    for identity, outcome in zip(todo, confirmed):
+        table[identity]["confirmed_seconds"] = outcome["seconds"] * scale
     path.write_text(json.dumps(tables) + "\n")
     print(f"  confirmed the {len(todo)} fastest configurations of {kernel.definition.name}", flush=True)
 
@@ -188,10 +226,14 @@ def _compile_ahead(jobs: list, inputs) -> None:
     print(f"  compiled {len(jobs)} configurations", flush=True)
 
 
+def _plain_options(options: dict) -> dict:
+    """A job's options as polyc.define takes them (JSON's lists back to tuples)."""
+    return {k: (tuple(v) if isinstance(v, list) else v) for k, v in options.items()}
+
+
 def _compile_one(job: dict, inputs) -> None:
-    options = {k: (tuple(v) if isinstance(v, list) else v) for k, v in job["options"].items()}
     try:
-        polyc.define(job["source"], **options)[job["name"]](*inputs)
+        polyc.define(job["source"], **_plain_options(job["options"]))[job["name"]](*inputs)
     except polyc.PolycError:
         pass  # measured (and reported) as an error later
 

@@ -25,17 +25,22 @@ def test_the_search_comparison_replays_a_measured_table(tmp_path, monkeypatch):
     inputs = [np.zeros(shape, np.float32) for shape in shapes.values()]
     call = bind_arguments(kernel.definition, tuple(inputs))
     space = search.space_for(kernel.definition, call.sizes, kernel.options)
-    # Made-up times: the configuration numbered 7 is the fastest, the others 1 to 3 ms.
+    # Made-up times: the configuration numbered 7 is the fastest, the others 1 to 3 ms, each
+    # with the kernel's own build timed after it at 1 ms (the machine's speed then).
     rng = np.random.default_rng(0)
-    measured = {space.identity(config): {"status": "ok", "seconds": 1e-3 * (1 + 2 * rng.random())}
+    measured = {space.identity(config): {"status": "ok", "seconds": 1e-3 * (1 + 2 * rng.random()),
+                                         "baseline_seconds": 1e-3}
                 for config in space.configs()}
     best = sorted(measured)[7]
     measured[best]["seconds"] = 1e-4
     base = dataclasses.asdict(kernel.options)
 
     def confirm(jobs, _inputs, rounds=None):
-        return [{"status": "ok", "seconds": measured[tuning_search.table_key(job["options"], base)]["seconds"]}
-                for job in jobs]
+        # Confirmed while the machine runs at half speed: every time doubled, the kernel's own
+        # build (the last job) included, so the times come back to the table's scale.
+        assert tuning_search.table_key(jobs[-1]["options"], base) == "{}"
+        return [{"status": "ok", "seconds": 2 * measured[tuning_search.table_key(job["options"], base)]["seconds"]}
+                for job in jobs[:-1]] + [{"status": "ok", "seconds": 2e-3}]
     monkeypatch.setattr(search, "confirm_candidates", confirm)
     table, results = tmp_path / "tables.json", tmp_path / "search.json"
     table.write_text(json.dumps({"machine": polyc.tune.this_machine().id, "kernels": {"sgemm 24": measured}}))
@@ -63,3 +68,18 @@ def test_the_replay_reads_each_configuration_its_own_time():
     for config in space.configs():
         options = {**base, **space.options(config)}
         assert tuning_search.table_key(options, base) == space.identity(config)
+
+
+def test_times_are_corrected_for_the_machines_speed_when_they_were_taken():
+    """A configuration timed in a minute when the machine ran twice as fast as usual (the
+    kernel's own build, timed right after it, took half its usual time) counts at twice its
+    timing; failed configurations have no time to correct."""
+    table = {"fast minute": {"status": "ok", "seconds": 1.0, "baseline_seconds": 1.0},
+             "usual": {"status": "ok", "seconds": 1.0, "baseline_seconds": 2.0},
+             "slower": {"status": "ok", "seconds": 3.0, "baseline_seconds": 2.0},
+             "failed": {"status": "error", "message": "", "baseline_seconds": 2.0},
+             "measured before baselines": {"status": "ok", "seconds": 5.0}}
+    assert tuning_search._correct_drift(table, set(table)) == 2.0
+    assert [tuning_search._seconds(table[k]) for k in ("fast minute", "usual", "slower")] == [2.0, 1.0, 3.0]
+    assert "corrected_seconds" not in table["failed"]
+    assert tuning_search._seconds(table["measured before baselines"]) == 5.0
