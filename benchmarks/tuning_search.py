@@ -3,13 +3,14 @@
     python -m benchmarks.tuning_search [--trials 40] [--seeds 20] [--filter REGEX] [--json PATH]
 
 First every configuration of each kernel's search space is measured once (and kept in
-``--table``, so a later run reuses it), and the fastest CONFIRMED of them are timed again
-against one another (:func:`_confirm_fastest`).  Then both strategies run ``--trials`` trials
-from many seeds, reading their measurements from that table, so they are compared on
-identical times: the difference between them is the search, not the machine's noise.  The
-figure of merit is the number of trials a search needs before its best time is within 5% of
-the best time in the table (95% of the best speed); the table gives its median over the seeds
-(a search that never gets there counts as trials + 1).
+``--table``, so a later run reuses it), each with the kernel's own build timed right after it
+to correct for the machine's speed at that minute (:func:`_correct_drift`), and the fastest
+CONFIRMED of them are timed again against one another (:func:`_confirm_fastest`).  Then both
+strategies run ``--trials`` trials from many seeds, reading their measurements from that
+table, so they are compared on identical times: the difference between them is the search,
+not the machine's noise.  The figure of merit is the number of trials a search needs
+before its best time is within 5% of the best time in the table (95% of the best speed); the
+table gives its median over the seeds (a search that never gets there counts as trials + 1).
 
 Measuring a space takes a while: about 500 configurations for a contraction (sgemm, mlp, tmm:
 5-10 minutes each on two cores) and about 650 for the generic path's transpose-add, whose
