@@ -127,8 +127,8 @@ def _measure_space(kernel, inputs, table: dict, path: Path, tables: dict) -> set
     todo = [config for identity, config in candidates.items() if identity not in table]
     jobs = [{**_job(kernel, space.options(config)), "terms": terms, "limit": float("inf")} for config in todo]
     _compile_ahead(jobs, inputs)
-    baseline = polyc.define(polyc.lang.printer.format_def(kernel.syntax),
-                            **_plain_options(_job(kernel, {})["options"]))[kernel.definition.name]
+    own = _job(kernel, {})
+    baseline = polyc.define(own["source"], **_plain_options(own["options"]))[own["name"]]
     for number, (config, job) in enumerate(zip(todo, jobs), 1):
         entry = search.measure_candidate(job, tuple(inputs), reference)
         entry["baseline_seconds"] = _timed(baseline, inputs)
@@ -168,7 +168,7 @@ def _correct_drift(table: dict, candidates: set[str]) -> float:
     than they are.  So the kernel's own build is timed right after each configuration
     (``baseline_seconds``), and a configuration's ``corrected_seconds`` is its time scaled by
     the baseline's median over the whole space against its baseline at that minute.  Returns
-    that median (1.0 scale: 0 when the table has no baseline times, measured before them)."""
+    that median (0 when the table has no baseline times: it was measured before them)."""
     baselines = [table[k]["baseline_seconds"] for k in candidates if "baseline_seconds" in table[k]]
     if not baselines:
         return 0.0
