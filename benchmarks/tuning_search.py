@@ -88,7 +88,8 @@ def main(argv=None) -> int:
         kernel = polyc.define(source, tuning=False, **(options[0] if options else {}))[entry]
         table = tables["kernels"].setdefault(title, {})
         candidates = _measure_space(kernel, inputs, table, args.table, tables)
-        _confirm_fastest(kernel, inputs, table, candidates, args.table, tables)
+        typical = _correct_drift(table, candidates)
+        _confirm_fastest(kernel, inputs, table, candidates, typical, args.table, tables)
         # The table may hold more (a space that was larger when it was measured): only this one's.
         times = {k: _seconds(table[k]) for k in candidates if table[k].get("status") == "ok"}
         best = min(times.values())
@@ -128,7 +129,7 @@ def _measure_space(kernel, inputs, table: dict, path: Path, tables: dict) -> set
     jobs = [{**_job(kernel, space.options(config)), "terms": terms, "limit": float("inf")} for config in todo]
     _compile_ahead(jobs, inputs)
     own = _job(kernel, {})
-    baseline = polyc.define(own["source"], **_plain_options(own["options"]))[own["name"]]
+    baseline = polyc.define(own["source"], **search.plain_options(own["options"]))[own["name"]]
     for number, (config, job) in enumerate(zip(todo, jobs), 1):
         entry = search.measure_candidate(job, tuple(inputs), reference)
         entry["baseline_seconds"] = _timed(baseline, inputs)
@@ -154,8 +155,7 @@ def _seconds(entry: dict) -> float:
 def _timed(kernel, inputs) -> float:
     """The median of calls of ``kernel`` for about as long as the tuner times a candidate."""
     runs = [search._time_call(kernel, inputs)]
-    count = int(min(search.MAX_RUNS, max(search.MIN_RUNS, search.MEASURE_SECONDS / max(runs[0], 1e-7))))
-    runs += [search._time_call(kernel, inputs) for _ in range(count - 1)]
+    runs += [search._time_call(kernel, inputs) for _ in range(search.run_count(runs[0]) - 1)]
     return statistics.median(runs)
 
 
@@ -180,7 +180,8 @@ def _correct_drift(table: dict, candidates: set[str]) -> float:
     return typical
 
 
-def _confirm_fastest(kernel, inputs, table: dict, candidates: set[str], path: Path, tables: dict) -> None:
+def _confirm_fastest(kernel, inputs, table: dict, candidates: set[str], typical: float, path: Path,
+                     tables: dict) -> None:
     """Time the CONFIRMED fastest configurations again, all together in interleaved rounds
     (:func:`polyc.tune.search.confirm_candidates`).  The space is timed one configuration
     after another over ten minutes of a shared machine whose load drifts by 20-30% meanwhile
@@ -188,8 +189,9 @@ def _confirm_fastest(kernel, inputs, table: dict, candidates: set[str], path: Pa
     one), so the fastest single timings are mostly those taken in a quiet minute: the best
     to reach would be one lucky timing no search finds again.  Timed in the same rounds, the
     fastest configurations are compared on equal terms.  Both searches read the same table,
-    so this changes neither's trials, only the times they reach and the best to reach."""
-    typical = _correct_drift(table, candidates)
+    so this changes neither's trials, only the times they reach and the best to reach.
+    ``typical``: the baseline's median time over the space (:func:`_correct_drift`; 0: none),
+    the scale the confirmed times are put on."""
     if any("confirmed_seconds" in table[k] for k in candidates):
         return  # confirmed in an earlier run
     fastest = sorted((k for k in candidates if table[k].get("status") == "ok"), key=lambda k: _seconds(table[k]))
@@ -227,14 +229,9 @@ def _compile_ahead(jobs: list, inputs) -> None:
     print(f"  compiled {len(jobs)} configurations", flush=True)
 
 
-def _plain_options(options: dict) -> dict:
-    """A job's options as polyc.define takes them (JSON's lists back to tuples)."""
-    return {k: (tuple(v) if isinstance(v, list) else v) for k, v in options.items()}
-
-
 def _compile_one(job: dict, inputs) -> None:
     try:
-        polyc.define(job["source"], **_plain_options(job["options"]))[job["name"]](*inputs)
+        polyc.define(job["source"], **search.plain_options(job["options"]))[job["name"]](*inputs)
     except polyc.PolycError:
         pass  # measured (and reported) as an error later
 

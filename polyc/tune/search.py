@@ -459,7 +459,7 @@ def measure_candidate(job: Mapping, inputs: tuple, reference: tuple) -> dict:
             return {"status": "pruned", "runs": runs, "compile_seconds": compile_seconds,
                     "message": f"first runs {', '.join(f'{r * 1e3:.3f}' for r in runs)} ms > "
                                f"{job['limit'] * 1e3:.3f} ms"}
-        count = int(min(MAX_RUNS, max(MIN_RUNS, MEASURE_SECONDS / max(quickest, 1e-7))))
+        count = run_count(quickest)
         runs += [_time_call(kernel, inputs) for _ in range(count - len(runs))]
     return {"status": "ok", "seconds": statistics.median(runs), "runs": runs, "compile_seconds": compile_seconds,
             "machine": this_machine().id}
@@ -474,15 +474,14 @@ def confirm_candidates(jobs: list, inputs: tuple, rounds: int = CONFIRM_ROUNDS) 
     import polyc
     kernels = []
     for job in jobs:
-        options = {k: tuple(v) if isinstance(v, list) else v for k, v in job["options"].items()}
-        kernel = polyc.define(job["source"], **options)[job["name"]]
+        kernel = polyc.define(job["source"], **plain_options(job["options"]))[job["name"]]
         kernel(*inputs)  # compiled (from the cache) before any timing
         kernels.append(kernel)
     blocks: list[list[float]] = [[] for _ in jobs]
     runs: list[list[float]] = [[] for _ in jobs]
     with _measurement_lock():
         quickest = min(_time_call(kernel, inputs) for kernel in kernels)
-        count = int(min(MAX_RUNS, max(MIN_RUNS, MEASURE_SECONDS / max(quickest, 1e-7))))
+        count = run_count(quickest)
         for round_number in range(rounds):
             order = range(len(kernels)) if round_number % 2 == 0 else reversed(range(len(kernels)))
             for position in order:
@@ -490,6 +489,17 @@ def confirm_candidates(jobs: list, inputs: tuple, rounds: int = CONFIRM_ROUNDS) 
                 runs[position] += block
                 blocks[position].append(statistics.median(block))
     return [{"status": "ok", "seconds": statistics.median(b), "runs": r} for b, r in zip(blocks, runs)]
+
+
+def run_count(quickest: float) -> int:
+    """Timed calls of a candidate whose quickest call took ``quickest`` seconds: about
+    MEASURE_SECONDS of them, within MIN_RUNS..MAX_RUNS."""
+    return int(min(MAX_RUNS, max(MIN_RUNS, MEASURE_SECONDS / max(quickest, 1e-7))))
+
+
+def plain_options(options: Mapping) -> dict:
+    """A job's options as polyc.define takes them (JSON's lists back to tuples)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
 
 
 def _time_call(kernel, inputs) -> float:
