@@ -21,7 +21,7 @@ MATMUL = "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * 
 
 
 def tiles(source: str, entry: str, sizes: dict, **options) -> dict[str, int | None]:
-    kernel = polyc.define(source, tuning=False, cache_sizes=CACHES, **options)[entry]
+    kernel = polyc.define(source, tuning=False, cache_sizes=CACHES, **{"threads": 2, **options})[entry]
     explanation = kernel.explain(sizes)
     return {loop.index: loop.tile_size for loop in explanation.loops}
 
@@ -71,12 +71,39 @@ def test_the_chosen_tiles_compute_the_tensordot(sizes):
     np.testing.assert_allclose(kernel(I0, I1), expected, rtol=1e-5, atol=1e-5)
 
 
+TRANSPOSE = "def t(float(N, N) A) -> (B) { B(i, j) = A(j, i) * 2 }"
+
+
 def test_a_transpose_is_cut_into_blocks_not_rows():
     # B(i, j) = A(j, i): j innermost strides across A's rows, one cache line per element.
     # Whole rows of j (16 x 2048 tiles) would touch 2048 lines per run, four times L1, and
-    # fetch every line again for the next i; equal blocks keep a run's lines in L1.
-    chosen = tiles("def t(float(N, N) A) -> (B) { B(i, j) = A(j, i) * 2 }", "t", dict(N=2048))
+    # fetch every line again for the next i; blocks keep a run's lines in L1.  Rows 2000 floats
+    # apart spread over all of L1's sets: equal blocks of half of L1.
+    chosen = tiles(TRANSPOSE, "t", dict(N=2000))
     assert chosen["i"] == chosen["j"] and chosen["j"] * 64 <= CACHES[0] // 2, chosen
+
+
+@pytest.mark.parametrize("n, lines", [(2048, 8), (1024, 8), (512, 16), (256, 32)])
+def test_a_power_of_two_transpose_runs_over_the_lines_one_set_holds(n, lines):
+    # Rows of a 2048-float matrix lie 8 KiB apart, a multiple of L1's 4 KiB set span (a 32 KiB
+    # 8-way L1): every line of a run of A(j, i) falls in one set, which holds 8 of them.  Rows
+    # 512 floats apart alternate between two sets.  The outer member keeps its equal block.
+    chosen = tiles(TRANSPOSE, "t", dict(N=n))
+    assert chosen["j"] == lines and chosen["i"] == min(n // 2, 128), chosen
+
+
+def test_run_capacity_counts_the_sets_a_stride_reaches():
+    l1, span = 48 * 1024, 4096  # 12 ways
+    assert tiling._run_capacity(8192, l1, span) == 12  # one set
+    assert tiling._run_capacity(2048, l1, span) == 24  # two sets
+    assert tiling._run_capacity(8000, l1, span) == 384  # every set: half of L1
+    assert tiling._run_capacity(None, l1, span) == 384  # the stride unknown
+
+
+def test_a_power_of_two_transpose_computes_the_transpose():
+    A = np.random.default_rng(1).standard_normal((256, 256)).astype(np.float32)
+    kernel = polyc.define(TRANSPOSE, tuning=False, cache_sizes=CACHES).t
+    np.testing.assert_array_equal(kernel(A), A.T * 2)
 
 
 def test_the_reduction_runs_outside_the_contiguous_planes():

@@ -147,7 +147,7 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
         decision.tiling = "one loop: nothing to tile"
     else:
         sizes = choose_tile_sizes(node, context.program, options.tile_sizes, tiling.cache_sizes(options),
-                                  options.threads)
+                                  options.threads, tiling.l1_set_span(options))
         if sizes is not None:
             node = _shift_to_origin(node)
             node = node.band_tile(isl.MultiVal.from_val_list(node.band_get_space(), _val_list(node, sizes)))
