@@ -851,3 +851,53 @@ def test_a_session_budget_is_shared_by_the_kernels_times():
     assert shares(40) == [26, 13, None]            # trials
     assert MIN_SECONDS > 2.0 and shares(2.0) == [2.0, None, None]   # too little to share: the costliest
     assert shares(2) == [2, None, None]
+
+
+def attention_heads_model() -> onnx.ModelProto:
+    """Scores Q K^T of K given as (batch, heads, tokens, width), transposed by a node (as
+    PyTorch exports attention), softmax, then the heads of softmax(..) V put back side by side
+    by another Transpose (the graph's output); and a Transpose of a transpose before a product."""
+    nodes = [helper.make_node("Transpose", ["K"], ["Kt"], perm=[0, 1, 3, 2], name="kt"),
+             helper.make_node("MatMul", ["Q", "Kt"], ["S"], name="scores"),
+             helper.make_node("Softmax", ["S"], ["P"], axis=-1, name="softmax"),
+             helper.make_node("MatMul", ["P", "V"], ["O"], name="pv"),
+             helper.make_node("Transpose", ["O"], ["Y"], perm=[0, 2, 1, 3], name="heads"),
+             helper.make_node("Transpose", ["V"], ["Vt"], perm=[1, 0, 3, 2], name="vt"),
+             helper.make_node("Transpose", ["Vt"], ["Vtt"], perm=[1, 0, 2, 3], name="vtt"),
+             helper.make_node("MatMul", ["Q", "Vtt"], ["Z"], name="qv")]
+    four = ["N", 2, 5, 3]
+    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info(n, TensorProto.FLOAT, four) for n in "QKV"],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 5, 2, 3]),
+                               helper.make_tensor_value_info("Z", TensorProto.FLOAT, ["N", 2, 5, 5])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_transposes_beside_products_fold_into_them():
+    # Kt is read through (the scores read K(n, h, j, r)), the heads' Transpose is written
+    # through (the product assigns Y(n, i, h, j)), Vt and Vtt fold one after the other into
+    # a product reading V with its first two axes swapped: no Transpose keeps a kernel, every
+    # product stays a gemm kernel, and unfused the results are the same.
+    model = attention_heads_model()
+    rng = np.random.default_rng(11)
+    fused, unfused = ponnx.InferenceSession(model), ponnx.InferenceSession(model, graph_fusion=False)
+    for batch in (2, 1):
+        feeds = {n: rng.standard_normal((batch, 2, 5, 3)).astype(np.float32) for n in "QKV"}
+        expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        for session in (fused, unfused):
+            for got, want in zip(session.run(None, feeds), expected):
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert not any(name in group for group in fused.groups for name in ("kt", "heads", "vt", "vtt")), fused.groups
+    assert sum("kt" in group or "heads" in group for group in unfused.groups) == 2
+    products = [k for k in fused.kernels() if k.stages({}).contraction is not None]
+    assert len(products) == 3
+    source = fused.tc_source()
+    k, v, y = (session_value(fused, name) for name in "KVY")
+    assert f"* {k}(i0, i1, i3, r0)" in source and f"{y}(i0, i2, i1, i3) +=!" in source, source
+    assert f"* {v}(i0, i1, i3, r0)" in source, source
+
+
+def session_value(session, onnx_name: str) -> str:
+    """The TC name of a graph input or output in the session's last plan."""
+    import re
+    match = re.search(rf"(v\d+) = '{onnx_name}'", session.tc_source())
+    return match.group(1) if match else onnx_name

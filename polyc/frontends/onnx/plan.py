@@ -34,6 +34,7 @@ from polyc.runtime.sequence import sequence_runner
 from polyc.frontends.onnx.channels_last import ChannelsLast
 from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type
 from polyc.frontends.onnx.memory import Arena, plan_memory
+from polyc.frontends.onnx.permutations import fold_transposes
 from polyc.frontends.onnx.ops import CONVERTERS, Node
 
 #: The most statements one fused group may hold (isl's scheduler grows with them).
@@ -121,6 +122,7 @@ class Plan:
             raise PolycError(f"the graph's outputs {', '.join(missing)} are not computed by any node")
         self.outputs = [self.values[o.name] for o in graph.output]
         if graph_fusion:
+            steps = fold_transposes(steps, self.outputs)
             steps = inline_elementwise(steps, self.outputs)
         self.order = self._fuse(steps, graph_fusion)
         if graph_fusion:
