@@ -101,8 +101,12 @@ def test_run_capacity_counts_the_sets_a_stride_reaches():
 
 
 def test_a_power_of_two_transpose_computes_the_transpose():
+    # A 12-way L1 (48 KiB): rows 1 KiB apart reach 4 sets, 48 lines; 256 is no multiple of 48,
+    # so the last tile of the innermost loop is a partial one.
     A = np.random.default_rng(1).standard_normal((256, 256)).astype(np.float32)
-    kernel = polyc.define(TRANSPOSE, tuning=False, cache_sizes=CACHES).t
+    caches = (48 * 1024, 2048 * 1024, 32 * 1024 * 1024)
+    kernel = polyc.define(TRANSPOSE, tuning=False, cache_sizes=caches, threads=2).t
+    assert {loop.index: loop.tile_size for loop in kernel.explain(dict(N=256)).loops}["j"] == 48
     np.testing.assert_array_equal(kernel(A), A.T * 2)
 
 
