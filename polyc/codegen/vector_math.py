@@ -352,34 +352,34 @@ static inline float polyc_coshf(float x)
     return (float)(0.5 * (e + 1.0 / e));
 }
 
-/* erf(x) for float x, in float (twice the lanes of double; GELU's erf was most of its time).
+/* erf(x) for float x, in float (twice the lanes of double), from two polynomials and no exp:
+   GELU's erf was most of its time, and the exp of 1 - exp(..) cost as much as the rest.
    |x| < 1: x + x p(x^2), p the weighted least-squares fit (6000 Chebyshev nodes) of
    erf(x)/x - 1 with its constant 2/sqrt(pi) - 1 exact to float; no cancellation with x.
-   1 <= |x|: 1 - exp(q(t) - x^2), q of degree 9 in t = (|x| - 2.46) / 1.46 the fit of
-   log(erfcx(|x|)) on [1, 3.92] (error 6e-9), x^2 split exactly into hi^2 (12-bit halves) and a
-   small rest so that its rounding does not reach the exponent; beyond 3.92 erf rounds to +-1. */
+   1 <= |x| < 3.919206: q(t) of degree 14 in t = (|x| - 2.46) / 1.46 on [-1, 1], the near-minimax
+   fit (Lawson's iteration) of erf itself, error 7e-9; erf lies in [0.84, 1) there, so the last
+   steps of Horner's rule, adding terms far smaller than the first, round about once.
+   From 3.919206 (the first float whose erf rounds to 1) the result is +-1, also for +-inf;
+   NaN goes through both polynomials and stays NaN (no select of the a < 1 or a >= 3.919206
+   kind is true for it). */
 static inline float polyc_erff(float x)
 {
     float a = polyc_f32_from_bits(polyc_bits_f32(x) & 0x7fffffffu);
     const float p_coefficients[7] = {0x1.63786cp-14f, -0x1.ad29aep-11f, 0x1.5538b4p-8f, -0x1.b81d2ap-6f,
                                      0x1.ce2ed4p-4f, -0x1.812746p-2f, 0x1.06eba8p-3f};
-    const float q_coefficients[10] = {-0x1.ad6ff8p-20f, 0x1.1ce292p-15f, -0x1.91ee44p-13f, 0x1.9badb0p-11f,
-                                      -0x1.7e4548p-9f, 0x1.4f2e6cp-7f, -0x1.1dd504p-5f, 0x1.f56d36p-4f,
-                                      -0x1.0b07d0p-1f, -0x1.8ae8fcp+0f};
+    const float q_coefficients[15] = {0x1.c886b8p-13f, 0x1.d26edcp-17f, -0x1.a88e6ap-10f, 0x1.9ec426p-10f,
+                                      0x1.b367fep-9f, -0x1.2745bap-7f, 0x1.e1fc34p-8f, 0x1.a78a7ep-8f,
+                                      -0x1.d18820p-6f, 0x1.71677cp-5f, -0x1.7120bep-5f, 0x1.f5bdaap-6f,
+                                      -0x1.c8feb8p-7f, 0x1.fd2acep-9f, 0x1.ffbde2p-1f};
     float s = a * a, p = p_coefficients[0];
     for (int64_t i = 1; i < 7; i++)
         p = p * s + p_coefficients[i];
     float small = a + a * p;
-    float ac = polyc_select_f32(a > 1.0f, a, 1.0f);
-    ac = polyc_select_f32(ac < 3.92f, ac, 3.92f);
-    float t = (ac - 2.46f) * (1.0f / 1.46f), q = q_coefficients[0];
-    for (int64_t i = 1; i < 10; i++)
+    float t = (a - 0x1.3ad444p+1f) * 0x1.5ec7c4p-1f, q = q_coefficients[0];
+    for (int64_t i = 1; i < 15; i++)
         q = q * t + q_coefficients[i];
-    float hi = polyc_f32_from_bits(polyc_bits_f32(ac) & 0xfffff000u), lo = ac - hi;
-    float large = 1.0f - polyc_expf((q - hi * hi) - lo * (hi + ac));
-    float r = polyc_select_f32(a < 1.0f, small, large);
-    r = polyc_f32_from_bits(polyc_bits_f32(r) | (polyc_bits_f32(x) & 0x80000000u));
-    return polyc_select_f32(x == x, r, x);
+    float r = polyc_select_f32(a < 1.0f, small, polyc_select_f32(a >= 0x1.f5a88ap+1f, 1.0f, q));
+    return polyc_f32_from_bits(polyc_bits_f32(r) | (polyc_bits_f32(x) & 0x80000000u));
 }
 """
 
