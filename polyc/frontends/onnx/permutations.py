@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from polyc.frontends.onnx.lowering import KernelStep
+from polyc.frontends.onnx.lowering import KernelStep, values_read
 
 _COPY = re.compile(r"^(?P<target>v\d+)\((?P<indices>[^()]*)\) = (?P<source>v\d+)\((?P<subscripts>[^()]*)\)"
                    r" where (?P<ranges>[^()]*)$")
@@ -71,7 +71,7 @@ def _read_through(transpose: KernelStep, permutation: list[int], steps: list, ke
     (Not through views: the qkv split of an attention layer, Transpose then Split, would leave
     constant subscripts in the products' operands, which the gemm kernel does not take.)"""
     result, source = transpose.writes[0], transpose.reads[0]
-    readers = [s for s in steps if s is not transpose and any(r is result for r in _reads(s))]
+    readers = [s for s in steps if s is not transpose and any(r is result for r in values_read(s))]
     if id(result) in kept or not readers or any(not isinstance(s, KernelStep) or s.kind != "contraction"
                                                  for s in readers):
         return False
@@ -96,7 +96,7 @@ def _write_through(transpose: KernelStep, permutation: list[int], steps: list, k
     the transpose's result instead."""
     result, source = transpose.writes[0], transpose.reads[0]
     writers = [s for s in steps if isinstance(s, KernelStep) and any(w is source for w in s.writes)]
-    readers = [s for s in steps if any(r is source for r in _reads(s))]
+    readers = [s for s in steps if any(r is source for r in values_read(s))]
     if id(source) in kept or len(writers) != 1 or readers != [transpose] or writers[0].kind != "contraction" \
             or len(writers[0].writes) != 1:
         return False
@@ -138,7 +138,3 @@ def _rename_reads(text: str, old: str, new: str, remap) -> str | None:
 
 def _split(subscripts: str) -> list[str]:
     return [s.strip() for s in subscripts.split(",")] if subscripts.strip() else []
-
-
-def _reads(step) -> list:
-    return step.reads if isinstance(step, KernelStep) else [step.source]

@@ -32,7 +32,7 @@ from polyc.errors import PolycError, UnsupportedError
 from polyc.runtime.arguments import allocate
 from polyc.runtime.sequence import sequence_runner
 from polyc.frontends.onnx.channels_last import ChannelsLast
-from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type
+from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type, values_read, values_written
 from polyc.frontends.onnx.memory import Arena, plan_memory
 from polyc.frontends.onnx.permutations import fold_transposes
 from polyc.frontends.onnx.ops import CONVERTERS, Node
@@ -144,7 +144,7 @@ class Plan:
     def _fuse(self, steps: list, graph_fusion: bool) -> list:
         uses: dict[int, int] = {}
         for step in steps:
-            for value in (step.reads if isinstance(step, KernelStep) else [step.source]):
+            for value in values_read(step):
                 uses[id(value)] = uses.get(id(value), 0) + 1
         for value in self.outputs:
             uses[id(value)] = uses.get(id(value), 0) + 1
@@ -593,7 +593,7 @@ def inline_elementwise(steps: list, outputs: list) -> list:
     statement reads values of their own type, so that no conversion is lost."""
     readers: dict[int, list] = {}
     for step in steps:
-        for value in (step.reads if isinstance(step, KernelStep) else [step.source]):
+        for value in values_read(step):
             readers.setdefault(id(value), []).append(step)
     kept = {id(v) for v in outputs}
     dropped = set()
@@ -745,8 +745,8 @@ def _aliases_input(array, buffers, inputs) -> bool:
 def _foldable(steps: list, inputs: list) -> bool:
     if not steps or not any(isinstance(s, KernelStep) for s in steps):
         return False
-    reads = [v for s in steps for v in (s.reads if isinstance(s, KernelStep) else [s.source])]
-    written = {id(v) for s in steps for v in (s.writes if isinstance(s, KernelStep) else [s.target])}
+    reads = [v for s in steps for v in values_read(s)]
+    written = {id(v) for s in steps for v in values_written(s)}
     return all(v.const is not None or id(v) in written for v in reads)
 
 
