@@ -74,14 +74,19 @@ def test_integer_sum_and_max_are_exact(module):
     assert int(total) == int(a.sum()) and int(largest) == int(a.max())
 
 
-def test_float_max_is_not_openmps_max_for_nan_semantics(module):
-    # OpenMP's max is not fmax: with NaNs the results could differ, so polyc does not use it.
-    # The loop is vectorised with a reduction of polyc's own, which is fmax.
+def test_float_max_reduces_in_lanes_that_never_hold_a_nan(module):
+    # OpenMP's max is not fmax where a NaN is involved: polyc's lanes start from -inf and keep
+    # their value against a NaN (polyc_lane_maxf), so OpenMP's max only ever combines numbers,
+    # and the element loaded before the loop joins through fmax (c._reduces_in_lanes).
     source = module.float_max.c_source({"N": 100})
-    assert "reduction(max:" not in source and "omp parallel for reduction" not in source
-    assert "omp simd reduction(polyc_fmax_float:" in source
-    a = np.array([1.0, np.nan, 3.0] * 11, dtype=np.float32)
-    assert float(module.float_max(a)) == 3.0
+    assert "omp parallel for reduction" not in source
+    assert "omp simd reduction(max:polyc_acc_M)" in source and "polyc_lane_maxf(polyc_acc_M" in source
+    reference = polyc.define(SOURCE, backend="interpreter").float_max
+    nan, inf = np.nan, np.inf
+    for values in ([1.0, nan, 3.0] * 11, [nan] * 33, [nan] + [-inf] * 40, [-inf] * 40 + [nan], [nan, -5.0] + [nan] * 30):
+        a = np.array(values, dtype=np.float32)
+        np.testing.assert_array_equal(module.float_max(a), reference(a), err_msg=str(values))
+    assert float(module.float_max(np.array([1.0, nan, 3.0] * 11, dtype=np.float32))) == 3.0
 
 
 def test_two_dimensional_total(module):

@@ -352,6 +352,14 @@ static inline float polyc_coshf(float x)
     return (float)(0.5 * (e + 1.0 / e));
 }
 
+/* One lane of a vectorised min/max reduction (polyc/codegen/c.py, _reduces_in_lanes): the lane
+   starts from +-inf and is never NaN, so a NaN x leaves it, as fmax/fmin would; gcc makes this
+   compare one vector max/min. */
+static inline float polyc_lane_maxf(float lane, float x) { return x > lane ? x : lane; }
+static inline float polyc_lane_minf(float lane, float x) { return x < lane ? x : lane; }
+static inline double polyc_lane_max(double lane, double x) { return x > lane ? x : lane; }
+static inline double polyc_lane_min(double lane, double x) { return x < lane ? x : lane; }
+
 /* erf(x) for float x, in float (twice the lanes of double), from two polynomials and no exp:
    GELU's erf was most of its time, and the exp of 1 - exp(..) cost as much as the rest.
    |x| < 1: x + x p(x^2), p the weighted least-squares fit (6000 Chebyshev nodes) of

@@ -16,7 +16,6 @@ static inline int64_t polyc_checked_index(int64_t index, int64_t extent, int *st
     return 0;
 }
 
-#pragma omp declare reduction(polyc_fmax_float : float : omp_out = (omp_in != omp_in || omp_out >= omp_in) ? omp_out : omp_in) initializer(omp_priv = -INFINITY)
 int polyc_softmax(const float *__restrict__ X, float *__restrict__ O, float *__restrict__ M, float *__restrict__ S, int64_t N, int64_t D)
 {
   const int64_t X_extent0 = N;
@@ -33,11 +32,11 @@ int polyc_softmax(const float *__restrict__ X, float *__restrict__ O, float *__r
     M[(c0)] = (-INFINITY);
     if ((INT64_C(0)) < D)
     {
-      float polyc_acc_M = M[(c0)];
-      #pragma omp simd reduction(polyc_fmax_float:polyc_acc_M)
+      float polyc_acc_M = -INFINITY;
+      #pragma omp simd reduction(max:polyc_acc_M)
       for (int64_t c1 = INT64_C(0); c1 < D; c1 += INT64_C(1))
-        polyc_acc_M = (float)polyc_fmaxf(polyc_acc_M, (X[((c0) * X_extent1 + (c1))]));
-      M[(c0)] = polyc_acc_M;
+        polyc_acc_M = polyc_lane_maxf(polyc_acc_M, (X[((c0) * X_extent1 + (c1))]));
+      M[(c0)] = (float)polyc_fmaxf(M[(c0)], polyc_acc_M);
     }
     if ((INT64_C(0)) < D)
     {
