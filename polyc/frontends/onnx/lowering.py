@@ -81,7 +81,6 @@ class ViewStep:
         return array.reshape(-1)[self.offset:self.offset + self.target.size].reshape(self.target.tc_shape)
 
 
-
 def values_read(step) -> list[Value]:
     """What a step reads: a kernel step's ``reads``, a view's ``source``."""
     return [step.source] if isinstance(step, ViewStep) else step.reads
@@ -90,6 +89,7 @@ def values_read(step) -> list[Value]:
 def values_written(step) -> list[Value]:
     """What a step writes: a kernel step's ``writes``, a view's ``target``."""
     return [step.target] if isinstance(step, ViewStep) else step.writes
+
 
 @dataclass
 class Builder:
