@@ -204,7 +204,7 @@ print(increment(2**31 - 1), "not caught", flush=True)
 def test_sanitized_kernels_are_clean(options):
     names = list(SANITIZED_KERNELS)
     request = json.dumps([names, {**options, "cflags": SANITIZER_FLAGS}])
-    result = run_sanitized(_CHECK_KERNELS_SCRIPT, request)
+    result = run_sanitized(_CHECK_KERNELS_SCRIPT, request, build_first=True)
     assert_clean(result)
     assert result.stdout.split() == [word for name in names for word in ("checked", name)]
 

@@ -1166,7 +1166,8 @@ for position, flags in enumerate(sys.argv[2:]):
 
 def test_sanitized_conv_kernels(tmp_path):
     flag_sets = ISA_FLAG_SETS
-    result = run_sanitized(_SANITIZED_SCRIPT, str(TESTS_DIR), *flag_sets, cache_dir=tmp_path, timeout=900)
+    result = run_sanitized(_SANITIZED_SCRIPT, str(TESTS_DIR), *flag_sets, cache_dir=tmp_path, timeout=900,
+                           build_first=True)
     report = result.stdout + result.stderr[-5000:]
     assert result.returncode == 0, report
     assert "AddressSanitizer" not in result.stderr and "runtime error" not in result.stderr, report

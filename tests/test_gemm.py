@@ -485,7 +485,7 @@ for flags in sys.argv[1:]:
 
 def test_sanitized_gemm_kernels(tmp_path):
     flag_sets = ISA_FLAG_SETS
-    result = run_sanitized(_SANITIZED_SCRIPT, *flag_sets, cache_dir=tmp_path, timeout=600)
+    result = run_sanitized(_SANITIZED_SCRIPT, *flag_sets, cache_dir=tmp_path, timeout=600, build_first=True)
     report = f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-6000:]}"
     assert result.returncode == 0 and "runtime error" not in result.stderr, report
     assert result.stdout.count("checked") == len(flag_sets), report

@@ -222,7 +222,8 @@ for flags in sys.argv[2:]:
 
 
 def test_sanitized(tmp_path):
-    result = run_sanitized(_SANITIZED_SCRIPT, str(TESTS_DIR), *ISA_FLAG_SETS, cache_dir=tmp_path, timeout=900)
+    result = run_sanitized(_SANITIZED_SCRIPT, str(TESTS_DIR), *ISA_FLAG_SETS, cache_dir=tmp_path, timeout=900,
+                           build_first=True)
     assert_clean(result)
     assert result.stdout.split() == ["checked", "-march=native", "checked", "-mfma", "checked",
                                      "-fno-omit-frame-pointer"], result.stdout
