@@ -10,11 +10,13 @@ signature so that repeated calls cost only argument checking and the call itself
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import islpy as isl
 import numpy as np
@@ -276,6 +278,24 @@ class CompiledKernel:
                     self._compiled[key] = compiled
         return compiled
 
+    def library_to_build(self, sizes: Mapping[str, int]) -> tuple[str, CompilerOptions] | None:
+        """The library a call at ``sizes`` will load, generated now, for the caller to build in
+        any thread (see :func:`build_ahead`): its C source and compiler options, the request
+        remembered so that the call finds it in the cache (:meth:`_from_earlier_process`).  None
+        when the call needs nothing built: compiled or cached already, or a def without TC text
+        (generated at its call)."""
+        key = tuple(sizes[s] for s in self.definition.sizes) if self.options.specialize else ()
+        if key in self._compiled:
+            return None
+        options = tuned_options(self.definition, self.options, sizes)
+        request = self._request(options, key)
+        if request is None or find_request(request, compiler_options(options)) is not None:
+            return None
+        analysis = self.analysis() if options.fusion == self.options.fusion else None
+        kernel = compile_stages(self.definition, options, sizes, analysis).kernel
+        self._remember(options, key, kernel)
+        return kernel.source, compiler_options(options)
+
     def _request(self, options: Options, sizes_key: tuple) -> str | None:
         """The cache's name for compiling this def with ``options`` at these sizes (None for a
         def without TC text, which is always generated)."""
@@ -337,6 +357,31 @@ class CompiledKernel:
         """A call like ``call`` (same input shapes and dtypes, C-contiguous inputs, fresh
         outputs) without the checks and lookups that ``call`` has passed: see :class:`RepeatCall`."""
         return RepeatCall(self.definition, self.compiled_for(call.sizes), call)
+
+
+def build_ahead(calls: Iterable[tuple[object, Mapping[str, int]]], jobs: int | None = None) -> None:
+    """Build the libraries of several kernel calls at once, before they are made: each call's C
+    is generated in this thread, in turn, while the C compiler builds those before it on ``jobs``
+    threads (default: the processors this process may use); the calls then find them in the
+    cache.  ``calls``: (kernel, sizes) pairs, the kernels :class:`CompiledKernel` or
+    :class:`polyc.api.Kernel`.  Most of a model's cold compile
+    is the C compiler's (mobilenet_v2: 55 s of 63), which one thread left to one processor.  A
+    kernel that fails to generate or build is left to its call, which reports the error."""
+    builders = ThreadPoolExecutor(max_workers=jobs or tiling.usable_cores(), thread_name_prefix="polyc-build")
+    try:
+        builds = []
+        for kernel, sizes in calls:
+            try:
+                library = kernel.library_to_build(sizes)
+            except PolycError:
+                continue
+            if library is not None:
+                builds.append(builders.submit(get_or_build, *library))
+        for build in builds:
+            with contextlib.suppress(PolycError):
+                build.result()
+    finally:  # interrupted (Ctrl-C): the builds not yet started are dropped
+        builders.shutdown(cancel_futures=True)
 
 
 class RepeatCall:

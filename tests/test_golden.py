@@ -82,7 +82,7 @@ def pinned_cache_model(monkeypatch):
     """Automatic tile sizes computed from PINNED_CACHE_SIZES and PINNED_CORES, not from this
     machine's caches and cores."""
     monkeypatch.setattr(tiling, "machine_cache_sizes", lambda: dict(PINNED_CACHE_SIZES))
-    monkeypatch.setattr(tiling, "_cores", lambda: PINNED_CORES)
+    monkeypatch.setattr(tiling, "usable_cores", lambda: PINNED_CORES)
 
 
 def kernel_of(case: str, **options) -> polyc.api.Kernel:

@@ -142,7 +142,7 @@ def choose_tile_sizes(node: isl.ScheduleNode, program: PolyProgram, user_sizes: 
     chosen = min(candidates, key=lambda c: _cost(accesses, c[0], inner, strided))[1]
     coincident = [m for m in range(n) if node.band_member_get_coincident(m)]
     if coincident:
-        _leave_tiles_for_threads(chosen, extents, coincident[0], threads or _cores())
+        _leave_tiles_for_threads(chosen, extents, coincident[0], threads or usable_cores())
     return chosen
 
 
@@ -154,7 +154,8 @@ def _leave_tiles_for_threads(sizes: list[int], extents: list[int], parallel: int
         sizes[parallel] = max(1, -(-extents[parallel] // threads))
 
 
-def _cores() -> int:
+def usable_cores() -> int:
+    """The processors this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

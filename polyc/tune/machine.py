@@ -10,11 +10,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import platform
 from dataclasses import asdict, dataclass
 
-from polyc.schedule.tiling import machine_cache_sizes
+from polyc.schedule.tiling import machine_cache_sizes, usable_cores
 
 #: The /proc/cpuinfo flags that change what polyc's C compiles to (vector width, FMA, NEON).
 RELEVANT_ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
@@ -78,9 +77,5 @@ def this_machine() -> MachineFingerprint:
         f"{key} {fields[key]}" for key in ("CPU implementer", "CPU part") if key in fields) or "unknown"
     flags = set((fields.get("flags") or fields.get("Features") or "").split())
     caches = machine_cache_sizes()
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
     return MachineFingerprint(platform.machine(), model, tuple(sorted(flags & set(RELEVANT_ISA_FLAGS))),
-                              (caches.get(1, 0), caches.get(2, 0), caches.get(3, 0)), cores)
+                              (caches.get(1, 0), caches.get(2, 0), caches.get(3, 0)), usable_cores())

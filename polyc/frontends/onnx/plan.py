@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from polyc.driver import build_ahead
 from polyc.errors import PolycError, UnsupportedError
 from polyc.runtime.arguments import allocate
 from polyc.runtime.sequence import sequence_runner
@@ -135,6 +136,8 @@ class Plan:
         self._arena_values = [v for v in starts_unread if v.ident in self.memory.offsets]
         self._idle_arenas: list[Arena] = []
         self._arenas_lock = threading.Lock()
+        self._built = False
+        self._build_lock = threading.Lock()
 
     def _new_ident(self) -> str:
         self._counter += 1
@@ -342,11 +345,22 @@ class Plan:
     def _checked_steps(self, arena: Arena, buffers: dict):
         """Runs the plan's steps on ``arena`` through the checked path, yielding each kernel
         call (:meth:`_checked_call`) as it returns."""
+        self._build_kernels()
         for item in self.order:
             if isinstance(item, ViewStep):
                 buffers[item.target.ident] = item.of(_array(item.source, buffers))
                 continue
             yield self._checked_call(item, arena, buffers)
+
+    def _build_kernels(self) -> None:
+        """Before the first run: every kernel's library, the C compiler running on every
+        processor while the next kernel's C is generated (:func:`polyc.driver.build_ahead`).
+        The plan's sizes are fixed, so its defs have none (those of any other def are known
+        only at its call, which compiles it)."""
+        with self._build_lock:
+            if not self._built:
+                build_ahead((g.kernel, {}) for g in self.groups if not g.kernel.definition.sizes)
+                self._built = True
 
     @staticmethod
     def _checked_call(item: Group, arena: Arena, buffers: dict) -> tuple:
