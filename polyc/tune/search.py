@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,7 +130,7 @@ def tune(kernel, *args, budget: float | int = 60.0, strategy: str = "model", rec
     base_options = _tunable_base(kernel.options)
     space = space_for(definition, sizes, base_options)
     path = Path(records) if records is not None else default_records_path()
-    measure = _Measurer(format_def(kernel.syntax), definition.name, base_options, inputs,
+    measure = _Measurer(format_def(kernel.syntax), definition.name, base_options, inputs, sizes,
                         _reference(kernel, inputs, sizes, base_options), _tolerance_terms(definition, sizes), client)
 
     session, rng = uuid.uuid4().hex[:12], random.Random(seed)
@@ -398,15 +398,20 @@ def outputs_match(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray]
 
 
 class _Measurer:
-    """Measures candidates here, or on Dask workers when a client is given."""
+    """Measures candidates here, or on Dask workers when a client is given.  Here, as many
+    candidates at a time as there are processors: their libraries built at once (a candidate's
+    C compile takes far longer than its timing), then each checked and timed in turn, nothing
+    else running meanwhile."""
 
-    def __init__(self, source: str, name: str, base_options, inputs, reference, terms: int, client):
+    def __init__(self, source: str, name: str, base_options, inputs, sizes: Mapping[str, int], reference,
+                 terms: int, client):
         import dataclasses
+        from polyc.schedule.tiling import usable_cores
         self.source, self.name = source, name
         self.base = {k: v for k, v in dataclasses.asdict(base_options).items()}
-        self.inputs, self.reference, self.terms = inputs, reference, terms
+        self.inputs, self.sizes, self.reference, self.terms = inputs, dict(sizes), reference, terms
         self.client = client
-        self.parallelism = 1
+        self.parallelism = usable_cores()
         if client is not None:
             from polyc.tune.distributed import DaskMeasurer
             self._dask = DaskMeasurer(client, self)
@@ -416,10 +421,19 @@ class _Measurer:
         return {"source": self.source, "name": self.name, "options": {**self.base, **options},
                 "terms": self.terms, "limit": limit}
 
-    def __call__(self, options_list: list[dict], limit: float) -> list[dict]:
+    def __call__(self, options_list: list[dict], limit: float) -> Iterable[dict]:
+        """Each candidate's outcome, in order; here as each is measured, so that an
+        interrupted batch keeps the outcomes before."""
         if self.client is not None:
             return self._dask.measure([self.job(o, limit) for o in options_list])
-        return [measure_candidate(self.job(o, limit), self.inputs, self.reference) for o in options_list]
+        return self._measured_here([self.job(o, limit) for o in options_list])
+
+    def _measured_here(self, jobs: list[dict]) -> Iterator[dict]:
+        if len(jobs) > 1:
+            from polyc.driver import build_ahead
+            build_ahead((kernel, self.sizes) for kernel in _candidate_kernels(jobs))
+        for job in jobs:
+            yield measure_candidate(job, self.inputs, self.reference)
 
     def confirm(self, options_list: list[dict]) -> list[dict]:
         jobs = [self.job(o, math.inf) for o in options_list]
@@ -428,19 +442,34 @@ class _Measurer:
         return confirm_candidates(jobs, self.inputs)
 
 
+def candidate_kernel(job: Mapping):
+    """``job``'s def defined with its options (JSON's lists made tuples again)."""
+    import polyc
+    options = dict(job["options"])
+    for name in ("tile_sizes", "cflags", "cache_sizes"):
+        if isinstance(options.get(name), list):
+            options[name] = tuple(options[name])
+    return polyc.define(job["source"], **options)[job["name"]]
+
+
+def _candidate_kernels(jobs: list):
+    """The kernels of those ``jobs`` that define (the others fail in measure_candidate)."""
+    for job in jobs:
+        try:
+            yield candidate_kernel(job)
+        except PolycError:
+            continue
+
+
 def measure_candidate(job: Mapping, inputs: tuple, reference: tuple) -> dict:
     """Compile ``job``'s def with its options, check it against ``reference``, time it.  Runs in
     this process or on a Dask worker (``job`` is plain data).  Timing holds a machine-wide lock,
     so two measurements on one machine (two workers of a LocalCluster) never overlap."""
     import polyc
     try:
-        options = dict(job["options"])
-        for name in ("tile_sizes", "cflags", "cache_sizes"):
-            if isinstance(options.get(name), list):
-                options[name] = tuple(options[name])
-        kernel = polyc.define(job["source"], **options)[job["name"]]
+        kernel = candidate_kernel(job)
         started = time.perf_counter()
-        outputs = kernel(*inputs)           # compiles
+        outputs = kernel(*inputs)  # compiles, or loads what _Measurer built ahead
         compile_seconds = time.perf_counter() - started
     except polyc.PolycError as error:
         return {"status": "error", "message": str(error)[:500]}
