@@ -8,6 +8,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -24,6 +27,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def update_goldens(request: pytest.FixtureRequest) -> bool:
     """True when pytest ran with ``--update-goldens``: golden tests then write, not compare."""
     return request.config.getoption("--update-goldens")
+
+
+@pytest.fixture
+def watched_builds(monkeypatch) -> SimpleNamespace:
+    """The kernel cache's C compiles, each held back 0.3 s (long enough for the next kernel's C to
+    be generated meanwhile, so that builds that may overlap do): ``running`` now, ``most`` at
+    once, ``count`` so far."""
+    from polyc.runtime import cache as cache_module
+    real_compile, lock = cache_module.compile_shared_library, threading.Lock()
+    builds = SimpleNamespace(running=0, most=0, count=0)
+
+    def watched_compile(*args, **kwargs):
+        with lock:
+            builds.running += 1
+            builds.count += 1
+            builds.most = max(builds.most, builds.running)
+        try:
+            time.sleep(0.3)
+            return real_compile(*args, **kwargs)
+        finally:
+            with lock:
+                builds.running -= 1
+
+    monkeypatch.setattr(cache_module, "compile_shared_library", watched_compile)
+    return builds
 
 
 @pytest.hookimpl(optionalhook=True)

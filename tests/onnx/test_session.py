@@ -1,9 +1,6 @@
 """polyc.onnx.InferenceSession: onnxruntime's API, its errors, fusion, and agreement with onnxruntime."""
 from __future__ import annotations
 
-import threading
-import time
-
 import numpy as np
 import pytest
 
@@ -906,38 +903,21 @@ def session_value(session, onnx_name: str) -> str:
     return match.group(1) if match else onnx_name
 
 
-def test_the_first_run_builds_the_kernels_on_several_threads_at_once(model, tmp_path, monkeypatch):
+def test_the_first_run_builds_the_kernels_on_several_threads_at_once(model, tmp_path, monkeypatch, watched_builds):
     """A cold first run generates each kernel's C in turn while the C compiler builds those
     before it, one thread per processor (polyc.driver.build_ahead); the run's results are
     onnxruntime's, and a second session in the same cache builds nothing."""
-    from polyc.runtime import cache as cache_module
     from polyc.schedule import tiling
     monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(tiling, "usable_cores", lambda: 2)
-    real_compile = cache_module.compile_shared_library
-    lock, running, most, builds = threading.Lock(), [0], [0], [0]
-
-    def overlapping_compile(*args, **kwargs):
-        with lock:
-            running[0] += 1
-            builds[0] += 1
-            most[0] = max(most[0], running[0])
-        try:
-            time.sleep(0.5)  # long enough for the next kernel's C to be generated meanwhile
-            return real_compile(*args, **kwargs)
-        finally:
-            with lock:
-                running[0] -= 1
-
-    monkeypatch.setattr(cache_module, "compile_shared_library", overlapping_compile)
     x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)
     (got,) = ponnx.InferenceSession(model).run(None, {"X": x})
     np.testing.assert_allclose(got, reference(model, x), rtol=1e-3, atol=1e-6)
-    assert most[0] == 2, f"{builds[0]} builds, at most {most[0]} at once"
-    built = builds[0]
+    assert watched_builds.most == 2, f"{watched_builds.count} builds, at most {watched_builds.most} at once"
+    built = watched_builds.count
     (again,) = ponnx.InferenceSession(model).run(None, {"X": x})
     np.testing.assert_array_equal(again, got)
-    assert builds[0] == built
+    assert watched_builds.count == built
 
 
 def test_a_kernel_that_fails_to_build_ahead_fails_at_its_call(model, tmp_path, monkeypatch):

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import warnings
 from dataclasses import replace
@@ -180,38 +179,24 @@ def test_ctrl_c_keeps_what_was_found(records, matmul_args, monkeypatch):
     assert result.best_seconds is not None
 
 
-def test_candidates_are_built_together_then_timed_alone(records, matmul_args, tmp_path, monkeypatch):
+def test_candidates_are_built_together_then_timed_alone(records, matmul_args, tmp_path, monkeypatch, watched_builds):
     """Locally, as many candidates at a time as there are processors: their libraries built at
     once, then each timed with no compiler running."""
-    from polyc.runtime import cache as cache_module
     from polyc.schedule import tiling
     from polyc.tune import search
     monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(tiling, "usable_cores", lambda: 2)
-    real_compile, real_time = cache_module.compile_shared_library, search._time_call
-    lock, compiling, most, timed_while_compiling = threading.Lock(), [0], [0], []
-
-    def overlapping_compile(*args, **kwargs):
-        with lock:
-            compiling[0] += 1
-            most[0] = max(most[0], compiling[0])
-        try:
-            time.sleep(0.3)  # long enough for the other candidate's C to be generated meanwhile
-            return real_compile(*args, **kwargs)
-        finally:
-            with lock:
-                compiling[0] -= 1
+    real_time, compiles_while_timed = search._time_call, []
 
     def watched_time(kernel, inputs):
-        timed_while_compiling.append(compiling[0])
+        compiles_while_timed.append(watched_builds.running)
         return real_time(kernel, inputs)
 
-    monkeypatch.setattr(cache_module, "compile_shared_library", overlapping_compile)
     monkeypatch.setattr(search, "_time_call", watched_time)
     result = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, budget=5, progress=False)
     assert result.trials == 5 and len(read_records(records)) >= 5
-    assert most[0] == 2
-    assert timed_while_compiling and not any(timed_while_compiling)
+    assert watched_builds.most == 2
+    assert compiles_while_timed and not any(compiles_while_timed)
 
 
 def test_a_killed_run_resumes_from_its_records(records, matmul_args, tmp_path):
