@@ -364,9 +364,9 @@ def build_ahead(calls: Iterable[tuple[object, Mapping[str, int]]], jobs: int | N
     is generated in this thread, in turn, while the C compiler builds those before it on ``jobs``
     threads (default: the processors this process may use); the calls then find them in the
     cache.  ``calls``: (kernel, sizes) pairs, the kernels :class:`CompiledKernel` or
-    :class:`polyc.api.Kernel`.  Most of a model's cold compile
-    is the C compiler's (mobilenet_v2: 55 s of 63), which one thread left to one processor.  A
-    kernel that fails to generate or build is left to its call, which reports the error."""
+    :class:`polyc.api.Kernel`.  Most of a model's cold compile is the C compiler's (mobilenet_v2:
+    55 s of 63), which one thread left to one processor.  A kernel that fails to generate or
+    build is left to its call, which reports the error."""
     builders = ThreadPoolExecutor(max_workers=jobs or tiling.usable_cores(), thread_name_prefix="polyc-build")
     try:
         builds = []

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from polyc.errors import PolycError
+from polyc.schedule.tiling import usable_cores
 from polyc.tune.cost_model import CostModel, pruning_limit
 from polyc.tune.machine import this_machine
 from polyc.tune.records import (TuningKey, TuningRecord, append_record, chosen_record, default_records_path,
@@ -406,7 +407,6 @@ class _Measurer:
     def __init__(self, source: str, name: str, base_options, inputs, sizes: Mapping[str, int], reference,
                  terms: int, client):
         import dataclasses
-        from polyc.schedule.tiling import usable_cores
         self.source, self.name = source, name
         self.base = {k: v for k, v in dataclasses.asdict(base_options).items()}
         self.inputs, self.sizes, self.reference, self.terms = inputs, dict(sizes), reference, terms
