@@ -262,7 +262,7 @@ class CompiledKernel:
         return compile_stages(self.definition, self.options, sizes, self.analysis())
 
     def compiled_for(self, sizes: Mapping[str, int]) -> _Compiled:
-        key = tuple(sizes[s] for s in self.definition.sizes) if self.options.specialize else ()
+        key = self._sizes_key(sizes)
         compiled = self._compiled.get(key)
         if compiled is None:
             with self._lock:
@@ -271,10 +271,9 @@ class CompiledKernel:
                     options = tuned_options(self.definition, self.options, sizes)
                     compiled = self._from_earlier_process(options, key)
                     if compiled is None:
-                        analysis = self.analysis() if options.fusion == self.options.fusion else None
-                        stages = compile_stages(self.definition, options, sizes, analysis)
-                        compiled = _Compiled(stages.kernel, options)
-                        self._remember(options, key, stages.kernel)
+                        kernel = self._generated(options, sizes)
+                        compiled = _Compiled(kernel, options)
+                        self._remember(options, key, kernel)
                     self._compiled[key] = compiled
         return compiled
 
@@ -284,17 +283,26 @@ class CompiledKernel:
         remembered so that the call finds it in the cache (:meth:`_from_earlier_process`).  None
         when the call needs nothing built: compiled or cached already, or a def without TC text
         (generated at its call)."""
-        key = tuple(sizes[s] for s in self.definition.sizes) if self.options.specialize else ()
+        key = self._sizes_key(sizes)
         if key in self._compiled:
             return None
         options = tuned_options(self.definition, self.options, sizes)
         request = self._request(options, key)
         if request is None or find_request(request, compiler_options(options)) is not None:
             return None
-        analysis = self.analysis() if options.fusion == self.options.fusion else None
-        kernel = compile_stages(self.definition, options, sizes, analysis).kernel
+        kernel = self._generated(options, sizes)
         self._remember(options, key, kernel)
         return kernel.source, compiler_options(options)
+
+    def _sizes_key(self, sizes: Mapping[str, int]) -> tuple:
+        """The compiled functions' key: the sizes when specialised, else one for all."""
+        return tuple(sizes[s] for s in self.definition.sizes) if self.options.specialize else ()
+
+    def _generated(self, options: Options, sizes: Mapping[str, int]) -> GeneratedKernel:
+        """The kernel's C for ``sizes`` with ``options``, through every stage (the analysis shared
+        while the fusion option is the def's own)."""
+        analysis = self.analysis() if options.fusion == self.options.fusion else None
+        return compile_stages(self.definition, options, sizes, analysis).kernel
 
     def _request(self, options: Options, sizes_key: tuple) -> str | None:
         """The cache's name for compiling this def with ``options`` at these sizes (None for a

@@ -29,7 +29,7 @@ SLOW = {"efficientnet_b0"}
 
 def check_model(name: str) -> None:
     if name in SLOW and not os.environ.get("POLYC_ONNX_ALL_MODELS"):
-        pytest.skip(f"{name}: 109 kernels at each size, about 70 s of compiling; POLYC_ONNX_ALL_MODELS=1 runs it")
+        pytest.skip(f"{name}: 109 kernels at each size, about 90 s on two cores (Intel Xeon); POLYC_ONNX_ALL_MODELS=1 runs it")
     model = load(name)
     session = ponnx.InferenceSession(model)
     reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
