@@ -15,9 +15,8 @@ import numpy as np
 
 from polyc.errors import PolycError
 from polyc.interpreter import run_bound
-from polyc.ir.bounds import check_bounds
-from polyc.ir.coverage import written_before_read
 from polyc.ir.model import build_program
+from polyc.ir.proofs import define_proofs
 from polyc.lang import ast
 from polyc.lang.checked import CheckedDef
 from polyc.lang.parser import parse
@@ -34,10 +33,11 @@ class Kernel:
         self.definition = definition
         self.options = options
         # Prove affine accesses in bounds now: always-wrong ones fail at define time, the rest
-        # leave a precondition on the sizes that every call checks.
-        program = build_program(definition)
-        self.bounds_precondition = check_bounds(program)
-        self._written_before_read = written_before_read(program, (*definition.outputs, *definition.temporaries))
+        # leave a precondition on the sizes that every call checks.  An earlier process's
+        # findings for the same text come from the kernel cache (polyc.ir.proofs).
+        proofs = define_proofs(definition)
+        self.bounds_precondition = proofs.bounds
+        self._written_before_read = proofs.written_before_read
         self._shape_memo: dict = {}  # size signature -> every tensor's shape
         self._sizes_checked: set[tuple[int, ...]] = set()
         self._backend = _make_backend(definition, options)

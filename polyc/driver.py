@@ -287,9 +287,13 @@ class CompiledKernel:
         if key in self._compiled:
             return None
         options = tuned_options(self.definition, self.options, sizes)
-        request = self._request(options, key)
-        if request is None or find_request(request, compiler_options(options)) is not None:
+        if self._request(options, key) is None:
             return None
+        with self._lock:
+            cached = self._compiled.get(key) or self._from_earlier_process(options, key)
+            if cached is not None:  # kept, so that the call does not look it up again
+                self._compiled[key] = cached
+                return None
         kernel = self._generated(options, sizes)
         self._remember(options, key, kernel)
         return kernel.source, compiler_options(options)

@@ -63,6 +63,24 @@ class BoundsPrecondition:
                 values = ", ".join(f"{name}={sizes[name]}" for name in self.params)
                 raise BoundsError(f"for sizes {values}, {violation.description}", violation.loc, source)
 
+    def to_json(self) -> dict:
+        """The precondition as JSON-ready data (:meth:`from_json` reads it back)."""
+        return {"params": list(self.params),
+                "violations": [{"description": v.description, "sizes": str(v.sizes),
+                                "loc": [v.loc.line, v.loc.col] if v.loc is not None else None}
+                               for v in self.violations]}
+
+    @classmethod
+    def from_json(cls, data: dict, filename: str) -> "BoundsPrecondition":
+        """The precondition :meth:`to_json` wrote, its locations in ``filename``.  Raises
+        ValueError, KeyError or TypeError (or isl's error) on data it did not write."""
+        ctx = isl.Context()
+        violations = tuple(
+            Violation(str(v["description"]), isl.Set.read_from_str(ctx, v["sizes"]),
+                      SourceLocation(int(v["loc"][0]), int(v["loc"][1]), filename) if v["loc"] else None)
+            for v in data["violations"])
+        return cls(tuple(str(p) for p in data["params"]), violations)
+
     def __str__(self) -> str:
         if not self.violations:
             return "none"

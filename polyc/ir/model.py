@@ -161,12 +161,13 @@ class _ProgramBuilder:
         self.params_text = "[" + ", ".join(isl_name(p) for p in self.params) + "]"
 
     def build(self) -> PolyProgram:
+        self.context = self._context()  # parsed once: every statement's domain is intersected with it
         statements: list[PolyStatement] = []
         for s in self.definition.statements:
             if s.has_init_statement:
                 statements.append(self._statement(s, f"{s.name}_init", "init", s.indices))
             statements.append(self._statement(s, s.name, "assign" if s.op == "=" else "update", s.all_indices))
-        return PolyProgram(self.definition, self.ctx, self.params, self._context(), tuple(statements),
+        return PolyProgram(self.definition, self.ctx, self.params, self.context, tuple(statements),
                            self.size_values)
 
     def _context(self) -> isl.Set:
@@ -187,7 +188,7 @@ class _ProgramBuilder:
         for index in indices:
             r = source.range_of(index)
             bounds.append(f"{isl_affine(r.lo)} <= {isl_name(index)} < {isl_affine(r.hi)}")
-        domain = self._set(name, indices, bounds).intersect_params(self._context())
+        domain = self._set(name, indices, bounds).intersect_params(self.context)
         dims = ", ".join(_isl_dims(indices))
         lhs = ", ".join(_isl_dims(source.indices))
         write = isl.Map.read_from_str(self.ctx, f"{self.params_text} -> {{ {name}[{dims}] -> {source.target}[{lhs}] }}")

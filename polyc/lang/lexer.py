@@ -15,7 +15,7 @@ Tokens keep their character offset so that the parser can tell whether two token
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from polyc.errors import SourceLocation, TCSyntaxError
 
@@ -39,6 +39,10 @@ _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NUMBER_RE = re.compile(r"(?:\d+\.?\d*|\.\d+)(?P<exponent>[eE][+-]?(?P<exp_digits>\d*))?")
 _IDENTIFIER_TAIL_RE = re.compile(r"[A-Za-z0-9_]*")
 _WHITESPACE = " \t\r\f\v"
+_WHITESPACE_RUN_RE = re.compile(r"[ \t\r\f\v]+")
+# One alternation in PUNCTUATION's order: re tries alternatives left to right, so the first
+# that matches is the longest (a scan of the tuple per token was most of a warm ONNX start's lexing).
+_PUNCTUATION_RE = re.compile("|".join(map(re.escape, PUNCTUATION)))
 
 # Hints for characters that users of C-like languages reach for.
 _CHARACTER_HINTS = {
@@ -49,23 +53,22 @@ _CHARACTER_HINTS = {
 }
 
 
-@dataclass(frozen=True)
-class Token:
+class Token(NamedTuple):
     """One token: its kind (``name``, ``int``, ``float``, ``eof``, or the keyword or
-    punctuation text itself), its text, where it starts, and its character offset."""
+    punctuation text itself), its text, its character offset, and its 1-based line and column
+    in ``filename``.  A tuple, and its location made only when asked for: a model's worth of
+    TC is tens of thousands of tokens, most of which never appear in a message or a node."""
 
     kind: str
     text: str
-    loc: SourceLocation
     offset: int
+    line: int
+    col: int
+    filename: str = "<tc>"
 
     @property
-    def line(self) -> int:
-        return self.loc.line
-
-    @property
-    def col(self) -> int:
-        return self.loc.col
+    def loc(self) -> SourceLocation:
+        return SourceLocation(self.line, self.col, self.filename)
 
     @property
     def end(self) -> int:
@@ -97,36 +100,35 @@ def tokenize(text: str, filename: str = "<tc>") -> list[Token]:
             line, line_start = line + 1, pos + 1
             pos += 1
         elif char in _WHITESPACE:
-            pos += 1
+            pos = _WHITESPACE_RUN_RE.match(text, pos).end()
         elif char == "#":
             newline = text.find("\n", pos)
             pos = len(text) if newline < 0 else newline
         elif char.isascii() and (char.isalpha() or char == "_"):
             word = _NAME_RE.match(text, pos).group()
             kind = word if word in KEYWORDS else NAME
-            tokens.append(Token(kind, word, location(pos), pos))
+            tokens.append(Token(kind, word, pos, line, pos - line_start + 1, filename))
             pos += len(word)
         elif (char.isascii() and char.isdigit()) or (
             char == "." and text[pos + 1 : pos + 2].isdigit() and not _follows_name(tokens)
         ):
-            token = _read_number(text, pos, location(pos))
+            token = _read_number(text, pos, line, pos - line_start + 1, filename)
             tokens.append(token)
             pos = token.end
         else:
-            punct = next((p for p in PUNCTUATION if text.startswith(p, pos)), None)
-            if punct is None:
+            match = _PUNCTUATION_RE.match(text, pos)
+            if match is None:
                 hint = _CHARACTER_HINTS.get(char)
                 raise error(f"unexpected character {char!r}" + (f" ({hint})" if hint else ""), pos)
-            tokens.append(Token(punct, punct, location(pos), pos))
+            punct = match.group()
+            tokens.append(Token(punct, punct, pos, line, pos - line_start + 1, filename))
             pos += len(punct)
 
     if tokens:
         last = tokens[-1]
-        eof_loc = SourceLocation(last.line, last.col + len(last.text), filename)
-        eof_offset = last.end
+        tokens.append(Token(EOF, "", last.end, last.line, last.col + len(last.text), filename))
     else:
-        eof_loc, eof_offset = SourceLocation(1, 1, filename), 0
-    tokens.append(Token(EOF, "", eof_loc, eof_offset))
+        tokens.append(Token(EOF, "", 0, 1, 1, filename))
     return tokens
 
 
@@ -135,16 +137,17 @@ def _follows_name(tokens: list[Token]) -> bool:
     return bool(tokens) and tokens[-1].kind == NAME
 
 
-def _read_number(text: str, pos: int, loc: SourceLocation) -> Token:
-    """Read the numeric literal starting at ``pos``; letters glued to it make it malformed."""
+def _read_number(text: str, pos: int, line: int, col: int, filename: str) -> Token:
+    """Read the numeric literal starting at ``pos`` (at ``line``, ``col``); letters glued to it
+    make it malformed."""
     match = _NUMBER_RE.match(text, pos)
     end = match.end()
     tail = _IDENTIFIER_TAIL_RE.match(text, end).group()
     literal = text[pos : end + len(tail)]
     if tail:
-        raise TCSyntaxError(f"malformed number '{literal}'", loc, source=text)
+        raise TCSyntaxError(f"malformed number '{literal}'", SourceLocation(line, col, filename), source=text)
     if match.group("exponent") is not None and not match.group("exp_digits"):
         message = f"malformed number '{literal}': the exponent has no digits"
-        raise TCSyntaxError(message, loc, source=text)
+        raise TCSyntaxError(message, SourceLocation(line, col, filename), source=text)
     is_float = any(c in literal for c in ".eE")
-    return Token(FLOAT if is_float else INT, literal, loc, pos)
+    return Token(FLOAT if is_float else INT, literal, pos, line, col, filename)

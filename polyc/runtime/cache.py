@@ -28,7 +28,8 @@ of milliseconds per def, which a process that finds every library in the cache s
 request -- the def's TC text, its options, its sizes and a digest of polyc's own code, see
 :func:`request_key` -- to the library entry its C went into and how to call it.  A request file
 is only a shortcut: one that is missing, malformed or names an entry that fails its checks is a
-miss, and the kernel is generated again.
+miss, and the kernel is generated again.  Other such records (:func:`read_record`,
+:func:`write_record`) keep what a def's define-time proofs found (:mod:`polyc.ir.proofs`).
 """
 from __future__ import annotations
 
@@ -250,8 +251,8 @@ def request_key(identity: dict) -> str:
 
 def find_request(key: str, options: CompilerOptions) -> tuple[str, dict] | None:
     """(C source, call metadata) recorded for request ``key`` if its library entry is valid."""
+    request = read_record(REQUESTS_DIR, key)
     try:
-        request = json.loads((cache_dir() / REQUESTS_DIR / key[:2] / f"{key}.json").read_text(encoding="utf-8"))
         library_key, call = request["library"], request["call"]
         entry = cache_dir() / library_key[:2] / library_key
         source = (entry / SOURCE_NAME).read_text(encoding="utf-8")
@@ -266,14 +267,30 @@ def find_request(key: str, options: CompilerOptions) -> tuple[str, dict] | None:
 def remember_request(key: str, c_source: str, options: CompilerOptions, call: dict) -> None:
     """Record that request ``key`` compiles to ``c_source`` (already in the cache), called as
     ``call`` says.  Best effort: a cache that cannot take the file only loses the shortcut."""
-    directory = cache_dir() / REQUESTS_DIR / key[:2]
-    text = json.dumps({"library": cache_key(c_source, options), "call": call}, sort_keys=True)
+    write_record(REQUESTS_DIR, key, {"library": cache_key(c_source, options), "call": call})
+
+
+def read_record(kind: str, key: str):
+    """The JSON value recorded as ``key`` under ``<cache>/<kind>/``, or None when there is none
+    or it does not parse (a truncated or garbled file is a miss, never an error)."""
     try:
+        return json.loads((cache_dir() / kind / key[:2] / f"{key}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, CacheError):
+        return None
+
+
+def write_record(kind: str, key: str, value) -> None:
+    """Record the JSON-serialisable ``value`` as ``key`` under ``<cache>/<kind>/``, atomically (a
+    reader sees the old file or the new one).  Best effort: a cache that cannot take the file
+    only loses the shortcut."""
+    text = json.dumps(value, sort_keys=True)
+    try:
+        directory = cache_dir() / kind / key[:2]
         directory.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(prefix=BUILD_DIR_PREFIX, dir=directory)
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             file.write(text)
         os.replace(temporary, directory / f"{key}.json")
-    except OSError:
+    except (OSError, CacheError):
         with contextlib.suppress(OSError, UnboundLocalError):
             os.unlink(temporary)

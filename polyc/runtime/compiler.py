@@ -62,9 +62,24 @@ def _default_cc() -> str | None:
         if value:
             return value
     for name in FALLBACK_COMPILERS:
-        if shutil.which(name):
+        if _on_path(name):
             return name
     return None
+
+
+#: (program, $PATH) -> its path, for programs found: every cache lookup resolves the compiler.
+_found_programs: dict[tuple[str, str | None], str] = {}
+
+
+def _on_path(program: str) -> str | None:
+    """``shutil.which(program)``, remembered once found for the same ``$PATH``."""
+    key = (program, os.environ.get("PATH"))
+    found = _found_programs.get(key)
+    if found is None:
+        found = shutil.which(program)
+        if found is not None:
+            _found_programs[key] = found
+    return found
 
 
 def _default_flags() -> tuple[str, ...]:
@@ -118,7 +133,7 @@ class CompilerOptions:
     def resolved_compiler(self) -> str:
         """Absolute path of the compiler program; CompilationError if it cannot be run."""
         program = self.compiler_words()[0]
-        path = shutil.which(program)
+        path = _on_path(program)
         if path is None:
             raise CompilationError(
                 f"C compiler {program!r} was not found or is not executable; "
