@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 
 import polyc
+from builds import builds
 from kernels import assert_close
-from sanitizers import ISA_FLAG_SETS, run_sanitized
+from sanitizers import ISA_FLAG_SETS, checked_lines, run_sanitized
 from polyc.lang.sema import check_source
 from polyc.schedule.convolution import recognise_conv_def, recognise_convolution
 
@@ -475,7 +476,7 @@ def test_special_values_stay_where_they_belong():
         assert_close(got[finite], want[finite], 9 * c, np.float32, (image[np.isfinite(image)], weights))
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+@builds("native", "avx2", "portable")
 def test_stride_2_along_rows_packs_by_vectors(cflags):
     """Points two image elements apart are packed by vector loads (stepped packing): output
     rows of 7 to 70 points (vectors within a row, across the end of one, at the image's last
@@ -490,7 +491,7 @@ def test_stride_2_along_rows_packs_by_vectors(cflags):
         assert_close(kernel(image, weights), expected, c * kh * kw, np.float32, (image, weights))
 
 
-@pytest.mark.parametrize("cflags", ["-O2 -mavx2 -mfma", "-O2"], ids=["avx2", "portable"])
+@builds("avx2", "portable")
 def test_every_instruction_set(cflags):
     """The same sources built without AVX-512 (AVX2 kernels, write-back through buffers) and
     without any vector extension."""
@@ -507,7 +508,7 @@ def test_every_instruction_set(cflags):
                       dtype=np.float64)
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2"], ids=["native", "portable"])
+@builds("native", "portable")
 def test_threads_repeatedly(cflags):
     """Work items of every kind (tiles of one image, chunks of channel blocks, packed tiles) on
     several threads, run repeatedly, since a race between threads shows only now and then."""
@@ -621,7 +622,7 @@ CHANNEL_MODE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+@builds("native", "avx2", "portable")
 def test_channel_mode_against_numpy(cflags):
     """NHWC convolutions vectorised along their output channels, parametric (one build for
     every size), on every instruction set; float64 too."""
@@ -669,7 +670,7 @@ def _blocked_reference(I, W, B, R):
     return out.reshape(*out.shape[:3], blocks, block)
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
+@builds("native", "avx2")
 @pytest.mark.parametrize("block", [64, 24])
 def test_channel_mode_with_blocked_weights(block, cflags):
     """Output channels as two indices, a block and a channel in it (the innermost dimensions
@@ -706,7 +707,7 @@ def test_half_vector_channel_tails():
     assert "_half(" not in full.c_source(dict(N=1, H=7, W=9, C=5, KH=3, KW=3, F=28))
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
+@builds("native", "avx2")
 def test_register_block_points_follow_the_output_points(cflags):
     """With the sizes known, a register block holds fewer points when the last tile would be
     mostly copies: 49 points (7 x 7, batch 1) in tiles of 5 with 4 vectors of channels (not 9
@@ -719,7 +720,7 @@ def test_register_block_points_follow_the_output_points(cflags):
     assert (block(1), block(8), block(1, specialize=False)) == ("5", "6", "6")
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
+@builds("native", "avx2")
 def test_evenly_spaced_points_through_one_pointer(cflags):
     """With the sizes known, tiles whose points are evenly spaced in the image (a row's, at the
     window's stride) take the kernels that read them through one pointer; tiles that cross a
@@ -771,7 +772,7 @@ PADDED_GEOMETRIES = [
 ]
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+@builds("native", "avx2", "portable")
 def test_zero_padding_in_the_condition_against_numpy(cflags, monkeypatch):
     """Padded convolutions whose kernel pads the image itself and skips the taps a tile reads in
     the padding, against numpy on an explicitly padded image; with reduction chunks of 50 steps
@@ -797,7 +798,7 @@ def test_zero_padding_in_the_condition_against_numpy(cflags, monkeypatch):
                  (image, weights, bias))
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+@builds("native", "avx2", "portable")
 def test_products_in_the_padding_are_not_in_the_sum(cflags):
     """The statement's condition excludes the padding's products from the sum, not merely
     multiplies zeros: with infinite and NaN weights on some taps, the outputs that read those
@@ -907,7 +908,7 @@ DEPTHWISE_GEOMETRIES = [
 ]
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+@builds("native", "avx2", "portable")
 def test_depthwise_channels_last_against_numpy(cflags):
     """Channels-last depthwise convolutions get the depthwise kernel, on every instruction set:
     every epilogue form (in registers, or a pass over each finished row), accumulation into
@@ -940,7 +941,7 @@ def test_depthwise_channels_last_against_numpy(cflags):
                 dict(cflags=cflags), dtype=np.float64)
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+@builds("native", "avx2", "portable")
 def test_depthwise_products_in_the_padding_are_not_in_the_sum(cflags):
     """With infinite and NaN weights on some taps, the outputs that read those taps only in the
     padding stay finite, bit for bit the interpreter's: the depthwise kernel adds no product
@@ -975,7 +976,7 @@ def nhwc_register_epilogue(n, h, w, c, k, f):
 }}"""
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
+@builds("native", "avx2")
 def test_channel_mode_epilogue_in_registers(cflags):
     """The vector kernels apply the epilogue to their accumulators before the one store; the
     results equal the scalar epilogue's (the portable build) bit for bit, NaNs, infinities and
@@ -1007,7 +1008,7 @@ def test_channel_mode_epilogue_in_registers(cflags):
     assert "polyc_epilogue_vector" not in polyc.define(with_index, cflags=cflags).conv.c_source()
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
+@builds("native", "avx2")
 def test_channel_mode_streams_outputs_larger_than_the_last_level_cache(cflags):
     """An output larger than the last-level cache (here one of 64 KiB, by ``cache_sizes``) is
     written with streaming stores where a tile is stored once: whole aligned vectors, the
@@ -1050,7 +1051,7 @@ def nhwc_select_epilogue(n, h, w, c, f):
 }}"""
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
+@builds("native", "avx2")
 def test_channel_mode_select_epilogue_in_registers(cflags):
     """Selects on comparisons run on the accumulators (a ReLU, ONNX's, among them) with C's
     answers on NaN: bit for bit the portable build's scalar pass, tail channels masked."""
@@ -1083,7 +1084,7 @@ SILU_EPILOGUE = ("    O(n, h, w, {i}) = O(n, h, w, {i}) + B({i})\n"
                  "    O(n, h, w, {i}) = O(n, h, w, {i}) * (1 / (1 + exp(-O(n, h, w, {i}))))\n")
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
+@builds("native", "avx2")
 def test_logistic_epilogue_in_registers_is_polyc_sigmoidf_bit_for_bit(cflags):
     """The logistic quotient after a convolution (a full one and a depthwise one) runs on the
     accumulators and gives what polyc_sigmoidf gives in a loop of its own, bit for bit: NaN and
@@ -1114,7 +1115,7 @@ def test_logistic_epilogue_in_registers_is_polyc_sigmoidf_bit_for_bit(cflags):
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2"], ids=["native", "portable"])
+@builds("native", "portable")
 def test_channel_mode_threads_repeatedly(cflags):
     rng = np.random.default_rng(14)
     compiled = polyc.define(NHWC_BIAS_RELU, cflags=cflags).conv
@@ -1171,5 +1172,4 @@ def test_sanitized_conv_kernels(tmp_path):
     report = result.stdout + result.stderr[-5000:]
     assert result.returncode == 0, report
     assert "AddressSanitizer" not in result.stderr and "runtime error" not in result.stderr, report
-    assert result.stdout.split() == ["checked", "-march=native", "checked", "-mfma", "checked",
-                                     "-fno-omit-frame-pointer"], report
+    assert result.stdout.split() == checked_lines(ISA_FLAG_SETS), report

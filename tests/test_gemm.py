@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import polyc
+from builds import builds
 from kernels import assert_close
 from sanitizers import ISA_FLAG_SETS, run_sanitized
 from polyc.lang.sema import check_source
@@ -235,7 +236,7 @@ def test_specialised_matmul_with_options():
         check(polyc.define(MATMUL, **options).f, (a, b), [expected], 270)
 
 
-@pytest.mark.parametrize("cflags", ["-O2 -mavx2 -mfma", "-O2"], ids=["avx2", "portable"])
+@builds("avx2", "portable")
 def test_every_micro_kernel(cflags):
     """The same source built without AVX-512 (AVX2 kernel) and without any vector extension."""
     kernel = polyc.define(MATMUL, specialize=False, cflags=cflags, tile_sizes=(24, 64, 32)).f
@@ -249,7 +250,7 @@ def test_every_micro_kernel(cflags):
 
 
 @pytest.mark.parametrize("dtype", ["float", "double"])
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+@builds("native", "avx2", "portable")
 def test_rows_of_a_along_k_packed_without_offset_tables(cflags, dtype):
     """A row-major A is packed without the offset tables: by register transposes on x86 (float
     8 x 8, double 4 x 4), in plain C elsewhere.  K blocks that are and are not multiples of the
@@ -275,7 +276,7 @@ def test_rows_of_a_along_k_packed_without_offset_tables(cflags, dtype):
                 check(kernel, (a, b), [factor * (a.astype(np.float64) @ b)], k)
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2"], ids=["native", "portable"])
+@builds("native", "portable")
 def test_threads_with_partial_blocks_repeatedly(cflags):
     """Many small blocks of uneven sizes, rows shared (first shape) or column slivers shared
     (second): run repeatedly, since a race between threads shows only now and then."""
@@ -599,7 +600,7 @@ def test_row_blocks_shared_by_a_team_come_in_multiples_of_its_size(tmp_path):
         assert -(-total // step) == blocks
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+@builds("native", "avx2", "portable")
 def test_epilogue_over_several_n_indices(cflags):
     """A product by blocked weights, O(i, nb, nr), with a bias read at 10 * nb + nr and an
     activation: the epilogue runs along the runs of the block where only nr moves, blocks

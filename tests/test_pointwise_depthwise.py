@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import polyc
+from builds import builds
 from kernels import assert_close
-from sanitizers import ISA_FLAG_SETS, assert_clean, run_sanitized
+from sanitizers import ISA_FLAG_SETS, assert_clean, checked_lines, run_sanitized
 from polyc.lang.sema import check_source
 from polyc.schedule.convolution import recognise_pointwise_depthwise_def
 
@@ -123,7 +124,7 @@ GEOMETRIES = [
 ]
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+@builds("native", "avx2", "portable")
 def test_against_numpy(cflags):
     """Every geometry on each instruction set (the epilogues in registers, or in a pass over
     each finished row of T); one thread; float64; the depthwise layer accumulating into given
@@ -160,7 +161,7 @@ PARAMETRIC = """def blk(float(N, H, W, C) X, float(1, 1, C, E) W1, float(E) B1, 
 }"""
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma"], ids=["native", "avx2"])
+@builds("native", "avx2")
 def test_parametric_sizes(cflags):
     rng = np.random.default_rng(44)
     compiled = polyc.define(PARAMETRIC, cflags=cflags, specialize=False).blk
@@ -225,5 +226,4 @@ def test_sanitized(tmp_path):
     result = run_sanitized(_SANITIZED_SCRIPT, str(TESTS_DIR), *ISA_FLAG_SETS, cache_dir=tmp_path, timeout=900,
                            build_first=True)
     assert_clean(result)
-    assert result.stdout.split() == ["checked", "-march=native", "checked", "-mfma", "checked",
-                                     "-fno-omit-frame-pointer"], result.stdout
+    assert result.stdout.split() == checked_lines(ISA_FLAG_SETS), result.stdout

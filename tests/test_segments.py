@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import polyc
+from builds import builds
 from polyc.lang.sema import check_source
 from polyc.schedule.segments import plan_segments, split_sums
 from tests.kernels import assert_close
@@ -278,7 +279,7 @@ def test_matrix_vector_kernels_under_options(name, options):
     _check(MATVEC[name], _matvec_sizes(name, MATVEC_SIZES[-1]), *MATVEC_NUMPY[name], np.float32, **options)
 
 
-@pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+@builds("native", "avx2", "portable")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_matrix_vector_rows_in_every_instruction_set(cflags, dtype):
     """The rows loop's vector partial sums: several blocks of SUM_BLOCK columns, a last block

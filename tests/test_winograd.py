@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 import polyc
+from builds import builds
 from kernels import assert_close
 from sanitizers import python_environment
 from test_conv import _nhwc_reference, _padded, padded_conv, rand
 
-BUILDS = pytest.mark.parametrize("cflags", [None, "-O2 -mavx2 -mfma", "-O2"], ids=["native", "avx2", "portable"])
+BUILDS = builds("native", "avx2", "portable")
 
 #: (N, H, W, C, F, pads (top, left, bottom, right)): resnet's same-size padding; odd output
 #: sizes (a last row and column of tiles half outside); no padding; padding on two sides only
