@@ -582,6 +582,23 @@ NHWC_PADDED = """def conv(float(N, H, W, C) I, float(KH, KW, C, F) W1, float(F) 
     O(n, h, w, f) = fmax(O(n, h, w, f) + B(f), 0)
 }"""
 
+#: An image model's first layer as the ONNX front end writes it: an NCHW image, stride 2, one
+#: pixel of zero padding in the condition, weights (KH, KW, C, F), an NHWC output with its bias
+#: and Clip.  Its reduction steps read short runs along the image's rows, one per channel plane
+#: and kernel row, which the kernel prefetches for the tile ahead.
+FIRST_LAYER = """def conv(float(N, C, H, W) I, float(KH, KW, C, F) W1, float(F) B) -> (O) {
+    O(n, h, w, f) +=! (2 * h + r_kh >= 1 && 2 * h + r_kh <= H && 2 * w + r_kw >= 1 && 2 * w + r_kw <= W)
+        ? I(n, r_c, 2 * h + r_kh - 1, 2 * w + r_kw - 1) * W1(r_kh, r_kw, r_c, f) : 0
+        where h in 0:(H + 2 - KH) / 2 + 1, w in 0:(W + 2 - KW) / 2 + 1, r_kh in 0:KH, r_kw in 0:KW
+    O(n, h, w, f) = fmin(fmax(O(n, h, w, f) + B(f), 0), 6)
+}"""
+
+
+def _first_layer_reference(image, weights_kkcf, bias):
+    padded = np.pad(image, [(0, 0), (0, 0), (1, 1), (1, 1)])
+    out = numpy_conv2d(padded, weights_kkcf.transpose(3, 2, 0, 1), stride=(2, 2)).transpose(0, 2, 3, 1)
+    return np.clip(out + bias, 0, 6)
+
 
 def _nhwc_reference(image, weights_fckk, **geometry):
     """numpy_conv2d on NHWC images, back to NHWC."""
@@ -604,6 +621,7 @@ NUMPY_REFERENCES.update({
     NHWC_ACCUMULATING: (lambda I, W, O: O + _nhwc_reference(I, W.transpose(3, 2, 0, 1)), lambda w: np.prod(w[:3]) + 1),
     NHWC_PADDED: (lambda I, W, B: np.maximum(_nhwc_reference(_padded(I, (1, 1, 1, 1)), W.transpose(3, 2, 0, 1)) + B, 0),
                   lambda w: np.prod(w[:3]) + 1),
+    FIRST_LAYER: (_first_layer_reference, lambda w: np.prod(w[:3]) + 1),
 })
 
 #: (source, input shapes): output channels 1 to 200 (one partial vector, whole blocks, blocks
@@ -619,6 +637,9 @@ CHANNEL_MODE_CASES = [
     (NHWC_PADDED, [[(2, 5, 7, 3), (3, 3, 3, 20), (20,)], [(1, 9, 8, 16), (3, 3, 16, 40), (40,)],
                    [(2, 4, 6, 17), (1, 1, 17, 9), (9,)], [(1, 6, 5, 32), (5, 5, 32, 70), (70,)],
                    [(3, 7, 7, 24), (3, 3, 24, 64), (64,)]]),
+    # 3 x 3 and 7 x 7 taps on 3 channels (9 and 21 row runs a tile prefetches), odd and even sizes
+    (FIRST_LAYER, [[(2, 3, 9, 12), (3, 3, 3, 20), (20,)], [(1, 3, 16, 31), (3, 3, 3, 64), (64,)],
+                   [(1, 3, 20, 17), (7, 7, 3, 32), (32,)]]),
 ]
 
 
@@ -1135,7 +1156,8 @@ import polyc
 from kernels import assert_close
 sys.path.insert(0, sys.argv[1])
 from test_conv import (CONV_BIAS_RELU, STRIDED, STRIDE_2, GROUPED, DEPTHWISE, NHWC, NHWC_BIAS_RELU,
-                       NHWC_STRIDED_OIHW, NHWC_PADDED, NHWC_DEPTHWISE, CONV1D, ACCUMULATING, numpy_check)
+                       NHWC_STRIDED_OIHW, NHWC_PADDED, NHWC_DEPTHWISE, CONV1D, ACCUMULATING, FIRST_LAYER,
+                       numpy_check)
 rng = np.random.default_rng(0)
 for position, flags in enumerate(sys.argv[2:]):
     # parametric kernels (one build for every size); specialised ones with the first flags only
@@ -1156,6 +1178,7 @@ for position, flags in enumerate(sys.argv[2:]):
         # the image's first element; its copies must not read the taps left of it
         numpy_check(NHWC_PADDED, [(1, 5, 7, 16), (3, 3, 16, 20), (20,)], options)
         numpy_check(NHWC_DEPTHWISE, [(2, 5, 9, 21), (3, 3, 21), (21,)], options)
+        numpy_check(FIRST_LAYER, [(2, 3, 9, 12), (3, 3, 3, 20), (20,)], options)
         if not specialize:  # the Winograd kernel (specialised only): odd sizes, F not a whole block
             numpy_check(NHWC_PADDED, [(2, 9, 7, 16), (3, 3, 16, 48), (48,)], {**options, "specialize": True, "winograd": True})
             numpy_check(CONV1D, [(2, 3, 37), (4, 3, 3), (4,)], options)

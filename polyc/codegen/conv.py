@@ -429,6 +429,7 @@ class _ConvWriter(PatternKernelWriter):
                 .replace("WEIGHT_SLICE", str(conv_channels.WEIGHT_SLICE_BYTES))
                 .replace("FLOPS_PER_BYTE", f"{conv_channels.FLOPS_PER_BYTE!r}")
                 .replace("OUTPUT_PREFETCH_STEPS", str(conv_channels.OUTPUT_PREFETCH_STEPS))
+                .replace("IMAGE_ROW_RUNS", str(conv_channels.IMAGE_ROW_RUNS))
                 .replace("CHUNK_BLOCKS", str(take))
                 .replace("STREAM_BYTES", str(tiling.cache_sizes(self.options).get(3, 32 << 20))))
 

@@ -85,6 +85,10 @@ FLOPS_PER_BYTE = 4.0
 #: ``polyc_conv_work``): a tile's steps then take far longer than its prefetches.
 OUTPUT_PREFETCH_STEPS = 128
 
+#: Most runs of consecutive image elements per reduction chunk for which a tile prefetches the
+#: image rows of a tile ahead (see ``polyc_conv_work``): two prefetches a run and tile.
+IMAGE_ROW_RUNS = 32
+
 #: Bytes of the weights a reduction chunk may use (rchunk x NF elements): a share of L2 on
 #: every x86 core polyc targets (512 KiB on Zen 3, 1-2 MiB on Zen 5 and Xeons).
 WEIGHT_SLICE_BYTES = 256 * 1024
@@ -511,6 +515,29 @@ static void polyc_conv_work(const polyc_conv_t *restrict g, int64_t x, T *restri
             rlo = polyc_min(rlo, g->in_r[r]), rhi = polyc_max(rhi, g->in_r[r]);
         const int prefetch_image = nr > 0 && rhi - rlo + 1 == nr && nr * (int64_t)sizeof(T) > 64;
         const int64_t ahead_t = nr >= 64 ? 1 : 2;
+        /* An image whose reduction steps read short runs along rows (a 3-channel NCHW image, as an
+           image model's first layer reads it: runs of the taps along x, each within a line, one run
+           per channel plane and kernel row) reads each tile's few lines from many rows, which the
+           hardware's prefetchers do not follow from tile to tile.  So where the chunk has at most
+           IMAGE_ROW_RUNS runs and none longer than a line, each tile prefetches the start of every
+           run for the first and last point of the tile two ahead.  With its image and output from
+           memory, mobilenet_v2's first layer (27 steps: 3 x 3 taps x 3 channels) took 0.21 -> 0.17
+           ms on two cores, squeezenet1_1's 0.32 -> 0.23 ms (AMD EPYC Zen 5). */
+        int64_t row_starts[IMAGE_ROW_RUNS], row_runs = 0, longest_run = 0;
+        if (!prefetch_image)
+            for (int64_t r = r0, start = r0; r <= r0 + nr && row_runs <= IMAGE_ROW_RUNS; r++) {
+                if (r < r0 + nr && r > r0 && g->in_r[r] == g->in_r[r - 1] + 1)
+                    continue;
+                if (r > r0) {  /* the run start..r-1 ends */
+                    longest_run = polyc_max(longest_run, r - start);
+                    if (row_runs < IMAGE_ROW_RUNS)
+                        row_starts[row_runs] = g->in_r[start];
+                    row_runs++;
+                }
+                start = r;
+            }
+        const int prefetch_rows = row_runs >= 2 && row_runs <= IMAGE_ROW_RUNS
+                                  && longest_run * (int64_t)sizeof(T) <= 64;
         /* A tile's outputs are first written at the end of its first chunk, a burst of stores
            of NR points x the chunk's channels; where their lines come from memory (an early
            layer's output, a large batch's), the burst waits on them.  So with chunks of at least
@@ -540,6 +567,14 @@ static void polyc_conv_work(const polyc_conv_t *restrict g, int64_t x, T *restri
                     const char *o = (const char *)(g->out + g->out_f[f_first] + g->out_b[b] + g->out_p[qa + j]);
                     for (int64_t byte = 0; byte < out_bytes; byte += 64)
                         __builtin_prefetch(o + byte, 1, 3);
+                }
+            }
+            if (prefetch_rows && t + 2 < t1) {
+                const int64_t qa = (t + 2) * POLYC_NR, na = polyc_min(POLYC_NR, g->npoints - qa);
+                const T *first = in + g->in_p[qa], *last = in + g->in_p[qa + na - 1];
+                for (int64_t run = 0; run < row_runs; run++) {
+                    __builtin_prefetch(first + row_starts[run], 0, 3);
+                    __builtin_prefetch(last + row_starts[run], 0, 3);
                 }
             }
             const char *ipf = NULL;
