@@ -22,8 +22,18 @@ def settle() -> None:
     time.sleep(SETTLE_SECONDS)
 
 
-#: Timed calls are split into this many rounds, each timing every implementation in turn.
-ROUNDS = 3
+#: Timed calls are split into up to this many rounds, each timing a block of every
+#: implementation in turn.  The machines here change speed in phases of a few seconds (on an
+#: Intel Xeon, sgemm 1024 blocks of numpy ran at 7.3 ms, then 11.3 ms, then 7.5 ms), so an
+#: implementation timed in three blocks sees three phases, and its median is whichever it met
+#: twice: numpy against numpy's own einsum (the same OpenBLAS call) measured 0.79-1.29x in
+#: four runs of 15 calls in three rounds, 0.93-0.99x in ten rounds.
+ROUNDS = 10
+
+#: Calls at least this long are timed in at most LONG_CALL_ROUNDS blocks, spread over the
+#: rounds: one block of them spans a phase anyway, and each block costs a warm-up call.
+LONG_CALL_SECONDS = 0.25
+LONG_CALL_ROUNDS = 3
 
 
 #: Untimed calls start each block until this long has passed (see :func:`warm_up_block`).
@@ -51,7 +61,8 @@ def time_interleaved(functions: dict[str, Callable[[], object]], repeat: int, ma
     Each function gets one untimed warm-up call, then ``repeat`` timed calls, or fewer when
     they would take longer than ``max_seconds`` in all (never fewer than MIN_RUNS), so the
     slowest naive loop nests do not dominate the suite.  The calls are split into up to
-    ``rounds`` blocks, and round r times block r of every function in turn, each after a pause
+    ``rounds`` blocks (long calls: see LONG_CALL_ROUNDS), and each round times its block of
+    every function in turn, each after a pause
     (:func:`settle`) and untimed warm-up calls (:func:`warm_up_block`): a function's calls
     stay together, so thread pools do not compete, while a change of the machine's load during
     the case (a shared machine's other users) reaches every function alike instead of the one
@@ -64,12 +75,13 @@ def time_interleaved(functions: dict[str, Callable[[], object]], repeat: int, ma
         function()
         warm_up = time.perf_counter() - start
         runs = max(min(repeat, int(max_seconds / max(warm_up, 1e-9))), min(repeat, MIN_RUNS))
-        blocks = min(rounds, runs)
-        plans[name] = [runs // blocks + (block < runs % blocks) for block in range(blocks)]
+        blocks = min(rounds if warm_up < LONG_CALL_SECONDS else min(rounds, LONG_CALL_ROUNDS), runs)
+        # block b in round b * rounds // blocks: fewer blocks than rounds spread over all of them
+        plans[name] = {block * rounds // blocks: runs // blocks + (block < runs % blocks) for block in range(blocks)}
         records[name] = {"runs": [], "warm_up": warm_up, "rounds": blocks}
     for round_ in range(rounds):
         for name, function in functions.items():
-            if round_ >= len(plans[name]):
+            if round_ not in plans[name]:
                 continue
             settle()
             warm_up_block(function, records[name]["warm_up"])
