@@ -75,7 +75,8 @@ def time_interleaved(functions: dict[str, Callable[[], object]], repeat: int, ma
         function()
         warm_up = time.perf_counter() - start
         runs = max(min(repeat, int(max_seconds / max(warm_up, 1e-9))), min(repeat, MIN_RUNS))
-        blocks = min(rounds if warm_up < LONG_CALL_SECONDS else min(rounds, LONG_CALL_ROUNDS), runs)
+        most_blocks = rounds if warm_up < LONG_CALL_SECONDS else min(rounds, LONG_CALL_ROUNDS)
+        blocks = min(most_blocks, runs)
         # block b in round b * rounds // blocks: fewer blocks than rounds spread over all of them
         plans[name] = {block * rounds // blocks: runs // blocks + (block < runs % blocks) for block in range(blocks)}
         records[name] = {"runs": [], "warm_up": warm_up, "rounds": blocks}

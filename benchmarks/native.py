@@ -102,8 +102,8 @@ class NaiveKernel:
         typed like ``outputs``, zeroed, which it returns: as polyc's and numpy's calls return new
         arrays, so that the page faults of a large output count in every implementation's time
         (tensordot's 100 MB output: polyc 37 ms into an output it was given, 42-50 ms into a
-        new one, and 200-270 ms in a few calls of a benchmark run, while the host faults in
-        memory the virtual machine gave back; an Intel Xeon VM).  An output that is also read
+        new one, and 200-270 ms in a few calls of a benchmark run, probably while the host
+        faulted in memory the virtual machine had given back; an Intel Xeon VM).  An output that is also read
         (PolyBench's ``C = beta * C + ...``) starts as zeros in every call, as it did in the first.
 
         The callable holds the inputs as well as their addresses: they must outlive it.
