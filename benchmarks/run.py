@@ -233,7 +233,8 @@ def machine_info() -> dict:
         pass
     from polyc.tune.machine import this_machine
     fingerprint = this_machine()
-    return {"cpu": model, "isa": list(fingerprint.isa), "caches": list(fingerprint.caches),
+    return {"cpu": model, "cpu_id": fingerprint.cpu_id, "microarchitecture": fingerprint.microarchitecture,
+            "isa": list(fingerprint.isa), "caches": list(fingerprint.caches),
             "fingerprint": fingerprint.id, "logical_cpus": os.cpu_count(),
             "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
             "platform": platform.platform(), "python": platform.python_version(),
@@ -308,7 +309,9 @@ def print_preamble(results: dict, args, count: int) -> None:
           f"{(polyc_source['git_commit'] or 'unknown')[:10]}"
           f"{', with uncommitted changes' if polyc_source['uncommitted_changes'] else ''}): "
           f"{count} case(s), median of up to {args.repeat} runs (at most ~{args.max_seconds:g} s each)")
-    print(f"machine: {results['machine']['cpu']} ({' '.join(results['machine']['isa'])}), "
+    machine = results["machine"]
+    identity = ", ".join(filter(None, (machine.get("microarchitecture"), machine.get("cpu_id"))))
+    print(f"machine: {machine['cpu']}{f' [{identity}]' if identity else ''} ({' '.join(machine['isa'])}), "
           f"{results['machine']['usable_cpus']} cpu(s), "
           f"load {results['machine']['loadavg_start'][0]:.2f}; BLAS: {blas_summary(results['blas'])}")
     for name, toolchain in results["toolchains"].items():

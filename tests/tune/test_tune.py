@@ -24,7 +24,7 @@ import pytest
 
 import polyc
 from polyc.tune import records as records_module
-from polyc.tune.machine import this_machine
+from polyc.tune.machine import MachineFingerprint, cpu_identity, microarchitecture, this_machine
 from polyc.tune.records import (SCHEMA_VERSION, TuningKey, TuningRecord, append_record, best_options, chosen_record,
                                 merge_records, read_records)
 
@@ -127,6 +127,34 @@ def test_records_from_another_machine_are_a_starting_point_only(records, tmp_pat
     measured_here = [r for r in read_records(records) if r.key.machine == this_machine().id and not r.confirmed]
     assert [r.options for r in measured_here] == [{}, {"tile_sizes": [48, 256, 128]}]
     assert result.measured == 2
+
+
+def test_processors_that_share_a_model_name_have_different_fingerprints():
+    """Virtual machines call a Zen 3, a Zen 4 and a Zen 5 all "AMD EPYC": their family and
+    model numbers tell them apart, so a record measured on one is not used on another."""
+    epyc = replace(this_machine(), machine="x86_64", cpu_model="AMD EPYC", isa=("avx2", "avx512f", "fma"),
+                   caches=(32768, 1048576, 33554432), cores=2, cpu_id="")
+    zen3, zen4 = replace(epyc, cpu_id="AuthenticAMD 25/1/1"), replace(epyc, cpu_id="AuthenticAMD 25/17/1")
+    assert zen3.id != zen4.id != epyc.id
+    assert (zen3.microarchitecture, zen4.microarchitecture) == ("Zen 3", "Zen 4")
+    assert zen4.describe().startswith("AMD EPYC [Zen 4, AuthenticAMD 25/17/1] (x86_64;")
+    assert MachineFingerprint.from_json(zen4.to_json()) == zen4
+    # A fingerprint written before the identity was recorded reads back with the digest it had.
+    old = {k: v for k, v in epyc.to_json().items() if k != "cpu_id"}
+    assert MachineFingerprint.from_json(old).id == epyc.id and epyc.to_json() == old
+
+
+def test_the_identity_numbers_come_from_cpuinfo():
+    assert cpu_identity({"vendor_id": "GenuineIntel", "cpu family": "6", "model": "207", "stepping": "2"}) \
+        == "GenuineIntel 6/207/2"
+    assert microarchitecture("GenuineIntel 6/207/2") == "Emerald Rapids"
+    assert microarchitecture("AuthenticAMD 26/2/0") == "Zen 5" and microarchitecture("AuthenticAMD 23/1/2") == "Zen/Zen+"
+    assert cpu_identity({"CPU implementer": "0x41", "CPU part": "0xd0c", "CPU variant": "0x3", "CPU revision": "1"}) \
+        == "arm 0x41/0xd0c/0x3/1"
+    assert cpu_identity({"model name": "something"}) == "" and microarchitecture("") == ""
+    assert microarchitecture("AuthenticAMD 99/1/1") == "" and microarchitecture("GenuineIntel x/y/z") == ""
+    here = this_machine()
+    assert here.cpu_id or here.machine not in ("x86_64", "aarch64")
 
 
 def test_unreadable_lines_are_skipped_with_a_warning_and_calls_still_work(records, matmul_args):
