@@ -548,10 +548,21 @@ def _list_records(records, path) -> int:
     for key, record in best.items():
         name = record.tc.split("(", 1)[0].replace("def ", "").strip() or key.definition
         sizes = ",".join(f"{n}={v}" for n, v in key.sizes)
-        where = "this machine" if key.machine == here else f"machine {key.machine} (not used here)"
+        where = "this machine" if key.machine == here else \
+            f"machine {key.machine}{_machine_described(record.machine)} (not used here)"
         print(f"  {name} {sizes} {'/'.join(key.dtypes)}: {_format_seconds(record.seconds)} "
               f"with {record.options or 'the defaults'} [{where}]")
     return 0
+
+
+def _machine_described(fingerprint) -> str:
+    """``: <what the machine was>`` from a record's fingerprint (a JSON dict), or "" where the
+    record has none that reads (hand-written or damaged records still list)."""
+    from polyc.tune.machine import MachineFingerprint
+    try:
+        return f": {MachineFingerprint.from_json(fingerprint).describe()}"
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return ""
 
 
 def _parse_budget(text: str) -> float | int:

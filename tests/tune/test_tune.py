@@ -466,7 +466,7 @@ def test_dask_local_cluster_gives_the_same_records(records, tmp_path, matmul_arg
     assert len(remote_lines) - len(trials) == (2 if best_trial["options"] else 0)
 
 
-def test_command_line_tunes_lists_and_merges(tmp_path):
+def test_command_line_tunes_lists_and_merges(tmp_path, capsys):
     from polyc.cli import main
     records, other = tmp_path / "records.jsonl", tmp_path / "other.jsonl"
     tc = tmp_path / "rowsum.tc"
@@ -477,6 +477,18 @@ def test_command_line_tunes_lists_and_merges(tmp_path):
     assert main(["tune", "--merge", str(records), "--records", str(other)]) == 0
     assert len(read_records(other)) == len(written)
     assert main(["tune", "--list", "--records", str(other)]) == 0
+    # A record measured elsewhere lists the machine it was measured on, not only its digest.
+    zen3 = replace(this_machine(), cpu_model="AMD EPYC", cpu_id="AuthenticAMD 25/1/1")
+    foreign = replace(written[0], key=replace(written[0].key, machine=zen3.id), machine=zen3.to_json())
+    damaged = replace(written[0], key=replace(written[0].key, machine="elsewhere", sizes=(("M", 8), ("N", 8))),
+                      machine={"cpu_model": "no other fields"})
+    append_record(foreign, other)
+    append_record(damaged, other)
+    capsys.readouterr()
+    assert main(["tune", "--list", "--records", str(other)]) == 0
+    listed = capsys.readouterr().out
+    assert f"machine {zen3.id}: AMD EPYC [Zen 3, AuthenticAMD 25/1/1] (" in listed
+    assert "machine elsewhere (not used here)" in listed and "[this machine]" in listed
     assert main(["tune", "--records", str(other)]) == 2            # no file: a usage error
     assert main(["tune", str(tc), "--shape", "M=16", "--records", str(records)]) != 0   # N missing
     assert main(["tune", str(tc), "--shape", "M=16,N=24", "--budget", "0"]) == 2
