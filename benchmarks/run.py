@@ -223,17 +223,9 @@ def blas_summary(info: dict) -> str:
 
 
 def machine_info() -> dict:
-    model = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     from polyc.tune.machine import this_machine
     fingerprint = this_machine()
-    return {"cpu": model, "cpu_id": fingerprint.cpu_id, "microarchitecture": fingerprint.microarchitecture,
+    return {"cpu": fingerprint.cpu_model, "cpu_id": fingerprint.cpu_id, "microarchitecture": fingerprint.microarchitecture,
             "isa": list(fingerprint.isa), "caches": list(fingerprint.caches),
             "fingerprint": fingerprint.id, "logical_cpus": os.cpu_count(),
             "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
