@@ -510,6 +510,11 @@ def test_block_sizes_follow_the_cache_model():
     assert small == (128, 1020, 256)  # KC: a quarter of L1 for the A sliver; MC: a quarter of L2
     assert all(s < l for s, l in zip(small, large))
     assert block_sizes(shape, 4, (50, 100, 30), {1: 1}) == (48, 96, 30)  # given sizes, rounded
+    # AVX2's half-width blocks take three eighths of L1 and L2 (an AMD Zen 3's 32 KiB and 512 KiB).
+    zen3 = {1: 32 * 1024, 2: 512 * 1024, 3: 32 << 20}
+    assert block_sizes(micro_kernel_shapes("avx2", np.dtype(np.float32))[0], 4, None, zen3) == (96, 4096, 512)
+    assert block_sizes(micro_kernel_shapes("avx2", np.dtype(np.float64))[0], 8, None, zen3) == (96, 4096, 256)
+    assert block_sizes(micro_kernel_shapes("avx512", np.dtype(np.float32))[0], 4, None, zen3) == (96, 4096, 336)
 
 
 def test_cache_sizes_option_is_validated():
