@@ -289,6 +289,29 @@ def test_threads_with_partial_blocks_repeatedly(cflags):
             check(kernel, (a, b), [expected], k)
 
 
+@builds("native", "avx2", "portable")
+def test_b_packed_in_runs_just_before_its_first_use(cflags):
+    """A thread alone on its column slivers packs them just before its first row block uses
+    them, a run of slivers (256 bytes of each row of B) at a time: runs cut short by the end of
+    a thread's share or of an NC block, runs that hold the partial last sliver, B's columns not
+    contiguous (blocked weights: runs of 20), slivers read in place (few rows of A) beside
+    packed ones, several K panels, one thread and two."""
+    rng = np.random.default_rng(21)
+    blocked = "def blocked(float(M, K) A, float(NB, K, R) W) -> (O) { O(i, nb, nr) +=! A(i, r_k) * W(nb, r_k, nr) }"
+    for threads in (1, 2):
+        for tile_sizes in (None, (24, 80, 32)):
+            options = dict(cflags=cflags, specialize=False, threads=threads)
+            if tile_sizes is not None:
+                options["tile_sizes"] = tile_sizes
+            kernel = polyc.define(MATMUL, **options).f
+            for m, k, n in [(3, 9, 200), (10, 40, 70), (20, 100, 333), (128, 70, 520)]:
+                a, b = rand(rng, (m, k)), rand(rng, (k, n))
+                check(kernel, (a, b), [a.astype(np.float64) @ b], k)
+            a, w = rand(rng, (30, 50)), rand(rng, (7, 50, 20))
+            check(polyc.define(blocked, **options).blocked, (a, w),
+                  [np.einsum("ik,bkr->ibr", a.astype(np.float64), w)], 50)
+
+
 def test_packing_workspace_and_tables_kept_between_calls_of_any_size():
     """The packing buffers are one block the kernel keeps from call to call (``KEPT_WORKSPACE_C``),
     and the offset tables of the first call's sizes are kept for later calls of those sizes
