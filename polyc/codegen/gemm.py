@@ -1274,29 +1274,6 @@ TRANSPOSED_B
     polyc_pack_b_sliver_SHAPE(g, b, jc, nc, pc, kc, s, dst);
 }
 
-/* Slivers s .. s + count - 1 of B[pc:pc+kc, jc:jc+nc] into dst (sliver q at q * stride), as
-   polyc_pack_b packs them one by one.  When they are whole and their columns contiguous, they
-   are copied a row of B at a time: the same elements as polyc_pack_b_contiguous reads (the
-   offset of column jc + s*NR + j is then b_n[jc + s*NR] + j), as one run of count * NR values
-   per row instead of count runs of NR values kc rows apart. */
-static void polyc_pack_b_run_SHAPE(const polyc_gemm_t *restrict g, const T *restrict b, int64_t jc, int64_t nc,
-                                   int64_t s, int64_t count, int64_t pc, int64_t kc, T *restrict dst,
-                                   int64_t stride)
-{
-    const int64_t *restrict b_n = g->b_n + jc + s * NR;
-    if (count == 1 || (s + count) * NR > nc || !polyc_contiguous(b_n, count * NR)) {
-        for (int64_t q = 0; q < count; q++)
-            polyc_pack_b_SHAPE(g, b, jc, nc, s + q, pc, kc, dst + q * stride);
-        return;
-    }
-    for (int64_t k = 0; k < kc; k++) {
-        const T *restrict row = b + g->b_k[pc + k] + b_n[0];
-        for (int64_t q = 0; q < count; q++)
-            for (int64_t j = 0; j < NR; j++)
-                dst[q * stride + k * NR + j] = row[q * NR + j];
-    }
-}
-
 /* The longest KC block.  KC keeps an A sliver in L1 and an A panel in L2 for the products
    BLIS is made for; a product whose target is small (an eighth of L2) is dominated instead by
    what each KC block costs again (passes over C, packing B, a barrier per panel), so its KC
@@ -1339,6 +1316,34 @@ static int polyc_direct_b_SHAPE(const polyc_gemm_t *restrict g, int64_t jr, int6
     if (stride < 0 || (!MASKED_B && nr < NR) || !polyc_contiguous(g->b_n + jr, nr))
         return 0;
     return stride == NR || (g->m <= 4 * MR && stride * (int64_t)sizeof(T) <= 4096);
+}
+
+/* Slivers s .. s + count - 1 of B[pc:pc+kc, jc:jc+nc] that are not read in place into dst
+   (sliver q at q * stride), as polyc_pack_b packs them one by one.  When they are whole, none
+   is read in place and their columns are contiguous, they are copied a row of B at a time: the
+   same elements as polyc_pack_b_contiguous reads (the offset of column jc + s*NR + j is then
+   b_n[jc + s*NR] + j), as one run of count * NR values per row instead of count runs of NR
+   values kc rows apart. */
+static void polyc_pack_b_run_SHAPE(const polyc_gemm_t *restrict g, const T *restrict b, int64_t jc, int64_t nc,
+                                   int64_t s, int64_t count, int64_t pc, int64_t kc, T *restrict dst,
+                                   int64_t stride)
+{
+    const int64_t *restrict b_n = g->b_n + jc + s * NR;
+    int64_t direct = 0;
+    for (int64_t q = 0; q < count; q++)
+        direct += polyc_direct_b_SHAPE(g, jc + (s + q) * NR, polyc_min(NR, nc - (s + q) * NR));
+    if (count == 1 || direct > 0 || (s + count) * NR > nc || !polyc_contiguous(b_n, count * NR)) {
+        for (int64_t q = 0; q < count; q++)
+            if (!polyc_direct_b_SHAPE(g, jc + (s + q) * NR, polyc_min(NR, nc - (s + q) * NR)))
+                polyc_pack_b_SHAPE(g, b, jc, nc, s + q, pc, kc, dst + q * stride);
+        return;
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        const T *restrict row = b + g->b_k[pc + k] + b_n[0];
+        for (int64_t q = 0; q < count; q++)
+            for (int64_t j = 0; j < NR; j++)
+                dst[q * stride + k * NR + j] = row[q * NR + j];
+    }
 }
 
 /* One product (batch point bt) computed by thread tid of the team (NULL: alone); with a team,
@@ -1446,18 +1451,9 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
                        of a 128 x 768 x 3072 product on one core, and the product ran 21% faster
                        on two cores (128 x 1024 x 1024: 19%) packed here in runs of four.  Direct
                        slivers are read in place, never packed. */
-                    if (!shared_b && block == 0 && (s - s_lo) % PACK_RUN == 0) {
-                        const int64_t run = polyc_min(PACK_RUN, s_hi - s);
-                        int64_t direct = 0;
-                        for (int64_t q = 0; q < run; q++)
-                            direct += polyc_direct_b_SHAPE(g, jr + q * NR, polyc_min(NR, nc - (s + q) * NR));
-                        if (direct == 0)
-                            polyc_pack_b_run_SHAPE(g, b, jc, nc, s, run, pc, kc, bpack + s * stride, stride);
-                        else
-                            for (int64_t q = 0; q < run; q++)
-                                if (!polyc_direct_b_SHAPE(g, jr + q * NR, polyc_min(NR, nc - (s + q) * NR)))
-                                    polyc_pack_b_SHAPE(g, b, jc, nc, s + q, pc, kc, bpack + (s + q) * stride);
-                    }
+                    if (!shared_b && block == 0 && (s - s_lo) % PACK_RUN == 0)
+                        polyc_pack_b_run_SHAPE(g, b, jc, nc, s, polyc_min(PACK_RUN, s_hi - s), pc, kc,
+                                               bpack + s * stride, stride);
                     const T *restrict bp = direct_b ? b + g->b_n[jr] + pc * g->b_k_stride : bpack + s * stride;
                     const int64_t b_rs = direct_b ? g->b_k_stride : NR;
                     for (int64_t ir = 0; ir < mc; ir += MR) {
