@@ -12,6 +12,10 @@ not the machine's noise.  The figure of merit is the number of trials a search n
 before its best time is within 5% of the best time in the table (95% of the best speed); the
 table gives its median over the seeds (a search that never gets there counts as trials + 1).
 
+A table holds the times of one machine and one set of C compiler flags: with
+``POLYC_CFLAGS="-O3 -march=znver3"`` an AVX-512 machine builds AVX2 code, and its times go
+into a table of their own (the run starts one where ``--table`` holds another's).
+
 Measuring a space takes a while: about 500 configurations for a contraction (sgemm, mlp, tmm:
 5-10 minutes each on two cores) and about 650 for the generic path's transpose-add, whose
 candidates compile more slowly (20-30 minutes).
@@ -28,7 +32,11 @@ from pathlib import Path
 import numpy as np
 
 import polyc
+from polyc.runtime.compiler import DEFAULT_OPTIMISATION_FLAGS, LANGUAGE_FLAGS, CompilerOptions
 from polyc.tune import search
+
+#: The flags of the tables written before they recorded theirs: polyc's defaults.
+DEFAULT_FLAGS = " ".join(DEFAULT_OPTIMISATION_FLAGS + LANGUAGE_FLAGS)
 
 KERNELS = {
     "sgemm 512": ("def sgemm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
@@ -71,13 +79,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     machine = polyc.tune.this_machine()
+    # The C compiler's flags belong to the measurement as much as the machine: $POLYC_CFLAGS
+    # can build AVX2 code on an AVX-512 machine, whose times are another table's.
+    flags = " ".join(CompilerOptions().flags)
     tables = json.loads(args.table.read_text()) if args.table.exists() else {}
-    tables = tables if tables.get("machine") == machine.id else {"machine": machine.id, "kernels": {}}
-    print(f"machine: {machine.describe()}")
+    if (tables.get("machine"), tables.get("cflags", DEFAULT_FLAGS)) != (machine.id, flags):
+        tables = {"machine": machine.id, "kernels": {}}
+    tables["cflags"] = flags  # also into a table of the default flags written without them
+    print(f"machine: {machine.describe()}\nC flags: {flags}")
     # A run over some of the kernels (--filter) keeps the others' results from the same machine.
     results = json.loads(args.json.read_text()) if args.json.exists() else {}
-    if results.get("machine") != machine.to_json():
+    if (results.get("machine"), results.get("cflags", DEFAULT_FLAGS)) != (machine.to_json(), flags):
         results = {"machine": machine.to_json(), "kernels": {}}
+    results["cflags"] = flags
     print(f"{'kernel':<20} {'space':>6} {'best ms':>9} {'within 5%':>9} {'random: trials to 95%':>22} "
           f"{'guided':>7} {'ratio':>6}")
     for title, (source, entry, shapes, *options) in KERNELS.items():

@@ -9,10 +9,12 @@ import dataclasses
 import json
 
 import numpy as np
+import pytest
 
 import polyc
 from benchmarks import tuning_search
 from polyc.runtime.arguments import bind_arguments
+from polyc.runtime.compiler import CompilerOptions
 from polyc.tune import search
 
 SGEMM = "def sgemm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
@@ -43,7 +45,8 @@ def test_the_search_comparison_replays_a_measured_table(tmp_path, monkeypatch):
                 for job in jobs[:-1]] + [{"status": "ok", "seconds": 2e-3}]
     monkeypatch.setattr(search, "confirm_candidates", confirm)
     table, results = tmp_path / "tables.json", tmp_path / "search.json"
-    table.write_text(json.dumps({"machine": polyc.tune.this_machine().id, "kernels": {"sgemm 24": measured}}))
+    table.write_text(json.dumps({"machine": polyc.tune.this_machine().id, "cflags": _flags(),
+                                 "kernels": {"sgemm 24": measured}}))
 
     assert tuning_search.main(["--trials", "12", "--seeds", "2", "--table", str(table), "--json", str(results)]) == 0
     entry = json.loads(results.read_text())["kernels"]["sgemm 24"]
@@ -54,6 +57,35 @@ def test_the_search_comparison_replays_a_measured_table(tmp_path, monkeypatch):
     confirmed = json.loads(table.read_text())["kernels"]["sgemm 24"]
     assert sum("confirmed_seconds" in e for e in confirmed.values()) == min(tuning_search.CONFIRMED, len(measured))
     assert confirmed[best]["confirmed_seconds"] == 1e-4
+
+
+def _flags() -> str:
+    return " ".join(CompilerOptions().flags)
+
+
+def test_a_table_measured_with_other_compiler_flags_is_measured_again(tmp_path, monkeypatch):
+    """Times of code built with other flags ($POLYC_CFLAGS: AVX2 code on an AVX-512 machine)
+    belong to another table: the run starts a new one, as for another machine.  Without flags
+    recorded, a table is one of polyc's default flags."""
+    shapes = {"A": (24, 16), "B": (16, 20)}
+    monkeypatch.setattr(tuning_search, "KERNELS", {"sgemm 24": (SGEMM, "sgemm", shapes)})
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def measure_space(_kernel, _inputs, table, _path, tables):
+        seen.append((dict(table), tables.get("cflags")))
+        raise Stop
+    monkeypatch.setattr(tuning_search, "_measure_space", measure_space)
+    table = tmp_path / "tables.json"
+    machine = polyc.tune.this_machine().id
+    for recorded, reused in (({"cflags": _flags() + " -O1"}, False), ({}, _flags() == tuning_search.DEFAULT_FLAGS),
+                             ({"cflags": _flags()}, True)):
+        table.write_text(json.dumps({"machine": machine, **recorded, "kernels": {"sgemm 24": {"c": {"seconds": 1}}}}))
+        with pytest.raises(Stop):
+            tuning_search.main(["--table", str(table), "--json", str(tmp_path / "search.json")])
+        assert seen[-1] == ({"c": {"seconds": 1}} if reused else {}, _flags())
 
 
 def test_the_replay_reads_each_configuration_its_own_time():
