@@ -174,6 +174,54 @@ def _compiler_version(compiler_words: tuple[str, ...]) -> str:
     return lines[0].strip()
 
 
+def vector_bits(options: CompilerOptions | None = None) -> int:
+    """The width in bits of the SIMD registers that code built with ``options`` computes in, as
+    the compiler's preprocessor tells it (the macros the intrinsic micro-kernels are chosen by):
+    512 with ``__AVX512F__``, 256 with ``__AVX2__`` and ``__FMA__``, 128 with AArch64's NEON,
+    else 0 (portable C).  Decisions that depend on the register block (weights blocked as the
+    gemm kernel reads them) follow the build, not the processor: ``POLYC_CFLAGS="-O3 -mavx2
+    -mfma"`` on an AVX-512 machine builds the AVX2 kernels, which read 16-wide slivers of B, not
+    64-wide ones.  Where the compiler cannot be asked, this machine's own width."""
+    options = options if options is not None else CompilerOptions()
+    try:
+        words = tuple(options.compiler_words())
+    except CompilationError:
+        return _host_vector_bits()
+    return _preprocessor_vector_bits(words, tuple(options.flags) + tuple(options.extra_flags))
+
+
+@functools.lru_cache(maxsize=None)
+def _preprocessor_vector_bits(compiler_words: tuple[str, ...], flags: tuple[str, ...]) -> int:
+    command = [*compiler_words, *flags, "-dM", "-E", "-x", "c", os.devnull]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return _host_vector_bits()
+    if result.returncode != 0:
+        return _host_vector_bits()
+    macros = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("#define ")}
+    if "__AVX512F__" in macros:
+        return 512
+    if {"__AVX2__", "__FMA__"} <= macros:
+        return 256
+    if {"__aarch64__", "__ARM_NEON"} <= macros:
+        return 128
+    return 0
+
+
+@functools.lru_cache(maxsize=None)
+def _host_vector_bits() -> int:
+    """This processor's widest vector registers with FMA (x86 /proc/cpuinfo flags; NEON on aarch64)."""
+    if platform.machine() in ("aarch64", "arm64"):
+        return 128
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
+    except OSError:
+        return 0
+    return 512 if "avx512f" in flags else 256 if "avx2" in flags and "fma" in flags else 0
+
+
 @functools.lru_cache(maxsize=None)
 def _host_cpu() -> str:
     """A short identity of the host CPU: machine type plus a hash of its model and feature lines."""

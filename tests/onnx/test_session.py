@@ -1,6 +1,8 @@
 """polyc.onnx.InferenceSession: onnxruntime's API, its errors, fusion, and agreement with onnxruntime."""
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import pytest
 
@@ -224,6 +226,13 @@ def test_cli_emits_tc_groups_and_checks_against_onnxruntime(model, tmp_path, cap
     assert main(["onnx", str(tmp_path / "missing.onnx")]) == 1
 
 
+def _default_build_builder():
+    """A node builder for kernels built with the default flags, as a session's plan makes it."""
+    from polyc.frontends.onnx.lowering import Builder
+    from polyc.runtime.compiler import vector_bits
+    return Builder("test", "MatMul", lambda: "t", vector_bits())
+
+
 def _fully_connected(rng, k: int, n: int, trans_a: int, trans_b: int, bias_shape, alpha: float, beta: float):
     """A model of one Gemm (named "fc") by constant K x N weights (N x K with transB) and an
     optional constant bias, of a symbolic number of rows N."""
@@ -274,8 +283,8 @@ def test_a_gemm_by_constant_weights_reads_them_blocked_with_zero_columns(trans_a
         x = rng.standard_normal((48, batch) if trans_a else (batch, 48)).astype(np.float32)
         (got,) = session.run(None, {"X": x})
         np.testing.assert_allclose(got, reference(model, x), rtol=1e-5, atol=1e-5)
-        sliver = _weight_sliver(Value("x", x.dtype, (batch, 48)), Value("w", x.dtype, (48, 100), np.zeros((48, 100))),
-                                padded=True)
+        sliver = _weight_sliver(_default_build_builder(), Value("x", x.dtype, (batch, 48)),
+                                Value("w", x.dtype, (48, 100), np.zeros((48, 100))), padded=True)
         weights_read = session.plan_for({"X": x.shape}).groups[0].inputs[1]
         assert (len(weights_read.shape) == 3) == (sliver > 0)
         assert sliver == 0 or weights_read.shape == (-(-100 // sliver), 48, sliver)
@@ -528,8 +537,8 @@ def test_silu_and_gelu_chains_are_epilogues_of_the_kernel_computing_their_input(
 def test_pointwise_convolutions_take_the_path_measured_faster_on_this_machine(image):
     # A 1x1 convolution is a matrix product; which kernel computes it faster depends on the
     # positions per image and on the vector width (MATRIX_PRODUCT_POSITIONS).
-    from polyc.codegen.targets import get_target
     from polyc.frontends.onnx.ops import MATRIX_PRODUCT_POSITIONS
+    from polyc.runtime.compiler import vector_bits
     rng = np.random.default_rng(8)
     node = helper.make_node("Conv", ["X", "W"], ["Y"], name="pw")
     graph = helper.make_graph([node], "pw", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 8, image, image])],
@@ -539,7 +548,7 @@ def test_pointwise_convolutions_take_the_path_measured_faster_on_this_machine(im
     session = ponnx.InferenceSession(model, channels_last=False)  # (in NHWC: always the gemm kernel)
     x = rng.standard_normal((1, 8, image, image)).astype(np.float32)
     np.testing.assert_allclose(session.run(None, {"X": x})[0], reference(model, x), rtol=1e-4, atol=1e-5)
-    limit = MATRIX_PRODUCT_POSITIONS.get(get_target("host").vector_bits, MATRIX_PRODUCT_POSITIONS[256])[1]
+    limit = MATRIX_PRODUCT_POSITIONS.get(vector_bits(), MATRIX_PRODUCT_POSITIONS[256])[1]
     expected = "contraction" if image * image <= limit else "convolution"
     assert kernel_paths(session.kernels()[0].stages({})) == {expected}
 
@@ -590,7 +599,8 @@ def test_products_by_constant_weights_of_few_rows_read_them_blocked(rows):
     session = ponnx.InferenceSession(model)
     x = rng.standard_normal((1, rows, 24)).astype(np.float32)
     np.testing.assert_allclose(session.run(None, {"X": x})[0], reference(model, x), rtol=1e-4, atol=1e-5)
-    sliver = _weight_sliver(Value("x", x.dtype, x.shape), Value("w", weights.dtype, weights.shape, weights))
+    sliver = _weight_sliver(_default_build_builder(), Value("x", x.dtype, x.shape),
+                            Value("w", weights.dtype, weights.shape, weights))
     contraction = session.kernels()[0].stages({}).contraction
     blocked = len(session.plan_for({"X": x.shape}).groups[0].inputs[1].shape) == 3
     assert blocked == (rows <= BLOCKED_WEIGHT_ROWS and sliver > 0)
@@ -932,3 +942,29 @@ def test_a_kernel_that_fails_to_build_ahead_fails_at_its_call(model, tmp_path, m
     x = np.zeros((1, 3, 8, 8), np.float32)
     with pytest.raises(CompilationError, match="as this test makes it"):
         ponnx.InferenceSession(model).run(None, {"X": x})
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 instruction-set flags")
+@pytest.mark.parametrize("cflags,sliver", [("-O2 -mavx2 -mfma", 16), ("-O2 -mavx512f -mavx512vl -mfma", 64), ("-O2", 0)],
+                         ids=["avx2", "avx512", "portable"])
+def test_constant_weights_are_blocked_for_the_instruction_set_the_kernels_are_built_for(cflags, sliver):
+    # The cflags option (or $POLYC_CFLAGS) may build the kernels for another instruction set
+    # than the processor's: AVX2 code on an AVX-512 machine, as for a fleet of AVX2 servers.
+    # Weights are blocked for the register block of the kernels built, whatever this machine
+    # has: 16-wide slivers for AVX2's 6 x 16 block (64-wide ones it would pack on every call),
+    # 64-wide for AVX-512's 6 x 64, none for portable C.  The build runs where this machine can.
+    from polyc.codegen.targets import get_target
+    rng = np.random.default_rng(21)
+    weights = rng.standard_normal((24, 128)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["P"], name="mm"), helper.make_node("Add", ["P", "B"], ["Y"], name="bias")]
+    graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, "T", 24])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, "T", 128])],
+                              [numpy_helper.from_array(weights, "W"),
+                               numpy_helper.from_array(rng.standard_normal(128).astype(np.float32), "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ponnx.InferenceSession(model, cflags=cflags)
+    x = rng.standard_normal((1, 8, 24)).astype(np.float32)
+    weights_read = session.plan_for({"X": x.shape}).groups[0].inputs[1]
+    assert weights_read.shape == ((128 // sliver, 24, sliver) if sliver else (24, 128))
+    if get_target("host").vector_bits >= (512 if sliver == 64 else 256 if sliver == 16 else 0):
+        np.testing.assert_allclose(session.run(None, {"X": x})[0], reference(model, x), rtol=1e-4, atol=1e-5)

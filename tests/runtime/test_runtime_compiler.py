@@ -1,6 +1,9 @@
 """CompilerOptions defaults and command lines, and compile_shared_library's results and errors."""
 from __future__ import annotations
 
+import platform
+import shutil
+
 import pytest
 
 from polyc.errors import CompilationError
@@ -92,3 +95,21 @@ def test_no_compiler_at_all(tmp_path, axpy_source, monkeypatch):
 def test_timeout(tmp_path, axpy_source):
     with pytest.raises(CompilationError, match="longer than"):
         compile_shared_library(axpy_source, tmp_path / "axpy.so", CompilerOptions(), timeout=1e-4)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or shutil.which("gcc") is None,
+                    reason="x86-64 instruction-set flags, asked of gcc")
+def test_vector_bits_follow_the_build_flags_not_the_processor(monkeypatch):
+    # What the preprocessor defines decides which micro-kernels a build holds, so layouts made
+    # for them follow the flags: AVX2 code on an AVX-512 machine computes in 256-bit vectors.
+    from polyc.runtime.compiler import _host_vector_bits, vector_bits
+    monkeypatch.delenv("POLYC_CFLAGS", raising=False)
+    assert vector_bits(CompilerOptions(cc="gcc", flags=("-O2", "-mavx2", "-mfma"))) == 256
+    assert vector_bits(CompilerOptions(cc="gcc", flags=("-O2", "-mavx512f", "-mfma"))) == 512
+    assert vector_bits(CompilerOptions(cc="gcc", flags=("-O2", "-mavx2"))) == 0  # the AVX2 kernels need FMA too
+    assert vector_bits(CompilerOptions(cc="gcc", flags=("-O2",))) == 0
+    assert vector_bits(CompilerOptions(cc="gcc", flags=("-O3", "-march=native"))) == _host_vector_bits()
+    monkeypatch.setenv("POLYC_CFLAGS", "-O3 -mavx2 -mfma")
+    assert vector_bits() == 256
+    # A compiler that cannot be asked: this machine's own width, not an error while planning.
+    assert vector_bits(CompilerOptions(cc="no-such-compiler-polyc", flags=("-O2",))) == _host_vector_bits()

@@ -63,10 +63,12 @@ class ChannelsLast:
     to values in ONNX's layout; a value produced here is in ``nhwc`` instead until a node
     needs it in NCHW (:meth:`need_nchw`)."""
 
-    def __init__(self, values: dict[str, Value], new_ident, options: Mapping = MappingProxyType({})):
+    def __init__(self, values: dict[str, Value], new_ident, vector_bits: int,
+                 options: Mapping = MappingProxyType({})):
         self.values = values
         self.nhwc: dict[str, Value] = {}
         self.new_ident = new_ident
+        self.vector_bits = vector_bits  # of the build (see Builder)
         self.options = options  # the session's: its back end and kernel options
 
     # ------------------------------------------------------------------ node conversion
@@ -80,7 +82,7 @@ class ChannelsLast:
         known = [self._known(name) for name in proto.input if name]
         if all(value.const is not None for value in known):
             return None  # folded by the plan
-        b = Builder(node.name, op, self.new_ident)
+        b = Builder(node.name, op, self.new_ident, self.vector_bits)
         if op in ("Shape", "Size") and proto.input[0] in self.nhwc and proto.input[0] not in self.values:
             return self._shape_of(b, node, opset)
         if op == "Conv":
@@ -122,7 +124,7 @@ class ChannelsLast:
         """Input ``name`` in NHWC, transposed from NCHW (once) if that is all there is (a step
         of its own node, ``<name> to NHWC``, before the steps of ``b``)."""
         if name not in self.nhwc:
-            transpose = Builder(f"{name} to NHWC", "Transpose", self.new_ident)
+            transpose = Builder(f"{name} to NHWC", "Transpose", self.new_ident, self.vector_bits)
             self.nhwc[name] = _transposed(transpose, self.values[name], TO_CHANNELS_LAST)
             b.steps += transpose.steps
         return self.nhwc[name]
@@ -235,7 +237,7 @@ class ChannelsLast:
         steps = []
         for name in names:
             if name and name not in self.values and name in self.nhwc:
-                b = Builder(f"{name} to NCHW", "Transpose", self.new_ident)
+                b = Builder(f"{name} to NCHW", "Transpose", self.new_ident, self.vector_bits)
                 value = _transposed(b, self.nhwc[name], TO_CHANNELS_FIRST)
                 value.onnx_name = name
                 self.values[name] = value
@@ -364,7 +366,7 @@ def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value |
             and filters >= POINTWISE_GEMM_FILTERS and image_channels_last:
         matrix = np.ascontiguousarray(w.const.reshape(filters, channels).T)
         pixels = n * math.prod(outs)
-        sliver = _weight_sliver(x, Value("", w.dtype, matrix.shape, const=matrix), padded=channels >= pixels)
+        sliver = _weight_sliver(b, x, Value("", w.dtype, matrix.shape, const=matrix), padded=channels >= pixels)
         if sliver:
             # Up to BLOCKED_WEIGHT_ROWS pixels: weights blocked as the gemm kernel reads them.
             # Where they outweigh the output, with zero filters up to a whole sliver, and the

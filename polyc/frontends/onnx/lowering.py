@@ -93,11 +93,14 @@ def values_written(step) -> list[Value]:
 
 @dataclass
 class Builder:
-    """Emits the steps of one node."""
+    """Emits the steps of one node.  ``vector_bits``: the SIMD width the plan's kernels are built
+    for (:func:`polyc.runtime.compiler.vector_bits`), which decides layouts made for the gemm
+    kernel's register blocks (0: portable C, no such layouts)."""
 
     node_name: str
     op_type: str
     new_ident: callable
+    vector_bits: int
     steps: list = field(default_factory=list)
 
     # ------------------------------------------------------------------ values

@@ -658,7 +658,7 @@ class MatMul(Converter):
             + ([idx[-2]] if a.rank > 1 else []) + ["r0"]
         c_sub = b.broadcast_subscripts(Value("", c.dtype, c_shape[:-2]), batch, idx[:len(batch)]) \
             + ["r0"] + ([idx[-1]] if c.rank > 1 else [])
-        sliver = _weight_sliver(a, c)
+        sliver = _weight_sliver(b, a, c)
         if sliver:
             return [_product_by_blocked_weights(b, a, c, sliver, shape, out_idx[:-1], a_sub)]
         out = b.new(shape, a.dtype)
@@ -679,17 +679,17 @@ class MatMul(Converter):
 BLOCKED_WEIGHT_ROWS = 4096
 
 
-def _weight_sliver(a: Value, c: Value, padded: bool = False) -> int:
+def _weight_sliver(b: Builder, a: Value, c: Value, padded: bool = False) -> int:
     """NR when ``a @ c`` should read ``c`` blocked (see :data:`BLOCKED_WEIGHT_ROWS`), else 0:
-    the width of the host gemm kernel's widest register block, which it picks for such N.
-    ``padded``: the caller pads ``c`` with zero columns up to a multiple of NR."""
+    the width of the widest register block of the gemm kernel the plan builds (``b.vector_bits``),
+    which it picks for such N.  ``padded``: the caller pads ``c`` with zero columns up to a
+    multiple of NR."""
     from polyc.codegen.gemm import micro_kernel_shapes
-    from polyc.codegen.targets import get_target
     if c.const is None or c.rank != 2 or a.rank < 2:
         return 0
     if a.dtype != c.dtype or a.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
         return 0
-    isa = {512: "avx512", 256: "avx2"}.get(get_target("host").vector_bits)
+    isa = {512: "avx512", 256: "avx2"}.get(b.vector_bits)
     if isa is None or math.prod(a.shape[:-1]) > BLOCKED_WEIGHT_ROWS:
         return 0
     sliver = micro_kernel_shapes(isa, a.dtype)[0].nr
@@ -736,7 +736,7 @@ class Gemm(Converter):
             # ms on one core, onnxruntime 0.42, AMD EPYC Zen 4).
             matrix = c.const.T if trans_b else c.const
             rows = Value("", a.dtype, (m, k))  # a's rows, also when transA
-            sliver = _weight_sliver(rows, Value("", c.dtype, matrix.shape, const=matrix), padded=True)
+            sliver = _weight_sliver(b, rows, Value("", c.dtype, matrix.shape, const=matrix), padded=True)
             if sliver:
                 padded = zero_padded_columns(matrix, sliver)
                 product = _product_by_blocked_weights(b, a, b.const(padded), sliver, (m, padded.shape[1]), ["i0"], a_sub)
@@ -878,7 +878,7 @@ class Conv(Converter):
         kernel = list(w.shape[2:])
         outs, begin, end, strides, dilations = _spatial(b, node, x, kernel)
         k = len(kernel)
-        if groups == 1 and _as_matrix_product(kernel, outs, strides, dilations, begin, end):
+        if groups == 1 and _as_matrix_product(b, kernel, outs, strides, dilations, begin, end):
             return Conv._as_gemm(b, x, w, bias, kernel, outs, begin, end, strides, dilations)
         if groups == channels == filters and per_group == 1:
             unrolled = unrolled_depthwise(b, x, w, bias, kernel, outs, begin, strides, dilations)
@@ -1183,12 +1183,11 @@ def _weighted_gather(b, x, axis: int, weights: np.ndarray):
 MATRIX_PRODUCT_POSITIONS = {512: (36, 16), 256: (36, 8)}
 
 
-def _as_matrix_product(kernel, outs, strides, dilations, begin, end) -> bool:
-    from polyc.codegen.targets import get_target
+def _as_matrix_product(b: Builder, kernel, outs, strides, dilations, begin, end) -> bool:
     positions = int(np.prod(outs)) if outs else 1
     pointwise = all(size == 1 for size in kernel) and all(s == 1 for s in strides) and not any(begin) \
         and not any(end)
-    windows, pointwise_limit = MATRIX_PRODUCT_POSITIONS.get(get_target("host").vector_bits,
+    windows, pointwise_limit = MATRIX_PRODUCT_POSITIONS.get(b.vector_bits,
                                                             MATRIX_PRODUCT_POSITIONS[256])
     return positions <= (pointwise_limit if pointwise else windows)
 

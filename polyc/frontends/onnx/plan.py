@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from polyc.driver import build_ahead
+from polyc.driver import build_ahead, compiler_options
 from polyc.errors import PolycError, UnsupportedError
+from polyc.options import Options
 from polyc.runtime.arguments import allocate
+from polyc.runtime.compiler import vector_bits as build_vector_bits
 from polyc.runtime.sequence import sequence_runner
 from polyc.frontends.onnx.channels_last import ChannelsLast
 from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type, values_read, values_written
@@ -96,7 +98,10 @@ class Plan:
         nodes = list(graph.node)
         if graph_fusion:
             nodes = fold_batch_norms(nodes, {o.name for o in graph.output}, self.values, self._new_ident)
-        layout = ChannelsLast(self.values, self._new_ident, options) if channels_last else None
+        # The layouts made for the gemm kernel's register blocks follow the instruction set the
+        # kernels are built for ($POLYC_CFLAGS or the cflags option), not the processor's.
+        vector_bits = build_vector_bits(compiler_options(Options.from_kwargs(**options)))
+        layout = ChannelsLast(self.values, self._new_ident, vector_bits, options) if channels_last else None
         for position, proto in enumerate(nodes):
             node = Node(proto, proto.name or f"{proto.op_type}_{position}")
             if layout is not None:
@@ -106,7 +111,7 @@ class Plan:
                     continue
                 steps += layout.need_nchw(proto.input)
             inputs = [self.values[name] if name else None for name in proto.input]
-            builder = Builder(node.name, node.op_type, self._new_ident)
+            builder = Builder(node.name, node.op_type, self._new_ident, vector_bits)
             outputs = CONVERTERS[node.op_type].convert(builder, node, inputs, opset)
             if _foldable(builder.steps, inputs):
                 _fold(builder.steps, node.name)
