@@ -171,6 +171,18 @@ def thread_counts(cores: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
+def built_instruction_set(options: Options, machine: MachineFingerprint) -> str:
+    """The instruction set whose register blocks kernels built with ``options`` on ``machine``
+    hold: the machine's own with ``-march=native`` (the default), else the one the flags select
+    (``cflags="-O3 -mavx2 -mfma"`` builds AVX2 code on an AVX-512 machine, with AVX2's blocks)."""
+    from polyc.driver import compiler_options
+    from polyc.runtime.compiler import vector_bits
+    build = compiler_options(options)
+    if any(flag.endswith("=native") for flag in build.flags):
+        return machine.instruction_set
+    return {512: "avx512", 256: "avx2", 128: "neon"}.get(vector_bits(build), "portable")
+
+
 def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options,
               machine: MachineFingerprint | None = None) -> SearchSpace:
     """The search space of ``definition`` compiled with ``options`` for ``sizes`` on ``machine``
@@ -204,7 +216,7 @@ def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options
         if options.micro_kernel is None:
             # 0: polyc's choice for the sizes; n: the n-th of the instruction set's blocks.
             from polyc.codegen.gemm import micro_kernel_shapes
-            blocks = len(micro_kernel_shapes(machine.instruction_set, np.dtype(
+            blocks = len(micro_kernel_shapes(built_instruction_set(options, machine), np.dtype(
                 definition.tensor(contraction.target.tensor).dtype)))
             if blocks > 1:
                 knobs += (Knob("micro_kernel", tuple(range(blocks + 1)), numeric=False),)

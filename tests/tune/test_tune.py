@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import os
+import platform
 import re
 import signal
 import subprocess
@@ -371,6 +372,16 @@ def test_the_register_block_is_searched_on_the_gemm_path():
         assert space.options({**space.default, "micro_kernel": 2})["micro_kernel"] == 2
     pinned = polyc.define(MATMUL, tuning=False, micro_kernel=1).matmul
     assert "micro_kernel" not in {k.name for k in space_for(pinned.definition, sizes, pinned.options).knobs}
+    # Flags that name an instruction set build its blocks, whatever the machine has: AVX2
+    # code on an AVX-512 machine has AVX2's two blocks to choose from, portable C one (no knob).
+    if platform.machine() in ("x86_64", "AMD64"):
+        avx512_machine = replace(this_machine(), machine="x86_64", isa=("avx2", "avx512f", "fma"))
+        for cflags, isa in (("-O2 -mavx2 -mfma", "avx2"), ("-O2 -mavx512f -mfma", "avx512"), ("-O2", "portable")):
+            built = polyc.define(MATMUL, tuning=False, cflags=cflags).matmul
+            blocks = len(micro_kernel_shapes(isa, np.dtype(np.float32)))
+            knobs = dict((k.name, k.choices) for k in space_for(built.definition, sizes, built.options,
+                                                                 machine=avx512_machine).knobs)
+            assert knobs.get("micro_kernel") == (tuple(range(blocks + 1)) if blocks > 1 else None)
     # Each block, named by the option, is the only one in the C of every instruction set, and
     # computes the product (rows and columns that fill no whole block included).
     A = np.random.default_rng(3).random((29, 37), dtype=np.float32)
