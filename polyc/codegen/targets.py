@@ -34,7 +34,7 @@ from polyc import __version__
 from polyc.errors import PolycError
 from polyc.ir.bounds import check_bounds
 from polyc.lang.checked import CheckedDef, Role, Tensor
-from polyc.runtime.compiler import DEFAULT_OPTIMISATION_FLAGS, LANGUAGE_FLAGS, CompilerOptions
+from polyc.runtime.compiler import DEFAULT_OPTIMISATION_FLAGS, LANGUAGE_FLAGS, CompilerOptions, cpu_flags
 
 if TYPE_CHECKING:
     from polyc.driver import Stages
@@ -109,21 +109,10 @@ def _host_target() -> Target:
     machine = platform.machine()
     vector_bits = 128
     if machine in ("x86_64", "AMD64"):
-        cpu_flags = _cpu_flags()
-        vector_bits = 512 if "avx512f" in cpu_flags else 256 if "avx2" in cpu_flags else 128
+        flags = cpu_flags()
+        vector_bits = 512 if "avx512f" in flags else 256 if "avx2" in flags else 128
     return Target("host", f"this machine ({machine}, -march=native)", machine, None,
                   DEFAULT_OPTIMISATION_FLAGS, vector_bits)
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 # ----------------------------------------------------------------------------- export

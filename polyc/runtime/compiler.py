@@ -214,12 +214,21 @@ def _host_vector_bits() -> int:
     """This processor's widest vector registers with FMA (x86 /proc/cpuinfo flags; NEON on aarch64)."""
     if platform.machine() in ("aarch64", "arm64"):
         return 128
+    flags = cpu_flags()
+    return 512 if "avx512f" in flags else 256 if {"avx2", "fma"} <= flags else 0
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset[str]:
+    """The processor's feature flags as Linux lists them (/proc/cpuinfo), empty elsewhere."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
-            flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
-        return 0
-    return 512 if "avx512f" in flags else 256 if "avx2" in flags and "fma" in flags else 0
+        pass
+    return frozenset()
 
 
 @functools.lru_cache(maxsize=None)
