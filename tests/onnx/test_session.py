@@ -968,3 +968,37 @@ def test_constant_weights_are_blocked_for_the_instruction_set_the_kernels_are_bu
     assert weights_read.shape == ((128 // sliver, 24, sliver) if sliver else (24, 128))
     if get_target("host").vector_bits >= (512 if sliver == 64 else 256 if sliver == 16 else 0):
         np.testing.assert_allclose(session.run(None, {"X": x})[0], reference(model, x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["Cast", "CastLike"])
+def test_a_cast_to_the_type_it_has_may_be_a_graph_output(op):
+    # The cast changes nothing, and its output is the model's: before, the output had no
+    # value of its own and run() failed with a KeyError.
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    node = helper.make_node("Cast", ["s"], ["Y"], to=TensorProto.FLOAT) if op == "Cast" \
+        else helper.make_node("CastLike", ["s", "X"], ["Y"])
+    graph = helper.make_graph([helper.make_node("Sqrt", ["X"], ["s"]), node], "cast",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    np.testing.assert_allclose(ponnx.InferenceSession(model).run(None, {"X": x})[0], np.sqrt(x), rtol=1e-6)
+
+
+def test_a_float16_depthwise_convolution_without_bias_starts_from_zero():
+    # Its output starts as a float16 zero, which has no TC literal: before, the zero was a
+    # constant tensor the kernel did not receive, and the group failed to compile.
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((4, 1, 3)).astype(np.float16)
+    graph = helper.make_graph([helper.make_node("Conv", ["X", "W"], ["Y"], group=4, name="dw")], "dw16",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT16, [1, 4, 9])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, [1, 4, 7])],
+                              [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((1, 4, 9)).astype(np.float16)
+    got = ponnx.InferenceSession(model).run(None, {"X": x})[0]
+    assert got.dtype == np.float16
+    # each tap's product and sum rounded to float16, as polyc computes float16
+    expected = np.zeros((1, 4, 7), np.float16)
+    for t in range(3):
+        expected = (expected + w[:, 0, t][None, :, None] * x[:, :, t:t + 7]).astype(np.float16)
+    np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3)

@@ -154,7 +154,8 @@ class Builder:
                 return None
             text = repr(float(number))
             if value.dtype != np.float32 and value.dtype != np.float64:
-                return None
+                # float16 and bfloat16 have no literals: a cast of the float, which is exact.
+                return f"{tc_type(value.dtype)}({text})"
             return f"({text})" if number < 0 else text
         if value.dtype != np.int64 and value.dtype != np.int32:
             return None

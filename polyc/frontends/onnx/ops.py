@@ -264,21 +264,33 @@ class Not(Converter):
         return [_elementwise(b, inputs[:1], np.bool_, lambda r: f"!{r[0]}")]
 
 
+def _cast(b: Builder, x: Value, to) -> Value:
+    if to == x.dtype:
+        return b.view(x, x.shape)  # a value of its own: the node's output may be a graph output
+    if x.const is not None:
+        return b.const(x.const.astype(to))
+    if to == np.bool_:
+        return _elementwise(b, [x], to, lambda r: f"{r[0]} != 0")
+    return _elementwise(b, [x], to, lambda r: f"{tc_type(to)}({r[0]})")
+
+
 class Cast(Converter):
     @staticmethod
     def _impl_v6(b, node, inputs):
         from polyc.frontends.onnx.model import numpy_dtype
-        (x,) = inputs[:1]
         to = numpy_dtype(node.attr("to"))
         if to is None:
             raise UnsupportedError(f"{b.where}: Cast to element type {node.attr('to')} is not supported")
-        if to == x.dtype:
-            return [x]
-        if x.const is not None:
-            return [b.const(x.const.astype(to))]
-        if to == np.bool_:
-            return [_elementwise(b, [x], to, lambda r: f"{r[0]} != 0")]
-        return [_elementwise(b, [x], to, lambda r: f"{tc_type(to)}({r[0]})")]
+        return [_cast(b, inputs[0], to)]
+
+
+class CastLike(Converter):
+    """Cast to the element type of the second input (whose values are not read); onnx's
+    function bodies use it to make a constant the type of the operand, as in Relu's."""
+
+    @staticmethod
+    def _impl_v15(b, node, inputs):
+        return [_cast(b, inputs[0], inputs[1].dtype)]
 
 
 class Identity(Converter):
@@ -1787,7 +1799,7 @@ CONVERTERS: dict[str, type[Converter]] = {
     "LessOrEqual": _binary("<=", True), "GreaterOrEqual": _binary(">=", True),
     "And": _binary("&&", True), "Or": _binary("||", True), "Xor": _binary("!=", True),
     "Max": _variadic("max"), "Min": _variadic("min"), "Sum": _variadic("+"), "Mean": _variadic("+", mean=True),
-    "Mod": Mod, "Not": Not, "Where": Where, "Cast": Cast, "Clip": Clip,
+    "Mod": Mod, "Not": Not, "Where": Where, "Cast": Cast, "CastLike": CastLike, "Clip": Clip,
     "LeakyRelu": LeakyRelu, "Elu": Elu, "Selu": Selu, "HardSigmoid": HardSigmoid, "Gelu": Gelu, "PRelu": PRelu,
     "Identity": Identity, "Dropout": Dropout,
     "Shape": Shape, "Size": Size, "Constant": Constant, "ConstantOfShape": ConstantOfShape, "Range": Range,
