@@ -19,6 +19,7 @@ from polyc.ir.model import build_program
 from polyc.ir.proofs import define_proofs
 from polyc.lang import ast
 from polyc.lang.checked import CheckedDef
+from polyc.lang.float16_sums import accumulate_float16_in_float32
 from polyc.lang.parser import parse
 from polyc.lang.sema import check_def
 from polyc.options import GPU_BACKENDS, Options
@@ -302,6 +303,9 @@ def define(source: str, filename: str = "<tc>", **options) -> Module:
     checked_options = Options.from_kwargs(**options)
     tree = parse(source, filename)
     definitions = [check_def(d, source, filename) for d in tree.defs]
+    if checked_options.backend not in GPU_BACKENDS:
+        # float16 sums in float32 (the GPU mappers keep their tiles in float16 and round each step)
+        definitions = [accumulate_float16_in_float32(d) for d in definitions]
     _check_loop_order(definitions, checked_options.loop_order)
     kernels = {d.name: Kernel(d, definition, checked_options) for d, definition in zip(tree.defs, definitions)}
     return Module(kernels, tree)

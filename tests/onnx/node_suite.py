@@ -9,7 +9,7 @@ as onnx's runner does.
 A case is skipped only for a reason stated here: its opset is older than polyc converts, it
 uses an element type polyc does not compute in (the reason names the type) or a value that
 is not a tensor (a sequence, an optional: named), one of its
-operators is not converted (named), or it is listed in EXCLUDED or FLOAT16_ACCUMULATION with why.
+operators is not converted (named), or it is listed in EXCLUDED with why.
 """
 from __future__ import annotations
 
@@ -40,21 +40,6 @@ EXCLUDED = {
         "shape when it compiles",
 }
 
-#: Cases whose expected outputs polyc's float16 arithmetic does not reproduce within the case's
-#: tolerance (skipped before they run).  polyc rounds a float16 reduction to float16 at every
-#: step, as TC's semantics make the output tensor the accumulator; onnx's reference accumulates
-#: these products (MatMul, Conv) in float32 and rounds once.  Measured on
-#: test_attention_4d_fp16_expanded against the exact result: polyc 1.8e-3 relative, the
-#: reference 0.9e-3 (float16's spacing is 0.5e-3 to 1e-3).  Accumulating float16 reductions in
-#: float32 would pass them.
-FLOAT16_ACCUMULATION = {
-    r"^test_attention_4d_(causal_|gqa_causal_nonpad_decode_|gqa_with_past_and_present_|)fp16_expanded$":
-        "float16 attention: polyc accumulates the products in float16, onnx's reference in float32",
-    r"^test_causal_conv_with_state_silu_fp16_expanded$":
-        "float16 convolution: polyc accumulates the taps in float16, onnx's reference in float32",
-}
-
-
 @functools.lru_cache(maxsize=None)
 def cases() -> dict:
     from onnx.backend.test.case import node
@@ -78,9 +63,6 @@ def _types(model) -> list[int]:
 
 def run_case(name: str) -> None:
     case = cases()[name]
-    for pattern, reason in FLOAT16_ACCUMULATION.items():
-        if re.search(pattern, name):
-            pytest.skip(reason)
     model = case.model
     ops = sorted({n.op_type for n in model.graph.node})
     missing = [op for op in ops if op not in CONVERTERS]

@@ -1294,9 +1294,10 @@ def unrolled_depthwise(b, x, w, bias, kernel, outs, begin, strides, dilations):
     its interior (every tap inside the image) adds the taps without guards; the slabs along
     each edge add the taps that fall inside.  mobilenet_v2's 3 x 3 stride-2 layer on 96 x 112 x
     112: 1.75 ms with its padding step, 0.28 ms so (AMD EPYC Zen 3).  None when the window is
-    too large (see UNROLLED_DEPTHWISE_TAPS)."""
+    too large (see UNROLLED_DEPTHWISE_TAPS), or for float16, whose taps would be added with a
+    rounding each: as a reduction they are summed in float32 (polyc.lang.float16_sums)."""
     k = len(kernel)
-    if math.prod(kernel) > UNROLLED_DEPTHWISE_TAPS:
+    if math.prod(kernel) > UNROLLED_DEPTHWISE_TAPS or x.dtype == np.float16:
         return None
     first = 2  # the first spatial axis
     n, channels = x.shape[0], x.shape[1]
