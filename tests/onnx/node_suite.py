@@ -6,7 +6,7 @@ inputs and the expected outputs, computed by onnx's reference implementation.  O
 compared with the case's tolerances (rtol 1e-3 and atol 1e-7 unless the case says otherwise),
 as onnx's runner does.
 
-A case is skipped only for a reason stated here: its opset is older than polyc converts, it
+A case is skipped only for a reason stated here: it
 uses an element type polyc does not compute in (the reason names the type) or a value that
 is not a tensor (a sequence, an optional: named), one of its
 operators is not converted (named), or it is listed in EXCLUDED with why.
@@ -24,13 +24,12 @@ onnx = pytest.importorskip("onnx")
 
 from polyc.errors import UnsupportedError  # noqa: E402
 from polyc.frontends.onnx import backend  # noqa: E402
-from polyc.frontends.onnx.model import MIN_OPSET, TC_TYPES, default_opset, numpy_dtype  # noqa: E402
+from polyc.frontends.onnx.model import TC_TYPES, numpy_dtype  # noqa: E402
 from polyc.frontends.onnx.ops import CONVERTERS  # noqa: E402
 
 #: Cases polyc declines on purpose (an UnsupportedError with this reason is a skip, not a failure).
 EXCLUDED = {
     r"training_mode|training_dropout": "training mode: polyc compiles models for inference",
-    r"^test_(edge|reflect|wrap)_pad": "Pad modes edge, reflect and wrap are not implemented (constant is)",
     r"maxpool_with_argmax": "MaxPool's second output (Indices) is not implemented",
     r"einsum_batch_diagonal": "Einsum with an ellipsis is not implemented",
     r"resize_tf_crop_and_resize": "Resize's tf_crop_and_resize (a region of interest and an extrapolation "
@@ -68,9 +67,6 @@ def run_case(name: str) -> None:
     missing = [op for op in ops if op not in CONVERTERS]
     if missing:
         pytest.skip(f"operator {', '.join(missing)} is not converted by polyc")
-    opset = default_opset(model)
-    if opset < MIN_OPSET:
-        pytest.skip(f"opset {opset}: polyc converts opsets {MIN_OPSET} and newer")
     graph = model.graph
     for value in list(graph.input) + list(graph.output):
         kind = value.type.WhichOneof("value")

@@ -183,7 +183,9 @@ def test_malformed_and_truncated_models_are_polyc_errors(model, tmp_path):
         ponnx.InferenceSession(str(path))
     with pytest.raises(polyc.PolycError, match="no such file"):
         ponnx.InferenceSession(str(tmp_path / "missing.onnx"))
-    with pytest.raises(polyc.PolycError, match="opset"):
+    # older than opset 7, brought there by onnx's version converter, which fails on this one (its
+    # BatchNormalization adapter needs every dimension known, and the batch is symbolic)
+    with pytest.raises(polyc.PolycError, match="opset 6 .*version converter could not bring it there"):
         ponnx.InferenceSession(small_cnn(opset=6))
     with pytest.raises(polyc.PolycError, match="unknown option"):
         ponnx.InferenceSession(model, tile_size=4)

@@ -115,9 +115,12 @@ def load_model(model, where: str | None = None):
         raise PolycError(f"{where}: the ONNX checker rejects the model: {first}") from error
     opset = default_opset(copy)
     newest = onnx.defs.onnx_opset_version()
-    if opset < MIN_OPSET or opset > newest:
+    if opset > newest:
         raise PolycError(f"{where}: opset {opset} of the default domain; polyc converts opsets "
                          f"{MIN_OPSET} to {newest} (the newest the installed onnx knows)")
+    if opset < MIN_OPSET:
+        copy = _upgraded(copy, opset, where)
+        skeleton = _skeleton(copy)
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - shapes are also computed per call; inference only helps
@@ -128,6 +131,48 @@ def load_model(model, where: str | None = None):
         del copy.graph.output[:]
         copy.graph.output.extend(inferred.graph.output)
     return copy, where
+
+
+def _upgraded(model, opset: int, where: str):
+    """``model``, of an opset older than polyc's converters (PyTorch's exports of 2017 are
+    opset 6), brought to :data:`MIN_OPSET` by onnx's version converter: its adapters rewrite
+    the few operators whose meaning changed (opset 7 made Add's ``broadcast`` attribute numpy
+    broadcasting, BatchNormalization dropped ``spatial``...)."""
+    from onnx import version_converter
+    _per_channel_prelu_slopes(model)
+    try:
+        upgraded = version_converter.convert_version(model, MIN_OPSET)
+    except Exception as error:  # noqa: BLE001 - the converter raises several kinds
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise PolycError(f"{where}: opset {opset} of the default domain; polyc converts opsets {MIN_OPSET} and "
+                         f"newer, and onnx's version converter could not bring it there ({first})") from error
+    return upgraded
+
+
+def _per_channel_prelu_slopes(model) -> None:
+    """Before opset 7, a PRelu slope of C values applied per channel (axis 1); from opset 7 it
+    broadcasts as numpy does, aligned right, and onnx's converter leaves it as it is.  So a
+    constant slope of shape (C,) before an input of rank r > 2 becomes (C, 1, ..., 1) here
+    (``model`` is polyc's own copy)."""
+    onnx = _onnx()
+    prelus = [node for node in model.graph.node if node.op_type == "PRelu" and len(node.input) > 1]
+    if not prelus:
+        return
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001 - without ranks the slopes stay as they are
+        return
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in
+             list(inferred.graph.input) + list(inferred.graph.value_info) if v.type.tensor_type.HasField("shape")}
+    initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+    for node in prelus:
+        slope, rank = initializers.get(node.input[1]), ranks.get(node.input[0], 0)
+        if slope is not None and len(slope.dims) == 1 and slope.dims[0] > 1 and rank > 2:
+            slope.dims.extend([1] * (rank - 2))
+            for declared in model.graph.input:  # an initializer may also be declared an input
+                if declared.name == slope.name and declared.type.tensor_type.HasField("shape"):
+                    for _ in range(rank - 2):
+                        declared.type.tensor_type.shape.dim.add().dim_value = 1
 
 
 #: Initializers with more elements than this are left out of the model that the checker and

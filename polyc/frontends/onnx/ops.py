@@ -137,6 +137,18 @@ class LeakyRelu(Converter):
         return [_elementwise(b, inputs[:1], inputs[0].dtype, lambda r: f"({r[0]} >= 0 ? {r[0]} : {r[0]} * {alpha})")]
 
 
+class Shrink(Converter):
+    """x + bias below -lambd, x - bias above lambd, 0 between (soft shrinkage when bias is
+    lambd, hard when it is 0)."""
+
+    @staticmethod
+    def _impl_v9(b, node, inputs):
+        x = inputs[0]
+        lambd, bias = _number(node.attr("lambd", 0.5)), _number(node.attr("bias", 0.0))
+        return [_elementwise(b, [x], x.dtype, lambda r: f"({r[0]} < -{lambd} ? {r[0]} + {bias} : "
+                                                        f"({r[0]} > {lambd} ? {r[0]} - {bias} : 0))")]
+
+
 class Elu(Converter):
     @staticmethod
     def _impl_v1(b, node, inputs):
@@ -175,7 +187,7 @@ class Gelu(Converter):
 
 class PRelu(Converter):
     @staticmethod
-    def _impl_v9(b, node, inputs):
+    def _impl_v7(b, node, inputs):  # v7 brought numpy (unidirectional) broadcasting; v9 and v16 only types
         x, slope = inputs[:2]
         return [_elementwise(b, [x, slope], x.dtype, lambda r: f"({r[0]} >= 0 ? {r[0]} : {r[0]} * {r[1]})")]
 
@@ -542,6 +554,15 @@ class Slice(Converter):
     CONSTANT_INPUTS = (1, 2, 3, 4)
 
     @staticmethod
+    def _impl_v1(b, node, inputs):
+        """Before opset 10, starts, ends and axes were attributes (and there were no steps)."""
+        starts, ends = node.attr("starts"), node.attr("ends")
+        if starts is None or ends is None:
+            raise UnsupportedError(f"{b.where}: Slice without its starts or ends attribute")
+        axes = node.attr("axes", list(range(len(starts))))
+        return Slice._impl_v10(b, node, [inputs[0]] + [b.const(np.asarray(v, np.int64)) for v in (starts, ends, axes)])
+
+    @staticmethod
     def _impl_v10(b, node, inputs):
         x = inputs[0]
         starts = _require_const(b, inputs[1], "starts")
@@ -606,8 +627,12 @@ class Pad(Converter):
     @staticmethod
     def _pad(b, node, x, pads, value):
         mode = node.attr("mode", "constant")
+        if isinstance(mode, bytes):
+            mode = mode.decode()
+        if mode in ("edge", "reflect", "wrap"):
+            return [Pad._from_inside(b, x, [int(p) for p in pads], mode)]
         if mode != "constant":
-            raise UnsupportedError(f"{b.where}: Pad mode {mode!r} (only 'constant' is supported)")
+            raise UnsupportedError(f"{b.where}: Pad mode {mode!r} (constant, edge, reflect and wrap are supported)")
         pads = [int(p) for p in pads]
         begin, end = pads[:x.rank], pads[x.rank:]
         shape = [d + p + q for d, p, q in zip(x.shape, begin, end)]
@@ -626,6 +651,40 @@ class Pad(Converter):
         rhs = f"({' && '.join(guards)}) ? {b.ref(x, subscripts)} : {fill_ref}" if guards else b.ref(x, subscripts)
         b.emit([b.statement(out, idx, "=", rhs)], [x, fill], [out], "other")
         return [out]
+
+    @staticmethod
+    def _from_inside(b, x, pads, mode: str):
+        """Padding by elements of ``x`` itself: the nearest one (edge), the mirror image without
+        the border (reflect) or the other end (wrap).  Along each axis the output has up to
+        three parts, each an affine read of ``x`` (the left part of reflect reads x(p - i)), so
+        the result is one statement per combination of parts, without guards."""
+        begin, end = pads[:x.rank], pads[x.rank:]
+        idx = indices(x.rank)
+        parts_per_axis = []
+        for i, d, p, q in zip(idx, x.shape, begin, end):
+            o = d + p + q
+            longest = d - 1 if mode == "reflect" else d if mode == "wrap" else None
+            if longest is not None and max(p, q) > longest:
+                raise UnsupportedError(f"{b.where}: Pad mode {mode!r} by {max(p, q)} along an axis of {d} "
+                                       f"(at most {longest})")
+            if d == 0 and (p > 0 or q > 0):
+                raise UnsupportedError(f"{b.where}: Pad mode {mode!r} of an empty axis")
+            parts = [(max(p, 0), min(p + d, o), f"{i} - {p}" if p >= 0 else f"{i} + {-p}")]
+            if p > 0:
+                parts.append((0, p, {"edge": "0", "reflect": f"{p} - {i}", "wrap": f"{i} + {d - p}"}[mode]))
+            if q > 0:
+                parts.append((p + d, o, {"edge": str(d - 1), "reflect": f"{2 * d - 2 + p} - {i}",
+                                         "wrap": f"{i} - {p + d}"}[mode]))
+            # the last part first: a def's output takes its extents from its first statement
+            parts_per_axis.append(sorted((part for part in parts if part[1] > part[0]), key=lambda part: -part[1]))
+        out = b.new([d + p + q for d, p, q in zip(x.shape, begin, end)], x.dtype)
+        statements = []
+        for parts in itertools.product(*parts_per_axis):
+            where = ", ".join(f"{i} in {lo}:{hi}" for i, (lo, hi, _) in zip(idx, parts))
+            read = b.ref(x, [sub for _, _, sub in parts])
+            statements.append(f"{out.ident}({', '.join(idx)}) = {read}" + (f" where {where}" if where else ""))
+        b.emit(statements, [x], [out], "other")
+        return out
 
     @staticmethod
     def _impl_v2(b, node, inputs):
@@ -1703,6 +1762,72 @@ class Softmax(Converter):
         return Softmax._lower(b, node, x, [axis], node.op_type == "LogSoftmax")
 
 
+def _mean_and_variance(b, x, axis: int):
+    """The mean and the (biased) variance of ``x`` over its axes from ``axis`` on, one value per
+    index of the axes before (one value when there are none): the two tensors, of the kept
+    axes' shape (or ``[1]``), and the statements computing them."""
+    idx = indices(x.rank)
+    kept_idx = idx[:axis] or ["z0"]
+    kept_shape = list(x.shape[:axis]) or [1]
+    reduced = [(f"r{d}", x.shape[d]) for d in range(axis, x.rank)]
+    source = idx[:axis] + [r for r, _ in reduced]
+    count = math.prod(x.shape[axis:])
+    mean, var = b.new(kept_shape, x.dtype), b.new(kept_shape, x.dtype)
+    at = ", ".join(kept_idx)
+    deviation = f"({b.ref(x, source)} - {mean.ident}({at}))"
+    return mean, var, [
+        b.statement(mean, kept_idx, "+=!", b.ref(x, source), reduced),
+        b.statement(mean, kept_idx, "=", f"{mean.ident}({at}) / {count}"),
+        b.statement(var, kept_idx, "+=!", f"{deviation} * {deviation}", reduced),
+        b.statement(var, kept_idx, "=", f"{var.ident}({at}) / {count}")]
+
+
+class InstanceNormalization(Converter):
+    """Each image's channel normalised over its spatial positions, then scaled and shifted per
+    channel (style transfer networks, GANs)."""
+
+    @staticmethod
+    def _impl_v6(b, node, inputs):
+        x, scale, bias = inputs[:3]
+        if x.rank < 3:
+            raise UnsupportedError(f"{b.where}: InstanceNormalization of a rank-{x.rank} input (N, C and "
+                                   f"at least one spatial axis are needed)")
+        mean, var, statements = _mean_and_variance(b, x, 2)
+        out = b.new(x.shape, x.dtype)
+        idx = indices(x.rank)
+        epsilon = _number(node.attr("epsilon", 1e-5))
+        statements.append(b.statement(
+            out, idx, "=", f"({b.ref(x, idx)} - {mean.ident}({idx[0]}, {idx[1]})) / sqrt({var.ident}({idx[0]}, "
+                           f"{idx[1]}) + {epsilon}) * {b.ref(scale, [idx[1]])} + {b.ref(bias, [idx[1]])}"))
+        b.emit(statements, [x, scale, bias], [out], "reduction")
+        return [out]
+
+
+class Tile(Converter):
+    """``x`` repeated along each axis: written as a broadcast into the interleaved shape
+    (repeats[0], d0, repeats[1], d1, ...), whose memory is the tiled tensor's."""
+    CONSTANT_INPUTS = (1,)
+
+    @staticmethod
+    def _impl_v6(b, node, inputs):
+        x = inputs[0]
+        repeats = [int(r) for r in _require_const(b, inputs[1], "repeats").reshape(-1)]
+        if len(repeats) != x.rank or any(r < 0 for r in repeats):
+            raise UnsupportedError(f"{b.where}: Tile repeats {repeats} for a rank-{x.rank} input "
+                                   f"(one count of at least 0 per axis)")
+        shape = [r * d for r, d in zip(repeats, x.shape)]
+        if x.const is not None:
+            return [b.const(np.tile(x.const, repeats))]
+        if all(r == 1 for r in repeats):
+            return [b.view(x, x.shape)]
+        idx = indices(x.rank)
+        copies = [f"t{d}" for d in range(x.rank)]
+        interleaved = b.new([n for pair in zip(repeats, x.shape) for n in pair], x.dtype)
+        b.emit([b.statement(interleaved, [n for pair in zip(copies, idx) for n in pair], "=", b.ref(x, idx))],
+               [x], [interleaved], "other")
+        return [b.view(interleaved, shape)]
+
+
 class LayerNormalization(Converter):
     @staticmethod
     def _impl_v17(b, node, inputs):
@@ -1713,18 +1838,9 @@ class LayerNormalization(Converter):
         idx = indices(x.rank)
         kept, norm = idx[:axis], idx[axis:]
         kept_idx = kept or ["z0"]
-        kept_shape = list(x.shape[:axis]) or [1]
-        reduced = [(f"r{d}", x.shape[d]) for d in range(axis, x.rank)]
-        source = kept + [r for r, _ in reduced]
-        count = math.prod(x.shape[axis:])
-        mean, var, out = b.new(kept_shape, x.dtype), b.new(kept_shape, x.dtype), b.new(x.shape, x.dtype)
+        mean, var, statements = _mean_and_variance(b, x, axis)
+        out = b.new(x.shape, x.dtype)
         at = ", ".join(kept_idx)
-        statements = [
-            b.statement(mean, kept_idx, "+=!", b.ref(x, source), reduced),
-            b.statement(mean, kept_idx, "=", f"{mean.ident}({at}) / {count}"),
-            b.statement(var, kept_idx, "+=!", f"({b.ref(x, source)} - {mean.ident}({at})) * "
-                                              f"({b.ref(x, source)} - {mean.ident}({at}))", reduced),
-            b.statement(var, kept_idx, "=", f"{var.ident}({at}) / {count}")]
         shape_norm = x.shape[axis:]
         scale_ref = b.ref(scale, b.broadcast_subscripts(scale, shape_norm, norm))
         at_point = ", ".join(kept) or "0"
@@ -1811,6 +1927,7 @@ CONVERTERS: dict[str, type[Converter]] = {
     "Conv": Conv, "MaxPool": MaxPool, "AveragePool": AveragePool,
     "GlobalAveragePool": GlobalAveragePool, "GlobalMaxPool": GlobalMaxPool,
     "BatchNormalization": BatchNormalization, "LayerNormalization": LayerNormalization, "LRN": LRN,
+    "InstanceNormalization": InstanceNormalization, "Tile": Tile, "Shrink": Shrink,
     "ReduceSum": ReduceSum, "ReduceMean": _reduce("mean"), "ReduceMax": _reduce("max"),
     "ReduceMin": _reduce("min"), "ReduceProd": _reduce("prod"), "ReduceSumSquare": _reduce("sumsquare"),
     "ReduceL1": _reduce("l1"), "ReduceL2": _reduce("l2"),
