@@ -13,10 +13,9 @@ tensor as statements over a float32 temporary of the target's shape::
 (a reduction without ``!`` first copies the target's elements into the temporary).  The terms
 are computed in float32 too, their float16 operands widened, as numpy's matmul does for
 float16 (its einsum rounds every step; a user's explicit cast to float16 inside the terms
-still rounds).  min and max are
-exact in float16 and are left alone, as is a reduction that reads its own target.  The GPU
-back ends do not rewrite: their mappers keep shared and register tiles in float16 (a
-temporary in float32 lost them), and round each step.
+still rounds).  min and max are exact in float16 and are left alone, as is a reduction that
+reads its own target.  The GPU back ends do not rewrite: their mappers keep shared and
+register tiles in float16 (a temporary in float32 lost them), and round each step.
 """
 from __future__ import annotations
 

@@ -627,8 +627,6 @@ class Pad(Converter):
     @staticmethod
     def _pad(b, node, x, pads, value):
         mode = node.attr("mode", "constant")
-        if isinstance(mode, bytes):
-            mode = mode.decode()
         if mode in ("edge", "reflect", "wrap"):
             return [Pad._from_inside(b, x, [int(p) for p in pads], mode)]
         if mode != "constant":
