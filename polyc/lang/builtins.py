@@ -126,6 +126,7 @@ BUILTINS: dict[str, Builtin] = _table(
     Builtin("floor", 1, np.floor, "floor"),
     Builtin("ceil", 1, np.ceil, "ceil"),
     Builtin("round", 1, _round_half_away, "round"),
+    Builtin("rint", 1, np.rint, "rint"),  # halves to even (C's default rounding mode)
     Builtin("trunc", 1, np.trunc, "trunc"),
     Builtin("pow", 2, np.power, "pow"),
     Builtin("atan2", 2, np.arctan2, "atan2"),

@@ -281,7 +281,7 @@ MATH_DOMAINS = {
     "cbrt": "R", "sin": "R", "cos": "R", "tan": "R", "asin": "U", "acos": "U", "atan": "R",
     "sinh": "R", "cosh": "R", "tanh": "R", "asinh": "R", "acosh": "Q", "atanh": "U", "erf": "R",
     "erfc": "R", "tgamma": "P", "lgamma": "P", "pow": "PR", "atan2": "RR", "hypot": "RR",
-    "copysign": "RR", "fma": "PPP", "round": "H", "exp10": "R", "logb": "R", "remainder": "RR", "fdim": "RR",
+    "copysign": "RR", "fma": "PPP", "round": "H", "rint": "H", "exp10": "R", "logb": "R", "remainder": "RR", "fdim": "RR",
     "nextafter": "RR",
 }
 
@@ -323,6 +323,16 @@ def test_round_edge_cases():
     definition = expressions_def(expressions, inputs)
     np.testing.assert_array_equal(run_compiled(definition, [values])[0], expected)
     np.testing.assert_array_equal(interpret(definition, [values])[0], expected)
+
+
+def test_rint_rounds_halves_to_even():
+    values = np.array([0.5, 1.5, 2.5, -0.5, -2.5, 0.49999997, 8388609.0, -0.25, np.inf, -np.inf], dtype=np.float32)
+    expressions = [Call(FLOAT32, "rint", (Read(FLOAT32, "X", (I,)),))]
+    expected = np.array([0.0, 2.0, 2.0, -0.0, -2.0, 0.0, 8388609.0, -0.0, np.inf, -np.inf], dtype=np.float32)
+    definition = expressions_def(expressions, {"X": values})
+    for result in (run_compiled(definition, [values])[0], interpret(definition, [values])[0]):
+        np.testing.assert_array_equal(result, expected)
+        np.testing.assert_array_equal(np.signbit(result), np.signbit(expected))
 
 
 @pytest.mark.parametrize("dtype", [FLOAT32, FLOAT64], ids=lambda d: d.name)

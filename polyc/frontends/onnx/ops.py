@@ -263,6 +263,65 @@ class Mod(Converter):
         return [_elementwise(b, [a, c], a.dtype, python_mod)]
 
 
+class IsNaN(Converter):
+    @staticmethod
+    def _impl_v9(b, node, inputs):
+        (x,) = inputs[:1]
+        _float_only(b, x)
+        # Only a NaN differs from itself (polyc's C flags keep IEEE comparisons: no fast-math).
+        return [_elementwise(b, [x], np.bool_, lambda r: f"({r[0]} != {r[0]})")]
+
+
+class IsInf(Converter):
+    @staticmethod
+    def _impl_v10(b, node, inputs):
+        (x,) = inputs[:1]
+        _float_only(b, x)
+        positive, negative = node.attr("detect_positive", 1), node.attr("detect_negative", 1)
+
+        def rhs(r):
+            # x - x is 0 for every finite x and NaN for an infinity (or a NaN, which x == x
+            # excludes): no constant for the largest value of each float type is needed.
+            infinite = f"({r[0]} == {r[0]} && {r[0]} - {r[0]} != {r[0]} - {r[0]})"
+            if positive and negative:
+                return infinite
+            if positive:
+                return f"({infinite} && {r[0]} > 0)"
+            if negative:
+                return f"({infinite} && {r[0]} < 0)"
+            return f"({r[0]} != {r[0]} && {r[0]} == {r[0]})"  # neither: false everywhere
+        return [_elementwise(b, [x], np.bool_, rhs)]
+
+
+class Swish(Converter):
+    """``x * sigmoid(alpha * x)`` (opset 24; SiLU where alpha is 1)."""
+
+    @staticmethod
+    def _impl_v24(b, node, inputs):
+        (x,) = inputs[:1]
+        _float_only(b, x)
+        alpha = float(node.attr("alpha", 1.0))
+        scaled = lambda v: v if alpha == 1.0 else f"{_number(alpha)} * {v}"  # noqa: E731
+        return [_elementwise(b, [x], x.dtype, lambda r: f"{r[0]} / (1 + exp(-({scaled(r[0])})))")]
+
+
+class SwiGLU(Converter):
+    """``Swish_alpha(A) * B`` of two inputs of one shape (opset 28): a gated projection's
+    activation, as Llama-style feed-forward blocks use it."""
+
+    @staticmethod
+    def _impl_v28(b, node, inputs):
+        gate, value = inputs[:2]
+        _float_only(b, gate)
+        if gate.shape != value.shape or gate.dtype != value.dtype:
+            raise UnsupportedError(f"{b.where}: SwiGLU's inputs must have one shape and type (got "
+                                   f"{list(gate.shape)} {gate.dtype} and {list(value.shape)} {value.dtype})")
+        alpha = float(node.attr("alpha", 1.0))
+        scaled = lambda v: v if alpha == 1.0 else f"{_number(alpha)} * {v}"  # noqa: E731
+        return [_elementwise(b, [gate, value], gate.dtype,
+                             lambda r: f"{r[0]} / (1 + exp(-({scaled(r[0])}))) * {r[1]}")]
+
+
 class Where(Converter):
     @staticmethod
     def _impl_v9(b, node, inputs):
@@ -619,6 +678,134 @@ class Gather(Converter):
         subscripts = idx[:axis] + [position] + idx[axis + which.rank:]
         b.emit([b.statement(out, idx, "=", b.ref(x, subscripts))], [x, which], [out], "other")
         return [out]
+
+
+def _wrapped(b: Builder, which: Value, subscripts, extent: int) -> str:
+    """An index tensor's element at ``subscripts``, a negative index counted from ``extent``."""
+    position = b.ref(which, subscripts)
+    return f"({position} < 0 ? {position} + {extent} : {position})"
+
+
+class GatherElements(Converter):
+    """``out[i][j][k] = x[i][index[i][j][k]][k]`` along ``axis`` (torch.gather's export)."""
+
+    @staticmethod
+    def _impl_v11(b, node, inputs):
+        x, which = inputs[:2]
+        if which.rank != x.rank:
+            raise UnsupportedError(f"{b.where}: GatherElements' indices have rank {which.rank}, "
+                                   f"the data rank {x.rank} (they must be equal)")
+        axis = _axis(b, node.attr("axis", 0), x.rank)
+        for d in range(x.rank):
+            if d != axis and which.shape[d] > x.shape[d]:
+                raise SignatureError(f"{b.where}: GatherElements' indices have extent {which.shape[d]} "
+                                     f"along axis {d}, beyond the data's {x.shape[d]}")
+        if x.const is not None and which.const is not None:
+            position = np.where(which.const < 0, which.const + x.shape[axis], which.const)
+            return [b.const(np.take_along_axis(x.const, position.astype(np.int64), axis=axis))]
+        out = b.new(which.shape, x.dtype)
+        idx = indices(x.rank)
+        subscripts = idx[:axis] + [_wrapped(b, which, idx, x.shape[axis])] + idx[axis + 1:]
+        b.emit([b.statement(out, idx, "=", b.ref(x, subscripts))], [x, which], [out], "other")
+        return [out]
+
+
+class GatherND(Converter):
+    """Slices of ``x`` addressed by the last axis of ``indices`` (its first ``batch_dims`` axes
+    shared with ``x``): ``out[b.., i.., t..] = x[b.., indices[b.., i.., :], t..]``."""
+
+    @staticmethod
+    def _impl_v11(b, node, inputs):
+        x, which = inputs[:2]
+        batch = node.attr("batch_dims", 0)
+        if which.rank < 1 or not which.shape or which.shape[-1] < 1:
+            raise UnsupportedError(f"{b.where}: GatherND's indices need a last axis of at least one entry")
+        depth = which.shape[-1]
+        if not 0 <= batch < min(x.rank, which.rank) or batch + depth > x.rank:
+            raise UnsupportedError(f"{b.where}: GatherND with batch_dims {batch} and index tuples of "
+                                   f"{depth} into a rank-{x.rank} tensor")
+        if tuple(which.shape[:batch]) != tuple(x.shape[:batch]):
+            raise SignatureError(f"{b.where}: GatherND's first {batch} axes differ: indices "
+                                 f"{list(which.shape[:batch])}, data {list(x.shape[:batch])}")
+        shape = list(which.shape[:-1]) + list(x.shape[batch + depth:])
+        out = b.new(shape, x.dtype)
+        idx = indices(len(shape))
+        points = idx[:which.rank - 1]   # batch axes, then the index tuples' own axes
+        tail = idx[which.rank - 1:]     # the slice's axes
+        tuple_at = [_wrapped(b, which, points + [str(e)], x.shape[batch + e]) for e in range(depth)]
+        subscripts = points[:batch] + tuple_at + tail
+        b.emit([b.statement(out, idx, "=", b.ref(x, subscripts))], [x, which], [out], "other")
+        return [out]
+
+
+class OneHot(Converter):
+    """``values[1]`` where an index (negative ones counted from ``depth``) equals the position
+    along the new axis, ``values[0]`` elsewhere; an index outside ``[-depth, depth)`` matches
+    nowhere."""
+
+    CONSTANT_INPUTS = (1,)
+
+    @staticmethod
+    def _impl_v9(b, node, inputs):
+        which, depth, values = inputs[:3]
+        depth = int(_require_const(b, depth, "OneHot's depth").reshape(-1)[0])
+        if depth < 1:
+            raise UnsupportedError(f"{b.where}: OneHot's depth must be positive (got {depth})")
+        if values.shape not in ((2,),):
+            raise SignatureError(f"{b.where}: OneHot's values must be [off, on] (got shape {list(values.shape)})")
+        axis = _axis(b, node.attr("axis", -1), which.rank + 1)
+        shape = list(which.shape[:axis]) + [depth] + list(which.shape[axis:])
+        out = b.new(shape, values.dtype)
+        idx = indices(len(shape))
+        source = idx[:axis] + idx[axis + 1:]
+        index = b.ref(which, source)
+        if which.dtype.kind == "f":  # onnx truncates a float index
+            index = f"int64({index})"
+        wrapped = f"({index} < 0 ? {index} + {depth} : {index})"
+        rhs = f"({wrapped} == {idx[axis]}) ? {b.ref(values, ['1'])} : {b.ref(values, ['0'])}"
+        b.emit([b.statement(out, idx, "=", rhs)], [which, values], [out], "other")
+        return [out]
+
+
+class Trilu(Converter):
+    """The upper (``upper=1``) or lower triangle of the last two axes from diagonal ``k`` on,
+    zeros elsewhere: a causal attention mask's shape."""
+
+    CONSTANT_INPUTS = (1,)
+
+    @staticmethod
+    def _impl_v14(b, node, inputs):
+        x = inputs[0]
+        k = int(_require_const(b, inputs[1], "Trilu's k").reshape(-1)[0]) \
+            if len(inputs) > 1 and inputs[1] is not None else 0
+        if x.rank < 2:
+            raise UnsupportedError(f"{b.where}: Trilu of a rank-{x.rank} tensor (rank 2 or more)")
+        upper = node.attr("upper", 1)
+        if x.const is not None:
+            return [b.const(np.triu(x.const, k) if upper else np.tril(x.const, k))]
+        idx = indices(x.rank)
+        row, column = idx[-2], idx[-1]
+        keep = f"{column} - {row} >= {k}" if upper else f"{column} - {row} <= {k}"
+        if k < 0:
+            keep = f"{row} - {column} <= {-k}" if upper else f"{row} - {column} >= {-k}"
+        return [_elementwise(b, [x], x.dtype, lambda r: f"({keep}) ? {r[0]} : {tc_type(x.dtype)}(0)")]
+
+
+class EyeLike(Converter):
+    """Ones on diagonal ``k`` of a matrix of the input's shape (its values are not read)."""
+
+    @staticmethod
+    def _impl_v9(b, node, inputs):
+        from polyc.frontends.onnx.model import numpy_dtype
+        x = inputs[0]
+        if x.rank != 2:
+            raise UnsupportedError(f"{b.where}: EyeLike of a rank-{x.rank} tensor (rank 2 only)")
+        dtype = x.dtype
+        if node.attr("dtype") is not None:
+            dtype = numpy_dtype(node.attr("dtype"))
+            if dtype is None:
+                raise UnsupportedError(f"{b.where}: EyeLike of element type {node.attr('dtype')} is not supported")
+        return [b.const(np.eye(x.shape[0], x.shape[1], k=node.attr("k", 0), dtype=dtype))]
 
 
 class Pad(Converter):
@@ -1183,6 +1370,33 @@ class Resize(Converter):
         return [value]
 
 
+class Upsample(Converter):
+    """Opsets 7 to 9's Upsample: Resize of opset 10 (asymmetric coordinates; nearest rounds
+    down), its scales an attribute (7) or an input (9)."""
+
+    CONSTANT_INPUTS = (1,)
+
+    @staticmethod
+    def _resize(b, node, x, scales):
+        from onnx import helper
+        mode = node.attr("mode", "nearest")
+        if mode not in ("nearest", "linear"):
+            raise UnsupportedError(f"{b.where}: Upsample mode {mode!r} (nearest or linear)")
+        resize = Node(helper.make_node("Resize", ["X", "scales"], node.outputs, mode=mode), node.name)
+        return Resize._resize(b, resize, [x, scales], 10)
+
+    @staticmethod
+    def _impl_v7(b, node, inputs):
+        scales = node.attr("scales")
+        if scales is None:
+            raise UnsupportedError(f"{b.where}: Upsample needs its scales attribute")
+        return Upsample._resize(b, node, inputs[0], b.const(np.asarray(scales, np.float32)))
+
+    @staticmethod
+    def _impl_v9(b, node, inputs):
+        return Upsample._resize(b, node, inputs[0], inputs[1] if len(inputs) > 1 else None)
+
+
 def _resize_weights(node, opset: int, length: int, kind: str, amount) -> np.ndarray:
     """(output length x ``length``) weights of a one-axis Resize with ``node``'s attributes, by
     onnx's reference implementation applied to the identity."""
@@ -1190,11 +1404,16 @@ def _resize_weights(node, opset: int, length: int, kind: str, amount) -> np.ndar
     from onnx.reference import ReferenceEvaluator
     attributes = [a for a in node.proto.attribute if a.name not in ("axes", "keep_aspect_ratio_policy")]
     resize = helper.make_node("Resize", [], ["Y"])
-    resize.attribute.extend(attributes)
     if opset < 11:
-        resize.input.extend(["X", "scales"])
-        initializers = [helper.make_tensor("scales", TensorProto.FLOAT, [2], [float(amount), 1.0])]
-    elif kind == "scales":
+        # onnx's reference has opset 11's Resize only.  Before, coordinates were asymmetric
+        # (x_in = x_out / scale), and a nearest neighbour rounded down when upsampling, up when
+        # downsampling, as onnxruntime's Resize-10 and Upsample do.
+        attributes = [helper.make_attribute("mode", node.attr("mode", "nearest")),
+                      helper.make_attribute("coordinate_transformation_mode", "asymmetric"),
+                      helper.make_attribute("nearest_mode", "floor" if float(amount) >= 1 else "ceil")]
+        opset = 11
+    resize.attribute.extend(attributes)
+    if kind == "scales":
         resize.input.extend(["X", "", "scales"])
         initializers = [helper.make_tensor("scales", TensorProto.FLOAT, [2], [float(amount), 1.0])]
     else:
@@ -1302,6 +1521,24 @@ class AveragePool(Converter):
         out = b.new(image_indices(channels_last, x.shape[0], x.shape[-1 if channels_last else 1], outs), x.dtype)
         return [_pool(b, x, out, kernel, begin, strides, dilations, "average",
                       include_pad=node.attr("count_include_pad", 0), end=end, channels_last=channels_last)]
+
+
+class LpPool(Converter):
+    """``(sum of |x|^p over the window) ^ (1 / p)``, the padding counting as zeros."""
+
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        x = inputs[0]
+        _float_only(b, x)
+        p = node.attr("p", 2)
+        if isinstance(p, float):  # LpPool-1's p was a float
+            p = int(p) if float(p).is_integer() else p
+        if not p or p <= 0:
+            raise UnsupportedError(f"{b.where}: LpPool with p={p} (a positive number)")
+        kernel = node.attr("kernel_shape")
+        outs, begin, end, strides, dilations = _spatial(b, node, x, kernel)
+        out = b.new(image_indices(False, x.shape[0], x.shape[1], outs), x.dtype)
+        return [_pool(b, x, out, kernel, begin, strides, dilations, ("lp", p))]
 
 
 #: Windows of at most this many taps along one dimension are unrolled by the separable max pool.
@@ -1514,6 +1751,14 @@ def _pool(b, x, out, kernel, begin, strides, dilations, kind, include_pad=0, end
         b.emit([b.statement(out, idx, "max=!", rhs, ranges)], [x, lowest], [out], "reduction")
         return out
     total = b.new(out.shape, x.dtype)
+    if isinstance(kind, tuple):  # ("lp", p): the p-norm of the window
+        p = kind[1]
+        power = f"{read} * {read}" if p == 2 else f"abs({read})" if p == 1 else f"pow(abs({read}), {_number(p)})"
+        total_at = f"{total.ident}({', '.join(idx)})"
+        root = f"sqrt({total_at})" if p == 2 else total_at if p == 1 else f"pow({total_at}, {_number(1 / p)})"
+        b.emit([b.statement(total, idx, "+=!", f"({guard}) ? {power} : 0" if guard else power, ranges),
+                b.statement(out, idx, "=", root)], [x], [out], "reduction")
+        return out
     rhs = f"({guard}) ? {read} : 0" if guard else read
     statements = [b.statement(total, idx, "+=!", rhs, ranges)]
     if include_pad:
@@ -1647,7 +1892,7 @@ def _reduce(kind: str):
                   "sumsquare": "+=!", "l2": "+=!", "l1": "+=!"}[kind]
             value = {"sumsquare": f"{read} * {read}", "l2": f"{read} * {read}", "l1": f"abs({read})"}.get(kind, read)
             statements = [b.statement(out, out_idx, op, value, reductions)]
-            lhs = f"{out.ident}({', '.join(out_idx) if out.shape else '0'})"
+            lhs = f"{out.ident}({', '.join(out_idx) if out.shape else 'z0'})"  # z0: a scalar's index (Builder.statement)
             if kind == "mean":
                 count = math.prod(x.shape[d] for d in axes)
                 statements.append(b.statement(out, out_idx, "=", f"{lhs} / {count}"))
@@ -1758,6 +2003,126 @@ class Softmax(Converter):
         x = inputs[0]
         axis = _axis(b, node.attr("axis", -1), x.rank)
         return Softmax._lower(b, node, x, [axis], node.op_type == "LogSoftmax")
+
+
+class Hardmax(Converter):
+    """1 at the first largest element along the axis, 0 elsewhere (before opset 13: along the
+    axes from ``axis`` on, as one row)."""
+
+    @staticmethod
+    def _lower(b, x, axis: int):
+        _float_only(b, x)
+        idx = indices(x.rank)
+        kept_shape = [1 if d == axis else e for d, e in enumerate(x.shape)]
+        kept_idx = ["z0" if d == axis else idx[d] for d in range(x.rank)]
+        at = ["0" if d == axis else idx[d] for d in range(x.rank)]
+        source = ["r0" if d == axis else idx[d] for d in range(x.rank)]
+        extent = x.shape[axis]
+        best, first, out = b.new(kept_shape, x.dtype), b.new(kept_shape, np.int64), b.new(x.shape, x.dtype)
+        t = tc_type(x.dtype)
+        b.emit([b.statement(best, kept_idx, "max=!", b.ref(x, source), [("r0", extent)]),
+                b.statement(first, kept_idx, "min=!", f"{b.ref(x, source)} == {b.ref(best, at)} ? int64(r0) : "
+                                                      f"int64({extent})", [("r0", extent)]),
+                b.statement(out, idx, "=", f"{idx[axis]} == {b.ref(first, at)} ? {t}(1) : {t}(0)")],
+               [x], [out], "reduction")
+        return out
+
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        x = inputs[0]
+        axis = _axis(b, node.attr("axis", 1), x.rank)
+        rows = math.prod(x.shape[:axis])
+        matrix = b.view(x, [rows, x.size // rows if rows else 0])
+        return [b.view(Hardmax._lower(b, matrix, 1), x.shape)]
+
+    @staticmethod
+    def _impl_v13(b, node, inputs):
+        x = inputs[0]
+        return [Hardmax._lower(b, x, _axis(b, node.attr("axis", -1), x.rank))]
+
+
+class LpNormalization(Converter):
+    """Each vector along ``axis`` over its L1 (``p=1``) or L2 (``p=2``) norm (a zero vector as it is)."""
+
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        x = inputs[0]
+        _float_only(b, x)
+        p = node.attr("p", 2)
+        if p not in (1, 2):
+            raise UnsupportedError(f"{b.where}: LpNormalization with p={p} (1 or 2)")
+        axis = _axis(b, node.attr("axis", -1), x.rank)
+        idx = indices(x.rank)
+        kept_idx = ["z0" if d == axis else idx[d] for d in range(x.rank)]
+        at = ["0" if d == axis else idx[d] for d in range(x.rank)]
+        read = b.ref(x, ["r0" if d == axis else idx[d] for d in range(x.rank)])
+        norm = b.new([1 if d == axis else e for d, e in enumerate(x.shape)], x.dtype)
+        out = b.new(x.shape, x.dtype)
+        term, total = (f"abs({read})", b.ref(norm, at)) if p == 1 else (f"{read} * {read}", f"sqrt({b.ref(norm, at)})")
+        b.emit([b.statement(norm, kept_idx, "+=!", term, [("r0", x.shape[axis])]),
+                # A zero vector stays zero (onnx's expectation), not 0 / 0.
+                b.statement(out, idx, "=", f"{b.ref(norm, at)} == 0 ? {b.ref(x, idx)} : {b.ref(x, idx)} / {total}")],
+               [x], [out], "reduction")
+        return [out]
+
+
+#: Along an axis of at most this many elements a running sum is one triangular sum per
+#: element (n^2 / 2 additions); longer ones go in blocks of about sqrt(n) (n^1.5).
+CUMSUM_DIRECT = 64
+
+
+class CumSum(Converter):
+    """Running sums along ``axis`` (``exclusive``: each without its own element; ``reverse``:
+    from the end).  TC statements cannot read what they write at another index, so a sum is a
+    reduction over the elements before it: directly for short axes, and for longer ones in
+    blocks of ``B`` elements: each element's sum within its block, each block's total, the
+    totals before each block, and their sum."""
+
+    CONSTANT_INPUTS = (1,)
+
+    @staticmethod
+    def _impl_v11(b, node, inputs):
+        x = inputs[0]
+        axis = _axis(b, int(_require_const(b, inputs[1], "CumSum's axis").reshape(-1)[0]), x.rank)
+        if x.dtype == np.bool_:
+            raise UnsupportedError(f"{b.where}: CumSum of bool tensors")
+        exclusive, reverse = node.attr("exclusive", 0), node.attr("reverse", 0)
+        n = x.shape[axis]
+        before = "<" if exclusive else "<="
+        idx = indices(x.rank)
+        zero = f"{tc_type(x.dtype)}(0)"
+        # Positions along the axis count from the end when reversed: element p is x[n - 1 - p].
+        along = (lambda p: f"{n - 1} - ({p})") if reverse else (lambda p: p)  # noqa: E731
+        out = b.new(x.shape, x.dtype)
+        at = lambda p: idx[:axis] + [p] + idx[axis + 1:]  # noqa: E731
+        if n <= CUMSUM_DIRECT:
+            position = idx[axis] if not reverse else f"{n - 1} - {idx[axis]}"
+            b.emit([b.statement(out, idx, "+=!", f"(r0 {before} {position}) ? {b.ref(x, at(along('r0')))} : {zero}",
+                                [("r0", n)])], [x], [out], "reduction")
+            return [out]
+        block = math.isqrt(n - 1) + 1
+        blocks = -(-n // block)
+        outer, inner = idx[:axis], idx[axis + 1:]
+        split_idx = outer + ["q0", "q1"] + inner
+        split_shape = list(x.shape[:axis]) + [blocks, block] + list(x.shape[axis + 1:])
+        total_idx = outer + ["q0"] + inner
+        total_shape = list(x.shape[:axis]) + [blocks] + list(x.shape[axis + 1:])
+        within, totals, offsets, sums = (b.new(split_shape, x.dtype), b.new(total_shape, x.dtype),
+                                         b.new(total_shape, x.dtype), b.new(split_shape, x.dtype))
+        element = f"{block} * q0 + r0"
+        inside = f"{element} < {n}"
+        read = b.ref(x, at(along(element)))
+        statements = [
+            b.statement(within, split_idx, "+=!", f"(r0 {before} q1 && {inside}) ? {read} : {zero}", [("r0", block)]),
+            b.statement(totals, total_idx, "+=!", f"({inside}) ? {read} : {zero}", [("r0", block)]),
+            b.statement(offsets, total_idx, "+=!", f"(r1 < q0) ? {b.ref(totals, outer + ['r1'] + inner)} : {zero}",
+                        [("r1", blocks)]),
+            b.statement(sums, split_idx, "=", f"{b.ref(within, split_idx)} + {b.ref(offsets, total_idx)}")]
+        b.emit(statements, [x], [sums], "reduction")
+        flat = b.view(sums, list(x.shape[:axis]) + [blocks * block] + list(x.shape[axis + 1:]))
+        position = idx[axis] if not reverse else f"{n - 1} - {idx[axis]}"
+        b.emit([b.statement(out, idx, "=", b.ref(flat, at(position)))], [flat], [out], "other")
+        return [out]
 
 
 def _mean_and_variance(b, x, axis: int):
@@ -1930,4 +2295,8 @@ CONVERTERS: dict[str, type[Converter]] = {
     "ReduceMin": _reduce("min"), "ReduceProd": _reduce("prod"), "ReduceSumSquare": _reduce("sumsquare"),
     "ReduceL1": _reduce("l1"), "ReduceL2": _reduce("l2"),
     "ArgMax": ArgMax, "ArgMin": ArgMin, "Softmax": Softmax, "LogSoftmax": Softmax,
+    "Round": _unary("rint({x})"), "IsNaN": IsNaN, "IsInf": IsInf, "Swish": Swish, "SwiGLU": SwiGLU,
+    "Trilu": Trilu, "EyeLike": EyeLike, "OneHot": OneHot, "GatherElements": GatherElements, "GatherND": GatherND,
+    "Hardmax": Hardmax, "LpNormalization": LpNormalization, "CumSum": CumSum, "LpPool": LpPool,
+    "Upsample": Upsample,
 }

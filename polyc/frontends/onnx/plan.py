@@ -218,8 +218,10 @@ class Plan:
         if best is None:
             return None
         position, value = best
+        # Not a scalar: its statements write it at index z0 but read it at 0 (Builder.ref), and
+        # TC rejects a statement that reads its target at other indices than it writes.
         in_place = step.kind == "elementwise" and len(step.writes) == 1 and step.writes[0].shape == value.shape \
-            and step.writes[0].dtype == value.dtype and value not in self.outputs
+            and step.writes[0].dtype == value.dtype and value not in self.outputs and len(value.shape) > 0
         return position, (value if in_place else None)
 
     def _fuse_through_view(self, step: KernelStep, order, made_by, uses) -> bool:

@@ -1,0 +1,136 @@
+"""Operators beyond the issue's list, where onnx's node cases leave paths untried: CumSum along
+long axes (the blocked sums), Upsample and Resize of opset 10 (linear, and downsampling),
+GatherElements' and OneHot's edge cases.  Against numpy and onnxruntime."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import polyc.onnx as ponnx  # noqa: E402
+from polyc.errors import PolycError  # noqa: E402
+from polyc.frontends.onnx.ops import CUMSUM_DIRECT  # noqa: E402
+
+_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
+          np.dtype(np.int32): TensorProto.INT32, np.dtype(np.int64): TensorProto.INT64}
+
+
+def one_node_model(node, inputs: dict, output_type, initializers=(), opset: int = 21):
+    """The node as a model; its output's shape is onnx's shape inference's."""
+    graph = helper.make_graph(
+        [node], node.op_type,
+        [helper.make_tensor_value_info(name, _TYPES[array.dtype], list(array.shape)) for name, array in inputs.items()],
+        [helper.make_tensor_value_info(node.output[0], output_type, None)], list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    model.graph.output[0].CopyFrom(inferred.graph.output[0])
+    assert model.graph.output[0].type.tensor_type.HasField("shape")
+    return model
+
+
+def run_both(model, feeds: dict):
+    ours = ponnx.InferenceSession(model).run(None, feeds)[0]
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    return ours, theirs
+
+
+def numpy_cumsum(x, axis, exclusive, reverse):
+    y = np.flip(x, axis) if reverse else x
+    sums = np.cumsum(y, axis=axis, dtype=x.dtype)
+    if exclusive:
+        sums = sums - y
+    return np.flip(sums, axis) if reverse else sums
+
+
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+@pytest.mark.parametrize("dtype", [np.int64, np.float64], ids=["int64", "float64"])
+def test_cumsum_along_a_long_axis_in_blocks(exclusive, reverse, dtype):
+    # 300 along the middle axis (blocks of 18, the last one 12 long): past CUMSUM_DIRECT, so
+    # the blocked form; integers must come out exact, doubles to rounding.
+    assert 300 > CUMSUM_DIRECT
+    x = np.random.default_rng(1).integers(-50, 50, (2, 300, 3)).astype(dtype)
+    axis = numpy_helper.from_array(np.array(-2, np.int64), "axis")
+    node = helper.make_node("CumSum", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)
+    model = one_node_model(node, {"x": x}, _TYPES[np.dtype(dtype)], [axis])
+    ours, theirs = run_both(model, {"x": x})
+    expected = numpy_cumsum(x, 1, exclusive, reverse)
+    np.testing.assert_array_equal(theirs, expected)
+    if dtype == np.int64:
+        np.testing.assert_array_equal(ours, expected)
+    else:
+        np.testing.assert_allclose(ours, expected, rtol=1e-12)
+
+
+def test_cumsum_of_float32_positions_from_a_mask():
+    # A transformer's position ids from its attention mask: cumsum(mask) * mask - 1, over a
+    # sequence of 512, in float32 within the backend suite's tolerance.
+    mask = (np.random.default_rng(2).random((4, 512)) > 0.2).astype(np.float32)
+    axis = numpy_helper.from_array(np.array(1, np.int64), "axis")
+    model = one_node_model(helper.make_node("CumSum", ["x", "axis"], ["y"]), {"x": mask}, TensorProto.FLOAT, [axis])
+    ours, theirs = run_both(model, {"x": mask})
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode,scales", [("nearest", [1, 1, 2, 3]), ("linear", [1, 1, 2, 2]),
+                                         ("nearest", [1, 1, 0.5, 0.5])])
+def test_opset_9_upsample_and_opset_10_resize_as_onnxruntime(mode, scales):
+    x = np.random.default_rng(3).standard_normal((1, 2, 4, 6)).astype(np.float32)
+    table = numpy_helper.from_array(np.array(scales, np.float32), "scales")
+    for op, opset in (("Upsample", 9), ("Resize", 10)):
+        if op == "Upsample" and min(scales) < 1:
+            continue  # Upsample's scales are at least 1
+        model = one_node_model(helper.make_node(op, ["x", "scales"], ["y"], mode=mode), {"x": x},
+                               TensorProto.FLOAT, [table], opset=opset)
+        ours, theirs = run_both(model, {"x": x})
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6, err_msg=f"{op}-{opset}")
+
+
+def test_gather_elements_counts_negative_indices_from_the_end_and_checks_the_others():
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    index = np.array([[0, -1, 2], [-4, 1, 3]], np.int64)
+    node = helper.make_node("GatherElements", ["x", "index"], ["y"], axis=1)
+    model = one_node_model(node, {"x": x, "index": index}, TensorProto.FLOAT)
+    ours, theirs = run_both(model, {"x": x, "index": index})
+    np.testing.assert_array_equal(ours, np.take_along_axis(x[:2], index % 4, axis=1))
+    np.testing.assert_array_equal(ours, theirs)
+    session = ponnx.InferenceSession(model)
+    with pytest.raises(PolycError, match="outside"):
+        session.run(None, {"x": x, "index": np.array([[0, 4, 1], [0, 0, 0]], np.int64)})
+
+
+def test_one_hot_leaves_indices_out_of_range_off():
+    index = np.array([[0, 3, -1], [5, -6, 2]], np.int64)
+    depth = numpy_helper.from_array(np.array(5, np.int64), "depth")
+    values = numpy_helper.from_array(np.array([-1.0, 2.0], np.float32), "values")
+    node = helper.make_node("OneHot", ["index", "depth", "values"], ["y"], axis=1)
+    model = one_node_model(node, {"index": index}, TensorProto.FLOAT, [depth, values])
+    ours, theirs = run_both(model, {"index": index})
+    expected = np.where(np.arange(5)[None, :, None] == np.where(index < 0, index + 5, index)[:, None, :], 2.0, -1.0)
+    np.testing.assert_array_equal(ours, expected)
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_a_scalar_mean_and_a_division_by_a_scalar_sum():
+    # Two bugs onnx's loss expansions found: a mean over every axis without keepdims read its
+    # scalar at another index than it wrote, and a division fused into the sum that made its
+    # scalar divisor updated the scalar in place, the same way.  Both were TC errors.
+    x = np.random.default_rng(4).random((3, 2)).astype(np.float32)
+    w = np.array(2.0, np.float32)
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mean"], keepdims=0),
+             helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+             helper.make_node("Div", ["w", "total"], ["ratio"])]
+    graph = helper.make_graph(
+        nodes, "scalars",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("mean", TensorProto.FLOAT, []),
+         helper.make_tensor_value_info("ratio", TensorProto.FLOAT, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    for fusion in (True, False):
+        mean, ratio = ponnx.InferenceSession(model, graph_fusion=fusion).run(None, {"x": x, "w": w})
+        np.testing.assert_allclose(mean, x.mean(), rtol=1e-6)
+        np.testing.assert_allclose(ratio, w / x.sum(), rtol=1e-6)
