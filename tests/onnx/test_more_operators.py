@@ -134,3 +134,36 @@ def test_a_scalar_mean_and_a_division_by_a_scalar_sum():
         mean, ratio = ponnx.InferenceSession(model, graph_fusion=fusion).run(None, {"x": x, "w": w})
         np.testing.assert_allclose(mean, x.mean(), rtol=1e-6)
         np.testing.assert_allclose(ratio, w / x.sum(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32], ids=["float32", "int32"])
+def test_top_k_orders_ties_by_index_as_onnxruntime(largest, dtype):
+    # Many ties (values from 0 to 9 along 1000 class scores, top 20), along the middle axis.
+    x = np.random.default_rng(5).integers(0, 10, (2, 1000, 3)).astype(dtype)
+    k = numpy_helper.from_array(np.array([20], np.int64), "k")
+    node = helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=1, largest=largest)
+    graph = helper.make_graph([node], "topk", [helper.make_tensor_value_info("x", _TYPES[np.dtype(dtype)], x.shape)],
+                              [helper.make_tensor_value_info("values", _TYPES[np.dtype(dtype)], [2, 20, 3]),
+                               helper.make_tensor_value_info("indices", TensorProto.INT64, [2, 20, 3])], [k])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    ours = ponnx.InferenceSession(model).run(None, {"x": x})
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for mine, expected in zip(ours, theirs):
+        np.testing.assert_array_equal(mine, expected)
+
+
+def test_top_k_puts_nan_above_every_number_as_onnxs_reference():
+    from onnx.reference import ReferenceEvaluator
+    x = np.array([[1.0, np.nan, -0.0, np.inf, 0.0, np.nan, -np.inf, 2.0]], np.float32)
+    for largest in (1, 0):
+        k = numpy_helper.from_array(np.array([8], np.int64), "k")
+        node = helper.make_node("TopK", ["x", "k"], ["values", "indices"], largest=largest)
+        graph = helper.make_graph([node], "topk", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                                  [helper.make_tensor_value_info("values", TensorProto.FLOAT, [1, 8]),
+                                   helper.make_tensor_value_info("indices", TensorProto.INT64, [1, 8])], [k])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        values, positions = ponnx.InferenceSession(model).run(None, {"x": x})
+        expected_values, expected_positions = ReferenceEvaluator(model).run(None, {"x": x})
+        np.testing.assert_array_equal(positions, expected_positions)
+        np.testing.assert_array_equal(values, expected_values)

@@ -2066,6 +2066,56 @@ class LpNormalization(Converter):
         return [out]
 
 
+class TopK(Converter):
+    """The ``k`` largest (or smallest) elements along ``axis`` and their indices, in order, equal
+    values by their index and NaN above every number, as onnx's reference orders them.
+
+    Each element's rank is the count of elements that come before it (n^2 comparisons along an
+    axis of n: fine for class scores, slow for tens of thousands of candidates); the j-th output
+    is the one element of rank j.  Ranks are distinct, so that sum has one nonzero term."""
+
+    CONSTANT_INPUTS = (1,)
+
+    @staticmethod
+    def _lower(b, x, k: int, axis: int, largest: bool):
+        n = x.shape[axis]
+        if not 0 <= k <= n:
+            raise UnsupportedError(f"{b.where}: TopK's k is {k}, the axis has {n} elements")
+        if x.dtype == np.bool_:
+            raise UnsupportedError(f"{b.where}: TopK of bool tensors")
+        idx = indices(x.rank)
+        mine = b.ref(x, idx)
+        other = b.ref(x, idx[:axis] + ["r0"] + idx[axis + 1:])
+
+        def above(a, c):  # a after c in ascending order, NaN above every number
+            return f"({a} > {c} || ({a} != {a} && {c} == {c}))"
+        same = f"({other} == {mine} || ({other} != {other} && {mine} != {mine}))"
+        wins = above(other, mine) if largest else above(mine, other)
+        rank = b.new(x.shape, np.int64)
+        shape = list(x.shape[:axis]) + [k] + list(x.shape[axis + 1:])
+        values, positions = b.new(shape, x.dtype), b.new(shape, np.int64)
+        at_rank = f"{b.ref(rank, idx[:axis] + ['r0'] + idx[axis + 1:])} == {idx[axis]}"
+        # Two kernels: as one, isl's scheduler took 10 s over the ranks' all-to-all dependences
+        # (1000 scores along the axis).
+        b.emit([b.statement(rank, idx, "+=!", f"({wins} || ({same} && r0 < {idx[axis]})) ? int64(1) : int64(0)",
+                            [("r0", n)])], [x], [rank], "other")
+        b.emit([b.statement(values, idx, "+=!", f"({at_rank}) ? {other} : {tc_type(x.dtype)}(0)", [("r0", n)]),
+                b.statement(positions, idx, "+=!", f"({at_rank}) ? int64(r0) : int64(0)", [("r0", n)])],
+               [x, rank], [values, positions], "other")
+        return [values, positions]
+
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        x = inputs[0]
+        return TopK._lower(b, x, int(node.attr("k")), _axis(b, node.attr("axis", -1), x.rank), True)
+
+    @staticmethod
+    def _impl_v10(b, node, inputs):
+        x = inputs[0]
+        k = int(_require_const(b, inputs[1], "TopK's k").reshape(-1)[0])
+        return TopK._lower(b, x, k, _axis(b, node.attr("axis", -1), x.rank), bool(node.attr("largest", 1)))
+
+
 #: Along an axis of at most this many elements a running sum is one triangular sum per
 #: element (n^2 / 2 additions); longer ones go in blocks of about sqrt(n) (n^1.5).
 CUMSUM_DIRECT = 64
@@ -2298,5 +2348,5 @@ CONVERTERS: dict[str, type[Converter]] = {
     "Round": _unary("rint({x})"), "IsNaN": IsNaN, "IsInf": IsInf, "Swish": Swish, "SwiGLU": SwiGLU,
     "Trilu": Trilu, "EyeLike": EyeLike, "OneHot": OneHot, "GatherElements": GatherElements, "GatherND": GatherND,
     "Hardmax": Hardmax, "LpNormalization": LpNormalization, "CumSum": CumSum, "LpPool": LpPool,
-    "Upsample": Upsample,
+    "Upsample": Upsample, "TopK": TopK,
 }
