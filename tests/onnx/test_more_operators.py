@@ -167,3 +167,52 @@ def test_top_k_puts_nan_above_every_number_as_onnxs_reference():
         expected_values, expected_positions = ReferenceEvaluator(model).run(None, {"x": x})
         np.testing.assert_array_equal(positions, expected_positions)
         np.testing.assert_array_equal(values, expected_values)
+
+
+def scatter_model(op: str, data, index, updates, opset: int = 18, **attributes):
+    node = helper.make_node(op, ["data", "index", "updates"], ["y"], **attributes)
+    arrays = {"data": data, "index": index, "updates": updates}
+    return one_node_model(node, arrays, _TYPES[data.dtype], opset=opset), arrays
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "max"])
+def test_scatter_nd_updates_a_cache_at_positions_as_onnxruntime(reduction):
+    # A key cache (batch 1, 4 heads, 16 positions, 8 features) updated at positions 5 and 9 of
+    # every head; "add" and "max" with two updates aimed at one row.
+    rng = np.random.default_rng(6)
+    cache = rng.standard_normal((1, 4, 16, 8)).astype(np.float32)
+    positions = [5, 9] if reduction == "none" else [5, 5]
+    index = np.array([[[0, h, p] for p in positions] for h in range(4)], np.int64)
+    index[1, 0, 2] -= 16  # a negative position counts from the end
+    updates = rng.standard_normal((4, 2, 8)).astype(np.float32)
+    model, feeds = scatter_model("ScatterND", cache, index, updates, reduction=reduction)
+    ours, theirs = run_both(model, feeds)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    assert np.array_equal(feeds["data"], cache)  # the feed itself is not written
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "min"])
+def test_scatter_elements_along_an_axis_with_fewer_rows_of_indices(reduction):
+    # Indices with 2 of the data's 3 rows and 2 of its 5 columns (axis 1): elements beyond them
+    # keep the data; int64 data, so results are exact.
+    rng = np.random.default_rng(7)
+    data = rng.integers(-9, 9, (3, 5)).astype(np.int64)
+    index = np.array([[4, 0], [-1, 2]], np.int64) if reduction == "none" else np.array([[1, 1], [3, -2]], np.int64)
+    updates = rng.integers(-9, 9, (2, 2)).astype(np.int64)
+    model, feeds = scatter_model("ScatterElements", data, index, updates, axis=1, reduction=reduction)
+    ours, theirs = run_both(model, feeds)
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_scatter_indices_outside_the_data_are_errors_not_dropped_updates():
+    data = np.zeros((4, 3), np.float32)
+    model, _ = scatter_model("ScatterND", data, np.array([[1]], np.int64), np.ones((1, 3), np.float32))
+    session = ponnx.InferenceSession(model)
+    np.testing.assert_array_equal(session.run(None, {"data": data, "index": np.array([[-1]], np.int64),
+                                                     "updates": np.ones((1, 3), np.float32)})[0][3], 1)
+    with pytest.raises(PolycError, match="outside"):
+        session.run(None, {"data": data, "index": np.array([[4]], np.int64), "updates": np.ones((1, 3), np.float32)})
+    model, _ = scatter_model("ScatterElements", data, np.array([[0, 1, 2]], np.int64), np.ones((1, 3), np.float32))
+    with pytest.raises(PolycError, match="outside"):
+        ponnx.InferenceSession(model).run(None, {"data": data, "index": np.array([[0, -5, 2]], np.int64),
+                                                 "updates": np.ones((1, 3), np.float32)})

@@ -738,6 +738,118 @@ class GatherND(Converter):
         return [out]
 
 
+def _scatter(b: Builder, data: Value, which: Value, updates: Value, reduction: str, head: int, target, match,
+             update_at, count: int, probe: tuple[Value, str]) -> Value:
+    """``data`` with ``updates`` written where their indices point, or combined there by
+    ``reduction`` (add, mul, max, min).  A statement cannot write at data-dependent indices, so
+    each output element looks for the updates aimed at it: ``match(p, r)`` is the condition (on
+    the index tensor ``which``) that update ``r`` (a reduction index over ``count`` updates) aims at output element ``p``, which
+    depends on its first ``head`` indices only and may read the indices only where ``target(p)``
+    holds (a condition, or None for always); ``update_at(p, r)`` reads that update.  This takes
+    |output| x ``count`` comparisons where a scatter proper takes ``count``: fine for the small
+    updates exporters make of masks and caches, slow for large ones.  With ``none``, of several
+    updates aimed at one element the last wins, as in onnx's reference.  ``probe``: a value and
+    the statement that reads ``data`` where each update aims, so that an index outside the
+    data stops the kernel with an error (a scatter by matching would drop that update
+    silently)."""
+    if reduction not in ("none", "add", "mul", "max", "min"):
+        raise UnsupportedError(f"{b.where}: {b.op_type} reduction {reduction!r}")
+    if updates.dtype != data.dtype:
+        raise SignatureError(f"{b.where}: {b.op_type}'s updates are {updates.dtype}, its data {data.dtype}")
+    idx = indices(data.rank)
+    out = b.new(data.shape, data.dtype)
+
+    def aimed(p, value: str, otherwise: str) -> str:
+        guard = target(p)
+        inner = f"({match(p, 'r0')}) ? {value} : {otherwise}"
+        return f"({guard}) ? ({inner}) : {otherwise}" if guard else inner
+    if reduction == "none":  # the last update aimed at each element, then that update or the data
+        last = b.new(list(data.shape[:head]), np.int64)
+        at = b.ref(last, idx[:head])
+        b.emit([probe[1], b.statement(last, idx[:head], "max=!", aimed(idx, "int64(r0)", "int64(-1)"), [("r0", count)]),
+                b.statement(out, idx, "=", f"({at} >= 0) ? {update_at(idx, at)} : {b.ref(data, idx)}")],
+               [data, which, updates], [out, probe[0]], "other")
+        return out
+    t = tc_type(data.dtype)
+    reads = [data, which, updates]
+    if reduction in ("add", "mul"):
+        op, neutral = ("+=", f"{t}(0)") if reduction == "add" else ("*=", f"{t}(1)")
+    else:
+        op = f"{reduction}="
+        if data.dtype.kind == "f":
+            extreme = -np.inf if reduction == "max" else np.inf
+        else:
+            limits = np.iinfo(data.dtype)
+            extreme = limits.min if reduction == "max" else limits.max
+        bound = b.const(np.array(extreme, data.dtype))  # max='s and min='s neutral element
+        neutral = b.ref(bound, [])
+        reads.append(bound)
+    b.emit([probe[1], b.statement(out, idx, "=", b.ref(data, idx)),
+            b.statement(out, idx, op, aimed(idx, update_at(idx, "r0"), neutral), [("r0", count)])],
+           reads, [out, probe[0]], "other")
+    return out
+
+
+class ScatterElements(Converter):
+    """``out[i][index[i][j]] = updates[i][j]`` along ``axis`` (or combined by ``reduction``):
+    torch's scatter_ export.  See :func:`_scatter` for the cost."""
+
+    @staticmethod
+    def _impl_v11(b, node, inputs):
+        data, which, updates = inputs[:3]
+        axis = _axis(b, node.attr("axis", 0), data.rank)
+        if which.shape != updates.shape or which.rank != data.rank:
+            raise SignatureError(f"{b.where}: {node.op_type}'s indices {list(which.shape)} and updates "
+                                 f"{list(updates.shape)} must have one shape, of the data's rank {data.rank}")
+        for d in range(data.rank):
+            if d != axis and which.shape[d] > data.shape[d]:
+                raise SignatureError(f"{b.where}: {node.op_type}'s indices have extent {which.shape[d]} along "
+                                     f"axis {d}, beyond the data's {data.shape[d]}")
+        at = lambda p, r: p[:axis] + [r] + p[axis + 1:]  # noqa: E731
+        target = lambda p: " && ".join(f"{p[d]} < {which.shape[d]}" for d in range(data.rank)  # noqa: E731
+                                       if d != axis and which.shape[d] < data.shape[d]) or None
+        match = lambda p, r: f"{_wrapped(b, which, at(p, r), data.shape[axis])} == {p[axis]}"  # noqa: E731
+        probe, points = b.new(which.shape, data.dtype), indices(which.rank, "u")
+        aim = at(points, _wrapped(b, which, points, data.shape[axis]))
+        return [_scatter(b, data, which, updates, node.attr("reduction", "none"), data.rank, target, match,
+                         lambda p, r: b.ref(updates, at(p, r)), which.shape[axis],
+                         (probe, b.statement(probe, points, "=", b.ref(data, aim))))]
+
+
+class Scatter(Converter):
+    """Opsets 9 and 10's name for ScatterElements (without reductions)."""
+
+    @staticmethod
+    def _impl_v9(b, node, inputs):
+        return ScatterElements._impl_v11(b, node, inputs)
+
+
+class ScatterND(Converter):
+    """Slices of ``data`` at the index tuples of ``indices``' last axis replaced by (or combined
+    with) ``updates``: torch's index_put_ export.  See :func:`_scatter` for the cost."""
+
+    @staticmethod
+    def _impl_v11(b, node, inputs):
+        data, which, updates = inputs[:3]
+        if which.rank < 1 or which.shape[-1] < 1 or which.shape[-1] > data.rank:
+            raise UnsupportedError(f"{b.where}: ScatterND's index tuples must have 1 to {data.rank} entries")
+        length = which.shape[-1]
+        expected = list(which.shape[:-1]) + list(data.shape[length:])
+        if list(updates.shape) != expected:
+            raise SignatureError(f"{b.where}: ScatterND's updates have shape {list(updates.shape)}, "
+                                 f"its indices and data need {expected}")
+        count = math.prod(which.shape[:-1])
+        tuples = b.view(which, [count, length])  # the updates in one row each, in order
+        rows = b.view(updates, [count] + list(data.shape[length:]))
+        match = lambda p, r: " && ".join(  # noqa: E731
+            f"{_wrapped(b, tuples, [r, str(e)], data.shape[e])} == {p[e]}" for e in range(length))
+        probe = b.new([count], data.dtype)
+        aim = [_wrapped(b, tuples, ["u0", str(e)], data.shape[e]) for e in range(length)] + ["0"] * (data.rank - length)
+        return [_scatter(b, data, tuples, rows, node.attr("reduction", "none"), length, lambda p: None, match,
+                         lambda p, r: b.ref(rows, [r] + p[length:]), count,
+                         (probe, b.statement(probe, ["u0"], "=", b.ref(data, aim))))]
+
+
 class OneHot(Converter):
     """``values[1]`` where an index (negative ones counted from ``depth``) equals the position
     along the new axis, ``values[0]`` elsewhere; an index outside ``[-depth, depth)`` matches
@@ -2348,5 +2460,6 @@ CONVERTERS: dict[str, type[Converter]] = {
     "Round": _unary("rint({x})"), "IsNaN": IsNaN, "IsInf": IsInf, "Swish": Swish, "SwiGLU": SwiGLU,
     "Trilu": Trilu, "EyeLike": EyeLike, "OneHot": OneHot, "GatherElements": GatherElements, "GatherND": GatherND,
     "Hardmax": Hardmax, "LpNormalization": LpNormalization, "CumSum": CumSum, "LpPool": LpPool,
-    "Upsample": Upsample, "TopK": TopK,
+    "Upsample": Upsample, "TopK": TopK, "ScatterElements": ScatterElements, "Scatter": Scatter,
+    "ScatterND": ScatterND,
 }
