@@ -216,3 +216,15 @@ def test_scatter_indices_outside_the_data_are_errors_not_dropped_updates():
     with pytest.raises(PolycError, match="outside"):
         ponnx.InferenceSession(model).run(None, {"data": data, "index": np.array([[0, -5, 2]], np.int64),
                                                  "updates": np.ones((1, 3), np.float32)})
+
+
+def test_top_k_of_none_is_empty():
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    k = numpy_helper.from_array(np.array([0], np.int64), "k")
+    node = helper.make_node("TopK", ["x", "k"], ["values", "indices"])
+    graph = helper.make_graph([node], "topk", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("values", TensorProto.FLOAT, [2, 0]),
+                               helper.make_tensor_value_info("indices", TensorProto.INT64, [2, 0])], [k])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    values, positions = ponnx.InferenceSession(model).run(None, {"x": x})
+    assert values.shape == positions.shape == (2, 0) and positions.dtype == np.int64

@@ -2195,6 +2195,9 @@ class TopK(Converter):
             raise UnsupportedError(f"{b.where}: TopK's k is {k}, the axis has {n} elements")
         if x.dtype == np.bool_:
             raise UnsupportedError(f"{b.where}: TopK of bool tensors")
+        shape = list(x.shape[:axis]) + [k] + list(x.shape[axis + 1:])
+        if k == 0 or x.size == 0:
+            return [b.const(np.zeros(shape, x.dtype)), b.const(np.zeros(shape, np.int64))]
         idx = indices(x.rank)
         mine = b.ref(x, idx)
         other = b.ref(x, idx[:axis] + ["r0"] + idx[axis + 1:])
@@ -2204,7 +2207,6 @@ class TopK(Converter):
         same = f"({other} == {mine} || ({other} != {other} && {mine} != {mine}))"
         wins = above(other, mine) if largest else above(mine, other)
         rank = b.new(x.shape, np.int64)
-        shape = list(x.shape[:axis]) + [k] + list(x.shape[axis + 1:])
         values, positions = b.new(shape, x.dtype), b.new(shape, np.int64)
         at_rank = f"{b.ref(rank, idx[:axis] + ['r0'] + idx[axis + 1:])} == {idx[axis]}"
         # Two kernels: as one, isl's scheduler took 10 s over the ranks' all-to-all dependences
