@@ -293,6 +293,12 @@ class IsInf(Converter):
         return [_elementwise(b, [x], np.bool_, rhs)]
 
 
+def _swish(x: str, alpha: float) -> str:
+    """``x * sigmoid(alpha * x)`` as one quotient."""
+    scaled = x if alpha == 1.0 else f"{_number(alpha)} * {x}"
+    return f"{x} / (1 + exp(-({scaled})))"
+
+
 class Swish(Converter):
     """``x * sigmoid(alpha * x)`` (opset 24; SiLU where alpha is 1)."""
 
@@ -301,8 +307,7 @@ class Swish(Converter):
         (x,) = inputs[:1]
         _float_only(b, x)
         alpha = float(node.attr("alpha", 1.0))
-        scaled = lambda v: v if alpha == 1.0 else f"{_number(alpha)} * {v}"  # noqa: E731
-        return [_elementwise(b, [x], x.dtype, lambda r: f"{r[0]} / (1 + exp(-({scaled(r[0])})))")]
+        return [_elementwise(b, [x], x.dtype, lambda r: _swish(r[0], alpha))]
 
 
 class SwiGLU(Converter):
@@ -317,9 +322,7 @@ class SwiGLU(Converter):
             raise UnsupportedError(f"{b.where}: SwiGLU's inputs must have one shape and type (got "
                                    f"{list(gate.shape)} {gate.dtype} and {list(value.shape)} {value.dtype})")
         alpha = float(node.attr("alpha", 1.0))
-        scaled = lambda v: v if alpha == 1.0 else f"{_number(alpha)} * {v}"  # noqa: E731
-        return [_elementwise(b, [gate, value], gate.dtype,
-                             lambda r: f"{r[0]} / (1 + exp(-({scaled(r[0])}))) * {r[1]}")]
+        return [_elementwise(b, [gate, value], gate.dtype, lambda r: f"{_swish(r[0], alpha)} * {r[1]}")]
 
 
 class Where(Converter):
@@ -742,10 +745,11 @@ def _scatter(b: Builder, data: Value, which: Value, updates: Value, reduction: s
              update_at, count: int, probe: tuple[Value, str]) -> Value:
     """``data`` with ``updates`` written where their indices point, or combined there by
     ``reduction`` (add, mul, max, min).  A statement cannot write at data-dependent indices, so
-    each output element looks for the updates aimed at it: ``match(p, r)`` is the condition (on
-    the index tensor ``which``) that update ``r`` (a reduction index over ``count`` updates) aims at output element ``p``, which
-    depends on its first ``head`` indices only and may read the indices only where ``target(p)``
-    holds (a condition, or None for always); ``update_at(p, r)`` reads that update.  This takes
+    each output element looks for the updates aimed at it: ``match(p, r)`` is the condition, on
+    the index tensor ``which``, that update ``r`` (a reduction index over ``count`` updates)
+    aims at output element ``p``; it depends on ``p``'s first ``head`` indices only and may
+    read the indices only where ``target(p)`` holds (a condition, or None for always).
+    ``update_at(p, r)`` reads that update.  This takes
     |output| x ``count`` comparisons where a scatter proper takes ``count``: fine for the small
     updates exporters make of masks and caches, slow for large ones.  With ``none``, of several
     updates aimed at one element the last wins, as in onnx's reference.  ``probe``: a value and
@@ -2004,7 +2008,9 @@ def _reduce(kind: str):
                   "sumsquare": "+=!", "l2": "+=!", "l1": "+=!"}[kind]
             value = {"sumsquare": f"{read} * {read}", "l2": f"{read} * {read}", "l1": f"abs({read})"}.get(kind, read)
             statements = [b.statement(out, out_idx, op, value, reductions)]
-            lhs = f"{out.ident}({', '.join(out_idx) if out.shape else 'z0'})"  # z0: a scalar's index (Builder.statement)
+            # z0: the index Builder.statement gives a scalar, so that the statement reads its
+            # target where it writes it
+            lhs = f"{out.ident}({', '.join(out_idx) if out.shape else 'z0'})"
             if kind == "mean":
                 count = math.prod(x.shape[d] for d in axes)
                 statements.append(b.statement(out, out_idx, "=", f"{lhs} / {count}"))
