@@ -9,7 +9,7 @@ as onnx's runner does.
 A case is skipped only for a reason stated here: it
 uses an element type polyc does not compute in (the reason names the type) or a value that
 is not a tensor (a sequence, an optional: named), one of its
-operators is not converted (named), or it is listed in EXCLUDED with why.
+operators is not converted (named), or it is listed in EXCLUDED or IMPRECISE_EXPECTATIONS with why.
 """
 from __future__ import annotations
 
@@ -38,6 +38,17 @@ EXCLUDED = {
         "a Range or Pad whose extent is computed from tensor data at run time: polyc plans every "
         "shape when it compiles",
 }
+
+#: Cases whose expected outputs are further from the exact answer than their own tolerance, so
+#: that a more exact result fails; each is checked against an exact answer in
+#: tests/onnx/test_more_operators.py instead.
+IMPRECISE_EXPECTATIONS = {
+    r"^test_dft_inverse(_opset19)?$":
+        "its expected values come from numpy's float32 FFT: imaginary parts that are exactly 0 hold "
+        "that FFT's rounding, 1.9e-7, above the case's atol of 1e-7 (polyc, computing in double as "
+        "onnx's reference does, gives 5.6e-16 there and agrees everywhere else)",
+}
+
 
 @functools.lru_cache(maxsize=None)
 def cases() -> dict:
@@ -77,6 +88,9 @@ def run_case(name: str) -> None:
         if numpy_dtype(elem_type) is None:
             pytest.skip(f"dtype {onnx.TensorProto.DataType.Name(elem_type).lower()} is not one polyc computes in "
                         f"({', '.join(sorted(set(TC_TYPES.values())))})")
+    for pattern, reason in IMPRECISE_EXPECTATIONS.items():
+        if re.search(pattern, name):
+            pytest.skip(reason)
     try:
         prepared = backend.prepare(model)
         for inputs, expected in case.data_sets:

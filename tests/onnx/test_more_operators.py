@@ -228,3 +228,30 @@ def test_top_k_of_none_is_empty():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     values, positions = ponnx.InferenceSession(model).run(None, {"x": x})
     assert values.shape == positions.shape == (2, 0) and positions.dtype == np.int64
+
+
+@pytest.mark.parametrize("inverse,onesided,length", [(1, 0, None), (0, 1, None), (1, 1, None), (0, 0, 12), (0, 1, 7)])
+def test_dft_against_numpys_double_fft(inverse, onesided, length):
+    # onnx's own inverse cases expect float32 FFT rounding (node_suite.IMPRECISE_EXPECTATIONS);
+    # here the exact answer, at those cases' tolerance: a complex signal of 10 along axis 1, or a
+    # real one for the one-sided forward transform; a DFT length that pads (12) or cuts (7).
+    rng = np.random.default_rng(8)
+    parts = 1 if onesided and not inverse else 2
+    samples = 6 if inverse and onesided else 10
+    x = rng.integers(-99, 99, (2, samples, 3, parts)).astype(np.float32)
+    inputs = ["x", "length" if length else "", "axis"]
+    tables = [numpy_helper.from_array(np.array(1, np.int64), "axis")]
+    if length:
+        tables.append(numpy_helper.from_array(np.array(length, np.int64), "length"))
+    model = one_node_model(helper.make_node("DFT", inputs, ["y"], inverse=inverse, onesided=onesided),
+                           {"x": x}, TensorProto.FLOAT, tables, opset=20)
+    ours = ponnx.InferenceSession(model).run(None, {"x": x})[0]
+    signal = x[..., 0].astype(np.float64) + (1j * x[..., 1] if parts == 2 else 0)
+    if inverse and onesided:
+        expected = np.fft.irfft(signal, n=length or 2 * (samples - 1), axis=1)[..., None]
+    else:
+        spectrum = (np.fft.ifft if inverse else np.fft.fft)(signal, n=length, axis=1)
+        if onesided:
+            spectrum = spectrum[:, :spectrum.shape[1] // 2 + 1]
+        expected = np.stack([spectrum.real, spectrum.imag], axis=-1)
+    np.testing.assert_allclose(ours, expected, rtol=1e-3, atol=1e-7)
