@@ -1580,9 +1580,9 @@ def _fourier(b: Builder, x: Value, axis: int, length: int | None, inverse: bool,
     (transformed,) = _by_reference("DFT", [basis, None if length is None else np.array(length, np.int64),
                                            np.array(1, np.int64)], 20, **attributes)
     bins, outputs = transformed.shape[1], transformed.shape[2]
-    # In double, as onnx's reference computes: the parts that cancel to zero (the imaginary
-    # parts of a symmetric signal's transform) then come out below the suite's atol of 1e-7,
-    # where float sums of terms near 100 left 2e-7.
+    # In double, as onnx's reference computes: a part whose exact value is 0 (the imaginary
+    # part of a symmetric signal's transform) then comes out near 1e-16, not at the rounding
+    # of a float sum of terms of the signal's size, which the suite's atol of 1e-7 can reject.
     matrix = b.const(transformed.reshape(n, parts, bins, outputs))
     shape = list(out_shape(bins, outputs))
     sums, out = b.new(shape, np.float64), b.new(shape, x.dtype)
