@@ -1562,7 +1562,7 @@ class MelWeightMatrix(_Constant):
     CONSTANT_INPUTS = (0, 1, 2, 3, 4)
 
 
-def _fourier(b: Builder, x: Value, axis: int, length: int | None, inverse: bool, onesided: bool, opset: int,
+def _fourier(b: Builder, x: Value, axis: int, length: int | None, inverse: bool, onesided: bool,
              signal, out_shape) -> Value:
     """The DFT of ``x`` along ``axis`` (its last axis the real, or real and imaginary, parts) as a
     product by its matrix, which onnx's reference gives applied to each basis signal: every
@@ -1604,7 +1604,7 @@ class DFT(Converter):
         if axis == x.rank - 1:
             raise UnsupportedError(f"{b.where}: DFT along the last axis, which holds the real and imaginary parts")
         length = None if length is None else int(_require_const(b, length, "DFT's dft_length").reshape(-1)[0])
-        return [_fourier(b, x, axis, length, bool(node.attr("inverse", 0)), bool(node.attr("onesided", 0)), 20,
+        return [_fourier(b, x, axis, length, bool(node.attr("inverse", 0)), bool(node.attr("onesided", 0)),
                          lambda p, n, c: p[:axis] + [n] + p[axis + 1:-1] + [c],
                          lambda bins, parts: list(x.shape[:axis]) + [bins] + list(x.shape[axis + 1:-1]) + [parts])]
 
@@ -1650,7 +1650,7 @@ class STFT(Converter):
         weighed = b.ref(signal, sample) if window is None else f"{b.ref(signal, sample)} * {b.ref(window, [idx[2]])}"
         b.emit([b.statement(framed, idx, "=", weighed)], [signal] + ([window] if window is not None else []),
                [framed], "other")
-        return [_fourier(b, framed, 2, None, False, bool(node.attr("onesided", 1)), 17,
+        return [_fourier(b, framed, 2, None, False, bool(node.attr("onesided", 1)),
                          lambda p, n, c: p[:2] + [n, c], lambda bins, parts: [signal.shape[0], frames, bins, parts])]
 
 
@@ -2406,8 +2406,8 @@ class CumSum(Converter):
         along = (lambda p: f"{n - 1} - ({p})") if reverse else (lambda p: p)  # noqa: E731
         out = b.new(x.shape, x.dtype)
         at = lambda p: idx[:axis] + [p] + idx[axis + 1:]  # noqa: E731
+        position = idx[axis] if not reverse else f"{n - 1} - {idx[axis]}"  # the output element's place, from the end when reversed
         if n <= CUMSUM_DIRECT:
-            position = idx[axis] if not reverse else f"{n - 1} - {idx[axis]}"
             b.emit([b.statement(out, idx, "+=!", f"(r0 {before} {position}) ? {b.ref(x, at(along('r0')))} : {zero}",
                                 [("r0", n)])], [x], [out], "reduction")
             return [out]
@@ -2431,7 +2431,6 @@ class CumSum(Converter):
             b.statement(sums, split_idx, "=", f"{b.ref(within, split_idx)} + {b.ref(offsets, total_idx)}")]
         b.emit(statements, [x], [sums], "reduction")
         flat = b.view(sums, list(x.shape[:axis]) + [blocks * block] + list(x.shape[axis + 1:]))
-        position = idx[axis] if not reverse else f"{n - 1} - {idx[axis]}"
         b.emit([b.statement(out, idx, "=", b.ref(flat, at(position)))], [flat], [out], "other")
         return [out]
 
