@@ -2406,7 +2406,7 @@ class CumSum(Converter):
         along = (lambda p: f"{n - 1} - ({p})") if reverse else (lambda p: p)  # noqa: E731
         out = b.new(x.shape, x.dtype)
         at = lambda p: idx[:axis] + [p] + idx[axis + 1:]  # noqa: E731
-        position = idx[axis] if not reverse else f"{n - 1} - {idx[axis]}"  # the output element's place, from the end when reversed
+        position = idx[axis] if not reverse else f"{n - 1} - {idx[axis]}"  # the output's place, so counted
         if n <= CUMSUM_DIRECT:
             b.emit([b.statement(out, idx, "+=!", f"(r0 {before} {position}) ? {b.ref(x, at(along('r0')))} : {zero}",
                                 [("r0", n)])], [x], [out], "reduction")
