@@ -2,6 +2,6 @@
 
 Importing polyc does not import onnx; importing this module does.
 """
-from polyc.frontends.onnx import InferenceSession, NodeArg, supported_operators  # noqa: F401
+from polyc.frontends.onnx import InferenceSession, NodeArg, function_operators, supported_operators  # noqa: F401
 
-__all__ = ["InferenceSession", "NodeArg", "supported_operators"]
+__all__ = ["InferenceSession", "NodeArg", "function_operators", "supported_operators"]

@@ -2,10 +2,12 @@
 
 - :mod:`.model`: loading (ModelProto, path, bytes), the checker, shape inference.
 - :mod:`.ops`: one converter per operator, lowering it to TC statements (the registry).
+- :mod:`.functions`: operators ONNX defines as functions, expanded into their bodies.
 - :mod:`.lowering`: the values, steps and TC text converters build.
 - :mod:`.plan`: per input shapes, constant folding, fusion into multi-statement defs, compilation.
 - :mod:`.session`: the session API; :mod:`.backend`: onnx's backend interface (for its test suite).
 """
+from polyc.frontends.onnx.functions import function_bodies
 from polyc.frontends.onnx.ops import CONVERTERS
 from polyc.frontends.onnx.session import InferenceSession, KernelTime, NodeArg
 
@@ -16,4 +18,11 @@ def supported_operators() -> dict[str, list[int]]:
             for op, c in sorted(CONVERTERS.items())}
 
 
-__all__ = ["InferenceSession", "KernelTime", "NodeArg", "supported_operators"]
+def function_operators() -> dict[str, list[int]]:
+    """Operator -> the opsets of the bodies ONNX defines it by, for the operators polyc runs as
+    those bodies (it has no converter for them).  A body built for a node runs when polyc
+    converts the operators in it; a session names the operator and what its body lacks otherwise."""
+    return {op: versions for op, versions in sorted(function_bodies().items()) if op not in CONVERTERS}
+
+
+__all__ = ["InferenceSession", "KernelTime", "NodeArg", "function_operators", "supported_operators"]

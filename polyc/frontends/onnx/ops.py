@@ -515,18 +515,64 @@ class Unsqueeze(Converter):
         return Unsqueeze._unsqueeze(b, inputs[0], _require_const(b, inputs[1], "axes"))
 
 
+def _transposed(b, x, perm) -> Value:
+    out = b.new([x.shape[p] for p in perm], x.dtype)
+    idx = indices(x.rank)
+    source = [None] * x.rank
+    for position, p in enumerate(perm):
+        source[p] = idx[position]
+    b.emit([b.statement(out, idx, "=", b.ref(x, source))], [x], [out], "other")
+    return out
+
+
 class Transpose(Converter):
     @staticmethod
     def _impl_v1(b, node, inputs):
         x = inputs[0]
-        perm = node.attr("perm") or list(reversed(range(x.rank)))
-        out = b.new([x.shape[p] for p in perm], x.dtype)
-        idx = indices(x.rank)
-        source = [None] * x.rank
-        for position, p in enumerate(perm):
-            source[p] = idx[position]
-        b.emit([b.statement(out, idx, "=", b.ref(x, source))], [x], [out], "other")
-        return [out]
+        return [_transposed(b, x, node.attr("perm") or list(reversed(range(x.rank))))]
+
+
+def _blocks(b, node, x, channels_divisible: bool) -> tuple[int, ...]:
+    """(N, C, H, W, block size) of a DepthToSpace or SpaceToDepth, checked."""
+    size = int(node.attr("blocksize", 0))
+    if x.rank != 4 or size < 1:
+        raise UnsupportedError(f"{b.where}: needs a 4-D input and a blocksize of at least 1 "
+                               f"(got shape {x.shape}, blocksize {size})")
+    n, c, h, w = x.shape
+    if channels_divisible and c % (size * size):
+        raise UnsupportedError(f"{b.where}: {c} channels are not a multiple of blocksize^2 = {size * size}")
+    if not channels_divisible and (h % size or w % size):
+        raise UnsupportedError(f"{b.where}: height and width {h} x {w} are not multiples of the blocksize {size}")
+    return n, c, h, w, size
+
+
+class DepthToSpace(Converter):
+    """Channels into blocks of pixels: a view, a transposition and a view."""
+
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        x = inputs[0]
+        n, c, h, w, size = _blocks(b, node, x, True)
+        depth = c // (size * size)
+        if node.attr("mode", "DCR") == "CRD":  # channel, then the block's row and column
+            blocks = _transposed(b, b.view(x, (n, depth, size, size, h, w)), [0, 1, 4, 2, 5, 3])
+        else:  # DCR: the block's row and column, then the channel
+            blocks = _transposed(b, b.view(x, (n, size, size, depth, h, w)), [0, 3, 4, 1, 5, 2])
+        return [b.view(blocks, (n, depth, h * size, w * size))]
+
+
+class SpaceToDepth(Converter):
+    """Blocks of pixels into channels: the inverse of DepthToSpace in the same mode (opset 28
+    brought CRD to SpaceToDepth too)."""
+
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        x = inputs[0]
+        n, c, h, w, size = _blocks(b, node, x, False)
+        crd = node.attr("mode", "DCR") == "CRD"  # channel, then the block's row and column
+        perm = [0, 1, 3, 5, 2, 4] if crd else [0, 3, 5, 1, 2, 4]
+        blocks = _transposed(b, b.view(x, (n, c, h // size, size, w // size, size)), perm)
+        return [b.view(blocks, (n, c * size * size, h // size, w // size))]
 
 
 class Expand(Converter):
@@ -2145,19 +2191,33 @@ def _reduce(kind: str):
             reductions = [(f"r{d}", x.shape[d]) for d in axes]
             out = b.new(out_shape, x.dtype)
             read = b.ref(x, source)
-            op = {"sum": "+=!", "mean": "+=!", "max": "max=!", "min": "min=!", "prod": "*=!",
-                  "sumsquare": "+=!", "l2": "+=!", "l1": "+=!"}[kind]
-            value = {"sumsquare": f"{read} * {read}", "l2": f"{read} * {read}", "l1": f"abs({read})"}.get(kind, read)
-            statements = [b.statement(out, out_idx, op, value, reductions)]
             # z0: the index Builder.statement gives a scalar, so that the statement reads its
             # target where it writes it
             lhs = f"{out.ident}({', '.join(out_idx) if out.shape else 'z0'})"
+            statements, reads = [], [x]
+            if kind == "logsumexp":  # log(sum(exp(x - max))) + max: no overflow in exp
+                largest = b.new(out_shape, x.dtype)
+                statements.append(b.statement(largest, out_idx, "max=!", read, reductions))
+                largest_here = f"{largest.ident}({', '.join(out_idx) if out.shape else 'z0'})"
+                read = f"{read} - {largest_here}"
+            op = {"sum": "+=!", "mean": "+=!", "max": "max=!", "min": "min=!", "prod": "*=!",
+                  "sumsquare": "+=!", "l2": "+=!", "l1": "+=!", "logsum": "+=!", "logsumexp": "+=!"}[kind]
+            value = {"sumsquare": f"{read} * {read}", "l2": f"{read} * {read}", "l1": f"abs({read})",
+                     "logsumexp": f"exp({read})"}.get(kind, read)
+            statements.append(b.statement(out, out_idx, op, value, reductions))
             if kind == "mean":
                 count = math.prod(x.shape[d] for d in axes)
                 statements.append(b.statement(out, out_idx, "=", f"{lhs} / {count}"))
             if kind == "l2":
                 statements.append(b.statement(out, out_idx, "=", f"sqrt({lhs})"))
-            b.emit(statements, [x], [out], "reduction")
+            if kind == "logsum":
+                statements.append(b.statement(out, out_idx, "=", f"log({lhs})"))
+            if kind == "logsumexp":
+                # An infinite (or NaN) max is the answer (an all -inf or empty slice is -inf),
+                # and the sum of exp(x - max) then holds NaN.  m - m is 0 only for finite m.
+                statements.append(b.statement(out, out_idx, "=", f"{largest_here} - {largest_here} != 0 ? "
+                                                                 f"{largest_here} : log({lhs}) + {largest_here}"))
+            b.emit(statements, reads, [out], "reduction")
             return [out]
 
         @staticmethod
@@ -2603,7 +2663,8 @@ CONVERTERS: dict[str, type[Converter]] = {
     "InstanceNormalization": InstanceNormalization, "Tile": Tile, "Shrink": Shrink,
     "ReduceSum": ReduceSum, "ReduceMean": _reduce("mean"), "ReduceMax": _reduce("max"),
     "ReduceMin": _reduce("min"), "ReduceProd": _reduce("prod"), "ReduceSumSquare": _reduce("sumsquare"),
-    "ReduceL1": _reduce("l1"), "ReduceL2": _reduce("l2"),
+    "ReduceL1": _reduce("l1"), "ReduceL2": _reduce("l2"), "ReduceLogSum": _reduce("logsum"),
+    "ReduceLogSumExp": _reduce("logsumexp"), "DepthToSpace": DepthToSpace, "SpaceToDepth": SpaceToDepth,
     "ArgMax": ArgMax, "ArgMin": ArgMin, "Softmax": Softmax, "LogSoftmax": Softmax,
     "Round": _unary("rint({x})"), "IsNaN": IsNaN, "IsInf": IsInf, "Swish": Swish, "SwiGLU": SwiGLU,
     "Trilu": Trilu, "EyeLike": EyeLike, "OneHot": OneHot, "GatherElements": GatherElements, "GatherND": GatherND,

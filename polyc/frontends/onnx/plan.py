@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import math
 import re
+import collections
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from polyc.runtime.arguments import allocate
 from polyc.runtime.compiler import vector_bits as build_vector_bits
 from polyc.runtime.sequence import sequence_runner
 from polyc.frontends.onnx.channels_last import ChannelsLast
+from polyc.frontends.onnx.functions import FlatNode, expand, tensor_type
 from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type, values_read, values_written
 from polyc.frontends.onnx.memory import Arena, plan_memory
 from polyc.frontends.onnx.permutations import fold_transposes
@@ -102,17 +104,24 @@ class Plan:
         # kernels are built for ($POLYC_CFLAGS or the cflags option), not the processor's.
         vector_bits = build_vector_bits(compiler_options(Options.from_kwargs(**options)))
         layout = ChannelsLast(self.values, self._new_ident, vector_bits, options) if channels_last else None
-        for position, proto in enumerate(nodes):
-            node = Node(proto, proto.name or f"{proto.op_type}_{position}")
+        pending = collections.deque(FlatNode(proto, opset, proto.name or f"{proto.op_type}_{position}", "")
+                                    for position, proto in enumerate(nodes))
+        while pending:
+            flat = pending.popleft()
+            proto, node_opset = flat.proto, flat.opset
+            if not is_converted(proto.op_type, proto.domain, node_opset):
+                pending.extendleft(reversed(expand(proto, flat.name, node_opset, self._types_of(proto.input))))
+                continue
+            node = Node(proto, flat.name)
             if layout is not None:
-                converted = layout.convert(node, opset)
+                converted = layout.convert(node, node_opset)
                 if converted is not None:
                     steps += converted
                     continue
                 steps += layout.need_nchw(proto.input)
             inputs = [self.values[name] if name else None for name in proto.input]
             builder = Builder(node.name, node.op_type, self._new_ident, vector_bits)
-            outputs = CONVERTERS[node.op_type].convert(builder, node, inputs, opset)
+            outputs = CONVERTERS[node.op_type].convert(builder, node, inputs, node_opset)
             if _foldable(builder.steps, inputs):
                 _fold(builder.steps, node.name)
             else:
@@ -143,6 +152,12 @@ class Plan:
         self._arenas_lock = threading.Lock()
         self._built = False
         self._build_lock = threading.Lock()
+
+    def _types_of(self, names) -> list:
+        """The TypeProtos of the values named, as the functions' bodies are built from them."""
+        from onnx import helper
+        return [tensor_type(helper.np_dtype_to_tensor_dtype(self.values[n].dtype), self.values[n].shape)
+                if n in self.values else None for n in names]
 
     def _new_ident(self) -> str:
         self._counter += 1
@@ -838,21 +853,19 @@ def _def_text(group: Group) -> str:
     return f"# {nodes}\ndef {group.name}({parameters}) -> ({outputs}) {{\n{body}\n}}"
 
 
-def check_supported(graph, opset: int) -> list[tuple[str, int, str]]:
-    """(op type, opset, node name) of every node no converter handles."""
-    missing = []
-    for position, node in enumerate(graph.node):
-        name = node.name or f"{node.op_type}_{position}"
-        converter = CONVERTERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        if converter is None or converter.version_for(opset) is None:
-            label = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-            missing.append((label, opset, name))
-    return missing
+def is_converted(op_type: str, domain: str, opset: int) -> bool:
+    """Whether a converter of polyc's own handles ``op_type`` at ``opset``."""
+    converter = CONVERTERS.get(op_type) if domain in ("", "ai.onnx") else None
+    return converter is not None and converter.version_for(opset) is not None
 
 
 def unsupported_error(missing, where: str) -> UnsupportedError:
-    listed = "; ".join(f"{op} (opset {opset}) at node {name!r}" for op, opset, name in missing)
-    kinds = sorted({op for op, _, _ in missing})
+    """``missing``: (op type, opset, node name); the op type may be followed by " (why)"."""
+    def entry(label, opset, name):
+        op, _, why = label.partition(" (")
+        return f"{op} (opset {opset}) at node {name!r}" + (f" ({why}" if why else "")
+    listed = "; ".join(entry(*m) for m in missing)
+    kinds = sorted({label.partition(" (")[0] for label, _, _ in missing})
     return UnsupportedError(f"{where}: {len(missing)} node(s) use operators polyc does not support: {listed} "
                             f"[unsupported: {', '.join(kinds)}]")
 

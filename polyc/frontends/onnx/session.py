@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from polyc.errors import PolycError, SignatureError
+from polyc.frontends.onnx.functions import flatten
 from polyc.frontends.onnx.model import default_opset, initializers, load_model, tensor_info
-from polyc.frontends.onnx.plan import Group, Plan, check_supported, unsupported_error
+from polyc.frontends.onnx.plan import Group, Plan, is_converted, unsupported_error
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class InferenceSession:
         self._model, self._where = load_model(model)
         graph = self._model.graph
         self._opset = default_opset(self._model)
-        missing = check_supported(graph, self._opset)
+        flat_nodes, missing = flatten(graph, self._opset, is_converted)
         if missing:
             raise unsupported_error(missing, self._where)
         self._constants = initializers(graph)
@@ -76,7 +77,7 @@ class InferenceSession:
         for info in self._inputs:
             if info.dtype is None:
                 raise PolycError(f"{self._where}: input {info.name!r} has type {info.type}, which polyc cannot compute in")
-        self._specialised = _specialising_inputs(graph, {i.name for i in self._inputs})
+        self._specialised = _specialising_inputs(flat_nodes, {i.name: i.dtype for i in self._inputs})
         self._options = options
         self.graph_fusion = graph_fusion
         self.channels_last = graph_fusion if channels_last is None else bool(channels_last)
@@ -237,14 +238,35 @@ class InferenceSession:
         return feeds
 
 
-def _specialising_inputs(graph, inputs: set[str]) -> set[str]:
-    """Graph inputs read where a converter needs a value known at compile time (a Reshape's
-    shape, a Slice's starts, ...): plans are specialised on their contents."""
+def _specialising_inputs(flat_nodes, inputs: dict) -> set[str]:
+    """Graph inputs (``inputs``: name -> dtype) that a converter needs to know when the model
+    is compiled (a Reshape's shape, a Slice's starts, a Pad's pads, ... also inside expanded
+    functions): plans are specialised on their contents.  An input that feeds such a place
+    directly counts, and so does an integer one that the value there is computed from (a
+    CenterCropPad's target shape becomes pads by arithmetic); nothing behind a Shape or a
+    Size, which read only the shape."""
     from polyc.frontends.onnx.ops import CONVERTERS
-    found = set()
-    for node in graph.node:
+    producers = {output: flat.proto for flat in flat_nodes for output in flat.proto.output if output}
+    found, seen = set(), set()
+
+    def trace(name: str, direct: bool) -> None:
+        if name in seen and not direct:
+            return
+        seen.add(name)
+        if name in inputs:
+            if direct or inputs[name].kind in "iub":
+                found.add(name)
+            return
+        producer = producers.get(name)
+        if producer is not None and producer.op_type not in ("Shape", "Size"):
+            for source in producer.input:
+                if source:
+                    trace(source, False)
+
+    for flat in flat_nodes:
+        node = flat.proto
         converter = CONVERTERS.get(node.op_type)
         for position in getattr(converter, "CONSTANT_INPUTS", ()):
-            if position < len(node.input) and node.input[position] in inputs:
-                found.add(node.input[position])
+            if position < len(node.input) and node.input[position]:
+                trace(node.input[position], True)
     return found

@@ -1,0 +1,218 @@
+"""Operators that ONNX defines as functions, expanded into their bodies.
+
+Many ONNX operators come with a body of other operators in their schema: RMSNormalization,
+GroupNormalization, Attention, RotaryEmbedding, SoftmaxCrossEntropyLoss, ReduceLogSumExp,
+Celu, ... Some bodies are fixed (a ``FunctionProto``); others are built for the node at hand,
+from its attributes and its inputs' element types ("context-dependent" functions).  Where
+polyc has no converter of its own for an operator at the model's opset, the node is replaced
+by its body, as onnxruntime does; graph fusion then puts the body's nodes back into few
+kernels.  A converter of polyc's own always wins: it knows the operator as a whole.
+
+A body's nodes mean what they meant at the opset the function was written for (its
+``opset_import``), which may be older than the model's; each expanded node carries that opset.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from polyc.errors import UnsupportedError
+
+#: Bodies may use operators that are functions themselves (SoftmaxCrossEntropyLoss uses
+#: NegativeLogLikelihoodLoss); deeper nesting than this is a loop in the schemas.
+MAX_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class FlatNode:
+    """A node to convert: ``proto`` at ``opset`` (of the default domain), named ``name``;
+    ``origin`` is the name of the model's node it came from (itself, if not expanded)."""
+
+    proto: object
+    opset: int
+    name: str
+    origin: str
+
+
+def _schema(op_type: str, opset: int):
+    from onnx import defs
+    try:
+        return defs.get_schema(op_type, opset, "")
+    except defs.SchemaError:
+        return None
+
+
+def _body_version(schema, opset: int) -> tuple[int, bool] | None:
+    """(function opset, context-dependent?) of the body to use for ``schema`` in a model of
+    ``opset``: the newest not above it, else the oldest.  Every body of a schema means that
+    schema's operator; they differ in the opset their own nodes are written in (ThresholdedRelu
+    of opset 10 has a body in opset 18's operators only), and each node is converted at its own."""
+    versions = [(v, False) for v in schema.function_opset_versions]
+    versions += [(v, True) for v in schema.context_dependent_function_opset_versions]
+    if not versions:
+        return None
+    usable = [entry for entry in versions if entry[0] <= opset]
+    return max(usable) if usable else min(versions)
+
+
+def has_function(op_type: str, domain: str, opset: int) -> bool:
+    """Whether ONNX defines ``op_type`` at ``opset`` by a body polyc can expand."""
+    if domain not in ("", "ai.onnx"):
+        return False
+    schema = _schema(op_type, opset)
+    return schema is not None and _body_version(schema, opset) is not None
+
+
+@functools.lru_cache(maxsize=None)
+def function_bodies() -> dict[str, list[int]]:
+    """Operator of the default domain -> the opsets at which ONNX gives it a body (shared: do
+    not modify)."""
+    from onnx import defs
+    bodies: dict[str, set[int]] = {}
+    for schema in defs.get_all_schemas_with_history():
+        if schema.domain in ("", "ai.onnx"):
+            versions = set(schema.function_opset_versions) | set(schema.context_dependent_function_opset_versions)
+            if versions:
+                bodies.setdefault(schema.name, set()).update(versions)
+    return {op: sorted(versions) for op, versions in bodies.items()}
+
+
+def expand(proto, name: str, opset: int, input_types: list) -> list[FlatNode]:
+    """The body of node ``proto`` (named ``name``) at ``opset``, its edges renamed into the
+    graph: the function's formal inputs and outputs become the node's, every other value and
+    node gets ``name + "/"`` in front.  ``input_types``: a ``TypeProto`` (or None when unknown)
+    per input of the node, which context-dependent bodies are built from."""
+    from onnx import FunctionProto, TypeProto, helper
+
+    where = f"node {name!r} ({proto.op_type})"
+    schema = _schema(proto.op_type, opset)
+    version = _body_version(schema, opset) if schema is not None else None
+    if version is None:
+        raise UnsupportedError(f"{where}: ONNX defines no function body for it at opset {opset}")
+    body_opset, context_dependent = version
+    node = helper.make_node(proto.op_type, list(proto.input), list(proto.output), name=name)
+    node.attribute.extend(proto.attribute)
+    given = {a.name for a in proto.attribute}
+    # A body refers to the node's attributes by name; those left out take the schema's defaults.
+    for attribute_name, attribute in schema.attributes.items():
+        default = attribute.default_value
+        if attribute_name not in given and default.type != 0:
+            node.attribute.append(default)
+    function = FunctionProto()
+    try:
+        if context_dependent:
+            types = [(t if t is not None and input_name else TypeProto()).SerializeToString()
+                     for input_name, t in zip(proto.input, input_types)]
+            function.ParseFromString(schema.get_context_dependent_function_with_opset_version(
+                body_opset, node.SerializeToString(), types))
+        else:
+            function.ParseFromString(schema.get_function_with_opset_version(body_opset))
+    except Exception as error:  # noqa: BLE001 - onnx's builders raise several kinds
+        raise UnsupportedError(f"{where}: ONNX could not build its function body ({error})") from error
+    if not function.node:
+        raise UnsupportedError(f"{where}: ONNX could not build its function body for these input types")
+    function_opset = next((o.version for o in function.opset_import if o.domain in ("", "ai.onnx")), body_opset)
+    return _renamed(function, node, name, function_opset)
+
+
+def _renamed(function, node, name: str, function_opset: int) -> list[FlatNode]:
+    from onnx import helper
+
+    edges = {formal: (node.input[i] if i < len(node.input) else "") for i, formal in enumerate(function.input)}
+    for i, formal in enumerate(function.output):
+        # An output the node leaves out stays internal: the body may still read it.
+        if i < len(node.output) and node.output[i]:
+            edges[formal] = node.output[i]
+    attributes = {a.name: a for a in node.attribute}
+    defaults = {a.name: a for a in function.attribute_proto}
+
+    def edge(value: str) -> str:
+        if not value:
+            return ""
+        return edges.get(value, f"{name}/{value}")
+
+    flat = []
+    for position, inner in enumerate(function.node):
+        inner_name = f"{name}/{inner.name or f'{inner.op_type}_{position}'}"
+        renamed = helper.make_node(inner.op_type, [edge(v) for v in inner.input], [edge(v) for v in inner.output],
+                                   name=inner_name, domain=inner.domain)
+        for attribute in inner.attribute:
+            if attribute.ref_attr_name:
+                source = attributes.get(attribute.ref_attr_name) or defaults.get(attribute.ref_attr_name)
+                if source is None:
+                    continue  # neither given nor defaulted: the inner operator's own default holds
+                attribute = _named(source, attribute.name)
+            renamed.attribute.append(attribute)
+        flat.append(FlatNode(renamed, function_opset, inner_name, name))
+    return flat
+
+
+def _named(attribute, new_name: str):
+    from onnx import AttributeProto
+    copy = AttributeProto()
+    copy.CopyFrom(attribute)
+    copy.name = new_name
+    return copy
+
+
+def flatten(graph, opset: int, converted) -> tuple[list[FlatNode], list[tuple[str, int, str]]]:
+    """The graph's nodes with every function expanded that polyc does not convert itself
+    (``converted(op_type, domain, opset)``), using the element types shape inference left in
+    the graph; and (op type, opset, node name) of every node that is neither converted nor
+    expandable into converted nodes."""
+    from onnx import shape_inference
+
+    types = {v.name: v.type for v in list(graph.input) + list(graph.value_info) + list(graph.output)}
+    for tensor in graph.initializer:
+        types.setdefault(tensor.name, tensor_type(tensor.data_type, tensor.dims))
+    flat, missing = [], []
+
+    def visit(proto, node_opset, name, origin, depth) -> str | None:
+        """None when ``proto`` is handled, else what is missing."""
+        label = proto.op_type if proto.domain in ("", "ai.onnx") else f"{proto.domain}.{proto.op_type}"
+        if converted(proto.op_type, proto.domain, node_opset):
+            flat.append(FlatNode(proto, node_opset, name, origin))
+            return None
+        if depth >= MAX_DEPTH or not has_function(proto.op_type, proto.domain, node_opset):
+            return label
+        try:
+            body = expand(proto, name, node_opset, [types.get(i) for i in proto.input])
+        except UnsupportedError as error:
+            return f"{label} ({error})"
+        for inner in body:
+            inner_missing = visit(inner.proto, inner.opset, inner.name, origin, depth + 1)
+            if inner_missing is not None:
+                return f"{label} (its ONNX function uses {inner_missing.split(' (')[0]})"
+            _infer_outputs(shape_inference, inner, types)
+        return None
+
+    for position, proto in enumerate(graph.node):
+        name = proto.name or f"{proto.op_type}_{position}"
+        mark = len(flat)
+        label = visit(proto, opset, name, name, 0)
+        if label is not None:
+            del flat[mark:]
+            missing.append((label, opset, name))
+    return flat, missing
+
+
+def _infer_outputs(shape_inference, inner: FlatNode, types: dict) -> None:
+    """Record the element types of a body node's outputs, which later context-dependent bodies
+    may need (best effort: a type left unknown only matters to such a body)."""
+    from onnx import helper
+    schema = _schema(inner.proto.op_type, inner.opset)
+    known = {i: types[i] for i in inner.proto.input if i and i in types}
+    if schema is None or len(known) < len([i for i in inner.proto.input if i]):
+        return
+    try:
+        outputs = shape_inference.infer_node_outputs(schema, inner.proto, known,
+                                                     opset_imports=[helper.make_opsetid("", inner.opset)])
+    except Exception:  # noqa: BLE001 - inference only helps
+        return
+    types.update(outputs)
+
+
+def tensor_type(elem_type: int, shape):
+    """The TypeProto of a tensor, as context-dependent bodies read their inputs' types."""
+    from onnx import helper
+    return helper.make_tensor_type_proto(elem_type, list(shape))
