@@ -1,5 +1,5 @@
 """The quantized operators: QuantizeLinear and DequantizeLinear (per tensor, per axis, in
-blocks), MatMulInteger, QLinearMatMul, and the dynamically quantized linear layer that
+blocks), MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv, and the dynamically quantized linear layer that
 onnxruntime's ``quantize_dynamic`` writes (DynamicQuantizeLinear, an ONNX function, feeding
 MatMulInteger).  Against onnxruntime, and against onnx's reference where its rounding is
 the definition."""
@@ -129,3 +129,36 @@ def test_a_dynamically_quantized_linear_layer_against_onnxruntime():
     (ours,), (theirs,), _ = all_three(model, {"x": x})
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ours, x @ weights + 1, rtol=0, atol=0.3)  # quantization's own error
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_qlinear_conv_per_channel_strided_padded(group):
+    # A strided, padded convolution (depthwise when group is 4) with a scale per output channel
+    # and a bias: exactly onnx's reference, within one step of onnxruntime's float32 scaling.
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 256, (2, 4, 9, 9)).astype(np.uint8)
+    w = rng.integers(-127, 128, (8, 4 // group, 3, 3)).astype(np.int8)
+    params = {"x_scale": np.array(0.05, np.float32), "x_zero": np.array(128, np.uint8), "w": w,
+              "w_scale": rng.uniform(0.002, 0.01, 8).astype(np.float32), "w_zero": np.zeros(8, np.int8),
+              "y_scale": np.array(0.2, np.float32), "y_zero": np.array(90, np.uint8),
+              "bias": rng.integers(-500, 500, 8).astype(np.int32)}
+    node = helper.make_node("QLinearConv", ["x", "x_scale", "x_zero", "w", "w_scale", "w_zero", "y_scale", "y_zero",
+                                            "bias"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1], group=group)
+    model = model_of([node], {"x": x}, ["y"], params)
+    (ours,), (theirs,), (reference,) = all_three(model, {"x": x})
+    np.testing.assert_array_equal(ours, reference)
+    assert np.abs(ours.astype(int) - theirs).max() <= 1
+
+
+def test_conv_integer_of_weights_given_at_run_time():
+    # Weights fed as an input are shifted by a kernel, not when the model is compiled.
+    rng = np.random.default_rng(6)
+    x = rng.integers(0, 256, (1, 3, 6, 6)).astype(np.uint8)
+    w = rng.integers(0, 256, (5, 3, 3, 3)).astype(np.uint8)
+    node = helper.make_node("ConvInteger", ["x", "w", "x_zero", "w_zero"], ["y"], pads=[1, 1, 1, 1])
+    model = model_of([node], {"x": x, "w": w}, ["y"], {"x_zero": np.array(7, np.uint8),
+                                                       "w_zero": np.array(100, np.uint8)})
+    (ours,), (theirs,), (reference,) = all_three(model, {"x": x, "w": w})
+    assert ours.dtype == np.int32
+    np.testing.assert_array_equal(ours, reference)
+    np.testing.assert_array_equal(ours, theirs)

@@ -2269,26 +2269,50 @@ def _per_tensor_or_along(b, param: Value, shape, axis: int, idx, what: str) -> l
                            f"along axis {axis} of {tuple(shape)}")
 
 
+def _shifted_int32(b, x: Value, zero, axis: int, what: str) -> Value:
+    """``x - zero`` in int32, the zero point one value or one per index along ``axis``
+    (computed when the model is compiled for constant weights)."""
+    if x.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
+        raise UnsupportedError(f"{b.where}: integer products of {x.dtype} are not supported (int8, uint8)")
+    idx = indices(x.rank)
+    zero_subscripts = _per_tensor_or_along(b, zero, x.shape, axis, idx, what) if zero is not None else None
+    if x.const is not None and (zero is None or zero.const is not None):
+        shifted = x.const.astype(np.int32)
+        if zero is not None:
+            shape = [x.shape[axis] if d == axis else 1 for d in range(x.rank)] if zero.size > 1 else []
+            shifted = shifted - zero.const.astype(np.int32).reshape(shape)
+        return b.const(shifted)
+    rhs = f"int32({b.ref(x, idx)})"
+    reads = [x]
+    if zero is not None:
+        rhs = f"{rhs} - int32({b.ref(zero, zero_subscripts)})"
+        reads.append(zero)
+    out = b.new(x.shape, np.int32)
+    b.emit([b.statement(out, idx, "=", rhs)], reads, [out], "elementwise")
+    return out
+
+
 def _integer_product(b, node, a: Value, a_zero, c: Value, c_zero) -> Value:
     """``(a - a_zero) @ (c - c_zero)`` in int32, exactly: the zero points one value, one per row
     of ``a`` or one per column of ``c``."""
-    for value in (a, c):
-        if value.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
-            raise UnsupportedError(f"{b.where}: integer products of {value.dtype} are not supported (int8, uint8)")
+    return MatMul._impl_v1(b, node, [_shifted_int32(b, a, a_zero, a.rank - 2, "A's zero point"),
+                                     _shifted_int32(b, c, c_zero, c.rank - 1, "B's zero point")])[0]
 
-    def shifted(x: Value, zero, axis: int, what: str) -> Value:
-        idx = indices(x.rank)
-        rhs = f"int32({b.ref(x, idx)})"
-        reads = [x]
-        if zero is not None:
-            rhs = f"{rhs} - int32({b.ref(zero, _per_tensor_or_along(b, zero, x.shape, axis, idx, what))})"
-            reads.append(zero)
-        out = b.new(x.shape, np.int32)
-        b.emit([b.statement(out, idx, "=", rhs)], reads, [out], "elementwise")
-        return out
 
-    return MatMul._impl_v1(b, node, [shifted(a, a_zero, a.rank - 2, "A's zero point"),
-                                     shifted(c, c_zero, c.rank - 1, "B's zero point")])[0]
+def _requantized(b, product: Value, factor: str, zero, out_dtype, zero_axis: int, reads) -> Value:
+    """``saturate(rint(product * factor) + zero)`` into ``out_dtype``, in double, as onnx's
+    reference scales its int32 results (a float32 factor times an int32 is a double in numpy)."""
+    idx = indices(product.rank)
+    value = f"double({b.ref(product, idx)}) * double({factor})"
+    if zero is not None:
+        value = f"{value} + double({b.ref(zero, _per_tensor_or_along(b, zero, product.shape, zero_axis, idx, 'y_zero_point'))})"
+        reads = reads + [zero]
+    limits = np.iinfo(out_dtype)
+    out = b.new(product.shape, out_dtype)
+    b.emit([b.statement(out, idx, "=", f"{tc_type(out_dtype)}(fmin(fmax(rint({value}), "
+                                       f"{_number(limits.min)}), {_number(limits.max)}))")],
+           [product] + reads, [out], "elementwise")
+    return out
 
 
 class MatMulInteger(Converter):
@@ -2316,18 +2340,46 @@ class QLinearMatMul(Converter):
 
         factor = (f"{ref(a_scale, rows, 'a_scale')} * {ref(c_scale, columns, 'b_scale')} / "
                   f"{ref(y_scale, columns, 'y_scale')}")
-        value = f"double({b.ref(product, idx)}) * double({factor})"
-        reads = [product, a_scale, c_scale, y_scale]
         out_dtype = y_zero.dtype if y_zero is not None else a.dtype
-        if y_zero is not None:
-            value = f"{value} + double({ref(y_zero, columns, 'y_zero_point')})"
-            reads.append(y_zero)
-        limits = np.iinfo(out_dtype)
-        out = b.new(product.shape, out_dtype)
-        b.emit([b.statement(out, idx, "=", f"{tc_type(out_dtype)}(fmin(fmax(rint({value}), "
-                                           f"{_number(limits.min)}), {_number(limits.max)}))")],
-               reads, [out], "elementwise")
-        return [out]
+        return [_requantized(b, product, factor, y_zero, out_dtype, columns, [a_scale, c_scale, y_scale])]
+
+
+class ConvInteger(Converter):
+    """A convolution of the shifted operands in int32, exactly; padding is 0 after the shift
+    (the input's zero point before it), as onnx's reference pads."""
+
+    @staticmethod
+    def _impl_v10(b, node, inputs):
+        x, w, x_zero, w_zero = (inputs + [None] * 4)[:4]
+        return [_integer_convolution(b, node, x, x_zero, w, w_zero, None)]
+
+
+def _integer_convolution(b, node, x, x_zero, w, w_zero, bias) -> Value:
+    if x_zero is not None and x_zero.size != 1:
+        raise UnsupportedError(f"{b.where}: the input's zero point must be one value (it has shape {x_zero.shape})")
+    if bias is not None and bias.dtype != np.int32:
+        raise UnsupportedError(f"{b.where}: the bias must be int32, not {bias.dtype}")
+    operands = [_shifted_int32(b, x, x_zero, 0, "the input's zero point"),
+                _shifted_int32(b, w, w_zero, 0, "the weights' zero point")]
+    return Conv._impl_v1(b, node, operands + ([bias] if bias is not None else []))[0]
+
+
+class QLinearConv(Converter):
+    """ConvInteger plus an int32 bias, scaled by x_scale * w_scale / y_scale (w_scale one value
+    or one per output channel) in double, rounded and saturated into y's type."""
+
+    @staticmethod
+    def _impl_v10(b, node, inputs):
+        x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = (inputs + [None] * 9)[:9]
+        product = _integer_convolution(b, node, x, x_zero, w, w_zero, bias)
+        idx = indices(product.rank)
+
+        def ref(param, what):
+            return b.ref(param, _per_tensor_or_along(b, param, product.shape, 1, idx, what))
+
+        factor = f"{ref(x_scale, 'x_scale')} * {ref(w_scale, 'w_scale')} / {ref(y_scale, 'y_scale')}"
+        out_dtype = y_zero.dtype if y_zero is not None else x.dtype
+        return [_requantized(b, product, factor, y_zero, out_dtype, 1, [x_scale, w_scale, y_scale])]
 
 
 # ----------------------------------------------------------------------------- reductions
@@ -2834,7 +2886,7 @@ CONVERTERS: dict[str, type[Converter]] = {
     "ReduceL1": _reduce("l1"), "ReduceL2": _reduce("l2"), "ReduceLogSum": _reduce("logsum"),
     "ReduceLogSumExp": _reduce("logsumexp"), "DepthToSpace": DepthToSpace, "SpaceToDepth": SpaceToDepth,
     "QuantizeLinear": QuantizeLinear, "DequantizeLinear": DequantizeLinear, "MatMulInteger": MatMulInteger,
-    "QLinearMatMul": QLinearMatMul,
+    "QLinearMatMul": QLinearMatMul, "ConvInteger": ConvInteger, "QLinearConv": QLinearConv,
     "ArgMax": ArgMax, "ArgMin": ArgMin, "Softmax": Softmax, "LogSoftmax": Softmax,
     "Round": _unary("rint({x})"), "IsNaN": IsNaN, "IsInf": IsInf, "Swish": Swish, "SwiGLU": SwiGLU,
     "Trilu": Trilu, "EyeLike": EyeLike, "OneHot": OneHot, "GatherElements": GatherElements, "GatherND": GatherND,
