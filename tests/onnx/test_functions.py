@@ -1,6 +1,8 @@
-"""Operators ONNX defines as functions (polyc/frontends/onnx/functions.py): expanded into their
-bodies where polyc has no converter, against onnxruntime and numpy; and the operators
-converted alongside (ReduceLogSum, ReduceLogSumExp, DepthToSpace, SpaceToDepth)."""
+"""Nodes that stand for other nodes (polyc/frontends/onnx/functions.py): operators ONNX defines
+as functions, expanded into their bodies where polyc has no converter, and If, replaced by the
+branch its condition (known when planning) selects; against onnxruntime, onnx's reference and
+numpy.  And the operators converted alongside (ReduceLogSum, ReduceLogSumExp, DepthToSpace,
+SpaceToDepth)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,11 +11,13 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import polyc  # noqa: E402
 import polyc.onnx as ponnx  # noqa: E402
 
-_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64}
+_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
+          np.dtype(np.bool_): TensorProto.BOOL}
 
 
 def model_of(nodes, inputs: dict, outputs, initializers=(), opset: int = 23, ranks=None):
@@ -81,17 +85,74 @@ def test_a_converter_wins_over_the_function():
 
 
 def test_a_function_whose_body_polyc_cannot_convert_is_named_with_the_reason():
-    theta = np.zeros((1, 2, 3), np.float32)
-    size = numpy_helper.from_array(np.array([1, 1, 4, 4], np.int64), "size")
-    nodes = [helper.make_node("AffineGrid", ["theta", "size"], ["grid"], name="grid"),
-             helper.make_node("NonZero", ["grid"], ["where"], name="nz")]
-    model = model_of(nodes, {"theta": theta}, ["where"], [size], opset=20, ranks={"where": 2})
+    x = np.full((2, 3), 0.5, np.float32)
+    nodes = [helper.make_node("Bernoulli", ["x"], ["coin"], name="coin"),
+             helper.make_node("NonZero", ["coin"], ["where"], name="nz")]
+    model = model_of(nodes, {"x": x}, ["where"], opset=22, ranks={"where": 2})
     with pytest.raises(polyc.UnsupportedError) as caught:
         ponnx.InferenceSession(model)
     message = str(caught.value)
     assert "2 node(s)" in message
-    assert "AffineGrid (opset 20) at node 'grid' (its ONNX function uses If)" in message
-    assert "[unsupported: AffineGrid, NonZero]" in message
+    assert "Bernoulli (opset 22) at node 'coin' (its ONNX function uses RandomUniformLike)" in message
+    assert "[unsupported: Bernoulli, NonZero]" in message
+
+
+def test_affine_grid_whose_body_branches_on_an_attribute():
+    # AffineGrid's body holds an If on align_corners (a constant once the body is built).
+    theta = np.random.default_rng(5).standard_normal((2, 2, 3)).astype(np.float32)
+    size = numpy_helper.from_array(np.array([2, 3, 4, 5], np.int64), "size")
+    for align in (0, 1):
+        model = model_of([helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=align)],
+                         {"theta": theta}, ["grid"], [size], opset=20)
+        (ours,) = ponnx.InferenceSession(model).run(None, {"theta": theta})
+        np.testing.assert_allclose(ours, ReferenceEvaluator(model).run(None, {"theta": theta})[0],
+                                   rtol=1e-5, atol=1e-6)
+
+
+def _branching_model(condition_nodes, inputs):
+    """y = x * 2 when the condition holds, else x - 1 (the else branch with an initializer)."""
+    then_graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["twice"])], "then", [],
+                                   [helper.make_tensor_value_info("twice", TensorProto.FLOAT, None)])
+    else_graph = helper.make_graph([helper.make_node("Sub", ["x", "one"], ["less"])], "else", [],
+                                   [helper.make_tensor_value_info("less", TensorProto.FLOAT, None)],
+                                   [numpy_helper.from_array(np.array(1, np.float32), "one")])
+    node = helper.make_node("If", ["condition"], ["y"], name="branch", then_branch=then_graph,
+                            else_branch=else_graph)
+    return model_of(condition_nodes + [node], inputs, ["y"], opset=17, ranks={"y": 2})
+
+
+def test_if_on_a_shape_takes_the_branch_the_shape_selects():
+    # condition: x has more than 3 rows.  Each shape is planned with its own branch.
+    three = numpy_helper.from_array(np.array(3, np.int64), "three")
+    zero = numpy_helper.from_array(np.array(0, np.int64), "zero")
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Gather", ["shape", "zero"], ["rows"]),
+             helper.make_node("Greater", ["rows", "three"], ["condition"])]
+    model = _branching_model(nodes, {"x": np.zeros((2, 2), np.float32)})
+    model.graph.initializer.extend([three, zero])
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "rows"
+    session = ponnx.InferenceSession(model)
+    for rows in (2, 5):
+        x = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+        (ours,) = session.run(None, {"x": x})
+        np.testing.assert_array_equal(ours, onnxruntime_run(model, {"x": x})[0])
+        np.testing.assert_array_equal(ours, x * 2 if rows > 3 else x - 1)
+
+
+def test_if_on_an_input_specialises_the_plan_and_on_data_is_refused():
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    model = _branching_model([], {"x": x, "condition": np.array(True)})
+    session = ponnx.InferenceSession(model)
+    for condition in (True, False):
+        feeds = {"x": x, "condition": np.array(condition)}
+        np.testing.assert_array_equal(session.run(None, feeds)[0], onnxruntime_run(model, feeds)[0])
+    assert len(session._plans) == 2
+    # A condition computed from a float tensor's values is not known when planning.
+    nodes = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+             helper.make_node("Greater", ["total", "zero"], ["condition"])]
+    model = _branching_model(nodes, {"x": x})
+    model.graph.initializer.append(numpy_helper.from_array(np.array(0, np.float32), "zero"))
+    with pytest.raises(polyc.UnsupportedError, match=r"node 'branch' \(If\): its condition must be known"):
+        ponnx.InferenceSession(model).run(None, {"x": x})
 
 
 def test_an_integer_input_computed_into_pads_specialises_the_plan():

@@ -1,4 +1,5 @@
-"""Operators that ONNX defines as functions, expanded into their bodies.
+"""Nodes that stand for other nodes: operators that ONNX defines as functions, expanded into
+their bodies, and If, replaced by the branch its condition selects.
 
 Many ONNX operators come with a body of other operators in their schema: RMSNormalization,
 GroupNormalization, Attention, RotaryEmbedding, SoftmaxCrossEntropyLoss, ReduceLogSumExp,
@@ -10,6 +11,10 @@ kernels.  A converter of polyc's own always wins: it knows the operator as a who
 
 A body's nodes mean what they meant at the opset the function was written for (its
 ``opset_import``), which may be older than the model's; each expanded node carries that opset.
+
+An If whose condition is known when the model is planned (a constant, computed from shapes,
+or an input the plan is specialised on) is its branch's nodes: polyc compiles straight-line
+kernels, and exporters write If mostly on shapes and attributes.
 """
 from __future__ import annotations
 
@@ -32,6 +37,38 @@ class FlatNode:
     opset: int
     name: str
     origin: str
+
+
+#: Inputs of the nodes handled here that must be known when the model is planned, by position
+#: (as converters' ``CONSTANT_INPUTS``).
+CONSTANT_INPUTS = {"If": (0,)}
+
+
+def is_if(proto) -> bool:
+    return proto.op_type == "If" and proto.domain in ("", "ai.onnx")
+
+
+def if_branch(proto, name: str, condition: bool, opset: int) -> list[FlatNode]:
+    """The nodes of the branch of If node ``proto`` (named ``name``) that ``condition`` selects:
+    its initializers as Constant nodes, its nodes, and Identity nodes giving its outputs the
+    If's output names.  Names need no change: ONNX forbids a subgraph to reuse a name of the
+    graphs around it, and only one branch is taken."""
+    from onnx import helper
+    label = "then" if condition else "else"
+    graph = next((helper.get_attribute_value(a) for a in proto.attribute if a.name == f"{label}_branch"), None)
+    if graph is None:
+        raise UnsupportedError(f"node {name!r} (If): no {label}_branch")
+    if len(graph.output) != len(proto.output):
+        raise UnsupportedError(f"node {name!r} (If): its {label}_branch has {len(graph.output)} outputs, "
+                               f"the node {len(proto.output)}")
+    prefix = f"{name}/{label}"
+    flat = [FlatNode(helper.make_node("Constant", [], [tensor.name], value=tensor), opset,
+                     f"{prefix}/{tensor.name}", name) for tensor in graph.initializer]
+    flat += [FlatNode(node, opset, f"{prefix}/{node.name or f'{node.op_type}_{position}'}", name)
+             for position, node in enumerate(graph.node)]
+    flat += [FlatNode(helper.make_node("Identity", [inner.name], [outer]), opset, f"{prefix}/{outer}", name)
+             for inner, outer in zip(graph.output, proto.output) if outer]
+    return flat
 
 
 def _schema(op_type: str, opset: int):
@@ -142,9 +179,26 @@ def _renamed(function, node, name: str, function_opset: int) -> list[FlatNode]:
                 if source is None:
                     continue  # neither given nor defaulted: the inner operator's own default holds
                 attribute = _named(source, attribute.name)
+            elif attribute.HasField("g"):  # an If's branch reads the body's values by their names
+                attribute = _named(attribute, attribute.name)
+                _rename_graph(attribute.g, edge)
             renamed.attribute.append(attribute)
         flat.append(FlatNode(renamed, function_opset, inner_name, name))
     return flat
+
+
+def _rename_graph(graph, edge) -> None:
+    """Every value name in ``graph`` (and the graphs in it) through ``edge``, in place."""
+    for value in list(graph.input) + list(graph.output) + list(graph.value_info):
+        value.name = edge(value.name)
+    for tensor in graph.initializer:
+        tensor.name = edge(tensor.name)
+    for node in graph.node:
+        node.input[:] = [edge(v) for v in node.input]
+        node.output[:] = [edge(v) for v in node.output]
+        for attribute in node.attribute:
+            if attribute.HasField("g"):
+                _rename_graph(attribute.g, edge)
 
 
 def _named(attribute, new_name: str):
@@ -172,6 +226,16 @@ def flatten(graph, opset: int, converted) -> tuple[list[FlatNode], list[tuple[st
         label = proto.op_type if proto.domain in ("", "ai.onnx") else f"{proto.domain}.{proto.op_type}"
         if converted(proto.op_type, proto.domain, node_opset):
             flat.append(FlatNode(proto, node_opset, name, origin))
+            return None
+        if is_if(proto) and depth < MAX_DEPTH:
+            # Either branch may be taken: both must be converted.
+            flat.append(FlatNode(proto, node_opset, name, origin))
+            for condition in (True, False):
+                for inner in if_branch(proto, name, condition, node_opset):
+                    inner_missing = visit(inner.proto, inner.opset, inner.name, origin, depth + 1)
+                    if inner_missing is not None:
+                        return f"{label} (its {'then' if condition else 'else'}_branch uses {inner_missing.split(' (')[0]})"
+                    _infer_outputs(shape_inference, inner, types)
             return None
         if depth >= MAX_DEPTH or not has_function(proto.op_type, proto.domain, node_opset):
             return label

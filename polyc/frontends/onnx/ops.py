@@ -499,6 +499,7 @@ class Unsqueeze(Converter):
 
     @staticmethod
     def _unsqueeze(b, x, axes):
+        axes = np.asarray(axes).reshape(-1)  # (onnx's AffineGrid body gives one axis as a scalar)
         rank = x.rank + len(axes)
         axes = sorted(a % rank for a in (int(a) for a in axes))
         shape = list(x.shape)

@@ -36,7 +36,7 @@ from polyc.runtime.arguments import allocate
 from polyc.runtime.compiler import vector_bits as build_vector_bits
 from polyc.runtime.sequence import sequence_runner
 from polyc.frontends.onnx.channels_last import ChannelsLast
-from polyc.frontends.onnx.functions import FlatNode, expand, tensor_type
+from polyc.frontends.onnx.functions import FlatNode, expand, if_branch, is_if, tensor_type
 from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type, values_read, values_written
 from polyc.frontends.onnx.memory import Arena, plan_memory
 from polyc.frontends.onnx.permutations import fold_transposes
@@ -109,6 +109,10 @@ class Plan:
         while pending:
             flat = pending.popleft()
             proto, node_opset = flat.proto, flat.opset
+            if is_if(proto):
+                pending.extendleft(reversed(if_branch(proto, flat.name, self._condition(proto, flat.name),
+                                                      node_opset)))
+                continue
             if not is_converted(proto.op_type, proto.domain, node_opset):
                 pending.extendleft(reversed(expand(proto, flat.name, node_opset, self._types_of(proto.input))))
                 continue
@@ -152,6 +156,14 @@ class Plan:
         self._arenas_lock = threading.Lock()
         self._built = False
         self._build_lock = threading.Lock()
+
+    def _condition(self, proto, name: str) -> bool:
+        condition = self.values.get(proto.input[0]) if proto.input else None
+        if condition is None or condition.const is None or condition.const.size != 1:
+            raise UnsupportedError(f"node {name!r} (If): its condition must be known when the model is planned "
+                                   "(a constant, computed from shapes, or an input of the model), not computed "
+                                   "from tensor data at run time")
+        return bool(condition.const.reshape(()))
 
     def _types_of(self, names) -> list:
         """The TypeProtos of the values named, as the functions' bodies are built from them."""

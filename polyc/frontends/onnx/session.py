@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from polyc.errors import PolycError, SignatureError
-from polyc.frontends.onnx.functions import flatten
+from polyc.frontends.onnx.functions import CONSTANT_INPUTS, flatten
 from polyc.frontends.onnx.model import default_opset, initializers, load_model, tensor_info
 from polyc.frontends.onnx.plan import Group, Plan, is_converted, unsupported_error
 
@@ -266,7 +266,7 @@ def _specialising_inputs(flat_nodes, inputs: dict) -> set[str]:
     for flat in flat_nodes:
         node = flat.proto
         converter = CONVERTERS.get(node.op_type)
-        for position in getattr(converter, "CONSTANT_INPUTS", ()):
+        for position in getattr(converter, "CONSTANT_INPUTS", ()) or CONSTANT_INPUTS.get(node.op_type, ()):
             if position < len(node.input) and node.input[position]:
                 trace(node.input[position], True)
     return found
