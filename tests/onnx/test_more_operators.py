@@ -65,6 +65,26 @@ def test_cumsum_along_a_long_axis_in_blocks(exclusive, reverse, dtype):
         np.testing.assert_allclose(ours, expected, rtol=1e-12)
 
 
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+def test_cumprod_along_a_long_axis_in_blocks(exclusive, reverse):
+    # Products of 300 factors of -1 and 1 (exact in int64) and near 1 (float64), blocked as
+    # CumSum is; against numpy (onnxruntime has no CumProd yet), the reverse and exclusive
+    # forms as flips and a shift by one.
+    rng = np.random.default_rng(4)
+    axis = numpy_helper.from_array(np.array(1, np.int64), "axis")
+    node = helper.make_node("CumProd", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)
+    for x in (rng.choice(np.array([-1, 1], np.int64), (2, 300, 3)), rng.uniform(0.98, 1.02, (2, 300, 3))):
+        model = one_node_model(node, {"x": x}, _TYPES[x.dtype], [axis], opset=26)
+        (ours,) = ponnx.InferenceSession(model).run(None, {"x": x})
+        y = np.flip(x, 1) if reverse else x
+        products = np.cumprod(y, axis=1, dtype=x.dtype)
+        if exclusive:
+            products = np.concatenate([np.ones_like(products[:, :1]), products[:, :-1]], axis=1)
+        expected = np.flip(products, 1) if reverse else products
+        np.testing.assert_allclose(ours, expected, rtol=1e-12)
+
+
 def test_cumsum_of_float32_positions_from_a_mask():
     # A transformer's position ids from its attention mask: cumsum(mask) * mask - 1, over a
     # sequence of 512, in float32 within the backend suite's tolerance.

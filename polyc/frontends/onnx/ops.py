@@ -2306,7 +2306,8 @@ def _requantized(b, product: Value, factor: str, zero, out_dtype, zero_axis: int
     idx = indices(product.rank)
     value = f"double({b.ref(product, idx)}) * double({factor})"
     if zero is not None:
-        value = f"{value} + double({b.ref(zero, _per_tensor_or_along(b, zero, product.shape, zero_axis, idx, 'y_zero_point'))})"
+        zero_subscripts = _per_tensor_or_along(b, zero, product.shape, zero_axis, idx, "y_zero_point")
+        value = f"{value} + double({b.ref(zero, zero_subscripts)})"
         reads = reads + [zero]
     limits = np.iinfo(out_dtype)
     out = b.new(product.shape, out_dtype)
@@ -2663,57 +2664,69 @@ class TopK(Converter):
 CUMSUM_DIRECT = 64
 
 
-class CumSum(Converter):
-    """Running sums along ``axis`` (``exclusive``: each without its own element; ``reverse``:
-    from the end).  TC statements cannot read what they write at another index, so a sum is a
-    reduction over the elements before it: directly for short axes, and for longer ones in
-    blocks of ``B`` elements: each element's sum within its block, each block's total, the
-    totals before each block, and their sum."""
+def _running(b, node, inputs, product: bool) -> list[Value]:
+    """Running sums (``product``: products) along ``axis`` (``exclusive``: each without its own
+    element; ``reverse``: from the end).  TC statements cannot read what they write at another
+    index, so each is a reduction over the elements before it: directly for short axes, and for
+    longer ones in blocks of ``B`` elements: each element's sum within its block, each block's
+    total, the totals before each block, and their sum."""
+    x = inputs[0]
+    axis = _axis(b, int(_require_const(b, inputs[1], f"{b.op_type}'s axis").reshape(-1)[0]), x.rank)
+    if x.dtype == np.bool_:
+        raise UnsupportedError(f"{b.where}: {b.op_type} of bool tensors")
+    exclusive, reverse = node.attr("exclusive", 0), node.attr("reverse", 0)
+    n = x.shape[axis]
+    before = "<" if exclusive else "<="
+    idx = indices(x.rank)
+    reduce, combine = ("*=!", "*") if product else ("+=!", "+")
+    identity = f"{tc_type(x.dtype)}({1 if product else 0})"
+    # Positions along the axis count from the end when reversed: element p is x[n - 1 - p].
+    along = (lambda p: f"{n - 1} - ({p})") if reverse else (lambda p: p)  # noqa: E731
+    out = b.new(x.shape, x.dtype)
+    at = lambda p: idx[:axis] + [p] + idx[axis + 1:]  # noqa: E731
+    position = idx[axis] if not reverse else f"{n - 1} - {idx[axis]}"  # the output's place, so counted
+    if n <= CUMSUM_DIRECT:
+        b.emit([b.statement(out, idx, reduce, f"(r0 {before} {position}) ? {b.ref(x, at(along('r0')))} : {identity}",
+                            [("r0", n)])], [x], [out], "reduction")
+        return [out]
+    block = math.isqrt(n - 1) + 1
+    blocks = -(-n // block)
+    outer, inner = idx[:axis], idx[axis + 1:]
+    split_idx = outer + ["q0", "q1"] + inner
+    split_shape = list(x.shape[:axis]) + [blocks, block] + list(x.shape[axis + 1:])
+    total_idx = outer + ["q0"] + inner
+    total_shape = list(x.shape[:axis]) + [blocks] + list(x.shape[axis + 1:])
+    within, totals, offsets, sums = (b.new(split_shape, x.dtype), b.new(total_shape, x.dtype),
+                                     b.new(total_shape, x.dtype), b.new(split_shape, x.dtype))
+    element = f"{block} * q0 + r0"
+    inside = f"{element} < {n}"
+    read = b.ref(x, at(along(element)))
+    statements = [
+        b.statement(within, split_idx, reduce, f"(r0 {before} q1 && {inside}) ? {read} : {identity}", [("r0", block)]),
+        b.statement(totals, total_idx, reduce, f"({inside}) ? {read} : {identity}", [("r0", block)]),
+        b.statement(offsets, total_idx, reduce, f"(r1 < q0) ? {b.ref(totals, outer + ['r1'] + inner)} : {identity}",
+                    [("r1", blocks)]),
+        b.statement(sums, split_idx, "=", f"{b.ref(within, split_idx)} {combine} {b.ref(offsets, total_idx)}")]
+    b.emit(statements, [x], [sums], "reduction")
+    flat = b.view(sums, list(x.shape[:axis]) + [blocks * block] + list(x.shape[axis + 1:]))
+    b.emit([b.statement(out, idx, "=", b.ref(flat, at(position)))], [flat], [out], "other")
+    return [out]
 
+
+class CumSum(Converter):
     CONSTANT_INPUTS = (1,)
 
     @staticmethod
     def _impl_v11(b, node, inputs):
-        x = inputs[0]
-        axis = _axis(b, int(_require_const(b, inputs[1], "CumSum's axis").reshape(-1)[0]), x.rank)
-        if x.dtype == np.bool_:
-            raise UnsupportedError(f"{b.where}: CumSum of bool tensors")
-        exclusive, reverse = node.attr("exclusive", 0), node.attr("reverse", 0)
-        n = x.shape[axis]
-        before = "<" if exclusive else "<="
-        idx = indices(x.rank)
-        zero = f"{tc_type(x.dtype)}(0)"
-        # Positions along the axis count from the end when reversed: element p is x[n - 1 - p].
-        along = (lambda p: f"{n - 1} - ({p})") if reverse else (lambda p: p)  # noqa: E731
-        out = b.new(x.shape, x.dtype)
-        at = lambda p: idx[:axis] + [p] + idx[axis + 1:]  # noqa: E731
-        position = idx[axis] if not reverse else f"{n - 1} - {idx[axis]}"  # the output's place, so counted
-        if n <= CUMSUM_DIRECT:
-            b.emit([b.statement(out, idx, "+=!", f"(r0 {before} {position}) ? {b.ref(x, at(along('r0')))} : {zero}",
-                                [("r0", n)])], [x], [out], "reduction")
-            return [out]
-        block = math.isqrt(n - 1) + 1
-        blocks = -(-n // block)
-        outer, inner = idx[:axis], idx[axis + 1:]
-        split_idx = outer + ["q0", "q1"] + inner
-        split_shape = list(x.shape[:axis]) + [blocks, block] + list(x.shape[axis + 1:])
-        total_idx = outer + ["q0"] + inner
-        total_shape = list(x.shape[:axis]) + [blocks] + list(x.shape[axis + 1:])
-        within, totals, offsets, sums = (b.new(split_shape, x.dtype), b.new(total_shape, x.dtype),
-                                         b.new(total_shape, x.dtype), b.new(split_shape, x.dtype))
-        element = f"{block} * q0 + r0"
-        inside = f"{element} < {n}"
-        read = b.ref(x, at(along(element)))
-        statements = [
-            b.statement(within, split_idx, "+=!", f"(r0 {before} q1 && {inside}) ? {read} : {zero}", [("r0", block)]),
-            b.statement(totals, total_idx, "+=!", f"({inside}) ? {read} : {zero}", [("r0", block)]),
-            b.statement(offsets, total_idx, "+=!", f"(r1 < q0) ? {b.ref(totals, outer + ['r1'] + inner)} : {zero}",
-                        [("r1", blocks)]),
-            b.statement(sums, split_idx, "=", f"{b.ref(within, split_idx)} + {b.ref(offsets, total_idx)}")]
-        b.emit(statements, [x], [sums], "reduction")
-        flat = b.view(sums, list(x.shape[:axis]) + [blocks * block] + list(x.shape[axis + 1:]))
-        b.emit([b.statement(out, idx, "=", b.ref(flat, at(position)))], [flat], [out], "other")
-        return [out]
+        return _running(b, node, inputs, product=False)
+
+
+class CumProd(Converter):
+    CONSTANT_INPUTS = (1,)
+
+    @staticmethod
+    def _impl_v26(b, node, inputs):
+        return _running(b, node, inputs, product=True)
 
 
 def _mean_and_variance(b, x, axis: int):
@@ -2891,7 +2904,7 @@ CONVERTERS: dict[str, type[Converter]] = {
     "ArgMax": ArgMax, "ArgMin": ArgMin, "Softmax": Softmax, "LogSoftmax": Softmax,
     "Round": _unary("rint({x})"), "IsNaN": IsNaN, "IsInf": IsInf, "Swish": Swish, "SwiGLU": SwiGLU,
     "Trilu": Trilu, "EyeLike": EyeLike, "OneHot": OneHot, "GatherElements": GatherElements, "GatherND": GatherND,
-    "Hardmax": Hardmax, "LpNormalization": LpNormalization, "CumSum": CumSum, "LpPool": LpPool,
+    "Hardmax": Hardmax, "LpNormalization": LpNormalization, "CumSum": CumSum, "CumProd": CumProd, "LpPool": LpPool,
     "Upsample": Upsample, "TopK": TopK, "ScatterElements": ScatterElements, "Scatter": Scatter,
     "ScatterND": ScatterND, "DFT": DFT, "STFT": STFT, "HannWindow": HannWindow, "HammingWindow": HammingWindow,
     "BlackmanWindow": BlackmanWindow, "MelWeightMatrix": MelWeightMatrix,
