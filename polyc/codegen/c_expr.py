@@ -62,9 +62,21 @@ static inline int64_t polyc_floord(int64_t a, int64_t b) { return a / b - (a % b
 static inline int64_t polyc_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t polyc_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
+/* Bit operations: & | ^ ~, and << wrapping in T (through uint64_t, so no signed overflow),
+   0 for shift counts outside 0 .. width - 1, which C leaves undefined. */
+#define POLYC_BIT_HELPERS(T, NAME)                                                               \
+    static inline T polyc_bitand_##NAME(T a, T b) { return (T)(a & b); }                       \
+    static inline T polyc_bitor_##NAME(T a, T b) { return (T)(a | b); }                        \
+    static inline T polyc_bitxor_##NAME(T a, T b) { return (T)(a ^ b); }                       \
+    static inline T polyc_bitnot_##NAME(T a) { return (T)~a; }                                 \
+    static inline T polyc_shl_##NAME(T a, T n)                                                 \
+    { return (uint64_t)n < 8 * sizeof(T) ? (T)((uint64_t)a << n) : (T)0; }
+
 /* Per integer type: / and % truncating toward zero with x / 0 == x % 0 == 0 and INT_MIN / -1
-   wrapping; min, max; abs wrapping at INT_MIN; float -> integer conversion that truncates and
-   gives 0 for NaN, infinities and out-of-range values (LOWER <= trunc(x) < UPPER is in range). */
+   wrapping; min, max; abs wrapping at INT_MIN; >> (arithmetic for signed types; beyond the
+   width, what shifting every bit out leaves); the bit operations; float -> integer conversion
+   that truncates and gives 0 for NaN, infinities and out-of-range values (LOWER <= trunc(x) <
+   UPPER is in range). */
 #define POLYC_SIGNED_HELPERS(T, NAME, LOWER, UPPER)                                              \
     static inline T polyc_div_##NAME(T a, T b)                                                 \
     { return b == 0 ? (T)0 : b == -1 ? (T)(0 - (uint64_t)a) : (T)(a / b); }                    \
@@ -72,6 +84,9 @@ static inline int64_t polyc_max(int64_t a, int64_t b) { return a > b ? a : b; }
     static inline T polyc_min_##NAME(T a, T b) { return a < b ? a : b; }                       \
     static inline T polyc_max_##NAME(T a, T b) { return a > b ? a : b; }                       \
     static inline T polyc_abs_##NAME(T a) { return a < 0 ? (T)(0 - (uint64_t)a) : a; }         \
+    static inline T polyc_shr_##NAME(T a, T n)                                                 \
+    { return (uint64_t)n < 8 * sizeof(T) ? (T)(a >> n) : (T)(a < 0 ? -1 : 0); }                \
+    POLYC_BIT_HELPERS(T, NAME)                                                                 \
     static inline T polyc_float_to_##NAME(double x)                                            \
     { double t = trunc(x); return (t >= (LOWER) && t < (UPPER)) ? (T)t : (T)0; }
 #define POLYC_UNSIGNED_HELPERS(T, NAME, UPPER)                                                   \
@@ -79,6 +94,8 @@ static inline int64_t polyc_max(int64_t a, int64_t b) { return a > b ? a : b; }
     static inline T polyc_mod_##NAME(T a, T b) { return b == 0 ? (T)0 : (T)(a % b); }          \
     static inline T polyc_min_##NAME(T a, T b) { return a < b ? a : b; }                       \
     static inline T polyc_max_##NAME(T a, T b) { return a > b ? a : b; }                       \
+    static inline T polyc_shr_##NAME(T a, T n) { return (uint64_t)n < 8 * sizeof(T) ? (T)(a >> n) : (T)0; } \
+    POLYC_BIT_HELPERS(T, NAME)                                                                 \
     static inline T polyc_float_to_##NAME(double x)                                            \
     { double t = trunc(x); return (t >= 0.0 && t < (UPPER)) ? (T)t : (T)0; }
 POLYC_SIGNED_HELPERS(int8_t, int8, -0x1p7, 0x1p7)
@@ -91,6 +108,7 @@ POLYC_UNSIGNED_HELPERS(uint32_t, uint32, 0x1p32)
 POLYC_UNSIGNED_HELPERS(uint64_t, uint64, 0x1p64)
 #undef POLYC_SIGNED_HELPERS
 #undef POLYC_UNSIGNED_HELPERS
+#undef POLYC_BIT_HELPERS
 
 /* rsqrt(x) = 1 / sqrt(x), each step rounded, as the interpreter computes it (not an estimate). */
 static inline float polyc_rsqrtf(float x) { return 1.0f / sqrtf(x); }
@@ -258,7 +276,7 @@ class CExpressionPrinter:
         args = [self.to_c(a) for a in expr.args]
         if dtype.kind == "f":
             return _float_call(expr.func, dtype, args)
-        # Integer min, max, abs (the only builtins that are not float_only).
+        # Integer min, max, abs and the bit operations (the builtins that are not float_only).
         if expr.func == "abs" and dtype.kind == "u":
             return args[0]
         return f"polyc_{expr.func}_{dtype.name}({', '.join(args)})"

@@ -48,8 +48,8 @@ DIALECTS = ("opencl", "cuda")
 #: The kernel argument the status (1: a data-dependent subscript fell outside its tensor) goes to.
 STATUS_ARGUMENT = "polyc_status_out"
 
-_MATH_FUNCTIONS = sorted({b.c_name for b in BUILTINS.values()} | {"fabs", "fmin", "fmax", "sqrt", "trunc", "fmod",
-                                                                    "floor", "ceil", "round", "rint", "nearbyint"})
+_MATH_FUNCTIONS = sorted({b.c_name for b in BUILTINS.values() if not b.integer_only}
+                         | {"fabs", "fmin", "fmax", "sqrt", "trunc", "fmod", "floor", "ceil", "round", "rint", "nearbyint"})
 
 _OPENCL_HEADER = "\n".join([
     "/* ---- OpenCL C spellings of what the C prelude takes from <stdint.h> and <math.h> ---- */",

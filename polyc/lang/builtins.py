@@ -77,16 +77,40 @@ def _exp10(x):
         return np.power(wide(10), x.astype(wide)).astype(x.dtype)
 
 
+def _shift_counts(a, n):
+    """``a`` and ``n`` as arrays, and where ``n`` is a shift count within ``a``'s width."""
+    a, n = np.asarray(a), np.asarray(n)
+    return a, n, (n >= 0) & (n < 8 * a.dtype.itemsize)
+
+
+def _shift_left(a, n):
+    """``a << n`` wrapping in ``a``'s type; 0 for counts outside 0 .. width - 1 (undefined in C)."""
+    a, n, inside = _shift_counts(a, n)
+    wide = np.left_shift(a.astype(np.uint64), np.where(inside, n, 0).astype(np.uint64))
+    return np.where(inside, wide.astype(a.dtype), np.zeros((), a.dtype))
+
+
+def _shift_right(a, n):
+    """``a >> n`` (arithmetic for signed types); beyond the width, what every bit shifted out
+    leaves: 0, or -1 for a negative ``a``."""
+    a, n, inside = _shift_counts(a, n)
+    shifted = np.right_shift(a, np.where(inside, n, 0).astype(a.dtype))
+    beyond = np.where(a < 0, a.dtype.type(-1) if a.dtype.kind == "i" else 0, 0).astype(a.dtype)
+    return np.where(inside, shifted, beyond)
+
+
 @dataclass(frozen=True)
 class Builtin:
     """``float_only``: integer arguments are converted to float32 first (C's math.h functions);
-    otherwise the builtin works in the promoted type of its arguments (min, max, abs)."""
+    otherwise the builtin works in the promoted type of its arguments (min, max, abs).
+    ``integer_only``: the arguments must be integers (bool counts as int32): the bit operations."""
 
     name: str
     arity: int
     numpy: Callable
     c_name: str
     float_only: bool = True
+    integer_only: bool = False
 
 
 def _table(*entries: Builtin) -> dict[str, Builtin]:
@@ -143,6 +167,13 @@ BUILTINS: dict[str, Builtin] = _table(
     Builtin("min", 2, np.fmin, "min", float_only=False),
     Builtin("max", 2, np.fmax, "max", float_only=False),
     Builtin("abs", 1, np.abs, "abs", float_only=False),
+    # Bit operations on integers (C's & | ^ ~ << >>, with shifts defined for every count).
+    Builtin("bitand", 2, np.bitwise_and, "bitand", float_only=False, integer_only=True),
+    Builtin("bitor", 2, np.bitwise_or, "bitor", float_only=False, integer_only=True),
+    Builtin("bitxor", 2, np.bitwise_xor, "bitxor", float_only=False, integer_only=True),
+    Builtin("bitnot", 1, np.invert, "bitnot", float_only=False, integer_only=True),
+    Builtin("shl", 2, _shift_left, "shl", float_only=False, integer_only=True),
+    Builtin("shr", 2, _shift_right, "shr", float_only=False, integer_only=True),
 )
 
 

@@ -515,6 +515,8 @@ class _StatementChecker:
         if len(args) != builtin.arity:
             raise self.error(f"{expr.func} takes {builtin.arity} argument(s), not {len(args)}", expr.loc)
         dtype, weak = unify(*args)
+        if builtin.integer_only and is_float(dtype):
+            raise self.error(f"{expr.func} takes integers, not {dtype}", expr.loc)
         if builtin.float_only and not is_float(dtype):
             dtype = FLOAT32
         elif dtype == BOOL:

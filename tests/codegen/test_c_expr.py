@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polyc.codegen.c_expr import PRELUDE, CExpressionPrinter, c_constant, c_type
+from polyc.errors import PolycError
 from polyc.interpreter import interpret
 from polyc.lang import checked as ir
 from polyc.lang.checked import Binary, Call, Cast, Const, IndexValue, Read, Select, SizeValue, Unary
@@ -333,6 +334,39 @@ def test_rint_rounds_halves_to_even():
     for result in (run_compiled(definition, [values])[0], interpret(definition, [values])[0]):
         np.testing.assert_array_equal(result, expected)
         np.testing.assert_array_equal(np.signbit(result), np.signbit(expected))
+
+
+@pytest.mark.parametrize("dtype", INTEGER_TYPES, ids=lambda d: d.name)
+def test_bit_operations_in_every_integer_type(dtype):
+    # Interesting values against every shift count from -2 to the width + 2: C leaves counts
+    # outside 0 .. width - 1 undefined, and polyc gives 0 (or -1, shifting a negative right).
+    bits = 8 * dtype.itemsize
+    values = np.array(INTERESTING_VALUES[dtype], dtype)
+    counts = np.array([c for c in range(-2, bits + 3) if dtype.kind == "i" or c >= 0], dtype)
+    a, n = (np.repeat(values, len(counts)), np.tile(counts, len(values)))
+    inputs = {"A": a, "B": np.roll(a, 1), "S": n}
+
+    def read(name):
+        return Read(dtype, name, (I,))
+
+    expressions = [Call(dtype, "bitand", (read("A"), read("B"))), Call(dtype, "bitor", (read("A"), read("B"))),
+                   Call(dtype, "bitxor", (read("A"), read("B"))), Call(dtype, "bitnot", (read("A"),)),
+                   Call(dtype, "shl", (read("A"), read("S"))), Call(dtype, "shr", (read("A"), read("S")))]
+    definition = expressions_def(expressions, inputs)
+    check_against_interpreter(definition, list(inputs.values()))
+    got = interpret(definition, list(inputs.values()))
+    inside = (n >= 0) & (n < bits)
+    wide = a.astype(object)  # Python integers: the exact shifts, then wrapped into dtype
+    left = [(int(x) << int(c)) % (1 << bits) if ok else 0 for x, c, ok in zip(wide, n, inside)]
+    right = [int(x) >> int(c) if ok else (-1 if x < 0 else 0) for x, c, ok in zip(wide, n, inside)]
+    np.testing.assert_array_equal(got[:4], [a & inputs["B"], a | inputs["B"], a ^ inputs["B"], ~a])
+    np.testing.assert_array_equal(got[4], np.array(left, np.uint64).astype(dtype))
+    np.testing.assert_array_equal(got[5], np.array(right, object).astype(dtype))
+
+
+def test_bit_operations_take_integers_only():
+    with pytest.raises(PolycError, match="bitand takes integers, not float32"):
+        check_source("def f(float(N) A) -> (O) { O(i) = bitand(A(i), 1) }")
 
 
 @pytest.mark.parametrize("dtype", [FLOAT32, FLOAT64], ids=lambda d: d.name)

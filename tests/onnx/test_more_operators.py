@@ -275,3 +275,32 @@ def test_dft_against_numpys_double_fft(inverse, onesided, length):
             spectrum = spectrum[:, :spectrum.shape[1] // 2 + 1]
         expected = np.stack([spectrum.real, spectrum.imag], axis=-1)
     np.testing.assert_allclose(ours, expected, rtol=1e-3, atol=1e-7)
+
+
+def test_bit_operations_against_onnxruntime():
+    # BitShift of uint32 by counts broadcast along rows, and the bitwise operators of int8
+    # with a broadcast mask; counts stay below the width, where C (and onnxruntime) define them.
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, 2**32, (4, 6), dtype=np.uint64).astype(np.uint32)
+    counts = rng.integers(0, 32, (1, 6)).astype(np.uint32)
+    a = rng.integers(-128, 128, (4, 6)).astype(np.int8)
+    mask = rng.integers(-128, 128, (6,)).astype(np.int8)
+    nodes = [helper.make_node("BitShift", ["x", "counts"], ["left"], direction="LEFT"),
+             helper.make_node("BitShift", ["x", "counts"], ["right"], direction="RIGHT"),
+             helper.make_node("BitwiseAnd", ["a", "mask"], ["and"]),
+             helper.make_node("BitwiseOr", ["a", "mask"], ["or"]),
+             helper.make_node("BitwiseXor", ["a", "mask"], ["xor"]),
+             helper.make_node("BitwiseNot", ["a"], ["not"])]
+    types = {np.dtype(np.uint32): TensorProto.UINT32, np.dtype(np.int8): TensorProto.INT8}
+    feeds = {"x": x, "counts": counts, "a": a, "mask": mask}
+    outputs = {"left": x, "right": x, "and": a, "or": a, "xor": a, "not": a}
+    graph = helper.make_graph(
+        nodes, "bits", [helper.make_tensor_value_info(n, types[v.dtype], list(v.shape)) for n, v in feeds.items()],
+        [helper.make_tensor_value_info(n, types[v.dtype], [4, 6]) for n, v in outputs.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    ours = ponnx.InferenceSession(model).run(None, feeds)
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    expected = [x << counts, x >> counts, a & mask, a | mask, a ^ mask, ~a]
+    for got, their, want in zip(ours, theirs, expected):
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(their, want)

@@ -110,6 +110,38 @@ def _binary(operator: str, result_bool: bool = False, function: bool = False):
     return Binary
 
 
+def _integer_elementwise(b, inputs, function: str) -> Value:
+    """``function`` (a builtin on integers) of the operands, numpy broadcasting."""
+    operands = [v for v in inputs if v is not None]
+    for value in operands:
+        if value.dtype.kind not in "iu":
+            raise UnsupportedError(f"{b.where}: {b.op_type} of {value.dtype} tensors (integers only)")
+    if len({v.dtype for v in operands}) > 1:
+        raise UnsupportedError(f"{b.where}: operands of types {' and '.join(str(v.dtype) for v in operands)}")
+    return _elementwise(b, operands, operands[0].dtype, lambda r: f"{function}({', '.join(r)})")
+
+
+def _bitwise(function: str):
+    """BitwiseAnd, BitwiseOr, BitwiseXor and BitwiseNot."""
+    class Bitwise(Converter):
+        @staticmethod
+        def _impl_v18(b, node, inputs):
+            return [_integer_elementwise(b, inputs, function)]
+    return Bitwise
+
+
+class BitShift(Converter):
+    """x shifted by y bits (unsigned types), LEFT or RIGHT as ``direction`` says; by a count at
+    or beyond the width, 0."""
+
+    @staticmethod
+    def _impl_v11(b, node, inputs):
+        direction = node.attr("direction", "")
+        if direction not in ("LEFT", "RIGHT"):
+            raise UnsupportedError(f"{b.where}: direction {direction!r} (LEFT or RIGHT)")
+        return [_integer_elementwise(b, inputs, "shl" if direction == "LEFT" else "shr")]
+
+
 def _variadic(combine: str, mean: bool = False):
     class Variadic(Converter):
         @staticmethod
@@ -2904,7 +2936,9 @@ CONVERTERS: dict[str, type[Converter]] = {
     "ArgMax": ArgMax, "ArgMin": ArgMin, "Softmax": Softmax, "LogSoftmax": Softmax,
     "Round": _unary("rint({x})"), "IsNaN": IsNaN, "IsInf": IsInf, "Swish": Swish, "SwiGLU": SwiGLU,
     "Trilu": Trilu, "EyeLike": EyeLike, "OneHot": OneHot, "GatherElements": GatherElements, "GatherND": GatherND,
-    "Hardmax": Hardmax, "LpNormalization": LpNormalization, "CumSum": CumSum, "CumProd": CumProd, "LpPool": LpPool,
+    "Hardmax": Hardmax, "LpNormalization": LpNormalization, "CumSum": CumSum, "CumProd": CumProd,
+    "BitwiseAnd": _bitwise("bitand"), "BitwiseOr": _bitwise("bitor"), "BitwiseXor": _bitwise("bitxor"),
+    "BitwiseNot": _bitwise("bitnot"), "BitShift": BitShift, "LpPool": LpPool,
     "Upsample": Upsample, "TopK": TopK, "ScatterElements": ScatterElements, "Scatter": Scatter,
     "ScatterND": ScatterND, "DFT": DFT, "STFT": STFT, "HannWindow": HannWindow, "HammingWindow": HammingWindow,
     "BlackmanWindow": BlackmanWindow, "MelWeightMatrix": MelWeightMatrix,
