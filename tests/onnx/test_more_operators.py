@@ -9,6 +9,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import polyc.onnx as ponnx  # noqa: E402
 from polyc.errors import PolycError  # noqa: E402
@@ -174,7 +175,6 @@ def test_top_k_orders_ties_by_index_as_onnxruntime(largest, dtype):
 
 
 def test_top_k_puts_nan_above_every_number_as_onnxs_reference():
-    from onnx.reference import ReferenceEvaluator
     x = np.array([[1.0, np.nan, -0.0, np.inf, 0.0, np.nan, -np.inf, 2.0]], np.float32)
     for largest in (1, 0):
         k = numpy_helper.from_array(np.array([8], np.int64), "k")
@@ -304,3 +304,31 @@ def test_bit_operations_against_onnxruntime():
     for got, their, want in zip(ours, theirs, expected):
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(their, want)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [0, 1])
+def test_grid_sample_far_outside_the_image(mode, padding, align):
+    # Points up to three image widths outside (reflected back several times), in 2-D and 3-D
+    # against onnx's reference (opset 20), in 2-D also against onnxruntime (opset 16), except
+    # cubic sampling with border padding: there onnxruntime, as PyTorch, clamps only each tap's
+    # index, where onnx's reference first clamps the coordinate too: they differ by 0.02 to 0.18).
+    rng = np.random.default_rng(8)
+    for spatial in ((5, 7), (3, 4, 5)):
+        k = len(spatial)
+        x = rng.standard_normal((2, 3, *spatial)).astype(np.float32)
+        grid = rng.uniform(-3, 3, (2, *[4] * k, k)).astype(np.float32)
+        feeds = {"x": x, "grid": grid}
+        for opset in (20, 16) if k == 2 and (mode, padding) != ("cubic", "border") else (20,):
+            name = {"linear": "bilinear", "cubic": "bicubic"}.get(mode, mode) if opset == 16 else mode
+            node = helper.make_node("GridSample", ["x", "grid"], ["y"], mode=name, padding_mode=padding,
+                                    align_corners=align)
+            model = one_node_model(node, feeds, TensorProto.FLOAT, opset=opset)
+            (ours,) = ponnx.InferenceSession(model).run(None, feeds)
+            if opset == 16:
+                theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+                    None, feeds)[0]
+            else:
+                theirs = ReferenceEvaluator(model).run(None, feeds)[0]
+            np.testing.assert_allclose(ours, theirs, rtol=1e-3, atol=1e-5)

@@ -1492,6 +1492,119 @@ class ConvTranspose(Converter):
         return shape, pads[:k]
 
 
+def _reflected(x: str, low: float, high: float) -> str:
+    """``x`` (a double) reflected at ``low`` and ``high`` until it lies between them, as onnx's
+    GridSample reflects coordinates and indices outside the image."""
+    span = _number(high - low)
+    low_text, high_text = _number(low), _number(high)
+
+    def folded(distance: str, inward: str, sign: str) -> str:
+        """An even number of spans past the edge lands ``rest`` inside it (``inward``, moving
+        by ``sign``), an odd number ``rest`` inside the other edge."""
+        times = f"trunc({distance} / {span})"
+        rest = f"({distance} - {times} * {span})"
+        other = "-" if sign == "+" else "+"
+        outward = high_text if inward == low_text else low_text
+        return f"(fmod({times}, 2.0) == 0 ? {inward} {sign} {rest} : {outward} {other} {rest})"
+    return (f"({x} < {low_text} ? {folded(f'({low_text} - {x})', low_text, '+')} : "
+            f"{x} > {high_text} ? {folded(f'({x} - {high_text})', high_text, '-')} : {x})")
+
+
+#: Keys' cubic convolution (a = -0.75, as PyTorch and onnx) for the taps at -1, 0, 1, 2 from
+#: the floor of a coordinate, of the coordinate's fraction ``t``.
+_CUBIC_TAPS = ("((-0.75 * ({t} + 1) + 3.75) * ({t} + 1) - 6.0) * ({t} + 1) + 3.0",
+               "(1.25 * {t} - 2.25) * {t} * {t} + 1",
+               "(1.25 * (1 - {t}) - 2.25) * (1 - {t}) * (1 - {t}) + 1",
+               "((-0.75 * (2 - {t}) + 3.75) * (2 - {t}) - 6.0) * (2 - {t}) + 3.0")
+
+
+class GridSample(Converter):
+    """``Y[n, c, p] = X[n, c]`` sampled at ``grid[n, p]`` (coordinates in [-1, 1], the last
+    spatial axis first), nearest, (multi)linear or (multi)cubic, the samples outside the image
+    zeros, the border's or reflected, as onnx's reference (PyTorch's grid_sample).  One kernel
+    finds each output point's taps along each axis (the index, -1 for a zero, and the weight);
+    a second sums weight products times the pixels they gather."""
+
+    @staticmethod
+    def _impl_v16(b, node, inputs):
+        mode = {"bilinear": "linear", "bicubic": "cubic"}.get(node.attr("mode", "bilinear"),
+                                                              node.attr("mode", "bilinear"))
+        return GridSample._sample(b, node, inputs, mode)
+
+    @staticmethod
+    def _impl_v20(b, node, inputs):
+        return GridSample._sample(b, node, inputs, node.attr("mode", "linear"))
+
+    @staticmethod
+    def _sample(b, node, inputs, mode: str):
+        x, grid = inputs[:2]
+        padding = node.attr("padding_mode", "zeros")
+        align = bool(node.attr("align_corners", 0))
+        if mode not in ("nearest", "linear", "cubic") or padding not in ("zeros", "border", "reflection"):
+            raise UnsupportedError(f"{b.where}: mode {mode!r} and padding_mode {padding!r} (nearest, linear or "
+                                   f"cubic; zeros, border or reflection)")
+        _float_only(b, x)
+        _float_only(b, grid)
+        k = x.rank - 2
+        if k < 1 or grid.rank != k + 2 or grid.shape[0] != x.shape[0] or grid.shape[-1] != k:
+            raise UnsupportedError(f"{b.where}: a grid of shape {grid.shape} for an input of shape {x.shape} "
+                                   f"(expected (N, spatial..., {k}))")
+        n, channels, spatial = x.shape[0], x.shape[1], x.shape[2:]
+        points = grid.shape[1:-1]
+        taps = {"nearest": 1, "linear": 2, "cubic": 4}[mode]
+        o = indices(k, "o")
+        point = ["n"] + o
+        statements, tables = [], []
+        for d, extent in enumerate(spatial):
+            low, high = (0.0, extent - 1.0) if align else (-0.5, extent - 0.5)
+            g = f"double({b.ref(grid, point + [str(k - 1 - d)])})"
+            # onnx's reference keeps coordinates in float32 whatever the grid's type
+            place = f"float(({g} + 1) / 2 * {extent - 1})" if align else f"float((({g} + 1) * {extent} - 1) / 2)"
+            if mode == "nearest":
+                place = f"rint({place})"
+            if padding == "border":
+                place = f"(({place} < {_number(low)} || {place} > {_number(high)}) ? " \
+                        f"fmin(fmax({place}, 0.0), {_number(extent - 1)}) : {place})"
+            elif padding == "reflection":
+                place = f"float({_reflected(f'double({place})', low, high)})"
+            coordinate = b.new([n, *points], np.float32)
+            statements.append(b.statement(coordinate, point, "=", place))
+            at = b.ref(coordinate, point)
+            first = {"nearest": f"int64({at})", "linear": f"int64(floor({at}))",
+                     "cubic": f"int64(floor({at})) - 1"}[mode]
+            tap = f"({first} + r)"
+            if padding == "zeros":
+                index_rhs = f"({tap} >= 0 && {tap} < {extent}) ? {tap} : int64(-1)"
+            elif padding == "border":
+                index_rhs = f"max(min({tap}, int64({extent - 1})), int64(0))"
+            else:
+                index_rhs = f"int64({_reflected(f'double({tap})', low, high)})"
+            index = b.new([n, *points, taps], np.int64)
+            statements.append(b.statement(index, point + ["r"], "=", index_rhs))
+            weight = None
+            if mode != "nearest":
+                fraction = f"{tc_type(x.dtype)}({at} - floor({at}))"
+                formulas = ["1 - {t}", "{t}"] if mode == "linear" else list(_CUBIC_TAPS)
+                chosen = formulas[-1].format(t=fraction)
+                for position in range(len(formulas) - 2, -1, -1):
+                    chosen = f"r == {position} ? {formulas[position].format(t=fraction)} : {chosen}"
+                weight = b.new([n, *points, taps], x.dtype)
+                statements.append(b.statement(weight, point + ["r"], "=", f"{tc_type(x.dtype)}({chosen})"))
+            tables.append((index, weight))
+        b.emit(statements, [grid], [t for pair in tables for t in pair if t is not None], "other")
+        reductions = [(f"r{d}", taps) for d in range(k)]
+        gathered = [b.ref(index, point + [f"r{d}"]) for d, (index, _) in enumerate(tables)]
+        pixel = b.ref(x, ["n", "c"] + gathered)
+        if padding == "zeros":
+            pixel = f"({' && '.join(f'{i} >= 0' for i in gathered)}) ? {pixel} : {tc_type(x.dtype)}(0)"
+        factors = [b.ref(weight, point + [f"r{d}"]) for d, (_, weight) in enumerate(tables) if weight is not None]
+        out = b.new([n, channels, *points], x.dtype)
+        rhs = " * ".join(factors + [f"({pixel})"])
+        b.emit([b.statement(out, ["n", "c"] + o, "+=!", rhs, reductions)],
+               [x] + [t for pair in tables for t in pair if t is not None], [out], "other")
+        return [out]
+
+
 class Resize(Converter):
     """Resize as one gather-and-weigh pass per resized axis: output ``y`` along the axis is
     ``sum_j W[y, j] * X(..., I[y, j], ...)``.  The tables come from onnx's own reference
@@ -2938,7 +3051,7 @@ CONVERTERS: dict[str, type[Converter]] = {
     "Trilu": Trilu, "EyeLike": EyeLike, "OneHot": OneHot, "GatherElements": GatherElements, "GatherND": GatherND,
     "Hardmax": Hardmax, "LpNormalization": LpNormalization, "CumSum": CumSum, "CumProd": CumProd,
     "BitwiseAnd": _bitwise("bitand"), "BitwiseOr": _bitwise("bitor"), "BitwiseXor": _bitwise("bitxor"),
-    "BitwiseNot": _bitwise("bitnot"), "BitShift": BitShift, "LpPool": LpPool,
+    "BitwiseNot": _bitwise("bitnot"), "BitShift": BitShift, "GridSample": GridSample, "LpPool": LpPool,
     "Upsample": Upsample, "TopK": TopK, "ScatterElements": ScatterElements, "Scatter": Scatter,
     "ScatterND": ScatterND, "DFT": DFT, "STFT": STFT, "HannWindow": HannWindow, "HammingWindow": HammingWindow,
     "BlackmanWindow": BlackmanWindow, "MelWeightMatrix": MelWeightMatrix,
