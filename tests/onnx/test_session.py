@@ -1001,3 +1001,31 @@ def test_a_float16_depthwise_convolution_sums_its_taps_in_float32():
     assert got.dtype == np.float16
     wide = sum(w[:, 0, t].astype(np.float32)[None, :, None] * x[:, :, t:t + 7].astype(np.float32) for t in range(3))
     np.testing.assert_allclose(got, wide.astype(np.float16), rtol=1e-3, atol=1e-3)
+
+
+def test_repeated_blocks_share_one_kernel():
+    # Three identical layers (MatMul, Add, Relu) with different weights, as a network repeats
+    # its blocks: their groups compile one kernel between them, and each reads its own weights.
+    rng = np.random.default_rng(9)
+    weights = [rng.standard_normal((16, 16)).astype(np.float32) for _ in range(3)]
+    biases = [rng.standard_normal(16).astype(np.float32) for _ in range(3)]
+    nodes, initializers, previous = [], [], "x"
+    for layer, (w, bias) in enumerate(zip(weights, biases)):
+        nodes += [helper.make_node("MatMul", [previous, f"w{layer}"], [f"p{layer}"]),
+                  helper.make_node("Add", [f"p{layer}", f"b{layer}"], [f"s{layer}"]),
+                  helper.make_node("Relu", [f"s{layer}"], [f"h{layer}"])]
+        initializers += [numpy_helper.from_array(w, f"w{layer}"), numpy_helper.from_array(bias, f"b{layer}")]
+        previous = f"h{layer}"
+    graph = helper.make_graph(nodes, "layers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                              [helper.make_tensor_value_info(previous, TensorProto.FLOAT, [4, 16])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ponnx.InferenceSession(model)
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    (ours,) = session.run(None, {"x": x})
+    expected = x
+    for w, bias in zip(weights, biases):
+        expected = np.maximum(expected @ w + bias, 0)
+    np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-5)
+    kernels = session.kernels()
+    assert len(kernels) == 3 and len({id(k) for k in kernels}) == 1
+    assert "def group0" in session.tc_source() and "def group2" in session.tc_source()  # as the user reads it

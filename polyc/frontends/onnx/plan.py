@@ -58,6 +58,12 @@ class Group:
     outputs: list[Value] = field(default_factory=list)
     source: str = ""
     kernel: object = None
+    #: The values' idents -> their names in the kernel's def (see :func:`_canonical_def`).
+    tensor_names: dict = field(default_factory=dict)
+
+    def starts_unread(self, value: Value) -> bool:
+        """Whether the kernel writes all of ``value`` before it reads any of it."""
+        return self.tensor_names[value.ident] in self.kernel._written_before_read
 
     @property
     def name(self) -> str:
@@ -149,7 +155,7 @@ class Plan:
         self.groups = [item for item in self.order if isinstance(item, Group)]
         self._compile(options)
         # The kernels' outputs that they overwrite before reading go to the arena (memory.py).
-        starts_unread = [v for g in self.groups for v in g.outputs if v.ident in g.kernel._written_before_read]
+        starts_unread = [v for g in self.groups for v in g.outputs if g.starts_unread(v)]
         self.memory = plan_memory(self.order, self.outputs, starts_unread)
         self._arena_values = [v for v in starts_unread if v.ident in self.memory.offsets]
         self._idle_arenas: list[Arena] = []
@@ -322,6 +328,7 @@ class Plan:
             for value in _reads_of(item):
                 needed_later[id(value)] = max(needed_later.get(id(value), -1), position)
         outputs = {id(v) for v in self.outputs}
+        shared: dict[tuple, object] = {}  # (canonical def, options) -> its kernel
         for position, group in enumerate(self.order):
             if not isinstance(group, Group):
                 continue
@@ -332,10 +339,14 @@ class Plan:
             if not group.outputs:  # nothing of it is used: keep the last value so the def has an output
                 group.outputs = [list(written.values())[-1]]
             group.source = _def_text(group)
+            canonical, group.tensor_names = _canonical_def(group)
             try:
                 wanted = {k: v for step in group.steps for k, v in step.options.items()}
-                group.kernel = polyc.define(group.source, filename=f"<onnx {group.name}>",
-                                            **{**wanted, **options})[group.name]
+                key = (canonical, repr(sorted({**wanted, **options}.items())))
+                if key not in shared:
+                    shared[key] = polyc.define(canonical, filename=f"<onnx {group.name}>",
+                                               **{**wanted, **options})[CANONICAL_NAME]
+                group.kernel = shared[key]
             except PolycError as error:
                 raise PolycError(f"nodes {', '.join(group.nodes)}: polyc cannot compile their TC "
                                  f"(a bug in the ONNX lowering; please report it):\n{group.source}\n{error}") from error
@@ -393,7 +404,8 @@ class Plan:
         only at its call, which compiles it)."""
         with self._build_lock:
             if not self._built:
-                build_ahead((g.kernel, {}) for g in self.groups if not g.kernel.definition.sizes)
+                kernels = {id(g.kernel): g.kernel for g in self.groups}  # (groups may share one)
+                build_ahead((k, {}) for k in kernels.values() if not k.definition.sizes)
                 self._built = True
 
     @staticmethod
@@ -405,7 +417,7 @@ class Plan:
         outputs = [arena.arrays.get(v.ident) for v in item.outputs]
         if any(array is None for array in outputs):
             outputs = [array if array is not None else allocate(
-                v.tc_shape, v.dtype, v.ident in item.kernel._written_before_read)
+                v.tc_shape, v.dtype, item.starts_unread(v))
                 for array, v in zip(outputs, item.outputs)]
         results = item.kernel(*inputs, outputs=outputs)
         results = results if isinstance(results, tuple) else (results,)
@@ -428,8 +440,8 @@ class Plan:
         with self._arenas_lock:
             for arena in self._idle_arenas:
                 arena.resolved = None
-        for group in self.groups:
-            group.kernel._forget_compiled()
+        for kernel in {id(g.kernel): g.kernel for g in self.groups}.values():
+            kernel._forget_compiled()
 
     def tc_source(self) -> str:
         """The whole model as TC: one def per kernel, then the sequence of calls and views."""
@@ -473,7 +485,7 @@ class _ResolvedRun:
                 self.steps.append(item)
                 continue
             _, inputs, outputs = next(resolved)
-            fresh = [(v.ident, v.tc_shape, v.dtype, v.ident in item.kernel._written_before_read)
+            fresh = [(v.ident, v.tc_shape, v.dtype, item.starts_unread(v))
                      for v in item.outputs if v.ident not in arena.arrays]
             new_each_run.update(ident for ident, *_ in fresh)
             repeat = item.kernel.repeat_call(tuple(inputs), outputs)
@@ -855,6 +867,23 @@ def _reads_one_by_one_weights(step) -> bool:
     layout, ``(1, 1, C, F)``: what a pointwise convolution's statement reads."""
     return isinstance(step, KernelStep) and any(
         value.const is not None and value.rank == 4 and value.shape[:2] == (1, 1) for value in step.reads)
+
+
+#: The name of every kernel's def as compiled (see :func:`_canonical_def`).
+CANONICAL_NAME = "fused"
+
+
+def _canonical_def(group: Group) -> tuple[str, dict[str, str]]:
+    """The group's def as it is compiled: its values renamed ``_t0``, ``_t1``, ... in the order
+    they appear, the def named :data:`CANONICAL_NAME`, the comment left out, so that groups of
+    the same statements on the same shapes (a transformer's layers, a network's repeated
+    blocks) share one kernel and compile once; and the renaming (ident -> name)."""
+    names: dict[str, str] = {}
+    body = group.source.split("\n", 1)[1]  # after the comment naming the nodes
+    body = re.sub(r"^def \w+", f"def {CANONICAL_NAME}", body)
+    # (a leading underscore: no index the converters write begins so)
+    text = re.sub(r"\bv\d+\b", lambda m: names.setdefault(m.group(0), f"_t{len(names)}"), body)
+    return text, names
 
 
 def _def_text(group: Group) -> str:
