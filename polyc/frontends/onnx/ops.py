@@ -623,31 +623,49 @@ class Expand(Converter):
         return [out]
 
 
+#: The most values one statement of a concatenation reads (a tree of them for more: each
+#: element tests which value it comes from).
+CONCAT_FAN_IN = 8
+
+
+def _concatenate(b, values: list, axis: int) -> Value:
+    total = sum(v.shape[axis] for v in values)
+    shape = list(values[0].shape)
+    shape[axis] = total
+    out = b.new(shape, values[0].dtype)
+    idx = indices(len(shape))
+    offsets, start = [], 0
+    for v in values:
+        offsets.append(start)
+        start += v.shape[axis]
+
+    def piece(k: int) -> str:
+        subscripts = list(idx)
+        if offsets[k]:
+            subscripts[axis] = f"{idx[axis]} - {offsets[k]}"
+        return b.ref(values[k], subscripts)
+    rhs = piece(len(values) - 1)
+    for k in range(len(values) - 2, -1, -1):
+        rhs = f"({idx[axis]} < {offsets[k + 1]} ? {piece(k)} : {rhs})"
+    b.emit([b.statement(out, idx, "=", rhs)], values, [out], "other")
+    return out
+
+
+def concatenated(b, values: list, axis: int) -> Value:
+    """``values`` joined along ``axis``: by one statement, or for more than
+    :data:`CONCAT_FAN_IN` a tree of them (a recurrent layer's time steps)."""
+    while len(values) > CONCAT_FAN_IN:
+        values = [_concatenate(b, values[k:k + CONCAT_FAN_IN], axis) if len(values[k:k + CONCAT_FAN_IN]) > 1
+                  else values[k] for k in range(0, len(values), CONCAT_FAN_IN)]
+    return _concatenate(b, values, axis) if len(values) > 1 else b.view(values[0], values[0].shape)
+
+
 class Concat(Converter):
     @staticmethod
     def _impl_v4(b, node, inputs):
         values = [v for v in inputs if v is not None and v.size > 0] or [inputs[0]]
         axis = _axis(b, node.attr("axis"), values[0].rank)
-        total = sum(v.shape[axis] for v in values)
-        shape = list(values[0].shape)
-        shape[axis] = total
-        out = b.new(shape, values[0].dtype)
-        idx = indices(len(shape))
-        offsets, start = [], 0
-        for v in values:
-            offsets.append(start)
-            start += v.shape[axis]
-
-        def piece(k: int) -> str:
-            subscripts = list(idx)
-            if offsets[k]:
-                subscripts[axis] = f"{idx[axis]} - {offsets[k]}"
-            return b.ref(values[k], subscripts)
-        rhs = piece(len(values) - 1)
-        for k in range(len(values) - 2, -1, -1):
-            rhs = f"({idx[axis]} < {offsets[k + 1]} ? {piece(k)} : {rhs})"
-        b.emit([b.statement(out, idx, "=", rhs)], values, [out], "other")
-        return [out]
+        return [concatenated(b, values, axis)]
 
 
 class Split(Converter):
@@ -3056,3 +3074,9 @@ CONVERTERS: dict[str, type[Converter]] = {
     "ScatterND": ScatterND, "DFT": DFT, "STFT": STFT, "HannWindow": HannWindow, "HammingWindow": HammingWindow,
     "BlackmanWindow": BlackmanWindow, "MelWeightMatrix": MelWeightMatrix,
 }
+
+
+# The recurrent layers live in a module of their own (built from this module's helpers).
+from polyc.frontends.onnx.recurrent import RECURRENT  # noqa: E402
+
+CONVERTERS.update(RECURRENT)

@@ -1,0 +1,286 @@
+"""The recurrent layers, RNN, GRU and LSTM, unrolled over the sequence.
+
+A statement cannot read what it writes at another index, so the recurrence is one step per
+time step, each reading the hidden state the step before wrote.  Every step of a direction is
+the same statements on the same shapes, reading its time step's slice of the input projection
+through a view, so the plan's steps all share one compiled kernel (see ``_canonical_def`` in
+:mod:`.plan`):
+
+- the input projection of every time step at once, ``X W^T + biases``: one contraction;
+- per step: ``H_prev R^T`` plus that step's projection (a contraction with its epilogue), then
+  the gates and the new state (elementwise);
+- the outputs: the states stacked in time order (a tree of concatenations).
+
+Gate order, activations (with their alpha and beta), clip, peepholes, GRU's
+``linear_before_reset``, LSTM's ``input_forget``, the directions and both layouts are ONNX's.
+``sequence_lens`` is taken when every length is the whole sequence (it is specialised on, as a
+shape); shorter sequences are not supported yet.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from polyc.errors import UnsupportedError
+from polyc.frontends.onnx.lowering import Builder, Value, indices
+from polyc.frontends.onnx.ops import Converter, _number, _require_const, _transposed, concatenated
+
+#: Activation -> its TC expression of ``{x}`` and its default alpha and beta (None: takes none).
+ACTIVATIONS = {
+    "Sigmoid": ("1 / (1 + exp(-({x})))", None, None),
+    "Tanh": ("tanh({x})", None, None),
+    "Relu": ("fmax({x}, 0)", None, None),
+    "Affine": ("{alpha} * ({x}) + {beta}", 1.0, 0.0),
+    "LeakyRelu": ("(({x}) >= 0 ? ({x}) : {alpha} * ({x}))", 0.01, None),
+    "ThresholdedRelu": ("(({x}) > {alpha} ? ({x}) : 0)", 1.0, None),
+    "ScaledTanh": ("{alpha} * tanh({beta} * ({x}))", 1.0, 1.0),
+    "HardSigmoid": ("fmax(0, fmin(1, {alpha} * ({x}) + {beta}))", 0.2, 0.5),
+    "Elu": ("(({x}) >= 0 ? ({x}) : {alpha} * (exp({x}) - 1))", 1.0, None),
+    "Softsign": ("({x}) / (1 + fabs({x}))", None, None),
+    "Softplus": ("log(1 + exp({x}))", None, None),
+}
+
+
+def _activations(b: Builder, node, defaults: list[str], directions: int) -> list[list]:
+    """Per direction, its activation functions as callables of a TC expression: the node's
+    ``activations`` (the defaults for every direction when absent), each taking its alpha and
+    beta from ``activation_alpha`` and ``activation_beta`` in turn, as onnxruntime reads them."""
+    names = [n.decode() if isinstance(n, bytes) else n for n in (node.attr("activations") or [])]
+    names = names or defaults * directions
+    if len(names) != len(defaults) * directions:
+        raise UnsupportedError(f"{b.where}: {len(names)} activations for {directions} direction(s) of "
+                               f"{len(defaults)} each")
+    alphas, betas = list(node.attr("activation_alpha") or []), list(node.attr("activation_beta") or [])
+    functions = []
+    for name in names:
+        key = next((k for k in ACTIVATIONS if k.lower() == name.lower()), None)
+        if key is None:
+            raise UnsupportedError(f"{b.where}: activation {name!r} (one of {', '.join(ACTIVATIONS)})")
+        template, alpha, beta = ACTIVATIONS[key]
+        if alpha is not None and alphas:
+            alpha = alphas.pop(0)
+        if beta is not None and betas:
+            beta = betas.pop(0)
+        functions.append(lambda x, t=template, a=alpha, c=beta: t.format(
+            x=x, alpha=_number(a) if a is not None else "", beta=_number(c) if c is not None else ""))
+    return [functions[d * len(defaults):(d + 1) * len(defaults)] for d in range(directions)]
+
+
+class _Recurrent(Converter):
+    """What RNN, GRU and LSTM share: operands, directions, the input projection, the stacking
+    of the outputs.  A subclass gives ``GATES`` (the gate count), ``DEFAULTS`` (activations) and
+    ``_step`` (one time step)."""
+
+    CONSTANT_INPUTS = (4,)  # sequence_lens: planned on, as a shape
+    GATES = 1
+    STATES = 1  # the hidden state; LSTM's cell state too
+    DEFAULTS: list[str] = []
+
+    @classmethod
+    def _lower(cls, b: Builder, node, inputs: list) -> list[Value]:
+        x, w, r = inputs[:3]
+        bias, lengths, initial_h = (inputs + [None] * 8)[3:6]
+        batchwise = bool(node.attr("layout", 0))
+        direction = node.attr("direction", "forward")
+        if direction not in ("forward", "reverse", "bidirectional"):
+            raise UnsupportedError(f"{b.where}: direction {direction!r}")
+        directions = 2 if direction == "bidirectional" else 1
+        if x.rank != 3 or w.rank != 3 or r.rank != 3 or w.shape[0] != directions:
+            raise UnsupportedError(f"{b.where}: X, W and R of shapes {x.shape}, {w.shape}, {r.shape} "
+                                   f"for {directions} direction(s)")
+        steps, batch = (x.shape[1], x.shape[0]) if batchwise else x.shape[:2]
+        hidden = int(node.attr("hidden_size", r.shape[-1]))
+        if w.shape[1] != cls.GATES * hidden or r.shape[1:] != (cls.GATES * hidden, hidden):
+            raise UnsupportedError(f"{b.where}: W {w.shape} and R {r.shape} for hidden_size {hidden} "
+                                   f"({cls.GATES} gates)")
+        if lengths is not None:
+            given = _require_const(b, lengths, "sequence_lens").reshape(-1)
+            if np.any(given != steps):
+                raise UnsupportedError(f"{b.where}: sequence_lens {given.tolist()} shorter than the sequence "
+                                       f"({steps} steps): padded sequences are not supported yet")
+        activations = _activations(b, node, cls.DEFAULTS, directions)
+        clip = node.attr("clip")
+        given_states = (inputs + [None] * 8)[5:5 + cls.STATES]
+        states = [cls._per_direction(b, v, batchwise) if v is not None else None for v in given_states]
+        per_step, last = [], []
+        for d in range(directions):
+            reverse = direction == "reverse" or d == 1
+            weights = [b.part(w, w.shape[1:], d * w.shape[1] * w.shape[2]),
+                       b.part(r, r.shape[1:], d * r.shape[1] * r.shape[2])]
+            biases = b.part(bias, (2 * cls.GATES * hidden,), d * 2 * cls.GATES * hidden) if bias is not None else None
+            projected = cls._projection(b, node, x, weights[0], biases, batchwise, hidden)
+            state = [s[d] if s is not None else b.const(np.zeros((batch, hidden), x.dtype)) for s in states]
+            outputs = [None] * steps
+            for step in range(steps):
+                t = steps - 1 - step if reverse else step
+                now = b.part(projected, (batch, cls.GATES * hidden), t * batch * cls.GATES * hidden)
+                state = cls._step(b, node, now, state, weights[1], biases, inputs, d, activations[d], clip, hidden)
+                outputs[t] = state[0]
+            per_step.append(outputs)
+            last.append(state)
+        results = []
+        if node.outputs and node.outputs[0]:
+            pieces = [b.view(per_step[d][t], (1, batch, hidden)) for t in range(steps) for d in range(directions)]
+            y = b.view(concatenated(b, pieces, 0), (steps, directions, batch, hidden))
+            results.append(_transposed(b, y, [2, 0, 1, 3]) if batchwise else y)
+        else:
+            results.append(None)
+        for k in range(1, len(node.outputs)):
+            if not node.outputs[k]:
+                results.append(None)
+                continue
+            final = b.view(concatenated(b, [b.view(s[k - 1], (1, batch, hidden)) for s in last], 0),
+                           (directions, batch, hidden))
+            results.append(_transposed(b, final, [1, 0, 2]) if batchwise else final)
+        return results
+
+    @staticmethod
+    def _per_direction(b: Builder, state: Value, batchwise: bool) -> list[Value]:
+        """An initial state, (directions, batch, hidden) or batchwise (batch, directions,
+        hidden), as one (batch, hidden) value per direction."""
+        if batchwise:
+            state = _transposed(b, state, [1, 0, 2])
+        size = state.shape[1] * state.shape[2]
+        return [b.part(state, state.shape[1:], d * size) for d in range(state.shape[0])]
+
+    @classmethod
+    def _projection(cls, b: Builder, node, x: Value, w: Value, biases, batchwise: bool, hidden: int) -> Value:
+        """``X W^T`` plus the biases that add to it, for every time step: (steps, batch, gates)."""
+        steps, batch = (x.shape[1], x.shape[0]) if batchwise else x.shape[:2]
+        out = b.new((steps, batch, w.shape[0]), x.dtype)
+        read = b.ref(x, ["i1", "i0", "r0"] if batchwise else ["i0", "i1", "r0"])
+        statements = [b.statement(out, indices(3), "+=!", f"{read} * {b.ref(w, ['i2', 'r0'])}",
+                                  [("r0", x.shape[2])])]
+        reads = [x, w]
+        if biases is not None:
+            gates = w.shape[0]
+            both = f"{b.ref(biases, ['i2'])} + {b.ref(biases, [f'i2 + {gates}'])}"
+            if cls.GATES == 3 and node.attr("linear_before_reset", 0):
+                # GRU's hidden gate keeps its recurrent bias inside the reset gate's product
+                both = f"(i2 < {2 * hidden} ? {both} : {b.ref(biases, ['i2'])})"
+            statements.append(b.statement(out, indices(3), "=", f"{out.ident}(i0, i1, i2) + {both}"))
+            reads.append(biases)
+        b.emit(statements, reads, [out], "contraction")
+        return out
+
+    @staticmethod
+    def _recurrent_product(b: Builder, previous: Value, r: Value, now: Value, rows: int, column: int = 0,
+                           extra=None) -> Value:
+        """``now[:, column:column + rows] + H_prev R[:rows]^T``: (batch, rows); ``extra``:
+        (expression of H_prev's element, values it reads) that multiplies it first."""
+        batch, hidden = previous.shape
+        out = b.new((batch, rows), previous.dtype)
+        h = b.ref(previous, ["i0", "r0"])
+        factor, reads = (extra(h) if extra else (h, []))
+        step = b.ref(now, ["i0", f"i1 + {column}" if column else "i1"])
+        b.emit([b.statement(out, ["i0", "i1"], "+=!", f"{factor} * {b.ref(r, ['i1', 'r0'])}", [("r0", hidden)]),
+                b.statement(out, ["i0", "i1"], "=", f"{out.ident}(i0, i1) + {step}")],
+               [previous, r, now] + reads, [out], "contraction")
+        return out
+
+
+def _clipped(expression: str, clip) -> str:
+    return expression if clip is None else f"fmin(fmax({expression}, {_number(-clip)}), {_number(clip)})"
+
+
+class RNN(_Recurrent):
+    GATES = 1
+    DEFAULTS = ["Tanh"]
+
+    @staticmethod
+    def _step(b, node, now, state, r, biases, inputs, d, f, clip, hidden):
+        (previous,) = state[:1]
+        pre = _Recurrent._recurrent_product(b, previous, r, now, hidden)
+        out = b.new(previous.shape, previous.dtype)
+        b.emit([b.statement(out, ["i0", "i1"], "=", f[0](_clipped(b.ref(pre, ["i0", "i1"]), clip)))],
+               [pre], [out], "elementwise")
+        return [out]
+
+    @classmethod
+    def _impl_v7(cls, b, node, inputs):
+        return cls._lower(b, node, inputs)
+
+
+class GRU(_Recurrent):
+    GATES = 3
+    DEFAULTS = ["Sigmoid", "Tanh"]
+
+    @staticmethod
+    def _step(b, node, now, state, r, biases, inputs, d, f, clip, hidden):
+        (previous,) = state[:1]
+        update_reset = _Recurrent._recurrent_product(b, previous, r, now, 2 * hidden)
+        reset = b.new(previous.shape, previous.dtype)
+        b.emit([b.statement(reset, ["i0", "i1"], "=",
+                            f[0](_clipped(b.ref(update_reset, ["i0", f"i1 + {hidden}"]), clip)))],
+               [update_reset], [reset], "elementwise")
+        hidden_rows = b.part(r, (hidden, hidden), 2 * hidden * hidden)
+        candidate_input = f"{b.ref(now, ['i0', f'i1 + {2 * hidden}'])}"
+        if node.attr("linear_before_reset", 0):
+            product = b.new(previous.shape, previous.dtype)
+            b.emit([b.statement(product, ["i0", "i1"], "+=!",
+                                f"{b.ref(previous, ['i0', 'r0'])} * {b.ref(hidden_rows, ['i1', 'r0'])}",
+                                [("r0", hidden)])], [previous, hidden_rows], [product], "contraction")
+            recurrent_bias = b.part(biases, (hidden,), 5 * hidden) if biases is not None else None
+            gated = b.ref(product, ["i0", "i1"])
+            if recurrent_bias is not None:
+                gated = f"({gated} + {b.ref(recurrent_bias, ['i1'])})"
+            candidate = f"{candidate_input} + {b.ref(reset, ['i0', 'i1'])} * {gated}"
+            reads = [product, reset, now] + ([recurrent_bias] if recurrent_bias is not None else [])
+        else:
+            product = _Recurrent._recurrent_product(
+                b, previous, hidden_rows, now, hidden, column=2 * hidden,
+                extra=lambda h: (f"{b.ref(reset, ['i0', 'r0'])} * {h}", [reset]))
+            candidate = b.ref(product, ["i0", "i1"])
+            reads = [product]
+        out = b.new(previous.shape, previous.dtype)
+        update = f[0](_clipped(b.ref(update_reset, ["i0", "i1"]), clip))
+        new = f[1](_clipped(candidate, clip))
+        b.emit([b.statement(out, ["i0", "i1"], "=",
+                            f"(1 - {update}) * ({new}) + {update} * {b.ref(previous, ['i0', 'i1'])}")],
+               reads + [update_reset, previous], [out], "elementwise")
+        return [out]
+
+    @classmethod
+    def _impl_v7(cls, b, node, inputs):
+        return cls._lower(b, node, inputs)
+
+
+class LSTM(_Recurrent):
+    GATES = 4
+    STATES = 2
+    DEFAULTS = ["Sigmoid", "Tanh", "Tanh"]
+
+    @staticmethod
+    def _step(b, node, now, state, r, biases, inputs, d, f, clip, hidden):
+        previous, cell = state
+        gates = _Recurrent._recurrent_product(b, previous, r, now, 4 * hidden)
+        peepholes = inputs[7] if len(inputs) > 7 else None
+        peephole = [None] * 3
+        if peepholes is not None:  # (directions, 3 * hidden): input, output, forget
+            peephole = [b.part(peepholes, (hidden,), (d * 3 + k) * hidden) for k in range(3)]
+
+        def gate(k: int, with_cell: str | None, which: int | None) -> str:
+            pre = b.ref(gates, ["i0", f"i1 + {k * hidden}" if k else "i1"])
+            if which is not None and peephole[which] is not None:
+                pre = f"{pre} + {b.ref(peephole[which], ['i1'])} * {with_cell}"
+            return _clipped(pre, clip)
+
+        old = b.ref(cell, ["i0", "i1"])
+        input_gate = f[0](gate(0, old, 0))
+        forget = f"(1 - {input_gate})" if node.attr("input_forget", 0) else f[0](gate(2, old, 2))
+        new_cell = b.new(cell.shape, cell.dtype)
+        out = b.new(previous.shape, previous.dtype)
+        fresh = b.ref(new_cell, ["i0", "i1"])
+        output_gate = f[0](gate(1, fresh, 1))
+        reads = [gates, cell] + [p for p in peephole if p is not None]
+        b.emit([b.statement(new_cell, ["i0", "i1"], "=", f"{forget} * {old} + {input_gate} * {f[1](gate(3, None, None))}"),
+                b.statement(out, ["i0", "i1"], "=", f"{output_gate} * {f[2](fresh)}")],
+               reads, [new_cell, out], "elementwise")
+        return [out, new_cell]
+
+    @classmethod
+    def _impl_v7(cls, b, node, inputs):
+        return cls._lower(b, node, inputs)
+
+
+#: The converters of this module, joined to :data:`polyc.frontends.onnx.ops.CONVERTERS`.
+RECURRENT = {"RNN": RNN, "GRU": GRU, "LSTM": LSTM}

@@ -1,0 +1,101 @@
+"""RNN, GRU and LSTM (polyc/frontends/onnx/recurrent.py) against onnxruntime: both directions
+and both layouts with initial states and biases, GRU's linear_before_reset, LSTM's clip,
+input_forget, peepholes and other activations; sequences longer than one concatenation
+reads, whose steps share one kernel."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper  # noqa: E402
+
+import polyc  # noqa: E402
+import polyc.onnx as ponnx  # noqa: E402
+from polyc.frontends.onnx.ops import CONCAT_FAN_IN  # noqa: E402
+
+GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+STEPS, BATCH, INPUT, HIDDEN = 11, 3, 5, 4
+
+
+def recurrent_model(op: str, direction: str, layout: int, steps: int = STEPS, peepholes: bool = False,
+                    **attributes):
+    """``op`` with every input a graph input (weights too: onnxruntime runs them the same), and
+    its feeds; batchwise (``layout``) the same values transposed."""
+    rng = np.random.default_rng(10)
+    directions = 2 if direction == "bidirectional" else 1
+    gates = GATES[op] * HIDDEN
+    state_shape = (directions, BATCH, HIDDEN)
+    feeds = {"X": rng.standard_normal((steps, BATCH, INPUT)),
+             "W": rng.standard_normal((directions, gates, INPUT)) * 0.5,
+             "R": rng.standard_normal((directions, gates, HIDDEN)) * 0.5,
+             "B": rng.standard_normal((directions, 2 * gates)) * 0.5,
+             "sequence_lens": np.full(BATCH, steps, np.int32), "initial_h": rng.standard_normal(state_shape)}
+    if op == "LSTM":
+        feeds["initial_c"] = rng.standard_normal(state_shape)
+        if peepholes:
+            feeds["P"] = rng.standard_normal((directions, 3 * HIDDEN))
+    feeds = {k: v.astype(np.float32) if v.dtype == np.float64 else v for k, v in feeds.items()}
+    if layout:  # batch first: the same values, transposed
+        for name in ("X", "initial_h", "initial_c"):
+            if name in feeds:
+                feeds[name] = np.ascontiguousarray(feeds[name].transpose(1, 0, 2))
+    outputs = ["Y", "Y_h"] + (["Y_c"] if op == "LSTM" else [])
+    node = helper.make_node(op, list(feeds), outputs, hidden_size=HIDDEN, direction=direction, layout=layout,
+                            **attributes)
+    types = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int32): TensorProto.INT32}
+    graph = helper.make_graph(
+        [node], op, [helper.make_tensor_value_info(k, types[v.dtype], list(v.shape)) for k, v in feeds.items()],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    inferred = onnx.shape_inference.infer_shapes(model)
+    del model.graph.output[:]
+    model.graph.output.extend(inferred.graph.output)
+    return model, feeds
+
+
+def against_onnxruntime(model, feeds):
+    session = ponnx.InferenceSession(model)
+    ours = session.run(None, feeds)
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for got, expected in zip(ours, theirs):
+        assert got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    return session
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_directions_and_layouts(op, direction):
+    assert STEPS > CONCAT_FAN_IN  # the outputs are stacked by a tree of concatenations
+    model, feeds = recurrent_model(op, direction, 0)
+    expected = against_onnxruntime(model, feeds).run(None, feeds)
+    # The batchwise layout (which onnxruntime does not run): the same layer, transposed.
+    model, feeds = recurrent_model(op, direction, 1)
+    for got, want in zip(ponnx.InferenceSession(model).run(None, feeds), expected):
+        np.testing.assert_array_equal(got, want.transpose([2, 0, 1, 3] if want.ndim == 4 else [1, 0, 2]))
+
+
+def test_gru_with_linear_before_reset():
+    against_onnxruntime(*recurrent_model("GRU", "bidirectional", 0, linear_before_reset=1))
+
+
+def test_lstm_with_clip_coupled_gates_peepholes_and_other_activations():
+    against_onnxruntime(*recurrent_model("LSTM", "forward", 0, peepholes=True, clip=0.8, input_forget=1))
+    activations = ["HardSigmoid", "LeakyRelu", "Softsign", "Sigmoid", "Tanh", "ScaledTanh"]
+    against_onnxruntime(*recurrent_model("LSTM", "bidirectional", 0, peepholes=True, activations=activations,
+                                         activation_alpha=[0.3, 0.2, 0.7], activation_beta=[0.4, 1.3]))
+
+
+def test_the_steps_of_a_long_sequence_share_their_kernels():
+    session = against_onnxruntime(*recurrent_model("LSTM", "forward", 0, steps=40))
+    kernels = session.kernels()
+    assert len(kernels) >= 40 and len({id(k) for k in kernels}) <= 8
+
+
+def test_shorter_sequences_are_refused_by_name():
+    model, feeds = recurrent_model("GRU", "forward", 0)
+    feeds["sequence_lens"] = np.array([STEPS, STEPS - 2, STEPS], np.int32)
+    with pytest.raises(polyc.UnsupportedError, match=r"node 'GRU_0' \(GRU\): sequence_lens \[11, 9, 11\] shorter"):
+        ponnx.InferenceSession(model).run(None, feeds)
