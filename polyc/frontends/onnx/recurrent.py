@@ -272,7 +272,8 @@ class LSTM(_Recurrent):
         fresh = b.ref(new_cell, ["i0", "i1"])
         output_gate = f[0](gate(1, fresh, 1))
         reads = [gates, cell] + [p for p in peephole if p is not None]
-        b.emit([b.statement(new_cell, ["i0", "i1"], "=", f"{forget} * {old} + {input_gate} * {f[1](gate(3, None, None))}"),
+        candidate = f[1](gate(3, None, None))
+        b.emit([b.statement(new_cell, ["i0", "i1"], "=", f"{forget} * {old} + {input_gate} * {candidate}"),
                 b.statement(out, ["i0", "i1"], "=", f"{output_gate} * {f[2](fresh)}")],
                reads, [new_cell, out], "elementwise")
         return [out, new_cell]
