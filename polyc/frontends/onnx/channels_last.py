@@ -31,10 +31,10 @@ from types import MappingProxyType
 
 import numpy as np
 
-from polyc.frontends.onnx.lowering import Builder, Value, indices
+from polyc.frontends.onnx.lowering import Builder, Value
 from polyc.frontends.onnx.ops import (CONVERTERS, MaxPool, AveragePool, Node, _affine, _spatial,
                                       _FLOAT_FUNCTIONS, _product_by_blocked_weights, _weight_sliver,
-                                      zero_padded_columns, global_pool,
+                                      zero_padded_columns, global_pool, transposed,
                                       image_indices)
 
 #: NCHW -> NHWC and back, as Transpose perms.
@@ -125,7 +125,7 @@ class ChannelsLast:
         of its own node, ``<name> to NHWC``, before the steps of ``b``)."""
         if name not in self.nhwc:
             transpose = Builder(f"{name} to NHWC", "Transpose", self.new_ident, self.vector_bits)
-            self.nhwc[name] = _transposed(transpose, self.values[name], TO_CHANNELS_LAST)
+            self.nhwc[name] = _moved(transpose, self.values[name], TO_CHANNELS_LAST)
             b.steps += transpose.steps
         return self.nhwc[name]
 
@@ -238,27 +238,21 @@ class ChannelsLast:
         for name in names:
             if name and name not in self.values and name in self.nhwc:
                 b = Builder(f"{name} to NCHW", "Transpose", self.new_ident, self.vector_bits)
-                value = _transposed(b, self.nhwc[name], TO_CHANNELS_FIRST)
+                value = _moved(b, self.nhwc[name], TO_CHANNELS_FIRST)
                 value.onnx_name = name
                 self.values[name] = value
                 steps += b.steps
         return steps
 
 
-def _transposed(b: Builder, x: Value, perm) -> Value:
+def _moved(b: Builder, x: Value, perm) -> Value:
     """``x`` with its dimensions in ``perm``'s order: a view when only dimensions of extent 1
     move (a 1 x 1 image, one channel), else a transpose step."""
     shape = [x.shape[p] for p in perm]
     moving = [d for d in range(x.rank) if x.shape[d] != 1]
     if [p for p in perm if x.shape[p] != 1] == moving:
         return b.view(x, shape)
-    out = b.new(shape, x.dtype)
-    idx = indices(x.rank)
-    source = [None] * x.rank
-    for position, p in enumerate(perm):
-        source[p] = idx[position]
-    b.emit([b.statement(out, idx, "=", b.ref(x, source))], [x], [out], "other")
-    return out
+    return transposed(b, x, perm)
 
 
 #: A stride-1 convolution stays in NCHW when it has fewer output pixels than this (over the

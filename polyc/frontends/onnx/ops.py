@@ -548,7 +548,8 @@ class Unsqueeze(Converter):
         return Unsqueeze._unsqueeze(b, inputs[0], _require_const(b, inputs[1], "axes"))
 
 
-def _transposed(b, x, perm) -> Value:
+def transposed(b, x, perm) -> Value:
+    """``x`` with its dimensions in ``perm``'s order (a copy)."""
     out = b.new([x.shape[p] for p in perm], x.dtype)
     idx = indices(x.rank)
     source = [None] * x.rank
@@ -562,7 +563,7 @@ class Transpose(Converter):
     @staticmethod
     def _impl_v1(b, node, inputs):
         x = inputs[0]
-        return [_transposed(b, x, node.attr("perm") or list(reversed(range(x.rank))))]
+        return [transposed(b, x, node.attr("perm") or list(reversed(range(x.rank))))]
 
 
 def _blocks(b, node, x, channels_divisible: bool) -> tuple[int, ...]:
@@ -588,9 +589,9 @@ class DepthToSpace(Converter):
         n, c, h, w, size = _blocks(b, node, x, True)
         depth = c // (size * size)
         if node.attr("mode", "DCR") == "CRD":  # channel, then the block's row and column
-            blocks = _transposed(b, b.view(x, (n, depth, size, size, h, w)), [0, 1, 4, 2, 5, 3])
+            blocks = transposed(b, b.view(x, (n, depth, size, size, h, w)), [0, 1, 4, 2, 5, 3])
         else:  # DCR: the block's row and column, then the channel
-            blocks = _transposed(b, b.view(x, (n, size, size, depth, h, w)), [0, 3, 4, 1, 5, 2])
+            blocks = transposed(b, b.view(x, (n, size, size, depth, h, w)), [0, 3, 4, 1, 5, 2])
         return [b.view(blocks, (n, depth, h * size, w * size))]
 
 
@@ -604,7 +605,7 @@ class SpaceToDepth(Converter):
         n, c, h, w, size = _blocks(b, node, x, False)
         crd = node.attr("mode", "DCR") == "CRD"  # channel, then the block's row and column
         perm = [0, 1, 3, 5, 2, 4] if crd else [0, 3, 5, 1, 2, 4]
-        blocks = _transposed(b, b.view(x, (n, c, h // size, size, w // size, size)), perm)
+        blocks = transposed(b, b.view(x, (n, c, h // size, size, w // size, size)), perm)
         return [b.view(blocks, (n, c * size * size, h // size, w // size))]
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from polyc.errors import UnsupportedError
 from polyc.frontends.onnx.lowering import Builder, Value, indices
-from polyc.frontends.onnx.ops import Converter, _number, _require_const, _transposed, concatenated
+from polyc.frontends.onnx.ops import Converter, _number, _require_const, concatenated, transposed
 
 #: Activation -> its TC expression of ``{x}`` and its default alpha and beta (None: takes none).
 ACTIVATIONS = {
@@ -121,7 +121,7 @@ class _Recurrent(Converter):
         if node.outputs and node.outputs[0]:
             pieces = [b.view(per_step[d][t], (1, batch, hidden)) for t in range(steps) for d in range(directions)]
             y = b.view(concatenated(b, pieces, 0), (steps, directions, batch, hidden))
-            results.append(_transposed(b, y, [2, 0, 1, 3]) if batchwise else y)
+            results.append(transposed(b, y, [2, 0, 1, 3]) if batchwise else y)
         else:
             results.append(None)
         for k in range(1, len(node.outputs)):
@@ -130,15 +130,19 @@ class _Recurrent(Converter):
                 continue
             final = b.view(concatenated(b, [b.view(s[k - 1], (1, batch, hidden)) for s in last], 0),
                            (directions, batch, hidden))
-            results.append(_transposed(b, final, [1, 0, 2]) if batchwise else final)
+            results.append(transposed(b, final, [1, 0, 2]) if batchwise else final)
         return results
+
+    @classmethod
+    def _impl_v7(cls, b, node, inputs):
+        return cls._lower(b, node, inputs)
 
     @staticmethod
     def _per_direction(b: Builder, state: Value, batchwise: bool) -> list[Value]:
         """An initial state, (directions, batch, hidden) or batchwise (batch, directions,
         hidden), as one (batch, hidden) value per direction."""
         if batchwise:
-            state = _transposed(b, state, [1, 0, 2])
+            state = transposed(b, state, [1, 0, 2])
         size = state.shape[1] * state.shape[2]
         return [b.part(state, state.shape[1:], d * size) for d in range(state.shape[0])]
 
@@ -195,11 +199,6 @@ class RNN(_Recurrent):
                [pre], [out], "elementwise")
         return [out]
 
-    @classmethod
-    def _impl_v7(cls, b, node, inputs):
-        return cls._lower(b, node, inputs)
-
-
 class GRU(_Recurrent):
     GATES = 3
     DEFAULTS = ["Sigmoid", "Tanh"]
@@ -239,11 +238,6 @@ class GRU(_Recurrent):
                reads + [update_reset, previous], [out], "elementwise")
         return [out]
 
-    @classmethod
-    def _impl_v7(cls, b, node, inputs):
-        return cls._lower(b, node, inputs)
-
-
 class LSTM(_Recurrent):
     GATES = 4
     STATES = 2
@@ -277,10 +271,6 @@ class LSTM(_Recurrent):
                 b.statement(out, ["i0", "i1"], "=", f"{output_gate} * {f[2](fresh)}")],
                reads, [new_cell, out], "elementwise")
         return [out, new_cell]
-
-    @classmethod
-    def _impl_v7(cls, b, node, inputs):
-        return cls._lower(b, node, inputs)
 
 
 #: The converters of this module, joined to :data:`polyc.frontends.onnx.ops.CONVERTERS`.
