@@ -332,3 +332,36 @@ def test_grid_sample_far_outside_the_image(mode, padding, align):
             else:
                 theirs = ReferenceEvaluator(model).run(None, feeds)[0]
             np.testing.assert_allclose(ours, theirs, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("batch_axis", [0, 1])
+def test_reverse_sequence_against_onnxruntime(batch_axis):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((4, 6, 3) if batch_axis == 0 else (6, 4, 3)).astype(np.float32)
+    lengths = np.array([6, 0, 1, 4], np.int64)
+    node = helper.make_node("ReverseSequence", ["x", "lengths"], ["y"], batch_axis=batch_axis,
+                            time_axis=1 - batch_axis)
+    model = one_node_model(node, {"x": x, "lengths": lengths}, TensorProto.FLOAT, opset=10)
+    ours, theirs = run_both(model, {"x": x, "lengths": lengths})
+    np.testing.assert_array_equal(ours, theirs)
+    with pytest.raises(PolycError, match="out of range"):  # a length beyond the sequence
+        ponnx.InferenceSession(model).run(None, {"x": x, "lengths": np.array([7, 0, 1, 4], np.int64)})
+
+
+@pytest.mark.parametrize("mode", ["linear", "circular"])
+def test_tensor_scatter_updates_a_key_value_cache(mode):
+    # A cache of 8 positions per (batch, head), updated with 3 new ones from each batch entry's
+    # write index; circular wraps past the end.  Against onnx's reference.
+    rng = np.random.default_rng(12)
+    cache = rng.standard_normal((2, 3, 8, 4)).astype(np.float32)
+    update = rng.standard_normal((2, 3, 3, 4)).astype(np.float32)
+    where = np.array([5, 1] if mode == "linear" else [6, 7], np.int64)
+    node = helper.make_node("TensorScatter", ["cache", "update", "where"], ["present"], mode=mode)
+    feeds = {"cache": cache, "update": update, "where": where}
+    model = one_node_model(node, feeds, TensorProto.FLOAT, opset=24)
+    (ours,) = ponnx.InferenceSession(model).run(None, feeds)
+    np.testing.assert_array_equal(ours, ReferenceEvaluator(model).run(None, feeds)[0])
+    assert np.array_equal(feeds["cache"], cache)  # the user's cache is not written
+    if mode == "linear":  # positions 6 to 8 of a cache of 8
+        with pytest.raises(PolycError, match="out of range"):
+            ponnx.InferenceSession(model).run(None, {**feeds, "where": np.array([6, 1], np.int64)})

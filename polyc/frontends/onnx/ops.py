@@ -787,6 +787,73 @@ def _wrapped(b: Builder, which: Value, subscripts, extent: int) -> str:
     return f"({position} < 0 ? {position} + {extent} : {position})"
 
 
+class ReverseSequence(Converter):
+    """Each batch entry's first ``sequence_lens[b]`` steps along ``time_axis`` reversed, the
+    rest kept: a gather by the data-dependent index ``length - 1 - t``."""
+
+    @staticmethod
+    def _impl_v10(b, node, inputs):
+        x, lengths = inputs[:2]
+        if x.rank < 2 or lengths is None or lengths.rank != 1:
+            raise UnsupportedError(f"{b.where}: an input of rank at least 2 and a 1-D sequence_lens")
+        batch_axis = _axis(b, node.attr("batch_axis", 1), x.rank)
+        time_axis = _axis(b, node.attr("time_axis", 0), x.rank)
+        if {batch_axis, time_axis} != {0, 1} or lengths.shape[0] != x.shape[batch_axis]:
+            raise UnsupportedError(f"{b.where}: batch_axis {batch_axis} and time_axis {time_axis} (0 and 1) with "
+                                   f"{lengths.shape[0]} lengths for a batch of {x.shape[batch_axis]}")
+        idx = indices(x.rank)
+        length = f"int64({b.ref(lengths, [idx[batch_axis]])})"
+        reversed_at = list(idx)
+        reversed_at[time_axis] = f"{length} - 1 - {idx[time_axis]}"
+        out = b.new(x.shape, x.dtype)
+        b.emit([b.statement(out, idx, "=", f"({idx[time_axis]} < {length}) ? {b.ref(x, reversed_at)} : "
+                                           f"{b.ref(x, idx)}")], [x, lengths], [out], "other")
+        return [out]
+
+
+class TensorScatter(Converter):
+    """A cache with each batch entry's update written along ``axis`` from ``write_indices[b]``
+    on (``circular``: wrapping around the cache's length), as LLMs' key and value caches are
+    updated.  A gather: each cache position takes the update aimed at it, if any.  In linear
+    mode the update's positions are also read from the cache, so that one beyond it stops the
+    kernel with an error instead of being dropped."""
+
+    @staticmethod
+    def _impl_v24(b, node, inputs):
+        cache, update = inputs[:2]
+        where = inputs[2] if len(inputs) > 2 else None
+        mode = node.attr("mode", "linear")
+        axis = _axis(b, node.attr("axis", -2), cache.rank)
+        if mode not in ("linear", "circular") or axis == 0:
+            raise UnsupportedError(f"{b.where}: mode {mode!r} (linear or circular) along axis {axis} (not the batch)")
+        if update.rank != cache.rank or any(u != c for d, (u, c) in enumerate(zip(update.shape, cache.shape))
+                                            if d != axis) or update.shape[axis] > cache.shape[axis]:
+            raise SignatureError(f"{b.where}: an update of shape {update.shape} for a cache of shape {cache.shape} "
+                                 f"along axis {axis}")
+        if update.dtype != cache.dtype:
+            raise SignatureError(f"{b.where}: an update of {update.dtype} for a cache of {cache.dtype}")
+        idx = indices(cache.rank)
+        start = f"int64({b.ref(where, ['i0'])})" if where is not None else "int64(0)"
+        length, extent = update.shape[axis], cache.shape[axis]
+        offset = f"({idx[axis]} - {start})"
+        if mode == "circular":
+            offset = f"(({offset} % {extent} + {extent}) % {extent})"
+        at = list(idx)
+        at[axis] = offset
+        out = b.new(cache.shape, cache.dtype)
+        statements = [b.statement(out, idx, "=", f"({offset} >= 0 && {offset} < {length}) ? {b.ref(update, at)} : "
+                                                 f"{b.ref(cache, idx)}")]
+        writes = [out]
+        if mode == "linear" and where is not None:
+            probe = b.new([cache.shape[0], length], cache.dtype)
+            aim = ["i0"] + ["0"] * (cache.rank - 1)
+            aim[axis] = f"{start} + u0"
+            statements.insert(0, b.statement(probe, ["i0", "u0"], "=", b.ref(cache, aim)))
+            writes.append(probe)
+        b.emit(statements, [cache, update] + ([where] if where is not None else []), writes, "other")
+        return [out]
+
+
 class GatherElements(Converter):
     """``out[i][j][k] = x[i][index[i][j][k]][k]`` along ``axis`` (torch.gather's export)."""
 
@@ -3070,7 +3137,8 @@ CONVERTERS: dict[str, type[Converter]] = {
     "Trilu": Trilu, "EyeLike": EyeLike, "OneHot": OneHot, "GatherElements": GatherElements, "GatherND": GatherND,
     "Hardmax": Hardmax, "LpNormalization": LpNormalization, "CumSum": CumSum, "CumProd": CumProd,
     "BitwiseAnd": _bitwise("bitand"), "BitwiseOr": _bitwise("bitor"), "BitwiseXor": _bitwise("bitxor"),
-    "BitwiseNot": _bitwise("bitnot"), "BitShift": BitShift, "GridSample": GridSample, "LpPool": LpPool,
+    "BitwiseNot": _bitwise("bitnot"), "BitShift": BitShift, "GridSample": GridSample, "ReverseSequence": ReverseSequence,
+    "TensorScatter": TensorScatter, "LpPool": LpPool,
     "Upsample": Upsample, "TopK": TopK, "ScatterElements": ScatterElements, "Scatter": Scatter,
     "ScatterND": ScatterND, "DFT": DFT, "STFT": STFT, "HannWindow": HannWindow, "HammingWindow": HammingWindow,
     "BlackmanWindow": BlackmanWindow, "MelWeightMatrix": MelWeightMatrix,
