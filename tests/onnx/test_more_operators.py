@@ -365,3 +365,22 @@ def test_tensor_scatter_updates_a_key_value_cache(mode):
     if mode == "linear":  # positions 6 to 8 of a cache of 8
         with pytest.raises(PolycError, match="out of range"):
             ponnx.InferenceSession(model).run(None, {**feeds, "where": np.array([6, 1], np.int64)})
+
+
+@pytest.mark.parametrize("attributes", [dict(), dict(strides=[2, 3], dilations=[2, 1], pads=[1, 0, 2, 1])])
+def test_col2im_against_onnxruntime(attributes):
+    # Columns of 3 x 2 blocks of a 7 x 8 image, with strides, dilations and uneven pads.
+    k = 2
+    strides, dilations = attributes.get("strides", [1] * k), attributes.get("dilations", [1] * k)
+    pads = attributes.get("pads", [0] * 2 * k)
+    image, block = [7, 8], [3, 2]
+    blocks = [(image[d] + pads[d] + pads[k + d] - dilations[d] * (block[d] - 1) - 1) // strides[d] + 1
+              for d in range(k)]
+    x = np.random.default_rng(13).standard_normal((2, 4 * 6, blocks[0] * blocks[1])).astype(np.float32)
+    shapes = [numpy_helper.from_array(np.array(image, np.int64), "image"),
+              numpy_helper.from_array(np.array(block, np.int64), "block")]
+    node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"], **attributes)
+    model = one_node_model(node, {"x": x}, TensorProto.FLOAT, shapes, opset=18)
+    ours, theirs = run_both(model, {"x": x})
+    assert ours.shape == (2, 4, 7, 8)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)

@@ -787,6 +787,50 @@ def _wrapped(b: Builder, which: Value, subscripts, extent: int) -> str:
     return f"({position} < 0 ? {position} + {extent} : {position})"
 
 
+class Col2Im(Converter):
+    """Columns of image blocks (im2col's output) summed back into the image: each pixel adds
+    the column entries of every block position that covers it, found by the stride's
+    divisibility, as a reduction over the block's offsets."""
+
+    CONSTANT_INPUTS = (1, 2)
+
+    @staticmethod
+    def _impl_v18(b, node, inputs):
+        x = inputs[0]
+        image = [int(v) for v in _require_const(b, inputs[1], "image_shape").reshape(-1)]
+        block = [int(v) for v in _require_const(b, inputs[2], "block_shape").reshape(-1)]
+        k = len(image)
+        dilations = list(node.attr("dilations") or [1] * k)
+        strides = list(node.attr("strides") or [1] * k)
+        pads = list(node.attr("pads") or [0] * 2 * k)
+        if x.rank != 3 or len(block) != k or len(dilations) != k or len(strides) != k or len(pads) != 2 * k:
+            raise UnsupportedError(f"{b.where}: an input of shape {x.shape} for image {image} and block {block}")
+        blocks = [(image[d] + pads[d] + pads[k + d] - dilations[d] * (block[d] - 1) - 1) // strides[d] + 1
+                  for d in range(k)]
+        per_channel = math.prod(block)
+        if x.shape[1] % per_channel or x.shape[2] != math.prod(blocks) or min(blocks) < 1:
+            raise UnsupportedError(f"{b.where}: an input of shape {x.shape} is not the columns of {blocks} blocks of "
+                                   f"{block} from an image of {image}")
+        pixel = indices(k, "y")
+        offsets = [f"r{d}" for d in range(k)]
+        # where block offset r_d covers pixel y_d: y_d + pad - r_d * dilation = l_d * stride
+        reach = [f"({pixel[d]} + {pads[d]} - {dilations[d]} * {offsets[d]})" for d in range(k)]
+        place = [f"{reach[d]} / {strides[d]}" for d in range(k)]
+        covered = " && ".join(f"{reach[d]} >= 0 && {reach[d]} % {strides[d]} == 0 && {place[d]} < {blocks[d]}"
+                              for d in range(k))
+
+        def flat(terms, extents):
+            text = terms[0]
+            for term, extent in zip(terms[1:], extents[1:]):
+                text = f"({text}) * {extent} + {term}"
+            return text
+        column = b.ref(x, ["n", f"c * {per_channel} + {flat(offsets, block)}", flat(place, blocks)])
+        out = b.new([x.shape[0], x.shape[1] // per_channel, *image], x.dtype)
+        b.emit([b.statement(out, ["n", "c"] + pixel, "+=!", f"({covered}) ? {column} : {tc_type(x.dtype)}(0)",
+                            [(offsets[d], block[d]) for d in range(k)])], [x], [out], "other")
+        return [out]
+
+
 class ReverseSequence(Converter):
     """Each batch entry's first ``sequence_lens[b]`` steps along ``time_axis`` reversed, the
     rest kept: a gather by the data-dependent index ``length - 1 - t``."""
@@ -3137,7 +3181,7 @@ CONVERTERS: dict[str, type[Converter]] = {
     "Trilu": Trilu, "EyeLike": EyeLike, "OneHot": OneHot, "GatherElements": GatherElements, "GatherND": GatherND,
     "Hardmax": Hardmax, "LpNormalization": LpNormalization, "CumSum": CumSum, "CumProd": CumProd,
     "BitwiseAnd": _bitwise("bitand"), "BitwiseOr": _bitwise("bitor"), "BitwiseXor": _bitwise("bitxor"),
-    "BitwiseNot": _bitwise("bitnot"), "BitShift": BitShift, "GridSample": GridSample, "ReverseSequence": ReverseSequence,
+    "BitwiseNot": _bitwise("bitnot"), "BitShift": BitShift, "GridSample": GridSample, "ReverseSequence": ReverseSequence, "Col2Im": Col2Im,
     "TensorScatter": TensorScatter, "LpPool": LpPool,
     "Upsample": Upsample, "TopK": TopK, "ScatterElements": ScatterElements, "Scatter": Scatter,
     "ScatterND": ScatterND, "DFT": DFT, "STFT": STFT, "HannWindow": HannWindow, "HammingWindow": HammingWindow,
