@@ -384,3 +384,24 @@ def test_col2im_against_onnxruntime(attributes):
     ours, theirs = run_both(model, {"x": x})
     assert ours.shape == (2, 4, 7, 8)
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("storage_order", [0, 1])
+def test_max_pool_indices_against_onnxruntime(storage_order):
+    # Overlapping, dilated, padded windows over an image with ties (the first maximum of a
+    # window in row-major order is the one reported).
+    rng = np.random.default_rng(14)
+    x = rng.integers(0, 4, (2, 3, 9, 8)).astype(np.float32)
+    node = helper.make_node("MaxPool", ["x"], ["y", "where"], kernel_shape=[3, 2], strides=[2, 1],
+                            pads=[1, 0, 1, 1], dilations=[1, 2], storage_order=storage_order)
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("where", TensorProto.INT64, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+    inferred = onnx.shape_inference.infer_shapes(model)
+    del model.graph.output[:]
+    model.graph.output.extend(inferred.graph.output)
+    ours = ponnx.InferenceSession(model).run(None, {"x": x})
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for got, expected in zip(ours, theirs):
+        np.testing.assert_array_equal(got, expected)

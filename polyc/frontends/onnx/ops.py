@@ -2075,16 +2075,50 @@ class MaxPool(Converter):
     @staticmethod
     def lower(b, node, inputs, channels_last: bool):
         x = inputs[0]
-        if len(node.outputs) > 1 and node.outputs[1]:
-            raise UnsupportedError(f"{b.where}: MaxPool's Indices output")
         kernel = node.attr("kernel_shape")
         outs, begin, end, strides, dilations = _spatial(b, node, x, kernel, channels_last=channels_last)
         out = b.new(image_indices(channels_last, x.shape[0], x.shape[-1 if channels_last else 1], outs), x.dtype)
+        if len(node.outputs) > 1 and node.outputs[1]:  # (the channels-last layout leaves these to ONNX's)
+            best = _pool(b, x, out, kernel, begin, strides, dilations, "max")
+            return [best, _max_pool_indices(b, node, x, best, kernel, begin, strides, dilations)]
         if channels_last and _unrolled_max_pool(b, x, out, kernel, begin, strides, dilations):
             return [out]
         if _separable_max_pool(b, x, out, kernel, begin, strides, dilations, channels_last):
             return [out]
         return [_pool(b, x, out, kernel, begin, strides, dilations, "max", channels_last=channels_last)]
+
+
+def _max_pool_indices(b, node, x, best, kernel, begin, strides, dilations) -> Value:
+    """MaxPool's Indices: where in ``x`` (flattened, row-major; ``storage_order`` 1: each
+    image column-major) each window's maximum ``best`` is, its first place in the window's
+    row-major order, as onnx's reference and onnxruntime: the first tap that holds the
+    maximum, then its place."""
+    k = len(kernel)
+    spatial = list(x.shape[2:])
+    column_major = node.attr("storage_order", 0)
+    if column_major and k != 2:
+        raise UnsupportedError(f"{b.where}: storage_order 1 of a {k}-D MaxPool (2-D only)")
+    sp, taps = [f"s{d}" for d in range(k)], [f"r_k{d}" for d in range(k)]
+
+    def positions(tap):
+        return [f"({_affine(strides[d], sp[d], 0)} + {dilations[d]} * {tap[d]} - {begin[d]})" for d in range(k)]
+    window = positions(taps)
+    inside = " && ".join(f"{p} >= 0 && {p} < {e}" for p, e in zip(window, spatial))
+    strides_of_taps = [math.prod(kernel[d + 1:]) for d in range(k)]
+    tap_number = " + ".join(f"{t} * {m}" for t, m in zip(taps, strides_of_taps))
+    idx = ["n", "c"] + sp
+    first = b.new(best.shape, np.int64)
+    read = b.ref(x, ["n", "c"] + window)
+    at_first = f"{first.ident}({', '.join(idx)})"
+    place = positions([f"(({at_first} / {m}) % {kernel[d]})" for d, m in enumerate(strides_of_taps)])
+    flat = f"(n * {x.shape[1]} + c)"
+    for d in (reversed(range(k)) if column_major else range(k)):
+        flat = f"({flat}) * {spatial[d]} + {place[d]}"
+    where = b.new(best.shape, np.int64)
+    b.emit([b.statement(first, idx, "min=!", f"({inside} && {read} == {b.ref(best, idx)}) ? int64({tap_number}) : "
+                                             f"int64({math.prod(kernel)})", [(t, kernel[d]) for d, t in enumerate(taps)]),
+            b.statement(where, idx, "=", f"int64({flat})")], [x, best], [where], "reduction")
+    return where
 
 
 class AveragePool(Converter):
