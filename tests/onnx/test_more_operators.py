@@ -405,3 +405,21 @@ def test_max_pool_indices_against_onnxruntime(storage_order):
     theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     for got, expected in zip(ours, theirs):
         np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("mode", ["avg", "max"])
+@pytest.mark.parametrize("transformation", ["half_pixel", "output_half_pixel"])
+def test_roi_align_against_onnxruntime(mode, transformation):
+    # Boxes of two images, partly or wholly off the map, one inverted (malformed).
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal((2, 3, 10, 12)).astype(np.float32)
+    boxes = np.array([[1, 1, 8, 6], [-4, 2, 5, 13], [9, 7, 30, 25], [6, 5, 2, 1], [0.5, 0.25, 11.5, 9.75]],
+                     np.float32) * 0.8
+    batch = np.array([0, 1, 1, 0, 1], np.int64)
+    node = helper.make_node("RoiAlign", ["x", "boxes", "batch"], ["y"], mode=mode, output_height=3, output_width=4,
+                            sampling_ratio=2, spatial_scale=1.25, coordinate_transformation_mode=transformation)
+    feeds = {"x": x, "boxes": boxes, "batch": batch}
+    model = one_node_model(node, feeds, TensorProto.FLOAT, opset=16)
+    ours, theirs = run_both(model, feeds)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ours, ReferenceEvaluator(model).run(None, feeds)[0], rtol=1e-4, atol=1e-5)

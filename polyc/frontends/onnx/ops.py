@@ -787,6 +787,89 @@ def _wrapped(b: Builder, which: Value, subscripts, extent: int) -> str:
     return f"({position} < 0 ? {position} + {extent} : {position})"
 
 
+class RoiAlign(Converter):
+    """Each box's feature map pooled to a fixed grid: every bin averages (or takes the largest
+    of) ``sampling_ratio`` x ``sampling_ratio`` bilinear samples, as onnx's reference (Mask
+    R-CNN's RoIAlign).  One kernel finds, per box, each sample row's and column's two pixels,
+    its fraction and whether it falls on the map; a second gathers and weighs them from the
+    box's image.  An adaptive ``sampling_ratio`` (0, a count from each box's size) is not
+    supported: the number of samples would depend on the data."""
+
+    @staticmethod
+    def _impl_v10(b, node, inputs):
+        return RoiAlign._align(b, node, inputs, node.attr("coordinate_transformation_mode", "output_half_pixel"))
+
+    @staticmethod
+    def _impl_v16(b, node, inputs):
+        return RoiAlign._align(b, node, inputs, node.attr("coordinate_transformation_mode", "half_pixel"))
+
+    @staticmethod
+    def _align(b, node, inputs, transformation: str):
+        x, boxes, batch_of = inputs[:3]
+        _float_only(b, x)
+        grid = int(node.attr("sampling_ratio", 0))
+        mode = node.attr("mode", "avg")
+        if grid <= 0:
+            raise UnsupportedError(f"{b.where}: sampling_ratio {grid}: an adaptive count of samples (from each box's "
+                                   f"size) is not supported; give a positive sampling_ratio")
+        if mode not in ("avg", "max") or transformation not in ("half_pixel", "output_half_pixel"):
+            raise UnsupportedError(f"{b.where}: mode {mode!r} (avg or max) and coordinate_transformation_mode "
+                                   f"{transformation!r} (half_pixel or output_half_pixel)")
+        if x.rank != 4 or boxes.rank != 2 or boxes.shape[1] != 4 or batch_of.shape != (boxes.shape[0],):
+            raise UnsupportedError(f"{b.where}: an input of shape {x.shape}, boxes {boxes.shape} and batch indices "
+                                   f"{batch_of.shape} (expected (N, C, H, W), (R, 4) and (R,))")
+        rows, columns = int(node.attr("output_height", 1)), int(node.attr("output_width", 1))
+        scale = float(node.attr("spatial_scale", 1.0))
+        shift = 0.5 if transformation == "half_pixel" else 0.0
+        count = boxes.shape[0]
+        t = tc_type(x.dtype)
+        statements, tables = [], []
+        for axis, bins, extent in ((1, rows, x.shape[2]), (0, columns, x.shape[3])):
+            begin = f"({b.ref(boxes, ['k', str(axis)])} * {_number(scale)} - {_number(shift)})"
+            size = f"({b.ref(boxes, ['k', str(axis + 2)])} * {_number(scale)} - {_number(shift)} - {begin})"
+            if not shift:
+                size = f"fmax({size}, 1)"  # a malformed box is 1 x 1
+            step = f"({size} / {bins})"
+            sample = f"({begin} + p * {step} + (g + 0.5) * {step} / {grid})"
+            on_map = f"({sample} >= -1 && {sample} <= {extent})"
+            clamped = f"fmax({sample}, 0)"
+            last = f"int64({clamped}) >= {extent - 1}"
+            low, high, fraction, valid = (b.new([count, bins, grid], dtype) for dtype in
+                                          (np.int64, np.int64, x.dtype, x.dtype))
+            statements += [
+                b.statement(low, ["k", "p", "g"], "=", f"{on_map} ? ({last} ? int64({extent - 1}) : int64({clamped})) "
+                                                       f": int64(0)"),
+                b.statement(high, ["k", "p", "g"], "=", f"{on_map} ? ({last} ? int64({extent - 1}) : "
+                                                        f"int64({clamped}) + 1) : int64(0)"),
+                b.statement(fraction, ["k", "p", "g"], "=", f"{t}({on_map} && !({last}) ? {clamped} - "
+                                                            f"floor({clamped}) : 0)"),
+                b.statement(valid, ["k", "p", "g"], "=", f"{t}({on_map} ? 1 : 0)")]
+            tables.append((low, high, fraction, valid))
+        b.emit(statements, [boxes], [v for table in tables for v in table], "other")
+        (y_low, y_high, y_frac, y_valid), (x_low, x_high, x_frac, x_valid) = tables
+        image = f"int64({b.ref(batch_of, ['k'])})"
+
+        def at(table, bin_index, sample_index):
+            return b.ref(table, ["k", bin_index, sample_index])
+        ly, lx = at(y_frac, "i0", "r0"), at(x_frac, "i1", "r1")
+        corners = [(f"(1 - {ly}) * (1 - {lx})", y_low, x_low), (f"(1 - {ly}) * {lx}", y_low, x_high),
+                   (f"{ly} * (1 - {lx})", y_high, x_low), (f"{ly} * {lx}", y_high, x_high)]
+        terms = [f"{weight} * {b.ref(x, [image, 'c', at(yi, 'i0', 'r0'), at(xi, 'i1', 'r1')])}"
+                 for weight, yi, xi in corners]
+        valid = f"{at(y_valid, 'i0', 'r0')} * {at(x_valid, 'i1', 'r1')}"
+        out = b.new([count, x.shape[1], rows, columns], x.dtype)
+        target = ["k", "c", "i0", "i1"]
+        reductions = [("r0", grid), ("r1", grid)]
+        if mode == "avg":
+            statements = [b.statement(out, target, "+=!", f"{valid} * ({' + '.join(terms)})", reductions),
+                          b.statement(out, target, "=", f"{out.ident}(k, c, i0, i1) / {grid * grid}")]
+        else:  # a sample off the map counts as 0, as in the reference
+            largest = f"fmax(fmax({terms[0]}, {terms[1]}), fmax({terms[2]}, {terms[3]}))"
+            statements = [b.statement(out, target, "max=!", f"({valid} != 0) ? {largest} : {t}(0)", reductions)]
+        b.emit(statements, [x, batch_of] + [v for table in tables for v in table], [out], "other")
+        return [out]
+
+
 class Col2Im(Converter):
     """Columns of image blocks (im2col's output) summed back into the image: each pixel adds
     the column entries of every block position that covers it, found by the stride's
@@ -3215,7 +3298,7 @@ CONVERTERS: dict[str, type[Converter]] = {
     "Trilu": Trilu, "EyeLike": EyeLike, "OneHot": OneHot, "GatherElements": GatherElements, "GatherND": GatherND,
     "Hardmax": Hardmax, "LpNormalization": LpNormalization, "CumSum": CumSum, "CumProd": CumProd,
     "BitwiseAnd": _bitwise("bitand"), "BitwiseOr": _bitwise("bitor"), "BitwiseXor": _bitwise("bitxor"),
-    "BitwiseNot": _bitwise("bitnot"), "BitShift": BitShift, "GridSample": GridSample, "ReverseSequence": ReverseSequence, "Col2Im": Col2Im,
+    "BitwiseNot": _bitwise("bitnot"), "BitShift": BitShift, "GridSample": GridSample, "ReverseSequence": ReverseSequence, "Col2Im": Col2Im, "RoiAlign": RoiAlign,
     "TensorScatter": TensorScatter, "LpPool": LpPool,
     "Upsample": Upsample, "TopK": TopK, "ScatterElements": ScatterElements, "Scatter": Scatter,
     "ScatterND": ScatterND, "DFT": DFT, "STFT": STFT, "HannWindow": HannWindow, "HammingWindow": HammingWindow,
