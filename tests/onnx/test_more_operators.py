@@ -423,3 +423,26 @@ def test_roi_align_against_onnxruntime(mode, transformation):
     ours, theirs = run_both(model, feeds)
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(ours, ReferenceEvaluator(model).run(None, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_deform_conv_with_groups_offset_groups_and_a_mask():
+    # Offsets of up to three pixels move taps off the image; two groups, two offset groups,
+    # a stride, a dilation and pads.  Against onnx's reference.
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((2, 4, 7, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 2, 3, 2)).astype(np.float32)
+    out_h, out_w = (7 + 1 + 0 - 2 * 2 - 1) // 2 + 1, (6 + 0 + 1 - 1 - 1) // 1 + 1
+    offsets = rng.uniform(-3, 3, (2, 2 * 2 * 6, out_h, out_w)).astype(np.float32)
+    mask = rng.uniform(0, 1, (2, 2 * 6, out_h, out_w)).astype(np.float32)
+    bias = rng.standard_normal(6).astype(np.float32)
+    node = helper.make_node("DeformConv", ["x", "w", "offsets", "bias", "mask"], ["y"], group=2, offset_group=2,
+                            strides=[2, 1], dilations=[2, 1], pads=[1, 0, 0, 1], kernel_shape=[3, 2])
+    feeds = {"x": x, "w": w, "offsets": offsets, "bias": bias, "mask": mask}
+    model = one_node_model(node, feeds, TensorProto.FLOAT, opset=19)
+    (ours,) = ponnx.InferenceSession(model).run(None, feeds)
+    assert ours.shape == (2, 6, out_h, out_w)
+    np.testing.assert_allclose(ours, ReferenceEvaluator(model).run(None, feeds)[0], rtol=1e-4, atol=1e-5)
+    bad = {**feeds, "offsets": offsets[:, :, :, :-1]}  # offsets for a smaller output
+    bad_model = one_node_model(node, bad, TensorProto.FLOAT, opset=19)
+    with pytest.raises(PolycError, match=r"offsets \(2, 24, 2, 5\)"):
+        ponnx.InferenceSession(bad_model).run(None, bad)

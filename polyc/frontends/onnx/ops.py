@@ -870,6 +870,80 @@ class RoiAlign(Converter):
         return [out]
 
 
+class DeformConv(Converter):
+    """A 2-D convolution whose taps are moved, per output point, by learned offsets (and
+    weighed by a mask): every tap is a bilinear sample of the input, 0 off the image, as
+    onnx's reference (GridSample's).  Three kernels: the taps' places (per batch, offset
+    group, tap and output point), the samples (the im2col of the moved taps), and their
+    product by the weights, a contraction."""
+
+    @staticmethod
+    def _impl_v19(b, node, inputs):
+        x, w, offsets = inputs[:3]
+        bias = inputs[3] if len(inputs) > 3 else None
+        mask = inputs[4] if len(inputs) > 4 else None
+        _float_only(b, x)
+        if x.rank != 4 or w.rank != 4 or offsets.rank != 4:
+            raise UnsupportedError(f"{b.where}: 2-D DeformConv only (input {x.shape}, weights {w.shape})")
+        n, channels, height, width = x.shape
+        filters, per_group, kh, kw = w.shape
+        groups, offset_groups = int(node.attr("group", 1)), int(node.attr("offset_group", 1))
+        taps = kh * kw
+        out_h, out_w = offsets.shape[2:]
+        strides = list(node.attr("strides") or [1, 1])
+        dilations = list(node.attr("dilations") or [1, 1])
+        pads = list(node.attr("pads") or [0, 0, 0, 0])
+        expected = tuple((extent + pads[d] + pads[d + 2] - dilations[d] * (k - 1) - 1) // strides[d] + 1
+                         for d, (extent, k) in enumerate(((height, kh), (width, kw))))
+        if channels != per_group * groups or filters % groups or channels % offset_groups \
+                or offsets.shape != (n, offset_groups * 2 * taps, *expected) \
+                or (mask is not None and mask.shape != (n, offset_groups * taps, *expected)):
+            raise UnsupportedError(f"{b.where}: input {x.shape}, weights {w.shape}, offsets {offsets.shape} and mask "
+                                   f"{mask.shape if mask is not None else None} for {groups} group(s), {offset_groups} "
+                                   f"offset group(s) and an output of {expected}")
+        place_idx = ["n", "g", "a", "c2", "i0", "i1"]  # batch, offset group, tap row and column, output point
+        tap = f"(a * {kw} + c2)"
+        statements, tables = [], []
+        for axis, (stride, dilation, pad, extent) in enumerate(
+                ((strides[0], dilations[0], pads[0], height), (strides[1], dilations[1], pads[1], width))):
+            moved = (f"{_affine(stride, f'i{axis}', 0)} - {pad} + {_affine(dilation, 'a' if axis == 0 else 'c2', 0)} + "
+                     f"{b.ref(offsets, ['n', f'g * {2 * taps} + 2 * {tap} + {axis}', 'i0', 'i1'])}")
+            low, fraction = b.new([n, offset_groups, kh, kw, out_h, out_w], np.int64), \
+                b.new([n, offset_groups, kh, kw, out_h, out_w], x.dtype)
+            statements += [b.statement(low, place_idx, "=", f"int64(floor({moved}))"),
+                           b.statement(fraction, place_idx, "=", f"({moved}) - floor({moved})")]
+            tables.append((low, fraction, extent))
+        b.emit(statements, [offsets], [t for low, fraction, _ in tables for t in (low, fraction)], "other")
+        per_offset_group = channels // offset_groups
+        at = ["n", f"c / {per_offset_group}", "a", "c2", "i0", "i1"]
+        corner, weights = [], []
+        for (low, fraction, extent), step in zip(tables, ("u0", "u1")):
+            place = f"{b.ref(low, at)} + {step}"
+            corner.append((place, extent))
+            weights.append(f"({step} == 0 ? 1 - {b.ref(fraction, at)} : {b.ref(fraction, at)})")
+        inside = " && ".join(f"{p} >= 0 && {p} < {e}" for p, e in corner)
+        value = f"({inside}) ? {b.ref(x, ['n', 'c', corner[0][0], corner[1][0]])} : {tc_type(x.dtype)}(0)"
+        sample_rhs = f"{weights[0]} * {weights[1]} * ({value})"
+        reads = [x] + [t for low, fraction, _ in tables for t in (low, fraction)]
+        if mask is not None:
+            sample_rhs = f"{b.ref(mask, ['n', f'(c / {per_offset_group}) * {taps} + {tap}', 'i0', 'i1'])} * ({sample_rhs})"
+            reads.append(mask)
+        samples = b.new([n, channels, kh, kw, out_h, out_w], x.dtype)
+        b.emit([b.statement(samples, ["n", "c", "a", "c2", "i0", "i1"], "+=!", sample_rhs, [("u0", 2), ("u1", 2)])],
+               reads, [samples], "other")
+        per_filter_group = filters // groups
+        out = b.new([n, filters, out_h, out_w], x.dtype)
+        product = (f"{b.ref(w, ['f', 'r_c', 'r_a', 'r_b'])} * "
+                   f"{b.ref(samples, ['n', f'(f / {per_filter_group}) * {per_group} + r_c', 'r_a', 'r_b', 'i0', 'i1'])}")
+        statements = [b.statement(out, ["n", "f", "i0", "i1"], "+=!", product,
+                                  [("r_c", per_group), ("r_a", kh), ("r_b", kw)])]
+        if bias is not None:
+            statements.append(b.statement(out, ["n", "f", "i0", "i1"], "=",
+                                          f"{out.ident}(n, f, i0, i1) + {b.ref(bias, ['f'])}"))
+        b.emit(statements, [w, samples] + ([bias] if bias is not None else []), [out], "other")
+        return [out]
+
+
 class Col2Im(Converter):
     """Columns of image blocks (im2col's output) summed back into the image: each pixel adds
     the column entries of every block position that covers it, found by the stride's
@@ -3298,7 +3372,7 @@ CONVERTERS: dict[str, type[Converter]] = {
     "Trilu": Trilu, "EyeLike": EyeLike, "OneHot": OneHot, "GatherElements": GatherElements, "GatherND": GatherND,
     "Hardmax": Hardmax, "LpNormalization": LpNormalization, "CumSum": CumSum, "CumProd": CumProd,
     "BitwiseAnd": _bitwise("bitand"), "BitwiseOr": _bitwise("bitor"), "BitwiseXor": _bitwise("bitxor"),
-    "BitwiseNot": _bitwise("bitnot"), "BitShift": BitShift, "GridSample": GridSample, "ReverseSequence": ReverseSequence, "Col2Im": Col2Im, "RoiAlign": RoiAlign,
+    "BitwiseNot": _bitwise("bitnot"), "BitShift": BitShift, "GridSample": GridSample, "ReverseSequence": ReverseSequence, "Col2Im": Col2Im, "RoiAlign": RoiAlign, "DeformConv": DeformConv,
     "TensorScatter": TensorScatter, "LpPool": LpPool,
     "Upsample": Upsample, "TopK": TopK, "ScatterElements": ScatterElements, "Scatter": Scatter,
     "ScatterND": ScatterND, "DFT": DFT, "STFT": STFT, "HannWindow": HannWindow, "HammingWindow": HammingWindow,
