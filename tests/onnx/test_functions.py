@@ -215,3 +215,47 @@ def test_depth_to_space_names_a_bad_block_size():
                      opset=13)
     with pytest.raises(polyc.PolycError, match=r"node 'd2s' \(DepthToSpace\): 6 channels are not a multiple"):
         ponnx.InferenceSession(model).run(None, {"x": x})
+
+
+def _scan_model(steps: int = 5):
+    """A Scan with two states (a running sum and a running max) and two scan inputs, one read
+    backwards along its axis 1, whose body also reads a value of the graph around it; its
+    scan outputs are stacked along axis 1, one of them backwards."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["sum_in", "a"], ["sum_out"]),
+         helper.make_node("Mul", ["b", "outer_scale"], ["scaled"]),
+         helper.make_node("Max", ["max_in", "scaled"], ["max_out"]),
+         helper.make_node("Identity", ["sum_out"], ["sums"]),
+         helper.make_node("Sub", ["max_out", "sum_out"], ["gaps"])],
+        "body",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("sum_in", "max_in", "a", "b")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("sum_out", "max_out", "sums", "gaps")])
+    node = helper.make_node("Scan", ["sum0", "max0", "xs", "ys"], ["sum", "max", "all_sums", "all_gaps"],
+                            name="scan", body=body, num_scan_inputs=2, scan_input_axes=[0, 1],
+                            scan_input_directions=[0, 1], scan_output_axes=[1, 0], scan_output_directions=[0, 1])
+    rng = np.random.default_rng(17)
+    feeds = {"sum0": np.zeros(3, np.float32), "max0": np.full(3, -5, np.float32),
+             "xs": rng.standard_normal((steps, 3)).astype(np.float32),
+             "ys": rng.standard_normal((3, steps)).astype(np.float32)}
+    scale = numpy_helper.from_array(np.array([1, 2, 3], np.float32), "outer_scale")
+    model = model_of([node], feeds, ["sum", "max", "all_sums", "all_gaps"], [scale], opset=16,
+                     ranks={"sum": 1, "max": 1, "all_sums": 2, "all_gaps": 2})
+    return model, feeds
+
+
+def test_scan_is_unrolled_over_its_sequence():
+    model, feeds = _scan_model()
+    ours = ponnx.InferenceSession(model).run(None, feeds)
+    theirs = onnxruntime_run(model, feeds)
+    for got, expected in zip(ours, theirs):
+        assert got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+    np.testing.assert_allclose(ours[0], feeds["xs"].sum(axis=0), rtol=1e-6)
+
+
+def test_scan_inputs_of_different_lengths_are_named():
+    model, feeds = _scan_model()
+    feeds["ys"] = feeds["ys"][:, :4]
+    model.graph.input[3].type.tensor_type.shape.dim[1].dim_value = 4
+    with pytest.raises(polyc.UnsupportedError, match=r"node 'scan' \(Scan\): scan inputs of lengths \[4, 5\]"):
+        ponnx.InferenceSession(model).run(None, feeds)

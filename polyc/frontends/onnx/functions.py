@@ -48,6 +48,114 @@ def is_if(proto) -> bool:
     return proto.op_type == "If" and proto.domain in ("", "ai.onnx")
 
 
+def is_scan(proto) -> bool:
+    return proto.op_type == "Scan" and proto.domain in ("", "ai.onnx")
+
+
+def _graph_attribute(proto, name: str):
+    from onnx import helper
+    return next((helper.get_attribute_value(a) for a in proto.attribute if a.name == name), None)
+
+
+def scan_body(proto):
+    """A Scan node's body graph."""
+    return _graph_attribute(proto, "body")
+
+
+def unrolled_scan(proto, name: str, opset: int, shapes: dict) -> list[FlatNode]:
+    """Scan node ``proto`` (opset 9 on) as its body repeated once per step of the sequence,
+    ``shapes`` giving its inputs' shapes: each step's scan inputs are Gathers of one index
+    along their axes (from the end, for a reversed input), its states the step before's, its
+    values renamed ``name/stepK/...`` (names from the graphs around are kept); then the final
+    states, and each scan output stacked along its axis by Unsqueeze and Concat."""
+    from onnx import helper, numpy_helper
+    import numpy as np
+
+    where = f"node {name!r} (Scan)"
+    if opset < 9:
+        raise UnsupportedError(f"{where}: Scan of opset 8 (with a batch axis) is not supported")
+    body = scan_body(proto)
+    attributes = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
+    scanned = int(attributes.get("num_scan_inputs", 0))
+    states = len(proto.input) - scanned
+    if scanned < 1 or states < 0 or len(body.input) != len(proto.input):
+        raise UnsupportedError(f"{where}: {scanned} scan input(s) for {len(proto.input)} inputs and a body of "
+                               f"{len(body.input)}")
+    scan_outputs = len(body.output) - states
+    input_axes = list(attributes.get("scan_input_axes") or [0] * scanned)
+    input_reversed = list(attributes.get("scan_input_directions") or [0] * scanned)
+    output_axes = list(attributes.get("scan_output_axes") or [0] * scan_outputs)
+    output_reversed = list(attributes.get("scan_output_directions") or [0] * scan_outputs)
+    sources = proto.input[states:]
+    ranks = [len(shapes[s]) for s in sources]
+    input_axes = [a % r for a, r in zip(input_axes, ranks)]
+    lengths = {shapes[s][a] for s, a in zip(sources, input_axes)}
+    if len(lengths) != 1 or 0 in lengths:
+        raise UnsupportedError(f"{where}: scan inputs of lengths {sorted(lengths)} along their axes "
+                               f"(one length, at least 1)")
+    steps = lengths.pop()
+    defined = {v.name for v in body.input} | {t.name for t in body.initializer} | \
+        {o for node in body.node for o in node.output if o}
+    flat: list[FlatNode] = []
+
+    def add(node) -> None:
+        flat.append(FlatNode(node, opset, node.name, name))
+
+    def constant(value_name: str, array) -> str:
+        add(helper.make_node("Constant", [], [value_name], name=value_name,
+                             value=numpy_helper.from_array(np.asarray(array), value_name)))
+        return value_name
+
+    current = list(proto.input[:states])
+    per_step = [[] for _ in range(scan_outputs)]
+    for step in range(steps):
+        prefix = f"{name}/step{step}"
+
+        def edge(value: str, prefix=prefix) -> str:
+            return f"{prefix}/{value}" if value in defined else value
+        for state, body_input in zip(current, body.input[:states]):
+            add(helper.make_node("Identity", [state], [edge(body_input.name)], name=f"{prefix}/{body_input.name}"))
+        for k, (source, body_input) in enumerate(zip(sources, body.input[states:])):
+            at = steps - 1 - step if input_reversed[k] else step
+            index = constant(f"{prefix}/{body_input.name}/index", np.array(at, np.int64))
+            add(helper.make_node("Gather", [source, index], [edge(body_input.name)], axis=input_axes[k],
+                                 name=f"{prefix}/{body_input.name}/slice"))
+        for tensor in body.initializer:
+            constant(edge(tensor.name), numpy_helper.to_array(tensor))
+        for position, node in enumerate(body.node):
+            renamed = helper.make_node(node.op_type, [edge(v) if v else "" for v in node.input],
+                                       [edge(v) if v else "" for v in node.output],
+                                       name=f"{prefix}/{node.name or f'{node.op_type}_{position}'}", domain=node.domain)
+            for attribute in node.attribute:
+                if attribute.HasField("g"):
+                    attribute = _named(attribute, attribute.name)
+                    _rename_graph(attribute.g, edge)
+                renamed.attribute.append(attribute)
+            add(renamed)
+        current = [edge(o.name) for o in body.output[:states]]
+        for m, output in enumerate(body.output[states:]):
+            per_step[m].append(edge(output.name))
+    for state, outer in zip(current, proto.output[:states]):
+        if outer:
+            add(helper.make_node("Identity", [state], [outer], name=f"{name}/{outer}"))
+    for m, outer in enumerate(proto.output[states:]):
+        if not outer:
+            continue
+        pieces = per_step[m][::-1] if output_reversed[m] else per_step[m]
+        axis = output_axes[m]
+        expanded = []
+        for step, piece in enumerate(pieces):
+            target = f"{name}/{outer}/{step}"
+            if opset >= 13:
+                axes = constant(f"{target}/axes", np.array([axis], np.int64))
+                add(helper.make_node("Unsqueeze", [piece, axes], [target], name=target))
+            else:
+                add(helper.make_node("Unsqueeze", [piece], [target], axes=[axis], name=target))
+            expanded.append(target)
+        add(helper.make_node("Concat", expanded, [outer], axis=axis, name=f"{name}/{outer}"))
+    return flat
+
+
 def if_branch(proto, name: str, condition: bool, opset: int) -> list[FlatNode]:
     """The nodes of the branch of If node ``proto`` (named ``name``) that ``condition`` selects:
     its initializers as Constant nodes, its nodes, and Identity nodes giving its outputs the
@@ -226,6 +334,17 @@ def flatten(graph, opset: int, converted) -> tuple[list[FlatNode], list[tuple[st
         label = proto.op_type if proto.domain in ("", "ai.onnx") else f"{proto.domain}.{proto.op_type}"
         if converted(proto.op_type, proto.domain, node_opset):
             flat.append(FlatNode(proto, node_opset, name, origin))
+            return None
+        if is_scan(proto) and node_opset < 9:
+            return f"{label} (opset 8's Scan, with a batch axis, is not supported)"
+        if is_scan(proto) and depth < MAX_DEPTH:
+            # The body's nodes, once: the steps repeat them.
+            flat.append(FlatNode(proto, node_opset, name, origin))
+            for position, inner in enumerate(scan_body(proto).node):
+                inner_name = f"{name}/{inner.name or f'{inner.op_type}_{position}'}"
+                inner_missing = visit(inner, node_opset, inner_name, origin, depth + 1)
+                if inner_missing is not None:
+                    return f"{label} (its body uses {inner_missing.split(' (')[0]})"
             return None
         if is_if(proto) and depth < MAX_DEPTH:
             # Either branch may be taken: both must be converted.

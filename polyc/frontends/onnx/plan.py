@@ -36,7 +36,8 @@ from polyc.runtime.arguments import allocate
 from polyc.runtime.compiler import vector_bits as build_vector_bits
 from polyc.runtime.sequence import sequence_runner
 from polyc.frontends.onnx.channels_last import ChannelsLast
-from polyc.frontends.onnx.functions import FlatNode, expand, if_branch, is_if, tensor_type
+from polyc.frontends.onnx.functions import (FlatNode, expand, if_branch, is_if, is_scan, tensor_type,
+                                            unrolled_scan)
 from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type, values_read, values_written
 from polyc.frontends.onnx.memory import Arena, plan_memory
 from polyc.frontends.onnx.permutations import fold_transposes
@@ -118,6 +119,10 @@ class Plan:
             if is_if(proto):
                 pending.extendleft(reversed(if_branch(proto, flat.name, self._condition(proto, flat.name),
                                                       node_opset)))
+                continue
+            if is_scan(proto):
+                shapes = {n: self.values[n].shape for n in proto.input if n in self.values}
+                pending.extendleft(reversed(unrolled_scan(proto, flat.name, node_opset, shapes)))
                 continue
             if not is_converted(proto.op_type, proto.domain, node_opset):
                 pending.extendleft(reversed(expand(proto, flat.name, node_opset, self._types_of(proto.input))))
