@@ -259,3 +259,53 @@ def test_scan_inputs_of_different_lengths_are_named():
     model.graph.input[3].type.tensor_type.shape.dim[1].dim_value = 4
     with pytest.raises(polyc.UnsupportedError, match=r"node 'scan' \(Scan\): scan inputs of lengths \[4, 5\]"):
         ponnx.InferenceSession(model).run(None, feeds)
+
+
+def _loop_model(stop_after=None):
+    """A Loop of trip count x's row count (from its shape), carrying a running product and
+    stacking each iteration's row times the product; with ``stop_after``, its condition turns
+    false once the iteration number reaches it (known while planning)."""
+    nodes = [helper.make_node("Gather", ["x", "iteration"], ["row"], axis=0),
+             helper.make_node("Mul", ["product_in", "row"], ["product_out"]),
+             helper.make_node("Add", ["product_out", "row"], ["stacked"])]
+    if stop_after is None:
+        nodes.append(helper.make_node("Identity", ["condition_in"], ["condition_out"]))
+    else:
+        nodes.append(helper.make_node("Less", ["iteration", "last"], ["condition_out"]))
+    body = helper.make_graph(
+        nodes, "body",
+        [helper.make_tensor_value_info("iteration", TensorProto.INT64, []),
+         helper.make_tensor_value_info("condition_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("product_in", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("condition_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("product_out", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("stacked", TensorProto.FLOAT, [3])])
+    outer = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "zero"], ["rows"]),
+             helper.make_node("Loop", ["rows", "true", "start"], ["product", "all"], name="loop", body=body)]
+    x = np.random.default_rng(18).uniform(0.5, 1.5, (4, 3)).astype(np.float32)
+    constants = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                 numpy_helper.from_array(np.array(True), "true"),
+                 numpy_helper.from_array(np.ones(3, np.float32), "start"),
+                 numpy_helper.from_array(np.array(stop_after or 0, np.int64), "last")]
+    return model_of(outer, {"x": x}, ["product", "all"], constants, opset=16, ranks={"product": 1, "all": 2}), x
+
+
+@pytest.mark.parametrize("stop_after", [None, 2])
+def test_loop_is_unrolled_while_its_condition_is_known(stop_after):
+    model, x = _loop_model(stop_after)
+    ours = ponnx.InferenceSession(model).run(None, {"x": x})
+    theirs = onnxruntime_run(model, {"x": x})
+    for got, expected in zip(ours, theirs):
+        assert got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+    assert ours[1].shape[0] == (4 if stop_after is None else stop_after + 1)
+
+
+def test_a_loop_condition_from_tensor_data_is_refused_by_name():
+    model, x = _loop_model(2)
+    body = model.graph.node[2].attribute[0].g
+    body.node[3].CopyFrom(helper.make_node("Less", ["product_out", "start"], ["product_small"]))
+    body.node.append(helper.make_node("ReduceMin", ["product_small"], ["condition_out"], keepdims=0))
+    with pytest.raises(polyc.UnsupportedError, match=r"node 'loop' \(Loop\): its condition must be known"):
+        ponnx.InferenceSession(model).run(None, {"x": x})

@@ -41,7 +41,10 @@ class FlatNode:
 
 #: Inputs of the nodes handled here that must be known when the model is planned, by position
 #: (as converters' ``CONSTANT_INPUTS``).
-CONSTANT_INPUTS = {"If": (0,)}
+CONSTANT_INPUTS = {"If": (0,), "Loop": (0, 1)}
+
+#: The most iterations a Loop is unrolled to (a loop that runs on would never finish planning).
+MAX_LOOP_ITERATIONS = 4096
 
 
 def is_if(proto) -> bool:
@@ -57,9 +60,143 @@ def _graph_attribute(proto, name: str):
     return next((helper.get_attribute_value(a) for a in proto.attribute if a.name == name), None)
 
 
+def is_loop(proto) -> bool:
+    return proto.op_type == "Loop" and proto.domain in ("", "ai.onnx")
+
+
 def scan_body(proto):
-    """A Scan node's body graph."""
+    """A Scan's or a Loop's body graph."""
     return _graph_attribute(proto, "body")
+
+
+def _body_copy(body, prefix: str, opset: int, origin: str) -> tuple[list[FlatNode], callable]:
+    """The nodes of ``body`` (a Scan's or a Loop's) renamed for one iteration, its
+    initializers as Constant nodes; and the renaming (names of the graphs around are kept)."""
+    from onnx import helper, numpy_helper
+    defined = {v.name for v in body.input} | {t.name for t in body.initializer} | \
+        {o for node in body.node for o in node.output if o}
+
+    def edge(value: str) -> str:
+        return f"{prefix}/{value}" if value in defined else value
+    flat = [FlatNode(helper.make_node("Constant", [], [edge(t.name)], name=edge(t.name),
+                                      value=numpy_helper.from_array(numpy_helper.to_array(t), edge(t.name))),
+                     opset, edge(t.name), origin) for t in body.initializer]
+    for position, node in enumerate(body.node):
+        renamed = helper.make_node(node.op_type, [edge(v) if v else "" for v in node.input],
+                                   [edge(v) if v else "" for v in node.output],
+                                   name=f"{prefix}/{node.name or f'{node.op_type}_{position}'}", domain=node.domain)
+        for attribute in node.attribute:
+            if attribute.HasField("g"):
+                attribute = _named(attribute, attribute.name)
+                _rename_graph(attribute.g, edge)
+            renamed.attribute.append(attribute)
+        flat.append(FlatNode(renamed, opset, renamed.name, origin))
+    return flat, edge
+
+
+def _stacked(name: str, outer: str, pieces: list[str], axis: int, opset: int, origin: str) -> list[FlatNode]:
+    """Nodes stacking the values ``pieces`` along a new axis ``axis`` into ``outer``."""
+    from onnx import helper, numpy_helper
+    import numpy as np
+    flat, expanded = [], []
+    for step, piece in enumerate(pieces):
+        target = f"{name}/{outer}/{step}"
+        if opset >= 13:
+            axes = f"{target}/axes"
+            flat.append(FlatNode(helper.make_node("Constant", [], [axes], name=axes,
+                                                  value=numpy_helper.from_array(np.array([axis], np.int64), axes)),
+                                 opset, axes, origin))
+            node = helper.make_node("Unsqueeze", [piece, axes], [target], name=target)
+        else:
+            node = helper.make_node("Unsqueeze", [piece], [target], axes=[axis], name=target)
+        flat.append(FlatNode(node, opset, target, origin))
+        expanded.append(target)
+    flat.append(FlatNode(helper.make_node("Concat", expanded, [outer], axis=axis, name=f"{name}/{outer}"),
+                         opset, f"{name}/{outer}", origin))
+    return flat
+
+
+@dataclass
+class LoopIterations:
+    """A Loop node unrolled one iteration at a time, as the plan learns whether the next one
+    runs: the trip count and each iteration's condition must be known when planning (constants,
+    shapes, inputs the plan is specialised on).  :meth:`next` gives the nodes that follow."""
+
+    proto: object
+    name: str
+    opset: int
+    iteration: int = 0
+    carried: list = None
+    condition: str = ""
+    pieces: list = None
+
+    def next(self, constant_of) -> list:
+        """The next iteration's nodes and this object again, or the nodes giving the Loop's
+        outputs.  ``constant_of(value name)``: its value when known when planning, else None."""
+        from onnx import helper
+        import numpy as np
+        proto, where = self.proto, f"node {self.name!r} (Loop)"
+        body = scan_body(proto)
+        carried_count = len(proto.input) - 2
+        if self.carried is None:
+            self.carried = list(proto.input[2:])
+            self.condition = proto.input[1] if len(proto.input) > 1 else ""
+            self.pieces = [[] for _ in range(len(body.output) - 1 - carried_count)]
+        limit = None
+        if proto.input and proto.input[0]:
+            limit = constant_of(proto.input[0])
+            if limit is None:
+                raise UnsupportedError(f"{where}: its trip count must be known when the model is planned")
+            limit = int(np.asarray(limit).reshape(()))
+        going = True
+        if self.condition:
+            value = constant_of(self.condition)
+            if value is None:
+                raise UnsupportedError(f"{where}: its condition must be known when the model is planned (a constant, "
+                                       f"computed from shapes, or an input of the model), not computed from tensor "
+                                       f"data at run time")
+            going = bool(np.asarray(value).reshape(()))
+        if limit is None and self.iteration >= MAX_LOOP_ITERATIONS:
+            raise UnsupportedError(f"{where}: still running after {MAX_LOOP_ITERATIONS} iterations")
+        if going and (limit is None or self.iteration < limit):
+            return self._iteration()
+        outputs = []
+        for state, outer in zip(self.carried, proto.output[:carried_count]):
+            if outer:
+                outputs.append(FlatNode(helper.make_node("Identity", [state], [outer]), self.opset,
+                                        f"{self.name}/{outer}", self.name))
+        for pieces, outer in zip(self.pieces, proto.output[carried_count:]):
+            if outer:
+                if not pieces:
+                    raise UnsupportedError(f"{where}: no iteration ran, so its scan output {outer!r} has no shape")
+                outputs += _stacked(self.name, outer, pieces, 0, self.opset, self.name)
+        return outputs
+
+    def _iteration(self) -> list:
+        from onnx import helper, numpy_helper
+        import numpy as np
+        body = scan_body(self.proto)
+        prefix = f"{self.name}/iteration{self.iteration}"
+        nodes, edge = _body_copy(body, prefix, self.opset, self.name)
+        counter = edge(body.input[0].name)
+        heads = [FlatNode(helper.make_node("Constant", [], [counter], name=counter,
+                                           value=numpy_helper.from_array(np.array(self.iteration, np.int64), counter)),
+                          self.opset, counter, self.name)]
+        sources = [self.condition] + self.carried
+        for source, body_input in zip(sources, body.input[1:]):
+            target = edge(body_input.name)
+            if source:
+                node = helper.make_node("Identity", [source], [target])
+            else:  # no condition given: true
+                node = helper.make_node("Constant", [], [target], value=numpy_helper.from_array(np.array(True), target))
+            heads.append(FlatNode(node, self.opset, target, self.name))
+        carried_count = len(self.carried)
+        self.condition = edge(body.output[0].name)
+        self.carried = [edge(o.name) for o in body.output[1:1 + carried_count]]
+        for pieces, output in zip(self.pieces, body.output[1 + carried_count:]):
+            pieces.append(edge(output.name))
+        self.iteration += 1
+        return heads + nodes + [self]
 
 
 def unrolled_scan(proto, name: str, opset: int, shapes: dict) -> list[FlatNode]:
@@ -94,44 +231,26 @@ def unrolled_scan(proto, name: str, opset: int, shapes: dict) -> list[FlatNode]:
         raise UnsupportedError(f"{where}: scan inputs of lengths {sorted(lengths)} along their axes "
                                f"(one length, at least 1)")
     steps = lengths.pop()
-    defined = {v.name for v in body.input} | {t.name for t in body.initializer} | \
-        {o for node in body.node for o in node.output if o}
     flat: list[FlatNode] = []
 
     def add(node) -> None:
         flat.append(FlatNode(node, opset, node.name, name))
 
-    def constant(value_name: str, array) -> str:
-        add(helper.make_node("Constant", [], [value_name], name=value_name,
-                             value=numpy_helper.from_array(np.asarray(array), value_name)))
-        return value_name
-
     current = list(proto.input[:states])
     per_step = [[] for _ in range(scan_outputs)]
     for step in range(steps):
         prefix = f"{name}/step{step}"
-
-        def edge(value: str, prefix=prefix) -> str:
-            return f"{prefix}/{value}" if value in defined else value
+        body_nodes, edge = _body_copy(body, prefix, opset, name)
         for state, body_input in zip(current, body.input[:states]):
             add(helper.make_node("Identity", [state], [edge(body_input.name)], name=f"{prefix}/{body_input.name}"))
         for k, (source, body_input) in enumerate(zip(sources, body.input[states:])):
             at = steps - 1 - step if input_reversed[k] else step
-            index = constant(f"{prefix}/{body_input.name}/index", np.array(at, np.int64))
+            index = f"{prefix}/{body_input.name}/index"
+            add(helper.make_node("Constant", [], [index], name=index,
+                                 value=numpy_helper.from_array(np.array(at, np.int64), index)))
             add(helper.make_node("Gather", [source, index], [edge(body_input.name)], axis=input_axes[k],
                                  name=f"{prefix}/{body_input.name}/slice"))
-        for tensor in body.initializer:
-            constant(edge(tensor.name), numpy_helper.to_array(tensor))
-        for position, node in enumerate(body.node):
-            renamed = helper.make_node(node.op_type, [edge(v) if v else "" for v in node.input],
-                                       [edge(v) if v else "" for v in node.output],
-                                       name=f"{prefix}/{node.name or f'{node.op_type}_{position}'}", domain=node.domain)
-            for attribute in node.attribute:
-                if attribute.HasField("g"):
-                    attribute = _named(attribute, attribute.name)
-                    _rename_graph(attribute.g, edge)
-                renamed.attribute.append(attribute)
-            add(renamed)
+        flat += body_nodes
         current = [edge(o.name) for o in body.output[:states]]
         for m, output in enumerate(body.output[states:]):
             per_step[m].append(edge(output.name))
@@ -139,20 +258,9 @@ def unrolled_scan(proto, name: str, opset: int, shapes: dict) -> list[FlatNode]:
         if outer:
             add(helper.make_node("Identity", [state], [outer], name=f"{name}/{outer}"))
     for m, outer in enumerate(proto.output[states:]):
-        if not outer:
-            continue
-        pieces = per_step[m][::-1] if output_reversed[m] else per_step[m]
-        axis = output_axes[m]
-        expanded = []
-        for step, piece in enumerate(pieces):
-            target = f"{name}/{outer}/{step}"
-            if opset >= 13:
-                axes = constant(f"{target}/axes", np.array([axis], np.int64))
-                add(helper.make_node("Unsqueeze", [piece, axes], [target], name=target))
-            else:
-                add(helper.make_node("Unsqueeze", [piece], [target], axes=[axis], name=target))
-            expanded.append(target)
-        add(helper.make_node("Concat", expanded, [outer], axis=axis, name=f"{name}/{outer}"))
+        if outer:
+            pieces = per_step[m][::-1] if output_reversed[m] else per_step[m]
+            flat += _stacked(name, outer, pieces, output_axes[m], opset, name)
     return flat
 
 
@@ -337,35 +445,34 @@ def flatten(graph, opset: int, converted) -> tuple[list[FlatNode], list[tuple[st
             return None
         if is_scan(proto) and node_opset < 9:
             return f"{label} (opset 8's Scan, with a batch axis, is not supported)"
-        if is_scan(proto) and depth < MAX_DEPTH:
-            # The body's nodes, once: the steps repeat them.
+        if depth >= MAX_DEPTH:
+            return label
+        if is_loop(proto) or is_scan(proto):  # the body's nodes, once: the iterations repeat them
             flat.append(FlatNode(proto, node_opset, name, origin))
-            for position, inner in enumerate(scan_body(proto).node):
-                inner_name = f"{name}/{inner.name or f'{inner.op_type}_{position}'}"
-                inner_missing = visit(inner, node_opset, inner_name, origin, depth + 1)
-                if inner_missing is not None:
-                    return f"{label} (its body uses {inner_missing.split(' (')[0]})"
-            return None
-        if is_if(proto) and depth < MAX_DEPTH:
-            # Either branch may be taken: both must be converted.
+            body = [FlatNode(inner, node_opset, f"{name}/{inner.name or f'{inner.op_type}_{position}'}", origin)
+                    for position, inner in enumerate(scan_body(proto).node)]
+            return visit_all(body, label, "its body", origin, depth)
+        if is_if(proto):  # either branch may be taken: both must be converted
             flat.append(FlatNode(proto, node_opset, name, origin))
             for condition in (True, False):
-                for inner in if_branch(proto, name, condition, node_opset):
-                    inner_missing = visit(inner.proto, inner.opset, inner.name, origin, depth + 1)
-                    if inner_missing is not None:
-                        return f"{label} (its {'then' if condition else 'else'}_branch uses {inner_missing.split(' (')[0]})"
-                    _infer_outputs(shape_inference, inner, types)
+                missing_inside = visit_all(if_branch(proto, name, condition, node_opset), label,
+                                           f"its {'then' if condition else 'else'}_branch", origin, depth)
+                if missing_inside is not None:
+                    return missing_inside
             return None
-        if depth >= MAX_DEPTH or not has_function(proto.op_type, proto.domain, node_opset):
+        if not has_function(proto.op_type, proto.domain, node_opset):
             return label
         try:
             body = expand(proto, name, node_opset, [types.get(i) for i in proto.input])
         except UnsupportedError as error:
             return f"{label} ({error})"
-        for inner in body:
+        return visit_all(body, label, "its ONNX function", origin, depth)
+
+    def visit_all(nodes, label: str, inside: str, origin, depth) -> str | None:
+        for inner in nodes:
             inner_missing = visit(inner.proto, inner.opset, inner.name, origin, depth + 1)
             if inner_missing is not None:
-                return f"{label} (its ONNX function uses {inner_missing.split(' (')[0]})"
+                return f"{label} ({inside} uses {inner_missing.split(' (')[0]})"
             _infer_outputs(shape_inference, inner, types)
         return None
 

@@ -36,8 +36,8 @@ from polyc.runtime.arguments import allocate
 from polyc.runtime.compiler import vector_bits as build_vector_bits
 from polyc.runtime.sequence import sequence_runner
 from polyc.frontends.onnx.channels_last import ChannelsLast
-from polyc.frontends.onnx.functions import (FlatNode, expand, if_branch, is_if, is_scan, tensor_type,
-                                            unrolled_scan)
+from polyc.frontends.onnx.functions import (FlatNode, LoopIterations, expand, if_branch, is_if, is_loop,
+                                            is_scan, tensor_type, unrolled_scan)
 from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type, values_read, values_written
 from polyc.frontends.onnx.memory import Arena, plan_memory
 from polyc.frontends.onnx.permutations import fold_transposes
@@ -115,7 +115,13 @@ class Plan:
                                     for position, proto in enumerate(nodes))
         while pending:
             flat = pending.popleft()
+            if isinstance(flat, LoopIterations):  # the next iteration, or the loop's outputs
+                pending.extendleft(reversed(flat.next(self._constant_of)))
+                continue
             proto, node_opset = flat.proto, flat.opset
+            if is_loop(proto):
+                pending.appendleft(LoopIterations(proto, flat.name, node_opset))
+                continue
             if is_if(proto):
                 pending.extendleft(reversed(if_branch(proto, flat.name, self._condition(proto, flat.name),
                                                       node_opset)))
@@ -167,6 +173,10 @@ class Plan:
         self._arenas_lock = threading.Lock()
         self._built = False
         self._build_lock = threading.Lock()
+
+    def _constant_of(self, name: str):
+        value = self.values.get(name)
+        return None if value is None else value.const
 
     def _condition(self, proto, name: str) -> bool:
         condition = self.values.get(proto.input[0]) if proto.input else None

@@ -77,7 +77,7 @@ class InferenceSession:
         for info in self._inputs:
             if info.dtype is None:
                 raise PolycError(f"{self._where}: input {info.name!r} has type {info.type}, which polyc cannot compute in")
-        self._specialised = _specialising_inputs(flat_nodes, {i.name: i.dtype for i in self._inputs})
+        self._specialised = _specialising_inputs(flat_nodes, {i.name: i for i in self._inputs})
         self._options = options
         self.graph_fusion = graph_fusion
         self.channels_last = graph_fusion if channels_last is None else bool(channels_last)
@@ -239,34 +239,40 @@ class InferenceSession:
 
 
 def _specialising_inputs(flat_nodes, inputs: dict) -> set[str]:
-    """Graph inputs (``inputs``: name -> dtype) that a converter needs to know when the model
+    """Graph inputs (``inputs``: name -> TensorInfo) that a converter needs to know when the model
     is compiled (a Reshape's shape, a Slice's starts, a Pad's pads, ... also inside expanded
     functions): plans are specialised on their contents.  An input that feeds such a place
     directly counts, and so does an integer one that the value there is computed from (a
-    CenterCropPad's target shape becomes pads by arithmetic); nothing behind a Shape or a
-    Size, which read only the shape."""
+    CenterCropPad's target shape becomes pads by arithmetic), and a scalar of any type that an
+    If's condition or a Loop's trip count or condition is computed from (control flow is
+    planned: a Range's ONNX function loops ceil((limit - start) / delta) times); nothing behind
+    a Shape or a Size, which read only the shape.  A floating-point tensor of more than one
+    element is planned on only where it feeds such a place directly."""
     from polyc.frontends.onnx.ops import CONVERTERS
     producers = {output: flat.proto for flat in flat_nodes for output in flat.proto.output if output}
     found, seen = set(), set()
 
-    def trace(name: str, direct: bool) -> None:
-        if name in seen and not direct:
+    def trace(name: str, direct: bool, any_type: bool) -> None:
+        if (name, any_type) in seen and not direct:
             return
-        seen.add(name)
+        seen.add((name, any_type))
         if name in inputs:
-            if direct or inputs[name].kind in "iub":
+            info = inputs[name]
+            scalar = info.shape is not None and all(d == 1 for d in info.shape)
+            if direct or info.dtype.kind in "iub" or (any_type and scalar):
                 found.add(name)
             return
         producer = producers.get(name)
         if producer is not None and producer.op_type not in ("Shape", "Size"):
             for source in producer.input:
                 if source:
-                    trace(source, False)
+                    trace(source, False, any_type)
 
     for flat in flat_nodes:
         node = flat.proto
         converter = CONVERTERS.get(node.op_type)
+        control = node.op_type in CONSTANT_INPUTS and converter is None
         for position in getattr(converter, "CONSTANT_INPUTS", ()) or CONSTANT_INPUTS.get(node.op_type, ()):
             if position < len(node.input) and node.input[position]:
-                trace(node.input[position], True)
+                trace(node.input[position], True, control)
     return found
