@@ -1,5 +1,5 @@
 """Nodes that stand for other nodes: operators that ONNX defines as functions, expanded into
-their bodies, and If, replaced by the branch its condition selects.
+their bodies; If, replaced by the branch its condition selects; Scan and Loop, unrolled.
 
 Many ONNX operators come with a body of other operators in their schema: RMSNormalization,
 GroupNormalization, Attention, RotaryEmbedding, SoftmaxCrossEntropyLoss, ReduceLogSumExp,
@@ -14,12 +14,16 @@ A body's nodes mean what they meant at the opset the function was written for (i
 
 An If whose condition is known when the model is planned (a constant, computed from shapes,
 or an input the plan is specialised on) is its branch's nodes: polyc compiles straight-line
-kernels, and exporters write If mostly on shapes and attributes.
+kernels, and exporters write If mostly on shapes and attributes.  A Scan is its body once per
+step of its sequence, a Loop once per iteration while its trip count and conditions are known
+when planning; the copies share their compiled kernels.
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+
+import numpy as np
 
 from polyc.errors import UnsupportedError
 
@@ -55,13 +59,13 @@ def is_scan(proto) -> bool:
     return proto.op_type == "Scan" and proto.domain in ("", "ai.onnx")
 
 
+def is_loop(proto) -> bool:
+    return proto.op_type == "Loop" and proto.domain in ("", "ai.onnx")
+
+
 def _graph_attribute(proto, name: str):
     from onnx import helper
     return next((helper.get_attribute_value(a) for a in proto.attribute if a.name == name), None)
-
-
-def is_loop(proto) -> bool:
-    return proto.op_type == "Loop" and proto.domain in ("", "ai.onnx")
 
 
 def scan_body(proto):
@@ -97,7 +101,6 @@ def _body_copy(body, prefix: str, opset: int, origin: str) -> tuple[list[FlatNod
 def _stacked(name: str, outer: str, pieces: list[str], axis: int, opset: int, origin: str) -> list[FlatNode]:
     """Nodes stacking the values ``pieces`` along a new axis ``axis`` into ``outer``."""
     from onnx import helper, numpy_helper
-    import numpy as np
     flat, expanded = [], []
     for step, piece in enumerate(pieces):
         target = f"{name}/{outer}/{step}"
@@ -134,7 +137,6 @@ class LoopIterations:
         """The next iteration's nodes and this object again, or the nodes giving the Loop's
         outputs.  ``constant_of(value name)``: its value when known when planning, else None."""
         from onnx import helper
-        import numpy as np
         proto, where = self.proto, f"node {self.name!r} (Loop)"
         body = scan_body(proto)
         carried_count = len(proto.input) - 2
@@ -174,7 +176,6 @@ class LoopIterations:
 
     def _iteration(self) -> list:
         from onnx import helper, numpy_helper
-        import numpy as np
         body = scan_body(self.proto)
         prefix = f"{self.name}/iteration{self.iteration}"
         nodes, edge = _body_copy(body, prefix, self.opset, self.name)
@@ -206,7 +207,6 @@ def unrolled_scan(proto, name: str, opset: int, shapes: dict) -> list[FlatNode]:
     values renamed ``name/stepK/...`` (names from the graphs around are kept); then the final
     states, and each scan output stacked along its axis by Unsqueeze and Concat."""
     from onnx import helper, numpy_helper
-    import numpy as np
 
     where = f"node {name!r} (Scan)"
     if opset < 9:
