@@ -87,14 +87,14 @@ def test_a_converter_wins_over_the_function():
 def test_a_function_whose_body_polyc_cannot_convert_is_named_with_the_reason():
     x = np.full((2, 3), 0.5, np.float32)
     nodes = [helper.make_node("Bernoulli", ["x"], ["coin"], name="coin"),
-             helper.make_node("NonZero", ["coin"], ["where"], name="nz")]
-    model = model_of(nodes, {"x": x}, ["where"], opset=22, ranks={"where": 2})
+             helper.make_node("Multinomial", ["coin"], ["draw"], name="draw")]
+    model = model_of(nodes, {"x": x}, ["draw"], opset=22, ranks={"draw": 2})
     with pytest.raises(polyc.UnsupportedError) as caught:
         ponnx.InferenceSession(model)
     message = str(caught.value)
     assert "2 node(s)" in message
     assert "Bernoulli (opset 22) at node 'coin' (its ONNX function uses RandomUniformLike)" in message
-    assert "[unsupported: Bernoulli, NonZero]" in message
+    assert "[unsupported: Bernoulli, Multinomial]" in message
 
 
 def test_affine_grid_whose_body_branches_on_an_attribute():
@@ -138,7 +138,7 @@ def test_if_on_a_shape_takes_the_branch_the_shape_selects():
         np.testing.assert_array_equal(ours, x * 2 if rows > 3 else x - 1)
 
 
-def test_if_on_an_input_specialises_the_plan_and_on_data_is_refused():
+def test_if_on_an_input_specialises_the_plan_and_on_data_is_learned_by_a_stage():
     x = np.arange(6, dtype=np.float32).reshape(3, 2)
     model = _branching_model([], {"x": x, "condition": np.array(True)})
     session = ponnx.InferenceSession(model)
@@ -146,13 +146,16 @@ def test_if_on_an_input_specialises_the_plan_and_on_data_is_refused():
         feeds = {"x": x, "condition": np.array(condition)}
         np.testing.assert_array_equal(session.run(None, feeds)[0], onnxruntime_run(model, feeds)[0])
     assert len(session._plans) == 2
-    # A condition computed from a float tensor's values is not known when planning.
+    # A condition computed from a float tensor's values: the plan stops to learn it (stages.py).
     nodes = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
              helper.make_node("Greater", ["total", "zero"], ["condition"])]
     model = _branching_model(nodes, {"x": x})
     model.graph.initializer.append(numpy_helper.from_array(np.array(0, np.float32), "zero"))
-    with pytest.raises(polyc.UnsupportedError, match=r"node 'branch' \(If\): its condition must be known"):
-        ponnx.InferenceSession(model).run(None, {"x": x})
+    session = ponnx.InferenceSession(model)
+    for sign in (1, -1, 1):
+        feeds = {"x": sign * x}
+        np.testing.assert_array_equal(session.run(None, feeds)[0], onnxruntime_run(model, feeds)[0])
+    assert len(session._plans) == 1 and len(session.plans()) == 3  # the first stage, one rest per branch
 
 
 def test_an_integer_input_computed_into_pads_specialises_the_plan():
@@ -302,10 +305,23 @@ def test_loop_is_unrolled_while_its_condition_is_known(stop_after):
     assert ours[1].shape[0] == (4 if stop_after is None else stop_after + 1)
 
 
-def test_a_loop_condition_from_tensor_data_is_refused_by_name():
+def test_a_loop_condition_from_tensor_data_is_learned_at_every_iteration():
+    # The loop runs while every element of the running product is below 1.5 (from the data):
+    # each iteration is a stage of its own, planned once its condition is known.
     model, x = _loop_model(2)
     body = model.graph.node[2].attribute[0].g
-    body.node[3].CopyFrom(helper.make_node("Less", ["product_out", "start"], ["product_small"]))
-    body.node.append(helper.make_node("ReduceMin", ["product_small"], ["condition_out"], keepdims=0))
-    with pytest.raises(polyc.UnsupportedError, match=r"node 'loop' \(Loop\): its condition must be known"):
-        ponnx.InferenceSession(model).run(None, {"x": x})
+    body.node[3].CopyFrom(helper.make_node("Less", ["product_out", "limit"], ["product_small"]))
+    body.node.append(helper.make_node("Cast", ["product_small"], ["small_number"], to=TensorProto.INT32))
+    body.node.append(helper.make_node("ReduceMin", ["small_number"], ["smallest"], keepdims=0))
+    body.node.append(helper.make_node("Cast", ["smallest"], ["condition_out"], to=TensorProto.BOOL))
+    model.graph.initializer.append(numpy_helper.from_array(np.full(3, 1.5, np.float32), "limit"))
+    session = ponnx.InferenceSession(model)
+    counts = set()
+    for scale in (0.6, 1.0, 1.4):
+        feeds = {"x": x * np.float32(scale)}
+        ours, theirs = session.run(None, feeds), onnxruntime_run(model, feeds)
+        for got, expected in zip(ours, theirs):
+            assert got.shape == expected.shape
+            np.testing.assert_allclose(got, expected, rtol=1e-6)
+        counts.add(ours[1].shape[0])
+    assert len(counts) > 1, counts  # the data decided how many iterations ran

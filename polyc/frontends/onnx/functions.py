@@ -12,11 +12,12 @@ kernels.  A converter of polyc's own always wins: it knows the operator as a who
 A body's nodes mean what they meant at the opset the function was written for (its
 ``opset_import``), which may be older than the model's; each expanded node carries that opset.
 
-An If whose condition is known when the model is planned (a constant, computed from shapes,
-or an input the plan is specialised on) is its branch's nodes: polyc compiles straight-line
-kernels, and exporters write If mostly on shapes and attributes.  A Scan is its body once per
-step of its sequence, a Loop once per iteration while its trip count and conditions are known
-when planning; the copies share their compiled kernels.
+An If is the nodes of the branch its condition selects: polyc compiles straight-line
+kernels.  The condition is known when the model is planned (a constant, computed from shapes,
+or an input the plan is specialised on), or learned by a stage when it is computed from data
+(:mod:`.stages`).  A Scan is its body once per step of its sequence, a Loop once per iteration
+while its trip count and conditions say so (known, or learned the same way); the copies share
+their compiled kernels.
 """
 from __future__ import annotations
 
@@ -154,9 +155,8 @@ class LoopIterations:
         if self.condition:
             value = constant_of(self.condition)
             if value is None:
-                raise UnsupportedError(f"{where}: its condition must be known when the model is planned (a constant, "
-                                       f"computed from shapes, or an input of the model), not computed from tensor "
-                                       f"data at run time")
+                raise UnsupportedError(f"{where}: its condition must be known when the model is planned (a stage "
+                                       f"learns one computed from data, see stages.py)")
             going = bool(np.asarray(value).reshape(()))
         if limit is None and self.iteration >= MAX_LOOP_ITERATIONS:
             raise UnsupportedError(f"{where}: still running after {MAX_LOOP_ITERATIONS} iterations")

@@ -42,6 +42,7 @@ from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, 
 from polyc.frontends.onnx.memory import Arena, plan_memory
 from polyc.frontends.onnx.permutations import fold_transposes
 from polyc.frontends.onnx.ops import CONVERTERS, Node
+from polyc.frontends.onnx.stages import Carried, Continuation, names_read, value_to_probe
 
 #: The most statements one fused group may hold (isl's scheduler grows with them).
 MAX_GROUP_STATEMENTS = 12
@@ -92,7 +93,10 @@ class Plan:
 
     def __init__(self, graph, opset: int, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, np.dtype],
                  constants: dict[str, np.ndarray], options: dict, graph_fusion: bool,
-                 channels_last: bool = False):
+                 channels_last: bool = False, nodes: list | None = None):
+        """``nodes``: the FlatNodes (and LoopIterations) to plan, when not the graph's own (the
+        rest of a graph after a stage, :mod:`.stages`); ``shapes`` and ``dtypes`` then give the
+        values it reads from the stages before."""
         self._counter = 0
         self.values: dict[str, Value] = {}
         self.inputs: list[Value] = []
@@ -104,17 +108,31 @@ class Plan:
             if name not in self.values:
                 self.values[name] = Value(self._new_ident(), array.dtype, array.shape, array, name)
         steps: list = []
-        nodes = list(graph.node)
-        if graph_fusion:
-            nodes = fold_batch_norms(nodes, {o.name for o in graph.output}, self.values, self._new_ident)
+        #: The rest of the graph, when this plan stops to learn a value computed from data.
+        self.continuation: Continuation | None = None
         # The layouts made for the gemm kernel's register blocks follow the instruction set the
         # kernels are built for ($POLYC_CFLAGS or the cflags option), not the processor's.
         vector_bits = build_vector_bits(compiler_options(Options.from_kwargs(**options)))
         layout = ChannelsLast(self.values, self._new_ident, vector_bits, options) if channels_last else None
-        pending = collections.deque(FlatNode(proto, opset, proto.name or f"{proto.op_type}_{position}", "")
-                                    for position, proto in enumerate(nodes))
+        if nodes is None:
+            protos = list(graph.node)
+            if graph_fusion:
+                protos = fold_batch_norms(protos, {o.name for o in graph.output}, self.values, self._new_ident)
+            nodes = [FlatNode(proto, opset, proto.name or f"{proto.op_type}_{position}", "")
+                     for position, proto in enumerate(protos)]
+        pending = collections.deque(nodes)
         while pending:
             flat = pending.popleft()
+            replaced = _replaced(flat, self.values)
+            if replaced is not None:  # an operator planned in stages (data_dependent.py)
+                pending.extendleft(reversed(replaced))
+                continue
+            probe = value_to_probe(flat, self.values, CONVERTERS)
+            if probe is not None:
+                def plan_rest(rest, shapes, dtypes, known):
+                    return Plan(graph, opset, shapes, dtypes, known, options, graph_fusion, channels_last, nodes=rest)
+                steps += self._stop_before([flat, *pending], probe, graph, layout, plan_rest)
+                break
             if isinstance(flat, LoopIterations):  # the next iteration, or the loop's outputs
                 pending.extendleft(reversed(flat.next(self._constant_of)))
                 continue
@@ -151,12 +169,16 @@ class Plan:
                 if name:
                     value.onnx_name = value.onnx_name or name
                     self.values[name] = value
-        if layout is not None:
-            steps += layout.need_nchw([o.name for o in graph.output])
-        missing = [o.name for o in graph.output if o.name not in self.values]
-        if missing:
-            raise PolycError(f"the graph's outputs {', '.join(missing)} are not computed by any node")
-        self.outputs = [self.values[o.name] for o in graph.output]
+        if self.continuation is not None:
+            self.output_names = [c.name for c in self.continuation.carried]
+        else:
+            self.output_names = [o.name for o in graph.output]
+            if layout is not None:
+                steps += layout.need_nchw(self.output_names)
+            missing = [name for name in self.output_names if name not in self.values]
+            if missing:
+                raise PolycError(f"the graph's outputs {', '.join(missing)} are not computed by any node")
+        self.outputs = [self.values[name] for name in self.output_names]
         if graph_fusion:
             steps = fold_transposes(steps, self.outputs)
             steps = inline_elementwise(steps, self.outputs)
@@ -174,16 +196,48 @@ class Plan:
         self._built = False
         self._build_lock = threading.Lock()
 
+    def _stop_before(self, rest: list, probe: str, graph, layout, make_plan) -> list:
+        """Ends the plan before ``rest`` (its first item needs the contents of ``probe``, computed
+        at run time): the values ``rest`` and the graph's outputs read become this plan's
+        outputs, and the continuation plans ``rest`` once they are known.  Returns the steps
+        giving NHWC values back their NCHW form."""
+        wanted = sorted(names_read(rest) | {o.name for o in graph.output})
+        steps = layout.need_nchw(wanted) if layout is not None else []
+        carried = [Carried(name, self.values[name].shape, self.values[name].dtype) for name in wanted
+                   if name in self.values and self.values[name].const is None]
+        constants = {name: value.const for name, value in self.values.items() if value.const is not None}
+        self.continuation = Continuation(rest, carried, probe, constants, make_plan)
+        return steps
+
+    def stages(self) -> list["Plan"]:
+        """This plan and, when it stops for a value computed from data, the plans of the rest
+        that the last run took, in order."""
+        chain = [self]
+        while chain[-1].continuation is not None and chain[-1].continuation.last is not None:
+            chain.append(chain[-1].continuation.last)
+        return chain
+
+    def every_plan(self) -> list["Plan"]:
+        """This plan and every plan made for the rest of its graph so far."""
+        found, pending = [], [self]
+        while pending:
+            plan = pending.pop()
+            found.append(plan)
+            if plan.continuation is not None:
+                pending += plan.continuation.plans()
+        return found
+
     def _constant_of(self, name: str):
         value = self.values.get(name)
         return None if value is None else value.const
 
     def _condition(self, proto, name: str) -> bool:
         condition = self.values.get(proto.input[0]) if proto.input else None
-        if condition is None or condition.const is None or condition.const.size != 1:
-            raise UnsupportedError(f"node {name!r} (If): its condition must be known when the model is planned "
-                                   "(a constant, computed from shapes, or an input of the model), not computed "
-                                   "from tensor data at run time")
+        if condition is None or condition.size != 1:
+            raise PolycError(f"node {name!r} (If): its condition must be one boolean, not "
+                             f"{'missing' if condition is None else f'of shape {condition.shape}'}")
+        if condition.const is None:  # (a stage learns a condition computed from data: stages.py)
+            raise UnsupportedError(f"node {name!r} (If): its condition is not known when the model is planned")
         return bool(condition.const.reshape(()))
 
     def _types_of(self, names) -> list:
@@ -370,7 +424,16 @@ class Plan:
     def run(self, feeds: dict[str, np.ndarray], seconds: list | None = None) -> dict[str, np.ndarray]:
         """The outputs by ONNX name.  ``seconds``: a list that gets each kernel call's wall time,
         in the plan's order, when the run takes the resolved calls (every run after the first
-        on an arena)."""
+        on an arena).  A plan that stops to learn a value computed from data runs the plan of
+        the rest for it after (:mod:`.stages`), and so on."""
+        plan, results = self, self._run_stage(feeds, seconds)
+        while plan.continuation is not None:
+            plan, feeds = plan.continuation.next(results)
+            results = plan._run_stage(feeds, seconds)
+        return results
+
+    def _run_stage(self, feeds: dict[str, np.ndarray], seconds: list | None = None) -> dict[str, np.ndarray]:
+        """This plan's outputs by ONNX name (the graph's, or the values its rest reads)."""
         with self._arenas_lock:
             arena = self._idle_arenas.pop() if self._idle_arenas else None
         arena = arena or Arena(self.memory, self._arena_values)
@@ -381,12 +444,12 @@ class Plan:
                 self._idle_arenas.append(arena)
         given = {id(v) for v in self.inputs}
         outputs = {}
-        for value in self.outputs:
+        for name, value in zip(self.output_names, self.outputs):
             array = _array(value, buffers).reshape(value.shape)
             if value.const is not None or id(value) in given or not array.flags.owndata and _aliases_input(
                     array, buffers, self.inputs):
                 array = np.array(array, copy=True)
-            outputs[value.onnx_name] = array
+            outputs[name] = array
         return outputs
 
     def _run_in(self, arena: Arena, feeds: dict[str, np.ndarray], seconds: list | None = None) -> dict[str, np.ndarray]:
@@ -444,10 +507,15 @@ class Plan:
         """Each kernel call of a run on ``feeds`` (ONNX input name -> array), in order, with the
         arrays it reads: what a tuner measures the kernels on.  The run has an arena of its
         own, whose memory later kernels reuse, so the arrays read from it are copies."""
-        steps = self._checked_steps(Arena(self.memory, self._arena_values), self._feed_buffers(feeds))
-        return [(item, [array if value.const is not None else np.array(array, copy=True)
-                        for value, array in zip(item.inputs, inputs)])
-                for item, inputs, _ in steps]  # copied as each call returns, before later ones
+        calls, plan = [], self
+        while True:
+            steps = plan._checked_steps(Arena(plan.memory, plan._arena_values), plan._feed_buffers(feeds))
+            calls += [(item, [array if value.const is not None else np.array(array, copy=True)
+                              for value, array in zip(item.inputs, inputs)])
+                      for item, inputs, _ in steps]  # copied as each call returns, before later ones
+            if plan.continuation is None:
+                return calls
+            plan, feeds = plan.continuation.next(plan._run_stage(feeds))
 
     def forget_resolved_calls(self) -> None:
         """Make the next runs call every kernel through its checked path again, which compiles
@@ -907,6 +975,15 @@ def _def_text(group: Group) -> str:
     body = "\n".join(f"    {s}" for step in group.steps for s in step.statements)
     nodes = ", ".join(group.nodes)
     return f"# {nodes}\ndef {group.name}({parameters}) -> ({outputs}) {{\n{body}\n}}"
+
+
+def _replaced(flat, values: dict) -> list | None:
+    """The nodes that stand for ``flat`` given what the plan knows (``values``), when its
+    converter replaces it (``replaced``: NonZero's counting nodes, Compress's NonZero and Gather)."""
+    if not isinstance(flat, FlatNode) or flat.proto.domain not in ("", "ai.onnx"):
+        return None
+    replaced = getattr(CONVERTERS.get(flat.proto.op_type), "replaced", None)
+    return replaced(flat, values) if replaced is not None else None
 
 
 def is_converted(op_type: str, domain: str, opset: int) -> bool:

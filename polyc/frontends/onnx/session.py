@@ -148,17 +148,28 @@ class InferenceSession:
 
     def tc_source(self, shapes: dict | None = None) -> str:
         """The model as TC for ``shapes`` (default: the last run's): one def per kernel, then the
-        order of calls and views."""
-        return self._plan(shapes).tc_source()
+        order of calls and views.  A model planned in stages (:mod:`.stages`) shows each stage
+        the last run took, after a line naming the value it had to learn."""
+        stages = self._plan(shapes).stages()
+        if len(stages) == 1:
+            return stages[0].tc_source()
+        parts = []
+        for number, stage in enumerate(stages):
+            if number:
+                learned = stages[number - 1].continuation.probe
+                parts.append(f"# ---- stage {number + 1}, planned once {learned!r} was known "
+                             f"(computed by the stage before from the model's data)\n")
+            parts.append(stage.tc_source())
+        return "\n".join(parts)
 
     @property
     def groups(self) -> list[list[str]]:
         """For the last run's plan: the ONNX nodes of each kernel, in execution order."""
-        return [g.nodes for g in self._plan(None).groups]
+        return [g.nodes for stage in self._plan(None).stages() for g in stage.groups]
 
     def kernels(self, shapes: dict | None = None) -> list:
         """The polyc kernels (``polyc.Kernel``) of the plan, for ``stages()``/``c_source()``."""
-        return [g.kernel for g in self._plan(shapes).groups]
+        return [g.kernel for stage in self._plan(shapes).stages() for g in stage.groups]
 
     def kernel_inputs(self, input_feed: dict) -> list:
         """Each kernel call of a run on ``input_feed`` (as :meth:`run` takes it), in order: its
@@ -176,8 +187,8 @@ class InferenceSession:
         if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
             raise PolycError(f"repeat must be a positive number of runs, not {repeat!r}")
         plan, feeds = self._plan_for_feeds(input_feed)
-        groups = [item for item in plan.order if isinstance(item, Group)]
         plan.run(feeds)
+        groups = [item for stage in plan.stages() for item in stage.order if isinstance(item, Group)]
         runs = []
         for _ in range(repeat + 1):  # a run through the checked path (a new arena's first) has no times
             seconds: list[float] = []
@@ -192,9 +203,10 @@ class InferenceSession:
         return [KernelTime(g.name, g.nodes, float(t), g.kernel) for g, t in zip(groups, medians)]
 
     def plans(self) -> list[Plan]:
-        """Every plan made so far (one per set of input shapes), the last run's last."""
-        plans = [p for p in self._plans.values() if p is not self._last]
-        return plans + ([self._last] if self._last is not None else [])
+        """Every plan made so far (one per set of input shapes, and those of the stages after a
+        plan that stopped to learn a value computed from data), the last run's first stage last."""
+        plans = [each for p in self._plans.values() if p is not self._last for each in p.every_plan()]
+        return plans + (self._last.every_plan()[::-1] if self._last is not None else [])
 
     # ------------------------------------------------------------------ feeds
     def _plan_for_feeds(self, input_feed: dict) -> tuple[Plan, dict[str, np.ndarray]]:
