@@ -664,9 +664,16 @@ def concatenated(b, values: list, axis: int) -> Value:
 class Concat(Converter):
     @staticmethod
     def _impl_v4(b, node, inputs):
-        values = [v for v in inputs if v is not None and v.size > 0] or [inputs[0]]
-        axis = _axis(b, node.attr("axis"), values[0].rank)
-        return [concatenated(b, values, axis)]
+        given = [v for v in inputs if v is not None]
+        axis = _axis(b, node.attr("axis"), given[0].rank)
+        shape = list(given[0].shape)
+        shape[axis] = sum(v.shape[axis] for v in given)
+        if any(v.rank != len(shape) or any(e != shape[d] for d, e in enumerate(v.shape) if d != axis) for v in given):
+            raise UnsupportedError(f"{b.where}: cannot concatenate shapes {', '.join(str(v.shape) for v in given)} "
+                                   f"along axis {axis}")
+        if math.prod(shape) == 0:  # (empty parts still count along the axis)
+            return [b.const(np.zeros(shape, given[0].dtype))]
+        return [concatenated(b, [v for v in given if v.size > 0], axis)]
 
 
 class Split(Converter):
@@ -3384,3 +3391,8 @@ CONVERTERS: dict[str, type[Converter]] = {
 from polyc.frontends.onnx.recurrent import RECURRENT  # noqa: E402
 
 CONVERTERS.update(RECURRENT)
+
+# Operators whose output shapes come from data, planned in two stages (data_dependent.py).
+from polyc.frontends.onnx.data_dependent import DATA_DEPENDENT  # noqa: E402
+
+CONVERTERS.update(DATA_DEPENDENT)

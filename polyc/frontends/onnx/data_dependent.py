@@ -1,0 +1,367 @@
+"""Operators whose output shapes come from their inputs' data: NonZero and Compress.
+
+A plan knows every shape, so such an operator is planned in two stages (:mod:`.stages`): the
+nodes it is replaced by first compute, as kernels, the running count of the elements it keeps
+and their total; the plan stops to learn the total; the rest of the graph is planned for it,
+and there the k-th kept element's position is the number of running counts not above k (the
+running count is monotone).  That search costs |output| x |input| comparisons: fine for the
+masks, thresholds and class scores models meet, slow for millions of elements.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from polyc.errors import PolycError, UnsupportedError
+from polyc.frontends.onnx.functions import FlatNode
+from polyc.frontends.onnx.ops import Converter, _require_const
+
+
+def _node(op_type: str, inputs: list[str], output: str, opset: int, origin: str, **attributes) -> FlatNode:
+    from onnx import helper
+    return FlatNode(helper.make_node(op_type, inputs, [output], name=output, **attributes), opset, output, origin)
+
+
+def _constant(name: str, array: np.ndarray, opset: int, origin: str) -> FlatNode:
+    from onnx import numpy_helper
+    return _node("Constant", [], name, opset, origin, value=numpy_helper.from_array(np.asarray(array), name))
+
+
+class NonZero(Converter):
+    """The indices of the nonzero elements, one row per axis, in row-major order (NaN counts
+    as nonzero).  Replaced by the nodes computing the running count over the flattened input
+    and the total, then NonZero(x, running, total) with the total known (input 2)."""
+
+    CONSTANT_INPUTS = (2,)
+
+    @staticmethod
+    def replaced(flat: FlatNode, values: dict) -> list[FlatNode] | None:
+        proto = flat.proto
+        if len(proto.input) != 1 or not proto.output or not proto.output[0]:
+            return None
+        from onnx import TensorProto
+        name, opset, x = flat.name, flat.opset, proto.input[0]
+        running, total = f"{name}/running", f"{name}/total"
+        return [_node("Cast", [x], f"{name}/found", opset, flat.origin, to=TensorProto.BOOL),
+                _node("Cast", [f"{name}/found"], f"{name}/ones", opset, flat.origin, to=TensorProto.INT64),
+                _constant(f"{name}/flat_shape", np.array([-1], np.int64), opset, flat.origin),
+                _node("Reshape", [f"{name}/ones", f"{name}/flat_shape"], f"{name}/flat", opset, flat.origin),
+                _constant(f"{name}/axis", np.array(0, np.int64), opset, flat.origin),
+                _node("CumSum", [f"{name}/flat", f"{name}/axis"], running, max(opset, 11), flat.origin),
+                _node("ReduceSum", [f"{name}/flat"], total, opset, flat.origin, keepdims=1),
+                FlatNode(_with_inputs(proto, [x, running, total]), opset, name, flat.origin)]
+
+    @staticmethod
+    def _impl_v9(b, node, inputs):
+        if len(inputs) != 3:
+            raise UnsupportedError(f"{b.where}: NonZero reached its converter unplanned (a polyc bug)")
+        x, running, total = inputs
+        count = int(_require_const(b, total, "NonZero's count").reshape(-1)[0])
+        shape = x.shape or (1,)  # a scalar is one element, as onnxruntime takes it
+        rank, n = len(shape), x.size
+        if count == 0:
+            return [b.const(np.zeros((rank, 0), np.int64))]
+        position = b.new((count,), np.int64)
+        out = b.new((rank, count), np.int64)
+        # The k-th nonzero element is at flat position p where running(p) == k + 1 first:
+        # the number of positions whose running count is at most k.
+        b.emit([b.statement(position, ["k"], "+=!", f"({b.ref(running, ['r_p'])} <= k) ? int64(1) : int64(0)",
+                            [("r_p", n)])], [running], [position], "other")
+        strides = [int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(rank)]
+        coordinate = "int64(0)"
+        for d in reversed(range(rank)):
+            along = f"({b.ref(position, ['k'])} / int64({strides[d]})) % int64({shape[d]})"
+            coordinate = along if d == rank - 1 else f"(d == {d}) ? {along} : {coordinate}"
+        b.emit([b.statement(out, ["d", "k"], "=", coordinate)], [position], [out], "elementwise")
+        return [out]
+
+
+class Compress(Converter):
+    """The slices of ``input`` along ``axis`` (of the flattened input, without an axis) whose
+    ``condition`` entry is true; a shorter condition leaves the rest out.  Replaced by a
+    NonZero of the condition and a Gather of the slices it finds."""
+
+    @staticmethod
+    def replaced(flat: FlatNode, values: dict) -> list[FlatNode] | None:
+        proto = flat.proto
+        name, opset = flat.name, flat.opset
+        where = f"node {name!r} (Compress)"
+        if len(proto.input) != 2 or proto.input[0] not in values or proto.input[1] not in values:
+            raise PolycError(f"{where}: Compress takes an input and a condition")
+        x, condition = values[proto.input[0]], values[proto.input[1]]
+        attributes = {a.name: a.i for a in proto.attribute}
+        source, nodes = proto.input[0], []
+        if "axis" in attributes:
+            if not -x.rank <= attributes["axis"] < x.rank:
+                raise PolycError(f"{where}: axis {attributes['axis']} out of range for rank {x.rank}")
+            axis = attributes["axis"] % x.rank
+            extent = x.shape[axis]
+        else:
+            axis, extent = 0, x.size
+            nodes += [_constant(f"{name}/flat_shape", np.array([-1], np.int64), opset, flat.origin),
+                      _node("Reshape", [source, f"{name}/flat_shape"], f"{name}/flat", opset, flat.origin)]
+            source = f"{name}/flat"
+        if condition.rank != 1:
+            raise PolycError(f"{where}: the condition must have rank 1, not shape {condition.shape}")
+        if condition.shape[0] > extent:
+            raise PolycError(f"{where}: the condition has {condition.shape[0]} entries, more than the "
+                             f"{extent} slices it selects from")
+        nodes += [_node("NonZero", [proto.input[1]], f"{name}/found", opset, flat.origin),
+                  _constant(f"{name}/found_shape", np.array([-1], np.int64), opset, flat.origin),
+                  _node("Reshape", [f"{name}/found", f"{name}/found_shape"], f"{name}/kept", opset, flat.origin),
+                  _node("Gather", [source, f"{name}/kept"], proto.output[0], opset, flat.origin, axis=axis)]
+        return nodes
+
+    @staticmethod
+    def _impl_v9(b, node, inputs):
+        raise UnsupportedError(f"{b.where}: Compress reached its converter unplanned (a polyc bug)")
+
+
+class _Nodes:
+    """Nodes of a replacement, named under ``prefix``, at opset :data:`_REPLACEMENT_OPSET`."""
+
+    def __init__(self, prefix: str, origin: str):
+        self.prefix, self.origin, self.nodes, self._count = prefix, origin, [], 0
+
+    def __call__(self, op_type: str, *inputs: str, output: str = "", **attributes) -> str:
+        from onnx import helper
+        self._count += 1
+        output = output or f"{self.prefix}/{op_type}_{self._count}"
+        self.nodes.append(FlatNode(helper.make_node(op_type, list(inputs), [output], name=output, **attributes),
+                                   _REPLACEMENT_OPSET, output, self.origin))
+        return output
+
+    def constant(self, label: str, array) -> str:
+        name = f"{self.prefix}/{label}"
+        self.nodes.append(_constant(name, np.asarray(array), _REPLACEMENT_OPSET, self.origin))
+        return name
+
+
+#: The opset replacements are written in (reductions' axes as attributes, Unsqueeze's as input).
+_REPLACEMENT_OPSET = 17
+
+
+class NonMaxSuppression(Converter):
+    """Greedy non-maximum suppression per batch entry and class, as onnx's reference: the
+    boxes above the score threshold by decreasing score (ties by index), each kept unless it
+    overlaps a kept one by an IoU above the threshold, at most ``max_output_boxes_per_class``;
+    rows (batch, class, box) by batch, class and that order.
+
+    The greedy choice is a recurrence along the score order, ``keep[i] = candidate[i] and no
+    j before i with keep[j] overlaps i``, whose unique solution is reached by iterating it from
+    the candidates: after t iterations the first t boxes are right, so it is a Loop that runs
+    until nothing changes (a stage per iteration, learning whether it changed).  Each iteration
+    costs classes x boxes^2 comparisons: fine for the hundreds of boxes left after a top-k,
+    slow for tens of thousands.  Then each kept box's place among the kept ones, a NonZero of
+    the places taken (batch, class, place), and a GatherND of their boxes."""
+
+    @staticmethod
+    def replaced(flat: FlatNode, values: dict) -> list[FlatNode] | None:
+        from onnx import TensorProto, helper
+        proto, name = flat.proto, flat.name
+        where = f"node {name!r} (NonMaxSuppression)"
+        boxes_name, scores_name, most_name, iou_name, score_name = (list(proto.input) + [""] * 5)[:5]
+        boxes, scores = values.get(boxes_name), values.get(scores_name)
+        if boxes is None or scores is None:
+            raise PolycError(f"{where}: boxes and scores are required")
+        if boxes.rank != 3 or boxes.shape[2] != 4:
+            raise PolycError(f"{where}: boxes must have shape (batches, boxes, 4), not {boxes.shape}")
+        if scores.rank != 3 or scores.shape[0] != boxes.shape[0] or scores.shape[2] != boxes.shape[1]:
+            raise PolycError(f"{where}: scores must have shape (batches, classes, boxes) = ({boxes.shape[0]}, C, "
+                             f"{boxes.shape[1]}), not {scores.shape}")
+        batches, count = boxes.shape[:2]
+        most = values.get(most_name) if most_name else None
+        limit = None if most is not None and most.const is None else \
+            (max(int(most.const.reshape(-1)[0]), 0) if most is not None and most.const.size else 0)
+        n = _Nodes(name, flat.origin)
+        if limit == 0 or count == 0 or scores.shape[1] == 0:
+            n.nodes.append(_constant(proto.output[0], np.zeros((0, 3), np.int64), _REPLACEMENT_OPSET, flat.origin))
+            return n.nodes
+        places = count if limit is None else min(count, limit)
+        axes = {d: n.constant(f"axis{d}", np.array([d], np.int64)) for d in (1, 2, 3)}
+
+        def corner(k):
+            return n("Gather", boxes_name, n.constant(f"coordinate{k}", np.array(k, np.int64)), axis=2)
+        c = [corner(k) for k in range(4)]
+        if any(a.i for a in proto.attribute if a.name == "center_point_box"):  # (x centre, y centre, w, h)
+            two = n.constant("two", np.array(2, boxes.dtype))
+            half_width, half_height = n("Div", c[2], two), n("Div", c[3], two)
+            x_min, x_max = n("Sub", c[0], half_width), n("Add", c[0], half_width)
+            y_min, y_max = n("Sub", c[1], half_height), n("Add", c[1], half_height)
+        else:  # any two opposite corners (y, x)
+            y_min, y_max, x_min, x_max = n("Min", c[0], c[2]), n("Max", c[0], c[2]), n("Min", c[1], c[3]), \
+                n("Max", c[1], c[3])
+        mine = {k: n("Unsqueeze", v, axes[2]) for k, v in (("x0", x_min), ("x1", x_max), ("y0", y_min), ("y1", y_max))}
+        other = {k: n("Unsqueeze", v, axes[1]) for k, v in (("x0", x_min), ("x1", x_max), ("y0", y_min), ("y1", y_max))}
+        left, right = n("Max", mine["x0"], other["x0"]), n("Min", mine["x1"], other["x1"])
+        bottom, top = n("Max", mine["y0"], other["y0"]), n("Min", mine["y1"], other["y1"])
+        intersection = n("Mul", n("Sub", right, left), n("Sub", top, bottom))
+        area = n("Mul", n("Sub", x_max, x_min), n("Sub", y_max, y_min))
+        area_mine, area_other = n("Unsqueeze", area, axes[2]), n("Unsqueeze", area, axes[1])
+        union = n("Sub", n("Add", area_mine, area_other), intersection)
+        zero = n.constant("zero", np.array(0, boxes.dtype))
+        threshold = iou_name or n.constant("iou_threshold", np.array(0, boxes.dtype))
+        overlap = n("Greater", right, left)
+        for test in (n("Greater", top, bottom), n("Greater", intersection, zero), n("Greater", area_mine, zero),
+                     n("Greater", area_other, zero), n("Greater", union, zero),
+                     n("Greater", n("Div", intersection, union), threshold)):
+            overlap = n("And", overlap, test)
+        overlap = n("Unsqueeze", overlap, axes[1])  # (batch, 1, box, box before it)
+        if score_name:
+            candidates = n("Greater", scores_name, score_name)
+        else:
+            candidates = n.constant("candidates", np.ones(scores.shape, np.bool_))
+        earlier = n.constant("earlier", np.tril(np.ones((count, count), np.bool_), -1))  # [i, j]: j < i
+        score_mine, score_other = n("Unsqueeze", scores_name, axes[3]), n("Unsqueeze", scores_name, axes[2])
+
+        def before(make):  # [b, c, i, j]: box j comes before box i in the score order
+            ahead = make("Greater", [score_other, score_mine])
+            tie = make("And", [make("Equal", [score_other, score_mine]), earlier])
+            return make("Or", [ahead, tie])
+
+        # The loop's body: one iteration of the recurrence, and whether it changed anything.
+        body_nodes = []
+
+        def inside(op_type, inputs, output=None, **attributes):
+            output = output or f"{name}/body/{op_type}_{len(body_nodes)}"
+            body_nodes.append(helper.make_node(op_type, inputs, [output], **attributes))
+            return output
+        kept_before = inside("Unsqueeze", ["keep_in", axes[2]])
+        blocking = inside("And", [inside("And", [before(inside), overlap]), kept_before])
+        blocked = inside("ReduceMax", [inside("Cast", [blocking], to=TensorProto.INT32)], axes=[3], keepdims=0)
+        inside("And", [candidates, inside("Not", [inside("Cast", [blocked], to=TensorProto.BOOL)])], "keep_out")
+        changed = inside("ReduceMax", [inside("Cast", [inside("Xor", ["keep_out", "keep_in"])], to=TensorProto.INT32)],
+                         keepdims=0)
+        inside("Cast", [changed], "changed", to=TensorProto.BOOL)
+        shape = list(scores.shape)
+        body = helper.make_graph(
+            body_nodes, f"{name}/body",
+            [helper.make_tensor_value_info("iteration", TensorProto.INT64, []),
+             helper.make_tensor_value_info("going", TensorProto.BOOL, []),
+             helper.make_tensor_value_info("keep_in", TensorProto.BOOL, shape)],
+            [helper.make_tensor_value_info("changed", TensorProto.BOOL, []),
+             helper.make_tensor_value_info("keep_out", TensorProto.BOOL, shape)])
+        keep = n("Loop", n.constant("iterations", np.array(count + 1, np.int64)),
+                 n.constant("true", np.array(True)), candidates, body=body)
+
+        # Each kept box's place among the kept boxes of its class, and the places taken.
+        def outside(op_type, inputs, **attributes):
+            return n(op_type, *inputs, **attributes)
+        kept_ahead = n("And", before(outside), n("Unsqueeze", keep, axes[2]))
+        place = n("ReduceSum", n("Cast", kept_ahead, to=TensorProto.INT64), n.constant("last", np.array([3], np.int64)),
+                  keepdims=0)
+        chosen = keep if limit is not None and limit >= count else \
+            n("And", keep, n("Less", place, most_name if limit is None else n.constant("limit", np.array(limit))))
+        at_place = n("And", n("Unsqueeze", chosen, axes[3]),
+                     n("Equal", n("Unsqueeze", place, axes[3]), n.constant("places", np.arange(places, dtype=np.int64))))
+        taken = n("ReduceMax", n("Cast", at_place, to=TensorProto.INT32), axes=[2], keepdims=0)
+        box_at = n("ReduceSum", n("Mul", n("Cast", at_place, to=TensorProto.INT64),
+                                  n.constant("box_numbers", np.arange(count, dtype=np.int64).reshape(count, 1))),
+                   n.constant("boxes_axis", np.array([2], np.int64)), keepdims=0)
+        rows = n("Transpose", n("NonZero", taken), perm=[1, 0])  # (batch, class, place)
+        box = n("Unsqueeze", n("GatherND", box_at, rows), axes[1])
+        batch_class = n("Slice", rows, n.constant("from", np.array([0], np.int64)),
+                        n.constant("to", np.array([2], np.int64)), axes[1])
+        n("Concat", batch_class, box, output=proto.output[0], axis=1)
+        return n.nodes
+
+    @staticmethod
+    def _impl_v10(b, node, inputs):
+        raise UnsupportedError(f"{b.where}: NonMaxSuppression reached its converter unplanned (a polyc bug)")
+
+
+class Unique(Converter):
+    """The distinct elements (or slices along ``axis``) of the input, sorted ascending
+    (lexicographically for slices) or in order of first occurrence, with the index of each
+    one's first occurrence, each element's place among them, and their counts; as numpy's
+    ``unique`` gives them (NaNs are each distinct, as no NaN equals another).
+
+    Replaced by nodes comparing every pair of elements (|input|^2 comparisons, times the slice
+    size: fine for token ids and labels, slow for millions of elements): which elements occur
+    first, each one's place, and the count of distinct ones, whose Range the rest of the graph
+    is planned on (:mod:`.stages`)."""
+
+    @staticmethod
+    def replaced(flat: FlatNode, values: dict) -> list[FlatNode] | None:
+        from onnx import TensorProto
+        proto, name = flat.proto, flat.name
+        where = f"node {name!r} (Unique)"
+        x = values.get(proto.input[0]) if proto.input else None
+        if x is None:
+            raise PolycError(f"{where}: its input is required")
+        attributes = {a.name: a.i for a in proto.attribute}
+        n = _Nodes(name, flat.origin)
+        outputs = list(proto.output) + [""] * (4 - len(proto.output))
+        if "axis" in attributes:
+            if not -x.rank <= attributes["axis"] < max(x.rank, 1):
+                raise PolycError(f"{where}: axis {attributes['axis']} out of range for rank {x.rank}")
+            axis = attributes["axis"] % x.rank
+            order = [axis] + [d for d in range(x.rank) if d != axis]
+            rows = n("Reshape", n("Transpose", proto.input[0], perm=order) if axis else proto.input[0],
+                     n.constant("rows_shape", np.array([x.shape[axis], -1], np.int64)))
+            count, length = x.shape[axis], x.size // max(x.shape[axis], 1)
+        else:
+            axis, count, length = None, x.size, 1
+            rows = n("Reshape", proto.input[0], n.constant("rows_shape", np.array([-1, 1], np.int64)))
+        if count == 0:
+            raise PolycError(f"{where}: its input has no elements to find distinct ones among")
+        mine, other = n("Unsqueeze", rows, n.constant("axis1", np.array([1], np.int64))), \
+            n("Unsqueeze", rows, n.constant("axis0", np.array([0], np.int64)))
+        axis0, axis1 = n.constant("axes0", np.array([0], np.int64)), n.constant("axes1", np.array([1], np.int64))
+
+        def flag(op_type, value, axes):  # a reduction of a bool tensor
+            return n("Cast", n(op_type, n("Cast", value, to=TensorProto.INT32), axes=axes, keepdims=0),
+                     to=TensorProto.BOOL)
+        same = flag("ReduceMin", n("Equal", mine, other), [2])  # [i, j]: slice j equals slice i
+        earlier = n.constant("earlier", np.tril(np.ones((count, count), np.bool_), -1))  # [i, j]: j < i
+        first = n("Not", flag("ReduceMax", n("And", same, earlier), [1]))
+        first_other = n("Unsqueeze", first, axis0)
+        numbers = n.constant("numbers", np.arange(count, dtype=np.int64).reshape(1, count))
+        if attributes.get("sorted", 1):
+            # Slice j is below slice i where they first differ (in row-major order).
+            positions = n.constant("positions", np.arange(length, dtype=np.int64))
+            differs = n("Not", n("Equal", mine, other))
+            first_difference = n("ReduceMin", n("Where", differs, positions, n.constant("length", np.array(length))),
+                                 axes=[2], keepdims=0)
+            below = flag("ReduceMax", n("And", n("Equal", positions, n("Unsqueeze", first_difference,
+                                                                           n.constant("axis2", np.array([2])))),
+                                        n("Less", other, mine)), [2])
+            ahead = n("And", below, first_other)
+        else:  # in order of first occurrence: the distinct slices first met before this one's first
+            first_met = n("ReduceMin", n("Where", same, numbers, n.constant("count", np.array(count))), axes=[1],
+                          keepdims=0)
+            ahead = n("And", first_other, n("Less", numbers, n("Unsqueeze", first_met, axis1)))
+        place = n("ReduceSum", n("Cast", ahead, to=TensorProto.INT64), axis1, keepdims=0)
+        distinct = n("ReduceSum", n("Cast", first, to=TensorProto.INT64), keepdims=0)
+        places = n("Range", n.constant("zero", np.array(0, np.int64)), distinct, n.constant("one", np.array(1, np.int64)))
+        at_place = n("Equal", n("Unsqueeze", places, axis1), n("Unsqueeze", place, axis0))  # [k, i]
+        if outputs[0] or outputs[1]:
+            chosen = n("ReduceSum", n("Mul", n("Cast", n("And", at_place, first_other), to=TensorProto.INT64),
+                                      numbers), axis1, keepdims=0, output=outputs[1])
+            if outputs[0]:
+                if axis is None:
+                    flat_input = n("Reshape", proto.input[0], n.constant("flat_shape", np.array([-1], np.int64)))
+                    n("Gather", flat_input, chosen, output=outputs[0])
+                else:
+                    n("Gather", proto.input[0], chosen, output=outputs[0], axis=axis)
+        if outputs[2]:
+            n("Identity", place, output=outputs[2])
+        if outputs[3]:
+            n("ReduceSum", n("Cast", at_place, to=TensorProto.INT64), axis1, keepdims=0, output=outputs[3])
+        return n.nodes
+
+    @staticmethod
+    def _impl_v11(b, node, inputs):
+        raise UnsupportedError(f"{b.where}: Unique reached its converter unplanned (a polyc bug)")
+
+
+def _with_inputs(proto, inputs: list[str]):
+    from onnx import NodeProto
+    copy = NodeProto()
+    copy.CopyFrom(proto)
+    del copy.input[:]
+    copy.input.extend(inputs)
+    return copy
+
+
+DATA_DEPENDENT = {"NonZero": NonZero, "Compress": Compress, "NonMaxSuppression": NonMaxSuppression,
+                  "Unique": Unique}
