@@ -151,8 +151,6 @@ class InferenceSession:
         order of calls and views.  A model planned in stages (:mod:`.stages`) shows each stage
         the last run took, after a line naming the value it had to learn."""
         stages = self._plan(shapes).stages()
-        if len(stages) == 1:
-            return stages[0].tc_source()
         parts = []
         for number, stage in enumerate(stages):
             if number:
@@ -160,6 +158,9 @@ class InferenceSession:
                 parts.append(f"# ---- stage {number + 1}, planned once {learned!r} was known "
                              f"(computed by the stage before from the model's data)\n")
             parts.append(stage.tc_source())
+        if stages[-1].continuation is not None:  # not run yet
+            parts.append(f"# ---- the rest is planned once {stages[-1].continuation.probe!r} is known (computed from "
+                         "the model's data): run the session to see it\n")
         return "\n".join(parts)
 
     @property
