@@ -41,7 +41,8 @@ from polyc.frontends.onnx.functions import (FlatNode, LoopIterations, expand, if
 from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type, values_read, values_written
 from polyc.frontends.onnx.memory import Arena, plan_memory
 from polyc.frontends.onnx.permutations import fold_transposes
-from polyc.frontends.onnx.ops import CONVERTERS, Node
+from polyc.frontends.onnx.ops import CONVERTERS
+from polyc.frontends.onnx.ops.base import Node
 
 #: The most statements one fused group may hold (isl's scheduler grows with them).
 MAX_GROUP_STATEMENTS = 12
