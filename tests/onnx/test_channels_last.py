@@ -218,7 +218,7 @@ def test_pointwise_convolutions_of_many_filters_read_blocked_weights_at_few_pixe
     them (no packing per call), and the bias and Clip are epilogues through the view of the
     blocked product as NHWC, at its (.., F / NR, NR) indices."""
     from polyc.frontends.onnx.channels_last import POINTWISE_GEMM_FILTERS
-    from polyc.frontends.onnx.ops import BLOCKED_WEIGHT_ROWS
+    from polyc.frontends.onnx.ops.contractions import BLOCKED_WEIGHT_ROWS
     rng = np.random.default_rng(6)
     filters = POINTWISE_GEMM_FILTERS + 128
     weights = {"W": rng.standard_normal((24, 3, 3, 3)).astype(np.float32),

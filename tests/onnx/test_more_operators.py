@@ -13,7 +13,7 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import polyc.onnx as ponnx  # noqa: E402
 from polyc.errors import PolycError  # noqa: E402
-from polyc.frontends.onnx.ops import CUMSUM_DIRECT  # noqa: E402
+from polyc.frontends.onnx.ops.reductions import CUMSUM_DIRECT  # noqa: E402
 
 _TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
           np.dtype(np.int32): TensorProto.INT32, np.dtype(np.int64): TensorProto.INT64}

@@ -1,4 +1,4 @@
-"""RNN, GRU and LSTM (polyc/frontends/onnx/recurrent.py) against onnxruntime: both directions
+"""RNN, GRU and LSTM (polyc/frontends/onnx/ops/recurrent.py) against onnxruntime: both directions
 and both layouts with initial states and biases, GRU's linear_before_reset, LSTM's clip,
 input_forget, peepholes and other activations; sequences longer than one concatenation
 reads, whose steps share one kernel."""
@@ -13,7 +13,7 @@ from onnx import TensorProto, helper  # noqa: E402
 
 import polyc  # noqa: E402
 import polyc.onnx as ponnx  # noqa: E402
-from polyc.frontends.onnx.ops import CONCAT_FAN_IN  # noqa: E402
+from polyc.frontends.onnx.ops.shapes import CONCAT_FAN_IN  # noqa: E402
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 STEPS, BATCH, INPUT, HIDDEN = 11, 3, 5, 4

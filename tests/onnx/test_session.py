@@ -118,7 +118,7 @@ def kernel_paths(stages) -> set[str]:
 def test_larger_images_use_the_direct_convolution_kernel():
     # 16x16 outputs: more positions than MATRIX_PRODUCT_POSITIONS, so the direct kernel, with
     # the padding a kernel of its own before it and BatchNormalization and Relu as epilogues.
-    from polyc.frontends.onnx.ops import MATRIX_PRODUCT_POSITIONS
+    from polyc.frontends.onnx.ops.convolutions import MATRIX_PRODUCT_POSITIONS
     assert all(16 * 16 > windows for windows, _ in MATRIX_PRODUCT_POSITIONS.values())
     model = small_cnn(image=32)
     session = ponnx.InferenceSession(model, channels_last=False)
@@ -276,7 +276,7 @@ def test_a_gemm_by_constant_weights_reads_them_blocked_with_zero_columns(trans_a
     # whole sliver (100 columns are not a multiple of NR), and alpha and the bias apply to the
     # product's first N columns.  Against onnxruntime, for each bias form and transposition.
     from polyc.frontends.onnx.lowering import Value
-    from polyc.frontends.onnx.ops import _weight_sliver
+    from polyc.frontends.onnx.ops.contractions import _weight_sliver
     rng = np.random.default_rng(12)
     model = _fully_connected(rng, 48, 100, trans_a, trans_b, bias_shape, alpha, beta)
     session = ponnx.InferenceSession(model)
@@ -538,7 +538,7 @@ def test_silu_and_gelu_chains_are_epilogues_of_the_kernel_computing_their_input(
 def test_pointwise_convolutions_take_the_path_measured_faster_on_this_machine(image):
     # A 1x1 convolution is a matrix product; which kernel computes it faster depends on the
     # positions per image and on the vector width (MATRIX_PRODUCT_POSITIONS).
-    from polyc.frontends.onnx.ops import MATRIX_PRODUCT_POSITIONS
+    from polyc.frontends.onnx.ops.convolutions import MATRIX_PRODUCT_POSITIONS
     from polyc.runtime.compiler import vector_bits
     rng = np.random.default_rng(8)
     node = helper.make_node("Conv", ["X", "W"], ["Y"], name="pw")
@@ -586,7 +586,7 @@ def test_products_by_constant_weights_of_few_rows_read_them_blocked(rows):
     # slivers the gemm kernel reads in place; above, the plain product packs W.  The bias and
     # the activation are epilogues either way: through the view of the blocked product as
     # (.., N), they update the product's (.., N / NR, NR) tensor at its own indices.
-    from polyc.frontends.onnx.ops import BLOCKED_WEIGHT_ROWS, _weight_sliver
+    from polyc.frontends.onnx.ops.contractions import BLOCKED_WEIGHT_ROWS, _weight_sliver
     from polyc.frontends.onnx.lowering import Value
     rng = np.random.default_rng(9)
     weights = rng.standard_normal((24, 128)).astype(np.float32)

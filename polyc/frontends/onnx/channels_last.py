@@ -32,10 +32,11 @@ from types import MappingProxyType
 import numpy as np
 
 from polyc.frontends.onnx.lowering import Builder, Value
-from polyc.frontends.onnx.ops import (CONVERTERS, MaxPool, AveragePool, Node, _affine, _spatial,
-                                      _FLOAT_FUNCTIONS, _product_by_blocked_weights, _weight_sliver,
-                                      zero_padded_columns, global_pool, transposed,
-                                      image_indices)
+from polyc.frontends.onnx.ops import CONVERTERS, _FLOAT_FUNCTIONS
+from polyc.frontends.onnx.ops.base import Node, _affine
+from polyc.frontends.onnx.ops.contractions import _product_by_blocked_weights, _weight_sliver, zero_padded_columns
+from polyc.frontends.onnx.ops.convolutions import AveragePool, MaxPool, _spatial, global_pool, image_indices
+from polyc.frontends.onnx.ops.shapes import transposed
 
 #: NCHW -> NHWC and back, as Transpose perms.
 TO_CHANNELS_LAST = (0, 2, 3, 1)

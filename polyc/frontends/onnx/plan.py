@@ -41,7 +41,8 @@ from polyc.frontends.onnx.functions import (FlatNode, LoopIterations, expand, if
 from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type, values_read, values_written
 from polyc.frontends.onnx.memory import Arena, plan_memory
 from polyc.frontends.onnx.permutations import fold_transposes
-from polyc.frontends.onnx.ops import CONVERTERS, Node
+from polyc.frontends.onnx.ops import CONVERTERS
+from polyc.frontends.onnx.ops.base import Node
 from polyc.frontends.onnx.stages import Carried, Continuation, names_read, value_to_probe
 
 #: The most statements one fused group may hold (isl's scheduler grows with them).
@@ -124,7 +125,7 @@ class Plan:
         while pending:
             flat = pending.popleft()
             replaced = _replaced(flat, self.values)
-            if replaced is not None:  # an operator planned in stages (data_dependent.py)
+            if replaced is not None:  # an operator planned in stages (ops/data_dependent.py)
                 pending.extendleft(reversed(replaced))
                 continue
             probe = value_to_probe(flat, self.values, CONVERTERS)

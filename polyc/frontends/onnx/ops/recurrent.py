@@ -4,7 +4,7 @@ A statement cannot read what it writes at another index, so the recurrence is on
 time step, each reading the hidden state the step before wrote.  Every step of a direction is
 the same statements on the same shapes, reading its time step's slice of the input projection
 through a view, so the plan's steps all share one compiled kernel (see ``_canonical_def`` in
-:mod:`.plan`):
+:mod:`polyc.frontends.onnx.plan`):
 
 - the input projection of every time step at once, ``X W^T + biases``: one contraction;
 - per step: ``H_prev R^T`` plus that step's projection (a contraction with its epilogue), then
@@ -22,7 +22,8 @@ import numpy as np
 
 from polyc.errors import UnsupportedError
 from polyc.frontends.onnx.lowering import Builder, Value, indices
-from polyc.frontends.onnx.ops import Converter, _number, _require_const, concatenated, transposed
+from polyc.frontends.onnx.ops.base import Converter, _number, _require_const
+from polyc.frontends.onnx.ops.shapes import concatenated, transposed
 
 #: Activation -> its TC expression of ``{x}`` and its default alpha and beta (None: takes none).
 ACTIVATIONS = {

@@ -1,11 +1,13 @@
-"""Operators whose output shapes come from their inputs' data: NonZero and Compress.
+"""Operators whose output shapes come from their inputs' data: NonZero, Compress, Unique and
+NonMaxSuppression.
 
-A plan knows every shape, so such an operator is planned in two stages (:mod:`.stages`): the
-nodes it is replaced by first compute, as kernels, the running count of the elements it keeps
-and their total; the plan stops to learn the total; the rest of the graph is planned for it,
-and there the k-th kept element's position is the number of running counts not above k (the
-running count is monotone).  That search costs |output| x |input| comparisons: fine for the
-masks, thresholds and class scores models meet, slow for millions of elements.
+A plan knows every shape, so each of these is replaced (``replaced``, before conversion) by
+nodes of other operators that compute, as kernels, what the output's shape needs (how many
+elements are kept, how many are distinct), and the plan stops to learn it
+(:mod:`polyc.frontends.onnx.stages`); the rest of the graph is planned for that count.  A
+NonZero's k-th kept element, for instance, is at the number of running counts not above k
+(the running count is monotone): |output| x |input| comparisons, fine for the masks,
+thresholds and class scores models meet, slow for millions of elements.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import numpy as np
 
 from polyc.errors import PolycError, UnsupportedError
 from polyc.frontends.onnx.functions import FlatNode
-from polyc.frontends.onnx.ops import Converter, _require_const
+from polyc.frontends.onnx.ops.base import Converter, _require_const
 
 
 def _node(op_type: str, inputs: list[str], output: str, opset: int, origin: str, **attributes) -> FlatNode:
@@ -278,7 +280,7 @@ class Unique(Converter):
     Replaced by nodes comparing every pair of elements (|input|^2 comparisons, times the slice
     size: fine for token ids and labels, slow for millions of elements): which elements occur
     first, each one's place, and the count of distinct ones, whose Range the rest of the graph
-    is planned on (:mod:`.stages`)."""
+    is planned on (:mod:`polyc.frontends.onnx.stages`)."""
 
     @staticmethod
     def replaced(flat: FlatNode, values: dict) -> list[FlatNode] | None:

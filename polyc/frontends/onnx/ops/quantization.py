@@ -1,0 +1,234 @@
+"""Quantization: QuantizeLinear and DequantizeLinear; the integer products MatMulInteger and
+ConvInteger and their requantized forms QLinearMatMul and QLinearConv, exact in int32 and built
+on :class:`~polyc.frontends.onnx.ops.contractions.MatMul` and
+:class:`~polyc.frontends.onnx.ops.convolutions.Conv`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from polyc.errors import UnsupportedError
+from polyc.frontends.onnx.lowering import Value, indices, tc_type
+from polyc.frontends.onnx.ops.base import Converter, _axis, _float_only, _number
+from polyc.frontends.onnx.ops.contractions import MatMul
+from polyc.frontends.onnx.ops.convolutions import Conv
+
+
+#: The integer types QuantizeLinear makes (DequantizeLinear also reads int32).  The float8, 4-bit
+#: and 2-bit types are not element types polyc computes in.
+_QUANTIZED = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16))
+
+
+def _quantization_subscripts(b, param: Value, x: Value, axis: int, block_size: int, idx) -> list[str]:
+    """Where a scale or zero point applies to ``x(idx)``: one for the whole tensor, one per
+    index along ``axis``, or (``block_size``) one per block of that many along it."""
+    if param.size == 1 and param.rank <= 1 and not block_size:
+        return ["0"] * param.rank
+    axis = _axis(b, axis, x.rank)
+    if block_size:
+        blocks = [-(-e // block_size) if d == axis else e for d, e in enumerate(x.shape)]
+        if list(param.shape) != blocks:
+            raise UnsupportedError(f"{b.where}: a scale or zero point of shape {param.shape} for blocks of "
+                                   f"{block_size} along axis {axis} of {x.shape} (expected {tuple(blocks)})")
+        return [f"{i} / {block_size}" if d == axis else i for d, i in enumerate(idx)]
+    if param.rank == 1 and param.shape[0] == x.shape[axis]:
+        return [idx[axis]]
+    raise UnsupportedError(f"{b.where}: a scale or zero point of shape {param.shape} fits neither the whole "
+                           f"tensor nor axis {axis} of {x.shape}")
+
+
+def _quantization_inputs(b, node, x):
+    """(axis, block size, subscripts of x's elements) of a QuantizeLinear or DequantizeLinear."""
+    axis = node.attr("axis", 1)  # (checked where a scale per index along it needs it)
+    return axis, int(node.attr("block_size", 0)), indices(x.rank)
+
+
+class QuantizeLinear(Converter):
+    """saturate(round(x / scale) + zero point), rounding halves to even, into int8, uint8,
+    int16 or uint16: the zero point's type, else ``output_dtype``, else uint8."""
+
+    @staticmethod
+    def _impl_v10(b, node, inputs):
+        from polyc.frontends.onnx.model import numpy_dtype
+        x, scale = inputs[:2]
+        zero = inputs[2] if len(inputs) > 2 else None
+        _float_only(b, x)
+        requested = node.attr("output_dtype", 0)
+        out_dtype = zero.dtype if zero is not None else (numpy_dtype(requested) if requested else np.dtype(np.uint8))
+        if requested and zero is not None and numpy_dtype(requested) != zero.dtype:
+            raise UnsupportedError(f"{b.where}: output_dtype {numpy_dtype(requested)} is not the zero point's "
+                                   f"type {zero.dtype}")
+        if out_dtype not in _QUANTIZED:
+            raise UnsupportedError(f"{b.where}: quantizing to {out_dtype or requested} is not supported "
+                                   f"(int8, uint8, int16, uint16)")
+        axis, block_size, idx = _quantization_inputs(b, node, x)
+        x_ref = b.ref(x, idx)
+        scale_ref = b.ref(scale, _quantization_subscripts(b, scale, x, axis, block_size, idx))
+        precision = node.attr("precision", 0)
+        if precision:  # the division in a wider type (float16 inputs divided in float)
+            wide = tc_type(numpy_dtype(precision))
+            x_ref, scale_ref = f"{wide}({x_ref})", f"{wide}({scale_ref})"
+        quantized = f"rint({x_ref} / {scale_ref})"
+        reads = [x, scale]
+        if zero is not None:
+            zero_ref = b.ref(zero, _quantization_subscripts(b, zero, x, axis, block_size, idx))
+            quantized = f"{quantized} + {zero_ref}"
+            reads.append(zero)
+        limits = np.iinfo(out_dtype)
+        out = b.new(x.shape, out_dtype)
+        # Clamped as floats, before the conversion (out of range, it would be undefined in C).
+        b.emit([b.statement(out, idx, "=", f"{tc_type(out_dtype)}(fmin(fmax({quantized}, "
+                                           f"{_number(limits.min)}), {_number(limits.max)}))")],
+               reads, [out], "elementwise")
+        return [out]
+
+
+class DequantizeLinear(Converter):
+    """(x - zero point) * scale, in float, of the scale's type (or ``output_dtype``)."""
+
+    @staticmethod
+    def _impl_v10(b, node, inputs):
+        from polyc.frontends.onnx.model import numpy_dtype
+        x, scale = inputs[:2]
+        zero = inputs[2] if len(inputs) > 2 else None
+        if x.dtype not in _QUANTIZED + (np.dtype(np.int32),):
+            raise UnsupportedError(f"{b.where}: dequantizing {x.dtype} is not supported "
+                                   f"(int8, uint8, int16, uint16, int32)")
+        requested = node.attr("output_dtype", 0)
+        out_dtype = numpy_dtype(requested) if requested else scale.dtype
+        axis, block_size, idx = _quantization_inputs(b, node, x)
+        shifted = f"float({b.ref(x, idx)})"
+        reads = [x, scale]
+        if zero is not None:
+            shifted = f"({shifted} - float({b.ref(zero, _quantization_subscripts(b, zero, x, axis, block_size, idx))}))"
+            reads.append(zero)
+        scale_ref = b.ref(scale, _quantization_subscripts(b, scale, x, axis, block_size, idx))
+        out = b.new(x.shape, out_dtype)
+        b.emit([b.statement(out, idx, "=", f"{tc_type(out_dtype)}({shifted} * float({scale_ref}))")],
+               reads, [out], "elementwise")
+        return [out]
+
+
+def _per_tensor_or_along(b, param: Value, shape, axis: int, idx, what: str) -> list[str]:
+    """Subscripts of a scale or zero point of the integer products: one value, or one per index
+    along ``axis`` (a row of A, a column of B, a row or column of the product)."""
+    if param.size == 1 and param.rank <= 1:
+        return ["0"] * param.rank
+    if param.rank == 1 and param.shape[0] == shape[axis]:
+        return [idx[axis]]
+    raise UnsupportedError(f"{b.where}: {what} of shape {param.shape} is neither one value nor one per index "
+                           f"along axis {axis} of {tuple(shape)}")
+
+
+def _shifted_int32(b, x: Value, zero, axis: int, what: str) -> Value:
+    """``x - zero`` in int32, the zero point one value or one per index along ``axis``
+    (computed when the model is compiled for constant weights)."""
+    if x.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
+        raise UnsupportedError(f"{b.where}: integer products of {x.dtype} are not supported (int8, uint8)")
+    idx = indices(x.rank)
+    zero_subscripts = _per_tensor_or_along(b, zero, x.shape, axis, idx, what) if zero is not None else None
+    if x.const is not None and (zero is None or zero.const is not None):
+        shifted = x.const.astype(np.int32)
+        if zero is not None:
+            shape = [x.shape[axis] if d == axis else 1 for d in range(x.rank)] if zero.size > 1 else []
+            shifted = shifted - zero.const.astype(np.int32).reshape(shape)
+        return b.const(shifted)
+    rhs = f"int32({b.ref(x, idx)})"
+    reads = [x]
+    if zero is not None:
+        rhs = f"{rhs} - int32({b.ref(zero, zero_subscripts)})"
+        reads.append(zero)
+    out = b.new(x.shape, np.int32)
+    b.emit([b.statement(out, idx, "=", rhs)], reads, [out], "elementwise")
+    return out
+
+
+def _integer_product(b, node, a: Value, a_zero, c: Value, c_zero) -> Value:
+    """``(a - a_zero) @ (c - c_zero)`` in int32, exactly: the zero points one value, one per row
+    of ``a`` or one per column of ``c``."""
+    return MatMul._impl_v1(b, node, [_shifted_int32(b, a, a_zero, a.rank - 2, "A's zero point"),
+                                     _shifted_int32(b, c, c_zero, c.rank - 1, "B's zero point")])[0]
+
+
+def _requantized(b, product: Value, factor: str, zero, out_dtype, zero_axis: int, reads) -> Value:
+    """``saturate(rint(product * factor) + zero)`` into ``out_dtype``, in double, as onnx's
+    reference scales its int32 results (a float32 factor times an int32 is a double in numpy)."""
+    idx = indices(product.rank)
+    value = f"double({b.ref(product, idx)}) * double({factor})"
+    if zero is not None:
+        zero_subscripts = _per_tensor_or_along(b, zero, product.shape, zero_axis, idx, "y_zero_point")
+        value = f"{value} + double({b.ref(zero, zero_subscripts)})"
+        reads = reads + [zero]
+    limits = np.iinfo(out_dtype)
+    out = b.new(product.shape, out_dtype)
+    b.emit([b.statement(out, idx, "=", f"{tc_type(out_dtype)}(fmin(fmax(rint({value}), "
+                                       f"{_number(limits.min)}), {_number(limits.max)}))")],
+           [product] + reads, [out], "elementwise")
+    return out
+
+
+class MatMulInteger(Converter):
+    @staticmethod
+    def _impl_v10(b, node, inputs):
+        a, c = inputs[:2]
+        a_zero = inputs[2] if len(inputs) > 2 else None
+        c_zero = inputs[3] if len(inputs) > 3 else None
+        return [_integer_product(b, node, a, a_zero, c, c_zero)]
+
+
+class QLinearMatMul(Converter):
+    """The int32 product of the shifted operands, scaled by a_scale * b_scale / y_scale (float),
+    in double, rounded (halves to even) and saturated into y's type, as onnx's reference."""
+
+    @staticmethod
+    def _impl_v10(b, node, inputs):
+        a, a_scale, a_zero, c, c_scale, c_zero, y_scale, y_zero = (inputs + [None] * 8)[:8]
+        product = _integer_product(b, node, a, a_zero, c, c_zero)
+        idx = indices(product.rank)
+        rows, columns = max(product.rank - 2, 0), product.rank - 1
+
+        def ref(param, axis, what):
+            return b.ref(param, _per_tensor_or_along(b, param, product.shape, axis, idx, what))
+
+        factor = (f"{ref(a_scale, rows, 'a_scale')} * {ref(c_scale, columns, 'b_scale')} / "
+                  f"{ref(y_scale, columns, 'y_scale')}")
+        out_dtype = y_zero.dtype if y_zero is not None else a.dtype
+        return [_requantized(b, product, factor, y_zero, out_dtype, columns, [a_scale, c_scale, y_scale])]
+
+
+class ConvInteger(Converter):
+    """A convolution of the shifted operands in int32, exactly; padding is 0 after the shift
+    (the input's zero point before it), as onnx's reference pads."""
+
+    @staticmethod
+    def _impl_v10(b, node, inputs):
+        x, w, x_zero, w_zero = (inputs + [None] * 4)[:4]
+        return [_integer_convolution(b, node, x, x_zero, w, w_zero, None)]
+
+
+def _integer_convolution(b, node, x, x_zero, w, w_zero, bias) -> Value:
+    if x_zero is not None and x_zero.size != 1:
+        raise UnsupportedError(f"{b.where}: the input's zero point must be one value (it has shape {x_zero.shape})")
+    if bias is not None and bias.dtype != np.int32:
+        raise UnsupportedError(f"{b.where}: the bias must be int32, not {bias.dtype}")
+    operands = [_shifted_int32(b, x, x_zero, 0, "the input's zero point"),
+                _shifted_int32(b, w, w_zero, 0, "the weights' zero point")]
+    return Conv._impl_v1(b, node, operands + ([bias] if bias is not None else []))[0]
+
+
+class QLinearConv(Converter):
+    """ConvInteger plus an int32 bias, scaled by x_scale * w_scale / y_scale (w_scale one value
+    or one per output channel) in double, rounded and saturated into y's type."""
+
+    @staticmethod
+    def _impl_v10(b, node, inputs):
+        x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = (inputs + [None] * 9)[:9]
+        product = _integer_convolution(b, node, x, x_zero, w, w_zero, bias)
+        idx = indices(product.rank)
+
+        def ref(param, what):
+            return b.ref(param, _per_tensor_or_along(b, param, product.shape, 1, idx, what))
+
+        factor = f"{ref(x_scale, 'x_scale')} * {ref(w_scale, 'w_scale')} / {ref(y_scale, 'y_scale')}"
+        out_dtype = y_zero.dtype if y_zero is not None else x.dtype
+        return [_requantized(b, product, factor, y_zero, out_dtype, 1, [x_scale, w_scale, y_scale])]
