@@ -446,3 +446,32 @@ def test_deform_conv_with_groups_offset_groups_and_a_mask():
     bad_model = one_node_model(node, bad, TensorProto.FLOAT, opset=19)
     with pytest.raises(PolycError, match=r"offsets \(2, 24, 2, 5\)"):
         ponnx.InferenceSession(bad_model).run(None, bad)
+
+
+@pytest.mark.parametrize("equation, shapes", [
+    ("...ij,...jk->...ik", [(2, 1, 3, 4), (1, 5, 4, 6)]),  # batch axes broadcast, as numpy's
+    ("...ij,...jk", [(3, 2, 4), (3, 4, 5)]),             # implicit output: the ellipsis, then i, k
+    ("i...,i...->...", [(4, 2, 3), (4, 1, 3)]),
+    ("...ii->...i", [(2, 3, 4, 4)]),                     # a diagonal under batch axes
+    ("bij,bjk", [(2, 3, 4), (2, 4, 5)]),                 # implicit: b appears twice, so summed
+    ("ii", [(5, 5)]),                                    # the trace
+])
+def test_einsum_with_an_ellipsis_broadcasting_and_diagonals(equation, shapes):
+    rng = np.random.default_rng(len(equation))
+    arrays = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+    names = [f"x{k}" for k in range(len(arrays))]
+    node = helper.make_node("Einsum", names, ["y"], equation=equation)
+    model = one_node_model(node, dict(zip(names, arrays)), TensorProto.FLOAT, opset=12)
+    (ours,) = ponnx.InferenceSession(model).run(None, dict(zip(names, arrays)))
+    np.testing.assert_allclose(ours, np.einsum(equation, *arrays), rtol=1e-5, atol=1e-5)
+
+
+def test_einsum_whose_extents_disagree_is_an_error():
+    x, y = np.zeros((2, 3), np.float32), np.zeros((4, 5), np.float32)
+    node = helper.make_node("Einsum", ["x", "y"], ["z"], equation="ij,jk->ik", name="product")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                                            helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 5])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 5])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+    with pytest.raises(PolycError, match=r"'product' \(Einsum\): 'j' of 'ij,jk->ik' has extents 3 and 4"):
+        ponnx.InferenceSession(model).run(None, {"x": x, "y": y})

@@ -169,23 +169,50 @@ class Gemm(Converter):
 
 
 class Einsum(Converter):
+    """Einsum as one TC statement: each letter an index, those not in the output summed.  An
+    ellipsis stands for the same run of axes in every term, aligned right and broadcast as
+    numpy broadcasts (an axis of extent 1 is read at 0); a letter repeated in a term reads its
+    diagonal.  Without ``->`` the output is the ellipsis' axes, then the letters that appear
+    once, in alphabetical order (numpy's implicit mode)."""
+
     @staticmethod
     def _impl_v12(b, node, inputs):
         equation = node.attr("equation").replace(" ", "")
-        if "..." in equation:
-            raise UnsupportedError(f"{b.where}: Einsum with an ellipsis ({equation})")
-        left, _, right = equation.partition("->")
+        left, arrow, right = equation.partition("->")
         terms = left.split(",")
-        if right == "" and "->" not in equation:
+        if len(terms) != len(inputs) or any(v is None for v in inputs):
+            raise UnsupportedError(f"{b.where}: the equation {equation!r} has {len(terms)} terms for "
+                                   f"{len(inputs)} inputs")
+        # The ellipsis' axes get letters of their own (not in the equation), aligned right.
+        unused = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in equation]
+        spans = [v.rank - len(term.replace("...", "")) if "..." in term else 0 for term, v in zip(terms, inputs)]
+        if any(span < 0 for span in spans) or any("..." not in term and len(term) != v.rank
+                                                  for term, v in zip(terms, inputs)):
+            raise UnsupportedError(f"{b.where}: the equation {equation!r} does not fit inputs of shapes "
+                                   f"{', '.join(str(v.shape) for v in inputs)}")
+        broadcast = "".join(unused[:max(spans, default=0)])
+        terms = [term.replace("...", broadcast[len(broadcast) - span:]) for term, span in zip(terms, spans)]
+        if arrow:
+            right = right.replace("...", broadcast)
+        else:
             letters = "".join(terms)
-            right = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
-        extents = {}
+            right = broadcast + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in broadcast))
+        extents: dict[str, int] = {}
         for term, value in zip(terms, inputs):
             for letter, extent in zip(term, value.shape):
-                extents[letter] = extent
+                if extents.get(letter, 1) != 1 and extent not in (1, extents[letter]):
+                    raise UnsupportedError(f"{b.where}: {letter!r} of {equation!r} has extents {extents[letter]} "
+                                           f"and {extent}")
+                extents[letter] = max(extents.get(letter, 1), extent)
+        missing = [c for c in right if c not in extents]
+        if missing or len(set(right)) != len(right):
+            raise UnsupportedError(f"{b.where}: the output of {equation!r} names {right!r}")
         out = b.new([extents[c] for c in right], inputs[0].dtype)
         name = {c: (f"i{right.index(c)}" if c in right else f"r_{c}") for c in extents}
-        rhs = " * ".join(b.ref(v, [name[c] for c in term]) for term, v in zip(terms, inputs))
+
+        def read(value, term):  # an axis of extent 1 where the letter's is larger is broadcast
+            return b.ref(value, [name[c] if e == extents[c] else "0" for c, e in zip(term, value.shape)])
+        rhs = " * ".join(read(v, term) for term, v in zip(terms, inputs))
         reductions = [(name[c], extents[c]) for c in extents if c not in right]
         op = "+=!" if reductions else "="
         b.emit([b.statement(out, [name[c] for c in right], op, rhs, reductions)], inputs, [out], "contraction")
