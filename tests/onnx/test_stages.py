@@ -264,3 +264,42 @@ def test_unique(shape, axis, sort, dtype):
             expected = np.unique(x, return_index=True, return_inverse=True, return_counts=True, axis=axis)
             for got, want in zip((y, first, inverse, counts), expected):
                 np.testing.assert_array_equal(got, want.reshape(got.shape))
+
+
+def _pool_and_unpool(shape, kernel, strides, pads):
+    window = {"kernel_shape": kernel, "strides": strides, "pads": pads}
+    nodes = [helper.make_node("MaxPool", ["x"], ["pooled", "where"], **window),
+             helper.make_node("Relu", ["pooled"], ["active"]),
+             helper.make_node("MaxUnpool", ["active", "where"], ["y"], name="unpool", **window)]
+    return model_of(nodes, {"x": np.zeros(shape, np.float32)}, {"y": (TensorProto.FLOAT, len(shape))}, opset=12)
+
+
+@pytest.mark.parametrize("shape, kernel, strides, pads", [((2, 3, 16, 16), [2, 2], [2, 2], [0, 0, 0, 0]),
+                                                          ((1, 2, 9, 11), [3, 3], [2, 2], [1, 1, 1, 1]),
+                                                          ((1, 2, 12), [3], [1], [0, 0])])
+def test_max_unpool_of_a_max_pool_reads_only_the_windows(shape, kernel, strides, pads):
+    # Overlapping windows (kernel 3, stride 2 or 1) may pick one element twice: the last wins.
+    model = _pool_and_unpool(shape, kernel, strides, pads)
+    session = ponnx.InferenceSession(model)
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    same_as_onnxruntime(session, model, {"x": x})
+    assert not any("ScatterND" in name for group in session.groups for name in group)  # the fast kernel
+
+
+def test_max_unpool_of_indices_from_anywhere_and_out_of_range():
+    from onnx.reference import ReferenceEvaluator
+    x = np.arange(1, 9, dtype=np.float32).reshape(1, 2, 2, 2)
+    window = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    node = helper.make_node("MaxUnpool", ["x", "where", "shape"], ["y"], name="unpool", **window)
+    model = model_of([node], {"x": x, "where": np.zeros((1, 2, 2, 2), np.int64)}, {"y": (TensorProto.FLOAT, 4)},
+                     {"shape": np.array([1, 2, 5, 4], np.int64)})
+    session = ponnx.InferenceSession(model)
+    scattered = np.array([31, 0, 5, 5, 17, 2, 30, 16], np.int64).reshape(1, 2, 2, 2)  # across channels, repeated
+    for where in (scattered, np.array([0, 3, 9, 15, 16, 18, 25, 31], np.int64).reshape(1, 2, 2, 2)):
+        (y,) = session.run(None, {"x": x, "where": where})
+        np.testing.assert_array_equal(y, ReferenceEvaluator(model).run(None, {"x": x, "where": where})[0])
+    with pytest.raises(polyc.PolycError, match=r"\(nodes unpool/.*ScatterND.*\): .* out of range"):
+        session.run(None, {"x": x, "where": np.where(scattered == 31, 32, scattered)})
+    with pytest.raises(polyc.PolycError, match=r"'unpool' \(MaxUnpool\): its output shape \[1, 2, 3, 4\] must hold"):
+        model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array([1, 2, 3, 4], np.int64), "shape"))
+        ponnx.InferenceSession(model).run(None, {"x": x, "where": scattered})

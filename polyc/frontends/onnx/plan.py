@@ -124,16 +124,16 @@ class Plan:
         pending = collections.deque(nodes)
         while pending:
             flat = pending.popleft()
-            replaced = _replaced(flat, self.values)
-            if replaced is not None:  # an operator planned in stages (ops/data_dependent.py)
-                pending.extendleft(reversed(replaced))
-                continue
             probe = value_to_probe(flat, self.values, CONVERTERS)
             if probe is not None:
                 def plan_rest(rest, shapes, dtypes, known):
                     return Plan(graph, opset, shapes, dtypes, known, options, graph_fusion, channels_last, nodes=rest)
                 steps += self._stop_before([flat, *pending], probe, graph, layout, plan_rest)
                 break
+            replaced = _replaced(flat, self.values)
+            if replaced is not None:  # an operator planned in stages (ops/data_dependent.py)
+                pending.extendleft(reversed(replaced))
+                continue
             if isinstance(flat, LoopIterations):  # the next iteration, or the loop's outputs
                 pending.extendleft(reversed(flat.next(self._constant_of)))
                 continue
@@ -498,7 +498,10 @@ class Plan:
             outputs = [array if array is not None else allocate(
                 v.tc_shape, v.dtype, item.starts_unread(v))
                 for array, v in zip(outputs, item.outputs)]
-        results = item.kernel(*inputs, outputs=outputs)
+        try:
+            results = item.kernel(*inputs, outputs=outputs)
+        except PolycError as error:
+            raise _in_group(error, item) from error
         results = results if isinstance(results, tuple) else (results,)
         for value, array in zip(item.outputs, results):
             buffers[value.ident] = array
@@ -714,8 +717,22 @@ class _CallSequence:
     def _fail(self, call: int, status: int) -> None:
         if status < 0:
             raise PolycError(f"polyc's call sequence met an unknown signature at call {call} (a polyc bug)")
-        self.steps[call][1].status(status)
-        raise PolycError(f"kernel {self.steps[call][0].name} returned status {status}")
+        item = self.steps[call][0]
+        try:
+            self.steps[call][1].status(status)
+        except PolycError as error:
+            raise _in_group(error, item) from error
+        raise PolycError(f"kernel {item.name} (nodes {', '.join(item.nodes)}) returned status {status}")
+
+
+def _in_group(error: PolycError, group: Group) -> PolycError:
+    """``error``, raised by ``group``'s kernel at run time, naming the group and its ONNX nodes
+    (the kernel knows itself only by its canonical def's name)."""
+    message = f"{group.name} (nodes {', '.join(group.nodes)}): {error.message}"
+    try:
+        return type(error)(message)
+    except TypeError:  # an error class of another signature
+        return PolycError(message)
 
 
 _STATEMENT = re.compile(r"^(?P<target>v\d+)\((?P<indices>[^()]*)\) = (?P<rhs>.*?)(?P<ranges> where [^()]*)?$")

@@ -11,10 +11,13 @@ thresholds and class scores models meet, slow for millions of elements.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from polyc.errors import PolycError, UnsupportedError
 from polyc.frontends.onnx.functions import FlatNode
+from polyc.frontends.onnx.lowering import indices, tc_type
 from polyc.frontends.onnx.ops.base import Converter, _require_const
 
 
@@ -127,9 +130,10 @@ class _Nodes:
     def __call__(self, op_type: str, *inputs: str, output: str = "", **attributes) -> str:
         from onnx import helper
         self._count += 1
-        output = output or f"{self.prefix}/{op_type}_{self._count}"
-        self.nodes.append(FlatNode(helper.make_node(op_type, list(inputs), [output], name=output, **attributes),
-                                   _REPLACEMENT_OPSET, output, self.origin))
+        name = f"{self.prefix}/{op_type}_{self._count}"
+        output = output or name
+        self.nodes.append(FlatNode(helper.make_node(op_type, list(inputs), [output], name=name, **attributes),
+                                   _REPLACEMENT_OPSET, name, self.origin))
         return output
 
     def constant(self, label: str, array) -> str:
@@ -356,6 +360,137 @@ class Unique(Converter):
         raise UnsupportedError(f"{b.where}: Unique reached its converter unplanned (a polyc bug)")
 
 
+class MaxUnpool(Converter):
+    """The inverse of a MaxPool with indices: zeros of the unpooled shape, with each value
+    written where its index points (of several aimed at one element, the last wins, as in
+    onnx's reference).  An index outside the output is an error.  Given an ``output_shape``,
+    the indices still point into the shape the geometry gives, and the result is padded with
+    zeros at the end of each axis to the shape given, as onnx's reference does.
+
+    Indices a MaxPool of the same geometry made lie in their own value's window, and then each
+    output element needs to look only at the few windows that cover it.  The node is replaced
+    by a kernel counting the indices that do not (``check``), and an If on that count: the fast
+    kernel reading only the covering windows (``windows``), or a ScatterND of every value,
+    |output| x |input| comparisons, for indices from anywhere.  The plan learns which in a
+    stage (:mod:`polyc.frontends.onnx.stages`)."""
+
+    CONSTANT_INPUTS = (2,)  # the output shape
+
+    @staticmethod
+    def _geometry(where: str, x_shape, attributes: dict):
+        """(kernel, strides, pads at the beginning, the unpooled shape) of the unpooling."""
+        spatial = list(x_shape[2:])
+        kernel = list(attributes.get("kernel_shape") or [])
+        if len(x_shape) < 3 or len(kernel) != len(spatial):
+            raise UnsupportedError(f"{where}: its kernel_shape {kernel} does not fit an input of shape {list(x_shape)}")
+        strides = list(attributes.get("strides") or [1] * len(spatial))
+        pads = list(attributes.get("pads") or [0] * (2 * len(spatial)))
+        unpooled = list(x_shape[:2]) + [(extent - 1) * strides[d] + kernel[d] - pads[d] - pads[len(spatial) + d]
+                                        for d, extent in enumerate(spatial)]
+        if min(unpooled) < 0:
+            raise UnsupportedError(f"{where}: the unpooled shape {unpooled} of an input of shape {list(x_shape)}")
+        return kernel, strides, pads[:len(spatial)], unpooled
+
+    @staticmethod
+    def replaced(flat: FlatNode, values: dict) -> list[FlatNode] | None:
+        from onnx import TensorProto, helper
+        proto, name = flat.proto, flat.name
+        attributes = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
+        if "polyc_path" in attributes:
+            return None
+        where = f"node {name!r} (MaxUnpool)"
+        x, which = (values.get(n) if n else None for n in (list(proto.input) + ["", ""])[:2])
+        if x is None or which is None:
+            raise PolycError(f"{where}: its input and indices are required")
+        if which.shape != x.shape or which.dtype != np.int64:
+            raise PolycError(f"{where}: its indices must be int64 of the input's shape {list(x.shape)}, not "
+                             f"{which.dtype} of shape {list(which.shape)}")
+        _, _, _, shape = MaxUnpool._geometry(where, x.shape, attributes)
+        given = values.get(proto.input[2]) if len(proto.input) > 2 and proto.input[2] else None
+        wanted = shape if given is None else [int(e) for e in given.const.reshape(-1)]
+        if len(wanted) != len(shape) or wanted[:2] != shape[:2] or any(w < e for w, e in zip(wanted, shape)):
+            raise PolycError(f"{where}: its output shape {wanted} must hold the unpooled shape {shape}")
+        n = _Nodes(name, flat.origin)
+        shape_name = n.constant("unpooled_shape", np.array(shape, np.int64))
+        kept = {k: v for k, v in attributes.items() if k in ("kernel_shape", "strides", "pads")}
+        unpooled = proto.output[0] if wanted == shape else f"{name}/unpooled"
+        outside = n("MaxUnpool", proto.input[0], proto.input[1], polyc_path="check", **kept)
+        fits = n("Equal", outside, n.constant("none", np.array(0, np.int64)))
+        windows = helper.make_graph(
+            [helper.make_node("MaxUnpool", [proto.input[0], proto.input[1]], [f"{name}/from_windows"],
+                              polyc_path="windows", **kept)], f"{name}/windows", [],
+            [helper.make_tensor_value_info(f"{name}/from_windows", TensorProto.UNDEFINED, None)])
+        count = x.size
+        anywhere = helper.make_graph(
+            [helper.make_node("Reshape", [proto.input[0], n.constant("flat", np.array([-1], np.int64))],
+                              [f"{name}/values"]),
+             helper.make_node("Reshape", [proto.input[1], n.constant("rows", np.array([count, 1], np.int64))],
+                              [f"{name}/aims"]),
+             helper.make_node("ScatterND", [n.constant("zeros", np.zeros(math.prod(shape), x.dtype)),
+                                            f"{name}/aims", f"{name}/values"], [f"{name}/scattered"]),
+             helper.make_node("Reshape", [f"{name}/scattered", shape_name], [f"{name}/from_anywhere"])],
+            f"{name}/anywhere", [], [helper.make_tensor_value_info(f"{name}/from_anywhere", TensorProto.UNDEFINED, None)])
+        n("If", fits, output=unpooled, then_branch=windows, else_branch=anywhere)
+        if wanted != shape:
+            widths = [0] * len(shape) + [w - e for w, e in zip(wanted, shape)]
+            n("Pad", unpooled, n.constant("pads", np.array(widths, np.int64)), output=proto.output[0])
+        return n.nodes
+
+    @staticmethod
+    def _impl_v9(b, node, inputs):
+        x, which = inputs[:2]
+        if node.attr("polyc_path") not in ("check", "windows"):
+            raise UnsupportedError(f"{b.where}: MaxUnpool reached its converter unplanned (a polyc bug)")
+        kernel, strides, begin, out_shape = MaxUnpool._geometry(b.where, x.shape, node.attributes)
+        k = len(kernel)
+        out_strides = [math.prod(out_shape[d + 1:]) for d in range(len(out_shape))]
+        in_strides = [math.prod(x.shape[d + 1:]) for d in range(x.rank)]
+        if node.attr("polyc_path") == "check":  # how many indices lie outside their own window
+            q = [f"r_q{d}" for d in range(x.rank)]
+            aim = b.ref(which, q)
+            tests = [f"{aim} >= int64(0)", f"{aim} < int64({math.prod(out_shape)})",
+                     f"{aim} / int64({out_strides[0]}) == {q[0]}", f"({aim} / int64({out_strides[1]})) % "
+                     f"int64({out_shape[1]}) == {q[1]}"]
+            for d in range(k):
+                at = f"({aim} / int64({out_strides[2 + d]})) % int64({out_shape[2 + d]})"
+                low = f"{q[2 + d]} * {strides[d]} - {begin[d]}"
+                tests += [f"{at} >= {low}", f"{at} < {low} + {kernel[d]}"]
+            outside = b.new((), np.int64)
+            b.emit([b.statement(outside, [], "+=!", f"({' && '.join(tests)}) ? int64(0) : int64(1)",
+                                [(r, e) for r, e in zip(q, x.shape)])], [which], [outside], "other")
+            return [outside]
+        o = indices(len(out_shape))
+        here = " + ".join(f"int64({o[d]}) * int64({out_strides[d]})" for d in range(len(o)))
+        zero = f"{tc_type(x.dtype)}(0)"
+        out = b.new(out_shape, x.dtype)
+        if all(kernel[d] <= strides[d] for d in range(k)):  # windows that do not overlap: one covers o
+            covered = " && ".join(f"({o[2 + d]} + {begin[d]}) % {strides[d]} < {kernel[d]} && "
+                                  f"({o[2 + d]} + {begin[d]}) / {strides[d]} < {x.shape[2 + d]}" for d in range(k))
+            q = o[:2] + [f"({o[2 + d]} + {begin[d]}) / {strides[d]}" for d in range(k)]
+            b.emit([b.statement(out, o, "=", f"({covered}) ? (({b.ref(which, q)} == {here}) ? {b.ref(x, q)} : {zero}) "
+                                             f": {zero}")], [x, which], [out], "other")
+            return [out]
+        # The taps r_t of each spatial axis: the windows covering output pixel o start at
+        # o + begin - r_t, which must be a multiple of the stride inside the input.
+        taps = [f"r_t{d}" for d in range(k)]
+        reach = [f"{o[2 + d]} + {begin[d]} - {taps[d]}" for d in range(k)]
+        covered = " && ".join(f"{reach[d]} >= 0 && ({reach[d]}) % {strides[d]} == 0 && ({reach[d]}) / {strides[d]} < "
+                              f"{x.shape[2 + d]}" for d in range(k))
+        q = o[:2] + [f"({reach[d]}) / {strides[d]}" for d in range(k)]
+        position = " + ".join(f"int64({q[d]}) * int64({in_strides[d]})" for d in range(len(q)))
+        last = b.new(out_shape, np.int64)
+        reductions = list(zip(taps, kernel))
+        b.emit([b.statement(last, o, "max=!", f"({covered}) ? (({b.ref(which, q)} == {here}) ? {position} : int64(-1)) "
+                                              f": int64(-1)", reductions),
+                b.statement(out, o, "+=!", f"({covered}) ? (({position} == {b.ref(last, o)}) ? {b.ref(x, q)} : {zero}) "
+                                           f": {zero}", reductions)], [x, which], [out], "other")
+        return [out]
+
+    @staticmethod
+    def _impl_v11(b, node, inputs):
+        return MaxUnpool._impl_v9(b, node, inputs)
+
+
 def _with_inputs(proto, inputs: list[str]):
     from onnx import NodeProto
     copy = NodeProto()
@@ -366,4 +501,4 @@ def _with_inputs(proto, inputs: list[str]):
 
 
 DATA_DEPENDENT = {"NonZero": NonZero, "Compress": Compress, "NonMaxSuppression": NonMaxSuppression,
-                  "Unique": Unique}
+                  "Unique": Unique, "MaxUnpool": MaxUnpool}
