@@ -475,3 +475,27 @@ def test_einsum_whose_extents_disagree_is_an_error():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
     with pytest.raises(PolycError, match=r"'product' \(Einsum\): 'j' of 'ij,jk->ik' has extents 3 and 4"):
         ponnx.InferenceSession(model).run(None, {"x": x, "y": y})
+
+
+def test_bitcast_between_kernels_reads_the_bits():
+    # |x| by clearing float32's sign bit through int32: a view between two kernels, no copy.
+    x = np.random.default_rng(4).standard_normal((3, 5)).astype(np.float32)
+    nodes = [helper.make_node("Mul", ["x", "two"], ["doubled"]),
+             helper.make_node("BitCast", ["doubled"], ["bits"], to=TensorProto.INT32),
+             helper.make_node("BitwiseAnd", ["bits", "mask"], ["cleared"]),
+             helper.make_node("BitCast", ["cleared"], ["y"], to=TensorProto.FLOAT),
+             helper.make_node("BitCast", ["x"], ["x_bits"], to=TensorProto.UINT32)]
+    graph = helper.make_graph(
+        nodes, "bitcast", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5]),
+         helper.make_tensor_value_info("x_bits", TensorProto.UINT32, [3, 5])],
+        [numpy_helper.from_array(np.array(2, np.float32), "two"),
+         numpy_helper.from_array(np.array(0x7FFFFFFF, np.int32), "mask")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 26)])
+    given = x.copy()
+    y, x_bits = ponnx.InferenceSession(model).run(None, {"x": x})
+    np.testing.assert_array_equal(y, np.abs(2 * x))
+    np.testing.assert_array_equal(x_bits, x.view(np.uint32))
+    np.testing.assert_array_equal(x, given)  # the output viewing the feed is a copy
+    x_bits[0, 0] = 0
+    np.testing.assert_array_equal(x, given)

@@ -75,7 +75,10 @@ class ViewStep:
     offset: int = 0
 
     def of(self, array: np.ndarray) -> np.ndarray:
-        """The view of ``array`` (``source``'s elements, C-contiguous)."""
+        """The view of ``array`` (``source``'s elements, C-contiguous); its bits reinterpreted
+        when ``target`` has another element type of the same width (BitCast)."""
+        if array.dtype != self.target.dtype:
+            array = array.view(self.target.dtype)
         if self.offset == 0 and array.size == self.target.size:
             return array.reshape(self.target.tc_shape)
         return array.reshape(-1)[self.offset:self.offset + self.target.size].reshape(self.target.tc_shape)
@@ -119,14 +122,18 @@ class Builder:
             raise UnsupportedError(f"{self.where}: cannot view {source.shape} as {shape}")
         return self.part(source, shape, 0)
 
-    def part(self, source: Value, shape, offset: int) -> Value:
+    def part(self, source: Value, shape, offset: int, dtype=None) -> Value:
         """The ``prod(shape)`` elements of ``source`` from flat position ``offset`` on, as a
-        value of ``shape``, without a copy."""
+        value of ``shape``, without a copy; with ``dtype`` (of the same width), their bits read
+        as that type."""
         shape = tuple(int(d) for d in shape)
-        step = ViewStep(self.node_name, source, Value("", source.dtype, shape), offset)
+        dtype = source.dtype if dtype is None else np.dtype(dtype)
+        if dtype.itemsize != source.dtype.itemsize:
+            raise UnsupportedError(f"{self.where}: cannot read {source.dtype} as {dtype}, of another width")
+        step = ViewStep(self.node_name, source, Value("", dtype, shape), offset)
         if source.const is not None:
             return self.const(step.of(np.ascontiguousarray(source.const)).reshape(shape))
-        step.target = self.new(shape, source.dtype)
+        step.target = self.new(shape, dtype)
         self.steps.append(step)
         return step.target
 

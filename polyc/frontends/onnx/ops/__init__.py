@@ -33,8 +33,8 @@ from polyc.frontends.onnx.ops.contractions import Einsum, Gemm, MatMul
 from polyc.frontends.onnx.ops.convolutions import (AveragePool, BatchNormalization, Conv, ConvTranspose,
                                                    GlobalAveragePool, GlobalMaxPool, LpPool, MaxPool)
 from polyc.frontends.onnx.ops.data_dependent import DATA_DEPENDENT
-from polyc.frontends.onnx.ops.elementwise import (BitShift, Cast, CastLike, Clip, Dropout, Elu, Gelu, HardSigmoid,
-                                                  Identity, IsInf, IsNaN, LeakyRelu, Mod, Not, Pow, PRelu, Selu,
+from polyc.frontends.onnx.ops.elementwise import (BitCast, BitShift, Cast, CastLike, Clip, Dropout, Elu, Gelu, HardSigmoid,
+                                                  Identity, IsInf, IsNaN, OptionalGetElement, OptionalHasElement, LeakyRelu, Mod, Not, Pow, PRelu, Selu,
                                                   Shrink, Sign, SwiGLU, Swish, Where, _binary, _bitwise, _unary,
                                                   _variadic)
 from polyc.frontends.onnx.ops.indexing import (Gather, GatherElements, GatherND, ReverseSequence, Scatter,
@@ -78,7 +78,8 @@ CONVERTERS: dict[str, type[Converter]] = {
     "Max": _variadic("max"), "Min": _variadic("min"), "Sum": _variadic("+"), "Mean": _variadic("+", mean=True),
     "Mod": Mod, "Not": Not, "Where": Where, "Cast": Cast, "CastLike": CastLike, "Clip": Clip,
     "LeakyRelu": LeakyRelu, "Elu": Elu, "Selu": Selu, "HardSigmoid": HardSigmoid, "Gelu": Gelu, "PRelu": PRelu,
-    "Identity": Identity, "Dropout": Dropout,
+    "Identity": Identity, "Dropout": Dropout, "BitCast": BitCast, "OptionalHasElement": OptionalHasElement,
+    "OptionalGetElement": OptionalGetElement,
     "Shape": Shape, "Size": Size, "Constant": Constant, "ConstantOfShape": ConstantOfShape, "Range": Range,
     "Reshape": Reshape, "Flatten": Flatten, "Squeeze": Squeeze, "Unsqueeze": Unsqueeze,
     "Transpose": Transpose, "Expand": Expand, "Concat": Concat, "Split": Split, "Slice": Slice,

@@ -321,9 +321,41 @@ class CastLike(Converter):
         return [_cast(b, inputs[0], inputs[1].dtype)]
 
 
+class BitCast(Converter):
+    """The input's bits read as another element type of the same width (little endian, as the
+    machines polyc targets are): a view, no copy."""
+
+    @staticmethod
+    def _impl_v26(b, node, inputs):
+        from polyc.frontends.onnx.model import numpy_dtype
+        to = numpy_dtype(node.attr("to"))
+        if to is None:
+            raise UnsupportedError(f"{b.where}: BitCast to element type {node.attr('to')} is not supported")
+        return [b.part(inputs[0], inputs[0].shape, 0, to)]
+
+
 class Identity(Converter):
     @staticmethod
     def _impl_v1(b, node, inputs):
+        return [b.view(inputs[0], inputs[0].shape)]
+
+
+class OptionalHasElement(Converter):
+    """Of a tensor: true when the input is given (polyc compiles tensors; optionals and
+    sequences are refused where the model declares them)."""
+
+    @staticmethod
+    def _impl_v18(b, node, inputs):
+        return [b.const(np.array(bool(inputs and inputs[0] is not None)))]
+
+
+class OptionalGetElement(Converter):
+    """Of a tensor: the tensor."""
+
+    @staticmethod
+    def _impl_v18(b, node, inputs):
+        if not inputs or inputs[0] is None:
+            raise UnsupportedError(f"{b.where}: OptionalGetElement of no input")
         return [b.view(inputs[0], inputs[0].shape)]
 
 
