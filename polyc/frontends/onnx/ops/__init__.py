@@ -33,10 +33,10 @@ from polyc.frontends.onnx.ops.contractions import Einsum, Gemm, MatMul
 from polyc.frontends.onnx.ops.convolutions import (AveragePool, BatchNormalization, Conv, ConvTranspose,
                                                    GlobalAveragePool, GlobalMaxPool, LpPool, MaxPool)
 from polyc.frontends.onnx.ops.data_dependent import DATA_DEPENDENT
-from polyc.frontends.onnx.ops.elementwise import (BitCast, BitShift, Cast, CastLike, Clip, Dropout, Elu, Gelu, HardSigmoid,
-                                                  Identity, IsInf, IsNaN, OptionalGetElement, OptionalHasElement, LeakyRelu, Mod, Not, Pow, PRelu, Selu,
-                                                  Shrink, Sign, SwiGLU, Swish, Where, _binary, _bitwise, _unary,
-                                                  _variadic)
+from polyc.frontends.onnx.ops.elementwise import (BitCast, BitShift, Cast, CastLike, Clip, Dropout, Elu, Gelu,
+                                                  HardSigmoid, Identity, IsInf, IsNaN, LeakyRelu, Mod, Not,
+                                                  OptionalGetElement, OptionalHasElement, Pow, PRelu, Selu, Shrink,
+                                                  Sign, SwiGLU, Swish, Where, _binary, _bitwise, _unary, _variadic)
 from polyc.frontends.onnx.ops.indexing import (Gather, GatherElements, GatherND, ReverseSequence, Scatter,
                                                ScatterElements, ScatterND, TensorScatter)
 from polyc.frontends.onnx.ops.quantization import (ConvInteger, DequantizeLinear, MatMulInteger, QLinearConv,
@@ -100,7 +100,8 @@ CONVERTERS: dict[str, type[Converter]] = {
     "Trilu": Trilu, "EyeLike": EyeLike, "OneHot": OneHot, "GatherElements": GatherElements, "GatherND": GatherND,
     "Hardmax": Hardmax, "LpNormalization": LpNormalization, "CumSum": CumSum, "CumProd": CumProd,
     "BitwiseAnd": _bitwise("bitand"), "BitwiseOr": _bitwise("bitor"), "BitwiseXor": _bitwise("bitxor"),
-    "BitwiseNot": _bitwise("bitnot"), "BitShift": BitShift, "GridSample": GridSample, "ReverseSequence": ReverseSequence, "Col2Im": Col2Im, "RoiAlign": RoiAlign, "DeformConv": DeformConv,
+    "BitwiseNot": _bitwise("bitnot"), "BitShift": BitShift, "GridSample": GridSample,
+    "ReverseSequence": ReverseSequence, "Col2Im": Col2Im, "RoiAlign": RoiAlign, "DeformConv": DeformConv,
     "TensorScatter": TensorScatter, "LpPool": LpPool,
     "Upsample": Upsample, "TopK": TopK, "ScatterElements": ScatterElements, "Scatter": Scatter,
     "ScatterND": ScatterND, "DFT": DFT, "STFT": STFT, "HannWindow": HannWindow, "HammingWindow": HammingWindow,
