@@ -32,8 +32,6 @@ from polyc.frontends.onnx.plan import is_converted  # noqa: E402
 #: Cases polyc declines on purpose (an UnsupportedError with this reason is a skip, not a failure).
 EXCLUDED = {
     r"training_mode|training_dropout": "training mode: polyc compiles models for inference",
-    r"resize_tf_crop_and_resize": "Resize's tf_crop_and_resize (a region of interest and an extrapolation "
-                                  "value) is not implemented",
 }
 
 #: Cases whose expected outputs are further from the exact answer than their own tolerance, so

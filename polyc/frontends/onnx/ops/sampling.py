@@ -333,7 +333,11 @@ class Resize(Converter):
     implementation, run when the model is compiled on an identity matrix along each axis (a
     resize is linear and separable), so every mode, coordinate transformation, rounding rule,
     antialiasing and ``exclude_outside`` means exactly what onnx says; the pass keeps a row's
-    nonzero weights only (one for nearest, two for linear, four for cubic)."""
+    nonzero weights only (one for nearest, two for linear, four for cubic).  With
+    ``tf_crop_and_resize``, each axis samples its region of interest, and the rows the reference
+    extrapolates (found by running it on zeros with an extrapolation value of 1) take
+    ``extrapolation_value``; the axes' rows sum to one, so an extrapolated value stays itself
+    through the passes along the other axes."""
 
     CONSTANT_INPUTS = (1, 2, 3)
 
@@ -357,19 +361,24 @@ class Resize(Converter):
         else:
             roi, scales, sizes = given(1), given(2), given(3)
         mode = node.attr("mode", "nearest")
-        if node.attr("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize":
-            raise UnsupportedError(f"{b.where}: Resize with coordinate_transformation_mode "
-                                   "'tf_crop_and_resize'")
         if mode != "nearest" and x.dtype.kind != "f":
             raise UnsupportedError(f"{b.where}: Resize mode {mode!r} on {x.dtype}")
         axes = [a % x.rank for a in (node.attr("axes") or range(x.rank))]
+        regions = {axis: (0.0, 1.0) for axis in axes}  # of interest, tf_crop_and_resize's
+        cropping = node.attr("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize"
+        if cropping:
+            if roi is None or roi.size == 0:
+                raise UnsupportedError(f"{b.where}: Resize's tf_crop_and_resize needs its roi")
+            bounds = _require_const(b, roi, "Resize's roi").reshape(-1).astype(np.float64)
+            if bounds.size != 2 * len(axes):
+                raise UnsupportedError(f"{b.where}: Resize's roi has {bounds.size} values for {len(axes)} axes")
+            regions = {axis: (bounds[k], bounds[len(axes) + k]) for k, axis in enumerate(axes)}
         scales = [float(v) for v in _require_const(b, scales, "Resize's scales")] if scales is not None and \
             scales.size else None
         sizes = [int(v) for v in _require_const(b, sizes, "Resize's sizes")] if sizes is not None and \
             sizes.size else None
         if (scales is None) == (sizes is None):
             raise UnsupportedError(f"{b.where}: Resize needs exactly one of scales and sizes")
-        del roi
         out_shape = list(x.shape)
         per_axis = {}
         if scales is not None:
@@ -389,10 +398,13 @@ class Resize(Converter):
                 per_axis[axis] = ("sizes", size)
         value = x
         for axis in sorted(per_axis):
-            if out_shape[axis] == x.shape[axis] and per_axis[axis] in (("scales", 1.0), ("sizes", x.shape[axis])):
+            if out_shape[axis] == x.shape[axis] and per_axis[axis] in (("scales", 1.0), ("sizes", x.shape[axis])) \
+                    and regions[axis] == (0.0, 1.0):
                 continue
-            weights = _resize_weights(node, opset, x.shape[axis], *per_axis[axis])
-            value = _weighted_gather(b, value, axis, weights)
+            weights = _resize_weights(node, opset, x.shape[axis], *per_axis[axis], regions[axis])
+            outside = _resize_weights(node, opset, x.shape[axis], *per_axis[axis], regions[axis], probe=True)[:, 0] \
+                if cropping else None
+            value = _weighted_gather(b, value, axis, weights, outside, node.attr("extrapolation_value", 0.0))
         if value is x:
             value = b.new(list(x.shape), x.dtype)
             idx = indices(x.rank)
@@ -427,12 +439,17 @@ class Upsample(Converter):
         return Upsample._resize(b, node, inputs[0], inputs[1] if len(inputs) > 1 else None)
 
 
-def _resize_weights(node, opset: int, length: int, kind: str, amount) -> np.ndarray:
+def _resize_weights(node, opset: int, length: int, kind: str, amount, region=(0.0, 1.0),
+                    probe: bool = False) -> np.ndarray:
     """(output length x ``length``) weights of a one-axis Resize with ``node``'s attributes, by
-    onnx's reference implementation applied to the identity."""
+    onnx's reference implementation applied to the identity; ``region``: the axis' region of
+    interest (tf_crop_and_resize).  With ``probe``, the reference runs on zeros with an
+    extrapolation value of 1 instead: the rows it extrapolates are ones."""
     from onnx import TensorProto, helper
     from onnx.reference import ReferenceEvaluator
-    attributes = [a for a in node.proto.attribute if a.name not in ("axes", "keep_aspect_ratio_policy")]
+    attributes = [a for a in node.proto.attribute
+                  if a.name not in ("axes", "keep_aspect_ratio_policy", "extrapolation_value")]
+    attributes.append(helper.make_attribute("extrapolation_value", 1.0 if probe else 0.0))
     resize = helper.make_node("Resize", [], ["Y"])
     if opset < 11:
         # onnx's reference has opset 11's Resize only.  Before, coordinates were asymmetric
@@ -443,22 +460,23 @@ def _resize_weights(node, opset: int, length: int, kind: str, amount) -> np.ndar
                       helper.make_attribute("nearest_mode", "floor" if float(amount) >= 1 else "ceil")]
         opset = 11
     resize.attribute.extend(attributes)
+    initializers = [helper.make_tensor("roi", TensorProto.DOUBLE, [4], [region[0], 0.0, region[1], 1.0])]
     if kind == "scales":
-        resize.input.extend(["X", "", "scales"])
-        initializers = [helper.make_tensor("scales", TensorProto.FLOAT, [2], [float(amount), 1.0])]
+        resize.input.extend(["X", "roi", "scales"])
+        initializers.append(helper.make_tensor("scales", TensorProto.FLOAT, [2], [float(amount), 1.0]))
     else:
-        resize.input.extend(["X", "", "", "sizes"])
-        initializers = [helper.make_tensor("sizes", TensorProto.INT64, [2], [int(amount), length])]
+        resize.input.extend(["X", "roi", "", "sizes"])
+        initializers.append(helper.make_tensor("sizes", TensorProto.INT64, [2], [int(amount), length]))
     graph = helper.make_graph([resize], "axis", [helper.make_tensor_value_info("X", TensorProto.DOUBLE, [length, length])],
                               [helper.make_tensor_value_info("Y", TensorProto.DOUBLE, None)], initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    (result,) = ReferenceEvaluator(model).run(None, {"X": np.eye(length)})
+    (result,) = ReferenceEvaluator(model).run(None, {"X": np.zeros((length, length)) if probe else np.eye(length)})
     return np.asarray(result, dtype=np.float64)
 
 
-def _weighted_gather(b, x, axis: int, weights: np.ndarray):
+def _weighted_gather(b, x, axis: int, weights: np.ndarray, outside=None, fill: float = 0.0):
     """``x`` resampled along ``axis``: output ``y`` is ``sum_j W[y, j] * x(.., I[y, j], ..)`` over
-    the nonzero weights of row ``y`` of ``weights``."""
+    the nonzero weights of row ``y`` of ``weights``, or ``fill`` where ``outside[y]``."""
     rows = weights.shape[0]
     terms = max(1, int((weights != 0).sum(axis=1).max()))
     table = np.zeros((rows, terms), np.int64)
@@ -481,5 +499,9 @@ def _weighted_gather(b, x, axis: int, weights: np.ndarray):
         reads.append(scale)
         rhs = " + ".join(f"{b.ref(scale, pick(j))} * {b.ref(x, idx[:axis] + [b.ref(where, pick(j))] + idx[axis + 1:])}"
                          for j in range(terms))
+    if outside is not None and np.any(outside != 0):
+        mask = b.const(np.asarray(outside != 0))
+        reads.append(mask)
+        rhs = f"({b.ref(mask, [idx[axis]])}) ? {b.ref(b.const(np.array(fill, x.dtype)), [])} : ({rhs})"
     b.emit([b.statement(out, idx, "=", rhs)], reads, [out], "other")
     return out
