@@ -499,3 +499,23 @@ def test_bitcast_between_kernels_reads_the_bits():
     np.testing.assert_array_equal(x, given)  # the output viewing the feed is a copy
     x_bits[0, 0] = 0
     np.testing.assert_array_equal(x, given)
+
+
+@pytest.mark.parametrize("mode, rank, skips, dtype", [("TF", 2, 2, np.int64), ("IDF", 1, 0, np.int32),
+                                                       ("TFIDF", 2, 1, np.int32)])
+def test_tfidf_vectorizer_counts_skipping_n_grams(mode, rank, skips, dtype):
+    # 1-grams, 2-grams and 3-grams over ids 0..5, the output columns in another order.
+    pool = [1, 2, 4, 0, 1, 1, 2, 3, 4, 2, 2, 2, 3, 4]
+    attributes = dict(mode=mode, min_gram_length=1, max_gram_length=3, max_skip_count=skips,
+                      ngram_counts=[0, 3, 11], ngram_indexes=[7, 1, 2, 3, 4, 5, 6, 0], pool_int64s=pool,
+                      weights=[0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0])
+    x = np.random.default_rng(skips).integers(0, 6, (3, 17) if rank == 2 else (17,)).astype(dtype)
+    node = helper.make_node("TfIdfVectorizer", ["x"], ["y"], **attributes)
+    model = one_node_model(node, {"x": x}, TensorProto.FLOAT, opset=9)
+    ours, theirs = run_both(model, {"x": x})
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)  # (onnx's reference weighs by column, see text.py)
+    assert ours.max() > 0
+    attributes["pool_int64s"] = pool[:9] + [3, 4] + pool[11:]  # the 2-gram (3, 4) twice
+    with pytest.raises(PolycError, match=r"the n-gram \[3, 4\] is in the pool twice"):
+        ponnx.InferenceSession(one_node_model(helper.make_node("TfIdfVectorizer", ["x"], ["y"], **attributes),
+                                              {"x": x}, TensorProto.FLOAT, opset=9)).run(None, {"x": x})

@@ -19,6 +19,7 @@ The modules, one per family of operators:
 - :mod:`.convolutions`: Conv, ConvTranspose, the pools, BatchNormalization;
 - :mod:`.sampling`: image sampling: Resize, Upsample, GridSample, RoiAlign, DeformConv, Col2Im;
 - :mod:`.spectral`: DFT, STFT, the windows, MelWeightMatrix;
+- :mod:`.text`: TfIdfVectorizer's n-gram counts;
 - :mod:`.quantization`: QuantizeLinear, DequantizeLinear and the integer and QLinear products;
 - :mod:`.reductions`: the Reduce operators, ArgMax, Softmax, Hardmax, TopK, CumSum, CumProd and the
   normalizations along axes;
@@ -50,6 +51,7 @@ from polyc.frontends.onnx.ops.shapes import (Concat, Constant, ConstantOfShape, 
                                              OneHot, Pad, Range, Reshape, Shape, Size, Slice, SpaceToDepth, Split,
                                              Squeeze, Tile, Transpose, Trilu, Unsqueeze)
 from polyc.frontends.onnx.ops.spectral import BlackmanWindow, DFT, HammingWindow, HannWindow, MelWeightMatrix, STFT
+from polyc.frontends.onnx.ops.text import TfIdfVectorizer
 
 
 _FLOAT_FUNCTIONS = {"Exp": "exp({x})", "Log": "log({x})", "Sqrt": "sqrt({x})", "Tanh": "tanh({x})",
@@ -105,7 +107,7 @@ CONVERTERS: dict[str, type[Converter]] = {
     "TensorScatter": TensorScatter, "LpPool": LpPool,
     "Upsample": Upsample, "TopK": TopK, "ScatterElements": ScatterElements, "Scatter": Scatter,
     "ScatterND": ScatterND, "DFT": DFT, "STFT": STFT, "HannWindow": HannWindow, "HammingWindow": HammingWindow,
-    "BlackmanWindow": BlackmanWindow, "MelWeightMatrix": MelWeightMatrix,
+    "BlackmanWindow": BlackmanWindow, "MelWeightMatrix": MelWeightMatrix, "TfIdfVectorizer": TfIdfVectorizer,
 }
 
 
