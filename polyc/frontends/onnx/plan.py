@@ -398,7 +398,6 @@ class Plan:
             for value in _reads_of(item):
                 needed_later[id(value)] = max(needed_later.get(id(value), -1), position)
         outputs = {id(v) for v in self.outputs}
-        shared: dict[tuple, object] = {}  # (canonical def, options) -> its kernel
         for position, group in enumerate(self.order):
             if not isinstance(group, Group):
                 continue
@@ -412,11 +411,11 @@ class Plan:
             canonical, group.tensor_names = _canonical_def(group)
             try:
                 wanted = {k: v for step in group.steps for k, v in step.options.items()}
-                key = (canonical, repr(sorted({**wanted, **options}.items())))
-                if key not in shared:
-                    shared[key] = polyc.define(canonical, filename=f"<onnx {group.name}>",
-                                               **{**wanted, **options})[CANONICAL_NAME]
-                group.kernel = shared[key]
+                given = {**wanted, **options}
+                # (the compiler and its flags as the environment gives them now: $POLYC_CFLAGS)
+                key = (canonical, repr(sorted(given.items())), compiler_options(Options.from_kwargs(**given)))
+                group.kernel = _shared_kernel(key, lambda: polyc.define(
+                    canonical, filename=f"<onnx {group.name}>", **given)[CANONICAL_NAME])
             except PolycError as error:
                 raise PolycError(f"nodes {', '.join(group.nodes)}: polyc cannot compile their TC "
                                  f"(a bug in the ONNX lowering; please report it):\n{group.source}\n{error}") from error
@@ -723,6 +722,30 @@ class _CallSequence:
         except PolycError as error:
             raise _in_group(error, item) from error
         raise PolycError(f"kernel {item.name} (nodes {', '.join(item.nodes)}) returned status {status}")
+
+
+#: The kernels of every plan of the process by (canonical def, options): groups with the same
+#: statements on the same shapes share one (a transformer's layers, a network's repeated blocks),
+#: and so do the plans of a model's stages, made for each new value learned, and new sessions of
+#: a model, which then define nothing again.  The last MAX_SHARED_KERNELS are kept.
+_SHARED_KERNELS: collections.OrderedDict = collections.OrderedDict()
+_SHARED_KERNELS_LOCK = threading.Lock()
+MAX_SHARED_KERNELS = 1024
+
+
+def _shared_kernel(key: tuple, define):
+    """The kernel for ``key``, made by ``define()`` unless a plan made it before."""
+    with _SHARED_KERNELS_LOCK:
+        kernel = _SHARED_KERNELS.get(key)
+        if kernel is not None:
+            _SHARED_KERNELS.move_to_end(key)
+            return kernel
+    kernel = define()
+    with _SHARED_KERNELS_LOCK:
+        kernel = _SHARED_KERNELS.setdefault(key, kernel)
+        while len(_SHARED_KERNELS) > MAX_SHARED_KERNELS:
+            _SHARED_KERNELS.popitem(last=False)
+    return kernel
 
 
 def _in_group(error: PolycError, group: Group) -> PolycError:
