@@ -1,13 +1,15 @@
-"""Operators whose output shapes come from their inputs' data: NonZero, Compress, Unique and
-NonMaxSuppression.
+"""Operators planned in stages (:mod:`polyc.frontends.onnx.stages`): NonZero, Compress, Unique
+and NonMaxSuppression, whose output shapes come from their inputs' data, and MaxUnpool, whose
+fast kernel holds only for indices a MaxPool made.
 
 A plan knows every shape, so each of these is replaced (``replaced``, before conversion) by
-nodes of other operators that compute, as kernels, what the output's shape needs (how many
-elements are kept, how many are distinct), and the plan stops to learn it
-(:mod:`polyc.frontends.onnx.stages`); the rest of the graph is planned for that count.  A
-NonZero's k-th kept element, for instance, is at the number of running counts not above k
-(the running count is monotone): |output| x |input| comparisons, fine for the masks,
-thresholds and class scores models meet, slow for millions of elements.
+nodes of other operators (:class:`_Nodes`) that compute, as kernels, what the rest needs to
+know (how many elements are kept, how many are distinct, whether an iteration changed
+anything, whether every index lies in its window), and the plan stops to learn it; the rest of
+the graph is planned for that value.  A NonZero's k-th kept element, for instance, is at the
+number of running counts not above k (the running count is monotone): |output| x |input|
+comparisons, fine for the masks, thresholds and class scores models meet, slow for millions
+of elements.
 """
 from __future__ import annotations
 
@@ -21,16 +23,6 @@ from polyc.frontends.onnx.lowering import indices, tc_type
 from polyc.frontends.onnx.ops.base import Converter, _require_const
 
 
-def _node(op_type: str, inputs: list[str], output: str, opset: int, origin: str, **attributes) -> FlatNode:
-    from onnx import helper
-    return FlatNode(helper.make_node(op_type, inputs, [output], name=output, **attributes), opset, output, origin)
-
-
-def _constant(name: str, array: np.ndarray, opset: int, origin: str) -> FlatNode:
-    from onnx import numpy_helper
-    return _node("Constant", [], name, opset, origin, value=numpy_helper.from_array(np.asarray(array), name))
-
-
 class NonZero(Converter):
     """The indices of the nonzero elements, one row per axis, in row-major order (NaN counts
     as nonzero).  Replaced by the nodes computing the running count over the flattened input
@@ -40,20 +32,16 @@ class NonZero(Converter):
 
     @staticmethod
     def replaced(flat: FlatNode, values: dict) -> list[FlatNode] | None:
+        from onnx import TensorProto
         proto = flat.proto
         if len(proto.input) != 1 or not proto.output or not proto.output[0]:
-            return None
-        from onnx import TensorProto
-        name, opset, x = flat.name, flat.opset, proto.input[0]
-        running, total = f"{name}/running", f"{name}/total"
-        return [_node("Cast", [x], f"{name}/found", opset, flat.origin, to=TensorProto.BOOL),
-                _node("Cast", [f"{name}/found"], f"{name}/ones", opset, flat.origin, to=TensorProto.INT64),
-                _constant(f"{name}/flat_shape", np.array([-1], np.int64), opset, flat.origin),
-                _node("Reshape", [f"{name}/ones", f"{name}/flat_shape"], f"{name}/flat", opset, flat.origin),
-                _constant(f"{name}/axis", np.array(0, np.int64), opset, flat.origin),
-                _node("CumSum", [f"{name}/flat", f"{name}/axis"], running, max(opset, 11), flat.origin),
-                _node("ReduceSum", [f"{name}/flat"], total, opset, flat.origin, keepdims=1),
-                FlatNode(_with_inputs(proto, [x, running, total]), opset, name, flat.origin)]
+            return None  # (NonZero(x, running, total): converted)
+        n = _Nodes(flat.name, flat.origin)
+        found = n("Cast", n("Cast", proto.input[0], to=TensorProto.BOOL), to=TensorProto.INT64)
+        ones = n("Reshape", found, n.constant("flat_shape", np.array([-1], np.int64)))
+        running = n("CumSum", ones, n.constant("axis", np.array(0, np.int64)))
+        n("NonZero", proto.input[0], running, n("ReduceSum", ones, keepdims=1), output=proto.output[0])
+        return n.nodes
 
     @staticmethod
     def _impl_v9(b, node, inputs):
@@ -88,33 +76,29 @@ class Compress(Converter):
     @staticmethod
     def replaced(flat: FlatNode, values: dict) -> list[FlatNode] | None:
         proto = flat.proto
-        name, opset = flat.name, flat.opset
-        where = f"node {name!r} (Compress)"
+        where = f"node {flat.name!r} (Compress)"
         if len(proto.input) != 2 or proto.input[0] not in values or proto.input[1] not in values:
             raise PolycError(f"{where}: Compress takes an input and a condition")
         x, condition = values[proto.input[0]], values[proto.input[1]]
         attributes = {a.name: a.i for a in proto.attribute}
-        source, nodes = proto.input[0], []
+        n = _Nodes(flat.name, flat.origin)
+        source = proto.input[0]
         if "axis" in attributes:
             if not -x.rank <= attributes["axis"] < x.rank:
                 raise PolycError(f"{where}: axis {attributes['axis']} out of range for rank {x.rank}")
             axis = attributes["axis"] % x.rank
             extent = x.shape[axis]
-        else:
+        else:  # the flattened input
             axis, extent = 0, x.size
-            nodes += [_constant(f"{name}/flat_shape", np.array([-1], np.int64), opset, flat.origin),
-                      _node("Reshape", [source, f"{name}/flat_shape"], f"{name}/flat", opset, flat.origin)]
-            source = f"{name}/flat"
+            source = n("Reshape", source, n.constant("flat_shape", np.array([-1], np.int64)))
         if condition.rank != 1:
             raise PolycError(f"{where}: the condition must have rank 1, not shape {condition.shape}")
         if condition.shape[0] > extent:
             raise PolycError(f"{where}: the condition has {condition.shape[0]} entries, more than the "
                              f"{extent} slices it selects from")
-        nodes += [_node("NonZero", [proto.input[1]], f"{name}/found", opset, flat.origin),
-                  _constant(f"{name}/found_shape", np.array([-1], np.int64), opset, flat.origin),
-                  _node("Reshape", [f"{name}/found", f"{name}/found_shape"], f"{name}/kept", opset, flat.origin),
-                  _node("Gather", [source, f"{name}/kept"], proto.output[0], opset, flat.origin, axis=axis)]
-        return nodes
+        kept = n("Reshape", n("NonZero", proto.input[1]), n.constant("kept_shape", np.array([-1], np.int64)))
+        n("Gather", source, kept, output=proto.output[0], axis=axis)
+        return n.nodes
 
     @staticmethod
     def _impl_v9(b, node, inputs):
@@ -127,19 +111,22 @@ class _Nodes:
     def __init__(self, prefix: str, origin: str):
         self.prefix, self.origin, self.nodes, self._count = prefix, origin, [], 0
 
-    def __call__(self, op_type: str, *inputs: str, output: str = "", **attributes) -> str:
+    def __call__(self, op_type: str, *inputs: str, output: str = "", label: str = "", **attributes) -> str:
+        """A node of ``op_type`` on ``inputs``, named by ``label`` (default: the op type) under the
+        prefix; returns its output's name (``output``, or the node's name)."""
         from onnx import helper
         self._count += 1
-        name = f"{self.prefix}/{op_type}_{self._count}"
+        name = f"{self.prefix}/{label or op_type}_{self._count}"
         output = output or name
         self.nodes.append(FlatNode(helper.make_node(op_type, list(inputs), [output], name=name, **attributes),
                                    _REPLACEMENT_OPSET, name, self.origin))
         return output
 
-    def constant(self, label: str, array) -> str:
-        name = f"{self.prefix}/{label}"
-        self.nodes.append(_constant(name, np.asarray(array), _REPLACEMENT_OPSET, self.origin))
-        return name
+    def constant(self, label: str, array, output: str = "") -> str:
+        """A Constant node of ``array``, its value named ``output`` or ``label`` under the prefix."""
+        from onnx import numpy_helper
+        output = output or f"{self.prefix}/{label}"
+        return self("Constant", output=output, label=label, value=numpy_helper.from_array(np.asarray(array), output))
 
 
 #: The opset replacements are written in (reductions' axes as attributes, Unsqueeze's as input).
@@ -180,7 +167,7 @@ class NonMaxSuppression(Converter):
             (max(int(most.const.reshape(-1)[0]), 0) if most is not None and most.const.size else 0)
         n = _Nodes(name, flat.origin)
         if limit == 0 or count == 0 or scores.shape[1] == 0:
-            n.nodes.append(_constant(proto.output[0], np.zeros((0, 3), np.int64), _REPLACEMENT_OPSET, flat.origin))
+            n.constant("nothing", np.zeros((0, 3), np.int64), output=proto.output[0])
             return n.nodes
         places = count if limit is None else min(count, limit)
         axes = {d: n.constant(f"axis{d}", np.array([d], np.int64)) for d in (1, 2, 3)}
@@ -489,15 +476,6 @@ class MaxUnpool(Converter):
     @staticmethod
     def _impl_v11(b, node, inputs):
         return MaxUnpool._impl_v9(b, node, inputs)
-
-
-def _with_inputs(proto, inputs: list[str]):
-    from onnx import NodeProto
-    copy = NodeProto()
-    copy.CopyFrom(proto)
-    del copy.input[:]
-    copy.input.extend(inputs)
-    return copy
 
 
 DATA_DEPENDENT = {"NonZero": NonZero, "Compress": Compress, "NonMaxSuppression": NonMaxSuppression,
