@@ -519,3 +519,19 @@ def test_tfidf_vectorizer_counts_skipping_n_grams(mode, rank, skips, dtype):
     with pytest.raises(PolycError, match=r"the n-gram \[3, 4\] is in the pool twice"):
         ponnx.InferenceSession(one_node_model(helper.make_node("TfIdfVectorizer", ["x"], ["y"], **attributes),
                                               {"x": x}, TensorProto.FLOAT, opset=9)).run(None, {"x": x})
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin", "ReduceSum", "ReduceMean", "ReduceProd"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_a_reduction_of_a_one_element_constant_folds(op, keepdims):
+    # torchvision's detection transform takes ReduceMax(Constant([3.0])): the folded constant
+    # is inlined as a literal, and the reduction over its one element is the value itself.
+    nodes = [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.array([3.0], np.float32), "c")),
+             helper.make_node(op, ["c"], ["r"], keepdims=keepdims), helper.make_node("Mul", ["x", "r"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.array([1, 2], np.float32)
+    ours, theirs = run_both(model, {"x": x})
+    np.testing.assert_array_equal(ours, theirs)
+    np.testing.assert_array_equal(ours, 3 * x)

@@ -16,6 +16,7 @@ session's edge.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -195,6 +196,11 @@ class Builder:
         ``reductions`` are (name, extent) pairs."""
         indices = list(indices) if target.shape else ["z0"]
         extents = list(target.tc_shape)
+        # A reduction over one element of an operand inlined as a literal (a folded constant of
+        # one element) no longer reads its index, which TC refuses: it is the value itself.
+        reductions = [(r, e) for r, e in reductions if e != 1 or re.search(rf"\b{re.escape(r)}\b", rhs)]
+        if not reductions and op.endswith("=!"):
+            op = "="
         names = indices + [r for r, _ in reductions]
         extents += [e for _, e in reductions]
         return f"{target.ident}({', '.join(indices)}) {op} {rhs}{self.ranges(names, extents)}"
