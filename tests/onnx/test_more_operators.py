@@ -66,6 +66,16 @@ def test_cumsum_along_a_long_axis_in_blocks(exclusive, reverse, dtype):
         np.testing.assert_allclose(ours, expected, rtol=1e-12)
 
 
+@pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 1)])
+def test_cumsum_along_a_very_long_axis_in_levels_of_blocks(exclusive, reverse):
+    # 10000 elements: blocks of 64, whose 157 totals are summed in blocks of 13 in turn.
+    x = np.random.default_rng(2).integers(-50, 50, (10000, 2)).astype(np.int64)
+    axis = numpy_helper.from_array(np.array(0, np.int64), "axis")
+    node = helper.make_node("CumSum", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)
+    ours, _ = run_both(one_node_model(node, {"x": x}, TensorProto.INT64, [axis]), {"x": x})
+    np.testing.assert_array_equal(ours, numpy_cumsum(x, 0, exclusive, reverse))
+
+
 @pytest.mark.parametrize("exclusive", [0, 1])
 @pytest.mark.parametrize("reverse", [0, 1])
 def test_cumprod_along_a_long_axis_in_blocks(exclusive, reverse):

@@ -288,21 +288,28 @@ class TopK(Converter):
 
 
 #: Along an axis of at most this many elements a running sum is one triangular sum per
-#: element (n^2 / 2 additions); longer ones go in blocks of about sqrt(n) (n^1.5).
+#: element (n^2 / 2 additions); longer ones go in blocks of about sqrt(n) elements, at most
+#: this many, in levels (about n x 64 additions: see :func:`running_along`).
 CUMSUM_DIRECT = 64
 
 
 def _running(b, node, inputs, product: bool) -> list[Value]:
-    """Running sums (``product``: products) along ``axis`` (``exclusive``: each without its own
-    element; ``reverse``: from the end).  TC statements cannot read what they write at another
-    index, so each is a reduction over the elements before it: directly for short axes, and for
-    longer ones in blocks of ``B`` elements: each element's sum within its block, each block's
-    total, the totals before each block, and their sum."""
+    """CumSum's and CumProd's running sums (``product``: products) along ``axis``
+    (``exclusive``: each without its own element; ``reverse``: from the end)."""
     x = inputs[0]
     axis = _axis(b, int(_require_const(b, inputs[1], f"{b.op_type}'s axis").reshape(-1)[0]), x.rank)
     if x.dtype == np.bool_:
         raise UnsupportedError(f"{b.where}: {b.op_type} of bool tensors")
-    exclusive, reverse = node.attr("exclusive", 0), node.attr("reverse", 0)
+    return [running_along(b, x, axis, bool(node.attr("exclusive", 0)), bool(node.attr("reverse", 0)), product)]
+
+
+def running_along(b, x: Value, axis: int, exclusive: bool, reverse: bool, product: bool = False) -> Value:
+    """Running sums (``product``: products) of ``x`` along ``axis``.  TC statements cannot read
+    what they write at another index, so each is a reduction over the elements before it:
+    directly along at most CUMSUM_DIRECT elements (n^2 / 2 operations), and along longer axes
+    in blocks of ``B`` elements (about sqrt(n), at most CUMSUM_DIRECT): each element's sum
+    within its block, each block's total, the running sums of the totals (the same way, so
+    levels of blocks: about n x B operations in all), and their combination."""
     n = x.shape[axis]
     before = "<" if exclusive else "<="
     idx = indices(x.rank)
@@ -316,29 +323,28 @@ def _running(b, node, inputs, product: bool) -> list[Value]:
     if n <= CUMSUM_DIRECT:
         b.emit([b.statement(out, idx, reduce, f"(r0 {before} {position}) ? {b.ref(x, at(along('r0')))} : {identity}",
                             [("r0", n)])], [x], [out], "reduction")
-        return [out]
-    block = math.isqrt(n - 1) + 1
+        return out
+    block = min(math.isqrt(n - 1) + 1, CUMSUM_DIRECT)
     blocks = -(-n // block)
     outer, inner = idx[:axis], idx[axis + 1:]
     split_idx = outer + ["q0", "q1"] + inner
     split_shape = list(x.shape[:axis]) + [blocks, block] + list(x.shape[axis + 1:])
     total_idx = outer + ["q0"] + inner
     total_shape = list(x.shape[:axis]) + [blocks] + list(x.shape[axis + 1:])
-    within, totals, offsets, sums = (b.new(split_shape, x.dtype), b.new(total_shape, x.dtype),
-                                     b.new(total_shape, x.dtype), b.new(split_shape, x.dtype))
+    within, totals, sums = b.new(split_shape, x.dtype), b.new(total_shape, x.dtype), b.new(split_shape, x.dtype)
     element = f"{block} * q0 + r0"
     inside = f"{element} < {n}"
     read = b.ref(x, at(along(element)))
-    statements = [
-        b.statement(within, split_idx, reduce, f"(r0 {before} q1 && {inside}) ? {read} : {identity}", [("r0", block)]),
-        b.statement(totals, total_idx, reduce, f"({inside}) ? {read} : {identity}", [("r0", block)]),
-        b.statement(offsets, total_idx, reduce, f"(r1 < q0) ? {b.ref(totals, outer + ['r1'] + inner)} : {identity}",
-                    [("r1", blocks)]),
-        b.statement(sums, split_idx, "=", f"{b.ref(within, split_idx)} {combine} {b.ref(offsets, total_idx)}")]
-    b.emit(statements, [x], [sums], "reduction")
+    b.emit([b.statement(within, split_idx, reduce, f"(r0 {before} q1 && {inside}) ? {read} : {identity}",
+                        [("r0", block)]),
+            b.statement(totals, total_idx, reduce, f"({inside}) ? {read} : {identity}", [("r0", block)])],
+           [x], [within, totals], "reduction")
+    offsets = running_along(b, totals, axis, exclusive=True, reverse=False, product=product)  # (in block order)
+    b.emit([b.statement(sums, split_idx, "=", f"{b.ref(within, split_idx)} {combine} {b.ref(offsets, total_idx)}")],
+           [within, offsets], [sums], "elementwise")
     flat = b.view(sums, list(x.shape[:axis]) + [blocks * block] + list(x.shape[axis + 1:]))
     b.emit([b.statement(out, idx, "=", b.ref(flat, at(position)))], [flat], [out], "other")
-    return [out]
+    return out
 
 
 class CumSum(Converter):
