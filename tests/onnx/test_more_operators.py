@@ -545,3 +545,21 @@ def test_a_reduction_of_a_one_element_constant_folds(op, keepdims):
     ours, theirs = run_both(model, {"x": x})
     np.testing.assert_array_equal(ours, theirs)
     np.testing.assert_array_equal(ours, 3 * x)
+
+
+def test_an_elementwise_step_through_a_view_that_adds_unit_dimensions():
+    # Add(CumSum(a) viewed as (1, 1, 1), b) joins the CumSum's kernel, updating its (1,) tensor
+    # in place: the view's dimensions of extent 1 that the tensor lacks are read at index 0.
+    nodes = [helper.make_node("CumSum", ["a", "axis"], ["running"]),
+             helper.make_node("Reshape", ["running", "shape"], ["viewed"]),
+             helper.make_node("Add", ["viewed", "b"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1]),
+                     helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 1])],
+        [numpy_helper.from_array(np.array(0, np.int64), "axis"),
+         numpy_helper.from_array(np.array([1, 1, 1], np.int64), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"a": np.array([2], np.float32), "b": np.array([[[3]]], np.float32)}
+    ours, theirs = run_both(model, feeds)
+    np.testing.assert_array_equal(ours, theirs)

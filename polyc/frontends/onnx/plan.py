@@ -881,6 +881,9 @@ def _merged_statement(parts, view: Value, tensor: Value) -> str | None:
         if len(run) == 1:
             indices.append(name)
             continue
+        if not run:  # a dimension of extent 1 that `tensor` does not have: the index is 0
+            combined[name] = "0"
+            continue
         split = [f"{name}_{m}" for m in range(len(run))]
         strides = [math.prod(tensor.shape[d] for d in run[m + 1:]) for m in range(len(run))]
         combined[name] = " + ".join(f"{stride} * {part}" if stride != 1 else part

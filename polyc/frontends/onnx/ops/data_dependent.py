@@ -174,15 +174,21 @@ class NonMaxSuppression(Converter):
     The greedy choice is a recurrence along the score order, ``keep[i] = candidate[i] and no
     j before i with keep[j] overlaps i``, whose unique solution is reached by iterating it from
     the candidates: after t iterations the first t boxes are right, so it is a Loop that runs
-    until nothing changes (a stage per iteration, learning whether it changed).  Each iteration
-    costs classes x boxes^2 comparisons: fine for the hundreds of boxes left after a top-k,
-    slow for tens of thousands.  Then each kept box's place among the kept ones, a NonZero of
-    the places taken (batch, class, place), and a GatherND of their boxes."""
+    until nothing changes (a stage per iteration, learning whether it changed).  Each
+    iteration is one kernel (``step``) comparing every pair of boxes, their IoU computed in
+    place from the boxes' corners, so nothing of boxes^2 size is stored: classes x boxes^2
+    comparisons, fine for the hundreds or few thousands of boxes detectors keep after a top-k.
+    Then each kept box's place among its class's kept boxes (``place``), and the output's rows
+    (``rows``), each found among the kept boxes once their count is known."""
+
+    CONSTANT_INPUTS = (2,)  # the limit per class (``rows``: the count of rows)
 
     @staticmethod
     def replaced(flat: FlatNode, values: dict) -> list[FlatNode] | None:
         from onnx import TensorProto, helper
         proto, name = flat.proto, flat.name
+        if any(a.name == "polyc_path" for a in proto.attribute):
+            return None
         where = f"node {name!r} (NonMaxSuppression)"
         boxes_name, scores_name, most_name, iou_name, score_name = (list(proto.input) + [""] * 5)[:5]
         boxes, scores = values.get(boxes_name), values.get(scores_name)
@@ -193,16 +199,13 @@ class NonMaxSuppression(Converter):
         if scores.rank != 3 or scores.shape[0] != boxes.shape[0] or scores.shape[2] != boxes.shape[1]:
             raise PolycError(f"{where}: scores must have shape (batches, classes, boxes) = ({boxes.shape[0]}, C, "
                              f"{boxes.shape[1]}), not {scores.shape}")
-        batches, count = boxes.shape[:2]
+        count = boxes.shape[1]
         most = values.get(most_name) if most_name else None
-        limit = None if most is not None and most.const is None else \
-            (max(int(most.const.reshape(-1)[0]), 0) if most is not None and most.const.size else 0)
+        limit = 0 if most is None or most.size == 0 else max(int(most.const.reshape(-1)[0]), 0)
         n = _Nodes(name, flat.origin)
         if limit == 0 or count == 0 or scores.shape[1] == 0:
             n.constant("nothing", np.zeros((0, 3), np.int64), output=proto.output[0])
             return n.nodes
-        places = count if limit is None else min(count, limit)
-        axes = {d: n.constant(f"axis{d}", np.array([d], np.int64)) for d in (1, 2, 3)}
 
         def corner(k):
             return n("Gather", boxes_name, n.constant(f"coordinate{k}", np.array(k, np.int64)), axis=2)
@@ -215,83 +218,110 @@ class NonMaxSuppression(Converter):
         else:  # any two opposite corners (y, x)
             y_min, y_max, x_min, x_max = n("Min", c[0], c[2]), n("Max", c[0], c[2]), n("Min", c[1], c[3]), \
                 n("Max", c[1], c[3])
-        mine = {k: n("Unsqueeze", v, axes[2]) for k, v in (("x0", x_min), ("x1", x_max), ("y0", y_min), ("y1", y_max))}
-        other = {k: n("Unsqueeze", v, axes[1]) for k, v in (("x0", x_min), ("x1", x_max), ("y0", y_min), ("y1", y_max))}
-        left, right = n("Max", mine["x0"], other["x0"]), n("Min", mine["x1"], other["x1"])
-        bottom, top = n("Max", mine["y0"], other["y0"]), n("Min", mine["y1"], other["y1"])
-        intersection = n("Mul", n("Sub", right, left), n("Sub", top, bottom))
         area = n("Mul", n("Sub", x_max, x_min), n("Sub", y_max, y_min))
-        area_mine, area_other = n("Unsqueeze", area, axes[2]), n("Unsqueeze", area, axes[1])
-        union = n("Sub", n("Add", area_mine, area_other), intersection)
-        zero = n.constant("zero", np.array(0, boxes.dtype))
         threshold = iou_name or n.constant("iou_threshold", np.array(0, boxes.dtype))
-        overlap = n("Greater", right, left)
-        for test in (n("Greater", top, bottom), n("Greater", intersection, zero), n("Greater", area_mine, zero),
-                     n("Greater", area_other, zero), n("Greater", union, zero),
-                     n("Greater", n("Div", intersection, union), threshold)):
-            overlap = n("And", overlap, test)
-        overlap = n("Unsqueeze", overlap, axes[1])  # (batch, 1, box, box before it)
         if score_name:
             candidates = n("Greater", scores_name, score_name)
         else:
             candidates = n.constant("candidates", np.ones(scores.shape, np.bool_))
-        earlier = n.constant("earlier", np.tril(np.ones((count, count), np.bool_), -1))  # [i, j]: j < i
-        score_mine, score_other = n("Unsqueeze", scores_name, axes[3]), n("Unsqueeze", scores_name, axes[2])
-
-        def before(make):  # [b, c, i, j]: box j comes before box i in the score order
-            ahead = make("Greater", [score_other, score_mine])
-            tie = make("And", [make("Equal", [score_other, score_mine]), earlier])
-            return make("Or", [ahead, tie])
-
+        geometry = [scores_name, x_min, x_max, y_min, y_max, area, threshold]
         # The loop's body: one iteration of the recurrence, and whether it changed anything.
-        body_nodes = []
-
-        def inside(op_type, inputs, output=None, **attributes):
-            output = output or f"{name}/body/{op_type}_{len(body_nodes)}"
-            body_nodes.append(helper.make_node(op_type, inputs, [output], **attributes))
-            return output
-        kept_before = inside("Unsqueeze", ["keep_in", axes[2]])
-        blocking = inside("And", [inside("And", [before(inside), overlap]), kept_before])
-        blocked = inside("ReduceMax", [inside("Cast", [blocking], to=TensorProto.INT32)], axes=[3], keepdims=0)
-        inside("And", [candidates, inside("Not", [inside("Cast", [blocked], to=TensorProto.BOOL)])], "keep_out")
-        changed = inside("ReduceMax", [inside("Cast", [inside("Xor", ["keep_out", "keep_in"])], to=TensorProto.INT32)],
-                         keepdims=0)
-        inside("Cast", [changed], "changed", to=TensorProto.BOOL)
-        shape = list(scores.shape)
         body = helper.make_graph(
-            body_nodes, f"{name}/body",
+            [helper.make_node("NonMaxSuppression", ["keep_in", candidates, *geometry], ["keep_out"],
+                              polyc_path="step"),
+             helper.make_node("Xor", ["keep_out", "keep_in"], [f"{name}/flipped"]),
+             helper.make_node("Cast", [f"{name}/flipped"], [f"{name}/flipped_number"], to=TensorProto.INT32),
+             helper.make_node("ReduceMax", [f"{name}/flipped_number"], [f"{name}/changed_number"], keepdims=0),
+             helper.make_node("Cast", [f"{name}/changed_number"], ["changed"], to=TensorProto.BOOL)],
+            f"{name}/body",
             [helper.make_tensor_value_info("iteration", TensorProto.INT64, []),
              helper.make_tensor_value_info("going", TensorProto.BOOL, []),
-             helper.make_tensor_value_info("keep_in", TensorProto.BOOL, shape)],
+             helper.make_tensor_value_info("keep_in", TensorProto.BOOL, list(scores.shape))],
             [helper.make_tensor_value_info("changed", TensorProto.BOOL, []),
-             helper.make_tensor_value_info("keep_out", TensorProto.BOOL, shape)])
+             helper.make_tensor_value_info("keep_out", TensorProto.BOOL, list(scores.shape))])
         keep = n("Loop", n.constant("iterations", np.array(count + 1, np.int64)),
                  n.constant("true", np.array(True)), candidates, body=body)
-
-        # Each kept box's place among the kept boxes of its class, and the places taken.
-        def outside(op_type, inputs, **attributes):
-            return n(op_type, *inputs, **attributes)
-        kept_ahead = n("And", before(outside), n("Unsqueeze", keep, axes[2]))
-        place = n("ReduceSum", n("Cast", kept_ahead, to=TensorProto.INT64), n.constant("last", np.array([3], np.int64)),
-                  keepdims=0)
-        chosen = keep if limit is not None and limit >= count else \
-            n("And", keep, n("Less", place, most_name if limit is None else n.constant("limit", np.array(limit))))
-        at_place = n("And", n("Unsqueeze", chosen, axes[3]),
-                     n("Equal", n("Unsqueeze", place, axes[3]), n.constant("places", np.arange(places, dtype=np.int64))))
-        taken = n("ReduceMax", n("Cast", at_place, to=TensorProto.INT32), axes=[2], keepdims=0)
-        box_at = n("ReduceSum", n("Mul", n("Cast", at_place, to=TensorProto.INT64),
-                                  n.constant("box_numbers", np.arange(count, dtype=np.int64).reshape(count, 1))),
-                   n.constant("boxes_axis", np.array([2], np.int64)), keepdims=0)
-        rows = n("Transpose", n("NonZero", taken), perm=[1, 0])  # (batch, class, place)
-        box = n("Unsqueeze", n("GatherND", box_at, rows), axes[1])
-        batch_class = n("Slice", rows, n.constant("from", np.array([0], np.int64)),
-                        n.constant("to", np.array([2], np.int64)), axes[1])
-        n("Concat", batch_class, box, output=proto.output[0], axis=1)
+        place = n("NonMaxSuppression", keep, scores_name, polyc_path="place")
+        chosen = keep if limit >= count else \
+            n("And", keep, n("Less", place, n.constant("limit", np.array(limit, np.int64))))
+        # Each chosen box's row: the chosen boxes of the (batch, class) pairs before its own,
+        # then its place.
+        chosen_number = n("Cast", chosen, to=TensorProto.INT64)
+        per_pair = n("Reshape", n("ReduceSum", chosen_number, n.constant("boxes_axis", np.array([2], np.int64)),
+                                  keepdims=0), n.constant("pairs", np.array([-1], np.int64)))
+        earlier = n("CumSum", per_pair, n.constant("axis", np.array(0, np.int64)), exclusive=1)
+        row = n("Add", place, n("Reshape", earlier, n.constant("pair_shape", np.array(list(scores.shape[:2]) + [1],
+                                                                                            np.int64))))
+        total = n("ReduceSum", chosen_number, keepdims=1)
+        n("NonMaxSuppression", chosen, row, total, output=proto.output[0], polyc_path="rows")
         return n.nodes
 
     @staticmethod
     def _impl_v10(b, node, inputs):
+        path = node.attr("polyc_path")
+        if path == "step":
+            return [NonMaxSuppression._step(b, *inputs)]
+        if path == "place":
+            return [NonMaxSuppression._place(b, *inputs)]
+        if path == "rows":
+            return [NonMaxSuppression._rows(b, *inputs)]
         raise UnsupportedError(f"{b.where}: NonMaxSuppression reached its converter unplanned (a polyc bug)")
+
+    @staticmethod
+    def _before(b, scores, mine: str, other: str) -> str:
+        """Whether box ``other`` comes before box ``mine`` in the score order (ties by index)."""
+        own, theirs = b.ref(scores, ["i0", "i1", mine]), b.ref(scores, ["i0", "i1", other])
+        return f"({theirs} > {own} || ({theirs} == {own} && {other} < {mine}))"
+
+    @staticmethod
+    def _step(b, keep, candidates, scores, x_min, x_max, y_min, y_max, area, threshold):
+        """One iteration: each candidate kept unless a kept box before it overlaps it."""
+        count = scores.shape[2]
+
+        def at(value, box):
+            return b.ref(value, ["i0", box])
+        left, right = f"fmax({at(x_min, 'i2')}, {at(x_min, 'r_j')})", f"fmin({at(x_max, 'i2')}, {at(x_max, 'r_j')})"
+        bottom, top = f"fmax({at(y_min, 'i2')}, {at(y_min, 'r_j')})", f"fmin({at(y_max, 'i2')}, {at(y_max, 'r_j')})"
+        intersection = f"(({right}) - ({left})) * (({top}) - ({bottom}))"
+        union = f"({at(area, 'i2')} + {at(area, 'r_j')} - {intersection})"
+        limit = b.ref(threshold, ["0"] * threshold.rank)
+        overlaps = " && ".join([f"{right} > {left}", f"{top} > {bottom}", f"{intersection} > 0",
+                                f"{at(area, 'i2')} > 0", f"{at(area, 'r_j')} > 0", f"{union} > 0",
+                                f"{intersection} / {union} > {limit}"])
+        blocking = f"({NonMaxSuppression._before(b, scores, 'i2', 'r_j')} && {b.ref(keep, ['i0', 'i1', 'r_j'])})"
+        blocked = b.new(scores.shape, np.int32)
+        kept = b.new(scores.shape, np.bool_)
+        idx = ["i0", "i1", "i2"]
+        b.emit([b.statement(blocked, idx, "max=!", f"({blocking} && {overlaps}) ? int32(1) : int32(0)",
+                            [("r_j", count)]),
+                b.statement(kept, idx, "=", f"{b.ref(candidates, idx)} && {b.ref(blocked, idx)} == 0")],
+               [keep, candidates, scores, x_min, x_max, y_min, y_max, area, threshold], [kept], "other")
+        return kept
+
+    @staticmethod
+    def _place(b, keep, scores):
+        """Each box's place among its class's kept boxes: the kept boxes before it."""
+        place = b.new(scores.shape, np.int64)
+        before = NonMaxSuppression._before(b, scores, "i2", "r_j")
+        b.emit([b.statement(place, ["i0", "i1", "i2"], "+=!",
+                            f"({before} && {b.ref(keep, ['i0', 'i1', 'r_j'])}) ? int64(1) : int64(0)",
+                            [("r_j", scores.shape[2])])], [keep, scores], [place], "other")
+        return place
+
+    @staticmethod
+    def _rows(b, chosen, row, total):
+        """The output: row k is (batch, class, box) of the chosen box whose row is k."""
+        rows = int(_require_const(b, total, "the count of selected boxes").reshape(-1)[0])
+        if rows == 0:
+            return b.const(np.zeros((0, 3), np.int64))
+        batches, classes, count = chosen.shape
+        out = b.new((rows, 3), np.int64)
+        coordinate = "(c == 0) ? int64(r_b) : ((c == 1) ? int64(r_c) : int64(r_i))"
+        b.emit([b.statement(out, ["k", "c"], "+=!",
+                            f"({b.ref(chosen, ['r_b', 'r_c', 'r_i'])} && {b.ref(row, ['r_b', 'r_c', 'r_i'])} == k) ? "
+                            f"({coordinate}) : int64(0)", [("r_b", batches), ("r_c", classes), ("r_i", count)])],
+               [chosen, row], [out], "other")
+        return out
 
 
 class Unique(Converter):
