@@ -563,3 +563,26 @@ def test_an_elementwise_step_through_a_view_that_adds_unit_dimensions():
     feeds = {"a": np.array([2], np.float32), "b": np.array([[[3]]], np.float32)}
     ours, theirs = run_both(model, feeds)
     np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("uniform", [True, False])
+def test_scatter_elements_of_whole_rows_takes_the_rows_kernel(uniform):
+    from polyc.frontends.onnx.ops import indexing as ponnx_ops
+    # torch's index_put_ of rows (torchvision's RoI pooling): the index is the same along a row.
+    rng = np.random.default_rng(int(uniform))
+    data = rng.standard_normal((150, 16, 7, 7)).astype(np.float32)
+    rows = np.array([3, 140, 7, 3, -1, 60, 9, 10, 11, 12, 13, 14], np.int64)  # a repeated row: the last wins
+    which = np.broadcast_to(rows.reshape(12, 1, 1, 1), (12, 16, 7, 5)).copy()
+    assert data.size * len(rows) >= ponnx_ops.ScatterElements.ROWS_AT_LEAST
+    if not uniform:
+        which[2, 5, 1, 1] = 8
+    updates = rng.standard_normal(which.shape).astype(np.float32)
+    node = helper.make_node("ScatterElements", ["data", "which", "updates"], ["y"], axis=0, name="put")
+    model = one_node_model(node, {"data": data, "which": which, "updates": updates}, TensorProto.FLOAT, opset=16)
+    session = ponnx.InferenceSession(model)
+    feeds = {"data": data, "which": which, "updates": updates}
+    (ours,) = session.run(None, feeds)
+    np.testing.assert_array_equal(ours, ReferenceEvaluator(model).run(None, feeds)[0])
+    assert any("rows" in name for group in session.groups for name in group) == uniform
+    with pytest.raises(PolycError, match="put"):
+        session.run(None, {**feeds, "which": np.where(which == 60, 150, which)})

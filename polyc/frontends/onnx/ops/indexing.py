@@ -215,11 +215,50 @@ def _scatter(b: Builder, data: Value, which: Value, updates: Value, reduction: s
 
 class ScatterElements(Converter):
     """``out[i][index[i][j]] = updates[i][j]`` along ``axis`` (or combined by ``reduction``):
-    torch's scatter_ export.  See :func:`_scatter` for the cost."""
+    torch's scatter_ export.  See :func:`_scatter` for the cost.
+
+    Torch's ``index_put_`` of whole rows (torchvision's RoI pooling puts each level's rows in
+    place so) exports as a ScatterElements whose index is the same along every other axis of a
+    row.  A large one without a reduction is replaced by a kernel counting the indices that
+    differ from their row's first or lie outside the data (``check``) and an If on that count:
+    a kernel choosing each output row's last update (``rows``: |data| + rows^2 operations), or
+    the general scatter (``general``).  The plan learns which in a stage."""
+
+    #: A scatter of fewer (output elements x updates along the axis) is always the general one.
+    ROWS_AT_LEAST = 1 << 20
+
+    @staticmethod
+    def replaced(flat, values: dict):
+        from onnx import helper
+        from polyc.frontends.onnx.ops.data_dependent import _Nodes
+        proto = flat.proto
+        attributes = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
+        data, which, updates = (values.get(name) for name in (list(proto.input) + ["", "", ""])[:3])
+        if "polyc_path" in attributes or attributes.get("reduction", b"none") not in (b"none", "none") or \
+                data is None or which is None or updates is None or which.const is not None or which.rank < 2 or \
+                which.rank != data.rank or data.size * which.shape[attributes.get("axis", 0) % data.rank] < \
+                ScatterElements.ROWS_AT_LEAST:
+            return None
+        n = _Nodes(flat.name, flat.origin)
+        kept = {"axis": attributes.get("axis", 0)}
+        mixed = n("ScatterElements", *proto.input[:3], polyc_path="check", **kept)
+        fits = n("Equal", mixed, n.constant("none", np.array(0, np.int64)))
+
+        def branch(path: str):
+            return helper.make_graph(
+                [helper.make_node("ScatterElements", list(proto.input[:3]), [f"{flat.name}/{path}"], name=path,
+                                  polyc_path=path, **kept)], f"{flat.name}/{path}", [],
+                [helper.make_tensor_value_info(f"{flat.name}/{path}", 0, None)])
+        n("If", fits, output=proto.output[0], then_branch=branch("rows"), else_branch=branch("general"))
+        return n.nodes
 
     @staticmethod
     def _impl_v11(b, node, inputs):
         data, which, updates = inputs[:3]
+        path = node.attr("polyc_path")
+        if path in ("check", "rows"):
+            return [ScatterElements._by_rows(b, data, which, updates, _axis(b, node.attr("axis", 0), data.rank),
+                                             path == "check")]
         axis = _axis(b, node.attr("axis", 0), data.rank)
         if which.shape != updates.shape or which.rank != data.rank:
             raise SignatureError(f"{b.where}: {node.op_type}'s indices {list(which.shape)} and updates "
@@ -237,6 +276,34 @@ class ScatterElements(Converter):
         return [_scatter(b, data, which, updates, node.attr("reduction", "none"), data.rank, target, match,
                          lambda p, r: b.ref(updates, at(p, r)), which.shape[axis],
                          (probe, b.statement(probe, points, "=", b.ref(data, aim))))]
+
+
+    @staticmethod
+    def _by_rows(b, data: Value, which: Value, updates: Value, axis: int, check: bool) -> Value:
+        """``check``: how many indices differ from their row's first (the element at 0 along
+        every other axis) or lie outside the data.  Else the scatter of rows: each output row's
+        last update, read where the updates cover it."""
+        extent = data.shape[axis]
+        first = lambda p: ["0"] * axis + [p] + ["0"] * (which.rank - axis - 1)  # noqa: E731
+        if check:
+            q = [f"r_q{d}" for d in range(which.rank)]
+            aim = _wrapped(b, which, q, extent)
+            mixed = b.new((), np.int64)
+            b.emit([b.statement(mixed, [], "+=!", f"({aim} != {_wrapped(b, which, first(q[axis]), extent)} || "
+                                                  f"{aim} < 0 || {aim} >= {extent}) ? int64(1) : int64(0)",
+                                list(zip(q, which.shape)))], [which], [mixed], "other")
+            return mixed
+        last = b.new((extent,), np.int64)
+        out = b.new(data.shape, data.dtype)
+        idx = indices(data.rank)
+        at = b.ref(last, [idx[axis]])
+        covered = " && ".join([f"{at} >= 0"] + [f"{idx[d]} < {which.shape[d]}" for d in range(data.rank)
+                                                if d != axis and which.shape[d] < data.shape[d]])
+        b.emit([b.statement(last, ["i0"], "max=!", f"({_wrapped(b, which, first('r_k'), extent)} == i0) ? int64(r_k) "
+                                                   f": int64(-1)", [("r_k", which.shape[axis])]),
+                b.statement(out, idx, "=", f"({covered}) ? {b.ref(updates, idx[:axis] + [at] + idx[axis + 1:])} : "
+                                           f"{b.ref(data, idx)}")], [data, which, updates], [out], "other")
+        return out
 
 
 class Scatter(Converter):
