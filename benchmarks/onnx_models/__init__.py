@@ -20,6 +20,8 @@ MODELS = {
     "efficientnet_b0": ("input", (None, 3, 224, 224)),
     "encoder": ("input", (None, None, 768)),
 }
+#: The detector (tests/onnx/test_detection_model.py): one image, no batch axis.
+DETECTORS = {"fasterrcnn": ("images", (3, 320, 320))}
 
 
 def load(name: str):

@@ -4,10 +4,11 @@ Run by hand, in a venv of its own with torch (never needed by the tests):
 
     python3 -m venv /tmp/torchenv
     /tmp/torchenv/bin/pip install torch==2.14.1 torchvision==0.29.1 onnx onnxscript
-    /tmp/torchenv/bin/python benchmarks/onnx_models/export.py
+    /tmp/torchenv/bin/python benchmarks/onnx_models/export.py [NAME ...]   # all, or the models named
 
 Each model is built with random weights (``weights=None``), exported with ``torch.onnx.export``
-(opset 17; the batch, and the image size or the sequence length, symbolic), and
+(opset 17; the batch, and the image size or the sequence length, symbolic; the detector takes
+one image of 3 x 320 x 320), and
 written as ``NAME.onnx`` in this directory *without* its large initializers: each of those is
 replaced by a line in the model's ``polyc.light`` metadata (name, shape, dtype, mean, standard
 deviation and a seed), from which :func:`benchmarks.onnx_models.load` makes it again with numpy,
@@ -16,6 +17,7 @@ so onnxruntime and polyc see the same weights and the repository holds a few hun
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import onnx
@@ -71,6 +73,38 @@ def models():
     yield "encoder", Encoder(), (1, 128, 768), {0: "batch", 1: "sequence"}
 
 
+def unit_variance(module, example, layers) -> None:
+    """Scale each of ``layers``' weights so that its output on ``example`` has unit variance,
+    in the order the forward pass meets them: torchvision's random initialisation leaves a
+    detector's deep features near 1e-8, where every class score ties."""
+    def rescale(layer, _, output):
+        scale = output.std().clamp_min(1e-12)
+        layer.weight.data /= scale
+        if layer.bias is not None:
+            layer.bias.data /= scale
+        return output / scale
+    handles = [layer.register_forward_hook(rescale) for layer in layers]
+    with torch.no_grad():
+        module([example])
+    for handle in handles:
+        handle.remove()
+
+
+def detector():
+    """torchvision's Faster R-CNN (MobileNetV3-Large 320 FPN) with random weights, rescaled so
+    that its scores differ, keeping up to 50 detections above torchvision's 0.05 threshold."""
+    from torchvision.models import detection
+    model = detection.fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None).eval()
+    example = torch.rand(3, 320, 320)
+    unit_variance(model, example, [m for m in model.backbone.modules() if isinstance(m, torch.nn.Conv2d)])
+    for parameter in model.roi_heads.box_head.parameters():
+        parameter.data.normal_(0, 0.01)
+    for parameter in model.roi_heads.box_predictor.cls_score.parameters():
+        parameter.data.normal_(0, 0.3)
+    model.roi_heads.score_thresh, model.roi_heads.detections_per_img = 0.05, 50
+    return model, example
+
+
 def make_light(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
     kept, records = [], []
     for position, tensor in enumerate(model.graph.initializer):
@@ -87,9 +121,12 @@ def make_light(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
     return model
 
 
-def main() -> None:
+def main(names: list[str]) -> None:
+    """Export the models named (all when none is)."""
     torch.manual_seed(0)
     for number, (name, module, shape, dynamic) in enumerate(models()):
+        if names and name not in names:
+            continue
         module.eval()
         path = HERE / f"{name}.full.onnx"
         example = torch.randn(*shape)
@@ -100,7 +137,19 @@ def main() -> None:
         onnx.save(light, str(HERE / f"{name}.onnx"))
         path.unlink()
         print(f"{name}: {len(light.graph.node)} nodes, {(HERE / f'{name}.onnx').stat().st_size // 1024} KB")
+    if names and "fasterrcnn" not in names:
+        return
+    # The detector takes a list of images, one here, of a fixed size (its transform resizes).
+    torch.manual_seed(0)
+    module, example = detector()
+    path = HERE / "fasterrcnn.full.onnx"
+    torch.onnx.export(module, ([example],), str(path), input_names=["images"],
+                      output_names=["boxes", "labels", "scores"], opset_version=17, dynamo=False)
+    light = make_light(onnx.load(str(path)), seed=9000)
+    onnx.save(light, str(HERE / "fasterrcnn.onnx"))
+    path.unlink()
+    print(f"fasterrcnn: {len(light.graph.node)} nodes, {(HERE / 'fasterrcnn.onnx').stat().st_size // 1024} KB")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
