@@ -192,6 +192,23 @@ def test_malformed_and_truncated_models_are_polyc_errors(model, tmp_path):
         ponnx.InferenceSession(model, loop_order=("i", "j"))
 
 
+def test_outputs_declared_without_a_shape_are_accepted_as_onnxruntime_does():
+    # onnx's checker wants a shape on every graph output; exporters leave some out (the rank
+    # unknown), and onnxruntime runs such models.  Shape inference fills them in.
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("NonZero", ["y"], ["z"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("z", TensorProto.INT64, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    before = model.SerializeToString()
+    session = ponnx.InferenceSession(model)
+    assert [o.shape for o in session.get_outputs()][0] == [2, 3]
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+    y, z = session.run(None, {"x": x})
+    np.testing.assert_array_equal(z, np.array(np.nonzero(np.maximum(x, 0))))
+    assert model.SerializeToString() == before
+
+
 def test_shape_subgraphs_are_evaluated_when_compiling():
     """Shape -> Gather -> Unsqueeze -> Concat -> Reshape, as PyTorch exports a flatten."""
     nodes = [helper.make_node("Shape", ["X"], ["s"]),

@@ -109,7 +109,7 @@ def load_model(model, where: str | None = None):
         raise PolycError(f"{where}: the model has no graph (an empty or truncated file?)")
     skeleton = _skeleton(copy)
     try:
-        onnx.checker.check_model(skeleton)
+        onnx.checker.check_model(_with_any_shapes(skeleton))
     except onnx.checker.ValidationError as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise PolycError(f"{where}: the ONNX checker rejects the model: {first}") from error
@@ -178,6 +178,23 @@ def _per_channel_prelu_slopes(model) -> None:
 #: Initializers with more elements than this are left out of the model that the checker and
 #: shape inference see (graph inputs of the same type and shape stand in for them).
 _SKELETON_ELEMENTS = 4096
+
+
+def _with_any_shapes(model):
+    """``model`` for onnx's checker, which wants a shape on every graph input and output:
+    where one has none (its rank unknown, as onnxruntime accepts), an empty one stands in, on a
+    copy (the checker does not compare it with what the nodes compute)."""
+    import onnx
+    missing = [v for v in list(model.graph.input) + list(model.graph.output)
+               if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
+    if not missing:
+        return model
+    checked = onnx.ModelProto()
+    checked.CopyFrom(model)
+    for value in list(checked.graph.input) + list(checked.graph.output):
+        if value.type.HasField("tensor_type") and not value.type.tensor_type.HasField("shape"):
+            value.type.tensor_type.shape.SetInParent()
+    return checked
 
 
 def _skeleton(model):
