@@ -1,7 +1,8 @@
 """RNN, GRU and LSTM (polyc/frontends/onnx/ops/recurrent.py) against onnxruntime: both directions
 and both layouts with initial states and biases, GRU's linear_before_reset, LSTM's clip,
 input_forget, peepholes and other activations; sequences longer than one concatenation
-reads, whose steps share one kernel."""
+reads, whose steps share one kernel; padded sequences (``sequence_lens`` shorter than the
+sequence)."""
 from __future__ import annotations
 
 import numpy as np
@@ -94,8 +95,25 @@ def test_the_steps_of_a_long_sequence_share_their_kernels():
     assert len(kernels) >= 40 and len({id(k) for k in kernels}) <= 8
 
 
-def test_shorter_sequences_are_refused_by_name():
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_padded_sequences(op, direction):
+    # Entries shorter than the sequence (one empty): their states stay once their steps are
+    # done, the reverse direction starts at each entry's own end, Y is zero past each length.
+    # The lengths are a graph input: the session plans once per distinct set of lengths.
+    model, feeds = recurrent_model(op, direction, 0)
+    session = ponnx.InferenceSession(model)
+    for lengths in ([STEPS, STEPS - 4, 1], [2, STEPS, 0]):
+        feeds["sequence_lens"] = np.array(lengths, np.int32)
+        ours = session.run(None, feeds)
+        theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        for got, expected in zip(ours, theirs):
+            assert got.shape == expected.shape
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_sequence_lengths_beyond_the_sequence_are_an_error():
     model, feeds = recurrent_model("GRU", "forward", 0)
-    feeds["sequence_lens"] = np.array([STEPS, STEPS - 2, STEPS], np.int32)
-    with pytest.raises(polyc.UnsupportedError, match=r"node 'GRU_0' \(GRU\): sequence_lens \[11, 9, 11\] shorter"):
+    feeds["sequence_lens"] = np.array([STEPS, STEPS + 2, STEPS], np.int32)
+    with pytest.raises(polyc.UnsupportedError, match=r"node 'GRU_0' \(GRU\): sequence_lens \[11, 13, 11\] for"):
         ponnx.InferenceSession(model).run(None, feeds)

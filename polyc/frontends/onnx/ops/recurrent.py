@@ -13,15 +13,17 @@ through a view, so the plan's steps all share one compiled kernel (see ``_canoni
 
 Gate order, activations (with their alpha and beta), clip, peepholes, GRU's
 ``linear_before_reset``, LSTM's ``input_forget``, the directions and both layouts are ONNX's.
-``sequence_lens`` is taken when every length is the whole sequence (it is specialised on, as a
-shape); shorter sequences are not supported yet.
+``sequence_lens`` is known when planning (a constant, an input the plan is specialised on, or
+learned in a stage): a batch entry shorter than the sequence keeps its states once its steps
+are done, reads its steps from its own end in the reverse direction, and has zeros in ``Y``
+past its length (and zero final states when empty), as onnxruntime gives them.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from polyc.errors import UnsupportedError
-from polyc.frontends.onnx.lowering import Builder, Value, indices
+from polyc.frontends.onnx.lowering import Builder, Value, indices, tc_type
 from polyc.frontends.onnx.ops.base import Converter, _number, _require_const
 from polyc.frontends.onnx.ops.shapes import concatenated, transposed
 
@@ -93,11 +95,13 @@ class _Recurrent(Converter):
         if w.shape[1] != cls.GATES * hidden or r.shape[1:] != (cls.GATES * hidden, hidden):
             raise UnsupportedError(f"{b.where}: W {w.shape} and R {r.shape} for hidden_size {hidden} "
                                    f"({cls.GATES} gates)")
+        ends = None  # each batch entry's length, where one is shorter than the sequence
         if lengths is not None:
-            given = _require_const(b, lengths, "sequence_lens").reshape(-1)
-            if np.any(given != steps):
-                raise UnsupportedError(f"{b.where}: sequence_lens {given.tolist()} shorter than the sequence "
-                                       f"({steps} steps): padded sequences are not supported yet")
+            given = _require_const(b, lengths, "sequence_lens").reshape(-1).astype(np.int64)
+            if given.shape != (batch,) or np.any(given < 0) or np.any(given > steps):
+                raise UnsupportedError(f"{b.where}: sequence_lens {given.tolist()} for a batch of {batch} and "
+                                       f"{steps} steps")
+            ends = given if np.any(given != steps) else None
         activations = _activations(b, node, cls.DEFAULTS, directions)
         clip = node.attr("clip")
         given_states = (inputs + [None] * 8)[5:5 + cls.STATES]
@@ -113,13 +117,22 @@ class _Recurrent(Converter):
             outputs = [None] * steps
             for step in range(steps):
                 t = steps - 1 - step if reverse else step
-                now = b.part(projected, (batch, cls.GATES * hidden), t * batch * cls.GATES * hidden)
-                state = cls._step(b, node, now, state, weights[1], biases, inputs, d, activations[d], clip, hidden)
-                outputs[t] = state[0]
+                if ends is not None and reverse:  # each entry from its own end
+                    now = _rows_at(b, projected, np.maximum(ends - 1 - step, 0))
+                else:
+                    now = b.part(projected, (batch, cls.GATES * hidden), t * batch * cls.GATES * hidden)
+                new = cls._step(b, node, now, state, weights[1], biases, inputs, d, activations[d], clip, hidden)
+                state = new if ends is None else _held(b, step < ends, new, state)
+                outputs[step if ends is not None else t] = state[0]
             per_step.append(outputs)
+            if ends is not None:  # an empty entry's last states are zeros, as onnxruntime gives them
+                state = _held(b, ends > 0, state, [b.const(np.zeros(s.shape, s.dtype)) for s in state])
             last.append(state)
         results = []
-        if node.outputs and node.outputs[0]:
+        if node.outputs and node.outputs[0] and ends is not None:
+            y = _padded_outputs(b, per_step, ends, direction)
+            results.append(transposed(b, y, [2, 0, 1, 3]) if batchwise else y)
+        elif node.outputs and node.outputs[0]:
             pieces = [b.view(per_step[d][t], (1, batch, hidden)) for t in range(steps) for d in range(directions)]
             y = b.view(concatenated(b, pieces, 0), (steps, directions, batch, hidden))
             results.append(transposed(b, y, [2, 0, 1, 3]) if batchwise else y)
@@ -181,6 +194,55 @@ class _Recurrent(Converter):
                 b.statement(out, ["i0", "i1"], "=", f"{out.ident}(i0, i1) + {step}")],
                [previous, r, now] + reads, [out], "contraction")
         return out
+
+
+def _rows_at(b: Builder, projected: Value, times: np.ndarray) -> Value:
+    """Row ``k`` of the input projection at time ``times[k]`` (a reverse direction's step of
+    entries of different lengths)."""
+    steps, batch, gates = projected.shape
+    when = b.const(times.astype(np.int64))
+    now = b.new((batch, gates), projected.dtype)
+    b.emit([b.statement(now, ["i0", "i1"], "=", b.ref(projected, [b.ref(when, ["i0"]), "i0", "i1"]))],
+           [projected, when], [now], "other")
+    return now
+
+
+def _held(b: Builder, active: np.ndarray, new: list[Value], old: list[Value]) -> list[Value]:
+    """The states after a step: the new ones for the batch entries still in their sequence
+    (``active``), the old ones for the others."""
+    if active.all():
+        return new
+    going = b.const(active.astype(np.bool_))
+    held = []
+    for fresh, previous in zip(new, old):
+        out = b.new(fresh.shape, fresh.dtype)
+        b.emit([b.statement(out, ["i0", "i1"], "=", f"{b.ref(going, ['i0'])} ? {b.ref(fresh, ['i0', 'i1'])} : "
+                                                    f"{b.ref(previous, ['i0', 'i1'])}")],
+               [going, fresh, previous], [out], "elementwise")
+        held.append(out)
+    return held
+
+
+def _padded_outputs(b: Builder, per_step: list[list[Value]], ends: np.ndarray, direction: str) -> Value:
+    """``Y`` (steps, directions, batch, hidden) of entries shorter than the sequence: at time t,
+    entry k's state after the step that read time t (step t forward; step ends[k] - 1 - t in
+    reverse), zeros past its length."""
+    steps, batch, hidden = len(per_step[0]), *per_step[0][0].shape
+    stacked = [b.view(concatenated(b, [b.view(s, (1, batch, hidden)) for s in states], 0), (steps, batch, hidden))
+               for states in per_step]
+    terms, reads = [], []
+    for d, states in enumerate(stacked):
+        reverse = direction == "reverse" or d == 1
+        time = np.arange(steps).reshape(steps, 1)
+        source = np.where(time < ends.reshape(1, batch), ends.reshape(1, batch) - 1 - time if reverse else time, -1)
+        table = b.const(source.astype(np.int64))
+        at = b.ref(table, ["i0", "i2"])
+        terms.append(f"({at} >= 0) ? {b.ref(states, [at, 'i2', 'i3'])} : {tc_type(states.dtype)}(0)")
+        reads += [states, table]
+    y = b.new((steps, len(stacked), batch, hidden), stacked[0].dtype)
+    value = terms[0] if len(terms) == 1 else f"(i1 == 0) ? ({terms[0]}) : ({terms[1]})"
+    b.emit([b.statement(y, indices(4), "=", value)], reads, [y], "other")
+    return y
 
 
 def _clipped(expression: str, clip) -> str:
