@@ -270,6 +270,14 @@ class _Attributes:
         return self.attributes.get(name, default)
 
 
+def _pool_window(b, node, x, channels_last: bool):
+    """A pool's kernel, its window's pads (begin, end), strides and dilations, and its output."""
+    kernel = node.attr("kernel_shape")
+    outs, begin, end, strides, dilations = _spatial(b, node, x, kernel, channels_last=channels_last)
+    out = b.new(image_indices(channels_last, x.shape[0], x.shape[-1 if channels_last else 1], outs), x.dtype)
+    return kernel, begin, end, strides, dilations, out
+
+
 class MaxPool(Converter):
     @staticmethod
     def _impl_v1(b, node, inputs):
@@ -278,9 +286,7 @@ class MaxPool(Converter):
     @staticmethod
     def lower(b, node, inputs, channels_last: bool):
         x = inputs[0]
-        kernel = node.attr("kernel_shape")
-        outs, begin, end, strides, dilations = _spatial(b, node, x, kernel, channels_last=channels_last)
-        out = b.new(image_indices(channels_last, x.shape[0], x.shape[-1 if channels_last else 1], outs), x.dtype)
+        kernel, begin, end, strides, dilations, out = _pool_window(b, node, x, channels_last)
         if len(node.outputs) > 1 and node.outputs[1]:  # (the channels-last layout leaves these to ONNX's)
             best = _pool(b, x, out, kernel, begin, strides, dilations, "max")
             return [best, _max_pool_indices(b, node, x, best, kernel, begin, strides, dilations)]
@@ -332,9 +338,7 @@ class AveragePool(Converter):
     @staticmethod
     def lower(b, node, inputs, channels_last: bool):
         x = inputs[0]
-        kernel = node.attr("kernel_shape")
-        outs, begin, end, strides, dilations = _spatial(b, node, x, kernel, channels_last=channels_last)
-        out = b.new(image_indices(channels_last, x.shape[0], x.shape[-1 if channels_last else 1], outs), x.dtype)
+        kernel, begin, end, strides, dilations, out = _pool_window(b, node, x, channels_last)
         return [_pool(b, x, out, kernel, begin, strides, dilations, "average",
                       include_pad=node.attr("count_include_pad", 0), end=end, channels_last=channels_last)]
 
