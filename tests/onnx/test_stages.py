@@ -303,3 +303,22 @@ def test_max_unpool_of_indices_from_anywhere_and_out_of_range():
     with pytest.raises(polyc.PolycError, match=r"'unpool' \(MaxUnpool\): its output shape \[1, 2, 3, 4\] must hold"):
         model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array([1, 2, 3, 4], np.int64), "shape"))
         ponnx.InferenceSession(model).run(None, {"x": x, "where": scattered})
+
+
+def test_values_passing_through_stages_reach_the_user_as_copies():
+    # x goes through the first stage to the second uncopied; the user's outputs never share
+    # memory with the feeds.
+    nodes = [helper.make_node("ReduceMax", ["x"], ["largest"], keepdims=1),
+             helper.make_node("Cast", ["largest"], ["rows"], to=TensorProto.INT64),
+             helper.make_node("Concat", ["rows", "rest"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["viewed"]),
+             helper.make_node("Identity", ["x"], ["same"])]
+    model = model_of(nodes, {"x": np.zeros(12, np.float32)}, {"viewed": (TensorProto.FLOAT, 2),
+                                                              "same": (TensorProto.FLOAT, 1)},
+                     {"rest": np.array([-1], np.int64)})
+    x = np.arange(12, dtype=np.float32) % 4
+    viewed, same = same_as_onnxruntime(ponnx.InferenceSession(model), model, {"x": x})
+    assert viewed.shape == (3, 4)
+    viewed[...] = -1
+    same[...] = -1
+    np.testing.assert_array_equal(x, np.arange(12, dtype=np.float32) % 4)

@@ -443,11 +443,14 @@ class Plan:
             with self._arenas_lock:
                 self._idle_arenas.append(arena)
         given = {id(v) for v in self.inputs}
+        # Values that go on to the next stage, which only reads them, are not copied; the
+        # user's outputs never share memory with the feeds.
+        to_user = self.continuation is None
         outputs = {}
         for name, value in zip(self.output_names, self.outputs):
             array = _array(value, buffers).reshape(value.shape)
-            if value.const is not None or id(value) in given or not array.flags.owndata and _aliases_input(
-                    array, buffers, self.inputs):
+            if value.const is not None or to_user and (id(value) in given or not array.flags.owndata and _aliases_input(
+                    array, buffers, self.inputs)):
                 array = np.array(array, copy=True)
             outputs[name] = array
         return outputs
