@@ -242,6 +242,8 @@ class CExpressionPrinter:
         if logistic is not None:
             return f"polyc_sigmoidf({self.to_c(logistic)})"
         lhs, rhs = self.to_c(expr.lhs), self.to_c(expr.rhs)
+        if op in ("&&", "||") and speculatable(expr):
+            return f"({lhs} {'&' if op == '&&' else '|'} {rhs})"
         if op in ("&&", "||") or op in _COMPARISONS:
             return f"({lhs} {op} {rhs})"
         if dtype.kind == "f":
@@ -280,6 +282,35 @@ class CExpressionPrinter:
         if expr.func == "abs" and dtype.kind == "u":
             return args[0]
         return f"polyc_{expr.func}_{dtype.name}({', '.join(args)})"
+
+
+def speculatable(expr: Binary) -> bool:
+    """Whether ``a && b`` (or ``a || b``) may evaluate both operands, as the branch-free ``a & b``:
+    C's short-circuit makes a branch per element, which gcc does not vectorize (a rank that
+    counts ``(s_j > s_i || (s_j == s_i && j < i)) && keep_j`` over 16384 elements: 1.0 ns per pair
+    with ``&&``, 0.07 with ``&``).  Every operation polyc prints is total (integer division by
+    zero gives 0, floats do not trap), so only reads can make eager evaluation unsafe:
+    - a read whose bounds proof used the left operand as a guard: the proof
+      (:func:`polyc.ir.model.affine_condition`) takes a guard only from an affine left operand,
+      so ``&&`` stays when the left operand is affine;
+    - a data-dependent subscript, checked at run time, which would report an error for an
+      element the left operand excluded."""
+    from polyc.ir.model import affine_condition
+    return affine_condition(expr.lhs) is None and not _has_data_dependent_read(expr.rhs)
+
+
+def _has_data_dependent_read(expr: TExpr) -> bool:
+    if isinstance(expr, Read):
+        return any(not isinstance(s, Affine) for s in expr.subscripts)
+    if isinstance(expr, Unary) or isinstance(expr, Cast):
+        return _has_data_dependent_read(expr.operand)
+    if isinstance(expr, Binary):
+        return _has_data_dependent_read(expr.lhs) or _has_data_dependent_read(expr.rhs)
+    if isinstance(expr, Select):
+        return any(_has_data_dependent_read(e) for e in (expr.cond, expr.then, expr.otherwise))
+    if isinstance(expr, Call):
+        return any(_has_data_dependent_read(a) for a in expr.args)
+    return False
 
 
 def logistic_operand(expr: Binary) -> TExpr | None:

@@ -470,6 +470,25 @@ def test_printed_text(expr, text):
     assert PRINTER.to_c(expr) == text
 
 
+POSITIVE = Binary(BOOL, ">", XF, Const(FLOAT32, 0.0))
+GATHERED = Read(BOOL, "M", (Cast(INT64, Read(INT32, "G", (I,))),))
+
+
+@pytest.mark.parametrize("expr, text", [
+    # Both operands are safe to evaluate: branch-free, so that gcc vectorizes the loop.
+    (Binary(BOOL, "&&", POSITIVE, Read(BOOL, "M", (I,))), "(((F[i]) > 0.0f) & (M[i]))"),
+    (Binary(BOOL, "||", POSITIVE, Binary(BOOL, "<", X8, Y8)), "(((F[i]) > 0.0f) | ((X[i]) < (Y[i])))"),
+    # An affine left operand may be the guard that proved the right one's reads in bounds.
+    (Binary(BOOL, "&&", Binary(BOOL, ">=", IndexValue(INT64, "i"), Const(INT64, 1)),
+            Binary(BOOL, ">", Read(FLOAT32, "F", (I - 1,)), Const(FLOAT32, 0.0))),
+     "((i >= INT64_C(1)) && ((F[(i - 1)]) > 0.0f))"),
+    # A data-dependent subscript is checked at run time: not for elements the left excluded.
+    (Binary(BOOL, "&&", POSITIVE, GATHERED), "(((F[i]) > 0.0f) && (M[((int64_t)(G[i]))]))"),
+])
+def test_logical_operators_short_circuit_only_where_it_matters(expr, text):
+    assert PRINTER.to_c(expr) == text
+
+
 def test_callbacks_spell_indices_sizes_and_accesses():
     printer = CExpressionPrinter(access=lambda read, subscripts: f"{read.tensor}[{' * 8 + '.join(subscripts)}]",
                                  index=lambda name: {"i": "c0", "j": "c1"}.get(name, f"sizes->{name}"),

@@ -292,20 +292,27 @@ class NonMaxSuppression(Converter):
         blocked = b.new(scores.shape, np.int32)
         kept = b.new(scores.shape, np.bool_)
         idx = ["i0", "i1", "i2"]
+        # Two kernels: as one, isl's schedule put the second statement in the pairs' inner loop
+        # (at the reduction's last step), which gcc did not vectorize: 13x slower.
         b.emit([b.statement(blocked, idx, "max=!", f"({blocking} && {overlaps}) ? int32(1) : int32(0)",
-                            [("r_j", count)]),
-                b.statement(kept, idx, "=", f"{b.ref(candidates, idx)} && {b.ref(blocked, idx)} == 0")],
-               [keep, candidates, scores, x_min, x_max, y_min, y_max, area, threshold], [kept], "other")
+                            [("r_j", count)])],
+               [keep, scores, x_min, x_max, y_min, y_max, area, threshold], [blocked], "other")
+        b.emit([b.statement(kept, idx, "=", f"{b.ref(candidates, idx)} && {b.ref(blocked, idx)} == 0")],
+               [candidates, blocked], [kept], "other")
         return kept
 
     @staticmethod
     def _place(b, keep, scores):
         """Each box's place among its class's kept boxes: the kept boxes before it."""
-        place = b.new(scores.shape, np.int64)
+        # Counted in 32 bits (twice the vector lanes of 64), as a class has fewer boxes than 2^31.
+        counted = b.new(scores.shape, np.int32)
+        idx = ["i0", "i1", "i2"]
         before = NonMaxSuppression._before(b, scores, "i2", "r_j")
-        b.emit([b.statement(place, ["i0", "i1", "i2"], "+=!",
-                            f"({before} && {b.ref(keep, ['i0', 'i1', 'r_j'])}) ? int64(1) : int64(0)",
-                            [("r_j", scores.shape[2])])], [keep, scores], [place], "other")
+        b.emit([b.statement(counted, idx, "+=!",
+                            f"({before} && {b.ref(keep, ['i0', 'i1', 'r_j'])}) ? int32(1) : int32(0)",
+                            [("r_j", scores.shape[2])])], [keep, scores], [counted], "other")
+        place = b.new(scores.shape, np.int64)
+        b.emit([b.statement(place, idx, "=", f"int64({b.ref(counted, idx)})")], [counted], [place], "other")
         return place
 
     @staticmethod
@@ -315,12 +322,27 @@ class NonMaxSuppression(Converter):
         if rows == 0:
             return b.const(np.zeros((0, 3), np.int64))
         batches, classes, count = chosen.shape
+        # The chosen box's flat index, found by one search over the boxes per row (not one per
+        # coordinate) on 32-bit integers where they hold it (twice the vector lanes), each box's
+        # row or -1 when it is not chosen.
+        narrow = batches * classes * count < 2 ** 31
+        kind, name = (np.int32, "int32") if narrow else (np.int64, "int64")
+        row_or_none = b.new(chosen.shape, kind)
+        idx = ["i0", "i1", "i2"]
+        b.emit([b.statement(row_or_none, idx, "=", f"{b.ref(chosen, idx)} ? {name}({b.ref(row, idx)}) : {name}(-1)")],
+               [chosen, row], [row_or_none], "other")
+        found = b.new((rows,), kind)
+        b.emit([b.statement(found, ["k"], "+=!",
+                            f"({b.ref(row_or_none, ['r_b', 'r_c', 'r_i'])} == k) ? "
+                            f"{name}(r_b * {classes * count} + r_c * {count} + r_i) : {name}(0)",
+                            [("r_b", batches), ("r_c", classes), ("r_i", count)])],
+               [row_or_none], [found], "other")
+        flat = b.new((rows,), np.int64)
+        b.emit([b.statement(flat, ["k"], "=", f"int64({b.ref(found, ['k'])})")], [found], [flat], "other")
         out = b.new((rows, 3), np.int64)
-        coordinate = "(c == 0) ? int64(r_b) : ((c == 1) ? int64(r_c) : int64(r_i))"
-        b.emit([b.statement(out, ["k", "c"], "+=!",
-                            f"({b.ref(chosen, ['r_b', 'r_c', 'r_i'])} && {b.ref(row, ['r_b', 'r_c', 'r_i'])} == k) ? "
-                            f"({coordinate}) : int64(0)", [("r_b", batches), ("r_c", classes), ("r_i", count)])],
-               [chosen, row], [out], "other")
+        at = b.ref(flat, ["k"])
+        b.emit([b.statement(out, ["k", "c"], "=", f"(c == 0) ? {at} / {classes * count} : ((c == 1) ? "
+                            f"({at} / {count}) % {classes} : {at} % {count})")], [flat], [out], "other")
         return out
 
 
