@@ -235,6 +235,36 @@ def test_non_max_suppression(batches, classes, count, center_point_box, score_th
         assert len(selected) > 1
 
 
+@pytest.mark.parametrize("batches, classes, count, grouped", [(1, 1, 700, True), (2, 3, 640, True),
+                                                               (1, 1, 600, False)])
+def test_non_max_suppression_compares_boxes_of_blocks_that_meet(batches, classes, count, grouped):
+    """From CULL_FROM_BOXES boxes on, a step compares a box only with the boxes of the blocks
+    whose extents meet its block's: boxes given group by group, moved apart by group (as
+    torchvision's batched NMS gives them), take that way; boxes spread in no order compare every
+    pair.  Tied scores (taken by index), a NaN box and boxes of no area included."""
+    from onnx.reference import ReferenceEvaluator
+
+    from polyc.frontends.onnx.ops.data_dependent import CULL_FROM_BOXES
+    assert count >= CULL_FROM_BOXES
+    rng = np.random.default_rng(count)
+    model = _suppression_model(batches, classes, count)
+    limit = next(i for i in model.graph.initializer if i.name == "limit")
+    limit.CopyFrom(numpy_helper.from_array(np.array([count], np.int64), "limit"))
+    session = ponnx.InferenceSession(model)
+    corner = rng.random((batches, count, 2)).astype(np.float32) * 10
+    if grouped:
+        corner += (np.arange(count) * 20 // count * 15).astype(np.float32)[None, :, None]
+    size = rng.random((batches, count, 2)).astype(np.float32) * 3 + 0.5
+    boxes = np.concatenate([corner, corner + size], axis=-1)
+    boxes[0, 5] = np.nan
+    boxes[0, 7, 2:] = boxes[0, 7, :2]  # no area
+    feeds = {"boxes": boxes, "scores": rng.integers(0, 40, (batches, classes, count)).astype(np.float32) / 40}
+    selected = same_as_onnxruntime(session, model, feeds)[0]
+    np.testing.assert_array_equal(selected, ReferenceEvaluator(model).run(None, feeds)[0])
+    assert len(selected) > count // 4
+    assert ("r_d in 0:" in session.tc_source()) == grouped
+
+
 def test_non_max_suppression_selecting_nothing_and_bad_boxes():
     model = _suppression_model(1, 1, 5)
     feeds = {"boxes": np.ones((1, 5, 4), np.float32), "scores": np.full((1, 1, 5), 0.1, np.float32)}

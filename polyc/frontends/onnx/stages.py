@@ -50,7 +50,8 @@ def value_to_probe(item, values: dict, converters: dict) -> str | None:
             positions = CONSTANT_INPUTS[proto.op_type]
         else:
             converter = converters.get(proto.op_type) if proto.domain in ("", "ai.onnx") else None
-            positions = getattr(converter, "CONSTANT_INPUTS", ())
+            positions = converter.constant_inputs(proto) if hasattr(converter, "constant_inputs") \
+                else getattr(converter, "CONSTANT_INPUTS", ())
         names = [proto.input[p] for p in positions if p < len(proto.input)]
     for name in names:
         value = values.get(name) if name else None

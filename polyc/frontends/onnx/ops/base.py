@@ -39,6 +39,12 @@ class Converter:
     CONSTANT_INPUTS: tuple[int, ...] = ()
 
     @classmethod
+    def constant_inputs(cls, proto) -> tuple[int, ...]:
+        """``CONSTANT_INPUTS`` for the node ``proto``; a converter whose replacement nodes take
+        other inputs (their ``polyc_path``) says which of theirs must be known."""
+        return cls.CONSTANT_INPUTS
+
+    @classmethod
     def version_for(cls, opset: int) -> int | None:
         versions = [int(name[len("_impl_v"):]) for name in dir(cls) if name.startswith("_impl_v")]
         usable = [v for v in versions if v <= opset]
