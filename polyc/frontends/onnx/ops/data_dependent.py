@@ -316,6 +316,19 @@ class NonMaxSuppression(Converter):
         raise UnsupportedError(f"{b.where}: NonMaxSuppression reached its converter unplanned (a polyc bug)")
 
     @staticmethod
+    def _overlaps(b, mine: list[str], other: list[str], threshold) -> str:
+        """Whether two boxes, each given by the TC reads of its x_min, x_max, y_min, y_max and
+        area, overlap by an IoU above the threshold, as onnxruntime decides it."""
+        (x_min, x_max, y_min, y_max, area), (x_min_o, x_max_o, y_min_o, y_max_o, area_o) = mine, other
+        left, right = f"fmax({x_min}, {x_min_o})", f"fmin({x_max}, {x_max_o})"
+        bottom, top = f"fmax({y_min}, {y_min_o})", f"fmin({y_max}, {y_max_o})"
+        intersection = f"(({right}) - ({left})) * (({top}) - ({bottom}))"
+        union = f"({area} + {area_o} - {intersection})"
+        limit = b.ref(threshold, ["0"] * threshold.rank)
+        return " && ".join([f"{right} > {left}", f"{top} > {bottom}", f"{intersection} > 0", f"{area} > 0",
+                            f"{area_o} > 0", f"{union} > 0", f"{intersection} / {union} > {limit}"])
+
+    @staticmethod
     def _before(b, scores, mine: str, other: str) -> str:
         """Whether box ``other`` comes before box ``mine`` in the score order (ties by index)."""
         own, theirs = b.ref(scores, ["i0", "i1", mine]), b.ref(scores, ["i0", "i1", other])
@@ -326,16 +339,9 @@ class NonMaxSuppression(Converter):
         """One iteration: each candidate kept unless a kept box before it overlaps it."""
         count = scores.shape[2]
 
-        def at(value, box):
-            return b.ref(value, ["i0", box])
-        left, right = f"fmax({at(x_min, 'i2')}, {at(x_min, 'r_j')})", f"fmin({at(x_max, 'i2')}, {at(x_max, 'r_j')})"
-        bottom, top = f"fmax({at(y_min, 'i2')}, {at(y_min, 'r_j')})", f"fmin({at(y_max, 'i2')}, {at(y_max, 'r_j')})"
-        intersection = f"(({right}) - ({left})) * (({top}) - ({bottom}))"
-        union = f"({at(area, 'i2')} + {at(area, 'r_j')} - {intersection})"
-        limit = b.ref(threshold, ["0"] * threshold.rank)
-        overlaps = " && ".join([f"{right} > {left}", f"{top} > {bottom}", f"{intersection} > 0",
-                                f"{at(area, 'i2')} > 0", f"{at(area, 'r_j')} > 0", f"{union} > 0",
-                                f"{intersection} / {union} > {limit}"])
+        overlaps = NonMaxSuppression._overlaps(b, [b.ref(v, ["i0", "i2"]) for v in (x_min, x_max, y_min, y_max, area)],
+                                               [b.ref(v, ["i0", "r_j"]) for v in (x_min, x_max, y_min, y_max, area)],
+                                               threshold)
         blocking = f"({NonMaxSuppression._before(b, scores, 'i2', 'r_j')} && {b.ref(keep, ['i0', 'i1', 'r_j'])})"
         blocked = b.new(scores.shape, np.int32)
         kept = b.new(scores.shape, np.bool_)
@@ -455,19 +461,9 @@ class NonMaxSuppression(Converter):
                             f"({box} < {count}) && {b.ref(keep, ['i0', 'i1', box])}")],
                [keep, partners], [keep_p], "other")
 
-        def own(value):
-            return b.ref(value, ["i0", "k", "l"])
-
-        def theirs(value):
-            return b.ref(value, ["i0", "k", "r_d", "r_m"])
-        left, right = f"fmax({own(x_min_o)}, {theirs(x_min_p)})", f"fmin({own(x_max_o)}, {theirs(x_max_p)})"
-        bottom, top = f"fmax({own(y_min_o)}, {theirs(y_min_p)})", f"fmin({own(y_max_o)}, {theirs(y_max_p)})"
-        intersection = f"(({right}) - ({left})) * (({top}) - ({bottom}))"
-        union = f"({own(area_o)} + {theirs(area_p)} - {intersection})"
-        limit = b.ref(threshold, ["0"] * threshold.rank)
-        overlaps = " && ".join([f"{right} > {left}", f"{top} > {bottom}", f"{intersection} > 0",
-                                f"{own(area_o)} > 0", f"{theirs(area_p)} > 0", f"{union} > 0",
-                                f"{intersection} / {union} > {limit}"])
+        overlaps = NonMaxSuppression._overlaps(
+            b, [b.ref(v, ["i0", "k", "l"]) for v in (x_min_o, x_max_o, y_min_o, y_max_o, area_o)],
+            [b.ref(v, ["i0", "k", "r_d", "r_m"]) for v in (x_min_p, x_max_p, y_min_p, y_max_p, area_p)], threshold)
         mine = b.ref(scores_o, ["i0", "i1", "k", "l"])
         other = b.ref(scores_p, ["i0", "i1", "k", "r_d", "r_m"])
         index = f"{b.ref(partners, ['i0', 'k', 'r_d'])} * {CULL_BLOCK} + r_m"
