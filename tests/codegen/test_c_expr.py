@@ -529,3 +529,21 @@ def test_prelude_compiles_warning_free_as_c99_and_gnu11(tmp_path):
         options = CompilerOptions(flags=("-O2", standard, "-Wall", "-Wextra", "-Werror"), openmp=False)
         probe = get_function(load_library(get_or_build(source, options)), "polyc_prelude_probe", [], ctypes.c_int)
         assert probe() == -4
+
+
+def test_bool_elements_are_read_as_bytes_and_compute_as_numpy():
+    """Bool arrays are read through ``polyc_bool_at`` (as the byte each element is), which gcc
+    vectorizes where it leaves a loop that loads ``_Bool`` scalar or branchy."""
+    import polyc
+    kernels = polyc.define("""def masked(bool(N) C, float(N) A, float(N) B) -> (O, P, Q) {
+        O(i) = C(i) ? A(i) : B(i)
+        P(i) = C(i) && A(i) > B(i)
+        Q(k) +=! (C(r_i) && A(r_i) > B(r_i)) ? int32(1) : int32(0) where k in 0:1
+    }""", tuning=False)
+    rng = np.random.default_rng(3)
+    c, a, b = rng.random(1000) > 0.5, rng.random(1000, dtype=np.float32), rng.random(1000, dtype=np.float32)
+    o, p, q = kernels.masked(c, a, b)
+    np.testing.assert_array_equal(o, np.where(c, a, b))
+    np.testing.assert_array_equal(p, c & (a > b))
+    assert q[0] == np.count_nonzero(c & (a > b))
+    assert "polyc_bool_at(&C[" in kernels.masked.c_source({"N": 1000})

@@ -288,8 +288,9 @@ class NonMaxSuppression(Converter):
                                 keepdims=0), keepdims=0)
         rank = n("CumSum", live_number, n.constant("block_axis", np.array(2, np.int64)), exclusive=1)
         partners = n("NonMaxSuppression", live, rank, most, polyc_path="partners")
+        boxes = n("NonMaxSuppression", partners, polyc_path="indices")
         geometry = (x_min, x_max, y_min, y_max, area, scores)
-        return [partners] + [n("NonMaxSuppression", value, partners, polyc_path="gather") for value in geometry] \
+        return [boxes] + [n("NonMaxSuppression", value, boxes, polyc_path="gather") for value in geometry] \
             + [n("NonMaxSuppression", value, polyc_path="blocks") for value in geometry]
 
     @staticmethod
@@ -305,6 +306,8 @@ class NonMaxSuppression(Converter):
             return [NonMaxSuppression._live(b, *inputs)]
         if path == "partners":
             return [NonMaxSuppression._partners(b, *inputs)]
+        if path == "indices":
+            return [NonMaxSuppression._indices(b, *inputs)]
         if path == "gather":
             return [NonMaxSuppression._gather(b, *inputs)]
         if path == "blocks":
@@ -408,23 +411,35 @@ class NonMaxSuppression(Converter):
         return table
 
     @staticmethod
-    def _gather(b, value, partners):
-        """``value`` (batches, boxes) or (batches, classes, boxes) of each partner block's boxes:
-        (batches, [classes,] blocks, partners, CULL_BLOCK); 0 past the last box (whose kept
-        flag the step gathers as false)."""
+    def _indices(b, partners):
+        """(batches, blocks, partners x CULL_BLOCK): the index of each partner block's boxes, in
+        32 bits (gcc vectorizes a loop of 32-bit integers and floats, not one that mixes in
+        64-bit integers or bools); (batches, 0, 0) when culling does not pay."""
         batches, blocks, widest = partners.shape
+        if blocks == 0 or widest == 0:
+            return b.const(np.zeros((batches, blocks, 0), np.int32))
+        out = b.new((batches, blocks, widest * CULL_BLOCK), np.int32)
+        b.emit([b.statement(out, ["b", "k", "r"], "=", f"int32({b.ref(partners, ['b', 'k', f'r / {CULL_BLOCK}'])} "
+                            f"* {CULL_BLOCK} + r % {CULL_BLOCK})")], [partners], [out], "other")
+        return out
+
+    @staticmethod
+    def _gather(b, value, boxes):
+        """``value`` (batches, [classes,] boxes) of each block's partner boxes (:meth:`_indices`):
+        (batches, [classes,] blocks, partners x CULL_BLOCK); 0 past the last box (whose kept
+        flag the step gathers as false)."""
+        batches, blocks, width = boxes.shape
         count = value.shape[-1]
         middle = list(value.shape[1:-1])
-        shape = (batches, *middle, blocks, widest, CULL_BLOCK)
+        shape = (batches, *middle, blocks, width)
         if 0 in shape:
             return b.const(np.zeros(shape, value.dtype))
         out = b.new(shape, value.dtype)
         lead = ["b"] + [f"c{k}" for k in range(len(middle))]
-        box = f"{b.ref(partners, ['b', 'i', 'd'])} * {CULL_BLOCK} + m"
-        outside = f"{tc_type(value.dtype)}(0)"
-        b.emit([b.statement(out, lead + ["i", "d", "m"], "=",
-                            f"({box} < {count}) ? {b.ref(value, lead + [box])} : {outside}")],
-               [value, partners], [out], "other")
+        box = b.ref(boxes, ["b", "k", "r"])
+        b.emit([b.statement(out, lead + ["k", "r"], "=",
+                            f"({box} < {count}) ? {b.ref(value, lead + [box])} : {tc_type(value.dtype)}(0)")],
+               [value, boxes], [out], "other")
         return out
 
     @staticmethod
@@ -441,19 +456,41 @@ class NonMaxSuppression(Converter):
         return out
 
     @staticmethod
-    def _culled_step(b, keep, candidates, scores, x_min, x_max, y_min, y_max, area, threshold, partners,
+    def _culled_step(b, keep, candidates, scores, x_min, x_max, y_min, y_max, area, threshold, boxes,
                      *blocked_geometry):
-        """:meth:`_step` over each box's partner blocks' boxes only, everything in blocks (so
-        that every read in the pairs' loop is affine, which gcc vectorizes)."""
+        """:meth:`_step` over each box's partner blocks' boxes only, everything in blocks, so
+        that every read in the pairs' loop is affine and of 32 bits (which gcc vectorizes)."""
         x_min_p, x_max_p, y_min_p, y_max_p, area_p, scores_p = blocked_geometry[:6]
         x_min_o, x_max_o, y_min_o, y_max_o, area_o, scores_o = blocked_geometry[6:]
-        batches, blocks, widest = partners.shape
+        batches, blocks, width = boxes.shape
         classes, count = scores.shape[1], scores.shape[2]
         kept = b.new(scores.shape, np.bool_)
         idx = ["i0", "i1", "i2"]
-        if widest == 0:  # no box has a positive area: each candidate is kept
+        if width == 0:  # no box has a positive area: each candidate is kept
             b.emit([b.statement(kept, idx, "=", b.ref(candidates, idx))], [candidates], [kept], "other")
             return kept
+        # The kept flags of the partner blocks' boxes, for this iteration, as 0 or 1.
+        keep_p = b.new((batches, classes, blocks, width), np.int32)
+        box = b.ref(boxes, ["i0", "k", "r"])
+        b.emit([b.statement(keep_p, ["i0", "i1", "k", "r"], "=",
+                            f"(({box} < {count}) && {b.ref(keep, ['i0', 'i1', box])}) ? int32(1) : int32(0)")],
+               [keep, boxes], [keep_p], "other")
+        overlaps = NonMaxSuppression._overlaps(
+            b, [b.ref(v, ["i0", "k", "l"]) for v in (x_min_o, x_max_o, y_min_o, y_max_o, area_o)],
+            [b.ref(v, ["i0", "k", "r"]) for v in (x_min_p, x_max_p, y_min_p, y_max_p, area_p)], threshold)
+        mine = b.ref(scores_o, ["i0", "i1", "k", "l"])
+        other = b.ref(scores_p, ["i0", "i1", "k", "r"])
+        own_index = b.const(np.arange(blocks * CULL_BLOCK, dtype=np.int32).reshape(blocks, CULL_BLOCK))
+        before = f"({other} > {mine} || ({other} == {mine} && {box} < {b.ref(own_index, ['k', 'l'])}))"
+        blocking = f"({b.ref(keep_p, ['i0', 'i1', 'k', 'r'])} > 0 && {before})"
+        blocked = b.new((batches, classes, blocks, CULL_BLOCK), np.int32)
+        b.emit([b.statement(blocked, ["i0", "i1", "k", "l"], "max=!",
+                            f"({blocking} && {overlaps}) ? int32(1) : int32(0)", [("r", width)])],
+               [keep_p, threshold, boxes, own_index, *blocked_geometry], [blocked], "other")
+        b.emit([b.statement(kept, idx, "=", f"{b.ref(candidates, idx)} && "
+                            f"{b.ref(blocked, ['i0', 'i1', f'i2 / {CULL_BLOCK}', f'i2 % {CULL_BLOCK}'])} <= 0")],
+               [candidates, blocked], [kept], "other")
+        return kept
         # The kept flags of the partner blocks' boxes, for this iteration.
         keep_p = b.new((batches, classes, blocks, widest, CULL_BLOCK), np.bool_)
         box = f"{b.ref(partners, ['i0', 'k', 'd'])} * {CULL_BLOCK} + m"
@@ -482,13 +519,17 @@ class NonMaxSuppression(Converter):
     @staticmethod
     def _place(b, keep, scores):
         """Each box's place among its class's kept boxes: the kept boxes before it."""
-        # Counted in 32 bits (twice the vector lanes of 64), as a class has fewer boxes than 2^31.
-        counted = b.new(scores.shape, np.int32)
+        # Counted in 32 bits (twice the vector lanes of 64), as a class has fewer boxes than 2^31,
+        # and the kept flags read as 32-bit integers: gcc vectorizes a loop of 32-bit integers
+        # and floats, not one that mixes in bools (6x slower).
         idx = ["i0", "i1", "i2"]
+        kept = b.new(scores.shape, np.int32)
+        b.emit([b.statement(kept, idx, "=", f"{b.ref(keep, idx)} ? int32(1) : int32(0)")], [keep], [kept], "other")
+        counted = b.new(scores.shape, np.int32)
         before = NonMaxSuppression._before(b, scores, "i2", "r_j")
         b.emit([b.statement(counted, idx, "+=!",
-                            f"({before} && {b.ref(keep, ['i0', 'i1', 'r_j'])}) ? int32(1) : int32(0)",
-                            [("r_j", scores.shape[2])])], [keep, scores], [counted], "other")
+                            f"({before} && {b.ref(kept, ['i0', 'i1', 'r_j'])} > 0) ? int32(1) : int32(0)",
+                            [("r_j", scores.shape[2])])], [kept, scores], [counted], "other")
         place = b.new(scores.shape, np.int64)
         b.emit([b.statement(place, idx, "=", f"int64({b.ref(counted, idx)})")], [counted], [place], "other")
         return place
