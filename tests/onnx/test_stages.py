@@ -237,8 +237,8 @@ def test_non_max_suppression(batches, classes, count, center_point_box, score_th
         assert len(selected) > 1
 
 
-@pytest.mark.parametrize("batches, classes, count, grouped", [(1, 1, 700, True), (2, 3, 640, True),
-                                                               (1, 1, 600, False)])
+@pytest.mark.parametrize("batches, classes, count, grouped", [(1, 1, 2500, True), (2, 2, 2100, True),
+                                                               (1, 1, 2200, False)])
 def test_non_max_suppression_compares_boxes_of_blocks_that_meet(batches, classes, count, grouped):
     """From CULL_FROM_BOXES boxes on, a step compares a box only with the boxes of the blocks
     whose extents meet its block's: boxes given group by group, moved apart by group (as
@@ -255,7 +255,7 @@ def test_non_max_suppression_compares_boxes_of_blocks_that_meet(batches, classes
     session = ponnx.InferenceSession(model)
     corner = rng.random((batches, count, 2)).astype(np.float32) * 10
     if grouped:
-        corner += (np.arange(count) * 20 // count * 15).astype(np.float32)[None, :, None]
+        corner += (np.arange(count) * 40 // count * 15).astype(np.float32)[None, :, None]
     size = rng.random((batches, count, 2)).astype(np.float32) * 3 + 0.5
     boxes = np.concatenate([corner, corner + size], axis=-1)
     boxes[0, 5] = np.nan
@@ -263,7 +263,7 @@ def test_non_max_suppression_compares_boxes_of_blocks_that_meet(batches, classes
     feeds = {"boxes": boxes, "scores": rng.integers(0, 40, (batches, classes, count)).astype(np.float32) / 40}
     selected = same_as_onnxruntime(session, model, feeds)[0]
     np.testing.assert_array_equal(selected, ReferenceEvaluator(model).run(None, feeds)[0])
-    assert len(selected) > count // 4
+    assert len(selected) > 100
     culled = re.search(r"max=! .* where .*\br in 0:\d+$", session.tc_source(), re.MULTILINE)  # over the partners' boxes
     assert bool(culled) == grouped
 

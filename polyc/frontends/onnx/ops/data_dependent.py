@@ -167,7 +167,7 @@ _REPLACEMENT_OPSET = 17
 #: NonMaxSuppression culls pairs of boxes by blocks of this many boxes, from this many boxes on,
 #: when the partner blocks' gathered boxes have at most this many elements.
 CULL_BLOCK = 64
-CULL_FROM_BOXES = 4 * CULL_BLOCK
+CULL_FROM_BOXES = 32 * CULL_BLOCK
 MAX_GATHERED_PARTNERS = 1 << 24
 
 
@@ -287,7 +287,11 @@ class NonMaxSuppression(Converter):
         most = n("ReduceMax", n("ReduceSum", live_number, n.constant("partner_axis", np.array([2], np.int64)),
                                 keepdims=0), keepdims=0)
         rank = n("CumSum", live_number, n.constant("block_axis", np.array(2, np.int64)), exclusive=1)
-        partners = n("NonMaxSuppression", live, rank, most, polyc_path="partners")
+        # Learned rounded up (:meth:`_width`), so that images of similar boxes share a plan
+        # and kernels (a partner slot past a block's own points at block 0, which either meets
+        # the block, and is compared twice, or has no box that overlaps any of it).
+        width = n("NonMaxSuppression", most, polyc_path="width")
+        partners = n("NonMaxSuppression", live, rank, width, polyc_path="partners")
         boxes = n("NonMaxSuppression", partners, polyc_path="indices")
         geometry = (x_min, x_max, y_min, y_max, area, scores)
         return [boxes] + [n("NonMaxSuppression", value, boxes, polyc_path="gather") for value in geometry] \
@@ -304,6 +308,8 @@ class NonMaxSuppression(Converter):
             return [NonMaxSuppression._extents(b, *inputs)]
         if path == "live":
             return [NonMaxSuppression._live(b, *inputs)]
+        if path == "width":
+            return [NonMaxSuppression._width(b, *inputs)]
         if path == "partners":
             return [NonMaxSuppression._partners(b, *inputs)]
         if path == "indices":
@@ -392,6 +398,18 @@ class NonMaxSuppression(Converter):
                             f"{e(2, 'j')} < -{e(3, 'i')}", f"{e(2, 'i')} < -{e(3, 'j')}"])
         b.emit([b.statement(live, ["b", "i", "j"], "=", meet)], [extents], [live], "other")
         return live
+
+    @staticmethod
+    def _width(b, most):
+        """The least of 1, 2, 3, 4, 6, 8, 12, 16, ... (powers of two and 1.5 times them) at least
+        ``most``: at most a third more partner slots than needed, and few distinct widths."""
+        steps = sorted({2 ** p for p in range(31)} | {3 * 2 ** p for p in range(30)})
+        widths = b.const(np.array(steps, np.int32))
+        width = b.new((1,), np.int32)
+        at = b.ref(widths, ["r_w"])
+        b.emit([b.statement(width, ["k"], "min=!", f"({at} >= {b.ref(most, [])}) ? {at} : int32({steps[-1]})",
+                            [("r_w", len(steps))])], [most, widths], [width], "other")
+        return width
 
     @staticmethod
     def _partners(b, live, rank, most):
