@@ -304,24 +304,13 @@ class NonMaxSuppression(Converter):
             if len(inputs) > 9 and inputs[9].shape[1] > 0:
                 return [NonMaxSuppression._culled_step(b, *inputs)]
             return [NonMaxSuppression._step(b, *inputs[:9])]
-        if path == "extents":
-            return [NonMaxSuppression._extents(b, *inputs)]
-        if path == "live":
-            return [NonMaxSuppression._live(b, *inputs)]
-        if path == "width":
-            return [NonMaxSuppression._width(b, *inputs)]
-        if path == "partners":
-            return [NonMaxSuppression._partners(b, *inputs)]
-        if path == "indices":
-            return [NonMaxSuppression._indices(b, *inputs)]
-        if path == "gather":
-            return [NonMaxSuppression._gather(b, *inputs)]
-        if path == "blocks":
-            return [NonMaxSuppression._blocks(b, *inputs)]
-        if path == "place":
-            return [NonMaxSuppression._place(b, *inputs)]
-        if path == "rows":
-            return [NonMaxSuppression._rows(b, *inputs)]
+        lower = {"extents": NonMaxSuppression._extents, "live": NonMaxSuppression._live,
+                 "width": NonMaxSuppression._width, "partners": NonMaxSuppression._partners,
+                 "indices": NonMaxSuppression._indices, "gather": NonMaxSuppression._gather,
+                 "blocks": NonMaxSuppression._blocks, "place": NonMaxSuppression._place,
+                 "rows": NonMaxSuppression._rows}.get(path)
+        if lower is not None:
+            return [lower(b, *inputs)]
         raise UnsupportedError(f"{b.where}: NonMaxSuppression reached its converter unplanned (a polyc bug)")
 
     @staticmethod
