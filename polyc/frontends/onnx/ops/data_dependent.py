@@ -183,7 +183,8 @@ class NonMaxSuppression(Converter):
     until nothing changes (a stage per iteration, learning whether it changed).  Each
     iteration is one kernel (``step``) comparing every pair of boxes, their IoU computed in
     place from the boxes' corners, so nothing of boxes^2 size is stored: classes x boxes^2
-    comparisons, fine for the hundreds or few thousands of boxes detectors keep after a top-k.
+    comparisons, or, from CULL_FROM_BOXES boxes on, those of boxes in blocks whose extents
+    meet (:meth:`_culling`).
     Then each kept box's place among its class's kept boxes (``place``), and the output's rows
     (``rows``), each found among the kept boxes once their count is known."""
 
@@ -283,7 +284,8 @@ class NonMaxSuppression(Converter):
         empty and the step compares every pair."""
         extents = n("NonMaxSuppression", x_min, x_max, y_min, y_max, area, polyc_path="extents")
         live = n("NonMaxSuppression", extents, polyc_path="live")
-        live_number = n("Cast", live, to=6)  # INT32
+        from onnx import TensorProto
+        live_number = n("Cast", live, to=TensorProto.INT32)
         most = n("ReduceMax", n("ReduceSum", live_number, n.constant("partner_axis", np.array([2], np.int64)),
                                 keepdims=0), keepdims=0)
         rank = n("CumSum", live_number, n.constant("block_axis", np.array(2, np.int64)), exclusive=1)
