@@ -404,15 +404,14 @@ class NonMaxSuppression(Converter):
 
     @staticmethod
     def _partners(b, live, rank, most):
-        """(batches, blocks, most): the blocks each block meets, in order, then 0 (whose boxes
-        ``gather`` reads as nothing); or (batches, 0, 0) when culling does not pay."""
+        """(batches, blocks, most): the blocks each block meets, in order, then block 0 (which
+        either meets the block too or has no box that overlaps any of its own); or (batches, 0,
+        0) when culling does not pay.  ``most`` is :meth:`_width`'s, at least 1."""
         batches, blocks, _ = live.shape
         widest = int(_require_const(b, most, "the most partners of a block").reshape(-1)[0])
-        gathered = batches * blocks * max(widest, 1) * CULL_BLOCK
+        gathered = batches * blocks * widest * CULL_BLOCK
         if 2 * widest > blocks or gathered > MAX_GATHERED_PARTNERS:
             return b.const(np.zeros((batches, 0, 0), np.int64))
-        if widest == 0:
-            return b.const(np.zeros((batches, blocks, 0), np.int64))
         table = b.new((batches, blocks, widest), np.int64)
         b.emit([b.statement(table, ["b", "i", "d"], "+=!",
                             f"({b.ref(live, ['b', 'i', 'r_j'])} && {b.ref(rank, ['b', 'i', 'r_j'])} == d) ? "
@@ -425,7 +424,7 @@ class NonMaxSuppression(Converter):
         32 bits (gcc vectorizes a loop of 32-bit integers and floats, not one that mixes in
         64-bit integers or bools); (batches, 0, 0) when culling does not pay."""
         batches, blocks, widest = partners.shape
-        if blocks == 0 or widest == 0:
+        if blocks == 0:
             return b.const(np.zeros((batches, blocks, 0), np.int32))
         out = b.new((batches, blocks, widest * CULL_BLOCK), np.int32)
         b.emit([b.statement(out, ["b", "k", "r"], "=", f"int32({b.ref(partners, ['b', 'k', f'r / {CULL_BLOCK}'])} "
@@ -475,9 +474,6 @@ class NonMaxSuppression(Converter):
         classes, count = scores.shape[1], scores.shape[2]
         kept = b.new(scores.shape, np.bool_)
         idx = ["i0", "i1", "i2"]
-        if width == 0:  # no box has a positive area: each candidate is kept
-            b.emit([b.statement(kept, idx, "=", b.ref(candidates, idx))], [candidates], [kept], "other")
-            return kept
         # The kept flags of the partner blocks' boxes, for this iteration, as 0 or 1.
         keep_p = b.new((batches, classes, blocks, width), np.int32)
         box = b.ref(boxes, ["i0", "k", "r"])
