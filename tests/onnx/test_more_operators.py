@@ -13,7 +13,7 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import polyc.onnx as ponnx  # noqa: E402
 from polyc.errors import PolycError  # noqa: E402
-from polyc.frontends.onnx.ops.reductions import CUMSUM_DIRECT  # noqa: E402
+from polyc.frontends.onnx.ops.reductions import CUMSUM_BLOCK, CUMSUM_DIRECT, TOPK_SELECT_FROM  # noqa: E402
 
 _TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
           np.dtype(np.int32): TensorProto.INT32, np.dtype(np.int64): TensorProto.INT64}
@@ -50,9 +50,9 @@ def numpy_cumsum(x, axis, exclusive, reverse):
 @pytest.mark.parametrize("reverse", [0, 1])
 @pytest.mark.parametrize("dtype", [np.int64, np.float64], ids=["int64", "float64"])
 def test_cumsum_along_a_long_axis_in_blocks(exclusive, reverse, dtype):
-    # 300 along the middle axis (blocks of 18, the last one 12 long): past CUMSUM_DIRECT, so
+    # 300 along the middle axis (blocks of 8, the last one 4 long): past CUMSUM_DIRECT, so
     # the blocked form; integers must come out exact, doubles to rounding.
-    assert 300 > CUMSUM_DIRECT
+    assert 300 > CUMSUM_DIRECT and 300 % CUMSUM_BLOCK
     x = np.random.default_rng(1).integers(-50, 50, (2, 300, 3)).astype(dtype)
     axis = numpy_helper.from_array(np.array(-2, np.int64), "axis")
     node = helper.make_node("CumSum", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)
@@ -197,6 +197,51 @@ def test_top_k_puts_nan_above_every_number_as_onnxs_reference():
         expected_values, expected_positions = ReferenceEvaluator(model).run(None, {"x": x})
         np.testing.assert_array_equal(positions, expected_positions)
         np.testing.assert_array_equal(values, expected_values)
+
+
+def _top_k_model(x, k: int, axis: int, largest: int):
+    types = {**_TYPES, np.dtype(np.float16): TensorProto.FLOAT16, np.dtype(np.uint8): TensorProto.UINT8}
+    node = helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=axis, largest=largest)
+    shape = list(x.shape)
+    shape[axis] = k
+    graph = helper.make_graph([node], "topk", [helper.make_tensor_value_info("x", types[x.dtype], x.shape)],
+                              [helper.make_tensor_value_info("values", types[x.dtype], shape),
+                               helper.make_tensor_value_info("indices", TensorProto.INT64, shape)],
+                              [numpy_helper.from_array(np.array([k], np.int64), "k")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("dtype,largest,k", [(np.float32, 1, 40), (np.float32, 0, 700), (np.float64, 0, 40),
+                                             (np.float16, 1, 40), (np.int64, 1, 900), (np.uint8, 0, 40)],
+                         ids=["float32-largest", "float32-smallest-half", "float64-smallest", "float16-largest",
+                              "int64-largest-most", "uint8-smallest"])
+def test_top_k_of_a_long_axis_selects_by_key_as_onnxs_reference(dtype, largest, k):
+    # Past TOPK_SELECT_FROM, TopK selects by integer keys: many ties (values 0 to 49, so the
+    # k-th value is tied), and for floats NaN, +-0, +-inf and negative numbers; a row of equal
+    # values (the first k by index).
+    assert 1500 >= TOPK_SELECT_FROM
+    rng = np.random.default_rng(9)
+    x = rng.integers(0, 50, (3, 1500)).astype(dtype)
+    if x.dtype.kind == "f":
+        x[0] -= 25
+        x[0, rng.choice(1500, 60, replace=False)] = np.nan
+        x[1, rng.choice(1500, 300, replace=False)] = rng.choice([0.0, -0.0, np.inf, -np.inf], 300)
+        x[1, :50] = rng.standard_normal(50) * 1e-30 if dtype != np.float16 else -0.0
+    x[2] = 7
+    model = _top_k_model(x, k, 1, largest)
+    values, positions = ponnx.InferenceSession(model).run(None, {"x": x})
+    expected_values, expected_positions = ReferenceEvaluator(model).run(None, {"x": x})
+    np.testing.assert_array_equal(positions, expected_positions)
+    np.testing.assert_array_equal(values, expected_values)
+
+
+def test_top_k_of_a_long_middle_axis_as_onnxruntime():
+    x = np.random.default_rng(10).integers(-1000, 1000, (2, 1100, 3)).astype(np.int32)
+    model = _top_k_model(x, 25, 1, 1)
+    ours = ponnx.InferenceSession(model).run(None, {"x": x})
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for mine, expected in zip(ours, theirs):
+        np.testing.assert_array_equal(mine, expected)
 
 
 def scatter_model(op: str, data, index, updates, opset: int = 18, **attributes):

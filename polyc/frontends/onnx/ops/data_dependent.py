@@ -21,6 +21,7 @@ from polyc.errors import PolycError, UnsupportedError
 from polyc.frontends.onnx.functions import FlatNode
 from polyc.frontends.onnx.lowering import indices, tc_type
 from polyc.frontends.onnx.ops.base import Converter, _require_const
+from polyc.frontends.onnx.ops.reductions import count_not_above
 
 
 class NonZero(Converter):
@@ -56,7 +57,7 @@ class NonZero(Converter):
         out = b.new((rank, count), np.int64)
         # The k-th nonzero element is at flat position p where running(p) == k + 1 first:
         # the number of positions whose running count is at most k.
-        position = _count_not_above(b, running, count)
+        position = count_not_above(b, running, count)
         strides = [int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(rank)]
         coordinate = "int64(0)"
         for d in reversed(range(rank)):
@@ -64,40 +65,6 @@ class NonZero(Converter):
             coordinate = along if d == rank - 1 else f"(d == {d}) ? {along} : {coordinate}"
         b.emit([b.statement(out, ["d", "k"], "=", coordinate)], [position], [out], "elementwise")
         return [out]
-
-
-#: A search along at most this many sorted counts compares with each; a longer one first finds
-#: the block of SEARCH_BLOCK counts that holds the answer (see :func:`_count_not_above`).
-SEARCH_DIRECT = 256
-SEARCH_BLOCK = 64
-
-
-def _count_not_above(b, sorted_counts, count: int):
-    """For k = 0 .. ``count`` - 1, how many of ``sorted_counts`` (int64, non-decreasing, of
-    length n) are at most k (numpy's ``searchsorted(..., side="right")``).  Directly along at
-    most SEARCH_DIRECT counts (``count`` x n comparisons); along more, in blocks: how many whole
-    blocks end at most at k (the same search over the blocks' last counts, so in levels), then
-    the counts of the next block, read at a position computed from data: about ``count`` x
-    SEARCH_BLOCK x levels comparisons."""
-    n = sorted_counts.shape[0]
-    found = b.new((count,), np.int64)
-    if n <= SEARCH_DIRECT:
-        b.emit([b.statement(found, ["k"], "+=!", f"({b.ref(sorted_counts, ['r_p'])} <= k) ? int64(1) : int64(0)",
-                            [("r_p", n)])], [sorted_counts], [found], "other")
-        return found
-    block = SEARCH_BLOCK
-    blocks = -(-n // block)
-    ends = b.new((blocks,), np.int64)  # each block's last count (the last block may be short)
-    b.emit([b.statement(ends, ["t"], "=", f"({block} * t + {block - 1} < {n}) ? "
-                                          f"{b.ref(sorted_counts, [f'{block} * t + {block - 1}'])} : "
-                                          f"{b.ref(sorted_counts, [str(n - 1)])}")], [sorted_counts], [ends], "other")
-    whole = _count_not_above(b, ends, count)  # the blocks wholly at most k
-    start = f"{block} * {b.ref(whole, ['k'])}"
-    b.emit([b.statement(found, ["k"], "+=!", f"({start} + r_j < {n}) ? "
-                                             f"(({b.ref(sorted_counts, [f'{start} + r_j'])} <= k) ? int64(1) : int64(0))"
-                                             f" : int64(0)", [("r_j", block)]),
-            b.statement(found, ["k"], "+=", start)], [sorted_counts, whole], [found], "other")
-    return found
 
 
 class Compress(Converter):
