@@ -237,17 +237,22 @@ def test_non_max_suppression(batches, classes, count, center_point_box, score_th
         assert len(selected) > 1
 
 
-@pytest.mark.parametrize("batches, classes, count, grouped", [(1, 1, 2500, True), (2, 2, 2100, True),
-                                                               (1, 1, 2200, False)])
-def test_non_max_suppression_compares_boxes_of_blocks_that_meet(batches, classes, count, grouped):
-    """From CULL_FROM_BOXES boxes on, a step compares a box only with the boxes of the blocks
+@pytest.mark.parametrize("batches, classes, count, grouped, bits", [
+    (1, 1, 2500, True, True), (2, 2, 2100, True, True), (1, 1, 2200, False, True),
+    (1, 1, 2500, True, False), (1, 1, 2200, False, False)])
+def test_non_max_suppression_compares_boxes_of_blocks_that_meet(batches, classes, count, grouped, bits, monkeypatch):
+    """From CULL_FROM_BOXES boxes on, a box is compared only with the boxes of the blocks
     whose extents meet its block's: boxes given group by group, moved apart by group (as
     torchvision's batched NMS gives them), take that way; boxes spread in no order compare every
-    pair.  Tied scores (taken by index), a NaN box and boxes of no area included."""
+    pair.  Which boxes could suppress which is decided once, as bits, unless the bits would be
+    too many (``bits`` False: every step compares the boxes).  Tied scores (taken by index), a
+    NaN box and boxes of no area included."""
     from onnx.reference import ReferenceEvaluator
 
-    from polyc.frontends.onnx.ops.data_dependent import CULL_FROM_BOXES
-    assert count >= CULL_FROM_BOXES
+    from polyc.frontends.onnx.ops import data_dependent
+    assert count >= data_dependent.CULL_FROM_BOXES
+    if not bits:
+        monkeypatch.setattr(data_dependent, "MAX_SUPPRESSOR_BYTES", 0)
     rng = np.random.default_rng(count)
     model = _suppression_model(batches, classes, count)
     limit = next(i for i in model.graph.initializer if i.name == "limit")
@@ -264,8 +269,13 @@ def test_non_max_suppression_compares_boxes_of_blocks_that_meet(batches, classes
     selected = same_as_onnxruntime(session, model, feeds)[0]
     np.testing.assert_array_equal(selected, ReferenceEvaluator(model).run(None, feeds)[0])
     assert len(selected) > 100
-    culled = re.search(r"max=! .* where .*\br in 0:\d+$", session.tc_source(), re.MULTILINE)  # over the partners' boxes
-    assert bool(culled) == grouped
+    source = session.tc_source()
+    if bits:  # the bits over the partner slots of each box of each block, or over every box
+        culled = re.search(r"\(i0, i1, k, l, w\) \+=! ", source)
+        assert bool(culled) == grouped and re.search(r"max=! \(bitand\(", source)
+    else:  # each step's comparisons, over the partners' boxes
+        culled = re.search(r"max=! .* where .*\br in 0:\d+$", source, re.MULTILINE)
+        assert bool(culled) == grouped and "bitand" not in source
 
 
 def test_non_max_suppression_selecting_nothing_and_bad_boxes():

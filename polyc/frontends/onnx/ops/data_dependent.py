@@ -136,6 +136,10 @@ _REPLACEMENT_OPSET = 17
 CULL_BLOCK = 64
 CULL_FROM_BOXES = 32 * CULL_BLOCK
 MAX_GATHERED_PARTNERS = 1 << 24
+#: Which boxes could suppress each box (before it, overlapping it) is decided once, as bits,
+#: when the bits take at most this many bytes; otherwise each iteration compares the boxes.
+MAX_SUPPRESSOR_BYTES = 64 << 20
+_WORD = 32  # bits of a word of suppressor bits (uint32: as many vector lanes as floats)
 
 
 class NonMaxSuppression(Converter):
@@ -208,6 +212,7 @@ class NonMaxSuppression(Converter):
         geometry = [scores_name, x_min, x_max, y_min, y_max, area, threshold]
         if count >= CULL_FROM_BOXES:
             geometry += NonMaxSuppression._culling(n, scores_name, x_min, x_max, y_min, y_max, area)
+        geometry.append(n("NonMaxSuppression", *geometry, polyc_path="suppressors"))
         # The loop's body: one iteration of the recurrence, and whether it changed anything.
         body = helper.make_graph(
             [helper.make_node("NonMaxSuppression", ["keep_in", candidates, *geometry], ["keep_out"],
@@ -270,9 +275,16 @@ class NonMaxSuppression(Converter):
     def _impl_v10(b, node, inputs):
         path = node.attr("polyc_path")
         if path == "step":
-            if len(inputs) > 9 and inputs[9].shape[1] > 0:
+            *inputs, suppressors = inputs
+            culled = len(inputs) > 9 and inputs[9].shape[1] > 0
+            if suppressors.size > 0:
+                return [NonMaxSuppression._step_by_bits(b, inputs[0], inputs[1], suppressors,
+                                                        inputs[9] if culled else None)]
+            if culled:
                 return [NonMaxSuppression._culled_step(b, *inputs)]
             return [NonMaxSuppression._step(b, *inputs[:9])]
+        if path == "suppressors":
+            return [NonMaxSuppression._suppressors(b, *inputs)]
         lower = {"extents": NonMaxSuppression._extents, "live": NonMaxSuppression._live,
                  "width": NonMaxSuppression._width, "partners": NonMaxSuppression._partners,
                  "indices": NonMaxSuppression._indices, "gather": NonMaxSuppression._gather,
@@ -319,6 +331,95 @@ class NonMaxSuppression(Converter):
                             [("r_j", count)])],
                [keep, scores, x_min, x_max, y_min, y_max, area, threshold], [blocked], "other")
         b.emit([b.statement(kept, idx, "=", f"{b.ref(candidates, idx)} && {b.ref(blocked, idx)} == 0")],
+               [candidates, blocked], [kept], "other")
+        return kept
+
+    @staticmethod
+    def _suppressors(b, scores, x_min, x_max, y_min, y_max, area, threshold, boxes=None, *blocked_geometry):
+        """Which boxes could suppress each box, decided once for every iteration: bit t of word
+        w is set when box 32 w + t (or, culled, the box of partner slot 32 w + t) comes before
+        the box and overlaps it.  (batches, classes, boxes, words), or culled (batches, classes,
+        blocks, CULL_BLOCK, words); an empty array when the bits would take more than
+        MAX_SUPPRESSOR_BYTES."""
+        batches, classes, count = scores.shape
+        culled = boxes is not None and boxes.shape[1] > 0
+        slots = boxes.shape[2] if culled else count  # the boxes each box is compared with
+        words = -(-slots // _WORD)
+        shape = (batches, classes, boxes.shape[1], CULL_BLOCK, words) if culled else (batches, classes, count, words)
+        if math.prod(shape) * 4 > MAX_SUPPRESSOR_BYTES:
+            return b.const(np.zeros((batches, classes, 0), np.uint32))
+        bit = b.const(np.array([1 << t for t in range(_WORD)], np.uint32))
+        slot = f"{_WORD} * w + r_t"
+        if culled:
+            x_min_p, x_max_p, y_min_p, y_max_p, area_p, scores_p = blocked_geometry[:6]
+            x_min_o, x_max_o, y_min_o, y_max_o, area_o, scores_o = blocked_geometry[6:]
+            overlaps = NonMaxSuppression._overlaps(
+                b, [b.ref(v, ["i0", "k", "l"]) for v in (x_min_o, x_max_o, y_min_o, y_max_o, area_o)],
+                [b.ref(v, ["i0", "k", slot]) for v in (x_min_p, x_max_p, y_min_p, y_max_p, area_p)], threshold)
+            mine, other = b.ref(scores_o, ["i0", "i1", "k", "l"]), b.ref(scores_p, ["i0", "i1", "k", slot])
+            box = b.ref(boxes, ["i0", "k", slot])
+            # A slot past the partners' boxes has no area (the gather's 0): it overlaps nothing.
+            before = f"({other} > {mine} || ({other} == {mine} && {box} < {CULL_BLOCK} * k + l))"
+            idx, reads = ["i0", "i1", "k", "l", "w"], [threshold, boxes, *blocked_geometry]
+        else:
+            # The other boxes' geometry padded to whole words with boxes of no area, which
+            # overlap nothing: no bound to test in the pairs' loop, which gcc then vectorizes.
+            padded = [NonMaxSuppression._padded(b, v, words * _WORD) for v in (x_min, x_max, y_min, y_max, area)]
+            overlaps = NonMaxSuppression._overlaps(
+                b, [b.ref(v, ["i0", "i2"]) for v in (x_min, x_max, y_min, y_max, area)],
+                [b.ref(v, ["i0", slot]) for v in padded], threshold)
+            scores_padded = NonMaxSuppression._padded(b, scores, words * _WORD)
+            mine, other = b.ref(scores, ["i0", "i1", "i2"]), b.ref(scores_padded, ["i0", "i1", slot])
+            before = f"({other} > {mine} || ({other} == {mine} && {slot} < i2))"
+            idx, reads = ["i0", "i1", "i2", "w"], [scores, scores_padded, x_min, x_max, y_min, y_max, area, threshold,
+                                                   *padded]
+        out = b.new(shape, np.uint32)
+        b.emit([b.statement(out, idx, "+=!", f"({before} && {overlaps}) ? {b.ref(bit, ['r_t'])} : uint32(0)",
+                            [("r_t", _WORD)])], reads + [bit], [out], "other")
+        return out
+
+    @staticmethod
+    def _padded(b, value, length: int):
+        """``value`` (..., boxes) with 0 past its last box up to ``length``."""
+        count = value.shape[-1]
+        lead = [f"c{k}" for k in range(value.rank - 1)]
+        out = b.new((*value.shape[:-1], length), value.dtype)
+        b.emit([b.statement(out, lead + ["j"], "=",
+                            f"(j < {count}) ? {b.ref(value, lead + ['j'])} : {tc_type(value.dtype)}(0)")],
+               [value], [out], "other")
+        return out
+
+    @staticmethod
+    def _step_by_bits(b, keep, candidates, suppressors, boxes):
+        """:meth:`_step` (``boxes``: :meth:`_culled_step`) on :meth:`_suppressors`' bits: the
+        kept boxes as bits in the same words, and a box is blocked when a word of its
+        suppressors meets them."""
+        batches, classes, count = keep.shape
+        words = suppressors.shape[-1]
+        bit = b.const(np.array([1 << t for t in range(_WORD)], np.uint32))
+        slot = f"{_WORD} * w + r_t"
+        if boxes is not None:
+            blocks = boxes.shape[1]
+            box = b.ref(boxes, ["i0", "k", slot])
+            flags = b.new((batches, classes, blocks, words), np.uint32)
+            kept_bit = f"({box} < {count} && {b.ref(keep, ['i0', 'i1', box])})"
+            flag_idx, own = ["i0", "i1", "k", "w"], ["i0", "i1", "k", "l"]
+            reads = [keep, boxes]
+        else:
+            flags = b.new((batches, classes, words), np.uint32)
+            kept_bit = f"({slot} < {count} && {b.ref(keep, ['i0', 'i1', slot])})"
+            flag_idx, own = ["i0", "i1", "w"], ["i0", "i1", "i2"]
+            reads = [keep]
+        b.emit([b.statement(flags, flag_idx, "+=!", f"{kept_bit} ? {b.ref(bit, ['r_t'])} : uint32(0)",
+                            [("r_t", _WORD)])], reads + [bit], [flags], "other")
+        blocked = b.new(suppressors.shape[:-1], np.int32)
+        meets = f"bitand({b.ref(suppressors, own + ['r_w'])}, {b.ref(flags, flag_idx[:-1] + ['r_w'])})"
+        b.emit([b.statement(blocked, own, "max=!", f"({meets} != uint32(0)) ? int32(1) : int32(0)",
+                            [("r_w", words)])], [suppressors, flags], [blocked], "other")
+        kept = b.new(keep.shape, np.bool_)
+        idx = ["i0", "i1", "i2"]
+        at = ['i0', 'i1', f'i2 / {CULL_BLOCK}', f'i2 % {CULL_BLOCK}'] if boxes is not None else idx
+        b.emit([b.statement(kept, idx, "=", f"{b.ref(candidates, idx)} && {b.ref(blocked, at)} <= 0")],
                [candidates, blocked], [kept], "other")
         return kept
 
@@ -459,30 +560,6 @@ class NonMaxSuppression(Converter):
         b.emit([b.statement(blocked, ["i0", "i1", "k", "l"], "max=!",
                             f"({blocking} && {overlaps}) ? int32(1) : int32(0)", [("r", width)])],
                [keep_p, threshold, boxes, own_index, *blocked_geometry], [blocked], "other")
-        b.emit([b.statement(kept, idx, "=", f"{b.ref(candidates, idx)} && "
-                            f"{b.ref(blocked, ['i0', 'i1', f'i2 / {CULL_BLOCK}', f'i2 % {CULL_BLOCK}'])} <= 0")],
-               [candidates, blocked], [kept], "other")
-        return kept
-        # The kept flags of the partner blocks' boxes, for this iteration.
-        keep_p = b.new((batches, classes, blocks, widest, CULL_BLOCK), np.bool_)
-        box = f"{b.ref(partners, ['i0', 'k', 'd'])} * {CULL_BLOCK} + m"
-        b.emit([b.statement(keep_p, ["i0", "i1", "k", "d", "m"], "=",
-                            f"({box} < {count}) && {b.ref(keep, ['i0', 'i1', box])}")],
-               [keep, partners], [keep_p], "other")
-
-        overlaps = NonMaxSuppression._overlaps(
-            b, [b.ref(v, ["i0", "k", "l"]) for v in (x_min_o, x_max_o, y_min_o, y_max_o, area_o)],
-            [b.ref(v, ["i0", "k", "r_d", "r_m"]) for v in (x_min_p, x_max_p, y_min_p, y_max_p, area_p)], threshold)
-        mine = b.ref(scores_o, ["i0", "i1", "k", "l"])
-        other = b.ref(scores_p, ["i0", "i1", "k", "r_d", "r_m"])
-        index = f"{b.ref(partners, ['i0', 'k', 'r_d'])} * {CULL_BLOCK} + r_m"
-        before = f"({other} > {mine} || ({other} == {mine} && {index} < k * {CULL_BLOCK} + l))"
-        blocking = f"({b.ref(keep_p, ['i0', 'i1', 'k', 'r_d', 'r_m'])} && {before})"
-        blocked = b.new((batches, classes, blocks, CULL_BLOCK), np.int32)
-        b.emit([b.statement(blocked, ["i0", "i1", "k", "l"], "max=!",
-                            f"({blocking} && {overlaps}) ? int32(1) : int32(0)",
-                            [("r_d", widest), ("r_m", CULL_BLOCK)])],
-               [keep_p, threshold, partners, *blocked_geometry], [blocked], "other")
         b.emit([b.statement(kept, idx, "=", f"{b.ref(candidates, idx)} && "
                             f"{b.ref(blocked, ['i0', 'i1', f'i2 / {CULL_BLOCK}', f'i2 % {CULL_BLOCK}'])} <= 0")],
                [candidates, blocked], [kept], "other")
