@@ -212,13 +212,15 @@ def _top_k_model(x, k: int, axis: int, largest: int):
 
 
 @pytest.mark.parametrize("dtype,largest,k", [(np.float32, 1, 40), (np.float32, 0, 700), (np.float64, 0, 40),
-                                             (np.float16, 1, 40), (np.int64, 1, 900), (np.uint8, 0, 40)],
+                                             (np.float16, 1, 40), (np.int64, 1, 900), (np.uint8, 0, 40),
+                                             (np.int32, 1, 1400)],
                          ids=["float32-largest", "float32-smallest-half", "float64-smallest", "float16-largest",
-                              "int64-largest-most", "uint8-smallest"])
+                              "int64-largest-most", "uint8-smallest", "int32-largest-into-the-least"])
 def test_top_k_of_a_long_axis_selects_by_key_as_onnxs_reference(dtype, largest, k):
     # Past TOPK_SELECT_FROM, TopK selects by integer keys: many ties (values 0 to 49, so the
     # k-th value is tied), and for floats NaN, +-0, +-inf and negative numbers; a row of equal
-    # values (the first k by index).
+    # values (the first k by index); the least int32, whose key is that of the padding past
+    # the row's 1500 elements (to 1536), among the selected.
     assert 1500 >= TOPK_SELECT_FROM
     rng = np.random.default_rng(9)
     x = rng.integers(0, 50, (3, 1500)).astype(dtype)
@@ -227,6 +229,8 @@ def test_top_k_of_a_long_axis_selects_by_key_as_onnxs_reference(dtype, largest, 
         x[0, rng.choice(1500, 60, replace=False)] = np.nan
         x[1, rng.choice(1500, 300, replace=False)] = rng.choice([0.0, -0.0, np.inf, -np.inf], 300)
         x[1, :50] = rng.standard_normal(50) * 1e-30 if dtype != np.float16 else -0.0
+    if x.dtype == np.int32:
+        x[1, ::5] = np.iinfo(np.int32).min
     x[2] = 7
     model = _top_k_model(x, k, 1, largest)
     values, positions = ponnx.InferenceSession(model).run(None, {"x": x})

@@ -331,19 +331,23 @@ class TopK(Converter):
             b.emit([b.statement(matrix, ["i0", "i1", "i2"], "=", b.ref(source, ["i0", "i2", "i1"]))],
                    [source], [matrix], "other")
             matrix = b.view(matrix, [rows, n])
-        keys = _order_keys(b, matrix, largest)
+        # Past the keys, the row works on a padded length, so that the kernels of the selection
+        # serve many lengths (a detector's count of scores above a threshold is new in most
+        # images, and each new count compiled about fifteen kernels).
+        length = padded_length(n)
+        keys = _order_keys(b, matrix, largest, length)
         threshold = _kth_largest_key(b, keys, k)
         # Running counts of the keys above the threshold (low 32 bits) and of those equal to
         # it (high bits), in one sum; the selected elements up to each are those above and as
         # many equal as k still needs.
-        flags = b.new([rows, n], np.int64)
+        flags = b.new([rows, length], np.int64)
         key, kth = b.ref(keys, ["i0", "i1"]), b.ref(threshold, ["i0"])
         b.emit([b.statement(flags, ["i0", "i1"], "=", f"(({key} > {kth}) ? int64(1) : int64(0)) + "
                                                       f"(({key} == {kth}) ? int64({2 ** 32}) : int64(0))")],
                [keys, threshold], [flags], "elementwise")
         counts = running_along(b, flags, 1, exclusive=False, reverse=False)
-        selected = b.new([rows, n], np.int64)
-        count, last = b.ref(counts, ["i0", "i1"]), b.ref(counts, ["i0", str(n - 1)])
+        selected = b.new([rows, length], np.int64)
+        count, last = b.ref(counts, ["i0", "i1"]), b.ref(counts, ["i0", str(length - 1)])
         b.emit([b.statement(selected, ["i0", "i1"], "=",
                             f"{count} % int64({2 ** 32}) + min({count} / int64({2 ** 32}), "
                             f"int64({k}) - {last} % int64({2 ** 32}))")], [counts], [selected], "other")
@@ -392,11 +396,12 @@ def _key_type(dtype):
     return None  # uint64: beyond int64
 
 
-def _order_keys(b, x: Value, largest: bool) -> Value:
+def _order_keys(b, x: Value, largest: bool, length: int) -> Value:
     """Integer keys in the order TopK takes ``x``'s elements (descending keys for ``largest``):
     equal keys for equal elements, NaN above every number.  A float's key is its bits as an
     integer, with the order of the negative half reversed (their magnitude bits flipped), -0
-    that of 0 and every NaN the largest integer."""
+    that of 0 and every NaN the largest integer.  The last axis padded to ``length`` with the
+    least key (which, later in the row, comes after every element)."""
     key_type = _key_type(x.dtype)
     name = tc_type(key_type)
     lowest, highest = np.iinfo(key_type).min, np.iinfo(key_type).max
@@ -414,9 +419,21 @@ def _order_keys(b, x: Value, largest: bool) -> Value:
         reads = [x, bits]
     else:
         key, reads = f"{name}({b.ref(x, idx)})", [x]
-    keys = b.new(x.shape, key_type)
-    b.emit([b.statement(keys, idx, "=", key if largest else f"{name}(-1) - ({key})")], reads, [keys], "elementwise")
+    keys = b.new(list(x.shape[:-1]) + [length], key_type)
+    key = key if largest else f"{name}(-1) - ({key})"
+    if length > x.shape[-1]:
+        key = f"({idx[-1]} < {x.shape[-1]}) ? ({key}) : ({name}({lowest + 1}) - {name}(1))"
+    b.emit([b.statement(keys, idx, "=", key)], reads, [keys], "other")
     return keys
+
+
+def padded_length(n: int) -> int:
+    """The least of 2^p x (1, 1.25, 1.5, 1.75) at least ``n``: a length that many lengths share
+    (so the kernels made for it, at most a quarter longer)."""
+    if n <= 4:
+        return n
+    power = 1 << ((n - 1).bit_length() - 1)
+    return next(power * step // 4 for step in (4, 5, 6, 7, 8) if power * step // 4 >= n)
 
 
 def _kth_largest_key(b, keys: Value, k: int) -> Value:
