@@ -31,7 +31,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from polyc.frontends.onnx.lowering import Builder, Value
+from polyc.frontends.onnx.lowering import Builder, Value, derived_constant
 from polyc.frontends.onnx.ops import CONVERTERS, _FLOAT_FUNCTIONS
 from polyc.frontends.onnx.ops.base import Node, _affine
 from polyc.frontends.onnx.ops.contractions import _product_by_blocked_weights, _weight_sliver, zero_padded_columns
@@ -359,7 +359,8 @@ def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value |
     idx = ["n", "s0", "s1", "f"]
     if (kh, kw) == (1, 1) and list(strides) == [1, 1] and not any(begin) and not any(end) \
             and filters >= POINTWISE_GEMM_FILTERS and image_channels_last:
-        matrix = np.ascontiguousarray(w.const.reshape(filters, channels).T)
+        matrix = derived_constant(w.const, ("pointwise matrix",),
+                                  lambda weights: np.ascontiguousarray(weights.reshape(filters, channels).T))
         pixels = n * math.prod(outs)
         sliver = _weight_sliver(b, x, Value("", w.dtype, matrix.shape, const=matrix), padded=channels >= pixels)
         if sliver:
@@ -368,7 +369,7 @@ def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value |
             # real filters copied out after (an elementwise step, with the bias): squeezenet1_1's
             # last layer, 512 -> 1000 at 13 x 13, took 0.96-0.98 ms in a run with its 2 MB of
             # weights read in place, 0.85-0.91 blocked and 0.03 for the copy (AMD EPYC Zen 4).
-            padded = zero_padded_columns(matrix, sliver)
+            padded = derived_constant(w.const, ("pointwise columns", sliver), lambda _: zero_padded_columns(matrix, sliver))
             wide = padded.shape[1]
             product = _product_by_blocked_weights(b, x, b.const(padded), sliver, [n, *outs, wide],
                                                   ["n", "s0", "s1"], ["n", "s0", "s1", "r0"])

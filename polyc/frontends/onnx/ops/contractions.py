@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from polyc.errors import UnsupportedError
-from polyc.frontends.onnx.lowering import Builder, Value, broadcast_shape, indices
+from polyc.frontends.onnx.lowering import Builder, Value, broadcast_shape, derived_constant, indices
 from polyc.frontends.onnx.ops.base import Converter, _number
 
 
@@ -81,7 +81,8 @@ def _product_by_blocked_weights(b: Builder, a: Value, c: Value, sliver: int, sha
     """``a @ c`` with ``c`` blocked: ``O(.., nb, nr) +=! A(.., r0) * W'(nb, r0, nr)``, viewed as
     ``shape``."""
     k, n = c.shape
-    blocked = b.const(np.ascontiguousarray(c.const.reshape(k, n // sliver, sliver).transpose(1, 0, 2)))
+    blocked = b.const(derived_constant(c.const, ("blocked", sliver), lambda matrix: np.ascontiguousarray(
+        matrix.reshape(k, n // sliver, sliver).transpose(1, 0, 2))))
     target = b.new(list(shape[:-1]) + [n // sliver, sliver], a.dtype)
     rhs = f"{b.ref(a, a_sub)} * {b.ref(blocked, ['nb', 'r0', 'nr'])}"
     b.emit([b.statement(target, list(row_idx) + ["nb", "nr"], "+=!", rhs,
@@ -111,7 +112,8 @@ class Gemm(Converter):
             rows = Value("", a.dtype, (m, k))  # a's rows, also when transA
             sliver = _weight_sliver(b, rows, Value("", c.dtype, matrix.shape, const=matrix), padded=True)
             if sliver:
-                padded = zero_padded_columns(matrix, sliver)
+                padded = derived_constant(c.const, ("gemm columns", trans_b, sliver),
+                                          lambda weights: zero_padded_columns(weights.T if trans_b else weights, sliver))
                 product = _product_by_blocked_weights(b, a, b.const(padded), sliver, (m, padded.shape[1]), ["i0"], a_sub)
                 return [Gemm._epilogue(b, product, bias, m, n, alpha, beta)]
         out = b.new((m, n), a.dtype)
