@@ -477,6 +477,43 @@ def _kth_largest_key(b, keys: Value, k: int) -> Value:
     return threshold
 
 
+def sort_by_key(b, keys: Value) -> Value:
+    """The positions of each row's ``keys`` (rows, n; int64) in ascending order, equal keys by
+    position: (rows, n) int64.  A bitonic sorting network over the row padded to a power of
+    two N (with the largest key, at positions past n: last): log2(N) (log2(N) + 1) / 2 steps
+    of N compare-exchanges, each pairing element i with element i xor j.  A step's (k, j) is
+    data, carried from step to step, so that every step is the same kernel, compiled once."""
+    rows, n = keys.shape
+    size = 1 << max(1, (n - 1).bit_length())
+    key, position = b.new((rows, size), np.int64), b.new((rows, size), np.int64)
+    highest = int(np.iinfo(np.int64).max)
+    b.emit([b.statement(key, ["r", "i"], "=", f"(i < {n}) ? {b.ref(keys, ['r', 'i'])} : int64({highest})"),
+            b.statement(position, ["r", "i"], "=", "int64(i)")], [keys], [key, position], "other")
+    # (k, j): the blocks of k elements, sorted up and down by turns, merged by exchanges at
+    # distance j; then (k, j / 2), ... (k, 1), (2 k, k), ...
+    state = b.const(np.tile(np.array([2, 1], np.int64), (rows, 1)))
+    levels = size.bit_length() - 1
+    for _ in range(levels * (levels + 1) // 2):
+        k, j = b.ref(state, ["r", "0"]), b.ref(state, ["r", "1"])
+        partner = f"bitxor(int64(i), {j})"
+        mine, theirs = b.ref(key, ["r", "i"]), b.ref(key, ["r", partner])
+        my_place, their_place = b.ref(position, ["r", "i"]), b.ref(position, ["r", partner])
+        below = f"({mine} < {theirs} || ({mine} == {theirs} && {my_place} < {their_place}))"
+        # The lesser of the two stays below when the block is sorted up (bit k of i clear).
+        keep_mine = f"(((bitand(int64(i), {k}) == int64(0)) == ({partner} > int64(i))) == {below})"
+        next_key, next_position = b.new((rows, size), np.int64), b.new((rows, size), np.int64)
+        following = b.new((rows, 2), np.int64)
+        b.emit([b.statement(next_key, ["r", "i"], "=", f"{keep_mine} ? {mine} : {theirs}"),
+                b.statement(next_position, ["r", "i"], "=", f"{keep_mine} ? {my_place} : {their_place}"),
+                b.statement(following, ["r", "c"], "=", f"(c == 0) ? (({j} > int64(1)) ? {k} : int64(2) * {k}) : "
+                                                        f"(({j} > int64(1)) ? {j} / int64(2) : {k})")],
+               [key, position, state], [next_key, next_position, following], "other")
+        key, position, state = next_key, next_position, following
+    out = b.new((rows, n), np.int64)
+    b.emit([b.statement(out, ["r", "i"], "=", b.ref(position, ["r", "i"]))], [position], [out], "other")
+    return out
+
+
 #: A search along at most this many sorted counts compares with each; a longer one first finds
 #: the block of SEARCH_BLOCK counts that holds the answer (see :func:`count_not_above`).
 SEARCH_DIRECT = 64
