@@ -154,12 +154,13 @@ class InferenceSession:
         parts = []
         for number, stage in enumerate(stages):
             if number:
-                learned = stages[number - 1].continuation.probe
-                parts.append(f"# ---- stage {number + 1}, planned once {learned!r} was known "
+                learned = ", ".join(repr(p) for p in stages[number - 1].continuation.probes)
+                parts.append(f"# ---- stage {number + 1}, planned once {learned} was known "
                              f"(computed by the stage before from the model's data)\n")
             parts.append(stage.tc_source())
         if stages[-1].continuation is not None:  # not run yet
-            parts.append(f"# ---- the rest is planned once {stages[-1].continuation.probe!r} is known (computed from "
+            learned = ", ".join(repr(p) for p in stages[-1].continuation.probes)
+            parts.append(f"# ---- the rest is planned once {learned} is known (computed from "
                          "the model's data): run the session to see it\n")
         return "\n".join(parts)
 

@@ -4,16 +4,18 @@ A plan is compiled for known shapes, and some nodes need to know more than shape
 condition, a Loop's trip count and conditions, a Reshape's shape, a Slice's starts, a Range's
 limit (the converters' ``CONSTANT_INPUTS``), or how many elements a NonZero finds.  Mostly
 these are computed from shapes or come from the model's inputs, and the plan knows them.  When
-one is computed from tensor data, the plan stops before the node that needs it:
+one is computed from tensor data, the node that needs it waits, with every node that reads
+what the waiting nodes give, and the plan goes on with the others; at the end:
 
-1. the plan so far is compiled and runs; its outputs are the values the rest of the graph
-   reads (the *carried* values, the graph's outputs among them) and the one it has to know
-   (the *probe*, a few elements at most);
-2. the rest of the graph is planned as a model of its own whose inputs are the carried
-   values, with the probe's contents as a constant: the If takes its branch, the Reshape its
+1. the plan so far is compiled and runs; its outputs are the values the waiting nodes read
+   (the *carried* values, the graph's outputs among them), among them those it has to know
+   (the *probes*, a few elements each at most: all those the plan could compute, so that
+   independent counts, as a detector's per class, are learned in one stage);
+2. the waiting nodes are planned as a model of their own whose inputs are the carried
+   values, with the probes' contents as constants: the If takes its branch, the Reshape its
    shape.  That plan may stop again (a loop whose condition is data stops at every iteration).
 
-Like the input shapes, a probe's contents select the plan of the rest, made on first use and
+Like the input shapes, the probes' contents select the plan of the rest, made on first use and
 kept (the last :data:`MAX_PLANS_PER_STAGE`); its kernels land in the disk cache, and stages
 planned for other contents share them where their defs are the same.  So a model whose
 control flow or shapes depend on its data runs, compiled, at the cost of a plan per distinct
@@ -102,15 +104,15 @@ class Carried:
 
 
 class Continuation:
-    """The rest of a graph after a plan that stopped to learn ``probe``'s contents.
+    """The rest of a graph after a plan that stopped to learn the contents of ``probes``.
     ``make_plan(nodes, shapes, dtypes, constants)`` plans ``nodes`` (FlatNodes and
     LoopIterations) for inputs of ``shapes`` and ``dtypes`` (the carried values) and the
-    constants given (those the stages before knew, and the probe)."""
+    constants given (those the stages before knew, and the probes)."""
 
-    def __init__(self, nodes: list, carried: list[Carried], probe: str, constants: dict, make_plan):
+    def __init__(self, nodes: list, carried: list[Carried], probes: list[str], constants: dict, make_plan):
         self.nodes = fresh_copy(nodes)
         self.carried = carried
-        self.probe = probe
+        self.probes = list(probes)
         self.constants = constants
         self._make_plan = make_plan
         self._plans: collections.OrderedDict = collections.OrderedDict()
@@ -119,23 +121,23 @@ class Continuation:
         self.last = None
 
     def next(self, results: dict):
-        """The plan of the rest for the probe's contents in ``results`` (the stage's outputs by
+        """The plan of the rest for the probes' contents in ``results`` (the stage's outputs by
         ONNX name), made on first use; and its feeds."""
-        known = np.asarray(results[self.probe])
-        key = (known.dtype.str, known.shape, known.tobytes())
+        known = {name: np.asarray(results[name]) for name in self.probes}
+        key = tuple((v.dtype.str, v.shape, v.tobytes()) for v in known.values())
         with self._lock:
             plan = self._plans.get(key)
             if plan is None:
-                shapes = {c.name: c.shape for c in self.carried if c.name != self.probe}
+                shapes = {c.name: c.shape for c in self.carried if c.name not in known}
                 plan = self._make_plan(fresh_copy(self.nodes), shapes, {c.name: c.dtype for c in self.carried},
-                                       {**self.constants, self.probe: known})
+                                       {**self.constants, **known})
                 self._plans[key] = plan
                 while len(self._plans) > MAX_PLANS_PER_STAGE:
                     self._plans.popitem(last=False)
             else:
                 self._plans.move_to_end(key)
             self.last = plan
-        return plan, {c.name: results[c.name] for c in self.carried if c.name != self.probe}
+        return plan, {c.name: results[c.name] for c in self.carried if c.name not in known}
 
     def plans(self) -> list:
         with self._lock:
