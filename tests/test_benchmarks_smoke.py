@@ -44,3 +44,20 @@ def test_quick_mode_prints_the_table_and_writes_json(tmp_path):
     assert summary["geomean_ratios"]["contraction"]["numpy"] > 0
     assert summary["compile_seconds_median"]["polyc"] > 0
     assert summary["mismatches"] == []
+
+
+def test_onnx_operators_benchmark_checks_and_writes_json(tmp_path):
+    """``python -m benchmarks.onnx_ops --quick``: every case checked against onnxruntime, a row
+    each, JSON with the medians."""
+    import pytest
+    pytest.importorskip("onnxruntime")
+    output = tmp_path / "onnx_ops.json"
+    run = subprocess.run([sys.executable, "-m", "benchmarks.onnx_ops", "--quick", "--json", str(output)],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "MISMATCH" not in run.stdout
+    results = json.loads(output.read_text())
+    names = [case["name"].split()[0] for case in results["cases"]]
+    assert names == ["TopK", "TopK", "NonMaxSuppression", "NonZero", "CumSum"]
+    for case in results["cases"]:
+        assert case["ok"] and case["median"]["polyc"] > 0 and case["median"]["onnxruntime"] > 0
