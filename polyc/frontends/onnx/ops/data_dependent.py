@@ -21,7 +21,7 @@ from polyc.errors import PolycError, UnsupportedError
 from polyc.frontends.onnx.functions import FlatNode
 from polyc.frontends.onnx.lowering import indices, tc_type
 from polyc.frontends.onnx.ops.base import Converter, _require_const
-from polyc.frontends.onnx.ops.reductions import _order_keys, count_not_above, sort_by_key
+from polyc.frontends.onnx.ops.reductions import count_not_above, order_keys, sort_by_key
 
 
 class NonZero(Converter):
@@ -142,6 +142,11 @@ MAX_SUPPRESSOR_BYTES = 64 << 20
 _WORD = 32  # bits of a word of suppressor bits (uint32: as many vector lanes as floats)
 
 
+def _bit_values(b):
+    """The value of bit t of a word of suppressor bits, for t = 0 .. _WORD - 1."""
+    return b.const(np.array([1 << t for t in range(_WORD)], np.uint32))
+
+
 class NonMaxSuppression(Converter):
     """Greedy non-maximum suppression per batch entry and class, as onnx's reference: the
     boxes above the score threshold by decreasing score (ties by index), each kept unless it
@@ -151,13 +156,14 @@ class NonMaxSuppression(Converter):
     The greedy choice is a recurrence along the score order, ``keep[i] = candidate[i] and no
     j before i with keep[j] overlaps i``, whose unique solution is reached by iterating it from
     the candidates: after t iterations the first t boxes are right, so it is a Loop that runs
-    until nothing changes (a stage per iteration, learning whether it changed).  Each
-    iteration is one kernel (``step``) comparing every pair of boxes, their IoU computed in
-    place from the boxes' corners, so nothing of boxes^2 size is stored: classes x boxes^2
-    comparisons, or, from CULL_FROM_BOXES boxes on, those of boxes in blocks whose extents
-    meet (:meth:`_culling`).
-    Then each kept box's place among its class's kept boxes (``place``), and the output's rows
-    (``rows``), each found among the kept boxes once their count is known."""
+    until nothing changes (a stage per iteration, learning whether it changed).  Which boxes
+    could suppress each box (before it, overlapping it by the IoU computed from the corners) is
+    decided once, as bits (``suppressors``): every pair, or, from CULL_FROM_BOXES boxes on,
+    the pairs of boxes in blocks whose extents meet (:meth:`_culling`); an iteration
+    (``step``) then meets those bits with the kept boxes'.  Where the bits would take more
+    than MAX_SUPPRESSOR_BYTES, each iteration compares the boxes again, nothing of boxes^2
+    size stored.  Then each class's boxes are sorted, the kept first in the score order
+    (``order``), and the output's rows read from them once their count is known (``rows``)."""
 
     CONSTANT_INPUTS = (2,)  # the limit per class (``rows``: the count of rows)
 
@@ -346,7 +352,7 @@ class NonMaxSuppression(Converter):
         shape = (batches, classes, boxes.shape[1], CULL_BLOCK, words) if culled else (batches, classes, count, words)
         if math.prod(shape) * 4 > MAX_SUPPRESSOR_BYTES:
             return b.const(np.zeros((batches, classes, 0), np.uint32))
-        bit = b.const(np.array([1 << t for t in range(_WORD)], np.uint32))
+        bit = _bit_values(b)
         slot = f"{_WORD} * w + r_t"
         if culled:
             x_min_p, x_max_p, y_min_p, y_max_p, area_p, scores_p = blocked_geometry[:6]
@@ -394,7 +400,7 @@ class NonMaxSuppression(Converter):
         suppressors meets them."""
         batches, classes, count = keep.shape
         words = suppressors.shape[-1]
-        bit = b.const(np.array([1 << t for t in range(_WORD)], np.uint32))
+        bit = _bit_values(b)
         slot = f"{_WORD} * w + r_t"
         if boxes is not None:
             blocks = boxes.shape[1]
@@ -571,7 +577,7 @@ class NonMaxSuppression(Converter):
         box's place among the kept boxes before it took 57 ms and finding each row's box 33)."""
         batches, classes, count = scores.shape
         pairs = batches * classes
-        keys = _order_keys(b, b.view(scores, (pairs, count)), True, count)
+        keys = order_keys(b, b.view(scores, (pairs, count)), True, count)
         flags = b.view(keep, (pairs, count))
         ranked = b.new((pairs, count), np.int64)
         # -1 - key reverses the order; no float's key is the least integer, so no kept box's

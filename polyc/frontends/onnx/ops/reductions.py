@@ -335,7 +335,7 @@ class TopK(Converter):
         # serve many lengths (a detector's count of scores above a threshold is new in most
         # images, and each new count compiled about fifteen kernels).
         length = padded_length(n)
-        keys = _order_keys(b, matrix, largest, length)
+        keys = order_keys(b, matrix, largest, length)
         threshold = _kth_largest_key(b, keys, k)
         # Running counts of the keys above the threshold (low 32 bits) and of those equal to
         # it (high bits), in one sum; the selected elements up to each are those above and as
@@ -387,7 +387,7 @@ class TopK(Converter):
 
 
 def _key_type(dtype):
-    """The integer type of :func:`_order_keys` for elements of ``dtype`` (None: none here)."""
+    """The integer type of :func:`order_keys` for elements of ``dtype`` (None: none here)."""
     dtype = np.dtype(dtype)
     if dtype in (np.dtype(np.float64), np.dtype(np.int64), np.dtype(np.uint32)):
         return np.dtype(np.int64)
@@ -396,7 +396,7 @@ def _key_type(dtype):
     return None  # uint64: beyond int64
 
 
-def _order_keys(b, x: Value, largest: bool, length: int) -> Value:
+def order_keys(b, x: Value, largest: bool, length: int) -> Value:
     """Integer keys in the order TopK takes ``x``'s elements (descending keys for ``largest``):
     equal keys for equal elements, NaN above every number.  A float's key is its bits as an
     integer, with the order of the negative half reversed (their magnitude bits flipped), -0
