@@ -150,6 +150,27 @@ def test_nonzero(shape):
         np.testing.assert_array_equal(y, np.array(np.nonzero(x)) + 1)
 
 
+def test_nonzero_of_a_vector_shares_its_kernels_between_counts_of_one_padded_length():
+    """A detector's count of scores above a threshold is new in most images: NonZero of a
+    vector computes on a padded count (37 and 39 both on 40), and its output, a graph output
+    here, is the prefix of the padded one."""
+    model = model_of([helper.make_node("NonZero", ["x"], ["found"], name="nz")],
+                     {"x": np.zeros(300, np.float32)}, {"found": (TensorProto.INT64, 2)})
+    session = ponnx.InferenceSession(model)
+    x = np.zeros(300, np.float32)
+
+    def kernels():
+        return {id(group.kernel) for plan in session.plans() for group in plan.groups}
+    for count, new_kernels in ((37, None), (39, 0), (33, 0), (300, None), (9, None)):
+        x[:] = 0
+        x[np.random.default_rng(count).permutation(300)[:count]] = 1
+        before = kernels()
+        (found,) = same_as_onnxruntime(session, model, {"x": x})
+        np.testing.assert_array_equal(found, np.array(np.nonzero(x)))
+        if new_kernels is not None:
+            assert len(kernels() - before) == new_kernels, count
+
+
 @pytest.mark.parametrize("dtype", [np.bool_, np.int32, np.int64])
 def test_nonzero_of_integers_and_bools(dtype):
     x = (np.arange(12).reshape(3, 4) % 3 == 1) if dtype is np.bool_ else (np.arange(12).reshape(3, 4) % 3 - 1)

@@ -21,7 +21,7 @@ from polyc.errors import PolycError, UnsupportedError
 from polyc.frontends.onnx.functions import FlatNode
 from polyc.frontends.onnx.lowering import indices, tc_type
 from polyc.frontends.onnx.ops.base import Converter, _require_const
-from polyc.frontends.onnx.ops.reductions import count_not_above, order_keys, sort_by_key
+from polyc.frontends.onnx.ops.reductions import count_not_above, order_keys, padded_length, sort_by_key
 
 
 class NonZero(Converter):
@@ -54,17 +54,22 @@ class NonZero(Converter):
         rank = len(shape)
         if count == 0:
             return [b.const(np.zeros((rank, 0), np.int64))]
-        out = b.new((rank, count), np.int64)
+        # The count is new in most images of a detector; its kernels work on a padded count
+        # that many counts share (the entries past the count are computed and not read), so
+        # only the first image of each padded count compiles them.  Of a vector's, the output
+        # itself is a prefix of the padded one.
+        padded = padded_length(count)
+        out = b.new((rank, padded if rank == 1 else count), np.int64)
         # The k-th nonzero element is at flat position p where running(p) == k + 1 first:
         # the number of positions whose running count is at most k.
-        position = count_not_above(b, running, count)
+        position = count_not_above(b, running, padded)
         strides = [int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(rank)]
         coordinate = "int64(0)"
         for d in reversed(range(rank)):
             along = f"({b.ref(position, ['k'])} / int64({strides[d]})) % int64({shape[d]})"
             coordinate = along if d == rank - 1 else f"(d == {d}) ? {along} : {coordinate}"
         b.emit([b.statement(out, ["d", "k"], "=", coordinate)], [position], [out], "elementwise")
-        return [out]
+        return [b.part(out, (rank, count), 0) if out.shape[1] != count else out]
 
 
 class Compress(Converter):
