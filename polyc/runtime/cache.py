@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from polyc import __version__ as POLYC_VERSION
-from polyc.errors import CacheError
-from polyc.runtime.compiler import CompilerOptions, compile_shared_library
+from polyc.errors import CacheError, CompilationError
+from polyc.runtime.compiler import INTRINSICS_HEADER, CompilerOptions, compile_shared_library, precompile_header
 
 try:
     import fcntl
@@ -62,6 +62,8 @@ META_NAME = "meta.json"
 BUILD_DIR_PREFIX = ".build-"
 
 REQUESTS_DIR = "requests"
+#: Precompiled headers, one directory per compiler fingerprint: ``<cache>/headers/<digest>/``.
+HEADERS_DIR = "headers"
 
 #: Entry directory -> signatures of its library and meta.json when this process last verified it.
 _verified_entries: dict[Path, tuple[tuple[int, int, int], tuple[int, int, int]]] = {}
@@ -196,7 +198,17 @@ def _build_entry(c_source: str, options: CompilerOptions, key: str, entry: Path,
         raise CacheError(f"cannot write to the kernel cache at {root}: {error.strerror}") from error
     try:
         library = build_dir / LIBRARY_NAME
-        compile_shared_library(c_source, library, options)
+        header = _intrinsics_header(options, root) if "#include <immintrin.h>" in c_source else None
+        try:
+            compile_shared_library(c_source, library, options, header=header)
+        except CompilationError:
+            if header is None:
+                raise
+            # GCC fails on a damaged precompiled header (a truncated one), which goes: the next
+            # build that wants it makes it again, and this one is tried on its source alone.
+            _intrinsics_headers.pop((root, options.fingerprint()), None)
+            header.with_name(header.name + ".gch").unlink(missing_ok=True)
+            compile_shared_library(c_source, library, options)
         with open(library, "rb") as library_file:
             library_stat = os.fstat(library_file.fileno())
             sha256 = _file_sha256(library_file)
@@ -223,6 +235,32 @@ def _build_entry(c_source: str, options: CompilerOptions, key: str, entry: Path,
         ) from error
     finally:
         shutil.rmtree(build_dir, ignore_errors=True)
+
+
+#: (cache, compiler fingerprint) -> its precompiled intrinsics header, or None where there is none.
+_intrinsics_headers: dict[tuple[Path, str], Path | None] = {}
+
+
+def _intrinsics_header(options: CompilerOptions, root: Path) -> Path | None:
+    """The intrinsics header precompiled for ``options`` in the cache (made by the first build
+    that needs it, under a lock as entries are), or None when the compiler cannot make one."""
+    fingerprint = options.fingerprint()
+    known = _intrinsics_headers.get((root, fingerprint), False)
+    if known is None or known and known.is_file():
+        return known
+    digest = hashlib.sha256(f"{fingerprint}\n{INTRINSICS_HEADER}".encode()).hexdigest()[:32]
+    directory = root / HEADERS_DIR / digest
+    header = directory / "polyc_intrinsics.h"
+    made = header.with_name(header.name + ".gch")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with _build_lock(directory.with_name(digest + ".lock")):
+            ready = made.is_file() and header.is_file() and header.read_text(encoding="utf-8") == INTRINSICS_HEADER
+            ready = ready or precompile_header(INTRINSICS_HEADER, header, options)
+    except OSError:
+        ready = False
+    _intrinsics_headers[root, fingerprint] = header if ready else None
+    return _intrinsics_headers[root, fingerprint]
 
 
 # ----------------------------------------------------------------------------- compile requests

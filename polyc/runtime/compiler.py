@@ -126,9 +126,21 @@ class CompilerOptions:
         """Every flag between the compiler and ``-o``, in command-line order."""
         return [*REQUIRED_FLAGS, *self.flags, *(["-fopenmp"] if self.openmp else []), *self.extra_flags]
 
-    def command(self, source: str | os.PathLike, output: str | os.PathLike) -> list[str]:
-        """The full argument list that compiles ``source`` into the shared library ``output``."""
-        return [*self.compiler_words(), *self.all_flags(), "-o", str(output), str(source), *LINK_LIBRARIES]
+    def command(self, source: str | os.PathLike, output: str | os.PathLike,
+                header: Path | None = None) -> list[str]:
+        """The full argument list that compiles ``source`` into the shared library ``output``;
+        with ``header``, a header included before the source (a precompiled one beside it is
+        read instead of its text when the compiler can: see :func:`precompile_header`)."""
+        before = ["-I", str(header.parent), "-include", header.name] if header is not None else []
+        return [*self.compiler_words(), *self.all_flags(), *before, "-o", str(output), str(source), *LINK_LIBRARIES]
+
+    def uses_gcc(self) -> bool:
+        """Whether the compiler is GCC (whose precompiled headers :func:`precompile_header` makes)."""
+        try:
+            version = _compiler_version(tuple(self.compiler_words()))
+        except CompilationError:
+            return False
+        return "gcc" in version.lower() and "clang" not in version.lower()
 
     def resolved_compiler(self) -> str:
         """Absolute path of the compiler program; CompilationError if it cannot be run."""
@@ -260,18 +272,48 @@ def _truncate_diagnostics(text: str) -> str:
     return shown
 
 
+#: The header of the x86 intrinsics, which the gemm and convolution kernels include: parsing it
+#: is 0.12 s of every such kernel's build (0.16 s for a file that includes it alone, 0.04 s
+#: with it precompiled; a gemm kernel 0.99 -> 0.82 s, gcc 12, AMD EPYC Zen 4).
+INTRINSICS_HEADER = "#include <immintrin.h>\n"
+
+
+def precompile_header(text: str, header: Path, options: CompilerOptions, *, timeout: float = DEFAULT_TIMEOUT) -> bool:
+    """Write ``text`` to ``header`` and GCC's precompiled form of it beside it (``header`` +
+    ``.gch``), made with ``options``' flags, so that a compile with the same flags that includes
+    ``header`` first reads the parsed form.  GCC checks that the flags match and otherwise reads
+    the text, so a stale or foreign ``.gch`` costs time, never correctness.  False when the
+    compiler is not GCC or fails (kernels then parse their headers as before)."""
+    if not options.uses_gcc():
+        return False
+    flags = [flag for flag in options.all_flags() if flag != "-shared"]
+    partial = header.with_name(header.name + ".gch.partial")
+    try:
+        header.write_text(text, encoding="utf-8")
+        result = subprocess.run([*options.compiler_words(), *flags, "-x", "c-header", header.name, "-o", partial.name],
+                                cwd=header.parent, capture_output=True, timeout=timeout)
+        if result.returncode != 0:
+            return False
+        os.replace(partial, header.with_name(header.name + ".gch"))
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return True
+
+
 def compile_shared_library(
     c_source: str,
     output_path: Path,
     options: CompilerOptions | None = None,
     *,
     timeout: float = DEFAULT_TIMEOUT,
+    header: Path | None = None,
 ) -> None:
     """Compile ``c_source`` into the shared library ``output_path``.
 
     The source is written next to the output (same name, suffix ``.c``) and the compiler runs in
     that directory with relative file names, so diagnostics name ``kernel.c`` rather than a
-    temporary path and identical sources give identical libraries.
+    temporary path and identical sources give identical libraries.  ``header``: one the source
+    includes anyway, included first (so that its precompiled form is used).
 
     Raises :class:`CompilationError` if there is no usable compiler, if it fails (the message holds
     the command and the head of its output) or if it runs longer than ``timeout`` seconds.
@@ -279,7 +321,7 @@ def compile_shared_library(
     options = options if options is not None else CompilerOptions()
     output_path = Path(output_path).absolute()
     source_path = output_path.with_suffix(".c")
-    command = options.command(source_path.name, output_path.name)
+    command = options.command(source_path.name, output_path.name, header)
     options.resolved_compiler()  # a missing compiler gets its own message, not "exit status 127"
     try:
         output_path.parent.mkdir(parents=True, exist_ok=True)

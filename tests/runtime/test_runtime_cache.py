@@ -127,6 +127,48 @@ def test_verified_entry_is_not_rehashed(axpy_source, monkeypatch):
     assert hashed == [1]
 
 
+INTRINSICS_AXPY = """#include <immintrin.h>
+void axpy(long n, float a, const float *x, float *y)
+{
+    long i = 0;
+#ifdef __AVX2__
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(_mm256_set1_ps(a), _mm256_loadu_ps(x + i))));
+#endif
+    for (; i < n; i++) y[i] += a * x[i];
+}
+"""
+
+
+def _intrinsics_headers(cache: Path) -> list[Path]:
+    return sorted(cache.glob(f"{cache_module.HEADERS_DIR}/*/*.gch"))
+
+
+@pytest.mark.skipif(not CompilerOptions().uses_gcc(), reason="precompiled headers are made for GCC only")
+def test_kernels_with_intrinsics_read_a_precompiled_header(kernel_cache, check_axpy, build_count, monkeypatch):
+    headers = []
+    real_compile = cache_module.compile_shared_library
+    monkeypatch.setattr(cache_module, "compile_shared_library",
+                        lambda *args, **kwargs: headers.append(kwargs.get("header")) or real_compile(*args, **kwargs))
+    check_axpy(get_or_build(INTRINSICS_AXPY))
+    (made,) = _intrinsics_headers(kernel_cache)
+    assert headers == [made.with_suffix("")] and made.stat().st_size > 1_000_000
+    check_axpy(get_or_build(INTRINSICS_AXPY.replace("long i = 0;", "long i = 0;  /* another */")))
+    assert _intrinsics_headers(kernel_cache) == [made] and headers[1] == headers[0]
+
+
+@pytest.mark.skipif(not CompilerOptions().uses_gcc(), reason="precompiled headers are made for GCC only")
+def test_a_damaged_precompiled_header_is_made_again(kernel_cache, check_axpy, monkeypatch):
+    get_or_build(INTRINSICS_AXPY)
+    (made,) = _intrinsics_headers(kernel_cache)
+    made.write_bytes(made.read_bytes()[:1000])  # GCC fails on this one (a garbage file it ignores)
+    monkeypatch.setattr(cache_module, "_intrinsics_headers", {})  # as a new process finds it
+    check_axpy(get_or_build(INTRINSICS_AXPY.replace("long i = 0;", "long i = 0;  /* second */")))
+    assert not made.exists()
+    check_axpy(get_or_build(INTRINSICS_AXPY.replace("long i = 0;", "long i = 0;  /* third */")))
+    assert made.stat().st_size > 1_000_000
+
+
 def test_failed_build_leaves_nothing(kernel_cache):
     with pytest.raises(CompilationError, match="no_such_function"):
         get_or_build("void f(void) { no_such_function(1, 2); }\n", CompilerOptions(extra_flags=("-Werror",)))
