@@ -228,6 +228,31 @@ def test_shape_subgraphs_are_evaluated_when_compiling():
     assert session.groups == [["Relu_5"]]   # one kernel: the shape arithmetic was folded
 
 
+def test_folds_are_remembered_by_their_def_and_the_values_they_fold(monkeypatch):
+    """A detector folds the same shape arithmetic in every stage: a fold done before is taken
+    from memory, but only for the same values (two models of one graph, other constants)."""
+    from polyc.frontends.onnx import plan as plan_module
+    monkeypatch.setattr(plan_module, "_FOLDED", type(plan_module._FOLDED)())
+    defined = []
+    real_define = polyc.define
+    monkeypatch.setattr(polyc, "define", lambda source, **kw: defined.append(kw.get("backend")) or real_define(source, **kw))
+
+    def model(constant):
+        nodes = [helper.make_node("Mul", ["c", "two"], ["c2"]), helper.make_node("Exp", ["c2"], ["e"]),
+                 helper.make_node("Add", ["X", "e"], ["Y"])]
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [3])],
+                                  [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3])],
+                                  [numpy_helper.from_array(np.asarray(constant, np.float32), "c"),
+                                   numpy_helper.from_array(np.array(2, np.float32), "two")])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.array([0.5, -1.0, 2.0], np.float32)
+    for constant, folds in (([1, 2, 3], 2), ([1, 2, 3], 0), ([0.5, 0, -1], 2)):
+        defined.clear()
+        (y,) = ponnx.InferenceSession(model(constant)).run(None, {"X": x})
+        np.testing.assert_allclose(y, x + np.exp(2 * np.asarray(constant, np.float32)), rtol=1e-6)
+        assert defined.count("interpreter") == folds
+
+
 def test_cli_emits_tc_groups_and_checks_against_onnxruntime(model, tmp_path, capsys):
     from polyc.cli import main
     path = tmp_path / "m.onnx"

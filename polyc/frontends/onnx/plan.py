@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import math
 import re
 import collections
@@ -997,6 +998,16 @@ def _foldable(steps: list, inputs: list) -> bool:
     return all(v.const is not None or id(v) in written for v in reads)
 
 
+#: Folds already evaluated: (canonical def, its inputs' digests) -> the results, for small ones
+#: (a detector's stages fold the same shape computations for every class and every image: of
+#: SSDlite's 220-280 folds a new image, 75-90% had been done before, 0.45 s of its planning).
+_FOLDED: collections.OrderedDict = collections.OrderedDict()
+_FOLDED_LOCK = threading.Lock()
+MAX_FOLDED = 4096
+#: Folds of larger inputs or results are not remembered (weights folded once per session).
+MAX_FOLDED_BYTES = 1 << 16
+
+
 def _fold(steps: list, node: str) -> None:
     """Evaluate a node's steps on constants with the reference interpreter (compile time)."""
     import polyc
@@ -1005,12 +1016,32 @@ def _fold(steps: list, node: str) -> None:
             step.target.const = step.of(np.ascontiguousarray(step.source.const)).reshape(step.target.shape)
             continue
         group = Group(0, [step], [v for v in step.reads], list(step.writes))
-        source = _def_text(group)
-        kernel = polyc.define(source, filename=f"<onnx fold {node}>", backend="interpreter")[group.name]
-        results = kernel(*[np.ascontiguousarray(v.const).reshape(v.tc_shape) for v in step.reads])
+        group.source = _def_text(group)
+        inputs = [np.ascontiguousarray(v.const).reshape(v.tc_shape) for v in step.reads]
+        key = None
+        if sum(a.nbytes for a in inputs) <= MAX_FOLDED_BYTES:
+            # (the canonical def holds the shapes and types; the digests, the values)
+            key = (_canonical_def(group)[0], *(hashlib.sha256(a.tobytes()).digest() for a in inputs))
+            with _FOLDED_LOCK:
+                results = _FOLDED.get(key)
+                if results is not None:
+                    _FOLDED.move_to_end(key)
+            if results is not None:
+                for value, array in zip(step.writes, results):
+                    value.const = array.copy()
+                continue
+        kernel = polyc.define(group.source, filename=f"<onnx fold {node}>", backend="interpreter")[group.name]
+        results = kernel(*inputs)
         results = results if isinstance(results, tuple) else (results,)
+        results = [np.asarray(array).astype(value.dtype, copy=False).reshape(value.shape)
+                   for value, array in zip(step.writes, results)]
         for value, array in zip(step.writes, results):
-            value.const = np.asarray(array).astype(value.dtype, copy=False).reshape(value.shape)
+            value.const = array
+        if key is not None and sum(a.nbytes for a in results) <= MAX_FOLDED_BYTES:
+            with _FOLDED_LOCK:
+                _FOLDED[key] = [array.copy() for array in results]
+                while len(_FOLDED) > MAX_FOLDED:
+                    _FOLDED.popitem(last=False)
 
 
 def _reads_of(item) -> list[Value]:
