@@ -56,9 +56,12 @@ Threads: with ``parallel=True`` (and enough work), whole products are shared out
 are at least two per thread, else the blocks of rows of each product (or, for short and wide
 products, its column slivers).  Threads take batches, row blocks and B slivers from shared
 tickets as they go and wait at a barrier that yields the processor, so a thread held up by a
-busy machine delays the others by one block.  The packing buffers are one block of memory the
-kernel keeps from call to call (:data:`polyc.codegen.pattern_kernel.KEPT_WORKSPACE_C`).  The
-function returns 0, or 2 when memory for the buffers could not be allocated.
+busy machine delays the others by one block.  On a machine crowded by other processes, whole
+products and products shared by columns (no barrier) run instead on polyc's thread pool
+(:mod:`polyc.runtime.pool`), whose calls never wait for a thread that has not started.  The
+packing buffers are one block of memory the kernel keeps from call to call
+(:data:`polyc.codegen.pattern_kernel.KEPT_WORKSPACE_C`).  The function returns 0, or 2 when
+memory for the buffers could not be allocated.
 """
 from __future__ import annotations
 
@@ -1221,6 +1224,17 @@ static void polyc_barrier_wait(polyc_barrier_t *barrier, int nthr)
     }
 }
 
+/* polyc's thread pool (polyc/runtime/pool.py), when the process has loaded it: its tickets
+   are taken by the calling thread and the pool's helpers as they come, and a helper that has
+   not started is never waited for. */
+#if defined(_OPENMP) && defined(__linux__)
+typedef void (*polyc_pool_task_t)(void *context, int64_t ticket, int worker);
+extern void polyc_pool_run_v1(polyc_pool_task_t task, void *context, int64_t tickets, int workers) __attribute__((weak));
+#define POLYC_POOL_LOADED (polyc_pool_run_v1 != NULL)
+#else
+#define POLYC_POOL_LOADED 0
+#endif
+
 /* The threads computing products together: their barrier and ticket counters. */
 typedef struct { int size; polyc_barrier_t barrier; int64_t pack_tickets, row_tickets, batch_tickets; } polyc_team_t;
 
@@ -1493,20 +1507,59 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
     }
 }
 
+#if defined(_OPENMP) && defined(__linux__)
+/* Products shared out as the pool's tickets: whole products (by_batch), or else each product's
+   column blocks (`parts` per product); `worker` picks the packing buffers. */
+typedef struct {
+    const polyc_gemm_t *g;
+    int init, by_batch, parts;
+    T *bpacks, *apacks;
+    int64_t a_elements, b_elements;
+} polyc_pooled_SHAPE_t;
+
+static void polyc_pooled_ticket_SHAPE(void *context, int64_t ticket, int worker)
+{
+    const polyc_pooled_SHAPE_t *job = (const polyc_pooled_SHAPE_t *)context;
+    T *bpack = job->bpacks + 2 * job->b_elements * worker, *apack = job->apacks + job->a_elements * worker;
+    polyc_progress_t progress = {0, 0, 0};
+    if (job->by_batch) {
+        polyc_product_SHAPE(job->g, ticket, job->init, bpack, apack, NULL, 0, &progress);
+    } else {
+        polyc_team_t team;  /* only its size is read when columns are shared */
+        memset(&team, 0, sizeof team);
+        team.size = job->parts;
+        polyc_product_SHAPE(job->g, ticket / job->parts, job->init, bpack, apack, &team,
+                            (int)(ticket % job->parts), &progress);
+    }
+}
+#endif
+
 /* Every product with this register block; 0, or STATUS when buffers cannot be allocated. */
 static int polyc_gemm_run_SHAPE(const polyc_gemm_t *restrict g, int init)
 {
     const int64_t kc_most = polyc_min(polyc_kc_most_SHAPE(g), g->k);
     const int64_t a_elements = polyc_round_up(polyc_min(MC, g->m), MR) * kc_most;
     const int64_t b_elements = polyc_round_up(polyc_min(NC, g->n), NR) * kc_most;
-    int nthr = 1, most = 1;
+    int nthr = 1, most = 1, pooled = 0;
 #if defined(_OPENMP)
     if ((double)g->nbatch * (double)g->m * (double)g->n * (double)g->k >= THRESHOLD) {
         most = polyc_most_threads();
         nthr = polyc_threads(most);
+        /* On a machine crowded by other processes, shares that need no barrier (whole
+           products, or a product's columns) run on polyc's thread pool with every thread: a
+           helper kept from running then costs at most the one-thread time, never a scheduler
+           slice.  Not on an idle machine: there OpenMP's threads, which a model's other kernels
+           use and which spin after their regions, met the pool's helpers on the cores (a
+           transformer encoder 2.6x slower). */
+        pooled = most > 1 && POLYC_POOL_LOADED && (g->nbatch >= 2 * most || polyc_split_n_SHAPE(g, most))
+                 && (nthr < most || polyc_threads_setting() == POLYC_THREADS_POOL
+                     || (polyc_threads_setting() == POLYC_THREADS_POLICY && polyc_machine_crowded_lately(most)));
+        if (pooled)
+            nthr = most;
     }
 #endif
     (void)most;
+    (void)pooled;
     /* Per thread: an A panel, and two B panels (a shared pair when rows are shared), in the
        kernel's kept workspace. */
     const int64_t a_total = polyc_round_up(a_elements * nthr, 64 / (int64_t)sizeof(T));
@@ -1519,6 +1572,12 @@ static int polyc_gemm_run_SHAPE(const polyc_gemm_t *restrict g, int init)
         for (int64_t bt = 0; bt < g->nbatch; bt++)
             polyc_product_SHAPE(g, bt, init, bpacks, apacks, NULL, 0, &progress);
     }
+#if defined(_OPENMP) && defined(__linux__)
+    else if (pooled) {
+        polyc_pooled_SHAPE_t job = {g, init, g->nbatch >= 2 * nthr, nthr, bpacks, apacks, a_elements, b_elements};
+        polyc_pool_run_v1(polyc_pooled_ticket_SHAPE, &job, job.by_batch ? g->nbatch : g->nbatch * nthr, nthr);
+    }
+#endif
 #if defined(_OPENMP)
     else {
         /* Whole products per thread when there are enough of them to balance; else share each

@@ -58,14 +58,16 @@ THREAD_POLICY_C = r"""#if defined(_OPENMP)
    an idle machine (a virtual processor the host let sleep: after a 0.3 s pause, seen on an AMD
    EPYC VM, every first call) is no reason to drop threads: without this check a 512^3 sgemm
    called after pauses ran on one thread most of the time (0.63x numpy instead of 1.0x).
-   POLYC_THREADS=all in the environment turns the policy off. */
-typedef struct { int64_t calls, retry_at; int limit, backoff, off, suspect; } polyc_threads_t;
+   POLYC_THREADS=all in the environment turns the policy off.  A kernel that can run on polyc's
+   thread pool (see polyc/runtime/pool.py) does so instead of dropping threads. */
+/* crowded: looks in a row (up to 3) that found the machine crowded, at crowd_checked (ns). */
+typedef struct { int64_t calls, retry_at, crowd_checked; int limit, backoff, setting, suspect, crowded; } polyc_threads_t;
 typedef struct { double wall, cpu; } polyc_thread_clock_t;
 
 /* The library's record (a function's static: linked segments each keep their own). */
 static POLYC_UNUSED polyc_threads_t *polyc_threads_record(void)
 {
-    static polyc_threads_t record = {0, 0, 0, 16, -1, 0};
+    static polyc_threads_t record = {0, 0, INT64_MIN / 2, 0, 16, -1, 0, 0};
     return &record;
 }
 
@@ -87,16 +89,33 @@ static POLYC_UNUSED int polyc_most_threads(void)
 #endif
 }
 
+/* POLYC_THREADS: unset (the policy), "all" (every thread, always) or "pool" (the policy, and
+   kernels that can run on polyc's thread pool do so on every call, not only on a crowded
+   machine: see polyc/runtime/pool.py). */
+#ifndef POLYC_THREADS_POOL  /* linked segments each bring this text */
+#define POLYC_THREADS_POLICY 0
+#define POLYC_THREADS_ALL 1
+#define POLYC_THREADS_POOL 2
+#endif
+
+static POLYC_UNUSED int polyc_threads_setting(void)
+{
+    polyc_threads_t *s = polyc_threads_record();
+    int setting = __atomic_load_n(&s->setting, __ATOMIC_RELAXED);
+    if (setting < 0) {
+        const char *text = getenv("POLYC_THREADS");
+        setting = text == NULL ? POLYC_THREADS_POLICY : strcmp(text, "all") == 0 ? POLYC_THREADS_ALL
+                  : strcmp(text, "pool") == 0 ? POLYC_THREADS_POOL : POLYC_THREADS_POLICY;
+        __atomic_store_n(&s->setting, setting, __ATOMIC_RELAXED);
+    }
+    return setting;
+}
+
 /* The threads for a call that could use `most`. */
 static POLYC_UNUSED int polyc_threads(int most)
 {
     polyc_threads_t *s = polyc_threads_record();
-    int off = __atomic_load_n(&s->off, __ATOMIC_RELAXED);
-    if (off < 0) {
-        const char *setting = getenv("POLYC_THREADS");
-        off = setting != NULL && strcmp(setting, "all") == 0;
-        __atomic_store_n(&s->off, off, __ATOMIC_RELAXED);
-    }
+    const int off = polyc_threads_setting() == POLYC_THREADS_ALL;
     const int64_t call = __atomic_fetch_add(&s->calls, 1, __ATOMIC_RELAXED);
     const int limit = __atomic_load_n(&s->limit, __ATOMIC_RELAXED);
     if (off || most <= 1 || limit <= 0 || limit >= most || call >= __atomic_load_n(&s->retry_at, __ATOMIC_RELAXED))
@@ -157,16 +176,15 @@ static POLYC_UNUSED int polyc_own_running(void)
    than the processors.  Threads of this process do not count: after a numpy call, OpenBLAS's
    idle threads spin for about 0.1 s, and counting them dropped a 16 MB Kronecker step called
    just after numpy calls to one thread for the next 16 to 4096 calls (3.4 ms instead of 1.7 ms
-   on an AMD EPYC Zen 5), long after the spinning stopped.  Where /proc cannot be read, assume
-   crowded (the slow threads are then the only evidence). */
-static POLYC_UNUSED int polyc_machine_crowded(int nthr)
+   on an AMD EPYC Zen 5), long after the spinning stopped.  -1 where /proc cannot be read. */
+static POLYC_UNUSED int polyc_machine_load(int nthr)
 {
     /* Counted before and after /proc/stat, the larger count: threads of this process that
        fall asleep or wake meanwhile (a team leaving its region) are not taken for others. */
     const int own_before = polyc_own_running();
     FILE *file = fopen("/proc/stat", "r");
     if (file == NULL)
-        return 1;
+        return -1;
     char line[256];
     long running = -1;
     while (fgets(line, sizeof line, file) != NULL)
@@ -177,9 +195,48 @@ static POLYC_UNUSED int polyc_machine_crowded(int nthr)
     fclose(file);
     const int own_after = polyc_own_running(), own = own_before > own_after ? own_before : own_after;
     if (running < 0 || own_before < 0 || own_after < 0)
-        return 1;
+        return -1;
     const long others = running > own ? running - own : 0;
     return others + nthr > omp_get_num_procs();
+}
+
+/* The same, unknown counting as crowded (the slow threads are then the only evidence). */
+static POLYC_UNUSED int polyc_machine_crowded(int nthr)
+{
+    return polyc_machine_load(nthr) != 0;
+}
+
+/* Whether the machine's runnable threads (/proc/loadavg's, this thread among them) could
+   crowd it: more than the processors less a team of `nthr` besides this thread.  A read of a
+   few bytes, where polyc_machine_load reads a file per thread of the process. */
+static POLYC_UNUSED int polyc_runnable_beyond(int nthr)
+{
+    FILE *file = fopen("/proc/loadavg", "r");
+    if (file == NULL)
+        return 1;
+    long runnable = -1;
+    const int read = fscanf(file, "%*s %*s %*s %ld/", &runnable);
+    fclose(file);
+    return read != 1 || runnable - 1 + nthr > omp_get_num_procs();
+}
+
+/* Whether other processes crowd the machine lately: the machine is looked at at most every
+   50 ms (reading /proc takes from microseconds to tens: calls 1 ms apart that paid it every
+   10 ms had a p90 0.1 ms longer), and counts as crowded once three looks in a row found it so.  One look is not enough: on two cores, any thread that is runnable for a
+   moment (a kernel worker) makes the machine look crowded, and idle calls of sgemm 256 went to
+   the pool in turn with OpenMP, whose threads met each other (p90 0.31 instead of 0.19 ms).
+   Unknown counts as not crowded. */
+static POLYC_UNUSED int polyc_machine_crowded_lately(int nthr)
+{
+    polyc_threads_t *s = polyc_threads_record();
+    const int64_t now = (int64_t)(1e9 * polyc_clock(CLOCK_MONOTONIC));
+    if (now - __atomic_load_n(&s->crowd_checked, __ATOMIC_RELAXED) > 50000000) {
+        __atomic_store_n(&s->crowd_checked, now, __ATOMIC_RELAXED);
+        const int looks = polyc_runnable_beyond(nthr) && polyc_machine_load(nthr) > 0
+                          ? __atomic_load_n(&s->crowded, __ATOMIC_RELAXED) + 1 : 0;
+        __atomic_store_n(&s->crowded, looks < 3 ? looks : 3, __ATOMIC_RELAXED);
+    }
+    return __atomic_load_n(&s->crowded, __ATOMIC_RELAXED) >= 3;
 }
 
 /* Records a region of `nthr` threads (out of `most`) of which `slow` were kept waiting. */

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from polyc.errors import CacheError, CompilationError
+from polyc.runtime.pool import thread_pool
 
 # A CDLL must outlive every function pointer taken from it, so loaded libraries are kept for the
 # life of the process; keying on the resolved path makes a second load return the same object.
@@ -22,6 +23,8 @@ def load_library(path: str | os.PathLike) -> ctypes.CDLL:
     the dynamic loader rejects it (wrong architecture, a missing runtime such as libgomp, ...).
     """
     resolved = Path(path).resolve()
+    # Before any kernel library: kernels resolve their weak reference to the pool at load time.
+    thread_pool()
     with _loading:
         library = _loaded_libraries.get(resolved)
         if library is None:

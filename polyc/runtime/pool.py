@@ -1,0 +1,343 @@
+"""polyc's thread pool: one per process, shared by every kernel library it loads.
+
+A short parallel call on a machine busier than its cores is at the mercy of the scheduler: an
+OpenMP team ends with a join that waits for every thread, and a thread woken while another
+process has its processor waits a scheduler slice (milliseconds) to start.  Beside one busy
+process, sgemm 256 (0.17 ms on two threads) had a 90th percentile of 6.9 ms on OpenMP's threads
+(an AMD EPYC Zen 4, Linux 6.18), and the thread policy's answer, one thread under load
+(:data:`polyc.codegen.pattern_kernel.THREAD_POLICY_C`), made it the one-thread time, 0.33-0.38 ms.
+
+The pool's work is a job of *tickets* (independent pieces: whole products, or a product's
+column blocks), which the calling thread and the helpers take as they come.  The caller never
+waits for a helper that has not started: it takes the tickets left, and returns once every
+ticket taken is done.  So a late helper costs at most the one-thread time, never a slice.
+The contraction kernels use it for such shares when other processes crowd the machine (or
+always, with ``POLYC_THREADS=pool``); on an idle machine they keep OpenMP's threads, which the
+other kernels of a model use too: the two sets of threads met on the cores when a transformer
+encoder's products ran on the pool, 2.6x slower.
+
+How helpers are kept ready (measured beside a spinning process, calls 1 ms apart, 2 cores):
+
+* A helper never shares the caller's processor: before it waits for the next job, it takes that
+  processor out of its affinity mask (when it may run elsewhere).  A woken helper was otherwise
+  placed on the caller's processor in most calls, next to the thread it should run beside (it
+  did a ticket in 0-1% of calls; with this, 94%).
+* A helper asks the scheduler for short slices (``sched_setattr``'s ``sched_runtime``, 100 us:
+  Linux 6.12 and later let a waking task with a shorter slice preempt the running one): its
+  missed calls went from 6% to 1%, and sgemm 256's p90 beside a busy process from 0.20-0.32 ms
+  to 0.19-0.25 ms.  Older kernels ignore it.
+* After a job a helper spins for up to 3 ms (the next call of a sequence finds it running),
+  except when it was kept off its processor for over 0.5 ms in the last 0.1 s: a machine with
+  other work then gets the processor back at once, and the helper, asleep, is woken by the next
+  call, which (unlike a spinning thread that used up its share) preempts the other process.
+  Spinning while busy, it missed 15% of calls; yielding instead of spinning, 70%.
+* The caller waits for a helper's ticket spinning, yielding its processor only after 1 ms:
+  yielding at once gave it to the busy process for a whole slice (sgemm 256: 2.9 ms).
+
+Kernels reach the pool through a weak symbol (``polyc_pool_run_v1``): this module loads the
+pool library (built in the kernel cache like any kernel) with ``RTLD_GLOBAL`` before the first
+kernel library, and a kernel whose symbol stayed unresolved -- exported C built elsewhere, or
+``POLYC_POOL=off`` -- uses OpenMP as before.  After ``fork`` the child starts helpers of its own.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import warnings
+
+#: The pool's C source: built once per compiler into the kernel cache.
+POOL_C = r"""/* polyc's thread pool (see polyc/runtime/pool.py). */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+
+typedef void (*polyc_pool_task_t)(void *context, int64_t ticket, int worker);
+
+#define POLYC_POOL_MOST 1024            /* helpers at most */
+#define POLYC_POOL_SPIN 3e-3            /* seconds a helper spins after a job */
+#define POLYC_POOL_KEPT_OFF 0.5e-3      /* a gap this long in the spinning: another task ran */
+#define POLYC_POOL_CROWDED 0.1          /* seconds a helper sleeps at once after such a gap */
+#define POLYC_POOL_SLICE_NS 100000      /* the scheduler slice helpers ask for */
+
+typedef struct { polyc_pool_task_t task; void *context; int64_t tickets; int workers; } polyc_pool_job_t;
+
+static struct {
+    uint64_t next;              /* job generation << 32 | its next ticket */
+    int published;              /* the generation of the last job (the helpers' futex word) */
+    int sleepers;               /* helpers asleep on `published` */
+    int64_t done;               /* tickets of the current job done */
+    polyc_pool_job_t jobs[2];   /* generation g in jobs[g & 1] */
+    int caller_cpu;             /* the processor of the thread that published the last job */
+    int helpers;                /* started */
+    int held;                   /* tests: helpers take no tickets */
+    int seen_at_start[POLYC_POOL_MOST + 1];  /* per helper: the last job before it was made (the
+                                                job that made it is its first) */
+    int64_t jobs_run, helper_tickets;
+    pthread_mutex_t calling;    /* one job at a time; another caller runs its job alone */
+    pthread_mutex_t starting;
+} polyc_pool = {.calling = PTHREAD_MUTEX_INITIALIZER, .starting = PTHREAD_MUTEX_INITIALIZER};
+
+static double polyc_pool_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* A few hundred cycles of waiting that leave the core to its other hardware thread. */
+static void polyc_pool_pause(void)
+{
+    for (int i = 0; i < 32; i++) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+#endif
+    }
+}
+
+/* The next ticket of job `generation` for `worker`, or -1 when it has none left or is over.
+   The compare-exchange succeeds only while the job is still `generation`, so the job record
+   read here is that job's: the next one reusing the slot is published after every ticket of
+   this one is done. */
+static int64_t polyc_pool_take(uint32_t generation, int worker, polyc_pool_job_t **job)
+{
+    uint64_t next = __atomic_load_n(&polyc_pool.next, __ATOMIC_ACQUIRE);
+    for (;;) {
+        if ((uint32_t)(next >> 32) != generation)
+            return -1;
+        polyc_pool_job_t *j = &polyc_pool.jobs[generation & 1];
+        const int64_t ticket = (int64_t)(next & 0xffffffffu);
+        if (ticket >= j->tickets || worker >= j->workers)
+            return -1;
+        if (__atomic_compare_exchange_n(&polyc_pool.next, &next, next + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            *job = j;
+            return ticket;
+        }
+    }
+}
+
+static void polyc_pool_work(uint32_t generation, int worker)
+{
+    polyc_pool_job_t *job;
+    for (int64_t ticket; (ticket = polyc_pool_take(generation, worker, &job)) >= 0;) {
+        job->task(job->context, ticket, worker);
+        if (worker > 0)
+            __atomic_add_fetch(&polyc_pool.helper_tickets, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&polyc_pool.done, 1, __ATOMIC_RELEASE);
+    }
+}
+
+/* Asks for short scheduler slices (Linux's sched_attr, version 1 layout). */
+static void polyc_pool_short_slices(void)
+{
+    struct { uint32_t size, policy; uint64_t flags; int32_t nice; uint32_t priority;
+             uint64_t runtime, deadline, period; } attr;
+    memset(&attr, 0, sizeof attr);
+    attr.size = sizeof attr;
+    attr.policy = SCHED_OTHER;
+    attr.runtime = POLYC_POOL_SLICE_NS;
+    syscall(SYS_sched_setattr, 0, &attr, 0);  /* an older kernel refuses or ignores it: no matter */
+}
+
+/* Keeps this helper off processor `cpu` when its mask `allowed` leaves it another one. */
+static void polyc_pool_avoid(const cpu_set_t *allowed, int cpu, int *avoided)
+{
+    if (cpu == *avoided || cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, allowed) || CPU_COUNT(allowed) < 2)
+        return;
+    cpu_set_t others = *allowed;
+    CPU_CLR(cpu, &others);
+    if (sched_setaffinity(0, sizeof others, &others) == 0)
+        *avoided = cpu;
+}
+
+static void *polyc_pool_helper(void *argument)
+{
+    const int worker = (int)(intptr_t)argument;
+    int seen = polyc_pool.seen_at_start[worker], now_published;
+    cpu_set_t allowed;
+    const int own_mask = sched_getaffinity(0, sizeof allowed, &allowed) == 0;
+    int avoided = -1;
+    polyc_pool_short_slices();
+    double crowded_until = 0;
+    for (;;) {
+        if (own_mask)
+            polyc_pool_avoid(&allowed, __atomic_load_n(&polyc_pool.caller_cpu, __ATOMIC_RELAXED), &avoided);
+        const double idle_since = polyc_pool_now();
+        double last = idle_since;
+        while ((now_published = __atomic_load_n(&polyc_pool.published, __ATOMIC_ACQUIRE)) == seen) {
+            const double now = polyc_pool_now();
+            if (now - last > POLYC_POOL_KEPT_OFF)
+                crowded_until = now + POLYC_POOL_CROWDED;
+            last = now;
+            if (now - idle_since < POLYC_POOL_SPIN && now >= crowded_until) {
+                polyc_pool_pause();
+                continue;
+            }
+            __atomic_add_fetch(&polyc_pool.sleepers, 1, __ATOMIC_SEQ_CST);
+            syscall(SYS_futex, &polyc_pool.published, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+            __atomic_sub_fetch(&polyc_pool.sleepers, 1, __ATOMIC_SEQ_CST);
+            last = polyc_pool_now();  /* asleep is not kept off */
+        }
+        seen = now_published;
+        while (__atomic_load_n(&polyc_pool.held, __ATOMIC_ACQUIRE))  /* tests: as if not yet started */
+            usleep(200);
+        polyc_pool_work((uint32_t)seen, worker);
+    }
+    return NULL;
+}
+
+/* A child of fork() has none of its parent's helpers: it starts its own. */
+static void polyc_pool_after_fork(void)
+{
+    polyc_pool.helpers = 0;
+    polyc_pool.sleepers = 0;
+    pthread_mutex_init(&polyc_pool.calling, NULL);
+    pthread_mutex_init(&polyc_pool.starting, NULL);
+}
+
+static void polyc_pool_start(int helpers)
+{
+    static int registered;
+    pthread_mutex_lock(&polyc_pool.starting);
+    if (!registered)
+        registered = pthread_atfork(NULL, NULL, polyc_pool_after_fork) == 0;
+    while (__atomic_load_n(&polyc_pool.helpers, __ATOMIC_RELAXED) < helpers) {
+        pthread_t thread;
+        pthread_attr_t attributes;
+        pthread_attr_init(&attributes);
+        pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+        const int worker = __atomic_load_n(&polyc_pool.helpers, __ATOMIC_RELAXED) + 1;
+        polyc_pool.seen_at_start[worker] = __atomic_load_n(&polyc_pool.published, __ATOMIC_ACQUIRE);
+        const int failed = pthread_create(&thread, &attributes, polyc_pool_helper, (void *)(intptr_t)worker);
+        pthread_attr_destroy(&attributes);
+        if (failed)
+            break;  /* fewer helpers: the caller takes their tickets */
+        __atomic_store_n(&polyc_pool.helpers, worker, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&polyc_pool.starting);
+}
+
+/* Runs task(context, t, worker) for every ticket t in 0 .. tickets - 1, on this thread (worker
+   0) and helpers 1 .. workers - 1 as they come; returns when all are done. */
+void polyc_pool_run_v1(polyc_pool_task_t task, void *context, int64_t tickets, int workers)
+{
+    if (workers > POLYC_POOL_MOST + 1)
+        workers = POLYC_POOL_MOST + 1;
+    if (workers <= 1 || tickets <= 1 || tickets > UINT32_MAX || pthread_mutex_trylock(&polyc_pool.calling) != 0) {
+        for (int64_t t = 0; t < tickets; t++)
+            task(context, t, 0);
+        return;
+    }
+    if (__atomic_load_n(&polyc_pool.helpers, __ATOMIC_ACQUIRE) < workers - 1)
+        polyc_pool_start(workers - 1);
+    __atomic_store_n(&polyc_pool.caller_cpu, sched_getcpu(), __ATOMIC_RELAXED);
+    const uint32_t generation = (uint32_t)(__atomic_load_n(&polyc_pool.next, __ATOMIC_RELAXED) >> 32) + 1;
+    polyc_pool_job_t *job = &polyc_pool.jobs[generation & 1];
+    job->task = task;
+    job->context = context;
+    job->tickets = tickets;
+    job->workers = workers;
+    __atomic_store_n(&polyc_pool.done, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&polyc_pool.next, (uint64_t)generation << 32, __ATOMIC_RELEASE);
+    __atomic_store_n(&polyc_pool.published, (int)generation, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&polyc_pool.sleepers, __ATOMIC_SEQ_CST) > 0)
+        syscall(SYS_futex, &polyc_pool.published, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    polyc_pool_work(generation, 0);
+    /* Only tickets a helper took can be left: wait for them.  Not by yielding at once: this
+       processor's other task is then often another process, which keeps it a whole slice
+       (sgemm 256 beside a busy process: 2.9 ms in most calls); only after 1 ms, when the
+       helper may be waiting for this very processor. */
+    const double waiting_since = polyc_pool_now();
+    while (__atomic_load_n(&polyc_pool.done, __ATOMIC_ACQUIRE) < tickets) {
+        polyc_pool_pause();
+        if (polyc_pool_now() - waiting_since > 1e-3)
+            sched_yield();
+    }
+    __atomic_add_fetch(&polyc_pool.jobs_run, 1, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&polyc_pool.calling);
+}
+
+/* For tests and diagnosis: jobs run by the pool, tickets done by helpers, helpers started. */
+void polyc_pool_statistics_v1(int64_t *out)
+{
+    out[0] = __atomic_load_n(&polyc_pool.jobs_run, __ATOMIC_RELAXED);
+    out[1] = __atomic_load_n(&polyc_pool.helper_tickets, __ATOMIC_RELAXED);
+    out[2] = __atomic_load_n(&polyc_pool.helpers, __ATOMIC_RELAXED);
+}
+
+/* For tests: while `held` is set, helpers that see a job do not start on it, like threads the
+   scheduler keeps waiting. */
+void polyc_pool_hold_v1(int held) { __atomic_store_n(&polyc_pool.held, held, __ATOMIC_RELAXED); }
+#endif
+"""
+
+
+#: Set to "off" (or "0") to run every kernel on OpenMP's threads alone.
+POOL_SWITCH = "POLYC_POOL"
+
+_lock = threading.Lock()
+_pool: ctypes.CDLL | None = None
+_tried = False
+
+
+def thread_pool() -> ctypes.CDLL | None:
+    """The pool library, built and loaded into this process (``RTLD_GLOBAL``, so that kernel
+    libraries loaded later resolve their weak reference to it) on the first call; None when
+    ``POLYC_POOL=off`` or when it cannot be built or loaded (kernels then use OpenMP alone,
+    with a warning saying why)."""
+    global _pool, _tried
+    with _lock:
+        if not _tried:
+            _tried = True
+            if os.environ.get(POOL_SWITCH, "").strip().lower() not in ("off", "0", "no", "false"):
+                _pool = _load()
+    return _pool
+
+
+def _load() -> ctypes.CDLL | None:
+    from polyc.errors import PolycError
+    from polyc.runtime.cache import get_or_build
+    from polyc.runtime.compiler import CompilerOptions
+
+    try:
+        path = get_or_build(POOL_C, CompilerOptions(flags=("-O2",), openmp=False))
+        library = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        library.polyc_pool_statistics_v1  # a compiler for another OS builds an empty library
+    except (PolycError, OSError, AttributeError) as error:
+        warnings.warn(f"polyc's thread pool is unavailable, kernels use OpenMP's threads alone: {error}",
+                      RuntimeWarning, stacklevel=3)
+        return None
+    library.polyc_pool_statistics_v1.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+    library.polyc_pool_statistics_v1.restype = None
+    library.polyc_pool_hold_v1.argtypes = [ctypes.c_int]
+    library.polyc_pool_hold_v1.restype = None
+    return library
+
+
+def pool_statistics() -> dict[str, int] | None:
+    """Jobs the pool has run in this process, tickets its helpers did and helpers started; None
+    without a pool."""
+    library = thread_pool()
+    if library is None:
+        return None
+    out = (ctypes.c_int64 * 3)()
+    library.polyc_pool_statistics_v1(out)
+    return {"jobs": out[0], "helper_tickets": out[1], "helpers": out[2]}
+
+
+def hold_helpers(held: bool) -> None:
+    """For tests: while held, the pool's helpers do not start on the jobs they see, like threads
+    the scheduler keeps waiting."""
+    library = thread_pool()
+    if library is not None:
+        library.polyc_pool_hold_v1(int(held))
