@@ -221,11 +221,13 @@ static POLYC_UNUSED int polyc_runnable_beyond(int nthr)
 }
 
 /* Whether other processes crowd the machine lately: the machine is looked at at most every
-   50 ms (reading /proc takes from microseconds to tens: calls 1 ms apart that paid it every
-   10 ms had a p90 0.1 ms longer), and counts as crowded once three looks in a row found it so.  One look is not enough: on two cores, any thread that is runnable for a
-   moment (a kernel worker) makes the machine look crowded, and idle calls of sgemm 256 went to
-   the pool in turn with OpenMP, whose threads met each other (p90 0.31 instead of 0.19 ms).
-   Unknown counts as not crowded. */
+   50 ms, and counts as crowded once three looks in a row found it so.  A look reads
+   /proc/loadavg (6 us), and /proc's thread states (40 us) only when the first allows crowding
+   (on an idle machine numpy's spinning threads make it so): calls 1 ms apart that looked every
+   10 ms had a p90 0.1 ms longer on an idle machine.  One look is not enough: on two cores, any
+   thread that is runnable for a moment (a kernel worker) makes the machine look crowded, and
+   idle calls of sgemm 256 went to the pool in turn with OpenMP, whose threads met each other
+   (p90 0.31 instead of 0.19 ms).  Unknown counts as not crowded. */
 static POLYC_UNUSED int polyc_machine_crowded_lately(int nthr)
 {
     polyc_threads_t *s = polyc_threads_record();

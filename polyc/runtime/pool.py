@@ -117,7 +117,9 @@ static int64_t polyc_pool_take(uint32_t generation, int worker, polyc_pool_job_t
             return -1;
         polyc_pool_job_t *j = &polyc_pool.jobs[generation & 1];
         const int64_t ticket = (int64_t)(next & 0xffffffffu);
-        if (ticket >= j->tickets || worker >= j->workers)
+        /* Atomic reads: a helper that lags behind may read a slot being filled for a later job
+           (its compare-exchange then fails). */
+        if (ticket >= __atomic_load_n(&j->tickets, __ATOMIC_RELAXED) || worker >= __atomic_load_n(&j->workers, __ATOMIC_RELAXED))
             return -1;
         if (__atomic_compare_exchange_n(&polyc_pool.next, &next, next + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
             *job = j;
@@ -245,8 +247,8 @@ void polyc_pool_run_v1(polyc_pool_task_t task, void *context, int64_t tickets, i
     polyc_pool_job_t *job = &polyc_pool.jobs[generation & 1];
     job->task = task;
     job->context = context;
-    job->tickets = tickets;
-    job->workers = workers;
+    __atomic_store_n(&job->tickets, tickets, __ATOMIC_RELAXED);
+    __atomic_store_n(&job->workers, workers, __ATOMIC_RELAXED);
     __atomic_store_n(&polyc_pool.done, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&polyc_pool.next, (uint64_t)generation << 32, __ATOMIC_RELEASE);
     __atomic_store_n(&polyc_pool.published, (int)generation, __ATOMIC_SEQ_CST);
