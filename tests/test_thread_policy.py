@@ -84,6 +84,14 @@ int main(int argc, char **argv)
         printf("%d\n", answer);
         return 0;
     }
+    if (strcmp(argv[1], "lately") == 0) {
+        /* Whether the machine counts as crowded lately for a one-thread team, before and after
+           a call in which argv[2] threads were slow. */
+        printf("%d ", polyc_machine_crowded_lately(1));
+        polyc_threads_after(1, 1, atoi(argv[2]));
+        printf("%d\n", polyc_machine_crowded_lately(1));
+        return 0;
+    }
     /* measure: the slow threads of five regions in a row of two threads, each spinning 3 ms
        of CPU time: short enough that a region stays under the policy's 20 ms even when other
        processes take most of the CPU's time (a test run's other worker, the compilers it starts) */
@@ -158,6 +166,25 @@ def test_other_processes_crowd_the_machine_and_this_ones_threads_do_not(program)
     # do not crowd it for a one-thread team; of three tries one must find the CPU free of others.
     answers = [_run(program, cpu, 3, "crowded", "1") for _ in range(3)]
     assert [0] in answers, answers
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="no /proc (not Linux)")
+def test_a_slow_call_on_a_crowded_machine_moves_calls_to_the_pool_at_once(program):
+    """Three looks 50 ms apart make a machine crowded lately; a call whose thread was kept from
+    running while other processes crowd the machine is evidence enough, and the next call goes
+    to the pool (the 150 ms of OpenMP calls before cost sgemm 256 its busy p90).  A call with no
+    slow thread changes nothing."""
+    cpu = str(sorted(os.sched_getaffinity(0))[0])
+    taskset = shutil.which("taskset")
+    if taskset is None:
+        pytest.skip("taskset (util-linux) is not installed")
+    busy = subprocess.Popen([taskset, "-c", cpu, sys.executable, "-c", "while True: pass"])
+    try:
+        assert _run(program, cpu, 1, "lately", "1") == [0, 1]
+        assert _run(program, cpu, 1, "lately", "0") == [0, 0]
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 def test_threads_sharing_one_cpu_are_found_slow(program):

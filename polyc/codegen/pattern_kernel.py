@@ -221,21 +221,24 @@ static POLYC_UNUSED int polyc_runnable_beyond(int nthr)
 }
 
 /* Whether other processes crowd the machine lately: the machine is looked at at most every
-   50 ms, and counts as crowded once three looks in a row found it so.  A look reads
-   /proc/loadavg (6 us), and /proc's thread states (40 us) only when the first allows crowding
-   (on an idle machine numpy's spinning threads make it so): calls 1 ms apart that looked every
-   10 ms had a p90 0.1 ms longer on an idle machine.  One look is not enough: on two cores, any
-   thread that is runnable for a moment (a kernel worker) makes the machine look crowded, and
-   idle calls of sgemm 256 went to the pool in turn with OpenMP, whose threads met each other
-   (p90 0.31 instead of 0.19 ms).  Unknown counts as not crowded. */
+   50 ms, and counts as crowded once three looks in a row found it so, or once a call's thread
+   was kept from running for milliseconds while it was so (polyc_threads_after).  A look reads
+   /proc/loadavg (6 us), and /proc's thread states only when the first allows crowding (on an
+   idle machine numpy's spinning threads make it so): 40 us on an idle machine, but 0.15-0.3 ms
+   beside a busy process, so a crowded machine is looked at every 0.5 s only (every 50 ms, one
+   call in 40 of sgemm 256 took 0.2 ms longer).  Calls 1 ms apart that looked every 10 ms had a
+   p90 0.1 ms longer on an idle machine.  One look is not enough: on two cores, any thread that
+   is runnable for a moment (a kernel worker) makes the machine look crowded, and idle calls of
+   sgemm 256 went to the pool in turn with OpenMP, whose threads met each other (p90 0.31
+   instead of 0.19 ms).  Unknown counts as not crowded. */
 static POLYC_UNUSED int polyc_machine_crowded_lately(int nthr)
 {
     polyc_threads_t *s = polyc_threads_record();
     const int64_t now = (int64_t)(1e9 * polyc_clock(CLOCK_MONOTONIC));
-    if (now - __atomic_load_n(&s->crowd_checked, __ATOMIC_RELAXED) > 50000000) {
+    const int crowded = __atomic_load_n(&s->crowded, __ATOMIC_RELAXED);
+    if (now - __atomic_load_n(&s->crowd_checked, __ATOMIC_RELAXED) > (crowded >= 3 ? 500000000 : 50000000)) {
         __atomic_store_n(&s->crowd_checked, now, __ATOMIC_RELAXED);
-        const int looks = polyc_runnable_beyond(nthr) && polyc_machine_load(nthr) > 0
-                          ? __atomic_load_n(&s->crowded, __ATOMIC_RELAXED) + 1 : 0;
+        const int looks = polyc_runnable_beyond(nthr) && polyc_machine_load(nthr) > 0 ? crowded + 1 : 0;
         __atomic_store_n(&s->crowded, looks < 3 ? looks : 3, __ATOMIC_RELAXED);
     }
     return __atomic_load_n(&s->crowded, __ATOMIC_RELAXED) >= 3;
@@ -269,7 +272,13 @@ static POLYC_UNUSED void polyc_threads_note(int nthr, int most, int slow)
 /* After a region of `nthr` threads (out of `most`) of which `slow` were kept waiting. */
 static POLYC_UNUSED void polyc_threads_after(int nthr, int most, int slow)
 {
-    polyc_threads_note(nthr, most, slow > 0 && polyc_machine_crowded(nthr) ? slow : 0);
+    const int crowded = slow > 0 && polyc_machine_crowded(nthr);
+    polyc_threads_note(nthr, most, crowded ? slow : 0);
+    if (crowded) {  /* the evidence of three looks: kernels that can move to the pool do so now */
+        polyc_threads_t *s = polyc_threads_record();
+        __atomic_store_n(&s->crowd_checked, (int64_t)(1e9 * polyc_clock(CLOCK_MONOTONIC)), __ATOMIC_RELAXED);
+        __atomic_store_n(&s->crowded, 3, __ATOMIC_RELAXED);
+    }
 }
 #endif
 """

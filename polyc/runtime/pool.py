@@ -18,19 +18,24 @@ encoder's products ran on the pool, 2.6x slower.
 
 How helpers are kept ready (measured beside a spinning process, calls 1 ms apart, 2 cores):
 
-* A helper never shares the caller's processor: before it waits for the next job, it takes that
-  processor out of its affinity mask (when it may run elsewhere).  A woken helper was otherwise
-  placed on the caller's processor in most calls, next to the thread it should run beside (it
-  did a ticket in 0-1% of calls; with this, 94%).
+* A helper never shares the caller's processor: before a job, the caller takes its processor
+  out of the helpers' affinity masks (when they may run elsewhere; a system call per helper,
+  only when the caller has moved since the last job).  A woken helper was otherwise placed on
+  the caller's processor in most calls, next to the thread it should run beside (it did a
+  ticket in 0-1% of calls; with this, 94%).  Done by each helper before it waited, with the
+  processor of the last job's caller, it missed runs of calls after the caller had moved.
 * A helper asks the scheduler for short slices (``sched_setattr``'s ``sched_runtime``, 100 us:
   Linux 6.12 and later let a waking task with a shorter slice preempt the running one): its
   missed calls went from 6% to 1%, and sgemm 256's p90 beside a busy process from 0.20-0.32 ms
   to 0.19-0.25 ms.  Older kernels ignore it.
 * After a job a helper spins for up to 3 ms (the next call of a sequence finds it running),
-  except when it was kept off its processor for over 0.5 ms in the last 0.1 s: a machine with
-  other work then gets the processor back at once, and the helper, asleep, is woken by the next
-  call, which (unlike a spinning thread that used up its share) preempts the other process.
-  Spinning while busy, it missed 15% of calls; yielding instead of spinning, 70%.
+  except for a while after it was kept off its processor for over 0.5 ms as it spun: a machine
+  with other work then gets the processor back at once, and the helper, asleep, is woken by the
+  next call, which (unlike a spinning thread that used up its share) preempts the other
+  process.  Spinning while busy, it missed 15% of calls; yielding instead of spinning, 70%.
+  That while is 0.1 s, doubled up to 1.6 s while each try at spinning is kept off again: with
+  0.1 s, each try cost two or three calls in a row, about one call in 25 of sgemm 256 beside a
+  busy process.  Helpers are named ``polyc-pool`` (``top -H``, ``/proc``).
 * The caller waits for a helper's ticket spinning, yielding its processor only after 1 ms:
   yielding at once gave it to the busy process for a whole slice (sgemm 256: 2.9 ms).
 
@@ -65,7 +70,9 @@ typedef void (*polyc_pool_task_t)(void *context, int64_t ticket, int worker);
 #define POLYC_POOL_MOST 1024            /* helpers at most */
 #define POLYC_POOL_SPIN 3e-3            /* seconds a helper spins after a job */
 #define POLYC_POOL_KEPT_OFF 0.5e-3      /* a gap this long in the spinning: another task ran */
-#define POLYC_POOL_CROWDED 0.1          /* seconds a helper sleeps at once after such a gap */
+#define POLYC_POOL_CROWDED 0.1          /* seconds a helper sleeps at once after such a gap, */
+#define POLYC_POOL_CROWDED_MOST 1.6     /* doubled up to this while each try of spinning meets one */
+#define POLYC_POOL_UNDISTURBED 0.02     /* seconds of spinning with no gap that end such periods */
 #define POLYC_POOL_SLICE_NS 100000      /* the scheduler slice helpers ask for */
 
 typedef struct { polyc_pool_task_t task; void *context; int64_t tickets; int workers; } polyc_pool_job_t;
@@ -76,7 +83,9 @@ static struct {
     int sleepers;               /* helpers asleep on `published` */
     int64_t done;               /* tickets of the current job done */
     polyc_pool_job_t jobs[2];   /* generation g in jobs[g & 1] */
-    int caller_cpu;             /* the processor of the thread that published the last job */
+    int avoided_cpu;            /* the processor kept out of the helpers' masks (-1: none) */
+    cpu_set_t allowed;          /* the processors helpers may use (their creator's) */
+    pid_t tids[POLYC_POOL_MOST + 1];  /* per helper: its thread id, once it runs */
     int helpers;                /* started */
     int held;                   /* tests: helpers take no tickets */
     int seen_at_start[POLYC_POOL_MOST + 1];  /* per helper: the last job before it was made (the
@@ -84,7 +93,7 @@ static struct {
     int64_t jobs_run, helper_tickets;
     pthread_mutex_t calling;    /* one job at a time; another caller runs its job alone */
     pthread_mutex_t starting;
-} polyc_pool = {.calling = PTHREAD_MUTEX_INITIALIZER, .starting = PTHREAD_MUTEX_INITIALIZER};
+} polyc_pool = {.avoided_cpu = -1, .calling = PTHREAD_MUTEX_INITIALIZER, .starting = PTHREAD_MUTEX_INITIALIZER};
 
 static double polyc_pool_now(void)
 {
@@ -151,45 +160,98 @@ static void polyc_pool_short_slices(void)
     syscall(SYS_sched_setattr, 0, &attr, 0);  /* an older kernel refuses or ignores it: no matter */
 }
 
-/* Keeps this helper off processor `cpu` when its mask `allowed` leaves it another one. */
-static void polyc_pool_avoid(const cpu_set_t *allowed, int cpu, int *avoided)
+/* Keeps helper thread `tid` off processor `cpu` when the helpers' mask leaves it another one. */
+static void polyc_pool_avoid(pid_t tid, int cpu)
 {
-    if (cpu == *avoided || cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, allowed) || CPU_COUNT(allowed) < 2)
+    const cpu_set_t *allowed = &polyc_pool.allowed;
+    if (tid == 0 || cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, allowed) || CPU_COUNT(allowed) < 2)
         return;
     cpu_set_t others = *allowed;
     CPU_CLR(cpu, &others);
-    if (sched_setaffinity(0, sizeof others, &others) == 0)
-        *avoided = cpu;
+    sched_setaffinity(tid, sizeof others, &others);  /* refused: the helper may meet the caller */
+}
+
+/* Before a job: the helpers' masks leave out the caller's processor.  Placed there, a woken
+   helper waits beside the thread it should run with (it did a ticket in 0-1% of calls beside a
+   busy process; kept off, 94%).  The caller moves between processors now and then (between a
+   benchmark's blocks of calls): done when it has moved, a system call per helper. */
+static void polyc_pool_keep_off(int cpu, int helpers)
+{
+    if (cpu == __atomic_load_n(&polyc_pool.avoided_cpu, __ATOMIC_RELAXED))
+        return;
+    __atomic_store_n(&polyc_pool.avoided_cpu, cpu, __ATOMIC_RELAXED);
+    for (int worker = 1; worker <= helpers; worker++)
+        polyc_pool_avoid(__atomic_load_n(&polyc_pool.tids[worker], __ATOMIC_ACQUIRE), cpu);
+}
+
+/* Whether a helper spins after its jobs.  Kept off its processor for a while as it spins,
+   it sleeps after its jobs for `period` seconds (until `until`).  The period doubles each time
+   the spinning after it meets such a gap again, up to POLYC_POOL_CROWDED_MOST, and is set back
+   once the helper has spun POLYC_POOL_UNDISTURBED seconds undisturbed: beside a busy process,
+   each try at spinning lost the processor for a slice, and the helper the calls of that slice
+   (two or three in a row, every 0.1 s with a fixed period), but often only after spinning
+   through a call or two. */
+typedef struct { double until, period, undisturbed; } polyc_pool_spinning_t;
+
+static void polyc_pool_kept_off(polyc_pool_spinning_t *spinning, double now)
+{
+    const double twice = 2 * spinning->period;
+    spinning->period = spinning->undisturbed >= POLYC_POOL_UNDISTURBED ? POLYC_POOL_CROWDED
+                       : twice < POLYC_POOL_CROWDED_MOST ? twice : POLYC_POOL_CROWDED_MOST;
+    spinning->until = now + spinning->period;
+    spinning->undisturbed = 0;
+}
+
+/* After a wait that spun from `since` to `now`, with no gap when `gap` is 0. */
+static void polyc_pool_spun(polyc_pool_spinning_t *spinning, double since, double now, int gap)
+{
+    if (since >= 0 && !gap)
+        spinning->undisturbed += now - since;
 }
 
 static void *polyc_pool_helper(void *argument)
 {
     const int worker = (int)(intptr_t)argument;
     int seen = polyc_pool.seen_at_start[worker], now_published;
-    cpu_set_t allowed;
-    const int own_mask = sched_getaffinity(0, sizeof allowed, &allowed) == 0;
-    int avoided = -1;
+    const pid_t tid = (pid_t)syscall(SYS_gettid);
+    pthread_setname_np(pthread_self(), "polyc-pool");  /* as top -H and /proc show it */
+    __atomic_store_n(&polyc_pool.tids[worker], tid, __ATOMIC_RELEASE);
+    polyc_pool_avoid(tid, __atomic_load_n(&polyc_pool.avoided_cpu, __ATOMIC_RELAXED));
     polyc_pool_short_slices();
-    double crowded_until = 0;
+    polyc_pool_spinning_t spinning = {-1, POLYC_POOL_CROWDED, POLYC_POOL_UNDISTURBED};
     for (;;) {
-        if (own_mask)
-            polyc_pool_avoid(&allowed, __atomic_load_n(&polyc_pool.caller_cpu, __ATOMIC_RELAXED), &avoided);
         const double idle_since = polyc_pool_now();
         double last = idle_since;
+        double spun_since = -1;  /* the start of this wait's spinning, if it spun */
+        int gap = 0;
         while ((now_published = __atomic_load_n(&polyc_pool.published, __ATOMIC_ACQUIRE)) == seen) {
             const double now = polyc_pool_now();
-            if (now - last > POLYC_POOL_KEPT_OFF)
-                crowded_until = now + POLYC_POOL_CROWDED;
+            if (now - last > POLYC_POOL_KEPT_OFF) {
+                polyc_pool_kept_off(&spinning, now);
+                gap = 1;
+            }
             last = now;
-            if (now - idle_since < POLYC_POOL_SPIN && now >= crowded_until) {
+            if (now - idle_since < POLYC_POOL_SPIN && now >= spinning.until) {
+                if (spun_since < 0)
+                    spun_since = now;
                 polyc_pool_pause();
                 continue;
             }
+            polyc_pool_spun(&spinning, spun_since, now, gap);
+            spun_since = -1;
             __atomic_add_fetch(&polyc_pool.sleepers, 1, __ATOMIC_SEQ_CST);
             syscall(SYS_futex, &polyc_pool.published, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
             __atomic_sub_fetch(&polyc_pool.sleepers, 1, __ATOMIC_SEQ_CST);
             last = polyc_pool_now();  /* asleep is not kept off */
         }
+        /* Kept off while spinning, it may find the job only when it runs again: that gap counts
+           too (missed, it kept spinning and missed the next calls in a row). */
+        const double now = polyc_pool_now();
+        if (now - last > POLYC_POOL_KEPT_OFF) {
+            polyc_pool_kept_off(&spinning, now);
+            gap = 1;
+        }
+        polyc_pool_spun(&spinning, spun_since, now, gap);
         seen = now_published;
         while (__atomic_load_n(&polyc_pool.held, __ATOMIC_ACQUIRE))  /* tests: as if not yet started */
             usleep(200);
@@ -203,6 +265,8 @@ static void polyc_pool_after_fork(void)
 {
     polyc_pool.helpers = 0;
     polyc_pool.sleepers = 0;
+    polyc_pool.avoided_cpu = -1;
+    memset(polyc_pool.tids, 0, sizeof polyc_pool.tids);
     pthread_mutex_init(&polyc_pool.calling, NULL);
     pthread_mutex_init(&polyc_pool.starting, NULL);
 }
@@ -213,6 +277,9 @@ static void polyc_pool_start(int helpers)
     pthread_mutex_lock(&polyc_pool.starting);
     if (!registered)
         registered = pthread_atfork(NULL, NULL, polyc_pool_after_fork) == 0;
+    if (__atomic_load_n(&polyc_pool.helpers, __ATOMIC_RELAXED) == 0
+        && pthread_getaffinity_np(pthread_self(), sizeof polyc_pool.allowed, &polyc_pool.allowed) != 0)
+        CPU_ZERO(&polyc_pool.allowed);  /* unknown: helpers are left where the scheduler puts them */
     while (__atomic_load_n(&polyc_pool.helpers, __ATOMIC_RELAXED) < helpers) {
         pthread_t thread;
         pthread_attr_t attributes;
@@ -242,7 +309,7 @@ void polyc_pool_run_v1(polyc_pool_task_t task, void *context, int64_t tickets, i
     }
     if (__atomic_load_n(&polyc_pool.helpers, __ATOMIC_ACQUIRE) < workers - 1)
         polyc_pool_start(workers - 1);
-    __atomic_store_n(&polyc_pool.caller_cpu, sched_getcpu(), __ATOMIC_RELAXED);
+    polyc_pool_keep_off(sched_getcpu(), workers - 1);
     const uint32_t generation = (uint32_t)(__atomic_load_n(&polyc_pool.next, __ATOMIC_RELAXED) >> 32) + 1;
     polyc_pool_job_t *job = &polyc_pool.jobs[generation & 1];
     job->task = task;

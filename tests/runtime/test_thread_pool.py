@@ -158,3 +158,38 @@ def test_calls_move_to_the_pool_while_other_processes_crowd_the_machine(kernel_d
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
+
+
+def _helper_processors() -> list[set[int]]:
+    """The processors each of this process's pool helpers may run on."""
+    helpers = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                if comm.read().strip() != "polyc-pool":
+                    continue
+            helpers.append(os.sched_getaffinity(int(task)))
+        except OSError:  # the thread ended meanwhile
+            continue
+    return helpers
+
+
+def test_helpers_keep_off_the_callers_processor_wherever_it_moves(products):
+    """A helper placed on the calling thread's processor waits beside the thread it should run
+    with: before each job the helpers' masks leave that processor out, also after the caller
+    has moved to another one."""
+    call, expected = products["columns"]
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        pytest.skip("this process may use one processor only")
+    first, second = sorted(allowed)[:2]
+    try:
+        for cpu, other in ((first, second), (second, first)):
+            os.sched_setaffinity(0, {cpu})  # this thread only
+            np.testing.assert_allclose(call(), expected, rtol=1e-4)
+            helpers = _helper_processors()
+            assert helpers, "no helper threads named polyc-pool"
+            for processors in helpers:
+                assert cpu not in processors and other in processors, (cpu, processors)
+    finally:
+        os.sched_setaffinity(0, allowed)
