@@ -8,6 +8,7 @@ waiting half the time) and on an uncrowded one.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -147,19 +148,26 @@ def test_three_spinning_threads_crowd_two_cpus_and_two_do_not(program):
         assert [0] in answers, answers
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="no /proc (not Linux)")
-def test_other_processes_crowd_the_machine_and_this_ones_threads_do_not(program):
-    cpu = str(sorted(os.sched_getaffinity(0))[0])
+@contextlib.contextmanager
+def _busy_process_on(cpu: str):
+    """A process spinning on processor `cpu` for the duration of the block."""
     taskset = shutil.which("taskset")
     if taskset is None:
         pytest.skip("taskset (util-linux) is not installed")
-    # A busy process on the CPU: a one-thread team there is crowded.
     busy = subprocess.Popen([taskset, "-c", cpu, sys.executable, "-c", "while True: pass"])
     try:
-        assert _run(program, cpu, 1, "crowded", "1") == [1]
+        yield
     finally:
         busy.kill()
         busy.wait()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="no /proc (not Linux)")
+def test_other_processes_crowd_the_machine_and_this_ones_threads_do_not(program):
+    cpu = str(sorted(os.sched_getaffinity(0))[0])
+    # A busy process on the CPU: a one-thread team there is crowded.
+    with _busy_process_on(cpu):
+        assert _run(program, cpu, 1, "crowded", "1") == [1]
     if os.getloadavg()[0] > 0.5:
         pytest.skip(f"the machine is busy (load {os.getloadavg()[0]:.2f}): other processes may take the CPU")
     # Three spinning threads of this process (as OpenBLAS's idle threads spin after a numpy call)
@@ -175,16 +183,9 @@ def test_a_slow_call_on_a_crowded_machine_moves_calls_to_the_pool_at_once(progra
     to the pool (the 150 ms of OpenMP calls before cost sgemm 256 its busy p90).  A call with no
     slow thread changes nothing."""
     cpu = str(sorted(os.sched_getaffinity(0))[0])
-    taskset = shutil.which("taskset")
-    if taskset is None:
-        pytest.skip("taskset (util-linux) is not installed")
-    busy = subprocess.Popen([taskset, "-c", cpu, sys.executable, "-c", "while True: pass"])
-    try:
+    with _busy_process_on(cpu):
         assert _run(program, cpu, 1, "lately", "1") == [0, 1]
         assert _run(program, cpu, 1, "lately", "0") == [0, 0]
-    finally:
-        busy.kill()
-        busy.wait()
 
 
 def test_threads_sharing_one_cpu_are_found_slow(program):
