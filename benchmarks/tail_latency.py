@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 import polyc
+from polyc.runtime.compiler import CompilerOptions
 
 SGEMM = "def sgemm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
 MLP = """def mlp1(float(B, M) I, float(M, N) W1, float(N) B1) -> (O1) {
@@ -70,8 +71,10 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "tail_latency.json")
     args = parser.parse_args(argv)
     machine = polyc.tune.this_machine()
-    print(f"machine: {machine.describe()}; load {os.getloadavg()[0]:.2f}")
-    results = {"machine": machine.to_json(), "calls": args.calls, "settings": {}}
+    # The C flags belong to the figures ($POLYC_CFLAGS can build AVX2 code on an AVX-512 machine).
+    flags = " ".join(CompilerOptions().flags)
+    print(f"machine: {machine.describe()}; load {os.getloadavg()[0]:.2f}\nC flags: {flags}")
+    results = {"machine": machine.to_json(), "cflags": flags, "calls": args.calls, "settings": {}}
     all_cases = cases(np.random.default_rng(0))
     for setting in ("idle", "one busy process"):
         busy = None
