@@ -213,11 +213,26 @@ def blas_info() -> dict:
                 "blas": config.get("Build Dependencies", {}).get("blas")}
 
 
+def numpy_blas(libraries: list[dict]) -> dict | None:
+    """numpy's own BLAS among the loaded ones (threadpoolctl's entries).  scipy's wheels bring
+    an OpenBLAS of their own, listed first once scipy was imported before numpy's was loaded:
+    numpy's is the one shipped in its own directories (``numpy.libs`` in a wheel); a BLAS
+    installed elsewhere (conda, Debian) is the first listed."""
+    blas = [library for library in libraries if library.get("user_api") == "blas"]
+    numpy_dir = Path(np.__file__).resolve().parent
+    homes = (numpy_dir, numpy_dir.with_name(numpy_dir.name + ".libs"))
+    for library in blas:
+        path = Path(library.get("filepath", "")).resolve()
+        if any(path.is_relative_to(home) for home in homes):
+            return library
+    return blas[0] if blas else None
+
+
 def blas_summary(info: dict) -> str:
-    for library in info.get("libraries", []):
-        if library.get("user_api") == "blas":
-            return (f"{library.get('internal_api')} {library.get('version')}, kernel "
-                    f"{library.get('architecture')}, {library.get('num_threads')} threads")
+    library = numpy_blas(info.get("libraries", []))
+    if library is not None:
+        return (f"{library.get('internal_api')} {library.get('version')}, kernel "
+                f"{library.get('architecture')}, {library.get('num_threads')} threads")
     blas = info.get("blas") or {}
     return f"{blas.get('name', 'unknown BLAS')} {blas.get('version', '')} (kernel unknown)"
 

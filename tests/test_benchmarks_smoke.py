@@ -61,3 +61,20 @@ def test_onnx_operators_benchmark_checks_and_writes_json(tmp_path):
     assert names == ["TopK", "TopK", "NonMaxSuppression", "NonZero", "CumSum"]
     for case in results["cases"]:
         assert case["ok"] and case["median"]["polyc"] > 0 and case["median"]["onnxruntime"] > 0
+
+
+def test_the_blas_line_names_numpys_blas_when_scipy_brought_another():
+    # scipy's wheels load an OpenBLAS of their own; listed first, it was once reported as numpy's.
+    import numpy as np
+
+    from benchmarks.run import blas_summary
+    numpy_libs = Path(np.__file__).resolve().parent.with_name("numpy.libs")
+    scipy_libs = Path(np.__file__).resolve().parent.with_name("scipy.libs")
+    libraries = [{"user_api": "blas", "internal_api": "openblas", "version": "0.3.30", "architecture": "Haswell",
+                  "num_threads": 2, "filepath": str(scipy_libs / "libscipy_openblas.so")},
+                 {"user_api": "blas", "internal_api": "openblas", "version": "0.3.31", "architecture": "SkylakeX",
+                  "num_threads": 2, "filepath": str(numpy_libs / "libscipy_openblas64_.so")}]
+    assert blas_summary({"libraries": libraries}) == "openblas 0.3.31, kernel SkylakeX, 2 threads"
+    # A BLAS installed outside numpy's directories (conda, Debian): the first listed.
+    elsewhere = [dict(library, filepath=f"/usr/lib/libopenblas{n}.so") for n, library in enumerate(libraries)]
+    assert blas_summary({"libraries": elsewhere}) == "openblas 0.3.30, kernel Haswell, 2 threads"
