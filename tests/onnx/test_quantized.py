@@ -1,9 +1,19 @@
 """The quantized operators: QuantizeLinear and DequantizeLinear (per tensor, per axis, in
 blocks), MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv, and the dynamically quantized linear layer that
 onnxruntime's ``quantize_dynamic`` writes (DynamicQuantizeLinear, an ONNX function, feeding
-MatMulInteger).  Against onnxruntime, and against onnx's reference where its rounding is
-the definition."""
+MatMulInteger).
+
+Every result is checked against an exact reference: onnx's ``ReferenceEvaluator`` (integer
+arithmetic and ONNX's rounding are its definition) or integer arithmetic in numpy.  onnxruntime is
+a second witness only where it computes exactly.  Its u8 x s8 kernels on x86 processors without
+VNNI multiply pairs with ``vpmaddubsw``, whose 16-bit sums saturate (onnxruntime's quantization
+guide recommends ``reduce_range`` for them), so full-range s8 weights are compared with
+onnxruntime only where :func:`onnxruntime_multiplies_u8_by_s8_exactly` finds it exact; weights in
+7 bits, as ``reduce_range`` makes them, cannot saturate (2 x 255 x 64 < 2^15) and are compared
+everywhere."""
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
@@ -29,6 +39,32 @@ def model_of(nodes, inputs: dict, outputs, initializers=(), opset: int = 21):
     del model.graph.output[:]
     model.graph.output.extend(inferred.graph.output)
     return model
+
+
+@functools.cache
+def onnxruntime_multiplies_u8_by_s8_exactly() -> bool:
+    """Whether this machine's onnxruntime computes u8 x s8 products exactly.  Measured, not guessed
+    from the processor's name: a product in which every pair of terms is 255 x -128 saturates
+    wherever onnxruntime sums pairs in 16 bits, and is exact on VNNI (``vpdpbusd``) and AMX."""
+    a = np.full((2, 64), 255, np.uint8)
+    w = np.full((64, 4), -128, np.int8)
+    model = model_of([helper.make_node("MatMulInteger", ["a", "w"], ["y"])], {"a": a}, ["y"], {"w": w})
+    (theirs,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a})
+    return bool(np.array_equal(theirs, a.astype(np.int64) @ w.astype(np.int64)))
+
+
+def needs_exact_u8s8_in_onnxruntime():
+    if not onnxruntime_multiplies_u8_by_s8_exactly():
+        pytest.skip("onnxruntime's u8 x s8 kernels saturate on this processor (16-bit pair sums, no VNNI): "
+                    "full-range s8 weights are checked against onnx's reference only")
+
+
+def one_step_off(result: np.ndarray) -> np.ndarray:
+    """``result`` with one element moved by one quantization step (the negative control)."""
+    perturbed = result.copy()
+    flat = perturbed.reshape(-1)
+    flat[flat.size // 2] += 1 if flat[flat.size // 2] < np.iinfo(flat.dtype).max else -1
+    return perturbed
 
 
 def all_three(model, feeds):
@@ -111,13 +147,18 @@ def test_qlinear_matmul_as_onnx_defines_it():
     assert np.abs(ours.astype(int) - theirs).max() <= 1  # onnxruntime scales in float32
 
 
-def test_a_dynamically_quantized_linear_layer_against_onnxruntime():
-    # What onnxruntime.quantization.quantize_dynamic makes of x @ W + b.
+WEIGHT_BITS = pytest.mark.parametrize("weight_bits", [8, 7], ids=["s8-weights", "7-bit-weights"])
+
+
+def dynamically_quantized_linear_layer(weight_bits: int):
+    """What onnxruntime.quantization.quantize_dynamic makes of x @ W + b (with
+    ``reduce_range=True`` when ``weight_bits`` is 7), its feed and its float weights."""
     rng = np.random.default_rng(4)
     x = rng.standard_normal((8, 32)).astype(np.float32)
     weights = rng.standard_normal((32, 16)).astype(np.float32)
-    w_scale = np.float32(np.abs(weights).max() / 127)
-    w_q = np.clip(np.rint(weights / w_scale), -127, 127).astype(np.int8)
+    largest = 2 ** (weight_bits - 1) - 1
+    w_scale = np.float32(np.abs(weights).max() / largest)
+    w_q = np.clip(np.rint(weights / w_scale), -largest, largest).astype(np.int8)
     nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "x_scale", "x_zero"]),
              helper.make_node("MatMulInteger", ["xq", "w_q", "x_zero", "w_zero"], ["acc"]),
              helper.make_node("Cast", ["acc"], ["acc_f"], to=onnx.TensorProto.FLOAT),
@@ -126,27 +167,79 @@ def test_a_dynamically_quantized_linear_layer_against_onnxruntime():
              helper.make_node("Add", ["product", "bias"], ["y"])]
     model = model_of(nodes, {"x": x}, ["y"], {"w_q": w_q, "w_zero": np.array(0, np.int8),
                                              "w_scale": np.array(w_scale), "bias": np.ones(16, np.float32)})
-    (ours,), (theirs,), _ = all_three(model, {"x": x})
-    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(ours, x @ weights + 1, rtol=0, atol=0.3)  # quantization's own error
+    return model, x, weights, w_scale
 
 
-@pytest.mark.parametrize("group", [1, 4])
-def test_qlinear_conv_per_channel_strided_padded(group):
-    # A strided, padded convolution (depthwise when group is 4) with a scale per output channel
-    # and a bias: exactly onnx's reference, within one step of onnxruntime's float32 scaling.
+def float_epilogue_tolerance(reference: np.ndarray, bias: float = 1.0) -> float:
+    """How far two correct evaluations of ``float(acc) * scale + bias`` may differ: each of its two
+    float32 roundings (or one, where it is fused into an fma) is within half an ulp of the largest
+    product.  One quantization step of the product is some thousand times more."""
+    return float(2 * np.finfo(np.float32).eps * np.abs(reference - bias).max())
+
+
+@WEIGHT_BITS
+def test_a_dynamically_quantized_linear_layer_against_onnx_reference(weight_bits):
+    model, x, weights, w_scale = dynamically_quantized_linear_layer(weight_bits)
+    ours, _, reference = all_three(model, {"x": x})
+    (ours,), (reference,) = ours, reference
+    tolerance = float_epilogue_tolerance(reference)
+    np.testing.assert_allclose(ours, reference, rtol=0, atol=tolerance)
+    # Negative control: one step of the integer product (x_scale * w_scale) more in one element fails.
+    x_scale = np.float32((max(x.max(), 0) - min(x.min(), 0)) / 255)
+    moved = ours.copy()
+    moved[3, 5] += x_scale * w_scale
+    with pytest.raises(AssertionError):
+        np.testing.assert_allclose(moved, reference, rtol=0, atol=tolerance)
+    # Quantization's own error: each term of x @ W is off by at most half a step of x times |W|,
+    # half a step of W times |x|, and the product of the two half steps.
+    bound = (np.abs(x) @ np.full_like(weights, w_scale / 2) + x_scale / 2 * np.abs(weights).sum(axis=0)
+             + x.shape[1] * x_scale * w_scale / 4)
+    assert np.all(np.abs(ours - (x @ weights + 1)) <= bound + tolerance)
+
+
+@WEIGHT_BITS
+def test_a_dynamically_quantized_linear_layer_against_onnxruntime(weight_bits):
+    if weight_bits == 8:
+        needs_exact_u8s8_in_onnxruntime()
+    model, x, _, _ = dynamically_quantized_linear_layer(weight_bits)
+    (ours,), (theirs,), (reference,) = all_three(model, {"x": x})
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=float_epilogue_tolerance(reference))
+
+
+def strided_padded_qlinear_conv(group: int, weight_bits: int):
+    """A strided, padded convolution (depthwise when group is 4) with a scale per output channel
+    and a bias, its weights full-range s8 or in 7 bits, and its feed."""
     rng = np.random.default_rng(5)
     x = rng.integers(0, 256, (2, 4, 9, 9)).astype(np.uint8)
-    w = rng.integers(-127, 128, (8, 4 // group, 3, 3)).astype(np.int8)
+    largest = 2 ** (weight_bits - 1) - 1
+    w = rng.integers(-largest - (weight_bits == 7), largest + 1, (8, 4 // group, 3, 3)).astype(np.int8)
     params = {"x_scale": np.array(0.05, np.float32), "x_zero": np.array(128, np.uint8), "w": w,
               "w_scale": rng.uniform(0.002, 0.01, 8).astype(np.float32), "w_zero": np.zeros(8, np.int8),
               "y_scale": np.array(0.2, np.float32), "y_zero": np.array(90, np.uint8),
               "bias": rng.integers(-500, 500, 8).astype(np.int32)}
     node = helper.make_node("QLinearConv", ["x", "x_scale", "x_zero", "w", "w_scale", "w_zero", "y_scale", "y_zero",
                                             "bias"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1], group=group)
-    model = model_of([node], {"x": x}, ["y"], params)
-    (ours,), (theirs,), (reference,) = all_three(model, {"x": x})
+    return model_of([node], {"x": x}, ["y"], params), x
+
+
+@WEIGHT_BITS
+@pytest.mark.parametrize("group", [1, 4])
+def test_qlinear_conv_per_channel_strided_padded_against_onnx_reference(group, weight_bits):
+    model, x = strided_padded_qlinear_conv(group, weight_bits)
+    (ours,), _, (reference,) = all_three(model, {"x": x})
     np.testing.assert_array_equal(ours, reference)
+    with pytest.raises(AssertionError):  # negative control: one step off in one element fails
+        np.testing.assert_array_equal(one_step_off(ours), reference)
+
+
+@WEIGHT_BITS
+@pytest.mark.parametrize("group", [1, 4])
+def test_qlinear_conv_per_channel_strided_padded_against_onnxruntime(group, weight_bits):
+    # Within one step of onnxruntime, which scales the int32 sums in float32.
+    if weight_bits == 8:
+        needs_exact_u8s8_in_onnxruntime()
+    model, x = strided_padded_qlinear_conv(group, weight_bits)
+    (ours,), (theirs,), _ = all_three(model, {"x": x})
     assert np.abs(ours.astype(int) - theirs).max() <= 1
 
 
