@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,35 +20,26 @@ from typing import Iterable, Mapping
 import islpy as isl
 import numpy as np
 
-from polyc.codegen.c import GeneratedKernel, generate_c
-from polyc.codegen.conv import generate_conv
-from polyc.codegen.gemm import STATUS_OUT_OF_MEMORY, generate_gemm, packing_programs
-from polyc.codegen.gemv import generate_gemv
-from polyc.codegen.link import link_segments
-from polyc.codegen.pointwise_depthwise import generate_pointwise_depthwise
-from polyc.codegen.gpu import GpuKernelSource, generate_gpu
+from polyc.codegen.c import GeneratedKernel
+from polyc.codegen.gemm import STATUS_OUT_OF_MEMORY
+from polyc.codegen.gpu import GpuKernelSource
 from polyc.errors import BoundsError, PolycError
 from polyc.ir.dependences import Dependences, compute_dependences
 from polyc.ir.model import PolyProgram, build_program
 from polyc.lang.checked import CheckedDef
-from polyc.options import GPU_BACKENDS, Options
+from polyc.options import Options
+from polyc.paths import KernelPath, PathRequest, choose_path, gpu_mapping
 from polyc.runtime import CompilerOptions, get_function, get_or_build, load_library
 from polyc.runtime import arguments
 from polyc.runtime.arguments import BoundCall
 from polyc.runtime.cache import find_request, remember_request, request_key
 from polyc.runtime.compiler import LANGUAGE_FLAGS
-from polyc.schedule.contraction import Contraction, recognise_gemm_def, worth_a_gemm_kernel
-from polyc.schedule.convolution import Convolution, PointwiseDepthwise, recognise_conv_def, \
-    recognise_pointwise_depthwise_def
+from polyc.schedule.contraction import Contraction
+from polyc.schedule.convolution import Convolution
 from polyc.schedule import tiling
-from polyc.schedule.gpu_device import DEFAULT_DEVICE, DeviceModel, named_device
-from polyc.schedule.gpu_mapping import GpuPlan, MappingOptions, map_to_gpu
-from polyc.schedule.gpu_promotion import DEFAULT_MAX_SHARED_BYTES
-from polyc.schedule.outer_fusion import fuse_outer_loops
+from polyc.schedule.gpu_mapping import GpuPlan
 from polyc.schedule.packing import PackingProgram
 from polyc.schedule.scheduler import compute_schedule
-from polyc.schedule.segments import plan_segments
-from polyc.schedule.transform import optimize_schedule
 from polyc.tune.records import tuned_options
 
 
@@ -70,6 +60,7 @@ class Stages:
     options: Options | None = None  # the options it was compiled with (tuning records applied)
     gpu: "GpuPlan | None" = None  # for the GPU back ends: the launches and their mapping
     gpu_source: "GpuKernelSource | None" = None  # ... and their code (``kernel.source`` too)
+    path: str = "generic"   # the kernel path that compiled it (polyc.paths.KERNEL_PATHS)
 
     @property
     def mapped_schedule(self) -> isl.Schedule:
@@ -101,128 +92,40 @@ def compile_stages(definition: CheckedDef, options: Options,
     """Run the pipeline up to C source; ``sizes`` specialises it (None: parametric).
 
     The schedule is computed for all sizes (``analysis``, computed here when not given); the
-    sizes then fix the context of tiling decisions and of code generation.  A def that is one
-    tensor contraction (plus elementwise epilogues) gets the BLIS-style kernel of
-    :mod:`polyc.codegen.gemm` (a matrix-vector product that of :mod:`polyc.codegen.gemv`), a
-    def that is one convolution (plus elementwise epilogues) the direct convolution kernel of
-    :mod:`polyc.codegen.conv`; a def with contractions among other statements is compiled in
-    segments (:mod:`polyc.schedule.segments`), each through its own stages, and linked into
-    one kernel.  The whole def's schedules are still computed, for inspection.
+    sizes then fix the context of tiling decisions and of code generation.  The kernel path
+    that compiles the def is the first of :data:`polyc.paths.KERNEL_PATHS` that recognises it
+    (a contraction: the gemm or gemv kernel; a convolution: the Winograd, depthwise or direct
+    kernel; contractions among other statements: segments, each through its own stages; else
+    the generic loop nest).  The whole def's schedules are still computed, for inspection.
     """
     analysis = analysis or analyse(definition, options.fusion)
-    dependences, schedule = analysis.dependences, analysis.schedule
     program = analysis.program
     if options.specialize and sizes is not None:
         program = build_program(definition, sizes, ctx=analysis.program.ctx)
-    if options.backend in GPU_BACKENDS:
-        return compile_gpu_stages(program, dependences, schedule, options)
-    decisions: list = []
-    optimized = optimize_schedule(schedule, program, options, dependences, decisions)
-    contraction = find_blas_contraction(definition, options)
-    if contraction is not None:
-        if contraction.is_matvec:
-            return Stages(program, dependences, schedule, optimized, generate_gemv(program, contraction, options),
-                          contraction, decisions=tuple(decisions), options=options)
-        return Stages(program, dependences, schedule, optimized, generate_gemm(program, contraction, options),
-                      contraction, packing=packing_programs(program, contraction, options),
-                      decisions=tuple(decisions), options=options)
-    convolution = find_convolution(definition, options)
-    if convolution is not None:
-        return Stages(program, dependences, schedule, optimized, generate_conv(program, convolution, options),
-                      convolution=convolution, decisions=tuple(decisions), options=options)
-    chain = find_pointwise_depthwise(definition, options)
-    if chain is not None:
-        return Stages(program, dependences, schedule, optimized, generate_pointwise_depthwise(program, chain, options),
-                      decisions=tuple(decisions), options=options)
-    segments = plan_segments(definition) if _blas_enabled(options) else None
-    if segments is not None:
-        parts = tuple(compile_stages(segment.definition, options, sizes) for segment in segments)
-        size_arguments = () if program.size_values is not None else tuple(definition.sizes)
-        kernel = link_segments(definition.name, definition, [part.kernel for part in parts], size_arguments)
-        return Stages(program, dependences, schedule, optimized, kernel, segments=parts, decisions=tuple(decisions),
-                      options=options)
-    return Stages(program, dependences, schedule, optimized, generate_c(program, optimized, options),
-                  decisions=tuple(decisions), options=options)
+    request = PathRequest(definition, options, program.size_values, program, analysis.dependences,
+                          analysis.schedule, compile_part=lambda part: compile_stages(part, options, sizes))
+    path, match = choose_path(request)
+    return _stages_of(request, path, match)
 
 
 def compile_gpu_stages(program: PolyProgram, dependences: Dependences, schedule: isl.Schedule,
                        options: Options, dialect: str | None = None) -> Stages:
-    """The GPU pipeline: outer loops fused as on the CPU, the tree cut into launches and mapped
-    to blocks and threads (:mod:`polyc.schedule.gpu_mapping`), printed in ``dialect`` (default:
-    the back end's)."""
-    if program.size_values is None:
-        raise PolycError(f"{program.definition.name}: the GPU back ends compile for concrete sizes "
-                         "(specialize=False and sizes=None are not supported)")
-    mapped = schedule
-    if options.fusion != "min":
-        mapped = fuse_outer_loops(schedule, program, dependences, tiling.cache_sizes(options))
-    plan = map_to_gpu(program, mapped, dependences, mapping_options(options, dialect or options.backend))
-    source = generate_gpu(program, plan, options, dialect or options.backend)
-    first = source.launches[0].function_name if source.launches else ""
-    kernel = GeneratedKernel(first, source.source, source.tensor_arguments, ())
-    return Stages(program, dependences, schedule, mapped, kernel, options=options, gpu=plan, gpu_source=source)
+    """The GPU path (:mod:`polyc.paths.gpu_mapping`) for ``program``, printed in ``dialect``
+    (default: the back end's)."""
+    request = PathRequest(program.definition, options, program.size_values, program, dependences, schedule)
+    return _stages_of(request, gpu_mapping.PATH, dialect or options.backend)
 
 
-def mapping_options(options: Options, dialect: str) -> MappingOptions:
-    """The GPU mapping's choices from the user's options and the device's model."""
-    device = gpu_device(options, dialect)
-    if options.block is not None and math.prod(options.block) > device.max_threads_per_block:
-        raise PolycError(f"block {options.block} has {math.prod(options.block)} threads; the {device.name} "
-                         f"allows at most {device.max_threads_per_block} per block")
-    return MappingOptions(block=options.block, grid=options.grid, tile_sizes=options.tile_sizes or None,
-                          unroll=options.unroll, shared_memory=min(shared_memory_budget(options),
-                                                                   device.shared_memory_per_block),
-                          private_memory=options.use_private_memory, double_buffer=options.double_buffer,
-                          registers=device.register_tile,
-                          device=device)
-
-
-def gpu_device(options: Options, dialect: str) -> DeviceModel:
-    """The device model the mapping uses: the named one, else the device this machine runs
-    ``dialect`` on, else the dialect's named default."""
-    if options.device is not None:
-        return named_device(options.device)
-    if dialect not in _QUERIED_DEVICES:
-        from polyc.runtime.gpu import query_device  # the runtime's device queries, imported lazily
-        _QUERIED_DEVICES[dialect] = query_device(dialect) or named_device(DEFAULT_DEVICE[dialect])
-    return _QUERIED_DEVICES[dialect]
-
-
-_QUERIED_DEVICES: dict[str, DeviceModel] = {}
-
-
-def shared_memory_budget(options: Options) -> int:
-    """Bytes of shared memory a GPU launch may use for promoted tiles."""
-    if not options.use_shared_memory:
-        return 0
-    return options.max_shared_memory if options.max_shared_memory is not None else DEFAULT_MAX_SHARED_BYTES
-
-
-def _blas_enabled(options: Options) -> bool:
-    return options.backend == "c" and options.blas_contractions
-
-
-def find_blas_contraction(definition: CheckedDef, options: Options) -> Contraction | None:
-    """The contraction a def is compiled as by the gemm back end, or None for the generic path."""
-    if not _blas_enabled(options):
-        return None
-    contraction = recognise_gemm_def(definition)
-    return contraction if contraction is not None and worth_a_gemm_kernel(contraction) else None
-
-
-def find_convolution(definition: CheckedDef, options: Options) -> Convolution | None:
-    """The convolution a def is compiled as by the direct convolution kernel, or None."""
-    if options.backend != "c" or not options.direct_convolutions:
-        return None
-    return recognise_conv_def(definition)
-
-
-def find_pointwise_depthwise(definition: CheckedDef, options: Options) -> PointwiseDepthwise | None:
-    """The 1 x 1 and depthwise convolutions a def is compiled as by the fused kernel of
-    :mod:`polyc.codegen.pointwise_depthwise`, or None."""
-    if options.backend != "c" or not options.direct_convolutions:
-        return None
-    return recognise_pointwise_depthwise_def(definition)
+def _stages_of(request: PathRequest, path: KernelPath, match) -> Stages:
+    """The stages of ``request``'s def compiled on ``path``."""
+    if path.backends == ("c",):
+        request.optimized_schedule()   # every CPU path keeps the tiled schedule and its decisions, for inspection
+    generated = path.generate(request, match)
+    optimized = generated.schedule if generated.schedule is not None else request.optimized_schedule()
+    return Stages(request.program, request.dependences, request.schedule, optimized, generated.kernel,
+                  generated.contraction, generated.convolution, generated.segments, generated.packing,
+                  decisions=tuple(request.decisions), options=request.options, gpu=generated.gpu,
+                  gpu_source=generated.gpu_source, path=path.name)
 
 
 def compiler_options(options: Options) -> CompilerOptions:

@@ -153,15 +153,11 @@ def block_shape(isa: str, dtype: np.dtype, rf: int) -> BlockShape:
     return BlockShape(isa, rf, lanes, _VECTORS[isa][rf])
 
 
-def generate_conv(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel:
-    """The C translation unit computing ``program`` (one convolution and its epilogues); a
-    channels-last 3 x 3 stride-1 one gets :mod:`polyc.codegen.winograd`'s kernel where the
-    option asks for it and it pays, a channels-last depthwise one :mod:`polyc.codegen.depthwise`'s."""
-    # (these use this module's ISA_GUARDS)
-    from polyc.codegen.depthwise import generate_depthwise
-    from polyc.codegen.winograd import generate_winograd
-    return generate_winograd(program, conv, options) or generate_depthwise(program, conv, options) \
-        or _ConvWriter(program, conv, options).write()
+def generate_direct_conv(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel:
+    """The C translation unit computing ``program`` (one convolution and its epilogues) with the
+    direct convolution kernel.  The Winograd and depthwise kernels, which take convolutions of
+    their own forms, are other kernel paths (:mod:`polyc.paths`)."""
+    return _ConvWriter(program, conv, options).write()
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from polyc.codegen.register_epilogue import RegisterEpilogue
 from polyc.ir.model import PolyProgram
 from polyc.lang import checked as ir
 from polyc.options import Options
-from polyc.schedule.convolution import Convolution, depthwise_channels_last
+from polyc.schedule.convolution import Convolution
 
 #: Outputs along the row per register block: their accumulators, a kernel row's weight vectors
 #: and the image vectors they read fit the registers (16 with AVX2).
@@ -55,9 +55,11 @@ _REGISTERS = {"avx512": 32, "avx2": 16}
 #: Below this many multiply-adds the kernel runs on one thread.
 _PARALLEL_THRESHOLD = 64 * 64 * 64
 
-def generate_depthwise(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel | None:
-    """The kernel of a channels-last depthwise convolution, or None for other convolutions."""
-    return _DepthwiseWriter(program, conv, options).write() if depthwise_channels_last(conv) else None
+def generate_depthwise(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel:
+    """The kernel of ``conv``, a channels-last depthwise convolution
+    (:func:`~polyc.schedule.convolution.depthwise_channels_last`; the depthwise kernel path,
+    :mod:`polyc.paths.depthwise`, checks it)."""
+    return _DepthwiseWriter(program, conv, options).write()
 
 
 class _DepthwiseWriter(PatternKernelWriter):

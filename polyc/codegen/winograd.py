@@ -141,9 +141,10 @@ def chunk_limits(channels: int, features: int, options: Options) -> tuple[int, i
     return steps(l2 // 2), steps(l2), 16 * channels * features * 4 > l2 // 2
 
 
-def generate_winograd(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel | None:
-    """The Winograd kernel of ``conv``, or None when it does not have the form or would not pay."""
-    return _WinogradWriter(program, conv, options).write() if winograd_form(conv, program.size_values, options) else None
+def generate_winograd(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel:
+    """The Winograd kernel of ``conv``, which has this kernel's form (:func:`winograd_form`; the
+    Winograd kernel path, :mod:`polyc.paths.winograd`, checks it)."""
+    return _WinogradWriter(program, conv, options).write()
 
 
 class _WinogradWriter(PatternKernelWriter):

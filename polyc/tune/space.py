@@ -1,18 +1,10 @@
 """What the tuner may change for one kernel, and the features its cost model sees.
 
-The space depends on the path polyc compiles the def through (:func:`polyc.driver.compile_stages`):
-
-- a contraction compiled as a BLIS-style gemm kernel: the cache blocks ``(MC, NC, KC)``
-  (``tile_sizes`` of three entries, rounded by the kernel to its register block) and the
-  register block (``micro_kernel``: polyc's choice per call, or one of the instruction set's);
-- a matrix-vector product: nothing but the thread count;
-- a direct convolution: the output channels per work item (the first entry of ``tile_sizes``),
-  and, where the Winograd kernel would compute it (the option ``winograd`` on, as in ONNX
-  sessions, and a 3 x 3 convolution of its form), whether to use it;
-- anything else (the generic polyhedral path, segments included): the tile sizes of the
-  outermost band (or no tiling), the order of its loops (``loop_order``: the scheduler's, or a
-  permutation of the largest statement's first three indices), the fusion strategy (where there
-  is more than one statement to schedule), the unroll factor and vectorisation.
+The space is the knobs of the kernel path that compiles the def (:mod:`polyc.paths`: each
+path's :class:`~polyc.paths.base.Tuning`): the gemm path's cache and register blocks, the
+convolution paths' output channels per work item (and, on the Winograd path, whether to keep
+it), the generic path's tiles, loop order, fusion, unrolling and vectorisation; the gemv and
+fused pointwise-depthwise paths have none of their own.
 
 Every path also searches the thread count (the ``threads`` option): all the cores, or half,
 a quarter, ... down to one.  A kernel of a few microseconds can lose more to waking a second
@@ -35,21 +27,16 @@ import numpy as np
 
 from polyc.lang.checked import CheckedDef
 from polyc.options import Options
+from polyc.paths import KernelPath, PathRequest, SpaceRequest, choose_path, kernel_path
+from polyc.paths.base import Config, Knob
 from polyc.tune.machine import MachineFingerprint, this_machine
 
-Config = dict[str, object]
-
-
-@dataclass(frozen=True)
-class Knob:
-    name: str
-    choices: tuple
-    numeric: bool = True        # features use log2(value) (each non-positive value: its own flag)
+__all__ = ["Config", "Knob", "SearchSpace", "space_for", "thread_counts", "built_instruction_set"]
 
 
 @dataclass(frozen=True)
 class SearchSpace:
-    path: str                   # "gemm", "gemv", "convolution", "pointwise_depthwise" or "generic"
+    path: str                   # the kernel path's name (polyc.paths.KERNEL_PATHS)
     knobs: tuple[Knob, ...]
     default: Config             # polyc's own choice, always measured first
     itemsize: int
@@ -57,33 +44,16 @@ class SearchSpace:
     caches: tuple[int, int, int]
 
     @property
+    def kernel_path(self) -> KernelPath:
+        return kernel_path(self.path)
+
+    @property
     def size(self) -> int:
         return math.prod(len(k.choices) for k in self.knobs)
 
     def options(self, config: Mapping[str, object]) -> dict:
         """The option changes ``config`` stands for (only those that differ from the defaults)."""
-        changes: dict[str, object] = {}
-        if self.path == "gemm":
-            if config["kc"] != 0:
-                changes["tile_sizes"] = [int(config["mc"]), int(config["nc"]), int(config["kc"])]
-            if config.get("micro_kernel", 0) != 0:
-                changes["micro_kernel"] = int(config["micro_kernel"])
-        elif self.path == "convolution":
-            if config.get("winograd", True) is False:
-                changes["winograd"] = False
-            if config["channels"] != 0 and not config.get("winograd", False):
-                changes["tile_sizes"] = [int(config["channels"])]
-        else:
-            tiles = [int(config[f"t{i}"]) for i in range(len(self.extents[:3])) if f"t{i}" in config]
-            if tiles and tiles[0] == -1:
-                changes["tile_sizes"] = []
-            elif tiles and tiles[0] != 0:
-                changes["tile_sizes"] = tiles
-            if config.get("loop_order"):
-                changes["loop_order"] = str(config["loop_order"]).split(",")
-            for name in ("fusion", "unroll", "vectorize"):
-                if name in config and config[name] != getattr(Options(), name):
-                    changes[name] = config[name]
+        changes = self.kernel_path.tuning.option_changes(config)
         if config.get("threads", 0) != 0:
             changes["threads"] = int(config["threads"])
         return changes
@@ -132,33 +102,14 @@ class SearchSpace:
     def _unused(self, config: Mapping[str, object]) -> set[str]:
         """Knobs that ``config``'s other knobs make meaningless (as :meth:`options` ignores them):
         the model sees them as absent, not as values that seem to change the time."""
-        if self.path == "gemm" and config["kc"] == 0:
-            return {"mc", "nc"}
-        if self.path == "convolution" and config.get("winograd", False):
-            return {"channels"}
-        if self.path == "generic" and "t0" in config and int(config["t0"]) <= 0:
-            return {k.name for k in self.knobs if k.name[0] == "t" and k.name[1:].isdigit() and k.name != "t0"}
-        return set()
+        return self.kernel_path.tuning.unused(config, self.knobs)
 
     def _footprints(self, config: Mapping[str, object]) -> list[float]:
-        """log2 of the bytes a block of the configuration touches, over each cache level."""
-        l1, l2, l3 = (max(1, c) for c in self.caches)
-        block = None
-        if self.path == "gemm" and config["kc"]:
-            mc, nc, kc = (int(config[n]) for n in ("mc", "nc", "kc"))
-            return [math.log2(16 * kc * self.itemsize / l1), math.log2(mc * kc * self.itemsize / l2),
-                    math.log2(kc * nc * self.itemsize / l3)]
-        if self.path == "generic" and "t0" in config and int(config["t0"]) > 0:
-            tiles = [min(int(config[f"t{i}"]), e) for i, e in enumerate(self.extents[:3])]
-            block = math.prod(tiles) * self.itemsize
-        if self.path == "convolution" and config["channels"] and not config.get("winograd", False):
-            block = int(config["channels"]) * self.itemsize * 64
-        if block is None:
+        """log2 of the bytes the blocks of the configuration touch, over each cache level."""
+        blocks = self.kernel_path.tuning.block_bytes(config, self.itemsize, self.extents)
+        if blocks is None:
             return [0.0, 0.0, 0.0]
-        return [math.log2(block / l1), math.log2(block / l2), math.log2(block / l3)]
-
-
-_GENERIC_TILES = (16, 32, 64, 128, 256)
+        return [math.log2(block / max(1, cache)) for block, cache in zip(blocks, self.caches)]
 
 
 def thread_counts(cores: int) -> tuple[int, ...]:
@@ -186,8 +137,9 @@ def built_instruction_set(options: Options, machine: MachineFingerprint) -> str:
 def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options,
               machine: MachineFingerprint | None = None) -> SearchSpace:
     """The search space of ``definition`` compiled with ``options`` for ``sizes`` on ``machine``
-    (None: this one), whose cores and instruction set give the thread counts and register blocks."""
-    from polyc.driver import find_blas_contraction, find_convolution, find_pointwise_depthwise
+    (None: this one), whose cores and instruction set give the thread counts and register blocks:
+    the knobs of the kernel path that compiles it (:class:`polyc.paths.base.Tuning`), and the
+    thread count."""
     from polyc.schedule.tiling import cache_sizes as option_caches
 
     caches = option_caches(options)
@@ -197,62 +149,10 @@ def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options
     itemsize = max(np.dtype(t.dtype).itemsize for t in definition.tensors)
     machine = machine or this_machine()
     threads = thread_counts(machine.cores) if options.threads is None and options.parallel else (0,)
-    # Knob and default value of the thread count, where there is more than one count to try.
-    thread_knob = (Knob("threads", threads),) if len(threads) > 1 else ()
-    thread_default = {"threads": 0} if thread_knob else {}
-
-    def space(path: str, knobs: tuple, default: Config) -> SearchSpace:
-        return SearchSpace(path, knobs + thread_knob, {**default, **thread_default}, itemsize, extents,
-                           cache_triple)
-
-    contraction = find_blas_contraction(definition, options)
-    if contraction is not None and contraction.is_matvec:
-        return space("gemv", (), {})
-    if contraction is not None:
-        knobs = (Knob("mc", (24, 48, 72, 96, 120, 144, 192, 240, 288, 384)),
-                 Knob("nc", (128, 256, 512, 1024, 2048, 3072, 4096)),
-                 Knob("kc", (0, 64, 128, 192, 256, 320, 384, 512)))
-        default = {"mc": 96, "nc": 1024, "kc": 0}
-        if options.micro_kernel is None:
-            # 0: polyc's choice for the sizes; n: the n-th of the instruction set's blocks.
-            from polyc.codegen.gemm import micro_kernel_shapes
-            blocks = len(micro_kernel_shapes(built_instruction_set(options, machine), np.dtype(
-                definition.tensor(contraction.target.tensor).dtype)))
-            if blocks > 1:
-                knobs += (Knob("micro_kernel", tuple(range(blocks + 1)), numeric=False),)
-                default["micro_kernel"] = 0
-        return space("gemm", knobs, default)
-    convolution = find_convolution(definition, options)
-    if convolution is not None:
-        knobs: tuple = (Knob("channels", (0, 8, 16, 24, 32, 48, 64, 96, 128)),)
-        default = {"channels": 0}
-        from polyc.codegen.winograd import winograd_form
-        if winograd_form(convolution, sizes, options):
-            # polyc's choice, the Winograd kernel, or the direct one (whose channels per item
-            # are the other knob): which is faster depends on the machine's caches and vectors.
-            knobs += (Knob("winograd", (True, False), numeric=False),)
-            default["winograd"] = True
-        return space("convolution", knobs, default)
-    if find_pointwise_depthwise(definition, options) is not None:
-        return space("pointwise_depthwise", (), {})  # its blocks follow the registers; the threads remain
-    depth = min(3, len(extents))
-    knobs = [Knob("t0", (-1, 0, *_GENERIC_TILES))] if depth else []
-    knobs += [Knob(f"t{i}", _GENERIC_TILES) for i in range(1, depth)]
-    ordered = depth >= 2 and options.loop_order is None    # not where the def's options fix it
-    if ordered:
-        # "": the scheduler's order; "k,i,j": those indices outermost first (the rest follow).
-        orders = itertools.permutations(statement.all_indices[:depth])
-        knobs.append(Knob("loop_order", ("", *(",".join(order) for order in orders)), numeric=False))
-    # The fusion strategy only groups the scheduled statements: with one (an assignment, or a
-    # reduction into the target's existing values) every strategy compiles to the same code,
-    # and a search would measure each candidate three times over.
-    scheduled = sum(2 if s.has_init_statement else 1 for s in definition.statements)
-    if scheduled > 1:
-        knobs.append(Knob("fusion", ("min", "smart", "max"), numeric=False))
-    knobs += [Knob("unroll", (1, 2, 4, 8)), Knob("vectorize", (True, False), numeric=False)]
-    default: Config = {"unroll": 1, "vectorize": True, **({"fusion": "smart"} if scheduled > 1 else {})}
-    if depth:
-        default.update({"t0": 0, **{f"t{i}": 64 for i in range(1, depth)}})
-    if ordered:
-        default["loop_order"] = ""
-    return space("generic", tuple(knobs), default)
+    path, match = choose_path(PathRequest(definition, options, sizes if options.specialize else None))
+    knobs, default = path.tuning.knobs(SpaceRequest(definition, sizes, options, match, tuple(statement.all_indices),
+                                                    extents, lambda: built_instruction_set(options, machine)))
+    if len(threads) > 1:   # the thread count, where there is more than one to try
+        knobs += (Knob("threads", threads),)
+        default = {**default, "threads": 0}
+    return SearchSpace(path.name, knobs, default, itemsize, extents, cache_triple)

@@ -18,6 +18,7 @@ import islpy as isl
 
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
+from polyc.paths import kernel_path
 
 KINDS = ("flow", "anti", "output", "reduction")
 _KIND_WORDS = {"flow": "reads what the other wrote (flow, read after write)",
@@ -80,7 +81,7 @@ class Explanation:
 
     name: str
     sizes: dict
-    path: str                   # "generic", "contraction", "matrix-vector", "convolution", "segments"
+    path: str                   # the kernel path's name (polyc.paths.KERNEL_PATHS)
     summary: list[str]
     loops: list[LoopExplanation]
     parts: list["Explanation"] = field(default_factory=list)
@@ -130,35 +131,17 @@ def explain(kernel, sizes: dict) -> Explanation:
 
 
 def _explain_stages(name: str, stages, sizes: dict) -> Explanation:
-    if stages.contraction is not None:
-        c = stages.contraction
-        if c.is_matvec:
-            return Explanation(name, sizes, "matrix-vector", [
-                f"{c.describe()} is a matrix-vector product: polyc's matrix-vector kernel computes it, its rows "
-                "(or columns) shared among the threads; the reduction runs inside each share"], [])
-        return Explanation(name, sizes, "contraction", [
-            f"{c.describe()} is a tensor contraction: polyc's BLIS-style gemm kernel computes it (blocks of rows "
-            "and columns taken by the threads as they go, packed panels, a register-blocked micro-kernel), "
-            "so the generic loop nest is not used; its reduction index stays sequential inside each block",
-            "blas_contractions=False compiles it as a loop nest instead"], [])
-    if stages.convolution is not None and " * polyc Winograd F(2x2, 3x3)" in stages.kernel.source[:200]:
-        return Explanation(name, sizes, "convolution", [
-            "a 3x3 stride-1 convolution: polyc's Winograd F(2x2, 3x3) kernel computes it (tiles of 2x2 outputs, "
-            "16 matrix products over the input channels; work items of (chunk of tiles, block of output "
-            "channels) shared among the threads)",
-            "winograd=False keeps the direct convolution kernel; direct_convolutions=False compiles it as a "
-            "loop nest"], [])
-    if stages.convolution is not None:
-        return Explanation(name, sizes, "convolution", [
-            "a convolution: polyc's direct convolution kernel computes it (weights packed in blocks of output "
-            "channels, work items of (batch, tile, channel block) taken by the threads as they go)",
-            "direct_convolutions=False compiles it as a loop nest instead"], [])
-    if stages.segments:
-        parts = [_explain_stages(f"{name} segment {k}", part, sizes) for k, part in enumerate(stages.segments)]
-        return Explanation(name, sizes, "segments", [
-            f"the def mixes contractions with other statements: it runs as {len(parts)} segments in order, "
-            "each compiled on its own path"], [], parts)
-    return _explain_generic(name, stages, sizes)
+    """What the kernel path that compiled ``stages`` says of itself; where the code that runs is
+    the schedule's loop nest, each loop explained; a def in segments, each segment too."""
+    path = kernel_path(stages.path)
+    parts = [_explain_stages(f"{name} segment {k}", part, sizes) for k, part in enumerate(stages.segments)]
+    if path.runs_schedule_loops:
+        explanation = _explain_generic(name, stages, sizes)
+        explanation.path = path.name
+        explanation.summary[:0] = path.explain(stages)
+        explanation.parts = parts
+        return explanation
+    return Explanation(name, sizes, path.name, path.explain(stages), [], parts)
 
 
 def _explain_generic(name: str, stages, sizes: dict) -> Explanation:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from polyc.paths import kernel_path
 from polyc.viz.page import write_page
 
 _ids = itertools.count()
@@ -146,11 +147,12 @@ def _view(stages, title: str) -> ScheduleTreeView:
         view = ScheduleTreeView(f"{title}: {len(stages.segments)} segments, each compiled on its own", None)
         view.parts = [_view(part, f"segment {number}") for number, part in enumerate(stages.segments)]
         return view
-    if stages.contraction is not None or stages.convolution is not None:
-        what = "contraction (gemm or gemv)" if stages.contraction is not None else "direct convolution"
+    path = kernel_path(stages.path)
+    if not path.runs_schedule_loops:
         view = ScheduleTreeView.from_schedule(
             stages.optimized_schedule, title=title,
-            code_note=f"this def runs polyc's {what} kernel; the loop nest shown is isl's code for the tree")
+            code_note=f"this def runs polyc's {path.name.replace('_', ' ')} kernel; the loop nest shown is "
+                      "isl's code for the tree")
         view.parts = [ScheduleTreeView.from_schedule(
             block.schedule, title=f"packing and micro-kernel order of one {block.mr}x{block.nr} register block")
             for block in stages.packing]

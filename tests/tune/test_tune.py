@@ -559,7 +559,7 @@ def test_where_the_winograd_kernel_is_allowed_the_tuner_may_turn_it_off(records)
     from polyc.tune.space import space_for
     allowed = polyc.define(WINOGRAD_CONV, winograd=True).conv
     space = space_for(allowed.definition, {}, allowed.options)
-    assert space.path == "convolution" and dict((k.name, k.choices) for k in space.knobs)["winograd"] == (True, False)
+    assert space.path == "winograd" and dict((k.name, k.choices) for k in space.knobs)["winograd"] == (True, False)
     assert space.default["winograd"] is True and space.options(space.default) == {}
     direct = {**space.default, "winograd": False, "channels": 16}
     assert space.options(direct) == {"winograd": False, "tile_sizes": [16]}

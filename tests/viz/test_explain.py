@@ -66,18 +66,18 @@ def test_matmul_loop_nest_parallel_rows_reduction_inside():
 
 def test_a_contraction_goes_to_the_gemm_kernel():
     e, stages = explained(MATMUL, {"M": 64, "K": 64, "N": 64})
-    assert e.path == "contraction" and stages.contraction is not None
+    assert e.path == stages.path == "gemm" and stages.contraction is not None
     assert "gemm" in " ".join(e.summary) and "blas_contractions=False" in " ".join(e.summary)
 
 
 def test_matrix_vector_and_convolution_paths():
     e, stages = explained("def mv(float(M, K) A, float(K) x) -> (y) { y(m) +=! A(m, r_k) * x(r_k) }",
                           {"M": 64, "K": 64})
-    assert e.path == "matrix-vector" and stages.contraction.is_matvec
+    assert e.path == stages.path == "gemv" and stages.contraction.is_matvec
     conv = """def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (O) {
         O(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw) }"""
     e, stages = explained(conv, {"N": 1, "C": 2, "H": 6, "W": 6, "F": 3, "KH": 3, "KW": 3})
-    assert e.path == "convolution" and stages.convolution is not None
+    assert e.path == stages.path == "direct_convolution" and stages.convolution is not None
 
 
 def test_row_sum_parallel_rows_simd_reduction():
@@ -165,9 +165,10 @@ def test_segments_are_explained_part_by_part():
         O(b, n) = O(b, n) / S(b)
     }"""
     e, stages = explained(source, {"B": 32, "K": 32, "N": 32})
-    if stages.segments:
-        assert e.path == "segments" and len(e.parts) == len(stages.segments)
-        assert e.parts[0].path == "contraction"
+    assert stages.path == "segments" and len(stages.segments) >= 2
+    assert e.path == "segments" and len(e.parts) == len(stages.segments)
+    assert [part.path for part in e.parts] == [segment.path for segment in stages.segments]
+    assert e.parts[0].path == "gemm"
 
 
 def test_explanations_render_as_text_and_html():
