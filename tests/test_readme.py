@@ -1,7 +1,8 @@
-"""The figures README.md states about the tests are the tests' own: the corpus size, the number
-of malformed sources and of semantic errors, and the ulp bounds of polyc's vectorised math
-(``ULP_BOUNDS``, which tests/test_vector_math.py enforces).  A change on either side that
-leaves the other behind fails here instead of drifting."""
+"""The figures the documentation states about the tests are the tests' own: the corpus size, the
+number of malformed sources and of semantic errors (docs/testing.md), and the ulp bounds of
+polyc's vectorised math (docs/language.md; ``ULP_BOUNDS``, which tests/test_vector_math.py
+enforces).  A change on either side that leaves the other behind fails here instead of drifting.
+(These figures were stated in README.md until the reference moved to docs/.)"""
 from __future__ import annotations
 
 import re
@@ -16,13 +17,15 @@ from tests.kernels import CASES
 from tests.lang.test_malformed import MALFORMED_CASES
 from tests.lang.test_semantic_errors import SEMANTIC_CASES
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+# The pages that state the figures, read as one text (each figure must be stated once in all of them).
+STATED_IN = ("docs/testing.md", "docs/language.md")
+README = "\n".join((Path(__file__).resolve().parents[1] / page).read_text() for page in STATED_IN)
 
 
 def stated(pattern: str) -> str:
-    """The one match of ``pattern``'s group in the README, as one line."""
+    """The one match of ``pattern``'s group in the pages of ``STATED_IN``, as one line."""
     matches = re.findall(pattern, " ".join(README.split()))
-    assert len(matches) == 1, f"README: {len(matches)} matches of {pattern!r}"
+    assert len(matches) == 1, f"{', '.join(STATED_IN)}: {len(matches)} matches of {pattern!r}"
     return matches[0]
 
 
@@ -39,7 +42,7 @@ def test_semantic_error_count():
 
 
 def readme_ulp_bounds() -> dict[tuple[str, str], float]:
-    """``(builtin, dtype) -> bound`` from the README's "float32 (...): 1.1 (exp, log), ...;
+    """``(builtin, dtype) -> bound`` from docs/language.md's "float32 (...): 1.1 (exp, log), ...;
     float64 (...): ..." sentence."""
     sentence = stated(r"(float32 \(measured over all inputs\):.*?)\. The other builtins")
     bounds = {}
@@ -47,7 +50,7 @@ def readme_ulp_bounds() -> dict[tuple[str, str], float]:
         dtype = re.match(r"\s*(float32|float64)", part).group(1)
         for bound, names in re.findall(r"(?<![\w.])(\d+(?:\.\d+)?) \(([a-z0-9, ]+)\)", part):
             for name in names.split(","):
-                assert (name.strip(), dtype) not in bounds, f"README names {name} {dtype} twice"
+                assert (name.strip(), dtype) not in bounds, f"the docs name {name} {dtype} twice"
                 bounds[name.strip(), dtype] = float(bound)
     return bounds
 
@@ -73,7 +76,7 @@ def test_measured_errors_in_the_module_table_are_within_the_bounds():
     (test_ulp_bounds_are_the_tests_bounds, "1.1 (exp, log, tanh)", "1.5 (exp, log, tanh)"),
 ], ids=["corpus", "log1p", "float32-exp"])
 def test_a_drifted_figure_is_caught(monkeypatch, check, old, new):
-    # Negative control: the README as it read before these tests, or with a bound moved.
+    # Negative control: the pages with a figure as the README read before these tests, or a bound moved.
     text = " ".join(README.split())
     assert old in text
     monkeypatch.setattr(sys.modules[__name__], "README", text.replace(old, new))
