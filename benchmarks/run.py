@@ -238,7 +238,7 @@ def blas_summary(info: dict) -> str:
 
 
 def machine_info() -> dict:
-    from polyc.tune.machine import this_machine
+    from polyc.runtime.machine import this_machine
     fingerprint = this_machine()
     return {"cpu": fingerprint.cpu_model, "cpu_id": fingerprint.cpu_id, "microarchitecture": fingerprint.microarchitecture,
             "isa": list(fingerprint.isa), "caches": list(fingerprint.caches),
@@ -350,7 +350,7 @@ def main(argv=None, blas_environment: dict | None = None) -> int:
     print_preamble(results, args, len(selected))
     print(report.header(args.tuned))
     if args.tuned:  # the records stay where they are when the kernel cache moves below
-        from polyc.tune.records import default_records_path
+        from polyc.runtime.tuning_records import default_records_path
         os.environ["POLYC_TUNING_FILE"] = str(args.records or default_records_path())
         results["settings"]["tuning_records"] = os.environ["POLYC_TUNING_FILE"]
         results["settings"]["tune_seconds"] = args.tune

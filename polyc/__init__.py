@@ -3,7 +3,7 @@
 ``polyc.define(source)`` compiles TC source into callable kernels; ``polyc.einsum`` is a
 drop-in for ``numpy.einsum`` built on the same compiler.
 """
-__version__ = "0.1.0"  # first, so that submodules may import it during package import
+from polyc.version import __version__
 
 from polyc.errors import (BoundsError, CacheError, CompilationError, PolycError, PolycWarning, RangeInferenceError,
                           SignatureError, TCSemanticError, TCSyntaxError, UnsupportedError)

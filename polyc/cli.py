@@ -29,7 +29,7 @@ import numpy as np
 
 import polyc
 from polyc.codegen.gpu import DIALECTS as GPU_DIALECTS, STATUS_ARGUMENT
-from polyc.codegen.targets import TARGET_NAMES
+from polyc.runtime.targets import TARGET_NAMES
 from polyc.errors import PolycError
 from polyc.interpreter import interpret
 from polyc.lang import checked as ir
@@ -497,7 +497,7 @@ def run_run(args: argparse.Namespace) -> int:
 
 def run_tune(args: argparse.Namespace) -> int:
     """``polyc tune``: search one def's options, or list or merge the tuning records."""
-    from polyc.tune.records import default_records_path, merge_records, read_records
+    from polyc.runtime.tuning_records import default_records_path, merge_records, read_records
     records = args.records or default_records_path()
     if args.merge:
         added = merge_records(args.merge, records)
@@ -540,8 +540,8 @@ def run_tune(args: argparse.Namespace) -> int:
 
 
 def _list_records(records, path) -> int:
-    from polyc.tune.machine import this_machine
-    from polyc.tune.records import chosen_records
+    from polyc.runtime.machine import this_machine
+    from polyc.runtime.tuning_records import chosen_records
     best = chosen_records(records)
     print(f"{len(records)} record(s) in {path}; the chosen of {len(best)} key(s):")
     here = this_machine().id
@@ -558,7 +558,7 @@ def _list_records(records, path) -> int:
 def _machine_described(fingerprint) -> str:
     """``: <what the machine was>`` from a record's fingerprint (a JSON dict), or "" where the
     record has none that reads (hand-written or damaged records still list)."""
-    from polyc.tune.machine import MachineFingerprint
+    from polyc.runtime.machine import MachineFingerprint
     try:
         return f": {MachineFingerprint.from_json(fingerprint).describe()}"
     except (KeyError, TypeError, ValueError, AttributeError):

@@ -15,7 +15,7 @@ import ctypes
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import islpy as isl
 import numpy as np
@@ -33,14 +33,14 @@ from polyc.runtime import CompilerOptions, get_function, get_or_build, load_libr
 from polyc.runtime import arguments
 from polyc.runtime.arguments import BoundCall
 from polyc.runtime.cache import find_request, remember_request, request_key
-from polyc.runtime.compiler import LANGUAGE_FLAGS
+from polyc.runtime.compiler import compiler_options
 from polyc.schedule.contraction import Contraction
 from polyc.schedule.convolution import Convolution
 from polyc.schedule import tiling
 from polyc.schedule.gpu_mapping import GpuPlan
 from polyc.schedule.packing import PackingProgram
 from polyc.schedule.scheduler import compute_schedule
-from polyc.tune.records import tuned_options
+from polyc.runtime.tuning_records import tuned_options
 
 
 @dataclass(frozen=True)
@@ -128,11 +128,16 @@ def _stages_of(request: PathRequest, path: KernelPath, match) -> Stages:
                   gpu_source=generated.gpu_source, path=path.name)
 
 
-def compiler_options(options: Options) -> CompilerOptions:
-    """The runtime's compiler settings for polyc options (``cflags`` replace the optimisation
-    flags; the language standard and OpenMP stay)."""
-    flags = None if options.cflags is None else tuple(options.cflags) + LANGUAGE_FLAGS
-    return CompilerOptions(cc=options.cc, flags=flags, openmp=True)
+def gpu_code_generator(definition: CheckedDef, options: Options) -> Callable[[Mapping[str, int]], GpuKernelSource]:
+    """sizes -> the GPU code of ``definition`` at those sizes (the GPU path's launches), its
+    size-independent analysis computed at the first call and shared by the others."""
+    analyses: list[Analysis] = []
+
+    def generate(sizes: Mapping[str, int]) -> GpuKernelSource:
+        if not analyses:
+            analyses.append(analyse(definition, options.fusion))
+        return compile_stages(definition, options.replace(specialize=True), sizes, analyses[0]).gpu_source
+    return generate
 
 
 class _Compiled:

@@ -14,7 +14,7 @@ import platform
 
 import pytest
 
-from polyc.codegen.targets import get_target
+from polyc.runtime.targets import get_target
 
 CFLAGS = {"native": None, "avx2": "-O2 -mavx2 -mfma", "portable": "-O2"}
 

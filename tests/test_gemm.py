@@ -550,7 +550,7 @@ def test_cache_sizes_option_is_validated():
 
 def test_neon_export_is_blocked_for_aarch64_caches():
     """The export takes its block sizes from the target's cache model, not from this machine."""
-    from polyc.codegen.targets import TARGETS
+    from polyc.runtime.targets import TARGETS
     kernel = polyc.define(MATMUL).f
     sizes = {"M": 300, "K": 300, "N": 300}
     exported = kernel.exported_c(sizes, "neon").c_source

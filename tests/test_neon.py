@@ -1,4 +1,4 @@
-"""Exported C (``polyc.codegen.targets``) built into stand-alone programs and run against numpy.
+"""Exported C (``polyc.runtime.targets``) built into stand-alone programs and run against numpy.
 
 For each case the test exports the kernel (``NAME.c`` and ``NAME.h``), writes a small C
 ``main()`` that reads the inputs from binary files, calls the kernel and writes the outputs,
@@ -35,7 +35,7 @@ import kernels
 import polyc
 from polyc.codegen.c_expr import c_type
 from polyc.codegen.gemm import micro_kernel_shapes
-from polyc.codegen.targets import TARGETS, export_c
+from polyc.runtime.targets import TARGETS, export_c
 from polyc.lang.checked import Role
 from polyc.runtime.arguments import bind_arguments
 

@@ -45,7 +45,7 @@ SUM_BLOCK = 256
 # A parallel loop of fewer iterations than this takes the parallel loops nested right inside it
 # into its iteration space (OpenMP's collapse): a transformer encoder's qkv Transpose, parallel
 # over its 3 matrices, gave one of two threads two thirds of the work; collapsed with the loops
-# over heads, 35 -> 28 us from cache and 129 -> 102 us from memory (AMD EPYC Zen 4).
+# over heads it ran faster (``python -m benchmarks.onnx_bench --models encoder``).
 COLLAPSE_BELOW = 32
 
 _STATUS = "polyc_status"
@@ -568,7 +568,7 @@ def _collapsible_loops(loop: isl.AstNode, parallel_iterators: set[str]) -> int:
     (its iterator in ``parallel_iterators``: a coincident band member, which carries no
     dependence, as the outer one carries none) and its bounds are constants (rectangular).  The
     loop right around a marked (vector) loop stays a loop in each thread: gcc optimises the two
-    together (a transpose of 12 x 128 x 64 floats took 28 us instead of 16 with it collapsed)."""
+    together (a transpose of 12 x 128 x 64 floats ran slower with it collapsed)."""
     loops, iterations = 1, _constant_trip_count(loop)
     inner = loop.for_get_body()
     while iterations is not None and iterations < COLLAPSE_BELOW and inner.get_type() == isl.ast_node_type.for_ \
@@ -655,9 +655,9 @@ def _reduces_in_lanes(op: str, dtype: np.dtype) -> bool:
     the lanes, none of them NaN, and the element loaded before the loop, which may be a NaN,
     joins last through polyc_fmax/fmin: the interpreter's result (fmax/fmin element by
     element), but for which zero of -0 and +0 a tie keeps.  polyc's own reduction (fmax's
-    compare as an omp declare reduction) cost six times as much, as gcc keeps a user
-    reduction's lanes in memory: the row max of softmax over 1536 x 128 floats, one thread,
-    Intel Xeon, 85 -> 14 us with AVX-512 and 75 -> 12 us with AVX2."""
+    compare as an omp declare reduction) cost several times as much, as gcc keeps a user
+    reduction's lanes in memory (the row max of softmax, measured with
+    ``python -m benchmarks --filter softmax``)."""
     return op in ("min", "max") and dtype.kind == "f"
 
 

@@ -765,8 +765,8 @@ def _vector_kernel(shape: BlockShape, dtype: np.dtype, nv: int, masked: bool = T
     with plain loads and stores.  AVX2 needs it: its lane mask lives in a vector register, and
     the 4 x 3 block already uses all 16 (12 accumulators, 3 rows of B, one broadcast), so
     holding the mask through the reduction made gcc spill an accumulator inside the loop
-    (a 3x3 64-channel 56x56 convolution 2.9 ms instead of 1.7 ms, AMD EPYC Zen 3).  AVX-512's
-    masks are k registers.
+    and slowed a 3x3 64-channel convolution at 56 x 56 markedly (measured with
+    ``python -m benchmarks --filter conv3x3``).  AVX-512's masks are k registers.
 
     The kernels are not inlined: inlined into the loop over channel blocks, gcc kept a
     constant of the epilogue (relu's zero) in a vector register across the reduction and
@@ -860,7 +860,7 @@ def _dispatch(shape: BlockShape, ctype: str) -> str:
 #: Per instruction set and element type: polyc_pack_stepped(dst, src, step), which copies one
 #: vector of points whose image elements are ``step`` (1 or 2) apart, the last one read being
 #: the last point's (the second half of a stride-2 vector is loaded under a mask).  Gathers
-#: were a third of resnet18's 7 x 7 stride-2 stem convolution (AVX-512, a Zen 5).
+#: were a large share of resnet18's 7 x 7 stride-2 stem convolution (AVX-512).
 _STEPPED_PACKING = {
     ("avx512", "float"): """#define POLYC_PACK_STEPPED 1
 static inline void polyc_pack_stepped(float *restrict dst, const float *restrict src, int step)

@@ -28,8 +28,8 @@ each point's products under a mask (AVX-512: an FMA under a whole-vector mask; e
 point), so the others add nothing, not even 0 * weight (NaN for an infinite weight), and read
 through the pointer of a point in the mask (nothing outside the image is read); taps no point of
 the tile reads inside the box are skipped, as onnxruntime's NCHWc kernels skip the padding.  (A
-zero-padded copy of the image, made every call, had cost 4-5% of a 64 -> 64 3x3 layer at 56 x 56
-on two cores: 1.08-1.10 -> 1.02-1.05 ms without it, AMD EPYC Zen 4.)
+zero-padded copy of the image, made every call, had cost a few percent of resnet18's 3x3 layers:
+``python -m benchmarks.onnx_segments resnet18``.)
 
 Weights whose output channels are consecutive within each block of NF (``W(kh, kw, c, f)``, or
 blocked ``W(f / B, kh, kw, c, f % B)`` for a multiple B of NF) and whose reduction rows are
@@ -37,9 +37,9 @@ evenly spaced are read in place, as the vectors of each step; others are packed 
 into ``[group][channel block][r][NF]`` (zero columns pad the last block).  Blocked weights are
 what an ONNX session gives this kernel (:mod:`polyc.frontends.onnx.channels_last`): a block's
 rows are then consecutive, where ``W(kh, kw, c, f)``'s are F apart, which an Intel core's
-prefetchers follow poorly: resnet18's 512 -> 512 3x3 layer at 7 x 7 took 1.8 ms with its
-rows 2 KB apart and 1.1 ms with them consecutive, on two cores of an Intel Xeon (Emerald
-Rapids; onnxruntime 1.2 ms).
+prefetchers follow poorly: resnet18's 512 -> 512 3x3 layer at 7 x 7 ran much faster with its
+rows consecutive than 2 KB apart (``python -m benchmarks.onnx_segments resnet18`` on an Intel
+core).
 
 Work.  A work item is (group, chunk of channel blocks, run of tiles); within it the reduction
 is cut into chunks whose slice of the weights (``rchunk`` rows x the item's channels) fits a
@@ -76,9 +76,9 @@ _POINTS = {"avx512": {4: 6, 3: 8, 2: 12, 1: 12}, "avx2": {2: 6, 1: 12}, "portabl
 #: blocks of more points read evenly spaced points through one pointer where they can.
 _POINTER_POINTS = 8
 
-#: FLOPs a thread does in the time the memory moves a byte, roughly (one Zen 4 core's 117 GFLOP/s
-#: against about 25 GB/s): a split of the work costs the longer of its busiest thread's
-#: arithmetic and its memory traffic at this rate.
+#: FLOPs a thread does in the time the memory moves a byte, roughly (a current x86 core's peak
+#: FMA rate against its share of the memory bandwidth): a split of the work costs the longer of
+#: its busiest thread's arithmetic and its memory traffic at this rate.
 FLOPS_PER_BYTE = 4.0
 
 #: Reduction steps per chunk from which a tile prefetches the output lines of a tile ahead (see
@@ -199,11 +199,11 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
     (:mod:`polyc.codegen.register_epilogue`) before their store.  With ``point_stride``
     (``_uniform`` kernels), point j's image is ``ip[0] + j * point_stride``: one pointer for
     the tile, its points' offsets in the instructions, where twelve pointers and the loop's own
-    did not fit the general registers (copies to vector registers and back at every step: a
-    1x1 32 -> 16 layer at 112 x 112 ran at 0.56 of the FMAs' peak on one core of an AMD EPYC
-    Zen 4).  With ``half`` (AVX-512, ``_half`` kernels, for a ``tail`` of at most half the
-    lanes), the last vector is a 256-bit one: an AMD Zen 4 does a 512-bit FMA as two 256-bit
-    halves, masked-off lanes included, so a 1x1 144 -> 24 layer (a vector and a half of
+    did not fit the general registers (copies to vector registers and back at every step, far
+    from the FMAs' peak on mobilenet_v2's 1x1 layers at 112 x 112).  With ``half`` (AVX-512,
+    ``_half`` kernels, for a ``tail`` of at most half the lanes), the last vector is a 256-bit
+    one: AMD's Zen 4 does a 512-bit FMA as two 256-bit halves, masked-off lanes included, so
+    a 1x1 144 -> 24 layer (a vector and a half of
     channels) cost as much as 144 -> 32; an Intel core's 256-bit FMA takes a port as its
     512-bit one does.  Its accumulators are widened back to 512 bits (upper lanes zero) for
     the stores and the epilogue."""
@@ -322,7 +322,7 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
                     f" if (tail == {lanes}) {pre}_stream_{suffix}(q + {last * lanes}, {acc[j][last]}); " \
                     f"else {store_last.format(ptr=f'q + {last * lanes}', value=acc[j][last])}"
             # Tested here, after the loop: with a flag set before it, the AVX2 kernels of
-            # mobilenet_v2's 1x1 layers at batch 8 ran 5-20% slower (an AMD EPYC Zen 4).
+            # mobilenet_v2's 1x1 layers at batch 8 ran slower.
             stores = (f"if (g->stream_out && last_chunk && !beta && ((uintptr_t)q & {lanes * dtype.itemsize - 1}) == 0) "
                       f"{{ {streamed} }} "
                       f"else {{ {stores} }}")

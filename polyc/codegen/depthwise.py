@@ -8,10 +8,10 @@ all three tensors; zero padding may be the statement's condition)::
 
 Neither of the other kernels suits it: the channel mode of :mod:`polyc.codegen.conv` has one
 output channel per group here, and the generic path's loop over the channels loads every
-tap's weights and image once per output vector, two loads per FMA.  mobilenet_v2's 144-channel
-3 x 3 layer at 56 x 56 with its bias and Clip took 0.23 ms so (its region statements), on one
-core; with the weights of a channel vector loaded once per row, and the image vectors that
-neighbouring outputs share loaded once per block of four outputs, 0.12 ms (an AMD EPYC Zen 4).
+tap's weights and image once per output vector, two loads per FMA.  Here the weights of a
+channel vector are loaded once per row, and the image vectors that neighbouring outputs share
+once per block of four outputs, which runs mobilenet_v2's 3 x 3 depthwise layers in about half
+the generic path's time (measured with ``python -m benchmarks.onnx_segments mobilenet_v2``).
 
 Each work item is one output row of one vector of channels (the last under a lane mask).  The
 row's kernel rows that fall outside the box are skipped; its interior outputs (every tap

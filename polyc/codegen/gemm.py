@@ -170,9 +170,8 @@ def block_sizes(shape: MicroKernelShape, itemsize: int, tile_sizes: tuple[int, .
     AVX2's blocks take three eighths of L1 and of L2 instead.  Their multiply-adds are half
     as wide, so the block asks for half the bytes per cycle that AVX-512's does (6 x 16 float:
     88 bytes per 12 multiply-adds), which L2 feeds when the slivers spill out of L1, and the
-    longer KC saves a pass over C per block: on two cores of an AMD EPYC Zen 3 (32 KiB L1d,
-    512 KiB L2), KC 336 -> 512 (MC 96) made sgemm 512-2048 and 128 x 1024 x 1024 0-8% faster in
-    interleaved runs, and a double 1000 x 1200 x 1100 product 5% faster with KC 160 -> 256."""
+    longer KC saves a pass over C per block (sgemm, tmm and PolyBench's gemm before and after:
+    ``benchmarks/results/zen3_before_avx2_blocks.json`` and ``zen3_contraction_polybench.json``)."""
     mr, nr = shape.mr, shape.nr
     if tile_sizes is not None and len(tile_sizes) >= 3:
         mc, nc, kc = tile_sizes[:3]
@@ -449,8 +448,7 @@ static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.c
             # Several N indices (a product by blocked weights, (.., N / NR, NR)): runs of the
             # block along which only the last index moves, that index affine in polyc_nj, so
             # that the accesses are vectors; read from the tables per element, it made them
-            # gathers (BERT's 128 x 3072 product with its bias and GELU: 2.1 ms, against 1.7
-            # so; AMD EPYC Zen 5).
+            # gathers (slower on BERT's 128 x 3072 product with its bias and GELU).
             last = c.n[-1]
             body += ["    for (int64_t polyc_run = polyc_n0; polyc_run < polyc_n0 + polyc_nr; ) {",
                      f"        const int64_t polyc_first = polyc_g->ix_{last}[polyc_run];",
@@ -493,8 +491,8 @@ static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.c
         body.append("if (polyc_batch == 0 || polyc_m == 0 || polyc_n == 0) return 0;")
         # One allocation holds every table: offsets, runs, index values for the epilogue.  The
         # tables depend on the sizes only, so they are kept for later calls (kept_tables):
-        # built on every call, they took 7 us of a 120 us 1 x 1 convolution of mobilenet_v2
-        # (196 x 576 x 96 on two threads, an AMD EPYC Zen 4; kept, 0.3 us).
+        # built on every call, they were a visible share of a short product (a 1 x 1
+        # convolution of mobilenet_v2, 196 x 576 x 96); kept, they cost next to nothing.
         layout = [(table, group) for group in groups for table in tables[group]]
         layout += [(f"ix_{index}", group) for group in ("batch", "m", "n") for index in groups[group]
                    if groups[group] in self.multi_index_groups()]
@@ -625,8 +623,9 @@ def _vector_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
         lines.append(f"    {vec} " + ", ".join(f"{name} = {pre}_setzero_{suffix}()" for name in row) + ";")
     # The block of C is read after the loop (beta 1): start fetching its rows now, every cache
     # line of them (a 6 x 64 float block's rows are four lines: fetching only the first and the
-    # last left two misses per row at the write-back; sgemm 2048 3% faster on a Zen 5).  Not
-    # when it is only written: that would read the target from memory for nothing.
+    # last left two misses per row at the write-back, measured with ``python -m benchmarks
+    # --filter sgemm``).  Not when it is only written: that would read the target from memory
+    # for nothing.
     lines += ["    if (unit && beta)",
               "        for (int64_t i = 0; i < mr; i++) {",
               f"            for (int64_t j = 0; j < nr; j += {64 // np.dtype(dtype).itemsize})",
@@ -782,12 +781,12 @@ _MICRO_KERNELS = {"avx512": _vector_micro_kernel, "avx2": _vector_micro_kernel, 
 def _transposed_b(shape: MicroKernelShape, dtype: np.dtype) -> str:
     """Packing of a float sliver of B stored transposed (columns evenly spaced, K contiguous,
     as in ``A * B^T``) by register transposes: 16 x 16 blocks on AVX-512, 8 x 8 on AVX2.
-    Element by element the packing costs as much as a third of a 128 x 1024 x 1024 product on
-    AVX2 (tmm: 4.1 ms instead of 2.9 on an AMD EPYC); by blocks, about four times less.
+    Element by element the packing costs a large share of a 128 x 1024 x 1024 product on AVX2;
+    by blocks, a fraction of that (the ``tmm`` case of ``python -m benchmarks --filter tmm``).
     The blocks go down K first, so each group of `block` columns of B is read as that many
     sequential streams: across K first, every step started the NR columns' rows over (NR
-    streams, a row of B apart), and the transposed product took 10% longer than the plain one
-    (128 x 1024 x 1024 on a Zen 5: 0.65 -> 0.60 ms, the plain product's time)."""
+    streams, a row of B apart), and the transposed product took longer than the plain one;
+    down K first it takes the plain product's time."""
     block = {"avx512": 16, "avx2": 8}.get(shape.isa)
     if block is None or np.dtype(dtype).itemsize != 4:
         return ""

@@ -287,9 +287,10 @@ static POLYC_UNUSED void polyc_threads_after(int nthr, int most, int slow)
 #: Scratch memory a kernel keeps from one call to the next (the contraction kernel's packing
 #: buffers).  Allocated and freed in every call, blocks of megabytes let the C library give the
 #: memory back to the system and fault it in again in the next call, or not, by the allocator's
-#: state: sgemm 2048 took 37 ms or 41-47 ms by the process (an AMD EPYC Zen 5; with glibc's
-#: allocation thresholds fixed, always 37).  A call takes the kept block, or allocates its own
-#: when another call holds it or it is too small; the block given back first is kept and the
+#: state, so sgemm 2048's time varied from process to process (``python -m benchmarks
+#: --filter sgemm``; with glibc's allocation thresholds fixed, it did not).  A call takes the
+#: kept block, or allocates its own when another call holds it or it is too small; the block
+#: given back first is kept and the
 #: others freed, so a kernel holds at most one block, of the size one of its calls needed
 #: (untouched pages of it cost no memory), for as long as its library is loaded.
 KEPT_WORKSPACE_C = r"""#include <stdlib.h>
@@ -396,7 +397,7 @@ class PatternKernelWriter:
         ``polyc_tables`` to the memory they allocate, freed by the caller at the end of the call)
         runs on a kernel's first call, whose record is then kept for every later call with the
         same sizes.  Built on every call, the point tables of a 1 x 1 convolution at 112 x 112
-        took as long as the convolution (mobilenet_v2, an AMD EPYC Zen 5), and freeing them
+        took as long as the convolution (mobilenet_v2), and freeing them
         made the kernel interrupt its other threads' processors.  Calls with other sizes build
         their own; the kept record lives as long as the library."""
         sizes = [self.size_c[s] for s in self.definition.sizes] if not self.specialised else []
@@ -554,7 +555,7 @@ class PatternKernelWriter:
             # A tensor of the target's shape read at the target's own point is at the target's
             # offset: one stream like the target's, where an address from the per-point index
             # tables was gathered element by element (a residual added in a convolution's
-            # epilogue: resnet18's layer-1 blocks at batch 8, 5.6 ms against 4.5 without it).
+            # epilogue: it slowed resnet18's layer-1 blocks at batch 8).
             if read.subscripts == own_point and lhs.startswith(f"{statement.target}[") \
                     and self.definition.tensor(read.tensor).shape == target.shape:
                 return read.tensor + lhs[len(statement.target):]

@@ -49,8 +49,8 @@ POINTWISE_BLOCK = {"avx512": (7, 3), "avx2": (6, 2)}
 ITEMS_PER_THREAD = 4
 
 #: Channels of a block of one image's channel vectors, at least (rounded up to whole register
-#: blocks): in blocks of two AVX2 vectors mobilenet_v2's 24 -> 144 layer at 56 x 56 ran 15%
-#: slower than in halves of its rows, in blocks of six 7% faster (an AMD EPYC Zen 4).
+#: blocks): on mobilenet_v2's expansion layers blocks of two AVX2 vectors ran slower than halves
+#: of the rows, blocks of six faster (``python -m benchmarks.onnx_segments mobilenet_v2``).
 BLOCK_CHANNELS = 48
 
 #: Bands of output rows an image is split into, at most.
@@ -128,7 +128,7 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
         lines = [f"/* T's row t (pixels 0..iw-1, channel vectors v0..v1-1) from X's row x; {pixels} pixels x up to "
                  f"{most} vectors per register block. */",
                  # not inlined: in the item loop of the parallel region, gcc kept fewer of the
-                 # accumulators in registers (AVX2, 64 -> 384 channels at 14 x 14: 195 us, 110 so)
+                 # accumulators in registers (AVX2 code on mobilenet_v2's 64 -> 384 channel layer)
                  f"static __attribute__((noinline)) void polyc_pw_row(const polyc_dw_t *restrict g, const {self.ctype} *restrict x, "
                  f"{self.ctype} *restrict t, int64_t v0, int64_t v1)",
                  "{",
@@ -158,8 +158,8 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
     def last_pixels(self, pixels: int, block) -> list[str]:
         """C of the row's last ``g->iw % pixels`` pixels as one register block (of as many
         pixels as are left when the width is known as the C is written, else one per count):
-        one pixel at a time, its two accumulators waited on the FMAs' latency, the last two
-        pixels of a 14-wide row took 40% of its time (AVX2, an AMD EPYC Zen 4)."""
+        one pixel at a time, its two accumulators waited on the FMAs' latency, and the last
+        pixels of a short row took a large share of its time (AVX2 code)."""
         width = self.known_extent(self.definition.tensor(self.pointwise.target).shape[-2])
         counts = range(1, pixels) if width is None else [width % pixels] if width % pixels else []
         lines = []
@@ -260,12 +260,11 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
     def work_split(self, wh) -> list[str]:
         """C choosing the work items, which the threads take as they come free (static halves
         of one image made the threads wait for each other whenever one virtual processor ran
-        slower than the other, as on a shared machine: mobilenet_v2's 24 -> 144 layer at 56 x 56
-        then took one thread 1.65 times the other's time, an AMD EPYC Zen 4):
+        slower than the other, as on a shared machine, where mobilenet_v2's expansion layers
+        then left one thread idle for much of the call):
 
         * the images, whole while they make ITEMS_PER_THREAD items per thread (whole images
-          write whole lines of a large output: that layer at batch 8 ran 4% slower in blocks
-          of channels);
+          write whole lines of a large output: blocks of channels ran slower at batch 8);
         * else each image's channel vectors in blocks of at least BLOCK_CHANNELS channels (a
           block reads the image's rows of X again, a few KB each, and computes nothing twice);
         * and its output rows in the bands that cost least: the busiest thread's share of the

@@ -3,8 +3,8 @@
 A convolution's or product's epilogue (bias, ReLU, Clip, a residual added) is otherwise a second
 pass over the finished output: every element stored by the kernel is loaded, changed and stored
 again, with the per-point bookkeeping of a loop the compiler vectorises.  For a convolution of
-few input channels that pass costs as much as the convolution (mobilenet_v2's 1x1 16 -> 96 at
-112 x 112 on one core: 0.20 ms without its bias and Clip, 0.30 ms with them, AMD EPYC Zen 5).
+few input channels that pass costs a large share of the convolution's time (mobilenet_v2's 1x1
+16 -> 96 at 112 x 112, measured with ``python -m benchmarks.onnx_segments mobilenet_v2``).
 Here the statements become intrinsics on one vector of accumulators, as oneDNN's post-ops and
 MLAS's kernels do: the accumulators of consecutive channels of one output point.
 
@@ -18,8 +18,8 @@ below), and the float logistic quotient ``1 / (1 + exp(-x))`` (ONNX's Sigmoid, S
 factor) as the vector form of ``polyc_sigmoidf`` (:func:`polyc.codegen.vector_math.sigmoid_vector_c`,
 the same results).  Anything else (another exp, an index value, a gather) keeps the scalar
 pass: :meth:`RegisterEpilogue.of` returns None.  In a pass, SiLU after efficientnet_b0's
-expanding 1x1 convolution (16 -> 96 at 112 x 112) cost 0.40-0.57 ns an element on each of two
-threads of an AMD EPYC Zen 4, against 0.37 for the function alone.
+expanding 1x1 convolution (16 -> 96 at 112 x 112) cost more than the function alone
+(``python -m benchmarks.onnx_segments efficientnet_b0``).
 """
 from __future__ import annotations
 

@@ -18,12 +18,10 @@ Lavin and Gray (2016)::
 
 so the 9 multiply-adds per output and channel pair become 4 in the products, which are
 register-blocked as the other kernels' (R tiles x NV vectors of output channels, the tile's V
-broadcast, U's rows loaded as vectors).  Measured on resnet18's layers with their bias,
-residual and ReLU on two threads (an AMD EPYC Zen 4), against the direct kernel
-(:mod:`polyc.codegen.conv_channels`), which runs them at about 90% of the FMA peak, each layer
-alone: 64 -> 64 at 56 x 56 1.08 -> 0.65 ms, 128 -> 128 at 28 x 28 1.07 -> 0.64-0.66 ms,
-256 -> 256 at 14 x 14 1.00-1.10 -> 0.73-0.76 ms at batch 1 (8.0-8.3 -> 4.4-4.6 ms at batch 8);
-built with -mavx2 -mfma 1.38-1.61x.
+broadcast, U's rows loaded as vectors).  On resnet18's 3 x 3 layers up to 256 channels, with
+their bias, residual and ReLU, it beats the direct kernel (:mod:`polyc.codegen.conv_channels`),
+which runs them near the FMA peak, with AVX-512 and with AVX2 code alike (measured layer by
+layer with ``python -m benchmarks.onnx_segments resnet18``, at batch 1 and 8).
 
 Work.  Tiles go in *chunks* of TB tiles (TB: :func:`chunk_limits`); a work item is (chunk,
 block of FB output channels), and each thread takes a contiguous run of items.  An item
@@ -62,8 +60,8 @@ from polyc.schedule.tiling import cache_sizes
 
 #: Per instruction set: floats per vector, tiles per register block (R), output-channel vectors
 #: per register block (NV).  R x NV accumulators, NV loaded vectors of U and one broadcast fit
-#: the registers (32 with AVX-512, 16 with AVX2).  AVX2's 6 x 2, 4 x 3 and 3 x 4 ran alike (AMD
-#: EPYC Zen 4, resnet18's 3 x 3 layers built with -mavx2 -mfma).
+#: the registers (32 with AVX-512, 16 with AVX2).  AVX2's 6 x 2, 4 x 3 and 3 x 4 ran alike on
+#: resnet18's 3 x 3 layers built with -mavx2 -mfma (``python -m benchmarks.onnx_segments resnet18``).
 _BLOCKS = {"avx512": (16, 6, 4), "avx2": (8, 6, 2), "portable": (4, 4, 2)}
 
 #: Chunks are a multiple of this many tiles (every instruction set's R divides it), so the
@@ -112,11 +110,11 @@ def winograd_sizes(dtype, kernel, strides, dilations, channels: int, features: i
 
 
 def winograd_pays(channels: int, features: int, tiles: int) -> bool:
-    """Whether the kernel beats the direct one, by what was measured (AMD EPYC Zen 4, two
-    threads): resnet18's 3 x 3 layers up to 256 channels gained 1.35-1.75x at batch 1 and 8, and
-    smaller layers too (32 -> 32 at 56 x 56 1.4x, 256 -> 256 at 7 x 7 at batch 8 1.2x); in a
-    first version its 512-channel layers at 7 x 7 lost (0.05x at batch 1: 16 tiles, for which the
-    16 x 512 x 512 transformed weights are made and read from memory; 0.85-0.94x at batch 8)."""
+    """Whether the kernel beats the direct one: it pays only for up to 256 channels (input and
+    output) and at least 32 tiles.  Beyond that its 16 x C x F transformed weights are made and
+    read from memory for too few tiles (resnet18's 512-channel layers at 7 x 7 lost to the direct
+    kernel; its smaller 3 x 3 layers gained, at batch 1 and 8: measured with
+    ``python -m benchmarks.onnx_segments resnet18``)."""
     return channels <= 256 and features <= 256 and tiles >= 32
 
 
@@ -127,11 +125,10 @@ def chunk_limits(channels: int, features: int, options: Options) -> tuple[int, i
     U (16 x C x F floats) is read once per chunk.  Where it fits half of L2, chunks are sized so
     that a chunk's V (16 x TB x C floats) fits half of L2 too, and there are at least four work
     items a thread.  A larger U comes from L3 for every chunk, so then there are as few chunks
-    as give each thread a work item, their V up to all of L2.  resnet18's 256-channel layer at
-    14 x 14 (U 4 MiB, an AMD EPYC Zen 4 with 1 MiB of L2): at batch 1, five chunks of 12 tiles
-    read 21 MB of U per call and the layer gained 1.07x in a run of the model, one chunk of all
-    49 tiles 1.36-1.43x; at batch 8, chunks whose V filled a quarter of L3 (252 tiles) left it
-    at 1.35x alone, chunks of 60 tiles 1.7x."""
+    as give each thread a work item, their V up to all of L2: on resnet18's 256-channel layer at
+    14 x 14 (U 4 MiB, larger than an L2), small chunks read U from memory again and again and
+    lost most of the kernel's gain, and chunks whose V fills much of L3 lost part of it
+    (``python -m benchmarks.onnx_segments resnet18``, at batch 1 and 8)."""
     l2 = cache_sizes(options)[2]
     per_tile = 16 * channels * 4
 

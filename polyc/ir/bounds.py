@@ -93,7 +93,7 @@ def check_bounds(program: PolyProgram) -> BoundsPrecondition:
     for position in range(len(program.params)):
         positive = positive.lower_bound_val(isl.dim_type.param, position, isl.Val.int_from_si(program.ctx, 1))
     violations: list[Violation] = []
-    boxes: dict[str, isl.Set] = {}  # per tensor, made once (a parse of isl text: ~0.3 ms each)
+    boxes: dict[str, isl.Set] = {}  # per tensor, made once (each one a parse of isl text)
     for s in program.statements:
         accesses = [("writes", s.source.target, s.write, s.domain, None)]
         accesses += [("reads", a.tensor, a.relation, s.domain.intersect(a.guard), a.read)

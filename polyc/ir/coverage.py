@@ -4,8 +4,9 @@ zeroing.
 The runtime allocates outputs and temporaries for a call.  TC's semantics start them at zero,
 and a tensor that a statement only partly writes (``where`` ranges narrower than the tensor) or
 accumulates into without ``!`` shows those zeros.  But most defs overwrite every element before
-any read: then zeroing is wasted work, and for memory-bound kernels it is not small (a 16 MB
-output costs about 0.5 ms of memset, a fifth of a Kronecker step).  isl decides it for all
+any read: then zeroing is wasted work, and for memory-bound kernels it is not small (a memset
+of a 16 MB output is a large share of a Kronecker step: the ``kronecker3_*`` cases of
+``python -m benchmarks``).  isl decides it for all
 sizes at once.
 """
 from __future__ import annotations

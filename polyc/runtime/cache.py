@@ -24,12 +24,12 @@ trusts it while the ``stat`` (inode, size, mtime) of its library and meta.json i
 
 Compile requests: generating a kernel's C (dependences, scheduling, code generation) costs tens
 of milliseconds per def, which a process that finds every library in the cache should not pay
-(an ONNX model's 40 kernels took 2.3 s).  So ``<cache>/requests/<key[:2]>/<key>.json`` maps a
+(seconds for an ONNX model's kernels).  So ``<cache>/requests/<key[:2]>/<key>.json`` maps a
 request -- the def's TC text, its options, its sizes and a digest of polyc's own code, see
 :func:`request_key` -- to the library entry its C went into and how to call it.  A request file
 is only a shortcut: one that is missing, malformed or names an entry that fails its checks is a
 miss, and the kernel is generated again.  Other such records (:func:`read_record`,
-:func:`write_record`) keep what a def's define-time proofs found (:mod:`polyc.ir.proofs`).
+:func:`write_record`) keep what a def's define-time proofs found (:mod:`polyc.runtime.proofs`).
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from polyc import __version__ as POLYC_VERSION
+from polyc.version import __version__ as POLYC_VERSION
 from polyc.errors import CacheError, CompilationError
 from polyc.runtime.compiler import INTRINSICS_HEADER, CompilerOptions, compile_shared_library, precompile_header
 

@@ -170,6 +170,13 @@ class CompilerOptions:
 
 
 @functools.lru_cache(maxsize=None)
+def compiler_options(options) -> CompilerOptions:
+    """The compiler settings for :class:`polyc.options.Options` (``cflags`` replace the
+    optimisation flags; the language standard and OpenMP stay)."""
+    flags = None if options.cflags is None else tuple(options.cflags) + LANGUAGE_FLAGS
+    return CompilerOptions(cc=options.cc, flags=flags, openmp=True)
+
+
 def _compiler_version(compiler_words: tuple[str, ...]) -> str:
     """First line of ``cc --version``, memoised because every cache lookup needs it."""
     command = [*compiler_words, "--version"]
@@ -273,8 +280,8 @@ def _truncate_diagnostics(text: str) -> str:
 
 
 #: The header of the x86 intrinsics, which the gemm and convolution kernels include: parsing it
-#: is 0.12 s of every such kernel's build (0.16 s for a file that includes it alone, 0.04 s
-#: with it precompiled; a gemm kernel 0.99 -> 0.82 s, gcc 12, AMD EPYC Zen 4).
+#: is a large share of every such kernel's build, which a precompiled header saves (the cold
+#: compile times of ``python -m benchmarks.onnx_bench``).
 INTRINSICS_HEADER = "#include <immintrin.h>\n"
 
 

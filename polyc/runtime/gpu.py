@@ -23,7 +23,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -369,14 +369,16 @@ def opencl_missing() -> str | None:
 
 
 class GpuCompiledKernel:
-    """Calls a def through a GPU back end; generates and builds its code on first use per size
+    """Calls a def through a GPU back end; generates (with ``generate``: sizes -> the launches'
+    code, :func:`polyc.driver.gpu_code_generator`) and builds its code on first use per size
     signature (the API's backend for ``backend="opencl"`` and ``"cuda"``)."""
 
-    def __init__(self, definition: CheckedDef, options: Options):
+    def __init__(self, definition: CheckedDef, options: Options,
+                 generate: Callable[[Mapping[str, int]], GpuKernelSource]):
         self.definition = definition
         self.options = options
+        self._generate = generate
         self._code: dict[tuple, GpuKernelSource] = {}
-        self._analysis = None
         self._lock = threading.Lock()
 
     def runtime(self):
@@ -386,13 +388,10 @@ class GpuCompiledKernel:
         key = tuple(sizes[s] for s in self.definition.sizes)
         code = self._code.get(key)
         if code is None:
-            from polyc.driver import analyse, compile_stages
             with self._lock:
-                if self._analysis is None:
-                    self._analysis = analyse(self.definition, self.options.fusion)
-                options = self.options.replace(specialize=True)
-                code = compile_stages(self.definition, options, sizes, self._analysis).gpu_source
-                self._code[key] = code
+                code = self._code.get(key)
+                if code is None:
+                    code = self._code[key] = self._generate(sizes)
         return code
 
     def device_call(self, args: tuple, outputs, check_sizes) -> tuple:

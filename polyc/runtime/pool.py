@@ -2,10 +2,11 @@
 
 A short parallel call on a machine busier than its cores is at the mercy of the scheduler: an
 OpenMP team ends with a join that waits for every thread, and a thread woken while another
-process has its processor waits a scheduler slice (milliseconds) to start.  Beside one busy
-process, sgemm 256 (0.17 ms on two threads) had a 90th percentile of 6.9 ms on OpenMP's threads
-(an AMD EPYC Zen 4, Linux 6.18), and the thread policy's answer, one thread under load
-(:data:`polyc.codegen.pattern_kernel.THREAD_POLICY_C`), made it the one-thread time, 0.33-0.38 ms.
+process has its processor waits a scheduler slice (milliseconds) to start, so beside one busy
+process a call of a fraction of a millisecond can take a whole slice.  The thread policy's answer,
+one thread under load (:data:`polyc.codegen.pattern_kernel.THREAD_POLICY_C`), caps it at the
+one-thread time (measured with ``python -m benchmarks.tail_latency``; results in
+``benchmarks/results/zen4_tail_latency*.json``).
 
 The pool's work is a job of *tickets* (independent pieces: whole products, or a product's
 column blocks), which the calling thread and the helpers take as they come.  The caller never
@@ -13,31 +14,32 @@ waits for a helper that has not started: it takes the tickets left, and returns 
 ticket taken is done.  So a late helper costs at most the one-thread time, never a slice.
 The contraction kernels use it for such shares when other processes crowd the machine (or
 always, with ``POLYC_THREADS=pool``); on an idle machine they keep OpenMP's threads, which the
-other kernels of a model use too: the two sets of threads met on the cores when a transformer
-encoder's products ran on the pool, 2.6x slower.
+other kernels of a model use too: the two sets of threads would meet on the cores (a transformer
+encoder's products on the pool ran several times slower).
 
-How helpers are kept ready (measured beside a spinning process, calls 1 ms apart, 2 cores):
+How helpers are kept ready (each choice measured beside a spinning process, calls 1 ms apart,
+with ``python -m benchmarks.tail_latency``; ``benchmarks/results/zen4_tail_latency_2026-12-05_pool_run*.json``
+and ``..._keepoff_run*.json``):
 
 * A helper never shares the caller's processor: before a job, the caller takes its processor
   out of the helpers' affinity masks (when they may run elsewhere; a system call per helper,
   only when the caller has moved since the last job).  A woken helper was otherwise placed on
-  the caller's processor in most calls, next to the thread it should run beside (it did a
-  ticket in 0-1% of calls; with this, 94%).  Done by each helper before it waited, with the
-  processor of the last job's caller, it missed runs of calls after the caller had moved.
+  the caller's processor in most calls, next to the thread it should run beside, and almost
+  never did a ticket.  Done by each helper before it waited, with the processor of the last
+  job's caller, it missed runs of calls after the caller had moved.
 * A helper asks the scheduler for short slices (``sched_setattr``'s ``sched_runtime``, 100 us:
-  Linux 6.12 and later let a waking task with a shorter slice preempt the running one): its
-  missed calls went from 6% to 1%, and sgemm 256's p90 beside a busy process from 0.20-0.32 ms
-  to 0.19-0.25 ms.  Older kernels ignore it.
+  Linux 6.12 and later let a waking task with a shorter slice preempt the running one), so it
+  misses fewer calls beside a busy process.  Older kernels ignore it.
 * After a job a helper spins for up to 3 ms (the next call of a sequence finds it running),
   except for a while after it was kept off its processor for over 0.5 ms as it spun: a machine
   with other work then gets the processor back at once, and the helper, asleep, is woken by the
   next call, which (unlike a spinning thread that used up its share) preempts the other
-  process.  Spinning while busy, it missed 15% of calls; yielding instead of spinning, 70%.
+  process.  Spinning while busy, or yielding instead of spinning, it missed many more calls.
   That while is 0.1 s, doubled up to 1.6 s while each try at spinning is kept off again: with
-  0.1 s, each try cost two or three calls in a row, about one call in 25 of sgemm 256 beside a
-  busy process.  Helpers are named ``polyc-pool`` (``top -H``, ``/proc``).
+  a fixed 0.1 s, each try cost a few calls in a row.  Helpers are named ``polyc-pool``
+  (``top -H``, ``/proc``).
 * The caller waits for a helper's ticket spinning, yielding its processor only after 1 ms:
-  yielding at once gave it to the busy process for a whole slice (sgemm 256: 2.9 ms).
+  yielding at once gave it to the busy process for a whole slice.
 
 Kernels reach the pool through a weak symbol (``polyc_pool_run_v1``): this module loads the
 pool library (built in the kernel cache like any kernel) with ``RTLD_GLOBAL`` before the first

@@ -1,8 +1,9 @@
 """One C call for a sequence of compiled kernel calls.
 
 A caller that runs the same kernels on the same memory again and again (an ONNX plan) pays for
-each ctypes call about 2 us (converting the arguments, releasing and taking the GIL): for
-mobilenet_v2 at batch 1, 44 kernels, 0.08 ms of a 4 ms run.  Here a small C function calls them
+each ctypes call a few microseconds (converting the arguments, releasing and taking the GIL), a
+visible share of a small model's run at batch 1 (``python -m benchmarks.onnx_bench --models
+mobilenet_v2 --batches 1``).  Here a small C function calls them
 in order from tables::
 
     functions[i]   the kernel's address

@@ -6,15 +6,15 @@
 - :mod:`polyc.tune.space`: what may change for a kernel's compilation path, and its features.
 - :mod:`polyc.tune.cost_model`: gradient-boosted trees ranking unmeasured candidates.
 - :mod:`polyc.tune.search`: the explorer, the measurement, :func:`tune`.
-- :mod:`polyc.tune.records`: the append-only JSON-lines records, keyed by def, sizes, dtypes,
-  compiler, machine fingerprint (:mod:`polyc.tune.machine`) and polyc version.
+- :mod:`polyc.runtime.tuning_records`: the append-only JSON-lines records, keyed by def, sizes, dtypes,
+  compiler, machine fingerprint (:mod:`polyc.runtime.machine`) and polyc version.
 - :mod:`polyc.tune.distributed`: measuring on Dask workers.
 """
 import sys
 import types
 
-from polyc.tune.machine import MachineFingerprint, this_machine
-from polyc.tune.records import (TuningKey, TuningRecord, best_options, default_records_path, merge_records,
+from polyc.runtime.machine import MachineFingerprint, this_machine
+from polyc.runtime.tuning_records import (TuningKey, TuningRecord, best_options, default_records_path, merge_records,
                                 read_records)
 from polyc.tune.search import TuningResult, tune
 

@@ -3,7 +3,7 @@
 Tuning is embarrassingly parallel across machines of one kind: each candidate is compiled and
 timed by one worker, and the results come back as ordinary records.  Rules:
 
-- Only workers whose machine fingerprint (:mod:`polyc.tune.machine`) equals the target's measure:
+- Only workers whose machine fingerprint (:mod:`polyc.runtime.machine`) equals the target's measure:
   a time taken on another kind of processor would be a wrong record.  Others are left idle, and
   a client with no matching worker is an error that lists what the workers are.
 - One measurement per machine at a time: :func:`polyc.tune.search.measure_candidate` holds a
@@ -17,16 +17,16 @@ from __future__ import annotations
 import itertools
 
 from polyc.errors import PolycError
-from polyc.tune.machine import this_machine
+from polyc.runtime.machine import this_machine
 
 
 def _worker_fingerprint() -> dict:
-    from polyc.tune.machine import this_machine as here
+    from polyc.runtime.machine import this_machine as here
     return {"id": here().id, "describe": here().describe()}
 
 
 def _measure_on_worker(job: dict, data: tuple, target_machine: str) -> dict:
-    from polyc.tune.machine import this_machine as here
+    from polyc.runtime.machine import this_machine as here
     from polyc.tune.search import measure_candidate
     if here().id != target_machine:  # the scheduler should not send it here; never time it anyway
         return {"status": "error", "message": f"worker machine {here().describe()} is not the target"}
@@ -35,7 +35,7 @@ def _measure_on_worker(job: dict, data: tuple, target_machine: str) -> dict:
 
 
 def _confirm_on_worker(jobs: list, data: tuple, target_machine: str) -> list:
-    from polyc.tune.machine import this_machine as here
+    from polyc.runtime.machine import this_machine as here
     from polyc.tune.search import confirm_candidates
     if here().id != target_machine:
         raise PolycError(f"worker machine {here().describe()} is not the target")

@@ -20,7 +20,6 @@ workers (:mod:`polyc.tune.distributed`).
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 import statistics
@@ -37,8 +36,8 @@ import numpy as np
 from polyc.errors import PolycError
 from polyc.schedule.tiling import usable_cores
 from polyc.tune.cost_model import CostModel, pruning_limit
-from polyc.tune.machine import this_machine
-from polyc.tune.records import (TuningKey, TuningRecord, append_record, chosen_record, default_records_path,
+from polyc.runtime.machine import this_machine
+from polyc.runtime.tuning_records import (TuningKey, TuningRecord, append_record, target_of, chosen_record, default_records_path,
                                 read_records)
 from polyc.tune.space import SearchSpace, space_for
 
@@ -79,14 +78,6 @@ class TuningResult:
         default = f"{self.default_seconds * 1e3:.3f} ms" if self.default_seconds else "unmeasured"
         return (f"<TuningResult {self.space.path}: best {best} with {self.best_options or 'the defaults'} "
                 f"(default {default}); {self.trials} trials{' (interrupted)' if self.interrupted else ''}>")
-
-
-def target_of(options) -> str:
-    """The back end and compiler a record was measured with (part of its key)."""
-    from polyc.driver import compiler_options
-    digest = hashlib.sha256(compiler_options(options).fingerprint().encode()).hexdigest()[:12]
-    caches = "" if options.cache_sizes is None else " caches " + "/".join(map(str, options.cache_sizes))
-    return f"{options.backend} {digest}{caches}"
 
 
 def tune(kernel, *args, budget: float | int = 60.0, strategy: str = "model", records=None, client=None,
@@ -444,12 +435,12 @@ class _Measurer:
 
 def candidate_kernel(job: Mapping):
     """``job``'s def defined with its options (JSON's lists made tuples again)."""
-    import polyc
+    from polyc.api import define
     options = dict(job["options"])
     for name in ("tile_sizes", "cflags", "cache_sizes"):
         if isinstance(options.get(name), list):
             options[name] = tuple(options[name])
-    return polyc.define(job["source"], **options)[job["name"]]
+    return define(job["source"], **options)[job["name"]]
 
 
 def _candidate_kernels(jobs: list):
@@ -465,13 +456,12 @@ def measure_candidate(job: Mapping, inputs: tuple, reference: tuple) -> dict:
     """Compile ``job``'s def with its options, check it against ``reference``, time it.  Runs in
     this process or on a Dask worker (``job`` is plain data).  Timing holds a machine-wide lock,
     so two measurements on one machine (two workers of a LocalCluster) never overlap."""
-    import polyc
     try:
         kernel = candidate_kernel(job)
         started = time.perf_counter()
         outputs = kernel(*inputs)  # compiles, or loads what _Measurer built ahead
         compile_seconds = time.perf_counter() - started
-    except polyc.PolycError as error:
+    except PolycError as error:
         return {"status": "error", "message": str(error)[:500]}
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     problem = outputs_match(outputs, reference, job["terms"])
@@ -499,11 +489,11 @@ def confirm_candidates(jobs: list, inputs: tuple, rounds: int = CONFIRM_ROUNDS) 
     runs of every candidate in turn (the order reversed every other round), so that a change of
     the machine's load reaches all alike; each one's time is the median of its blocks' medians.
     The search's best is the fastest of many candidates each timed once, and so, on a noisy
-    machine, often one whose timing was lucky: the confirmation decides (:mod:`.records`)."""
-    import polyc
+    machine, often one whose timing was lucky: the confirmation decides (:mod:`polyc.runtime.tuning_records`)."""
+    from polyc.api import define
     kernels = []
     for job in jobs:
-        kernel = polyc.define(job["source"], **plain_options(job["options"]))[job["name"]]
+        kernel = define(job["source"], **plain_options(job["options"]))[job["name"]]
         kernel(*inputs)  # compiled (from the cache) before any timing
         kernels.append(kernel)
     blocks: list[list[float]] = [[] for _ in jobs]

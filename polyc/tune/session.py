@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from polyc.errors import PolycError
-from polyc.tune.records import TuningKey
+from polyc.runtime.tuning_records import TuningKey
 from polyc.tune.search import TuningResult, _time_call, bound_call, tune
 
 #: The least budget worth a search of one kernel: seconds, or trials.

@@ -29,7 +29,7 @@ from polyc.lang.checked import CheckedDef
 from polyc.options import Options
 from polyc.paths import KernelPath, PathRequest, SpaceRequest, choose_path, kernel_path
 from polyc.paths.base import Config, Knob
-from polyc.tune.machine import MachineFingerprint, this_machine
+from polyc.runtime.machine import MachineFingerprint, this_machine
 
 __all__ = ["Config", "Knob", "SearchSpace", "space_for", "thread_counts", "built_instruction_set"]
 
@@ -126,7 +126,7 @@ def built_instruction_set(options: Options, machine: MachineFingerprint) -> str:
     """The instruction set whose register blocks kernels built with ``options`` on ``machine``
     hold: the machine's own with ``-march=native`` (the default), else the one the flags select
     (``cflags="-O3 -mavx2 -mfma"`` builds AVX2 code on an AVX-512 machine, with AVX2's blocks)."""
-    from polyc.driver import compiler_options
+    from polyc.runtime.compiler import compiler_options
     from polyc.runtime.compiler import vector_bits
     build = compiler_options(options)
     if any(flag.endswith("=native") for flag in build.flags):

@@ -859,7 +859,7 @@ def test_an_image_too_small_for_the_windows_is_a_signature_error():
 
 
 def test_tuning_a_session_tunes_its_costliest_kernels_and_runs_use_the_results(model, tmp_path, monkeypatch, capsys):
-    from polyc.tune.records import read_records
+    from polyc.runtime.tuning_records import read_records
     records = tmp_path / "records.jsonl"
     monkeypatch.setenv("POLYC_TUNING_FILE", str(records))
     session = ponnx.InferenceSession(model)
@@ -996,7 +996,7 @@ def test_constant_weights_are_blocked_for_the_instruction_set_the_kernels_are_bu
     # Weights are blocked for the register block of the kernels built, whatever this machine
     # has: 16-wide slivers for AVX2's 6 x 16 block (64-wide ones it would pack on every call),
     # 64-wide for AVX-512's 6 x 64, none for portable C.  The build runs where this machine can.
-    from polyc.codegen.targets import get_target
+    from polyc.runtime.targets import get_target
     rng = np.random.default_rng(21)
     weights = rng.standard_normal((24, 128)).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["X", "W"], ["P"], name="mm"), helper.make_node("Add", ["P", "B"], ["Y"], name="bias")]

@@ -1,4 +1,4 @@
-"""The define-time proofs in the cache (polyc.ir.proofs): a later define of the same def reads
+"""The define-time proofs in the cache (polyc.runtime.proofs): a later define of the same def reads
 what the bounds and coverage proofs found instead of building its polyhedral model, finds the
 same, and anything wrong with the record is only a miss."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 import polyc
 from polyc.errors import BoundsError
-from polyc.ir import proofs
+from polyc.runtime import proofs
 
 # K bounds the index of A: the accesses are in bounds only when K <= N (a precondition), and B
 # is written before it is read, as is the temporary T.

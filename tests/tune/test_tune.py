@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 import polyc
-from polyc.tune import records as records_module
-from polyc.tune.machine import MachineFingerprint, cpu_identity, microarchitecture, this_machine
-from polyc.tune.records import (SCHEMA_VERSION, TuningKey, TuningRecord, append_record, best_options, chosen_record,
+from polyc.runtime import tuning_records as records_module
+from polyc.runtime.machine import MachineFingerprint, cpu_identity, microarchitecture, this_machine
+from polyc.runtime.tuning_records import (SCHEMA_VERSION, TuningKey, TuningRecord, append_record, best_options, chosen_record,
                                 merge_records, read_records)
 
 MATMUL = """

@@ -403,7 +403,7 @@ class Plan:
 
     # ------------------------------------------------------------------ compilation
     def _compile(self, options: dict) -> None:
-        import polyc
+        from polyc.api import define
         needed_later: dict[int, int] = {}
         for position, item in enumerate(self.order):
             for value in _reads_of(item):
@@ -425,7 +425,7 @@ class Plan:
                 given = {**wanted, **options}
                 # (the compiler and its flags as the environment gives them now: $POLYC_CFLAGS)
                 key = (canonical, repr(sorted(given.items())), compiler_options(Options.from_kwargs(**given)))
-                group.kernel = _shared_kernel(key, lambda: polyc.define(
+                group.kernel = _shared_kernel(key, lambda: define(
                     canonical, filename=f"<onnx {group.name}>", **given)[CANONICAL_NAME])
             except PolycError as error:
                 raise PolycError(f"nodes {', '.join(group.nodes)}: polyc cannot compile their TC "
@@ -582,7 +582,8 @@ class Plan:
 class _ResolvedRun:
     """The plan's kernel calls on one arena with their C functions' pointer arguments read
     once: a call through :class:`polyc.api.Kernel` checks its arguments and reads their
-    addresses every time, about 9 us, a tenth of mobilenet_v2's 55 kernels at batch 1.  The
+    addresses every time, microseconds a call, a visible share of mobilenet_v2's run at batch 1
+    (``python -m benchmarks.onnx_bench --models mobilenet_v2 --batches 1``).  The
     arena's arrays, the constants and the kernels' temporaries stay where they are between
     runs; the feeds and the fresh outputs (the values returned to the user, outputs that start
     as zeros), and the views of them, are new in every run and read by name then.  Built from a
@@ -770,7 +771,7 @@ class _Values(dict):
     """A plan's values by ONNX name.  A constant given to the plan (an initializer, or a value
     a stage before learned) becomes a Value when first looked up: a stage plans a few nodes of
     a graph whose initializers number thousands (torchvision's SSDlite: 2,300 Values made per
-    stage, 1.4 s of 10 for a new image's 188 stages)."""
+    stage, a large share of the planning of a new image's 188 stages)."""
 
     def __init__(self, constants: dict, new_ident):
         super().__init__()
@@ -833,7 +834,7 @@ def inline_elementwise(steps: list, outputs: list) -> list:
     read twice by a chain of elementwise operators (SiLU's ``x * sigmoid(x)``, GELU's ``x * (1
     + erf(x / sqrt 2)) / 2``) then has one reader left, which the fusion rules make an epilogue
     of the convolution or product computing ``x``, instead of a kernel of its own that reads
-    and writes ``x`` in memory (efficientnet_b0 batch 1: 175 kernels -> 127, AMD EPYC Zen 5).
+    and writes ``x`` in memory (efficientnet_b0 at batch 1: 175 kernels -> 127).
     Nothing is computed twice, since ``s`` had no other use.  Only floating-point values whose
     statement reads values of their own type, so that no conversion is lost."""
     readers: dict[int, list] = {}
@@ -1000,7 +1001,7 @@ def _foldable(steps: list, inputs: list) -> bool:
 
 #: Folds already evaluated: (canonical def, its inputs' digests) -> the results, for small ones
 #: (a detector's stages fold the same shape computations for every class and every image: of
-#: SSDlite's 220-280 folds a new image, 75-90% had been done before, 0.45 s of its planning).
+#: SSDlite's 220-280 folds a new image, 75-90% had been done before).
 _FOLDED: collections.OrderedDict = collections.OrderedDict()
 _FOLDED_LOCK = threading.Lock()
 MAX_FOLDED = 4096
@@ -1010,7 +1011,7 @@ MAX_FOLDED_BYTES = 1 << 16
 
 def _fold(steps: list, node: str) -> None:
     """Evaluate a node's steps on constants with the reference interpreter (compile time)."""
-    import polyc
+    from polyc.api import define
     for step in steps:
         if isinstance(step, ViewStep):
             step.target.const = step.of(np.ascontiguousarray(step.source.const)).reshape(step.target.shape)
@@ -1030,7 +1031,7 @@ def _fold(steps: list, node: str) -> None:
                 for value, array in zip(step.writes, results):
                     value.const = array.copy()
                 continue
-        kernel = polyc.define(group.source, filename=f"<onnx fold {node}>", backend="interpreter")[group.name]
+        kernel = define(group.source, filename=f"<onnx fold {node}>", backend="interpreter")[group.name]
         results = kernel(*inputs)
         results = results if isinstance(results, tuple) else (results,)
         results = [np.asarray(array).astype(value.dtype, copy=False).reshape(value.shape)
@@ -1063,7 +1064,7 @@ def _fused_pair(pair: Group, first: Group, uses: dict[int, int]) -> bool:
     from polyc.lang.sema import check_source
     from polyc.schedule.convolution import recognise_pointwise_depthwise_def
     if not _reads_one_by_one_weights(first.steps[0]):
-        return False  # (checking the pair's def costs 10-20 ms: resnet18 has 18 pairs, none of them this)
+        return False  # (checking the pair's def costs milliseconds: resnet18 has 18 pairs, none of them this)
     inside: dict[int, int] = {}
     for value in _reads_of(pair):
         inside[id(value)] = inside.get(id(value), 0) + 1

@@ -3,8 +3,9 @@
 ``polyc.define`` proves every affine access in bounds (:func:`polyc.ir.bounds.check_bounds`) and
 finds the outputs and temporaries each def writes entirely before reading them
 (:func:`polyc.ir.coverage.written_before_read`).  Both need the def's polyhedral model: isl sets
-and maps for every statement and access, 10-20 ms a def, which an ONNX model's warm start paid
-for each of its 20-60 kernels although every library came from the cache.  Both results depend
+and maps for every statement and access, milliseconds a def, which an ONNX model's warm start
+paid for each of its kernels although every library came from the cache (the warm compile time
+of ``python -m benchmarks.onnx_bench``).  Both results depend
 only on the def's text and polyc's code, so they are recorded under ``<cache>/proofs/`` by
 :func:`polyc.runtime.cache.request_key` of that text, and a later process reads them back.
 

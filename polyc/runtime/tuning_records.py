@@ -39,10 +39,10 @@ from pathlib import Path
 
 import numpy as np
 
-from polyc import __version__ as POLYC_VERSION
+from polyc.version import __version__ as POLYC_VERSION
 from polyc.errors import PolycError, PolycWarning
 from polyc.lang.checked import CheckedDef
-from polyc.tune.machine import MachineFingerprint, this_machine
+from polyc.runtime.machine import MachineFingerprint, this_machine
 
 try:
     import fcntl
@@ -299,6 +299,14 @@ def merge_records(sources: Iterable[str | os.PathLike], into: str | os.PathLike 
     return added
 
 
+def target_of(options) -> str:
+    """The back end and compiler a record was measured with (part of its key)."""
+    from polyc.runtime.compiler import compiler_options
+    digest = hashlib.sha256(compiler_options(options).fingerprint().encode()).hexdigest()[:12]
+    caches = "" if options.cache_sizes is None else " caches " + "/".join(map(str, options.cache_sizes))
+    return f"{options.backend} {digest}{caches}"
+
+
 def tuned_options(definition: CheckedDef, options, sizes: Mapping[str, int]):
     """``options`` with the best record's values for ``definition`` at ``sizes`` on this machine
     (see ``Options.tuning``), or ``options`` itself when tuning is off or there is no record.
@@ -308,7 +316,6 @@ def tuned_options(definition: CheckedDef, options, sizes: Mapping[str, int]):
     if not options.tuning or not options.specialize or options.backend != "c":
         return options
     try:
-        from polyc.tune.search import target_of
         recorded = best_options(TuningKey.for_call(definition, sizes, target_of(options)))
     except (PolycError, OSError, ValueError):
         return options

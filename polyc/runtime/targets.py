@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 
 import numpy as np
 
-from polyc import __version__
+from polyc.version import __version__
 from polyc.errors import PolycError
 from polyc.ir.bounds import check_bounds
 from polyc.lang.checked import CheckedDef, Role, Tensor
