@@ -16,13 +16,13 @@ import numpy as np
 from polyc.errors import PolycError
 from polyc.interpreter import run_bound
 from polyc.ir.model import build_program
-from polyc.ir.proofs import define_proofs
+from polyc.runtime.proofs import define_proofs
 from polyc.lang import ast
 from polyc.lang.checked import CheckedDef
 from polyc.lang.float16_sums import accumulate_float16_in_float32
 from polyc.lang.parser import parse
 from polyc.lang.sema import check_def
-from polyc.options import GPU_BACKENDS, Options
+from polyc.options import GPU_BACKENDS, Options, options_reference
 from polyc.runtime.arguments import bind_arguments
 
 
@@ -35,7 +35,7 @@ class Kernel:
         self.options = options
         # Prove affine accesses in bounds now: always-wrong ones fail at define time, the rest
         # leave a precondition on the sizes that every call checks.  An earlier process's
-        # findings for the same text come from the kernel cache (polyc.ir.proofs).
+        # findings for the same text come from the kernel cache (polyc.runtime.proofs).
         proofs = define_proofs(definition)
         self.bounds_precondition = proofs.bounds
         self._written_before_read = proofs.written_before_read
@@ -109,7 +109,7 @@ class Kernel:
             return compile_stages(self.definition, options.replace(specialize=False), None)
         sizes = self._checked_sizes(sizes)
         if not option_changes:  # as a call compiles it: with the best tuning record, if any
-            from polyc.tune.records import tuned_options
+            from polyc.runtime.tuning_records import tuned_options
             options = tuned_options(self.definition, options, sizes)
         return compile_stages(self.definition, options, sizes)
 
@@ -199,14 +199,14 @@ class Kernel:
     def export_c(self, directory, sizes: dict | None = None, target: str = "neon", name: str | None = None):
         """Write this kernel as ``NAME.c`` (self-contained C: no Python needed) and ``NAME.h``
         (prototype; arguments, dtypes and shapes in a comment) into ``directory``, for ``target``
-        (``host``, ``avx512``, ``avx2``, ``generic`` or ``neon``; see :mod:`polyc.codegen.targets`).
+        (``host``, ``avx512``, ``avx2``, ``generic`` or ``neon``; see :mod:`polyc.runtime.targets`).
         ``sizes`` (all of them) specialises the kernel; None passes them as arguments.
         ``name`` defaults to the def's name.  Returns the paths ``(c_path, h_path)``."""
         return self.exported_c(sizes, target, name).write(directory)
 
     def exported_c(self, sizes: dict | None = None, target: str = "neon", name: str | None = None):
-        """:meth:`export_c`'s two files as text (:class:`polyc.codegen.targets.ExportedC`), not written."""
-        from polyc.codegen.targets import export_c, export_sizes, get_target
+        """:meth:`export_c`'s two files as text (:class:`polyc.runtime.targets.ExportedC`), not written."""
+        from polyc.runtime.targets import export_c, export_sizes, get_target
         target = get_target(target)
         sizes = export_sizes(self.definition, sizes)
         if sizes is not None:
@@ -244,8 +244,9 @@ def _make_backend(definition: CheckedDef, options: Options):
     if options.backend == "interpreter":
         return lambda call: run_bound(definition, call)
     if options.backend in GPU_BACKENDS:
+        from polyc.driver import gpu_code_generator
         from polyc.runtime.gpu import GpuCompiledKernel
-        return GpuCompiledKernel(definition, options)
+        return GpuCompiledKernel(definition, options, gpu_code_generator(definition, options))
     from polyc.driver import CompiledKernel  # the polyhedral pipeline; imported lazily (isl, cgen)
     return CompiledKernel(definition, options)
 
@@ -294,9 +295,10 @@ def _check_loop_order(definitions: list[CheckedDef], loop_order: tuple[str, ...]
 def define(source: str, filename: str = "<tc>", **options) -> Module:
     """Parse and check TC ``source``; return a module with one kernel per def.
 
-    Options (see :class:`polyc.options.Options`): backend, fusion, tile_sizes, parallel,
-    vectorize, unroll, specialize, cc, cflags.  Errors in the source raise PolycError
-    subclasses carrying ``file:line:col``.
+    ``filename`` names the source in error messages: errors in it raise :class:`PolycError`
+    subclasses carrying ``file:line:col``.  The options (keywords, checked by
+    :class:`polyc.options.Options`; an unknown one is an error naming the known ones) apply to
+    every kernel of the module; each is listed below.
     """
     if not isinstance(source, str):
         raise PolycError(f"define() takes TC source text, not {type(source).__name__}")
@@ -309,3 +311,7 @@ def define(source: str, filename: str = "<tc>", **options) -> Module:
     _check_loop_order(definitions, checked_options.loop_order)
     kernels = {d.name: Kernel(d, definition, checked_options) for d, definition in zip(tree.defs, definitions)}
     return Module(kernels, tree)
+
+
+# help(polyc.define) lists every option, from the one place they are described.
+define.__doc__ += "\n" + options_reference("    ")

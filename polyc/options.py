@@ -69,12 +69,13 @@ class Options:
       entry of ``tile_sizes`` is the number of output channels per work item.
     - ``winograd``: compile a 3 x 3 stride-1 convolution in a channels-last layout whose
       channels are multiples of 16 (float32, known sizes) by Winograd's F(2x2, 3x3)
-      (:mod:`polyc.codegen.winograd`): 1.35-1.75x faster on resnet18's layers, equal up to rounding
-      on finite values, but an infinite input or weight may give NaN in outputs near it.  Off by
-      default; ONNX sessions turn it on.
+      (:mod:`polyc.codegen.winograd`) where it pays (fewer multiplications; measured in
+      ``benchmarks/results/*_onnx*.json``): equal up to rounding on finite values, but an
+      infinite input or weight may give NaN in outputs near it.  Off by default; ONNX sessions
+      turn it on.
     - ``cache_sizes``: the data caches tile and block sizes are chosen for, ``(L1, L2, L3)`` in
       bytes (L1 and L2 per core); None reads this machine's.  Exports for another machine use
-      that target's (:mod:`polyc.codegen.targets`).
+      that target's (:mod:`polyc.runtime.targets`).
     - ``threads``: the most threads a parallel kernel uses (None: OpenMP's default, all cores).
     - ``tuning``: compile each call's sizes with the fastest options :func:`polyc.tune` recorded
       for this def, these sizes and dtypes, this compiler and this machine, when there is such a
@@ -180,3 +181,12 @@ class Options:
 
     def replace(self, **changes) -> "Options":
         return Options.from_kwargs(**{**dataclasses.asdict(self), **changes})
+
+
+def options_reference(indent: str = "") -> str:
+    """The description of every option, as :class:`Options`' docstring gives it (its list of
+    ``- ``name``: ...`` items), each line prefixed with ``indent``."""
+    lines = (Options.__doc__ or "").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("- ``"))
+    items = [line[4:] if line.startswith("    ") else line.strip() for line in lines[start:]]
+    return "\n".join(indent + line if line else "" for line in ["Options:", ""] + items).rstrip() + "\n"
