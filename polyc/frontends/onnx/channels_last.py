@@ -152,9 +152,9 @@ class ChannelsLast:
         """A depthwise convolution (one filter per channel) of an image in NHWC already, as one
         statement with its zero padding in the condition, for polyc's depthwise kernel
         (:mod:`polyc.codegen.depthwise`: channels vectorised, each tap's weights loaded once per
-        row and the image vectors that neighbouring outputs share once).  mobilenet_v2's
-        144-channel 3 x 3 layer at 56 x 56 on one core: 0.22 ms written out per region of
-        positions for the generic path, 0.12 ms so (AMD EPYC Zen 4)."""
+        row and the image vectors that neighbouring outputs share once), which runs
+        mobilenet_v2's 3 x 3 depthwise layers in about half the time of the generic path's
+        statements per region of positions (``python -m benchmarks.onnx_segments mobilenet_v2``)."""
         name = node.proto.input[0]
         if name not in self.nhwc or self.nhwc[name].shape[-1] != w.shape[0]:
             return None
@@ -260,12 +260,12 @@ def _moved(b: Builder, x: Value, perm) -> Value:
 #: batch) and more bytes of weights than CHANNELS_LAST_WEIGHT_BYTES: its weights, read once per
 #: call, dominate, and the NCHW kernel streams each filter's weights in one run (and reads the
 #: image in place at stride 1), where the NHWC kernel reads stretches of every row of
-#: W(kh, kw, c, f).  Weights not in cache (a model's), AMD EPYC Zen 5: resnet18's 512 -> 512
-#: 3 x 3 layers at 7 x 7, batch 1: 0.66 ms in NCHW, 0.83 in NHWC; but 256 -> 256 at 14 x 14
-#: 0.58 against 0.54, and strided layers (packed tiles in NCHW) 256 -> 512 to 7 x 7 0.56
-#: against 0.48.  A padded one runs in NHWC all the same: the NHWC kernel skips the taps that
-#: fall in the padding (a fifth of a 3 x 3's products at 7 x 7): a 512 -> 512 3 x 3 layer at
-#: 7 x 7, batch 1, one core of an AMD EPYC Zen 4: 2.02-2.36 ms in NHWC, 2.62-2.66 in NCHW.
+#: W(kh, kw, c, f).  With weights not in cache (a model's), resnet18's 512 -> 512 3 x 3 layers
+#: at 7 x 7, batch 1, ran faster in NCHW; but 256 -> 256 at 14 x 14, and strided layers
+#: (packed tiles in NCHW) such as 256 -> 512 to 7 x 7, ran faster in NHWC.  A padded one runs
+#: in NHWC all the same: the NHWC kernel skips the taps that fall in the padding (a fifth of a
+#: 3 x 3's products at 7 x 7), which made a 512 -> 512 3 x 3 layer at 7 x 7 faster in NHWC
+#: (``python -m benchmarks.onnx_segments resnet18``).
 CHANNELS_LAST_MIN_PIXELS = 64
 CHANNELS_LAST_WEIGHT_BYTES = 1 << 20
 
@@ -273,7 +273,7 @@ CHANNELS_LAST_WEIGHT_BYTES = 1 << 20
 def _pays_in_channels_last(b: Builder, node: Node, x: Value, w: Value, x_channels_last: bool) -> bool:
     """Whether a Conv (one group) runs faster in NHWC (see CHANNELS_LAST_MIN_PIXELS: a padded or
     strided one does); a 1 x 1 one without padding is measured at least as fast in NHWC
-    (mobilenet_v2's 320 -> 1280 at 7 x 7: 0.12 ms against 0.15)."""
+    (mobilenet_v2's 320 -> 1280 at 7 x 7: ``python -m benchmarks.onnx_segments mobilenet_v2``)."""
     outs, begin, end, strides, _ = _spatial(b, node, x, list(w.shape[2:]), channels_last=x_channels_last)
     padded = any(begin) or any(end)
     pointwise = w.shape[2:] == (1, 1) and not padded
@@ -295,16 +295,16 @@ def _add_channel_bias(b: Builder, x: Value, bias: Value | None, shape=None) -> V
 
 #: A 1 x 1 stride-1 convolution with at least this many filters is a matrix product over
 #: every pixel (the gemm kernel); one with fewer runs through the convolution kernel, which
-#: reads its weights in place and needs no packing: for mobilenet_v2's 16 -> 96 layer at 112 x
-#: 112, 0.16 ms against 0.18, 576 -> 96 at 14 x 14 0.063 against 0.087; 320 -> 1280 at 7 x 7
-#: 0.15 against 0.12 (AMD EPYC Zen 5).
+#: reads its weights in place and needs no packing: faster for mobilenet_v2's 16 -> 96 layer at
+#: 112 x 112 and 576 -> 96 at 14 x 14, slower for 320 -> 1280 at 7 x 7 (``python -m
+#: benchmarks.onnx_segments mobilenet_v2``).
 POINTWISE_GEMM_FILTERS = 512
 
 
 #: A Conv of an image in NCHW with at most this many channels (a photograph's three) reads it
 #: in place, without a transpose first: every step of the convolution kernel's reduction
 #: broadcasts one element per point wherever it lies.  resnet18's input: the transpose cost
-#: 0.06 ms of the 0.6 ms of the first layer (AMD EPYC Zen 5).
+#: a tenth of the first layer's time.
 IMAGE_CHANNELS_READ_IN_PLACE = 4
 
 
@@ -320,9 +320,10 @@ def filter_block(w: Value, strides, dilations, images: int, outs, options: Mappi
 
     In ``(KH, KW, C, F)`` the kernel reads each reduction step's B channels from a row F
     apart; blocked, its steps' rows are consecutive (:mod:`polyc.codegen.conv_channels`), as
-    onnxruntime and oneDNN block their filters.  On two cores of an Intel Xeon (Emerald Rapids)
-    resnet18's 512 -> 512 3 x 3 layer at 7 x 7 took 1.8 ms in place and 1.1 ms blocked
-    (onnxruntime 1.2 ms).  Not for: F that is not a multiple of B or is one block (its rows
+    onnxruntime and oneDNN block their filters.  On an Intel core, whose prefetchers follow
+    rows F apart poorly, resnet18's 512 -> 512 3 x 3 layer at 7 x 7 ran much faster blocked, as
+    fast as onnxruntime's (``python -m benchmarks.onnx_segments resnet18``).  Not for: F that is
+    not a multiple of B or is one block (its rows
     are consecutive already), a 1 x 1 stride-1 convolution (the pair fused with a depthwise
     layer after it reads ``(1, 1, C, F)``, :mod:`polyc.codegen.pointwise_depthwise`), one that
     the Winograd kernel takes (it transforms the weights from ``(KH, KW, C, F)`` on every call),
@@ -367,8 +368,9 @@ def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value |
             # Up to BLOCKED_WEIGHT_ROWS pixels: weights blocked as the gemm kernel reads them.
             # Where they outweigh the output, with zero filters up to a whole sliver, and the
             # real filters copied out after (an elementwise step, with the bias): squeezenet1_1's
-            # last layer, 512 -> 1000 at 13 x 13, took 0.96-0.98 ms in a run with its 2 MB of
-            # weights read in place, 0.85-0.91 blocked and 0.03 for the copy (AMD EPYC Zen 4).
+            # last layer, 512 -> 1000 at 13 x 13, with its 2 MB of weights, ran faster blocked
+            # than read in place, the copy costing little (``python -m benchmarks.onnx_bench
+            # --models squeezenet1_1``).
             padded = derived_constant(w.const, ("pointwise columns", sliver), lambda _: zero_padded_columns(matrix, sliver))
             wide = padded.shape[1]
             product = _product_by_blocked_weights(b, x, b.const(padded), sliver, [n, *outs, wide],
@@ -384,8 +386,8 @@ def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value |
         # computes each tap of a tile of points only for the points that read it inside the
         # image (none: the tap is skipped).  A padded copy of an image of few channels, as a step
         # of its own, whose taps are a few reduction steps each, was no faster: resnet18's first
-        # layer (3 channels, 7 x 7 taps at stride 2), two cores of an AMD EPYC Zen 4: 1.12-1.14
-        # ms with the copy, 1.11-1.17 without; the model at batch 1 0.99x-0.96x the time.
+        # layer (3 channels, 7 x 7 taps at stride 2) took as long with the copy as without, and
+        # the model at batch 1 no less (``python -m benchmarks.onnx_bench --models resnet18``).
         window = [f"{_affine(strides[d], f's{d}', 0)} + {_affine(dilations[d], f'r_k{d}', -begin[d])}"
                   for d in range(2)]
         extents = list(x.tc_shape)[1:3] if image_channels_last else list(x.tc_shape)[2:4]

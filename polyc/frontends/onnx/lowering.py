@@ -230,7 +230,7 @@ def derived_constant(source: np.ndarray, how: tuple, make) -> np.ndarray:
     """``make(source)``, remembered while ``source`` lives: a layout made of a constant (weights
     blocked as the gemm kernel reads them) is made once for all the plans that read it, not
     once per plan (a detector's stages are planned anew for each new count: Faster R-CNN's
-    box head, 51 MB of weights, was laid out again in every new image, 0.2 s of its 3)."""
+    box head, 51 MB of weights, was laid out again in every new image)."""
     key = (id(source), how)
     with _DERIVED_LOCK:
         entry = _DERIVED.get(key)

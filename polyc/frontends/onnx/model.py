@@ -200,7 +200,7 @@ def _with_any_shapes(model):
 def _skeleton(model):
     """``model`` with its large initializers as typed graph inputs instead: what onnx's checker
     and shape inference need (small initializers stay, for shapes computed from their values),
-    without serialising the weights twice (resnet18: 45 MB, 0.4 s of a warm start of 1 s)."""
+    without serialising the weights twice (resnet18's 45 MB: a large share of a warm start)."""
     onnx = _onnx()
     skeleton = onnx.ModelProto()
     skeleton.CopyFrom(model)

@@ -34,8 +34,8 @@ def fold_transposes(steps: list, outputs: list) -> list:
     while changed:  # each fold may make another possible (a transpose of a transpose)
         changed = False
         # One pass folds all it can, last step first.  (Starting again from the end after each
-        # fold cost a detector's stages, of thousands of steps and a hundred transposes, 0.7 s
-        # a new image.)
+        # fold cost a detector's stages, of thousands of steps and a hundred transposes, a large
+        # share of a new image's planning.)
         uses = _Uses(steps)
         for step in reversed(list(steps)):
             permutation = _permutation(step)
@@ -51,7 +51,7 @@ def fold_transposes(steps: list, outputs: list) -> list:
 class _Uses:
     """The steps that read and that write each value (by id), in the steps' order: made again
     after each fold, which changes them (a detector's stage has thousands of steps and a hundred
-    transposes, each of which scanned them all: 0.3-0.8 s a new image)."""
+    transposes, each of which scanned them all: a large share of a new image's planning)."""
 
     def __init__(self, steps: list):
         self.readers: dict[int, list] = {}

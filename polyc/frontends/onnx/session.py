@@ -11,11 +11,12 @@ polyc's disk cache, so a new process compiles nothing it has compiled before.
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from polyc.errors import PolycError, SignatureError
+from polyc.errors import PolycError, PolycWarning, SignatureError
 from polyc.frontends.onnx.functions import CONSTANT_INPUTS, flatten
 from polyc.frontends.onnx.model import default_opset, initializers, load_model, tensor_info
 from polyc.frontends.onnx.plan import Group, Plan, is_converted, unsupported_error
@@ -53,12 +54,22 @@ class InferenceSession:
     other keyword is a ``polyc.define`` option (``fusion``, ``threads``, ``cflags``, ...)
     used for every kernel; ``winograd`` defaults to True here (3 x 3 convolutions by Winograd's
     F(2x2, 3x3), :mod:`polyc.codegen.winograd`, as onnxruntime's and oneDNN's CPU kernels may
-    choose their algorithm).  onnxruntime's ``sess_options`` and ``providers`` are accepted and
-    ignored, so that switching needs no other change."""
+    choose their algorithm).
+
+    onnxruntime's arguments are taken as onnxruntime takes them, so that switching needs no
+    other change: ``sess_options`` (an ``onnxruntime.SessionOptions``) sets the kernels' threads
+    from ``intra_op_num_threads`` (unless ``threads`` is given; 0 is onnxruntime's default, all
+    cores), and ``graph_optimization_level`` ``ORT_DISABLE_ALL`` turns ``graph_fusion`` off
+    (unless it is given); settings polyc has no counterpart for (a profile file, an optimized
+    model to write) are warned about.  ``providers``: polyc computes on the CPU, as
+    ``CPUExecutionProvider``; any other provider is warned about, as onnxruntime warns about a
+    provider it does not have, and the session runs on the CPU.  ``provider_options``, when
+    given, has one dict per provider."""
 
     def __init__(self, model, sess_options=None, providers=None, provider_options=None, *,
-                 graph_fusion: bool = True, channels_last: bool | None = None, **options):
+                 graph_fusion: bool | None = None, channels_last: bool | None = None, **options):
         from polyc.options import Options
+        graph_fusion = _onnxruntime_arguments(sess_options, providers, provider_options, graph_fusion, options)
         options = {"winograd": True, **options}
         Options.from_kwargs(**options)  # a bad option fails now, not at the first run
         if options.get("loop_order") is not None:
@@ -86,6 +97,10 @@ class InferenceSession:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ onnxruntime's API
+    def get_providers(self) -> list[str]:
+        """Where the session computes: on the CPU, as onnxruntime's ``CPUExecutionProvider``."""
+        return [CPU_PROVIDER]
+
     def get_inputs(self) -> list[NodeArg]:
         return [NodeArg(i.name, list(i.shape) if i.shape is not None else None, i.type) for i in self._inputs]
 
@@ -290,3 +305,60 @@ def _specialising_inputs(flat_nodes, inputs: dict) -> set[str]:
             if position < len(node.input) and node.input[position]:
                 trace(node.input[position], True, control)
     return found
+
+
+#: The one onnxruntime execution provider polyc stands for: it compiles C for this machine's CPU.
+CPU_PROVIDER = "CPUExecutionProvider"
+
+
+def _onnxruntime_arguments(sess_options, providers, provider_options, graph_fusion: bool | None,
+                           options: dict) -> bool:
+    """Check onnxruntime's session arguments and apply what polyc has a counterpart for:
+    threads go into ``options`` (unless given), and the graph optimisation level decides
+    ``graph_fusion`` where the caller did not.  Returns ``graph_fusion``."""
+    if sess_options is not None:
+        known = ("intra_op_num_threads", "graph_optimization_level")
+        if not all(hasattr(sess_options, name) for name in known):
+            raise PolycError(f"sess_options must be an onnxruntime.SessionOptions (with {' and '.join(known)}), "
+                             f"not {type(sess_options).__name__}")
+        threads = sess_options.intra_op_num_threads
+        if not isinstance(threads, int) or threads < 0:
+            raise PolycError(f"sess_options.intra_op_num_threads must be an integer >= 0, not {threads!r}")
+        if threads > 0:
+            options.setdefault("threads", threads)
+        level = sess_options.graph_optimization_level
+        if graph_fusion is None and getattr(level, "name", str(level)) == "ORT_DISABLE_ALL":
+            graph_fusion = False
+        if getattr(sess_options, "enable_profiling", False):
+            warnings.warn("sess_options.enable_profiling: polyc writes no onnxruntime profile; "
+                          "InferenceSession.profile(feeds) times each kernel", PolycWarning, stacklevel=3)
+        if getattr(sess_options, "optimized_model_filepath", ""):
+            warnings.warn("sess_options.optimized_model_filepath: polyc writes no optimized ONNX model; "
+                          "InferenceSession.tc_source() gives the kernels it compiled", PolycWarning, stacklevel=3)
+    names = _provider_names(providers)
+    if provider_options is not None and (not isinstance(provider_options, (list, tuple))
+                                         or providers is None or len(provider_options) != len(names)):
+        raise PolycError("provider_options must be a list of one dict per provider in providers")
+    others = [name for name in names if name != CPU_PROVIDER]
+    if others:
+        warnings.warn(f"polyc computes on the CPU (as {CPU_PROVIDER}); the provider(s) {', '.join(map(repr, others))} "
+                      "are not used", PolycWarning, stacklevel=3)
+    return True if graph_fusion is None else graph_fusion
+
+
+def _provider_names(providers) -> list[str]:
+    """The names in onnxruntime's ``providers`` argument: names or (name, options) pairs."""
+    if providers is None:
+        return []
+    if isinstance(providers, str) or not isinstance(providers, (list, tuple)):
+        raise PolycError(f"providers must be a list of provider names (or (name, options) pairs), "
+                         f"not {type(providers).__name__}")
+    names = []
+    for provider in providers:
+        if isinstance(provider, tuple) and len(provider) == 2 and isinstance(provider[0], str):
+            provider = provider[0]
+        if not isinstance(provider, str):
+            raise PolycError(f"providers must be a list of provider names (or (name, options) pairs); "
+                             f"{provider!r} is neither")
+        names.append(provider)
+    return names

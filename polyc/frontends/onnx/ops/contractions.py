@@ -44,11 +44,11 @@ class MatMul(Converter):
 #: ``W'(N / NR, K, NR)`` made at plan time: each NR-wide sliver of N is then laid out as the gemm
 #: kernel packs it, so the kernel reads it in place instead of packing all of W on every call
 #: (as onnxruntime pre-packs its weights).  Few rows amortise that packing least: a BERT layer's
-#: eight products at 128 rows took 9.5 ms packed and 8.7 ms blocked; at 1024 rows 1% apart.
-#: Since a bias or activation fuses through the view of the blocked product, more rows read
-#: blocked weights too: mobilenet_v2 at batch 8 (1x1 convolutions of 392 and 1568 pixels),
-#: 23.4-24.0 ms with 256 rows at most, 22.5-23.4 with 4096, alternating processes; the encoder
-#: at batch 8 (1024 rows) the same (AMD EPYC Zen 5).
+#: eight products at 128 rows ran faster blocked; at 1024 rows alike.  Since a bias or
+#: activation fuses through the view of the blocked product, more rows read blocked weights
+#: too: with 4096 rows at most rather than 256, mobilenet_v2 at batch 8 (1x1 convolutions of
+#: 392 and 1568 pixels) ran a little faster and the encoder at batch 8 (1024 rows) the same
+#: (``python -m benchmarks.onnx_bench --models mobilenet_v2,encoder --batches 8``).
 BLOCKED_WEIGHT_ROWS = 4096
 
 
@@ -106,8 +106,8 @@ class Gemm(Converter):
         if c.const is not None and c.rank == 2:
             # Constant weights (a fully connected layer) read blocked, as MatMul's, with zero
             # columns up to a whole sliver: the gemm kernel packed all of them on every call,
-            # from memory (mobilenet_v2's classifier at batch 8, 8 x 1280 by 1280 x 1000: 0.81
-            # ms on one core, onnxruntime 0.42, AMD EPYC Zen 4).
+            # from memory (mobilenet_v2's classifier at batch 8, 8 x 1280 by 1280 x 1000, ran
+            # far behind onnxruntime's so).
             matrix = c.const.T if trans_b else c.const
             rows = Value("", a.dtype, (m, k))  # a's rows, also when transA
             sliver = _weight_sliver(b, rows, Value("", c.dtype, matrix.shape, const=matrix), padded=True)
@@ -152,7 +152,7 @@ class Gemm(Converter):
     def _as_matrix_vector(b, a, c, bias, k, n, alpha, beta, trans_b):
         """A one-row Gemm (a fully connected layer at batch 1) as a matrix-vector product, which
         polyc's matrix-vector kernel streams (the gemm kernel would pack all of the weights
-        for one row: 6x slower than numpy for 1x1280 by 1280x1000, Intel Xeon)."""
+        for one row: several times slower than numpy for 1x1280 by 1280x1000)."""
         vector = b.view(a, [k])
         out = b.new((n,), a.dtype)
         matrix = b.ref(c, ["i0", "r0"] if trans_b else ["r0", "i0"])

@@ -245,11 +245,9 @@ class ConvTranspose(Converter):
 #: one vector's positions or fewer (efficientnet's squeeze-and-excitation: one position) is a
 #: matrix-vector product.  Above that the direct kernel: since it reads the weights in place
 #: (no packing per call) it runs faster than the product at 7x7, 14x14 and beyond, where with
-#: packed weights the product had been 2.6x faster at 7x7 (3x3, an Intel Xeon) and 1.5x (1x1,
-#: an AMD EPYC Zen 3).  Measured on an AMD EPYC Zen 5, 2 threads, batch 1, old limits
-#: (144, 196) against these: resnet18 11.74 -> 11.33 ms (batch 8: 90.3 -> 86.3),
-#: mobilenet_v2 7.60 -> 7.01, efficientnet_b0 14.95 -> 13.86, squeezenet1_1 the same (4.74 and
-#: 4.85); AVX2 code on the same machine: resnet18 21.7 -> 20.4, mobilenet_v2 7.71 -> 7.02.
+#: packed weights the product had been faster there.  Against the old limits (144, 196) these
+#: made resnet18, mobilenet_v2 and efficientnet_b0 faster and squeezenet1_1 no slower, with
+#: AVX-512 and with AVX2 code (measured with ``python -m benchmarks.onnx_bench``, batch 1 and 8).
 MATRIX_PRODUCT_POSITIONS = {512: (36, 16), 256: (36, 8)}
 
 
@@ -397,7 +395,7 @@ def _window_regions(extent: int, outputs: int, size: int, stride: int, dilation:
 
 #: NCHW depthwise convolutions with windows of at most this many taps are unrolled per region.
 #: With 5 x 5 windows polyc's scheduler fused the regions into one loop nest with their
-#: conditions inside the vector loop (10x slower): they keep the convolution kernel.  (In NHWC
+#: conditions inside the vector loop (far slower): they keep the convolution kernel.  (In NHWC
 #: depthwise convolutions have a kernel of their own, :mod:`polyc.codegen.depthwise`.)
 UNROLLED_DEPTHWISE_TAPS = 9
 
@@ -408,8 +406,9 @@ def unrolled_depthwise(b, x, w, bias, kernel, outs, begin, strides, dilations):
     convolution kernel, whose register blocks have one channel here and a reduction of a few
     taps, and whose padding needs a copy of the image first.  The output starts as the bias;
     its interior (every tap inside the image) adds the taps without guards; the slabs along
-    each edge add the taps that fall inside.  mobilenet_v2's 3 x 3 stride-2 layer on 96 x 112 x
-    112: 1.75 ms with its padding step, 0.28 ms so (AMD EPYC Zen 3).  None when the window is
+    each edge add the taps that fall inside.  Through the convolution kernel with its padding
+    step, mobilenet_v2's 3 x 3 stride-2 layer on 96 x 112 x 112 took several times as long
+    (``python -m benchmarks.onnx_segments mobilenet_v2``).  None when the window is
     too large (see UNROLLED_DEPTHWISE_TAPS), or for float16, whose taps would be added with a
     rounding each: as a reduction they are summed in float32 (polyc.lang.float16_sums)."""
     k = len(kernel)
@@ -487,9 +486,9 @@ def _region_statements(b, x, out, kernel, begin, strides, dilations, combine) ->
 def _unrolled_max_pool(b, x, out, kernel, begin, strides, dilations) -> bool:
     """A MaxPool of an NHWC image as one max of its taps written out per region of positions
     (:func:`_region_statements`): one pass over the image, where the separable form
-    (:func:`_separable_max_pool`) makes two through a temporary.  resnet18's 3x3 stride-2 pool
-    on 112 x 112 x 64 at batch 8: 1.6 ms separable (AMD EPYC Zen 5).  False (nothing emitted)
-    when the window does not suit regions."""
+    (:func:`_separable_max_pool`) makes two through a temporary (measured on resnet18's 3x3
+    stride-2 pool at batch 8: ``python -m benchmarks.onnx_segments resnet18 --batch 8``).  False
+    (nothing emitted) when the window does not suit regions."""
     maximum = "fmax" if x.dtype.kind == "f" else "max"
 
     def combine(reads):
@@ -511,9 +510,9 @@ def _separable_max_pool(b, x, out, kernel, begin, strides, dilations, channels_l
     along its rows of the max over its rows), with the taps unrolled into ``fmax`` and the
     output positions split into an interior, which reads without guards, and the few edge
     positions, which read only their taps inside the input (max ignores the padding).  For
-    resnet18's 3x3 stride-2 pool on 64 x 112 x 112: 2.0 ms as a guarded reduction, 0.2 ms so
-    (AMD EPYC Zen 3, 2 threads), as fast as onnxruntime's.  False (nothing emitted) for long
-    windows or wide edges."""
+    resnet18's 3x3 stride-2 pool it is many times faster than a guarded reduction and as fast as
+    onnxruntime's (``python -m benchmarks.onnx_segments resnet18``).  False (nothing emitted) for
+    long windows or wide edges."""
     k = len(kernel)
     if any(size > SEPARABLE_POOL_TAPS for size in kernel):
         return False
@@ -527,7 +526,7 @@ def _separable_max_pool(b, x, out, kernel, begin, strides, dilations, channels_l
     idx = image_indices(channels_last, "n", "c", [f"s{d}" for d in range(k)])
     # The outermost dimension first: its pass reads whole rows (vectors of consecutive
     # elements) and, with a stride, leaves fewer rows for the passes that read along them
-    # (resnet18's 3x3 stride-2 pool on 64 x 112 x 112: 0.24 -> 0.11 ms alone, AMD EPYC Zen 5).
+    # (faster on resnet18's 3x3 stride-2 pool: ``python -m benchmarks.onnx_segments resnet18``).
     for d in range(k):
         axis_d = first + d
         shape = list(source.shape)
@@ -635,9 +634,9 @@ def _channels_last_global_average(b, x):
     """The mean over the positions of an NHWC image as a product of the image, viewed as
     ``(N, positions, C)``, with a vector of ``1 / positions``: at batch 1, polyc's
     matrix-vector kernel, which streams the image with the channels in vector registers; as a
-    reduction over (h, w) per channel, polyc's loops read the image a channel apart (for
-    efficientnet_b0's 112 x 112 x 32: 136 us against 35 us; at batch 8, a 3-D reduction, 1.0
-    ms against 0.08 ms; AMD EPYC Zen 5)."""
+    reduction over (h, w) per channel, polyc's loops read the image a channel apart, several
+    times slower on efficientnet_b0's 112 x 112 x 32, and more so at batch 8, a 3-D reduction
+    (``python -m benchmarks.onnx_segments efficientnet_b0``)."""
     n, channels = x.shape[0], x.shape[-1]
     positions = math.prod(x.shape[1:-1])
     weights = b.const(np.full(positions, 1 / positions, x.dtype))

@@ -335,7 +335,7 @@ class NonMaxSuppression(Converter):
         kept = b.new(scores.shape, np.bool_)
         idx = ["i0", "i1", "i2"]
         # Two kernels: as one, isl's schedule put the second statement in the pairs' inner loop
-        # (at the reduction's last step), which gcc did not vectorize: 13x slower.
+        # (at the reduction's last step), which gcc did not vectorize: an order of magnitude slower.
         b.emit([b.statement(blocked, idx, "max=!", f"({blocking} && {overlaps}) ? int32(1) : int32(0)",
                             [("r_j", count)])],
                [keep, scores, x_min, x_max, y_min, y_max, area, threshold], [blocked], "other")
@@ -578,8 +578,9 @@ class NonMaxSuppression(Converter):
     def _order(b, keep, scores):
         """(batches, classes, boxes): each pair's box indices, the kept boxes first in the
         score order (equal scores by index; NaN first, as TopK orders it), then the others; by
-        a sort (:func:`sort_by_key`: 27,000 boxes in about 10 ms, where counting each kept
-        box's place among the kept boxes before it took 57 ms and finding each row's box 33)."""
+        a sort (:func:`sort_by_key`), several times faster than counting each kept box's place
+        among the kept boxes before it or finding each row's box (the NonMaxSuppression case of
+        ``python -m benchmarks.onnx_ops``: ``benchmarks/results/zen4_onnx_ops.json``)."""
         batches, classes, count = scores.shape
         pairs = batches * classes
         keys = order_keys(b, b.view(scores, (pairs, count)), True, count)

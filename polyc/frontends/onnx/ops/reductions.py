@@ -128,7 +128,7 @@ class Softmax(Converter):
         if trailing and x.rank > 2:
             # Over the last axes: as rows of a matrix, which polyc schedules as one parallel loop
             # of vectorised row loops; over (1, 12, 128, 128) attention scores it had put the
-            # exp-sum's reduction outside a vector loop across rows, 5.8x slower (AMD EPYC Zen 3).
+            # exp-sum's reduction outside a vector loop across rows, several times slower.
             rows = math.prod(x.shape[:x.rank - len(axes)])
             matrix = b.view(x, [rows, x.size // rows if rows else 0])
             return [b.view(Softmax._lower(b, node, matrix, [1], log)[0], x.shape)]
@@ -309,7 +309,7 @@ class TopK(Converter):
         rank, positions = b.new(x.shape, rank_type), b.new(shape, np.int64)
         at_rank = f"{b.ref(rank, idx[:axis] + ['r0'] + idx[axis + 1:])} == {idx[axis]}"
         one, zero = (f"{tc_type(rank_type)}({v})" for v in (1, 0))
-        # Two kernels: as one, isl's scheduler took 10 s over the ranks' all-to-all dependences
+        # Two kernels: as one, isl's scheduler took seconds over the ranks' all-to-all dependences
         # (1000 scores along the axis).
         b.emit([b.statement(rank, idx, "+=!", f"({wins} || ({same} && r0 < {idx[axis]})) ? {one} : {zero}",
                             [("r0", n)])], [x], [rank], "other")
@@ -555,8 +555,9 @@ def count_not_above(b, sorted_counts: Value, count: int) -> Value:
 #: element (n^2 / 2 additions); longer ones go in blocks of CUMSUM_BLOCK elements, in levels
 #: (about n x CUMSUM_BLOCK additions: see :func:`running_along`).
 CUMSUM_DIRECT = 64
-#: Smaller blocks mean more levels but less work in each: along 200,000 floats, blocks of 64
-#: took 4.0 ms, of 32 2.1, of 16 0.61 and of 8 0.41 (onnxruntime: 0.66; AMD EPYC Zen 4).
+#: Smaller blocks mean more levels but less work in each: along 200,000 floats blocks of 8 ran
+#: fastest, ahead of onnxruntime (the CumSum case of ``python -m benchmarks.onnx_ops``:
+#: ``benchmarks/results/zen4_onnx_ops.json``).
 CUMSUM_BLOCK = 8
 
 
