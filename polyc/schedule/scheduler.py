@@ -28,7 +28,7 @@ from polyc.ir.model import PolyProgram
 #: extent (a layer norm's variance pass fused after its mean pass, 767 iterations later, which
 #: isl finds once the sizes are literal numbers) buys no reuse, since every value is consumed
 #: long after it was produced, and it costs the vector loop: the fused band then runs along
-#: the rows, 6x slower.  Such a schedule is computed again with the components apart, and
+#: the rows, several times slower.  Such a schedule is computed again with the components apart, and
 #: :mod:`polyc.schedule.outer_fusion` then fuses their outer loops.  (Bounding isl's constant
 #: terms instead made its search take minutes on mobilenet_v2's unrolled depthwise convolutions.)
 MAX_SHIFT = 16

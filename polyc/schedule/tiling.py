@@ -132,7 +132,7 @@ def choose_tile_sizes(node: isl.ScheduleNode, program: PolyProgram, user_sizes: 
         candidates.append((whole_inner, whole_inner))
     # Equal blocks with the innermost loop cut to the strided lines L1 holds.  The outer members
     # keep their blocks: their rows cross the same strides, and longer ones measured slower
-    # (symmetrise 2048 on an Intel Xeon: 1024 x 12 tiles 4.9 ms, 256 x 12 3.5, 256 x 256 3.8).
+    # (a 2048 x 2048 symmetrisation: 1024 x 12 tiles slower than 256 x 12 or 256 x 256).
     run = min((capacity for _, _, capacity in strided), default=capped[inner])
     if run < capped[inner]:
         run_sized = list(capped)
@@ -149,7 +149,7 @@ def choose_tile_sizes(node: isl.ScheduleNode, program: PolyProgram, user_sizes: 
 def _leave_tiles_for_threads(sizes: list[int], extents: list[int], parallel: int, threads: int) -> None:
     """Shrink the tile of the member whose tile loop runs in parallel until its tiles are at
     least as many as the threads (where its extent allows): a tile as large as the whole loop
-    leaves all but one thread idle (a large L2, as on an AMD Zen 5, makes whole rows fit)."""
+    leaves all but one thread idle (a large L2 makes whole rows fit)."""
     if threads > 1 and -(-extents[parallel] // sizes[parallel]) < threads:
         sizes[parallel] = max(1, -(-extents[parallel] // threads))
 
@@ -187,9 +187,9 @@ def _outer_first_sizes(accesses, extents: list[int], inner: int, budget: int) ->
 
 
 #: What starting the innermost loop once costs, in elements fetched from memory (its set-up and
-#: its vector remainder).  With it the model prefers a tensordot's whole 28 x 28 planes (44 ms)
-#: to 8 x 8 x 8 tiles (104 ms, where gcc -O3's naive loops take 60 ms; an AMD EPYC Zen 3), but
-#: keeps a matmul's equal 128-blocks, whose reuse is worth far more.
+#: its vector remainder).  With it the model prefers a tensordot's whole 28 x 28 planes to
+#: 8 x 8 x 8 tiles (slower even than gcc -O3's naive loops: the ``tensordot`` case of
+#: ``python -m benchmarks``), but keeps a matmul's equal 128-blocks, whose reuse is worth far more.
 _INNER_LOOP_COST = 4.0
 
 
@@ -202,9 +202,8 @@ def _cost(accesses, sizes: list[int], inner: int, strided=()) -> float:
     a cache line per iteration; its other elements are used by later iterations of the loops
     outside only while the lines of one run of the innermost loop stay in L1.  Beyond that,
     each iteration costs a whole line of elements: a 2048 x 2048 transpose with whole rows of
-    j innermost (32 x 2048 tiles) took 12.5 ms, 256 x 256 tiles 4.0 ms (AMD EPYC Zen 5), and
-    on an Intel Xeon, whose 12-way L1 holds 12 lines 8 KiB apart, 256 x 256 tiles 3.6 ms,
-    256 x 12 tiles 2.1 ms."""
+    j innermost (32 x 2048 tiles) took far longer than with 256 x 256 tiles, and on an Intel
+    core, whose 12-way L1 holds 12 lines 8 KiB apart, 256 x 12 tiles beat 256 x 256 ones."""
     fetched = sum(1.0 / math.prod(sizes[m] for m in range(len(sizes)) if m not in moving)
                   for moving, _ in accesses)
     for moving, itemsize, capacity in strided:

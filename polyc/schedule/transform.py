@@ -42,7 +42,7 @@ from polyc.schedule.tiling import choose_tile_sizes
 PARALLEL, SIMD, UNROLL, REDUCE = "parallel", "simd", "unroll", "reduce"
 
 #: Statement instances below which a band gets no parallel loop: starting and joining a team of
-#: two threads costs about 1.2 us (AMD EPYC Zen 5), the work of thousands of instances, which a
+#: two threads costs on the order of a microsecond, the work of thousands of instances, which a
 #: depthwise convolution's border slabs each paid (a corner: 32 instances).
 MIN_PARALLEL_INSTANCES = 4096
 MARKS = (PARALLEL, SIMD, UNROLL, REDUCE)
@@ -400,8 +400,9 @@ def _contiguous_run(band: isl.ScheduleNode, innermost: int, movable, context: _C
     reduction among them, then go outside the block.  The tensordot
     ``O(n, c1, c3, h, w) +=! I0(n, c1, r_c2, h, w) * I1(n, r_c2, c3, h, w)`` with W = 28 ran its
     8 reduction steps between h and w, each over 28-element rows of 8 planes of I0; with
-    ``r_c2`` outside ``(h, w)`` each step streams a 784-element plane: 1.6x faster (AMD EPYC
-    Zen 5), as gcc -O3 runs the naive loops.  Only for sizes known when compiling, and while
+    ``r_c2`` outside ``(h, w)`` each step streams a 784-element plane, which runs faster, as gcc
+    -O3 runs the naive loops (the ``tensordot`` case of ``python -m benchmarks --filter
+    tensordot``).  Only for sizes known when compiling, and while
     the block of every tensor the band touches fits in half of L1, since the reduction now
     reads and writes the target's block once per step."""
     program = context.program
