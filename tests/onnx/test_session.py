@@ -234,8 +234,9 @@ def test_folds_are_remembered_by_their_def_and_the_values_they_fold(monkeypatch)
     from polyc.frontends.onnx import plan as plan_module
     monkeypatch.setattr(plan_module, "_FOLDED", type(plan_module._FOLDED)())
     defined = []
-    real_define = polyc.define
-    monkeypatch.setattr(polyc, "define", lambda source, **kw: defined.append(kw.get("backend")) or real_define(source, **kw))
+    real_define = polyc.api.define  # the planner's define (it imports polyc.api, a layer below it)
+    monkeypatch.setattr(polyc.api, "define",
+                        lambda source, **kw: defined.append(kw.get("backend")) or real_define(source, **kw))
 
     def model(constant):
         nodes = [helper.make_node("Mul", ["c", "two"], ["c2"]), helper.make_node("Exp", ["c2"], ["e"]),
