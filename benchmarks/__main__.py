@@ -6,6 +6,7 @@ for this process only and before numpy is imported, so numpy is measured at its 
 original values and the BLAS kernel then in use go into the JSON results.  ``--keep-blas-env``
 leaves them as they are (the smoke test does: tests do not change them).
 """
+
 import os
 import sys
 

@@ -1,9 +1,10 @@
 """Timing and checking: medians of repeated calls, and results compared with a numpy reference."""
+
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -54,8 +55,9 @@ def warm_up_block(function: Callable[[], object], call_seconds: float) -> None:
         function()
 
 
-def time_interleaved(functions: dict[str, Callable[[], object]], repeat: int, max_seconds: float,
-                     rounds: int = ROUNDS) -> dict[str, dict]:
+def time_interleaved(
+    functions: dict[str, Callable[[], object]], repeat: int, max_seconds: float, rounds: int = ROUNDS
+) -> dict[str, dict]:
     """Median of timed calls of each function, taken in interleaved rounds.
 
     Each function gets one untimed warm-up call, then ``repeat`` timed calls, or fewer when
@@ -124,8 +126,12 @@ def compare(outputs: tuple, reference: tuple, dtypes: tuple, reduction: int) -> 
         got, want = np.asarray(got), np.asarray(want, dtype=np.float64)
         bound = (reduction + 8) * float(np.finfo(dtype).eps)
         if got.shape != want.shape:
-            return {"ok": False, "relative_error": None, "tolerance": bound,
-                    "detail": f"shape {got.shape} != {want.shape}"}
+            return {
+                "ok": False,
+                "relative_error": None,
+                "tolerance": bound,
+                "detail": f"shape {got.shape} != {want.shape}",
+            }
         scale = float(np.max(np.abs(want))) if want.size else 0.0
         error = float(np.max(np.abs(got.astype(np.float64) - want))) if want.size else 0.0
         relative = error / scale if scale > 0 else error

@@ -4,6 +4,7 @@ Each file in ``naive/`` defines ``void kernel(...)``: the def's inputs in order 
 value, tensors as fixed-size arrays), then its outputs.  Sizes are ``-D`` macros, so both
 compilers see compile-time extents, as PolyBench compiles by default.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -12,9 +13,9 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -25,8 +26,16 @@ GCC_FLAGS = ("-O3", "-march=native", "-std=gnu11")
 #: Polly with its OpenMP code generation.  ``-fopenmp=libgomp`` makes Polly's parallel loops run
 #: on libgomp, the runtime polyc's kernels use, so one process never holds two OpenMP runtimes
 #: whose idle threads would spin against each other on two cores.
-POLLY_FLAGS = ("-O3", "-march=native", "-std=gnu11", "-mllvm", "-polly", "-mllvm", "-polly-parallel",
-               "-fopenmp=libgomp")
+POLLY_FLAGS = (
+    "-O3",
+    "-march=native",
+    "-std=gnu11",
+    "-mllvm",
+    "-polly",
+    "-mllvm",
+    "-polly-parallel",
+    "-fopenmp=libgomp",
+)
 CLANG_CANDIDATES = ("clang-19", "clang")
 
 
@@ -35,7 +44,7 @@ class Toolchain:
     """A C compiler and the flags one baseline column is built with."""
 
     label: str
-    command: tuple[str, ...]          # compiler and flags, without sources, -D and output
+    command: tuple[str, ...]  # compiler and flags, without sources, -D and output
     version: str
 
     def describe(self) -> dict:
@@ -66,13 +75,17 @@ def polly_toolchain(extra_flags: tuple[str, ...] = ()) -> tuple[Toolchain | None
         with tempfile.TemporaryDirectory(prefix="polyc-bench-") as scratch:
             source = Path(scratch) / "probe.c"
             source.write_text(probe)
-            result = subprocess.run([*toolchain.command, "-fPIC", "-shared", str(source), "-o",
-                                     str(Path(scratch) / "probe.so")], capture_output=True, text=True)
+            result = subprocess.run(
+                [*toolchain.command, "-fPIC", "-shared", str(source), "-o", str(Path(scratch) / "probe.so")],
+                capture_output=True,
+                text=True,
+            )
         if result.returncode == 0:
             return toolchain, ""
         return None, f"{name} cannot build with Polly: {result.stderr.strip().splitlines()[-1:]}"
-    return None, ("clang-19 not found (Debian: apt-get install clang-19 libpolly-19-dev); "
-                  "the clang+Polly column is skipped")
+    return None, (
+        "clang-19 not found (Debian: apt-get install clang-19 libpolly-19-dev); the clang+Polly column is skipped"
+    )
 
 
 _CTYPES_SCALARS = {np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double}
@@ -123,4 +136,5 @@ class NaiveKernel:
             results = tuple(np.zeros(shape, dtype) for shape, dtype in layouts)
             function(*arguments, *(ctypes.c_void_p(result.ctypes.data) for result in results))
             return results
+
         return call

@@ -18,6 +18,7 @@ for polyc with this machine's tuning records; ``--tune SECONDS`` first tunes eac
 session at each batch with that budget (``polyc.tune(session, feeds)``: every kernel, the
 budget shared by their times) and reports the tuning time, then as ``--tuned``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,32 +55,42 @@ def input_shape(name: str, batch: int) -> tuple[int, ...]:
     return (batch, 128, 768) if name == "encoder" else (batch, 3, 224, 224)
 
 
-
-
 def compile_seconds(name: str, shape, cache: str) -> float:
     script = _COMPILE_SCRIPT.format(repo=str(REPO), name=name, shape=tuple(shape))
     # With Python's bytecode cache, as an installed package runs: where PYTHONDONTWRITEBYTECODE
     # is set, every new process would compile polyc's modules from source (0.1-0.2 s of a warm
     # start), which is not polyc's compiling.
     environment = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env={**environment, "POLYC_CACHE_DIR": cache}, timeout=3600)
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**environment, "POLYC_CACHE_DIR": cache},
+        timeout=3600,
+    )
     if run.returncode != 0:
         raise RuntimeError(run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed")
     return float(run.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.onnx_bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.onnx_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "onnx_last.json")
     tuning = parser.add_mutually_exclusive_group()
     tuning.add_argument("--tuned", action="store_true", help="also time polyc with this machine's tuning records")
-    tuning.add_argument("--tune", type=float, metavar="SECONDS",
-                        help="tune each model's session with this budget first, then as --tuned")
+    tuning.add_argument(
+        "--tune",
+        type=float,
+        metavar="SECONDS",
+        help="tune each model's session with this budget first, then as --tuned",
+    )
     args = parser.parse_args(argv)
     if args.tune is not None and args.tune <= 0:
         parser.error("--tune needs a positive number of seconds")
@@ -104,12 +115,16 @@ def run_models(pairs, repeat: int, tuned: bool = False, tune_seconds: float | No
 
     import polyc
     import polyc.onnx
+
     threads = len(os.sched_getaffinity(0))
     machine = polyc.tune.this_machine()
     print(f"machine: {machine.describe()}; onnxruntime {ort.__version__} on {threads} threads")
-    header = (f"{'model':<16} {'batch':>5} {'polyc ms':>9} {'unfused':>9} {'ort ms':>8} {'ort noopt':>9} "
-              f"{'ort/polyc':>9} {'fusion x':>8} {'cold s':>7} {'warm s':>7}"
-              + (f" {'tuned ms':>9} {'ort/tuned':>9} {'tuning s':>8}" if tuned else "") + " check")
+    header = (
+        f"{'model':<16} {'batch':>5} {'polyc ms':>9} {'unfused':>9} {'ort ms':>8} {'ort noopt':>9} "
+        f"{'ort/polyc':>9} {'fusion x':>8} {'cold s':>7} {'warm s':>7}"
+        + (f" {'tuned ms':>9} {'ort/tuned':>9} {'tuning s':>8}" if tuned else "")
+        + " check"
+    )
     print(header + "\n" + "-" * len(header))
     results = {"machine": machine.to_json(), "threads": threads, "rows": []}
     for name, batch in pairs:
@@ -136,8 +151,9 @@ def run_models(pairs, repeat: int, tuned: bool = False, tune_seconds: float | No
                 sessions["polyc_tuned"] = {}
                 if tune_seconds is not None:
                     start = time.perf_counter()
-                    polyc.tune(polyc.onnx.InferenceSession(model), {"input": x}, budget=float(tune_seconds),
-                               progress=False)
+                    polyc.tune(
+                        polyc.onnx.InferenceSession(model), {"input": x}, budget=float(tune_seconds), progress=False
+                    )
                     row["tuning_seconds"] = time.perf_counter() - start
             for key, options in sessions.items():
                 session = polyc.onnx.InferenceSession(model, **options)
@@ -148,8 +164,9 @@ def run_models(pairs, repeat: int, tuned: bool = False, tune_seconds: float | No
                     row["kernels"] = len(session.groups)
             # In interleaved rounds, so that a change of the shared machine's load during the
             # row reaches every implementation alike and the ratios hold.
-            times = time_interleaved({key: (lambda run=run: run(None, {"input": x})) for key, run in runs.items()},
-                                     repeat, max_seconds=60.0)
+            times = time_interleaved(
+                {key: (lambda run=run: run(None, {"input": x})) for key, run in runs.items()}, repeat, max_seconds=60.0
+            )
             row.update({key: record["median"] for key, record in times.items()})
         except Exception as error:  # a row that fails says so; the others still run
             row["error"] = f"{type(error).__name__}: {str(error)[:200]}"
@@ -161,12 +178,14 @@ def run_models(pairs, repeat: int, tuned: bool = False, tune_seconds: float | No
         tuned_columns = ""
         if tuned:
             tuning_time = f"{row['tuning_seconds']:>8.0f}" if "tuning_seconds" in row else f"{'-':>8}"
-            tuned_columns = (f" {row['polyc_tuned'] * 1e3:>9.2f} {row['ort'] / row['polyc_tuned']:>8.2f}x "
-                             f"{tuning_time}")
-        print(f"{name:<16} {batch:>5} {row['polyc'] * 1e3:>9.2f} {row['polyc_unfused'] * 1e3:>9.2f} "
-              f"{row['ort'] * 1e3:>8.2f} {row['ort_noopt'] * 1e3:>9.2f} {row['ort'] / row['polyc']:>8.2f}x "
-              f"{row['polyc_unfused'] / row['polyc']:>7.2f}x {row['cold_compile']:>7.1f} "
-              f"{row['warm_compile']:>7.2f}{tuned_columns} {check}", flush=True)
+            tuned_columns = f" {row['polyc_tuned'] * 1e3:>9.2f} {row['ort'] / row['polyc_tuned']:>8.2f}x {tuning_time}"
+        print(
+            f"{name:<16} {batch:>5} {row['polyc'] * 1e3:>9.2f} {row['polyc_unfused'] * 1e3:>9.2f} "
+            f"{row['ort'] * 1e3:>8.2f} {row['ort_noopt'] * 1e3:>9.2f} {row['ort'] / row['polyc']:>8.2f}x "
+            f"{row['polyc_unfused'] / row['polyc']:>7.2f}x {row['cold_compile']:>7.1f} "
+            f"{row['warm_compile']:>7.2f}{tuned_columns} {check}",
+            flush=True,
+        )
     return results
 
 

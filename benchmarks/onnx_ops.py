@@ -13,6 +13,7 @@ implementation's block starts after a pause); the medians are printed with onnxr
 over polyc's (above 1: polyc faster), both on the machine's threads.  ``--quick``: sizes a
 tenth as large, one run (a smoke test).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,10 +29,15 @@ import polyc.onnx
 
 def _model(node, inputs: dict, outputs: list, initializers=()):
     from onnx import TensorProto, helper
+
     types = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.bool_): TensorProto.BOOL}
-    graph = helper.make_graph([node], node.op_type,
-                              [helper.make_tensor_value_info(n, types[a.dtype], list(a.shape)) for n, a in inputs.items()],
-                              [helper.make_tensor_value_info(n, t, None) for n, t in outputs], list(initializers))
+    graph = helper.make_graph(
+        [node],
+        node.op_type,
+        [helper.make_tensor_value_info(n, types[a.dtype], list(a.shape)) for n, a in inputs.items()],
+        [helper.make_tensor_value_info(n, t, None) for n, t in outputs],
+        list(initializers),
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -41,15 +47,21 @@ def cases(scale: float, rng: np.random.Generator) -> dict:
 
     def size(n):
         return max(int(n * scale), 1)
+
     found = {}
     for rows, n, k in ((1, size(200_000), min(1000, size(200_000))), (90, size(3234), size(300))):
         x = rng.random((rows, n), dtype=np.float32)
         x[:, ::7] = np.round(x[:, ::7] * 50) / 50  # ties
         node = helper.make_node("TopK", ["x", "k"], ["values", "indices"])
-        found[f"TopK {k} of {n} x {rows}"] = (_model(node, {"x": x}, [("values", TensorProto.FLOAT),
-                                                                    ("indices", TensorProto.INT64)],
-                                                     [numpy_helper.from_array(np.array([k], np.int64), "k")]),
-                                              {"x": x})
+        found[f"TopK {k} of {n} x {rows}"] = (
+            _model(
+                node,
+                {"x": x},
+                [("values", TensorProto.FLOAT), ("indices", TensorProto.INT64)],
+                [numpy_helper.from_array(np.array([k], np.int64), "k")],
+            ),
+            {"x": x},
+        )
     boxes_count, groups = size(27_000), 90
     corner = rng.random((boxes_count, 2), dtype=np.float32) * 300
     extent = rng.random((boxes_count, 2), dtype=np.float32) * 60 + 1
@@ -58,18 +70,30 @@ def cases(scale: float, rng: np.random.Generator) -> dict:
     scores = rng.random((1, 1, boxes_count), dtype=np.float32)
     node = helper.make_node("NonMaxSuppression", ["boxes", "scores", "limit", "iou"], ["selected"])
     found[f"NonMaxSuppression {boxes_count} boxes"] = (
-        _model(node, {"boxes": boxes, "scores": scores}, [("selected", TensorProto.INT64)],
-               [numpy_helper.from_array(np.array([boxes_count], np.int64), "limit"),
-                numpy_helper.from_array(np.array([0.55], np.float32), "iou")]),
-        {"boxes": boxes, "scores": scores})
+        _model(
+            node,
+            {"boxes": boxes, "scores": scores},
+            [("selected", TensorProto.INT64)],
+            [
+                numpy_helper.from_array(np.array([boxes_count], np.int64), "limit"),
+                numpy_helper.from_array(np.array([0.55], np.float32), "iou"),
+            ],
+        ),
+        {"boxes": boxes, "scores": scores},
+    )
     flags = rng.random(size(1_310_400)) < 0.156
-    found[f"NonZero {flags.size} flags"] = (_model(helper.make_node("NonZero", ["x"], ["y"]), {"x": flags},
-                                                   [("y", TensorProto.INT64)]), {"x": flags})
+    found[f"NonZero {flags.size} flags"] = (
+        _model(helper.make_node("NonZero", ["x"], ["y"]), {"x": flags}, [("y", TensorProto.INT64)]),
+        {"x": flags},
+    )
     values = rng.random((1, size(200_000)), dtype=np.float32)
     node = helper.make_node("CumSum", ["x", "axis"], ["y"])
-    found[f"CumSum {values.size}"] = (_model(node, {"x": values}, [("y", TensorProto.FLOAT)],
-                                             [numpy_helper.from_array(np.array(1, np.int64), "axis")]),
-                                      {"x": values})
+    found[f"CumSum {values.size}"] = (
+        _model(
+            node, {"x": values}, [("y", TensorProto.FLOAT)], [numpy_helper.from_array(np.array(1, np.int64), "axis")]
+        ),
+        {"x": values},
+    )
     return found
 
 
@@ -81,6 +105,7 @@ def _same(ours: list, theirs: list, name: str) -> bool:
 
 def measure(name: str, model, feeds: dict, repeat: int) -> dict:
     import onnxruntime
+
     started = time.perf_counter()
     ours = polyc.onnx.InferenceSession(model)
     ours.run(None, feeds)
@@ -96,13 +121,20 @@ def measure(name: str, model, feeds: dict, repeat: int) -> dict:
             session.run(None, feeds)
             times[implementation].append(time.perf_counter() - started)
     medians = {k: float(np.median(v)) for k, v in times.items()}
-    return {"name": name, "ok": ok, "first_run_seconds": first, "runs": times, "median": medians,
-            "onnxruntime_over_polyc": medians["onnxruntime"] / medians["polyc"]}
+    return {
+        "name": name,
+        "ok": ok,
+        "first_run_seconds": first,
+        "runs": times,
+        "median": medians,
+        "onnxruntime_over_polyc": medians["onnxruntime"] / medians["polyc"],
+    }
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.onnx_ops", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.onnx_ops", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeat", type=int, default=9, help="timed runs per implementation and case")
     parser.add_argument("--quick", action="store_true", help="sizes a tenth as large, one run")
     parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "onnx_ops.json")
@@ -118,9 +150,11 @@ def main(argv=None) -> int:
         results["cases"].append(result)
         failed |= not result["ok"]
         m = result["median"]
-        print(f"{name:<36} {m['polyc'] * 1e3:>9.3f} {m['onnxruntime'] * 1e3:>9.3f} "
-              f"{result['onnxruntime_over_polyc']:>8.2f}x  {'ok' if result['ok'] else 'MISMATCH'}  "
-              f"({result['first_run_seconds']:.1f})")
+        print(
+            f"{name:<36} {m['polyc'] * 1e3:>9.3f} {m['onnxruntime'] * 1e3:>9.3f} "
+            f"{result['onnxruntime_over_polyc']:>8.2f}x  {'ok' if result['ok'] else 'MISMATCH'}  "
+            f"({result['first_run_seconds']:.1f})"
+        )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1) + "\n")
     print(f"raw results: {args.json}")

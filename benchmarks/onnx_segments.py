@@ -21,6 +21,7 @@ stay in the caches between its calls, where a model's come from memory: compare 
 with each other, not with the whole model's ratio.  polyc's outputs are checked against
 onnxruntime's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,7 +76,7 @@ def segments(model, nodes: int) -> list[tuple[str, str, list]]:
     start, begin, parts = inputs[0], 0, []
     for position, tensor in cut_points(graph):
         if position + 1 - begin >= nodes:
-            parts.append((start, tensor, list(graph.node[begin:position + 1])))
+            parts.append((start, tensor, list(graph.node[begin : position + 1])))
             start, begin = tensor, position + 1
     parts.append((start, graph.output[0].name, list(graph.node[begin:])))
     return parts
@@ -88,6 +89,7 @@ ORT_LAYOUT_OPS = ("ReorderInput", "ReorderOutput")
 def _ort_layout_share(ort, part, name: str, feed, threads: int, runs: int = 20) -> float:
     """The share of onnxruntime's node time in its layout reorders, by its profiler."""
     import tempfile
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.enable_profiling = True
@@ -112,8 +114,11 @@ def _polyc_layout_share(session, name: str, feed) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.onnx_segments", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.onnx_segments",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("model", choices=sorted(MODELS))
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--nodes", type=int, default=12, help="nodes per segment, at least")
@@ -127,14 +132,19 @@ def main(argv=None) -> int:
 
     import polyc
     import polyc.onnx
+
     threads = len(os.sched_getaffinity(0))
     model = onnx.shape_inference.infer_shapes(load(args.model))
     extractor = Extractor(model)
     x = np.random.default_rng(0).standard_normal(input_shape(args.model, args.batch)).astype(np.float32)
-    print(f"machine: {polyc.tune.this_machine().describe()}; onnxruntime {ort.__version__} on {threads} threads; "
-          f"{args.model} at batch {args.batch}")
-    header = (f"{'segment':>7} {'nodes':>5} {'ort ms':>8} {'polyc ms':>9} {'ort/polyc':>9} "
-              f"{'w/o layout: ort':>8} {'polyc':>9} {'ort/polyc':>9}  operators")
+    print(
+        f"machine: {polyc.tune.this_machine().describe()}; onnxruntime {ort.__version__} on {threads} threads; "
+        f"{args.model} at batch {args.batch}"
+    )
+    header = (
+        f"{'segment':>7} {'nodes':>5} {'ort ms':>8} {'polyc ms':>9} {'ort/polyc':>9} "
+        f"{'w/o layout: ort':>8} {'polyc':>9} {'ort/polyc':>9}  operators"
+    )
     print(header + "\n" + "-" * (len(header) + 40))
     rows, feed = [], x
     for number, (start, end, nodes) in enumerate(segments(model, args.nodes)):
@@ -146,29 +156,56 @@ def main(argv=None) -> int:
         (expected,) = reference.run(None, {start: feed})
         (got,) = session.run(None, {start: feed})
         ok = bool(np.allclose(got, expected, rtol=1e-3, atol=1e-4))
-        times = time_interleaved({"ort": lambda: reference.run(None, {start: feed}),
-                                  "polyc": lambda: session.run(None, {start: feed})}, args.repeat, max_seconds=20.0)
+        times = time_interleaved(
+            {"ort": lambda: reference.run(None, {start: feed}), "polyc": lambda: session.run(None, {start: feed})},
+            args.repeat,
+            max_seconds=20.0,
+        )
         operators = Counter(node.op_type for node in nodes)
-        row = {"segment": number, "input": start, "output": end, "nodes": len(nodes), "operators": dict(operators),
-               "ort": times["ort"]["median"], "polyc": times["polyc"]["median"], "ok": ok,
-               "ort_layout_share": _ort_layout_share(ort, part, start, feed, threads),
-               "polyc_layout_share": _polyc_layout_share(session, start, feed)}
+        row = {
+            "segment": number,
+            "input": start,
+            "output": end,
+            "nodes": len(nodes),
+            "operators": dict(operators),
+            "ort": times["ort"]["median"],
+            "polyc": times["polyc"]["median"],
+            "ok": ok,
+            "ort_layout_share": _ort_layout_share(ort, part, start, feed, threads),
+            "polyc_layout_share": _polyc_layout_share(session, start, feed),
+        }
         rows.append(row)
         summary = ", ".join(f"{op} x{count}" if count > 1 else op for op, count in operators.most_common())
         ort_work, polyc_work = (row[k] * (1 - row[f"{k}_layout_share"]) for k in ("ort", "polyc"))
-        print(f"{number:>7} {len(nodes):>5} {row['ort'] * 1e3:>8.3f} {row['polyc'] * 1e3:>9.3f} "
-              f"{row['ort'] / row['polyc']:>8.2f}x {ort_work * 1e3:>8.3f} {polyc_work * 1e3:>9.3f} "
-              f"{ort_work / polyc_work:>8.2f}x  {summary}{'' if ok else '  MISMATCH'}", flush=True)
+        print(
+            f"{number:>7} {len(nodes):>5} {row['ort'] * 1e3:>8.3f} {row['polyc'] * 1e3:>9.3f} "
+            f"{row['ort'] / row['polyc']:>8.2f}x {ort_work * 1e3:>8.3f} {polyc_work * 1e3:>9.3f} "
+            f"{ort_work / polyc_work:>8.2f}x  {summary}{'' if ok else '  MISMATCH'}",
+            flush=True,
+        )
         feed = expected
     ort_total, polyc_total = sum(r["ort"] for r in rows), sum(r["polyc"] for r in rows)
     ort_work = sum(r["ort"] * (1 - r["ort_layout_share"]) for r in rows)
     polyc_work = sum(r["polyc"] * (1 - r["polyc_layout_share"]) for r in rows)
-    print(f"{'all':>7} {sum(r['nodes'] for r in rows):>5} {ort_total * 1e3:>8.3f} {polyc_total * 1e3:>9.3f} "
-          f"{ort_total / polyc_total:>8.2f}x {ort_work * 1e3:>8.3f} {polyc_work * 1e3:>9.3f} {ort_work / polyc_work:>8.2f}x")
+    print(
+        f"{'all':>7} {sum(r['nodes'] for r in rows):>5} {ort_total * 1e3:>8.3f} {polyc_total * 1e3:>9.3f} "
+        f"{ort_total / polyc_total:>8.2f}x {ort_work * 1e3:>8.3f} {polyc_work * 1e3:>9.3f} {ort_work / polyc_work:>8.2f}x"
+    )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"machine": polyc.tune.this_machine().to_json(), "threads": threads,
-                                         "model": args.model, "batch": args.batch, "rows": rows}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": polyc.tune.this_machine().to_json(),
+                    "threads": threads,
+                    "model": args.model,
+                    "batch": args.batch,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         print(f"raw results: {args.json}")
     return 0 if all(r["ok"] for r in rows) else 1
 

@@ -2,6 +2,7 @@
 
 A ratio is a baseline's median time over polyc's, from the same run: above 1, polyc is faster.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,9 +19,21 @@ HEADINGS = {"numpy": "numpy", "einsum": "einsum", "gcc": "gcc -O3", "polly": "cl
 #: The best of numpy and einsum(optimize=True), the bar issue 4 sets for contractions.
 BEST_NUMPY = "best_numpy"
 
-COLUMNS = (("case", 13, "<"), ("size", 22, "<"), ("polyc ms", 10, ">"), ("GFLOP/s", 8, ">"),
-           ("numpy ms", 10, ">"), ("einsum ms", 10, ">"), ("gcc ms", 10, ">"), ("polly ms", 10, ">"),
-           ("/numpy", 7, ">"), ("/einsum", 7, ">"), ("/gcc", 7, ">"), ("/polly", 7, ">"), ("check", 0, "<"))
+COLUMNS = (
+    ("case", 13, "<"),
+    ("size", 22, "<"),
+    ("polyc ms", 10, ">"),
+    ("GFLOP/s", 8, ">"),
+    ("numpy ms", 10, ">"),
+    ("einsum ms", 10, ">"),
+    ("gcc ms", 10, ">"),
+    ("polly ms", 10, ">"),
+    ("/numpy", 7, ">"),
+    ("/einsum", 7, ">"),
+    ("/gcc", 7, ">"),
+    ("/polly", 7, ">"),
+    ("check", 0, "<"),
+)
 #: Inserted before "check" when tuned polyc is measured too.
 TUNED_COLUMNS = (("tuned ms", 10, ">"), ("tuned/np", 8, ">"), ("tune s", 7, ">"))
 
@@ -30,8 +43,9 @@ def _columns(tuned: bool):
 
 
 def _row(cells, tuned: bool = False) -> str:
-    return " ".join(f"{cell:{align}{width}}" if width else str(cell)
-                    for cell, (_, width, align) in zip(cells, _columns(tuned)))
+    return " ".join(
+        f"{cell:{align}{width}}" if width else str(cell) for cell, (_, width, align) in zip(cells, _columns(tuned))
+    )
 
 
 def header(tuned: bool = False) -> str:
@@ -63,17 +77,34 @@ def row(case: dict, tuned: bool = False) -> str:
     times, ratios = case["times"], case["ratios"]
     polyc_gflops = case["gflops"].get("polyc")
     tuning = case.get("tuning") or {}
-    extra = [_ms(times.get("tuned")), _ratio(ratios.get(TUNED_VS_NUMPY)),
-             f"{tuning['seconds']:.0f}" if tuning.get("seconds") is not None else "-"] if tuned else []
-    return _row([case["name"], case["size"], _ms(times.get("polyc")),
-                 f"{polyc_gflops:.1f}" if polyc_gflops else "-",
-                 *(_ms(times.get(name)) for name in BASELINES),
-                 *(_ratio(ratios.get(name)) for name in BASELINES), *extra, check_text(case)], tuned)
+    extra = (
+        [
+            _ms(times.get("tuned")),
+            _ratio(ratios.get(TUNED_VS_NUMPY)),
+            f"{tuning['seconds']:.0f}" if tuning.get("seconds") is not None else "-",
+        ]
+        if tuned
+        else []
+    )
+    return _row(
+        [
+            case["name"],
+            case["size"],
+            _ms(times.get("polyc")),
+            f"{polyc_gflops:.1f}" if polyc_gflops else "-",
+            *(_ms(times.get(name)) for name in BASELINES),
+            *(_ratio(ratios.get(name)) for name in BASELINES),
+            *extra,
+            check_text(case),
+        ],
+        tuned,
+    )
 
 
 def ratios_of(times: dict, checks: dict) -> dict:
     """Baseline median over polyc median for each baseline that ran and passed its check, and
     for the better of numpy and einsum; none at all when polyc's own check failed."""
+
     def passed(name: str) -> bool:
         return name in times and bool(checks.get(name, {}).get("ok"))
 
@@ -119,8 +150,10 @@ def summarize(cases: list[dict], groups: tuple[str, ...]) -> dict:
 
 def summary_text(summary: dict) -> str:
     lines = ["", "Geometric means of the ratios (baseline time / polyc time; above 1: polyc faster):"]
-    lines.append(f"  {'group':<14} {'cases':>5} " + " ".join(f"{HEADINGS.get(b, 'best np/einsum'):>15}"
-                                                          for b in (*BASELINES, BEST_NUMPY)))
+    lines.append(
+        f"  {'group':<14} {'cases':>5} "
+        + " ".join(f"{HEADINGS.get(b, 'best np/einsum'):>15}" for b in (*BASELINES, BEST_NUMPY))
+    )
     for group, means in summary["geomean_ratios"].items():
         cells = " ".join(f"{_ratio(means.get(b)):>15}" for b in (*BASELINES, BEST_NUMPY))
         lines.append(f"  {group:<14} {means['cases']:>5} {cells}")
@@ -130,13 +163,23 @@ def summary_text(summary: dict) -> str:
         lines.append("Tuned polyc (this machine's tuning records): geometric means per group")
         lines.append(f"  {'group':<14} {'tuned vs best np/einsum':>24} {'tuned vs untuned':>17}")
         for group, means in tuned_groups.items():
-            lines.append(f"  {group:<14} {_ratio(means.get(TUNED_VS_NUMPY)):>24} {_ratio(means.get(TUNED_SPEEDUP)):>17}")
+            lines.append(
+                f"  {group:<14} {_ratio(means.get(TUNED_VS_NUMPY)):>24} {_ratio(means.get(TUNED_SPEEDUP)):>17}"
+            )
     compile_seconds = summary["compile_seconds_median"]
     lines.append("")
-    lines.append("Median compile time per kernel: " + ", ".join(
-        f"{label} {compile_seconds[name]:.2f} s" for name, label in
-        (("polyc", "polyc (define + first-call compile, C compiler included)"), ("gcc", "gcc"),
-         ("polly", "clang+Polly")) if compile_seconds.get(name) is not None))
+    lines.append(
+        "Median compile time per kernel: "
+        + ", ".join(
+            f"{label} {compile_seconds[name]:.2f} s"
+            for name, label in (
+                ("polyc", "polyc (define + first-call compile, C compiler included)"),
+                ("gcc", "gcc"),
+                ("polly", "clang+Polly"),
+            )
+            if compile_seconds.get(name) is not None
+        )
+    )
     if summary["mismatches"]:
         lines.append("")
         lines.append("Problems: " + "; ".join(summary["mismatches"]))

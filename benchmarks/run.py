@@ -14,6 +14,7 @@ The polyc column is polyc untuned (its defaults, ``tuning=False``).  ``--tuned``
 for polyc with this machine's tuning records (``polyc.tune``), ``--tune SECONDS`` first tunes
 each case with that budget (its tuning time is reported) and then does the same.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,27 +40,54 @@ BLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="a few cases at small sizes (smoke test)")
     parser.add_argument("--filter", metavar="REGEX", help="only cases whose 'name size' or group matches")
     parser.add_argument("--repeat", type=int, default=10, metavar="N", help="timed runs per measurement (10)")
-    parser.add_argument("--max-seconds", type=float, default=20.0, metavar="S",
-                        help="time budget per measurement; slow ones run fewer times, at least 3 (20)")
-    parser.add_argument("--json", type=Path, metavar="PATH", default=RESULTS_DIR / "last.json",
-                        help="where to write the raw results (benchmarks/results/last.json)")
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=20.0,
+        metavar="S",
+        help="time budget per measurement; slow ones run fewer times, at least 3 (20)",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        metavar="PATH",
+        default=RESULTS_DIR / "last.json",
+        help="where to write the raw results (benchmarks/results/last.json)",
+    )
     parser.add_argument("--list", action="store_true", help="list the selected cases and exit")
-    parser.add_argument("--polly-flags", default="", metavar="FLAGS",
-                        help="extra flags for clang+Polly, e.g. '-mllvm -polly-position=early'")
+    parser.add_argument(
+        "--polly-flags",
+        default="",
+        metavar="FLAGS",
+        help="extra flags for clang+Polly, e.g. '-mllvm -polly-position=early'",
+    )
     tuning = parser.add_mutually_exclusive_group()
-    tuning.add_argument("--tuned", action="store_true",
-                        help="also time polyc with this machine's tuning records (a 'tuned' column)")
-    tuning.add_argument("--tune", type=float, metavar="SECONDS",
-                        help="tune each case with this budget first (polyc.tune), then as --tuned")
-    parser.add_argument("--records", type=Path, metavar="FILE",
-                        help="the tuning records (default: $POLYC_TUNING_FILE, else in the user's kernel cache)")
-    parser.add_argument("--keep-blas-env", action="store_true",
-                        help="keep OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE (cleared by default, see __main__)")
+    tuning.add_argument(
+        "--tuned", action="store_true", help="also time polyc with this machine's tuning records (a 'tuned' column)"
+    )
+    tuning.add_argument(
+        "--tune",
+        type=float,
+        metavar="SECONDS",
+        help="tune each case with this budget first (polyc.tune), then as --tuned",
+    )
+    parser.add_argument(
+        "--records",
+        type=Path,
+        metavar="FILE",
+        help="the tuning records (default: $POLYC_TUNING_FILE, else in the user's kernel cache)",
+    )
+    parser.add_argument(
+        "--keep-blas-env",
+        action="store_true",
+        help="keep OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE (cleared by default, see __main__)",
+    )
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
@@ -75,6 +103,7 @@ def select_onnx_models(args) -> list[tuple[str, int]]:
     if args.quick:
         return []
     from benchmarks.onnx_models import MODELS
+
     pairs = [(name, batch) for name in MODELS for batch in (1, 8)]
     if args.filter:
         pattern = re.compile(args.filter)
@@ -88,6 +117,7 @@ def select_gpu_cases(args) -> list[str]:
     if args.quick:
         return []
     from benchmarks.gpu_bench import GPU_CASES
+
     names = [name for name, _, _ in GPU_CASES]
     if args.filter:
         pattern = re.compile(args.filter)
@@ -104,6 +134,7 @@ def select_cases(args) -> list[suite.Case]:
 
 
 # ---- one case ------------------------------------------------------------------------------
+
 
 def make_inputs(case: suite.Case, definition, rng: np.random.Generator) -> tuple:
     """Inputs in the def's order: random values in [-1, 1) of each tensor's type and shape."""
@@ -141,9 +172,22 @@ def run_case(case: suite.Case, args, toolchains: dict, build_dir: Path) -> dict:
     """Compile, check and time every implementation of ``case``; a JSON-ready record."""
     import polyc
 
-    result = {"name": case.name, "size": case.size_label, "group": case.group, "sizes": dict(case.sizes),
-              "entry": case.entry, "flops": case.flops, "note": case.note, "loadavg_1min": os.getloadavg()[0],
-              "times": {}, "checks": {}, "errors": {}, "compile_seconds": {}, "gflops": {}, "ratios": {}}
+    result = {
+        "name": case.name,
+        "size": case.size_label,
+        "group": case.group,
+        "sizes": dict(case.sizes),
+        "entry": case.entry,
+        "flops": case.flops,
+        "note": case.note,
+        "loadavg_1min": os.getloadavg()[0],
+        "times": {},
+        "checks": {},
+        "errors": {},
+        "compile_seconds": {},
+        "gflops": {},
+        "ratios": {},
+    }
     start = time.perf_counter()
     try:
         kernel = polyc.define(case.source, filename=f"<{case.name}>", tuning=False)[case.entry]
@@ -161,10 +205,18 @@ def run_case(case: suite.Case, args, toolchains: dict, build_dir: Path) -> dict:
         if args.tune is not None:
             tuning_start = time.perf_counter()
             try:
-                found = polyc.tune(polyc.define(case.source, filename=f"<{case.name}>")[case.entry], *inputs,
-                                   budget=float(args.tune), progress=False)
-                result["tuning"] = {"seconds": time.perf_counter() - tuning_start, "trials": found.trials,
-                                    "best_options": found.best_options, "space": found.space.path}
+                found = polyc.tune(
+                    polyc.define(case.source, filename=f"<{case.name}>")[case.entry],
+                    *inputs,
+                    budget=float(args.tune),
+                    progress=False,
+                )
+                result["tuning"] = {
+                    "seconds": time.perf_counter() - tuning_start,
+                    "trials": found.trials,
+                    "best_options": found.best_options,
+                    "space": found.space.path,
+                }
             except Exception as error:
                 result["errors"]["tuned"] = f"tuning failed: {type(error).__name__}: {error}"
         tuned = polyc.define(case.source, filename=f"<{case.name}>")[case.entry]
@@ -193,24 +245,31 @@ def run_case(case: suite.Case, args, toolchains: dict, build_dir: Path) -> dict:
 
     if "polyc" in result["times"]:  # define + first call, less the run that call included
         first_call = result["compile_seconds"]["polyc"]
-        result["compile_seconds"].update(polyc_define=define_seconds, polyc_first_call=first_call, polyc=(
-            define_seconds + max(0.0, first_call - result["times"]["polyc"]["median"])))
+        result["compile_seconds"].update(
+            polyc_define=define_seconds,
+            polyc_first_call=first_call,
+            polyc=(define_seconds + max(0.0, first_call - result["times"]["polyc"]["median"])),
+        )
     result["ratios"] = report.ratios_of(result["times"], result["checks"])
     return result
 
 
 # ---- the environment the numbers were taken in ---------------------------------------------
 
+
 def blas_info() -> dict:
     """Which BLAS numpy calls and with which kernel: threadpoolctl if installed, else numpy's config."""
     np.ones((64, 64), np.float32) @ np.ones((64, 64), np.float32)  # make sure the BLAS is loaded
     try:
         import threadpoolctl
+
         return {"source": "threadpoolctl", "libraries": threadpoolctl.threadpool_info()}
     except ImportError:
         config = np.show_config(mode="dicts") if np.lib.NumpyVersion(np.__version__) >= "1.26.0" else {}
-        return {"source": "numpy.show_config (threadpoolctl not installed)",
-                "blas": config.get("Build Dependencies", {}).get("blas")}
+        return {
+            "source": "numpy.show_config (threadpoolctl not installed)",
+            "blas": config.get("Build Dependencies", {}).get("blas"),
+        }
 
 
 def numpy_blas(libraries: list[dict]) -> dict | None:
@@ -231,27 +290,37 @@ def numpy_blas(libraries: list[dict]) -> dict | None:
 def blas_summary(info: dict) -> str:
     library = numpy_blas(info.get("libraries", []))
     if library is not None:
-        return (f"{library.get('internal_api')} {library.get('version')}, kernel "
-                f"{library.get('architecture')}, {library.get('num_threads')} threads")
+        return (
+            f"{library.get('internal_api')} {library.get('version')}, kernel "
+            f"{library.get('architecture')}, {library.get('num_threads')} threads"
+        )
     blas = info.get("blas") or {}
     return f"{blas.get('name', 'unknown BLAS')} {blas.get('version', '')} (kernel unknown)"
 
 
 def machine_info() -> dict:
     from polyc.runtime.machine import this_machine
+
     fingerprint = this_machine()
-    return {"cpu": fingerprint.cpu_model, "cpu_id": fingerprint.cpu_id, "microarchitecture": fingerprint.microarchitecture,
-            "isa": list(fingerprint.isa), "caches": list(fingerprint.caches),
-            "fingerprint": fingerprint.id, "logical_cpus": os.cpu_count(),
-            "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            "platform": platform.platform(), "python": platform.python_version(),
-            "numpy": np.__version__, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+    return {
+        "cpu": fingerprint.cpu_model,
+        "cpu_id": fingerprint.cpu_id,
+        "microarchitecture": fingerprint.microarchitecture,
+        "isa": list(fingerprint.isa),
+        "caches": list(fingerprint.caches),
+        "fingerprint": fingerprint.id,
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+    }
 
 
 def _git(directory: Path, *arguments: str) -> str | None:
     try:
-        run = subprocess.run(["git", "-C", str(directory), *arguments], capture_output=True, text=True,
-                             timeout=10)
+        run = subprocess.run(["git", "-C", str(directory), *arguments], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return run.stdout.strip() if run.returncode == 0 else None
@@ -262,17 +331,23 @@ def polyc_info() -> dict:
     uncommitted changes, and the C compiler its kernels are built with."""
     import polyc
     from polyc.runtime.compiler import CompilerOptions
+
     package = Path(polyc.__file__).resolve().parent
     status = _git(package.parent, "status", "--porcelain", "--", "polyc")
     compiler = CompilerOptions(openmp=True)
-    return {"version": polyc.__version__, "source": str(package),
-            "git_commit": _git(package.parent, "rev-parse", "HEAD"),
-            "uncommitted_changes": None if status is None else bool(status),
-            "cc": compiler.cc, "cflags": " ".join(compiler.flags),
-            "options": "defaults: polyc.define(source)"}
+    return {
+        "version": polyc.__version__,
+        "source": str(package),
+        "git_commit": _git(package.parent, "rev-parse", "HEAD"),
+        "uncommitted_changes": None if status is None else bool(status),
+        "cc": compiler.cc,
+        "cflags": " ".join(compiler.flags),
+        "options": "defaults: polyc.define(source)",
+    }
 
 
 # ---- main ----------------------------------------------------------------------------------
+
 
 def find_toolchains(args) -> tuple[dict, list[str]]:
     """The naive-C baselines that can be built here, and notes on those that cannot."""
@@ -297,12 +372,20 @@ def describe_run(args, argv, toolchains: dict, notes: list[str], blas_environmen
         "schema": 1,
         "command": "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "settings": {"quick": args.quick, "filter": args.filter, "repeat": args.repeat,
-                     "max_seconds": args.max_seconds, "warm_up_calls": 1, "rounds": ROUNDS,
-                     "block_warm_up": "untimed calls for 20 ms (at least one) unless a call takes 2 s"},
+        "settings": {
+            "quick": args.quick,
+            "filter": args.filter,
+            "repeat": args.repeat,
+            "max_seconds": args.max_seconds,
+            "warm_up_calls": 1,
+            "rounds": ROUNDS,
+            "block_warm_up": "untimed calls for 20 ms (at least one) unless a call takes 2 s",
+        },
         "machine": {**machine_info(), "loadavg_start": list(os.getloadavg())},
-        "environment": {"blas_variables_before": current if blas_environment is None else blas_environment,
-                        "blas_variables_during": current},
+        "environment": {
+            "blas_variables_before": current if blas_environment is None else blas_environment,
+            "blas_variables_during": current,
+        },
         "blas": blas_info(),
         "toolchains": {"polyc": polyc_info(), **{name: t.describe() for name, t in toolchains.items()}},
         "notes": notes,
@@ -312,15 +395,19 @@ def describe_run(args, argv, toolchains: dict, notes: list[str], blas_environmen
 
 def print_preamble(results: dict, args, count: int) -> None:
     polyc_source = results["toolchains"]["polyc"]
-    print(f"polyc {polyc_source['version']} ({polyc_source['source']}, commit "
-          f"{(polyc_source['git_commit'] or 'unknown')[:10]}"
-          f"{', with uncommitted changes' if polyc_source['uncommitted_changes'] else ''}): "
-          f"{count} case(s), median of up to {args.repeat} runs (at most ~{args.max_seconds:g} s each)")
+    print(
+        f"polyc {polyc_source['version']} ({polyc_source['source']}, commit "
+        f"{(polyc_source['git_commit'] or 'unknown')[:10]}"
+        f"{', with uncommitted changes' if polyc_source['uncommitted_changes'] else ''}): "
+        f"{count} case(s), median of up to {args.repeat} runs (at most ~{args.max_seconds:g} s each)"
+    )
     machine = results["machine"]
     identity = ", ".join(filter(None, (machine.get("microarchitecture"), machine.get("cpu_id"))))
-    print(f"machine: {machine['cpu']}{f' [{identity}]' if identity else ''} ({' '.join(machine['isa'])}), "
-          f"{results['machine']['usable_cpus']} cpu(s), "
-          f"load {results['machine']['loadavg_start'][0]:.2f}; BLAS: {blas_summary(results['blas'])}")
+    print(
+        f"machine: {machine['cpu']}{f' [{identity}]' if identity else ''} ({' '.join(machine['isa'])}), "
+        f"{results['machine']['usable_cpus']} cpu(s), "
+        f"load {results['machine']['loadavg_start'][0]:.2f}; BLAS: {blas_summary(results['blas'])}"
+    )
     for name, toolchain in results["toolchains"].items():
         if name != "polyc":
             print(f"{name}: {toolchain['command']} ({toolchain['version']})")
@@ -351,11 +438,14 @@ def main(argv=None, blas_environment: dict | None = None) -> int:
     print(report.header(args.tuned))
     if args.tuned:  # the records stay where they are when the kernel cache moves below
         from polyc.runtime.tuning_records import default_records_path
+
         os.environ["POLYC_TUNING_FILE"] = str(args.records or default_records_path())
         results["settings"]["tuning_records"] = os.environ["POLYC_TUNING_FILE"]
         results["settings"]["tune_seconds"] = args.tune
-    with tempfile.TemporaryDirectory(prefix="polyc-bench-cache-") as cache, \
-            tempfile.TemporaryDirectory(prefix="polyc-bench-naive-") as build_dir:
+    with (
+        tempfile.TemporaryDirectory(prefix="polyc-bench-cache-") as cache,
+        tempfile.TemporaryDirectory(prefix="polyc-bench-naive-") as build_dir,
+    ):
         os.environ["POLYC_CACHE_DIR"] = cache  # a fresh cache: compile times include the C compiler
         for case in selected:
             record = run_case(case, args, toolchains, Path(build_dir))
@@ -365,6 +455,7 @@ def main(argv=None, blas_environment: dict | None = None) -> int:
             results["onnx"] = run_onnx_models(onnx_models, args.repeat, args.tuned, args.tune)
         if gpu_cases:
             from benchmarks.gpu_bench import run_gpu_cases
+
             results["gpu"] = run_gpu_cases(args.repeat, gpu_cases)
 
     results["machine"]["loadavg_end"] = list(os.getloadavg())
@@ -375,6 +466,7 @@ def main(argv=None, blas_environment: dict | None = None) -> int:
     args.json.write_text(json.dumps(results, indent=1) + "\n")
     print(f"\nraw results: {args.json}")
     from benchmarks.onnx_bench import CHECKS
+
     onnx_mismatch = any(not row.get(key, True) for row in results.get("onnx", {}).get("rows", []) for key in CHECKS)
     return 1 if results["summary"]["mismatches"] or onnx_mismatch else 0
 
@@ -383,9 +475,11 @@ def run_onnx_models(pairs, repeat: int, tuned: bool = False, tune_seconds: float
     """The "onnx" group: the real models through polyc and onnxruntime (benchmarks.onnx_bench)."""
     print("\nONNX models: polyc sessions beside onnxruntime (benchmarks.onnx_bench; ratios ort/polyc)")
     import importlib.util
+
     missing = [name for name in ("onnx", "onnxruntime") if importlib.util.find_spec(name) is None]
     if missing:
         print(f"skipped: {' and '.join(missing)} not installed (pip install 'polyc[test]')")
         return {"skipped": f"{' and '.join(missing)} not installed"}
     from benchmarks.onnx_bench import run_models
+
     return run_models(pairs, repeat, tuned, tune_seconds)

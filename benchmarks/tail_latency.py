@@ -13,6 +13,7 @@ that a change of the machine's load reaches both alike, with a pause of 0.3 s be
 (OpenBLAS's threads spin for about 0.1 s after its last call and would take the cores from the
 next block's implementation).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,12 +40,17 @@ PAUSE = 0.3
 
 def cases(rng: np.random.Generator) -> dict:
     A, B = rng.random((256, 256), dtype=np.float32), rng.random((256, 256), dtype=np.float32)
-    I, W, b = rng.random((128, 2000), dtype=np.float32), rng.random((2000, 128), dtype=np.float32), \
-        rng.random(128, dtype=np.float32)
+    I, W, b = (
+        rng.random((128, 2000), dtype=np.float32),
+        rng.random((2000, 128), dtype=np.float32),
+        rng.random(128, dtype=np.float32),
+    )
     sgemm = polyc.define(SGEMM, tuning=False).sgemm
     mlp = polyc.define(MLP, tuning=False).mlp1
-    return {"sgemm 256": {"polyc": lambda: sgemm(A, B), "numpy": lambda: A @ B},
-            "mlp 128x2000x128": {"polyc": lambda: mlp(I, W, b), "numpy": lambda: np.maximum(I @ W + b, 0)}}
+    return {
+        "sgemm 256": {"polyc": lambda: sgemm(A, B), "numpy": lambda: A @ B},
+        "mlp 128x2000x128": {"polyc": lambda: mlp(I, W, b), "numpy": lambda: np.maximum(I @ W + b, 0)},
+    }
 
 
 def measure(functions: dict, calls: int) -> dict:
@@ -60,13 +66,23 @@ def measure(functions: dict, calls: int) -> dict:
                 function()
                 times[name].append(time.perf_counter() - start)
                 time.sleep(0.001)
-    return {name: {"p50": float(np.percentile(t, 50)), "p90": float(np.percentile(t, 90)),
-                   "p99": float(np.percentile(t, 99)), "calls": len(t)} for name, t in times.items()}
+    return {
+        name: {
+            "p50": float(np.percentile(t, 50)),
+            "p90": float(np.percentile(t, 90)),
+            "p99": float(np.percentile(t, 99)),
+            "calls": len(t),
+        }
+        for name, t in times.items()
+    }
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.tail_latency", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.tail_latency",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--calls", type=int, default=400, help="timed calls per implementation and setting")
     parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "tail_latency.json")
     args = parser.parse_args(argv)
@@ -82,8 +98,9 @@ def main(argv=None) -> int:
             busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
             time.sleep(0.5)
         try:
-            results["settings"][setting] = {title: measure(functions, args.calls)
-                                            for title, functions in all_cases.items()}
+            results["settings"][setting] = {
+                title: measure(functions, args.calls) for title, functions in all_cases.items()
+            }
         finally:
             if busy is not None:
                 busy.kill()

@@ -20,6 +20,7 @@ Measuring a space takes a while: about 500 configurations for a contraction (sge
 5-10 minutes each on two cores) and about 650 for the generic path's transpose-add, whose
 candidates compile more slowly (20-30 minutes).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,42 +40,76 @@ from polyc.tune import search
 DEFAULT_FLAGS = " ".join(DEFAULT_OPTIMISATION_FLAGS + LANGUAGE_FLAGS)
 
 KERNELS = {
-    "sgemm 512": ("def sgemm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
-                  "sgemm", {"A": (512, 512), "B": (512, 512)}),
-    "mlp 128x2000x128": ("def mlp(float(B, K) I, float(K, N) W, float(N) bias) -> (O) {\n"
-                         "  O(b, n) +=! I(b, r_k) * W(r_k, n)\n  O(b, n) = fmax(O(b, n) + bias(n), 0)\n}",
-                         "mlp", {"I": (128, 2000), "W": (2000, 128), "bias": (128,)}),
-    "tmm 128x1024x1024": ("def tmm(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }",
-                          "tmm", {"A": (128, 1024), "B": (1024, 1024)}),
-    "softmax 1024x2048": ("def softmax(float(N, D) X) -> (O) {\n  M(n) max=! X(n, r_d)\n"
-                          "  O(n, d) = exp(X(n, d) - M(n))\n  S(n) +=! O(n, r_d)\n  O(n, d) = O(n, d) / S(n)\n}",
-                          "softmax", {"X": (1024, 2048)}),
-    "transpose-scale 2048": ("def tscale(float(N, N) A) -> (B) { B(i, j) = A(j, i) * 2 }",
-                             "tscale", {"A": (2048, 2048)}),
-    "mvt 4096 (loop nests)": ("def mvt(float(N) y1, float(N) y2, float(N, N) A) -> (x1, x2) {\n"
-                              "  x1(i) +=! A(i, r_j) * y1(r_j)\n  x2(i) +=! A(r_j, i) * y2(r_j)\n}",
-                              "mvt", {"y1": (4096,), "y2": (4096,), "A": (4096, 4096)},
-                              {"blas_contractions": False}),
-    "jacobi-2d 4096": ("def jacobi(float(N, N) A) -> (B) {\n"
-                       "  B(i, j) = 0.2 * (A(i, j) + A(i-1, j) + A(i+1, j) + A(i, j-1) + A(i, j+1))"
-                       " where i in 1:N-1, j in 1:N-1\n}",
-                       "jacobi", {"A": (4096, 4096)}),
-    "symmetrise 2048": ("def sym(float(N, N) A) -> (B) { B(i, j) = 0.5 * (A(i, j) + A(j, i)) }",
-                        "sym", {"A": (2048, 2048)}),
-    "transpose-add 1024": ("def tadd(float(N, N) A, float(N, N) B) -> (C) {\n"
-                           "  C(i, j) = A(j, i) + B(i, j)\n  C(i, j) = C(i, j) * 2 + A(i, j)\n}",
-                           "tadd", {"A": (1024, 1024), "B": (1024, 1024)}),
+    "sgemm 512": (
+        "def sgemm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
+        "sgemm",
+        {"A": (512, 512), "B": (512, 512)},
+    ),
+    "mlp 128x2000x128": (
+        "def mlp(float(B, K) I, float(K, N) W, float(N) bias) -> (O) {\n"
+        "  O(b, n) +=! I(b, r_k) * W(r_k, n)\n  O(b, n) = fmax(O(b, n) + bias(n), 0)\n}",
+        "mlp",
+        {"I": (128, 2000), "W": (2000, 128), "bias": (128,)},
+    ),
+    "tmm 128x1024x1024": (
+        "def tmm(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }",
+        "tmm",
+        {"A": (128, 1024), "B": (1024, 1024)},
+    ),
+    "softmax 1024x2048": (
+        "def softmax(float(N, D) X) -> (O) {\n  M(n) max=! X(n, r_d)\n"
+        "  O(n, d) = exp(X(n, d) - M(n))\n  S(n) +=! O(n, r_d)\n  O(n, d) = O(n, d) / S(n)\n}",
+        "softmax",
+        {"X": (1024, 2048)},
+    ),
+    "transpose-scale 2048": (
+        "def tscale(float(N, N) A) -> (B) { B(i, j) = A(j, i) * 2 }",
+        "tscale",
+        {"A": (2048, 2048)},
+    ),
+    "mvt 4096 (loop nests)": (
+        "def mvt(float(N) y1, float(N) y2, float(N, N) A) -> (x1, x2) {\n"
+        "  x1(i) +=! A(i, r_j) * y1(r_j)\n  x2(i) +=! A(r_j, i) * y2(r_j)\n}",
+        "mvt",
+        {"y1": (4096,), "y2": (4096,), "A": (4096, 4096)},
+        {"blas_contractions": False},
+    ),
+    "jacobi-2d 4096": (
+        "def jacobi(float(N, N) A) -> (B) {\n"
+        "  B(i, j) = 0.2 * (A(i, j) + A(i-1, j) + A(i+1, j) + A(i, j-1) + A(i, j+1))"
+        " where i in 1:N-1, j in 1:N-1\n}",
+        "jacobi",
+        {"A": (4096, 4096)},
+    ),
+    "symmetrise 2048": (
+        "def sym(float(N, N) A) -> (B) { B(i, j) = 0.5 * (A(i, j) + A(j, i)) }",
+        "sym",
+        {"A": (2048, 2048)},
+    ),
+    "transpose-add 1024": (
+        "def tadd(float(N, N) A, float(N, N) B) -> (C) {\n"
+        "  C(i, j) = A(j, i) + B(i, j)\n  C(i, j) = C(i, j) * 2 + A(i, j)\n}",
+        "tadd",
+        {"A": (1024, 1024), "B": (1024, 1024)},
+    ),
 }
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.tuning_search", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.tuning_search",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--trials", type=int, default=40, help="trials per search (40)")
     parser.add_argument("--seeds", type=int, default=20, help="searches per strategy and kernel (20)")
     parser.add_argument("--filter", default="", help="only kernels whose title matches this regular expression")
-    parser.add_argument("--table", type=Path, default=Path(__file__).resolve().parent / "results" / "tuning_tables.json",
-                        help="measured spaces, reused (and completed) by later runs")
+    parser.add_argument(
+        "--table",
+        type=Path,
+        default=Path(__file__).resolve().parent / "results" / "tuning_tables.json",
+        help="measured spaces, reused (and completed) by later runs",
+    )
     parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "tuning_search.json")
     args = parser.parse_args(argv)
 
@@ -92,8 +127,10 @@ def main(argv=None) -> int:
     if (results.get("machine"), results.get("cflags", DEFAULT_FLAGS)) != (machine.to_json(), flags):
         results = {"machine": machine.to_json(), "kernels": {}}
     results["cflags"] = flags
-    print(f"{'kernel':<20} {'space':>6} {'best ms':>9} {'within 5%':>9} {'random: trials to 95%':>22} "
-          f"{'guided':>7} {'ratio':>6}")
+    print(
+        f"{'kernel':<20} {'space':>6} {'best ms':>9} {'within 5%':>9} {'random: trials to 95%':>22} "
+        f"{'guided':>7} {'ratio':>6}"
+    )
     for title, (source, entry, shapes, *options) in KERNELS.items():
         if not re.search(args.filter, title):
             continue
@@ -107,21 +144,32 @@ def main(argv=None) -> int:
         # The table may hold more (a space that was larger when it was measured): only this one's.
         times = {k: _seconds(table[k]) for k in candidates if table[k].get("status") == "ok"}
         best = min(times.values())
-        curves = {strategy: [_replay(kernel, inputs, table, strategy, seed, args.trials) for seed in range(args.seeds)]
-                  for strategy in ("random", "model")}
+        curves = {
+            strategy: [_replay(kernel, inputs, table, strategy, seed, args.trials) for seed in range(args.seeds)]
+            for strategy in ("random", "model")
+        }
 
         def trials_to_95(run: list) -> int:
             for trial, value in enumerate(run, 1):
                 if value is not None and value <= best / 0.95:
                     return trial
             return args.trials + 1
+
         needed = {s: statistics.median(trials_to_95(run) for run in runs) for s, runs in curves.items()}
         near = sum(t <= best / 0.95 for t in times.values())
-        print(f"{title:<20} {len(candidates):>6} {best * 1e3:>9.3f} {near:>9} {needed['random']:>22} "
-              f"{needed['model']:>7} {needed['model'] / needed['random']:>6.2f}")
-        results["kernels"][title] = {"space_size": len(candidates), "best_seconds": best, "configs_within_5pc": near,
-                                     "trials": args.trials, "seeds": args.seeds,
-                                     "trials_to_95": needed, "curves": curves}
+        print(
+            f"{title:<20} {len(candidates):>6} {best * 1e3:>9.3f} {near:>9} {needed['random']:>22} "
+            f"{needed['model']:>7} {needed['model'] / needed['random']:>6.2f}"
+        )
+        results["kernels"][title] = {
+            "space_size": len(candidates),
+            "best_seconds": best,
+            "configs_within_5pc": near,
+            "trials": args.trials,
+            "seeds": args.seeds,
+            "trials_to_95": needed,
+            "curves": curves,
+        }
         # Written after each kernel: a run stopped during the next keeps this one's result.
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1) + "\n")
@@ -133,6 +181,7 @@ def _measure_space(kernel, inputs, table: dict, path: Path, tables: dict) -> set
     """Measure every candidate of the kernel's space not yet in ``table`` (saved as it goes);
     returns the space's candidates (their identities)."""
     from polyc.runtime.arguments import bind_arguments
+
     call = bind_arguments(kernel.definition, tuple(inputs))
     space = search.space_for(kernel.definition, call.sizes, kernel.options)
     reference = search._reference(kernel, tuple(inputs), call.sizes, kernel.options)
@@ -194,8 +243,9 @@ def _correct_drift(table: dict, candidates: set[str]) -> float:
     return typical
 
 
-def _confirm_fastest(kernel, inputs, table: dict, candidates: set[str], typical: float, path: Path,
-                     tables: dict) -> None:
+def _confirm_fastest(
+    kernel, inputs, table: dict, candidates: set[str], typical: float, path: Path, tables: dict
+) -> None:
     """Time the CONFIRMED fastest configurations again, all together in interleaved rounds
     (:func:`polyc.tune.search.confirm_candidates`).  The space is timed one configuration
     after another over ten minutes of a shared machine whose load drifts by 20-30% meanwhile
@@ -224,8 +274,12 @@ def _job(kernel, changes: dict) -> dict:
     """A measurement job (as :func:`polyc.tune.search.measure_candidate` takes it) for the
     kernel built with its own options and ``changes``."""
     import dataclasses
-    return {"source": polyc.lang.printer.format_def(kernel.syntax), "name": kernel.definition.name,
-            "options": {**dataclasses.asdict(kernel.options), **changes}}
+
+    return {
+        "source": polyc.lang.printer.format_def(kernel.syntax),
+        "name": kernel.definition.name,
+        "options": {**dataclasses.asdict(kernel.options), **changes},
+    }
 
 
 def _compile_ahead(jobs: list, inputs) -> None:
@@ -233,9 +287,11 @@ def _compile_ahead(jobs: list, inputs) -> None:
     load them, and run one at a time on a machine that compiles nothing meanwhile."""
     import concurrent.futures
     import os
+
     if not jobs:
         return
     import multiprocessing
+
     # spawned, not forked: a fork of a process whose OpenMP threads ran can hang in the child
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1, mp_context=spawn) as pool:
@@ -253,7 +309,8 @@ def _compile_one(job: dict, inputs) -> None:
 def _replay(kernel, inputs, table: dict, strategy: str, seed: int, trials: int) -> list:
     """A search that reads its measurements from ``table``: its best time after each trial."""
     import dataclasses
-    base = dataclasses.asdict(kernel.options.replace(tuning=False))   # as the tuner's jobs start
+
+    base = dataclasses.asdict(kernel.options.replace(tuning=False))  # as the tuner's jobs start
 
     def from_table(job, _inputs, _reference):
         found = table[table_key(job["options"], base)]
@@ -261,12 +318,20 @@ def _replay(kernel, inputs, table: dict, strategy: str, seed: int, trials: int) 
 
     def confirm_from_table(jobs, _inputs, rounds=None):
         return [from_table(job, None, None) for job in jobs]
+
     real = search.measure_candidate, search.confirm_candidates
     search.measure_candidate, search.confirm_candidates = from_table, confirm_from_table
     try:
         with tempfile.TemporaryDirectory() as directory:
-            result = polyc.tune(kernel, *inputs, budget=trials, strategy=strategy, seed=seed,
-                                records=Path(directory) / "records.jsonl", progress=False)
+            result = polyc.tune(
+                kernel,
+                *inputs,
+                budget=trials,
+                strategy=strategy,
+                seed=seed,
+                records=Path(directory) / "records.jsonl",
+                progress=False,
+            )
     finally:
         search.measure_candidate, search.confirm_candidates = real
     return [best for _, best in result.history]
@@ -275,14 +340,17 @@ def _replay(kernel, inputs, table: dict, strategy: str, seed: int, trials: int) 
 def table_key(options: dict, base: dict) -> str:
     """The table's key of a job's ``options``: those that differ from the kernel's own
     ``base`` options, as :meth:`polyc.tune.space.SearchSpace.identity` writes them."""
+
     def plain(value):
         return tuple(value) if isinstance(value, list) else value
+
     changes = {k: list(v) if isinstance(v, tuple) else v for k, v in options.items() if plain(v) != plain(base[k])}
     return json.dumps(changes, sort_keys=True)
 
 
 def _sizes(kernel, inputs) -> list[int]:
     from polyc.runtime.arguments import bind_arguments
+
     call = bind_arguments(kernel.definition, tuple(inputs))
     return [call.sizes[name] for name in kernel.definition.sizes]
 

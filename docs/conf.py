@@ -5,6 +5,7 @@ Build it from the repository root (CI does, with warnings as errors):
     pip install '.[docs]'
     python -m sphinx -W -b html docs docs/_build/html
 """
+
 from __future__ import annotations
 
 import shutil

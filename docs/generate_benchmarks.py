@@ -14,6 +14,7 @@ prints the page.  Each results file's format is the one its benchmark writes:
 - ``benchmarks.onnx_ops`` (``cases``) and ``benchmarks.onnx_segments`` (``rows``): per operator
   or segment, onnxruntime's time over polyc's.
 """
+
 from __future__ import annotations
 
 import json
@@ -91,20 +92,32 @@ def table(header: list[str], rows: list[list]) -> list[str]:
 
 def suite_table(data: dict) -> list[str]:
     """``python -m benchmarks``: one row per case, then the geometric means per group."""
-    baselines = [b for b in ("numpy", "einsum", "best_numpy", "gcc", "polly", "tuned_speedup", "tuned_vs_best_numpy")
-                 if any(b in (case.get("ratios") or {}) for case in data["cases"])]
+    baselines = [
+        b
+        for b in ("numpy", "einsum", "best_numpy", "gcc", "polly", "tuned_speedup", "tuned_vs_best_numpy")
+        if any(b in (case.get("ratios") or {}) for case in data["cases"])
+    ]
     rows = []
     for case in data["cases"]:
         ratios = case.get("ratios") or {}
         polyc = (case.get("times") or {}).get("polyc") or {}
-        rows.append([f"{case['name']} {case.get('size', '')}".strip(), case.get("group", ""),
-                     _ms(polyc.get("median"))] + [_x(ratios.get(b)) for b in baselines])
+        rows.append(
+            [f"{case['name']} {case.get('size', '')}".strip(), case.get("group", ""), _ms(polyc.get("median"))]
+            + [_x(ratios.get(b)) for b in baselines]
+        )
     for group, means in ((data.get("summary") or {}).get("geomean_ratios") or {}).items():
-        rows.append([f"**geometric mean** ({means.get('cases', '?')} cases)", group, ""]
-                    + [_x(means.get(b)) for b in baselines])
-    names = {"numpy": "numpy / polyc", "einsum": "einsum / polyc", "best_numpy": "better of numpy/einsum / polyc",
-             "gcc": "gcc -O3 naive / polyc", "polly": "clang Polly / polyc",
-             "tuned_speedup": "polyc / tuned polyc", "tuned_vs_best_numpy": "better of numpy/einsum / tuned polyc"}
+        rows.append(
+            [f"**geometric mean** ({means.get('cases', '?')} cases)", group, ""] + [_x(means.get(b)) for b in baselines]
+        )
+    names = {
+        "numpy": "numpy / polyc",
+        "einsum": "einsum / polyc",
+        "best_numpy": "better of numpy/einsum / polyc",
+        "gcc": "gcc -O3 naive / polyc",
+        "polly": "clang Polly / polyc",
+        "tuned_speedup": "polyc / tuned polyc",
+        "tuned_vs_best_numpy": "better of numpy/einsum / tuned polyc",
+    }
     return table(["case", "group", "polyc ms"] + [names[b] for b in baselines], rows)
 
 
@@ -114,13 +127,31 @@ def onnx_table(data: dict) -> list[str]:
     for row in data["rows"]:
         polyc, ort = row.get("polyc"), row.get("ort")
         unfused = row.get("polyc_unfused")
-        rows.append([row.get("model"), row.get("batch"), _ms(polyc), _ms(ort),
-                     _x(ort / polyc if ort and polyc else None),
-                     _x(unfused / polyc if unfused and polyc else None),
-                     "" if row.get("cold_compile") is None else f"{row['cold_compile']:.1f}",
-                     "" if row.get("warm_compile") is None else f"{row['warm_compile']:.2f}"])
-    return table(["model", "batch", "polyc ms", "onnxruntime ms", "onnxruntime / polyc",
-                  "unfused / fused", "cold compile s", "warm compile s"], rows)
+        rows.append(
+            [
+                row.get("model"),
+                row.get("batch"),
+                _ms(polyc),
+                _ms(ort),
+                _x(ort / polyc if ort and polyc else None),
+                _x(unfused / polyc if unfused and polyc else None),
+                "" if row.get("cold_compile") is None else f"{row['cold_compile']:.1f}",
+                "" if row.get("warm_compile") is None else f"{row['warm_compile']:.2f}",
+            ]
+        )
+    return table(
+        [
+            "model",
+            "batch",
+            "polyc ms",
+            "onnxruntime ms",
+            "onnxruntime / polyc",
+            "unfused / fused",
+            "cold compile s",
+            "warm compile s",
+        ],
+        rows,
+    )
 
 
 def tuning_table(data: dict) -> list[str]:
@@ -129,11 +160,31 @@ def tuning_table(data: dict) -> list[str]:
     for name, kernel in data["kernels"].items():
         reach = kernel.get("trials_to_95") or {}
         random, guided = reach.get("random"), reach.get("model")
-        rows.append([name, f"{kernel.get('space_size')} ({kernel.get('configs_within_5pc')})",
-                     _ms(kernel.get("best_seconds")), kernel.get("trials"), kernel.get("seeds"),
-                     _g(random), _g(guided), f"{guided / random:.2f}" if random and guided else ""])
-    return table(["kernel", "configurations (within 5% of the best)", "best ms", "trials", "seeds",
-                  "random", "guided", "guided / random"], rows)
+        rows.append(
+            [
+                name,
+                f"{kernel.get('space_size')} ({kernel.get('configs_within_5pc')})",
+                _ms(kernel.get("best_seconds")),
+                kernel.get("trials"),
+                kernel.get("seeds"),
+                _g(random),
+                _g(guided),
+                f"{guided / random:.2f}" if random and guided else "",
+            ]
+        )
+    return table(
+        [
+            "kernel",
+            "configurations (within 5% of the best)",
+            "best ms",
+            "trials",
+            "seeds",
+            "random",
+            "guided",
+            "guided / random",
+        ],
+        rows,
+    )
 
 
 def tail_table(data: dict) -> list[str]:
@@ -144,18 +195,35 @@ def tail_table(data: dict) -> list[str]:
         for setting, cases in run.get("settings", {}).items():
             for case, times in cases.items():
                 polyc, numpy = times.get("polyc", {}), times.get("numpy", {})
-                rows.append([number, setting, case, _ms(polyc.get("p50")), _ms(polyc.get("p90")),
-                             _ms(polyc.get("p99")), _ms(numpy.get("p90")),
-                             f"{times['p90_polyc_over_numpy']:.2f}" if "p90_polyc_over_numpy" in times else ""])
-    return table(["run", "setting", "case", "polyc p50 ms", "polyc p90 ms", "polyc p99 ms", "numpy p90 ms",
-                  "p90 polyc / numpy"], rows)
+                rows.append(
+                    [
+                        number,
+                        setting,
+                        case,
+                        _ms(polyc.get("p50")),
+                        _ms(polyc.get("p90")),
+                        _ms(polyc.get("p99")),
+                        _ms(numpy.get("p90")),
+                        f"{times['p90_polyc_over_numpy']:.2f}" if "p90_polyc_over_numpy" in times else "",
+                    ]
+                )
+    return table(
+        ["run", "setting", "case", "polyc p50 ms", "polyc p90 ms", "polyc p99 ms", "numpy p90 ms", "p90 polyc / numpy"],
+        rows,
+    )
 
 
 def ops_table(data: dict) -> list[str]:
     """``benchmarks.onnx_ops``: one node of each data-dependent operator beside onnxruntime."""
-    rows = [[case["name"], _ms((case.get("median") or {}).get("polyc")),
-             _ms((case.get("median") or {}).get("onnxruntime")), _x(case.get("onnxruntime_over_polyc"))]
-            for case in data["cases"]]
+    rows = [
+        [
+            case["name"],
+            _ms((case.get("median") or {}).get("polyc")),
+            _ms((case.get("median") or {}).get("onnxruntime")),
+            _x(case.get("onnxruntime_over_polyc")),
+        ]
+        for case in data["cases"]
+    ]
     return table(["case", "polyc ms", "onnxruntime ms", "onnxruntime / polyc"], rows)
 
 
@@ -163,26 +231,44 @@ def segments_table(data: dict) -> list[str]:
     """``benchmarks.onnx_segments``: a model cut into segments, each timed as a model of its own."""
     rows = []
     for row in data["rows"]:
-        operators = ", ".join(f"{op} {n}" for op, n in sorted((row.get("operators") or {}).items(),
-                                                                key=lambda item: -item[1])[:3])
+        operators = ", ".join(
+            f"{op} {n}" for op, n in sorted((row.get("operators") or {}).items(), key=lambda item: -item[1])[:3]
+        )
         polyc, ort = row.get("polyc"), row.get("ort")
-        rows.append([row.get("segment"), row.get("nodes"), operators, _ms(polyc), _ms(ort),
-                     _x(ort / polyc if ort and polyc else None)])
-    return table(["segment", "nodes", "operators (most frequent)", "polyc ms", "onnxruntime ms",
-                  "onnxruntime / polyc"], rows)
+        rows.append(
+            [
+                row.get("segment"),
+                row.get("nodes"),
+                operators,
+                _ms(polyc),
+                _ms(ort),
+                _x(ort / polyc if ort and polyc else None),
+            ]
+        )
+    return table(
+        ["segment", "nodes", "operators (most frequent)", "polyc ms", "onnxruntime ms", "onnxruntime / polyc"], rows
+    )
 
 
 KINDS = [  # (title, recognises a results file's data, renders it)
-    ("Kernels beside numpy, einsum and naive C (`python -m benchmarks`)", lambda d: "cases" in d and "summary" in d,
-     suite_table),
-    ("ONNX models beside onnxruntime (`python -m benchmarks.onnx_bench`)", lambda d: "rows" in d and "model" not in d,
-     onnx_table),
-    ("Cost model against random search (`python -m benchmarks.tuning_search`)", lambda d: "kernels" in d,
-     tuning_table),
+    (
+        "Kernels beside numpy, einsum and naive C (`python -m benchmarks`)",
+        lambda d: "cases" in d and "summary" in d,
+        suite_table,
+    ),
+    (
+        "ONNX models beside onnxruntime (`python -m benchmarks.onnx_bench`)",
+        lambda d: "rows" in d and "model" not in d,
+        onnx_table,
+    ),
+    ("Cost model against random search (`python -m benchmarks.tuning_search`)", lambda d: "kernels" in d, tuning_table),
     ("Tail latency (`python -m benchmarks.tail_latency`)", lambda d: "settings" in d or "runs" in d, tail_table),
     ("Data-dependent ONNX operators (`python -m benchmarks.onnx_ops`)", lambda d: "cases" in d, ops_table),
-    ("ONNX model segments (`python -m benchmarks.onnx_segments`)", lambda d: "rows" in d and "model" in d,
-     segments_table),
+    (
+        "ONNX model segments (`python -m benchmarks.onnx_segments`)",
+        lambda d: "rows" in d and "model" in d,
+        segments_table,
+    ),
 ]
 
 
@@ -191,14 +277,21 @@ def summary_table(suites: list[tuple[Path, dict]]) -> list[str]:
     rows = []
     for path, data in suites:
         means = (data.get("summary") or {}).get("geomean_ratios") or {}
-        rows.append([f"`{path.name}`", cpu_name(path, data.get("machine"))]
-                    + [_x((means.get(group) or {}).get(baseline)) for group, baseline in SUMMARY_COLUMNS])
-    return table(["results file", "machine"] + [f"{group}: {baseline} / polyc" for group, baseline in SUMMARY_COLUMNS],
-                 rows)
+        rows.append(
+            [f"`{path.name}`", cpu_name(path, data.get("machine"))]
+            + [_x((means.get(group) or {}).get(baseline)) for group, baseline in SUMMARY_COLUMNS]
+        )
+    return table(
+        ["results file", "machine"] + [f"{group}: {baseline} / polyc" for group, baseline in SUMMARY_COLUMNS], rows
+    )
 
 
-SUMMARY_COLUMNS = [("contraction", "best_numpy"), ("convolution", "best_numpy"), ("normalization", "numpy"),
-                   ("polybench", "numpy")]
+SUMMARY_COLUMNS = [
+    ("contraction", "best_numpy"),
+    ("convolution", "best_numpy"),
+    ("normalization", "numpy"),
+    ("polybench", "numpy"),
+]
 
 
 def render(results: Path = RESULTS) -> str:
@@ -206,7 +299,7 @@ def render(results: Path = RESULTS) -> str:
     suites = []
     for path in sorted(results.glob("*.json")):
         data = json.loads(path.read_text())
-        for title, recognises, render_table in KINDS:
+        for title, recognises, render_table in KINDS:  # noqa: B007 -- used after the loop
             if recognises(data):
                 break
         else:
@@ -215,8 +308,13 @@ def render(results: Path = RESULTS) -> str:
             suites.append((path, data))
         machine = data.get("machine") or next(iter(data.get("runs") or []), {}).get("machine")
         block = [f"### `{path.name}`", "", f"Machine: {machine_line(path, machine)}."]
-        for key, label in (("command", "Command"), ("started", "Started"), ("cflags", "C flags"),
-                           ("note", "Note"), ("threads", "Threads")):
+        for key, label in (
+            ("command", "Command"),
+            ("started", "Started"),
+            ("cflags", "C flags"),
+            ("note", "Note"),
+            ("threads", "Threads"),
+        ):
             if data.get(key):
                 block.append(f"{label}: `{data[key]}`." if key in ("command", "cflags") else f"{label}: {data[key]}.")
         sections[title] += [" ".join(block[:1]), ""] + [" ".join(block[2:]), ""] + render_table(data)

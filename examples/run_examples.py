@@ -11,6 +11,7 @@ OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, which make a current numpy pick a slower
 is imported, as ``python -m benchmarks`` does, so that numpy is timed at its best; the table
 says so.  ``--keep-blas-env`` leaves them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ if __name__ == "__main__" and "--keep-blas-env" not in sys.argv[1:]:  # before n
 
 import numpy as np  # noqa: E402
 
-import polyc
+import polyc  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent
 
@@ -69,8 +70,9 @@ def numpy_conv2d(image, weights, bias):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per kernel (default 10)")
-    parser.add_argument("--keep-blas-env", action="store_true",
-                        help="keep OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE (cleared by default)")
+    parser.add_argument(
+        "--keep-blas-env", action="store_true", help="keep OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE (cleared by default)"
+    )
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
 
@@ -91,16 +93,24 @@ def main(argv=None) -> int:
 
     cases = [
         ("matmul 512", lambda: matmul.matmul(a, b), lambda: a @ b, 512),
-        ("matmul+bias+relu 512", lambda: matmul.matmul_bias_relu(a, b, bias),
-         lambda: np.maximum(a @ b + bias, 0), 512),
-        ("conv2d 3x3 8x16x34x34", lambda: conv.conv2d(image, weights, conv_bias),
-         lambda: numpy_conv2d(image, weights, conv_bias), 16 * 9),
+        ("matmul+bias+relu 512", lambda: matmul.matmul_bias_relu(a, b, bias), lambda: np.maximum(a @ b + bias, 0), 512),
+        (
+            "conv2d 3x3 8x16x34x34",
+            lambda: conv.conv2d(image, weights, conv_bias),
+            lambda: numpy_conv2d(image, weights, conv_bias),
+            16 * 9,
+        ),
         ("softmax 1024x1024", lambda: softmax.softmax(x), lambda: numpy_softmax(x), 1024),
-        ("einsum ij,jk,kl->il", lambda: polyc.einsum("ij,jk,kl->il", e1, e2, e3),
-         lambda: np.einsum("ij,jk,kl->il", e1, e2, e3, optimize=True), 128 * 32),
+        (
+            "einsum ij,jk,kl->il",
+            lambda: polyc.einsum("ij,jk,kl->il", e1, e2, e3),
+            lambda: np.einsum("ij,jk,kl->il", e1, e2, e3, optimize=True),
+            128 * 32,
+        ),
     ]
-    print(f"polyc {polyc.__version__}: compiling and running {len(cases)} example kernels "
-          f"(median of {args.repeat} runs)")
+    print(
+        f"polyc {polyc.__version__}: compiling and running {len(cases)} example kernels (median of {args.repeat} runs)"
+    )
     if CLEARED:
         settings = ", ".join(f"{name}={value}" for name, value in CLEARED.items())
         print(f"numpy timed without {settings} (they select a slower OpenBLAS kernel; --keep-blas-env keeps them)")
@@ -115,8 +125,10 @@ def main(argv=None) -> int:
         failures += not ok
         polyc_time = median_seconds(run_polyc, args.repeat)
         numpy_time = median_seconds(run_numpy, args.repeat)
-        print(f"{name:<24} {polyc_time * 1e3:>10.3f} {numpy_time * 1e3:>10.3f} "
-              f"{numpy_time / polyc_time:>14.2f}x  {'ok' if ok else f'MISMATCH (error {error:.3g})'}")
+        print(
+            f"{name:<24} {polyc_time * 1e3:>10.3f} {numpy_time * 1e3:>10.3f} "
+            f"{numpy_time / polyc_time:>14.2f}x  {'ok' if ok else f'MISMATCH (error {error:.3g})'}"
+        )
     return 1 if failures else 0
 
 

@@ -3,14 +3,39 @@
 ``polyc.define(source)`` compiles TC source into callable kernels; ``polyc.einsum`` is a
 drop-in for ``numpy.einsum`` built on the same compiler.
 """
+
+import polyc.tune as tune  # a callable module: polyc.tune(kernel, *args, budget=...)
+from polyc.api import Kernel, Module, define
+from polyc.errors import (
+    BoundsError,
+    CacheError,
+    CompilationError,
+    PolycError,
+    PolycWarning,
+    RangeInferenceError,
+    SignatureError,
+    TCSemanticError,
+    TCSyntaxError,
+    UnsupportedError,
+)
+from polyc.frontends.einsum import einsum
 from polyc.version import __version__
 
-from polyc.errors import (BoundsError, CacheError, CompilationError, PolycError, PolycWarning, RangeInferenceError,
-                          SignatureError, TCSemanticError, TCSyntaxError, UnsupportedError)
-from polyc.api import Kernel, Module, define
-from polyc.frontends.einsum import einsum
-import polyc.tune as tune  # a callable module: polyc.tune(kernel, *args, budget=...)
-
-__all__ = ["define", "einsum", "tune", "Module", "Kernel", "PolycError", "TCSyntaxError", "TCSemanticError",
-           "RangeInferenceError", "BoundsError", "SignatureError", "UnsupportedError",
-           "CompilationError", "CacheError", "PolycWarning", "__version__"]
+__all__ = [
+    "define",
+    "einsum",
+    "tune",
+    "Module",
+    "Kernel",
+    "PolycError",
+    "TCSyntaxError",
+    "TCSemanticError",
+    "RangeInferenceError",
+    "BoundsError",
+    "SignatureError",
+    "UnsupportedError",
+    "CompilationError",
+    "CacheError",
+    "PolycWarning",
+    "__version__",
+]

@@ -1,4 +1,5 @@
 """``python -m polyc``: the command line."""
+
 from polyc.cli import main
 
 raise SystemExit(main())

@@ -1,14 +1,15 @@
 """The Python API: ``polyc.define(source)`` gives a module with one callable kernel per def.
 
-    >>> import numpy as np, polyc
-    >>> mod = polyc.define('''
-    ... def matmul(float(M, K) A, float(K, N) B) -> (C) {
-    ...     C(m, n) +=! A(m, r_k) * B(r_k, n)
-    ... }''')
-    >>> A = np.ones((2, 3), np.float32); B = np.ones((3, 4), np.float32)
-    >>> mod.matmul(A, B)[0, 0]
-    3.0
+>>> import numpy as np, polyc
+>>> mod = polyc.define('''
+... def matmul(float(M, K) A, float(K, N) B) -> (C) {
+...     C(m, n) +=! A(m, r_k) * B(r_k, n)
+... }''')
+>>> A = np.ones((2, 3), np.float32); B = np.ones((3, 4), np.float32)
+>>> mod.matmul(A, B)[0, 0]
+3.0
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,7 +17,6 @@ import numpy as np
 from polyc.errors import PolycError
 from polyc.interpreter import run_bound
 from polyc.ir.model import build_program
-from polyc.runtime.proofs import define_proofs
 from polyc.lang import ast
 from polyc.lang.checked import CheckedDef
 from polyc.lang.float16_sums import accumulate_float16_in_float32
@@ -24,6 +24,7 @@ from polyc.lang.parser import parse
 from polyc.lang.sema import check_def
 from polyc.options import GPU_BACKENDS, Options, options_reference
 from polyc.runtime.arguments import bind_arguments
+from polyc.runtime.proofs import define_proofs
 
 
 class Kernel:
@@ -46,7 +47,8 @@ class Kernel:
         # when a size is bound to a 0-d input's value: the signature would not determine it.
         self._repeat_calls: dict = {}
         self._repeatable = hasattr(self._backend, "repeat_plan") and all(
-            binding.dim is not None for binding in definition.size_bindings)
+            binding.dim is not None for binding in definition.size_bindings
+        )
 
     @property
     def name(self) -> str:
@@ -104,12 +106,14 @@ class Kernel:
         """Every intermediate result of compilation (:class:`polyc.driver.Stages`), with the
         kernel's options changed by ``option_changes`` (say ``cache_sizes=`` for another machine)."""
         from polyc.driver import compile_stages
+
         options = self.options.replace(**option_changes) if option_changes else self.options
         if sizes is None:
             return compile_stages(self.definition, options.replace(specialize=False), None)
         sizes = self._checked_sizes(sizes)
         if not option_changes:  # as a call compiles it: with the best tuning record, if any
             from polyc.runtime.tuning_records import tuned_options
+
             options = tuned_options(self.definition, options, sizes)
         return compile_stages(self.definition, options, sizes)
 
@@ -134,9 +138,11 @@ class Kernel:
         unknown = sorted(set(sizes) - set(names))
         missing = [n for n in names if n not in sizes]
         if unknown or missing:
-            raise PolycError(f"{self.name}: sizes must name exactly {', '.join(names) or 'no sizes'}"
-                             + (f"; unknown: {', '.join(unknown)}" if unknown else "")
-                             + (f"; missing: {', '.join(missing)}" if missing else ""))
+            raise PolycError(
+                f"{self.name}: sizes must name exactly {', '.join(names) or 'no sizes'}"
+                + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+                + (f"; missing: {', '.join(missing)}" if missing else "")
+            )
         checked = {}
         for name in names:
             value = sizes[name]
@@ -150,12 +156,14 @@ class Kernel:
         """What polyc did with every loop at ``sizes`` and why (:mod:`polyc.viz.explain`): an
         object that prints as text and displays as a table in a notebook."""
         from polyc.viz.explain import explain
+
         return explain(self, self._checked_sizes(sizes))
 
     def check_schedule(self, schedule, sizes: dict | None = None):
         """Whether a schedule of your own (isl text such as ``"{ S0[m, n, r_k] -> [r_k, m, n] }"``)
         respects every dependence of this def; if not, the violated ones with witness pairs."""
         from polyc.viz.explain import check_schedule
+
         return check_schedule(self, schedule, self._checked_sizes(sizes) if sizes else None)
 
     def isl_model_text(self, sizes: dict | None = None) -> str:
@@ -184,12 +192,14 @@ class Kernel:
     def gpu_stages(self, sizes: dict, dialect: str | None = None):
         """:meth:`stages` of the GPU pipeline at ``sizes``: ``.gpu`` holds the launches and their
         mapping (``.gpu.describe()``), ``.gpu_source`` the code and launch configurations."""
-        from polyc.driver import compile_gpu_stages
         from polyc.codegen.gpu import DIALECTS
+        from polyc.driver import compile_gpu_stages
+
         dialect = dialect or (self.options.backend if self.options.backend in GPU_BACKENDS else "opencl")
         if dialect not in DIALECTS:
             raise PolycError(f"unknown GPU dialect {dialect!r}; the dialects are: {', '.join(DIALECTS)}")
         from polyc.driver import analyse
+
         checked = self._checked_sizes(sizes)
         options = self.options.replace(specialize=True)
         analysis = analyse(self.definition, options.fusion)
@@ -207,6 +217,7 @@ class Kernel:
     def exported_c(self, sizes: dict | None = None, target: str = "neon", name: str | None = None):
         """:meth:`export_c`'s two files as text (:class:`polyc.runtime.targets.ExportedC`), not written."""
         from polyc.runtime.targets import export_c, export_sizes, get_target
+
         target = get_target(target)
         sizes = export_sizes(self.definition, sizes)
         if sizes is not None:
@@ -215,8 +226,10 @@ class Kernel:
         return export_c(self.stages(sizes, **changes), target, name)
 
     def __repr__(self) -> str:
-        return f"<polyc kernel {self.definition.name}: {len(self.definition.inputs)} input(s), " \
-               f"{len(self.definition.outputs)} output(s)>"
+        return (
+            f"<polyc kernel {self.definition.name}: {len(self.definition.inputs)} input(s), "
+            f"{len(self.definition.outputs)} output(s)>"
+        )
 
 
 #: The most input signatures a kernel remembers a RepeatCall for.
@@ -246,8 +259,10 @@ def _make_backend(definition: CheckedDef, options: Options):
     if options.backend in GPU_BACKENDS:
         from polyc.driver import gpu_code_generator
         from polyc.runtime.gpu import GpuCompiledKernel
+
         return GpuCompiledKernel(definition, options, gpu_code_generator(definition, options))
     from polyc.driver import CompiledKernel  # the polyhedral pipeline; imported lazily (isl, cgen)
+
     return CompiledKernel(definition, options)
 
 
@@ -283,13 +298,16 @@ def _check_loop_order(definitions: list[CheckedDef], loop_order: tuple[str, ...]
     of them keeps the scheduler's order, as loops the order does not name do)."""
     if loop_order is None:
         return
-    known = {index for definition in definitions for statement in definition.statements
-             for index in statement.all_indices}
+    known = {
+        index for definition in definitions for statement in definition.statements for index in statement.all_indices
+    }
     unknown = [name for name in loop_order if name not in known]
     if unknown:
         defs = ", ".join(definition.name for definition in definitions)
-        raise PolycError(f"loop_order names {', '.join(map(repr, unknown))}: no index of {defs} "
-                         f"(the indices: {', '.join(sorted(known))})")
+        raise PolycError(
+            f"loop_order names {', '.join(map(repr, unknown))}: no index of {defs} "
+            f"(the indices: {', '.join(sorted(known))})"
+        )
 
 
 def define(source: str, filename: str = "<tc>", **options) -> Module:

@@ -15,6 +15,7 @@ missing file, and for a ``--check`` mismatch; 2 for a command-line usage error a
 polyc does not offer yet.  User errors are one ``polyc: error: ...`` message on stderr (source
 errors add the offending line and a caret), never a traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,19 +29,19 @@ from pathlib import Path
 import numpy as np
 
 import polyc
-from polyc.codegen.gpu import DIALECTS as GPU_DIALECTS, STATUS_ARGUMENT
-from polyc.runtime.targets import TARGET_NAMES
+from polyc.codegen.gpu import DIALECTS as GPU_DIALECTS
+from polyc.codegen.gpu import STATUS_ARGUMENT
 from polyc.errors import PolycError
 from polyc.interpreter import interpret
 from polyc.lang import checked as ir
 from polyc.lang.printer import format_def
 from polyc.lang.symbolic import Affine
 from polyc.options import BACKENDS, FUSION_STRATEGIES
+from polyc.runtime.targets import TARGET_NAMES
 from polyc.schedule.gpu_device import DEVICE_MODELS
 
 #: ``--emit`` stage -> the Kernel method giving its text (None: the front end answers directly).
-EMIT_METHODS = {"ast": None, "ranges": None, "isl": "isl_model_text", "schedule": "schedule_text",
-                "c": "c_source"}
+EMIT_METHODS = {"ast": None, "ranges": None, "isl": "isl_model_text", "schedule": "schedule_text", "c": "c_source"}
 DEFAULT_EMIT = "ranges"  # becomes "c" once the compiled pipeline is in place
 DEFAULT_REPEAT = 5
 
@@ -93,8 +94,7 @@ def _is_polyc_module(error: ModuleNotFoundError) -> bool:
 
 def _missing_module_message(error: ModuleNotFoundError) -> str:
     if _is_polyc_module(error):
-        return (f"the compiled backend is not available yet (no module {error.name}); "
-                "use --backend interpreter")
+        return f"the compiled backend is not available yet (no module {error.name}); use --backend interpreter"
     return f"polyc needs the Python package '{error.name}', which is not installed (pip install {error.name})"
 
 
@@ -143,86 +143,130 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="polyc",
         description="polyc: a polyhedral compiler for Tensor Comprehensions (TC) kernels.",
-        epilog="Run 'polyc compile --help' or 'polyc run --help' for each command's options.")
+        epilog="Run 'polyc compile --help' or 'polyc run --help' for each command's options.",
+    )
     parser.add_argument("--version", action="version", version=f"polyc {polyc.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     compile_parser = commands.add_parser(
-        "compile", help="check a TC file and print a compilation stage",
+        "compile",
+        help="check a TC file and print a compilation stage",
         description="Parse and check a TC file, then print one stage of its compilation.",
-        epilog=_COMPILE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=_COMPILE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     compile_parser.add_argument("file", metavar="FILE.tc", help="TC source file")
     compile_parser.add_argument("--entry", metavar="NAME", help="the def to emit (default: every def)")
-    compile_parser.add_argument("--emit", choices=tuple(EMIT_METHODS), default=None,
-                                help=f"what to print (default: {DEFAULT_EMIT})")
+    compile_parser.add_argument(
+        "--emit", choices=tuple(EMIT_METHODS), default=None, help=f"what to print (default: {DEFAULT_EMIT})"
+    )
     compile_parser.add_argument("-o", "--output", metavar="OUT", help="write to OUT instead of stdout")
-    compile_parser.add_argument("--target", choices=(*TARGET_NAMES, *GPU_DIALECTS),
-                                help="export C for this machine: without --emit, write NAME.c and NAME.h "
-                                     "into the directory -o OUTDIR; with --emit c, print the C.  cuda and "
-                                     "opencl (every size given with --shape): NAME.cu or NAME.cl and "
-                                     "NAME.launch.json (the kernels in launch order, grid and block sizes)")
-    _add_shape_argument(compile_parser, "a size to specialise for (--emit isl, schedule or c; "
-                                        "default: for all sizes)")
+    compile_parser.add_argument(
+        "--target",
+        choices=(*TARGET_NAMES, *GPU_DIALECTS),
+        help="export C for this machine: without --emit, write NAME.c and NAME.h "
+        "into the directory -o OUTDIR; with --emit c, print the C.  cuda and "
+        "opencl (every size given with --shape): NAME.cu or NAME.cl and "
+        "NAME.launch.json (the kernels in launch order, grid and block sizes)",
+    )
+    _add_shape_argument(compile_parser, "a size to specialise for (--emit isl, schedule or c; default: for all sizes)")
     _add_option_arguments(compile_parser)
     compile_parser.set_defaults(handler=run_compile)
 
     run_parser = commands.add_parser(
-        "run", help="run a def on random inputs: shapes, time, and a check",
+        "run",
+        help="run a def on random inputs: shapes, time, and a check",
         description="Run one def of a TC file on random inputs; print output shapes and the\n"
-                    "median time, and with --check compare with the reference interpreter.",
-        epilog=_RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "median time, and with --check compare with the reference interpreter.",
+        epilog=_RUN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run_parser.add_argument("file", metavar="FILE.tc", help="TC source file")
     run_parser.add_argument("--entry", metavar="NAME", help="the def to run (may be left out if the file has one)")
     _add_shape_argument(run_parser, "the value of a size of the def (every size needs one)")
-    run_parser.add_argument("--check", action="store_true",
-                            help="compare the outputs with the reference interpreter; exit 1 on a mismatch")
-    run_parser.add_argument("--repeat", type=_positive_int, default=DEFAULT_REPEAT, metavar="N",
-                            help=f"timed runs after a first, untimed one (default: {DEFAULT_REPEAT})")
-    run_parser.add_argument("--seed", type=int, default=0, metavar="S",
-                            help="seed of the random inputs (default: 0)")
+    run_parser.add_argument(
+        "--check", action="store_true", help="compare the outputs with the reference interpreter; exit 1 on a mismatch"
+    )
+    run_parser.add_argument(
+        "--repeat",
+        type=_positive_int,
+        default=DEFAULT_REPEAT,
+        metavar="N",
+        help=f"timed runs after a first, untimed one (default: {DEFAULT_REPEAT})",
+    )
+    run_parser.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the random inputs (default: 0)")
     _add_option_arguments(run_parser)
     run_parser.set_defaults(handler=run_run)
 
     onnx_parser = commands.add_parser(
-        "onnx", help="compile an ONNX model: print it as TC, its kernels, or run and check it",
+        "onnx",
+        help="compile an ONNX model: print it as TC, its kernels, or run and check it",
         description="Compile an ONNX model with polyc for given input shapes; print the model as TC\n"
-                    "(one def per fused kernel), the nodes of each kernel, or their C; or run it on\n"
-                    "random inputs, compare with onnxruntime (--check), time it (--bench) and each of\n"
-                    "its kernels inside the runs (--profile).",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "(one def per fused kernel), the nodes of each kernel, or their C; or run it on\n"
+        "random inputs, compare with onnxruntime (--check), time it (--bench) and each of\n"
+        "its kernels inside the runs (--profile).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     onnx_parser.add_argument("model", metavar="MODEL.onnx", help="ONNX model file")
-    onnx_parser.add_argument("--shape", action="append", default=[], metavar="INPUT=D0,D1,...",
-                             help="an input's shape (symbolic dimensions default to 1)")
+    onnx_parser.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="INPUT=D0,D1,...",
+        help="an input's shape (symbolic dimensions default to 1)",
+    )
     onnx_parser.add_argument("--emit", choices=("tc", "groups", "c"), help="what to print")
     onnx_parser.add_argument("--run", action="store_true", help="run on random inputs")
     onnx_parser.add_argument("--check", action="store_true", help="with --run: compare with onnxruntime")
     onnx_parser.add_argument("--bench", action="store_true", help="with --run: time polyc (and onnxruntime)")
-    onnx_parser.add_argument("--profile", action="store_true",
-                             help="with --run: each kernel's median time inside the runs, costliest first")
-    onnx_parser.add_argument("--tune", type=_parse_budget, metavar="B",
-                             help="first tune every kernel for these shapes, sharing the budget B (seconds "
-                                  "like 600s, or trials) by the kernels' times; later runs use the results")
-    onnx_parser.add_argument("--no-graph-fusion", dest="graph_fusion", action="store_false",
-                             help="one kernel per operator")
+    onnx_parser.add_argument(
+        "--profile", action="store_true", help="with --run: each kernel's median time inside the runs, costliest first"
+    )
+    onnx_parser.add_argument(
+        "--tune",
+        type=_parse_budget,
+        metavar="B",
+        help="first tune every kernel for these shapes, sharing the budget B (seconds "
+        "like 600s, or trials) by the kernels' times; later runs use the results",
+    )
+    onnx_parser.add_argument(
+        "--no-graph-fusion", dest="graph_fusion", action="store_false", help="one kernel per operator"
+    )
     _add_option_arguments(onnx_parser)
     onnx_parser.set_defaults(handler=run_onnx)
 
     tune_parser = commands.add_parser(
-        "tune", help="search a def's options for given sizes on this machine; list or merge tuning records",
+        "tune",
+        help="search a def's options for given sizes on this machine; list or merge tuning records",
         description="Measure candidate options of one def for the given sizes on random inputs and record\n"
-                    "them; later compilations of that def at those sizes on this machine use the best.",
-        epilog=_TUNE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "them; later compilations of that def at those sizes on this machine use the best.",
+        epilog=_TUNE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     tune_parser.add_argument("file", metavar="FILE.tc", nargs="?", help="TC source file")
     tune_parser.add_argument("--entry", metavar="NAME", help="the def to tune (may be left out if the file has one)")
     _add_shape_argument(tune_parser, "the value of a size of the def (every size needs one)")
-    tune_parser.add_argument("--budget", type=_parse_budget, default=60.0, metavar="B",
-                             help="seconds (60s, 2.5m, or a number with a dot) or trials (an integer); default 60s")
-    tune_parser.add_argument("--strategy", choices=("model", "random"), default="model",
-                             help="cost-model-guided search (default) or random search")
-    tune_parser.add_argument("--records", metavar="FILE",
-                             help="the tuning records file (default: $POLYC_TUNING_FILE, else in the kernel cache)")
-    tune_parser.add_argument("--start-from", metavar="FILE", help="measure these records' options first "
-                                                                  "(records from another machine, say)")
+    tune_parser.add_argument(
+        "--budget",
+        type=_parse_budget,
+        default=60.0,
+        metavar="B",
+        help="seconds (60s, 2.5m, or a number with a dot) or trials (an integer); default 60s",
+    )
+    tune_parser.add_argument(
+        "--strategy",
+        choices=("model", "random"),
+        default="model",
+        help="cost-model-guided search (default) or random search",
+    )
+    tune_parser.add_argument(
+        "--records",
+        metavar="FILE",
+        help="the tuning records file (default: $POLYC_TUNING_FILE, else in the kernel cache)",
+    )
+    tune_parser.add_argument(
+        "--start-from", metavar="FILE", help="measure these records' options first (records from another machine, say)"
+    )
     tune_parser.add_argument("--scheduler", metavar="ADDRESS", help="measure on the workers of this Dask scheduler")
     tune_parser.add_argument("--seed", type=int, default=0, metavar="S", help="seed of inputs and search (default 0)")
     tune_parser.add_argument("--list", action="store_true", help="list the best record of every key and exit")
@@ -233,8 +277,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_shape_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
-    parser.add_argument("--shape", action="append", type=_parse_shape, default=[], metavar="NAME=SIZE",
-                        help=help_text + "; repeat it or separate pairs with commas")
+    parser.add_argument(
+        "--shape",
+        action="append",
+        type=_parse_shape,
+        default=[],
+        metavar="NAME=SIZE",
+        help=help_text + "; repeat it or separate pairs with commas",
+    )
 
 
 def _add_option_arguments(parser: argparse.ArgumentParser) -> None:
@@ -243,42 +293,95 @@ def _add_option_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--backend", choices=BACKENDS, help="compiled C, or the numpy reference interpreter")
     group.add_argument("--fusion", choices=FUSION_STRATEGIES, help="loop fusion strategy")
     tiling = group.add_mutually_exclusive_group()
-    tiling.add_argument("--tile-sizes", type=_parse_tile_sizes, metavar="T0,T1,...",
-                        help="tile sizes of the outermost band, outermost first (default: from a cache model)")
+    tiling.add_argument(
+        "--tile-sizes",
+        type=_parse_tile_sizes,
+        metavar="T0,T1,...",
+        help="tile sizes of the outermost band, outermost first (default: from a cache model)",
+    )
     tiling.add_argument("--no-tiling", dest="tile_sizes", action="store_const", const=(), help="do not tile")
-    group.add_argument("--no-parallel", dest="parallel", action="store_const", const=False,
-                       help="no OpenMP parallel loops")
-    group.add_argument("--no-vectorize", dest="vectorize", action="store_const", const=False,
-                       help="no SIMD pragmas")
+    group.add_argument(
+        "--no-parallel", dest="parallel", action="store_const", const=False, help="no OpenMP parallel loops"
+    )
+    group.add_argument("--no-vectorize", dest="vectorize", action="store_const", const=False, help="no SIMD pragmas")
     group.add_argument("--unroll", type=_positive_int, metavar="N", help="unroll factor of the innermost loop")
     group.add_argument("--threads", type=_positive_int, metavar="N", help="at most N threads (default: all cores)")
-    group.add_argument("--micro-kernel", type=_positive_int, metavar="N",
-                       help="a contraction kernel's register block: the instruction set's N-th, widest first "
-                            "(default: chosen for the sizes)")
-    group.add_argument("--loop-order", type=_parse_names, metavar="I,J,...",
-                       help="index names, outermost first: the order of each nest's outermost loops "
-                            "(default: the scheduler's)")
-    group.add_argument("--no-specialize", dest="specialize", action="store_const", const=False,
-                       help="compile once for all sizes instead of for each call's sizes")
+    group.add_argument(
+        "--micro-kernel",
+        type=_positive_int,
+        metavar="N",
+        help="a contraction kernel's register block: the instruction set's N-th, widest first "
+        "(default: chosen for the sizes)",
+    )
+    group.add_argument(
+        "--loop-order",
+        type=_parse_names,
+        metavar="I,J,...",
+        help="index names, outermost first: the order of each nest's outermost loops (default: the scheduler's)",
+    )
+    group.add_argument(
+        "--no-specialize",
+        dest="specialize",
+        action="store_const",
+        const=False,
+        help="compile once for all sizes instead of for each call's sizes",
+    )
     group.add_argument("--cc", metavar="CC", help="C compiler (default: $POLYC_CC, $CC, then cc)")
-    group.add_argument("--cflags", metavar="FLAGS", help='C compiler flags, as one string: --cflags "-O3 -march=native"')
+    group.add_argument(
+        "--cflags", metavar="FLAGS", help='C compiler flags, as one string: --cflags "-O3 -march=native"'
+    )
     gpu = parser.add_argument_group("GPU mapping options (backend opencl or cuda, --target cuda or opencl)")
     gpu.add_argument("--block", type=_parse_tile_sizes, metavar="X[,Y[,Z]]", help="threads per block, x first")
-    gpu.add_argument("--grid", type=_parse_tile_sizes, metavar="X[,Y[,Z]]",
-                     help="at most this many blocks along x, y, z (more work: grid-stride rounds)")
-    gpu.add_argument("--device", choices=sorted(DEVICE_MODELS),
-                     help="the device model the defaults come from (default: this machine's device)")
-    gpu.add_argument("--no-shared-memory", dest="use_shared_memory", action="store_const", const=False,
-                     help="no shared-memory tiles")
-    gpu.add_argument("--no-private-memory", dest="use_private_memory", action="store_const", const=False,
-                     help="no register tiles or accumulators in registers")
-    gpu.add_argument("--no-double-buffer", dest="double_buffer", action="store_const", const=False,
-                     help="one buffer per shared tile (copy, barrier, compute, barrier in every slice)")
+    gpu.add_argument(
+        "--grid",
+        type=_parse_tile_sizes,
+        metavar="X[,Y[,Z]]",
+        help="at most this many blocks along x, y, z (more work: grid-stride rounds)",
+    )
+    gpu.add_argument(
+        "--device",
+        choices=sorted(DEVICE_MODELS),
+        help="the device model the defaults come from (default: this machine's device)",
+    )
+    gpu.add_argument(
+        "--no-shared-memory", dest="use_shared_memory", action="store_const", const=False, help="no shared-memory tiles"
+    )
+    gpu.add_argument(
+        "--no-private-memory",
+        dest="use_private_memory",
+        action="store_const",
+        const=False,
+        help="no register tiles or accumulators in registers",
+    )
+    gpu.add_argument(
+        "--no-double-buffer",
+        dest="double_buffer",
+        action="store_const",
+        const=False,
+        help="one buffer per shared tile (copy, barrier, compute, barrier in every slice)",
+    )
 
 
-_OPTION_NAMES = ("backend", "fusion", "tile_sizes", "parallel", "vectorize", "unroll", "threads", "micro_kernel",
-                 "loop_order", "specialize", "cc", "cflags", "block", "grid", "device", "use_shared_memory",
-                 "use_private_memory", "double_buffer")
+_OPTION_NAMES = (
+    "backend",
+    "fusion",
+    "tile_sizes",
+    "parallel",
+    "vectorize",
+    "unroll",
+    "threads",
+    "micro_kernel",
+    "loop_order",
+    "specialize",
+    "cc",
+    "cflags",
+    "block",
+    "grid",
+    "device",
+    "use_shared_memory",
+    "use_private_memory",
+    "double_buffer",
+)
 
 
 def _define_options(args: argparse.Namespace) -> dict:
@@ -368,11 +471,15 @@ def run_compile(args: argparse.Namespace) -> int:
     shapes = _merge_shapes(args.shape)
     exporting = args.target is not None and args.emit is None  # NAME.c and NAME.h into -o OUTDIR
     if args.target is not None and args.emit not in (None, "c"):
-        raise CommandLineError(f"--target applies to C, not to --emit {args.emit}: use --emit c, or leave "
-                               "out --emit to write NAME.c and NAME.h into -o OUTDIR")
+        raise CommandLineError(
+            f"--target applies to C, not to --emit {args.emit}: use --emit c, or leave "
+            "out --emit to write NAME.c and NAME.h into -o OUTDIR"
+        )
     if exporting and args.output is None:
-        raise CommandLineError("--target without --emit writes files (NAME.c and NAME.h; NAME.cu or NAME.cl and NAME.launch.json): give their directory "
-                               "with -o OUTDIR (or print the C with --emit c)")
+        raise CommandLineError(
+            "--target without --emit writes files (NAME.c and NAME.h; NAME.cu or NAME.cl and NAME.launch.json): give their directory "
+            "with -o OUTDIR (or print the C with --emit c)"
+        )
     args.emit = "c" if args.target is not None else args.emit or DEFAULT_EMIT
     method = EMIT_METHODS[args.emit]
     if shapes and method is None:
@@ -390,8 +497,10 @@ def run_compile(args: argparse.Namespace) -> int:
         known = {size for kernel in kernels for size in kernel.definition.sizes}
         unknown = sorted(set(shapes) - known)
         if unknown:
-            raise CommandLineError(f"--shape names {', '.join(unknown)}, not a size of "
-                                   f"{_describe_kernels(kernels)} (sizes: {', '.join(sorted(known)) or 'none'})")
+            raise CommandLineError(
+                f"--shape names {', '.join(unknown)}, not a size of "
+                f"{_describe_kernels(kernels)} (sizes: {', '.join(sorted(known)) or 'none'})"
+            )
 
     if args.target in GPU_DIALECTS:
         texts = _gpu_exports(kernels, shapes, args.target, args.output if exporting else None)
@@ -433,18 +542,25 @@ def _gpu_exports(kernels: list[polyc.Kernel], shapes: dict[str, int], dialect: s
     for kernel in kernels:
         missing = [name for name in kernel.definition.sizes if name not in shapes]
         if missing:
-            raise CommandLineError(f"--target {dialect} compiles for concrete sizes: give {', '.join(missing)} "
-                                   f"with --shape (def {kernel.name})")
+            raise CommandLineError(
+                f"--target {dialect} compiles for concrete sizes: give {', '.join(missing)} "
+                f"with --shape (def {kernel.name})"
+            )
         code = kernel.gpu_stages(_kernel_sizes(kernel, shapes) or {}, dialect).gpu_source
         texts.append(code.source)
         if directory is not None:
             Path(directory).mkdir(parents=True, exist_ok=True)
             suffix = ".cu" if dialect == "cuda" else ".cl"
             _write(str(Path(directory) / f"{kernel.name}{suffix}"), code.source)
-            launches = {"dialect": dialect, "arguments": [*code.tensor_arguments, STATUS_ARGUMENT],
-                        "sizes": {name: shapes[name] for name in kernel.definition.sizes},
-                        "launches": [{"kernel": launch.function_name, "grid": list(launch.grid),
-                                      "block": list(launch.block)} for launch in code.launches]}
+            launches = {
+                "dialect": dialect,
+                "arguments": [*code.tensor_arguments, STATUS_ARGUMENT],
+                "sizes": {name: shapes[name] for name in kernel.definition.sizes},
+                "launches": [
+                    {"kernel": launch.function_name, "grid": list(launch.grid), "block": list(launch.block)}
+                    for launch in code.launches
+                ],
+            }
             _write(str(Path(directory) / f"{kernel.name}.launch.json"), json.dumps(launches, indent=2) + "\n")
     return texts
 
@@ -484,8 +600,10 @@ def run_run(args: argparse.Namespace) -> int:
     print(f"{definition.name}: " + (", ".join(f"{name}={sizes[name]}" for name in definition.sizes) or "no sizes"))
     for name, output in zip(definition.outputs, outputs):
         print(f"output {name}: {output.dtype.name}{tuple(output.shape)}")
-    print(f"time: median {_format_seconds(statistics.median(times))} over {args.repeat} run(s) "
-          f"(first call {_format_seconds(first_call)})")
+    print(
+        f"time: median {_format_seconds(statistics.median(times))} over {args.repeat} run(s) "
+        f"(first call {_format_seconds(first_call)})"
+    )
 
     if not args.check:
         return 0
@@ -498,6 +616,7 @@ def run_run(args: argparse.Namespace) -> int:
 def run_tune(args: argparse.Namespace) -> int:
     """``polyc tune``: search one def's options, or list or merge the tuning records."""
     from polyc.runtime.tuning_records import default_records_path, merge_records, read_records
+
     records = args.records or default_records_path()
     if args.merge:
         added = merge_records(args.merge, records)
@@ -519,22 +638,35 @@ def run_tune(args: argparse.Namespace) -> int:
             raise PolycError("--scheduler needs dask.distributed: pip install 'polyc[tune]'") from error
         client = Client(args.scheduler)
     try:
-        result = polyc.tune(kernel, *inputs, budget=args.budget, strategy=args.strategy, records=records,
-                            start_from=args.start_from, client=client, seed=args.seed,
-                            progress=sys.stderr.isatty())
+        result = polyc.tune(
+            kernel,
+            *inputs,
+            budget=args.budget,
+            strategy=args.strategy,
+            records=records,
+            start_from=args.start_from,
+            client=client,
+            seed=args.seed,
+            progress=sys.stderr.isatty(),
+        )
     finally:
         if client is not None:
             client.close()
-    print(f"{kernel.name}: " + ", ".join(f"{n}={sizes[n]}" for n in kernel.definition.sizes)
-          + f" ({result.space.path} path); {result.trials} trial(s) measured, {result.measured} in all"
-          + (" (interrupted)" if result.interrupted else ""))
+    print(
+        f"{kernel.name}: "
+        + ", ".join(f"{n}={sizes[n]}" for n in kernel.definition.sizes)
+        + f" ({result.space.path} path); {result.trials} trial(s) measured, {result.measured} in all"
+        + (" (interrupted)" if result.interrupted else "")
+    )
     if result.best_seconds is None:
         print("no candidate ran correctly")
         return EXIT_ERROR
     default = _format_seconds(result.default_seconds) if result.default_seconds else "not measured"
     print(f"default options: {default}")
-    print(f"best: {_format_seconds(result.best_seconds)} with {result.best_options or 'the default options'}"
-          + (f" ({result.speedup:.2f}x)" if result.speedup else ""))
+    print(
+        f"best: {_format_seconds(result.best_seconds)} with {result.best_options or 'the default options'}"
+        + (f" ({result.speedup:.2f}x)" if result.speedup else "")
+    )
     print(f"records: {result.records_path}")
     return 0
 
@@ -542,16 +674,22 @@ def run_tune(args: argparse.Namespace) -> int:
 def _list_records(records, path) -> int:
     from polyc.runtime.machine import this_machine
     from polyc.runtime.tuning_records import chosen_records
+
     best = chosen_records(records)
     print(f"{len(records)} record(s) in {path}; the chosen of {len(best)} key(s):")
     here = this_machine().id
     for key, record in best.items():
         name = record.tc.split("(", 1)[0].replace("def ", "").strip() or key.definition
         sizes = ",".join(f"{n}={v}" for n, v in key.sizes)
-        where = "this machine" if key.machine == here else \
-            f"machine {key.machine}{_machine_described(record.machine)} (not used here)"
-        print(f"  {name} {sizes} {'/'.join(key.dtypes)}: {_format_seconds(record.seconds)} "
-              f"with {record.options or 'the defaults'} [{where}]")
+        where = (
+            "this machine"
+            if key.machine == here
+            else f"machine {key.machine}{_machine_described(record.machine)} (not used here)"
+        )
+        print(
+            f"  {name} {sizes} {'/'.join(key.dtypes)}: {_format_seconds(record.seconds)} "
+            f"with {record.options or 'the defaults'} [{where}]"
+        )
     return 0
 
 
@@ -559,6 +697,7 @@ def _machine_described(fingerprint) -> str:
     """``: <what the machine was>`` from a record's fingerprint (a JSON dict), or "" where the
     record has none that reads (hand-written or damaged records still list)."""
     from polyc.runtime.machine import MachineFingerprint
+
     try:
         return f": {MachineFingerprint.from_json(fingerprint).describe()}"
     except (KeyError, TypeError, ValueError, AttributeError):
@@ -577,7 +716,9 @@ def _parse_budget(text: str) -> float | int:
         else:
             value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a budget: {text!r} (seconds like 60s or 2.5m, or trials like 40)")
+        raise argparse.ArgumentTypeError(
+            f"not a budget: {text!r} (seconds like 60s or 2.5m, or trials like 40)"
+        ) from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"the budget must be positive, not {text!r}")
     return value
@@ -586,6 +727,7 @@ def _parse_budget(text: str) -> float | int:
 def run_onnx(args: argparse.Namespace) -> int:
     """``polyc onnx``: compile a model for given shapes; print, run, check or time it."""
     import polyc.onnx as ponnx
+
     options = {k: v for k, v in _define_options(args).items() if k != "backend"}
     session = ponnx.InferenceSession(args.model, graph_fusion=args.graph_fusion, **options)
     given = {}
@@ -594,7 +736,7 @@ def run_onnx(args: argparse.Namespace) -> int:
         try:
             given[name] = tuple(int(d) for d in dims.split(",") if d.strip())
         except ValueError:
-            raise CommandLineError(f"--shape {text!r}: expected INPUT=D0,D1,... with integer extents")
+            raise CommandLineError(f"--shape {text!r}: expected INPUT=D0,D1,... with integer extents") from None
     unknown = set(given) - {i.name for i in session.get_inputs()}
     if unknown:
         raise CommandLineError(f"--shape names no input of the model: {', '.join(sorted(unknown))}")
@@ -603,8 +745,7 @@ def run_onnx(args: argparse.Namespace) -> int:
     for arg in session.get_inputs():
         shape = given.get(arg.name) or tuple(d if isinstance(d, int) else 1 for d in (arg.shape or ()))
         dtype = np.dtype({"tensor(float)": np.float32, "tensor(double)": np.float64}.get(arg.type, np.int64))
-        feeds[arg.name] = (rng.standard_normal(shape).astype(dtype) if dtype.kind == "f"
-                           else np.zeros(shape, dtype))
+        feeds[arg.name] = rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else np.zeros(shape, dtype)
     start = time.perf_counter()
     outputs = session.run(None, feeds)
     first_call = time.perf_counter() - start
@@ -612,12 +753,19 @@ def run_onnx(args: argparse.Namespace) -> int:
         tuning = polyc.tune(session, feeds, budget=args.tune)
         for kernel in tuning.kernels:
             found = kernel.result
-            what = ("not tuned (too small a share)" if found is None else
-                    f"best {_format_seconds(found.best_seconds)} with {found.best_options or 'the defaults'} "
-                    f"after {found.trials} trial(s)" if found.best_seconds else "no candidate ran correctly")
+            what = (
+                "not tuned (too small a share)"
+                if found is None
+                else f"best {_format_seconds(found.best_seconds)} with {found.best_options or 'the defaults'} "
+                f"after {found.trials} trial(s)"
+                if found.best_seconds
+                else "no candidate ran correctly"
+            )
             print(f"{', '.join(kernel.groups)}: {_format_seconds(kernel.seconds)} per run; {what}")
-        print(f"kernels' time per run: {_format_seconds(tuning.default_seconds)} with the defaults, "
-              f"{_format_seconds(tuning.tuned_seconds)} tuned (as the searches measured them)")
+        print(
+            f"kernels' time per run: {_format_seconds(tuning.default_seconds)} with the defaults, "
+            f"{_format_seconds(tuning.tuned_seconds)} tuned (as the searches measured them)"
+        )
     if args.emit == "tc":
         print(session.tc_source(), end="")
     elif args.emit == "groups":
@@ -630,8 +778,9 @@ def run_onnx(args: argparse.Namespace) -> int:
         return 0
     for arg, output in zip(session.get_outputs(), outputs):
         print(f"output {arg.name}: {output.dtype.name}{tuple(output.shape)}")
-    print(f"first run (planning and compiling included): {_format_seconds(first_call)}; "
-          f"{len(session.groups)} kernel(s)")
+    print(
+        f"first run (planning and compiling included): {_format_seconds(first_call)}; {len(session.groups)} kernel(s)"
+    )
     if args.bench:
         times = []
         for _ in range(DEFAULT_REPEAT * 2):
@@ -644,8 +793,10 @@ def run_onnx(args: argparse.Namespace) -> int:
         total = sum(k.seconds for k in kernels)
         print(f"kernels inside the runs (median of {DEFAULT_REPEAT}): {_format_seconds(total)} in all")
         for kernel in sorted(kernels, key=lambda k: -k.seconds):
-            print(f"  {kernel.name:>8} {_format_seconds(kernel.seconds):>10} {100 * kernel.seconds / (total or 1):5.1f}%  "
-                  f"{', '.join(kernel.nodes)}")
+            print(
+                f"  {kernel.name:>8} {_format_seconds(kernel.seconds):>10} {100 * kernel.seconds / (total or 1):5.1f}%  "
+                f"{', '.join(kernel.nodes)}"
+            )
     if args.check or args.bench:
         try:
             import onnxruntime
@@ -662,12 +813,21 @@ def run_onnx(args: argparse.Namespace) -> int:
                 times.append(time.perf_counter() - start)
             print(f"onnxruntime: median {_format_seconds(statistics.median(times))}")
         if args.check:
-            worst = max(float(np.max(np.abs(g.astype(np.float64) - e) / (np.abs(e) + 1e-6), initial=0.0))
-                        if g.dtype.kind == "f" else float(np.any(g != e)) for g, e in zip(outputs, expected))
-            ok = all(g.shape == e.shape and (np.allclose(g, e, rtol=1e-3, atol=1e-5) if g.dtype.kind == "f"
-                                             else np.array_equal(g, e)) for g, e in zip(outputs, expected))
-            print(f"outputs {'match onnxruntime' if ok else 'DIFFER from onnxruntime'} (rtol 1e-3, atol 1e-5; "
-                  f"worst relative difference {worst:.2g})")
+            worst = max(
+                float(np.max(np.abs(g.astype(np.float64) - e) / (np.abs(e) + 1e-6), initial=0.0))
+                if g.dtype.kind == "f"
+                else float(np.any(g != e))
+                for g, e in zip(outputs, expected)
+            )
+            ok = all(
+                g.shape == e.shape
+                and (np.allclose(g, e, rtol=1e-3, atol=1e-5) if g.dtype.kind == "f" else np.array_equal(g, e))
+                for g, e in zip(outputs, expected)
+            )
+            print(
+                f"outputs {'match onnxruntime' if ok else 'DIFFER from onnxruntime'} (rtol 1e-3, atol 1e-5; "
+                f"worst relative difference {worst:.2g})"
+            )
             return 0 if ok else EXIT_ERROR
     return 0
 
@@ -698,8 +858,10 @@ def _sizes_for(definition: ir.CheckedDef, shapes: dict[str, int]) -> dict[str, i
         raise CommandLineError(f"{definition.name} needs a value for {', '.join(missing)} ({example})")
     unknown = sorted(set(shapes) - set(definition.sizes))
     if unknown:
-        raise CommandLineError(f"--shape names {', '.join(unknown)}, not a size of {definition.name} "
-                               f"(sizes: {', '.join(definition.sizes) or 'none'})")
+        raise CommandLineError(
+            f"--shape names {', '.join(unknown)}, not a size of {definition.name} "
+            f"(sizes: {', '.join(definition.sizes) or 'none'})"
+        )
     return {name: shapes[name] for name in definition.sizes}
 
 
@@ -738,8 +900,9 @@ def _gather_limits(definition: ir.CheckedDef, sizes: dict[str, int]) -> dict[str
     return limits
 
 
-def _random_array(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator,
-                  index_limit: int | None) -> np.ndarray:
+def _random_array(
+    dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator, index_limit: int | None
+) -> np.ndarray:
     if dtype.kind == "f":
         return rng.standard_normal(shape).astype(dtype)
     if dtype.kind == "b":
@@ -767,8 +930,9 @@ def compare_outputs(definition: ir.CheckedDef, sizes: dict[str, int], inputs, ac
     boolean outputs must be equal; non-finite values must match exactly.
     """
     ops = _reduction_terms(definition, sizes)
-    input_scale = max((float(np.max(np.abs(a[np.isfinite(a)]), initial=0.0))
-                       for a in inputs if a.dtype.kind == "f"), default=0.0)
+    input_scale = max(
+        (float(np.max(np.abs(a[np.isfinite(a)]), initial=0.0)) for a in inputs if a.dtype.kind == "f"), default=0.0
+    )
     worst_error, worst_tolerance, failures = 0.0, 0.0, []
     for name, got, want in zip(definition.outputs, actual, expected):
         if got.shape != want.shape:
@@ -789,13 +953,15 @@ def compare_outputs(definition: ir.CheckedDef, sizes: dict[str, int], inputs, ac
             error = float("inf")  # a NaN where a finite value was expected
         worst_error, worst_tolerance = max(worst_error, error), max(worst_tolerance, tolerance)
         if error > tolerance or not nonfinite_ok:
-            detail = "non-finite values differ" if not nonfinite_ok else \
-                f"max abs error {error:.3g} > tolerance {tolerance:.3g}"
+            detail = (
+                "non-finite values differ"
+                if not nonfinite_ok
+                else f"max abs error {error:.3g} > tolerance {tolerance:.3g}"
+            )
             failures.append(f"{name}: {detail}")
     if failures:
         return CheckReport(False, "check: MISMATCH " + "; ".join(failures))
-    return CheckReport(True, f"check: OK (max abs error {worst_error:.3g}, tolerance {worst_tolerance:.3g}, "
-                             f"ops {ops})")
+    return CheckReport(True, f"check: OK (max abs error {worst_error:.3g}, tolerance {worst_tolerance:.3g}, ops {ops})")
 
 
 def _reduction_terms(definition: ir.CheckedDef, sizes: dict[str, int]) -> int:

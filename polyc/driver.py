@@ -8,14 +8,15 @@
 intermediate result for inspection; ``CompiledKernel`` caches one compiled function per size
 signature so that repeated calls cost only argument checking and the call itself.
 """
+
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import threading
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
 
 import islpy as isl
 import numpy as np
@@ -29,18 +30,17 @@ from polyc.ir.model import PolyProgram, build_program
 from polyc.lang.checked import CheckedDef
 from polyc.options import Options
 from polyc.paths import KernelPath, PathRequest, choose_path, gpu_mapping
-from polyc.runtime import CompilerOptions, get_function, get_or_build, load_library
-from polyc.runtime import arguments
+from polyc.runtime import CompilerOptions, arguments, get_function, get_or_build, load_library
 from polyc.runtime.arguments import BoundCall
 from polyc.runtime.cache import find_request, remember_request, request_key
 from polyc.runtime.compiler import compiler_options
+from polyc.runtime.tuning_records import tuned_options
+from polyc.schedule import tiling
 from polyc.schedule.contraction import Contraction
 from polyc.schedule.convolution import Convolution
-from polyc.schedule import tiling
 from polyc.schedule.gpu_mapping import GpuPlan
 from polyc.schedule.packing import PackingProgram
 from polyc.schedule.scheduler import compute_schedule
-from polyc.runtime.tuning_records import tuned_options
 
 
 @dataclass(frozen=True)
@@ -54,13 +54,13 @@ class Stages:
     kernel: GeneratedKernel
     contraction: Contraction | None = None  # set when ``kernel`` is a contraction (gemm or gemv) kernel
     convolution: Convolution | None = None  # set when ``kernel`` is a direct convolution kernel
-    segments: tuple["Stages", ...] = ()     # when ``kernel`` runs the def in segments, theirs
+    segments: tuple[Stages, ...] = ()  # when ``kernel`` runs the def in segments, theirs
     packing: tuple[PackingProgram, ...] = ()  # a gemm kernel's packing statements, per register block
-    decisions: tuple = ()   # per band: tiling, parallel and simd decisions (polyc.schedule.transform.BandDecision)
+    decisions: tuple = ()  # per band: tiling, parallel and simd decisions (polyc.schedule.transform.BandDecision)
     options: Options | None = None  # the options it was compiled with (tuning records applied)
-    gpu: "GpuPlan | None" = None  # for the GPU back ends: the launches and their mapping
-    gpu_source: "GpuKernelSource | None" = None  # ... and their code (``kernel.source`` too)
-    path: str = "generic"   # the kernel path that compiled it (polyc.paths.KERNEL_PATHS)
+    gpu: GpuPlan | None = None  # for the GPU back ends: the launches and their mapping
+    gpu_source: GpuKernelSource | None = None  # ... and their code (``kernel.source`` too)
+    path: str = "generic"  # the kernel path that compiled it (polyc.paths.KERNEL_PATHS)
 
     @property
     def mapped_schedule(self) -> isl.Schedule:
@@ -87,8 +87,9 @@ def analyse(definition: CheckedDef, fusion: str) -> Analysis:
     return Analysis(program, dependences, compute_schedule(program, dependences, fusion))
 
 
-def compile_stages(definition: CheckedDef, options: Options,
-                   sizes: Mapping[str, int] | None = None, analysis: Analysis | None = None) -> Stages:
+def compile_stages(
+    definition: CheckedDef, options: Options, sizes: Mapping[str, int] | None = None, analysis: Analysis | None = None
+) -> Stages:
     """Run the pipeline up to C source; ``sizes`` specialises it (None: parametric).
 
     The schedule is computed for all sizes (``analysis``, computed here when not given); the
@@ -102,14 +103,22 @@ def compile_stages(definition: CheckedDef, options: Options,
     program = analysis.program
     if options.specialize and sizes is not None:
         program = build_program(definition, sizes, ctx=analysis.program.ctx)
-    request = PathRequest(definition, options, program.size_values, program, analysis.dependences,
-                          analysis.schedule, compile_part=lambda part: compile_stages(part, options, sizes))
+    request = PathRequest(
+        definition,
+        options,
+        program.size_values,
+        program,
+        analysis.dependences,
+        analysis.schedule,
+        compile_part=lambda part: compile_stages(part, options, sizes),
+    )
     path, match = choose_path(request)
     return _stages_of(request, path, match)
 
 
-def compile_gpu_stages(program: PolyProgram, dependences: Dependences, schedule: isl.Schedule,
-                       options: Options, dialect: str | None = None) -> Stages:
+def compile_gpu_stages(
+    program: PolyProgram, dependences: Dependences, schedule: isl.Schedule, options: Options, dialect: str | None = None
+) -> Stages:
     """The GPU path (:mod:`polyc.paths.gpu_mapping`) for ``program``, printed in ``dialect``
     (default: the back end's)."""
     request = PathRequest(program.definition, options, program.size_values, program, dependences, schedule)
@@ -119,13 +128,25 @@ def compile_gpu_stages(program: PolyProgram, dependences: Dependences, schedule:
 def _stages_of(request: PathRequest, path: KernelPath, match) -> Stages:
     """The stages of ``request``'s def compiled on ``path``."""
     if path.backends == ("c",):
-        request.optimized_schedule()   # every CPU path keeps the tiled schedule and its decisions, for inspection
+        request.optimized_schedule()  # every CPU path keeps the tiled schedule and its decisions, for inspection
     generated = path.generate(request, match)
     optimized = generated.schedule if generated.schedule is not None else request.optimized_schedule()
-    return Stages(request.program, request.dependences, request.schedule, optimized, generated.kernel,
-                  generated.contraction, generated.convolution, generated.segments, generated.packing,
-                  decisions=tuple(request.decisions), options=request.options, gpu=generated.gpu,
-                  gpu_source=generated.gpu_source, path=path.name)
+    return Stages(
+        request.program,
+        request.dependences,
+        request.schedule,
+        optimized,
+        generated.kernel,
+        generated.contraction,
+        generated.convolution,
+        generated.segments,
+        generated.packing,
+        decisions=tuple(request.decisions),
+        options=request.options,
+        gpu=generated.gpu,
+        gpu_source=generated.gpu_source,
+        path=path.name,
+    )
 
 
 def gpu_code_generator(definition: CheckedDef, options: Options) -> Callable[[Mapping[str, int]], GpuKernelSource]:
@@ -137,6 +158,7 @@ def gpu_code_generator(definition: CheckedDef, options: Options) -> Callable[[Ma
         if not analyses:
             analyses.append(analyse(definition, options.fusion))
         return compile_stages(definition, options.replace(specialize=True), sizes, analyses[0]).gpu_source
+
     return generate
 
 
@@ -221,10 +243,16 @@ class CompiledKernel:
         def without TC text, which is always generated)."""
         if not self.definition.source:
             return None
-        return request_key({"def": self.definition.name, "text": self.definition.source,
-                            "options": repr(options), "sizes": list(sizes_key)})
+        return request_key(
+            {
+                "def": self.definition.name,
+                "text": self.definition.source,
+                "options": repr(options),
+                "sizes": list(sizes_key),
+            }
+        )
 
-    def _from_earlier_process(self, options: Options, sizes_key: tuple) -> "_Compiled | None":
+    def _from_earlier_process(self, options: Options, sizes_key: tuple) -> _Compiled | None:
         """The kernel an earlier process generated for the same request, straight from the
         cache: no dependences, scheduling or code generation (see polyc.runtime.cache)."""
         key = self._request(options, sizes_key)
@@ -233,8 +261,9 @@ class CompiledKernel:
             return None
         source, call = found
         try:
-            kernel = GeneratedKernel(call["function_name"], source, tuple(call["tensor_arguments"]),
-                                     tuple(call["size_arguments"]))
+            kernel = GeneratedKernel(
+                call["function_name"], source, tuple(call["tensor_arguments"]), tuple(call["size_arguments"])
+            )
         except (KeyError, TypeError):
             return None
         return _Compiled(kernel, options)
@@ -242,9 +271,16 @@ class CompiledKernel:
     def _remember(self, options: Options, sizes_key: tuple, kernel: GeneratedKernel) -> None:
         key = self._request(options, sizes_key)
         if key:
-            remember_request(key, kernel.source, compiler_options(options),
-                             {"function_name": kernel.function_name, "tensor_arguments": list(kernel.tensor_arguments),
-                              "size_arguments": list(kernel.size_arguments)})
+            remember_request(
+                key,
+                kernel.source,
+                compiler_options(options),
+                {
+                    "function_name": kernel.function_name,
+                    "tensor_arguments": list(kernel.tensor_arguments),
+                    "size_arguments": list(kernel.size_arguments),
+                },
+            )
 
     def forget_compiled(self) -> None:
         """Drop the compiled functions, so that the next call of each size looks up its options
@@ -273,7 +309,7 @@ class CompiledKernel:
             results.append(given)
         return tuple(results)
 
-    def repeat_plan(self, call: BoundCall) -> "RepeatCall":
+    def repeat_plan(self, call: BoundCall) -> RepeatCall:
         """A call like ``call`` (same input shapes and dtypes, C-contiguous inputs, fresh
         outputs) without the checks and lookups that ``call`` has passed: see :class:`RepeatCall`."""
         return RepeatCall(self.definition, self.compiled_for(call.sizes), call)
@@ -324,8 +360,14 @@ class RepeatCall:
             if name in inputs:
                 self.arguments.append(inputs[name])
             else:
-                self.arguments.append((call.shapes[name], definition.tensor(name).dtype,
-                                       name in call.written_before_read, outputs.get(name)))
+                self.arguments.append(
+                    (
+                        call.shapes[name],
+                        definition.tensor(name).dtype,
+                        name in call.written_before_read,
+                        outputs.get(name),
+                    )
+                )
         # (shape, dtype) of each output, in declared order
         self.output_types = [None] * len(definition.outputs)
         for argument in self.arguments:
@@ -341,8 +383,13 @@ class RepeatCall:
             return False
         spans = [(a.ctypes.data, a.ctypes.data + a.nbytes) for a in args if type(a) is np.ndarray]
         for array, (shape, dtype) in zip(outputs, self.output_types):
-            if type(array) is not np.ndarray or array.shape != shape or array.dtype != dtype \
-                    or not array.flags.c_contiguous or not array.flags.writeable:
+            if (
+                type(array) is not np.ndarray
+                or array.shape != shape
+                or array.dtype != dtype
+                or not array.flags.c_contiguous
+                or not array.flags.writeable
+            ):
                 return False
             start = array.ctypes.data
             end = start + array.nbytes
@@ -397,5 +444,7 @@ def _check_status(definition: CheckedDef, status: int) -> None:
     if status == STATUS_OUT_OF_MEMORY:  # only contraction and convolution kernels allocate
         raise MemoryError(f"{definition.name}: the kernel could not allocate its packing buffers")
     if status != 0:
-        raise BoundsError(f"{definition.name}: a data-dependent subscript fell outside its tensor "
-                          f"(an index array holds a value out of range)")
+        raise BoundsError(
+            f"{definition.name}: a data-dependent subscript fell outside its tensor "
+            f"(an index array holds a value out of range)"
+        )

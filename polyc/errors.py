@@ -4,6 +4,7 @@ Errors that come from a place in TC source carry a :class:`SourceLocation`; thei
 starts with ``file:line:col`` and, when the source text is known, ends with the offending line
 and a caret under the column, as compilers do.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -9,6 +9,7 @@ into chunks along the first index to bound memory.
 Every access is checked at run time: an element read outside its tensor where its guard holds
 raises :class:`~polyc.errors.BoundsError` instead of reading garbage.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,8 +42,13 @@ def run_bound(definition: ir.CheckedDef, call: BoundCall) -> tuple[np.ndarray, .
 
 
 class _StatementRun:
-    def __init__(self, definition: ir.CheckedDef, statement: ir.CheckedStatement,
-                 tensors: dict[str, np.ndarray], sizes: dict[str, int]):
+    def __init__(
+        self,
+        definition: ir.CheckedDef,
+        statement: ir.CheckedStatement,
+        tensors: dict[str, np.ndarray],
+        sizes: dict[str, int],
+    ):
         self.definition = definition
         self.statement = statement
         self.tensors = tensors
@@ -52,12 +58,14 @@ class _StatementRun:
     def execute(self) -> None:
         s = self.statement
         target = self.tensors[s.target]
-        for axis, (name, lo, hi) in enumerate(self.bounds[:len(s.indices)]):
+        for axis, (name, lo, hi) in enumerate(self.bounds[: len(s.indices)]):
             if hi > lo and (lo < 0 or hi > target.shape[axis]):
-                raise BoundsError(f"{self.definition.name}: statement {s.name} ({s.text}) writes "
-                                  f"{s.target} at {name} in [{lo}, {hi}), outside its extent {target.shape[axis]}")
+                raise BoundsError(
+                    f"{self.definition.name}: statement {s.name} ({s.text}) writes "
+                    f"{s.target} at {name} in [{lo}, {hi}), outside its extent {target.shape[axis]}"
+                )
         extents = [max(hi - lo, 0) for _, lo, hi in self.bounds]
-        if any(e == 0 for e in extents[:len(s.indices)]):
+        if any(e == 0 for e in extents[: len(s.indices)]):
             return
         if any(e == 0 for e in extents):  # an empty reduction leaves the identity, or the old value
             if s.init:
@@ -118,7 +126,7 @@ class _StatementRun:
 
     def _lhs_slices(self, start: int = 0, stop: int | None = None) -> tuple:
         slices = []
-        for axis, (_, lo, hi) in enumerate(self.bounds[:len(self.statement.indices)]):
+        for axis, (_, lo, hi) in enumerate(self.bounds[: len(self.statement.indices)]):
             if axis == 0 and stop is not None:
                 slices.append(slice(lo + start, lo + stop))
             else:
@@ -134,8 +142,7 @@ class _StatementRun:
             target[region] = values
             return
         reduced = self._reduce(values)
-        current = np.full(reduced.shape, identity(s.op, target.dtype), dtype=target.dtype) if s.init \
-            else target[region]
+        current = np.full(reduced.shape, identity(s.op, target.dtype), dtype=target.dtype) if s.init else target[region]
         target[region] = self._combine(current, reduced.astype(target.dtype))
 
     def _store_reduced(self, reduced: np.ndarray) -> None:
@@ -143,8 +150,7 @@ class _StatementRun:
         s = self.statement
         target = self.tensors[s.target]
         region = self._lhs_slices() if s.indices else ()
-        current = np.full(reduced.shape, identity(s.op, target.dtype), dtype=target.dtype) if s.init \
-            else target[region]
+        current = np.full(reduced.shape, identity(s.op, target.dtype), dtype=target.dtype) if s.init else target[region]
         target[region] = self._combine(current, reduced.astype(target.dtype))
 
 
@@ -189,8 +195,9 @@ class _Evaluator:
         array = self.run.tensors[expr.tensor]
         if not expr.subscripts:
             return np.asarray(array[()], dtype=expr.dtype)
-        subscripts = [self.affine(s) if isinstance(s, Affine) else self.eval(s, mask).astype(np.int64)
-                      for s in expr.subscripts]
+        subscripts = [
+            self.affine(s) if isinstance(s, Affine) else self.eval(s, mask).astype(np.int64) for s in expr.subscripts
+        ]
         subscripts = np.broadcast_arrays(*subscripts)
         clipped = []
         for dim, (subscript, extent) in enumerate(zip(subscripts, array.shape)):
@@ -202,8 +209,10 @@ class _Evaluator:
                 raise BoundsError(
                     f"{self.run.definition.name}: statement {self.run.statement.name} "
                     f"({self.run.statement.text}) reads {expr.tensor} at index {bad} along dimension {dim}, "
-                    f"outside its extent {extent}", expr.loc if expr.loc.line else None,
-                    self.run.definition.source or None)
+                    f"outside its extent {extent}",
+                    expr.loc if expr.loc.line else None,
+                    self.run.definition.source or None,
+                )
             clipped.append(np.clip(subscript, 0, max(extent - 1, 0)))
         if any(extent == 0 for extent in array.shape):
             return np.zeros(clipped[0].shape, dtype=expr.dtype)  # nothing is read where the guard holds
@@ -223,8 +232,14 @@ class _Evaluator:
             rhs = self.eval(expr.rhs, needed if mask is None else (needed & mask))
             return np.logical_and(lhs, rhs) if op == "&&" else np.logical_or(lhs, rhs)
         lhs, rhs = self.eval(expr.lhs, mask), self.eval(expr.rhs, mask)
-        comparisons = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
-                       "==": np.equal, "!=": np.not_equal}
+        comparisons = {
+            "<": np.less,
+            "<=": np.less_equal,
+            ">": np.greater,
+            ">=": np.greater_equal,
+            "==": np.equal,
+            "!=": np.not_equal,
+        }
         if op in comparisons:
             return comparisons[op](lhs, rhs)
         if op == "+":

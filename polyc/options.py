@@ -1,10 +1,10 @@
 """Compilation options: one validated, immutable record passed from the API to every stage."""
+
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 from polyc.errors import PolycError
 
@@ -108,7 +108,7 @@ class Options:
     max_shared_memory: int | None = None
 
     @staticmethod
-    def from_kwargs(**kwargs) -> "Options":
+    def from_kwargs(**kwargs) -> Options:
         """Validate keyword options; an unknown name or a bad value is a PolycError."""
         known = {f.name for f in dataclasses.fields(Options)}
         for name in kwargs:
@@ -138,48 +138,82 @@ class Options:
         if self.tile_sizes is not None and not all(isinstance(t, int) and t > 0 for t in self.tile_sizes):
             raise PolycError(f"tile_sizes must be positive integers, not {self.tile_sizes!r}")
         if self.cache_sizes is not None and not (
-                isinstance(self.cache_sizes, tuple) and len(self.cache_sizes) == 3
-                and all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in self.cache_sizes)):
+            isinstance(self.cache_sizes, tuple)
+            and len(self.cache_sizes) == 3
+            and all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in self.cache_sizes)
+        ):
             raise PolycError(f"cache_sizes must be three positive byte counts (L1, L2, L3), not {self.cache_sizes!r}")
-        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
-                                         or self.threads < 1):
+        if self.threads is not None and (
+            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
+        ):
             raise PolycError(f"threads must be None or an integer >= 1, not {self.threads!r}")
-        if self.micro_kernel is not None and (isinstance(self.micro_kernel, bool)
-                                              or not isinstance(self.micro_kernel, int) or self.micro_kernel < 1):
-            raise PolycError(f"micro_kernel must be None or an integer >= 1 (the instruction set's n-th "
-                             f"register block, widest first), not {self.micro_kernel!r}")
+        if self.micro_kernel is not None and (
+            isinstance(self.micro_kernel, bool) or not isinstance(self.micro_kernel, int) or self.micro_kernel < 1
+        ):
+            raise PolycError(
+                f"micro_kernel must be None or an integer >= 1 (the instruction set's n-th "
+                f"register block, widest first), not {self.micro_kernel!r}"
+            )
         if self.loop_order is not None and not (
-                isinstance(self.loop_order, tuple) and self.loop_order
-                and all(isinstance(name, str) and name.isidentifier() for name in self.loop_order)
-                and len(set(self.loop_order)) == len(self.loop_order)):
-            raise PolycError(f"loop_order must be None or distinct index names, outermost first, "
-                             f"not {self.loop_order!r}")
+            isinstance(self.loop_order, tuple)
+            and self.loop_order
+            and all(isinstance(name, str) and name.isidentifier() for name in self.loop_order)
+            and len(set(self.loop_order)) == len(self.loop_order)
+        ):
+            raise PolycError(
+                f"loop_order must be None or distinct index names, outermost first, not {self.loop_order!r}"
+            )
         if self.block is not None:
-            if not (isinstance(self.block, tuple) and 1 <= len(self.block) <= 3 and all(
-                    isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in self.block)):
-                raise PolycError(f"block must be one to three positive integers (threads along x, y, z), "
-                                 f"not {self.block!r}")
+            if not (
+                isinstance(self.block, tuple)
+                and 1 <= len(self.block) <= 3
+                and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in self.block)
+            ):
+                raise PolycError(
+                    f"block must be one to three positive integers (threads along x, y, z), not {self.block!r}"
+                )
             if math.prod(self.block) > MAX_BLOCK_THREADS:
-                raise PolycError(f"block {self.block} has {math.prod(self.block)} threads; at most "
-                                 f"{MAX_BLOCK_THREADS} are allowed")
-        if self.grid is not None and not (isinstance(self.grid, tuple) and 1 <= len(self.grid) <= 3 and all(
-                isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in self.grid)):
-            raise PolycError(f"grid must be one to three positive integers (most blocks along x, y, z), "
-                             f"not {self.grid!r}")
+                raise PolycError(
+                    f"block {self.block} has {math.prod(self.block)} threads; at most {MAX_BLOCK_THREADS} are allowed"
+                )
+        if self.grid is not None and not (
+            isinstance(self.grid, tuple)
+            and 1 <= len(self.grid) <= 3
+            and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in self.grid)
+        ):
+            raise PolycError(
+                f"grid must be one to three positive integers (most blocks along x, y, z), not {self.grid!r}"
+            )
         if self.device is not None:
             from polyc.schedule.gpu_device import named_device
+
             named_device(self.device if isinstance(self.device, str) else repr(self.device))
         if not isinstance(self.unroll, int) or self.unroll < 1:
             raise PolycError(f"unroll must be an integer >= 1, not {self.unroll!r}")
-        if self.max_shared_memory is not None and (isinstance(self.max_shared_memory, bool) or not isinstance(
-                self.max_shared_memory, int) or self.max_shared_memory < 0):
-            raise PolycError(f"max_shared_memory must be None or a number of bytes >= 0, not {self.max_shared_memory!r}")
-        for name in ("parallel", "vectorize", "specialize", "blas_contractions", "direct_convolutions", "winograd",
-                     "tuning", "use_shared_memory", "use_private_memory", "double_buffer"):
+        if self.max_shared_memory is not None and (
+            isinstance(self.max_shared_memory, bool)
+            or not isinstance(self.max_shared_memory, int)
+            or self.max_shared_memory < 0
+        ):
+            raise PolycError(
+                f"max_shared_memory must be None or a number of bytes >= 0, not {self.max_shared_memory!r}"
+            )
+        for name in (
+            "parallel",
+            "vectorize",
+            "specialize",
+            "blas_contractions",
+            "direct_convolutions",
+            "winograd",
+            "tuning",
+            "use_shared_memory",
+            "use_private_memory",
+            "double_buffer",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise PolycError(f"{name} must be True or False, not {getattr(self, name)!r}")
 
-    def replace(self, **changes) -> "Options":
+    def replace(self, **changes) -> Options:
         return Options.from_kwargs(**{**dataclasses.asdict(self), **changes})
 
 

@@ -1,4 +1,5 @@
 """Element types: the TC type names, their numpy dtypes and their C spellings."""
+
 from __future__ import annotations
 
 import numpy as np

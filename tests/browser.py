@@ -4,6 +4,7 @@ the system's chromedriver): JavaScript errors, drawn views and screenshots.
 ``.ci/run`` installs Debian's chromium and chromium-driver; elsewhere the tests that need them
 skip, saying which is missing.
 """
+
 from __future__ import annotations
 
 import io
@@ -37,10 +38,16 @@ def headless_browser(width: int = 1200, height: int = 900):
     chromium, driver_path = browser_or_skip()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     f"--window-size={width},{height}"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--window-size={width},{height}",
+    ):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=options, service=Service(driver_path))
@@ -59,6 +66,7 @@ def inked_fraction(png: bytes, background_tolerance: int = 12) -> float:
     """The fraction of a screenshot's pixels that differ from its most common colour."""
     import numpy as np
     from matplotlib import image
+
     pixels = image.imread(io.BytesIO(png), format="png")[..., :3]
     pixels = (pixels * 255).astype(np.int16).reshape(-1, 3)
     colours, counts = np.unique(pixels, axis=0, return_counts=True)

@@ -3,6 +3,7 @@ the ``update_goldens`` fixture (see tests/test_golden.py), a private tuning-reco
 that records the user made with ``polyc.tune`` never change what the tests compile, and the
 order in which pytest-xdist's workers take the test files (longest first, from
 ``tests/file_seconds.json``, which ``--record-file-seconds`` writes)."""
+
 from __future__ import annotations
 
 import json
@@ -29,12 +30,21 @@ UNRECORDED_TEST_SECONDS = 0.5
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--update-goldens", action="store_true", default=False,
-                     help="rewrite the stored golden files under tests/golden/ with the current output "
-                          "instead of comparing against them (review the git diff afterwards)")
-    parser.addoption("--record-file-seconds", metavar="PATH", type=Path, default=None,
-                     help="write each test file's seconds (its tests' setup, call and teardown) to PATH "
-                          f"as JSON ({FILE_SECONDS.name} holds a whole run's, which orders the files)")
+    parser.addoption(
+        "--update-goldens",
+        action="store_true",
+        default=False,
+        help="rewrite the stored golden files under tests/golden/ with the current output "
+        "instead of comparing against them (review the git diff afterwards)",
+    )
+    parser.addoption(
+        "--record-file-seconds",
+        metavar="PATH",
+        type=Path,
+        default=None,
+        help="write each test file's seconds (its tests' setup, call and teardown) to PATH "
+        f"as JSON ({FILE_SECONDS.name} holds a whole run's, which orders the files)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -98,6 +108,7 @@ def watched_builds(monkeypatch) -> SimpleNamespace:
     be generated meanwhile, so that builds that may overlap do): ``running`` now, ``most`` at
     once, ``count`` so far."""
     from polyc.runtime import cache as cache_module
+
     real_compile, lock = cache_module.compile_shared_library, threading.Lock()
     builds = SimpleNamespace(running=0, most=0, count=0)
 

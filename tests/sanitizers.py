@@ -8,6 +8,7 @@ The sanitizer runtime's allocator slows polyc's own pipeline (isl, in the same p
 fourfold, so a script can first be run without it to fill the kernel cache (``build_first``):
 the sanitized run then loads the same libraries, built with the same flags, from the cache.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,9 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from builds import sanitizer_flag_sets
 
 import polyc
-from builds import sanitizer_flag_sets
 from polyc.runtime import CompilerOptions
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -67,8 +68,9 @@ kernels.assert_close = lambda *arguments, **keywords: None
 """
 
 
-def run_sanitized(script: str, *arguments: str, cache_dir: Path | None = None,
-                  timeout: float = 600, build_first: bool = False) -> subprocess.CompletedProcess:
+def run_sanitized(
+    script: str, *arguments: str, cache_dir: Path | None = None, timeout: float = 600, build_first: bool = False
+) -> subprocess.CompletedProcess:
     """Run ``script`` (Python source) with the sanitizer runtime preloaded; skip the calling
     test when there is none.  ``cache_dir``: the kernel cache of the subprocess.
     ``build_first``: run the script without the runtime first, only to build its polyc kernels
@@ -79,14 +81,22 @@ def run_sanitized(script: str, *arguments: str, cache_dir: Path | None = None,
         pytest.skip("the C compiler has no AddressSanitizer runtime (libasan.so)")
     extra = {"POLYC_CACHE_DIR": str(cache_dir)} if cache_dir is not None else {}
     if build_first:
-        subprocess.run([sys.executable, "-c", _BUILD_ONLY_PRELUDE + script, *arguments],
-                       env=python_environment(**extra), capture_output=True, text=True, timeout=timeout)
+        subprocess.run(
+            [sys.executable, "-c", _BUILD_ONLY_PRELUDE + script, *arguments],
+            env=python_environment(**extra),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     environment = python_environment(
         LD_PRELOAD=runtime,
         ASAN_OPTIONS="detect_leaks=0",  # the Python interpreter itself leaks
-        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1", **extra)
-    return subprocess.run([sys.executable, "-c", script, *arguments], env=environment,
-                          capture_output=True, text=True, timeout=timeout)
+        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
+        **extra,
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script, *arguments], env=environment, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def assert_clean(result: subprocess.CompletedProcess) -> None:

@@ -2,6 +2,7 @@
 each, prints its table and writes JSON of the documented shape.  Not a performance test: no
 timing is compared.  clang+Polly may be absent; its column is then skipped with a note.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,19 @@ REPO = Path(__file__).resolve().parent.parent
 def test_quick_mode_prints_the_table_and_writes_json(tmp_path):
     output = tmp_path / "results.json"
     # --keep-blas-env: tests leave OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE as the machine sets them
-    command = [sys.executable, "-m", "benchmarks", "--quick", "--filter", "^(sgemm|softmax) ",
-               "--repeat", "1", "--keep-blas-env", "--json", str(output)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks",
+        "--quick",
+        "--filter",
+        "^(sgemm|softmax) ",
+        "--repeat",
+        "1",
+        "--keep-blas-env",
+        "--json",
+        str(output),
+    ]
     run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "polyc ms" in run.stdout and "Geometric means" in run.stdout
@@ -27,8 +39,10 @@ def test_quick_mode_prints_the_table_and_writes_json(tmp_path):
     for key in ("machine", "environment", "blas", "toolchains", "notes", "summary"):
         assert key in results
     assert {"polyc", "gcc"} <= set(results["toolchains"])
-    assert [(case["name"], case["size"]) for case in results["cases"]] == [("sgemm", "128x128x128"),
-                                                                          ("softmax", "256x512")]
+    assert [(case["name"], case["size"]) for case in results["cases"]] == [
+        ("sgemm", "128x128x128"),
+        ("softmax", "256x512"),
+    ]
     for case in results["cases"]:
         assert case["checks"]["polyc"]["ok"] and case["checks"]["numpy"]["ok"] and case["checks"]["gcc"]["ok"]
         assert not case["errors"]
@@ -50,10 +64,16 @@ def test_onnx_operators_benchmark_checks_and_writes_json(tmp_path):
     """``python -m benchmarks.onnx_ops --quick``: every case checked against onnxruntime, a row
     each, JSON with the medians."""
     import pytest
+
     pytest.importorskip("onnxruntime")
     output = tmp_path / "onnx_ops.json"
-    run = subprocess.run([sys.executable, "-m", "benchmarks.onnx_ops", "--quick", "--json", str(output)],
-                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.onnx_ops", "--quick", "--json", str(output)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "MISMATCH" not in run.stdout
     results = json.loads(output.read_text())
@@ -68,12 +88,27 @@ def test_the_blas_line_names_numpys_blas_when_scipy_brought_another():
     import numpy as np
 
     from benchmarks.run import blas_summary
+
     numpy_libs = Path(np.__file__).resolve().parent.with_name("numpy.libs")
     scipy_libs = Path(np.__file__).resolve().parent.with_name("scipy.libs")
-    libraries = [{"user_api": "blas", "internal_api": "openblas", "version": "0.3.30", "architecture": "Haswell",
-                  "num_threads": 2, "filepath": str(scipy_libs / "libscipy_openblas.so")},
-                 {"user_api": "blas", "internal_api": "openblas", "version": "0.3.31", "architecture": "SkylakeX",
-                  "num_threads": 2, "filepath": str(numpy_libs / "libscipy_openblas64_.so")}]
+    libraries = [
+        {
+            "user_api": "blas",
+            "internal_api": "openblas",
+            "version": "0.3.30",
+            "architecture": "Haswell",
+            "num_threads": 2,
+            "filepath": str(scipy_libs / "libscipy_openblas.so"),
+        },
+        {
+            "user_api": "blas",
+            "internal_api": "openblas",
+            "version": "0.3.31",
+            "architecture": "SkylakeX",
+            "num_threads": 2,
+            "filepath": str(numpy_libs / "libscipy_openblas64_.so"),
+        },
+    ]
     assert blas_summary({"libraries": libraries}) == "openblas 0.3.31, kernel SkylakeX, 2 threads"
     # A BLAS installed outside numpy's directories (conda, Debian): the first listed.
     elsewhere = [dict(library, filepath=f"/usr/lib/libopenblas{n}.so") for n, library in enumerate(libraries)]

@@ -6,12 +6,13 @@ commands do, at small sizes (each distinct def and size set costs a C compilatio
 ``test_run_on_the_interpreter_backend`` passes ``--backend interpreter``.  ``--emit
 isl/schedule/c`` print the real stages.
 """
+
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-import json
 from pathlib import Path
 
 import numpy as np
@@ -48,10 +49,12 @@ def kernel_cache(tmp_path_factory, monkeypatch):
 @pytest.fixture
 def tc_file(tmp_path):
     """Write TC text to a file in a fresh directory and return its path."""
+
     def write(text: str, name: str = "kernel.tc") -> str:
         path = tmp_path / name
         path.write_text(text)
         return str(path)
+
     return write
 
 
@@ -119,8 +122,10 @@ def test_compile_output_file(capsys, tmp_path):
     status, out, _ = run_cli(capsys, "compile", MATMUL, "--entry", "matmul", "--emit", "ast", "-o", str(target))
     assert status == 0
     assert out == ""
-    assert target.read_text() == "def matmul(float(M, K) A, float(K, N) B) -> (C) {\n" \
-                                 "    C(m, n) +=! A(m, r_k) * B(r_k, n)\n}\n"
+    assert (
+        target.read_text() == "def matmul(float(M, K) A, float(K, N) B) -> (C) {\n"
+        "    C(m, n) +=! A(m, r_k) * B(r_k, n)\n}\n"
+    )
 
 
 def test_compile_unwritable_output(capsys, tmp_path):
@@ -144,8 +149,11 @@ def test_compile_shape_must_name_a_size(capsys):
 #: What each later stage of matmul at M=16, K=24, N=8 must show: the sizes fixed, the
 #: statement's domain and accesses, its schedule, the C of the gemm kernel.
 STAGE_TEXT = {
-    "isl": ["M = 16 and K = 24 and N = 8", "S0[m, n, r_k] : 0 <= m <= 15 and 0 <= n <= 7 and 0 <= r_k <= 23",
-            "S0[m, n, r_k] -> A[m, r_k]"],
+    "isl": [
+        "M = 16 and K = 24 and N = 8",
+        "S0[m, n, r_k] : 0 <= m <= 15 and 0 <= n <= 7 and 0 <= r_k <= 23",
+        "S0[m, n, r_k] -> A[m, r_k]",
+    ],
     "schedule": ["domain:", "S0[m, n, r_k]"],
     "c": ["polyc gemm kernel for def 'matmul'", "sizes: M=16, K=24, N=8", "int polyc_matmul("],
 }
@@ -153,8 +161,9 @@ STAGE_TEXT = {
 
 @pytest.mark.parametrize("emit", sorted(STAGE_TEXT))
 def test_compile_later_stages_print_the_kernels_stage(capsys, emit):
-    status, out, err = run_cli(capsys, "compile", MATMUL, "--entry", "matmul", "--emit", emit,
-                               "--shape", "M=16,K=24,N=8")
+    status, out, err = run_cli(
+        capsys, "compile", MATMUL, "--entry", "matmul", "--emit", emit, "--shape", "M=16,K=24,N=8"
+    )
     assert status == 0, err
     kernel = polyc.define(Path(MATMUL).read_text()).matmul
     expected = getattr(kernel, cli.EMIT_METHODS[emit])({"M": 16, "K": 24, "N": 8})
@@ -163,8 +172,7 @@ def test_compile_later_stages_print_the_kernels_stage(capsys, emit):
         assert fragment in out
 
 
-@pytest.mark.parametrize("emit, method", [("isl", "isl_model_text"), ("schedule", "schedule_text"),
-                                          ("c", "c_source")])
+@pytest.mark.parametrize("emit, method", [("isl", "isl_model_text"), ("schedule", "schedule_text"), ("c", "c_source")])
 def test_compile_later_stages_pass_each_def_its_sizes(capsys, monkeypatch, emit, method):
     calls = []
 
@@ -198,13 +206,39 @@ def test_compile_passes_options_to_define(capsys, monkeypatch):
         return real_define(source, filename, **options)
 
     monkeypatch.setattr(polyc, "define", spy)
-    status, _, err = run_cli(capsys, "compile", MATMUL, "--fusion", "max", "--tile-sizes", "32,32,8",
-                             "--no-parallel", "--no-vectorize", "--unroll", "4", "--no-specialize",
-                             "--cc", "gcc", "--cflags", "-O2 -g", "--loop-order", "r_k, m")
+    status, _, err = run_cli(
+        capsys,
+        "compile",
+        MATMUL,
+        "--fusion",
+        "max",
+        "--tile-sizes",
+        "32,32,8",
+        "--no-parallel",
+        "--no-vectorize",
+        "--unroll",
+        "4",
+        "--no-specialize",
+        "--cc",
+        "gcc",
+        "--cflags",
+        "-O2 -g",
+        "--loop-order",
+        "r_k, m",
+    )
     assert status == 0, err
-    assert seen == {"backend": "interpreter", "fusion": "max", "tile_sizes": (32, 32, 8), "parallel": False,
-                    "vectorize": False, "unroll": 4, "specialize": False, "cc": "gcc", "cflags": "-O2 -g",
-                    "loop_order": ("r_k", "m")}
+    assert seen == {
+        "backend": "interpreter",
+        "fusion": "max",
+        "tile_sizes": (32, 32, 8),
+        "parallel": False,
+        "vectorize": False,
+        "unroll": 4,
+        "specialize": False,
+        "cc": "gcc",
+        "cflags": "-O2 -g",
+        "loop_order": ("r_k", "m"),
+    }
 
 
 # ----------------------------------------------------------------------------- errors
@@ -245,8 +279,7 @@ def built_kernels(cache: Path) -> list[str]:
 
 
 def test_run_matmul_with_check(capsys, kernel_cache):
-    status, out, err = run_cli(capsys, "run", MATMUL, "--entry", "matmul", *MATMUL_SHAPES, "--check",
-                               "--repeat", "2")
+    status, out, err = run_cli(capsys, "run", MATMUL, "--entry", "matmul", *MATMUL_SHAPES, "--check", "--repeat", "2")
     assert status == 0, err
     assert "output C: float32(16, 8)" in out
     assert "over 2 run(s)" in out
@@ -264,8 +297,7 @@ def test_readme_conv_command_with_check(capsys, kernel_cache):
 
 
 def test_run_pooling_with_check(capsys):
-    status, out, err = run_cli(capsys, "run", CONV, "--entry", "maxpool2x2", "--shape", "N=1,C=2,H=9,W=8",
-                               "--check")
+    status, out, err = run_cli(capsys, "run", CONV, "--entry", "maxpool2x2", "--shape", "N=1,C=2,H=9,W=8", "--check")
     assert status == 0, err
     assert "output O: float32(1, 2, 4, 4)" in out and "check: OK" in out
 
@@ -336,16 +368,14 @@ def test_run_scalar_size_input_takes_its_value_from_shape(capsys, tc_file):
 
 
 def test_run_gather_indices_stay_in_bounds(capsys, tc_file):
-    path = tc_file("def embed(float(E, D) LUT, int32(B, L) I) -> (O) {\n"
-                   "    O(b, d) +=! LUT(I(b, r_l), d)\n}\n")
+    path = tc_file("def embed(float(E, D) LUT, int32(B, L) I) -> (O) {\n    O(b, d) +=! LUT(I(b, r_l), d)\n}\n")
     status, out, err = run_cli(capsys, "run", path, "--shape", "E=3,D=4,B=50,L=7", "--check")
     assert status == 0, err
     assert "output O: float32(50, 4)" in out and "check: OK" in out
 
 
 def test_run_integer_and_boolean_outputs_compare_exactly(capsys, tc_file):
-    path = tc_file("def f(int32(N) X, float(N) Y) -> (S, P) {\n"
-                   "    S() +=! X(r_i)\n    P(i) = Y(i) > 0\n}\n")
+    path = tc_file("def f(int32(N) X, float(N) Y) -> (S, P) {\n    S() +=! X(r_i)\n    P(i) = Y(i) > 0\n}\n")
     status, out, err = run_cli(capsys, "run", path, "--shape", "N=10", "--check")
     assert status == 0, err
     assert "output S: int32()" in out and "output P: bool(10,)" in out and "check: OK" in out
@@ -380,8 +410,9 @@ def test_run_without_check_is_deterministic_in_seed(capsys):
 # ----------------------------------------------------------------------------- subprocess
 def _python_m_polyc(*argv: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "polyc", *argv], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "polyc", *argv], capture_output=True, text=True, env=env, cwd=REPO, timeout=120
+    )
 
 
 def test_subprocess_version():
@@ -409,19 +440,38 @@ def test_subprocess_syntax_error_has_no_traceback(tc_file):
 # ----------------------------------------------------------------------------- GPU exports
 @pytest.mark.parametrize("dialect, suffix, qualifier", [("cuda", ".cu", "__global__"), ("opencl", ".cl", "__kernel")])
 def test_compile_exports_gpu_code_with_its_launch_configuration(capsys, tmp_path, dialect, suffix, qualifier):
-    status, _, err = run_cli(capsys, "compile", MATMUL, "--entry", "matmul", "--target", dialect, *MATMUL_SHAPES,
-                             "-o", str(tmp_path))
+    status, _, err = run_cli(
+        capsys, "compile", MATMUL, "--entry", "matmul", "--target", dialect, *MATMUL_SHAPES, "-o", str(tmp_path)
+    )
     assert status == 0, err
     assert qualifier in (tmp_path / f"matmul{suffix}").read_text()
     launch = json.loads((tmp_path / "matmul.launch.json").read_text())
-    assert launch["launches"] == [{"kernel": "polyc_matmul_k0", "grid": [1, 1], "block": [8, 8]}]  # 4 x 1 register tiles
+    assert launch["launches"] == [
+        {"kernel": "polyc_matmul_k0", "grid": [1, 1], "block": [8, 8]}
+    ]  # 4 x 1 register tiles
     assert launch["arguments"] == ["A", "B", "C", "polyc_status_out"]
 
 
 def test_compile_gpu_target_takes_the_mapping_options(capsys, tmp_path):
-    status, _, err = run_cli(capsys, "compile", MATMUL, "--entry", "matmul", "--target", "cuda", *MATMUL_SHAPES,
-                             "--block", "4,2", "--grid", "1,2", "--device", "sm_90", "--no-private-memory",
-                             "-o", str(tmp_path))
+    status, _, err = run_cli(
+        capsys,
+        "compile",
+        MATMUL,
+        "--entry",
+        "matmul",
+        "--target",
+        "cuda",
+        *MATMUL_SHAPES,
+        "--block",
+        "4,2",
+        "--grid",
+        "1,2",
+        "--device",
+        "sm_90",
+        "--no-private-memory",
+        "-o",
+        str(tmp_path),
+    )
     assert status == 0, err
     launch = json.loads((tmp_path / "matmul.launch.json").read_text())
     assert launch["launches"] == [{"kernel": "polyc_matmul_k0", "grid": [1, 2], "block": [4, 2]}]
@@ -429,6 +479,7 @@ def test_compile_gpu_target_takes_the_mapping_options(capsys, tmp_path):
 
 
 def test_compile_gpu_target_needs_every_size(capsys, tmp_path):
-    status, _, err = run_cli(capsys, "compile", MATMUL, "--entry", "matmul", "--target", "cuda", "--shape", "M=4",
-                             "-o", str(tmp_path))
+    status, _, err = run_cli(
+        capsys, "compile", MATMUL, "--entry", "matmul", "--target", "cuda", "--shape", "M=4", "-o", str(tmp_path)
+    )
     assert status == 2 and "K, N" in err and "--shape" in err

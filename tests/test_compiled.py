@@ -12,6 +12,7 @@
 
 All kernels are built in a private cache directory (``$POLYC_CACHE_DIR``) made for this module.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,11 +26,10 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
-
-import polyc
 from kernels import CASES, KERNELS, case_inputs, check_kernel, uniform
 from sanitizers import SANITIZER_FLAGS, assert_clean, python_environment, run_sanitized
 
+import polyc
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,8 +69,9 @@ OPTION_SETS = {
     "parametric": dict(specialize=False, cflags=MATRIX_CFLAGS),
 }
 
-CORPUS = [pytest.param(case, options, id=f"{case.name}-{label}")
-          for label, options in OPTION_SETS.items() for case in KERNELS]
+CORPUS = [
+    pytest.param(case, options, id=f"{case.name}-{label}") for label, options in OPTION_SETS.items() for case in KERNELS
+]
 
 
 @pytest.mark.parametrize("case, options", CORPUS)
@@ -107,8 +108,13 @@ polyc.define(case.source, **options)[case.entry].stages(sizes)
 def test_fusion_max_schedules_large_specialised_sizes_quickly():
     request = json.dumps(["mlp2", dict(B=27, M=54, N=45, P=36), dict(fusion="max")])
     try:
-        result = subprocess.run([sys.executable, "-c", _SCHEDULE_SCRIPT, request], env=python_environment(),
-                                capture_output=True, text=True, timeout=10)
+        result = subprocess.run(
+            [sys.executable, "-c", _SCHEDULE_SCRIPT, request],
+            env=python_environment(),
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("compiling mlp2 with fusion=max took longer than 10 s")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -279,7 +285,7 @@ def test_parallel_loops_run_on_several_cores():
     B = np.empty_like(A)
     kernel(A, outputs=[B])  # compile, and start OpenMP's threads
     np.testing.assert_allclose(B, np.exp(A.astype(np.float64)), rtol=4e-7)
-    for attempt in range(3):
+    for _attempt in range(3):
         measured = _measure(lambda: kernel(A, outputs=[B]))
         if measured.cpu_over_wall > 1.4:
             break
@@ -289,8 +295,10 @@ def test_parallel_loops_run_on_several_cores():
     assert len(ticks) >= 2 and ticks[1] >= 0.25 * sum(ticks), f"clock ticks per thread: {ticks}"
     if measured.cpu_over_wall <= 1.4 and measured.other_cores > 0.5:
         # The scheduler shares the CPUs between sessions (autogroups), not between threads.
-        pytest.skip(f"other processes kept {measured.other_cores:.1f} CPUs busy: CPU/wall only "
-                    f"{measured.cpu_over_wall:.2f}, though two threads shared the work (ticks {ticks})")
+        pytest.skip(
+            f"other processes kept {measured.other_cores:.1f} CPUs busy: CPU/wall only "
+            f"{measured.cpu_over_wall:.2f}, though two threads shared the work (ticks {ticks})"
+        )
     assert measured.cpu_over_wall > 1.4, f"CPU time / wall time = {measured.cpu_over_wall:.2f}; {measured}"
 
 
@@ -308,8 +316,8 @@ def test_non_contiguous_inputs():
     rng = np.random.default_rng(2)
     big = uniform(rng, (20, 30))
     cases = [
-        (big[::2, ::3], uniform(rng, (6, 10)).T),   # step slices; a transposed view
-        (big[:5, 1:7], big[::-4, ::-5].T),          # an offset slice; negative steps, transposed
+        (big[::2, ::3], uniform(rng, (6, 10)).T),  # step slices; a transposed view
+        (big[:5, 1:7], big[::-4, ::-5].T),  # an offset slice; negative steps, transposed
         (np.asfortranarray(uniform(rng, (5, 6))), uniform(rng, (6, 7))[::1, ::1]),
     ]
     for A, B in cases:
@@ -422,11 +430,14 @@ def test_zero_size_reductions_to_0d():
 
 
 @pytest.mark.parametrize("specialize", [True, False], ids=["specialised", "parametric"])
-@pytest.mark.parametrize("name, sizes", [
-    ("permute", dict(P=2000, Q=1000, R=3, S=700)),
-    ("jacobi2d", dict(H=70000, W=70000)),
-    ("outer", dict(M=70000, N=70000)),
-])
+@pytest.mark.parametrize(
+    "name, sizes",
+    [
+        ("permute", dict(P=2000, Q=1000, R=3, S=700)),
+        ("jacobi2d", dict(H=70000, W=70000)),
+        ("outer", dict(M=70000, N=70000)),
+    ],
+)
 def test_index_arithmetic_is_64_bit(name, sizes, specialize):
     """Element counts beyond 2^31: too big to run, but every loop iterator and extent in the C
     must be int64_t."""
@@ -454,8 +465,9 @@ def test_repeated_calls_take_the_resolved_path_and_agree():
         first = kernel(*inputs)
         assert len(kernel._repeat_calls) == 1, name
         again = kernel(*inputs)
-        for a, b in zip(first if isinstance(first, tuple) else (first,),
-                        again if isinstance(again, tuple) else (again,)):
+        for a, b in zip(
+            first if isinstance(first, tuple) else (first,), again if isinstance(again, tuple) else (again,)
+        ):
             np.testing.assert_array_equal(a, b)
             assert a is not b  # fresh outputs every call
         check_kernel(case, kernel, sizes, seed=3)  # other inputs, same signature: against the reference

@@ -13,17 +13,18 @@ polyc/codegen/conv.py).
   several (repeatedly, for races);
 - AddressSanitizer/UBSan builds of conv kernels at edge sizes.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-import polyc
 from builds import builds
 from kernels import assert_close
 from sanitizers import ISA_FLAG_SETS, checked_lines, run_sanitized
+
+import polyc
 from polyc.lang.sema import check_source
 from polyc.schedule.convolution import recognise_conv_def, recognise_convolution
 
@@ -89,38 +90,183 @@ ACCUMULATING = """def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (O) {
 
 #: source -> (image, weights, batch, group, F, spatial, C, K, windows as (x, stride, k, dilation, offset))
 POSITIVE = {
-    "conv2d": (CONV2D, ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
-                        [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
-    "strided": (STRIDED, ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
-                          [("h", 2, "r_kh", 1, 0), ("w", 3, "r_kw", 1, 0)])),
-    "dilated": (DILATED, ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
-                          [("h", 1, "r_kh", 2, 0), ("w", 1, "r_kw", 3, 0)])),
-    "offset": (STRIDED_DILATED_OFFSET, ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
-                                        [("h", 2, "r_kh", 2, 1), ("w", 1, "r_kw", 2, 3)])),
-    "grouped": (GROUPED, ("I", "W1", ("n",), ("g",), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
-                          [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
-    "depthwise": (DEPTHWISE, ("I", "W1", ("n",), ("c",), (), ("h", "w"), (), ("r_kh", "r_kw"),
-                              [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
-    "depthwise_multiplier": (DEPTHWISE_MULTIPLIER, ("I", "W1", ("n",), ("c",), ("m",), ("h", "w"), (),
-                                                    ("r_kh", "r_kw"), [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
+    "conv2d": (
+        CONV2D,
+        (
+            "I",
+            "W1",
+            ("n",),
+            (),
+            ("f",),
+            ("h", "w"),
+            ("r_c",),
+            ("r_kh", "r_kw"),
+            [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)],
+        ),
+    ),
+    "strided": (
+        STRIDED,
+        (
+            "I",
+            "W1",
+            ("n",),
+            (),
+            ("f",),
+            ("h", "w"),
+            ("r_c",),
+            ("r_kh", "r_kw"),
+            [("h", 2, "r_kh", 1, 0), ("w", 3, "r_kw", 1, 0)],
+        ),
+    ),
+    "dilated": (
+        DILATED,
+        (
+            "I",
+            "W1",
+            ("n",),
+            (),
+            ("f",),
+            ("h", "w"),
+            ("r_c",),
+            ("r_kh", "r_kw"),
+            [("h", 1, "r_kh", 2, 0), ("w", 1, "r_kw", 3, 0)],
+        ),
+    ),
+    "offset": (
+        STRIDED_DILATED_OFFSET,
+        (
+            "I",
+            "W1",
+            ("n",),
+            (),
+            ("f",),
+            ("h", "w"),
+            ("r_c",),
+            ("r_kh", "r_kw"),
+            [("h", 2, "r_kh", 2, 1), ("w", 1, "r_kw", 2, 3)],
+        ),
+    ),
+    "grouped": (
+        GROUPED,
+        (
+            "I",
+            "W1",
+            ("n",),
+            ("g",),
+            ("f",),
+            ("h", "w"),
+            ("r_c",),
+            ("r_kh", "r_kw"),
+            [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)],
+        ),
+    ),
+    "depthwise": (
+        DEPTHWISE,
+        (
+            "I",
+            "W1",
+            ("n",),
+            ("c",),
+            (),
+            ("h", "w"),
+            (),
+            ("r_kh", "r_kw"),
+            [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)],
+        ),
+    ),
+    "depthwise_multiplier": (
+        DEPTHWISE_MULTIPLIER,
+        (
+            "I",
+            "W1",
+            ("n",),
+            ("c",),
+            ("m",),
+            ("h", "w"),
+            (),
+            ("r_kh", "r_kw"),
+            [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)],
+        ),
+    ),
     "conv1d": (CONV1D, ("I", "W1", ("n",), (), ("f",), ("l",), ("r_c",), ("r_k",), [("l", 1, "r_k", 1, 0)])),
-    "conv3d": (CONV3D, ("I", "W1", ("n",), (), ("f",), ("d", "h", "w"), ("r_c",), ("r_kd", "r_kh", "r_kw"),
-                        [("d", 1, "r_kd", 1, 0), ("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
-    "nhwc": (NHWC, ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
-                    [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
-    "blur_weights_first": (BLUR, ("I", "K", (), (), (), ("h", "w"), (), ("r_i", "r_j"),
-                                  [("h", 1, "r_i", 1, 0), ("w", 1, "r_j", 1, 0)])),
-    "accumulating": (ACCUMULATING, ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
-                                    [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
-    "double": (CONV2D.replace("float", "double"),
-               ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
-                [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
-    "same_type_casts": (CONV2D.replace("I(n, r_c, h + r_kh, w + r_kw)", "float(I(n, r_c, h + r_kh, w + r_kw))"),
-                        ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), ("r_kh", "r_kw"),
-                         [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)])),
+    "conv3d": (
+        CONV3D,
+        (
+            "I",
+            "W1",
+            ("n",),
+            (),
+            ("f",),
+            ("d", "h", "w"),
+            ("r_c",),
+            ("r_kd", "r_kh", "r_kw"),
+            [("d", 1, "r_kd", 1, 0), ("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)],
+        ),
+    ),
+    "nhwc": (
+        NHWC,
+        (
+            "I",
+            "W1",
+            ("n",),
+            (),
+            ("f",),
+            ("h", "w"),
+            ("r_c",),
+            ("r_kh", "r_kw"),
+            [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)],
+        ),
+    ),
+    "blur_weights_first": (
+        BLUR,
+        ("I", "K", (), (), (), ("h", "w"), (), ("r_i", "r_j"), [("h", 1, "r_i", 1, 0), ("w", 1, "r_j", 1, 0)]),
+    ),
+    "accumulating": (
+        ACCUMULATING,
+        (
+            "I",
+            "W1",
+            ("n",),
+            (),
+            ("f",),
+            ("h", "w"),
+            ("r_c",),
+            ("r_kh", "r_kw"),
+            [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)],
+        ),
+    ),
+    "double": (
+        CONV2D.replace("float", "double"),
+        (
+            "I",
+            "W1",
+            ("n",),
+            (),
+            ("f",),
+            ("h", "w"),
+            ("r_c",),
+            ("r_kh", "r_kw"),
+            [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)],
+        ),
+    ),
+    "same_type_casts": (
+        CONV2D.replace("I(n, r_c, h + r_kh, w + r_kw)", "float(I(n, r_c, h + r_kh, w + r_kw))"),
+        (
+            "I",
+            "W1",
+            ("n",),
+            (),
+            ("f",),
+            ("h", "w"),
+            ("r_c",),
+            ("r_kh", "r_kw"),
+            [("h", 1, "r_kh", 1, 0), ("w", 1, "r_kw", 1, 0)],
+        ),
+    ),
     "strided_subsampling_no_kernel": (
         "def f(float(N, C, H, W) I, float(F, C) W1) -> (O) { O(n, f, h, w) +=! I(n, r_c, 2 * h, 2 * w) * W1(f, r_c) }",
-        ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), (), [("h", 2, None, 0, 0), ("w", 2, None, 0, 0)])),
+        ("I", "W1", ("n",), (), ("f",), ("h", "w"), ("r_c",), (), [("h", 2, None, 0, 0), ("w", 2, None, 0, 0)]),
+    ),
 }
 
 NEGATIVE = {
@@ -130,9 +276,9 @@ NEGATIVE = {
                 ? I(n, r_c, h + r_kh - 1, w + r_kw - 1) : 0)
             where n in 0:N, h in 0:H, w in 0:W }""",
     "conv1x1_is_a_contraction": "def f(float(N, C, H, W) I, float(F, C) W1) -> (O) {"
-                                " O(n, f, h, w) +=! I(n, r_c, h, w) * W1(f, r_c) }",
+    " O(n, f, h, w) +=! I(n, r_c, h, w) * W1(f, r_c) }",
     "max_pooling": "def f(float(N, C, H, W) I) -> (O) {"
-                   " O(n, c, h, w) max=! I(n, c, 2 * h + r_kh, 2 * w + r_kw) where r_kh in 0:2, r_kw in 0:2 }",
+    " O(n, c, h, w) max=! I(n, c, 2 * h + r_kh, 2 * w + r_kw) where r_kh in 0:2, r_kw in 0:2 }",
     "min_reduction": CONV2D.replace("+=!", "min=!"),
     "int32": CONV2D.replace("float", "int32"),
     "mixed_precision": CONV2D.replace("float(F, C, KH, KW)", "double(F, C, KH, KW)"),
@@ -165,8 +311,16 @@ def test_recognises_convolutions(name):
     source, (image, weights, batch, groups, f, spatial, channels, kernel, windows) = POSITIVE[name]
     c = conv_of(source)
     assert c is not None, name
-    assert (c.image, c.weights, c.batch, c.groups, c.f, c.spatial, c.channels, c.kernel) == \
-        (image, weights, batch, groups, f, spatial, channels, kernel)
+    assert (c.image, c.weights, c.batch, c.groups, c.f, c.spatial, c.channels, c.kernel) == (
+        image,
+        weights,
+        batch,
+        groups,
+        f,
+        spatial,
+        channels,
+        kernel,
+    )
     assert [(w.x, w.stride, w.k, w.dilation, w.offset) for w in c.windows] == windows
     assert c.init == (name != "accumulating")
     assert c.describe().startswith("O ")
@@ -186,13 +340,16 @@ def test_def_with_epilogues_is_one_convolution():
     assert len(recognise_conv_def(checked(GROUPED)).epilogues) == 1
 
 
-@pytest.mark.parametrize("second", [
-    "O(n, f, h, w) = O(n, f, h, w) + B(L(f))",                  # a data-dependent read
-    "P(n, f, h, w) = O(n, f, h, w) * 2",                        # writes another tensor
-    "O(n, f, h, w) = O(n, f, h, w) + B(f) where h in 0:1",      # part of the target only
-    "O(n, f, h, w) = O(n, f, h, w) * float(f) where f in 0:1",  # part of the target only
-    "O(n, f, h, w) += B(r_x)",                                  # a reduction, not element by element
-])
+@pytest.mark.parametrize(
+    "second",
+    [
+        "O(n, f, h, w) = O(n, f, h, w) + B(L(f))",  # a data-dependent read
+        "P(n, f, h, w) = O(n, f, h, w) * 2",  # writes another tensor
+        "O(n, f, h, w) = O(n, f, h, w) + B(f) where h in 0:1",  # part of the target only
+        "O(n, f, h, w) = O(n, f, h, w) * float(f) where f in 0:1",  # part of the target only
+        "O(n, f, h, w) += B(r_x)",  # a reduction, not element by element
+    ],
+)
 def test_defs_that_are_not_one_convolution(second):
     source = f"""def f(float(N, C, H, W) I, float(F, C, KH, KW) W1, float(F) B, int32(F) L) -> (O) {{
         O(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw)
@@ -229,8 +386,12 @@ def test_stages_and_escape_hatch():
     conv1x1 = polyc.define(NEGATIVE["conv1x1_is_a_contraction"]).f.stages(dict(N=1, C=2, H=3, W=3, F=2))
     assert conv1x1.contraction is not None and conv1x1.convolution is None
     # the interpreter back end compiles nothing
-    assert polyc.define(CONV2D, backend="interpreter").conv(
-        np.ones((1, 1, 2, 2), np.float32), np.ones((1, 1, 2, 2), np.float32))[0, 0, 0, 0] == 4
+    assert (
+        polyc.define(CONV2D, backend="interpreter").conv(
+            np.ones((1, 1, 2, 2), np.float32), np.ones((1, 1, 2, 2), np.float32)
+        )[0, 0, 0, 0]
+        == 4
+    )
 
 
 # ----------------------------------------------------------------------------- numbers
@@ -250,7 +411,7 @@ def numpy_conv2d(image, weights, stride=(1, 1), dilation=(1, 1), offset=(0, 0)):
     for i in range(kh):
         for j in range(kw):
             h0, w0 = oh + dh * i, ow + dw * j
-            window = image[:, :, h0:h0 + sh * (out_h - 1) + 1:sh, w0:w0 + sw * (out_w - 1) + 1:sw]
+            window = image[:, :, h0 : h0 + sh * (out_h - 1) + 1 : sh, w0 : w0 + sw * (out_w - 1) + 1 : sw]
             out += np.einsum("nchw,fc->nfhw", window, weights[:, :, i, j])
     return out
 
@@ -258,13 +419,30 @@ def numpy_conv2d(image, weights, stride=(1, 1), dilation=(1, 1), offset=(0, 0)):
 # (N, C, H, W, F, KH, KW): widths below, at and above the vectors (8, 16, 64, 96 points), not
 # multiples of them; a 1-pixel image; a kernel as large as the image; channel counts that are
 # not multiples of the register block's rows; enough work for several threads.
-CONV2D_SIZES = [(1, 1, 1, 1, 1, 1, 1), (2, 3, 6, 5, 2, 3, 2), (1, 2, 4, 4, 3, 4, 4), (2, 3, 9, 17, 5, 3, 3),
-                (1, 4, 5, 40, 7, 2, 5), (3, 5, 23, 19, 9, 3, 3), (2, 16, 30, 33, 13, 3, 3), (1, 3, 3, 130, 6, 1, 3)]
+CONV2D_SIZES = [
+    (1, 1, 1, 1, 1, 1, 1),
+    (2, 3, 6, 5, 2, 3, 2),
+    (1, 2, 4, 4, 3, 4, 4),
+    (2, 3, 9, 17, 5, 3, 3),
+    (1, 4, 5, 40, 7, 2, 5),
+    (3, 5, 23, 19, 9, 3, 3),
+    (2, 16, 30, 33, 13, 3, 3),
+    (1, 3, 3, 130, 6, 1, 3),
+]
 
 
-@pytest.mark.parametrize("options", [{}, dict(specialize=False), dict(parallel=False), dict(vectorize=False),
-                                     dict(tile_sizes=(1,)), dict(tile_sizes=(8, 4, 2))],
-                         ids=["default", "parametric", "serial", "portable", "tiles-1", "tiles-8-4-2"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        dict(specialize=False),
+        dict(parallel=False),
+        dict(vectorize=False),
+        dict(tile_sizes=(1,)),
+        dict(tile_sizes=(8, 4, 2)),
+    ],
+    ids=["default", "parametric", "serial", "portable", "tiles-1", "tiles-8-4-2"],
+)
 def test_conv2d_against_numpy(options):
     kernel = polyc.define(CONV2D, **options).conv
     rng = np.random.default_rng(0)
@@ -275,8 +453,11 @@ def test_conv2d_against_numpy(options):
 
 def test_strided_dilated_and_offset_windows_against_numpy():
     rng = np.random.default_rng(1)
-    cases = [(STRIDED, dict(stride=(2, 3))), (DILATED, dict(dilation=(2, 3))),
-             (STRIDED_DILATED_OFFSET, dict(stride=(2, 1), dilation=(2, 2), offset=(1, 3)))]
+    cases = [
+        (STRIDED, dict(stride=(2, 3))),
+        (DILATED, dict(dilation=(2, 3))),
+        (STRIDED_DILATED_OFFSET, dict(stride=(2, 1), dilation=(2, 2), offset=(1, 3))),
+    ]
     for source, geometry in cases:
         for specialize in (True, False):
             kernel = polyc.define(source, specialize=specialize).conv
@@ -300,27 +481,40 @@ def _grouped(image, weights, bias):
 #: the weights' shape, plus one for a bias and a few for tanh).
 NUMPY_REFERENCES = {
     CONV2D: (lambda I, W: numpy_conv2d(I, W), lambda w: np.prod(w[1:])),
-    CONV_BIAS_RELU: (lambda I, W, B: np.maximum(numpy_conv2d(I, W) + B[None, :, None, None], 0),
-                     lambda w: np.prod(w[1:]) + 1),
+    CONV_BIAS_RELU: (
+        lambda I, W, B: np.maximum(numpy_conv2d(I, W) + B[None, :, None, None], 0),
+        lambda w: np.prod(w[1:]) + 1,
+    ),
     STRIDED: (lambda I, W: numpy_conv2d(I, W, stride=(2, 3)), lambda w: np.prod(w[1:])),
     STRIDE_2: (lambda I, W: numpy_conv2d(I, W, stride=(2, 2)), lambda w: np.prod(w[1:])),
     DILATED: (lambda I, W: numpy_conv2d(I, W, dilation=(2, 3)), lambda w: np.prod(w[1:])),
-    STRIDED_DILATED_OFFSET: (lambda I, W: numpy_conv2d(I, W, stride=(2, 1), dilation=(2, 2), offset=(1, 3)),
-                             lambda w: np.prod(w[1:])),
+    STRIDED_DILATED_OFFSET: (
+        lambda I, W: numpy_conv2d(I, W, stride=(2, 1), dilation=(2, 2), offset=(1, 3)),
+        lambda w: np.prod(w[1:]),
+    ),
     GROUPED: (_grouped, lambda w: np.prod(w[2:]) + 1),
-    DEPTHWISE: (lambda I, W: np.einsum("nchwij,cij->nchw", windows(I, W.shape[1:], (2, 3)), W),
-                lambda w: np.prod(w[1:])),
-    DEPTHWISE_MULTIPLIER: (lambda I, W: np.einsum("nchwij,cmij->ncmhw", windows(I, W.shape[2:], (2, 3)), W),
-                           lambda w: np.prod(w[2:])),
-    CONV1D: (lambda I, W, B: np.tanh(np.einsum("nclk,fck->nfl", windows(I, W.shape[2:], (2,)), W) + B[None, :, None]),
-             lambda w: np.prod(w[1:]) + 4),
-    CONV3D: (lambda I, W: np.einsum("ncdhwxyz,fcxyz->nfdhw", windows(I, W.shape[2:], (2, 3, 4)), W),
-             lambda w: np.prod(w[1:])),
-    NHWC: (lambda I, W: np.einsum("nhwcij,ijcf->nhwf", windows(I, W.shape[:2], (1, 2)), W),
-           lambda w: np.prod(w[:3])),
+    DEPTHWISE: (
+        lambda I, W: np.einsum("nchwij,cij->nchw", windows(I, W.shape[1:], (2, 3)), W),
+        lambda w: np.prod(w[1:]),
+    ),
+    DEPTHWISE_MULTIPLIER: (
+        lambda I, W: np.einsum("nchwij,cmij->ncmhw", windows(I, W.shape[2:], (2, 3)), W),
+        lambda w: np.prod(w[2:]),
+    ),
+    CONV1D: (
+        lambda I, W, B: np.tanh(np.einsum("nclk,fck->nfl", windows(I, W.shape[2:], (2,)), W) + B[None, :, None]),
+        lambda w: np.prod(w[1:]) + 4,
+    ),
+    CONV3D: (
+        lambda I, W: np.einsum("ncdhwxyz,fcxyz->nfdhw", windows(I, W.shape[2:], (2, 3, 4)), W),
+        lambda w: np.prod(w[1:]),
+    ),
+    NHWC: (lambda I, W: np.einsum("nhwcij,ijcf->nhwf", windows(I, W.shape[:2], (1, 2)), W), lambda w: np.prod(w[:3])),
     BLUR: (lambda I, K: np.einsum("hwij,ij->hw", windows(I, K.shape, (0, 1)), K), lambda w: np.prod(w)),
     POSITIVE["strided_subsampling_no_kernel"][0]: (
-        lambda I, W: np.einsum("nchw,fc->nfhw", I[:, :, ::2, ::2].astype(np.float64), W), lambda w: w[1]),
+        lambda I, W: np.einsum("nchw,fc->nfhw", I[:, :, ::2, ::2].astype(np.float64), W),
+        lambda w: w[1],
+    ),
     ACCUMULATING: (lambda I, W, O: O + numpy_conv2d(I, W), lambda w: np.prod(w[1:]) + 1),
 }
 
@@ -344,13 +538,21 @@ def numpy_check(source, shapes, options=None, dtype=np.float32, seed=0, outputs=
 
 #: (source, input shapes): every class of convolution, odd sizes.
 VARIANTS = {
-    "grouped": (GROUPED, [[(2, 3, 4, 7, 9), (3, 5, 4, 3, 3), (3, 5)], [(1, 2, 1, 1, 1), (2, 1, 1, 1, 1), (2, 1)],
-                          [(4, 4, 16, 14, 14), (4, 16, 16, 3, 3), (4, 16)]]),
+    "grouped": (
+        GROUPED,
+        [
+            [(2, 3, 4, 7, 9), (3, 5, 4, 3, 3), (3, 5)],
+            [(1, 2, 1, 1, 1), (2, 1, 1, 1, 1), (2, 1)],
+            [(4, 4, 16, 14, 14), (4, 16, 16, 3, 3), (4, 16)],
+        ],
+    ),
     "depthwise": (DEPTHWISE, [[(2, 3, 6, 5), (3, 3, 3)], [(1, 2, 2, 4), (2, 2, 1)], [(2, 7, 33, 70), (7, 5, 5)]]),
     "depthwise_multiplier": (DEPTHWISE_MULTIPLIER, [[(2, 3, 8, 21), (3, 2, 3, 3)], [(1, 5, 12, 12), (5, 3, 3, 3)]]),
     "conv1d": (CONV1D, [[(2, 3, 10), (4, 3, 3), (4,)], [(1, 1, 1), (1, 1, 1), (1,)], [(3, 8, 200), (17, 8, 5), (17,)]]),
-    "conv3d": (CONV3D, [[(1, 2, 4, 5, 6), (3, 2, 2, 2, 3)], [(2, 3, 6, 9, 21), (5, 3, 3, 3, 3)],
-                        [(1, 1, 2, 2, 2), (1, 1, 2, 2, 2)]]),
+    "conv3d": (
+        CONV3D,
+        [[(1, 2, 4, 5, 6), (3, 2, 2, 2, 3)], [(2, 3, 6, 9, 21), (5, 3, 3, 3, 3)], [(1, 1, 2, 2, 2), (1, 1, 2, 2, 2)]],
+    ),
     "nhwc": (NHWC, [[(2, 6, 5, 3), (3, 2, 3, 4)], [(1, 20, 21, 8), (3, 3, 8, 20)]]),
     "blur": (BLUR, [[(6, 5), (3, 3)], [(3, 3), (3, 3)], [(40, 100), (5, 5)]]),
     "subsampling": (POSITIVE["strided_subsampling_no_kernel"][0], [[(2, 3, 9, 20), (5, 3)], [(1, 1, 1, 1), (1, 1)]]),
@@ -369,6 +571,7 @@ def test_variants_against_numpy(name, options):
 
 def test_register_block_rows_follow_the_output_channels():
     from polyc.codegen.conv import choose_rows
+
     assert [choose_rows(f) for f in (None, 1, 2, 3, 5, 8, 64)] == [4, 1, 2, 4, 2, 4, 4]
     source = polyc.define(DEPTHWISE).conv.c_source(dict(N=1, C=2, H=5, W=5, KH=3, KW=3))
     assert "1 output channels per register block" in source and "#define POLYC_RF 1" in source
@@ -391,7 +594,9 @@ def test_a_residual_of_the_outputs_shape_is_read_at_the_outputs_offset():
     O(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw)
     O(n, f, h, w) = fmax(O(n, f, h, w) + R(n, f, h, w), 0)
 }"""
-    broadcast = residual.replace("float(2, 5, 9, 35) R", "float(1, 5, 9, 35) R").replace("R(n, f, h, w)", "R(0, f, h, w)")
+    broadcast = residual.replace("float(2, 5, 9, 35) R", "float(1, 5, 9, 35) R").replace(
+        "R(n, f, h, w)", "R(0, f, h, w)"
+    )
     rng = np.random.default_rng(4)
     image, weights = rand(rng, (2, 3, 11, 37)), rand(rng, (5, 3, 3, 3))
     for source, shape in ((residual, (2, 5, 9, 35)), (broadcast, (1, 5, 9, 35))):
@@ -484,8 +689,12 @@ def test_stride_2_along_rows_packs_by_vectors(cflags):
     rng = np.random.default_rng(11)
     kernel = polyc.define(STRIDE_2, cflags=cflags, specialize=False).conv
     assert "polyc_pack_stepped(dst + j" in kernel.c_source()
-    for n, c, h, w, f, kh, kw in [(1, 3, 9, 17, 5, 3, 3), (2, 2, 7, 36, 4, 3, 3), (1, 3, 12, 143, 8, 7, 7),
-                                  (1, 1, 3, 34, 3, 1, 2)]:
+    for n, c, h, w, f, kh, kw in [
+        (1, 3, 9, 17, 5, 3, 3),
+        (2, 2, 7, 36, 4, 3, 3),
+        (1, 3, 12, 143, 8, 7, 7),
+        (1, 1, 3, 34, 3, 1, 2),
+    ]:
         image, weights = rand(rng, (n, c, h, w)), rand(rng, (f, c, kh, kw))
         expected = numpy_conv2d(image, weights, stride=(2, 2))
         assert_close(kernel(image, weights), expected, c * kh * kw, np.float32, (image, weights))
@@ -504,8 +713,9 @@ def test_every_instruction_set(cflags):
     for name in ("grouped", "depthwise", "nhwc", "conv3d"):
         source, shape_sets = VARIANTS[name]
         numpy_check(source, shape_sets[-1], dict(cflags=cflags))
-    numpy_check(STRIDED.replace("float", "double"), [(2, 3, 11, 29), (5, 3, 3, 2)], dict(cflags=cflags),
-                      dtype=np.float64)
+    numpy_check(
+        STRIDED.replace("float", "double"), [(2, 3, 11, 29), (5, 3, 3, 2)], dict(cflags=cflags), dtype=np.float64
+    )
 
 
 @builds("native", "portable")
@@ -513,9 +723,11 @@ def test_threads_repeatedly(cflags):
     """Work items of every kind (tiles of one image, chunks of channel blocks, packed tiles) on
     several threads, run repeatedly, since a race between threads shows only now and then."""
     rng = np.random.default_rng(8)
-    for source, shapes in [(CONV_BIAS_RELU, [(1, 8, 20, 30), (37, 8, 3, 3), (37,)]),
-                           (CONV_BIAS_RELU, [(4, 16, 14, 14), (16, 16, 3, 3), (16,)]),
-                           (STRIDED, [(2, 8, 30, 61), (21, 8, 3, 3)])]:
+    for source, shapes in [
+        (CONV_BIAS_RELU, [(1, 8, 20, 30), (37, 8, 3, 3), (37,)]),
+        (CONV_BIAS_RELU, [(4, 16, 14, 14), (16, 16, 3, 3), (16,)]),
+        (STRIDED, [(2, 8, 30, 61), (21, 8, 3, 3)]),
+    ]:
         compiled = polyc.define(source, cflags=cflags).conv
         reference, ops = NUMPY_REFERENCES[source]
         inputs = [rand(rng, shape) for shape in shapes]
@@ -530,12 +742,16 @@ def test_tables_kept_for_their_sizes_only():
     from four threads at once, each call against numpy (a record used for other sizes, or
     published half built, gives wrong numbers)."""
     from concurrent.futures import ThreadPoolExecutor
+
     rng = np.random.default_rng(12)
     compiled = polyc.define(CONV_BIAS_RELU, specialize=False).conv
     reference, ops = NUMPY_REFERENCES[CONV_BIAS_RELU]
     cases = []
-    for shapes in ([(1, 8, 20, 30), (16, 8, 3, 3), (16,)], [(2, 3, 9, 41), (5, 3, 1, 1), (5,)],
-                   [(1, 8, 30, 20), (16, 8, 3, 3), (16,)]):
+    for shapes in (
+        [(1, 8, 20, 30), (16, 8, 3, 3), (16,)],
+        [(2, 3, 9, 41), (5, 3, 1, 1), (5,)],
+        [(1, 8, 30, 20), (16, 8, 3, 3), (16,)],
+    ):
         inputs = [rand(rng, shape) for shape in shapes]
         cases.append((inputs, reference(*inputs), int(ops(shapes[1]))))
 
@@ -611,35 +827,69 @@ def _padded(image, pads):
     return np.pad(image, [(0, 0), (top, bottom), (left, right), (0, 0)])
 
 
-NUMPY_REFERENCES.update({
-    NHWC_BIAS_RELU: (lambda I, W, B: np.maximum(_nhwc_reference(I, W.transpose(3, 2, 0, 1)) + B, 0),
-                     lambda w: np.prod(w[:3]) + 1),
-    NHWC_STRIDED_OIHW: (lambda I, W: _nhwc_reference(I, W, stride=(2, 3), dilation=(2, 1)),
-                        lambda w: np.prod(w[1:])),
-    NHWC_GROUPED: (lambda I, W: np.einsum("nhwgcij,gijcf->nhwgf", windows(I, W.shape[1:3], (1, 2)), W),
-                   lambda w: np.prod(w[1:4])),
-    NHWC_ACCUMULATING: (lambda I, W, O: O + _nhwc_reference(I, W.transpose(3, 2, 0, 1)), lambda w: np.prod(w[:3]) + 1),
-    NHWC_PADDED: (lambda I, W, B: np.maximum(_nhwc_reference(_padded(I, (1, 1, 1, 1)), W.transpose(3, 2, 0, 1)) + B, 0),
-                  lambda w: np.prod(w[:3]) + 1),
-    FIRST_LAYER: (_first_layer_reference, lambda w: np.prod(w[:3]) + 1),
-})
+NUMPY_REFERENCES.update(
+    {
+        NHWC_BIAS_RELU: (
+            lambda I, W, B: np.maximum(_nhwc_reference(I, W.transpose(3, 2, 0, 1)) + B, 0),
+            lambda w: np.prod(w[:3]) + 1,
+        ),
+        NHWC_STRIDED_OIHW: (
+            lambda I, W: _nhwc_reference(I, W, stride=(2, 3), dilation=(2, 1)),
+            lambda w: np.prod(w[1:]),
+        ),
+        NHWC_GROUPED: (
+            lambda I, W: np.einsum("nhwgcij,gijcf->nhwgf", windows(I, W.shape[1:3], (1, 2)), W),
+            lambda w: np.prod(w[1:4]),
+        ),
+        NHWC_ACCUMULATING: (
+            lambda I, W, O: O + _nhwc_reference(I, W.transpose(3, 2, 0, 1)),
+            lambda w: np.prod(w[:3]) + 1,
+        ),
+        NHWC_PADDED: (
+            lambda I, W, B: np.maximum(_nhwc_reference(_padded(I, (1, 1, 1, 1)), W.transpose(3, 2, 0, 1)) + B, 0),
+            lambda w: np.prod(w[:3]) + 1,
+        ),
+        FIRST_LAYER: (_first_layer_reference, lambda w: np.prod(w[:3]) + 1),
+    }
+)
 
 #: (source, input shapes): output channels 1 to 200 (one partial vector, whole blocks, blocks
 #: and a tail), images of one pixel to several rows of blocks, a batch that tiles cross, and
 #: reductions longer than one chunk of the weights (3 x 3 x 480 steps, every instruction set).
 CHANNEL_MODE_CASES = [
-    (NHWC_BIAS_RELU, [[(1, 1, 1, 1), (1, 1, 1, 1), (1,)], [(2, 5, 7, 3), (3, 2, 3, 20), (20,)],
-                      [(3, 6, 9, 8), (3, 3, 8, 64), (64,)], [(1, 9, 10, 5), (3, 3, 5, 70), (70,)],
-                      [(2, 4, 5, 16), (1, 2, 16, 200), (200,)], [(1, 5, 6, 480), (3, 3, 480, 24), (24,)]]),
+    (
+        NHWC_BIAS_RELU,
+        [
+            [(1, 1, 1, 1), (1, 1, 1, 1), (1,)],
+            [(2, 5, 7, 3), (3, 2, 3, 20), (20,)],
+            [(3, 6, 9, 8), (3, 3, 8, 64), (64,)],
+            [(1, 9, 10, 5), (3, 3, 5, 70), (70,)],
+            [(2, 4, 5, 16), (1, 2, 16, 200), (200,)],
+            [(1, 5, 6, 480), (3, 3, 480, 24), (24,)],
+        ],
+    ),
     (NHWC_STRIDED_OIHW, [[(2, 11, 20, 3), (17, 3, 3, 2)], [(1, 9, 13, 6), (64, 6, 2, 3)]]),
     (NHWC_GROUPED, [[(2, 5, 6, 3, 4), (3, 3, 3, 4, 18)], [(1, 4, 4, 2, 1), (2, 1, 1, 1, 1)]]),
     # few channels (no taps skipped), taps skipped at 3 x 3, 1 x 1 and 5 x 5, a batch
-    (NHWC_PADDED, [[(2, 5, 7, 3), (3, 3, 3, 20), (20,)], [(1, 9, 8, 16), (3, 3, 16, 40), (40,)],
-                   [(2, 4, 6, 17), (1, 1, 17, 9), (9,)], [(1, 6, 5, 32), (5, 5, 32, 70), (70,)],
-                   [(3, 7, 7, 24), (3, 3, 24, 64), (64,)]]),
+    (
+        NHWC_PADDED,
+        [
+            [(2, 5, 7, 3), (3, 3, 3, 20), (20,)],
+            [(1, 9, 8, 16), (3, 3, 16, 40), (40,)],
+            [(2, 4, 6, 17), (1, 1, 17, 9), (9,)],
+            [(1, 6, 5, 32), (5, 5, 32, 70), (70,)],
+            [(3, 7, 7, 24), (3, 3, 24, 64), (64,)],
+        ],
+    ),
     # 3 x 3 and 7 x 7 taps on 3 channels (9 and 21 row runs a tile prefetches), odd and even sizes
-    (FIRST_LAYER, [[(2, 3, 9, 12), (3, 3, 3, 20), (20,)], [(1, 3, 16, 31), (3, 3, 3, 64), (64,)],
-                   [(1, 3, 20, 17), (7, 7, 3, 32), (32,)]]),
+    (
+        FIRST_LAYER,
+        [
+            [(2, 3, 9, 12), (3, 3, 3, 20), (20,)],
+            [(1, 3, 16, 31), (3, 3, 3, 64), (64,)],
+            [(1, 3, 20, 17), (7, 7, 3, 32), (32,)],
+        ],
+    ),
 ]
 
 
@@ -651,8 +901,12 @@ def test_channel_mode_against_numpy(cflags):
         for seed, shapes in enumerate(shape_sets):
             kernel = numpy_check(source, shapes, dict(cflags=cflags, specialize=False), seed=seed)
         assert "output channels vectorised" in kernel.c_source()
-    numpy_check(NHWC_BIAS_RELU.replace("float", "double"), [(2, 5, 7, 3), (3, 2, 3, 20), (20,)],
-                dict(cflags=cflags, specialize=False), dtype=np.float64)
+    numpy_check(
+        NHWC_BIAS_RELU.replace("float", "double"),
+        [(2, 5, 7, 3), (3, 2, 3, 20), (20,)],
+        dict(cflags=cflags, specialize=False),
+        dtype=np.float64,
+    )
 
 
 def test_channel_mode_serial_specialised_tiles_and_accumulation():
@@ -702,8 +956,12 @@ def test_channel_mode_with_blocked_weights(block, cflags):
     for seed, (n, h, w, c, blocks) in enumerate([(1, 7, 7, 32, 3), (2, 5, 6, 16, 2)]):
         source = _blocked_source(n, h, w, c, blocks, block)
         NUMPY_REFERENCES[source] = (_blocked_reference, lambda shape: 9 * shape[3] + 2)
-        kernel = numpy_check(source, [(n, h, w, c), (blocks, 3, 3, c, block), (blocks * block,),
-                                      (n, h, w, blocks * block)], dict(cflags=cflags), seed=seed)
+        kernel = numpy_check(
+            source,
+            [(n, h, w, c), (blocks, 3, 3, c, block), (blocks * block,), (n, h, w, blocks * block)],
+            dict(cflags=cflags),
+            seed=seed,
+        )
         text = kernel.c_source()
         assert "output channels vectorised" in text and "#define POLYC_REGISTER_EPILOGUE 1" in text
 
@@ -714,16 +972,20 @@ def test_half_vector_channel_tails():
     a vector and a half, the last of several blocks; padded windows (pieces of masked points),
     accumulation into the output, float64; against numpy.  A channel count with a fuller last
     vector has no such kernel."""
-    cases = [(NHWC_PADDED, [(2, 5, 7, 3), (3, 3, 3, 24), (24,)], np.float32, 2),
-             (NHWC_PADDED, [(1, 6, 5, 16), (3, 3, 16, 8), (8,)], np.float32, 1),
-             (NHWC_BIAS_RELU, [(2, 9, 12, 8), (1, 1, 8, 72), (72,)], np.float32, 1),  # blocks of 64, then 8
-             (NHWC_BIAS_RELU, [(1, 7, 9, 5), (3, 3, 5, 40), (40,)], np.float32, 3),
-             (NHWC_BIAS_RELU.replace("float", "double"), [(2, 6, 7, 3), (1, 2, 3, 12), (12,)], np.float64, 2)]
+    cases = [
+        (NHWC_PADDED, [(2, 5, 7, 3), (3, 3, 3, 24), (24,)], np.float32, 2),
+        (NHWC_PADDED, [(1, 6, 5, 16), (3, 3, 16, 8), (8,)], np.float32, 1),
+        (NHWC_BIAS_RELU, [(2, 9, 12, 8), (1, 1, 8, 72), (72,)], np.float32, 1),  # blocks of 64, then 8
+        (NHWC_BIAS_RELU, [(1, 7, 9, 5), (3, 3, 5, 40), (40,)], np.float32, 3),
+        (NHWC_BIAS_RELU.replace("float", "double"), [(2, 6, 7, 3), (1, 2, 3, 12), (12,)], np.float64, 2),
+    ]
     for seed, (source, shapes, dtype, vectors) in enumerate(cases):
         kernel = numpy_check(source, shapes, dtype=dtype, seed=seed)
         sizes = dict(zip("NHWC", shapes[0]), KH=shapes[1][0], KW=shapes[1][1], F=shapes[1][3])
         assert f"polyc_convc_kernel_{vectors}_half(" in kernel.c_source(sizes)
-    numpy_check(NHWC_ACCUMULATING, [(2, 9, 12, 8), (3, 3, 8, 24)], outputs=[rand(np.random.default_rng(3), (2, 7, 10, 24))])
+    numpy_check(
+        NHWC_ACCUMULATING, [(2, 9, 12, 8), (3, 3, 8, 24)], outputs=[rand(np.random.default_rng(3), (2, 7, 10, 24))]
+    )
     full = numpy_check(NHWC_BIAS_RELU, [(1, 7, 9, 5), (3, 3, 5, 28), (28,)])
     assert "_half(" not in full.c_source(dict(N=1, H=7, W=9, C=5, KH=3, KW=3, F=28))
 
@@ -733,11 +995,14 @@ def test_register_block_points_follow_the_output_points(cflags):
     """With the sizes known, a register block holds fewer points when the last tile would be
     mostly copies: 49 points (7 x 7, batch 1) in tiles of 5 with 4 vectors of channels (not 9
     tiles of 6), 392 (batch 8) in tiles of 6; parametric, the most the registers hold."""
+
     def block(batch, **options):
-        kernel = numpy_check(NHWC_BIAS_RELU, [(batch, 7, 7, 96), (1, 1, 96, 320), (320,)],
-                             dict(cflags=cflags, **options), seed=batch)
+        kernel = numpy_check(
+            NHWC_BIAS_RELU, [(batch, 7, 7, 96), (1, 1, 96, 320), (320,)], dict(cflags=cflags, **options), seed=batch
+        )
         sizes = dict(N=batch, H=7, W=7, C=96, KH=1, KW=1, F=320) if options.get("specialize", True) else None
         return kernel.c_source(sizes).split('"avx512"')[1].split("#define POLYC_NR ")[1].split()[0]
+
     assert (block(1), block(8), block(1, specialize=False)) == ("5", "6", "6")
 
 
@@ -747,8 +1012,11 @@ def test_evenly_spaced_points_through_one_pointer(cflags):
     window's stride) take the kernels that read them through one pointer; tiles that cross a
     row or an image, and the last, the general ones: 1 x 1, 3 x 3 and strided windows, few
     output channels (blocks of many points), against numpy."""
-    cases = [[(2, 9, 13, 32), (1, 1, 32, 16), (16,)], [(1, 11, 17, 8), (3, 3, 8, 20), (20,)],
-             [(2, 7, 23, 5), (1, 1, 5, 7), (7,)]]
+    cases = [
+        [(2, 9, 13, 32), (1, 1, 32, 16), (16,)],
+        [(1, 11, 17, 8), (3, 3, 8, 20), (20,)],
+        [(2, 7, 23, 5), (1, 1, 5, 7), (7,)],
+    ]
     for shapes in cases:
         kernel = numpy_check(NHWC_BIAS_RELU, shapes, dict(cflags=cflags))
         sizes = dict(zip("NHWC", shapes[0]), KH=shapes[1][0], KW=shapes[1][1], F=shapes[1][3])
@@ -763,8 +1031,12 @@ def _padded_windows(h, w, kernel, stride, dilation, pads, product):
     (kh, kw), (sh, sw), (dh, dw), (top, left, bottom, right) = kernel, stride, dilation, pads
     oh, ow = (h + top + bottom - dh * (kh - 1) - 1) // sh + 1, (w + left + right - dw * (kw - 1) - 1) // sw + 1
     y, x = f"{sh} * h + {dh} * r_kh", f"{sw} * w + {dw} * r_kw"
-    inside = [f"{y} >= {top}"] * bool(top) + [f"{y} < {h + top}"] * bool(bottom) \
-        + [f"{x} >= {left}"] * bool(left) + [f"{x} < {w + left}"] * bool(right)
+    inside = (
+        [f"{y} >= {top}"] * bool(top)
+        + [f"{y} < {h + top}"] * bool(bottom)
+        + [f"{x} >= {left}"] * bool(left)
+        + [f"{x} < {w + left}"] * bool(right)
+    )
     product = product.format(y=f"{y} - {top}", x=f"{x} - {left}")
     return (oh, ow), f"({' && '.join(inside)}) ? {product} : 0" if inside else product
 
@@ -772,12 +1044,17 @@ def _padded_windows(h, w, kernel, stride, dilation, pads, product):
 def padded_conv(n, h, w, c, f, kernel, stride, dilation, pads, relu=True):
     """An NHWC convolution with zero padding ``pads`` (top, left, bottom, right) in its condition,
     a bias and a ReLU (or the bias only), at these sizes; and its output's height and width."""
-    (kh, kw), (oh, ow), rhs = kernel, *_padded_windows(h, w, kernel, stride, dilation, pads,
-                                                        "I(n, {y}, {x}, r_c) * W1(r_kh, r_kw, r_c, f)")
-    return f"""def conv(float({n}, {h}, {w}, {c}) I, float({kh}, {kw}, {c}, {f}) W1, float({f}) B) -> (O) {{
+    (kh, kw), (oh, ow), rhs = (
+        kernel,
+        *_padded_windows(h, w, kernel, stride, dilation, pads, "I(n, {y}, {x}, r_c) * W1(r_kh, r_kw, r_c, f)"),
+    )
+    return (
+        f"""def conv(float({n}, {h}, {w}, {c}) I, float({kh}, {kw}, {c}, {f}) W1, float({f}) B) -> (O) {{
     O(n, h, w, f) +=! {rhs} where h in 0:{oh}, w in 0:{ow}, r_kh in 0:{kh}, r_kw in 0:{kw}
     O(n, h, w, f) = {"fmax(O(n, h, w, f) + B(f), 0)" if relu else "O(n, h, w, f) + B(f)"}
-}}""", (oh, ow)
+}}""",
+        (oh, ow),
+    )
 
 
 #: (N, H, W, C, F, kernel, stride, dilation, pads): asymmetric pads, strides, dilations, a
@@ -799,6 +1076,7 @@ def test_zero_padding_in_the_condition_against_numpy(cflags, monkeypatch):
     the padding, against numpy on an explicitly padded image; with reduction chunks of 50 steps
     (runs of taps cut anywhere, chunks a tile skips wholly, first or last), and float64."""
     from polyc.codegen import conv_channels
+
     rng = np.random.default_rng(21)
     for chunked in (False, True):
         if chunked:  # rchunk = WEIGHT_SLICE_BYTES / (4 bytes * the channels of a work item)
@@ -808,15 +1086,28 @@ def test_zero_padding_in_the_condition_against_numpy(cflags, monkeypatch):
             compiled = polyc.define(source, cflags=cflags, parallel=not chunked).conv
             assert "zero padding outside" in compiled.c_source() and "polyc_conv_pad_rows" in compiled.c_source()
             image, weights, bias = rand(rng, (n, h, w, c)), rand(rng, (*kernel, c, f)), rand(rng, (f,))
-            want = np.maximum(_nhwc_reference(_padded(image, pads), weights.transpose(3, 2, 0, 1), stride=stride,
-                                              dilation=dilation) + bias, 0)
-            assert_close(compiled(image, weights, bias), want, c * kernel[0] * kernel[1] + 1, np.float32,
-                         (image, weights, bias))
+            want = np.maximum(
+                _nhwc_reference(_padded(image, pads), weights.transpose(3, 2, 0, 1), stride=stride, dilation=dilation)
+                + bias,
+                0,
+            )
+            assert_close(
+                compiled(image, weights, bias), want, c * kernel[0] * kernel[1] + 1, np.float32, (image, weights, bias)
+            )
     source = padded_conv(2, 5, 4, 16, 20, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1))[0].replace("float", "double")
-    image, weights, bias = rand(rng, (2, 5, 4, 16), np.float64), rand(rng, (3, 3, 16, 20), np.float64), rand(rng, (20,), np.float64)
+    image, weights, bias = (
+        rand(rng, (2, 5, 4, 16), np.float64),
+        rand(rng, (3, 3, 16, 20), np.float64),
+        rand(rng, (20,), np.float64),
+    )
     want = np.maximum(_nhwc_reference(_padded(image, (1, 1, 1, 1)), weights.transpose(3, 2, 0, 1)) + bias, 0)
-    assert_close(polyc.define(source, cflags=cflags).conv(image, weights, bias), want, 16 * 9 + 1, np.float64,
-                 (image, weights, bias))
+    assert_close(
+        polyc.define(source, cflags=cflags).conv(image, weights, bias),
+        want,
+        16 * 9 + 1,
+        np.float64,
+        (image, weights, bias),
+    )
 
 
 @builds("native", "avx2", "portable")
@@ -883,34 +1174,55 @@ def _depthwise_reference(image, weights, stride=(1, 1), dilation=(1, 1), pads=(0
     out = np.zeros((image.shape[0], oh, ow, image.shape[3]))
     for i in range(kh):
         for j in range(kw):
-            out += padded[:, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw] * weights[i, j]
+            out += (
+                padded[:, i * dh : i * dh + sh * (oh - 1) + 1 : sh, j * dw : j * dw + sw * (ow - 1) + 1 : sw]
+                * weights[i, j]
+            )
     return out
 
 
 NUMPY_REFERENCES[NHWC_DEPTHWISE] = (
-    lambda I, W, B: np.clip(_depthwise_reference(I, W, pads=(1, 1, 1, 1)) + B, 0, 6), lambda w: np.prod(w[:2]) + 1)
+    lambda I, W, B: np.clip(_depthwise_reference(I, W, pads=(1, 1, 1, 1)) + B, 0, 6),
+    lambda w: np.prod(w[:2]) + 1,
+)
 
 
 def padded_depthwise(n, h, w, c, kernel, stride, dilation, pads, epilogue="relu6", op="+=!"):
     """An NHWC depthwise convolution with zero padding ``pads`` in its condition at these sizes,
     then ``epilogue``: "relu6" (a bias, then Clip), "sigmoid" (of the sum plus a bias), "residual"
     (a tensor R of the output's shape added, then ReLU) or None."""
-    (kh, kw), (oh, ow), rhs = kernel, *_padded_windows(h, w, kernel, stride, dilation, pads,
-                                                        "I(n, {y}, {x}, c) * W1(r_kh, r_kw, c)")
-    extra = {"relu6": f", float({c}) B", "sigmoid": f", float({c}) B", "residual": f", float({n}, {oh}, {ow}, {c}) R",
-             None: ""}[epilogue]
-    after = {"relu6": "O(n, h, w, c) = fmin(fmax(O(n, h, w, c) + B(c), 0), 6)",
-             "sigmoid": "O(n, h, w, c) = 1 / (1 + exp(-(O(n, h, w, c) + B(c))))",
-             "residual": "O(n, h, w, c) = fmax(O(n, h, w, c) + R(n, h, w, c), 0)", None: ""}[epilogue]
-    return f"""def conv(float({n}, {h}, {w}, {c}) I, float({kh}, {kw}, {c}) W1{extra}) -> (O) {{
+    (kh, kw), (oh, ow), rhs = (
+        kernel,
+        *_padded_windows(h, w, kernel, stride, dilation, pads, "I(n, {y}, {x}, c) * W1(r_kh, r_kw, c)"),
+    )
+    extra = {
+        "relu6": f", float({c}) B",
+        "sigmoid": f", float({c}) B",
+        "residual": f", float({n}, {oh}, {ow}, {c}) R",
+        None: "",
+    }[epilogue]
+    after = {
+        "relu6": "O(n, h, w, c) = fmin(fmax(O(n, h, w, c) + B(c), 0), 6)",
+        "sigmoid": "O(n, h, w, c) = 1 / (1 + exp(-(O(n, h, w, c) + B(c))))",
+        "residual": "O(n, h, w, c) = fmax(O(n, h, w, c) + R(n, h, w, c), 0)",
+        None: "",
+    }[epilogue]
+    return (
+        f"""def conv(float({n}, {h}, {w}, {c}) I, float({kh}, {kw}, {c}) W1{extra}) -> (O) {{
     O(n, h, w, c) {op} {rhs} where h in 0:{oh}, w in 0:{ow}, r_kh in 0:{kh}, r_kw in 0:{kw}
     {after}
-}}""", (n, oh, ow, c)
+}}""",
+        (n, oh, ow, c),
+    )
 
 
 def _depthwise_epilogue(epilogue, sums, extra):
-    return {"relu6": lambda: np.clip(sums + extra, 0, 6), "sigmoid": lambda: 1 / (1 + np.exp(-(sums + extra))),
-            "residual": lambda: np.maximum(sums + extra, 0), None: lambda: sums}[epilogue]()
+    return {
+        "relu6": lambda: np.clip(sums + extra, 0, 6),
+        "sigmoid": lambda: 1 / (1 + np.exp(-(sums + extra))),
+        "residual": lambda: np.maximum(sums + extra, 0),
+        None: lambda: sums,
+    }[epilogue]()
 
 
 #: (N, H, W, C, kernel, stride, dilation, pads): channels in one partial vector, whole vectors
@@ -936,30 +1248,42 @@ def test_depthwise_channels_last_against_numpy(cflags):
     given outputs, float64, one thread, and sizes unknown when the C is written (the window's
     too: each output then goes alone)."""
     rng = np.random.default_rng(31)
-    for geometry, epilogue in zip(DEPTHWISE_GEOMETRIES, ["relu6", "sigmoid", "residual", "relu6", None, "relu6",
-                                                         "sigmoid", "sigmoid"]):
+    for geometry, epilogue in zip(
+        DEPTHWISE_GEOMETRIES, ["relu6", "sigmoid", "residual", "relu6", None, "relu6", "sigmoid", "sigmoid"]
+    ):
         source, shape = padded_depthwise(*geometry, epilogue=epilogue)
         compiled = polyc.define(source, cflags=cflags).conv
         assert "polyc depthwise conv kernel" in compiled.c_source({})
         n, h, w, c, kernel, stride, dilation, pads = geometry
         image, weights = rand(rng, (n, h, w, c)), rand(rng, (*kernel, c))
         extra = [] if epilogue is None else [rand(rng, shape if epilogue == "residual" else (c,))]
-        want = _depthwise_epilogue(epilogue, _depthwise_reference(image, weights, stride, dilation, pads),
-                                   *(extra or [0]))
-        assert_close(compiled(image, weights, *extra), want, kernel[0] * kernel[1] + 2, np.float32,
-                     [image, weights, *extra])
+        want = _depthwise_epilogue(
+            epilogue, _depthwise_reference(image, weights, stride, dilation, pads), *(extra or [0])
+        )
+        assert_close(
+            compiled(image, weights, *extra), want, kernel[0] * kernel[1] + 2, np.float32, [image, weights, *extra]
+        )
     geometry = DEPTHWISE_GEOMETRIES[1]
     source, shape = padded_depthwise(*geometry, epilogue=None, op="+=")
     image, weights, initial = rand(rng, geometry[:4]), rand(rng, (*geometry[4], geometry[3])), rand(rng, shape)
     for options in (dict(parallel=False), dict(vectorize=False), {}):
         got = polyc.define(source, cflags=cflags, **options).conv(image, weights, outputs=[initial.copy()])
-        assert_close(got, initial + _depthwise_reference(image, weights, *geometry[5:]), 10, np.float32,
-                     [image, weights, initial])
+        assert_close(
+            got,
+            initial + _depthwise_reference(image, weights, *geometry[5:]),
+            10,
+            np.float32,
+            [image, weights, initial],
+        )
     for shapes in ([(2, 6, 9, 21), (3, 3, 21), (21,)], [(1, 5, 4, 16), (5, 3, 16), (16,)]):
         compiled = numpy_check(NHWC_DEPTHWISE, shapes, dict(cflags=cflags, specialize=False))
         assert "polyc depthwise conv kernel" in compiled.c_source()
-    numpy_check(NHWC_DEPTHWISE.replace("float", "double"), [(1, 7, 6, 13), (3, 3, 13), (13,)],
-                dict(cflags=cflags), dtype=np.float64)
+    numpy_check(
+        NHWC_DEPTHWISE.replace("float", "double"),
+        [(1, 7, 6, 13), (3, 3, 13), (13,)],
+        dict(cflags=cflags),
+        dtype=np.float64,
+    )
 
 
 @builds("native", "avx2", "portable")
@@ -1051,7 +1375,7 @@ def test_channel_mode_streams_outputs_larger_than_the_last_level_cache(cflags):
         for offset in (0, 1):  # an output of polyc's own alignment, and one a float off it
             buffer = np.empty(want.size + 16 + offset, np.float32)
             start = (-buffer.ctypes.data // 4) % 16 + offset
-            out = buffer[start:start + want.size].reshape(want.shape)
+            out = buffer[start : start + want.size].reshape(want.shape)
             streaming(*inputs, outputs=[out])
             np.testing.assert_array_equal(out, want)
         reference = np.maximum(np.einsum("nhwc,cf->nhwf", inputs[0], inputs[1][0, 0]) + inputs[2], 0)
@@ -1094,15 +1418,23 @@ def test_channel_mode_select_epilogue_in_registers(cflags):
         x = np.einsum("nhwc,cf->nhwf", image, weights[0, 0]) + bias
         x = np.where(x > 0, x, 0)
         with np.errstate(invalid="ignore"):
-            want = ((x < residual) * 1.0 + (x <= residual) * 2.0 + (x >= residual) * 4.0 + (x == residual) * 8.0
-                    + (x != residual) * 16.0 + x * 32)
+            want = (
+                (x < residual) * 1.0
+                + (x <= residual) * 2.0
+                + (x >= residual) * 4.0
+                + (x == residual) * 8.0
+                + (x != residual) * 16.0
+                + x * 32
+            )
         np.testing.assert_array_equal(got, want.astype(np.float32))
 
 
 #: SiLU after a bias, as ONNX's Sigmoid and Mul lower: the logistic quotient the register
 #: epilogue computes with polyc_sigmoidf's vector form.
-SILU_EPILOGUE = ("    O(n, h, w, {i}) = O(n, h, w, {i}) + B({i})\n"
-                 "    O(n, h, w, {i}) = O(n, h, w, {i}) * (1 / (1 + exp(-O(n, h, w, {i}))))\n")
+SILU_EPILOGUE = (
+    "    O(n, h, w, {i}) = O(n, h, w, {i}) + B({i})\n"
+    "    O(n, h, w, {i}) = O(n, h, w, {i}) * (1 / (1 + exp(-O(n, h, w, {i}))))\n"
+)
 
 
 @builds("native", "avx2")
@@ -1117,8 +1449,9 @@ def test_logistic_epilogue_in_registers_is_polyc_sigmoidf_bit_for_bit(cflags):
     full = f"""def conv(float(N, H, W, C) I, float(3, 3, C, F) W1, float(F) B) -> (O) {{
     O(n, h, w, f) +=! I(n, h + r_kh, w + r_kw, r_c) * W1(r_kh, r_kw, r_c, f)
 {SILU_EPILOGUE.format(i="f")}}}"""
-    depthwise = NHWC_DEPTHWISE.replace("    O(n, h, w, c) = fmin(fmax(O(n, h, w, c) + B(c), 0), 6)\n",
-                                       SILU_EPILOGUE.format(i="c"))
+    depthwise = NHWC_DEPTHWISE.replace(
+        "    O(n, h, w, c) = fmin(fmax(O(n, h, w, c) + B(c), 0), 6)\n", SILU_EPILOGUE.format(i="c")
+    )
     integers = lambda low, high, shape: rng.integers(low, high, shape).astype(np.float32)  # noqa: E731
     for source, c in [(full, 3), (depthwise, 20)]:
         kernel = polyc.define(source, cflags=cflags).conv
@@ -1190,8 +1523,9 @@ for position, flags in enumerate(sys.argv[2:]):
 
 def test_sanitized_conv_kernels(tmp_path):
     flag_sets = ISA_FLAG_SETS
-    result = run_sanitized(_SANITIZED_SCRIPT, str(TESTS_DIR), *flag_sets, cache_dir=tmp_path, timeout=900,
-                           build_first=True)
+    result = run_sanitized(
+        _SANITIZED_SCRIPT, str(TESTS_DIR), *flag_sets, cache_dir=tmp_path, timeout=900, build_first=True
+    )
     report = result.stdout + result.stderr[-5000:]
     assert result.returncode == 0, report
     assert "AddressSanitizer" not in result.stderr and "runtime error" not in result.stderr, report

@@ -6,13 +6,14 @@
   poisoned (NaN for floats, a sentinel for integers): a kernel that relied on zeroed memory it
   did not get would show the poison.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernels import KERNELS, check_kernel
 
 import polyc
-from kernels import KERNELS, check_kernel
 from polyc.interpreter import run_bound
 from polyc.ir.coverage import written_before_read
 from polyc.ir.model import build_program
@@ -24,17 +25,20 @@ def defined(source: str) -> list[str]:
     return sorted(written_before_read(build_program(definition), definition.outputs))
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("def f(float(N) A) -> (B) { B(i) = A(i) }", ["B"]),
-    ("def f(float(N, M) A) -> (B) { B(i) +=! A(i, j) }", ["B"]),
-    ("def f(float(N) A) -> (B) { B(i) += A(i) }", []),                      # accumulates into zeros
-    ("def f(float(N) A) -> (float(N) B) { B(i) = A(i) where i in 0:N-1 }", []),  # last one stays 0
-    ("def f(float(N) A) -> (B) { B(i) = A(i) where i in 1:N\n B(i) += A(i) }", []),
-    ("def f(float(N) A) -> (B) { B(i) = A(i)\n B(i) = B(i) + 1 }", ["B"]),  # read after the write
-    ("def f(float(N) A) -> (B) { B(i) +=! A(i)\n B(i) += B(i) }", ["B"]),
-    ("def f(float(N) A) -> (B, C) { B(i) = A(i)\n C(i) += B(i) }", ["B"]),
-    ("def f(float(N) A) -> (B) { B(i) max=! A(i) }", ["B"]),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("def f(float(N) A) -> (B) { B(i) = A(i) }", ["B"]),
+        ("def f(float(N, M) A) -> (B) { B(i) +=! A(i, j) }", ["B"]),
+        ("def f(float(N) A) -> (B) { B(i) += A(i) }", []),  # accumulates into zeros
+        ("def f(float(N) A) -> (float(N) B) { B(i) = A(i) where i in 0:N-1 }", []),  # last one stays 0
+        ("def f(float(N) A) -> (B) { B(i) = A(i) where i in 1:N\n B(i) += A(i) }", []),
+        ("def f(float(N) A) -> (B) { B(i) = A(i)\n B(i) = B(i) + 1 }", ["B"]),  # read after the write
+        ("def f(float(N) A) -> (B) { B(i) +=! A(i)\n B(i) += B(i) }", ["B"]),
+        ("def f(float(N) A) -> (B, C) { B(i) = A(i)\n C(i) += B(i) }", ["B"]),
+        ("def f(float(N) A) -> (B) { B(i) max=! A(i) }", ["B"]),
+    ],
+)
 def test_written_before_read(source, expected):
     assert defined(source) == expected
 
@@ -74,13 +78,17 @@ def test_corpus_with_poisoned_outputs(case, poisoned_outputs):
             call = arguments.bind_arguments(interpreted, args, outputs, kernel._written_before_read)
             results = run_bound(interpreted, call)
             return results[0] if len(results) == 1 else results
+
         check_kernel(case, interpret, sizes)
 
 
-@pytest.mark.parametrize("source, defined_temporaries, expected", [
-    ("def f(float(N) A) -> (B) { T(i) = A(i) + 1\n B(i) = T(i) * 2 }", {"T"}, [4, 6, 8]),
-    ("def f(float(N) A) -> (B) { T(i) += A(i)\n B(i) = T(i) * 2 }", set(), [2, 4, 6]),  # T's zeros count
-])
+@pytest.mark.parametrize(
+    "source, defined_temporaries, expected",
+    [
+        ("def f(float(N) A) -> (B) { T(i) = A(i) + 1\n B(i) = T(i) * 2 }", {"T"}, [4, 6, 8]),
+        ("def f(float(N) A) -> (B) { T(i) += A(i)\n B(i) = T(i) * 2 }", set(), [2, 4, 6]),  # T's zeros count
+    ],
+)
 def test_temporaries_with_poisoned_memory(poisoned_outputs, source, defined_temporaries, expected):
     kernel = polyc.define(source).f
     assert kernel._written_before_read - {"B"} == defined_temporaries

@@ -24,6 +24,7 @@ Reproducing a failure: the message (and hypothesis' note) prints the TC source, 
 and a ``check_case(...)`` line to paste into Python; ``POLYC_FUZZ_SEED=<seed>`` replays the run.
 A bug found this way, once minimised, goes into ``REGRESSIONS`` at the end of the file.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,6 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 import pytest
@@ -45,7 +45,7 @@ import polyc
 from polyc.runtime.gpu import opencl_missing
 
 #: Hypothesis' seed for this run; printed with every failure, set it to replay a run.
-FUZZ_SEED = int(os.environ.get("POLYC_FUZZ_SEED") or random.SystemRandom().randrange(2 ** 32))
+FUZZ_SEED = int(os.environ.get("POLYC_FUZZ_SEED") or random.SystemRandom().randrange(2**32))
 #: Size sets each compiled def runs at; one case each.  Specialised kernels (compiled once per
 #: size set, so slower to test) run at fewer.
 SIZE_SETS = 10
@@ -78,6 +78,7 @@ TC_TYPE_NAMES = {"float32": "float", "float64": "double", "int32": "int32"}
 # Every record is a frozen dataclass of strings, numbers and tuples, so its repr is Python that
 # rebuilds it (the reproduction line of a failure).
 
+
 @dataclass(frozen=True)
 class Access:
     """``tensor(indices...)``; a 0-d tensor is printed bare or with empty parentheses."""
@@ -96,7 +97,7 @@ class IndexRef:
 
 @dataclass(frozen=True)
 class Const:
-    value: Union[int, float]
+    value: int | float
 
 
 @dataclass(frozen=True)
@@ -133,10 +134,10 @@ class Problem:
     each index's size, and how input values are drawn (see ``VALUE_KINDS``)."""
 
     dtype: str
-    inputs: tuple[tuple[str, tuple[Union[str, int], ...]], ...]
+    inputs: tuple[tuple[str, tuple[str | int, ...]], ...]
     outputs: tuple[str, ...]
     statements: tuple[Statement, ...]
-    index_sizes: tuple[tuple[str, Union[str, int]], ...]
+    index_sizes: tuple[tuple[str, str | int], ...]
     values: str
     name: str = "fuzz"
 
@@ -176,8 +177,10 @@ def tc_expr(expr) -> str:
         text = repr(expr.value)
         return f"({text})" if expr.value < 0 else text
     if isinstance(expr, Select):
-        return (f"(({tc_expr(expr.lhs)} {expr.comparison} {tc_expr(expr.rhs)}) ? "
-                f"{tc_expr(expr.then)} : {tc_expr(expr.otherwise)})")
+        return (
+            f"(({tc_expr(expr.lhs)} {expr.comparison} {tc_expr(expr.rhs)}) ? "
+            f"{tc_expr(expr.then)} : {tc_expr(expr.otherwise)})"
+        )
     args = [tc_expr(a) for a in expr.args]
     if expr.op in ("+", "-", "*", "/"):
         return f"({args[0]} {expr.op} {args[1]})"
@@ -232,7 +235,7 @@ class Bounded:
     bound on how far the compiled code's value may be from it (0.0 where it must be exact)."""
 
     value: np.ndarray
-    error: Union[np.ndarray, float] = 0.0
+    error: np.ndarray | float = 0.0
 
 
 @dataclass
@@ -265,10 +268,10 @@ class _Arithmetic:
     def on_grid(self, value: np.ndarray) -> np.ndarray:
         """Where ``value`` is a multiple of 2**-GRID_BITS small enough that the type holds every
         such multiple up to it exactly (so no operation producing it rounds)."""
-        scaled = value * 2.0 ** GRID_BITS
+        scaled = value * 2.0**GRID_BITS
         return (scaled == np.round(scaled)) & (np.abs(value) < self.exact_limit)
 
-    def rounding(self, value: np.ndarray, exact_inputs: bool) -> Union[np.ndarray, float]:
+    def rounding(self, value: np.ndarray, exact_inputs: bool) -> np.ndarray | float:
         """Error of one correctly rounded operation with result ``value``."""
         if self.is_int:
             return 0.0
@@ -300,8 +303,9 @@ def _error_is_zero(error) -> bool:
 def _evaluate_expr(expr, space, env, extents, arithmetic: _Arithmetic) -> Bounded:
     if isinstance(expr, IndexRef):
         extent = extents[expr.name]
-        return Bounded(_align(np.arange(extent, dtype=np.int64 if arithmetic.is_int else np.float64),
-                              (expr.name,), space))
+        return Bounded(
+            _align(np.arange(extent, dtype=np.int64 if arithmetic.is_int else np.float64), (expr.name,), space)
+        )
     if isinstance(expr, Const):
         return Bounded(np.asarray(expr.value, dtype=np.int64 if arithmetic.is_int else np.float64))
     if isinstance(expr, Access):
@@ -313,12 +317,21 @@ def _evaluate_expr(expr, space, env, extents, arithmetic: _Arithmetic) -> Bounde
         lhs = _evaluate_expr(expr.lhs, space, env, extents, arithmetic)
         rhs = _evaluate_expr(expr.rhs, space, env, extents, arithmetic)
         assert _error_is_zero(lhs.error) and _error_is_zero(rhs.error), "conditions must be exact"
-        condition = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
-                     "==": np.equal, "!=": np.not_equal}[expr.comparison](lhs.value, rhs.value)
+        condition = {
+            "<": np.less,
+            "<=": np.less_equal,
+            ">": np.greater,
+            ">=": np.greater_equal,
+            "==": np.equal,
+            "!=": np.not_equal,
+        }[expr.comparison](lhs.value, rhs.value)
         then = _evaluate_expr(expr.then, space, env, extents, arithmetic)
         otherwise = _evaluate_expr(expr.otherwise, space, env, extents, arithmetic)
-        error = 0.0 if _error_is_zero(then.error) and _error_is_zero(otherwise.error) \
+        error = (
+            0.0
+            if _error_is_zero(then.error) and _error_is_zero(otherwise.error)
             else np.where(condition, then.error, otherwise.error)
+        )
         return Bounded(np.where(condition, then.value, otherwise.value), error)
 
     args = [_evaluate_expr(a, space, env, extents, arithmetic) for a in expr.args]
@@ -379,8 +392,9 @@ def _sum(value, error, axes, count: int, arithmetic: _Arithmetic, previous: Boun
         exact = exact & arithmetic.on_grid(previous.value) & _error_is_zero(previous.error)
         scale = max(scale, np.max(np.abs(previous.value), initial=0.0), np.max(np.abs(total), initial=0.0))
         count += 1
-    rounding = np.where(exact & (magnitude < arithmetic.exact_limit), 0.0,
-                        count * arithmetic.eps * scale + arithmetic.tiny)
+    rounding = np.where(
+        exact & (magnitude < arithmetic.exact_limit), 0.0, count * arithmetic.eps * scale + arithmetic.tiny
+    )
     return Bounded(total, total_error + rounding)
 
 
@@ -448,11 +462,13 @@ def compile_problem(problem: Problem, options: dict):
 
 
 def describe_case(problem: Problem, options: dict, sizes: dict, value_seed: int) -> str:
-    return (f"POLYC_FUZZ_SEED={FUZZ_SEED}\n{problem.source()}options: {options}\nsizes: {sizes}\n"
-            f"value_seed: {value_seed}\nreproduce with:\n"
-            f"    from tests.test_differential_fuzz import Access, Apply, Const, IndexRef, Problem, Select, \\\n"
-            f"        Statement, check_case\n"
-            f"    check_case({problem!r}, {options!r}, {sizes!r}, {value_seed!r})")
+    return (
+        f"POLYC_FUZZ_SEED={FUZZ_SEED}\n{problem.source()}options: {options}\nsizes: {sizes}\n"
+        f"value_seed: {value_seed}\nreproduce with:\n"
+        f"    from tests.test_differential_fuzz import Access, Apply, Const, IndexRef, Problem, Select, \\\n"
+        f"        Statement, check_case\n"
+        f"    check_case({problem!r}, {options!r}, {sizes!r}, {value_seed!r})"
+    )
 
 
 def check_case(problem: Problem, options: dict, sizes: dict, value_seed: int, kernel=None) -> None:
@@ -469,7 +485,7 @@ def check_case(problem: Problem, options: dict, sizes: dict, value_seed: int, ke
         assert result.dtype == np.dtype(problem.dtype), f"dtype {result.dtype}; {context}"
         assert result.shape == want.value.shape, f"shape {result.shape} != {want.value.shape}; {context}"
         if np.dtype(problem.dtype).kind == "i":
-            assert np.all(np.abs(want.value) < 2 ** 31), "the generator must keep integers in range"
+            assert np.all(np.abs(want.value) < 2**31), "the generator must keep integers in range"
             mismatched = result != want.value
             bound = np.zeros(result.shape)
         else:
@@ -480,7 +496,8 @@ def check_case(problem: Problem, options: dict, sizes: dict, value_seed: int, ke
             raise AssertionError(
                 f"{int(np.count_nonzero(mismatched))} of {result.size} elements differ; first at {where}: "
                 f"compiled {result[where]!r}, numpy {want.value[where]!r}, allowed error {bound[where]!r}\n"
-                f"{context}")
+                f"{context}"
+            )
 
 
 # ----------------------------------------------------------------------------- generators
@@ -500,9 +517,9 @@ def _draw_dtype(draw) -> str:
     return draw(st.sampled_from(["float32"] * 14 + ["float64"] * 3 + ["int32"] * 3))
 
 
-def _draw_index_sizes(draw, indices) -> dict[str, Union[str, int]]:
+def _draw_index_sizes(draw, indices) -> dict[str, str | int]:
     """A size for each index: a size name (several indices may share one) or, rarely, a constant."""
-    names = SIZE_NAMES[:draw(st.integers(1, len(SIZE_NAMES)))]
+    names = SIZE_NAMES[: draw(st.integers(1, len(SIZE_NAMES)))]
     sizes = {}
     for index in indices:
         if draw(st.integers(0, 9)) == 0:
@@ -540,7 +557,7 @@ def _contraction_operands(draw, pool, count, max_rank=4):
         room[draw(st.integers(0, len(room) - 1))].append(index)
     for op in operands:
         extra = [i for i in pool if i not in op]
-        for index in draw(st.permutations(extra))[:draw(st.integers(0, max_rank - len(op)))]:
+        for index in draw(st.permutations(extra))[: draw(st.integers(0, max_rank - len(op)))]:
             op.append(index)
         if op and len(op) < max_rank and draw(st.integers(0, 7)) == 0:
             op.append(op[draw(st.integers(0, len(op) - 1))])
@@ -559,17 +576,22 @@ def contraction_problems(draw) -> Problem:
     """``O(out) +=! A(...) * B(...) * C(...)``: 1-3 operands of rank 0-4, reduction over the rest."""
     dtype = _draw_dtype(draw)
     count = draw(st.integers(1, 3))
-    pool = list(OUTPUT_INDICES + REDUCTION_INDICES)[:draw(st.integers(0, min(MAX_INDICES, 4 * count)))]
+    pool = list(OUTPUT_INDICES + REDUCTION_INDICES)[: draw(st.integers(0, min(MAX_INDICES, 4 * count)))]
     index_sizes = _draw_index_sizes(draw, pool)
     operands = _contraction_operands(draw, pool, count)
-    names = INPUT_NAMES[:len(operands)]
+    names = INPUT_NAMES[: len(operands)]
     used = list(dict.fromkeys(i for op in operands for i in op))
-    out = draw(st.permutations(used))[:draw(st.integers(0, len(used)))]
+    out = draw(st.permutations(used))[: draw(st.integers(0, len(used)))]
     factors = [_scalar_access(draw, name, op) for name, op in zip(names, operands)]
     values = "small_int" if dtype == "int32" else _weighted(draw, {"quarters": 1, "uniform": 1})
-    return Problem(dtype, _inputs_for(list(zip(names, operands)), index_sizes), ("O",),
-                   (Statement("O", tuple(out), "+=!", _product(factors)),),
-                   tuple((i, index_sizes[i]) for i in used), values)
+    return Problem(
+        dtype,
+        _inputs_for(list(zip(names, operands)), index_sizes),
+        ("O",),
+        (Statement("O", tuple(out), "+=!", _product(factors)),),
+        tuple((i, index_sizes[i]) for i in used),
+        values,
+    )
 
 
 @st.composite
@@ -579,22 +601,27 @@ def reduction_problems(draw) -> Problem:
     dtype = _draw_dtype(draw)
     op = _weighted(draw, {"max=!": 2, "min=!": 2, "*=!": 3})
     count = draw(st.integers(1, 2)) if op == "*=!" else 1
-    pool = list(OUTPUT_INDICES[:3] + REDUCTION_INDICES[:2])[:draw(st.integers(0, min(MAX_INDICES, 4 * count)))]
+    pool = list(OUTPUT_INDICES[:3] + REDUCTION_INDICES[:2])[: draw(st.integers(0, min(MAX_INDICES, 4 * count)))]
     index_sizes = _draw_index_sizes(draw, pool)
     operands = _contraction_operands(draw, pool, count)
-    names = INPUT_NAMES[:len(operands)]
+    names = INPUT_NAMES[: len(operands)]
     used = list(dict.fromkeys(i for o in operands for i in o))
     order = draw(st.permutations(used))
     least_kept = max(0, len(used) - 2) if op == "*=!" else 0
-    out = order[:draw(st.integers(least_kept, len(used)))]
+    out = order[: draw(st.integers(least_kept, len(used)))]
     factors = [_scalar_access(draw, name, o) for name, o in zip(names, operands)]
     if op == "*=!":
         values = "sign" if dtype == "int32" else "near_one"
     else:
         values = "small_int" if dtype == "int32" else _weighted(draw, {"quarters": 1, "uniform": 1})
-    return Problem(dtype, _inputs_for(list(zip(names, operands)), index_sizes), ("O",),
-                   (Statement("O", tuple(out), op, _product(factors)),),
-                   tuple((i, index_sizes[i]) for i in used), values)
+    return Problem(
+        dtype,
+        _inputs_for(list(zip(names, operands)), index_sizes),
+        ("O",),
+        (Statement("O", tuple(out), op, _product(factors)),),
+        tuple((i, index_sizes[i]) for i in used),
+        values,
+    )
 
 
 # Expression trees: each subtree carries a magnitude bound and a floor on its absolute value,
@@ -608,7 +635,7 @@ class _Tree:
 
 
 FLOAT_LIMIT = 1e4
-INT_LIMIT = 2 ** 20
+INT_LIMIT = 2**20
 FLOAT_CONSTANTS = (0.0, 0.5, 1.0, 2.0, -1.0, 0.25, 1.5)
 INT_CONSTANTS = (0, 1, 2, -1, 3)
 
@@ -653,8 +680,11 @@ def _combine(draw, a: _Tree, b: _Tree, is_int: bool, conditions) -> _Tree:
         if op == "select":
             lhs, rhs = draw(conditions)
             comparisons = ["<", "<=", ">", ">="] + (["==", "!="] if is_int else [])
-            return _Tree(Select(draw(st.sampled_from(comparisons)), lhs, rhs, a.expr, b.expr),
-                         max(a.magnitude, b.magnitude), min(a.floor, b.floor))
+            return _Tree(
+                Select(draw(st.sampled_from(comparisons)), lhs, rhs, a.expr, b.expr),
+                max(a.magnitude, b.magnitude),
+                min(a.floor, b.floor),
+            )
     return _Tree(Apply("max" if is_int else "fmax", (a.expr, b.expr)), max(a.magnitude, b.magnitude))
 
 
@@ -682,8 +712,9 @@ def _unguarded_indices(expr) -> set[str]:
     return set()
 
 
-def _draw_tree(draw, required: list[_Tree], optional: list[_Tree], is_int: bool, conditions,
-               indices: tuple[str, ...]) -> _Tree:
+def _draw_tree(
+    draw, required: list[_Tree], optional: list[_Tree], is_int: bool, conditions, indices: tuple[str, ...]
+) -> _Tree:
     """A random expression over every ``required`` leaf and a few ``optional`` ones, in which
     every one of ``indices`` has an access outside ternary branches (polyc infers ranges from
     those only)."""
@@ -723,7 +754,7 @@ def _conditions(inputs: list[tuple[str, tuple[str, ...]]], is_int: bool, indices
 def _draw_inputs(draw, indices, first_name: int, count: int, cover=()):
     """``count`` new inputs with index tuples drawn from ``indices``; together they use every
     index of ``cover``."""
-    names = INPUT_NAMES[first_name:first_name + count]
+    names = INPUT_NAMES[first_name : first_name + count]
     accesses = [list(_draw_access_indices(draw, indices, 4)) for _ in names]
     used = {i for a in accesses for i in a}
     for index in cover:
@@ -744,22 +775,28 @@ def elementwise_problems(draw) -> Problem:
     """``O(out) = tree`` over 1-3 inputs broadcast by index."""
     dtype = _draw_dtype(draw)
     is_int = dtype == "int32"
-    out = draw(st.permutations(OUTPUT_INDICES))[:draw(st.integers(0, 4))]
+    out = draw(st.permutations(OUTPUT_INDICES))[: draw(st.integers(0, 4))]
     index_sizes = _draw_index_sizes(draw, out)
     inputs = _draw_inputs(draw, out, 0, draw(st.integers(1, 3)), cover=out)
     magnitude, floor = _input_magnitude(dtype)
     leaves = [_Tree(_scalar_access(draw, name, ix), magnitude, floor) for name, ix in inputs]
     tree = _draw_tree(draw, leaves, leaves, is_int, _conditions(inputs, is_int, out), out)
-    return Problem(dtype, _inputs_for(inputs, index_sizes), ("O",), (Statement("O", tuple(out), "=", tree.expr),),
-                   tuple((i, index_sizes[i]) for i in out), _elementwise_values(draw, dtype))
+    return Problem(
+        dtype,
+        _inputs_for(inputs, index_sizes),
+        ("O",),
+        (Statement("O", tuple(out), "=", tree.expr),),
+        tuple((i, index_sizes[i]) for i in out),
+        _elementwise_values(draw, dtype),
+    )
 
 
 def _contraction_statement(draw, dtype, target, lhs, inputs, first_name, index_sizes, reduction_names):
     """``target(lhs) +=! product`` of 1-2 new operands over ``lhs`` and up to two reduction indices."""
-    reduction = list(reduction_names[:draw(st.integers(0, 2))])
+    reduction = list(reduction_names[: draw(st.integers(0, 2))])
     pool = list(lhs) + reduction
     operands = _contraction_operands(draw, pool, draw(st.integers(1 if len(pool) <= 4 else 2, 2)))
-    names = INPUT_NAMES[first_name:first_name + len(operands)]
+    names = INPUT_NAMES[first_name : first_name + len(operands)]
     inputs += list(zip(names, operands))
     factors = [Access(name, o) for name, o in zip(names, operands)]
     terms = int(np.prod([MAX_SIZE if isinstance(index_sizes[r], str) else index_sizes[r] for r in reduction]))
@@ -798,8 +835,8 @@ def multi_statement_problems(draw) -> Problem:
     dtype = _draw_dtype(draw)
     is_int = dtype == "int32"
     magnitude, floor = _input_magnitude(dtype)
-    out = draw(st.permutations(OUTPUT_INDICES))[:draw(st.integers(1, 4))]
-    reduction_names = REDUCTION_INDICES[:MAX_INDICES - len(out)]
+    out = draw(st.permutations(OUTPUT_INDICES))[: draw(st.integers(1, 4))]
+    reduction_names = REDUCTION_INDICES[: MAX_INDICES - len(out)]
     index_sizes = _draw_index_sizes(draw, list(out) + list(reduction_names))
     inputs: list[tuple[str, tuple[str, ...]]] = []
     statements = []
@@ -808,18 +845,19 @@ def multi_statement_problems(draw) -> Problem:
 
     def first_statement(target, lhs, reduction_names):
         if reduction_names and draw(st.booleans()):  # a product of accesses: a matmul, maybe
-            statement, bound = _contraction_statement(draw, dtype, target, lhs, inputs, len(inputs), index_sizes,
-                                                      reduction_names)
+            statement, bound = _contraction_statement(
+                draw, dtype, target, lhs, inputs, len(inputs), index_sizes, reduction_names
+            )
             return statement, _Tree(None, bound)
-        reduction = reduction_names[:draw(st.integers(0, min(1, len(reduction_names))))]
+        reduction = reduction_names[: draw(st.integers(0, min(1, len(reduction_names))))]
         return _tree_statement(draw, dtype, target, lhs, reduction, inputs, [])
 
     if shape == "temporary":
         # O(out) = / reduces over consumed ... T(t) ... where T(t) = / reduces over produced.
-        consumed = reduction_names[:draw(st.integers(0, min(1, len(reduction_names))))]
+        consumed = reduction_names[: draw(st.integers(0, min(1, len(reduction_names))))]
         space = list(out) + list(consumed)
-        lhs = draw(st.permutations(space))[:draw(st.integers(1, len(space)))]
-        statement, produced = first_statement("T", lhs, reduction_names[len(consumed):])
+        lhs = draw(st.permutations(space))[: draw(st.integers(1, len(space)))]
+        statement, produced = first_statement("T", lhs, reduction_names[len(consumed) :])
         statements.append(statement)
         temporary = _Tree(Access("T", tuple(lhs)), produced.magnitude)
         statement, _ = _tree_statement(draw, dtype, "O", out, consumed, inputs, [temporary])
@@ -829,15 +867,18 @@ def multi_statement_problems(draw) -> Problem:
     elif shape == "reread":
         statement, produced = first_statement("O", out, reduction_names)
         statements.append(statement)
-        reduction = reduction_names[:draw(st.integers(0, min(1, len(reduction_names))))]
+        reduction = reduction_names[: draw(st.integers(0, min(1, len(reduction_names))))]
         space = list(out) + list(reduction)
         # Read O with any indices of the right sizes: O(j, i), O(i, i), O(r_a, j), ...
         reread = tuple(draw(st.sampled_from([i for i in space if index_sizes[i] == index_sizes[o]])) for o in out)
         lhs = draw(st.permutations(out))
-        statement, bound = _tree_statement(draw, dtype, "T", lhs, reduction, inputs,
-                                           [_Tree(Access("O", reread), produced.magnitude)])
+        statement, bound = _tree_statement(
+            draw, dtype, "T", lhs, reduction, inputs, [_Tree(Access("O", reread), produced.magnitude)]
+        )
         statements.append(statement)
-        statement, _ = _tree_statement(draw, dtype, "O", out, (), inputs, [_Tree(Access("T", tuple(lhs)), bound.magnitude)])
+        statement, _ = _tree_statement(
+            draw, dtype, "O", out, (), inputs, [_Tree(Access("T", tuple(lhs)), bound.magnitude)]
+        )
         statements.append(statement)
     else:
         statement, produced = first_statement("O", out, reduction_names)
@@ -845,8 +886,9 @@ def multi_statement_problems(draw) -> Problem:
         current = _Tree(Access("O", tuple(out)), produced.magnitude)
         for _ in range(draw(st.integers(1, 2))):
             if draw(st.integers(0, 2)) == 0:  # accumulate without '!'
-                statement, bound = _contraction_statement(draw, dtype, "O", out, inputs, len(inputs), index_sizes,
-                                                          reduction_names)
+                statement, bound = _contraction_statement(
+                    draw, dtype, "O", out, inputs, len(inputs), index_sizes, reduction_names
+                )
                 statements.append(Statement("O", statement.indices, "+=", statement.rhs))
                 current = _Tree(current.expr, current.magnitude + bound)
                 continue
@@ -858,9 +900,14 @@ def multi_statement_problems(draw) -> Problem:
             statements.append(Statement("O", tuple(out), "=", tree.expr))
             current = _Tree(current.expr, tree.magnitude)
     used = sorted({i for s in statements for a in expr_accesses(s.rhs) for i in a.indices} | set(out))
-    return Problem(dtype, _inputs_for(inputs, index_sizes), tuple(draw(st.permutations(outputs))),
-                   tuple(statements), tuple((i, index_sizes[i]) for i in used),
-                   _elementwise_values(draw, dtype))
+    return Problem(
+        dtype,
+        _inputs_for(inputs, index_sizes),
+        tuple(draw(st.permutations(outputs))),
+        tuple(statements),
+        tuple((i, index_sizes[i]) for i in used),
+        _elementwise_values(draw, dtype),
+    )
 
 
 @st.composite
@@ -869,10 +916,15 @@ def option_sets(draw) -> dict:
     tile_sizes = {"none": None, "off": ()}.get(tiles)
     if tiles == "sizes":
         tile_sizes = tuple(draw(st.lists(st.integers(1, 8), min_size=1, max_size=4)))
-    return {"fusion": draw(st.sampled_from(["smart", "min", "max"])), "tile_sizes": tile_sizes,
-            "parallel": draw(st.booleans()), "vectorize": draw(st.booleans()),
-            "unroll": draw(st.sampled_from([1, 2, 4])), "blas_contractions": draw(st.booleans()),
-            "specialize": _weighted(draw, {False: 5, True: 1})}
+    return {
+        "fusion": draw(st.sampled_from(["smart", "min", "max"])),
+        "tile_sizes": tile_sizes,
+        "parallel": draw(st.booleans()),
+        "vectorize": draw(st.booleans()),
+        "unroll": draw(st.sampled_from([1, 2, 4])),
+        "blas_contractions": draw(st.booleans()),
+        "specialize": _weighted(draw, {False: 5, True: 1}),
+    }
 
 
 def size_sets(problem: Problem):
@@ -897,8 +949,13 @@ def case_tally() -> dict[str, int]:
 
 
 def fuzz_settings(examples: int):
-    return settings(max_examples=examples, deadline=None, derandomize=False, print_blob=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=False,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
 
 
 def run_problem(data, problem: Problem, tally: dict[str, int], test_name: str) -> None:
@@ -911,21 +968,23 @@ def run_problem(data, problem: Problem, tally: dict[str, int], test_name: str) -
     sizes_list = data.draw(size_sets(problem), label="sizes")
     if options["specialize"]:  # a compilation per size set
         sizes_list = sizes_list[:SPECIALIZED_SIZE_SETS]
-    value_seed = data.draw(st.integers(0, 2 ** 32 - 1), label="value_seed")
+    value_seed = data.draw(st.integers(0, 2**32 - 1), label="value_seed")
     note(f"POLYC_FUZZ_SEED={FUZZ_SEED}\n{problem.source()}options: {options}")
     try:
         kernel = compile_problem(problem, options)
     except Exception as error:
-        raise AssertionError(f"define failed: {error!r}\n"
-                             f"{describe_case(problem, options, sizes_list[0], value_seed)}") from error
+        raise AssertionError(
+            f"define failed: {error!r}\n{describe_case(problem, options, sizes_list[0], value_seed)}"
+        ) from error
     for sizes in sizes_list:
         try:
             check_case(problem, options, sizes, value_seed, kernel)
         except AssertionError:
             raise
         except Exception as error:
-            raise AssertionError(f"compiling or running failed: {error!r}\n"
-                                 f"{describe_case(problem, options, sizes, value_seed)}") from error
+            raise AssertionError(
+                f"compiling or running failed: {error!r}\n{describe_case(problem, options, sizes, value_seed)}"
+            ) from error
         tally[test_name] = tally.get(test_name, 0) + 1
 
 
@@ -977,16 +1036,17 @@ def opencl_fuzz(data):
     ``$POLYC_FUZZ_LAST`` names before it is compiled: if the driver takes the process down, that
     file says with what."""
     kind = data.draw(st.sampled_from(["contraction", "multi-statement"]), label="kind")
-    problem = data.draw(contraction_problems() if kind == "contraction" else multi_statement_problems(),
-                        label="problem")
+    problem = data.draw(
+        contraction_problems() if kind == "contraction" else multi_statement_problems(), label="problem"
+    )
     options = data.draw(opencl_option_sets(), label="options")
     sizes_list = data.draw(size_sets(problem), label="sizes")[:OPENCL_SIZE_SETS]
-    value_seed = data.draw(st.integers(0, 2 ** 32 - 1), label="value_seed")
+    value_seed = data.draw(st.integers(0, 2**32 - 1), label="value_seed")
     note(f"POLYC_FUZZ_SEED={FUZZ_SEED}\n{problem.source()}options: {options}")
     last = Path(os.environ["POLYC_FUZZ_LAST"])
     last.write_text(describe_case(problem, options, sizes_list[0], value_seed))
     kernel = compile_problem(problem, options)
-    for sizes in sizes_list:   # each size set is built for, then run
+    for sizes in sizes_list:  # each size set is built for, then run
         last.write_text(describe_case(problem, options, sizes, value_seed))
         check_case(problem, options, sizes, value_seed, kernel)
 
@@ -1007,8 +1067,11 @@ def test_opencl_back_end(tmp_path):
     if first[0] < 0:
         again = _opencl_fuzz_child(tmp_path / "again")
         if again is None:
-            warnings.warn(f"the OpenCL fuzzing process was {first[1]}, and its rerun in a fresh process passed "
-                          f"(the driver's state, not an example: report it to the driver's makers)\n{first[2]}")
+            warnings.warn(
+                f"the OpenCL fuzzing process was {first[1]}, and its rerun in a fresh process passed "
+                f"(the driver's state, not an example: report it to the driver's makers)\n{first[2]}",
+                stacklevel=2,
+            )
             return
         pytest.fail(f"{first[2]}\n\nand again in a fresh process:\n{again[2]}", pytrace=False)
     pytest.fail(first[2], pytrace=False)
@@ -1019,32 +1082,61 @@ def _opencl_fuzz_child(directory: Path) -> tuple[int, str, str] | None:
     how it ended and a report (the seed, its output, the example it was on)."""
     directory.mkdir()
     last = directory / "last-example.txt"
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-            "import test_differential_fuzz as fuzz; fuzz.opencl_fuzz()")
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        "import test_differential_fuzz as fuzz; fuzz.opencl_fuzz()"
+    )
     env = {**os.environ, "POLYC_FUZZ_SEED": str(FUZZ_SEED), "POLYC_FUZZ_LAST": str(last)}
     child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1100)
     if child.returncode == 0:
         return None
-    how = (f"killed by {signal.Signals(-child.returncode).name}" if child.returncode < 0
-           else f"ended with exit status {child.returncode}")
+    how = (
+        f"killed by {signal.Signals(-child.returncode).name}"
+        if child.returncode < 0
+        else f"ended with exit status {child.returncode}"
+    )
     example = last.read_text() if last.exists() else "(none started)"
-    return child.returncode, how, (f"the OpenCL fuzzing process {how}, POLYC_FUZZ_SEED={FUZZ_SEED}\n"
-                                   f"its output:\n{(child.stdout + child.stderr)[-8000:]}\n"
-                                   f"the example it was on:\n{example}")
+    return (
+        child.returncode,
+        how,
+        (
+            f"the OpenCL fuzzing process {how}, POLYC_FUZZ_SEED={FUZZ_SEED}\n"
+            f"its output:\n{(child.stdout + child.stderr)[-8000:]}\n"
+            f"the example it was on:\n{example}"
+        ),
+    )
 
 
 #: Cases that once failed, minimised: (what went wrong, problem, options, sizes, value seed).
 REGRESSIONS = [
-    ("a then-branch ending in an else-less if took the C else (codegen/c.py)",
-     Problem("float32", (("A", ("N",)), ("C", ("N", "N", "N", "N"))), ("O",), (
-         Statement("O", ("i", "j", "l", "k"), "+=!",
-                   Apply("*", (Access("A", ("r_a",)), Access("C", ("i", "j", "l", "k"))))),
-         Statement("T", ("k", "i", "j", "l"), "+=!",
-                   Apply("*", (Access("O", ("k", "r_a", "j", "l")), Access("C", ("l", "r_a", "i", "k"))))),
-         Statement("O", ("i", "j", "l", "k"), "=", Access("T", ("k", "i", "j", "l")))),
-         tuple((i, "N") for i in ("i", "j", "l", "k", "r_a")), "quarters"),
-     {"fusion": "max", "tile_sizes": (8,), "parallel": False, "vectorize": False, "blas_contractions": False},
-     {"N": 10}, 0),
+    (
+        "a then-branch ending in an else-less if took the C else (codegen/c.py)",
+        Problem(
+            "float32",
+            (("A", ("N",)), ("C", ("N", "N", "N", "N"))),
+            ("O",),
+            (
+                Statement(
+                    "O",
+                    ("i", "j", "l", "k"),
+                    "+=!",
+                    Apply("*", (Access("A", ("r_a",)), Access("C", ("i", "j", "l", "k")))),
+                ),
+                Statement(
+                    "T",
+                    ("k", "i", "j", "l"),
+                    "+=!",
+                    Apply("*", (Access("O", ("k", "r_a", "j", "l")), Access("C", ("l", "r_a", "i", "k")))),
+                ),
+                Statement("O", ("i", "j", "l", "k"), "=", Access("T", ("k", "i", "j", "l"))),
+            ),
+            tuple((i, "N") for i in ("i", "j", "l", "k", "r_a")),
+            "quarters",
+        ),
+        {"fusion": "max", "tile_sizes": (8,), "parallel": False, "vectorize": False, "blas_contractions": False},
+        {"N": 10},
+        0,
+    ),
 ]
 
 
@@ -1056,8 +1148,10 @@ def test_regressions(what, problem, options, sizes, value_seed):
 def test_case_count(case_tally):
     """The fuzz tests above, run in this process, checked at least MIN_CASES cases together."""
     if set(case_tally) != set(EXAMPLES):
-        pytest.skip(f"only {sorted(case_tally)} of the fuzz tests ran in this process; "
-                    f"the count is checked when the whole module runs")
+        pytest.skip(
+            f"only {sorted(case_tally)} of the fuzz tests ran in this process; "
+            f"the count is checked when the whole module runs"
+        )
     total = sum(case_tally.values())
     print(f"differential fuzzing: {total} cases {case_tally} (POLYC_FUZZ_SEED={FUZZ_SEED})")
     assert total >= MIN_CASES, f"only {total} cases ran ({case_tally}); at least {MIN_CASES} are required"

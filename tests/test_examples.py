@@ -1,4 +1,5 @@
 """The README's main job runs and agrees with numpy (the notebooks: tests/notebooks)."""
+
 import importlib.util
 from pathlib import Path
 

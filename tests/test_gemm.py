@@ -9,6 +9,7 @@ polyc/codegen/gemm.py).
   AVX2 and portable builds of the same source);
 - AddressSanitizer/UBSan builds of the kernels at edge sizes; a C export built without OpenMP.
 """
+
 from __future__ import annotations
 
 import platform
@@ -17,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import polyc
 from builds import builds
 from kernels import assert_close
 from sanitizers import ISA_FLAG_SETS, run_sanitized
+
+import polyc
 from polyc.lang.sema import check_source
 from polyc.schedule.contraction import recognise_contraction, recognise_gemm_def
 
@@ -43,79 +44,111 @@ MATMUL = "def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B
 #: source -> (A, B, batch, M, N, K) as recognised; A holds M, B holds N (C's innermost group).
 POSITIVE = {
     "matmul": (MATMUL, ("A", "B", (), ("m",), ("n",), ("r_k",))),
-    "tmm": ("def f(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }",
-            ("A", "B", (), ("m",), ("n",), ("r_k",))),
-    "at_bt": ("def f(float(K, M) A, float(N, K) B) -> (C) { C(m, n) +=! A(r_k, m) * B(n, r_k) }",
-              ("A", "B", (), ("m",), ("n",), ("r_k",))),
-    "transposed_output": ("def f(float(M, K) A, float(K, N) B) -> (C) { C(n, m) +=! A(m, r_k) * B(r_k, n) }",
-                          ("B", "A", (), ("n",), ("m",), ("r_k",))),
-    "batched": ("def f(float(B, N, M) X, float(B, M, K) Y) -> (Z) { Z(b, n, k) +=! X(b, n, r_m) * Y(b, r_m, k) }",
-                ("X", "Y", ("b",), ("n",), ("k",), ("r_m",))),
-    "tensordot": ("def f(float(N, C1, C2, H, W) I0, float(N, C2, C3, H, W) I1) -> (O) {"
-                  " O(n, c1, c3, h, w) +=! I0(n, c1, r_c2, h, w) * I1(n, r_c2, c3, h, w) }",
-                  ("I0", "I1", ("n", "h", "w"), ("c1",), ("c3",), ("r_c2",))),
-    "kronecker_step1": ("def f(float(D2, N2) W2, float(M, N0, N1, N2) X) -> (XW2) {"
-                        " XW2(m, n0, n1, d2) +=! X(m, n0, n1, r_n2) * W2(d2, r_n2) }",
-                        ("X", "W2", (), ("m", "n0", "n1"), ("d2",), ("r_n2",))),
-    "kronecker_step2": ("def f(float(D1, N1) W1, float(M, N0, N1, D2) XW2) -> (Y) {"
-                        " Y(m, n0, d1, d2) +=! XW2(m, n0, r_n1, d2) * W1(d1, r_n1) }",
-                        ("W1", "XW2", (), ("d1",), ("m", "n0", "d2"), ("r_n1",))),
-    "conv1x1": ("def f(float(N, C, H, W) I, float(F, C) W1) -> (O) { O(n, f, h, w) +=! I(n, r_c, h, w) * W1(f, r_c) }",
-                ("W1", "I", (), ("f",), ("n", "h", "w"), ("r_c",))),
-    "fully_connected": ("def f(float(B, M) I, float(N, M) W1) -> (O) { O(b, n) +=! I(b, r_m) * W1(n, r_m) }",
-                        ("I", "W1", (), ("b",), ("n",), ("r_m",))),
-    "multi_k": ("def f(float(M, K1, K2) A, float(K2, K1, N) B) -> (C) { C(m, n) +=! A(m, r_a, r_b) * B(r_b, r_a, n) }",
-                ("A", "B", (), ("m",), ("n",), ("r_a", "r_b"))),
-    "same_tensor_twice": ("def f(float(N, K) A) -> (C) { C(i, j) +=! A(i, r_k) * A(j, r_k) }",
-                          ("A", "A", (), ("i",), ("j",), ("r_k",))),
-    "accumulating": ("def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) += A(m, r_k) * B(r_k, n) }",
-                     ("A", "B", (), ("m",), ("n",), ("r_k",))),
-    "double": ("def f(double(M, K) A, double(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
-               ("A", "B", (), ("m",), ("n",), ("r_k",))),
-    "scaled": ("def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! 2 * A(m, r_k) * B(r_k, n) }",
-               ("A", "B", (), ("m",), ("n",), ("r_k",))),
-    "scaled_by_scalars": ("def f(float a, float b, float(M, K) A, float(K, N) B) -> (C) {"
-                          " C(m, n) +=! a * A(m, r_k) * b * B(r_k, n) }",
-                          ("A", "B", (), ("m",), ("n",), ("r_k",))),
-    "guarded": ("def f(float(N, K) A) -> (C) { C(i, j) +=! j <= i ? A(i, r_k) * A(j, r_k) : 0"
-                " where i in 0:N, j in 0:N, r_k in 0:K }",
-                ("A", "A", (), ("i",), ("j",), ("r_k",))),
-    "same_type_casts": ("def f(float(M, K) A, float(K, N) B) -> (C) {"
-                        " C(m, n) +=! float(A(m, r_k)) * float32(B(r_k, n)) }",
-                        ("A", "B", (), ("m",), ("n",), ("r_k",))),
+    "tmm": (
+        "def f(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }",
+        ("A", "B", (), ("m",), ("n",), ("r_k",)),
+    ),
+    "at_bt": (
+        "def f(float(K, M) A, float(N, K) B) -> (C) { C(m, n) +=! A(r_k, m) * B(n, r_k) }",
+        ("A", "B", (), ("m",), ("n",), ("r_k",)),
+    ),
+    "transposed_output": (
+        "def f(float(M, K) A, float(K, N) B) -> (C) { C(n, m) +=! A(m, r_k) * B(r_k, n) }",
+        ("B", "A", (), ("n",), ("m",), ("r_k",)),
+    ),
+    "batched": (
+        "def f(float(B, N, M) X, float(B, M, K) Y) -> (Z) { Z(b, n, k) +=! X(b, n, r_m) * Y(b, r_m, k) }",
+        ("X", "Y", ("b",), ("n",), ("k",), ("r_m",)),
+    ),
+    "tensordot": (
+        "def f(float(N, C1, C2, H, W) I0, float(N, C2, C3, H, W) I1) -> (O) {"
+        " O(n, c1, c3, h, w) +=! I0(n, c1, r_c2, h, w) * I1(n, r_c2, c3, h, w) }",
+        ("I0", "I1", ("n", "h", "w"), ("c1",), ("c3",), ("r_c2",)),
+    ),
+    "kronecker_step1": (
+        "def f(float(D2, N2) W2, float(M, N0, N1, N2) X) -> (XW2) {"
+        " XW2(m, n0, n1, d2) +=! X(m, n0, n1, r_n2) * W2(d2, r_n2) }",
+        ("X", "W2", (), ("m", "n0", "n1"), ("d2",), ("r_n2",)),
+    ),
+    "kronecker_step2": (
+        "def f(float(D1, N1) W1, float(M, N0, N1, D2) XW2) -> (Y) {"
+        " Y(m, n0, d1, d2) +=! XW2(m, n0, r_n1, d2) * W1(d1, r_n1) }",
+        ("W1", "XW2", (), ("d1",), ("m", "n0", "d2"), ("r_n1",)),
+    ),
+    "conv1x1": (
+        "def f(float(N, C, H, W) I, float(F, C) W1) -> (O) { O(n, f, h, w) +=! I(n, r_c, h, w) * W1(f, r_c) }",
+        ("W1", "I", (), ("f",), ("n", "h", "w"), ("r_c",)),
+    ),
+    "fully_connected": (
+        "def f(float(B, M) I, float(N, M) W1) -> (O) { O(b, n) +=! I(b, r_m) * W1(n, r_m) }",
+        ("I", "W1", (), ("b",), ("n",), ("r_m",)),
+    ),
+    "multi_k": (
+        "def f(float(M, K1, K2) A, float(K2, K1, N) B) -> (C) { C(m, n) +=! A(m, r_a, r_b) * B(r_b, r_a, n) }",
+        ("A", "B", (), ("m",), ("n",), ("r_a", "r_b")),
+    ),
+    "same_tensor_twice": (
+        "def f(float(N, K) A) -> (C) { C(i, j) +=! A(i, r_k) * A(j, r_k) }",
+        ("A", "A", (), ("i",), ("j",), ("r_k",)),
+    ),
+    "accumulating": (
+        "def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) += A(m, r_k) * B(r_k, n) }",
+        ("A", "B", (), ("m",), ("n",), ("r_k",)),
+    ),
+    "double": (
+        "def f(double(M, K) A, double(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
+        ("A", "B", (), ("m",), ("n",), ("r_k",)),
+    ),
+    "scaled": (
+        "def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! 2 * A(m, r_k) * B(r_k, n) }",
+        ("A", "B", (), ("m",), ("n",), ("r_k",)),
+    ),
+    "scaled_by_scalars": (
+        "def f(float a, float b, float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! a * A(m, r_k) * b * B(r_k, n) }",
+        ("A", "B", (), ("m",), ("n",), ("r_k",)),
+    ),
+    "guarded": (
+        "def f(float(N, K) A) -> (C) { C(i, j) +=! j <= i ? A(i, r_k) * A(j, r_k) : 0"
+        " where i in 0:N, j in 0:N, r_k in 0:K }",
+        ("A", "A", (), ("i",), ("j",), ("r_k",)),
+    ),
+    "same_type_casts": (
+        "def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! float(A(m, r_k)) * float32(B(r_k, n)) }",
+        ("A", "B", (), ("m",), ("n",), ("r_k",)),
+    ),
 }
 
 NEGATIVE = {
     "strided_conv": "def f(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (O) {"
-                    " O(n, f, h, w) +=! I(n, r_c, 2 * h + r_kh, 2 * w + r_kw) * W1(f, r_c, r_kh, r_kw) }",
+    " O(n, f, h, w) +=! I(n, r_c, 2 * h + r_kh, 2 * w + r_kw) * W1(f, r_c, r_kh, r_kw) }",
     "conv3x3": "def f(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (O) {"
-               " O(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw) }",
+    " O(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw) }",
     "diagonal": "def f(float(M, K) A, float(K, K) B) -> (C) { C(m) +=! A(m, r_k) * B(r_k, r_k) }",
     "trace": "def f(float(N, N) A) -> (T) { T +=! A(r_i, r_i) }",
     "three_operands": "def f(float(M, K) A, float(K, N) B, float(M, N) E) -> (D) {"
-                      " D(m, n) +=! A(m, r_k) * B(r_k, n) * E(m, n) }",
+    " D(m, n) +=! A(m, r_k) * B(r_k, n) * E(m, n) }",
     "guard_on_reduction_index": "def f(float(N, N) A, float(N, N) B) -> (C) {"
-                                " C(i, j) +=! r_k <= i ? A(i, r_k) * B(r_k, j) : 0 where i in 0:N, j in 0:N, r_k in 0:N }",
+    " C(i, j) +=! r_k <= i ? A(i, r_k) * B(r_k, j) : 0 where i in 0:N, j in 0:N, r_k in 0:N }",
     "guard_with_or": "def f(float(N, N) A, float(N, N) B) -> (C) {"
-                     " C(i, j) +=! (j <= i || i == 0) ? A(i, r_k) * B(r_k, j) : 0 where i in 0:N, j in 0:N, r_k in 0:N }",
+    " C(i, j) +=! (j <= i || i == 0) ? A(i, r_k) * B(r_k, j) : 0 where i in 0:N, j in 0:N, r_k in 0:N }",
     "guard_else_not_zero": "def f(float(N, N) A, float(N, N) B) -> (C) {"
-                           " C(i, j) +=! j <= i ? A(i, r_k) * B(r_k, j) : 1 where i in 0:N, j in 0:N, r_k in 0:N }",
+    " C(i, j) +=! j <= i ? A(i, r_k) * B(r_k, j) : 1 where i in 0:N, j in 0:N, r_k in 0:N }",
     "guard_on_multi_index_group": "def f(float(N, N, K) A, float(K, N) B) -> (C) {"
-                                  " C(i, h, j) +=! h <= j ? A(i, h, r_k) * B(r_k, j) : 0"
-                                  " where i in 0:N, h in 0:N, j in 0:N, r_k in 0:K }",
+    " C(i, h, j) +=! h <= j ? A(i, h, r_k) * B(r_k, j) : 0"
+    " where i in 0:N, h in 0:N, j in 0:N, r_k in 0:K }",
     "scale_from_a_vector": "def f(float(M, K) A, float(K, N) B, float(K) s) -> (C) {"
-                           " C(m, n) +=! s(r_k) * A(m, r_k) * B(r_k, n) }",
+    " C(m, n) +=! s(r_k) * A(m, r_k) * B(r_k, n) }",
     "min_reduction": "def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) min=! A(m, r_k) * B(r_k, n) }",
     "int32": "def f(int32(M, K) A, int32(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
     "float16_inputs": "def f(float16(M, K) A, float16(K, N) B) -> (C) {"
-                      " C(m, n) +=! float(A(m, r_k)) * float(B(r_k, n)) }",
+    " C(m, n) +=! float(A(m, r_k)) * float(B(r_k, n)) }",
     "mixed_precision": "def f(double(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
     "dot": "def f(float(N) A, float(N) B) -> (C) { C +=! A(r_i) * B(r_i) }",
     "offset": "def f(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k + 1) * B(r_k, n) }",
     "partial_range": "def f(float(M, K) A, float(K, N) B) -> (C) {"
-                     " C(m, n) +=! A(m, r_k) * B(r_k, n) where r_k in 0:K/2 }",
+    " C(m, n) +=! A(m, r_k) * B(r_k, n) where r_k in 0:K/2 }",
     "reduced_in_one_operand": "def f(float(M, K, J) A, float(K, N) B) -> (C) {"
-                              " C(m, n) +=! A(m, r_k, r_j) * B(r_k, n) }",
+    " C(m, n) +=! A(m, r_k, r_j) * B(r_k, n) }",
     "outer_product": "def f(float(M) a, float(N) b) -> (C) { C(i, j) = a(i) * b(j) }",
 }
 
@@ -154,12 +187,15 @@ def test_def_with_epilogues_is_one_gemm():
     assert "epilogue" in c.describe()
 
 
-@pytest.mark.parametrize("second", [
-    "O(i, j) = O(i, j) + bias(L(j))",          # a data-dependent read
-    "P(i, j) = O(i, j) * 2",                  # writes another tensor
-    "O(i, j) = O(i, j) + bias(j) where i in 0:M/2",  # part of the target only
-    "O(i, j) += I(i, r_x)",                    # a reduction, not element by element
-])
+@pytest.mark.parametrize(
+    "second",
+    [
+        "O(i, j) = O(i, j) + bias(L(j))",  # a data-dependent read
+        "P(i, j) = O(i, j) * 2",  # writes another tensor
+        "O(i, j) = O(i, j) + bias(j) where i in 0:M/2",  # part of the target only
+        "O(i, j) += I(i, r_x)",  # a reduction, not element by element
+    ],
+)
 def test_defs_that_are_not_one_gemm(second):
     source = f"""def f(float(M, M) I, float(M, M) W, float(M) bias, int32(M) L) -> (O) {{
         O(i, j) +=! I(i, r_k) * W(r_k, j)
@@ -213,8 +249,7 @@ def check(kernel, inputs, expected, ops, outputs=None, scale_with=()):
 
 # (M, K, N): not multiples of the register blocks (6..12 x 16..64) nor of the cache blocks;
 # the last ones are large enough to run on several threads.
-MATMUL_SIZES = [(1, 1, 1), (7, 5, 3), (33, 129, 257), (257, 33, 129), (129, 257, 33), (61, 700, 67),
-                (300, 200, 310)]
+MATMUL_SIZES = [(1, 1, 1), (7, 5, 3), (33, 129, 257), (257, 33, 129), (129, 257, 33), (61, 700, 67), (300, 200, 310)]
 
 
 @pytest.mark.parametrize("dtype", ["float", "double"])
@@ -231,8 +266,15 @@ def test_specialised_matmul_with_options():
     rng = np.random.default_rng(1)
     a, b = rand(rng, (133, 270)), rand(rng, (270, 71))
     expected = a.astype(np.float64) @ b
-    for options in [{}, dict(parallel=False), dict(vectorize=False), dict(tile_sizes=()),
-                    dict(tile_sizes=(12, 64, 16)), dict(tile_sizes=(3, 2, 5)), dict(fusion="min", unroll=4)]:
+    for options in [
+        {},
+        dict(parallel=False),
+        dict(vectorize=False),
+        dict(tile_sizes=()),
+        dict(tile_sizes=(12, 64, 16)),
+        dict(tile_sizes=(3, 2, 5)),
+        dict(fusion="min", unroll=4),
+    ]:
         check(polyc.define(MATMUL, **options).f, (a, b), [expected], 270)
 
 
@@ -270,8 +312,17 @@ def test_rows_of_a_along_k_packed_without_offset_tables(cflags, dtype):
             assert ("#define POLYC_HAS_SCALE 1" in kernel.c_source()) == (factor != 1.0)
             # (A is read in place where the wide register blocks' A sliver fits a quarter of L1:
             # the scaled def, and the long K blocks of the last size, are packed everywhere.)
-            for m, k, n in [(1, 1, 70), (5, 7, 70), (6, 8, 70), (13, 9, 70), (50, 16, 70), (31, 23, 70),
-                            (97, 40, 100), (64, 250, 130), (20, 700, 40)]:
+            for m, k, n in [
+                (1, 1, 70),
+                (5, 7, 70),
+                (6, 8, 70),
+                (13, 9, 70),
+                (50, 16, 70),
+                (31, 23, 70),
+                (97, 40, 100),
+                (64, 250, 130),
+                (20, 700, 40),
+            ]:
                 a, b = rand(rng, (m, k), np_dtype), rand(rng, (k, n), np_dtype)
                 check(kernel, (a, b), [factor * (a.astype(np.float64) @ b)], k)
 
@@ -308,8 +359,12 @@ def test_b_packed_in_runs_just_before_its_first_use(cflags):
                 a, b = rand(rng, (m, k)), rand(rng, (k, n))
                 check(kernel, (a, b), [a.astype(np.float64) @ b], k)
             a, w = rand(rng, (30, 50)), rand(rng, (7, 50, 20))
-            check(polyc.define(blocked, **options).blocked, (a, w),
-                  [np.einsum("ik,bkr->ibr", a.astype(np.float64), w)], 50)
+            check(
+                polyc.define(blocked, **options).blocked,
+                (a, w),
+                [np.einsum("ik,bkr->ibr", a.astype(np.float64), w)],
+                50,
+            )
 
 
 def test_packing_workspace_and_tables_kept_between_calls_of_any_size():
@@ -320,6 +375,7 @@ def test_packing_workspace_and_tables_kept_between_calls_of_any_size():
     second), each against numpy.  A block used by two calls at once, or kept when too small, or
     tables used for other sizes, give wrong numbers."""
     from concurrent.futures import ThreadPoolExecutor
+
     kernel = polyc.define(MATMUL, specialize=False, tile_sizes=(24, 64, 32)).f
     assert "polyc_workspace_take" in kernel.c_source() and "polyc_kept" in kernel.c_source()
     rng = np.random.default_rng(10)
@@ -341,12 +397,19 @@ LAYOUTS = {
     # name: (source, numpy of float64 inputs, input shapes for (m, k, n), terms each element sums)
     "tmm": (POSITIVE["tmm"][0], lambda A, B: A @ B.T, lambda m, k, n: [(m, k), (n, k)], lambda k: k),
     "at_bt": (POSITIVE["at_bt"][0], lambda A, B: A.T @ B.T, lambda m, k, n: [(k, m), (n, k)], lambda k: k),
-    "transposed_output": (POSITIVE["transposed_output"][0], lambda A, B: (A @ B).T,
-                          lambda m, k, n: [(m, k), (k, n)], lambda k: k),
-    "multi_k": (POSITIVE["multi_k"][0], lambda A, B: np.einsum("mab,ban->mn", A, B),
-                lambda m, k, n: [(m, k, 3), (3, k, n)], lambda k: 3 * k),
-    "same_tensor_twice": (POSITIVE["same_tensor_twice"][0], lambda A: A @ A.T, lambda m, k, n: [(m, k)],
-                          lambda k: k),
+    "transposed_output": (
+        POSITIVE["transposed_output"][0],
+        lambda A, B: (A @ B).T,
+        lambda m, k, n: [(m, k), (k, n)],
+        lambda k: k,
+    ),
+    "multi_k": (
+        POSITIVE["multi_k"][0],
+        lambda A, B: np.einsum("mab,ban->mn", A, B),
+        lambda m, k, n: [(m, k, 3), (3, k, n)],
+        lambda k: 3 * k,
+    ),
+    "same_tensor_twice": (POSITIVE["same_tensor_twice"][0], lambda A: A @ A.T, lambda m, k, n: [(m, k)], lambda k: k),
 }
 
 
@@ -377,8 +440,10 @@ def test_batched_matmul_in_every_thread_sharing_mode():
 def test_multi_index_groups_and_kronecker_steps():
     rng = np.random.default_rng(5)
     # the target's innermost dimension in N, batch indices outside: (h, w) and (c3, h) swapped
-    source = ("def f(float(N, C1, C2, H, W) I0, float(N, C2, W, H, C3) I1) -> (O) {"
-              " O(n, c1, w, h, c3) +=! I0(n, c1, r_c2, h, w) * I1(n, r_c2, w, h, c3) }")
+    source = (
+        "def f(float(N, C1, C2, H, W) I0, float(N, C2, W, H, C3) I1) -> (O) {"
+        " O(n, c1, w, h, c3) +=! I0(n, c1, r_c2, h, w) * I1(n, r_c2, w, h, c3) }"
+    )
     batched = polyc.define(source).f
     assert batched.stages(dict(N=1, C1=2, C2=3, C3=4, H=5, W=6)).contraction.batch == ("n", "w", "h")
     i0, i1 = rand(rng, (2, 17, 33, 5, 3)), rand(rng, (2, 33, 3, 5, 19))
@@ -518,8 +583,18 @@ def test_sanitized_gemm_kernels(tmp_path):
 def test_exported_gemm_builds_without_openmp(tmp_path):
     kernel = polyc.define(MLP).mlp
     c_path, _ = kernel.export_c(tmp_path, dict(M=10, K=20, N=30), target="generic")
-    command = ["gcc", "-O2", "-std=gnu11", "-Wall", "-Werror", "-Wno-unknown-pragmas", "-c", str(c_path),
-               "-o", str(tmp_path / "mlp.o")]
+    command = [
+        "gcc",
+        "-O2",
+        "-std=gnu11",
+        "-Wall",
+        "-Werror",
+        "-Wno-unknown-pragmas",
+        "-c",
+        str(c_path),
+        "-o",
+        str(tmp_path / "mlp.o"),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 
@@ -527,6 +602,7 @@ def test_exported_gemm_builds_without_openmp(tmp_path):
 # ----------------------------------------------------------------------------- cache models
 def test_block_sizes_follow_the_cache_model():
     from polyc.codegen.gemm import block_sizes, micro_kernel_shapes
+
     shape = micro_kernel_shapes("neon", np.dtype(np.float32))[0]  # 8 x 12
     small = block_sizes(shape, 4, None, {1: 32 * 1024, 2: 512 * 1024, 3: 2 << 20})
     large = block_sizes(shape, 4, None, {1: 64 * 1024, 2: 2 << 20, 3: 32 << 20})
@@ -545,12 +621,16 @@ def test_cache_sizes_option_is_validated():
         with pytest.raises(polyc.PolycError, match="cache_sizes"):
             polyc.define(MATMUL, cache_sizes=bad)
     assert polyc.define(MATMUL, cache_sizes=[1 << 15, 1 << 19, 1 << 21]).f.options.cache_sizes == (
-        1 << 15, 1 << 19, 1 << 21)
+        1 << 15,
+        1 << 19,
+        1 << 21,
+    )
 
 
 def test_neon_export_is_blocked_for_aarch64_caches():
     """The export takes its block sizes from the target's cache model, not from this machine."""
     from polyc.runtime.targets import TARGETS
+
     kernel = polyc.define(MATMUL).f
     sizes = {"M": 300, "K": 300, "N": 300}
     exported = kernel.exported_c(sizes, "neon").c_source
@@ -561,16 +641,29 @@ def test_neon_export_is_blocked_for_aarch64_caches():
     check(polyc.define(MATMUL, cache_sizes=(4096, 65536, 1 << 20)).f, (a, b), [a.astype(np.float64) @ b], 300)
 
 
-@pytest.mark.parametrize("entry, source, sizes", [
-    ("tmm", "def tmm(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }",
-     dict(M=96, N=256, K=64)),
-    ("mm", "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
-     dict(M=96, N=256, K=64)),
-    ("conv", "def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1, float(F) B1) -> (O) {\n"
-             "  O(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw)\n"
-             "  O(n, f, h, w) = fmax(O(n, f, h, w) + B1(f), 0.0)\n}",
-     dict(N=1, C=16, H=20, W=20, F=32, KH=3, KW=3)),
-], ids=["transposed-b", "matmul", "convolution"])
+@pytest.mark.parametrize(
+    "entry, source, sizes",
+    [
+        (
+            "tmm",
+            "def tmm(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }",
+            dict(M=96, N=256, K=64),
+        ),
+        (
+            "mm",
+            "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
+            dict(M=96, N=256, K=64),
+        ),
+        (
+            "conv",
+            "def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1, float(F) B1) -> (O) {\n"
+            "  O(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw)\n"
+            "  O(n, f, h, w) = fmax(O(n, f, h, w) + B1(f), 0.0)\n}",
+            dict(N=1, C=16, H=20, W=20, F=32, KH=3, KW=3),
+        ),
+    ],
+    ids=["transposed-b", "matmul", "convolution"],
+)
 def test_the_avx512_path_compiles_on_any_x86_machine(entry, source, sizes, tmp_path):
     # An AVX2 machine cannot run the AVX-512 micro-kernels and register transposes, but it can
     # compile them: a change to the shared templates must not break the other instruction set.
@@ -580,9 +673,23 @@ def test_the_avx512_path_compiles_on_any_x86_machine(entry, source, sizes, tmp_p
     c_file = tmp_path / "kernel.c"
     c_file.write_text(kernel.c_source(sizes))
     for flags in ("-mavx512f -mavx512vl -mfma", "-mavx2 -mfma"):
-        built = subprocess.run(["gcc", "-O2", "-std=gnu11", "-fopenmp", "-Wall", "-Werror=implicit-function-declaration",
-                                *flags.split(), "-c", str(c_file), "-o", str(tmp_path / "kernel.o")],
-                               capture_output=True, text=True)
+        built = subprocess.run(
+            [
+                "gcc",
+                "-O2",
+                "-std=gnu11",
+                "-fopenmp",
+                "-Wall",
+                "-Werror=implicit-function-declaration",
+                *flags.split(),
+                "-c",
+                str(c_file),
+                "-o",
+                str(tmp_path / "kernel.o"),
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert built.returncode == 0, built.stderr[-2000:]
         symbols = subprocess.run(["nm", str(tmp_path / "kernel.o")], capture_output=True, text=True).stdout
         assert "polyc_" in symbols
@@ -597,28 +704,35 @@ def test_row_blocks_shared_by_a_team_come_in_multiples_of_its_size(tmp_path):
     threads).  polyc_team_step never makes the longest thread's share longer than
     polyc_balanced_step's, and for the sizes of that case makes every share equal."""
     import re
+
     from polyc.codegen.gemm import _COMMON
+
     # polyc_round_up, polyc_balanced_step and polyc_team_step, in this order in the C text
-    functions = re.search(r"static int64_t polyc_round_up\(.*?static int64_t polyc_team_step\(.*?\n}\n", _COMMON,
-                          re.S).group(0)
+    functions = re.search(
+        r"static int64_t polyc_round_up\(.*?static int64_t polyc_team_step\(.*?\n}\n", _COMMON, re.S
+    ).group(0)
     program = tmp_path / "steps.c"
-    program.write_text("#include <stdint.h>\n#include <stdio.h>\n"
-                       "#define polyc_min(a, b) ((a) < (b) ? (a) : (b))\n#define polyc_max(a, b) ((a) > (b) ? (a) : (b))\n"
-                       + functions + "\nint main(void) {\n"
-                       "    for (int64_t total = 1; total <= 2100; total += total < 700 ? 7 : 1)\n"
-                       "        for (int64_t most = 6; most <= 300; most += 6)\n"
-                       "            for (int nthr = 1; nthr <= 4; nthr++)\n"
-                       "                if (total <= 700 || total == 2048 || total == 512)\n"
-                       "                    printf(\"%ld %ld %d %ld %ld\\n\", (long)total, (long)most, nthr,\n"
-                       "                           (long)polyc_balanced_step(total, most, 6),\n"
-                       "                           (long)polyc_team_step(total, most, 6, nthr));\n"
-                       "    return 0;\n}\n")
+    program.write_text(
+        "#include <stdint.h>\n#include <stdio.h>\n"
+        "#define polyc_min(a, b) ((a) < (b) ? (a) : (b))\n#define polyc_max(a, b) ((a) > (b) ? (a) : (b))\n"
+        + functions
+        + "\nint main(void) {\n"
+        "    for (int64_t total = 1; total <= 2100; total += total < 700 ? 7 : 1)\n"
+        "        for (int64_t most = 6; most <= 300; most += 6)\n"
+        "            for (int nthr = 1; nthr <= 4; nthr++)\n"
+        "                if (total <= 700 || total == 2048 || total == 512)\n"
+        "                    printf(\"%ld %ld %d %ld %ld\\n\", (long)total, (long)most, nthr,\n"
+        "                           (long)polyc_balanced_step(total, most, 6),\n"
+        "                           (long)polyc_team_step(total, most, 6, nthr));\n"
+        "    return 0;\n}\n"
+    )
     subprocess.run(["gcc", "-O1", "-o", str(tmp_path / "steps"), str(program)], check=True, capture_output=True)
     output = subprocess.run([str(tmp_path / "steps")], capture_output=True, text=True, check=True).stdout
 
     def longest_share(total, step, nthr):  # rows of the thread that takes the most blocks
         blocks = -(-total // step)
         return min(total, -(-blocks // nthr) * step)
+
     for line in output.splitlines():
         total, most, nthr, balanced, team = map(int, line.split())
         assert team % 6 == 0 and team <= max(most, 6), line

@@ -21,6 +21,7 @@ the cache model behind automatic tile sizes is pinned, pieces of an isl union ar
 prints them in hash-table order), pointer addresses isl may print after an id are dropped, and
 the C prelude (tested with polyc/codegen/c_expr.py) is replaced by one line.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -139,8 +140,9 @@ def golden_texts(stages) -> dict[str, str]:
         "optimized_schedule.yaml": normalise_isl(schedule_tree_text(stages.optimized_schedule)),
         "kernel.c": normalise_c(stages.kernel.source),
     }
-    return {name: "\n".join(line.rstrip() for line in text.strip("\n").splitlines()) + "\n"
-            for name, text in texts.items()}
+    return {
+        name: "\n".join(line.rstrip() for line in text.strip("\n").splitlines()) + "\n" for name, text in texts.items()
+    }
 
 
 # ----------------------------------------------------------------------------- golden files
@@ -157,8 +159,12 @@ def compare_with_golden(path: Path, actual: str, update: bool) -> str | None:
     expected = path.read_text()
     if expected == actual:
         return None
-    diff = difflib.unified_diff(expected.splitlines(keepends=True), actual.splitlines(keepends=True),
-                                fromfile=f"{relative} (stored)", tofile=f"{relative} (now)")
+    diff = difflib.unified_diff(
+        expected.splitlines(keepends=True),
+        actual.splitlines(keepends=True),
+        fromfile=f"{relative} (stored)",
+        tofile=f"{relative} (now)",
+    )
     return "".join(diff)
 
 
@@ -166,13 +172,19 @@ def compare_with_golden(path: Path, actual: str, update: bool) -> str | None:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_golden(case, variant, update_goldens):
     texts = golden_texts(stages_of(case, variant))
-    problems = [problem for name, text in texts.items()
-                if (problem := compare_with_golden(GOLDEN_DIR / case / variant / name, text, update_goldens))]
+    problems = [
+        problem
+        for name, text in texts.items()
+        if (problem := compare_with_golden(GOLDEN_DIR / case / variant / name, text, update_goldens))
+    ]
     if problems:
-        pytest.fail("\n".join(problems) + "\n\nThe compiler's output differs from the stored goldens "
-                    f"(islpy {'.'.join(map(str, isl.VERSION))}).  If the change is intended, review the "
-                    "diff above, then rerun with\n    python -m pytest tests/test_golden.py --update-goldens\n"
-                    "and commit the updated files under tests/golden/.", pytrace=False)
+        pytest.fail(
+            "\n".join(problems) + "\n\nThe compiler's output differs from the stored goldens "
+            f"(islpy {'.'.join(map(str, isl.VERSION))}).  If the change is intended, review the "
+            "diff above, then rerun with\n    python -m pytest tests/test_golden.py --update-goldens\n"
+            "and commit the updated files under tests/golden/.",
+            pytrace=False,
+        )
 
 
 # ----------------------------------------------------------------------------- isl helpers
@@ -195,7 +207,8 @@ def member_schedules_index(band: isl.ScheduleNode, member: int, statement: isl.S
     dims = ", ".join(statement.get_space().get_var_names(isl.dim_type.set))
     params = "[" + ", ".join(statement.get_space().get_var_names(isl.dim_type.param)) + "]"
     expected = isl.UnionMap.read_from_str(
-        statement.get_ctx(), f"{params} -> {{ {statement.get_tuple_name()}[{dims}] -> [{index}] }}")
+        statement.get_ctx(), f"{params} -> {{ {statement.get_tuple_name()}[{dims}] -> [{index}] }}"
+    )
     return schedule.is_equal(expected.intersect_domain(isl.UnionSet.from_set(statement)))
 
 
@@ -236,7 +249,7 @@ def function_body(source: str) -> list[str]:
     """Lines of the kernel function, from its opening brace on."""
     lines = source.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("int polyc_"))
-    return lines[start + 1:]
+    return lines[start + 1 :]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -244,8 +257,9 @@ def test_matmul_c_parallelises_the_outermost_loop_with_int64_iterators(variant):
     body = function_body(stages_of("matmul", variant).kernel.source)
     loops = [i for i, line in enumerate(body) if line.lstrip().startswith("for (")]
     outermost = loops[0]
-    assert all(len(body[i]) - len(body[i].lstrip()) >= len(body[outermost]) - len(body[outermost].lstrip())
-               for i in loops)
+    assert all(
+        len(body[i]) - len(body[i].lstrip()) >= len(body[outermost]) - len(body[outermost].lstrip()) for i in loops
+    )
     # A short outermost loop shares its iteration space with the parallel loops in it (collapse).
     assert re.fullmatch(r"#pragma omp parallel for( simd| collapse\(\d\))?", body[outermost - 1].strip())
     assert sum("omp parallel" in line for line in body) == 1

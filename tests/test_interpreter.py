@@ -1,18 +1,19 @@
 """The reference interpreter against hand-written numpy, on the whole kernel corpus, plus the
 calling convention every back end shares: argument checking, caller-supplied outputs, and
 bounds errors for data-dependent accesses."""
+
 from __future__ import annotations
 
 import functools
 
 import numpy as np
 import pytest
-
-import polyc
 from kernels import CASES, KERNELS, KernelCase, check_kernel, uniform
 
+import polyc
 
-@functools.lru_cache(maxsize=None)
+
+@functools.cache
 def interpreted(source: str) -> polyc.Module:
     return polyc.define(source, backend="interpreter")
 
@@ -29,8 +30,11 @@ def define(source: str):
 
 
 # ----------------------------------------------------------------------------- the corpus
-CORPUS = [pytest.param(case, sizes, id=f"{case.name}-{'-'.join(f'{k}{v}' for k, v in sizes.items())}")
-          for case in KERNELS for sizes in case.size_sets]
+CORPUS = [
+    pytest.param(case, sizes, id=f"{case.name}-{'-'.join(f'{k}{v}' for k, v in sizes.items())}")
+    for case in KERNELS
+    for sizes in case.size_sets
+]
 
 
 def test_corpus_is_large_enough():
@@ -152,16 +156,20 @@ def test_zero_output_extent_is_an_empty_result():
 MATMUL = CASES["matmul"]
 
 
-@pytest.mark.parametrize("args, message", [
-    ((np.ones((2, 3), np.float32),), "takes 2 input"),
-    ((np.ones((2, 3), np.float32),) * 3, "takes 2 input"),
-    ((np.ones((2, 3), np.float64), np.ones((3, 2), np.float32)), "dtype float32"),
-    ((np.ones((2, 3), np.int32), np.ones((3, 2), np.float32)), "dtype float32"),
-    ((np.ones((2, 3, 1), np.float32), np.ones((3, 2), np.float32)), "2 dimension"),
-    ((np.ones(3, np.float32), np.ones((3, 2), np.float32)), "2 dimension"),
-    ((np.ones((2, 3), np.float32), np.ones((4, 2), np.float32)), "shape"),
-    (([[1.0, 2.0]], np.ones((2, 2), np.float32)), "numpy array"),
-], ids=["too-few", "too-many", "float64", "int32", "rank-3", "rank-1", "K-mismatch", "list"])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((np.ones((2, 3), np.float32),), "takes 2 input"),
+        ((np.ones((2, 3), np.float32),) * 3, "takes 2 input"),
+        ((np.ones((2, 3), np.float64), np.ones((3, 2), np.float32)), "dtype float32"),
+        ((np.ones((2, 3), np.int32), np.ones((3, 2), np.float32)), "dtype float32"),
+        ((np.ones((2, 3, 1), np.float32), np.ones((3, 2), np.float32)), "2 dimension"),
+        ((np.ones(3, np.float32), np.ones((3, 2), np.float32)), "2 dimension"),
+        ((np.ones((2, 3), np.float32), np.ones((4, 2), np.float32)), "shape"),
+        (([[1.0, 2.0]], np.ones((2, 2), np.float32)), "numpy array"),
+    ],
+    ids=["too-few", "too-many", "float64", "int32", "rank-3", "rank-1", "K-mismatch", "list"],
+)
 def test_signature_errors(args, message):
     with pytest.raises(polyc.SignatureError, match=message):
         kernel_of(MATMUL)(*args)
@@ -249,4 +257,4 @@ def test_module_holds_every_def():
     assert module.names == ("matmul", "row_sum")
     np.testing.assert_array_equal(module.row_sum(np.ones((2, 3), np.float32)), [3, 3])
     with pytest.raises(AttributeError, match="matmul, row_sum"):
-        module.conv
+        module.conv  # noqa: B018

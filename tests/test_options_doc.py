@@ -1,4 +1,5 @@
 """help(polyc.define) describes every option Options accepts, from Options' own docstring."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,6 +19,6 @@ def test_an_option_left_out_of_the_description_is_caught(monkeypatch):
     # Negative control: Options' docstring without the ``threads`` item.
     doc = Options.__doc__
     start = doc.index("    - ``threads``")
-    monkeypatch.setattr(Options, "__doc__", doc[:start] + doc[doc.index("\n    - ", start + 1) + 1:])
+    monkeypatch.setattr(Options, "__doc__", doc[:start] + doc[doc.index("\n    - ", start + 1) + 1 :])
     described = options_reference()
     assert "``threads``" not in described and "``tuning``" in described

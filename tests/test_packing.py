@@ -2,6 +2,7 @@
 the statements right for every register block, rejects wrong ones, and the C back end prints the
 general packing path from isl's loops.  The numeric checks of the packed kernels are in
 test_gemm.py (every layout, edge blocks, threads, sanitizers) and test_neon.py."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,15 +10,16 @@ import dataclasses
 import islpy as isl
 import numpy as np
 import pytest
+from kernels import assert_close
 
 import polyc
-from kernels import assert_close
 from polyc.codegen.gemm import ISA_GUARDS, micro_kernel_shapes
 from polyc.errors import PolycError
 from polyc.schedule import packing
 
-SHAPES = sorted({(s.mr, s.nr) for isa in ISA_GUARDS for dtype in (np.float32, np.float64)
-                 for s in micro_kernel_shapes(isa, dtype)})
+SHAPES = sorted(
+    {(s.mr, s.nr) for isa in ISA_GUARDS for dtype in (np.float32, np.float64) for s in micro_kernel_shapes(isa, dtype)}
+)
 
 
 @pytest.mark.parametrize("mr, nr", SHAPES, ids=[f"{mr}x{nr}" for mr, nr in SHAPES])
@@ -49,25 +51,36 @@ def _broken(program: packing.PackingProgram, name: str, **changes) -> packing.Pa
             parsed.setdefault("read", statement.read)
             parsed["read"] = parsed["read"].intersect_domain(domain)
     replaced = dataclasses.replace(statement, **parsed)
-    return dataclasses.replace(program, statements=tuple(replaced if s.name == name else s
-                                                         for s in program.statements))
+    return dataclasses.replace(program, statements=tuple(replaced if s.name == name else s for s in program.statements))
 
 
-@pytest.mark.parametrize("name, changes, complaint", [
-    # The zero rows of the last sliver forgotten: the micro-kernel would read garbage.
-    ("PadA", {"domain": "PadA[s, k, i] : 0 <= k < kc and 0 <= i < 6 and mc < 6 s + i and 6 s < mc"},
-     "no statement wrote"),
-    # Rows copied one place off.
-    ("PackA", {"read": "PackA[s, k, i] -> A[ic + 6 s + i + 1, pc + k]"}, "(do not hold|outside an operand)"),
-    # B's columns copied transposed within a sliver.
-    ("PackB", {"read": "PackB[s, k, j] -> B[pc + j, jc + 64 s + k]"}, "(do not hold|outside an operand)"),
-    # Two instances writing one element.
-    ("PackB", {"write": "PackB[s, k, j] -> Bpack[s, k, 0]"}, "same buffer element"),
-    # The K range ignored: the copy reads past the block and past B.
-    ("PackB", {"domain": "PackB[s, k, j] : 0 <= k <= kc and 0 <= j < 64 and 0 <= 64 s + j < nc",
-               "write": "PackB[s, k, j] -> Bpack[s, k, j]", "read": "PackB[s, k, j] -> B[pc + k, jc + 64 s + j]"},
-     "(outside an operand|outside its buffers)"),
-])
+@pytest.mark.parametrize(
+    "name, changes, complaint",
+    [
+        # The zero rows of the last sliver forgotten: the micro-kernel would read garbage.
+        (
+            "PadA",
+            {"domain": "PadA[s, k, i] : 0 <= k < kc and 0 <= i < 6 and mc < 6 s + i and 6 s < mc"},
+            "no statement wrote",
+        ),
+        # Rows copied one place off.
+        ("PackA", {"read": "PackA[s, k, i] -> A[ic + 6 s + i + 1, pc + k]"}, "(do not hold|outside an operand)"),
+        # B's columns copied transposed within a sliver.
+        ("PackB", {"read": "PackB[s, k, j] -> B[pc + j, jc + 64 s + k]"}, "(do not hold|outside an operand)"),
+        # Two instances writing one element.
+        ("PackB", {"write": "PackB[s, k, j] -> Bpack[s, k, 0]"}, "same buffer element"),
+        # The K range ignored: the copy reads past the block and past B.
+        (
+            "PackB",
+            {
+                "domain": "PackB[s, k, j] : 0 <= k <= kc and 0 <= j < 64 and 0 <= 64 s + j < nc",
+                "write": "PackB[s, k, j] -> Bpack[s, k, j]",
+                "read": "PackB[s, k, j] -> B[pc + k, jc + 64 s + j]",
+            },
+            "(outside an operand|outside its buffers)",
+        ),
+    ],
+)
 def test_wrong_packing_is_rejected(name, changes, complaint):
     program = _broken(packing.packing_program(6, 64), name, **changes)
     with pytest.raises(PolycError, match=complaint):
@@ -87,8 +100,12 @@ def test_generated_kernel_packs_through_the_statements():
     kernel = polyc.define("""def mm(float(M, K) A, float(K, N) B) -> (C) {
         C(m, n) +=! A(m, r_k) * B(r_k, n) }""").mm
     source = kernel.c_source({"M": 50, "K": 70, "N": 90})
-    for function in ("polyc_pack_a_sliver_", "polyc_pack_a_contiguous_", "polyc_pack_b_sliver_",
-                     "polyc_pack_b_contiguous_"):
+    for function in (
+        "polyc_pack_a_sliver_",
+        "polyc_pack_a_contiguous_",
+        "polyc_pack_b_sliver_",
+        "polyc_pack_b_contiguous_",
+    ):
         assert function in source
     assert "the statements PackA and PadA of polyc.schedule.packing" in source
 
@@ -111,9 +128,13 @@ def test_gathered_slivers_match_numpy(m, k, n):
 def test_padding_must_come_from_the_zero_fill():
     """Copying the rows past the block from A instead of zero-filling them leaves the padded
     lanes with whatever A holds there (and reads past A at its edge): rejected."""
-    program = _broken(packing.packing_program(6, 64), "PackA",
-                      domain="PackA[s, k, i] : 0 <= k < kc and 0 <= i < 6 and 0 <= 6 s < mc",
-                      write="PackA[s, k, i] -> Apack[s, k, i]", read="PackA[s, k, i] -> A[ic + 6 s + i, pc + k]")
+    program = _broken(
+        packing.packing_program(6, 64),
+        "PackA",
+        domain="PackA[s, k, i] : 0 <= k < kc and 0 <= i < 6 and 0 <= 6 s < mc",
+        write="PackA[s, k, i] -> Apack[s, k, i]",
+        read="PackA[s, k, i] -> A[ic + 6 s + i, pc + k]",
+    )
     program = _broken(program, "PadA", domain="PadA[s, k, i] : 1 = 0")
     with pytest.raises(PolycError, match="padded micro-kernel lanes"):
         packing.check_packing(program)
@@ -124,9 +145,12 @@ def test_packing_must_come_before_the_micro_kernel():
     micro-kernel ran, the kernel reads buffer elements nothing wrote yet."""
     program = packing.packing_program(8, 32)
     params = f"[{', '.join(packing.BLOCK_PARAMETERS)}]"
-    late = isl.UnionMap.read_from_str(program.context.get_ctx(), f"{params} -> {{ "
-                                      "PackB[s, k, j] -> [0, s, k, j, 0, 0]; PadB[s, k, j] -> [0, s, k, j, 0, 0]; "
-                                      "PackA[s, k, i] -> [3, s, k, i, 0, 0]; PadA[s, k, i] -> [3, s, k, i, 0, 0]; "
-                                      "Kernel[sa, sb, k, i, j] -> [2, sb, sa, k, i, j] }")
+    late = isl.UnionMap.read_from_str(
+        program.context.get_ctx(),
+        f"{params} -> {{ "
+        "PackB[s, k, j] -> [0, s, k, j, 0, 0]; PadB[s, k, j] -> [0, s, k, j, 0, 0]; "
+        "PackA[s, k, i] -> [3, s, k, i, 0, 0]; PadA[s, k, i] -> [3, s, k, i, 0, 0]; "
+        "Kernel[sa, sb, k, i, j] -> [2, sb, sa, k, i, j] }",
+    )
     with pytest.raises(PolycError, match="no statement wrote"):
         packing.check_packing(dataclasses.replace(program, order=late))

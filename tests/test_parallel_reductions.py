@@ -7,11 +7,12 @@ multiples of 1/64 in [1/64, 1]: every partial sum is then a float32 exactly, the
 is 0 in any summation order, and dropping or repeating any single term is an error of at least
 1/64.  The sizes are not multiples of any vector width, so the remainder loops run too.
 """
+
 import numpy as np
 import pytest
+from test_differential_fuzz import sum_bound
 
 import polyc
-from test_differential_fuzz import sum_bound
 
 SOURCE = """
 def total(float(N) A) -> (S) { S +=! A(r_i) }
@@ -83,7 +84,13 @@ def test_float_max_reduces_in_lanes_that_never_hold_a_nan(module):
     assert "omp simd reduction(max:polyc_acc_M)" in source and "polyc_lane_maxf(polyc_acc_M" in source
     reference = polyc.define(SOURCE, backend="interpreter").float_max
     nan, inf = np.nan, np.inf
-    for values in ([1.0, nan, 3.0] * 11, [nan] * 33, [nan] + [-inf] * 40, [-inf] * 40 + [nan], [nan, -5.0] + [nan] * 30):
+    for values in (
+        [1.0, nan, 3.0] * 11,
+        [nan] * 33,
+        [nan] + [-inf] * 40,
+        [-inf] * 40 + [nan],
+        [nan, -5.0] + [nan] * 30,
+    ):
         a = np.array(values, dtype=np.float32)
         np.testing.assert_array_equal(module.float_max(a), reference(a), err_msg=str(values))
     assert float(module.float_max(np.array([1.0, nan, 3.0] * 11, dtype=np.float32))) == 3.0

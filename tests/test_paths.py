@@ -1,6 +1,7 @@
 """The registry of kernel paths (polyc/paths): every registered path is reached by a def of its
 form, computes what the interpreter computes, and is left by a def (or an option) just outside
 it; the driver, the tuner and the explanations name the same path."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,12 +42,27 @@ CASES = {
     "gemm": (MATMUL, {"M": 64, "K": 64, "N": 64}, {}, "generic", {"blas_contractions": False}),
     "gemv": (MATVEC, {"M": 64, "K": 64}, {}, "generic", {"blas_contractions": False}),
     "winograd": (WINOGRAD, {}, {"winograd": True}, "direct_convolution", {"winograd": False}),
-    "depthwise": (DEPTHWISE, {"N": 1, "H": 9, "W": 11, "C": 20, "KH": 3, "KW": 3}, {}, "generic",
-                  {"direct_convolutions": False}),
-    "direct_convolution": (NCHW_CONV, {"N": 1, "C": 3, "H": 9, "W": 8, "F": 5, "KH": 3, "KW": 3}, {}, "generic",
-                           {"direct_convolutions": False}),
-    "pointwise_depthwise": (POINTWISE_DEPTHWISE, {"N": 1, "H": 6, "W": 7, "C": 8, "E": 24}, {}, "generic",
-                            {"direct_convolutions": False}),
+    "depthwise": (
+        DEPTHWISE,
+        {"N": 1, "H": 9, "W": 11, "C": 20, "KH": 3, "KW": 3},
+        {},
+        "generic",
+        {"direct_convolutions": False},
+    ),
+    "direct_convolution": (
+        NCHW_CONV,
+        {"N": 1, "C": 3, "H": 9, "W": 8, "F": 5, "KH": 3, "KW": 3},
+        {},
+        "generic",
+        {"direct_convolutions": False},
+    ),
+    "pointwise_depthwise": (
+        POINTWISE_DEPTHWISE,
+        {"N": 1, "H": 6, "W": 7, "C": 8, "E": 24},
+        {},
+        "generic",
+        {"direct_convolutions": False},
+    ),
     "segments": (SEGMENTS, {"M": 20, "N": 24, "K": 16}, {}, "generic", {"blas_contractions": False}),
     "generic": (ROWSUM, {"M": 16, "N": 8}, {}, None, {}),
 }
@@ -119,6 +135,5 @@ def kernel_arguments(kernel, sizes):
     for name in kernel.definition.inputs:
         tensor = kernel.definition.tensor(name)
         shape = tuple(d.evaluate(sizes) for d in tensor.shape)
-        arguments.append(rng.standard_normal(shape).astype(tensor.dtype) if shape
-                         else np.array(1.5, tensor.dtype))
+        arguments.append(rng.standard_normal(shape).astype(tensor.dtype) if shape else np.array(1.5, tensor.dtype))
     return arguments

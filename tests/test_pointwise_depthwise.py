@@ -1,17 +1,18 @@
 """The fused 1 x 1 + depthwise convolution kernel (polyc/codegen/pointwise_depthwise.py): which
 defs it takes, and its results against numpy on every instruction-set branch, one thread and
 two, every way of splitting the work between threads, under AddressSanitizer and UBSan."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-import polyc
 from builds import builds
 from kernels import assert_close
 from sanitizers import ISA_FLAG_SETS, assert_clean, checked_lines, run_sanitized
+
+import polyc
 from polyc.lang.sema import check_source
 from polyc.schedule.convolution import recognise_pointwise_depthwise_def
 
@@ -20,15 +21,20 @@ FUSED = "polyc pointwise + depthwise conv kernel"
 
 #: The 1 x 1 convolution's epilogues (TC) and their numpy form.
 POINTWISE_EPILOGUES = {
-    "relu6": ("    T(n, h, w, f) = T(n, h, w, f) + B1(f)\n"
-              "    T(n, h, w, f) = fmin(fmax(T(n, h, w, f), 0.0), 6.0)\n",
-              lambda t, b: np.clip(t + b, 0, 6)),
-    "silu": ("    T(n, h, w, f) = T(n, h, w, f) + B1(f)\n"  # a sigmoid: the pass over each finished row
-             "    T(n, h, w, f) = T(n, h, w, f) / (1.0 + exp(-T(n, h, w, f)))\n",
-             lambda t, b: (t + b) / (1 + np.exp(-(t + b)))),
-    "silu_product": ("    T(n, h, w, f) = T(n, h, w, f) + B1(f)\n"  # ONNX's Sigmoid and Mul: in registers
-                     "    T(n, h, w, f) = T(n, h, w, f) * (1 / (1 + exp(-T(n, h, w, f))))\n",
-                     lambda t, b: (t + b) / (1 + np.exp(-(t + b)))),
+    "relu6": (
+        "    T(n, h, w, f) = T(n, h, w, f) + B1(f)\n    T(n, h, w, f) = fmin(fmax(T(n, h, w, f), 0.0), 6.0)\n",
+        lambda t, b: np.clip(t + b, 0, 6),
+    ),
+    "silu": (
+        "    T(n, h, w, f) = T(n, h, w, f) + B1(f)\n"  # a sigmoid: the pass over each finished row
+        "    T(n, h, w, f) = T(n, h, w, f) / (1.0 + exp(-T(n, h, w, f)))\n",
+        lambda t, b: (t + b) / (1 + np.exp(-(t + b))),
+    ),
+    "silu_product": (
+        "    T(n, h, w, f) = T(n, h, w, f) + B1(f)\n"  # ONNX's Sigmoid and Mul: in registers
+        "    T(n, h, w, f) = T(n, h, w, f) * (1 / (1 + exp(-T(n, h, w, f))))\n",
+        lambda t, b: (t + b) / (1 + np.exp(-(t + b))),
+    ),
     None: ("", lambda t, b: t),
 }
 
@@ -56,8 +62,14 @@ def reference(inputs, kernel=3, stride=1, dilation=1, pad=1, epilogue="relu6", i
     out = np.zeros((t.shape[0], oh, ow, t.shape[3]))
     for i in range(kernel):
         for j in range(kernel):
-            out += padded[:, i * dilation:i * dilation + stride * (oh - 1) + 1:stride,
-                          j * dilation:j * dilation + stride * (ow - 1) + 1:stride] * w2[i, j]
+            out += (
+                padded[
+                    :,
+                    i * dilation : i * dilation + stride * (oh - 1) + 1 : stride,
+                    j * dilation : j * dilation + stride * (ow - 1) + 1 : stride,
+                ]
+                * w2[i, j]
+            )
     return out + initial if initial is not None else np.clip(out + b2, 0, 6)
 
 
@@ -79,19 +91,29 @@ def test_recognises_an_expansion_then_a_depthwise_layer():
     assert recognise_pointwise_depthwise_def(checked(block(1, 8, 8, 4, 24, epilogue=None))) is not None
 
 
-@pytest.mark.parametrize("change", [
-    ("-> (O)", "-> (O, T)"),  # T is an output: it must be stored
-    ("    O(n, h, w, c) = fmin(fmax(O(n, h, w, c) + B2(c), 0.0), 6.0)",  # T read again after the depthwise layer
-     "    O(n, h, w, c) = O(n, h, w, c) + T(n, h, w, c)"),
-    ("T(n, h, w, f) + B1(f)\n", "T(n, h, w, f) + X(n, h, w, 0)\n"),  # an epilogue of T reads more than a channel vector
-    ("W1(r_k0, r_k1, r_c, f)", "W1(r_k0, r_k1, f, r_c)"),  # weights (F, C): not the kernel's layout
-], ids=["temporary-is-output", "temporary-read-twice", "epilogue-reads-image", "weights-fc"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        ("-> (O)", "-> (O, T)"),  # T is an output: it must be stored
+        (
+            "    O(n, h, w, c) = fmin(fmax(O(n, h, w, c) + B2(c), 0.0), 6.0)",  # T read again after the depthwise layer
+            "    O(n, h, w, c) = O(n, h, w, c) + T(n, h, w, c)",
+        ),
+        (
+            "T(n, h, w, f) + B1(f)\n",
+            "T(n, h, w, f) + X(n, h, w, 0)\n",
+        ),  # an epilogue of T reads more than a channel vector
+        ("W1(r_k0, r_k1, r_c, f)", "W1(r_k0, r_k1, f, r_c)"),  # weights (F, C): not the kernel's layout
+    ],
+    ids=["temporary-is-output", "temporary-read-twice", "epilogue-reads-image", "weights-fc"],
+)
 def test_rejects_what_the_kernel_does_not_compute(change):
     assert recognise_pointwise_depthwise_def(checked(block(1, 8, 8, 8, 8).replace(*change))) is None
 
 
 def test_the_tuner_searches_only_the_threads():
     from polyc.tune.space import space_for
+
     compiled = polyc.define(block(1, 8, 8, 4, 24)).blk
     space = space_for(compiled.definition, {}, compiled.options)
     assert space.path == "pointwise_depthwise" and {k.name for k in space.knobs} <= {"threads"}
@@ -103,8 +125,11 @@ def test_a_dilated_one_tap_kernel_is_still_1x1():
 
 
 def test_a_strided_pointwise_layer_is_not_fused():
-    source = block(1, 8, 8, 4, 16).replace("X(n, h + r_k0, w + r_k1, r_c)", "X(n, 2 * h + r_k0, w + r_k1, r_c)") \
+    source = (
+        block(1, 8, 8, 4, 16)
+        .replace("X(n, h + r_k0, w + r_k1, r_c)", "X(n, 2 * h + r_k0, w + r_k1, r_c)")
         .replace("float(1, 8, 8, 4) X", "float(1, 16, 8, 4) X")
+    )
     assert recognise_pointwise_depthwise_def(checked(source)) is None
 
 
@@ -139,16 +164,27 @@ def test_against_numpy(cflags):
     n, h, w, c, e = 2, 6, 9, 12, 21
     inputs = inputs_for(rng, n, h, w, c, e)
     for options in (dict(parallel=False), dict(vectorize=False)):
-        assert_close(polyc.define(block(n, h, w, c, e), cflags=cflags, **options).blk(*inputs),
-                     reference(inputs), c + 11, np.float32, inputs)
+        assert_close(
+            polyc.define(block(n, h, w, c, e), cflags=cflags, **options).blk(*inputs),
+            reference(inputs),
+            c + 11,
+            np.float32,
+            inputs,
+        )
     doubles = inputs_for(rng, n, h, w, c, e, dtype=np.float64)
-    assert_close(polyc.define(block(n, h, w, c, e, dtype="double"), cflags=cflags).blk(*doubles),
-                 reference(doubles), c + 11, np.float64, doubles)
+    assert_close(
+        polyc.define(block(n, h, w, c, e, dtype="double"), cflags=cflags).blk(*doubles),
+        reference(doubles),
+        c + 11,
+        np.float64,
+        doubles,
+    )
     initial = rng.uniform(-1, 1, (n, h, w, e)).astype(np.float32)
     accumulating = polyc.define(block(n, h, w, c, e, op="+="), cflags=cflags).blk
     assert FUSED in accumulating.c_source()
-    assert_close(accumulating(*inputs, outputs=[initial.copy()]), reference(inputs, initial=initial), c + 11,
-                 np.float32, inputs)
+    assert_close(
+        accumulating(*inputs, outputs=[initial.copy()]), reference(inputs, initial=initial), c + 11, np.float32, inputs
+    )
 
 
 #: The sizes unknown as the C is written: the row's last pixels in a block of as many as are left.
@@ -223,7 +259,8 @@ for flags in sys.argv[2:]:
 
 
 def test_sanitized(tmp_path):
-    result = run_sanitized(_SANITIZED_SCRIPT, str(TESTS_DIR), *ISA_FLAG_SETS, cache_dir=tmp_path, timeout=900,
-                           build_first=True)
+    result = run_sanitized(
+        _SANITIZED_SCRIPT, str(TESTS_DIR), *ISA_FLAG_SETS, cache_dir=tmp_path, timeout=900, build_first=True
+    )
     assert_clean(result)
     assert result.stdout.split() == checked_lines(ISA_FLAG_SETS), result.stdout

@@ -3,6 +3,7 @@ number of malformed sources and of semantic errors (docs/testing.md), and the ul
 polyc's vectorised math (docs/language.md; ``ULP_BOUNDS``, which tests/test_vector_math.py
 enforces).  A change on either side that leaves the other behind fails here instead of drifting.
 (These figures were stated in README.md until the reference moved to docs/.)"""
+
 from __future__ import annotations
 
 import re
@@ -70,11 +71,15 @@ def test_measured_errors_in_the_module_table_are_within_the_bounds():
                 assert float(value) <= ULP_BOUNDS[name, dtype], f"{name} {dtype}: measured {value}"
 
 
-@pytest.mark.parametrize("check, old, new", [
-    (test_corpus_size, "corpus of 63 kernels", "corpus of 60 kernels"),
-    (test_ulp_bounds_are_the_tests_bounds, "1.5 (expm1, log1p)", "1.5 (expm1), 2.0 (log1p)"),
-    (test_ulp_bounds_are_the_tests_bounds, "1.1 (exp, log, tanh)", "1.5 (exp, log, tanh)"),
-], ids=["corpus", "log1p", "float32-exp"])
+@pytest.mark.parametrize(
+    "check, old, new",
+    [
+        (test_corpus_size, "corpus of 63 kernels", "corpus of 60 kernels"),
+        (test_ulp_bounds_are_the_tests_bounds, "1.5 (expm1, log1p)", "1.5 (expm1), 2.0 (log1p)"),
+        (test_ulp_bounds_are_the_tests_bounds, "1.1 (exp, log, tanh)", "1.5 (exp, log, tanh)"),
+    ],
+    ids=["corpus", "log1p", "float32-exp"],
+)
 def test_a_drifted_figure_is_caught(monkeypatch, check, old, new):
     # Negative control: the pages with a figure as the README read before these tests, or a bound moved.
     text = " ".join(README.split())

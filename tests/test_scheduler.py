@@ -1,4 +1,5 @@
 """isl's scheduler as polyc configures it (:mod:`polyc.schedule.scheduler`)."""
+
 from __future__ import annotations
 
 import re
@@ -26,8 +27,11 @@ def test_no_statement_is_shifted_by_most_of_a_loop():
     assert "- INT64_C(95)" not in source and "+ INT64_C(95)" not in source
     # Every vectorised loop that reads X runs along a row (the loops over the 16 rows alone
     # initialise S and V and compute M).
-    simd_loops = re.findall(r"#pragma omp (?:parallel for )?simd[^\n]*\n\s*for \(int64_t c\d+ = INT64_C\(0\); "
-                            r"c\d+ <= INT64_C\((\d+)\)[^\n]*\n([^\n]*)", source)
+    simd_loops = re.findall(
+        r"#pragma omp (?:parallel for )?simd[^\n]*\n\s*for \(int64_t c\d+ = INT64_C\(0\); "
+        r"c\d+ <= INT64_C\((\d+)\)[^\n]*\n([^\n]*)",
+        source,
+    )
     bounds = {bound for bound, body in simd_loops if "X[" in body}
     assert bounds == {"95"}, simd_loops
     rng = np.random.default_rng(0)
@@ -45,18 +49,24 @@ def _taps(region: str, guarded: bool) -> str:
         for j in range(3):
             read = f"X(n, c, h + {i - 1}, w + {j - 1})"
             if guarded:
-                read = f"((h + {i - 1} >= 0 && h + {i - 1} < 20 && w + {j - 1} >= 0 && w + {j - 1} < 20) ? {read} : 0.0)"
+                read = (
+                    f"((h + {i - 1} >= 0 && h + {i - 1} < 20 && w + {j - 1} >= 0 && w + {j - 1} < 20) ? {read} : 0.0)"
+                )
             terms.append(f"W(c, {i}, {j}) * {read}")
     return f"    O(n, c, h, w) += {' + '.join(terms)} where n in 0:3, c in 0:8, {region}\n"
 
 
-DEPTHWISE = ("def dw(float(3, 8, 20, 20) X, float(8, 3, 3) W, float(8) B) -> (O) {\n"
-             "    O(n, c, h, w) = B(c) where n in 0:3, c in 0:8, h in 0:20, w in 0:20\n"
-             + _taps("h in 1:19, w in 1:19", False)
-             + "".join(_taps(region, True) for region in ("h in 0:1, w in 0:20", "h in 19:20, w in 0:20",
-                                                          "h in 1:19, w in 0:1", "h in 1:19, w in 19:20"))
-             + "    O(i0, i1, i2, i3) = fmin(fmax(O(i0, i1, i2, i3), 0.0), 6.0)"
-               " where i0 in 0:3, i1 in 0:8, i2 in 0:20, i3 in 0:20\n}")
+DEPTHWISE = (
+    "def dw(float(3, 8, 20, 20) X, float(8, 3, 3) W, float(8) B) -> (O) {\n"
+    "    O(n, c, h, w) = B(c) where n in 0:3, c in 0:8, h in 0:20, w in 0:20\n"
+    + _taps("h in 1:19, w in 1:19", False)
+    + "".join(
+        _taps(region, True)
+        for region in ("h in 0:1, w in 0:20", "h in 19:20, w in 0:20", "h in 1:19, w in 0:1", "h in 1:19, w in 19:20")
+    )
+    + "    O(i0, i1, i2, i3) = fmin(fmax(O(i0, i1, i2, i3), 0.0), 6.0)"
+    " where i0 in 0:3, i1 in 0:8, i2 in 0:20, i3 in 0:20\n}"
+)
 
 
 def test_statements_sharing_two_outer_loops_run_inside_both():
@@ -70,6 +80,7 @@ def test_statements_sharing_two_outer_loops_run_inside_both():
     rng = np.random.default_rng(1)
     x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((3, 8, 20, 20), (8, 3, 3), (8,)))
     padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
-    expected = b[None, :, None, None] + sum(w[None, :, i, j, None, None] * padded[:, :, i:i + 20, j:j + 20]
-                                           for i in range(3) for j in range(3))
+    expected = b[None, :, None, None] + sum(
+        w[None, :, i, j, None, None] * padded[:, :, i : i + 20, j : j + 20] for i in range(3) for j in range(3)
+    )
     np.testing.assert_allclose(kernel(x, w, b), np.clip(expected, 0, 6), rtol=1e-5, atol=1e-5)

@@ -8,15 +8,16 @@ output comes from, plus those of the temporaries it reads (TC's rule per stateme
 temporary's error carried into the next), plus a few for scale factors, an accumulated
 starting value and an epilogue: never the sum of all sizes, which for most kernels is many
 times looser."""
+
 from __future__ import annotations
 
 import subprocess
 
 import numpy as np
 import pytest
+from builds import builds
 
 import polyc
-from builds import builds
 from polyc.lang.sema import check_source
 from polyc.schedule.segments import plan_segments, split_sums
 from tests.kernels import assert_close
@@ -48,6 +49,7 @@ POLYBENCH = {
     }""",
 }
 
+
 def lower_triangle(C, updated):
     """PolyBench's syrk/syr2k: ``updated`` where j <= i, C elsewhere."""
     return np.where(np.tri(len(C), dtype=bool), updated, C)
@@ -59,8 +61,10 @@ POLYBENCH_NUMPY = {
     "2mm": (lambda alpha, beta, A, B, C, D: beta * D + (alpha * (A @ B)) @ C, lambda s: s["NK"] + s["NJ"] + 3),
     "3mm": (lambda A, B, C, D: (A @ B) @ (C @ D), lambda s: max(s["NK"], s["NM"]) + s["NJ"]),
     "syrk": (lambda alpha, beta, C, A: lower_triangle(C, beta * C + alpha * (A @ A.T)), lambda s: s["M"] + 2),
-    "syr2k": (lambda alpha, beta, C, A, B: lower_triangle(C, beta * C + alpha * (A @ B.T + B @ A.T)),
-              lambda s: 2 * s["M"] + 3),
+    "syr2k": (
+        lambda alpha, beta, C, A, B: lower_triangle(C, beta * C + alpha * (A @ B.T + B @ A.T)),
+        lambda s: 2 * s["M"] + 3,
+    ),
 }
 
 EXPECTED_KINDS = {
@@ -158,8 +162,9 @@ def test_segmented_polybench_against_numpy(name, sizes):
     assert len(kernel.stages(sizes).segments) == len(EXPECTED_KINDS[name])
 
 
-@pytest.mark.parametrize("options", [dict(specialize=False), dict(parallel=False), dict(vectorize=False),
-                                     dict(tile_sizes=(8, 16, 5))])
+@pytest.mark.parametrize(
+    "options", [dict(specialize=False), dict(parallel=False), dict(vectorize=False), dict(tile_sizes=(8, 16, 5))]
+)
 @pytest.mark.parametrize("name", ["2mm", "syr2k"])
 def test_segments_under_options(name, options):
     _check(POLYBENCH[name], SIZES[name][-1], *POLYBENCH_NUMPY[name], **options)
@@ -184,11 +189,18 @@ def test_guarded_contractions(guard, init):
         n = sizes["N"]
         if init == "+=":  # accumulates into C: give it a starting value
             C0 = np.random.default_rng(1).uniform(-1, 1, (n, n)).astype(np.float32)
-            kernel = _check(source, sizes, lambda A, B, C: C + np.where(guard_mask(guard, n), A @ B, 0),
-                            lambda s: s["K"] + 1, np.float32, outputs=(C0,))
+            kernel = _check(
+                source,
+                sizes,
+                lambda A, B, C: C + np.where(guard_mask(guard, n), A @ B, 0),
+                lambda s: s["K"] + 1,
+                np.float32,
+                outputs=(C0,),
+            )
         else:
-            kernel = _check(source, sizes, lambda A, B: np.where(guard_mask(guard, n), A @ B, 0),
-                            lambda s: s["K"], np.float32)
+            kernel = _check(
+                source, sizes, lambda A, B: np.where(guard_mask(guard, n), A @ B, 0), lambda s: s["K"], np.float32
+            )
         assert kernel.stages(sizes).contraction is not None
 
 
@@ -198,8 +210,13 @@ def test_scaled_contraction_with_epilogue():
         C(m, n) = fmax(C(m, n) + bias(n), 0)
     }"""
     for sizes in (dict(M=1, K=1, N=1), dict(M=65, K=33, N=100)):
-        kernel = _check(source, sizes, lambda a, A, B, bias: np.maximum(0.5 * a * (A @ B) + bias, 0),
-                        lambda s: s["K"] + 3, np.float32)
+        kernel = _check(
+            source,
+            sizes,
+            lambda a, A, B, bias: np.maximum(0.5 * a * (A @ B) + bias, 0),
+            lambda s: s["K"] + 3,
+            np.float32,
+        )
         assert kernel.stages(sizes).contraction.scale
 
 
@@ -220,11 +237,18 @@ def test_segmented_kernel_exports_compile(tmp_path, sizes):
     assert "int polyc_two_mm(" in h_path.read_text()
     main = tmp_path / "use.c"
     main.write_text(f'#include "{h_path.name}"\nint main(void) {{ return 0; }}\n')
-    result = subprocess.run(["gcc", "-std=gnu11", "-fopenmp", "-O1", "-c", str(c_path),
-                             "-o", str(tmp_path / "k.o")], capture_output=True, text=True)
+    result = subprocess.run(
+        ["gcc", "-std=gnu11", "-fopenmp", "-O1", "-c", str(c_path), "-o", str(tmp_path / "k.o")],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
-    result = subprocess.run(["gcc", "-std=gnu11", "-c", str(main), "-o", str(tmp_path / "use.o")],
-                            capture_output=True, text=True, cwd=tmp_path)
+    result = subprocess.run(
+        ["gcc", "-std=gnu11", "-c", str(main), "-o", str(tmp_path / "use.o")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -249,8 +273,12 @@ MATVEC_NUMPY = {
     "multi_index": (lambda A, x: np.einsum("ihkl,kl->ih", A, x), lambda s: s["K"] * s["L"]),
     "multi_index_columns": (lambda A, x: np.einsum("kih,k->ih", A, x), lambda s: s["K"]),
 }
-MATVEC_SIZES = [dict(M=1, K=1, H=1, L=1), dict(M=7, K=3, H=2, L=5), dict(M=333, K=129, H=3, L=2),
-                dict(M=1500, K=70, H=2, L=3)]
+MATVEC_SIZES = [
+    dict(M=1, K=1, H=1, L=1),
+    dict(M=7, K=3, H=2, L=5),
+    dict(M=333, K=129, H=3, L=2),
+    dict(M=1500, K=70, H=2, L=3),
+]
 
 
 def _matvec_sizes(name, sizes):
@@ -287,7 +315,9 @@ def test_matrix_vector_rows_in_every_instruction_set(cflags, dtype):
     for name in ("rows", "accumulating"):
         source = MATVEC[name].replace("float", "double") if dtype == np.float64 else MATVEC[name]
         for sizes in (dict(M=9, K=531), dict(M=6, K=1031), dict(M=3, K=13)):
-            outputs = (np.random.default_rng(2).uniform(-1, 1, sizes["M"]).astype(dtype),) if name == "accumulating" else None
+            outputs = (
+                (np.random.default_rng(2).uniform(-1, 1, sizes["M"]).astype(dtype),) if name == "accumulating" else None
+            )
             kernel = _check(source, sizes, *MATVEC_NUMPY[name], dtype, outputs=outputs, cflags=cflags, specialize=False)
         assert kernel.stages(sizes).contraction.is_matvec
 
@@ -306,24 +336,40 @@ def _gemver(alpha, beta, A, u1, v1, u2, v2, y, z):
 
 
 MATVEC_POLYBENCH = {
-    "atax": ("""def atax(double(M, N) A, double(N) x) -> (y) {
+    "atax": (
+        """def atax(double(M, N) A, double(N) x) -> (y) {
         tmp(i) +=! A(i, r_j) * x(r_j)
         y(j) +=! A(r_i, j) * tmp(r_i)
-    }""", ["gemv", "gemv"], dict(M=190, N=210),
-        lambda A, x: A.T @ (A @ x), lambda s: s["N"] + s["M"]),
-    "gemver": ("""def gemver(double alpha, double beta, double(N, N) A, double(N) u1, double(N) v1, double(N) u2,
+    }""",
+        ["gemv", "gemv"],
+        dict(M=190, N=210),
+        lambda A, x: A.T @ (A @ x),
+        lambda s: s["N"] + s["M"],
+    ),
+    "gemver": (
+        """def gemver(double alpha, double beta, double(N, N) A, double(N) u1, double(N) v1, double(N) u2,
                double(N) v2, double(N) y, double(N) z) -> (A2, x, w) {
         A2(i, j) = A(i, j) + u1(i) * v1(j) + u2(i) * v2(j)
         x(i) +=! beta * A2(r_j, i) * y(r_j)
         x(i) = x(i) + z(i)
         w(i) +=! alpha * A2(i, r_j) * x(r_j)
-    }""", ["generic", "gemv", "gemv"], dict(N=301), _gemver, lambda s: 2 * s["N"] + 6),
-    "gesummv": ("""def gesummv(double alpha, double beta, double(N, N) A, double(N, N) B, double(N) x) -> (y) {
+    }""",
+        ["generic", "gemv", "gemv"],
+        dict(N=301),
+        _gemver,
+        lambda s: 2 * s["N"] + 6,
+    ),
+    "gesummv": (
+        """def gesummv(double alpha, double beta, double(N, N) A, double(N, N) B, double(N) x) -> (y) {
         tmp(i) +=! A(i, r_j) * x(r_j)
         y(i) +=! B(i, r_j) * x(r_j)
         y(i) = alpha * tmp(i) + beta * y(i)
-    }""", ["gemv", "gemv"], dict(N=130),
-        lambda alpha, beta, A, B, x: alpha * (A @ x) + beta * (B @ x), lambda s: s["N"] + 2),
+    }""",
+        ["gemv", "gemv"],
+        dict(N=130),
+        lambda alpha, beta, A, B, x: alpha * (A @ x) + beta * (B @ x),
+        lambda s: s["N"] + 2,
+    ),
 }
 
 

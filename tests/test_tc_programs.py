@@ -1,6 +1,7 @@
 """Programs from Tensor Comprehensions' own documentation, tests and examples, run as TC ran them:
 compiled (and interpreted) against numpy; and the messages polyc gives for TC's common mistakes.
 """
+
 from __future__ import annotations
 
 import re
@@ -35,8 +36,9 @@ def test_concat_stacks_the_transposed_inputs(programs):
     np.testing.assert_array_equal(programs.concat(a, b), np.stack([a.T, b.T], axis=1))
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 7, 6, 4, 3), (1, 1, 3, 3, 1, 3), (3, 2, 5, 9, 2, 1)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize(
+    "shape", [(2, 3, 7, 6, 4, 3), (1, 1, 3, 3, 1, 3), (3, 2, 5, 9, 2, 1)], ids=lambda s: "x".join(map(str, s))
+)
 def test_masked_convolve_matches_numpy(programs, shape):
     batch, channels, height, width, filters, k = shape
     rng = np.random.default_rng(sum(shape))
@@ -48,8 +50,12 @@ def test_masked_convolve_matches_numpy(programs, shape):
     result = programs.masked_convolve(image, weights, mask)
     assert result.shape == (batch, filters, height - k + 1, width - k + 1)
     terms = channels * k * k  # TC's rule: rtol = eps(float32) * the reduction length
-    np.testing.assert_allclose(result, expected, rtol=terms * np.finfo(np.float32).eps,
-                               atol=terms * np.finfo(np.float32).eps * np.abs(expected).max())
+    np.testing.assert_allclose(
+        result,
+        expected,
+        rtol=terms * np.finfo(np.float32).eps,
+        atol=terms * np.finfo(np.float32).eps * np.abs(expected).max(),
+    )
 
 
 def test_equivalence_annotation_is_accepted_and_changes_nothing():
@@ -62,9 +68,11 @@ def test_equivalence_annotation_is_accepted_and_changes_nothing():
 
 
 def test_c_math_builtins_of_tcs_tests(programs):
-    fun = polyc.define("def fun(float(N, N) A, float(N, N) B, float(N) C) -> (O) {\n"
-                       "    O(n0, n1) = nextafter(C(n0), exp(A(n0, n1))) + log(B(n1, n0))\n}",
-                       backend=programs.concat.options.backend).fun
+    fun = polyc.define(
+        "def fun(float(N, N) A, float(N, N) B, float(N) C) -> (O) {\n"
+        "    O(n0, n1) = nextafter(C(n0), exp(A(n0, n1))) + log(B(n1, n0))\n}",
+        backend=programs.concat.options.backend,
+    ).fun
     rng = np.random.default_rng(2)
     a, b, c = rng.standard_normal((5, 5)), rng.uniform(0.5, 2, (5, 5)), rng.standard_normal(5)
     a, b, c = a.astype(np.float32), b.astype(np.float32), c.astype(np.float32)
@@ -72,8 +80,10 @@ def test_c_math_builtins_of_tcs_tests(programs):
     np.testing.assert_allclose(fun(a, b, c), expected, rtol=4 * np.finfo(np.float32).eps)
 
 
-@pytest.mark.parametrize("statement, expected", [
-    ("B +=! A(i)", np.any), ("B *=! A(i)", np.all), ("B max=! A(i)", np.any), ("B min=! A(i)", np.all)])
+@pytest.mark.parametrize(
+    "statement, expected",
+    [("B +=! A(i)", np.any), ("B *=! A(i)", np.all), ("B max=! A(i)", np.any), ("B min=! A(i)", np.all)],
+)
 @pytest.mark.parametrize("size", [2, 3, 1000])
 def test_bool_reductions_are_logical(programs, statement, expected, size):
     # TC's generated type tests: a bool + is "or" (gcc once combined OpenMP's private copies of a
@@ -84,8 +94,11 @@ def test_bool_reductions_are_logical(programs, statement, expected, size):
 
 
 def test_reduction_without_init_into_a_fresh_tensor_warns():
-    with pytest.warns(polyc.PolycWarning, match=r"column \d+: 'O' is first written by 'O\(i\) \*= A\(i, j\)'.*"
-                                                r"write '\*=!'") as caught:
+    with pytest.warns(
+        polyc.PolycWarning,
+        match=r"column \d+: 'O' is first written by 'O\(i\) \*= A\(i, j\)'.*"
+        r"write '\*=!'",
+    ) as caught:
         polyc.define("def f(float(N, M) A) -> (O) {\n    O(i) *= A(i, j)\n}", filename="product.tc")
     assert caught[0].filename == "product.tc" and caught[0].lineno == 2
     with warnings.catch_warnings():
@@ -126,8 +139,9 @@ def test_write_outside_a_declared_output_names_the_where_clause():
 
 @pytest.mark.parametrize("backend", ["c", "interpreter"])
 def test_input_in_the_other_byte_order_is_read_through_a_native_copy(backend):
-    matmul = polyc.define("def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
-                          backend=backend).mm
+    matmul = polyc.define(
+        "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }", backend=backend
+    ).mm
     rng = np.random.default_rng(1)
     swapped = rng.standard_normal((4, 3)).astype(">f4")
     before = swapped.copy()
@@ -135,9 +149,11 @@ def test_input_in_the_other_byte_order_is_read_through_a_native_copy(backend):
     for _ in range(3):  # the repeated-call fast path too
         result = matmul(swapped, b)
         assert result.dtype == np.float32
-        np.testing.assert_allclose(result, swapped.astype(np.float64) @ b, rtol=3 * np.finfo(np.float32).eps,
-                                   atol=1e-6)
+        np.testing.assert_allclose(result, swapped.astype(np.float64) @ b, rtol=3 * np.finfo(np.float32).eps, atol=1e-6)
     assert swapped.dtype == np.dtype(">f4") and np.array_equal(swapped, before)
-    with pytest.raises(polyc.SignatureError, match=r"output 'C' is float32 in big-endian byte order \('>f4'\).*"
-                                                   r"numpy\.empty\(\(4, 5\), numpy\.float32\).*astype\('>f4'\)"):
+    with pytest.raises(
+        polyc.SignatureError,
+        match=r"output 'C' is float32 in big-endian byte order \('>f4'\).*"
+        r"numpy\.empty\(\(4, 5\), numpy\.float32\).*astype\('>f4'\)",
+    ):
         matmul(swapped, b, outputs=[np.zeros((4, 5), ">f4")])

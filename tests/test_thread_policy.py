@@ -6,6 +6,7 @@ The C is compiled into a small test program: its decisions are checked call by c
 detection on a real crowded processor (two OpenMP threads pinned to one CPU, so each is kept
 waiting half the time) and on an uncrowded one.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,13 +19,16 @@ import pytest
 
 from polyc.codegen.pattern_kernel import THREAD_POLICY_C
 
-PROGRAM = r"""
+PROGRAM = (
+    r"""
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
-""" + THREAD_POLICY_C + r"""
+"""
+    + THREAD_POLICY_C
+    + r"""
 /* Each thread of a team of `nthr` spins for `seconds` of CPU time; returns the slow count. */
 static int region(int nthr, double seconds)
 {
@@ -101,6 +105,7 @@ int main(int argc, char **argv)
     return 0;
 }
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -110,18 +115,21 @@ def program(tmp_path_factory):
         pytest.skip("no C compiler")
     directory = tmp_path_factory.mktemp("thread-policy")
     (directory / "policy.c").write_text(PROGRAM)
-    subprocess.run([compiler, "-O1", "-fopenmp", "-o", str(directory / "policy"), str(directory / "policy.c")],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [compiler, "-O1", "-fopenmp", "-o", str(directory / "policy"), str(directory / "policy.c")],
+        check=True,
+        capture_output=True,
+    )
     return directory / "policy"
 
 
 def test_decisions_call_by_call(program):
     output = subprocess.run([str(program), "decisions"], capture_output=True, text=True, check=True).stdout.split("|")
     suspected, first = (part.split() for part in output[0].split("/"))
-    assert suspected == ["4", "4", "4", "4"]         # a slow call, a fine one, two slow in a row
+    assert suspected == ["4", "4", "4", "4"]  # a slow call, a fine one, two slow in a row
     assert first == ["3"] * 16 + ["4"]
     second = output[1].split()
-    assert second == ["1"] * 32 + ["4"]               # 3 of 4 slow: one thread, twice as long
+    assert second == ["1"] * 32 + ["4"]  # 3 of 4 slow: one thread, twice as long
     last = output[2].split()
     assert last == ["4", "16"]
 
@@ -130,8 +138,13 @@ def _run(program, cpus: str, threads: int = 2, what: str = "measure", *arguments
     taskset = shutil.which("taskset")
     if taskset is None:
         pytest.skip("taskset (util-linux) is not installed")
-    run = subprocess.run([taskset, "-c", cpus, str(program), what, *arguments], capture_output=True, text=True,
-                         check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "passive"})
+    run = subprocess.run(
+        [taskset, "-c", cpus, str(program), what, *arguments],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "passive"},
+    )
     return [int(word) for word in run.stdout.split()]
 
 

@@ -2,6 +2,7 @@
 choice between equal blocks and whole inner loops, read from the compiled kernel's decisions
 (``kernel.explain``), with the cache sizes pinned so that the choice does not depend on the
 machine the tests run on."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -115,6 +116,7 @@ def test_the_reduction_runs_outside_the_contiguous_planes():
     # outside both, so each step streams one plane, instead of running between h and w over
     # 6-element rows of 7 planes.
     import re
+
     kernel = polyc.define(TENSORDOT, tuning=False, cache_sizes=CACHES).tensordot
     source = kernel.c_source(dict(N=2, C1=3, C2=7, C3=2, H=5, W=6))
     bounds = [int(b) for b in re.findall(r"for \(int64_t c\d+ = INT64_C\(0\); c\d+ <= INT64_C\((\d+)\)", source)]
@@ -158,10 +160,14 @@ def test_loop_order_sets_the_order_of_the_outer_loops():
     sizes = dict(M=96, N=80, K=72)
     a = np.random.default_rng(5).random((96, 72), dtype=np.float32)
     b = np.random.default_rng(6).random((72, 80), dtype=np.float32)
-    for order, expected in ((None, ["m", "n", "r_k"]), (("r_k", "n", "m"), ["r_k", "n", "m"]),
-                            (("n",), ["n", "m", "r_k"])):   # loops it does not name follow
-        kernel = polyc.define(MATMUL, tuning=False, cache_sizes=CACHES, blas_contractions=False,
-                              tile_sizes=(32, 16, 8), loop_order=order).mm
+    for order, expected in (
+        (None, ["m", "n", "r_k"]),
+        (("r_k", "n", "m"), ["r_k", "n", "m"]),
+        (("n",), ["n", "m", "r_k"]),
+    ):  # loops it does not name follow
+        kernel = polyc.define(
+            MATMUL, tuning=False, cache_sizes=CACHES, blas_contractions=False, tile_sizes=(32, 16, 8), loop_order=order
+        ).mm
         explanation = kernel.explain(sizes)
         assert [loop.index for loop in explanation.loops] == expected
         # Tile sizes follow the order: 32 is the tile of the outermost loop.

@@ -6,6 +6,7 @@ The accuracy tests sample a few million inputs per function (random bit patterns
 the function is interesting, and every special value).  The exhaustive float32 measurement
 behind the bounds in vector_math.py is ``python -m tests.test_vector_math`` (minutes).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -27,8 +28,13 @@ from polyc.runtime import CompilerOptions, get_function, get_or_build, load_libr
 FLOAT32, FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
 
 #: The functions with their own float32/float64 implementations, as (builtin, dtype) pairs.
-FUNCTIONS = [(name, dtype) for name, names in VECTOR_MATH_FUNCTIONS.items() if name not in ("min", "max")
-             for dtype, c_name in zip((FLOAT32, FLOAT64), names) if c_name is not None]
+FUNCTIONS = [
+    (name, dtype)
+    for name, names in VECTOR_MATH_FUNCTIONS.items()
+    if name not in ("min", "max")
+    for dtype, c_name in zip((FLOAT32, FLOAT64), names)
+    if c_name is not None
+]
 TRANSCENDENTAL = [(name, dtype) for name, dtype in FUNCTIONS if name not in ("fmin", "fmax")]
 
 #: Compiled as the tests of c_expr.py compile: no FMA contraction, no fast math.
@@ -36,20 +42,67 @@ OPTIONS = CompilerOptions(extra_flags=("-ffp-contract=off", "-fno-fast-math"), o
 
 LONG_DOUBLE_IS_WIDER = np.finfo(np.longdouble).nmant >= 63
 
-SPECIAL_VALUES = [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, -1.0, 2.0, 0.5, 1e-45, -1e-45, 1e-310, -1e-310,
-                  1.1754944e-38, 2.2250738585072014e-308, 3.4028235e38, -3.4028235e38, 1.7976931348623157e308,
-                  88.72283, 88.72284, 89.0, -87.33655, -103.97208, -103.98, -104.0, 709.782712893384,
-                  709.79, -708.39641, -745.1332191019411, -745.2, -746.0, 0.34657359, -0.34657359, 0.7, -0.7,
-                  20.0, -20.0, 22.0, 9.01, -9.01, 1e-8, -1e-8, 1e-20, -0.9999999, -1.0000001, 1e30, -1e30]
+SPECIAL_VALUES = [
+    0.0,
+    -0.0,
+    np.inf,
+    -np.inf,
+    np.nan,
+    -np.nan,
+    1.0,
+    -1.0,
+    2.0,
+    0.5,
+    1e-45,
+    -1e-45,
+    1e-310,
+    -1e-310,
+    1.1754944e-38,
+    2.2250738585072014e-308,
+    3.4028235e38,
+    -3.4028235e38,
+    1.7976931348623157e308,
+    88.72283,
+    88.72284,
+    89.0,
+    -87.33655,
+    -103.97208,
+    -103.98,
+    -104.0,
+    709.782712893384,
+    709.79,
+    -708.39641,
+    -745.1332191019411,
+    -745.2,
+    -746.0,
+    0.34657359,
+    -0.34657359,
+    0.7,
+    -0.7,
+    20.0,
+    -20.0,
+    22.0,
+    9.01,
+    -9.01,
+    1e-8,
+    -1e-8,
+    1e-20,
+    -0.9999999,
+    -1.0000001,
+    1e30,
+    -1e30,
+]
 
 
 #: Inputs where a function once erred most (kept so that the error cannot come back unseen):
 #: log1p before its correction was added inside log's sum, 1.61 ulp (200-bit reference).
-KNOWN_WORST = {("log1p", "float64"): [-0.30029474603159906, -0.33483426326755955],
-               # erf's worst with FMA contraction (degree-14 branch) and without (x + x p(x^2))
-               ("erf", "float32"): [1.03402209, 0.998232007],
-               # tanh's worst, with and without FMA contraction: 1 - 2 / (exp(2|x|) + 1) near 0.75
-               ("tanh", "float32"): [0.873041391, 0.867773533]}
+KNOWN_WORST = {
+    ("log1p", "float64"): [-0.30029474603159906, -0.33483426326755955],
+    # erf's worst with FMA contraction (degree-14 branch) and without (x + x p(x^2))
+    ("erf", "float32"): [1.03402209, 0.998232007],
+    # tanh's worst, with and without FMA contraction: 1 - 2 / (exp(2|x|) + 1) near 0.75
+    ("tanh", "float32"): [0.873041391, 0.867773533],
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -70,9 +123,11 @@ def _harness(functions) -> str:
     for name, dtype in functions:
         ctype = "float" if dtype == FLOAT32 else "double"
         arguments = "x[i], y[i]" if name in ("fmin", "fmax") else "x[i]"  # (x, x) would fold to a copy
-        lines.append(f"void apply_{name}_{dtype.name}(const {ctype} *restrict x, {ctype} *restrict y, int64_t n)\n"
-                     f"{{\n    #pragma omp simd\n    for (int64_t i = 0; i < n; i++) y[i] = {_c_name(name, dtype)}"
-                     f"({arguments});\n}}\n")
+        lines.append(
+            f"void apply_{name}_{dtype.name}(const {ctype} *restrict x, {ctype} *restrict y, int64_t n)\n"
+            f"{{\n    #pragma omp simd\n    for (int64_t i = 0; i < n; i++) y[i] = {_c_name(name, dtype)}"
+            f"({arguments});\n}}\n"
+        )
     return "\n".join(lines)
 
 
@@ -95,6 +150,7 @@ def _reference(name: str, x: np.ndarray) -> np.ndarray:
     with np.errstate(all="ignore"):
         if name == "erf":  # numpy has none; polyc's is float32 only, so double suffices
             from scipy.special import erf
+
             return erf(x.astype(np.float64))
         return getattr(np, name)(x.astype(wide))
 
@@ -124,8 +180,10 @@ def ulp_errors(result: np.ndarray, exact: np.ndarray) -> np.ndarray:
 
 def test_ulp_errors_counts_nan_and_inf_results_as_errors():
     # Negative control: a NaN or inf where the exact value is finite must not be skipped.
-    errors = ulp_errors(np.array([1.0, np.nan, np.inf, -np.inf, np.nan, np.inf]),
-                        np.array([1.0, 2.0, 3.0, -np.inf, np.nan, 1e309], dtype=np.longdouble))
+    errors = ulp_errors(
+        np.array([1.0, np.nan, np.inf, -np.inf, np.nan, np.inf]),
+        np.array([1.0, 2.0, 3.0, -np.inf, np.nan, 1e309], dtype=np.longdouble),
+    )
     assert errors.tolist() == [0.0, np.inf, np.inf, 0.0, 0.0, 0.0]
 
 
@@ -144,7 +202,7 @@ def sample_inputs(name: str, dtype: np.dtype, count: int, seed: int = 0) -> np.n
     bits = np.dtype(f"u{dtype.itemsize}")
     patterns = rng.integers(0, np.iinfo(bits).max, count // 2, dtype=bits, endpoint=True).view(dtype)
     span = {"log": 5.0, "log1p": 5.0, "log2": 5.0, "log10": 5.0}.get(name, 50.0 if dtype == FLOAT32 else 400.0)
-    spread = (rng.standard_normal(count // 2) * span * 10.0 ** rng.integers(-6, 1, count // 2))
+    spread = rng.standard_normal(count // 2) * span * 10.0 ** rng.integers(-6, 1, count // 2)
     if name.startswith("log"):
         spread = np.abs(spread) - (1.0 if name == "log1p" else 0.0) + rng.random(count // 2) * 1e-3
     with np.errstate(over="ignore"):
@@ -182,7 +240,9 @@ def test_fmax_and_fmin_ignore_nan():
     unspecified, as in C, and numpy's differs between scalars and arrays); in scalar code and
     in vector loops with their scalar tails, with a variable second argument and a constant
     one (a clip, folded differently by gcc)."""
-    source = PRELUDE + """
+    source = (
+        PRELUDE
+        + """
 void pairs(const double *a, const double *b, double *out, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         out[2 * i] = polyc_fmax(a[i], b[i]);
@@ -197,6 +257,7 @@ void vectors(const float *a, const float *b, float *out, int64_t n) {
     #pragma omp simd
     for (int64_t i = 0; i < n; i++) out[2 * n + i] = polyc_fminf(polyc_fmaxf(a[i], 0.0f), 6.0f);
 }"""
+    )
     library = load_library(get_or_build(source, OPTIONS))
     pairs = get_function(library, "pairs", [ctypes.c_void_p] * 3 + [ctypes.c_int64])
     a = np.array([1.0, np.nan, 2.0, np.nan, -np.inf, 3.0, -0.0, 0.0, -0.0, 4.0])
@@ -232,9 +293,23 @@ def test_gcc_vectorises_every_function_without_fast_math(tmp_path, isa):
         pytest.skip(f"{compiler} is not installed (Debian gcc-aarch64-linux-gnu for neon)")
     source = tmp_path / "loops.c"
     source.write_text(_harness(FUNCTIONS))
-    report = subprocess.run([compiler, "-O3", *flags, "-std=gnu11", "-fopenmp", "-fopt-info-vec-optimized",
-                             "-c", str(source), "-o", str(tmp_path / "loops.o")],
-                            capture_output=True, text=True, check=True).stderr
+    report = subprocess.run(
+        [
+            compiler,
+            "-O3",
+            *flags,
+            "-std=gnu11",
+            "-fopenmp",
+            "-fopt-info-vec-optimized",
+            "-c",
+            str(source),
+            "-o",
+            str(tmp_path / "loops.o"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
     vectorised = {int(line) for line in re.findall(r"loops\.c:(\d+):\d+: optimized: loop vectorized", report)}
     lines = source.read_text().splitlines()
     for name, dtype in FUNCTIONS:
@@ -412,6 +487,7 @@ def test_the_logistic_quotient_is_one_function_as_accurate_as_exp_and_the_quotie
     is a normal float, and numpy's special values: NaN for NaN, 1 and 0 at the infinities, 0
     exactly where float32 exp(-x) overflows (x < -88.72), 1 where 1 + exp(-x) rounds to 1."""
     from polyc.codegen.vector_math import SIGMOID_ULP_BOUND
+
     kernels = polyc.define("""
         def logistic(float(N) X) -> (Y) { Y(i) = 1 / (1 + exp(-X(i))) }
         def silu(float(N) X) -> (Y) { Y(i) = X(i) * (1 / (exp(-X(i)) + 1)) }
@@ -447,8 +523,9 @@ def test_the_vector_logistic_function_is_polyc_sigmoidf_bit_for_bit(isa):
     vectorised loop of polyc_sigmoidf gives, on every lane, bit for bit: random bit patterns,
     the interesting range, every special value (the whole float32 range was checked so by hand,
     every seventh input)."""
-    from polyc.runtime.compiler import cpu_flags
     from polyc.codegen.vector_math import sigmoid_vector_c, sigmoid_vector_name
+    from polyc.runtime.compiler import cpu_flags
+
     flags, cpu_flag = _LOGISTIC_VECTOR_BUILDS[isa]
     if platform.machine() not in ("x86_64", "AMD64") or cpu_flag not in cpu_flags():
         pytest.skip(f"this CPU cannot run {isa} code")

@@ -1,6 +1,7 @@
 """The Winograd F(2x2, 3x3) convolution kernel (polyc/codegen/winograd.py): which convolutions
 take it, and its results against numpy within the direct kernel's tolerance (TC's rule, the
 reduction's length as the operation count), on AVX-512, AVX2 and portable builds."""
+
 from __future__ import annotations
 
 import subprocess
@@ -8,12 +9,12 @@ import sys
 
 import numpy as np
 import pytest
-
-import polyc
 from builds import builds
 from kernels import assert_close
 from sanitizers import python_environment
 from test_conv import _nhwc_reference, _padded, padded_conv, rand
+
+import polyc
 
 BUILDS = builds("native", "avx2", "portable")
 
@@ -71,6 +72,7 @@ def test_winograd_accumulates_and_runs_epilogues_it_cannot_vectorise(cflags):
 def test_other_convolutions_keep_the_direct_kernel():
     """Off by default; with it on, strides, other kernel sizes, channels not multiples of 16,
     float64 and too few tiles keep the direct kernel."""
+
     def kernel(n, h, w, c, f, kernel=(3, 3), stride=(1, 1), dtype="float", **options):
         source, _ = padded_conv(n, h, w, c, f, kernel, stride, (1, 1), (1, 1, 1, 1))
         return polyc.define(source.replace("float", dtype), **options).conv
@@ -106,7 +108,11 @@ print("ok")
 def test_winograd_shares_its_work_among_the_threads_openmp_gives(tmp_path):
     """Under a thread limit OpenMP runs a smaller team than the thread policy asked for; every
     work item still runs (a share by the threads asked for left half the outputs unwritten)."""
-    result = subprocess.run([sys.executable, "-c", _TEAM_SCRIPT], capture_output=True, text=True, timeout=300,
-                            env=python_environment(OMP_THREAD_LIMIT="1", OMP_NUM_THREADS="2",
-                                                   POLYC_CACHE_DIR=str(tmp_path)))
+    result = subprocess.run(
+        [sys.executable, "-c", _TEAM_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=python_environment(OMP_THREAD_LIMIT="1", OMP_NUM_THREADS="2", POLYC_CACHE_DIR=str(tmp_path)),
+    )
     assert result.returncode == 0 and result.stdout.split() == ["ok"], result.stdout + result.stderr[-3000:]

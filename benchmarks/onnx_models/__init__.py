@@ -4,6 +4,7 @@ torch; loading them needs only onnx and numpy).
     from benchmarks.onnx_models import MODELS, load
     model = load("resnet18")          # an onnx.ModelProto with every weight materialised
 """
+
 from __future__ import annotations
 
 import json
@@ -28,6 +29,7 @@ def load(name: str):
     """``name``'s model with its large initializers made again from their recorded statistics."""
     import onnx
     from onnx import numpy_helper
+
     model = onnx.load(str(HERE / f"{name}.onnx"))
     for entry in list(model.metadata_props):
         if entry.key != "polyc.light":

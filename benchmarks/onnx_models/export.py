@@ -14,6 +14,7 @@ replaced by a line in the model's ``polyc.light`` metadata (name, shape, dtype, 
 deviation and a seed), from which :func:`benchmarks.onnx_models.load` makes it again with numpy,
 so onnxruntime and polyc see the same weights and the repository holds a few hundred KB.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,7 +47,7 @@ class EncoderLayer(torch.nn.Module):
     def forward(self, x):
         batch, sequence, hidden = x.shape
         q, k, v = self.qkv(x).reshape(batch, sequence, 3, self.heads, self.head).permute(2, 0, 3, 1, 4)
-        scores = torch.matmul(q, k.transpose(-1, -2)) / (self.head ** 0.5)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / (self.head**0.5)
         attended = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(batch, sequence, hidden)
         x = self.norm1(x + self.out(attended))
         return self.norm2(x + self.down(torch.nn.functional.gelu(self.up(x))))
@@ -67,9 +68,24 @@ class Encoder(torch.nn.Module):
 
 def models():
     yield "resnet18", torchvision.models.resnet18(weights=None), (1, 3, 224, 224), {0: "batch", 2: "height", 3: "width"}
-    yield "mobilenet_v2", torchvision.models.mobilenet_v2(weights=None), (1, 3, 224, 224), {0: "batch", 2: "height", 3: "width"}
-    yield "squeezenet1_1", torchvision.models.squeezenet1_1(weights=None), (1, 3, 224, 224), {0: "batch", 2: "height", 3: "width"}
-    yield "efficientnet_b0", torchvision.models.efficientnet_b0(weights=None), (1, 3, 224, 224), {0: "batch", 2: "height", 3: "width"}
+    yield (
+        "mobilenet_v2",
+        torchvision.models.mobilenet_v2(weights=None),
+        (1, 3, 224, 224),
+        {0: "batch", 2: "height", 3: "width"},
+    )
+    yield (
+        "squeezenet1_1",
+        torchvision.models.squeezenet1_1(weights=None),
+        (1, 3, 224, 224),
+        {0: "batch", 2: "height", 3: "width"},
+    )
+    yield (
+        "efficientnet_b0",
+        torchvision.models.efficientnet_b0(weights=None),
+        (1, 3, 224, 224),
+        {0: "batch", 2: "height", 3: "width"},
+    )
     yield "encoder", Encoder(), (1, 128, 768), {0: "batch", 1: "sequence"}
 
 
@@ -77,12 +93,14 @@ def unit_variance(module, example, layers) -> None:
     """Scale each of ``layers``' weights so that its output on ``example`` has unit variance,
     in the order the forward pass meets them: torchvision's random initialisation leaves a
     detector's deep features near 1e-8, where every class score ties."""
+
     def rescale(layer, _, output):
         scale = output.std().clamp_min(1e-12)
         layer.weight.data /= scale
         if layer.bias is not None:
             layer.bias.data /= scale
         return output / scale
+
     handles = [layer.register_forward_hook(rescale) for layer in layers]
     with torch.no_grad():
         module([example])
@@ -94,6 +112,7 @@ def detector():
     """torchvision's Faster R-CNN (MobileNetV3-Large 320 FPN) with random weights, rescaled so
     that its scores differ, keeping up to 50 detections above torchvision's 0.05 threshold."""
     from torchvision.models import detection
+
     model = detection.fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None).eval()
     example = torch.rand(3, 320, 320)
     unit_variance(model, example, [m for m in model.backbone.modules() if isinstance(m, torch.nn.Conv2d)])
@@ -112,8 +131,16 @@ def make_light(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
         if array.size <= LIGHT_ABOVE or array.dtype.kind != "f":
             kept.append(tensor)
             continue
-        records.append({"name": tensor.name, "shape": list(array.shape), "dtype": array.dtype.name,
-                        "mean": float(array.mean()), "std": float(array.std()), "seed": seed + position})
+        records.append(
+            {
+                "name": tensor.name,
+                "shape": list(array.shape),
+                "dtype": array.dtype.name,
+                "mean": float(array.mean()),
+                "std": float(array.std()),
+                "seed": seed + position,
+            }
+        )
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
     entry = model.metadata_props.add()
@@ -130,8 +157,16 @@ def main(names: list[str]) -> None:
         module.eval()
         path = HERE / f"{name}.full.onnx"
         example = torch.randn(*shape)
-        torch.onnx.export(module, (example,), str(path), input_names=["input"], output_names=["output"],
-                          dynamic_axes={"input": dynamic, "output": {0: "batch"} if len(shape) == 4 else dynamic}, opset_version=17, dynamo=False)
+        torch.onnx.export(
+            module,
+            (example,),
+            str(path),
+            input_names=["input"],
+            output_names=["output"],
+            dynamic_axes={"input": dynamic, "output": {0: "batch"} if len(shape) == 4 else dynamic},
+            opset_version=17,
+            dynamo=False,
+        )
         model = onnx.load(str(path))
         light = make_light(model, seed=1000 * number)
         onnx.save(light, str(HERE / f"{name}.onnx"))
@@ -143,8 +178,15 @@ def main(names: list[str]) -> None:
     torch.manual_seed(0)
     module, example = detector()
     path = HERE / "fasterrcnn.full.onnx"
-    torch.onnx.export(module, ([example],), str(path), input_names=["images"],
-                      output_names=["boxes", "labels", "scores"], opset_version=17, dynamo=False)
+    torch.onnx.export(
+        module,
+        ([example],),
+        str(path),
+        input_names=["images"],
+        output_names=["boxes", "labels", "scores"],
+        opset_version=17,
+        dynamo=False,
+    )
     light = make_light(onnx.load(str(path)), seed=9000)
     onnx.save(light, str(HERE / "fasterrcnn.onnx"))
     path.unlink()

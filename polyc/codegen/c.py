@@ -15,11 +15,12 @@ reduction(OP:acc)`` (floating-point min/max through a declared reduction with po
 and stored back after it.  The function returns 0, or 1 when a data-dependent subscript fell
 outside its tensor (the element is then not read, and the caller raises BoundsError).
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import cgen
 import islpy as isl
@@ -50,9 +51,11 @@ COLLAPSE_BELOW = 32
 
 _STATUS = "polyc_status"
 _MIXED = "<not one element>"
-_C_KEYWORDS = frozenset("""auto break case char const continue default do double else enum extern float for goto
+_C_KEYWORDS = frozenset(
+    """auto break case char const continue default do double else enum extern float for goto
     if inline int long register restrict return short signed sizeof static struct switch typedef union
-    unsigned void volatile while""".split())
+    unsigned void volatile while""".split()
+)
 
 # Data-dependent subscripts go through this: an index outside [0, extent) sets the status
 # (atomically: OpenMP threads may race to it) and reads element 0 instead of wild memory.
@@ -141,20 +144,22 @@ class _KernelWriter:
         function = cgen.FunctionBody(cgen.FunctionDeclaration(cgen.Value("int", name), arguments), cgen.Block(body))
         text = str(function)
         if self.options.threads is not None:  # every parallel loop: at most that many threads
-            text = re.sub(r"^(\s*#pragma omp parallel for\b)", rf"\1 num_threads({self.options.threads})", text,
-                          flags=re.M)
+            text = re.sub(
+                r"^(\s*#pragma omp parallel for\b)", rf"\1 num_threads({self.options.threads})", text, flags=re.M
+            )
         source = "\n".join([self.header(), PRELUDE, _CHECKED_INDEX, text, ""])
         return GeneratedKernel(name, source, tensors, sizes)
 
     def header(self) -> str:
         o = self.options
-        sizes = ", ".join(f"{k}={v}" for k, v in self.program.size_values.items()) if self.specialised \
-            else "parametric"
-        lines = [f"polyc kernel for def '{self.definition.name}'",
-                 f"sizes: {sizes}",
-                 f"options: fusion={o.fusion} tile_sizes={o.tile_sizes} parallel={o.parallel} "
-                 f"vectorize={o.vectorize} unroll={o.unroll} specialize={o.specialize}"
-                 + (f" threads={o.threads}" if o.threads is not None else "")]
+        sizes = ", ".join(f"{k}={v}" for k, v in self.program.size_values.items()) if self.specialised else "parametric"
+        lines = [
+            f"polyc kernel for def '{self.definition.name}'",
+            f"sizes: {sizes}",
+            f"options: fusion={o.fusion} tile_sizes={o.tile_sizes} parallel={o.parallel} "
+            f"vectorize={o.vectorize} unroll={o.unroll} specialize={o.specialize}"
+            + (f" threads={o.threads}" if o.threads is not None else ""),
+        ]
         lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
         return c_comment(lines)
 
@@ -209,12 +214,19 @@ class _KernelWriter:
             # gcc accepts no pragma between an OpenMP one and its loop; a vectorised or parallel
             # loop is left for the C compiler to unroll.
             pragmas = [p for p in pragmas if p.startswith("omp ")]
-        is_marked_loop = node.get_type() == isl.ast_node_type.for_ and not node.for_is_degenerate() \
+        is_marked_loop = (
+            node.get_type() == isl.ast_node_type.for_
+            and not node.for_is_degenerate()
             and self.expr(node.for_get_iterator()) in {f"c{d}" for d in target_depths}
+        )
         if is_marked_loop and any(p.startswith("omp ") and "simd" in p for p in pragmas):
             return self.simd_loop(node, pragmas, simd_reductions)
-        if is_marked_loop and parallel_reductions and self.sums_in_blocks(node, parallel_reductions) \
-                and _is_innermost(node.for_get_body()):
+        if (
+            is_marked_loop
+            and parallel_reductions
+            and self.sums_in_blocks(node, parallel_reductions)
+            and _is_innermost(node.for_get_body())
+        ):
             # A long float sum into one element per thread: blocked, each block a simd loop.
             return self.simd_loop(node, pragmas, parallel_reductions, parallel_reduction=True)
         if is_marked_loop:
@@ -249,8 +261,11 @@ class _KernelWriter:
             loop = self.for_node(node, [])
             self.simd = None
         omp = [p for p in pragmas if p.startswith("omp ")]
-        blocked = {tensor for op, tensor in clauses if op == "+" and self.definition.tensor(tensor).dtype.kind == "f"} \
-            if self.sums_in_blocks(node, reductions) and isinstance(loop, cgen.For) else set()
+        blocked = (
+            {tensor for op, tensor in clauses if op == "+" and self.definition.tensor(tensor).dtype.kind == "f"}
+            if self.sums_in_blocks(node, reductions) and isinstance(loop, cgen.For)
+            else set()
+        )
         if parallel_reduction and len(blocked) < len(clauses):
             return self.for_node(node, pragmas)
         before, after, reduction_clauses, block_start, block_end, outer_clauses = [], [], [], [], [], []
@@ -267,7 +282,9 @@ class _KernelWriter:
                 ctype = c_type(dtype)
                 identity_c = "-INFINITY" if op == "max" else "INFINITY"
                 before.append(cgen.Statement(f"{ctype} {variable} = {identity_c}"))
-                after.append(cgen.Statement(f"{elements[tensor]} = {_combine(op, dtype, elements[tensor], variable, ctype)}"))
+                after.append(
+                    cgen.Statement(f"{elements[tensor]} = {_combine(op, dtype, elements[tensor], variable, ctype)}")
+                )
                 outer_clauses.append(f"reduction({identifier}:{variable})")
             elif tensor in blocked:
                 # The loop's sum is the sum of its blocks' sums, each block summed from zero.
@@ -309,9 +326,11 @@ class _KernelWriter:
         increment, cond = node.for_get_inc(), node.for_get_cond()
         if increment.get_type() != isl.ast_expr_type.int or increment.get_val().to_python() != 1:
             return False
-        if cond.get_type() != isl.ast_expr_type.op or cond.get_op_type() not in (
-                isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt) or \
-                self.expr(cond.get_op_arg(0)) != self.expr(node.for_get_iterator()):
+        if (
+            cond.get_type() != isl.ast_expr_type.op
+            or cond.get_op_type() not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt)
+            or self.expr(cond.get_op_arg(0)) != self.expr(node.for_get_iterator())
+        ):
             return False
         init, bound = node.for_get_init(), cond.get_op_arg(1)
         if init.get_type() == bound.get_type() == isl.ast_expr_type.int:
@@ -319,8 +338,15 @@ class _KernelWriter:
             return last - init.get_val().to_python() + 1 > SUM_BLOCK
         return True
 
-    def blocked_loop(self, node: isl.AstNode, loop: cgen.For, outer_pragma: str | None, inner_pragma: str,
-                     block_start: list, block_end: list) -> cgen.Module:
+    def blocked_loop(
+        self,
+        node: isl.AstNode,
+        loop: cgen.For,
+        outer_pragma: str | None,
+        inner_pragma: str,
+        block_start: list,
+        block_end: list,
+    ) -> cgen.Module:
         """``loop`` (of ``node``, see :meth:`sums_in_blocks`) split into blocks of SUM_BLOCK
         iterations: the block loop (under ``outer_pragma``, if any) starts the block's sums
         (``block_start``), runs the vectorised loop over the block, and adds them up
@@ -333,10 +359,20 @@ class _KernelWriter:
         last = bound if cond.get_op_type() == isl.ast_expr_op_type.le else f"{bound} - 1"
         block, block_last = f"{iterator}_block", f"{iterator}_last"
         inner = cgen.For(f"int64_t {iterator} = {block}", f"{iterator} <= {block_last}", f"{iterator} += 1", loop.body)
-        outer = cgen.For(f"int64_t {block} = {self.expr(node.for_get_init())}", f"{block} <= {last}",
-                         f"{block} += {SUM_BLOCK}", cgen.Block([
-                             cgen.Statement(f"const int64_t {block_last} = polyc_min({block} + {SUM_BLOCK - 1}, {last})"),
-                             *block_start, cgen.Pragma(inner_pragma), inner, *block_end]))
+        outer = cgen.For(
+            f"int64_t {block} = {self.expr(node.for_get_init())}",
+            f"{block} <= {last}",
+            f"{block} += {SUM_BLOCK}",
+            cgen.Block(
+                [
+                    cgen.Statement(f"const int64_t {block_last} = polyc_min({block} + {SUM_BLOCK - 1}, {last})"),
+                    *block_start,
+                    cgen.Pragma(inner_pragma),
+                    inner,
+                    *block_end,
+                ]
+            ),
+        )
         return cgen.Module(([cgen.Pragma(outer_pragma)] if outer_pragma else []) + [outer])
 
     def reduction_identifier(self, op: str, dtype: np.dtype) -> str:
@@ -362,8 +398,12 @@ class _KernelWriter:
         body = self.node(node.for_get_body())
         if node.for_is_degenerate():
             return cgen.Block([cgen.Statement(f"const int64_t {iterator} = {init}"), body])
-        loop = cgen.For(f"int64_t {iterator} = {init}", self.expr(node.for_get_cond(), outermost=True),
-                        f"{iterator} += {self.expr(node.for_get_inc())}", body)
+        loop = cgen.For(
+            f"int64_t {iterator} = {init}",
+            self.expr(node.for_get_cond(), outermost=True),
+            f"{iterator} += {self.expr(node.for_get_inc())}",
+            body,
+        )
         if not pragmas:
             return loop
         return cgen.Module([cgen.Pragma(p) for p in pragmas] + [loop])
@@ -462,7 +502,6 @@ class _SimdLoopState:
         return any(re.search(rf"\b{re.escape(name)}\b", text) for name in self.iterators)
 
 
-
 def ast_expr_c(e: isl.AstExpr, names: dict[str, str], outermost: bool = False) -> str:
     """C text of an isl AST expression, identifiers renamed by ``names`` (others kept);
     ``outermost`` drops the outer parentheses, which OpenMP's canonical loop form does not
@@ -476,9 +515,24 @@ def ast_expr_c(e: isl.AstExpr, names: dict[str, str], outermost: bool = False) -
     op = e.get_op_type()
     args = [ast_expr_c(e.get_op_arg(i), names) for i in range(e.get_op_n_arg())]
     t = isl.ast_expr_op_type
-    binary = {t.add: "+", t.sub: "-", t.mul: "*", t.div: "/", t.pdiv_q: "/", t.pdiv_r: "%", t.zdiv_r: "%",
-              t.and_: "&&", t.and_then: "&&", t.or_: "||", t.or_else: "||", t.eq: "==", t.le: "<=",
-              t.lt: "<", t.ge: ">=", t.gt: ">"}
+    binary = {
+        t.add: "+",
+        t.sub: "-",
+        t.mul: "*",
+        t.div: "/",
+        t.pdiv_q: "/",
+        t.pdiv_r: "%",
+        t.zdiv_r: "%",
+        t.and_: "&&",
+        t.and_then: "&&",
+        t.or_: "||",
+        t.or_else: "||",
+        t.eq: "==",
+        t.le: "<=",
+        t.lt: "<",
+        t.ge: ">=",
+        t.gt: ">",
+    }
     if op in binary:
         text = f"{args[0]} {binary[op]} {args[1]}"
         return text if outermost else f"({text})"
@@ -503,10 +557,16 @@ def aff_c(aff: isl.Aff, arguments: list[str], names: dict[str, str]) -> str:
     if not aff.get_denominator_val().is_one():
         raise PolycError(f"internal: a rational affine expression in C: {aff}")
     terms = []
-    for kind, texts in ((isl.dim_type.in_, arguments),
-                        (isl.dim_type.param, [names.get(aff.get_dim_name(isl.dim_type.param, p),
-                                                        aff.get_dim_name(isl.dim_type.param, p))
-                                              for p in range(aff.dim(isl.dim_type.param))])):
+    for kind, texts in (
+        (isl.dim_type.in_, arguments),
+        (
+            isl.dim_type.param,
+            [
+                names.get(aff.get_dim_name(isl.dim_type.param, p), aff.get_dim_name(isl.dim_type.param, p))
+                for p in range(aff.dim(isl.dim_type.param))
+            ],
+        ),
+    ):
         for position, text in enumerate(texts):
             coefficient = aff.get_coefficient_val(kind, position).to_python()
             if coefficient:
@@ -530,8 +590,12 @@ def plain_ast_c(node: isl.AstNode, user: Callable[[str, list[str]], str], names:
         body = plain_ast_c(node.for_get_body(), user, names)
         if node.for_is_degenerate():
             return cgen.Block([cgen.Statement(f"const int64_t {iterator} = {init}"), body])
-        return cgen.For(f"int64_t {iterator} = {init}", ast_expr_c(node.for_get_cond(), names, outermost=True),
-                        f"{iterator} += {ast_expr_c(node.for_get_inc(), names)}", body)
+        return cgen.For(
+            f"int64_t {iterator} = {init}",
+            ast_expr_c(node.for_get_cond(), names, outermost=True),
+            f"{iterator} += {ast_expr_c(node.for_get_inc(), names)}",
+            body,
+        )
     if kind == isl.ast_node_type.if_:
         then_node = cgen.Block([plain_ast_c(node.if_get_then_node(), user, names)])
         else_node = plain_ast_c(node.if_get_else_node(), user, names) if node.if_has_else_node() else None
@@ -542,6 +606,7 @@ def plain_ast_c(node: isl.AstNode, user: Callable[[str, list[str]], str], names:
         return cgen.Statement(user(call.get_op_arg(0).get_id().get_name(), arguments))
     raise PolycError(f"internal: unexpected isl AST node {kind}")
 
+
 def _runs_at_least_once(loop: isl.AstNode) -> bool:
     """Whether a loop ``for (c = a; c <= b (or c < b); ...)`` with constant a and b runs."""
     return bool(_constant_trip_count(loop))
@@ -551,8 +616,12 @@ def _constant_trip_count(loop: isl.AstNode) -> int | None:
     """The iterations of ``for (c = a; c <= b (or c < b); c += s)`` with constants a, b and s."""
     init, cond, increment = loop.for_get_init(), loop.for_get_cond(), loop.for_get_inc()
     constant = isl.ast_expr_type.int
-    if init.get_type() != constant or increment.get_type() != constant or cond.get_type() != isl.ast_expr_type.op \
-            or cond.get_op_type() not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt):
+    if (
+        init.get_type() != constant
+        or increment.get_type() != constant
+        or cond.get_type() != isl.ast_expr_type.op
+        or cond.get_op_type() not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt)
+    ):
         return None
     bound, step = cond.get_op_arg(1), increment.get_val().to_python()
     if bound.get_type() != constant or step <= 0:
@@ -571,10 +640,14 @@ def _collapsible_loops(loop: isl.AstNode, parallel_iterators: set[str]) -> int:
     together (a transpose of 12 x 128 x 64 floats ran slower with it collapsed)."""
     loops, iterations = 1, _constant_trip_count(loop)
     inner = loop.for_get_body()
-    while iterations is not None and iterations < COLLAPSE_BELOW and inner.get_type() == isl.ast_node_type.for_ \
-            and not inner.for_is_degenerate() \
-            and ast_expr_c(inner.for_get_iterator(), {}) in parallel_iterators \
-            and inner.for_get_body().get_type() != isl.ast_node_type.mark:
+    while (
+        iterations is not None
+        and iterations < COLLAPSE_BELOW
+        and inner.get_type() == isl.ast_node_type.for_
+        and not inner.for_is_degenerate()
+        and ast_expr_c(inner.for_get_iterator(), {}) in parallel_iterators
+        and inner.for_get_body().get_type() != isl.ast_node_type.mark
+    ):
         count = _constant_trip_count(inner)
         if count is None:
             break
@@ -612,7 +685,8 @@ def _is_innermost(node: isl.AstNode) -> bool:
         return node.for_is_degenerate() and _is_innermost(node.for_get_body())
     if kind == isl.ast_node_type.if_:
         return _is_innermost(node.if_get_then_node()) and (
-            not node.if_has_else_node() or _is_innermost(node.if_get_else_node()))
+            not node.if_has_else_node() or _is_innermost(node.if_get_else_node())
+        )
     return kind == isl.ast_node_type.user
 
 

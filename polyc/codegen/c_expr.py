@@ -30,12 +30,13 @@ in-range value): C promotes them to ``int`` in every operation anyway.
     >>> printer.to_c(Binary(INT32, "/", x, x))
     'polyc_div_int32((X[i]), (X[i]))'
 """
+
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -50,7 +51,8 @@ FLOAT32 = np.dtype(np.float32)
 FLOAT64 = np.dtype(np.float64)
 
 # ----------------------------------------------------------------------------- the prelude
-PRELUDE = r"""/* ---- polyc prelude: helpers of generated code (polyc/codegen/c_expr.py) ---- */
+PRELUDE = (
+    r"""/* ---- polyc prelude: helpers of generated code (polyc/codegen/c_expr.py) ---- */
 #include <stdint.h>
 #include <math.h>
 #include <stdbool.h>
@@ -114,7 +116,9 @@ POLYC_UNSIGNED_HELPERS(uint64_t, uint64, 0x1p64)
 static inline float polyc_rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline double polyc_rsqrt(double x) { return 1.0 / sqrt(x); }
 
-""" + VECTOR_MATH_C + r"""
+"""
+    + VECTOR_MATH_C
+    + r"""
 /* round() is C's: half away from zero.  bool is _Bool.  float16 is _Float16 (gcc >= 12 on
    x86-64, or AArch64); generated code computes float16 operations in float and rounds back with
    POLYC_F16 (from float) or POLYC_F16_DOUBLE (from double), which the GPU dialects define in
@@ -125,6 +129,7 @@ static inline double polyc_rsqrt(double x) { return 1.0 / sqrt(x); }
 #endif
 /* ---- end of polyc prelude ---- */
 """
+)
 
 
 def c_type(dtype: np.dtype) -> str:
@@ -140,8 +145,10 @@ _COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
 _FLOAT_SPELLINGS: dict[str, tuple[str, str]] = {
     "rsqrt": ("polyc_rsqrtf", "polyc_rsqrt"),
     "abs": ("fabsf", "fabs"),
-    **{name: (float_name, double_name or BUILTINS[name].c_name)
-       for name, (float_name, double_name) in VECTOR_MATH_FUNCTIONS.items()},
+    **{
+        name: (float_name, double_name or BUILTINS[name].c_name)
+        for name, (float_name, double_name) in VECTOR_MATH_FUNCTIONS.items()
+    },
 }
 
 
@@ -217,8 +224,9 @@ class CExpressionPrinter:
         return _wrap(self.size(expr.value))
 
     def _print_Read(self, expr: Read) -> str:
-        subscripts = [_wrap(s.to_c(self._affine_name)) if isinstance(s, Affine) else self.to_c(s)
-                      for s in expr.subscripts]
+        subscripts = [
+            _wrap(s.to_c(self._affine_name)) if isinstance(s, Affine) else self.to_c(s) for s in expr.subscripts
+        ]
         return f"({self.access(expr, subscripts)})"
 
     def _affine_name(self, name: str) -> str:
@@ -297,6 +305,7 @@ def speculatable(expr: Binary) -> bool:
     - a data-dependent subscript, checked at run time, which would report an error for an
       element the left operand excluded."""
     from polyc.ir.model import affine_condition
+
     return affine_condition(expr.lhs) is None and not _has_data_dependent_read(expr.rhs)
 
 
@@ -318,6 +327,7 @@ def logistic_operand(expr: Binary) -> TExpr | None:
     """``x`` when ``expr`` is ``1 / (1 + exp(-x))`` (ONNX's Sigmoid, and SiLU's second factor),
     the sum in either order, else None: such a quotient is printed as ``polyc_sigmoidf(x)``
     (:mod:`polyc.codegen.vector_math`)."""
+
     def is_one(e: TExpr) -> bool:
         return isinstance(e, Const) and e.value == 1
 
@@ -325,13 +335,18 @@ def logistic_operand(expr: Binary) -> TExpr | None:
         return None
     terms = (expr.rhs.lhs, expr.rhs.rhs)
     for one, power in (terms, terms[::-1]):
-        if is_one(one) and isinstance(power, Call) and power.func == "exp" \
-                and isinstance(power.args[0], Unary) and power.args[0].op == "neg":
+        if (
+            is_one(one)
+            and isinstance(power, Call)
+            and power.func == "exp"
+            and isinstance(power.args[0], Unary)
+            and power.args[0].op == "neg"
+        ):
             return power.args[0].operand
     return None
 
 
-def to_float16(text: str, source: np.dtype = np.dtype(np.float32)) -> str:
+def to_float16(text: str, source: np.dtype = FLOAT32) -> str:
     """C text of ``text`` (a float, or a ``source`` value) rounded to float16: one rounding, by
     the prelude's POLYC_F16 macros (a cast in C; the GPU dialects round their own way)."""
     if np.dtype(source) == FLOAT64:

@@ -74,6 +74,7 @@ Packed weights and input panels live in a block of memory the kernel keeps from 
 (:data:`polyc.codegen.pattern_kernel.KEPT_WORKSPACE_C`).  The function returns 0, or 2 when
 memory for its tables and buffers could not be allocated.
 """
+
 from __future__ import annotations
 
 import re
@@ -82,8 +83,8 @@ from math import prod
 
 import numpy as np
 
-from polyc.codegen.c import GeneratedKernel, c_comment, _extent_name
 from polyc.codegen import conv_channels
+from polyc.codegen.c import GeneratedKernel, _extent_name, c_comment
 from polyc.codegen.c_expr import PRELUDE, c_type
 from polyc.codegen.pattern_kernel import PatternKernelWriter, typed
 from polyc.codegen.register_epilogue import RegisterEpilogue
@@ -177,7 +178,7 @@ class _Layout:
 def _layout(conv: Convolution, image_rank: int) -> _Layout:
     reduction = tuple(i for i in conv.weight_indices if i in conv.channels or i in conv.kernel)
     inner = conv.target_indices[-1]
-    if conv.f and conv.f == conv.target_indices[-len(conv.f):]:
+    if conv.f and conv.f == conv.target_indices[-len(conv.f) :]:
         # Output channels innermost (NHWC; several indices: a blocked layout's (f / B, f % B),
         # numbered as one channel): vectorised along them; every other index but the groups
         # is a point, the batch included, so that tiles run on across images.
@@ -186,8 +187,7 @@ def _layout(conv: Convolution, image_rank: int) -> _Layout:
         return _Layout(items, points, False, reduction, channels=True)
     if inner in conv.spatial and conv.window_of(inner).stride == 1 and conv.window_of(inner).dim == image_rank - 1:
         outer = conv.target_indices[-2] if len(conv.target_indices) >= 2 else None
-        if outer in conv.spatial and conv.window_of(outer).stride == 1 \
-                and conv.window_of(outer).dim == image_rank - 2:
+        if outer in conv.spatial and conv.window_of(outer).stride == 1 and conv.window_of(outer).dim == image_rank - 2:
             points, flat = (outer, inner), True
         else:
             points, flat = (inner,), False
@@ -210,20 +210,33 @@ class _ConvWriter(PatternKernelWriter):
         points = None
         if self.specialised and self.layout.channels:
             points = prod(conv.extent(i).evaluate(program.size_values) for i in self.layout.points)
-        self.channel_blocks = {isa: conv_channels.channel_block(isa, self.dtype, channels, points)
-                               for isa in ISA_GUARDS}
+        self.channel_blocks = {
+            isa: conv_channels.channel_block(isa, self.dtype, channels, points) for isa in ISA_GUARDS
+        }
         # Channel mode applies what it can of the epilogue to the accumulators, in registers.
-        self.register_epilogue = RegisterEpilogue.of(conv.epilogues, self.definition, conv.target_indices, conv.f) \
-            if self.layout.channels and options.vectorize else None
+        self.register_epilogue = (
+            RegisterEpilogue.of(conv.epilogues, self.definition, conv.target_indices, conv.f)
+            if self.layout.channels and options.vectorize
+            else None
+        )
 
     # ------------------------------------------------------------------ top level
     def write(self) -> GeneratedKernel:
         d = self.definition
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
-        parts = [self.header(), PRELUDE, self.includes(), typed(_COMMON, self.ctype), self.context_struct(),
-                 self.instruction_sets(), self.epilogue_function(), self.driver(), self.entry_function(name, sizes),
-                 ""]
+        parts = [
+            self.header(),
+            PRELUDE,
+            self.includes(),
+            typed(_COMMON, self.ctype),
+            self.context_struct(),
+            self.instruction_sets(),
+            self.epilogue_function(),
+            self.driver(),
+            self.entry_function(name, sizes),
+            "",
+        ]
         return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
 
     def header(self) -> str:
@@ -231,18 +244,22 @@ class _ConvWriter(PatternKernelWriter):
         sizes = self.sizes_comment()
         if lay.channels:
             block = self.channel_blocks["avx512"]
-            form = (f"output channels vectorised, up to {block.vectors} vectors of channels x {block.points} "
-                    "points per AVX-512 register block")
+            form = (
+                f"output channels vectorised, up to {block.vectors} vectors of channels x {block.points} "
+                "points per AVX-512 register block"
+            )
         else:
             form = f"points vectorised, {self.rf} output channels per register block"
-        lines = [f"{CONV_KERNEL_MARK} for def '{self.definition.name}' (direct convolution: {form})",
-                 f"sizes: {sizes}",
-                 f"options: tile_sizes={o.tile_sizes} parallel={o.parallel} vectorize={o.vectorize} "
-                 f"specialize={o.specialize}",
-                 f"convolution: {self.conv.describe()}",
-                 f"items: ({', '.join(lay.items)}); points: ({', '.join(lay.points)})"
-                 + (" flattened with the image's row pitch" if lay.flat else "")
-                 + f"; reduction: ({', '.join(lay.reduction)})"]
+        lines = [
+            f"{CONV_KERNEL_MARK} for def '{self.definition.name}' (direct convolution: {form})",
+            f"sizes: {sizes}",
+            f"options: tile_sizes={o.tile_sizes} parallel={o.parallel} vectorize={o.vectorize} "
+            f"specialize={o.specialize}",
+            f"convolution: {self.conv.describe()}",
+            f"items: ({', '.join(lay.items)}); points: ({', '.join(lay.points)})"
+            + (" flattened with the image's row pitch" if lay.flat else "")
+            + f"; reduction: ({', '.join(lay.reduction)})",
+        ]
         lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
         return c_comment(lines)
 
@@ -255,23 +272,30 @@ class _ConvWriter(PatternKernelWriter):
 
     def context_struct(self) -> str:
         t = self.ctype
-        fields = [f"const {t} *in", f"{t} *out", f"const {t} *wpack", f"const {t} *w",
-                  "int64_t nitems, nf, nfb, npoints, nout, nred, ntiles, wg_stride, w_step, w_row",
-                  "const int64_t *w_g, *w_f, *w_r",
-                  "int64_t ngroups",
-                  "const int64_t *in_b, *out_b, *wg_b, *out_f, *in_r, *in_p, *out_p, *out_c, *tile_p, *panel_r",
-                  "const unsigned char *unit",
-                  "const uint32_t *vmask",
-                  "const unsigned char *vstep",
-                  "int direct, packed_out, dense_out, stream_out",
-                  "int64_t take_size, takes, nwork, rchunk, fchunk_size, fchunks, image_elements",
-                  f"int64_t key[{self.key_length()}]"]
+        fields = [
+            f"const {t} *in",
+            f"{t} *out",
+            f"const {t} *wpack",
+            f"const {t} *w",
+            "int64_t nitems, nf, nfb, npoints, nout, nred, ntiles, wg_stride, w_step, w_row",
+            "const int64_t *w_g, *w_f, *w_r",
+            "int64_t ngroups",
+            "const int64_t *in_b, *out_b, *wg_b, *out_f, *in_r, *in_p, *out_p, *out_c, *tile_p, *panel_r",
+            "const unsigned char *unit",
+            "const uint32_t *vmask",
+            "const unsigned char *vstep",
+            "int direct, packed_out, dense_out, stream_out",
+            "int64_t take_size, takes, nwork, rchunk, fchunk_size, fchunks, image_elements",
+            f"int64_t key[{self.key_length()}]",
+        ]
         rank = self.definition.tensor(self.conv.image).rank
-        fields += [f"const {t} *image",
-                   f"int64_t pad_elements, pad_shape[{rank}], pad_base[{rank}], pad_lo[{rank}], pad_hi[{rank}]",
-                   f"int64_t image_stride[{rank}]",
-                   "int64_t nchan, ntaps",
-                   "const uint16_t *tap_points"]
+        fields += [
+            f"const {t} *image",
+            f"int64_t pad_elements, pad_shape[{rank}], pad_base[{rank}], pad_lo[{rank}], pad_hi[{rank}]",
+            f"int64_t image_stride[{rank}]",
+            "int64_t nchan, ntaps",
+            "const uint16_t *tap_points",
+        ]
         for name in self.epilogue_tensors():
             tensor = self.definition.tensor(name)
             qualifier = "const " if tensor.role is ir.Role.INPUT else ""
@@ -281,27 +305,29 @@ class _ConvWriter(PatternKernelWriter):
                 fields += [f"int64_t s_{self.size_c[s]}" for s in self.definition.sizes]
             fields += [f"const int64_t *ix_{index}" for index in self.conv.target_indices]
         body = "\n".join(f"    {f};" for f in fields)
-        return ("/* Everything the loops need: the image, the output, the packed weights ([group][channel\n"
-                "   block][r][RF]); per item b the offsets in_b (image), out_b (output) and wg_b (packed weight\n"
-                "   group); per channel f out_f; per reduction point r in_r; per point q in_p and out_p (-1: a\n"
-                "   flattened point outside the output); per output point p (the points q with out_p[q] >= 0,\n"
-                "   in order) out_c; tile_p[t]: the first output point of tile t (t <= ntiles); panel_r[r] =\n"
-                "   r * NR; per tile unit (its outputs are consecutive); per vector of LANES points vmask (its\n"
-                "   lanes with out_p >= 0) and vstep (1 or 2: its points' image offsets step by that, else 0); direct: in_p[q] == in_p[0] + q for every q (the image is read in\n"
-                "   place, else tiles are packed); packed_out: out_c[p] == out_c[0] + p (the outputs of a tile\n"
-                "   are consecutive once the dropped points are left out); dense_out: and out_c[0] == 0;\n"
-                "   ix_*: index values for the epilogue (of the points: per output point p); w_g, w_f, w_r:\n"
-                "   the weights' offsets per group, channel and reduction point; work items (set per call):\n"
-                "   nwork of them, `takes` per item and tile (or channel block) of `take_size` channel blocks\n"
-                "   (or tiles), rchunk: reduction steps per chunk (channel mode); key: the sizes the tables\n"
-                "   were built for; with zero padding, pad_lo <= p < pad_hi is the box in the coordinates of\n"
-                "   the padded image (shape pad_shape; element p is the image at pad_base + p inside the box,\n"
-                "   else zero), which points mode copies (pad_elements > 0: in is that copy) and channel mode\n"
-                "   does not (pad_elements == 0: in is the image); tap_points[t * ntaps + tap] (NULL: no\n"
-                "   padding) the points of tile t that read\n"
-                "   the tap inside the box (bit j: point j); the reduction is ntaps taps of nchan steps. */\n"
-                f"#define POLYC_IMAGE_RANK {rank}\n"
-                f"typedef struct {{\n{body}\n}} polyc_conv_t;")
+        return (
+            "/* Everything the loops need: the image, the output, the packed weights ([group][channel\n"
+            "   block][r][RF]); per item b the offsets in_b (image), out_b (output) and wg_b (packed weight\n"
+            "   group); per channel f out_f; per reduction point r in_r; per point q in_p and out_p (-1: a\n"
+            "   flattened point outside the output); per output point p (the points q with out_p[q] >= 0,\n"
+            "   in order) out_c; tile_p[t]: the first output point of tile t (t <= ntiles); panel_r[r] =\n"
+            "   r * NR; per tile unit (its outputs are consecutive); per vector of LANES points vmask (its\n"
+            "   lanes with out_p >= 0) and vstep (1 or 2: its points' image offsets step by that, else 0); direct: in_p[q] == in_p[0] + q for every q (the image is read in\n"
+            "   place, else tiles are packed); packed_out: out_c[p] == out_c[0] + p (the outputs of a tile\n"
+            "   are consecutive once the dropped points are left out); dense_out: and out_c[0] == 0;\n"
+            "   ix_*: index values for the epilogue (of the points: per output point p); w_g, w_f, w_r:\n"
+            "   the weights' offsets per group, channel and reduction point; work items (set per call):\n"
+            "   nwork of them, `takes` per item and tile (or channel block) of `take_size` channel blocks\n"
+            "   (or tiles), rchunk: reduction steps per chunk (channel mode); key: the sizes the tables\n"
+            "   were built for; with zero padding, pad_lo <= p < pad_hi is the box in the coordinates of\n"
+            "   the padded image (shape pad_shape; element p is the image at pad_base + p inside the box,\n"
+            "   else zero), which points mode copies (pad_elements > 0: in is that copy) and channel mode\n"
+            "   does not (pad_elements == 0: in is the image); tap_points[t * ntaps + tap] (NULL: no\n"
+            "   padding) the points of tile t that read\n"
+            "   the tap inside the box (bit j: point j); the reduction is ntaps taps of nchan steps. */\n"
+            f"#define POLYC_IMAGE_RANK {rank}\n"
+            f"typedef struct {{\n{body}\n}} polyc_conv_t;"
+        )
 
     # ------------------------------------------------------------------ register blocks
     def instruction_sets(self) -> str:
@@ -312,23 +338,29 @@ class _ConvWriter(PatternKernelWriter):
                 pieces.append("#include <immintrin.h>")
             if self.layout.channels:
                 pieces.append(f'#define POLYC_CONV_ISA "{isa}"')
-                pieces += conv_channels.instruction_set(self.channel_blocks[isa], self.dtype,
-                                                        self.register_epilogue, self.definition,
-                                                        self.point_stride())
+                pieces += conv_channels.instruction_set(
+                    self.channel_blocks[isa], self.dtype, self.register_epilogue, self.definition, self.point_stride()
+                )
                 continue
             shape = block_shape(isa, self.dtype, self.rf)
-            pieces += [f'#define POLYC_CONV_ISA "{isa}"', f"#define POLYC_RF {shape.rf}",
-                       f"#define POLYC_FBLOCK {shape.rf}", "#define POLYC_PANELS 1",
-                       f"#define POLYC_COMPRESS {1 if isa == 'avx512' else 0}",
-                       f"#define POLYC_NR {shape.nr}", f"#define POLYC_LANES {shape.lanes}"]
+            pieces += [
+                f'#define POLYC_CONV_ISA "{isa}"',
+                f"#define POLYC_RF {shape.rf}",
+                f"#define POLYC_FBLOCK {shape.rf}",
+                "#define POLYC_PANELS 1",
+                f"#define POLYC_COMPRESS {1 if isa == 'avx512' else 0}",
+                f"#define POLYC_NR {shape.nr}",
+                f"#define POLYC_LANES {shape.lanes}",
+            ]
             pieces.append(_STEPPED_PACKING.get((isa, self.ctype), "#define POLYC_PACK_STEPPED 0"))
             if isa == "portable":
                 pieces.append(typed(_PORTABLE_KERNEL, self.ctype))
             else:
                 pieces += [_vector_kernel(shape, self.dtype, nv) for nv in range(1, shape.vectors + 1)]
                 if isa == "avx2":
-                    pieces += [_vector_kernel(shape, self.dtype, nv, masked=False)
-                               for nv in range(1, shape.vectors + 1)]
+                    pieces += [
+                        _vector_kernel(shape, self.dtype, nv, masked=False) for nv in range(1, shape.vectors + 1)
+                    ]
                 pieces.append(_dispatch(shape, self.ctype))
         pieces.append("#endif")
         return "\n".join(pieces)
@@ -343,16 +375,18 @@ class _ConvWriter(PatternKernelWriter):
         if window is None:
             return None
         extents = [e.evaluate(self.program.size_values) for e in self.definition.tensor(conv.image).shape]
-        return window.stride * prod(extents[window.dim + 1:])
+        return window.stride * prod(extents[window.dim + 1 :])
 
     # ------------------------------------------------------------------ epilogue
     def epilogue_function(self) -> str:
         conv = self.conv
         if not conv.epilogues:
-            return ("#define POLYC_HAS_EPILOGUE 0\n"
-                    "static void polyc_epilogue(const polyc_conv_t *g, int64_t b, int64_t f0, int64_t rows,\n"
-                    "                           int64_t p0, int64_t p1)\n"
-                    "{ (void)g; (void)b; (void)f0; (void)rows; (void)p0; (void)p1; }")
+            return (
+                "#define POLYC_HAS_EPILOGUE 0\n"
+                "static void polyc_epilogue(const polyc_conv_t *g, int64_t b, int64_t f0, int64_t rows,\n"
+                "                           int64_t p0, int64_t p1)\n"
+                "{ (void)g; (void)b; (void)f0; (void)rows; (void)p0; (void)p1; }"
+            )
         lay = self.layout
         body = self.size_declarations(lambda s: f"polyc_g->s_{self.size_c[s]}")
         for name in self.epilogue_tensors():
@@ -364,45 +398,59 @@ class _ConvWriter(PatternKernelWriter):
         statements = [self.epilogue_statement(s) + ";" for s in conv.epilogues]
         simd = ["#pragma omp simd"] if self.options.vectorize else []
         if lay.channels:  # per point, a loop over consecutive channels the compiler vectorises
-            body += ["for (int64_t polyc_p = polyc_p0; polyc_p < polyc_p1; polyc_p++) {",
-                     *(f"    const int64_t polyc_ix_{i} = polyc_g->ix_{i}[polyc_p];" for i in lay.points),
-                     "    const int64_t polyc_op = polyc_ob + polyc_g->out_p[polyc_p];",
-                     *("    " + line for line in simd),
-                     "    for (int64_t polyc_f = polyc_f0; polyc_f < polyc_f0 + polyc_rows; polyc_f++) {",
-                     "        const int64_t polyc_o = polyc_op + polyc_f;",
-                     # one channel index is the channel number; several (a blocked layout) come from tables
-                     *(f"        const int64_t polyc_ix_{i} = "
-                       f"{'polyc_f' if len(conv.f) == 1 else f'polyc_g->ix_{i}[polyc_f]'};" for i in conv.f),
-                     *("        " + line for line in statements),
-                     "    }", "}"]
+            body += [
+                "for (int64_t polyc_p = polyc_p0; polyc_p < polyc_p1; polyc_p++) {",
+                *(f"    const int64_t polyc_ix_{i} = polyc_g->ix_{i}[polyc_p];" for i in lay.points),
+                "    const int64_t polyc_op = polyc_ob + polyc_g->out_p[polyc_p];",
+                *("    " + line for line in simd),
+                "    for (int64_t polyc_f = polyc_f0; polyc_f < polyc_f0 + polyc_rows; polyc_f++) {",
+                "        const int64_t polyc_o = polyc_op + polyc_f;",
+                # one channel index is the channel number; several (a blocked layout) come from tables
+                *(
+                    f"        const int64_t polyc_ix_{i} = "
+                    f"{'polyc_f' if len(conv.f) == 1 else f'polyc_g->ix_{i}[polyc_f]'};"
+                    for i in conv.f
+                ),
+                *("        " + line for line in statements),
+                "    }",
+                "}",
+            ]
             return self._epilogue_text(body)
 
         def point_loop(offset: str) -> list[str]:
-            return [*simd,
-                    "for (int64_t polyc_p = polyc_p0; polyc_p < polyc_p1; polyc_p++) {",
-                    *(f"    const int64_t polyc_ix_{i} = polyc_g->ix_{i}[polyc_p];" for i in lay.points),
-                    f"    const int64_t polyc_o = polyc_of + {offset};",
-                    *("    " + line for line in statements),
-                    "}"]
+            return [
+                *simd,
+                "for (int64_t polyc_p = polyc_p0; polyc_p < polyc_p1; polyc_p++) {",
+                *(f"    const int64_t polyc_ix_{i} = polyc_g->ix_{i}[polyc_p];" for i in lay.points),
+                f"    const int64_t polyc_o = polyc_of + {offset};",
+                *("    " + line for line in statements),
+                "}",
+            ]
 
-        body += ["for (int64_t polyc_f = polyc_f0; polyc_f < polyc_f0 + polyc_rows; polyc_f++) {",
-                 *(f"    const int64_t polyc_ix_{i} = polyc_g->ix_{i}[polyc_f];" for i in conv.f),
-                 "    const int64_t polyc_of = polyc_ob + polyc_g->out_f[polyc_f];",
-                 "    if (polyc_g->dense_out) {  /* consecutive outputs: a plain loop the compiler vectorises */",
-                 *("        " + line for line in point_loop("polyc_p")),
-                 "    } else {",
-                 *("        " + line for line in point_loop("polyc_g->out_c[polyc_p]")),
-                 "    }", "}"]
+        body += [
+            "for (int64_t polyc_f = polyc_f0; polyc_f < polyc_f0 + polyc_rows; polyc_f++) {",
+            *(f"    const int64_t polyc_ix_{i} = polyc_g->ix_{i}[polyc_f];" for i in conv.f),
+            "    const int64_t polyc_of = polyc_ob + polyc_g->out_f[polyc_f];",
+            "    if (polyc_g->dense_out) {  /* consecutive outputs: a plain loop the compiler vectorises */",
+            *("        " + line for line in point_loop("polyc_p")),
+            "    } else {",
+            *("        " + line for line in point_loop("polyc_g->out_c[polyc_p]")),
+            "    }",
+            "}",
+        ]
         return self._epilogue_text(body)
 
     @staticmethod
     def _epilogue_text(body: list[str]) -> str:
-        return ("#define POLYC_HAS_EPILOGUE 1\n" +
-                "/* The statements after the convolution, on one finished block: item b, channels f0..,\n"
-                "   output points p0 <= p < p1. */\n"
-                "static void polyc_epilogue(const polyc_conv_t *polyc_g, int64_t polyc_b, int64_t polyc_f0,\n"
-                "                           int64_t polyc_rows, int64_t polyc_p0, int64_t polyc_p1)\n{\n"
-                + "\n".join("    " + line for line in body) + "\n}\n")
+        return (
+            "#define POLYC_HAS_EPILOGUE 1\n"
+            + "/* The statements after the convolution, on one finished block: item b, channels f0..,\n"
+            "   output points p0 <= p < p1. */\n"
+            "static void polyc_epilogue(const polyc_conv_t *polyc_g, int64_t polyc_b, int64_t polyc_f0,\n"
+            "                           int64_t polyc_rows, int64_t polyc_p0, int64_t polyc_p1)\n{\n"
+            + "\n".join("    " + line for line in body)
+            + "\n}\n"
+        )
 
     def epilogue_statement(self, statement: ir.CheckedStatement) -> str:
         """One epilogue statement at output point ``polyc_o`` (the target read there too)."""
@@ -420,14 +468,16 @@ class _ConvWriter(PatternKernelWriter):
         if self.options.tile_sizes:
             per = self.channel_blocks["avx512"].points if channels else self.rf
             take = max(1, self.options.tile_sizes[0] // per)
-        return (text.replace("STATUS", str(STATUS_OUT_OF_MEMORY))
-                .replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
-                .replace("WEIGHT_SLICE", str(conv_channels.WEIGHT_SLICE_BYTES))
-                .replace("FLOPS_PER_BYTE", f"{conv_channels.FLOPS_PER_BYTE!r}")
-                .replace("OUTPUT_PREFETCH_STEPS", str(conv_channels.OUTPUT_PREFETCH_STEPS))
-                .replace("IMAGE_ROW_RUNS", str(conv_channels.IMAGE_ROW_RUNS))
-                .replace("CHUNK_BLOCKS", str(take))
-                .replace("STREAM_BYTES", str(tiling.cache_sizes(self.options).get(3, 32 << 20))))
+        return (
+            text.replace("STATUS", str(STATUS_OUT_OF_MEMORY))
+            .replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
+            .replace("WEIGHT_SLICE", str(conv_channels.WEIGHT_SLICE_BYTES))
+            .replace("FLOPS_PER_BYTE", f"{conv_channels.FLOPS_PER_BYTE!r}")
+            .replace("OUTPUT_PREFETCH_STEPS", str(conv_channels.OUTPUT_PREFETCH_STEPS))
+            .replace("IMAGE_ROW_RUNS", str(conv_channels.IMAGE_ROW_RUNS))
+            .replace("CHUNK_BLOCKS", str(take))
+            .replace("STREAM_BYTES", str(tiling.cache_sizes(self.options).get(3, 32 << 20)))
+        )
 
     # ------------------------------------------------------------------ the entry point
     def image_term(self, index: str) -> str | None:
@@ -476,11 +526,16 @@ class _ConvWriter(PatternKernelWriter):
                 extent, base = f"polyc_max(1, {reach} + 1)", str(window.offset)
                 bound = bounds.get(dim)
                 lo = "0" if bound is None or bound.lo is None else f"polyc_max(0, {self.size_expr(bound.lo)})"
-                hi = image_extent if bound is None or bound.hi is None \
+                hi = (
+                    image_extent
+                    if bound is None or bound.hi is None
                     else f"polyc_min({image_extent}, {self.size_expr(bound.hi)})"
+                )
                 lo, hi = f"{lo} - ({base})", f"{hi} - ({base})"
-            lines.append(f"const int64_t polyc_pad_extent{dim} = {extent}, polyc_pad_base{dim} = {base}, "
-                         f"polyc_pad_lo{dim} = {lo}, polyc_pad_hi{dim} = {hi};")
+            lines.append(
+                f"const int64_t polyc_pad_extent{dim} = {extent}, polyc_pad_base{dim} = {base}, "
+                f"polyc_pad_lo{dim} = {lo}, polyc_pad_hi{dim} = {hi};"
+            )
         for dim in range(rank if self.copies_padding else 0):
             later = [f"polyc_pad_extent{d}" for d in range(dim + 1, rank)]
             lines.append(f"const int64_t polyc_pad_stride{dim} = {' * '.join(later) or '1'};")
@@ -493,23 +548,26 @@ class _ConvWriter(PatternKernelWriter):
         for W(kh, kw, c, f)), so a tap is ``nchan`` consecutive steps."""
         conv = self.conv
         checks = [f"polyc_px{n}[polyc_q0 + polyc_j] + polyc_kx{n}[polyc_r]" for n in range(len(conv.windows))]
-        inside = " && ".join(f"{c} >= polyc_pad_lo{w.dim} && {c} < polyc_pad_hi{w.dim}"
-                             for c, w in zip(checks, conv.windows))
-        return ["polyc_g.ntaps = polyc_ntaps; polyc_g.nchan = polyc_ntaps > 0 ? polyc_nred / polyc_ntaps : 0;",
-                "if (polyc_g.nchan > 0) {",
-                "    uint16_t *polyc_points = (uint16_t *)polyc_tap_points;",
-                "    for (int64_t polyc_t = 0; polyc_t < polyc_ntiles; polyc_t++) {",
-                "        const int64_t polyc_q0 = polyc_t * POLYC_NR, polyc_n = polyc_min(POLYC_NR, polyc_npoints - polyc_q0);",
-                "        for (int64_t polyc_tap = 0; polyc_tap < polyc_ntaps; polyc_tap++) {",
-                "            const int64_t polyc_r = polyc_tap * polyc_g.nchan;",
-                "            unsigned polyc_bits = 0;",
-                "            for (int64_t polyc_j = 0; polyc_j < polyc_n; polyc_j++)",
-                f"                polyc_bits |= (unsigned)({inside}) << polyc_j;",
-                "            polyc_points[polyc_t * polyc_ntaps + polyc_tap] = (uint16_t)polyc_bits;",
-                "        }",
-                "    }",
-                "    polyc_g.tap_points = polyc_points;",
-                "}"]
+        inside = " && ".join(
+            f"{c} >= polyc_pad_lo{w.dim} && {c} < polyc_pad_hi{w.dim}" for c, w in zip(checks, conv.windows)
+        )
+        return [
+            "polyc_g.ntaps = polyc_ntaps; polyc_g.nchan = polyc_ntaps > 0 ? polyc_nred / polyc_ntaps : 0;",
+            "if (polyc_g.nchan > 0) {",
+            "    uint16_t *polyc_points = (uint16_t *)polyc_tap_points;",
+            "    for (int64_t polyc_t = 0; polyc_t < polyc_ntiles; polyc_t++) {",
+            "        const int64_t polyc_q0 = polyc_t * POLYC_NR, polyc_n = polyc_min(POLYC_NR, polyc_npoints - polyc_q0);",
+            "        for (int64_t polyc_tap = 0; polyc_tap < polyc_ntaps; polyc_tap++) {",
+            "            const int64_t polyc_r = polyc_tap * polyc_g.nchan;",
+            "            unsigned polyc_bits = 0;",
+            "            for (int64_t polyc_j = 0; polyc_j < polyc_n; polyc_j++)",
+            f"                polyc_bits |= (unsigned)({inside}) << polyc_j;",
+            "            polyc_points[polyc_t * polyc_ntaps + polyc_tap] = (uint16_t)polyc_bits;",
+            "        }",
+            "    }",
+            "    polyc_g.tap_points = polyc_points;",
+            "}",
+        ]
 
     def points_by_padding(self, epilogue: bool) -> list[str]:
         """C putting the points in order of the taps they read in the padding (those that read
@@ -523,28 +581,32 @@ class _ConvWriter(PatternKernelWriter):
         for n, w in enumerate(conv.windows):
             taps = self.size_expr(conv.extent(w.k)) if w.k else "1"
             step = w.dilation if w.k else 0
-            key += [f"for (int64_t polyc_k = 0, polyc_taps = {taps}; polyc_k < polyc_taps; polyc_k++) {{",
-                    f"    const int64_t polyc_at = polyc_px{n}[polyc_x] + {step} * polyc_k;",
-                    f"    polyc_key = polyc_key * 3 + (polyc_at < polyc_pad_lo{w.dim} ? 1 : "
-                    f"polyc_at >= polyc_pad_hi{w.dim} ? 2 : 0);",
-                    "}"]
+            key += [
+                f"for (int64_t polyc_k = 0, polyc_taps = {taps}; polyc_k < polyc_taps; polyc_k++) {{",
+                f"    const int64_t polyc_at = polyc_px{n}[polyc_x] + {step} * polyc_k;",
+                f"    polyc_key = polyc_key * 3 + (polyc_at < polyc_pad_lo{w.dim} ? 1 : "
+                f"polyc_at >= polyc_pad_hi{w.dim} ? 2 : 0);",
+                "}",
+            ]
         tables = ["in_p", "out_p", "out_c"] + [f"px{n}" for n in range(len(conv.windows))]
         tables += [f"ix_{i}" for i in lay.points] if epilogue else []
-        return ["{",
-                "    polyc_sort_t *polyc_order = (polyc_sort_t *)malloc(sizeof(polyc_sort_t) * (size_t)polyc_npoints);",
-                "    int64_t *polyc_old = (int64_t *)malloc(sizeof(int64_t) * (size_t)polyc_npoints);",
-                "    if (polyc_order != NULL && polyc_old != NULL) {",
-                "        for (int64_t polyc_x = 0; polyc_x < polyc_npoints; polyc_x++) {",
-                *("            " + line for line in key),
-                "            polyc_order[polyc_x].key = polyc_key;",
-                "            polyc_order[polyc_x].index = polyc_x;",
-                "        }",
-                "        qsort(polyc_order, (size_t)polyc_npoints, sizeof *polyc_order, polyc_sort_compare);",
-                *(f"        polyc_permute(polyc_{table}, polyc_old, polyc_order, polyc_npoints);" for table in tables),
-                "    }",
-                "    free(polyc_order);",
-                "    free(polyc_old);",
-                "}"]
+        return [
+            "{",
+            "    polyc_sort_t *polyc_order = (polyc_sort_t *)malloc(sizeof(polyc_sort_t) * (size_t)polyc_npoints);",
+            "    int64_t *polyc_old = (int64_t *)malloc(sizeof(int64_t) * (size_t)polyc_npoints);",
+            "    if (polyc_order != NULL && polyc_old != NULL) {",
+            "        for (int64_t polyc_x = 0; polyc_x < polyc_npoints; polyc_x++) {",
+            *("            " + line for line in key),
+            "            polyc_order[polyc_x].key = polyc_key;",
+            "            polyc_order[polyc_x].index = polyc_x;",
+            "        }",
+            "        qsort(polyc_order, (size_t)polyc_npoints, sizeof *polyc_order, polyc_sort_compare);",
+            *(f"        polyc_permute(polyc_{table}, polyc_old, polyc_order, polyc_npoints);" for table in tables),
+            "    }",
+            "    free(polyc_order);",
+            "    free(polyc_old);",
+            "}",
+        ]
 
     def target_term(self, index: str) -> str:
         return f"polyc_v_{index} * {self.stride(self.conv.target, self.conv.target_indices.index(index))}"
@@ -558,8 +620,10 @@ class _ConvWriter(PatternKernelWriter):
         lines = ["{", "    int64_t polyc_x = 0;"]
         for depth, index in enumerate(indices):
             extent = self.size_expr(self.conv.extent(index))
-            lines.append("    " * (depth + 1) + f"for (int64_t polyc_v_{index} = 0; polyc_v_{index} < ({extent}); "
-                         f"polyc_v_{index}++) {{")
+            lines.append(
+                "    " * (depth + 1) + f"for (int64_t polyc_v_{index} = 0; polyc_v_{index} < ({extent}); "
+                f"polyc_v_{index}++) {{"
+            )
         inner = "    " * (len(indices) + 1)
         lines += [inner + a for a in assignments]
         lines.append(f"{inner}polyc_x++;")
@@ -583,35 +647,55 @@ class _ConvWriter(PatternKernelWriter):
             return " + ".join(p for p in parts if p) or "0"
 
         epilogue = bool(conv.epilogues)
-        body += [f"const int64_t polyc_nitems = {count(lay.items)};",
-                 f"const int64_t polyc_ngroups = {count(conv.groups)};",
-                 f"const int64_t polyc_nf = {count(conv.f)};",
-                 f"const int64_t polyc_nred = {count(lay.reduction)};"]
+        body += [
+            f"const int64_t polyc_nitems = {count(lay.items)};",
+            f"const int64_t polyc_ngroups = {count(conv.groups)};",
+            f"const int64_t polyc_nf = {count(conv.f)};",
+            f"const int64_t polyc_nred = {count(lay.reduction)};",
+        ]
         if lay.flat:
             h, w = lay.points
             oh, ow = (self.size_expr(conv.extent(i)) for i in (h, w))
             pitch = _extent_name(conv.image, d.tensor(conv.image).rank - 1)
-            body += [f"const int64_t polyc_oh = {oh}, polyc_ow = {ow}, polyc_pitch = {pitch};",
-                     "/* Points flattened with the image's row pitch when there is a reduction (then the\n"
-                     "   pitch is at least the output width); else one point per output element. */",
-                     "const int polyc_flat = polyc_nred > 0 && polyc_oh > 0 && polyc_ow > 0;",
-                     "const int64_t polyc_npoints = polyc_flat ? (polyc_oh - 1) * polyc_pitch + polyc_ow"
-                     " : polyc_oh * polyc_ow;"]
+            body += [
+                f"const int64_t polyc_oh = {oh}, polyc_ow = {ow}, polyc_pitch = {pitch};",
+                "/* Points flattened with the image's row pitch when there is a reduction (then the\n"
+                "   pitch is at least the output width); else one point per output element. */",
+                "const int polyc_flat = polyc_nred > 0 && polyc_oh > 0 && polyc_ow > 0;",
+                "const int64_t polyc_npoints = polyc_flat ? (polyc_oh - 1) * polyc_pitch + polyc_ow"
+                " : polyc_oh * polyc_ow;",
+            ]
         else:
             body.append(f"const int64_t polyc_npoints = {count(lay.points)};")
         padded = bool(conv.box)
         if padded:
             body += self.padding()
-        body += ["if (polyc_nitems == 0 || polyc_nf == 0 || polyc_npoints == 0) return 0;",
-                 "const int64_t polyc_nfb = (polyc_nf + POLYC_FBLOCK - 1) / POLYC_FBLOCK;",
-                 "const int64_t polyc_ntiles = (polyc_npoints + POLYC_NR - 1) / POLYC_NR;"]
+        body += [
+            "if (polyc_nitems == 0 || polyc_nf == 0 || polyc_npoints == 0) return 0;",
+            "const int64_t polyc_nfb = (polyc_nf + POLYC_FBLOCK - 1) / POLYC_FBLOCK;",
+            "const int64_t polyc_ntiles = (polyc_npoints + POLYC_NR - 1) / POLYC_NR;",
+        ]
         if padded:
             taps = " * ".join(f"({self.size_expr(conv.extent(i))})" for i in lay.reduction if i in conv.kernel)
-            body += [f"const int64_t polyc_ntaps = {taps or '1'};",
-                     "const int64_t polyc_tap_words = (polyc_ntiles * polyc_ntaps + 3) / 4;  /* uint16 each */"]
-        tables = [("in_b", "nitems"), ("out_b", "nitems"), ("wg_b", "nitems"), ("w_g", "ngroups"),
-                  ("out_f", "nf"), ("w_f", "nf"), ("in_r", "nred"), ("w_r", "nred"), ("panel_r", "nred"),
-                  ("in_p", "npoints"), ("out_p", "npoints"), ("out_c", "npoints"), ("tile_p", "ntiles + 1")]
+            body += [
+                f"const int64_t polyc_ntaps = {taps or '1'};",
+                "const int64_t polyc_tap_words = (polyc_ntiles * polyc_ntaps + 3) / 4;  /* uint16 each */",
+            ]
+        tables = [
+            ("in_b", "nitems"),
+            ("out_b", "nitems"),
+            ("wg_b", "nitems"),
+            ("w_g", "ngroups"),
+            ("out_f", "nf"),
+            ("w_f", "nf"),
+            ("in_r", "nred"),
+            ("w_r", "nred"),
+            ("panel_r", "nred"),
+            ("in_p", "npoints"),
+            ("out_p", "npoints"),
+            ("out_c", "npoints"),
+            ("tile_p", "ntiles + 1"),
+        ]
         if epilogue:
             tables += [(f"ix_{i}", "nitems") for i in lay.items] + [(f"ix_{i}", "nf") for i in conv.f]
             tables += [(f"ix_{i}", "npoints") for i in lay.points]
@@ -619,49 +703,66 @@ class _ConvWriter(PatternKernelWriter):
             tables += [(f"px{n}", "npoints") for n in range(len(conv.windows))]
             tables += [(f"kx{n}", "nred") for n in range(len(conv.windows))] + [("tap_points", "tap_words")]
         total = " + ".join(f"polyc_{count_name}" for _, count_name in tables)
-        build = ["const int64_t polyc_nvec = (polyc_npoints + POLYC_LANES - 1) / POLYC_LANES;",
-                 f"polyc_tables = (int64_t *)malloc(sizeof(int64_t) * (size_t)({total}) + "
-                 "sizeof(uint32_t) * (size_t)polyc_nvec + (size_t)polyc_ntiles + (size_t)polyc_nvec);",
-                 f"if (polyc_tables == NULL) return {STATUS_OUT_OF_MEMORY};",
-                 "int64_t *polyc_next = polyc_tables;"]
+        build = [
+            "const int64_t polyc_nvec = (polyc_npoints + POLYC_LANES - 1) / POLYC_LANES;",
+            f"polyc_tables = (int64_t *)malloc(sizeof(int64_t) * (size_t)({total}) + "
+            "sizeof(uint32_t) * (size_t)polyc_nvec + (size_t)polyc_ntiles + (size_t)polyc_nvec);",
+            f"if (polyc_tables == NULL) return {STATUS_OUT_OF_MEMORY};",
+            "int64_t *polyc_next = polyc_tables;",
+        ]
         for table, count_name in tables:
             build += [f"int64_t *polyc_{table} = polyc_next;", f"polyc_next += polyc_{count_name};"]
-        build += ["uint32_t *polyc_vmask = (uint32_t *)polyc_next;",
-                 "unsigned char *polyc_unit = (unsigned char *)(polyc_vmask + polyc_nvec);",
-                 "unsigned char *polyc_vstep = polyc_unit + polyc_ntiles;"]
+        build += [
+            "uint32_t *polyc_vmask = (uint32_t *)polyc_next;",
+            "unsigned char *polyc_unit = (unsigned char *)(polyc_vmask + polyc_nvec);",
+            "unsigned char *polyc_vstep = polyc_unit + polyc_ntiles;",
+        ]
 
         # items: image and output offsets, packed weight group, index values
         group_flat = []
         for position, g in enumerate(conv.groups):
-            later = [f"({self.size_expr(conv.extent(o))})" for o in conv.groups[position + 1:]]
+            later = [f"({self.size_expr(conv.extent(o))})" for o in conv.groups[position + 1 :]]
             group_flat.append(" * ".join([f"polyc_v_{g}", *later]))
-        item_lines = [f"polyc_in_b[polyc_x] = {terms([self.image_term(i) for i in lay.items])};",
-                      f"polyc_out_b[polyc_x] = {terms([self.target_term(i) for i in lay.items])};",
-                      f"polyc_wg_b[polyc_x] = {terms(group_flat)};"]
+        item_lines = [
+            f"polyc_in_b[polyc_x] = {terms([self.image_term(i) for i in lay.items])};",
+            f"polyc_out_b[polyc_x] = {terms([self.target_term(i) for i in lay.items])};",
+            f"polyc_wg_b[polyc_x] = {terms(group_flat)};",
+        ]
         if epilogue:
             item_lines += [f"polyc_ix_{i}[polyc_x] = polyc_v_{i};" for i in lay.items]
         build += self.loop_nest(lay.items, item_lines)
-        build += self.loop_nest(conv.groups, [f"polyc_w_g[polyc_x] = {terms([self.weight_term(g) for g in conv.groups])};"])
-        f_lines = [f"polyc_out_f[polyc_x] = {terms([self.target_term(i) for i in conv.f])};",
-                   f"polyc_w_f[polyc_x] = {terms([self.weight_term(i) for i in conv.f])};"]
+        build += self.loop_nest(
+            conv.groups, [f"polyc_w_g[polyc_x] = {terms([self.weight_term(g) for g in conv.groups])};"]
+        )
+        f_lines = [
+            f"polyc_out_f[polyc_x] = {terms([self.target_term(i) for i in conv.f])};",
+            f"polyc_w_f[polyc_x] = {terms([self.weight_term(i) for i in conv.f])};",
+        ]
         if epilogue:
             f_lines += [f"polyc_ix_{i}[polyc_x] = polyc_v_{i};" for i in conv.f]
         build += self.loop_nest(conv.f, f_lines)
         # The padded copy starts at each window's offset; the image itself is read at it.
-        offset = "0" if self.copies_padding else \
-            terms([f"({w.offset}) * {self.stride(conv.image, w.dim)}" for w in conv.windows if w.offset])
+        offset = (
+            "0"
+            if self.copies_padding
+            else terms([f"({w.offset}) * {self.stride(conv.image, w.dim)}" for w in conv.windows if w.offset])
+        )
         reduction_lines = [
             f"polyc_in_r[polyc_x] = {terms([self.image_term(i) for i in lay.reduction])} + {offset};",
             f"polyc_w_r[polyc_x] = {terms([self.weight_term(i) for i in lay.reduction])};",
-            "polyc_panel_r[polyc_x] = polyc_x * POLYC_NR;"]
+            "polyc_panel_r[polyc_x] = polyc_x * POLYC_NR;",
+        ]
         if padded:
-            reduction_lines += [f"polyc_kx{n}[polyc_x] = {f'{w.dilation} * polyc_v_{w.k}' if w.k else '0'};"
-                                for n, w in enumerate(conv.windows)]
+            reduction_lines += [
+                f"polyc_kx{n}[polyc_x] = {f'{w.dilation} * polyc_v_{w.k}' if w.k else '0'};"
+                for n, w in enumerate(conv.windows)
+            ]
         build += self.loop_nest(lay.reduction, reduction_lines)
         # points: image and output offsets, output points (compact), index values of the output points
-        point_lines = [f"polyc_in_p[polyc_x] = {terms([self.image_term(i) for i in lay.points])};",
-                       f"polyc_out_p[polyc_x] = polyc_out_c[polyc_x] = "
-                       f"{terms([self.target_term(i) for i in lay.points])};"]
+        point_lines = [
+            f"polyc_in_p[polyc_x] = {terms([self.image_term(i) for i in lay.points])};",
+            f"polyc_out_p[polyc_x] = polyc_out_c[polyc_x] = {terms([self.target_term(i) for i in lay.points])};",
+        ]
         if epilogue:
             point_lines += [f"polyc_ix_{i}[polyc_x] = polyc_v_{i};" for i in lay.points]
         if padded:
@@ -669,93 +770,111 @@ class _ConvWriter(PatternKernelWriter):
         build.append("int64_t polyc_nout = polyc_npoints;")
         if lay.flat:
             h, w = lay.points
-            flat_lines = [f"const int64_t polyc_v_{h} = polyc_x / polyc_pitch, polyc_v_{w} = polyc_x % polyc_pitch;",
-                          "polyc_in_p[polyc_x] = polyc_x;",
-                          f"polyc_out_p[polyc_x] = polyc_v_{w} < polyc_ow ? {self.target_term(h)} + "
-                          f"{self.target_term(w)} : -1;",
-                          f"if (polyc_v_{w} < polyc_ow) {{",
-                          "    polyc_out_c[polyc_nout] = polyc_out_p[polyc_x];",
-                          *(f"    polyc_ix_{i}[polyc_nout] = polyc_v_{i};" for i in lay.points if epilogue),
-                          "    polyc_nout++;",
-                          "}"]
-            build += ["if (polyc_flat) {",
-                     "    polyc_nout = 0;",
-                     "    for (int64_t polyc_x = 0; polyc_x < polyc_npoints; polyc_x++) {",
-                     *("        " + line for line in flat_lines),
-                     "    }",
-                     "} else"]
+            flat_lines = [
+                f"const int64_t polyc_v_{h} = polyc_x / polyc_pitch, polyc_v_{w} = polyc_x % polyc_pitch;",
+                "polyc_in_p[polyc_x] = polyc_x;",
+                f"polyc_out_p[polyc_x] = polyc_v_{w} < polyc_ow ? {self.target_term(h)} + {self.target_term(w)} : -1;",
+                f"if (polyc_v_{w} < polyc_ow) {{",
+                "    polyc_out_c[polyc_nout] = polyc_out_p[polyc_x];",
+                *(f"    polyc_ix_{i}[polyc_nout] = polyc_v_{i};" for i in lay.points if epilogue),
+                "    polyc_nout++;",
+                "}",
+            ]
+            build += [
+                "if (polyc_flat) {",
+                "    polyc_nout = 0;",
+                "    for (int64_t polyc_x = 0; polyc_x < polyc_npoints; polyc_x++) {",
+                *("        " + line for line in flat_lines),
+                "    }",
+                "} else",
+            ]
         build += self.loop_nest(lay.points, point_lines)
         if padded:
             build += self.points_by_padding(epilogue)
-        build += ["/* Per tile: its first output point, and whether its outputs are consecutive; per vector:\n"
-                 "   its lanes that are output points. */",
-                 "for (int64_t polyc_t = 0, polyc_p = 0; polyc_t <= polyc_ntiles; polyc_t++) {",
-                 "    const int64_t polyc_q0 = polyc_t * POLYC_NR;",
-                 "    const int64_t polyc_n = polyc_min(POLYC_NR, polyc_npoints - polyc_q0);",
-                 "    polyc_tile_p[polyc_t] = polyc_p;",
-                 "    if (polyc_t == polyc_ntiles) break;",
-                 "    polyc_unit[polyc_t] = polyc_out_p[polyc_q0] >= 0"
-                 " && polyc_steps_by_one(polyc_out_p + polyc_q0, polyc_n);",
-                 "    for (int64_t polyc_j = 0; polyc_j < polyc_n; polyc_j++)",
-                 "        polyc_p += polyc_out_p[polyc_q0 + polyc_j] >= 0;",
-                 "}",
-                 "for (int64_t polyc_v = 0; polyc_v < polyc_nvec; polyc_v++) {",
-                 "    uint32_t polyc_bits = 0;",
-                 "    for (int64_t polyc_j = 0; polyc_j < POLYC_LANES && polyc_v * POLYC_LANES + polyc_j < polyc_npoints;"
-                 " polyc_j++)",
-                 "        polyc_bits |= (uint32_t)(polyc_out_p[polyc_v * POLYC_LANES + polyc_j] >= 0) << polyc_j;",
-                 "    polyc_vmask[polyc_v] = polyc_bits;",
-                 "    const int64_t *polyc_q = polyc_in_p + polyc_v * POLYC_LANES;",
-                 "    int polyc_step = polyc_v * POLYC_LANES + POLYC_LANES <= polyc_npoints ? (int)(polyc_q[1] - polyc_q[0]) : 0;",
-                 "    for (int64_t polyc_j = 1; polyc_j < POLYC_LANES && polyc_step; polyc_j++)",
-                 "        polyc_step = polyc_q[polyc_j] - polyc_q[polyc_j - 1] == polyc_step ? polyc_step : 0;",
-                 "    polyc_vstep[polyc_v] = (unsigned char)(polyc_step == 1 || polyc_step == 2 ? polyc_step : 0);",
-                 "}"]
-        build += ["polyc_g.nitems = polyc_nitems; polyc_g.nf = polyc_nf; polyc_g.nfb = polyc_nfb;",
-                  "polyc_g.npoints = polyc_npoints; polyc_g.nred = polyc_nred; polyc_g.ntiles = polyc_ntiles;",
-                  "polyc_g.nout = polyc_nout; polyc_g.out_c = polyc_out_c; polyc_g.tile_p = polyc_tile_p;",
-                  "polyc_g.vmask = polyc_vmask; polyc_g.vstep = polyc_vstep;",
-                  "polyc_g.packed_out = polyc_steps_by_one(polyc_out_c, polyc_nout);",
-                  "polyc_g.dense_out = polyc_g.packed_out && (polyc_nout == 0 || polyc_out_c[0] == 0);",
-                  "polyc_g.in_b = polyc_in_b; polyc_g.out_b = polyc_out_b; polyc_g.wg_b = polyc_wg_b;",
-                  "polyc_g.out_f = polyc_out_f; polyc_g.in_r = polyc_in_r; polyc_g.in_p = polyc_in_p;",
-                  "polyc_g.out_p = polyc_out_p; polyc_g.panel_r = polyc_panel_r; polyc_g.unit = polyc_unit;",
-                  "polyc_g.direct = polyc_steps_by_one(polyc_in_p, polyc_npoints);",
-                  "polyc_g.ngroups = polyc_ngroups; polyc_g.w_g = polyc_w_g; polyc_g.w_f = polyc_w_f;"
-                  " polyc_g.w_r = polyc_w_r;"]
+        build += [
+            "/* Per tile: its first output point, and whether its outputs are consecutive; per vector:\n"
+            "   its lanes that are output points. */",
+            "for (int64_t polyc_t = 0, polyc_p = 0; polyc_t <= polyc_ntiles; polyc_t++) {",
+            "    const int64_t polyc_q0 = polyc_t * POLYC_NR;",
+            "    const int64_t polyc_n = polyc_min(POLYC_NR, polyc_npoints - polyc_q0);",
+            "    polyc_tile_p[polyc_t] = polyc_p;",
+            "    if (polyc_t == polyc_ntiles) break;",
+            "    polyc_unit[polyc_t] = polyc_out_p[polyc_q0] >= 0"
+            " && polyc_steps_by_one(polyc_out_p + polyc_q0, polyc_n);",
+            "    for (int64_t polyc_j = 0; polyc_j < polyc_n; polyc_j++)",
+            "        polyc_p += polyc_out_p[polyc_q0 + polyc_j] >= 0;",
+            "}",
+            "for (int64_t polyc_v = 0; polyc_v < polyc_nvec; polyc_v++) {",
+            "    uint32_t polyc_bits = 0;",
+            "    for (int64_t polyc_j = 0; polyc_j < POLYC_LANES && polyc_v * POLYC_LANES + polyc_j < polyc_npoints;"
+            " polyc_j++)",
+            "        polyc_bits |= (uint32_t)(polyc_out_p[polyc_v * POLYC_LANES + polyc_j] >= 0) << polyc_j;",
+            "    polyc_vmask[polyc_v] = polyc_bits;",
+            "    const int64_t *polyc_q = polyc_in_p + polyc_v * POLYC_LANES;",
+            "    int polyc_step = polyc_v * POLYC_LANES + POLYC_LANES <= polyc_npoints ? (int)(polyc_q[1] - polyc_q[0]) : 0;",
+            "    for (int64_t polyc_j = 1; polyc_j < POLYC_LANES && polyc_step; polyc_j++)",
+            "        polyc_step = polyc_q[polyc_j] - polyc_q[polyc_j - 1] == polyc_step ? polyc_step : 0;",
+            "    polyc_vstep[polyc_v] = (unsigned char)(polyc_step == 1 || polyc_step == 2 ? polyc_step : 0);",
+            "}",
+        ]
+        build += [
+            "polyc_g.nitems = polyc_nitems; polyc_g.nf = polyc_nf; polyc_g.nfb = polyc_nfb;",
+            "polyc_g.npoints = polyc_npoints; polyc_g.nred = polyc_nred; polyc_g.ntiles = polyc_ntiles;",
+            "polyc_g.nout = polyc_nout; polyc_g.out_c = polyc_out_c; polyc_g.tile_p = polyc_tile_p;",
+            "polyc_g.vmask = polyc_vmask; polyc_g.vstep = polyc_vstep;",
+            "polyc_g.packed_out = polyc_steps_by_one(polyc_out_c, polyc_nout);",
+            "polyc_g.dense_out = polyc_g.packed_out && (polyc_nout == 0 || polyc_out_c[0] == 0);",
+            "polyc_g.in_b = polyc_in_b; polyc_g.out_b = polyc_out_b; polyc_g.wg_b = polyc_wg_b;",
+            "polyc_g.out_f = polyc_out_f; polyc_g.in_r = polyc_in_r; polyc_g.in_p = polyc_in_p;",
+            "polyc_g.out_p = polyc_out_p; polyc_g.panel_r = polyc_panel_r; polyc_g.unit = polyc_unit;",
+            "polyc_g.direct = polyc_steps_by_one(polyc_in_p, polyc_npoints);",
+            "polyc_g.ngroups = polyc_ngroups; polyc_g.w_g = polyc_w_g; polyc_g.w_f = polyc_w_f;"
+            " polyc_g.w_r = polyc_w_r;",
+        ]
         if epilogue:
             build += [f"polyc_g.ix_{i} = polyc_ix_{i};" for i in conv.target_indices]
         rank = d.tensor(conv.image).rank
         if padded:
             build += self.tap_points()
             for dim in range(rank):
-                build.append(f"polyc_g.pad_shape[{dim}] = polyc_pad_extent{dim}; "
-                             f"polyc_g.pad_base[{dim}] = polyc_pad_base{dim}; polyc_g.pad_lo[{dim}] = polyc_pad_lo{dim}; "
-                             f"polyc_g.pad_hi[{dim}] = polyc_pad_hi{dim}; "
-                             f"polyc_g.image_stride[{dim}] = {self.stride(conv.image, dim)};")
-            build.append("polyc_g.pad_elements = " + (
-                " * ".join(f"polyc_pad_extent{dim}" for dim in range(rank)) if self.copies_padding else "0") + ";")
+                build.append(
+                    f"polyc_g.pad_shape[{dim}] = polyc_pad_extent{dim}; "
+                    f"polyc_g.pad_base[{dim}] = polyc_pad_base{dim}; polyc_g.pad_lo[{dim}] = polyc_pad_lo{dim}; "
+                    f"polyc_g.pad_hi[{dim}] = polyc_pad_hi{dim}; "
+                    f"polyc_g.image_stride[{dim}] = {self.stride(conv.image, dim)};"
+                )
+            build.append(
+                "polyc_g.pad_elements = "
+                + (" * ".join(f"polyc_pad_extent{dim}" for dim in range(rank)) if self.copies_padding else "0")
+                + ";"
+            )
         body += self.kept_tables("polyc_conv_t", build)
         body.append(f"polyc_g.in = polyc_g.image = {conv.image}; polyc_g.out = {conv.target};")
-        image_extents = [f"polyc_pad_extent{dim}" if self.copies_padding else _extent_name(conv.image, dim)
-                         for dim in range(rank)]
+        image_extents = [
+            f"polyc_pad_extent{dim}" if self.copies_padding else _extent_name(conv.image, dim) for dim in range(rank)
+        ]
         body.append(f"polyc_g.image_elements = {' * '.join(image_extents) or '1'};")
         for tensor in self.epilogue_tensors():
             body.append(f"polyc_g.t_{tensor} = {tensor};")
         if epilogue and not self.specialised:
             body += [f"polyc_g.s_{self.size_c[s]} = {self.size_c[s]};" for s in d.sizes]
-        body += [f"const int polyc_status = polyc_conv_run(&polyc_g, {conv.weights}, {1 if conv.init else 0});",
-                 "free(polyc_tables);", "return polyc_status;"]
+        body += [
+            f"const int polyc_status = polyc_conv_run(&polyc_g, {conv.weights}, {1 if conv.init else 0});",
+            "free(polyc_tables);",
+            "return polyc_status;",
+        ]
         signature = f"int {name}({', '.join(arguments)})"
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
 
 
 # ----------------------------------------------------------------------------- micro-kernels
 
-_KERNEL_ARGUMENTS = ("int64_t nred, const T *restrict wp, int64_t w_step, int64_t w_row, const T *restrict bp, "
-                     "const int64_t *restrict roff, "
-                     "int64_t n, T *restrict out, const int64_t *restrict row_off, int64_t rows, int beta, "
-                     "int mode, const uint32_t *restrict vmask, T *restrict block")
+_KERNEL_ARGUMENTS = (
+    "int64_t nred, const T *restrict wp, int64_t w_step, int64_t w_row, const T *restrict bp, "
+    "const int64_t *restrict roff, "
+    "int64_t n, T *restrict out, const int64_t *restrict row_off, int64_t rows, int beta, "
+    "int mode, const uint32_t *restrict vmask, T *restrict block"
+)
 
 
 def _vector_kernel(shape: BlockShape, dtype: np.dtype, nv: int, masked: bool = True) -> str:
@@ -785,12 +904,15 @@ def _vector_kernel(shape: BlockShape, dtype: np.dtype, nv: int, masked: bool = T
     acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(rf)]
     last = nv - 1
     vec, pre, suffix, mask_line, load_full, store_full, load_last, store_last = conv_channels.masked_access(
-        shape.isa, dtype, lanes, f"n - {last * lanes}" if masked else None)
-    lines = [f"/* {rf} channels x {nv} {'' if masked else 'whole '}vector(s) of points. */",
-             f"static __attribute__((noinline)) void polyc_conv_kernel_{nv}{'' if masked else '_full'}"
-             f"({typed(_KERNEL_ARGUMENTS, ctype)})",
-             "{",
-             f"    {mask_line}" if mask_line else "    (void)n;"]
+        shape.isa, dtype, lanes, f"n - {last * lanes}" if masked else None
+    )
+    lines = [
+        f"/* {rf} channels x {nv} {'' if masked else 'whole '}vector(s) of points. */",
+        f"static __attribute__((noinline)) void polyc_conv_kernel_{nv}{'' if masked else '_full'}"
+        f"({typed(_KERNEL_ARGUMENTS, ctype)})",
+        "{",
+        f"    {mask_line}" if mask_line else "    (void)n;",
+    ]
 
     def load(v: int, base: str) -> str:
         return (load_last if v == last else load_full).format(ptr=f"{base} + {v * lanes}")
@@ -800,12 +922,16 @@ def _vector_kernel(shape: BlockShape, dtype: np.dtype, nv: int, masked: bool = T
 
     for row in acc:
         lines.append(f"    {vec} " + ", ".join(f"{name} = {pre}_setzero_{suffix}()" for name in row) + ";")
-    lines += [f"    const {ctype} *restrict w{i} = wp + {'0' if i == 0 else f'(rows > {i} ? {i} * w_row : 0)'};"
-              for i in range(rf)]
-    lines += ["    for (int64_t r = 0, k = 0; r < nred; r++, k += w_step) {",
-              f"        const {ctype} *restrict row = bp + roff[r];",
-              f"        const {vec} " + ", ".join(f"b{v} = {load(v, 'row')}" for v in range(nv)) + ";",
-              f"        {vec} w;"]
+    lines += [
+        f"    const {ctype} *restrict w{i} = wp + {'0' if i == 0 else f'(rows > {i} ? {i} * w_row : 0)'};"
+        for i in range(rf)
+    ]
+    lines += [
+        "    for (int64_t r = 0, k = 0; r < nred; r++, k += w_step) {",
+        f"        const {ctype} *restrict row = bp + roff[r];",
+        f"        const {vec} " + ", ".join(f"b{v} = {load(v, 'row')}" for v in range(nv)) + ";",
+        f"        {vec} w;",
+    ]
     for i in range(rf):
         fmas = " ".join(f"{acc[i][v]} = {pre}_fmadd_{suffix}(w, b{v}, {acc[i][v]});" for v in range(nv))
         lines.append(f"        w = {pre}_set1_{suffix}(w{i}[k]); {fmas}")
@@ -818,26 +944,33 @@ def _vector_kernel(shape: BlockShape, dtype: np.dtype, nv: int, masked: bool = T
         lines.append(f"        {guard}{{ " + " ".join(body) + " }")
     if shape.isa == "avx512":
         mask_type = "__mmask16" if lanes == 16 else "__mmask8"
-        lines += ["    } else if (mode == 2) {",
-                  f"        {mask_type} " + ", ".join(f"m{v} = ({mask_type})vmask[{v}]" for v in range(nv)) + ";",
-                  "        int " + ", ".join(f"s{v} = __builtin_popcount((unsigned)m{v})" for v in range(nv)) + ";",
-                  f"        {mask_type} " + ", ".join(f"l{v} = ({mask_type})polyc_lane_mask(s{v}, {lanes})"
-                                              for v in range(nv)) + ";"]
+        lines += [
+            "    } else if (mode == 2) {",
+            f"        {mask_type} " + ", ".join(f"m{v} = ({mask_type})vmask[{v}]" for v in range(nv)) + ";",
+            "        int " + ", ".join(f"s{v} = __builtin_popcount((unsigned)m{v})" for v in range(nv)) + ";",
+            f"        {mask_type} "
+            + ", ".join(f"l{v} = ({mask_type})polyc_lane_mask(s{v}, {lanes})" for v in range(nv))
+            + ";",
+        ]
         for i in range(rf):
             guard = "" if i == 0 else f"if (rows > {i}) "
             body = [f"{ctype} *restrict o = out + row_off[{i}];"]
             for v in range(nv):
-                body += [f"if (beta) {acc[i][v]} = {pre}_add_{suffix}({pre}_maskz_expand_{suffix}(m{v}, "
-                         f"{pre}_maskz_loadu_{suffix}(l{v}, o)), {acc[i][v]});",
-                         f"{pre}_mask_storeu_{suffix}(o, l{v}, {pre}_maskz_compress_{suffix}(m{v}, {acc[i][v]}));",
-                         f"o += s{v};"]
+                body += [
+                    f"if (beta) {acc[i][v]} = {pre}_add_{suffix}({pre}_maskz_expand_{suffix}(m{v}, "
+                    f"{pre}_maskz_loadu_{suffix}(l{v}, o)), {acc[i][v]});",
+                    f"{pre}_mask_storeu_{suffix}(o, l{v}, {pre}_maskz_compress_{suffix}(m{v}, {acc[i][v]}));",
+                    f"o += s{v};",
+                ]
             lines.append(f"        {guard}{{ " + " ".join(body) + " }")
     else:
         lines.append("        (void)vmask;")
     lines += ["    } else {"]
     for i in range(rf):
-        lines.append("        " + " ".join(f"{pre}_storeu_{suffix}(block + {i * nr + v * lanes}, {acc[i][v]});"
-                                           for v in range(nv)))
+        lines.append(
+            "        "
+            + " ".join(f"{pre}_storeu_{suffix}(block + {i * nr + v * lanes}, {acc[i][v]});" for v in range(nv))
+        )
     lines += ["    }", "}"]
     return "\n".join(lines)
 
@@ -845,16 +978,22 @@ def _vector_kernel(shape: BlockShape, dtype: np.dtype, nv: int, masked: bool = T
 def _dispatch(shape: BlockShape, ctype: str) -> str:
     arguments = "(nred, wp, w_step, w_row, bp, roff, n, out, row_off, rows, beta, mode, vmask, block)"
     if shape.isa == "avx2":  # whole vectors: the kernels without a lane mask
-        cases = "\n".join(f"    case {nv}: if (n == {nv * shape.lanes}) polyc_conv_kernel_{nv}_full{arguments}; "
-                          f"else polyc_conv_kernel_{nv}{arguments}; break;" for nv in range(1, shape.vectors + 1))
+        cases = "\n".join(
+            f"    case {nv}: if (n == {nv * shape.lanes}) polyc_conv_kernel_{nv}_full{arguments}; "
+            f"else polyc_conv_kernel_{nv}{arguments}; break;"
+            for nv in range(1, shape.vectors + 1)
+        )
     else:
-        cases = "\n".join(f"    case {nv}: polyc_conv_kernel_{nv}{arguments}; break;"
-                          for nv in range(1, shape.vectors + 1))
-    return (f"/* The block for n points (1 <= n <= NR): the kernel with as many vectors as they need. */\n"
-            f"static inline void polyc_conv_block({typed(_KERNEL_ARGUMENTS, ctype)})\n"
-            "{\n"
-            f"    switch ((n + {shape.lanes - 1}) / {shape.lanes}) {{\n{cases}\n    default: break;\n    }}\n"
-            "}")
+        cases = "\n".join(
+            f"    case {nv}: polyc_conv_kernel_{nv}{arguments}; break;" for nv in range(1, shape.vectors + 1)
+        )
+    return (
+        f"/* The block for n points (1 <= n <= NR): the kernel with as many vectors as they need. */\n"
+        f"static inline void polyc_conv_block({typed(_KERNEL_ARGUMENTS, ctype)})\n"
+        "{\n"
+        f"    switch ((n + {shape.lanes - 1}) / {shape.lanes}) {{\n{cases}\n    default: break;\n    }}\n"
+        "}"
+    )
 
 
 #: Per instruction set and element type: polyc_pack_stepped(dst, src, step), which copies one
@@ -922,8 +1061,6 @@ static inline void polyc_conv_block(int64_t nred, const T *restrict wp, int64_t 
     }
 }
 """
-
-
 
 
 # Helpers used before the register blocks.

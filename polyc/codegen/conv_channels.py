@@ -54,6 +54,7 @@ from memory.  The epilogue is applied to the accumulators of the last chunk befo
 when :mod:`polyc.codegen.register_epilogue` covers it (bias, scale, residual, ReLU, Clip,
 Sigmoid); else it runs on each tile after its last chunk, vectorised along the channels.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -149,13 +150,16 @@ def _block_points(most: int, vectors: int, points: int | None) -> int:
 
     def cost(rq: int) -> float:
         return -(-points // rq) * (max(rq, floor) + 0.5)
+
     return min(range(most, 0, -1), key=cost)
 
 
-_ARGUMENTS = ("const int64_t *restrict pieces, int64_t npieces, const T *restrict wp, int64_t w_step, const T *const *restrict ip, "
-              "const int64_t *restrict roff, T *restrict out, const int64_t *restrict oo, int beta, int64_t tail, "
-              "const char *pf, int64_t pf_step, int64_t npf, const char *ipf, int64_t nipf, "
-              "const polyc_conv_t *restrict g, int64_t f0, int last_chunk")
+_ARGUMENTS = (
+    "const int64_t *restrict pieces, int64_t npieces, const T *restrict wp, int64_t w_step, const T *const *restrict ip, "
+    "const int64_t *restrict roff, T *restrict out, const int64_t *restrict oo, int beta, int64_t tail, "
+    "const char *pf, int64_t pf_step, int64_t npf, const char *ipf, int64_t nipf, "
+    "const polyc_conv_t *restrict g, int64_t f0, int last_chunk"
+)
 
 
 def mask_type(isa: str, lanes: int) -> str:
@@ -175,19 +179,40 @@ def masked_access(isa: str, dtype: np.dtype, lanes: int, count: str | None):
         return vec, pre, suffix, None, load_full, store_full, load_full, store_full
     if isa == "avx512":
         mask = mask_type(isa, lanes)
-        return (vec, pre, suffix, f"const {mask} km = ({mask})polyc_lane_mask({count}, {lanes});",
-                load_full, store_full, f"{pre}_maskz_loadu_{suffix}(km, {{ptr}})",
-                f"{pre}_mask_storeu_{suffix}({{ptr}}, km, {{value}});")
+        return (
+            vec,
+            pre,
+            suffix,
+            f"const {mask} km = ({mask})polyc_lane_mask({count}, {lanes});",
+            load_full,
+            store_full,
+            f"{pre}_maskz_loadu_{suffix}(km, {{ptr}})",
+            f"{pre}_mask_storeu_{suffix}({{ptr}}, km, {{value}});",
+        )
     bits = 32 if lanes == 8 else 64
     set1 = "_mm256_set1_epi32((int)" if bits == 32 else "_mm256_set1_epi64x((long long)"
     iota = f"_mm256_setr_epi32({', '.join(map(str, range(8)))})" if bits == 32 else "_mm256_setr_epi64x(0, 1, 2, 3)"
-    return (vec, pre, suffix,
-            f"const __m256i km = _mm256_cmpgt_epi{bits}({set1}polyc_max(0, polyc_min({lanes}, {count}))), {iota});",
-            load_full, store_full, f"{pre}_maskload_{suffix}({{ptr}}, km)", f"{pre}_maskstore_{suffix}({{ptr}}, km, {{value}});")
+    return (
+        vec,
+        pre,
+        suffix,
+        f"const __m256i km = _mm256_cmpgt_epi{bits}({set1}polyc_max(0, polyc_min({lanes}, {count}))), {iota});",
+        load_full,
+        store_full,
+        f"{pre}_maskload_{suffix}({{ptr}}, km)",
+        f"{pre}_maskstore_{suffix}({{ptr}}, km, {{value}});",
+    )
 
 
-def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool = True,
-                  epilogue: bool = False, point_stride: int | None = None, half: bool = False) -> str:
+def vector_kernel(
+    block: ChannelBlock,
+    dtype: np.dtype,
+    nfv: int,
+    masked: bool = True,
+    epilogue: bool = False,
+    point_stride: int | None = None,
+    half: bool = False,
+) -> str:
     """``polyc_convc_kernel_<nfv>``: nfv channel vectors x RQ points, unrolled.  The last vector
     holds ``tail`` channels (1..LANES): loaded and stored under a lane mask (``masked=False``,
     AVX2's ``_full`` kernels: all vectors whole, no mask register held through the loop).
@@ -210,13 +235,19 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
     ctype = c_type(dtype)
     lanes, rq, last = block.lanes, block.points, nfv - 1
     vec, pre, suffix, mask_line, load_full, store_full, load_last, store_last = masked_access(
-        block.isa, dtype, lanes, "tail" if masked else None)
-    name = (f"polyc_convc_kernel_{nfv}{'_half' if half else ''}{'' if masked else '_full'}"
-            f"{'' if point_stride is None else '_uniform'}")
-    lines = [f"/* {nfv} vector(s) of output channels x {rq} points{', the last of 256 bits' if half else ''}. */",
-             f"static __attribute__((noinline)) void {name}({typed(_ARGUMENTS, ctype)})", "{",
-             f"    {mask_line}" if mask_line else "    (void)tail;",
-             "    (void)g; (void)f0; (void)last_chunk;"]
+        block.isa, dtype, lanes, "tail" if masked else None
+    )
+    name = (
+        f"polyc_convc_kernel_{nfv}{'_half' if half else ''}{'' if masked else '_full'}"
+        f"{'' if point_stride is None else '_uniform'}"
+    )
+    lines = [
+        f"/* {nfv} vector(s) of output channels x {rq} points{', the last of 256 bits' if half else ''}. */",
+        f"static __attribute__((noinline)) void {name}({typed(_ARGUMENTS, ctype)})",
+        "{",
+        f"    {mask_line}" if mask_line else "    (void)tail;",
+        "    (void)g; (void)f0; (void)last_chunk;",
+    ]
     full_vectors = last if half else nfv  # the vectors of the register width
     half_vec, widen = {"ps": ("__m256", "_mm512_zextps256_ps512"), "pd": ("__m256d", "_mm512_zextpd256_pd512")}[suffix]
     # The broadcast: of the register width, its low half for the last vector (free); a
@@ -247,9 +278,11 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
         # (a piece has one): their loads are not used, and the image read in place has no
         # padding around it to read.
         masked_point = [f"q{j}[o]" for j in range(rq)]
-        redirect = ["        const unsigned first = (unsigned)__builtin_ctzll(mask);",
-                    "        " + " ".join(f"const {ctype} *restrict q{j} = mask >> {j} & 1 ? p{j} : ip[first];"
-                                         for j in range(rq))]
+        redirect = [
+            "        const unsigned first = (unsigned)__builtin_ctzll(mask);",
+            "        "
+            + " ".join(f"const {ctype} *restrict q{j} = mask >> {j} & 1 ? p{j} : ip[first];" for j in range(rq)),
+        ]
     else:  # tiles with padding do not call these (POLYC_POINT_STRIDE is 0 then)
         lines.append(f"    const {ctype} *restrict p0 = ip[0];")
         point = masked_point = [f"p0[o + {j * point_stride}]" for j in range(rq)]
@@ -258,23 +291,31 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
     def steps(masked: bool) -> list[str]:
         """The loop over one piece's steps; ``masked``: point j's products only when bit j of
         the piece's mask is set (an FMA under a whole-vector mask, or a branch)."""
-        body = ["        for (int64_t r = pieces[3 * k]; r < r1; r++, wq += w_step) {",
-                "            const int64_t o = roff[r];",
-                "            if (r < npf) POLYC_PREFETCH_LINE(pf, pf_step, r);",
-                "            if (r < nipf) __builtin_prefetch(ipf + 64 * r, 0, 3);"]
+        body = [
+            "        for (int64_t r = pieces[3 * k]; r < r1; r++, wq += w_step) {",
+            "            const int64_t o = roff[r];",
+            "            if (r < npf) POLYC_PREFETCH_LINE(pf, pf_step, r);",
+            "            if (r < nipf) __builtin_prefetch(ipf + 64 * r, 0, 3);",
+        ]
         if full_vectors:
-            body.append(f"            const {vec} " + ", ".join(f"w{v} = {load(v, 'wq')}" for v in range(full_vectors)) + ";")
+            body.append(
+                f"            const {vec} " + ", ".join(f"w{v} = {load(v, 'wq')}" for v in range(full_vectors)) + ";"
+            )
         if half:
             body.append(f"            const {half_vec} w{last} = _mm256_maskz_loadu_{suffix}(kh, wq + {last * lanes});")
         body.append(f"            {b_vec} b;")
         for j in range(rq):
             if masked and block.isa == "avx512":
-                fmas = " ".join(f"{acc[j][v]} = {pre}_mask3_fmadd_{suffix}(w{v}, b, {acc[j][v]}, m{j});"
-                                for v in range(full_vectors))
+                fmas = " ".join(
+                    f"{acc[j][v]} = {pre}_mask3_fmadd_{suffix}(w{v}, b, {acc[j][v]}, m{j});"
+                    for v in range(full_vectors)
+                )
                 if half:
                     fmas += f" {acc[j][last]} = _mm256_mask3_fmadd_{suffix}(w{last}, {narrow}(b), {acc[j][last]}, (__mmask8)m{j});"
             else:
-                fmas = " ".join(f"{acc[j][v]} = {pre}_fmadd_{suffix}(w{v}, b, {acc[j][v]});" for v in range(full_vectors))
+                fmas = " ".join(
+                    f"{acc[j][v]} = {pre}_fmadd_{suffix}(w{v}, b, {acc[j][v]});" for v in range(full_vectors)
+                )
                 if half:
                     fmas += f" {acc[j][last]} = _mm256_fmadd_{suffix}(w{last}, {narrow}(b), {acc[j][last]});"
                 if masked:
@@ -285,19 +326,23 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
     masks = []
     if block.isa == "avx512":
         kind = mask_type(block.isa, lanes)
-        masks = [f"        const {kind} " + ", ".join(f"m{j} = ({kind})-(int)(mask >> {j} & 1)" for j in range(rq)) + ";"]
-    lines += ["    for (int64_t k = 0; k < npieces; k++) {",
-              "        const int64_t r1 = pieces[3 * k + 1];",
-              "        const uint64_t mask = (uint64_t)pieces[3 * k + 2];",
-              "        const T *restrict wq = wp + pieces[3 * k] * w_step;".replace("T *", f"{ctype} *"),
-              "        if (mask == POLYC_ALL_POINTS) {",
-              *("    " + line for line in steps(False)),
-              "            continue;",
-              "        }",
-              *masks,
-              *redirect,
-              *steps(True),
-              "    }"]
+        masks = [
+            f"        const {kind} " + ", ".join(f"m{j} = ({kind})-(int)(mask >> {j} & 1)" for j in range(rq)) + ";"
+        ]
+    lines += [
+        "    for (int64_t k = 0; k < npieces; k++) {",
+        "        const int64_t r1 = pieces[3 * k + 1];",
+        "        const uint64_t mask = (uint64_t)pieces[3 * k + 2];",
+        "        const T *restrict wq = wp + pieces[3 * k] * w_step;".replace("T *", f"{ctype} *"),
+        "        if (mask == POLYC_ALL_POINTS) {",
+        *("    " + line for line in steps(False)),
+        "            continue;",
+        "        }",
+        *masks,
+        *redirect,
+        *steps(True),
+        "    }",
+    ]
     if half:  # the stores and the epilogue take the last accumulators widened
         for j in range(rq):
             acc[j][last] = f"{acc[j][last]}w"
@@ -310,22 +355,28 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
             for v in range(nfv):
                 call = "polyc_epilogue_vector_masked" if masked and v == last else "polyc_epilogue_vector"
                 extra = ", km" if masked and v == last else ""
-                body.append(f"if (last_chunk) {acc[j][v]} = {call}(g, {acc[j][v]}, f0 + {v * lanes}, "
-                            f"q - g->out + {v * lanes}{extra});")
+                body.append(
+                    f"if (last_chunk) {acc[j][v]} = {call}(g, {acc[j][v]}, f0 + {v * lanes}, "
+                    f"q - g->out + {v * lanes}{extra});"
+                )
         stores = " ".join(store(v, "q", acc[j][v]) for v in range(nfv))
         if dtype in (np.float32, np.float64):
             # Streaming stores (see stream_out in polyc_conv_plan) go past the caches: whole,
             # aligned vectors only, the last one when all its lanes are in use.
             streamed = " ".join(f"{pre}_stream_{suffix}(q + {v * lanes}, {acc[j][v]});" for v in range(nfv))
             if masked:
-                streamed = " ".join(f"{pre}_stream_{suffix}(q + {v * lanes}, {acc[j][v]});" for v in range(last)) + \
-                    f" if (tail == {lanes}) {pre}_stream_{suffix}(q + {last * lanes}, {acc[j][last]}); " \
+                streamed = (
+                    " ".join(f"{pre}_stream_{suffix}(q + {v * lanes}, {acc[j][v]});" for v in range(last))
+                    + f" if (tail == {lanes}) {pre}_stream_{suffix}(q + {last * lanes}, {acc[j][last]}); "
                     f"else {store_last.format(ptr=f'q + {last * lanes}', value=acc[j][last])}"
+                )
             # Tested here, after the loop: with a flag set before it, the AVX2 kernels of
             # mobilenet_v2's 1x1 layers at batch 8 ran slower.
-            stores = (f"if (g->stream_out && last_chunk && !beta && ((uintptr_t)q & {lanes * dtype.itemsize - 1}) == 0) "
-                      f"{{ {streamed} }} "
-                      f"else {{ {stores} }}")
+            stores = (
+                f"if (g->stream_out && last_chunk && !beta && ((uintptr_t)q & {lanes * dtype.itemsize - 1}) == 0) "
+                f"{{ {streamed} }} "
+                f"else {{ {stores} }}"
+            )
         body.append(stores)
         lines.append(f"    if (oo[{j}] >= 0) {{ " + " ".join(body) + " }")
     lines.append("}")
@@ -335,26 +386,39 @@ def vector_kernel(block: ChannelBlock, dtype: np.dtype, nfv: int, masked: bool =
 def dispatch(block: ChannelBlock, ctype: str, uniform: bool = False) -> str:
     """``polyc_convc_block`` (``_uniform``: of the kernels whose points are evenly spaced): the
     kernel for ``nfv`` vectors (AVX2: without a mask when whole)."""
-    arguments = "(pieces, npieces, wp, w_step, ip, roff, out, oo, beta, tail, pf, pf_step, npf, ipf, nipf, g, f0, last_chunk)"
+    arguments = (
+        "(pieces, npieces, wp, w_step, ip, roff, out, oo, beta, tail, pf, pf_step, npf, ipf, nipf, g, f0, last_chunk)"
+    )
     kind = "_uniform" if uniform else ""
     cases = []
     for nfv in range(1, block.vectors + 1):
         if block.isa == "avx2":
-            cases.append(f"    case {nfv}: if (tail == {block.lanes}) polyc_convc_kernel_{nfv}_full{kind}{arguments}; "
-                         f"else polyc_convc_kernel_{nfv}{kind}{arguments}; break;")
+            cases.append(
+                f"    case {nfv}: if (tail == {block.lanes}) polyc_convc_kernel_{nfv}_full{kind}{arguments}; "
+                f"else polyc_convc_kernel_{nfv}{kind}{arguments}; break;"
+            )
         elif nfv == block.half_tail:
-            cases.append(f"    case {nfv}:\n{HALF_GUARD}\n"
-                         f"        if (tail <= {block.lanes // 2}) {{ polyc_convc_kernel_{nfv}_half{kind}{arguments}; break; }}\n"
-                         f"#endif\n        polyc_convc_kernel_{nfv}{kind}{arguments}; break;")
+            cases.append(
+                f"    case {nfv}:\n{HALF_GUARD}\n"
+                f"        if (tail <= {block.lanes // 2}) {{ polyc_convc_kernel_{nfv}_half{kind}{arguments}; break; }}\n"
+                f"#endif\n        polyc_convc_kernel_{nfv}{kind}{arguments}; break;"
+            )
         else:
             cases.append(f"    case {nfv}: polyc_convc_kernel_{nfv}{kind}{arguments}; break;")
-    return ("/* One block: nfv vectors of channels (the last holding `tail`) x RQ points. */\n"
-            f"static inline void polyc_convc_block{kind}(int64_t nfv, {typed(_ARGUMENTS, ctype)})\n"
-            "{\n    switch (nfv) {\n" + "\n".join(cases) + "\n    default: break;\n    }\n}")
+    return (
+        "/* One block: nfv vectors of channels (the last holding `tail`) x RQ points. */\n"
+        f"static inline void polyc_convc_block{kind}(int64_t nfv, {typed(_ARGUMENTS, ctype)})\n"
+        "{\n    switch (nfv) {\n" + "\n".join(cases) + "\n    default: break;\n    }\n}"
+    )
 
 
-def instruction_set(block: ChannelBlock, dtype: np.dtype, epilogue: RegisterEpilogue | None = None,
-                    definition=None, point_stride: int | None = None) -> list[str]:
+def instruction_set(
+    block: ChannelBlock,
+    dtype: np.dtype,
+    epilogue: RegisterEpilogue | None = None,
+    definition=None,
+    point_stride: int | None = None,
+) -> list[str]:
     """The macros and kernels of one instruction set; ``epilogue``: the kernel's epilogue in
     vector form (of ``definition``), applied by the vector kernels; ``point_stride``: the
     image's distance between consecutive points when known (``_uniform`` kernels for the tiles
@@ -362,12 +426,16 @@ def instruction_set(block: ChannelBlock, dtype: np.dtype, epilogue: RegisterEpil
     hold pointers for)."""
     ctype = c_type(dtype)
     assert block.points <= 16  # a tile's points are the bits of a uint16_t (tap_points)
-    lines = [f"#define POLYC_NR {block.points}", f"#define POLYC_LANES {block.lanes}",
-             f"#define POLYC_ALL_POINTS {(1 << block.points) - 1}u",
-             f"#define POLYC_FBLOCK {block.nf}", "#define POLYC_PANELS 0",
-             f"#define POLYC_PF_LINES {max(1, block.nf * np.dtype(dtype).itemsize // 64)}",
-             "#define POLYC_PREFETCH_LINE(pf, step, r) \\\n"
-             "    __builtin_prefetch((pf) + (r) / POLYC_PF_LINES * (step) + (r) % POLYC_PF_LINES * 64, 0, 2)"]
+    lines = [
+        f"#define POLYC_NR {block.points}",
+        f"#define POLYC_LANES {block.lanes}",
+        f"#define POLYC_ALL_POINTS {(1 << block.points) - 1}u",
+        f"#define POLYC_FBLOCK {block.nf}",
+        "#define POLYC_PANELS 0",
+        f"#define POLYC_PF_LINES {max(1, block.nf * np.dtype(dtype).itemsize // 64)}",
+        "#define POLYC_PREFETCH_LINE(pf, step, r) \\\n"
+        "    __builtin_prefetch((pf) + (r) / POLYC_PF_LINES * (step) + (r) % POLYC_PF_LINES * 64, 0, 2)",
+    ]
     uniform = point_stride is not None and block.isa != "portable" and block.points > _POINTER_POINTS
     lines.append(f"#define POLYC_POINT_STRIDE {point_stride if uniform else 0}")
     if not uniform:
@@ -378,18 +446,27 @@ def instruction_set(block: ChannelBlock, dtype: np.dtype, epilogue: RegisterEpil
     lines += [f"#define POLYC_REGISTER_EPILOGUE {int(in_registers)}", "#define POLYC_STREAM_FENCE() _mm_sfence()"]
     if in_registers:
         _, _, _, _, load_full, _, load_last, _ = masked_access(block.isa, dtype, block.lanes, "tail")
-        lines += [epilogue.function(definition, block.isa, load_full),
-                  epilogue.function(definition, block.isa, load_last, mask_type(block.isa, block.lanes))]
+        lines += [
+            epilogue.function(definition, block.isa, load_full),
+            epilogue.function(definition, block.isa, load_last, mask_type(block.isa, block.lanes)),
+        ]
     kernels = []
     for stride in [None] + [point_stride] * uniform:
-        kernels += [vector_kernel(block, dtype, nfv, epilogue=in_registers, point_stride=stride)
-                    for nfv in range(1, block.vectors + 1)]
+        kernels += [
+            vector_kernel(block, dtype, nfv, epilogue=in_registers, point_stride=stride)
+            for nfv in range(1, block.vectors + 1)
+        ]
         if block.half_tail:
-            kernels += [HALF_GUARD, vector_kernel(block, dtype, block.half_tail, epilogue=in_registers,
-                                                  point_stride=stride, half=True), "#endif"]
+            kernels += [
+                HALF_GUARD,
+                vector_kernel(block, dtype, block.half_tail, epilogue=in_registers, point_stride=stride, half=True),
+                "#endif",
+            ]
         if block.isa == "avx2":
-            kernels += [vector_kernel(block, dtype, nfv, masked=False, epilogue=in_registers, point_stride=stride)
-                        for nfv in range(1, block.vectors + 1)]
+            kernels += [
+                vector_kernel(block, dtype, nfv, masked=False, epilogue=in_registers, point_stride=stride)
+                for nfv in range(1, block.vectors + 1)
+            ]
     return lines + kernels + [dispatch(block, ctype)] + [dispatch(block, ctype, uniform=True)] * uniform
 
 

@@ -25,6 +25,7 @@ AVX-512, AVX2 with FMA, or portable C whose channel loops the compiler vectorise
 not known as the C is written (parametric kernels of a def whose window is a size), every
 output goes alone, each tap tested.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -55,6 +56,7 @@ _REGISTERS = {"avx512": 32, "avx2": 16}
 #: Below this many multiply-adds the kernel runs on one thread.
 _PARALLEL_THRESHOLD = 64 * 64 * 64
 
+
 def generate_depthwise(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel:
     """The kernel of ``conv``, a channels-last depthwise convolution
     (:func:`~polyc.schedule.convolution.depthwise_channels_last`; the depthwise kernel path,
@@ -76,8 +78,11 @@ class _DepthwiseWriter(PatternKernelWriter):
         self.kh_c, self.kw_c = (str(t) if t is not None else f"g->{n}" for t, n in ((self.kh, "kh"), (self.kw, "kw")))
         channels = self.known_extent(conv.extent(self.channel))
         self.channels_c = "g->c" if channels is None else str(channels)
-        self.register_epilogue = RegisterEpilogue.of(conv.epilogues, self.definition, conv.target_indices,
-                                                     self.channel) if options.vectorize else None
+        self.register_epilogue = (
+            RegisterEpilogue.of(conv.epilogues, self.definition, conv.target_indices, self.channel)
+            if options.vectorize
+            else None
+        )
         #: Where a row's image rows are: None, the image's (of image b); else the C expression
         #: of the number of rows a ring buffer at ``g->in`` holds (image row p at p % rows), for
         #: :mod:`polyc.codegen.pointwise_depthwise`, whose image is computed row by row.
@@ -87,14 +92,23 @@ class _DepthwiseWriter(PatternKernelWriter):
         d = self.definition
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
-        parts = [self.header(), PRELUDE, self.preamble("POLYC_CONV_PORTABLE", ["#include <string.h>"]),
-                 self.context_struct(), self.instruction_sets(), self.entry_function(name, sizes), ""]
+        parts = [
+            self.header(),
+            PRELUDE,
+            self.preamble("POLYC_CONV_PORTABLE", ["#include <string.h>"]),
+            self.context_struct(),
+            self.instruction_sets(),
+            self.entry_function(name, sizes),
+            "",
+        ]
         return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
 
     def title(self) -> str:
         """The kernel's name and form, the first line of its header."""
-        return (f"polyc depthwise conv kernel for def '{self.definition.name}' (channels vectorised, "
-                f"{ROW_BLOCK} outputs of a row per register block, {self.kh_c} x {self.kw_c} taps)")
+        return (
+            f"polyc depthwise conv kernel for def '{self.definition.name}' (channels vectorised, "
+            f"{ROW_BLOCK} outputs of a row per register block, {self.kh_c} x {self.kw_c} taps)"
+        )
 
     def described(self) -> str:
         """The header's line on what the kernel computes."""
@@ -102,17 +116,24 @@ class _DepthwiseWriter(PatternKernelWriter):
 
     def header(self) -> str:
         o = self.options
-        lines = [self.title(), f"sizes: {self.sizes_comment()}",
-                 f"options: parallel={o.parallel} vectorize={o.vectorize} specialize={o.specialize}",
-                 self.described()]
+        lines = [
+            self.title(),
+            f"sizes: {self.sizes_comment()}",
+            f"options: parallel={o.parallel} vectorize={o.vectorize} specialize={o.specialize}",
+            self.described(),
+        ]
         lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
         return c_comment(lines)
 
     def context_fields(self) -> list[str]:
         """The fields of the kernel's record ``polyc_dw_t``."""
         t = self.ctype
-        fields = [f"const {t} *in", f"const {t} *w", f"{t} *out",
-                  "int64_t oh, ow, c, ih, iw, kh, kw, lo_h, hi_h, lo_w, hi_w, ow_lo, ow_hi"]
+        fields = [
+            f"const {t} *in",
+            f"const {t} *w",
+            f"{t} *out",
+            "int64_t oh, ow, c, ih, iw, kh, kw, lo_h, hi_h, lo_w, hi_w, ow_lo, ow_hi",
+        ]
         for name in self.tensors_of_epilogues(self.conv.target, self.conv.epilogues):
             fields.append(self.tensor_field(name))
         return fields
@@ -132,18 +153,20 @@ class _DepthwiseWriter(PatternKernelWriter):
 
     def context_struct(self) -> str:
         body = "\n".join(f"    {f};" for f in self.context_fields())
-        return ("/* The image, the weights (KH, KW, C) and the output; output rows and columns, channels,\n"
-                "   image rows and columns; the box (image positions lo <= p < hi whose products count);\n"
-                "   the interior columns ow_lo <= ow < ow_hi (every tap inside the box); the epilogue's\n"
-                "   tensors. */\n"
-                f"typedef struct {{\n{body}\n}} polyc_dw_t;\n\n"
-                "/* ceil(a / b) for b > 0. */\n"
-                "static inline int64_t polyc_dw_ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }\n\n"
-                "/* The lowest min(max(n, 0), lanes) bits set (the lane mask of a channel vector's tail). */\n"
-                "static inline __attribute__((unused)) uint32_t polyc_lane_mask(int64_t n, int lanes)\n"
-                "{\n"
-                "    return n >= lanes ? (uint32_t)((1ull << lanes) - 1) : n <= 0 ? 0u : (uint32_t)((1u << n) - 1);\n"
-                "}")
+        return (
+            "/* The image, the weights (KH, KW, C) and the output; output rows and columns, channels,\n"
+            "   image rows and columns; the box (image positions lo <= p < hi whose products count);\n"
+            "   the interior columns ow_lo <= ow < ow_hi (every tap inside the box); the epilogue's\n"
+            "   tensors. */\n"
+            f"typedef struct {{\n{body}\n}} polyc_dw_t;\n\n"
+            "/* ceil(a / b) for b > 0. */\n"
+            "static inline int64_t polyc_dw_ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }\n\n"
+            "/* The lowest min(max(n, 0), lanes) bits set (the lane mask of a channel vector's tail). */\n"
+            "static inline __attribute__((unused)) uint32_t polyc_lane_mask(int64_t n, int lanes)\n"
+            "{\n"
+            "    return n >= lanes ? (uint32_t)((1ull << lanes) - 1) : n <= 0 ? 0u : (uint32_t)((1u << n) - 1);\n"
+            "}"
+        )
 
     # ------------------------------------------------------------------ the rows
     def instruction_sets(self) -> str:
@@ -151,19 +174,27 @@ class _DepthwiseWriter(PatternKernelWriter):
         for position, (isa, guard) in enumerate(ISA_GUARDS.items()):
             pieces.append("#else" if guard is None else f"{'#if' if position == 0 else '#elif'} {guard}")
             if isa == "portable":
-                pieces += ["#define POLYC_DW_REGISTER_EPILOGUE 0", f"#define POLYC_DW_LANES {128 // self.dtype.itemsize}",
-                           "#define POLYC_DW_PORTABLE_ROWS 1",
-                           self.portable_row()]
+                pieces += [
+                    "#define POLYC_DW_REGISTER_EPILOGUE 0",
+                    f"#define POLYC_DW_LANES {128 // self.dtype.itemsize}",
+                    "#define POLYC_DW_PORTABLE_ROWS 1",
+                    self.portable_row(),
+                ]
                 continue
             lanes = (64 if isa == "avx512" else 32) // self.dtype.itemsize
             in_registers = self.register_epilogue is not None
-            pieces += ["#include <immintrin.h>", f"#define POLYC_DW_REGISTER_EPILOGUE {int(in_registers)}",
-                       f"#define POLYC_DW_LANES {lanes}"]
+            pieces += [
+                "#include <immintrin.h>",
+                f"#define POLYC_DW_REGISTER_EPILOGUE {int(in_registers)}",
+                f"#define POLYC_DW_LANES {lanes}",
+            ]
             if in_registers:
                 _, _, _, _, load_full, _, load_last, _ = masked_access(isa, self.dtype, lanes, "tail")
                 mask = "__mmask16" if lanes == 16 else "__mmask8" if isa == "avx512" else "__m256i"
-                pieces += [self.register_epilogue.function(self.definition, isa, load_full, context="polyc_dw_t"),
-                           self.register_epilogue.function(self.definition, isa, load_last, mask, context="polyc_dw_t")]
+                pieces += [
+                    self.register_epilogue.function(self.definition, isa, load_full, context="polyc_dw_t"),
+                    self.register_epilogue.function(self.definition, isa, load_last, mask, context="polyc_dw_t"),
+                ]
             pieces += [self.vector_row(isa, lanes, masked) for masked in (False, True)]
         pieces.append("#endif")
         return "\n".join(pieces)
@@ -172,7 +203,8 @@ class _DepthwiseWriter(PatternKernelWriter):
         """``polyc_dw_row_full``/``_masked``: output row ``oh`` of image ``b`` at channels
         c0.. (``tail`` of them under a lane mask in the masked form)."""
         vec, pre, suffix, mask_line, load_full, store_full, load_last, store_last = masked_access(
-            isa, self.dtype, lanes, "tail" if masked else None)
+            isa, self.dtype, lanes, "tail" if masked else None
+        )
         load, store = (load_last, store_last) if masked else (load_full, store_full)
         conv, kh, kw = self.conv, self.kh_c, self.kw_c
         (wh, ww) = conv.windows
@@ -182,58 +214,67 @@ class _DepthwiseWriter(PatternKernelWriter):
         if self.register_epilogue is not None:
             call = "polyc_epilogue_vector_masked" if masked else "polyc_epilogue_vector"
             epilogue = f"a = {call}(g, a, c0, q - g->out{', km' if masked else ''});"
-        lines = [f"/* Output row oh of image b, channels c0.. ({'the first `tail` under a lane mask' if masked else 'whole vectors'}). */",
-                 f"static void polyc_dw_row_{'masked' if masked else 'full'}(const polyc_dw_t *restrict g, int64_t b, "
-                 f"int64_t oh, int64_t c0, int64_t tail, int init)",
-                 "{",
-                 *self.row_prefetch(),
-                 f"    {mask_line}" if mask_line else "    (void)tail;",
-                 f"    const {self.ctype} *restrict image = {self.image_start()};",
-                 f"    const {self.ctype} *restrict wc = g->w + c0;",
-                 f"    {self.ctype} *restrict row_out = g->out + (b * g->oh + oh) * g->ow * g->c + c0;",
-                 f"    const int64_t C = {self.channels_c};",
-                 f"    const {self.ctype} *rows[{kh} > 0 ? {kh} : 1];  /* each kernel row's image row, NULL outside the box */",
-                 f"    for (int64_t k = 0; k < {kh}; k++) {{",
-                 f"        const int64_t p = {wh.stride} * oh + {wh.dilation} * k + {wh.offset};",
-                 f"        rows[k] = p >= g->lo_h && p < g->hi_h ? image + {self.image_row('p')} : NULL;",
-                 "    }",
-                 "    /* The accumulators of output ow: the old output added (+=), the epilogue, one store. */",
-                 f"#define POLYC_DW_FINISH(a, ow) do {{ {self.ctype} *restrict q = row_out + (ow) * C; "
-                 f"if (!init) a = {pre}_add_{suffix}({load.format(ptr='q')}, a); {epilogue} "
-                 f"{store.format(ptr='q', value='a')} }} while (0)",
-                 "    int64_t ow = 0;",
-                 "    while (ow < g->ow) {"]
+        lines = [
+            f"/* Output row oh of image b, channels c0.. ({'the first `tail` under a lane mask' if masked else 'whole vectors'}). */",
+            f"static void polyc_dw_row_{'masked' if masked else 'full'}(const polyc_dw_t *restrict g, int64_t b, "
+            f"int64_t oh, int64_t c0, int64_t tail, int init)",
+            "{",
+            *self.row_prefetch(),
+            f"    {mask_line}" if mask_line else "    (void)tail;",
+            f"    const {self.ctype} *restrict image = {self.image_start()};",
+            f"    const {self.ctype} *restrict wc = g->w + c0;",
+            f"    {self.ctype} *restrict row_out = g->out + (b * g->oh + oh) * g->ow * g->c + c0;",
+            f"    const int64_t C = {self.channels_c};",
+            f"    const {self.ctype} *rows[{kh} > 0 ? {kh} : 1];  /* each kernel row's image row, NULL outside the box */",
+            f"    for (int64_t k = 0; k < {kh}; k++) {{",
+            f"        const int64_t p = {wh.stride} * oh + {wh.dilation} * k + {wh.offset};",
+            f"        rows[k] = p >= g->lo_h && p < g->hi_h ? image + {self.image_row('p')} : NULL;",
+            "    }",
+            "    /* The accumulators of output ow: the old output added (+=), the epilogue, one store. */",
+            f"#define POLYC_DW_FINISH(a, ow) do {{ {self.ctype} *restrict q = row_out + (ow) * C; "
+            f"if (!init) a = {pre}_add_{suffix}({load.format(ptr='q')}, a); {epilogue} "
+            f"{store.format(ptr='q', value='a')} }} while (0)",
+            "    int64_t ow = 0;",
+            "    while (ow < g->ow) {",
+        ]
         if self.kw is not None:  # the interior in blocks of outputs, the kernel row unrolled
             # Every tap's weights in registers for the whole row, when they fit beside the
             # accumulators and a kernel row's image vectors (a 3 x 3 filter with AVX-512):
             # loaded once per row, not once per block of outputs.
-            hoist = self.kh is not None and \
-                self.kh * self.kw + ROW_BLOCK + len(self.image_offsets(ROW_BLOCK)) + 1 <= _REGISTERS[isa]
+            hoist = (
+                self.kh is not None
+                and self.kh * self.kw + ROW_BLOCK + len(self.image_offsets(ROW_BLOCK)) + 1 <= _REGISTERS[isa]
+            )
             for block in INTERIOR_BLOCKS:
                 lines += self.interior_block(block, hoist, vec, pre, suffix, load, fma)
             if hoist:
-                weights = [f"w{k}_{t} = {load.format(ptr=f'wc + {k * self.kw + t} * C')}"
-                           for k in range(self.kh) for t in range(self.kw)]
+                weights = [
+                    f"w{k}_{t} = {load.format(ptr=f'wc + {k * self.kw + t} * C')}"
+                    for k in range(self.kh)
+                    for t in range(self.kw)
+                ]
                 if weights:
                     lines.insert(lines.index("    int64_t ow = 0;"), f"    const {vec} " + ", ".join(weights) + ";")
-        lines += [f"        {vec} a = {pre}_setzero_{suffix}();  /* an output near an edge: the taps inside the box */",
-                  f"        for (int64_t k = 0; k < {kh}; k++) {{",
-                  "            if (rows[k] == NULL) continue;",
-                  f"            for (int64_t t = 0; t < {kw}; t++) {{",
-                  f"                const int64_t p = {sw} * ow + {dw} * t + {ow_off};",
-                  "                if (p >= g->lo_w && p < g->hi_w)",
-                  f"                    a = {fma}({load.format(ptr=f'wc + (k * {kw} + t) * C')}, "
-                  f"{load.format(ptr='rows[k] + p * C')}, a);",
-                  "            }",
-                  "        }",
-                  "        POLYC_DW_PREFETCH(pf_block / " + str(ROW_BLOCK) + " + 1);",
-                  "        POLYC_DW_FINISH(a, ow);",
-                  "        ow++;",
-                  "    }",
-                  "    POLYC_DW_PREFETCH(g->iw);  /* what the blocks left */",
-                  "#undef POLYC_DW_FINISH",
-                  "#undef POLYC_DW_PREFETCH",
-                  "}"]
+        lines += [
+            f"        {vec} a = {pre}_setzero_{suffix}();  /* an output near an edge: the taps inside the box */",
+            f"        for (int64_t k = 0; k < {kh}; k++) {{",
+            "            if (rows[k] == NULL) continue;",
+            f"            for (int64_t t = 0; t < {kw}; t++) {{",
+            f"                const int64_t p = {sw} * ow + {dw} * t + {ow_off};",
+            "                if (p >= g->lo_w && p < g->hi_w)",
+            f"                    a = {fma}({load.format(ptr=f'wc + (k * {kw} + t) * C')}, "
+            f"{load.format(ptr='rows[k] + p * C')}, a);",
+            "            }",
+            "        }",
+            "        POLYC_DW_PREFETCH(pf_block / " + str(ROW_BLOCK) + " + 1);",
+            "        POLYC_DW_FINISH(a, ow);",
+            "        ow++;",
+            "    }",
+            "    POLYC_DW_PREFETCH(g->iw);  /* what the blocks left */",
+            "#undef POLYC_DW_FINISH",
+            "#undef POLYC_DW_PREFETCH",
+            "}",
+        ]
         return "\n".join(lines)
 
     def image_offsets(self, size: int) -> list[int]:
@@ -248,36 +289,50 @@ class _DepthwiseWriter(PatternKernelWriter):
         (_, ww), kh, kw = self.conv.windows, self.kh_c, self.kw_c
         sw, dw, ow_off = ww.stride, ww.dilation, ww.offset
         offsets = self.image_offsets(size)
-        lines = [f"        if (ow >= g->ow_lo && ow + {size} <= g->ow_hi) {{",
-                 f"            {vec} " + ", ".join(f"a{j} = {pre}_setzero_{suffix}()" for j in range(size)) + ";"]
+        lines = [
+            f"        if (ow >= g->ow_lo && ow + {size} <= g->ow_hi) {{",
+            f"            {vec} " + ", ".join(f"a{j} = {pre}_setzero_{suffix}()" for j in range(size)) + ";",
+        ]
         fmas = [f"a{j} = {fma}(w{{k}}_{t}, x{sw * j + dw * t}, a{j});" for j in range(size) for t in range(self.kw)]
-        images = (f"const {vec} " + ", ".join(f"x{s} = {load.format(ptr=f'p + {s} * C')}" for s in offsets) + ";"
-                  if self.kw else "")
+        images = (
+            f"const {vec} " + ", ".join(f"x{s} = {load.format(ptr=f'p + {s} * C')}" for s in offsets) + ";"
+            if self.kw
+            else ""
+        )
         if hoist:
             for k in range(self.kh):
-                lines += [f"            if (rows[{k}] != NULL) {{",
-                          f"                const {self.ctype} *restrict p = rows[{k}] + ({sw} * ow + {ow_off}) * C;",
-                          f"                {images}",
-                          *(f"                {line.format(k=k)}" for line in fmas),
-                          "            }"]
+                lines += [
+                    f"            if (rows[{k}] != NULL) {{",
+                    f"                const {self.ctype} *restrict p = rows[{k}] + ({sw} * ow + {ow_off}) * C;",
+                    f"                {images}",
+                    *(f"                {line.format(k=k)}" for line in fmas),
+                    "            }",
+                ]
         else:
-            lines += [*(["            #pragma GCC unroll 8"] if self.kh is not None else []),
-                      f"            for (int64_t k = 0; k < {kh}; k++) {{",
-                      "                if (rows[k] == NULL) continue;",
-                      f"                const {self.ctype} *restrict p = rows[k] + ({sw} * ow + {ow_off}) * C;",
-                      f"                const {self.ctype} *restrict wk = wc + k * {kw} * C;"]
+            lines += [
+                *(["            #pragma GCC unroll 8"] if self.kh is not None else []),
+                f"            for (int64_t k = 0; k < {kh}; k++) {{",
+                "                if (rows[k] == NULL) continue;",
+                f"                const {self.ctype} *restrict p = rows[k] + ({sw} * ow + {ow_off}) * C;",
+                f"                const {self.ctype} *restrict wk = wc + k * {kw} * C;",
+            ]
             if self.kw:
-                lines.append(f"                const {vec} " + ", ".join(
-                    f"wk_{t} = {load.format(ptr=f'wk + {t} * C')}" for t in range(self.kw)) + ";")
+                lines.append(
+                    f"                const {vec} "
+                    + ", ".join(f"wk_{t} = {load.format(ptr=f'wk + {t} * C')}" for t in range(self.kw))
+                    + ";"
+                )
                 lines.append(f"                {images}")
             lines += [f"                {line.format(k='k')}" for line in fmas]
             lines.append("            }")
         prefetched = "pf_block" if size == ROW_BLOCK else f"pf_block * {size} / {ROW_BLOCK} + 1"
-        return lines + [f"            POLYC_DW_PREFETCH({prefetched});",
-                        *(f"            POLYC_DW_FINISH(a{j}, ow + {j});" for j in range(size)),
-                        f"            ow += {size};",
-                        "            continue;",
-                        "        }"]
+        return lines + [
+            f"            POLYC_DW_PREFETCH({prefetched});",
+            *(f"            POLYC_DW_FINISH(a{j}, ow + {j});" for j in range(size)),
+            f"            ow += {size};",
+            "            continue;",
+            "        }",
+        ]
 
     def row_prefetch(self) -> list[str]:
         """The start of a vector row: the image lines of this channel vector that the next
@@ -313,39 +368,43 @@ class _DepthwiseWriter(PatternKernelWriter):
             "            if (pf_rows[0] != NULL) __builtin_prefetch(pf_rows[0] + pf_next * g->c, 0, 3); \\",
             "            if (pf_rows[1] != NULL) __builtin_prefetch(pf_rows[1] + pf_next * g->c, 0, 3); \\",
             "        } \\",
-            "    } while (0)"]
+            "    } while (0)",
+        ]
 
     def portable_row(self) -> str:
         """The rows in portable C: per output, the taps inside the box, a loop over the channels."""
         conv, kh, kw, t = self.conv, self.kh_c, self.kw_c, self.ctype
         (wh, ww) = conv.windows
-        return "\n".join([
-            "/* Output row oh of image b, channels c0 .. c0 + tail - 1, in portable C. */",
-            "static void polyc_dw_row_portable(const polyc_dw_t *restrict g, int64_t b, int64_t oh, int64_t c0, "
-            "int64_t tail, int init)",
-            "{",
-            f"    const {t} *restrict image = {self.image_start()};",
-            f"    const {t} *restrict wc = g->w + c0;",
-            f"    {t} *restrict row_out = g->out + (b * g->oh + oh) * g->ow * g->c + c0;",
-            f"    const int64_t C = {self.channels_c};",
-            "    for (int64_t ow = 0; ow < g->ow; ow++) {",
-            f"        {t} acc[POLYC_DW_LANES];",
-            "        for (int64_t i = 0; i < tail; i++) acc[i] = 0;",
-            f"        for (int64_t k = 0; k < {kh}; k++) {{",
-            f"            const int64_t ph = {wh.stride} * oh + {wh.dilation} * k + {wh.offset};",
-            "            if (ph < g->lo_h || ph >= g->hi_h) continue;",
-            f"            for (int64_t s = 0; s < {kw}; s++) {{",
-            f"                const int64_t pw = {ww.stride} * ow + {ww.dilation} * s + {ww.offset};",
-            "                if (pw < g->lo_w || pw >= g->hi_w) continue;",
-            f"                const {t} *restrict x = image + {self.image_row('ph')} + pw * C, *restrict wt = wc + (k * {kw} + s) * C;",
-            "                #pragma omp simd",
-            "                for (int64_t i = 0; i < tail; i++) acc[i] += wt[i] * x[i];",
-            "            }",
-            "        }",
-            f"        {t} *restrict q = row_out + ow * C;",
-            "        for (int64_t i = 0; i < tail; i++) q[i] = init ? acc[i] : q[i] + acc[i];",
-            "    }",
-            "}"])
+        return "\n".join(
+            [
+                "/* Output row oh of image b, channels c0 .. c0 + tail - 1, in portable C. */",
+                "static void polyc_dw_row_portable(const polyc_dw_t *restrict g, int64_t b, int64_t oh, int64_t c0, "
+                "int64_t tail, int init)",
+                "{",
+                f"    const {t} *restrict image = {self.image_start()};",
+                f"    const {t} *restrict wc = g->w + c0;",
+                f"    {t} *restrict row_out = g->out + (b * g->oh + oh) * g->ow * g->c + c0;",
+                f"    const int64_t C = {self.channels_c};",
+                "    for (int64_t ow = 0; ow < g->ow; ow++) {",
+                f"        {t} acc[POLYC_DW_LANES];",
+                "        for (int64_t i = 0; i < tail; i++) acc[i] = 0;",
+                f"        for (int64_t k = 0; k < {kh}; k++) {{",
+                f"            const int64_t ph = {wh.stride} * oh + {wh.dilation} * k + {wh.offset};",
+                "            if (ph < g->lo_h || ph >= g->hi_h) continue;",
+                f"            for (int64_t s = 0; s < {kw}; s++) {{",
+                f"                const int64_t pw = {ww.stride} * ow + {ww.dilation} * s + {ww.offset};",
+                "                if (pw < g->lo_w || pw >= g->hi_w) continue;",
+                f"                const {t} *restrict x = image + {self.image_row('ph')} + pw * C, *restrict wt = wc + (k * {kw} + s) * C;",
+                "                #pragma omp simd",
+                "                for (int64_t i = 0; i < tail; i++) acc[i] += wt[i] * x[i];",
+                "            }",
+                "        }",
+                f"        {t} *restrict q = row_out + ow * C;",
+                "        for (int64_t i = 0; i < tail; i++) q[i] = init ? acc[i] : q[i] + acc[i];",
+                "    }",
+                "}",
+            ]
+        )
 
     # ------------------------------------------------------------------ the entry point
     def entry_function(self, name: str, sizes: tuple[str, ...]) -> str:
@@ -356,30 +415,39 @@ class _DepthwiseWriter(PatternKernelWriter):
         batch = " * ".join(extent(i) for i in conv.batch) or "1"
         body = self.size_declarations(lambda s: None) + self.record(conv.image)
         body += [f"g.t_{tensor} = {tensor};" for tensor in self.tensors_of_epilogues(conv.target, conv.epilogues)]
-        body += [f"const int64_t polyc_rows = ({batch}) * g.oh;",
-                 "const int64_t polyc_vectors = (g.c + POLYC_DW_LANES - 1) / POLYC_DW_LANES;",
-                 "const int64_t polyc_items = polyc_rows * polyc_vectors;",
-                 f"const int polyc_init = {1 if conv.init else 0};"]
-        item = ["const int64_t polyc_row = polyc_x / polyc_vectors, polyc_c0 = polyc_x % polyc_vectors * POLYC_DW_LANES;",
-                "const int64_t polyc_b = polyc_row / g.oh, polyc_oh = polyc_row % g.oh;",
-                "const int64_t polyc_tail = polyc_min(POLYC_DW_LANES, g.c - polyc_c0);",
-                "#if defined(POLYC_DW_PORTABLE_ROWS)",
-                "polyc_dw_row_portable(&g, polyc_b, polyc_oh, polyc_c0, polyc_tail, polyc_init);",
-                "#else",
-                "if (polyc_tail == POLYC_DW_LANES) polyc_dw_row_full(&g, polyc_b, polyc_oh, polyc_c0, polyc_tail, polyc_init);",
-                "else polyc_dw_row_masked(&g, polyc_b, polyc_oh, polyc_c0, polyc_tail, polyc_init);",
-                "#endif"]
+        body += [
+            f"const int64_t polyc_rows = ({batch}) * g.oh;",
+            "const int64_t polyc_vectors = (g.c + POLYC_DW_LANES - 1) / POLYC_DW_LANES;",
+            "const int64_t polyc_items = polyc_rows * polyc_vectors;",
+            f"const int polyc_init = {1 if conv.init else 0};",
+        ]
+        item = [
+            "const int64_t polyc_row = polyc_x / polyc_vectors, polyc_c0 = polyc_x % polyc_vectors * POLYC_DW_LANES;",
+            "const int64_t polyc_b = polyc_row / g.oh, polyc_oh = polyc_row % g.oh;",
+            "const int64_t polyc_tail = polyc_min(POLYC_DW_LANES, g.c - polyc_c0);",
+            "#if defined(POLYC_DW_PORTABLE_ROWS)",
+            "polyc_dw_row_portable(&g, polyc_b, polyc_oh, polyc_c0, polyc_tail, polyc_init);",
+            "#else",
+            "if (polyc_tail == POLYC_DW_LANES) polyc_dw_row_full(&g, polyc_b, polyc_oh, polyc_c0, polyc_tail, polyc_init);",
+            "else polyc_dw_row_masked(&g, polyc_b, polyc_oh, polyc_c0, polyc_tail, polyc_init);",
+            "#endif",
+        ]
         if conv.epilogues:
             item += ["if (!POLYC_DW_REGISTER_EPILOGUE) {", *("    " + line for line in self.scalar_epilogue()), "}"]
         work = "(double)polyc_items * (double)g.ow * (double)polyc_max(g.kh * g.kw, 1) * POLYC_DW_LANES"
-        serial = ["for (int64_t polyc_x = 0; polyc_x < polyc_items; polyc_x++) {", *("    " + line for line in item), "}"]
+        serial = [
+            "for (int64_t polyc_x = 0; polyc_x < polyc_items; polyc_x++) {",
+            *("    " + line for line in item),
+            "}",
+        ]
         if not self.options.parallel:
             body += serial + ["return 0;"]
         else:
             # Guided: long runs of consecutive rows first, shorter ones as the rows run out, so
             # that a thread on a slower virtual processor takes fewer (see pointwise_depthwise).
-            body += self.parallel_region(work, _PARALLEL_THRESHOLD, ["#pragma omp for schedule(guided)", *serial],
-                                         serial) + ["return 0;"]
+            body += self.parallel_region(
+                work, _PARALLEL_THRESHOLD, ["#pragma omp for schedule(guided)", *serial], serial
+            ) + ["return 0;"]
         signature = f"int {name}({', '.join(arguments)})"
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
 
@@ -388,27 +456,31 @@ class _DepthwiseWriter(PatternKernelWriter):
         conv = self.conv
         extent = lambda index: f"({self.size_expr(conv.extent(index))})"  # noqa: E731
         (wh, ww) = conv.windows
-        return ["polyc_dw_t g = {0};",
-                f"g.in = {image}; g.w = {conv.weights}; g.out = {conv.target};",
-                f"g.oh = {extent(wh.x)}; g.ow = {extent(ww.x)}; g.c = {extent(self.channel)};",
-                *self.image_box_fields(conv),
-                f"g.kh = {extent(wh.k)}; g.kw = {extent(ww.k)};",
-                # the interior columns: every tap of the row inside [lo_w, hi_w)
-                f"g.ow_lo = polyc_min(g.ow, polyc_max(0, polyc_dw_ceil_div(g.lo_w - ({ww.offset}), {ww.stride})));",
-                f"g.ow_hi = polyc_max(g.ow_lo, polyc_min(g.ow, polyc_dw_ceil_div(g.hi_w - {ww.dilation} * "
-                f"polyc_max(g.kw - 1, 0) - ({ww.offset}), {ww.stride})));"]
+        return [
+            "polyc_dw_t g = {0};",
+            f"g.in = {image}; g.w = {conv.weights}; g.out = {conv.target};",
+            f"g.oh = {extent(wh.x)}; g.ow = {extent(ww.x)}; g.c = {extent(self.channel)};",
+            *self.image_box_fields(conv),
+            f"g.kh = {extent(wh.k)}; g.kw = {extent(ww.k)};",
+            # the interior columns: every tap of the row inside [lo_w, hi_w)
+            f"g.ow_lo = polyc_min(g.ow, polyc_max(0, polyc_dw_ceil_div(g.lo_w - ({ww.offset}), {ww.stride})));",
+            f"g.ow_hi = polyc_max(g.ow_lo, polyc_min(g.ow, polyc_dw_ceil_div(g.hi_w - {ww.dilation} * "
+            f"polyc_max(g.kw - 1, 0) - ({ww.offset}), {ww.stride})));",
+        ]
 
     def scalar_epilogue(self) -> list[str]:
         """The epilogue statements on the item's finished outputs, element by element."""
         conv = self.conv
         lines = self.batch_indices(conv, "polyc_b")
-        lines += [f"const int64_t polyc_ix_{conv.windows[0].x} = polyc_oh;",
-                  f"for (int64_t polyc_ix_{conv.windows[1].x} = 0; polyc_ix_{conv.windows[1].x} < g.ow; "
-                  f"polyc_ix_{conv.windows[1].x}++) {{",
-                  "    #pragma omp simd",
-                  f"    for (int64_t polyc_ix_{self.channel} = polyc_c0; polyc_ix_{self.channel} < polyc_c0 + polyc_tail; "
-                  f"polyc_ix_{self.channel}++) {{",
-                  *(f"        {self.epilogue_assignment(s, conv.target_indices)};" for s in conv.epilogues),
-                  "    }",
-                  "}"]
+        lines += [
+            f"const int64_t polyc_ix_{conv.windows[0].x} = polyc_oh;",
+            f"for (int64_t polyc_ix_{conv.windows[1].x} = 0; polyc_ix_{conv.windows[1].x} < g.ow; "
+            f"polyc_ix_{conv.windows[1].x}++) {{",
+            "    #pragma omp simd",
+            f"    for (int64_t polyc_ix_{self.channel} = polyc_c0; polyc_ix_{self.channel} < polyc_c0 + polyc_tail; "
+            f"polyc_ix_{self.channel}++) {{",
+            *(f"        {self.epilogue_assignment(s, conv.target_indices)};" for s in conv.epilogues),
+            "    }",
+            "}",
+        ]
         return lines

@@ -63,6 +63,7 @@ packing buffers are one block of memory the kernel keeps from call to call
 (:data:`polyc.codegen.pattern_kernel.KEPT_WORKSPACE_C`).  The function returns 0, or 2 when
 memory for the buffers could not be allocated.
 """
+
 from __future__ import annotations
 
 import re
@@ -146,22 +147,32 @@ def micro_kernel_shapes(isa: str, dtype: np.dtype) -> tuple[MicroKernelShape, ..
     """
     lanes_512 = 64 // np.dtype(dtype).itemsize  # 16 float, 8 double
     if isa == "avx512":
-        return (MicroKernelShape(isa, 6, lanes_512, 4), MicroKernelShape(isa, 8, lanes_512, 2, 0.93),
-                MicroKernelShape(isa, 8, lanes_512, 1, 0.85))
+        return (
+            MicroKernelShape(isa, 6, lanes_512, 4),
+            MicroKernelShape(isa, 8, lanes_512, 2, 0.93),
+            MicroKernelShape(isa, 8, lanes_512, 1, 0.85),
+        )
     if isa == "avx2":
         return (MicroKernelShape(isa, 6, lanes_512 // 2, 2), MicroKernelShape(isa, 8, lanes_512 // 2, 1, 0.85))
     if isa == "neon":
         lanes_128 = lanes_512 // 4  # 4 float, 2 double
         if lanes_128 == 4:
-            return (MicroKernelShape(isa, 8, lanes_128, 3), MicroKernelShape(isa, 8, lanes_128, 2, 0.93),
-                    MicroKernelShape(isa, 8, lanes_128, 1, 0.85))
-        return (MicroKernelShape(isa, 6, lanes_128, 4), MicroKernelShape(isa, 8, lanes_128, 2, 0.93),
-                MicroKernelShape(isa, 8, lanes_128, 1, 0.85))
+            return (
+                MicroKernelShape(isa, 8, lanes_128, 3),
+                MicroKernelShape(isa, 8, lanes_128, 2, 0.93),
+                MicroKernelShape(isa, 8, lanes_128, 1, 0.85),
+            )
+        return (
+            MicroKernelShape(isa, 6, lanes_128, 4),
+            MicroKernelShape(isa, 8, lanes_128, 2, 0.93),
+            MicroKernelShape(isa, 8, lanes_128, 1, 0.85),
+        )
     return (MicroKernelShape(isa, 4, lanes_512 // 2, 2),)
 
 
-def block_sizes(shape: MicroKernelShape, itemsize: int, tile_sizes: tuple[int, ...] | None,
-                caches: dict[int, int]) -> tuple[int, int, int]:
+def block_sizes(
+    shape: MicroKernelShape, itemsize: int, tile_sizes: tuple[int, ...] | None, caches: dict[int, int]
+) -> tuple[int, int, int]:
     """(MC, NC, KC) for a register block: from ``tile_sizes`` (MC, NC, KC) when it has three
     entries, else from the cache model: the A sliver (MR x KC) takes a quarter of L1, the A
     panel (MC x KC) a quarter of L2 (the B sliver streams through the rest), and the B panel
@@ -191,8 +202,9 @@ def generate_gemm(program: PolyProgram, contraction: Contraction, options: Optio
     return _GemmWriter(program, contraction, options).write()
 
 
-def packing_programs(program: PolyProgram, contraction: Contraction,
-                     options: Options) -> tuple[packing.PackingProgram, ...]:
+def packing_programs(
+    program: PolyProgram, contraction: Contraction, options: Options
+) -> tuple[packing.PackingProgram, ...]:
     """The packing statements of the register blocks :func:`generate_gemm` prints for
     ``program`` (every instruction set's), as polyhedral programs of one cache block."""
     writer = _GemmWriter(program, contraction, options)
@@ -212,20 +224,32 @@ class _GemmWriter(PatternKernelWriter):
         d = self.definition
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
-        parts = [self.header(), PRELUDE, self.includes(), self.context_struct(), typed(_COMMON, self.ctype),
-                 self.epilogue_function(), self.scale_and_guard(), self.instruction_sets(), typed(_RUN, self.ctype),
-                 self.entry_function(name, sizes), ""]
+        parts = [
+            self.header(),
+            PRELUDE,
+            self.includes(),
+            self.context_struct(),
+            typed(_COMMON, self.ctype),
+            self.epilogue_function(),
+            self.scale_and_guard(),
+            self.instruction_sets(),
+            typed(_RUN, self.ctype),
+            self.entry_function(name, sizes),
+            "",
+        ]
         return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
 
     def header(self) -> str:
         o = self.options
         sizes = self.sizes_comment()
-        lines = [f"polyc gemm kernel for def '{self.definition.name}' (BLIS structure: packing, "
-                 f"cache blocks, register micro-kernel)",
-                 f"sizes: {sizes}",
-                 f"options: tile_sizes={o.tile_sizes} parallel={o.parallel} vectorize={o.vectorize} "
-                 f"specialize={o.specialize}",
-                 f"contraction: {self.contraction.describe()}"]
+        lines = [
+            f"polyc gemm kernel for def '{self.definition.name}' (BLIS structure: packing, "
+            f"cache blocks, register micro-kernel)",
+            f"sizes: {sizes}",
+            f"options: tile_sizes={o.tile_sizes} parallel={o.parallel} vectorize={o.vectorize} "
+            f"specialize={o.specialize}",
+            f"contraction: {self.contraction.describe()}",
+        ]
         lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
         return c_comment(lines)
 
@@ -243,11 +267,16 @@ class _GemmWriter(PatternKernelWriter):
 
     def context_struct(self) -> str:
         t = self.ctype
-        fields = [f"const {t} *a", f"const {t} *b", f"{t} *c", f"{t} scale",
-                  "int64_t m, n, k, nbatch",
-                  "const int64_t *a_m, *a_k, *b_k, *b_n, *c_m, *c_n, *a_batch, *b_batch, *c_batch",
-                  "int64_t a_m_stride, a_k_stride, b_k_stride, b_n_stride, c_n_run",
-                  f"int64_t key[{self.key_length()}]"]
+        fields = [
+            f"const {t} *a",
+            f"const {t} *b",
+            f"{t} *c",
+            f"{t} scale",
+            "int64_t m, n, k, nbatch",
+            "const int64_t *a_m, *a_k, *b_k, *b_n, *c_m, *c_n, *a_batch, *b_batch, *c_batch",
+            "int64_t a_m_stride, a_k_stride, b_k_stride, b_n_stride, c_n_run",
+            f"int64_t key[{self.key_length()}]",
+        ]
         for name in self.epilogue_tensors():
             tensor = self.definition.tensor(name)
             qualifier = "const " if tensor.role is ir.Role.INPUT else ""
@@ -257,11 +286,13 @@ class _GemmWriter(PatternKernelWriter):
         for group in self.multi_index_groups():
             fields += [f"const int64_t *ix_{index}" for index in group]
         body = "\n".join(f"    {f};" for f in fields)
-        return ("/* Everything the loops need: operands, flattened extents, for each flat index of a group\n"
-                "   its offset in each tensor (a_m[m]: offset in A of row m, ...); a_m_stride: s when\n"
-                "   a_m[m] == m*s for every m, else -1 (so for a_k, b_k, b_n); c_n_run: how many offsets\n"
-                "   of c_n from 0 on step by one. */\n"
-                f"typedef struct {{\n{body}\n}} polyc_gemm_t;")
+        return (
+            "/* Everything the loops need: operands, flattened extents, for each flat index of a group\n"
+            "   its offset in each tensor (a_m[m]: offset in A of row m, ...); a_m_stride: s when\n"
+            "   a_m[m] == m*s for every m, else -1 (so for a_k, b_k, b_n); c_n_run: how many offsets\n"
+            "   of c_n from 0 on step by one. */\n"
+            f"typedef struct {{\n{body}\n}} polyc_gemm_t;"
+        )
 
     # ------------------------------------------------------------------ register blocks
     def shapes_for(self, isa: str) -> tuple[MicroKernelShape, ...]:
@@ -281,7 +312,7 @@ class _GemmWriter(PatternKernelWriter):
             return shapes[:1]
         # Offsets of the N group's flat indices in C, as the kernel tabulates them (c_n).
         shape_c = [extent.evaluate(sizes) for extent in self.definition.tensor(c.target.tensor).shape]
-        strides = {index: int(np.prod(shape_c[d + 1:])) for d, index in enumerate(c.target.indices)}
+        strides = {index: int(np.prod(shape_c[d + 1 :])) for d, index in enumerate(c.target.indices)}
         offsets = np.zeros(1, dtype=np.int64)
         for index, extent in zip(c.n, n_extents):
             offsets = (offsets[:, None] + np.arange(extent, dtype=np.int64) * strides[index]).ravel()
@@ -321,22 +352,32 @@ class _GemmWriter(PatternKernelWriter):
         text = text.replace("ROWS_ALONG_K_A", _rows_along_k_a(shape, self.dtype))
         kc_fixed = self.options.tile_sizes is not None and len(self.options.tile_sizes) >= 3
         l2 = caches.get(2, 1 << 20)
-        values = {"MR": shape.mr, "NR": shape.nr, "MC": mc, "NC": nc, "KC": kc, "KC_FIXED": int(kc_fixed),
-                  "L1_BYTES": caches.get(1, 32 * 1024), "L2_BYTES": l2,
-                  "WIDE_BLOCK": int(shape.vectors >= 2 and shape.isa != "avx2"),
-                  "PACK_RUN": max(1, 256 // (shape.nr * self.dtype.itemsize))}
+        values = {
+            "MR": shape.mr,
+            "NR": shape.nr,
+            "MC": mc,
+            "NC": nc,
+            "KC": kc,
+            "KC_FIXED": int(kc_fixed),
+            "L1_BYTES": caches.get(1, 32 * 1024),
+            "L2_BYTES": l2,
+            "WIDE_BLOCK": int(shape.vectors >= 2 and shape.isa != "avx2"),
+            "PACK_RUN": max(1, 256 // (shape.nr * self.dtype.itemsize)),
+        }
         # In the code only: the comments keep the names ("the longest KC block", not "the longest 256 block").
         pieces = re.split(r"(/\*.*?\*/)", text, flags=re.S)
         names = re.compile(r"\b(" + "|".join(values) + r")\b")
-        text = "".join(piece if piece.startswith("/*") else names.sub(lambda m: str(values[m.group(1)]), piece)
-                       for piece in pieces)
-        text = (f"/* Register block {shape.name}: MR = {shape.mr}, NR = {shape.nr}; cache blocks MC = {mc}, "
-                f"NC = {nc}, KC = {kc}{' (given)' if kc_fixed else ''}. */\n" + text)
+        text = "".join(
+            piece if piece.startswith("/*") else names.sub(lambda m: str(values[m.group(1)]), piece) for piece in pieces
+        )
+        text = (
+            f"/* Register block {shape.name}: MR = {shape.mr}, NR = {shape.nr}; cache blocks MC = {mc}, "
+            f"NC = {nc}, KC = {kc}{' (given)' if kc_fixed else ''}. */\n" + text
+        )
         text = text.replace("_SHAPE", f"_{shape.name}").replace("MASKED_B", "1" if shape.isa == "avx512" else "0")
         if not self.options.parallel:
             text = re.sub(r"#if defined\(_OPENMP\)\n.*?#endif\n", "", text, flags=re.DOTALL)
-        return text.replace("STATUS", str(STATUS_OUT_OF_MEMORY)).replace(
-            "THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
+        return text.replace("STATUS", str(STATUS_OUT_OF_MEMORY)).replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
 
     def needs_sizes(self) -> bool:
         """Whether the loops read the sizes from the context (epilogue or guard, parametric)."""
@@ -348,8 +389,11 @@ class _GemmWriter(PatternKernelWriter):
         c = self.contraction
         if not c.scale:
             return "1"
-        printer = CExpressionPrinter(access=lambda read, subscripts: f"{read.tensor}[0]",
-                                     index=lambda n: n, size=lambda value: value.to_c(lambda n: self.size_c[n]))
+        printer = CExpressionPrinter(
+            access=lambda read, subscripts: f"{read.tensor}[0]",
+            index=lambda n: n,
+            size=lambda value: value.to_c(lambda n: self.size_c[n]),
+        )
         return " * ".join(f"({printer.to_c(factor)})" for factor in c.scale)
 
     def scale_and_guard(self) -> str:
@@ -357,16 +401,22 @@ class _GemmWriter(PatternKernelWriter):
         telling where it holds: ``polyc_guard_cover`` of a block (0 nowhere, 1 in part, 2
         everywhere) and ``polyc_guarded_write`` of a partly guarded block."""
         c = self.contraction
-        lines = [f"#define POLYC_HAS_SCALE {1 if c.scale else 0}",
-                 "#define POLYC_SCALED(x) (POLYC_HAS_SCALE ? g->scale * (x) : (x))",
-                 f"#define POLYC_HAS_GUARD {1 if c.guard else 0}"]
+        lines = [
+            f"#define POLYC_HAS_SCALE {1 if c.scale else 0}",
+            "#define POLYC_SCALED(x) (POLYC_HAS_SCALE ? g->scale * (x) : (x))",
+            f"#define POLYC_HAS_GUARD {1 if c.guard else 0}",
+        ]
         if not c.guard:
-            return "\n".join(lines + [
-                "static int polyc_guard_cover(const polyc_gemm_t *g, int64_t bt, int64_t m0, int64_t mr, int64_t n0,",
-                "                             int64_t nr) { (void)g; (void)bt; (void)m0; (void)mr; (void)n0; (void)nr; return 2; }",
-                f"static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.ctype} *block, int64_t stride,",
-                f"                                {self.ctype} *c, int64_t m0, int64_t mr, int64_t n0, int64_t nr, int beta)",
-                "{ (void)g; (void)bt; (void)block; (void)stride; (void)c; (void)m0; (void)mr; (void)n0; (void)nr; (void)beta; }"])
+            return "\n".join(
+                lines
+                + [
+                    "static int polyc_guard_cover(const polyc_gemm_t *g, int64_t bt, int64_t m0, int64_t mr, int64_t n0,",
+                    "                             int64_t nr) { (void)g; (void)bt; (void)m0; (void)mr; (void)n0; (void)nr; return 2; }",
+                    f"static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.ctype} *block, int64_t stride,",
+                    f"                                {self.ctype} *c, int64_t m0, int64_t mr, int64_t n0, int64_t nr, int beta)",
+                    "{ (void)g; (void)bt; (void)block; (void)stride; (void)c; (void)m0; (void)mr; (void)n0; (void)nr; (void)beta; }",
+                ]
+            )
         sizes = self.size_declarations(lambda s: f"g->s_{self.size_c[s]}")
         group_of = {i: "bt" for i in c.batch} | {i: "m" for i in c.m} | {i: "n" for i in c.n}
 
@@ -377,17 +427,21 @@ class _GemmWriter(PatternKernelWriter):
                 positive = expression.coefficient(index) > 0
                 low_end = positive == (corner == "lo")
                 group = group_of[index]
-                bound[index] = Affine.var("bt" if group == "bt" else f"{group}0" if low_end
-                                          else f"({group}0 + {group}r - 1)")
+                bound[index] = Affine.var(
+                    "bt" if group == "bt" else f"{group}0" if low_end else f"({group}0 + {group}r - 1)"
+                )
             return expression.substitute(bound).to_c(lambda n: self.size_c.get(n, n))
 
         everywhere = " && ".join(f"({value(e, 'lo')}) >= 0" for e in c.guard)
         nowhere = " || ".join(f"({value(e, 'hi')}) < 0" for e in c.guard)
         element = {"bt": "bt", "m": "(m0 + i)", "n": "(n0 + j)"}
-        holds = " && ".join(f"({e.to_c(lambda n: element[group_of[n]] if n in group_of else self.size_c[n])}) >= 0"
-                            for e in c.guard)
+        holds = " && ".join(
+            f"({e.to_c(lambda n: element[group_of[n]] if n in group_of else self.size_c[n])}) >= 0" for e in c.guard
+        )
         body = "\n".join("    " + line for line in sizes)
-        return "\n".join(lines) + f"""
+        return (
+            "\n".join(lines)
+            + f"""
 /* The guard on the block of rows m0 .. m0+mr-1 and columns n0 .. n0+nr-1 of product bt: 2 when
    it holds everywhere, 0 nowhere, else 1 (each affine condition at the block's extreme corners). */
 static int polyc_guard_cover(const polyc_gemm_t *g, int64_t bt, int64_t m0, int64_t mr, int64_t n0, int64_t nr)
@@ -414,15 +468,18 @@ static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.c
             else if (block != NULL) *p = *p + v;
         }}
 }}"""
+        )
 
     # ------------------------------------------------------------------ epilogue
     def epilogue_function(self) -> str:
         c = self.contraction
         if not c.epilogues:
-            return "#define POLYC_HAS_EPILOGUE 0\n" \
-                   "static void polyc_epilogue(const polyc_gemm_t *g, int64_t bt, int64_t m0, int64_t mr,\n" \
-                   "                           int64_t n0, int64_t nr)\n" \
-                   "{ (void)g; (void)bt; (void)m0; (void)mr; (void)n0; (void)nr; }"
+            return (
+                "#define POLYC_HAS_EPILOGUE 0\n"
+                "static void polyc_epilogue(const polyc_gemm_t *g, int64_t bt, int64_t m0, int64_t mr,\n"
+                "                           int64_t n0, int64_t nr)\n"
+                "{ (void)g; (void)bt; (void)m0; (void)mr; (void)n0; (void)nr; }"
+            )
         body = self.size_declarations(lambda s: f"polyc_g->s_{self.size_c[s]}")
         for name in self.epilogue_tensors():
             tensor = self.definition.tensor(name)
@@ -437,37 +494,46 @@ static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.c
         body += values(c.batch, "polyc_bt") if c.batch else ["(void)polyc_bt;"]
         statements = [self.epilogue_assignment(statement, c.target.indices) + ";" for statement in c.epilogues]
         simd = ["#pragma omp simd"] if self.options.vectorize else []
-        body += ["for (int64_t polyc_mi = polyc_m0; polyc_mi < polyc_m0 + polyc_mr; polyc_mi++) {",
-                 *("    " + line for line in values(c.m, "polyc_mi"))]
+        body += [
+            "for (int64_t polyc_mi = polyc_m0; polyc_mi < polyc_m0 + polyc_mr; polyc_mi++) {",
+            *("    " + line for line in values(c.m, "polyc_mi")),
+        ]
         if len(c.n) <= 1:  # (none: a matrix-vector product's, called with polyc_nj 0)
-            body += [*("    " + line for line in simd),
-                     "    for (int64_t polyc_nj = polyc_n0; polyc_nj < polyc_n0 + polyc_nr; polyc_nj++) {",
-                     *("        " + line for line in values(c.n, "polyc_nj") + statements),
-                     "    }"]
+            body += [
+                *("    " + line for line in simd),
+                "    for (int64_t polyc_nj = polyc_n0; polyc_nj < polyc_n0 + polyc_nr; polyc_nj++) {",
+                *("        " + line for line in values(c.n, "polyc_nj") + statements),
+                "    }",
+            ]
         else:
             # Several N indices (a product by blocked weights, (.., N / NR, NR)): runs of the
             # block along which only the last index moves, that index affine in polyc_nj, so
             # that the accesses are vectors; read from the tables per element, it made them
             # gathers (slower on BERT's 128 x 3072 product with its bias and GELU).
             last = c.n[-1]
-            body += ["    for (int64_t polyc_run = polyc_n0; polyc_run < polyc_n0 + polyc_nr; ) {",
-                     f"        const int64_t polyc_first = polyc_g->ix_{last}[polyc_run];",
-                     "        const int64_t polyc_stop = polyc_min(polyc_n0 + polyc_nr, polyc_run + "
-                     f"({self.size_expr(c.extent(last))}) - polyc_first);",
-                     *(f"        const int64_t polyc_ix_{i} = polyc_g->ix_{i}[polyc_run];" for i in c.n[:-1]),
-                     *("        " + line for line in simd),
-                     "        for (int64_t polyc_nj = polyc_run; polyc_nj < polyc_stop; polyc_nj++) {",
-                     f"            const int64_t polyc_ix_{last} = polyc_first + (polyc_nj - polyc_run);",
-                     *("            " + line for line in statements),
-                     "        }",
-                     "        polyc_run = polyc_stop;",
-                     "    }"]
+            body += [
+                "    for (int64_t polyc_run = polyc_n0; polyc_run < polyc_n0 + polyc_nr; ) {",
+                f"        const int64_t polyc_first = polyc_g->ix_{last}[polyc_run];",
+                "        const int64_t polyc_stop = polyc_min(polyc_n0 + polyc_nr, polyc_run + "
+                f"({self.size_expr(c.extent(last))}) - polyc_first);",
+                *(f"        const int64_t polyc_ix_{i} = polyc_g->ix_{i}[polyc_run];" for i in c.n[:-1]),
+                *("        " + line for line in simd),
+                "        for (int64_t polyc_nj = polyc_run; polyc_nj < polyc_stop; polyc_nj++) {",
+                f"            const int64_t polyc_ix_{last} = polyc_first + (polyc_nj - polyc_run);",
+                *("            " + line for line in statements),
+                "        }",
+                "        polyc_run = polyc_stop;",
+                "    }",
+            ]
         body.append("}")
-        return ("#define POLYC_HAS_EPILOGUE 1\n"
-                "/* The statements after the contraction, on one finished block of the target. */\n"
-                "static void polyc_epilogue(const polyc_gemm_t *polyc_g, int64_t polyc_bt, int64_t polyc_m0,\n"
-                "                           int64_t polyc_mr, int64_t polyc_n0, int64_t polyc_nr)\n{\n"
-                + "\n".join("    " + line for line in body) + "\n}")
+        return (
+            "#define POLYC_HAS_EPILOGUE 1\n"
+            "/* The statements after the contraction, on one finished block of the target. */\n"
+            "static void polyc_epilogue(const polyc_gemm_t *polyc_g, int64_t polyc_bt, int64_t polyc_m0,\n"
+            "                           int64_t polyc_mr, int64_t polyc_n0, int64_t polyc_nr)\n{\n"
+            + "\n".join("    " + line for line in body)
+            + "\n}"
+        )
 
     # ------------------------------------------------------------------ the entry point
     def entry_function(self, name: str, sizes: tuple[str, ...]) -> str:
@@ -483,8 +549,12 @@ static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.c
             return " * ".join(f"({self.size_expr(c.extent(i))})" for i in group) or "1"
 
         groups = {"batch": c.batch, "m": c.m, "n": c.n, "k": c.k}
-        tables = {"batch": ("a_batch", "b_batch", "c_batch"), "m": ("a_m", "c_m"), "n": ("b_n", "c_n"),
-                  "k": ("a_k", "b_k")}
+        tables = {
+            "batch": ("a_batch", "b_batch", "c_batch"),
+            "m": ("a_m", "c_m"),
+            "n": ("b_n", "c_n"),
+            "k": ("a_k", "b_k"),
+        }
         operand_of = {"a": c.a, "b": c.b, "c": c.target}
         for group in groups:
             body.append(f"const int64_t polyc_{group} = {product(groups[group])};")
@@ -494,20 +564,28 @@ static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.c
         # built on every call, they were a visible share of a short product (a 1 x 1
         # convolution of mobilenet_v2, 196 x 576 x 96); kept, they cost next to nothing.
         layout = [(table, group) for group in groups for table in tables[group]]
-        layout += [(f"ix_{index}", group) for group in ("batch", "m", "n") for index in groups[group]
-                   if groups[group] in self.multi_index_groups()]
+        layout += [
+            (f"ix_{index}", group)
+            for group in ("batch", "m", "n")
+            for index in groups[group]
+            if groups[group] in self.multi_index_groups()
+        ]
         total = " + ".join(f"polyc_{group}" for _, group in layout)
-        build = [f"polyc_tables = (int64_t *)malloc(sizeof(int64_t) * (size_t)({total}));",
-                 f"if (polyc_tables == NULL) return {STATUS_OUT_OF_MEMORY};",
-                 "int64_t *polyc_next = polyc_tables;"]
+        build = [
+            f"polyc_tables = (int64_t *)malloc(sizeof(int64_t) * (size_t)({total}));",
+            f"if (polyc_tables == NULL) return {STATUS_OUT_OF_MEMORY};",
+            "int64_t *polyc_next = polyc_tables;",
+        ]
         for table, group in layout:
             build += [f"int64_t *polyc_{table} = polyc_next;", f"polyc_next += polyc_{group};"]
         for group, indices in groups.items():
             build += self.fill_tables(group, indices, tables[group], operand_of)
         build.append("polyc_g.m = polyc_m; polyc_g.n = polyc_n; polyc_g.k = polyc_k; polyc_g.nbatch = polyc_batch;")
         build += [f"polyc_g.{table} = polyc_{table};" for table, _ in layout]
-        build += [f"polyc_g.{table}_stride = {self.group_stride(groups[group], operand_of[table[0]])};"
-                  for table, group in (("a_m", "m"), ("a_k", "k"), ("b_k", "k"), ("b_n", "n"))]
+        build += [
+            f"polyc_g.{table}_stride = {self.group_stride(groups[group], operand_of[table[0]])};"
+            for table, group in (("a_m", "m"), ("a_k", "k"), ("b_k", "k"), ("b_n", "n"))
+        ]
         build.append("polyc_g.c_n_run = polyc_run_length(polyc_c_n, polyc_n);")
         body += self.kept_tables("polyc_gemm_t", build)
         body.append(f"polyc_g.a = {c.a.tensor}; polyc_g.b = {c.b.tensor}; polyc_g.c = {c.target.tensor};")
@@ -516,8 +594,11 @@ static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.c
         if self.needs_sizes():
             body += [f"polyc_g.s_{self.size_c[s]} = {self.size_c[s]};" for s in d.sizes]
         body.append(f"polyc_g.scale = {self.scale_value()};")
-        body += [f"const int polyc_status = polyc_gemm_run(&polyc_g, {1 if c.init else 0});",
-                 "free(polyc_tables);", "return polyc_status;"]
+        body += [
+            f"const int polyc_status = polyc_gemm_run(&polyc_g, {1 if c.init else 0});",
+            "free(polyc_tables);",
+            "return polyc_status;",
+        ]
         signature = f"int {name}({', '.join(arguments)})"
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
 
@@ -529,8 +610,7 @@ static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.c
             return "0"
         extents = ", ".join(f"({self.size_expr(self.contraction.extent(index))})" for index in indices)
         strides = ", ".join(self.stride(operand.tensor, operand.indices.index(index)) for index in indices)
-        return (f"polyc_group_stride({len(indices)}, (const int64_t[]){{{extents}}}, "
-                f"(const int64_t[]){{{strides}}})")
+        return f"polyc_group_stride({len(indices)}, (const int64_t[]){{{extents}}}, (const int64_t[]){{{strides}}})"
 
     def fill_tables(self, group: str, indices: tuple[str, ...], tables: tuple[str, ...], operand_of) -> list[str]:
         """C filling the offset tables of one group (and its index value tables): a loop nest
@@ -546,15 +626,18 @@ static void polyc_guarded_write(const polyc_gemm_t *g, int64_t bt, const {self.c
         flat = "0"
         for depth, index in enumerate(indices):
             extent = self.size_expr(c.extent(index))
-            lines.append("    " * (depth + 1) + f"for (int64_t polyc_v_{index} = 0; polyc_v_{index} < ({extent}); "
-                         f"polyc_v_{index}++) {{")
+            lines.append(
+                "    " * (depth + 1) + f"for (int64_t polyc_v_{index} = 0; polyc_v_{index} < ({extent}); "
+                f"polyc_v_{index}++) {{"
+            )
             flat = f"polyc_v_{index}" if depth == 0 else f"({flat}) * ({extent}) + polyc_v_{index}"
         inner = "    " * (len(indices) + 1)
         lines.append(f"{inner}const int64_t polyc_f = {flat};")
         for table in tables:
             operand = operand_of[table[0]]
-            terms = [f"polyc_v_{index} * {self.stride(operand.tensor, operand.indices.index(index))}"
-                     for index in indices]
+            terms = [
+                f"polyc_v_{index} * {self.stride(operand.tensor, operand.indices.index(index))}" for index in indices
+            ]
             lines.append(f"{inner}polyc_{table}[polyc_f] = {' + '.join(terms)};")
         if len(indices) > 1 and indices in self.multi_index_groups():
             lines += [f"{inner}polyc_ix_{index}[polyc_f] = polyc_v_{index};" for index in indices]
@@ -592,29 +675,39 @@ def _vector_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
     vec, pre, suffix = _VECTOR_SPELLINGS[(shape.isa, np.dtype(dtype).itemsize)]
     mr, nr, nv, lanes = shape.mr, shape.nr, shape.vectors, shape.lanes
     acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
-    lines = [f"/* {mr} x {nr} block: C[c_m[i] + c_n[j]] (+)= sum over k < kc of A(i, k) * B(k, j). */",
-             f"static inline void polyc_kernel_{shape.name}(int64_t kc, const {ctype} *restrict ap, int64_t a_rows,",
-             f"    int64_t a_rs, int64_t a_cs, const {ctype} *restrict bp, int64_t b_rs, int b_full,",
-             f"    {ctype} *restrict c, const int64_t *restrict c_m, const int64_t *restrict c_n, int64_t mr,",
-             "    int64_t nr, int beta, int unit)",
-             "{"]
-    lines += [f"    const {ctype} *restrict a{i} = ap + {'0' if i == 0 else f'(a_rows > {i} ? {i} * a_rs : 0)'};"
-              for i in range(mr)]
+    lines = [
+        f"/* {mr} x {nr} block: C[c_m[i] + c_n[j]] (+)= sum over k < kc of A(i, k) * B(k, j). */",
+        f"static inline void polyc_kernel_{shape.name}(int64_t kc, const {ctype} *restrict ap, int64_t a_rows,",
+        f"    int64_t a_rs, int64_t a_cs, const {ctype} *restrict bp, int64_t b_rs, int b_full,",
+        f"    {ctype} *restrict c, const int64_t *restrict c_m, const int64_t *restrict c_n, int64_t mr,",
+        "    int64_t nr, int beta, int unit)",
+        "{",
+    ]
+    lines += [
+        f"    const {ctype} *restrict a{i} = ap + {'0' if i == 0 else f'(a_rows > {i} ? {i} * a_rs : 0)'};"
+        for i in range(mr)
+    ]
     if shape.isa == "avx512":
         mask_type = "__mmask16" if lanes == 16 else "__mmask8"
-        lines += [f"    const {mask_type} k{v} = ({mask_type})polyc_lane_mask(nr - {v * lanes}, {lanes});"
-                  for v in range(nv)]
+        lines += [
+            f"    const {mask_type} k{v} = ({mask_type})polyc_lane_mask(nr - {v * lanes}, {lanes});" for v in range(nv)
+        ]
         # Masked loads cost more than plain ones in the inner loop: only partial slivers of B use them.
-        loads_b = {"b_full": f"{pre}_loadu_{suffix}(bp + {{offset}})",
-                   None: f"{pre}_maskz_loadu_{suffix}(k{{v}}, bp + {{offset}})"}
+        loads_b = {
+            "b_full": f"{pre}_loadu_{suffix}(bp + {{offset}})",
+            None: f"{pre}_maskz_loadu_{suffix}(k{{v}}, bp + {{offset}})",
+        }
         load = f"{pre}_maskz_loadu_{suffix}(k{{v}}, row + {{offset}})"
         store = f"{pre}_mask_storeu_{suffix}(row + {{offset}}, k{{v}}, {{value}});"
     else:
         bits = 32 if lanes == 8 else 64
         set1 = "_mm256_set1_epi32((int)" if bits == 32 else "_mm256_set1_epi64x((long long)"
         iota = f"_mm256_setr_epi32({', '.join(map(str, range(8)))})" if bits == 32 else "_mm256_setr_epi64x(0, 1, 2, 3)"
-        lines += [f"    const __m256i k{v} = _mm256_cmpgt_epi{bits}("
-                  f"{set1}polyc_max(0, polyc_min({lanes}, nr - {v * lanes}))), {iota});" for v in range(nv)]
+        lines += [
+            f"    const __m256i k{v} = _mm256_cmpgt_epi{bits}("
+            f"{set1}polyc_max(0, polyc_min({lanes}, nr - {v * lanes}))), {iota});"
+            for v in range(nv)
+        ]
         lines.append("    (void)b_full;")
         loads_b = {None: f"{pre}_loadu_{suffix}(bp + {{offset}})"}
         load = f"{pre}_maskload_{suffix}(row + {{offset}}, k{{v}})"
@@ -626,13 +719,15 @@ def _vector_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
     # last left two misses per row at the write-back, measured with ``python -m benchmarks
     # --filter sgemm``).  Not when it is only written: that would read the target from memory
     # for nothing.
-    lines += ["    if (unit && beta)",
-              "        for (int64_t i = 0; i < mr; i++) {",
-              f"            for (int64_t j = 0; j < nr; j += {64 // np.dtype(dtype).itemsize})",
-              "                _mm_prefetch((const char *)(c + c_n[0] + c_m[i] + j), _MM_HINT_T0);",
-              "            _mm_prefetch((const char *)(c + c_n[0] + c_m[i] + nr - 1), _MM_HINT_T0);",
-              "        }",
-              ]
+    lines += [
+        "    if (unit && beta)",
+        "        for (int64_t i = 0; i < mr; i++) {",
+        f"            for (int64_t j = 0; j < nr; j += {64 // np.dtype(dtype).itemsize})",
+        "                _mm_prefetch((const char *)(c + c_n[0] + c_m[i] + j), _MM_HINT_T0);",
+        "            _mm_prefetch((const char *)(c + c_n[0] + c_m[i] + nr - 1), _MM_HINT_T0);",
+        "        }",
+    ]
+
     # The k loop for the first `rows` rows.  A block of fewer than MR rows (the last of a
     # product whose M is not a multiple of MR) computes only those: with M = 128 and MR = 6 the
     # last block would spend two thirds of its multiply-adds on dropped rows, 3% of the whole.
@@ -642,10 +737,13 @@ def _vector_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
             inner = indent if len(loads_b) == 1 else indent + "    "
             if len(loads_b) > 1:
                 loop.append(f"{indent}{'if (b_full) {' if condition else '} else {'}")
-            loop += [f"{inner}for (int64_t k = 0, ka = 0; k < kc; k++, ka += a_cs, bp += b_rs) {{",
-                     f"{inner}    const {vec} " + ", ".join(f"b{v} = {load_b.format(v=v, offset=v * lanes)}"
-                                                        for v in range(nv)) + ";",
-                     f"{inner}    {vec} a;"]
+            loop += [
+                f"{inner}for (int64_t k = 0, ka = 0; k < kc; k++, ka += a_cs, bp += b_rs) {{",
+                f"{inner}    const {vec} "
+                + ", ".join(f"b{v} = {load_b.format(v=v, offset=v * lanes)}" for v in range(nv))
+                + ";",
+                f"{inner}    {vec} a;",
+            ]
             for i in range(rows):
                 fmas = " ".join(f"{acc[i][v]} = {pre}_fmadd_{suffix}(a, b{v}, {acc[i][v]});" for v in range(nv))
                 loop.append(f"{inner}    a = {pre}_set1_{suffix}(a{i}[ka]); {fmas}")
@@ -661,21 +759,28 @@ def _vector_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
     lines.append("    }")
     # Full-width rows use plain loads and stores: masked ones are slower, and a masked store of
     # a whole cache line may not spare the processor reading the line first.
-    full_load, full_store = f"{pre}_loadu_{suffix}(row + {{offset}})", f"{pre}_storeu_{suffix}(row + {{offset}}, {{value}});"
+    full_load, full_store = (
+        f"{pre}_loadu_{suffix}(row + {{offset}})",
+        f"{pre}_storeu_{suffix}(row + {{offset}}, {{value}});",
+    )
     lines += ["    if (unit) {", f"        {ctype} *restrict base = c + c_n[0];"]
     for width, (row_load, row_store) in (("nr == NR", (full_load, full_store)), ("else", (load, store))):
         lines.append(f"        if (nr == {nr}) {{" if width != "else" else "        } else {")
         for i in range(mr):
             guard = "" if i == 0 else f"if (mr > {i}) "
             body = [f"{ctype} *restrict row = base + c_m[{i}];"]
-            body += [f"if (beta) {acc[i][v]} = {pre}_add_{suffix}({row_load.format(v=v, offset=v * lanes)}, {acc[i][v]});"
-                     for v in range(nv)]
+            body += [
+                f"if (beta) {acc[i][v]} = {pre}_add_{suffix}({row_load.format(v=v, offset=v * lanes)}, {acc[i][v]});"
+                for v in range(nv)
+            ]
             body += [row_store.format(v=v, offset=v * lanes, value=acc[i][v]) for v in range(nv)]
             lines.append(f"            {guard}{{ " + " ".join(body) + " }")
     lines += ["        }", "    } else {", f"        {ctype} block[{mr * nr}] __attribute__((aligned(64)));"]
     for i in range(mr):
-        lines.append("        " + " ".join(f"{pre}_store_{suffix}(block + {i * nr + v * lanes}, {acc[i][v]});"
-                                           for v in range(nv)))
+        lines.append(
+            "        "
+            + " ".join(f"{pre}_store_{suffix}(block + {i * nr + v * lanes}, {acc[i][v]});" for v in range(nv))
+        )
     lines += [f"        polyc_scatter(block, {nr}, c, c_m, c_n, mr, nr, beta);", "    }", "}"]
     return "\n".join(lines)
 
@@ -697,61 +802,81 @@ def _neon_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
     vec, suffix = _NEON_SPELLINGS[np.dtype(dtype).itemsize]
     mr, nr, nv, lanes = shape.mr, shape.nr, shape.vectors, shape.lanes
     acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
-    lines = [f"/* {mr} x {nr} block: C[c_m[i] + c_n[j]] (+)= sum over k < kc of A(i, k) * B(k, j). */",
-             f"static inline void polyc_kernel_{shape.name}(int64_t kc, const {ctype} *restrict ap, int64_t a_rows,",
-             f"    int64_t a_rs, int64_t a_cs, const {ctype} *restrict bp, int64_t b_rs, int b_full,",
-             f"    {ctype} *restrict c, const int64_t *restrict c_m, const int64_t *restrict c_n, int64_t mr,",
-             "    int64_t nr, int beta, int unit)",
-             "{",
-             "    (void)b_full;"]
+    lines = [
+        f"/* {mr} x {nr} block: C[c_m[i] + c_n[j]] (+)= sum over k < kc of A(i, k) * B(k, j). */",
+        f"static inline void polyc_kernel_{shape.name}(int64_t kc, const {ctype} *restrict ap, int64_t a_rows,",
+        f"    int64_t a_rs, int64_t a_cs, const {ctype} *restrict bp, int64_t b_rs, int b_full,",
+        f"    {ctype} *restrict c, const int64_t *restrict c_m, const int64_t *restrict c_n, int64_t mr,",
+        "    int64_t nr, int beta, int unit)",
+        "{",
+        "    (void)b_full;",
+    ]
     for row in acc:
         lines.append(f"    {vec} " + ", ".join(f"{name} = vdupq_n_{suffix}(0)" for name in row) + ";")
     # The block of C is read after the loop (beta 1): start fetching its rows now.  Not when it
     # is only written: that would read the target from memory for nothing.
-    lines += ["    if (unit && beta)",
-              "        for (int64_t i = 0; i < mr; i++) {",
-              "            __builtin_prefetch(c + c_n[0] + c_m[i]);",
-              "            __builtin_prefetch(c + c_n[0] + c_m[i] + nr - 1);",
-              "        }"]
+    lines += [
+        "    if (unit && beta)",
+        "        for (int64_t i = 0; i < mr; i++) {",
+        "            __builtin_prefetch(c + c_n[0] + c_m[i]);",
+        "            __builtin_prefetch(c + c_n[0] + c_m[i] + nr - 1);",
+        "        }",
+    ]
     load_b = f"const {vec} " + ", ".join(f"b{v} = vld1q_{suffix}(bp + {v * lanes})" for v in range(nv)) + ";"
     # A's column as vectors, each row's element a lane of one of them.
-    lines += [f"    if (a_rs == 1 && a_rows == {mr}) {{",
-              "        for (int64_t k = 0, ka = 0; k < kc; k++, ka += a_cs, bp += b_rs) {",
-              f"            {load_b}",
-              f"            const {vec} " + ", ".join(f"av{x} = vld1q_{suffix}(ap + ka + {x * lanes})"
-                                                 for x in range(mr // lanes)) + ";"]
+    lines += [
+        f"    if (a_rs == 1 && a_rows == {mr}) {{",
+        "        for (int64_t k = 0, ka = 0; k < kc; k++, ka += a_cs, bp += b_rs) {",
+        f"            {load_b}",
+        f"            const {vec} "
+        + ", ".join(f"av{x} = vld1q_{suffix}(ap + ka + {x * lanes})" for x in range(mr // lanes))
+        + ";",
+    ]
     for i in range(mr):
-        lines.append("            " + " ".join(
-            f"{acc[i][v]} = vfmaq_laneq_{suffix}({acc[i][v]}, b{v}, av{i // lanes}, {i % lanes});" for v in range(nv)))
+        lines.append(
+            "            "
+            + " ".join(
+                f"{acc[i][v]} = vfmaq_laneq_{suffix}({acc[i][v]}, b{v}, av{i // lanes}, {i % lanes});"
+                for v in range(nv)
+            )
+        )
     lines += ["        }", "    } else {"]
     # A element by element, from row pointers (A read in place with rows apart, or a partial block).
-    lines += [f"        const {ctype} *restrict a{i} = ap + {'0' if i == 0 else f'(a_rows > {i} ? {i} * a_rs : 0)'};"
-              for i in range(mr)]
-    lines += ["        for (int64_t k = 0, ka = 0; k < kc; k++, ka += a_cs, bp += b_rs) {",
-              f"            {load_b}"]
+    lines += [
+        f"        const {ctype} *restrict a{i} = ap + {'0' if i == 0 else f'(a_rows > {i} ? {i} * a_rs : 0)'};"
+        for i in range(mr)
+    ]
+    lines += ["        for (int64_t k = 0, ka = 0; k < kc; k++, ka += a_cs, bp += b_rs) {", f"            {load_b}"]
     for i in range(mr):
-        lines.append(f"            {{ const {ctype} a = a{i}[ka]; " + " ".join(
-            f"{acc[i][v]} = vfmaq_n_{suffix}({acc[i][v]}, b{v}, a);" for v in range(nv)) + " }")
+        lines.append(
+            f"            {{ const {ctype} a = a{i}[ka]; "
+            + " ".join(f"{acc[i][v]} = vfmaq_n_{suffix}({acc[i][v]}, b{v}, a);" for v in range(nv))
+            + " }"
+        )
     lines += ["        }", "    }"]
     lines += [f"    if (unit && nr == {nr}) {{", f"        {ctype} *restrict base = c + c_n[0];"]
     for i in range(mr):
         guard = "" if i == 0 else f"if (mr > {i}) "
         body = [f"{ctype} *restrict row = base + c_m[{i}];"]
-        body += [f"if (beta) {acc[i][v]} = vaddq_{suffix}(vld1q_{suffix}(row + {v * lanes}), {acc[i][v]});"
-                 for v in range(nv)]
+        body += [
+            f"if (beta) {acc[i][v]} = vaddq_{suffix}(vld1q_{suffix}(row + {v * lanes}), {acc[i][v]});"
+            for v in range(nv)
+        ]
         body += [f"vst1q_{suffix}(row + {v * lanes}, {acc[i][v]});" for v in range(nv)]
         lines.append(f"        {guard}{{ " + " ".join(body) + " }")
     lines += ["    } else {", f"        {ctype} block[{mr * nr}] __attribute__((aligned(16)));"]
     for i in range(mr):
-        lines.append("        " + " ".join(f"vst1q_{suffix}(block + {i * nr + v * lanes}, {acc[i][v]});"
-                                           for v in range(nv)))
+        lines.append(
+            "        " + " ".join(f"vst1q_{suffix}(block + {i * nr + v * lanes}, {acc[i][v]});" for v in range(nv))
+        )
     lines += [f"        polyc_scatter(block, {nr}, c, c_m, c_n, mr, nr, beta);", "    }", "}"]
     return "\n".join(lines)
 
 
 def _portable_micro_kernel(shape: MicroKernelShape, dtype: np.dtype) -> str:
     ctype = c_type(dtype)
-    text = typed(r"""
+    text = typed(
+        r"""
 /* MR x NR block in portable C (A and B addressed as in the vector kernels, B rows read in
    full); the compiler vectorises the inner loop. */
 static inline void polyc_kernel_SHAPE(int64_t kc, const T *restrict ap, int64_t a_rows, int64_t a_rs,
@@ -769,13 +894,19 @@ static inline void polyc_kernel_SHAPE(int64_t kc, const T *restrict ap, int64_t 
                 block[i * NR + j] += a * bp[j];
         }
     polyc_scatter(block, NR, c, c_m, c_n, mr, nr, beta);
-}""", ctype)
+}""",
+        ctype,
+    )
     return re.sub(r"\bMR\b", str(shape.mr), re.sub(r"\bNR\b", str(shape.nr), text)).replace("SHAPE", shape.name)
 
 
 #: The writer of each instruction set's micro-kernel (shape, dtype) -> C.
-_MICRO_KERNELS = {"avx512": _vector_micro_kernel, "avx2": _vector_micro_kernel, "neon": _neon_micro_kernel,
-                  "portable": _portable_micro_kernel}
+_MICRO_KERNELS = {
+    "avx512": _vector_micro_kernel,
+    "avx2": _vector_micro_kernel,
+    "neon": _neon_micro_kernel,
+    "portable": _portable_micro_kernel,
+}
 
 
 def _transposed_b(shape: MicroKernelShape, dtype: np.dtype) -> str:
@@ -844,7 +975,8 @@ static inline void polyc_pack_rows_along_k(const T *restrict src, int64_t ld, in
 #: columns are stored in order, so the next store puts those right.  The last column of the
 #: sliver is stored value by value, so nothing past the sliver is written.
 #: double: 4 x 4 blocks, each column stored as the 4 (or fewer) values of its rows.
-_PACK_ROWS_ALONG_K = {4: r"""
+_PACK_ROWS_ALONG_K = {
+    4: r"""
 /* dst[k*height + i] = src[i*ld + k] (times scale when scaled) for i < rows, zero for
    rows <= i < height (height <= 8), k < kc: a sliver of A whose rows run along K. */
 static inline void polyc_pack_rows_along_k(const float *restrict src, int64_t ld, int rows, int height,
@@ -873,7 +1005,8 @@ static inline void polyc_pack_rows_along_k(const float *restrict src, int64_t ld
         for (int i = 0; i < height; i++)
             dst[k * height + i] = i >= rows ? 0 : scaled ? scale * src[i * ld + k] : src[i * ld + k];
 }
-""", 8: r"""
+""",
+    8: r"""
 /* dst[k*height + i] = src[i*ld + k] (times scale when scaled) for i < rows, zero for
    rows <= i < height, k < kc: a sliver of A whose rows run along K. */
 static inline void polyc_pack_rows_along_k(const double *restrict src, int64_t ld, int rows, int height,
@@ -913,7 +1046,8 @@ static inline void polyc_pack_rows_along_k(const double *restrict src, int64_t l
         for (int i = 0; i < height; i++)
             dst[k * height + i] = i >= rows ? 0 : scaled ? scale * src[i * ld + k] : src[i * ld + k];
 }
-"""}
+""",
+}
 
 
 # ----------------------------------------------------------------------------- packing
@@ -922,8 +1056,10 @@ _PACKING_NAMES = {"M": "g->m", "N": "g->n", "K": "g->k"}
 
 #: Per operand: the source pointer, its block parameters, the offset tables of the flat view's
 #: two dimensions, and which of them a contiguous sliver runs along (A's rows, B's columns).
-_PACKED_OPERANDS = {"A": ("a", ("ic", "mc"), ("g->a_m", "g->a_k"), 0),
-                    "B": ("b", ("jc", "nc"), ("g->b_k", "g->b_n"), 1)}
+_PACKED_OPERANDS = {
+    "A": ("a", ("ic", "mc"), ("g->a_m", "g->a_k"), 0),
+    "B": ("b", ("jc", "nc"), ("g->b_k", "g->b_n"), 1),
+}
 
 
 def _pack_sliver_functions(shape: MicroKernelShape) -> str:
@@ -938,25 +1074,29 @@ def _pack_sliver_functions(shape: MicroKernelShape) -> str:
         width = shape.mr if operand == "A" else shape.nr
         statements = {s.name: s for s in program.statements if s.operand == operand}
         for contiguous in (False, True):
+
             def user(name: str, arguments: list[str], contiguous=contiguous, width=width, statements=statements):
                 return _packing_statement_c(statements[name], arguments, width, contiguous)
 
             body = plain_ast_c(packing.sliver_loops(program, operand, full=contiguous), user, _PACKING_NAMES)
             kind = "contiguous" if contiguous else "sliver"
-            what = ("a whole sliver whose source elements are contiguous along each buffer row" if contiguous
-                    else "any sliver, through the offset tables")
+            what = (
+                "a whole sliver whose source elements are contiguous along each buffer row"
+                if contiguous
+                else "any sliver, through the offset tables"
+            )
             functions.append(
                 f"/* Sliver s of {operand}'s block, {what}: the statements Pack{operand}"
                 f"{'' if contiguous else ' and Pad' + operand} of polyc.schedule.packing, in loops built by "
                 f"isl. */\n"
                 f"static inline void polyc_pack_{pointer}_{kind}_SHAPE(const polyc_gemm_t *restrict g, "
                 f"const T *restrict {pointer}, int64_t {first}, int64_t {size}, int64_t pc, int64_t kc, int64_t s, "
-                f"T *restrict dst)\n{{\n{_indented(str(body))}\n}}\n")
+                f"T *restrict dst)\n{{\n{_indented(str(body))}\n}}\n"
+            )
     return "\n".join(functions)
 
 
-def _packing_statement_c(statement: packing.PackStatement, arguments: list[str], width: int,
-                         contiguous: bool) -> str:
+def _packing_statement_c(statement: packing.PackStatement, arguments: list[str], width: int, contiguous: bool) -> str:
     """One instance of a packing statement in C, its sliver's dimensions given by ``arguments``:
     the buffer element (the sliver is a ``[kc][width]`` array at ``dst``), and the source element
     through the offset tables, or zero for a Pad statement.  With ``contiguous`` the source
@@ -988,7 +1128,7 @@ def _affs(relation) -> list:
     pieces = isl.PwMultiAff.from_map(sliver)
     result = []
     for d in range(pieces.dim(isl.dim_type.out)):
-        (_, aff), = pieces.get_pw_aff(d).get_pieces()
+        ((_, aff),) = pieces.get_pw_aff(d).get_pieces()
         result.append(aff)
     return result
 
@@ -1084,21 +1224,25 @@ def _shape_choice(shapes: tuple[MicroKernelShape, ...]) -> str:
     rows``, where the useful lanes are the fraction of each NR-wide sliver that is real columns
     (the scattered write-back of slivers that cross a run of contiguous columns of C counts
     half) and the useful rows the fraction of the MR-tall slivers that is real rows."""
-    lines = ["static int polyc_gemm_run_best(const polyc_gemm_t *restrict g, int init)",
-             "{",
-             "    const int64_t m = g->m, n = g->n, run = g->c_n_run;",
-             "    double best = -1.0;",
-             "    int choice = 0;"]
+    lines = [
+        "static int polyc_gemm_run_best(const polyc_gemm_t *restrict g, int init)",
+        "{",
+        "    const int64_t m = g->m, n = g->n, run = g->c_n_run;",
+        "    double best = -1.0;",
+        "    int choice = 0;",
+    ]
     for position, shape in enumerate(shapes):
         mr, nr = shape.mr, shape.nr
-        lines += [f"    {{  /* {shape.name} */",
-                  f"        const int64_t columns = (run >= n ? (n + {nr - 1}) / {nr}"
-                  f" : (n / run) * ((run + {nr - 1}) / {nr})) * {nr};",
-                  f"        const int64_t rows = (m + {mr - 1}) / {mr} * {mr};",
-                  f"        const double score = {shape.efficiency!r} * (double)n / (double)columns"
-                  f" * (double)m / (double)rows * (run >= n || run % {nr} == 0 ? 1.0 : 0.5);",
-                  f"        if (score > best * 1.02) {{ best = score; choice = {position}; }}",
-                  "    }"]
+        lines += [
+            f"    {{  /* {shape.name} */",
+            f"        const int64_t columns = (run >= n ? (n + {nr - 1}) / {nr}"
+            f" : (n / run) * ((run + {nr - 1}) / {nr})) * {nr};",
+            f"        const int64_t rows = (m + {mr - 1}) / {mr} * {mr};",
+            f"        const double score = {shape.efficiency!r} * (double)n / (double)columns"
+            f" * (double)m / (double)rows * (run >= n || run % {nr} == 0 ? 1.0 : 0.5);",
+            f"        if (score > best * 1.02) {{ best = score; choice = {position}; }}",
+            "    }",
+        ]
     lines.append("    switch (choice) {")
     for position, shape in enumerate(shapes):
         lines.append(f"    case {position}: return polyc_gemm_run_{shape.name}(g, init);")

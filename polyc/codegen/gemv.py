@@ -24,6 +24,7 @@ owns its part of y).  The result is scaled by the product's scalar factors, writ
 The context record, tables, scale, epilogue and entry function are the gemm kernel's
 (:class:`polyc.codegen.gemm._GemmWriter`), with an empty N group.
 """
+
 from __future__ import annotations
 
 from polyc.codegen.c import SUM_BLOCK, GeneratedKernel
@@ -50,18 +51,34 @@ class _GemvWriter(_GemmWriter):
         d = self.definition
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
-        parts = [self.header(), PRELUDE, self.includes(), self.context_struct(), typed(_COMMON, self.ctype),
-                 self.epilogue_function(), self.scale_and_guard(), self.loops(), self.entry_function(name, sizes), ""]
+        parts = [
+            self.header(),
+            PRELUDE,
+            self.includes(),
+            self.context_struct(),
+            typed(_COMMON, self.ctype),
+            self.epilogue_function(),
+            self.scale_and_guard(),
+            self.loops(),
+            self.entry_function(name, sizes),
+            "",
+        ]
         return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
 
     def header(self) -> str:
-        return super().header().replace(
-            "polyc gemm kernel", "polyc gemv kernel", 1).replace(
-            "(BLIS structure: packing, cache blocks, register micro-kernel)", "(matrix-vector product)", 1)
+        return (
+            super()
+            .header()
+            .replace("polyc gemm kernel", "polyc gemv kernel", 1)
+            .replace("(BLIS structure: packing, cache blocks, register micro-kernel)", "(matrix-vector product)", 1)
+        )
 
     def loops(self) -> str:
-        loops = typed(_GEMV_LOOPS, self.ctype).replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}").replace(
-            "POLYC_SUM_BLOCK SUM_BLOCK", f"POLYC_SUM_BLOCK {SUM_BLOCK}")
+        loops = (
+            typed(_GEMV_LOOPS, self.ctype)
+            .replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
+            .replace("POLYC_SUM_BLOCK SUM_BLOCK", f"POLYC_SUM_BLOCK {SUM_BLOCK}")
+        )
         text = self.row_vectors() + loops
         if not self.options.vectorize:
             text = "\n".join(line for line in text.splitlines() if "#pragma omp simd" not in line)
@@ -94,29 +111,42 @@ def _row_vector_macros(isa: str, ctype: str) -> str:
         if isa == "avx512":
             total = f"#define polyc_gv_sum(v) {pre}_reduce_add_{suffix}(v)"
         elif double:
-            total = ("static inline double polyc_gv_sum(__m256d v)\n{\n"
-                     "    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));\n"
-                     "    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));\n}")
+            total = (
+                "static inline double polyc_gv_sum(__m256d v)\n{\n"
+                "    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));\n"
+                "    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));\n}"
+            )
         else:
-            total = ("static inline float polyc_gv_sum(__m256 v)\n{\n"
-                     "    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));\n"
-                     "    s = _mm_add_ps(s, _mm_movehl_ps(s, s));\n"
-                     "    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));\n}")
-        return "\n".join([
-            f"#define POLYC_GV_LANES {lanes}", f"typedef {vec} polyc_gv_t;",
-            f"#define polyc_gv_load(p) {pre}_loadu_{suffix}(p)",
-            f"#define polyc_gv_fma(a, b, c) {pre}_fmadd_{suffix}(a, b, c)",
-            f"#define polyc_gv_add(a, b) {pre}_add_{suffix}(a, b)",
-            f"#define polyc_gv_zero() {pre}_setzero_{suffix}()", total])
+            total = (
+                "static inline float polyc_gv_sum(__m256 v)\n{\n"
+                "    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));\n"
+                "    s = _mm_add_ps(s, _mm_movehl_ps(s, s));\n"
+                "    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));\n}"
+            )
+        return "\n".join(
+            [
+                f"#define POLYC_GV_LANES {lanes}",
+                f"typedef {vec} polyc_gv_t;",
+                f"#define polyc_gv_load(p) {pre}_loadu_{suffix}(p)",
+                f"#define polyc_gv_fma(a, b, c) {pre}_fmadd_{suffix}(a, b, c)",
+                f"#define polyc_gv_add(a, b) {pre}_add_{suffix}(a, b)",
+                f"#define polyc_gv_zero() {pre}_setzero_{suffix}()",
+                total,
+            ]
+        )
     if isa == "neon":
         vec, suffix = _NEON_SPELLINGS[itemsize]
-        return "\n".join([
-            f"#define POLYC_GV_LANES {16 // itemsize}", f"typedef {vec} polyc_gv_t;",
-            f"#define polyc_gv_load(p) vld1q_{suffix}(p)",
-            f"#define polyc_gv_fma(a, b, c) vfmaq_{suffix}(c, a, b)",
-            f"#define polyc_gv_add(a, b) vaddq_{suffix}(a, b)",
-            f"#define polyc_gv_zero() vdupq_n_{suffix}(0)",
-            f"#define polyc_gv_sum(v) vaddvq_{suffix}(v)"])
+        return "\n".join(
+            [
+                f"#define POLYC_GV_LANES {16 // itemsize}",
+                f"typedef {vec} polyc_gv_t;",
+                f"#define polyc_gv_load(p) vld1q_{suffix}(p)",
+                f"#define polyc_gv_fma(a, b, c) vfmaq_{suffix}(c, a, b)",
+                f"#define polyc_gv_add(a, b) vaddq_{suffix}(a, b)",
+                f"#define polyc_gv_zero() vdupq_n_{suffix}(0)",
+                f"#define polyc_gv_sum(v) vaddvq_{suffix}(v)",
+            ]
+        )
     return "#define POLYC_GV_LANES 0"
 
 

@@ -22,6 +22,7 @@ without the ``f`` suffix.  float16 is CUDA's ``__half``; in OpenCL C, whose ``ha
 extension (PoCL's CPU device lacks it), float16 tensors are float buffers (the runtime converts)
 and every float16 result is rounded through ``vstore_half_rte``/``vload_half``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 import cgen
 import islpy as isl
 
-from polyc.codegen.c import _KernelWriter, _combine, _extent_name, _STATUS, aff_c, c_comment
+from polyc.codegen.c import _STATUS, _combine, _extent_name, _KernelWriter, aff_c, c_comment
 from polyc.codegen.c_expr import PRELUDE, c_constant, c_type
 from polyc.errors import PolycError
 from polyc.ir.model import PolyProgram
@@ -48,47 +49,53 @@ DIALECTS = ("opencl", "cuda")
 #: The kernel argument the status (1: a data-dependent subscript fell outside its tensor) goes to.
 STATUS_ARGUMENT = "polyc_status_out"
 
-_MATH_FUNCTIONS = sorted({b.c_name for b in BUILTINS.values() if not b.integer_only}
-                         | {"fabs", "fmin", "fmax", "sqrt", "trunc", "fmod", "floor", "ceil", "round", "rint", "nearbyint"})
+_MATH_FUNCTIONS = sorted(
+    {b.c_name for b in BUILTINS.values() if not b.integer_only}
+    | {"fabs", "fmin", "fmax", "sqrt", "trunc", "fmod", "floor", "ceil", "round", "rint", "nearbyint"}
+)
 
-_OPENCL_HEADER = "\n".join([
-    "/* ---- OpenCL C spellings of what the C prelude takes from <stdint.h> and <math.h> ---- */",
-    "#pragma OPENCL EXTENSION cl_khr_fp64 : enable",
-    "typedef char int8_t; typedef short int16_t; typedef int int32_t; typedef long int64_t;",
-    "typedef uchar uint8_t; typedef ushort uint16_t; typedef uint uint32_t; typedef ulong uint64_t;",
-    "#define INT64_C(x) ((long)(x##L))",
-    "#define UINT64_C(x) ((ulong)(x##UL))",
-    "#define INT32_MIN (-2147483647 - 1)",
-    "#define INT64_MIN (-9223372036854775807L - 1)",
-    "#define _Bool bool",
-    # OpenCL's math functions are overloaded on float and double: C's float32 names map to them.
-    *(f"#define {name}f {name}" for name in _MATH_FUNCTIONS),
-    "#define POLYC_FN static inline",
-    # float16 without cl_khr_fp16 (PoCL's CPU device lacks it): values and buffers are float,
-    # every result rounded to float16 by a store and load of half bits, so a float16 def computes
-    # what it computes elsewhere; the runtime converts float16 arrays on the way in and out
-    "#define _Float16 float",
-    "POLYC_FN float polyc_round_half(float x)",
-    "{ ushort bits; vstore_half_rte(x, 0, (__private half *)&bits); return vload_half(0, (__private half *)&bits); }",
-    "POLYC_FN float polyc_round_half_double(double x)",
-    "{ ushort bits; vstore_half_rte(x, 0, (__private half *)&bits); return vload_half(0, (__private half *)&bits); }",
-    "#define POLYC_F16(x) polyc_round_half(x)",
-    "#define POLYC_F16_DOUBLE(x) polyc_round_half_double(x)",
-])
+_OPENCL_HEADER = "\n".join(
+    [
+        "/* ---- OpenCL C spellings of what the C prelude takes from <stdint.h> and <math.h> ---- */",
+        "#pragma OPENCL EXTENSION cl_khr_fp64 : enable",
+        "typedef char int8_t; typedef short int16_t; typedef int int32_t; typedef long int64_t;",
+        "typedef uchar uint8_t; typedef ushort uint16_t; typedef uint uint32_t; typedef ulong uint64_t;",
+        "#define INT64_C(x) ((long)(x##L))",
+        "#define UINT64_C(x) ((ulong)(x##UL))",
+        "#define INT32_MIN (-2147483647 - 1)",
+        "#define INT64_MIN (-9223372036854775807L - 1)",
+        "#define _Bool bool",
+        # OpenCL's math functions are overloaded on float and double: C's float32 names map to them.
+        *(f"#define {name}f {name}" for name in _MATH_FUNCTIONS),
+        "#define POLYC_FN static inline",
+        # float16 without cl_khr_fp16 (PoCL's CPU device lacks it): values and buffers are float,
+        # every result rounded to float16 by a store and load of half bits, so a float16 def computes
+        # what it computes elsewhere; the runtime converts float16 arrays on the way in and out
+        "#define _Float16 float",
+        "POLYC_FN float polyc_round_half(float x)",
+        "{ ushort bits; vstore_half_rte(x, 0, (__private half *)&bits); return vload_half(0, (__private half *)&bits); }",
+        "POLYC_FN float polyc_round_half_double(double x)",
+        "{ ushort bits; vstore_half_rte(x, 0, (__private half *)&bits); return vload_half(0, (__private half *)&bits); }",
+        "#define POLYC_F16(x) polyc_round_half(x)",
+        "#define POLYC_F16_DOUBLE(x) polyc_round_half_double(x)",
+    ]
+)
 
-_CUDA_HEADER = "\n".join([
-    "/* ---- CUDA C++ spellings of C99 ---- */",
-    "#pragma nv_diag_suppress 177  /* a prelude helper the kernel does not use */",
-    "#include <stdint.h>",
-    "#include <math.h>",
-    "#define restrict __restrict__",
-    "#define _Bool bool",
-    "#define POLYC_FN static __device__ inline",
-    "#include <cuda_fp16.h>",  # float16 is __half, computed in float and rounded once per operation
-    "#define _Float16 __half",
-    "#define POLYC_F16(x) __float2half_rn(x)",
-    "#define POLYC_F16_DOUBLE(x) __double2half(x)",
-])
+_CUDA_HEADER = "\n".join(
+    [
+        "/* ---- CUDA C++ spellings of C99 ---- */",
+        "#pragma nv_diag_suppress 177  /* a prelude helper the kernel does not use */",
+        "#include <stdint.h>",
+        "#include <math.h>",
+        "#define restrict __restrict__",
+        "#define _Bool bool",
+        "#define POLYC_FN static __device__ inline",
+        "#include <cuda_fp16.h>",  # float16 is __half, computed in float and rounded once per operation
+        "#define _Float16 __half",
+        "#define POLYC_F16(x) __float2half_rn(x)",
+        "#define POLYC_F16_DOUBLE(x) __double2half(x)",
+    ]
+)
 
 _STATUS_HELPER = """
 POLYC_FN int64_t polyc_checked_index(int64_t index, int64_t extent, int *status)
@@ -142,12 +149,16 @@ def generate_gpu(program: PolyProgram, plan: GpuPlan, options: Options, dialect:
         writer = _GpuKernelWriter(program, options, launch, dialect)
         functions.append(writer.function())
         launches.append(LaunchConfig(launch.name, launch.grid, launch.block))
-    header = c_comment([f"polyc {dialect} kernels for def '{definition.name}'",
-                        "sizes: " + ", ".join(f"{k}={v}" for k, v in program.size_values.items()),
-                        *(f"  {s.name}: {s.text}" for s in definition.statements),
-                        *([plan.device.describe()] if plan.device is not None else []),
-                        "launches, in order:",
-                        *(f"  {l.function_name}: grid {l.grid}, block {l.block}" for l in launches)])
+    header = c_comment(
+        [
+            f"polyc {dialect} kernels for def '{definition.name}'",
+            "sizes: " + ", ".join(f"{k}={v}" for k, v in program.size_values.items()),
+            *(f"  {s.name}: {s.text}" for s in definition.statements),
+            *([plan.device.describe()] if plan.device is not None else []),
+            "launches, in order:",
+            *(f"  {l.function_name}: grid {l.grid}, block {l.block}" for l in launches),
+        ]
+    )
     source = "\n".join([header, device_prelude(dialect), *functions, ""])
     return GpuKernelSource(dialect, source, tuple(launches), tuple(t.name for t in definition.tensors))
 
@@ -179,8 +190,11 @@ class _GpuKernelWriter(_KernelWriter):
         for t in d.tensors:  # OpenCL has no bool pointers as arguments: its bool is one byte here
             if opencl and t.dtype.kind == "b":
                 const = "const " if t.role is ir.Role.INPUT else ""
-                body.append(cgen.Statement(f"__global {const}bool *restrict {t.name} = "
-                                           f"(__global {const}bool *){self._argument_name(t)}"))
+                body.append(
+                    cgen.Statement(
+                        f"__global {const}bool *restrict {t.name} = (__global {const}bool *){self._argument_name(t)}"
+                    )
+                )
         for s in d.sizes:
             body.append(cgen.Statement(f"const int64_t {self.size_c[s]} = {self.program.size_values[s]}"))
         for t in d.tensors:
@@ -194,16 +208,17 @@ class _GpuKernelWriter(_KernelWriter):
             body.append(cgen.Statement(f"const int64_t {THREAD_ID}{dim} = (int64_t){thread}"))
         body.append(cgen.Statement(f"int {_STATUS} = 0"))
         shared_qualifier = "__local" if opencl else "__shared__"
-        for array in (self.promotion.arrays if self.promotion else ()):
+        for array in self.promotion.arrays if self.promotion else ():
             body.append(cgen.Statement(f"{shared_qualifier} {c_type(array.dtype)} {array.name}[{array.allocated}]"))
-        for array in (self.private.arrays if self.private else ()):
+        for array in self.private.arrays if self.private else ():
             body.append(cgen.Statement(f"{c_type(array.dtype)} {array.name}[{array.elements}]"))
         reduction = self.launch.reduction
-        for tree in (reduction.trees if reduction else ()):
+        for tree in reduction.trees if reduction else ():
             ctype = c_type(self.definition.tensor(tree.tensor).dtype)
             body.append(cgen.Statement(f"{ctype} {reduction.partial(tree.statement)}[1]"))
-            body.append(cgen.Statement(f"{shared_qualifier} {ctype} {reduction.shared(tree.statement)}"
-                                       f"[{reduction.threads}]"))
+            body.append(
+                cgen.Statement(f"{shared_qualifier} {ctype} {reduction.shared(tree.statement)}[{reduction.threads}]")
+            )
         body.append(self.node(self.launch.build_ast()))
         body.append(cgen.If(_STATUS, cgen.Statement(f"*{STATUS_ARGUMENT} = 1")))
         qualifier = "__kernel void" if opencl else 'extern "C" __global__ void'
@@ -225,13 +240,14 @@ class _GpuKernelWriter(_KernelWriter):
             fences = "CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE" if reduction is not None else "CLK_LOCAL_MEM_FENCE"
             return cgen.Statement(f"barrier({fences})")
         if name.startswith(LOAD) or name.startswith(STORE):
-            array = self.private.array(name[len(LOAD) if name.startswith(LOAD) else len(STORE):])
+            array = self.private.array(name[len(LOAD) if name.startswith(LOAD) else len(STORE) :])
             private = f"{array.name}[{self.private_index(array, arguments)}]"
             global_element = super().element(array.tensor, arguments)
-            return cgen.Statement(f"{private} = {global_element}" if name.startswith(LOAD) else
-                                  f"{global_element} = {private}")
+            return cgen.Statement(
+                f"{private} = {global_element}" if name.startswith(LOAD) else f"{global_element} = {private}"
+            )
         if name.startswith(COPY):
-            return self.copy(self.promotion.array(name[len(COPY):]), *arguments)
+            return self.copy(self.promotion.array(name[len(COPY) :]), *arguments)
         statement = self.program.statement(name)
         self.current = (statement, dict(zip(statement.indices, arguments)))
         try:
@@ -257,8 +273,7 @@ class _GpuKernelWriter(_KernelWriter):
         if array.vector == 1:
             return cgen.Block(statements + [cgen.Statement(f"{array.name}[{first}] = {source}")])
         width = array.vector
-        load = (f"vload{width}(0, &{source})" if self.dialect == "opencl" else
-                f"*(const float{width} *)(&{source})")
+        load = f"vload{width}(0, &{source})" if self.dialect == "opencl" else f"*(const float{width} *)(&{source})"
         statements.append(cgen.Statement(f"const float{width} polyc_vector = {load}"))
         for k, lane in enumerate("xyzw"[:width]):
             statements.append(cgen.Statement(f"{array.name}[{first} + {k}] = polyc_vector.{lane}"))
@@ -269,7 +284,7 @@ class _GpuKernelWriter(_KernelWriter):
         thread = f"{THREAD_ID}0"
         for prefix in (PARTIAL_INIT, PARTIAL_STORE, FINAL, TREE):
             if name.startswith(prefix):
-                statement, step = name[len(prefix):], None
+                statement, step = name[len(prefix) :], None
                 if prefix == TREE:
                     statement, step = statement.rsplit("_", 1)
                 break
@@ -301,16 +316,18 @@ class _GpuKernelWriter(_KernelWriter):
         if array is None:
             return super().element(tensor_name, subscripts, checked)
         statement, index_c = self.current
-        member = aff_c(self.promotion.member_affs[statement.name], [index_c[i] for i in statement.indices],
-                       self.param_names)
+        member = aff_c(
+            self.promotion.member_affs[statement.name], [index_c[i] for i in statement.indices], self.param_names
+        )
         slice_text = f"polyc_floord({member} - {self.promotion.low}, {self.promotion.slice_size})"
         return f"{array.name}[{self.local_index(array, slice_text, subscripts)}]"
 
     def private_index(self, array, elements: list[str]) -> str:
         """C text of an element's place in a thread's private array."""
         terms = []
-        for element, offset, stride, step in zip(elements, array.offsets, array.strides,
-                                                 array.steps or (1,) * len(elements)):
+        for element, offset, stride, step in zip(
+            elements, array.offsets, array.strides, array.steps or (1,) * len(elements)
+        ):
             term = f"(({element}) - ({aff_c(offset, [], self.param_names)}))"
             term = term if step == 1 else f"({term} / {step})"  # exact: the elements are step apart
             terms.append(term if stride == 1 else f"{term} * {stride}")
@@ -330,4 +347,3 @@ class _GpuKernelWriter(_KernelWriter):
     @staticmethod
     def _argument_name(tensor) -> str:
         return f"{tensor.name}_bytes" if tensor.dtype.kind == "b" else tensor.name
-

@@ -15,6 +15,7 @@ say) and its entry function.  To run segments in one call they are joined into o
 The result is an ordinary :class:`~polyc.codegen.c.GeneratedKernel`: cached, loaded and
 exported like any other.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,19 +31,24 @@ _TYPEDEF = re.compile(r"^}\s*(polyc_\w+)\s*;|^typedef\s+struct\s*\{[^}]*\}\s*(po
 _MACRO = re.compile(r"^#\s*define\s+((?:polyc|POLYC)_\w+)", re.M)
 
 
-def link_segments(name: str, definition: ir.CheckedDef, parts: list[GeneratedKernel],
-                  size_arguments: tuple[str, ...]) -> GeneratedKernel:
+def link_segments(
+    name: str, definition: ir.CheckedDef, parts: list[GeneratedKernel], size_arguments: tuple[str, ...]
+) -> GeneratedKernel:
     """The kernel ``polyc_<name>`` running ``parts`` in order; its arguments are
     ``definition``'s tensors (inputs, outputs, temporaries, as the generic back end orders
     them) and ``size_arguments``."""
     function = f"polyc_{name}"
-    order = [t for role in (ir.Role.INPUT, ir.Role.OUTPUT, ir.Role.TEMPORARY)
-             for t in definition.tensors if t.role is role]
+    order = [
+        t for role in (ir.Role.INPUT, ir.Role.OUTPUT, ir.Role.TEMPORARY) for t in definition.tensors if t.role is role
+    ]
     tensor_names = {t.name for t in definition.tensors}
     size_c = {s: f"{s}_size" for s in size_arguments if s in tensor_names or s in _C_KEYWORDS}  # as c.py
-    pieces = [f"/*\n * polyc kernel for def '{definition.name}', in {len(parts)} segments run in order:\n"
-              + "".join(f" *   segment {k}: {_first_line(part.source)}\n" for k, part in enumerate(parts))
-              + " */", PRELUDE]
+    pieces = [
+        f"/*\n * polyc kernel for def '{definition.name}', in {len(parts)} segments run in order:\n"
+        + "".join(f" *   segment {k}: {_first_line(part.source)}\n" for k, part in enumerate(parts))
+        + " */",
+        PRELUDE,
+    ]
     calls = []
     for k, part in enumerate(parts):
         text, entry = _namespaced(part, f"p{k}")
@@ -51,12 +57,16 @@ def link_segments(name: str, definition: ir.CheckedDef, parts: list[GeneratedKer
             raise AssertionError(f"segment {k} of {name} takes sizes {part.size_arguments}")
         arguments = list(part.tensor_arguments) + [size_c.get(s, s) for s in part.size_arguments]
         calls.append(f"    if ((polyc_status = {entry}({', '.join(arguments)})) != 0) return polyc_status;")
-    parameters = [f"{'const ' if t.role is ir.Role.INPUT else ''}{c_type(t.dtype)} *__restrict__ {t.name}"
-                  for t in order]
+    parameters = [
+        f"{'const ' if t.role is ir.Role.INPUT else ''}{c_type(t.dtype)} *__restrict__ {t.name}" for t in order
+    ]
     parameters += [f"int64_t {size_c.get(s, s)}" for s in size_arguments]
-    pieces += ["/* ======== the def: its segments in order ======== */",
-               f"int {function}({', '.join(parameters)})\n{{\n    int polyc_status;\n" + "\n".join(calls)
-               + "\n    return 0;\n}\n"]
+    pieces += [
+        "/* ======== the def: its segments in order ======== */",
+        f"int {function}({', '.join(parameters)})\n{{\n    int polyc_status;\n"
+        + "\n".join(calls)
+        + "\n    return 0;\n}\n",
+    ]
     return GeneratedKernel(function, "\n".join(pieces), tuple(t.name for t in order), size_arguments)
 
 

@@ -7,10 +7,11 @@ extents are ``const int64_t`` locals named like the generic back end's, sizes as
 specialised or as arguments, and epilogue statements printed through the same expression
 printer, so that they compute exactly what the interpreter does.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from polyc.codegen.c import _C_KEYWORDS, _combine, _extent_name
 from polyc.codegen.c_expr import CExpressionPrinter, c_type
@@ -18,7 +19,6 @@ from polyc.ir.model import PolyProgram
 from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine
 from polyc.options import Options
-
 
 #: How many threads a parallel call uses: all of them unless the machine is busier than its cores.
 #: Each kernel library keeps its own record; a kernel calls polyc_threads() for its thread count,
@@ -402,28 +402,30 @@ class PatternKernelWriter:
         their own; the kept record lives as long as the library."""
         sizes = [self.size_c[s] for s in self.definition.sizes] if not self.specialised else []
         key = ", ".join(sizes) if sizes else "0"
-        return [f"const int64_t polyc_key[{self.key_length()}] = {{{key}}};",
-                f"static {record} *polyc_kept;",
-                f"{record} polyc_g;",
-                "int64_t *polyc_tables = NULL;",
-                f"{record} *const polyc_found = __atomic_load_n(&polyc_kept, __ATOMIC_ACQUIRE);",
-                "if (polyc_found != NULL && memcmp(polyc_found->key, polyc_key, sizeof polyc_key) == 0) {",
-                "    polyc_g = *polyc_found;",
-                "} else {",
-                "    memset(&polyc_g, 0, sizeof polyc_g);",
-                *("    " + line for line in build),
-                "    memcpy(polyc_g.key, polyc_key, sizeof polyc_key);",
-                f"    {record} *polyc_keep = polyc_found == NULL ? ({record} *)malloc(sizeof *polyc_keep) : NULL;",
-                f"    {record} *polyc_none = NULL;",
-                "    if (polyc_keep != NULL) {",
-                "        *polyc_keep = polyc_g;",
-                "        if (__atomic_compare_exchange_n(&polyc_kept, &polyc_none, polyc_keep, 0, __ATOMIC_RELEASE,",
-                "                                        __ATOMIC_RELAXED))",
-                "            polyc_tables = NULL;  /* the kept record owns them now */",
-                "        else",
-                "            free(polyc_keep);",
-                "    }",
-                "}"]
+        return [
+            f"const int64_t polyc_key[{self.key_length()}] = {{{key}}};",
+            f"static {record} *polyc_kept;",
+            f"{record} polyc_g;",
+            "int64_t *polyc_tables = NULL;",
+            f"{record} *const polyc_found = __atomic_load_n(&polyc_kept, __ATOMIC_ACQUIRE);",
+            "if (polyc_found != NULL && memcmp(polyc_found->key, polyc_key, sizeof polyc_key) == 0) {",
+            "    polyc_g = *polyc_found;",
+            "} else {",
+            "    memset(&polyc_g, 0, sizeof polyc_g);",
+            *("    " + line for line in build),
+            "    memcpy(polyc_g.key, polyc_key, sizeof polyc_key);",
+            f"    {record} *polyc_keep = polyc_found == NULL ? ({record} *)malloc(sizeof *polyc_keep) : NULL;",
+            f"    {record} *polyc_none = NULL;",
+            "    if (polyc_keep != NULL) {",
+            "        *polyc_keep = polyc_g;",
+            "        if (__atomic_compare_exchange_n(&polyc_kept, &polyc_none, polyc_keep, 0, __ATOMIC_RELEASE,",
+            "                                        __ATOMIC_RELAXED))",
+            "            polyc_tables = NULL;  /* the kept record owns them now */",
+            "        else",
+            "            free(polyc_keep);",
+            "    }",
+            "}",
+        ]
 
     def size_declarations(self, parametric_value: Callable[[str], str | None]) -> list[str]:
         """``const int64_t`` declarations of the sizes (``parametric_value(size)`` when not
@@ -459,40 +461,47 @@ class PatternKernelWriter:
         return arguments + [f"int64_t {self.size_c[s]}" for s in sizes]
 
     @staticmethod
-    def parallel_region(work: str, threshold: float, region: list[str], serial: list[str],
-                        prologue: tuple[str, ...] = ()) -> list[str]:
+    def parallel_region(
+        work: str, threshold: float, region: list[str], serial: list[str], prologue: tuple[str, ...] = ()
+    ) -> list[str]:
         """C lines that run ``region`` in an OpenMP parallel region under the thread policy
         (:data:`THREAD_POLICY_C`: ``polyc_nthr`` threads, one when ``work`` is below
         ``threshold``), ``prologue`` first once ``polyc_nthr`` is known; ``serial`` where
         OpenMP is off."""
-        return ["#if defined(_OPENMP)",
-                "int polyc_nthr = 1, polyc_most = 1, polyc_slow = 0;",
-                f"if ({work} >= {float(threshold)!r}) {{",
-                "    polyc_most = polyc_most_threads();",
-                "    polyc_nthr = polyc_threads(polyc_most);",
-                "}",
-                *prologue,
-                "const double polyc_started = polyc_call_start();",
-                "#pragma omp parallel num_threads(polyc_nthr) if(polyc_nthr > 1)",
-                "{",
-                "    polyc_thread_clock_t polyc_clock;",
-                "    if (polyc_nthr > 1) polyc_thread_start(&polyc_clock, polyc_started);",
-                *("    " + line for line in region),
-                "    if (polyc_nthr > 1) polyc_thread_stop(&polyc_clock, &polyc_slow);",
-                "}",
-                "polyc_threads_after(polyc_nthr, polyc_most, polyc_slow);",
-                "#else",
-                *serial,
-                "#endif"]
+        return [
+            "#if defined(_OPENMP)",
+            "int polyc_nthr = 1, polyc_most = 1, polyc_slow = 0;",
+            f"if ({work} >= {float(threshold)!r}) {{",
+            "    polyc_most = polyc_most_threads();",
+            "    polyc_nthr = polyc_threads(polyc_most);",
+            "}",
+            *prologue,
+            "const double polyc_started = polyc_call_start();",
+            "#pragma omp parallel num_threads(polyc_nthr) if(polyc_nthr > 1)",
+            "{",
+            "    polyc_thread_clock_t polyc_clock;",
+            "    if (polyc_nthr > 1) polyc_thread_start(&polyc_clock, polyc_started);",
+            *("    " + line for line in region),
+            "    if (polyc_nthr > 1) polyc_thread_stop(&polyc_clock, &polyc_slow);",
+            "}",
+            "polyc_threads_after(polyc_nthr, polyc_most, polyc_slow);",
+            "#else",
+            *serial,
+            "#endif",
+        ]
 
-    def workspace_region(self, work: str, threshold: float, allocate: list[str], region: list[str],
-                         serial: list[str]) -> list[str]:
+    def workspace_region(
+        self, work: str, threshold: float, allocate: list[str], region: list[str], serial: list[str]
+    ) -> list[str]:
         """C lines that run ``region`` under :meth:`parallel_region` (``serial`` without OpenMP
         or without the ``parallel`` option) with the kept workspace ``polyc_work`` that
         ``allocate`` takes once ``polyc_nthr`` is known, and give it back."""
         alone = ["const int polyc_nthr = 1;", *allocate, "{", *("    " + line for line in serial), "}"]
-        lines = self.parallel_region(work, threshold, region, alone, prologue=tuple(allocate)) \
-            if self.options.parallel else alone
+        lines = (
+            self.parallel_region(work, threshold, region, alone, prologue=tuple(allocate))
+            if self.options.parallel
+            else alone
+        )
         return lines + ["polyc_workspace_give_back(polyc_work);"]
 
     def batch_indices(self, conv, image: str) -> list[str]:
@@ -520,9 +529,11 @@ class PatternKernelWriter:
 
         (wh, ww) = conv.windows
         image_h, image_w = (self.size_expr(self.definition.tensor(conv.image).shape[w.dim]) for w in conv.windows)
-        return [f"g.ih = {image_h}; g.iw = {image_w};",
-                f"g.lo_h = {bound(wh.dim, 'lo', '0')}; g.hi_h = {bound(wh.dim, 'hi', 'g.ih')};",
-                f"g.lo_w = {bound(ww.dim, 'lo', '0')}; g.hi_w = {bound(ww.dim, 'hi', 'g.iw')};"]
+        return [
+            f"g.ih = {image_h}; g.iw = {image_w};",
+            f"g.lo_h = {bound(wh.dim, 'lo', '0')}; g.hi_h = {bound(wh.dim, 'hi', 'g.ih')};",
+            f"g.lo_w = {bound(ww.dim, 'lo', '0')}; g.hi_w = {bound(ww.dim, 'hi', 'g.iw')};",
+        ]
 
     def tensors_of_epilogues(self, target: str, epilogues: tuple[ir.CheckedStatement, ...]) -> list[str]:
         """The tensors epilogue statements on ``target`` read or write, in signature order."""
@@ -537,8 +548,9 @@ class PatternKernelWriter:
         factors = [_extent_name(tensor_name, d) for d in range(dim + 1, tensor.rank)]
         return "(" + " * ".join(factors) + ")" if factors else "1"
 
-    def epilogue_assignment(self, statement: ir.CheckedStatement, kernel_indices: tuple[str, ...],
-                            lhs: str | None = None) -> str:
+    def epilogue_assignment(
+        self, statement: ir.CheckedStatement, kernel_indices: tuple[str, ...], lhs: str | None = None
+    ) -> str:
         """C of one epilogue statement at one point of the target.  The statement's indices
         are the kernel statement's ``kernel_indices`` by position, whose values are in
         ``polyc_ix_<index>``; ``lhs`` is the target element's lvalue (default: its address
@@ -556,9 +568,12 @@ class PatternKernelWriter:
             # offset: one stream like the target's, where an address from the per-point index
             # tables was gathered element by element (a residual added in a convolution's
             # epilogue: it slowed resnet18's layer-1 blocks at batch 8).
-            if read.subscripts == own_point and lhs.startswith(f"{statement.target}[") \
-                    and self.definition.tensor(read.tensor).shape == target.shape:
-                return read.tensor + lhs[len(statement.target):]
+            if (
+                read.subscripts == own_point
+                and lhs.startswith(f"{statement.target}[")
+                and self.definition.tensor(read.tensor).shape == target.shape
+            ):
+                return read.tensor + lhs[len(statement.target) :]
             return self.element(read.tensor, subscripts)
 
         printer = CExpressionPrinter(

@@ -27,6 +27,7 @@ the accumulators (:mod:`polyc.codegen.register_epilogue`) or, when those are not
 set is the C preprocessor's choice as in the other kernels: AVX-512, AVX2 with FMA, or
 portable C.
 """
+
 from __future__ import annotations
 
 from polyc.codegen.c import GeneratedKernel
@@ -71,14 +72,20 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
         self.ring_rows_c = f"({wh.dilation} * ({self.kh_c} - 1) + 1)"
         in_channels = self.known_extent(self.pointwise.extent(self.pointwise.channels[0]))
         self.in_channels_c = "g->xc" if in_channels is None else str(in_channels)
-        self.pointwise_epilogue = RegisterEpilogue.of(
-            self.pointwise.epilogues, self.definition, self.pointwise.target_indices,
-            self.pointwise.f[0]) if options.vectorize else None
+        self.pointwise_epilogue = (
+            RegisterEpilogue.of(
+                self.pointwise.epilogues, self.definition, self.pointwise.target_indices, self.pointwise.f[0]
+            )
+            if options.vectorize
+            else None
+        )
 
     def title(self) -> str:
-        return (f"polyc pointwise + depthwise conv kernel for def '{self.definition.name}' (the 1 x 1 "
-                f"convolution's rows computed into a ring buffer the depthwise rows read, {self.kh_c} x "
-                f"{self.kw_c} taps)")
+        return (
+            f"polyc pointwise + depthwise conv kernel for def '{self.definition.name}' (the 1 x 1 "
+            f"convolution's rows computed into a ring buffer the depthwise rows read, {self.kh_c} x "
+            f"{self.kw_c} taps)"
+        )
 
     def described(self) -> str:
         return f"convolutions: {self.chain.describe()}"
@@ -87,15 +94,21 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
         """The depthwise record's fields, and the 1 x 1 convolution's: its image and weights,
         its input channels, the vectors its epilogue reads."""
         t = self.ctype
-        return super().context_fields() + [f"const {t} *x", f"const {t} *w1", "int64_t xc"] + [
-            self.tensor_field(name) for name in self.pointwise_epilogue_tensors()]
+        return (
+            super().context_fields()
+            + [f"const {t} *x", f"const {t} *w1", "int64_t xc"]
+            + [self.tensor_field(name) for name in self.pointwise_epilogue_tensors()]
+        )
 
     def pointwise_epilogue_tensors(self) -> list[str]:
         """The tensors the 1 x 1 convolution's epilogue reads that the depthwise one's does not
         (not T, which it updates in registers or in the ring)."""
         depthwise = set(self.tensors_of_epilogues(self.conv.target, self.conv.epilogues))
-        return [name for name in self.tensors_of_epilogues(self.pointwise.target, self.pointwise.epilogues)
-                if name != self.pointwise.target and name not in depthwise]
+        return [
+            name
+            for name in self.tensors_of_epilogues(self.pointwise.target, self.pointwise.epilogues)
+            if name != self.pointwise.target and name not in depthwise
+        ]
 
     # ------------------------------------------------------------------ the rows
     def instruction_sets(self) -> str:
@@ -104,18 +117,27 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
         for position, (isa, guard) in enumerate(ISA_GUARDS.items()):
             pieces.append("#else" if guard is None else f"{'#if' if position == 0 else '#elif'} {guard}")
             if isa == "portable":
-                pieces += ["#define POLYC_PW_REGISTER_EPILOGUE 0", "#define POLYC_PW_VECTORS 1", self.portable_pointwise_row()]
+                pieces += [
+                    "#define POLYC_PW_REGISTER_EPILOGUE 0",
+                    "#define POLYC_PW_VECTORS 1",
+                    self.portable_pointwise_row(),
+                ]
                 continue
             lanes = (64 if isa == "avx512" else 32) // self.dtype.itemsize
             in_registers = self.pointwise_epilogue is not None
-            pieces += [f"#define POLYC_PW_REGISTER_EPILOGUE {int(in_registers)}",
-                       f"#define POLYC_PW_VECTORS {POINTWISE_BLOCK[isa][1]}"]
+            pieces += [
+                f"#define POLYC_PW_REGISTER_EPILOGUE {int(in_registers)}",
+                f"#define POLYC_PW_VECTORS {POINTWISE_BLOCK[isa][1]}",
+            ]
             if in_registers:
                 _, _, _, _, load_full, _, load_last, _ = masked_access(isa, self.dtype, lanes, "tail")
                 mask = "__mmask16" if lanes == 16 else "__mmask8" if isa == "avx512" else "__m256i"
-                pieces += [self.pointwise_epilogue.function(self.definition, isa, load, *masking, context="polyc_dw_t",
-                                                            name="polyc_pw_epilogue_vector")
-                           for load, masking in ((load_full, ()), (load_last, (mask,)))]
+                pieces += [
+                    self.pointwise_epilogue.function(
+                        self.definition, isa, load, *masking, context="polyc_dw_t", name="polyc_pw_epilogue_vector"
+                    )
+                    for load, masking in ((load_full, ()), (load_last, (mask,)))
+                ]
             pieces.append(self.vector_pointwise_row(isa, lanes))
         pieces.append("#endif")
         return "\n".join(pieces)
@@ -125,34 +147,40 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
         channel vectors v0..v1-1, the last possibly partial) from the image row ``x``."""
         pixels, most = POINTWISE_BLOCK[isa]
         block = lambda count, vectors, masked: self.pointwise_block(isa, lanes, count, vectors, masked)  # noqa: E731
-        lines = [f"/* T's row t (pixels 0..iw-1, channel vectors v0..v1-1) from X's row x; {pixels} pixels x up to "
-                 f"{most} vectors per register block. */",
-                 # not inlined: in the item loop of the parallel region, gcc kept fewer of the
-                 # accumulators in registers (AVX2 code on mobilenet_v2's 64 -> 384 channel layer)
-                 f"static __attribute__((noinline)) void polyc_pw_row(const polyc_dw_t *restrict g, const {self.ctype} *restrict x, "
-                 f"{self.ctype} *restrict t, int64_t v0, int64_t v1)",
-                 "{",
-                 f"    const int64_t C = {self.in_channels_c}, E = {self.channels_c}, L = {lanes};",
-                 f"    const {self.ctype} *restrict w1 = g->w1;",
-                 "    const int64_t whole = polyc_min(v1, E / L);  /* the vectors with every lane a channel */",
-                 "    int64_t v = v0;"]
+        lines = [
+            f"/* T's row t (pixels 0..iw-1, channel vectors v0..v1-1) from X's row x; {pixels} pixels x up to "
+            f"{most} vectors per register block. */",
+            # not inlined: in the item loop of the parallel region, gcc kept fewer of the
+            # accumulators in registers (AVX2 code on mobilenet_v2's 64 -> 384 channel layer)
+            f"static __attribute__((noinline)) void polyc_pw_row(const polyc_dw_t *restrict g, const {self.ctype} *restrict x, "
+            f"{self.ctype} *restrict t, int64_t v0, int64_t v1)",
+            "{",
+            f"    const int64_t C = {self.in_channels_c}, E = {self.channels_c}, L = {lanes};",
+            f"    const {self.ctype} *restrict w1 = g->w1;",
+            "    const int64_t whole = polyc_min(v1, E / L);  /* the vectors with every lane a channel */",
+            "    int64_t v = v0;",
+        ]
         for vectors in range(most, 0, -1):
-            lines += [f"    for (; v + {vectors} <= whole; v += {vectors}) {{",
-                      "        const int64_t e = v * L;",
-                      "        int64_t w = 0;",
-                      f"        for (; w + {pixels} <= g->iw; w += {pixels})",
-                      *block(pixels, vectors, False),
-                      *self.last_pixels(pixels, lambda count: block(count, vectors, False)),
-                      "    }"]
-        lines += ["    if (v < v1) {  /* the last, partial vector */",
-                  "        const int64_t e = v * L, tail = E - e;",
-                  f"        {masked_access(isa, self.dtype, lanes, 'tail')[3]}",
-                  "        int64_t w = 0;",
-                  f"        for (; w + {pixels} <= g->iw; w += {pixels})",
-                  *block(pixels, 1, True),
-                  *self.last_pixels(pixels, lambda count: block(count, 1, True)),
-                  "    }",
-                  "}"]
+            lines += [
+                f"    for (; v + {vectors} <= whole; v += {vectors}) {{",
+                "        const int64_t e = v * L;",
+                "        int64_t w = 0;",
+                f"        for (; w + {pixels} <= g->iw; w += {pixels})",
+                *block(pixels, vectors, False),
+                *self.last_pixels(pixels, lambda count: block(count, vectors, False)),
+                "    }",
+            ]
+        lines += [
+            "    if (v < v1) {  /* the last, partial vector */",
+            "        const int64_t e = v * L, tail = E - e;",
+            f"        {masked_access(isa, self.dtype, lanes, 'tail')[3]}",
+            "        int64_t w = 0;",
+            f"        for (; w + {pixels} <= g->iw; w += {pixels})",
+            *block(pixels, 1, True),
+            *self.last_pixels(pixels, lambda count: block(count, 1, True)),
+            "    }",
+            "}",
+        ]
         return "\n".join(lines)
 
     def last_pixels(self, pixels: int, block) -> list[str]:
@@ -170,24 +198,31 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
             lines += ["        default:", "            break;", "        }"]
         return lines
 
-    def pointwise_block(self, isa: str, lanes: int, pixels: int, vectors: int, masked: bool,
-                        indent: str = "            ") -> list[str]:
+    def pointwise_block(
+        self, isa: str, lanes: int, pixels: int, vectors: int, masked: bool, indent: str = "            "
+    ) -> list[str]:
         """C of one register block: ``pixels`` pixels from w, ``vectors`` channel vectors from e
         (one, under the lane mask ``km``, when ``masked``)."""
         vec, pre, suffix, _, load_full, store_full, load_last, store_last = masked_access(
-            isa, self.dtype, lanes, "tail" if masked else None)
+            isa, self.dtype, lanes, "tail" if masked else None
+        )
         load, store = (load_last, store_last) if masked else (load_full, store_full)
         accumulators = [f"a{i}_{j}" for i in range(pixels) for j in range(vectors)]
-        lines = ["{",
-                 f"    {vec} " + ", ".join(f"{a} = {pre}_setzero_{suffix}()" for a in accumulators) + ";",
-                 f"    const {self.ctype} *restrict xp = x + w * C;",
-                 "    for (int64_t c = 0; c < C; c++) {",
-                 f"        const {vec} " + ", ".join(f"b{j} = {load.format(ptr=f'w1 + c * E + e + {j * lanes}')}"
-                                                   for j in range(vectors)) + ";"]
+        lines = [
+            "{",
+            f"    {vec} " + ", ".join(f"{a} = {pre}_setzero_{suffix}()" for a in accumulators) + ";",
+            f"    const {self.ctype} *restrict xp = x + w * C;",
+            "    for (int64_t c = 0; c < C; c++) {",
+            f"        const {vec} "
+            + ", ".join(f"b{j} = {load.format(ptr=f'w1 + c * E + e + {j * lanes}')}" for j in range(vectors))
+            + ";",
+        ]
         for i in range(pixels):
-            lines.append(f"        {{ const {vec} s = {pre}_set1_{suffix}(xp[{i} * C + c]); "
-                         + " ".join(f"a{i}_{j} = {pre}_fmadd_{suffix}(s, b{j}, a{i}_{j});" for j in range(vectors))
-                         + " }")
+            lines.append(
+                f"        {{ const {vec} s = {pre}_set1_{suffix}(xp[{i} * C + c]); "
+                + " ".join(f"a{i}_{j} = {pre}_fmadd_{suffix}(s, b{j}, a{i}_{j});" for j in range(vectors))
+                + " }"
+            )
         lines.append("    }")
         for i in range(pixels):
             for j in range(vectors):
@@ -201,23 +236,26 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
 
     def portable_pointwise_row(self) -> str:
         t = self.ctype
-        return "\n".join([
-            "/* T's row t (pixels 0..iw-1, channels of vectors v0..v1-1) from X's row x, in portable C. */",
-            f"static void polyc_pw_row(const polyc_dw_t *restrict g, const {t} *restrict x, {t} *restrict t, "
-            "int64_t v0, int64_t v1)",
-            "{",
-            f"    const int64_t C = {self.in_channels_c}, E = {self.channels_c};",
-            "    const int64_t e0 = v0 * POLYC_DW_LANES, e1 = polyc_min(E, v1 * POLYC_DW_LANES);",
-            "    for (int64_t w = 0; w < g->iw; w++) {",
-            f"        {t} *restrict tw = t + w * E;",
-            "        for (int64_t e = e0; e < e1; e++) tw[e] = 0;",
-            "        for (int64_t c = 0; c < C; c++) {",
-            f"            const {t} s = x[w * C + c], *restrict wc = g->w1 + c * E;",
-            "            #pragma omp simd",
-            "            for (int64_t e = e0; e < e1; e++) tw[e] += s * wc[e];",
-            "        }",
-            "    }",
-            "}"])
+        return "\n".join(
+            [
+                "/* T's row t (pixels 0..iw-1, channels of vectors v0..v1-1) from X's row x, in portable C. */",
+                f"static void polyc_pw_row(const polyc_dw_t *restrict g, const {t} *restrict x, {t} *restrict t, "
+                "int64_t v0, int64_t v1)",
+                "{",
+                f"    const int64_t C = {self.in_channels_c}, E = {self.channels_c};",
+                "    const int64_t e0 = v0 * POLYC_DW_LANES, e1 = polyc_min(E, v1 * POLYC_DW_LANES);",
+                "    for (int64_t w = 0; w < g->iw; w++) {",
+                f"        {t} *restrict tw = t + w * E;",
+                "        for (int64_t e = e0; e < e1; e++) tw[e] = 0;",
+                "        for (int64_t c = 0; c < C; c++) {",
+                f"            const {t} s = x[w * C + c], *restrict wc = g->w1 + c * E;",
+                "            #pragma omp simd",
+                "            for (int64_t e = e0; e < e1; e++) tw[e] += s * wc[e];",
+                "        }",
+                "    }",
+                "}",
+            ]
+        )
 
     # ------------------------------------------------------------------ the entry point
     def entry_function(self, name: str, sizes: tuple[str, ...]) -> str:
@@ -227,32 +265,51 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
         (wh, _) = conv.windows
         images = " * ".join(extent(i) for i in conv.batch) or "1"
         body = self.size_declarations(lambda s: None) + self.record("NULL")  # (each thread's: its ring)
-        body += [f"g.x = {pointwise.image}; g.w1 = {pointwise.weights}; "
-                 f"g.xc = ({self.size_expr(pointwise.extent(pointwise.channels[0]))});"]
-        body += [f"g.t_{tensor} = {tensor};" for tensor in
-                 self.tensors_of_epilogues(conv.target, conv.epilogues) + self.pointwise_epilogue_tensors()]
+        body += [
+            f"g.x = {pointwise.image}; g.w1 = {pointwise.weights}; "
+            f"g.xc = ({self.size_expr(pointwise.extent(pointwise.channels[0]))});"
+        ]
+        body += [
+            f"g.t_{tensor} = {tensor};"
+            for tensor in self.tensors_of_epilogues(conv.target, conv.epilogues) + self.pointwise_epilogue_tensors()
+        ]
         ring = self.ring_rows_c.replace("g->", "g.")
-        body += [f"const int64_t polyc_images = {images};",
-                 "const int64_t polyc_vectors = (g.c + POLYC_DW_LANES - 1) / POLYC_DW_LANES;",
-                 f"const int polyc_init = {1 if conv.init else 0};",
-                 "/* One thread's ring buffer: rows of T at the whole row's pitch (a thread fills its channels). */",
-                 f"const size_t polyc_ring = (size_t)(({ring} * g.iw * g.c + 15) / 16 * 16);"]
+        body += [
+            f"const int64_t polyc_images = {images};",
+            "const int64_t polyc_vectors = (g.c + POLYC_DW_LANES - 1) / POLYC_DW_LANES;",
+            f"const int polyc_init = {1 if conv.init else 0};",
+            "/* One thread's ring buffer: rows of T at the whole row's pitch (a thread fills its channels). */",
+            f"const size_t polyc_ring = (size_t)(({ring} * g.iw * g.c + 15) / 16 * 16);",
+        ]
         item = self.item_lines(wh)
-        work = ("((double)polyc_images * (double)g.ih * (double)g.iw * (double)g.xc"
-                " + (double)polyc_images * (double)g.oh * (double)g.ow * (double)polyc_max(g.kh * g.kw, 1)) * (double)g.c")
-        allocate = [*self.work_split(wh),
-                    "const int64_t polyc_items = polyc_images * polyc_bands * polyc_blocks;",
-                    f"polyc_workspace_t *polyc_work = polyc_workspace_take((size_t)polyc_nthr * polyc_ring * sizeof({self.ctype}));",
-                    "if (polyc_work == NULL) return 2;"]
+        work = (
+            "((double)polyc_images * (double)g.ih * (double)g.iw * (double)g.xc"
+            " + (double)polyc_images * (double)g.oh * (double)g.ow * (double)polyc_max(g.kh * g.kw, 1)) * (double)g.c"
+        )
+        allocate = [
+            *self.work_split(wh),
+            "const int64_t polyc_items = polyc_images * polyc_bands * polyc_blocks;",
+            f"polyc_workspace_t *polyc_work = polyc_workspace_take((size_t)polyc_nthr * polyc_ring * sizeof({self.ctype}));",
+            "if (polyc_work == NULL) return 2;",
+        ]
         thread = lambda number: [  # noqa: E731
             "polyc_dw_t polyc_gt = g;",
             f"{self.ctype} *const polyc_t = ({self.ctype} *)polyc_work->memory + (size_t)({number}) * polyc_ring;",
-            "polyc_gt.in = polyc_t;"]
-        serial = [*thread("0"), "for (int64_t polyc_x = 0; polyc_x < polyc_items; polyc_x++) {",
-                  *("    " + line for line in item), "}"]
-        region = [*thread("omp_get_thread_num()"), "#pragma omp for schedule(dynamic, 1)",
-                  "for (int64_t polyc_x = 0; polyc_x < polyc_items; polyc_x++) {",
-                  *("    " + line for line in item), "}"]
+            "polyc_gt.in = polyc_t;",
+        ]
+        serial = [
+            *thread("0"),
+            "for (int64_t polyc_x = 0; polyc_x < polyc_items; polyc_x++) {",
+            *("    " + line for line in item),
+            "}",
+        ]
+        region = [
+            *thread("omp_get_thread_num()"),
+            "#pragma omp for schedule(dynamic, 1)",
+            "for (int64_t polyc_x = 0; polyc_x < polyc_items; polyc_x++) {",
+            *("    " + line for line in item),
+            "}",
+        ]
         body += self.workspace_region(work, _PARALLEL_THRESHOLD, allocate, region, serial) + ["return 0;"]
         signature = f"int {name}({', '.join(arguments)})"
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
@@ -275,7 +332,9 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
         One thread takes the whole image, by rows."""
         # A band's rows of T computed twice, and one more for starting its ring (two bands of
         # mobilenet_v2's 112 x 112 stride-2 layer cost 2-4% where their one row predicted 1%).
-        halo = f"(double)(polyc_max(({wh.dilation} * (g.kh - 1) + 1) - {wh.stride}, 0) + 1) / (double)polyc_max(g.ih, 1)"
+        halo = (
+            f"(double)(polyc_max(({wh.dilation} * (g.kh - 1) + 1) - {wh.stride}, 0) + 1) / (double)polyc_max(g.ih, 1)"
+        )
         return [
             "int64_t polyc_bands = 1, polyc_blocks = 1;",
             "if (polyc_nthr > 1 && polyc_images > 0) {  /* (no images: no items) */",
@@ -297,43 +356,52 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
             "                chosen = 1;",
             "            }",
             "        }",
-            "}"]
+            "}",
+        ]
 
     def item_lines(self, wh) -> list[str]:
         """C of one work item ``polyc_x``: image ``polyc_b``, channel vectors ``polyc_v0..polyc_v1-1``,
         every output row, each after the rows of T it needs and has not yet."""
         ring = self.ring_rows_c.replace("g->", "g.")
-        lines = ["const int64_t polyc_b = polyc_x / (polyc_bands * polyc_blocks);",
-                 "const int64_t polyc_band = polyc_x / polyc_blocks % polyc_bands, polyc_block = polyc_x % polyc_blocks;",
-                 "const int64_t polyc_v0 = polyc_vectors * polyc_block / polyc_blocks;",
-                 "const int64_t polyc_v1 = polyc_vectors * (polyc_block + 1) / polyc_blocks;",
-                 f"const {self.ctype} *const polyc_image = g.x + polyc_b * g.ih * g.iw * g.xc;",
-                 "int64_t polyc_next = g.lo_h;  /* T's rows below it are in the ring (or not needed) */",
-                 "for (int64_t polyc_oh = g.oh * polyc_band / polyc_bands; polyc_oh < g.oh * (polyc_band + 1) / polyc_bands; polyc_oh++) {",
-                 f"    const int64_t polyc_top = {wh.stride} * polyc_oh + ({wh.offset});",
-                 f"    const int64_t polyc_end = polyc_min(g.hi_h, polyc_top + {wh.dilation} * (g.kh - 1) + 1);",
-                 "    for (int64_t polyc_p = polyc_max(polyc_next, polyc_top); polyc_p < polyc_end; polyc_p++) {",
-                 f"        {self.ctype} *const polyc_row = polyc_t + (polyc_p % {ring}) * g.iw * g.c;",
-                 "        polyc_pw_row(&g, polyc_image + polyc_p * g.iw * g.xc, polyc_row, polyc_v0, polyc_v1);"]
+        lines = [
+            "const int64_t polyc_b = polyc_x / (polyc_bands * polyc_blocks);",
+            "const int64_t polyc_band = polyc_x / polyc_blocks % polyc_bands, polyc_block = polyc_x % polyc_blocks;",
+            "const int64_t polyc_v0 = polyc_vectors * polyc_block / polyc_blocks;",
+            "const int64_t polyc_v1 = polyc_vectors * (polyc_block + 1) / polyc_blocks;",
+            f"const {self.ctype} *const polyc_image = g.x + polyc_b * g.ih * g.iw * g.xc;",
+            "int64_t polyc_next = g.lo_h;  /* T's rows below it are in the ring (or not needed) */",
+            "for (int64_t polyc_oh = g.oh * polyc_band / polyc_bands; polyc_oh < g.oh * (polyc_band + 1) / polyc_bands; polyc_oh++) {",
+            f"    const int64_t polyc_top = {wh.stride} * polyc_oh + ({wh.offset});",
+            f"    const int64_t polyc_end = polyc_min(g.hi_h, polyc_top + {wh.dilation} * (g.kh - 1) + 1);",
+            "    for (int64_t polyc_p = polyc_max(polyc_next, polyc_top); polyc_p < polyc_end; polyc_p++) {",
+            f"        {self.ctype} *const polyc_row = polyc_t + (polyc_p % {ring}) * g.iw * g.c;",
+            "        polyc_pw_row(&g, polyc_image + polyc_p * g.iw * g.xc, polyc_row, polyc_v0, polyc_v1);",
+        ]
         if self.pointwise.epilogues:
-            lines += ["        if (!POLYC_PW_REGISTER_EPILOGUE) {",
-                      *("            " + line for line in self.pointwise_scalar_epilogue()),
-                      "        }"]
-        lines += ["    }",
-                  "    polyc_next = polyc_max(polyc_next, polyc_end);",
-                  "    for (int64_t polyc_v = polyc_v0; polyc_v < polyc_v1; polyc_v++) {",
-                  "        const int64_t polyc_c0 = polyc_v * POLYC_DW_LANES;",
-                  "        const int64_t polyc_tail = polyc_min(POLYC_DW_LANES, g.c - polyc_c0);",
-                  "#if defined(POLYC_DW_PORTABLE_ROWS)",
-                  "        polyc_dw_row_portable(&polyc_gt, polyc_b, polyc_oh, polyc_c0, polyc_tail, polyc_init);",
-                  "#else",
-                  "        if (polyc_tail == POLYC_DW_LANES) polyc_dw_row_full(&polyc_gt, polyc_b, polyc_oh, polyc_c0, polyc_tail, polyc_init);",
-                  "        else polyc_dw_row_masked(&polyc_gt, polyc_b, polyc_oh, polyc_c0, polyc_tail, polyc_init);",
-                  "#endif"]
+            lines += [
+                "        if (!POLYC_PW_REGISTER_EPILOGUE) {",
+                *("            " + line for line in self.pointwise_scalar_epilogue()),
+                "        }",
+            ]
+        lines += [
+            "    }",
+            "    polyc_next = polyc_max(polyc_next, polyc_end);",
+            "    for (int64_t polyc_v = polyc_v0; polyc_v < polyc_v1; polyc_v++) {",
+            "        const int64_t polyc_c0 = polyc_v * POLYC_DW_LANES;",
+            "        const int64_t polyc_tail = polyc_min(POLYC_DW_LANES, g.c - polyc_c0);",
+            "#if defined(POLYC_DW_PORTABLE_ROWS)",
+            "        polyc_dw_row_portable(&polyc_gt, polyc_b, polyc_oh, polyc_c0, polyc_tail, polyc_init);",
+            "#else",
+            "        if (polyc_tail == POLYC_DW_LANES) polyc_dw_row_full(&polyc_gt, polyc_b, polyc_oh, polyc_c0, polyc_tail, polyc_init);",
+            "        else polyc_dw_row_masked(&polyc_gt, polyc_b, polyc_oh, polyc_c0, polyc_tail, polyc_init);",
+            "#endif",
+        ]
         if self.conv.epilogues:
-            lines += ["        if (!POLYC_DW_REGISTER_EPILOGUE) {",
-                      *("            " + line for line in self.scalar_epilogue()),
-                      "        }"]
+            lines += [
+                "        if (!POLYC_DW_REGISTER_EPILOGUE) {",
+                *("            " + line for line in self.scalar_epilogue()),
+                "        }",
+            ]
         lines += ["    }", "}"]
         return lines
 
@@ -341,11 +409,15 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
         """The 1 x 1 convolution's epilogue statements on a finished row of T in the ring
         (``polyc_row``, channels of vectors polyc_v0..polyc_v1-1), element by element."""
         pointwise, f = self.pointwise, self.pointwise.f[0]
-        return ["for (int64_t polyc_w = 0; polyc_w < g.iw; polyc_w++) {",
-                "    #pragma omp simd",
-                f"    for (int64_t polyc_ix_{f} = polyc_v0 * POLYC_DW_LANES; "
-                f"polyc_ix_{f} < polyc_min(g.c, polyc_v1 * POLYC_DW_LANES); polyc_ix_{f}++) {{",
-                *(f"        {self.epilogue_assignment(s, pointwise.target_indices, lhs=f'polyc_row[polyc_w * g.c + polyc_ix_{f}]')};"
-                  for s in pointwise.epilogues),
-                "    }",
-                "}"]
+        return [
+            "for (int64_t polyc_w = 0; polyc_w < g.iw; polyc_w++) {",
+            "    #pragma omp simd",
+            f"    for (int64_t polyc_ix_{f} = polyc_v0 * POLYC_DW_LANES; "
+            f"polyc_ix_{f} < polyc_min(g.c, polyc_v1 * POLYC_DW_LANES); polyc_ix_{f}++) {{",
+            *(
+                f"        {self.epilogue_assignment(s, pointwise.target_indices, lhs=f'polyc_row[polyc_w * g.c + polyc_ix_{f}]')};"
+                for s in pointwise.epilogues
+            ),
+            "    }",
+            "}",
+        ]

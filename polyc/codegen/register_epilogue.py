@@ -21,6 +21,7 @@ pass: :meth:`RegisterEpilogue.of` returns None.  In a pass, SiLU after efficient
 expanding 1x1 convolution (16 -> 96 at 112 x 112) cost more than the function alone
 (``python -m benchmarks.onnx_segments efficientnet_b0``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,8 +38,14 @@ from polyc.lang.symbolic import Affine
 _ARITHMETIC = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
 
 #: C's comparisons -> the vector predicate with the same answer on NaN operands.
-_PREDICATES = {"<": "_CMP_LT_OQ", "<=": "_CMP_LE_OQ", ">": "_CMP_GT_OQ", ">=": "_CMP_GE_OQ",
-               "==": "_CMP_EQ_OQ", "!=": "_CMP_NEQ_UQ"}
+_PREDICATES = {
+    "<": "_CMP_LT_OQ",
+    "<=": "_CMP_LE_OQ",
+    ">": "_CMP_GT_OQ",
+    ">=": "_CMP_GE_OQ",
+    "==": "_CMP_EQ_OQ",
+    "!=": "_CMP_NEQ_UQ",
+}
 
 #: fmax-like builtins -> the comparison that keeps the first argument.
 _KEEP_FIRST = {"fmax": "_CMP_GE_OQ", "max": "_CMP_GE_OQ", "fmin": "_CMP_LE_OQ", "min": "_CMP_LE_OQ"}
@@ -69,8 +76,9 @@ class RegisterEpilogue:
     channel_extents: tuple[int, ...] = (0,)
 
     @classmethod
-    def of(cls, statements, definition, kernel_indices: tuple[str, ...],
-           channel: str | tuple[str, ...]) -> RegisterEpilogue | None:
+    def of(
+        cls, statements, definition, kernel_indices: tuple[str, ...], channel: str | tuple[str, ...]
+    ) -> RegisterEpilogue | None:
         """The vector form of ``statements`` (epilogue statements on the target at the kernel's
         indices ``kernel_indices``, of which ``channel`` is the vectorised one), or None.
         ``channel`` may be several indices, the target's last dimensions, which the kernel
@@ -88,8 +96,9 @@ class RegisterEpilogue:
         extents = (0,)
         if len(channel) > 1:
             shape = definition.tensor(target).shape
-            if positions != list(range(len(kernel_indices) - len(channel), len(kernel_indices))) \
-                    or not all(shape[p].is_constant for p in positions):
+            if positions != list(range(len(kernel_indices) - len(channel), len(kernel_indices))) or not all(
+                shape[p].is_constant for p in positions
+            ):
                 return None
             extents = tuple(shape[p].constant for p in positions)
         channels = []
@@ -113,8 +122,15 @@ class RegisterEpilogue:
             flat, stride = flat + Affine.var(index) * stride, stride * extent
         return flat
 
-    def function(self, definition, isa: str, load_format: str, mask_type: str | None = None,
-                 context: str = "polyc_conv_t", name: str = "polyc_epilogue_vector") -> str:
+    def function(
+        self,
+        definition,
+        isa: str,
+        load_format: str,
+        mask_type: str | None = None,
+        context: str = "polyc_conv_t",
+        name: str = "polyc_epilogue_vector",
+    ) -> str:
         """``polyc_epilogue_vector[_masked](g, acc, f, e[, km])``: the statements on ``acc``, the
         target's lanes at channel ``f`` and element ``e`` onwards, other tensors read by
         ``load_format`` (of ``{ptr}``; with ``mask_type``, the ``_masked`` function's loads under
@@ -174,8 +190,11 @@ class RegisterEpilogue:
                     return load(_Operand(expr.tensor, True))
                 merged = len(channel)  # the channel dimensions read as one (the same elements)
                 merged_shape = tuple(target_shape[:-merged]) + (Affine.const(prod(self.channel_extents)),)
-                if merged > 1 and expr.subscripts == own_point[:-merged] + (flat,) \
-                        and tuple(tensor.shape) == merged_shape:
+                if (
+                    merged > 1
+                    and expr.subscripts == own_point[:-merged] + (flat,)
+                    and tuple(tensor.shape) == merged_shape
+                ):
                     return load(_Operand(expr.tensor, False))
                 raise _Unsupported
             logistic = logistic_operand(expr) if isinstance(expr, ir.Binary) and self.dtype.itemsize == 4 else None
@@ -210,8 +229,10 @@ class RegisterEpilogue:
             lines.append(f"acc = {result};")
         name += "_masked" if masked else ""
         mask = f", {mask_type} km" if masked else ""
-        return ("".join(helpers)
-                + f"/* The epilogue on one vector of accumulators: channels f.., target elements e... */\n"
-                f"static inline {vec} {name}(const {context} *restrict g, {vec} acc, int64_t f, int64_t e{mask})\n"
-                f"{{\n    (void)g; (void)f; (void)e;{' (void)km;' if masked else ''}\n"
-                + "\n".join(f"    {line}" for line in lines) + "\n    return acc;\n}")
+        return (
+            "".join(helpers) + f"/* The epilogue on one vector of accumulators: channels f.., target elements e... */\n"
+            f"static inline {vec} {name}(const {context} *restrict g, {vec} acc, int64_t f, int64_t e{mask})\n"
+            f"{{\n    (void)g; (void)f; (void)e;{' (void)km;' if masked else ''}\n"
+            + "\n".join(f"    {line}" for line in lines)
+            + "\n    return acc;\n}"
+        )

@@ -42,6 +42,7 @@ still call libm: doing them as well here (exact powers of two for exp2/log2, ove
 below inf for sinh/cosh) needs more code than their use in tensor kernels pays for.  float16
 goes through float, as everywhere in generated code.
 """
+
 from __future__ import annotations
 
 import string
@@ -68,10 +69,16 @@ VECTOR_MATH_FUNCTIONS: dict[str, tuple[str, str | None]] = {
 #: (builtin, dtype name) -> the largest error, in ulp, the tests accept: the measured one above
 #: rounded up.  The README states these same figures (tests/test_readme.py compares them).
 ULP_BOUNDS: dict[tuple[str, str], float] = {
-    ("exp", "float32"): 1.1, ("log", "float32"): 1.1, ("tanh", "float32"): 1.1, ("erf", "float32"): 1.5,
+    ("exp", "float32"): 1.1,
+    ("log", "float32"): 1.1,
+    ("tanh", "float32"): 1.1,
+    ("erf", "float32"): 1.5,
     **{(name, "float32"): 0.51 for name in ("expm1", "log1p", "exp2", "log2", "log10", "sinh", "cosh")},
-    ("exp", "float64"): 1.2, ("log", "float64"): 1.2, ("expm1", "float64"): 1.5,
-    ("log1p", "float64"): 1.5, ("tanh", "float64"): 2.4,
+    ("exp", "float64"): 1.2,
+    ("log", "float64"): 1.2,
+    ("expm1", "float64"): 1.5,
+    ("log1p", "float64"): 1.5,
+    ("tanh", "float64"): 2.4,
 }
 
 #: The largest error of ``polyc_sigmoidf`` (the float32 quotient ``1 / (1 + exp(-x))``), in ulp,
@@ -459,8 +466,10 @@ static inline $V ${name}($V x)
 """)
 
 #: Instruction set -> (vector type, intrinsics' prefix, integer vector type, bit cast suffix).
-_SIGMOID_VECTOR_SPELLINGS = {"avx512": ("__m512", "_mm512", "__m512i", "si512"),
-                             "avx2": ("__m256", "_mm256", "__m256i", "si256")}
+_SIGMOID_VECTOR_SPELLINGS = {
+    "avx512": ("__m512", "_mm512", "__m512i", "si512"),
+    "avx2": ("__m256", "_mm256", "__m256i", "si256"),
+}
 
 
 def sigmoid_vector_name(isa: str) -> str:
@@ -481,7 +490,13 @@ def sigmoid_vector_c(isa: str) -> str:
         return f"{prefix}_blendv_ps({otherwise}, {then}, {prefix}_cmp_ps({a}, {b}, {predicate}))"
 
     return _SIGMOID_VECTOR_TEMPLATE.substitute(
-        ISA=isa.upper(), name=sigmoid_vector_name(isa), V=vector, P=prefix, I=integer, B=bits,
+        ISA=isa.upper(),
+        name=sigmoid_vector_name(isa),
+        V=vector,
+        P=prefix,
+        I=integer,
+        B=bits,
         above_high=select("z", "high", "_CMP_GT_OQ", "high", "z"),
         below_low=select("z", "low", "_CMP_LT_OQ", "low", "z"),
-        nan_kept=select("x", "x", "_CMP_ORD_Q", "y", "x"))
+        nan_kept=select("x", "x", "_CMP_ORD_Q", "y", "x"),
+    )

@@ -40,6 +40,7 @@ off by default in ``polyc.define``.  Not taken (the direct kernel runs them): ot
 dilations and kernel sizes, grouped convolutions, channels that are not multiples of 16,
 float64, parametric sizes, and layers where it does not pay (:func:`winograd_pays`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -86,22 +87,36 @@ def winograd_form(conv: Convolution, size_values: Mapping[str, int] | None, opti
     if any(w.k is None or w.stride != 1 or w.dilation != 1 for w in (wh, ww)):
         return False
     (f,), (c,), batch = conv.f, conv.channels, conv.batch
-    if conv.target_indices != (*batch, wh.x, ww.x, f) or conv.image_plain != (*batch, None, None, c) \
-            or conv.weight_indices != (wh.k, ww.k, c, f):
+    if (
+        conv.target_indices != (*batch, wh.x, ww.x, f)
+        or conv.image_plain != (*batch, None, None, c)
+        or conv.weight_indices != (wh.k, ww.k, c, f)
+    ):
         return False
     extent = lambda index: conv.extent(index).evaluate(size_values)  # noqa: E731
     images = int(np.prod([extent(i) for i in batch])) if batch else 1
-    return winograd_sizes(conv.dtype, (extent(wh.k), extent(ww.k)), (1, 1), (1, 1), extent(c), extent(f),
-                          images, (extent(wh.x), extent(ww.x)))
+    return winograd_sizes(
+        conv.dtype,
+        (extent(wh.k), extent(ww.k)),
+        (1, 1),
+        (1, 1),
+        extent(c),
+        extent(f),
+        images,
+        (extent(wh.x), extent(ww.x)),
+    )
 
 
-def winograd_sizes(dtype, kernel, strides, dilations, channels: int, features: int, images: int,
-                   outputs) -> bool:
+def winograd_sizes(dtype, kernel, strides, dilations, channels: int, features: int, images: int, outputs) -> bool:
     """The sizes' part of :func:`winograd_form`: whether a 2-D convolution of ``images``
     images into ``outputs`` (rows, columns) of ``dtype`` with these kernel extents, strides
     and dilations is one this kernel computes and would pay (the option on)."""
-    if np.dtype(dtype) != np.dtype(np.float32) or tuple(kernel) != (3, 3) \
-            or tuple(strides) != (1, 1) or tuple(dilations) != (1, 1):
+    if (
+        np.dtype(dtype) != np.dtype(np.float32)
+        or tuple(kernel) != (3, 3)
+        or tuple(strides) != (1, 1)
+        or tuple(dilations) != (1, 1)
+    ):
         return False
     if channels % CHANNEL_MULTIPLE or features % CHANNEL_MULTIPLE:
         return False
@@ -153,41 +168,61 @@ class _WinogradWriter(PatternKernelWriter):
         value = lambda index: conv.extent(index).evaluate(program.size_values)  # noqa: E731
         self.channels, self.features = value(self.c), value(self.f)
         self.tb_half, self.tb_whole, self.large_u = chunk_limits(self.channels, self.features, options)
-        self.register_epilogue = RegisterEpilogue.of(conv.epilogues, self.definition, conv.target_indices,
-                                                     self.f) if options.vectorize else None
+        self.register_epilogue = (
+            RegisterEpilogue.of(conv.epilogues, self.definition, conv.target_indices, self.f)
+            if options.vectorize
+            else None
+        )
 
     def write(self) -> GeneratedKernel:
         d = self.definition
         name = f"polyc_{d.name}"
-        parts = [self.header(), PRELUDE, self.preamble("POLYC_CONV_PORTABLE", ["#include <string.h>"]),
-                 self.context_struct(), self.instruction_sets(), _TRANSFORMS, self.entry_function(name), ""]
+        parts = [
+            self.header(),
+            PRELUDE,
+            self.preamble("POLYC_CONV_PORTABLE", ["#include <string.h>"]),
+            self.context_struct(),
+            self.instruction_sets(),
+            _TRANSFORMS,
+            self.entry_function(name),
+            "",
+        ]
         return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), ())
 
     def header(self) -> str:
         o = self.options
-        lines = [f"polyc Winograd F(2x2, 3x3) conv kernel for def '{self.definition.name}' "
-                 "(channels-last, tiles of 2 x 2 outputs)",
-                 f"sizes: {self.sizes_comment()}",
-                 f"options: parallel={o.parallel} vectorize={o.vectorize} winograd={o.winograd}",
-                 f"convolution: {self.conv.describe()}"]
+        lines = [
+            f"polyc Winograd F(2x2, 3x3) conv kernel for def '{self.definition.name}' "
+            "(channels-last, tiles of 2 x 2 outputs)",
+            f"sizes: {self.sizes_comment()}",
+            f"options: parallel={o.parallel} vectorize={o.vectorize} winograd={o.winograd}",
+            f"convolution: {self.conv.describe()}",
+        ]
         lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
         return c_comment(lines)
 
     def context_struct(self) -> str:
-        fields = ["const float *in", "const float *w", "float *out", "float *u",
-                  "int64_t oh, ow, ih, iw, c, f, lo_h, hi_h, lo_w, hi_w, off_h, off_w",
-                  "int64_t th, tw, tiles, tb, fb, fblocks, init"]
+        fields = [
+            "const float *in",
+            "const float *w",
+            "float *out",
+            "float *u",
+            "int64_t oh, ow, ih, iw, c, f, lo_h, hi_h, lo_w, hi_w, off_h, off_w",
+            "int64_t th, tw, tiles, tb, fb, fblocks, init",
+        ]
         for tensor in self.tensors_of_epilogues(self.conv.target, self.conv.epilogues):
             qualifier = "const " if self.definition.tensor(tensor).role is ir.Role.INPUT else ""
             fields.append(f"{qualifier}float *t_{tensor}")
         body = "\n".join(f"    {field};" for field in fields)
-        return ("/* The image, the weights (3, 3, C, F), the output and the transformed weights U (16,\n"
-                "   F / fb blocks of (C, fb) each: polyc_wg_u_block);\n"
-                "   output rows and columns, image rows and columns, channels in and out; the image\n"
-                "   positions lo <= p < hi that count (the box within the image), the windows' offsets;\n"
-                "   tile rows and columns, tiles, tiles per chunk, output channels per block, blocks;\n"
-                "   whether the output starts from zero; the epilogue's tensors. */\n"
-                f"typedef struct {{\n{body}\n}} polyc_wg_t;")
+        return (
+            "/* The image, the weights (3, 3, C, F), the output and the transformed weights U (16,\n"
+            "   F / fb blocks of (C, fb) each: polyc_wg_u_block);\n"
+            "   output rows and columns, image rows and columns, channels in and out; the image\n"
+            "   positions lo <= p < hi that count (the box within the image), the windows' offsets;\n"
+            "   tile rows and columns, tiles, tiles per chunk, output channels per block, blocks;\n"
+            "   whether the output starts from zero; the epilogue's tensors. */\n"
+            f"typedef struct {{\n{body}\n}} polyc_wg_t;"
+        )
 
     # ------------------------------------------------------------------ per instruction set
     def instruction_sets(self) -> str:
@@ -195,31 +230,39 @@ class _WinogradWriter(PatternKernelWriter):
         for position, (isa, guard) in enumerate(ISA_GUARDS.items()):
             pieces.append("#else" if guard is None else f"{'#if' if position == 0 else '#elif'} {guard}")
             lanes, rows, vectors = _BLOCKS[isa]
-            pieces += [f"#define POLYC_WG_LANES {lanes}", f"#define POLYC_WG_R {rows}", f"#define POLYC_WG_NV {vectors}"]
+            pieces += [
+                f"#define POLYC_WG_LANES {lanes}",
+                f"#define POLYC_WG_R {rows}",
+                f"#define POLYC_WG_NV {vectors}",
+            ]
             if isa == "portable":
-                pieces += ["typedef float polyc_wv __attribute__((vector_size(16)));",
-                           "static inline polyc_wv polyc_wv_load(const float *p) { polyc_wv v; memcpy(&v, p, sizeof v); return v; }",
-                           "static inline void polyc_wv_store(float *p, polyc_wv v) { memcpy(p, &v, sizeof v); }",
-                           "#define WLOAD(p) polyc_wv_load(p)",
-                           "#define WSTORE(p, v) polyc_wv_store((p), (v))",
-                           "#define WSET1(s) ((polyc_wv){0, 0, 0, 0} + (s))",
-                           "#define WADD(a, b) ((a) + (b))",
-                           "#define WSUB(a, b) ((a) - (b))",
-                           "#define WMUL(a, b) ((a) * (b))",
-                           "#define WFMA(a, b, c) ((a) * (b) + (c))",
-                           "#define POLYC_WG_REGISTER_EPILOGUE 0"]
+                pieces += [
+                    "typedef float polyc_wv __attribute__((vector_size(16)));",
+                    "static inline polyc_wv polyc_wv_load(const float *p) { polyc_wv v; memcpy(&v, p, sizeof v); return v; }",
+                    "static inline void polyc_wv_store(float *p, polyc_wv v) { memcpy(p, &v, sizeof v); }",
+                    "#define WLOAD(p) polyc_wv_load(p)",
+                    "#define WSTORE(p, v) polyc_wv_store((p), (v))",
+                    "#define WSET1(s) ((polyc_wv){0, 0, 0, 0} + (s))",
+                    "#define WADD(a, b) ((a) + (b))",
+                    "#define WSUB(a, b) ((a) - (b))",
+                    "#define WMUL(a, b) ((a) * (b))",
+                    "#define WFMA(a, b, c) ((a) * (b) + (c))",
+                    "#define POLYC_WG_REGISTER_EPILOGUE 0",
+                ]
                 continue
             vec, pre, suffix, _, load, _, _, _ = masked_access(isa, self.dtype, lanes, None)
-            pieces += ["#include <immintrin.h>",
-                       f"typedef {vec} polyc_wv;",
-                       f"#define WLOAD(p) {pre}_loadu_{suffix}(p)",
-                       f"#define WSTORE(p, v) {pre}_storeu_{suffix}((p), (v))",
-                       f"#define WSET1(s) {pre}_set1_{suffix}(s)",
-                       f"#define WADD(a, b) {pre}_add_{suffix}((a), (b))",
-                       f"#define WSUB(a, b) {pre}_sub_{suffix}((a), (b))",
-                       f"#define WMUL(a, b) {pre}_mul_{suffix}((a), (b))",
-                       f"#define WFMA(a, b, c) {pre}_fmadd_{suffix}((a), (b), (c))",
-                       f"#define POLYC_WG_REGISTER_EPILOGUE {int(self.register_epilogue is not None)}"]
+            pieces += [
+                "#include <immintrin.h>",
+                f"typedef {vec} polyc_wv;",
+                f"#define WLOAD(p) {pre}_loadu_{suffix}(p)",
+                f"#define WSTORE(p, v) {pre}_storeu_{suffix}((p), (v))",
+                f"#define WSET1(s) {pre}_set1_{suffix}(s)",
+                f"#define WADD(a, b) {pre}_add_{suffix}((a), (b))",
+                f"#define WSUB(a, b) {pre}_sub_{suffix}((a), (b))",
+                f"#define WMUL(a, b) {pre}_mul_{suffix}((a), (b))",
+                f"#define WFMA(a, b, c) {pre}_fmadd_{suffix}((a), (b), (c))",
+                f"#define POLYC_WG_REGISTER_EPILOGUE {int(self.register_epilogue is not None)}",
+            ]
             if self.register_epilogue is not None:
                 pieces.append(self.register_epilogue.function(self.definition, isa, load, context="polyc_wg_t"))
         pieces.append("#endif")
@@ -233,38 +276,47 @@ class _WinogradWriter(PatternKernelWriter):
         (wh, ww) = conv.windows
         batch = " * ".join(extent(i) for i in conv.batch) or "1"
         body = self.size_declarations(lambda s: None)
-        body += ["polyc_wg_t g = {0};",
-                 f"g.in = {conv.image}; g.w = {conv.weights}; g.out = {conv.target};",
-                 f"g.oh = {extent(wh.x)}; g.ow = {extent(ww.x)}; g.c = {extent(self.c)}; g.f = {extent(self.f)};",
-                 *self.image_box_fields(conv),
-                 f"g.off_h = {wh.offset}; g.off_w = {ww.offset};",
-                 "g.th = (g.oh + 1) / 2; g.tw = (g.ow + 1) / 2;",
-                 f"g.tiles = ({batch}) * g.th * g.tw;",
-                 "g.fb = POLYC_WG_NV * POLYC_WG_LANES; g.fblocks = (g.f + g.fb - 1) / g.fb;",
-                 f"g.init = {1 if conv.init else 0};"]
+        body += [
+            "polyc_wg_t g = {0};",
+            f"g.in = {conv.image}; g.w = {conv.weights}; g.out = {conv.target};",
+            f"g.oh = {extent(wh.x)}; g.ow = {extent(ww.x)}; g.c = {extent(self.c)}; g.f = {extent(self.f)};",
+            *self.image_box_fields(conv),
+            f"g.off_h = {wh.offset}; g.off_w = {ww.offset};",
+            "g.th = (g.oh + 1) / 2; g.tw = (g.ow + 1) / 2;",
+            f"g.tiles = ({batch}) * g.th * g.tw;",
+            "g.fb = POLYC_WG_NV * POLYC_WG_LANES; g.fblocks = (g.f + g.fb - 1) / g.fb;",
+            f"g.init = {1 if conv.init else 0};",
+        ]
         body += [f"g.t_{tensor} = {tensor};" for tensor in self.tensors_of_epilogues(conv.target, conv.epilogues)]
         # TB (see chunk_limits), a multiple of the tile step.
         step = _TILE_STEP
         if self.large_u:
-            chunking = ["const int64_t polyc_want = polyc_max(1, (2 * polyc_nthr + g.fblocks - 1) / g.fblocks);",
-                        f"g.tb = polyc_min({self.tb_whole}, (g.tiles + polyc_want - 1) / polyc_want + {step - 1}) "
-                        f"/ {step} * {step};"]
+            chunking = [
+                "const int64_t polyc_want = polyc_max(1, (2 * polyc_nthr + g.fblocks - 1) / g.fblocks);",
+                f"g.tb = polyc_min({self.tb_whole}, (g.tiles + polyc_want - 1) / polyc_want + {step - 1}) "
+                f"/ {step} * {step};",
+            ]
         else:
-            chunking = [f"g.tb = polyc_min({self.tb_half}, polyc_max({step}, (g.tiles * g.fblocks + 4 * polyc_nthr - 1)"
-                        f" / (4 * polyc_nthr) + {step - 1}) / {step} * {step});"]
+            chunking = [
+                f"g.tb = polyc_min({self.tb_half}, polyc_max({step}, (g.tiles * g.fblocks + 4 * polyc_nthr - 1)"
+                f" / (4 * polyc_nthr) + {step - 1}) / {step} * {step});"
+            ]
         chunking += [
             "const int64_t polyc_chunks = (g.tiles + g.tb - 1) / g.tb;",
             "const int64_t polyc_items = polyc_chunks * g.fblocks;",
             "/* U, then each thread's V and M. */",
             "const size_t polyc_u_floats = (size_t)16 * g.c * g.f;",
-            "const size_t polyc_v_floats = (size_t)16 * g.tb * g.c, polyc_m_floats = (size_t)16 * g.tb * g.fb;"]
-        item = ["const int64_t polyc_chunk = polyc_x / g.fblocks, polyc_fblock = polyc_x % g.fblocks;",
-                "if (polyc_chunk != polyc_v_chunk) {",
-                "    polyc_wg_input(&g, polyc_v, polyc_chunk);",
-                "    polyc_v_chunk = polyc_chunk;",
-                "}",
-                "polyc_wg_products(&g, polyc_v, polyc_m, polyc_chunk, polyc_fblock);",
-                "polyc_wg_output(&g, polyc_m, polyc_chunk, polyc_fblock);"]
+            "const size_t polyc_v_floats = (size_t)16 * g.tb * g.c, polyc_m_floats = (size_t)16 * g.tb * g.fb;",
+        ]
+        item = [
+            "const int64_t polyc_chunk = polyc_x / g.fblocks, polyc_fblock = polyc_x % g.fblocks;",
+            "if (polyc_chunk != polyc_v_chunk) {",
+            "    polyc_wg_input(&g, polyc_v, polyc_chunk);",
+            "    polyc_v_chunk = polyc_chunk;",
+            "}",
+            "polyc_wg_products(&g, polyc_v, polyc_m, polyc_chunk, polyc_fblock);",
+            "polyc_wg_output(&g, polyc_m, polyc_chunk, polyc_fblock);",
+        ]
         if conv.epilogues:
             item += ["if (!POLYC_WG_REGISTER_EPILOGUE) {", *("    " + line for line in self.scalar_epilogue()), "}"]
         work = "(double)g.tiles * 16.0 * (double)g.c * (double)g.f"
@@ -275,29 +327,38 @@ class _WinogradWriter(PatternKernelWriter):
             *share,
             "for (int64_t polyc_x = polyc_first; polyc_x < polyc_last; polyc_x++) {",
             *("    " + line for line in item),
-            "}"]
-        serial = ["const int polyc_thread = 0;",
-                  "for (int64_t polyc_c = 0; polyc_c < g.c; polyc_c++) polyc_wg_weights(&g, polyc_c);",
-                  *thread(["const int64_t polyc_first = 0, polyc_last = polyc_items;"])]
-        allocate = [*chunking,
-                    "polyc_workspace_t *polyc_work = polyc_workspace_take(",
-                    "    (polyc_u_floats + (size_t)polyc_nthr * (polyc_v_floats + polyc_m_floats)) * sizeof(float));",
-                    "if (polyc_work == NULL) return 2;",
-                    "float *polyc_space = (float *)polyc_work->memory;",
-                    "g.u = polyc_space;"]
+            "}",
+        ]
+        serial = [
+            "const int polyc_thread = 0;",
+            "for (int64_t polyc_c = 0; polyc_c < g.c; polyc_c++) polyc_wg_weights(&g, polyc_c);",
+            *thread(["const int64_t polyc_first = 0, polyc_last = polyc_items;"]),
+        ]
+        allocate = [
+            *chunking,
+            "polyc_workspace_t *polyc_work = polyc_workspace_take(",
+            "    (polyc_u_floats + (size_t)polyc_nthr * (polyc_v_floats + polyc_m_floats)) * sizeof(float));",
+            "if (polyc_work == NULL) return 2;",
+            "float *polyc_space = (float *)polyc_work->memory;",
+            "g.u = polyc_space;",
+        ]
         region = []
         if self.options.parallel:
             # Items in contiguous runs per thread, so a thread's consecutive items share a chunk's
             # V; shared by the team OpenMP gave, which may be smaller than asked for (a thread
             # limit, a call from inside a parallel region).
-            share = ["const int polyc_team = omp_get_num_threads();",
-                     "const int64_t polyc_first = polyc_items * polyc_thread / polyc_team;",
-                     "const int64_t polyc_last = polyc_items * (polyc_thread + 1) / polyc_team;"]
-            region = ["const int polyc_thread = omp_get_thread_num();",
-                      "#pragma omp for schedule(static)",
-                      "for (int64_t polyc_c = 0; polyc_c < g.c; polyc_c++) polyc_wg_weights(&g, polyc_c);",
-                      "/* (the loop's barrier: U is complete) */",
-                      *thread(share)]
+            share = [
+                "const int polyc_team = omp_get_num_threads();",
+                "const int64_t polyc_first = polyc_items * polyc_thread / polyc_team;",
+                "const int64_t polyc_last = polyc_items * (polyc_thread + 1) / polyc_team;",
+            ]
+            region = [
+                "const int polyc_thread = omp_get_thread_num();",
+                "#pragma omp for schedule(static)",
+                "for (int64_t polyc_c = 0; polyc_c < g.c; polyc_c++) polyc_wg_weights(&g, polyc_c);",
+                "/* (the loop's barrier: U is complete) */",
+                *thread(share),
+            ]
         body += self.workspace_region(work, _PARALLEL_THRESHOLD, allocate, region, serial) + ["return 0;"]
         signature = f"int {name}({', '.join(arguments)})"
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
@@ -307,22 +368,26 @@ class _WinogradWriter(PatternKernelWriter):
         of output channels), element by element, in a loop over the channels the compiler vectorises."""
         conv = self.conv
         (wh, ww) = conv.windows
-        lines = ["const int64_t polyc_t0 = polyc_chunk * g.tb, polyc_t1 = polyc_min(g.tiles, polyc_t0 + g.tb);",
-                 "const int64_t polyc_f0 = polyc_fblock * g.fb, polyc_f1 = polyc_min(g.f, polyc_f0 + g.fb);",
-                 "for (int64_t polyc_t = polyc_t0; polyc_t < polyc_t1; polyc_t++) {",
-                 "    int64_t polyc_image, polyc_ty, polyc_tx;",
-                 "    polyc_wg_tile(&g, polyc_t, &polyc_image, &polyc_ty, &polyc_tx);",
-                 *("    " + line for line in self.batch_indices(conv, "polyc_image"))]
-        lines += [f"    for (int64_t polyc_ix_{wh.x} = 2 * polyc_ty; polyc_ix_{wh.x} < polyc_min(g.oh, 2 * polyc_ty + 2); "
-                  f"polyc_ix_{wh.x}++)",
-                  f"    for (int64_t polyc_ix_{ww.x} = 2 * polyc_tx; polyc_ix_{ww.x} < polyc_min(g.ow, 2 * polyc_tx + 2); "
-                  f"polyc_ix_{ww.x}++) {{",
-                  "        #pragma omp simd",
-                  f"        for (int64_t polyc_ix_{self.f} = polyc_f0; polyc_ix_{self.f} < polyc_f1; polyc_ix_{self.f}++) {{",
-                  *(f"            {self.epilogue_assignment(s, conv.target_indices)};" for s in conv.epilogues),
-                  "        }",
-                  "    }",
-                  "}"]
+        lines = [
+            "const int64_t polyc_t0 = polyc_chunk * g.tb, polyc_t1 = polyc_min(g.tiles, polyc_t0 + g.tb);",
+            "const int64_t polyc_f0 = polyc_fblock * g.fb, polyc_f1 = polyc_min(g.f, polyc_f0 + g.fb);",
+            "for (int64_t polyc_t = polyc_t0; polyc_t < polyc_t1; polyc_t++) {",
+            "    int64_t polyc_image, polyc_ty, polyc_tx;",
+            "    polyc_wg_tile(&g, polyc_t, &polyc_image, &polyc_ty, &polyc_tx);",
+            *("    " + line for line in self.batch_indices(conv, "polyc_image")),
+        ]
+        lines += [
+            f"    for (int64_t polyc_ix_{wh.x} = 2 * polyc_ty; polyc_ix_{wh.x} < polyc_min(g.oh, 2 * polyc_ty + 2); "
+            f"polyc_ix_{wh.x}++)",
+            f"    for (int64_t polyc_ix_{ww.x} = 2 * polyc_tx; polyc_ix_{ww.x} < polyc_min(g.ow, 2 * polyc_tx + 2); "
+            f"polyc_ix_{ww.x}++) {{",
+            "        #pragma omp simd",
+            f"        for (int64_t polyc_ix_{self.f} = polyc_f0; polyc_ix_{self.f} < polyc_f1; polyc_ix_{self.f}++) {{",
+            *(f"            {self.epilogue_assignment(s, conv.target_indices)};" for s in conv.epilogues),
+            "        }",
+            "    }",
+            "}",
+        ]
         return lines
 
 

@@ -38,6 +38,7 @@ path is checked as numpy checks it; complex, long double and object computations
 Errors are numpy's builtin classes too: :class:`EinsumError` is a ValueError,
 :class:`EinsumTypeError` a TypeError, :class:`EinsumPathError` a RuntimeError.
 """
+
 from __future__ import annotations
 
 import collections.abc
@@ -119,8 +120,9 @@ def parse_subscripts(text: str) -> Subscripts:
             raise EinsumError(f"einstein sum subscripts string includes output subscript '{label}' multiple times")
         seen.add(label)
         if label != ELLIPSIS and label not in used:
-            raise EinsumError(f"einstein sum subscripts string included output subscript '{label}' "
-                              f"which never appeared in an input")
+            raise EinsumError(
+                f"einstein sum subscripts string included output subscript '{label}' which never appeared in an input"
+            )
     return Subscripts(inputs, output)
 
 
@@ -136,11 +138,13 @@ def _parse_term(term: str, where: str) -> tuple[str, ...]:
             position += len(ELLIPSIS)
             continue
         if char == ".":
-            raise EinsumError(f"einstein sum subscripts string contains a '.' that is not part of "
-                              f"an ellipsis ('...') in {where}")
+            raise EinsumError(
+                f"einstein sum subscripts string contains a '.' that is not part of an ellipsis ('...') in {where}"
+            )
         if not (char.isascii() and char.isalpha()):
-            raise EinsumError(f"invalid subscript {char!r} in einstein sum subscripts string, "
-                              f"subscripts must be letters")
+            raise EinsumError(
+                f"invalid subscript {char!r} in einstein sum subscripts string, subscripts must be letters"
+            )
         labels.append(char)
         position += 1
     return tuple(labels)
@@ -153,7 +157,7 @@ def subscripts_from_sublists(args) -> tuple[str, tuple]:
     which stands for ``...``."""
     if len(args) < 2:
         raise EinsumError("must specify the einstein sum subscripts string and at least one operand")
-    operands = args[0::2][:len(args) // 2]
+    operands = args[0::2][: len(args) // 2]
     sublists = args[1::2]
     terms = [_sublist_text(s) for s in sublists]
     output = _sublist_text(args[-1]) if len(args) % 2 else None
@@ -165,8 +169,10 @@ def _sublist_text(sublist) -> str:
     if isinstance(sublist, np.ndarray) and sublist.ndim == 1 and sublist.dtype.kind in "iu":
         sublist = sublist.tolist()
     if isinstance(sublist, (str, bytes)) or not isinstance(sublist, collections.abc.Sequence):
-        raise EinsumTypeError(f"einsum sublists must be sequences of integers (lists, tuples, ranges or "
-                              f"1-d integer arrays), not {type(sublist).__name__}")
+        raise EinsumTypeError(
+            f"einsum sublists must be sequences of integers (lists, tuples, ranges or "
+            f"1-d integer arrays), not {type(sublist).__name__}"
+        )
     text = []
     for item in sublist:
         if item is Ellipsis:
@@ -174,8 +180,7 @@ def _sublist_text(sublist) -> str:
         elif isinstance(item, (int, np.integer)) and not isinstance(item, bool) and 0 <= item < len(_LETTERS):
             text.append(_LETTERS[int(item)])
         else:
-            raise EinsumError(f"subscript {item!r} is not within the valid range [0, {len(_LETTERS)}) "
-                              f"(nor Ellipsis)")
+            raise EinsumError(f"subscript {item!r} is not within the valid range [0, {len(_LETTERS)}) (nor Ellipsis)")
     return "".join(text)
 
 
@@ -206,8 +211,9 @@ class Contraction:
         return f"{','.join(terms)}->{''.join(_label_name(l) for l in self.output)} ({self.dtype.name})"
 
 
-def plan_contraction(subscripts: Subscripts, arrays: list[np.ndarray], dtype: np.dtype
-                     ) -> tuple[Contraction, list[np.ndarray], tuple[int, ...]]:
+def plan_contraction(
+    subscripts: Subscripts, arrays: list[np.ndarray], dtype: np.dtype
+) -> tuple[Contraction, list[np.ndarray], tuple[int, ...]]:
     """Bind ``subscripts`` to the operands: check ranks and sizes, expand ``...``, resolve
     broadcasting of size-1 dimensions.  Returns the contraction, the operands as views that fit
     it (broadcast dimensions reshaped away), and the result's shape.
@@ -217,15 +223,18 @@ def plan_contraction(subscripts: Subscripts, arrays: list[np.ndarray], dtype: np
 
 
 @functools.lru_cache(maxsize=KERNEL_CACHE_SIZE)
-def _plan_for_shapes(subscripts: Subscripts, shapes: tuple[tuple[int, ...], ...], dtype: np.dtype
-                     ) -> tuple[Contraction, tuple[tuple[int, ...], ...], tuple[int, ...]]:
+def _plan_for_shapes(
+    subscripts: Subscripts, shapes: tuple[tuple[int, ...], ...], dtype: np.dtype
+) -> tuple[Contraction, tuple[tuple[int, ...], ...], tuple[int, ...]]:
     """:func:`plan_contraction` for operands of these shapes (the operands' views as shapes).
     Remembered: a call that repeats its shapes skips the planning (half of a small einsum's
     Python time)."""
     if len(shapes) != len(subscripts.inputs):
         more = "more" if len(shapes) > len(subscripts.inputs) else "fewer"
-        raise EinsumError(f"{more} operands provided to einstein sum function than specified in the "
-                          f"subscripts string ({len(shapes)} operand(s), {len(subscripts.inputs)} term(s))")
+        raise EinsumError(
+            f"{more} operands provided to einstein sum function than specified in the "
+            f"subscripts string ({len(shapes)} operand(s), {len(subscripts.inputs)} term(s))"
+        )
     terms, ellipsis_rank = _expand_ellipses(subscripts, shapes)
     output = _output_labels(subscripts, terms, ellipsis_rank)
     sizes = _label_sizes(terms, shapes)
@@ -242,8 +251,9 @@ def _plan_for_shapes(subscripts: Subscripts, shapes: tuple[tuple[int, ...], ...]
     for term in kept_terms:
         for label in term:
             numbering.setdefault(label, len(numbering))
-    contraction = Contraction(tuple(tuple(numbering[l] for l in term) for term in kept_terms),
-                              tuple(numbering[l] for l in output), dtype)
+    contraction = Contraction(
+        tuple(tuple(numbering[l] for l in term) for term in kept_terms), tuple(numbering[l] for l in output), dtype
+    )
     return contraction, tuple(view_shapes), tuple(sizes[l] for l in output)
 
 
@@ -254,12 +264,16 @@ def _expand_ellipses(subscripts: Subscripts, shapes: tuple[tuple[int, ...], ...]
     for n, (term, shape) in enumerate(zip(subscripts.inputs, shapes)):
         named = len(term) - (ELLIPSIS in term)
         if ELLIPSIS not in term and len(shape) > named:
-            raise EinsumError(f"operand {n} has more dimensions ({len(shape)}) than subscripts given in "
-                              f"einstein sum ('{''.join(term)}'), but no '...' ellipsis provided to "
-                              f"broadcast the extra dimensions.")
+            raise EinsumError(
+                f"operand {n} has more dimensions ({len(shape)}) than subscripts given in "
+                f"einstein sum ('{''.join(term)}'), but no '...' ellipsis provided to "
+                f"broadcast the extra dimensions."
+            )
         if len(shape) < named:
-            raise EinsumError(f"einstein sum subscripts string contains too many subscripts for operand {n} "
-                              f"('{''.join(term)}' for an operand with {len(shape)} dimension(s))")
+            raise EinsumError(
+                f"einstein sum subscripts string contains too many subscripts for operand {n} "
+                f"('{''.join(term)}' for an operand with {len(shape)} dimension(s))"
+            )
         ranks.append(len(shape) - named)
     ellipsis_rank = max(ranks, default=0)
     terms = []
@@ -284,8 +298,10 @@ def _output_labels(subscripts: Subscripts, terms: list[tuple], ellipsis_rank: in
                 counts[label] = counts.get(label, 0) + 1
         return broadcast + tuple(sorted(l for l, c in counts.items() if c == 1 and l != ELLIPSIS))
     if ELLIPSIS not in subscripts.output and ellipsis_rank > 0:
-        raise EinsumError("output has more dimensions than subscripts given in einstein sum, but no '...' "
-                          "ellipsis provided to broadcast the extra dimensions.")
+        raise EinsumError(
+            "output has more dimensions than subscripts given in einstein sum, but no '...' "
+            "ellipsis provided to broadcast the extra dimensions."
+        )
     output = []
     for label in subscripts.output:
         output.extend(broadcast if label == ELLIPSIS else (label,))
@@ -300,16 +316,20 @@ def _label_sizes(terms: list[tuple], shapes: tuple[tuple[int, ...], ...]) -> dic
         own: dict = {}
         for label, extent in zip(term, shape):
             if label in own and own[label] != extent:
-                raise EinsumError(f"dimensions in operand {n} for collapsing index {_describe(label)} "
-                                  f"don't match ({own[label]} != {extent})")
+                raise EinsumError(
+                    f"dimensions in operand {n} for collapsing index {_describe(label)} "
+                    f"don't match ({own[label]} != {extent})"
+                )
             own[label] = extent
         for label, extent in own.items():
             if label not in sizes or sizes[label] == 1:
                 sizes[label], where[label] = extent, n
             elif extent not in (1, sizes[label]):
-                raise EinsumError(f"operands could not be broadcast together: {_describe(label)} has size "
-                                  f"{sizes[label]} in operand {where[label]} but {extent} in operand {n} "
-                                  f"(shapes {', '.join(map(str, shapes))})")
+                raise EinsumError(
+                    f"operands could not be broadcast together: {_describe(label)} has size "
+                    f"{sizes[label]} in operand {where[label]} but {extent} in operand {n} "
+                    f"(shapes {', '.join(map(str, shapes))})"
+                )
     return sizes
 
 
@@ -395,6 +415,7 @@ def lower_to_tc(contraction: Contraction, name: str = "einsum") -> str:
 def lowered_kernel(contraction: Contraction, options: Options):
     """The polyc kernel of ``contraction`` (defined once per contraction and options)."""
     from polyc.api import define  # polyc.api imports the whole front end; keep this module light
+
     return define(lower_to_tc(contraction), filename="<einsum>", **dataclasses.asdict(options)).einsum
 
 
@@ -451,7 +472,9 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
     contraction, views, shape = plan_contraction(parsed, arrays, kernel_dtype)
     if out is not None:
         _check_out(out, shape, compute_dtype, "unsafe" if optimize is not False else casting)
-    elif len(arrays) == 1 and arrays[0].dtype == compute_dtype and set(contraction.output) == set(contraction.inputs[0]):
+    elif (
+        len(arrays) == 1 and arrays[0].dtype == compute_dtype and set(contraction.output) == set(contraction.inputs[0])
+    ):
         view = _single_operand_view(arrays[0], contraction)
         if order in ("K", "A") or view.flags[f"{order}_CONTIGUOUS"]:
             return view[()] if view.ndim == 0 else view
@@ -476,7 +499,9 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
 
 def _iterations(contraction: Contraction, views: list[np.ndarray]) -> int:
     """How many points the contraction's loops visit: the product of every label's extent."""
-    extents = {label: extent for term, view in zip(contraction.inputs, views) for label, extent in zip(term, view.shape)}
+    extents = {
+        label: extent for term, view in zip(contraction.inputs, views) for label, extent in zip(term, view.shape)
+    }
     return math.prod(extents.values())
 
 
@@ -500,13 +525,15 @@ def _check_explicit_path(optimize, n_operands: int) -> None:
     for step in optimize[1:]:
         positions = tuple(step)
         if len(set(positions)) != len(positions) or not all(
-                isinstance(p, (int, np.integer)) and 0 <= p < remaining for p in positions):
-            raise EinsumPathError(f"Invalid einsum_path is specified: step {step!r} does not name distinct "
-                                  f"operands among the {remaining} left")
+            isinstance(p, (int, np.integer)) and 0 <= p < remaining for p in positions
+        ):
+            raise EinsumPathError(
+                f"Invalid einsum_path is specified: step {step!r} does not name distinct "
+                f"operands among the {remaining} left"
+            )
         remaining -= len(positions) - 1
     if remaining != 1:
-        raise EinsumPathError(f"Invalid einsum_path is specified: {remaining - 1} more operands has to be "
-                              f"contracted.")
+        raise EinsumPathError(f"Invalid einsum_path is specified: {remaining - 1} more operands has to be contracted.")
 
 
 def _check_options(options: dict) -> Options:
@@ -515,8 +542,10 @@ def _check_options(options: dict) -> Options:
     known = {f.name for f in dataclasses.fields(Options)}
     unknown = sorted(set(options) - known)
     if unknown:
-        raise EinsumTypeError(f"unknown option {', '.join(map(repr, unknown))}: neither an argument of "
-                              f"numpy.einsum nor a polyc option ({', '.join(sorted(known))})")
+        raise EinsumTypeError(
+            f"unknown option {', '.join(map(repr, unknown))}: neither an argument of "
+            f"numpy.einsum nor a polyc option ({', '.join(sorted(known))})"
+        )
     return Options.from_kwargs(**options)
 
 
@@ -536,14 +565,19 @@ def _compute_dtype(arrays: list[np.ndarray], dtype: np.dtype | None, casting: st
         result = dtype
         for n, array in enumerate(arrays):
             if not np.can_cast(array.dtype, result, casting):
-                raise EinsumError(f"operand {n} dtype could not be cast from {array.dtype.name} to "
-                                  f"{result.name} according to the rule '{casting}'")
+                raise EinsumError(
+                    f"operand {n} dtype could not be cast from {array.dtype.name} to "
+                    f"{result.name} according to the rule '{casting}'"
+                )
     if result.kind == "c":
-        raise UnsupportedError(f"einsum on complex numbers ({result.name}) is not supported; "
-                               f"split them into real and imaginary parts")
+        raise UnsupportedError(
+            f"einsum on complex numbers ({result.name}) is not supported; split them into real and imaginary parts"
+        )
     if result.name not in TC_TYPES:
-        raise UnsupportedError(f"einsum on {result.name} is not supported; polyc computes in bool, "
-                               f"integer and float16/float32/float64 types")
+        raise UnsupportedError(
+            f"einsum on {result.name} is not supported; polyc computes in bool, "
+            f"integer and float16/float32/float64 types"
+        )
     return result
 
 
@@ -551,8 +585,10 @@ def _check_out(out: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, casting
     if out.shape != shape:
         raise EinsumError(f"out has shape {out.shape} but the result has shape {shape}")
     if not np.can_cast(dtype, out.dtype, casting):
-        raise EinsumError(f"the result ({dtype.name}) could not be cast to out's dtype {out.dtype.name} "
-                          f"according to the rule '{casting}'")
+        raise EinsumError(
+            f"the result ({dtype.name}) could not be cast to out's dtype {out.dtype.name} "
+            f"according to the rule '{casting}'"
+        )
     if not out.flags.writeable:
         raise EinsumError("out is read-only")
 
@@ -592,8 +628,7 @@ def _c_ordered(strides: tuple[int, ...]) -> bool:
     return all(a >= b for a, b in zip(magnitudes, magnitudes[1:]))
 
 
-def _in_numpy_layout(result: np.ndarray, views: list[np.ndarray], contraction: Contraction,
-                     order: str) -> np.ndarray:
+def _in_numpy_layout(result: np.ndarray, views: list[np.ndarray], contraction: Contraction, order: str) -> np.ndarray:
     """``result`` (C-contiguous) in the layout numpy's iterator gives a new output for ``order``
     'K' or 'A', given the operands: a copy when that layout is not C order."""
     if order == "A":  # Fortran order if every operand is Fortran-contiguous
@@ -601,11 +636,16 @@ def _in_numpy_layout(result: np.ndarray, views: list[np.ndarray], contraction: C
     output_strides = [_label_strides(view, term, contraction.output) for view, term in zip(views, contraction.inputs)]
     if all(_c_ordered(strides) for strides in output_strides):
         return result  # no operand asks the iterator to reorder the axes: C order (the usual case, and cheap)
-    over_output = [np.lib.stride_tricks.as_strided(view, result.shape, strides)
-                   for view, strides in zip(views, output_strides)]
-    iterator = np.nditer([*over_output, None], flags=["zerosize_ok", "refs_ok"],
-                         op_flags=[["readonly"]] * len(over_output) + [["writeonly", "allocate"]],
-                         op_dtypes=[None] * len(over_output) + [result.dtype], order=order)
+    over_output = [
+        np.lib.stride_tricks.as_strided(view, result.shape, strides) for view, strides in zip(views, output_strides)
+    ]
+    iterator = np.nditer(
+        [*over_output, None],
+        flags=["zerosize_ok", "refs_ok"],
+        op_flags=[["readonly"]] * len(over_output) + [["writeonly", "allocate"]],
+        op_dtypes=[None] * len(over_output) + [result.dtype],
+        order=order,
+    )
     laid_out = iterator.operands[-1]
     if laid_out.flags.c_contiguous:
         return result

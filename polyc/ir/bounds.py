@@ -13,10 +13,11 @@ outside:
 
 Accesses with data-dependent subscripts are checked at run time by the generated code instead.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import islpy as isl
 
@@ -57,28 +58,38 @@ class BoundsPrecondition:
         for violation in self.violations:
             point = violation.sizes
             for position, name in enumerate(self.params):
-                point = point.fix_val(isl.dim_type.param, position,
-                                      isl.Val.int_from_si(point.get_ctx(), sizes[name]))
+                point = point.fix_val(isl.dim_type.param, position, isl.Val.int_from_si(point.get_ctx(), sizes[name]))
             if not point.is_empty():
                 values = ", ".join(f"{name}={sizes[name]}" for name in self.params)
                 raise BoundsError(f"for sizes {values}, {violation.description}", violation.loc, source)
 
     def to_json(self) -> dict:
         """The precondition as JSON-ready data (:meth:`from_json` reads it back)."""
-        return {"params": list(self.params),
-                "violations": [{"description": v.description, "sizes": str(v.sizes),
-                                "loc": [v.loc.line, v.loc.col] if v.loc is not None else None}
-                               for v in self.violations]}
+        return {
+            "params": list(self.params),
+            "violations": [
+                {
+                    "description": v.description,
+                    "sizes": str(v.sizes),
+                    "loc": [v.loc.line, v.loc.col] if v.loc is not None else None,
+                }
+                for v in self.violations
+            ],
+        }
 
     @classmethod
-    def from_json(cls, data: dict, filename: str) -> "BoundsPrecondition":
+    def from_json(cls, data: dict, filename: str) -> BoundsPrecondition:
         """The precondition :meth:`to_json` wrote, its locations in ``filename``.  Raises
         ValueError, KeyError or TypeError (or isl's error) on data it did not write."""
         ctx = isl.Context()
         violations = tuple(
-            Violation(str(v["description"]), isl.Set.read_from_str(ctx, v["sizes"]),
-                      SourceLocation(int(v["loc"][0]), int(v["loc"][1]), filename) if v["loc"] else None)
-            for v in data["violations"])
+            Violation(
+                str(v["description"]),
+                isl.Set.read_from_str(ctx, v["sizes"]),
+                SourceLocation(int(v["loc"][0]), int(v["loc"][1]), filename) if v["loc"] else None,
+            )
+            for v in data["violations"]
+        )
         return cls(tuple(str(p) for p in data["params"]), violations)
 
     def __str__(self) -> str:
@@ -96,8 +107,7 @@ def check_bounds(program: PolyProgram) -> BoundsPrecondition:
     boxes: dict[str, isl.Set] = {}  # per tensor, made once (each one a parse of isl text)
     for s in program.statements:
         accesses = [("writes", s.source.target, s.write, s.domain, None)]
-        accesses += [("reads", a.tensor, a.relation, s.domain.intersect(a.guard), a.read)
-                     for a in s.reads if a.exact]
+        accesses += [("reads", a.tensor, a.relation, s.domain.intersect(a.guard), a.read) for a in s.reads if a.exact]
         for verb, tensor, relation, where, read in accesses:
             touched = relation.intersect_domain(where)
             if tensor not in boxes:
@@ -106,15 +116,21 @@ def check_bounds(program: PolyProgram) -> BoundsPrecondition:
             if outside.is_empty():
                 continue
             loc = read.loc if read is not None and read.loc.line else s.source.loc
-            description = (f"statement {s.source.name} ({s.source.text}) {verb} {tensor} outside its "
-                           f"bounds {_shape_text(program, tensor)}")
+            description = (
+                f"statement {s.source.name} ({s.source.text}) {verb} {tensor} outside its "
+                f"bounds {_shape_text(program, tensor)}"
+            )
             bad_sizes = outside.params()
             if positive.is_subset(bad_sizes):
                 example = outside.intersect_params(positive).sample().wrap().sample_point()
-                advice = (_explain_write(program, s.source) if read is None else "") or \
-                    "restrict the index ranges with 'where' or guard the access with a condition"
-                raise BoundsError(f"{description} for every choice of sizes, e.g. at {_point_text(example)}; {advice}",
-                                  loc, program.definition.source or None)
+                advice = (
+                    _explain_write(program, s.source) if read is None else ""
+                ) or "restrict the index ranges with 'where' or guard the access with a condition"
+                raise BoundsError(
+                    f"{description} for every choice of sizes, e.g. at {_point_text(example)}; {advice}",
+                    loc,
+                    program.definition.source or None,
+                )
             violations.append(Violation(description, bad_sizes.coalesce(), loc))
     return BoundsPrecondition(program.params, tuple(violations))
 
@@ -131,16 +147,21 @@ def _explain_write(program: PolyProgram, statement) -> str:
         inside_lo, inside_hi = given.lo.maximum(0), given.hi.minimum(extent)
         if (inside_lo, inside_hi) == (given.lo, given.hi):
             continue
-        origin = (f"range inference gave '{index}' the range {given.lo} <= {index} < {given.hi} because of "
-                  f"{' and '.join(given.inferred_from)}" if given.inferred_from
-                  else f"the where clause gives '{index}' the range {given.lo} <= {index} < {given.hi}")
+        origin = (
+            f"range inference gave '{index}' the range {given.lo} <= {index} < {given.hi} because of "
+            f"{' and '.join(given.inferred_from)}"
+            if given.inferred_from
+            else f"the where clause gives '{index}' the range {given.lo} <= {index} < {given.hi}"
+        )
         reasons.append(origin)
         needs.append(f"0 <= {index} < {extent}")
         clauses.append(f"{index} in {inside_lo}:{inside_hi}")
     if not reasons:
         return ""
-    return (f"{'; '.join(reasons)}, but the write to {statement.target} needs {' and '.join(needs)}: "
-            f"add 'where {', '.join(clauses)}' (or guard the statement with a condition)")
+    return (
+        f"{'; '.join(reasons)}, but the write to {statement.target} needs {' and '.join(needs)}: "
+        f"add 'where {', '.join(clauses)}' (or guard the statement with a condition)"
+    )
 
 
 def _shape_text(program: PolyProgram, tensor: str) -> str:

@@ -9,6 +9,7 @@ of a 16 MB output is a large share of a Kronecker step: the ``kronecker3_*`` cas
 ``python -m benchmarks``).  isl decides it for all
 sizes at once.
 """
+
 from __future__ import annotations
 
 import islpy as isl

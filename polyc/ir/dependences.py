@@ -9,6 +9,7 @@ indices depend on each other through the accumulator.  Those self-dependences ar
 *reduction dependences*: they order the reduction loop, but the loops over left-hand indices
 carry none of them and so stay parallel.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,8 +39,9 @@ class Dependences:
         return self.all.subtract(self.reduction)
 
     def to_text(self) -> str:
-        return "\n".join(f"{name}: {getattr(self, name).coalesce()}"
-                         for name in ("flow", "anti", "output", "reduction"))
+        return "\n".join(
+            f"{name}: {getattr(self, name).coalesce()}" for name in ("flow", "anti", "output", "reduction")
+        )
 
 
 def compute_dependences(program: PolyProgram) -> Dependences:
@@ -48,12 +50,29 @@ def compute_dependences(program: PolyProgram) -> Dependences:
     reads, writes = program.reads, program.writes
     empty = isl.UnionMap.empty(program.context.get_space())
 
-    flow = isl.UnionAccessInfo.from_sink(reads).set_must_source(writes) \
-        .set_schedule(schedule).compute_flow().get_may_dependence()
-    anti = isl.UnionAccessInfo.from_sink(writes).set_must_source(empty).set_may_source(reads) \
-        .set_schedule(schedule).compute_flow().get_may_dependence()
-    output = isl.UnionAccessInfo.from_sink(writes).set_must_source(empty).set_may_source(writes) \
-        .set_schedule(schedule).compute_flow().get_may_dependence()
+    flow = (
+        isl.UnionAccessInfo.from_sink(reads)
+        .set_must_source(writes)
+        .set_schedule(schedule)
+        .compute_flow()
+        .get_may_dependence()
+    )
+    anti = (
+        isl.UnionAccessInfo.from_sink(writes)
+        .set_must_source(empty)
+        .set_may_source(reads)
+        .set_schedule(schedule)
+        .compute_flow()
+        .get_may_dependence()
+    )
+    output = (
+        isl.UnionAccessInfo.from_sink(writes)
+        .set_must_source(empty)
+        .set_may_source(writes)
+        .set_schedule(schedule)
+        .compute_flow()
+        .get_may_dependence()
+    )
 
     reduction = isl.UnionMap.empty(program.context.get_space())
     for s in program.statements:
@@ -65,6 +84,7 @@ def compute_dependences(program: PolyProgram) -> Dependences:
         primed = dims[:lhs] + [f"{d}_" for d in dims[lhs:]]
         params = "[" + ", ".join(isl_name(p) for p in program.params) + "]"
         same_target = isl.UnionMap.read_from_str(
-            program.ctx, f"{params} -> {{ {s.name}[{', '.join(dims)}] -> {s.name}[{', '.join(primed)}] }}")
+            program.ctx, f"{params} -> {{ {s.name}[{', '.join(dims)}] -> {s.name}[{', '.join(primed)}] }}"
+        )
         reduction = reduction.union(flow.union(anti).union(output).intersect(same_target))
     return Dependences(flow.coalesce(), anti.coalesce(), output.coalesce(), reduction.coalesce())

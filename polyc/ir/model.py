@@ -11,10 +11,11 @@ within one, the order of its indices) is the initial schedule.
     >>> print(program.statement("S0").domain)
     [M, K, N] -> { S0[m, n, r_k] : 0 <= m < M and 0 <= n < N and 0 <= r_k < K }
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import islpy as isl
 
@@ -22,8 +23,29 @@ from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine, affine_arithmetic
 
 #: Words isl's parser reserves; a TC name equal to one is renamed in isl text.
-_ISL_KEYWORDS = frozenset({"and", "or", "not", "exists", "implies", "mod", "floor", "ceil", "min", "max",
-                           "infty", "NaN", "true", "false", "rat", "int", "domain", "range", "params"})
+_ISL_KEYWORDS = frozenset(
+    {
+        "and",
+        "or",
+        "not",
+        "exists",
+        "implies",
+        "mod",
+        "floor",
+        "ceil",
+        "min",
+        "max",
+        "infty",
+        "NaN",
+        "true",
+        "false",
+        "rat",
+        "int",
+        "domain",
+        "range",
+        "params",
+    }
+)
 
 
 def isl_name(name: str) -> str:
@@ -114,7 +136,8 @@ class PolyProgram:
         text = f"{self._params_text()} -> {{ {'; '.join(pieces)} }}"
         schedule_map = isl.UnionMap.read_from_str(self.ctx, text)
         return isl.Schedule.from_domain(self.domain).insert_partial_schedule(
-            isl.MultiUnionPwAff.from_union_map(schedule_map))
+            isl.MultiUnionPwAff.from_union_map(schedule_map)
+        )
 
     def _params_text(self) -> str:
         return "[" + ", ".join(isl_name(p) for p in self.params) + "]"
@@ -146,8 +169,9 @@ def _union_maps(program: PolyProgram, maps) -> isl.UnionMap:
     return result
 
 
-def build_program(definition: ir.CheckedDef, size_values: Mapping[str, int] | None = None,
-                  ctx: isl.Context | None = None) -> PolyProgram:
+def build_program(
+    definition: ir.CheckedDef, size_values: Mapping[str, int] | None = None, ctx: isl.Context | None = None
+) -> PolyProgram:
     """The polyhedral program of ``definition``; with ``size_values`` it is specialised to them."""
     return _ProgramBuilder(definition, size_values, ctx or isl.Context()).build()
 
@@ -167,8 +191,7 @@ class _ProgramBuilder:
             if s.has_init_statement:
                 statements.append(self._statement(s, f"{s.name}_init", "init", s.indices))
             statements.append(self._statement(s, s.name, "assign" if s.op == "=" else "update", s.all_indices))
-        return PolyProgram(self.definition, self.ctx, self.params, self.context, tuple(statements),
-                           self.size_values)
+        return PolyProgram(self.definition, self.ctx, self.params, self.context, tuple(statements), self.size_values)
 
     def _context(self) -> isl.Set:
         constraints = [f"{isl_name(p)} >= 0" for p in self.params]
@@ -181,7 +204,9 @@ class _ProgramBuilder:
 
     def _set(self, name: str, indices, constraints) -> isl.Set:
         body = " and ".join(constraints) or "true"
-        return isl.Set.read_from_str(self.ctx, f"{self.params_text} -> {{ {name}[{', '.join(_isl_dims(indices))}] : {body} }}")
+        return isl.Set.read_from_str(
+            self.ctx, f"{self.params_text} -> {{ {name}[{', '.join(_isl_dims(indices))}] : {body} }}"
+        )
 
     def _statement(self, source: ir.CheckedStatement, name: str, kind: str, indices) -> PolyStatement:
         bounds = []
@@ -216,8 +241,10 @@ class _ProgramBuilder:
                 constraints.append(f"0 <= polyc_any{dim} < {isl_affine(extent)}")
         where = f" : {' and '.join(constraints)}" if constraints else ""
         # Data-dependent dimensions are range variables constrained only by the extent.
-        text = (f"{self.params_text} -> {{ {name}[{', '.join(_isl_dims(indices))}] -> "
-                f"{read.tensor}[{', '.join(outputs)}]{where} }}")
+        text = (
+            f"{self.params_text} -> {{ {name}[{', '.join(_isl_dims(indices))}] -> "
+            f"{read.tensor}[{', '.join(outputs)}]{where} }}"
+        )
         return isl.Map.read_from_str(self.ctx, text), exact
 
 

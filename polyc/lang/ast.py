@@ -3,6 +3,7 @@
 Every node is an immutable record carrying the :class:`SourceLocation` of its first token, so
 that later stages can point at the place in the source an error comes from.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -100,10 +101,17 @@ class Ternary(Expr):
 BINARY_PRECEDENCE = {
     "||": 1,
     "&&": 2,
-    "==": 3, "!=": 3,
-    "<": 4, "<=": 4, ">": 4, ">=": 4,
-    "+": 5, "-": 5,
-    "*": 6, "/": 6, "%": 6,
+    "==": 3,
+    "!=": 3,
+    "<": 4,
+    "<=": 4,
+    ">": 4,
+    ">=": 4,
+    "+": 5,
+    "-": 5,
+    "*": 6,
+    "/": 6,
+    "%": 6,
 }
 
 

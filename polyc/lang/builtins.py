@@ -3,11 +3,12 @@
 One table serves the parser (which names are calls), the checker (arity and types), the
 reference interpreter (numpy) and code generation (C), so a builtin is added in one place.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from scipy import special
@@ -56,8 +57,9 @@ def _remainder(a, b):
     """C's remainder (IEEE 754: the quotient rounded to nearest, ties to even), which numpy
     lacks (``numpy.remainder`` is Python's modulo).  Exact in float64 for every float type."""
     dtype = np.result_type(a, b)
-    return np.asarray(_remainder_elementwise(np.asarray(a, np.float64), np.asarray(b, np.float64)),
-                      np.float64).astype(dtype)
+    return np.asarray(_remainder_elementwise(np.asarray(a, np.float64), np.asarray(b, np.float64)), np.float64).astype(
+        dtype
+    )
 
 
 def _logb(x):

@@ -11,11 +11,12 @@ reduction indices' ranges, the values are combined with the update operator, and
 combined with the target's current element (or with the operator's identity when ``init``).
 Statements run in order; each reads the tensors as earlier statements left them.
 """
+
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Union
 
 import numpy as np
 
@@ -51,7 +52,7 @@ class SizeValue(TExpr):
 
 
 #: One subscript of a tensor access: affine in indices and sizes, or a data-dependent value.
-Subscript = Union[Affine, TExpr]
+Subscript = Affine | TExpr
 
 
 @dataclass(frozen=True)
@@ -259,11 +260,14 @@ class CheckedDef:
 
     def describe(self) -> str:
         """A readable summary: signature with shapes, then each statement with its ranges."""
+
         def shape(t: Tensor) -> str:
             return f"{t.dtype.name}({', '.join(str(e) for e in t.shape)}) {t.name}"
 
-        lines = [f"def {self.name}({', '.join(shape(self.tensor(n)) for n in self.inputs)})"
-                 f" -> ({', '.join(shape(self.tensor(n)) for n in self.outputs)})"]
+        lines = [
+            f"def {self.name}({', '.join(shape(self.tensor(n)) for n in self.inputs)})"
+            f" -> ({', '.join(shape(self.tensor(n)) for n in self.outputs)})"
+        ]
         for name in self.temporaries:
             lines.append(f"  temporary {shape(self.tensor(name))}")
         for s in self.statements:

@@ -17,6 +17,7 @@ still rounds).  min and max are exact in float16 and are left alone, as is a red
 reads its own target.  The GPU back ends do not rewrite: their mappers keep shared and
 register tiles in float16 (a temporary in float32 lost them), and round each step.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,21 +32,26 @@ FLOAT32 = np.dtype(np.float32)
 
 
 def _needs_float32(definition: ir.CheckedDef, statement: ir.CheckedStatement) -> bool:
-    return (statement.op in ("+", "*") and bool(statement.reduction_indices)
-            and definition.tensor(statement.target).dtype == FLOAT16
-            and all(read.tensor != statement.target for read in ir.reads(statement.rhs)))
+    return (
+        statement.op in ("+", "*")
+        and bool(statement.reduction_indices)
+        and definition.tensor(statement.target).dtype == FLOAT16
+        and all(read.tensor != statement.target for read in ir.reads(statement.rhs))
+    )
 
 
 def _widened(expr: ir.TExpr) -> ir.TExpr:
     """``expr`` computed in float32 wherever it computed in float16: float16 reads and constants
     widened, operations on them done in float32.  A cast to float16 of a wider value (the
     user's own rounding) is kept, and its result widened."""
+
     def wide(dtype: np.dtype) -> np.dtype:
         return FLOAT32 if dtype == FLOAT16 else dtype
 
     if isinstance(expr, ir.Read):
-        read = dataclasses.replace(expr, subscripts=tuple(
-            _widened(sub) if isinstance(sub, ir.TExpr) else sub for sub in expr.subscripts))
+        read = dataclasses.replace(
+            expr, subscripts=tuple(_widened(sub) if isinstance(sub, ir.TExpr) else sub for sub in expr.subscripts)
+        )
         return ir.Cast(FLOAT32, read) if expr.dtype == FLOAT16 else read
     if isinstance(expr, ir.Const):
         return dataclasses.replace(expr, dtype=wide(expr.dtype))
@@ -54,8 +60,13 @@ def _widened(expr: ir.TExpr) -> ir.TExpr:
     if isinstance(expr, ir.Binary):
         return dataclasses.replace(expr, dtype=wide(expr.dtype), lhs=_widened(expr.lhs), rhs=_widened(expr.rhs))
     if isinstance(expr, ir.Select):
-        return dataclasses.replace(expr, dtype=wide(expr.dtype), cond=_widened(expr.cond),
-                                   then=_widened(expr.then), otherwise=_widened(expr.otherwise))
+        return dataclasses.replace(
+            expr,
+            dtype=wide(expr.dtype),
+            cond=_widened(expr.cond),
+            then=_widened(expr.then),
+            otherwise=_widened(expr.otherwise),
+        )
     if isinstance(expr, ir.Call):
         return dataclasses.replace(expr, dtype=wide(expr.dtype), args=tuple(_widened(a) for a in expr.args))
     if isinstance(expr, ir.Cast):
@@ -80,8 +91,11 @@ def accumulate_float16_in_float32(definition: ir.CheckedDef) -> ir.CheckedDef:
     module docstring); the same object when it has none."""
     if not any(_needs_float32(definition, s) for s in definition.statements):
         return definition
-    taken = {t.name for t in definition.tensors} | set(definition.sizes) \
+    taken = (
+        {t.name for t in definition.tensors}
+        | set(definition.sizes)
         | {i for s in definition.statements for i in s.all_indices}
+    )
     temporaries: list[ir.Tensor] = []
     statements: list[ir.CheckedStatement] = []
 
@@ -93,23 +107,44 @@ def accumulate_float16_in_float32(definition: ir.CheckedDef) -> ir.CheckedDef:
             add(statement)
             continue
         target = definition.tensor(statement.target)
-        wide = ir.Tensor(_fresh_name(f"{target.name}_sum32", taken), FLOAT32, target.shape,
-                         ir.Role.TEMPORARY, target.loc)
+        wide = ir.Tensor(
+            _fresh_name(f"{target.name}_sum32", taken), FLOAT32, target.shape, ir.Role.TEMPORARY, target.loc
+        )
         temporaries.append(wide)
         here = tuple(Affine.var(i) for i in statement.indices)
-        element_ranges = statement.ranges[:len(statement.indices)]
+        element_ranges = statement.ranges[: len(statement.indices)]
         note = f"  (float16 {statement.text}, accumulated in float32)"
 
         def assignment(into: str, value: ir.TExpr, text: str) -> ir.CheckedStatement:
-            return ir.CheckedStatement(position=0, target=into, indices=statement.indices, reduction_indices=(),
-                                       ranges=element_ranges, op="=", init=False, rhs=value, text=text,
-                                       loc=statement.loc)
+            return ir.CheckedStatement(
+                position=0,
+                target=into,
+                indices=statement.indices,
+                reduction_indices=(),
+                ranges=element_ranges,
+                op="=",
+                init=False,
+                rhs=value,
+                text=text,
+                loc=statement.loc,
+            )
 
         if not statement.init:  # `+=`: the sum goes on from the target's elements
-            add(assignment(wide.name, ir.Cast(FLOAT32, ir.Read(FLOAT16, target.name, here)),
-                           f"{wide.name}(...) = float({target.name}(...)){note}"))
+            add(
+                assignment(
+                    wide.name,
+                    ir.Cast(FLOAT32, ir.Read(FLOAT16, target.name, here)),
+                    f"{wide.name}(...) = float({target.name}(...)){note}",
+                )
+            )
         add(dataclasses.replace(statement, target=wide.name, rhs=_widened(statement.rhs)))
-        add(assignment(target.name, ir.Cast(FLOAT16, ir.Read(FLOAT32, wide.name, here)),
-                       f"{target.name}(...) = float16({wide.name}(...)){note}"))
-    return dataclasses.replace(definition, tensors=definition.tensors + tuple(temporaries),
-                               statements=tuple(statements))
+        add(
+            assignment(
+                target.name,
+                ir.Cast(FLOAT16, ir.Read(FLOAT32, wide.name, here)),
+                f"{target.name}(...) = float16({wide.name}(...)){note}",
+            )
+        )
+    return dataclasses.replace(
+        definition, tensors=definition.tensors + tuple(temporaries), statements=tuple(statements)
+    )

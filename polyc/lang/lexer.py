@@ -12,6 +12,7 @@ Everything else that depends on context is left to the parser: ``min=`` is the n
 followed by ``=``, and the init marker of ``+=!`` is a ``!`` token that touches the operator.
 Tokens keep their character offset so that the parser can tell whether two tokens touch.
 """
+
 from __future__ import annotations
 
 import re
@@ -29,8 +30,34 @@ KEYWORDS = frozenset({"def", "where", "in", "exists"})
 
 # Longest first, so that the first match is the maximal munch.
 PUNCTUATION = (
-    "<=>", "->", "+=", "*=", "&&", "||", "<=", ">=", "==", "!=",
-    "(", ")", "{", "}", ",", ":", ";", "?", ".", "=", "!", "<", ">", "+", "-", "*", "/", "%",
+    "<=>",
+    "->",
+    "+=",
+    "*=",
+    "&&",
+    "||",
+    "<=",
+    ">=",
+    "==",
+    "!=",
+    "(",
+    ")",
+    "{",
+    "}",
+    ",",
+    ":",
+    ";",
+    "?",
+    ".",
+    "=",
+    "!",
+    "<",
+    ">",
+    "+",
+    "-",
+    "*",
+    "/",
+    "%",
 )
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -25,9 +25,11 @@ Every error is a :class:`TCSyntaxError` at the offending token.  Expression nest
 bounded by :data:`MAX_NESTING`, which keeps both this parser and the later passes that
 walk the tree well inside Python's recursion limit.
 """
+
 from __future__ import annotations
 
-from typing import Callable, NoReturn, TypeVar
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
 
 from polyc.errors import SourceLocation, TCSyntaxError
 from polyc.lang import ast
@@ -187,16 +189,13 @@ class _Parser:
     def _parse_input(self) -> ast.Param:
         token = self._tok
         if token.kind == NAME and token.text not in TC_TYPES and not self._type_follows():
-            raise self._error(
-                f"input '{token.text}' needs a type, as in 'float(N) {token.text}'", token.loc
-            )
+            raise self._error(f"input '{token.text}' needs a type, as in 'float(N) {token.text}'", token.loc)
         return self._parse_typed_param("input")
 
     def _parse_output(self) -> ast.Param:
         token = self._tok
         bare = token.kind == NAME and (
-            self._peek().kind in (",", ")")
-            or (token.text not in TC_TYPES and not self._type_follows())
+            self._peek().kind in (",", ")") or (token.text not in TC_TYPES and not self._type_follows())
         )
         if not bare:
             return self._parse_typed_param("output")
@@ -240,9 +239,7 @@ class _Parser:
         target = self._expect_tensor_name("a statement or '}'")
         lhs_indices: tuple[ast.Name, ...] = ()
         if self._accept("("):
-            lhs_indices = self._parse_parenthesized(
-                self._parse_lhs_index, lambda index: f"index '{index.name}'"
-            )
+            lhs_indices = self._parse_parenthesized(self._parse_lhs_index, lambda index: f"index '{index.name}'")
         op, init = self._parse_assign_op(target, follows_expression)
         rhs = self._parse_expression()
         equivalent = None
@@ -294,9 +291,7 @@ class _Parser:
             self._advance()
             self._advance()
             op, end = token.text + "=", following.end
-        elif (
-            token.kind in _C_ONLY_COMPOUND and following.kind == "=" and _touching(token, following)
-        ):
+        elif token.kind in _C_ONLY_COMPOUND and following.kind == "=" and _touching(token, following):
             raise self._error(
                 f"'{token.text}=' is not a TC assignment operator; use {_ASSIGN_OPS_TEXT}",
                 token.loc,
@@ -308,9 +303,7 @@ class _Parser:
                 target.loc,
             )
         else:
-            self._fail_expected(
-                f"an assignment operator ({_ASSIGN_OPS_TEXT}) after '{target.text}'"
-            )
+            self._fail_expected(f"an assignment operator ({_ASSIGN_OPS_TEXT}) after '{target.text}'")
 
         init = self._tok.kind == "!" and self._tok.offset == end
         if init:
@@ -422,9 +415,7 @@ class _Parser:
 
     def _parse_arguments(self, callee: str) -> tuple[ast.Expr, ...]:
         """``[expr {',' expr}] ')'`` after ``callee(``."""
-        return self._parse_parenthesized(
-            self._parse_expression, lambda _: f"an argument of '{callee}'"
-        )
+        return self._parse_parenthesized(self._parse_expression, lambda _: f"an argument of '{callee}'")
 
 
 def _describe(token: Token) -> str:

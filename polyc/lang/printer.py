@@ -17,6 +17,7 @@ Unary minus, and infinities and NaN have no literal at all.
         Y(i) = X(i) * (2 + X(i))
     }
 """
+
 from __future__ import annotations
 
 import math

@@ -14,6 +14,7 @@ accesses only if no unguarded one bounds any index still unknown.  TC's
 padding written as ``(h >= 1) ? I(h - 1) : 0`` leaves h the range an unguarded access or the
 ``where`` clause gives it.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -46,11 +47,12 @@ def check_def(definition: ast.Def, text: str = "", filename: str = "<tc>") -> ir
     try:
         return _DefChecker(definition, text, filename).run()
     except RecursionError:
-        raise TCSemanticError(f"def '{definition.name}' is nested too deeply to check",
-                              definition.loc, text) from None
+        raise TCSemanticError(f"def '{definition.name}' is nested too deeply to check", definition.loc, text) from None
     except _ConstantOutOfRange as problem:
-        message = (f"the constant {problem.value} does not fit in {problem.dtype.name}, the type it takes "
-                   f"here; cast the other operand to a wider type")
+        message = (
+            f"the constant {problem.value} does not fit in {problem.dtype.name}, the type it takes "
+            f"here; cast the other operand to a wider type"
+        )
         raise TCSemanticError(message, problem.loc or definition.loc, text) from None
 
 
@@ -120,8 +122,11 @@ class _DefChecker:
             if name not in self.tensors:
                 raise self.error(f"output '{name}' is never written", param.loc)
         outputs = tuple(p.name for p in d.outputs)
-        order = [n for n in self.tensors if self.tensors[n].role is ir.Role.INPUT] + list(outputs) \
+        order = (
+            [n for n in self.tensors if self.tensors[n].role is ir.Role.INPUT]
+            + list(outputs)
             + [n for n in self.tensors if self.tensors[n].role is ir.Role.TEMPORARY]
+        )
         return ir.CheckedDef(
             name=d.name,
             tensors=tuple(self.tensors[n] for n in order),
@@ -150,16 +155,16 @@ class _DefChecker:
         for dim, size in enumerate(param.sizes or ()):
             if isinstance(size, ast.Number):
                 if size.is_float or size.value < 0:
-                    raise self.error(f"size {size.value} of input '{param.name}' is not a non-negative integer",
-                                     size.loc)
+                    raise self.error(
+                        f"size {size.value} of input '{param.name}' is not a non-negative integer", size.loc
+                    )
                 shape.append(Affine.const(int(size.value)))
             else:
                 if size.name in self.tensors or size.name == param.name:
                     raise self.error(f"size '{size.name}' has the name of a tensor", size.loc)
                 self._bind_size(size.name, param.name, dim)
                 shape.append(Affine.var(size.name))
-        self.tensors[param.name] = ir.Tensor(param.name, TC_TYPES[param.dtype], tuple(shape),
-                                             ir.Role.INPUT, param.loc)
+        self.tensors[param.name] = ir.Tensor(param.name, TC_TYPES[param.dtype], tuple(shape), ir.Role.INPUT, param.loc)
 
     def _add_output(self, param: ast.Param) -> None:
         self._check_new_name(param.name, param.loc, "output")
@@ -167,10 +172,8 @@ class _DefChecker:
         if param.sizes is None:
             return
         for size in param.sizes:
-            if isinstance(size, ast.Name) and size.name not in self.sizes \
-                    and not self._is_scalar_int_input(size.name):
-                raise self.error(f"size '{size.name}' of output '{param.name}' is not a size of any input",
-                                 size.loc)
+            if isinstance(size, ast.Name) and size.name not in self.sizes and not self._is_scalar_int_input(size.name):
+                raise self.error(f"size '{size.name}' of output '{param.name}' is not a size of any input", size.loc)
 
     def declared_shape(self, name: str) -> tuple[Affine, ...] | None:
         """The shape written in the signature for output ``name``, if any."""
@@ -192,8 +195,9 @@ class _DefChecker:
             if self._is_scalar_int_input(expr.name):
                 self._bind_size(expr.name, expr.name, None)
                 return Affine.var(expr.name)
-            raise self.error(f"'{expr.name}' is not a size (bounds must be written in the sizes of the inputs)",
-                             expr.loc)
+            raise self.error(
+                f"'{expr.name}' is not a size (bounds must be written in the sizes of the inputs)", expr.loc
+            )
         if isinstance(expr, ast.Extent):
             return self.extent(expr)
         if isinstance(expr, ast.Unary) and expr.op == "-":
@@ -222,8 +226,9 @@ class _DefChecker:
         if tensor is None:
             raise self.error(f"unknown tensor '{expr.tensor}' in '{expr.tensor}.{expr.dim}'", expr.loc)
         if not 0 <= expr.dim < tensor.rank:
-            raise self.error(f"'{expr.tensor}' has {tensor.rank} dimension(s); '{expr.tensor}.{expr.dim}' "
-                             f"does not exist", expr.loc)
+            raise self.error(
+                f"'{expr.tensor}' has {tensor.rank} dimension(s); '{expr.tensor}.{expr.dim}' does not exist", expr.loc
+            )
         return tensor.shape[expr.dim]
 
 
@@ -251,20 +256,27 @@ class _StatementChecker:
         for clause in s.where:
             if isinstance(clause, ast.ExistsClause):
                 self.type_expr(self.inline_lets(clause.access), guarded=False)
-        target_shape = target.shape if target is not None else owner.declared_shape(s.target) \
-            if s.target in owner.declared_outputs else None
+        target_shape = (
+            target.shape
+            if target is not None
+            else owner.declared_shape(s.target)
+            if s.target in owner.declared_outputs
+            else None
+        )
         if target_shape is not None:
             if len(target_shape) != len(s.indices):
-                raise self.error(f"'{s.target}' has {len(target_shape)} dimension(s) but is written with "
-                                 f"{len(s.indices)} index(es)", s.loc)
+                raise self.error(
+                    f"'{s.target}' has {len(target_shape)} dimension(s) but is written with {len(s.indices)} index(es)",
+                    s.loc,
+                )
             for index, extent in zip(s.indices, target_shape):
-                self.constraints.append(_Constraint(Affine.var(index), extent,
-                                                    access=f"the shape of '{s.target}'"))
+                self.constraints.append(_Constraint(Affine.var(index), extent, access=f"the shape of '{s.target}'"))
         for index in where_ranges:
             if index not in self.indices:
                 clause = next(c for c in s.where if isinstance(c, ast.RangeClause) and c.index == index)
-                raise self.error(f"where clause gives a range to '{index}', which the statement does not use",
-                                 clause.loc)
+                raise self.error(
+                    f"where clause gives a range to '{index}', which the statement does not use", clause.loc
+                )
         ranges = self.infer_ranges(where_ranges)
         reduction_indices = tuple(i for i in self.indices if i not in s.indices)
         op, init = self._normalise_op(reduction_indices)
@@ -273,8 +285,7 @@ class _StatementChecker:
         if target is None:
             self._warn_reduction_from_zero()
             declared = owner.declared_outputs.get(s.target)
-            dtype = TC_TYPES[declared.dtype] if declared is not None and declared.dtype \
-                else self._result_dtype(rhs)
+            dtype = TC_TYPES[declared.dtype] if declared is not None and declared.dtype else self._result_dtype(rhs)
             shape = target_shape if target_shape is not None else tuple(ranges[i].hi for i in s.indices)
             role = ir.Role.OUTPUT if s.target in owner.declared_outputs else ir.Role.TEMPORARY
             loc = owner.declared_outputs[s.target].loc if role is ir.Role.OUTPUT else s.loc
@@ -300,9 +311,11 @@ class _StatementChecker:
         s = self.statement
         if s.init or s.op not in ("*=", "min=", "max="):
             return
-        message = (f"column {s.loc.col}: '{s.target}' is first written by '{_statement_text(self.owner.text, s)}', "
-                   f"whose '{s.op}' without '!' starts from {s.target}'s value before the statement: zero, unless "
-                   f"passed in outputs=; write '{s.op}!' to start from the identity of {s.op[:-1]}")
+        message = (
+            f"column {s.loc.col}: '{s.target}' is first written by '{_statement_text(self.owner.text, s)}', "
+            f"whose '{s.op}' without '!' starts from {s.target}'s value before the statement: zero, unless "
+            f"passed in outputs=; write '{s.op}!' to start from the identity of {s.op[:-1]}"
+        )
         # Shown at the TC source's line, not at a line of polyc.
         warnings.warn_explicit(message, PolycWarning, s.loc.filename, s.loc.line)
 
@@ -330,11 +343,16 @@ class _StatementChecker:
                     raise self.error(f"index '{clause.index}' is given two ranges", clause.loc)
                 if clause.index in self.owner.sizes or clause.index in self.owner.tensors:
                     raise self.error(f"'{clause.index}' names a size or tensor, not an index", clause.loc)
-                ranges[clause.index] = ir.IndexRange(self.owner.size_expression(clause.lo),
-                                                     self.owner.size_expression(clause.hi))
+                ranges[clause.index] = ir.IndexRange(
+                    self.owner.size_expression(clause.lo), self.owner.size_expression(clause.hi)
+                )
             elif isinstance(clause, ast.LetClause):
-                if clause.name in self.lets or clause.name in self.owner.tensors \
-                        or clause.name in self.owner.sizes or clause.name in self.statement.indices:
+                if (
+                    clause.name in self.lets
+                    or clause.name in self.owner.tensors
+                    or clause.name in self.owner.sizes
+                    or clause.name in self.statement.indices
+                ):
                     raise self.error(f"let name '{clause.name}' is already in use", clause.loc)
                 self.lets[clause.name] = clause.value
         return ranges
@@ -344,9 +362,11 @@ class _StatementChecker:
         if s.op == "=":
             if reduction_indices:
                 names = ", ".join(f"'{i}'" for i in reduction_indices)
-                raise self.error(f"'=' cannot reduce over {names} (not on the left-hand side); "
-                                 f"use '+=!' (or another reduction) or add the index to the left",
-                                 self._first_use(reduction_indices[0]))
+                raise self.error(
+                    f"'=' cannot reduce over {names} (not on the left-hand side); "
+                    f"use '+=!' (or another reduction) or add the index to the left",
+                    self._first_use(reduction_indices[0]),
+                )
             return "=", False
         if not reduction_indices and s.init:
             return "=", False
@@ -359,11 +379,14 @@ class _StatementChecker:
             if read.tensor != s.target:
                 continue
             if reduction_indices:
-                raise self.error(f"a reduction cannot read its own target '{s.target}'; "
-                                 f"reduce into a temporary first", read.loc)
+                raise self.error(
+                    f"a reduction cannot read its own target '{s.target}'; reduce into a temporary first", read.loc
+                )
             if read.subscripts != own:
-                raise self.error(f"'{s.target}' is read at other indices than it is written; "
-                                 f"write the result to a temporary", read.loc)
+                raise self.error(
+                    f"'{s.target}' is read at other indices than it is written; write the result to a temporary",
+                    read.loc,
+                )
 
     @staticmethod
     def _result_dtype(rhs: _Typed) -> np.dtype:
@@ -387,11 +410,14 @@ class _StatementChecker:
         if isinstance(expr, ast.Unary):
             return ast.Unary(expr.op, self.inline_lets(expr.operand, active), expr.loc)
         if isinstance(expr, ast.Binary):
-            return ast.Binary(expr.op, self.inline_lets(expr.lhs, active), self.inline_lets(expr.rhs, active),
-                              expr.loc)
+            return ast.Binary(expr.op, self.inline_lets(expr.lhs, active), self.inline_lets(expr.rhs, active), expr.loc)
         if isinstance(expr, ast.Ternary):
-            return ast.Ternary(self.inline_lets(expr.cond, active), self.inline_lets(expr.then, active),
-                               self.inline_lets(expr.otherwise, active), expr.loc)
+            return ast.Ternary(
+                self.inline_lets(expr.cond, active),
+                self.inline_lets(expr.then, active),
+                self.inline_lets(expr.otherwise, active),
+                expr.loc,
+            )
         return expr
 
     # ------------------------------------------------------------------ names
@@ -436,7 +462,7 @@ class _StatementChecker:
         if isinstance(expr, ast.Number):
             if expr.is_float:
                 return _Typed(ir.Const(FLOAT32, float(expr.value)), weak=True, loc=expr.loc)
-            dtype = INT32 if -2**31 <= expr.value < 2**31 else INT64
+            dtype = INT32 if -(2**31) <= expr.value < 2**31 else INT64
             if expr.value >= 2**63:
                 raise self.error(f"the integer constant {expr.value} does not fit in int64", expr.loc)
             return _Typed(ir.Const(dtype, int(expr.value)), weak=True, loc=expr.loc)
@@ -457,8 +483,7 @@ class _StatementChecker:
             then = self.type_expr(expr.then, True)
             otherwise = self.type_expr(expr.otherwise, True)
             dtype, weak = unify(then, otherwise)
-            return _Typed(ir.Select(dtype, convert(cond, BOOL), convert(then, dtype), convert(otherwise, dtype)),
-                          weak)
+            return _Typed(ir.Select(dtype, convert(cond, BOOL), convert(then, dtype), convert(otherwise, dtype)), weak)
         raise self.error(f"unexpected expression {type(expr).__name__}", getattr(expr, "loc", None))
 
     def _type_name(self, expr: ast.Name) -> _Typed:
@@ -466,8 +491,7 @@ class _StatementChecker:
         if kind == "tensor":
             tensor = self.owner.tensors[expr.name]
             if tensor.rank != 0:
-                raise self.error(f"tensor '{expr.name}' has {tensor.rank} dimension(s) and needs subscripts",
-                                 expr.loc)
+                raise self.error(f"tensor '{expr.name}' has {tensor.rank} dimension(s) and needs subscripts", expr.loc)
             return _Typed(ir.Read(tensor.dtype, expr.name, (), expr.loc))
         if kind == "unwritten":
             raise self.error(f"'{expr.name}' is read before any statement writes it", expr.loc)
@@ -478,8 +502,9 @@ class _StatementChecker:
 
     def _type_access(self, expr: ast.Access, guarded: bool) -> _Typed:
         kind = self._classify(expr.tensor)
-        if kind == "unwritten" or (kind == "index" and any(
-                later.target == expr.tensor for later in self.owner.definition.statements)):
+        if kind == "unwritten" or (
+            kind == "index" and any(later.target == expr.tensor for later in self.owner.definition.statements)
+        ):
             raise self.error(f"'{expr.tensor}' is read before any statement writes it", expr.loc)
         if kind != "tensor":
             what = "a size" if kind == "size" else "not a tensor, builtin or type"
@@ -489,8 +514,10 @@ class _StatementChecker:
             raise self.error(f"unknown tensor '{expr.tensor}' ({what}){hint}", expr.loc)
         tensor = self.owner.tensors[expr.tensor]
         if len(expr.args) != tensor.rank:
-            raise self.error(f"'{expr.tensor}' has {tensor.rank} dimension(s) but is accessed with "
-                             f"{len(expr.args)} subscript(s)", expr.loc)
+            raise self.error(
+                f"'{expr.tensor}' has {tensor.rank} dimension(s) but is accessed with {len(expr.args)} subscript(s)",
+                expr.loc,
+            )
         subscripts: list[ir.Subscript] = []
         for arg, extent in zip(expr.args, tensor.shape):
             affine = self.affine_subscript(arg)
@@ -500,8 +527,10 @@ class _StatementChecker:
                 continue
             value = self.type_expr(arg, guarded)
             if not (is_integer(value.expr.dtype) or value.expr.dtype == BOOL):
-                raise self.error(f"subscript of '{expr.tensor}' has type {value.expr.dtype.name}; "
-                                 f"subscripts must be integers", getattr(arg, "loc", expr.loc))
+                raise self.error(
+                    f"subscript of '{expr.tensor}' has type {value.expr.dtype.name}; subscripts must be integers",
+                    getattr(arg, "loc", expr.loc),
+                )
             subscripts.append(convert(value, INT64))
         return _Typed(ir.Read(tensor.dtype, expr.tensor, tuple(subscripts), expr.loc))
 
@@ -570,12 +599,16 @@ class _StatementChecker:
             raise self.error(
                 f"cannot infer the range of index '{index}': no access bounds it on its own; "
                 f"add 'where {index} in LO:HI' (or, if '{index}' is not meant to be an index, it is an "
-                f"unknown name)", self._first_use(index), RangeInferenceError)
+                f"unknown name)",
+                self._first_use(index),
+                RangeInferenceError,
+            )
         return known
 
     @staticmethod
-    def _bounds_from(constraints: list[_Constraint], known: dict[str, ir.IndexRange], unknown: list[str]
-                     ) -> dict[str, tuple[list[Affine], list[Affine], list[str]]]:
+    def _bounds_from(
+        constraints: list[_Constraint], known: dict[str, ir.IndexRange], unknown: list[str]
+    ) -> dict[str, tuple[list[Affine], list[Affine], list[str]]]:
         """One round of inference: index -> (lower bounds, upper bounds, the accesses giving them)
         from every constraint in which exactly one index is still unknown, for all values of the
         known ones."""

@@ -10,17 +10,18 @@ the front end derived instead of deriving it again.
     >>> str((H - kh).floordiv(2) + 1)
     'floor((H - kh) / 2) + 1'
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Union
 
 
 @dataclass(frozen=True)
 class FloorDiv:
     """``floor(numerator / denominator)`` with a positive constant denominator."""
 
-    numerator: "Affine"
+    numerator: Affine
     denominator: int
 
 
@@ -29,10 +30,10 @@ class MinMax:
     """``min(args)`` or ``max(args)`` (``kind`` is "min" or "max") of two or more expressions."""
 
     kind: str
-    args: tuple["Affine", ...]
+    args: tuple[Affine, ...]
 
 
-Atom = Union[str, FloorDiv, MinMax]
+Atom = str | FloorDiv | MinMax
 
 
 def _atom_key(atom: Atom) -> tuple:
@@ -60,20 +61,20 @@ class Affine:
 
     # ------------------------------------------------------------------ construction
     @staticmethod
-    def var(name: str) -> "Affine":
+    def var(name: str) -> Affine:
         return Affine(((name, 1),), 0)
 
     @staticmethod
-    def const(value: int) -> "Affine":
+    def const(value: int) -> Affine:
         return Affine((), int(value))
 
     @staticmethod
-    def _make(coefficients: Mapping[Atom, int], constant: int) -> "Affine":
+    def _make(coefficients: Mapping[Atom, int], constant: int) -> Affine:
         terms = tuple(sorted(((a, c) for a, c in coefficients.items() if c != 0), key=lambda t: _atom_key(t[0])))
         return Affine(terms, int(constant))
 
     @staticmethod
-    def lift(value: "Affine | int") -> "Affine":
+    def lift(value: Affine | int) -> Affine:
         return value if isinstance(value, Affine) else Affine.const(value)
 
     # ------------------------------------------------------------------ queries
@@ -102,7 +103,7 @@ class Affine:
         return frozenset(a for a, _ in self.terms if isinstance(a, str))
 
     # ------------------------------------------------------------------ arithmetic
-    def __add__(self, other: "Affine | int") -> "Affine":
+    def __add__(self, other: Affine | int) -> Affine:
         other = Affine.lift(other)
         coefficients = dict(self.terms)
         for atom, c in other.terms:
@@ -111,23 +112,23 @@ class Affine:
 
     __radd__ = __add__
 
-    def __neg__(self) -> "Affine":
+    def __neg__(self) -> Affine:
         return self * -1
 
-    def __sub__(self, other: "Affine | int") -> "Affine":
+    def __sub__(self, other: Affine | int) -> Affine:
         return self + (-Affine.lift(other))
 
-    def __rsub__(self, other: "Affine | int") -> "Affine":
+    def __rsub__(self, other: Affine | int) -> Affine:
         return Affine.lift(other) - self
 
-    def __mul__(self, factor: int) -> "Affine":
+    def __mul__(self, factor: int) -> Affine:
         if not isinstance(factor, int):
             return NotImplemented
         return Affine._make({a: c * factor for a, c in self.terms}, self.constant * factor)
 
     __rmul__ = __mul__
 
-    def floordiv(self, denominator: int) -> "Affine":
+    def floordiv(self, denominator: int) -> Affine:
         """``floor(self / denominator)``, exact when every coefficient is divisible."""
         if denominator <= 0:
             raise ValueError("floor division by a non-positive constant")
@@ -141,21 +142,21 @@ class Affine:
                 return Affine.const(self.constant // denominator)
         return Affine(((FloorDiv(self, denominator), 1),), 0)
 
-    def ceildiv(self, denominator: int) -> "Affine":
+    def ceildiv(self, denominator: int) -> Affine:
         """``ceil(self / denominator)`` = ``-floor(-self / denominator)``."""
         return -((-self).floordiv(denominator))
 
-    def minimum(self, other: "Affine | int") -> "Affine":
+    def minimum(self, other: Affine | int) -> Affine:
         return _min_max("min", [self, Affine.lift(other)])
 
-    def maximum(self, other: "Affine | int") -> "Affine":
+    def maximum(self, other: Affine | int) -> Affine:
         return _min_max("max", [self, Affine.lift(other)])
 
-    def substitute(self, values: Mapping[str, "Affine | int"]) -> "Affine":
+    def substitute(self, values: Mapping[str, Affine | int]) -> Affine:
         """Replace names by expressions (names not in ``values`` stay)."""
         return self._rebuild(lambda name: Affine.lift(values[name]) if name in values else Affine.var(name))
 
-    def _rebuild(self, leaf: Callable[[str], "Affine"]) -> "Affine":
+    def _rebuild(self, leaf: Callable[[str], Affine]) -> Affine:
         result = Affine.const(self.constant)
         for atom, c in self.terms:
             if isinstance(atom, str):
@@ -175,7 +176,7 @@ class Affine:
             total += c * _eval_atom(atom, values)
         return total
 
-    def bounds(self, ranges: Mapping[str, tuple["Affine", "Affine"]]) -> tuple["Affine", "Affine"]:
+    def bounds(self, ranges: Mapping[str, tuple[Affine, Affine]]) -> tuple[Affine, Affine]:
         """Smallest and largest value when each name in ``ranges`` varies over [lo, hi] (inclusive).
 
         Only valid for names that occur linearly; other names stay symbolic.
@@ -270,8 +271,13 @@ def _min_max(kind: str, args: Iterable[Affine]) -> Affine:
     """
     flat: list[Affine] = []
     for arg in args:
-        if len(arg.terms) == 1 and arg.constant == 0 and arg.terms[0][1] == 1 \
-                and isinstance(arg.terms[0][0], MinMax) and arg.terms[0][0].kind == kind:
+        if (
+            len(arg.terms) == 1
+            and arg.constant == 0
+            and arg.terms[0][1] == 1
+            and isinstance(arg.terms[0][0], MinMax)
+            and arg.terms[0][0].kind == kind
+        ):
             flat.extend(arg.terms[0][0].args)
         else:
             flat.append(arg)

@@ -7,11 +7,21 @@ here.  Adding a path is one module that builds a :class:`~polyc.paths.base.Kerne
 :mod:`polyc.paths.base` and the architecture page's "Adding a kernel path") and one entry below,
 placed before the paths it should win over.
 """
+
 from __future__ import annotations
 
 from polyc.errors import PolycError
-from polyc.paths import (depthwise, direct_convolution, gemm, gemv, generic, gpu_mapping, pointwise_depthwise,
-                         segments, winograd)
+from polyc.paths import (
+    depthwise,
+    direct_convolution,
+    gemm,
+    gemv,
+    generic,
+    gpu_mapping,
+    pointwise_depthwise,
+    segments,
+    winograd,
+)
 from polyc.paths.base import KernelPath, Knob, PathKernel, PathRequest, SpaceRequest, Tuning
 
 KERNEL_PATHS: tuple[KernelPath, ...] = (
@@ -44,9 +54,17 @@ def choose_path(request: PathRequest) -> tuple[KernelPath, object]:
             match = path.recognise(request)
             if match is not None:
                 return path, match
-    raise PolycError(f"{request.definition.name}: no kernel path compiles for the back end "
-                     f"{request.options.backend!r}")
+    raise PolycError(f"{request.definition.name}: no kernel path compiles for the back end {request.options.backend!r}")
 
 
-__all__ = ["KERNEL_PATHS", "KernelPath", "Knob", "PathKernel", "PathRequest", "SpaceRequest", "Tuning",
-           "choose_path", "kernel_path"]
+__all__ = [
+    "KERNEL_PATHS",
+    "KernelPath",
+    "Knob",
+    "PathKernel",
+    "PathRequest",
+    "SpaceRequest",
+    "Tuning",
+    "choose_path",
+    "kernel_path",
+]

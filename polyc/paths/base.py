@@ -15,6 +15,7 @@ module of :mod:`polyc.paths` that builds one :class:`KernelPath`:
 The driver (:func:`polyc.driver.compile_stages`), the tuner (:func:`polyc.tune.space.space_for`)
 and :func:`polyc.viz.explain` ask the same registry, so the three always agree on the path.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -44,10 +45,16 @@ class PathRequest:
     once per request (:meth:`memo`).
     """
 
-    def __init__(self, definition: CheckedDef, options: Options, sizes: Mapping[str, int] | None,
-                 program: PolyProgram | None = None, dependences: Dependences | None = None,
-                 schedule: isl.Schedule | None = None,
-                 compile_part: Callable[[CheckedDef], Any] | None = None):
+    def __init__(
+        self,
+        definition: CheckedDef,
+        options: Options,
+        sizes: Mapping[str, int] | None,
+        program: PolyProgram | None = None,
+        dependences: Dependences | None = None,
+        schedule: isl.Schedule | None = None,
+        compile_part: Callable[[CheckedDef], Any] | None = None,
+    ):
         self.definition = definition
         self.options = options
         self.sizes = sizes
@@ -70,8 +77,9 @@ class PathRequest:
     def optimized_schedule(self) -> isl.Schedule:
         """The schedule tiled and marked for the CPU (:func:`optimize_schedule`), computed once."""
         if self._optimized is None:
-            self._optimized = optimize_schedule(self.schedule, self.program, self.options, self.dependences,
-                                                self.decisions)
+            self._optimized = optimize_schedule(
+                self.schedule, self.program, self.options, self.dependences, self.decisions
+            )
         return self._optimized
 
 
@@ -82,11 +90,11 @@ class PathKernel:
     kernel: GeneratedKernel
     contraction: Contraction | None = None
     convolution: Convolution | None = None
-    segments: tuple = ()                    # the segments' stages, for a def compiled in parts
-    packing: tuple = ()                     # a gemm kernel's packing statements, per register block
-    schedule: isl.Schedule | None = None    # the schedule the code follows, where not the CPU's tiled one
-    gpu: object = None                      # for the GPU back ends: the launches' mapping (GpuPlan)
-    gpu_source: object = None               # ... and their code (GpuKernelSource)
+    segments: tuple = ()  # the segments' stages, for a def compiled in parts
+    packing: tuple = ()  # a gemm kernel's packing statements, per register block
+    schedule: isl.Schedule | None = None  # the schedule the code follows, where not the CPU's tiled one
+    gpu: object = None  # for the GPU back ends: the launches' mapping (GpuPlan)
+    gpu_source: object = None  # ... and their code (GpuKernelSource)
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,7 @@ class Knob:
 
     name: str
     choices: tuple
-    numeric: bool = True        # features use log2(value) (each non-positive value: its own flag)
+    numeric: bool = True  # features use log2(value) (each non-positive value: its own flag)
 
 
 @dataclass(frozen=True)
@@ -129,8 +137,9 @@ class Tuning:
         """Knobs that ``config``'s other knobs make meaningless (:meth:`option_changes` ignores them)."""
         return set()
 
-    def block_bytes(self, config: Mapping[str, object], itemsize: int,
-                    extents: tuple[int, ...]) -> tuple[float, float, float] | None:
+    def block_bytes(
+        self, config: Mapping[str, object], itemsize: int, extents: tuple[int, ...]
+    ) -> tuple[float, float, float] | None:
         """Bytes of the blocks ``config`` makes, held in L1, L2 and L3 (None: no blocks to speak of)."""
         return None
 
@@ -153,20 +162,24 @@ class KernelPath:
 
 def blas_contraction(request: PathRequest) -> Contraction | None:
     """The contraction the gemm and gemv paths compile ``request``'s def as, or None."""
+
     def find() -> Contraction | None:
         options = request.options
         if options.backend != "c" or not options.blas_contractions:
             return None
         contraction = recognise_gemm_def(request.definition)
         return contraction if contraction is not None and worth_a_gemm_kernel(contraction) else None
+
     return request.memo("blas_contraction", find)
 
 
 def direct_convolution(request: PathRequest) -> Convolution | None:
     """The convolution the convolution paths compile ``request``'s def as, or None."""
+
     def find() -> Convolution | None:
         options = request.options
         if options.backend != "c" or not options.direct_convolutions:
             return None
         return recognise_conv_def(request.definition)
+
     return request.memo("convolution", find)

@@ -1,5 +1,6 @@
 """The depthwise path: a channels-last depthwise convolution (one filter per channel) gets the
 kernel of :mod:`polyc.codegen.depthwise`, vectorised along the channels."""
+
 from __future__ import annotations
 
 from polyc.codegen.depthwise import generate_depthwise
@@ -18,11 +19,20 @@ def generate(request: PathRequest, convolution) -> PathKernel:
 
 
 def explain(stages) -> list[str]:
-    return ["a channels-last depthwise convolution: polyc's depthwise kernel computes it (one output row of one "
-            "vector of channels a work item, each tap's weights loaded once per row, blocks of outputs along "
-            "the row sharing their image vectors)",
-            "direct_convolutions=False compiles it as a loop nest instead"]
+    return [
+        "a channels-last depthwise convolution: polyc's depthwise kernel computes it (one output row of one "
+        "vector of channels a work item, each tap's weights loaded once per row, blocks of outputs along "
+        "the row sharing their image vectors)",
+        "direct_convolutions=False compiles it as a loop nest instead",
+    ]
 
 
-PATH = KernelPath("depthwise", ("c",), recognise, generate, explain, tuning=ConvolutionTuning(),
-                  options=("direct_convolutions", "parallel", "vectorize", "threads"))
+PATH = KernelPath(
+    "depthwise",
+    ("c",),
+    recognise,
+    generate,
+    explain,
+    tuning=ConvolutionTuning(),
+    options=("direct_convolutions", "parallel", "vectorize", "threads"),
+)

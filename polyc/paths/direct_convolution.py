@@ -2,13 +2,13 @@
 gets the kernel of :mod:`polyc.codegen.conv`: weights packed in blocks of output channels, work
 items of (batch, tile, channel block) taken by the threads as they go.  The Winograd and
 depthwise paths, tried before it, take the convolutions of their forms."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from polyc.codegen.conv import generate_direct_conv
-from polyc.paths.base import Config, KernelPath, Knob, PathKernel, PathRequest, SpaceRequest, Tuning, \
-    direct_convolution
+from polyc.paths.base import Config, KernelPath, Knob, PathKernel, PathRequest, SpaceRequest, Tuning, direct_convolution
 
 
 def generate(request: PathRequest, convolution) -> PathKernel:
@@ -16,9 +16,11 @@ def generate(request: PathRequest, convolution) -> PathKernel:
 
 
 def explain(stages) -> list[str]:
-    return ["a convolution: polyc's direct convolution kernel computes it (weights packed in blocks of output "
-            "channels, work items of (batch, tile, channel block) taken by the threads as they go)",
-            "direct_convolutions=False compiles it as a loop nest instead"]
+    return [
+        "a convolution: polyc's direct convolution kernel computes it (weights packed in blocks of output "
+        "channels, work items of (batch, tile, channel block) taken by the threads as they go)",
+        "direct_convolutions=False compiles it as a loop nest instead",
+    ]
 
 
 class ConvolutionTuning(Tuning):
@@ -55,5 +57,12 @@ class ConvolutionTuning(Tuning):
         return block, block, block
 
 
-PATH = KernelPath("direct_convolution", ("c",), direct_convolution, generate, explain, tuning=ConvolutionTuning(),
-                  options=("direct_convolutions", "tile_sizes", "parallel", "vectorize", "threads"))
+PATH = KernelPath(
+    "direct_convolution",
+    ("c",),
+    direct_convolution,
+    generate,
+    explain,
+    tuning=ConvolutionTuning(),
+    options=("direct_convolutions", "tile_sizes", "parallel", "vectorize", "threads"),
+)

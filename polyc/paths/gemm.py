@@ -2,6 +2,7 @@
 permutation, plus elementwise epilogues) gets the BLIS-style kernel of
 :mod:`polyc.codegen.gemm`: cache blocks (MC, NC, KC) taken by the threads as they go, packed
 panels, a register-blocked micro-kernel."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -9,8 +10,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from polyc.codegen.gemm import generate_gemm, micro_kernel_shapes, packing_programs
-from polyc.paths.base import Config, KernelPath, Knob, PathKernel, PathRequest, SpaceRequest, Tuning, \
-    blas_contraction
+from polyc.paths.base import Config, KernelPath, Knob, PathKernel, PathRequest, SpaceRequest, Tuning, blas_contraction
 
 
 def recognise(request: PathRequest):
@@ -20,16 +20,21 @@ def recognise(request: PathRequest):
 
 def generate(request: PathRequest, contraction) -> PathKernel:
     program, options = request.program, request.options
-    return PathKernel(generate_gemm(program, contraction, options), contraction=contraction,
-                      packing=packing_programs(program, contraction, options))
+    return PathKernel(
+        generate_gemm(program, contraction, options),
+        contraction=contraction,
+        packing=packing_programs(program, contraction, options),
+    )
 
 
 def explain(stages) -> list[str]:
-    return [f"{stages.contraction.describe()} is a tensor contraction: polyc's BLIS-style gemm kernel computes it "
-            "(blocks of rows and columns taken by the threads as they go, packed panels, a register-blocked "
-            "micro-kernel), so the generic loop nest is not used; its reduction index stays sequential inside "
-            "each block",
-            "blas_contractions=False compiles it as a loop nest instead"]
+    return [
+        f"{stages.contraction.describe()} is a tensor contraction: polyc's BLIS-style gemm kernel computes it "
+        "(blocks of rows and columns taken by the threads as they go, packed panels, a register-blocked "
+        "micro-kernel), so the generic loop nest is not used; its reduction index stays sequential inside "
+        "each block",
+        "blas_contractions=False compiles it as a loop nest instead",
+    ]
 
 
 class GemmTuning(Tuning):
@@ -38,9 +43,11 @@ class GemmTuning(Tuning):
     (``micro_kernel``: polyc's choice per call, or one of the instruction set's)."""
 
     def knobs(self, request: SpaceRequest) -> tuple[tuple[Knob, ...], Config]:
-        knobs = (Knob("mc", (24, 48, 72, 96, 120, 144, 192, 240, 288, 384)),
-                 Knob("nc", (128, 256, 512, 1024, 2048, 3072, 4096)),
-                 Knob("kc", (0, 64, 128, 192, 256, 320, 384, 512)))
+        knobs = (
+            Knob("mc", (24, 48, 72, 96, 120, 144, 192, 240, 288, 384)),
+            Knob("nc", (128, 256, 512, 1024, 2048, 3072, 4096)),
+            Knob("kc", (0, 64, 128, 192, 256, 320, 384, 512)),
+        )
         default: Config = {"mc": 96, "nc": 1024, "kc": 0}
         if request.options.micro_kernel is None:
             # 0: polyc's choice for the sizes; n: the n-th of the instruction set's blocks.
@@ -70,5 +77,12 @@ class GemmTuning(Tuning):
         return 16 * kc * itemsize, mc * kc * itemsize, kc * nc * itemsize
 
 
-PATH = KernelPath("gemm", ("c",), recognise, generate, explain, tuning=GemmTuning(),
-                  options=("blas_contractions", "tile_sizes", "micro_kernel", "parallel", "threads"))
+PATH = KernelPath(
+    "gemm",
+    ("c",),
+    recognise,
+    generate,
+    explain,
+    tuning=GemmTuning(),
+    options=("blas_contractions", "tile_sizes", "micro_kernel", "parallel", "threads"),
+)

@@ -1,6 +1,7 @@
 """The matrix-vector path: a contraction with one output dimension besides the reduction
 (:mod:`polyc.codegen.gemv`): its rows (or columns) shared among the threads, the reduction
 inside each share."""
+
 from __future__ import annotations
 
 from polyc.codegen.gemv import generate_gemv
@@ -17,9 +18,11 @@ def generate(request: PathRequest, contraction) -> PathKernel:
 
 
 def explain(stages) -> list[str]:
-    return [f"{stages.contraction.describe()} is a matrix-vector product: polyc's matrix-vector kernel computes "
-            "it, its rows (or columns) shared among the threads; the reduction runs inside each share",
-            "blas_contractions=False compiles it as a loop nest instead"]
+    return [
+        f"{stages.contraction.describe()} is a matrix-vector product: polyc's matrix-vector kernel computes "
+        "it, its rows (or columns) shared among the threads; the reduction runs inside each share",
+        "blas_contractions=False compiles it as a loop nest instead",
+    ]
 
 
 PATH = KernelPath("gemv", ("c",), recognise, generate, explain, options=("blas_contractions", "parallel", "threads"))

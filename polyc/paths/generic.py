@@ -1,5 +1,6 @@
 """The generic path: any def, as the loop nest of its schedule, tiled and marked for the CPU
 (:mod:`polyc.schedule.transform`) and printed from isl's AST (:mod:`polyc.codegen.c`)."""
+
 from __future__ import annotations
 
 import itertools
@@ -22,7 +23,7 @@ def generate(request: PathRequest, match) -> PathKernel:
 
 
 def explain(stages) -> list[str]:
-    return []   # the loops themselves are explained (polyc.viz.explain)
+    return []  # the loops themselves are explained (polyc.viz.explain)
 
 
 class LoopNestTuning(Tuning):
@@ -35,7 +36,7 @@ class LoopNestTuning(Tuning):
         depth = min(3, len(request.extents))
         knobs = [Knob("t0", (-1, 0, *GENERIC_TILES))] if depth else []
         knobs += [Knob(f"t{i}", GENERIC_TILES) for i in range(1, depth)]
-        ordered = depth >= 2 and request.options.loop_order is None    # not where the def's options fix it
+        ordered = depth >= 2 and request.options.loop_order is None  # not where the def's options fix it
         if ordered:
             # "": the scheduler's order; "k,i,j": those indices outermost first (the rest follow).
             orders = itertools.permutations(request.indices[:depth])
@@ -82,6 +83,13 @@ class LoopNestTuning(Tuning):
         return block, block, block
 
 
-PATH = KernelPath("generic", ("c",), recognise, generate, explain, tuning=LoopNestTuning(), runs_schedule_loops=True,
-                  options=("fusion", "tile_sizes", "loop_order", "parallel", "vectorize", "unroll", "specialize",
-                           "threads"))
+PATH = KernelPath(
+    "generic",
+    ("c",),
+    recognise,
+    generate,
+    explain,
+    tuning=LoopNestTuning(),
+    runs_schedule_loops=True,
+    options=("fusion", "tile_sizes", "loop_order", "parallel", "vectorize", "unroll", "specialize", "threads"),
+)

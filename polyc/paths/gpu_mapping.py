@@ -1,6 +1,7 @@
 """The GPU path (back ends ``"cuda"`` and ``"opencl"``): the outer loops fused as on the CPU,
 the schedule tree cut into launches and mapped to blocks and threads
 (:mod:`polyc.schedule.gpu_mapping`), printed in the back end's dialect (:mod:`polyc.codegen.gpu`)."""
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,10 @@ def recognise(request: PathRequest):
 def generate(request: PathRequest, dialect: str) -> PathKernel:
     program, options = request.program, request.options
     if program.size_values is None:
-        raise PolycError(f"{program.definition.name}: the GPU back ends compile for concrete sizes "
-                         "(specialize=False and sizes=None are not supported)")
+        raise PolycError(
+            f"{program.definition.name}: the GPU back ends compile for concrete sizes "
+            "(specialize=False and sizes=None are not supported)"
+        )
     mapped = request.schedule
     if options.fusion != "min":
         mapped = fuse_outer_loops(mapped, program, request.dependences, tiling.cache_sizes(options))
@@ -45,14 +48,21 @@ def mapping_options(options: Options, dialect: str) -> MappingOptions:
     """The GPU mapping's choices from the user's options and the device's model."""
     device = gpu_device(options, dialect)
     if options.block is not None and math.prod(options.block) > device.max_threads_per_block:
-        raise PolycError(f"block {options.block} has {math.prod(options.block)} threads; the {device.name} "
-                         f"allows at most {device.max_threads_per_block} per block")
-    return MappingOptions(block=options.block, grid=options.grid, tile_sizes=options.tile_sizes or None,
-                          unroll=options.unroll, shared_memory=min(shared_memory_budget(options),
-                                                                   device.shared_memory_per_block),
-                          private_memory=options.use_private_memory, double_buffer=options.double_buffer,
-                          registers=device.register_tile,
-                          device=device)
+        raise PolycError(
+            f"block {options.block} has {math.prod(options.block)} threads; the {device.name} "
+            f"allows at most {device.max_threads_per_block} per block"
+        )
+    return MappingOptions(
+        block=options.block,
+        grid=options.grid,
+        tile_sizes=options.tile_sizes or None,
+        unroll=options.unroll,
+        shared_memory=min(shared_memory_budget(options), device.shared_memory_per_block),
+        private_memory=options.use_private_memory,
+        double_buffer=options.double_buffer,
+        registers=device.register_tile,
+        device=device,
+    )
 
 
 def gpu_device(options: Options, dialect: str) -> DeviceModel:
@@ -62,6 +72,7 @@ def gpu_device(options: Options, dialect: str) -> DeviceModel:
         return named_device(options.device)
     if dialect not in _QUERIED_DEVICES:
         from polyc.runtime.gpu import query_device  # the runtime's device queries, imported lazily
+
         _QUERIED_DEVICES[dialect] = query_device(dialect) or named_device(DEFAULT_DEVICE[dialect])
     return _QUERIED_DEVICES[dialect]
 
@@ -76,6 +87,22 @@ def shared_memory_budget(options: Options) -> int:
     return options.max_shared_memory if options.max_shared_memory is not None else DEFAULT_MAX_SHARED_BYTES
 
 
-PATH = KernelPath("gpu_mapping", GPU_BACKENDS, recognise, generate, explain,
-                  options=("block", "grid", "device", "tile_sizes", "unroll", "use_shared_memory",
-                           "max_shared_memory", "use_private_memory", "double_buffer", "fusion"))
+PATH = KernelPath(
+    "gpu_mapping",
+    GPU_BACKENDS,
+    recognise,
+    generate,
+    explain,
+    options=(
+        "block",
+        "grid",
+        "device",
+        "tile_sizes",
+        "unroll",
+        "use_shared_memory",
+        "max_shared_memory",
+        "use_private_memory",
+        "double_buffer",
+        "fusion",
+    ),
+)

@@ -2,6 +2,7 @@
 reads (an inverted-residual block's expansion and depthwise layers), in channels-last layouts,
 gets the fused kernel of :mod:`polyc.codegen.pointwise_depthwise`, which never stores the
 expanded tensor."""
+
 from __future__ import annotations
 
 from polyc.codegen.pointwise_depthwise import generate_pointwise_depthwise
@@ -21,12 +22,20 @@ def generate(request: PathRequest, chain) -> PathKernel:
 
 
 def explain(stages) -> list[str]:
-    return ["a 1x1 convolution read only by a depthwise one: polyc's fused kernel computes both (each thread "
-            "computes the rows of the 1x1 result that the next depthwise output row needs, for its block of "
-            "channels, into a ring buffer that stays in the cache; the expanded tensor is never stored)",
-            "direct_convolutions=False compiles it as a loop nest instead"]
+    return [
+        "a 1x1 convolution read only by a depthwise one: polyc's fused kernel computes both (each thread "
+        "computes the rows of the 1x1 result that the next depthwise output row needs, for its block of "
+        "channels, into a ring buffer that stays in the cache; the expanded tensor is never stored)",
+        "direct_convolutions=False compiles it as a loop nest instead",
+    ]
 
 
 # Its blocks follow the registers; the tuner searches its thread count only.
-PATH = KernelPath("pointwise_depthwise", ("c",), recognise, generate, explain,
-                  options=("direct_convolutions", "parallel", "vectorize", "threads"))
+PATH = KernelPath(
+    "pointwise_depthwise",
+    ("c",),
+    recognise,
+    generate,
+    explain,
+    options=("direct_convolutions", "parallel", "vectorize", "threads"),
+)

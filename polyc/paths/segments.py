@@ -1,6 +1,7 @@
 """The segments path: a def with contractions among other statements runs in segments
 (:mod:`polyc.schedule.segments`), each compiled through the whole pipeline on its own path and
 linked into one kernel (:mod:`polyc.codegen.link`)."""
+
 from __future__ import annotations
 
 from polyc.codegen.link import link_segments
@@ -25,10 +26,13 @@ def generate(request: PathRequest, segments) -> PathKernel:
 
 
 def explain(stages) -> list[str]:
-    return [f"the def mixes contractions with other statements: it runs as {len(stages.segments)} segments in "
-            "order, each compiled on its own path"]
+    return [
+        f"the def mixes contractions with other statements: it runs as {len(stages.segments)} segments in "
+        "order, each compiled on its own path"
+    ]
 
 
 # The tuner searches the loop-nest knobs of the whole def (they apply to its generic segments).
-PATH = KernelPath("segments", ("c",), recognise, generate, explain, tuning=LoopNestTuning(),
-                  options=("blas_contractions",))
+PATH = KernelPath(
+    "segments", ("c",), recognise, generate, explain, tuning=LoopNestTuning(), options=("blas_contractions",)
+)

@@ -3,6 +3,7 @@
 Shared by the reference interpreter and compiled kernels, so both accept and reject exactly the
 same calls with the same messages.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -51,11 +52,12 @@ def as_input_array(definition: CheckedDef, tensor: Tensor, value) -> np.ndarray:
         # functions do (the caller's array is left as it is).
         value = value.astype(tensor.dtype)
     if value.dtype != tensor.dtype:
-        raise SignatureError(f"{where} must have dtype {tensor.dtype.name}, not {value.dtype.name} "
-                             f"(convert it with .astype(numpy.{tensor.dtype.name}))")
+        raise SignatureError(
+            f"{where} must have dtype {tensor.dtype.name}, not {value.dtype.name} "
+            f"(convert it with .astype(numpy.{tensor.dtype.name}))"
+        )
     if value.ndim != tensor.rank:
-        raise SignatureError(f"{where} must have {tensor.rank} dimension(s), not {value.ndim} "
-                             f"(shape {value.shape})")
+        raise SignatureError(f"{where} must have {tensor.rank} dimension(s), not {value.ndim} (shape {value.shape})")
     return value
 
 
@@ -65,8 +67,11 @@ def _scalar_to_array(where: str, tensor: Tensor, value) -> np.ndarray:
     if isinstance(value, np.generic) and value.dtype == dtype:
         return np.asarray(value)
     if dtype.kind in "iu":
-        if isinstance(value, (bool, np.bool_)) or not float(value).is_integer() \
-                or isinstance(value, (float, np.floating)):
+        if (
+            isinstance(value, (bool, np.bool_))
+            or not float(value).is_integer()
+            or isinstance(value, (float, np.floating))
+        ):
             raise SignatureError(f"{where} is {dtype.name}; got {value!r}")
         info = np.iinfo(dtype)
         if not info.min <= int(value) <= info.max:
@@ -86,9 +91,13 @@ _SHAPE_MEMO_SIZE = 256
 allocate_uninitialised = np.empty
 
 
-def bind_arguments(definition: CheckedDef, args, outputs=None,
-                   written_before_read: frozenset[str] = frozenset(),
-                   shape_memo: dict | None = None) -> BoundCall:
+def bind_arguments(
+    definition: CheckedDef,
+    args,
+    outputs=None,
+    written_before_read: frozenset[str] = frozenset(),
+    shape_memo: dict | None = None,
+) -> BoundCall:
     """Check ``args`` (one per input) and ``outputs`` (None, or one array per output) against
     the signature; infer the sizes from the inputs; allocate outputs when none are given:
     zeroed, except those named in ``written_before_read``, which the def overwrites entirely
@@ -103,10 +112,10 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
     args = tuple(args)
     if len(args) != len(definition.inputs):
         names = ", ".join(definition.inputs) or "none"
-        raise SignatureError(f"{definition.name} takes {len(definition.inputs)} input(s) ({names}), "
-                             f"got {len(args)}")
-    arrays = {name: as_input_array(definition, definition.tensor(name), value)
-              for name, value in zip(definition.inputs, args)}
+        raise SignatureError(f"{definition.name} takes {len(definition.inputs)} input(s) ({names}), got {len(args)}")
+    arrays = {
+        name: as_input_array(definition, definition.tensor(name), value) for name, value in zip(definition.inputs, args)
+    }
 
     sizes: dict[str, int] = {}
     for binding in definition.size_bindings:
@@ -114,8 +123,10 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
         if binding.dim is None:
             value = int(array)
             if value < 0:
-                raise SignatureError(f"{definition.name}: input '{binding.tensor}' is used as a size "
-                                     f"and must not be negative (got {value})")
+                raise SignatureError(
+                    f"{definition.name}: input '{binding.tensor}' is used as a size "
+                    f"and must not be negative (got {value})"
+                )
         else:
             value = array.shape[binding.dim]
         sizes[binding.size] = value
@@ -132,8 +143,10 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
         expected = shapes[name]
         if arrays[name].shape != expected:
             detail = ", ".join(f"{s}={sizes[s]}" for s in definition.sizes)
-            raise SignatureError(f"{definition.name}: input '{name}' has shape {arrays[name].shape} but the "
-                                 f"signature requires {_spell_shape(tensor)} = {expected} (sizes {detail})")
+            raise SignatureError(
+                f"{definition.name}: input '{name}' has shape {arrays[name].shape} but the "
+                f"signature requires {_spell_shape(tensor)} = {expected} (sizes {detail})"
+            )
 
     for tensor in definition.tensors:
         if tensor.role is Role.INPUT:
@@ -141,8 +154,10 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
         shape = shapes[tensor.name]
         if any(extent < 0 for extent in shape):
             detail = ", ".join(f"{s}={sizes[s]}" for s in definition.sizes)
-            raise SignatureError(f"{definition.name}: for sizes {detail}, {tensor.role.value} '{tensor.name}' "
-                                 f"would have shape {shape}; the inputs are too small")
+            raise SignatureError(
+                f"{definition.name}: for sizes {detail}, {tensor.role.value} '{tensor.name}' "
+                f"would have shape {shape}; the inputs are too small"
+            )
 
     call = BoundCall(sizes, arrays, shapes, written_before_read)
     if outputs is None:
@@ -151,8 +166,9 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
     else:
         outputs = tuple(outputs)
         if len(outputs) != len(definition.outputs):
-            raise SignatureError(f"{definition.name} has {len(definition.outputs)} output(s), "
-                                 f"got {len(outputs)} in outputs=")
+            raise SignatureError(
+                f"{definition.name} has {len(definition.outputs)} output(s), got {len(outputs)} in outputs="
+            )
         for name, array in zip(definition.outputs, outputs):
             tensor = definition.tensor(name)
             where = f"{definition.name}: output '{name}'"
@@ -160,13 +176,17 @@ def bind_arguments(definition: CheckedDef, args, outputs=None,
                 raise SignatureError(f"{where} must be a numpy array, not {type(array).__name__}")
             expected = shapes[name]
             if array.dtype != tensor.dtype and array.dtype.newbyteorder("=") == tensor.dtype:
-                raise SignatureError(f"{where} is {tensor.dtype.name} in {_byte_order(array.dtype)} byte order "
-                                     f"('{array.dtype.str}'); kernels write in the machine's byte order: pass "
-                                     f"numpy.empty({expected}, numpy.{tensor.dtype.name}), and convert the result "
-                                     f"with .astype('{array.dtype.str}') if needed")
+                raise SignatureError(
+                    f"{where} is {tensor.dtype.name} in {_byte_order(array.dtype)} byte order "
+                    f"('{array.dtype.str}'); kernels write in the machine's byte order: pass "
+                    f"numpy.empty({expected}, numpy.{tensor.dtype.name}), and convert the result "
+                    f"with .astype('{array.dtype.str}') if needed"
+                )
             if array.dtype != tensor.dtype or array.shape != expected:
-                raise SignatureError(f"{where} must be a {tensor.dtype.name} array of shape {expected}, "
-                                     f"not {array.dtype.name} {array.shape}")
+                raise SignatureError(
+                    f"{where} must be a {tensor.dtype.name} array of shape {expected}, "
+                    f"not {array.dtype.name} {array.shape}"
+                )
             if not array.flags.writeable:
                 raise SignatureError(f"{where} is read-only")
             if any(_overlap(array, other) for other in arrays.values()):

@@ -31,6 +31,7 @@ is only a shortcut: one that is missing, malformed or names an entry that fails 
 miss, and the kernel is generated again.  Other such records (:func:`read_record`,
 :func:`write_record`) keep what a def's define-time proofs found (:mod:`polyc.runtime.proofs`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,9 +44,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from polyc.version import __version__ as POLYC_VERSION
 from polyc.errors import CacheError, CompilationError
 from polyc.runtime.compiler import INTRINSICS_HEADER, CompilerOptions, compile_shared_library, precompile_header
+from polyc.version import __version__ as POLYC_VERSION
 
 try:
     import fcntl
@@ -282,8 +283,7 @@ def polyc_code_digest() -> str:
 def request_key(identity: dict) -> str:
     """The hex sha256 naming a compile request (``identity``: JSON-serialisable, e.g. the def's
     text, options and sizes)."""
-    whole = {"format": CACHE_FORMAT_VERSION, "polyc": POLYC_VERSION, "code": polyc_code_digest(),
-             "request": identity}
+    whole = {"format": CACHE_FORMAT_VERSION, "polyc": POLYC_VERSION, "code": polyc_code_digest(), "request": identity}
     return hashlib.sha256(json.dumps(whole, sort_keys=True, default=repr).encode()).hexdigest()
 
 
@@ -296,8 +296,11 @@ def find_request(key: str, options: CompilerOptions) -> tuple[str, dict] | None:
         source = (entry / SOURCE_NAME).read_text(encoding="utf-8")
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not isinstance(call, dict) or cache_key(source, options) != library_key or \
-            not _entry_is_valid(entry, library_key, rehash=False):
+    if (
+        not isinstance(call, dict)
+        or cache_key(source, options) != library_key
+        or not _entry_is_valid(entry, library_key, rehash=False)
+    ):
         return None
     return source, call
 

@@ -22,6 +22,7 @@ these are not options), ``-fopenmp`` when ``openmp`` is true, then ``extra_flags
 
     gcc -fPIC -shared -O3 -march=native -std=gnu11 -fno-math-errno -fopenmp -o kernel.so kernel.c -lm
 """
+
 from __future__ import annotations
 
 import functools
@@ -126,8 +127,7 @@ class CompilerOptions:
         """Every flag between the compiler and ``-o``, in command-line order."""
         return [*REQUIRED_FLAGS, *self.flags, *(["-fopenmp"] if self.openmp else []), *self.extra_flags]
 
-    def command(self, source: str | os.PathLike, output: str | os.PathLike,
-                header: Path | None = None) -> list[str]:
+    def command(self, source: str | os.PathLike, output: str | os.PathLike, header: Path | None = None) -> list[str]:
         """The full argument list that compiles ``source`` into the shared library ``output``;
         with ``header``, a header included before the source (a precompiled one beside it is
         read instead of its text when the compiler can: see :func:`precompile_header`)."""
@@ -169,7 +169,7 @@ class CompilerOptions:
         return "\n".join(parts)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiler_options(options) -> CompilerOptions:
     """The compiler settings for :class:`polyc.options.Options` (``cflags`` replace the
     optimisation flags; the language standard and OpenMP stay)."""
@@ -209,7 +209,7 @@ def vector_bits(options: CompilerOptions | None = None) -> int:
     return _preprocessor_vector_bits(words, tuple(options.flags) + tuple(options.extra_flags))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _preprocessor_vector_bits(compiler_words: tuple[str, ...], flags: tuple[str, ...]) -> int:
     command = [*compiler_words, *flags, "-dM", "-E", "-x", "c", os.devnull]
     try:
@@ -228,7 +228,7 @@ def _preprocessor_vector_bits(compiler_words: tuple[str, ...], flags: tuple[str,
     return 0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _host_vector_bits() -> int:
     """This processor's widest vector registers with FMA (x86 /proc/cpuinfo flags; NEON on aarch64)."""
     if platform.machine() in ("aarch64", "arm64"):
@@ -237,7 +237,7 @@ def _host_vector_bits() -> int:
     return 512 if "avx512f" in flags else 256 if {"avx2", "fma"} <= flags else 0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cpu_flags() -> frozenset[str]:
     """The processor's feature flags as Linux lists them (/proc/cpuinfo), empty elsewhere."""
     try:
@@ -250,7 +250,7 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _host_cpu() -> str:
     """A short identity of the host CPU: machine type plus a hash of its model and feature lines."""
     wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")
@@ -297,8 +297,12 @@ def precompile_header(text: str, header: Path, options: CompilerOptions, *, time
     partial = header.with_name(header.name + ".gch.partial")
     try:
         header.write_text(text, encoding="utf-8")
-        result = subprocess.run([*options.compiler_words(), *flags, "-x", "c-header", header.name, "-o", partial.name],
-                                cwd=header.parent, capture_output=True, timeout=timeout)
+        result = subprocess.run(
+            [*options.compiler_words(), *flags, "-x", "c-header", header.name, "-o", partial.name],
+            cwd=header.parent,
+            capture_output=True,
+            timeout=timeout,
+        )
         if result.returncode != 0:
             return False
         os.replace(partial, header.with_name(header.name + ".gch"))

@@ -12,6 +12,7 @@ writes: the global barrier between them) and copies the outputs back.  A call wi
 runtime's own device arrays (pyopencl's ``Array``, pycuda's ``GPUArray``) among its inputs
 uses them in place and returns device arrays: no copy.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -21,9 +22,9 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
 import numpy as np
 
@@ -61,8 +62,10 @@ class OpenCLRuntime(_SharedRuntime):
         try:
             import pyopencl as cl
         except ImportError as error:
-            raise PolycError("backend='opencl' needs pyopencl and an OpenCL driver: pip install pyopencl "
-                             "(and pocl-binary-distribution to run on the CPU)") from error
+            raise PolycError(
+                "backend='opencl' needs pyopencl and an OpenCL driver: pip install pyopencl "
+                "(and pocl-binary-distribution to run on the CPU)"
+            ) from error
         self.cl = cl
         self.context = _opencl_context(cl)
         self.queue = cl.CommandQueue(self.context)
@@ -79,8 +82,14 @@ class OpenCLRuntime(_SharedRuntime):
         gpu = bool(d.type & cl.device_type.GPU)
         warp = 32 if gpu else max(1, d.preferred_vector_width_float)
         fill = d.max_compute_units * (2048 if gpu else warp)
-        return DeviceModel(f"{d.platform.name}: {d.name}", d.max_work_group_size, d.local_mem_size, warp,
-                           DEVICE_MODELS["sm_80"].register_tile, fill)
+        return DeviceModel(
+            f"{d.platform.name}: {d.name}",
+            d.max_work_group_size,
+            d.local_mem_size,
+            warp,
+            DEVICE_MODELS["sm_80"].register_tile,
+            fill,
+        )
 
     def program(self, source: str):
         program = self._programs.get(source)
@@ -102,10 +111,12 @@ class OpenCLRuntime(_SharedRuntime):
 
     def is_device_array(self, value) -> bool:
         from pyopencl.array import Array
+
         return isinstance(value, Array)
 
     def zeros(self, shape: tuple[int, ...], dtype) -> object:
         from pyopencl import array as cl_array
+
         return cl_array.zeros(self.queue, shape, dtype)
 
     def run(self, code: GpuKernelSource, arrays: Mapping[str, object], outputs: tuple[str, ...]) -> int:
@@ -164,8 +175,9 @@ def _opencl_context(cl):
         try:
             return cl.create_some_context(interactive=False)
         except (cl.Error, RuntimeError) as error:
-            raise PolycError(f"backend='opencl': PYOPENCL_CTX={os.environ['PYOPENCL_CTX']!r} names no "
-                             f"usable OpenCL device ({error})") from error
+            raise PolycError(
+                f"backend='opencl': PYOPENCL_CTX={os.environ['PYOPENCL_CTX']!r} names no usable OpenCL device ({error})"
+            ) from error
     try:
         platforms = cl.get_platforms()
     except cl.Error:
@@ -183,10 +195,15 @@ def _opencl_context(cl):
             reason = next((line for line in lines if line.startswith("error:")), lines[0] if lines else "")
             failures.append(f"{device.platform.name}: {device.name}: {reason}")
     if not devices:
-        raise PolycError("backend='opencl': no OpenCL device found; install a driver, or "
-                         "pocl-binary-distribution (or Debian's pocl-opencl-icd) to run on the CPU")
-    raise PolycError("backend='opencl': no OpenCL device could build a kernel:\n  " + "\n  ".join(failures)
-                     + "\n(Debian's pocl-opencl-icd builds for CPUs that PoCL 3.0's LLVM does not know)")
+        raise PolycError(
+            "backend='opencl': no OpenCL device found; install a driver, or "
+            "pocl-binary-distribution (or Debian's pocl-opencl-icd) to run on the CPU"
+        )
+    raise PolycError(
+        "backend='opencl': no OpenCL device could build a kernel:\n  "
+        + "\n  ".join(failures)
+        + "\n(Debian's pocl-opencl-icd builds for CPUs that PoCL 3.0's LLVM does not know)"
+    )
 
 
 class CudaRuntime(_SharedRuntime):
@@ -195,14 +212,16 @@ class CudaRuntime(_SharedRuntime):
     def __init__(self):
         try:
             import pycuda.driver as driver
+
             driver.init()
             if driver.Device.count() == 0:
                 raise PolycError("backend='cuda': no CUDA device is present")
             importlib.import_module("pycuda.autoinit")  # imported for its effect: it creates the context
             from pycuda.compiler import SourceModule
         except ImportError as error:
-            raise PolycError("backend='cuda' needs pycuda (pip install pycuda), the CUDA toolkit (nvcc) and an "
-                             f"NVIDIA GPU: {error}") from error
+            raise PolycError(
+                f"backend='cuda' needs pycuda (pip install pycuda), the CUDA toolkit (nvcc) and an NVIDIA GPU: {error}"
+            ) from error
         except PolycError:
             raise
         except Exception as error:  # pycuda.driver.Error: no driver, no device
@@ -215,19 +234,24 @@ class CudaRuntime(_SharedRuntime):
         attribute = self.driver.device_attribute
         device = self.driver.Context.get_device()
         major, minor = device.compute_capability()
-        return DeviceModel(f"sm_{major}{minor}: {device.name()}",
-                           device.get_attribute(attribute.MAX_THREADS_PER_BLOCK),
-                           device.get_attribute(attribute.MAX_SHARED_MEMORY_PER_BLOCK),
-                           device.get_attribute(attribute.WARP_SIZE), DEVICE_MODELS["sm_80"].register_tile,
-                           device.get_attribute(attribute.MULTIPROCESSOR_COUNT)
-                           * device.get_attribute(attribute.MAX_THREADS_PER_MULTIPROCESSOR))
+        return DeviceModel(
+            f"sm_{major}{minor}: {device.name()}",
+            device.get_attribute(attribute.MAX_THREADS_PER_BLOCK),
+            device.get_attribute(attribute.MAX_SHARED_MEMORY_PER_BLOCK),
+            device.get_attribute(attribute.WARP_SIZE),
+            DEVICE_MODELS["sm_80"].register_tile,
+            device.get_attribute(attribute.MULTIPROCESSOR_COUNT)
+            * device.get_attribute(attribute.MAX_THREADS_PER_MULTIPROCESSOR),
+        )
 
     def is_device_array(self, value) -> bool:
         from pycuda.gpuarray import GPUArray
+
         return isinstance(value, GPUArray)
 
     def zeros(self, shape: tuple[int, ...], dtype) -> object:
         from pycuda import gpuarray
+
         return gpuarray.zeros(shape, dtype)
 
     def run(self, code: GpuKernelSource, arrays: Mapping[str, object], outputs: tuple[str, ...]) -> int:
@@ -239,8 +263,10 @@ class CudaRuntime(_SharedRuntime):
             module = self.source_module(code.source, no_extern_c=True, cache_dir=str(directory))
             self._modules[code.source] = module
         driver = self.driver
-        device = {name: array.gpudata if self.is_device_array(array) else driver.to_device(_nonempty(array))
-                  for name, array in arrays.items()}
+        device = {
+            name: array.gpudata if self.is_device_array(array) else driver.to_device(_nonempty(array))
+            for name, array in arrays.items()
+        }
         status = np.zeros(1, np.int32)
         status_device = driver.to_device(status)
         arguments = [device[name] for name in code.tensor_arguments] + [status_device]
@@ -289,11 +315,15 @@ def cuda_resources(source: str, archs: tuple[str, ...] = CUDA_ARCHITECTURES) -> 
     with tempfile.TemporaryDirectory(prefix="polyc-nvcc-") as directory:
         path = Path(directory) / "kernel.cu"
         path.write_text(source)
-        done = subprocess.run([nvcc, "-fatbin", *targets, "-Xptxas", "-v", "-o", str(path.with_suffix(".fatbin")),
-                               str(path)], capture_output=True, text=True)
+        done = subprocess.run(
+            [nvcc, "-fatbin", *targets, "-Xptxas", "-v", "-o", str(path.with_suffix(".fatbin")), str(path)],
+            capture_output=True,
+            text=True,
+        )
     if done.returncode != 0:
-        raise PolycError(f"nvcc rejected polyc's CUDA code for {', '.join(archs)} (a polyc bug):\n"
-                         f"{done.stderr[-4000:]}")
+        raise PolycError(
+            f"nvcc rejected polyc's CUDA code for {', '.join(archs)} (a polyc bug):\n{done.stderr[-4000:]}"
+        )
     return _parse_ptxas(done.stderr)
 
 
@@ -308,16 +338,25 @@ def _parse_ptxas(report: str) -> dict[str, dict[str, CudaResources]]:
             continue
         if function is None:
             continue
-        for key, pattern in (("stack_bytes", r"(\d+) bytes stack frame"), ("spill_stores", r"(\d+) bytes spill stores"),
-                             ("spill_loads", r"(\d+) bytes spill loads"), ("registers", r"Used (\d+) registers"),
-                             ("shared_bytes", r"(\d+) bytes smem")):
+        for key, pattern in (
+            ("stack_bytes", r"(\d+) bytes stack frame"),
+            ("spill_stores", r"(\d+) bytes spill stores"),
+            ("spill_loads", r"(\d+) bytes spill loads"),
+            ("registers", r"Used (\d+) registers"),
+            ("shared_bytes", r"(\d+) bytes smem"),
+        ):
             match = re.search(pattern, line)
             if match:
                 fields[key] = int(match.group(1))
         if "Used" in line and "registers" in line:
             found.setdefault(arch, {})[function] = CudaResources(
-                function, fields.get("registers", 0), fields.get("shared_bytes", 0), fields.get("stack_bytes", 0),
-                fields.get("spill_stores", 0), fields.get("spill_loads", 0))
+                function,
+                fields.get("registers", 0),
+                fields.get("shared_bytes", 0),
+                fields.get("stack_bytes", 0),
+                fields.get("spill_stores", 0),
+                fields.get("spill_loads", 0),
+            )
             function = None
     return found
 
@@ -325,14 +364,18 @@ def _parse_ptxas(report: str) -> dict[str, dict[str, CudaResources]]:
 def _check_device_array(definition: CheckedDef, name: str, role: str, value, dtype, shape) -> None:
     where = f"{definition.name}: {role} '{name}'"
     if np.dtype(value.dtype) != dtype or tuple(value.shape) != tuple(shape):
-        raise SignatureError(f"{where} must be a {dtype.name} device array of shape {tuple(shape)}, not "
-                             f"{np.dtype(value.dtype).name} {tuple(value.shape)}")
+        raise SignatureError(
+            f"{where} must be a {dtype.name} device array of shape {tuple(shape)}, not "
+            f"{np.dtype(value.dtype).name} {tuple(value.shape)}"
+        )
     if not value.flags.c_contiguous or getattr(value, "offset", 0):
         raise SignatureError(f"{where} must be a C-contiguous device array starting at its buffer's start")
     pointer = getattr(value, "gpudata", None)  # pycuda: a view's data pointer may lie inside a buffer
     if pointer is not None and int(pointer) % 16:
-        raise SignatureError(f"{where} must start at a 16-byte aligned address (polyc's copies load 4 floats "
-                             f"at a time); this view starts at {int(pointer):#x}")
+        raise SignatureError(
+            f"{where} must start at a 16-byte aligned address (polyc's copies load 4 floats "
+            f"at a time); this view starts at {int(pointer):#x}"
+        )
 
 
 def _three(sizes: tuple[int, ...]) -> tuple[int, int, int]:
@@ -351,6 +394,7 @@ def cuda_missing() -> str | None:
     """None when pycuda can launch on a GPU here, else what is missing (for skips and reports)."""
     try:
         import pycuda.driver as driver
+
         driver.init()
         return None if driver.Device.count() else "no CUDA device"
     except ImportError:
@@ -373,8 +417,9 @@ class GpuCompiledKernel:
     code, :func:`polyc.driver.gpu_code_generator`) and builds its code on first use per size
     signature (the API's backend for ``backend="opencl"`` and ``"cuda"``)."""
 
-    def __init__(self, definition: CheckedDef, options: Options,
-                 generate: Callable[[Mapping[str, int]], GpuKernelSource]):
+    def __init__(
+        self, definition: CheckedDef, options: Options, generate: Callable[[Mapping[str, int]], GpuKernelSource]
+    ):
         self.definition = definition
         self.options = options
         self._generate = generate
@@ -402,11 +447,15 @@ class GpuCompiledKernel:
         definition = self.definition
         runtime = self.runtime()
         if getattr(runtime, "float16_as_float", False) and any(t.dtype == np.float16 for t in definition.tensors):
-            raise SignatureError(f"{definition.name} has float16 tensors, which the OpenCL back end keeps as float "
-                                 "on the device: call it with numpy arrays (they are converted), not device arrays")
+            raise SignatureError(
+                f"{definition.name} has float16 tensors, which the OpenCL back end keeps as float "
+                "on the device: call it with numpy arrays (they are converted), not device arrays"
+            )
         if len(args) != len(definition.inputs):
-            raise SignatureError(f"{definition.name} takes {len(definition.inputs)} input(s) "
-                                 f"({', '.join(definition.inputs) or 'none'}), got {len(args)}")
+            raise SignatureError(
+                f"{definition.name} takes {len(definition.inputs)} input(s) "
+                f"({', '.join(definition.inputs) or 'none'}), got {len(args)}"
+            )
         given = dict(zip(definition.inputs, args))
         sizes = {}
         for binding in definition.size_bindings:
@@ -423,17 +472,21 @@ class GpuCompiledKernel:
             else:
                 arrays[name] = np.ascontiguousarray(as_input_array(definition, tensor, value))
                 if arrays[name].shape != shapes[name]:
-                    raise SignatureError(f"{definition.name}: input '{name}' has shape {arrays[name].shape}, "
-                                         f"expected {shapes[name]}")
+                    raise SignatureError(
+                        f"{definition.name}: input '{name}' has shape {arrays[name].shape}, expected {shapes[name]}"
+                    )
         if outputs is not None:
             outputs = tuple(outputs)
             if len(outputs) != len(definition.outputs):
-                raise SignatureError(f"{definition.name} has {len(definition.outputs)} output(s), got {len(outputs)} "
-                                     "in outputs=")
+                raise SignatureError(
+                    f"{definition.name} has {len(definition.outputs)} output(s), got {len(outputs)} in outputs="
+                )
             for name, value in zip(definition.outputs, outputs):
                 if not runtime.is_device_array(value):
-                    raise SignatureError(f"{definition.name}: with device inputs, output '{name}' must be a device "
-                                         f"array too, not {type(value).__name__}")
+                    raise SignatureError(
+                        f"{definition.name}: with device inputs, output '{name}' must be a device "
+                        f"array too, not {type(value).__name__}"
+                    )
                 _check_device_array(definition, name, "output", value, definition.tensor(name).dtype, shapes[name])
                 arrays[name] = value
         for tensor in definition.tensors:
@@ -442,8 +495,10 @@ class GpuCompiledKernel:
         code = self.code_for(sizes)
         status = runtime.run(code, arrays, ()) if code.launches else 0
         if status:
-            raise BoundsError(f"{definition.name}: a data-dependent subscript fell outside its tensor "
-                              f"(an index array holds a value out of range)")
+            raise BoundsError(
+                f"{definition.name}: a data-dependent subscript fell outside its tensor "
+                f"(an index array holds a value out of range)"
+            )
         return tuple(arrays[name] for name in definition.outputs)
 
     def __call__(self, call: BoundCall) -> tuple[np.ndarray, ...]:
@@ -458,8 +513,10 @@ class GpuCompiledKernel:
             arrays[tensor.name] = np.ascontiguousarray(array)
         status = runtime.run(code, arrays, tuple(definition.outputs)) if code.launches else 0
         if status:
-            raise BoundsError(f"{definition.name}: a data-dependent subscript fell outside its tensor "
-                              f"(an index array holds a value out of range)")
+            raise BoundsError(
+                f"{definition.name}: a data-dependent subscript fell outside its tensor "
+                f"(an index array holds a value out of range)"
+            )
         results = []
         for name in definition.outputs:
             given = call.arrays[name]

@@ -1,4 +1,5 @@
 """Load built kernel libraries into this process and look up their functions with ctypes."""
+
 from __future__ import annotations
 
 import ctypes

@@ -12,6 +12,7 @@ processor's identity numbers (x86: vendor, family, model, stepping; ARM: impleme
 variant, revision), and :attr:`MachineFingerprint.microarchitecture` names the known ones, so
 that a benchmark's figures say which processor they were measured on.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,20 +24,37 @@ from dataclasses import asdict, dataclass
 from polyc.schedule.tiling import machine_cache_sizes, usable_cores
 
 #: The /proc/cpuinfo flags that change what polyc's C compiles to (vector width, FMA, NEON).
-RELEVANT_ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
-                      "avx512_bf16", "avx512_fp16", "amx_tile", "asimd", "sve", "sve2", "fphp", "asimdhp")
+RELEVANT_ISA_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512dq",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "asimd",
+    "sve",
+    "sve2",
+    "fphp",
+    "asimdhp",
+)
 
 
 @dataclass(frozen=True)
 class MachineFingerprint:
     """What must match for a tuning record to apply: see the module docstring."""
 
-    machine: str            # platform.machine(): x86_64, aarch64, ...
-    cpu_model: str          # /proc/cpuinfo "model name" (or the implementer/part on ARM)
-    isa: tuple[str, ...]    # sorted subset of RELEVANT_ISA_FLAGS
+    machine: str  # platform.machine(): x86_64, aarch64, ...
+    cpu_model: str  # /proc/cpuinfo "model name" (or the implementer/part on ARM)
+    isa: tuple[str, ...]  # sorted subset of RELEVANT_ISA_FLAGS
     caches: tuple[int, int, int]  # L1d, L2 per core, L3, in bytes
-    cores: int              # cores this process may run on
-    cpu_id: str = ""        # "AuthenticAMD 25/17/1" (vendor family/model/stepping) or "arm 0x41/0xd0c/0/1"; "" unknown
+    cores: int  # cores this process may run on
+    cpu_id: str = ""  # "AuthenticAMD 25/17/1" (vendor family/model/stepping) or "arm 0x41/0xd0c/0/1"; "" unknown
 
     @property
     def id(self) -> str:
@@ -65,8 +83,10 @@ class MachineFingerprint:
     def describe(self) -> str:
         caches = "/".join(f"{size // 1024}K" for size in self.caches)
         identity = ", ".join(filter(None, (self.microarchitecture, self.cpu_id)))
-        return f"{self.cpu_model}{f' [{identity}]' if identity else ''} ({self.machine}; " \
-               f"{' '.join(self.isa) or 'no SIMD flags'}; caches {caches}; {self.cores} cores)"
+        return (
+            f"{self.cpu_model}{f' [{identity}]' if identity else ''} ({self.machine}; "
+            f"{' '.join(self.isa) or 'no SIMD flags'}; caches {caches}; {self.cores} cores)"
+        )
 
     def to_json(self) -> dict:
         data = {**asdict(self), "isa": list(self.isa), "caches": list(self.caches)}
@@ -75,13 +95,18 @@ class MachineFingerprint:
         return data
 
     @staticmethod
-    def from_json(data: dict) -> "MachineFingerprint":
-        return MachineFingerprint(machine=str(data["machine"]), cpu_model=str(data["cpu_model"]),
-                                  isa=tuple(data["isa"]), caches=tuple(int(c) for c in data["caches"]),
-                                  cores=int(data["cores"]), cpu_id=str(data.get("cpu_id", "")))
+    def from_json(data: dict) -> MachineFingerprint:
+        return MachineFingerprint(
+            machine=str(data["machine"]),
+            cpu_model=str(data["cpu_model"]),
+            isa=tuple(data["isa"]),
+            caches=tuple(int(c) for c in data["caches"]),
+            cores=int(data["cores"]),
+            cpu_id=str(data.get("cpu_id", "")),
+        )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def this_machine() -> MachineFingerprint:
     """The fingerprint of the machine this process runs on."""
     fields: dict[str, str] = {}
@@ -92,13 +117,21 @@ def this_machine() -> MachineFingerprint:
                 fields.setdefault(name.strip(), value.strip())
     except OSError:  # not Linux
         fields["model name"] = platform.processor() or "unknown"
-    model = fields.get("model name") or " ".join(
-        f"{key} {fields[key]}" for key in ("CPU implementer", "CPU part") if key in fields) or "unknown"
+    model = (
+        fields.get("model name")
+        or " ".join(f"{key} {fields[key]}" for key in ("CPU implementer", "CPU part") if key in fields)
+        or "unknown"
+    )
     flags = set((fields.get("flags") or fields.get("Features") or "").split())
     caches = machine_cache_sizes()
-    return MachineFingerprint(platform.machine(), model, tuple(sorted(flags & set(RELEVANT_ISA_FLAGS))),
-                              (caches.get(1, 0), caches.get(2, 0), caches.get(3, 0)), usable_cores(),
-                              cpu_identity(fields))
+    return MachineFingerprint(
+        platform.machine(),
+        model,
+        tuple(sorted(flags & set(RELEVANT_ISA_FLAGS))),
+        (caches.get(1, 0), caches.get(2, 0), caches.get(3, 0)),
+        usable_cores(),
+        cpu_identity(fields),
+    )
 
 
 def cpu_identity(cpuinfo: dict[str, str]) -> str:
@@ -120,12 +153,24 @@ def cpu_identity(cpuinfo: dict[str, str]) -> str:
 #: polyc's kernels are tuned for; others describe themselves by their numbers.
 MICROARCHITECTURES: dict[tuple[str, int], tuple[tuple[int, int, str], ...]] = {
     ("AuthenticAMD", 23): ((0x00, 0x2F, "Zen/Zen+"), (0x30, 0xAF, "Zen 2")),
-    ("AuthenticAMD", 25): ((0x00, 0x0F, "Zen 3"), (0x10, 0x1F, "Zen 4"), (0x20, 0x2F, "Zen 3"),
-                           (0x40, 0x5F, "Zen 3"), (0x60, 0x7F, "Zen 4"), (0xA0, 0xAF, "Zen 4")),
+    ("AuthenticAMD", 25): (
+        (0x00, 0x0F, "Zen 3"),
+        (0x10, 0x1F, "Zen 4"),
+        (0x20, 0x2F, "Zen 3"),
+        (0x40, 0x5F, "Zen 3"),
+        (0x60, 0x7F, "Zen 4"),
+        (0xA0, 0xAF, "Zen 4"),
+    ),
     ("AuthenticAMD", 26): ((0x00, 0x7F, "Zen 5"),),
-    ("GenuineIntel", 6): ((0x3F, 0x3F, "Haswell"), (0x4F, 0x4F, "Broadwell"), (0x55, 0x55, "Skylake/Cascade Lake"),
-                          (0x6A, 0x6A, "Ice Lake"), (0x8F, 0x8F, "Sapphire Rapids"), (0xAD, 0xAD, "Granite Rapids"),
-                          (0xCF, 0xCF, "Emerald Rapids")),
+    ("GenuineIntel", 6): (
+        (0x3F, 0x3F, "Haswell"),
+        (0x4F, 0x4F, "Broadwell"),
+        (0x55, 0x55, "Skylake/Cascade Lake"),
+        (0x6A, 0x6A, "Ice Lake"),
+        (0x8F, 0x8F, "Sapphire Rapids"),
+        (0xAD, 0xAD, "Granite Rapids"),
+        (0xCF, 0xCF, "Emerald Rapids"),
+    ),
 }
 
 

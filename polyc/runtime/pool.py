@@ -46,6 +46,7 @@ pool library (built in the kernel cache like any kernel) with ``RTLD_GLOBAL`` be
 kernel library, and a kernel whose symbol stayed unresolved -- exported C built elsewhere, or
 ``POLYC_POOL=off`` -- uses OpenMP as before.  After ``fork`` the child starts helpers of its own.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -383,10 +384,13 @@ def _load() -> ctypes.CDLL | None:
     try:
         path = get_or_build(POOL_C, CompilerOptions(flags=("-O2",), openmp=False))
         library = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-        library.polyc_pool_statistics_v1  # a compiler for another OS builds an empty library
+        library.polyc_pool_statistics_v1  # noqa: B018 -- a compiler for another OS builds an empty library
     except (PolycError, OSError, AttributeError) as error:
-        warnings.warn(f"polyc's thread pool is unavailable, kernels use OpenMP's threads alone: {error}",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"polyc's thread pool is unavailable, kernels use OpenMP's threads alone: {error}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return None
     library.polyc_pool_statistics_v1.argtypes = [ctypes.POINTER(ctypes.c_int64)]
     library.polyc_pool_statistics_v1.restype = None

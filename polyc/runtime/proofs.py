@@ -14,6 +14,7 @@ again, with the same message, each time.  A missing, unreadable or malformed rec
 the proofs run again and the record is rewritten.  A cache that cannot be written only loses the
 shortcut: ``define`` never fails for the cache's sake.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,11 +48,16 @@ def define_proofs(definition: CheckedDef) -> DefineProofs:
     if recorded is not None:
         return recorded
     program = build_program(definition)
-    proofs = DefineProofs(check_bounds(program),  # raises BoundsError for an always-wrong access
-                          written_before_read(program, (*definition.outputs, *definition.temporaries)))
+    proofs = DefineProofs(
+        check_bounds(program),  # raises BoundsError for an always-wrong access
+        written_before_read(program, (*definition.outputs, *definition.temporaries)),
+    )
     if key is not None:
-        write_record(PROOFS_DIR, key, {"bounds": proofs.bounds.to_json(),
-                                       "written_before_read": sorted(proofs.written_before_read)})
+        write_record(
+            PROOFS_DIR,
+            key,
+            {"bounds": proofs.bounds.to_json(), "written_before_read": sorted(proofs.written_before_read)},
+        )
     return proofs
 
 

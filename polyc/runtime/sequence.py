@@ -14,6 +14,7 @@ in order from tables::
 and stops at the first call that returns a nonzero status, saying which.  Its C depends only on
 the signatures it serves, so it is built once per set of signatures into the kernel cache.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -32,10 +33,12 @@ def runner_source(signatures: tuple[tuple[int, int], ...]) -> str:
     for kind, (pointers, sizes) in enumerate(signatures):
         parameters = ["void *"] * pointers + ["int64_t"] * sizes
         values = [f"(void *)(intptr_t)a[{j}]" for j in range(pointers)] + [f"a[{pointers + j}]" for j in range(sizes)]
-        cases.append(f"        case {kind}:\n"
-                     f"            status = ((int (*)({', '.join(parameters) or 'void'}))functions[i])({', '.join(values)});\n"
-                     f"            a += {pointers + sizes};\n"
-                     f"            break;")
+        cases.append(
+            f"        case {kind}:\n"
+            f"            status = ((int (*)({', '.join(parameters) or 'void'}))functions[i])({', '.join(values)});\n"
+            f"            a += {pointers + sizes};\n"
+            f"            break;"
+        )
     return f"""/* polyc: one call running a sequence of kernel calls (polyc/runtime/sequence.py) */
 #include <stdint.h>
 
@@ -68,5 +71,9 @@ def sequence_runner(signatures: tuple[tuple[int, int], ...], cc: str | None = No
     unknown kind."""
     options = CompilerOptions(cc=cc, flags=("-O2",), openmp=False)
     library = load_library(get_or_build(runner_source(signatures), options))
-    return get_function(library, RUNNER, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                          ctypes.c_void_p], ctypes.c_int)
+    return get_function(
+        library,
+        RUNNER,
+        [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p],
+        ctypes.c_int,
+    )

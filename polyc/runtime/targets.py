@@ -19,22 +19,24 @@ C project can take without Python: ``NAME.c`` (the prelude and the kernel functi
 ``NAME.h`` (its prototype, with a comment giving the arguments in order, their element types
 and shapes, and the return value).
 """
+
 from __future__ import annotations
 
 import functools
 import platform
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from polyc.version import __version__
 from polyc.errors import PolycError
 from polyc.ir.bounds import check_bounds
 from polyc.lang.checked import CheckedDef, Role, Tensor
 from polyc.runtime.compiler import DEFAULT_OPTIMISATION_FLAGS, LANGUAGE_FLAGS, CompilerOptions, cpu_flags
+from polyc.version import __version__
 
 if TYPE_CHECKING:
     from polyc.driver import Stages
@@ -79,14 +81,27 @@ class Target:
 _AARCH64_CACHES = (32 * 1024, 512 * 1024, 2 * 1024 * 1024)
 
 TARGETS: dict[str, Target] = {
-    "avx512": Target("avx512", "x86-64 with AVX-512 (512-bit vectors, FMA)", "x86_64", None,
-                     ("-O3", "-mavx512f", "-mavx512vl", "-mfma"), 512),
-    "avx2": Target("avx2", "x86-64 with AVX2 (256-bit vectors, FMA)", "x86_64", None,
-                   ("-O3", "-mavx2", "-mfma"), 256),
-    "generic": Target("generic", "portable C, no instruction-set flags (the compiler's baseline)", "", None,
-                      ("-O3",), 128),
-    "neon": Target("neon", "aarch64 with Advanced SIMD (NEON, 128-bit vectors)", "aarch64",
-                   "aarch64-linux-gnu-gcc", ("-O3", "-march=armv8-a+simd"), 128, _AARCH64_CACHES),
+    "avx512": Target(
+        "avx512",
+        "x86-64 with AVX-512 (512-bit vectors, FMA)",
+        "x86_64",
+        None,
+        ("-O3", "-mavx512f", "-mavx512vl", "-mfma"),
+        512,
+    ),
+    "avx2": Target("avx2", "x86-64 with AVX2 (256-bit vectors, FMA)", "x86_64", None, ("-O3", "-mavx2", "-mfma"), 256),
+    "generic": Target(
+        "generic", "portable C, no instruction-set flags (the compiler's baseline)", "", None, ("-O3",), 128
+    ),
+    "neon": Target(
+        "neon",
+        "aarch64 with Advanced SIMD (NEON, 128-bit vectors)",
+        "aarch64",
+        "aarch64-linux-gnu-gcc",
+        ("-O3", "-march=armv8-a+simd"),
+        128,
+        _AARCH64_CACHES,
+    ),
 }
 TARGET_NAMES = ("host", *TARGETS)
 DEFAULT_EXPORT_TARGET = "neon"
@@ -103,7 +118,7 @@ def get_target(name: str | Target) -> Target:
     return TARGETS[name]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _host_target() -> Target:
     """What the runtime builds for: this machine, ``-march=native``."""
     machine = platform.machine()
@@ -111,8 +126,9 @@ def _host_target() -> Target:
     if machine in ("x86_64", "AMD64"):
         flags = cpu_flags()
         vector_bits = 512 if "avx512f" in flags else 256 if "avx2" in flags else 128
-    return Target("host", f"this machine ({machine}, -march=native)", machine, None,
-                  DEFAULT_OPTIMISATION_FLAGS, vector_bits)
+    return Target(
+        "host", f"this machine ({machine}, -march=native)", machine, None, DEFAULT_OPTIMISATION_FLAGS, vector_bits
+    )
 
 
 # ----------------------------------------------------------------------------- export
@@ -138,7 +154,7 @@ class ExportedC:
         return c_path, h_path
 
 
-def export_c(stages: "Stages", target: str | Target = DEFAULT_EXPORT_TARGET, name: str | None = None) -> ExportedC:
+def export_c(stages: Stages, target: str | Target = DEFAULT_EXPORT_TARGET, name: str | None = None) -> ExportedC:
     """``NAME.c`` and ``NAME.h`` for the kernel compiled in ``stages``, built for ``target``.
 
     ``name`` (default: the def's name) names the files; the function is the generated one,
@@ -154,16 +170,18 @@ def export_c(stages: "Stages", target: str | Target = DEFAULT_EXPORT_TARGET, nam
         raise PolycError(f"export name {name!r} must be a C identifier (it names NAME.c and NAME.h)")
 
     prototype = _prototype(kernel.source, kernel.function_name)
-    c_source = "\n".join([
-        f"/* polyc {__version__}: def '{definition.name}' exported for target {target.name}: {target.description}.",
-        " * Self-contained: needs a C11 compiler with GNU extensions and libm; without -fopenmp the",
-        " * OpenMP pragmas are ignored and the kernel runs on one thread.  Build, for example:",
-        f" *   {' '.join([*target.c_compiler().split(), *target.build_flags(), '-c', f'{name}.c'])}",
-        " */",
-        f'#include "{name}.h"',
-        "",
-        kernel.source,
-    ])
+    c_source = "\n".join(
+        [
+            f"/* polyc {__version__}: def '{definition.name}' exported for target {target.name}: {target.description}.",
+            " * Self-contained: needs a C11 compiler with GNU extensions and libm; without -fopenmp the",
+            " * OpenMP pragmas are ignored and the kernel runs on one thread.  Build, for example:",
+            f" *   {' '.join([*target.c_compiler().split(), *target.build_flags(), '-c', f'{name}.c'])}",
+            " */",
+            f'#include "{name}.h"',
+            "",
+            kernel.source,
+        ]
+    )
     # Parametric code is in bounds only where the define-time proof says so: state where.
     precondition = str(check_bounds(stages.program)) if sizes is None else ""
     header = _header(definition, kernel, sizes, target, name, prototype, precondition)
@@ -179,13 +197,16 @@ def export_sizes(definition: CheckedDef, sizes: Mapping[str, int] | None) -> dic
     unknown = sorted(set(sizes) - set(definition.sizes))
     if missing or unknown:
         problem = f"no value for {', '.join(missing)}" if missing else f"{', '.join(unknown)} is not one of them"
-        raise PolycError(f"{definition.name}: an export for fixed sizes needs a value for each of its sizes "
-                         f"({', '.join(definition.sizes) or 'none'}): {problem}; give all of them, or none "
-                         "for a kernel that takes them as arguments")
+        raise PolycError(
+            f"{definition.name}: an export for fixed sizes needs a value for each of its sizes "
+            f"({', '.join(definition.sizes) or 'none'}): {problem}; give all of them, or none "
+            "for a kernel that takes them as arguments"
+        )
     negative = [s for s in definition.sizes if not isinstance(sizes[s], (int, np.integer)) or sizes[s] < 0]
     if negative:
-        raise PolycError(f"{definition.name}: sizes must be integers >= 0, not "
-                         + ", ".join(f"{s}={sizes[s]!r}" for s in negative))
+        raise PolycError(
+            f"{definition.name}: sizes must be integers >= 0, not " + ", ".join(f"{s}={sizes[s]!r}" for s in negative)
+        )
     return {s: int(sizes[s]) for s in definition.sizes}
 
 
@@ -198,30 +219,45 @@ def _prototype(source: str, function_name: str) -> str:
 
 
 def _parameter_names(prototype: str) -> list[str]:
-    arguments = prototype[prototype.index("(") + 1:-1]
-    return [re.findall(r"[A-Za-z_][A-Za-z0-9_]*", argument)[-1] for argument in arguments.split(",") if argument.strip()]
+    arguments = prototype[prototype.index("(") + 1 : -1]
+    return [
+        re.findall(r"[A-Za-z_][A-Za-z0-9_]*", argument)[-1] for argument in arguments.split(",") if argument.strip()
+    ]
 
 
-def _header(definition: CheckedDef, kernel, sizes: Mapping[str, int] | None, target: Target,
-            name: str, prototype: str, precondition: str) -> str:
+def _header(
+    definition: CheckedDef,
+    kernel,
+    sizes: Mapping[str, int] | None,
+    target: Target,
+    name: str,
+    prototype: str,
+    precondition: str,
+) -> str:
     guard = f"POLYC_EXPORT_{name.upper()}_H"
     parameters = _parameter_names(prototype)
     size_inputs = {b.tensor: b.size for b in definition.size_bindings if b.dim is None}
 
-    lines = [f"polyc {__version__}: def '{definition.name}' for target {target.name}: {target.description}",
-             ""]
+    lines = [f"polyc {__version__}: def '{definition.name}' for target {target.name}: {target.description}", ""]
     lines += ["  " + line for line in definition.describe().splitlines()]
     lines.append("")
     if sizes is not None:
-        lines.append("Sizes, compiled in (the kernel is valid for these only): "
-                     + (", ".join(f"{s}={v}" for s, v in sizes.items()) or "none"))
+        lines.append(
+            "Sizes, compiled in (the kernel is valid for these only): "
+            + (", ".join(f"{s}={v}" for s, v in sizes.items()) or "none")
+        )
     else:
         lines.append("Sizes are the trailing int64_t arguments: values >= 0 that agree with the inputs' shapes.")
-        lines.append("Every affine access is proved in bounds for all sizes" if precondition == "none" else
-                     f"Affine accesses stay in bounds only for sizes satisfying: {precondition}")
-    lines += ["",
-              f"Arguments of {kernel.function_name}, in order: pointers to C-contiguous (row-major) arrays",
-              "that must not overlap, then the sizes:"]
+        lines.append(
+            "Every affine access is proved in bounds for all sizes"
+            if precondition == "none"
+            else f"Affine accesses stay in bounds only for sizes satisfying: {precondition}"
+        )
+    lines += [
+        "",
+        f"Arguments of {kernel.function_name}, in order: pointers to C-contiguous (row-major) arrays",
+        "that must not overlap, then the sizes:",
+    ]
     width = max((len(p) for p in parameters), default=0)
     for parameter, tensor_name in zip(parameters, kernel.tensor_arguments):
         tensor = definition.tensor(tensor_name)
@@ -229,34 +265,38 @@ def _header(definition: CheckedDef, kernel, sizes: Mapping[str, int] | None, tar
         note = _role_note(tensor, size_inputs.get(tensor_name))
         if note:
             lines.append(f"  {'':<{width}}    {note}")
-    for parameter, size in zip(parameters[len(kernel.tensor_arguments):], kernel.size_arguments):
+    for parameter, size in zip(parameters[len(kernel.tensor_arguments) :], kernel.size_arguments):
         lines.append(f"  {parameter:<{width}}  int64_t, the size {size}")
-    lines += ["",
-              "Returns 0 on success; otherwise the outputs are not valid: 1 when a data-dependent subscript",
-              "(an index read from a tensor) fell outside the tensor it indexes (that element was read as",
-              "element 0), 2 when the kernel could not allocate its working memory."]
+    lines += [
+        "",
+        "Returns 0 on success; otherwise the outputs are not valid: 1 when a data-dependent subscript",
+        "(an index read from a tensor) fell outside the tensor it indexes (that element was read as",
+        "element 0), 2 when the kernel could not allocate its working memory.",
+    ]
     comment = "/*\n" + "\n".join(f" * {line}".rstrip() for line in lines).replace("*/", "* /") + "\n */"
-    return "\n".join([
-        comment,
-        f"#ifndef {guard}",
-        f"#define {guard}",
-        "",
-        "#include <stdint.h>",
-        "#include <stdbool.h>",
-        "",
-        "#ifdef __cplusplus",
-        'extern "C" {',
-        "#endif",
-        "",
-        prototype + ";",
-        "",
-        "#ifdef __cplusplus",
-        "}",
-        "#endif",
-        "",
-        f"#endif /* {guard} */",
-        "",
-    ])
+    return "\n".join(
+        [
+            comment,
+            f"#ifndef {guard}",
+            f"#define {guard}",
+            "",
+            "#include <stdint.h>",
+            "#include <stdbool.h>",
+            "",
+            "#ifdef __cplusplus",
+            'extern "C" {',
+            "#endif",
+            "",
+            prototype + ";",
+            "",
+            "#ifdef __cplusplus",
+            "}",
+            "#endif",
+            "",
+            f"#endif /* {guard} */",
+            "",
+        ]
+    )
 
 
 def _tensor_line(tensor: Tensor, sizes: Mapping[str, int] | None) -> str:

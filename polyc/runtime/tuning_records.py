@@ -25,6 +25,7 @@ def (its canonical text), sizes, dtypes, compiler target, machine fingerprint an
 Records from another machine can be imported explicitly as starting points for a search
 (:func:`polyc.tune.tune` ``start_from=``); they are never used silently.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,10 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
-from polyc.version import __version__ as POLYC_VERSION
 from polyc.errors import PolycError, PolycWarning
 from polyc.lang.checked import CheckedDef
 from polyc.runtime.machine import MachineFingerprint, this_machine
+from polyc.version import __version__ as POLYC_VERSION
 
 try:
     import fcntl
@@ -64,6 +65,7 @@ def default_records_path() -> Path:
     if os.environ.get("POLYC_TUNING_FILE"):
         return Path(os.environ["POLYC_TUNING_FILE"]).expanduser().absolute()
     from polyc.runtime.cache import cache_dir
+
     return cache_dir() / RECORD_FILE
 
 
@@ -77,30 +79,47 @@ def definition_digest(definition: CheckedDef) -> str:
 class TuningKey:
     """What a tuned configuration is for.  Equal keys: the record applies."""
 
-    definition: str                 # definition_digest
-    sizes: tuple[tuple[str, int], ...]   # sorted by name
-    dtypes: tuple[str, ...]         # of the inputs, in declared order
-    target: str                     # the back end and the compiler it builds with
-    machine: str                    # MachineFingerprint.id
+    definition: str  # definition_digest
+    sizes: tuple[tuple[str, int], ...]  # sorted by name
+    dtypes: tuple[str, ...]  # of the inputs, in declared order
+    target: str  # the back end and the compiler it builds with
+    machine: str  # MachineFingerprint.id
     polyc: str = POLYC_VERSION
 
     @staticmethod
-    def for_call(definition: CheckedDef, sizes: Mapping[str, int], target: str,
-                 machine: MachineFingerprint | None = None) -> "TuningKey":
+    def for_call(
+        definition: CheckedDef, sizes: Mapping[str, int], target: str, machine: MachineFingerprint | None = None
+    ) -> TuningKey:
         machine = machine or this_machine()
         dtypes = tuple(np.dtype(definition.tensor(name).dtype).name for name in definition.inputs)
-        return TuningKey(definition_digest(definition), tuple(sorted((s, int(sizes[s])) for s in definition.sizes)),
-                         dtypes, target, machine.id)
+        return TuningKey(
+            definition_digest(definition),
+            tuple(sorted((s, int(sizes[s])) for s in definition.sizes)),
+            dtypes,
+            target,
+            machine.id,
+        )
 
     def to_json(self) -> dict:
-        return {"def": self.definition, "sizes": dict(self.sizes), "dtypes": list(self.dtypes),
-                "target": self.target, "machine": self.machine, "polyc": self.polyc}
+        return {
+            "def": self.definition,
+            "sizes": dict(self.sizes),
+            "dtypes": list(self.dtypes),
+            "target": self.target,
+            "machine": self.machine,
+            "polyc": self.polyc,
+        }
 
     @staticmethod
-    def from_json(data: Mapping) -> "TuningKey":
-        return TuningKey(str(data["def"]), tuple(sorted((str(k), int(v)) for k, v in dict(data["sizes"]).items())),
-                         tuple(str(d) for d in data["dtypes"]), str(data["target"]), str(data["machine"]),
-                         str(data["polyc"]))
+    def from_json(data: Mapping) -> TuningKey:
+        return TuningKey(
+            str(data["def"]),
+            tuple(sorted((str(k), int(v)) for k, v in dict(data["sizes"]).items())),
+            tuple(str(d) for d in data["dtypes"]),
+            str(data["target"]),
+            str(data["machine"]),
+            str(data["polyc"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -117,29 +136,50 @@ class TuningRecord:
     machine: Mapping | None = None
     session: str = ""
     trial: int = 0
-    config: Mapping[str, object] | None = None   # the search space's knobs, for the cost model
-    confirmed: bool = False                      # timed in a confirmation (see the module docstring)
-    time: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc)
-                      .strftime("%Y-%m-%dT%H:%M:%SZ"))
+    config: Mapping[str, object] | None = None  # the search space's knobs, for the cost model
+    confirmed: bool = False  # timed in a confirmation (see the module docstring)
+    time: str = field(
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    )
 
     def to_json(self) -> dict:
-        return {"schema": SCHEMA_VERSION, "key": self.key.to_json(), "tc": self.tc, "machine": self.machine,
-                "options": dict(self.options), "status": self.status, "seconds": self.seconds,
-                "runs": list(self.runs), "message": self.message, "session": self.session,
-                "trial": self.trial, "config": None if self.config is None else dict(self.config),
-                "confirmed": self.confirmed, "time": self.time}
+        return {
+            "schema": SCHEMA_VERSION,
+            "key": self.key.to_json(),
+            "tc": self.tc,
+            "machine": self.machine,
+            "options": dict(self.options),
+            "status": self.status,
+            "seconds": self.seconds,
+            "runs": list(self.runs),
+            "message": self.message,
+            "session": self.session,
+            "trial": self.trial,
+            "config": None if self.config is None else dict(self.config),
+            "confirmed": self.confirmed,
+            "time": self.time,
+        }
 
     @staticmethod
-    def from_json(data: Mapping) -> "TuningRecord":
+    def from_json(data: Mapping) -> TuningRecord:
         if data.get("status") not in STATUSES:
             raise ValueError(f"status must be one of {', '.join(STATUSES)}, not {data.get('status')!r}")
         seconds = data.get("seconds")
-        return TuningRecord(TuningKey.from_json(data["key"]), dict(data.get("options") or {}), data["status"],
-                            None if seconds is None else float(seconds),
-                            tuple(float(r) for r in data.get("runs") or ()), str(data.get("message", "")),
-                            str(data.get("tc", "")), data.get("machine"), str(data.get("session", "")),
-                            int(data.get("trial", 0)), data.get("config"), bool(data.get("confirmed", False)),
-                            str(data.get("time", "")))
+        return TuningRecord(
+            TuningKey.from_json(data["key"]),
+            dict(data.get("options") or {}),
+            data["status"],
+            None if seconds is None else float(seconds),
+            tuple(float(r) for r in data.get("runs") or ()),
+            str(data.get("message", "")),
+            str(data.get("tc", "")),
+            data.get("machine"),
+            str(data.get("session", "")),
+            int(data.get("trial", 0)),
+            data.get("config"),
+            bool(data.get("confirmed", False)),
+            str(data.get("time", "")),
+        )
 
 
 def _upgrade(data: dict, where: str) -> dict | None:
@@ -149,14 +189,20 @@ def _upgrade(data: dict, where: str) -> dict | None:
         warnings.warn(f"{where}: tuning record without a schema version, skipped", PolycWarning, stacklevel=4)
         return None
     if version > SCHEMA_VERSION:
-        warnings.warn(f"{where}: tuning record of schema {version}, newer than this polyc's "
-                      f"{SCHEMA_VERSION} (polyc {POLYC_VERSION}); skipped: upgrade polyc to use it",
-                      PolycWarning, stacklevel=4)
+        warnings.warn(
+            f"{where}: tuning record of schema {version}, newer than this polyc's "
+            f"{SCHEMA_VERSION} (polyc {POLYC_VERSION}); skipped: upgrade polyc to use it",
+            PolycWarning,
+            stacklevel=4,
+        )
         return None
     while version < SCHEMA_VERSION:
         if version not in _UPGRADES:
-            warnings.warn(f"{where}: tuning record of schema {version}, which this polyc cannot convert; skipped",
-                          PolycWarning, stacklevel=4)
+            warnings.warn(
+                f"{where}: tuning record of schema {version}, which this polyc cannot convert; skipped",
+                PolycWarning,
+                stacklevel=4,
+            )
             return None
         data = _UPGRADES[version](data)
         version = data["schema"]
@@ -302,6 +348,7 @@ def merge_records(sources: Iterable[str | os.PathLike], into: str | os.PathLike 
 def target_of(options) -> str:
     """The back end and compiler a record was measured with (part of its key)."""
     from polyc.runtime.compiler import compiler_options
+
     digest = hashlib.sha256(compiler_options(options).fingerprint().encode()).hexdigest()[:12]
     caches = "" if options.cache_sizes is None else " caches " + "/".join(map(str, options.cache_sizes))
     return f"{options.backend} {digest}{caches}"
@@ -313,6 +360,7 @@ def tuned_options(definition: CheckedDef, options, sizes: Mapping[str, int]):
     Options the user set away from their defaults are kept.  Never raises for a bad records file:
     a kernel must compile with or without its tuning history."""
     from polyc.options import Options
+
     if not options.tuning or not options.specialize or options.backend != "c":
         return options
     try:
@@ -322,8 +370,11 @@ def tuned_options(definition: CheckedDef, options, sizes: Mapping[str, int]):
     if not recorded:
         return options
     defaults = Options()
-    changes = {name: value for name, value in recorded.items()
-               if hasattr(defaults, name) and getattr(options, name) == getattr(defaults, name) and name != "winograd"}
+    changes = {
+        name: value
+        for name, value in recorded.items()
+        if hasattr(defaults, name) and getattr(options, name) == getattr(defaults, name) and name != "winograd"
+    }
     if recorded.get("winograd") is False and options.winograd:
         # The Winograd kernel is the user's opt-in (its numerics differ on non-finite values):
         # a record may turn it off where the direct kernel measured faster, never on.

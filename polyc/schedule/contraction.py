@@ -52,6 +52,7 @@ flattens them in.
     >>> c.m, c.n, c.k, c.a.tensor, c.b.tensor
     (('m',), ('n',), ('r_k',), 'A', 'B')
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -117,9 +118,10 @@ class Contraction:
         text = " ".join(f"{name}=({', '.join(indices)})" for name, indices in groups)
         scale = "scalar * " if self.scale else ""
         guard = f" where {' and '.join(f'{g} >= 0' for g in self.guard)}" if self.guard else ""
-        return (f"{self.target.tensor} {'=' if self.init else '+='} {scale}{self.a.tensor} * {self.b.tensor}"
-                f"{guard}: {text}"
-                + (f"; {len(self.epilogues)} epilogue statement(s)" if self.epilogues else ""))
+        return (
+            f"{self.target.tensor} {'=' if self.init else '+='} {scale}{self.a.tensor} * {self.b.tensor}"
+            f"{guard}: {text}" + (f"; {len(self.epilogues)} epilogue statement(s)" if self.epilogues else "")
+        )
 
 
 def recognise_gemm_def(definition: ir.CheckedDef) -> Contraction | None:
@@ -159,12 +161,13 @@ def worth_a_gemm_kernel(contraction: Contraction) -> bool:
     """
     c = contraction
     if c.is_matvec:
-        return (c.a.indices in (c.m + c.k, c.k + c.m) and c.b.indices == c.k and c.target.indices == c.m)
+        return c.a.indices in (c.m + c.k, c.k + c.m) and c.b.indices == c.k and c.target.indices == c.m
     return c.target.indices[-1] not in c.batch
 
 
-def recognise_contraction(statement: ir.CheckedStatement, definition: ir.CheckedDef,
-                          matvec: bool = False) -> Contraction | None:
+def recognise_contraction(
+    statement: ir.CheckedStatement, definition: ir.CheckedDef, matvec: bool = False
+) -> Contraction | None:
     """``statement`` as a :class:`Contraction`, or None when it is not one (see the module doc);
     with ``matvec``, matrix-vector products (no N group, no batch, no guard) are accepted too."""
     target_tensor = definition.tensor(statement.target)
@@ -223,15 +226,25 @@ def recognise_contraction(statement: ir.CheckedStatement, definition: ir.Checked
         return tuple(i for i in order if i in group)
 
     return Contraction(
-        statement=statement, target=target, a=first, b=second,
-        batch=in_order(batch_set, target.indices), m=in_order(m_set, target.indices),
-        n=in_order(n_set, target.indices), k=in_order(k_set, first.indices),
+        statement=statement,
+        target=target,
+        a=first,
+        b=second,
+        batch=in_order(batch_set, target.indices),
+        m=in_order(m_set, target.indices),
+        n=in_order(n_set, target.indices),
+        k=in_order(k_set, first.indices),
         extents=tuple((i, extents[i]) for i in statement.all_indices),
-        dtype=target_tensor.dtype, init=statement.init, scale=scale, guard=guard)
+        dtype=target_tensor.dtype,
+        init=statement.init,
+        scale=scale,
+        guard=guard,
+    )
 
 
-def _guarded_product(rhs: ir.TExpr, target_indices: tuple[str, ...],
-                     sizes: tuple[str, ...]) -> tuple[ir.TExpr, tuple[Affine, ...]] | None:
+def _guarded_product(
+    rhs: ir.TExpr, target_indices: tuple[str, ...], sizes: tuple[str, ...]
+) -> tuple[ir.TExpr, tuple[Affine, ...]] | None:
     """:func:`~polyc.schedule.patterns.guarded_product` whose condition is linear in
     ``target_indices``, with sizes (else None)."""
     guarded = guarded_product(rhs)
@@ -244,8 +257,9 @@ def _guarded_product(rhs: ir.TExpr, target_indices: tuple[str, ...],
     return guarded
 
 
-def _factors(product: ir.TExpr, dtype: np.dtype,
-             definition: ir.CheckedDef) -> tuple[tuple[ir.Read, ir.Read], tuple[ir.TExpr, ...]] | None:
+def _factors(
+    product: ir.TExpr, dtype: np.dtype, definition: ir.CheckedDef
+) -> tuple[tuple[ir.Read, ir.Read], tuple[ir.TExpr, ...]] | None:
     """The two tensor reads and the scalar factors (constants, 0-d reads) of a product of
     ``dtype`` values (through same-type casts), or None when it has not exactly two tensor
     reads or has any other factor."""
@@ -274,7 +288,6 @@ def _factors(product: ir.TExpr, dtype: np.dtype,
     return (reads[0], reads[1]), tuple(scale)
 
 
-
 def _plain_indices(subscripts) -> tuple[str, ...] | None:
     """The index names of subscripts that are each a single index, all different; else None."""
     names = []
@@ -290,8 +303,9 @@ def _plain_indices(subscripts) -> tuple[str, ...] | None:
     return tuple(names)
 
 
-def _full_range_extents(statement: ir.CheckedStatement, definition: ir.CheckedDef,
-                        operands: list[Operand]) -> dict[str, Affine] | None:
+def _full_range_extents(
+    statement: ir.CheckedStatement, definition: ir.CheckedDef, operands: list[Operand]
+) -> dict[str, Affine] | None:
     """Each index's extent when its range is ``[0, extent)`` of every dimension it subscripts."""
     extents: dict[str, Affine] = {}
     ranges = dict(statement.ranges)

@@ -66,6 +66,7 @@ gemm kernel uses (:func:`polyc.schedule.patterns.is_epilogue`).
     >>> [(w.x, w.stride, w.k, w.dilation) for w in c.windows]
     [('h', 2, 'r_kh', 1), ('w', 2, 'r_kw', 1)]
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -142,16 +143,28 @@ class Convolution:
     def describe(self) -> str:
         """One line: the index classes and the windows, e.g.
         ``O = I * W1: batch=(n) group=() F=(f) spatial=(h, w) C=(r_c) K=(r_kh, r_kw); windows h:1*h+1*r_kh ...``."""
-        groups = [("batch", self.batch), ("group", self.groups), ("F", self.f), ("spatial", self.spatial),
-                  ("C", self.channels), ("K", self.kernel)]
+        groups = [
+            ("batch", self.batch),
+            ("group", self.groups),
+            ("F", self.f),
+            ("spatial", self.spatial),
+            ("C", self.channels),
+            ("K", self.kernel),
+        ]
         text = " ".join(f"{name}=({', '.join(indices)})" for name, indices in groups)
-        windows = " ".join(f"{w.stride}*{w.x}" + (f"+{w.dilation}*{w.k}" if w.k else "")
-                           + (f"{w.offset:+d}" if w.offset else "") for w in self.windows)
-        padding = " ".join(f"{b.dim}:[{'' if b.lo is None else b.lo}, {'' if b.hi is None else b.hi})"
-                           for b in self.box)
-        return (f"{self.target} {'=' if self.init else '+='} {self.image} (*) {self.weights}: {text}; "
-                f"windows {windows}" + (f"; zero padding outside {padding}" if padding else "")
-                + (f"; {len(self.epilogues)} epilogue statement(s)" if self.epilogues else ""))
+        windows = " ".join(
+            f"{w.stride}*{w.x}" + (f"+{w.dilation}*{w.k}" if w.k else "") + (f"{w.offset:+d}" if w.offset else "")
+            for w in self.windows
+        )
+        padding = " ".join(
+            f"{b.dim}:[{'' if b.lo is None else b.lo}, {'' if b.hi is None else b.hi})" for b in self.box
+        )
+        return (
+            f"{self.target} {'=' if self.init else '+='} {self.image} (*) {self.weights}: {text}; "
+            f"windows {windows}"
+            + (f"; zero padding outside {padding}" if padding else "")
+            + (f"; {len(self.epilogues)} epilogue statement(s)" if self.epilogues else "")
+        )
 
 
 def recognise_conv_def(definition: ir.CheckedDef) -> Convolution | None:
@@ -185,8 +198,14 @@ def recognise_convolution(statement: ir.CheckedStatement, definition: ir.Checked
         return None
     parsed = [_image_subscripts(f.subscripts, statement.indices) for f in factors]
     # The image is the factor with windows; the weights have single indices only.
-    candidates = [i for i in (0, 1) if parsed[i] is not None and any(isinstance(p, Window) for p in parsed[i])
-                  and parsed[1 - i] is not None and all(isinstance(p, str) for p in parsed[1 - i])]
+    candidates = [
+        i
+        for i in (0, 1)
+        if parsed[i] is not None
+        and any(isinstance(p, Window) for p in parsed[i])
+        and parsed[1 - i] is not None
+        and all(isinstance(p, str) for p in parsed[1 - i])
+    ]
     if len(candidates) != 1:
         return None
     image_read, weight_read = factors[candidates[0]], factors[1 - candidates[0]]
@@ -215,9 +234,15 @@ def recognise_convolution(statement: ir.CheckedStatement, definition: ir.Checked
     if reduction != channels | ks or in_w != groups | f | channels | ks or in_plain != batch | groups | channels:
         return None
 
-    extents = _full_range_extents(statement, definition, [
-        (statement.target, target_indices), (weight_read.tensor, weight_indices),
-        (image_read.tensor, tuple(p if isinstance(p, str) else None for p in image_parts))])
+    extents = _full_range_extents(
+        statement,
+        definition,
+        [
+            (statement.target, target_indices),
+            (weight_read.tensor, weight_indices),
+            (image_read.tensor, tuple(p if isinstance(p, str) else None for p in image_parts)),
+        ],
+    )
     if extents is None:
         return None
 
@@ -225,19 +250,31 @@ def recognise_convolution(statement: ir.CheckedStatement, definition: ir.Checked
         return tuple(i for i in order if i in group)
 
     conv = Convolution(
-        statement=statement, target=statement.target, target_indices=target_indices,
-        image=image_read.tensor, image_plain=tuple(p if isinstance(p, str) else None for p in image_parts),
-        windows=tuple(windows), weights=weight_read.tensor, weight_indices=weight_indices,
-        batch=in_order(batch, target_indices), groups=in_order(groups, target_indices),
-        f=in_order(f, target_indices), spatial=in_order(xs, target_indices),
-        channels=in_order(channels, weight_indices), kernel=in_order(ks, weight_indices),
-        extents=tuple((i, extents[i]) for i in statement.all_indices), dtype=dtype, init=statement.init)
+        statement=statement,
+        target=statement.target,
+        target_indices=target_indices,
+        image=image_read.tensor,
+        image_plain=tuple(p if isinstance(p, str) else None for p in image_parts),
+        windows=tuple(windows),
+        weights=weight_read.tensor,
+        weight_indices=weight_indices,
+        batch=in_order(batch, target_indices),
+        groups=in_order(groups, target_indices),
+        f=in_order(f, target_indices),
+        spatial=in_order(xs, target_indices),
+        channels=in_order(channels, weight_indices),
+        kernel=in_order(ks, weight_indices),
+        extents=tuple((i, extents[i]) for i in statement.all_indices),
+        dtype=dtype,
+        init=statement.init,
+    )
     if not guard:
         return conv
     kernel_positions = [weight_indices.index(k) for k in ks]
     channel_positions = [weight_indices.index(c) for c in channels]
-    channel_mode = target_indices[-1] in f \
-        and max(kernel_positions, default=-1) < min(channel_positions, default=len(weight_indices))
+    channel_mode = target_indices[-1] in f and max(kernel_positions, default=-1) < min(
+        channel_positions, default=len(weight_indices)
+    )
     if not channel_mode and not depthwise_channels_last(conv):
         return None  # zero padding is the channel mode's (its reduction the taps of runs of channels) or depthwise
     box = _padding_box(guard, image_read.subscripts, windows, statement.all_indices)
@@ -252,10 +289,13 @@ def depthwise_channels_last(conv: Convolution) -> bool:
     if conv.f or conv.channels or len(conv.groups) != 1 or len(conv.windows) != 2:
         return False
     (wh, ww), c, batch = conv.windows, conv.groups[0], conv.batch
-    return wh.k is not None and ww.k is not None \
-        and conv.target_indices == (*batch, wh.x, ww.x, c) \
-        and conv.image_plain == (*batch, None, None, c) \
+    return (
+        wh.k is not None
+        and ww.k is not None
+        and conv.target_indices == (*batch, wh.x, ww.x, c)
+        and conv.image_plain == (*batch, None, None, c)
         and conv.weight_indices == (wh.k, ww.k, c)
+    )
 
 
 @dataclass(frozen=True)
@@ -298,47 +338,74 @@ def recognise_pointwise_depthwise_def(definition: ir.CheckedDef) -> PointwiseDep
     if definition.tensor(temporary).role is not ir.Role.TEMPORARY:
         return None
     extents = dict(pointwise.extents)
-    split = next((i for i in range(1, len(statements))
-                  if not is_epilogue(statements[i], temporary, pointwise.target_indices, extents, definition)), None)
+    split = next(
+        (
+            i
+            for i in range(1, len(statements))
+            if not is_epilogue(statements[i], temporary, pointwise.target_indices, extents, definition)
+        ),
+        None,
+    )
     if split is None or not all(_reads_per_channel(s, pointwise) for s in statements[1:split]):
         return None
     depthwise = recognise_convolution(statements[split], definition)
-    if depthwise is None or depthwise.image != temporary or depthwise.weights == temporary \
-            or not depthwise_channels_last(depthwise) or depthwise.dtype != pointwise.dtype \
-            or definition.tensor(depthwise.target).role is not ir.Role.OUTPUT:
+    if (
+        depthwise is None
+        or depthwise.image != temporary
+        or depthwise.weights == temporary
+        or not depthwise_channels_last(depthwise)
+        or depthwise.dtype != pointwise.dtype
+        or definition.tensor(depthwise.target).role is not ir.Role.OUTPUT
+    ):
         return None
-    epilogues = statements[split + 1:]
-    if not all(is_epilogue(s, depthwise.target, depthwise.target_indices, dict(depthwise.extents), definition)
-               for s in epilogues):
+    epilogues = statements[split + 1 :]
+    if not all(
+        is_epilogue(s, depthwise.target, depthwise.target_indices, dict(depthwise.extents), definition)
+        for s in epilogues
+    ):
         return None  # (an epilogue reading T is not one: T is no input)
-    return PointwiseDepthwise(Convolution(**{**pointwise.__dict__, "epilogues": tuple(statements[1:split])}),
-                              Convolution(**{**depthwise.__dict__, "epilogues": tuple(epilogues)}))
+    return PointwiseDepthwise(
+        Convolution(**{**pointwise.__dict__, "epilogues": tuple(statements[1:split])}),
+        Convolution(**{**depthwise.__dict__, "epilogues": tuple(epilogues)}),
+    )
 
 
 def _channels_last_pointwise(conv: Convolution, definition: ir.CheckedDef) -> bool:
     """Whether ``conv`` is ``T(batch.., h, w, f) +=! X(batch.., h + r_kh, w + r_kw, c) *
     W(r_kh, r_kw, c, f)`` with kernel extents 1, unpadded, and X of T's rows and columns."""
-    if conv.groups or len(conv.f) != 1 or len(conv.channels) != 1 or len(conv.windows) != 2 \
-            or conv.box or not conv.init:
+    if (
+        conv.groups
+        or len(conv.f) != 1
+        or len(conv.channels) != 1
+        or len(conv.windows) != 2
+        or conv.box
+        or not conv.init
+    ):
         return False
     (wh, ww), batch, (f,), (c,) = conv.windows, conv.batch, conv.f, conv.channels
     if any(w.stride != 1 or w.offset != 0 or w.k is None or conv.extent(w.k) != Affine.const(1) for w in conv.windows):
         return False
     image, target = definition.tensor(conv.image).shape, definition.tensor(conv.target).shape
-    return conv.target_indices == (*batch, wh.x, ww.x, f) and conv.image_plain == (*batch, None, None, c) \
-        and conv.weight_indices == (wh.k, ww.k, c, f) and tuple(image[-3:-1]) == tuple(target[-3:-1])
+    return (
+        conv.target_indices == (*batch, wh.x, ww.x, f)
+        and conv.image_plain == (*batch, None, None, c)
+        and conv.weight_indices == (wh.k, ww.k, c, f)
+        and tuple(image[-3:-1]) == tuple(target[-3:-1])
+    )
 
 
 def _reads_per_channel(statement: ir.CheckedStatement, pointwise: Convolution) -> bool:
     """Whether an epilogue on the pointwise target reads, besides the target, only tensors
     subscripted by its channel alone."""
     channel = Affine.var(statement.indices[pointwise.target_indices.index(pointwise.f[0])])
-    return all(read.tensor == pointwise.target or tuple(read.subscripts) == (channel,)
-               for read in ir.reads(statement.rhs))
+    return all(
+        read.tensor == pointwise.target or tuple(read.subscripts) == (channel,) for read in ir.reads(statement.rhs)
+    )
 
 
-def _padding_box(guard: tuple[Affine, ...], subscripts, windows: list[Window],
-                 indices: tuple[str, ...]) -> tuple[Bound, ...] | None:
+def _padding_box(
+    guard: tuple[Affine, ...], subscripts, windows: list[Window], indices: tuple[str, ...]
+) -> tuple[Bound, ...] | None:
     """The bounds on the image's window positions that ``guard`` (expressions >= 0) states, or
     None when some expression is not ``+-(a window's subscript) + c`` with ``c`` free of
     ``indices``, or a dimension gets two bounds on one side that do not differ by a constant."""
@@ -384,8 +451,9 @@ def _image_subscripts(subscripts, target_indices: tuple[str, ...]) -> list[str |
     return parts
 
 
-def _full_range_extents(statement: ir.CheckedStatement, definition: ir.CheckedDef,
-                        operands: list[tuple[str, tuple[str | None, ...]]]) -> dict[str, Affine] | None:
+def _full_range_extents(
+    statement: ir.CheckedStatement, definition: ir.CheckedDef, operands: list[tuple[str, tuple[str | None, ...]]]
+) -> dict[str, Affine] | None:
     """Each index's extent when its range is ``[0, extent)`` of every dimension it subscripts
     (None entries: dimensions not subscripted by a single index, skipped)."""
     extents: dict[str, Affine] = {}

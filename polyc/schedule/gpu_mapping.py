@@ -28,6 +28,7 @@ barrier needed).  A failed proof means mapping fewer members, down to one thread
 wrong kernel.  Accesses are proved in bounds for the whole def when it is defined
 (:func:`polyc.ir.bounds.check_bounds`): every instance a launch runs is one of the def's.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,8 +42,19 @@ from polyc.errors import PolycError
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 from polyc.schedule.gpu_device import DeviceModel
-from polyc.schedule.gpu_promotion import (BARRIER, BLOCK_ID, DEFAULT_MAX_SHARED_BYTES, MAX_PRIVATE_ELEMENTS, THREAD_ID, PrivatePromotion, Promotion, promote,
-                                          promote_private, prove_promotion, shared_accesses)
+from polyc.schedule.gpu_promotion import (
+    BARRIER,
+    BLOCK_ID,
+    DEFAULT_MAX_SHARED_BYTES,
+    MAX_PRIVATE_ELEMENTS,
+    THREAD_ID,
+    PrivatePromotion,
+    Promotion,
+    promote,
+    promote_private,
+    prove_promotion,
+    shared_accesses,
+)
 from polyc.schedule.gpu_reduction import BlockReduction, reduce_in_blocks
 from polyc.schedule.isl_helpers import constant_bound, out_dims, sets, value_range
 from polyc.schedule.transform import stride_score
@@ -66,20 +78,19 @@ _BAND = isl.schedule_node_type.band
 _SPLITTING = (isl.schedule_node_type.sequence, isl.schedule_node_type.set)
 
 
-
 @dataclass(frozen=True)
 class MappedLoop:
     """One band member run by the threads along one dimension (0: x, 1: y, 2: z)."""
 
-    member: int               # position in the kernel's first band
-    schedule: isl.UnionMap    # statement instance -> the member's value
-    offset: int               # smallest value of the member over the kernel's instances
-    extent: int               # number of values, offset .. offset + extent - 1
-    block: int                # threads per block along this dimension
-    grid: int                 # blocks along this dimension
-    indices: dict             # statement -> the TC index the member runs over, when one
-    registers: int = 1        # values per thread in one round, ``block`` apart (a register tile)
-    rounds: int = 1           # rounds of the whole grid (more than one when ``grid`` was bounded)
+    member: int  # position in the kernel's first band
+    schedule: isl.UnionMap  # statement instance -> the member's value
+    offset: int  # smallest value of the member over the kernel's instances
+    extent: int  # number of values, offset .. offset + extent - 1
+    block: int  # threads per block along this dimension
+    grid: int  # blocks along this dimension
+    indices: dict  # statement -> the TC index the member runs over, when one
+    registers: int = 1  # values per thread in one round, ``block`` apart (a register tile)
+    rounds: int = 1  # rounds of the whole grid (more than one when ``grid`` was bounded)
 
     @property
     def span(self) -> int:
@@ -88,8 +99,9 @@ class MappedLoop:
 
     def value(self, block: str, thread: str, register: str, round_: str) -> str:
         """The member's value run by a thread, in isl syntax."""
-        return (f"{self.offset} + {self.span} * ({block} + {self.grid} * {round_}) + {thread} + "
-                f"{self.block} * {register}")
+        return (
+            f"{self.offset} + {self.span} * ({block} + {self.grid} * {round_}) + {thread} + {self.block} * {register}"
+        )
 
     def describe(self, dim: str) -> str:
         tile = f" + {self.block} * r, r < {self.registers}" if self.registers > 1 else ""
@@ -101,21 +113,21 @@ class MappedLoop:
 class GpuLaunch:
     """One kernel of a mapped def and how it is launched."""
 
-    name: str                       # the kernel function's name
+    name: str  # the kernel function's name
     statements: tuple[str, ...]
-    domain: isl.UnionSet            # the instances it runs (sizes fixed by the program's context)
-    loops: tuple[MappedLoop, ...]   # x, y, z; empty: one thread runs everything
-    schedule: isl.UnionMap          # flat schedule of the instances (the order inside a thread)
-    thread_domain: isl.UnionSet     # the instances of the thread given by the id parameters
-    context: isl.Set                # the sizes and the ranges of the block and thread ids
-    reason: str                     # why these members were (or none was) mapped
-    promotion: "Promotion | None" = None  # shared-memory tiles (polyc.schedule.gpu_promotion)
-    private: "PrivatePromotion | None" = None  # what each thread keeps in registers
+    domain: isl.UnionSet  # the instances it runs (sizes fixed by the program's context)
+    loops: tuple[MappedLoop, ...]  # x, y, z; empty: one thread runs everything
+    schedule: isl.UnionMap  # flat schedule of the instances (the order inside a thread)
+    thread_domain: isl.UnionSet  # the instances of the thread given by the id parameters
+    context: isl.Set  # the sizes and the ranges of the block and thread ids
+    reason: str  # why these members were (or none was) mapped
+    promotion: Promotion | None = None  # shared-memory tiles (polyc.schedule.gpu_promotion)
+    private: PrivatePromotion | None = None  # what each thread keeps in registers
     #: per global access of the statements (statement, tensor, "read"/"write"): the address
     #: differences between neighbouring threads along x at the same step (see access_strides)
     strides: tuple = ()
     #: a full reduction's tree on one block (polyc.schedule.gpu_reduction), when ``loops`` is empty
-    reduction: "BlockReduction | None" = None
+    reduction: BlockReduction | None = None
     #: isl AST build options unrolling loops of the body (register tiles, ``unroll``), or None
     unrolled: isl.UnionMap | None = None
     #: the isl AST of one thread's code (:meth:`build_ast`), once the barriers in it are checked
@@ -172,48 +184,80 @@ class GpuLaunch:
         if self.loops:
             blocks, threads = None, None
             for loop in self.loops:
-                split = isl.Map.read_from_str(self.context.get_ctx(), (
-                    f"{{ [v] -> [b, t] : exists q, r : v = {loop.offset} + {loop.span} q + {loop.block} r + t and "
-                    f"0 <= t < {loop.block} and 0 <= r < {loop.registers} and b = q mod {loop.grid} }}"))
+                split = isl.Map.read_from_str(
+                    self.context.get_ctx(),
+                    (
+                        f"{{ [v] -> [b, t] : exists q, r : v = {loop.offset} + {loop.span} q + {loop.block} r + t and "
+                        f"0 <= t < {loop.block} and 0 <= r < {loop.registers} and b = q mod {loop.grid} }}"
+                    ),
+                )
                 ids = loop.schedule.apply_range(isl.UnionMap.from_map(split))
-                block = ids.apply_range(isl.UnionMap.from_map(isl.Map.read_from_str(self.context.get_ctx(), "{ [b, t] -> [b] }")))
-                thread = ids.apply_range(isl.UnionMap.from_map(isl.Map.read_from_str(self.context.get_ctx(), "{ [b, t] -> [t] }")))
+                block = ids.apply_range(
+                    isl.UnionMap.from_map(isl.Map.read_from_str(self.context.get_ctx(), "{ [b, t] -> [b] }"))
+                )
+                thread = ids.apply_range(
+                    isl.UnionMap.from_map(isl.Map.read_from_str(self.context.get_ctx(), "{ [b, t] -> [t] }"))
+                )
                 blocks = block if blocks is None else blocks.flat_range_product(block)
                 threads = thread if threads is None else threads.flat_range_product(thread)
             node = node.insert_mark(isl.Id("per thread", context=self.context.get_ctx()))
-            node = node.insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(threads.intersect_domain(self.domain)))
-            node = node.insert_mark(isl.Id(f"threads {'xyz'[:len(self.loops)]}: block {self.block}",
-                                           context=self.context.get_ctx()))
-            node = node.insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(blocks.intersect_domain(self.domain)))
+            node = node.insert_partial_schedule(
+                isl.MultiUnionPwAff.from_union_map(threads.intersect_domain(self.domain))
+            )
+            node = node.insert_mark(
+                isl.Id(f"threads {'xyz'[: len(self.loops)]}: block {self.block}", context=self.context.get_ctx())
+            )
+            node = node.insert_partial_schedule(
+                isl.MultiUnionPwAff.from_union_map(blocks.intersect_domain(self.domain))
+            )
         elif self.reduction is not None:
-            node = node.insert_mark(isl.Id(f"block reduction: {self.reduction.threads} threads and a tree in "
-                                           "shared memory", context=self.context.get_ctx()))
+            node = node.insert_mark(
+                isl.Id(
+                    f"block reduction: {self.reduction.threads} threads and a tree in shared memory",
+                    context=self.context.get_ctx(),
+                )
+            )
         return node.insert_mark(isl.Id(f"kernel {self.name}: grid {self.grid}", context=self.context.get_ctx()))
 
     def describe(self) -> str:
         lines = [f"kernel {self.name}: grid {self.grid}, block {self.block}; statements {', '.join(self.statements)}"]
         for dim, loop in zip("xyz", self.loops):
             indices = ", ".join(f"{s}.{i}" for s, i in sorted(loop.indices.items())) or "a schedule dimension"
-            lines.append(f"  {dim}: band member {loop.member} ({indices}), values {loop.offset}.."
-                         f"{loop.offset + loop.extent - 1} = {loop.describe(dim)}")
+            lines.append(
+                f"  {dim}: band member {loop.member} ({indices}), values {loop.offset}.."
+                f"{loop.offset + loop.extent - 1} = {loop.describe(dim)}"
+            )
         lines.append(f"  {self.reason}")
         if self.reduction is not None:
             r = self.reduction
             for d, row in enumerate(r.rows):
                 indices = ", ".join(f"{s}.{i}" for s, i in sorted(row.indices.items())) or "a schedule dimension"
-                lines.append(f"  rows: band member {row.member} ({indices}), values {row.offset}.."
-                             f"{row.offset + row.extent - 1} = {row.offset} + block.{'xyz'[d]}")
-            lines.append(f"  block of {r.threads} threads: each statement's innermost loop dealt across them, a "
-                         "barrier between statements where a dependence between threads needs one" + (f"; tree reductions of {r.steps} steps in shared memory: "
-                         + ", ".join(f"{t.statement} into {t.tensor} ({t.op})" for t in r.trees) if r.trees else ""))
+                lines.append(
+                    f"  rows: band member {row.member} ({indices}), values {row.offset}.."
+                    f"{row.offset + row.extent - 1} = {row.offset} + block.{'xyz'[d]}"
+                )
+            lines.append(
+                f"  block of {r.threads} threads: each statement's innermost loop dealt across them, a "
+                "barrier between statements where a dependence between threads needs one"
+                + (
+                    f"; tree reductions of {r.steps} steps in shared memory: "
+                    + ", ".join(f"{t.statement} into {t.tensor} ({t.op})" for t in r.trees)
+                    if r.trees
+                    else ""
+                )
+            )
         if self.promotion is not None:
             p = self.promotion
-            lines.append(f"  band member {p.member} in slices of {p.slice_size}; shared memory "
-                         f"({p.shared_bytes} bytes{', double-buffered' if p.double_buffered else ''}): " + ", ".join(
-                             f"{a.tensor} as {a.name}[{' x '.join(map(str, a.sizes))}]" for a in p.arrays))
+            lines.append(
+                f"  band member {p.member} in slices of {p.slice_size}; shared memory "
+                f"({p.shared_bytes} bytes{', double-buffered' if p.double_buffered else ''}): "
+                + ", ".join(f"{a.tensor} as {a.name}[{' x '.join(map(str, a.sizes))}]" for a in p.arrays)
+            )
         if self.private is not None:
-            lines.append("  registers: " + ", ".join(f"{a.tensor} as {a.name}[{' x '.join(map(str, a.sizes))}]"
-                                                     for a in self.private.arrays))
+            lines.append(
+                "  registers: "
+                + ", ".join(f"{a.tensor} as {a.name}[{' x '.join(map(str, a.sizes))}]" for a in self.private.arrays)
+            )
         for statement, tensor, kind, strides in self.strides:
             if kind == "shared read":  # 32 banks of 4-byte words: an odd step (or 0) meets each bank once
                 verdict = "no bank conflict" if all(d == 0 or d % 2 for d in strides) else "bank conflicts"
@@ -221,13 +265,17 @@ class GpuLaunch:
                 verdict = "bank conflicts not judged for this element size"
             else:
                 verdict = "coalesced" if strides <= {0, 1} else "not coalesced"
-            lines.append(f"  {statement} {kind} of {tensor}: address step between threads x, x+1: "
-                         f"{', '.join(map(str, sorted(strides)))} ({verdict}, proved with isl)")
+            lines.append(
+                f"  {statement} {kind} of {tensor}: address step between threads x, x+1: "
+                f"{', '.join(map(str, sorted(strides)))} ({verdict}, proved with isl)"
+            )
         if self.promotion is not None:
             vectors = [a.name for a in self.promotion.arrays if a.vector > 1]
-            lines.append("  copies into shared memory: consecutive threads x copy consecutive elements of the "
-                         "last dimension (coalesced)" + (f"; {', '.join(vectors)} in aligned float4 loads (proved)"
-                                                         if vectors else ""))
+            lines.append(
+                "  copies into shared memory: consecutive threads x copy consecutive elements of the "
+                "last dimension (coalesced)"
+                + (f"; {', '.join(vectors)} in aligned float4 loads (proved)" if vectors else "")
+            )
         lines.append(f"  per thread: {self.schedule.intersect_domain(self.thread_domain).coalesce()}")
         return "\n".join(lines)
 
@@ -279,27 +327,30 @@ class MappingOptions:
     times the values each thread keeps in registers; the sequential member's tile is its
     shared-memory slice)."""
 
-    block: tuple[int, ...] | None = None      # threads per block; None: DEFAULT_BLOCKS
-    grid: tuple[int, ...] | None = None       # most blocks per dimension; more work: grid-stride rounds
+    block: tuple[int, ...] | None = None  # threads per block; None: DEFAULT_BLOCKS
+    grid: tuple[int, ...] | None = None  # most blocks per dimension; more work: grid-stride rounds
     tile_sizes: tuple[int, ...] | None = None  # None: the register-tile model (default_registers)
-    unroll: int = 1                           # unroll innermost sequential loops up to this many statements
+    unroll: int = 1  # unroll innermost sequential loops up to this many statements
     shared_memory: int = DEFAULT_MAX_SHARED_BYTES  # bytes per block for promoted tiles; 0: none
     private_memory: bool = True
-    double_buffer: bool = True                # copy the next shared-memory slice while computing this one
+    double_buffer: bool = True  # copy the next shared-memory slice while computing this one
     block_reductions: bool = True
-    registers: int = MAX_REGISTER_TILE        # most accumulators in one thread's register tile
-    device: DeviceModel | None = None         # what the defaults were chosen for (shown by describe)
+    registers: int = MAX_REGISTER_TILE  # most accumulators in one thread's register tile
+    device: DeviceModel | None = None  # what the defaults were chosen for (shown by describe)
 
 
-def map_to_gpu(program: PolyProgram, schedule: isl.Schedule, dependences: Dependences,
-               options: MappingOptions = MappingOptions()) -> GpuPlan:
+def map_to_gpu(
+    program: PolyProgram, schedule: isl.Schedule, dependences: Dependences, options: MappingOptions = MappingOptions()
+) -> GpuPlan:
     """Cut ``schedule`` (for ``program``, whose sizes must be fixed) into launches and map each
     launch's coincident loops to blocks and threads as ``options`` say."""
     if program.size_values is None:
-        raise PolycError(f"{program.definition.name}: GPU kernels are generated for concrete sizes "
-                         "(specialize=False is not supported by the GPU back ends)")
+        raise PolycError(
+            f"{program.definition.name}: GPU kernels are generated for concrete sizes "
+            "(specialize=False is not supported by the GPU back ends)"
+        )
     launches = []
-    for position, (domain, node) in enumerate(_kernel_roots(schedule, program)):
+    for _position, (domain, node) in enumerate(_kernel_roots(schedule, program)):
         if domain.intersect_params(program.context).is_empty():
             continue
         name = f"polyc_{program.definition.name}_k{len(launches)}"
@@ -310,14 +361,19 @@ def map_to_gpu(program: PolyProgram, schedule: isl.Schedule, dependences: Depend
             launch = _with_promotion(launch, program, node, options)
         if launch.loops and options.private_memory:
             body_schedule, body_domain = launch.body()
-            launch = dataclasses.replace(launch, private=promote_private(program, launch, body_schedule, body_domain,
-                                                                         max(options.registers, MAX_PRIVATE_ELEMENTS)))
+            launch = dataclasses.replace(
+                launch,
+                private=promote_private(
+                    program, launch, body_schedule, body_domain, max(options.registers, MAX_PRIVATE_ELEMENTS)
+                ),
+            )
         launches.append(_with_uniform_barriers(launch, plain, program, options))
     return GpuPlan(program.definition.name, tuple(launches), options.device)
 
 
-def _with_uniform_barriers(launch: GpuLaunch, plain: GpuLaunch, program: PolyProgram,
-                           options: MappingOptions) -> GpuLaunch:
+def _with_uniform_barriers(
+    launch: GpuLaunch, plain: GpuLaunch, program: PolyProgram, options: MappingOptions
+) -> GpuLaunch:
     """``launch`` finished (access strides, unrolling, its AST), with every barrier of its code
     reached by all threads of a block at the same place: else without its private copies, then
     without its shared tiles too, then as ``plain`` (the launch before any of these stages and a
@@ -331,11 +387,15 @@ def _with_uniform_barriers(launch: GpuLaunch, plain: GpuLaunch, program: PolyPro
     into writes past the end of an output (a fuzzed def with blocks of 5 x 3 on 7 x 14 sizes)."""
     variants = [launch]
     if launch.private is not None:
-        variants.append(dataclasses.replace(launch, private=None,
-                                            reason=launch.reason + "; no private copies: " + _DIVERGENT))
+        variants.append(
+            dataclasses.replace(launch, private=None, reason=launch.reason + "; no private copies: " + _DIVERGENT)
+        )
     if launch.promotion is not None:
-        variants.append(dataclasses.replace(launch, private=None, promotion=None,
-                                            reason=launch.reason + "; no shared memory: " + _DIVERGENT))
+        variants.append(
+            dataclasses.replace(
+                launch, private=None, promotion=None, reason=launch.reason + "; no shared memory: " + _DIVERGENT
+            )
+        )
     if launch.reduction is not None:
         variants.append(dataclasses.replace(plain, reason=plain.reason + "; no block reduction: " + _DIVERGENT))
     for position, variant in enumerate(variants):
@@ -391,21 +451,30 @@ def _visit_barriers(node: isl.AstNode, varying: set[str], divergent: bool, found
             found.append(name)
 
 
-def _with_block_reduction(launch: GpuLaunch, program: PolyProgram, schedule: isl.Schedule, domain: isl.UnionSet,
-                          node: isl.ScheduleNode | None, dependences: Dependences,
-                          options: MappingOptions) -> GpuLaunch:
+def _with_block_reduction(
+    launch: GpuLaunch,
+    program: PolyProgram,
+    schedule: isl.Schedule,
+    domain: isl.UnionSet,
+    node: isl.ScheduleNode | None,
+    dependences: Dependences,
+    options: MappingOptions,
+) -> GpuLaunch:
     """``launch`` run by a block per row of its mapped loop (one block without one), when the
     block reduction applies and passes its proofs; else ``launch`` unchanged."""
     flat = schedule.get_map().intersect_domain(domain)
     rows = [loop.member for loop in launch.loops]
     warp = options.device.warp if options.device is not None else 32
-    reduction = reduce_in_blocks(program, flat, domain, node, dependences, rows,
-                                 min_row_work=2 * warp if rows else 2, warp=warp)
+    reduction = reduce_in_blocks(
+        program, flat, domain, node, dependences, rows, min_row_work=2 * warp if rows else 2, warp=warp
+    )
     if reduction is None:
         return launch
     if rows:
-        reason = (f"{launch.reason}; a block per row: {launch.loops[0].extent} rows, one thread each, would not "
-                  "fill the device")
+        reason = (
+            f"{launch.reason}; a block per row: {launch.loops[0].extent} rows, one thread each, would not "
+            "fill the device"
+        )
     else:
         reason = launch.reason.replace("one thread runs it", "a block reduces it")
     return dataclasses.replace(_launch(launch.name, program, flat, domain, (), reason), reduction=reduction)
@@ -420,11 +489,18 @@ def _prefers_block_rows(launch: GpuLaunch, options: MappingOptions) -> bool:
     return launch.loops[0].extent < options.device.fill_threads
 
 
-def _with_promotion(launch: GpuLaunch, program: PolyProgram, band: isl.ScheduleNode,
-                    options: MappingOptions) -> GpuLaunch:
+def _with_promotion(
+    launch: GpuLaunch, program: PolyProgram, band: isl.ScheduleNode, options: MappingOptions
+) -> GpuLaunch:
     """``launch`` with its reused tiles in shared memory, when that pays and passes the proofs."""
-    promotion = promote(program, launch, band, max_shared_bytes=options.shared_memory,
-                        slice_sizes=options.tile_sizes, double_buffer=options.double_buffer)
+    promotion = promote(
+        program,
+        launch,
+        band,
+        max_shared_bytes=options.shared_memory,
+        slice_sizes=options.tile_sizes,
+        double_buffer=options.double_buffer,
+    )
     if promotion is None:
         return launch
     failure = prove_promotion(promotion, program, launch)
@@ -444,11 +520,16 @@ def access_strides(launch: GpuLaunch, program: PolyProgram) -> tuple:
     if position is None:
         return ()
     length = out_dims(flat)
-    step = isl.Map.read_from_str(program.ctx, "{ [%s] -> [%s] }" % (
-        ", ".join(f"f{i}" for i in range(length)),
-        ", ".join(f"f{i} + 1" if i == position else f"f{i}" for i in range(length))))
-    neighbours = flat.apply_range(isl.UnionMap.from_map(step)).apply_range(flat.reverse()) \
-        .intersect_params(program.context)
+    step = isl.Map.read_from_str(
+        program.ctx,
+        "{{ [{}] -> [{}] }}".format(
+            ", ".join(f"f{i}" for i in range(length)),
+            ", ".join(f"f{i} + 1" if i == position else f"f{i}" for i in range(length)),
+        ),
+    )
+    neighbours = (
+        flat.apply_range(isl.UnionMap.from_map(step)).apply_range(flat.reverse()).intersect_params(program.context)
+    )
     shared = {a.tensor for a in launch.promotion.arrays} if launch.promotion else set()
     private = {a.tensor for a in launch.private.arrays} if launch.private else set()
     found = []
@@ -468,7 +549,11 @@ def access_strides(launch: GpuLaunch, program: PolyProgram) -> tuple:
             _, reads = shared_accesses(launch.promotion, program, launch, array)
             strides = _delta_values(neighbours.apply_domain(reads).apply_range(reads), program)
             if strides:
-                kind = "shared read" if array.dtype.itemsize == 4 else f"shared read ({array.dtype.itemsize}-byte elements)"
+                kind = (
+                    "shared read"
+                    if array.dtype.itemsize == 4
+                    else f"shared read ({array.dtype.itemsize}-byte elements)"
+                )
                 found.append(("*", array.name, kind, frozenset(strides)))
     return tuple(found)
 
@@ -491,7 +576,7 @@ def _address_map(program: PolyProgram, tensor: str) -> isl.Map:
     """``T[e...] -> [row-major linear address]`` at the program's sizes."""
     shape = program.definition.tensor(tensor).concrete_shape(program.size_values)
     dims = [f"e{d}" for d in range(len(shape))]
-    terms = [f"{math.prod(shape[d + 1:])}{name}" for d, name in enumerate(dims)]
+    terms = [f"{math.prod(shape[d + 1 :])}{name}" for d, name in enumerate(dims)]
     return isl.Map.read_from_str(program.ctx, f"{{ {tensor}[{', '.join(dims)}] -> [{' + '.join(terms)}] }}")
 
 
@@ -499,13 +584,12 @@ def _flat_position(flat: isl.UnionMap, member: isl.UnionMap, program: PolyProgra
     """The dimension of the flat schedule that holds the band member's value."""
     length = out_dims(flat)
     for position in range(length):
-        pick = isl.Map.read_from_str(program.ctx, "{ [%s] -> [f%d] }" % (
-            ", ".join(f"f{i}" for i in range(length)), position))
+        pick = isl.Map.read_from_str(
+            program.ctx, f"{{ [{', '.join(f'f{i}' for i in range(length))}] -> [f{position}] }}"
+        )
         if flat.apply_range(isl.UnionMap.from_map(pick)).is_equal(member):
             return position
     return None
-
-
 
 
 def _kernel_roots(schedule: isl.Schedule, program: PolyProgram) -> list[tuple[isl.UnionSet, isl.ScheduleNode | None]]:
@@ -526,15 +610,28 @@ def _kernel_roots(schedule: isl.Schedule, program: PolyProgram) -> list[tuple[is
     return [(domain, top)]
 
 
-def _map_launch(name: str, program: PolyProgram, schedule: isl.Schedule, dependences: Dependences,
-                domain: isl.UnionSet, node: isl.ScheduleNode | None, options: MappingOptions) -> GpuLaunch:
+def _map_launch(
+    name: str,
+    program: PolyProgram,
+    schedule: isl.Schedule,
+    dependences: Dependences,
+    domain: isl.UnionSet,
+    node: isl.ScheduleNode | None,
+    options: MappingOptions,
+) -> GpuLaunch:
     flat = schedule.get_map().intersect_domain(domain)
     if node is None or node.get_type() != _BAND:
         return _launch(name, program, flat, domain, (), "no band at the top of the kernel: one thread runs it")
     candidates = [m for m in range(node.band_n_member()) if node.band_member_get_coincident(m)]
     if not candidates:
-        return _launch(name, program, flat, domain, (),
-                       "every member of the kernel's first band carries a dependence: one thread runs it")
+        return _launch(
+            name,
+            program,
+            flat,
+            domain,
+            (),
+            "every member of the kernel's first band carries a dependence: one thread runs it",
+        )
     # Loops of one iteration (a batch of 1) would only waste a dimension of the block.
     extents = {m: _member_extent(program, node, domain, m) for m in candidates}
     candidates = [m for m in candidates if extents[m] > 1] or candidates[:1]
@@ -547,8 +644,14 @@ def _map_launch(name: str, program: PolyProgram, schedule: isl.Schedule, depende
     reason_dropped = ""
     while members:
         loops = _mapped_loops(program, node, domain, members, options)
-        launch = _launch(name, program, flat, domain, loops,
-                         f"coincident members {candidates} of the first band; mapped {members}" + reason_dropped)
+        launch = _launch(
+            name,
+            program,
+            flat,
+            domain,
+            loops,
+            f"coincident members {candidates} of the first band; mapped {members}" + reason_dropped,
+        )
         failure = prove_launch(launch, program, dependences)
         if failure is None:
             return launch
@@ -560,7 +663,8 @@ def _map_launch(name: str, program: PolyProgram, schedule: isl.Schedule, depende
 def _member_map(band: isl.ScheduleNode, member: int, domain: isl.UnionSet) -> isl.UnionMap:
     partial = band.band_get_partial_schedule()
     return isl.UnionMap.from_multi_union_pw_aff(
-        isl.MultiUnionPwAff.from_union_pw_aff(partial.get_at(member))).intersect_domain(domain)
+        isl.MultiUnionPwAff.from_union_pw_aff(partial.get_at(member))
+    ).intersect_domain(domain)
 
 
 def _member_range(program: PolyProgram, band: isl.ScheduleNode, domain: isl.UnionSet, member: int) -> tuple[int, int]:
@@ -572,13 +676,15 @@ def _member_extent(program: PolyProgram, band: isl.ScheduleNode, domain: isl.Uni
     return high - low + 1
 
 
-def _mapped_loops(program: PolyProgram, band: isl.ScheduleNode, domain: isl.UnionSet, members: list[int],
-                  options: MappingOptions) -> tuple[MappedLoop, ...]:
+def _mapped_loops(
+    program: PolyProgram, band: isl.ScheduleNode, domain: isl.UnionSet, members: list[int], options: MappingOptions
+) -> tuple[MappedLoop, ...]:
     from polyc.schedule.transform import member_indices
+
     block = options.block
     if block is not None and len(block) < len(members):
-        members = members[:len(block)]
-    sizes = block[:len(members)] if block is not None else DEFAULT_BLOCKS[len(members)]
+        members = members[: len(block)]
+    sizes = block[: len(members)] if block is not None else DEFAULT_BLOCKS[len(members)]
     registers = _register_tile(program, band, domain, members, sizes, options)
     loops = []
     for d, (member, size) in enumerate(zip(members, sizes)):
@@ -591,13 +697,20 @@ def _mapped_loops(program: PolyProgram, band: isl.ScheduleNode, domain: isl.Unio
         if options.grid is not None and d < len(options.grid):
             grid = min(grid, options.grid[d])
         rounds = -(-extent // (size * tile * grid))
-        loops.append(MappedLoop(member, member_map, low, extent, size, grid, member_indices(band, member, program),
-                                tile, rounds))
+        loops.append(
+            MappedLoop(member, member_map, low, extent, size, grid, member_indices(band, member, program), tile, rounds)
+        )
     return tuple(loops)
 
 
-def _register_tile(program: PolyProgram, band: isl.ScheduleNode, domain: isl.UnionSet, members: list[int],
-                   blocks: tuple[int, ...], options: MappingOptions) -> list[int]:
+def _register_tile(
+    program: PolyProgram,
+    band: isl.ScheduleNode,
+    domain: isl.UnionSet,
+    members: list[int],
+    blocks: tuple[int, ...],
+    options: MappingOptions,
+) -> list[int]:
     """Values each thread runs of each mapped member in one round (its register tile).
 
     ``tile_sizes`` decides when given (a member's tile over its block size).  Otherwise a
@@ -609,8 +722,9 @@ def _register_tile(program: PolyProgram, band: isl.ScheduleNode, domain: isl.Uni
     if not options.private_memory:
         return [1] * len(members)  # a register tile outside registers would only cost
     if options.tile_sizes is not None:
-        return [max(1, options.tile_sizes[m] // b) if m < len(options.tile_sizes) else 1
-                for m, b in zip(members, blocks)]
+        return [
+            max(1, options.tile_sizes[m] // b) if m < len(options.tile_sizes) else 1 for m, b in zip(members, blocks)
+        ]
     mapped_names = {m: _indices_of(band, m, program) for m in members}
     tile = [1] * len(members)
     for d, member in enumerate(members):
@@ -621,9 +735,13 @@ def _register_tile(program: PolyProgram, band: isl.ScheduleNode, domain: isl.Uni
             reduction = set(statement.indices) - set(statement.source.indices)
             if not reduction:
                 continue  # no loop inside the thread: nothing to reuse across its values
-            if any(access.read is not None and access.exact and program.definition.tensor(access.tensor).rank > 0
-                   and not any(index in subscript.names() for subscript in access.read.subscripts)
-                   for access in statement.reads):
+            if any(
+                access.read is not None
+                and access.exact
+                and program.definition.tensor(access.tensor).rank > 0
+                and not any(index in subscript.names() for subscript in access.read.subscripts)
+                for access in statement.reads
+            ):
                 tile[d] = DEFAULT_REGISTER_VALUES
     while math.prod(tile) > options.registers:
         d = max(d for d in range(len(tile)) if tile[d] > 1)
@@ -633,6 +751,7 @@ def _register_tile(program: PolyProgram, band: isl.ScheduleNode, domain: isl.Uni
 
 def _indices_of(band: isl.ScheduleNode, member: int, program: PolyProgram) -> dict:
     from polyc.schedule.transform import member_indices
+
     return member_indices(band, member, program)
 
 
@@ -640,25 +759,42 @@ def _names(union: isl.UnionSet) -> set[str]:
     return {piece.get_tuple_name() for piece in sets(union)}
 
 
-def _launch(name: str, program: PolyProgram, flat: isl.UnionMap, domain: isl.UnionSet,
-            loops: tuple[MappedLoop, ...], reason: str) -> GpuLaunch:
+def _launch(
+    name: str,
+    program: PolyProgram,
+    flat: isl.UnionMap,
+    domain: isl.UnionSet,
+    loops: tuple[MappedLoop, ...],
+    reason: str,
+) -> GpuLaunch:
     ids = [f"{BLOCK_ID}{d}" for d in range(len(loops))] + [f"{THREAD_ID}{d}" for d in range(len(loops))]
-    params = ", ".join([*(program.context.get_dim_name(isl.dim_type.param, p)
-                          for p in range(program.context.dim(isl.dim_type.param))), *ids])
-    ranges = [f"0 <= {BLOCK_ID}{d} < {loop.grid} and 0 <= {THREAD_ID}{d} < {loop.block}"
-              for d, loop in enumerate(loops)]
+    params = ", ".join(
+        [
+            *(
+                program.context.get_dim_name(isl.dim_type.param, p)
+                for p in range(program.context.dim(isl.dim_type.param))
+            ),
+            *ids,
+        ]
+    )
+    ranges = [
+        f"0 <= {BLOCK_ID}{d} < {loop.grid} and 0 <= {THREAD_ID}{d} < {loop.block}" for d, loop in enumerate(loops)
+    ]
     id_ranges = isl.Set.read_from_str(program.ctx, f"[{params}] -> {{ : {' and '.join(ranges) or 'true'} }}")
     context = id_ranges.intersect(program.context.align_params(id_ranges.get_space()))
     thread_domain = domain
     for d, loop in enumerate(loops):
         value = isl.Set.read_from_str(
-            program.ctx, f"[{params}] -> {{ [v] : exists r, g : 0 <= r < {loop.registers} and 0 <= g < {loop.rounds}"
-                         f" and v = {loop.value(f'{BLOCK_ID}{d}', f'{THREAD_ID}{d}', 'r', 'g')} }}")
+            program.ctx,
+            f"[{params}] -> {{ [v] : exists r, g : 0 <= r < {loop.registers} and 0 <= g < {loop.rounds}"
+            f" and v = {loop.value(f'{BLOCK_ID}{d}', f'{THREAD_ID}{d}', 'r', 'g')} }}",
+        )
         thread_domain = loop.schedule.intersect_range(isl.UnionSet.from_set(value)).domain().intersect(thread_domain)
     thread_domain = thread_domain.intersect_params(context)
     statements = tuple(sorted(s.get_tuple_name() for s in sets(domain)))
-    return GpuLaunch(name, statements, domain, loops, _threads_innermost(flat, loops, program), thread_domain,
-                     context, reason)
+    return GpuLaunch(
+        name, statements, domain, loops, _threads_innermost(flat, loops, program), thread_domain, context, reason
+    )
 
 
 def _threads_innermost(flat: isl.UnionMap, loops: tuple[MappedLoop, ...], program: PolyProgram) -> isl.UnionMap:
@@ -744,8 +880,9 @@ def _trip_count(times: isl.UnionSet, position: int, launch: GpuLaunch, program: 
         piece = piece.intersect_params(launch.context)
         rank = piece.dim(isl.dim_type.set)
         along = piece.project_out(isl.dim_type.set, position + 1, rank - position - 1)
-        outer_to_value = isl.Map.read_from_str(program.ctx, "{ [%s] -> [d%d] }" % (
-            ", ".join(f"d{i}" for i in range(position + 1)), position)).intersect_domain(along.reset_tuple_id())
+        outer_to_value = isl.Map.read_from_str(
+            program.ctx, f"{{ [{', '.join(f'd{i}' for i in range(position + 1))}] -> [d{position}] }}"
+        ).intersect_domain(along.reset_tuple_id())
         outer_to_value = outer_to_value.project_out(isl.dim_type.in_, position, 1)
         high = outer_to_value.lexmax_pw_multi_aff().get_pw_aff(0)
         low = outer_to_value.lexmin_pw_multi_aff().get_pw_aff(0)
@@ -761,8 +898,10 @@ def _thread_map(launch: GpuLaunch, program: PolyProgram) -> isl.UnionMap:
     per_dim = []
     for loop in launch.loops:
         split = isl.Map.read_from_str(
-            program.ctx, f"{{ [v] -> [b, t] : exists r, g : 0 <= r < {loop.registers} and 0 <= g < {loop.rounds} "
-                         f"and v = {loop.value('b', 't', 'r', 'g')} and 0 <= t < {loop.block} and 0 <= b < {loop.grid} }}")
+            program.ctx,
+            f"{{ [v] -> [b, t] : exists r, g : 0 <= r < {loop.registers} and 0 <= g < {loop.rounds} "
+            f"and v = {loop.value('b', 't', 'r', 'g')} and 0 <= t < {loop.block} and 0 <= b < {loop.grid} }}",
+        )
         per_dim.append(loop.schedule.apply_range(isl.UnionMap.from_map(split)))
     result = per_dim[0]
     for other in per_dim[1:]:

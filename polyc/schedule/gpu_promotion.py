@@ -26,6 +26,7 @@ block (their domains do not depend on the thread ids).
 shared element (one of them writing) without a barrier between the two accesses in schedule
 order, and that every promoted read finds its element copied in its slice.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -68,7 +69,7 @@ class SharedArray:
     tensor: str
     name: str
     sizes: tuple[int, ...]
-    offsets: tuple[isl.Aff, ...]   # on the space [s] (parameters: sizes, block ids)
+    offsets: tuple[isl.Aff, ...]  # on the space [s] (parameters: sizes, block ids)
     dtype: object
     #: elements one copy instance moves with one vector load (a float4): 1, or VECTOR_WIDTH
     #: where the rows' groups of four are proved aligned and inside the tensor
@@ -90,7 +91,7 @@ class SharedArray:
     @property
     def strides(self) -> tuple[int, ...]:
         padded = (*self.sizes[:-1], self.row_length)
-        return tuple(math.prod(padded[d + 1:]) for d in range(len(padded)))
+        return tuple(math.prod(padded[d + 1 :]) for d in range(len(padded)))
 
     @property
     def allocated(self) -> int:
@@ -106,7 +107,7 @@ class SharedArray:
     def copy_strides(self) -> tuple[int, ...]:
         """Copy j moves unit ``(j // copy_strides[d]) % copy_sizes[d]`` of dimension d."""
         sizes = self.copy_sizes
-        return tuple(math.prod(sizes[d + 1:]) for d in range(len(sizes)))
+        return tuple(math.prod(sizes[d + 1 :]) for d in range(len(sizes)))
 
     @property
     def copies(self) -> int:
@@ -117,17 +118,17 @@ class SharedArray:
 class Promotion:
     """What promotion did to a launch."""
 
-    member: int                    # the band member cut into slices
-    low: int                       # its smallest value: slice = floor((value - low) / slice_size)
+    member: int  # the band member cut into slices
+    low: int  # its smallest value: slice = floor((value - low) / slice_size)
     slice_size: int
-    slices: int                    # how many slices the member's values make
-    member_affs: dict              # statement -> isl.Aff of the member's value on its instance
+    slices: int  # how many slices the member's values make
+    member_affs: dict  # statement -> isl.Aff of the member's value on its instance
     arrays: tuple[SharedArray, ...]
-    schedule: isl.UnionMap         # the new flat schedule (compute, copy and barrier statements)
-    thread_domain: isl.UnionSet    # what one thread runs of it
-    block_domain: isl.UnionSet     # what the whole block runs (thread ids free)
-    thread_of: isl.UnionMap        # block instance -> [linear thread id]
-    slice_of: isl.UnionMap         # statement instance -> [its slice]
+    schedule: isl.UnionMap  # the new flat schedule (compute, copy and barrier statements)
+    thread_domain: isl.UnionSet  # what one thread runs of it
+    block_domain: isl.UnionSet  # what the whole block runs (thread ids free)
+    thread_of: isl.UnionMap  # block instance -> [linear thread id]
+    slice_of: isl.UnionMap  # statement instance -> [its slice]
 
     def array(self, tensor: str) -> SharedArray | None:
         return next((a for a in self.arrays if a.tensor == tensor), None)
@@ -141,8 +142,14 @@ class Promotion:
         return any(a.buffers > 1 for a in self.arrays)
 
 
-def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES,
-            slice_sizes: tuple[int, ...] | None = None, double_buffer: bool = True) -> Promotion | None:
+def promote(
+    program: PolyProgram,
+    launch,
+    band: isl.ScheduleNode,
+    max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES,
+    slice_sizes: tuple[int, ...] | None = None,
+    double_buffer: bool = True,
+) -> Promotion | None:
     """The promotion of ``launch`` (whose first band is ``band``), or None when nothing pays;
     ``slice_sizes`` (per band member, TC's tile sizes) sets the slice, else SLICE_SIZE;
     ``double_buffer``: copy the next slice while computing this one where there are several
@@ -154,8 +161,9 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
     # the first loop each thread runs (of more than one iteration): slicing it keeps every
     # thread's order
     for member in free:
-        member_map = isl.UnionMap.from_multi_union_pw_aff(isl.MultiUnionPwAff.from_union_pw_aff(
-            band.band_get_partial_schedule().get_at(member))).intersect_domain(launch.domain)
+        member_map = isl.UnionMap.from_multi_union_pw_aff(
+            isl.MultiUnionPwAff.from_union_pw_aff(band.band_get_partial_schedule().get_at(member))
+        ).intersect_domain(launch.domain)
         low, high = value_range(member_map.range(), program.context)
         if high > low:
             break
@@ -174,15 +182,25 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
     else:
         candidates = [SLICE_SIZE >> k for k in range(SLICE_SIZE.bit_length()) if SLICE_SIZE >> k <= high - low + 1]
     for slice_size in candidates:
-        slice_of = member_map.apply_range(isl.UnionMap.from_map(isl.Map.read_from_str(
-            program.ctx, f"{{ [v] -> [s] : {slice_size} s <= v - {low} < {slice_size} s + {slice_size} }}")))
+        slice_of = member_map.apply_range(
+            isl.UnionMap.from_map(
+                isl.Map.read_from_str(
+                    program.ctx, f"{{ [v] -> [s] : {slice_size} s <= v - {low} < {slice_size} s + {slice_size} }}"
+                )
+            )
+        )
         reused = _reused_arrays(program, launch, block_domain, slice_of)
         if sum(a.elements * a.dtype.itemsize for a in reused) <= max_shared_bytes:
             break
     else:
         slice_size = candidates[0]
-        slice_of = member_map.apply_range(isl.UnionMap.from_map(isl.Map.read_from_str(
-            program.ctx, f"{{ [v] -> [s] : {slice_size} s <= v - {low} < {slice_size} s + {slice_size} }}")))
+        slice_of = member_map.apply_range(
+            isl.UnionMap.from_map(
+                isl.Map.read_from_str(
+                    program.ctx, f"{{ [v] -> [s] : {slice_size} s <= v - {low} < {slice_size} s + {slice_size} }}"
+                )
+            )
+        )
         reused = _reused_arrays(program, launch, block_domain, slice_of)
     budget = max_shared_bytes
     arrays = [a for a in reused if (budget := budget - a.elements * a.dtype.itemsize) >= 0]
@@ -200,8 +218,10 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
     pad = lambda n: ", ".join(["0"] * (width - 2 - n))  # noqa: E731
     flat_dims = ", ".join(f"f{i}" for i in range(length))
     to_time = isl.Map.read_from_str(
-        program.ctx, f"{{ [[s] -> [{flat_dims}]] -> [s, {PHASE_COMPUTE}{', ' + flat_dims if length else ''}"
-                     f"{', ' + pad(length) if width - 2 > length else ''}] }}")
+        program.ctx,
+        f"{{ [[s] -> [{flat_dims}]] -> [s, {PHASE_COMPUTE}{', ' + flat_dims if length else ''}"
+        f"{', ' + pad(length) if width - 2 > length else ''}] }}",
+    )
     schedule = slice_of.range_product(flat).apply_range(isl.UnionMap.from_map(to_time))
     thread_domain = launch.thread_domain
     full_block = block_domain
@@ -213,14 +233,17 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
         owner, round_of = _copy_distribution(copies.get_space(), threads)
         # each array's copy has a loop of its own: [s, phase, which array, round, copy]; double
         # buffered, slice s is copied in the iteration before (s - 1: the first before the loop)
-        schedule = schedule.union(isl.UnionMap.from_map(
-            _copy_time(copies.get_space(), position, round_of, width, buffers - 1)))
-        owned = copies.intersect(isl.Set.from_basic_set(
-            owner.sub(_params_on(linear_thread, copies.get_space())).zero_basic_set()))
+        schedule = schedule.union(
+            isl.UnionMap.from_map(_copy_time(copies.get_space(), position, round_of, width, buffers - 1))
+        )
+        owned = copies.intersect(
+            isl.Set.from_basic_set(owner.sub(_params_on(linear_thread, copies.get_space())).zero_basic_set())
+        )
         thread_domain = thread_domain.union(isl.UnionSet.from_set(owned).intersect_params(launch.context))
         full_block = full_block.union(isl.UnionSet.from_set(copies))
-        thread_of = thread_of.union(isl.UnionMap.from_map(isl.Map.from_aff(owner)).intersect_domain(
-            isl.UnionSet.from_set(copies)))
+        thread_of = thread_of.union(
+            isl.UnionMap.from_map(isl.Map.from_aff(owner)).intersect_domain(isl.UnionSet.from_set(copies))
+        )
     # one buffer: copy, barrier, compute, barrier in every slice.  Two: copy the next slice,
     # compute this one (the other buffer), barrier; and a copy and barrier before the first
     phases = (PHASE_BARRIER_BEFORE, PHASE_BARRIER_AFTER) if buffers == 1 else (PHASE_BARRIER_AFTER,)
@@ -229,12 +252,28 @@ def promote(program: PolyProgram, launch, band: isl.ScheduleNode, max_shared_byt
     for phase in phases:
         name = f"{BARRIER}{phase}"
         barriers = slices.set_tuple_name(name)
-        schedule = schedule.union(isl.UnionMap.from_map(isl.Map.read_from_str(
-            program.ctx, f"{{ {name}[s] -> [s, {phase}{', ' + pad(0) if width > 2 else ''}] }}")))
+        schedule = schedule.union(
+            isl.UnionMap.from_map(
+                isl.Map.read_from_str(
+                    program.ctx, f"{{ {name}[s] -> [s, {phase}{', ' + pad(0) if width > 2 else ''}] }}"
+                )
+            )
+        )
         thread_domain = thread_domain.union(isl.UnionSet.from_set(barriers).intersect_params(launch.context))
         full_block = full_block.union(isl.UnionSet.from_set(barriers))
-    return Promotion(member, low, slice_size, count, member_affs, tuple(arrays), schedule,
-                     thread_domain, full_block, thread_of, slice_of)
+    return Promotion(
+        member,
+        low,
+        slice_size,
+        count,
+        member_affs,
+        tuple(arrays),
+        schedule,
+        thread_domain,
+        full_block,
+        thread_of,
+        slice_of,
+    )
 
 
 def _reused_arrays(program: PolyProgram, launch, block_domain: isl.UnionSet, slice_of: isl.UnionMap) -> list:
@@ -275,8 +314,14 @@ def prove_promotion(promotion: Promotion, program: PolyProgram, launch) -> str |
     return None
 
 
-def find_races(schedule: isl.UnionMap, block_domain: isl.UnionSet, barrier_names: list[str],
-               thread_of: isl.UnionMap, writes: isl.UnionMap, reads: isl.UnionMap) -> isl.UnionMap:
+def find_races(
+    schedule: isl.UnionMap,
+    block_domain: isl.UnionSet,
+    barrier_names: list[str],
+    thread_of: isl.UnionMap,
+    writes: isl.UnionMap,
+    reads: isl.UnionMap,
+) -> isl.UnionMap:
     """The pairs of times at which two different threads of a block touch one element of a
     shared array (one of them writing: ``writes`` and ``reads`` map block instances to the
     array's elements) with no barrier (an instance named in ``barrier_names``, run by every
@@ -298,8 +343,9 @@ def find_races(schedule: isl.UnionMap, block_domain: isl.UnionSet, barrier_names
 
 
 # ----------------------------------------------------------------------------- pieces
-def _shared_array(program: PolyProgram, launch, block_domain: isl.UnionSet, slice_of: isl.UnionMap,
-                  tensor: str) -> SharedArray | None:
+def _shared_array(
+    program: PolyProgram, launch, block_domain: isl.UnionSet, slice_of: isl.UnionMap, tensor: str
+) -> SharedArray | None:
     """``tensor``'s box per slice when every read is affine and the box is reused enough: the
     first block reads each element of its first slice's box twice or more on average."""
     relation = _reads_of(program, launch, tensor)
@@ -319,8 +365,9 @@ def _shared_array(program: PolyProgram, launch, block_domain: isl.UnionSet, slic
     return SharedArray(tensor, f"{tensor}_shared", tuple(sizes), tuple(offsets), dtype)
 
 
-def _first_block_reads(program: PolyProgram, launch, block_domain: isl.UnionSet, slice_of: isl.UnionMap,
-                       relation: isl.UnionMap) -> int:
+def _first_block_reads(
+    program: PolyProgram, launch, block_domain: isl.UnionSet, slice_of: isl.UnionMap, relation: isl.UnionMap
+) -> int:
     """How many reads ``relation`` makes in block 0 in slice 0 (counted with isl)."""
     first_slice = slice_of.intersect_range(isl.UnionSet.from_set(isl.Set.read_from_str(program.ctx, "{ [0] }")))
     ids = " and ".join(f"polyc_block{d} = 0" for d in range(len(launch.loops)))
@@ -353,8 +400,8 @@ def _copy_set(program: PolyProgram, slices: isl.Set, array: SharedArray) -> isl.
     of ``vector``) that lies in the tensor (a box at the tensor's edge reaches past it)."""
     space = isl.Set.read_from_str(program.ctx, f"{{ {COPY}{array.tensor}[s, j] : 0 <= j < {array.copies} }}")
     copies = space.align_params(slices.get_space()).intersect(
-        slices.align_params(space.get_space()).insert_dims(isl.dim_type.set, 1, 1)
-        .set_tuple_name(COPY + array.tensor))
+        slices.align_params(space.get_space()).insert_dims(isl.dim_type.set, 1, 1).set_tuple_name(COPY + array.tensor)
+    )
     to_tensor = _copy_elements(array, copies.get_space()).apply_range(_copied_to_tensor(array, program))
     inside = to_tensor.intersect_range(tensor_box(program, array.tensor).align_params(to_tensor.get_space()))
     return copies.intersect(inside.domain())
@@ -387,8 +434,9 @@ def _group_map(array: SharedArray, space: isl.Space) -> isl.Map:
     """On ``polyc_copied_T[s, e...]``: a group's first element -> the group's elements."""
     outer = ", ".join(["s"] + [f"e{d}" for d in range(len(array.sizes) - 1)])
     name = COPIED + array.tensor
-    result = isl.Map.read_from_str(space.get_ctx(), f"{{ {name}[{outer}, x] -> {name}[{outer}, y] : "
-                                                    f"x <= y < x + {array.vector} }}")
+    result = isl.Map.read_from_str(
+        space.get_ctx(), f"{{ {name}[{outer}, x] -> {name}[{outer}, y] : x <= y < x + {array.vector} }}"
+    )
     return result.align_params(space)
 
 
@@ -410,7 +458,9 @@ def _vector_width(program: PolyProgram, array: SharedArray, slices: isl.Set) -> 
     box = tensor_box(program, array.tensor)
     if (constant_bound(box.dim_max(box.dim(isl.dim_type.set) - 1)) + 1) % width:
         return 1
-    aligned = isl.Set.from_basic_set(array.offsets[-1].mod_val(isl.Val.int_from_si(program.ctx, width)).zero_basic_set())
+    aligned = isl.Set.from_basic_set(
+        array.offsets[-1].mod_val(isl.Val.int_from_si(program.ctx, width)).zero_basic_set()
+    )
     slices = slices.align_params(aligned.get_space())
     aligned = aligned.align_params(slices.get_space())
     return width if slices.is_subset(aligned) else 1
@@ -427,7 +477,9 @@ def _local_index(array: SharedArray, space: isl.Space) -> isl.Aff:
         offset = _align(array.offsets[d], space).pullback_multi_aff(to_slice)
         total = total.add(element.sub(offset).scale_val(isl.Val.int_from_si(space.get_ctx(), array.strides[d])))
     if array.buffers > 1:  # slice s in buffer s mod buffers
-        buffer = isl.Aff.var_on_domain(ls, isl.dim_type.set, 0).mod_val(isl.Val.int_from_si(space.get_ctx(), array.buffers))
+        buffer = isl.Aff.var_on_domain(ls, isl.dim_type.set, 0).mod_val(
+            isl.Val.int_from_si(space.get_ctx(), array.buffers)
+        )
         total = total.add(buffer.scale_val(isl.Val.int_from_si(space.get_ctx(), array.elements)))
     return total
 
@@ -450,7 +502,9 @@ def _copy_time(space: isl.Space, position: int, round_of: isl.Aff, width: int, a
     ls = isl.LocalSpace.from_space(space)
     constant = lambda value: isl.Aff.zero_on_domain(ls).add_constant_val(isl.Val.int_from_si(space.get_ctx(), value))  # noqa: E731
     elements = [isl.Aff.var_on_domain(ls, isl.dim_type.set, d) for d in range(1, space.dim(isl.dim_type.set))]
-    iteration = isl.Aff.var_on_domain(ls, isl.dim_type.set, 0).add_constant_val(isl.Val.int_from_si(space.get_ctx(), -ahead))
+    iteration = isl.Aff.var_on_domain(ls, isl.dim_type.set, 0).add_constant_val(
+        isl.Val.int_from_si(space.get_ctx(), -ahead)
+    )
     time = [iteration, constant(PHASE_COPY), constant(position), round_of, *elements]
     time += [constant(0)] * (width - len(time))
     result = isl.Map.from_aff(time[0])
@@ -493,10 +547,16 @@ def _compute_thread_map(launch, program: PolyProgram, block_domain: isl.UnionSet
     the block's start)."""
     result = None
     stride = 1
-    for d, loop in enumerate(launch.loops):  # a value's thread: its offset from the start, modulo the block
-        part = loop.schedule.apply_range(isl.UnionMap.from_map(isl.Map.read_from_str(
-            program.ctx, f"{{ [v] -> [w] : exists q, t : w = {stride} t and 0 <= t < {loop.block} and "
-                         f"v = {loop.offset} + {loop.block} q + t }}")))
+    for _d, loop in enumerate(launch.loops):  # a value's thread: its offset from the start, modulo the block
+        part = loop.schedule.apply_range(
+            isl.UnionMap.from_map(
+                isl.Map.read_from_str(
+                    program.ctx,
+                    f"{{ [v] -> [w] : exists q, t : w = {stride} t and 0 <= t < {loop.block} and "
+                    f"v = {loop.offset} + {loop.block} q + t }}",
+                )
+            )
+        )
         result = part if result is None else _add_ranges(result, part, program)
         stride *= loop.block
     return result.intersect_domain(block_domain)
@@ -523,7 +583,9 @@ def _needed_copies_map(promotion: Promotion, program: PolyProgram, launch, array
     pair = promotion.slice_of.range_product(relation)
     rank = len(array.sizes)
     e = ", ".join(f"e{d}" for d in range(rank))
-    flatten = isl.Map.read_from_str(program.ctx, f"{{ [[s] -> {array.tensor}[{e}]] -> {COPIED}{array.tensor}[s, {e}] }}")
+    flatten = isl.Map.read_from_str(
+        program.ctx, f"{{ [[s] -> {array.tensor}[{e}]] -> {COPIED}{array.tensor}[s, {e}] }}"
+    )
     return pair.apply_range(isl.UnionMap.from_map(flatten))
 
 
@@ -546,12 +608,6 @@ def _single_affs(member_map: isl.UnionMap, program: PolyProgram, domain: isl.Uni
     return affs
 
 
-
-
-
-
-
-
 # ----------------------------------------------------------------------------- registers
 #: Most elements of one tensor a thread keeps in registers (private memory).
 MAX_PRIVATE_ELEMENTS = 16
@@ -568,9 +624,9 @@ class PrivateArray:
     tensor: str
     name: str
     sizes: tuple[int, ...]
-    offsets: tuple[isl.Aff, ...]   # parametric: sizes, block and thread ids
+    offsets: tuple[isl.Aff, ...]  # parametric: sizes, block and thread ids
     dtype: object
-    steps: tuple[int, ...] = ()    # per dimension: the distance between the thread's elements
+    steps: tuple[int, ...] = ()  # per dimension: the distance between the thread's elements
 
     @property
     def elements(self) -> int:
@@ -578,21 +634,26 @@ class PrivateArray:
 
     @property
     def strides(self) -> tuple[int, ...]:
-        return tuple(math.prod(self.sizes[d + 1:]) for d in range(len(self.sizes)))
+        return tuple(math.prod(self.sizes[d + 1 :]) for d in range(len(self.sizes)))
 
 
 @dataclass(frozen=True)
 class PrivatePromotion:
     arrays: tuple[PrivateArray, ...]
-    schedule: isl.UnionMap         # [0, load...], [1, the body's time...], [2, store...]
+    schedule: isl.UnionMap  # [0, load...], [1, the body's time...], [2, store...]
     thread_domain: isl.UnionSet
 
     def array(self, tensor: str) -> PrivateArray | None:
         return next((a for a in self.arrays if a.tensor == tensor), None)
 
 
-def promote_private(program: PolyProgram, launch, schedule: isl.UnionMap, thread_domain: isl.UnionSet,
-                    max_elements: int = MAX_PRIVATE_ELEMENTS) -> PrivatePromotion | None:
+def promote_private(
+    program: PolyProgram,
+    launch,
+    schedule: isl.UnionMap,
+    thread_domain: isl.UnionSet,
+    max_elements: int = MAX_PRIVATE_ELEMENTS,
+) -> PrivatePromotion | None:
     """Every tensor the launch writes whose elements touched by one thread fit a small box
     (a matmul's accumulator: one element) lives in a private array: loaded once before the
     body, stored once after it.  ``schedule`` and ``thread_domain`` are the body's (with or
@@ -610,7 +671,8 @@ def promote_private(program: PolyProgram, launch, schedule: isl.UnionMap, thread
         if accesses is None or program.definition.tensor(tensor).rank == 0:
             continue
         footprint = isl.Set.from_union_set(accesses.intersect_domain(statements).range()).intersect_params(
-            launch.context)
+            launch.context
+        )
         if footprint.is_empty():
             continue
         box = _box(footprint)
@@ -622,8 +684,9 @@ def promote_private(program: PolyProgram, launch, schedule: isl.UnionMap, thread
         sizes = tuple((size - 1) // step + 1 for size, step in zip(sizes, steps))
         if math.prod(sizes) > max_elements:
             continue
-        arrays.append(PrivateArray(tensor, f"{tensor}_private", sizes, offsets,
-                                   program.definition.tensor(tensor).dtype, steps))
+        arrays.append(
+            PrivateArray(tensor, f"{tensor}_private", sizes, offsets, program.definition.tensor(tensor).dtype, steps)
+        )
     if not arrays:
         return None
     length = out_dims(schedule)
@@ -646,13 +709,17 @@ def promote_private(program: PolyProgram, launch, schedule: isl.UnionMap, thread
         for stage, prefix, elements in ((0, LOAD, loaded), (2, STORE, footprint)):
             name = prefix + array.tensor
             domain = domain.union(isl.UnionSet.from_set(elements.set_tuple_name(name)))
-            result = result.union(isl.UnionMap.from_map(isl.Map.read_from_str(
-                program.ctx, f"{{ {name}[{e}] -> {shifted(stage, len(array.sizes), e)} }}")))
+            result = result.union(
+                isl.UnionMap.from_map(
+                    isl.Map.read_from_str(program.ctx, f"{{ {name}[{e}] -> {shifted(stage, len(array.sizes), e)} }}")
+                )
+            )
     return PrivatePromotion(tuple(arrays), result, domain)
 
 
-def _read_before_written(program: PolyProgram, launch, tensor: str, schedule: isl.UnionMap,
-                         statements: isl.UnionSet) -> isl.Set:
+def _read_before_written(
+    program: PolyProgram, launch, tensor: str, schedule: isl.UnionMap, statements: isl.UnionSet
+) -> isl.Set:
     """The elements of ``tensor`` whose first access in a thread's order is a read (within an
     instance, reads come before the write): only those need loading into the private array;
     an accumulator its init statement sets first does not."""
@@ -669,7 +736,7 @@ def _read_before_written(program: PolyProgram, launch, tensor: str, schedule: is
     if reads is None:
         return isl.Set.empty(tensor_box(program, tensor).get_space())
     timed = schedule.intersect_domain(statements)
-    read_times = reads.reverse().apply_range(timed)            # element -> times it is read
+    read_times = reads.reverse().apply_range(timed)  # element -> times it is read
     first = read_times.union(writes.reverse().apply_range(timed)).lexmin()
     return first.intersect(read_times).domain().extract_set(tensor_box(program, tensor).get_space())
 

@@ -42,6 +42,7 @@ another thread.
 dependence between two statement instances goes forward in the new order and, between two
 threads, has a barrier between its two ends; and each tree is race-free (:func:`prove_tree`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -73,10 +74,10 @@ class RowLoop:
     """A band member whose values go one per block."""
 
     member: int
-    schedule: isl.UnionMap     # statement instance -> the member's value
+    schedule: isl.UnionMap  # statement instance -> the member's value
     offset: int
     extent: int
-    indices: dict              # statement -> the TC index the member runs over, when one
+    indices: dict  # statement -> the TC index the member runs over, when one
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,8 @@ class Tree:
     statement: str
     tensor: str
     op: str
-    subscripts: tuple[isl.Aff, ...]   # the target's element, affine in the sizes and block ids
-    group: int                        # its place in the block's order
+    subscripts: tuple[isl.Aff, ...]  # the target's element, affine in the sizes and block ids
+    group: int  # its place in the block's order
 
 
 @dataclass(frozen=True)
@@ -95,13 +96,13 @@ class BlockReduction:
     """How a launch runs with a block per row: its rows, its trees, its schedule."""
 
     threads: int
-    rows: tuple[RowLoop, ...]                  # empty: one block runs everything
+    rows: tuple[RowLoop, ...]  # empty: one block runs everything
     trees: tuple[Tree, ...]
     schedule: isl.UnionMap
-    thread_domain: isl.UnionSet                # what thread polyc_thread0 of block polyc_block0.. runs
-    context: isl.Set                           # the sizes and the ranges of the block and thread ids
-    block_domain: isl.UnionSet                 # what a block runs (block ids free; for the proofs)
-    thread_of: isl.UnionMap                    # block instance -> [thread]
+    thread_domain: isl.UnionSet  # what thread polyc_thread0 of block polyc_block0.. runs
+    context: isl.Set  # the sizes and the ranges of the block and thread ids
+    block_domain: isl.UnionSet  # what a block runs (block ids free; for the proofs)
+    thread_of: isl.UnionMap  # block instance -> [thread]
     barriers: tuple[str, ...]
 
     @property
@@ -128,22 +129,32 @@ class BlockReduction:
         return self.threads >> (step + 1)
 
 
-def reduce_in_blocks(program: PolyProgram, flat: isl.UnionMap, domain: isl.UnionSet,
-                     band: isl.ScheduleNode | None, dependences: Dependences, rows: list[int],
-                     min_row_work: int = 2, warp: int = 32, threads: int = REDUCTION_THREADS) -> BlockReduction | None:
+def reduce_in_blocks(
+    program: PolyProgram,
+    flat: isl.UnionMap,
+    domain: isl.UnionSet,
+    band: isl.ScheduleNode | None,
+    dependences: Dependences,
+    rows: list[int],
+    min_row_work: int = 2,
+    warp: int = 32,
+    threads: int = REDUCTION_THREADS,
+) -> BlockReduction | None:
     """The block reduction of the launch running ``domain`` in the order ``flat`` with the
     members ``rows`` of its first ``band`` one value per block (none: one block), or None when
     the launch cannot run so (a statement outside the scheme, a failed proof) or a row has
     fewer than ``min_row_work`` values to deal in every statement.  A statement's innermost
     loop is dealt when it has two ``warp``s of values, else its longest."""
     from polyc.schedule.transform import member_indices
+
     if band is None or band.get_type() != isl.schedule_node_type.band:
         return None
     ctx = program.ctx
     row_loops = []
     for member in rows:
-        member_map = isl.UnionMap.from_multi_union_pw_aff(isl.MultiUnionPwAff.from_union_pw_aff(
-            band.band_get_partial_schedule().get_at(member))).intersect_domain(domain)
+        member_map = isl.UnionMap.from_multi_union_pw_aff(
+            isl.MultiUnionPwAff.from_union_pw_aff(band.band_get_partial_schedule().get_at(member))
+        ).intersect_domain(domain)
         low, high = value_range(member_map.range(), program.context)
         row_loops.append(RowLoop(member, member_map, low, high - low + 1, member_indices(band, member, program)))
     row_of = _rows_map(row_loops, domain, ctx)
@@ -158,8 +169,10 @@ def reduce_in_blocks(program: PolyProgram, flat: isl.UnionMap, domain: isl.Union
         times = flat.intersect_domain(instances)
         # the innermost loop (consecutive threads, consecutive addresses), or the longest when
         # the innermost is too short to give every thread work
-        work = {position: _values_per_row(times, row_of.intersect_domain(instances), position, program)
-                for position in range(length)}
+        work = {
+            position: _values_per_row(times, row_of.intersect_domain(instances), position, program)
+            for position in range(length)
+        }
         varying = [position for position in range(length) if work[position] > 1]
         dealt = None
         if varying:
@@ -179,13 +192,22 @@ def reduce_in_blocks(program: PolyProgram, flat: isl.UnionMap, domain: isl.Union
     threads = min(threads, 1 << max(1, math.ceil(math.log2(most_work))))
     steps = int(math.log2(threads))
 
-    schedule, block_domain, thread_of, barriers = _block_schedule(program, flat, domain, groups, threads, steps,
-                                                                  length)
+    schedule, block_domain, thread_of, barriers = _block_schedule(program, flat, domain, groups, threads, steps, length)
     block_ids = [f"{BLOCK_ID}{d}" for d in range(max(1, len(row_loops)))]
     thread = f"{THREAD_ID}0"
-    params = ", ".join([*(program.context.get_dim_name(isl.dim_type.param, p)
-                          for p in range(program.context.dim(isl.dim_type.param))), *block_ids, thread])
-    ranges = [f"0 <= {block_id} < {row.extent}" for block_id, row in zip(block_ids, row_loops)] or [f"{block_ids[0]} = 0"]
+    params = ", ".join(
+        [
+            *(
+                program.context.get_dim_name(isl.dim_type.param, p)
+                for p in range(program.context.dim(isl.dim_type.param))
+            ),
+            *block_ids,
+            thread,
+        ]
+    )
+    ranges = [f"0 <= {block_id} < {row.extent}" for block_id, row in zip(block_ids, row_loops)] or [
+        f"{block_ids[0]} = 0"
+    ]
     ids = isl.Set.read_from_str(ctx, f"[{params}] -> {{ : {' and '.join(ranges)} and 0 <= {thread} < {threads} }}")
     context = ids.intersect(program.context.align_params(ids.get_space()))
     # the block's instances: the original ones of its rows (new statements have no row)
@@ -194,8 +216,9 @@ def reduce_in_blocks(program: PolyProgram, flat: isl.UnionMap, domain: isl.Union
         value = isl.Set.read_from_str(ctx, f"[{block_ids[d]}] -> {{ [v] : v = {row.offset} + {block_ids[d]} }}")
         mine = row.schedule.intersect_range(isl.UnionSet.from_set(value)).domain()
         in_block = in_block.subtract(domain).union(in_block.intersect(domain).intersect(mine))
-    own = thread_of.intersect_range(isl.UnionSet.from_set(isl.Set.read_from_str(
-        ctx, f"[{thread}] -> {{ [{thread}] }}"))).domain()
+    own = thread_of.intersect_range(
+        isl.UnionSet.from_set(isl.Set.read_from_str(ctx, f"[{thread}] -> {{ [{thread}] }}"))
+    ).domain()
     thread_domain = in_block.intersect(own).intersect_params(context)
     trees = []
     for group, (statement_name, _, _, tree) in enumerate(groups):
@@ -207,8 +230,17 @@ def reduce_in_blocks(program: PolyProgram, flat: isl.UnionMap, domain: isl.Union
         if subscripts is None:
             return None
         trees.append(Tree(statement_name, *tree, subscripts, group))
-    reduction = BlockReduction(threads, tuple(row_loops), tuple(trees), schedule, thread_domain, context,
-                               in_block.intersect_params(context), thread_of, tuple(barriers))
+    reduction = BlockReduction(
+        threads,
+        tuple(row_loops),
+        tuple(trees),
+        schedule,
+        thread_domain,
+        context,
+        in_block.intersect_params(context),
+        thread_of,
+        tuple(barriers),
+    )
     if prove_block_reduction(reduction, program, domain, dependences) is not None:
         return None
     # a statement's closing barrier stays only where a dependence between two threads needs it
@@ -226,14 +258,19 @@ def reduce_in_blocks(program: PolyProgram, flat: isl.UnionMap, domain: isl.Union
 
 def _without_barrier(reduction: BlockReduction, name: str) -> BlockReduction:
     keep = lambda union: union.subtract(named(union, name))  # noqa: E731
-    return dataclasses.replace(reduction, schedule=reduction.schedule.subtract_domain(named(reduction.block_domain, name)),
-                               thread_domain=keep(reduction.thread_domain), block_domain=keep(reduction.block_domain),
-                               thread_of=reduction.thread_of.subtract_domain(named(reduction.block_domain, name)),
-                               barriers=tuple(b for b in reduction.barriers if b != name))
+    return dataclasses.replace(
+        reduction,
+        schedule=reduction.schedule.subtract_domain(named(reduction.block_domain, name)),
+        thread_domain=keep(reduction.thread_domain),
+        block_domain=keep(reduction.block_domain),
+        thread_of=reduction.thread_of.subtract_domain(named(reduction.block_domain, name)),
+        barriers=tuple(b for b in reduction.barriers if b != name),
+    )
 
 
-def _block_schedule(program: PolyProgram, flat: isl.UnionMap, domain: isl.UnionSet, groups: list, threads: int,
-                    steps: int, length: int):
+def _block_schedule(
+    program: PolyProgram, flat: isl.UnionMap, domain: isl.UnionSet, groups: list, threads: int, steps: int, length: int
+):
     """(flat schedule, the block's instances, instance -> [thread], barrier names): the groups
     and phases of the module's docstring.  New statements carry their thread as their one
     dimension."""
@@ -249,8 +286,9 @@ def _block_schedule(program: PolyProgram, flat: isl.UnionMap, domain: isl.UnionS
         nonlocal schedule, block_domain, thread_of
         time = f"[{group}, {phase}{', ' + zeros if length else ''}]"
         schedule = schedule.union(isl.UnionMap.read_from_str(ctx, f"{{ {name}[t] -> {time} }}"))
-        block_domain = block_domain.union(isl.UnionSet.read_from_str(
-            ctx, f"{{ {name}[t] : 0 <= t < {threads} and {condition} }}"))
+        block_domain = block_domain.union(
+            isl.UnionSet.read_from_str(ctx, f"{{ {name}[t] : 0 <= t < {threads} and {condition} }}")
+        )
         thread_of = thread_of.union(isl.UnionMap.read_from_str(ctx, f"{{ {name}[t] -> [t] }}"))
 
     def barrier(group: int, phase: int) -> None:
@@ -267,8 +305,9 @@ def _block_schedule(program: PolyProgram, flat: isl.UnionMap, domain: isl.UnionS
         if dealt is None:  # thread 0
             owner = isl.UnionMap.from_domain_and_range(instances, isl.UnionSet.read_from_str(ctx, "{ [0] }"))
         else:  # value v of the dealt dimension: thread (v - low) mod threads
-            deal = isl.UnionMap.read_from_str(ctx, f"{{ [{dims}] -> [t] : 0 <= t < {threads} and "
-                                                   f"exists q : f{dealt} = {low} + t + {threads} q }}")
+            deal = isl.UnionMap.read_from_str(
+                ctx, f"{{ [{dims}] -> [t] : 0 <= t < {threads} and exists q : f{dealt} = {low} + t + {threads} q }}"
+            )
             owner = flat.intersect_domain(instances).apply_range(deal)
         thread_of = thread_of.union(owner)
         if tree is None:
@@ -295,8 +334,10 @@ def tree_accesses(reduction: BlockReduction, statement: str) -> tuple[isl.UnionM
         writes.append(f"{name}[t] -> [t]")
         reads += [f"{name}[t] -> [t]", f"{name}[t] -> [t + {stride}]"]
     as_map = lambda pairs: isl.UnionMap.read_from_str(ctx, "{ " + "; ".join(pairs) + " }")  # noqa: E731
-    return (as_map(writes).intersect_domain(reduction.block_domain),
-            as_map(reads).intersect_domain(reduction.block_domain))
+    return (
+        as_map(writes).intersect_domain(reduction.block_domain),
+        as_map(reads).intersect_domain(reduction.block_domain),
+    )
 
 
 def prove_tree(reduction: BlockReduction, program: PolyProgram) -> str | None:
@@ -306,8 +347,12 @@ def prove_tree(reduction: BlockReduction, program: PolyProgram) -> str | None:
         writes, reads = tree_accesses(reduction, statement)
         # only the tree's own statements touch it: the proof needs them and the barriers only
         barriers = [name for name in reduction.barriers if name.startswith(f"{GROUP_BARRIER}{tree.group}_")]
-        names = {*barriers, PARTIAL_STORE + statement, FINAL + statement,
-                 *(f"{TREE}{statement}_{step}" for step in range(reduction.steps))}
+        names = {
+            *barriers,
+            PARTIAL_STORE + statement,
+            FINAL + statement,
+            *(f"{TREE}{statement}_{step}" for step in range(reduction.steps)),
+        }
         involved = isl.UnionSet.empty(reduction.block_domain.get_space())
         for piece in sets(reduction.block_domain):
             if piece.get_tuple_name() in names:
@@ -320,8 +365,9 @@ def prove_tree(reduction: BlockReduction, program: PolyProgram) -> str | None:
     return None
 
 
-def prove_block_reduction(reduction: BlockReduction, program: PolyProgram, domain: isl.UnionSet,
-                          dependences: Dependences) -> str | None:
+def prove_block_reduction(
+    reduction: BlockReduction, program: PolyProgram, domain: isl.UnionSet, dependences: Dependences
+) -> str | None:
     """None when the block reduction computes what the schedule did, else what fails: a
     dependence between two rows (two blocks), one going backwards in the new order, or one
     between two threads with no barrier between; then the trees' own proof."""
@@ -367,8 +413,9 @@ def _related(reduction: BlockReduction, domain: isl.UnionSet, dependences: Depen
     return related
 
 
-def _unseparated(reduction: BlockReduction, program: PolyProgram, domain: isl.UnionSet,
-                 dependences: Dependences) -> isl.UnionMap:
+def _unseparated(
+    reduction: BlockReduction, program: PolyProgram, domain: isl.UnionSet, dependences: Dependences
+) -> isl.UnionMap:
     """The times of dependences between two threads of a block with no barrier between."""
     related = _related(reduction, domain, dependences)
     same_thread = reduction.thread_of.apply_range(reduction.thread_of.reverse())
@@ -405,8 +452,9 @@ def _in_flat_order(flat: isl.UnionMap, domain: isl.UnionSet, program: PolyProgra
         times = times.intersect_params(program.context)
         first = times.lexmin()
         point = first.sample_point()
-        values = tuple(point.get_coordinate_val(isl.dim_type.set, d).to_python()
-                       for d in range(first.dim(isl.dim_type.set)))
+        values = tuple(
+            point.get_coordinate_val(isl.dim_type.set, d).to_python() for d in range(first.dim(isl.dim_type.set))
+        )
         firsts.append((values, piece.get_tuple_name()))
     return [name for _, name in sorted(firsts)]
 

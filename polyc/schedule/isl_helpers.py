@@ -1,5 +1,6 @@
 """Small isl conveniences the schedule stages share: the pieces of union sets and maps, and the
 constant values of loop bounds once a program's sizes are fixed."""
+
 from __future__ import annotations
 
 import islpy as isl

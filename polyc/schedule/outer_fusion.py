@@ -29,6 +29,7 @@ access of its statements moves with the outer index, or touches a tensor small e
 L1 cache; and the outer index is not in the last (stride-1) subscript of an access that another
 index moves too.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,8 +58,9 @@ class _OuterLoop:
     index_of: dict[str, str]
 
 
-def fuse_outer_loops(schedule: isl.Schedule, program: PolyProgram, dependences: Dependences,
-                     caches: dict[int, int]) -> isl.Schedule:
+def fuse_outer_loops(
+    schedule: isl.Schedule, program: PolyProgram, dependences: Dependences, caches: dict[int, int]
+) -> isl.Schedule:
     """``schedule`` with runs of sequence children sharing a parallel outer loop fused (see the
     module doc); ``schedule`` itself when there is no such run."""
     fuser = _Fuser(program, dependences, caches)
@@ -89,8 +91,9 @@ class _Fuser:
             return self.distribute(node.get_domain(), self.band_outer_loop(node), _same_prefix(node))
         if kind == _BAND:
             coincident = [node.band_member_get_coincident(i) for i in range(node.band_n_member())]
-            return _with_band(self.rebuild(node.child(0)), node.band_get_partial_schedule(),
-                              node.band_get_permutable(), coincident)
+            return _with_band(
+                self.rebuild(node.child(0)), node.band_get_partial_schedule(), node.band_get_permutable(), coincident
+            )
         if kind == _SEQUENCE:
             return _in_sequence([self.rebuild_run(node, run) for run in self.runs(node)], node.get_domain())
         if kind == isl.schedule_node_type.set:
@@ -112,11 +115,14 @@ class _Fuser:
         """``domain`` under the loop ``outer`` (and the loops below it that every statement
         shares: see :meth:`shared_loop_below`), inside them each statement in source order
         under a band over its other indices."""
-        statements = [s for s in self.program.statements if s.name in outer.index_of
-                      and not domain.intersect(isl.UnionSet.from_set(s.domain)).is_empty()]
+        statements = [
+            s
+            for s in self.program.statements
+            if s.name in outer.index_of and not domain.intersect(isl.UnionSet.from_set(s.domain)).is_empty()
+        ]
         outers = [outer]
         same_outer = _same(isl.UnionMap.from_union_pw_aff(outer.schedule))
-        while (below := self.shared_loop_below(domain, statements, outers, same_prefix.intersect(same_outer))):
+        while below := self.shared_loop_below(domain, statements, outers, same_prefix.intersect(same_outer)):
             outers.append(below)
             same_outer = same_outer.intersect(_same(isl.UnionMap.from_union_pw_aff(below.schedule)))
         parts = []
@@ -126,8 +132,12 @@ class _Fuser:
             inner = [i for i in statement.indices if i not in {o.index_of[statement.name] for o in outers}]
             if inner:
                 band = self._statement_band(statement, inner)
-                deps = self.dependences.intersect_domain(part_domain).intersect_range(part_domain) \
-                    .intersect(same_prefix).intersect(same_outer)
+                deps = (
+                    self.dependences.intersect_domain(part_domain)
+                    .intersect_range(part_domain)
+                    .intersect(same_prefix)
+                    .intersect(same_outer)
+                )
                 part = _with_band(part, band, *_band_properties(band, deps))
             parts.append(part)
         loops = isl.MultiUnionPwAff.from_union_pw_aff(outers[0].schedule)
@@ -135,8 +145,9 @@ class _Fuser:
             loops = loops.flat_range_product(isl.MultiUnionPwAff.from_union_pw_aff(below.schedule))
         return _with_band(_in_sequence(parts, domain), loops, True, [True] * len(outers))
 
-    def shared_loop_below(self, domain: isl.UnionSet, statements: list[PolyStatement], outers: list[_OuterLoop],
-                          same_outer: isl.UnionMap) -> _OuterLoop | None:
+    def shared_loop_below(
+        self, domain: isl.UnionSet, statements: list[PolyStatement], outers: list[_OuterLoop], same_outer: isl.UnionMap
+    ) -> _OuterLoop | None:
         """A second shared loop under ``outers``: each statement's first index (in source order)
         that they do not run over, when it has the same range in every statement, carries no
         dependence among them for fixed outer indices, and loses no locality (as the outer
@@ -228,8 +239,11 @@ class _Fuser:
         runs: list[list[int]] = []
         for position in range(sequence.n_children()):
             current = runs[-1] if runs else None
-            if current is not None and self.outer_loop(sequence, current + [position]) is not None \
-                    and self.fusable(sequence, current + [position]):
+            if (
+                current is not None
+                and self.outer_loop(sequence, current + [position]) is not None
+                and self.fusable(sequence, current + [position])
+            ):
                 current.append(position)
             else:
                 runs.append([position])
@@ -259,8 +273,7 @@ class _Fuser:
     def keeps_locality(self, outer: _OuterLoop) -> bool:
         """Whether the statements lose nothing with ``outer`` alone outside them (see
         :meth:`_keeps_locality`)."""
-        return all(self._keeps_locality(self.program.statement(name), index)
-                   for name, index in outer.index_of.items())
+        return all(self._keeps_locality(self.program.statement(name), index) for name, index in outer.index_of.items())
 
     def _keeps_locality(self, statement: PolyStatement, outer_index: str) -> bool:
         """True when no access of ``statement`` would be better served by tiling the outer loop
@@ -271,8 +284,10 @@ class _Fuser:
         accesses = [(statement.source.target, tuple(Affine.var(i) for i in statement.source.indices))]
         accesses += [(a.tensor, a.read.subscripts) for a in statement.reads if a.read is not None]
         for tensor_name, subscripts in accesses:
-            moved_by = [set(s.names()) & set(statement.indices) if isinstance(s, Affine) else set(statement.indices)
-                        for s in subscripts]
+            moved_by = [
+                set(s.names()) & set(statement.indices) if isinstance(s, Affine) else set(statement.indices)
+                for s in subscripts
+            ]
             if any(outer_index in names for names in moved_by):
                 if subscripts and outer_index in moved_by[-1] and set().union(*moved_by) - {outer_index}:
                     return False
@@ -289,8 +304,9 @@ class _Fuser:
 
 
 # ----------------------------------------------------------------------------- helpers
-def _with_band(schedule: isl.Schedule, partial: isl.MultiUnionPwAff, permutable: bool,
-               coincident: list[bool]) -> isl.Schedule:
+def _with_band(
+    schedule: isl.Schedule, partial: isl.MultiUnionPwAff, permutable: bool, coincident: list[bool]
+) -> isl.Schedule:
     """``schedule`` under a new band with the given partial schedule and properties."""
     band = schedule.insert_partial_schedule(partial.intersect_domain(schedule.get_domain())).get_root().child(0)
     band = band.band_set_permutable(int(permutable))
@@ -326,8 +342,7 @@ def _same_prefix(node: isl.ScheduleNode) -> isl.UnionMap:
     return _same(node.get_prefix_schedule_union_map())
 
 
-def _member_indices(member: isl.UnionPwAff, program: PolyProgram,
-                    allow_others: bool = False) -> dict[str, str] | None:
+def _member_indices(member: isl.UnionPwAff, program: PolyProgram, allow_others: bool = False) -> dict[str, str] | None:
     """Per statement, the index a band member runs over (``index + constant``), or None if the
     member is anything else for some statement (with ``allow_others``: leave those out)."""
     found: dict[str, str] = {}
@@ -343,8 +358,9 @@ def _member_indices(member: isl.UnionPwAff, program: PolyProgram,
             return None
         aff = affs[0]
         coefficients = [aff.get_coefficient_val(isl.dim_type.in_, d).to_python() for d in range(len(statement.indices))]
-        params = [aff.get_coefficient_val(isl.dim_type.param, d).to_python()
-                  for d in range(aff.dim(isl.dim_type.param))]
+        params = [
+            aff.get_coefficient_val(isl.dim_type.param, d).to_python() for d in range(aff.dim(isl.dim_type.param))
+        ]
         nonzero = [d for d, c in enumerate(coefficients) if c != 0]
         if len(nonzero) != 1 or coefficients[nonzero[0]] != 1 or any(params):
             if allow_others:

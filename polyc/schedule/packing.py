@@ -34,10 +34,11 @@ both (a gather with zeros past the edge, and a copy for a contiguous source).  T
 one hand-written special case of PackB (a transposed float B on AVX-512: 16 x 16 register
 transposes), and reads a block in place, with no Pack instances, where packing buys nothing.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import islpy as isl
 
@@ -47,8 +48,10 @@ from polyc.errors import PolycError
 BLOCK_PARAMETERS = ("M", "N", "K", "ic", "mc", "jc", "nc", "pc", "kc")
 
 #: What the block parameters satisfy: non-empty blocks inside the flat extents.
-_BLOCK_CONTEXT = ("0 <= ic and 1 <= mc and ic + mc <= M and 0 <= jc and 1 <= nc and jc + nc <= N "
-                  "and 0 <= pc and 1 <= kc and pc + kc <= K")
+_BLOCK_CONTEXT = (
+    "0 <= ic and 1 <= mc and ic + mc <= M and 0 <= jc and 1 <= nc and jc + nc <= N "
+    "and 0 <= pc and 1 <= kc and pc + kc <= K"
+)
 
 
 @dataclass(frozen=True)
@@ -80,9 +83,11 @@ class PackingProgram:
     def schedule(self) -> isl.Schedule:
         """The schedule of a block: ``order`` on the statements' instances."""
         domain = _union(isl.UnionSet.from_set(s.domain) for s in self.statements).union(
-            isl.UnionSet.from_set(self.kernel_domain))
+            isl.UnionSet.from_set(self.kernel_domain)
+        )
         return isl.Schedule.from_domain(domain).insert_partial_schedule(
-            isl.MultiUnionPwAff.from_union_map(self.order.intersect_domain(domain)))
+            isl.MultiUnionPwAff.from_union_map(self.order.intersect_domain(domain))
+        )
 
     def statement(self, name: str) -> PackStatement:
         return next(s for s in self.statements if s.name == name)
@@ -90,19 +95,23 @@ class PackingProgram:
     def to_isl_text(self) -> str:
         """The program as isl text: domains, accesses and the schedule of a block (for reading)."""
         context = self.context
-        lines = [f"packing of one cache block of the gemm kernel, register block {self.mr} x {self.nr}:",
-                 f"block: {context}"]
+        lines = [
+            f"packing of one cache block of the gemm kernel, register block {self.mr} x {self.nr}:",
+            f"block: {context}",
+        ]
         for s in self.statements:
             lines += [f"{s.name}: {s.domain.gist_params(context)}", f"  writes {s.write.gist_params(context)}"]
             if s.read is not None:
                 lines.append(f"  reads {s.read.gist_params(context)}")
-        lines += [f"Kernel: {self.kernel_domain.gist_params(context)}",
-                  f"  reads {self.kernel_reads.gist_params(context)}",
-                  f"schedule of a block: {self.schedule.get_map().gist_params(context)}"]
+        lines += [
+            f"Kernel: {self.kernel_domain.gist_params(context)}",
+            f"  reads {self.kernel_reads.gist_params(context)}",
+            f"schedule of a block: {self.schedule.get_map().gist_params(context)}",
+        ]
         return "\n".join(lines)
 
 
-@lru_cache(maxsize=None)
+@cache
 def packing_program(mr: int, nr: int) -> PackingProgram:
     """The packing program of a block for an ``mr`` x ``nr`` register block (see the module
     doc); built once per register block and checked with :func:`check_packing`."""
@@ -119,41 +128,73 @@ def packing_program(mr: int, nr: int) -> PackingProgram:
     a_box, b_box = f"0 <= k < kc and 0 <= i < {mr}", f"0 <= k < kc and 0 <= j < {nr}"
     a_row, b_column = f"{mr} s + i", f"{nr} s + j"
     statements = (
-        PackStatement("PackA", "A", set_(f"PackA[s, k, i] : {a_box} and 0 <= {a_row} < mc"),
-                      map_("PackA[s, k, i] -> Apack[s, k, i]"),
-                      map_(f"PackA[s, k, i] -> A[ic + {a_row}, pc + k]")),
-        PackStatement("PadA", "A", set_(f"PadA[s, k, i] : {a_box} and mc <= {a_row} and 0 <= {mr} s < mc"),
-                      map_("PadA[s, k, i] -> Apack[s, k, i]"), None),
-        PackStatement("PackB", "B", set_(f"PackB[s, k, j] : {b_box} and 0 <= {b_column} < nc"),
-                      map_("PackB[s, k, j] -> Bpack[s, k, j]"),
-                      map_(f"PackB[s, k, j] -> B[pc + k, jc + {b_column}]")),
-        PackStatement("PadB", "B", set_(f"PadB[s, k, j] : {b_box} and nc <= {b_column} and 0 <= {nr} s < nc"),
-                      map_("PadB[s, k, j] -> Bpack[s, k, j]"), None),
+        PackStatement(
+            "PackA",
+            "A",
+            set_(f"PackA[s, k, i] : {a_box} and 0 <= {a_row} < mc"),
+            map_("PackA[s, k, i] -> Apack[s, k, i]"),
+            map_(f"PackA[s, k, i] -> A[ic + {a_row}, pc + k]"),
+        ),
+        PackStatement(
+            "PadA",
+            "A",
+            set_(f"PadA[s, k, i] : {a_box} and mc <= {a_row} and 0 <= {mr} s < mc"),
+            map_("PadA[s, k, i] -> Apack[s, k, i]"),
+            None,
+        ),
+        PackStatement(
+            "PackB",
+            "B",
+            set_(f"PackB[s, k, j] : {b_box} and 0 <= {b_column} < nc"),
+            map_("PackB[s, k, j] -> Bpack[s, k, j]"),
+            map_(f"PackB[s, k, j] -> B[pc + k, jc + {b_column}]"),
+        ),
+        PackStatement(
+            "PadB",
+            "B",
+            set_(f"PadB[s, k, j] : {b_box} and nc <= {b_column} and 0 <= {nr} s < nc"),
+            map_("PadB[s, k, j] -> Bpack[s, k, j]"),
+            None,
+        ),
     )
-    statements = tuple(PackStatement(s.name, s.operand, s.domain.intersect_params(context),
-                                     s.write.intersect_domain(s.domain).intersect_params(context),
-                                     None if s.read is None else s.read.intersect_domain(s.domain)
-                                     .intersect_params(context)) for s in statements)
-    kernel_domain = set_(f"Kernel[sa, sb, k, i, j] : 0 <= k < kc and 0 <= i < {mr} and 0 <= j < {nr} "
-                         f"and 0 <= {mr} sa < mc and 0 <= {nr} sb < nc").intersect_params(context)
-    kernel_reads = isl.UnionMap.from_map(map_("Kernel[sa, sb, k, i, j] -> Apack[sa, k, i]")).union(
-        isl.UnionMap.from_map(map_("Kernel[sa, sb, k, i, j] -> Bpack[sb, k, j]"))).intersect_domain(
-        isl.UnionSet.from_set(kernel_domain))
+    statements = tuple(
+        PackStatement(
+            s.name,
+            s.operand,
+            s.domain.intersect_params(context),
+            s.write.intersect_domain(s.domain).intersect_params(context),
+            None if s.read is None else s.read.intersect_domain(s.domain).intersect_params(context),
+        )
+        for s in statements
+    )
+    kernel_domain = set_(
+        f"Kernel[sa, sb, k, i, j] : 0 <= k < kc and 0 <= i < {mr} and 0 <= j < {nr} "
+        f"and 0 <= {mr} sa < mc and 0 <= {nr} sb < nc"
+    ).intersect_params(context)
+    kernel_reads = (
+        isl.UnionMap.from_map(map_("Kernel[sa, sb, k, i, j] -> Apack[sa, k, i]"))
+        .union(isl.UnionMap.from_map(map_("Kernel[sa, sb, k, i, j] -> Bpack[sb, k, j]")))
+        .intersect_domain(isl.UnionSet.from_set(kernel_domain))
+    )
     real = kernel_domain.intersect(set_(f"Kernel[sa, sb, k, i, j] : {mr} sa + i < mc and {nr} sb + j < nc"))
-    kernel_sources = isl.UnionMap.from_map(map_(f"Kernel[sa, sb, k, i, j] -> A[ic + {mr} sa + i, pc + k]")).union(
-        isl.UnionMap.from_map(map_(f"Kernel[sa, sb, k, i, j] -> B[pc + k, jc + {nr} sb + j]"))).intersect_domain(
-        isl.UnionSet.from_set(real))
+    kernel_sources = (
+        isl.UnionMap.from_map(map_(f"Kernel[sa, sb, k, i, j] -> A[ic + {mr} sa + i, pc + k]"))
+        .union(isl.UnionMap.from_map(map_(f"Kernel[sa, sb, k, i, j] -> B[pc + k, jc + {nr} sb + j]")))
+        .intersect_domain(isl.UnionSet.from_set(real))
+    )
 
     # The block's order: the B panel, then the A block, then the micro-kernel's loops (B
     # slivers outside A slivers, as the kernel runs them).
     order = isl.UnionMap.read_from_str(
-        ctx, f"{params} -> {{ PackB[s, k, j] -> [0, s, k, j, 0, 0]; PadB[s, k, j] -> [0, s, k, j, 0, 0]; "
-             f"PackA[s, k, i] -> [1, s, k, i, 0, 0]; PadA[s, k, i] -> [1, s, k, i, 0, 0]; "
-             f"Kernel[sa, sb, k, i, j] -> [2, sb, sa, k, i, j] }}")
+        ctx,
+        f"{params} -> {{ PackB[s, k, j] -> [0, s, k, j, 0, 0]; PadB[s, k, j] -> [0, s, k, j, 0, 0]; "
+        f"PackA[s, k, i] -> [1, s, k, i, 0, 0]; PadA[s, k, i] -> [1, s, k, i, 0, 0]; "
+        f"Kernel[sa, sb, k, i, j] -> [2, sb, sa, k, i, j] }}",
+    )
     return PackingProgram(mr, nr, context, statements, kernel_domain, kernel_reads, kernel_sources, order)
 
 
-@lru_cache(maxsize=None)
+@cache
 def checked_packing_program(mr: int, nr: int) -> PackingProgram:
     """:func:`packing_program`, proved correct by :func:`check_packing` (once per process)."""
     program = packing_program(mr, nr)
@@ -165,6 +206,7 @@ def check_packing(program: PackingProgram) -> None:
     """Prove that the packing program computes what the contraction does, for every block
     (every value of the parameters, see the module doc); raises PolycError (an internal error:
     the kernel must not be built) where it does not."""
+
     def fail(what: str) -> None:
         raise PolycError(f"internal: packing for the {program.mr} x {program.nr} register block: {what}")
 
@@ -199,8 +241,9 @@ def check_packing(program: PackingProgram) -> None:
 
     # The copies read inside the operands.
     ctx = program.context.get_ctx()
-    inside = isl.UnionSet.read_from_str(ctx, "[M, N, K] -> { A[m, k] : 0 <= m < M and 0 <= k < K; "
-                                             "B[k, n] : 0 <= k < K and 0 <= n < N }")
+    inside = isl.UnionSet.read_from_str(
+        ctx, "[M, N, K] -> { A[m, k] : 0 <= m < M and 0 <= k < K; B[k, n] : 0 <= k < K and 0 <= n < N }"
+    )
     if not copies.range().is_subset(inside):
         fail(f"packing reads outside an operand: {copies.range().subtract(inside)}")
 
@@ -208,8 +251,10 @@ def check_packing(program: PackingProgram) -> None:
     # [ceil(mc / MR)][kc][MR] and [ceil(nc / NR)][kc][NR].
     mr, nr = program.mr, program.nr
     boxes = isl.UnionSet.read_from_str(
-        ctx, f"[mc, kc, nc] -> {{ Apack[s, k, i] : 0 <= {mr} s < mc and 0 <= k < kc and 0 <= i < {mr}; "
-             f"Bpack[s, k, j] : 0 <= {nr} s < nc and 0 <= k < kc and 0 <= j < {nr} }}")
+        ctx,
+        f"[mc, kc, nc] -> {{ Apack[s, k, i] : 0 <= {mr} s < mc and 0 <= k < kc and 0 <= i < {mr}; "
+        f"Bpack[s, k, j] : 0 <= {nr} s < nc and 0 <= k < kc and 0 <= j < {nr} }}",
+    )
     if not writes.range().is_subset(boxes):
         fail("packing writes outside its buffers")
 

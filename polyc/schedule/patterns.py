@@ -7,9 +7,10 @@
 - :func:`is_epilogue`: whether a later statement updates the kernel's target element by
   element (bias, activation), so that it can run on each finished block of the target.
 """
+
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -37,8 +38,13 @@ def strip_casts(expr: ir.TExpr) -> ir.TExpr:
     return expr
 
 
-def is_epilogue(statement: ir.CheckedStatement, target: str, target_indices: tuple[str, ...],
-                extents: Mapping[str, Affine], definition: ir.CheckedDef) -> bool:
+def is_epilogue(
+    statement: ir.CheckedStatement,
+    target: str,
+    target_indices: tuple[str, ...],
+    extents: Mapping[str, Affine],
+    definition: ir.CheckedDef,
+) -> bool:
     """Whether ``statement`` updates ``target`` element by element after the kernel's statement.
 
     ``target_indices`` are the kernel statement's indices of the target, by dimension, and
@@ -82,8 +88,13 @@ def affine_conjunction(cond: ir.TExpr) -> tuple[Affine, ...] | None:
     if lhs is None or rhs is None:
         return None
     one = Affine.const(1)
-    return {"<=": (rhs - lhs,), "<": (rhs - lhs - one,), ">=": (lhs - rhs,), ">": (lhs - rhs - one,),
-            "==": (lhs - rhs, rhs - lhs)}[cond.op]
+    return {
+        "<=": (rhs - lhs,),
+        "<": (rhs - lhs - one,),
+        ">=": (lhs - rhs,),
+        ">": (lhs - rhs - one,),
+        "==": (lhs - rhs, rhs - lhs),
+    }[cond.op]
 
 
 def guarded_product(rhs: ir.TExpr) -> tuple[ir.TExpr, tuple[Affine, ...]] | None:

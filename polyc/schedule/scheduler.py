@@ -15,6 +15,7 @@ The fusion strategy sets isl's clustering options:
 - ``smart``: components are fused where the fused band keeps its outer parallelism;
 - ``max``: components are fused whenever some schedule allows it, even at the price of parallelism.
 """
+
 from __future__ import annotations
 
 import islpy as isl

@@ -26,6 +26,7 @@ are its outputs, the others its inputs.
     >>> [(s.kind, [t.name for t in s.definition.statements]) for s in plan_segments(d)]
     [('generic', ['S0']), ('gemm', ['S0'])]
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -66,8 +67,12 @@ def plan_segments(definition: ir.CheckedDef) -> tuple[Segment, ...] | None:
         position += 1
         target, extents = contraction.target, dict(contraction.extents)
         while position < len(statements) and is_epilogue(
-                statements[position], target.tensor, target.indices, extents,
-                sub_definition(definition, group + [statements[position]], 0)):
+            statements[position],
+            target.tensor,
+            target.indices,
+            extents,
+            sub_definition(definition, group + [statements[position]], 0),
+        ):
             group.append(statements[position])
             position += 1
         groups.append(("gemv" if contraction.is_matvec else "gemm", group))
@@ -111,8 +116,12 @@ def _split_sum(statement: ir.CheckedStatement, definition: ir.CheckedDef) -> lis
     parts = []
     for number, term in enumerate(terms):
         part_rhs = dataclasses.replace(guard, then=term) if guard is not None else term
-        part = dataclasses.replace(statement, rhs=part_rhs, init=statement.init and number == 0,
-                                   text=f"{statement.text.strip()}  (term {number + 1} of {len(terms)})")
+        part = dataclasses.replace(
+            statement,
+            rhs=part_rhs,
+            init=statement.init and number == 0,
+            text=f"{statement.text.strip()}  (term {number + 1} of {len(terms)})",
+        )
         if _gemm_contraction(part, definition) is None:
             return None
         parts.append(part)
@@ -130,10 +139,14 @@ def sub_definition(parent: ir.CheckedDef, statements: list[ir.CheckedStatement],
     """The def of one segment: ``parent``'s tensors (in order), sizes and bindings, with
     ``statements`` renumbered; the tensors they write are its outputs, the rest its inputs."""
     written = {s.target for s in statements}
-    tensors = tuple(dataclasses.replace(t, role=ir.Role.OUTPUT if t.name in written else ir.Role.INPUT)
-                    for t in parent.tensors)
+    tensors = tuple(
+        dataclasses.replace(t, role=ir.Role.OUTPUT if t.name in written else ir.Role.INPUT) for t in parent.tensors
+    )
     return dataclasses.replace(
-        parent, name=f"{parent.name}_part{index}", tensors=tensors,
+        parent,
+        name=f"{parent.name}_part{index}",
+        tensors=tensors,
         inputs=tuple(t.name for t in tensors if t.role is ir.Role.INPUT),
         outputs=tuple(t.name for t in tensors if t.role is ir.Role.OUTPUT),
-        statements=tuple(dataclasses.replace(s, position=p) for p, s in enumerate(statements)))
+        statements=tuple(dataclasses.replace(s, position=p) for p, s in enumerate(statements)),
+    )

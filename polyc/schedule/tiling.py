@@ -12,6 +12,7 @@ the innermost loop.  A third candidate, when the innermost loop strides across a
 blocks of the outer members.  The caches are this machine's, or the ``cache_sizes`` option's (exports for
 another machine).
 """
+
 from __future__ import annotations
 
 import functools
@@ -48,7 +49,7 @@ def l1_set_span(options: Options | None = None) -> int:
 _PAGE_BYTES = 4096
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def machine_l1_set_span() -> int:
     """This machine's L1 data cache size over its ways, from Linux sysfs (4 KiB elsewhere)."""
     for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
@@ -63,7 +64,7 @@ def machine_l1_set_span() -> int:
     return _PAGE_BYTES
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def machine_cache_sizes() -> dict[int, int]:
     """Data/unified cache size in bytes per level, read from Linux sysfs (defaults elsewhere)."""
     sizes = {1: 32 * 1024, 2: 1024 * 1024, 3: 8 * 1024 * 1024}
@@ -82,9 +83,14 @@ def machine_cache_sizes() -> dict[int, int]:
     return sizes
 
 
-def choose_tile_sizes(node: isl.ScheduleNode, program: PolyProgram, user_sizes: tuple[int, ...] | None,
-                      caches: dict[int, int], threads: int | None = None,
-                      set_span: int = _PAGE_BYTES) -> list[int] | None:
+def choose_tile_sizes(
+    node: isl.ScheduleNode,
+    program: PolyProgram,
+    user_sizes: tuple[int, ...] | None,
+    caches: dict[int, int],
+    threads: int | None = None,
+    set_span: int = _PAGE_BYTES,
+) -> list[int] | None:
     """Tile sizes for the band at ``node`` (outermost member first), or None not to tile;
     ``threads``: how many threads run its parallel loop (None: this machine's cores);
     ``set_span``: L1's size over its ways (:func:`l1_set_span`)."""
@@ -104,15 +110,20 @@ def choose_tile_sizes(node: isl.ScheduleNode, program: PolyProgram, user_sizes: 
         statement = program.statement(name)
         members = {m: movers[m][name] for m in range(n) if name in movers[m]}
         for tensor, subscripts in statement_accesses(statement):
-            moving = frozenset(m for m, index in members.items()
-                               if any(not isinstance(s, Affine) or index in s.names() for s in subscripts))
+            moving = frozenset(
+                m
+                for m, index in members.items()
+                if any(not isinstance(s, Affine) or index in s.names() for s in subscripts)
+            )
             accesses.append((moving, program.definition.tensor(tensor).dtype.itemsize))
             last = subscripts[-1] if subscripts else None
-            contiguous.append(frozenset(m for m, index in members.items()
-                                        if isinstance(last, Affine) and index in last.names()))
+            contiguous.append(
+                frozenset(m for m, index in members.items() if isinstance(last, Affine) and index in last.names())
+            )
             shape = program.definition.tensor(tensor).shape
-            steps.append({m: _byte_step(subscripts, shape, index, accesses[-1][1], fixed)
-                          for m, index in members.items()})
+            steps.append(
+                {m: _byte_step(subscripts, shape, index, accesses[-1][1], fixed) for m, index in members.items()}
+            )
     budget = caches.get(2, 1 << 20) // 2
     equal = _equal_sizes(accesses, n, budget)
     extents = band_extents(node, program.context)
@@ -124,9 +135,11 @@ def choose_tile_sizes(node: isl.ScheduleNode, program: PolyProgram, user_sizes: 
     # Accesses the innermost loop strides across (a transpose's A(j, i) under j): one cache line
     # each, and how many of those lines L1 holds at their stride.
     l1 = caches.get(1, 32 << 10)
-    strided = [(moving, itemsize, _run_capacity(step.get(inner), l1, set_span))
-               for (moving, itemsize), last, step in zip(accesses, contiguous, steps)
-               if inner in moving and last and inner not in last]
+    strided = [
+        (moving, itemsize, _run_capacity(step.get(inner), l1, set_span))
+        for (moving, itemsize), last, step in zip(accesses, contiguous, steps)
+        if inner in moving and last and inner not in last
+    ]
     candidates = [(capped, equal)]  # (sizes the cost is taken of, sizes chosen)
     if whole_inner is not None:
         candidates.append((whole_inner, whole_inner))
@@ -204,12 +217,12 @@ def _cost(accesses, sizes: list[int], inner: int, strided=()) -> float:
     each iteration costs a whole line of elements: a 2048 x 2048 transpose with whole rows of
     j innermost (32 x 2048 tiles) took far longer than with 256 x 256 tiles, and on an Intel
     core, whose 12-way L1 holds 12 lines 8 KiB apart, 256 x 12 tiles beat 256 x 256 ones."""
-    fetched = sum(1.0 / math.prod(sizes[m] for m in range(len(sizes)) if m not in moving)
-                  for moving, _ in accesses)
+    fetched = sum(1.0 / math.prod(sizes[m] for m in range(len(sizes)) if m not in moving) for moving, _ in accesses)
     for moving, itemsize, capacity in strided:
         if sizes[inner] > capacity:
             fetched += (max(1, _LINE_BYTES // itemsize) - 1) / math.prod(
-                sizes[m] for m in range(len(sizes)) if m not in moving)
+                sizes[m] for m in range(len(sizes)) if m not in moving
+            )
     return fetched + _INNER_LOOP_COST / sizes[inner]
 
 

@@ -23,6 +23,7 @@ DEPTHS lists the schedule depths of the band members the pragma may go to: code 
 applies it to the first loop under the mark only if that loop (iterator ``c<DEPTH>``) is one of
 them, so a pragma never lands on a wrong loop when isl elides single-iteration loops.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,9 +35,9 @@ from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 from polyc.lang.symbolic import Affine
 from polyc.options import Options
+from polyc.schedule import tiling
 from polyc.schedule.isl_helpers import sets
 from polyc.schedule.outer_fusion import fuse_outer_loops
-from polyc.schedule import tiling
 from polyc.schedule.tiling import choose_tile_sizes
 
 PARALLEL, SIMD, UNROLL, REDUCE = "parallel", "simd", "unroll", "reduce"
@@ -97,8 +98,13 @@ class _Context:
     decisions: list | None = None
 
 
-def optimize_schedule(schedule: isl.Schedule, program: PolyProgram, options: Options,
-                      dependences: Dependences | None = None, decisions: list | None = None) -> isl.Schedule:
+def optimize_schedule(
+    schedule: isl.Schedule,
+    program: PolyProgram,
+    options: Options,
+    dependences: Dependences | None = None,
+    decisions: list | None = None,
+) -> isl.Schedule:
     """Tile, reorder and mark ``schedule`` as the options ask; the result is equivalent to it.
 
     With ``dependences``, loop nests in sequence that share a parallel outer loop are fused
@@ -129,9 +135,13 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
     n_members = node.band_n_member()
     if options.loop_order and node.get_schedule_depth() == 0 and n_members > 1 and node.band_get_permutable():
         node = _in_loop_order(node, context.program, options.loop_order)
-    decision = BandDecision(tuple(sorted(s.get_tuple_name() for s in sets(node.get_domain()))),
-                            node.get_schedule_depth(), n_members, bool(node.band_get_permutable()),
-                            tuple(bool(node.band_member_get_coincident(i)) for i in range(n_members)))
+    decision = BandDecision(
+        tuple(sorted(s.get_tuple_name() for s in sets(node.get_domain()))),
+        node.get_schedule_depth(),
+        n_members,
+        bool(node.band_get_permutable()),
+        tuple(bool(node.band_member_get_coincident(i)) for i in range(n_members)),
+    )
     if context.decisions is not None:
         decision.member_maps = tuple(_member_map(node, m) for m in range(n_members))
         decision.prefix = node.get_prefix_schedule_union_map()
@@ -146,8 +156,14 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
     elif n_members < 2:
         decision.tiling = "one loop: nothing to tile"
     else:
-        sizes = choose_tile_sizes(node, context.program, options.tile_sizes, tiling.cache_sizes(options),
-                                  options.threads, tiling.l1_set_span(options))
+        sizes = choose_tile_sizes(
+            node,
+            context.program,
+            options.tile_sizes,
+            tiling.cache_sizes(options),
+            options.threads,
+            tiling.l1_set_span(options),
+        )
         if sizes is not None:
             node = _shift_to_origin(node)
             node = node.band_tile(isl.MultiVal.from_val_list(node.band_get_space(), _val_list(node, sizes)))
@@ -174,8 +190,7 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
             if marked_parallel:
                 decision.parallel = "parallel"
             else:
-                decision.parallel_reason = ("the coincident loop cannot be moved outermost: the band is not "
-                                            "permutable")
+                decision.parallel_reason = "the coincident loop cannot be moved outermost: the band is not permutable"
         else:
             decision.parallel_reason = "every loop of the band carries a dependence"
 
@@ -189,14 +204,19 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
     if too_little and (marked_parallel or reduction_clause is not None):
         # The band keeps the shape a parallel loop gave it, but runs on the calling thread.
         decision.parallel = None
-        decision.parallel_reason = (f"too little work for threads: {instances} statement instances, fewer than "
-                                    f"{MIN_PARALLEL_INSTANCES}")
+        decision.parallel_reason = (
+            f"too little work for threads: {instances} statement instances, fewer than {MIN_PARALLEL_INSTANCES}"
+        )
 
     # Step into the point band (if tiled) for the innermost-loop decisions.
     inner = node.child(0) if tiled else node
     if leaf_band:
-        inner = _finish_innermost(inner, context, keep_first=(marked_parallel or reduction_clause is not None)
-                                  and not tiled, decision=decision)
+        inner = _finish_innermost(
+            inner,
+            context,
+            keep_first=(marked_parallel or reduction_clause is not None) and not tiled,
+            decision=decision,
+        )
     else:
         for position in range(inner.n_children()):
             inner = _visit(inner.child(position), context, parallel_above or marked_parallel).parent()
@@ -251,8 +271,9 @@ def _instance_count(node: isl.ScheduleNode) -> int | None:
     return total
 
 
-def _parallel_reduction(band: isl.ScheduleNode, context: _Context,
-                        decision: BandDecision | None = None) -> tuple[isl.ScheduleNode, str | None]:
+def _parallel_reduction(
+    band: isl.ScheduleNode, context: _Context, decision: BandDecision | None = None
+) -> tuple[isl.ScheduleNode, str | None]:
     """Make the band's first member a parallel loop with an OpenMP reduction, if that is valid.
 
     It is when every update under the band is a reduction with an operator OpenMP can combine,
@@ -261,6 +282,7 @@ def _parallel_reduction(band: isl.ScheduleNode, context: _Context,
     split off in front of it (a sequence), since inside the loop they would reset a thread's
     private copy.  Returns the node at the band's position and the clause text, or None.
     """
+
     def declined(reason: str):
         if decision is not None:
             decision.parallel_reason += f"; not a parallel reduction either: {reason}"
@@ -282,8 +304,10 @@ def _parallel_reduction(band: isl.ScheduleNode, context: _Context,
         table = _OPENMP_INTEGER_REDUCTIONS if target.dtype.kind in "iu" else _OPENMP_REDUCTIONS
         if source.op not in table:
             if source.op in ("min", "max"):
-                return declined(f"{source.op}= on floating-point {source.target}: OpenMP's {source.op} reduction "
-                                "treats NaN differently from polyc's fmin/fmax semantics")
+                return declined(
+                    f"{source.op}= on floating-point {source.target}: OpenMP's {source.op} reduction "
+                    "treats NaN differently from polyc's fmin/fmax semantics"
+                )
             return declined(f"OpenMP has no reduction for {source.op}= on {target.dtype}")
         size = 1
         for extent in target.shape:
@@ -291,8 +315,10 @@ def _parallel_reduction(band: isl.ScheduleNode, context: _Context,
                 return declined(f"{source.target}'s size is not known when compiling (specialize=False)")
             size *= extent.evaluate(program.size_values or {})
         if size > _MAX_PRIVATE_REDUCTION:
-            return declined(f"{source.target} has {size} elements, more than the {_MAX_PRIVATE_REDUCTION} "
-                            "that every thread could keep a private copy of")
+            return declined(
+                f"{source.target} has {size} elements, more than the {_MAX_PRIVATE_REDUCTION} "
+                "that every thread could keep a private copy of"
+            )
         if clauses.get(source.target, table[source.op]) != table[source.op]:
             return declined(f"{source.target} is reduced with two different operators")
         clauses[source.target] = table[source.op]
@@ -306,7 +332,8 @@ def _parallel_reduction(band: isl.ScheduleNode, context: _Context,
     others = context.dependences.non_reduction.intersect_domain(update_domain).intersect_range(update_domain)
     prefix = band.get_prefix_schedule_union_map()
     member = isl.UnionMap.from_multi_union_pw_aff(
-        isl.MultiUnionPwAff.from_union_pw_aff(band.band_get_partial_schedule().get_at(0)))
+        isl.MultiUnionPwAff.from_union_pw_aff(band.band_get_partial_schedule().get_at(0))
+    )
     carried = others.intersect(prefix.apply_range(prefix.reverse())).subtract(member.apply_range(member.reverse()))
     if not carried.is_empty():
         return declined("the outer loop carries dependences other than the reductions'")
@@ -336,8 +363,9 @@ def _coincident_depths(node: isl.ScheduleNode) -> list[int]:
     return depths
 
 
-def _finish_innermost(node: isl.ScheduleNode, context: _Context, keep_first: bool,
-                      decision: BandDecision | None = None) -> isl.ScheduleNode:
+def _finish_innermost(
+    node: isl.ScheduleNode, context: _Context, keep_first: bool, decision: BandDecision | None = None
+) -> isl.ScheduleNode:
     """Reorder an innermost band for stride-1 access; mark its innermost member simd/unroll.
 
     ``keep_first``: member 0 is the parallel loop and must stay outermost.  Returns the node at
@@ -357,6 +385,7 @@ def _finish_innermost(node: isl.ScheduleNode, context: _Context, keep_first: boo
         def preference(m: int):
             coincident = node.band_member_get_coincident(m)
             return moves[m], coincident or reductions.get(m) is not None, scores[m], coincident, m
+
         best = max(movable, key=preference)
         run = _contiguous_run(node, best, movable, context) if preference(best)[1] else [best]
         order = [m for m in range(n) if m not in run] + run
@@ -375,8 +404,9 @@ def _finish_innermost(node: isl.ScheduleNode, context: _Context, keep_first: boo
         elif keep_first and n == 1:
             decision.simd_reason = "the band's only loop is the parallel one"
         else:
-            decision.simd_reason = ("the innermost loop carries a dependence that is not a reduction into "
-                                    "an element it does not move")
+            decision.simd_reason = (
+                "the innermost loop carries a dependence that is not a reduction into an element it does not move"
+            )
     if not (wants_simd or wants_unroll):
         return node
     top_depth = node.get_tree_depth()
@@ -426,11 +456,16 @@ def _contiguous_run(band: isl.ScheduleNode, innermost: int, movable, context: _C
             for tensor, subscripts in statement_accesses(statement):
                 depth = len(subscripts) - len(run)  # the dimension the member must subscript
                 shape = program.definition.tensor(tensor).shape
-                if depth < 1 or not all(isinstance(x, Affine) for x in subscripts) \
-                        or subscripts[depth - 1:] != tuple(Affine.var(i) for i in [index] + inner) \
-                        or any(index in x.names() for x in subscripts[:depth - 1]) \
-                        or any(shape[depth + k].evaluate(program.size_values) != extent(statement, i)
-                               for k, i in enumerate(inner)):
+                if (
+                    depth < 1
+                    or not all(isinstance(x, Affine) for x in subscripts)
+                    or subscripts[depth - 1 :] != tuple(Affine.var(i) for i in [index] + inner)
+                    or any(index in x.names() for x in subscripts[: depth - 1])
+                    or any(
+                        shape[depth + k].evaluate(program.size_values) != extent(statement, i)
+                        for k, i in enumerate(inner)
+                    )
+                ):
                     return False
         return True
 
@@ -479,9 +514,14 @@ def _simd_reductions(band: isl.ScheduleNode, member: int, context: _Context) -> 
         source = statement.source
         dtype = program.definition.tensor(source.target).dtype
         reads_target = any(a.read is not None and a.tensor == source.target for a in statement.reads)
-        if moved[statement.name] in source.indices or reads_target or source.op not in _SIMD_REDUCTIONS \
-                or dtype.kind not in "fiu" or dtype.itemsize < 4 \
-                or clauses.setdefault(source.target, source.op) != source.op:
+        if (
+            moved[statement.name] in source.indices
+            or reads_target
+            or source.op not in _SIMD_REDUCTIONS
+            or dtype.kind not in "fiu"
+            or dtype.itemsize < 4
+            or clauses.setdefault(source.target, source.op) != source.op
+        ):
             return None
     if not clauses:
         return None
@@ -497,8 +537,12 @@ def _simd_reductions(band: isl.ScheduleNode, member: int, context: _Context) -> 
     if inits and not every.intersect_domain(other_domain).intersect_range(_union_of(program, inits)).is_empty():
         return None
     this = _member_map(band, member)
-    carried = context.dependences.non_reduction.intersect(same_others).intersect_domain(other_domain) \
-        .intersect_range(other_domain).subtract(this.apply_range(this.reverse()))
+    carried = (
+        context.dependences.non_reduction.intersect(same_others)
+        .intersect_domain(other_domain)
+        .intersect_range(other_domain)
+        .subtract(this.apply_range(this.reverse()))
+    )
     if not carried.is_empty():
         return None
     return ";".join(f"{op}:{target}" for target, op in sorted(clauses.items()))
@@ -506,7 +550,8 @@ def _simd_reductions(band: isl.ScheduleNode, member: int, context: _Context) -> 
 
 def _member_map(band: isl.ScheduleNode, member: int) -> isl.UnionMap:
     return isl.UnionMap.from_multi_union_pw_aff(
-        isl.MultiUnionPwAff.from_union_pw_aff(band.band_get_partial_schedule().get_at(member)))
+        isl.MultiUnionPwAff.from_union_pw_aff(band.band_get_partial_schedule().get_at(member))
+    )
 
 
 def _split_off_initialisations(band: isl.ScheduleNode, program: PolyProgram) -> isl.ScheduleNode:
@@ -518,8 +563,11 @@ def _split_off_initialisations(band: isl.ScheduleNode, program: PolyProgram) -> 
         return band
     rest = [s for s in statements if s.kind != "init"]
     domain = band.get_domain()
-    filters = isl.UnionSetList.alloc(band.get_ctx(), 2).add(domain.intersect(_union_of(program, inits))) \
+    filters = (
+        isl.UnionSetList.alloc(band.get_ctx(), 2)
+        .add(domain.intersect(_union_of(program, inits)))
         .add(domain.intersect(_union_of(program, rest)))
+    )
     return band.insert_sequence(filters).child(1).child(0)
 
 
@@ -568,6 +616,7 @@ def _in_loop_order(node: isl.ScheduleNode, program: PolyProgram, loop_order: tup
     def member_rank(member: int) -> int:
         named = [rank[index] for index in member_indices(node, member, program).values() if index in rank]
         return min(named, default=len(loop_order))
+
     order = sorted(range(node.band_n_member()), key=lambda member: (member_rank(member), member))
     return _permute(node, order) if order != list(range(len(order))) else node
 
@@ -607,9 +656,13 @@ def _constant_member(node: isl.ScheduleNode, member: int) -> bool:
     each statement: its schedule uses none of the statement's indices)."""
     pieces: list[isl.Aff] = []
     node.band_get_partial_schedule().get_at(member).foreach_pw_aff(
-        lambda pw_aff: pw_aff.foreach_piece(lambda _set, aff: pieces.append(aff)))
-    return all(aff.get_coefficient_val(isl.dim_type.in_, d).is_zero()
-               for aff in pieces for d in range(aff.dim(isl.dim_type.in_)))
+        lambda pw_aff: pw_aff.foreach_piece(lambda _set, aff: pieces.append(aff))
+    )
+    return all(
+        aff.get_coefficient_val(isl.dim_type.in_, d).is_zero()
+        for aff in pieces
+        for d in range(aff.dim(isl.dim_type.in_))
+    )
 
 
 def _statement_or_none(program: PolyProgram, name: str):

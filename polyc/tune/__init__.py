@@ -10,16 +10,33 @@
   compiler, machine fingerprint (:mod:`polyc.runtime.machine`) and polyc version.
 - :mod:`polyc.tune.distributed`: measuring on Dask workers.
 """
+
 import sys
 import types
 
 from polyc.runtime.machine import MachineFingerprint, this_machine
-from polyc.runtime.tuning_records import (TuningKey, TuningRecord, best_options, default_records_path, merge_records,
-                                read_records)
+from polyc.runtime.tuning_records import (
+    TuningKey,
+    TuningRecord,
+    best_options,
+    default_records_path,
+    merge_records,
+    read_records,
+)
 from polyc.tune.search import TuningResult, tune
 
-__all__ = ["tune", "TuningResult", "TuningKey", "TuningRecord", "read_records", "merge_records", "best_options",
-           "default_records_path", "MachineFingerprint", "this_machine"]
+__all__ = [
+    "tune",
+    "TuningResult",
+    "TuningKey",
+    "TuningRecord",
+    "read_records",
+    "merge_records",
+    "best_options",
+    "default_records_path",
+    "MachineFingerprint",
+    "this_machine",
+]
 
 
 class _CallableModule(types.ModuleType):

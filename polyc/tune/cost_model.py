@@ -4,6 +4,7 @@ As in AutoTVM and Ansor, the model is not asked to be right about absolute times
 unmeasured candidates well enough that the explorer measures promising ones first.  It is
 retrained from scratch after every batch of measurements (a few hundred points at most: cheap).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,10 +24,12 @@ class CostModel:
         try:
             from sklearn.ensemble import GradientBoostingRegressor
         except ImportError as error:  # the `tune` extra brings it
-            raise PolycError("the tuner's cost model needs scikit-learn: pip install 'polyc[tune]' "
-                             "(or tune with strategy='random')") from error
-        self._make = lambda: GradientBoostingRegressor(n_estimators=120, max_depth=3, learning_rate=0.1,
-                                                       subsample=0.9, random_state=seed)
+            raise PolycError(
+                "the tuner's cost model needs scikit-learn: pip install 'polyc[tune]' (or tune with strategy='random')"
+            ) from error
+        self._make = lambda: GradientBoostingRegressor(
+            n_estimators=120, max_depth=3, learning_rate=0.1, subsample=0.9, random_state=seed
+        )
         self._model = None
         self._rng = np.random.default_rng(seed)
 

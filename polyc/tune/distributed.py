@@ -12,6 +12,7 @@ timed by one worker, and the results come back as ordinary records.  Rules:
   (``dask worker --nthreads 1``) so that a worker never runs two candidates at once.
 - The inputs and the reference outputs are sent to each worker once (``scatter``), not per task.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -22,12 +23,14 @@ from polyc.runtime.machine import this_machine
 
 def _worker_fingerprint() -> dict:
     from polyc.runtime.machine import this_machine as here
+
     return {"id": here().id, "describe": here().describe()}
 
 
 def _measure_on_worker(job: dict, data: tuple, target_machine: str) -> dict:
     from polyc.runtime.machine import this_machine as here
     from polyc.tune.search import measure_candidate
+
     if here().id != target_machine:  # the scheduler should not send it here; never time it anyway
         return {"status": "error", "message": f"worker machine {here().describe()} is not the target"}
     inputs, reference = data
@@ -37,6 +40,7 @@ def _measure_on_worker(job: dict, data: tuple, target_machine: str) -> dict:
 def _confirm_on_worker(jobs: list, data: tuple, target_machine: str) -> list:
     from polyc.runtime.machine import this_machine as here
     from polyc.tune.search import confirm_candidates
+
     if here().id != target_machine:
         raise PolycError(f"worker machine {here().describe()} is not the target")
     return confirm_candidates(jobs, data[0])
@@ -52,19 +56,36 @@ class DaskMeasurer:
         self.workers = sorted(address for address, f in fingerprints.items() if f["id"] == self.target)
         if not self.workers:
             kinds = sorted({f["describe"] for f in fingerprints.values()}) or ["no workers"]
-            raise PolycError("no Dask worker runs on the machine being tuned for "
-                             f"({this_machine().describe()}); the workers are: {'; '.join(kinds)}")
+            raise PolycError(
+                "no Dask worker runs on the machine being tuned for "
+                f"({this_machine().describe()}); the workers are: {'; '.join(kinds)}"
+            )
         self.parallelism = len(self.workers)
-        self._data = client.scatter((measurer.inputs, measurer.reference), workers=self.workers,
-                                    broadcast=True)
+        self._data = client.scatter((measurer.inputs, measurer.reference), workers=self.workers, broadcast=True)
 
     def measure(self, jobs: list[dict]) -> list[dict]:
-        futures = [self.client.submit(_measure_on_worker, job, self._data, self.target, workers=[worker],
-                                      allow_other_workers=False, pure=False)
-                   for job, worker in zip(jobs, itertools.cycle(self.workers))]
+        futures = [
+            self.client.submit(
+                _measure_on_worker,
+                job,
+                self._data,
+                self.target,
+                workers=[worker],
+                allow_other_workers=False,
+                pure=False,
+            )
+            for job, worker in zip(jobs, itertools.cycle(self.workers))
+        ]
         return self.client.gather(futures)
 
     def confirm(self, jobs: list[dict]) -> list[dict]:
         """:func:`polyc.tune.search.confirm_candidates` on one matching worker."""
-        return self.client.submit(_confirm_on_worker, jobs, self._data, self.target, workers=self.workers[:1],
-                                  allow_other_workers=False, pure=False).result()
+        return self.client.submit(
+            _confirm_on_worker,
+            jobs,
+            self._data,
+            self.target,
+            workers=self.workers[:1],
+            allow_other_workers=False,
+            pure=False,
+        ).result()

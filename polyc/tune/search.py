@@ -18,6 +18,7 @@ The loop (AutoTVM's and Ansor's, at the scale of one kernel):
 ``strategy="random"`` skips the model (the baseline it must beat).  ``client=`` measures on Dask
 workers (:mod:`polyc.tune.distributed`).
 """
+
 from __future__ import annotations
 
 import math
@@ -34,11 +35,18 @@ from pathlib import Path
 import numpy as np
 
 from polyc.errors import PolycError
+from polyc.runtime.machine import this_machine
+from polyc.runtime.tuning_records import (
+    TuningKey,
+    TuningRecord,
+    append_record,
+    chosen_record,
+    default_records_path,
+    read_records,
+    target_of,
+)
 from polyc.schedule.tiling import usable_cores
 from polyc.tune.cost_model import CostModel, pruning_limit
-from polyc.runtime.machine import this_machine
-from polyc.runtime.tuning_records import (TuningKey, TuningRecord, append_record, target_of, chosen_record, default_records_path,
-                                read_records)
 from polyc.tune.space import SearchSpace, space_for
 
 STRATEGIES = ("model", "random")
@@ -61,8 +69,8 @@ class TuningResult:
     best_options: dict
     best_seconds: float | None
     default_seconds: float | None
-    trials: int                         # candidates measured by this call
-    measured: int                       # candidates measured for this key, earlier runs included
+    trials: int  # candidates measured by this call
+    measured: int  # candidates measured for this key, earlier runs included
     interrupted: bool
     records_path: Path
     history: list[tuple[int, float | None]] = field(default_factory=list)  # (trial, best so far)
@@ -76,13 +84,25 @@ class TuningResult:
     def __repr__(self) -> str:
         best = f"{self.best_seconds * 1e3:.3f} ms" if self.best_seconds else "none"
         default = f"{self.default_seconds * 1e3:.3f} ms" if self.default_seconds else "unmeasured"
-        return (f"<TuningResult {self.space.path}: best {best} with {self.best_options or 'the defaults'} "
-                f"(default {default}); {self.trials} trials{' (interrupted)' if self.interrupted else ''}>")
+        return (
+            f"<TuningResult {self.space.path}: best {best} with {self.best_options or 'the defaults'} "
+            f"(default {default}); {self.trials} trials{' (interrupted)' if self.interrupted else ''}>"
+        )
 
 
-def tune(kernel, *args, budget: float | int = 60.0, strategy: str = "model", records=None, client=None,
-         start_from=None, progress: bool = True, seed: int = 0, prune_factor: float = 10.0,
-         batch: int = 4) -> TuningResult:
+def tune(
+    kernel,
+    *args,
+    budget: float | int = 60.0,
+    strategy: str = "model",
+    records=None,
+    client=None,
+    start_from=None,
+    progress: bool = True,
+    seed: int = 0,
+    prune_factor: float = 10.0,
+    batch: int = 4,
+) -> TuningResult:
     """Search the options of ``kernel`` (a :class:`polyc.Kernel`) for the shapes and dtypes of
     ``args`` (the arguments a call would take) on this machine.
 
@@ -104,13 +124,26 @@ def tune(kernel, *args, budget: float | int = 60.0, strategy: str = "model", rec
     onnx_session = sys.modules.get("polyc.frontends.onnx.session")  # loaded if kernel can be one
     if onnx_session is not None and isinstance(kernel, onnx_session.InferenceSession):
         from polyc.tune.session import tune_session
+
         if len(args) != 1:
             raise PolycError(f"tune(session, feeds) takes one dict of feeds, not {len(args)} arguments")
-        return tune_session(kernel, args[0], budget=budget, progress=progress, strategy=strategy, records=records,
-                            client=client, start_from=start_from, seed=seed, prune_factor=prune_factor, batch=batch)
+        return tune_session(
+            kernel,
+            args[0],
+            budget=budget,
+            progress=progress,
+            strategy=strategy,
+            records=records,
+            client=client,
+            start_from=start_from,
+            seed=seed,
+            prune_factor=prune_factor,
+            batch=batch,
+        )
     if not isinstance(kernel, Kernel):
-        raise PolycError(f"tune() takes a polyc kernel (a def of polyc.define) or an ONNX session, "
-                         f"not {type(kernel).__name__}")
+        raise PolycError(
+            f"tune() takes a polyc kernel (a def of polyc.define) or an ONNX session, not {type(kernel).__name__}"
+        )
     if strategy not in STRATEGIES:
         raise PolycError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
@@ -122,11 +155,19 @@ def tune(kernel, *args, budget: float | int = 60.0, strategy: str = "model", rec
     base_options = _tunable_base(kernel.options)
     space = space_for(definition, sizes, base_options)
     path = Path(records) if records is not None else default_records_path()
-    measure = _Measurer(format_def(kernel.syntax), definition.name, base_options, inputs, sizes,
-                        _reference(kernel, inputs, sizes, base_options), _tolerance_terms(definition, sizes), client)
+    measure = _Measurer(
+        format_def(kernel.syntax),
+        definition.name,
+        base_options,
+        inputs,
+        sizes,
+        _reference(kernel, inputs, sizes, base_options),
+        _tolerance_terms(definition, sizes),
+        client,
+    )
 
     session, rng = uuid.uuid4().hex[:12], random.Random(seed)
-    measured: dict[str, tuple[dict, TuningRecord]] = {}   # identity -> (config or {}, record)
+    measured: dict[str, tuple[dict, TuningRecord]] = {}  # identity -> (config or {}, record)
     for record in read_records(path):
         if record.key == key:
             measured[_identity(record.options)] = (_config_in(space, record), record)
@@ -154,11 +195,19 @@ def tune(kernel, *args, budget: float | int = 60.0, strategy: str = "model", rec
             limit = pruning_limit(best.seconds if best else None, prune_factor)
             for (config, options), outcome in zip(fresh, measure([o for _, o in fresh], limit)):
                 trials += 1
-                record = TuningRecord(key, options, outcome["status"], outcome.get("seconds"),
-                                      tuple(outcome.get("runs", ())), outcome.get("message", ""),
-                                      tc=measure.source, machine=this_machine().to_json(), session=session,
-                                      trial=len(measured) + 1,
-                                      config=None if "__options__" in config else config)
+                record = TuningRecord(
+                    key,
+                    options,
+                    outcome["status"],
+                    outcome.get("seconds"),
+                    tuple(outcome.get("runs", ())),
+                    outcome.get("message", ""),
+                    tc=measure.source,
+                    machine=this_machine().to_json(),
+                    session=session,
+                    trial=len(measured) + 1,
+                    config=None if "__options__" in config else config,
+                )
                 append_record(record, path)
                 measured[_identity(options)] = (config if "__options__" not in config else {}, record)
                 if record.status == "ok" and (best is None or record.seconds < best.seconds):
@@ -178,10 +227,19 @@ def tune(kernel, *args, budget: float | int = 60.0, strategy: str = "model", rec
         if best is not None and best.options and default_record is not None and default_record.status == "ok":
             confirmation = [{}, dict(best.options)]
             for options, outcome in zip(confirmation, measure.confirm(confirmation)):
-                record = TuningRecord(key, options, outcome["status"], outcome.get("seconds"),
-                                      tuple(outcome.get("runs", ())), "confirmation", tc=measure.source,
-                                      machine=this_machine().to_json(), session=session,
-                                      config=measured[_identity(options)][0] or None, confirmed=True)
+                record = TuningRecord(
+                    key,
+                    options,
+                    outcome["status"],
+                    outcome.get("seconds"),
+                    tuple(outcome.get("runs", ())),
+                    "confirmation",
+                    tc=measure.source,
+                    machine=this_machine().to_json(),
+                    session=session,
+                    config=measured[_identity(options)][0] or None,
+                    confirmed=True,
+                )
                 append_record(record, path)
                 measured[_identity(options)] = (measured[_identity(options)][0], record)
             chosen = chosen_record([r for _, r in measured.values()])
@@ -193,15 +251,25 @@ def tune(kernel, *args, budget: float | int = 60.0, strategy: str = "model", rec
         if bar is not None:
             bar.close()
     kernel._forget_compiled()  # later calls compile with the best record
-    return TuningResult(key, space, dict(best.options) if best else {}, best.seconds if best else None,
-                        default_record.seconds if default_record and default_record.status == "ok" else None,
-                        trials, len(measured), interrupted, path, history)
+    return TuningResult(
+        key,
+        space,
+        dict(best.options) if best else {},
+        best.seconds if best else None,
+        default_record.seconds if default_record and default_record.status == "ok" else None,
+        trials,
+        len(measured),
+        interrupted,
+        path,
+        history,
+    )
 
 
 def bound_call(kernel, args: tuple) -> tuple[tuple, dict[str, int], TuningKey]:
     """The input arrays of a call of ``kernel`` on ``args``, its sizes (checked against the def's
     bounds) and the key its tuning records have."""
     from polyc.runtime.arguments import bind_arguments
+
     definition = kernel.definition
     call = bind_arguments(definition, tuple(args), None, kernel._written_before_read, {})
     sizes = dict(call.sizes)
@@ -229,6 +297,7 @@ def _config_in(space: SearchSpace, record: TuningRecord) -> dict:
 
 def _identity(options: Mapping) -> str:
     import json
+
     return json.dumps(dict(options), sort_keys=True)
 
 
@@ -248,10 +317,12 @@ def _start_records(start_from) -> list[TuningRecord]:
     return ok[:8]
 
 
-def _propose(space: SearchSpace, measured, model: CostModel | None, rng: random.Random, batch: int,
-             strategy: str) -> list[dict]:
+def _propose(
+    space: SearchSpace, measured, model: CostModel | None, rng: random.Random, batch: int, strategy: str
+) -> list[dict]:
     """The next candidates: unmeasured configurations, best predicted first."""
     seen = set(measured)
+
     def fresh(config) -> bool:
         return space.identity(config) not in seen
 
@@ -266,8 +337,11 @@ def _propose(space: SearchSpace, measured, model: CostModel | None, rng: random.
         model.fit([f for f, _ in points], [s if s is not None else penalty for _, s in points])
     if not model.trained:
         return _random_unmeasured(space, rng, batch, fresh)
-    pool = (_whole_space(space, fresh) if space.size <= ENUMERATED_SPACE
-            else _annealed(space, with_configs, model, rng, fresh))
+    pool = (
+        _whole_space(space, fresh)
+        if space.size <= ENUMERATED_SPACE
+        else _annealed(space, with_configs, model, rng, fresh)
+    )
     if not pool:
         return _random_unmeasured(space, rng, batch, fresh)
     candidates = list(pool.values())
@@ -277,10 +351,13 @@ def _propose(space: SearchSpace, measured, model: CostModel | None, rng: random.
     rng.shuffle(candidates)
     predicted = model.predict([space.features(c) for c in candidates])
     ranked = [candidates[i] for i in np.argsort(predicted, kind="stable")]
-    explore = max(1, batch // 4)   # epsilon-greedy: some random candidates keep the model honest
-    chosen = ranked[:batch - explore]
-    chosen += [c for c in _random_unmeasured(space, rng, explore, fresh)
-               if space.identity(c) not in {space.identity(x) for x in chosen}]
+    explore = max(1, batch // 4)  # epsilon-greedy: some random candidates keep the model honest
+    chosen = ranked[: batch - explore]
+    chosen += [
+        c
+        for c in _random_unmeasured(space, rng, explore, fresh)
+        if space.identity(c) not in {space.identity(x) for x in chosen}
+    ]
     return chosen
 
 
@@ -296,8 +373,13 @@ def _whole_space(space: SearchSpace, fresh) -> dict[str, dict]:
 def _annealed(space: SearchSpace, with_configs, model: CostModel, rng: random.Random, fresh) -> dict[str, dict]:
     """Unmeasured configurations met by simulated-annealing walks on the model's predictions,
     from the best measured configurations and from random ones."""
-    starts = [c for c, r in sorted(with_configs, key=lambda cr: cr[1].seconds if cr[1].status == "ok"
-                                   and cr[1].seconds is not None else math.inf)[:4]]
+    starts = [
+        c
+        for c, r in sorted(
+            with_configs,
+            key=lambda cr: cr[1].seconds if cr[1].status == "ok" and cr[1].seconds is not None else math.inf,
+        )[:4]
+    ]
     starts += [space.random_config(rng) for _ in range(4)]
     pool: dict[str, dict] = {}
     for start in starts:
@@ -340,8 +422,10 @@ def _reference(kernel, inputs: tuple, sizes: Mapping[str, int], base_options) ->
     ``base_options`` (the defaults: no tuning records applied)."""
     if _statement_instances(kernel.definition, sizes) <= INTERPRETED_INSTANCES:
         from polyc.interpreter import interpret
+
         return tuple(np.asarray(r) for r in interpret(kernel.definition, inputs))
     from polyc.api import Kernel
+
     outputs = Kernel(kernel.syntax, kernel.definition, base_options)(*inputs)
     return tuple(np.asarray(r) for r in (outputs if isinstance(outputs, tuple) else (outputs,)))
 
@@ -395,9 +479,11 @@ class _Measurer:
     C compile takes far longer than its timing), then each checked and timed in turn, nothing
     else running meanwhile."""
 
-    def __init__(self, source: str, name: str, base_options, inputs, sizes: Mapping[str, int], reference,
-                 terms: int, client):
+    def __init__(
+        self, source: str, name: str, base_options, inputs, sizes: Mapping[str, int], reference, terms: int, client
+    ):
         import dataclasses
+
         self.source, self.name = source, name
         self.base = {k: v for k, v in dataclasses.asdict(base_options).items()}
         self.inputs, self.sizes, self.reference, self.terms = inputs, dict(sizes), reference, terms
@@ -405,12 +491,18 @@ class _Measurer:
         self.parallelism = usable_cores()
         if client is not None:
             from polyc.tune.distributed import DaskMeasurer
+
             self._dask = DaskMeasurer(client, self)
             self.parallelism = self._dask.parallelism
 
     def job(self, options: Mapping, limit: float) -> dict:
-        return {"source": self.source, "name": self.name, "options": {**self.base, **options},
-                "terms": self.terms, "limit": limit}
+        return {
+            "source": self.source,
+            "name": self.name,
+            "options": {**self.base, **options},
+            "terms": self.terms,
+            "limit": limit,
+        }
 
     def __call__(self, options_list: list[dict], limit: float) -> Iterable[dict]:
         """Each candidate's outcome, in order; here as each is measured, so that an
@@ -422,6 +514,7 @@ class _Measurer:
     def _measured_here(self, jobs: list[dict]) -> Iterator[dict]:
         if len(jobs) > 1:
             from polyc.driver import build_ahead
+
             build_ahead((kernel, self.sizes) for kernel in _candidate_kernels(jobs))
         for job in jobs:
             yield measure_candidate(job, self.inputs, self.reference)
@@ -436,6 +529,7 @@ class _Measurer:
 def candidate_kernel(job: Mapping):
     """``job``'s def defined with its options (JSON's lists made tuples again)."""
     from polyc.api import define
+
     options = dict(job["options"])
     for name in ("tile_sizes", "cflags", "cache_sizes"):
         if isinstance(options.get(name), list):
@@ -475,13 +569,21 @@ def measure_candidate(job: Mapping, inputs: tuple, reference: tuple) -> dict:
             runs.append(_time_call(kernel, inputs))
         quickest = min(runs)
         if quickest > job["limit"]:
-            return {"status": "pruned", "runs": runs, "compile_seconds": compile_seconds,
-                    "message": f"first runs {', '.join(f'{r * 1e3:.3f}' for r in runs)} ms > "
-                               f"{job['limit'] * 1e3:.3f} ms"}
+            return {
+                "status": "pruned",
+                "runs": runs,
+                "compile_seconds": compile_seconds,
+                "message": f"first runs {', '.join(f'{r * 1e3:.3f}' for r in runs)} ms > {job['limit'] * 1e3:.3f} ms",
+            }
         count = run_count(quickest)
         runs += [_time_call(kernel, inputs) for _ in range(count - len(runs))]
-    return {"status": "ok", "seconds": statistics.median(runs), "runs": runs, "compile_seconds": compile_seconds,
-            "machine": this_machine().id}
+    return {
+        "status": "ok",
+        "seconds": statistics.median(runs),
+        "runs": runs,
+        "compile_seconds": compile_seconds,
+        "machine": this_machine().id,
+    }
 
 
 def confirm_candidates(jobs: list, inputs: tuple, rounds: int = CONFIRM_ROUNDS) -> list[dict]:
@@ -491,6 +593,7 @@ def confirm_candidates(jobs: list, inputs: tuple, rounds: int = CONFIRM_ROUNDS) 
     The search's best is the fastest of many candidates each timed once, and so, on a noisy
     machine, often one whose timing was lucky: the confirmation decides (:mod:`polyc.runtime.tuning_records`)."""
     from polyc.api import define
+
     kernels = []
     for job in jobs:
         kernel = define(job["source"], **plain_options(job["options"]))[job["name"]]
@@ -534,6 +637,7 @@ class _measurement_lock:
         self._file = open(Path(tempfile.gettempdir()) / "polyc-tune-measure.lock", "a")
         try:
             import fcntl
+
             fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
         except ImportError:
             pass

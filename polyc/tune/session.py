@@ -12,6 +12,7 @@ teach the search nothing, and such a kernel is too small a part of the run to ma
 budget is a deadline (from when the session has been planned and compiled for the feeds'
 shapes): each kernel's search gets its share of the time left when it starts.
 """
+
 from __future__ import annotations
 
 import time
@@ -32,14 +33,14 @@ class KernelTuning:
     """One distinct kernel of the session: the groups that call it and its search."""
 
     groups: list[str]
-    seconds: float                      # its time in one run with the defaults (all its calls)
-    budget: float | int | None          # its share; None: too small to tune
+    seconds: float  # its time in one run with the defaults (all its calls)
+    budget: float | int | None  # its share; None: too small to tune
     result: TuningResult | None = None
 
 
 @dataclass
 class SessionTuningResult:
-    kernels: list[KernelTuning] = field(default_factory=list)   # the costliest first
+    kernels: list[KernelTuning] = field(default_factory=list)  # the costliest first
     interrupted: bool = False
 
     @property
@@ -62,13 +63,16 @@ class SessionTuningResult:
 
     def __repr__(self) -> str:
         tuned = sum(k.result is not None for k in self.kernels)
-        return (f"<SessionTuningResult: {tuned} of {len(self.kernels)} distinct kernels tuned; their time in a "
-                f"run {self.default_seconds * 1e3:.3f} -> {self.tuned_seconds * 1e3:.3f} ms (estimated from the "
-                f"searches){' (interrupted)' if self.interrupted else ''}>")
+        return (
+            f"<SessionTuningResult: {tuned} of {len(self.kernels)} distinct kernels tuned; their time in a "
+            f"run {self.default_seconds * 1e3:.3f} -> {self.tuned_seconds * 1e3:.3f} ms (estimated from the "
+            f"searches){' (interrupted)' if self.interrupted else ''}>"
+        )
 
 
-def tune_session(session, feeds: dict, *, budget: float | int = 600.0, progress: bool = True,
-                 **search_options) -> SessionTuningResult:
+def tune_session(
+    session, feeds: dict, *, budget: float | int = 600.0, progress: bool = True, **search_options
+) -> SessionTuningResult:
     """Tune every kernel of ``session``'s plan for ``feeds`` (as :meth:`run` takes them), the
     ``budget`` (seconds as a float, trials as an int) shared as the module docstring says;
     ``search_options`` go to :func:`polyc.tune.tune` for each kernel.  Afterwards the session's
@@ -76,8 +80,9 @@ def tune_session(session, feeds: dict, *, budget: float | int = 600.0, progress:
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
         raise PolycError(f"budget must be a positive number of seconds (float) or trials (int), not {budget!r}")
     if not isinstance(feeds, dict):
-        raise PolycError(f"tune(session, feeds): feeds must be a dict of input name -> array, "
-                         f"not {type(feeds).__name__}")
+        raise PolycError(
+            f"tune(session, feeds): feeds must be a dict of input name -> array, not {type(feeds).__name__}"
+        )
     session.run(None, feeds)  # plans and compiles for these shapes; bad feeds fail here
     started = time.monotonic()  # a time budget counts from here: timing the kernels is part of it
     calls = session.kernel_inputs(feeds)
@@ -113,8 +118,11 @@ def tune_session(session, feeds: dict, *, budget: float | int = 600.0, progress:
                 left = sum(e.seconds for e, _, _ in entries[number:] if e.budget is not None)
                 entry.budget = remaining * entry.seconds / left
             if progress:
-                print(f"tuning {', '.join(entry.groups)} ({entry.seconds * 1e3:.3f} ms of a run; "
-                      f"budget {_describe(entry.budget)})", flush=True)
+                print(
+                    f"tuning {', '.join(entry.groups)} ({entry.seconds * 1e3:.3f} ms of a run; "
+                    f"budget {_describe(entry.budget)})",
+                    flush=True,
+                )
             entry.result = tune(kernel, *inputs, budget=entry.budget, progress=progress, **search_options)
             if entry.result.interrupted:
                 result.interrupted = True
@@ -133,6 +141,7 @@ def _share(entries: list, budget: float | int) -> None:
 
     def share(entry: KernelTuning) -> float:
         return budget * entry.seconds / (sum(e.seconds for e, _, _ in kept) or 1.0)
+
     while len(kept) > 1 and share(kept[-1][0]) < least:
         kept.pop()
     for entry, _, _ in kept:  # all of a budget too small to share goes to the costliest

@@ -15,6 +15,7 @@ A configuration is a dict knob -> value; :meth:`SearchSpace.options` turns it in
 ``polyc.define`` options it stands for, and :meth:`SearchSpace.features` into numbers for the
 cost model (the knobs, and footprints of the blocks they imply relative to the caches).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -36,11 +37,11 @@ __all__ = ["Config", "Knob", "SearchSpace", "space_for", "thread_counts", "built
 
 @dataclass(frozen=True)
 class SearchSpace:
-    path: str                   # the kernel path's name (polyc.paths.KERNEL_PATHS)
+    path: str  # the kernel path's name (polyc.paths.KERNEL_PATHS)
     knobs: tuple[Knob, ...]
-    default: Config             # polyc's own choice, always measured first
+    default: Config  # polyc's own choice, always measured first
     itemsize: int
-    extents: tuple[int, ...]    # the largest statement's loop extents, outermost first
+    extents: tuple[int, ...]  # the largest statement's loop extents, outermost first
     caches: tuple[int, int, int]
 
     @property
@@ -81,6 +82,7 @@ class SearchSpace:
     def identity(self, config: Mapping[str, object]) -> str:
         """Configurations that compile to the same options are the same candidate."""
         import json
+
         return json.dumps(self.options(config), sort_keys=True)
 
     def features(self, config: Mapping[str, object]) -> list[float]:
@@ -126,16 +128,17 @@ def built_instruction_set(options: Options, machine: MachineFingerprint) -> str:
     """The instruction set whose register blocks kernels built with ``options`` on ``machine``
     hold: the machine's own with ``-march=native`` (the default), else the one the flags select
     (``cflags="-O3 -mavx2 -mfma"`` builds AVX2 code on an AVX-512 machine, with AVX2's blocks)."""
-    from polyc.runtime.compiler import compiler_options
-    from polyc.runtime.compiler import vector_bits
+    from polyc.runtime.compiler import compiler_options, vector_bits
+
     build = compiler_options(options)
     if any(flag.endswith("=native") for flag in build.flags):
         return machine.instruction_set
     return {512: "avx512", 256: "avx2", 128: "neon"}.get(vector_bits(build), "portable")
 
 
-def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options,
-              machine: MachineFingerprint | None = None) -> SearchSpace:
+def space_for(
+    definition: CheckedDef, sizes: Mapping[str, int], options: Options, machine: MachineFingerprint | None = None
+) -> SearchSpace:
     """The search space of ``definition`` compiled with ``options`` for ``sizes`` on ``machine``
     (None: this one), whose cores and instruction set give the thread counts and register blocks:
     the knobs of the kernel path that compiles it (:class:`polyc.paths.base.Tuning`), and the
@@ -150,9 +153,18 @@ def space_for(definition: CheckedDef, sizes: Mapping[str, int], options: Options
     machine = machine or this_machine()
     threads = thread_counts(machine.cores) if options.threads is None and options.parallel else (0,)
     path, match = choose_path(PathRequest(definition, options, sizes if options.specialize else None))
-    knobs, default = path.tuning.knobs(SpaceRequest(definition, sizes, options, match, tuple(statement.all_indices),
-                                                    extents, lambda: built_instruction_set(options, machine)))
-    if len(threads) > 1:   # the thread count, where there is more than one to try
+    knobs, default = path.tuning.knobs(
+        SpaceRequest(
+            definition,
+            sizes,
+            options,
+            match,
+            tuple(statement.all_indices),
+            extents,
+            lambda: built_instruction_set(options, machine),
+        )
+    )
+    if len(threads) > 1:  # the thread count, where there is more than one to try
         knobs += (Knob("threads", threads),)
         default = {**default, "threads": 0}
     return SearchSpace(path.name, knobs, default, itemsize, extents, cache_triple)

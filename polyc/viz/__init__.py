@@ -12,9 +12,23 @@
 - :func:`polyc.viz.explain.check_schedule` (``kernel.check_schedule(schedule)``): a schedule of
   your own, accepted or refused with the dependences it violates.
 """
+
 from polyc.viz.domain import DomainPlot, plot_domain
+from polyc.viz.explain import Explanation, LoopExplanation, ScheduleCheck, Witness, check_schedule, explain
 from polyc.viz.schedule_tree import ScheduleTreeView, schedule_tree
 from polyc.viz.view import DomainView, view_domain
-from polyc.viz.explain import Explanation, LoopExplanation, ScheduleCheck, Witness, check_schedule, explain
 
-__all__ = ["plot_domain", "DomainPlot", "view_domain", "DomainView", "schedule_tree", "ScheduleTreeView", "explain", "check_schedule", "Explanation", "LoopExplanation", "ScheduleCheck", "Witness"]
+__all__ = [
+    "plot_domain",
+    "DomainPlot",
+    "view_domain",
+    "DomainView",
+    "schedule_tree",
+    "ScheduleTreeView",
+    "explain",
+    "check_schedule",
+    "Explanation",
+    "LoopExplanation",
+    "ScheduleCheck",
+    "Witness",
+]

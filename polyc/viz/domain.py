@@ -14,6 +14,7 @@ of the compiled schedule as hulls with only the dependences between tiles (islpl
 ``parallel=True`` colours the points by the iteration of the parallel loop that runs them.
 For 3-D, rotation, filters and a step-through of the order, see :mod:`polyc.viz.view`.
 """
+
 from __future__ import annotations
 
 import io
@@ -32,8 +33,8 @@ class DomainPlot:
 
     instances: Instances
     show_order: bool = False
-    tiles: bool = False          # tile hulls, and only the arrows that cross tiles
-    parallel: bool = False       # points shaded by the iteration of the parallel loop
+    tiles: bool = False  # tile hulls, and only the arrows that cross tiles
+    parallel: bool = False  # points shaded by the iteration of the parallel loop
     _figure: object = None
 
     @property
@@ -72,11 +73,16 @@ class DomainPlot:
 
     def _draw(self):
         import matplotlib
+
         matplotlib.use("Agg", force=False)
         from matplotlib.figure import Figure
+
         flat = all(len(set(st.dims)) == 1 for st in self.statements)
-        width = sum(_extent(st, 0) + 1 for st in self.statements) if not flat else max(
-            (_extent(st, 0) + 1 for st in self.statements), default=1)
+        width = (
+            sum(_extent(st, 0) + 1 for st in self.statements)
+            if not flat
+            else max((_extent(st, 0) + 1 for st in self.statements), default=1)
+        )
         height = max((_extent(st, 1) + 1 for st in self.statements), default=1) if not flat else len(self.statements)
         scale = min(1.0, 14.0 / max(width, height, 1))
         figure = Figure(figsize=(max(3.5, 0.55 * width * scale + 1.5), max(2.2, 0.55 * height * scale + 1.6)))
@@ -93,26 +99,50 @@ class DomainPlot:
             colour = STATEMENT_COLOURS[k % len(STATEMENT_COLOURS)]
             if shades:
                 import matplotlib.cm as cm
-                colours = [cm.tab10(shades.index(self.instances.parallel[(s.name, p)]) % 10)
-                           if (s.name, p) in self.instances.parallel else colour for p in points]
+
+                colours = [
+                    cm.tab10(shades.index(self.instances.parallel[(s.name, p)]) % 10)
+                    if (s.name, p) in self.instances.parallel
+                    else colour
+                    for p in points
+                ]
                 ax.scatter(xs, ys, s=40, c=colours, zorder=3)
             else:
                 ax.scatter(xs, ys, s=28, color=colour, zorder=3)
             for point, x, y in zip(points, xs, ys):
                 position[(s.name, point)] = (x, y)
                 if self.order:
-                    ax.annotate(str(self.order.get((s.name, point), "")), (x, y),
-                                fontsize=6, xytext=(4, -10), textcoords="offset points")
+                    ax.annotate(
+                        str(self.order.get((s.name, point), "")),
+                        (x, y),
+                        fontsize=6,
+                        xytext=(4, -10),
+                        textcoords="offset points",
+                    )
             if self.tiles:
                 self._draw_tiles(ax, s, points, xs, ys)
             fixed = ", ".join(f"{i}={v}" for i, v in s.fixed.items())
             label = f"{s.name}" + (f" at {fixed}" if fixed else "")
             if flat:
-                ax.annotate(label, (min(xs, default=0), -k), xytext=(-8, 0), textcoords="offset points",
-                            ha="right", va="center", fontsize=8, color=colour)
+                ax.annotate(
+                    label,
+                    (min(xs, default=0), -k),
+                    xytext=(-8, 0),
+                    textcoords="offset points",
+                    ha="right",
+                    va="center",
+                    fontsize=8,
+                    color=colour,
+                )
             else:
-                ax.annotate(label, (offset, max(ys, default=0)), xytext=(0, 10), textcoords="offset points",
-                            fontsize=8, color=colour)
+                ax.annotate(
+                    label,
+                    (offset, max(ys, default=0)),
+                    xytext=(0, 10),
+                    textcoords="offset points",
+                    fontsize=8,
+                    color=colour,
+                )
                 offset += _extent(s, 0) + 2
         ax.set_xlabel(" / ".join(dict.fromkeys(st.indices[st.dims[0]] for st in self.statements if st.indices)))
         if not flat:
@@ -127,13 +157,24 @@ class DomainPlot:
                 continue
             bad = (source, a, sink, b) in self.instances.violated
             curved = "arc3,rad=0.25" if start[1] == end[1] and abs(start[0] - end[0]) > 1 else "arc3"
-            ax.annotate("", xy=end, xytext=start,
-                        arrowprops=dict(arrowstyle="->", color=VIOLATED_COLOUR if bad else KIND_COLOURS[kind],
-                                        lw=2.2 if bad else 0.9, alpha=1 if bad else 0.8, connectionstyle=curved,
-                                        shrinkA=4, shrinkB=4),
-                        zorder=4 if bad else 2)
+            ax.annotate(
+                "",
+                xy=end,
+                xytext=start,
+                arrowprops=dict(
+                    arrowstyle="->",
+                    color=VIOLATED_COLOUR if bad else KIND_COLOURS[kind],
+                    lw=2.2 if bad else 0.9,
+                    alpha=1 if bad else 0.8,
+                    connectionstyle=curved,
+                    shrinkA=4,
+                    shrinkB=4,
+                ),
+                zorder=4 if bad else 2,
+            )
         handles, labels = [], []
         from matplotlib.lines import Line2D
+
         for kind in sorted({a[0] for a in self.arrows}):
             handles.append(Line2D([0], [0], color=KIND_COLOURS[kind]))
             labels.append(kind + (" (between tiles)" if self.tiles and self.instances.tile else ""))
@@ -144,8 +185,15 @@ class DomainPlot:
             handles.append(Line2D([0], [0], marker="o", linestyle="", color="#888"))
             labels.append(f"colour: iteration of the parallel loop {self.instances.parallel_loop}")
         if handles:
-            figure.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 2),
-                          fontsize=8, frameon=False)
+            figure.legend(
+                handles,
+                labels,
+                loc="upper center",
+                bbox_to_anchor=(0.5, 0.0),
+                ncol=min(len(handles), 2),
+                fontsize=8,
+                frameon=False,
+            )
         if self.title:
             figure.suptitle(self.title, fontsize=10, x=0.02, ha="left")
         return figure
@@ -158,11 +206,22 @@ class DomainPlot:
             if tile is not None:
                 groups.setdefault(tile, []).append((x, y))
         from matplotlib.patches import Polygon
-        for tile, members in groups.items():
+
+        for members in groups.values():
             hull = convex_hull(members)
             padded = _pad(hull, 0.3)
-            ax.add_patch(Polygon(padded, closed=True, fill=True, facecolor="#fff59d", alpha=0.35,
-                                 edgecolor="#f9a825", lw=1.0, zorder=1))
+            ax.add_patch(
+                Polygon(
+                    padded,
+                    closed=True,
+                    fill=True,
+                    facecolor="#fff59d",
+                    alpha=0.35,
+                    edgecolor="#f9a825",
+                    lw=1.0,
+                    zorder=1,
+                )
+            )
 
 
 def _extent(statement: StatementPoints, axis: int) -> int:
@@ -187,6 +246,7 @@ def convex_hull(points) -> list[tuple[float, float]]:
                 chain.pop()
             chain.append(p)
         return chain[:-1]
+
     return half(unique) + half(reversed(unique))
 
 
@@ -205,9 +265,19 @@ def _pad(hull, margin):
     return result
 
 
-def plot_domain(kernel, sizes: dict, statements=None, dims=None, fixed: dict | None = None,
-                kinds=KINDS, order: bool = False, tiles: bool = False, parallel: bool = False,
-                schedule=None, violated=None) -> DomainPlot:
+def plot_domain(
+    kernel,
+    sizes: dict,
+    statements=None,
+    dims=None,
+    fixed: dict | None = None,
+    kinds=KINDS,
+    order: bool = False,
+    tiles: bool = False,
+    parallel: bool = False,
+    schedule=None,
+    violated=None,
+) -> DomainPlot:
     """The points of ``statements`` (names like ``S0``; default: all but ``!`` initialisations)
     of ``kernel`` at ``sizes``, the dependence arrows of ``kinds`` between them, and with
     ``order`` their positions in the compiled schedule; ``tiles`` draws the compiled schedule's
@@ -216,6 +286,9 @@ def plot_domain(kernel, sizes: dict, statements=None, dims=None, fixed: dict | N
     isl.Schedule) numbers the points in a schedule of your own instead, and ``violated`` (a
     union map of dependence pairs) draws those arrows bold red: see
     :meth:`polyc.viz.explain.ScheduleCheck.plot`."""
-    return DomainPlot(collect(kernel, sizes, statements, dims, fixed, kinds, max_dims=2, schedule=schedule,
-                              violated=violated),
-                      show_order=order, tiles=tiles, parallel=parallel)
+    return DomainPlot(
+        collect(kernel, sizes, statements, dims, fixed, kinds, max_dims=2, schedule=schedule, violated=violated),
+        show_order=order,
+        tiles=tiles,
+        parallel=parallel,
+    )

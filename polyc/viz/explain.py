@@ -9,6 +9,7 @@ the dependences and the band's schedule at the given sizes: a concrete pair of s
 instances the loop orders, the kind of dependence, the array element they share and the
 distance between them.
 """
+
 from __future__ import annotations
 
 import html
@@ -21,10 +22,12 @@ from polyc.ir.model import PolyProgram
 from polyc.paths import kernel_path
 
 KINDS = ("flow", "anti", "output", "reduction")
-_KIND_WORDS = {"flow": "reads what the other wrote (flow, read after write)",
-               "anti": "overwrites what the other read (anti, write after read)",
-               "output": "writes the element the other wrote (output, write after write)",
-               "reduction": "accumulates into the element the other accumulated into (reduction)"}
+_KIND_WORDS = {
+    "flow": "reads what the other wrote (flow, read after write)",
+    "anti": "overwrites what the other read (anti, write after read)",
+    "output": "writes the element the other wrote (output, write after write)",
+    "reduction": "accumulates into the element the other accumulated into (reduction)",
+}
 
 
 @dataclass(frozen=True)
@@ -32,19 +35,22 @@ class Witness:
     """A dependence a loop carries, at concrete sizes: ``source`` runs before ``sink``."""
 
     kind: str
-    source: str                 # statement name
+    source: str  # statement name
     source_instance: dict
     sink: str
     sink_instance: dict
-    element: str                # e.g. "B(3)"
-    distance: tuple[int, ...]   # sink minus source in the band's loops, outermost first
+    element: str  # e.g. "B(3)"
+    distance: tuple[int, ...]  # sink minus source in the band's loops, outermost first
 
     def describe(self) -> str:
         def instance(name, values):
             return f"{name}({', '.join(f'{k}={v}' for k, v in values.items())})"
-        return (f"{instance(self.sink, self.sink_instance)} {_KIND_WORDS[self.kind]} "
-                f"{instance(self.source, self.source_instance)}: element {self.element}, "
-                f"distance {self.distance}")
+
+        return (
+            f"{instance(self.sink, self.sink_instance)} {_KIND_WORDS[self.kind]} "
+            f"{instance(self.source, self.source_instance)}: element {self.element}, "
+            f"distance {self.distance}"
+        )
 
 
 @dataclass
@@ -52,10 +58,10 @@ class LoopExplanation:
     """One loop of the generated code (a band member)."""
 
     statements: tuple[str, ...]
-    index: str                  # the TC index it runs over (per statement when they differ)
+    index: str  # the TC index it runs over (per statement when they differ)
     depth: int
     parallel: bool
-    parallel_how: str           # "parallel for", "parallel reduction (+:B)", or ""
+    parallel_how: str  # "parallel for", "parallel reduction (+:B)", or ""
     vectorised: bool
     tile_size: int | None
     reasons: list[str] = field(default_factory=list)
@@ -63,9 +69,13 @@ class LoopExplanation:
     advice: str = ""
 
     def describe(self) -> str:
-        flags = [("parallel" + (f" ({self.parallel_how})" if self.parallel_how else "")) if self.parallel
-                 else "not parallel", "vectorised" if self.vectorised else "not vectorised",
-                 f"tiled by {self.tile_size}" if self.tile_size else "not tiled"]
+        flags = [
+            ("parallel" + (f" ({self.parallel_how})" if self.parallel_how else ""))
+            if self.parallel
+            else "not parallel",
+            "vectorised" if self.vectorised else "not vectorised",
+            f"tiled by {self.tile_size}" if self.tile_size else "not tiled",
+        ]
         lines = [f"loop over {self.index} [{', '.join(self.statements)}]: {', '.join(flags)}"]
         lines += [f"    - {reason}" for reason in self.reasons]
         if self.witness is not None:
@@ -81,16 +91,17 @@ class Explanation:
 
     name: str
     sizes: dict
-    path: str                   # the kernel path's name (polyc.paths.KERNEL_PATHS)
+    path: str  # the kernel path's name (polyc.paths.KERNEL_PATHS)
     summary: list[str]
     loops: list[LoopExplanation]
-    parts: list["Explanation"] = field(default_factory=list)
+    parts: list[Explanation] = field(default_factory=list)
 
     def loop(self, index: str, statement: str | None = None) -> LoopExplanation:
         """The explanation of the (first) loop over ``index`` (of ``statement``, if given)."""
         for loop in self.loops + [l for p in self.parts for l in p.loops]:
             if (index == loop.index or index in loop.index.split("/")) and (
-                    statement is None or statement in loop.statements):
+                statement is None or statement in loop.statements
+            ):
                 return loop
         raise KeyError(f"no loop over {index!r}" + (f" of {statement}" if statement else ""))
 
@@ -106,6 +117,7 @@ class Explanation:
         def badge(ok: bool, yes: str, no: str) -> str:
             colour = "#2e7d32" if ok else "#b71c1c"
             return f'<span style="color:{colour};font-weight:bold">{html.escape(yes if ok else no)}</span>'
+
         rows = []
         for loop in self.loops + [l for p in self.parts for l in p.loops]:
             details = "".join(f"<li>{html.escape(r)}</li>" for r in loop.reasons)
@@ -113,15 +125,19 @@ class Explanation:
                 details += f"<li><i>witness</i>: {html.escape(loop.witness.describe())}</li>"
             if loop.advice:
                 details += f"<li>{html.escape(loop.advice)}</li>"
-            rows.append(f"<tr><td><code>{html.escape(loop.index)}</code></td><td>{html.escape(', '.join(loop.statements))}</td>"
-                        f"<td>{badge(loop.parallel, 'parallel', 'sequential')}</td>"
-                        f"<td>{badge(loop.vectorised, 'simd', 'scalar')}</td>"
-                        f"<td>{loop.tile_size or ''}</td><td><ul>{details}</ul></td></tr>")
+            rows.append(
+                f"<tr><td><code>{html.escape(loop.index)}</code></td><td>{html.escape(', '.join(loop.statements))}</td>"
+                f"<td>{badge(loop.parallel, 'parallel', 'sequential')}</td>"
+                f"<td>{badge(loop.vectorised, 'simd', 'scalar')}</td>"
+                f"<td>{loop.tile_size or ''}</td><td><ul>{details}</ul></td></tr>"
+            )
         summary = "".join(f"<li>{html.escape(s)}</li>" for s in self.summary)
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
-        return (f"<div><b>def {html.escape(self.name)}</b> at {html.escape(sizes)}: {html.escape(self.path)} path"
-                f"<ul>{summary}</ul><table><tr><th>loop</th><th>statements</th><th>parallel</th><th>vector</th>"
-                f"<th>tile</th><th>why</th></tr>{''.join(rows)}</table></div>")
+        return (
+            f"<div><b>def {html.escape(self.name)}</b> at {html.escape(sizes)}: {html.escape(self.path)} path"
+            f"<ul>{summary}</ul><table><tr><th>loop</th><th>statements</th><th>parallel</th><th>vector</th>"
+            f"<th>tile</th><th>why</th></tr>{''.join(rows)}</table></div>"
+        )
 
 
 def explain(kernel, sizes: dict) -> Explanation:
@@ -153,9 +169,11 @@ def _explain_generic(name: str, stages, sizes: dict) -> Explanation:
     if len(nests) > 1:
         fusion = options.fusion if options is not None else "smart"
         kept = ", ".join("{" + ", ".join(d.statements) + "}" for d in nests)
-        why = {"min": "fusion='min' keeps every statement in a loop nest of its own",
-               "smart": "fusion='smart' fuses loop nests only where the fused nest keeps a parallel outer loop",
-               "max": "the dependences do not allow one nest"}.get(fusion, "")
+        why = {
+            "min": "fusion='min' keeps every statement in a loop nest of its own",
+            "smart": "fusion='smart' fuses loop nests only where the fused nest keeps a parallel outer loop",
+            "max": "the dependences do not allow one nest",
+        }.get(fusion, "")
         summary.append(f"{len(nests)} loop nests, run one after the other: {kept}" + (f" ({why})" if why else ""))
     loops = []
     params = _parameter_values(program, sizes)
@@ -176,11 +194,23 @@ def _explain_band(decision, dependences: Dependences, program: PolyProgram, para
         real = {s: i for s, i in indices.items() if not s.endswith("_init")} or indices
         index = "/".join(sorted(set(real.values()))) or f"c{decision.depth + member}"
         parallel = member == 0 and decision.parallel is not None
-        how = "parallel for" if decision.parallel == "parallel" else \
-            f"parallel reduction ({decision.parallel.split(':', 1)[1]})" if decision.parallel else ""
+        how = (
+            "parallel for"
+            if decision.parallel == "parallel"
+            else f"parallel reduction ({decision.parallel.split(':', 1)[1]})"
+            if decision.parallel
+            else ""
+        )
         vectorised = member == decision.members - 1 and decision.innermost is not None
-        loop = LoopExplanation(tuple(sorted(band_statements)), index, decision.depth + member, parallel, how,
-                               vectorised, decision.tile_sizes[member] if decision.tile_sizes else None)
+        loop = LoopExplanation(
+            tuple(sorted(band_statements)),
+            index,
+            decision.depth + member,
+            parallel,
+            how,
+            vectorised,
+            decision.tile_sizes[member] if decision.tile_sizes else None,
+        )
         if len(band_statements - {s for s in band_statements if s.endswith("_init")}) > 1:
             loop.reasons.append(f"fused: statements {', '.join(sorted(band_statements))} share this loop")
         if decision.tile_sizes is None and member == 0 and decision.tiling:
@@ -197,9 +227,11 @@ def _explain_band(decision, dependences: Dependences, program: PolyProgram, para
             if witness is not None and not (decision.coincident[member] and witness.kind == "reduction"):
                 loop.witness = witness
                 if witness.kind == "reduction" and member == 0 and not decision.parallel:
-                    loop.advice = ("it is a reduction index: polyc parallelises the loops over the output's indices "
-                                   "when there are any; a parallel reduction needs an operator OpenMP combines "
-                                   "as polyc does (+, *, integer min/max) and a target small enough to copy per thread")
+                    loop.advice = (
+                        "it is a reduction index: polyc parallelises the loops over the output's indices "
+                        "when there are any; a parallel reduction needs an operator OpenMP combines "
+                        "as polyc does (+, *, integer min/max) and a target small enough to copy per thread"
+                    )
         if member == decision.members - 1:
             if vectorised:
                 clause = decision.innermost.split(":", 1)[1] if ":" in decision.innermost else ""
@@ -246,8 +278,9 @@ def _witness(decision, member: int, dependences: Dependences, program: PolyProgr
         if kind in found:
             found[kind].foreach_map(maps.append)
         for relation in maps:
-            touches_init = any(relation.get_tuple_name(t).endswith("_init")
-                               for t in (isl.dim_type.in_, isl.dim_type.out))
+            touches_init = any(
+                relation.get_tuple_name(t).endswith("_init") for t in (isl.dim_type.in_, isl.dim_type.out)
+            )
             candidates.append((touches_init, rank, kind, relation))
     _, _, kind, relation = min(candidates, key=lambda c: (c[0], c[1]))
     point = relation.wrap().sample_point()
@@ -260,10 +293,19 @@ def _witness(decision, member: int, dependences: Dependences, program: PolyProgr
     source_values, sink_values = values[:n_in], values[n_in:]
     # The element both touch: what the source wrote (for an anti dependence: what the sink writes).
     element = _element(sink, sink_values) if kind == "anti" else _element(source, source_values)
-    distance = tuple(_member_value(m, sink_name, sink_values) - _member_value(m, source_name, source_values)
-                     for m in decision.member_maps)
-    return Witness(kind, source_name, dict(zip(source.indices, source_values)), sink_name,
-                   dict(zip(sink.indices, sink_values)), element, distance)
+    distance = tuple(
+        _member_value(m, sink_name, sink_values) - _member_value(m, source_name, source_values)
+        for m in decision.member_maps
+    )
+    return Witness(
+        kind,
+        source_name,
+        dict(zip(source.indices, source_values)),
+        sink_name,
+        dict(zip(sink.indices, sink_values)),
+        element,
+        distance,
+    )
 
 
 def _instance(name: str, values, ctx: isl.Context) -> isl.Set:
@@ -319,12 +361,16 @@ def _shifts(decision) -> str | None:
                 aff = pieces[0].get_at(0)
                 offsets[name] = aff.get_constant_val().to_python()
         if len(set(offsets.values())) > 1:
-            notes.append("loop %d: %s" % (decision.depth + member,
-                                          ", ".join(f"{n} at offset {o}" for n, o in sorted(offsets.items()))))
+            notes.append(
+                f"loop {decision.depth + member}: "
+                + ", ".join(f"{n} at offset {o}" for n, o in sorted(offsets.items()))
+            )
     if not notes:
         return None
-    return ("fused with a shift (a statement reads another's result at a neighbouring point, so the schedule "
-            "runs it later in the same loop): " + "; ".join(notes))
+    return (
+        "fused with a shift (a statement reads another's result at a neighbouring point, so the schedule "
+        "runs it later in the same loop): " + "; ".join(notes)
+    )
 
 
 @dataclass
@@ -334,8 +380,8 @@ class ScheduleCheck:
     schedule: str
     violations: list[Witness]
     kernel: object = None
-    relation: isl.UnionMap | None = None       # the schedule, instances -> time vectors
-    violated: isl.UnionMap | None = None       # the dependence pairs it runs sink-first, every size
+    relation: isl.UnionMap | None = None  # the schedule, instances -> time vectors
+    violated: isl.UnionMap | None = None  # the dependence pairs it runs sink-first, every size
 
     @property
     def valid(self) -> bool:
@@ -345,19 +391,22 @@ class ScheduleCheck:
         """The instances at ``sizes`` numbered in this schedule's order, with the dependences it
         violates drawn in bold red (:func:`polyc.viz.plot_domain`'s options apply)."""
         from polyc.viz.domain import plot_domain
+
         options.setdefault("order", True)
         return plot_domain(self.kernel, sizes, schedule=self.relation, violated=self.violated, **options)
 
     def view(self, sizes: dict, **options):
         """The same as an interactive view (:func:`polyc.viz.view_domain`)."""
         from polyc.viz.view import view_domain
+
         return view_domain(self.kernel, sizes, schedule=self.relation, violated=self.violated, **options)
 
     def __str__(self) -> str:
         if self.valid:
             return f"the schedule respects every dependence: {self.schedule}"
         return "the schedule violates dependences:\n" + "\n".join(
-            f"  {w.kind}: {w.describe()} (the sink would run first or at the same time)" for w in self.violations)
+            f"  {w.kind}: {w.describe()} (the sink would run first or at the same time)" for w in self.violations
+        )
 
     def _repr_html_(self) -> str:
         return "<pre>" + html.escape(str(self)) + "</pre>"
@@ -369,6 +418,7 @@ def check_schedule(kernel, schedule, sizes: dict | None = None) -> ScheduleCheck
     an isl.Schedule) runs every dependence's source before its sink.  Violations come with a
     witness pair at ``sizes`` (when given) or at some sizes."""
     from polyc.driver import analyse
+
     definition = kernel.definition
     analysis = analyse(definition, kernel.options.fusion)
     program, dependences = analysis.program, analysis.dependences
@@ -380,11 +430,13 @@ def check_schedule(kernel, schedule, sizes: dict | None = None) -> ScheduleCheck
             relation = isl.UnionMap.read_from_str(ctx, str(schedule))
         except isl.Error as error:
             from polyc.errors import PolycError
+
             raise PolycError(f"not an isl union map: {schedule!r} ({error})") from error
     relation = relation.align_params(program.context.get_space())
     missing = program.domain.subtract(relation.domain())
     if not missing.is_empty():
         from polyc.errors import PolycError
+
         raise PolycError(f"the schedule gives no time to some statement instances: {missing.coalesce()}")
     params = _parameter_values(program, sizes) if sizes else None
     violations = []
@@ -412,8 +464,17 @@ def check_schedule(kernel, schedule, sizes: dict | None = None) -> ScheduleCheck
         sink = program.statement(maps[0].get_tuple_name(isl.dim_type.out))
         element = _element(sink, values[n_in:]) if kind == "anti" else _element(source, values[:n_in])
         distance = tuple(b - a for a, b in zip(values[:n_in], values[n_in:])) if source is sink else ()
-        violations.append(Witness(kind, source.name, dict(zip(source.indices, values[:n_in])), sink.name,
-                                  dict(zip(sink.indices, values[n_in:])), element, distance))
+        violations.append(
+            Witness(
+                kind,
+                source.name,
+                dict(zip(source.indices, values[:n_in])),
+                sink.name,
+                dict(zip(sink.indices, values[n_in:])),
+                element,
+                distance,
+            )
+        )
     return ScheduleCheck(str(schedule), violations, kernel, relation, violated)
 
 

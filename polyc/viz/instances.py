@@ -7,6 +7,7 @@ Everything is enumerated by isl from the compilation's own objects (:class:`poly
 the statements' domains, the dependence relations, the optimised schedule's map, and the bands'
 tiling and parallel decisions (:class:`polyc.schedule.transform.BandDecision`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -24,10 +25,10 @@ MAX_POINTS = 20000
 class StatementPoints:
     name: str
     indices: tuple[str, ...]
-    points: np.ndarray          # every instance at the sizes, one row per point
-    shown: np.ndarray           # mask of the rows in the plotted slice
-    dims: tuple[int, ...]       # which indices are the picture's axes (x, y[, z])
-    fixed: dict                 # index -> value of the other indices in the slice
+    points: np.ndarray  # every instance at the sizes, one row per point
+    shown: np.ndarray  # mask of the rows in the plotted slice
+    dims: tuple[int, ...]  # which indices are the picture's axes (x, y[, z])
+    fixed: dict  # index -> value of the other indices in the slice
 
     def shown_points(self) -> list[tuple[int, ...]]:
         return [tuple(int(v) for v in p) for p in self.points[self.shown]]
@@ -39,15 +40,15 @@ class Instances:
     ``(statement, point)`` with ``point`` a tuple of the statement's index values."""
 
     statements: list[StatementPoints]
-    arrows: list[tuple[str, str, tuple, str, tuple]]   # (kind, source, point, sink, point)
+    arrows: list[tuple[str, str, tuple, str, tuple]]  # (kind, source, point, sink, point)
     title: str = ""
-    order: dict = field(default_factory=dict)     # -> position in the schedule, 0 first
-    tile: dict = field(default_factory=dict)      # -> tile coordinates in the outermost tiled band
+    order: dict = field(default_factory=dict)  # -> position in the schedule, 0 first
+    tile: dict = field(default_factory=dict)  # -> tile coordinates in the outermost tiled band
     tile_sizes: tuple = ()
     parallel: dict = field(default_factory=dict)  # -> iteration of the outermost parallel loop
-    parallel_loop: str = ""                       # e.g. "m (tiles of 32)"
-    violated: set = field(default_factory=set)    # arrows a user's schedule runs sink-first
-    schedule_source: str = "compiled"             # whose order: "compiled" or "user"
+    parallel_loop: str = ""  # e.g. "m (tiles of 32)"
+    violated: set = field(default_factory=set)  # arrows a user's schedule runs sink-first
+    schedule_source: str = "compiled"  # whose order: "compiled" or "user"
 
     def crosses_tiles(self, arrow) -> bool:
         """Whether a dependence arrow joins two different tiles (islplot shows only those)."""
@@ -55,8 +56,17 @@ class Instances:
         return self.tile.get((source, a)) != self.tile.get((sink, b))
 
 
-def collect(kernel, sizes: dict, statements=None, dims=None, fixed: dict | None = None,
-            kinds=KINDS, max_dims: int = 2, schedule=None, violated: isl.UnionMap | None = None) -> Instances:
+def collect(
+    kernel,
+    sizes: dict,
+    statements=None,
+    dims=None,
+    fixed: dict | None = None,
+    kinds=KINDS,
+    max_dims: int = 2,
+    schedule=None,
+    violated: isl.UnionMap | None = None,
+) -> Instances:
     """The instances of ``statements`` (names like ``S0``; default: all but ``!`` initialisations)
     of ``kernel`` at ``sizes``, sliced to ``dims`` (at most ``max_dims`` index names; default
     the first ones) at ``fixed`` values of the other indices (default: their lowest), with the
@@ -68,8 +78,9 @@ def collect(kernel, sizes: dict, statements=None, dims=None, fixed: dict | None 
     (:meth:`polyc.viz.explain.ScheduleCheck.plot` passes the pairs a schedule violates)."""
     unknown_kinds = [k for k in kinds if k not in KINDS]
     if unknown_kinds:
-        raise PolycError(f"unknown dependence kind {', '.join(map(repr, unknown_kinds))}; "
-                         f"the kinds are {', '.join(KINDS)}")
+        raise PolycError(
+            f"unknown dependence kind {', '.join(map(repr, unknown_kinds))}; the kinds are {', '.join(KINDS)}"
+        )
     if dims is not None and len(dims) > max_dims:
         raise PolycError(f"at most {max_dims} dims can be drawn here, not {len(dims)} ({', '.join(dims)})")
     stages = kernel.stages(sizes)
@@ -77,8 +88,9 @@ def collect(kernel, sizes: dict, statements=None, dims=None, fixed: dict | None 
     names = list(statements) if statements else [s.name for s in program.statements if s.kind != "init"]
     unknown = [n for n in names if n not in {s.name for s in program.statements}]
     if unknown:
-        raise PolycError(f"no statement {', '.join(unknown)}; the statements are "
-                         f"{', '.join(s.name for s in program.statements)}")
+        raise PolycError(
+            f"no statement {', '.join(unknown)}; the statements are {', '.join(s.name for s in program.statements)}"
+        )
     plotted = [_slice(program.statement(name), dims, fixed, max_dims) for name in names]
     shown = {s.name: set(s.shown_points()) for s in plotted}
     arrows = []
@@ -102,10 +114,14 @@ def collect(kernel, sizes: dict, statements=None, dims=None, fixed: dict | None 
         bad = _fix_sizes(violated, sizes)
         result.violated = {(source, a, sink, b) for source, a, sink, b in pairs(bad)}
         for source, a, sink, b in result.violated:
-            if (source, a) in result.order and (sink, b) in result.order and not any(
-                    arrow[1:] == (source, a, sink, b) for arrow in arrows):
-                kind = next((k for k in KINDS if _has_pair(getattr(stages.dependences, k), program,
-                                                            source, a, sink, b)), "flow")
+            if (
+                (source, a) in result.order
+                and (sink, b) in result.order
+                and not any(arrow[1:] == (source, a, sink, b) for arrow in arrows)
+            ):
+                kind = next(
+                    (k for k in KINDS if _has_pair(getattr(stages.dependences, k), program, source, a, sink, b)), "flow"
+                )
                 arrows.append((kind, source, a, sink, b))
     return result
 
@@ -141,12 +157,15 @@ def _slice(statement, dims, fixed, max_dims) -> StatementPoints:
     wanted = tuple(dims) if dims else statement.indices[:max_dims]
     missing = [d for d in wanted if d not in statement.indices]
     if missing:
-        raise PolycError(f"{statement.name} has no index {', '.join(missing)} "
-                         f"(its indices: {', '.join(statement.indices)})")
+        raise PolycError(
+            f"{statement.name} has no index {', '.join(missing)} (its indices: {', '.join(statement.indices)})"
+        )
     unknown_fixed = [i for i in (fixed or {}) if i not in statement.indices]
     if unknown_fixed:
-        raise PolycError(f"fixed names {', '.join(unknown_fixed)}, which {statement.name} has no index of "
-                         f"(its indices: {', '.join(statement.indices)})")
+        raise PolycError(
+            f"fixed names {', '.join(unknown_fixed)}, which {statement.name} has no index of "
+            f"(its indices: {', '.join(statement.indices)})"
+        )
     axes = tuple(statement.indices.index(d) for d in wanted) if wanted else (0,)
     slice_values = {}
     shown = np.ones(len(points), bool)
@@ -168,6 +187,7 @@ def domain_points(domain: isl.Set) -> np.ndarray:
         if len(points) > MAX_POINTS:
             raise PolycError(f"more than {MAX_POINTS} points: draw smaller sizes")
         points.append([point.get_coordinate_val(isl.dim_type.set, i).to_python() for i in range(n)])
+
     domain.foreach_point(add)
     return np.array(points, dtype=np.int64).reshape(len(points), n)
 
@@ -182,8 +202,9 @@ def pairs(relation: isl.UnionMap):
         source = relation_map.get_tuple_name(isl.dim_type.in_)
         sink = relation_map.get_tuple_name(isl.dim_type.out)
         found: list = []
-        relation_map.wrap().foreach_point(lambda p: found.append(
-            [p.get_coordinate_val(isl.dim_type.set, i).to_python() for i in range(n_in + n_out)]))
+        relation_map.wrap().foreach_point(
+            lambda p: found.append([p.get_coordinate_val(isl.dim_type.set, i).to_python() for i in range(n_in + n_out)])
+        )
         for values in found:
             yield source, tuple(values[:n_in]), sink, tuple(values[n_in:])
 

@@ -18,6 +18,7 @@ and a gemm's packing blocks are drawn after it, one tree each.
 Plain HTML, CSS and a little JavaScript: no graphviz, no network; it works in JupyterLab and
 in notebooks exported to static HTML.
 """
+
 from __future__ import annotations
 
 import html
@@ -53,15 +54,15 @@ _KINDS = {
 class TreeNode:
     """One node of a schedule tree, with what the diagram shows of it."""
 
-    kind: str                   # band, filter, sequence, set, mark, extension, domain, leaf, ...
-    label: str                  # one line
-    isl_text: str               # the node's own isl description
-    depth: int                  # schedule depth: band members above it
-    members: list[str] = field(default_factory=list)       # band: per member, "S0: m - m mod 4; ..."
+    kind: str  # band, filter, sequence, set, mark, extension, domain, leaf, ...
+    label: str  # one line
+    isl_text: str  # the node's own isl description
+    depth: int  # schedule depth: band members above it
+    members: list[str] = field(default_factory=list)  # band: per member, "S0: m - m mod 4; ..."
     permutable: bool = False
     coincident: list[bool] = field(default_factory=list)
-    loops: list[str] = field(default_factory=list)         # band: the loop iterators it becomes
-    children: list["TreeNode"] = field(default_factory=list)
+    loops: list[str] = field(default_factory=list)  # band: the loop iterators it becomes
+    children: list[TreeNode] = field(default_factory=list)
 
     def walk(self):
         yield self
@@ -77,11 +78,12 @@ class ScheduleTreeView:
     root: TreeNode | None
     code: str = ""
     code_note: str = ""
-    parts: list["ScheduleTreeView"] = field(default_factory=list)
+    parts: list[ScheduleTreeView] = field(default_factory=list)
 
     @classmethod
-    def from_schedule(cls, schedule: isl.Schedule, code: str | None = None, title: str = "",
-                      code_note: str = "") -> "ScheduleTreeView":
+    def from_schedule(
+        cls, schedule: isl.Schedule, code: str | None = None, title: str = "", code_note: str = ""
+    ) -> ScheduleTreeView:
         """The diagram of any isl schedule; ``code`` defaults to isl's own C for it."""
         if code is None:
             build = isl.AstBuild.from_context(schedule.get_domain().params())
@@ -109,9 +111,11 @@ class ScheduleTreeView:
     # ------------------------------------------------------------------ HTML
     def html(self) -> str:
         """The diagram as an HTML fragment (a ``div``, its style and its script)."""
-        view_id = f"polyc-tree-{next(_ids)}-{id(self) & 0xffff:x}"
-        return (f'<div class="polyc-tree" id="{view_id}">{_STYLE}{self._body()}</div>'
-                f"<script>{_SCRIPT.replace('@ID@', view_id)}</script>")
+        view_id = f"polyc-tree-{next(_ids)}-{id(self) & 0xFFFF:x}"
+        return (
+            f'<div class="polyc-tree" id="{view_id}">{_STYLE}{self._body()}</div>'
+            f"<script>{_SCRIPT.replace('@ID@', view_id)}</script>"
+        )
 
     def _body(self) -> str:
         parts = [f'<div class="pt-title">{html.escape(self.title)}</div>' if self.title else ""]
@@ -123,8 +127,10 @@ class ScheduleTreeView:
                 code_lines.append(f'<span class="pt-line"{loop}>{html.escape(line) or " "}</span>')
             note = f'<div class="pt-note">{html.escape(self.code_note)}</div>' if self.code_note else ""
             in_code = set(_LOOP_HEADER.findall(self.code))
-            parts.append(f'<div class="pt-columns"><div class="pt-tree">{_node_html(self.root, in_code)}</div>'
-                         f'<div class="pt-code">{note}<pre>{"".join(code_lines)}</pre></div></div>')
+            parts.append(
+                f'<div class="pt-columns"><div class="pt-tree">{_node_html(self.root, in_code)}</div>'
+                f'<div class="pt-code">{note}<pre>{"".join(code_lines)}</pre></div></div>'
+            )
         parts.extend(f'<div class="pt-part">{part._body()}</div>' for part in self.parts)
         return "".join(parts)
 
@@ -138,8 +144,9 @@ class ScheduleTreeView:
 
 def schedule_tree(kernel, sizes: dict) -> ScheduleTreeView:
     """The compiled schedule tree of ``kernel`` at ``sizes`` beside its loop nest."""
-    return _view(kernel.stages(sizes), f"{kernel.definition.name} at "
-                 + ", ".join(f"{k}={v}" for k, v in sizes.items()))
+    return _view(
+        kernel.stages(sizes), f"{kernel.definition.name} at " + ", ".join(f"{k}={v}" for k, v in sizes.items())
+    )
 
 
 def _view(stages, title: str) -> ScheduleTreeView:
@@ -150,12 +157,17 @@ def _view(stages, title: str) -> ScheduleTreeView:
     path = kernel_path(stages.path)
     if not path.runs_schedule_loops:
         view = ScheduleTreeView.from_schedule(
-            stages.optimized_schedule, title=title,
+            stages.optimized_schedule,
+            title=title,
             code_note=f"this def runs polyc's {path.name.replace('_', ' ')} kernel; the loop nest shown is "
-                      "isl's code for the tree")
-        view.parts = [ScheduleTreeView.from_schedule(
-            block.schedule, title=f"packing and micro-kernel order of one {block.mr}x{block.nr} register block")
-            for block in stages.packing]
+            "isl's code for the tree",
+        )
+        view.parts = [
+            ScheduleTreeView.from_schedule(
+                block.schedule, title=f"packing and micro-kernel order of one {block.mr}x{block.nr} register block"
+            )
+            for block in stages.packing
+        ]
         return view
     source = stages.kernel.source
     marker = "end of polyc prelude"
@@ -176,7 +188,9 @@ def _node(node: isl.ScheduleNode) -> TreeNode:
         result.loops = [f"c{depth + i}" for i in range(n)]
         flags = (["permutable"] if result.permutable else []) + (
             [f"coincident: {', '.join(l for l, c in zip(result.loops, result.coincident) if c)}"]
-            if any(result.coincident) else [])
+            if any(result.coincident)
+            else []
+        )
         result.label = f"band: loops {', '.join(result.loops)}" + (f" ({'; '.join(flags)})" if flags else "")
         result.isl_text = str(partial)
     elif kind == "filter":
@@ -224,8 +238,12 @@ def _text(node: TreeNode, indent: int, lines: list[str], in_code: set) -> None:
         return
     lines.append("  " * indent + node.label)
     for loop, member, coincident in zip(node.loops, node.members, node.coincident):
-        lines.append("  " * indent + f"  | {member}" + ("  [coincident]" if coincident else "")
-                     + ("" if loop in in_code else "  [one iteration: no loop in the code]"))
+        lines.append(
+            "  " * indent
+            + f"  | {member}"
+            + ("  [coincident]" if coincident else "")
+            + ("" if loop in in_code else "  [one iteration: no loop in the code]")
+        )
     for child in node.children:
         _text(child, indent + 1, lines, in_code)
 
@@ -240,13 +258,17 @@ def _node_html(node: TreeNode, in_code: set) -> str:
         + (' <span class="pt-flag">coincident</span>' if coincident else "")
         + ("" if loop in in_code else ' <span class="pt-once">one iteration at these sizes: no loop in the code</span>')
         + "</div>"
-        for loop, member, coincident in zip(node.loops, node.members, node.coincident))
+        for loop, member, coincident in zip(node.loops, node.members, node.coincident)
+    )
     children = "".join(_node_html(child, in_code) for child in node.children)
     layout = " pt-row" if node.kind == "set" else ""
-    return (f'<div class="pt-node pt-{node.kind}"{attributes} title="{html.escape(node.isl_text)}">'
-            f'<details><summary><span class="pt-kind">{html.escape(node.label)}</span></summary>'
-            f"<pre>{html.escape(node.isl_text)}</pre></details>{members}"
-            + (f'<div class="pt-children{layout}">{children}</div>' if children else "") + "</div>")
+    return (
+        f'<div class="pt-node pt-{node.kind}"{attributes} title="{html.escape(node.isl_text)}">'
+        f'<details><summary><span class="pt-kind">{html.escape(node.label)}</span></summary>'
+        f"<pre>{html.escape(node.isl_text)}</pre></details>{members}"
+        + (f'<div class="pt-children{layout}">{children}</div>' if children else "")
+        + "</div>"
+    )
 
 
 _STYLE = """<style>

@@ -11,6 +11,7 @@ network, so it works the same in JupyterLab, in the classic notebook and in a no
 to static HTML by nbconvert.  The data is :class:`polyc.viz.instances.Instances`, the same the
 static plots (:func:`polyc.viz.plot_domain`) draw.
 """
+
 from __future__ import annotations
 
 import html
@@ -48,44 +49,72 @@ class DomainView:
                 coordinates[0] += offset - low
                 number[key] = len(points)
                 tile = self.instances.tile.get(key)
-                points.append({"s": k, "c": coordinates,
-                               "label": f"{s.name}({', '.join(f'{i}={v}' for i, v in zip(s.indices, p))})",
-                               "order": self.instances.order.get(key, 0),
-                               "tile": None if tile is None else list(tile),
-                               "par": self.instances.parallel.get(key)})
-            statements.append({"name": s.name, "colour": STATEMENT_COLOURS[k % len(STATEMENT_COLOURS)],
-                               "axes": [s.indices[a] for a in axes],
-                               "fixed": ", ".join(f"{i}={v}" for i, v in s.fixed.items())})
+                points.append(
+                    {
+                        "s": k,
+                        "c": coordinates,
+                        "label": f"{s.name}({', '.join(f'{i}={v}' for i, v in zip(s.indices, p))})",
+                        "order": self.instances.order.get(key, 0),
+                        "tile": None if tile is None else list(tile),
+                        "par": self.instances.parallel.get(key),
+                    }
+                )
+            statements.append(
+                {
+                    "name": s.name,
+                    "colour": STATEMENT_COLOURS[k % len(STATEMENT_COLOURS)],
+                    "axes": [s.indices[a] for a in axes],
+                    "fixed": ", ".join(f"{i}={v}" for i, v in s.fixed.items()),
+                }
+            )
             offset += high - low + 2
         for arrow in self.instances.arrows:
             kind, source, a, sink, b = arrow
             if (source, a) in number and (sink, b) in number:
-                arrows.append([kind, number[(source, a)], number[(sink, b)],
-                               bool(self.instances.tile) and self.instances.crosses_tiles(arrow),
-                               (source, a, sink, b) in self.instances.violated])
-        return {"title": self.instances.title, "dims": dims, "points": points, "arrows": arrows,
-                "statements": statements, "kinds": {k: KIND_COLOURS[k] for k in KINDS},
-                "parallelLoop": self.instances.parallel_loop, "tileSizes": list(self.instances.tile_sizes)}
+                arrows.append(
+                    [
+                        kind,
+                        number[(source, a)],
+                        number[(sink, b)],
+                        bool(self.instances.tile) and self.instances.crosses_tiles(arrow),
+                        (source, a, sink, b) in self.instances.violated,
+                    ]
+                )
+        return {
+            "title": self.instances.title,
+            "dims": dims,
+            "points": points,
+            "arrows": arrows,
+            "statements": statements,
+            "kinds": {k: KIND_COLOURS[k] for k in KINDS},
+            "parallelLoop": self.instances.parallel_loop,
+            "tileSizes": list(self.instances.tile_sizes),
+        }
 
     def html(self) -> str:
         """The view as an HTML fragment (a ``div`` and its script)."""
-        view_id = f"polyc-view-{next(_ids)}-{id(self) & 0xffff:x}"
+        view_id = f"polyc-view-{next(_ids)}-{id(self) & 0xFFFF:x}"
         payload = self.data()
         data = json.dumps(payload).replace("</", "<\\/")
         kinds = sorted({a[0] for a in self.instances.arrows})
-        checks = "".join(f'<label style="color:{KIND_COLOURS[k]}"><input type="checkbox" data-kind="{k}" checked> '
-                         f"{k}</label> " for k in kinds)
+        checks = "".join(
+            f'<label style="color:{KIND_COLOURS[k]}"><input type="checkbox" data-kind="{k}" checked> {k}</label> '
+            for k in kinds
+        )
         colourings = [("statement", "statement"), ("order", "execution order")]
-        if self.instances.schedule_source == "user":     # a schedule of one's own: its order first
+        if self.instances.schedule_source == "user":  # a schedule of one's own: its order first
             colourings.reverse()
         if self.instances.tile:
             colourings.append(("tile", "tile"))
         if self.instances.parallel:
             colourings.append(("par", "parallel iteration"))
         options = "".join(f'<option value="{v}">{html.escape(t)}</option>' for v, t in colourings)
-        tiles = ('<label><input type="checkbox" data-role="hulls"> tile hulls</label> '
-                 '<label><input type="checkbox" data-role="between"> only arrows between tiles</label> '
-                 if self.instances.tile else "")
+        tiles = (
+            '<label><input type="checkbox" data-role="hulls"> tile hulls</label> '
+            '<label><input type="checkbox" data-role="between"> only arrows between tiles</label> '
+            if self.instances.tile
+            else ""
+        )
         count = len(payload["points"])
         return f"""<div class="polyc-view" id="{view_id}" style="font:12px sans-serif;max-width:{self.width}px">
 <div style="font-weight:bold;margin-bottom:2px">{html.escape(self.instances.title)}</div>
@@ -107,14 +136,27 @@ class DomainView:
         write_page(path, self.instances.title, self.html())
 
 
-def view_domain(kernel, sizes: dict, statements=None, dims=None, fixed: dict | None = None,
-                kinds=KINDS, width: int = 640, height: int = 440, schedule=None, violated=None) -> DomainView:
+def view_domain(
+    kernel,
+    sizes: dict,
+    statements=None,
+    dims=None,
+    fixed: dict | None = None,
+    kinds=KINDS,
+    width: int = 640,
+    height: int = 440,
+    schedule=None,
+    violated=None,
+) -> DomainView:
     """An interactive view of the instances of ``statements`` of ``kernel`` at ``sizes`` in up
     to three ``dims`` (default: each statement's first three indices; the others are fixed at
     ``fixed`` or their lowest value), with the dependence arrows of ``kinds`` between them.
     ``schedule`` and ``violated`` as for :func:`polyc.viz.plot_domain`."""
-    return DomainView(collect(kernel, sizes, statements, dims, fixed, kinds, max_dims=3, schedule=schedule,
-                              violated=violated), width, height)
+    return DomainView(
+        collect(kernel, sizes, statements, dims, fixed, kinds, max_dims=3, schedule=schedule, violated=violated),
+        width,
+        height,
+    )
 
 
 # The page's script: orthographic projection of the points onto a 2-D canvas, redrawn on every

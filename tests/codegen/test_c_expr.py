@@ -11,6 +11,7 @@ to a few ulp in a separate test.  All C is compiled with ``-ffp-contract=off`` (
 Run ``POLYC_CFLAGS="-O2" pytest tests/codegen`` to test code built without ``-march=native``
 (float16 then goes through software conversions instead of AVX512-FP16).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -53,17 +54,47 @@ SIZE = Affine.var("N")
 INTERESTING_VALUES = {
     BOOL: [False, True],
     INT8: [0, 1, -1, 2, 3, -7, 100, 127, -128],
-    INT32: [0, 1, -1, 2, 3, -7, 1000, 65536, 2**31 - 1, -2**31],
-    INT64: [0, 1, -1, 3, -7, 2**31, 2**40 + 1, 2**63 - 1, -2**63],
+    INT32: [0, 1, -1, 2, 3, -7, 1000, 65536, 2**31 - 1, -(2**31)],
+    INT64: [0, 1, -1, 3, -7, 2**31, 2**40 + 1, 2**63 - 1, -(2**63)],
     UINT8: [0, 1, 2, 3, 7, 128, 255],
     INT16: [0, 1, -1, 3, -7, 255, 32767, -32768],
     UINT16: [0, 1, 3, 255, 32768, 65535],  # 65535 * 65535 overflows int, to which C promotes uint16
     UINT32: [0, 1, 3, 2**31, 2**32 - 1],
     UINT64: [0, 1, 3, 2**63, 2**64 - 1],
 }
-FLOAT_VALUES = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1.5, -2.5, 3.0, 0.1, -7.75, 127.5, -128.75, 255.9, 256.0,
-                300.0, 65504.0, 2.0**31, -2.0**31, 2.0**31 - 128, 2.0**32, 2.0**63, -2.0**63, 2.0**64,
-                1e30, -1e30, 1e-40, 1e-310, np.inf, -np.inf, np.nan]
+FLOAT_VALUES = [
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    0.5,
+    -0.5,
+    1.5,
+    -2.5,
+    3.0,
+    0.1,
+    -7.75,
+    127.5,
+    -128.75,
+    255.9,
+    256.0,
+    300.0,
+    65504.0,
+    2.0**31,
+    -(2.0**31),
+    2.0**31 - 128,
+    2.0**32,
+    2.0**63,
+    -(2.0**63),
+    2.0**64,
+    1e30,
+    -1e30,
+    1e-40,
+    1e-310,
+    np.inf,
+    -np.inf,
+    np.nan,
+]
 for _dtype in FLOAT_TYPES:
     with np.errstate(over="ignore"):
         INTERESTING_VALUES[_dtype] = sorted({_dtype.type(v).item() for v in FLOAT_VALUES if not np.isnan(v)}) + [np.nan]
@@ -100,7 +131,7 @@ def c_source(definition: ir.CheckedDef) -> str:
             lines.append(f"    {const}{c_type(tensor.dtype)} *restrict {name} = tensors[{k}];")
         value = PRINTER.to_c(statement.rhs)
         if statement.indices:
-            (index, bounds), = statement.ranges
+            ((index, bounds),) = statement.ranges
             lines.append(f"    for (int64_t {index} = {bounds.lo.to_c()}; {index} < {bounds.hi.to_c()}; ++{index})")
             lines.append(f"        {statement.target}[{index}] = {value};")
         else:
@@ -113,8 +144,13 @@ def run_compiled(definition: ir.CheckedDef, args) -> tuple[np.ndarray, ...]:
     """Run ``definition`` through the generated C, returning its outputs like ``interpret``."""
     call = bind_arguments(definition, args)
     arrays = dict(call.arrays)
-    arrays.update({t.name: np.zeros(t.concrete_shape(call.sizes), t.dtype) for t in definition.tensors
-                   if t.role is ir.Role.TEMPORARY})
+    arrays.update(
+        {
+            t.name: np.zeros(t.concrete_shape(call.sizes), t.dtype)
+            for t in definition.tensors
+            if t.role is ir.Role.TEMPORARY
+        }
+    )
     library = load_library(get_or_build(c_source(definition), OPTIONS))
     sizes = (ctypes.c_int64 * max(1, len(definition.sizes)))(*[call.sizes[s] for s in definition.sizes])
     tensors = (ctypes.c_void_p * len(definition.tensors))(*[arrays[t.name].ctypes.data for t in definition.tensors])
@@ -130,10 +166,28 @@ def expressions_def(expressions: list[ir.TExpr], inputs: dict[str, np.ndarray]) 
     statements = []
     for k, expr in enumerate(expressions):
         tensors.append(ir.Tensor(f"O{k}", expr.dtype, (SIZE,), ir.Role.OUTPUT))
-        statements.append(ir.CheckedStatement(k, f"O{k}", ("i",), (), (("i", ir.IndexRange(Affine.const(0), SIZE)),),
-                                              "=", False, expr, text=f"O{k}(i) = ..."))
-    return ir.CheckedDef("expressions", tuple(tensors), tuple(inputs), tuple(f"O{k}" for k in range(len(expressions))),
-                         ("N",), (ir.SizeBinding("N", next(iter(inputs)), 0),), tuple(statements))
+        statements.append(
+            ir.CheckedStatement(
+                k,
+                f"O{k}",
+                ("i",),
+                (),
+                (("i", ir.IndexRange(Affine.const(0), SIZE)),),
+                "=",
+                False,
+                expr,
+                text=f"O{k}(i) = ...",
+            )
+        )
+    return ir.CheckedDef(
+        "expressions",
+        tuple(tensors),
+        tuple(inputs),
+        tuple(f"O{k}" for k in range(len(expressions))),
+        ("N",),
+        (ir.SizeBinding("N", next(iter(inputs)), 0),),
+        tuple(statements),
+    )
 
 
 def mismatches(expected: np.ndarray, actual: np.ndarray, ulps: int = 0) -> np.ndarray:
@@ -161,11 +215,14 @@ def check_against_interpreter(definition: ir.CheckedDef, args, ulps: int = 0) ->
         bad = mismatches(want, got, ulps)
         if bad.size:
             at = int(bad[0])
-            inputs = {name: arg[at] if getattr(arg, "ndim", 0) == 1 else arg
-                      for name, arg in zip(definition.inputs, args)}
-            failures.append(f"{statement.target}: {bad.size} mismatch(es); at i={at} interpreter {want[at]!r}, "
-                            f"C {got[at]!r}\n  C: {PRINTER.to_c(statement.rhs)}\n  expr: {statement.rhs}\n"
-                            f"  inputs at i: {inputs}")
+            inputs = {
+                name: arg[at] if getattr(arg, "ndim", 0) == 1 else arg for name, arg in zip(definition.inputs, args)
+            }
+            failures.append(
+                f"{statement.target}: {bad.size} mismatch(es); at i={at} interpreter {want[at]!r}, "
+                f"C {got[at]!r}\n  C: {PRINTER.to_c(statement.rhs)}\n  expr: {statement.rhs}\n"
+                f"  inputs at i: {inputs}"
+            )
     assert not failures, "\n".join(failures)
 
 
@@ -206,8 +263,15 @@ def leaves(dtype: np.dtype):
     gather = Cast(INT64, Read(INT32, "G", (I,)))
     modulo = Binary(INT64, "%", Cast(INT64, Read(UINT8, "X_uint8", (I,))), SizeValue(INT64, SIZE))
     options = [
-        st.sampled_from([Read(dtype, x, (I,)), Read(dtype, y, (I,)), Read(dtype, x, (SIZE - I - 1,)),
-                         Read(dtype, y, (gather,)), Read(dtype, x, (modulo,))]),
+        st.sampled_from(
+            [
+                Read(dtype, x, (I,)),
+                Read(dtype, y, (I,)),
+                Read(dtype, x, (SIZE - I - 1,)),
+                Read(dtype, y, (gather,)),
+                Read(dtype, x, (modulo,)),
+            ]
+        ),
         _constants(dtype),
     ]
     if dtype == INT64:
@@ -247,7 +311,9 @@ def exact_expressions(draw, dtype: np.dtype, depth: int = 4):
         return Cast(dtype, sub(draw(st.sampled_from([t for t in ALL_TYPES if t != dtype]))))
     if kind == "compare":
         operand_type = draw(st.sampled_from(ALL_TYPES))
-        return Binary(BOOL, draw(st.sampled_from(["<", "<=", ">", ">=", "==", "!="])), sub(operand_type), sub(operand_type))
+        return Binary(
+            BOOL, draw(st.sampled_from(["<", "<=", ">", ">=", "==", "!="])), sub(operand_type), sub(operand_type)
+        )
     if kind == "logic":
         return Binary(BOOL, draw(st.sampled_from(["&&", "||"])), sub(), sub())
     if kind == "not":
@@ -268,8 +334,10 @@ def exact_expressions(draw, dtype: np.dtype, depth: int = 4):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(expressions=st.lists(st.sampled_from(ALL_TYPES).flatmap(exact_expressions), min_size=BATCH, max_size=BATCH),
-       seed=st.integers(0, 2**32 - 1))
+@given(
+    expressions=st.lists(st.sampled_from(ALL_TYPES).flatmap(exact_expressions), min_size=BATCH, max_size=BATCH),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_random_expressions_match_interpreter_exactly(expressions, seed):
     inputs = exact_inputs(seed)
     check_against_interpreter(expressions_def(expressions, inputs), list(inputs.values()))
@@ -278,11 +346,41 @@ def test_random_expressions_match_interpreter_exactly(expressions, seed):
 # ----------------------------------------------------------------------------- math builtins
 #: Inexact builtins -> the input arrays (domains) of their arguments.
 MATH_DOMAINS = {
-    "exp": "R", "exp2": "R", "expm1": "R", "log": "P", "log2": "P", "log10": "P", "log1p": "P",
-    "cbrt": "R", "sin": "R", "cos": "R", "tan": "R", "asin": "U", "acos": "U", "atan": "R",
-    "sinh": "R", "cosh": "R", "tanh": "R", "asinh": "R", "acosh": "Q", "atanh": "U", "erf": "R",
-    "erfc": "R", "tgamma": "P", "lgamma": "P", "pow": "PR", "atan2": "RR", "hypot": "RR",
-    "copysign": "RR", "fma": "PPP", "round": "H", "rint": "H", "exp10": "R", "logb": "R", "remainder": "RR", "fdim": "RR",
+    "exp": "R",
+    "exp2": "R",
+    "expm1": "R",
+    "log": "P",
+    "log2": "P",
+    "log10": "P",
+    "log1p": "P",
+    "cbrt": "R",
+    "sin": "R",
+    "cos": "R",
+    "tan": "R",
+    "asin": "U",
+    "acos": "U",
+    "atan": "R",
+    "sinh": "R",
+    "cosh": "R",
+    "tanh": "R",
+    "asinh": "R",
+    "acosh": "Q",
+    "atanh": "U",
+    "erf": "R",
+    "erfc": "R",
+    "tgamma": "P",
+    "lgamma": "P",
+    "pow": "PR",
+    "atan2": "RR",
+    "hypot": "RR",
+    "copysign": "RR",
+    "fma": "PPP",
+    "round": "H",
+    "rint": "H",
+    "exp10": "R",
+    "logb": "R",
+    "remainder": "RR",
+    "fdim": "RR",
     "nextafter": "RR",
 }
 
@@ -290,7 +388,9 @@ MATH_DOMAINS = {
 def math_inputs(dtype: np.dtype, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     domains = {
-        "R": rng.uniform(-10, 10, N), "P": rng.uniform(0.1, 10, N), "U": rng.uniform(-0.99, 0.99, N),
+        "R": rng.uniform(-10, 10, N),
+        "P": rng.uniform(0.1, 10, N),
+        "U": rng.uniform(-0.99, 0.99, N),
         "Q": rng.uniform(1, 10, N),
         # Halves and quarters (ties included) well inside the range where round() is exact.
         "H": rng.integers(-400, 400, N) / 4,
@@ -349,9 +449,14 @@ def test_bit_operations_in_every_integer_type(dtype):
     def read(name):
         return Read(dtype, name, (I,))
 
-    expressions = [Call(dtype, "bitand", (read("A"), read("B"))), Call(dtype, "bitor", (read("A"), read("B"))),
-                   Call(dtype, "bitxor", (read("A"), read("B"))), Call(dtype, "bitnot", (read("A"),)),
-                   Call(dtype, "shl", (read("A"), read("S"))), Call(dtype, "shr", (read("A"), read("S")))]
+    expressions = [
+        Call(dtype, "bitand", (read("A"), read("B"))),
+        Call(dtype, "bitor", (read("A"), read("B"))),
+        Call(dtype, "bitxor", (read("A"), read("B"))),
+        Call(dtype, "bitnot", (read("A"),)),
+        Call(dtype, "shl", (read("A"), read("S"))),
+        Call(dtype, "shr", (read("A"), read("S"))),
+    ]
     definition = expressions_def(expressions, inputs)
     check_against_interpreter(definition, list(inputs.values()))
     got = interpret(definition, list(inputs.values()))
@@ -423,7 +528,7 @@ def mixed(int8(N) A, int8(N) B, uint8(N) U, int32(N) I, int64(N) L, float(N) X, 
 
 
 def test_checked_def_from_tc_source_matches_interpreter():
-    definition, = check_source(FRONT_END_SOURCE)
+    (definition,) = check_source(FRONT_END_SOURCE)
     rng = np.random.default_rng(7)
     args = []
     for name in definition.inputs:
@@ -443,29 +548,36 @@ XF = Read(FLOAT32, "F", (I,))
 XH = Read(FLOAT16, "H", (I,))
 
 
-@pytest.mark.parametrize("expr, text", [
-    (Binary(INT8, "+", X8, Y8), "((int8_t)((uint32_t)(X[i]) + (uint32_t)(Y[i])))"),
-    (Binary(INT8, "/", X8, Y8), "polyc_div_int8((X[i]), (Y[i]))"),
-    (Binary(BOOL, "<", X8, Const(INT8, -3)), "((X[i]) < (-3))"),
-    (Unary(INT64, "neg", IndexValue(INT64, "i")), "((int64_t)-(uint64_t)i)"),
-    (Binary(UINT64, "*", Read(UINT64, "U", (I,)), Const(UINT64, 3)),
-     "((U[i]) * UINT64_C(3))"),
-    (Call(FLOAT32, "exp", (XF,)), "polyc_expf((F[i]))"),
-    (Call(FLOAT32, "sin", (XF,)), "sinf((F[i]))"),
-    (Call(FLOAT64, "max", (Read(FLOAT64, "D", (I,)), Const(FLOAT64, -np.inf))), "polyc_fmax((D[i]), ((double)-INFINITY))"),
-    (Call(FLOAT32, "rsqrt", (XF,)), "polyc_rsqrtf((F[i]))"),
-    (Call(INT32, "max", (Cast(INT32, X8), Const(INT32, 0))), "polyc_max_int32(((int32_t)(X[i])), 0)"),
-    (Binary(FLOAT16, "*", XH, XH), "POLYC_F16((float)(H[i]) * (float)(H[i]))"),
-    (Call(FLOAT16, "sin", (XH,)), "POLYC_F16(sinf((float)(H[i])))"),
-    (Cast(INT32, XF), "polyc_float_to_int32((F[i]))"),
-    (Cast(BOOL, XF), "((F[i]) != 0)"),
-    (Select(FLOAT32, Unary(BOOL, "not", Read(BOOL, "M", (I,))), XF, Const(FLOAT32, 0.1)),
-     "((!(M[i])) ? (F[i]) : 0.1f)"),
-    (Binary(BOOL, "&&", Const(BOOL, True), Read(BOOL, "M", (I,))), "(1 && (M[i]))"),
-    (SizeValue(INT64, SIZE - 1), "(N - 1)"),
-    (Read(FLOAT32, "F", (2 * I + SIZE.floordiv(2),)), "(F[(2 * i + polyc_floord(N, 2))])"),
-    (Read(FLOAT32, "F", (Cast(INT64, Read(INT32, "G", (I + 1,))),)), "(F[((int64_t)(G[(i + 1)]))])"),
-])
+@pytest.mark.parametrize(
+    "expr, text",
+    [
+        (Binary(INT8, "+", X8, Y8), "((int8_t)((uint32_t)(X[i]) + (uint32_t)(Y[i])))"),
+        (Binary(INT8, "/", X8, Y8), "polyc_div_int8((X[i]), (Y[i]))"),
+        (Binary(BOOL, "<", X8, Const(INT8, -3)), "((X[i]) < (-3))"),
+        (Unary(INT64, "neg", IndexValue(INT64, "i")), "((int64_t)-(uint64_t)i)"),
+        (Binary(UINT64, "*", Read(UINT64, "U", (I,)), Const(UINT64, 3)), "((U[i]) * UINT64_C(3))"),
+        (Call(FLOAT32, "exp", (XF,)), "polyc_expf((F[i]))"),
+        (Call(FLOAT32, "sin", (XF,)), "sinf((F[i]))"),
+        (
+            Call(FLOAT64, "max", (Read(FLOAT64, "D", (I,)), Const(FLOAT64, -np.inf))),
+            "polyc_fmax((D[i]), ((double)-INFINITY))",
+        ),
+        (Call(FLOAT32, "rsqrt", (XF,)), "polyc_rsqrtf((F[i]))"),
+        (Call(INT32, "max", (Cast(INT32, X8), Const(INT32, 0))), "polyc_max_int32(((int32_t)(X[i])), 0)"),
+        (Binary(FLOAT16, "*", XH, XH), "POLYC_F16((float)(H[i]) * (float)(H[i]))"),
+        (Call(FLOAT16, "sin", (XH,)), "POLYC_F16(sinf((float)(H[i])))"),
+        (Cast(INT32, XF), "polyc_float_to_int32((F[i]))"),
+        (Cast(BOOL, XF), "((F[i]) != 0)"),
+        (
+            Select(FLOAT32, Unary(BOOL, "not", Read(BOOL, "M", (I,))), XF, Const(FLOAT32, 0.1)),
+            "((!(M[i])) ? (F[i]) : 0.1f)",
+        ),
+        (Binary(BOOL, "&&", Const(BOOL, True), Read(BOOL, "M", (I,))), "(1 && (M[i]))"),
+        (SizeValue(INT64, SIZE - 1), "(N - 1)"),
+        (Read(FLOAT32, "F", (2 * I + SIZE.floordiv(2),)), "(F[(2 * i + polyc_floord(N, 2))])"),
+        (Read(FLOAT32, "F", (Cast(INT64, Read(INT32, "G", (I + 1,))),)), "(F[((int64_t)(G[(i + 1)]))])"),
+    ],
+)
 def test_printed_text(expr, text):
     assert PRINTER.to_c(expr) == text
 
@@ -474,30 +586,44 @@ POSITIVE = Binary(BOOL, ">", XF, Const(FLOAT32, 0.0))
 GATHERED = Read(BOOL, "M", (Cast(INT64, Read(INT32, "G", (I,))),))
 
 
-@pytest.mark.parametrize("expr, text", [
-    # Both operands are safe to evaluate: branch-free, so that gcc vectorizes the loop.
-    (Binary(BOOL, "&&", POSITIVE, Read(BOOL, "M", (I,))), "(((F[i]) > 0.0f) & (M[i]))"),
-    (Binary(BOOL, "||", POSITIVE, Binary(BOOL, "<", X8, Y8)), "(((F[i]) > 0.0f) | ((X[i]) < (Y[i])))"),
-    # An affine left operand may be the guard that proved the right one's reads in bounds.
-    (Binary(BOOL, "&&", Binary(BOOL, ">=", IndexValue(INT64, "i"), Const(INT64, 1)),
-            Binary(BOOL, ">", Read(FLOAT32, "F", (I - 1,)), Const(FLOAT32, 0.0))),
-     "((i >= INT64_C(1)) && ((F[(i - 1)]) > 0.0f))"),
-    # A data-dependent subscript is checked at run time: not for elements the left excluded.
-    (Binary(BOOL, "&&", POSITIVE, GATHERED), "(((F[i]) > 0.0f) && (M[((int64_t)(G[i]))]))"),
-])
+@pytest.mark.parametrize(
+    "expr, text",
+    [
+        # Both operands are safe to evaluate: branch-free, so that gcc vectorizes the loop.
+        (Binary(BOOL, "&&", POSITIVE, Read(BOOL, "M", (I,))), "(((F[i]) > 0.0f) & (M[i]))"),
+        (Binary(BOOL, "||", POSITIVE, Binary(BOOL, "<", X8, Y8)), "(((F[i]) > 0.0f) | ((X[i]) < (Y[i])))"),
+        # An affine left operand may be the guard that proved the right one's reads in bounds.
+        (
+            Binary(
+                BOOL,
+                "&&",
+                Binary(BOOL, ">=", IndexValue(INT64, "i"), Const(INT64, 1)),
+                Binary(BOOL, ">", Read(FLOAT32, "F", (I - 1,)), Const(FLOAT32, 0.0)),
+            ),
+            "((i >= INT64_C(1)) && ((F[(i - 1)]) > 0.0f))",
+        ),
+        # A data-dependent subscript is checked at run time: not for elements the left excluded.
+        (Binary(BOOL, "&&", POSITIVE, GATHERED), "(((F[i]) > 0.0f) && (M[((int64_t)(G[i]))]))"),
+    ],
+)
 def test_logical_operators_short_circuit_only_where_it_matters(expr, text):
     assert PRINTER.to_c(expr) == text
 
 
 def test_callbacks_spell_indices_sizes_and_accesses():
-    printer = CExpressionPrinter(access=lambda read, subscripts: f"{read.tensor}[{' * 8 + '.join(subscripts)}]",
-                                 index=lambda name: {"i": "c0", "j": "c1"}.get(name, f"sizes->{name}"),
-                                 size=lambda affine: f"polyc_size({affine.to_c()})")
+    printer = CExpressionPrinter(
+        access=lambda read, subscripts: f"{read.tensor}[{' * 8 + '.join(subscripts)}]",
+        index=lambda name: {"i": "c0", "j": "c1"}.get(name, f"sizes->{name}"),
+        size=lambda affine: f"polyc_size({affine.to_c()})",
+    )
     j = Affine.var("j")
-    expr = Binary(INT64, "+", Read(INT64, "T", (I + SIZE, j)), Binary(INT64, "*", IndexValue(INT64, "j"),
-                                                                        SizeValue(INT64, SIZE)))
-    assert printer.to_c(expr) == ("((int64_t)((uint64_t)(T[((sizes->N) + c0) * 8 + c1]) + "
-                                  "(uint64_t)((int64_t)((uint64_t)c1 * (uint64_t)(polyc_size(N))))))")
+    expr = Binary(
+        INT64, "+", Read(INT64, "T", (I + SIZE, j)), Binary(INT64, "*", IndexValue(INT64, "j"), SizeValue(INT64, SIZE))
+    )
+    assert printer.to_c(expr) == (
+        "((int64_t)((uint64_t)(T[((sizes->N) + c0) * 8 + c1]) + "
+        "(uint64_t)((int64_t)((uint64_t)c1 * (uint64_t)(polyc_size(N))))))"
+    )
 
 
 @pytest.mark.parametrize("dtype", [FLOAT16, FLOAT32, FLOAT64], ids=lambda d: d.name)
@@ -515,7 +641,7 @@ def test_special_constants():
     assert c_constant(-np.inf, FLOAT32) == "(-INFINITY)"
     assert c_constant(np.inf, FLOAT16) == "((_Float16)INFINITY)"
     assert c_constant(1e40, FLOAT32) == "INFINITY"
-    assert c_constant(-2**31, INT32) == "INT32_MIN"
+    assert c_constant(-(2**31), INT32) == "INT32_MIN"
     assert c_constant(-5, INT64) == "(-INT64_C(5))"
     assert c_constant(4000000000, UINT32) == "4000000000u"
     assert c_constant(True, BOOL) == "1"
@@ -535,11 +661,15 @@ def test_bool_elements_are_read_as_bytes_and_compute_as_numpy():
     """Bool arrays are read through ``polyc_bool_at`` (as the byte each element is), which gcc
     vectorizes where it leaves a loop that loads ``_Bool`` scalar or branchy."""
     import polyc
-    kernels = polyc.define("""def masked(bool(N) C, float(N) A, float(N) B) -> (O, P, Q) {
+
+    kernels = polyc.define(
+        """def masked(bool(N) C, float(N) A, float(N) B) -> (O, P, Q) {
         O(i) = C(i) ? A(i) : B(i)
         P(i) = C(i) && A(i) > B(i)
         Q(k) +=! (C(r_i) && A(r_i) > B(r_i)) ? int32(1) : int32(0) where k in 0:1
-    }""", tuning=False)
+    }""",
+        tuning=False,
+    )
     rng = np.random.default_rng(3)
     c, a, b = rng.random(1000) > 0.5, rng.random(1000, dtype=np.float32), rng.random(1000, dtype=np.float32)
     o, p, q = kernels.masked(c, a, b)

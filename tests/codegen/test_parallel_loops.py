@@ -6,6 +6,7 @@ right inside it into one iteration space (:data:`polyc.codegen.c.COLLAPSE_BELOW`
 loops that carry no dependence and have constant bounds, and not the loop around a vector loop.  Each case is also checked against
 numpy with several thread counts, since a wrong collapse would race or skip iterations.
 """
+
 from __future__ import annotations
 
 import re
@@ -51,9 +52,13 @@ def test_collapsing_stops_once_there_are_enough_iterations():
     at = next(i for i, line in enumerate(lines) if "#pragma omp parallel" in line)
     loops = collapsed_loops(lines[at])
     trips = []
-    for line in lines[at + 1:at + 1 + loops]:
-        init, last, step = (int(v) for v in re.search(
-            r"= INT64_C\((\d+)\); c\d+ <= INT64_C\((\d+)\); c\d+ \+= INT64_C\((\d+)\)", line).groups())
+    for line in lines[at + 1 : at + 1 + loops]:
+        init, last, step = (
+            int(v)
+            for v in re.search(
+                r"= INT64_C\((\d+)\); c\d+ <= INT64_C\((\d+)\); c\d+ \+= INT64_C\((\d+)\)", line
+            ).groups()
+        )
         trips.append((last - init) // step + 1)
     assert np.prod(trips[:-1]) < COLLAPSE_BELOW <= np.prod(trips), trips
 
@@ -70,7 +75,8 @@ def test_a_loop_that_carries_a_dependence_is_not_collapsed(threads):
 
 def test_a_loop_whose_bounds_are_not_constants_is_not_collapsed():
     source = HEADS_FIRST.replace("float(1, 128, 3, 12, 64) X", "float(1, S, 3, 12, 64) X").replace(
-        "i3 in 0:128", "i3 in 0:S")
+        "i3 in 0:128", "i3 in 0:S"
+    )
     kernel = polyc.define(source, specialize=False, tuning=False).heads_first
     pragmas = parallel_pragmas(kernel)
     assert pragmas and all(collapsed_loops(p) == 1 for p in pragmas), pragmas  # S iterations: unknown
@@ -89,6 +95,6 @@ def test_the_loop_around_a_vector_loop_stays_a_loop_of_each_thread():
     at = next(i for i, line in enumerate(lines) if "#pragma omp parallel" in line)
     loops = collapsed_loops(lines[at])
     # the pragma, the collapsed loops, the row loop, then the vector loop
-    assert loops >= 2 and lines[at + loops + 2].strip() == "#pragma omp simd", lines[at:at + loops + 3]
+    assert loops >= 2 and lines[at + loops + 2].strip() == "#pragma omp simd", lines[at : at + loops + 3]
     x = np.random.default_rng(3).standard_normal((1, 12, 128, 64)).astype(np.float32)
     assert np.array_equal(kernel(x), x.transpose(0, 1, 3, 2))

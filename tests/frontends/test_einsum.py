@@ -1,4 +1,5 @@
 """polyc.einsum against numpy.einsum: hand-picked forms, random problems (hypothesis), errors."""
+
 from __future__ import annotations
 
 import string
@@ -9,8 +10,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polyc.errors import PolycError, UnsupportedError
-from polyc.frontends.einsum import (Contraction, EinsumError, EinsumPathError, EinsumTypeError, einsum,
-                                    lower_to_tc, lowered_kernel, parse_subscripts, plan_contraction)
+from polyc.frontends.einsum import (
+    Contraction,
+    EinsumError,
+    EinsumPathError,
+    EinsumTypeError,
+    einsum,
+    lower_to_tc,
+    lowered_kernel,
+    parse_subscripts,
+    plan_contraction,
+)
 from polyc.options import Options
 
 #: The backend the tests run on: compiled C, the default of polyc.einsum.  The hand-picked forms
@@ -56,47 +66,47 @@ def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
 # ----------------------------------------------------------------------------- hand-picked forms
 FORMS = [
     # (subscripts, operand shapes)
-    ("ij,jk->ik", [(3, 4), (4, 5)]),                      # matmul
-    ("ij,jk", [(3, 4), (4, 5)]),                          # matmul, implicit output
-    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),             # batched matmul
-    ("ii", [(4, 4)]),                                     # trace, implicit
-    ("ii->", [(4, 4)]),                                   # trace
-    ("ii->i", [(4, 4)]),                                  # diagonal
-    ("iji->j", [(3, 2, 3)]),                              # diagonal summed, other label kept
-    ("ij->ji", [(3, 4)]),                                 # transpose
-    ("ji", [(3, 4)]),                                     # transpose, implicit (output "ij")
+    ("ij,jk->ik", [(3, 4), (4, 5)]),  # matmul
+    ("ij,jk", [(3, 4), (4, 5)]),  # matmul, implicit output
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),  # batched matmul
+    ("ii", [(4, 4)]),  # trace, implicit
+    ("ii->", [(4, 4)]),  # trace
+    ("ii->i", [(4, 4)]),  # diagonal
+    ("iji->j", [(3, 2, 3)]),  # diagonal summed, other label kept
+    ("ij->ji", [(3, 4)]),  # transpose
+    ("ji", [(3, 4)]),  # transpose, implicit (output "ij")
     ("ijk->kij", [(2, 3, 4)]),
-    ("i,j->ij", [(3,), (4,)]),                            # outer product
-    ("i,i->", [(5,), (5,)]),                              # dot
+    ("i,j->ij", [(3,), (4,)]),  # outer product
+    ("i,i->", [(5,), (5,)]),  # dot
     ("i,i", [(5,), (5,)]),
-    ("i,i->i", [(5,), (5,)]),                             # elementwise
-    ("ij->", [(3, 4)]),                                   # sum everything
-    ("ij->j", [(3, 4)]),                                  # column sums
-    ("ijk,jkl->il", [(2, 3, 4), (3, 4, 5)]),              # tensordot over two axes
-    ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 2)]),           # chain of three
+    ("i,i->i", [(5,), (5,)]),  # elementwise
+    ("ij->", [(3, 4)]),  # sum everything
+    ("ij->j", [(3, 4)]),  # column sums
+    ("ijk,jkl->il", [(2, 3, 4), (3, 4, 5)]),  # tensordot over two axes
+    ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 2)]),  # chain of three
     ("ij,jk,kl,lm->mi", [(2, 3), (3, 2), (2, 3), (3, 2)]),  # four operands
     ("i,i,i->i", [(4,), (4,), (4,)]),
     ("ab,cd,ef->abcdef", [(2, 1), (1, 2), (2, 2)]),
-    ("...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)]),       # broadcasting batch
-    ("...ij,...jk->...ik", [(2, 1, 3, 4), (5, 4, 2)]),    # size-1 and missing batch dims
-    ("...ij,...jk", [(2, 1, 3, 4), (5, 4, 2)]),           # implicit: '...' first
+    ("...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)]),  # broadcasting batch
+    ("...ij,...jk->...ik", [(2, 1, 3, 4), (5, 4, 2)]),  # size-1 and missing batch dims
+    ("...ij,...jk", [(2, 1, 3, 4), (5, 4, 2)]),  # implicit: '...' first
     ("i...,...j", [(2, 3, 4), (3, 4, 5)]),
     ("...,...", [(2, 3), (3,)]),
     ("...->...", [()]),
-    ("i->...i", [(3,)]),                                  # '...' in the output only: no dims
+    ("i->...i", [(3,)]),  # '...' in the output only: no dims
     ("...i->...", [(2, 3)]),
-    ("ij,ij->ij", [(1, 3), (2, 3)]),                      # labelled size-1 broadcasting
+    ("ij,ij->ij", [(1, 3), (2, 3)]),  # labelled size-1 broadcasting
     ("ij,j->i", [(2, 3), (1,)]),
     ("ii,i->i", [(3, 3), (1,)]),
     ("ii,i->i", [(1, 1), (3,)]),
-    ("i,->i", [(3,), ()]),                                # scalar operand
+    ("i,->i", [(3,), ()]),  # scalar operand
     (",->", [(), ()]),
     ("->", [()]),
-    ("Ba,aC", [(2, 3), (3, 4)]),                          # upper case sorts first, as in ASCII
+    ("Ba,aC", [(2, 3), (3, 4)]),  # upper case sorts first, as in ASCII
     ("Zz->zZ", [(2, 3)]),
-    (" i j , j k -> i k ", [(2, 3), (3, 2)]),             # spaces
-    ("i,i->i", [(0,), (1,)]),                             # empty result
-    ("ij,jk->ik", [(2, 0), (0, 3)]),                      # empty sum is 0
+    (" i j , j k -> i k ", [(2, 3), (3, 2)]),  # spaces
+    ("i,i->i", [(0,), (1,)]),  # empty result
+    ("ij,jk->ik", [(2, 0), (0, 3)]),  # empty sum is 0
 ]
 
 
@@ -108,10 +118,17 @@ def test_form_matches_numpy(subscripts, shapes, dtype):
     assert_matches_numpy(subscripts, arrays, run(subscripts, *arrays))
 
 
-@pytest.mark.parametrize("subscripts,shapes", [
-    ("ij,jk->ik", [(3, 4), (4, 5)]), ("i->", [(6,)]), ("ii->i", [(3, 3)]), ("i,j->ij", [(2,), (3,)]),
-    ("...i,...i->...", [(2, 3), (3,)]), ("ij,jk,kl->", [(2, 2), (2, 2), (2, 2)]),
-])
+@pytest.mark.parametrize(
+    "subscripts,shapes",
+    [
+        ("ij,jk->ik", [(3, 4), (4, 5)]),
+        ("i->", [(6,)]),
+        ("ii->i", [(3, 3)]),
+        ("i,j->ij", [(2,), (3,)]),
+        ("...i,...i->...", [(2, 3), (3,)]),
+        ("ij,jk,kl->", [(2, 2), (2, 2), (2, 2)]),
+    ],
+)
 def test_bool_is_logical_or_of_ands(subscripts, shapes):
     rng = np.random.default_rng(7)
     for _ in range(5):
@@ -119,8 +136,16 @@ def test_bool_is_logical_or_of_ands(subscripts, shapes):
         assert_matches_numpy(subscripts, arrays, run(subscripts, *arrays))
 
 
-@pytest.mark.parametrize("dtypes", [(np.float32, np.float64), (np.int8, np.float32), (np.bool_, np.int16),
-                                    (np.uint8, np.int8), (np.float16, np.float16)])
+@pytest.mark.parametrize(
+    "dtypes",
+    [
+        (np.float32, np.float64),
+        (np.int8, np.float32),
+        (np.bool_, np.int16),
+        (np.uint8, np.int8),
+        (np.float16, np.float16),
+    ],
+)
 def test_mixed_dtypes_use_numpy_result_type(dtypes):
     rng = np.random.default_rng(3)
     arrays = [random_array(rng, (3, 4), dtypes[0]), random_array(rng, (4, 2), dtypes[1])]
@@ -130,8 +155,9 @@ def test_mixed_dtypes_use_numpy_result_type(dtypes):
 
 
 def test_python_scalars_and_lists_are_operands():
-    assert_matches_numpy("i,->i", [np.arange(3, dtype=np.float32), np.asarray(2.5)],
-                         run("i,->i", np.arange(3, dtype=np.float32), 2.5))
+    assert_matches_numpy(
+        "i,->i", [np.arange(3, dtype=np.float32), np.asarray(2.5)], run("i,->i", np.arange(3, dtype=np.float32), 2.5)
+    )
     assert run("i,i", [1, 2], [3, 4]) == 11
 
 
@@ -220,8 +246,12 @@ def test_explicit_path_is_checked_as_numpy_checks_it():
 
 def test_argument_types_are_type_errors():
     a = np.ones(2)
-    for call in (lambda: run("i", a, dtype="bad_data_type"), lambda: einsum(0, 0, backend=BACKEND),
-                 lambda: run("i", a, out="test"), lambda: run("i", a, bad_arg=0)):
+    for call in (
+        lambda: run("i", a, dtype="bad_data_type"),
+        lambda: einsum(0, 0, backend=BACKEND),
+        lambda: run("i", a, out="test"),
+        lambda: run("i", a, bad_arg=0),
+    ):
         with pytest.raises(EinsumTypeError) as info:
             call()
         assert isinstance(info.value, TypeError) and isinstance(info.value, PolycError)
@@ -262,8 +292,9 @@ def test_sublist_form():
     np.testing.assert_array_equal(einsum(a, [0, 1], b, [1, 2], [0, 2], backend=BACKEND), a @ b)
     np.testing.assert_array_equal(einsum(a, [27, 0], backend=BACKEND), np.einsum(a, [27, 0]))
     c = np.arange(30.0).reshape(5, 2, 3)
-    np.testing.assert_array_equal(einsum(c, [Ellipsis, 0, 1], [Ellipsis, 0], backend=BACKEND),
-                                  np.einsum(c, [Ellipsis, 0, 1], [Ellipsis, 0]))
+    np.testing.assert_array_equal(
+        einsum(c, [Ellipsis, 0, 1], [Ellipsis, 0], backend=BACKEND), np.einsum(c, [Ellipsis, 0, 1], [Ellipsis, 0])
+    )
     with pytest.raises(EinsumError, match="valid range"):
         einsum(a, [0, 52], backend=BACKEND)
     with pytest.raises(EinsumError, match="at least one operand"):
@@ -282,9 +313,8 @@ def _contraction(subscripts, shapes, dtype=np.float32) -> Contraction:
 
 def test_lowering_text():
     assert lower_to_tc(_contraction("ij,jk->ik", [(2, 3), (3, 4)])) == (
-        "def einsum(float32(S0, S1) I0, float32(S1, S2) I1) -> (Out) {\n"
-        "    Out(a, c) +=! I0(a, r_b) * I1(r_b, c)\n"
-        "}\n")
+        "def einsum(float32(S0, S1) I0, float32(S1, S2) I1) -> (Out) {\n    Out(a, c) +=! I0(a, r_b) * I1(r_b, c)\n}\n"
+    )
     assert "Out +=! I0(r_a, r_a)" in lower_to_tc(_contraction("ii", [(3, 3)]))
     assert "Out(a) = I0(a, a)" in lower_to_tc(_contraction("ii->i", [(3, 3)]))
     assert "float64 I1" in lower_to_tc(_contraction("i,->i", [(3,), ()], np.float64))
@@ -308,8 +338,9 @@ def test_labels_are_renamed_so_equivalent_problems_share_a_kernel():
     run("mn,nk->mk", np.ones((5, 6), np.float32), np.ones((6, 1), np.float32))  # implicit 'mn,nk' is '->km'
     assert lowered_kernel.cache_info().hits == before + 2
     options = Options.from_kwargs(backend=BACKEND)
-    assert lowered_kernel(_contraction("ij,jk", [(2, 3), (3, 4)]), options) is \
-        lowered_kernel(_contraction("ab,bc", [(2, 3), (3, 4)]), options)
+    assert lowered_kernel(_contraction("ij,jk", [(2, 3), (3, 4)]), options) is lowered_kernel(
+        _contraction("ab,bc", [(2, 3), (3, 4)]), options
+    )
 
 
 # ----------------------------------------------------------------------------- errors
@@ -391,7 +422,7 @@ def einsum_problems(draw):
         if with_ellipsis and draw(st.booleans()):
             rank = draw(st.integers(0, len(ellipsis_shape)))
             ellipsis_rank = max(ellipsis_rank, rank)
-            dims = [1 if draw(st.integers(0, 3)) == 0 else n for n in ellipsis_shape[len(ellipsis_shape) - rank:]]
+            dims = [1 if draw(st.integers(0, 3)) == 0 else n for n in ellipsis_shape[len(ellipsis_shape) - rank :]]
             at = draw(st.integers(0, len(labels)))
             term = term[:at] + "..." + term[at:]
             shape = shape[:at] + dims + shape[at:]
@@ -438,6 +469,7 @@ def test_three_operands_are_contracted_pairwise():
 def test_plans_are_remembered_per_shapes():
     """A repeated call skips the planning; other shapes, and bad shapes, are planned afresh."""
     from polyc.frontends.einsum import _plan_for_shapes
+
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((3, 4)), rng.standard_normal((4, 1))
     run("ij,jk->ik", a, b)

@@ -12,6 +12,7 @@ refused with :class:`polyc.UnsupportedError` -- that class, nothing else -- skip
 the error's message as the reason.  Any other error, or an UnsupportedError for another
 reason, fails the test as usual.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -54,7 +55,7 @@ def polyc_einsum(*args, **kwargs):
     try:
         return polyc.einsum(*args, **kwargs)
     except UnsupportedError as error:
-        operands = args[1:] if isinstance(args[0], str) else args[0:len(args) // 2 * 2:2]
+        operands = args[1:] if isinstance(args[0], str) else args[0 : len(args) // 2 * 2 : 2]
         dtype = _computed_dtype(operands, kwargs.get("dtype"))
         if dtype is not None and _declined(dtype):
             pytest.skip(f"polyc declines {dtype.name} by design: {error}")
@@ -91,8 +92,10 @@ def _load_numpy_einsum_tests() -> types.ModuleType:
 
 
 if not NUMPY_TEST_FILE.is_file():
-    pytest.skip(f"this numpy ({np.__version__}) does not ship its test modules ({NUMPY_TEST_FILE} is absent)",
-                allow_module_level=True)
+    pytest.skip(
+        f"this numpy ({np.__version__}) does not ship its test modules ({NUMPY_TEST_FILE} is absent)",
+        allow_module_level=True,
+    )
 
 _numpy_tests = _load_numpy_einsum_tests()
 # Collected by pytest as this module's tests: the classes and functions pytest would collect there.

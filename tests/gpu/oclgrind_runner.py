@@ -7,6 +7,7 @@ oclgrind replaces the OpenCL library with its simulator through LD_PRELOAD).
     python oclgrind_runner.py out-of-bounds   negative control: matmul reading one row past A
     python oclgrind_runner.py no-barrier      negative control: shared-memory matmul without its barriers
 """
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import polyc  # noqa: E402
 from kernels import CASES, check_kernel  # noqa: E402
+
+import polyc  # noqa: E402
 from polyc.codegen.gpu import generate_gpu  # noqa: E402
 from polyc.runtime.gpu import OpenCLRuntime  # noqa: E402
 from polyc.schedule.gpu_mapping import GpuPlan, MappingOptions, _launch, _mapped_loops  # noqa: E402
@@ -54,7 +56,7 @@ def run_matmul_source(source_of) -> None:
 
 def racy(stages):
     """The reduction member r_k given to the threads: the proofs refuse it, oclgrind sees the race."""
-    launch, = stages.gpu.launches
+    (launch,) = stages.gpu.launches
     band = stages.optimized_schedule.get_root().child(0)
     loops = _mapped_loops(stages.program, band, launch.domain, [2], MappingOptions(block=(8,)))
     bad = _launch(launch.name, stages.program, launch.schedule, launch.domain, loops, "negative control: racy")
@@ -66,7 +68,7 @@ def out_of_bounds(stages):
     code = stages.gpu_source
     start = code.source.index("__kernel")
     read = re.compile(r"(?<!\w)A\[").search(code.source, code.source.index("{", start))
-    source = code.source[:read.end()] + "A_extent1 + " + code.source[read.end():]
+    source = code.source[: read.end()] + "A_extent1 + " + code.source[read.end() :]
     return type(code)(code.dialect, source, code.launches, code.tensor_arguments)
 
 

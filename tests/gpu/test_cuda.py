@@ -1,15 +1,15 @@
 """The CUDA dialect: every corpus kernel compiles with nvcc for sm_80 and sm_90 (no GPU needed),
 with ptxas's resource report checked (no spills); launches need a GPU and skip without one."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernels import CASES, FLOAT16_DEFS, KERNELS
 
 import polyc
-from kernels import CASES, FLOAT16_DEFS, KERNELS
 from polyc.errors import PolycError
 from polyc.runtime.gpu import CUDA_ARCHITECTURES, cuda_missing, cuda_resources, find_nvcc
-
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -40,7 +40,11 @@ def test_corpus_kernel_compiles_for_ampere_and_hopper_without_spills(case):
 @needs_nvcc
 def test_float16_defs_compile_as_half_for_ampere_and_hopper():
     module = polyc.define(FLOAT16_DEFS, device="sm_80")
-    for name, sizes in (("elementwise", dict(N=300)), ("matmul", dict(M=40, K=70, N=36)), ("softmax", dict(N=7, D=300))):
+    for name, sizes in (
+        ("elementwise", dict(N=300)),
+        ("matmul", dict(M=40, K=70, N=36)),
+        ("softmax", dict(N=7, D=300)),
+    ):
         source = module[name].gpu_source(sizes, "cuda")
         assert "__half" in source
         for functions in cuda_resources(source).values():
@@ -67,15 +71,17 @@ def test_cuda_without_a_gpu_is_a_clear_error():
 
 def test_occupancy_estimate_follows_the_sm80_limits():
     from benchmarks.gpu_bench import occupancy_sm80
-    assert occupancy_sm80(32, 256, 0) == 1.0          # 8 blocks of 8 warps: all 64 warps
-    assert occupancy_sm80(128, 256, 0) == 0.25        # 4096 registers per warp: 2 blocks of 8 warps
+
+    assert occupancy_sm80(32, 256, 0) == 1.0  # 8 blocks of 8 warps: all 64 warps
+    assert occupancy_sm80(128, 256, 0) == 0.25  # 4096 registers per warp: 2 blocks of 8 warps
     assert occupancy_sm80(32, 256, 48 * 1024) == 0.375  # 3 blocks fit in 164 KiB of shared memory
 
 
 @needs_nvcc
 def test_gpu_benchmark_group_reports_static_figures_without_a_gpu():
     from benchmarks.gpu_bench import run_gpu_cases
+
     result = run_gpu_cases(1, ["batch_matmul"])
-    row, = result["rows"]
+    (row,) = result["rows"]
     # with shared memory and the accumulator in a register: far fewer than 3 loads per FMA
     assert row["spills"] == 0 and row["registers"] > 0 and row["loads_per_fma"] < 0.3

@@ -1,16 +1,16 @@
 """The GPU mapping stage: which loops go to blocks and threads, and the proofs every launch
 must pass (with negative controls: launches built wrong on purpose fail them)."""
+
 from __future__ import annotations
 
 import dataclasses
 
 import islpy as isl
 import numpy as np
-
 import pytest
+from kernels import CASES, DIVERGENT_BARRIERS_DEF
 
 import polyc
-from kernels import CASES, DIVERGENT_BARRIERS_DEF
 from polyc.errors import PolycError
 from polyc.schedule.gpu_mapping import MappingOptions, _launch, _mapped_loops, prove_launch
 
@@ -22,7 +22,7 @@ def stages(case_name: str, sizes=None, **options):
 
 
 def test_matmul_maps_n_to_x_and_m_to_y_with_the_reduction_inside_each_thread():
-    launch, = stages("matmul", dict(M=37, K=20, N=45)).gpu.launches
+    (launch,) = stages("matmul", dict(M=37, K=20, N=45)).gpu.launches
     x, y = launch.loops
     assert set(x.indices.values()) == {"n"} and set(y.indices.values()) == {"m"}
     # register tiles: 45 = 32 + 13 values along x are 2 per thread, 37 = 4 * 8 + 5 along y 4 per thread
@@ -31,13 +31,13 @@ def test_matmul_maps_n_to_x_and_m_to_y_with_the_reduction_inside_each_thread():
 
 
 def test_without_register_tiles_each_thread_runs_one_element():
-    launch, = stages("matmul", dict(M=37, K=20, N=45), tile_sizes=(8, 32, 32)).gpu.launches
+    (launch,) = stages("matmul", dict(M=37, K=20, N=45), tile_sizes=(8, 32, 32)).gpu.launches
     x, y = launch.loops
     assert (x.registers, y.registers) == (1, 1) and launch.grid == (2, 5)  # 45 = 32 + 13, 37 = 4 * 8 + 5
 
 
 def test_blocks_are_tightened_to_small_domains():
-    launch, = stages("matmul", dict(M=3, K=4, N=5)).gpu.launches
+    (launch,) = stages("matmul", dict(M=3, K=4, N=5)).gpu.launches
     assert launch.block == (5, 3) and launch.grid == (1, 1)
 
 
@@ -48,12 +48,12 @@ def test_a_sequence_of_statements_with_a_global_dependence_becomes_a_sequence_of
 
 def test_row_wise_softmax_is_one_launch_with_one_thread_per_row():
     case_sizes = dict(CASES["softmax"].size_sets[0])
-    launch, = stages("softmax", case_sizes).gpu.launches
+    (launch,) = stages("softmax", case_sizes).gpu.launches
     assert len(launch.loops) == 1 and launch.loops[0].extent == list(case_sizes.values())[0]
 
 
 def test_few_long_rows_get_a_block_each_where_the_device_needs_the_threads():
-    launch, = stages("softmax", dict(N=7, D=300), device="sm_80").gpu.launches
+    (launch,) = stages("softmax", dict(N=7, D=300), device="sm_80").gpu.launches
     reduction = launch.reduction
     assert launch.grid == (7,) and launch.block == (256,) and not launch.loops
     assert [(t.statement, t.tensor, t.op) for t in reduction.trees] == [("S0", "maxVal", "max"), ("S2", "expSum", "+")]
@@ -63,8 +63,9 @@ def test_few_long_rows_get_a_block_each_where_the_device_needs_the_threads():
 
 def test_negative_control_a_statement_moved_before_what_it_reads_fails_the_proof():
     from polyc.schedule.gpu_reduction import prove_block_reduction
+
     st = stages("softmax", dict(N=7, D=300), device="sm_80")
-    launch, = st.gpu.launches
+    (launch,) = st.gpu.launches
     reduction = launch.reduction
     assert prove_block_reduction(reduction, st.program, launch.domain, st.dependences) is None
     pieces = []
@@ -74,8 +75,12 @@ def test_negative_control_a_statement_moved_before_what_it_reads_fails_the_proof
         if piece.get_tuple_name(isl.dim_type.in_) == "S3":
             piece = piece.set_tuple_name(isl.dim_type.in_, "S3")
             rank = piece.dim(isl.dim_type.out)
-            first = isl.Map.read_from_str(st.program.ctx, "{ [%s] -> [-1, %s] }" % (
-                ", ".join(f"t{i}" for i in range(rank)), ", ".join(f"t{i}" for i in range(1, rank))))
+            first = isl.Map.read_from_str(
+                st.program.ctx,
+                "{{ [{}] -> [-1, {}] }}".format(
+                    ", ".join(f"t{i}" for i in range(rank)), ", ".join(f"t{i}" for i in range(1, rank))
+                ),
+            )
             piece = piece.apply_range(first)
         moved = moved.union(isl.UnionMap.from_map(piece))
     broken = dataclasses.replace(reduction, schedule=moved)
@@ -84,8 +89,9 @@ def test_negative_control_a_statement_moved_before_what_it_reads_fails_the_proof
 
 def test_block_reductions_keep_only_the_barriers_a_dependence_between_threads_needs():
     from polyc.schedule.gpu_reduction import _without_barrier, prove_block_reduction
+
     st = stages("softmax", dict(N=7, D=300), device="sm_80")
-    launch, = st.gpu.launches
+    (launch,) = st.gpu.launches
     reduction = launch.reduction
     last = len(launch.statements) - 1  # a group per statement, in the block's order
     assert f"polyc_barrier_g{last}_1" not in reduction.barriers  # nothing follows the last statement
@@ -97,14 +103,15 @@ def test_block_reductions_keep_only_the_barriers_a_dependence_between_threads_ne
 
 
 def test_a_full_reduction_runs_as_a_tree_on_one_block():
-    launch, = stages("sum_all", dict(M=300, N=7)).gpu.launches
+    (launch,) = stages("sum_all", dict(M=300, N=7)).gpu.launches
     assert launch.reduction is not None and launch.block == (256,) and launch.reduction.steps == 8
     assert "a block reduces it" in launch.reason
 
 
 def test_the_reduction_tree_is_proved_race_free_and_needs_every_barrier():
     from polyc.schedule.gpu_reduction import prove_tree
-    launch, = stages("sum_all", dict(M=40, N=7)).gpu.launches
+
+    (launch,) = stages("sum_all", dict(M=40, N=7)).gpu.launches
     reduction = launch.reduction
     assert reduction.threads == 64 and prove_tree(reduction, launch_program("sum_all", dict(M=40, N=7))) is None
     for barrier in ("polyc_barrier_g1_3", "polyc_barrier_g1_7"):  # before the tree, between two steps
@@ -137,19 +144,19 @@ def test_stages_show_the_mapped_schedule_tree():
 
 
 def test_a_reduction_over_one_value_runs_on_one_thread_and_says_why():
-    launch, = stages("sum_all", dict(M=1, N=1)).gpu.launches
+    (launch,) = stages("sum_all", dict(M=1, N=1)).gpu.launches
     assert launch.reduction is None and "one thread" in launch.reason
 
 
 def test_the_block_option_shapes_the_blocks():
-    launch, = stages("matmul", dict(M=37, K=20, N=45), block=(16, 4), tile_sizes=(4, 16, 32)).gpu.launches
+    (launch,) = stages("matmul", dict(M=37, K=20, N=45), block=(16, 4), tile_sizes=(4, 16, 32)).gpu.launches
     assert launch.block == (16, 4) and launch.grid == (3, 10)
-    launch, = stages("matmul", dict(M=37, K=20, N=45), block=(16, 4)).gpu.launches  # 3 x 4 register tiles
+    (launch,) = stages("matmul", dict(M=37, K=20, N=45), block=(16, 4)).gpu.launches  # 3 x 4 register tiles
     assert [loop.registers for loop in launch.loops] == [3, 4] and launch.grid == (1, 3)
 
 
 def test_the_grid_option_bounds_the_blocks_and_threads_run_rounds():
-    launch, = stages("matmul", dict(M=37, K=20, N=45), grid=(1, 2), **ONE_VALUE_PER_THREAD).gpu.launches
+    (launch,) = stages("matmul", dict(M=37, K=20, N=45), grid=(1, 2), **ONE_VALUE_PER_THREAD).gpu.launches
     assert launch.grid == (1, 2) and [loop.rounds for loop in launch.loops] == [2, 3]
 
 
@@ -178,14 +185,14 @@ def _with_loop(launch, program, **changes):
 
 def test_negative_control_a_grid_too_small_leaves_instances_unrun():
     st = stages("matmul", dict(M=37, K=20, N=45), **ONE_VALUE_PER_THREAD)
-    launch, = st.gpu.launches
+    (launch,) = st.gpu.launches
     bad = _with_loop(launch, st.program, grid=1)  # 32 of 45 columns
     assert "no thread of the grid runs" in prove_launch(bad, st.program, st.dependences)
 
 
 def test_negative_control_threads_along_a_reduction_race():
     st = stages("matmul", dict(M=6, K=20, N=5))
-    launch, = st.gpu.launches
+    (launch,) = st.gpu.launches
     band = st.optimized_schedule.get_root().child(0)
     assert not band.band_member_get_coincident(2)  # r_k: carries the reduction's dependence
     loops = _mapped_loops(st.program, band, launch.domain, [2], MappingOptions(block=(8,)))
@@ -219,18 +226,23 @@ def test_double_buffering_copies_the_next_slice_while_computing_this_one():
     # a slice's buffer is s mod 2: with one buffer named for both, the copy of the next slice
     # overwrites what the block still reads, and the race proof says so
     from polyc.schedule.gpu_promotion import prove_promotion
+
     launch = double.gpu.launches[0]
     assert prove_promotion(launch.promotion, double.program, launch) is None
-    one_buffer = dataclasses.replace(launch.promotion, arrays=tuple(
-        dataclasses.replace(a, buffers=1) for a in launch.promotion.arrays))
+    one_buffer = dataclasses.replace(
+        launch.promotion, arrays=tuple(dataclasses.replace(a, buffers=1) for a in launch.promotion.arrays)
+    )
     failure = prove_promotion(one_buffer, double.program, launch)
     assert failure is not None and "race" in failure
 
 
 def test_shared_memory_can_be_turned_off_or_limited():
     assert stages("matmul", dict(M=37, K=70, N=45), use_shared_memory=False).gpu.launches[0].promotion is None
-    small = stages("matmul", dict(M=37, K=70, N=45), max_shared_memory=1100,
-                   **ONE_VALUE_PER_THREAD).gpu.launches[0].promotion
+    small = (
+        stages("matmul", dict(M=37, K=70, N=45), max_shared_memory=1100, **ONE_VALUE_PER_THREAD)
+        .gpu.launches[0]
+        .promotion
+    )
     assert [a.tensor for a in small.arrays] == ["A"]  # A: 8 x 33 floats fit, B: 32 x 33 do not
 
 
@@ -243,6 +255,7 @@ def test_slices_thin_until_every_reused_tile_fits_the_budget():
 
 def test_negative_control_the_race_proof_needs_the_barriers():
     from polyc.schedule.gpu_promotion import BARRIER, prove_promotion
+
     st = stages("matmul", dict(M=37, K=70, N=45))
     launch = st.gpu.launches[0]
     assert prove_promotion(launch.promotion, st.program, launch) is None
@@ -278,15 +291,17 @@ def test_global_accesses_are_proved_coalesced_or_not():
     found = strides_of(plain.gpu.launches[0])
     assert found[("S0", "B", "read")] == {1} and found[("S0", "C", "write")] == {1}  # along n
     assert found[("S0", "A", "read")] == {0}  # the same element for the whole warp: a broadcast
-    transposed = polyc.define("def tmm(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }",
-                              use_shared_memory=False).tmm.gpu_stages(dict(M=37, K=70, N=45))
+    transposed = polyc.define(
+        "def tmm(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }", use_shared_memory=False
+    ).tmm.gpu_stages(dict(M=37, K=70, N=45))
     assert strides_of(transposed.gpu.launches[0])[("S0", "B", "read")] == {70}  # a row apart: not coalesced
     assert "not coalesced" in transposed.gpu.describe()
 
 
 def test_shared_rows_are_padded_so_column_reads_meet_every_bank():
-    transposed = polyc.define("def tmm(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }"
-                              ).tmm.gpu_stages(dict(M=37, K=70, N=45))
+    transposed = polyc.define(
+        "def tmm(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }"
+    ).tmm.gpu_stages(dict(M=37, K=70, N=45))
     launch = transposed.gpu.launches[0]
     assert strides_of(launch)[("*", "B_shared", "shared read")] == {33}  # 32 + 1 of padding: odd
     assert "bank conflicts" not in launch.describe() and "no bank conflict" in launch.describe()
@@ -310,12 +325,18 @@ def test_negative_control_a_copy_past_the_tensor_fails_the_bounds_proof():
     """The out-of-bounds copy of tests/gpu/test_oclgrind.py, seen by isl: A's box one row
     further down, so the last block's copies read past A."""
     from polyc.schedule.gpu_promotion import prove_promotion
+
     st = stages("matmul", dict(M=37, K=70, N=45))
     launch = st.gpu.launches[0]
     assert prove_promotion(launch.promotion, st.program, launch) is None
-    arrays = tuple(dataclasses.replace(a, offsets=(a.offsets[0].add_constant_val(isl.Val.int_from_si(a.offsets[0].get_ctx(), 1)),
-                                                   *a.offsets[1:])) if a.tensor == "A" else a
-                   for a in launch.promotion.arrays)
+    arrays = tuple(
+        dataclasses.replace(
+            a, offsets=(a.offsets[0].add_constant_val(isl.Val.int_from_si(a.offsets[0].get_ctx(), 1)), *a.offsets[1:])
+        )
+        if a.tensor == "A"
+        else a
+        for a in launch.promotion.arrays
+    )
     failure = prove_promotion(dataclasses.replace(launch.promotion, arrays=arrays), st.program, launch)
     assert failure is not None and "copies read outside A" in failure
 
@@ -323,12 +344,14 @@ def test_negative_control_a_copy_past_the_tensor_fails_the_bounds_proof():
 def test_private_tiles_load_only_what_is_read_before_it_is_written():
     """A matmul's accumulators are set by its init statement first: no load of C; an update
     without '!' reads C's old values first: loaded."""
-    fresh = polyc.define("def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
-                         backend="opencl").mm
+    fresh = polyc.define(
+        "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }", backend="opencl"
+    ).mm
     source = fresh.gpu_source(dict(M=64, K=64, N=64), "opencl")
     assert "C_private" in source and "= C[" not in source
-    accumulate = polyc.define("def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) += A(m, r_k) * B(r_k, n) }",
-                              backend="opencl").mm
+    accumulate = polyc.define(
+        "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) += A(m, r_k) * B(r_k, n) }", backend="opencl"
+    ).mm
     assert "= C[" in accumulate.gpu_source(dict(M=64, K=64, N=64), "opencl")
     a, b, c = (np.ones((64, 64), np.float32) for _ in range(3))
     np.testing.assert_allclose(accumulate(a, b, outputs=[c]), 65.0)
@@ -341,6 +364,7 @@ def test_every_thread_meets_each_barrier_at_one_place_in_the_code():
     per guard; such a launch goes without its private tile (tests/gpu/test_opencl.py runs it)."""
     from polyc.schedule.gpu_mapping import divergent_barriers
     from polyc.schedule.gpu_promotion import MAX_PRIVATE_ELEMENTS, promote_private
+
     kernel = polyc.define(DIVERGENT_BARRIERS_DEF, backend="opencl", fusion="min", block=(5, 3)).fuzz
     st = kernel.gpu_stages(dict(M=14, N=7))
     for launch in st.gpu.launches:

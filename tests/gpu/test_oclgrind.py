@@ -1,6 +1,7 @@
 """A sample of polyc's OpenCL kernels under oclgrind's simulator with its data-race,
 bounds and API checks: clean.  Negative controls (a kernel with its reduction loop
 across threads, one reading past its buffer) show that the harness catches what it should."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,15 @@ pytestmark = pytest.mark.skipif(OCLGRIND is None, reason="oclgrind is not instal
 RUNNER = Path(__file__).with_name("oclgrind_runner.py")
 
 #: oclgrind's words for the errors it finds.
-ERRORS = ("data race", "Invalid read", "Invalid write", "Uninitialized", "divergence", "out-of-bounds",
-          "Oclgrind - OpenCL runtime error")
+ERRORS = (
+    "data race",
+    "Invalid read",
+    "Invalid write",
+    "Uninitialized",
+    "divergence",
+    "out-of-bounds",
+    "Oclgrind - OpenCL runtime error",
+)
 
 #: API "errors" that are pyopencl probing for device properties oclgrind's simulator lacks.
 PROBES = ("Function: clGetDeviceInfo", "Function: clGetPlatformInfo")
@@ -30,17 +38,32 @@ def errors_in(report: str) -> list[str]:
     blocks = [block for block in report.split("\n\n") if not any(probe in block for probe in PROBES)]
     return [block.strip() for block in blocks if any(error in block for error in ERRORS)]
 
+
 #: Kernels of every shape: a contraction, row-wise reductions fused into one launch, two
 #: launches, a convolution, a gather, bool outputs, float64, a strided pooling.
-SAMPLE = ("matmul", "softmax", "atax", "conv2d", "embedding_bag", "compare", "double_norm", "maxpool2x2",
-          "batchnorm_train")
+SAMPLE = (
+    "matmul",
+    "softmax",
+    "atax",
+    "conv2d",
+    "embedding_bag",
+    "compare",
+    "double_norm",
+    "maxpool2x2",
+    "batchnorm_train",
+)
 
 
 def run_under_oclgrind(tmp_path, *arguments) -> subprocess.CompletedProcess:
     environment = dict(os.environ, POLYC_CACHE_DIR=str(tmp_path / "cache"))
     # (not --uninitialized: its plugin aborts on the LLVM 'freeze' instruction clang emits)
-    return subprocess.run([OCLGRIND, "--data-races", "--check-api", sys.executable, str(RUNNER),
-                           *arguments], capture_output=True, text=True, timeout=600, env=environment)
+    return subprocess.run(
+        [OCLGRIND, "--data-races", "--check-api", sys.executable, str(RUNNER), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environment,
+    )
 
 
 @pytest.mark.parametrize("name", SAMPLE)

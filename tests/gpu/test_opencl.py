@@ -4,13 +4,14 @@ Every kernel of the corpus (tests/kernels.py) at every size set, under several m
 sets: the default, fusion off, odd block sizes (partial blocks at every edge), shared memory off, private memory off,
 and a shared-memory budget that admits only small tiles.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernels import DIVERGENT_BARRIERS_DEF, FLOAT16_DEFS, KERNELS, check_kernel
 
 import polyc
-from kernels import DIVERGENT_BARRIERS_DEF, FLOAT16_DEFS, KERNELS, check_kernel
 from polyc.runtime.gpu import opencl_missing
 
 pyopencl = pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install pyopencl)")
@@ -36,8 +37,9 @@ OPTION_SETS = {
     "small-shared-memory": dict(max_shared_memory=600, block=(16, 4)),
 }
 
-CORPUS = [pytest.param(case, options, id=f"{case.name}-{label}")
-          for label, options in OPTION_SETS.items() for case in KERNELS]
+CORPUS = [
+    pytest.param(case, options, id=f"{case.name}-{label}") for label, options in OPTION_SETS.items() for case in KERNELS
+]
 
 
 @pytest.mark.parametrize("case, options", CORPUS)
@@ -48,14 +50,34 @@ def test_kernel_matches_numpy_through_opencl(case, options):
 
 
 #: Kernels whose launches run a block per row (or one block) under sm_80's model at long rows.
-BLOCK_REDUCTIONS = ("matvec", "dot", "sum_all", "symmetrize_trace", "atax", "gesummv", "softmax", "log_softmax",
-                    "layernorm", "window_sum", "row_sum", "row_mean", "row_max", "col_min", "row_prod", "max_all",
-                    "int_rowsum", "double_norm", "compare", "running_max")
+BLOCK_REDUCTIONS = (
+    "matvec",
+    "dot",
+    "sum_all",
+    "symmetrize_trace",
+    "atax",
+    "gesummv",
+    "softmax",
+    "log_softmax",
+    "layernorm",
+    "window_sum",
+    "row_sum",
+    "row_mean",
+    "row_max",
+    "col_min",
+    "row_prod",
+    "max_all",
+    "int_rowsum",
+    "double_norm",
+    "compare",
+    "running_max",
+)
 
 
 @pytest.mark.parametrize("name", BLOCK_REDUCTIONS)
 def test_block_reductions_match_numpy_through_opencl(name):
     from kernels import CASES
+
     case = CASES[name]
     kernel = polyc.define(case.source, backend="opencl", device="sm_80")[case.entry]
     sizes = {size: (value if value <= 2 else max(value, 70)) for size, value in case.size_sets[0].items()}
@@ -65,10 +87,13 @@ def test_block_reductions_match_numpy_through_opencl(name):
 
 def test_device_arrays_are_used_in_place_and_outputs_stay_on_the_device():
     from pyopencl import array as cl_array
+
     from polyc.runtime.gpu import OpenCLRuntime
+
     queue = OpenCLRuntime.shared().queue
-    kernel = polyc.define("def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }",
-                          backend="opencl").mm
+    kernel = polyc.define(
+        "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }", backend="opencl"
+    ).mm
     rng = np.random.default_rng(0)
     a, b = rng.random((9, 40), np.float32), rng.random((40, 7), np.float32)
     a_device, b_device = cl_array.to_device(queue, a), cl_array.to_device(queue, b)
@@ -89,14 +114,17 @@ def test_device_arrays_are_used_in_place_and_outputs_stay_on_the_device():
 def test_integer_extremes_compile_in_opencl_c():
     """OpenCL C has no <stdint.h>: the limits and constant macros C's integer code uses come
     from polyc's header (found by the OpenCL fuzzer: an int32 max=! starts from INT32_MIN)."""
-    kernel = polyc.define("""
+    kernel = polyc.define(
+        """
 def extremes(int32(N) A, int64(N) B, uint64(N) U) -> (O, P, Q) {
     O() max=! A(r_i)
     P() max=! B(r_i)
     Q() max=! U(r_i)
-}""", backend="opencl").extremes
-    a = np.array([-5, -7, -2**31], np.int32)
-    b = np.array([-2**63, -1, -9], np.int64)
+}""",
+        backend="opencl",
+    ).extremes
+    a = np.array([-5, -7, -(2**31)], np.int32)
+    b = np.array([-(2**63), -1, -9], np.int64)
     u = np.array([3, 2**64 - 1, 0], np.uint64)
     o, p, q = kernel(a, b, u)
     assert (o, p, q) == (-5, -1, 2**64 - 1)
@@ -106,11 +134,14 @@ def test_shared_copies_with_more_elements_than_threads_copy_every_element():
     """A tile of B[4 x 4 x 4] copied by a block of 4 x 8 threads: two rounds per thread.  Found by
     the OpenCL fuzzer: with each thread's elements tied to its id only modulo the block (no
     round in the copy's schedule), isl's AST generation kept one element of the two."""
-    kernel = polyc.define("""
+    kernel = polyc.define(
+        """
 def spread(float(M, 2) A, float(N, 4, N) B) -> (O, T) {
     T(i, k, j, l, r_a) = A(r_a, k) + B(j, l, i)
     O(i, j, k, l) +=! T(i, k, j, l, r_a)
-}""", backend="opencl").spread
+}""",
+        backend="opencl",
+    ).spread
     rng = np.random.default_rng(3)
     a = rng.standard_normal((8, 2)).astype(np.float32)
     b = rng.standard_normal((4, 4, 4)).astype(np.float32)
@@ -138,7 +169,9 @@ def test_float16_rounds_every_operation_as_the_cpu_does():
     np.testing.assert_allclose(gpu.softmax(rows).astype(np.float64), cpu.softmax(rows), rtol=0, atol=2e-3)
     with pytest.raises(polyc.PolycError, match="float16"):  # device arrays would hold float, not half
         from pyopencl import array as cl_array
+
         from polyc.runtime.gpu import OpenCLRuntime
+
         gpu.matmul(cl_array.to_device(OpenCLRuntime.shared().queue, a), b)
 
 
@@ -146,12 +179,17 @@ def test_one_thread_blocks_with_register_tiles_and_shared_tiles():
     """Found by the OpenCL fuzzer (seed 4190697506): PoCL's loop-vectorising work-group method
     miscompiled this launch (one thread per block, a register tile of 4, shared tiles); oclgrind
     and PoCL's plain work-item loops, which polyc now selects, compute it right."""
-    kernel = polyc.define("""
+    kernel = polyc.define(
+        """
 def chain(float(M, N) A, float(M) B) -> (O) {
     O(i) +=! A(r_a, i)
     T(i) +=! O(i) + B(r_a)
     O(i) = T(i)
-}""", backend="opencl", fusion="min", block=(1,)).chain
+}""",
+        backend="opencl",
+        fusion="min",
+        block=(1,),
+    ).chain
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((2, 5)).astype(np.float32), rng.standard_normal(2).astype(np.float32)
     column_sums = a.astype(np.float64).sum(0)
@@ -162,7 +200,9 @@ def test_no_launch_writes_outside_its_tensors_where_isl_guarded_its_barriers():
     """Every tensor in a buffer with a guard zone on either side: the launches leave the zones as
     they were, and the result is the CPU back end's."""
     import pyopencl as cl
+
     from polyc.runtime.gpu import OpenCLRuntime
+
     options = dict(fusion="min", block=(5, 3))
     kernel = polyc.define(DIVERGENT_BARRIERS_DEF, backend="opencl", **options).fuzz
     sizes = dict(M=14, N=7)
@@ -176,7 +216,7 @@ def test_no_launch_writes_outside_its_tensors_where_isl_guarded_its_barriers():
     for name in code.tensor_arguments:
         count = int(np.prod(shapes[name]))
         host = np.full(count + 2 * guard, sentinel, np.float32)
-        host[guard:guard + count] = rng.standard_normal(count) if name != "O" else 0
+        host[guard : guard + count] = rng.standard_normal(count) if name != "O" else 0
         buffer = cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
         hosts[name] = host
         buffers.append(buffer)

@@ -1,4 +1,5 @@
 """float16 reductions accumulate in float32 and round once (polyc.lang.float16_sums)."""
+
 import numpy as np
 import pytest
 
@@ -28,13 +29,20 @@ def test_the_rewrite_keeps_min_max_and_continues_a_sum_without_bang():
     }""")
     rewritten = accumulate_float16_in_float32(definition)
     texts = [(s.target, s.op, s.init) for s in rewritten.statements]
-    assert texts == [("S", "=", False), ("S_sum32", "=", False), ("S_sum32", "+", False), ("S", "=", False),
-                     ("M", "max", True)]
+    assert texts == [
+        ("S", "=", False),
+        ("S_sum32", "=", False),
+        ("S_sum32", "+", False),
+        ("S", "=", False),
+        ("M", "max", True),
+    ]
     assert rewritten.tensor("S_sum32").dtype == np.float32 and "S_sum32" in rewritten.temporaries
     assert [s.position for s in rewritten.statements] == list(range(5))
     assert rewritten.statements[2].rhs.dtype == np.float32  # the terms too, in float32
-    assert accumulate_float16_in_float32(check_source(MATMUL.replace("float16", "float"))[0]).statements \
+    assert (
+        accumulate_float16_in_float32(check_source(MATMUL.replace("float16", "float"))[0]).statements
         == check_source(MATMUL.replace("float16", "float"))[0].statements
+    )
     rng = np.random.default_rng(1)
     a, b = rng.random((3, 700)).astype(np.float16), rng.random(3).astype(np.float16)
     s, m = polyc.define(definition.source).f(a, b)

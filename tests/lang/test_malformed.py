@@ -3,6 +3,7 @@
 MALFORMED_CASES are syntax errors found by the parser (and its lexer).  Sources that parse but
 mean nothing are in test_semantic_errors.py.
 """
+
 import pytest
 
 from polyc.errors import PolycError, TCSyntaxError
@@ -61,11 +62,10 @@ MALFORMED_CASES = [
     case("statement-after-def", "def f(float(N) A) -> (B) { B(i) = A(i) }\nB(i) = 1", 2, 1),
     case("extra-closing-brace", in_body("  B(i) = A(i)") + "\n}", 4, 1),
     case("python-def-colon", "def f(float(N) A) -> (B):\n  B(i) = A(i)", 1, 25),
-    case("duplicate-def",
-         "def f(float(N) A) -> (B) { B(i) = A(i) }\ndef f(float(N) A) -> (B) { B(i) = 2 * A(i) }",
-         2, 5),
-    case("def-inside-def", in_body("  B(i) = A(i)", "def g(float(N) A) -> (B) { B(i) = A(i) }")[:-2],
-         3, 1),
+    case(
+        "duplicate-def", "def f(float(N) A) -> (B) { B(i) = A(i) }\ndef f(float(N) A) -> (B) { B(i) = 2 * A(i) }", 2, 5
+    ),
+    case("def-inside-def", in_body("  B(i) = A(i)", "def g(float(N) A) -> (B) { B(i) = A(i) }")[:-2], 3, 1),
     # --- def header
     case("missing-def-name", "def (float(N) A) -> (B) { B(i) = A(i) }", 1, 5),
     case("keyword-def-name", "def where(float(N) A) -> (B) { B(i) = A(i) }", 1, 5),
@@ -121,8 +121,7 @@ MALFORMED_CASES = [
     # --- left-hand side
     case("lhs-shifted-index", in_body("    B(i+1) = A(i)"), 2, 7),
     case("lhs-constant-index", in_body("    B(0) = A(0)"), 2, 7),
-    case("lhs-strided-second-index",
-         "def f(float(N, M) A) -> (B) {\n    B(i, 2*j) = A(i, j)\n}", 2, 10),
+    case("lhs-strided-second-index", "def f(float(N, M) A) -> (B) {\n    B(i, 2*j) = A(i, j)\n}", 2, 10),
     case("lhs-access-index", in_body("    B(A(i)) = 1"), 2, 7),
     case("lhs-negated-index", in_body("    B(-i) = A(i)"), 2, 7),
     case("lhs-ternary-index", in_body("    B(i > 0 ? i : 0) = A(i)"), 2, 7),
@@ -198,25 +197,40 @@ MALFORMED_CASES = [
     case("exists-unclosed", in_body("    B(i) = A(i) where exists A(i"), 3, 1),
     case("exists-nothing", in_body("    B(i) = A(i) where exists"), 3, 1),
     # --- errors further down a realistic file
-    case("late-line-unclosed-call",
-         "# matmul with bias\n"
-         "def mm(float(M, K) A, float(K, N) B, float(N) bias) -> (C) {\n"
-         "    C(m, n) +=! A(m, r_k) * B(r_k, n)\n"
-         "    C(m, n) = C(m, n) + bias(n\n"
-         "}\n", 5, 1),
-    case("second-def-error",
-         "def f(float(N) A) -> (B) { B(i) = A(i) }\n\n"
-         "def g(float(N) A) -> (B) {\n    B(i) = A(i) +* 2\n}", 4, 18),
-    case("conv-missing-comma",
-         "def conv(float(N, C, H, W) I, float(M, C, KH, KW) W1) -> (O) {\n"
-         "    O(n, m, h, w) +=! I(n, r_c, h + r_kh w + r_kw) * W1(m, r_c, r_kh, r_kw)\n"
-         "}", 2, 42),
-    case("softmax-unclosed-exp",
-         "def softmax(float(N, D) I) -> (O, expsum, maxVal) {\n"
-         "    maxVal(n) max=! I(n, d)\n"
-         "    expsum(n) +=! exp(I(n, d) - maxVal(n)\n"
-         "    O(n, d) = exp(I(n, d) - maxVal(n)) / expsum(n)\n"
-         "}", 4, 5),
+    case(
+        "late-line-unclosed-call",
+        "# matmul with bias\n"
+        "def mm(float(M, K) A, float(K, N) B, float(N) bias) -> (C) {\n"
+        "    C(m, n) +=! A(m, r_k) * B(r_k, n)\n"
+        "    C(m, n) = C(m, n) + bias(n\n"
+        "}\n",
+        5,
+        1,
+    ),
+    case(
+        "second-def-error",
+        "def f(float(N) A) -> (B) { B(i) = A(i) }\n\ndef g(float(N) A) -> (B) {\n    B(i) = A(i) +* 2\n}",
+        4,
+        18,
+    ),
+    case(
+        "conv-missing-comma",
+        "def conv(float(N, C, H, W) I, float(M, C, KH, KW) W1) -> (O) {\n"
+        "    O(n, m, h, w) +=! I(n, r_c, h + r_kh w + r_kw) * W1(m, r_c, r_kh, r_kw)\n"
+        "}",
+        2,
+        42,
+    ),
+    case(
+        "softmax-unclosed-exp",
+        "def softmax(float(N, D) I) -> (O, expsum, maxVal) {\n"
+        "    maxVal(n) max=! I(n, d)\n"
+        "    expsum(n) +=! exp(I(n, d) - maxVal(n)\n"
+        "    O(n, d) = exp(I(n, d) - maxVal(n)) / expsum(n)\n"
+        "}",
+        4,
+        5,
+    ),
     # --- nesting too deep for the parser (the limit is hit mid-way through the input)
     case("deep-parentheses", ONE_LINE + "B(i) = " + "(" * DEEP + "1" + ")" * DEEP + " }", 1, 35 + 100),
     case("deep-unary-minus", ONE_LINE + "B(i) = " + "-" * DEEP + "1 }", 1, 35 + 199),

@@ -3,6 +3,7 @@
 Syntax tree nodes compare without their locations, so expected trees are written with the
 short constructors below; locations are checked separately where they matter.
 """
+
 import pytest
 
 from polyc.errors import SourceLocation, TCSyntaxError
@@ -147,8 +148,7 @@ def test_precedence_and_associativity(text, tree):
         ("a ? b : c ? d : e", ast.Ternary(a, b, ast.Ternary(c, d, e))),
         ("a ? b ? c : d : e", ast.Ternary(a, ast.Ternary(b, c, d), e)),
         ("a || b ? c : d", ast.Ternary(bin_("||", a, b), c, d)),
-        ("a < b ? a + 1 : b * 2",
-         ast.Ternary(bin_("<", a, b), bin_("+", a, num(1)), bin_("*", b, num(2)))),
+        ("a < b ? a + 1 : b * 2", ast.Ternary(bin_("<", a, b), bin_("+", a, num(1)), bin_("*", b, num(2)))),
         ("(a ? b : c) + d", bin_("+", ast.Ternary(a, b, c), d)),
         ("a ? b : c + d", ast.Ternary(a, b, bin_("+", c, d))),
     ],
@@ -160,9 +160,17 @@ def test_ternary_is_loosest_and_right_associative(text, tree):
 @pytest.mark.parametrize(
     "text, value, is_float",
     [
-        ("2", 2, False), ("0", 0, False), ("007", 7, False),
-        ("0.5", 0.5, True), ("1.", 1.0, True), (".5", 0.5, True), ("1e-5", 1e-5, True),
-        ("3e4", 3e4, True), ("1.e5", 1e5, True), ("2E+3", 2e3, True), ("2.0", 2.0, True),
+        ("2", 2, False),
+        ("0", 0, False),
+        ("007", 7, False),
+        ("0.5", 0.5, True),
+        ("1.", 1.0, True),
+        (".5", 0.5, True),
+        ("1e-5", 1e-5, True),
+        ("3e4", 3e4, True),
+        ("1.e5", 1e5, True),
+        ("2E+3", 2e3, True),
+        ("2.0", 2.0, True),
     ],
 )
 def test_number_literals(text, value, is_float):
@@ -338,17 +346,13 @@ def test_let_clause():
 
 
 def test_mixed_clauses_then_next_statement():
-    statements = parse_statements(
-        "C(i) = s where i in 0:N, exists A(i), s = A(i) * 2;\n D(j) = B(j) where j in 0:N"
-    )
+    statements = parse_statements("C(i) = s where i in 0:N, exists A(i), s = A(i) * 2;\n D(j) = B(j) where j in 0:N")
     assert statements[0].where == (
         ast.RangeClause("i", num(0), N("N")),
         ast.ExistsClause(acc("A", N("i"))),
         ast.LetClause("s", bin_("*", acc("A", N("i")), num(2))),
     )
-    assert statements[1] == stmt(
-        "D", ["j"], "=", False, acc("B", N("j")), [ast.RangeClause("j", num(0), N("N"))]
-    )
+    assert statements[1] == stmt("D", ["j"], "=", False, acc("B", N("j")), [ast.RangeClause("j", num(0), N("N"))])
 
 
 def test_where_clause_locations():
@@ -360,9 +364,7 @@ def test_where_clause_locations():
 # ----------------------------------------------------------------------------- signatures
 def test_matmul_whole_tree():
     definition = parse_def(
-        "def matmul(float(M, K) A, float(K, N) B) -> (C) {\n"
-        "    C(m, n) +=! A(m, r_k) * B(r_k, n)\n"
-        "}"
+        "def matmul(float(M, K) A, float(K, N) B) -> (C) {\n    C(m, n) +=! A(m, r_k) * B(r_k, n)\n}"
     )
     assert definition == ast.Def(
         "matmul",
@@ -371,8 +373,7 @@ def test_matmul_whole_tree():
             ast.Param("B", "float", (N("K"), N("N"))),
         ),
         (ast.Param("C", None, None),),
-        (stmt("C", ["m", "n"], "+=", True,
-              bin_("*", acc("A", N("m"), N("r_k")), acc("B", N("r_k"), N("n")))),),
+        (stmt("C", ["m", "n"], "+=", True, bin_("*", acc("A", N("m"), N("r_k")), acc("B", N("r_k"), N("n")))),),
     )
     assert definition.loc == SourceLocation(1, 1)
     assert definition.inputs[1].loc == SourceLocation(1, 27)
@@ -392,17 +393,17 @@ def test_constant_and_named_sizes():
     assert definition.inputs[0].sizes == (num(2), N("N"), num(16), N("M"))
 
 
-@pytest.mark.parametrize("type_name", ["float", "float32", "float64", "double", "float16", "half",
-                                       "int8", "int64", "uint8", "uint64", "bool"])
+@pytest.mark.parametrize(
+    "type_name",
+    ["float", "float32", "float64", "double", "float16", "half", "int8", "int64", "uint8", "uint64", "bool"],
+)
 def test_every_type_name(type_name):
     definition = parse_def(f"def f({type_name}(N) A) -> ({type_name}(N) C) {{ C(i) = A(i) }}")
     assert definition.inputs[0].dtype == definition.outputs[0].dtype == type_name
 
 
 def test_typed_and_bare_outputs():
-    definition = parse_def(
-        "def f(float(M, N) A) -> (int32(M, N) out, S, float t, float() u, bool(4) v) { S = 1 }"
-    )
+    definition = parse_def("def f(float(M, N) A) -> (int32(M, N) out, S, float t, float() u, bool(4) v) { S = 1 }")
     assert definition.outputs == (
         ast.Param("out", "int32", (N("M"), N("N"))),
         ast.Param("S", None, None),

@@ -1,4 +1,5 @@
 """The TC printer: printed text parses back to the same syntax tree, for written and random trees."""
+
 from pathlib import Path
 
 import pytest
@@ -19,28 +20,31 @@ def rhs_of(text: str) -> ast.Expr:
 
 
 # ----------------------------------------------------------------------------- written cases
-@pytest.mark.parametrize("text", [
-    "a + b * c",
-    "(a + b) * c",
-    "a - (b - c)",
-    "a - b - c",
-    "a / (b * c)",
-    "-(a + b)",
-    "-a * b",
-    "- -a",
-    "!(a && b) || c",
-    "a < b == (c < d)",
-    "a ? b : c ? d : e",
-    "(a ? b : c) ? d : e",
-    "a ? (b ? c : d) : e",
-    "(a ? b : c) + 1",
-    "A(i + 1, 2 * j - k) * exp(-X(i))",
-    "LUT(I(b, r_l), d)",
-    "T.0 + T.12",
-    "float(i) * 0.5 + 1e-05 + 2.0 + 1e+22",
-    "fma(a, b, c)",
-    "C()",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a + b * c",
+        "(a + b) * c",
+        "a - (b - c)",
+        "a - b - c",
+        "a / (b * c)",
+        "-(a + b)",
+        "-a * b",
+        "- -a",
+        "!(a && b) || c",
+        "a < b == (c < d)",
+        "a ? b : c ? d : e",
+        "(a ? b : c) ? d : e",
+        "a ? (b ? c : d) : e",
+        "(a ? b : c) + 1",
+        "A(i + 1, 2 * j - k) * exp(-X(i))",
+        "LUT(I(b, r_l), d)",
+        "T.0 + T.12",
+        "float(i) * 0.5 + 1e-05 + 2.0 + 1e+22",
+        "fma(a, b, c)",
+        "C()",
+    ],
+)
 def test_expression_round_trip(text):
     tree = rhs_of(text)
     assert rhs_of(format_expr(tree)) == tree
@@ -115,16 +119,26 @@ _where_clauses = st.one_of(
     st.builds(ast.LetClause, _NAMES, expressions),
 )
 statements = st.builds(
-    ast.Statement, _NAMES, st.lists(_NAMES, max_size=3).map(tuple),
-    st.sampled_from(ast.ASSIGN_OPS), st.booleans(), expressions,
+    ast.Statement,
+    _NAMES,
+    st.lists(_NAMES, max_size=3).map(tuple),
+    st.sampled_from(ast.ASSIGN_OPS),
+    st.booleans(),
+    expressions,
     st.lists(_where_clauses, max_size=3).map(tuple),
 )
-_sizes = st.lists(st.one_of(_NAMES.map(ast.Name), st.integers(0, 64).map(lambda v: ast.Number(v, False))),
-                  max_size=3).map(tuple)
+_sizes = st.lists(
+    st.one_of(_NAMES.map(ast.Name), st.integers(0, 64).map(lambda v: ast.Number(v, False))), max_size=3
+).map(tuple)
 _inputs = st.builds(ast.Param, _NAMES, _TYPES, st.one_of(st.none(), _sizes))
 _outputs = st.one_of(st.builds(ast.Param, _NAMES, st.none(), st.none()), _inputs)
-defs = st.builds(ast.Def, _NAMES, st.lists(_inputs, max_size=3).map(tuple),
-                 st.lists(_outputs, max_size=2).map(tuple), st.lists(statements, max_size=4).map(tuple))
+defs = st.builds(
+    ast.Def,
+    _NAMES,
+    st.lists(_inputs, max_size=3).map(tuple),
+    st.lists(_outputs, max_size=2).map(tuple),
+    st.lists(statements, max_size=4).map(tuple),
+)
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,5 +1,6 @@
 """The checker on valid defs: inferred ranges and shapes, element types, roles and the other
 facts of a CheckedDef that every later stage reads."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -49,7 +50,8 @@ def test_matmul_describe():
     assert check(MATMUL).describe() == (
         "def matmul(float32(M, K) A, float32(K, N) B) -> (float32(M, N) C)\n"
         "  S0: C(m, n) +=! A(m, r_k) * B(r_k, n)\n"
-        "      where m in 0:M, n in 0:N, r_k in 0:K reduce + over r_k")
+        "      where m in 0:M, n in 0:N, r_k in 0:K reduce + over r_k"
+    )
 
 
 def test_valid_convolution_shape():
@@ -116,12 +118,15 @@ def test_declared_output_shape_gives_an_index_its_range():
     assert ranges(declared) == {"i": "0:N", "j": "0:N"}
 
 
-@pytest.mark.parametrize("subscript, expected", [
-    ("i - 2", "2:N + 2"),
-    ("N - 1 - i", "0:N"),
-    ("2 * i + 1", "0:floor((N - 2) / 2) + 1"),
-    ("-i", "-N + 1:1"),  # inferred as TC does; the define-time bounds check rejects the write
-])
+@pytest.mark.parametrize(
+    "subscript, expected",
+    [
+        ("i - 2", "2:N + 2"),
+        ("N - 1 - i", "0:N"),
+        ("2 * i + 1", "0:floor((N - 2) / 2) + 1"),
+        ("-i", "-N + 1:1"),  # inferred as TC does; the define-time bounds check rejects the write
+    ],
+)
 def test_one_subscript_bounds(subscript, expected):
     definition = check(f"def f(float(N) A) -> (B) {{ B(i) = A({subscript}) }}")
     (value,) = ranges(definition).values()
@@ -154,8 +159,10 @@ def test_unguarded_accesses_win_over_guarded_ones():
 
 def test_guarded_accesses_bound_what_nothing_else_bounds():
     # TC's concat: m and n appear only in the branches
-    concat = check("def concat(float(M, N) A, float(M, N) B) -> (O1) {\n"
-                   "    O1(n, i, m) = i == 0 ? A(m, n) : B(m, n) where i in 0:2\n}")
+    concat = check(
+        "def concat(float(M, N) A, float(M, N) B) -> (O1) {\n"
+        "    O1(n, i, m) = i == 0 ? A(m, n) : B(m, n) where i in 0:2\n}"
+    )
     assert ranges(concat) == {"n": "0:N", "i": "0:2", "m": "0:M"}
     assert shape(concat, "O1") == ("N", "2", "M")
     assert dict(concat.statements[0].ranges)["m"].inferred_from == ("A(m, n)", "B(m, n)")
@@ -172,8 +179,15 @@ def masked_convolve(float(B, C, H, W) Input, float(F, C, K, K) Weights, uint8(F,
     Output(b, f, h, w) +=! (Mask(f, r_c) == 1) ?
         fmax(0.0, Input(b, r_c, h + r_k1, w + r_k2)) * Weights(f, r_c, r_k1, r_k2) : 0.0
 }""")
-    assert ranges(masked) == {"b": "0:B", "f": "0:F", "h": "0:H - K + 1", "w": "0:W - K + 1",
-                              "r_c": "0:C", "r_k1": "0:K", "r_k2": "0:K"}
+    assert ranges(masked) == {
+        "b": "0:B",
+        "f": "0:F",
+        "h": "0:H - K + 1",
+        "w": "0:W - K + 1",
+        "r_c": "0:C",
+        "r_k1": "0:K",
+        "r_k2": "0:K",
+    }
     assert dict(masked.statements[0].ranges)["f"].inferred_from == ("Mask(f, r_c)",)
 
 
@@ -202,8 +216,11 @@ def test_scalar_integer_input_is_a_size():
 def test_size_bindings_come_from_the_first_input_dimension_naming_them():
     matmul = check(MATMUL)
     assert matmul.sizes == ("M", "K", "N")
-    assert matmul.size_bindings == (ir.SizeBinding("M", "A", 0), ir.SizeBinding("K", "A", 1),
-                                    ir.SizeBinding("N", "B", 1))
+    assert matmul.size_bindings == (
+        ir.SizeBinding("M", "A", 0),
+        ir.SizeBinding("K", "A", 1),
+        ir.SizeBinding("N", "B", 1),
+    )
 
 
 def test_constant_sizes():
@@ -257,13 +274,23 @@ def test_statements_are_numbered_in_order():
 
 
 # ----------------------------------------------------------------------------- operators
-@pytest.mark.parametrize("op, expected", [
-    ("+=!", ("+", True)), ("+=", ("+", False)), ("*=!", ("*", True)), ("*=", ("*", False)),
-    ("min=!", ("min", True)), ("max=", ("max", False)), ("=", ("=", False)),
-])
+@pytest.mark.parametrize(
+    "op, expected",
+    [
+        ("+=!", ("+", True)),
+        ("+=", ("+", False)),
+        ("*=!", ("*", True)),
+        ("*=", ("*", False)),
+        ("min=!", ("min", True)),
+        ("max=", ("max", False)),
+        ("=", ("=", False)),
+    ],
+)
 def test_reduction_operators(op, expected):
-    definition = check(f"def f(float(N, M) A) -> (B) {{ B(i) {op} A(i, {'0' if op == '=' else 'r_j'}) "
-                       f"{'where exists A(i, 0)' if op == '=' else ''} }}")
+    definition = check(
+        f"def f(float(N, M) A) -> (B) {{ B(i) {op} A(i, {'0' if op == '=' else 'r_j'}) "
+        f"{'where exists A(i, 0)' if op == '=' else ''} }}"
+    )
     statement = definition.statements[0]
     assert (statement.op, statement.init) == expected
 
@@ -288,57 +315,60 @@ def test_reduction_indices_in_order_of_appearance():
 
 
 # ----------------------------------------------------------------------------- types
-@pytest.mark.parametrize("signature, rhs, expected", [
-    # weak literals take the other operand's type
-    ("float16(N) A", "2 * A(i)", np.float16),
-    ("float16(N) A", "A(i) * 0.5 + 1", np.float16),
-    ("double(N) A", "A(i) * 0.1", np.float64),
-    ("int8(N) A", "A(i) + 1", np.int8),
-    ("uint8(N) A", "A(i) - 1", np.uint8),
-    ("int64(N) A", "A(i) * 3", np.int64),
-    # a float literal makes integer arithmetic float32
-    ("int32(N) A", "A(i) * 0.5", np.float32),
-    ("int64(N) A", "A(i) + 1.0", np.float32),
-    # integers and floats: the float's type (C and TC), not numpy's float64
-    ("int32(N) A, float(N) X", "A(i) * X(i)", np.float32),
-    ("int64(N) A, float16(N) X", "A(i) + X(i)", np.float16),
-    ("float(N) A", "A(i) / N", np.float32),
-    ("float(N) A", "A(i) * i", np.float32),
-    # floats with floats, integers with integers: the wider
-    ("float16(N) A, float(N) X", "A(i) + X(i)", np.float32),
-    ("float(N) A, double(N) X", "A(i) + X(i)", np.float64),
-    ("int8(N) A, int32(N) X", "A(i) + X(i)", np.int32),
-    ("int32(N) A, int64(N) X", "A(i) * X(i)", np.int64),
-    ("int64(N) A, uint64(N) X", "A(i) + X(i)", np.int64),
-    # literal-only expressions
-    ("float(N) A", "2 where i in 0:N", np.int32),
-    ("float(N) A", "2.5 where i in 0:N", np.float32),
-    ("float(N) A", "3000000000 where i in 0:N", np.int64),
-    # indices and sizes are int64 values
-    ("float(N) A", "i + N where i in 0:N", np.int64),
-    # comparisons and logic give bool; bool in arithmetic is int32
-    ("float(N) A", "A(i) > 0", np.bool_),
-    ("float(N) A", "A(i) > 0 && A(i) < 1", np.bool_),
-    ("float(N) A", "!(A(i) > 0)", np.bool_),
-    ("float(N) A", "(A(i) > 0) + (A(i) < 0)", np.int32),
-    ("float(N) A", "(A(i) > 0) * A(i)", np.float32),
-    # casts
-    ("float(N) A", "int32(A(i))", np.int32),
-    ("float(N) A", "float(i) where i in 0:N", np.float32),
-    ("int32(N) A", "double(A(i)) / 3", np.float64),
-    ("float(N) A", "float16(A(i)) * 2", np.float16),
-    ("float(N) A", "bool(A(i))", np.bool_),
-    # builtins: math functions compute in float (float32 for integers), min/max/abs keep the type
-    ("int32(N) A", "exp(A(i))", np.float32),
-    ("double(N) A", "sqrt(A(i))", np.float64),
-    ("float16(N) A", "tanh(A(i))", np.float16),
-    ("int32(N) A", "max(A(i), 0)", np.int32),
-    ("int16(N) A", "abs(A(i))", np.int16),
-    ("float(N) A", "fmax(A(i), 0)", np.float32),
-    # a ternary unifies its branches
-    ("float(N) A", "A(i) > 0 ? A(i) : 0", np.float32),
-    ("int8(N) A", "A(i) > 0 ? A(i) : -1", np.int8),
-])
+@pytest.mark.parametrize(
+    "signature, rhs, expected",
+    [
+        # weak literals take the other operand's type
+        ("float16(N) A", "2 * A(i)", np.float16),
+        ("float16(N) A", "A(i) * 0.5 + 1", np.float16),
+        ("double(N) A", "A(i) * 0.1", np.float64),
+        ("int8(N) A", "A(i) + 1", np.int8),
+        ("uint8(N) A", "A(i) - 1", np.uint8),
+        ("int64(N) A", "A(i) * 3", np.int64),
+        # a float literal makes integer arithmetic float32
+        ("int32(N) A", "A(i) * 0.5", np.float32),
+        ("int64(N) A", "A(i) + 1.0", np.float32),
+        # integers and floats: the float's type (C and TC), not numpy's float64
+        ("int32(N) A, float(N) X", "A(i) * X(i)", np.float32),
+        ("int64(N) A, float16(N) X", "A(i) + X(i)", np.float16),
+        ("float(N) A", "A(i) / N", np.float32),
+        ("float(N) A", "A(i) * i", np.float32),
+        # floats with floats, integers with integers: the wider
+        ("float16(N) A, float(N) X", "A(i) + X(i)", np.float32),
+        ("float(N) A, double(N) X", "A(i) + X(i)", np.float64),
+        ("int8(N) A, int32(N) X", "A(i) + X(i)", np.int32),
+        ("int32(N) A, int64(N) X", "A(i) * X(i)", np.int64),
+        ("int64(N) A, uint64(N) X", "A(i) + X(i)", np.int64),
+        # literal-only expressions
+        ("float(N) A", "2 where i in 0:N", np.int32),
+        ("float(N) A", "2.5 where i in 0:N", np.float32),
+        ("float(N) A", "3000000000 where i in 0:N", np.int64),
+        # indices and sizes are int64 values
+        ("float(N) A", "i + N where i in 0:N", np.int64),
+        # comparisons and logic give bool; bool in arithmetic is int32
+        ("float(N) A", "A(i) > 0", np.bool_),
+        ("float(N) A", "A(i) > 0 && A(i) < 1", np.bool_),
+        ("float(N) A", "!(A(i) > 0)", np.bool_),
+        ("float(N) A", "(A(i) > 0) + (A(i) < 0)", np.int32),
+        ("float(N) A", "(A(i) > 0) * A(i)", np.float32),
+        # casts
+        ("float(N) A", "int32(A(i))", np.int32),
+        ("float(N) A", "float(i) where i in 0:N", np.float32),
+        ("int32(N) A", "double(A(i)) / 3", np.float64),
+        ("float(N) A", "float16(A(i)) * 2", np.float16),
+        ("float(N) A", "bool(A(i))", np.bool_),
+        # builtins: math functions compute in float (float32 for integers), min/max/abs keep the type
+        ("int32(N) A", "exp(A(i))", np.float32),
+        ("double(N) A", "sqrt(A(i))", np.float64),
+        ("float16(N) A", "tanh(A(i))", np.float16),
+        ("int32(N) A", "max(A(i), 0)", np.int32),
+        ("int16(N) A", "abs(A(i))", np.int16),
+        ("float(N) A", "fmax(A(i), 0)", np.float32),
+        # a ternary unifies its branches
+        ("float(N) A", "A(i) > 0 ? A(i) : 0", np.float32),
+        ("int8(N) A", "A(i) > 0 ? A(i) : -1", np.int8),
+    ],
+)
 def test_result_types(signature, rhs, expected):
     assert dtype(f"def f({signature}) -> (B) {{ B(i) = {rhs} }}") == np.dtype(expected)
 
@@ -366,8 +396,9 @@ def test_literals_fold_into_the_operation_type():
 # ----------------------------------------------------------------------------- let bindings
 def test_let_bindings_are_inlined():
     with_let = check("def f(float(N) A, float(N) B) -> (O) { O(i) = t * t + u where t = A(i) - B(i), u = t * 2 }")
-    written_out = check("def f(float(N) A, float(N) B) -> (O) { O(i) = (A(i) - B(i)) * (A(i) - B(i))"
-                        " + (A(i) - B(i)) * 2 }")
+    written_out = check(
+        "def f(float(N) A, float(N) B) -> (O) { O(i) = (A(i) - B(i)) * (A(i) - B(i)) + (A(i) - B(i)) * 2 }"
+    )
     assert with_let.statements[0].rhs == written_out.statements[0].rhs
     assert ranges(with_let) == {"i": "0:N"}
 

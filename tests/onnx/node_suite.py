@@ -11,6 +11,7 @@ uses an element type polyc does not compute in (the reason names the type) or a 
 is not a tensor (a sequence, an optional: named), one of its
 operators is not converted (named), or it is listed in EXCLUDED or IMPRECISE_EXPECTATIONS with why.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,16 +39,16 @@ EXCLUDED = {
 #: that a more exact result fails; each is checked against an exact answer in
 #: tests/onnx/test_more_operators.py instead.
 IMPRECISE_EXPECTATIONS = {
-    r"^test_dft_inverse(_opset19)?$":
-        "its expected values come from numpy's float32 FFT: imaginary parts that are exactly 0 hold "
-        "that FFT's rounding, 1.9e-7, above the case's atol of 1e-7 (polyc, computing in double as "
-        "onnx's reference does, gives 5.6e-16 there and agrees everywhere else)",
+    r"^test_dft_inverse(_opset19)?$": "its expected values come from numpy's float32 FFT: imaginary parts that are exactly 0 hold "
+    "that FFT's rounding, 1.9e-7, above the case's atol of 1e-7 (polyc, computing in double as "
+    "onnx's reference does, gives 5.6e-16 there and agrees everywhere else)",
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cases() -> dict:
     from onnx.backend.test.case import node
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return {case.name: case for case in node.collect_testcases(None)}
@@ -70,9 +71,17 @@ def unconverted(model) -> list[str]:
     """The operators of ``model`` that polyc neither converts nor expands (as ONNX functions)
     into operators it converts, each with what its function lacks."""
     bodies = function_bodies()
-    plain = sorted({n.op_type for n in model.graph.node
-                    if n.op_type not in CONVERTERS and n.op_type not in bodies and not is_if(n) and not is_scan(n)
-                    and not is_loop(n)})
+    plain = sorted(
+        {
+            n.op_type
+            for n in model.graph.node
+            if n.op_type not in CONVERTERS
+            and n.op_type not in bodies
+            and not is_if(n)
+            and not is_scan(n)
+            and not is_loop(n)
+        }
+    )
     if plain:  # (before loading: a model of a training domain has no default opset polyc loads)
         return plain
     loaded, _ = load_model(model)
@@ -88,11 +97,15 @@ def run_case(name: str) -> None:
         kind = value.type.WhichOneof("value")
         if kind != "tensor_type":
             kind = kind.removesuffix("_type")
-            pytest.skip(f"{value.name!r} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not a tensor: polyc compiles tensors only")
+            pytest.skip(
+                f"{value.name!r} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not a tensor: polyc compiles tensors only"
+            )
     for elem_type in _types(model):
         if numpy_dtype(elem_type) is None:
-            pytest.skip(f"dtype {onnx.TensorProto.DataType.Name(elem_type).lower()} is not one polyc computes in "
-                        f"({', '.join(sorted(set(TC_TYPES.values())))})")
+            pytest.skip(
+                f"dtype {onnx.TensorProto.DataType.Name(elem_type).lower()} is not one polyc computes in "
+                f"({', '.join(sorted(set(TC_TYPES.values())))})"
+            )
     missing = unconverted(model)
     if missing:
         pytest.skip(f"operator {', '.join(missing)} is not converted by polyc")
@@ -121,6 +134,7 @@ def operator_under_test(name: str) -> str:
     table, read defensively); an ``_expanded`` case tests the same operator through its function
     body.  Falls back to the case's only node, or to its first."""
     from onnx.backend.test.case import node
+
     cases()
     recorded = getattr(node, "_existing_names", {})
     base = re.sub(r"_expanded(_ver\d+)?$", "", name)

@@ -7,6 +7,7 @@ Runs the same cases and checks as ``tests/onnx/test_node_suite_*.py`` (``node_su
 outside pytest, in ``--jobs`` processes (each case compiles its own kernels: about 5 minutes
 on two cores from a cold kernel cache).  Without ``--ops`` every operator with a case is listed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,12 +23,14 @@ import pytest
 from tests.onnx import node_suite
 
 #: The operators issue 11 asks for, in its order (`--ops issue`).
-ISSUE_OPS = ("Conv ConvTranspose MatMul Gemm Relu LeakyRelu PRelu Sigmoid Tanh Gelu Erf HardSwish Clip "
-             "Softmax LogSoftmax LayerNormalization BatchNormalization MaxPool AveragePool "
-             "GlobalAveragePool GlobalMaxPool Add Sub Mul Div Pow Sqrt Exp Log Neg Reciprocal Abs Where "
-             "Equal Less Greater Cast ReduceMean ReduceSum ReduceMax ReduceMin ArgMax Reshape Transpose "
-             "Flatten Squeeze Unsqueeze Concat Split Slice Gather Expand Pad Shape Constant "
-             "ConstantOfShape Range Identity Dropout Einsum Resize").split()
+ISSUE_OPS = (
+    "Conv ConvTranspose MatMul Gemm Relu LeakyRelu PRelu Sigmoid Tanh Gelu Erf HardSwish Clip "
+    "Softmax LogSoftmax LayerNormalization BatchNormalization MaxPool AveragePool "
+    "GlobalAveragePool GlobalMaxPool Add Sub Mul Div Pow Sqrt Exp Log Neg Reciprocal Abs Where "
+    "Equal Less Greater Cast ReduceMean ReduceSum ReduceMax ReduceMin ArgMax Reshape Transpose "
+    "Flatten Squeeze Unsqueeze Concat Split Slice Gather Expand Pad Shape Constant "
+    "ConstantOfShape Range Identity Dropout Einsum Resize"
+).split()
 
 
 def outcome(name: str) -> tuple[str, str, str]:
@@ -45,8 +48,9 @@ def outcome(name: str) -> tuple[str, str, str]:
 
 
 def tally(results, ops) -> dict:
-    table = {op: {"passed": 0, "skipped": 0, "failed": 0, "reasons": collections.Counter(), "failures": []}
-             for op in ops}
+    table = {
+        op: {"passed": 0, "skipped": 0, "failed": 0, "reasons": collections.Counter(), "failures": []} for op in ops
+    }
     for name, status, why in results:
         op = node_suite.operator_under_test(name)
         if op not in table:
@@ -61,15 +65,23 @@ def tally(results, ops) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.onnx.node_table", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.onnx.node_table",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--ops", default="", help="comma-separated operators, or 'issue' for issue 11's list")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     names = sorted(node_suite.cases())
-    ops = ISSUE_OPS if args.ops == "issue" else \
-        tuple(args.ops.split(",")) if args.ops else sorted({node_suite.operator_under_test(n) for n in names})
+    ops = (
+        ISSUE_OPS
+        if args.ops == "issue"
+        else tuple(args.ops.split(","))
+        if args.ops
+        else sorted({node_suite.operator_under_test(n) for n in names})
+    )
     wanted = [n for n in names if node_suite.operator_under_test(n) in ops]
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
         results = list(pool.imap_unordered(outcome, wanted, chunksize=4))
@@ -84,8 +96,9 @@ def main(argv=None) -> int:
         for failure in row["failures"]:
             print(f"FAILED {op}: {failure}")
     if args.json:
-        args.json.write_text(json.dumps({op: {**row, "reasons": dict(row["reasons"])} for op, row in table.items()},
-                                        indent=1))
+        args.json.write_text(
+            json.dumps({op: {**row, "reasons": dict(row["reasons"])} for op, row in table.items()}, indent=1)
+        )
     return 1 if totals["failed"] else 0
 
 

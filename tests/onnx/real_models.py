@@ -2,6 +2,7 @@
 weights, exported once by hand with torch) through polyc.onnx against onnxruntime, at small
 sizes (32x32 images, 8-token sequences), on the same session as the batch size changes.
 Tolerance: onnx's backend test default, rtol 1e-3, with atol 1e-5 (outputs near zero)."""
+
 from __future__ import annotations
 
 import os
@@ -15,21 +16,26 @@ pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import polyc.onnx as ponnx  # noqa: E402
 from benchmarks.onnx_models import load  # noqa: E402
 
-import polyc.onnx as ponnx  # noqa: E402
-
 #: Feeds per model, in the order a session sees them (the batch changes between calls).
-SHAPES = {"resnet18": [(2, 3, 32, 32), (1, 3, 32, 32)], "squeezenet1_1": [(1, 3, 32, 32)],
-          "mobilenet_v2": [(1, 3, 32, 32)], "efficientnet_b0": [(2, 3, 32, 32), (1, 3, 32, 32)],
-          "encoder": [(2, 8, 768), (1, 4, 768)]}
+SHAPES = {
+    "resnet18": [(2, 3, 32, 32), (1, 3, 32, 32)],
+    "squeezenet1_1": [(1, 3, 32, 32)],
+    "mobilenet_v2": [(1, 3, 32, 32)],
+    "efficientnet_b0": [(2, 3, 32, 32), (1, 3, 32, 32)],
+    "encoder": [(2, 8, 768), (1, 4, 768)],
+}
 #: Models whose compile time at two sizes exceeds the suite's budget: set POLYC_ONNX_ALL_MODELS=1.
 SLOW = {"efficientnet_b0"}
 
 
 def check_model(name: str) -> None:
     if name in SLOW and not os.environ.get("POLYC_ONNX_ALL_MODELS"):
-        pytest.skip(f"{name}: 109 kernels at each size, about 90 s on two cores (Intel Xeon); POLYC_ONNX_ALL_MODELS=1 runs it")
+        pytest.skip(
+            f"{name}: 109 kernels at each size, about 90 s on two cores (Intel Xeon); POLYC_ONNX_ALL_MODELS=1 runs it"
+        )
     model = load(name)
     session = ponnx.InferenceSession(model)
     reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -7,6 +7,7 @@ in test_light_models.py.
 
 A model is skipped only when it uses an operator of DECLINED, for the reason given there.
 """
+
 from __future__ import annotations
 
 import unittest
@@ -15,15 +16,25 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 
-import onnx.backend.test  # noqa: E402
+import onnx.backend.test  # noqa: E402, F811
 
 from polyc.frontends.onnx import backend  # noqa: E402
 
 #: Operators polyc declines on purpose, with why (the models of the Simple group that use them).
 DECLINED = {
-    **dict.fromkeys(["SequenceEmpty", "SequenceInsert", "SequenceAt", "SequenceConstruct", "SequenceErase",
-                     "SequenceLength", "SplitToSequence", "ConcatFromSequence"],
-                    "a sequence of tensors: polyc compiles tensors only"),
+    **dict.fromkeys(
+        [
+            "SequenceEmpty",
+            "SequenceInsert",
+            "SequenceAt",
+            "SequenceConstruct",
+            "SequenceErase",
+            "SequenceLength",
+            "SplitToSequence",
+            "ConcatFromSequence",
+        ],
+        "a sequence of tensors: polyc compiles tensors only",
+    ),
     "StringNormalizer": "strings: polyc computes numbers and booleans",
     "Gradient": "a training operator (ai.onnx.preview.training): polyc compiles models for inference",
 }

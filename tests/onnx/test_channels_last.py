@@ -1,5 +1,6 @@
 """The channels-last pass (polyc/frontends/onnx/channels_last.py): convolution chains in NHWC,
 against onnxruntime, with transposes only where values cross between the layouts."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,18 +15,25 @@ from polyc.frontends.onnx import channels_last  # noqa: E402
 
 
 def _model(nodes, weights, outputs, channels=3, image=12):
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", channels, image, image])],
-                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in outputs],
-                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", channels, image, image])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in outputs],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def _two_inputs(nodes, weights, first, second, output_shape, rng):
     """(model, feeds, onnxruntime's output) of a graph with two inputs (name, shape) and one output Y."""
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
-                                           for name, shape in (first, second)],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, output_shape)],
-                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in (first, second)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, output_shape)],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in (first, second)}
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
@@ -41,28 +49,54 @@ def network() -> onnx.ModelProto:
 
     def r(*shape, scale=0.3):
         return (rng.standard_normal(shape) * scale).astype(np.float32)
-    weights = {"W1": r(8, 3, 3, 3), "B1": r(8), "scale": rng.uniform(0.5, 1.5, 8).astype(np.float32),
-               "shift": r(8), "mean": r(8), "var": rng.uniform(0.5, 2, 8).astype(np.float32),
-               "Wd": r(8, 1, 3, 3), "Bd": r(8), "lo": np.array(0, np.float32), "hi": np.array(6, np.float32),
-               "Wp": r(8, 8, 1, 1), "M": r(8, 1, 1, scale=1), "slope": r(8, 1, 1, scale=0.1),
-               "Wc": r(4, 8, 3, 3), "Wf": r(5, 12), "Bf": r(5)}
-    nodes = [helper.make_node("Conv", ["X", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv1"),
-             helper.make_node("BatchNormalization", ["c1", "scale", "shift", "mean", "var"], ["bn"], name="bn"),
-             helper.make_node("Relu", ["bn"], ["r1"], name="relu1"),
-             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1], name="pool"),
-             helper.make_node("Conv", ["p1", "Wd", "Bd"], ["d1"], group=8, pads=[1, 1, 1, 1], name="dw"),
-             helper.make_node("Clip", ["d1", "lo", "hi"], ["d2"], name="relu6"),
-             helper.make_node("Conv", ["d2", "Wp"], ["pw"], name="pw"),
-             helper.make_node("Add", ["pw", "p1"], ["res"], name="add"),
-             helper.make_node("Mul", ["res", "M"], ["scaled"], name="mul"),
-             helper.make_node("PRelu", ["scaled", "slope"], ["pr"], name="prelu"),
-             helper.make_node("Conv", ["pr", "Wc"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
-             helper.make_node("Concat", ["c2", "pr"], ["cat"], axis=1, name="concat"),
-             helper.make_node("AveragePool", ["cat"], ["ap"], kernel_shape=[2, 2], pads=[1, 1, 1, 1], strides=[2, 2],
-                              count_include_pad=1, name="avg"),
-             helper.make_node("GlobalAveragePool", ["ap"], ["gap"], name="gap"),
-             helper.make_node("Flatten", ["gap"], ["flat"], name="flatten"),
-             helper.make_node("Gemm", ["flat", "Wf", "Bf"], ["Y"], transB=1, name="fc")]
+
+    weights = {
+        "W1": r(8, 3, 3, 3),
+        "B1": r(8),
+        "scale": rng.uniform(0.5, 1.5, 8).astype(np.float32),
+        "shift": r(8),
+        "mean": r(8),
+        "var": rng.uniform(0.5, 2, 8).astype(np.float32),
+        "Wd": r(8, 1, 3, 3),
+        "Bd": r(8),
+        "lo": np.array(0, np.float32),
+        "hi": np.array(6, np.float32),
+        "Wp": r(8, 8, 1, 1),
+        "M": r(8, 1, 1, scale=1),
+        "slope": r(8, 1, 1, scale=0.1),
+        "Wc": r(4, 8, 3, 3),
+        "Wf": r(5, 12),
+        "Bf": r(5),
+    }
+    nodes = [
+        helper.make_node("Conv", ["X", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv1"),
+        helper.make_node("BatchNormalization", ["c1", "scale", "shift", "mean", "var"], ["bn"], name="bn"),
+        helper.make_node("Relu", ["bn"], ["r1"], name="relu1"),
+        helper.make_node(
+            "MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1], name="pool"
+        ),
+        helper.make_node("Conv", ["p1", "Wd", "Bd"], ["d1"], group=8, pads=[1, 1, 1, 1], name="dw"),
+        helper.make_node("Clip", ["d1", "lo", "hi"], ["d2"], name="relu6"),
+        helper.make_node("Conv", ["d2", "Wp"], ["pw"], name="pw"),
+        helper.make_node("Add", ["pw", "p1"], ["res"], name="add"),
+        helper.make_node("Mul", ["res", "M"], ["scaled"], name="mul"),
+        helper.make_node("PRelu", ["scaled", "slope"], ["pr"], name="prelu"),
+        helper.make_node("Conv", ["pr", "Wc"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("Concat", ["c2", "pr"], ["cat"], axis=1, name="concat"),
+        helper.make_node(
+            "AveragePool",
+            ["cat"],
+            ["ap"],
+            kernel_shape=[2, 2],
+            pads=[1, 1, 1, 1],
+            strides=[2, 2],
+            count_include_pad=1,
+            name="avg",
+        ),
+        helper.make_node("GlobalAveragePool", ["ap"], ["gap"], name="gap"),
+        helper.make_node("Flatten", ["gap"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "Wf", "Bf"], ["Y"], transB=1, name="fc"),
+    ]
     return _model(nodes, weights, [("Y", ["N", 5]), ("res", ["N", 8, 6, 6])])
 
 
@@ -83,7 +117,7 @@ def test_a_network_in_channels_last_matches_onnxruntime_at_two_batches():
     assert not [n for n in nodes if n.endswith(" to NHWC")]
     assert [n for n in nodes if n.endswith(" to NCHW")] == ["res to NCHW"]
     source = session.tc_source()
-    assert "float(3, 6, 6, 8)" in source      # NHWC tensors (the last plan: batch 3)
+    assert "float(3, 6, 6, 8)" in source  # NHWC tensors (the last plan: batch 3)
     assert "dw" in nodes and "concat" in nodes
 
 
@@ -91,15 +125,19 @@ def test_what_the_pass_leaves_in_onnx_layout():
     """Weights computed at run time, a grouped (not depthwise) Conv and a 1-D Conv stay in NCHW,
     and so does a convolution whose weights outweigh its few output pixels."""
     rng = np.random.default_rng(1)
-    weights = {"Wg": rng.standard_normal((4, 2, 3, 3)).astype(np.float32),
-               "W1": rng.standard_normal((4, 4, 3, 3)).astype(np.float32)}
-    nodes = [helper.make_node("Conv", ["X", "W"], ["a"], pads=[1, 1, 1, 1], name="runtime_weights"),
-             helper.make_node("Conv", ["a", "Wg"], ["b"], group=2, name="grouped"),
-             helper.make_node("Conv", ["b", "W1"], ["Y"], name="heavy")]
+    weights = {
+        "Wg": rng.standard_normal((4, 2, 3, 3)).astype(np.float32),
+        "W1": rng.standard_normal((4, 4, 3, 3)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["X", "W"], ["a"], pads=[1, 1, 1, 1], name="runtime_weights"),
+        helper.make_node("Conv", ["a", "Wg"], ["b"], group=2, name="grouped"),
+        helper.make_node("Conv", ["b", "W1"], ["Y"], name="heavy"),
+    ]
     model, feeds, want = _two_inputs(nodes, weights, ("X", [1, 4, 6, 6]), ("W", [4, 4, 3, 3]), [1, 4, 2, 2], rng)
     limit = channels_last.CHANNELS_LAST_WEIGHT_BYTES
     try:
-        channels_last.CHANNELS_LAST_WEIGHT_BYTES = 4 * 4 * 9 * 4 - 1   # "heavy"'s weights are more
+        channels_last.CHANNELS_LAST_WEIGHT_BYTES = 4 * 4 * 9 * 4 - 1  # "heavy"'s weights are more
         session = ponnx.InferenceSession(model)
         np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
     finally:
@@ -112,9 +150,11 @@ def test_converted_nodes_in_the_backend_sense():
     and an elementwise node between an NHWC value and an NCHW graph input (transposed)."""
     rng = np.random.default_rng(2)
     weights = {"W": rng.standard_normal((6, 6, 3, 3)).astype(np.float32)}
-    nodes = [helper.make_node("MaxPool", ["X"], ["p"], kernel_shape=[2, 2], name="pool"),
-             helper.make_node("Conv", ["p", "W"], ["c"], name="conv"),
-             helper.make_node("Add", ["c", "Z"], ["Y"], name="add")]
+    nodes = [
+        helper.make_node("MaxPool", ["X"], ["p"], kernel_shape=[2, 2], name="pool"),
+        helper.make_node("Conv", ["p", "W"], ["c"], name="conv"),
+        helper.make_node("Add", ["c", "Z"], ["Y"], name="add"),
+    ]
     model, feeds, want = _two_inputs(nodes, weights, ("X", [2, 6, 9, 9]), ("Z", [2, 6, 6, 6]), [2, 6, 6, 6], rng)
     session = ponnx.InferenceSession(model)
     np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
@@ -122,18 +162,26 @@ def test_converted_nodes_in_the_backend_sense():
     assert {"p to NHWC", "Z to NHWC", "Y to NCHW"} <= set(names)
 
 
-@pytest.mark.parametrize("attributes", [
-    dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
-    dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 0], ceil_mode=1),
-    dict(kernel_shape=[3, 3], dilations=[2, 2], pads=[2, 2, 2, 2]),
-    dict(kernel_shape=[4, 4], strides=[3, 3])], ids=["resnet", "ceil-asymmetric", "dilated", "no-edges"])
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 0], ceil_mode=1),
+        dict(kernel_shape=[3, 3], dilations=[2, 2], pads=[2, 2, 2, 2]),
+        dict(kernel_shape=[4, 4], strides=[3, 3]),
+    ],
+    ids=["resnet", "ceil-asymmetric", "dilated", "no-edges"],
+)
 def test_max_pools_of_nhwc_images(attributes):
     """MaxPool after a convolution, so in NHWC: one statement per region of positions."""
     rng = np.random.default_rng(3)
-    nodes = [helper.make_node("Conv", ["X", "W"], ["c"], name="conv"),
-             helper.make_node("MaxPool", ["c"], ["Y"], name="pool", **attributes)]
-    model = _model(nodes, {"W": rng.standard_normal((16, 3, 1, 1)).astype(np.float32)},
-                   [("Y", ["N", 16, "H", "W"])], image=11)
+    nodes = [
+        helper.make_node("Conv", ["X", "W"], ["c"], name="conv"),
+        helper.make_node("MaxPool", ["c"], ["Y"], name="pool", **attributes),
+    ]
+    model = _model(
+        nodes, {"W": rng.standard_normal((16, 3, 1, 1)).astype(np.float32)}, [("Y", ["N", 16, "H", "W"])], image=11
+    )
     feeds = {"X": rng.standard_normal((2, 3, 11, 11)).astype(np.float32)}
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     session = ponnx.InferenceSession(model)
@@ -141,11 +189,18 @@ def test_max_pools_of_nhwc_images(attributes):
     assert "Y to NCHW" in [name for group in session.groups for name in group]
 
 
-@pytest.mark.parametrize("attributes", [
-    dict(pads=[1, 1, 1, 1], strides=[2, 2]), dict(pads=[0, 1, 1, 0]), dict(dilations=[2, 2], pads=[2, 2, 2, 2]),
-    dict(kernel=[5, 5], pads=[2, 2, 2, 2]), dict(kernel=[5, 5], pads=[1, 2, 2, 1], strides=[2, 2]),
-    dict(kernel=[5, 3], pads=[0, 0, 0, 0], dilations=[1, 2])],
-    ids=["stride-2", "asymmetric", "dilated", "5x5", "5x5-stride-2-asymmetric", "5x3-unpadded"])
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        dict(pads=[1, 1, 1, 1], strides=[2, 2]),
+        dict(pads=[0, 1, 1, 0]),
+        dict(dilations=[2, 2], pads=[2, 2, 2, 2]),
+        dict(kernel=[5, 5], pads=[2, 2, 2, 2]),
+        dict(kernel=[5, 5], pads=[1, 2, 2, 1], strides=[2, 2]),
+        dict(kernel=[5, 3], pads=[0, 0, 0, 0], dilations=[1, 2]),
+    ],
+    ids=["stride-2", "asymmetric", "dilated", "5x5", "5x5-stride-2-asymmetric", "5x3-unpadded"],
+)
 def test_depthwise_convolutions_of_nhwc_images(attributes):
     """A depthwise Conv after a convolution (so in NHWC): one kernel, polyc's depthwise kernel,
     its zero padding in its statement's condition (no padding step) and its bias an epilogue;
@@ -154,12 +209,19 @@ def test_depthwise_convolutions_of_nhwc_images(attributes):
     attributes = dict(attributes)
     kernel = attributes.pop("kernel", [3, 3])
     rng = np.random.default_rng(4)
-    for first, expected in (((1, 1), "polyc pointwise + depthwise conv kernel"), ((3, 3), "polyc depthwise conv kernel")):
-        weights = {"W": rng.standard_normal((16, 3, *first)).astype(np.float32),
-                   "Wd": rng.standard_normal((16, 1, *kernel)).astype(np.float32),
-                   "Bd": rng.standard_normal(16).astype(np.float32)}
-        nodes = [helper.make_node("Conv", ["X", "W"], ["c"], name="conv", pads=[first[0] // 2] * 4),
-                 helper.make_node("Conv", ["c", "Wd", "Bd"], ["Y"], group=16, name="dw", **attributes)]
+    for first, expected in (
+        ((1, 1), "polyc pointwise + depthwise conv kernel"),
+        ((3, 3), "polyc depthwise conv kernel"),
+    ):
+        weights = {
+            "W": rng.standard_normal((16, 3, *first)).astype(np.float32),
+            "Wd": rng.standard_normal((16, 1, *kernel)).astype(np.float32),
+            "Bd": rng.standard_normal(16).astype(np.float32),
+        }
+        nodes = [
+            helper.make_node("Conv", ["X", "W"], ["c"], name="conv", pads=[first[0] // 2] * 4),
+            helper.make_node("Conv", ["c", "Wd", "Bd"], ["Y"], group=16, name="dw", **attributes),
+        ]
         model = _model(nodes, weights, [("Y", ["N", 16, "H", "W"])], image=11)
         feeds = {"X": rng.standard_normal((2, 3, 11, 11)).astype(np.float32)}
         want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
@@ -177,11 +239,12 @@ def test_the_shape_of_an_nhwc_value_needs_no_transpose():
     """Shape (and what exporters compute from it) of a value that exists in NHWC only is its
     NCHW shape, read without moving the data."""
     rng = np.random.default_rng(5)
-    nodes = [helper.make_node("Conv", ["X", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("Shape", ["c"], ["S"], name="shape"),
-             helper.make_node("GlobalAveragePool", ["c"], ["Y"], name="gap")]
-    model = _model(nodes, {"W": rng.standard_normal((8, 3, 3, 3)).astype(np.float32)},
-                   [("Y", ["N", 8, 1, 1])], image=9)
+    nodes = [
+        helper.make_node("Conv", ["X", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Shape", ["c"], ["S"], name="shape"),
+        helper.make_node("GlobalAveragePool", ["c"], ["Y"], name="gap"),
+    ]
+    model = _model(nodes, {"W": rng.standard_normal((8, 3, 3, 3)).astype(np.float32)}, [("Y", ["N", 8, 1, 1])], image=9)
     model.graph.output.append(helper.make_tensor_value_info("S", TensorProto.INT64, [4]))
     feeds = {"X": rng.standard_normal((2, 3, 9, 9)).astype(np.float32)}
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
@@ -197,11 +260,15 @@ def test_global_average_of_an_nhwc_image_streams_it_with_the_channels_in_vectors
     """GlobalAveragePool of an NHWC value: the image viewed as (positions, C) times a vector of
     1 / positions (at batch 1 polyc's matrix-vector kernel), then the Conv after it."""
     rng = np.random.default_rng(5)
-    weights = {"W": rng.standard_normal((40, 3, 3, 3)).astype(np.float32),
-               "Ws": rng.standard_normal((8, 40, 1, 1)).astype(np.float32)}
-    nodes = [helper.make_node("Conv", ["X", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("GlobalAveragePool", ["c"], ["g"], name="gap"),
-             helper.make_node("Conv", ["g", "Ws"], ["Y"], name="squeeze")]
+    weights = {
+        "W": rng.standard_normal((40, 3, 3, 3)).astype(np.float32),
+        "Ws": rng.standard_normal((8, 40, 1, 1)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["X", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("GlobalAveragePool", ["c"], ["g"], name="gap"),
+        helper.make_node("Conv", ["g", "Ws"], ["Y"], name="squeeze"),
+    ]
     model = _model(nodes, weights, [("Y", ["N", 8, 1, 1])], image=13)
     feeds = {"X": rng.standard_normal((batch, 3, 13, 13)).astype(np.float32)}
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
@@ -219,15 +286,21 @@ def test_pointwise_convolutions_of_many_filters_read_blocked_weights_at_few_pixe
     blocked product as NHWC, at its (.., F / NR, NR) indices."""
     from polyc.frontends.onnx.channels_last import POINTWISE_GEMM_FILTERS
     from polyc.frontends.onnx.ops.contractions import BLOCKED_WEIGHT_ROWS
+
     rng = np.random.default_rng(6)
     filters = POINTWISE_GEMM_FILTERS + 128
-    weights = {"W": rng.standard_normal((24, 3, 3, 3)).astype(np.float32),
-               "Wp": rng.standard_normal((filters, 24, 1, 1)).astype(np.float32),
-               "Bp": rng.standard_normal(filters).astype(np.float32),
-               "lo": np.array(0, np.float32), "hi": np.array(6, np.float32)}
-    nodes = [helper.make_node("Conv", ["X", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("Conv", ["c", "Wp", "Bp"], ["p"], name="pw"),
-             helper.make_node("Clip", ["p", "lo", "hi"], ["Y"], name="relu6")]
+    weights = {
+        "W": rng.standard_normal((24, 3, 3, 3)).astype(np.float32),
+        "Wp": rng.standard_normal((filters, 24, 1, 1)).astype(np.float32),
+        "Bp": rng.standard_normal(filters).astype(np.float32),
+        "lo": np.array(0, np.float32),
+        "hi": np.array(6, np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["X", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Conv", ["c", "Wp", "Bp"], ["p"], name="pw"),
+        helper.make_node("Clip", ["p", "lo", "hi"], ["Y"], name="relu6"),
+    ]
     model = _model(nodes, weights, [("Y", ["N", filters, image, image])], image=image)
     feeds = {"X": rng.standard_normal((batch, 3, image, image)).astype(np.float32)}
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
@@ -246,14 +319,19 @@ def test_pointwise_weights_outweighing_the_output_are_padded_to_whole_slivers(ch
     pixels); the real filters are copied out after, with the bias.  Else the weights are read
     in place."""
     from polyc.frontends.onnx.channels_last import POINTWISE_GEMM_FILTERS
+
     rng = np.random.default_rng(8)
     filters = POINTWISE_GEMM_FILTERS + 40
-    weights = {"W": rng.standard_normal((channels, 3, 3, 3)).astype(np.float32),
-               "Wp": rng.standard_normal((filters, channels, 1, 1)).astype(np.float32),
-               "Bp": rng.standard_normal(filters).astype(np.float32)}
-    nodes = [helper.make_node("Conv", ["X", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("Conv", ["c", "Wp", "Bp"], ["p"], name="pw"),
-             helper.make_node("Relu", ["p"], ["Y"], name="relu")]
+    weights = {
+        "W": rng.standard_normal((channels, 3, 3, 3)).astype(np.float32),
+        "Wp": rng.standard_normal((filters, channels, 1, 1)).astype(np.float32),
+        "Bp": rng.standard_normal(filters).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["X", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Conv", ["c", "Wp", "Bp"], ["p"], name="pw"),
+        helper.make_node("Relu", ["p"], ["Y"], name="relu"),
+    ]
     model = _model(nodes, weights, [("Y", ["N", filters, image, image])], image=image)
     feeds = {"X": rng.standard_normal((1, 3, image, image)).astype(np.float32)}
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
@@ -272,15 +350,19 @@ def test_convolutions_read_weights_blocked_by_output_channels(batch):
     the same way and viewed as NHWC: the bias, the residual Add and the Relu after them are
     epilogues through that view, applied in registers."""
     rng = np.random.default_rng(9)
-    weights = {"W1": rng.standard_normal((128, 8, 3, 3)).astype(np.float32) * 0.2,
-               "B1": rng.standard_normal(128).astype(np.float32),
-               "W2": rng.standard_normal((128, 128, 3, 3)).astype(np.float32) * 0.05,
-               "B2": rng.standard_normal(128).astype(np.float32)}
-    nodes = [helper.make_node("Conv", ["X", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv1"),
-             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-             helper.make_node("Conv", ["r1", "W2", "B2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
-             helper.make_node("Add", ["c2", "r1"], ["s"], name="add"),
-             helper.make_node("Relu", ["s"], ["Y"], name="relu2")]
+    weights = {
+        "W1": rng.standard_normal((128, 8, 3, 3)).astype(np.float32) * 0.2,
+        "B1": rng.standard_normal(128).astype(np.float32),
+        "W2": rng.standard_normal((128, 128, 3, 3)).astype(np.float32) * 0.05,
+        "B2": rng.standard_normal(128).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["X", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "W2", "B2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("Add", ["c2", "r1"], ["s"], name="add"),
+        helper.make_node("Relu", ["s"], ["Y"], name="relu2"),
+    ]
     model = _model(nodes, weights, [("Y", ["N", 128, 5, 5])], channels=8, image=10)
     feeds = {"X": rng.standard_normal((batch, 8, 10, 10)).astype(np.float32)}
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
@@ -295,22 +377,26 @@ def test_convolutions_read_weights_blocked_by_output_channels(batch):
     assert "output channels vectorised" in text and "#define POLYC_REGISTER_EPILOGUE 1" in text
 
 
-@pytest.mark.parametrize("filters, kernel, strides, outputs, options, dtype, block", [
-    (128, 3, 2, 14, {}, np.float32, 64),
-    (512, 3, 1, 7, {"winograd": True}, np.float32, 64),     # Winograd does not pay at 512 channels
-    (128, 3, 1, 28, {"winograd": True}, np.float32, 0),     # Winograd takes it
-    (128, 3, 1, 28, {"winograd": False}, np.float32, 64),
-    (128, 1, 2, 14, {}, np.float32, 64),
-    (128, 1, 1, 14, {}, np.float32, 0),                     # 1 x 1 stride 1: a depthwise layer may take it in
-    (64, 3, 2, 14, {}, np.float32, 0),                      # one block
-    (96, 3, 2, 14, {}, np.float32, 0),                      # not a multiple of the block
-    (64, 3, 2, 14, {}, np.float64, 32),
-    (128, 3, 2, 14, {"backend": "cuda"}, np.float32, 0),
-    (128, 3, 2, 14, {"direct_convolutions": False}, np.float32, 0),
-])
+@pytest.mark.parametrize(
+    "filters, kernel, strides, outputs, options, dtype, block",
+    [
+        (128, 3, 2, 14, {}, np.float32, 64),
+        (512, 3, 1, 7, {"winograd": True}, np.float32, 64),  # Winograd does not pay at 512 channels
+        (128, 3, 1, 28, {"winograd": True}, np.float32, 0),  # Winograd takes it
+        (128, 3, 1, 28, {"winograd": False}, np.float32, 64),
+        (128, 1, 2, 14, {}, np.float32, 64),
+        (128, 1, 1, 14, {}, np.float32, 0),  # 1 x 1 stride 1: a depthwise layer may take it in
+        (64, 3, 2, 14, {}, np.float32, 0),  # one block
+        (96, 3, 2, 14, {}, np.float32, 0),  # not a multiple of the block
+        (64, 3, 2, 14, {}, np.float64, 32),
+        (128, 3, 2, 14, {"backend": "cuda"}, np.float32, 0),
+        (128, 3, 2, 14, {"direct_convolutions": False}, np.float32, 0),
+    ],
+)
 def test_which_convolution_weights_are_blocked(filters, kernel, strides, outputs, options, dtype, block):
     from polyc.codegen.conv_channels import channel_block
     from polyc.frontends.onnx.lowering import Value
+
     w = Value("w", np.dtype(dtype), (filters, 128, kernel, kernel))
     assert channels_last.filter_block(w, (strides, strides), (1, 1), 1, (outputs, outputs), options) == block
     # Every instruction set's register block of channels divides the block: read in place.

@@ -5,6 +5,7 @@ and TopK on counts from data, NonMaxSuppression (one per If branch), RoiAlign, a
 ScatterElements of whole rows.  Two images: their counts differ, so the session plans the
 stages after them for each.  Tolerance: the backend tests' rtol 1e-3, atol 1e-4 (box corners
 are pixels)."""
+
 from __future__ import annotations
 
 import sys
@@ -17,9 +18,8 @@ pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.onnx_models import load  # noqa: E402
-
 import polyc.onnx as ponnx  # noqa: E402
+from benchmarks.onnx_models import load  # noqa: E402
 
 
 def test_faster_rcnn_matches_onnxruntime_on_two_images():

@@ -3,6 +3,7 @@ as functions, expanded into their bodies where polyc has no converter, and If, r
 branch its condition (known when planning) selects; against onnxruntime, onnx's reference and
 numpy.  And the operators converted alongside (ReduceLogSum, ReduceLogSumExp, DepthToSpace,
 SpaceToDepth)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,17 +17,23 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 import polyc  # noqa: E402
 import polyc.onnx as ponnx  # noqa: E402
 
-_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
-          np.dtype(np.bool_): TensorProto.BOOL}
+_TYPES = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.int64): TensorProto.INT64,
+    np.dtype(np.bool_): TensorProto.BOOL,
+}
 
 
 def model_of(nodes, inputs: dict, outputs, initializers=(), opset: int = 23, ranks=None):
     """``nodes`` as a model with inputs of the arrays' types and shapes and float ``outputs``: their
     shapes as onnx infers them, or of the rank in ``ranks`` (name -> rank) with symbolic sizes."""
     graph = helper.make_graph(
-        nodes, "functions",
+        nodes,
+        "functions",
         [helper.make_tensor_value_info(name, _TYPES[a.dtype], list(a.shape)) for name, a in inputs.items()],
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs], list(initializers))
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs],
+        list(initializers),
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     inferred = onnx.shape_inference.infer_shapes(model)
     del model.graph.output[:]
@@ -46,8 +53,12 @@ def test_rms_normalization_is_expanded_and_fused():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 5, 16)).astype(np.float32)
     scale = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "scale")
-    model = model_of([helper.make_node("RMSNormalization", ["x", "scale"], ["y"], name="rms", axis=-1,
-                                       epsilon=1e-5)], {"x": x}, ["y"], [scale])
+    model = model_of(
+        [helper.make_node("RMSNormalization", ["x", "scale"], ["y"], name="rms", axis=-1, epsilon=1e-5)],
+        {"x": x},
+        ["y"],
+        [scale],
+    )
     session = ponnx.InferenceSession(model)
     (ours,) = session.run(None, {"x": x})
     expected = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-5) * numpy_helper.to_array(scale)
@@ -66,8 +77,9 @@ def test_grouped_query_attention_against_onnxruntime(causal):
     q = rng.standard_normal((2, 6, 4 * 8)).astype(np.float32)
     k = rng.standard_normal((2, 6, 2 * 8)).astype(np.float32)
     v = rng.standard_normal((2, 6, 2 * 8)).astype(np.float32)
-    node = helper.make_node("Attention", ["q", "k", "v"], ["y"], name="attention", q_num_heads=4,
-                            kv_num_heads=2, is_causal=causal)
+    node = helper.make_node(
+        "Attention", ["q", "k", "v"], ["y"], name="attention", q_num_heads=4, kv_num_heads=2, is_causal=causal
+    )
     model = model_of([node], {"q": q, "k": k, "v": v}, ["y"])
     feeds = {"q": q, "k": k, "v": v}
     (ours,) = ponnx.InferenceSession(model).run(None, feeds)
@@ -78,16 +90,19 @@ def test_a_converter_wins_over_the_function():
     # LayerNormalization has a function body in its schema, but polyc's converter handles it.
     x = np.random.default_rng(2).standard_normal((4, 8)).astype(np.float32)
     scale = numpy_helper.from_array(np.ones(8, np.float32), "scale")
-    model = model_of([helper.make_node("LayerNormalization", ["x", "scale"], ["y"], name="ln")], {"x": x},
-                     ["y"], [scale], opset=17)
+    model = model_of(
+        [helper.make_node("LayerNormalization", ["x", "scale"], ["y"], name="ln")], {"x": x}, ["y"], [scale], opset=17
+    )
     session = ponnx.InferenceSession(model)
     assert session.groups == [["ln"]]
 
 
 def test_a_function_whose_body_polyc_cannot_convert_is_named_with_the_reason():
     x = np.full((2, 3), 0.5, np.float32)
-    nodes = [helper.make_node("Bernoulli", ["x"], ["coin"], name="coin"),
-             helper.make_node("Multinomial", ["coin"], ["draw"], name="draw")]
+    nodes = [
+        helper.make_node("Bernoulli", ["x"], ["coin"], name="coin"),
+        helper.make_node("Multinomial", ["coin"], ["draw"], name="draw"),
+    ]
     model = model_of(nodes, {"x": x}, ["draw"], opset=22, ranks={"draw": 2})
     with pytest.raises(polyc.UnsupportedError) as caught:
         ponnx.InferenceSession(model)
@@ -102,22 +117,33 @@ def test_affine_grid_whose_body_branches_on_an_attribute():
     theta = np.random.default_rng(5).standard_normal((2, 2, 3)).astype(np.float32)
     size = numpy_helper.from_array(np.array([2, 3, 4, 5], np.int64), "size")
     for align in (0, 1):
-        model = model_of([helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=align)],
-                         {"theta": theta}, ["grid"], [size], opset=20)
+        model = model_of(
+            [helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=align)],
+            {"theta": theta},
+            ["grid"],
+            [size],
+            opset=20,
+        )
         (ours,) = ponnx.InferenceSession(model).run(None, {"theta": theta})
-        np.testing.assert_allclose(ours, ReferenceEvaluator(model).run(None, {"theta": theta})[0],
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(ours, ReferenceEvaluator(model).run(None, {"theta": theta})[0], rtol=1e-5, atol=1e-6)
 
 
 def _branching_model(condition_nodes, inputs):
     """y = x * 2 when the condition holds, else x - 1 (the else branch with an initializer)."""
-    then_graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["twice"])], "then", [],
-                                   [helper.make_tensor_value_info("twice", TensorProto.FLOAT, None)])
-    else_graph = helper.make_graph([helper.make_node("Sub", ["x", "one"], ["less"])], "else", [],
-                                   [helper.make_tensor_value_info("less", TensorProto.FLOAT, None)],
-                                   [numpy_helper.from_array(np.array(1, np.float32), "one")])
-    node = helper.make_node("If", ["condition"], ["y"], name="branch", then_branch=then_graph,
-                            else_branch=else_graph)
+    then_graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "x"], ["twice"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("twice", TensorProto.FLOAT, None)],
+    )
+    else_graph = helper.make_graph(
+        [helper.make_node("Sub", ["x", "one"], ["less"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("less", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(1, np.float32), "one")],
+    )
+    node = helper.make_node("If", ["condition"], ["y"], name="branch", then_branch=then_graph, else_branch=else_graph)
     return model_of(condition_nodes + [node], inputs, ["y"], opset=17, ranks={"y": 2})
 
 
@@ -125,8 +151,11 @@ def test_if_on_a_shape_takes_the_branch_the_shape_selects():
     # condition: x has more than 3 rows.  Each shape is planned with its own branch.
     three = numpy_helper.from_array(np.array(3, np.int64), "three")
     zero = numpy_helper.from_array(np.array(0, np.int64), "zero")
-    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Gather", ["shape", "zero"], ["rows"]),
-             helper.make_node("Greater", ["rows", "three"], ["condition"])]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["rows"]),
+        helper.make_node("Greater", ["rows", "three"], ["condition"]),
+    ]
     model = _branching_model(nodes, {"x": np.zeros((2, 2), np.float32)})
     model.graph.initializer.extend([three, zero])
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "rows"
@@ -147,8 +176,10 @@ def test_if_on_an_input_specialises_the_plan_and_on_data_is_learned_by_a_stage()
         np.testing.assert_array_equal(session.run(None, feeds)[0], onnxruntime_run(model, feeds)[0])
     assert len(session._plans) == 2
     # A condition computed from a float tensor's values: the plan stops to learn it (stages.py).
-    nodes = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
-             helper.make_node("Greater", ["total", "zero"], ["condition"])]
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+        helper.make_node("Greater", ["total", "zero"], ["condition"]),
+    ]
     model = _branching_model(nodes, {"x": x})
     model.graph.initializer.append(numpy_helper.from_array(np.array(0, np.float32), "zero"))
     session = ponnx.InferenceSession(model)
@@ -162,8 +193,13 @@ def test_an_integer_input_computed_into_pads_specialises_the_plan():
     # CenterCropPad's body turns the target shape into Slice starts and Pad pads by arithmetic:
     # the session plans once per distinct target shape, and the user's feeds stay as given.
     x = np.arange(2 * 5 * 6, dtype=np.float32).reshape(2, 5, 6)
-    model = model_of([helper.make_node("CenterCropPad", ["x", "shape"], ["y"], axes=[1, 2])],
-                     {"x": x, "shape": np.array([3, 8], np.int64)}, ["y"], opset=18, ranks={"y": 3})
+    model = model_of(
+        [helper.make_node("CenterCropPad", ["x", "shape"], ["y"], axes=[1, 2])],
+        {"x": x, "shape": np.array([3, 8], np.int64)},
+        ["y"],
+        opset=18,
+        ranks={"y": 3},
+    )
     session = ponnx.InferenceSession(model)
     for shape in ([3, 8], [5, 4], [7, 6]):
         feeds = {"x": x, "shape": np.array(shape, np.int64)}
@@ -181,10 +217,12 @@ def test_reduce_log_sum_exp_does_not_overflow(keepdims):
     x = np.random.default_rng(3).standard_normal((3, 4, 5)).astype(np.float32) * 3 + 100
     x[1, :, 2] = -np.inf
     axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
-    nodes = [helper.make_node("ReduceLogSumExp", ["x", "axes"], ["lse"], keepdims=keepdims),
-             helper.make_node("ReduceLogSum", ["e", "axes"], ["ls"], keepdims=keepdims),
-             helper.make_node("Exp", ["small"], ["e"]),
-             helper.make_node("Sub", ["x", "hundred"], ["small"])]
+    nodes = [
+        helper.make_node("ReduceLogSumExp", ["x", "axes"], ["lse"], keepdims=keepdims),
+        helper.make_node("ReduceLogSum", ["e", "axes"], ["ls"], keepdims=keepdims),
+        helper.make_node("Exp", ["small"], ["e"]),
+        helper.make_node("Sub", ["x", "hundred"], ["small"]),
+    ]
     hundred = numpy_helper.from_array(np.array(100, np.float32), "hundred")
     model = model_of([nodes[0], nodes[3], nodes[2], nodes[1]], {"x": x}, ["lse", "ls"], [axes, hundred], opset=18)
     lse, ls = ponnx.InferenceSession(model).run(None, {"x": x})
@@ -197,8 +235,10 @@ def test_reduce_log_sum_exp_does_not_overflow(keepdims):
 @pytest.mark.parametrize("mode", ["DCR", "CRD"])
 def test_depth_to_space_and_back_against_onnxruntime(mode):
     x = np.random.default_rng(4).standard_normal((2, 12, 3, 4)).astype(np.float32)
-    nodes = [helper.make_node("DepthToSpace", ["x"], ["up"], blocksize=2, mode=mode),
-             helper.make_node("SpaceToDepth", ["up"], ["down"], blocksize=2)]
+    nodes = [
+        helper.make_node("DepthToSpace", ["x"], ["up"], blocksize=2, mode=mode),
+        helper.make_node("SpaceToDepth", ["up"], ["down"], blocksize=2),
+    ]
     model = model_of(nodes, {"x": x}, ["up", "down"], opset=13)
     ours = ponnx.InferenceSession(model).run(None, {"x": x})
     theirs = onnxruntime_run(model, {"x": x})
@@ -214,8 +254,9 @@ def test_depth_to_space_and_back_against_onnxruntime(mode):
 
 def test_depth_to_space_names_a_bad_block_size():
     x = np.zeros((1, 6, 2, 2), np.float32)
-    model = model_of([helper.make_node("DepthToSpace", ["x"], ["y"], name="d2s", blocksize=2)], {"x": x}, ["y"],
-                     opset=13)
+    model = model_of(
+        [helper.make_node("DepthToSpace", ["x"], ["y"], name="d2s", blocksize=2)], {"x": x}, ["y"], opset=13
+    )
     with pytest.raises(polyc.PolycError, match=r"node 'd2s' \(DepthToSpace\): 6 channels are not a multiple"):
         ponnx.InferenceSession(model).run(None, {"x": x})
 
@@ -225,24 +266,45 @@ def _scan_model(steps: int = 5):
     backwards along its axis 1, whose body also reads a value of the graph around it; its
     scan outputs are stacked along axis 1, one of them backwards."""
     body = helper.make_graph(
-        [helper.make_node("Add", ["sum_in", "a"], ["sum_out"]),
-         helper.make_node("Mul", ["b", "outer_scale"], ["scaled"]),
-         helper.make_node("Max", ["max_in", "scaled"], ["max_out"]),
-         helper.make_node("Identity", ["sum_out"], ["sums"]),
-         helper.make_node("Sub", ["max_out", "sum_out"], ["gaps"])],
+        [
+            helper.make_node("Add", ["sum_in", "a"], ["sum_out"]),
+            helper.make_node("Mul", ["b", "outer_scale"], ["scaled"]),
+            helper.make_node("Max", ["max_in", "scaled"], ["max_out"]),
+            helper.make_node("Identity", ["sum_out"], ["sums"]),
+            helper.make_node("Sub", ["max_out", "sum_out"], ["gaps"]),
+        ],
         "body",
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("sum_in", "max_in", "a", "b")],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("sum_out", "max_out", "sums", "gaps")])
-    node = helper.make_node("Scan", ["sum0", "max0", "xs", "ys"], ["sum", "max", "all_sums", "all_gaps"],
-                            name="scan", body=body, num_scan_inputs=2, scan_input_axes=[0, 1],
-                            scan_input_directions=[0, 1], scan_output_axes=[1, 0], scan_output_directions=[0, 1])
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("sum_out", "max_out", "sums", "gaps")],
+    )
+    node = helper.make_node(
+        "Scan",
+        ["sum0", "max0", "xs", "ys"],
+        ["sum", "max", "all_sums", "all_gaps"],
+        name="scan",
+        body=body,
+        num_scan_inputs=2,
+        scan_input_axes=[0, 1],
+        scan_input_directions=[0, 1],
+        scan_output_axes=[1, 0],
+        scan_output_directions=[0, 1],
+    )
     rng = np.random.default_rng(17)
-    feeds = {"sum0": np.zeros(3, np.float32), "max0": np.full(3, -5, np.float32),
-             "xs": rng.standard_normal((steps, 3)).astype(np.float32),
-             "ys": rng.standard_normal((3, steps)).astype(np.float32)}
+    feeds = {
+        "sum0": np.zeros(3, np.float32),
+        "max0": np.full(3, -5, np.float32),
+        "xs": rng.standard_normal((steps, 3)).astype(np.float32),
+        "ys": rng.standard_normal((3, steps)).astype(np.float32),
+    }
     scale = numpy_helper.from_array(np.array([1, 2, 3], np.float32), "outer_scale")
-    model = model_of([node], feeds, ["sum", "max", "all_sums", "all_gaps"], [scale], opset=16,
-                     ranks={"sum": 1, "max": 1, "all_sums": 2, "all_gaps": 2})
+    model = model_of(
+        [node],
+        feeds,
+        ["sum", "max", "all_sums", "all_gaps"],
+        [scale],
+        opset=16,
+        ranks={"sum": 1, "max": 1, "all_sums": 2, "all_gaps": 2},
+    )
     return model, feeds
 
 
@@ -268,29 +330,41 @@ def _loop_model(stop_after=None):
     """A Loop of trip count x's row count (from its shape), carrying a running product and
     stacking each iteration's row times the product; with ``stop_after``, its condition turns
     false once the iteration number reaches it (known while planning)."""
-    nodes = [helper.make_node("Gather", ["x", "iteration"], ["row"], axis=0),
-             helper.make_node("Mul", ["product_in", "row"], ["product_out"]),
-             helper.make_node("Add", ["product_out", "row"], ["stacked"])]
+    nodes = [
+        helper.make_node("Gather", ["x", "iteration"], ["row"], axis=0),
+        helper.make_node("Mul", ["product_in", "row"], ["product_out"]),
+        helper.make_node("Add", ["product_out", "row"], ["stacked"]),
+    ]
     if stop_after is None:
         nodes.append(helper.make_node("Identity", ["condition_in"], ["condition_out"]))
     else:
         nodes.append(helper.make_node("Less", ["iteration", "last"], ["condition_out"]))
     body = helper.make_graph(
-        nodes, "body",
-        [helper.make_tensor_value_info("iteration", TensorProto.INT64, []),
-         helper.make_tensor_value_info("condition_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("product_in", TensorProto.FLOAT, [3])],
-        [helper.make_tensor_value_info("condition_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("product_out", TensorProto.FLOAT, [3]),
-         helper.make_tensor_value_info("stacked", TensorProto.FLOAT, [3])])
-    outer = [helper.make_node("Shape", ["x"], ["shape"]),
-             helper.make_node("Gather", ["shape", "zero"], ["rows"]),
-             helper.make_node("Loop", ["rows", "true", "start"], ["product", "all"], name="loop", body=body)]
+        nodes,
+        "body",
+        [
+            helper.make_tensor_value_info("iteration", TensorProto.INT64, []),
+            helper.make_tensor_value_info("condition_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("product_in", TensorProto.FLOAT, [3]),
+        ],
+        [
+            helper.make_tensor_value_info("condition_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("product_out", TensorProto.FLOAT, [3]),
+            helper.make_tensor_value_info("stacked", TensorProto.FLOAT, [3]),
+        ],
+    )
+    outer = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["rows"]),
+        helper.make_node("Loop", ["rows", "true", "start"], ["product", "all"], name="loop", body=body),
+    ]
     x = np.random.default_rng(18).uniform(0.5, 1.5, (4, 3)).astype(np.float32)
-    constants = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
-                 numpy_helper.from_array(np.array(True), "true"),
-                 numpy_helper.from_array(np.ones(3, np.float32), "start"),
-                 numpy_helper.from_array(np.array(stop_after or 0, np.int64), "last")]
+    constants = [
+        numpy_helper.from_array(np.array(0, np.int64), "zero"),
+        numpy_helper.from_array(np.array(True), "true"),
+        numpy_helper.from_array(np.ones(3, np.float32), "start"),
+        numpy_helper.from_array(np.array(stop_after or 0, np.int64), "last"),
+    ]
     return model_of(outer, {"x": x}, ["product", "all"], constants, opset=16, ranks={"product": 1, "all": 2}), x
 
 

@@ -25,6 +25,7 @@ examples (default 30, about a minute of compilation from a cold kernel cache; ru
 mean, or the arena freeing a value's memory as soon as it is written, the default run failed
 and shrank to a two-node graph.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,14 +44,24 @@ import polyc.onnx as ponnx  # noqa: E402
 EXAMPLES = int(os.environ.get("POLYC_GRAPH_FUZZ_EXAMPLES", "30"))
 
 #: Unary operators (name, attributes) whose results stay finite and well conditioned on any input.
-UNARY = [("Relu", {}), ("Sigmoid", {}), ("Tanh", {}), ("LeakyRelu", {"alpha": 0.1}), ("HardSwish", {}),
-         ("Abs", {}), ("Neg", {}), ("Erf", {}), ("HardSigmoid", {"alpha": 0.2, "beta": 0.5})]
+UNARY = [
+    ("Relu", {}),
+    ("Sigmoid", {}),
+    ("Tanh", {}),
+    ("LeakyRelu", {"alpha": 0.1}),
+    ("HardSwish", {}),
+    ("Abs", {}),
+    ("Neg", {}),
+    ("Erf", {}),
+    ("HardSigmoid", {"alpha": 0.2, "beta": 0.5}),
+]
 
 
 # ----------------------------------------------------------------------------- the specs
 # A spec is a list of steps, plain tuples; every step after the input makes one value from the
 # values before it (by their positions).  Shapes are tracked without the batch (it is symbolic):
 # ("image", (C, H, W)), ("sequence", (C, L)) or ("matrix", (K,)).
+
 
 @st.composite
 def graphs(draw):
@@ -73,18 +84,40 @@ def _steps(draw, shapes):
     """One step on the values made so far, or None where the drawn one does not fit."""
     index = len(shapes) - 1 if draw(st.booleans()) else draw(st.integers(0, len(shapes) - 1))
     kind, shape = shapes[index]
-    seed = draw(st.integers(0, 2 ** 16))
+    seed = draw(st.integers(0, 2**16))
     choices = ["unary", "constant", "residual", "softmax"]
-    choices += {"image": ["conv", "conv", "depthwise", "block", "block", "pool", "global", "concat", "reduce", "transpose", "flatten",
-                          "slice", "pad", "split", "sequence"],
-                "sequence": ["matmul", "layernorm", "transpose", "reduce"],
-                "matrix": ["gemm", "matmul"]}[kind]
+    choices += {
+        "image": [
+            "conv",
+            "conv",
+            "depthwise",
+            "block",
+            "block",
+            "pool",
+            "global",
+            "concat",
+            "reduce",
+            "transpose",
+            "flatten",
+            "slice",
+            "pad",
+            "split",
+            "sequence",
+        ],
+        "sequence": ["matmul", "layernorm", "transpose", "reduce"],
+        "matrix": ["gemm", "matmul"],
+    }[kind]
     choice = draw(st.sampled_from(choices))
     if choice == "slice":
         start = draw(st.integers(0, shape[0] - 1))
         return ("slice", index, start, draw(st.integers(start + 1, shape[0])), draw(st.sampled_from([1, 2])))
     if choice == "pad":
-        return ("pad", index, draw(st.lists(st.integers(0, 2), min_size=4, max_size=4)), draw(st.sampled_from([0.0, 1.5])))
+        return (
+            "pad",
+            index,
+            draw(st.lists(st.integers(0, 2), min_size=4, max_size=4)),
+            draw(st.sampled_from([0.0, 1.5])),
+        )
     if choice == "split":
         if shape[0] % 2:
             return None
@@ -101,8 +134,24 @@ def _steps(draw, shapes):
         f = shape[0] * draw(st.sampled_from([1, 3, 6]))
         activations = st.sampled_from([None, "Relu", "Clip"])
         expansion = ("conv", index, f, 1, 1, 0, 1, draw(st.booleans()), draw(st.booleans()), draw(activations), seed)
-        return ("block", index, expansion, ("conv", None, f, kernel, stride, pad, f, draw(st.booleans()), draw(st.booleans()),
-                                     draw(activations), seed + 1))
+        return (
+            "block",
+            index,
+            expansion,
+            (
+                "conv",
+                None,
+                f,
+                kernel,
+                stride,
+                pad,
+                f,
+                draw(st.booleans()),
+                draw(st.booleans()),
+                draw(activations),
+                seed + 1,
+            ),
+        )
     if choice in ("conv", "depthwise"):
         kernel = draw(st.sampled_from([1, 3]))
         stride = draw(st.sampled_from([1, 1, 2]))
@@ -111,16 +160,28 @@ def _steps(draw, shapes):
             return None
         f = shape[0] if choice == "depthwise" else draw(st.sampled_from([2, 4, 8, 16]))
         group = shape[0] if choice == "depthwise" else 1
-        return ("conv", index, f, kernel, stride, pad, group, draw(st.booleans()), draw(st.booleans()),
-                draw(st.sampled_from([None, "Relu", "Clip"])), seed)
+        return (
+            "conv",
+            index,
+            f,
+            kernel,
+            stride,
+            pad,
+            group,
+            draw(st.booleans()),
+            draw(st.booleans()),
+            draw(st.sampled_from([None, "Relu", "Clip"])),
+            seed,
+        )
     if choice == "pool":
         kernel, stride = draw(st.sampled_from([2, 3])), draw(st.sampled_from([1, 2]))
         pad = draw(st.integers(0, kernel // 2))
         if min(shape[1:]) + 2 * pad < kernel:
             return None
         ceil = draw(st.booleans())
-        if ceil and any(_pooled(n, kernel, stride, pad, True) != -(-(n + 2 * pad - kernel) // stride) + 1
-                        for n in shape[1:]):
+        if ceil and any(
+            _pooled(n, kernel, stride, pad, True) != -(-(n + 2 * pad - kernel) // stride) + 1 for n in shape[1:]
+        ):
             # a last window starting in the padding: onnxruntime drops it, onnx's shape inference
             # does not, and the checker then rejects a constant of the pooled shape added to it
             return None
@@ -214,12 +275,27 @@ def build_model(spec: list) -> onnx.ModelProto:
         weight = rng.standard_normal((f, c // group, kernel, kernel)) / np.sqrt(c // group * kernel * kernel)
         inputs = [source, const(f"{out}_w", weight)] + ([const(f"{out}_b", rng.standard_normal(f))] if bias else [])
         target = f"{out}_conv" if norm or activation else out
-        nodes.append(helper.make_node("Conv", inputs, [target], kernel_shape=[kernel, kernel], strides=[stride] * 2,
-                                      pads=[pad] * 4, group=group))
+        nodes.append(
+            helper.make_node(
+                "Conv",
+                inputs,
+                [target],
+                kernel_shape=[kernel, kernel],
+                strides=[stride] * 2,
+                pads=[pad] * 4,
+                group=group,
+            )
+        )
         if norm:
-            parameters = [const(f"{out}_{p}", v) for p, v in (
-                ("scale", rng.uniform(0.5, 1.5, f)), ("shift", rng.standard_normal(f)),
-                ("mean", rng.standard_normal(f) * 0.1), ("var", rng.uniform(0.5, 2.0, f)))]
+            parameters = [
+                const(f"{out}_{p}", v)
+                for p, v in (
+                    ("scale", rng.uniform(0.5, 1.5, f)),
+                    ("shift", rng.standard_normal(f)),
+                    ("mean", rng.standard_normal(f) * 0.1),
+                    ("var", rng.uniform(0.5, 2.0, f)),
+                )
+            ]
             normed = f"{out}_bn" if activation else out
             nodes.append(helper.make_node("BatchNormalization", [target] + parameters, [normed]))
             target = normed
@@ -247,8 +323,17 @@ def build_model(spec: list) -> onnx.ModelProto:
             conv(step[3], f"{out}_e", step_shape(step[2], shapes)[1], out)
         elif op == "pool":
             _, _, name, kernel, stride, pad, ceil = step
-            nodes.append(helper.make_node(name, [source], [out], kernel_shape=[kernel] * 2, strides=[stride] * 2,
-                                          pads=[pad] * 4, ceil_mode=int(ceil)))
+            nodes.append(
+                helper.make_node(
+                    name,
+                    [source],
+                    [out],
+                    kernel_shape=[kernel] * 2,
+                    strides=[stride] * 2,
+                    pads=[pad] * 4,
+                    ceil_mode=int(ceil),
+                )
+            )
         elif op == "global":
             nodes.append(helper.make_node(step[2], [source], [out]))
         elif op == "concat":
@@ -263,11 +348,15 @@ def build_model(spec: list) -> onnx.ModelProto:
             else:
                 nodes.append(helper.make_node(step[2], [source], [out], axes=[2, 3], keepdims=1))
         elif op == "transpose":
-            nodes.append(helper.make_node("Transpose", [source], [out], perm=[0, 1, 3, 2] if kind == "image" else [0, 2, 1]))
+            nodes.append(
+                helper.make_node("Transpose", [source], [out], perm=[0, 1, 3, 2] if kind == "image" else [0, 2, 1])
+            )
         elif op == "slice":
             _, _, start, end, stride = step
-            parameters = [integers(f"{out}_{name}", [v]) for name, v in (("starts", start), ("ends", end), ("axes", 1),
-                                                                         ("steps", stride))]
+            parameters = [
+                integers(f"{out}_{name}", [v])
+                for name, v in (("starts", start), ("ends", end), ("axes", 1), ("steps", stride))
+            ]
             nodes.append(helper.make_node("Slice", [source, *parameters], [out]))
         elif op == "pad":
             top, left, bottom, right = step[2]
@@ -276,7 +365,9 @@ def build_model(spec: list) -> onnx.ModelProto:
         elif op == "split":
             halves = [f"{out}_0", f"{out}_1"]
             halves[step[2]] = out
-            nodes.append(helper.make_node("Split", [source, integers(f"{out}_sizes", [shape[0] // 2] * 2)], halves, axis=1))
+            nodes.append(
+                helper.make_node("Split", [source, integers(f"{out}_sizes", [shape[0] // 2] * 2)], halves, axis=1)
+            )
         elif op == "sequence":
             nodes.append(helper.make_node("Reshape", [source, integers(f"{out}_shape", [0, shape[0], -1])], [out]))
         elif op == "reduce_last":
@@ -284,9 +375,18 @@ def build_model(spec: list) -> onnx.ModelProto:
         elif op == "layernorm":
             rng = np.random.default_rng(step[2])
             width = shape[-1]
-            nodes.append(helper.make_node("LayerNormalization", [source, const(f"{out}_scale", rng.uniform(0.5, 1.5, width)),
-                                                                 const(f"{out}_bias", rng.standard_normal(width))],
-                                          [out], axis=-1))
+            nodes.append(
+                helper.make_node(
+                    "LayerNormalization",
+                    [
+                        source,
+                        const(f"{out}_scale", rng.uniform(0.5, 1.5, width)),
+                        const(f"{out}_bias", rng.standard_normal(width)),
+                    ],
+                    [out],
+                    axis=-1,
+                )
+            )
         elif op == "flatten":
             nodes.append(helper.make_node("Flatten", [source], [out], axis=1))
         elif op in ("gemm", "matmul"):
@@ -306,10 +406,12 @@ def build_model(spec: list) -> onnx.ModelProto:
         elif op == "constant":
             _, _, name, form, seed = step
             rng = np.random.default_rng(seed)
-            value = {"scalar": lambda: rng.uniform(0.5, 1.5, (1,)),
-                     "channel": lambda: rng.uniform(0.5, 1.5, (shape[0], 1, 1)),
-                     "full": lambda: rng.uniform(0.5, 1.5, shape),
-                     "last": lambda: rng.uniform(0.5, 1.5, shape[-1:])}[form]()
+            value = {
+                "scalar": lambda: rng.uniform(0.5, 1.5, (1,)),
+                "channel": lambda: rng.uniform(0.5, 1.5, (shape[0], 1, 1)),
+                "full": lambda: rng.uniform(0.5, 1.5, shape),
+                "last": lambda: rng.uniform(0.5, 1.5, shape[-1:]),
+            }[form]()
             nodes.append(helper.make_node(name, [source, const(f"{out}_k", value)], [out]))
         elif op == "residual":
             nodes.append(helper.make_node(step[3], [source, f"v{step[2]}"], [out]))
@@ -318,13 +420,20 @@ def build_model(spec: list) -> onnx.ModelProto:
         shapes.append(step_shape(step, shapes))
     channels, size = spec[0][1], spec[0][2]
     graph = helper.make_graph(
-        nodes, "fuzz", [helper.make_tensor_value_info("v0", TensorProto.FLOAT, ["N", channels, size, size])],
+        nodes,
+        "fuzz",
+        [helper.make_tensor_value_info("v0", TensorProto.FLOAT, ["N", channels, size, size])],
         # the outputs' extents left symbolic: onnx's shape inference and onnxruntime disagree on
         # some pooled extents with ceil_mode (the ONNX rule drops a last window that starts in the
         # padding, as onnxruntime does), and the test compares with onnxruntime's shapes
-        [helper.make_tensor_value_info(f"v{i}", TensorProto.FLOAT, ["N"] + [f"v{i}_{d}" for d in range(len(shapes[i][1]))])
-         for i in outputs],
-        initializers)
+        [
+            helper.make_tensor_value_info(
+                f"v{i}", TensorProto.FLOAT, ["N"] + [f"v{i}_{d}" for d in range(len(shapes[i][1]))]
+            )
+            for i in outputs
+        ],
+        initializers,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -334,8 +443,13 @@ def _run_onnxruntime(model, feeds):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=False, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=False,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(spec=graphs(), layout=st.sampled_from([(True, True), (True, False), (False, False)]))
 def test_random_graphs_match_onnxruntime(spec, layout):
     graph_fusion, channels_last = layout

@@ -1,6 +1,7 @@
 """Operators beyond the issue's list, where onnx's node cases leave paths untried: CumSum along
 long axes (the blocked sums), Upsample and Resize of opset 10 (linear, and downsampling),
 GatherElements' and OneHot's edge cases.  Against numpy and onnxruntime."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,16 +16,23 @@ import polyc.onnx as ponnx  # noqa: E402
 from polyc.errors import PolycError  # noqa: E402
 from polyc.frontends.onnx.ops.reductions import CUMSUM_BLOCK, CUMSUM_DIRECT, TOPK_SELECT_FROM  # noqa: E402
 
-_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
-          np.dtype(np.int32): TensorProto.INT32, np.dtype(np.int64): TensorProto.INT64}
+_TYPES = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.float64): TensorProto.DOUBLE,
+    np.dtype(np.int32): TensorProto.INT32,
+    np.dtype(np.int64): TensorProto.INT64,
+}
 
 
 def one_node_model(node, inputs: dict, output_type, initializers=(), opset: int = 21):
     """The node as a model; its output's shape is onnx's shape inference's."""
     graph = helper.make_graph(
-        [node], node.op_type,
+        [node],
+        node.op_type,
         [helper.make_tensor_value_info(name, _TYPES[array.dtype], list(array.shape)) for name, array in inputs.items()],
-        [helper.make_tensor_value_info(node.output[0], output_type, None)], list(initializers))
+        [helper.make_tensor_value_info(node.output[0], output_type, None)],
+        list(initializers),
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     model.graph.output[0].CopyFrom(inferred.graph.output[0])
@@ -106,16 +114,18 @@ def test_cumsum_of_float32_positions_from_a_mask():
     np.testing.assert_allclose(ours, theirs, rtol=1e-6)
 
 
-@pytest.mark.parametrize("mode,scales", [("nearest", [1, 1, 2, 3]), ("linear", [1, 1, 2, 2]),
-                                         ("nearest", [1, 1, 0.5, 0.5])])
+@pytest.mark.parametrize(
+    "mode,scales", [("nearest", [1, 1, 2, 3]), ("linear", [1, 1, 2, 2]), ("nearest", [1, 1, 0.5, 0.5])]
+)
 def test_opset_9_upsample_and_opset_10_resize_as_onnxruntime(mode, scales):
     x = np.random.default_rng(3).standard_normal((1, 2, 4, 6)).astype(np.float32)
     table = numpy_helper.from_array(np.array(scales, np.float32), "scales")
     for op, opset in (("Upsample", 9), ("Resize", 10)):
         if op == "Upsample" and min(scales) < 1:
             continue  # Upsample's scales are at least 1
-        model = one_node_model(helper.make_node(op, ["x", "scales"], ["y"], mode=mode), {"x": x},
-                               TensorProto.FLOAT, [table], opset=opset)
+        model = one_node_model(
+            helper.make_node(op, ["x", "scales"], ["y"], mode=mode), {"x": x}, TensorProto.FLOAT, [table], opset=opset
+        )
         ours, theirs = run_both(model, {"x": x})
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6, err_msg=f"{op}-{opset}")
 
@@ -151,15 +161,23 @@ def test_a_scalar_mean_and_a_division_by_a_scalar_sum():
     # scalar divisor updated the scalar in place, the same way.  Both were TC errors.
     x = np.random.default_rng(4).random((3, 2)).astype(np.float32)
     w = np.array(2.0, np.float32)
-    nodes = [helper.make_node("ReduceMean", ["x"], ["mean"], keepdims=0),
-             helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
-             helper.make_node("Div", ["w", "total"], ["ratio"])]
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mean"], keepdims=0),
+        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+        helper.make_node("Div", ["w", "total"], ["ratio"]),
+    ]
     graph = helper.make_graph(
-        nodes, "scalars",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2]),
-         helper.make_tensor_value_info("w", TensorProto.FLOAT, [])],
-        [helper.make_tensor_value_info("mean", TensorProto.FLOAT, []),
-         helper.make_tensor_value_info("ratio", TensorProto.FLOAT, [])])
+        nodes,
+        "scalars",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, []),
+        ],
+        [
+            helper.make_tensor_value_info("mean", TensorProto.FLOAT, []),
+            helper.make_tensor_value_info("ratio", TensorProto.FLOAT, []),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     for fusion in (True, False):
         mean, ratio = ponnx.InferenceSession(model, graph_fusion=fusion).run(None, {"x": x, "w": w})
@@ -174,9 +192,16 @@ def test_top_k_orders_ties_by_index_as_onnxruntime(largest, dtype):
     x = np.random.default_rng(5).integers(0, 10, (2, 1000, 3)).astype(dtype)
     k = numpy_helper.from_array(np.array([20], np.int64), "k")
     node = helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=1, largest=largest)
-    graph = helper.make_graph([node], "topk", [helper.make_tensor_value_info("x", _TYPES[np.dtype(dtype)], x.shape)],
-                              [helper.make_tensor_value_info("values", _TYPES[np.dtype(dtype)], [2, 20, 3]),
-                               helper.make_tensor_value_info("indices", TensorProto.INT64, [2, 20, 3])], [k])
+    graph = helper.make_graph(
+        [node],
+        "topk",
+        [helper.make_tensor_value_info("x", _TYPES[np.dtype(dtype)], x.shape)],
+        [
+            helper.make_tensor_value_info("values", _TYPES[np.dtype(dtype)], [2, 20, 3]),
+            helper.make_tensor_value_info("indices", TensorProto.INT64, [2, 20, 3]),
+        ],
+        [k],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     ours = ponnx.InferenceSession(model).run(None, {"x": x})
     theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
@@ -189,9 +214,16 @@ def test_top_k_puts_nan_above_every_number_as_onnxs_reference():
     for largest in (1, 0):
         k = numpy_helper.from_array(np.array([8], np.int64), "k")
         node = helper.make_node("TopK", ["x", "k"], ["values", "indices"], largest=largest)
-        graph = helper.make_graph([node], "topk", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-                                  [helper.make_tensor_value_info("values", TensorProto.FLOAT, [1, 8]),
-                                   helper.make_tensor_value_info("indices", TensorProto.INT64, [1, 8])], [k])
+        graph = helper.make_graph(
+            [node],
+            "topk",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+            [
+                helper.make_tensor_value_info("values", TensorProto.FLOAT, [1, 8]),
+                helper.make_tensor_value_info("indices", TensorProto.INT64, [1, 8]),
+            ],
+            [k],
+        )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         values, positions = ponnx.InferenceSession(model).run(None, {"x": x})
         expected_values, expected_positions = ReferenceEvaluator(model).run(None, {"x": x})
@@ -204,18 +236,40 @@ def _top_k_model(x, k: int, axis: int, largest: int):
     node = helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=axis, largest=largest)
     shape = list(x.shape)
     shape[axis] = k
-    graph = helper.make_graph([node], "topk", [helper.make_tensor_value_info("x", types[x.dtype], x.shape)],
-                              [helper.make_tensor_value_info("values", types[x.dtype], shape),
-                               helper.make_tensor_value_info("indices", TensorProto.INT64, shape)],
-                              [numpy_helper.from_array(np.array([k], np.int64), "k")])
+    graph = helper.make_graph(
+        [node],
+        "topk",
+        [helper.make_tensor_value_info("x", types[x.dtype], x.shape)],
+        [
+            helper.make_tensor_value_info("values", types[x.dtype], shape),
+            helper.make_tensor_value_info("indices", TensorProto.INT64, shape),
+        ],
+        [numpy_helper.from_array(np.array([k], np.int64), "k")],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize("dtype,largest,k", [(np.float32, 1, 40), (np.float32, 0, 700), (np.float64, 0, 40),
-                                             (np.float16, 1, 40), (np.int64, 1, 900), (np.uint8, 0, 40),
-                                             (np.int32, 1, 1400)],
-                         ids=["float32-largest", "float32-smallest-half", "float64-smallest", "float16-largest",
-                              "int64-largest-most", "uint8-smallest", "int32-largest-into-the-least"])
+@pytest.mark.parametrize(
+    "dtype,largest,k",
+    [
+        (np.float32, 1, 40),
+        (np.float32, 0, 700),
+        (np.float64, 0, 40),
+        (np.float16, 1, 40),
+        (np.int64, 1, 900),
+        (np.uint8, 0, 40),
+        (np.int32, 1, 1400),
+    ],
+    ids=[
+        "float32-largest",
+        "float32-smallest-half",
+        "float64-smallest",
+        "float16-largest",
+        "int64-largest-most",
+        "uint8-smallest",
+        "int32-largest-into-the-least",
+    ],
+)
 def test_top_k_of_a_long_axis_selects_by_key_as_onnxs_reference(dtype, largest, k):
     # Past TOPK_SELECT_FROM, TopK selects by integer keys: many ties (values 0 to 49, so the
     # k-th value is tied), and for floats NaN, +-0, +-inf and negative numbers; a row of equal
@@ -287,23 +341,35 @@ def test_scatter_indices_outside_the_data_are_errors_not_dropped_updates():
     data = np.zeros((4, 3), np.float32)
     model, _ = scatter_model("ScatterND", data, np.array([[1]], np.int64), np.ones((1, 3), np.float32))
     session = ponnx.InferenceSession(model)
-    np.testing.assert_array_equal(session.run(None, {"data": data, "index": np.array([[-1]], np.int64),
-                                                     "updates": np.ones((1, 3), np.float32)})[0][3], 1)
+    np.testing.assert_array_equal(
+        session.run(None, {"data": data, "index": np.array([[-1]], np.int64), "updates": np.ones((1, 3), np.float32)})[
+            0
+        ][3],
+        1,
+    )
     with pytest.raises(PolycError, match="outside"):
         session.run(None, {"data": data, "index": np.array([[4]], np.int64), "updates": np.ones((1, 3), np.float32)})
     model, _ = scatter_model("ScatterElements", data, np.array([[0, 1, 2]], np.int64), np.ones((1, 3), np.float32))
     with pytest.raises(PolycError, match="outside"):
-        ponnx.InferenceSession(model).run(None, {"data": data, "index": np.array([[0, -5, 2]], np.int64),
-                                                 "updates": np.ones((1, 3), np.float32)})
+        ponnx.InferenceSession(model).run(
+            None, {"data": data, "index": np.array([[0, -5, 2]], np.int64), "updates": np.ones((1, 3), np.float32)}
+        )
 
 
 def test_top_k_of_none_is_empty():
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     k = numpy_helper.from_array(np.array([0], np.int64), "k")
     node = helper.make_node("TopK", ["x", "k"], ["values", "indices"])
-    graph = helper.make_graph([node], "topk", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-                              [helper.make_tensor_value_info("values", TensorProto.FLOAT, [2, 0]),
-                               helper.make_tensor_value_info("indices", TensorProto.INT64, [2, 0])], [k])
+    graph = helper.make_graph(
+        [node],
+        "topk",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [
+            helper.make_tensor_value_info("values", TensorProto.FLOAT, [2, 0]),
+            helper.make_tensor_value_info("indices", TensorProto.INT64, [2, 0]),
+        ],
+        [k],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     values, positions = ponnx.InferenceSession(model).run(None, {"x": x})
     assert values.shape == positions.shape == (2, 0) and positions.dtype == np.int64
@@ -322,8 +388,13 @@ def test_dft_against_numpys_double_fft(inverse, onesided, length):
     tables = [numpy_helper.from_array(np.array(1, np.int64), "axis")]
     if length:
         tables.append(numpy_helper.from_array(np.array(length, np.int64), "length"))
-    model = one_node_model(helper.make_node("DFT", inputs, ["y"], inverse=inverse, onesided=onesided),
-                           {"x": x}, TensorProto.FLOAT, tables, opset=20)
+    model = one_node_model(
+        helper.make_node("DFT", inputs, ["y"], inverse=inverse, onesided=onesided),
+        {"x": x},
+        TensorProto.FLOAT,
+        tables,
+        opset=20,
+    )
     ours = ponnx.InferenceSession(model).run(None, {"x": x})[0]
     signal = x[..., 0].astype(np.float64) + (1j * x[..., 1] if parts == 2 else 0)
     if inverse and onesided:
@@ -331,7 +402,7 @@ def test_dft_against_numpys_double_fft(inverse, onesided, length):
     else:
         spectrum = (np.fft.ifft if inverse else np.fft.fft)(signal, n=length, axis=1)
         if onesided:
-            spectrum = spectrum[:, :spectrum.shape[1] // 2 + 1]
+            spectrum = spectrum[:, : spectrum.shape[1] // 2 + 1]
         expected = np.stack([spectrum.real, spectrum.imag], axis=-1)
     np.testing.assert_allclose(ours, expected, rtol=1e-3, atol=1e-7)
 
@@ -344,18 +415,23 @@ def test_bit_operations_against_onnxruntime():
     counts = rng.integers(0, 32, (1, 6)).astype(np.uint32)
     a = rng.integers(-128, 128, (4, 6)).astype(np.int8)
     mask = rng.integers(-128, 128, (6,)).astype(np.int8)
-    nodes = [helper.make_node("BitShift", ["x", "counts"], ["left"], direction="LEFT"),
-             helper.make_node("BitShift", ["x", "counts"], ["right"], direction="RIGHT"),
-             helper.make_node("BitwiseAnd", ["a", "mask"], ["and"]),
-             helper.make_node("BitwiseOr", ["a", "mask"], ["or"]),
-             helper.make_node("BitwiseXor", ["a", "mask"], ["xor"]),
-             helper.make_node("BitwiseNot", ["a"], ["not"])]
+    nodes = [
+        helper.make_node("BitShift", ["x", "counts"], ["left"], direction="LEFT"),
+        helper.make_node("BitShift", ["x", "counts"], ["right"], direction="RIGHT"),
+        helper.make_node("BitwiseAnd", ["a", "mask"], ["and"]),
+        helper.make_node("BitwiseOr", ["a", "mask"], ["or"]),
+        helper.make_node("BitwiseXor", ["a", "mask"], ["xor"]),
+        helper.make_node("BitwiseNot", ["a"], ["not"]),
+    ]
     types = {np.dtype(np.uint32): TensorProto.UINT32, np.dtype(np.int8): TensorProto.INT8}
     feeds = {"x": x, "counts": counts, "a": a, "mask": mask}
     outputs = {"left": x, "right": x, "and": a, "or": a, "xor": a, "not": a}
     graph = helper.make_graph(
-        nodes, "bits", [helper.make_tensor_value_info(n, types[v.dtype], list(v.shape)) for n, v in feeds.items()],
-        [helper.make_tensor_value_info(n, types[v.dtype], [4, 6]) for n, v in outputs.items()])
+        nodes,
+        "bits",
+        [helper.make_tensor_value_info(n, types[v.dtype], list(v.shape)) for n, v in feeds.items()],
+        [helper.make_tensor_value_info(n, types[v.dtype], [4, 6]) for n, v in outputs.items()],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     ours = ponnx.InferenceSession(model).run(None, feeds)
     theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
@@ -381,13 +457,15 @@ def test_grid_sample_far_outside_the_image(mode, padding, align):
         feeds = {"x": x, "grid": grid}
         for opset in (20, 16) if k == 2 and (mode, padding) != ("cubic", "border") else (20,):
             name = {"linear": "bilinear", "cubic": "bicubic"}.get(mode, mode) if opset == 16 else mode
-            node = helper.make_node("GridSample", ["x", "grid"], ["y"], mode=name, padding_mode=padding,
-                                    align_corners=align)
+            node = helper.make_node(
+                "GridSample", ["x", "grid"], ["y"], mode=name, padding_mode=padding, align_corners=align
+            )
             model = one_node_model(node, feeds, TensorProto.FLOAT, opset=opset)
             (ours,) = ponnx.InferenceSession(model).run(None, feeds)
             if opset == 16:
                 theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-                    None, feeds)[0]
+                    None, feeds
+                )[0]
             else:
                 theirs = ReferenceEvaluator(model).run(None, feeds)[0]
             np.testing.assert_allclose(ours, theirs, rtol=1e-3, atol=1e-5)
@@ -398,8 +476,7 @@ def test_reverse_sequence_against_onnxruntime(batch_axis):
     rng = np.random.default_rng(11)
     x = rng.standard_normal((4, 6, 3) if batch_axis == 0 else (6, 4, 3)).astype(np.float32)
     lengths = np.array([6, 0, 1, 4], np.int64)
-    node = helper.make_node("ReverseSequence", ["x", "lengths"], ["y"], batch_axis=batch_axis,
-                            time_axis=1 - batch_axis)
+    node = helper.make_node("ReverseSequence", ["x", "lengths"], ["y"], batch_axis=batch_axis, time_axis=1 - batch_axis)
     model = one_node_model(node, {"x": x, "lengths": lengths}, TensorProto.FLOAT, opset=10)
     ours, theirs = run_both(model, {"x": x, "lengths": lengths})
     np.testing.assert_array_equal(ours, theirs)
@@ -433,11 +510,14 @@ def test_col2im_against_onnxruntime(attributes):
     strides, dilations = attributes.get("strides", [1] * k), attributes.get("dilations", [1] * k)
     pads = attributes.get("pads", [0] * 2 * k)
     image, block = [7, 8], [3, 2]
-    blocks = [(image[d] + pads[d] + pads[k + d] - dilations[d] * (block[d] - 1) - 1) // strides[d] + 1
-              for d in range(k)]
+    blocks = [
+        (image[d] + pads[d] + pads[k + d] - dilations[d] * (block[d] - 1) - 1) // strides[d] + 1 for d in range(k)
+    ]
     x = np.random.default_rng(13).standard_normal((2, 4 * 6, blocks[0] * blocks[1])).astype(np.float32)
-    shapes = [numpy_helper.from_array(np.array(image, np.int64), "image"),
-              numpy_helper.from_array(np.array(block, np.int64), "block")]
+    shapes = [
+        numpy_helper.from_array(np.array(image, np.int64), "image"),
+        numpy_helper.from_array(np.array(block, np.int64), "block"),
+    ]
     node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"], **attributes)
     model = one_node_model(node, {"x": x}, TensorProto.FLOAT, shapes, opset=18)
     ours, theirs = run_both(model, {"x": x})
@@ -451,11 +531,25 @@ def test_max_pool_indices_against_onnxruntime(storage_order):
     # window in row-major order is the one reported).
     rng = np.random.default_rng(14)
     x = rng.integers(0, 4, (2, 3, 9, 8)).astype(np.float32)
-    node = helper.make_node("MaxPool", ["x"], ["y", "where"], kernel_shape=[3, 2], strides=[2, 1],
-                            pads=[1, 0, 1, 1], dilations=[1, 2], storage_order=storage_order)
-    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
-                               helper.make_tensor_value_info("where", TensorProto.INT64, None)])
+    node = helper.make_node(
+        "MaxPool",
+        ["x"],
+        ["y", "where"],
+        kernel_shape=[3, 2],
+        strides=[2, 1],
+        pads=[1, 0, 1, 1],
+        dilations=[1, 2],
+        storage_order=storage_order,
+    )
+    graph = helper.make_graph(
+        [node],
+        "pool",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("where", TensorProto.INT64, None),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
     inferred = onnx.shape_inference.infer_shapes(model)
     del model.graph.output[:]
@@ -472,11 +566,22 @@ def test_roi_align_against_onnxruntime(mode, transformation):
     # Boxes of two images, partly or wholly off the map, one inverted (malformed).
     rng = np.random.default_rng(15)
     x = rng.standard_normal((2, 3, 10, 12)).astype(np.float32)
-    boxes = np.array([[1, 1, 8, 6], [-4, 2, 5, 13], [9, 7, 30, 25], [6, 5, 2, 1], [0.5, 0.25, 11.5, 9.75]],
-                     np.float32) * 0.8
+    boxes = (
+        np.array([[1, 1, 8, 6], [-4, 2, 5, 13], [9, 7, 30, 25], [6, 5, 2, 1], [0.5, 0.25, 11.5, 9.75]], np.float32)
+        * 0.8
+    )
     batch = np.array([0, 1, 1, 0, 1], np.int64)
-    node = helper.make_node("RoiAlign", ["x", "boxes", "batch"], ["y"], mode=mode, output_height=3, output_width=4,
-                            sampling_ratio=2, spatial_scale=1.25, coordinate_transformation_mode=transformation)
+    node = helper.make_node(
+        "RoiAlign",
+        ["x", "boxes", "batch"],
+        ["y"],
+        mode=mode,
+        output_height=3,
+        output_width=4,
+        sampling_ratio=2,
+        spatial_scale=1.25,
+        coordinate_transformation_mode=transformation,
+    )
     feeds = {"x": x, "boxes": boxes, "batch": batch}
     model = one_node_model(node, feeds, TensorProto.FLOAT, opset=16)
     ours, theirs = run_both(model, feeds)
@@ -494,8 +599,17 @@ def test_deform_conv_with_groups_offset_groups_and_a_mask():
     offsets = rng.uniform(-3, 3, (2, 2 * 2 * 6, out_h, out_w)).astype(np.float32)
     mask = rng.uniform(0, 1, (2, 2 * 6, out_h, out_w)).astype(np.float32)
     bias = rng.standard_normal(6).astype(np.float32)
-    node = helper.make_node("DeformConv", ["x", "w", "offsets", "bias", "mask"], ["y"], group=2, offset_group=2,
-                            strides=[2, 1], dilations=[2, 1], pads=[1, 0, 0, 1], kernel_shape=[3, 2])
+    node = helper.make_node(
+        "DeformConv",
+        ["x", "w", "offsets", "bias", "mask"],
+        ["y"],
+        group=2,
+        offset_group=2,
+        strides=[2, 1],
+        dilations=[2, 1],
+        pads=[1, 0, 0, 1],
+        kernel_shape=[3, 2],
+    )
     feeds = {"x": x, "w": w, "offsets": offsets, "bias": bias, "mask": mask}
     model = one_node_model(node, feeds, TensorProto.FLOAT, opset=19)
     (ours,) = ponnx.InferenceSession(model).run(None, feeds)
@@ -507,14 +621,17 @@ def test_deform_conv_with_groups_offset_groups_and_a_mask():
         ponnx.InferenceSession(bad_model).run(None, bad)
 
 
-@pytest.mark.parametrize("equation, shapes", [
-    ("...ij,...jk->...ik", [(2, 1, 3, 4), (1, 5, 4, 6)]),  # batch axes broadcast, as numpy's
-    ("...ij,...jk", [(3, 2, 4), (3, 4, 5)]),             # implicit output: the ellipsis, then i, k
-    ("i...,i...->...", [(4, 2, 3), (4, 1, 3)]),
-    ("...ii->...i", [(2, 3, 4, 4)]),                     # a diagonal under batch axes
-    ("bij,bjk", [(2, 3, 4), (2, 4, 5)]),                 # implicit: b appears twice, so summed
-    ("ii", [(5, 5)]),                                    # the trace
-])
+@pytest.mark.parametrize(
+    "equation, shapes",
+    [
+        ("...ij,...jk->...ik", [(2, 1, 3, 4), (1, 5, 4, 6)]),  # batch axes broadcast, as numpy's
+        ("...ij,...jk", [(3, 2, 4), (3, 4, 5)]),  # implicit output: the ellipsis, then i, k
+        ("i...,i...->...", [(4, 2, 3), (4, 1, 3)]),
+        ("...ii->...i", [(2, 3, 4, 4)]),  # a diagonal under batch axes
+        ("bij,bjk", [(2, 3, 4), (2, 4, 5)]),  # implicit: b appears twice, so summed
+        ("ii", [(5, 5)]),  # the trace
+    ],
+)
 def test_einsum_with_an_ellipsis_broadcasting_and_diagonals(equation, shapes):
     rng = np.random.default_rng(len(equation))
     arrays = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
@@ -528,9 +645,15 @@ def test_einsum_with_an_ellipsis_broadcasting_and_diagonals(equation, shapes):
 def test_einsum_whose_extents_disagree_is_an_error():
     x, y = np.zeros((2, 3), np.float32), np.zeros((4, 5), np.float32)
     node = helper.make_node("Einsum", ["x", "y"], ["z"], equation="ij,jk->ik", name="product")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
-                                            helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 5])],
-                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 5])])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 5]),
+        ],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 5])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
     with pytest.raises(PolycError, match=r"'product' \(Einsum\): 'j' of 'ij,jk->ik' has extents 3 and 4"):
         ponnx.InferenceSession(model).run(None, {"x": x, "y": y})
@@ -539,17 +662,26 @@ def test_einsum_whose_extents_disagree_is_an_error():
 def test_bitcast_between_kernels_reads_the_bits():
     # |x| by clearing float32's sign bit through int32: a view between two kernels, no copy.
     x = np.random.default_rng(4).standard_normal((3, 5)).astype(np.float32)
-    nodes = [helper.make_node("Mul", ["x", "two"], ["doubled"]),
-             helper.make_node("BitCast", ["doubled"], ["bits"], to=TensorProto.INT32),
-             helper.make_node("BitwiseAnd", ["bits", "mask"], ["cleared"]),
-             helper.make_node("BitCast", ["cleared"], ["y"], to=TensorProto.FLOAT),
-             helper.make_node("BitCast", ["x"], ["x_bits"], to=TensorProto.UINT32)]
+    nodes = [
+        helper.make_node("Mul", ["x", "two"], ["doubled"]),
+        helper.make_node("BitCast", ["doubled"], ["bits"], to=TensorProto.INT32),
+        helper.make_node("BitwiseAnd", ["bits", "mask"], ["cleared"]),
+        helper.make_node("BitCast", ["cleared"], ["y"], to=TensorProto.FLOAT),
+        helper.make_node("BitCast", ["x"], ["x_bits"], to=TensorProto.UINT32),
+    ]
     graph = helper.make_graph(
-        nodes, "bitcast", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5]),
-         helper.make_tensor_value_info("x_bits", TensorProto.UINT32, [3, 5])],
-        [numpy_helper.from_array(np.array(2, np.float32), "two"),
-         numpy_helper.from_array(np.array(0x7FFFFFFF, np.int32), "mask")])
+        nodes,
+        "bitcast",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5]),
+            helper.make_tensor_value_info("x_bits", TensorProto.UINT32, [3, 5]),
+        ],
+        [
+            numpy_helper.from_array(np.array(2, np.float32), "two"),
+            numpy_helper.from_array(np.array(0x7FFFFFFF, np.int32), "mask"),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 26)])
     given = x.copy()
     y, x_bits = ponnx.InferenceSession(model).run(None, {"x": x})
@@ -560,14 +692,22 @@ def test_bitcast_between_kernels_reads_the_bits():
     np.testing.assert_array_equal(x, given)
 
 
-@pytest.mark.parametrize("mode, rank, skips, dtype", [("TF", 2, 2, np.int64), ("IDF", 1, 0, np.int32),
-                                                       ("TFIDF", 2, 1, np.int32)])
+@pytest.mark.parametrize(
+    "mode, rank, skips, dtype", [("TF", 2, 2, np.int64), ("IDF", 1, 0, np.int32), ("TFIDF", 2, 1, np.int32)]
+)
 def test_tfidf_vectorizer_counts_skipping_n_grams(mode, rank, skips, dtype):
     # 1-grams, 2-grams and 3-grams over ids 0..5, the output columns in another order.
     pool = [1, 2, 4, 0, 1, 1, 2, 3, 4, 2, 2, 2, 3, 4]
-    attributes = dict(mode=mode, min_gram_length=1, max_gram_length=3, max_skip_count=skips,
-                      ngram_counts=[0, 3, 11], ngram_indexes=[7, 1, 2, 3, 4, 5, 6, 0], pool_int64s=pool,
-                      weights=[0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0])
+    attributes = dict(
+        mode=mode,
+        min_gram_length=1,
+        max_gram_length=3,
+        max_skip_count=skips,
+        ngram_counts=[0, 3, 11],
+        ngram_indexes=[7, 1, 2, 3, 4, 5, 6, 0],
+        pool_int64s=pool,
+        weights=[0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0],
+    )
     x = np.random.default_rng(skips).integers(0, 6, (3, 17) if rank == 2 else (17,)).astype(dtype)
     node = helper.make_node("TfIdfVectorizer", ["x"], ["y"], **attributes)
     model = one_node_model(node, {"x": x}, TensorProto.FLOAT, opset=9)
@@ -576,8 +716,11 @@ def test_tfidf_vectorizer_counts_skipping_n_grams(mode, rank, skips, dtype):
     assert ours.max() > 0
     attributes["pool_int64s"] = pool[:9] + [3, 4] + pool[11:]  # the 2-gram (3, 4) twice
     with pytest.raises(PolycError, match=r"the n-gram \[3, 4\] is in the pool twice"):
-        ponnx.InferenceSession(one_node_model(helper.make_node("TfIdfVectorizer", ["x"], ["y"], **attributes),
-                                              {"x": x}, TensorProto.FLOAT, opset=9)).run(None, {"x": x})
+        ponnx.InferenceSession(
+            one_node_model(
+                helper.make_node("TfIdfVectorizer", ["x"], ["y"], **attributes), {"x": x}, TensorProto.FLOAT, opset=9
+            )
+        ).run(None, {"x": x})
 
 
 @pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin", "ReduceSum", "ReduceMean", "ReduceProd"])
@@ -585,10 +728,17 @@ def test_tfidf_vectorizer_counts_skipping_n_grams(mode, rank, skips, dtype):
 def test_a_reduction_of_a_one_element_constant_folds(op, keepdims):
     # torchvision's detection transform takes ReduceMax(Constant([3.0])): the folded constant
     # is inlined as a literal, and the reduction over its one element is the value itself.
-    nodes = [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.array([3.0], np.float32), "c")),
-             helper.make_node(op, ["c"], ["r"], keepdims=keepdims), helper.make_node("Mul", ["x", "r"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    nodes = [
+        helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.array([3.0], np.float32), "c")),
+        helper.make_node(op, ["c"], ["r"], keepdims=keepdims),
+        helper.make_node("Mul", ["x", "r"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     x = np.array([1, 2], np.float32)
     ours, theirs = run_both(model, {"x": x})
@@ -599,15 +749,24 @@ def test_a_reduction_of_a_one_element_constant_folds(op, keepdims):
 def test_an_elementwise_step_through_a_view_that_adds_unit_dimensions():
     # Add(CumSum(a) viewed as (1, 1, 1), b) joins the CumSum's kernel, updating its (1,) tensor
     # in place: the view's dimensions of extent 1 that the tensor lacks are read at index 0.
-    nodes = [helper.make_node("CumSum", ["a", "axis"], ["running"]),
-             helper.make_node("Reshape", ["running", "shape"], ["viewed"]),
-             helper.make_node("Add", ["viewed", "b"], ["y"])]
+    nodes = [
+        helper.make_node("CumSum", ["a", "axis"], ["running"]),
+        helper.make_node("Reshape", ["running", "shape"], ["viewed"]),
+        helper.make_node("Add", ["viewed", "b"], ["y"]),
+    ]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1]),
-                     helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 1, 1])],
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, [1]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 1, 1]),
+        ],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 1])],
-        [numpy_helper.from_array(np.array(0, np.int64), "axis"),
-         numpy_helper.from_array(np.array([1, 1, 1], np.int64), "shape")])
+        [
+            numpy_helper.from_array(np.array(0, np.int64), "axis"),
+            numpy_helper.from_array(np.array([1, 1, 1], np.int64), "shape"),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     feeds = {"a": np.array([2], np.float32), "b": np.array([[[3]]], np.float32)}
     ours, theirs = run_both(model, feeds)
@@ -617,6 +776,7 @@ def test_an_elementwise_step_through_a_view_that_adds_unit_dimensions():
 @pytest.mark.parametrize("uniform", [True, False])
 def test_scatter_elements_of_whole_rows_takes_the_rows_kernel(uniform):
     from polyc.frontends.onnx.ops import indexing as ponnx_ops
+
     # torch's index_put_ of rows (torchvision's RoI pooling): the index is the same along a row.
     rng = np.random.default_rng(int(uniform))
     data = rng.standard_normal((150, 16, 7, 7)).astype(np.float32)

@@ -11,6 +11,7 @@ guide recommends ``reduce_range`` for them), so full-range s8 weights are compar
 onnxruntime only where :func:`onnxruntime_multiplies_u8_by_s8_exactly` finds it exact; weights in
 7 bits, as ``reduce_range`` makes them, cannot saturate (2 x 255 x 64 < 2^15) and are compared
 everywhere."""
+
 from __future__ import annotations
 
 import functools
@@ -29,11 +30,15 @@ import polyc.onnx as ponnx  # noqa: E402
 
 def model_of(nodes, inputs: dict, outputs, initializers=(), opset: int = 21):
     graph = helper.make_graph(
-        nodes, "quantized",
-        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
-         for n, a in inputs.items()],
+        nodes,
+        "quantized",
+        [
+            helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
+            for n, a in inputs.items()
+        ],
         [helper.make_tensor_value_info(n, 0, None) for n in outputs],
-        [numpy_helper.from_array(a, n) for n, a in dict(initializers).items()])
+        [numpy_helper.from_array(a, n) for n, a in dict(initializers).items()],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     del model.graph.output[:]
@@ -55,8 +60,10 @@ def onnxruntime_multiplies_u8_by_s8_exactly() -> bool:
 
 def needs_exact_u8s8_in_onnxruntime():
     if not onnxruntime_multiplies_u8_by_s8_exactly():
-        pytest.skip("onnxruntime's u8 x s8 kernels saturate on this processor (16-bit pair sums, no VNNI): "
-                    "full-range s8 weights are checked against onnx's reference only")
+        pytest.skip(
+            "onnxruntime's u8 x s8 kernels saturate on this processor (16-bit pair sums, no VNNI): "
+            "full-range s8 weights are checked against onnx's reference only"
+        )
 
 
 def one_step_off(result: np.ndarray) -> np.ndarray:
@@ -82,8 +89,10 @@ def test_quantize_per_axis_saturates_and_rounds_halves_to_even(dtype):
     x[1, 2, :2] = [1e6, -1e6]  # beyond every type's range
     scale = np.array([1.0, 0.5, 2.0], np.float32)
     zero = np.array([3, 0, 1], dtype)
-    nodes = [helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["q"], axis=1),
-             helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["y"], axis=1)]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["q"], axis=1),
+        helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["y"], axis=1),
+    ]
     model = model_of(nodes, {"x": x}, ["q", "y"], {"scale": scale, "zero": zero})
     ours, theirs, reference = all_three(model, {"x": x})
     for got, expected in zip(ours, reference):
@@ -100,8 +109,10 @@ def test_blocked_quantization_against_onnxruntime():
     x = rng.standard_normal((3, 10)).astype(np.float32)
     scale = rng.uniform(0.01, 0.05, (3, 3)).astype(np.float32)
     zero = rng.integers(-5, 5, (3, 3)).astype(np.int8)
-    nodes = [helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["q"], axis=1, block_size=4),
-             helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["y"], axis=1, block_size=4)]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["q"], axis=1, block_size=4),
+        helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["y"], axis=1, block_size=4),
+    ]
     model = model_of(nodes, {"x": x}, ["q", "y"], {"scale": scale, "zero": zero})
     ours, theirs, reference = all_three(model, {"x": x})
     for got, expected in zip(ours, theirs):
@@ -111,8 +122,12 @@ def test_blocked_quantization_against_onnxruntime():
 
 def test_a_scale_that_fits_no_axis_is_named():
     x = np.zeros((2, 3), np.float32)
-    model = model_of([helper.make_node("QuantizeLinear", ["x", "scale"], ["q"], name="q", axis=1)], {"x": x}, ["q"],
-                     {"scale": np.ones(2, np.float32)})
+    model = model_of(
+        [helper.make_node("QuantizeLinear", ["x", "scale"], ["q"], name="q", axis=1)],
+        {"x": x},
+        ["q"],
+        {"scale": np.ones(2, np.float32)},
+    )
     with pytest.raises(polyc.PolycError, match=r"node 'q' \(QuantizeLinear\): a scale or zero point of shape"):
         ponnx.InferenceSession(model).run(None, {"x": x})
 
@@ -121,10 +136,14 @@ def test_matmul_integer_with_per_row_and_per_column_zero_points():
     rng = np.random.default_rng(2)
     a = rng.integers(0, 256, (2, 5, 7)).astype(np.uint8)
     w = rng.integers(-128, 128, (7, 6)).astype(np.int8)
-    a_zero = np.array([128, 3, 0, 255, 9], np.uint8)   # one per row of A
-    w_zero = rng.integers(-3, 3, 6).astype(np.int8)     # one per column of W
-    model = model_of([helper.make_node("MatMulInteger", ["a", "w", "a_zero", "w_zero"], ["y"])], {"a": a}, ["y"],
-                     {"w": w, "a_zero": a_zero, "w_zero": w_zero})
+    a_zero = np.array([128, 3, 0, 255, 9], np.uint8)  # one per row of A
+    w_zero = rng.integers(-3, 3, 6).astype(np.int8)  # one per column of W
+    model = model_of(
+        [helper.make_node("MatMulInteger", ["a", "w", "a_zero", "w_zero"], ["y"])],
+        {"a": a},
+        ["y"],
+        {"w": w, "a_zero": a_zero, "w_zero": w_zero},
+    )
     # (onnxruntime and onnx's reference take one zero point for A only: numpy, exactly)
     (ours,) = ponnx.InferenceSession(model).run(None, {"a": a})
     expected = (a.astype(np.int64) - a_zero[:, None]) @ (w.astype(np.int64) - w_zero)
@@ -136,11 +155,18 @@ def test_qlinear_matmul_as_onnx_defines_it():
     rng = np.random.default_rng(3)
     a = rng.integers(0, 256, (4, 16)).astype(np.uint8)
     w = rng.integers(0, 256, (16, 5)).astype(np.uint8)
-    params = {"a_scale": np.array(0.02, np.float32), "a_zero": np.array(120, np.uint8),
-              "w": w, "w_scale": np.array(0.01, np.float32), "w_zero": np.array(130, np.uint8),
-              "y_scale": np.array(0.05, np.float32), "y_zero": np.array(100, np.uint8)}
-    node = helper.make_node("QLinearMatMul", ["a", "a_scale", "a_zero", "w", "w_scale", "w_zero", "y_scale",
-                                              "y_zero"], ["y"])
+    params = {
+        "a_scale": np.array(0.02, np.float32),
+        "a_zero": np.array(120, np.uint8),
+        "w": w,
+        "w_scale": np.array(0.01, np.float32),
+        "w_zero": np.array(130, np.uint8),
+        "y_scale": np.array(0.05, np.float32),
+        "y_zero": np.array(100, np.uint8),
+    }
+    node = helper.make_node(
+        "QLinearMatMul", ["a", "a_scale", "a_zero", "w", "w_scale", "w_zero", "y_scale", "y_zero"], ["y"]
+    )
     model = model_of([node], {"a": a}, ["y"], params)
     (ours,), (theirs,), (reference,) = all_three(model, {"a": a})
     np.testing.assert_array_equal(ours, reference)
@@ -159,14 +185,20 @@ def dynamically_quantized_linear_layer(weight_bits: int):
     largest = 2 ** (weight_bits - 1) - 1
     w_scale = np.float32(np.abs(weights).max() / largest)
     w_q = np.clip(np.rint(weights / w_scale), -largest, largest).astype(np.int8)
-    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "x_scale", "x_zero"]),
-             helper.make_node("MatMulInteger", ["xq", "w_q", "x_zero", "w_zero"], ["acc"]),
-             helper.make_node("Cast", ["acc"], ["acc_f"], to=onnx.TensorProto.FLOAT),
-             helper.make_node("Mul", ["x_scale", "w_scale"], ["scale"]),
-             helper.make_node("Mul", ["acc_f", "scale"], ["product"]),
-             helper.make_node("Add", ["product", "bias"], ["y"])]
-    model = model_of(nodes, {"x": x}, ["y"], {"w_q": w_q, "w_zero": np.array(0, np.int8),
-                                             "w_scale": np.array(w_scale), "bias": np.ones(16, np.float32)})
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "x_scale", "x_zero"]),
+        helper.make_node("MatMulInteger", ["xq", "w_q", "x_zero", "w_zero"], ["acc"]),
+        helper.make_node("Cast", ["acc"], ["acc_f"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Mul", ["x_scale", "w_scale"], ["scale"]),
+        helper.make_node("Mul", ["acc_f", "scale"], ["product"]),
+        helper.make_node("Add", ["product", "bias"], ["y"]),
+    ]
+    model = model_of(
+        nodes,
+        {"x": x},
+        ["y"],
+        {"w_q": w_q, "w_zero": np.array(0, np.int8), "w_scale": np.array(w_scale), "bias": np.ones(16, np.float32)},
+    )
     return model, x, weights, w_scale
 
 
@@ -192,8 +224,11 @@ def test_a_dynamically_quantized_linear_layer_against_onnx_reference(weight_bits
         np.testing.assert_allclose(moved, reference, rtol=0, atol=tolerance)
     # Quantization's own error: each term of x @ W is off by at most half a step of x times |W|,
     # half a step of W times |x|, and the product of the two half steps.
-    bound = (np.abs(x) @ np.full_like(weights, w_scale / 2) + x_scale / 2 * np.abs(weights).sum(axis=0)
-             + x.shape[1] * x_scale * w_scale / 4)
+    bound = (
+        np.abs(x) @ np.full_like(weights, w_scale / 2)
+        + x_scale / 2 * np.abs(weights).sum(axis=0)
+        + x.shape[1] * x_scale * w_scale / 4
+    )
     assert np.all(np.abs(ours - (x @ weights + 1)) <= bound + tolerance)
 
 
@@ -213,12 +248,24 @@ def strided_padded_qlinear_conv(group: int, weight_bits: int):
     x = rng.integers(0, 256, (2, 4, 9, 9)).astype(np.uint8)
     largest = 2 ** (weight_bits - 1) - 1
     w = rng.integers(-largest - (weight_bits == 7), largest + 1, (8, 4 // group, 3, 3)).astype(np.int8)
-    params = {"x_scale": np.array(0.05, np.float32), "x_zero": np.array(128, np.uint8), "w": w,
-              "w_scale": rng.uniform(0.002, 0.01, 8).astype(np.float32), "w_zero": np.zeros(8, np.int8),
-              "y_scale": np.array(0.2, np.float32), "y_zero": np.array(90, np.uint8),
-              "bias": rng.integers(-500, 500, 8).astype(np.int32)}
-    node = helper.make_node("QLinearConv", ["x", "x_scale", "x_zero", "w", "w_scale", "w_zero", "y_scale", "y_zero",
-                                            "bias"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1], group=group)
+    params = {
+        "x_scale": np.array(0.05, np.float32),
+        "x_zero": np.array(128, np.uint8),
+        "w": w,
+        "w_scale": rng.uniform(0.002, 0.01, 8).astype(np.float32),
+        "w_zero": np.zeros(8, np.int8),
+        "y_scale": np.array(0.2, np.float32),
+        "y_zero": np.array(90, np.uint8),
+        "bias": rng.integers(-500, 500, 8).astype(np.int32),
+    }
+    node = helper.make_node(
+        "QLinearConv",
+        ["x", "x_scale", "x_zero", "w", "w_scale", "w_zero", "y_scale", "y_zero", "bias"],
+        ["y"],
+        strides=[2, 2],
+        pads=[1, 1, 1, 1],
+        group=group,
+    )
     return model_of([node], {"x": x}, ["y"], params), x
 
 
@@ -249,8 +296,9 @@ def test_conv_integer_of_weights_given_at_run_time():
     x = rng.integers(0, 256, (1, 3, 6, 6)).astype(np.uint8)
     w = rng.integers(0, 256, (5, 3, 3, 3)).astype(np.uint8)
     node = helper.make_node("ConvInteger", ["x", "w", "x_zero", "w_zero"], ["y"], pads=[1, 1, 1, 1])
-    model = model_of([node], {"x": x, "w": w}, ["y"], {"x_zero": np.array(7, np.uint8),
-                                                       "w_zero": np.array(100, np.uint8)})
+    model = model_of(
+        [node], {"x": x, "w": w}, ["y"], {"x_zero": np.array(7, np.uint8), "w_zero": np.array(100, np.uint8)}
+    )
     (ours,), (theirs,), (reference,) = all_three(model, {"x": x, "w": w})
     assert ours.dtype == np.int32
     np.testing.assert_array_equal(ours, reference)

@@ -1,4 +1,5 @@
 """Real models against onnxruntime, second half (see real_models.py)."""
+
 import pytest
 
 from tests.onnx.real_models import check_model

@@ -3,6 +3,7 @@ and both layouts with initial states and biases, GRU's linear_before_reset, LSTM
 input_forget, peepholes and other activations; sequences longer than one concatenation
 reads, whose steps share one kernel; padded sequences (``sequence_lens`` shorter than the
 sequence)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,19 +21,21 @@ GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 STEPS, BATCH, INPUT, HIDDEN = 11, 3, 5, 4
 
 
-def recurrent_model(op: str, direction: str, layout: int, steps: int = STEPS, peepholes: bool = False,
-                    **attributes):
+def recurrent_model(op: str, direction: str, layout: int, steps: int = STEPS, peepholes: bool = False, **attributes):
     """``op`` with every input a graph input (weights too: onnxruntime runs them the same), and
     its feeds; batchwise (``layout``) the same values transposed."""
     rng = np.random.default_rng(10)
     directions = 2 if direction == "bidirectional" else 1
     gates = GATES[op] * HIDDEN
     state_shape = (directions, BATCH, HIDDEN)
-    feeds = {"X": rng.standard_normal((steps, BATCH, INPUT)),
-             "W": rng.standard_normal((directions, gates, INPUT)) * 0.5,
-             "R": rng.standard_normal((directions, gates, HIDDEN)) * 0.5,
-             "B": rng.standard_normal((directions, 2 * gates)) * 0.5,
-             "sequence_lens": np.full(BATCH, steps, np.int32), "initial_h": rng.standard_normal(state_shape)}
+    feeds = {
+        "X": rng.standard_normal((steps, BATCH, INPUT)),
+        "W": rng.standard_normal((directions, gates, INPUT)) * 0.5,
+        "R": rng.standard_normal((directions, gates, HIDDEN)) * 0.5,
+        "B": rng.standard_normal((directions, 2 * gates)) * 0.5,
+        "sequence_lens": np.full(BATCH, steps, np.int32),
+        "initial_h": rng.standard_normal(state_shape),
+    }
     if op == "LSTM":
         feeds["initial_c"] = rng.standard_normal(state_shape)
         if peepholes:
@@ -43,12 +46,16 @@ def recurrent_model(op: str, direction: str, layout: int, steps: int = STEPS, pe
             if name in feeds:
                 feeds[name] = np.ascontiguousarray(feeds[name].transpose(1, 0, 2))
     outputs = ["Y", "Y_h"] + (["Y_c"] if op == "LSTM" else [])
-    node = helper.make_node(op, list(feeds), outputs, hidden_size=HIDDEN, direction=direction, layout=layout,
-                            **attributes)
+    node = helper.make_node(
+        op, list(feeds), outputs, hidden_size=HIDDEN, direction=direction, layout=layout, **attributes
+    )
     types = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int32): TensorProto.INT32}
     graph = helper.make_graph(
-        [node], op, [helper.make_tensor_value_info(k, types[v.dtype], list(v.shape)) for k, v in feeds.items()],
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs])
+        [node],
+        op,
+        [helper.make_tensor_value_info(k, types[v.dtype], list(v.shape)) for k, v in feeds.items()],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
     inferred = onnx.shape_inference.infer_shapes(model)
     del model.graph.output[:]
@@ -85,8 +92,17 @@ def test_gru_with_linear_before_reset():
 def test_lstm_with_clip_coupled_gates_peepholes_and_other_activations():
     against_onnxruntime(*recurrent_model("LSTM", "forward", 0, peepholes=True, clip=0.8, input_forget=1))
     activations = ["HardSigmoid", "LeakyRelu", "Softsign", "Sigmoid", "Tanh", "ScaledTanh"]
-    against_onnxruntime(*recurrent_model("LSTM", "bidirectional", 0, peepholes=True, activations=activations,
-                                         activation_alpha=[0.3, 0.2, 0.7], activation_beta=[0.4, 1.3]))
+    against_onnxruntime(
+        *recurrent_model(
+            "LSTM",
+            "bidirectional",
+            0,
+            peepholes=True,
+            activations=activations,
+            activation_alpha=[0.3, 0.2, 0.7],
+            activation_beta=[0.4, 1.3],
+        )
+    )
 
 
 def test_the_steps_of_a_long_sequence_share_their_kernels():

@@ -1,5 +1,6 @@
 """onnxruntime's session arguments as polyc takes them: ``sess_options``' threads and graph
 optimisation level are honoured, other providers are warned about, bad arguments are refused."""
+
 from __future__ import annotations
 
 import warnings
@@ -18,9 +19,13 @@ import polyc.onnx as ponnx  # noqa: E402
 def linear_relu_model():
     weights = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Relu", ["y"], ["z"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8])],
-                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [3, 4])],
-                              [numpy_helper.from_array(weights, "w")])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [3, 4])],
+        [numpy_helper.from_array(weights, "w")],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), weights
 
 
@@ -58,8 +63,9 @@ def test_disabling_graph_optimisations_turns_fusion_off():
 def test_another_provider_is_warned_about_and_the_session_runs_on_the_cpu():
     model, weights = linear_relu_model()
     with pytest.warns(polyc.PolycWarning, match="'CUDAExecutionProvider' are not used"):
-        session = ponnx.InferenceSession(model, providers=[("CUDAExecutionProvider", {"device_id": 0}),
-                                                           "CPUExecutionProvider"])
+        session = ponnx.InferenceSession(
+            model, providers=[("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
+        )
     assert session.get_providers() == ["CPUExecutionProvider"]
     x = np.ones((3, 8), np.float32)
     np.testing.assert_allclose(session.run(None, {"x": x})[0], np.maximum(x @ weights, 0), rtol=1e-5)
@@ -76,12 +82,16 @@ def test_settings_without_a_counterpart_are_warned_about():
         ponnx.InferenceSession(model, sess_options=options)
 
 
-@pytest.mark.parametrize("arguments, message", [
-    ({"sess_options": {"intra_op_num_threads": 2}}, "sess_options must be an onnxruntime.SessionOptions"),
-    ({"providers": "CPUExecutionProvider"}, "providers must be a list"),
-    ({"providers": [3]}, "3 is neither"),
-    ({"providers": ["CPUExecutionProvider"], "provider_options": [{}, {}]}, "one dict per provider"),
-], ids=["options-as-dict", "providers-as-string", "provider-not-a-name", "options-per-provider"])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({"sess_options": {"intra_op_num_threads": 2}}, "sess_options must be an onnxruntime.SessionOptions"),
+        ({"providers": "CPUExecutionProvider"}, "providers must be a list"),
+        ({"providers": [3]}, "3 is neither"),
+        ({"providers": ["CPUExecutionProvider"], "provider_options": [{}, {}]}, "one dict per provider"),
+    ],
+    ids=["options-as-dict", "providers-as-string", "provider-not-a-name", "options-per-provider"],
+)
 def test_bad_arguments_are_refused(arguments, message):
     model, _ = linear_relu_model()
     with pytest.raises(polyc.PolycError, match=message):

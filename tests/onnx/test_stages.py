@@ -2,6 +2,7 @@
 computes from its data (a Reshape's shape, an If's condition, a NonZero's count), learned by
 running the plan up to the node that needs them; and the operators whose output shapes come
 from data (NonZero, Compress), against onnxruntime."""
+
 from __future__ import annotations
 
 import re
@@ -17,20 +18,28 @@ import polyc  # noqa: E402
 import polyc.onnx as ponnx  # noqa: E402
 from polyc.frontends.onnx import stages  # noqa: E402
 
-_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
-          np.dtype(np.int32): TensorProto.INT32, np.dtype(np.int8): TensorProto.INT8,
-          np.dtype(np.bool_): TensorProto.BOOL}
+_TYPES = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.int64): TensorProto.INT64,
+    np.dtype(np.int32): TensorProto.INT32,
+    np.dtype(np.int8): TensorProto.INT8,
+    np.dtype(np.bool_): TensorProto.BOOL,
+}
 
 
 def model_of(nodes, inputs: dict, outputs: dict, initializers=(), opset: int = 17):
     """``inputs``: name -> example array; ``outputs``: name -> (element type, rank), with
     symbolic sizes."""
     graph = helper.make_graph(
-        nodes, "stages",
+        nodes,
+        "stages",
         [helper.make_tensor_value_info(name, _TYPES[a.dtype], list(a.shape)) for name, a in inputs.items()],
-        [helper.make_tensor_value_info(name, element, [f"{name}_{d}" for d in range(rank)])
-         for name, (element, rank) in outputs.items()],
-        [numpy_helper.from_array(np.asarray(array), name) for name, array in dict(initializers).items()])
+        [
+            helper.make_tensor_value_info(name, element, [f"{name}_{d}" for d in range(rank)])
+            for name, (element, rank) in outputs.items()
+        ],
+        [numpy_helper.from_array(np.asarray(array), name) for name, array in dict(initializers).items()],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
@@ -45,13 +54,16 @@ def same_as_onnxruntime(session, model, feeds):
 
 def _reshaped_by_data():
     """y = relu(x viewed as (max(x), -1)): a shape computed from the values of x."""
-    nodes = [helper.make_node("ReduceMax", ["x"], ["largest"], keepdims=1),
-             helper.make_node("Cast", ["largest"], ["rows"], to=TensorProto.INT64),
-             helper.make_node("Concat", ["rows", "rest"], ["shape"], axis=0),
-             helper.make_node("Reshape", ["x", "shape"], ["viewed"], name="reshape"),
-             helper.make_node("Relu", ["viewed"], ["y"])]
-    return model_of(nodes, {"x": np.zeros(12, np.float32)}, {"y": (TensorProto.FLOAT, 2)},
-                    {"rest": np.array([-1], np.int64)})
+    nodes = [
+        helper.make_node("ReduceMax", ["x"], ["largest"], keepdims=1),
+        helper.make_node("Cast", ["largest"], ["rows"], to=TensorProto.INT64),
+        helper.make_node("Concat", ["rows", "rest"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["viewed"], name="reshape"),
+        helper.make_node("Relu", ["viewed"], ["y"]),
+    ]
+    return model_of(
+        nodes, {"x": np.zeros(12, np.float32)}, {"y": (TensorProto.FLOAT, 2)}, {"rest": np.array([-1], np.int64)}
+    )
 
 
 def test_a_shape_computed_from_data_is_learned_and_each_value_planned_once():
@@ -103,18 +115,32 @@ def test_a_stage_after_channels_last_convolutions():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
     weights = rng.standard_normal((8, 4, 3, 3)).astype(np.float32) * 0.3
-    nodes = [helper.make_node("Conv", ["x", "w"], ["features"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["features"], ["active"]),
-             helper.make_node("ReduceMax", ["active"], ["peak"], keepdims=0),
-             helper.make_node("Greater", ["peak", "threshold"], ["strong"]),
-             helper.make_node("If", ["strong"], ["pooled"], then_branch=helper.make_graph(
-                 [helper.make_node("GlobalMaxPool", ["active"], ["most"])], "then", [],
-                 [helper.make_tensor_value_info("most", TensorProto.FLOAT, None)]),
-                 else_branch=helper.make_graph(
-                 [helper.make_node("GlobalAveragePool", ["active"], ["mean"])], "else", [],
-                 [helper.make_tensor_value_info("mean", TensorProto.FLOAT, None)]))]
-    model = model_of(nodes, {"x": x}, {"pooled": (TensorProto.FLOAT, 4)},
-                     {"w": weights, "threshold": np.array(2.0, np.float32)})
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["features"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["features"], ["active"]),
+        helper.make_node("ReduceMax", ["active"], ["peak"], keepdims=0),
+        helper.make_node("Greater", ["peak", "threshold"], ["strong"]),
+        helper.make_node(
+            "If",
+            ["strong"],
+            ["pooled"],
+            then_branch=helper.make_graph(
+                [helper.make_node("GlobalMaxPool", ["active"], ["most"])],
+                "then",
+                [],
+                [helper.make_tensor_value_info("most", TensorProto.FLOAT, None)],
+            ),
+            else_branch=helper.make_graph(
+                [helper.make_node("GlobalAveragePool", ["active"], ["mean"])],
+                "else",
+                [],
+                [helper.make_tensor_value_info("mean", TensorProto.FLOAT, None)],
+            ),
+        ),
+    ]
+    model = model_of(
+        nodes, {"x": x}, {"pooled": (TensorProto.FLOAT, 4)}, {"w": weights, "threshold": np.array(2.0, np.float32)}
+    )
     session = ponnx.InferenceSession(model)
     for scale in (1.0, 0.01):
         same_as_onnxruntime(session, model, {"x": x * np.float32(scale)})
@@ -132,8 +158,7 @@ def test_profile_and_kernel_inputs_cover_every_stage():
 
 
 def _nonzero_model(example):
-    nodes = [helper.make_node("NonZero", ["x"], ["found"], name="nz"),
-             helper.make_node("Add", ["found", "one"], ["y"])]
+    nodes = [helper.make_node("NonZero", ["x"], ["found"], name="nz"), helper.make_node("Add", ["found", "one"], ["y"])]
     return model_of(nodes, {"x": example}, {"y": (TensorProto.INT64, 2)}, {"one": np.array(1, np.int64)})
 
 
@@ -154,13 +179,17 @@ def test_nonzero_of_a_vector_shares_its_kernels_between_counts_of_one_padded_len
     """A detector's count of scores above a threshold is new in most images: NonZero of a
     vector computes on a padded count (37 and 39 both on 40), and its output, a graph output
     here, is the prefix of the padded one."""
-    model = model_of([helper.make_node("NonZero", ["x"], ["found"], name="nz")],
-                     {"x": np.zeros(300, np.float32)}, {"found": (TensorProto.INT64, 2)})
+    model = model_of(
+        [helper.make_node("NonZero", ["x"], ["found"], name="nz")],
+        {"x": np.zeros(300, np.float32)},
+        {"found": (TensorProto.INT64, 2)},
+    )
     session = ponnx.InferenceSession(model)
     x = np.zeros(300, np.float32)
 
     def kernels():
         return {id(group.kernel) for plan in session.plans() for group in plan.groups}
+
     for count, new_kernels in ((37, None), (39, 0), (33, 0), (300, None), (9, None)):
         x[:] = 0
         x[np.random.default_rng(count).permutation(300)[:count]] = 1
@@ -185,9 +214,11 @@ def test_compress(axis, entries):
     rng = np.random.default_rng(entries)
     x = rng.standard_normal((3, 4)).astype(np.float32)
     attributes = {} if axis is None else {"axis": axis}
-    model = model_of([helper.make_node("Compress", ["x", "condition"], ["y"], **attributes)],
-                     {"x": x, "condition": np.zeros(entries, np.bool_)},
-                     {"y": (TensorProto.FLOAT, 1 if axis is None else 2)})
+    model = model_of(
+        [helper.make_node("Compress", ["x", "condition"], ["y"], **attributes)],
+        {"x": x, "condition": np.zeros(entries, np.bool_)},
+        {"y": (TensorProto.FLOAT, 1 if axis is None else 2)},
+    )
     session = ponnx.InferenceSession(model)
     for density in (0.0, 0.5, 1.0):
         condition = rng.random(entries) < density
@@ -197,8 +228,11 @@ def test_compress(axis, entries):
 
 def test_compress_with_a_condition_longer_than_its_axis_is_an_error():
     x = np.zeros((3, 4), np.float32)
-    model = model_of([helper.make_node("Compress", ["x", "condition"], ["y"], name="pick", axis=0)],
-                     {"x": x, "condition": np.zeros(5, np.bool_)}, {"y": (TensorProto.FLOAT, 2)})
+    model = model_of(
+        [helper.make_node("Compress", ["x", "condition"], ["y"], name="pick", axis=0)],
+        {"x": x, "condition": np.zeros(5, np.bool_)},
+        {"y": (TensorProto.FLOAT, 2)},
+    )
     with pytest.raises(polyc.PolycError, match=r"'pick' \(Compress\): the condition has 5 entries, more than the 3"):
         ponnx.InferenceSession(model).run(None, {"x": x, "condition": np.ones(5, np.bool_)})
 
@@ -209,13 +243,18 @@ def test_boxes_above_a_score_threshold():
     rng = np.random.default_rng(7)
     scores = rng.random((50, 6)).astype(np.float32)
     boxes = rng.random((50, 4)).astype(np.float32)
-    nodes = [helper.make_node("ReduceMax", ["scores"], ["best"], axes=[1], keepdims=0),
-             helper.make_node("Greater", ["best", "threshold"], ["kept"]),
-             helper.make_node("Compress", ["boxes", "kept"], ["chosen"], axis=0),
-             helper.make_node("Compress", ["best", "kept"], ["chosen_scores"], axis=0)]
-    model = model_of(nodes, {"scores": scores, "boxes": boxes},
-                     {"chosen": (TensorProto.FLOAT, 2), "chosen_scores": (TensorProto.FLOAT, 1)},
-                     {"threshold": np.array(0.8, np.float32)})
+    nodes = [
+        helper.make_node("ReduceMax", ["scores"], ["best"], axes=[1], keepdims=0),
+        helper.make_node("Greater", ["best", "threshold"], ["kept"]),
+        helper.make_node("Compress", ["boxes", "kept"], ["chosen"], axis=0),
+        helper.make_node("Compress", ["best", "kept"], ["chosen_scores"], axis=0),
+    ]
+    model = model_of(
+        nodes,
+        {"scores": scores, "boxes": boxes},
+        {"chosen": (TensorProto.FLOAT, 2), "chosen_scores": (TensorProto.FLOAT, 1)},
+        {"threshold": np.array(0.8, np.float32)},
+    )
     session = ponnx.InferenceSession(model)
     for shift in (0.0, 0.1, -0.5):
         feeds = {"scores": np.clip(scores + np.float32(shift), 0, 1), "boxes": boxes}
@@ -225,7 +264,10 @@ def test_boxes_above_a_score_threshold():
 
 def _suppression_model(batches, classes, count, center_point_box=0, score_threshold=True, limit_input=False):
     inputs = ["boxes", "scores", "limit", "iou"] + (["least_score"] if score_threshold else [])
-    feeds = {"boxes": np.zeros((batches, count, 4), np.float32), "scores": np.zeros((batches, classes, count), np.float32)}
+    feeds = {
+        "boxes": np.zeros((batches, count, 4), np.float32),
+        "scores": np.zeros((batches, classes, count), np.float32),
+    }
     constants = {"iou": np.array([0.4], np.float32)}
     if score_threshold:
         constants["least_score"] = np.array([0.3], np.float32)
@@ -237,10 +279,13 @@ def _suppression_model(batches, classes, count, center_point_box=0, score_thresh
     return model_of([node], feeds, {"selected": (TensorProto.INT64, 2)}, constants, opset=11)
 
 
-@pytest.mark.parametrize("batches, classes, count, center_point_box, score_threshold, limit_input",
-                         [(1, 1, 20, 0, True, False), (2, 3, 40, 1, False, False), (1, 2, 120, 0, True, True)])
+@pytest.mark.parametrize(
+    "batches, classes, count, center_point_box, score_threshold, limit_input",
+    [(1, 1, 20, 0, True, False), (2, 3, 40, 1, False, False), (1, 2, 120, 0, True, True)],
+)
 def test_non_max_suppression(batches, classes, count, center_point_box, score_threshold, limit_input):
     from onnx.reference import ReferenceEvaluator
+
     rng = np.random.default_rng(count)
     model = _suppression_model(batches, classes, count, center_point_box, score_threshold, limit_input)
     session = ponnx.InferenceSession(model)
@@ -258,9 +303,16 @@ def test_non_max_suppression(batches, classes, count, center_point_box, score_th
         assert len(selected) > 1
 
 
-@pytest.mark.parametrize("batches, classes, count, grouped, bits", [
-    (1, 1, 2500, True, True), (2, 2, 2100, True, True), (1, 1, 2200, False, True),
-    (1, 1, 2500, True, False), (1, 1, 2200, False, False)])
+@pytest.mark.parametrize(
+    "batches, classes, count, grouped, bits",
+    [
+        (1, 1, 2500, True, True),
+        (2, 2, 2100, True, True),
+        (1, 1, 2200, False, True),
+        (1, 1, 2500, True, False),
+        (1, 1, 2200, False, False),
+    ],
+)
 def test_non_max_suppression_compares_boxes_of_blocks_that_meet(batches, classes, count, grouped, bits, monkeypatch):
     """From CULL_FROM_BOXES boxes on, a box is compared only with the boxes of the blocks
     whose extents meet its block's: boxes given group by group, moved apart by group (as
@@ -271,6 +323,7 @@ def test_non_max_suppression_compares_boxes_of_blocks_that_meet(batches, classes
     from onnx.reference import ReferenceEvaluator
 
     from polyc.frontends.onnx.ops import data_dependent
+
     assert count >= data_dependent.CULL_FROM_BOXES
     if not bits:
         monkeypatch.setattr(data_dependent, "MAX_SUPPRESSOR_BYTES", 0)
@@ -309,17 +362,32 @@ def test_non_max_suppression_selecting_nothing_and_bad_boxes():
         ponnx.InferenceSession(model).run(None, {**feeds, "boxes": np.ones((1, 5, 3), np.float32)})
 
 
-@pytest.mark.parametrize("shape, axis, sort, dtype", [((30,), None, 1, np.int64), ((30,), None, 0, np.int64),
-                                                     ((4, 6), None, 1, np.float32), ((8, 3), 0, 1, np.float32),
-                                                     ((3, 8), 1, 0, np.int64), ((2, 6, 2), -2, 1, np.int8)])
+@pytest.mark.parametrize(
+    "shape, axis, sort, dtype",
+    [
+        ((30,), None, 1, np.int64),
+        ((30,), None, 0, np.int64),
+        ((4, 6), None, 1, np.float32),
+        ((8, 3), 0, 1, np.float32),
+        ((3, 8), 1, 0, np.int64),
+        ((2, 6, 2), -2, 1, np.int8),
+    ],
+)
 def test_unique(shape, axis, sort, dtype):
     rng = np.random.default_rng(len(shape) + sort)
     attributes = {"sorted": sort} if axis is None else {"sorted": sort, "axis": axis}
     node = helper.make_node("Unique", ["x"], ["y", "first", "inverse", "counts"], **attributes)
     rank = 1 if axis is None else len(shape)
-    model = model_of([node], {"x": np.zeros(shape, dtype)},
-                     {"y": (_TYPES[np.dtype(dtype)], rank), "first": (TensorProto.INT64, 1),
-                      "inverse": (TensorProto.INT64, 1), "counts": (TensorProto.INT64, 1)})
+    model = model_of(
+        [node],
+        {"x": np.zeros(shape, dtype)},
+        {
+            "y": (_TYPES[np.dtype(dtype)], rank),
+            "first": (TensorProto.INT64, 1),
+            "inverse": (TensorProto.INT64, 1),
+            "counts": (TensorProto.INT64, 1),
+        },
+    )
     session = ponnx.InferenceSession(model)
     for trial in range(2):
         x = rng.integers(0, 3 + 3 * trial, shape).astype(dtype)
@@ -332,15 +400,22 @@ def test_unique(shape, axis, sort, dtype):
 
 def _pool_and_unpool(shape, kernel, strides, pads):
     window = {"kernel_shape": kernel, "strides": strides, "pads": pads}
-    nodes = [helper.make_node("MaxPool", ["x"], ["pooled", "where"], **window),
-             helper.make_node("Relu", ["pooled"], ["active"]),
-             helper.make_node("MaxUnpool", ["active", "where"], ["y"], name="unpool", **window)]
+    nodes = [
+        helper.make_node("MaxPool", ["x"], ["pooled", "where"], **window),
+        helper.make_node("Relu", ["pooled"], ["active"]),
+        helper.make_node("MaxUnpool", ["active", "where"], ["y"], name="unpool", **window),
+    ]
     return model_of(nodes, {"x": np.zeros(shape, np.float32)}, {"y": (TensorProto.FLOAT, len(shape))}, opset=12)
 
 
-@pytest.mark.parametrize("shape, kernel, strides, pads", [((2, 3, 16, 16), [2, 2], [2, 2], [0, 0, 0, 0]),
-                                                          ((1, 2, 9, 11), [3, 3], [2, 2], [1, 1, 1, 1]),
-                                                          ((1, 2, 12), [3], [1], [0, 0])])
+@pytest.mark.parametrize(
+    "shape, kernel, strides, pads",
+    [
+        ((2, 3, 16, 16), [2, 2], [2, 2], [0, 0, 0, 0]),
+        ((1, 2, 9, 11), [3, 3], [2, 2], [1, 1, 1, 1]),
+        ((1, 2, 12), [3], [1], [0, 0]),
+    ],
+)
 def test_max_unpool_of_a_max_pool_reads_only_the_windows(shape, kernel, strides, pads):
     # Overlapping windows (kernel 3, stride 2 or 1) may pick one element twice: the last wins.
     model = _pool_and_unpool(shape, kernel, strides, pads)
@@ -352,11 +427,16 @@ def test_max_unpool_of_a_max_pool_reads_only_the_windows(shape, kernel, strides,
 
 def test_max_unpool_of_indices_from_anywhere_and_out_of_range():
     from onnx.reference import ReferenceEvaluator
+
     x = np.arange(1, 9, dtype=np.float32).reshape(1, 2, 2, 2)
     window = {"kernel_shape": [2, 2], "strides": [2, 2]}
     node = helper.make_node("MaxUnpool", ["x", "where", "shape"], ["y"], name="unpool", **window)
-    model = model_of([node], {"x": x, "where": np.zeros((1, 2, 2, 2), np.int64)}, {"y": (TensorProto.FLOAT, 4)},
-                     {"shape": np.array([1, 2, 5, 4], np.int64)})
+    model = model_of(
+        [node],
+        {"x": x, "where": np.zeros((1, 2, 2, 2), np.int64)},
+        {"y": (TensorProto.FLOAT, 4)},
+        {"shape": np.array([1, 2, 5, 4], np.int64)},
+    )
     session = ponnx.InferenceSession(model)
     scattered = np.array([31, 0, 5, 5, 17, 2, 30, 16], np.int64).reshape(1, 2, 2, 2)  # across channels, repeated
     for where in (scattered, np.array([0, 3, 9, 15, 16, 18, 25, 31], np.int64).reshape(1, 2, 2, 2)):
@@ -372,14 +452,19 @@ def test_max_unpool_of_indices_from_anywhere_and_out_of_range():
 def test_values_passing_through_stages_reach_the_user_as_copies():
     # x goes through the first stage to the second uncopied; the user's outputs never share
     # memory with the feeds.
-    nodes = [helper.make_node("ReduceMax", ["x"], ["largest"], keepdims=1),
-             helper.make_node("Cast", ["largest"], ["rows"], to=TensorProto.INT64),
-             helper.make_node("Concat", ["rows", "rest"], ["shape"], axis=0),
-             helper.make_node("Reshape", ["x", "shape"], ["viewed"]),
-             helper.make_node("Identity", ["x"], ["same"])]
-    model = model_of(nodes, {"x": np.zeros(12, np.float32)}, {"viewed": (TensorProto.FLOAT, 2),
-                                                              "same": (TensorProto.FLOAT, 1)},
-                     {"rest": np.array([-1], np.int64)})
+    nodes = [
+        helper.make_node("ReduceMax", ["x"], ["largest"], keepdims=1),
+        helper.make_node("Cast", ["largest"], ["rows"], to=TensorProto.INT64),
+        helper.make_node("Concat", ["rows", "rest"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["viewed"]),
+        helper.make_node("Identity", ["x"], ["same"]),
+    ]
+    model = model_of(
+        nodes,
+        {"x": np.zeros(12, np.float32)},
+        {"viewed": (TensorProto.FLOAT, 2), "same": (TensorProto.FLOAT, 1)},
+        {"rest": np.array([-1], np.int64)},
+    )
     x = np.arange(12, dtype=np.float32) % 4
     viewed, same = same_as_onnxruntime(ponnx.InferenceSession(model), model, {"x": x})
     assert viewed.shape == (3, 4)

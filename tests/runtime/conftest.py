@@ -1,5 +1,6 @@
 """Fixtures for the runtime tests.  Every test gets a private kernel cache, so the suite never
 reads or writes the user's own cache."""
+
 from __future__ import annotations
 
 import ctypes

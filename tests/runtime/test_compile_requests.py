@@ -1,5 +1,6 @@
 """The cache's compile requests: a process that finds a def's kernel in the cache skips its
 dependences, scheduling and code generation, and a broken request file is only a miss."""
+
 from __future__ import annotations
 
 import json
@@ -28,6 +29,7 @@ def fresh_kernel(**options):
 def forbid_generation(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("the kernel was generated again")
+
     monkeypatch.setattr(driver, "compile_stages", fail)
     monkeypatch.setattr(driver, "analyse", fail)
 
@@ -67,7 +69,7 @@ def test_a_broken_request_is_a_miss(cache, damage):
         request.write_text(json.dumps({"library": "0" * 64, "call": recorded["call"]}))
     elif damage == "library deleted":
         (entry / "kernel.so").unlink()
-    else:   # a request must not run C that is not what it recorded
+    else:  # a request must not run C that is not what it recorded
         (entry / "kernel.c").write_text((entry / "kernel.c").read_text() + "\n/* edited */\n")
     np.testing.assert_array_equal(fresh_kernel()(x), x * 3)
-    assert json.loads(request.read_text())["library"] == recorded["library"]   # recorded again
+    assert json.loads(request.read_text())["library"] == recorded["library"]  # recorded again

@@ -1,6 +1,7 @@
 """The define-time proofs in the cache (polyc.runtime.proofs): a later define of the same def reads
 what the bounds and coverage proofs found instead of building its polyhedral model, finds the
 same, and anything wrong with the record is only a miss."""
+
 from __future__ import annotations
 
 import json
@@ -33,6 +34,7 @@ def proof_records(cache):
 def forbid_proving(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("the proofs ran again")
+
     monkeypatch.setattr(proofs, "build_program", fail)
 
 
@@ -61,8 +63,9 @@ def test_other_text_is_another_record(cache):
     assert len(proof_records(cache)) == 2
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "not an object", "wrong fields", "bad isl",
-                                    "unknown tensor"])
+@pytest.mark.parametrize(
+    "damage", ["garbage", "truncated", "not an object", "wrong fields", "bad isl", "unknown tensor"]
+)
 def test_a_broken_record_is_a_miss_and_is_written_again(cache, damage):
     polyc.define(GUARDED, backend="interpreter")
     (record,) = proof_records(cache)
@@ -73,8 +76,15 @@ def test_a_broken_record_is_a_miss_and_is_written_again(cache, damage):
         "truncated": text[: len(text) // 2],
         "not an object": "[1, 2]",
         "wrong fields": json.dumps({"bounds": {"params": ["N"]}}),
-        "bad isl": json.dumps({**good, "bounds": {**good["bounds"], "violations": [
-            {"description": "x", "sizes": "{ this is not isl", "loc": [1, 1]}]}}),
+        "bad isl": json.dumps(
+            {
+                **good,
+                "bounds": {
+                    **good["bounds"],
+                    "violations": [{"description": "x", "sizes": "{ this is not isl", "loc": [1, 1]}],
+                },
+            }
+        ),
         "unknown tensor": json.dumps({**good, "written_before_read": ["B", "A"]}),
     }[damage]
     record.write_text(broken)

@@ -1,4 +1,5 @@
 """The on-disk kernel cache: where it lives, hits, corruption recovery and concurrent builders."""
+
 from __future__ import annotations
 
 import json
@@ -39,6 +40,7 @@ def build_count(monkeypatch) -> list[int]:
 
 
 # --- where the cache lives ------------------------------------------------------------------------
+
 
 def test_cache_dir_order(tmp_path, monkeypatch):
     monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path / "explicit"))
@@ -81,6 +83,7 @@ def test_unwritable_cache_dir_reported(kernel_cache, monkeypatch, axpy_source):
 
 
 # --- keys, hits and misses ------------------------------------------------------------------------
+
 
 def test_key_depends_on_source_options_and_version(axpy_source, monkeypatch):
     options = CompilerOptions(cc="gcc", flags=("-O2",))
@@ -148,8 +151,11 @@ def _intrinsics_headers(cache: Path) -> list[Path]:
 def test_kernels_with_intrinsics_read_a_precompiled_header(kernel_cache, check_axpy, build_count, monkeypatch):
     headers = []
     real_compile = cache_module.compile_shared_library
-    monkeypatch.setattr(cache_module, "compile_shared_library",
-                        lambda *args, **kwargs: headers.append(kwargs.get("header")) or real_compile(*args, **kwargs))
+    monkeypatch.setattr(
+        cache_module,
+        "compile_shared_library",
+        lambda *args, **kwargs: headers.append(kwargs.get("header")) or real_compile(*args, **kwargs),
+    )
     check_axpy(get_or_build(INTRINSICS_AXPY))
     (made,) = _intrinsics_headers(kernel_cache)
     assert headers == [made.with_suffix("")] and made.stat().st_size > 1_000_000
@@ -181,6 +187,7 @@ def test_missing_compiler_through_the_cache(axpy_source):
 
 
 # --- corrupt entries ------------------------------------------------------------------------------
+
 
 def truncate_library(entry: Path) -> None:
     library = entry / "kernel.so"
@@ -268,7 +275,11 @@ def test_eight_processes_build_one_kernel(tmp_path, kernel_cache, axpy_source, c
     workers = [
         subprocess.Popen(
             [sys.executable, "-c", WORKER, str(source_file), locking],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         for _ in range(8)
     ]

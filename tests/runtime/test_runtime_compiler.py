@@ -1,4 +1,5 @@
 """CompilerOptions defaults and command lines, and compile_shared_library's results and errors."""
+
 from __future__ import annotations
 
 import platform
@@ -30,8 +31,19 @@ def test_default_command_line(monkeypatch):
     monkeypatch.delenv("POLYC_CFLAGS", raising=False)  # the defaults, whatever the caller's environment
     options = CompilerOptions(cc="gcc", extra_flags=("-fsanitize=address,undefined",))
     assert options.command("kernel.c", "kernel.so") == [
-        "gcc", "-fPIC", "-shared", "-O3", "-march=native", "-std=gnu11", "-fno-math-errno", "-fopenmp",
-        "-fsanitize=address,undefined", "-o", "kernel.so", "kernel.c", "-lm",
+        "gcc",
+        "-fPIC",
+        "-shared",
+        "-O3",
+        "-march=native",
+        "-std=gnu11",
+        "-fno-math-errno",
+        "-fopenmp",
+        "-fsanitize=address,undefined",
+        "-o",
+        "kernel.so",
+        "kernel.c",
+        "-lm",
     ]
     assert "-fopenmp" not in CompilerOptions(cc="gcc", openmp=False).command("k.c", "k.so")
 
@@ -97,12 +109,15 @@ def test_timeout(tmp_path, axpy_source):
         compile_shared_library(axpy_source, tmp_path / "axpy.so", CompilerOptions(), timeout=1e-4)
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or shutil.which("gcc") is None,
-                    reason="x86-64 instruction-set flags, asked of gcc")
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64") or shutil.which("gcc") is None,
+    reason="x86-64 instruction-set flags, asked of gcc",
+)
 def test_vector_bits_follow_the_build_flags_not_the_processor(monkeypatch):
     # What the preprocessor defines decides which micro-kernels a build holds, so layouts made
     # for them follow the flags: AVX2 code on an AVX-512 machine computes in 256-bit vectors.
     from polyc.runtime.compiler import _host_vector_bits, vector_bits
+
     monkeypatch.delenv("POLYC_CFLAGS", raising=False)
     assert vector_bits(CompilerOptions(cc="gcc", flags=("-O2", "-mavx2", "-mfma"))) == 256
     assert vector_bits(CompilerOptions(cc="gcc", flags=("-O2", "-mavx512f", "-mfma"))) == 512

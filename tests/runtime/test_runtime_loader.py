@@ -1,4 +1,5 @@
 """load_library and get_function: one CDLL per library, and clear errors."""
+
 from __future__ import annotations
 
 import ctypes

@@ -2,6 +2,7 @@
 (on a crowded machine, or always with ``POLYC_THREADS=pool``), a call never waits for a helper
 that has not started, a forked child gets helpers of its own, and ``POLYC_POOL=off`` leaves
 kernels on OpenMP alone."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,10 @@ from polyc.runtime.pool import hold_helpers, pool_statistics, thread_pool
 SGEMM = "def sgemm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
 BATCHED = "def bmm(float(B, M, K) X, float(B, K, N) Y) -> (Z) { Z(b, m, n) +=! X(b, m, r_k) * Y(b, r_k, n) }"
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or (os.cpu_count() or 1) < 2,
-                                reason="the pool runs on Linux machines of two or more processors")
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or (os.cpu_count() or 1) < 2,
+    reason="the pool runs on Linux machines of two or more processors",
+)
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +128,9 @@ assert np.allclose(C, A @ A, rtol=1e-4)
 print(pool_statistics())
 """
     environment = {**os.environ, "POLYC_POOL": "off", "POLYC_THREADS": "pool", "POLYC_CACHE_DIR": str(kernel_directory)}
-    result = subprocess.run([sys.executable, "-c", program], env=environment, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", program], env=environment, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "None"
 

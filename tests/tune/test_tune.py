@@ -3,6 +3,7 @@
 Searches here are tiny (a few trials on 64-element kernels): these tests check what the tuner
 does with its measurements, not how fast anything is (benchmarks/ measure that).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -26,8 +27,16 @@ import pytest
 import polyc
 from polyc.runtime import tuning_records as records_module
 from polyc.runtime.machine import MachineFingerprint, cpu_identity, microarchitecture, this_machine
-from polyc.runtime.tuning_records import (SCHEMA_VERSION, TuningKey, TuningRecord, append_record, best_options, chosen_record,
-                                merge_records, read_records)
+from polyc.runtime.tuning_records import (
+    SCHEMA_VERSION,
+    TuningKey,
+    TuningRecord,
+    append_record,
+    best_options,
+    chosen_record,
+    merge_records,
+    read_records,
+)
 
 MATMUL = """
 def matmul(float(M, K) A, float(K, N) B) -> (C) {
@@ -89,15 +98,20 @@ def test_tune_records_every_trial_and_define_uses_the_best(records, matmul_args)
 
 def test_records_keep_only_options_left_at_their_defaults(records, matmul_args):
     kernel = polyc.define(MATMUL).matmul
-    key = TuningKey.for_call(kernel.definition, {"M": 64, "K": 48, "N": 80},
-                             polyc.tune.search.target_of(kernel.options.replace(tuning=False)))
+    key = TuningKey.for_call(
+        kernel.definition,
+        {"M": 64, "K": 48, "N": 80},
+        polyc.tune.search.target_of(kernel.options.replace(tuning=False)),
+    )
     append_record(TuningRecord(key, {"tile_sizes": [48, 128, 64]}, "ok", 1e-6), records)
     assert "128" in kernel.c_source({"M": 64, "K": 48, "N": 80})
-    assert polyc.define(MATMUL).matmul.stages({"M": 64, "K": 48, "N": 80}).kernel.source == \
-        polyc.define(MATMUL, tile_sizes=(48, 128, 64)).matmul.c_source({"M": 64, "K": 48, "N": 80})
+    assert polyc.define(MATMUL).matmul.stages({"M": 64, "K": 48, "N": 80}).kernel.source == polyc.define(
+        MATMUL, tile_sizes=(48, 128, 64)
+    ).matmul.c_source({"M": 64, "K": 48, "N": 80})
     mine = polyc.define(MATMUL, tile_sizes=(24, 256, 32)).matmul
-    assert mine.stages({"M": 64, "K": 48, "N": 80}).kernel.source == \
-        polyc.define(MATMUL, tile_sizes=(24, 256, 32), tuning=False).matmul.c_source({"M": 64, "K": 48, "N": 80})
+    assert mine.stages({"M": 64, "K": 48, "N": 80}).kernel.source == polyc.define(
+        MATMUL, tile_sizes=(24, 256, 32), tuning=False
+    ).matmul.c_source({"M": 64, "K": 48, "N": 80})
 
 
 def test_wrong_failed_and_foreign_records_are_never_used(records, matmul_args):
@@ -118,8 +132,13 @@ def test_records_from_another_machine_are_a_starting_point_only(records, tmp_pat
     foreign = tmp_path / "from-the-cluster.jsonl"
     sizes = {"M": 64, "K": 48, "N": 80}
     target = polyc.tune.search.target_of(kernel.options.replace(tuning=False))
-    there = TuningKey(TuningKey.for_call(kernel.definition, sizes, target).definition,
-                      tuple(sizes.items()), ("float32", "float32"), target, "a-xeon-somewhere")
+    there = TuningKey(
+        TuningKey.for_call(kernel.definition, sizes, target).definition,
+        tuple(sizes.items()),
+        ("float32", "float32"),
+        target,
+        "a-xeon-somewhere",
+    )
     append_record(TuningRecord(there, {"tile_sizes": [48, 256, 128]}, "ok", 1e-7), foreign)
     assert merge_records([foreign], records) == 1 and merge_records([foreign], records) == 0
     assert kernel.c_source(sizes) == polyc.define(MATMUL, tuning=False).matmul.c_source(sizes)
@@ -133,8 +152,15 @@ def test_records_from_another_machine_are_a_starting_point_only(records, tmp_pat
 def test_processors_that_share_a_model_name_have_different_fingerprints():
     """Virtual machines call a Zen 3, a Zen 4 and a Zen 5 all "AMD EPYC": their family and
     model numbers tell them apart, so a record measured on one is not used on another."""
-    epyc = replace(this_machine(), machine="x86_64", cpu_model="AMD EPYC", isa=("avx2", "avx512f", "fma"),
-                   caches=(32768, 1048576, 33554432), cores=2, cpu_id="")
+    epyc = replace(
+        this_machine(),
+        machine="x86_64",
+        cpu_model="AMD EPYC",
+        isa=("avx2", "avx512f", "fma"),
+        caches=(32768, 1048576, 33554432),
+        cores=2,
+        cpu_id="",
+    )
     zen3, zen4 = replace(epyc, cpu_id="AuthenticAMD 25/1/1"), replace(epyc, cpu_id="AuthenticAMD 25/17/1")
     assert zen3.id != zen4.id != epyc.id
     assert (zen3.microarchitecture, zen4.microarchitecture) == ("Zen 3", "Zen 4")
@@ -146,12 +172,18 @@ def test_processors_that_share_a_model_name_have_different_fingerprints():
 
 
 def test_the_identity_numbers_come_from_cpuinfo():
-    assert cpu_identity({"vendor_id": "GenuineIntel", "cpu family": "6", "model": "207", "stepping": "2"}) \
+    assert (
+        cpu_identity({"vendor_id": "GenuineIntel", "cpu family": "6", "model": "207", "stepping": "2"})
         == "GenuineIntel 6/207/2"
+    )
     assert microarchitecture("GenuineIntel 6/207/2") == "Emerald Rapids"
-    assert microarchitecture("AuthenticAMD 26/2/0") == "Zen 5" and microarchitecture("AuthenticAMD 23/1/2") == "Zen/Zen+"
-    assert cpu_identity({"CPU implementer": "0x41", "CPU part": "0xd0c", "CPU variant": "0x3", "CPU revision": "1"}) \
+    assert (
+        microarchitecture("AuthenticAMD 26/2/0") == "Zen 5" and microarchitecture("AuthenticAMD 23/1/2") == "Zen/Zen+"
+    )
+    assert (
+        cpu_identity({"CPU implementer": "0x41", "CPU part": "0xd0c", "CPU variant": "0x3", "CPU revision": "1"})
         == "arm 0x41/0xd0c/0x3/1"
+    )
     assert cpu_identity({"model name": "something"}) == "" and microarchitecture("") == ""
     assert microarchitecture("AuthenticAMD 99/1/1") == "" and microarchitecture("GenuineIntel x/y/z") == ""
     here = this_machine()
@@ -162,7 +194,7 @@ def test_unreadable_lines_are_skipped_with_a_warning_and_calls_still_work(record
     kernel = polyc.define(MATMUL).matmul
     polyc.tune(kernel, *matmul_args, budget=1, progress=False)
     with open(records, "a") as file:
-        file.write('{"schema": 1, "key": {"def": "x"')   # a run killed mid-write
+        file.write('{"schema": 1, "key": {"def": "x"')  # a run killed mid-write
         file.write("\nnot json at all\n")
         file.write(json.dumps({"schema": SCHEMA_VERSION + 1, "key": {}}) + "\n")
     with pytest.warns(polyc.PolycWarning) as caught:
@@ -172,8 +204,12 @@ def test_unreadable_lines_are_skipped_with_a_warning_and_calls_still_work(record
     assert f"{records}:2" in messages and f"{records}:3" in messages and "newer than this polyc" in messages
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a call never warns about the records: `polyc tune --list` does
-        np.testing.assert_allclose(polyc.define(MATMUL).matmul(*matmul_args),
-                                   matmul_args[0].astype(np.float64) @ matmul_args[1], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            polyc.define(MATMUL).matmul(*matmul_args),
+            matmul_args[0].astype(np.float64) @ matmul_args[1],
+            rtol=1e-5,
+            atol=1e-5,
+        )
 
 
 def test_an_old_schema_is_converted_on_load(tmp_path, monkeypatch):
@@ -181,13 +217,14 @@ def test_an_old_schema_is_converted_on_load(tmp_path, monkeypatch):
     current = TuningRecord(TuningKey("d", (("N", 4),), ("float32",), "c x", "m"), {"unroll": 2}, "ok", 0.5)
     old = current.to_json()
     old["schema"] = 0
-    old["seconds_ms"] = old.pop("seconds") * 1e3      # a made-up older layout
+    old["seconds_ms"] = old.pop("seconds") * 1e3  # a made-up older layout
     path.write_text(json.dumps(old) + "\n")
 
     def upgrade_0_to_1(data: dict) -> dict:
         data = dict(data, schema=1)
         data["seconds"] = data.pop("seconds_ms") / 1e3
         return data
+
     monkeypatch.setitem(records_module._UPGRADES, 0, upgrade_0_to_1)
     (loaded,) = read_records(path)
     assert loaded.seconds == 0.5 and loaded.options == {"unroll": 2}
@@ -195,6 +232,7 @@ def test_an_old_schema_is_converted_on_load(tmp_path, monkeypatch):
 
 def test_ctrl_c_keeps_what_was_found(records, matmul_args, monkeypatch):
     from polyc.tune import search
+
     real, calls = search.measure_candidate, []
 
     def interrupted_on_the_third(job, inputs, reference):
@@ -202,6 +240,7 @@ def test_ctrl_c_keeps_what_was_found(records, matmul_args, monkeypatch):
         if len(calls) == 3:
             raise KeyboardInterrupt
         return real(job, inputs, reference)
+
     monkeypatch.setattr(search, "measure_candidate", interrupted_on_the_third)
     result = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, budget=10, progress=False)
     assert result.interrupted and result.trials == 2 and len(read_records(records)) == 2
@@ -213,6 +252,7 @@ def test_candidates_are_built_together_then_timed_alone(records, matmul_args, tm
     once, then each timed with no compiler running."""
     from polyc.schedule import tiling
     from polyc.tune import search
+
     monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(tiling, "usable_cores", lambda: 2)
     real_time, compiles_while_timed = search._time_call, []
@@ -230,12 +270,14 @@ def test_candidates_are_built_together_then_timed_alone(records, matmul_args, tm
 
 def test_a_killed_run_resumes_from_its_records(records, matmul_args, tmp_path):
     script = tmp_path / "tune_forever.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import numpy as np, polyc
         rng = np.random.default_rng(0)
         A, B = rng.random((64, 48), dtype=np.float32), rng.random((48, 80), dtype=np.float32)
         polyc.tune(polyc.define({MATMUL!r}).matmul, A, B, budget=500, progress=False)
-    """))
+    """)
+    )
     process = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "POLYC_TUNING_FILE": str(records)})
     try:
         deadline = time.monotonic() + 120
@@ -267,6 +309,7 @@ def test_random_and_generic_path(records):
 
 def test_the_model_sees_the_whole_space_and_only_knobs_that_matter():
     from polyc.tune.space import space_for
+
     definition = polyc.define(MATMUL, blas_contractions=False).matmul
     space = space_for(definition.definition, {"M": 64, "K": 48, "N": 80}, definition.options)
     configs = list(space.configs())
@@ -276,8 +319,9 @@ def test_the_model_sees_the_whole_space_and_only_knobs_that_matter():
     base = dict(space.default)
     for t0 in (-1, 0):
         same = [space.features({**base, "t0": t0, "t1": t1}) for t1 in (16, 256)]
-        assert same[0] == same[1] and space.identity({**base, "t0": t0, "t1": 16}) == \
-            space.identity({**base, "t0": t0, "t1": 256})
+        assert same[0] == same[1] and space.identity({**base, "t0": t0, "t1": 16}) == space.identity(
+            {**base, "t0": t0, "t1": 256}
+        )
     assert space.features({**base, "t0": 64, "t1": 16}) != space.features({**base, "t0": 64, "t1": 256})
     # ... but no tiling and polyc's own tiles are different modes: the model must tell them apart.
     assert space.features({**base, "t0": -1}) != space.features({**base, "t0": 0})
@@ -285,6 +329,7 @@ def test_the_model_sees_the_whole_space_and_only_knobs_that_matter():
 
 def test_the_loop_order_is_searched_on_the_generic_path(records):
     from polyc.tune.space import space_for
+
     kernel = polyc.define(MATMUL, blas_contractions=False).matmul
     sizes = {"M": 64, "K": 48, "N": 80}
     space = space_for(kernel.definition, sizes, kernel.options)
@@ -296,8 +341,9 @@ def test_the_loop_order_is_searched_on_the_generic_path(records):
     # A record's options (JSON: a list) compile, and the kernel computes the product.
     A = np.random.default_rng(7).random((64, 48), dtype=np.float32)
     B = np.random.default_rng(8).random((48, 80), dtype=np.float32)
-    ordered = polyc.define(MATMUL, blas_contractions=False, tuning=False,
-                           **space.options({**space.default, "loop_order": "n,r_k,m"})).matmul
+    ordered = polyc.define(
+        MATMUL, blas_contractions=False, tuning=False, **space.options({**space.default, "loop_order": "n,r_k,m"})
+    ).matmul
     assert [loop.index for loop in ordered.explain(sizes).loops] == ["n", "r_k", "m"]
     np.testing.assert_allclose(ordered(A, B), A.astype(np.float64) @ B, rtol=1e-5)
     rowsum = polyc.define(ROWSUM).rowsum
@@ -309,10 +355,13 @@ def test_the_loop_order_is_searched_on_the_generic_path(records):
 
 def test_the_fusion_strategy_is_searched_only_where_it_changes_the_code():
     from polyc.tune.space import space_for
+
     symmetrise = "def sym(float(N, N) A) -> (B) { B(i, j) = 0.5 * (A(i, j) + A(j, i)) }"
     # One assignment: every strategy gives the same C (but for the comment naming the options).
-    sources = {polyc.define(symmetrise, fusion=f).sym.c_source({"N": 64}).replace(f"fusion={f}", "")
-               for f in ("min", "smart", "max")}
+    sources = {
+        polyc.define(symmetrise, fusion=f).sym.c_source({"N": 64}).replace(f"fusion={f}", "")
+        for f in ("min", "smart", "max")
+    }
     assert len(sources) == 1
     one = polyc.define(symmetrise).sym
     space = space_for(one.definition, {"N": 64}, one.options)
@@ -325,6 +374,7 @@ def test_the_fusion_strategy_is_searched_only_where_it_changes_the_code():
 
 def test_the_thread_count_is_searched_unless_the_options_fix_it():
     from polyc.tune.space import space_for, thread_counts
+
     EIGHT_CORES = replace(this_machine(), cores=8)
     assert thread_counts(1) == (0,) and thread_counts(2) == (0, 1) and thread_counts(12) == (0, 6, 3, 1)
     sizes = {"M": 64, "K": 48, "N": 80}
@@ -340,10 +390,13 @@ def test_the_thread_count_is_searched_unless_the_options_fix_it():
         assert space.features({**space.default, "threads": 0}) != space.features({**space.default, "threads": 1})
         for fixed in ({"threads": 3}, {"parallel": False}):
             pinned = polyc.define(MATMUL, tuning=False, **options, **fixed).matmul
-            assert "threads" not in {k.name for k in space_for(pinned.definition, sizes, pinned.options, machine=EIGHT_CORES).knobs}
+            assert "threads" not in {
+                k.name for k in space_for(pinned.definition, sizes, pinned.options, machine=EIGHT_CORES).knobs
+            }
     # Records of an older polyc, whose space had no thread count (nor register block), left
     # them at their defaults.
     from polyc.tune.search import _config_in
+
     old = TuningRecord(None, {"tile_sizes": [48, 128, 64]}, "ok", 1e-3, config={"mc": 48, "nc": 128, "kc": 64})
     matmul = polyc.define(MATMUL).matmul
     gemm_space = space_for(matmul.definition, sizes, matmul.options, machine=EIGHT_CORES)
@@ -354,12 +407,18 @@ def test_the_thread_count_is_searched_unless_the_options_fix_it():
     gemv = polyc.define("def mv(float(M, K) A, float(K) x) -> (y) { y(m) +=! A(m, r_k) * x(r_k) }").mv
     space = space_for(gemv.definition, {"M": 64, "K": 48}, gemv.options, machine=replace(this_machine(), cores=1))
     assert space.path == "gemv" and space.knobs == () and list(space.configs()) == [{}]
-    assert [k.name for k in space_for(gemv.definition, {"M": 64, "K": 48}, gemv.options, machine=replace(this_machine(), cores=2)).knobs] == ["threads"]
+    assert [
+        k.name
+        for k in space_for(
+            gemv.definition, {"M": 64, "K": 48}, gemv.options, machine=replace(this_machine(), cores=2)
+        ).knobs
+    ] == ["threads"]
 
 
 def test_the_register_block_is_searched_on_the_gemm_path():
     from polyc.codegen.gemm import micro_kernel_shapes
     from polyc.tune.space import space_for
+
     kernel = polyc.define(MATMUL, tuning=False).matmul
     sizes = {"M": 64, "K": 48, "N": 80}
     for isa, flags in (("avx512", ("avx2", "avx512f", "fma")), ("avx2", ("avx2", "fma"))):
@@ -379,8 +438,10 @@ def test_the_register_block_is_searched_on_the_gemm_path():
         for cflags, isa in (("-O2 -mavx2 -mfma", "avx2"), ("-O2 -mavx512f -mfma", "avx512"), ("-O2", "portable")):
             built = polyc.define(MATMUL, tuning=False, cflags=cflags).matmul
             blocks = len(micro_kernel_shapes(isa, np.dtype(np.float32)))
-            knobs = dict((k.name, k.choices) for k in space_for(built.definition, sizes, built.options,
-                                                                 machine=avx512_machine).knobs)
+            knobs = dict(
+                (k.name, k.choices)
+                for k in space_for(built.definition, sizes, built.options, machine=avx512_machine).knobs
+            )
             assert knobs.get("micro_kernel") == (tuple(range(blocks + 1)) if blocks > 1 else None)
     # Each block, named by the option, is the only one in the C of every instruction set, and
     # computes the product (rows and columns that fill no whole block included).
@@ -402,15 +463,17 @@ def test_the_register_block_is_searched_on_the_gemm_path():
 def test_a_confirmation_decides_and_a_lucky_timing_does_not():
     """The search's best is the luckiest of many single timings; the best and the defaults are
     timed against each other after the search, and the latest confirmation chooses."""
+
     def record(options, seconds, session="s", confirmed=False):
         return TuningRecord(None, options, "ok", seconds, session=session, confirmed=confirmed)
+
     tiles = {"tile_sizes": [48, 128, 64]}
     trials = [record({}, 1.0), record(tiles, 0.9), record({"micro_kernel": 2}, 0.95)]
-    assert chosen_record(trials).options == tiles                      # no confirmation: the fastest
+    assert chosen_record(trials).options == tiles  # no confirmation: the fastest
     within_margin = [record({}, 1.0, "a", True), record(tiles, 0.99, "a", True)]
-    assert chosen_record(trials + within_margin).options == {}         # 1% is within the noise
+    assert chosen_record(trials + within_margin).options == {}  # 1% is within the noise
     faster = [record({}, 1.0, "b", True), record(tiles, 0.9, "b", True)]
-    assert chosen_record(trials + within_margin + faster).options == tiles   # the latest decides
+    assert chosen_record(trials + within_margin + faster).options == tiles  # the latest decides
     assert chosen_record(trials + faster + within_margin).options == {}
 
 
@@ -420,9 +483,15 @@ def test_a_search_whose_best_was_lucky_keeps_the_defaults(records, matmul_args, 
     def timing(kernel, inputs):  # the search sees the defaults twice as slow as any other candidate
         options = kernel.options
         return 2e-4 if (options.tile_sizes, options.micro_kernel, options.threads) == (None, None, None) else 1e-4
+
     monkeypatch.setattr(search, "_time_call", timing)
-    monkeypatch.setattr(search, "confirm_candidates", lambda jobs, inputs, rounds=search.CONFIRM_ROUNDS: [
-        {"status": "ok", "seconds": 1e-4, "runs": [1e-4]} for _ in jobs])   # ... and the confirmation alike
+    monkeypatch.setattr(
+        search,
+        "confirm_candidates",
+        lambda jobs, inputs, rounds=search.CONFIRM_ROUNDS: [
+            {"status": "ok", "seconds": 1e-4, "runs": [1e-4]} for _ in jobs
+        ],
+    )  # ... and the confirmation alike
     result = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, budget=3, progress=False)
     confirmed = [r for r in read_records(records) if r.confirmed]
     assert len(confirmed) == 2 and confirmed[0].options == {} and confirmed[1].options
@@ -432,6 +501,7 @@ def test_a_search_whose_best_was_lucky_keeps_the_defaults(records, matmul_args, 
 def test_a_candidate_is_pruned_only_when_two_runs_are_slow(matmul_args, monkeypatch):
     """TC's pruning, minus a busy machine's scheduler slice: one slow run is timed again."""
     from polyc.tune import search
+
     job = {"source": MATMUL, "name": "matmul", "options": {}, "terms": 48, "limit": 1e-3}
     reference = (matmul_args[0] @ matmul_args[1],)
     for times, status in (([5e-3, 1e-4], "ok"), ([5e-3, 4e-3], "pruned"), ([1e-4], "ok")):
@@ -439,15 +509,18 @@ def test_a_candidate_is_pruned_only_when_two_runs_are_slow(matmul_args, monkeypa
         monkeypatch.setattr(search, "_time_call", lambda kernel, inputs: next(clock))
         outcome = search.measure_candidate(job, matmul_args, reference)
         assert outcome["status"] == status, (times, outcome)
-        assert outcome["runs"][:len(times)] == times
+        assert outcome["runs"][: len(times)] == times
         if status == "ok":
             assert outcome["seconds"] == 1e-4 and len(outcome["runs"]) == search.MAX_RUNS
 
 
 def test_bad_requests_are_polyc_errors(matmul_args):
     kernel = polyc.define(MATMUL).matmul
-    for bad, message in (({"budget": 0}, "budget"), ({"budget": True}, "budget"),
-                         ({"strategy": "genetic"}, "strategy")):
+    for bad, message in (
+        ({"budget": 0}, "budget"),
+        ({"budget": True}, "budget"),
+        ({"strategy": "genetic"}, "strategy"),
+    ):
         with pytest.raises(polyc.PolycError, match=message):
             polyc.tune(kernel, *matmul_args, progress=False, **bad)
     with pytest.raises(polyc.PolycError, match="tune.. takes a polyc kernel"):
@@ -460,10 +533,13 @@ def test_bad_requests_are_polyc_errors(matmul_args):
 
 def test_dask_local_cluster_gives_the_same_records(records, tmp_path, matmul_args):
     distributed = pytest.importorskip("dask.distributed")
-    local = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, budget=2, records=tmp_path / "local.jsonl",
-                       progress=False)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) \
-            as cluster, distributed.Client(cluster) as client:
+    local = polyc.tune(
+        polyc.define(MATMUL).matmul, *matmul_args, budget=2, records=tmp_path / "local.jsonl", progress=False
+    )
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         remote = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, budget=4, client=client, progress=False)
     assert remote.key == local.key and remote.trials == 4
     local_lines = [json.loads(line) for line in (tmp_path / "local.jsonl").read_text().splitlines()]
@@ -479,6 +555,7 @@ def test_dask_local_cluster_gives_the_same_records(records, tmp_path, matmul_arg
 
 def test_command_line_tunes_lists_and_merges(tmp_path, capsys):
     from polyc.cli import main
+
     records, other = tmp_path / "records.jsonl", tmp_path / "other.jsonl"
     tc = tmp_path / "rowsum.tc"
     tc.write_text(ROWSUM)
@@ -494,8 +571,11 @@ def test_command_line_tunes_lists_and_merges(tmp_path, capsys):
     zen3 = replace(here, cpu_model="AMD EPYC", cpu_id="AuthenticAMD 25/1/1", cores=here.cores + 1)
     assert zen3.id != here.id
     foreign = replace(written[0], key=replace(written[0].key, machine=zen3.id), machine=zen3.to_json())
-    damaged = replace(written[0], key=replace(written[0].key, machine="elsewhere", sizes=(("M", 8), ("N", 8))),
-                      machine={"cpu_model": "no other fields"})
+    damaged = replace(
+        written[0],
+        key=replace(written[0].key, machine="elsewhere", sizes=(("M", 8), ("N", 8))),
+        machine={"cpu_model": "no other fields"},
+    )
     append_record(foreign, other)
     append_record(damaged, other)
     capsys.readouterr()
@@ -503,8 +583,8 @@ def test_command_line_tunes_lists_and_merges(tmp_path, capsys):
     listed = capsys.readouterr().out
     assert f"machine {zen3.id}: AMD EPYC [Zen 3, AuthenticAMD 25/1/1] (" in listed
     assert "machine elsewhere (not used here)" in listed and "[this machine]" in listed
-    assert main(["tune", "--records", str(other)]) == 2            # no file: a usage error
-    assert main(["tune", str(tc), "--shape", "M=16", "--records", str(records)]) != 0   # N missing
+    assert main(["tune", "--records", str(other)]) == 2  # no file: a usage error
+    assert main(["tune", str(tc), "--shape", "M=16", "--records", str(records)]) != 0  # N missing
     assert main(["tune", str(tc), "--shape", "M=16,N=24", "--budget", "0"]) == 2
 
 
@@ -515,8 +595,9 @@ def test_threads_option_limits_every_kind_of_kernel():
     assert "POLYC_MAX_THREADS" not in polyc.define(MATMUL, tuning=False).matmul.c_source(sizes).split("#ifdef")[0]
     generic = polyc.define(ROWSUM, threads=3, tuning=False).rowsum
     source = generic.c_source({"M": 4000, "N": 64})
-    assert "omp parallel for" in source and all("num_threads(3)" in line for line in source.splitlines()
-                                                 if "#pragma omp parallel for" in line)
+    assert "omp parallel for" in source and all(
+        "num_threads(3)" in line for line in source.splitlines() if "#pragma omp parallel for" in line
+    )
     A = np.random.default_rng(2).random((4000, 64), dtype=np.float32)
     np.testing.assert_allclose(generic(A), 2 * A.astype(np.float64).sum(axis=1), rtol=1e-5)
     for bad in (0, -2, True, 1.5):
@@ -530,6 +611,7 @@ def test_large_kernels_are_checked_against_the_default_build(records, matmul_arg
     # candidate that disagrees with it is still 'wrong'.
     from polyc import interpreter
     from polyc.tune import search
+
     interpreted = []
     monkeypatch.setattr(interpreter, "interpret", lambda *a: interpreted.append(a) or pytest.fail("interpreted"))
     monkeypatch.setattr(search, "INTERPRETED_INSTANCES", 64 * 48 * 80 - 1)
@@ -544,8 +626,9 @@ def test_large_kernels_are_checked_against_the_default_build(records, matmul_arg
     statuses = [(r.status, r.message) for r in read_records(records)]
     assert all(status == "ok" for status, _ in statuses), statuses
     wrong = (reference[0] + 1,)
-    outcome = search.measure_candidate({"source": MATMUL, "name": "matmul", "options": {}, "terms": 48,
-                                        "limit": float("inf")}, matmul_args, wrong)
+    outcome = search.measure_candidate(
+        {"source": MATMUL, "name": "matmul", "options": {}, "terms": 48, "limit": float("inf")}, matmul_args, wrong
+    )
     assert outcome["status"] == "wrong"
 
 
@@ -557,6 +640,7 @@ WINOGRAD_CONV = """def conv(float(1, 16, 16, 16) I, float(3, 3, 16, 32) W1) -> (
 
 def test_where_the_winograd_kernel_is_allowed_the_tuner_may_turn_it_off(records):
     from polyc.tune.space import space_for
+
     allowed = polyc.define(WINOGRAD_CONV, winograd=True).conv
     space = space_for(allowed.definition, {}, allowed.options)
     assert space.path == "winograd" and dict((k.name, k.choices) for k in space.knobs)["winograd"] == (True, False)

@@ -3,6 +3,7 @@ its table (with made-up times), so nothing is compiled or timed: the table is re
 (at their table times), the reference is computed, and both strategies are replayed from the
 table.  The figures the
 benchmark prints need a whole measured space; this checks only that the command runs."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,9 +31,10 @@ def test_the_search_comparison_replays_a_measured_table(tmp_path, monkeypatch):
     # Made-up times: the configuration numbered 7 is the fastest, the others 1 to 3 ms, each
     # with the kernel's own build timed after it at 1 ms (the machine's speed then).
     rng = np.random.default_rng(0)
-    measured = {space.identity(config): {"status": "ok", "seconds": 1e-3 * (1 + 2 * rng.random()),
-                                         "baseline_seconds": 1e-3}
-                for config in space.configs()}
+    measured = {
+        space.identity(config): {"status": "ok", "seconds": 1e-3 * (1 + 2 * rng.random()), "baseline_seconds": 1e-3}
+        for config in space.configs()
+    }
     best = sorted(measured)[7]
     measured[best]["seconds"] = 1e-4
     base = dataclasses.asdict(kernel.options)
@@ -41,12 +43,16 @@ def test_the_search_comparison_replays_a_measured_table(tmp_path, monkeypatch):
         # Confirmed while the machine runs at half speed: every time doubled, the kernel's own
         # build (the last job) included, so the times come back to the table's scale.
         assert tuning_search.table_key(jobs[-1]["options"], base) == "{}"
-        return [{"status": "ok", "seconds": 2 * measured[tuning_search.table_key(job["options"], base)]["seconds"]}
-                for job in jobs[:-1]] + [{"status": "ok", "seconds": 2e-3}]
+        return [
+            {"status": "ok", "seconds": 2 * measured[tuning_search.table_key(job["options"], base)]["seconds"]}
+            for job in jobs[:-1]
+        ] + [{"status": "ok", "seconds": 2e-3}]
+
     monkeypatch.setattr(search, "confirm_candidates", confirm)
     table, results = tmp_path / "tables.json", tmp_path / "search.json"
-    table.write_text(json.dumps({"machine": polyc.tune.this_machine().id, "cflags": _flags(),
-                                 "kernels": {"sgemm 24": measured}}))
+    table.write_text(
+        json.dumps({"machine": polyc.tune.this_machine().id, "cflags": _flags(), "kernels": {"sgemm 24": measured}})
+    )
 
     assert tuning_search.main(["--trials", "12", "--seeds", "2", "--table", str(table), "--json", str(results)]) == 0
     entry = json.loads(results.read_text())["kernels"]["sgemm 24"]
@@ -77,11 +83,15 @@ def test_a_table_measured_with_other_compiler_flags_is_measured_again(tmp_path, 
     def measure_space(_kernel, _inputs, table, _path, tables):
         seen.append((dict(table), tables.get("cflags")))
         raise Stop
+
     monkeypatch.setattr(tuning_search, "_measure_space", measure_space)
     table = tmp_path / "tables.json"
     machine = polyc.tune.this_machine().id
-    for recorded, reused in (({"cflags": _flags() + " -O1"}, False), ({}, _flags() == tuning_search.DEFAULT_FLAGS),
-                             ({"cflags": _flags()}, True)):
+    for recorded, reused in (
+        ({"cflags": _flags() + " -O1"}, False),
+        ({}, _flags() == tuning_search.DEFAULT_FLAGS),
+        ({"cflags": _flags()}, True),
+    ):
         table.write_text(json.dumps({"machine": machine, **recorded, "kernels": {"sgemm 24": {"c": {"seconds": 1}}}}))
         with pytest.raises(Stop):
             tuning_search.main(["--table", str(table), "--json", str(tmp_path / "search.json")])
@@ -106,11 +116,13 @@ def test_times_are_corrected_for_the_machines_speed_when_they_were_taken():
     """A configuration timed in a minute when the machine ran twice as fast as usual (the
     kernel's own build, timed right after it, took half its usual time) counts at twice its
     timing; failed configurations have no time to correct."""
-    table = {"fast minute": {"status": "ok", "seconds": 1.0, "baseline_seconds": 1.0},
-             "usual": {"status": "ok", "seconds": 1.0, "baseline_seconds": 2.0},
-             "slower": {"status": "ok", "seconds": 3.0, "baseline_seconds": 2.0},
-             "failed": {"status": "error", "message": "", "baseline_seconds": 2.0},
-             "measured before baselines": {"status": "ok", "seconds": 5.0}}
+    table = {
+        "fast minute": {"status": "ok", "seconds": 1.0, "baseline_seconds": 1.0},
+        "usual": {"status": "ok", "seconds": 1.0, "baseline_seconds": 2.0},
+        "slower": {"status": "ok", "seconds": 3.0, "baseline_seconds": 2.0},
+        "failed": {"status": "error", "message": "", "baseline_seconds": 2.0},
+        "measured before baselines": {"status": "ok", "seconds": 5.0},
+    }
     assert tuning_search._correct_drift(table, set(table)) == 2.0
     assert [tuning_search._seconds(table[k]) for k in ("fast minute", "usual", "slower")] == [2.0, 1.0, 3.0]
     assert "corrected_seconds" not in table["failed"]

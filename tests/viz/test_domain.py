@@ -1,5 +1,6 @@
 """polyc.viz.plot_domain: the plotted points are isl's points of the domain, the arrows are the
 dependence pairs, the numbers are the compiled schedule's order; pictures save as SVG and PNG."""
+
 from __future__ import annotations
 
 import islpy as isl
@@ -10,7 +11,6 @@ pytest.importorskip("matplotlib")
 import polyc  # noqa: E402
 from polyc.viz import plot_domain  # noqa: E402
 from tests.viz.sources import MATMUL, SHIFTED  # noqa: E402
-
 
 
 def test_points_are_the_domains_and_arrows_the_dependence_pairs(tmp_path):
@@ -25,10 +25,13 @@ def test_points_are_the_domains_and_arrows_the_dependence_pairs(tmp_path):
     expected = 4 * (5 * 4 // 2)
     assert len(plot.arrows) == expected and {a[0] for a in plot.arrows} == {"reduction"}
     relation = stages.dependences.reduction
-    for kind, source, a, sink, b in plot.arrows:
+    for _kind, source, a, sink, b in plot.arrows:
         pair = isl.UnionMap.read_from_str(stages.program.ctx, f"{{ {source}{list(a)} -> {sink}{list(b)} }}")
-        assert pair.align_params(relation.get_space()).intersect_params(stages.program.context).is_subset(
-            relation.intersect_params(stages.program.context))
+        assert (
+            pair.align_params(relation.get_space())
+            .intersect_params(stages.program.context)
+            .is_subset(relation.intersect_params(stages.program.context))
+        )
     for name in ("d.svg", "d.png"):
         plot.save(tmp_path / name)
         assert (tmp_path / name).stat().st_size > 1000
@@ -39,9 +42,9 @@ def test_order_follows_the_fused_shifted_schedule():
     kernel = polyc.define(SHIFTED, fusion="max").shifted
     plot = plot_domain(kernel, {"N": 6}, order=True)
     assert [s.name for s in plot.statements] == ["S0", "S1"]
-    assert {a[0] for a in plot.arrows} == {"flow"} and len(plot.arrows) == 10   # C(i) reads B(i) and B(i+1)
+    assert {a[0] for a in plot.arrows} == {"flow"} and len(plot.arrows) == 10  # C(i) reads B(i) and B(i+1)
     order = plot.order
-    for i in range(5):   # every C(i) runs after the B(i + 1) it reads
+    for i in range(5):  # every C(i) runs after the B(i + 1) it reads
         assert order[("S1", (i,))] > order[("S0", (i + 1,))]
     assert sorted(order.values()) == list(range(11))
 

@@ -1,6 +1,7 @@
 """kernel.explain(sizes) and kernel.check_schedule(schedule): the right reason on each kernel,
 checked against the decision polyc took (its recorded band decisions and the pragmas in the
 generated C) and against the dependence relation (every witness is a pair in it)."""
+
 from __future__ import annotations
 
 import islpy as isl
@@ -48,7 +49,9 @@ def assert_witness_is_a_dependence(explanation: Explanation, stages, sizes: dict
 
 
 def pragmas(stages) -> str:
-    return "\n".join(line.strip() for line in stages.kernel.source.splitlines() if line.strip().startswith("#pragma omp"))
+    return "\n".join(
+        line.strip() for line in stages.kernel.source.splitlines() if line.strip().startswith("#pragma omp")
+    )
 
 
 def test_matmul_loop_nest_parallel_rows_reduction_inside():
@@ -71,8 +74,9 @@ def test_a_contraction_goes_to_the_gemm_kernel():
 
 
 def test_matrix_vector_and_convolution_paths():
-    e, stages = explained("def mv(float(M, K) A, float(K) x) -> (y) { y(m) +=! A(m, r_k) * x(r_k) }",
-                          {"M": 64, "K": 64})
+    e, stages = explained(
+        "def mv(float(M, K) A, float(K) x) -> (y) { y(m) +=! A(m, r_k) * x(r_k) }", {"M": 64, "K": 64}
+    )
     assert e.path == stages.path == "gemv" and stages.contraction.is_matvec
     conv = """def conv(float(N, C, H, W) I, float(F, C, KH, KW) W1) -> (O) {
         O(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * W1(f, r_c, r_kh, r_kw) }"""
@@ -182,8 +186,9 @@ def test_check_schedule_accepts_and_refuses_with_witnesses():
     kernel = polyc.define(MATMUL, blas_contractions=False).mm
     good = kernel.check_schedule("{ S0[m, n, r_k] -> [1, r_k, m, n]; S0_init[m, n] -> [0, 0, m, n] }")
     assert good.valid
-    bad = kernel.check_schedule("{ S0[m, n, r_k] -> [0, m, n, r_k]; S0_init[m, n] -> [1, m, n, 0] }",
-                                {"M": 4, "K": 3, "N": 2})
+    bad = kernel.check_schedule(
+        "{ S0[m, n, r_k] -> [0, m, n, r_k]; S0_init[m, n] -> [1, m, n, 0] }", {"M": 4, "K": 3, "N": 2}
+    )
     assert not bad.valid and {w.kind for w in bad.violations} >= {"flow"}
     flow = next(w for w in bad.violations if w.kind == "flow")
     assert flow.source == "S0_init" and flow.sink == "S0" and flow.element.startswith("C(")
@@ -236,8 +241,9 @@ def test_a_fused_stencil_carries_dependences_on_both_loops():
 
 def test_elementwise_column_sum_and_layer_norm():
     # Elementwise: rows in parallel, columns vectorised; no dependence, so no witness.
-    e, stages = explained("def add(float(M, N) A, float(M, N) B) -> (C) { C(m, n) = A(m, n) + B(m, n) }",
-                          {"M": 64, "N": 64})
+    e, stages = explained(
+        "def add(float(M, N) A, float(M, N) B) -> (C) { C(m, n) = A(m, n) + B(m, n) }", {"M": 64, "N": 64}
+    )
     (band,) = stages.decisions
     assert (band.parallel, band.innermost) == ("parallel", "simd")
     assert e.loop("m").parallel and e.loop("n").vectorised and not e.loop("n").parallel

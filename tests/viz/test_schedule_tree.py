@@ -1,5 +1,6 @@
 """polyc.viz.schedule_tree: the diagram's nodes are isl's (walked independently here), its bands
 point at the loops polyc generated for them, and it renders as text and well-formed HTML."""
+
 from __future__ import annotations
 
 import re
@@ -25,8 +26,14 @@ def isl_bands(node: isl.ScheduleNode, found: list) -> list:
     """(schedule depth, members, permutable, coincident) of every band, depth first."""
     if node.get_type() == isl.schedule_node_type.band:
         n = node.band_n_member()
-        found.append((node.get_schedule_depth(), n, bool(node.band_get_permutable()),
-                       [bool(node.band_member_get_coincident(i)) for i in range(n)]))
+        found.append(
+            (
+                node.get_schedule_depth(),
+                n,
+                bool(node.band_get_permutable()),
+                [bool(node.band_member_get_coincident(i)) for i in range(n)],
+            )
+        )
     for i in range(node.n_children()):
         isl_bands(node.child(i), found)
     return found

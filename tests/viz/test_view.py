@@ -1,6 +1,7 @@
 """The schedule on the points: tiles, parallel iterations and a user's schedule with the
 dependences it violates, in the static plot and in the interactive view's data, each checked
 against isl's relations and polyc's own band decisions."""
+
 from __future__ import annotations
 
 import json
@@ -36,15 +37,15 @@ def test_tiles_are_the_band_values_divided_by_the_tile_sizes(tiled):
     # Only the arrows joining two tiles are drawn; every one of them does.
     crossing = [a for a in instances.arrows if instances.crosses_tiles(a)]
     assert plot.arrows == crossing and 0 < len(crossing) < len(instances.arrows)
-    for _, source, a, sink, b in plot.arrows:
-        assert a[2] // 4 != b[2] // 4          # the reduction crosses tiles along r_k only here
+    for _, _source, a, _sink, b in plot.arrows:
+        assert a[2] // 4 != b[2] // 4  # the reduction crosses tiles along r_k only here
 
 
 def test_parallel_iterations_follow_the_parallel_tile_loop(tiled):
     instances = plot_domain(tiled, SIZES, dims=("m", "n"), parallel=True).instances
     assert instances.parallel_loop == "m (tiles of 4)"
     assert {instances.parallel[key] for key in instances.parallel} == {0, 1}
-    for (name, point), iteration in instances.parallel.items():
+    for (_name, point), iteration in instances.parallel.items():
         assert iteration == point[0] // 4
 
 
@@ -56,8 +57,11 @@ def test_order_is_the_compiled_schedules(tiled):
     for before, after in zip(ranked, ranked[1:]):
         pair = isl.UnionMap.read_from_str(schedule.get_ctx(), f"{{ S0{list(before[1])} -> S0{list(after[1])} }}")
         times = pair.apply_domain(schedule).apply_range(schedule)
-        assert not times.is_empty() and times.is_subset(isl.UnionMap.from_map(
-            isl.Map.lex_lt(isl.Space.set_alloc(schedule.get_ctx(), 0, 7)).align_params(times.get_space())))
+        assert not times.is_empty() and times.is_subset(
+            isl.UnionMap.from_map(
+                isl.Map.lex_lt(isl.Space.set_alloc(schedule.get_ctx(), 0, 7)).align_params(times.get_space())
+            )
+        )
 
 
 def test_a_violating_schedule_is_drawn_with_its_violated_pairs():
@@ -98,7 +102,7 @@ def test_two_statements_side_by_side_in_the_view():
     data = view_domain(kernel, {"N": 5}).data()
     s0 = sorted(p["c"][0] for p in data["points"] if p["s"] == 0)
     s1 = sorted(p["c"][0] for p in data["points"] if p["s"] == 1)
-    assert s0 == list(range(5)) and s1 == list(range(6, 10))     # offset past S0, as Clint does
+    assert s0 == list(range(5)) and s1 == list(range(6, 10))  # offset past S0, as Clint does
     assert all(a[0] == "flow" for a in data["arrows"]) and len(data["arrows"]) == 8
 
 

@@ -7,6 +7,7 @@
 - :mod:`.plan`: per input shapes, constant folding, fusion into multi-statement defs, compilation.
 - :mod:`.session`: the session API; :mod:`.backend`: onnx's backend interface (for its test suite).
 """
+
 from polyc.frontends.onnx.functions import function_bodies
 from polyc.frontends.onnx.ops import CONVERTERS
 from polyc.frontends.onnx.session import InferenceSession, KernelTime, NodeArg
@@ -14,8 +15,10 @@ from polyc.frontends.onnx.session import InferenceSession, KernelTime, NodeArg
 
 def supported_operators() -> dict[str, list[int]]:
     """Operator -> the opsets at which polyc's converter changes (its ``_impl_vN`` versions)."""
-    return {op: sorted(int(n[len("_impl_v"):]) for n in dir(c) if n.startswith("_impl_v"))
-            for op, c in sorted(CONVERTERS.items())}
+    return {
+        op: sorted(int(n[len("_impl_v") :]) for n in dir(c) if n.startswith("_impl_v"))
+        for op, c in sorted(CONVERTERS.items())
+    }
 
 
 def function_operators() -> dict[str, list[int]]:

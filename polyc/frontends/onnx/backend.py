@@ -1,8 +1,9 @@
 """onnx's backend interface over polyc, so that onnx's own backend tests run on it.
 
-    import polyc.onnx.backend as backend        # or polyc.frontends.onnx.backend
-    outputs = backend.run_model(model, [x])     # prepare(model).run([x])
+import polyc.onnx.backend as backend        # or polyc.frontends.onnx.backend
+outputs = backend.run_model(model, [x])     # prepare(model).run([x])
 """
+
 from __future__ import annotations
 
 import numpy as np

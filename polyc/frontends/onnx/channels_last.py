@@ -23,6 +23,7 @@ transposed the other way, once.  A transpose of an image whose spatial extent or
 is 1 (a global pool's output) moves nothing: it is a view.  Nothing else changes: the rest of
 the plan (fusion, memory, compilation) sees ordinary values and steps.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,7 +33,7 @@ from types import MappingProxyType
 import numpy as np
 
 from polyc.frontends.onnx.lowering import Builder, Value, derived_constant
-from polyc.frontends.onnx.ops import CONVERTERS, _FLOAT_FUNCTIONS
+from polyc.frontends.onnx.ops import _FLOAT_FUNCTIONS, CONVERTERS
 from polyc.frontends.onnx.ops.base import Node, _affine
 from polyc.frontends.onnx.ops.contractions import _product_by_blocked_weights, _weight_sliver, zero_padded_columns
 from polyc.frontends.onnx.ops.convolutions import AveragePool, MaxPool, _spatial, global_pool, image_indices
@@ -45,15 +46,48 @@ TO_CHANNELS_FIRST = (0, 3, 1, 2)
 #: Operators computed element by element (with numpy broadcasting): they commute with a
 #: transpose of all their inputs.
 ELEMENTWISE = frozenset(_FLOAT_FUNCTIONS) | {
-    "Relu", "Neg", "Abs", "Sign", "Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "Greater", "LessOrEqual",
-    "GreaterOrEqual", "And", "Or", "Xor", "Max", "Min", "Sum", "Mean", "Mod", "Not", "Where", "Cast", "Clip",
-    "LeakyRelu", "Elu", "Selu", "HardSigmoid", "Gelu", "PRelu", "Identity"}
+    "Relu",
+    "Neg",
+    "Abs",
+    "Sign",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Equal",
+    "Less",
+    "Greater",
+    "LessOrEqual",
+    "GreaterOrEqual",
+    "And",
+    "Or",
+    "Xor",
+    "Max",
+    "Min",
+    "Sum",
+    "Mean",
+    "Mod",
+    "Not",
+    "Where",
+    "Cast",
+    "Clip",
+    "LeakyRelu",
+    "Elu",
+    "Selu",
+    "HardSigmoid",
+    "Gelu",
+    "PRelu",
+    "Identity",
+}
 
 #: The pools' lowerings, called as (builder, node, inputs, channels_last).
-_POOLS = {"MaxPool": MaxPool.lower, "AveragePool": AveragePool.lower,
-          "GlobalAveragePool": lambda b, node, inputs, channels_last: [
-              global_pool(b, inputs[0], "average", channels_last)],
-          "GlobalMaxPool": lambda b, node, inputs, channels_last: [global_pool(b, inputs[0], "max", channels_last)]}
+_POOLS = {
+    "MaxPool": MaxPool.lower,
+    "AveragePool": AveragePool.lower,
+    "GlobalAveragePool": lambda b, node, inputs, channels_last: [global_pool(b, inputs[0], "average", channels_last)],
+    "GlobalMaxPool": lambda b, node, inputs, channels_last: [global_pool(b, inputs[0], "max", channels_last)],
+}
 
 #: Element types of polyc's convolution kernel.
 _CONV_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -64,8 +98,7 @@ class ChannelsLast:
     to values in ONNX's layout; a value produced here is in ``nhwc`` instead until a node
     needs it in NCHW (:meth:`need_nchw`)."""
 
-    def __init__(self, values: dict[str, Value], new_ident, vector_bits: int,
-                 options: Mapping = MappingProxyType({})):
+    def __init__(self, values: dict[str, Value], new_ident, vector_bits: int, options: Mapping = MappingProxyType({})):
         self.values = values
         self.nhwc: dict[str, Value] = {}
         self.new_ident = new_ident
@@ -134,16 +167,23 @@ class ChannelsLast:
         proto = node.proto
         x, w = self._known(proto.input[0]), self._known(proto.input[1])
         bias = self._known(proto.input[2]) if len(proto.input) > 2 else None
-        if x is None or w is None or w.const is None or w.rank != 4 or x.rank != 4 or x.dtype not in _CONV_DTYPES \
-                or w.dtype != x.dtype or (bias is not None and bias.rank != 1):
+        if (
+            x is None
+            or w is None
+            or w.const is None
+            or w.rank != 4
+            or x.rank != 4
+            or x.dtype not in _CONV_DTYPES
+            or w.dtype != x.dtype
+            or (bias is not None and bias.rank != 1)
+        ):
             return None
         groups = node.attr("group", 1)
         if groups != 1:
             return self._depthwise(b, node, x, w, bias) if groups == w.shape[0] and w.shape[1] == 1 else None
         if not _pays_in_channels_last(b, node, x, w, proto.input[0] in self.nhwc):
             return None
-        if proto.input[0] not in self.nhwc and w.shape[1] <= IMAGE_CHANNELS_READ_IN_PLACE \
-                and w.shape[2:] != (1, 1):
+        if proto.input[0] not in self.nhwc and w.shape[1] <= IMAGE_CHANNELS_READ_IN_PLACE and w.shape[2:] != (1, 1):
             return [conv_channels_last(b, node, x, w, bias, image_channels_last=False, options=self.options)]
         x = self._image(b, proto.input[0])
         return [conv_channels_last(b, node, x, w, bias, options=self.options)]
@@ -164,8 +204,9 @@ class ChannelsLast:
         out = b.new([x.shape[0], *outs, channels], x.dtype)
         idx = ["n", "s0", "s1", "c"]
         weights = b.const(np.ascontiguousarray(np.moveaxis(w.const.reshape(channels, kh, kw), 0, -1)))
-        window = [f"{_affine(strides[d], f's{d}', 0)} + {_affine(dilations[d], f'r_k{d}', -begin[d])}"
-                  for d in range(2)]
+        window = [
+            f"{_affine(strides[d], f's{d}', 0)} + {_affine(dilations[d], f'r_k{d}', -begin[d])}" for d in range(2)
+        ]
         inside = [f"{window[d]} >= 0" for d in range(2) if begin[d] > 0]
         inside += [f"{window[d]} < {x.shape[1 + d]}" for d in range(2) if end[d] > 0]
         rhs = f"{b.ref(x, ['n', *window, 'c'])} * {b.ref(weights, ['r_k0', 'r_k1', 'c'])}"
@@ -195,7 +236,7 @@ class ChannelsLast:
         if not any(name in self.nhwc for name in names if name):
             return None
         inputs = []
-        for name, value in zip(names, known):
+        for _name, value in zip(names, known):
             if value is None:
                 inputs.append(None)
             elif value.const is not None:
@@ -329,21 +370,34 @@ def filter_block(w: Value, strides, dilations, images: int, outs, options: Mappi
     the Winograd kernel takes (it transforms the weights from ``(KH, KW, C, F)`` on every call),
     and back ends or options without the direct kernel."""
     from polyc.codegen.winograd import winograd_sizes
+
     filters, channels, kh, kw = w.shape
     block = FILTER_BLOCK_BYTES // w.dtype.itemsize
-    if options.get("backend", "c") != "c" or options.get("direct_convolutions") is False \
-            or filters % block or filters == block:
+    if (
+        options.get("backend", "c") != "c"
+        or options.get("direct_convolutions") is False
+        or filters % block
+        or filters == block
+    ):
         return 0
     if (kh, kw) == (1, 1) and all(s == 1 for s in strides):
         return 0
-    if options.get("winograd") and winograd_sizes(w.dtype, (kh, kw), strides, dilations, channels, filters,
-                                                  images, outs):
+    if options.get("winograd") and winograd_sizes(
+        w.dtype, (kh, kw), strides, dilations, channels, filters, images, outs
+    ):
         return 0
     return block
 
 
-def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value | None,
-                       image_channels_last: bool = True, options: Mapping = MappingProxyType({})) -> Value:
+def conv_channels_last(
+    b: Builder,
+    node: Node,
+    x: Value,
+    w: Value,
+    bias: Value | None,
+    image_channels_last: bool = True,
+    options: Mapping = MappingProxyType({}),
+) -> Value:
     """A 2-D Conv (one group) of the image ``x`` (NHWC, or NCHW when not
     ``image_channels_last``) with ONNX's ``(F, C, KH, KW)`` constant weights ``w``: the NHWC
     output.  A 1 x 1 stride-1 convolution without padding and with many filters is a matrix
@@ -358,10 +412,17 @@ def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value |
     n = x.shape[0]
     out = b.new([n, *outs, filters], x.dtype)
     idx = ["n", "s0", "s1", "f"]
-    if (kh, kw) == (1, 1) and list(strides) == [1, 1] and not any(begin) and not any(end) \
-            and filters >= POINTWISE_GEMM_FILTERS and image_channels_last:
-        matrix = derived_constant(w.const, ("pointwise matrix",),
-                                  lambda weights: np.ascontiguousarray(weights.reshape(filters, channels).T))
+    if (
+        (kh, kw) == (1, 1)
+        and list(strides) == [1, 1]
+        and not any(begin)
+        and not any(end)
+        and filters >= POINTWISE_GEMM_FILTERS
+        and image_channels_last
+    ):
+        matrix = derived_constant(
+            w.const, ("pointwise matrix",), lambda weights: np.ascontiguousarray(weights.reshape(filters, channels).T)
+        )
         pixels = n * math.prod(outs)
         sliver = _weight_sliver(b, x, Value("", w.dtype, matrix.shape, const=matrix), padded=channels >= pixels)
         if sliver:
@@ -371,10 +432,13 @@ def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value |
             # last layer, 512 -> 1000 at 13 x 13, with its 2 MB of weights, ran faster blocked
             # than read in place, the copy costing little (``python -m benchmarks.onnx_bench
             # --models squeezenet1_1``).
-            padded = derived_constant(w.const, ("pointwise columns", sliver), lambda _: zero_padded_columns(matrix, sliver))
+            padded = derived_constant(
+                w.const, ("pointwise columns", sliver), lambda _: zero_padded_columns(matrix, sliver)
+            )
             wide = padded.shape[1]
-            product = _product_by_blocked_weights(b, x, b.const(padded), sliver, [n, *outs, wide],
-                                                  ["n", "s0", "s1"], ["n", "s0", "s1", "r0"])
+            product = _product_by_blocked_weights(
+                b, x, b.const(padded), sliver, [n, *outs, wide], ["n", "s0", "s1"], ["n", "s0", "s1", "r0"]
+            )
             if bias is None and wide == filters:
                 return product
             return _add_channel_bias(b, product, bias, out.shape)
@@ -388,8 +452,9 @@ def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value |
         # of its own, whose taps are a few reduction steps each, was no faster: resnet18's first
         # layer (3 channels, 7 x 7 taps at stride 2) took as long with the copy as without, and
         # the model at batch 1 no less (``python -m benchmarks.onnx_bench --models resnet18``).
-        window = [f"{_affine(strides[d], f's{d}', 0)} + {_affine(dilations[d], f'r_k{d}', -begin[d])}"
-                  for d in range(2)]
+        window = [
+            f"{_affine(strides[d], f's{d}', 0)} + {_affine(dilations[d], f'r_k{d}', -begin[d])}" for d in range(2)
+        ]
         extents = list(x.tc_shape)[1:3] if image_channels_last else list(x.tc_shape)[2:4]
         inside = [f"{window[d]} >= 0" for d in range(2) if begin[d] > 0]
         inside += [f"{window[d]} < {extents[d]}" for d in range(2) if end[d] > 0]
@@ -407,8 +472,12 @@ def conv_channels_last(b: Builder, node: Node, x: Value, w: Value, bias: Value |
             rhs = f"({' && '.join(inside)}) ? {rhs} : 0.0"
         if block:
             target = b.new([n, *outs, filters // block, block], x.dtype)
-            b.emit([b.statement(target, ["n", "s0", "s1", "fb", "fi"], "+=!", rhs, reductions)],
-                   [x, weights], [target], "convolution")
+            b.emit(
+                [b.statement(target, ["n", "s0", "s1", "fb", "fi"], "+=!", rhs, reductions)],
+                [x, weights],
+                [target],
+                "convolution",
+            )
             product = b.view(target, out.shape)
             return product if bias is None else _add_channel_bias(b, product, bias)
         kind = "convolution"

@@ -19,6 +19,7 @@ or an input the plan is specialised on), or learned by a stage when it is comput
 while its trip count and conditions say so (known, or learned the same way); the copies share
 their compiled kernels.
 """
+
 from __future__ import annotations
 
 import functools
@@ -66,6 +67,7 @@ def is_loop(proto) -> bool:
 
 def _graph_attribute(proto, name: str):
     from onnx import helper
+
     return next((helper.get_attribute_value(a) for a in proto.attribute if a.name == name), None)
 
 
@@ -78,18 +80,39 @@ def _body_copy(body, prefix: str, opset: int, origin: str) -> tuple[list[FlatNod
     """The nodes of ``body`` (a Scan's or a Loop's) renamed for one iteration, its
     initializers as Constant nodes; and the renaming (names of the graphs around are kept)."""
     from onnx import helper, numpy_helper
-    defined = {v.name for v in body.input} | {t.name for t in body.initializer} | \
-        {o for node in body.node for o in node.output if o}
+
+    defined = (
+        {v.name for v in body.input}
+        | {t.name for t in body.initializer}
+        | {o for node in body.node for o in node.output if o}
+    )
 
     def edge(value: str) -> str:
         return f"{prefix}/{value}" if value in defined else value
-    flat = [FlatNode(helper.make_node("Constant", [], [edge(t.name)], name=edge(t.name),
-                                      value=numpy_helper.from_array(numpy_helper.to_array(t), edge(t.name))),
-                     opset, edge(t.name), origin) for t in body.initializer]
+
+    flat = [
+        FlatNode(
+            helper.make_node(
+                "Constant",
+                [],
+                [edge(t.name)],
+                name=edge(t.name),
+                value=numpy_helper.from_array(numpy_helper.to_array(t), edge(t.name)),
+            ),
+            opset,
+            edge(t.name),
+            origin,
+        )
+        for t in body.initializer
+    ]
     for position, node in enumerate(body.node):
-        renamed = helper.make_node(node.op_type, [edge(v) if v else "" for v in node.input],
-                                   [edge(v) if v else "" for v in node.output],
-                                   name=f"{prefix}/{node.name or f'{node.op_type}_{position}'}", domain=node.domain)
+        renamed = helper.make_node(
+            node.op_type,
+            [edge(v) if v else "" for v in node.input],
+            [edge(v) if v else "" for v in node.output],
+            name=f"{prefix}/{node.name or f'{node.op_type}_{position}'}",
+            domain=node.domain,
+        )
         for attribute in node.attribute:
             if attribute.HasField("g"):
                 attribute = _named(attribute, attribute.name)
@@ -102,21 +125,39 @@ def _body_copy(body, prefix: str, opset: int, origin: str) -> tuple[list[FlatNod
 def _stacked(name: str, outer: str, pieces: list[str], axis: int, opset: int, origin: str) -> list[FlatNode]:
     """Nodes stacking the values ``pieces`` along a new axis ``axis`` into ``outer``."""
     from onnx import helper, numpy_helper
+
     flat, expanded = [], []
     for step, piece in enumerate(pieces):
         target = f"{name}/{outer}/{step}"
         if opset >= 13:
             axes = f"{target}/axes"
-            flat.append(FlatNode(helper.make_node("Constant", [], [axes], name=axes,
-                                                  value=numpy_helper.from_array(np.array([axis], np.int64), axes)),
-                                 opset, axes, origin))
+            flat.append(
+                FlatNode(
+                    helper.make_node(
+                        "Constant",
+                        [],
+                        [axes],
+                        name=axes,
+                        value=numpy_helper.from_array(np.array([axis], np.int64), axes),
+                    ),
+                    opset,
+                    axes,
+                    origin,
+                )
+            )
             node = helper.make_node("Unsqueeze", [piece, axes], [target], name=target)
         else:
             node = helper.make_node("Unsqueeze", [piece], [target], axes=[axis], name=target)
         flat.append(FlatNode(node, opset, target, origin))
         expanded.append(target)
-    flat.append(FlatNode(helper.make_node("Concat", expanded, [outer], axis=axis, name=f"{name}/{outer}"),
-                         opset, f"{name}/{outer}", origin))
+    flat.append(
+        FlatNode(
+            helper.make_node("Concat", expanded, [outer], axis=axis, name=f"{name}/{outer}"),
+            opset,
+            f"{name}/{outer}",
+            origin,
+        )
+    )
     return flat
 
 
@@ -138,6 +179,7 @@ class LoopIterations:
         """The next iteration's nodes and this object again, or the nodes giving the Loop's
         outputs.  ``constant_of(value name)``: its value when known when planning, else None."""
         from onnx import helper
+
         proto, where = self.proto, f"node {self.name!r} (Loop)"
         body = scan_body(proto)
         carried_count = len(proto.input) - 2
@@ -155,8 +197,10 @@ class LoopIterations:
         if self.condition:
             value = constant_of(self.condition)
             if value is None:
-                raise UnsupportedError(f"{where}: its condition must be known when the model is planned (a stage "
-                                       f"learns one computed from data, see stages.py)")
+                raise UnsupportedError(
+                    f"{where}: its condition must be known when the model is planned (a stage "
+                    f"learns one computed from data, see stages.py)"
+                )
             going = bool(np.asarray(value).reshape(()))
         if limit is None and self.iteration >= MAX_LOOP_ITERATIONS:
             raise UnsupportedError(f"{where}: still running after {MAX_LOOP_ITERATIONS} iterations")
@@ -165,8 +209,11 @@ class LoopIterations:
         outputs = []
         for state, outer in zip(self.carried, proto.output[:carried_count]):
             if outer:
-                outputs.append(FlatNode(helper.make_node("Identity", [state], [outer]), self.opset,
-                                        f"{self.name}/{outer}", self.name))
+                outputs.append(
+                    FlatNode(
+                        helper.make_node("Identity", [state], [outer]), self.opset, f"{self.name}/{outer}", self.name
+                    )
+                )
         for pieces, outer in zip(self.pieces, proto.output[carried_count:]):
             if outer:
                 if not pieces:
@@ -176,13 +223,25 @@ class LoopIterations:
 
     def _iteration(self) -> list:
         from onnx import helper, numpy_helper
+
         body = scan_body(self.proto)
         prefix = f"{self.name}/iteration{self.iteration}"
         nodes, edge = _body_copy(body, prefix, self.opset, self.name)
         counter = edge(body.input[0].name)
-        heads = [FlatNode(helper.make_node("Constant", [], [counter], name=counter,
-                                           value=numpy_helper.from_array(np.array(self.iteration, np.int64), counter)),
-                          self.opset, counter, self.name)]
+        heads = [
+            FlatNode(
+                helper.make_node(
+                    "Constant",
+                    [],
+                    [counter],
+                    name=counter,
+                    value=numpy_helper.from_array(np.array(self.iteration, np.int64), counter),
+                ),
+                self.opset,
+                counter,
+                self.name,
+            )
+        ]
         sources = [self.condition] + self.carried
         for source, body_input in zip(sources, body.input[1:]):
             target = edge(body_input.name)
@@ -193,8 +252,8 @@ class LoopIterations:
             heads.append(FlatNode(node, self.opset, target, self.name))
         carried_count = len(self.carried)
         self.condition = edge(body.output[0].name)
-        self.carried = [edge(o.name) for o in body.output[1:1 + carried_count]]
-        for pieces, output in zip(self.pieces, body.output[1 + carried_count:]):
+        self.carried = [edge(o.name) for o in body.output[1 : 1 + carried_count]]
+        for pieces, output in zip(self.pieces, body.output[1 + carried_count :]):
             pieces.append(edge(output.name))
         self.iteration += 1
         return heads + nodes + [self]
@@ -216,8 +275,9 @@ def unrolled_scan(proto, name: str, opset: int, shapes: dict) -> list[FlatNode]:
     scanned = int(attributes.get("num_scan_inputs", 0))
     states = len(proto.input) - scanned
     if scanned < 1 or states < 0 or len(body.input) != len(proto.input):
-        raise UnsupportedError(f"{where}: {scanned} scan input(s) for {len(proto.input)} inputs and a body of "
-                               f"{len(body.input)}")
+        raise UnsupportedError(
+            f"{where}: {scanned} scan input(s) for {len(proto.input)} inputs and a body of {len(body.input)}"
+        )
     scan_outputs = len(body.output) - states
     input_axes = list(attributes.get("scan_input_axes") or [0] * scanned)
     input_reversed = list(attributes.get("scan_input_directions") or [0] * scanned)
@@ -228,8 +288,9 @@ def unrolled_scan(proto, name: str, opset: int, shapes: dict) -> list[FlatNode]:
     input_axes = [a % r for a, r in zip(input_axes, ranks)]
     lengths = {shapes[s][a] for s, a in zip(sources, input_axes)}
     if len(lengths) != 1 or 0 in lengths:
-        raise UnsupportedError(f"{where}: scan inputs of lengths {sorted(lengths)} along their axes "
-                               f"(one length, at least 1)")
+        raise UnsupportedError(
+            f"{where}: scan inputs of lengths {sorted(lengths)} along their axes (one length, at least 1)"
+        )
     steps = lengths.pop()
     flat: list[FlatNode] = []
 
@@ -246,10 +307,20 @@ def unrolled_scan(proto, name: str, opset: int, shapes: dict) -> list[FlatNode]:
         for k, (source, body_input) in enumerate(zip(sources, body.input[states:])):
             at = steps - 1 - step if input_reversed[k] else step
             index = f"{prefix}/{body_input.name}/index"
-            add(helper.make_node("Constant", [], [index], name=index,
-                                 value=numpy_helper.from_array(np.array(at, np.int64), index)))
-            add(helper.make_node("Gather", [source, index], [edge(body_input.name)], axis=input_axes[k],
-                                 name=f"{prefix}/{body_input.name}/slice"))
+            add(
+                helper.make_node(
+                    "Constant", [], [index], name=index, value=numpy_helper.from_array(np.array(at, np.int64), index)
+                )
+            )
+            add(
+                helper.make_node(
+                    "Gather",
+                    [source, index],
+                    [edge(body_input.name)],
+                    axis=input_axes[k],
+                    name=f"{prefix}/{body_input.name}/slice",
+                )
+            )
         flat += body_nodes
         current = [edge(o.name) for o in body.output[:states]]
         for m, output in enumerate(body.output[states:]):
@@ -270,25 +341,35 @@ def if_branch(proto, name: str, condition: bool, opset: int) -> list[FlatNode]:
     If's output names.  Names need no change: ONNX forbids a subgraph to reuse a name of the
     graphs around it, and only one branch is taken."""
     from onnx import helper
+
     label = "then" if condition else "else"
     graph = next((helper.get_attribute_value(a) for a in proto.attribute if a.name == f"{label}_branch"), None)
     if graph is None:
         raise UnsupportedError(f"node {name!r} (If): no {label}_branch")
     if len(graph.output) != len(proto.output):
-        raise UnsupportedError(f"node {name!r} (If): its {label}_branch has {len(graph.output)} outputs, "
-                               f"the node {len(proto.output)}")
+        raise UnsupportedError(
+            f"node {name!r} (If): its {label}_branch has {len(graph.output)} outputs, the node {len(proto.output)}"
+        )
     prefix = f"{name}/{label}"
-    flat = [FlatNode(helper.make_node("Constant", [], [tensor.name], value=tensor), opset,
-                     f"{prefix}/{tensor.name}", name) for tensor in graph.initializer]
-    flat += [FlatNode(node, opset, f"{prefix}/{node.name or f'{node.op_type}_{position}'}", name)
-             for position, node in enumerate(graph.node)]
-    flat += [FlatNode(helper.make_node("Identity", [inner.name], [outer]), opset, f"{prefix}/{outer}", name)
-             for inner, outer in zip(graph.output, proto.output) if outer]
+    flat = [
+        FlatNode(helper.make_node("Constant", [], [tensor.name], value=tensor), opset, f"{prefix}/{tensor.name}", name)
+        for tensor in graph.initializer
+    ]
+    flat += [
+        FlatNode(node, opset, f"{prefix}/{node.name or f'{node.op_type}_{position}'}", name)
+        for position, node in enumerate(graph.node)
+    ]
+    flat += [
+        FlatNode(helper.make_node("Identity", [inner.name], [outer]), opset, f"{prefix}/{outer}", name)
+        for inner, outer in zip(graph.output, proto.output)
+        if outer
+    ]
     return flat
 
 
 def _schema(op_type: str, opset: int):
     from onnx import defs
+
     try:
         return defs.get_schema(op_type, opset, "")
     except defs.SchemaError:
@@ -316,11 +397,12 @@ def has_function(op_type: str, domain: str, opset: int) -> bool:
     return schema is not None and _body_version(schema, opset) is not None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def function_bodies() -> dict[str, list[int]]:
     """Operator of the default domain -> the opsets at which ONNX gives it a body (shared: do
     not modify)."""
     from onnx import defs
+
     bodies: dict[str, set[int]] = {}
     for schema in defs.get_all_schemas_with_history():
         if schema.domain in ("", "ai.onnx"):
@@ -354,10 +436,13 @@ def expand(proto, name: str, opset: int, input_types: list) -> list[FlatNode]:
     function = FunctionProto()
     try:
         if context_dependent:
-            types = [(t if t is not None and input_name else TypeProto()).SerializeToString()
-                     for input_name, t in zip(proto.input, input_types)]
-            function.ParseFromString(schema.get_context_dependent_function_with_opset_version(
-                body_opset, node.SerializeToString(), types))
+            types = [
+                (t if t is not None and input_name else TypeProto()).SerializeToString()
+                for input_name, t in zip(proto.input, input_types)
+            ]
+            function.ParseFromString(
+                schema.get_context_dependent_function_with_opset_version(body_opset, node.SerializeToString(), types)
+            )
         else:
             function.ParseFromString(schema.get_function_with_opset_version(body_opset))
     except Exception as error:  # noqa: BLE001 - onnx's builders raise several kinds
@@ -387,8 +472,13 @@ def _renamed(function, node, name: str, function_opset: int) -> list[FlatNode]:
     flat = []
     for position, inner in enumerate(function.node):
         inner_name = f"{name}/{inner.name or f'{inner.op_type}_{position}'}"
-        renamed = helper.make_node(inner.op_type, [edge(v) for v in inner.input], [edge(v) for v in inner.output],
-                                   name=inner_name, domain=inner.domain)
+        renamed = helper.make_node(
+            inner.op_type,
+            [edge(v) for v in inner.input],
+            [edge(v) for v in inner.output],
+            name=inner_name,
+            domain=inner.domain,
+        )
         for attribute in inner.attribute:
             if attribute.ref_attr_name:
                 source = attributes.get(attribute.ref_attr_name) or defaults.get(attribute.ref_attr_name)
@@ -419,6 +509,7 @@ def _rename_graph(graph, edge) -> None:
 
 def _named(attribute, new_name: str):
     from onnx import AttributeProto
+
     copy = AttributeProto()
     copy.CopyFrom(attribute)
     copy.name = new_name
@@ -449,14 +540,21 @@ def flatten(graph, opset: int, converted) -> tuple[list[FlatNode], list[tuple[st
             return label
         if is_loop(proto) or is_scan(proto):  # the body's nodes, once: the iterations repeat them
             flat.append(FlatNode(proto, node_opset, name, origin))
-            body = [FlatNode(inner, node_opset, f"{name}/{inner.name or f'{inner.op_type}_{position}'}", origin)
-                    for position, inner in enumerate(scan_body(proto).node)]
+            body = [
+                FlatNode(inner, node_opset, f"{name}/{inner.name or f'{inner.op_type}_{position}'}", origin)
+                for position, inner in enumerate(scan_body(proto).node)
+            ]
             return visit_all(body, label, "its body", origin, depth)
         if is_if(proto):  # either branch may be taken: both must be converted
             flat.append(FlatNode(proto, node_opset, name, origin))
             for condition in (True, False):
-                missing_inside = visit_all(if_branch(proto, name, condition, node_opset), label,
-                                           f"its {'then' if condition else 'else'}_branch", origin, depth)
+                missing_inside = visit_all(
+                    if_branch(proto, name, condition, node_opset),
+                    label,
+                    f"its {'then' if condition else 'else'}_branch",
+                    origin,
+                    depth,
+                )
                 if missing_inside is not None:
                     return missing_inside
             return None
@@ -490,13 +588,15 @@ def _infer_outputs(shape_inference, inner: FlatNode, types: dict) -> None:
     """Record the element types of a body node's outputs, which later context-dependent bodies
     may need (best effort: a type left unknown only matters to such a body)."""
     from onnx import helper
+
     schema = _schema(inner.proto.op_type, inner.opset)
     known = {i: types[i] for i in inner.proto.input if i and i in types}
     if schema is None or len(known) < len([i for i in inner.proto.input if i]):
         return
     try:
-        outputs = shape_inference.infer_node_outputs(schema, inner.proto, known,
-                                                     opset_imports=[helper.make_opsetid("", inner.opset)])
+        outputs = shape_inference.infer_node_outputs(
+            schema, inner.proto, known, opset_imports=[helper.make_opsetid("", inner.opset)]
+        )
     except Exception:  # noqa: BLE001 - inference only helps
         return
     types.update(outputs)
@@ -505,4 +605,5 @@ def _infer_outputs(shape_inference, inner: FlatNode, types: dict) -> None:
 def tensor_type(elem_type: int, shape):
     """The TypeProto of a tensor, as context-dependent bodies read their inputs' types."""
     from onnx import helper
+
     return helper.make_tensor_type_proto(elem_type, list(shape))

@@ -13,6 +13,7 @@ its inputs as :class:`Value` s and, through a :class:`Builder`, either
 Rank-0 values are rank 1 of extent 1 in TC (``v(0)``) and get their empty shape back at the
 session's edge.
 """
+
 from __future__ import annotations
 
 import math
@@ -84,7 +85,7 @@ class ViewStep:
             array = array.view(self.target.dtype)
         if self.offset == 0 and array.size == self.target.size:
             return array.reshape(self.target.tc_shape)
-        return array.reshape(-1)[self.offset:self.offset + self.target.size].reshape(self.target.tc_shape)
+        return array.reshape(-1)[self.offset : self.offset + self.target.size].reshape(self.target.tc_shape)
 
 
 def values_read(step) -> list[Value]:
@@ -209,8 +210,9 @@ class Builder:
 
     def emit(self, statements, reads, writes, kind: str, options: dict | None = None) -> None:
         reads = [r for r in reads if self.literal(r) is None]
-        self.steps.append(KernelStep(self.node_name, list(statements), _unique(reads), list(writes), kind,
-                                     dict(options or {})))
+        self.steps.append(
+            KernelStep(self.node_name, list(statements), _unique(reads), list(writes), kind, dict(options or {}))
+        )
 
 
 def _unique(values):
@@ -250,7 +252,9 @@ def broadcast_shape(where: str, *shapes) -> tuple[int, ...]:
     try:
         return tuple(int(d) for d in np.broadcast_shapes(*[tuple(s) for s in shapes]))
     except ValueError as error:
-        raise UnsupportedError(f"{where}: shapes {', '.join(str(tuple(s)) for s in shapes)} do not broadcast") from error
+        raise UnsupportedError(
+            f"{where}: shapes {', '.join(str(tuple(s)) for s in shapes)} do not broadcast"
+        ) from error
 
 
 def tc_type(dtype) -> str:

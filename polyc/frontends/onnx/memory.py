@@ -20,6 +20,7 @@ An arena is one ``numpy.empty`` of :attr:`MemoryPlan.size` bytes with the arrays
 placed in it built once (:class:`Arena`); a plan keeps the arenas of finished runs for the next
 ones, one per run that was in progress at the same time.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ def plan_memory(order: list, outputs: list, arena_values: list) -> MemoryPlan:
     candidates = {v.ident: v for v in arena_values if v.ident not in returned}
     last_read = {}
     for position, item in enumerate(order):
-        for value in ([item.source] if isinstance(item, ViewStep) else item.inputs):
+        for value in [item.source] if isinstance(item, ViewStep) else item.inputs:
             last_read[root.get(value.ident, value.ident)] = position
     free: list[tuple[int, int]] = []  # sorted, disjoint, merged ranges [start, end)
     top = 0
@@ -83,7 +84,9 @@ class Arena:
         self.resolved = None  # the plan's calls on this memory, once resolved (plan.py)
         for value in values:
             offset = skip + memory.offsets[value.ident]
-            self.arrays[value.ident] = self.buffer[offset:offset + _nbytes(value)].view(value.dtype).reshape(value.tc_shape)
+            self.arrays[value.ident] = (
+                self.buffer[offset : offset + _nbytes(value)].view(value.dtype).reshape(value.tc_shape)
+            )
 
 
 def _nbytes(value) -> int:
@@ -99,7 +102,7 @@ def _take(free: list, top: int, size: int) -> tuple[int, int]:
     over a free range that reaches it, if there is one), and the arena's new end."""
     for position, (start, end) in enumerate(free):
         if end - start >= size:
-            free[position:position + 1] = [(start + size, end)] if end - start > size else []
+            free[position : position + 1] = [(start + size, end)] if end - start > size else []
             return start, top
     if free and free[-1][1] == top:
         start, _ = free.pop()

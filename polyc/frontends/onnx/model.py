@@ -3,6 +3,7 @@
 The user's ModelProto is never modified: the importer works on a copy.  Every failure to read,
 parse or validate the model is a :class:`polyc.PolycError` naming the model and the problem.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,10 +14,20 @@ import numpy as np
 from polyc.errors import PolycError
 
 #: The element types polyc computes in, as numpy dtypes, and their TC spelling.
-TC_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double", np.dtype(np.float16): "float16",
-            np.dtype(np.int8): "int8", np.dtype(np.int16): "int16", np.dtype(np.int32): "int32",
-            np.dtype(np.int64): "int64", np.dtype(np.uint8): "uint8", np.dtype(np.uint16): "uint16",
-            np.dtype(np.uint32): "uint32", np.dtype(np.uint64): "uint64", np.dtype(np.bool_): "bool"}
+TC_TYPES = {
+    np.dtype(np.float32): "float",
+    np.dtype(np.float64): "double",
+    np.dtype(np.float16): "float16",
+    np.dtype(np.int8): "int8",
+    np.dtype(np.int16): "int16",
+    np.dtype(np.int32): "int32",
+    np.dtype(np.int64): "int64",
+    np.dtype(np.uint8): "uint8",
+    np.dtype(np.uint16): "uint16",
+    np.dtype(np.uint32): "uint32",
+    np.dtype(np.uint64): "uint64",
+    np.dtype(np.bool_): "bool",
+}
 #: The oldest opset of the default domain polyc converts (onnx's own "light" real models are opset 9).
 MIN_OPSET = 7
 
@@ -116,8 +127,10 @@ def load_model(model, where: str | None = None):
     opset = default_opset(copy)
     newest = onnx.defs.onnx_opset_version()
     if opset > newest:
-        raise PolycError(f"{where}: opset {opset} of the default domain; polyc converts opsets "
-                         f"{MIN_OPSET} to {newest} (the newest the installed onnx knows)")
+        raise PolycError(
+            f"{where}: opset {opset} of the default domain; polyc converts opsets "
+            f"{MIN_OPSET} to {newest} (the newest the installed onnx knows)"
+        )
     if opset < MIN_OPSET:
         copy = _upgraded(copy, opset, where)
         skeleton = _skeleton(copy)
@@ -139,13 +152,16 @@ def _upgraded(model, opset: int, where: str):
     the few operators whose meaning changed (opset 7 made Add's ``broadcast`` attribute numpy
     broadcasting, BatchNormalization dropped ``spatial``...)."""
     from onnx import version_converter
+
     _per_channel_prelu_slopes(model)
     try:
         upgraded = version_converter.convert_version(model, MIN_OPSET)
     except Exception as error:  # noqa: BLE001 - the converter raises several kinds
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise PolycError(f"{where}: opset {opset} of the default domain; polyc converts opsets {MIN_OPSET} and "
-                         f"newer, and onnx's version converter could not bring it there ({first})") from error
+        raise PolycError(
+            f"{where}: opset {opset} of the default domain; polyc converts opsets {MIN_OPSET} and "
+            f"newer, and onnx's version converter could not bring it there ({first})"
+        ) from error
     return upgraded
 
 
@@ -162,8 +178,11 @@ def _per_channel_prelu_slopes(model) -> None:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # noqa: BLE001 - without ranks the slopes stay as they are
         return
-    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in
-             list(inferred.graph.input) + list(inferred.graph.value_info) if v.type.tensor_type.HasField("shape")}
+    ranks = {
+        v.name: len(v.type.tensor_type.shape.dim)
+        for v in list(inferred.graph.input) + list(inferred.graph.value_info)
+        if v.type.tensor_type.HasField("shape")
+    }
     initializers = {tensor.name: tensor for tensor in model.graph.initializer}
     for node in prelus:
         slope, rank = initializers.get(node.input[1]), ranks.get(node.input[0], 0)
@@ -185,8 +204,12 @@ def _with_any_shapes(model):
     where one has none (its rank unknown, as onnxruntime accepts), an empty one stands in, on a
     copy (the checker does not compare it with what the nodes compute)."""
     import onnx
-    missing = [v for v in list(model.graph.input) + list(model.graph.output)
-               if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
+
+    missing = [
+        v
+        for v in list(model.graph.input) + list(model.graph.output)
+        if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")
+    ]
     if not missing:
         return model
     checked = onnx.ModelProto()

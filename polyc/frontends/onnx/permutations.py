@@ -16,14 +16,17 @@ MatMul:
 Transposes of transposes fold one after the other.  The rewrite works on the steps' TC text
 (:mod:`polyc.frontends.onnx.lowering`), as the other graph rewrites of :mod:`.plan` do.
 """
+
 from __future__ import annotations
 
 import re
 
 from polyc.frontends.onnx.lowering import KernelStep, values_read
 
-_COPY = re.compile(r"^(?P<target>v\d+)\((?P<indices>[^()]*)\) = (?P<source>v\d+)\((?P<subscripts>[^()]*)\)"
-                   r" where (?P<ranges>[^()]*)$")
+_COPY = re.compile(
+    r"^(?P<target>v\d+)\((?P<indices>[^()]*)\) = (?P<source>v\d+)\((?P<subscripts>[^()]*)\)"
+    r" where (?P<ranges>[^()]*)$"
+)
 _ASSIGNED = re.compile(r"^(?P<target>v\d+)\((?P<indices>[^()]*)\) (?P<op>\S+) ")
 
 
@@ -67,8 +70,13 @@ class _Uses:
 def _permutation(step) -> list[int] | None:
     """For a step copying one tensor of its own type with the dimensions permuted over the whole
     of its output, ``p`` with ``T(i_0, .., i_n) = S(i_p[0], .., i_p[n])``; else None."""
-    if not isinstance(step, KernelStep) or len(step.statements) != 1 or len(step.writes) != 1 \
-            or len(step.reads) != 1 or step.reads[0].dtype != step.writes[0].dtype:
+    if (
+        not isinstance(step, KernelStep)
+        or len(step.statements) != 1
+        or len(step.writes) != 1
+        or len(step.reads) != 1
+        or step.reads[0].dtype != step.writes[0].dtype
+    ):
         return None
     parts = _COPY.match(step.statements[0])
     target, source = step.writes[0], step.reads[0]
@@ -77,8 +85,12 @@ def _permutation(step) -> list[int] | None:
     names = _split(parts["indices"])
     subscripts = _split(parts["subscripts"])
     whole = ", ".join(f"{n} in 0:{e}" for n, e in zip(names, target.tc_shape))
-    if sorted(names) != sorted(subscripts) or len(set(names)) != len(names) or parts["ranges"] != whole \
-            or len(source.tc_shape) != len(names):
+    if (
+        sorted(names) != sorted(subscripts)
+        or len(set(names)) != len(names)
+        or parts["ranges"] != whole
+        or len(source.tc_shape) != len(names)
+    ):
         return None
     permutation = [names.index(s) for s in subscripts]
     if any(source.tc_shape[d] != target.tc_shape[p] for d, p in enumerate(permutation)):
@@ -92,12 +104,16 @@ def _read_through(transpose: KernelStep, permutation: list[int], uses: _Uses, ke
     constant subscripts in the products' operands, which the gemm kernel does not take.)"""
     result, source = transpose.writes[0], transpose.reads[0]
     readers = [s for s in uses.readers.get(id(result), []) if s is not transpose]
-    if id(result) in kept or not readers or any(not isinstance(s, KernelStep) or s.kind != "contraction"
-                                                 for s in readers):
+    if (
+        id(result) in kept
+        or not readers
+        or any(not isinstance(s, KernelStep) or s.kind != "contraction" for s in readers)
+    ):
         return False
-    remap = (lambda subs: _permuted(subs, permutation) if len(subs) == len(permutation) else None)
-    rewritten = [[_rename_reads(text, result.ident, source.ident, remap) for text in reader.statements]
-                 for reader in readers]
+    remap = lambda subs: _permuted(subs, permutation) if len(subs) == len(permutation) else None  # noqa: E731
+    rewritten = [
+        [_rename_reads(text, result.ident, source.ident, remap) for text in reader.statements] for reader in readers
+    ]
     if any(text is None for statements in rewritten for text in statements):
         return False
     for reader, statements in zip(readers, rewritten):
@@ -117,8 +133,13 @@ def _write_through(transpose: KernelStep, permutation: list[int], uses: _Uses, k
     result, source = transpose.writes[0], transpose.reads[0]
     writers = uses.writers.get(id(source), [])
     readers = uses.readers.get(id(source), [])
-    if id(source) in kept or len(writers) != 1 or readers != [transpose] or writers[0].kind != "contraction" \
-            or len(writers[0].writes) != 1:
+    if (
+        id(source) in kept
+        or len(writers) != 1
+        or readers != [transpose]
+        or writers[0].kind != "contraction"
+        or len(writers[0].writes) != 1
+    ):
         return False
     writer = writers[0]
     inverse = [permutation.index(d) for d in range(len(permutation))]
@@ -127,8 +148,12 @@ def _write_through(transpose: KernelStep, permutation: list[int], uses: _Uses, k
         assigned = _ASSIGNED.match(text)
         if assigned is None or assigned["target"] != source.ident:
             return False
-        renamed = _rename_reads(text, source.ident, result.ident,
-                                lambda subs: _permuted(subs, inverse) if len(subs) == len(inverse) else None)
+        renamed = _rename_reads(
+            text,
+            source.ident,
+            result.ident,
+            lambda subs: _permuted(subs, inverse) if len(subs) == len(inverse) else None,
+        )
         if renamed is None:
             return False
         statements.append(renamed)

@@ -17,13 +17,14 @@
    kernel cache are polyc's own), and run them in order; views (Reshape, Flatten, ...) are
    reshapes of the buffers, without a copy.
 """
+
 from __future__ import annotations
 
+import collections
 import ctypes
 import hashlib
 import math
 import re
-import collections
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,24 +33,35 @@ import numpy as np
 
 from polyc.driver import build_ahead, compiler_options
 from polyc.errors import PolycError, UnsupportedError
+from polyc.frontends.onnx.channels_last import ChannelsLast
+from polyc.frontends.onnx.functions import (
+    FlatNode,
+    LoopIterations,
+    expand,
+    if_branch,
+    is_if,
+    is_loop,
+    is_scan,
+    tensor_type,
+    unrolled_scan,
+)
+from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type, values_read, values_written
+from polyc.frontends.onnx.memory import Arena, plan_memory
+from polyc.frontends.onnx.ops import CONVERTERS
+from polyc.frontends.onnx.ops.base import Node
+from polyc.frontends.onnx.permutations import fold_transposes
+from polyc.frontends.onnx.stages import Carried, Continuation, names_read, value_to_probe
 from polyc.options import Options
 from polyc.runtime.arguments import allocate
 from polyc.runtime.compiler import vector_bits as build_vector_bits
 from polyc.runtime.sequence import sequence_runner
-from polyc.frontends.onnx.channels_last import ChannelsLast
-from polyc.frontends.onnx.functions import (FlatNode, LoopIterations, expand, if_branch, is_if, is_loop,
-                                            is_scan, tensor_type, unrolled_scan)
-from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type, values_read, values_written
-from polyc.frontends.onnx.memory import Arena, plan_memory
-from polyc.frontends.onnx.permutations import fold_transposes
-from polyc.frontends.onnx.ops import CONVERTERS
-from polyc.frontends.onnx.ops.base import Node
-from polyc.frontends.onnx.stages import Carried, Continuation, names_read, value_to_probe
 
 #: The most statements one fused group may hold (isl's scheduler grows with them).
 MAX_GROUP_STATEMENTS = 12
-_FUSABLE_INTO = {"elementwise": ("elementwise", "contraction", "convolution", "reduction", "other"),
-                 "reduction": ("elementwise",)}
+_FUSABLE_INTO = {
+    "elementwise": ("elementwise", "contraction", "convolution", "reduction", "other"),
+    "reduction": ("elementwise",),
+}
 
 
 @dataclass(eq=False)
@@ -93,9 +105,18 @@ class Group:
 class Plan:
     """The model's graph for the input shapes ``shapes`` (name -> tuple of ints)."""
 
-    def __init__(self, graph, opset: int, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, np.dtype],
-                 constants: dict[str, np.ndarray], options: dict, graph_fusion: bool,
-                 channels_last: bool = False, nodes: list | None = None):
+    def __init__(
+        self,
+        graph,
+        opset: int,
+        shapes: dict[str, tuple[int, ...]],
+        dtypes: dict[str, np.dtype],
+        constants: dict[str, np.ndarray],
+        options: dict,
+        graph_fusion: bool,
+        channels_last: bool = False,
+        nodes: list | None = None,
+    ):
         """``nodes``: the FlatNodes (and LoopIterations) to plan, when not the graph's own (the
         rest of a graph after a stage, :mod:`.stages`); ``shapes`` and ``dtypes`` then give the
         values it reads from the stages before."""
@@ -118,8 +139,10 @@ class Plan:
             protos = list(graph.node)
             if graph_fusion:
                 protos = fold_batch_norms(protos, {o.name for o in graph.output}, self.values, self._new_ident)
-            nodes = [FlatNode(proto, opset, proto.name or f"{proto.op_type}_{position}", "")
-                     for position, proto in enumerate(protos)]
+            nodes = [
+                FlatNode(proto, opset, proto.name or f"{proto.op_type}_{position}", "")
+                for position, proto in enumerate(protos)
+            ]
         pending = collections.deque(nodes)
         # Items that need a value computed from data wait for the next stage, with every item
         # that reads what they give; the others are planned now, so that a stage learns all
@@ -146,8 +169,7 @@ class Plan:
                 pending.appendleft(LoopIterations(proto, flat.name, node_opset))
                 continue
             if is_if(proto):
-                pending.extendleft(reversed(if_branch(proto, flat.name, self._condition(proto, flat.name),
-                                                      node_opset)))
+                pending.extendleft(reversed(if_branch(proto, flat.name, self._condition(proto, flat.name), node_opset)))
                 continue
             if is_scan(proto):
                 shapes = {n: self.values[n].shape for n in proto.input if n in self.values}
@@ -175,8 +197,10 @@ class Plan:
                     value.onnx_name = value.onnx_name or name
                     self.values[name] = value
         if waiting:
+
             def plan_rest(rest, shapes, dtypes, known):
                 return Plan(graph, opset, shapes, dtypes, known, options, graph_fusion, channels_last, nodes=rest)
+
             steps += self._stop_before(waiting, probes, graph, layout, plan_rest)
         if self.continuation is not None:
             self.output_names = [c.name for c in self.continuation.carried]
@@ -215,13 +239,16 @@ class Plan:
         once they are known.  Returns the steps giving NHWC values back their NCHW form."""
         wanted = sorted(names_read(rest) | {o.name for o in graph.output})
         steps = layout.need_nchw(wanted) if layout is not None else []
-        carried = [Carried(name, self.values[name].shape, self.values[name].dtype) for name in wanted
-                   if name in self.values and self.values[name].const is None]
+        carried = [
+            Carried(name, self.values[name].shape, self.values[name].dtype)
+            for name in wanted
+            if name in self.values and self.values[name].const is None
+        ]
         constants = self.values.constants()
         self.continuation = Continuation(rest, carried, probes, constants, make_plan)
         return steps
 
-    def stages(self) -> list["Plan"]:
+    def stages(self) -> list[Plan]:
         """This plan and, when it stops for a value computed from data, the plans of the rest
         that the last run took, in order."""
         chain = [self]
@@ -229,7 +256,7 @@ class Plan:
             chain.append(chain[-1].continuation.last)
         return chain
 
-    def every_plan(self) -> list["Plan"]:
+    def every_plan(self) -> list[Plan]:
         """This plan and every plan made for the rest of its graph so far."""
         found, pending = [], [self]
         while pending:
@@ -246,8 +273,10 @@ class Plan:
     def _condition(self, proto, name: str) -> bool:
         condition = self.values.get(proto.input[0]) if proto.input else None
         if condition is None or condition.size != 1:
-            raise PolycError(f"node {name!r} (If): its condition must be one boolean, not "
-                             f"{'missing' if condition is None else f'of shape {condition.shape}'}")
+            raise PolycError(
+                f"node {name!r} (If): its condition must be one boolean, not "
+                f"{'missing' if condition is None else f'of shape {condition.shape}'}"
+            )
         if condition.const is None:  # (a stage learns a condition computed from data: stages.py)
             raise UnsupportedError(f"node {name!r} (If): its condition is not known when the model is planned")
         return bool(condition.const.reshape(()))
@@ -255,8 +284,13 @@ class Plan:
     def _types_of(self, names) -> list:
         """The TypeProtos of the values named, as the functions' bodies are built from them."""
         from onnx import helper
-        return [tensor_type(helper.np_dtype_to_tensor_dtype(self.values[n].dtype), self.values[n].shape)
-                if n in self.values else None for n in names]
+
+        return [
+            tensor_type(helper.np_dtype_to_tensor_dtype(self.values[n].dtype), self.values[n].shape)
+            if n in self.values
+            else None
+            for n in names
+        ]
 
     def _new_ident(self) -> str:
         self._counter += 1
@@ -271,7 +305,7 @@ class Plan:
         for value in self.outputs:
             uses[id(value)] = uses.get(id(value), 0) + 1
         order: list = []
-        made_by: dict[int, int] = {}   # value id -> position in order of the item writing it
+        made_by: dict[int, int] = {}  # value id -> position in order of the item writing it
         renamed: dict[str, Value] = {}  # an epilogue's old tensor name -> its value (now the producer's name)
         for step in steps:
             if isinstance(step, ViewStep):
@@ -289,8 +323,11 @@ class Plan:
             else:
                 position, producer = target
                 group = order[position]
-                writer = next((s for s in reversed(group.steps) if any(w is producer for w in s.writes)), None) \
-                    if producer is not None else None
+                writer = (
+                    next((s for s in reversed(group.steps) if any(w is producer for w in s.writes)), None)
+                    if producer is not None
+                    else None
+                )
                 if producer is not None:  # an epilogue: it updates the producer's tensor
                     renamed[step.writes[0].ident] = step.writes[0]
                     step.writes[0].ident = producer.ident
@@ -304,8 +341,10 @@ class Plan:
             for item in order:
                 if isinstance(item, Group):
                     for step in item.steps:
-                        step.statements = [token.sub(lambda m: renamed[m.group()].ident if m.group() in renamed
-                                                     else m.group(), s) for s in step.statements]
+                        step.statements = [
+                            token.sub(lambda m: renamed[m.group()].ident if m.group() in renamed else m.group(), s)
+                            for s in step.statements
+                        ]
         groups = [item for item in order if isinstance(item, Group)]
         for number, group in enumerate(groups):
             group.index = number
@@ -321,8 +360,10 @@ class Plan:
             if position is None or not isinstance(order[position], Group) or uses.get(id(value)) != 1:
                 continue
             group = order[position]
-            if not group.kinds <= set(_FUSABLE_INTO[step.kind]) or \
-                    group.statement_count + len(step.statements) > MAX_GROUP_STATEMENTS:
+            if (
+                not group.kinds <= set(_FUSABLE_INTO[step.kind])
+                or group.statement_count + len(step.statements) > MAX_GROUP_STATEMENTS
+            ):
                 continue
             # Every other input must exist when that group runs.
             if any(made_by.get(id(other), -1) > position for other in step.reads if other is not value):
@@ -334,8 +375,14 @@ class Plan:
         position, value = best
         # Not a scalar: its statements write it at index z0 but read it at 0 (Builder.ref), and
         # TC rejects a statement that reads its target at other indices than it writes.
-        in_place = step.kind == "elementwise" and len(step.writes) == 1 and step.writes[0].shape == value.shape \
-            and step.writes[0].dtype == value.dtype and value not in self.outputs and len(value.shape) > 0
+        in_place = (
+            step.kind == "elementwise"
+            and len(step.writes) == 1
+            and step.writes[0].shape == value.shape
+            and step.writes[0].dtype == value.dtype
+            and value not in self.outputs
+            and len(value.shape) > 0
+        )
         return position, (value if in_place else None)
 
     def _fuse_through_view(self, step: KernelStep, order, made_by, uses) -> bool:
@@ -358,11 +405,16 @@ class Plan:
             tensor = item.source
             producer = made_by.get(id(tensor))
             group = order[producer] if producer is not None else None
-            if not isinstance(group, Group) or uses.get(id(tensor)) != 1 or id(tensor) in {id(v) for v in self.outputs} \
-                    or not group.kinds <= set(_FUSABLE_INTO["elementwise"]) \
-                    or group.statement_count + 1 > MAX_GROUP_STATEMENTS or result.shape != view.shape \
-                    or result.dtype != tensor.dtype \
-                    or any(made_by.get(id(other), -1) > producer for other in step.reads if other is not view):
+            if (
+                not isinstance(group, Group)
+                or uses.get(id(tensor)) != 1
+                or id(tensor) in {id(v) for v in self.outputs}
+                or not group.kinds <= set(_FUSABLE_INTO["elementwise"])
+                or group.statement_count + 1 > MAX_GROUP_STATEMENTS
+                or result.shape != view.shape
+                or result.dtype != tensor.dtype
+                or any(made_by.get(id(other), -1) > producer for other in step.reads if other is not view)
+            ):
                 continue
             statement = _merged_statement(parts, view, tensor)
             if statement is None:
@@ -390,10 +442,17 @@ class Plan:
         merged: list = []
         for item in order:
             previous = merged[-1] if merged else None
-            pair = Group(0, previous.steps + item.steps) if isinstance(item, Group) and isinstance(previous, Group) \
+            pair = (
+                Group(0, previous.steps + item.steps)
+                if isinstance(item, Group) and isinstance(previous, Group)
                 else None
-            if pair is not None and previous.steps[0].kind == item.steps[0].kind == "convolution" \
-                    and pair.statement_count <= MAX_GROUP_STATEMENTS and _fused_pair(pair, previous, uses):
+            )
+            if (
+                pair is not None
+                and previous.steps[0].kind == item.steps[0].kind == "convolution"
+                and pair.statement_count <= MAX_GROUP_STATEMENTS
+                and _fused_pair(pair, previous, uses)
+            ):
                 merged[-1] = pair
             else:
                 merged.append(item)
@@ -404,6 +463,7 @@ class Plan:
     # ------------------------------------------------------------------ compilation
     def _compile(self, options: dict) -> None:
         from polyc.api import define
+
         needed_later: dict[int, int] = {}
         for position, item in enumerate(self.order):
             for value in _reads_of(item):
@@ -414,8 +474,7 @@ class Plan:
                 continue
             written = _written_by(group)
             group.inputs = _inputs_of(group, written)
-            group.outputs = [v for key, v in written.items()
-                             if key in outputs or needed_later.get(key, -1) > position]
+            group.outputs = [v for key, v in written.items() if key in outputs or needed_later.get(key, -1) > position]
             if not group.outputs:  # nothing of it is used: keep the last value so the def has an output
                 group.outputs = [list(written.values())[-1]]
             group.source = _def_text(group)
@@ -425,11 +484,14 @@ class Plan:
                 given = {**wanted, **options}
                 # (the compiler and its flags as the environment gives them now: $POLYC_CFLAGS)
                 key = (canonical, repr(sorted(given.items())), compiler_options(Options.from_kwargs(**given)))
-                group.kernel = _shared_kernel(key, lambda: define(
-                    canonical, filename=f"<onnx {group.name}>", **given)[CANONICAL_NAME])
+                group.kernel = _shared_kernel(
+                    key, lambda: define(canonical, filename=f"<onnx {group.name}>", **given)[CANONICAL_NAME]
+                )
             except PolycError as error:
-                raise PolycError(f"nodes {', '.join(group.nodes)}: polyc cannot compile their TC "
-                                 f"(a bug in the ONNX lowering; please report it):\n{group.source}\n{error}") from error
+                raise PolycError(
+                    f"nodes {', '.join(group.nodes)}: polyc cannot compile their TC "
+                    f"(a bug in the ONNX lowering; please report it):\n{group.source}\n{error}"
+                ) from error
 
     # ------------------------------------------------------------------ running
     def run(self, feeds: dict[str, np.ndarray], seconds: list | None = None) -> dict[str, np.ndarray]:
@@ -527,9 +589,10 @@ class Plan:
         inputs = [_array(v, buffers) for v in item.inputs]
         outputs = [arena.arrays.get(v.ident) for v in item.outputs]
         if any(array is None for array in outputs):
-            outputs = [array if array is not None else allocate(
-                v.tc_shape, v.dtype, item.starts_unread(v))
-                for array, v in zip(outputs, item.outputs)]
+            outputs = [
+                array if array is not None else allocate(v.tc_shape, v.dtype, item.starts_unread(v))
+                for array, v in zip(outputs, item.outputs)
+            ]
         try:
             results = item.kernel(*inputs, outputs=outputs)
         except PolycError as error:
@@ -546,9 +609,16 @@ class Plan:
         calls, plan = [], self
         while True:
             steps = plan._checked_steps(Arena(plan.memory, plan._arena_values), plan._feed_buffers(feeds))
-            calls += [(item, [array if value.const is not None else np.array(array, copy=True)
-                              for value, array in zip(item.inputs, inputs)])
-                      for item, inputs, _ in steps]  # copied as each call returns, before later ones
+            calls += [
+                (
+                    item,
+                    [
+                        array if value.const is not None else np.array(array, copy=True)
+                        for value, array in zip(item.inputs, inputs)
+                    ],
+                )
+                for item, inputs, _ in steps
+            ]  # copied as each call returns, before later ones
             if plan.continuation is None:
                 return calls
             plan, feeds = plan.continuation.next(plan._run_stage(feeds))
@@ -591,7 +661,7 @@ class _ResolvedRun:
     kernel without a resolved call (see :meth:`polyc.api.Kernel.repeat_call`) keeps that path.
     """
 
-    def __init__(self, plan: "Plan", arena: Arena, calls: list):
+    def __init__(self, plan: Plan, arena: Arena, calls: list):
         self.plan = plan
         self.arena = arena
         self.keep_alive: list[np.ndarray] = []
@@ -605,8 +675,11 @@ class _ResolvedRun:
                 self.steps.append(item)
                 continue
             _, inputs, outputs = next(resolved)
-            fresh = [(v.ident, v.tc_shape, v.dtype, item.starts_unread(v))
-                     for v in item.outputs if v.ident not in arena.arrays]
+            fresh = [
+                (v.ident, v.tc_shape, v.dtype, item.starts_unread(v))
+                for v in item.outputs
+                if v.ident not in arena.arrays
+            ]
             new_each_run.update(ident for ident, *_ in fresh)
             repeat = item.kernel.repeat_call(tuple(inputs), outputs)
             arguments = None if repeat is None else self._arguments(item, repeat, inputs, outputs, new_each_run)
@@ -874,8 +947,14 @@ def _fold_into_writer(writer: KernelStep, epilogue: KernelStep, value: Value) ->
     writes the epilogue's value and reads its operands."""
     parts = _STATEMENT.match(epilogue.statements[0]) if len(epilogue.statements) == 1 else None
     # (One statement the scheduler fuses with its epilogue itself, in one loop nest.)
-    if parts is None or len(writer.statements) < 2 or len(epilogue.writes) != 1 or value.dtype.kind != "f" \
-            or epilogue.writes[0].dtype != value.dtype or epilogue.writes[0].shape != value.shape:
+    if (
+        parts is None
+        or len(writer.statements) < 2
+        or len(epilogue.writes) != 1
+        or value.dtype.kind != "f"
+        or epilogue.writes[0].dtype != value.dtype
+        or epilogue.writes[0].shape != value.shape
+    ):
         return False
     names = [n.strip() for n in parts["indices"].split(",")]
     whole = " where " + ", ".join(f"{n} in 0:{e}" for n, e in zip(names, value.tc_shape))
@@ -887,8 +966,12 @@ def _fold_into_writer(writer: KernelStep, epilogue: KernelStep, value: Value) ->
     statements, boxes = [], []
     for text in writer.statements:
         assigned = _STATEMENT.match(text)
-        if assigned is None or assigned["target"] != value.ident or not assigned["ranges"] \
-                or _subscripts_of(value, assigned["rhs"]):
+        if (
+            assigned is None
+            or assigned["target"] != value.ident
+            or not assigned["ranges"]
+            or _subscripts_of(value, assigned["rhs"])
+        ):
             return False
         mine = [n.strip() for n in assigned["indices"].split(",")]
         ranges = {name: (int(low), int(high)) for name, low, high in _RANGE.findall(assigned["ranges"])}
@@ -897,12 +980,17 @@ def _fold_into_writer(writer: KernelStep, epilogue: KernelStep, value: Value) ->
         boxes.append([ranges[n] for n in mine])
         renaming = dict(zip(names, mine))
         rhs = re.sub(r"\b(" + "|".join(map(re.escape, names)) + r")\b", lambda m: renaming[m.group()], own)
-        statements.append(f"{value.ident}({assigned['indices']}) = "
-                          f"{rhs.replace(marker, '(' + assigned['rhs'] + ')')}{assigned['ranges']}")
+        statements.append(
+            f"{value.ident}({assigned['indices']}) = "
+            f"{rhs.replace(marker, '(' + assigned['rhs'] + ')')}{assigned['ranges']}"
+        )
     # The boxes must partition the tensor: inside it, pairwise disjoint, as many points as it.
     inside = all(0 <= low <= high <= extent for box in boxes for (low, high), extent in zip(box, value.tc_shape))
-    disjoint = all(any(a[1] <= b[0] or b[1] <= a[0] for a, b in zip(first, second))
-                   for n, first in enumerate(boxes) for second in boxes[n + 1:])
+    disjoint = all(
+        any(a[1] <= b[0] or b[1] <= a[0] for a, b in zip(first, second))
+        for n, first in enumerate(boxes)
+        for second in boxes[n + 1 :]
+    )
     points = sum(math.prod(high - low for low, high in box) for box in boxes)
     if not inside or not disjoint or points != math.prod(value.tc_shape):
         return False
@@ -918,8 +1006,11 @@ def _merged_statement(parts, view: Value, tensor: Value) -> str | None:
     dimensions: each merged index becomes its affine combination of ``tensor``'s, and the
     statement updates ``tensor`` in place.  None when the shapes or the reads do not allow it."""
     names = [n.strip() for n in parts["indices"].split(",")] if view.shape else []
-    if len(names) != len(view.shape) or not all(re.fullmatch(r"[A-Za-z_]\w*", n) for n in names) \
-            or parts["ranges"] != " where " + ", ".join(f"{n} in 0:{e}" for n, e in zip(names, view.shape)):
+    if (
+        len(names) != len(view.shape)
+        or not all(re.fullmatch(r"[A-Za-z_]\w*", n) for n in names)
+        or parts["ranges"] != " where " + ", ".join(f"{n} in 0:{e}" for n, e in zip(names, view.shape))
+    ):
         return None  # (an elementwise step covers its whole output: anything else is left alone)
     reads = _subscripts_of(view, parts["rhs"])
     if reads != [parts["indices"]] * len(reads) or not reads:
@@ -947,9 +1038,10 @@ def _merged_statement(parts, view: Value, tensor: Value) -> str | None:
             combined[name] = "0"
             continue
         split = [f"{name}_{m}" for m in range(len(run))]
-        strides = [math.prod(tensor.shape[d] for d in run[m + 1:]) for m in range(len(run))]
-        combined[name] = " + ".join(f"{stride} * {part}" if stride != 1 else part
-                                    for part, stride in zip(split, strides))
+        strides = [math.prod(tensor.shape[d] for d in run[m + 1 :]) for m in range(len(run))]
+        combined[name] = " + ".join(
+            f"{stride} * {part}" if stride != 1 else part for part, stride in zip(split, strides)
+        )
         indices += split
     for name, expression in combined.items():
         rhs = re.sub(rf"\b{name}\b", f"({expression})", rhs)
@@ -960,8 +1052,13 @@ def _merged_statement(parts, view: Value, tensor: Value) -> str | None:
 
 def _inlinable(step, kept: set):
     """The parts of ``step``'s statement when it may be substituted into its reader, else None."""
-    if not isinstance(step, KernelStep) or step.kind != "elementwise" or len(step.statements) != 1 or \
-            len(step.writes) != 1 or id(step.writes[0]) in kept:
+    if (
+        not isinstance(step, KernelStep)
+        or step.kind != "elementwise"
+        or len(step.statements) != 1
+        or len(step.writes) != 1
+        or id(step.writes[0]) in kept
+    ):
         return None
     value = step.writes[0]
     if value.dtype.kind != "f" or any(read.dtype != value.dtype for read in step.reads):
@@ -973,12 +1070,20 @@ def _inlinable(step, kept: set):
 def _inlines_into(consumer, value: Value, parts) -> bool:
     """Whether ``consumer`` is one elementwise statement of ``value``'s type over the same
     indices and ranges, reading ``value`` once, there."""
-    if not isinstance(consumer, KernelStep) or consumer.kind != "elementwise" or len(consumer.statements) != 1 \
-            or consumer.writes[0].dtype != value.dtype:
+    if (
+        not isinstance(consumer, KernelStep)
+        or consumer.kind != "elementwise"
+        or len(consumer.statements) != 1
+        or consumer.writes[0].dtype != value.dtype
+    ):
         return False
     target = _STATEMENT.match(consumer.statements[0])
-    return target is not None and target["ranges"] == parts["ranges"] and target["indices"] == parts["indices"] \
+    return (
+        target is not None
+        and target["ranges"] == parts["ranges"]
+        and target["indices"] == parts["indices"]
         and _subscripts_of(value, consumer.statements[0]) == [parts["indices"]]
+    )
 
 
 def _array(value: Value, buffers: dict) -> np.ndarray:
@@ -1012,6 +1117,7 @@ MAX_FOLDED_BYTES = 1 << 16
 def _fold(steps: list, node: str) -> None:
     """Evaluate a node's steps on constants with the reference interpreter (compile time)."""
     from polyc.api import define
+
     for step in steps:
         if isinstance(step, ViewStep):
             step.target.const = step.of(np.ascontiguousarray(step.source.const)).reshape(step.target.shape)
@@ -1034,8 +1140,10 @@ def _fold(steps: list, node: str) -> None:
         kernel = define(group.source, filename=f"<onnx fold {node}>", backend="interpreter")[group.name]
         results = kernel(*inputs)
         results = results if isinstance(results, tuple) else (results,)
-        results = [np.asarray(array).astype(value.dtype, copy=False).reshape(value.shape)
-                   for value, array in zip(step.writes, results)]
+        results = [
+            np.asarray(array).astype(value.dtype, copy=False).reshape(value.shape)
+            for value, array in zip(step.writes, results)
+        ]
         for value, array in zip(step.writes, results):
             value.const = array
         if key is not None and sum(a.nbytes for a in results) <= MAX_FOLDED_BYTES:
@@ -1063,6 +1171,7 @@ def _fused_pair(pair: Group, first: Group, uses: dict[int, int]) -> bool:
     nothing outside it reads, is one kernel: a pointwise then a depthwise convolution."""
     from polyc.lang.sema import check_source
     from polyc.schedule.convolution import recognise_pointwise_depthwise_def
+
     if not _reads_one_by_one_weights(first.steps[0]):
         return False  # (checking the pair's def costs milliseconds: resnet18 has 18 pairs, none of them this)
     inside: dict[int, int] = {}
@@ -1085,7 +1194,8 @@ def _reads_one_by_one_weights(step) -> bool:
     """Whether ``step`` reads constant weights of a 1 x 1 convolution in the channels-last
     layout, ``(1, 1, C, F)``: what a pointwise convolution's statement reads."""
     return isinstance(step, KernelStep) and any(
-        value.const is not None and value.rank == 4 and value.shape[:2] == (1, 1) for value in step.reads)
+        value.const is not None and value.rank == 4 and value.shape[:2] == (1, 1) for value in step.reads
+    )
 
 
 #: The name of every kernel's def as compiled (see :func:`_canonical_def`).
@@ -1130,13 +1240,17 @@ def is_converted(op_type: str, domain: str, opset: int) -> bool:
 
 def unsupported_error(missing, where: str) -> UnsupportedError:
     """``missing``: (op type, opset, node name); the op type may be followed by " (why)"."""
+
     def entry(label, opset, name):
         op, _, why = label.partition(" (")
         return f"{op} (opset {opset}) at node {name!r}" + (f" ({why}" if why else "")
+
     listed = "; ".join(entry(*m) for m in missing)
     kinds = sorted({label.partition(" (")[0] for label, _, _ in missing})
-    return UnsupportedError(f"{where}: {len(missing)} node(s) use operators polyc does not support: {listed} "
-                            f"[unsupported: {', '.join(kinds)}]")
+    return UnsupportedError(
+        f"{where}: {len(missing)} node(s) use operators polyc does not support: {listed} "
+        f"[unsupported: {', '.join(kinds)}]"
+    )
 
 
 def fold_batch_norms(nodes: list, graph_outputs: set, values: dict, new_ident) -> list:
@@ -1147,6 +1261,7 @@ def fold_batch_norms(nodes: list, graph_outputs: set, values: dict, new_ident) -
     every parameter is a constant.  New NodeProtos replace the two; the model's are not
     touched.  The folded weights join ``values`` as constants (``new_ident`` names them in TC)."""
     from onnx import NodeProto
+
     uses: dict[str, int] = {}
     for node in nodes:
         for name in node.input:
@@ -1167,8 +1282,9 @@ def fold_batch_norms(nodes: list, graph_outputs: set, values: dict, new_ident) -
         if uses.get(conv.output[0], 0) != 1 or conv.output[0] in graph_outputs:
             continue
         parameters = [values.get(name) for name in list(norm.input[1:5]) + list(conv.input[1:3])]
-        if any(v is None or v.const is None for v in parameters[:5]) or \
-                (len(conv.input) > 2 and conv.input[2] and parameters[5] is None):
+        if any(v is None or v.const is None for v in parameters[:5]) or (
+            len(conv.input) > 2 and conv.input[2] and parameters[5] is None
+        ):
             continue
         scale, shift, mean, var, weights = (v.const for v in parameters[:5])
         bias = parameters[5].const if len(parameters) > 5 and parameters[5] is not None else None

@@ -8,6 +8,7 @@ unsupported operators are reported at once).  A run with input shapes not seen b
 compiles the model for them (:class:`~polyc.frontends.onnx.plan.Plan`); its kernels land in
 polyc's disk cache, so a new process compiles nothing it has compiled before.
 """
+
 from __future__ import annotations
 
 import threading
@@ -66,16 +67,28 @@ class InferenceSession:
     provider it does not have, and the session runs on the CPU.  ``provider_options``, when
     given, has one dict per provider."""
 
-    def __init__(self, model, sess_options=None, providers=None, provider_options=None, *,
-                 graph_fusion: bool | None = None, channels_last: bool | None = None, **options):
+    def __init__(
+        self,
+        model,
+        sess_options=None,
+        providers=None,
+        provider_options=None,
+        *,
+        graph_fusion: bool | None = None,
+        channels_last: bool | None = None,
+        **options,
+    ):
         from polyc.options import Options
+
         graph_fusion = _onnxruntime_arguments(sess_options, providers, provider_options, graph_fusion, options)
         options = {"winograd": True, **options}
         Options.from_kwargs(**options)  # a bad option fails now, not at the first run
         if options.get("loop_order") is not None:
-            raise PolycError("loop_order is not an option of a session: it names the indices of one TC def, "
-                             "and a session's defs have indices the ONNX lowering names (polyc.tune(session, "
-                             "feeds) searches each kernel's loop order)")
+            raise PolycError(
+                "loop_order is not an option of a session: it names the indices of one TC def, "
+                "and a session's defs have indices the ONNX lowering names (polyc.tune(session, "
+                "feeds) searches each kernel's loop order)"
+            )
         self._model, self._where = load_model(model)
         graph = self._model.graph
         self._opset = default_opset(self._model)
@@ -87,7 +100,9 @@ class InferenceSession:
         self._outputs = [tensor_info(v) for v in graph.output]
         for info in self._inputs:
             if info.dtype is None:
-                raise PolycError(f"{self._where}: input {info.name!r} has type {info.type}, which polyc cannot compute in")
+                raise PolycError(
+                    f"{self._where}: input {info.name!r} has type {info.type}, which polyc cannot compute in"
+                )
         self._specialised = _specialising_inputs(flat_nodes, {i.name: i for i in self._inputs})
         self._options = options
         self.graph_fusion = graph_fusion
@@ -118,8 +133,10 @@ class InferenceSession:
         names = known if output_names is None else list(output_names)
         unknown = [n for n in names if n not in known]
         if unknown:
-            raise SignatureError(f"Invalid output name(s): {', '.join(map(repr, unknown))}; "
-                                 f"the model's outputs are {', '.join(map(repr, known))}")
+            raise SignatureError(
+                f"Invalid output name(s): {', '.join(map(repr, unknown))}; "
+                f"the model's outputs are {', '.join(map(repr, known))}"
+            )
         plan, feeds = self._plan_for_feeds(input_feed)
         results = plan.run(feeds)
         return [results[n] for n in names]
@@ -131,32 +148,44 @@ class InferenceSession:
         (see ``CONSTANT_INPUTS`` in :mod:`.ops`); the plan is specialised on them too."""
         values = {name: np.array(values[name]) for name in self._specialised} if self._specialised else {}
         key = tuple(tuple(shapes[i.name]) for i in self._inputs) + tuple(
-            (name, array.dtype.str, array.shape, array.tobytes()) for name, array in sorted(values.items()))
+            (name, array.dtype.str, array.shape, array.tobytes()) for name, array in sorted(values.items())
+        )
         plan = self._plans.get(key)
         if plan is None:
             with self._lock:
                 plan = self._plans.get(key)
                 if plan is None:
                     runtime = [i for i in self._inputs if i.name not in values]
-                    plan = Plan(self._model.graph, self._opset, {i.name: tuple(shapes[i.name]) for i in runtime},
-                                {i.name: i.dtype for i in runtime}, {**self._constants, **values}, self._options,
-                                self.graph_fusion, self.channels_last)
+                    plan = Plan(
+                        self._model.graph,
+                        self._opset,
+                        {i.name: tuple(shapes[i.name]) for i in runtime},
+                        {i.name: i.dtype for i in runtime},
+                        {**self._constants, **values},
+                        self._options,
+                        self.graph_fusion,
+                        self.channels_last,
+                    )
                     self._plans[key] = plan
         self._last = plan
         return plan
 
     def _plan(self, shapes: dict | None) -> Plan:
         if shapes is not None and self._specialised:
-            raise PolycError(f"inputs {', '.join(sorted(self._specialised))} give the model shapes or axes: "
-                             "run the session once to plan it")
+            raise PolycError(
+                f"inputs {', '.join(sorted(self._specialised))} give the model shapes or axes: "
+                "run the session once to plan it"
+            )
         if shapes is not None:
             return self.plan_for(shapes)
         if self._last is None:
             concrete = {}
             for info in self._inputs:
                 if info.shape is None or not all(isinstance(d, int) for d in info.shape):
-                    raise PolycError(f"input {info.name!r} has symbolic dimensions {info.shape}: "
-                                     "run the session once or pass shapes={name: shape}")
+                    raise PolycError(
+                        f"input {info.name!r} has symbolic dimensions {info.shape}: "
+                        "run the session once or pass shapes={name: shape}"
+                    )
                 concrete[info.name] = info.shape
             return self.plan_for(concrete)
         return self._last
@@ -170,13 +199,17 @@ class InferenceSession:
         for number, stage in enumerate(stages):
             if number:
                 learned = ", ".join(repr(p) for p in stages[number - 1].continuation.probes)
-                parts.append(f"# ---- stage {number + 1}, planned once {learned} was known "
-                             f"(computed by the stage before from the model's data)\n")
+                parts.append(
+                    f"# ---- stage {number + 1}, planned once {learned} was known "
+                    f"(computed by the stage before from the model's data)\n"
+                )
             parts.append(stage.tc_source())
         if stages[-1].continuation is not None:  # not run yet
             learned = ", ".join(repr(p) for p in stages[-1].continuation.probes)
-            parts.append(f"# ---- the rest is planned once {learned} is known (computed from "
-                         "the model's data): run the session to see it\n")
+            parts.append(
+                f"# ---- the rest is planned once {learned} is known (computed from "
+                "the model's data): run the session to see it\n"
+            )
         return "\n".join(parts)
 
     @property
@@ -236,33 +269,45 @@ class InferenceSession:
         expected = [i.name for i in self._inputs]
         missing = [n for n in expected if n not in input_feed]
         if missing:
-            raise SignatureError(f"Required inputs ({', '.join(map(repr, missing))}) are missing from input feed "
-                                 f"({', '.join(map(repr, input_feed))})")
+            raise SignatureError(
+                f"Required inputs ({', '.join(map(repr, missing))}) are missing from input feed "
+                f"({', '.join(map(repr, input_feed))})"
+            )
         extra = [n for n in input_feed if n not in expected]
         if extra:
-            raise SignatureError(f"Invalid input name(s): {', '.join(map(repr, extra))}; "
-                                 f"the model's inputs are {', '.join(map(repr, expected))}")
+            raise SignatureError(
+                f"Invalid input name(s): {', '.join(map(repr, extra))}; "
+                f"the model's inputs are {', '.join(map(repr, expected))}"
+            )
         feeds, symbols = {}, {}
         for info in self._inputs:
             value = input_feed[info.name]
             array = np.asarray(value)
             if array.dtype != info.dtype:
-                raise SignatureError(f"Unexpected input data type for {info.name!r}. "
-                                     f"Actual: tensor({array.dtype}), expected: {info.type}")
+                raise SignatureError(
+                    f"Unexpected input data type for {info.name!r}. "
+                    f"Actual: tensor({array.dtype}), expected: {info.type}"
+                )
             if info.shape is not None:
                 if array.ndim != len(info.shape):
-                    raise SignatureError(f"Invalid rank for input: {info.name} Got: {array.ndim} "
-                                         f"Expected: {len(info.shape)} Please fix either the inputs or the model.")
+                    raise SignatureError(
+                        f"Invalid rank for input: {info.name} Got: {array.ndim} "
+                        f"Expected: {len(info.shape)} Please fix either the inputs or the model."
+                    )
                 for index, (got, want) in enumerate(zip(array.shape, info.shape)):
                     if isinstance(want, int) and got != want:
-                        raise SignatureError(f"Got invalid dimensions for input: {info.name} for the following "
-                                             f"indices index: {index} Got: {got} Expected: {want} "
-                                             "Please fix either the inputs or the model.")
+                        raise SignatureError(
+                            f"Got invalid dimensions for input: {info.name} for the following "
+                            f"indices index: {index} Got: {got} Expected: {want} "
+                            "Please fix either the inputs or the model."
+                        )
                     if isinstance(want, str):
                         seen = symbols.setdefault(want, (got, info.name, index))
                         if seen[0] != got:
-                            raise SignatureError(f"dimension {want!r} is {seen[0]} in input {seen[1]!r} "
-                                                 f"(index {seen[2]}) but {got} in input {info.name!r} (index {index})")
+                            raise SignatureError(
+                                f"dimension {want!r} is {seen[0]} in input {seen[1]!r} "
+                                f"(index {seen[2]}) but {got} in input {info.name!r} (index {index})"
+                            )
             feeds[info.name] = array
         return feeds
 
@@ -278,6 +323,7 @@ def _specialising_inputs(flat_nodes, inputs: dict) -> set[str]:
     a Shape or a Size, which read only the shape.  A floating-point tensor of more than one
     element is planned on only where it feeds such a place directly."""
     from polyc.frontends.onnx.ops import CONVERTERS
+
     producers = {output: flat.proto for flat in flat_nodes for output in flat.proto.output if output}
     found, seen = set(), set()
 
@@ -311,16 +357,17 @@ def _specialising_inputs(flat_nodes, inputs: dict) -> set[str]:
 CPU_PROVIDER = "CPUExecutionProvider"
 
 
-def _onnxruntime_arguments(sess_options, providers, provider_options, graph_fusion: bool | None,
-                           options: dict) -> bool:
+def _onnxruntime_arguments(sess_options, providers, provider_options, graph_fusion: bool | None, options: dict) -> bool:
     """Check onnxruntime's session arguments and apply what polyc has a counterpart for:
     threads go into ``options`` (unless given), and the graph optimisation level decides
     ``graph_fusion`` where the caller did not.  Returns ``graph_fusion``."""
     if sess_options is not None:
         known = ("intra_op_num_threads", "graph_optimization_level")
         if not all(hasattr(sess_options, name) for name in known):
-            raise PolycError(f"sess_options must be an onnxruntime.SessionOptions (with {' and '.join(known)}), "
-                             f"not {type(sess_options).__name__}")
+            raise PolycError(
+                f"sess_options must be an onnxruntime.SessionOptions (with {' and '.join(known)}), "
+                f"not {type(sess_options).__name__}"
+            )
         threads = sess_options.intra_op_num_threads
         if not isinstance(threads, int) or threads < 0:
             raise PolycError(f"sess_options.intra_op_num_threads must be an integer >= 0, not {threads!r}")
@@ -330,19 +377,32 @@ def _onnxruntime_arguments(sess_options, providers, provider_options, graph_fusi
         if graph_fusion is None and getattr(level, "name", str(level)) == "ORT_DISABLE_ALL":
             graph_fusion = False
         if getattr(sess_options, "enable_profiling", False):
-            warnings.warn("sess_options.enable_profiling: polyc writes no onnxruntime profile; "
-                          "InferenceSession.profile(feeds) times each kernel", PolycWarning, stacklevel=3)
+            warnings.warn(
+                "sess_options.enable_profiling: polyc writes no onnxruntime profile; "
+                "InferenceSession.profile(feeds) times each kernel",
+                PolycWarning,
+                stacklevel=3,
+            )
         if getattr(sess_options, "optimized_model_filepath", ""):
-            warnings.warn("sess_options.optimized_model_filepath: polyc writes no optimized ONNX model; "
-                          "InferenceSession.tc_source() gives the kernels it compiled", PolycWarning, stacklevel=3)
+            warnings.warn(
+                "sess_options.optimized_model_filepath: polyc writes no optimized ONNX model; "
+                "InferenceSession.tc_source() gives the kernels it compiled",
+                PolycWarning,
+                stacklevel=3,
+            )
     names = _provider_names(providers)
-    if provider_options is not None and (not isinstance(provider_options, (list, tuple))
-                                         or providers is None or len(provider_options) != len(names)):
+    if provider_options is not None and (
+        not isinstance(provider_options, (list, tuple)) or providers is None or len(provider_options) != len(names)
+    ):
         raise PolycError("provider_options must be a list of one dict per provider in providers")
     others = [name for name in names if name != CPU_PROVIDER]
     if others:
-        warnings.warn(f"polyc computes on the CPU (as {CPU_PROVIDER}); the provider(s) {', '.join(map(repr, others))} "
-                      "are not used", PolycWarning, stacklevel=3)
+        warnings.warn(
+            f"polyc computes on the CPU (as {CPU_PROVIDER}); the provider(s) {', '.join(map(repr, others))} "
+            "are not used",
+            PolycWarning,
+            stacklevel=3,
+        )
     return True if graph_fusion is None else graph_fusion
 
 
@@ -351,14 +411,16 @@ def _provider_names(providers) -> list[str]:
     if providers is None:
         return []
     if isinstance(providers, str) or not isinstance(providers, (list, tuple)):
-        raise PolycError(f"providers must be a list of provider names (or (name, options) pairs), "
-                         f"not {type(providers).__name__}")
+        raise PolycError(
+            f"providers must be a list of provider names (or (name, options) pairs), not {type(providers).__name__}"
+        )
     names = []
     for provider in providers:
         if isinstance(provider, tuple) and len(provider) == 2 and isinstance(provider[0], str):
             provider = provider[0]
         if not isinstance(provider, str):
-            raise PolycError(f"providers must be a list of provider names (or (name, options) pairs); "
-                             f"{provider!r} is neither")
+            raise PolycError(
+                f"providers must be a list of provider names (or (name, options) pairs); {provider!r} is neither"
+            )
         names.append(provider)
     return names

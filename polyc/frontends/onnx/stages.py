@@ -21,6 +21,7 @@ planned for other contents share them where their defs are the same.  So a model
 control flow or shapes depend on its data runs, compiled, at the cost of a plan per distinct
 value; a value that changes in every run (a count of detections) compiles in every run.
 """
+
 from __future__ import annotations
 
 import collections
@@ -52,8 +53,11 @@ def value_to_probe(item, values: dict, converters: dict) -> str | None:
             positions = CONSTANT_INPUTS[proto.op_type]
         else:
             converter = converters.get(proto.op_type) if proto.domain in ("", "ai.onnx") else None
-            positions = converter.constant_inputs(proto) if hasattr(converter, "constant_inputs") \
+            positions = (
+                converter.constant_inputs(proto)
+                if hasattr(converter, "constant_inputs")
                 else getattr(converter, "CONSTANT_INPUTS", ())
+            )
         names = [proto.input[p] for p in positions if p < len(proto.input)]
     for name in names:
         value = values.get(name) if name else None
@@ -88,9 +92,16 @@ def _names_read_by_subgraphs(proto, names: set) -> None:
 
 def fresh_copy(items) -> list:
     """``items`` for a new plan: a LoopIterations part-way through is copied (plans advance it)."""
-    return [dataclasses.replace(item, carried=list(item.carried) if item.carried is not None else None,
-                                pieces=[list(p) for p in item.pieces] if item.pieces is not None else None)
-            if isinstance(item, LoopIterations) else item for item in items]
+    return [
+        dataclasses.replace(
+            item,
+            carried=list(item.carried) if item.carried is not None else None,
+            pieces=[list(p) for p in item.pieces] if item.pieces is not None else None,
+        )
+        if isinstance(item, LoopIterations)
+        else item
+        for item in items
+    ]
 
 
 @dataclasses.dataclass
@@ -129,8 +140,9 @@ class Continuation:
             plan = self._plans.get(key)
             if plan is None:
                 shapes = {c.name: c.shape for c in self.carried if c.name not in known}
-                plan = self._make_plan(fresh_copy(self.nodes), shapes, {c.name: c.dtype for c in self.carried},
-                                       {**self.constants, **known})
+                plan = self._make_plan(
+                    fresh_copy(self.nodes), shapes, {c.name: c.dtype for c in self.carried}, {**self.constants, **known}
+                )
                 self._plans[key] = plan
                 while len(self._plans) > MAX_PLANS_PER_STAGE:
                     self._plans.popitem(last=False)

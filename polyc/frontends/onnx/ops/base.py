@@ -5,6 +5,7 @@ small helpers several families use: an input that must be known when the model i
 (:func:`_elementwise`), the check for float tensors (:func:`_float_only`), and a number
 (:func:`_number`) or an affine subscript (:func:`_affine`) in TC text.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,6 +19,7 @@ class Node:
 
     def __init__(self, proto, name: str):
         from onnx import helper
+
         self.proto = proto
         self.name = name
         self.op_type = proto.op_type
@@ -46,7 +48,7 @@ class Converter:
 
     @classmethod
     def version_for(cls, opset: int) -> int | None:
-        versions = [int(name[len("_impl_v"):]) for name in dir(cls) if name.startswith("_impl_v")]
+        versions = [int(name[len("_impl_v") :]) for name in dir(cls) if name.startswith("_impl_v")]
         usable = [v for v in versions if v <= opset]
         return max(usable) if usable else None
 
@@ -60,8 +62,10 @@ def _require_const(b: Builder, value: Value | None, what: str) -> np.ndarray:
     if value is None:
         raise UnsupportedError(f"{b.where}: {what} is required")
     if value.const is None:
-        raise UnsupportedError(f"{b.where}: {what} must be known when the model is compiled "
-                               "(a constant or computed from shapes), not computed at run time")
+        raise UnsupportedError(
+            f"{b.where}: {what} must be known when the model is compiled "
+            "(a constant or computed from shapes), not computed at run time"
+        )
     return value.const
 
 

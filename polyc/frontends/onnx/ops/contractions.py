@@ -1,6 +1,7 @@
 """Contractions: MatMul, Gemm and Einsum, and the products by constant weights laid out in
 slivers as polyc's gemm kernel reads them (:data:`BLOCKED_WEIGHT_ROWS`).
 """
+
 from __future__ import annotations
 
 import math
@@ -26,11 +27,17 @@ class MatMul(Converter):
         full = batch + (a_shape[-2], c_shape[-1])
         shape = list(batch) + ([a.shape[-2]] if a.rank > 1 else []) + ([c.shape[-1]] if c.rank > 1 else [])
         idx = indices(len(full))
-        out_idx = idx[:len(batch)] + ([idx[-2]] if a.rank > 1 else []) + ([idx[-1]] if c.rank > 1 else [])
-        a_sub = b.broadcast_subscripts(Value("", a.dtype, a_shape[:-2]), batch, idx[:len(batch)]) \
-            + ([idx[-2]] if a.rank > 1 else []) + ["r0"]
-        c_sub = b.broadcast_subscripts(Value("", c.dtype, c_shape[:-2]), batch, idx[:len(batch)]) \
-            + ["r0"] + ([idx[-1]] if c.rank > 1 else [])
+        out_idx = idx[: len(batch)] + ([idx[-2]] if a.rank > 1 else []) + ([idx[-1]] if c.rank > 1 else [])
+        a_sub = (
+            b.broadcast_subscripts(Value("", a.dtype, a_shape[:-2]), batch, idx[: len(batch)])
+            + ([idx[-2]] if a.rank > 1 else [])
+            + ["r0"]
+        )
+        c_sub = (
+            b.broadcast_subscripts(Value("", c.dtype, c_shape[:-2]), batch, idx[: len(batch)])
+            + ["r0"]
+            + ([idx[-1]] if c.rank > 1 else [])
+        )
         sliver = _weight_sliver(b, a, c)
         if sliver:
             return [_product_by_blocked_weights(b, a, c, sliver, shape, out_idx[:-1], a_sub)]
@@ -58,6 +65,7 @@ def _weight_sliver(b: Builder, a: Value, c: Value, padded: bool = False) -> int:
     which it picks for such N.  ``padded``: the caller pads ``c`` with zero columns up to a
     multiple of NR."""
     from polyc.codegen.gemm import micro_kernel_shapes
+
     if c.const is None or c.rank != 2 or a.rank < 2:
         return 0
     if a.dtype != c.dtype or a.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
@@ -81,12 +89,21 @@ def _product_by_blocked_weights(b: Builder, a: Value, c: Value, sliver: int, sha
     """``a @ c`` with ``c`` blocked: ``O(.., nb, nr) +=! A(.., r0) * W'(nb, r0, nr)``, viewed as
     ``shape``."""
     k, n = c.shape
-    blocked = b.const(derived_constant(c.const, ("blocked", sliver), lambda matrix: np.ascontiguousarray(
-        matrix.reshape(k, n // sliver, sliver).transpose(1, 0, 2))))
+    blocked = b.const(
+        derived_constant(
+            c.const,
+            ("blocked", sliver),
+            lambda matrix: np.ascontiguousarray(matrix.reshape(k, n // sliver, sliver).transpose(1, 0, 2)),
+        )
+    )
     target = b.new(list(shape[:-1]) + [n // sliver, sliver], a.dtype)
     rhs = f"{b.ref(a, a_sub)} * {b.ref(blocked, ['nb', 'r0', 'nr'])}"
-    b.emit([b.statement(target, list(row_idx) + ["nb", "nr"], "+=!", rhs,
-                        [("r0", k)])], [a, blocked], [target], "contraction")
+    b.emit(
+        [b.statement(target, list(row_idx) + ["nb", "nr"], "+=!", rhs, [("r0", k)])],
+        [a, blocked],
+        [target],
+        "contraction",
+    )
     return b.view(target, shape)
 
 
@@ -112,9 +129,14 @@ class Gemm(Converter):
             rows = Value("", a.dtype, (m, k))  # a's rows, also when transA
             sliver = _weight_sliver(b, rows, Value("", c.dtype, matrix.shape, const=matrix), padded=True)
             if sliver:
-                padded = derived_constant(c.const, ("gemm columns", trans_b, sliver),
-                                          lambda weights: zero_padded_columns(weights.T if trans_b else weights, sliver))
-                product = _product_by_blocked_weights(b, a, b.const(padded), sliver, (m, padded.shape[1]), ["i0"], a_sub)
+                padded = derived_constant(
+                    c.const,
+                    ("gemm columns", trans_b, sliver),
+                    lambda weights: zero_padded_columns(weights.T if trans_b else weights, sliver),
+                )
+                product = _product_by_blocked_weights(
+                    b, a, b.const(padded), sliver, (m, padded.shape[1]), ["i0"], a_sub
+                )
                 return [Gemm._epilogue(b, product, bias, m, n, alpha, beta)]
         out = b.new((m, n), a.dtype)
         a_ref = b.ref(a, a_sub)
@@ -128,7 +150,6 @@ class Gemm(Converter):
             statements.append(b.statement(out, ["i0", "i1"], "=", epilogue))
         b.emit(statements, [a, c] + ([bias] if bias is not None else []), [out], "contraction")
         return [out]
-
 
     @staticmethod
     def _epilogue(b, product, bias, m, n, alpha, beta):
@@ -183,17 +204,21 @@ class Einsum(Converter):
         left, arrow, right = equation.partition("->")
         terms = left.split(",")
         if len(terms) != len(inputs) or any(v is None for v in inputs):
-            raise UnsupportedError(f"{b.where}: the equation {equation!r} has {len(terms)} terms for "
-                                   f"{len(inputs)} inputs")
+            raise UnsupportedError(
+                f"{b.where}: the equation {equation!r} has {len(terms)} terms for {len(inputs)} inputs"
+            )
         # The ellipsis' axes get letters of their own (not in the equation), aligned right.
         unused = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in equation]
         spans = [v.rank - len(term.replace("...", "")) if "..." in term else 0 for term, v in zip(terms, inputs)]
-        if any(span < 0 for span in spans) or any("..." not in term and len(term) != v.rank
-                                                  for term, v in zip(terms, inputs)):
-            raise UnsupportedError(f"{b.where}: the equation {equation!r} does not fit inputs of shapes "
-                                   f"{', '.join(str(v.shape) for v in inputs)}")
-        broadcast = "".join(unused[:max(spans, default=0)])
-        terms = [term.replace("...", broadcast[len(broadcast) - span:]) for term, span in zip(terms, spans)]
+        if any(span < 0 for span in spans) or any(
+            "..." not in term and len(term) != v.rank for term, v in zip(terms, inputs)
+        ):
+            raise UnsupportedError(
+                f"{b.where}: the equation {equation!r} does not fit inputs of shapes "
+                f"{', '.join(str(v.shape) for v in inputs)}"
+            )
+        broadcast = "".join(unused[: max(spans, default=0)])
+        terms = [term.replace("...", broadcast[len(broadcast) - span :]) for term, span in zip(terms, spans)]
         if arrow:
             right = right.replace("...", broadcast)
         else:
@@ -203,8 +228,9 @@ class Einsum(Converter):
         for term, value in zip(terms, inputs):
             for letter, extent in zip(term, value.shape):
                 if extents.get(letter, 1) != 1 and extent not in (1, extents[letter]):
-                    raise UnsupportedError(f"{b.where}: {letter!r} of {equation!r} has extents {extents[letter]} "
-                                           f"and {extent}")
+                    raise UnsupportedError(
+                        f"{b.where}: {letter!r} of {equation!r} has extents {extents[letter]} and {extent}"
+                    )
                 extents[letter] = max(extents.get(letter, 1), extent)
         missing = [c for c in right if c not in extents]
         if missing or len(set(right)) != len(right):
@@ -214,6 +240,7 @@ class Einsum(Converter):
 
         def read(value, term):  # an axis of extent 1 where the letter's is larger is broadcast
             return b.ref(value, [name[c] if e == extents[c] else "0" for c, e in zip(term, value.shape)])
+
         rhs = " * ".join(read(v, term) for term, v in zip(terms, inputs))
         reductions = [(name[c], extents[c]) for c in extents if c not in right]
         op = "+=!" if reductions else "="

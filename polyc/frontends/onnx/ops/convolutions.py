@@ -3,6 +3,7 @@ ConvTranspose; MaxPool, AveragePool, LpPool, GlobalAveragePool and GlobalMaxPool
 BatchNormalization.  The window arithmetic (:func:`_spatial`) and the image layouts
 (:func:`image_indices`, NCHW or NHWC) are shared with :mod:`polyc.frontends.onnx.channels_last`.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -50,7 +51,8 @@ def _spatial(b, node, x, kernel, strides_default=1, channels_last=False):
             raise SignatureError(
                 f"{b.where}: spatial dimension {d} of its input is {spatial[d]} (padded: "
                 f"{spatial[d] + pads[d] + pads[k + d]}), less than its window of {effective}: the "
-                f"output would be empty; the model needs a larger input")
+                f"output would be empty; the model needs a larger input"
+            )
         outs.append(max(out, 0))
     return outs, pads[:k], pads[k:], strides, dilations
 
@@ -92,8 +94,9 @@ class Conv(Converter):
             rhs = f"{b.ref(x, ['n', 'r_c', *window])} * {b.ref(w, ['f', 'r_c', *taps])}"
             statements = [b.statement(out, ["n", "f", *sp], "+=!", rhs, [("r_c", per_group)] + tap_ranges)]
             if bias is not None:
-                statements.append(b.statement(out, ["n", "f", *sp], "=",
-                                              f"{out.ident}(n, f, {', '.join(sp)}) + {b.ref(bias, ['f'])}"))
+                statements.append(
+                    b.statement(out, ["n", "f", *sp], "=", f"{out.ident}(n, f, {', '.join(sp)}) + {b.ref(bias, ['f'])}")
+                )
             b.emit(statements, [x, w] + ([bias] if bias is not None else []), [out], "convolution")
             return [out]
         if per_group == 1 and per_filter_group == 1 and w.const is not None:
@@ -102,8 +105,9 @@ class Conv(Converter):
             rhs = f"{b.ref(x, ['n', 'c', *window])} * {b.ref(w3, ['c', *taps])}"
             statements = [b.statement(out, ["n", "c", *sp], "+=!", rhs, tap_ranges)]
             if bias is not None:
-                statements.append(b.statement(out, ["n", "c", *sp], "=",
-                                              f"{out.ident}(n, c, {', '.join(sp)}) + {b.ref(bias, ['c'])}"))
+                statements.append(
+                    b.statement(out, ["n", "c", *sp], "=", f"{out.ident}(n, c, {', '.join(sp)}) + {b.ref(bias, ['c'])}")
+                )
             b.emit(statements, [x, w3] + ([bias] if bias is not None else []), [out], "convolution")
             return [out]
         # Grouped: channels as (group, channel in group), the layout polyc's convolution kernel reads.
@@ -115,12 +119,14 @@ class Conv(Converter):
         reads = [x5, w5]
         if bias is not None:
             b2 = b.view(bias, [groups, per_filter_group])
-            statements.append(b.statement(out5, ["n", "g", "f", *sp], "=",
-                                          f"{out5.ident}(n, g, f, {', '.join(sp)}) + {b.ref(b2, ['g', 'f'])}"))
+            statements.append(
+                b.statement(
+                    out5, ["n", "g", "f", *sp], "=", f"{out5.ident}(n, g, f, {', '.join(sp)}) + {b.ref(b2, ['g', 'f'])}"
+                )
+            )
             reads.append(b2)
         b.emit(statements, reads, [out5], "convolution")
         return [b.view(out5, [n, filters, *outs])]
-
 
     @staticmethod
     def _as_gemm(b, x, w, bias, kernel, outs, begin, end, strides, dilations):
@@ -158,8 +164,9 @@ class Conv(Converter):
             reads = [col, w]
         statements = [b.statement(out, ["n", "f", *sp], "+=!", rhs, reductions)]
         if bias is not None:
-            statements.append(b.statement(out, ["n", "f", *sp], "=",
-                                          f"{out.ident}(n, f, {', '.join(sp)}) + {b.ref(bias, ['f'])}"))
+            statements.append(
+                b.statement(out, ["n", "f", *sp], "=", f"{out.ident}(n, f, {', '.join(sp)}) + {b.ref(bias, ['f'])}")
+            )
             reads.append(bias)
         b.emit(statements, reads, [out], "contraction")
         return [out]
@@ -253,10 +260,8 @@ MATRIX_PRODUCT_POSITIONS = {512: (36, 16), 256: (36, 8)}
 
 def _as_matrix_product(b: Builder, kernel, outs, strides, dilations, begin, end) -> bool:
     positions = int(np.prod(outs)) if outs else 1
-    pointwise = all(size == 1 for size in kernel) and all(s == 1 for s in strides) and not any(begin) \
-        and not any(end)
-    windows, pointwise_limit = MATRIX_PRODUCT_POSITIONS.get(b.vector_bits,
-                                                            MATRIX_PRODUCT_POSITIONS[256])
+    pointwise = all(size == 1 for size in kernel) and all(s == 1 for s in strides) and not any(begin) and not any(end)
+    windows, pointwise_limit = MATRIX_PRODUCT_POSITIONS.get(b.vector_bits, MATRIX_PRODUCT_POSITIONS[256])
     return positions <= (pointwise_limit if pointwise else windows)
 
 
@@ -309,9 +314,10 @@ def _max_pool_indices(b, node, x, best, kernel, begin, strides, dilations) -> Va
 
     def positions(tap):
         return [f"({_affine(strides[d], sp[d], 0)} + {dilations[d]} * {tap[d]} - {begin[d]})" for d in range(k)]
+
     window = positions(taps)
     inside = " && ".join(f"{p} >= 0 && {p} < {e}" for p, e in zip(window, spatial))
-    strides_of_taps = [math.prod(kernel[d + 1:]) for d in range(k)]
+    strides_of_taps = [math.prod(kernel[d + 1 :]) for d in range(k)]
     tap_number = " + ".join(f"{t} * {m}" for t, m in zip(taps, strides_of_taps))
     idx = ["n", "c"] + sp
     first = b.new(best.shape, np.int64)
@@ -319,12 +325,24 @@ def _max_pool_indices(b, node, x, best, kernel, begin, strides, dilations) -> Va
     at_first = f"{first.ident}({', '.join(idx)})"
     place = positions([f"(({at_first} / {m}) % {kernel[d]})" for d, m in enumerate(strides_of_taps)])
     flat = f"(n * {x.shape[1]} + c)"
-    for d in (reversed(range(k)) if column_major else range(k)):
+    for d in reversed(range(k)) if column_major else range(k):
         flat = f"({flat}) * {spatial[d]} + {place[d]}"
     where = b.new(best.shape, np.int64)
-    b.emit([b.statement(first, idx, "min=!", f"({inside} && {read} == {b.ref(best, idx)}) ? int64({tap_number}) : "
-                                             f"int64({math.prod(kernel)})", [(t, kernel[d]) for d, t in enumerate(taps)]),
-            b.statement(where, idx, "=", f"int64({flat})")], [x, best], [where], "reduction")
+    b.emit(
+        [
+            b.statement(
+                first,
+                idx,
+                "min=!",
+                f"({inside} && {read} == {b.ref(best, idx)}) ? int64({tap_number}) : int64({math.prod(kernel)})",
+                [(t, kernel[d]) for d, t in enumerate(taps)],
+            ),
+            b.statement(where, idx, "=", f"int64({flat})"),
+        ],
+        [x, best],
+        [where],
+        "reduction",
+    )
     return where
 
 
@@ -337,8 +355,21 @@ class AveragePool(Converter):
     def lower(b, node, inputs, channels_last: bool):
         x = inputs[0]
         kernel, begin, end, strides, dilations, out = _pool_window(b, node, x, channels_last)
-        return [_pool(b, x, out, kernel, begin, strides, dilations, "average",
-                      include_pad=node.attr("count_include_pad", 0), end=end, channels_last=channels_last)]
+        return [
+            _pool(
+                b,
+                x,
+                out,
+                kernel,
+                begin,
+                strides,
+                dilations,
+                "average",
+                include_pad=node.attr("count_include_pad", 0),
+                end=end,
+                channels_last=channels_last,
+            )
+        ]
 
 
 class LpPool(Converter):
@@ -380,6 +411,7 @@ def _window_regions(extent: int, outputs: int, size: int, stride: int, dilation:
     regions: the interior, where all ``size`` taps fall inside the input of ``extent``, and
     one region per edge position with the taps that do.  None when an edge is too wide to
     list or a position has no tap inside (then the guarded reduction is used)."""
+
     def taps(o):
         return tuple(t for t in range(size) if 0 <= stride * o + dilation * t - pad < extent)
 
@@ -421,8 +453,9 @@ def unrolled_depthwise(b, x, w, bias, kernel, outs, begin, strides, dilations):
     sp = [f"s{d}" for d in range(k)]
     idx = image_indices(False, "n", "c", sp)
     full = [(0, extent) for extent in outs]
-    interior = [_window_interior(x.shape[first + d], outs[d], kernel[d], strides[d], dilations[d], begin[d])
-                for d in range(k)]
+    interior = [
+        _window_interior(x.shape[first + d], outs[d], kernel[d], strides[d], dilations[d], begin[d]) for d in range(k)
+    ]
     zero = b.ref(b.const(np.zeros((), x.dtype)), [])
 
     def add_taps(ranges, guarded: bool) -> str:
@@ -440,8 +473,10 @@ def unrolled_depthwise(b, x, w, bias, kernel, outs, begin, strides, dilations):
         return f"{out.ident}({', '.join(idx)}) += {' + '.join(terms)} where {where}"
 
     start = b.ref(bias, ["c"]) if bias is not None else zero
-    statements = [f"{out.ident}({', '.join(idx)}) = {start} where "
-                  + ", ".join(f"{name} in 0:{extent}" for name, extent in zip(idx, out.shape))]
+    statements = [
+        f"{out.ident}({', '.join(idx)}) = {start} where "
+        + ", ".join(f"{name} in 0:{extent}" for name, extent in zip(idx, out.shape))
+    ]
     if all(high > low for low, high in interior):
         statements.append(add_taps(interior, guarded=False))
     for d in range(k):
@@ -449,7 +484,7 @@ def unrolled_depthwise(b, x, w, bias, kernel, outs, begin, strides, dilations):
             break  # the slabs of the dimensions before cover the rest
         for edge in ((0, interior[d][0]), (interior[d][1], outs[d])):
             if edge[1] > edge[0]:
-                statements.append(add_taps(interior[:d] + [edge] + full[d + 1:], guarded=True))
+                statements.append(add_taps(interior[:d] + [edge] + full[d + 1 :], guarded=True))
     b.emit(statements, [x, weights] + ([bias] if bias is not None else []), [out], "other")
     return out
 
@@ -465,8 +500,10 @@ def _region_statements(b, x, out, kernel, begin, strides, dilations, combine) ->
     k = len(kernel)
     if math.prod(kernel) > UNROLLED_DEPTHWISE_TAPS:
         return None
-    plans = [_window_regions(x.shape[1 + d], out.shape[1 + d], kernel[d], strides[d], dilations[d], begin[d])
-             for d in range(k)]
+    plans = [
+        _window_regions(x.shape[1 + d], out.shape[1 + d], kernel[d], strides[d], dilations[d], begin[d])
+        for d in range(k)
+    ]
     if any(plan is None for plan in plans):
         return None
     sp = [f"s{d}" for d in range(k)]
@@ -478,8 +515,10 @@ def _region_statements(b, x, out, kernel, begin, strides, dilations, combine) ->
             at = [_affine(strides[d], sp[d], dilations[d] * t - begin[d]) for d, t in enumerate(taps)]
             reads.append((taps, b.ref(x, image_indices(True, "n", "c", at))))
         ranges = image_indices(True, (0, x.shape[0]), (0, x.shape[-1]), [(lo, hi) for lo, hi, _ in regions])
-        statements.append(f"{out.ident}({', '.join(idx)}) = {combine(reads)} where "
-                          + ", ".join(f"{name} in {lo}:{hi}" for name, (lo, hi) in zip(idx, ranges)))
+        statements.append(
+            f"{out.ident}({', '.join(idx)}) = {combine(reads)} where "
+            + ", ".join(f"{name} in {lo}:{hi}" for name, (lo, hi) in zip(idx, ranges))
+        )
     return statements
 
 
@@ -496,6 +535,7 @@ def _unrolled_max_pool(b, x, out, kernel, begin, strides, dilations) -> bool:
         for _, read in reads[1:]:
             rhs = f"{maximum}({rhs}, {read})"
         return rhs
+
     statements = _region_statements(b, x, out, kernel, begin, strides, dilations, combine)
     if statements is None:
         return False
@@ -517,8 +557,10 @@ def _separable_max_pool(b, x, out, kernel, begin, strides, dilations, channels_l
     if any(size > SEPARABLE_POOL_TAPS for size in kernel):
         return False
     first = 1 if channels_last else 2  # the first spatial axis
-    plans = [_window_regions(x.shape[first + d], out.shape[first + d], kernel[d], strides[d], dilations[d],
-                             begin[d]) for d in range(k)]
+    plans = [
+        _window_regions(x.shape[first + d], out.shape[first + d], kernel[d], strides[d], dilations[d], begin[d])
+        for d in range(k)
+    ]
     if any(plan is None for plan in plans):
         return False
     statements, source = [], x
@@ -537,12 +579,14 @@ def _separable_max_pool(b, x, out, kernel, begin, strides, dilations, channels_l
             reads = []
             for t in taps:
                 at = _affine(strides[d], idx[axis_d], dilations[d] * t - begin[d])
-                reads.append(b.ref(source, idx[:axis_d] + [at] + idx[axis_d + 1:]))
+                reads.append(b.ref(source, idx[:axis_d] + [at] + idx[axis_d + 1 :]))
             rhs = reads[0]
             for read in reads[1:]:
                 rhs = f"{maximum}({rhs}, {read})"
-            ranges = ", ".join(f"{name} in {low if axis == axis_d else 0}:{stop if axis == axis_d else extent}"
-                               for axis, (name, extent) in enumerate(zip(idx, shape)))
+            ranges = ", ".join(
+                f"{name} in {low if axis == axis_d else 0}:{stop if axis == axis_d else extent}"
+                for axis, (name, extent) in enumerate(zip(idx, shape))
+            )
             statements.append(f"{target.ident}({', '.join(idx)}) = {rhs} where {ranges}")
         source = target
     b.emit(statements, [x], [out], "reduction")
@@ -554,9 +598,12 @@ def _pool(b, x, out, kernel, begin, strides, dilations, kind, include_pad=0, end
     first = 1 if channels_last else 2  # the first spatial axis
     sp = [f"s{d}" for d in range(k)]
     taps = [f"r_k{d}" for d in range(k)]
-    positions = [f"{_affine(strides[d], sp[d], 0)} + {_affine(dilations[d], taps[d], 0)} - {begin[d]}"
-                 if begin[d] else f"{_affine(strides[d], sp[d], 0)} + {_affine(dilations[d], taps[d], 0)}"
-                 for d in range(k)]
+    positions = [
+        f"{_affine(strides[d], sp[d], 0)} + {_affine(dilations[d], taps[d], 0)} - {begin[d]}"
+        if begin[d]
+        else f"{_affine(strides[d], sp[d], 0)} + {_affine(dilations[d], taps[d], 0)}"
+        for d in range(k)
+    ]
     inside = []
     for d in range(k):
         if begin[d]:
@@ -577,21 +624,37 @@ def _pool(b, x, out, kernel, begin, strides, dilations, kind, include_pad=0, end
         power = f"{read} * {read}" if p == 2 else f"abs({read})" if p == 1 else f"pow(abs({read}), {_number(p)})"
         total_at = f"{total.ident}({', '.join(idx)})"
         root = f"sqrt({total_at})" if p == 2 else total_at if p == 1 else f"pow({total_at}, {_number(1 / p)})"
-        b.emit([b.statement(total, idx, "+=!", f"({guard}) ? {power} : 0" if guard else power, ranges),
-                b.statement(out, idx, "=", root)], [x], [out], "reduction")
+        b.emit(
+            [
+                b.statement(total, idx, "+=!", f"({guard}) ? {power} : 0" if guard else power, ranges),
+                b.statement(out, idx, "=", root),
+            ],
+            [x],
+            [out],
+            "reduction",
+        )
         return out
     rhs = f"({guard}) ? {read} : 0" if guard else read
     statements = [b.statement(total, idx, "+=!", rhs, ranges)]
     if include_pad:
         # Taps in the padding count, taps past it (ceil mode) do not: of the K taps at
         # s*o + d*t (padded coordinates), those below the padded extent P.
-        divisor = "(" + " * ".join(f"min({kernel[d]}, ({x.shape[first + d] + end[d] + begin[d]} - "
-                                   f"{_affine(strides[d], sp[d], 0)} + {dilations[d] - 1}) / {dilations[d]})"
-                                   for d in range(k)) + ")"
+        divisor = (
+            "("
+            + " * ".join(
+                f"min({kernel[d]}, ({x.shape[first + d] + end[d] + begin[d]} - "
+                f"{_affine(strides[d], sp[d], 0)} + {dilations[d] - 1}) / {dilations[d]})"
+                for d in range(k)
+            )
+            + ")"
+        )
     else:
-        count = b.new(out.shape[first:first + k], x.dtype)
-        statements.append(b.statement(count, sp, "+=!", f"({guard}) ? 1 : 0", ranges) if guard else
-                          b.statement(count, sp, "+=!", "1", ranges))
+        count = b.new(out.shape[first : first + k], x.dtype)
+        statements.append(
+            b.statement(count, sp, "+=!", f"({guard}) ? 1 : 0", ranges)
+            if guard
+            else b.statement(count, sp, "+=!", "1", ranges)
+        )
         divisor = f"{count.ident}({', '.join(sp)})"
     statements.append(b.statement(out, idx, "=", f"{total.ident}({', '.join(idx)}) / {divisor}"))
     b.emit(statements, [x], [out], "reduction")
@@ -614,7 +677,7 @@ def global_pool(b, x, kind, channels_last=False):
     k = x.rank - 2
     first = 1 if channels_last else 2  # the first spatial axis
     channels = x.shape[-1] if channels_last else x.shape[1]
-    if channels_last and kind != "max" and x.dtype.kind == "f" and math.prod(x.shape[first:first + k]):
+    if channels_last and kind != "max" and x.dtype.kind == "f" and math.prod(x.shape[first : first + k]):
         return _channels_last_global_average(b, x)  # (the mean of no positions is 0 / 0 below)
     out = b.new(image_indices(channels_last, x.shape[0], channels, [1] * k), x.dtype)
     idx = image_indices(channels_last, "n", "c", [f"z{d}" for d in range(k)])
@@ -623,10 +686,16 @@ def global_pool(b, x, kind, channels_last=False):
     if kind == "max":
         b.emit([b.statement(out, idx, "max=!", read, taps)], [x], [out], "reduction")
     else:
-        count = math.prod(x.shape[first:first + k])
-        b.emit([b.statement(out, idx, "+=!", read, taps),
-                b.statement(out, idx, "=", f"{out.ident}({', '.join(idx)}) / {count}")],
-               [x], [out], "reduction")
+        count = math.prod(x.shape[first : first + k])
+        b.emit(
+            [
+                b.statement(out, idx, "+=!", read, taps),
+                b.statement(out, idx, "=", f"{out.ident}({', '.join(idx)}) / {count}"),
+            ],
+            [x],
+            [out],
+            "reduction",
+        )
     return out
 
 
@@ -645,8 +714,12 @@ def _channels_last_global_average(b, x):
     else:
         image, total, idx = b.view(x, [n, positions, channels]), b.new([n, channels], x.dtype), ["n", "c"]
     read = b.ref(image, idx[:-1] + ["r_p", "c"])
-    b.emit([b.statement(total, idx, "+=!", f"{read} * {b.ref(weights, ['r_p'])}", [("r_p", positions)])],
-           [image, weights], [total], "contraction")
+    b.emit(
+        [b.statement(total, idx, "+=!", f"{read} * {b.ref(weights, ['r_p'])}", [("r_p", positions)])],
+        [image, weights],
+        [total],
+        "contraction",
+    )
     return b.view(total, [n] + [1] * (x.rank - 2) + [channels])
 
 
@@ -665,12 +738,26 @@ class BatchNormalization(Converter):
             shift = (bias.const - mean.const * factor).astype(x.dtype)
             factor_value, shift_value = b.const(factor), b.const(shift)
             channel = lambda v: b.ref(v, ["i1"])  # noqa: E731
-            return [_channelwise(b, x, lambda ref: f"{ref} * {channel(factor_value)} + {channel(shift_value)}",
-                                 [factor_value, shift_value])]
+            return [
+                _channelwise(
+                    b,
+                    x,
+                    lambda ref: f"{ref} * {channel(factor_value)} + {channel(shift_value)}",
+                    [factor_value, shift_value],
+                )
+            ]
         channel = lambda v: b.ref(v, ["i1"])  # noqa: E731
-        return [_channelwise(b, x, lambda ref: (f"({ref} - {channel(mean)}) / sqrt({channel(var)} + "
-                                                f"{_number(epsilon)}) * {channel(scale)} + {channel(bias)}"),
-                             [scale, bias, mean, var])]
+        return [
+            _channelwise(
+                b,
+                x,
+                lambda ref: (
+                    f"({ref} - {channel(mean)}) / sqrt({channel(var)} + "
+                    f"{_number(epsilon)}) * {channel(scale)} + {channel(bias)}"
+                ),
+                [scale, bias, mean, var],
+            )
+        ]
 
 
 def _channelwise(b, x, make, extra):

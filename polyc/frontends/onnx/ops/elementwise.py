@@ -3,6 +3,7 @@ functions and arithmetic, comparisons and logic, the bitwise operators and BitSh
 activations (LeakyRelu, Elu, Selu, Gelu, Swish, SwiGLU, ...), Clip, Pow, Sign, Mod, IsNaN, IsInf,
 Where, Not, Cast, CastLike, Identity and Dropout.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,6 +21,7 @@ def _unary(expression: str, floats_only: bool = True):
             if floats_only:
                 _float_only(b, x)
             return [_elementwise(b, [x], x.dtype, lambda r: expression.format(x=r[0]))]
+
     return Unary
 
 
@@ -34,6 +36,7 @@ def _binary(operator: str, result_bool: bool = False, function: bool = False):
             if function:
                 return [_elementwise(b, [a, c], dtype, lambda r: f"{operator}({r[0]}, {r[1]})")]
             return [_elementwise(b, [a, c], dtype, lambda r: f"({r[0]} {operator} {r[1]})")]
+
     return Binary
 
 
@@ -50,10 +53,12 @@ def _integer_elementwise(b, inputs, function: str) -> Value:
 
 def _bitwise(function: str):
     """BitwiseAnd, BitwiseOr, BitwiseXor and BitwiseNot."""
+
     class Bitwise(Converter):
         @staticmethod
         def _impl_v18(b, node, inputs):
             return [_integer_elementwise(b, inputs, function)]
+
     return Bitwise
 
 
@@ -80,7 +85,9 @@ def _variadic(combine: str, mean: bool = False):
                 for r in refs[1:]:
                     text = f"{combine}({text}, {r})" if combine.isalpha() else f"({text} {combine} {r})"
                 return f"({text}) / {len(refs)}" if mean else text
+
             return [_elementwise(b, values, values[0].dtype, rhs)]
+
     return Variadic
 
 
@@ -99,16 +106,23 @@ class Shrink(Converter):
     def _impl_v9(b, node, inputs):
         x = inputs[0]
         lambd, bias = _number(node.attr("lambd", 0.5)), _number(node.attr("bias", 0.0))
-        return [_elementwise(b, [x], x.dtype, lambda r: f"({r[0]} < -{lambd} ? {r[0]} + {bias} : "
-                                                        f"({r[0]} > {lambd} ? {r[0]} - {bias} : 0))")]
+        return [
+            _elementwise(
+                b,
+                [x],
+                x.dtype,
+                lambda r: f"({r[0]} < -{lambd} ? {r[0]} + {bias} : ({r[0]} > {lambd} ? {r[0]} - {bias} : 0))",
+            )
+        ]
 
 
 class Elu(Converter):
     @staticmethod
     def _impl_v1(b, node, inputs):
         alpha = _number(node.attr("alpha", 1.0))
-        return [_elementwise(b, inputs[:1], inputs[0].dtype,
-                             lambda r: f"({r[0]} >= 0 ? {r[0]} : {alpha} * expm1({r[0]}))")]
+        return [
+            _elementwise(b, inputs[:1], inputs[0].dtype, lambda r: f"({r[0]} >= 0 ? {r[0]} : {alpha} * expm1({r[0]}))")
+        ]
 
 
 class Selu(Converter):
@@ -116,16 +130,18 @@ class Selu(Converter):
     def _impl_v1(b, node, inputs):
         alpha = _number(node.attr("alpha", 1.67326319217681884765625))
         gamma = _number(node.attr("gamma", 1.05070102214813232421875))
-        return [_elementwise(b, inputs[:1], inputs[0].dtype,
-                             lambda r: f"{gamma} * ({r[0]} > 0 ? {r[0]} : {alpha} * expm1({r[0]}))")]
+        return [
+            _elementwise(
+                b, inputs[:1], inputs[0].dtype, lambda r: f"{gamma} * ({r[0]} > 0 ? {r[0]} : {alpha} * expm1({r[0]}))"
+            )
+        ]
 
 
 class HardSigmoid(Converter):
     @staticmethod
     def _impl_v1(b, node, inputs):
         alpha, beta = _number(node.attr("alpha", 0.2)), _number(node.attr("beta", 0.5))
-        return [_elementwise(b, inputs[:1], inputs[0].dtype,
-                             lambda r: f"fmax(0, fmin(1, {alpha} * {r[0]} + {beta}))")]
+        return [_elementwise(b, inputs[:1], inputs[0].dtype, lambda r: f"fmax(0, fmin(1, {alpha} * {r[0]} + {beta}))")]
 
 
 class Gelu(Converter):
@@ -134,8 +150,16 @@ class Gelu(Converter):
         (x,) = inputs[:1]
         _float_only(b, x)
         if node.attr("approximate", "none") == "tanh":
-            return [_elementwise(b, [x], x.dtype, lambda r: (
-                f"0.5 * {r[0]} * (1 + tanh(0.7978845608028654 * ({r[0]} + 0.044715 * {r[0]} * {r[0]} * {r[0]})))"))]
+            return [
+                _elementwise(
+                    b,
+                    [x],
+                    x.dtype,
+                    lambda r: (
+                        f"0.5 * {r[0]} * (1 + tanh(0.7978845608028654 * ({r[0]} + 0.044715 * {r[0]} * {r[0]} * {r[0]})))"
+                    ),
+                )
+            ]
         return [_elementwise(b, [x], x.dtype, lambda r: f"0.5 * {r[0]} * (1 + erf({r[0]} * 0.7071067811865476))")]
 
 
@@ -169,6 +193,7 @@ class Clip(Converter):
                 text = f"{function}({text}, {refs[k]})"
                 k += 1
             return text
+
         return [_elementwise(b, values, x.dtype, rhs)]
 
 
@@ -181,8 +206,7 @@ class Pow(Converter):
         if x.dtype.kind == "f":
             exponent = (lambda r: r) if y.dtype == x.dtype else (lambda r: f"{tc_type(x.dtype)}({r})")
             return [_elementwise(b, [x, y], x.dtype, lambda r: f"pow({r[0]}, {exponent(r[1])})")]
-        return [_elementwise(b, [x, y], x.dtype,
-                             lambda r: f"{tc_type(x.dtype)}(pow(double({r[0]}), double({r[1]})))")]
+        return [_elementwise(b, [x, y], x.dtype, lambda r: f"{tc_type(x.dtype)}(pow(double({r[0]}), double({r[1]})))")]
 
 
 class Sign(Converter):
@@ -205,15 +229,18 @@ class Mod(Converter):
                 return [_elementwise(b, [a, c], a.dtype, lambda r: f"({r[0]} % {r[1]})")]
             return [_elementwise(b, [a, c], a.dtype, lambda r: f"fmod({r[0]}, {r[1]})")]
         if a.dtype.kind == "f":  # as numpy.mod: the divisor's sign, zeros included
+
             def float_mod(r):
                 rem = f"fmod({r[0]}, {r[1]})"
                 moved = f"(({rem} != 0 && ({rem} < 0) != ({r[1]} < 0)) ? {rem} + {r[1]} : {rem})"
                 return f"({rem} == 0 ? copysign({rem}, {r[1]}) : {moved})"
+
             return [_elementwise(b, [a, c], a.dtype, float_mod)]
 
         def python_mod(r):
             rem = f"({r[0]} % {r[1]})"
             return f"(({rem} != 0 && ({rem} < 0) != ({r[1]} < 0)) ? {rem} + {r[1]} : {rem})"
+
         return [_elementwise(b, [a, c], a.dtype, python_mod)]
 
 
@@ -244,6 +271,7 @@ class IsInf(Converter):
             if negative:
                 return f"({infinite} && {r[0]} < 0)"
             return f"({r[0]} != {r[0]} && {r[0]} == {r[0]})"  # neither: false everywhere
+
         return [_elementwise(b, [x], np.bool_, rhs)]
 
 
@@ -273,8 +301,10 @@ class SwiGLU(Converter):
         gate, value = inputs[:2]
         _float_only(b, gate)
         if gate.shape != value.shape or gate.dtype != value.dtype:
-            raise UnsupportedError(f"{b.where}: SwiGLU's inputs must have one shape and type (got "
-                                   f"{list(gate.shape)} {gate.dtype} and {list(value.shape)} {value.dtype})")
+            raise UnsupportedError(
+                f"{b.where}: SwiGLU's inputs must have one shape and type (got "
+                f"{list(gate.shape)} {gate.dtype} and {list(value.shape)} {value.dtype})"
+            )
         alpha = float(node.attr("alpha", 1.0))
         return [_elementwise(b, [gate, value], gate.dtype, lambda r: f"{_swish(r[0], alpha)} * {r[1]}")]
 
@@ -306,6 +336,7 @@ class Cast(Converter):
     @staticmethod
     def _impl_v6(b, node, inputs):
         from polyc.frontends.onnx.model import numpy_dtype
+
         to = numpy_dtype(node.attr("to"))
         if to is None:
             raise UnsupportedError(f"{b.where}: Cast to element type {node.attr('to')} is not supported")
@@ -328,6 +359,7 @@ class BitCast(Converter):
     @staticmethod
     def _impl_v26(b, node, inputs):
         from polyc.frontends.onnx.model import numpy_dtype
+
         to = numpy_dtype(node.attr("to"))
         if to is None:
             raise UnsupportedError(f"{b.where}: BitCast to element type {node.attr('to')} is not supported")

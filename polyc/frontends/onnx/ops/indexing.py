@@ -3,6 +3,7 @@ GatherElements, GatherND, ReverseSequence, ScatterElements (and Scatter, its old
 ScatterND and TensorScatter.  A statement cannot write at data-dependent indices, so a scatter is
 written as a gather: each output element looks for the update aimed at it.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,14 +24,14 @@ class Gather(Converter):
             which = b.const(np.where(which.const < 0, which.const + x.shape[axis], which.const).astype(np.int64))
         if x.const is not None and which.const is not None:
             return [b.const(np.take(x.const, which.const, axis=axis))]
-        shape = list(x.shape[:axis]) + list(which.shape) + list(x.shape[axis + 1:])
+        shape = list(x.shape[:axis]) + list(which.shape) + list(x.shape[axis + 1 :])
         out = b.new(shape, x.dtype)
         idx = indices(len(shape))
-        inner = idx[axis:axis + which.rank]
+        inner = idx[axis : axis + which.rank]
         position = b.ref(which, inner) if which.shape else b.ref(which, [])
         if which.const is None:  # negative indices count from the end
             position = f"({position} < 0 ? {position} + {x.shape[axis]} : {position})"
-        subscripts = idx[:axis] + [position] + idx[axis + which.rank:]
+        subscripts = idx[:axis] + [position] + idx[axis + which.rank :]
         b.emit([b.statement(out, idx, "=", b.ref(x, subscripts))], [x, which], [out], "other")
         return [out]
 
@@ -53,15 +54,21 @@ class ReverseSequence(Converter):
         batch_axis = _axis(b, node.attr("batch_axis", 1), x.rank)
         time_axis = _axis(b, node.attr("time_axis", 0), x.rank)
         if {batch_axis, time_axis} != {0, 1} or lengths.shape[0] != x.shape[batch_axis]:
-            raise UnsupportedError(f"{b.where}: batch_axis {batch_axis} and time_axis {time_axis} (0 and 1) with "
-                                   f"{lengths.shape[0]} lengths for a batch of {x.shape[batch_axis]}")
+            raise UnsupportedError(
+                f"{b.where}: batch_axis {batch_axis} and time_axis {time_axis} (0 and 1) with "
+                f"{lengths.shape[0]} lengths for a batch of {x.shape[batch_axis]}"
+            )
         idx = indices(x.rank)
         length = f"int64({b.ref(lengths, [idx[batch_axis]])})"
         reversed_at = list(idx)
         reversed_at[time_axis] = f"{length} - 1 - {idx[time_axis]}"
         out = b.new(x.shape, x.dtype)
-        b.emit([b.statement(out, idx, "=", f"({idx[time_axis]} < {length}) ? {b.ref(x, reversed_at)} : "
-                                           f"{b.ref(x, idx)}")], [x, lengths], [out], "other")
+        b.emit(
+            [b.statement(out, idx, "=", f"({idx[time_axis]} < {length}) ? {b.ref(x, reversed_at)} : {b.ref(x, idx)}")],
+            [x, lengths],
+            [out],
+            "other",
+        )
         return [out]
 
 
@@ -80,10 +87,14 @@ class TensorScatter(Converter):
         axis = _axis(b, node.attr("axis", -2), cache.rank)
         if mode not in ("linear", "circular") or axis == 0:
             raise UnsupportedError(f"{b.where}: mode {mode!r} (linear or circular) along axis {axis} (not the batch)")
-        if update.rank != cache.rank or any(u != c for d, (u, c) in enumerate(zip(update.shape, cache.shape))
-                                            if d != axis) or update.shape[axis] > cache.shape[axis]:
-            raise SignatureError(f"{b.where}: an update of shape {update.shape} for a cache of shape {cache.shape} "
-                                 f"along axis {axis}")
+        if (
+            update.rank != cache.rank
+            or any(u != c for d, (u, c) in enumerate(zip(update.shape, cache.shape)) if d != axis)
+            or update.shape[axis] > cache.shape[axis]
+        ):
+            raise SignatureError(
+                f"{b.where}: an update of shape {update.shape} for a cache of shape {cache.shape} along axis {axis}"
+            )
         if update.dtype != cache.dtype:
             raise SignatureError(f"{b.where}: an update of {update.dtype} for a cache of {cache.dtype}")
         idx = indices(cache.rank)
@@ -95,8 +106,11 @@ class TensorScatter(Converter):
         at = list(idx)
         at[axis] = offset
         out = b.new(cache.shape, cache.dtype)
-        statements = [b.statement(out, idx, "=", f"({offset} >= 0 && {offset} < {length}) ? {b.ref(update, at)} : "
-                                                 f"{b.ref(cache, idx)}")]
+        statements = [
+            b.statement(
+                out, idx, "=", f"({offset} >= 0 && {offset} < {length}) ? {b.ref(update, at)} : {b.ref(cache, idx)}"
+            )
+        ]
         writes = [out]
         if mode == "linear" and where is not None:
             probe = b.new([cache.shape[0], length], cache.dtype)
@@ -115,19 +129,23 @@ class GatherElements(Converter):
     def _impl_v11(b, node, inputs):
         x, which = inputs[:2]
         if which.rank != x.rank:
-            raise UnsupportedError(f"{b.where}: GatherElements' indices have rank {which.rank}, "
-                                   f"the data rank {x.rank} (they must be equal)")
+            raise UnsupportedError(
+                f"{b.where}: GatherElements' indices have rank {which.rank}, "
+                f"the data rank {x.rank} (they must be equal)"
+            )
         axis = _axis(b, node.attr("axis", 0), x.rank)
         for d in range(x.rank):
             if d != axis and which.shape[d] > x.shape[d]:
-                raise SignatureError(f"{b.where}: GatherElements' indices have extent {which.shape[d]} "
-                                     f"along axis {d}, beyond the data's {x.shape[d]}")
+                raise SignatureError(
+                    f"{b.where}: GatherElements' indices have extent {which.shape[d]} "
+                    f"along axis {d}, beyond the data's {x.shape[d]}"
+                )
         if x.const is not None and which.const is not None:
             position = np.where(which.const < 0, which.const + x.shape[axis], which.const)
             return [b.const(np.take_along_axis(x.const, position.astype(np.int64), axis=axis))]
         out = b.new(which.shape, x.dtype)
         idx = indices(x.rank)
-        subscripts = idx[:axis] + [_wrapped(b, which, idx, x.shape[axis])] + idx[axis + 1:]
+        subscripts = idx[:axis] + [_wrapped(b, which, idx, x.shape[axis])] + idx[axis + 1 :]
         b.emit([b.statement(out, idx, "=", b.ref(x, subscripts))], [x, which], [out], "other")
         return [out]
 
@@ -144,24 +162,38 @@ class GatherND(Converter):
             raise UnsupportedError(f"{b.where}: GatherND's indices need a last axis of at least one entry")
         depth = which.shape[-1]
         if not 0 <= batch < min(x.rank, which.rank) or batch + depth > x.rank:
-            raise UnsupportedError(f"{b.where}: GatherND with batch_dims {batch} and index tuples of "
-                                   f"{depth} into a rank-{x.rank} tensor")
+            raise UnsupportedError(
+                f"{b.where}: GatherND with batch_dims {batch} and index tuples of {depth} into a rank-{x.rank} tensor"
+            )
         if tuple(which.shape[:batch]) != tuple(x.shape[:batch]):
-            raise SignatureError(f"{b.where}: GatherND's first {batch} axes differ: indices "
-                                 f"{list(which.shape[:batch])}, data {list(x.shape[:batch])}")
-        shape = list(which.shape[:-1]) + list(x.shape[batch + depth:])
+            raise SignatureError(
+                f"{b.where}: GatherND's first {batch} axes differ: indices "
+                f"{list(which.shape[:batch])}, data {list(x.shape[:batch])}"
+            )
+        shape = list(which.shape[:-1]) + list(x.shape[batch + depth :])
         out = b.new(shape, x.dtype)
         idx = indices(len(shape))
-        points = idx[:which.rank - 1]   # batch axes, then the index tuples' own axes
-        tail = idx[which.rank - 1:]     # the slice's axes
+        points = idx[: which.rank - 1]  # batch axes, then the index tuples' own axes
+        tail = idx[which.rank - 1 :]  # the slice's axes
         tuple_at = [_wrapped(b, which, points + [str(e)], x.shape[batch + e]) for e in range(depth)]
         subscripts = points[:batch] + tuple_at + tail
         b.emit([b.statement(out, idx, "=", b.ref(x, subscripts))], [x, which], [out], "other")
         return [out]
 
 
-def _scatter(b: Builder, data: Value, which: Value, updates: Value, reduction: str, head: int, target, match,
-             update_at, count: int, probe: tuple[Value, str]) -> Value:
+def _scatter(
+    b: Builder,
+    data: Value,
+    which: Value,
+    updates: Value,
+    reduction: str,
+    head: int,
+    target,
+    match,
+    update_at,
+    count: int,
+    probe: tuple[Value, str],
+) -> Value:
     """``data`` with ``updates`` written where their indices point, or combined there by
     ``reduction`` (add, mul, max, min).  A statement cannot write at data-dependent indices, so
     each output element looks for the updates aimed at it: ``match(p, r)`` is the condition, on
@@ -186,12 +218,20 @@ def _scatter(b: Builder, data: Value, which: Value, updates: Value, reduction: s
         guard = target(p)
         inner = f"({match(p, 'r0')}) ? {value} : {otherwise}"
         return f"({guard}) ? ({inner}) : {otherwise}" if guard else inner
+
     if reduction == "none":  # the last update aimed at each element, then that update or the data
         last = b.new(list(data.shape[:head]), np.int64)
         at = b.ref(last, idx[:head])
-        b.emit([probe[1], b.statement(last, idx[:head], "max=!", aimed(idx, "int64(r0)", "int64(-1)"), [("r0", count)]),
-                b.statement(out, idx, "=", f"({at} >= 0) ? {update_at(idx, at)} : {b.ref(data, idx)}")],
-               [data, which, updates], [out, probe[0]], "other")
+        b.emit(
+            [
+                probe[1],
+                b.statement(last, idx[:head], "max=!", aimed(idx, "int64(r0)", "int64(-1)"), [("r0", count)]),
+                b.statement(out, idx, "=", f"({at} >= 0) ? {update_at(idx, at)} : {b.ref(data, idx)}"),
+            ],
+            [data, which, updates],
+            [out, probe[0]],
+            "other",
+        )
         return out
     t = tc_type(data.dtype)
     reads = [data, which, updates]
@@ -207,9 +247,16 @@ def _scatter(b: Builder, data: Value, which: Value, updates: Value, reduction: s
         bound = b.const(np.array(extreme, data.dtype))  # max='s and min='s neutral element
         neutral = b.ref(bound, [])
         reads.append(bound)
-    b.emit([probe[1], b.statement(out, idx, "=", b.ref(data, idx)),
-            b.statement(out, idx, op, aimed(idx, update_at(idx, "r0"), neutral), [("r0", count)])],
-           reads, [out, probe[0]], "other")
+    b.emit(
+        [
+            probe[1],
+            b.statement(out, idx, "=", b.ref(data, idx)),
+            b.statement(out, idx, op, aimed(idx, update_at(idx, "r0"), neutral), [("r0", count)]),
+        ],
+        reads,
+        [out, probe[0]],
+        "other",
+    )
     return out
 
 
@@ -230,14 +277,23 @@ class ScatterElements(Converter):
     @staticmethod
     def replaced(flat, values: dict):
         from onnx import helper
+
         from polyc.frontends.onnx.ops.data_dependent import _Nodes
+
         proto = flat.proto
         attributes = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
         data, which, updates = (values.get(name) for name in (list(proto.input) + ["", "", ""])[:3])
-        if "polyc_path" in attributes or attributes.get("reduction", b"none") not in (b"none", "none") or \
-                data is None or which is None or updates is None or which.const is not None or which.rank < 2 or \
-                which.rank != data.rank or data.size * which.shape[attributes.get("axis", 0) % data.rank] < \
-                ScatterElements.ROWS_AT_LEAST:
+        if (
+            "polyc_path" in attributes
+            or attributes.get("reduction", b"none") not in (b"none", "none")
+            or data is None
+            or which is None
+            or updates is None
+            or which.const is not None
+            or which.rank < 2
+            or which.rank != data.rank
+            or data.size * which.shape[attributes.get("axis", 0) % data.rank] < ScatterElements.ROWS_AT_LEAST
+        ):
             return None
         n = _Nodes(flat.name, flat.origin)
         kept = {"axis": attributes.get("axis", 0)}
@@ -246,9 +302,21 @@ class ScatterElements(Converter):
 
         def branch(path: str):
             return helper.make_graph(
-                [helper.make_node("ScatterElements", list(proto.input[:3]), [f"{flat.name}/{path}"], name=path,
-                                  polyc_path=path, **kept)], f"{flat.name}/{path}", [],
-                [helper.make_tensor_value_info(f"{flat.name}/{path}", 0, None)])
+                [
+                    helper.make_node(
+                        "ScatterElements",
+                        list(proto.input[:3]),
+                        [f"{flat.name}/{path}"],
+                        name=path,
+                        polyc_path=path,
+                        **kept,
+                    )
+                ],
+                f"{flat.name}/{path}",
+                [],
+                [helper.make_tensor_value_info(f"{flat.name}/{path}", 0, None)],
+            )
+
         n("If", fits, output=proto.output[0], then_branch=branch("rows"), else_branch=branch("general"))
         return n.nodes
 
@@ -257,26 +325,50 @@ class ScatterElements(Converter):
         data, which, updates = inputs[:3]
         path = node.attr("polyc_path")
         if path in ("check", "rows"):
-            return [ScatterElements._by_rows(b, data, which, updates, _axis(b, node.attr("axis", 0), data.rank),
-                                             path == "check")]
+            return [
+                ScatterElements._by_rows(
+                    b, data, which, updates, _axis(b, node.attr("axis", 0), data.rank), path == "check"
+                )
+            ]
         axis = _axis(b, node.attr("axis", 0), data.rank)
         if which.shape != updates.shape or which.rank != data.rank:
-            raise SignatureError(f"{b.where}: {node.op_type}'s indices {list(which.shape)} and updates "
-                                 f"{list(updates.shape)} must have one shape, of the data's rank {data.rank}")
+            raise SignatureError(
+                f"{b.where}: {node.op_type}'s indices {list(which.shape)} and updates "
+                f"{list(updates.shape)} must have one shape, of the data's rank {data.rank}"
+            )
         for d in range(data.rank):
             if d != axis and which.shape[d] > data.shape[d]:
-                raise SignatureError(f"{b.where}: {node.op_type}'s indices have extent {which.shape[d]} along "
-                                     f"axis {d}, beyond the data's {data.shape[d]}")
-        at = lambda p, r: p[:axis] + [r] + p[axis + 1:]  # noqa: E731
-        target = lambda p: " && ".join(f"{p[d]} < {which.shape[d]}" for d in range(data.rank)  # noqa: E731
-                                       if d != axis and which.shape[d] < data.shape[d]) or None
+                raise SignatureError(
+                    f"{b.where}: {node.op_type}'s indices have extent {which.shape[d]} along "
+                    f"axis {d}, beyond the data's {data.shape[d]}"
+                )
+        at = lambda p, r: p[:axis] + [r] + p[axis + 1 :]  # noqa: E731
+        target = lambda p: (  # noqa: E731
+            " && ".join(
+                f"{p[d]} < {which.shape[d]}"
+                for d in range(data.rank)  # noqa: E731
+                if d != axis and which.shape[d] < data.shape[d]
+            )
+            or None
+        )
         match = lambda p, r: f"{_wrapped(b, which, at(p, r), data.shape[axis])} == {p[axis]}"  # noqa: E731
         probe, points = b.new(which.shape, data.dtype), indices(which.rank, "u")
         aim = at(points, _wrapped(b, which, points, data.shape[axis]))
-        return [_scatter(b, data, which, updates, node.attr("reduction", "none"), data.rank, target, match,
-                         lambda p, r: b.ref(updates, at(p, r)), which.shape[axis],
-                         (probe, b.statement(probe, points, "=", b.ref(data, aim))))]
-
+        return [
+            _scatter(
+                b,
+                data,
+                which,
+                updates,
+                node.attr("reduction", "none"),
+                data.rank,
+                target,
+                match,
+                lambda p, r: b.ref(updates, at(p, r)),
+                which.shape[axis],
+                (probe, b.statement(probe, points, "=", b.ref(data, aim))),
+            )
+        ]
 
     @staticmethod
     def _by_rows(b, data: Value, which: Value, updates: Value, axis: int, check: bool) -> Value:
@@ -289,20 +381,50 @@ class ScatterElements(Converter):
             q = [f"r_q{d}" for d in range(which.rank)]
             aim = _wrapped(b, which, q, extent)
             mixed = b.new((), np.int64)
-            b.emit([b.statement(mixed, [], "+=!", f"({aim} != {_wrapped(b, which, first(q[axis]), extent)} || "
-                                                  f"{aim} < 0 || {aim} >= {extent}) ? int64(1) : int64(0)",
-                                list(zip(q, which.shape)))], [which], [mixed], "other")
+            b.emit(
+                [
+                    b.statement(
+                        mixed,
+                        [],
+                        "+=!",
+                        f"({aim} != {_wrapped(b, which, first(q[axis]), extent)} || "
+                        f"{aim} < 0 || {aim} >= {extent}) ? int64(1) : int64(0)",
+                        list(zip(q, which.shape)),
+                    )
+                ],
+                [which],
+                [mixed],
+                "other",
+            )
             return mixed
         last = b.new((extent,), np.int64)
         out = b.new(data.shape, data.dtype)
         idx = indices(data.rank)
         at = b.ref(last, [idx[axis]])
-        covered = " && ".join([f"{at} >= 0"] + [f"{idx[d]} < {which.shape[d]}" for d in range(data.rank)
-                                                if d != axis and which.shape[d] < data.shape[d]])
-        b.emit([b.statement(last, ["i0"], "max=!", f"({_wrapped(b, which, first('r_k'), extent)} == i0) ? int64(r_k) "
-                                                   f": int64(-1)", [("r_k", which.shape[axis])]),
-                b.statement(out, idx, "=", f"({covered}) ? {b.ref(updates, idx[:axis] + [at] + idx[axis + 1:])} : "
-                                           f"{b.ref(data, idx)}")], [data, which, updates], [out], "other")
+        covered = " && ".join(
+            [f"{at} >= 0"]
+            + [f"{idx[d]} < {which.shape[d]}" for d in range(data.rank) if d != axis and which.shape[d] < data.shape[d]]
+        )
+        b.emit(
+            [
+                b.statement(
+                    last,
+                    ["i0"],
+                    "max=!",
+                    f"({_wrapped(b, which, first('r_k'), extent)} == i0) ? int64(r_k) : int64(-1)",
+                    [("r_k", which.shape[axis])],
+                ),
+                b.statement(
+                    out,
+                    idx,
+                    "=",
+                    f"({covered}) ? {b.ref(updates, idx[:axis] + [at] + idx[axis + 1 :])} : {b.ref(data, idx)}",
+                ),
+            ],
+            [data, which, updates],
+            [out],
+            "other",
+        )
         return out
 
 
@@ -326,15 +448,29 @@ class ScatterND(Converter):
         length = which.shape[-1]
         expected = list(which.shape[:-1]) + list(data.shape[length:])
         if list(updates.shape) != expected:
-            raise SignatureError(f"{b.where}: ScatterND's updates have shape {list(updates.shape)}, "
-                                 f"its indices and data need {expected}")
+            raise SignatureError(
+                f"{b.where}: ScatterND's updates have shape {list(updates.shape)}, its indices and data need {expected}"
+            )
         count = math.prod(which.shape[:-1])
         tuples = b.view(which, [count, length])  # the updates in one row each, in order
         rows = b.view(updates, [count] + list(data.shape[length:]))
         match = lambda p, r: " && ".join(  # noqa: E731
-            f"{_wrapped(b, tuples, [r, str(e)], data.shape[e])} == {p[e]}" for e in range(length))
+            f"{_wrapped(b, tuples, [r, str(e)], data.shape[e])} == {p[e]}" for e in range(length)
+        )
         probe = b.new([count], data.dtype)
         aim = [_wrapped(b, tuples, ["u0", str(e)], data.shape[e]) for e in range(length)] + ["0"] * (data.rank - length)
-        return [_scatter(b, data, tuples, rows, node.attr("reduction", "none"), length, lambda p: None, match,
-                         lambda p, r: b.ref(rows, [r] + p[length:]), count,
-                         (probe, b.statement(probe, ["u0"], "=", b.ref(data, aim))))]
+        return [
+            _scatter(
+                b,
+                data,
+                tuples,
+                rows,
+                node.attr("reduction", "none"),
+                length,
+                lambda p: None,
+                match,
+                lambda p, r: b.ref(rows, [r] + p[length:]),
+                count,
+                (probe, b.statement(probe, ["u0"], "=", b.ref(data, aim))),
+            )
+        ]

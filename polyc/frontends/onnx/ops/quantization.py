@@ -3,6 +3,7 @@ ConvInteger and their requantized forms QLinearMatMul and QLinearConv, exact in 
 on :class:`~polyc.frontends.onnx.ops.contractions.MatMul` and
 :class:`~polyc.frontends.onnx.ops.convolutions.Conv`.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +13,6 @@ from polyc.frontends.onnx.lowering import Value, indices, tc_type
 from polyc.frontends.onnx.ops.base import Converter, _axis, _float_only, _number
 from polyc.frontends.onnx.ops.contractions import MatMul
 from polyc.frontends.onnx.ops.convolutions import Conv
-
 
 #: The integer types QuantizeLinear makes (DequantizeLinear also reads int32).  The float8, 4-bit
 #: and 2-bit types are not element types polyc computes in.
@@ -28,13 +28,17 @@ def _quantization_subscripts(b, param: Value, x: Value, axis: int, block_size: i
     if block_size:
         blocks = [-(-e // block_size) if d == axis else e for d, e in enumerate(x.shape)]
         if list(param.shape) != blocks:
-            raise UnsupportedError(f"{b.where}: a scale or zero point of shape {param.shape} for blocks of "
-                                   f"{block_size} along axis {axis} of {x.shape} (expected {tuple(blocks)})")
+            raise UnsupportedError(
+                f"{b.where}: a scale or zero point of shape {param.shape} for blocks of "
+                f"{block_size} along axis {axis} of {x.shape} (expected {tuple(blocks)})"
+            )
         return [f"{i} / {block_size}" if d == axis else i for d, i in enumerate(idx)]
     if param.rank == 1 and param.shape[0] == x.shape[axis]:
         return [idx[axis]]
-    raise UnsupportedError(f"{b.where}: a scale or zero point of shape {param.shape} fits neither the whole "
-                           f"tensor nor axis {axis} of {x.shape}")
+    raise UnsupportedError(
+        f"{b.where}: a scale or zero point of shape {param.shape} fits neither the whole "
+        f"tensor nor axis {axis} of {x.shape}"
+    )
 
 
 def _quantization_inputs(b, node, x):
@@ -50,17 +54,20 @@ class QuantizeLinear(Converter):
     @staticmethod
     def _impl_v10(b, node, inputs):
         from polyc.frontends.onnx.model import numpy_dtype
+
         x, scale = inputs[:2]
         zero = inputs[2] if len(inputs) > 2 else None
         _float_only(b, x)
         requested = node.attr("output_dtype", 0)
         out_dtype = zero.dtype if zero is not None else (numpy_dtype(requested) if requested else np.dtype(np.uint8))
         if requested and zero is not None and numpy_dtype(requested) != zero.dtype:
-            raise UnsupportedError(f"{b.where}: output_dtype {numpy_dtype(requested)} is not the zero point's "
-                                   f"type {zero.dtype}")
+            raise UnsupportedError(
+                f"{b.where}: output_dtype {numpy_dtype(requested)} is not the zero point's type {zero.dtype}"
+            )
         if out_dtype not in _QUANTIZED:
-            raise UnsupportedError(f"{b.where}: quantizing to {out_dtype or requested} is not supported "
-                                   f"(int8, uint8, int16, uint16)")
+            raise UnsupportedError(
+                f"{b.where}: quantizing to {out_dtype or requested} is not supported (int8, uint8, int16, uint16)"
+            )
         axis, block_size, idx = _quantization_inputs(b, node, x)
         x_ref = b.ref(x, idx)
         scale_ref = b.ref(scale, _quantization_subscripts(b, scale, x, axis, block_size, idx))
@@ -77,9 +84,19 @@ class QuantizeLinear(Converter):
         limits = np.iinfo(out_dtype)
         out = b.new(x.shape, out_dtype)
         # Clamped as floats, before the conversion (out of range, it would be undefined in C).
-        b.emit([b.statement(out, idx, "=", f"{tc_type(out_dtype)}(fmin(fmax({quantized}, "
-                                           f"{_number(limits.min)}), {_number(limits.max)}))")],
-               reads, [out], "elementwise")
+        b.emit(
+            [
+                b.statement(
+                    out,
+                    idx,
+                    "=",
+                    f"{tc_type(out_dtype)}(fmin(fmax({quantized}, {_number(limits.min)}), {_number(limits.max)}))",
+                )
+            ],
+            reads,
+            [out],
+            "elementwise",
+        )
         return [out]
 
 
@@ -89,11 +106,13 @@ class DequantizeLinear(Converter):
     @staticmethod
     def _impl_v10(b, node, inputs):
         from polyc.frontends.onnx.model import numpy_dtype
+
         x, scale = inputs[:2]
         zero = inputs[2] if len(inputs) > 2 else None
         if x.dtype not in _QUANTIZED + (np.dtype(np.int32),):
-            raise UnsupportedError(f"{b.where}: dequantizing {x.dtype} is not supported "
-                                   f"(int8, uint8, int16, uint16, int32)")
+            raise UnsupportedError(
+                f"{b.where}: dequantizing {x.dtype} is not supported (int8, uint8, int16, uint16, int32)"
+            )
         requested = node.attr("output_dtype", 0)
         out_dtype = numpy_dtype(requested) if requested else scale.dtype
         axis, block_size, idx = _quantization_inputs(b, node, x)
@@ -104,8 +123,12 @@ class DequantizeLinear(Converter):
             reads.append(zero)
         scale_ref = b.ref(scale, _quantization_subscripts(b, scale, x, axis, block_size, idx))
         out = b.new(x.shape, out_dtype)
-        b.emit([b.statement(out, idx, "=", f"{tc_type(out_dtype)}({shifted} * float({scale_ref}))")],
-               reads, [out], "elementwise")
+        b.emit(
+            [b.statement(out, idx, "=", f"{tc_type(out_dtype)}({shifted} * float({scale_ref}))")],
+            reads,
+            [out],
+            "elementwise",
+        )
         return [out]
 
 
@@ -116,8 +139,10 @@ def _per_tensor_or_along(b, param: Value, shape, axis: int, idx, what: str) -> l
         return ["0"] * param.rank
     if param.rank == 1 and param.shape[0] == shape[axis]:
         return [idx[axis]]
-    raise UnsupportedError(f"{b.where}: {what} of shape {param.shape} is neither one value nor one per index "
-                           f"along axis {axis} of {tuple(shape)}")
+    raise UnsupportedError(
+        f"{b.where}: {what} of shape {param.shape} is neither one value nor one per index "
+        f"along axis {axis} of {tuple(shape)}"
+    )
 
 
 def _shifted_int32(b, x: Value, zero, axis: int, what: str) -> Value:
@@ -146,8 +171,14 @@ def _shifted_int32(b, x: Value, zero, axis: int, what: str) -> Value:
 def _integer_product(b, node, a: Value, a_zero, c: Value, c_zero) -> Value:
     """``(a - a_zero) @ (c - c_zero)`` in int32, exactly: the zero points one value, one per row
     of ``a`` or one per column of ``c``."""
-    return MatMul._impl_v1(b, node, [_shifted_int32(b, a, a_zero, a.rank - 2, "A's zero point"),
-                                     _shifted_int32(b, c, c_zero, c.rank - 1, "B's zero point")])[0]
+    return MatMul._impl_v1(
+        b,
+        node,
+        [
+            _shifted_int32(b, a, a_zero, a.rank - 2, "A's zero point"),
+            _shifted_int32(b, c, c_zero, c.rank - 1, "B's zero point"),
+        ],
+    )[0]
 
 
 def _requantized(b, product: Value, factor: str, zero, out_dtype, zero_axis: int, reads) -> Value:
@@ -161,9 +192,19 @@ def _requantized(b, product: Value, factor: str, zero, out_dtype, zero_axis: int
         reads = reads + [zero]
     limits = np.iinfo(out_dtype)
     out = b.new(product.shape, out_dtype)
-    b.emit([b.statement(out, idx, "=", f"{tc_type(out_dtype)}(fmin(fmax(rint({value}), "
-                                       f"{_number(limits.min)}), {_number(limits.max)}))")],
-           [product] + reads, [out], "elementwise")
+    b.emit(
+        [
+            b.statement(
+                out,
+                idx,
+                "=",
+                f"{tc_type(out_dtype)}(fmin(fmax(rint({value}), {_number(limits.min)}), {_number(limits.max)}))",
+            )
+        ],
+        [product] + reads,
+        [out],
+        "elementwise",
+    )
     return out
 
 
@@ -190,8 +231,9 @@ class QLinearMatMul(Converter):
         def ref(param, axis, what):
             return b.ref(param, _per_tensor_or_along(b, param, product.shape, axis, idx, what))
 
-        factor = (f"{ref(a_scale, rows, 'a_scale')} * {ref(c_scale, columns, 'b_scale')} / "
-                  f"{ref(y_scale, columns, 'y_scale')}")
+        factor = (
+            f"{ref(a_scale, rows, 'a_scale')} * {ref(c_scale, columns, 'b_scale')} / {ref(y_scale, columns, 'y_scale')}"
+        )
         out_dtype = y_zero.dtype if y_zero is not None else a.dtype
         return [_requantized(b, product, factor, y_zero, out_dtype, columns, [a_scale, c_scale, y_scale])]
 
@@ -211,8 +253,10 @@ def _integer_convolution(b, node, x, x_zero, w, w_zero, bias) -> Value:
         raise UnsupportedError(f"{b.where}: the input's zero point must be one value (it has shape {x_zero.shape})")
     if bias is not None and bias.dtype != np.int32:
         raise UnsupportedError(f"{b.where}: the bias must be int32, not {bias.dtype}")
-    operands = [_shifted_int32(b, x, x_zero, 0, "the input's zero point"),
-                _shifted_int32(b, w, w_zero, 0, "the weights' zero point")]
+    operands = [
+        _shifted_int32(b, x, x_zero, 0, "the input's zero point"),
+        _shifted_int32(b, w, w_zero, 0, "the weights' zero point"),
+    ]
     return Conv._impl_v1(b, node, operands + ([bias] if bias is not None else []))[0]
 
 

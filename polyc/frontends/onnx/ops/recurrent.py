@@ -18,6 +18,7 @@ learned in a stage): a batch entry shorter than the sequence keeps its states on
 are done, reads its steps from its own end in the reverse direction, and has zeros in ``Y``
 past its length (and zero final states when empty), as onnxruntime gives them.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -50,8 +51,9 @@ def _activations(b: Builder, node, defaults: list[str], directions: int) -> list
     names = [n.decode() if isinstance(n, bytes) else n for n in (node.attr("activations") or [])]
     names = names or defaults * directions
     if len(names) != len(defaults) * directions:
-        raise UnsupportedError(f"{b.where}: {len(names)} activations for {directions} direction(s) of "
-                               f"{len(defaults)} each")
+        raise UnsupportedError(
+            f"{b.where}: {len(names)} activations for {directions} direction(s) of {len(defaults)} each"
+        )
     alphas, betas = list(node.attr("activation_alpha") or []), list(node.attr("activation_beta") or [])
     functions = []
     for name in names:
@@ -63,9 +65,12 @@ def _activations(b: Builder, node, defaults: list[str], directions: int) -> list
             alpha = alphas.pop(0)
         if beta is not None and betas:
             beta = betas.pop(0)
-        functions.append(lambda x, t=template, a=alpha, c=beta: t.format(
-            x=x, alpha=_number(a) if a is not None else "", beta=_number(c) if c is not None else ""))
-    return [functions[d * len(defaults):(d + 1) * len(defaults)] for d in range(directions)]
+        functions.append(
+            lambda x, t=template, a=alpha, c=beta: t.format(
+                x=x, alpha=_number(a) if a is not None else "", beta=_number(c) if c is not None else ""
+            )
+        )
+    return [functions[d * len(defaults) : (d + 1) * len(defaults)] for d in range(directions)]
 
 
 class _Recurrent(Converter):
@@ -88,29 +93,34 @@ class _Recurrent(Converter):
             raise UnsupportedError(f"{b.where}: direction {direction!r}")
         directions = 2 if direction == "bidirectional" else 1
         if x.rank != 3 or w.rank != 3 or r.rank != 3 or w.shape[0] != directions:
-            raise UnsupportedError(f"{b.where}: X, W and R of shapes {x.shape}, {w.shape}, {r.shape} "
-                                   f"for {directions} direction(s)")
+            raise UnsupportedError(
+                f"{b.where}: X, W and R of shapes {x.shape}, {w.shape}, {r.shape} for {directions} direction(s)"
+            )
         steps, batch = (x.shape[1], x.shape[0]) if batchwise else x.shape[:2]
         hidden = int(node.attr("hidden_size", r.shape[-1]))
         if w.shape[1] != cls.GATES * hidden or r.shape[1:] != (cls.GATES * hidden, hidden):
-            raise UnsupportedError(f"{b.where}: W {w.shape} and R {r.shape} for hidden_size {hidden} "
-                                   f"({cls.GATES} gates)")
+            raise UnsupportedError(
+                f"{b.where}: W {w.shape} and R {r.shape} for hidden_size {hidden} ({cls.GATES} gates)"
+            )
         ends = None  # each batch entry's length, where one is shorter than the sequence
         if lengths is not None:
             given = _require_const(b, lengths, "sequence_lens").reshape(-1).astype(np.int64)
             if given.shape != (batch,) or np.any(given < 0) or np.any(given > steps):
-                raise UnsupportedError(f"{b.where}: sequence_lens {given.tolist()} for a batch of {batch} and "
-                                       f"{steps} steps")
+                raise UnsupportedError(
+                    f"{b.where}: sequence_lens {given.tolist()} for a batch of {batch} and {steps} steps"
+                )
             ends = given if np.any(given != steps) else None
         activations = _activations(b, node, cls.DEFAULTS, directions)
         clip = node.attr("clip")
-        given_states = (inputs + [None] * 8)[5:5 + cls.STATES]
+        given_states = (inputs + [None] * 8)[5 : 5 + cls.STATES]
         states = [cls._per_direction(b, v, batchwise) if v is not None else None for v in given_states]
         per_step, last = [], []
         for d in range(directions):
             reverse = direction == "reverse" or d == 1
-            weights = [b.part(w, w.shape[1:], d * w.shape[1] * w.shape[2]),
-                       b.part(r, r.shape[1:], d * r.shape[1] * r.shape[2])]
+            weights = [
+                b.part(w, w.shape[1:], d * w.shape[1] * w.shape[2]),
+                b.part(r, r.shape[1:], d * r.shape[1] * r.shape[2]),
+            ]
             biases = b.part(bias, (2 * cls.GATES * hidden,), d * 2 * cls.GATES * hidden) if bias is not None else None
             projected = cls._projection(b, node, x, weights[0], biases, batchwise, hidden)
             state = [s[d] if s is not None else b.const(np.zeros((batch, hidden), x.dtype)) for s in states]
@@ -142,8 +152,9 @@ class _Recurrent(Converter):
             if not node.outputs[k]:
                 results.append(None)
                 continue
-            final = b.view(concatenated(b, [b.view(s[k - 1], (1, batch, hidden)) for s in last], 0),
-                           (directions, batch, hidden))
+            final = b.view(
+                concatenated(b, [b.view(s[k - 1], (1, batch, hidden)) for s in last], 0), (directions, batch, hidden)
+            )
             results.append(transposed(b, final, [1, 0, 2]) if batchwise else final)
         return results
 
@@ -166,8 +177,7 @@ class _Recurrent(Converter):
         steps, batch = (x.shape[1], x.shape[0]) if batchwise else x.shape[:2]
         out = b.new((steps, batch, w.shape[0]), x.dtype)
         read = b.ref(x, ["i1", "i0", "r0"] if batchwise else ["i0", "i1", "r0"])
-        statements = [b.statement(out, indices(3), "+=!", f"{read} * {b.ref(w, ['i2', 'r0'])}",
-                                  [("r0", x.shape[2])])]
+        statements = [b.statement(out, indices(3), "+=!", f"{read} * {b.ref(w, ['i2', 'r0'])}", [("r0", x.shape[2])])]
         reads = [x, w]
         if biases is not None:
             gates = w.shape[0]
@@ -181,18 +191,25 @@ class _Recurrent(Converter):
         return out
 
     @staticmethod
-    def _recurrent_product(b: Builder, previous: Value, r: Value, now: Value, rows: int, column: int = 0,
-                           extra=None) -> Value:
+    def _recurrent_product(
+        b: Builder, previous: Value, r: Value, now: Value, rows: int, column: int = 0, extra=None
+    ) -> Value:
         """``now[:, column:column + rows] + H_prev R[:rows]^T``: (batch, rows); ``extra``:
         (expression of H_prev's element, values it reads) that multiplies it first."""
         batch, hidden = previous.shape
         out = b.new((batch, rows), previous.dtype)
         h = b.ref(previous, ["i0", "r0"])
-        factor, reads = (extra(h) if extra else (h, []))
+        factor, reads = extra(h) if extra else (h, [])
         step = b.ref(now, ["i0", f"i1 + {column}" if column else "i1"])
-        b.emit([b.statement(out, ["i0", "i1"], "+=!", f"{factor} * {b.ref(r, ['i1', 'r0'])}", [("r0", hidden)]),
-                b.statement(out, ["i0", "i1"], "=", f"{out.ident}(i0, i1) + {step}")],
-               [previous, r, now] + reads, [out], "contraction")
+        b.emit(
+            [
+                b.statement(out, ["i0", "i1"], "+=!", f"{factor} * {b.ref(r, ['i1', 'r0'])}", [("r0", hidden)]),
+                b.statement(out, ["i0", "i1"], "=", f"{out.ident}(i0, i1) + {step}"),
+            ],
+            [previous, r, now] + reads,
+            [out],
+            "contraction",
+        )
         return out
 
 
@@ -202,8 +219,12 @@ def _rows_at(b: Builder, projected: Value, times: np.ndarray) -> Value:
     steps, batch, gates = projected.shape
     when = b.const(times.astype(np.int64))
     now = b.new((batch, gates), projected.dtype)
-    b.emit([b.statement(now, ["i0", "i1"], "=", b.ref(projected, [b.ref(when, ["i0"]), "i0", "i1"]))],
-           [projected, when], [now], "other")
+    b.emit(
+        [b.statement(now, ["i0", "i1"], "=", b.ref(projected, [b.ref(when, ["i0"]), "i0", "i1"]))],
+        [projected, when],
+        [now],
+        "other",
+    )
     return now
 
 
@@ -216,9 +237,19 @@ def _held(b: Builder, active: np.ndarray, new: list[Value], old: list[Value]) ->
     held = []
     for fresh, previous in zip(new, old):
         out = b.new(fresh.shape, fresh.dtype)
-        b.emit([b.statement(out, ["i0", "i1"], "=", f"{b.ref(going, ['i0'])} ? {b.ref(fresh, ['i0', 'i1'])} : "
-                                                    f"{b.ref(previous, ['i0', 'i1'])}")],
-               [going, fresh, previous], [out], "elementwise")
+        b.emit(
+            [
+                b.statement(
+                    out,
+                    ["i0", "i1"],
+                    "=",
+                    f"{b.ref(going, ['i0'])} ? {b.ref(fresh, ['i0', 'i1'])} : {b.ref(previous, ['i0', 'i1'])}",
+                )
+            ],
+            [going, fresh, previous],
+            [out],
+            "elementwise",
+        )
         held.append(out)
     return held
 
@@ -228,8 +259,10 @@ def _padded_outputs(b: Builder, per_step: list[list[Value]], ends: np.ndarray, d
     entry k's state after the step that read time t (step t forward; step ends[k] - 1 - t in
     reverse), zeros past its length."""
     steps, batch, hidden = len(per_step[0]), *per_step[0][0].shape
-    stacked = [b.view(concatenated(b, [b.view(s, (1, batch, hidden)) for s in states], 0), (steps, batch, hidden))
-               for states in per_step]
+    stacked = [
+        b.view(concatenated(b, [b.view(s, (1, batch, hidden)) for s in states], 0), (steps, batch, hidden))
+        for states in per_step
+    ]
     terms, reads = [], []
     for d, states in enumerate(stacked):
         reverse = direction == "reverse" or d == 1
@@ -258,9 +291,14 @@ class RNN(_Recurrent):
         (previous,) = state[:1]
         pre = _Recurrent._recurrent_product(b, previous, r, now, hidden)
         out = b.new(previous.shape, previous.dtype)
-        b.emit([b.statement(out, ["i0", "i1"], "=", f[0](_clipped(b.ref(pre, ["i0", "i1"]), clip)))],
-               [pre], [out], "elementwise")
+        b.emit(
+            [b.statement(out, ["i0", "i1"], "=", f[0](_clipped(b.ref(pre, ["i0", "i1"]), clip)))],
+            [pre],
+            [out],
+            "elementwise",
+        )
         return [out]
+
 
 class GRU(_Recurrent):
     GATES = 3
@@ -271,16 +309,34 @@ class GRU(_Recurrent):
         (previous,) = state[:1]
         update_reset = _Recurrent._recurrent_product(b, previous, r, now, 2 * hidden)
         reset = b.new(previous.shape, previous.dtype)
-        b.emit([b.statement(reset, ["i0", "i1"], "=",
-                            f[0](_clipped(b.ref(update_reset, ["i0", f"i1 + {hidden}"]), clip)))],
-               [update_reset], [reset], "elementwise")
+        b.emit(
+            [
+                b.statement(
+                    reset, ["i0", "i1"], "=", f[0](_clipped(b.ref(update_reset, ["i0", f"i1 + {hidden}"]), clip))
+                )
+            ],
+            [update_reset],
+            [reset],
+            "elementwise",
+        )
         hidden_rows = b.part(r, (hidden, hidden), 2 * hidden * hidden)
         candidate_input = f"{b.ref(now, ['i0', f'i1 + {2 * hidden}'])}"
         if node.attr("linear_before_reset", 0):
             product = b.new(previous.shape, previous.dtype)
-            b.emit([b.statement(product, ["i0", "i1"], "+=!",
-                                f"{b.ref(previous, ['i0', 'r0'])} * {b.ref(hidden_rows, ['i1', 'r0'])}",
-                                [("r0", hidden)])], [previous, hidden_rows], [product], "contraction")
+            b.emit(
+                [
+                    b.statement(
+                        product,
+                        ["i0", "i1"],
+                        "+=!",
+                        f"{b.ref(previous, ['i0', 'r0'])} * {b.ref(hidden_rows, ['i1', 'r0'])}",
+                        [("r0", hidden)],
+                    )
+                ],
+                [previous, hidden_rows],
+                [product],
+                "contraction",
+            )
             recurrent_bias = b.part(biases, (hidden,), 5 * hidden) if biases is not None else None
             gated = b.ref(product, ["i0", "i1"])
             if recurrent_bias is not None:
@@ -289,17 +345,31 @@ class GRU(_Recurrent):
             reads = [product, reset, now] + ([recurrent_bias] if recurrent_bias is not None else [])
         else:
             product = _Recurrent._recurrent_product(
-                b, previous, hidden_rows, now, hidden, column=2 * hidden,
-                extra=lambda h: (f"{b.ref(reset, ['i0', 'r0'])} * {h}", [reset]))
+                b,
+                previous,
+                hidden_rows,
+                now,
+                hidden,
+                column=2 * hidden,
+                extra=lambda h: (f"{b.ref(reset, ['i0', 'r0'])} * {h}", [reset]),
+            )
             candidate = b.ref(product, ["i0", "i1"])
             reads = [product]
         out = b.new(previous.shape, previous.dtype)
         update = f[0](_clipped(b.ref(update_reset, ["i0", "i1"]), clip))
         new = f[1](_clipped(candidate, clip))
-        b.emit([b.statement(out, ["i0", "i1"], "=",
-                            f"(1 - {update}) * ({new}) + {update} * {b.ref(previous, ['i0', 'i1'])}")],
-               reads + [update_reset, previous], [out], "elementwise")
+        b.emit(
+            [
+                b.statement(
+                    out, ["i0", "i1"], "=", f"(1 - {update}) * ({new}) + {update} * {b.ref(previous, ['i0', 'i1'])}"
+                )
+            ],
+            reads + [update_reset, previous],
+            [out],
+            "elementwise",
+        )
         return [out]
+
 
 class LSTM(_Recurrent):
     GATES = 4
@@ -330,9 +400,15 @@ class LSTM(_Recurrent):
         output_gate = f[0](gate(1, fresh, 1))
         reads = [gates, cell] + [p for p in peephole if p is not None]
         candidate = f[1](gate(3, None, None))
-        b.emit([b.statement(new_cell, ["i0", "i1"], "=", f"{forget} * {old} + {input_gate} * {candidate}"),
-                b.statement(out, ["i0", "i1"], "=", f"{output_gate} * {f[2](fresh)}")],
-               reads, [new_cell, out], "elementwise")
+        b.emit(
+            [
+                b.statement(new_cell, ["i0", "i1"], "=", f"{forget} * {old} + {input_gate} * {candidate}"),
+                b.statement(out, ["i0", "i1"], "=", f"{output_gate} * {f[2](fresh)}"),
+            ],
+            reads,
+            [new_cell, out],
+            "elementwise",
+        )
         return [out, new_cell]
 
 

@@ -2,6 +2,7 @@
 ArgMin, Softmax (and LogSoftmax), Hardmax, TopK, CumSum and CumProd; and the normalizations
 along axes, LpNormalization, InstanceNormalization, LayerNormalization and LRN.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,16 +28,23 @@ def _reduce_axes(b, node, x, axes_input=None):
 def _reduce(kind: str):
     class Reduce(Converter):
         CONSTANT_INPUTS = (1,)
+
         @staticmethod
         def _lower(b, node, x, axes):
             keep = node.attr("keepdims", 1)
             if not axes:
                 return [b.view(x, x.shape)]
             idx = indices(x.rank)
-            out_shape = [1 if d in axes else e for d, e in enumerate(x.shape)] if keep else \
-                [e for d, e in enumerate(x.shape) if d not in axes]
-            out_idx = [f"z{d}" if d in axes else idx[d] for d in range(x.rank)] if keep else \
-                [idx[d] for d in range(x.rank) if d not in axes]
+            out_shape = (
+                [1 if d in axes else e for d, e in enumerate(x.shape)]
+                if keep
+                else [e for d, e in enumerate(x.shape) if d not in axes]
+            )
+            out_idx = (
+                [f"z{d}" if d in axes else idx[d] for d in range(x.rank)]
+                if keep
+                else [idx[d] for d in range(x.rank) if d not in axes]
+            )
             source = [f"r{d}" if d in axes else idx[d] for d in range(x.rank)]
             reductions = [(f"r{d}", x.shape[d]) for d in axes]
             out = b.new(out_shape, x.dtype)
@@ -50,10 +58,24 @@ def _reduce(kind: str):
                 statements.append(b.statement(largest, out_idx, "max=!", read, reductions))
                 largest_here = f"{largest.ident}({', '.join(out_idx) if out.shape else 'z0'})"
                 read = f"{read} - {largest_here}"
-            op = {"sum": "+=!", "mean": "+=!", "max": "max=!", "min": "min=!", "prod": "*=!",
-                  "sumsquare": "+=!", "l2": "+=!", "l1": "+=!", "logsum": "+=!", "logsumexp": "+=!"}[kind]
-            value = {"sumsquare": f"{read} * {read}", "l2": f"{read} * {read}", "l1": f"abs({read})",
-                     "logsumexp": f"exp({read})"}.get(kind, read)
+            op = {
+                "sum": "+=!",
+                "mean": "+=!",
+                "max": "max=!",
+                "min": "min=!",
+                "prod": "*=!",
+                "sumsquare": "+=!",
+                "l2": "+=!",
+                "l1": "+=!",
+                "logsum": "+=!",
+                "logsumexp": "+=!",
+            }[kind]
+            value = {
+                "sumsquare": f"{read} * {read}",
+                "l2": f"{read} * {read}",
+                "l1": f"abs({read})",
+                "logsumexp": f"exp({read})",
+            }.get(kind, read)
             statements.append(b.statement(out, out_idx, op, value, reductions))
             if kind == "mean":
                 count = math.prod(x.shape[d] for d in axes)
@@ -65,8 +87,14 @@ def _reduce(kind: str):
             if kind == "logsumexp":
                 # An infinite (or NaN) max is the answer (an all -inf or empty slice is -inf),
                 # and the sum of exp(x - max) then holds NaN.  m - m is 0 only for finite m.
-                statements.append(b.statement(out, out_idx, "=", f"{largest_here} - {largest_here} != 0 ? "
-                                                                 f"{largest_here} : log({lhs}) + {largest_here}"))
+                statements.append(
+                    b.statement(
+                        out,
+                        out_idx,
+                        "=",
+                        f"{largest_here} - {largest_here} != 0 ? {largest_here} : log({lhs}) + {largest_here}",
+                    )
+                )
             b.emit(statements, reads, [out], "reduction")
             return [out]
 
@@ -78,6 +106,7 @@ def _reduce(kind: str):
         def _impl_v18(b, node, inputs):
             axes = inputs[1] if len(inputs) > 1 else None
             return Reduce._lower(b, node, inputs[0], _reduce_axes(b, node, inputs[0], axes))
+
     return Reduce
 
 
@@ -105,9 +134,17 @@ class ArgMax(Converter):
         best_at = b.ref(best, [("0" if d == axis else idx[d]) for d in range(x.rank)])
         extent = x.shape[axis]
         op, none = ("max=!", "int64(-1)") if last else ("min=!", f"int64({extent})")
-        b.emit([b.statement(best, best_idx, f"{pick}=!", b.ref(x, source), [("r0", extent)]),
-                b.statement(out, out_idx, op, f"{b.ref(x, source)} == {best_at} ? int64(r0) : {none}",
-                            [("r0", extent)])], [x], [out], "reduction")
+        b.emit(
+            [
+                b.statement(best, best_idx, f"{pick}=!", b.ref(x, source), [("r0", extent)]),
+                b.statement(
+                    out, out_idx, op, f"{b.ref(x, source)} == {best_at} ? int64(r0) : {none}", [("r0", extent)]
+                ),
+            ],
+            [x],
+            [out],
+            "reduction",
+        )
         return [out]
 
     @staticmethod
@@ -129,7 +166,7 @@ class Softmax(Converter):
             # Over the last axes: as rows of a matrix, which polyc schedules as one parallel loop
             # of vectorised row loops; over (1, 12, 128, 128) attention scores it had put the
             # exp-sum's reduction outside a vector loop across rows, several times slower.
-            rows = math.prod(x.shape[:x.rank - len(axes)])
+            rows = math.prod(x.shape[: x.rank - len(axes)])
             matrix = b.view(x, [rows, x.size // rows if rows else 0])
             return [b.view(Softmax._lower(b, node, matrix, [1], log)[0], x.shape)]
         idx = indices(x.rank)
@@ -143,13 +180,15 @@ class Softmax(Converter):
         total = b.new(kept_shape, x.dtype)
         out = b.new(x.shape, x.dtype)
         at = ", ".join(kept_idx)
-        at_point = ", ".join(kept) or "0"   # in statements over every index of x
+        at_point = ", ".join(kept) or "0"  # in statements over every index of x
         statements = [b.statement(most, kept_idx, "max=!", b.ref(x, source), reduced)]
         if log:
             statements += [
                 b.statement(total, kept_idx, "+=!", f"exp({b.ref(x, source)} - {most.ident}({at}))", reduced),
-                b.statement(out, idx, "=", f"{b.ref(x, idx)} - {most.ident}({at_point}) - "
-                                           f"log({total.ident}({at_point}))")]
+                b.statement(
+                    out, idx, "=", f"{b.ref(x, idx)} - {most.ident}({at_point}) - log({total.ident}({at_point}))"
+                ),
+            ]
         else:  # each exp once: into the output, summed from there, then scaled in place
             # by the sum's reciprocal, as onnxruntime does: the reciprocal does not depend on
             # the row loop, so the C compiler takes it out, and a row costs one division, not one
@@ -157,7 +196,8 @@ class Softmax(Converter):
             statements += [
                 b.statement(out, idx, "=", f"exp({b.ref(x, idx)} - {most.ident}({at_point}))"),
                 b.statement(total, kept_idx, "+=!", b.ref(out, source), reduced),
-                b.statement(out, idx, "=", f"{b.ref(out, idx)} * (1 / {total.ident}({at_point}))")]
+                b.statement(out, idx, "=", f"{b.ref(out, idx)} * (1 / {total.ident}({at_point}))"),
+            ]
         b.emit(statements, [x], [out], "reduction")
         return [out]
 
@@ -189,11 +229,22 @@ class Hardmax(Converter):
         extent = x.shape[axis]
         best, first, out = b.new(kept_shape, x.dtype), b.new(kept_shape, np.int64), b.new(x.shape, x.dtype)
         t = tc_type(x.dtype)
-        b.emit([b.statement(best, kept_idx, "max=!", b.ref(x, source), [("r0", extent)]),
-                b.statement(first, kept_idx, "min=!", f"{b.ref(x, source)} == {b.ref(best, at)} ? int64(r0) : "
-                                                      f"int64({extent})", [("r0", extent)]),
-                b.statement(out, idx, "=", f"{idx[axis]} == {b.ref(first, at)} ? {t}(1) : {t}(0)")],
-               [x], [out], "reduction")
+        b.emit(
+            [
+                b.statement(best, kept_idx, "max=!", b.ref(x, source), [("r0", extent)]),
+                b.statement(
+                    first,
+                    kept_idx,
+                    "min=!",
+                    f"{b.ref(x, source)} == {b.ref(best, at)} ? int64(r0) : int64({extent})",
+                    [("r0", extent)],
+                ),
+                b.statement(out, idx, "=", f"{idx[axis]} == {b.ref(first, at)} ? {t}(1) : {t}(0)"),
+            ],
+            [x],
+            [out],
+            "reduction",
+        )
         return out
 
     @staticmethod
@@ -228,10 +279,16 @@ class LpNormalization(Converter):
         norm = b.new([1 if d == axis else e for d, e in enumerate(x.shape)], x.dtype)
         out = b.new(x.shape, x.dtype)
         term, total = (f"abs({read})", b.ref(norm, at)) if p == 1 else (f"{read} * {read}", f"sqrt({b.ref(norm, at)})")
-        b.emit([b.statement(norm, kept_idx, "+=!", term, [("r0", x.shape[axis])]),
+        b.emit(
+            [
+                b.statement(norm, kept_idx, "+=!", term, [("r0", x.shape[axis])]),
                 # A zero vector stays zero (onnx's expectation), not 0 / 0.
-                b.statement(out, idx, "=", f"{b.ref(norm, at)} == 0 ? {b.ref(x, idx)} : {b.ref(x, idx)} / {total}")],
-               [x], [out], "reduction")
+                b.statement(out, idx, "=", f"{b.ref(norm, at)} == 0 ? {b.ref(x, idx)} : {b.ref(x, idx)} / {total}"),
+            ],
+            [x],
+            [out],
+            "reduction",
+        )
         return [out]
 
 
@@ -272,7 +329,7 @@ class TopK(Converter):
             raise UnsupportedError(f"{b.where}: TopK's k is {k}, the axis has {n} elements")
         if x.dtype == np.bool_:
             raise UnsupportedError(f"{b.where}: TopK of bool tensors")
-        shape = list(x.shape[:axis]) + [k] + list(x.shape[axis + 1:])
+        shape = list(x.shape[:axis]) + [k] + list(x.shape[axis + 1 :])
         if k == 0 or x.size == 0:
             return [b.const(np.zeros(shape, x.dtype)), b.const(np.zeros(shape, np.int64))]
         # Selecting costs about 50 n per row plus ranking the k selected (2 k^2); ranking all,
@@ -286,8 +343,12 @@ class TopK(Converter):
         positions = TopK._positions_by_rank(b, x, k, axis, largest)
         idx = indices(x.rank)
         values = b.new(positions.shape, x.dtype)
-        b.emit([b.statement(values, idx, "=", b.ref(x, idx[:axis] + [b.ref(positions, idx)] + idx[axis + 1:]))],
-               [x, positions], [values], "other")
+        b.emit(
+            [b.statement(values, idx, "=", b.ref(x, idx[:axis] + [b.ref(positions, idx)] + idx[axis + 1 :]))],
+            [x, positions],
+            [values],
+            "other",
+        )
         return [values, positions]
 
     @staticmethod
@@ -295,41 +356,57 @@ class TopK(Converter):
         """The positions along ``axis`` of the elements of rank 0 .. ``k`` - 1, each element's
         rank the count of elements that come before it."""
         n = x.shape[axis]
-        shape = list(x.shape[:axis]) + [k] + list(x.shape[axis + 1:])
+        shape = list(x.shape[:axis]) + [k] + list(x.shape[axis + 1 :])
         idx = indices(x.rank)
         mine = b.ref(x, idx)
-        other = b.ref(x, idx[:axis] + ["r0"] + idx[axis + 1:])
+        other = b.ref(x, idx[:axis] + ["r0"] + idx[axis + 1 :])
 
         def above(a, c):  # a after c in ascending order, NaN above every number
             return f"({a} > {c} || ({a} != {a} && {c} == {c}))" if x.dtype.kind == "f" else f"{a} > {c}"
-        same = f"({other} == {mine} || ({other} != {other} && {mine} != {mine}))" if x.dtype.kind == "f" else \
-            f"{other} == {mine}"
+
+        same = (
+            f"({other} == {mine} || ({other} != {other} && {mine} != {mine}))"
+            if x.dtype.kind == "f"
+            else f"{other} == {mine}"
+        )
         wins = above(other, mine) if largest else above(mine, other)
-        rank_type = np.int32 if n < 2 ** 31 else np.int64  # 32-bit counts: twice the lanes
+        rank_type = np.int32 if n < 2**31 else np.int64  # 32-bit counts: twice the lanes
         rank, positions = b.new(x.shape, rank_type), b.new(shape, np.int64)
-        at_rank = f"{b.ref(rank, idx[:axis] + ['r0'] + idx[axis + 1:])} == {idx[axis]}"
+        at_rank = f"{b.ref(rank, idx[:axis] + ['r0'] + idx[axis + 1 :])} == {idx[axis]}"
         one, zero = (f"{tc_type(rank_type)}({v})" for v in (1, 0))
         # Two kernels: as one, isl's scheduler took seconds over the ranks' all-to-all dependences
         # (1000 scores along the axis).
-        b.emit([b.statement(rank, idx, "+=!", f"({wins} || ({same} && r0 < {idx[axis]})) ? {one} : {zero}",
-                            [("r0", n)])], [x], [rank], "other")
-        b.emit([b.statement(positions, idx, "+=!", f"({at_rank}) ? int64(r0) : int64(0)", [("r0", n)])],
-               [rank], [positions], "other")
+        b.emit(
+            [b.statement(rank, idx, "+=!", f"({wins} || ({same} && r0 < {idx[axis]})) ? {one} : {zero}", [("r0", n)])],
+            [x],
+            [rank],
+            "other",
+        )
+        b.emit(
+            [b.statement(positions, idx, "+=!", f"({at_rank}) ? int64(r0) : int64(0)", [("r0", n)])],
+            [rank],
+            [positions],
+            "other",
+        )
         return positions
 
     @staticmethod
     def _selected(b, x, k: int, axis: int, largest: bool):
         """Selects the ``k`` elements per row by their k-th key, then ranks only them."""
         n = x.shape[axis]
-        before, after = math.prod(x.shape[:axis]), math.prod(x.shape[axis + 1:])
+        before, after = math.prod(x.shape[:axis]), math.prod(x.shape[axis + 1 :])
         rows = before * after
         if after == 1:
             matrix = b.view(x, [rows, n])
         else:  # the axis made the last, so that each row is contiguous
             matrix = b.new([before, after, n], x.dtype)
             source = b.view(x, [before, n, after])
-            b.emit([b.statement(matrix, ["i0", "i1", "i2"], "=", b.ref(source, ["i0", "i2", "i1"]))],
-                   [source], [matrix], "other")
+            b.emit(
+                [b.statement(matrix, ["i0", "i1", "i2"], "=", b.ref(source, ["i0", "i2", "i1"]))],
+                [source],
+                [matrix],
+                "other",
+            )
             matrix = b.view(matrix, [rows, n])
         # Past the keys, the row works on a padded length, so that the kernels of the selection
         # serve many lengths (a detector's count of scores above a threshold is new in most
@@ -342,36 +419,67 @@ class TopK(Converter):
         # many equal as k still needs.
         flags = b.new([rows, length], np.int64)
         key, kth = b.ref(keys, ["i0", "i1"]), b.ref(threshold, ["i0"])
-        b.emit([b.statement(flags, ["i0", "i1"], "=", f"(({key} > {kth}) ? int64(1) : int64(0)) + "
-                                                      f"(({key} == {kth}) ? int64({2 ** 32}) : int64(0))")],
-               [keys, threshold], [flags], "elementwise")
+        b.emit(
+            [
+                b.statement(
+                    flags,
+                    ["i0", "i1"],
+                    "=",
+                    f"(({key} > {kth}) ? int64(1) : int64(0)) + (({key} == {kth}) ? int64({2**32}) : int64(0))",
+                )
+            ],
+            [keys, threshold],
+            [flags],
+            "elementwise",
+        )
         counts = running_along(b, flags, 1, exclusive=False, reverse=False)
         selected = b.new([rows, length], np.int64)
         count, last = b.ref(counts, ["i0", "i1"]), b.ref(counts, ["i0", str(length - 1)])
-        b.emit([b.statement(selected, ["i0", "i1"], "=",
-                            f"{count} % int64({2 ** 32}) + min({count} / int64({2 ** 32}), "
-                            f"int64({k}) - {last} % int64({2 ** 32}))")], [counts], [selected], "other")
+        b.emit(
+            [
+                b.statement(
+                    selected,
+                    ["i0", "i1"],
+                    "=",
+                    f"{count} % int64({2**32}) + min({count} / int64({2**32}), int64({k}) - {last} % int64({2**32}))",
+                )
+            ],
+            [counts],
+            [selected],
+            "other",
+        )
         chosen = count_not_above(b, selected, k)  # (rows, k): the selected elements' indices, increasing
         # The selected elements' keys, in index order, ranked; then their positions and values.
         candidates = b.new([rows, k], keys.dtype)
-        b.emit([b.statement(candidates, ["i0", "i1"], "=", b.ref(keys, ["i0", b.ref(chosen, ["i0", "i1"])]))],
-               [keys, chosen], [candidates], "other")
+        b.emit(
+            [b.statement(candidates, ["i0", "i1"], "=", b.ref(keys, ["i0", b.ref(chosen, ["i0", "i1"])]))],
+            [keys, chosen],
+            [candidates],
+            "other",
+        )
         ranked = TopK._positions_by_rank(b, candidates, k, 1, largest=True)
         positions, values = b.new([rows, k], np.int64), b.new([rows, k], x.dtype)
         position = b.ref(chosen, ["i0", b.ref(ranked, ["i0", "i1"])])
-        b.emit([b.statement(positions, ["i0", "i1"], "=", position),
-                b.statement(values, ["i0", "i1"], "=", b.ref(matrix, ["i0", position]))],
-               [matrix, chosen, ranked], [positions, values], "other")
+        b.emit(
+            [
+                b.statement(positions, ["i0", "i1"], "=", position),
+                b.statement(values, ["i0", "i1"], "=", b.ref(matrix, ["i0", position])),
+            ],
+            [matrix, chosen, ranked],
+            [positions, values],
+            "other",
+        )
         if after == 1:
-            shape = list(x.shape[:axis]) + [k] + list(x.shape[axis + 1:])
+            shape = list(x.shape[:axis]) + [k] + list(x.shape[axis + 1 :])
             return [b.view(values, shape), b.view(positions, shape)]
         results = []
         for result in (values, positions):  # back to the axis' place
             source = b.view(result, [before, after, k])
             out = b.new([before, k, after], result.dtype)
-            b.emit([b.statement(out, ["i0", "i1", "i2"], "=", b.ref(source, ["i0", "i2", "i1"]))],
-                   [source], [out], "other")
-            results.append(b.view(out, list(x.shape[:axis]) + [k] + list(x.shape[axis + 1:])))
+            b.emit(
+                [b.statement(out, ["i0", "i1", "i2"], "=", b.ref(source, ["i0", "i2", "i1"]))], [source], [out], "other"
+            )
+            results.append(b.view(out, list(x.shape[:axis]) + [k] + list(x.shape[axis + 1 :])))
         return results
 
     @staticmethod
@@ -414,8 +522,10 @@ def order_keys(b, x: Value, largest: bool, length: int) -> Value:
         bits = b.part(x, x.shape, 0, key_type)
         value, raw = b.ref(x, idx), b.ref(bits, idx)
         # -1 - bits maps the negative half [lowest, -1] onto [highest, 0] reversed, then back down.
-        key = (f"({value} == {tc_type(x.dtype)}(0)) ? {name}(0) : (({value} != {value}) ? {name}({highest}) : "
-               f"(({raw} >= {name}(0)) ? {raw} : ({name}(-1) - {raw}) + ({name}({lowest + 1}) - {name}(1))))")
+        key = (
+            f"({value} == {tc_type(x.dtype)}(0)) ? {name}(0) : (({value} != {value}) ? {name}({highest}) : "
+            f"(({raw} >= {name}(0)) ? {raw} : ({name}(-1) - {raw}) + ({name}({lowest + 1}) - {name}(1))))"
+        )
         reads = [x, bits]
     else:
         key, reads = f"{name}({b.ref(x, idx)})", [x]
@@ -446,12 +556,12 @@ def _kth_largest_key(b, keys: Value, k: int) -> Value:
     key_type = keys.dtype
     name = tc_type(key_type)
     width, bits = 8 * key_type.itemsize, TOPK_BITS_PER_PASS
-    tries = 2 ** bits - 1
+    tries = 2**bits - 1
     lowest = int(np.iinfo(key_type).min)
     unit = 2 ** (width - bits)
     first = np.array([lowest, unit] + [lowest + t * unit for t in range(1, tries + 1)], key_type)
     state = b.const(np.tile(first, (rows, 1)))
-    count_type = np.int32 if n < 2 ** 31 else np.int64
+    count_type = np.int32 if n < 2**31 else np.int64
     count_name = tc_type(count_type)
     for _ in range(width // bits):
         # One reduction per threshold, each along the row (which gcc vectorizes; as one
@@ -459,18 +569,36 @@ def _kth_largest_key(b, keys: Value, k: int) -> Value:
         reached = [b.new([rows], count_type) for _ in range(tries)]
         kept, following = b.new([rows], key_type), b.new(state.shape, key_type)
         at = lambda column: b.ref(state, ["i0", column])  # noqa: E731
-        counts = [b.statement(reached[t], ["i0"], "+=!", f"({b.ref(keys, ['i0', 'r_i'])} >= {at(str(t + 2))}) ? "
-                                                        f"{count_name}(1) : {count_name}(0)", [("r_i", n)])
-                  for t in range(tries)]
+        counts = [
+            b.statement(
+                reached[t],
+                ["i0"],
+                "+=!",
+                f"({b.ref(keys, ['i0', 'r_i'])} >= {at(str(t + 2))}) ? {count_name}(1) : {count_name}(0)",
+                [("r_i", n)],
+            )
+            for t in range(tries)
+        ]
         highest = at("0")  # the thresholds increase: the last one k keys reach
         for t in range(tries):
             highest = f"({b.ref(reached[t], ['i0'])} >= {count_name}({k})) ? {at(str(t + 2))} : {highest}"
-        next_unit = f"{at('1')} / {name}({2 ** bits})"
-        b.emit(counts + [b.statement(kept, ["i0"], "=", highest),
-                         b.statement(following, ["i0", "c"], "=",
-                                     f"(c == 0) ? {b.ref(kept, ['i0'])} : ((c == 1) ? {next_unit} : "
-                                     f"{b.ref(kept, ['i0'])} + {next_unit} * {name}(c - 1))")],
-               [keys, state], [*reached, kept, following], "other")
+        next_unit = f"{at('1')} / {name}({2**bits})"
+        b.emit(
+            counts
+            + [
+                b.statement(kept, ["i0"], "=", highest),
+                b.statement(
+                    following,
+                    ["i0", "c"],
+                    "=",
+                    f"(c == 0) ? {b.ref(kept, ['i0'])} : ((c == 1) ? {next_unit} : "
+                    f"{b.ref(kept, ['i0'])} + {next_unit} * {name}(c - 1))",
+                ),
+            ],
+            [keys, state],
+            [*reached, kept, following],
+            "other",
+        )
         state = following
     threshold = b.new([rows], key_type)
     b.emit([b.statement(threshold, ["i0"], "=", b.ref(state, ["i0", "0"]))], [state], [threshold], "other")
@@ -487,8 +615,15 @@ def sort_by_key(b, keys: Value) -> Value:
     size = 1 << max(1, (n - 1).bit_length())
     key, position = b.new((rows, size), np.int64), b.new((rows, size), np.int64)
     highest = int(np.iinfo(np.int64).max)
-    b.emit([b.statement(key, ["r", "i"], "=", f"(i < {n}) ? {b.ref(keys, ['r', 'i'])} : int64({highest})"),
-            b.statement(position, ["r", "i"], "=", "int64(i)")], [keys], [key, position], "other")
+    b.emit(
+        [
+            b.statement(key, ["r", "i"], "=", f"(i < {n}) ? {b.ref(keys, ['r', 'i'])} : int64({highest})"),
+            b.statement(position, ["r", "i"], "=", "int64(i)"),
+        ],
+        [keys],
+        [key, position],
+        "other",
+    )
     # (k, j): the blocks of k elements, sorted up and down by turns, merged by exchanges at
     # distance j; then (k, j / 2), ... (k, 1), (2 k, k), ...
     state = b.const(np.tile(np.array([2, 1], np.int64), (rows, 1)))
@@ -503,11 +638,21 @@ def sort_by_key(b, keys: Value) -> Value:
         keep_mine = f"(((bitand(int64(i), {k}) == int64(0)) == ({partner} > int64(i))) == {below})"
         next_key, next_position = b.new((rows, size), np.int64), b.new((rows, size), np.int64)
         following = b.new((rows, 2), np.int64)
-        b.emit([b.statement(next_key, ["r", "i"], "=", f"{keep_mine} ? {mine} : {theirs}"),
+        b.emit(
+            [
+                b.statement(next_key, ["r", "i"], "=", f"{keep_mine} ? {mine} : {theirs}"),
                 b.statement(next_position, ["r", "i"], "=", f"{keep_mine} ? {my_place} : {their_place}"),
-                b.statement(following, ["r", "c"], "=", f"(c == 0) ? (({j} > int64(1)) ? {k} : int64(2) * {k}) : "
-                                                        f"(({j} > int64(1)) ? {j} / int64(2) : {k})")],
-               [key, position, state], [next_key, next_position, following], "other")
+                b.statement(
+                    following,
+                    ["r", "c"],
+                    "=",
+                    f"(c == 0) ? (({j} > int64(1)) ? {k} : int64(2) * {k}) : (({j} > int64(1)) ? {j} / int64(2) : {k})",
+                ),
+            ],
+            [key, position, state],
+            [next_key, next_position, following],
+            "other",
+        )
         key, position, state = next_key, next_position, following
     out = b.new((rows, n), np.int64)
     b.emit([b.statement(out, ["r", "i"], "=", b.ref(position, ["r", "i"]))], [position], [out], "other")
@@ -533,21 +678,46 @@ def count_not_above(b, sorted_counts: Value, count: int) -> Value:
     found = b.new((*rows, count), np.int64)
     at = lambda position: b.ref(sorted_counts, row + [position])  # noqa: E731
     if n <= SEARCH_DIRECT:
-        b.emit([b.statement(found, row + ["k"], "+=!", f"({at('r_p')} <= k) ? int64(1) : int64(0)",
-                            [("r_p", n)])], [sorted_counts], [found], "other")
+        b.emit(
+            [b.statement(found, row + ["k"], "+=!", f"({at('r_p')} <= k) ? int64(1) : int64(0)", [("r_p", n)])],
+            [sorted_counts],
+            [found],
+            "other",
+        )
         return found
     block = SEARCH_BLOCK
     blocks = -(-n // block)
     ends = b.new((*rows, blocks), np.int64)  # each block's last count (the last block may be short)
-    b.emit([b.statement(ends, row + ["t"], "=", f"({block} * t + {block - 1} < {n}) ? "
-                                                f"{at(f'{block} * t + {block - 1}')} : {at(str(n - 1))}")],
-           [sorted_counts], [ends], "other")
+    b.emit(
+        [
+            b.statement(
+                ends,
+                row + ["t"],
+                "=",
+                f"({block} * t + {block - 1} < {n}) ? {at(f'{block} * t + {block - 1}')} : {at(str(n - 1))}",
+            )
+        ],
+        [sorted_counts],
+        [ends],
+        "other",
+    )
     whole = count_not_above(b, ends, count)  # the blocks wholly at most k
     start = f"{block} * {b.ref(whole, row + ['k'])}"
-    b.emit([b.statement(found, row + ["k"], "+=!", f"({start} + r_j < {n}) ? "
-                                                   f"(({at(f'{start} + r_j')} <= k) ? int64(1) : int64(0))"
-                                                   f" : int64(0)", [("r_j", block)]),
-            b.statement(found, row + ["k"], "+=", start)], [sorted_counts, whole], [found], "other")
+    b.emit(
+        [
+            b.statement(
+                found,
+                row + ["k"],
+                "+=!",
+                f"({start} + r_j < {n}) ? (({at(f'{start} + r_j')} <= k) ? int64(1) : int64(0)) : int64(0)",
+                [("r_j", block)],
+            ),
+            b.statement(found, row + ["k"], "+=", start),
+        ],
+        [sorted_counts, whole],
+        [found],
+        "other",
+    )
     return found
 
 
@@ -586,31 +756,54 @@ def running_along(b, x: Value, axis: int, exclusive: bool, reverse: bool, produc
     # Positions along the axis count from the end when reversed: element p is x[n - 1 - p].
     along = (lambda p: f"{n - 1} - ({p})") if reverse else (lambda p: p)  # noqa: E731
     out = b.new(x.shape, x.dtype)
-    at = lambda p: idx[:axis] + [p] + idx[axis + 1:]  # noqa: E731
+    at = lambda p: idx[:axis] + [p] + idx[axis + 1 :]  # noqa: E731
     position = idx[axis] if not reverse else f"{n - 1} - {idx[axis]}"  # the output's place, so counted
     if n <= CUMSUM_DIRECT:
-        b.emit([b.statement(out, idx, reduce, f"(r0 {before} {position}) ? {b.ref(x, at(along('r0')))} : {identity}",
-                            [("r0", n)])], [x], [out], "reduction")
+        b.emit(
+            [
+                b.statement(
+                    out,
+                    idx,
+                    reduce,
+                    f"(r0 {before} {position}) ? {b.ref(x, at(along('r0')))} : {identity}",
+                    [("r0", n)],
+                )
+            ],
+            [x],
+            [out],
+            "reduction",
+        )
         return out
     block = CUMSUM_BLOCK
     blocks = -(-n // block)
-    outer, inner = idx[:axis], idx[axis + 1:]
+    outer, inner = idx[:axis], idx[axis + 1 :]
     split_idx = outer + ["q0", "q1"] + inner
-    split_shape = list(x.shape[:axis]) + [blocks, block] + list(x.shape[axis + 1:])
+    split_shape = list(x.shape[:axis]) + [blocks, block] + list(x.shape[axis + 1 :])
     total_idx = outer + ["q0"] + inner
-    total_shape = list(x.shape[:axis]) + [blocks] + list(x.shape[axis + 1:])
+    total_shape = list(x.shape[:axis]) + [blocks] + list(x.shape[axis + 1 :])
     within, totals, sums = b.new(split_shape, x.dtype), b.new(total_shape, x.dtype), b.new(split_shape, x.dtype)
     element = f"{block} * q0 + r0"
     inside = f"{element} < {n}"
     read = b.ref(x, at(along(element)))
-    b.emit([b.statement(within, split_idx, reduce, f"(r0 {before} q1 && {inside}) ? {read} : {identity}",
-                        [("r0", block)]),
-            b.statement(totals, total_idx, reduce, f"({inside}) ? {read} : {identity}", [("r0", block)])],
-           [x], [within, totals], "reduction")
+    b.emit(
+        [
+            b.statement(
+                within, split_idx, reduce, f"(r0 {before} q1 && {inside}) ? {read} : {identity}", [("r0", block)]
+            ),
+            b.statement(totals, total_idx, reduce, f"({inside}) ? {read} : {identity}", [("r0", block)]),
+        ],
+        [x],
+        [within, totals],
+        "reduction",
+    )
     offsets = running_along(b, totals, axis, exclusive=True, reverse=False, product=product)  # (in block order)
-    b.emit([b.statement(sums, split_idx, "=", f"{b.ref(within, split_idx)} {combine} {b.ref(offsets, total_idx)}")],
-           [within, offsets], [sums], "elementwise")
-    flat = b.view(sums, list(x.shape[:axis]) + [blocks * block] + list(x.shape[axis + 1:]))
+    b.emit(
+        [b.statement(sums, split_idx, "=", f"{b.ref(within, split_idx)} {combine} {b.ref(offsets, total_idx)}")],
+        [within, offsets],
+        [sums],
+        "elementwise",
+    )
+    flat = b.view(sums, list(x.shape[:axis]) + [blocks * block] + list(x.shape[axis + 1 :]))
     b.emit([b.statement(out, idx, "=", b.ref(flat, at(position)))], [flat], [out], "other")
     return out
 
@@ -644,11 +837,16 @@ def _mean_and_variance(b, x, axis: int):
     mean, var = b.new(kept_shape, x.dtype), b.new(kept_shape, x.dtype)
     at = ", ".join(kept_idx)
     deviation = f"({b.ref(x, source)} - {mean.ident}({at}))"
-    return mean, var, [
-        b.statement(mean, kept_idx, "+=!", b.ref(x, source), reduced),
-        b.statement(mean, kept_idx, "=", f"{mean.ident}({at}) / {count}"),
-        b.statement(var, kept_idx, "+=!", f"{deviation} * {deviation}", reduced),
-        b.statement(var, kept_idx, "=", f"{var.ident}({at}) / {count}")]
+    return (
+        mean,
+        var,
+        [
+            b.statement(mean, kept_idx, "+=!", b.ref(x, source), reduced),
+            b.statement(mean, kept_idx, "=", f"{mean.ident}({at}) / {count}"),
+            b.statement(var, kept_idx, "+=!", f"{deviation} * {deviation}", reduced),
+            b.statement(var, kept_idx, "=", f"{var.ident}({at}) / {count}"),
+        ],
+    )
 
 
 class InstanceNormalization(Converter):
@@ -659,15 +857,23 @@ class InstanceNormalization(Converter):
     def _impl_v6(b, node, inputs):
         x, scale, bias = inputs[:3]
         if x.rank < 3:
-            raise UnsupportedError(f"{b.where}: InstanceNormalization of a rank-{x.rank} input (N, C and "
-                                   f"at least one spatial axis are needed)")
+            raise UnsupportedError(
+                f"{b.where}: InstanceNormalization of a rank-{x.rank} input (N, C and "
+                f"at least one spatial axis are needed)"
+            )
         mean, var, statements = _mean_and_variance(b, x, 2)
         out = b.new(x.shape, x.dtype)
         idx = indices(x.rank)
         epsilon = _number(node.attr("epsilon", 1e-5))
-        statements.append(b.statement(
-            out, idx, "=", f"({b.ref(x, idx)} - {mean.ident}({idx[0]}, {idx[1]})) / sqrt({var.ident}({idx[0]}, "
-                           f"{idx[1]}) + {epsilon}) * {b.ref(scale, [idx[1]])} + {b.ref(bias, [idx[1]])}"))
+        statements.append(
+            b.statement(
+                out,
+                idx,
+                "=",
+                f"({b.ref(x, idx)} - {mean.ident}({idx[0]}, {idx[1]})) / sqrt({var.ident}({idx[0]}, "
+                f"{idx[1]}) + {epsilon}) * {b.ref(scale, [idx[1]])} + {b.ref(bias, [idx[1]])}",
+            )
+        )
         b.emit(statements, [x, scale, bias], [out], "reduction")
         return [out]
 
@@ -688,8 +894,10 @@ class LayerNormalization(Converter):
         shape_norm = x.shape[axis:]
         scale_ref = b.ref(scale, b.broadcast_subscripts(scale, shape_norm, norm))
         at_point = ", ".join(kept) or "0"
-        rhs = (f"({b.ref(x, idx)} - {mean.ident}({at_point})) / sqrt({var.ident}({at_point}) + {_number(epsilon)})"
-               f" * {scale_ref}")
+        rhs = (
+            f"({b.ref(x, idx)} - {mean.ident}({at_point})) / sqrt({var.ident}({at_point}) + {_number(epsilon)})"
+            f" * {scale_ref}"
+        )
         if bias is not None:
             rhs += f" + {b.ref(bias, b.broadcast_subscripts(bias, shape_norm, norm))}"
         statements.append(b.statement(out, idx, "=", rhs))
@@ -728,9 +936,20 @@ class LRN(Converter):
         squares, out = b.new(x.shape, x.dtype), b.new(x.shape, x.dtype)
         read = b.ref(x, window)
         statements = [
-            b.statement(squares, idx, "+=!", f"({channel} >= 0 && {channel} < {x.shape[1]}) ? {read} * {read} : 0",
-                        [("r_k", size)]),
-            b.statement(out, idx, "=", f"{b.ref(x, idx)} / pow({_number(bias)} + {_number(alpha / size)} * "
-                                       f"{squares.ident}({', '.join(idx)}), {_number(beta)})")]
+            b.statement(
+                squares,
+                idx,
+                "+=!",
+                f"({channel} >= 0 && {channel} < {x.shape[1]}) ? {read} * {read} : 0",
+                [("r_k", size)],
+            ),
+            b.statement(
+                out,
+                idx,
+                "=",
+                f"{b.ref(x, idx)} / pow({_number(bias)} + {_number(alpha / size)} * "
+                f"{squares.ident}({', '.join(idx)}), {_number(beta)})",
+            ),
+        ]
         b.emit(statements, [x], [out], "reduction")
         return [out]

@@ -2,6 +2,7 @@
 Resize and Upsample, GridSample, RoiAlign and DeformConv (a convolution whose taps move); and
 Col2Im, columns of image blocks summed back into the image.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,14 +37,20 @@ class RoiAlign(Converter):
         grid = int(node.attr("sampling_ratio", 0))
         mode = node.attr("mode", "avg")
         if grid <= 0:
-            raise UnsupportedError(f"{b.where}: sampling_ratio {grid}: an adaptive count of samples (from each box's "
-                                   f"size) is not supported; give a positive sampling_ratio")
+            raise UnsupportedError(
+                f"{b.where}: sampling_ratio {grid}: an adaptive count of samples (from each box's "
+                f"size) is not supported; give a positive sampling_ratio"
+            )
         if mode not in ("avg", "max") or transformation not in ("half_pixel", "output_half_pixel"):
-            raise UnsupportedError(f"{b.where}: mode {mode!r} (avg or max) and coordinate_transformation_mode "
-                                   f"{transformation!r} (half_pixel or output_half_pixel)")
+            raise UnsupportedError(
+                f"{b.where}: mode {mode!r} (avg or max) and coordinate_transformation_mode "
+                f"{transformation!r} (half_pixel or output_half_pixel)"
+            )
         if x.rank != 4 or boxes.rank != 2 or boxes.shape[1] != 4 or batch_of.shape != (boxes.shape[0],):
-            raise UnsupportedError(f"{b.where}: an input of shape {x.shape}, boxes {boxes.shape} and batch indices "
-                                   f"{batch_of.shape} (expected (N, C, H, W), (R, 4) and (R,))")
+            raise UnsupportedError(
+                f"{b.where}: an input of shape {x.shape}, boxes {boxes.shape} and batch indices "
+                f"{batch_of.shape} (expected (N, C, H, W), (R, 4) and (R,))"
+            )
         rows, columns = int(node.attr("output_height", 1)), int(node.attr("output_width", 1))
         scale = float(node.attr("spatial_scale", 1.0))
         shift = 0.5 if transformation == "half_pixel" else 0.0
@@ -60,16 +67,27 @@ class RoiAlign(Converter):
             on_map = f"({sample} >= -1 && {sample} <= {extent})"
             clamped = f"fmax({sample}, 0)"
             last = f"int64({clamped}) >= {extent - 1}"
-            low, high, fraction, valid = (b.new([count, bins, grid], dtype) for dtype in
-                                          (np.int64, np.int64, x.dtype, x.dtype))
+            low, high, fraction, valid = (
+                b.new([count, bins, grid], dtype) for dtype in (np.int64, np.int64, x.dtype, x.dtype)
+            )
             statements += [
-                b.statement(low, ["k", "p", "g"], "=", f"{on_map} ? ({last} ? int64({extent - 1}) : int64({clamped})) "
-                                                       f": int64(0)"),
-                b.statement(high, ["k", "p", "g"], "=", f"{on_map} ? ({last} ? int64({extent - 1}) : "
-                                                        f"int64({clamped}) + 1) : int64(0)"),
-                b.statement(fraction, ["k", "p", "g"], "=", f"{t}({on_map} && !({last}) ? {clamped} - "
-                                                            f"floor({clamped}) : 0)"),
-                b.statement(valid, ["k", "p", "g"], "=", f"{t}({on_map} ? 1 : 0)")]
+                b.statement(
+                    low,
+                    ["k", "p", "g"],
+                    "=",
+                    f"{on_map} ? ({last} ? int64({extent - 1}) : int64({clamped})) : int64(0)",
+                ),
+                b.statement(
+                    high,
+                    ["k", "p", "g"],
+                    "=",
+                    f"{on_map} ? ({last} ? int64({extent - 1}) : int64({clamped}) + 1) : int64(0)",
+                ),
+                b.statement(
+                    fraction, ["k", "p", "g"], "=", f"{t}({on_map} && !({last}) ? {clamped} - floor({clamped}) : 0)"
+                ),
+                b.statement(valid, ["k", "p", "g"], "=", f"{t}({on_map} ? 1 : 0)"),
+            ]
             tables.append((low, high, fraction, valid))
         b.emit(statements, [boxes], [v for table in tables for v in table], "other")
         (y_low, y_high, y_frac, y_valid), (x_low, x_high, x_frac, x_valid) = tables
@@ -77,18 +95,26 @@ class RoiAlign(Converter):
 
         def at(table, bin_index, sample_index):
             return b.ref(table, ["k", bin_index, sample_index])
+
         ly, lx = at(y_frac, "i0", "r0"), at(x_frac, "i1", "r1")
-        corners = [(f"(1 - {ly}) * (1 - {lx})", y_low, x_low), (f"(1 - {ly}) * {lx}", y_low, x_high),
-                   (f"{ly} * (1 - {lx})", y_high, x_low), (f"{ly} * {lx}", y_high, x_high)]
-        terms = [f"{weight} * {b.ref(x, [image, 'c', at(yi, 'i0', 'r0'), at(xi, 'i1', 'r1')])}"
-                 for weight, yi, xi in corners]
+        corners = [
+            (f"(1 - {ly}) * (1 - {lx})", y_low, x_low),
+            (f"(1 - {ly}) * {lx}", y_low, x_high),
+            (f"{ly} * (1 - {lx})", y_high, x_low),
+            (f"{ly} * {lx}", y_high, x_high),
+        ]
+        terms = [
+            f"{weight} * {b.ref(x, [image, 'c', at(yi, 'i0', 'r0'), at(xi, 'i1', 'r1')])}" for weight, yi, xi in corners
+        ]
         valid = f"{at(y_valid, 'i0', 'r0')} * {at(x_valid, 'i1', 'r1')}"
         out = b.new([count, x.shape[1], rows, columns], x.dtype)
         target = ["k", "c", "i0", "i1"]
         reductions = [("r0", grid), ("r1", grid)]
         if mode == "avg":
-            statements = [b.statement(out, target, "+=!", f"{valid} * ({' + '.join(terms)})", reductions),
-                          b.statement(out, target, "=", f"{out.ident}(k, c, i0, i1) / {grid * grid}")]
+            statements = [
+                b.statement(out, target, "+=!", f"{valid} * ({' + '.join(terms)})", reductions),
+                b.statement(out, target, "=", f"{out.ident}(k, c, i0, i1) / {grid * grid}"),
+            ]
         else:  # a sample off the map counts as 0, as in the reference
             largest = f"fmax(fmax({terms[0]}, {terms[1]}), fmax({terms[2]}, {terms[3]}))"
             statements = [b.statement(out, target, "max=!", f"({valid} != 0) ? {largest} : {t}(0)", reductions)]
@@ -119,25 +145,40 @@ class DeformConv(Converter):
         strides = list(node.attr("strides") or [1, 1])
         dilations = list(node.attr("dilations") or [1, 1])
         pads = list(node.attr("pads") or [0, 0, 0, 0])
-        expected = tuple((extent + pads[d] + pads[d + 2] - dilations[d] * (k - 1) - 1) // strides[d] + 1
-                         for d, (extent, k) in enumerate(((height, kh), (width, kw))))
-        if channels != per_group * groups or filters % groups or channels % offset_groups \
-                or offsets.shape != (n, offset_groups * 2 * taps, *expected) \
-                or (mask is not None and mask.shape != (n, offset_groups * taps, *expected)):
-            raise UnsupportedError(f"{b.where}: input {x.shape}, weights {w.shape}, offsets {offsets.shape} and mask "
-                                   f"{mask.shape if mask is not None else None} for {groups} group(s), {offset_groups} "
-                                   f"offset group(s) and an output of {expected}")
+        expected = tuple(
+            (extent + pads[d] + pads[d + 2] - dilations[d] * (k - 1) - 1) // strides[d] + 1
+            for d, (extent, k) in enumerate(((height, kh), (width, kw)))
+        )
+        if (
+            channels != per_group * groups
+            or filters % groups
+            or channels % offset_groups
+            or offsets.shape != (n, offset_groups * 2 * taps, *expected)
+            or (mask is not None and mask.shape != (n, offset_groups * taps, *expected))
+        ):
+            raise UnsupportedError(
+                f"{b.where}: input {x.shape}, weights {w.shape}, offsets {offsets.shape} and mask "
+                f"{mask.shape if mask is not None else None} for {groups} group(s), {offset_groups} "
+                f"offset group(s) and an output of {expected}"
+            )
         place_idx = ["n", "g", "a", "c2", "i0", "i1"]  # batch, offset group, tap row and column, output point
         tap = f"(a * {kw} + c2)"
         statements, tables = [], []
         for axis, (stride, dilation, pad, extent) in enumerate(
-                ((strides[0], dilations[0], pads[0], height), (strides[1], dilations[1], pads[1], width))):
-            moved = (f"{_affine(stride, f'i{axis}', 0)} - {pad} + {_affine(dilation, 'a' if axis == 0 else 'c2', 0)} + "
-                     f"{b.ref(offsets, ['n', f'g * {2 * taps} + 2 * {tap} + {axis}', 'i0', 'i1'])}")
-            low, fraction = b.new([n, offset_groups, kh, kw, out_h, out_w], np.int64), \
-                b.new([n, offset_groups, kh, kw, out_h, out_w], x.dtype)
-            statements += [b.statement(low, place_idx, "=", f"int64(floor({moved}))"),
-                           b.statement(fraction, place_idx, "=", f"({moved}) - floor({moved})")]
+            ((strides[0], dilations[0], pads[0], height), (strides[1], dilations[1], pads[1], width))
+        ):
+            moved = (
+                f"{_affine(stride, f'i{axis}', 0)} - {pad} + {_affine(dilation, 'a' if axis == 0 else 'c2', 0)} + "
+                f"{b.ref(offsets, ['n', f'g * {2 * taps} + 2 * {tap} + {axis}', 'i0', 'i1'])}"
+            )
+            low, fraction = (
+                b.new([n, offset_groups, kh, kw, out_h, out_w], np.int64),
+                b.new([n, offset_groups, kh, kw, out_h, out_w], x.dtype),
+            )
+            statements += [
+                b.statement(low, place_idx, "=", f"int64(floor({moved}))"),
+                b.statement(fraction, place_idx, "=", f"({moved}) - floor({moved})"),
+            ]
             tables.append((low, fraction, extent))
         b.emit(statements, [offsets], [t for low, fraction, _ in tables for t in (low, fraction)], "other")
         per_offset_group = channels // offset_groups
@@ -152,20 +193,30 @@ class DeformConv(Converter):
         sample_rhs = f"{weights[0]} * {weights[1]} * ({value})"
         reads = [x] + [t for low, fraction, _ in tables for t in (low, fraction)]
         if mask is not None:
-            sample_rhs = f"{b.ref(mask, ['n', f'(c / {per_offset_group}) * {taps} + {tap}', 'i0', 'i1'])} * ({sample_rhs})"
+            sample_rhs = (
+                f"{b.ref(mask, ['n', f'(c / {per_offset_group}) * {taps} + {tap}', 'i0', 'i1'])} * ({sample_rhs})"
+            )
             reads.append(mask)
         samples = b.new([n, channels, kh, kw, out_h, out_w], x.dtype)
-        b.emit([b.statement(samples, ["n", "c", "a", "c2", "i0", "i1"], "+=!", sample_rhs, [("u0", 2), ("u1", 2)])],
-               reads, [samples], "other")
+        b.emit(
+            [b.statement(samples, ["n", "c", "a", "c2", "i0", "i1"], "+=!", sample_rhs, [("u0", 2), ("u1", 2)])],
+            reads,
+            [samples],
+            "other",
+        )
         per_filter_group = filters // groups
         out = b.new([n, filters, out_h, out_w], x.dtype)
-        product = (f"{b.ref(w, ['f', 'r_c', 'r_a', 'r_b'])} * "
-                   f"{b.ref(samples, ['n', f'(f / {per_filter_group}) * {per_group} + r_c', 'r_a', 'r_b', 'i0', 'i1'])}")
-        statements = [b.statement(out, ["n", "f", "i0", "i1"], "+=!", product,
-                                  [("r_c", per_group), ("r_a", kh), ("r_b", kw)])]
+        product = (
+            f"{b.ref(w, ['f', 'r_c', 'r_a', 'r_b'])} * "
+            f"{b.ref(samples, ['n', f'(f / {per_filter_group}) * {per_group} + r_c', 'r_a', 'r_b', 'i0', 'i1'])}"
+        )
+        statements = [
+            b.statement(out, ["n", "f", "i0", "i1"], "+=!", product, [("r_c", per_group), ("r_a", kh), ("r_b", kw)])
+        ]
         if bias is not None:
-            statements.append(b.statement(out, ["n", "f", "i0", "i1"], "=",
-                                          f"{out.ident}(n, f, i0, i1) + {b.ref(bias, ['f'])}"))
+            statements.append(
+                b.statement(out, ["n", "f", "i0", "i1"], "=", f"{out.ident}(n, f, i0, i1) + {b.ref(bias, ['f'])}")
+            )
         b.emit(statements, [w, samples] + ([bias] if bias is not None else []), [out], "other")
         return [out]
 
@@ -188,29 +239,46 @@ class Col2Im(Converter):
         pads = list(node.attr("pads") or [0] * 2 * k)
         if x.rank != 3 or len(block) != k or len(dilations) != k or len(strides) != k or len(pads) != 2 * k:
             raise UnsupportedError(f"{b.where}: an input of shape {x.shape} for image {image} and block {block}")
-        blocks = [(image[d] + pads[d] + pads[k + d] - dilations[d] * (block[d] - 1) - 1) // strides[d] + 1
-                  for d in range(k)]
+        blocks = [
+            (image[d] + pads[d] + pads[k + d] - dilations[d] * (block[d] - 1) - 1) // strides[d] + 1 for d in range(k)
+        ]
         per_channel = math.prod(block)
         if x.shape[1] % per_channel or x.shape[2] != math.prod(blocks) or min(blocks) < 1:
-            raise UnsupportedError(f"{b.where}: an input of shape {x.shape} is not the columns of {blocks} blocks of "
-                                   f"{block} from an image of {image}")
+            raise UnsupportedError(
+                f"{b.where}: an input of shape {x.shape} is not the columns of {blocks} blocks of "
+                f"{block} from an image of {image}"
+            )
         pixel = indices(k, "y")
         offsets = [f"r{d}" for d in range(k)]
         # where block offset r_d covers pixel y_d: y_d + pad - r_d * dilation = l_d * stride
         reach = [f"({pixel[d]} + {pads[d]} - {dilations[d]} * {offsets[d]})" for d in range(k)]
         place = [f"{reach[d]} / {strides[d]}" for d in range(k)]
-        covered = " && ".join(f"{reach[d]} >= 0 && {reach[d]} % {strides[d]} == 0 && {place[d]} < {blocks[d]}"
-                              for d in range(k))
+        covered = " && ".join(
+            f"{reach[d]} >= 0 && {reach[d]} % {strides[d]} == 0 && {place[d]} < {blocks[d]}" for d in range(k)
+        )
 
         def flat(terms, extents):
             text = terms[0]
             for term, extent in zip(terms[1:], extents[1:]):
                 text = f"({text}) * {extent} + {term}"
             return text
+
         column = b.ref(x, ["n", f"c * {per_channel} + {flat(offsets, block)}", flat(place, blocks)])
         out = b.new([x.shape[0], x.shape[1] // per_channel, *image], x.dtype)
-        b.emit([b.statement(out, ["n", "c"] + pixel, "+=!", f"({covered}) ? {column} : {tc_type(x.dtype)}(0)",
-                            [(offsets[d], block[d]) for d in range(k)])], [x], [out], "other")
+        b.emit(
+            [
+                b.statement(
+                    out,
+                    ["n", "c"] + pixel,
+                    "+=!",
+                    f"({covered}) ? {column} : {tc_type(x.dtype)}(0)",
+                    [(offsets[d], block[d]) for d in range(k)],
+                )
+            ],
+            [x],
+            [out],
+            "other",
+        )
         return [out]
 
 
@@ -228,16 +296,21 @@ def _reflected(x: str, low: float, high: float) -> str:
         other = "-" if sign == "+" else "+"
         outward = high_text if inward == low_text else low_text
         return f"(fmod({times}, 2.0) == 0 ? {inward} {sign} {rest} : {outward} {other} {rest})"
-    return (f"({x} < {low_text} ? {folded(f'({low_text} - {x})', low_text, '+')} : "
-            f"{x} > {high_text} ? {folded(f'({x} - {high_text})', high_text, '-')} : {x})")
+
+    return (
+        f"({x} < {low_text} ? {folded(f'({low_text} - {x})', low_text, '+')} : "
+        f"{x} > {high_text} ? {folded(f'({x} - {high_text})', high_text, '-')} : {x})"
+    )
 
 
 #: Keys' cubic convolution (a = -0.75, as PyTorch and onnx) for the taps at -1, 0, 1, 2 from
 #: the floor of a coordinate, of the coordinate's fraction ``t``.
-_CUBIC_TAPS = ("((-0.75 * ({t} + 1) + 3.75) * ({t} + 1) - 6.0) * ({t} + 1) + 3.0",
-               "(1.25 * {t} - 2.25) * {t} * {t} + 1",
-               "(1.25 * (1 - {t}) - 2.25) * (1 - {t}) * (1 - {t}) + 1",
-               "((-0.75 * (2 - {t}) + 3.75) * (2 - {t}) - 6.0) * (2 - {t}) + 3.0")
+_CUBIC_TAPS = (
+    "((-0.75 * ({t} + 1) + 3.75) * ({t} + 1) - 6.0) * ({t} + 1) + 3.0",
+    "(1.25 * {t} - 2.25) * {t} * {t} + 1",
+    "(1.25 * (1 - {t}) - 2.25) * (1 - {t}) * (1 - {t}) + 1",
+    "((-0.75 * (2 - {t}) + 3.75) * (2 - {t}) - 6.0) * (2 - {t}) + 3.0",
+)
 
 
 class GridSample(Converter):
@@ -249,8 +322,9 @@ class GridSample(Converter):
 
     @staticmethod
     def _impl_v16(b, node, inputs):
-        mode = {"bilinear": "linear", "bicubic": "cubic"}.get(node.attr("mode", "bilinear"),
-                                                              node.attr("mode", "bilinear"))
+        mode = {"bilinear": "linear", "bicubic": "cubic"}.get(
+            node.attr("mode", "bilinear"), node.attr("mode", "bilinear")
+        )
         return GridSample._sample(b, node, inputs, mode)
 
     @staticmethod
@@ -263,14 +337,18 @@ class GridSample(Converter):
         padding = node.attr("padding_mode", "zeros")
         align = bool(node.attr("align_corners", 0))
         if mode not in ("nearest", "linear", "cubic") or padding not in ("zeros", "border", "reflection"):
-            raise UnsupportedError(f"{b.where}: mode {mode!r} and padding_mode {padding!r} (nearest, linear or "
-                                   f"cubic; zeros, border or reflection)")
+            raise UnsupportedError(
+                f"{b.where}: mode {mode!r} and padding_mode {padding!r} (nearest, linear or "
+                f"cubic; zeros, border or reflection)"
+            )
         _float_only(b, x)
         _float_only(b, grid)
         k = x.rank - 2
         if k < 1 or grid.rank != k + 2 or grid.shape[0] != x.shape[0] or grid.shape[-1] != k:
-            raise UnsupportedError(f"{b.where}: a grid of shape {grid.shape} for an input of shape {x.shape} "
-                                   f"(expected (N, spatial..., {k}))")
+            raise UnsupportedError(
+                f"{b.where}: a grid of shape {grid.shape} for an input of shape {x.shape} "
+                f"(expected (N, spatial..., {k}))"
+            )
         n, channels, spatial = x.shape[0], x.shape[1], x.shape[2:]
         points = grid.shape[1:-1]
         taps = {"nearest": 1, "linear": 2, "cubic": 4}[mode]
@@ -285,15 +363,18 @@ class GridSample(Converter):
             if mode == "nearest":
                 place = f"rint({place})"
             if padding == "border":
-                place = f"(({place} < {_number(low)} || {place} > {_number(high)}) ? " \
-                        f"fmin(fmax({place}, 0.0), {_number(extent - 1)}) : {place})"
+                place = (
+                    f"(({place} < {_number(low)} || {place} > {_number(high)}) ? "
+                    f"fmin(fmax({place}, 0.0), {_number(extent - 1)}) : {place})"
+                )
             elif padding == "reflection":
                 place = f"float({_reflected(f'double({place})', low, high)})"
             coordinate = b.new([n, *points], np.float32)
             statements.append(b.statement(coordinate, point, "=", place))
             at = b.ref(coordinate, point)
-            first = {"nearest": f"int64({at})", "linear": f"int64(floor({at}))",
-                     "cubic": f"int64(floor({at})) - 1"}[mode]
+            first = {"nearest": f"int64({at})", "linear": f"int64(floor({at}))", "cubic": f"int64(floor({at})) - 1"}[
+                mode
+            ]
             tap = f"({first} + r)"
             if padding == "zeros":
                 index_rhs = f"({tap} >= 0 && {tap} < {extent}) ? {tap} : int64(-1)"
@@ -322,8 +403,12 @@ class GridSample(Converter):
         factors = [b.ref(weight, point + [f"r{d}"]) for d, (_, weight) in enumerate(tables) if weight is not None]
         out = b.new([n, channels, *points], x.dtype)
         rhs = " * ".join(factors + [f"({pixel})"])
-        b.emit([b.statement(out, ["n", "c"] + o, "+=!", rhs, reductions)],
-               [x] + [t for pair in tables for t in pair if t is not None], [out], "other")
+        b.emit(
+            [b.statement(out, ["n", "c"] + o, "+=!", rhs, reductions)],
+            [x] + [t for pair in tables for t in pair if t is not None],
+            [out],
+            "other",
+        )
         return [out]
 
 
@@ -342,10 +427,10 @@ class Resize(Converter):
     CONSTANT_INPUTS = (1, 2, 3)
 
     @staticmethod
-    def _impl_v10(b, node, inputs):   # inputs (X, scales)
+    def _impl_v10(b, node, inputs):  # inputs (X, scales)
         raise AssertionError("Resize.convert passes the opset to _resize")
 
-    _impl_v11 = _impl_v10              # inputs (X, roi, scales, sizes)
+    _impl_v11 = _impl_v10  # inputs (X, roi, scales, sizes)
 
     @classmethod
     def convert(cls, b, node, inputs, opset):
@@ -373,10 +458,14 @@ class Resize(Converter):
             if bounds.size != 2 * len(axes):
                 raise UnsupportedError(f"{b.where}: Resize's roi has {bounds.size} values for {len(axes)} axes")
             regions = {axis: (bounds[k], bounds[len(axes) + k]) for k, axis in enumerate(axes)}
-        scales = [float(v) for v in _require_const(b, scales, "Resize's scales")] if scales is not None and \
-            scales.size else None
-        sizes = [int(v) for v in _require_const(b, sizes, "Resize's sizes")] if sizes is not None and \
-            sizes.size else None
+        scales = (
+            [float(v) for v in _require_const(b, scales, "Resize's scales")]
+            if scales is not None and scales.size
+            else None
+        )
+        sizes = (
+            [int(v) for v in _require_const(b, sizes, "Resize's sizes")] if sizes is not None and sizes.size else None
+        )
         if (scales is None) == (sizes is None):
             raise UnsupportedError(f"{b.where}: Resize needs exactly one of scales and sizes")
         out_shape = list(x.shape)
@@ -398,12 +487,18 @@ class Resize(Converter):
                 per_axis[axis] = ("sizes", size)
         value = x
         for axis in sorted(per_axis):
-            if out_shape[axis] == x.shape[axis] and per_axis[axis] in (("scales", 1.0), ("sizes", x.shape[axis])) \
-                    and regions[axis] == (0.0, 1.0):
+            if (
+                out_shape[axis] == x.shape[axis]
+                and per_axis[axis] in (("scales", 1.0), ("sizes", x.shape[axis]))
+                and regions[axis] == (0.0, 1.0)
+            ):
                 continue
             weights = _resize_weights(node, opset, x.shape[axis], *per_axis[axis], regions[axis])
-            outside = _resize_weights(node, opset, x.shape[axis], *per_axis[axis], regions[axis], probe=True)[:, 0] \
-                if cropping else None
+            outside = (
+                _resize_weights(node, opset, x.shape[axis], *per_axis[axis], regions[axis], probe=True)[:, 0]
+                if cropping
+                else None
+            )
             value = _weighted_gather(b, value, axis, weights, outside, node.attr("extrapolation_value", 0.0))
         if value is x:
             value = b.new(list(x.shape), x.dtype)
@@ -421,6 +516,7 @@ class Upsample(Converter):
     @staticmethod
     def _resize(b, node, x, scales):
         from onnx import helper
+
         mode = node.attr("mode", "nearest")
         if mode not in ("nearest", "linear"):
             raise UnsupportedError(f"{b.where}: Upsample mode {mode!r} (nearest or linear)")
@@ -439,25 +535,30 @@ class Upsample(Converter):
         return Upsample._resize(b, node, inputs[0], inputs[1] if len(inputs) > 1 else None)
 
 
-def _resize_weights(node, opset: int, length: int, kind: str, amount, region=(0.0, 1.0),
-                    probe: bool = False) -> np.ndarray:
+def _resize_weights(
+    node, opset: int, length: int, kind: str, amount, region=(0.0, 1.0), probe: bool = False
+) -> np.ndarray:
     """(output length x ``length``) weights of a one-axis Resize with ``node``'s attributes, by
     onnx's reference implementation applied to the identity; ``region``: the axis' region of
     interest (tf_crop_and_resize).  With ``probe``, the reference runs on zeros with an
     extrapolation value of 1 instead: the rows it extrapolates are ones."""
     from onnx import TensorProto, helper
     from onnx.reference import ReferenceEvaluator
-    attributes = [a for a in node.proto.attribute
-                  if a.name not in ("axes", "keep_aspect_ratio_policy", "extrapolation_value")]
+
+    attributes = [
+        a for a in node.proto.attribute if a.name not in ("axes", "keep_aspect_ratio_policy", "extrapolation_value")
+    ]
     attributes.append(helper.make_attribute("extrapolation_value", 1.0 if probe else 0.0))
     resize = helper.make_node("Resize", [], ["Y"])
     if opset < 11:
         # onnx's reference has opset 11's Resize only.  Before, coordinates were asymmetric
         # (x_in = x_out / scale), and a nearest neighbour rounded down when upsampling, up when
         # downsampling, as onnxruntime's Resize-10 and Upsample do.
-        attributes = [helper.make_attribute("mode", node.attr("mode", "nearest")),
-                      helper.make_attribute("coordinate_transformation_mode", "asymmetric"),
-                      helper.make_attribute("nearest_mode", "floor" if float(amount) >= 1 else "ceil")]
+        attributes = [
+            helper.make_attribute("mode", node.attr("mode", "nearest")),
+            helper.make_attribute("coordinate_transformation_mode", "asymmetric"),
+            helper.make_attribute("nearest_mode", "floor" if float(amount) >= 1 else "ceil"),
+        ]
         opset = 11
     resize.attribute.extend(attributes)
     initializers = [helper.make_tensor("roi", TensorProto.DOUBLE, [4], [region[0], 0.0, region[1], 1.0])]
@@ -467,8 +568,13 @@ def _resize_weights(node, opset: int, length: int, kind: str, amount, region=(0.
     else:
         resize.input.extend(["X", "roi", "", "sizes"])
         initializers.append(helper.make_tensor("sizes", TensorProto.INT64, [2], [int(amount), length]))
-    graph = helper.make_graph([resize], "axis", [helper.make_tensor_value_info("X", TensorProto.DOUBLE, [length, length])],
-                              [helper.make_tensor_value_info("Y", TensorProto.DOUBLE, None)], initializers)
+    graph = helper.make_graph(
+        [resize],
+        "axis",
+        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, [length, length])],
+        [helper.make_tensor_value_info("Y", TensorProto.DOUBLE, None)],
+        initializers,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     (result,) = ReferenceEvaluator(model).run(None, {"X": np.zeros((length, length)) if probe else np.eye(length)})
     return np.asarray(result, dtype=np.float64)
@@ -483,8 +589,8 @@ def _weighted_gather(b, x, axis: int, weights: np.ndarray, outside=None, fill: f
     factor = np.zeros((rows, terms), np.float64)
     for y in range(rows):
         nonzero = np.flatnonzero(weights[y])
-        table[y, :len(nonzero)] = nonzero
-        factor[y, :len(nonzero)] = weights[y, nonzero]
+        table[y, : len(nonzero)] = nonzero
+        factor[y, : len(nonzero)] = weights[y, nonzero]
     shape = list(x.shape)
     shape[axis] = rows
     out = b.new(shape, x.dtype)
@@ -492,13 +598,15 @@ def _weighted_gather(b, x, axis: int, weights: np.ndarray, outside=None, fill: f
     where = b.const(table if terms > 1 else table[:, 0])
     pick = lambda j: [idx[axis], str(j)] if terms > 1 else [idx[axis]]  # noqa: E731
     reads = [x, where]
-    if terms == 1 and np.all(factor[:, 0] == 1):      # nearest: a gather
-        rhs = b.ref(x, idx[:axis] + [b.ref(where, pick(0))] + idx[axis + 1:])
+    if terms == 1 and np.all(factor[:, 0] == 1):  # nearest: a gather
+        rhs = b.ref(x, idx[:axis] + [b.ref(where, pick(0))] + idx[axis + 1 :])
     else:
         scale = b.const(factor.astype(x.dtype) if terms > 1 else factor[:, 0].astype(x.dtype))
         reads.append(scale)
-        rhs = " + ".join(f"{b.ref(scale, pick(j))} * {b.ref(x, idx[:axis] + [b.ref(where, pick(j))] + idx[axis + 1:])}"
-                         for j in range(terms))
+        rhs = " + ".join(
+            f"{b.ref(scale, pick(j))} * {b.ref(x, idx[:axis] + [b.ref(where, pick(j))] + idx[axis + 1 :])}"
+            for j in range(terms)
+        )
     if outside is not None and np.any(outside != 0):
         mask = b.const(np.asarray(outside != 0))
         reads.append(mask)

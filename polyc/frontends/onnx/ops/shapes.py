@@ -3,6 +3,7 @@ Unsqueeze; Transpose, DepthToSpace and SpaceToDepth; Expand and Tile; Concat, Sp
 OneHot, Trilu, EyeLike and Pad.  Also :func:`transposed` and :func:`concatenated`, which other
 converters build with.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -33,6 +34,7 @@ class Constant(Converter):
     @staticmethod
     def _impl_v1(b, node, inputs):
         from onnx import numpy_helper
+
         for name, value in node.attributes.items():
             if name == "value":
                 return [b.const(numpy_helper.to_array(value))]
@@ -53,6 +55,7 @@ class ConstantOfShape(Converter):
     @staticmethod
     def _impl_v9(b, node, inputs):
         from onnx import numpy_helper
+
         shape = _require_const(b, inputs[0], "the shape")
         value = node.attributes.get("value")
         fill = numpy_helper.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
@@ -64,8 +67,9 @@ class Range(Converter):
 
     @staticmethod
     def _impl_v11(b, node, inputs):
-        start, limit, delta = (_require_const(b, v, name).reshape(()) for v, name in
-                               zip(inputs[:3], ("start", "limit", "delta")))
+        start, limit, delta = (
+            _require_const(b, v, name).reshape(()) for v, name in zip(inputs[:3], ("start", "limit", "delta"))
+        )
         count = max(int(math.ceil((limit - start) / delta)), 0)
         return [b.const((start + np.arange(count) * delta).astype(start.dtype))]
 
@@ -165,8 +169,9 @@ def _blocks(b, node, x, channels_divisible: bool) -> tuple[int, ...]:
     """(N, C, H, W, block size) of a DepthToSpace or SpaceToDepth, checked."""
     size = int(node.attr("blocksize", 0))
     if x.rank != 4 or size < 1:
-        raise UnsupportedError(f"{b.where}: needs a 4-D input and a blocksize of at least 1 "
-                               f"(got shape {x.shape}, blocksize {size})")
+        raise UnsupportedError(
+            f"{b.where}: needs a 4-D input and a blocksize of at least 1 (got shape {x.shape}, blocksize {size})"
+        )
     n, c, h, w = x.shape
     if channels_divisible and c % (size * size):
         raise UnsupportedError(f"{b.where}: {c} channels are not a multiple of blocksize^2 = {size * size}")
@@ -214,14 +219,16 @@ class Expand(Converter):
         out_shape = broadcast_shape(b.where, x.shape, target)
         out = b.new(out_shape, x.dtype)
         idx = indices(len(out_shape))
-        b.emit([b.statement(out, idx, "=", b.ref(x, b.broadcast_subscripts(x, out_shape, idx)))], [x], [out],
-               "elementwise")
+        b.emit(
+            [b.statement(out, idx, "=", b.ref(x, b.broadcast_subscripts(x, out_shape, idx)))], [x], [out], "elementwise"
+        )
         return [out]
 
 
 class Tile(Converter):
     """``x`` repeated along each axis: written as a broadcast into the interleaved shape
     (repeats[0], d0, repeats[1], d1, ...), whose memory is the tiled tensor's."""
+
     CONSTANT_INPUTS = (1,)
 
     @staticmethod
@@ -229,8 +236,9 @@ class Tile(Converter):
         x = inputs[0]
         repeats = [int(r) for r in _require_const(b, inputs[1], "repeats").reshape(-1)]
         if len(repeats) != x.rank or any(r < 0 for r in repeats):
-            raise UnsupportedError(f"{b.where}: Tile repeats {repeats} for a rank-{x.rank} input "
-                                   f"(one count of at least 0 per axis)")
+            raise UnsupportedError(
+                f"{b.where}: Tile repeats {repeats} for a rank-{x.rank} input (one count of at least 0 per axis)"
+            )
         shape = [r * d for r, d in zip(repeats, x.shape)]
         if x.const is not None:
             return [b.const(np.tile(x.const, repeats))]
@@ -239,8 +247,12 @@ class Tile(Converter):
         idx = indices(x.rank)
         copies = [f"t{d}" for d in range(x.rank)]
         interleaved = b.new([n for pair in zip(repeats, x.shape) for n in pair], x.dtype)
-        b.emit([b.statement(interleaved, [n for pair in zip(copies, idx) for n in pair], "=", b.ref(x, idx))],
-               [x], [interleaved], "other")
+        b.emit(
+            [b.statement(interleaved, [n for pair in zip(copies, idx) for n in pair], "=", b.ref(x, idx))],
+            [x],
+            [interleaved],
+            "other",
+        )
         return [b.view(interleaved, shape)]
 
 
@@ -265,6 +277,7 @@ def _concatenate(b, values: list, axis: int) -> Value:
         if offsets[k]:
             subscripts[axis] = f"{idx[axis]} - {offsets[k]}"
         return b.ref(values[k], subscripts)
+
     rhs = piece(len(values) - 1)
     for k in range(len(values) - 2, -1, -1):
         rhs = f"({idx[axis]} < {offsets[k + 1]} ? {piece(k)} : {rhs})"
@@ -276,8 +289,12 @@ def concatenated(b, values: list, axis: int) -> Value:
     """``values`` joined along ``axis``: by one statement, or for more than
     :data:`CONCAT_FAN_IN` a tree of them (a recurrent layer's time steps)."""
     while len(values) > CONCAT_FAN_IN:
-        values = [_concatenate(b, values[k:k + CONCAT_FAN_IN], axis) if len(values[k:k + CONCAT_FAN_IN]) > 1
-                  else values[k] for k in range(0, len(values), CONCAT_FAN_IN)]
+        values = [
+            _concatenate(b, values[k : k + CONCAT_FAN_IN], axis)
+            if len(values[k : k + CONCAT_FAN_IN]) > 1
+            else values[k]
+            for k in range(0, len(values), CONCAT_FAN_IN)
+        ]
     return _concatenate(b, values, axis) if len(values) > 1 else b.view(values[0], values[0].shape)
 
 
@@ -289,8 +306,9 @@ class Concat(Converter):
         shape = list(given[0].shape)
         shape[axis] = sum(v.shape[axis] for v in given)
         if any(v.rank != len(shape) or any(e != shape[d] for d, e in enumerate(v.shape) if d != axis) for v in given):
-            raise UnsupportedError(f"{b.where}: cannot concatenate shapes {', '.join(str(v.shape) for v in given)} "
-                                   f"along axis {axis}")
+            raise UnsupportedError(
+                f"{b.where}: cannot concatenate shapes {', '.join(str(v.shape) for v in given)} along axis {axis}"
+            )
         if math.prod(shape) == 0:  # (empty parts still count along the axis)
             return [b.const(np.zeros(shape, given[0].dtype))]
         return [concatenated(b, [v for v in given if v.size > 0], axis)]
@@ -314,7 +332,7 @@ class Split(Converter):
             shape = list(x.shape)
             shape[axis] = int(size)
             if contiguous:
-                outputs.append(b.part(x, shape, start * math.prod(x.shape[axis + 1:])))
+                outputs.append(b.part(x, shape, start * math.prod(x.shape[axis + 1 :])))
                 start += int(size)
                 continue
             out = b.new(shape, x.dtype)
@@ -354,10 +372,16 @@ class Slice(Converter):
         x = inputs[0]
         starts = _require_const(b, inputs[1], "starts")
         ends = _require_const(b, inputs[2], "ends")
-        axes = _require_const(b, inputs[3], "axes") if len(inputs) > 3 and inputs[3] is not None \
+        axes = (
+            _require_const(b, inputs[3], "axes")
+            if len(inputs) > 3 and inputs[3] is not None
             else np.arange(len(starts))
-        steps = _require_const(b, inputs[4], "steps") if len(inputs) > 4 and inputs[4] is not None \
+        )
+        steps = (
+            _require_const(b, inputs[4], "steps")
+            if len(inputs) > 4 and inputs[4] is not None
             else np.ones(len(starts), np.int64)
+        )
         first, step = [0] * x.rank, [1] * x.rank
         shape = list(x.shape)
         for s, e, a, st in zip(starts, ends, axes, steps):
@@ -365,13 +389,18 @@ class Slice(Converter):
             if int(st) == 0:
                 raise UnsupportedError(f"{b.where}: a step of 0")
             big = np.iinfo(np.int64).max
-            start, stop, stride = slice(int(max(min(s, big), -big)), int(max(min(e, big), -big)),
-                                        int(st)).indices(x.shape[a])
+            start, stop, stride = slice(int(max(min(s, big), -big)), int(max(min(e, big), -big)), int(st)).indices(
+                x.shape[a]
+            )
             first[a], step[a] = start, stride
             shape[a] = len(range(start, stop, stride))
         if x.const is not None:
-            view = x.const[tuple(slice(f, f + st * n if st > 0 else (f + st * n if f + st * n >= 0 else None), st)
-                                 for f, st, n in zip(first, step, shape))]
+            view = x.const[
+                tuple(
+                    slice(f, f + st * n if st > 0 else (f + st * n if f + st * n >= 0 else None), st)
+                    for f, st, n in zip(first, step, shape)
+                )
+            ]
             return [b.const(np.ascontiguousarray(view))]
         out = b.new(shape, x.dtype)
         idx = indices(x.rank)
@@ -399,7 +428,7 @@ class OneHot(Converter):
         shape = list(which.shape[:axis]) + [depth] + list(which.shape[axis:])
         out = b.new(shape, values.dtype)
         idx = indices(len(shape))
-        source = idx[:axis] + idx[axis + 1:]
+        source = idx[:axis] + idx[axis + 1 :]
         index = b.ref(which, source)
         if which.dtype.kind == "f":  # onnx truncates a float index
             index = f"int64({index})"
@@ -418,8 +447,11 @@ class Trilu(Converter):
     @staticmethod
     def _impl_v14(b, node, inputs):
         x = inputs[0]
-        k = int(_require_const(b, inputs[1], "Trilu's k").reshape(-1)[0]) \
-            if len(inputs) > 1 and inputs[1] is not None else 0
+        k = (
+            int(_require_const(b, inputs[1], "Trilu's k").reshape(-1)[0])
+            if len(inputs) > 1 and inputs[1] is not None
+            else 0
+        )
         if x.rank < 2:
             raise UnsupportedError(f"{b.where}: Trilu of a rank-{x.rank} tensor (rank 2 or more)")
         upper = node.attr("upper", 1)
@@ -439,6 +471,7 @@ class EyeLike(Converter):
     @staticmethod
     def _impl_v9(b, node, inputs):
         from polyc.frontends.onnx.model import numpy_dtype
+
         x = inputs[0]
         if x.rank != 2:
             raise UnsupportedError(f"{b.where}: EyeLike of a rank-{x.rank} tensor (rank 2 only)")
@@ -461,7 +494,7 @@ class Pad(Converter):
         if mode != "constant":
             raise UnsupportedError(f"{b.where}: Pad mode {mode!r} (constant, edge, reflect and wrap are supported)")
         pads = [int(p) for p in pads]
-        begin, end = pads[:x.rank], pads[x.rank:]
+        begin, end = pads[: x.rank], pads[x.rank :]
         shape = [d + p + q for d, p, q in zip(x.shape, begin, end)]
         out = b.new(shape, x.dtype)
         idx = indices(x.rank)
@@ -485,23 +518,29 @@ class Pad(Converter):
         the border (reflect) or the other end (wrap).  Along each axis the output has up to
         three parts, each an affine read of ``x`` (the left part of reflect reads x(p - i)), so
         the result is one statement per combination of parts, without guards."""
-        begin, end = pads[:x.rank], pads[x.rank:]
+        begin, end = pads[: x.rank], pads[x.rank :]
         idx = indices(x.rank)
         parts_per_axis = []
         for i, d, p, q in zip(idx, x.shape, begin, end):
             o = d + p + q
             longest = d - 1 if mode == "reflect" else d if mode == "wrap" else None
             if longest is not None and max(p, q) > longest:
-                raise UnsupportedError(f"{b.where}: Pad mode {mode!r} by {max(p, q)} along an axis of {d} "
-                                       f"(at most {longest})")
+                raise UnsupportedError(
+                    f"{b.where}: Pad mode {mode!r} by {max(p, q)} along an axis of {d} (at most {longest})"
+                )
             if d == 0 and (p > 0 or q > 0):
                 raise UnsupportedError(f"{b.where}: Pad mode {mode!r} of an empty axis")
             parts = [(max(p, 0), min(p + d, o), f"{i} - {p}" if p >= 0 else f"{i} + {-p}")]
             if p > 0:
                 parts.append((0, p, {"edge": "0", "reflect": f"{p} - {i}", "wrap": f"{i} + {d - p}"}[mode]))
             if q > 0:
-                parts.append((p + d, o, {"edge": str(d - 1), "reflect": f"{2 * d - 2 + p} - {i}",
-                                         "wrap": f"{i} - {p + d}"}[mode]))
+                parts.append(
+                    (
+                        p + d,
+                        o,
+                        {"edge": str(d - 1), "reflect": f"{2 * d - 2 + p} - {i}", "wrap": f"{i} - {p + d}"}[mode],
+                    )
+                )
             # the last part first: a def's output takes its extents from its first statement
             parts_per_axis.append(sorted((part for part in parts if part[1] > part[0]), key=lambda part: -part[1]))
         out = b.new([d + p + q for d, p, q in zip(x.shape, begin, end)], x.dtype)
