@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 import polyc
-from polyc.runtime.compiler import DEFAULT_OPTIMISATION_FLAGS, LANGUAGE_FLAGS, CompilerOptions
+from polyc.runtime.compiler import CompilerOptions
+from polyc.target import DEFAULT_OPTIMISATION_FLAGS, LANGUAGE_FLAGS
 from polyc.tune import search
 
 #: The flags of the tables written before they recorded theirs: polyc's defaults.

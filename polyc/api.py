@@ -209,14 +209,15 @@ class Kernel:
     def export_c(self, directory, sizes: dict | None = None, target: str = "neon", name: str | None = None):
         """Write this kernel as ``NAME.c`` (self-contained C: no Python needed) and ``NAME.h``
         (prototype; arguments, dtypes and shapes in a comment) into ``directory``, for ``target``
-        (``host``, ``avx512``, ``avx2``, ``generic`` or ``neon``; see :mod:`polyc.runtime.targets`).
+        (``host``, ``avx512``, ``avx2``, ``generic`` or ``neon``; see :mod:`polyc.target`).
         ``sizes`` (all of them) specialises the kernel; None passes them as arguments.
         ``name`` defaults to the def's name.  Returns the paths ``(c_path, h_path)``."""
         return self.exported_c(sizes, target, name).write(directory)
 
     def exported_c(self, sizes: dict | None = None, target: str = "neon", name: str | None = None):
         """:meth:`export_c`'s two files as text (:class:`polyc.runtime.targets.ExportedC`), not written."""
-        from polyc.runtime.targets import export_c, export_sizes, get_target
+        from polyc.runtime.targets import export_c, export_sizes
+        from polyc.target import get_target
 
         target = get_target(target)
         sizes = export_sizes(self.definition, sizes)

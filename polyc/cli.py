@@ -37,8 +37,7 @@ from polyc.lang import checked as ir
 from polyc.lang.printer import format_def
 from polyc.lang.symbolic import Affine
 from polyc.options import BACKENDS, FUSION_STRATEGIES
-from polyc.runtime.targets import TARGET_NAMES
-from polyc.schedule.gpu_device import DEVICE_MODELS
+from polyc.target import DEVICE_MODELS, TARGET_NAMES
 
 #: ``--emit`` stage -> the Kernel method giving its text (None: the front end answers directly).
 EMIT_METHODS = {"ast": None, "ranges": None, "isl": "isl_model_text", "schedule": "schedule_text", "c": "c_source"}

@@ -35,12 +35,12 @@ from polyc.runtime.arguments import BoundCall
 from polyc.runtime.cache import find_request, remember_request, request_key
 from polyc.runtime.compiler import compiler_options
 from polyc.runtime.tuning_records import tuned_options
-from polyc.schedule import tiling
 from polyc.schedule.contraction import Contraction
 from polyc.schedule.convolution import Convolution
 from polyc.schedule.gpu_mapping import GpuPlan
 from polyc.schedule.packing import PackingProgram
 from polyc.schedule.scheduler import compute_schedule
+from polyc.target import usable_cores
 
 
 @dataclass(frozen=True)
@@ -323,7 +323,7 @@ def build_ahead(calls: Iterable[tuple[object, Mapping[str, int]]], jobs: int | N
     :class:`polyc.api.Kernel`.  Most of a model's cold compile is the C compiler's (mobilenet_v2:
     55 s of 63), which one thread left to one processor.  A kernel that fails to generate or
     build is left to its call, which reports the error."""
-    builders = ThreadPoolExecutor(max_workers=jobs or tiling.usable_cores(), thread_name_prefix="polyc-build")
+    builders = ThreadPoolExecutor(max_workers=jobs or usable_cores(), thread_name_prefix="polyc-build")
     try:
         builds = []
         for kernel, sizes in calls:

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from polyc.errors import PolycError
+from polyc.target import named_device
 
 FUSION_STRATEGIES = ("min", "smart", "max")
 GPU_BACKENDS = ("opencl", "cuda")
@@ -75,7 +76,7 @@ class Options:
       turn it on.
     - ``cache_sizes``: the data caches tile and block sizes are chosen for, ``(L1, L2, L3)`` in
       bytes (L1 and L2 per core); None reads this machine's.  Exports for another machine use
-      that target's (:mod:`polyc.runtime.targets`).
+      that target's (:mod:`polyc.target`).
     - ``threads``: the most threads a parallel kernel uses (None: OpenMP's default, all cores).
     - ``tuning``: compile each call's sizes with the fastest options :func:`polyc.tune` recorded
       for this def, these sizes and dtypes, this compiler and this machine, when there is such a
@@ -185,8 +186,6 @@ class Options:
                 f"grid must be one to three positive integers (most blocks along x, y, z), not {self.grid!r}"
             )
         if self.device is not None:
-            from polyc.schedule.gpu_device import named_device
-
             named_device(self.device if isinstance(self.device, str) else repr(self.device))
         if not isinstance(self.unroll, int) or self.unroll < 1:
             raise PolycError(f"unroll must be an integer >= 1, not {self.unroll!r}")

@@ -15,7 +15,7 @@ import platform
 
 import pytest
 
-from polyc.runtime.targets import get_target
+from polyc.target import get_target
 
 CFLAGS = {"native": None, "avx2": "-O2 -mavx2 -mfma", "portable": "-O2"}
 

@@ -629,7 +629,7 @@ def test_cache_sizes_option_is_validated():
 
 def test_neon_export_is_blocked_for_aarch64_caches():
     """The export takes its block sizes from the target's cache model, not from this machine."""
-    from polyc.runtime.targets import TARGETS
+    from polyc.target import TARGETS
 
     kernel = polyc.define(MATMUL).f
     sizes = {"M": 300, "K": 300, "N": 300}

@@ -38,7 +38,8 @@ from polyc.codegen.c_expr import c_type
 from polyc.codegen.gemm import micro_kernel_shapes
 from polyc.lang.checked import Role
 from polyc.runtime.arguments import bind_arguments
-from polyc.runtime.targets import TARGETS, export_c
+from polyc.runtime.targets import export_c
+from polyc.target import TARGETS
 
 AARCH64_CC = shutil.which(TARGETS["neon"].cc)
 QEMU = shutil.which("qemu-aarch64") or shutil.which("qemu-aarch64-static")

@@ -524,10 +524,10 @@ def test_the_vector_logistic_function_is_polyc_sigmoidf_bit_for_bit(isa):
     the interesting range, every special value (the whole float32 range was checked so by hand,
     every seventh input)."""
     from polyc.codegen.vector_math import sigmoid_vector_c, sigmoid_vector_name
-    from polyc.runtime.compiler import cpu_flags
+    from polyc.target import host
 
     flags, cpu_flag = _LOGISTIC_VECTOR_BUILDS[isa]
-    if platform.machine() not in ("x86_64", "AMD64") or cpu_flag not in cpu_flags():
+    if platform.machine() not in ("x86_64", "AMD64") or cpu_flag not in host().flags:
         pytest.skip(f"this CPU cannot run {isa} code")
     vector, lanes = ("__m512", 16) if isa == "avx512" else ("__m256", 8)
     prefix = vector.replace("__m", "_mm")

@@ -93,6 +93,7 @@ from polyc.lang import checked as ir
 from polyc.options import Options
 from polyc.schedule import tiling
 from polyc.schedule.convolution import Convolution
+from polyc.target import isa_guards
 
 #: The return value when tables or buffers cannot be allocated (as the gemm kernel's).
 STATUS_OUT_OF_MEMORY = 2
@@ -104,11 +105,7 @@ CONV_KERNEL_MARK = "polyc conv kernel"
 _PARALLEL_THRESHOLD = 64 * 64 * 64
 
 #: The C preprocessor condition of each instruction set, best first (portable: the rest).
-ISA_GUARDS = {
-    "avx512": "!defined(POLYC_CONV_PORTABLE) && defined(__AVX512F__)",
-    "avx2": "!defined(POLYC_CONV_PORTABLE) && defined(__AVX2__) && defined(__FMA__)",
-    "portable": None,
-}
+ISA_GUARDS = isa_guards(("avx512", "avx2"), "POLYC_CONV_PORTABLE")
 
 #: Vectors of points per register block, per instruction set and channel rows RF: RF x RV
 #: accumulators, RV loaded vectors and one broadcast fit the registers (32 with AVX-512, 16

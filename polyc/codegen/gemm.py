@@ -82,6 +82,7 @@ from polyc.lang.symbolic import Affine
 from polyc.options import Options
 from polyc.schedule import packing, tiling
 from polyc.schedule.contraction import Contraction
+from polyc.target import INSTRUCTION_SETS, isa_guards
 
 #: The return value when packing buffers or offset tables cannot be allocated.
 STATUS_OUT_OF_MEMORY = 2
@@ -119,15 +120,10 @@ class MicroKernelShape:
 
 
 #: The C preprocessor condition of each instruction set, best first (portable: the rest).
-ISA_GUARDS = {
-    "avx512": "!defined(POLYC_GEMM_PORTABLE) && defined(__AVX512F__)",
-    "avx2": "!defined(POLYC_GEMM_PORTABLE) && defined(__AVX2__) && defined(__FMA__)",
-    "neon": "!defined(POLYC_GEMM_PORTABLE) && defined(__aarch64__) && defined(__ARM_NEON)",
-    "portable": None,
-}
+ISA_GUARDS = isa_guards(("avx512", "avx2", "neon"), "POLYC_GEMM_PORTABLE")
 
 #: The header declaring each instruction set's intrinsics.
-ISA_HEADERS = {"avx512": "immintrin.h", "avx2": "immintrin.h", "neon": "arm_neon.h"}
+ISA_HEADERS = {name: isa.header for name, isa in INSTRUCTION_SETS.items() if isa.header is not None}
 
 
 def micro_kernel_shapes(isa: str, dtype: np.dtype) -> tuple[MicroKernelShape, ...]:

@@ -12,10 +12,10 @@ from polyc.errors import PolycError
 from polyc.options import GPU_BACKENDS, Options
 from polyc.paths.base import KernelPath, PathKernel, PathRequest
 from polyc.schedule import tiling
-from polyc.schedule.gpu_device import DEFAULT_DEVICE, DeviceModel, named_device
 from polyc.schedule.gpu_mapping import MappingOptions, map_to_gpu
 from polyc.schedule.gpu_promotion import DEFAULT_MAX_SHARED_BYTES
 from polyc.schedule.outer_fusion import fuse_outer_loops
+from polyc.target import DEFAULT_DEVICE, DeviceModel, named_device
 
 
 def recognise(request: PathRequest):

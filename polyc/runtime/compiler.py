@@ -26,30 +26,26 @@ these are not options), ``-fopenmp`` when ``openmp`` is true, then ``extra_flags
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
-import platform
 import shlex
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from polyc.errors import CompilationError
+from polyc.target import (
+    FALLBACK_COMPILERS,
+    LANGUAGE_FLAGS,
+    default_compiler,
+    default_optimisation_flags,
+    find_program,
+    host,
+)
 
 #: Flags without which the output is not a shared library ctypes can load.
 REQUIRED_FLAGS: tuple[str, ...] = ("-fPIC", "-shared")
-#: The optimisation/architecture part of the default flags; ``$POLYC_CFLAGS`` replaces it.
-DEFAULT_OPTIMISATION_FLAGS: tuple[str, ...] = ("-O3", "-march=native")
-#: The dialect generated code is written in (C99 plus GNU extensions such as ``__restrict__``).
-#: Generated code never reads ``errno``, so math functions need not set it: without the check
-#: gcc vectorises ``sqrt`` (results are the same, IEEE square roots either way).
-LANGUAGE_FLAGS: tuple[str, ...] = ("-std=gnu11", "-fno-math-errno")
 #: Libraries linked after the source; generated code may call ``<math.h>`` functions.
 LINK_LIBRARIES: tuple[str, ...] = ("-lm",)
-#: Compilers tried, in order, when neither ``$POLYC_CC`` nor ``$CC`` is set.
-FALLBACK_COMPILERS: tuple[str, ...] = ("gcc", "cc", "clang")
-
 #: Seconds a single compilation may take before it is abandoned.
 DEFAULT_TIMEOUT = 300.0
 #: How much compiler output a CompilationError quotes; the first errors are the useful ones.
@@ -57,36 +53,8 @@ MAX_DIAGNOSTIC_LINES = 60
 MAX_DIAGNOSTIC_CHARS = 8000
 
 
-def _default_cc() -> str | None:
-    for variable in ("POLYC_CC", "CC"):
-        value = os.environ.get(variable, "").strip()
-        if value:
-            return value
-    for name in FALLBACK_COMPILERS:
-        if _on_path(name):
-            return name
-    return None
-
-
-#: (program, $PATH) -> its path, for programs found: every cache lookup resolves the compiler.
-_found_programs: dict[tuple[str, str | None], str] = {}
-
-
-def _on_path(program: str) -> str | None:
-    """``shutil.which(program)``, remembered once found for the same ``$PATH``."""
-    key = (program, os.environ.get("PATH"))
-    found = _found_programs.get(key)
-    if found is None:
-        found = shutil.which(program)
-        if found is not None:
-            _found_programs[key] = found
-    return found
-
-
 def _default_flags() -> tuple[str, ...]:
-    override = os.environ.get("POLYC_CFLAGS", "").strip()
-    optimisation = tuple(shlex.split(override)) if override else DEFAULT_OPTIMISATION_FLAGS
-    return optimisation + LANGUAGE_FLAGS
+    return default_optimisation_flags() + LANGUAGE_FLAGS
 
 
 @dataclass(frozen=True)
@@ -110,7 +78,7 @@ class CompilerOptions:
 
     def __post_init__(self) -> None:
         # object.__setattr__ because the record is frozen; tuples keep it hashable if given lists.
-        object.__setattr__(self, "cc", self.cc if self.cc is not None else _default_cc())
+        object.__setattr__(self, "cc", self.cc if self.cc is not None else default_compiler())
         object.__setattr__(self, "flags", tuple(self.flags) if self.flags is not None else _default_flags())
         object.__setattr__(self, "extra_flags", tuple(self.extra_flags))
 
@@ -145,7 +113,7 @@ class CompilerOptions:
     def resolved_compiler(self) -> str:
         """Absolute path of the compiler program; CompilationError if it cannot be run."""
         program = self.compiler_words()[0]
-        path = _on_path(program)
+        path = find_program(program)
         if path is None:
             raise CompilationError(
                 f"C compiler {program!r} was not found or is not executable; "
@@ -165,7 +133,7 @@ class CompilerOptions:
         # -march=native code can fault on another CPU, e.g. a cache in a home directory shared by
         # the nodes of a cluster, so such builds are keyed on the host CPU as well.
         if any("=native" in flag for flag in self.all_flags()):
-            parts.append("host " + _host_cpu())
+            parts.append("host " + host().digest)
         return "\n".join(parts)
 
 
@@ -205,7 +173,7 @@ def vector_bits(options: CompilerOptions | None = None) -> int:
     try:
         words = tuple(options.compiler_words())
     except CompilationError:
-        return _host_vector_bits()
+        return host().vector_bits
     return _preprocessor_vector_bits(words, tuple(options.flags) + tuple(options.extra_flags))
 
 
@@ -215,9 +183,9 @@ def _preprocessor_vector_bits(compiler_words: tuple[str, ...], flags: tuple[str,
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
-        return _host_vector_bits()
+        return host().vector_bits
     if result.returncode != 0:
-        return _host_vector_bits()
+        return host().vector_bits
     macros = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("#define ")}
     if "__AVX512F__" in macros:
         return 512
@@ -226,45 +194,6 @@ def _preprocessor_vector_bits(compiler_words: tuple[str, ...], flags: tuple[str,
     if {"__aarch64__", "__ARM_NEON"} <= macros:
         return 128
     return 0
-
-
-@functools.cache
-def _host_vector_bits() -> int:
-    """This processor's widest vector registers with FMA (x86 /proc/cpuinfo flags; NEON on aarch64)."""
-    if platform.machine() in ("aarch64", "arm64"):
-        return 128
-    flags = cpu_flags()
-    return 512 if "avx512f" in flags else 256 if {"avx2", "fma"} <= flags else 0
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The processor's feature flags as Linux lists them (/proc/cpuinfo), empty elsewhere."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-@functools.cache
-def _host_cpu() -> str:
-    """A short identity of the host CPU: machine type plus a hash of its model and feature lines."""
-    wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")
-    first_lines: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
-            for line in cpuinfo:
-                name = line.split(":", 1)[0].strip()
-                if name in wanted:
-                    first_lines.setdefault(name, line.strip())
-    except OSError:  # not Linux: the processor string is the best cheap description
-        first_lines["processor"] = platform.processor()
-    digest = hashlib.sha256("\n".join(sorted(first_lines.values())).encode()).hexdigest()[:16]
-    return f"{platform.machine()} {digest}"
 
 
 def _truncate_diagnostics(text: str) -> str:

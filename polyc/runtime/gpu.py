@@ -34,7 +34,7 @@ from polyc.lang.checked import CheckedDef
 from polyc.options import Options
 from polyc.runtime.arguments import BoundCall, as_input_array
 from polyc.runtime.cache import cache_dir
-from polyc.schedule.gpu_device import DEVICE_MODELS, DeviceModel
+from polyc.target import DEVICE_MODELS, DeviceModel
 
 
 class _SharedRuntime:

@@ -18,10 +18,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import platform
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from polyc.schedule.tiling import machine_cache_sizes, usable_cores
+from polyc.target import host, instruction_set_of, usable_cores
 
 #: The /proc/cpuinfo flags that change what polyc's C compiles to (vector width, FMA, NEON).
 RELEVANT_ISA_FLAGS = (
@@ -66,13 +66,8 @@ class MachineFingerprint:
     @property
     def instruction_set(self) -> str:
         """The instruction set polyc's contraction and convolution kernels use here (the
-        names of :data:`polyc.codegen.gemm.ISA_GUARDS`)."""
-        flags = set(self.isa)
-        if "avx512f" in flags:
-            return "avx512"
-        if {"avx2", "fma"} <= flags:
-            return "avx2"
-        return "neon" if self.machine in ("aarch64", "arm64") and "asimd" in flags else "portable"
+        names of :data:`polyc.target.INSTRUCTION_SETS`)."""
+        return instruction_set_of(self.isa, self.machine)
 
     @property
     def microarchitecture(self) -> str:
@@ -109,32 +104,18 @@ class MachineFingerprint:
 @functools.cache
 def this_machine() -> MachineFingerprint:
     """The fingerprint of the machine this process runs on."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
-            for line in cpuinfo:
-                name, _, value = line.partition(":")
-                fields.setdefault(name.strip(), value.strip())
-    except OSError:  # not Linux
-        fields["model name"] = platform.processor() or "unknown"
-    model = (
-        fields.get("model name")
-        or " ".join(f"{key} {fields[key]}" for key in ("CPU implementer", "CPU part") if key in fields)
-        or "unknown"
-    )
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
-    caches = machine_cache_sizes()
+    processor = host()
     return MachineFingerprint(
-        platform.machine(),
-        model,
-        tuple(sorted(flags & set(RELEVANT_ISA_FLAGS))),
-        (caches.get(1, 0), caches.get(2, 0), caches.get(3, 0)),
+        processor.machine,
+        processor.model,
+        tuple(sorted(processor.flags & set(RELEVANT_ISA_FLAGS))),
+        processor.caches,
         usable_cores(),
-        cpu_identity(fields),
+        cpu_identity(processor.cpuinfo),
     )
 
 
-def cpu_identity(cpuinfo: dict[str, str]) -> str:
+def cpu_identity(cpuinfo: Mapping[str, str]) -> str:
     """The processor's identity numbers from the first processor's /proc/cpuinfo fields:
     ``"<vendor> <family>/<model>/<stepping>"`` on x86, ``"arm <implementer>/<part>/<variant>/
     <revision>"`` on ARM, "" where neither is there."""

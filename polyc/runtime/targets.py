@@ -1,6 +1,6 @@
-"""Compilation targets, and a kernel's self-contained C export for one of them.
+"""A kernel's self-contained C export for a target (:mod:`polyc.target`).
 
-A :class:`Target` names the machine generated C is built for: the C compiler (a cross compiler
+A :class:`~polyc.target.Target` names the machine generated C is built for: the C compiler (a cross compiler
 for aarch64), the optimisation and instruction-set flags, and the vector width.  The C text is
 the same C99 + OpenMP for every target; vectorisation is the C compiler's job, steered by the
 ``#pragma omp simd`` the scheduler puts on vector loops.  For ``neon``,
@@ -22,10 +22,8 @@ and shapes, and the return value).
 
 from __future__ import annotations
 
-import functools
-import platform
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,103 +33,17 @@ import numpy as np
 from polyc.errors import PolycError
 from polyc.ir.bounds import check_bounds
 from polyc.lang.checked import CheckedDef, Role, Tensor
-from polyc.runtime.compiler import DEFAULT_OPTIMISATION_FLAGS, LANGUAGE_FLAGS, CompilerOptions, cpu_flags
+from polyc.target import Target, get_target
 from polyc.version import __version__
 
 if TYPE_CHECKING:
     from polyc.driver import Stages
 
 
-@dataclass(frozen=True)
-class Target:
-    """A machine to build generated C for.
-
-    ``cc`` is None for the host's compiler (``$POLYC_CC``, ``$CC``, then gcc/cc/clang, as the
-    runtime chooses), or a cross compiler.  ``flags`` are the optimisation and instruction-set
-    flags; the language flags (``-std=gnu11 -fno-math-errno``) and ``-fopenmp`` are added when
-    building.  ``vector_bits`` is the width of one SIMD register.  ``cache_sizes`` (L1, L2, L3 in
-    bytes) are the caches tile and block sizes are chosen for; None: this machine's.
-    """
-
-    name: str
-    description: str
-    machine: str  # platform.machine() of the CPUs that run the code; "" for any
-    cc: str | None
-    flags: tuple[str, ...]
-    vector_bits: int
-    cache_sizes: tuple[int, int, int] | None = None
-
-    def c_compiler(self) -> str:
-        """The compiler command: the cross compiler, or the host's default."""
-        return self.cc or CompilerOptions().cc or "cc"
-
-    def build_flags(self, openmp: bool = True) -> list[str]:
-        """Every flag generated C is built with: ``flags``, the language standard, OpenMP."""
-        return [*self.flags, *LANGUAGE_FLAGS, *(["-fopenmp"] if openmp else [])]
-
-    def compile_command(self, sources: Iterable[str], output: str, *extra: str, openmp: bool = True) -> list[str]:
-        """The command that builds and links ``sources`` into ``output`` (``extra``: ``-static``...)."""
-        return [*self.c_compiler().split(), *self.build_flags(openmp), *extra, "-o", output, *sources, "-lm"]
-
-
-#: The caches an aarch64 export is blocked for, whatever the exporting machine has: a conservative
-#: model of common cores (Cortex-A72/A76, Neoverse): 32 KiB L1d and 512 KiB L2 per core, 2 MiB L3.
-#: Larger caches only make these blocks a little small; an x86 server's (2 MiB L2, hundreds of
-#: MiB of L3) would make them overflow a phone's or a Raspberry Pi's.
-_AARCH64_CACHES = (32 * 1024, 512 * 1024, 2 * 1024 * 1024)
-
-TARGETS: dict[str, Target] = {
-    "avx512": Target(
-        "avx512",
-        "x86-64 with AVX-512 (512-bit vectors, FMA)",
-        "x86_64",
-        None,
-        ("-O3", "-mavx512f", "-mavx512vl", "-mfma"),
-        512,
-    ),
-    "avx2": Target("avx2", "x86-64 with AVX2 (256-bit vectors, FMA)", "x86_64", None, ("-O3", "-mavx2", "-mfma"), 256),
-    "generic": Target(
-        "generic", "portable C, no instruction-set flags (the compiler's baseline)", "", None, ("-O3",), 128
-    ),
-    "neon": Target(
-        "neon",
-        "aarch64 with Advanced SIMD (NEON, 128-bit vectors)",
-        "aarch64",
-        "aarch64-linux-gnu-gcc",
-        ("-O3", "-march=armv8-a+simd"),
-        128,
-        _AARCH64_CACHES,
-    ),
-}
-TARGET_NAMES = ("host", *TARGETS)
+#: The target :func:`export_c` builds for when none is named.
 DEFAULT_EXPORT_TARGET = "neon"
 
 
-def get_target(name: str | Target) -> Target:
-    """The target named ``name`` (one of :data:`TARGET_NAMES`); a Target is returned as is."""
-    if isinstance(name, Target):
-        return name
-    if name == "host":
-        return _host_target()
-    if name not in TARGETS:
-        raise PolycError(f"unknown target {name!r}; the targets are: {', '.join(TARGET_NAMES)}")
-    return TARGETS[name]
-
-
-@functools.cache
-def _host_target() -> Target:
-    """What the runtime builds for: this machine, ``-march=native``."""
-    machine = platform.machine()
-    vector_bits = 128
-    if machine in ("x86_64", "AMD64"):
-        flags = cpu_flags()
-        vector_bits = 512 if "avx512f" in flags else 256 if "avx2" in flags else 128
-    return Target(
-        "host", f"this machine ({machine}, -march=native)", machine, None, DEFAULT_OPTIMISATION_FLAGS, vector_bits
-    )
-
-
-# ----------------------------------------------------------------------------- export
 @dataclass(frozen=True)
 class ExportedC:
     """A kernel as two C files: ``NAME.c`` holds everything it needs, ``NAME.h`` its prototype."""

@@ -41,7 +41,6 @@ import islpy as isl
 from polyc.errors import PolycError
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
-from polyc.schedule.gpu_device import DeviceModel
 from polyc.schedule.gpu_promotion import (
     BARRIER,
     BLOCK_ID,
@@ -58,6 +57,7 @@ from polyc.schedule.gpu_promotion import (
 from polyc.schedule.gpu_reduction import BlockReduction, reduce_in_blocks
 from polyc.schedule.isl_helpers import constant_bound, out_dims, sets, value_range
 from polyc.schedule.transform import stride_score
+from polyc.target import DeviceModel
 
 #: Threads per block when the options give none, by the number of mapped members (x first):
 #: 256 threads, a multiple of the warp (32) and of AMD's wavefront (64); x at least a warp wide

@@ -15,72 +15,27 @@ another machine).
 
 from __future__ import annotations
 
-import functools
 import math
-import os
-from pathlib import Path
 
 import islpy as isl
 
 from polyc.ir.model import PolyProgram
 from polyc.lang.symbolic import Affine
 from polyc.options import Options
+from polyc.target import PAGE_BYTES, target_of, usable_cores
 
 _CANDIDATE_SIZES = (256, 128, 64, 32, 16, 8)
 
 
 def cache_sizes(options: Options | None = None) -> dict[int, int]:
-    """Data/unified cache size in bytes per level (1, 2, 3): ``options.cache_sizes`` when given
-    (an export for another machine), else this machine's."""
-    if options is not None and options.cache_sizes is not None:
-        return dict(zip((1, 2, 3), options.cache_sizes))
-    return machine_cache_sizes()
+    """Data/unified cache size in bytes per level (1, 2, 3) of the options' target
+    (:func:`polyc.target.target_of`): ``options.cache_sizes`` when given, else this machine's."""
+    return target_of(options).caches
 
 
 def l1_set_span(options: Options | None = None) -> int:
-    """Bytes between two addresses that fall in the same set of L1 (its size over its ways):
-    this machine's, or 4 KiB (a page, as in every x86 L1 of the last decade) for the caches of
-    the ``cache_sizes`` option."""
-    if options is not None and options.cache_sizes is not None:
-        return _PAGE_BYTES
-    return machine_l1_set_span()
-
-
-_PAGE_BYTES = 4096
-
-
-@functools.cache
-def machine_l1_set_span() -> int:
-    """This machine's L1 data cache size over its ways, from Linux sysfs (4 KiB elsewhere)."""
-    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-        try:
-            if (entry / "level").read_text().strip() == "1" and (entry / "type").read_text().strip() != "Instruction":
-                sets = int((entry / "number_of_sets").read_text())
-                line = int((entry / "coherency_line_size").read_text())
-                if sets > 0 and line > 0:
-                    return sets * line
-        except (OSError, ValueError):
-            pass
-    return _PAGE_BYTES
-
-
-@functools.cache
-def machine_cache_sizes() -> dict[int, int]:
-    """Data/unified cache size in bytes per level, read from Linux sysfs (defaults elsewhere)."""
-    sizes = {1: 32 * 1024, 2: 1024 * 1024, 3: 8 * 1024 * 1024}
-    base = Path("/sys/devices/system/cpu/cpu0/cache")
-    try:
-        for entry in base.glob("index*"):
-            kind = (entry / "type").read_text().strip()
-            if kind == "Instruction":
-                continue
-            level = int((entry / "level").read_text())
-            text = (entry / "size").read_text().strip().upper()
-            factor = {"K": 1024, "M": 1024 * 1024}.get(text[-1], 1)
-            sizes[level] = int(text.rstrip("KM")) * factor
-    except (OSError, ValueError):
-        pass
-    return sizes
+    """Bytes between two addresses that fall in the same set of L1, for the options' target."""
+    return target_of(options).l1_set_span
 
 
 def choose_tile_sizes(
@@ -89,7 +44,7 @@ def choose_tile_sizes(
     user_sizes: tuple[int, ...] | None,
     caches: dict[int, int],
     threads: int | None = None,
-    set_span: int = _PAGE_BYTES,
+    set_span: int = PAGE_BYTES,
 ) -> list[int] | None:
     """Tile sizes for the band at ``node`` (outermost member first), or None not to tile;
     ``threads``: how many threads run its parallel loop (None: this machine's cores);
@@ -165,14 +120,6 @@ def _leave_tiles_for_threads(sizes: list[int], extents: list[int], parallel: int
     leaves all but one thread idle (a large L2 makes whole rows fit)."""
     if threads > 1 and -(-extents[parallel] // sizes[parallel]) < threads:
         sizes[parallel] = max(1, -(-extents[parallel] // threads))
-
-
-def usable_cores() -> int:
-    """The processors this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _footprint(accesses: list[tuple[frozenset[int], int]], sizes: list[int]) -> int:

@@ -45,7 +45,7 @@ from polyc.runtime.tuning_records import (
     read_records,
     target_of,
 )
-from polyc.schedule.tiling import usable_cores
+from polyc.target import usable_cores
 from polyc.tune.cost_model import CostModel, pruning_limit
 from polyc.tune.space import SearchSpace, space_for
 

@@ -1250,7 +1250,7 @@ def test_constant_weights_are_blocked_for_the_instruction_set_the_kernels_are_bu
     # Weights are blocked for the register block of the kernels built, whatever this machine
     # has: 16-wide slivers for AVX2's 6 x 16 block (64-wide ones it would pack on every call),
     # 64-wide for AVX-512's 6 x 64, none for portable C.  The build runs where this machine can.
-    from polyc.runtime.targets import get_target
+    from polyc.target import get_target
 
     rng = np.random.default_rng(21)
     weights = rng.standard_normal((24, 128)).astype(np.float32)

@@ -116,15 +116,16 @@ def test_timeout(tmp_path, axpy_source):
 def test_vector_bits_follow_the_build_flags_not_the_processor(monkeypatch):
     # What the preprocessor defines decides which micro-kernels a build holds, so layouts made
     # for them follow the flags: AVX2 code on an AVX-512 machine computes in 256-bit vectors.
-    from polyc.runtime.compiler import _host_vector_bits, vector_bits
+    from polyc.runtime.compiler import vector_bits
+    from polyc.target import host
 
     monkeypatch.delenv("POLYC_CFLAGS", raising=False)
     assert vector_bits(CompilerOptions(cc="gcc", flags=("-O2", "-mavx2", "-mfma"))) == 256
     assert vector_bits(CompilerOptions(cc="gcc", flags=("-O2", "-mavx512f", "-mfma"))) == 512
     assert vector_bits(CompilerOptions(cc="gcc", flags=("-O2", "-mavx2"))) == 0  # the AVX2 kernels need FMA too
     assert vector_bits(CompilerOptions(cc="gcc", flags=("-O2",))) == 0
-    assert vector_bits(CompilerOptions(cc="gcc", flags=("-O3", "-march=native"))) == _host_vector_bits()
+    assert vector_bits(CompilerOptions(cc="gcc", flags=("-O3", "-march=native"))) == host().vector_bits
     monkeypatch.setenv("POLYC_CFLAGS", "-O3 -mavx2 -mfma")
     assert vector_bits() == 256
     # A compiler that cannot be asked: this machine's own width, not an error while planning.
-    assert vector_bits(CompilerOptions(cc="no-such-compiler-polyc", flags=("-O2",))) == _host_vector_bits()
+    assert vector_bits(CompilerOptions(cc="no-such-compiler-polyc", flags=("-O2",))) == host().vector_bits
