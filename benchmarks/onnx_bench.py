@@ -117,7 +117,7 @@ def run_models(pairs, repeat: int, tuned: bool = False, tune_seconds: float | No
     import polyc.onnx
 
     threads = len(os.sched_getaffinity(0))
-    machine = polyc.tune.this_machine()
+    machine = polyc.tuning.this_machine()
     print(f"machine: {machine.describe()}; onnxruntime {ort.__version__} on {threads} threads")
     header = (
         f"{'model':<16} {'batch':>5} {'polyc ms':>9} {'unfused':>9} {'ort ms':>8} {'ort noopt':>9} "
@@ -152,7 +152,7 @@ def run_models(pairs, repeat: int, tuned: bool = False, tune_seconds: float | No
                 if tune_seconds is not None:
                     start = time.perf_counter()
                     polyc.tune(
-                        polyc.onnx.InferenceSession(model), {"input": x}, budget=float(tune_seconds), progress=False
+                        polyc.onnx.InferenceSession(model), {"input": x}, seconds=float(tune_seconds), progress=False
                     )
                     row["tuning_seconds"] = time.perf_counter() - start
             for key, options in sessions.items():

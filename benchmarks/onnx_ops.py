@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "onnx_ops.json")
     args = parser.parse_args(argv)
     repeat = 1 if args.quick else args.repeat
-    machine = polyc.tune.this_machine()
+    machine = polyc.tuning.this_machine()
     print(f"machine: {machine.describe()}")
     results = {"machine": machine.to_json(), "repeat": repeat, "quick": args.quick, "cases": []}
     print(f"{'case':<36} {'polyc ms':>9} {'ort ms':>9} {'ort/polyc':>9}  check  (first run s)")

@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     extractor = Extractor(model)
     x = np.random.default_rng(0).standard_normal(input_shape(args.model, args.batch)).astype(np.float32)
     print(
-        f"machine: {polyc.tune.this_machine().describe()}; onnxruntime {ort.__version__} on {threads} threads; "
+        f"machine: {polyc.tuning.this_machine().describe()}; onnxruntime {ort.__version__} on {threads} threads; "
         f"{args.model} at batch {args.batch}"
     )
     header = (
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
         args.json.write_text(
             json.dumps(
                 {
-                    "machine": polyc.tune.this_machine().to_json(),
+                    "machine": polyc.tuning.this_machine().to_json(),
                     "threads": threads,
                     "model": args.model,
                     "batch": args.batch,

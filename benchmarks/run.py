@@ -208,7 +208,7 @@ def run_case(case: suite.Case, args, toolchains: dict, build_dir: Path) -> dict:
                 found = polyc.tune(
                     polyc.define(case.source, filename=f"<{case.name}>")[case.entry],
                     *inputs,
-                    budget=float(args.tune),
+                    seconds=float(args.tune),
                     progress=False,
                 )
                 result["tuning"] = {

@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=400, help="timed calls per implementation and setting")
     parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "tail_latency.json")
     args = parser.parse_args(argv)
-    machine = polyc.tune.this_machine()
+    machine = polyc.tuning.this_machine()
     # The C flags belong to the figures ($POLYC_CFLAGS can build AVX2 code on an AVX-512 machine).
     flags = " ".join(CompilerOptions().flags)
     print(f"machine: {machine.describe()}; load {os.getloadavg()[0]:.2f}\nC flags: {flags}")

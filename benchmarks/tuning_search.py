@@ -35,7 +35,7 @@ import numpy as np
 import polyc
 from polyc.runtime.compiler import CompilerOptions
 from polyc.target import DEFAULT_OPTIMISATION_FLAGS, LANGUAGE_FLAGS
-from polyc.tune import search
+from polyc.tuning import search
 
 #: The flags of the tables written before they recorded theirs: polyc's defaults.
 DEFAULT_FLAGS = " ".join(DEFAULT_OPTIMISATION_FLAGS + LANGUAGE_FLAGS)
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "tuning_search.json")
     args = parser.parse_args(argv)
 
-    machine = polyc.tune.this_machine()
+    machine = polyc.tuning.this_machine()
     # The C compiler's flags belong to the measurement as much as the machine: $POLYC_CFLAGS
     # can build AVX2 code on an AVX-512 machine, whose times are another table's.
     flags = " ".join(CompilerOptions().flags)
@@ -248,7 +248,7 @@ def _confirm_fastest(
     kernel, inputs, table: dict, candidates: set[str], typical: float, path: Path, tables: dict
 ) -> None:
     """Time the CONFIRMED fastest configurations again, all together in interleaved rounds
-    (:func:`polyc.tune.search.confirm_candidates`).  The space is timed one configuration
+    (:func:`polyc.tuning.search.confirm_candidates`).  The space is timed one configuration
     after another over ten minutes of a shared machine whose load drifts by 20-30% meanwhile
     (symmetrise on an Intel Xeon: one configuration 2.4 ms in one minute, 3.0-3.1 in a later
     one), so the fastest single timings are mostly those taken in a quiet minute: the best
@@ -272,7 +272,7 @@ def _confirm_fastest(
 
 
 def _job(kernel, changes: dict) -> dict:
-    """A measurement job (as :func:`polyc.tune.search.measure_candidate` takes it) for the
+    """A measurement job (as :func:`polyc.tuning.search.measure_candidate` takes it) for the
     kernel built with its own options and ``changes``."""
     import dataclasses
 
@@ -327,7 +327,7 @@ def _replay(kernel, inputs, table: dict, strategy: str, seed: int, trials: int) 
             result = polyc.tune(
                 kernel,
                 *inputs,
-                budget=trials,
+                trials=trials,
                 strategy=strategy,
                 seed=seed,
                 records=Path(directory) / "records.jsonl",
@@ -340,7 +340,7 @@ def _replay(kernel, inputs, table: dict, strategy: str, seed: int, trials: int) 
 
 def table_key(options: dict, base: dict) -> str:
     """The table's key of a job's ``options``: those that differ from the kernel's own
-    ``base`` options, as :meth:`polyc.tune.space.SearchSpace.identity` writes them."""
+    ``base`` options, as :meth:`polyc.tuning.space.SearchSpace.identity` writes them."""
 
     def plain(value):
         return tuple(value) if isinstance(value, list) else value

@@ -4,7 +4,6 @@
 drop-in for ``numpy.einsum`` built on the same compiler.
 """
 
-import polyc.tune as tune  # a callable module: polyc.tune(kernel, *args, budget=...)
 from polyc.api import Kernel, Module, define
 from polyc.errors import (
     BoundsError,
@@ -19,6 +18,7 @@ from polyc.errors import (
     UnsupportedError,
 )
 from polyc.frontends.einsum import einsum
+from polyc.tuning import tune
 from polyc.version import __version__
 
 __all__ = [

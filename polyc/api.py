@@ -114,7 +114,7 @@ class Kernel:
         if not option_changes:  # as a call compiles it: with the best tuning record, if any
             from polyc.runtime.tuning_records import tuned_options
 
-            options = tuned_options(self.definition, options, sizes)
+            return compile_stages(self.definition, tuned_options(self.definition, options, sizes), sizes, None, options)
         return compile_stages(self.definition, options, sizes)
 
     def library_to_build(self, sizes: dict):

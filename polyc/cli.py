@@ -293,12 +293,21 @@ def _add_option_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--fusion", choices=FUSION_STRATEGIES, help="loop fusion strategy")
     tiling = group.add_mutually_exclusive_group()
     tiling.add_argument(
-        "--tile-sizes",
+        "--loop-tiles",
         type=_parse_tile_sizes,
         metavar="T0,T1,...",
-        help="tile sizes of the outermost band, outermost first (default: from a cache model)",
+        help="the generic loop nest's tile sizes of the outermost band, outermost first (default: from a cache model)",
     )
-    tiling.add_argument("--no-tiling", dest="tile_sizes", action="store_const", const=(), help="do not tile")
+    tiling.add_argument("--no-tiling", dest="loop_tiles", action="store_const", const=(), help="do not tile loops")
+    tiling.add_argument(
+        "--tile-sizes", type=_parse_tile_sizes, metavar="T0,T1,...", help="deprecated: the path's own option instead"
+    )
+    group.add_argument(
+        "--gemm-blocks", type=_parse_tile_sizes, metavar="MC,NC,KC", help="the gemm kernel's cache blocks"
+    )
+    group.add_argument(
+        "--conv-block", type=_positive_int, metavar="N", help="a direct convolution's output channels per work item"
+    )
     group.add_argument(
         "--no-parallel", dest="parallel", action="store_const", const=False, help="no OpenMP parallel loops"
     )
@@ -332,6 +341,12 @@ def _add_option_arguments(parser: argparse.ArgumentParser) -> None:
     gpu = parser.add_argument_group("GPU mapping options (backend opencl or cuda, --target cuda or opencl)")
     gpu.add_argument("--block", type=_parse_tile_sizes, metavar="X[,Y[,Z]]", help="threads per block, x first")
     gpu.add_argument(
+        "--gpu-tiles",
+        type=_parse_tile_sizes,
+        metavar="T0,T1,...",
+        help="what one block covers of each member of a launch's first band (TC's tile sizes)",
+    )
+    gpu.add_argument(
         "--grid",
         type=_parse_tile_sizes,
         metavar="X[,Y[,Z]]",
@@ -364,7 +379,11 @@ def _add_option_arguments(parser: argparse.ArgumentParser) -> None:
 _OPTION_NAMES = (
     "backend",
     "fusion",
+    "loop_tiles",
     "tile_sizes",
+    "gemm_blocks",
+    "conv_block",
+    "gpu_tiles",
     "parallel",
     "vectorize",
     "unroll",
@@ -640,7 +659,7 @@ def run_tune(args: argparse.Namespace) -> int:
         result = polyc.tune(
             kernel,
             *inputs,
-            budget=args.budget,
+            **_budget_arguments(args.budget),
             strategy=args.strategy,
             records=records,
             start_from=args.start_from,
@@ -703,6 +722,11 @@ def _machine_described(fingerprint) -> str:
         return ""
 
 
+def _budget_arguments(budget: float | int) -> dict:
+    """``polyc.tune``'s arguments for a ``--budget``: seconds (a float) or trials (an int)."""
+    return {"trials": budget} if isinstance(budget, int) else {"seconds": budget}
+
+
 def _parse_budget(text: str) -> float | int:
     """``60s``, ``2.5m`` and ``60.0`` are seconds; ``40`` is a number of trials."""
     try:
@@ -749,7 +773,7 @@ def run_onnx(args: argparse.Namespace) -> int:
     outputs = session.run(None, feeds)
     first_call = time.perf_counter() - start
     if args.tune is not None:
-        tuning = polyc.tune(session, feeds, budget=args.tune)
+        tuning = polyc.tune(session, feeds, **_budget_arguments(args.tune))
         for kernel in tuning.kernels:
             found = kernel.result
             what = (

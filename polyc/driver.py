@@ -29,7 +29,7 @@ from polyc.ir.dependences import Dependences, compute_dependences
 from polyc.ir.model import PolyProgram, build_program
 from polyc.lang.checked import CheckedDef
 from polyc.options import Options
-from polyc.paths import KernelPath, PathRequest, choose_path, gpu_mapping
+from polyc.paths import KernelPath, PathRequest, choose_path, gpu_mapping, settle_options
 from polyc.runtime import CompilerOptions, arguments, get_function, get_or_build, load_library
 from polyc.runtime.arguments import BoundCall
 from polyc.runtime.cache import find_request, remember_request, request_key
@@ -88,7 +88,13 @@ def analyse(definition: CheckedDef, fusion: str) -> Analysis:
 
 
 def compile_stages(
-    definition: CheckedDef, options: Options, sizes: Mapping[str, int] | None = None, analysis: Analysis | None = None
+    definition: CheckedDef,
+    options: Options,
+    sizes: Mapping[str, int] | None = None,
+    analysis: Analysis | None = None,
+    requested: Options | None = None,
+    *,
+    part: bool = False,
 ) -> Stages:
     """Run the pipeline up to C source; ``sizes`` specialises it (None: parametric).
 
@@ -98,6 +104,10 @@ def compile_stages(
     (a contraction: the gemm or gemv kernel; a convolution: the Winograd, depthwise or direct
     kernel; contractions among other statements: segments, each through its own stages; else
     the generic loop nest).  The whole def's schedules are still computed, for inspection.
+
+    The path then settles the options (:func:`polyc.paths.settle_options`): ``requested`` are
+    the options the user gave (None: ``options`` themselves; they differ when tuning records
+    were applied); ``part``: the def is a segment of a larger one.
     """
     analysis = analysis or analyse(definition, options.fusion)
     program = analysis.program
@@ -110,9 +120,10 @@ def compile_stages(
         program,
         analysis.dependences,
         analysis.schedule,
-        compile_part=lambda part: compile_stages(part, options, sizes),
+        compile_part=lambda segment: compile_stages(segment, options, sizes, part=True),
     )
     path, match = choose_path(request)
+    request.options = settle_options(path, options, None if part else (requested or options))
     return _stages_of(request, path, match)
 
 
@@ -122,6 +133,7 @@ def compile_gpu_stages(
     """The GPU path (:mod:`polyc.paths.gpu_mapping`) for ``program``, printed in ``dialect``
     (default: the back end's)."""
     request = PathRequest(program.definition, options, program.size_values, program, dependences, schedule)
+    request.options = settle_options(gpu_mapping.PATH, options, options)
     return _stages_of(request, gpu_mapping.PATH, dialect or options.backend)
 
 
@@ -236,7 +248,7 @@ class CompiledKernel:
         """The kernel's C for ``sizes`` with ``options``, through every stage (the analysis shared
         while the fusion option is the def's own)."""
         analysis = self.analysis() if options.fusion == self.options.fusion else None
-        return compile_stages(self.definition, options, sizes, analysis).kernel
+        return compile_stages(self.definition, options, sizes, analysis, self.options).kernel
 
     def _request(self, options: Options, sizes_key: tuple) -> str | None:
         """The cache's name for compiling this def with ``options`` at these sizes (None for a

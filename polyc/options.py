@@ -30,7 +30,7 @@ class Options:
       on, else ``sm_80`` for CUDA and ``pocl`` for OpenCL).
     - ``grid``: for the GPU back ends, the most blocks along x, y, z (None: as many as the
       domain needs); with fewer, each thread runs several rounds (a grid-stride loop).
-    - ``tile_sizes`` on the GPU back ends (TC's meaning): per member of a launch's first band,
+    - ``gpu_tiles``: for the GPU back ends (TC's tile sizes): per member of a launch's first band,
       what one block covers of a mapped member (its threads times the values each keeps in a
       register tile) and the shared-memory slice of the sequential one.  None: a model picks
       (4 x 4 register tiles where a reduction reuses its operands, slices of 32).
@@ -45,29 +45,34 @@ class Options:
       next slice while the block computes this one (one barrier per slice instead of two), where
       there are several slices and both buffers fit ``max_shared_memory`` (default True).
     - ``fusion``: ``"min"`` (no fusion), ``"smart"`` (fuse where outer parallelism is kept), ``"max"``.
-    - ``tile_sizes``: None (a model of the caches picks them), ``()`` (no tiling) or sizes
-      for the outermost band, outermost first.
+    - ``loop_tiles``: on the generic loop-nest path, None (a model of the caches picks them),
+      ``()`` (no tiling) or sizes for the outermost band, outermost first.
+    - ``tile_sizes``: deprecated; the path a def compiles on reads it as its own option
+      (``loop_tiles``, ``gemm_blocks``, the first entry as ``conv_block``, or ``gpu_tiles``), with
+      a DeprecationWarning naming what it became.
     - ``parallel``, ``vectorize``: OpenMP parallel loops and SIMD pragmas on or off.
     - ``unroll``: unroll factor of the innermost loop (1: none).
     - ``specialize``: compile for the concrete sizes of each call (fast), or once for all sizes.
     - ``cc``, ``cflags``: the C compiler and its flags (None: ``$POLYC_CC``/``$CC`` and defaults).
     - ``blas_contractions``: compile a def that is one tensor contraction (matmul up to index
       permutation, plus elementwise epilogues) to a BLIS-style kernel (:mod:`polyc.codegen.gemm`)
-      instead of the generic polyhedral path; there ``tile_sizes`` of three or more entries are
-      its block sizes ``(MC, NC, KC)``.
+      instead of the generic polyhedral path.
+    - ``gemm_blocks``: the gemm kernel's cache blocks ``(MC, NC, KC)`` (rounded by the kernel to
+      its register block); None: chosen from the caches.
     - ``micro_kernel``: the register block of a contraction kernel: None (chosen for each call's
       sizes by how many of its lanes and rows are real columns and rows), or n >= 1, the
       instruction set's n-th block, widest first, or its last where it has fewer (AVX-512,
       float: 6 x 64, 8 x 32, 8 x 16; AVX2: 6 x 16, 8 x 8; :func:`polyc.codegen.gemm.micro_kernel_shapes`).
     - ``loop_order``: None (the scheduler's order), or TC index names, outermost first: on the
       generic polyhedral path of the C back end, the loops of each nest's outermost band run in
-      this order (its tile loops, when tiled; ``tile_sizes`` then follow this order).  Loops it
+      this order (its tile loops, when tiled; ``loop_tiles`` then follow this order).  Loops it
       does not name follow, in the scheduler's order.  A parallel loop still goes outermost, and
       the loop whose accesses are most often stride-1 innermost among the point loops.
     - ``direct_convolutions``: compile a def that is one convolution (any strides, dilations,
       groups, depthwise, 1-D to 3-D, plus elementwise epilogues) to the direct convolution
-      kernel (:mod:`polyc.codegen.conv`) instead of the generic polyhedral path; there the first
-      entry of ``tile_sizes`` is the number of output channels per work item.
+      kernel (:mod:`polyc.codegen.conv`) instead of the generic polyhedral path.
+    - ``conv_block``: the direct convolution kernel's output channels per work item (or output
+      points, where it blocks points); None: chosen from the register blocks.
     - ``winograd``: compile a 3 x 3 stride-1 convolution in a channels-last layout whose
       channels are multiples of 16 (float32, known sizes) by Winograd's F(2x2, 3x3)
       (:mod:`polyc.codegen.winograd`) where it pays (fewer multiplications; measured in
@@ -85,6 +90,7 @@ class Options:
 
     backend: str = "c"
     fusion: str = "smart"
+    loop_tiles: tuple[int, ...] | None = None
     tile_sizes: tuple[int, ...] | None = None
     parallel: bool = True
     vectorize: bool = True
@@ -107,6 +113,9 @@ class Options:
     use_private_memory: bool = True
     double_buffer: bool = True
     max_shared_memory: int | None = None
+    gemm_blocks: tuple[int, int, int] | None = None
+    conv_block: int | None = None
+    gpu_tiles: tuple[int, ...] | None = None
 
     @staticmethod
     def from_kwargs(**kwargs) -> Options:
@@ -115,8 +124,9 @@ class Options:
         for name in kwargs:
             if name not in known:
                 raise PolycError(f"unknown option '{name}'; the options are: {', '.join(sorted(known))}")
-        if "tile_sizes" in kwargs and kwargs["tile_sizes"] is not None:
-            kwargs["tile_sizes"] = tuple(kwargs["tile_sizes"])
+        for name in ("tile_sizes", *(n for n, _ in BLOCK_OPTIONS.items() if n != "conv_block")):
+            if isinstance(kwargs.get(name), list):
+                kwargs[name] = tuple(kwargs[name])
         for name in ("block", "grid"):
             if isinstance(kwargs.get(name), (list, int)) and not isinstance(kwargs.get(name), bool):
                 kwargs[name] = tuple(kwargs[name]) if isinstance(kwargs[name], list) else (kwargs[name],)
@@ -136,8 +146,28 @@ class Options:
             raise PolycError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
         if self.fusion not in FUSION_STRATEGIES:
             raise PolycError(f"fusion must be one of {', '.join(FUSION_STRATEGIES)}, not {self.fusion!r}")
-        if self.tile_sizes is not None and not all(isinstance(t, int) and t > 0 for t in self.tile_sizes):
-            raise PolycError(f"tile_sizes must be positive integers, not {self.tile_sizes!r}")
+        for name in ("tile_sizes", "loop_tiles", "gpu_tiles"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, tuple) and all(_positive_int(t) for t in value)):
+                raise PolycError(f"{name} must be positive integers, not {value!r}")
+        if self.gpu_tiles == ():
+            raise PolycError("gpu_tiles must name at least one size (None: the mapping's model picks them)")
+        if self.gemm_blocks is not None and not (
+            isinstance(self.gemm_blocks, tuple)
+            and len(self.gemm_blocks) == 3
+            and all(map(_positive_int, self.gemm_blocks))
+        ):
+            raise PolycError(f"gemm_blocks must be three positive integers (MC, NC, KC), not {self.gemm_blocks!r}")
+        if self.conv_block is not None and not _positive_int(self.conv_block):
+            raise PolycError(
+                f"conv_block must be a positive integer (output channels per work item), not {self.conv_block!r}"
+            )
+        if self.backend in GPU_BACKENDS:
+            for name, used_by in BLOCK_OPTIONS.items():
+                if name != "gpu_tiles" and getattr(self, name) is not None:
+                    raise PolycError(
+                        f"{name} sets {used_by}, which the {self.backend!r} back end does not have; it takes gpu_tiles"
+                    )
         if self.cache_sizes is not None and not (
             isinstance(self.cache_sizes, tuple)
             and len(self.cache_sizes) == 3
@@ -214,6 +244,21 @@ class Options:
 
     def replace(self, **changes) -> Options:
         return Options.from_kwargs(**{**dataclasses.asdict(self), **changes})
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+#: The options that size one kind of kernel's blocks, and which kernels they size.  Each kernel
+#: path lists the ones it reads (:attr:`polyc.paths.KernelPath.options`); a def that compiles on
+#: a path that reads none of those given is refused.
+BLOCK_OPTIONS = {
+    "loop_tiles": "the generic loop nest's tiles",
+    "gemm_blocks": "the gemm kernel's cache blocks",
+    "conv_block": "the direct convolution kernel's work items",
+    "gpu_tiles": "the GPU back ends' block tiles",
+}
 
 
 def options_reference(indent: str = "") -> str:

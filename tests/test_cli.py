@@ -212,7 +212,7 @@ def test_compile_passes_options_to_define(capsys, monkeypatch):
         MATMUL,
         "--fusion",
         "max",
-        "--tile-sizes",
+        "--loop-tiles",
         "32,32,8",
         "--no-parallel",
         "--no-vectorize",
@@ -230,7 +230,7 @@ def test_compile_passes_options_to_define(capsys, monkeypatch):
     assert seen == {
         "backend": "interpreter",
         "fusion": "max",
-        "tile_sizes": (32, 32, 8),
+        "loop_tiles": (32, 32, 8),
         "parallel": False,
         "vectorize": False,
         "unroll": 4,

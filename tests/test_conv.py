@@ -438,8 +438,8 @@ CONV2D_SIZES = [
         dict(specialize=False),
         dict(parallel=False),
         dict(vectorize=False),
-        dict(tile_sizes=(1,)),
-        dict(tile_sizes=(8, 4, 2)),
+        dict(conv_block=1),
+        dict(conv_block=8),
     ],
     ids=["default", "parametric", "serial", "portable", "tiles-1", "tiles-8-4-2"],
 )
@@ -912,7 +912,7 @@ def test_channel_mode_against_numpy(cflags):
 def test_channel_mode_serial_specialised_tiles_and_accumulation():
     rng = np.random.default_rng(13)
     shapes = [(2, 9, 12, 8), (3, 3, 8, 40), (40,)]
-    for options in (dict(parallel=False), {}, dict(tile_sizes=(1,)), dict(tile_sizes=(50,))):
+    for options in (dict(parallel=False), {}, dict(conv_block=1), dict(conv_block=50)):
         numpy_check(NHWC_BIAS_RELU, shapes, options)
     initial = rand(rng, (2, 7, 10, 40))
     numpy_check(NHWC_ACCUMULATING, [(2, 9, 12, 8), (3, 3, 8, 40)], outputs=[initial])

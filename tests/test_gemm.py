@@ -270,9 +270,9 @@ def test_specialised_matmul_with_options():
         {},
         dict(parallel=False),
         dict(vectorize=False),
-        dict(tile_sizes=()),
-        dict(tile_sizes=(12, 64, 16)),
-        dict(tile_sizes=(3, 2, 5)),
+        dict(gemm_blocks=(1, 1, 1)),
+        dict(gemm_blocks=(12, 64, 16)),
+        dict(gemm_blocks=(3, 2, 5)),
         dict(fusion="min", unroll=4),
     ]:
         check(polyc.define(MATMUL, **options).f, (a, b), [expected], 270)
@@ -281,7 +281,7 @@ def test_specialised_matmul_with_options():
 @builds("avx2", "portable")
 def test_every_micro_kernel(cflags):
     """The same source built without AVX-512 (AVX2 kernel) and without any vector extension."""
-    kernel = polyc.define(MATMUL, specialize=False, cflags=cflags, tile_sizes=(24, 64, 32)).f
+    kernel = polyc.define(MATMUL, specialize=False, cflags=cflags, gemm_blocks=(24, 64, 32)).f
     rng = np.random.default_rng(2)
     for m, k, n in [(1, 1, 1), (7, 5, 3), (37, 70, 41), (140, 100, 150)]:
         a, b = rand(rng, (m, k)), rand(rng, (k, n))
@@ -305,9 +305,9 @@ def test_rows_of_a_along_k_packed_without_offset_tables(cflags, dtype):
     plain = MATMUL.replace("float", dtype)
     scaled = plain.replace("A(m, r_k)", "0.5 * A(m, r_k)")
     for source, factor in ((plain, 1.0), (scaled, 0.5)):
-        for tile_sizes in ((24, 64, 16), (12, 48, 13), None):
+        for blocks in ((24, 64, 16), (12, 48, 13), None):
             options = dict(cflags=cflags, specialize=False)
-            kernel = polyc.define(source, **options, **({} if tile_sizes is None else dict(tile_sizes=tile_sizes))).f
+            kernel = polyc.define(source, **options, **({} if blocks is None else dict(gemm_blocks=blocks))).f
             assert "polyc_pack_rows_along_k(a + " in kernel.c_source()
             assert ("#define POLYC_HAS_SCALE 1" in kernel.c_source()) == (factor != 1.0)
             # (A is read in place where the wide register blocks' A sliver fits a quarter of L1:
@@ -331,7 +331,7 @@ def test_rows_of_a_along_k_packed_without_offset_tables(cflags, dtype):
 def test_threads_with_partial_blocks_repeatedly(cflags):
     """Many small blocks of uneven sizes, rows shared (first shape) or column slivers shared
     (second): run repeatedly, since a race between threads shows only now and then."""
-    kernel = polyc.define(MATMUL, specialize=False, cflags=cflags, tile_sizes=(24, 64, 32)).f
+    kernel = polyc.define(MATMUL, specialize=False, cflags=cflags, gemm_blocks=(24, 64, 32)).f
     rng = np.random.default_rng(9)
     for m, k, n in [(300, 100, 150), (140, 100, 150)]:
         a, b = rand(rng, (m, k)), rand(rng, (k, n))
@@ -350,10 +350,10 @@ def test_b_packed_in_runs_just_before_its_first_use(cflags):
     rng = np.random.default_rng(21)
     blocked = "def blocked(float(M, K) A, float(NB, K, R) W) -> (O) { O(i, nb, nr) +=! A(i, r_k) * W(nb, r_k, nr) }"
     for threads in (1, 2):
-        for tile_sizes in (None, (24, 80, 32)):
+        for blocks in (None, (24, 80, 32)):
             options = dict(cflags=cflags, specialize=False, threads=threads)
-            if tile_sizes is not None:
-                options["tile_sizes"] = tile_sizes
+            if blocks is not None:
+                options["gemm_blocks"] = blocks
             kernel = polyc.define(MATMUL, **options).f
             for m, k, n in [(3, 9, 200), (10, 40, 70), (20, 100, 333), (128, 70, 520)]:
                 a, b = rand(rng, (m, k)), rand(rng, (k, n))
@@ -376,7 +376,7 @@ def test_packing_workspace_and_tables_kept_between_calls_of_any_size():
     tables used for other sizes, give wrong numbers."""
     from concurrent.futures import ThreadPoolExecutor
 
-    kernel = polyc.define(MATMUL, specialize=False, tile_sizes=(24, 64, 32)).f
+    kernel = polyc.define(MATMUL, specialize=False, gemm_blocks=(24, 64, 32)).f
     assert "polyc_workspace_take" in kernel.c_source() and "polyc_kept" in kernel.c_source()
     rng = np.random.default_rng(10)
     cases = []
@@ -550,7 +550,7 @@ sources = {
 }
 rng = np.random.default_rng(0)
 for flags in sys.argv[1:]:
-    mm = polyc.define(sources["mm"], cflags=flags, tile_sizes=(12, 64, 16), specialize=False).f
+    mm = polyc.define(sources["mm"], cflags=flags, gemm_blocks=(12, 64, 16), specialize=False).f
     for m, k, n in [(1, 1, 1), (7, 5, 3), (45, 37, 130), (130, 100, 97)]:
         a = rng.uniform(-1, 1, (m, k)).astype(np.float32); b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
         assert_close(mm(a, b), a.astype(np.float64) @ b, k, np.float32, (a, b))
@@ -754,8 +754,8 @@ def test_epilogue_over_several_n_indices(cflags):
     rng = np.random.default_rng(12)
     a, w, bias = rand(rng, (37, 20)), rand(rng, (3, 20, 10)), rand(rng, (30,))
     expected = np.maximum(np.einsum("ik,bkr->ibr", a.astype(np.float64), w) + bias.reshape(3, 10), 0)
-    for tile_sizes in (None, (8, 7, 16)):
-        options = dict(cflags=cflags) if tile_sizes is None else dict(cflags=cflags, tile_sizes=tile_sizes)
+    for blocks in (None, (8, 7, 16)):
+        options = dict(cflags=cflags) if blocks is None else dict(cflags=cflags, gemm_blocks=blocks)
         kernel = polyc.define(source, **options).blocked
         assert kernel.stages(dict(M=37, K=20, NB=3, R=10, N=30)).contraction.n == ("nb", "nr")
         check(kernel, (a, w, bias), [expected], 21)

@@ -24,6 +24,7 @@ the C prelude (tested with polyc/codegen/c_expr.py) is replaced by one line.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from pathlib import Path
@@ -32,6 +33,7 @@ import islpy as isl
 import pytest
 
 import polyc
+import polyc.target
 from polyc.codegen.c_expr import PRELUDE
 from polyc.schedule import tiling
 
@@ -82,7 +84,9 @@ PINNED_CORES = 2
 def pinned_cache_model(monkeypatch):
     """Automatic tile sizes computed from PINNED_CACHE_SIZES and PINNED_CORES, not from this
     machine's caches and cores."""
-    monkeypatch.setattr(tiling, "machine_cache_sizes", lambda: dict(PINNED_CACHE_SIZES))
+    processor = polyc.target.host()
+    pinned = tuple(PINNED_CACHE_SIZES[level] for level in (1, 2, 3))
+    monkeypatch.setattr(polyc.target, "host", lambda: dataclasses.replace(processor, caches=pinned))
     monkeypatch.setattr(tiling, "usable_cores", lambda: PINNED_CORES)
 
 

@@ -429,7 +429,7 @@ def matmul_calls(dtype, sizes, seed: int) -> list[GemmCall]:
 @needs_qemu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize(
-    "options", [{}, dict(parallel=False, tile_sizes=(16, 24, 8))], ids=["parallel", "serial-small-blocks"]
+    "options", [{}, dict(parallel=False, gemm_blocks=(16, 24, 8))], ids=["parallel", "serial-small-blocks"]
 )
 def test_neon_gemm_matmul_under_qemu(tmp_path, dtype, options):
     """Small cache blocks (MC, NC, KC rounded to MR and NR) put several of each block in every
@@ -615,7 +615,7 @@ def test_neon_gemm_sanitized_under_qemu(tmp_path, dtype):
         matmul_calls(dtype, sizes, 8),
         sanitize=True,
         parallel=False,
-        tile_sizes=(16, 24, 8),
+        gemm_blocks=(16, 24, 8),
     )
     rng = np.random.default_rng(9)
     for layout in ("a_bt", "at_bt", "transposed_output"):

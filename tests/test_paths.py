@@ -13,7 +13,7 @@ import polyc
 from polyc.options import Options
 from polyc.paths import KERNEL_PATHS, choose_path, kernel_path
 from polyc.paths.base import PathRequest
-from polyc.tune.space import space_for
+from polyc.tuning.space import space_for
 
 MATMUL = "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
 MATVEC = "def mv(float(M, K) A, float(K) x) -> (y) { y(m) +=! A(m, r_k) * x(r_k) }"

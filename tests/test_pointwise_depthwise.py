@@ -112,7 +112,7 @@ def test_rejects_what_the_kernel_does_not_compute(change):
 
 
 def test_the_tuner_searches_only_the_threads():
-    from polyc.tune.space import space_for
+    from polyc.tuning.space import space_for
 
     compiled = polyc.define(block(1, 8, 8, 4, 24)).blk
     space = space_for(compiled.definition, {}, compiled.options)

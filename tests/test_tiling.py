@@ -149,7 +149,7 @@ def test_tiles_are_cut_from_where_the_loop_starts():
     source = """def interior(float(130, 256) A) -> (B) {
         B(i, j) = A(i - 1, j) + A(i + 1, j) where i in 1:129, j in 0:256
     }"""
-    kernel = polyc.define(source, tuning=False, cache_sizes=CACHES, tile_sizes=(64, 64)).interior
+    kernel = polyc.define(source, tuning=False, cache_sizes=CACHES, loop_tiles=(64, 64)).interior
     code = kernel.c_source()
     assert "c0 <= INT64_C(127); c0 += INT64_C(64)" in code, code
     a = np.random.default_rng(3).standard_normal((130, 256)).astype(np.float32)
@@ -166,7 +166,7 @@ def test_loop_order_sets_the_order_of_the_outer_loops():
         (("n",), ["n", "m", "r_k"]),
     ):  # loops it does not name follow
         kernel = polyc.define(
-            MATMUL, tuning=False, cache_sizes=CACHES, blas_contractions=False, tile_sizes=(32, 16, 8), loop_order=order
+            MATMUL, tuning=False, cache_sizes=CACHES, blas_contractions=False, loop_tiles=(32, 16, 8), loop_order=order
         ).mm
         explanation = kernel.explain(sizes)
         assert [loop.index for loop in explanation.loops] == expected

@@ -156,7 +156,7 @@ class _KernelWriter:
         lines = [
             f"polyc kernel for def '{self.definition.name}'",
             f"sizes: {sizes}",
-            f"options: fusion={o.fusion} tile_sizes={o.tile_sizes} parallel={o.parallel} "
+            f"options: fusion={o.fusion} tile_sizes={o.loop_tiles} parallel={o.parallel} "
             f"vectorize={o.vectorize} unroll={o.unroll} specialize={o.specialize}"
             + (f" threads={o.threads}" if o.threads is not None else ""),
         ]

@@ -68,8 +68,8 @@ in L1, after its write-back, as a loop over the block's output points (consecuti
 plain loop the compiler vectorises: min/max are the prelude's branch-free ``polyc_fmaxf`` and
 the like, with C's semantics, not calls into libm).  Threads (``parallel=True``, enough work): OpenMP shares out
 (item, tile of points, chunk of channel blocks) triples dynamically; a chunk is all the channel
-blocks unless there are fewer than four triples per thread.  ``options.tile_sizes`` with at
-least one entry sets the channels per chunk (its first entry, rounded to a multiple of RF).
+blocks unless there are fewer than four triples per thread.  The ``conv_block``
+option sets the channels per chunk (rounded to a multiple of RF).
 Packed weights and input panels live in a block of memory the kernel keeps from call to call
 (:data:`polyc.codegen.pattern_kernel.KEPT_WORKSPACE_C`).  The function returns 0, or 2 when
 memory for its tables and buffers could not be allocated.
@@ -250,7 +250,7 @@ class _ConvWriter(PatternKernelWriter):
         lines = [
             f"{CONV_KERNEL_MARK} for def '{self.definition.name}' (direct convolution: {form})",
             f"sizes: {sizes}",
-            f"options: tile_sizes={o.tile_sizes} parallel={o.parallel} vectorize={o.vectorize} "
+            f"options: conv_block={o.conv_block} parallel={o.parallel} vectorize={o.vectorize} "
             f"specialize={o.specialize}",
             f"convolution: {self.conv.describe()}",
             f"items: ({', '.join(lay.items)}); points: ({', '.join(lay.points)})"
@@ -459,12 +459,12 @@ class _ConvWriter(PatternKernelWriter):
         text = typed((conv_channels.WORK if channels else _POINTS_WORK) + _RUN, self.ctype)
         if not self.options.parallel:
             text = re.sub(r"#if defined\(_OPENMP\)\n.*?#endif\n", "", text, flags=re.DOTALL)
-        # options.tile_sizes[0]: output channels per work item (points mode), or output points
-        # per work item (channel mode).
+        # conv_block: output channels per work item (points mode), or output points per work
+        # item (channel mode).
         take = 0
-        if self.options.tile_sizes:
+        if self.options.conv_block:
             per = self.channel_blocks["avx512"].points if channels else self.rf
-            take = max(1, self.options.tile_sizes[0] // per)
+            take = max(1, self.options.conv_block // per)
         return (
             text.replace("STATUS", str(STATUS_OUT_OF_MEMORY))
             .replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")

@@ -49,8 +49,7 @@ run length of N in C, so that narrow products (N of 16 or 32, or N made of short
 runs) do not compute on padding.
 Block sizes come from :func:`polyc.schedule.tiling.cache_sizes` (:func:`block_sizes`: the machine's
 caches, or the ``cache_sizes`` option's, as in exports for another machine);
-``options.tile_sizes`` with three or more entries overrides them as ``(MC, NC, KC)`` (rounded
-to multiples of MR and NR).
+the ``gemm_blocks`` option ``(MC, NC, KC)`` overrides them (rounded to multiples of MR and NR).
 
 Threads: with ``parallel=True`` (and enough work), whole products are shared out when there
 are at least two per thread, else the blocks of rows of each product (or, for short and wide
@@ -167,10 +166,9 @@ def micro_kernel_shapes(isa: str, dtype: np.dtype) -> tuple[MicroKernelShape, ..
 
 
 def block_sizes(
-    shape: MicroKernelShape, itemsize: int, tile_sizes: tuple[int, ...] | None, caches: dict[int, int]
+    shape: MicroKernelShape, itemsize: int, gemm_blocks: tuple[int, int, int] | None, caches: dict[int, int]
 ) -> tuple[int, int, int]:
-    """(MC, NC, KC) for a register block: from ``tile_sizes`` (MC, NC, KC) when it has three
-    entries, else from the cache model: the A sliver (MR x KC) takes a quarter of L1, the A
+    """(MC, NC, KC) for a register block: ``gemm_blocks`` when given, else from the cache model: the A sliver (MR x KC) takes a quarter of L1, the A
     panel (MC x KC) a quarter of L2 (the B sliver streams through the rest), and the B panel
     (KC x NC) half of L3, at most 4096 columns.  Long KC blocks amortise the write-back of C.
 
@@ -180,8 +178,8 @@ def block_sizes(
     longer KC saves a pass over C per block (sgemm, tmm and PolyBench's gemm before and after:
     ``benchmarks/results/zen3_before_avx2_blocks.json`` and ``zen3_contraction_polybench.json``)."""
     mr, nr = shape.mr, shape.nr
-    if tile_sizes is not None and len(tile_sizes) >= 3:
-        mc, nc, kc = tile_sizes[:3]
+    if gemm_blocks is not None:
+        mc, nc, kc = gemm_blocks
     else:
         l1, l2, l3 = caches.get(1, 32 * 1024), caches.get(2, 1 << 20), caches.get(3, 8 << 20)
         share = 3 / 8 if shape.isa == "avx2" else 1 / 4
@@ -242,7 +240,7 @@ class _GemmWriter(PatternKernelWriter):
             f"polyc gemm kernel for def '{self.definition.name}' (BLIS structure: packing, "
             f"cache blocks, register micro-kernel)",
             f"sizes: {sizes}",
-            f"options: tile_sizes={o.tile_sizes} parallel={o.parallel} vectorize={o.vectorize} "
+            f"options: gemm_blocks={o.gemm_blocks} parallel={o.parallel} vectorize={o.vectorize} "
             f"specialize={o.specialize}",
             f"contraction: {self.contraction.describe()}",
         ]
@@ -342,11 +340,11 @@ class _GemmWriter(PatternKernelWriter):
 
     def blocked_loops(self, shape: MicroKernelShape) -> str:
         caches = tiling.cache_sizes(self.options)
-        mc, nc, kc = block_sizes(shape, self.dtype.itemsize, self.options.tile_sizes, caches)
+        mc, nc, kc = block_sizes(shape, self.dtype.itemsize, self.options.gemm_blocks, caches)
         text = typed(_BLOCKED_LOOPS, self.ctype).replace("TRANSPOSED_B\n", _transposed_b(shape, self.dtype))
         text = text.replace("PACK_SLIVERS\n", typed(_pack_sliver_functions(shape), self.ctype))
         text = text.replace("ROWS_ALONG_K_A", _rows_along_k_a(shape, self.dtype))
-        kc_fixed = self.options.tile_sizes is not None and len(self.options.tile_sizes) >= 3
+        kc_fixed = self.options.gemm_blocks is not None
         l2 = caches.get(2, 1 << 20)
         values = {
             "MR": shape.mr,

@@ -440,7 +440,7 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
       iterator makes it, the default).
     - ``optimize``: accepted for compatibility; polyc plans its loops itself.  An explicit
       ``['einsum_path', ...]`` is checked as numpy checks it.
-    - ``**options``: passed to :func:`polyc.define` (``backend=``, ``tile_sizes=``, ...).  Unless
+    - ``**options``: passed to :func:`polyc.define` (``backend=``, ``loop_tiles=``, ...).  Unless
       ``specialize`` is given, problems of at most :data:`SMALL_PROBLEM` loop iterations use a
       kernel compiled once for all shapes, larger ones a kernel compiled for their shapes.
 

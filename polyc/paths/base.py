@@ -10,9 +10,12 @@ module of :mod:`polyc.paths` that builds one :class:`KernelPath`:
 - ``generate(request, match)``: the kernel, as a :class:`PathKernel`;
 - ``explain(stages)``: sentences saying what the path did and which options change it;
 - ``tuning``: a :class:`Tuning`, what :func:`polyc.tune` may search on this path;
-- ``options``: the :class:`~polyc.options.Options` fields the path reads.
+- ``options``: the :class:`~polyc.options.Options` fields the path reads; among the block
+  options (:data:`polyc.options.BLOCK_OPTIONS`), a def given one its path does not read is
+  refused (:func:`polyc.paths.settle_options`);
+- ``tile_alias``: what the deprecated ``tile_sizes`` option means on the path.
 
-The driver (:func:`polyc.driver.compile_stages`), the tuner (:func:`polyc.tune.space.space_for`)
+The driver (:func:`polyc.driver.compile_stages`), the tuner (:func:`polyc.tuning.space.space_for`)
 and :func:`polyc.viz.explain` ask the same registry, so the three always agree on the path.
 """
 
@@ -158,6 +161,12 @@ class KernelPath:
     #: Whether the code that runs is the loop nest of the tiled schedule (the generic path's):
     #: then explanations and pictures of the schedule's loops describe the code.
     runs_schedule_loops: bool = False
+    #: What the deprecated ``tile_sizes`` means on this path: its sizes -> this path's own block
+    #: options (None: the path takes no sizes, and ``tile_sizes`` is ignored).
+    tile_alias: Callable[[tuple[int, ...]], dict] | None = None
+    #: Whether the path compiles parts of the def through the whole pipeline, each choosing its
+    #: own path with the def's options (the parts, not this path, read the block options).
+    compiles_parts: bool = False
 
 
 def blas_contraction(request: PathRequest) -> Contraction | None:

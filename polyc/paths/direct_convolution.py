@@ -24,7 +24,7 @@ def explain(stages) -> list[str]:
 
 
 class ConvolutionTuning(Tuning):
-    """The output channels per work item (``tile_sizes`` of one entry; 0: polyc's choice), and,
+    """The output channels per work item (``conv_block``; 0: polyc's choice), and,
     with ``winograd_knob``, whether the Winograd kernel or the direct one computes the
     convolution: which is faster depends on the machine's caches and vectors."""
 
@@ -44,7 +44,7 @@ class ConvolutionTuning(Tuning):
         if config.get("winograd", True) is False:
             changes["winograd"] = False
         if config["channels"] != 0 and not config.get("winograd", False):
-            changes["tile_sizes"] = [int(config["channels"])]
+            changes["conv_block"] = int(config["channels"])
         return changes
 
     def unused(self, config, knobs) -> set[str]:
@@ -64,5 +64,6 @@ PATH = KernelPath(
     generate,
     explain,
     tuning=ConvolutionTuning(),
-    options=("direct_convolutions", "tile_sizes", "parallel", "vectorize", "threads"),
+    options=("direct_convolutions", "conv_block", "parallel", "vectorize", "threads"),
+    tile_alias=lambda sizes: {"conv_block": sizes[0]} if sizes else {},
 )

@@ -38,7 +38,7 @@ def explain(stages) -> list[str]:
 
 
 class GemmTuning(Tuning):
-    """The cache blocks (MC, NC, KC) (``tile_sizes`` of three entries, rounded by the kernel to
+    """The cache blocks (MC, NC, KC) (``gemm_blocks``, rounded by the kernel to
     its register block; KC 0: polyc's blocks for the sizes) and the register block
     (``micro_kernel``: polyc's choice per call, or one of the instruction set's)."""
 
@@ -61,7 +61,7 @@ class GemmTuning(Tuning):
     def option_changes(self, config: Mapping[str, object]) -> dict:
         changes: dict[str, object] = {}
         if config["kc"] != 0:
-            changes["tile_sizes"] = [int(config["mc"]), int(config["nc"]), int(config["kc"])]
+            changes["gemm_blocks"] = [int(config["mc"]), int(config["nc"]), int(config["kc"])]
         if config.get("micro_kernel", 0) != 0:
             changes["micro_kernel"] = int(config["micro_kernel"])
         return changes
@@ -84,5 +84,6 @@ PATH = KernelPath(
     generate,
     explain,
     tuning=GemmTuning(),
-    options=("blas_contractions", "tile_sizes", "micro_kernel", "parallel", "threads"),
+    options=("blas_contractions", "gemm_blocks", "micro_kernel", "parallel", "threads"),
+    tile_alias=lambda sizes: {"gemm_blocks": sizes[:3]} if len(sizes) >= 3 else {},
 )

@@ -59,9 +59,9 @@ class LoopNestTuning(Tuning):
         changes: dict[str, object] = {}
         tiles = [int(config[f"t{i}"]) for i in range(3) if f"t{i}" in config]
         if tiles and tiles[0] == -1:
-            changes["tile_sizes"] = []
+            changes["loop_tiles"] = []
         elif tiles and tiles[0] != 0:
-            changes["tile_sizes"] = tiles
+            changes["loop_tiles"] = tiles
         if config.get("loop_order"):
             changes["loop_order"] = str(config["loop_order"]).split(",")
         for name in ("fusion", "unroll", "vectorize"):
@@ -91,5 +91,6 @@ PATH = KernelPath(
     explain,
     tuning=LoopNestTuning(),
     runs_schedule_loops=True,
-    options=("fusion", "tile_sizes", "loop_order", "parallel", "vectorize", "unroll", "specialize", "threads"),
+    options=("fusion", "loop_tiles", "loop_order", "parallel", "vectorize", "unroll", "specialize", "threads"),
+    tile_alias=lambda sizes: {"loop_tiles": sizes},
 )

@@ -55,7 +55,7 @@ def mapping_options(options: Options, dialect: str) -> MappingOptions:
     return MappingOptions(
         block=options.block,
         grid=options.grid,
-        tile_sizes=options.tile_sizes or None,
+        tile_sizes=options.gpu_tiles,
         unroll=options.unroll,
         shared_memory=min(shared_memory_budget(options), device.shared_memory_per_block),
         private_memory=options.use_private_memory,
@@ -97,7 +97,7 @@ PATH = KernelPath(
         "block",
         "grid",
         "device",
-        "tile_sizes",
+        "gpu_tiles",
         "unroll",
         "use_shared_memory",
         "max_shared_memory",
@@ -105,4 +105,5 @@ PATH = KernelPath(
         "double_buffer",
         "fusion",
     ),
+    tile_alias=lambda sizes: {"gpu_tiles": sizes} if sizes else {},
 )

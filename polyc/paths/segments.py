@@ -34,5 +34,12 @@ def explain(stages) -> list[str]:
 
 # The tuner searches the loop-nest knobs of the whole def (they apply to its generic segments).
 PATH = KernelPath(
-    "segments", ("c",), recognise, generate, explain, tuning=LoopNestTuning(), options=("blas_contractions",)
+    "segments",
+    ("c",),
+    recognise,
+    generate,
+    explain,
+    tuning=LoopNestTuning(),
+    options=("blas_contractions",),
+    compiles_parts=True,
 )

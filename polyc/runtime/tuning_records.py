@@ -17,13 +17,13 @@ given or ``$POLYC_TUNING_FILE`` names another.  A line looks like::
 candidate is never used), ``error`` (compilation or run failed), or ``pruned`` (stopped after
 two runs many times slower than the best).  ``"confirmed": true`` marks the records of a
 search's confirmation: its best candidate and polyc's defaults timed against each other in
-alternating blocks (:func:`polyc.tune.search.confirm_candidates`); where a key has some, the
+alternating blocks (:func:`polyc.tuning.search.confirm_candidates`); where a key has some, the
 latest confirmation decides (:func:`chosen_record`).
 
 A record is used automatically (:func:`best_options`) only when its whole key matches: the same
 def (its canonical text), sizes, dtypes, compiler target, machine fingerprint and polyc version.
 Records from another machine can be imported explicitly as starting points for a search
-(:func:`polyc.tune.tune` ``start_from=``); they are never used silently.
+(:func:`polyc.tuning.tune` ``start_from=``); they are never used silently.
 """
 
 from __future__ import annotations
@@ -345,7 +345,7 @@ def merge_records(sources: Iterable[str | os.PathLike], into: str | os.PathLike 
     return added
 
 
-def target_of(options) -> str:
+def record_target(options) -> str:
     """The back end and compiler a record was measured with (part of its key)."""
     from polyc.runtime.compiler import compiler_options
 
@@ -364,7 +364,7 @@ def tuned_options(definition: CheckedDef, options, sizes: Mapping[str, int]):
     if not options.tuning or not options.specialize or options.backend != "c":
         return options
     try:
-        recorded = best_options(TuningKey.for_call(definition, sizes, target_of(options)))
+        recorded = best_options(TuningKey.for_call(definition, sizes, record_target(options)))
     except (PolycError, OSError, ValueError):
         return options
     if not recorded:

@@ -149,8 +149,8 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
         context.decisions.append(decision)
 
     tiled = False
-    if options.tile_sizes == ():
-        decision.tiling = "tiling is off (tile_sizes=())"
+    if options.loop_tiles == ():
+        decision.tiling = "tiling is off (loop_tiles=())"
     elif not node.band_get_permutable():
         decision.tiling = "the band is not permutable: its loops cannot be interchanged, so not tiled"
     elif n_members < 2:
@@ -159,7 +159,7 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
         sizes = choose_tile_sizes(
             node,
             context.program,
-            options.tile_sizes,
+            options.loop_tiles,
             tiling.cache_sizes(options),
             options.threads,
             tiling.l1_set_span(options),

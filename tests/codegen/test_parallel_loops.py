@@ -65,7 +65,7 @@ def test_collapsing_stops_once_there_are_enough_iterations():
 
 @pytest.mark.parametrize("threads", [None, 2, 3])
 def test_a_loop_that_carries_a_dependence_is_not_collapsed(threads):
-    kernel = polyc.define(MIDDLE_SUM, threads=threads, tile_sizes=(), tuning=False).middle_sum
+    kernel = polyc.define(MIDDLE_SUM, threads=threads, loop_tiles=(), tuning=False).middle_sum
     pragmas = parallel_pragmas(kernel)
     assert pragmas and all(collapsed_loops(p) == 1 for p in pragmas), pragmas
     a = np.random.default_rng(1).standard_normal((3, 100, 64)).astype(np.float32)

@@ -31,7 +31,7 @@ def test_matmul_maps_n_to_x_and_m_to_y_with_the_reduction_inside_each_thread():
 
 
 def test_without_register_tiles_each_thread_runs_one_element():
-    (launch,) = stages("matmul", dict(M=37, K=20, N=45), tile_sizes=(8, 32, 32)).gpu.launches
+    (launch,) = stages("matmul", dict(M=37, K=20, N=45), gpu_tiles=(8, 32, 32)).gpu.launches
     x, y = launch.loops
     assert (x.registers, y.registers) == (1, 1) and launch.grid == (2, 5)  # 45 = 32 + 13, 37 = 4 * 8 + 5
 
@@ -149,7 +149,7 @@ def test_a_reduction_over_one_value_runs_on_one_thread_and_says_why():
 
 
 def test_the_block_option_shapes_the_blocks():
-    (launch,) = stages("matmul", dict(M=37, K=20, N=45), block=(16, 4), tile_sizes=(4, 16, 32)).gpu.launches
+    (launch,) = stages("matmul", dict(M=37, K=20, N=45), block=(16, 4), gpu_tiles=(4, 16, 32)).gpu.launches
     assert launch.block == (16, 4) and launch.grid == (3, 10)
     (launch,) = stages("matmul", dict(M=37, K=20, N=45), block=(16, 4)).gpu.launches  # 3 x 4 register tiles
     assert [loop.registers for loop in launch.loops] == [3, 4] and launch.grid == (1, 3)
@@ -174,7 +174,7 @@ def test_bad_block_options_are_refused(block):
 
 
 #: Options for a matmul without register tiles (TC's tile sizes: the block's 8 x 32 threads, slices of 32).
-ONE_VALUE_PER_THREAD = dict(tile_sizes=(8, 32, 32))
+ONE_VALUE_PER_THREAD = dict(gpu_tiles=(8, 32, 32))
 
 
 def _with_loop(launch, program, **changes):

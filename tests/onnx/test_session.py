@@ -1101,7 +1101,7 @@ def test_tuning_a_session_tunes_its_costliest_kernels_and_runs_use_the_results(m
     monkeypatch.setenv("POLYC_TUNING_FILE", str(records))
     session = ponnx.InferenceSession(model)
     x = np.random.default_rng(4).standard_normal((2, 3, 8, 8)).astype(np.float32)
-    result = polyc.tune(session, {"X": x}, budget=9, progress=False)
+    result = polyc.tune(session, {"X": x}, trials=9, progress=False)
     kernels = result.kernels
     assert sorted(sum((k.groups for k in kernels), [])) == sorted(f"group{i}" for i in range(len(session.groups)))
     assert [k.seconds for k in kernels] == sorted((k.seconds for k in kernels), reverse=True)
@@ -1125,13 +1125,13 @@ def test_tuning_a_session_tunes_its_costliest_kernels_and_runs_use_the_results(m
     assert "per run; best" in printed and "tuned (as the searches measured them)" in printed
     assert len([r for r in read_records(records) if not r.confirmed]) == sum(k.budget for k in tuned) + 5
     with pytest.raises(polyc.PolycError, match="feeds"):
-        polyc.tune(session, x, budget=4, progress=False)
+        polyc.tune(session, x, trials=4, progress=False)
     with pytest.raises(polyc.PolycError, match="tuning=False"):
-        polyc.tune(ponnx.InferenceSession(model, tuning=False), {"X": x}, budget=4, progress=False)
+        polyc.tune(ponnx.InferenceSession(model, tuning=False), {"X": x}, trials=4, progress=False)
 
 
 def test_a_session_budget_is_shared_by_the_kernels_times():
-    from polyc.tune.session import MIN_SECONDS, KernelTuning, _share
+    from polyc.tuning.session import MIN_SECONDS, KernelTuning, _share
 
     def shares(budget):
         entries = [

@@ -157,8 +157,8 @@ def test_options_that_switch_things_off_are_named():
     assert "parallel=False" in " ".join(e.loop("m").reasons)
     e, _ = explained(ROWSUM, sizes, vectorize=False)
     assert "vectorize=False" in " ".join(e.loop("r_n").reasons)
-    e, _ = explained(ROWSUM, sizes, tile_sizes=())
-    assert "tile_sizes=()" in " ".join(e.loop("m").reasons)
+    e, _ = explained(ROWSUM, sizes, loop_tiles=())
+    assert "loop_tiles=()" in " ".join(e.loop("m").reasons)
 
 
 def test_segments_are_explained_part_by_part():

@@ -19,7 +19,7 @@ SIZES = {"M": 16, "K": 12, "N": 8}
 
 @pytest.fixture(scope="module")
 def loop_nest():
-    return polyc.define(MATMUL, blas_contractions=False, tile_sizes=(4, 4, 4)).mm
+    return polyc.define(MATMUL, blas_contractions=False, loop_tiles=(4, 4, 4)).mm
 
 
 def isl_bands(node: isl.ScheduleNode, found: list) -> list:

@@ -22,7 +22,7 @@ SIZES = {"M": 6, "K": 5, "N": 4}
 
 @pytest.fixture(scope="module")
 def tiled():
-    return polyc.define(MATMUL, blas_contractions=False, tile_sizes=(4, 2, 4)).mm
+    return polyc.define(MATMUL, blas_contractions=False, loop_tiles=(4, 2, 4)).mm
 
 
 def test_tiles_are_the_band_values_divided_by_the_tile_sizes(tiled):

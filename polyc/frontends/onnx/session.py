@@ -224,7 +224,7 @@ class InferenceSession:
     def kernel_inputs(self, input_feed: dict) -> list:
         """Each kernel call of a run on ``input_feed`` (as :meth:`run` takes it), in order: its
         group (``.kernel``, ``.name``) and the arrays it reads (copies of the intermediate
-        ones); what a tuner measures the kernels on (:mod:`polyc.tune.session`)."""
+        ones); what a tuner measures the kernels on (:mod:`polyc.tuning.session`)."""
         plan, feeds = self._plan_for_feeds(input_feed)
         return plan.kernel_inputs(feeds)
 

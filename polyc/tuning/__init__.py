@@ -1,18 +1,15 @@
 """Autotuning: measure candidate options of a kernel on this machine and remember the best.
 
-    result = polyc.tune(mod.matmul, A, B, budget=60.0)   # seconds (float) or trials (int)
+    result = polyc.tune(mod.matmul, A, B, seconds=60)    # or trials=40
     mod.matmul(A, B)                                     # now compiled with result.best_options
 
-- :mod:`polyc.tune.space`: what may change for a kernel's compilation path, and its features.
-- :mod:`polyc.tune.cost_model`: gradient-boosted trees ranking unmeasured candidates.
-- :mod:`polyc.tune.search`: the explorer, the measurement, :func:`tune`.
+- :mod:`polyc.tuning.space`: what may change for a kernel's compilation path, and its features.
+- :mod:`polyc.tuning.cost_model`: gradient-boosted trees ranking unmeasured candidates.
+- :mod:`polyc.tuning.search`: the explorer, the measurement, :func:`tune`.
 - :mod:`polyc.runtime.tuning_records`: the append-only JSON-lines records, keyed by def, sizes, dtypes,
   compiler, machine fingerprint (:mod:`polyc.runtime.machine`) and polyc version.
-- :mod:`polyc.tune.distributed`: measuring on Dask workers.
+- :mod:`polyc.tuning.distributed`: measuring on Dask workers.
 """
-
-import sys
-import types
 
 from polyc.runtime.machine import MachineFingerprint, this_machine
 from polyc.runtime.tuning_records import (
@@ -23,7 +20,7 @@ from polyc.runtime.tuning_records import (
     merge_records,
     read_records,
 )
-from polyc.tune.search import TuningResult, tune
+from polyc.tuning.search import TuningResult, tune
 
 __all__ = [
     "tune",
@@ -37,13 +34,3 @@ __all__ = [
     "MachineFingerprint",
     "this_machine",
 ]
-
-
-class _CallableModule(types.ModuleType):
-    """``polyc.tune`` is both this package and the function: ``polyc.tune(kernel, *args)``."""
-
-    def __call__(self, *args, **kwargs):
-        return tune(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

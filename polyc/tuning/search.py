@@ -4,10 +4,10 @@ The loop (AutoTVM's and Ansor's, at the scale of one kernel):
 
 1. Measure polyc's default options first, then any ``start_from`` records (imported from
    another machine, say): every later candidate is compared with them.
-2. Train the cost model (:mod:`polyc.tune.cost_model`) on everything measured for this key so
+2. Train the cost model (:mod:`polyc.tuning.cost_model`) on everything measured for this key so
    far, earlier runs included (records resume a search).
 3. Propose: the model ranks the whole space when it is small (at most ``ENUMERATED_SPACE``
-   configurations), else simulated-annealing walks over it (:mod:`polyc.tune.space`) from the
+   configurations), else simulated-annealing walks over it (:mod:`polyc.tuning.space`) from the
    best measured configurations, scored by the model; the best unmeasured ones, plus a few
    random ones so the model keeps learning, form the next batch.
 4. Measure the batch (:func:`measure_candidate`: compile, check against the reference
@@ -16,7 +16,7 @@ The loop (AutoTVM's and Ansor's, at the scale of one kernel):
    the budget is spent.  Ctrl-C ends the search and keeps everything measured.
 
 ``strategy="random"`` skips the model (the baseline it must beat).  ``client=`` measures on Dask
-workers (:mod:`polyc.tune.distributed`).
+workers (:mod:`polyc.tuning.distributed`).
 """
 
 from __future__ import annotations
@@ -28,13 +28,15 @@ import sys
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from polyc.errors import PolycError
+from polyc.paths import upgraded_options
 from polyc.runtime.machine import this_machine
 from polyc.runtime.tuning_records import (
     TuningKey,
@@ -43,11 +45,11 @@ from polyc.runtime.tuning_records import (
     chosen_record,
     default_records_path,
     read_records,
-    target_of,
+    record_target,
 )
 from polyc.target import usable_cores
-from polyc.tune.cost_model import CostModel, pruning_limit
-from polyc.tune.space import SearchSpace, space_for
+from polyc.tuning.cost_model import CostModel, pruning_limit
+from polyc.tuning.space import SearchSpace, space_for
 
 STRATEGIES = ("model", "random")
 #: Seconds of repeated runs per candidate (at least MIN_RUNS, at most MAX_RUNS runs).
@@ -90,10 +92,42 @@ class TuningResult:
         )
 
 
+#: How long :func:`tune` searches when given neither ``seconds`` nor ``trials``.
+DEFAULT_SECONDS = 60.0
+
+
+def search_budget(seconds: float | None, trials: int | None, budget: float | int | None = None) -> float | int:
+    """The budget a search runs under: seconds as a float, or measured candidates as an int.
+    ``budget`` is the deprecated spelling (a float: seconds, an int: trials), warned about."""
+    if budget is not None:
+        if seconds is not None or trials is not None:
+            raise PolycError("budget= is the deprecated spelling of seconds= and trials=: give only one of them")
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
+            raise PolycError(f"budget must be a positive number of seconds (float) or trials (int), not {budget!r}")
+        instead = f"trials={budget!r}" if isinstance(budget, int) else f"seconds={budget!r}"
+        warnings.warn(
+            f"budget= is deprecated: budget={budget!r} means {instead}; pass that instead",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return budget
+    if seconds is not None and trials is not None:
+        raise PolycError("give seconds= (how long to search) or trials= (how many candidates to measure), not both")
+    if trials is not None:
+        if isinstance(trials, bool) or not isinstance(trials, int) or trials <= 0:
+            raise PolycError(f"trials must be a positive integer (candidates to measure), not {trials!r}")
+        return trials
+    seconds = DEFAULT_SECONDS if seconds is None else seconds
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+        raise PolycError(f"seconds must be a positive, finite number of seconds to search, not {seconds!r}")
+    return float(seconds)
+
+
 def tune(
     kernel,
     *args,
-    budget: float | int = 60.0,
+    seconds: float | None = None,
+    trials: int | None = None,
     strategy: str = "model",
     records=None,
     client=None,
@@ -102,11 +136,14 @@ def tune(
     seed: int = 0,
     prune_factor: float = 10.0,
     batch: int = 4,
+    budget: float | int | None = None,
 ) -> TuningResult:
     """Search the options of ``kernel`` (a :class:`polyc.Kernel`) for the shapes and dtypes of
     ``args`` (the arguments a call would take) on this machine.
 
-    ``budget``: seconds (a float) or measured candidates (an int).  ``records``: the JSON-lines
+    The search runs for ``seconds`` (default 60) or until it has measured ``trials``
+    candidates; ``budget`` is their deprecated spelling (a float: seconds, an int: trials).
+    ``strategy``: ``"model"`` (a cost model ranks the candidates) or ``"random"``.  ``records``: the JSON-lines
     file of results (default: the user's, in the kernel cache directory); candidates already
     measured there for the same key are not measured again.  ``start_from``: records or a path
     to a records file (from another machine, say) whose options are measured first.
@@ -115,15 +152,44 @@ def tune(
     with these shapes use the best options found.
 
     ``kernel`` may also be a ``polyc.onnx.InferenceSession`` and ``args`` one dict of feeds:
-    then every kernel of the model is tuned, the budget shared among them
-    (:func:`polyc.tune.session.tune_session`, which returns a ``SessionTuningResult``).
+    then every kernel of the model is tuned, the time or trials shared among them
+    (:func:`polyc.tuning.session.tune_session`, which returns a ``SessionTuningResult``).
     """
+    return search(
+        kernel,
+        *args,
+        budget=search_budget(seconds, trials, budget),
+        strategy=strategy,
+        records=records,
+        client=client,
+        start_from=start_from,
+        progress=progress,
+        seed=seed,
+        prune_factor=prune_factor,
+        batch=batch,
+    )
+
+
+def search(
+    kernel,
+    *args,
+    budget: float | int,
+    strategy: str = "model",
+    records=None,
+    client=None,
+    start_from=None,
+    progress: bool = True,
+    seed: int = 0,
+    prune_factor: float = 10.0,
+    batch: int = 4,
+):
+    """:func:`tune` with its budget settled (:func:`search_budget`): seconds as a float, trials as an int."""
     from polyc.api import Kernel
     from polyc.lang.printer import format_def
 
     onnx_session = sys.modules.get("polyc.frontends.onnx.session")  # loaded if kernel can be one
     if onnx_session is not None and isinstance(kernel, onnx_session.InferenceSession):
-        from polyc.tune.session import tune_session
+        from polyc.tuning.session import tune_session
 
         if len(args) != 1:
             raise PolycError(f"tune(session, feeds) takes one dict of feeds, not {len(args)} arguments")
@@ -170,6 +236,7 @@ def tune(
     measured: dict[str, tuple[dict, TuningRecord]] = {}  # identity -> (config or {}, record)
     for record in read_records(path):
         if record.key == key:
+            record = replace(record, options=upgraded_options(space.kernel_path, record.options))
             measured[_identity(record.options)] = (_config_in(space, record), record)
     best = _best(measured)
     default_record = measured.get(_identity(space.options(space.default)), (None, None))[1]
@@ -274,7 +341,7 @@ def bound_call(kernel, args: tuple) -> tuple[tuple, dict[str, int], TuningKey]:
     call = bind_arguments(definition, tuple(args), None, kernel._written_before_read, {})
     sizes = dict(call.sizes)
     kernel.bounds_precondition.check(sizes, definition.source or None)
-    key = TuningKey.for_call(definition, sizes, target_of(_tunable_base(kernel.options)))
+    key = TuningKey.for_call(definition, sizes, record_target(_tunable_base(kernel.options)))
     return tuple(call.arrays[name] for name in definition.inputs), sizes, key
 
 
@@ -292,7 +359,7 @@ def _config_in(space: SearchSpace, record: TuningRecord) -> dict:
     if not record.config:
         return {}
     config = {**space.default, **{k: v for k, v in record.config.items() if k in space.default}}
-    return config if space.options(config) == dict(record.options) else {}
+    return config if space.options(config) == upgraded_options(space.kernel_path, record.options) else {}
 
 
 def _identity(options: Mapping) -> str:
@@ -490,7 +557,7 @@ class _Measurer:
         self.client = client
         self.parallelism = usable_cores()
         if client is not None:
-            from polyc.tune.distributed import DaskMeasurer
+            from polyc.tuning.distributed import DaskMeasurer
 
             self._dask = DaskMeasurer(client, self)
             self.parallelism = self._dask.parallelism
@@ -531,7 +598,7 @@ def candidate_kernel(job: Mapping):
     from polyc.api import define
 
     options = dict(job["options"])
-    for name in ("tile_sizes", "cflags", "cache_sizes"):
+    for name in ("tile_sizes", "loop_tiles", "gemm_blocks", "gpu_tiles", "cflags", "cache_sizes"):
         if isinstance(options.get(name), list):
             options[name] = tuple(options[name])
     return define(job["source"], **options)[job["name"]]

@@ -16,7 +16,7 @@ import polyc
 from benchmarks import tuning_search
 from polyc.runtime.arguments import bind_arguments
 from polyc.runtime.compiler import CompilerOptions
-from polyc.tune import search
+from polyc.tuning import search
 
 SGEMM = "def sgemm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
 
@@ -51,7 +51,7 @@ def test_the_search_comparison_replays_a_measured_table(tmp_path, monkeypatch):
     monkeypatch.setattr(search, "confirm_candidates", confirm)
     table, results = tmp_path / "tables.json", tmp_path / "search.json"
     table.write_text(
-        json.dumps({"machine": polyc.tune.this_machine().id, "cflags": _flags(), "kernels": {"sgemm 24": measured}})
+        json.dumps({"machine": polyc.tuning.this_machine().id, "cflags": _flags(), "kernels": {"sgemm 24": measured}})
     )
 
     assert tuning_search.main(["--trials", "12", "--seeds", "2", "--table", str(table), "--json", str(results)]) == 0
@@ -86,7 +86,7 @@ def test_a_table_measured_with_other_compiler_flags_is_measured_again(tmp_path, 
 
     monkeypatch.setattr(tuning_search, "_measure_space", measure_space)
     table = tmp_path / "tables.json"
-    machine = polyc.tune.this_machine().id
+    machine = polyc.tuning.this_machine().id
     for recorded, reused in (
         ({"cflags": _flags() + " -O1"}, False),
         ({}, _flags() == tuning_search.DEFAULT_FLAGS),

@@ -1,6 +1,6 @@
 """Tuning a whole ONNX session: every kernel of its plan for the given feeds.
 
-    result = polyc.tune(session, {"input": images}, budget=600.0)
+    result = polyc.tune(session, {"input": images}, seconds=600)
     session.run(None, {"input": images})     # now with each tuned kernel's best options
 
 A model is tens of kernels whose times differ by orders of magnitude, so the budget is shared
@@ -22,7 +22,7 @@ import numpy as np
 
 from polyc.errors import PolycError
 from polyc.runtime.tuning_records import TuningKey
-from polyc.tune.search import TuningResult, _time_call, bound_call, tune
+from polyc.tuning.search import TuningResult, _time_call, bound_call, search
 
 #: The least budget worth a search of one kernel: seconds, or trials.
 MIN_SECONDS, MIN_TRIALS = 5.0, 4
@@ -75,7 +75,7 @@ def tune_session(
 ) -> SessionTuningResult:
     """Tune every kernel of ``session``'s plan for ``feeds`` (as :meth:`run` takes them), the
     ``budget`` (seconds as a float, trials as an int) shared as the module docstring says;
-    ``search_options`` go to :func:`polyc.tune.tune` for each kernel.  Afterwards the session's
+    ``search_options`` go to :func:`polyc.tuning.tune` for each kernel.  Afterwards the session's
     runs use the best options found."""
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
         raise PolycError(f"budget must be a positive number of seconds (float) or trials (int), not {budget!r}")
@@ -123,7 +123,7 @@ def tune_session(
                     f"budget {_describe(entry.budget)})",
                     flush=True,
                 )
-            entry.result = tune(kernel, *inputs, budget=entry.budget, progress=progress, **search_options)
+            entry.result = search(kernel, *inputs, budget=entry.budget, progress=progress, **search_options)
             if entry.result.interrupted:
                 result.interrupted = True
                 break

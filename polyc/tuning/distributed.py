@@ -6,7 +6,7 @@ timed by one worker, and the results come back as ordinary records.  Rules:
 - Only workers whose machine fingerprint (:mod:`polyc.runtime.machine`) equals the target's measure:
   a time taken on another kind of processor would be a wrong record.  Others are left idle, and
   a client with no matching worker is an error that lists what the workers are.
-- One measurement per machine at a time: :func:`polyc.tune.search.measure_candidate` holds a
+- One measurement per machine at a time: :func:`polyc.tuning.search.measure_candidate` holds a
   machine-wide lock while timing (compilation runs in parallel), so two workers on one machine
   (a ``LocalCluster``) do not disturb each other's timings.  Start workers with one thread each
   (``dask worker --nthreads 1``) so that a worker never runs two candidates at once.
@@ -29,7 +29,7 @@ def _worker_fingerprint() -> dict:
 
 def _measure_on_worker(job: dict, data: tuple, target_machine: str) -> dict:
     from polyc.runtime.machine import this_machine as here
-    from polyc.tune.search import measure_candidate
+    from polyc.tuning.search import measure_candidate
 
     if here().id != target_machine:  # the scheduler should not send it here; never time it anyway
         return {"status": "error", "message": f"worker machine {here().describe()} is not the target"}
@@ -39,7 +39,7 @@ def _measure_on_worker(job: dict, data: tuple, target_machine: str) -> dict:
 
 def _confirm_on_worker(jobs: list, data: tuple, target_machine: str) -> list:
     from polyc.runtime.machine import this_machine as here
-    from polyc.tune.search import confirm_candidates
+    from polyc.tuning.search import confirm_candidates
 
     if here().id != target_machine:
         raise PolycError(f"worker machine {here().describe()} is not the target")
@@ -79,7 +79,7 @@ class DaskMeasurer:
         return self.client.gather(futures)
 
     def confirm(self, jobs: list[dict]) -> list[dict]:
-        """:func:`polyc.tune.search.confirm_candidates` on one matching worker."""
+        """:func:`polyc.tuning.search.confirm_candidates` on one matching worker."""
         return self.client.submit(
             _confirm_on_worker,
             jobs,

@@ -65,7 +65,7 @@ def records(tmp_path, monkeypatch):
 
 def test_tune_records_every_trial_and_define_uses_the_best(records, matmul_args):
     kernel = polyc.define(MATMUL).matmul
-    result = polyc.tune(kernel, *matmul_args, budget=5, progress=False, seed=1)
+    result = polyc.tune(kernel, *matmul_args, trials=5, progress=False, seed=1)
     assert result.trials == 5 and result.space.path == "gemm" and not result.interrupted
     lines = read_records(records)
     trials = [r for r in lines if not r.confirmed]
@@ -85,9 +85,7 @@ def test_tune_records_every_trial_and_define_uses_the_best(records, matmul_args)
     assert best_options(result.key) == result.best_options
     fresh = polyc.define(MATMUL.replace("    ", "  ") + "\n# same def\n").matmul
     sizes = {"M": 64, "K": 48, "N": 80}
-    tuned = dict(result.best_options)
-    if "tile_sizes" in tuned:
-        tuned["tile_sizes"] = tuple(tuned["tile_sizes"])
+    tuned = {name: tuple(v) if isinstance(v, list) else v for name, v in result.best_options.items()}
     assert fresh.c_source(sizes) == polyc.define(MATMUL, tuning=False, **tuned).matmul.c_source(sizes)
     out = fresh(*matmul_args)
     np.testing.assert_allclose(out, matmul_args[0].astype(np.float64) @ matmul_args[1], rtol=1e-5, atol=1e-5)
@@ -101,16 +99,20 @@ def test_records_keep_only_options_left_at_their_defaults(records, matmul_args):
     key = TuningKey.for_call(
         kernel.definition,
         {"M": 64, "K": 48, "N": 80},
-        polyc.tune.search.target_of(kernel.options.replace(tuning=False)),
+        polyc.tuning.search.record_target(kernel.options.replace(tuning=False)),
     )
+    # A record written before the block options had names of their own holds tile_sizes: it is
+    # read as the path's option (gemm_blocks here), without the warning a user's tile_sizes gets.
     append_record(TuningRecord(key, {"tile_sizes": [48, 128, 64]}, "ok", 1e-6), records)
-    assert "128" in kernel.c_source({"M": 64, "K": 48, "N": 80})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert "128" in kernel.c_source({"M": 64, "K": 48, "N": 80})
     assert polyc.define(MATMUL).matmul.stages({"M": 64, "K": 48, "N": 80}).kernel.source == polyc.define(
-        MATMUL, tile_sizes=(48, 128, 64)
+        MATMUL, gemm_blocks=(48, 128, 64)
     ).matmul.c_source({"M": 64, "K": 48, "N": 80})
-    mine = polyc.define(MATMUL, tile_sizes=(24, 256, 32)).matmul
+    mine = polyc.define(MATMUL, gemm_blocks=(24, 256, 32)).matmul
     assert mine.stages({"M": 64, "K": 48, "N": 80}).kernel.source == polyc.define(
-        MATMUL, tile_sizes=(24, 256, 32), tuning=False
+        MATMUL, gemm_blocks=(24, 256, 32), tuning=False
     ).matmul.c_source({"M": 64, "K": 48, "N": 80})
 
 
@@ -131,7 +133,7 @@ def test_records_from_another_machine_are_a_starting_point_only(records, tmp_pat
     kernel = polyc.define(MATMUL).matmul
     foreign = tmp_path / "from-the-cluster.jsonl"
     sizes = {"M": 64, "K": 48, "N": 80}
-    target = polyc.tune.search.target_of(kernel.options.replace(tuning=False))
+    target = polyc.tuning.search.record_target(kernel.options.replace(tuning=False))
     there = TuningKey(
         TuningKey.for_call(kernel.definition, sizes, target).definition,
         tuple(sizes.items()),
@@ -142,7 +144,7 @@ def test_records_from_another_machine_are_a_starting_point_only(records, tmp_pat
     append_record(TuningRecord(there, {"tile_sizes": [48, 256, 128]}, "ok", 1e-7), foreign)
     assert merge_records([foreign], records) == 1 and merge_records([foreign], records) == 0
     assert kernel.c_source(sizes) == polyc.define(MATMUL, tuning=False).matmul.c_source(sizes)
-    result = polyc.tune(kernel, *matmul_args, budget=2, start_from=foreign, progress=False)
+    result = polyc.tune(kernel, *matmul_args, trials=2, start_from=foreign, progress=False)
     # (The search's trials; a confirmation follows where the foreign options were the faster.)
     measured_here = [r for r in read_records(records) if r.key.machine == this_machine().id and not r.confirmed]
     assert [r.options for r in measured_here] == [{}, {"tile_sizes": [48, 256, 128]}]
@@ -192,7 +194,7 @@ def test_the_identity_numbers_come_from_cpuinfo():
 
 def test_unreadable_lines_are_skipped_with_a_warning_and_calls_still_work(records, matmul_args):
     kernel = polyc.define(MATMUL).matmul
-    polyc.tune(kernel, *matmul_args, budget=1, progress=False)
+    polyc.tune(kernel, *matmul_args, trials=1, progress=False)
     with open(records, "a") as file:
         file.write('{"schema": 1, "key": {"def": "x"')  # a run killed mid-write
         file.write("\nnot json at all\n")
@@ -231,7 +233,7 @@ def test_an_old_schema_is_converted_on_load(tmp_path, monkeypatch):
 
 
 def test_ctrl_c_keeps_what_was_found(records, matmul_args, monkeypatch):
-    from polyc.tune import search
+    from polyc.tuning import search
 
     real, calls = search.measure_candidate, []
 
@@ -242,7 +244,7 @@ def test_ctrl_c_keeps_what_was_found(records, matmul_args, monkeypatch):
         return real(job, inputs, reference)
 
     monkeypatch.setattr(search, "measure_candidate", interrupted_on_the_third)
-    result = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, budget=10, progress=False)
+    result = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, trials=10, progress=False)
     assert result.interrupted and result.trials == 2 and len(read_records(records)) == 2
     assert result.best_seconds is not None
 
@@ -251,7 +253,7 @@ def test_candidates_are_built_together_then_timed_alone(records, matmul_args, tm
     """Locally, as many candidates at a time as there are processors: their libraries built at
     once, then each timed with no compiler running."""
     from polyc.schedule import tiling
-    from polyc.tune import search
+    from polyc.tuning import search
 
     monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(tiling, "usable_cores", lambda: 2)
@@ -262,7 +264,7 @@ def test_candidates_are_built_together_then_timed_alone(records, matmul_args, tm
         return real_time(kernel, inputs)
 
     monkeypatch.setattr(search, "_time_call", watched_time)
-    result = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, budget=5, progress=False)
+    result = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, trials=5, progress=False)
     assert result.trials == 5 and len(read_records(records)) >= 5
     assert watched_builds.most == 2
     assert compiles_while_timed and not any(compiles_while_timed)
@@ -275,7 +277,7 @@ def test_a_killed_run_resumes_from_its_records(records, matmul_args, tmp_path):
         import numpy as np, polyc
         rng = np.random.default_rng(0)
         A, B = rng.random((64, 48), dtype=np.float32), rng.random((48, 80), dtype=np.float32)
-        polyc.tune(polyc.define({MATMUL!r}).matmul, A, B, budget=500, progress=False)
+        polyc.tune(polyc.define({MATMUL!r}).matmul, A, B, trials=500, progress=False)
     """)
     )
     process = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "POLYC_TUNING_FILE": str(records)})
@@ -289,7 +291,7 @@ def test_a_killed_run_resumes_from_its_records(records, matmul_args, tmp_path):
         process.wait()
     before = read_records(records)
     assert len(before) >= 3 and not any(r.confirmed for r in before)
-    result = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, budget=3, progress=False)
+    result = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, trials=3, progress=False)
     after = read_records(records)
     trials = [r for r in after if not r.confirmed]
     assert len(trials) == len(before) + 3 and result.measured == len(trials)
@@ -301,14 +303,14 @@ def test_a_killed_run_resumes_from_its_records(records, matmul_args, tmp_path):
 def test_random_and_generic_path(records):
     A = np.random.default_rng(1).random((40, 70), dtype=np.float32)
     kernel = polyc.define(ROWSUM).rowsum
-    result = polyc.tune(kernel, A, budget=3, strategy="random", progress=False)
+    result = polyc.tune(kernel, A, trials=3, strategy="random", progress=False)
     assert result.space.path == "generic" and result.trials == 3
     assert {k.name for k in result.space.knobs} >= {"t0", "fusion", "unroll", "vectorize"}
     np.testing.assert_allclose(kernel(A), 2 * A.astype(np.float64).sum(axis=1), rtol=1e-5)
 
 
 def test_the_model_sees_the_whole_space_and_only_knobs_that_matter():
-    from polyc.tune.space import space_for
+    from polyc.tuning.space import space_for
 
     definition = polyc.define(MATMUL, blas_contractions=False).matmul
     space = space_for(definition.definition, {"M": 64, "K": 48, "N": 80}, definition.options)
@@ -328,7 +330,7 @@ def test_the_model_sees_the_whole_space_and_only_knobs_that_matter():
 
 
 def test_the_loop_order_is_searched_on_the_generic_path(records):
-    from polyc.tune.space import space_for
+    from polyc.tuning.space import space_for
 
     kernel = polyc.define(MATMUL, blas_contractions=False).matmul
     sizes = {"M": 64, "K": 48, "N": 80}
@@ -354,7 +356,7 @@ def test_the_loop_order_is_searched_on_the_generic_path(records):
 
 
 def test_the_fusion_strategy_is_searched_only_where_it_changes_the_code():
-    from polyc.tune.space import space_for
+    from polyc.tuning.space import space_for
 
     symmetrise = "def sym(float(N, N) A) -> (B) { B(i, j) = 0.5 * (A(i, j) + A(j, i)) }"
     # One assignment: every strategy gives the same C (but for the comment naming the options).
@@ -373,7 +375,7 @@ def test_the_fusion_strategy_is_searched_only_where_it_changes_the_code():
 
 
 def test_the_thread_count_is_searched_unless_the_options_fix_it():
-    from polyc.tune.space import space_for, thread_counts
+    from polyc.tuning.space import space_for, thread_counts
 
     EIGHT_CORES = replace(this_machine(), cores=8)
     assert thread_counts(1) == (0,) and thread_counts(2) == (0, 1) and thread_counts(12) == (0, 6, 3, 1)
@@ -395,7 +397,7 @@ def test_the_thread_count_is_searched_unless_the_options_fix_it():
             }
     # Records of an older polyc, whose space had no thread count (nor register block), left
     # them at their defaults.
-    from polyc.tune.search import _config_in
+    from polyc.tuning.search import _config_in
 
     old = TuningRecord(None, {"tile_sizes": [48, 128, 64]}, "ok", 1e-3, config={"mc": 48, "nc": 128, "kc": 64})
     matmul = polyc.define(MATMUL).matmul
@@ -417,7 +419,7 @@ def test_the_thread_count_is_searched_unless_the_options_fix_it():
 
 def test_the_register_block_is_searched_on_the_gemm_path():
     from polyc.codegen.gemm import micro_kernel_shapes
-    from polyc.tune.space import space_for
+    from polyc.tuning.space import space_for
 
     kernel = polyc.define(MATMUL, tuning=False).matmul
     sizes = {"M": 64, "K": 48, "N": 80}
@@ -478,7 +480,7 @@ def test_a_confirmation_decides_and_a_lucky_timing_does_not():
 
 
 def test_a_search_whose_best_was_lucky_keeps_the_defaults(records, matmul_args, monkeypatch):
-    from polyc.tune import search
+    from polyc.tuning import search
 
     def timing(kernel, inputs):  # the search sees the defaults twice as slow as any other candidate
         options = kernel.options
@@ -492,7 +494,7 @@ def test_a_search_whose_best_was_lucky_keeps_the_defaults(records, matmul_args, 
             {"status": "ok", "seconds": 1e-4, "runs": [1e-4]} for _ in jobs
         ],
     )  # ... and the confirmation alike
-    result = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, budget=3, progress=False)
+    result = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, trials=3, progress=False)
     confirmed = [r for r in read_records(records) if r.confirmed]
     assert len(confirmed) == 2 and confirmed[0].options == {} and confirmed[1].options
     assert result.best_options == {} and best_options(result.key) == {}
@@ -500,7 +502,7 @@ def test_a_search_whose_best_was_lucky_keeps_the_defaults(records, matmul_args, 
 
 def test_a_candidate_is_pruned_only_when_two_runs_are_slow(matmul_args, monkeypatch):
     """TC's pruning, minus a busy machine's scheduler slice: one slow run is timed again."""
-    from polyc.tune import search
+    from polyc.tuning import search
 
     job = {"source": MATMUL, "name": "matmul", "options": {}, "terms": 48, "limit": 1e-3}
     reference = (matmul_args[0] @ matmul_args[1],)
@@ -514,11 +516,35 @@ def test_a_candidate_is_pruned_only_when_two_runs_are_slow(matmul_args, monkeypa
             assert outcome["seconds"] == 1e-4 and len(outcome["runs"]) == search.MAX_RUNS
 
 
+def test_tune_is_a_function_with_seconds_and_trials():
+    import inspect
+
+    from polyc.tuning.search import search_budget
+
+    assert inspect.isfunction(polyc.tune)
+    parameters = inspect.signature(polyc.tune).parameters
+    assert {"seconds", "trials", "strategy", "records"} <= set(parameters)
+    assert search_budget(None, None) == 60.0 and isinstance(search_budget(None, None), float)
+    assert search_budget(5, None) == 5.0 and isinstance(search_budget(5, None), float)  # 5 seconds, not 5 trials
+    assert search_budget(None, 40) == 40 and isinstance(search_budget(None, 40), int)
+    # The old budget= still works, and says what it means now.
+    with pytest.warns(DeprecationWarning, match=r"budget=20 means trials=20"):
+        assert search_budget(None, None, 20) == 20
+    with pytest.warns(DeprecationWarning, match=r"budget=2.5 means seconds=2.5"):
+        assert search_budget(None, None, 2.5) == 2.5
+
+
 def test_bad_requests_are_polyc_errors(matmul_args):
     kernel = polyc.define(MATMUL).matmul
     for bad, message in (
+        ({"seconds": 0}, "seconds must be a positive"),
+        ({"seconds": float("inf")}, "seconds must be a positive, finite"),
+        ({"trials": 2.5}, "trials must be a positive integer"),
+        ({"trials": True}, "trials must be a positive integer"),
+        ({"seconds": 5, "trials": 3}, "not both"),
         ({"budget": 0}, "budget"),
         ({"budget": True}, "budget"),
+        ({"budget": 3, "trials": 3}, "give only one"),
         ({"strategy": "genetic"}, "strategy"),
     ):
         with pytest.raises(polyc.PolycError, match=message):
@@ -528,19 +554,19 @@ def test_bad_requests_are_polyc_errors(matmul_args):
     with pytest.raises(polyc.PolycError, match="nothing to tune"):
         polyc.tune(polyc.define(MATMUL, backend="interpreter").matmul, *matmul_args)
     with pytest.raises(polyc.SignatureError):
-        polyc.tune(kernel, matmul_args[0], matmul_args[0], budget=1)
+        polyc.tune(kernel, matmul_args[0], matmul_args[0], trials=1)
 
 
 def test_dask_local_cluster_gives_the_same_records(records, tmp_path, matmul_args):
     distributed = pytest.importorskip("dask.distributed")
     local = polyc.tune(
-        polyc.define(MATMUL).matmul, *matmul_args, budget=2, records=tmp_path / "local.jsonl", progress=False
+        polyc.define(MATMUL).matmul, *matmul_args, trials=2, records=tmp_path / "local.jsonl", progress=False
     )
     with (
         distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
         distributed.Client(cluster) as client,
     ):
-        remote = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, budget=4, client=client, progress=False)
+        remote = polyc.tune(polyc.define(MATMUL).matmul, *matmul_args, trials=4, client=client, progress=False)
     assert remote.key == local.key and remote.trials == 4
     local_lines = [json.loads(line) for line in (tmp_path / "local.jsonl").read_text().splitlines()]
     remote_lines = [json.loads(line) for line in records.read_text().splitlines()]
@@ -610,7 +636,7 @@ def test_large_kernels_are_checked_against_the_default_build(records, matmul_arg
     # budget.  Above INTERPRETED_INSTANCES the reference is polyc's default build, and a
     # candidate that disagrees with it is still 'wrong'.
     from polyc import interpreter
-    from polyc.tune import search
+    from polyc.tuning import search
 
     interpreted = []
     monkeypatch.setattr(interpreter, "interpret", lambda *a: interpreted.append(a) or pytest.fail("interpreted"))
@@ -621,7 +647,7 @@ def test_large_kernels_are_checked_against_the_default_build(records, matmul_arg
     # No pruning: on a machine busy with the rest of the suite, a candidate's first run of a few
     # microseconds can wait scheduler slices, and then it is pruned, not checked (a CI run
     # failed here; under three busy processes: "pruned: first run 8.155 ms > 0.112 ms").
-    result = polyc.tune(kernel, *matmul_args, budget=3, progress=False, seed=2, prune_factor=math.inf)
+    result = polyc.tune(kernel, *matmul_args, trials=3, progress=False, seed=2, prune_factor=math.inf)
     assert not interpreted and result.trials == 3
     statuses = [(r.status, r.message) for r in read_records(records)]
     assert all(status == "ok" for status, _ in statuses), statuses
@@ -639,14 +665,14 @@ WINOGRAD_CONV = """def conv(float(1, 16, 16, 16) I, float(3, 3, 16, 32) W1) -> (
 
 
 def test_where_the_winograd_kernel_is_allowed_the_tuner_may_turn_it_off(records):
-    from polyc.tune.space import space_for
+    from polyc.tuning.space import space_for
 
     allowed = polyc.define(WINOGRAD_CONV, winograd=True).conv
     space = space_for(allowed.definition, {}, allowed.options)
     assert space.path == "winograd" and dict((k.name, k.choices) for k in space.knobs)["winograd"] == (True, False)
     assert space.default["winograd"] is True and space.options(space.default) == {}
     direct = {**space.default, "winograd": False, "channels": 16}
-    assert space.options(direct) == {"winograd": False, "tile_sizes": [16]}
+    assert space.options(direct) == {"winograd": False, "conv_block": 16}
     # With the Winograd kernel the channels per item mean nothing: the same candidate, the same features.
     assert space.identity({**space.default, "channels": 16}) == space.identity(space.default)
     assert space.features({**space.default, "channels": 16}) == space.features(space.default)
@@ -655,8 +681,10 @@ def test_where_the_winograd_kernel_is_allowed_the_tuner_may_turn_it_off(records)
     assert "winograd" not in {k.name for k in space_for(plain.definition, {}, plain.options).knobs}
     # A record may turn it off for a kernel that allows it (never on for one that does not).
     assert "Winograd F(2x2, 3x3)" in allowed.c_source({})
-    key = TuningKey.for_call(allowed.definition, {}, polyc.tune.search.target_of(allowed.options.replace(tuning=False)))
-    append_record(TuningRecord(key, {"winograd": False, "tile_sizes": [16]}, "ok", 1e-6), records)
+    key = TuningKey.for_call(
+        allowed.definition, {}, polyc.tuning.search.record_target(allowed.options.replace(tuning=False))
+    )
+    append_record(TuningRecord(key, {"winograd": False, "conv_block": 16}, "ok", 1e-6), records)
     assert "Winograd F(2x2, 3x3)" not in polyc.define(WINOGRAD_CONV, winograd=True).conv.stages({}).kernel.source
     append_record(TuningRecord(key, {"winograd": True}, "ok", 1e-7), records)
     assert "Winograd F(2x2, 3x3)" not in polyc.define(WINOGRAD_CONV).conv.stages({}).kernel.source
