@@ -25,6 +25,7 @@ from polyc.lang.sema import check_def
 from polyc.options import GPU_BACKENDS, Options, options_reference
 from polyc.runtime.arguments import bind_arguments
 from polyc.runtime.proofs import define_proofs
+from polyc.target import Target
 
 
 class Kernel:
@@ -214,17 +215,17 @@ class Kernel:
         ``name`` defaults to the def's name.  Returns the paths ``(c_path, h_path)``."""
         return self.exported_c(sizes, target, name).write(directory)
 
-    def exported_c(self, sizes: dict | None = None, target: str = "neon", name: str | None = None):
+    def exported_c(self, sizes: dict | None = None, target: str | Target = "neon", name: str | None = None):
         """:meth:`export_c`'s two files as text (:class:`polyc.runtime.targets.ExportedC`), not written."""
         from polyc.runtime.targets import export_c, export_sizes
         from polyc.target import get_target
 
-        target = get_target(target)
+        chosen = get_target(target)
         sizes = export_sizes(self.definition, sizes)
         if sizes is not None:
             self.bounds_precondition.check(sizes, self.definition.source or None)
-        changes = {} if target.cache_sizes is None else {"cache_sizes": target.cache_sizes}
-        return export_c(self.stages(sizes, **changes), target, name)
+        changes = {} if chosen.cache_sizes is None else {"cache_sizes": chosen.cache_sizes}
+        return export_c(self.stages(sizes, **changes), chosen, name)
 
     def __repr__(self) -> str:
         return (
@@ -333,4 +334,4 @@ def define(source: str, filename: str = "<tc>", **options) -> Module:
 
 
 # help(polyc.define) lists every option, from the one place they are described.
-define.__doc__ += "\n" + options_reference("    ")
+define.__doc__ = (define.__doc__ or "") + "\n" + options_reference("    ")

@@ -93,7 +93,7 @@ class CompilerOptions:
 
     def all_flags(self) -> list[str]:
         """Every flag between the compiler and ``-o``, in command-line order."""
-        return [*REQUIRED_FLAGS, *self.flags, *(["-fopenmp"] if self.openmp else []), *self.extra_flags]
+        return [*REQUIRED_FLAGS, *(self.flags or ()), *(["-fopenmp"] if self.openmp else []), *self.extra_flags]
 
     def command(self, source: str | os.PathLike, output: str | os.PathLike, header: Path | None = None) -> list[str]:
         """The full argument list that compiles ``source`` into the shared library ``output``;
@@ -174,7 +174,7 @@ def vector_bits(options: CompilerOptions | None = None) -> int:
         words = tuple(options.compiler_words())
     except CompilationError:
         return host().vector_bits
-    return _preprocessor_vector_bits(words, tuple(options.flags) + tuple(options.extra_flags))
+    return _preprocessor_vector_bits(words, tuple(options.flags or ()) + tuple(options.extra_flags))
 
 
 @functools.cache

@@ -91,11 +91,12 @@ class MachineFingerprint:
 
     @staticmethod
     def from_json(data: dict) -> MachineFingerprint:
+        l1, l2, l3 = (int(c) for c in data["caches"])
         return MachineFingerprint(
             machine=str(data["machine"]),
             cpu_model=str(data["cpu_model"]),
             isa=tuple(data["isa"]),
-            caches=tuple(int(c) for c in data["caches"]),
+            caches=(l1, l2, l3),
             cores=int(data["cores"]),
             cpu_id=str(data.get("cpu_id", "")),
         )

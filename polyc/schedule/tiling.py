@@ -203,11 +203,12 @@ def _byte_step(subscripts, shape, index: str, itemsize: int, sizes: dict[str, in
 
 def _fixed_sizes(context: isl.Set) -> dict[str, int]:
     """The sizes ``context`` fixes to one value (all of them when the kernel is specialised)."""
-    fixed = {}
+    fixed: dict[str, int] = {}
     for position in range(context.dim(isl.dim_type.param)):
         value = context.plain_get_val_if_fixed(isl.dim_type.param, position)
-        if value.is_int():
-            fixed[context.get_dim_name(isl.dim_type.param, position)] = value.to_python()
+        name = context.get_dim_name(isl.dim_type.param, position)
+        if value.is_int() and name is not None:
+            fixed[name] = value.to_python()
     return fixed
 
 

@@ -35,7 +35,10 @@ class DomainView:
     def data(self) -> dict:
         """What the page draws: points in view coordinates (statements side by side along x),
         arrows as pairs of point numbers, and per point its order, tile and parallel iteration."""
-        points, arrows, statements, number = [], [], [], {}
+        points: list[dict] = []
+        arrows: list[list] = []
+        statements: list[dict] = []
+        number: dict = {}
         offset = 0
         dims = max((len(dict.fromkeys(s.dims)) for s in self.instances.statements), default=1)
         for k, s in enumerate(self.instances.statements):
