@@ -32,7 +32,7 @@ from polyc.ir.model import PolyProgram, PolyStatement, isl_name
 from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine
 from polyc.options import Options
-from polyc.schedule.transform import PARALLEL, REDUCE, SIMD, parse_mark
+from polyc.schedule.transform import PARALLEL, REDUCE, SIMD, Reduction, loop_mark
 from polyc.types import identity
 
 #: OpenMP's operator for a reduction of bools: TC's bool + is "or" and * is "and" (gcc combines
@@ -192,21 +192,24 @@ class _KernelWriter:
     def mark_node(self, node: isl.AstNode):
         """Pragmas for a run of nested marks, applied to the loop of the marked band member."""
         pragmas: list[str] = []
-        simd_reductions = ""
-        parallel_reductions = ""
-        target_depths = None
+        simd_reductions: tuple[Reduction, ...] = ()
+        parallel_reductions: tuple[Reduction, ...] = ()
+        target_depths: frozenset[int] = frozenset()
+        first = True
         while node.get_type() == isl.ast_node_type.mark:
-            kind, depths, argument = parse_mark(node.mark_get_id().get_name())
-            if target_depths is not None and depths != target_depths:
+            mark = loop_mark(node.mark_get_id())
+            if not first and frozenset(mark.depths) != target_depths:
                 break  # a mark of a deeper band whose outer loops isl elided: handled on its own
-            target_depths = depths
-            if kind == SIMD and argument:
-                simd_reductions = argument
-            if kind == REDUCE:
-                parallel_reductions = argument
-                pragmas.append("omp parallel for " + self.reduction_clauses(argument))
+            first, target_depths = False, frozenset(mark.depths)
+            if mark.kind == SIMD:
+                simd_reductions = mark.reductions
+            if mark.kind == REDUCE:
+                parallel_reductions = mark.reductions
+                pragmas.append("omp parallel for " + self.reduction_clauses(mark.reductions))
             else:
-                pragmas.append({PARALLEL: "omp parallel for", SIMD: "omp simd"}.get(kind, f"GCC unroll {argument}"))
+                pragmas.append(
+                    {PARALLEL: "omp parallel for", SIMD: "omp simd"}.get(mark.kind, f"GCC unroll {mark.unroll}")
+                )
             node = node.mark_get_node()
         if "omp parallel for" in pragmas and "omp simd" in pragmas:  # one loop, both: one pragma
             pragmas = ["omp parallel for simd"] + [p for p in pragmas if not p.startswith("omp ")]
@@ -237,18 +240,24 @@ class _KernelWriter:
             return self.for_node(node, pragmas)
         return self.node(node)  # isl elided the marked loop (one iteration): nothing to annotate
 
-    def simd_loop(self, node: isl.AstNode, pragmas: list[str], reductions: str, parallel_reduction: bool = False):
+    def simd_loop(
+        self,
+        node: isl.AstNode,
+        pragmas: list[str],
+        reductions: tuple[Reduction, ...],
+        parallel_reduction: bool = False,
+    ):
         """A loop under a simd mark, with the loop-invariant work moved out of it.
 
         Reads of elements the loop does not move (a row's mean, say), in statements the loop
         runs in every iteration and outside selects, are loaded into constants before the loop: inside OpenMP's outlined functions gcc no longer knows the tensors do
         not alias, so it would reload them every iteration, and may then not vectorise at all.
-        Reductions (``reductions`` = ``op:tensor;...``) accumulate in local variables, loaded
+        Reductions (``reductions``: (op, tensor) pairs) accumulate in local variables, loaded
         before and stored after the loop, under ``omp simd reduction(...)``.  Both happen only
         when the loop has an iteration, since the subscripts are valid only then.  Without
         pragmas (still correct) if some update is not to one loop-invariant element.
         """
-        clauses = [item.split(":") for item in reductions.split(";")] if reductions else []
+        clauses = list(reductions)
         iterator = self.expr(node.for_get_iterator())
         self.simd = _SimdLoopState({iterator}, {tensor: None for _, tensor in clauses})
         loop = self.for_node(node, [])
@@ -316,11 +325,11 @@ class _KernelWriter:
         del self.param_names[iterator]
         return cgen.If(runs, cgen.Block(body))
 
-    def sums_in_blocks(self, node: isl.AstNode, reductions: str) -> bool:
-        """Whether a loop reducing ``reductions`` (``op:tensor;...``) sums floats in blocks of
+    def sums_in_blocks(self, node: isl.AstNode, reductions: tuple[Reduction, ...]) -> bool:
+        """Whether a loop reducing ``reductions`` ((op, tensor) pairs) sums floats in blocks of
         :data:`SUM_BLOCK` iterations: it has a float ``+`` reduction, steps by one up to a bound
         (``c <= b`` or ``c < b``), and is not known to stay within one block."""
-        clauses = [item.split(":") for item in reductions.split(";")] if reductions else []
+        clauses = list(reductions)
         if not any(op == "+" and self.definition.tensor(tensor).dtype.kind == "f" for op, tensor in clauses):
             return False
         increment, cond = node.for_get_inc(), node.for_get_cond()
@@ -380,11 +389,10 @@ class _KernelWriter:
         :func:`_reduces_in_lanes`)."""
         return _BOOL_REDUCTIONS[op] if dtype.kind == "b" else op
 
-    def reduction_clauses(self, argument: str) -> str:
-        """``reduction(op:T[0:n]) ...`` for a reduce mark's ``op:tensor;...`` argument."""
+    def reduction_clauses(self, reductions: tuple[Reduction, ...]) -> str:
+        """``reduction(op:T[0:n]) ...`` for a reduce mark's reductions."""
         clauses = []
-        for item in argument.split(";"):
-            op, tensor = item.split(":")
+        for op, tensor in reductions:
             shape, dtype = self.definition.tensor(tensor).shape, self.definition.tensor(tensor).dtype
             elements = " * ".join(f"({self.size_expr(e)})" for e in shape) or "1"
             clauses.append(f"reduction({_BOOL_REDUCTIONS[op] if dtype.kind == 'b' else op}:{tensor}[0:{elements}])")

@@ -18,10 +18,12 @@ by band:
    accesses to one contiguous block of every tensor (h outside w over whole rows) stay just
    outside it, and the others (a reduction) go outside them, while the blocks fit in L1.
 
-Marks are isl mark nodes named ``KIND@DEPTHS`` (KIND in MARKS, plus ``:N`` for unroll) where
-DEPTHS lists the schedule depths of the band members the pragma may go to: code generation
-applies it to the first loop under the mark only if that loop (iterator ``c<DEPTH>``) is one of
-them, so a pragma never lands on a wrong loop when isl elides single-iteration loops.
+Marks are isl mark nodes whose id carries a :class:`LoopMark` record (its kind, one of MARKS;
+the schedule depths of the band members the pragma may go to; the reductions or the unroll
+factor); the id's name, ``KIND[:ARGUMENT]@DEPTHS``, is for people reading the tree.  Code
+generation reads the record (:func:`loop_mark`) and applies the pragma to the first loop under
+the mark only if that loop (iterator ``c<DEPTH>``) is at one of the depths, so a pragma never
+lands on a wrong loop when isl elides single-iteration loops.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from polyc.errors import PolycError
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 from polyc.lang.symbolic import Affine
@@ -47,6 +50,45 @@ PARALLEL, SIMD, UNROLL, REDUCE = "parallel", "simd", "unroll", "reduce"
 #: depthwise convolution's border slabs each paid (a corner: 32 instances).
 MIN_PARALLEL_INSTANCES = 4096
 MARKS = (PARALLEL, SIMD, UNROLL, REDUCE)
+
+#: A reduction OpenMP combines: its operator and the tensor it reduces into.
+Reduction = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class LoopMark:
+    """What a mark asks of the first loop under it: a ``kind`` of MARKS, the schedule ``depths``
+    that loop may be at, the ``reductions`` of a simd or reduce mark, the factor of an unroll."""
+
+    kind: str
+    depths: tuple[int, ...]
+    reductions: tuple[Reduction, ...] = ()
+    unroll: int = 1
+
+    @property
+    def name(self) -> str:
+        """The mark's name in printed schedule trees: ``kind[:argument]@depth[,depth...]``."""
+        argument = str(self.unroll) if self.kind == UNROLL else clause_text(self.reductions)
+        head = f"{self.kind}:{argument}" if argument else self.kind
+        return f"{head}@{','.join(str(d) for d in self.depths)}"
+
+    def insert_above(self, node: isl.ScheduleNode) -> isl.ScheduleNode:
+        """``node`` with this mark inserted above it (the mark node is returned)."""
+        return node.insert_mark(isl.Id(self.name, user=self, context=node.get_ctx()))
+
+
+def loop_mark(mark: isl.Id) -> LoopMark:
+    """The record a CPU schedule mark's id carries."""
+    record = mark.get_user()
+    if not isinstance(record, LoopMark):
+        raise PolycError(f"internal: the schedule mark {mark.get_name()!r} carries no LoopMark")
+    return record
+
+
+def clause_text(reductions: tuple[Reduction, ...]) -> str:
+    """``op:tensor;...``, as explanations and mark names show reductions."""
+    return ";".join(f"{op}:{tensor}" for op, tensor in reductions)
+
 
 #: Reduction operators OpenMP's reduction clause computes with polyc's semantics.  Floating-point
 #: min/max are left out: OpenMP's compare differently from fmin/fmax when a NaN is involved.
@@ -198,9 +240,8 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
     if options.parallel and not parallel_above and not marked_parallel:
         node, reduction_clause = _parallel_reduction(node, context, decision)
         if reduction_clause is not None and not too_little:
-            decision.parallel = f"{REDUCE}:{reduction_clause}"
-            name = f"{REDUCE}:{reduction_clause}@{node.get_schedule_depth()}"
-            node = node.insert_mark(isl.Id(name, context=node.get_ctx())).child(0)
+            decision.parallel = f"{REDUCE}:{clause_text(reduction_clause)}"
+            node = LoopMark(REDUCE, (node.get_schedule_depth(),), reduction_clause).insert_above(node).child(0)
     if too_little and (marked_parallel or reduction_clause is not None):
         # The band keeps the shape a parallel loop gave it, but runs on the calling thread.
         decision.parallel = None
@@ -226,8 +267,7 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
     if marked_parallel and not too_little:
         # Any coincident member down the band chain may turn out to be the outermost loop
         # (isl elides loops of one iteration, e.g. a tile loop when the tile covers the extent).
-        depths = ",".join(str(d) for d in _coincident_depths(inner))
-        inner = inner.insert_mark(isl.Id(f"{PARALLEL}@{depths}", context=inner.get_ctx()))
+        inner = LoopMark(PARALLEL, tuple(_coincident_depths(inner))).insert_above(inner)
     return inner
 
 
@@ -273,14 +313,14 @@ def _instance_count(node: isl.ScheduleNode) -> int | None:
 
 def _parallel_reduction(
     band: isl.ScheduleNode, context: _Context, decision: BandDecision | None = None
-) -> tuple[isl.ScheduleNode, str | None]:
+) -> tuple[isl.ScheduleNode, tuple[Reduction, ...] | None]:
     """Make the band's first member a parallel loop with an OpenMP reduction, if that is valid.
 
     It is when every update under the band is a reduction with an operator OpenMP can combine,
     each target is small enough to privatise, and the member carries no dependence but
     reduction ones.  The ``!`` initialisations the scheduler fused into the band are first
     split off in front of it (a sequence), since inside the loop they would reset a thread's
-    private copy.  Returns the node at the band's position and the clause text, or None.
+    private copy.  Returns the node at the band's position and the reductions, or None.
     """
 
     def declined(reason: str):
@@ -340,7 +380,7 @@ def _parallel_reduction(
     if inits:
         filters = isl.UnionSetList.alloc(band.get_ctx(), 2).add(init_domain).add(update_domain)
         band = band.insert_sequence(filters).child(1).child(0)
-    return band, ";".join(f"{op}:{target}" for target, op in sorted(clauses.items()))
+    return band, tuple((op, target) for target, op in sorted(clauses.items()))
 
 
 def _union_of(program: PolyProgram, statements) -> isl.UnionSet:
@@ -398,7 +438,7 @@ def _finish_innermost(
     wants_unroll = options.unroll > 1
     if decision is not None:
         if wants_simd:
-            decision.innermost = SIMD if reduction_clause is None else f"{SIMD}:{reduction_clause}"
+            decision.innermost = SIMD if reduction_clause is None else f"{SIMD}:{clause_text(reduction_clause)}"
         elif not options.vectorize:
             decision.simd_reason = "vectorisation is off (vectorize=False)"
         elif keep_first and n == 1:
@@ -414,10 +454,11 @@ def _finish_innermost(
         node = node.band_split(n - 1).child(0)
     if reduction_clause is not None:
         node = _split_off_initialisations(node, context.program)
+    depth = (node.get_schedule_depth(),)
     if wants_unroll:
-        node = _insert_mark(node, f"{UNROLL}:{options.unroll}")
+        node = LoopMark(UNROLL, depth, unroll=options.unroll).insert_above(node)
     if wants_simd:
-        node = _insert_mark(node, SIMD if reduction_clause is None else f"{SIMD}:{reduction_clause}")
+        node = LoopMark(SIMD, depth, reduction_clause or ()).insert_above(node)
     while node.get_tree_depth() > top_depth:
         node = node.parent()
     return node
@@ -487,8 +528,8 @@ def _contiguous_run(band: isl.ScheduleNode, innermost: int, movable, context: _C
         run.insert(0, member)
 
 
-def _simd_reductions(band: isl.ScheduleNode, member: int, context: _Context) -> str | None:
-    """The reduction clauses (``op:tensor;...``) under which ``member`` of ``band``, moved
+def _simd_reductions(band: isl.ScheduleNode, member: int, context: _Context) -> tuple[Reduction, ...] | None:
+    """The reductions under which ``member`` of ``band``, moved
     innermost, is a valid simd loop though not coincident; None if there are none or it is not.
 
     That is when every dependence it carries (for fixed values of the enclosing loops and the
@@ -545,7 +586,7 @@ def _simd_reductions(band: isl.ScheduleNode, member: int, context: _Context) -> 
     )
     if not carried.is_empty():
         return None
-    return ";".join(f"{op}:{target}" for target, op in sorted(clauses.items()))
+    return tuple((op, target) for target, op in sorted(clauses.items()))
 
 
 def _member_map(band: isl.ScheduleNode, member: int) -> isl.UnionMap:
@@ -569,21 +610,6 @@ def _split_off_initialisations(band: isl.ScheduleNode, program: PolyProgram) -> 
         .add(domain.intersect(_union_of(program, rest)))
     )
     return band.insert_sequence(filters).child(1).child(0)
-
-
-def _insert_mark(band: isl.ScheduleNode, kind: str) -> isl.ScheduleNode:
-    """Insert a mark above ``band`` naming ``kind`` and the schedule depth of its first member."""
-    name = f"{kind}@{band.get_schedule_depth()}"
-    return band.insert_mark(isl.Id(name, context=band.get_ctx()))
-
-
-def parse_mark(name: str) -> tuple[str, frozenset[int], str]:
-    """``(kind, depths, argument)`` of a mark name ``kind[:argument]@depth[,depth...]``: the
-    pragma belongs to the first loop under the mark if its schedule depth is one of ``depths``.
-    The argument is the unroll factor, or the reduction clauses ``op:tensor;...``."""
-    head, depths = name.rsplit("@", 1)
-    kind, _, argument = head.partition(":")
-    return kind, frozenset(int(d) for d in depths.split(",") if d), argument
 
 
 def _has_band_below(node: isl.ScheduleNode) -> bool:
