@@ -7,11 +7,12 @@ parse or validate the model is a :class:`polyc.PolycError` naming the model and 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from polyc.errors import PolycError
+from polyc.errors import ModelError, PolycError
 
 #: The element types polyc computes in, as numpy dtypes, and their TC spelling.
 TC_TYPES = {
@@ -112,18 +113,19 @@ def load_model(model, where: str | None = None):
             raise PolycError(f"{where}: no such file")
         try:
             copy = onnx.load(os.fspath(model), load_external_data=True)
-        except (DecodeError, RuntimeError, ValueError, OSError) as error:
+        except (DecodeError, RuntimeError, ValueError, OSError, onnx.checker.ValidationError) as error:
             raise PolycError(f"{where}: not a readable ONNX model ({type(error).__name__}: {error})") from error
     else:
         raise PolycError(f"an ONNX model is a ModelProto, a path or bytes, not {type(model).__name__}")
     if not copy.graph.node and not copy.graph.output:
         raise PolycError(f"{where}: the model has no graph (an empty or truncated file?)")
+    _check_text(copy, "model", where)
     skeleton = _skeleton(copy)
     try:
         onnx.checker.check_model(_with_any_shapes(skeleton))
     except onnx.checker.ValidationError as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise PolycError(f"{where}: the ONNX checker rejects the model: {first}") from error
+        raise ModelError(f"{where}: the ONNX checker rejects the model: {first}") from error
     opset = default_opset(copy)
     newest = onnx.defs.onnx_opset_version()
     if opset > newest:
@@ -134,6 +136,7 @@ def load_model(model, where: str | None = None):
     if opset < MIN_OPSET:
         copy = _upgraded(copy, opset, where)
         skeleton = _skeleton(copy)
+    _check_nodes(skeleton, where)
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - shapes are also computed per call; inference only helps
@@ -144,6 +147,62 @@ def load_model(model, where: str | None = None):
         del copy.graph.output[:]
         copy.graph.output.extend(inferred.graph.output)
     return copy, where
+
+
+def _check_text(message, path: str, where: str) -> None:
+    """Refuses text fields (names, op types, attributes' strings...) anywhere in ``message``
+    that are not UTF-8, as onnxruntime does: protobuf hands them over as bytes, or fails when
+    one is read.  Tensors are not visited (their data are not text)."""
+    from google.protobuf.descriptor import FieldDescriptor
+    from google.protobuf.message import Message
+
+    try:
+        fields = message.ListFields()
+    except UnicodeDecodeError as error:
+        raise ModelError(f"{where}: {path} holds text that is not UTF-8 ({error.object[:40]!r})") from error
+    for field, value in fields:
+        if field.type not in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE):
+            continue
+        repeated = not isinstance(value, (str, bytes, Message))
+        for position, item in enumerate(value if repeated else [value]):
+            at = f"{path}.{field.name}" + (f"[{position}]" if repeated else "")
+            if isinstance(item, bytes):
+                raise ModelError(f"{where}: {at} is not UTF-8 text ({item[:40]!r})")
+            if isinstance(item, Message) and field.message_type.name != "TensorProto":
+                _check_text(item, at, where)
+
+
+def _check_nodes(skeleton, where: str) -> None:
+    """Every node's attributes, input types and shapes, as far as they are known before a run,
+    checked against the ONNX specification by onnx's shape inference in strict mode, as
+    onnxruntime checks them when it loads a model: a Transpose ``perm`` that is no permutation,
+    a Gemm of a 1-D matrix, a float Reshape shape, Conv strides of 0 or negative pads are
+    refused here, naming the node, rather than failing later in a converter.  The model's own
+    ``value_info`` and output shapes are left out, and a subgraph's declared shape that
+    disagrees with inference is let pass: onnxruntime merges shapes leniently, so a hint that
+    disagrees with inference is no reason to refuse a model (types are not hints)."""
+    onnx = _onnx()
+    checked = onnx.ModelProto()
+    checked.CopyFrom(skeleton)
+    del checked.graph.value_info[:]
+    for output in checked.graph.output:
+        if output.type.HasField("tensor_type"):
+            output.type.tensor_type.ClearField("shape")
+    for position, node in enumerate(checked.graph.node):
+        node.name = node.name or f"{node.op_type}_{position}"  # as the plan names it
+    try:
+        onnx.shape_inference.infer_shapes(checked, strict_mode=True, data_prop=True)
+    except onnx.shape_inference.InferenceError as error:
+        text = " ".join(str(error).split())
+        found = re.search(r"\(op_type:([\w.]+), node name: (.*?)\): \[\w+\] (.*)", text)
+        if found is None:
+            raise ModelError(f"{where}: the model breaks the ONNX specification: {text}") from error
+        op_type, node, problem = found.groups()
+        if problem.startswith("Inference error(s)"):
+            return  # in the body onnx expands a function to (its own slips: MVN of opset 9)
+        if problem.startswith("Can't merge shape info"):
+            return  # a subgraph's declared shape: onnxruntime merges shapes leniently
+        raise ModelError(f"{where}: node {node!r} ({op_type}) breaks the ONNX specification: {problem}") from error
 
 
 def _upgraded(model, opset: int, where: str):
@@ -249,5 +308,16 @@ def default_opset(model) -> int:
 
 
 def initializers(graph) -> dict[str, np.ndarray]:
+    """The graph's initializers as arrays; one whose data do not fill its dims (or overfill
+    them) is a :class:`ModelError` naming it, as onnxruntime refuses it."""
     onnx = _onnx()
-    return {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    arrays = {}
+    for tensor in graph.initializer:
+        try:
+            arrays[tensor.name] = onnx.numpy_helper.to_array(tensor)
+        except (ValueError, TypeError, KeyError) as error:
+            raise ModelError(
+                f"initializer {tensor.name!r}: its data do not match its dims {list(tensor.dims)} "
+                f"and type {onnx.TensorProto.DataType.Name(tensor.data_type)} ({error})"
+            ) from error
+    return arrays
