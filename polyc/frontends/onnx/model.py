@@ -6,8 +6,10 @@ parse or validate the model is a :class:`polyc.PolycError` naming the model and 
 
 from __future__ import annotations
 
+import io
 import os
 import re
+import stat
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,6 +93,52 @@ def tensor_info(value_info) -> TensorInfo:
     return TensorInfo(value_info.name, tensor_type.elem_type, shape)
 
 
+#: The largest model file read: protobuf's limit on one message (a larger model keeps its
+#: weights in external data files).
+MAX_MODEL_BYTES = 2**31 - 1
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_model_file(path: str, where: str) -> bytes:
+    """The bytes of the model file at ``path`` (symbolic links followed), read only when it is a
+    regular file of at most :data:`MAX_MODEL_BYTES`: a link to /dev/zero or a FIFO is refused at
+    once instead of read until memory runs out or waited on forever.  Opened without blocking,
+    so that opening a FIFO does not wait for a writer."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        descriptor = os.open(path, flags)
+    except FileNotFoundError as error:
+        raise PolycError(f"{where}: no such file") from error
+    except OSError as error:
+        raise PolycError(f"{where}: cannot be opened ({error.strerror or error})") from error
+    try:
+        facts = os.fstat(descriptor)
+        kind = next((name for is_kind, name in _FILE_KINDS if is_kind(facts.st_mode)), None)
+        if kind is not None or not stat.S_ISREG(facts.st_mode):
+            raise PolycError(
+                f"{where}: not a regular file but {kind or 'something else'}; an ONNX model is read from a regular file"
+            )
+        if facts.st_size > MAX_MODEL_BYTES:
+            raise PolycError(
+                f"{where}: {facts.st_size} bytes, more than protobuf's limit of {MAX_MODEL_BYTES} for a model "
+                "file (a larger model keeps its weights in external data files)"
+            )
+        with os.fdopen(os.dup(descriptor), "rb") as file:
+            data = file.read(MAX_MODEL_BYTES + 1)  # bounded even if the file grows meanwhile
+    finally:
+        os.close(descriptor)
+    if len(data) > MAX_MODEL_BYTES:
+        raise PolycError(f"{where}: more than {MAX_MODEL_BYTES} bytes (the file grew as it was read)")
+    return data
+
+
 def load_model(model, where: str | None = None):
     """A checked, shape-inferred copy of ``model`` (a ModelProto, a path or the bytes of one)."""
     onnx = _onnx()
@@ -108,11 +156,13 @@ def load_model(model, where: str | None = None):
         except (DecodeError, RuntimeError, ValueError) as error:
             raise PolycError(f"{where}: not an ONNX model ({error})") from error
     elif isinstance(model, (str, os.PathLike)):
-        where = where or os.fspath(model)
-        if not os.path.exists(model):
-            raise PolycError(f"{where}: no such file")
+        path = os.fspath(model)
+        where = where or path
+        data = read_model_file(path, where)
+        extension_format = onnx.serialization.registry.get_format_from_file_extension(os.path.splitext(path)[1])
         try:
-            copy = onnx.load(os.fspath(model), load_external_data=True)
+            copy = onnx.load(io.BytesIO(data), format=extension_format, load_external_data=False)
+            onnx.external_data_helper.load_external_data_for_model(copy, os.path.dirname(path))
         except (DecodeError, RuntimeError, ValueError, OSError, onnx.checker.ValidationError) as error:
             raise PolycError(f"{where}: not a readable ONNX model ({type(error).__name__}: {error})") from error
     else:
