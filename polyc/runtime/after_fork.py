@@ -23,7 +23,7 @@ import os
 LIBGOMP = "libgomp.so.1"
 
 
-def _loaded_libgomp() -> ctypes.CDLL | None:
+def loaded_libgomp() -> ctypes.CDLL | None:
     """libgomp when this process has loaded it already (never loads it)."""
     if not hasattr(os, "RTLD_NOLOAD"):
         return None
@@ -35,7 +35,7 @@ def _loaded_libgomp() -> ctypes.CDLL | None:
 
 def _single_threaded_openmp() -> None:
     """In the child: this thread's parallel regions run on one thread."""
-    libgomp = _loaded_libgomp()
+    libgomp = loaded_libgomp()
     if libgomp is not None:
         libgomp.omp_set_num_threads.argtypes = [ctypes.c_int]
         libgomp.omp_set_num_threads(1)

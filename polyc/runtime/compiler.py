@@ -83,9 +83,20 @@ def _on_path(program: str) -> str | None:
     return found
 
 
+def _words(text: str, what: str) -> list[str]:
+    """``text`` split as a shell splits it; a CompilationError naming ``what`` (the variable or
+    option it came from) where it cannot be (an unbalanced quote)."""
+    try:
+        return shlex.split(text)
+    except ValueError as error:
+        raise CompilationError(
+            f"{what}={text!r} cannot be split into words as a shell would ({error}): an unbalanced quote?"
+        ) from error
+
+
 def _default_flags() -> tuple[str, ...]:
     override = os.environ.get("POLYC_CFLAGS", "").strip()
-    optimisation = tuple(shlex.split(override)) if override else DEFAULT_OPTIMISATION_FLAGS
+    optimisation = tuple(_words(override, "POLYC_CFLAGS")) if override else DEFAULT_OPTIMISATION_FLAGS
     return optimisation + LANGUAGE_FLAGS
 
 
@@ -116,12 +127,16 @@ class CompilerOptions:
 
     def compiler_words(self) -> list[str]:
         """``cc`` split into words, the first being the program; CompilationError if unset."""
-        if not self.cc or not shlex.split(self.cc):
+        source = next(
+            (name for name in ("POLYC_CC", "CC") if self.cc and os.environ.get(name, "").strip() == self.cc), "cc"
+        )
+        words = _words(self.cc, source) if self.cc else []
+        if not words:
             raise CompilationError(
                 "no C compiler found: none of " + ", ".join(FALLBACK_COMPILERS) + " is on PATH "
                 "and neither POLYC_CC nor CC is set; install one or set POLYC_CC to a C compiler"
             )
-        return shlex.split(self.cc)
+        return words
 
     def all_flags(self) -> list[str]:
         """Every flag between the compiler and ``-o``, in command-line order."""

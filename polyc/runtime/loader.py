@@ -10,6 +10,7 @@ from pathlib import Path
 
 from polyc.errors import CacheError, CompilationError
 from polyc.runtime import after_fork  # noqa: F401 -- a forked child's kernels run on one OpenMP thread
+from polyc.runtime.environment import check_environment
 from polyc.runtime.pool import thread_pool
 
 # A CDLL must outlive every function pointer taken from it, so loaded libraries are kept for the
@@ -35,6 +36,8 @@ def load_library(path: str | os.PathLike) -> ctypes.CDLL:
     the dynamic loader rejects it (wrong architecture, a missing runtime such as libgomp, ...).
     """
     resolved = Path(path).resolve()
+    # Before any kernel library: OpenMP reads OMP_NUM_THREADS when a kernel library loads it.
+    check_environment()
     # Before any kernel library: kernels resolve their weak reference to the pool at load time.
     thread_pool()
     with _loading:
