@@ -67,6 +67,11 @@ class UnsupportedError(PolycError):
     """A valid request polyc does not support (yet): an option value, an einsum form, an ONNX op."""
 
 
+class ModelError(PolycError):
+    """An ONNX model breaks the ONNX specification: a node's attributes, input types or shapes,
+    or an initializer's data (the message names the node or initializer)."""
+
+
 class CompilationError(PolycError):
     """The C compiler failed on generated code, or could not be run at all."""
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from polyc.errors import PolycError
+from polyc.errors import CompilationError, PolycError
 
 if TYPE_CHECKING:
     from polyc.options import Options
@@ -230,10 +230,21 @@ def default_compiler() -> str | None:
     return None
 
 
+def shell_words(text: str, what: str) -> list[str]:
+    """``text`` split as a shell splits it; a CompilationError naming ``what`` (the variable or
+    option it came from) where it cannot be (an unbalanced quote)."""
+    try:
+        return shlex.split(text)
+    except ValueError as error:
+        raise CompilationError(
+            f"{what}={text!r} cannot be split into words as a shell would ({error}): an unbalanced quote?"
+        ) from error
+
+
 def default_optimisation_flags() -> tuple[str, ...]:
     """``$POLYC_CFLAGS`` split like a shell word list, else :data:`DEFAULT_OPTIMISATION_FLAGS`."""
     override = os.environ.get("POLYC_CFLAGS", "").strip()
-    return tuple(shlex.split(override)) if override else DEFAULT_OPTIMISATION_FLAGS
+    return tuple(shell_words(override, "POLYC_CFLAGS")) if override else DEFAULT_OPTIMISATION_FLAGS
 
 
 # ----------------------------------------------------------------------------- GPU devices

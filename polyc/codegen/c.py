@@ -143,10 +143,16 @@ class _KernelWriter:
         body.append(cgen.Statement(f"return {_STATUS}"))
         function = cgen.FunctionBody(cgen.FunctionDeclaration(cgen.Value("int", name), arguments), cgen.Block(body))
         text = str(function)
-        if self.options.threads is not None:  # every parallel loop: at most that many threads
+        if self.options.threads is not None:
+            # Every parallel loop: at most that many threads, and one where OpenMP is set to one
+            # (a forked child's, whose team is gone: see polyc/runtime/after_fork.py).
             text = re.sub(
-                r"^(\s*#pragma omp parallel for\b)", rf"\1 num_threads({self.options.threads})", text, flags=re.M
+                r"^(\s*#pragma omp parallel for\b)",
+                rf"\1 num_threads({self.options.threads}) if(omp_get_max_threads() > 1)",
+                text,
+                flags=re.M,
             )
+            text = "#ifdef _OPENMP\n#include <omp.h>\n#endif\n" + text
         source = "\n".join([self.header(), PRELUDE, _CHECKED_INDEX, text, ""])
         return GeneratedKernel(name, source, tensors, sizes)
 

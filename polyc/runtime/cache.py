@@ -34,12 +34,15 @@ miss, and the kernel is generated again.  Other such records (:func:`read_record
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -70,24 +73,72 @@ HEADERS_DIR = "headers"
 _verified_entries: dict[Path, tuple[tuple[int, int, int], tuple[int, int, int]]] = {}
 
 
-def cache_dir() -> Path:
-    """The cache directory, created if needed: ``$POLYC_CACHE_DIR``, else ``$XDG_CACHE_HOME/polyc``,
-    else ``~/.cache/polyc``.  Raises :class:`CacheError` if it cannot be created or written."""
+def configured_cache_dir() -> Path:
+    """The cache directory asked for, absolute: ``$POLYC_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/polyc``, else ``~/.cache/polyc`` (it may not exist)."""
     if os.environ.get("POLYC_CACHE_DIR"):
         directory = Path(os.environ["POLYC_CACHE_DIR"]).expanduser()
     elif os.environ.get("XDG_CACHE_HOME"):
         directory = Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "polyc"
     else:
         directory = Path.home() / ".cache" / "polyc"
-    directory = directory.absolute()  # returned paths must not change meaning if the cwd does
-    advice = "set POLYC_CACHE_DIR to a writable directory"
+    return directory.absolute()  # returned paths must not change meaning if the cwd does
+
+
+#: Configured cache directory -> the private temporary cache used instead, for this process.
+_fallbacks: dict[Path, Path] = {}
+_fallbacks_lock = threading.Lock()
+
+
+def cache_dir() -> Path:
+    """The cache directory kernels are built into: :func:`configured_cache_dir`, created if
+    needed; where it cannot be created or written (a read-only file system, a full disk, a
+    file in the way), a private temporary directory for this process, with a warning once
+    (entries already in the configured one are still used: :func:`get_or_build`)."""
+    directory = configured_cache_dir()
+    fallback = _fallbacks.get(directory)
+    if fallback is not None:
+        return fallback
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise CacheError(f"cannot create the kernel cache directory {directory}: {error.strerror}; {advice}") from error
+        return _fall_back(directory, f"it cannot be created ({error.strerror})")
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise CacheError(f"the kernel cache directory {directory} is not writable; {advice}")
+        return _fall_back(directory, "it is not writable")
     return directory
+
+
+def _fall_back(directory: Path, why: str) -> Path:
+    """The private temporary cache used instead of ``directory`` from now on in this process
+    (made, and warned about, once).  Raises :class:`CacheError` where no temporary directory
+    can be made either."""
+    with _fallbacks_lock:
+        fallback = _fallbacks.get(directory)
+        if fallback is not None:
+            return fallback
+        try:
+            fallback = Path(tempfile.mkdtemp(prefix="polyc-cache-"))
+        except OSError as error:
+            raise CacheError(
+                f"the kernel cache directory {directory} cannot be used ({why}) and no temporary one can be "
+                f"made ({error.strerror}); set POLYC_CACHE_DIR to a writable directory"
+            ) from error
+        _fallbacks[directory] = fallback
+        atexit.register(shutil.rmtree, fallback, ignore_errors=True)
+    warnings.warn(
+        f"polyc: the kernel cache directory {directory} cannot be written ({why}); kernels are built in "
+        f"the private temporary cache {fallback} for this process (its entries already in {directory} are "
+        "still used). Set POLYC_CACHE_DIR to a writable directory to keep them.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return fallback
+
+
+def _read_only_dirs() -> list[Path]:
+    """The configured cache directory, when kernels are built elsewhere: its entries are read."""
+    directory = configured_cache_dir()
+    return [directory] if directory in _fallbacks and directory.is_dir() else []
 
 
 def cache_key(c_source: str, options: CompilerOptions) -> str:
@@ -112,9 +163,24 @@ def get_or_build(c_source: str, options: CompilerOptions | None = None, *, rehas
     options = options if options is not None else CompilerOptions()
     key = cache_key(c_source, options)
     root = cache_dir()
+    for directory in [root, *_read_only_dirs()]:
+        entry = directory / key[:2] / key
+        if _entry_is_valid(entry, key, rehash=rehash):
+            return entry / LIBRARY_NAME
+    try:
+        return _build_in(root, c_source, options, key, rehash)
+    except CacheError as error:
+        if root != configured_cache_dir():
+            raise  # the temporary cache fails too
+        # A disk that filled up, a file system remounted read-only: the rest of the process
+        # builds in a temporary cache.
+        return _build_in(_fall_back(root, str(error)), c_source, options, key, rehash)
+
+
+def _build_in(root: Path, c_source: str, options: CompilerOptions, key: str, rehash: bool) -> Path:
+    """Builds the entry ``key`` in the cache ``root`` under its lock, unless another process
+    did meanwhile; its library's path."""
     entry = root / key[:2] / key
-    if _entry_is_valid(entry, key, rehash=rehash):
-        return entry / LIBRARY_NAME
     try:
         entry.parent.mkdir(exist_ok=True)
     except OSError as error:
@@ -289,20 +355,21 @@ def request_key(identity: dict) -> str:
 
 def find_request(key: str, options: CompilerOptions) -> tuple[str, dict] | None:
     """(C source, call metadata) recorded for request ``key`` if its library entry is valid."""
-    request = read_record(REQUESTS_DIR, key)
-    try:
-        library_key, call = request["library"], request["call"]
-        entry = cache_dir() / library_key[:2] / library_key
-        source = (entry / SOURCE_NAME).read_text(encoding="utf-8")
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if (
-        not isinstance(call, dict)
-        or cache_key(source, options) != library_key
-        or not _entry_is_valid(entry, library_key, rehash=False)
-    ):
-        return None
-    return source, call
+    for root in [cache_dir(), *_read_only_dirs()]:
+        request = _read_record_in(root, REQUESTS_DIR, key)
+        try:
+            library_key, call = request["library"], request["call"]
+            entry = root / library_key[:2] / library_key
+            source = (entry / SOURCE_NAME).read_text(encoding="utf-8")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if (
+            isinstance(call, dict)
+            and cache_key(source, options) == library_key
+            and _entry_is_valid(entry, library_key, rehash=False)
+        ):
+            return source, call
+    return None
 
 
 def remember_request(key: str, c_source: str, options: CompilerOptions, call: dict) -> None:
@@ -313,10 +380,23 @@ def remember_request(key: str, c_source: str, options: CompilerOptions, call: di
 
 def read_record(kind: str, key: str):
     """The JSON value recorded as ``key`` under ``<cache>/<kind>/``, or None when there is none
-    or it does not parse (a truncated or garbled file is a miss, never an error)."""
+    or it does not parse (a truncated or garbled file is a miss, never an error); a read-only
+    configured cache is read after the one written (see :func:`cache_dir`)."""
     try:
-        return json.loads((cache_dir() / kind / key[:2] / f"{key}.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, CacheError):
+        roots = [cache_dir(), *_read_only_dirs()]
+    except CacheError:
+        return None
+    for root in roots:
+        value = _read_record_in(root, kind, key)
+        if value is not None:
+            return value
+    return None
+
+
+def _read_record_in(root: Path, kind: str, key: str):
+    try:
+        return json.loads((root / kind / key[:2] / f"{key}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
 
 

@@ -40,6 +40,7 @@ from polyc.target import (
     default_optimisation_flags,
     find_program,
     host,
+    shell_words,
 )
 
 #: Flags without which the output is not a shared library ctypes can load.
@@ -84,12 +85,16 @@ class CompilerOptions:
 
     def compiler_words(self) -> list[str]:
         """``cc`` split into words, the first being the program; CompilationError if unset."""
-        if not self.cc or not shlex.split(self.cc):
+        source = next(
+            (name for name in ("POLYC_CC", "CC") if self.cc and os.environ.get(name, "").strip() == self.cc), "cc"
+        )
+        words = shell_words(self.cc, source) if self.cc else []
+        if not words:
             raise CompilationError(
                 "no C compiler found: none of " + ", ".join(FALLBACK_COMPILERS) + " is on PATH "
                 "and neither POLYC_CC nor CC is set; install one or set POLYC_CC to a C compiler"
             )
-        return shlex.split(self.cc)
+        return words
 
     def all_flags(self) -> list[str]:
         """Every flag between the compiler and ``-o``, in command-line order."""

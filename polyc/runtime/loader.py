@@ -9,12 +9,24 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from polyc.errors import CacheError, CompilationError
+from polyc.runtime import after_fork  # noqa: F401 -- a forked child's kernels run on one OpenMP thread
+from polyc.runtime.environment import check_environment
 from polyc.runtime.pool import thread_pool
 
 # A CDLL must outlive every function pointer taken from it, so loaded libraries are kept for the
 # life of the process; keying on the resolved path makes a second load return the same object.
 _loaded_libraries: dict[Path, ctypes.CDLL] = {}
 _loading = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    """After ``fork``: another thread of the parent may have held the lock."""
+    global _loading
+    _loading = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def load_library(path: str | os.PathLike) -> ctypes.CDLL:
@@ -24,6 +36,8 @@ def load_library(path: str | os.PathLike) -> ctypes.CDLL:
     the dynamic loader rejects it (wrong architecture, a missing runtime such as libgomp, ...).
     """
     resolved = Path(path).resolve()
+    # Before any kernel library: OpenMP reads OMP_NUM_THREADS when a kernel library loads it.
+    check_environment()
     # Before any kernel library: kernels resolve their weak reference to the pool at load time.
     thread_pool()
     with _loading:

@@ -44,7 +44,8 @@ and ``..._keepoff_run*.json``):
 Kernels reach the pool through a weak symbol (``polyc_pool_run_v1``): this module loads the
 pool library (built in the kernel cache like any kernel) with ``RTLD_GLOBAL`` before the first
 kernel library, and a kernel whose symbol stayed unresolved -- exported C built elsewhere, or
-``POLYC_POOL=off`` -- uses OpenMP as before.  After ``fork`` the child starts helpers of its own.
+``POLYC_POOL=off`` -- uses OpenMP as before.  After ``fork`` the child starts helpers of its own
+(where it runs kernels on several threads: see :mod:`polyc.runtime.after_fork`).
 """
 
 from __future__ import annotations
@@ -360,6 +361,17 @@ POOL_SWITCH = "POLYC_POOL"
 _lock = threading.Lock()
 _pool: ctypes.CDLL | None = None
 _tried = False
+
+
+def _new_lock_in_child() -> None:
+    """After ``fork``: another thread of the parent may have held the lock (the C pool resets
+    itself, see ``polyc_pool_after_fork``)."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def thread_pool() -> ctypes.CDLL | None:

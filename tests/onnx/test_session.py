@@ -152,7 +152,7 @@ def test_unsupported_operators_are_all_listed_at_once():
         nodes,
         "g",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 4])],
-        [helper.make_tensor_value_info("Y", TensorProto.INT64, None)],
+        [helper.make_tensor_value_info("Y", TensorProto.INT32, None)],
     )
     graph.output[0].type.tensor_type.shape.dim.add().dim_param = "M"
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

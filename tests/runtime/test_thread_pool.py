@@ -5,6 +5,7 @@ kernels on OpenMP alone."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
 import subprocess
@@ -95,26 +96,33 @@ def test_a_call_never_waits_for_helpers_that_do_not_start(products):
 
 
 def test_a_forked_child_computes_with_helpers_of_its_own(products):
+    """The child's kernels run on one thread (OpenMP's team of the parent is gone: see
+    polyc/runtime/after_fork.py); given threads again, these kernels, which run on the pool
+    alone, get helpers of the child's own."""
     call, expected = products["columns"]
     call()
     read_end, write_end = os.pipe()
     child = os.fork()
-    if child == 0:  # the child: 50 calls, then its statistics and whether they were right
+    if child == 0:  # the child: 50 calls alone, 50 with two threads, and its statistics
         try:
             at_fork = pool_statistics()
             right = all(np.allclose(call(), expected, rtol=1e-4) for _ in range(50))
-            report = (right, at_fork, pool_statistics())
+            alone = pool_statistics()
+            ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD).omp_set_num_threads(2)
+            right = right and all(np.allclose(call(), expected, rtol=1e-4) for _ in range(50))
+            report = (right, at_fork, alone, pool_statistics())
         except BaseException as error:  # noqa: BLE001 - reported to the parent
-            report = (False, repr(error), None)
+            report = (False, repr(error), None, None)
         with os.fdopen(write_end, "wb") as out:
             pickle.dump(report, out)
         os._exit(0)
     os.close(write_end)
     with os.fdopen(read_end, "rb") as report_file:
-        right, at_fork, after = pickle.load(report_file)
+        right, at_fork, alone, after = pickle.load(report_file)
     os.waitpid(child, 0)
     assert right, at_fork
     assert at_fork["helpers"] == 0, "the child believed its parent's helpers were its own"
+    assert alone["helpers"] == 0 and alone["jobs"] == at_fork["jobs"], "the forked child ran on several threads"
     assert after["helpers"] >= 1 and after["helper_tickets"] > at_fork["helper_tickets"]
 
 

@@ -36,7 +36,14 @@ from polyc.frontends.onnx.lowering import Builder, Value, derived_constant
 from polyc.frontends.onnx.ops import _FLOAT_FUNCTIONS, CONVERTERS
 from polyc.frontends.onnx.ops.base import Node, _affine
 from polyc.frontends.onnx.ops.contractions import _product_by_blocked_weights, _weight_sliver, zero_padded_columns
-from polyc.frontends.onnx.ops.convolutions import AveragePool, MaxPool, _spatial, global_pool, image_indices
+from polyc.frontends.onnx.ops.convolutions import (
+    AveragePool,
+    MaxPool,
+    _spatial,
+    check_convolution_operands,
+    global_pool,
+    image_indices,
+)
 from polyc.frontends.onnx.ops.shapes import transposed
 
 #: NCHW -> NHWC and back, as Transpose perms.
@@ -178,6 +185,8 @@ class ChannelsLast:
             or (bias is not None and bias.rank != 1)
         ):
             return None
+        x_shape = tuple(x.shape[p] for p in TO_CHANNELS_FIRST) if proto.input[0] in self.nhwc else x.shape
+        check_convolution_operands(b, node, x_shape, w, bias)
         groups = node.attr("group", 1)
         if groups != 1:
             return self._depthwise(b, node, x, w, bias) if groups == w.shape[0] and w.shape[1] == 1 else None

@@ -16,7 +16,9 @@ session's edge.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import re
 import threading
 import weakref
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from polyc.errors import UnsupportedError
+from polyc.errors import ModelError, UnsupportedError
 from polyc.frontends.onnx.model import TC_TYPES
 
 
@@ -112,7 +114,9 @@ class Builder:
 
     # ------------------------------------------------------------------ values
     def new(self, shape, dtype, onnx_name: str = "") -> Value:
-        return Value(self.new_ident(), np.dtype(dtype), tuple(int(d) for d in shape), None, onnx_name)
+        shape = tuple(int(d) for d in shape)
+        check_size(self.where, shape, dtype)
+        return Value(self.new_ident(), np.dtype(dtype), shape, None, onnx_name)
 
     def const(self, array, onnx_name: str = "") -> Value:
         array = np.asarray(array)
@@ -242,6 +246,29 @@ def derived_constant(source: np.ndarray, how: tuple, make) -> np.ndarray:
     with _DERIVED_LOCK:
         _DERIVED[key] = (weakref.ref(source, lambda _, key=key: _DERIVED.pop(key, None)), derived)
     return derived
+
+
+@functools.cache
+def machine_memory() -> int:
+    """This machine's physical memory in bytes (2^63 where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 2**63
+
+
+def check_size(where: str, shape: tuple[int, ...], dtype) -> None:
+    """Refuses a value of ``shape`` with a negative extent, or larger than this machine's memory
+    (pads of 10^9, a ConstantOfShape of 2^62 rows: a clear error at once, not a MemoryError
+    when the session runs)."""
+    if any(extent < 0 for extent in shape):
+        raise ModelError(f"{where}: a value of shape {shape}, with a negative extent")
+    size = math.prod(shape) * np.dtype(dtype).itemsize
+    if size > machine_memory():
+        raise ModelError(
+            f"{where}: a value of shape {shape} ({np.dtype(dtype)}) needs {size / 2**30:.3g} GiB, "
+            f"more than this machine's memory ({machine_memory() / 2**30:.3g} GiB)"
+        )
 
 
 def indices(rank: int, prefix: str = "i") -> list[str]:

@@ -6,12 +6,15 @@ parse or validate the model is a :class:`polyc.PolycError` naming the model and 
 
 from __future__ import annotations
 
+import io
 import os
+import re
+import stat
 from dataclasses import dataclass
 
 import numpy as np
 
-from polyc.errors import PolycError
+from polyc.errors import ModelError, PolycError
 
 #: The element types polyc computes in, as numpy dtypes, and their TC spelling.
 TC_TYPES = {
@@ -90,6 +93,52 @@ def tensor_info(value_info) -> TensorInfo:
     return TensorInfo(value_info.name, tensor_type.elem_type, shape)
 
 
+#: The largest model file read: protobuf's limit on one message (a larger model keeps its
+#: weights in external data files).
+MAX_MODEL_BYTES = 2**31 - 1
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_model_file(path: str, where: str) -> bytes:
+    """The bytes of the model file at ``path`` (symbolic links followed), read only when it is a
+    regular file of at most :data:`MAX_MODEL_BYTES`: a link to /dev/zero or a FIFO is refused at
+    once instead of read until memory runs out or waited on forever.  Opened without blocking,
+    so that opening a FIFO does not wait for a writer."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        descriptor = os.open(path, flags)
+    except FileNotFoundError as error:
+        raise PolycError(f"{where}: no such file") from error
+    except OSError as error:
+        raise PolycError(f"{where}: cannot be opened ({error.strerror or error})") from error
+    try:
+        facts = os.fstat(descriptor)
+        kind = next((name for is_kind, name in _FILE_KINDS if is_kind(facts.st_mode)), None)
+        if kind is not None or not stat.S_ISREG(facts.st_mode):
+            raise PolycError(
+                f"{where}: not a regular file but {kind or 'something else'}; an ONNX model is read from a regular file"
+            )
+        if facts.st_size > MAX_MODEL_BYTES:
+            raise PolycError(
+                f"{where}: {facts.st_size} bytes, more than protobuf's limit of {MAX_MODEL_BYTES} for a model "
+                "file (a larger model keeps its weights in external data files)"
+            )
+        with os.fdopen(os.dup(descriptor), "rb") as file:
+            data = file.read(MAX_MODEL_BYTES + 1)  # bounded even if the file grows meanwhile
+    finally:
+        os.close(descriptor)
+    if len(data) > MAX_MODEL_BYTES:
+        raise PolycError(f"{where}: more than {MAX_MODEL_BYTES} bytes (the file grew as it was read)")
+    return data
+
+
 def load_model(model, where: str | None = None):
     """A checked, shape-inferred copy of ``model`` (a ModelProto, a path or the bytes of one)."""
     onnx = _onnx()
@@ -107,23 +156,26 @@ def load_model(model, where: str | None = None):
         except (DecodeError, RuntimeError, ValueError) as error:
             raise PolycError(f"{where}: not an ONNX model ({error})") from error
     elif isinstance(model, (str, os.PathLike)):
-        where = where or os.fspath(model)
-        if not os.path.exists(model):
-            raise PolycError(f"{where}: no such file")
+        path = os.fspath(model)
+        where = where or path
+        data = read_model_file(path, where)
+        extension_format = onnx.serialization.registry.get_format_from_file_extension(os.path.splitext(path)[1])
         try:
-            copy = onnx.load(os.fspath(model), load_external_data=True)
-        except (DecodeError, RuntimeError, ValueError, OSError) as error:
+            copy = onnx.load(io.BytesIO(data), format=extension_format, load_external_data=False)
+            onnx.external_data_helper.load_external_data_for_model(copy, os.path.dirname(path))
+        except (DecodeError, RuntimeError, ValueError, OSError, onnx.checker.ValidationError) as error:
             raise PolycError(f"{where}: not a readable ONNX model ({type(error).__name__}: {error})") from error
     else:
         raise PolycError(f"an ONNX model is a ModelProto, a path or bytes, not {type(model).__name__}")
     if not copy.graph.node and not copy.graph.output:
         raise PolycError(f"{where}: the model has no graph (an empty or truncated file?)")
+    _check_text(copy, "model", where)
     skeleton = _skeleton(copy)
     try:
         onnx.checker.check_model(_with_any_shapes(skeleton))
     except onnx.checker.ValidationError as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise PolycError(f"{where}: the ONNX checker rejects the model: {first}") from error
+        raise ModelError(f"{where}: the ONNX checker rejects the model: {first}") from error
     opset = default_opset(copy)
     newest = onnx.defs.onnx_opset_version()
     if opset > newest:
@@ -134,6 +186,7 @@ def load_model(model, where: str | None = None):
     if opset < MIN_OPSET:
         copy = _upgraded(copy, opset, where)
         skeleton = _skeleton(copy)
+    _check_nodes(skeleton, where)
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - shapes are also computed per call; inference only helps
@@ -144,6 +197,62 @@ def load_model(model, where: str | None = None):
         del copy.graph.output[:]
         copy.graph.output.extend(inferred.graph.output)
     return copy, where
+
+
+def _check_text(message, path: str, where: str) -> None:
+    """Refuses text fields (names, op types, attributes' strings...) anywhere in ``message``
+    that are not UTF-8, as onnxruntime does: protobuf hands them over as bytes, or fails when
+    one is read.  Tensors are not visited (their data are not text)."""
+    from google.protobuf.descriptor import FieldDescriptor
+    from google.protobuf.message import Message
+
+    try:
+        fields = message.ListFields()
+    except UnicodeDecodeError as error:
+        raise ModelError(f"{where}: {path} holds text that is not UTF-8 ({error.object[:40]!r})") from error
+    for field, value in fields:
+        if field.type not in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE):
+            continue
+        repeated = not isinstance(value, (str, bytes, Message))
+        for position, item in enumerate(value if repeated else [value]):
+            at = f"{path}.{field.name}" + (f"[{position}]" if repeated else "")
+            if isinstance(item, bytes):
+                raise ModelError(f"{where}: {at} is not UTF-8 text ({item[:40]!r})")
+            if isinstance(item, Message) and field.message_type.name != "TensorProto":
+                _check_text(item, at, where)
+
+
+def _check_nodes(skeleton, where: str) -> None:
+    """Every node's attributes, input types and shapes, as far as they are known before a run,
+    checked against the ONNX specification by onnx's shape inference in strict mode, as
+    onnxruntime checks them when it loads a model: a Transpose ``perm`` that is no permutation,
+    a Gemm of a 1-D matrix, a float Reshape shape, Conv strides of 0 or negative pads are
+    refused here, naming the node, rather than failing later in a converter.  The model's own
+    ``value_info`` and output shapes are left out, and a subgraph's declared shape that
+    disagrees with inference is let pass: onnxruntime merges shapes leniently, so a hint that
+    disagrees with inference is no reason to refuse a model (types are not hints)."""
+    onnx = _onnx()
+    checked = onnx.ModelProto()
+    checked.CopyFrom(skeleton)
+    del checked.graph.value_info[:]
+    for output in checked.graph.output:
+        if output.type.HasField("tensor_type"):
+            output.type.tensor_type.ClearField("shape")
+    for position, node in enumerate(checked.graph.node):
+        node.name = node.name or f"{node.op_type}_{position}"  # as the plan names it
+    try:
+        onnx.shape_inference.infer_shapes(checked, strict_mode=True, data_prop=True)
+    except onnx.shape_inference.InferenceError as error:
+        text = " ".join(str(error).split())
+        found = re.search(r"\(op_type:([\w.]+), node name: (.*?)\): \[\w+\] (.*)", text)
+        if found is None:
+            raise ModelError(f"{where}: the model breaks the ONNX specification: {text}") from error
+        op_type, node, problem = found.groups()
+        if problem.startswith("Inference error(s)"):
+            return  # in the body onnx expands a function to (its own slips: MVN of opset 9)
+        if problem.startswith("Can't merge shape info"):
+            return  # a subgraph's declared shape: onnxruntime merges shapes leniently
+        raise ModelError(f"{where}: node {node!r} ({op_type}) breaks the ONNX specification: {problem}") from error
 
 
 def _upgraded(model, opset: int, where: str):
@@ -249,5 +358,16 @@ def default_opset(model) -> int:
 
 
 def initializers(graph) -> dict[str, np.ndarray]:
+    """The graph's initializers as arrays; one whose data do not fill its dims (or overfill
+    them) is a :class:`ModelError` naming it, as onnxruntime refuses it."""
     onnx = _onnx()
-    return {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    arrays = {}
+    for tensor in graph.initializer:
+        try:
+            arrays[tensor.name] = onnx.numpy_helper.to_array(tensor)
+        except (ValueError, TypeError, KeyError) as error:
+            raise ModelError(
+                f"initializer {tensor.name!r}: its data do not match its dims {list(tensor.dims)} "
+                f"and type {onnx.TensorProto.DataType.Name(tensor.data_type)} ({error})"
+            ) from error
+    return arrays

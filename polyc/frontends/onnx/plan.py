@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import hashlib
 import math
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from polyc.driver import build_ahead, compiler_options
-from polyc.errors import PolycError, UnsupportedError
+from polyc.errors import ModelError, PolycError, UnsupportedError
 from polyc.frontends.onnx.channels_last import ChannelsLast
 from polyc.frontends.onnx.functions import (
     FlatNode,
@@ -100,6 +101,19 @@ class Group:
     @property
     def statement_count(self) -> int:
         return sum(len(s.statements) for s in self.steps)
+
+
+@contextlib.contextmanager
+def _raw_errors_named(node: Node):
+    """A converter's Python error (an index out of range, a division by zero...) as a
+    :class:`ModelError` naming the node: a malformed node that no check above caught."""
+    try:
+        yield
+    except (ArithmeticError, IndexError, KeyError, TypeError, ValueError, MemoryError) as error:
+        raise ModelError(
+            f"node {node.name!r} ({node.op_type}) cannot be converted ({type(error).__name__}: {error}): "
+            "its attributes or inputs break the ONNX specification, or polyc has a bug (please report it)"
+        ) from error
 
 
 class Plan:
@@ -180,14 +194,16 @@ class Plan:
                 continue
             node = Node(proto, flat.name)
             if layout is not None:
-                converted = layout.convert(node, node_opset)
+                with _raw_errors_named(node):
+                    converted = layout.convert(node, node_opset)
                 if converted is not None:
                     steps += converted
                     continue
                 steps += layout.need_nchw(proto.input)
             inputs = [self.values[name] if name else None for name in proto.input]
             builder = Builder(node.name, node.op_type, self._new_ident, vector_bits)
-            outputs = CONVERTERS[node.op_type].convert(builder, node, inputs, node_opset)
+            with _raw_errors_named(node):
+                outputs = CONVERTERS[node.op_type].convert(builder, node, inputs, node_opset)
             if _foldable(builder.steps, inputs):
                 _fold(builder.steps, node.name)
             else:

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from polyc.errors import SignatureError, UnsupportedError
+from polyc.errors import ModelError, SignatureError, UnsupportedError
 from polyc.frontends.onnx.lowering import Builder, Value, indices
 from polyc.frontends.onnx.ops.base import Converter, _affine, _float_only, _number
 from polyc.frontends.onnx.ops.shapes import Pad
@@ -26,6 +26,7 @@ def _spatial(b, node, x, kernel, strides_default=1, channels_last=False):
     """Output extents, pads (begin, end), strides and dilations of a window over x's spatial dims."""
     spatial = x.shape[1:-1] if channels_last else x.shape[2:]
     k = len(spatial)
+    _check_window(b, node, k, kernel)
     strides = node.attr("strides") or [strides_default] * k
     dilations = node.attr("dilations") or [1] * k
     pads = list(node.attr("pads") or [0] * (2 * k))
@@ -57,6 +58,41 @@ def _spatial(b, node, x, kernel, strides_default=1, channels_last=False):
     return outs, pads[:k], pads[k:], strides, dilations
 
 
+def _check_window(b, node, k: int, kernel) -> None:
+    """Refuses, as onnxruntime does, window attributes that break the specification for ``k``
+    spatial dimensions: a count other than k (2k pads), strides or dilations below 1, negative
+    pads, and kernel extents below 1."""
+    for name, count, least in (("strides", k, 1), ("dilations", k, 1), ("pads", 2 * k, 0), ("kernel_shape", k, 1)):
+        values = node.attr(name)
+        if values is not None and (len(values) != count or any(v < least for v in values)):
+            raise ModelError(
+                f"{b.where}: {name} {list(values)} for {k} spatial dimensions: the specification "
+                f"wants {count} values of at least {least}"
+            )
+    if len(kernel) != k or any(extent < 1 for extent in kernel):
+        raise ModelError(f"{b.where}: a window of {list(kernel)} for {k} spatial dimensions")
+
+
+def check_convolution_operands(b, node, x_shape, w: Value, bias: Value | None, transposed: bool = False) -> None:
+    """Refuses, as onnxruntime does, a Conv (or ConvTranspose) whose weights do not fit its
+    input (``x_shape``, NCHW) and ``group``, or whose bias is not one value per output channel."""
+    groups = node.attr("group", 1)
+    if w.rank != len(x_shape) or groups < 1 or x_shape[1] % groups:
+        raise ModelError(
+            f"{b.where}: weights of shape {w.shape} and group {groups} do not fit an input of shape {tuple(x_shape)}"
+        )
+    channels_read, filters = (w.shape[0], w.shape[1] * groups) if transposed else (w.shape[1] * groups, w.shape[0])
+    if channels_read != x_shape[1]:
+        raise ModelError(
+            f"{b.where}: weights of shape {w.shape} with group {groups} read {channels_read} channels, "
+            f"the input has {x_shape[1]}"
+        )
+    if bias is not None and bias.shape != (filters,):
+        raise ModelError(
+            f"{b.where}: the bias must be a 1-D tensor of {filters} values (one per output channel), not {bias.shape}"
+        )
+
+
 def _convolution_operands(b, node, inputs):
     """(input, weights, bias or None, groups, batch, channels) of a Conv or ConvTranspose, whose
     input must have a batch, channels and at least one spatial dimension."""
@@ -64,6 +100,7 @@ def _convolution_operands(b, node, inputs):
     bias = inputs[2] if len(inputs) > 2 else None
     if x.rank < 3:
         raise UnsupportedError(f"{b.where}: {node.op_type} of a rank-{x.rank} input")
+    check_convolution_operands(b, node, x.shape, w, bias, transposed=node.op_type == "ConvTranspose")
     n, channels = x.shape[:2]
     return x, w, bias, node.attr("group", 1), n, channels
 

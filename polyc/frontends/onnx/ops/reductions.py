@@ -31,7 +31,7 @@ def _reduce(kind: str):
 
         @staticmethod
         def _lower(b, node, x, axes):
-            keep = node.attr("keepdims", 1)
+            keep = node.attr("keepdims", 1) == 1  # as onnxruntime reads it: any other value drops the axes
             if not axes:
                 return [b.view(x, x.shape)]
             idx = indices(x.rank)
@@ -121,7 +121,7 @@ class ArgMax(Converter):
     @staticmethod
     def _arg(b, node, x, pick):
         axis = _axis(b, node.attr("axis", 0), x.rank)
-        keep = node.attr("keepdims", 1)
+        keep = node.attr("keepdims", 1) == 1  # as onnxruntime reads it
         last = node.attr("select_last_index", 0)
         idx = indices(x.rank)
         best_shape = [1 if d == axis else e for d, e in enumerate(x.shape)]

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from polyc.errors import SignatureError, UnsupportedError
-from polyc.frontends.onnx.lowering import Value, broadcast_shape, indices, tc_type
+from polyc.frontends.onnx.lowering import Value, broadcast_shape, check_size, indices, tc_type
 from polyc.frontends.onnx.ops.base import Converter, _affine, _axis, _elementwise, _require_const
 
 
@@ -59,7 +59,9 @@ class ConstantOfShape(Converter):
         shape = _require_const(b, inputs[0], "the shape")
         value = node.attributes.get("value")
         fill = numpy_helper.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
-        return [b.const(np.full(tuple(int(d) for d in shape), fill[0], dtype=fill.dtype))]
+        shape = tuple(int(d) for d in shape.reshape(-1))
+        check_size(b.where, shape, fill.dtype)
+        return [b.const(np.full(shape, fill[0], dtype=fill.dtype))]
 
 
 class Range(Converter):
