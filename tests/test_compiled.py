@@ -280,28 +280,41 @@ def exp_all(float(N) A) -> (B) {
 EXP_SIZE = 1 << 23
 
 
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs at least two cores")
-@pytest.mark.skipif(not os.path.isfile("/proc/stat"), reason="needs Linux /proc for CPU times")
-def test_parallel_loops_run_on_several_cores():
+def _measured_exp_calls(attempts: int) -> Measurement:
     kernel = polyc.define(EXP_SOURCE).exp_all
     assert "#pragma omp parallel for" in kernel.c_source(dict(N=EXP_SIZE))
     A = uniform(np.random.default_rng(0), (EXP_SIZE,), -4, 4)
     B = np.empty_like(A)
     kernel(A, outputs=[B])  # compile, and start OpenMP's threads
     np.testing.assert_allclose(B, np.exp(A.astype(np.float64)), rtol=4e-7)
-    for _attempt in range(3):
+    for _attempt in range(attempts):
         measured = _measure(lambda: kernel(A, outputs=[B]))
         if measured.cpu_over_wall > 1.4:
             break
         time.sleep(1.0)
-    # Evidence that holds on a busy machine too: two threads shared the work.
-    ticks = measured.ticks_per_thread
+    return measured
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs at least two cores")
+@pytest.mark.skipif(not os.path.isfile("/proc/stat"), reason="needs Linux /proc for CPU times")
+def test_parallel_loops_share_the_work_between_threads():
+    # Evidence that holds on a busy machine too (whatever other processes take): each of two
+    # threads did at least a quarter of the work.
+    ticks = _measured_exp_calls(1).ticks_per_thread
     assert len(ticks) >= 2 and ticks[1] >= 0.25 * sum(ticks), f"clock ticks per thread: {ticks}"
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs at least two cores")
+@pytest.mark.skipif(not os.path.isfile("/proc/stat"), reason="needs Linux /proc for CPU times")
+def test_parallel_loops_run_on_several_cores_at_once():
+    """CPU time over wall time above 1.4: only where other processes leave two CPUs free (the
+    scheduler shares the CPUs between sessions, autogroups, not between threads); the sharing
+    itself is checked on any machine by the test above."""
+    measured = _measured_exp_calls(3)
     if measured.cpu_over_wall <= 1.4 and measured.other_cores > 0.5:
-        # The scheduler shares the CPUs between sessions (autogroups), not between threads.
         pytest.skip(
             f"other processes kept {measured.other_cores:.1f} CPUs busy: CPU/wall only "
-            f"{measured.cpu_over_wall:.2f}, though two threads shared the work (ticks {ticks})"
+            f"{measured.cpu_over_wall:.2f} (ticks per thread {measured.ticks_per_thread})"
         )
     assert measured.cpu_over_wall > 1.4, f"CPU time / wall time = {measured.cpu_over_wall:.2f}; {measured}"
 

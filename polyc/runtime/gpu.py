@@ -297,11 +297,23 @@ CUDA_ARCHITECTURES = ("sm_80", "sm_90")
 
 
 def find_nvcc() -> str | None:
-    """``$POLYC_NVCC``, else nvcc on the PATH, else the CUDA toolkit's default place."""
-    for candidate in (os.environ.get("POLYC_NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+    """``$POLYC_NVCC``, else nvcc on the PATH, else the CUDA toolkit's default place, else the nvcc
+    of the ``nvidia-cuda-nvcc`` wheel (``nvidia/cu13/bin`` in site-packages)."""
+    candidates = [os.environ.get("POLYC_NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"]
+    candidates += [str(path) for path in sorted(_nvidia_wheel_bins(), reverse=True)]
+    for candidate in candidates:
         if candidate and os.path.exists(candidate):
             return candidate
     return None
+
+
+def _nvidia_wheel_bins() -> list[Path]:
+    """nvcc of the NVIDIA wheels on ``sys.path`` (the ``nvidia`` namespace package), one per CUDA major."""
+    try:
+        namespace = importlib.import_module("nvidia")
+    except ImportError:
+        return []
+    return [path for root in getattr(namespace, "__path__", []) for path in Path(root).glob("cu*/bin/nvcc")]
 
 
 def cuda_resources(source: str, archs: tuple[str, ...] = CUDA_ARCHITECTURES) -> dict[str, dict[str, CudaResources]]:

@@ -10,13 +10,16 @@ only on the def's text and polyc's code, so they are recorded under ``<cache>/pr
 :func:`polyc.runtime.cache.request_key` of that text, and a later process reads them back.
 
 A def whose proof fails (an access out of bounds for every size) is not recorded: it fails
-again, with the same message, each time.  A missing, unreadable or malformed record is a miss:
+again, with the same message, each time.  A missing, unreadable or malformed record is a miss,
+and so is one whose checksum does not match what it says:
 the proofs run again and the record is rewritten.  A cache that cannot be written only loses the
 shortcut: ``define`` never fails for the cache's sake.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
 import islpy as isl
@@ -53,12 +56,15 @@ def define_proofs(definition: CheckedDef) -> DefineProofs:
         written_before_read(program, (*definition.outputs, *definition.temporaries)),
     )
     if key is not None:
-        write_record(
-            PROOFS_DIR,
-            key,
-            {"bounds": proofs.bounds.to_json(), "written_before_read": sorted(proofs.written_before_read)},
-        )
+        found = {"bounds": proofs.bounds.to_json(), "written_before_read": sorted(proofs.written_before_read)}
+        write_record(PROOFS_DIR, key, {**found, "digest": _digest(key, found)})
     return proofs
+
+
+def _digest(key: str, found: dict) -> str:
+    """A checksum of what a record says, under its name: a record edited or damaged into another
+    well-formed one (no violations where the proof found some) is a miss, not a proof."""
+    return hashlib.sha256(json.dumps([key, found], sort_keys=True).encode()).hexdigest()
 
 
 def _proofs_key(definition: CheckedDef) -> str | None:
@@ -74,6 +80,9 @@ def _proofs_key(definition: CheckedDef) -> str | None:
 def _recorded(key: str, definition: CheckedDef) -> DefineProofs | None:
     data = read_record(PROOFS_DIR, key)
     if not isinstance(data, dict):
+        return None
+    found = {name: data.get(name) for name in ("bounds", "written_before_read")}
+    if data.get("digest") != _digest(key, found):
         return None
     try:
         bounds = BoundsPrecondition.from_json(data["bounds"], definition.loc.filename)

@@ -3,6 +3,7 @@ oclgrind replaces the OpenCL library with its simulator through LD_PRELOAD).
 
     python oclgrind_runner.py case NAME       a corpus kernel at its first size set, checked against numpy
     python oclgrind_runner.py block-rows NAME the same with a block per row (tree reductions, barriers)
+    python oclgrind_runner.py unmodified      the controls' baseline: matmul as generated, same harness
     python oclgrind_runner.py racy            negative control: matmul with its reduction loop across threads
     python oclgrind_runner.py out-of-bounds   negative control: matmul reading one row past A
     python oclgrind_runner.py no-barrier      negative control: shared-memory matmul without its barriers
@@ -45,13 +46,26 @@ def run_block_rows(name: str) -> None:
     check_kernel(case, kernel, sizes, seed=0)
 
 
-def run_matmul_source(source_of) -> None:
-    """Run matmul's OpenCL code as ``source_of(stages)`` gives it (launches as generated)."""
+def run_matmul_source(source_of) -> np.ndarray:
+    """Run matmul's OpenCL code as ``source_of(stages)`` gives it (launches as generated) on random
+    inputs of the shapes it was built for; return C."""
     kernel = polyc.define(CASES["matmul"].source, backend="opencl").matmul
     stages = kernel.gpu_stages(MATMUL_SIZES)
     code = source_of(stages)
-    arrays = {"A": np.ones((4, 6), np.float32), "B": np.ones((6, 5), np.float32), "C": np.zeros((4, 5), np.float32)}
+    rng = np.random.default_rng(0)
+    m, k, n = MATMUL_SIZES["M"], MATMUL_SIZES["K"], MATMUL_SIZES["N"]
+    arrays = {
+        "A": rng.uniform(-1, 1, (m, k)).astype(np.float32),
+        "B": rng.uniform(-1, 1, (k, n)).astype(np.float32),
+        "C": np.zeros((m, n), np.float32),
+    }
     OpenCLRuntime.shared().run(code, arrays, ("C",))
+    return arrays
+
+
+def unmodified(stages):
+    """The baseline of the controls: the same harness, polyc's code as generated."""
+    return stages.gpu_source
 
 
 def racy(stages):
@@ -86,6 +100,9 @@ if __name__ == "__main__":
         run_case(sys.argv[2])
     elif mode == "block-rows":
         run_block_rows(sys.argv[2])
+    elif mode == "unmodified":
+        arrays = run_matmul_source(unmodified)
+        np.testing.assert_allclose(arrays["C"], arrays["A"] @ arrays["B"], rtol=1e-5, atol=1e-5)
     elif mode == "racy":
         run_matmul_source(racy)
     elif mode == "out-of-bounds":

@@ -82,6 +82,15 @@ def test_block_reductions_are_clean_under_oclgrind(tmp_path, name):
     assert not found, "\n\n".join(found)[:3000]
 
 
+def test_negative_controls_start_from_a_clean_baseline(tmp_path):
+    """The controls below perturb this run: matmul as generated, inputs of the shapes it was built
+    for, results checked against numpy; oclgrind reports nothing."""
+    done = run_under_oclgrind(tmp_path, "unmodified")
+    assert done.returncode == 0 and "done" in done.stdout, done.stderr[-3000:]
+    found = errors_in(done.stderr)
+    assert not found, "\n\n".join(found)[:3000]
+
+
 def test_negative_control_a_race_is_reported(tmp_path):
     done = run_under_oclgrind(tmp_path, "racy")
     assert any("data race" in error for error in errors_in(done.stderr))

@@ -10,6 +10,8 @@ A case is skipped only for a reason stated here: it
 uses an element type polyc does not compute in (the reason names the type) or a value that
 is not a tensor (a sequence, an optional: named), one of its
 operators is not converted (named), or it is listed in EXCLUDED or IMPRECISE_EXPECTATIONS with why.
+The set of skips is pinned in node_suite_skips.txt: a converter dropped or broken fails its cases
+instead of quietly skipping them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import functools
 import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -89,35 +92,68 @@ def unconverted(model) -> list[str]:
     return sorted({label for label, _, _ in missing})
 
 
-def run_case(name: str) -> None:
-    case = cases()[name]
-    model = case.model
+#: The cases expected to skip, one a line: the name, then the kind of reason and what it names.
+#: A case that skips without its line here, or for another reason, fails; so does a listed case
+#: that runs.  Change the file on purpose: ``python -m tests.onnx.node_suite --write-skips``.
+SKIPS_FILE = Path(__file__).with_name("node_suite_skips.txt")
+
+
+@functools.cache
+def expected_skips() -> dict[str, str]:
+    lines = [line.split(None, 1) for line in SKIPS_FILE.read_text().splitlines() if line and not line.startswith("#")]
+    return {name: reason.strip() for name, reason in lines}
+
+
+def skip_reason(name: str) -> tuple[str, str] | None:
+    """Why case ``name`` is not run, found before compiling it: (the pinned key, the message), or
+    None.  Training cases are found while compiling (an UnsupportedError; see EXCLUDED)."""
+    model = cases()[name].model
     graph = model.graph
     for value in list(graph.input) + list(graph.output):
         kind = value.type.WhichOneof("value")
         if kind != "tensor_type":
             kind = kind.removesuffix("_type")
-            pytest.skip(
-                f"{value.name!r} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not a tensor: polyc compiles tensors only"
+            article = "an" if kind[0] in "aeiou" else "a"
+            return (
+                f"non-tensor {kind}",
+                f"{value.name!r} is {article} {kind}, not a tensor: polyc compiles tensors only",
             )
     for elem_type in _types(model):
         if numpy_dtype(elem_type) is None:
-            pytest.skip(
-                f"dtype {onnx.TensorProto.DataType.Name(elem_type).lower()} is not one polyc computes in "
-                f"({', '.join(sorted(set(TC_TYPES.values())))})"
-            )
+            dtype = onnx.TensorProto.DataType.Name(elem_type).lower()
+            computed = ", ".join(sorted(set(TC_TYPES.values())))
+            return f"dtype {dtype}", f"dtype {dtype} is not one polyc computes in ({computed})"
     missing = unconverted(model)
     if missing:
-        pytest.skip(f"operator {', '.join(missing)} is not converted by polyc")
+        return f"operator {','.join(missing)}", f"operator {', '.join(missing)} is not converted by polyc"
     for pattern, reason in IMPRECISE_EXPECTATIONS.items():
         if re.search(pattern, name):
-            pytest.skip(reason)
+            return "imprecise expectation", reason
+    return None
+
+
+def _skip(name: str, key: str, message: str) -> None:
+    pinned = expected_skips().get(name)
+    if pinned != key:
+        pytest.fail(
+            f"{name} skips ({key}: {message}) but {SKIPS_FILE.name} "
+            + (f"expects {pinned!r}" if pinned else "does not list it")
+            + ": a converter lost, or the list to change on purpose (python -m tests.onnx.node_suite --write-skips)"
+        )
+    pytest.skip(message)
+
+
+def run_case(name: str) -> None:
+    case = cases()[name]
+    reason = skip_reason(name)
+    if reason is not None:
+        _skip(name, *reason)
     try:
-        prepared = backend.prepare(model)
+        prepared = backend.prepare(case.model)
         for inputs, expected in case.data_sets:
             got = prepared.run([_array(i) for i in inputs])
             assert len(got) == len(expected)
-            for position, (g, e) in enumerate(zip(got, expected)):
+            for position, (g, e) in enumerate(zip(got, expected, strict=True)):
                 e = np.asarray(_array(e))
                 assert g.dtype == e.dtype, f"output {position}: dtype {g.dtype}, expected {e.dtype}"
                 assert g.shape == e.shape, f"output {position}: shape {g.shape}, expected {e.shape}"
@@ -125,8 +161,26 @@ def run_case(name: str) -> None:
     except UnsupportedError as error:
         for pattern, reason in EXCLUDED.items():
             if re.search(pattern, name):
-                pytest.skip(f"{reason} ({error})")
+                _skip(name, "training mode", f"{reason} ({error})")
         raise
+    if name in expected_skips():
+        pytest.fail(f"{name} passes now, but {SKIPS_FILE.name} expects it to skip: remove its line")
+
+
+def write_skips() -> None:
+    """Write SKIPS_FILE from the cases of the installed onnx (training cases by EXCLUDED's names)."""
+    rows = []
+    for name in sorted(cases()):
+        reason = skip_reason(name)
+        if reason is None and any(re.search(pattern, name) for pattern in EXCLUDED):
+            reason = ("training mode", "")
+        if reason is not None:
+            rows.append(f"{name} {reason[0]}")
+    header = (
+        f"# onnx {onnx.__version__} backend node cases that tests/onnx/node_suite.py expects to skip "
+        f"({len(rows)} of {len(cases())}): name, then why.\n"
+    )
+    SKIPS_FILE.write_text(header + "\n".join(rows) + "\n")
 
 
 def operator_under_test(name: str) -> str:
@@ -142,3 +196,11 @@ def operator_under_test(name: str) -> str:
         return recorded[base].op_type
     graph_nodes = cases()[name].model.graph.node
     return graph_nodes[0].op_type if graph_nodes else "(none)"
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write-skips"]:
+        raise SystemExit("usage: python -m tests.onnx.node_suite --write-skips")
+    write_skips()

@@ -34,6 +34,19 @@ def forbid_generation(monkeypatch):
     monkeypatch.setattr(driver, "analyse", fail)
 
 
+def count_generation(monkeypatch) -> list[int]:
+    """A one-element list counting the calls of code generation from now on."""
+    calls = [0]
+    generate = driver.compile_stages
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(driver, "compile_stages", counted)
+    return calls
+
+
 def request_files(cache):
     return sorted((cache / REQUESTS_DIR).rglob("*.json"))
 
@@ -57,7 +70,7 @@ def test_other_options_or_sizes_are_other_requests(cache, monkeypatch):
 
 
 @pytest.mark.parametrize("damage", ["garbage", "wrong library", "library deleted", "source edited"])
-def test_a_broken_request_is_a_miss(cache, damage):
+def test_a_broken_request_is_a_miss(cache, damage, monkeypatch):
     x = np.arange(5, dtype=np.float32)
     fresh_kernel()(x)
     (request,) = request_files(cache)
@@ -71,5 +84,8 @@ def test_a_broken_request_is_a_miss(cache, damage):
         (entry / "kernel.so").unlink()
     else:  # a request must not run C that is not what it recorded
         (entry / "kernel.c").write_text((entry / "kernel.c").read_text() + "\n/* edited */\n")
+    generated = count_generation(monkeypatch)
     np.testing.assert_array_equal(fresh_kernel()(x), x * 3)
+    assert generated == [1]  # a miss: generated again (the request's kernel was not trusted)
     assert json.loads(request.read_text())["library"] == recorded["library"]  # recorded again
+    assert (entry / "kernel.so").exists()  # built again where it was deleted

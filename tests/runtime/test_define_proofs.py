@@ -64,7 +64,8 @@ def test_other_text_is_another_record(cache):
 
 
 @pytest.mark.parametrize(
-    "damage", ["garbage", "truncated", "not an object", "wrong fields", "bad isl", "unknown tensor"]
+    "damage",
+    ["garbage", "truncated", "not an object", "wrong fields", "bad isl", "unknown tensor", "no violations", "covered"],
 )
 def test_a_broken_record_is_a_miss_and_is_written_again(cache, damage):
     polyc.define(GUARDED, backend="interpreter")
@@ -86,11 +87,17 @@ def test_a_broken_record_is_a_miss_and_is_written_again(cache, damage):
             }
         ),
         "unknown tensor": json.dumps({**good, "written_before_read": ["B", "A"]}),
+        # well-formed and wrong: no precondition (A read past its end when K > N); any list of
+        # covered tensors other than the proof's (here a harmless one: T zeroed needlessly)
+        "no violations": json.dumps({**good, "bounds": {**good["bounds"], "violations": []}}),
+        "covered": json.dumps({**good, "written_before_read": ["B"]}),
     }[damage]
     record.write_text(broken)
     kernel = polyc.define(GUARDED, backend="interpreter").head
     assert kernel._written_before_read == {"B", "T"}
     assert "K" in str(kernel.bounds_precondition)
+    with pytest.raises(BoundsError, match="K=7"):
+        kernel(np.arange(6, dtype=np.float32), np.int32(7))
     assert json.loads(record.read_text()) == good
 
 
