@@ -22,9 +22,10 @@ from numpy.lib.stride_tricks import sliding_window_view
 CONTRACTION = "contraction"
 CONVOLUTION = "convolution"
 NORMALIZATION = "normalization"
+LAYOUT = "layout"
 POLYBENCH = "polybench"
 #: Groups in table order; the summary gives a geometric mean of the ratios for each.
-GROUPS = (CONTRACTION, CONVOLUTION, NORMALIZATION, POLYBENCH)
+GROUPS = (CONTRACTION, CONVOLUTION, NORMALIZATION, LAYOUT, POLYBENCH)
 
 POLYBENCH_SCALARS = {"alpha": 1.5, "beta": 1.2}  # PolyBench's init_array values
 
@@ -348,6 +349,43 @@ def layernorm(float(N, D) X, float(D) gamma, float(D) beta) -> (Y) {
     )
 
 
+# ---- layout changes: transpositions (the transpose kernel path) ------------------------------
+
+
+def transpose(name: str, dims: str, order: str, shape: tuple[int, ...], note: str = "") -> Case:
+    """``O`` = ``X`` with its dimensions (named by the letters of ``dims``, sizes ``shape``) in
+    the order ``order``; flops 0 (the table's GB/s-free ratios compare times)."""
+    sizes = dict(zip(dims.upper(), shape, strict=True))
+    permutation = tuple(dims.index(letter) for letter in order)
+    signature = ", ".join(dims.upper())
+    return Case(
+        name,
+        LAYOUT,
+        sizes,
+        f"""
+def {name}(float({signature}) X) -> (O) {{
+    O({", ".join(order)}) = X({", ".join(dims)})
+}}""",
+        name,
+        numpy=lambda X: np.ascontiguousarray(X.transpose(permutation)),
+        einsum=lambda X: np.ascontiguousarray(np.einsum(f"{dims}->{order}", X)),
+        naive_c=f"{name}.c",
+        flops=0.0,
+        reduction=1,
+        note=note,
+    )
+
+
+def layout_cases() -> list[Case]:
+    """The transpositions ONNX models make: a matrix, NCHW <-> NHWC, attention's heads."""
+    return [
+        transpose("transpose2d", "mn", "nm", (4096, 4096)),
+        transpose("nchw_to_nhwc", "nchw", "nhwc", (8, 64, 56, 56)),
+        transpose("nhwc_to_nchw", "nhwc", "nchw", (8, 56, 56, 64)),
+        transpose("heads_keys", "bshd", "bhds", (8, 512, 8, 64), note="attention's K^T: (B, S, H, D) -> (B, H, D, S)"),
+    ]
+
+
 # ---- PolyBench/C 4.2 linear algebra (double precision) --------------------------------------
 
 
@@ -618,6 +656,7 @@ def full_suite() -> list[Case]:
         conv3x3(8, 64, 64, 56, 56),  # a ResNet-style 3x3 layer, batch 8
         softmax(4096, 2048),
         layernorm(4096, 1024),
+        *layout_cases(),
         pb_gemm(1000, 1100, 1200),  # PolyBench/C 4.2 LARGE_DATASET sizes
         pb_2mm(800, 900, 1100, 1200),
         pb_3mm(800, 900, 1000, 1100, 1200),
@@ -640,6 +679,7 @@ def quick_suite() -> list[Case]:
         conv3x3(1, 8, 8, 18, 18),
         softmax(256, 512),
         layernorm(256, 512),
+        transpose("nchw_to_nhwc", "nchw", "nhwc", (1, 32, 20, 20)),
         pb_gemm(200, 220, 240),  # PolyBench MEDIUM_DATASET
         pb_syrk(240, 200),
         pb_atax(390, 410),

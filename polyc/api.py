@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from polyc.errors import PolycError
@@ -136,6 +138,11 @@ class Kernel:
     def _checked_sizes(self, sizes: dict) -> dict[str, int]:
         """``sizes`` for every size of the def, as non-negative ints, meeting the bounds precondition."""
         names = self.definition.sizes
+        if not isinstance(sizes, Mapping):
+            raise PolycError(
+                f"{self.name}: sizes must be a mapping of size names to integers "
+                f"(such as {{{', '.join(f'{n!r}: 8' for n in names)}}}), not {type(sizes).__name__}"
+            )
         unknown = sorted(set(sizes) - set(names))
         missing = [n for n in names if n not in sizes]
         if unknown or missing:

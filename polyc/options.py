@@ -73,6 +73,10 @@ class Options:
       kernel (:mod:`polyc.codegen.conv`) instead of the generic polyhedral path.
     - ``conv_block``: the direct convolution kernel's output channels per work item (or output
       points, where it blocks points); None: chosen from the register blocks.
+    - ``transpose_kernels``: compile a def that is one transposition (an input copied with its
+      dimensions permuted so that the innermost one moves, e.g. NCHW -> NHWC) to the transpose
+      kernel (:mod:`polyc.codegen.transpose`: tiles moved through vector registers) instead of
+      the generic polyhedral path.
     - ``winograd``: compile a 3 x 3 stride-1 convolution in a channels-last layout whose
       channels are multiples of 16 (float32, known sizes) by Winograd's F(2x2, 3x3)
       (:mod:`polyc.codegen.winograd`) where it pays (fewer multiplications; measured in
@@ -100,6 +104,7 @@ class Options:
     cflags: tuple[str, ...] | None = None
     blas_contractions: bool = True
     direct_convolutions: bool = True
+    transpose_kernels: bool = True
     winograd: bool = False
     cache_sizes: tuple[int, int, int] | None = None
     threads: int | None = None
@@ -233,6 +238,7 @@ class Options:
             "specialize",
             "blas_contractions",
             "direct_convolutions",
+            "transpose_kernels",
             "winograd",
             "tuning",
             "use_shared_memory",

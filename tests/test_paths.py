@@ -35,6 +35,7 @@ POINTWISE_DEPTHWISE = """def blk(float(N, H, W, C) X, float(1, 1, C, E) W1, floa
 SEGMENTS = """def gemm(float a, float(M, N) C, float(M, K) A, float(K, N) B) -> (D) {
     D(i, j) = 2 * C(i, j)
     D(i, j) += a * A(i, r_k) * B(r_k, j) }"""
+TRANSPOSE = "def nhwc(float(N, C, H, W) X) -> (O) { O(n, h, w, c) = X(n, c, h, w) }"
 ROWSUM = "def rowsum(float(M, N) A) -> (B) { B(m) +=! A(m, r_n) }"
 
 #: path -> (source, sizes, options, the path an option (or a def) just outside the form takes, those options)
@@ -64,6 +65,7 @@ CASES = {
         {"direct_convolutions": False},
     ),
     "segments": (SEGMENTS, {"M": 20, "N": 24, "K": 16}, {}, "generic", {"blas_contractions": False}),
+    "transpose": (TRANSPOSE, {"N": 2, "C": 19, "H": 5, "W": 7}, {}, "generic", {"transpose_kernels": False}),
     "generic": (ROWSUM, {"M": 16, "N": 8}, {}, None, {}),
 }
 

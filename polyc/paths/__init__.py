@@ -24,6 +24,7 @@ from polyc.paths import (
     gpu_mapping,
     pointwise_depthwise,
     segments,
+    transpose,
     winograd,
 )
 from polyc.paths.base import KernelPath, Knob, PathKernel, PathRequest, SpaceRequest, Tuning
@@ -37,6 +38,7 @@ KERNEL_PATHS: tuple[KernelPath, ...] = (
     direct_convolution.PATH,
     pointwise_depthwise.PATH,
     segments.PATH,
+    transpose.PATH,
     generic.PATH,
 )
 

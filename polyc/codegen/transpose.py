@@ -1,0 +1,266 @@
+"""C for a transposition (:class:`~polyc.schedule.transposition.Transposition`): an output that
+is an input with its dimensions permuted so that the innermost one moves.
+
+A loop nest in either tensor's order strides through the other one, a cache line per element;
+this kernel moves square tiles instead.  First, dimensions that stay neighbours in the same
+order (NCHW -> NHWC keeps H before W) are merged into one, so every transposition becomes a set
+of *planes*, one per value of the dimensions that are neither the input's innermost (the
+planes' columns) nor the output's innermost (their rows): ``O[..., j, ..., i] = A[..., i, ..., j]``.
+Each plane is cut into tiles of ``TILE`` x ``TILE`` elements, which fit in L1 twice over; the
+tiles of all planes are shared among the threads.  Inside a tile, 8 x 8 blocks (4-byte
+elements) or 4 x 4 blocks (8-byte elements) are transposed in vector registers (AVX or NEON
+intrinsics), so that every load and store moves a whole vector along a row; other element
+sizes, the blocks at the tiles' edges and the portable build copy one element at a time,
+writing along the output's rows.
+
+The kernel returns 0; it has no error to report (the shapes are checked before the call).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from polyc.codegen.c import GeneratedKernel, _extent_name, c_comment
+from polyc.codegen.c_expr import PRELUDE, c_type
+from polyc.codegen.pattern_kernel import PatternKernelWriter, typed
+from polyc.ir.model import PolyProgram
+from polyc.options import Options
+from polyc.schedule.transposition import Transposition
+from polyc.target import isa_guards
+
+#: The side of the square tiles a plane is cut into: a tile of the input and its image in the
+#: output, 64 x 64 elements of 4 bytes, take 32 KiB together, within every L1 data cache polyc
+#: targets (measured by ``python -m benchmarks transpose``).
+TILE = 64
+#: Below this many elements moved a transposition runs on one thread.
+_PARALLEL_THRESHOLD = 1 << 15
+#: The vector instruction sets with a register transpose, best first, and the portable build.
+ISA_GUARDS = isa_guards(("avx2", "neon"), "POLYC_TRANSPOSE_PORTABLE")
+
+# The register transposes, per instruction set and element size: ``polyc_tr_block`` moves the
+# BLOCK x BLOCK elements at ``s`` (rows ``sp`` apart) to ``d`` (rows ``dp`` apart), transposed.
+_AVX_8x8_FLOAT = r"""#include <immintrin.h>
+#define POLYC_TR_BLOCK 8
+typedef float polyc_tr_lane_t;
+static inline void polyc_tr_block(const float *s, float *d, int64_t sp, int64_t dp)
+{
+    const __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + sp), r2 = _mm256_loadu_ps(s + 2 * sp),
+                 r3 = _mm256_loadu_ps(s + 3 * sp), r4 = _mm256_loadu_ps(s + 4 * sp), r5 = _mm256_loadu_ps(s + 5 * sp),
+                 r6 = _mm256_loadu_ps(s + 6 * sp), r7 = _mm256_loadu_ps(s + 7 * sp);
+    /* pairs of rows interleaved, then pairs of pairs, then the 128-bit halves exchanged */
+    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+                 t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+                 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+                 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+                 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+                 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    _mm256_storeu_ps(d, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_storeu_ps(d + dp, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(d + 2 * dp, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(d + 3 * dp, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(d + 4 * dp, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(d + 5 * dp, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(d + 6 * dp, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(d + 7 * dp, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+"""
+
+_AVX_4x4_DOUBLE = r"""#include <immintrin.h>
+#define POLYC_TR_BLOCK 4
+typedef double polyc_tr_lane_t;
+static inline void polyc_tr_block(const double *s, double *d, int64_t sp, int64_t dp)
+{
+    const __m256d r0 = _mm256_loadu_pd(s), r1 = _mm256_loadu_pd(s + sp), r2 = _mm256_loadu_pd(s + 2 * sp),
+                  r3 = _mm256_loadu_pd(s + 3 * sp);
+    const __m256d t0 = _mm256_unpacklo_pd(r0, r1), t1 = _mm256_unpackhi_pd(r0, r1),
+                  t2 = _mm256_unpacklo_pd(r2, r3), t3 = _mm256_unpackhi_pd(r2, r3);
+    _mm256_storeu_pd(d, _mm256_permute2f128_pd(t0, t2, 0x20));
+    _mm256_storeu_pd(d + dp, _mm256_permute2f128_pd(t1, t3, 0x20));
+    _mm256_storeu_pd(d + 2 * dp, _mm256_permute2f128_pd(t0, t2, 0x31));
+    _mm256_storeu_pd(d + 3 * dp, _mm256_permute2f128_pd(t1, t3, 0x31));
+}
+"""
+
+_NEON_4x4_FLOAT = r"""#include <arm_neon.h>
+#define POLYC_TR_BLOCK 4
+typedef float polyc_tr_lane_t;
+static inline void polyc_tr_block(const float *s, float *d, int64_t sp, int64_t dp)
+{
+    const float32x4_t r0 = vld1q_f32(s), r1 = vld1q_f32(s + sp), r2 = vld1q_f32(s + 2 * sp), r3 = vld1q_f32(s + 3 * sp);
+    const float32x4_t t0 = vtrn1q_f32(r0, r1), t1 = vtrn2q_f32(r0, r1), t2 = vtrn1q_f32(r2, r3), t3 = vtrn2q_f32(r2, r3);
+    vst1q_f32(d, vreinterpretq_f32_f64(vtrn1q_f64(vreinterpretq_f64_f32(t0), vreinterpretq_f64_f32(t2))));
+    vst1q_f32(d + dp, vreinterpretq_f32_f64(vtrn1q_f64(vreinterpretq_f64_f32(t1), vreinterpretq_f64_f32(t3))));
+    vst1q_f32(d + 2 * dp, vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(t0), vreinterpretq_f64_f32(t2))));
+    vst1q_f32(d + 3 * dp, vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(t1), vreinterpretq_f64_f32(t3))));
+}
+"""
+
+#: The register transposes there are: (instruction set, element bytes) -> C.
+_REGISTER_BLOCKS = {("avx2", 4): _AVX_8x8_FLOAT, ("avx2", 8): _AVX_4x4_DOUBLE, ("neon", 4): _NEON_4x4_FLOAT}
+
+# One tile: rows x cols elements of a plane, ``s`` the input's (rows sp apart, columns
+# contiguous), ``d`` the output's (the input's columns as rows dp apart).  T is the element type.
+_TILE = r"""static void polyc_tr_tile(const T *s, T *d, int64_t rows, int64_t cols, int64_t sp, int64_t dp)
+{
+    int64_t j = 0;
+#if defined(POLYC_TR_BLOCK)
+    /* a block of output rows at a time, written along their length: each output line is
+       finished before the next is started, whatever the rows' distance (rows a power of two
+       apart share cache sets, and a line left half-written would be evicted before its end) */
+    const int64_t B = POLYC_TR_BLOCK;
+    for (; j + B <= cols; j += B) {
+        int64_t i = 0;
+        for (; i + B <= rows; i += B)
+            polyc_tr_block((const polyc_tr_lane_t *)(s + i * sp + j), (polyc_tr_lane_t *)(d + j * dp + i), sp, dp);
+        for (int64_t k = j; k < j + B; k++)
+            for (int64_t l = i; l < rows; l++) d[k * dp + l] = s[l * sp + k];
+    }
+#endif
+    /* the output rows left over (all of them in the portable build), along their length */
+    for (; j < cols; j++)
+        for (int64_t l = 0; l < rows; l++) d[j * dp + l] = s[l * sp + j];
+}
+"""
+
+
+def generate_transpose(program: PolyProgram, transposition: Transposition, options: Options) -> GeneratedKernel:
+    """The C translation unit computing ``program``, which is ``transposition`` (the transpose
+    kernel path, :mod:`polyc.paths.transpose`, checks it)."""
+    return _TransposeWriter(program, transposition, options).write()
+
+
+def merged_dimensions(permutation: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """The input's dimensions grouped where they stay neighbours in the output, and the
+    permutation of the groups: ``(groups, order)`` with ``groups`` in the input's order (each a
+    run of consecutive input dimensions) and output group ``e`` holding input group ``order[e]``.
+
+    >>> merged_dimensions((0, 2, 3, 1))  # NCHW -> NHWC: H and W move together
+    (((0,), (1,), (2, 3)), (0, 2, 1))
+    """
+    runs: list[list[int]] = []
+    for dim in permutation:
+        if runs and dim == runs[-1][-1] + 1:
+            runs[-1].append(dim)
+        else:
+            runs.append([dim])
+    groups = sorted(tuple(run) for run in runs)
+    order = tuple(groups.index(tuple(run)) for run in runs)
+    return tuple(groups), order
+
+
+class _TransposeWriter(PatternKernelWriter):
+    def __init__(self, program: PolyProgram, transposition: Transposition, options: Options):
+        super().__init__(program, options)
+        self.transposition = transposition
+        self.dtype = np.dtype(program.definition.tensor(transposition.source).dtype)
+        self.ctype = c_type(self.dtype)
+        self.groups, self.order = merged_dimensions(transposition.permutation)
+
+    def write(self) -> GeneratedKernel:
+        d = self.definition
+        name = f"polyc_{d.name}"
+        sizes = () if self.specialised else tuple(d.sizes)
+        parts = [
+            self.header(),
+            PRELUDE,
+            self.preamble("POLYC_TRANSPOSE_PORTABLE", []),
+            self.register_blocks(),
+            typed(_TILE, self.ctype),
+            self.entry_function(name, sizes),
+            "",
+        ]
+        return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
+
+    def header(self) -> str:
+        o = self.options
+        t = self.transposition
+        groups = " x ".join("(" + ", ".join(str(dim) for dim in group) + ")" for group in self.groups)
+        lines = [
+            f"polyc transpose kernel for def '{self.definition.name}' ({TILE} x {TILE} tiles, register "
+            "transposes inside them)",
+            f"sizes: {self.sizes_comment()}",
+            f"options: parallel={o.parallel} vectorize={o.vectorize} specialize={o.specialize}",
+            f"transposition: {t.describe()}",
+            f"dimensions of {t.source} merged: {groups}, in the order {self.order} in {t.target}",
+        ]
+        lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
+        return c_comment(lines)
+
+    def register_blocks(self) -> str:
+        """The preprocessor choice of a register transpose for this element size (none: the
+        tiles copy one element at a time)."""
+        pieces = []
+        for position, (isa, guard) in enumerate(ISA_GUARDS.items()):
+            if guard is None:
+                pieces.append("#else")
+                pieces.append("/* portable: the tiles copy one element at a time */")
+                continue
+            pieces.append(f"{'#if' if position == 0 else '#elif'} {guard}")
+            block = _REGISTER_BLOCKS.get((isa, self.dtype.itemsize))
+            pieces.append(block if block is not None else f"/* {isa}: no register transpose of {self.ctype} */")
+        pieces.append("#endif")
+        return "\n".join(pieces)
+
+    def entry_function(self, name: str, sizes: tuple[str, ...]) -> str:
+        t = self.transposition
+        groups, order = self.groups, self.order
+        arguments = self.pointer_arguments(sizes)
+        extent = [" * ".join(_extent_name(t.source, dim) for dim in group) for group in groups]
+        count = len(groups)
+        body = self.size_declarations(lambda s: None)
+        body += [f"const int64_t polyc_e{g} = {extent[g]};" for g in range(count)]
+        # Strides of each input group in the input, and in the output (where it sits at order.index(g)).
+        for g in range(count):
+            inner = [f"polyc_e{h}" for h in range(g + 1, count)]
+            body.append(f"const int64_t polyc_in{g} = {' * '.join(inner) or '1'};")
+        for g in range(count):
+            position = order.index(g)
+            inner = [f"polyc_e{order[k]}" for k in range(position + 1, count)]
+            body.append(f"const int64_t polyc_out{g} = {' * '.join(inner) or '1'};")
+        columns, rows = count - 1, order[-1]
+        outer = [g for g in range(count) if g not in (rows, columns)]
+        body += [
+            f"const int64_t polyc_rows = polyc_e{rows}, polyc_cols = polyc_e{columns};",
+            f"const int64_t polyc_sp = polyc_in{rows}, polyc_dp = polyc_out{columns};",
+            f"const int64_t polyc_rt = (polyc_rows + {TILE - 1}) / {TILE}, polyc_ct = (polyc_cols + {TILE - 1}) / {TILE};",
+            f"const int64_t polyc_planes = {' * '.join(f'polyc_e{g}' for g in outer) or '1'};",
+            "const int64_t polyc_items = polyc_planes * polyc_rt * polyc_ct;",
+        ]
+        # A tile: its plane (the outer groups' indices, the last fastest), then its row of tiles
+        # and its column of tiles (the fastest: neighbouring tiles read neighbouring input rows).
+        item = [
+            "const int64_t polyc_tile = polyc_x % (polyc_rt * polyc_ct);",
+            "int64_t polyc_plane = polyc_x / (polyc_rt * polyc_ct);",
+            "int64_t polyc_from = 0, polyc_to = 0;",
+        ]
+        for g in reversed(outer):
+            item += [
+                f"polyc_from += polyc_plane % polyc_e{g} * polyc_in{g};",
+                f"polyc_to += polyc_plane % polyc_e{g} * polyc_out{g};",
+                f"polyc_plane /= polyc_e{g};",
+            ]
+        item += [
+            f"const int64_t polyc_i = polyc_tile / polyc_ct * {TILE}, polyc_j = polyc_tile % polyc_ct * {TILE};",
+            f"polyc_tr_tile({t.source} + polyc_from + polyc_i * polyc_sp + polyc_j, "
+            f"{t.target} + polyc_to + polyc_j * polyc_dp + polyc_i, polyc_min({TILE}, polyc_rows - polyc_i), "
+            f"polyc_min({TILE}, polyc_cols - polyc_j), polyc_sp, polyc_dp);",
+        ]
+        serial = [
+            "for (int64_t polyc_x = 0; polyc_x < polyc_items; polyc_x++) {",
+            *("    " + line for line in item),
+            "}",
+        ]
+        work = "(double)polyc_planes * (double)polyc_rows * (double)polyc_cols"
+        if self.options.parallel:
+            body += self.parallel_region(
+                work, _PARALLEL_THRESHOLD, ["#pragma omp for schedule(static)", *serial], serial
+            )
+        else:
+            body += serial
+        body.append("return 0;")
+        signature = f"int {name}({', '.join(arguments)})"
+        return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
+
+
+__all__ = ["ISA_GUARDS", "TILE", "generate_transpose", "merged_dimensions"]
