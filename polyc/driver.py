@@ -332,9 +332,10 @@ def build_ahead(calls: Iterable[tuple[object, Mapping[str, int]]], jobs: int | N
     is generated in this thread, in turn, while the C compiler builds those before it on ``jobs``
     threads (default: the processors this process may use); the calls then find them in the
     cache.  ``calls``: (kernel, sizes) pairs, the kernels :class:`CompiledKernel` or
-    :class:`polyc.api.Kernel`.  Most of a model's cold compile is the C compiler's (mobilenet_v2:
-    55 s of 63), which one thread left to one processor.  A kernel that fails to generate or
-    build is left to its call, which reports the error."""
+    :class:`polyc.api.Kernel`.  Most of a model's cold compile is the C compiler's (the
+    ``cold_compile`` of ``python -m benchmarks.onnx_bench``, ``benchmarks/results/zen4_onnx.json``),
+    which one thread left to one processor.  A kernel that fails to generate or build is left to
+    its call, which reports the error."""
     builders = ThreadPoolExecutor(max_workers=jobs or usable_cores(), thread_name_prefix="polyc-build")
     try:
         builds = []
@@ -355,8 +356,8 @@ def build_ahead(calls: Iterable[tuple[object, Mapping[str, int]]], jobs: int | N
 class RepeatCall:
     """The C function, the sizes and the output and temporary allocations of one argument
     signature, resolved once.  Calling it with inputs of that signature (checked by the caller,
-    :class:`polyc.api.Kernel`, outputs by :meth:`outputs_fit`) costs half a checked call: for a 4 x 4
-    matmul 6 us, not 12.
+    :class:`polyc.api.Kernel`, outputs by :meth:`outputs_fit`) costs about half a checked call,
+    most of a tiny kernel's time.
     """
 
     def __init__(self, definition: CheckedDef, compiled: _Compiled, call: BoundCall):

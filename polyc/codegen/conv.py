@@ -1194,9 +1194,10 @@ static void polyc_conv_pack(const polyc_conv_t *restrict g, const T *restrict w,
 
 /* Weights in the usual layout (each channel's reduction points consecutive, the rows evenly
    spaced: W(F, C, KH, KW)) are read in place: RF row streams of broadcasts instead of one, and
-   no packing, which cost 14% of a 256 -> 256 3x3 convolution at 14 x 14 and reads all the
-   weights once more (a Zen 5).  Also chooses the work items: (item, tile, chunk of channel
-   blocks), chunks only when there are few tiles.  Returns whether the weights are in place. */
+   no packing, which reads all the weights once more and is a visible share of a 256 -> 256
+   3x3 convolution at 14 x 14 (python -m benchmarks.onnx_segments resnet18).  Also chooses
+   the work items: (item, tile, chunk of channel blocks), chunks only when there are few
+   tiles.  Returns whether the weights are in place. */
 static int polyc_conv_plan(polyc_conv_t *restrict g, int nthr)
 {
     const int64_t *restrict w_f = g->w_f;
@@ -1315,16 +1316,17 @@ static int polyc_conv_run(polyc_conv_t *restrict g, const T *restrict w, int ini
             #pragma omp for schedule(static)
             for (int64_t x = 0; x < pad_rows; x++)
                 polyc_conv_pad_rows(g, padded, x, x + 1);
-            /* The threads pack the weights together (for 256 x 256 x 3 x 3 filters a quarter of
-               the call on one thread, AMD EPYC Zen 3), then wait for one another. */
+            /* The threads pack the weights together (for 256 x 256 x 3 x 3 filters a large
+               share of the call on one thread: resnet18's, python -m
+               benchmarks.onnx_segments resnet18), then wait for one another. */
             #pragma omp for schedule(static)
             for (int64_t x = 0; x < npack; x++)
                 polyc_conv_pack(g, w, w_g, w_f, w_r, x);
             /* Runs of consecutive work items, at least 8 per thread (taken as threads come
                free): with one tile per take the threads alternated tiles, whose outputs share
                a cache line at each end in every channel plane (mobilenet_v2's 1x1 16 -> 96
-               convolution at 112 x 112: 0.61-0.71 -> 0.55-0.61 ms, AMD EPYC Zen 3); at most 4
-               items a run, so that the last runs still balance. */
+               convolution at 112 x 112 ran faster in runs: python -m benchmarks.onnx_segments
+               mobilenet_v2); at most 4 items a run, so that the last runs still balance. */
             #pragma omp for schedule(dynamic, run) nowait
             for (int64_t x = 0; x < total; x++)
                 polyc_conv_work(g, x, panel, init);

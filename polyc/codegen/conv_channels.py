@@ -38,8 +38,7 @@ into ``[group][channel block][r][NF]`` (zero columns pad the last block).  Block
 what an ONNX session gives this kernel (:mod:`polyc.frontends.onnx.channels_last`): a block's
 rows are then consecutive, where ``W(kh, kw, c, f)``'s are F apart, which an Intel core's
 prefetchers follow poorly: resnet18's 512 -> 512 3x3 layer at 7 x 7 ran much faster with its
-rows consecutive than 2 KB apart (``python -m benchmarks.onnx_segments resnet18`` on an Intel
-core).
+rows consecutive than 2 KB apart (``python -m benchmarks.onnx_segments resnet18``).
 
 Work.  A work item is (group, chunk of channel blocks, run of tiles); within it the reduction
 is cut into chunks whose slice of the weights (``rchunk`` rows x the item's channels) fits a
@@ -581,12 +580,13 @@ static void polyc_conv_work(const polyc_conv_t *restrict g, int64_t x, T *restri
         const int64_t ahead_b = ahead_x / g->takes / g->fchunks;
         /* A tile whose points each read several lines reads a line of each point in turn, which
            the hardware's prefetchers do not follow: an NHWC 1x1 layer (96 -> 24 channels) whose
-           image came from memory ran at 0.65 of its speed from cache (0.93 with this).  So when
-           each step reads the next element (a chunk of one tap), more than a line per point,
-           each tile's first kernel call prefetches, a line per step, the image of the tile one
-           ahead (two for short chunks, whose tiles take less time than memory does) if its
-           points' lines are mostly consecutive.  With a line per point the tiles read
-           consecutive lines, and prefetching slowed a 16 -> 96 layer by 10%. */
+           image came from memory ran far below its speed from cache (mobilenet_v2's: python -m
+           benchmarks.onnx_segments mobilenet_v2).  So when each step reads the next element (a
+           chunk of one tap), more than a line per point, each tile's first kernel call
+           prefetches, a line per step, the image of the tile one ahead (two for short chunks,
+           whose tiles take less time than memory does) if its points' lines are mostly
+           consecutive.  With a line per point the tiles read consecutive lines, and
+           prefetching slowed a 16 -> 96 layer (the same command). */
         int64_t rlo = nr > 0 ? g->in_r[r0] : 0, rhi = rlo;  /* the chunk's range of in_r */
         for (int64_t r = r0 + 1; r < r0 + nr; r++)
             rlo = polyc_min(rlo, g->in_r[r]), rhi = polyc_max(rhi, g->in_r[r]);
@@ -598,8 +598,9 @@ static void polyc_conv_work(const polyc_conv_t *restrict g, int64_t x, T *restri
            hardware's prefetchers do not follow from tile to tile.  So where the chunk has at most
            IMAGE_ROW_RUNS runs and none longer than a line, each tile prefetches the start of every
            run for the first and last point of the tile two ahead.  With its image and output from
-           memory, mobilenet_v2's first layer (27 steps: 3 x 3 taps x 3 channels) took 0.21 -> 0.17
-           ms on two cores, squeezenet1_1's 0.32 -> 0.23 ms (AMD EPYC Zen 5). */
+           memory, mobilenet_v2's first layer (27 steps: 3 x 3 taps x 3 channels) and
+           squeezenet1_1's ran faster so (python -m benchmarks.onnx_segments mobilenet_v2, and
+           the same for squeezenet1_1). */
         int64_t row_starts[IMAGE_ROW_RUNS], row_runs = 0, longest_run = 0;
         if (!prefetch_image)
             for (int64_t r = r0, start = r0; r <= r0 + nr && row_runs <= IMAGE_ROW_RUNS; r++) {
@@ -619,11 +620,10 @@ static void polyc_conv_work(const polyc_conv_t *restrict g, int64_t x, T *restri
            of NR points x the chunk's channels; where their lines come from memory (an early
            layer's output, a large batch's), the burst waits on them.  So with chunks of at least
            OUTPUT_PREFETCH_STEPS steps, whose tiles take far longer than a few prefetches, each
-           tile asks, with the intent to write, for the output lines of the tile two ahead:
-           resnet18's first layer (147 steps) at batch 8 10.2 -> 9.9 ms on two cores, 19.8 ->
-           18.7 on one (onnxruntime 8.7), at batch 1 with its output from memory 1.23 -> 1.16
-           ms, AMD EPYC Zen 4.  With fewer steps the stores keep up: asking slowed a 16 -> 96 1x1
-           layer by 9%, and did not speed a 64 -> 128 one up. */
+           tile asks, with the intent to write, for the output lines of the tile two ahead,
+           which sped up resnet18's first layer (147 steps) at batch 1 and 8 (python -m
+           benchmarks.onnx_segments resnet18 --batch 8).  With fewer steps the stores keep up:
+           asking slowed a 16 -> 96 1x1 layer, and did not speed a 64 -> 128 one up. */
         const int prefetch_out = r0 == 0 && nr >= OUTPUT_PREFETCH_STEPS && out_consecutive && !g->stream_out;
         const int64_t ahead_fb0 = ahead_x / g->takes % g->fchunks * g->fchunk_size;
         const int64_t ahead_fb1 = polyc_min(g->nfb, ahead_fb0 + g->fchunk_size);
@@ -755,11 +755,11 @@ static double polyc_conv_busiest(const polyc_conv_t *restrict g, int64_t size, i
    image once more) at `flops_per_byte`, the machine's balance, roughly.  When the weights come
    from memory (a model's weights do not stay in L3), a run per item on 2 threads of a 512 -> 64
    3x3 convolution at 7 x 7 read them 8 times; split by traffic alone, mobilenet_v2's 960 -> 160
-   1x1 layer at 7 x 7 took chunks of 128 and 32 channels, one per thread, and ran 1.2x faster on
-   two threads than on one.  Of the splits with at least one item per thread, one within 2% of
-   the least cost and 5% of the least traffic among those, with the most items (up to 4 per
-   thread, as threads come free unevenly).  Then the reduction chunk.  Returns whether the
-   weights are in place. */
+   1x1 layer at 7 x 7 took chunks of 128 and 32 channels, one per thread, and gained little from
+   the second thread (python -m benchmarks.onnx_segments mobilenet_v2).  Of the splits with at
+   least one item per thread, one within 2% of the least cost and 5% of the least traffic among
+   those, with the most items (up to 4 per thread, as threads come free unevenly).  Then the
+   reduction chunk.  Returns whether the weights are in place. */
 static int polyc_conv_plan(polyc_conv_t *restrict g, int nthr)
 {
     const int64_t row = g->nred > 1 ? g->w_r[1] - g->w_r[0] : 0;

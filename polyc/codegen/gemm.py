@@ -1323,9 +1323,9 @@ static int64_t polyc_balanced_step(int64_t total, int64_t most, int64_t multiple
 }
 
 /* The same for blocks that `nthr` threads take in turn: their count a multiple of nthr where
-   the rounding to `multiple` allows, so no thread is left computing the last block alone (a
-   512^3 sgemm cut into 5 row blocks for 2 threads ran 13% slower than in 6 on an AMD EPYC
-   Zen 5, whose cache model gives 126-row blocks). */
+   the rounding to `multiple` allows, so no thread is left computing the last block alone (as
+   a 512^3 sgemm cut into 5 row blocks of 126 rows for 2 threads was: python -m benchmarks
+   --filter sgemm, benchmarks/results/zen5_contraction_polybench.json). */
 static int64_t polyc_team_step(int64_t total, int64_t most, int64_t multiple, int nthr)
 {
     if (total <= 0 || nthr <= 1) return polyc_balanced_step(total, most, multiple);
@@ -1336,8 +1336,8 @@ static int64_t polyc_team_step(int64_t total, int64_t most, int64_t multiple, in
 /* A barrier that spins briefly, then yields the processor while it waits: on a machine busier
    than its cores, a waiting thread must not keep the thread it waits for off the processor
    (OpenMP's default spinning can cost a scheduler time slice, milliseconds, per barrier).
-   Sleeping on a futex after 50 us instead of yielding made sgemm 2048 5% slower in two A/B
-   runs (waking a sleeper takes tens of microseconds here), so the waiter yields. */
+   Sleeping on a futex instead of yielding made sgemm 2048 slower (waking a sleeper takes
+   tens of microseconds), so the waiter yields (python -m benchmarks --filter sgemm). */
 typedef struct { int count, generation; } polyc_barrier_t;
 
 static void polyc_barrier_wait(polyc_barrier_t *barrier, int nthr)
@@ -1429,7 +1429,8 @@ TRANSPOSED_B
    BLIS is made for; a product whose target is small (an eighth of L2) is dominated instead by
    what each KC block costs again (passes over C, packing B, a barrier per panel), so its KC
    block grows up to 4 KC while the A panel stays within three quarters of L2 (the 128 x 2000
-   x 128 MLP layer: one block instead of four, 10% faster).  Not when KC was given. */
+   x 128 MLP layer: one block instead of four; the mlp case of python -m benchmarks).  Not
+   when KC was given. */
 static int64_t polyc_kc_most_SHAPE(const polyc_gemm_t *g)
 {
     if (KC_FIXED || g->m * g->n * (int64_t)sizeof(T) > L2_BYTES / 8)
@@ -1509,12 +1510,12 @@ static void polyc_pack_b_run_SHAPE(const polyc_gemm_t *restrict g, const T *rest
    An A block with evenly spaced rows is read in place when at most two B slivers use it, or
    when its rows run along K, the register block is at least two vectors wide and an A sliver
    (MR x KC) is within a quarter of L1, as a packed one would be: packing then costs more than
-   it saves (sgemm 512-2048 and tmm ran 4-13% faster in place on AVX-512; sharing columns,
-   each thread would pack all of A).  Not on AVX2, whose 6 x 16 block has half the
-   multiply-adds per load of A: the six row streams cost more there than packing (an AMD EPYC
-   Zen 3: sgemm 1024 12% slower in place).  Not with one vector per row, whose loop is mostly A's broadcasts:
-   their MR row pointers take the registers (a Kronecker step, 8% slower); nor with the long
-   KC blocks of small targets (the MLP layer's 2000, 1-4% slower in place). */
+   it saves (sharing columns, each thread would pack all of A).  Not on AVX2, whose 6 x 16
+   block has half the multiply-adds per load of A: the six row streams cost more there than
+   packing.  Not with one vector per row, whose loop is mostly A's broadcasts: their MR row
+   pointers take the registers; nor with the long KC blocks of small targets (the MLP layer's
+   2000).  Measured on the sgemm, tmm, kronecker and mlp cases of python -m benchmarks
+   (benchmarks/results/zen4_contraction_polybench.json, zen3_contraction_polybench.json). */
 static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int init, T *restrict bpacks,
                                 T *restrict apack, polyc_team_t *team, int tid, polyc_progress_t *progress)
 {
@@ -1532,8 +1533,8 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
        into one block per thread.  An A read in place (a product at most two B slivers wide,
        see direct_a) is not packed into an L2-sized panel, so its blocks need not fit one:
        longer blocks keep each thread's reads of A long runs.  With MC-row blocks the threads'
-       reads interleaved every few ten kilobytes, and the 262144 x 16 x 32 Kronecker step took
-       1.3x as long. */
+       reads interleaved every few ten kilobytes, and the 262144 x 16 x 32 Kronecker step
+       (kronecker3_1 in python -m benchmarks) took markedly longer. */
     const int64_t mc_cap = a_in_place && g->n <= 2 * NR ? g->m : MC;
     const int64_t per_thread = polyc_max(1, polyc_min(8, g->m / (POLYC_SHARED_ROWS * nthr)));
     const int64_t mc_most = shared_b ? polyc_min(mc_cap, polyc_round_up((g->m + per_thread * nthr - 1)
@@ -1560,9 +1561,9 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
                                                                   && MR * kc_step * (int64_t)sizeof(T) <= L1_BYTES / 4));
         /* An A read in place whose rows are short (a K block of at most 256 bytes) streams from
            memory at a few multiply-adds per byte, and the hardware prefetcher does not keep up
-           with a block's MR row streams: each block asks for the rows about 8 KiB ahead.  The
-           262144 x 16 x 32 Kronecker step on a Zen 5, two threads: 1.73 -> 1.03 ms (AVX2 code:
-           1.83 -> 1.21 ms), numpy 1.08 ms. */
+           with a block's MR row streams: each block asks for the rows about 8 KiB ahead
+           (the 262144 x 16 x 32 Kronecker step, kronecker3_1 in python -m benchmarks:
+           benchmarks/results/zen5_contraction_polybench.json). */
         const int prefetch_a = direct_a && g->a_k_stride == 1 && g->a_m_stride > 0
                                && kc_step * (int64_t)sizeof(T) <= 256;
         const int64_t a_ahead = prefetch_a ? polyc_round_up(polyc_max(1, 8192 / (g->a_m_stride * (int64_t)sizeof(T))), MR) : 0;
@@ -1598,10 +1599,11 @@ static void polyc_product_SHAPE(const polyc_gemm_t *restrict g, int64_t bt, int 
                        uses them, PACK_RUN at a time (256 bytes of each row of B), while they are
                        in L1 or L2, as OpenBLAS does.  Packed all first, one sliver at a time, an
                        AVX2 float sliver is one cache line per row of B, and a panel wider than L2
-                       goes out to L3 and comes back: on a Zen 4 with AVX2 code, packing took 28%
-                       of a 128 x 768 x 3072 product on one core, and the product ran 21% faster
-                       on two cores (128 x 1024 x 1024: 19%) packed here in runs of four.  Direct
-                       slivers are read in place, never packed. */
+                       goes out to L3 and comes back: packing took a large share of short
+                       products such as BERT's 128 x 768 x 3072, which ran faster packed here in
+                       runs (python -m benchmarks.onnx_bench --models encoder, and the tmm case
+                       of python -m benchmarks, with AVX2 code).  Direct slivers are read in
+                       place, never packed. */
                     if (!shared_b && block == 0 && (s - s_lo) % PACK_RUN == 0)
                         polyc_pack_b_run_SHAPE(g, b, jc, nc, s, polyc_min(PACK_RUN, s_hi - s), pc, kc,
                                                bpack + s * stride, stride);
@@ -1687,7 +1689,8 @@ static int polyc_gemm_run_SHAPE(const polyc_gemm_t *restrict g, int init)
            helper kept from running then costs at most the one-thread time, never a scheduler
            slice.  Not on an idle machine: there OpenMP's threads, which a model's other kernels
            use and which spin after their regions, met the pool's helpers on the cores (a
-           transformer encoder 2.6x slower). */
+           transformer encoder ran several times slower: python -m benchmarks.onnx_bench
+           --models encoder). */
         pooled = most > 1 && POLYC_POOL_LOADED && (g->nbatch >= 2 * most || polyc_split_n_SHAPE(g, most))
                  && (nthr < most || polyc_threads_setting() == POLYC_THREADS_POOL
                      || (polyc_threads_setting() == POLYC_THREADS_POLICY && polyc_machine_crowded_lately(most)));

@@ -184,8 +184,8 @@ static void polyc_gemv_rows(const polyc_gemm_t *restrict g, int init, int64_t lo
 #if POLYC_GV_LANES
         /* Blocks summed from zero in vector registers (accuracy), added up as vectors, one
            horizontal sum per row at the end: the omp simd loop below sums every block
-           horizontally, which halved the speed from memory (1000 x 1280 floats on one AMD
-           EPYC Zen 5 core: 26 GB/s, against 43 GB/s here and OpenBLAS's 35). */
+           horizontally, which cost much of the speed from memory (a 1280 -> 1000 classifier:
+           python -m benchmarks.onnx_bench --models mobilenet_v2). */
         polyc_gv_t t0 = polyc_gv_zero(), t1 = t0, t2 = t0, t3 = t0;
         int64_t j = 0;
         for (int64_t j0 = 0; j0 < k; j0 += POLYC_SUM_BLOCK) {

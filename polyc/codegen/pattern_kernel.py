@@ -34,32 +34,33 @@ THREAD_POLICY_C = r"""#if defined(_OPENMP)
 #define POLYC_UNUSED __attribute__((unused))  /* a serial kernel calls none of these */
 /* Threads the machine runs now.  On a machine busier than its cores, a short parallel call
    waits for its slowest thread, and a thread that is woken while another process has its core,
-   or loses the core during its share, waits a scheduler time slice (milliseconds): 50 calls of
-   a 0.3 ms sgemm had a 90th percentile of 8 ms beside one busy process.  So each thread
+   or loses the core during its share, waits a scheduler time slice (milliseconds, many times
+   a short call: the tail of python -m benchmarks.tail_latency).  So each thread
    measures how long it was kept from running between the call's start and the end of its
    share (wall time minus its CPU time); when some threads lost over 2 ms and over a quarter of
    a call shorter than 20 ms in two calls in a row (one such call on a machine that was not
-   busy is a suspicion only: a benchmark's sgemm 1024 dropped to one thread for its next 16
-   calls after single late wakes in 3 of 8 runs, 0.55x numpy instead of 1.05x, an AMD EPYC
-   Zen 5), later calls use that many fewer threads, until a call
+   busy is a suspicion only: single late wakes on an idle machine otherwise dropped sgemm 1024
+   to one thread for its next 16 calls), later calls use that many fewer threads, until a call
    with every thread is tried again after a number of calls that doubles each time the machine
    is still busy (16 up to 4096) and starts at 16 again once it is not.  Longer calls keep every
    thread: the threads share their work as they go, and a fair share of a busy machine's cores
    still computes more than one core.  An idle machine never loses a thread (waking one takes
-   tens of microseconds), and the cost is a clock read per thread and call (a system call of about 0.7 us on
-   an AMD EPYC VM), a second one only after 2 ms.  Why 2 ms: a
+   tens of microseconds), and the cost is a clock read per thread and call (a system call), a
+   second one only after 2 ms.  Why 2 ms: a
    lost scheduler slice is several milliseconds, while waking a thread on a virtual processor
-   that the host has put to sleep can take one (seen on an Intel Xeon VM after 50 ms idle, and
-   after numpy's calls); with 0.5 ms such wakes halved a 512^3 sgemm (1.34 ms on one thread
-   instead of 0.75 ms on two) in benchmarks, for no gain in the busy-machine percentiles.
+   that the host has put to sleep (after an idle pause, or after numpy's calls) can take about
+   one; a lower threshold took such wakes for a busy machine and put a 512^3 sgemm on one
+   thread, for no gain in the busy-machine percentiles.
    Slow threads count only while other processes crowd the machine: their runnable threads and
    the call's team are more than its processors (/proc/stat's procs_running less this process's
    running threads, read only after a slow call).  A thread woken late on
-   an idle machine (a virtual processor the host let sleep: after a 0.3 s pause, seen on an AMD
-   EPYC VM, every first call) is no reason to drop threads: without this check a 512^3 sgemm
-   called after pauses ran on one thread most of the time (0.63x numpy instead of 1.0x).
+   an idle machine (a virtual processor the host let sleep after a pause: every first call) is
+   no reason to drop threads: without this check a 512^3 sgemm called after pauses ran on one
+   thread most of the time.
    POLYC_THREADS=all in the environment turns the policy off.  A kernel that can run on polyc's
-   thread pool (see polyc/runtime/pool.py) does so instead of dropping threads. */
+   thread pool (see polyc/runtime/pool.py) does so instead of dropping threads.  Measured:
+   python -m benchmarks.tail_latency (benchmarks/results/zen5_tail_latency.json,
+   xeon_tail_latency.json) and python -m benchmarks --filter sgemm. */
 /* crowded: looks in a row (up to 3) that found the machine crowded, at crowd_checked (ns). */
 typedef struct { int64_t calls, retry_at, crowd_checked; int limit, backoff, setting, suspect, crowded; } polyc_threads_t;
 typedef struct { double wall, cpu; } polyc_thread_clock_t;
@@ -174,9 +175,9 @@ static POLYC_UNUSED int polyc_own_running(void)
 /* Whether other processes crowd the processors this process may use: their runnable threads
    (/proc/stat's procs_running less this process's own) and a team of `nthr` threads are more
    than the processors.  Threads of this process do not count: after a numpy call, OpenBLAS's
-   idle threads spin for about 0.1 s, and counting them dropped a 16 MB Kronecker step called
-   just after numpy calls to one thread for the next 16 to 4096 calls (3.4 ms instead of 1.7 ms
-   on an AMD EPYC Zen 5), long after the spinning stopped.  -1 where /proc cannot be read. */
+   idle threads spin for a while, and counting them dropped a Kronecker step called just after
+   numpy calls to one thread for the next 16 to 4096 calls, long after the spinning stopped
+   (the kronecker cases of python -m benchmarks).  -1 where /proc cannot be read. */
 static POLYC_UNUSED int polyc_machine_load(int nthr)
 {
     /* Counted before and after /proc/stat, the larger count: threads of this process that
@@ -223,14 +224,14 @@ static POLYC_UNUSED int polyc_runnable_beyond(int nthr)
 /* Whether other processes crowd the machine lately: the machine is looked at at most every
    50 ms, and counts as crowded once three looks in a row found it so, or once a call's thread
    was kept from running for milliseconds while it was so (polyc_threads_after).  A look reads
-   /proc/loadavg (6 us), and /proc's thread states only when the first allows crowding (on an
-   idle machine numpy's spinning threads make it so): 40 us on an idle machine, but 0.15-0.3 ms
-   beside a busy process, so a crowded machine is looked at every 0.5 s only (every 50 ms, one
-   call in 40 of sgemm 256 took 0.2 ms longer).  Calls 1 ms apart that looked every 10 ms had a
-   p90 0.1 ms longer on an idle machine.  One look is not enough: on two cores, any thread that
-   is runnable for a moment (a kernel worker) makes the machine look crowded, and idle calls of
-   sgemm 256 went to the pool in turn with OpenMP, whose threads met each other (p90 0.31
-   instead of 0.19 ms).  Unknown counts as not crowded. */
+   /proc/loadavg (a few bytes), and /proc's thread states (a file per thread) only when the
+   first allows crowding (on an idle machine numpy's spinning threads make it so); those reads
+   take far longer beside a busy process, so a crowded machine is looked at every 0.5 s only,
+   and looking more often than every 50 ms lengthened an idle machine's tail too.  One look is
+   not enough: with few cores, any thread that is runnable for a moment (a kernel worker) makes
+   the machine look crowded, and idle calls of sgemm 256 went to the pool in turn with OpenMP,
+   whose threads met each other.  Unknown counts as not crowded.  Measured: python -m
+   benchmarks.tail_latency (benchmarks/results/zen4_tail_latency.json, zen5_tail_latency.json). */
 static POLYC_UNUSED int polyc_machine_crowded_lately(int nthr)
 {
     polyc_threads_t *s = polyc_threads_record();

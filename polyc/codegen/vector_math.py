@@ -120,8 +120,9 @@ static inline double polyc_select_f64(int condition, double a, double b)
 /* fmax and fmin ignoring NaN as C's do (of equal arguments the first, as numpy's), but by
    selects, which vectorise: gcc has no vector fmax/fmin for x86.  The comparison picks
    between the arguments (a NaN a compares false: b), and a NaN b, known not to be one when it
-   is a constant (a ReLU's 0), gives a.  Written as (a < b) | (a != a), the selects took 10x
-   as long on short rows with AVX-512 (a clip of 192 x 28 x 28: 92 -> 9 us, AMD EPYC Zen 5). */
+   is a constant (a ReLU's 0), gives a.  Written as (a < b) | (a != a), the selects ran many
+   times slower on short rows with AVX-512 (mobilenet_v2's Clip of 192 x 28 x 28: python -m
+   benchmarks.onnx_segments mobilenet_v2). */
 static inline float polyc_fmaxf(float a, float b) { return polyc_select_f32(b != b, a, a >= b ? a : b); }
 static inline float polyc_fminf(float a, float b) { return polyc_select_f32(b != b, a, a <= b ? a : b); }
 static inline double polyc_fmax(double a, double b) { return polyc_select_f64(b != b, a, a >= b ? a : b); }
@@ -174,10 +175,10 @@ static inline float polyc_expf(float x)
 /* The logistic function 1 / (1 + exp(-x)), as the interpreter computes it from exp: in float,
    with exp's reduction and polynomial (see polyc_expf) but 2^k as one exponent times 2, for -x
    clamped to [-86, 89]: below, 1 + exp(-x) rounds to 1; above, exp(-x) overflows to inf and
-   the quotient is 0, as the interpreter's (exp(-x) for 88.7 < -x < 89 overflows alike).  About
-   40% less work than the quotient of polyc_expf's result: SiLU (x * sigmoid(x)) over 2^20
-   floats on one core of an AMD EPYC Zen 4, 0.54 -> 0.37 ns an element with AVX-512, 1.01 ->
-   0.69 with AVX2. */
+   the quotient is 0, as the interpreter's (exp(-x) for 88.7 < -x < 89 overflows alike).  Less
+   work than the quotient of polyc_expf's result: a SiLU (x * sigmoid(x)) ran faster so, with
+   AVX-512 and AVX2 alike (efficientnet_b0's: python -m benchmarks.onnx_bench --models
+   efficientnet_b0). */
 static inline float polyc_sigmoidf(float x)
 {
     float z = -x;
@@ -343,8 +344,8 @@ static inline double polyc_log1p(double x)
     return polyc_select_f64(is_regular, result, special);
 }
 
-/* tanh(x) for float x, in float (through polyc_tanh in double it took 2.4 ns an element with
-   AVX-512 and 4.5 with AVX2, one core of an Intel Xeon; GELU's tanh form and Mish use it).  |x| < 0.75:
+/* tanh(x) for float x, in float (polyc_tanh in double has half the lanes a vector and was
+   slower; GELU's tanh form and Mish use it).  |x| < 0.75:
    |x| + |x| s p(s), s = x^2, p the near-minimax fit (Lawson's iteration) of (tanh(a) - a) / a^3,
    weighted by the error relative to tanh; the term added to |x| is at most a fifth of it.
    |x| >= 0.75: 1 - 2 / (exp(2|x|) + 1) with exp's reduction and polynomial (polyc_expf_reduced):

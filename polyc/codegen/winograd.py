@@ -405,9 +405,8 @@ static inline void polyc_wg_tile(const polyc_wg_t *g, int64_t tile, int64_t *b, 
 /* Where U[xi]'s block of output channels f0 <= f < f0 + fb starts: each block is its own
    [c][width] rows (width: fb, or what the last block has), so that a register block's steps
    read consecutive rows.  With U[xi][c][f], rows F apart, an Intel core's prefetchers fell
-   behind: resnet18's 256 -> 256 layers at 14 x 14 at batch 1 took 1.58-1.64 ms, blocked
-   1.18-1.27 (128 -> 128 at 28 x 28 0.97-1.02 -> 0.85-0.89), two cores of an Intel Xeon
-   (Emerald Rapids), alternating processes. */
+   behind, and resnet18's 256 -> 256 layers at 14 x 14 and 128 -> 128 at 28 x 28 ran markedly
+   slower than blocked (python -m benchmarks.onnx_segments resnet18). */
 static inline float *polyc_wg_u_block(const polyc_wg_t *g, int xi, int64_t f0)
 {
     return g->u + (size_t)xi * g->c * g->f + (size_t)f0 * g->c;

@@ -15,10 +15,11 @@ ticket taken is done.  So a late helper costs at most the one-thread time, never
 The contraction kernels use it for such shares when other processes crowd the machine (or
 always, with ``POLYC_THREADS=pool``); on an idle machine they keep OpenMP's threads, which the
 other kernels of a model use too: the two sets of threads would meet on the cores (a transformer
-encoder's products on the pool ran several times slower).
+encoder's products on the pool ran several times slower: ``python -m benchmarks.onnx_bench
+--models encoder``).
 
-How helpers are kept ready (each choice measured beside a spinning process, calls 1 ms apart,
-with ``python -m benchmarks.tail_latency``; ``benchmarks/results/zen4_tail_latency_2026-12-05_pool_run*.json``
+How helpers are kept ready (each choice measured beside a spinning process with ``python -m
+benchmarks.tail_latency``; ``benchmarks/results/zen4_tail_latency_2026-12-05_pool_run*.json``
 and ``..._keepoff_run*.json``):
 
 * A helper never shares the caller's processor: before a job, the caller takes its processor
@@ -176,9 +177,10 @@ static void polyc_pool_avoid(pid_t tid, int cpu)
 }
 
 /* Before a job: the helpers' masks leave out the caller's processor.  Placed there, a woken
-   helper waits beside the thread it should run with (it did a ticket in 0-1% of calls beside a
-   busy process; kept off, 94%).  The caller moves between processors now and then (between a
-   benchmark's blocks of calls): done when it has moved, a system call per helper. */
+   helper waits beside the thread it should run with, and beside a busy process it almost never
+   did a ticket (benchmarks/results/zen4_tail_latency_2026-12-05_keepoff_run*.json).  The
+   caller moves between processors now and then (between a benchmark's blocks of calls): done
+   when it has moved, a system call per helper. */
 static void polyc_pool_keep_off(int cpu, int helpers)
 {
     if (cpu == __atomic_load_n(&polyc_pool.avoided_cpu, __ATOMIC_RELAXED))
@@ -328,8 +330,8 @@ void polyc_pool_run_v1(polyc_pool_task_t task, void *context, int64_t tickets, i
     polyc_pool_work(generation, 0);
     /* Only tickets a helper took can be left: wait for them.  Not by yielding at once: this
        processor's other task is then often another process, which keeps it a whole slice
-       (sgemm 256 beside a busy process: 2.9 ms in most calls); only after 1 ms, when the
-       helper may be waiting for this very processor. */
+       (most calls of sgemm 256 beside a busy process, python -m benchmarks.tail_latency); only
+       after 1 ms, when the helper may be waiting for this very processor. */
     const double waiting_since = polyc_pool_now();
     while (__atomic_load_n(&polyc_pool.done, __ATOMIC_ACQUIRE) < tickets) {
         polyc_pool_pause();

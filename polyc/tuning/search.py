@@ -476,10 +476,9 @@ def _random_unmeasured(space: SearchSpace, rng: random.Random, count: int, fresh
 
 
 #: Statement instances up to which candidates are checked against the reference interpreter,
-#: which runs about 85 million a second (sgemm 2048's 8.6 billion took 101 s on an AMD EPYC
-#: Zen 4, longer than a tuning budget); a larger kernel's candidates are checked against
-#: polyc's default build of the def (whose code paths the test suite checks against the
-#: interpreter at smaller sizes).
+#: whose time is proportional to them (sgemm 2048's 8.6 billion took it longer than a tuning
+#: budget); a larger kernel's candidates are checked against polyc's default build of the def
+#: (whose code paths the test suite checks against the interpreter at smaller sizes).
 INTERPRETED_INSTANCES = 1 << 28
 
 
@@ -631,7 +630,7 @@ def measure_candidate(job: Mapping, inputs: tuple, reference: tuple) -> dict:
     with _measurement_lock():
         runs = [_time_call(kernel, inputs)]
         # Pruned only when a second run is slow too: on a busy machine one run of a fast
-        # candidate can wait a scheduler slice (8 ms for a 0.01 ms matmul, seen in the tests).
+        # candidate can wait a scheduler slice, milliseconds, many times a small kernel's time.
         if runs[0] > job["limit"]:
             runs.append(_time_call(kernel, inputs))
         quickest = min(runs)
