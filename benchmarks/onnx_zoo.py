@@ -261,14 +261,22 @@ def measure(model_path: str, feeds_path: str, repeat: int, threads: int) -> dict
         total = sum(k.seconds for k in kernels) or 1.0
         by_op: dict[str, float] = {}
         for k in kernels:
-            first = op_types.get(k.nodes[0], k.nodes[0]) if k.nodes else "?"
+            first = operator(k.nodes[0], op_types) if k.nodes else "?"
             by_op[first] = by_op.get(first, 0.0) + k.seconds / total
         row["time_by_first_op"] = dict(sorted(by_op.items(), key=lambda item: -item[1]))
         row["slowest_kernels"] = [
-            {"name": k.name, "ms": k.seconds * 1e3, "ops": [op_types.get(n, n) for n in k.nodes]}
+            {"name": k.name, "ms": k.seconds * 1e3, "ops": [operator(n, op_types) for n in k.nodes]}
             for k in sorted(kernels, key=lambda k: -k.seconds)[:PROFILE_KERNELS]
         ]
     return row
+
+
+def operator(node: str, op_types: dict[str, str]) -> str:
+    """The operator of a kernel's node: its ONNX op type, or "layout" for the NCHW/NHWC
+    conversions polyc inserts around channels-last convolutions (named "TENSOR to NHWC")."""
+    if node in op_types:
+        return op_types[node]
+    return "layout" if node.endswith((" to NHWC", " to NCHW")) else node
 
 
 def cpu() -> str:
