@@ -8,6 +8,8 @@ prints the page.  Each results file's format is the one its benchmark writes:
   ratios baseline time / polyc time (above 1, polyc is faster);
 - ``benchmarks.onnx_bench`` (``rows``): per model and batch, onnxruntime's time over polyc's, the
   gain of graph fusion and the compile times;
+- ``benchmarks.onnx_zoo`` (``"benchmark": "onnx_zoo"``): per zoo model and batch, the same
+  ratio, the compile times, the check or the error, and the operators polyc's time goes to;
 - ``benchmarks.tuning_search`` (``kernels``): trials a guided and a random search need to reach
   95% of the best speed;
 - ``benchmarks.tail_latency`` (``settings`` or ``runs``): per run, the call-time percentiles;
@@ -154,6 +156,67 @@ def onnx_table(data: dict) -> list[str]:
     )
 
 
+def zoo_table(data: dict) -> list[str]:
+    """``benchmarks.onnx_zoo``: per model and batch, onnxruntime's time over polyc's, the compile
+    times, the check or the error, and the operators polyc's time goes to; then the geometric
+    means over the rows that match."""
+    rows = []
+    for row in data["rows"]:
+        polyc, ort = row.get("polyc"), row.get("ort")
+        if "error" in row and polyc is None:
+            check = f"error: {row['error']}"
+        else:
+            check = "match" if row.get("match") else f"MISMATCH (max abs error {row.get('max_abs_error'):.3g})"
+        shares = sorted((row.get("time_by_first_op") or {}).items(), key=lambda item: -item[1])[:3]
+        rows.append(
+            [
+                row.get("model"),
+                row.get("batch"),
+                _ms(polyc),
+                _ms(ort),
+                _x(ort / polyc if ort and polyc else None),
+                "" if row.get("cold_compile") is None else f"{row['cold_compile']:.1f}",
+                "" if row.get("warm_compile") is None else f"{row['warm_compile']:.2f}",
+                check,
+                ", ".join(f"{op} {share:.0%}" for op, share in shares),
+                "" if row.get("load_average") is None else f"{row['load_average']:.1f}",
+            ]
+        )
+    summary = data.get("summary") or {}
+    for batch, mean in (summary.get("geomean_by_batch") or {}).items():
+        rows.append([f"**geometric mean**, batch {batch}", batch, "", "", _x(mean)] + [""] * 5)
+    if summary.get("geomean_ort_over_polyc") is not None:
+        rows.append(
+            [
+                f"**geometric mean** ({summary.get('rows_measured')} rows)",
+                "",
+                "",
+                "",
+                _x(summary["geomean_ort_over_polyc"]),
+            ]
+            + [""] * 5
+        )
+    lines = table(
+        [
+            "model",
+            "batch",
+            "polyc ms",
+            "onnxruntime ms",
+            "onnxruntime / polyc",
+            "cold compile s",
+            "warm compile s",
+            "check",
+            "polyc's time by operator",
+            "load average",
+        ],
+        rows,
+    )
+    runs = "; ".join(
+        f"`{run.get('arguments') or '(defaults)'}` ({run.get('started')})" for run in data.get("invocations") or []
+    )
+    return ([f"Runs: {runs}.", ""] if runs else []) + lines
+
+
 def tuning_table(data: dict) -> list[str]:
     """``benchmarks.tuning_search``: trials to reach 95% of the best speed (median over seeds)."""
     rows = []
@@ -255,6 +318,11 @@ KINDS = [  # (title, recognises a results file's data, renders it)
         "Kernels beside numpy, einsum and naive C (`python -m benchmarks`)",
         lambda d: "cases" in d and "summary" in d,
         suite_table,
+    ),
+    (
+        "Models nobody tuned for, beside onnxruntime (`python -m benchmarks.onnx_zoo`)",
+        lambda d: d.get("benchmark") == "onnx_zoo",
+        zoo_table,
     ),
     (
         "ONNX models beside onnxruntime (`python -m benchmarks.onnx_bench`)",
