@@ -279,12 +279,18 @@ def operator(node: str, op_types: dict[str, str]) -> str:
     return "layout" if node.endswith((" to NHWC", " to NCHW")) else node
 
 
+def machine_fingerprint():
+    from polyc.runtime.machine import this_machine
+
+    return this_machine()
+
+
 def cpu() -> str:
     """The processor as /proc/cpuinfo names it, and its microarchitecture where polyc knows it
     (virtual machines often say only "AMD EPYC")."""
-    import polyc
+    from polyc.runtime.machine import this_machine
 
-    machine = polyc.tune.this_machine()
+    machine = this_machine()
     return " ".join(filter(None, (machine.cpu_model, machine.microarchitecture)))
 
 
@@ -368,7 +374,7 @@ def main(argv=None) -> int:
         "benchmark": "onnx_zoo",
         "command": "python -m benchmarks.onnx_zoo",
         "invocations": invocations,
-        "machine": {**polyc.tune.this_machine().to_json(), "cpu": cpu(), "platform": platform.platform()},
+        "machine": {**machine_fingerprint().to_json(), "cpu": cpu(), "platform": platform.platform()},
         "threads": f"onnxruntime {args.threads} (intra_op_num_threads); polyc its default",
         "versions": {"polyc": getattr(polyc, "__version__", "?"), "onnxruntime": ort.__version__},
         "exports": str(directory),
