@@ -27,6 +27,7 @@ import islpy as isl
 import numpy as np
 
 from polyc.codegen.c_expr import PRELUDE, CExpressionPrinter, c_constant, c_type, to_float16
+from polyc.codegen.templates import c_template
 from polyc.errors import PolycError
 from polyc.ir.model import PolyProgram, PolyStatement, isl_name
 from polyc.lang import checked as ir
@@ -59,22 +60,7 @@ _C_KEYWORDS = frozenset(
 
 # Data-dependent subscripts go through this: an index outside [0, extent) sets the status
 # (atomically: OpenMP threads may race to it) and reads element 0 instead of wild memory.
-_CHECKED_INDEX = """
-static inline int64_t polyc_checked_index(int64_t index, int64_t extent, int *status)
-{
-    if (index >= 0 && index < extent) return index;
-    __atomic_store_n(status, 1, __ATOMIC_RELAXED);
-    return 0;
-}
-
-/* A bool element read as the byte it is: gcc 12 vectorizes loops that load _Bool arrays badly
-   or not at all (a select on a bool mask over float arrays ran an order of magnitude slower
-   than through this, AVX-512 and AVX2 alike).  Bool arrays hold 0 or 1. */
-static inline int polyc_bool_at(const _Bool *element)
-{
-    return *(const unsigned char *)element != 0;
-}
-"""
+_CHECKED_INDEX = c_template("c_checked_index.c")
 
 
 @dataclass(frozen=True)

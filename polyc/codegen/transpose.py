@@ -23,6 +23,7 @@ import numpy as np
 from polyc.codegen.c import GeneratedKernel, _extent_name, c_comment
 from polyc.codegen.c_expr import PRELUDE, c_type
 from polyc.codegen.pattern_kernel import PatternKernelWriter, typed
+from polyc.codegen.templates import c_template
 from polyc.ir.model import PolyProgram
 from polyc.options import Options
 from polyc.schedule.transposition import Transposition
@@ -39,89 +40,18 @@ ISA_GUARDS = isa_guards(("avx2", "neon"), "POLYC_TRANSPOSE_PORTABLE")
 
 # The register transposes, per instruction set and element size: ``polyc_tr_block`` moves the
 # BLOCK x BLOCK elements at ``s`` (rows ``sp`` apart) to ``d`` (rows ``dp`` apart), transposed.
-_AVX_8x8_FLOAT = r"""#include <immintrin.h>
-#define POLYC_TR_BLOCK 8
-typedef float polyc_tr_lane_t;
-static inline void polyc_tr_block(const float *s, float *d, int64_t sp, int64_t dp)
-{
-    const __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + sp), r2 = _mm256_loadu_ps(s + 2 * sp),
-                 r3 = _mm256_loadu_ps(s + 3 * sp), r4 = _mm256_loadu_ps(s + 4 * sp), r5 = _mm256_loadu_ps(s + 5 * sp),
-                 r6 = _mm256_loadu_ps(s + 6 * sp), r7 = _mm256_loadu_ps(s + 7 * sp);
-    /* pairs of rows interleaved, then pairs of pairs, then the 128-bit halves exchanged */
-    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
-                 t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
-                 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
-    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
-                 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
-                 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
-                 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    _mm256_storeu_ps(d, _mm256_permute2f128_ps(u0, u4, 0x20));
-    _mm256_storeu_ps(d + dp, _mm256_permute2f128_ps(u1, u5, 0x20));
-    _mm256_storeu_ps(d + 2 * dp, _mm256_permute2f128_ps(u2, u6, 0x20));
-    _mm256_storeu_ps(d + 3 * dp, _mm256_permute2f128_ps(u3, u7, 0x20));
-    _mm256_storeu_ps(d + 4 * dp, _mm256_permute2f128_ps(u0, u4, 0x31));
-    _mm256_storeu_ps(d + 5 * dp, _mm256_permute2f128_ps(u1, u5, 0x31));
-    _mm256_storeu_ps(d + 6 * dp, _mm256_permute2f128_ps(u2, u6, 0x31));
-    _mm256_storeu_ps(d + 7 * dp, _mm256_permute2f128_ps(u3, u7, 0x31));
-}
-"""
+_AVX_8x8_FLOAT = c_template("transpose_avx_8x8_float.c")
 
-_AVX_4x4_DOUBLE = r"""#include <immintrin.h>
-#define POLYC_TR_BLOCK 4
-typedef double polyc_tr_lane_t;
-static inline void polyc_tr_block(const double *s, double *d, int64_t sp, int64_t dp)
-{
-    const __m256d r0 = _mm256_loadu_pd(s), r1 = _mm256_loadu_pd(s + sp), r2 = _mm256_loadu_pd(s + 2 * sp),
-                  r3 = _mm256_loadu_pd(s + 3 * sp);
-    const __m256d t0 = _mm256_unpacklo_pd(r0, r1), t1 = _mm256_unpackhi_pd(r0, r1),
-                  t2 = _mm256_unpacklo_pd(r2, r3), t3 = _mm256_unpackhi_pd(r2, r3);
-    _mm256_storeu_pd(d, _mm256_permute2f128_pd(t0, t2, 0x20));
-    _mm256_storeu_pd(d + dp, _mm256_permute2f128_pd(t1, t3, 0x20));
-    _mm256_storeu_pd(d + 2 * dp, _mm256_permute2f128_pd(t0, t2, 0x31));
-    _mm256_storeu_pd(d + 3 * dp, _mm256_permute2f128_pd(t1, t3, 0x31));
-}
-"""
+_AVX_4x4_DOUBLE = c_template("transpose_avx_4x4_double.c")
 
-_NEON_4x4_FLOAT = r"""#include <arm_neon.h>
-#define POLYC_TR_BLOCK 4
-typedef float polyc_tr_lane_t;
-static inline void polyc_tr_block(const float *s, float *d, int64_t sp, int64_t dp)
-{
-    const float32x4_t r0 = vld1q_f32(s), r1 = vld1q_f32(s + sp), r2 = vld1q_f32(s + 2 * sp), r3 = vld1q_f32(s + 3 * sp);
-    const float32x4_t t0 = vtrn1q_f32(r0, r1), t1 = vtrn2q_f32(r0, r1), t2 = vtrn1q_f32(r2, r3), t3 = vtrn2q_f32(r2, r3);
-    vst1q_f32(d, vreinterpretq_f32_f64(vtrn1q_f64(vreinterpretq_f64_f32(t0), vreinterpretq_f64_f32(t2))));
-    vst1q_f32(d + dp, vreinterpretq_f32_f64(vtrn1q_f64(vreinterpretq_f64_f32(t1), vreinterpretq_f64_f32(t3))));
-    vst1q_f32(d + 2 * dp, vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(t0), vreinterpretq_f64_f32(t2))));
-    vst1q_f32(d + 3 * dp, vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(t1), vreinterpretq_f64_f32(t3))));
-}
-"""
+_NEON_4x4_FLOAT = c_template("transpose_neon_4x4_float.c")
 
 #: The register transposes there are: (instruction set, element bytes) -> C.
 _REGISTER_BLOCKS = {("avx2", 4): _AVX_8x8_FLOAT, ("avx2", 8): _AVX_4x4_DOUBLE, ("neon", 4): _NEON_4x4_FLOAT}
 
 # One tile: rows x cols elements of a plane, ``s`` the input's (rows sp apart, columns
 # contiguous), ``d`` the output's (the input's columns as rows dp apart).  T is the element type.
-_TILE = r"""static void polyc_tr_tile(const T *s, T *d, int64_t rows, int64_t cols, int64_t sp, int64_t dp)
-{
-    int64_t j = 0;
-#if defined(POLYC_TR_BLOCK)
-    /* a block of output rows at a time, written along their length: each output line is
-       finished before the next is started, whatever the rows' distance (rows a power of two
-       apart share cache sets, and a line left half-written would be evicted before its end) */
-    const int64_t B = POLYC_TR_BLOCK;
-    for (; j + B <= cols; j += B) {
-        int64_t i = 0;
-        for (; i + B <= rows; i += B)
-            polyc_tr_block((const polyc_tr_lane_t *)(s + i * sp + j), (polyc_tr_lane_t *)(d + j * dp + i), sp, dp);
-        for (int64_t k = j; k < j + B; k++)
-            for (int64_t l = i; l < rows; l++) d[k * dp + l] = s[l * sp + k];
-    }
-#endif
-    /* the output rows left over (all of them in the portable build), along their length */
-    for (; j < cols; j++)
-        for (int64_t l = 0; l < rows; l++) d[j * dp + l] = s[l * sp + j];
-}
-"""
+_TILE = c_template("transpose_tile.c")
 
 
 def generate_transpose(program: PolyProgram, transposition: Transposition, options: Options) -> GeneratedKernel:
