@@ -293,6 +293,38 @@ def conv3x3(float(N, C, H, W) I, float(F, C, KH, KW) W1, float(F) B) -> (O) {
     )
 
 
+def depthwise(n: int, h: int, w: int, c: int, k: int) -> Case:
+    """A channels-last depthwise k x k convolution with zero padding k // 2 (the output as large
+    as the image), a bias and ReLU: MobileNet's (3 x 3, 5 x 5) and ConvNeXt's (7 x 7) layers."""
+    pad = k // 2
+
+    def numpy_depthwise(I, W1, B):
+        padded = np.pad(I, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+        windows = sliding_window_view(padded, (k, k), axis=(1, 2))  # n h w c kh kw
+        out = np.einsum("nhwcxy,xyc->nhwc", windows, W1, optimize=True)
+        return np.maximum(out + B, 0)
+
+    return Case(
+        "depthwise",
+        CONVOLUTION,
+        dict(N=n, H=h, W=w, C=c, K=k),
+        f"""
+def depthwise(float(N, H, W, C) I, float(K, K, C) W1, float(C) B) -> (O) {{
+    O(n, h, w, c) +=! (h + r_kh >= {pad} && h + r_kh < H + {pad} && w + r_kw >= {pad} && w + r_kw < W + {pad})
+        ? I(n, h + r_kh - {pad}, w + r_kw - {pad}, c) * W1(r_kh, r_kw, c) : 0
+        where h in 0:H, w in 0:W, r_kh in 0:K, r_kw in 0:K
+    O(n, h, w, c) = fmax(O(n, h, w, c) + B(c), 0)
+}}""",
+        "depthwise",
+        numpy=numpy_depthwise,
+        einsum=None,
+        naive_c="depthwise.c",
+        flops=2.0 * n * h * w * c * (k * k + 1),
+        reduction=k * k + 1,
+        note=f"channels-last depthwise {k}x{k}, padding {pad}, bias and ReLU",
+    )
+
+
 # ---- softmax and normalisation -------------------------------------------------------------
 
 
@@ -654,6 +686,11 @@ def full_suite() -> list[Case]:
         tensordot(32, 512, 8, 2, 28, 28),  # TC README: N C1 C2 C3 H W = 32 512 8 2 28 28
         group_conv(32, 32, 16, 16, 14, 14, 3),  # TC group_convolution.cc, N=32 G=32 C=F=16 14x14
         conv3x3(8, 64, 64, 56, 56),  # a ResNet-style 3x3 layer, batch 8
+        depthwise(1, 56, 56, 96, 7),  # ConvNeXt's first stage
+        depthwise(1, 14, 14, 384, 7),  # ConvNeXt's third stage (most of its blocks)
+        depthwise(1, 7, 7, 768, 7),  # ConvNeXt's last stage: every output near an edge
+        depthwise(1, 56, 56, 144, 3),  # MobileNet v2
+        depthwise(1, 7, 7, 960, 5),  # MobileNet v3's last 5x5 layers
         softmax(4096, 2048),
         layernorm(4096, 1024),
         *layout_cases(),

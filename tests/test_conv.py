@@ -1238,6 +1238,10 @@ DEPTHWISE_GEOMETRIES = [
     (1, 4, 5, 8, (3, 3), (1, 1), (1, 1), (4, 3, 4, 4)),
     (1, 3, 2, 24, (5, 5), (2, 1), (1, 2), (3, 2, 3, 4)),
     (1, 6, 14, 20, (5, 5), (1, 1), (1, 1), (2, 2, 2, 2)),  # 10 interior outputs a row: 4, 4 and 2
+    # 7 x 7 (ConvNeXt): rows split into blocks of one length, edges under column masks
+    (1, 14, 14, 40, (7, 7), (1, 1), (1, 1), (3, 3, 3, 3)),
+    (1, 7, 7, 16, (7, 7), (1, 1), (1, 1), (3, 3, 3, 3)),
+    (2, 11, 19, 24, (7, 7), (2, 2), (1, 1), (3, 2, 3, 1)),
 ]
 
 
@@ -1249,7 +1253,9 @@ def test_depthwise_channels_last_against_numpy(cflags):
     too: each output then goes alone)."""
     rng = np.random.default_rng(31)
     for geometry, epilogue in zip(
-        DEPTHWISE_GEOMETRIES, ["relu6", "sigmoid", "residual", "relu6", None, "relu6", "sigmoid", "sigmoid"]
+        DEPTHWISE_GEOMETRIES,
+        ["relu6", "sigmoid", "residual", "relu6", None, "relu6", "sigmoid", "sigmoid", "residual", None, "relu6"],
+        strict=True,
     ):
         source, shape = padded_depthwise(*geometry, epilogue=epilogue)
         compiled = polyc.define(source, cflags=cflags).conv
@@ -1292,7 +1298,7 @@ def test_depthwise_products_in_the_padding_are_not_in_the_sum(cflags):
     padding stay finite, bit for bit the interpreter's: the depthwise kernel adds no product
     of the padding, in its blocks of interior outputs or at the edges."""
     rng = np.random.default_rng(32)
-    for n, h, w, c, kernel, stride, dilation, pads in DEPTHWISE_GEOMETRIES[:4]:
+    for n, h, w, c, kernel, stride, dilation, pads in DEPTHWISE_GEOMETRIES[:4] + DEPTHWISE_GEOMETRIES[-3:]:
         source, _ = padded_depthwise(n, h, w, c, kernel, stride, dilation, pads, epilogue=None)
         image = rng.integers(-3, 4, (n, h, w, c)).astype(np.float32)
         weights = rng.integers(-2, 3, (*kernel, c)).astype(np.float32)

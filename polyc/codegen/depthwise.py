@@ -41,13 +41,19 @@ from polyc.lang import checked as ir
 from polyc.options import Options
 from polyc.schedule.convolution import Convolution
 
-#: Outputs along the row per register block: their accumulators, a kernel row's weight vectors
-#: and the image vectors they read fit the registers (16 with AVX2).
+#: Outputs along the row per register block where nothing longer fits: their accumulators, a
+#: kernel row's weight vectors and the image vectors they read fit the registers (16 with AVX2).
 ROW_BLOCK = 4
 
-#: The blocks of interior outputs, longest first: the interior outputs a block of four leaves
-#: (the 10 of a 14-wide row with a 5 x 5 filter leave 2; a 7-wide row's 3 fit none) go in
-#: shorter blocks, not one by one with every tap tested.
+#: The longest register block tried: eight accumulators keep the two FMA pipes busy through
+#: the FMA's latency (four would wait on their own chains: a 7 x 7 filter's interior ran at
+#: about half the speed; ``python -m benchmarks --filter depthwise``), where they fit beside a
+#: kernel row's weights and image vectors (AVX-512's 32 registers).
+LONGEST_BLOCK = 8
+
+#: The blocks of interior outputs after the longest, longest first: the interior outputs a
+#: longer block leaves (the 10 of a 14-wide row with a 5 x 5 filter leave 2; a 7-wide row's 3
+#: fit none) go in shorter blocks, not one by one with every tap tested.
 INTERIOR_BLOCKS = (ROW_BLOCK, 2, 1)
 
 #: Vector registers per instruction set.
@@ -107,7 +113,7 @@ class _DepthwiseWriter(PatternKernelWriter):
         """The kernel's name and form, the first line of its header."""
         return (
             f"polyc depthwise conv kernel for def '{self.definition.name}' (channels vectorised, "
-            f"{ROW_BLOCK} outputs of a row per register block, {self.kh_c} x {self.kw_c} taps)"
+            f"blocks of outputs along a row in registers, {self.kh_c} x {self.kw_c} taps)"
         )
 
     def described(self) -> str:
@@ -238,15 +244,18 @@ class _DepthwiseWriter(PatternKernelWriter):
             "    while (ow < g->ow) {",
         ]
         if self.kw is not None:  # the interior in blocks of outputs, the kernel row unrolled
+            blocks = self.row_blocks(isa)
             # Every tap's weights in registers for the whole row, when they fit beside the
             # accumulators and a kernel row's image vectors (a 3 x 3 filter with AVX-512):
             # loaded once per row, not once per block of outputs.
             hoist = (
                 self.kh is not None
-                and self.kh * self.kw + ROW_BLOCK + len(self.image_offsets(ROW_BLOCK)) + 1 <= _REGISTERS[isa]
+                and self.kh * self.kw + blocks[0] + len(self.image_offsets(blocks[0])) + 1 <= _REGISTERS[isa]
             )
-            for block in INTERIOR_BLOCKS:
+            for block in blocks:
                 lines += self.interior_block(block, hoist, vec, pre, suffix, load, fma)
+                if isa == "avx512" and block > 1:
+                    lines += self.edge_block(block, hoist, vec, pre, suffix, lanes, masked)
             if hoist:
                 weights = [
                     f"w{k}_{t} = {load.format(ptr=f'wc + {k * self.kw + t} * C')}"
@@ -276,6 +285,83 @@ class _DepthwiseWriter(PatternKernelWriter):
             "}",
         ]
         return "\n".join(lines)
+
+    def row_blocks(self, isa: str) -> tuple[int, ...]:
+        """The register blocks of outputs along a row, longest first: :data:`LONGEST_BLOCK`
+        where its accumulators, a kernel row's weights and the image vectors they read fit
+        ``isa``'s registers, then :data:`INTERIOR_BLOCKS`."""
+        longest = LONGEST_BLOCK
+        if longest + (self.kw or 0) + len(self.image_offsets(longest)) + 1 > _REGISTERS[isa]:
+            longest = ROW_BLOCK
+        width = self.known_extent(self.conv.extent(self.conv.windows[1].x))
+        if isa == "avx512" and width:
+            # With edge blocks, the row splits into blocks of one length (a 14-wide row into
+            # two of 7, not 8 + 4 + 2, whose short blocks wait on their few chains).
+            blocks = -(-width // longest)
+            longest = min(longest, -(-width // blocks))
+        return tuple(sorted({longest, *INTERIOR_BLOCKS}, reverse=True))
+
+    def edge_block(
+        self, size: int, hoist: bool, vec: str, pre: str, suffix: str, lanes: int, masked: bool
+    ) -> list[str]:
+        """The C of ``size`` outputs from ``ow`` on, some of them near an edge (AVX-512): each
+        image column that falls outside the box is neither loaded nor multiplied (its lane mask
+        is empty), so the sum has exactly the taps inside the box, as one output at a time has;
+        the block costs what an interior block costs, where one output at a time tested every
+        tap on one chain of FMAs."""
+        (_, ww), kh, kw = self.conv.windows, self.kh_c, self.kw_c
+        sw, dw, ow_off = ww.stride, ww.dilation, ww.offset
+        offsets = self.image_offsets(size)
+        mask = "__mmask16" if lanes == 16 else "__mmask8"
+        every = "km" if masked else f"({mask})-1"
+        lines = [
+            f"        if (ow + {size} <= g->ow) {{  /* near an edge: columns outside the box masked off */",
+            f"            const int64_t col = {sw} * ow + {ow_off};",
+            f"            const {mask} "
+            + ", ".join(f"m{s} = col + {s} >= g->lo_w && col + {s} < g->hi_w ? {every} : ({mask})0" for s in offsets)
+            + ";",
+            f"            {vec} " + ", ".join(f"a{j} = {pre}_setzero_{suffix}()" for j in range(size)) + ";",
+        ]
+        fmas = [
+            f"a{j} = {pre}_mask3_fmadd_{suffix}(w{{k}}_{t}, x{sw * j + dw * t}, a{j}, m{sw * j + dw * t});"
+            for j in range(size)
+            for t in range(self.kw)
+        ]
+        images = (
+            f"const {vec} " + ", ".join(f"x{s} = {pre}_maskz_loadu_{suffix}(m{s}, p + {s} * C)" for s in offsets) + ";"
+        )
+        load = f"{pre}_maskz_loadu_{suffix}(km, {{ptr}})" if masked else f"{pre}_loadu_{suffix}({{ptr}})"
+        # p may point before the image row (col < 0): only columns inside the box are read.
+        if hoist:
+            for k in range(self.kh):
+                lines += [
+                    f"            if (rows[{k}] != NULL) {{",
+                    f"                const {self.ctype} *p = rows[{k}] + col * C;",
+                    f"                {images}",
+                    *(f"                {line.format(k=k)}" for line in fmas),
+                    "            }",
+                ]
+        else:
+            lines += [
+                *(["            #pragma GCC unroll 8"] if self.kh is not None else []),
+                f"            for (int64_t k = 0; k < {kh}; k++) {{",
+                "                if (rows[k] == NULL) continue;",
+                f"                const {self.ctype} *p = rows[k] + col * C;",
+                f"                const {self.ctype} *restrict wk = wc + k * {kw} * C;",
+                f"                const {vec} "
+                + ", ".join(f"wk_{t} = {load.format(ptr=f'wk + {t} * C')}" for t in range(self.kw))
+                + ";",
+                f"                {images}",
+                *(f"                {line.format(k='k')}" for line in fmas),
+                "            }",
+            ]
+        return lines + [
+            f"            POLYC_DW_PREFETCH(pf_block * {size} / {ROW_BLOCK} + 1);",
+            *(f"            POLYC_DW_FINISH(a{j}, ow + {j});" for j in range(size)),
+            f"            ow += {size};",
+            "            continue;",
+            "        }",
+        ]
 
     def image_offsets(self, size: int) -> list[int]:
         """The image columns, from a block's first one, that ``size`` outputs read."""
