@@ -402,3 +402,75 @@ def test_which_convolution_weights_are_blocked(filters, kernel, strides, outputs
     # Every instruction set's register block of channels divides the block: read in place.
     for isa in ("avx512", "avx2", "portable"):
         assert channels_last.FILTER_BLOCK_BYTES // np.dtype(dtype).itemsize % channel_block(isa, dtype, None).nf == 0
+
+
+def convnext_blocks(channels=16, blocks=2, gelu=False):
+    """ConvNeXt's blocks as torch exports them: a 7 x 7 depthwise Conv (NCHW), a Transpose to
+    NHWC, LayerNormalization over the channels, two MatMuls with an activation between, a
+    per-channel scale, a Transpose back and the residual Add; a 1 x 1 Conv before them."""
+    rng = np.random.default_rng(6)
+    c = channels
+
+    def r(*shape, scale=0.3):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    weights = {"Wstem": r(c, 3, 1, 1)}
+    nodes = [helper.make_node("Conv", ["X", "Wstem"], ["h0"], name="stem")]
+    for k in range(blocks):
+        weights.update(
+            {
+                f"Wd{k}": r(c, 1, 7, 7),
+                f"Bd{k}": r(c),
+                f"g{k}": rng.uniform(0.5, 1.5, c).astype(np.float32),
+                f"b{k}": r(c),
+                f"W1{k}": r(c, 4 * c),
+                f"B1{k}": r(4 * c),
+                f"W2{k}": r(4 * c, c),
+                f"B2{k}": r(c),
+                f"s{k}": r(c, 1, 1),
+            }
+        )
+        h, act = f"h{k}", ("Gelu" if gelu else "Relu")
+        nodes += [
+            helper.make_node(
+                "Conv", [h, f"Wd{k}", f"Bd{k}"], [f"d{k}"], group=c, kernel_shape=[7, 7], pads=[3] * 4, name=f"dw{k}"
+            ),
+            helper.make_node("Transpose", [f"d{k}"], [f"t{k}"], perm=[0, 2, 3, 1], name=f"to_nhwc{k}"),
+            helper.make_node("LayerNormalization", [f"t{k}", f"g{k}", f"b{k}"], [f"n{k}"], axis=-1, name=f"ln{k}"),
+            helper.make_node("MatMul", [f"n{k}", f"W1{k}"], [f"m{k}"], name=f"fc1_{k}"),
+            helper.make_node("Add", [f"m{k}", f"B1{k}"], [f"a{k}"], name=f"bias1_{k}"),
+            helper.make_node(act, [f"a{k}"], [f"r{k}"], name=f"act{k}"),
+            helper.make_node("MatMul", [f"r{k}", f"W2{k}"], [f"p{k}"], name=f"fc2_{k}"),
+            helper.make_node("Add", [f"p{k}", f"B2{k}"], [f"q{k}"], name=f"bias2_{k}"),
+            helper.make_node("Transpose", [f"q{k}"], [f"u{k}"], perm=[0, 3, 1, 2], name=f"to_nchw{k}"),
+            helper.make_node("Mul", [f"u{k}", f"s{k}"], [f"v{k}"], name=f"scale{k}"),
+            helper.make_node("Add", [h, f"v{k}"], [f"h{k + 1}" if k + 1 < blocks else "Y"], name=f"residual{k}"),
+        ]
+    return _model(nodes, weights, [("Y", ["N", c, 10, 10])], image=10)
+
+
+def test_transposes_between_the_layouts_are_views():
+    """A network that permutes to channels-last around its own layers (ConvNeXt) moves no data
+    for those permutations: the Transposes become views of the NHWC values, the layers between
+    them stay in NHWC, and every depthwise Conv after the first reads an NHWC image (polyc's
+    depthwise kernel); the data moves once into NHWC and once back, for the graph's output."""
+    model = convnext_blocks()
+    rng = np.random.default_rng(7)
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ponnx.InferenceSession(model)
+    for batch in (1, 2):
+        x = rng.standard_normal((batch, 3, 10, 10)).astype(np.float32)
+        np.testing.assert_allclose(
+            session.run(None, {"X": x})[0], reference.run(None, {"X": x})[0], rtol=1e-4, atol=1e-4
+        )
+    nodes = [name for group in session.groups for name in group]
+    assert not [n for n in nodes if n.startswith(("to_nhwc", "to_nchw"))], session.groups
+    assert [n for n in nodes if n.endswith(" to NCHW")] == ["Y to NCHW"], session.groups
+    dw1 = next(group for group in session.groups if "dw1" in group)
+    source = session.kernels({"X": (2, 3, 10, 10)})[session.groups.index(dw1)].c_source({})
+    assert "polyc depthwise conv kernel" in source
+    # the control: without the channels-last pass the Transposes move data
+    nchw = ponnx.InferenceSession(model, channels_last=False)
+    x = rng.standard_normal((1, 3, 10, 10)).astype(np.float32)
+    np.testing.assert_allclose(nchw.run(None, {"X": x})[0], reference.run(None, {"X": x})[0], rtol=1e-4, atol=1e-4)
+    assert [n for group in nchw.groups for n in group if n.startswith(("to_nhwc", "to_nchw"))]

@@ -14,7 +14,10 @@ graph fusion) converts the nodes below in NHWC as it meets them:
 - **elementwise** operators (activations, arithmetic with broadcasting, Clip, Where, Cast, ...)
   with at least one rank-4 input in NHWC: every other rank-4 input is taken in NHWC too, and a
   constant that broadcasts against them is transposed to match (``(C, 1, 1)`` -> ``(1, 1, C)``);
-- **Concat** along the channels, of such inputs, as a Concat along the last axis.
+- **Concat** along the channels, of such inputs, as a Concat along the last axis;
+- **Transpose** between the layouts, as a view: NCHW -> NHWC of a value in NHWC is its storage,
+  and NHWC -> NCHW of any rank-4 value is a value in NHWC (a network that permutes to
+  channels-last around its own layers, as ConvNeXt does, moves no data for them).
 
 Every value a node produces this way exists in NHWC only.  A node that needs it in ONNX's
 layout (a Flatten, a Gemm, a graph output) gets it through a transpose emitted just before,
@@ -126,6 +129,8 @@ class ChannelsLast:
         b = Builder(node.name, op, self.new_ident, self.vector_bits)
         if op in ("Shape", "Size") and proto.input[0] in self.nhwc and proto.input[0] not in self.values:
             return self._shape_of(b, node, opset)
+        if op == "Transpose":
+            return self._transpose(b, node)
         if op == "Conv":
             outputs = self._conv(b, node)
         elif op in _POOLS:
@@ -143,6 +148,34 @@ class ChannelsLast:
                 value.onnx_name = name
                 self.nhwc[name] = value
         return b.steps
+
+    def _transpose(self, b: Builder, node: Node) -> list | None:
+        """A Transpose between the two layouts, as a view: NCHW -> NHWC of a value held in NHWC
+        is that NHWC storage (an ordinary value from then on), and NHWC -> NCHW of an ordinary
+        rank-4 value is a value whose NHWC form is that value (held in ``nhwc``, transposed only
+        if a node needs it in NCHW).  A network that permutes to channels-last around its own
+        layers (ConvNeXt's blocks, a LayerNorm over the channels) then moves no data for them,
+        and the layers between stay in NHWC."""
+        proto = node.proto
+        if len(proto.input) != 1 or not proto.output or not proto.output[0]:
+            return None
+        perm = tuple(node.attr("perm", ()) or ())
+        source, target = proto.input[0], proto.output[0]
+        if perm == TO_CHANNELS_LAST and source in self.nhwc:
+            image = self.nhwc[source]
+            value = b.view(image, image.shape)
+            value.onnx_name = target
+            self.values[target] = value
+            return b.steps
+        if perm == TO_CHANNELS_FIRST and source not in self.nhwc and source in self.values:
+            value = self.values[source]
+            if value.rank != 4 or value.const is not None:
+                return None
+            image = b.view(value, value.shape)
+            image.onnx_name = target
+            self.nhwc[target] = image
+            return b.steps
+        return None
 
     def _shape_of(self, b: Builder, node: Node, opset: int) -> list:
         """Shape or Size of a value in NHWC only: its NCHW shape, with no transpose (an
