@@ -478,7 +478,7 @@ def check_case(problem: Problem, options: dict, sizes: dict, value_seed: int, ke
     results = kernel(*[arrays[name] for name, _ in problem.inputs])
     results = results if isinstance(results, tuple) else (results,)
     expected = evaluate(problem, arrays, sizes)
-    for name, result in zip(problem.outputs, results):
+    for name, result in zip(problem.outputs, results, strict=True):
         want = expected[name]
         result = np.asarray(result)
         context = f"output {name}\n{describe_case(problem, options, sizes, value_seed)}"
