@@ -124,8 +124,8 @@ def check_kernel(case: KernelCase, kernel: Callable, sizes: Sizes, seed: int = 0
     actual = result if isinstance(result, tuple) else (result,)
     assert len(actual) == len(expected), f"{len(actual)} outputs, expected {len(expected)}"
     if initial is not None:
-        assert all(a is o for a, o in zip(actual, initial)), "outputs= arrays must be returned"
-    for position, (got, want) in enumerate(zip(actual, expected)):
+        assert all(a is o for a, o in zip(actual, initial, strict=True)), "outputs= arrays must be returned"
+    for position, (got, want) in enumerate(zip(actual, expected, strict=True)):
         want = np.asarray(want)
         assert np.asarray(got).dtype == want.dtype, (
             f"{case.name} output {position}: dtype {np.asarray(got).dtype} != {want.dtype}"
@@ -136,7 +136,7 @@ def check_kernel(case: KernelCase, kernel: Callable, sizes: Sizes, seed: int = 0
             assert_close(got, want, ops, want.dtype, inputs)
         except AssertionError as failure:
             raise AssertionError(f"{case.name} output {position} at sizes {dict(sizes)}: {failure}") from None
-    for position, (before, after) in enumerate(zip(input_copies, inputs)):
+    for position, (before, after) in enumerate(zip(input_copies, inputs, strict=True)):
         np.testing.assert_array_equal(np.asarray(after), before, err_msg=f"{case.name}: input {position} was modified")
 
 

@@ -403,7 +403,7 @@ def test_run_without_check_is_deterministic_in_seed(capsys):
     sizes = {"M": 16, "K": 24, "N": 8}
     first = cli.random_inputs(definition, sizes, np.random.default_rng(7))
     second = cli.random_inputs(definition, sizes, np.random.default_rng(7))
-    assert all(np.array_equal(a, b) for a, b in zip(first, second))
+    assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
     assert [a.shape for a in first] == [(16, 24), (24, 8), (8,)]
 
 

@@ -483,7 +483,9 @@ def test_repeated_calls_take_the_resolved_path_and_agree():
         assert len(kernel._repeat_calls) == 1, name
         again = kernel(*inputs)
         for a, b in zip(
-            first if isinstance(first, tuple) else (first,), again if isinstance(again, tuple) else (again,)
+            first if isinstance(first, tuple) else (first,),
+            again if isinstance(again, tuple) else (again,),
+            strict=True,
         ):
             np.testing.assert_array_equal(a, b)
             assert a is not b  # fresh outputs every call

@@ -32,7 +32,6 @@ import random
 import signal
 import subprocess
 import sys
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -478,7 +477,7 @@ def check_case(problem: Problem, options: dict, sizes: dict, value_seed: int, ke
     results = kernel(*[arrays[name] for name, _ in problem.inputs])
     results = results if isinstance(results, tuple) else (results,)
     expected = evaluate(problem, arrays, sizes)
-    for name, result in zip(problem.outputs, results):
+    for name, result in zip(problem.outputs, results, strict=True):
         want = expected[name]
         result = np.asarray(result)
         context = f"output {name}\n{describe_case(problem, options, sizes, value_seed)}"
@@ -1063,23 +1062,31 @@ def test_opencl_back_end(tmp_path):
     captured its stderr) and no test named; in 20 runs in fresh processes it never did.  In a
     child, an abort takes only the child down, and the failure names the signal, the seed, the
     example being compiled and what the driver printed.  A child killed by a signal is run
-    again, the same seed in a fresh process: a crash that comes back fails the test; one that
-    does not (the driver's state, not the example) passes it with a warning that says all the
-    above, since the rerun checked every example."""
+    again, the same seed in a fresh process, and the test fails either way: the report says
+    whether the crash came back (an example) or not (the driver's state: report it to the
+    driver's makers); a crash that passes on a rerun is still a crash."""
     first = _opencl_fuzz_child(tmp_path / "first")
     if first is None:
         return
     if first[0] < 0:
         again = _opencl_fuzz_child(tmp_path / "again")
         if again is None:
-            warnings.warn(
+            pytest.fail(
                 f"the OpenCL fuzzing process was {first[1]}, and its rerun in a fresh process passed "
                 f"(the driver's state, not an example: report it to the driver's makers)\n{first[2]}",
-                stacklevel=2,
+                pytrace=False,
             )
-            return
         pytest.fail(f"{first[2]}\n\nand again in a fresh process:\n{again[2]}", pytrace=False)
     pytest.fail(first[2], pytrace=False)
+
+
+def test_an_opencl_crash_that_passes_on_its_rerun_fails(tmp_path, monkeypatch):
+    """Control of the rule above, without a driver: a child aborted once, then passing in a fresh
+    process, fails the test (it used to pass it with a warning)."""
+    runs = iter([(-6, "killed by SIGABRT", "the report"), None])
+    monkeypatch.setattr(sys.modules[__name__], "_opencl_fuzz_child", lambda directory: next(runs))
+    with pytest.raises(pytest.fail.Exception, match="its rerun in a fresh process passed"):
+        test_opencl_back_end(tmp_path)
 
 
 def _opencl_fuzz_child(directory: Path) -> tuple[int, str, str] | None:

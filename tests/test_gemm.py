@@ -242,7 +242,7 @@ def check(kernel, inputs, expected, ops, outputs=None, scale_with=()):
     over ``inputs`` and ``scale_with``."""
     result = kernel(*inputs) if outputs is None else kernel(*inputs, outputs=outputs)
     result = result if isinstance(result, tuple) else (result,)
-    for got, want in zip(result, expected):  # want: computed in float64
+    for got, want in zip(result, expected, strict=True):  # want: computed in float64
         assert got.dtype == inputs[0].dtype
         assert_close(got, want.astype(got.dtype), max(ops, 4), got.dtype, (*inputs, *scale_with))
 

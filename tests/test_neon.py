@@ -196,7 +196,7 @@ def check_against_reference(
         status, results = build_and_run(case_name, sizes, target, directory, inputs, outputs, parametric)
         assert status == 0, f"{case_name}: the exported kernel returned {status}"
         if outputs is not None:  # updated in place, as a polyc kernel does
-            for given, result in zip(outputs, results):
+            for given, result in zip(outputs, results, strict=True):
                 given[...] = result
             results = tuple(outputs)
         return results[0] if len(results) == 1 else results
@@ -376,7 +376,7 @@ def check_gemm_under_qemu(
 
     for position, call in enumerate(calls):
         sizes = bind_arguments(definition, call.inputs, call.initial).sizes
-        for name, expected in zip(definition.outputs, call.expected):
+        for name, expected in zip(definition.outputs, call.expected, strict=True):
             tensor = definition.tensor(name)
             got = np.fromfile(directory / f"{position}.{name}.out", dtype=tensor.dtype)
             got = got.reshape(tensor.concrete_shape(sizes))

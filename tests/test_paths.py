@@ -101,7 +101,7 @@ def test_a_def_of_the_form_takes_the_path_and_computes_what_the_interpreter_does
     got = kernel(*arguments)
     expected, got = (r if isinstance(r, tuple) else (r,) for r in (expected, got))
     assert len(got) == len(expected)
-    for ours, theirs in zip(got, expected):
+    for ours, theirs in zip(got, expected, strict=True):
         np.testing.assert_allclose(ours, theirs, rtol=2e-5, atol=2e-5)
 
 

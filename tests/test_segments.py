@@ -151,7 +151,7 @@ def _check(source: str, sizes, reference, ops, dtype=np.float64, outputs=None, *
     got = got if isinstance(got, tuple) else (got,)
     want = want if isinstance(want, tuple) else (want,)
     assert len(got) == len(want)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert_close(g, w, ops(sizes), dtype, (*inputs, *(outputs or ())))
     return kernel
 

@@ -397,7 +397,7 @@ def test_max_and_min_reductions_ignore_nan_in_every_vector_lane(dtype):
     x[8, 77] = -np.inf
     compiled = polyc.define(source).extremes(x)
     expected = polyc.define(source, backend="interpreter").extremes(x)
-    for got, want in zip(compiled, expected):
+    for got, want in zip(compiled, expected, strict=True):
         np.testing.assert_array_equal(got, want)
     assert np.isneginf(compiled[0][3]) and compiled[0][5] == 0 and np.isposinf(compiled[0][7])
 

@@ -211,7 +211,7 @@ def check_against_interpreter(definition: ir.CheckedDef, args, ulps: int = 0) ->
     expected = interpret(definition, args)
     actual = run_compiled(definition, args)
     failures = []
-    for statement, want, got in zip(definition.statements, expected, actual):
+    for statement, want, got in zip(definition.statements, expected, actual, strict=True):
         bad = mismatches(want, got, ulps)
         if bad.size:
             at = int(bad[0])

@@ -378,3 +378,91 @@ def test_every_thread_meets_each_barrier_at_one_place_in_the_code():
     assert private is not None
     with_private = dataclasses.replace(launch, private=private, ast=None)
     assert divergent_barriers(with_private.build_ast(), launch.thread_dims)
+
+
+# ----------------------------------------------------------------------------- proofs' negative controls
+def _union_of(pieces, like: isl.UnionSet) -> isl.UnionSet:
+    """The union of the sets ``pieces``, in the space of ``like``."""
+    union = isl.UnionSet.empty(like.get_space())
+    for piece in pieces:
+        union = union.union(isl.UnionSet.from_set(piece))
+    return union
+
+
+def test_negative_control_a_promoted_read_whose_element_is_not_copied():
+    from polyc.schedule.gpu_promotion import COPY, prove_promotion
+
+    st = stages("matmul", dict(M=37, K=70, N=45))
+    launch = st.gpu.launches[0]
+    assert prove_promotion(launch.promotion, st.program, launch) is None
+    pieces = []
+    for piece in _sets(launch.promotion.block_domain):
+        if piece.get_tuple_name() == COPY + "B":  # the last copy of B's tile left out
+            piece = piece.subtract(piece.lexmax())
+        pieces.append(piece)
+    broken = dataclasses.replace(launch.promotion, block_domain=_union_of(pieces, launch.promotion.block_domain))
+    failure = prove_promotion(broken, st.program, launch)
+    assert failure is not None and "shared B_shared: a read finds its element not copied" in failure, failure
+
+
+def test_negative_control_an_instance_run_by_two_threads():
+    st = stages("matmul", dict(M=37, K=20, N=45), **ONE_VALUE_PER_THREAD)
+    (launch,) = st.gpu.launches
+    x = launch.loops[0]
+    twice = x.schedule.union(x.schedule.apply_range(isl.UnionMap.read_from_str(st.program.ctx, "{ [v] -> [v + 1] }")))
+    bad = _with_loop(launch, st.program, schedule=twice)  # each column also run by the next thread
+    assert prove_launch(bad, st.program, st.dependences) == "an instance is run by two threads"
+
+
+def test_negative_control_a_dependence_joining_two_rows():
+    from polyc.schedule.gpu_reduction import prove_block_reduction
+
+    st = stages("softmax", dict(N=7, D=300), device="sm_80")
+    (launch,) = st.gpu.launches
+    reduction = launch.reduction
+    (row,) = reduction.rows
+    assert prove_block_reduction(reduction, st.program, launch.domain, st.dependences) is None
+    pieces = []
+    row.schedule.foreach_map(pieces.append)
+    by_last_index = isl.UnionMap.empty(row.schedule.get_space())
+    for piece in pieces:  # a block per value of each statement's last index: D's reductions cross blocks
+        name, rank = piece.get_tuple_name(isl.dim_type.in_), piece.dim(isl.dim_type.in_)
+        names = ", ".join(f"i{d}" for d in range(rank))
+        last = isl.Map.read_from_str(st.program.ctx, f"{{ {name}[{names}] -> [i{rank - 1}] }}")
+        last = last.align_params(piece.get_space()).intersect_domain(piece.domain())
+        by_last_index = by_last_index.union(isl.UnionMap.from_map(last))
+    broken = dataclasses.replace(reduction, rows=(dataclasses.replace(row, schedule=by_last_index),))
+    assert prove_block_reduction(broken, st.program, launch.domain, st.dependences) == "a dependence joins two rows"
+
+
+def test_negative_control_a_tree_step_reading_what_no_thread_stored():
+    from polyc.schedule.gpu_reduction import PARTIAL_STORE, prove_tree
+
+    program = launch_program("sum_all", dict(M=40, N=7))
+    reduction = stages("sum_all", dict(M=40, N=7)).gpu.launches[0].reduction
+    assert prove_tree(reduction, program) is None
+    kept = [p for p in _sets(reduction.block_domain) if not p.get_tuple_name().startswith(PARTIAL_STORE)]
+    broken = dataclasses.replace(reduction, block_domain=_union_of(kept, reduction.block_domain))
+    failure = prove_tree(broken, program)
+    assert failure is not None and "a step reads an element no thread stored" in failure, failure
+
+
+def test_a_failing_proof_makes_the_mapper_fall_back(monkeypatch):
+    """Each proof, made to fail, takes away what it proves: the shared-memory tiles, the block
+    reduction, then every thread mapping (one thread runs the kernel)."""
+    from polyc.schedule import gpu_mapping, gpu_reduction
+
+    assert stages("matmul", dict(M=37, K=70, N=45)).gpu.launches[0].promotion is not None
+    monkeypatch.setattr(gpu_mapping, "prove_promotion", lambda *args: "made up")
+    (launch,) = stages("matmul", dict(M=37, K=70, N=45)).gpu.launches
+    assert launch.promotion is None and "no shared memory: made up" in launch.reason and launch.loops
+
+    assert stages("softmax", dict(N=7, D=300), device="sm_80").gpu.launches[0].reduction is not None
+    monkeypatch.setattr(gpu_reduction, "prove_block_reduction", lambda *args: "made up")
+    assert stages("softmax", dict(N=7, D=300), device="sm_80").gpu.launches[0].reduction is None
+
+    monkeypatch.setattr(gpu_mapping, "prove_launch", lambda *args: "made up")
+    st = stages("matmul", dict(M=37, K=70, N=45))
+    (launch,) = st.gpu.launches
+    assert launch.loops == () and "no mapping passed the proofs: one thread runs it" in launch.reason
+    assert "made up" in launch.reason

@@ -108,7 +108,7 @@ def test_a_network_in_channels_last_matches_onnxruntime_at_two_batches():
         x = np.random.default_rng(batch).standard_normal((batch, 3, 12, 12)).astype(np.float32)
         want = reference.run(None, {"X": x})
         for got in (session.run(None, {"X": x}), nchw.run(None, {"X": x})):
-            for g, w in zip(got, want):
+            for g, w in zip(got, want, strict=True):
                 np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
     # No transpose into NHWC (the first convolution reads the 3-channel image where it is),
     # one back for the middle output; the global pool's 1 x 1 output goes back to NCHW as a

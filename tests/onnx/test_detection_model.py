@@ -30,7 +30,7 @@ def test_faster_rcnn_matches_onnxruntime_on_two_images():
         image = np.random.default_rng(seed).random((3, 320, 320), dtype=np.float32)
         ours = session.run(None, {"images": image})
         theirs = reference.run(None, {"images": image})
-        for name, got, expected in zip(("boxes", "labels", "scores"), ours, theirs):
+        for name, got, expected in zip(("boxes", "labels", "scores"), ours, theirs, strict=True):
             assert got.shape == expected.shape and got.dtype == expected.dtype, name
             np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4, err_msg=name)
         assert len(ours[0]) > 0  # the rescaled weights give detections above the threshold

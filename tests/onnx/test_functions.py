@@ -243,7 +243,7 @@ def test_depth_to_space_and_back_against_onnxruntime(mode):
     model = model_of(nodes, {"x": x}, ["up", "down"], opset=13)
     ours = ponnx.InferenceSession(model).run(None, {"x": x})
     theirs = onnxruntime_run(model, {"x": x})
-    for got, expected in zip(ours, theirs):
+    for got, expected in zip(ours, theirs, strict=True):
         np.testing.assert_array_equal(got, expected)
     if mode == "DCR":
         np.testing.assert_array_equal(ours[1], x)  # SpaceToDepth (DCR before opset 28) inverts DCR
@@ -313,7 +313,7 @@ def test_scan_is_unrolled_over_its_sequence():
     model, feeds = _scan_model()
     ours = ponnx.InferenceSession(model).run(None, feeds)
     theirs = onnxruntime_run(model, feeds)
-    for got, expected in zip(ours, theirs):
+    for got, expected in zip(ours, theirs, strict=True):
         assert got.shape == expected.shape
         np.testing.assert_allclose(got, expected, rtol=1e-6)
     np.testing.assert_allclose(ours[0], feeds["xs"].sum(axis=0), rtol=1e-6)
@@ -374,7 +374,7 @@ def test_loop_is_unrolled_while_its_condition_is_known(stop_after):
     model, x = _loop_model(stop_after)
     ours = ponnx.InferenceSession(model).run(None, {"x": x})
     theirs = onnxruntime_run(model, {"x": x})
-    for got, expected in zip(ours, theirs):
+    for got, expected in zip(ours, theirs, strict=True):
         assert got.shape == expected.shape
         np.testing.assert_allclose(got, expected, rtol=1e-6)
     assert ours[1].shape[0] == (4 if stop_after is None else stop_after + 1)
@@ -395,7 +395,7 @@ def test_a_loop_condition_from_tensor_data_is_learned_at_every_iteration():
     for scale in (0.6, 1.0, 1.4):
         feeds = {"x": x * np.float32(scale)}
         ours, theirs = session.run(None, feeds), onnxruntime_run(model, feeds)
-        for got, expected in zip(ours, theirs):
+        for got, expected in zip(ours, theirs, strict=True):
             assert got.shape == expected.shape
             np.testing.assert_allclose(got, expected, rtol=1e-6)
         counts.add(ours[1].shape[0])

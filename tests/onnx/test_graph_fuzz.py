@@ -463,7 +463,7 @@ def test_random_graphs_match_onnxruntime(spec, layout):
         expected = _run_onnxruntime(model, {"v0": x})
         got = session.run(None, {"v0": x})
         assert len(got) == len(expected)
-        for ours, theirs in zip(got, expected):
+        for ours, theirs in zip(got, expected, strict=True):
             assert ours.shape == theirs.shape
             scale = max(1.0, float(np.abs(theirs).max()))
             np.testing.assert_allclose(ours, theirs, rtol=1e-3, atol=1e-5 * scale)

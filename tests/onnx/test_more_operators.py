@@ -205,7 +205,7 @@ def test_top_k_orders_ties_by_index_as_onnxruntime(largest, dtype):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     ours = ponnx.InferenceSession(model).run(None, {"x": x})
     theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    for mine, expected in zip(ours, theirs):
+    for mine, expected in zip(ours, theirs, strict=True):
         np.testing.assert_array_equal(mine, expected)
 
 
@@ -298,7 +298,7 @@ def test_top_k_of_a_long_middle_axis_as_onnxruntime():
     model = _top_k_model(x, 25, 1, 1)
     ours = ponnx.InferenceSession(model).run(None, {"x": x})
     theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    for mine, expected in zip(ours, theirs):
+    for mine, expected in zip(ours, theirs, strict=True):
         np.testing.assert_array_equal(mine, expected)
 
 
@@ -440,7 +440,7 @@ def test_bit_operations_against_onnxruntime():
     ours = ponnx.InferenceSession(model).run(None, feeds)
     theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     expected = [x << counts, x >> counts, a & mask, a | mask, a ^ mask, ~a]
-    for got, their, want in zip(ours, theirs, expected):
+    for got, their, want in zip(ours, theirs, expected, strict=True):
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(their, want)
 
@@ -560,7 +560,7 @@ def test_max_pool_indices_against_onnxruntime(storage_order):
     model.graph.output.extend(inferred.graph.output)
     ours = ponnx.InferenceSession(model).run(None, {"x": x})
     theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    for got, expected in zip(ours, theirs):
+    for got, expected in zip(ours, theirs, strict=True):
         np.testing.assert_array_equal(got, expected)
 
 

@@ -95,7 +95,7 @@ def test_quantize_per_axis_saturates_and_rounds_halves_to_even(dtype):
     ]
     model = model_of(nodes, {"x": x}, ["q", "y"], {"scale": scale, "zero": zero})
     ours, theirs, reference = all_three(model, {"x": x})
-    for got, expected in zip(ours, reference):
+    for got, expected in zip(ours, reference, strict=True):
         assert got.dtype == expected.dtype
         np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(ours[0], theirs[0])
@@ -115,7 +115,7 @@ def test_blocked_quantization_against_onnxruntime():
     ]
     model = model_of(nodes, {"x": x}, ["q", "y"], {"scale": scale, "zero": zero})
     ours, theirs, reference = all_three(model, {"x": x})
-    for got, expected in zip(ours, theirs):
+    for got, expected in zip(ours, theirs, strict=True):
         np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(ours[0], reference[0])
 

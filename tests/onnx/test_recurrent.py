@@ -67,7 +67,7 @@ def against_onnxruntime(model, feeds):
     session = ponnx.InferenceSession(model)
     ours = session.run(None, feeds)
     theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-    for got, expected in zip(ours, theirs):
+    for got, expected in zip(ours, theirs, strict=True):
         assert got.shape == expected.shape
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
     return session
@@ -81,7 +81,7 @@ def test_directions_and_layouts(op, direction):
     expected = against_onnxruntime(model, feeds).run(None, feeds)
     # The batchwise layout (which onnxruntime does not run): the same layer, transposed.
     model, feeds = recurrent_model(op, direction, 1)
-    for got, want in zip(ponnx.InferenceSession(model).run(None, feeds), expected):
+    for got, want in zip(ponnx.InferenceSession(model).run(None, feeds), expected, strict=True):
         np.testing.assert_array_equal(got, want.transpose([2, 0, 1, 3] if want.ndim == 4 else [1, 0, 2]))
 
 
@@ -123,7 +123,7 @@ def test_padded_sequences(op, direction):
         feeds["sequence_lens"] = np.array(lengths, np.int32)
         ours = session.run(None, feeds)
         theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-        for got, expected in zip(ours, theirs):
+        for got, expected in zip(ours, theirs, strict=True):
             assert got.shape == expected.shape
             np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 

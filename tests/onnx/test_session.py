@@ -734,7 +734,7 @@ def test_silu_and_gelu_chains_are_epilogues_of_the_kernel_computing_their_input(
     expected = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, feeds
     )
-    for got, want in zip(session.run(None, feeds), expected):
+    for got, want in zip(session.run(None, feeds), expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     groups = session.groups
     assert any(g[0] == "conv" and g[-1] == "silu" for g in groups)
@@ -874,7 +874,7 @@ def test_splits_along_the_outermost_axis_are_views(axis, views):
     x = rng.standard_normal((1, 6, 4)).astype(np.float32)
     got = session.run(None, {"X": x})
     expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"X": x})
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-6)
     split_kernels = [g for g in session.groups if "split" in g]
     assert (split_kernels == []) == views, session.groups
@@ -947,7 +947,7 @@ def test_intermediate_tensors_share_an_arena_by_their_lifetimes(graph_fusion):
     first = session.run(None, {"X": x})
     kept = [a.copy() for a in first]
     session.run(None, {"X": -x})
-    for got, want, copy in zip(first, expected, kept):
+    for got, want, copy in zip(first, expected, kept, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(got, copy)
 
@@ -965,7 +965,7 @@ def test_runs_in_threads_at_the_same_time_take_arenas_of_their_own():
     def work(x):
         want = reference_session.run(None, {"X": x})
         for _ in range(30):
-            for got, expected in zip(session.run(None, {"X": x}), want):
+            for got, expected in zip(session.run(None, {"X": x}), want, strict=True):
                 if not np.allclose(got, expected, rtol=1e-5, atol=1e-6):
                     failures.append(float(np.abs(got - expected).max()))
 
@@ -999,14 +999,16 @@ def test_runs_after_the_first_call_the_kernels_by_their_resolved_pointers(graph_
         polyc.Kernel, "__call__", lambda self, *a, **k: checked_calls.append(self) or original(self, *a, **k)
     )
     for scale in (-1.0, 2.5, 0.5):
-        for got, want in zip(session.run(None, {"X": scale * x}), reference_session.run(None, {"X": scale * x})):
+        for got, want in zip(
+            session.run(None, {"X": scale * x}), reference_session.run(None, {"X": scale * x}), strict=True
+        ):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert not checked_calls
     strided = np.repeat(3 * x, 2, axis=3)[..., ::2]  # a feed that is not C-contiguous: copied first
-    for got, want in zip(session.run(None, {"X": strided}), reference_session.run(None, {"X": 3 * x})):
+    for got, want in zip(session.run(None, {"X": strided}), reference_session.run(None, {"X": 3 * x}), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert not checked_calls
-    for got, copy in zip(first, kept):
+    for got, copy in zip(first, kept, strict=True):
         np.testing.assert_array_equal(got, copy)
 
 
@@ -1034,7 +1036,7 @@ def test_resolved_calls_are_one_c_call_per_stretch_and_a_kernels_error_still_sto
         runner_calls.clear()
         timed = plan.run({"X": scale * x}, seconds=[])
         assert runner_calls == [1] * kernels
-        for output, got in zip(session.get_outputs(), one_call):
+        for output, got in zip(session.get_outputs(), one_call, strict=True):
             np.testing.assert_array_equal(got, timed[output.name])
     # a call through the checked path in the middle: two stretches around it, the same answers
     from polyc.frontends.onnx.plan import _CallSequence
@@ -1045,7 +1047,7 @@ def test_resolved_calls_are_one_c_call_per_stretch_and_a_kernels_error_still_sto
     steps[middle] = (steps[middle][0], None, None, steps[middle][3])
     arena.resolved._sequence = split = _CallSequence(steps)
     assert [op[2] for op in split.ops if op[0] == split.FLUSH] == [len(calls) // 2, len(calls) - len(calls) // 2 - 1]
-    for output, got in zip(session.get_outputs(), session.run(None, {"X": 3 * x})):
+    for output, got in zip(session.get_outputs(), session.run(None, {"X": 3 * x}), strict=True):
         np.testing.assert_array_equal(got, plan.run({"X": 3 * x}, seconds=[])[output.name])
     nodes = [helper.make_node("Gather", ["D", "I"], ["G"], axis=0), helper.make_node("Relu", ["G"], ["Y"])]
     graph = helper.make_graph(
@@ -1187,7 +1189,7 @@ def test_transposes_beside_products_fold_into_them():
         feeds = {n: rng.standard_normal((batch, 2, 5, 3)).astype(np.float32) for n in "QKV"}
         expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
         for session in (fused, unfused):
-            for got, want in zip(session.run(None, feeds), expected):
+            for got, want in zip(session.run(None, feeds), expected, strict=True):
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert not any(name in group for group in fused.groups for name in ("kt", "heads", "vt", "vtt")), fused.groups
     assert sum("kt" in group or "heads" in group for group in unfused.groups) == 2
@@ -1346,7 +1348,7 @@ def test_repeated_blocks_share_one_kernel():
     weights = [rng.standard_normal((16, 16)).astype(np.float32) for _ in range(3)]
     biases = [rng.standard_normal(16).astype(np.float32) for _ in range(3)]
     nodes, initializers, previous = [], [], "x"
-    for layer, (w, bias) in enumerate(zip(weights, biases)):
+    for layer, (w, bias) in enumerate(zip(weights, biases, strict=True)):
         nodes += [
             helper.make_node("MatMul", [previous, f"w{layer}"], [f"p{layer}"]),
             helper.make_node("Add", [f"p{layer}", f"b{layer}"], [f"s{layer}"]),
@@ -1366,7 +1368,7 @@ def test_repeated_blocks_share_one_kernel():
     x = rng.standard_normal((4, 16)).astype(np.float32)
     (ours,) = session.run(None, {"x": x})
     expected = x
-    for w, bias in zip(weights, biases):
+    for w, bias in zip(weights, biases, strict=True):
         expected = np.maximum(expected @ w + bias, 0)
     np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-5)
     kernels = session.kernels()

@@ -46,7 +46,7 @@ def model_of(nodes, inputs: dict, outputs: dict, initializers=(), opset: int = 1
 def same_as_onnxruntime(session, model, feeds):
     ours = session.run(None, feeds)
     theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-    for got, expected in zip(ours, theirs):
+    for got, expected in zip(ours, theirs, strict=True):
         assert got.shape == expected.shape and got.dtype == expected.dtype
         np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
     return ours
@@ -394,7 +394,7 @@ def test_unique(shape, axis, sort, dtype):
         y, first, inverse, counts = same_as_onnxruntime(session, model, {"x": x})
         if sort:  # numpy's unique sorts; onnxruntime's agrees
             expected = np.unique(x, return_index=True, return_inverse=True, return_counts=True, axis=axis)
-            for got, want in zip((y, first, inverse, counts), expected):
+            for got, want in zip((y, first, inverse, counts), expected, strict=True):
                 np.testing.assert_array_equal(got, want.reshape(got.shape))
 
 

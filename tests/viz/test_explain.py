@@ -4,6 +4,8 @@ generated C) and against the dependence relation (every witness is a pair in it)
 
 from __future__ import annotations
 
+import dataclasses
+
 import islpy as isl
 import pytest
 
@@ -65,6 +67,25 @@ def test_matmul_loop_nest_parallel_rows_reduction_inside():
     assert r.witness.distance[-1] != 0 and r.witness.distance[:2] == (0, 0)
     assert "outer loop of the band is" in " ".join(n.reasons)
     assert assert_witness_is_a_dependence(e, stages, sizes) >= 1
+
+
+def test_negative_control_a_made_up_witness_is_not_a_dependence():
+    """The check every witness test leans on rejects pairs that are not dependences: the real pair
+    backwards, a pair of two different elements of C, and one past the reduction's end at K = 8."""
+    sizes = {"M": 16, "K": 8, "N": 12}
+    e, stages = explained(MATMUL, sizes, blas_contractions=False)
+    real = e.loop("r_k").witness
+    assert (real.source_instance, real.sink_instance) == ({"m": 0, "n": 0, "r_k": 0}, {"m": 0, "n": 0, "r_k": 1})
+    made_up = [
+        dataclasses.replace(real, source_instance=real.sink_instance, sink_instance=real.source_instance),
+        dataclasses.replace(real, sink_instance={"m": 0, "n": 1, "r_k": 1}),
+        dataclasses.replace(real, source_instance={"m": 0, "n": 0, "r_k": 7}, sink_instance={"m": 0, "n": 0, "r_k": 8}),
+    ]
+    for witness in made_up:
+        loops = [dataclasses.replace(loop, witness=witness) if loop.witness is real else loop for loop in e.loops]
+        with pytest.raises(AssertionError, match="is not a reduction dependence"):
+            assert_witness_is_a_dependence(dataclasses.replace(e, loops=loops), stages, sizes)
+    assert assert_witness_is_a_dependence(e, stages, sizes) == 1
 
 
 def test_a_contraction_goes_to_the_gemm_kernel():
