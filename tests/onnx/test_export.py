@@ -560,3 +560,109 @@ def test_the_command_line_exports_a_model(tmp_path):
     assert {"net.c", "net.h", "net.bin", "Makefile"} <= {p.name for p in (tmp_path / "out").iterdir()}
     assert "CFLAGS = -O3 -std=gnu11" in (tmp_path / "out" / "Makefile").read_text()
     assert main(["onnx", "export", str(path), "--target", "sparc", "-o", str(tmp_path / "x")]) != 0
+
+
+# ----------------------------------------------------------------------------- saved sessions
+LOAD_IN_A_NEW_PROCESS = """
+import sys, time
+import numpy as np
+import polyc.onnx
+started = time.perf_counter()
+session = polyc.onnx.InferenceSession(sys.argv[1])
+loaded = time.perf_counter() - started
+(y,) = session.run(None, {"X": np.load(sys.argv[2])})
+np.save(sys.argv[3], y)
+print(loaded)
+"""
+
+
+@pytest.fixture(scope="module")
+def saved_cnn(tmp_path_factory):
+    """The cnn saved for (2, 3, 8, 8), with an input and the session's output."""
+    directory = tmp_path_factory.mktemp("saved_cnn")
+    session = ponnx.InferenceSession(cnn())
+    x = feeds_for(cnn(), {"X": (2, 3, 8, 8)})["X"]
+    (y,) = session.run(None, {"X": x})
+    session.save(directory / "cnn.polyc", shapes={"X": (2, 3, 8, 8)})
+    np.save(directory / "x.npy", x)
+    return directory, x, y
+
+
+def _rewritten(data: bytes, change) -> bytes:
+    """A saved session whose manifest ``change`` edits, its digest made again (a file that is
+    whole, but made elsewhere)."""
+    import hashlib
+    import json
+
+    length = int.from_bytes(data[16:24], "little")
+    manifest = json.loads(data[56 : 56 + length])
+    change(manifest)
+    text = json.dumps(manifest).encode()
+    body = text + data[56 + length :]
+    return data[:16] + len(text).to_bytes(8, "little") + hashlib.sha256(body).digest() + body
+
+
+@needs_gcc
+def test_a_saved_session_loads_in_a_new_process_without_a_c_compiler(saved_cnn, tmp_path):
+    import sys
+
+    directory, x, y = saved_cnn
+    (tmp_path / "load.py").write_text(LOAD_IN_A_NEW_PROCESS)
+    environment = {k: v for k, v in os.environ.items() if k not in ("CC", "POLYC_CC")}
+    environment.update(PATH=str(tmp_path / "empty"), PYTHONPATH=str(Path(polyc.__file__).parent.parent))
+    result = subprocess.run(
+        [sys.executable, tmp_path / "load.py", directory / "cnn.polyc", directory / "x.npy", tmp_path / "y.npy"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), y)
+    assert float(result.stdout.split()[-1]) < 0.2  # seconds to load (numbers: the export guide)
+
+
+@needs_gcc
+def test_a_saved_session_checks_its_feeds(saved_cnn):
+    directory, x, y = saved_cnn
+    session = ponnx.InferenceSession(directory / "cnn.polyc")
+    assert [(i.name, i.shape, i.type) for i in session.get_inputs()] == [("X", [2, 3, 8, 8], "tensor(float)")]
+    np.testing.assert_array_equal(session.run(["Y"], {"X": x})[0], y)
+    with pytest.raises(polyc.SignatureError, match="saved for"):
+        session.run(None, {"X": x[:1]})
+    with pytest.raises(polyc.SignatureError, match="data type"):
+        session.run(None, {"X": x.astype(np.float64)})
+    with pytest.raises(polyc.SignatureError, match="missing: 'X'"):
+        session.run(None, {})
+    with pytest.raises(polyc.SignatureError, match="Invalid output"):
+        session.run(["Z"], {"X": x})
+    with pytest.raises(polyc.PolycError, match="compiled already"):
+        ponnx.InferenceSession(directory / "cnn.polyc", graph_fusion=False)
+
+
+@needs_gcc
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda data: data[: len(data) // 2], "truncated"),
+        (lambda data: data[:56] + data[56:], "fine"),
+        (lambda data: data[:-10] + bytes([data[-10] ^ 0x10]) + data[-9:], "damaged"),
+        (lambda data: data[:9] + b"\x07" + data[10:], "format"),
+        (
+            lambda data: _rewritten(data, lambda m: m.update(machine="x86_64 0000000000000000", processor="Other CPU")),
+            "another machine",
+        ),
+        (lambda data: _rewritten(data, lambda m: m.update(polyc="0.0.1")), "saved by polyc 0.0.1"),
+        (lambda data: _rewritten(data, lambda m: m.update(library_bytes=1)), "do not add up"),
+    ],
+)
+def test_damaged_truncated_and_foreign_saved_sessions_are_refused(saved_cnn, tmp_path, damage, message):
+    directory, x, y = saved_cnn
+    path = tmp_path / "bad.polyc"
+    path.write_bytes(damage((directory / "cnn.polyc").read_bytes()))
+    if message == "fine":  # (the test's own check: an unchanged file loads)
+        np.testing.assert_array_equal(ponnx.InferenceSession(path).run(None, {"X": x})[0], y)
+        return
+    with pytest.raises(polyc.PolycError, match=message) as error:
+        ponnx.InferenceSession(path)
+    assert "bad.polyc" in str(error.value)

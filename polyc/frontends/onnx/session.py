@@ -67,6 +67,20 @@ class InferenceSession:
     provider it does not have, and the session runs on the CPU.  ``provider_options``, when
     given, has one dict per provider."""
 
+    def __new__(cls, model=None, *args, **kwargs):
+        """A saved session (a file or bytes ``save`` wrote) loads as a
+        :class:`~polyc.frontends.onnx.saved.SavedSession`, without a C compiler."""
+        from polyc.frontends.onnx.saved import SavedSession, is_saved_session
+
+        if is_saved_session(model):
+            unknown = sorted(set(kwargs) - {"threads", "sess_options", "providers", "provider_options"})
+            if unknown:
+                raise PolycError(
+                    f"a saved session is compiled already: {', '.join(unknown)} cannot change it (threads= can)"
+                )
+            return SavedSession(model, threads=kwargs.get("threads"))
+        return super().__new__(cls)
+
     def __init__(
         self,
         model,
@@ -307,6 +321,26 @@ class InferenceSession:
         exported = export_plan(plan, chosen, name, tuned=target == "host", about=about)
         exported.write(directory)
         return exported
+
+    def save(self, path, shapes: dict | None = None) -> None:
+        """Save the session, planned for ``shapes`` (as :meth:`export` takes them), compiled for
+        this machine into one file: ``polyc.onnx.InferenceSession(path)`` loads it in a new
+        process without a C compiler (:mod:`polyc.frontends.onnx.saved`), for these shapes.
+        A file saved on another processor or by another polyc, or damaged, is refused there."""
+        from polyc.frontends.onnx.export import export_plan
+        from polyc.frontends.onnx.saved import PREFIX, save
+        from polyc.options import Options
+        from polyc.target import LANGUAGE_FLAGS, target_of
+
+        if self._specialised:
+            raise UnsupportedError(
+                f"the session cannot be saved: its inputs {', '.join(sorted(self._specialised))} give the model "
+                "shapes or axes"
+            )
+        plan = self.plan_for(self._export_shapes(shapes))
+        target = target_of(Options.from_kwargs(**self._options))
+        exported = export_plan(plan, target, PREFIX, tuned=True, about=[f"A saved session of {self._where}."])
+        save(exported, path, [*target.flags, *LANGUAGE_FLAGS, "-fopenmp"], target.c_compiler())
 
     def _export_shapes(self, shapes: dict | None) -> dict[str, tuple[int, ...]]:
         """Every input's shape for an export: from ``shapes``, else the model's fixed ones."""
