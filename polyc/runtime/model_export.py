@@ -125,6 +125,9 @@ class ModelExport:
     weights: bytes
     arena_bytes: int
     description: tuple[str, ...] = ()
+    #: C files the kernels link with, by name (polyc's thread pool, which contraction kernels
+    #: use instead of OpenMP on a crowded machine, through a weak symbol: without it, OpenMP).
+    support: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.prefix):
@@ -142,6 +145,15 @@ class ModelExport:
     def kernel_file(self, number: int) -> str:
         return f"{self.prefix}_k{number}.c"
 
+    @property
+    def sources(self) -> list[str]:
+        """Every C file of the model (not the demo), in build order."""
+        return [
+            f"{self.prefix}.c",
+            *(self.kernel_file(n) for n in range(len(self.kernels))),
+            *(name for name, _ in self.support),
+        ]
+
     # ------------------------------------------------------------------ the files
     def files(self) -> dict[str, str | bytes]:
         """Every file of the project by name: text, or bytes for the weights."""
@@ -155,6 +167,7 @@ class ModelExport:
         }
         for number, kernel in enumerate(self.kernels):
             files[self.kernel_file(number)] = self._kernel_c(number, kernel)
+        files.update(self.support)
         return files
 
     def write(self, directory: str | Path) -> dict[str, Path]:
@@ -383,7 +396,7 @@ class ModelExport:
     def makefile(self) -> str:
         """A Makefile building ``PREFIX_demo`` (``make OPENMP=`` builds without OpenMP)."""
         p = self.prefix
-        sources = " ".join([f"{p}.c", *(self.kernel_file(n) for n in range(len(self.kernels)))])
+        sources = " ".join(self.sources)
         flags = " ".join([*self.target.flags, *LANGUAGE_FLAGS])
         lines = [
             f"# polyc {__version__}: the model {p!r} for target {self.target.name}: {self.target.description}.",
@@ -394,7 +407,7 @@ class ModelExport:
             f"CFLAGS = {flags}",
             "OPENMP = -fopenmp",
             "LDFLAGS =",
-            "LDLIBS = -lm",
+            "LDLIBS = -lm -lpthread",
             f"SOURCES = {sources}",
             "OBJECTS = $(SOURCES:.c=.o)",
             "",
@@ -417,7 +430,7 @@ class ModelExport:
     def cmake(self) -> str:
         """A CMakeLists.txt: the library ``PREFIX`` and the demo (``-DPOLYC_OPENMP=OFF``: no OpenMP)."""
         p = self.prefix
-        sources = " ".join([f"{p}.c", *(self.kernel_file(n) for n in range(len(self.kernels)))])
+        sources = " ".join(self.sources)
         flags = " ".join(f for f in self.target.flags if not f.startswith("-std="))
         compiler = self.target.cc
         lines = [
@@ -435,7 +448,8 @@ class ModelExport:
             "  find_package(OpenMP REQUIRED)",
             f"  target_link_libraries({p} PUBLIC OpenMP::OpenMP_C)",
             "endif()",
-            f"target_link_libraries({p} PUBLIC m)",
+            "find_package(Threads REQUIRED)",
+            f"target_link_libraries({p} PUBLIC m Threads::Threads)",
             f"add_executable({p}_demo main.c)",
             f"target_link_libraries({p}_demo PRIVATE {p})",
             "",

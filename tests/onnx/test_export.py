@@ -263,7 +263,7 @@ def test_an_exported_model_built_by_make_without_python_matches_onnxruntime(name
     model = make_model()
     exported = ponnx.InferenceSession(model).export(tmp_path, shapes=shapes)
     files = {p.name for p in tmp_path.iterdir()}
-    assert {"model.c", "model.h", "model.bin", "main.c", "Makefile", "CMakeLists.txt"} <= files
+    assert {"model.c", "model.h", "model.bin", "main.c", "Makefile", "CMakeLists.txt", "polyc_pool.c"} <= files
     assert {f"model_k{n}.c" for n in range(len(exported.kernels))} <= files
     build(tmp_path, tool_chain_path(tmp_path, "gcc"), fast_flags("host"))
     feeds = feeds_for(model, shapes)

@@ -33,6 +33,7 @@ from polyc.frontends.onnx.memory import ALIGNMENT
 from polyc.frontends.onnx.plan import Group, Plan
 from polyc.lang.checked import Role
 from polyc.runtime.model_export import ExportCall, ExportTensor, ModelExport, Place
+from polyc.runtime.pool import POOL_C
 from polyc.runtime.tuning_records import tuned_options
 from polyc.target import Target
 
@@ -114,6 +115,7 @@ def export_plan(plan: Plan, target: Target, prefix: str, tuned: bool, about: lis
         weights.data(),
         temporaries_end,
         tuple(description),
+        support=(("polyc_pool.c", POOL_C),),
     )
 
 

@@ -62,7 +62,7 @@ def save(exported: ModelExport, path, flags: list[str], compiler: str) -> None:
     and writes the saved session to ``path``."""
     with tempfile.TemporaryDirectory(prefix="polyc-save-") as directory:
         exported.write(directory)
-        sources = [f"{PREFIX}.c", *(exported.kernel_file(n) for n in range(len(exported.kernels)))]
+        sources = exported.sources
 
         def compile_one(source: str) -> str:
             target = source[:-2] + ".o"
@@ -71,7 +71,7 @@ def save(exported: ModelExport, path, flags: list[str], compiler: str) -> None:
 
         with ThreadPoolExecutor(max_workers=usable_cores()) as pool:
             objects = list(pool.map(compile_one, sources))
-        _run([*compiler.split(), *flags, "-shared", "-o", "model.so", *objects, "-lm"], directory)
+        _run([*compiler.split(), *flags, "-shared", "-o", "model.so", *objects, "-lm", "-lpthread"], directory)
         library = (Path(directory) / "model.so").read_bytes()
         weights = (Path(directory) / f"{PREFIX}.bin").read_bytes()
     manifest = {
