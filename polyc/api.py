@@ -57,6 +57,12 @@ class Kernel:
     def name(self) -> str:
         return self.definition.name
 
+    @property
+    def written_before_read(self) -> frozenset[str]:
+        """The outputs and temporaries the kernel writes whole before it reads any of them (the
+        others must start as zeros), as the define-time proofs found."""
+        return frozenset(self._written_before_read)
+
     def __call__(self, *args, outputs=None):
         """Run on ``args`` (numpy arrays; Python or numpy scalars for 0-d inputs).
 

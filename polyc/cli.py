@@ -6,6 +6,7 @@
     polyc compile FILE.tc [--entry NAME] --target cuda|opencl --shape ... -o OUTDIR
     polyc run FILE.tc [--entry NAME] --shape NAME=SIZE ... [--check] [--repeat N] [--seed S] [options]
     polyc onnx MODEL.onnx [--shape INPUT=D0,D1,...] [--emit tc|groups|c] [--tune B] [--run [--check] [--bench] [--profile]] [options]
+    polyc onnx export MODEL.onnx [--shape INPUT=D0,D1,...] [--target host|avx512|avx2|generic|neon] -o OUTDIR [--name NAME] [options]
     polyc tune FILE.tc [--entry NAME] --shape NAME=SIZE ... [--budget B] [--strategy model|random]
                [--records FILE] [--start-from FILE] [--scheduler ADDRESS] [options]
     polyc tune --list [--records FILE]   |   polyc tune --merge FILE ... [--records FILE]
@@ -60,6 +61,9 @@ class CommandLineError(Exception):
 def main(argv: list[str] | None = None) -> int:
     """Run the command line on ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["onnx", "export"]:  # (a model file named "export": polyc onnx ./export)
+        argv = ["onnx-export", *argv[2:]]
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_request:  # --help, --version and usage errors
@@ -233,6 +237,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_option_arguments(onnx_parser)
     onnx_parser.set_defaults(handler=run_onnx)
+
+    export_parser = commands.add_parser(
+        "onnx-export",
+        help="write an ONNX model as a C project (polyc onnx export MODEL.onnx ...)",
+        description="Plan an ONNX model for given input shapes and write it as a C project for a target:\n"
+        "NAME.c (the API, one arena, the call sequence), NAME_kN.c (one kernel each), NAME.h,\n"
+        "the weights NAME.bin, a main.c demo reading and writing .npy files, a Makefile and a\n"
+        "CMakeLists.txt.  `make && ./NAME_demo INPUT.npy` needs a C compiler only.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    export_parser.add_argument("model", metavar="MODEL.onnx", help="ONNX model file")
+    export_parser.add_argument(
+        "--shape", action="append", default=[], metavar="INPUT=D0,D1,...", help="an input's shape (every symbolic one)"
+    )
+    export_parser.add_argument(
+        "--target", default="host", metavar="|".join(TARGET_NAMES), help="what to build for (default: host)"
+    )
+    export_parser.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="the directory to write")
+    export_parser.add_argument("--name", default="model", help="the C prefix and file names (default: model)")
+    export_parser.add_argument(
+        "--no-graph-fusion", dest="graph_fusion", action="store_false", help="one kernel per operator"
+    )
+    _add_option_arguments(export_parser)
+    export_parser.set_defaults(handler=run_onnx_export)
 
     tune_parser = commands.add_parser(
         "tune",
@@ -745,6 +773,45 @@ def _parse_budget(text: str) -> float | int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"the budget must be positive, not {text!r}")
     return value
+
+
+def _onnx_shapes(texts: list[str]) -> dict[str, tuple[int, ...]]:
+    """``--shape INPUT=D0,D1,...`` options as input name -> shape."""
+    given = {}
+    for text in texts:
+        name, _, dims = text.partition("=")
+        try:
+            given[name] = tuple(int(d) for d in dims.split(",") if d.strip())
+        except ValueError:
+            raise CommandLineError(f"--shape {text!r}: expected INPUT=D0,D1,... with integer extents") from None
+    return given
+
+
+def run_onnx_export(args: argparse.Namespace) -> int:
+    """``polyc onnx export``: write a model as a C project (InferenceSession.export)."""
+    import polyc.onnx as ponnx
+
+    options = {k: v for k, v in _define_options(args).items() if k != "backend"}
+    session = ponnx.InferenceSession(args.model, graph_fusion=args.graph_fusion, **options)
+    given = _onnx_shapes(args.shape)
+    shapes = {
+        i.name: given.get(i.name, tuple(d if isinstance(d, int) else -1 for d in (i.shape or ())))
+        for i in session.get_inputs()
+    }
+    for name in given:
+        if name not in shapes:
+            raise CommandLineError(f"--shape names no input of the model: {name}")
+    symbolic = [n for n, s in shapes.items() if any(d < 0 for d in s)]
+    if symbolic:
+        raise CommandLineError(f"give --shape for the inputs with symbolic dimensions: {', '.join(symbolic)}")
+    exported = session.export(args.output, target=args.target, shapes=shapes, name=args.name)
+    print(
+        f"wrote {args.output}: {exported.prefix}.c, {len(exported.kernels)} kernel file(s), {exported.prefix}.h, "
+        f"{exported.prefix}.bin ({len(exported.weights)} bytes of weights), main.c, Makefile, CMakeLists.txt; "
+        f"arena {exported.arena_bytes} bytes; target {exported.target.name}"
+    )
+    print(f"build and run: cd {args.output} && make && ./{exported.prefix}_demo INPUT.npy ...")
+    return 0
 
 
 def run_onnx(args: argparse.Namespace) -> int:

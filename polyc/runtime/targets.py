@@ -81,7 +81,7 @@ def export_c(stages: Stages, target: str | Target = DEFAULT_EXPORT_TARGET, name:
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise PolycError(f"export name {name!r} must be a C identifier (it names NAME.c and NAME.h)")
 
-    prototype = _prototype(kernel.source, kernel.function_name)
+    prototype = kernel_prototype(kernel.source, kernel.function_name)
     c_source = "\n".join(
         [
             f"/* polyc {__version__}: def '{definition.name}' exported for target {target.name}: {target.description}.",
@@ -122,7 +122,7 @@ def export_sizes(definition: CheckedDef, sizes: Mapping[str, int] | None) -> dic
     return {s: int(sizes[s]) for s in definition.sizes}
 
 
-def _prototype(source: str, function_name: str) -> str:
+def kernel_prototype(source: str, function_name: str) -> str:
     """The kernel's declarator line, as the generator printed it."""
     match = re.search(rf"^int {re.escape(function_name)}\((.*)\)$", source, re.MULTILINE)
     if match is None:

@@ -219,7 +219,7 @@ class Plan:
 
             steps += self._stop_before(waiting, probes, graph, layout, plan_rest)
         if self.continuation is not None:
-            self.output_names = [c.name for c in self.continuation.carried]
+            self.output_names: list[str] = [c.name for c in self.continuation.carried]
         else:
             self.output_names = [o.name for o in graph.output]
             if layout is not None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polyc.errors import PolycError, PolycWarning, SignatureError
+from polyc.errors import PolycError, PolycWarning, SignatureError, UnsupportedError
 from polyc.frontends.onnx.functions import CONSTANT_INPUTS, flatten
 from polyc.frontends.onnx.model import default_opset, initializers, load_model, tensor_info
 from polyc.frontends.onnx.plan import Group, Plan, is_converted, unsupported_error
@@ -66,6 +66,20 @@ class InferenceSession:
     ``CPUExecutionProvider``; any other provider is warned about, as onnxruntime warns about a
     provider it does not have, and the session runs on the CPU.  ``provider_options``, when
     given, has one dict per provider."""
+
+    def __new__(cls, model=None, *args, **kwargs):
+        """A saved session (a file or bytes ``save`` wrote) loads as a
+        :class:`~polyc.frontends.onnx.saved.SavedSession`, without a C compiler."""
+        from polyc.frontends.onnx.saved import SavedSession, is_saved_session
+
+        if is_saved_session(model):
+            unknown = sorted(set(kwargs) - {"threads", "sess_options", "providers", "provider_options"})
+            if unknown:
+                raise PolycError(
+                    f"a saved session is compiled already: {', '.join(unknown)} cannot change it (threads= can)"
+                )
+            return SavedSession(model, threads=kwargs.get("threads"))
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -251,6 +265,123 @@ class InferenceSession:
             raise PolycError("profile: no run took the resolved kernel calls")
         medians = np.median(np.array(runs), axis=0)
         return [KernelTime(g.name, g.nodes, float(t), g.kernel) for g, t in zip(groups, medians)]
+
+    def export(self, directory, target="host", shapes: dict | None = None, name: str = "model"):
+        """Write the model, planned for ``shapes`` (input name -> shape; default: the model's
+        own, when fixed), as a C project into ``directory`` for ``target`` (``host``, ``avx2``,
+        ``avx512``, ``neon`` or ``generic``: :data:`polyc.target.TARGETS`): ``NAME.c`` (the API,
+        the arena and the call sequence), ``NAME_kN.c`` (one kernel each), ``NAME.h``, the
+        weights ``NAME.bin``, a demo ``main.c`` reading and writing ``.npy`` files, a
+        ``Makefile`` and a ``CMakeLists.txt`` (:mod:`polyc.runtime.model_export`).  Building and
+        running it needs a C compiler only.  Returns the
+        :class:`~polyc.runtime.model_export.ModelExport` written.  A model planned in stages
+        (data-dependent operators) is refused with an :class:`~polyc.UnsupportedError` naming
+        the nodes."""
+        from polyc.frontends.onnx.export import export_plan
+        from polyc.options import Options
+        from polyc.target import get_target, target_of
+
+        chosen = get_target(target)
+        if not isinstance(name, str) or not name.isidentifier() or not name.isascii():
+            raise PolycError(
+                f"export name must be a C identifier (it prefixes the API and names the files), not {name!r}"
+            )
+        if self._specialised:
+            raise UnsupportedError(
+                f"the model cannot be exported: its inputs {', '.join(sorted(self._specialised))} give it shapes or "
+                "axes, which an exported model would have to fix"
+            )
+        concrete = self._export_shapes(shapes)
+        if chosen.name == "host":
+            plan = self.plan_for(concrete)
+            chosen = target_of(Options.from_kwargs(**self._options))
+        else:
+            options = {
+                **self._options,
+                "cc": chosen.cc,
+                "cflags": list(chosen.flags),
+                "cache_sizes": chosen.cache_sizes,
+            }
+            runtime = self._inputs
+            plan = Plan(
+                self._model.graph,
+                self._opset,
+                {i.name: tuple(concrete[i.name]) for i in runtime},
+                {i.name: i.dtype for i in runtime},
+                dict(self._constants),
+                options,
+                self.graph_fusion,
+                self.channels_last,
+            )
+        about = [
+            f"From {self._where}, planned for "
+            + (", ".join(f"{n}={'x'.join(map(str, s)) or 'scalar'}" for n, s in concrete.items()) or "no inputs")
+            + f" (graph_fusion={self.graph_fusion}, channels_last={self.channels_last})."
+        ]
+        exported = export_plan(plan, chosen, name, tuned=target == "host", about=about)
+        exported.write(directory)
+        return exported
+
+    def save(self, path, shapes: dict | None = None) -> None:
+        """Save the session, planned for ``shapes`` (as :meth:`export` takes them), compiled for
+        this machine into one file: ``polyc.onnx.InferenceSession(path)`` loads it in a new
+        process without a C compiler (:mod:`polyc.frontends.onnx.saved`), for these shapes.
+        A file saved on another processor or by another polyc, or damaged, is refused there."""
+        from polyc.frontends.onnx.export import export_plan
+        from polyc.frontends.onnx.saved import PREFIX, save
+        from polyc.options import Options
+        from polyc.target import LANGUAGE_FLAGS, target_of
+
+        if self._specialised:
+            raise UnsupportedError(
+                f"the session cannot be saved: its inputs {', '.join(sorted(self._specialised))} give the model "
+                "shapes or axes"
+            )
+        plan = self.plan_for(self._export_shapes(shapes))
+        target = target_of(Options.from_kwargs(**self._options))
+        exported = export_plan(plan, target, PREFIX, tuned=True, about=[f"A saved session of {self._where}."])
+        save(exported, path, [*target.flags, *LANGUAGE_FLAGS, "-fopenmp"], target.c_compiler())
+
+    def _export_shapes(self, shapes: dict | None) -> dict[str, tuple[int, ...]]:
+        """Every input's shape for an export: from ``shapes``, else the model's fixed ones."""
+        if shapes is not None and not isinstance(shapes, dict):
+            raise PolycError(f"shapes must be a dict of input name -> shape, not {type(shapes).__name__}")
+        shapes = shapes or {}
+        known = [i.name for i in self._inputs]
+        unknown = [n for n in shapes if n not in known]
+        if unknown:
+            raise SignatureError(
+                f"shapes names no input of the model: {', '.join(map(repr, unknown))}; its inputs are "
+                f"{', '.join(map(repr, known))}"
+            )
+        concrete = {}
+        for info in self._inputs:
+            shape = shapes.get(info.name, info.shape)
+            if (
+                shape is None
+                or isinstance(shape, (str, bytes))
+                or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in shape)
+            ):
+                raise PolycError(
+                    f"input {info.name!r}: an export needs a shape of integers >= 0 "
+                    + (
+                        f"(the model gives {list(info.shape)}; pass shapes={{{info.name!r}: (...)}})"
+                        if info.name not in shapes
+                        else f"(got {shape!r})"
+                    )
+                )
+            shape = tuple(int(d) for d in shape)
+            if info.shape is not None:
+                if len(shape) != len(info.shape):
+                    raise SignatureError(
+                        f"input {info.name!r}: shape {shape} has rank {len(shape)}, the model's has {len(info.shape)}"
+                    )
+                fixed = [(k, want) for k, want in enumerate(info.shape) if isinstance(want, int) and shape[k] != want]
+                if fixed:
+                    k, want = fixed[0]
+                    raise SignatureError(f"input {info.name!r}: dimension {k} is {want} in the model, not {shape[k]}")
+            concrete[info.name] = shape
+        return concrete
 
     def plans(self) -> list[Plan]:
         """Every plan made so far (one per set of input shapes, and those of the stages after a
