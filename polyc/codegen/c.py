@@ -184,9 +184,10 @@ class _KernelWriter:
         text = str(function)
         if self.options.threads is not None:
             # Every parallel loop: at most that many threads, and one where OpenMP is set to one
-            # (a forked child's, whose team is gone: see polyc/runtime/after_fork.py).
+            # (a forked child's, whose team is gone: see polyc/runtime/after_fork.py).  The clauses
+            # follow the construct's whole name: "parallel for num_threads(4) simd" is no pragma.
             text = re.sub(
-                r"^(\s*#pragma omp parallel for\b)",
+                r"^(\s*#pragma omp parallel for(?: simd)?\b)",
                 rf"\1 num_threads({self.options.threads}) if(omp_get_max_threads() > 1)",
                 text,
                 flags=re.M,
