@@ -306,8 +306,8 @@ def _explain_loop(position: int, facts, owners, dependences, program, params) ->
     first_of_band = bool(band_positions) and band_positions[0] == position
     if decision is not None and first_of_band and decision.tile_sizes is None and decision.tiling:
         loop.reasons.append(f"not tiled: {decision.tiling}")
-    if decision is not None and member is not None and decision.tile_sizes and tile_size is None:
-        size = decision.tile_sizes[member]
+    size = decision.tile_sizes[member] if decision is not None and member is not None and decision.tile_sizes else 1
+    if size > 1 and tile_size is None:  # (tiles of 1 leave the loop over the tiles, the points elided)
         loop.reasons.append(
             f"tiled by {size} in the schedule, but one tile covers all {fact.trip_count or 'its'} iterations: "
             "no loop over the tiles in the code"

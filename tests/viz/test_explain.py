@@ -274,3 +274,62 @@ def test_elementwise_column_sum_and_layer_norm():
     assert all(loop.vectorised and not loop.parallel for loop in inner)
     assert all("the loop over n around it is parallel" in " ".join(loop.reasons) for loop in inner)
     assert assert_witness_is_a_dependence(e, stages, sizes) == 2
+
+
+# ----------------------------------------------------------------------------- issue 84's defects
+# Each test failed on the code before issue 84, whose explanations read the scheduler's band
+# decisions before its later reorderings and without the C's collapse and elided loops.
+
+
+def simd_iterators(stages) -> list[str]:
+    """The iterators of the loops right under an ``omp simd`` pragma in the C."""
+    lines = [line.strip() for line in stages.kernel.source.splitlines()]
+    return [
+        lines[at + 1].split()[2]
+        for at, line in enumerate(lines)
+        if line.startswith("#pragma omp") and "simd" in line and lines[at + 1].startswith("for (")
+    ]
+
+
+def test_the_vectorised_loop_is_the_one_under_the_simd_pragma():
+    # The scheduler moves n innermost (stride 1 over B and C) after recording the band: the
+    # C vectorises n, and explain said r_k.
+    sizes = {"M": 16, "K": 8, "N": 12}
+    e, stages = explained(MATMUL, sizes, blas_contractions=False)
+    assert e.loop("n").vectorised and not e.loop("r_k").vectorised
+    (iterator,) = simd_iterators(stages)
+    assert f"c{e.loop('n').depth}" == iterator
+    assert "innermost, vectorised" in " ".join(e.loop("n").reasons)
+
+
+HEADS_FIRST = """def heads_first(float(1, 128, 3, 12, 64) X) -> (Y) {
+    Y(i0, i1, i2, i3, i4) = X(i1, i3, i0, i2, i4) where i0 in 0:3, i1 in 0:1, i2 in 0:12, i3 in 0:128, i4 in 0:64
+}"""
+
+
+def test_collapsed_loops_are_parallel():
+    # 3 matrices in parallel: OpenMP's collapse(3) shares out the loops over the heads too.
+    e, stages = explained(HEADS_FIRST, {}, transpose_kernels=False)
+    assert "collapse(3)" in pragmas(stages)
+    assert e.loop("i0").parallel and e.loop("i2").parallel
+    assert e.loop("i2").parallel_how == "collapsed into the parallel loop over i0"
+    assert not e.loop("i3").parallel and not e.loop("i4").parallel
+
+
+def test_a_loop_of_one_iteration_is_not_claimed():
+    # At N=1 isl prints no loop over n, so nothing is parallel; explain said "n: parallel".
+    e, stages = explained("def rowmax(float(N, D) X) -> (M) { M(n) max=! X(n, r_d) }", {"N": 1, "D": 64})
+    assert "omp parallel" not in stages.kernel.source
+    assert not any(loop.parallel for loop in e.loops)
+    assert "one iteration" in " ".join(e.loop("n").reasons)
+    assert e.loop("r_d").vectorised and "one iteration" in " ".join(e.loop("r_d").reasons)
+
+
+def test_sequential_nests_do_not_claim_a_parallel_enclosing_loop():
+    # Softmax at 8 x 16 runs on the calling thread: its inner loops said "an enclosing loop is
+    # already parallel".
+    e, stages = explained(SOFTMAX, {"N": 8, "D": 16})
+    assert "omp parallel" not in stages.kernel.source
+    inner = [loop for loop in e.loops if loop.depth == 1]
+    assert inner and not any("already parallel" in " ".join(loop.reasons) for loop in inner)
+    assert all("too little work for threads" in " ".join(loop.reasons) for loop in inner)
