@@ -585,7 +585,9 @@ def check_schedule(kernel, schedule, sizes: dict | None = None) -> ScheduleCheck
     """Whether ``schedule`` (isl text of a union map from statement instances to time vectors,
     e.g. ``"{ S0[m, n, r_k] -> [r_k, m, n]; S0_init[m, n] -> [-1, m, n] }"``, an isl.UnionMap or
     an isl.Schedule) runs every dependence's source before its sink.  Violations come with a
-    witness pair at ``sizes`` (when given) or at some sizes."""
+    witness pair at ``sizes`` (when given) or at some sizes.  With ``sizes`` the schedule need
+    only give a time to the instances at those sizes (a schedule written for them, without the
+    size parameters, is checked there); without, to every instance at every size."""
     from polyc.driver import analyse
 
     definition = kernel.definition
@@ -602,12 +604,16 @@ def check_schedule(kernel, schedule, sizes: dict | None = None) -> ScheduleCheck
 
             raise PolycError(f"not an isl union map: {schedule!r} ({error})") from error
     relation = relation.align_params(program.context.get_space())
+    params = _parameter_values(program, sizes) if sizes else None
+    # With sizes, a schedule need only time the instances at those sizes (it may be written for them).
     missing = program.domain.subtract(relation.domain())
+    if params is not None:
+        missing = missing.intersect_params(params)
     if not missing.is_empty():
         from polyc.errors import PolycError
 
-        raise PolycError(f"the schedule gives no time to some statement instances: {missing.coalesce()}")
-    params = _parameter_values(program, sizes) if sizes else None
+        at = f" at {', '.join(f'{k}={v}' for k, v in sizes.items())}" if sizes and params is not None else ""
+        raise PolycError(f"the schedule gives no time to some statement instances{at}: {missing.coalesce()}")
     violations = []
     violated = isl.UnionMap.empty(dependences.flow.get_space())
     for kind in KINDS:

@@ -333,3 +333,17 @@ def test_sequential_nests_do_not_claim_a_parallel_enclosing_loop():
     inner = [loop for loop in e.loops if loop.depth == 1]
     assert inner and not any("already parallel" in " ".join(loop.reasons) for loop in inner)
     assert all("too little work for threads" in " ".join(loop.reasons) for loop in inner)
+
+
+def test_check_schedule_with_sizes_times_only_their_instances():
+    # A schedule written for N = 6 (no size parameter): with the sizes it is checked there;
+    # before issue 84 it was refused for not timing the instances of larger N.
+    kernel = polyc.define(SHIFTED).shifted
+    good = kernel.check_schedule("{ S0[i] -> [i, 0] : 0 <= i < 6; S1[i] -> [i + 1, 1] : 0 <= i < 5 }", {"N": 6})
+    assert good.valid
+    bad = kernel.check_schedule("{ S0[i] -> [i, 1] : 0 <= i < 6; S1[i] -> [i, 0] : 0 <= i < 5 }", {"N": 6})
+    assert not bad.valid and {w.kind for w in bad.violations} == {"flow"}
+    with pytest.raises(polyc.PolycError, match="no time to some statement instances at N=6"):
+        kernel.check_schedule("{ S0[i] -> [i, 0] : 0 <= i < 5; S1[i] -> [i + 1, 1] : 0 <= i < 5 }", {"N": 6})
+    with pytest.raises(polyc.PolycError, match="no time"):  # without sizes: every size
+        kernel.check_schedule("{ S0[i] -> [i, 0] : 0 <= i < 6; S1[i] -> [i + 1, 1] : 0 <= i < 5 }")
