@@ -268,19 +268,20 @@ def _explain_loop(position: int, facts, owners, dependences, program, params) ->
     member = _member_of(fact, decision) if decision is not None else None
     index = _index_name(fact)
     around = _enclosing(position, facts)
-    tile_loop = fact.step is not None and fact.step > 1
-    tile_size = fact.step if tile_loop else None
-    if not tile_loop:  # a point loop: the tile loop over the same index around it gives the size
-        mine = {i for found in dict(fact.indices).values() for i in found}
-        outer = next(
-            (
-                p
-                for p in around
-                if facts[p].step and facts[p].step > 1 and mine & {i for _, f in facts[p].indices for i in f}
-            ),
-            None,
+    # A tiled band's first members are the loops over the tiles, the next ones the loops in a tile.
+    tiled = decision is not None and decision.tile_sizes is not None and member is not None
+    tile_loop = tiled and fact.depth < decision.depth + decision.members
+    tile_size = decision.tile_sizes[member] if tiled else None
+    over_tiles = (
+        tiled
+        and not tile_loop
+        and any(
+            owners[p] is decision
+            and facts[p].depth < decision.depth + decision.members
+            and _member_of(facts[p], decision) == member
+            for p in around
         )
-        tile_size = facts[outer].step if outer is not None else None
+    )
     if fact.collapsed_into is not None:
         how = f"collapsed into the parallel loop over {_index_name(facts[fact.collapsed_into])}"
     elif fact.parallel_reductions and fact.parallel:
@@ -306,10 +307,10 @@ def _explain_loop(position: int, facts, owners, dependences, program, params) ->
     first_of_band = bool(band_positions) and band_positions[0] == position
     if decision is not None and first_of_band and decision.tile_sizes is None and decision.tiling:
         loop.reasons.append(f"not tiled: {decision.tiling}")
-    size = decision.tile_sizes[member] if decision is not None and member is not None and decision.tile_sizes else 1
-    if size > 1 and tile_size is None:  # (tiles of 1 leave the loop over the tiles, the points elided)
+    if tiled and not tile_loop and not over_tiles and tile_size is not None and tile_size > 1:
+        # (tiles of 1 leave the loop over the tiles and elide the loop in a tile)
         loop.reasons.append(
-            f"tiled by {size} in the schedule, but one tile covers all {fact.trip_count or 'its'} iterations: "
+            f"one tile of {tile_size} covers all {fact.trip_count or 'its'} iterations: "
             "no loop over the tiles in the code"
         )
     if fact.collapsed_into is not None:
