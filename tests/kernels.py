@@ -1497,6 +1497,29 @@ def _running_max():
     return (lambda rng, s: (uniform(rng, (s["N"], s["M"])),), lambda A, O: (np.maximum(O, A.max(axis=1)),))
 
 
+@kernel(
+    "extended_by_a_second_write",
+    """
+def extended_by_a_second_write(float(N) X) -> (A, B) {
+    A(i) = X(0) where i in 0:1
+    B(i) = A(i) + 1
+    A(i) = X(i) * 2 where i in 1:N
+}""",
+    sizes=[dict(N=7), dict(N=1)],
+    ops=lambda s: 2,
+    tags={"elementwise", "where"},
+)
+def _extended_by_a_second_write():
+    # A tensor's extent is the largest upper bound of the ranges that write it: the second
+    # write extends A to N elements; B, read from A while it held one, keeps one (issue 84).
+    def reference(X):
+        A = f64(X)[0] * 2
+        A[0] = X[0]
+        return _f32(A), _f32(np.array([X[0] + 1.0]))
+
+    return (lambda rng, s: (uniform(rng, (s["N"],)),), reference)
+
+
 #: The corpus by name.
 CASES: dict[str, KernelCase] = {case.name: case for case in KERNELS}
 assert len(CASES) == len(KERNELS), "kernel names must be unique"

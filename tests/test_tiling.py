@@ -160,20 +160,23 @@ def test_loop_order_sets_the_order_of_the_outer_loops():
     sizes = dict(M=96, N=80, K=72)
     a = np.random.default_rng(5).random((96, 72), dtype=np.float32)
     b = np.random.default_rng(6).random((72, 80), dtype=np.float32)
-    for order, expected in (
-        (None, ["m", "n", "r_k"]),
-        (("r_k", "n", "m"), ["r_k", "n", "m"]),
-        (("n",), ["n", "m", "r_k"]),
-    ):  # loops it does not name follow
+    # loops it does not name follow; the parallel loop then goes outermost (r_k, the sum, is not
+    # one), keeping the tile size loop_order gave it: the loops over the tiles as the C runs them.
+    for order, expected, tile_sizes in (
+        (None, ["m", "n", "r_k"], [32, 16, 8]),
+        (("r_k", "n", "m"), ["n", "r_k", "m"], [16, 32, 8]),
+        (("n",), ["n", "m", "r_k"], [32, 16, 8]),
+    ):
         kernel = polyc.define(
             MATMUL, tuning=False, cache_sizes=CACHES, blas_contractions=False, loop_tiles=(32, 16, 8), loop_order=order
         ).mm
-        explanation = kernel.explain(sizes)
-        assert [loop.index for loop in explanation.loops] == expected
-        # Tile sizes follow the order: 32 is the tile of the outermost loop.
-        assert [loop.tile_size for loop in explanation.loops] == [32, 16, 8]
-        # In the C, the parallel loop still goes outermost: the first named loop but r_k (the sum).
-        parallel = next(index for index in expected if index != "r_k")
+        # The loops over the tiles (the loops in a tile follow, reordered for stride-1 access).
+        outer = [loop for loop in kernel.explain(sizes).loops if loop.tile_loop]
+        assert [loop.index for loop in outer] == expected
+        # Tile sizes follow loop_order: 32 is the tile of the first loop it names.
+        assert [loop.tile_size for loop in outer] == tile_sizes
+        assert outer[0].parallel
+        parallel = expected[0]
         last = {"m": 95, "n": 79}[parallel]
         assert f"c0 <= INT64_C({last})" in kernel.c_source(sizes)
         np.testing.assert_allclose(kernel(a, b), a.astype(np.float64) @ b, rtol=1e-5)

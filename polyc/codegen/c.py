@@ -14,6 +14,12 @@ element is loaded into a local accumulator before the loop, updated under ``#pra
 reduction(OP:acc)`` (floating-point min/max through a declared reduction with polyc's fmin/fmax)
 and stored back after it.  The function returns 0, or 1 when a data-dependent subscript fell
 outside its tensor (the element is then not read, and the caller raises BoundsError).
+
+As it prints, the writer records a :class:`LoopFact` for every loop it writes (the kernel's
+``loops``): the loop's iterator and the statement indices it runs over, read off isl's AST, and
+the pragmas it put on it.  Explanations (:mod:`polyc.viz.explain`) describe these, so they
+cannot disagree with the C: a loop isl elided has no fact, a marked loop whose simd pragma the
+writer dropped says so.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from polyc.ir.model import PolyProgram, PolyStatement, isl_name
 from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine
 from polyc.options import Options
-from polyc.schedule.transform import PARALLEL, REDUCE, SIMD, Reduction, loop_mark
+from polyc.schedule.transform import PARALLEL, REDUCE, SIMD, UNROLL, Reduction, loop_mark
 from polyc.types import identity
 
 #: OpenMP's operator for a reduction of bools: TC's bool + is "or" and * is "and" (gcc combines
@@ -64,17 +70,62 @@ _CHECKED_INDEX = c_template("c_checked_index.c")
 
 
 @dataclass(frozen=True)
+class LoopFact:
+    """One loop of the generated C, as the writer wrote it (a ``for`` of isl's AST that is not
+    degenerate: isl prints a loop of one iteration as an assignment, and it has no fact).
+
+    ``iterator``: its C iterator, ``c<depth>`` with ``depth`` the schedule depth; ``enclosing``:
+    the position (in the kernel's ``loops``, which are in the order of the C text) of the loop
+    right around it, or None; ``step`` and ``trip_count`` where they are constants (a tile
+    loop steps by its tile size); ``indices``: per statement under it, the statement's indices
+    whose subscripts in the AST use the iterator (a tile loop and its point loop both run over
+    ``m`` when the statement's argument is ``c0 + c3``).
+
+    What the writer made of it: ``parallel`` when OpenMP shares its iterations among threads,
+    by a pragma on it (``collapse`` loops, 1 or more, or ``parallel_reductions``) or as a loop
+    ``collapsed_into`` the parallel loop at that position; ``simd`` under ``omp simd`` (with
+    ``simd_reductions``); ``blocked`` when a float sum runs in blocks of :data:`SUM_BLOCK`
+    iterations (the C then has two loops for it: the blocks, parallel if this is, and the
+    vector loop in a block); ``dropped`` says why a loop marked simd (or a parallel reduction
+    in blocks) has no OpenMP pragma; ``unroll`` the factor of a ``GCC unroll`` pragma (1: none)."""
+
+    iterator: str
+    depth: int
+    enclosing: int | None
+    step: int | None
+    trip_count: int | None
+    indices: tuple[tuple[str, tuple[str, ...]], ...]
+    parallel: bool = False
+    collapse: int = 0
+    collapsed_into: int | None = None
+    parallel_reductions: tuple[Reduction, ...] = ()
+    simd: bool = False
+    simd_reductions: tuple[Reduction, ...] = ()
+    blocked: bool = False
+    dropped: str = ""
+    unroll: int = 1
+
+    @property
+    def statements(self) -> tuple[str, ...]:
+        """The statements that run inside the loop, in the order the C first runs them."""
+        return tuple(statement for statement, _ in self.indices)
+
+
+@dataclass(frozen=True)
 class GeneratedKernel:
     """C source of one kernel and how to call it.
 
     ``tensor_arguments`` lists the tensors in argument order (inputs, outputs, temporaries);
-    ``size_arguments`` the sizes passed at run time (empty when specialised).
+    ``size_arguments`` the sizes passed at run time (empty when specialised); ``loops``, for a
+    kernel printed from isl's AST, what the writer did with each loop (:class:`LoopFact`, in
+    the order of the C text; empty for the dedicated kernels).
     """
 
     function_name: str
     source: str
     tensor_arguments: tuple[str, ...]
     size_arguments: tuple[str, ...]
+    loops: tuple[LoopFact, ...] = ()
 
 
 def c_comment(lines: list[str]) -> str:
@@ -100,6 +151,8 @@ class _KernelWriter:
         # isl may rename parameters that clash with its keywords; map its names back to ours.
         self.param_names = {isl_name(p): self.size_c[p] for p in program.params}
         self.simd: _SimdLoopState | None = None  # while the body of a simd loop is written
+        self.loops: list[_LoopRecord] = []  # every loop written so far, in the order of the text
+        self.open_loops: list[int] = []  # positions in self.loops of the loops being written
 
     # ------------------------------------------------------------------ top level
     def write(self) -> GeneratedKernel:
@@ -131,16 +184,17 @@ class _KernelWriter:
         text = str(function)
         if self.options.threads is not None:
             # Every parallel loop: at most that many threads, and one where OpenMP is set to one
-            # (a forked child's, whose team is gone: see polyc/runtime/after_fork.py).
+            # (a forked child's, whose team is gone: see polyc/runtime/after_fork.py).  The clauses
+            # follow the construct's whole name: "parallel for num_threads(4) simd" is no pragma.
             text = re.sub(
-                r"^(\s*#pragma omp parallel for\b)",
+                r"^(\s*#pragma omp parallel for(?: simd)?\b)",
                 rf"\1 num_threads({self.options.threads}) if(omp_get_max_threads() > 1)",
                 text,
                 flags=re.M,
             )
             text = "#ifdef _OPENMP\n#include <omp.h>\n#endif\n" + text
         source = "\n".join([self.header(), PRELUDE, _CHECKED_INDEX, text, ""])
-        return GeneratedKernel(name, source, tensors, sizes)
+        return GeneratedKernel(name, source, tensors, sizes, tuple(record.fact() for record in self.loops))
 
     def header(self) -> str:
         o = self.options
@@ -187,6 +241,7 @@ class _KernelWriter:
         simd_reductions: tuple[Reduction, ...] = ()
         parallel_reductions: tuple[Reduction, ...] = ()
         target_depths: frozenset[int] = frozenset()
+        unroll = 1
         first = True
         while node.get_type() == isl.ast_node_type.mark:
             mark = loop_mark(node.mark_get_id())
@@ -195,6 +250,8 @@ class _KernelWriter:
             first, target_depths = False, frozenset(mark.depths)
             if mark.kind == SIMD:
                 simd_reductions = mark.reductions
+            if mark.kind == UNROLL:
+                unroll = mark.unroll
             if mark.kind == REDUCE:
                 parallel_reductions = mark.reductions
                 pragmas.append("omp parallel for " + self.reduction_clauses(mark.reductions))
@@ -225,11 +282,21 @@ class _KernelWriter:
             # A long float sum into one element per thread: blocked, each block a simd loop.
             return self.simd_loop(node, pragmas, parallel_reductions, parallel_reduction=True)
         if is_marked_loop:
+            loops = 1
             if pragmas == ["omp parallel for"]:
                 loops = _collapsible_loops(node, {f"c{d}" for d in target_depths})
                 if loops > 1:
                     pragmas = [f"omp parallel for collapse({loops})"]
-            return self.for_node(node, pragmas)
+            position = len(self.loops)
+            written = self.for_node(node, pragmas)
+            record = self.loops[position]
+            if any(p.startswith("omp parallel for") for p in pragmas):
+                record.parallel, record.collapse, record.parallel_reductions = True, loops, parallel_reductions
+                for inner in self.loops[position + 1 : position + loops]:  # perfectly nested: the next ones
+                    inner.parallel, inner.collapsed_into = True, position
+            if any(p.startswith("GCC unroll") for p in pragmas):
+                record.unroll = unroll
+            return written
         return self.node(node)  # isl elided the marked loop (one iteration): nothing to annotate
 
     def simd_loop(
@@ -251,13 +318,20 @@ class _KernelWriter:
         """
         clauses = list(reductions)
         iterator = self.expr(node.for_get_iterator())
+        position = len(self.loops)  # this loop's record; a rewrite of the loop replaces the records
         self.simd = _SimdLoopState({iterator}, {tensor: None for _, tensor in clauses})
         loop = self.for_node(node, [])
         state, self.simd = self.simd, None
         elements = state.accumulated_elements
         if any(e is None or e is _MIXED for e in elements.values()):
-            return self.for_node(node, [p for p in pragmas if not p.startswith("omp ")])
+            del self.loops[position:]
+            written = self.for_node(node, [p for p in pragmas if not p.startswith("omp ")])
+            self.loops[
+                position
+            ].dropped = "an update in it is not to one element the loop leaves fixed, or runs under a condition"
+            return written
         if state.invariant_loads.keys() & state.written:
+            del self.loops[position:]
             self.simd = _SimdLoopState({iterator}, dict.fromkeys(elements), hoist=False)
             loop = self.for_node(node, [])
             self.simd = None
@@ -267,8 +341,20 @@ class _KernelWriter:
             if self.sums_in_blocks(node, reductions) and isinstance(loop, cgen.For)
             else set()
         )
+        record = self.loops[position]
         if parallel_reduction and len(blocked) < len(clauses):
-            return self.for_node(node, pragmas)
+            del self.loops[position:]
+            written = self.for_node(node, pragmas)
+            record = self.loops[position]
+            record.parallel, record.collapse, record.parallel_reductions = True, 1, reductions
+            return written
+        record.parallel = omp[0].startswith("omp parallel for")
+        record.collapse = int(record.parallel)
+        record.simd, record.blocked = True, bool(blocked)
+        if parallel_reduction:
+            record.parallel_reductions = reductions
+        else:
+            record.simd_reductions = reductions
         before, after, reduction_clauses, block_start, block_end, outer_clauses = [], [], [], [], [], []
         for (ctype, element), variable in state.invariant_loads.items():
             before.append(cgen.Statement(f"const {ctype} {variable} = {element}"))
@@ -395,9 +481,21 @@ class _KernelWriter:
         if self.simd is not None:
             self.simd.iterators.add(iterator)
         init = self.expr(node.for_get_init())
-        body = self.node(node.for_get_body())
         if node.for_is_degenerate():
+            body = self.node(node.for_get_body())
             return cgen.Block([cgen.Statement(f"const int64_t {iterator} = {init}"), body])
+        step = node.for_get_inc()
+        self.loops.append(
+            _LoopRecord(
+                iterator,
+                self.open_loops[-1] if self.open_loops else None,
+                step.get_val().to_python() if step.get_type() == isl.ast_expr_type.int else None,
+                _constant_trip_count(node),
+            )
+        )
+        self.open_loops.append(len(self.loops) - 1)
+        body = self.node(node.for_get_body())
+        self.open_loops.pop()
         loop = cgen.For(
             f"int64_t {iterator} = {init}",
             self.expr(node.for_get_cond(), outermost=True),
@@ -416,8 +514,14 @@ class _KernelWriter:
     def user_node(self, call: isl.AstExpr):
         name = call.get_op_arg(0).get_id().get_name()
         statement = self.program.statement(name)
-        arguments = [self.expr(call.get_op_arg(i + 1)) for i in range(call.get_op_n_arg() - 1)]
+        argument_exprs = [call.get_op_arg(i + 1) for i in range(call.get_op_n_arg() - 1)]
+        arguments = [self.expr(argument) for argument in argument_exprs]
         index_c = dict(zip(statement.indices, arguments))
+        uses = [_ast_identifiers(argument) for argument in argument_exprs]
+        for position in self.open_loops:
+            record = self.loops[position]
+            moved = tuple(index for index, used in zip(statement.indices, uses) if record.iterator in used)
+            record.indices[name] = tuple(dict.fromkeys(record.indices.get(name, ()) + moved))
         return cgen.Statement(self.statement_text(statement, index_c))
 
     def statement_text(self, statement: PolyStatement, index_c: dict[str, str]) -> str:
@@ -478,6 +582,55 @@ class _KernelWriter:
                 subscript = f"polyc_checked_index({subscript}, {extent}, &{_STATUS})"
             offset = f"({subscript})" if dim == 0 else f"({offset} * {extent} + ({subscript}))"
         return f"{tensor_name}[{offset}]"
+
+
+@dataclass
+class _LoopRecord:
+    """A :class:`LoopFact` while the loop is written (its statements found as the body is)."""
+
+    iterator: str
+    enclosing: int | None
+    step: int | None
+    trip_count: int | None
+    indices: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    parallel: bool = False
+    collapse: int = 0
+    collapsed_into: int | None = None
+    parallel_reductions: tuple[Reduction, ...] = ()
+    simd: bool = False
+    simd_reductions: tuple[Reduction, ...] = ()
+    blocked: bool = False
+    dropped: str = ""
+    unroll: int = 1
+
+    def fact(self) -> LoopFact:
+        return LoopFact(
+            self.iterator,
+            int(self.iterator[1:]) if self.iterator[1:].isdigit() else -1,
+            self.enclosing,
+            self.step,
+            self.trip_count,
+            tuple(self.indices.items()),
+            self.parallel,
+            self.collapse,
+            self.collapsed_into,
+            self.parallel_reductions,
+            self.simd,
+            self.simd_reductions,
+            self.blocked,
+            self.dropped,
+            self.unroll,
+        )
+
+
+def _ast_identifiers(e: isl.AstExpr) -> set[str]:
+    """The names an isl AST expression uses (iterators and parameters)."""
+    kind = e.get_type()
+    if kind == isl.ast_expr_type.id:
+        return {e.get_id().get_name()}
+    if kind == isl.ast_expr_type.int:
+        return set()
+    return set().union(*(_ast_identifiers(e.get_op_arg(i)) for i in range(e.get_op_n_arg())))
 
 
 @dataclass

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import difflib
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -91,6 +91,9 @@ class _DefChecker:
         self.text = text
         self.filename = filename
         self.tensors: dict[str, ir.Tensor] = {}
+        #: Tensors whose shape polyc inferred from the ranges that write them (no shape written):
+        #: a later write with a ``where`` range beyond the shape extends them.
+        self.inferred_shapes: set[str] = set()
         self.declared_outputs: dict[str, ast.Param] = {}
         self.sizes: list[str] = []
         self.bindings: list[ir.SizeBinding] = []
@@ -269,7 +272,10 @@ class _StatementChecker:
                     f"'{s.target}' has {len(target_shape)} dimension(s) but is written with {len(s.indices)} index(es)",
                     s.loc,
                 )
+            extendable = s.target in owner.inferred_shapes
             for index, extent in zip(s.indices, target_shape):
+                if extendable and index in where_ranges:
+                    continue  # the where range wins, and the tensor grows to hold it (below)
                 self.constraints.append(_Constraint(Affine.var(index), extent, access=f"the shape of '{s.target}'"))
         for index in where_ranges:
             if index not in self.indices:
@@ -291,6 +297,14 @@ class _StatementChecker:
             loc = owner.declared_outputs[s.target].loc if role is ir.Role.OUTPUT else s.loc
             target = ir.Tensor(s.target, dtype, shape, role, loc)
             owner.tensors[s.target] = target
+            if target_shape is None:
+                owner.inferred_shapes.add(s.target)
+        elif s.target in owner.inferred_shapes:
+            # A tensor's extent is the largest upper bound of the ranges that write it.
+            shape = tuple(_larger(extent, ranges[i].hi) for extent, i in zip(target.shape, s.indices))
+            if shape != target.shape:
+                target = replace(target, shape=shape)
+                owner.tensors[s.target] = target
         return ir.CheckedStatement(
             position=self.position,
             target=s.target,
@@ -698,6 +712,15 @@ def _walk_ast(expr: ast.Expr):
         children = (expr.cond, expr.then, expr.otherwise)
     for child in children:
         yield from _walk_ast(child)
+
+
+def _larger(extent: Affine, bound: Affine) -> Affine:
+    """The larger of two extents: the one known to be larger when they differ by a constant,
+    else their maximum."""
+    difference = bound - extent
+    if difference.is_constant:
+        return bound if difference.constant > 0 else extent
+    return extent.maximum(bound)
 
 
 def _statement_text(text: str, statement: ast.Statement) -> str:

@@ -157,12 +157,14 @@ def optimize_schedule(
     """
     if dependences is not None and options.fusion != "min":
         schedule = fuse_outer_loops(schedule, program, dependences, tiling.cache_sizes(options))
-    node = _visit(schedule.get_root(), _Context(program, options, dependences, decisions), parallel_above=False)
+    node = _visit(schedule.get_root(), _Context(program, options, dependences, decisions), parallel_above="")
     return node.get_schedule()
 
 
-def _visit(node: isl.ScheduleNode, context: _Context, parallel_above: bool) -> isl.ScheduleNode:
-    """Transform the subtree at ``node``; return the node now at the same position."""
+def _visit(node: isl.ScheduleNode, context: _Context, parallel_above: str) -> isl.ScheduleNode:
+    """Transform the subtree at ``node``; return the node now at the same position.
+    ``parallel_above``: why no loop below may be parallel (an enclosing band took the
+    threads), or "" when one may."""
     if node.get_type() == _BAND:
         return _visit_band(node, context, parallel_above)
     for position in range(node.n_children()):
@@ -170,7 +172,7 @@ def _visit(node: isl.ScheduleNode, context: _Context, parallel_above: bool) -> i
     return node
 
 
-def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool) -> isl.ScheduleNode:
+def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: str) -> isl.ScheduleNode:
     options = context.options
     depth = node.get_tree_depth()
     leaf_band = not _has_band_below(node)
@@ -220,7 +222,7 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
     if not options.parallel:
         decision.parallel_reason = "parallel loops are off (parallel=False)"
     elif parallel_above:
-        decision.parallel_reason = "an enclosing loop is already parallel (OpenMP loops are not nested)"
+        decision.parallel_reason = parallel_above
     if options.parallel and not parallel_above:
         coincident = [node.band_member_get_coincident(i) for i in range(node.band_n_member())]
         if any(coincident):
@@ -260,7 +262,9 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
         )
     else:
         for position in range(inner.n_children()):
-            inner = _visit(inner.child(position), context, parallel_above or marked_parallel).parent()
+            inner = _visit(
+                inner.child(position), context, parallel_above or _below(marked_parallel, instances)
+            ).parent()
     # Climb back to the position the band had when we were called.
     while inner.get_tree_depth() > depth:
         inner = inner.parent()
@@ -269,6 +273,20 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: bool)
         # (isl elides loops of one iteration, e.g. a tile loop when the tile covers the extent).
         inner = LoopMark(PARALLEL, tuple(_coincident_depths(inner))).insert_above(inner)
     return inner
+
+
+def _below(marked_parallel: bool, instances: int | None) -> str:
+    """Why the bands under a band that ``marked_parallel`` (with ``instances`` under it) get no
+    parallel loop; "" where they may have one."""
+    if not marked_parallel:
+        return ""
+    if instances is not None and instances < MIN_PARALLEL_INSTANCES:
+        # The enclosing loop keeps the shape of the parallel one but runs on the calling thread.
+        return (
+            f"too little work for threads: the enclosing loop nest has {instances} statement instances, "
+            f"fewer than {MIN_PARALLEL_INSTANCES}"
+        )
+    return "an enclosing loop is already parallel (OpenMP loops are not nested)"
 
 
 def _shift_to_origin(band: isl.ScheduleNode) -> isl.ScheduleNode:

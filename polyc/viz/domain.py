@@ -95,7 +95,8 @@ class DomainPlot:
             points = s.shown_points()
             low_x = min((p[s.dims[0]] for p in points), default=0)
             xs = [p[s.dims[0]] - (low_x - offset if not flat else 0) for p in points]
-            ys = [p[s.dims[1]] if not flat else -k for p in points]
+            # In a 2-D picture a statement of one index is a row at 0.
+            ys = [(p[s.dims[1]] if len(s.dims) > 1 else 0) if not flat else -k for p in points]
             colour = STATEMENT_COLOURS[k % len(STATEMENT_COLOURS)]
             if shades:
                 import matplotlib.cm as cm
@@ -146,7 +147,9 @@ class DomainPlot:
                 offset += _extent(s, 0) + 2
         ax.set_xlabel(" / ".join(dict.fromkeys(st.indices[st.dims[0]] for st in self.statements if st.indices)))
         if not flat:
-            ax.set_ylabel(" / ".join(dict.fromkeys(st.indices[st.dims[1]] for st in self.statements)))
+            ax.set_ylabel(
+                " / ".join(dict.fromkeys(st.indices[st.dims[1]] for st in self.statements if len(st.dims) > 1))
+            )
         else:
             ax.set_yticks([])
         ax.set_aspect("equal", adjustable="datalim")
@@ -225,8 +228,11 @@ class DomainPlot:
 
 
 def _extent(statement: StatementPoints, axis: int) -> int:
-    """How many steps the shown points span along the picture's ``axis``."""
-    values = [p[statement.dims[min(axis, len(statement.dims) - 1)]] for p in statement.shown_points()]
+    """How many steps the shown points span along the picture's ``axis`` (none along an axis the
+    statement has no index on)."""
+    if axis >= len(statement.dims):
+        return 0
+    values = [p[statement.dims[axis]] for p in statement.shown_points()]
     return max(values) - min(values) if values else 0
 
 

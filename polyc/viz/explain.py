@@ -2,9 +2,14 @@
 
 The answers come from the compilation itself, not from a second analysis that could disagree
 with it: the kernel path the driver took (:class:`polyc.driver.Stages`), and for the generic
-path the decisions :func:`polyc.schedule.transform.optimize_schedule` recorded per band
+path the loops of the C as the code generator wrote them (:class:`~polyc.codegen.c.LoopFact`:
+the indices each runs over, its OpenMP pragmas, collapse, simd, loops isl elided for having one
+iteration), each with the reasons of the band it came from, which
+:func:`polyc.schedule.transform.optimize_schedule` recorded
 (:class:`~polyc.schedule.transform.BandDecision`: tiling, parallel loop or parallel reduction,
-simd).  Where a loop is not parallel, the explanation adds a *witness* computed with isl from
+simd).  The decisions alone could not say which loop a pragma lands on: the scheduler reorders
+a band's loops after recording them, isl elides loops, and the code generator collapses loops
+and drops a simd pragma it cannot honour.  Where a loop is not parallel, the explanation adds a *witness* computed with isl from
 the dependences and the band's schedule at the given sizes: a concrete pair of statement
 instances the loop orders, the kind of dependence, the array element they share and the
 distance between them.
@@ -17,9 +22,11 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from polyc.codegen.c import COLLAPSE_BELOW, SUM_BLOCK
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 from polyc.paths import kernel_path
+from polyc.schedule.transform import clause_text
 
 KINDS = ("flow", "anti", "output", "reduction")
 _KIND_WORDS = {
@@ -67,8 +74,14 @@ class LoopExplanation:
     reasons: list[str] = field(default_factory=list)
     witness: Witness | None = None
     advice: str = ""
+    iterator: str = ""  # the loop's iterator in the C ("" for a loop that is not in the C)
+    tile_loop: bool = False  # the loop over the tiles (it steps by the tile size)
+    elided: bool = False  # a band member with no loop in the C: one iteration at these sizes
 
     def describe(self) -> str:
+        if self.elided:
+            lines = [f"loop over {self.index} [{', '.join(self.statements)}]: not in the code"]
+            return "\n".join(lines + [f"    - {reason}" for reason in self.reasons])
         flags = [
             ("parallel" + (f" ({self.parallel_how})" if self.parallel_how else ""))
             if self.parallel
@@ -76,7 +89,8 @@ class LoopExplanation:
             "vectorised" if self.vectorised else "not vectorised",
             f"tiled by {self.tile_size}" if self.tile_size else "not tiled",
         ]
-        lines = [f"loop over {self.index} [{', '.join(self.statements)}]: {', '.join(flags)}"]
+        what = f"loop over the tiles of {self.index}" if self.tile_loop else f"loop over {self.index}"
+        lines = [f"{what} [{', '.join(self.statements)}] ({self.iterator}): {', '.join(flags)}"]
         lines += [f"    - {reason}" for reason in self.reasons]
         if self.witness is not None:
             lines.append(f"    - witness: {self.witness.describe()}")
@@ -125,8 +139,11 @@ class Explanation:
                 details += f"<li><i>witness</i>: {html.escape(loop.witness.describe())}</li>"
             if loop.advice:
                 details += f"<li>{html.escape(loop.advice)}</li>"
+            where = "not in the code" if loop.elided else loop.iterator
+            what = f"tiles of {loop.index}" if loop.tile_loop else loop.index
             rows.append(
-                f"<tr><td><code>{html.escape(loop.index)}</code></td><td>{html.escape(', '.join(loop.statements))}</td>"
+                f"<tr><td><code>{html.escape(what)}</code></td><td><code>{html.escape(where)}</code></td>"
+                f"<td>{html.escape(', '.join(loop.statements))}</td>"
                 f"<td>{badge(loop.parallel, 'parallel', 'sequential')}</td>"
                 f"<td>{badge(loop.vectorised, 'simd', 'scalar')}</td>"
                 f"<td>{loop.tile_size or ''}</td><td><ul>{details}</ul></td></tr>"
@@ -135,7 +152,7 @@ class Explanation:
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
         return (
             f"<div><b>def {html.escape(self.name)}</b> at {html.escape(sizes)}: {html.escape(self.path)} path"
-            f"<ul>{summary}</ul><table><tr><th>loop</th><th>statements</th><th>parallel</th><th>vector</th>"
+            f"<ul>{summary}</ul><table><tr><th>loop</th><th>in the C</th><th>statements</th><th>parallel</th><th>vector</th>"
             f"<th>tile</th><th>why</th></tr>{''.join(rows)}</table></div>"
         )
 
@@ -161,6 +178,9 @@ def _explain_stages(name: str, stages, sizes: dict) -> Explanation:
 
 
 def _explain_generic(name: str, stages, sizes: dict) -> Explanation:
+    """One entry per loop of the C (the facts the code generator recorded as it wrote each,
+    :class:`~polyc.codegen.c.LoopFact`), with the reasons of the band it came from; and one per
+    band member that has no loop in the C (isl elides a loop of one iteration)."""
     program: PolyProgram = stages.program
     options = stages.options
     summary = []
@@ -175,10 +195,23 @@ def _explain_generic(name: str, stages, sizes: dict) -> Explanation:
             "max": "the dependences do not allow one nest",
         }.get(fusion, "")
         summary.append(f"{len(nests)} loop nests, run one after the other: {kept}" + (f" ({why})" if why else ""))
-    loops = []
+    facts = list(stages.kernel.loops)
     params = _parameter_values(program, sizes)
+    owners = [_band_of(fact, bands) for fact in facts]
+    loops = [
+        _explain_loop(position, facts, owners, stages.dependences, program, params) for position in range(len(facts))
+    ]
     for decision in bands:
-        loops += _explain_band(decision, stages.dependences, program, params)
+        for member, elided in _elided_members(decision, facts, owners):
+            entry = _elided_loop(decision, member, elided, facts, owners)
+            later = [p for p, owner in enumerate(owners) if owner is decision and facts[p].depth > entry.depth]
+            earlier = [p for p, owner in enumerate(owners) if owner is decision]
+            at = later[0] if later else (earlier[-1] + 1 if earlier else len(loops))
+            # positions in ``loops`` shift by the entries already inserted before them
+            at += sum(1 for loop in loops[: at + 1] if loop.elided and loop is not entry)
+            loops.insert(min(at, len(loops)), entry)
+    if options is not None and options.threads is not None and any(f.parallel for f in facts):
+        summary.append(f"each parallel loop runs on at most {options.threads} threads (threads={options.threads})")
     for decision in bands:
         shifts = _shifts(decision)
         if shifts:
@@ -186,60 +219,197 @@ def _explain_generic(name: str, stages, sizes: dict) -> Explanation:
     return Explanation(name, sizes, "generic", summary, loops)
 
 
-def _explain_band(decision, dependences: Dependences, program: PolyProgram, params) -> list[LoopExplanation]:
-    result = []
-    band_statements = set(decision.statements)
-    for member in range(decision.members):
-        indices = decision.member_indices[member] if decision.member_indices else {}
-        real = {s: i for s, i in indices.items() if not s.endswith("_init")} or indices
-        index = "/".join(sorted(set(real.values()))) or f"c{decision.depth + member}"
-        parallel = member == 0 and decision.parallel is not None
-        how = (
-            "parallel for"
-            if decision.parallel == "parallel"
-            else f"parallel reduction ({decision.parallel.split(':', 1)[1]})"
-            if decision.parallel
-            else ""
+def _real(statements) -> list[str]:
+    """The statements that compute (not a ``!`` initialisation), or all when there are none."""
+    return [s for s in statements if not s.endswith("_init")] or list(statements)
+
+
+def _band_of(fact, bands):
+    """The band decision whose members ``fact``'s loop runs (a tile or point loop of a tiled band),
+    the innermost such band; None when none is recorded."""
+    found = None
+    for decision in bands:
+        span = decision.members * (2 if decision.tile_sizes else 1)
+        if decision.depth <= fact.depth < decision.depth + span and set(fact.statements) <= set(decision.statements):
+            if found is None or decision.depth > found.depth:
+                found = decision
+    return found
+
+
+def _member_of(fact, decision) -> int | None:
+    """The member of ``decision`` whose index ``fact``'s loop runs over (matched by index, since
+    the band's members were reordered after the decision was recorded)."""
+    moved = dict(fact.indices)
+    for member, indices in enumerate(decision.member_indices):
+        real = {s: i for s, i in indices.items() if s in moved}
+        if real and all(i in moved[s] for s, i in real.items() if moved[s] or not s.endswith("_init")):
+            if any(i in moved[s] for s, i in real.items()):
+                return member
+    return None
+
+
+def _index_name(fact) -> str:
+    moved = dict(fact.indices)
+    names = sorted({i for s in _real(moved) for i in moved[s]})
+    return "/".join(names) or "/".join(sorted({i for found in moved.values() for i in found})) or fact.iterator
+
+
+def _enclosing(position: int, facts) -> list[int]:
+    """Positions of the loops around ``facts[position]``, innermost first."""
+    chain, parent = [], facts[position].enclosing
+    while parent is not None:
+        chain.append(parent)
+        parent = facts[parent].enclosing
+    return chain
+
+
+def _explain_loop(position: int, facts, owners, dependences, program, params) -> LoopExplanation:
+    fact, decision = facts[position], owners[position]
+    member = _member_of(fact, decision) if decision is not None else None
+    index = _index_name(fact)
+    around = _enclosing(position, facts)
+    # A tiled band's first members are the loops over the tiles, the next ones the loops in a tile.
+    tiled = decision is not None and decision.tile_sizes is not None and member is not None
+    tile_loop = tiled and fact.depth < decision.depth + decision.members
+    tile_size = decision.tile_sizes[member] if tiled else None
+    over_tiles = (
+        tiled
+        and not tile_loop
+        and any(
+            owners[p] is decision
+            and facts[p].depth < decision.depth + decision.members
+            and _member_of(facts[p], decision) == member
+            for p in around
         )
-        vectorised = member == decision.members - 1 and decision.innermost is not None
-        loop = LoopExplanation(
-            tuple(sorted(band_statements)),
-            index,
-            decision.depth + member,
-            parallel,
-            how,
-            vectorised,
-            decision.tile_sizes[member] if decision.tile_sizes else None,
+    )
+    if fact.collapsed_into is not None:
+        how = f"collapsed into the parallel loop over {_index_name(facts[fact.collapsed_into])}"
+    elif fact.parallel_reductions and fact.parallel:
+        how = f"parallel reduction ({clause_text(fact.parallel_reductions)})"
+    elif fact.parallel:
+        how = "parallel for" + (f", collapse({fact.collapse})" if fact.collapse > 1 else "")
+    else:
+        how = ""
+    loop = LoopExplanation(
+        tuple(sorted(fact.statements)),
+        index,
+        fact.depth,
+        fact.parallel,
+        how,
+        fact.simd,
+        tile_size,
+        iterator=fact.iterator,
+        tile_loop=tile_loop,
+    )
+    if len(_real(fact.statements)) > 1:
+        loop.reasons.append(f"fused: statements {', '.join(sorted(fact.statements))} share this loop")
+    band_positions = [p for p, owner in enumerate(owners) if owner is decision and decision is not None]
+    first_of_band = bool(band_positions) and band_positions[0] == position
+    if decision is not None and first_of_band and decision.tile_sizes is None and decision.tiling:
+        loop.reasons.append(f"not tiled: {decision.tiling}")
+    if tiled and not tile_loop and not over_tiles and tile_size is not None and tile_size > 1:
+        # (tiles of 1 leave the loop over the tiles and elide the loop in a tile)
+        loop.reasons.append(
+            f"one tile of {tile_size} covers all {fact.trip_count or 'its'} iterations: "
+            "no loop over the tiles in the code"
         )
-        if len(band_statements - {s for s in band_statements if s.endswith("_init")}) > 1:
-            loop.reasons.append(f"fused: statements {', '.join(sorted(band_statements))} share this loop")
-        if decision.tile_sizes is None and member == 0 and decision.tiling:
-            loop.reasons.append(f"not tiled: {decision.tiling}")
-        if not parallel:
-            if member == 0:
-                if decision.parallel_reason:
-                    loop.reasons.append(f"not parallel: {decision.parallel_reason}")
-            elif decision.parallel is not None:
-                loop.reasons.append("not parallel: the outer loop of the band is (OpenMP loops are not nested)")
-            elif decision.coincident[member]:
-                loop.reasons.append("carries no dependence, but is not the outermost loop of the band")
+    if fact.collapsed_into is not None:
+        outer = facts[fact.collapsed_into]
+        loop.reasons.append(
+            f"OpenMP shares it out with the loop around it (collapse({outer.collapse})): that loop has fewer "
+            f"than {COLLAPSE_BELOW} iterations"
+        )
+    elif fact.collapse > 1:
+        loop.reasons.append(
+            f"collapse({fact.collapse}): its {fact.trip_count} iterations are fewer than {COLLAPSE_BELOW}, so OpenMP "
+            f"shares out the iterations of the {fact.collapse} loops together"
+        )
+    if fact.dropped:
+        loop.reasons.append(f"no OpenMP pragma: {fact.dropped}")
+    if not fact.parallel:
+        parallel_around = next((p for p in around if facts[p].parallel), None)
+        if parallel_around is not None:
+            loop.reasons.append(
+                f"not parallel: the loop over {_index_name(facts[parallel_around])} around it is parallel "
+                "(OpenMP loops are not nested)"
+            )
+        elif decision is not None and decision.parallel is None and first_of_band:
+            if decision.parallel_reason:
+                loop.reasons.append(f"not parallel: {decision.parallel_reason}")
+        elif (
+            decision is not None
+            and decision.parallel is not None
+            and not any(facts[p].parallel for p in band_positions)
+        ):
+            loop.reasons.append(
+                "not parallel: the loop polyc chose for the threads has one iteration at these sizes, so it is "
+                "not in the code and nothing is shared out"
+            )
+        elif decision is not None and member is not None and decision.coincident[member]:
+            loop.reasons.append("carries no dependence, but is not the outermost loop of the band")
+        if decision is not None and member is not None:
             witness = _witness(decision, member, dependences, program, params)
             if witness is not None and not (decision.coincident[member] and witness.kind == "reduction"):
                 loop.witness = witness
-                if witness.kind == "reduction" and member == 0 and not decision.parallel:
+                if (
+                    witness.kind == "reduction"
+                    and member == 0
+                    and not decision.parallel
+                    and decision.parallel_reason.startswith("every loop of the band carries")
+                ):
                     loop.advice = (
                         "it is a reduction index: polyc parallelises the loops over the output's indices "
                         "when there are any; a parallel reduction needs an operator OpenMP combines "
                         "as polyc does (+, *, integer min/max) and a target small enough to copy per thread"
                     )
-        if member == decision.members - 1:
-            if vectorised:
-                clause = decision.innermost.split(":", 1)[1] if ":" in decision.innermost else ""
-                loop.reasons.append("innermost, vectorised" + (f" with simd reductions ({clause})" if clause else ""))
-            elif decision.simd_reason:
-                loop.reasons.append(f"not vectorised: {decision.simd_reason}")
-        result.append(loop)
-    return result
+    innermost = not any(f.enclosing == position for f in facts)
+    if fact.simd:
+        clauses = clause_text(fact.simd_reductions or fact.parallel_reductions)
+        loop.reasons.append(
+            ("innermost, vectorised" if innermost else "vectorised")
+            + (f" with simd reductions ({clauses})" if clauses else "")
+            + (f", summed in blocks of {SUM_BLOCK} iterations (two loops in the C)" if fact.blocked else "")
+        )
+    elif innermost and decision is not None and not fact.dropped:
+        if decision.simd_reason:
+            loop.reasons.append(f"not vectorised: {decision.simd_reason}")
+        elif decision.innermost is not None:
+            loop.reasons.append(
+                "not vectorised: the loop polyc marked for vectors has one iteration at these sizes, so it is "
+                "not in the code"
+            )
+    return loop
+
+
+def _elided_members(decision, facts, owners):
+    """(member, statement -> index) of the members of ``decision`` that no loop of the C runs over."""
+    for member, indices in enumerate(decision.member_indices):
+        real = {s: i for s, i in indices.items() if not s.endswith("_init")} or indices
+        if not real:
+            continue
+        covered = any(
+            owner is decision and any(i in dict(fact.indices).get(s, ()) for s, i in real.items())
+            for fact, owner in zip(facts, owners)
+        )
+        if not covered:
+            yield member, real
+
+
+def _elided_loop(decision, member: int, indices: dict, facts, owners) -> LoopExplanation:
+    loop = LoopExplanation(
+        tuple(sorted(decision.statements)),
+        "/".join(sorted(set(indices.values()))),
+        decision.depth + member,
+        False,
+        "",
+        False,
+        None,
+        elided=True,
+    )
+    loop.reasons.append("no loop in the code: it has one iteration at these sizes (isl prints it as an assignment)")
+    if decision.parallel is not None and member == 0:
+        loop.reasons.append("polyc chose it for the threads, so nothing in this loop nest runs in parallel")
+    return loop
 
 
 def carried_dependences(decision, member: int, dependences: Dependences, kind: str) -> isl.UnionMap:
@@ -416,7 +586,9 @@ def check_schedule(kernel, schedule, sizes: dict | None = None) -> ScheduleCheck
     """Whether ``schedule`` (isl text of a union map from statement instances to time vectors,
     e.g. ``"{ S0[m, n, r_k] -> [r_k, m, n]; S0_init[m, n] -> [-1, m, n] }"``, an isl.UnionMap or
     an isl.Schedule) runs every dependence's source before its sink.  Violations come with a
-    witness pair at ``sizes`` (when given) or at some sizes."""
+    witness pair at ``sizes`` (when given) or at some sizes.  With ``sizes`` the schedule need
+    only give a time to the instances at those sizes (a schedule written for them, without the
+    size parameters, is checked there); without, to every instance at every size."""
     from polyc.driver import analyse
 
     definition = kernel.definition
@@ -433,12 +605,16 @@ def check_schedule(kernel, schedule, sizes: dict | None = None) -> ScheduleCheck
 
             raise PolycError(f"not an isl union map: {schedule!r} ({error})") from error
     relation = relation.align_params(program.context.get_space())
+    params = _parameter_values(program, sizes) if sizes else None
+    # With sizes, a schedule need only time the instances at those sizes (it may be written for them).
     missing = program.domain.subtract(relation.domain())
+    if params is not None:
+        missing = missing.intersect_params(params)
     if not missing.is_empty():
         from polyc.errors import PolycError
 
-        raise PolycError(f"the schedule gives no time to some statement instances: {missing.coalesce()}")
-    params = _parameter_values(program, sizes) if sizes else None
+        at = f" at {', '.join(f'{k}={v}' for k, v in sizes.items())}" if sizes and params is not None else ""
+        raise PolycError(f"the schedule gives no time to some statement instances{at}: {missing.coalesce()}")
     violations = []
     violated = isl.UnionMap.empty(dependences.flow.get_space())
     for kind in KINDS:

@@ -99,3 +99,17 @@ def test_the_loop_around_a_vector_loop_stays_a_loop_of_each_thread():
     assert loops >= 2 and lines[at + loops + 2].strip() == "#pragma omp simd", lines[at : at + loops + 3]
     x = np.random.default_rng(3).standard_normal((1, 12, 128, 64)).astype(np.float32)
     assert np.array_equal(kernel(x), x.transpose(0, 1, 3, 2))
+
+
+def test_threads_on_a_parallel_vector_loop():
+    # A loop both parallel and vectorised is one "omp parallel for simd" pragma; the threads
+    # option's clauses went between "for" and "simd", which gcc refuses (issue 84's
+    # consistency test found it).
+    source = "def firstsum(float(N) A) -> (B) { B(j) = A(j) where j in 0:N\n B(z) += A(r) where z in 0:1, r in 0:N }"
+    kernel = polyc.define(source, threads=2, tuning=False).firstsum
+    pragmas = parallel_pragmas(kernel)
+    assert any(p.startswith("#pragma omp parallel for simd num_threads(2)") for p in pragmas), pragmas
+    a = np.arange(10000, dtype=np.float32) / 1000
+    expected = a.copy()
+    expected[0] += a.sum(dtype=np.float64)
+    np.testing.assert_allclose(kernel(a), expected, rtol=1e-5)

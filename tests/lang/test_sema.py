@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import polyc
 from polyc.lang import checked as ir
 from polyc.lang.checked import Role
 from polyc.lang.sema import check_source
@@ -94,6 +95,33 @@ def test_where_range_fixes_the_output_extent():
     stencil = check("def f(float(N) A) -> (B) { B(i) = A(i - 1) + A(i + 1) where i in 1:N-1 }")
     assert ranges(stencil) == {"i": "1:N - 1"}
     assert shape(stencil, "B") == ("N - 1",)
+
+
+EXTENDED = """def ext(float(N) X) -> (A, B) {
+    A(i) = X(0) where i in 0:1
+    B(i) = A(i) + 1
+    A(i) = X(i) * 2 where i in 1:N
+}"""
+
+
+def test_a_later_write_over_another_range_extends_the_tensor():
+    # A tensor's extent is the largest upper bound of the ranges that write it (issue 84):
+    # A's second write, over 1:N, makes A hold N elements; B, read from A when it held one, keeps 1.
+    extended = check(EXTENDED)
+    assert ranges(extended, 2) == {"i": "1:N"}
+    assert shape(extended, "A") == ("max(1, N)",) and shape(extended, "B") == ("1",)
+    # A constant difference needs no max; a smaller range leaves the shape alone.
+    grown = check("def f(float(N) X) -> (A) { A(i) = X(i) where i in 0:N\n A(i) = 0 where i in N:N+2 }")
+    assert shape(grown, "A") == ("N + 2",)
+    kept = check("def f(float(N) X) -> (A) { A(i) = X(i)\n A(i) = A(i) * 2 where i in 1:N-1 }")
+    assert shape(kept, "A") == ("N",)
+
+
+def test_a_declared_shape_is_not_extended():
+    with pytest.raises(polyc.BoundsError, match="outside its bounds"):
+        polyc.define("def f(float(N) X) -> (float(1) A) { A(i) = X(0) where i in 0:1\n A(i) = X(i) where i in 1:N }").f(
+            np.ones(4, np.float32)
+        )
 
 
 def test_min_of_two_extents():

@@ -55,3 +55,18 @@ def test_bad_requests():
         plot_domain(kernel, {"M": 2, "K": 2, "N": 2}, statements=["S9"])
     with pytest.raises(polyc.PolycError, match="no index q"):
         plot_domain(kernel, {"M": 2, "K": 2, "N": 2}, dims=("m", "q"))
+
+
+def test_statements_of_one_and_two_indices_drawn_together(tmp_path):
+    # S0 has one index, S1 two: S0 is drawn as a row at 0 beside S1 (an IndexError before issue 84).
+    source = """def mixed(float(N, M) A, float(N) B) -> (S, T) {
+        S(i) = B(i) * 2
+        T(i, j) = A(i, j) + S(i)
+    }"""
+    kernel = polyc.define(source).mixed
+    for options in ({}, {"order": True}, {"tiles": True}, {"parallel": True}):
+        plot = plot_domain(kernel, {"N": 4, "M": 3}, **options)
+        plot.save(tmp_path / "mixed.png")
+    s0, s1 = plot.statements
+    assert len(s0.shown_points()) == 4 and len(s1.shown_points()) == 12
+    assert {a[1:4:2] for a in plot.arrows} == {("S0", "S1")}  # flow: S(i) -> T(i, j)

@@ -61,11 +61,12 @@ def test_matmul_loop_nest_parallel_rows_reduction_inside():
     e, stages = explained(MATMUL, sizes, blas_contractions=False)
     assert e.path == "generic"
     m, n, r = e.loop("m"), e.loop("n"), e.loop("r_k")
-    assert m.parallel and m.parallel_how == "parallel for" and not n.parallel and not r.parallel
-    assert "omp parallel for" in pragmas(stages)
+    # 2 tiles of 8 rows: OpenMP shares out the tiles and their rows together (collapse(2)).
+    assert m.parallel and m.parallel_how == "parallel for, collapse(2)" and not n.parallel and not r.parallel
+    assert "omp parallel for collapse(2)" in pragmas(stages)
     assert r.witness is not None and r.witness.kind == "reduction" and r.witness.element.startswith("C(")
     assert r.witness.distance[-1] != 0 and r.witness.distance[:2] == (0, 0)
-    assert "outer loop of the band is" in " ".join(n.reasons)
+    assert "the loop over m around it is parallel" in " ".join(n.reasons)
     assert assert_witness_is_a_dependence(e, stages, sizes) >= 1
 
 
@@ -177,7 +178,8 @@ def test_options_that_switch_things_off_are_named():
     e, _ = explained(ROWSUM, sizes, parallel=False)
     assert "parallel=False" in " ".join(e.loop("m").reasons)
     e, _ = explained(ROWSUM, sizes, vectorize=False)
-    assert "vectorize=False" in " ".join(e.loop("r_n").reasons)
+    # Without vectors the scheduler puts m innermost (stride-1 over B): that loop says why.
+    assert e.loops[-1].index == "m" and "vectorize=False" in " ".join(e.loops[-1].reasons)
     e, _ = explained(ROWSUM, sizes, loop_tiles=())
     assert "loop_tiles=()" in " ".join(e.loop("m").reasons)
 
@@ -291,5 +293,78 @@ def test_elementwise_column_sum_and_layer_norm():
     assert e.loop("n").parallel and "fused: statements S0, S0_init, S1, S1_init, S2" in " ".join(e.loop("n").reasons)
     inner = [loop for loop in e.loops if loop.depth == 1]
     assert all(loop.vectorised and not loop.parallel for loop in inner)
-    assert all("an enclosing loop is already parallel" in " ".join(loop.reasons) for loop in inner)
+    assert all("the loop over n around it is parallel" in " ".join(loop.reasons) for loop in inner)
     assert assert_witness_is_a_dependence(e, stages, sizes) == 2
+
+
+# ----------------------------------------------------------------------------- issue 84's defects
+# Each test failed on the code before issue 84, whose explanations read the scheduler's band
+# decisions before its later reorderings and without the C's collapse and elided loops.
+
+
+def simd_iterators(stages) -> list[str]:
+    """The iterators of the loops right under an ``omp simd`` pragma in the C."""
+    lines = [line.strip() for line in stages.kernel.source.splitlines()]
+    return [
+        lines[at + 1].split()[2]
+        for at, line in enumerate(lines)
+        if line.startswith("#pragma omp") and "simd" in line and lines[at + 1].startswith("for (")
+    ]
+
+
+def test_the_vectorised_loop_is_the_one_under_the_simd_pragma():
+    # The scheduler moves n innermost (stride 1 over B and C) after recording the band: the
+    # C vectorises n, and explain said r_k.
+    sizes = {"M": 16, "K": 8, "N": 12}
+    e, stages = explained(MATMUL, sizes, blas_contractions=False)
+    assert e.loop("n").vectorised and not e.loop("r_k").vectorised
+    (iterator,) = simd_iterators(stages)
+    assert f"c{e.loop('n').depth}" == iterator
+    assert "innermost, vectorised" in " ".join(e.loop("n").reasons)
+
+
+HEADS_FIRST = """def heads_first(float(1, 128, 3, 12, 64) X) -> (Y) {
+    Y(i0, i1, i2, i3, i4) = X(i1, i3, i0, i2, i4) where i0 in 0:3, i1 in 0:1, i2 in 0:12, i3 in 0:128, i4 in 0:64
+}"""
+
+
+def test_collapsed_loops_are_parallel():
+    # 3 matrices in parallel: OpenMP's collapse(3) shares out the loops over the heads too.
+    e, stages = explained(HEADS_FIRST, {}, transpose_kernels=False)
+    assert "collapse(3)" in pragmas(stages)
+    assert e.loop("i0").parallel and e.loop("i2").parallel
+    assert e.loop("i2").parallel_how == "collapsed into the parallel loop over i0"
+    assert not e.loop("i3").parallel and not e.loop("i4").parallel
+
+
+def test_a_loop_of_one_iteration_is_not_claimed():
+    # At N=1 isl prints no loop over n, so nothing is parallel; explain said "n: parallel".
+    e, stages = explained("def rowmax(float(N, D) X) -> (M) { M(n) max=! X(n, r_d) }", {"N": 1, "D": 64})
+    assert "omp parallel" not in stages.kernel.source
+    assert not any(loop.parallel for loop in e.loops)
+    assert "one iteration" in " ".join(e.loop("n").reasons)
+    assert e.loop("r_d").vectorised and "one iteration" in " ".join(e.loop("r_d").reasons)
+
+
+def test_sequential_nests_do_not_claim_a_parallel_enclosing_loop():
+    # Softmax at 8 x 16 runs on the calling thread: its inner loops said "an enclosing loop is
+    # already parallel".
+    e, stages = explained(SOFTMAX, {"N": 8, "D": 16})
+    assert "omp parallel" not in stages.kernel.source
+    inner = [loop for loop in e.loops if loop.depth == 1]
+    assert inner and not any("already parallel" in " ".join(loop.reasons) for loop in inner)
+    assert all("too little work for threads" in " ".join(loop.reasons) for loop in inner)
+
+
+def test_check_schedule_with_sizes_times_only_their_instances():
+    # A schedule written for N = 6 (no size parameter): with the sizes it is checked there;
+    # before issue 84 it was refused for not timing the instances of larger N.
+    kernel = polyc.define(SHIFTED).shifted
+    good = kernel.check_schedule("{ S0[i] -> [i, 0] : 0 <= i < 6; S1[i] -> [i + 1, 1] : 0 <= i < 5 }", {"N": 6})
+    assert good.valid
+    bad = kernel.check_schedule("{ S0[i] -> [i, 1] : 0 <= i < 6; S1[i] -> [i, 0] : 0 <= i < 5 }", {"N": 6})
+    assert not bad.valid and {w.kind for w in bad.violations} == {"flow"}
+    with pytest.raises(polyc.PolycError, match="no time to some statement instances at N=6"):
+        kernel.check_schedule("{ S0[i] -> [i, 0] : 0 <= i < 5; S1[i] -> [i + 1, 1] : 0 <= i < 5 }", {"N": 6})
+    with pytest.raises(polyc.PolycError, match="no time"):  # without sizes: every size
+        kernel.check_schedule("{ S0[i] -> [i, 0] : 0 <= i < 6; S1[i] -> [i + 1, 1] : 0 <= i < 5 }")
