@@ -21,6 +21,7 @@ import difflib
 import warnings
 from dataclasses import dataclass, replace
 
+import islpy as isl
 import numpy as np
 
 from polyc.errors import PolycError, PolycWarning, RangeInferenceError, SourceLocation, TCSemanticError
@@ -715,12 +716,29 @@ def _walk_ast(expr: ast.Expr):
 
 
 def _larger(extent: Affine, bound: Affine) -> Affine:
-    """The larger of two extents: the one known to be larger when they differ by a constant,
-    else their maximum."""
+    """The larger of two extents: the one known to be larger when they differ by a constant, the
+    extent when ``bound`` cannot exceed it wherever it holds an element (:func:`_within`), else
+    their maximum."""
     difference = bound - extent
     if difference.is_constant:
         return bound if difference.constant > 0 else extent
+    if _within(bound, extent):
+        return extent
     return extent.maximum(bound)
+
+
+def _within(bound: Affine, extent: Affine) -> bool:
+    """Whether ``bound <= extent`` at every size (sizes are non-negative) where ``extent`` is at
+    least 1: a later write of part of a tensor (``where h in 0:1``) does not grow it, and keeps
+    its shape an affine expression that the kernel paths recognise; a write that can reach
+    beyond it (``where i in 1:N`` after ``0:1``) does."""
+    names = sorted(bound.names() | extent.names())
+    conditions = [f"{name} >= 0" for name in names] + [f"{extent} >= 1", f"{bound} > {extent}"]
+    try:
+        beyond = isl.Set(f"[{', '.join(names)}] -> {{ : {' and '.join(conditions)} }}")
+    except isl.Error:
+        return False
+    return beyond.is_empty()
 
 
 def _statement_text(text: str, statement: ast.Statement) -> str:

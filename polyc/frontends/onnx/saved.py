@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -49,7 +50,11 @@ def is_saved_session(model) -> bool:
     if isinstance(model, (bytes, bytearray, memoryview)):
         return bytes(model[: len(MAGIC)]) == MAGIC
     if isinstance(model, (str, os.PathLike)):
+        # Only a regular file is opened: opening a FIFO would wait for a writer, and what is
+        # not a regular file gets its clear error from the model reader.
         try:
+            if not stat.S_ISREG(os.stat(model).st_mode):
+                return False
             with open(model, "rb") as file:
                 return file.read(len(MAGIC)) == MAGIC
         except OSError:
