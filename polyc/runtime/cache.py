@@ -251,14 +251,19 @@ def _build_in(root: Path, c_source: str, options: CompilerOptions, key: str, reh
     return Fetched(entry / LIBRARY_NAME, True, seconds)
 
 
+def in_use_here() -> list[Path]:
+    """The cache's entry and header directories this process uses: the libraries it has loaded
+    and the precompiled headers it builds with (eviction never removes them)."""
+    in_use = [path.parent for path in loaded_library_paths()]
+    return in_use + [header.parent for header in _intrinsics_headers.values() if header is not None]
+
+
 def _keep_under_limit(root: Path, entry: Path) -> None:
     """After building ``entry`` in ``root``: evict the least recently used entries where the
     cache went over its limit, never ``entry`` nor what this process has loaded or uses."""
-    in_use = [path.parent for path in loaded_library_paths()]
-    in_use += [header.parent for header in _intrinsics_headers.values() if header is not None]
     try:
         size = sum(os.stat(entry / name).st_size for name in (SOURCE_NAME, LIBRARY_NAME, META_NAME))
-        removed = cache_space.after_build(root, entry, size, in_use)
+        removed = cache_space.after_build(root, entry, size, in_use_here())
     except OSError as error:  # eviction is housekeeping: it never fails a build
         logger.debug("the kernel cache at %s was not pruned: %s", root, error)
         return

@@ -124,7 +124,7 @@ def size_limit() -> int | None:
     try:
         return parse_size(text)
     except ValueError as error:
-        raise CacheError(f"{SIZE_VARIABLE}={text!r}: {str(error).split(': ', 1)[1]}") from None
+        raise CacheError(f"{SIZE_VARIABLE}={error}") from None
 
 
 def format_size(size: int) -> str:
@@ -471,16 +471,12 @@ def after_build(root: Path, entry: Path, size: int, in_use: Iterable[Path]) -> R
             estimate.size += size
             estimate.builds += 1
             return None
-    if not _evicting.acquire(blocking=False):  # another thread is at it
-        return None
-    try:
+    with _evicting:  # (one thread of the process at a time; their scans are short)
         removed = Removed(0, 0, 0)
-        size = evictable_size(inventory(root))
-        if size > limit:
+        counted = evictable_size(inventory(root))
+        if counted > limit:
             removed = evict(root, int(limit * EVICT_TO), keep=[entry, *in_use])
-            size -= removed.size
+            counted -= removed.size
         with _estimates_lock:
-            _estimates[root] = _Estimate(size)
+            _estimates[root] = _Estimate(counted)
         return removed
-    finally:
-        _evicting.release()

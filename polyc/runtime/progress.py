@@ -34,7 +34,18 @@ def progress_bar(total: int, description: str, *, initial: int = 0, unit: str = 
     tqdm = _tqdm()
     if tqdm is None:
         return None
-    return tqdm(total=total, initial=initial, desc=description, unit=unit, file=sys.stderr)
+    size = _unknown_terminal_size(sys.stderr)
+    return tqdm(total=total, initial=initial, desc=description, unit=unit, file=sys.stderr, **size)
+
+
+def _unknown_terminal_size(stream) -> dict:
+    """A width and height for tqdm where the terminal says it has none (a pseudo-terminal
+    nobody sized: tqdm 4.70 then trims its bar to nothing)."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return {}
+    return {"ncols": 80, "nrows": 24} if size.columns < 2 or size.lines < 2 else {}
 
 
 def _watched(stream) -> bool:
