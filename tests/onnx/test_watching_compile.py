@@ -5,6 +5,7 @@ while a model runs, its results still right."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import logging
 import os
@@ -20,7 +21,6 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
-pytest.importorskip("tqdm")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import polyc  # noqa: E402
@@ -30,6 +30,8 @@ from polyc.runtime import cache_space  # noqa: E402
 from polyc.runtime.cache import in_use_here  # noqa: E402
 from polyc.runtime.environment import environment_problems  # noqa: E402
 
+#: The progress bar is tqdm's, an optional dependency (the progress extra).
+needs_tqdm = pytest.mark.skipif(importlib.util.find_spec("tqdm") is None, reason="tqdm is not installed")
 REPOSITORY = Path(__file__).resolve().parents[2]
 #: Shapes no other test uses, so that no kernel of this model is compiled in the process already.
 CHANNELS, IMAGE, CLASSES = 5, 7, 6
@@ -169,17 +171,20 @@ def _run_python(script: str, pipe: bool, **environment) -> subprocess.CompletedP
     return subprocess.CompletedProcess(command, 0, "", output.decode(errors="replace"))
 
 
+@needs_tqdm
 def test_the_progress_bar_shows_in_a_terminal(tmp_path):
     shown = _run_python(BAR_SCRIPT, pipe=False, POLYC_CACHE_DIR=str(tmp_path / "cache")).stderr
     assert "polyc: compiling the model" in shown and "4/4" in shown, shown
     assert "done" in shown
 
 
+@needs_tqdm
 def test_no_progress_bar_in_a_pipe(tmp_path):
     piped = _run_python(BAR_SCRIPT, pipe=True, POLYC_CACHE_DIR=str(tmp_path / "cache")).stderr
     assert "polyc: compiling" not in piped and piped.strip() == "done", piped
 
 
+@needs_tqdm
 def test_polyc_progress_0_turns_the_bar_off_in_a_terminal(tmp_path):
     quiet = _run_python(BAR_SCRIPT, pipe=False, POLYC_CACHE_DIR=str(tmp_path / "cache"), POLYC_PROGRESS="0").stderr
     assert "polyc: compiling" not in quiet and "done" in quiet, quiet
@@ -203,6 +208,7 @@ def _kernels(tag: int) -> list:
     return [(module[name], {"N": 97}) for name in module.names]
 
 
+@needs_tqdm
 @pytest.mark.parametrize(
     ("setting", "progress", "stream", "shown"),
     [
@@ -273,3 +279,14 @@ def test_the_limit_holds_while_a_model_runs(kernel_cache, monkeypatch):
     in_use = set(in_use_here())  # (loaded libraries, the header built with: never evicted by this process)
     assert sum(i.size for i in items if i.path not in in_use | {builds[-1]}) <= limit
     assert not {i.path for i in items} & old  # the entries used least recently went
+
+
+def test_without_tqdm_there_is_no_bar(kernel_cache, monkeypatch):
+    from polyc.runtime import progress
+
+    monkeypatch.setattr(progress, "_tqdm", lambda: None)
+    monkeypatch.setenv("POLYC_PROGRESS", "1")
+    assert not progress.progress_wanted(None) and not progress.progress_wanted(True)
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    assert build_ahead(_kernels(8)).built == 2
+    assert sys.stderr.getvalue() == ""
