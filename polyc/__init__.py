@@ -4,6 +4,8 @@
 drop-in for ``numpy.einsum`` built on the same compiler.
 """
 
+import logging
+
 from polyc.api import Kernel, Module, define
 from polyc.errors import (
     BoundsError,
@@ -41,3 +43,7 @@ __all__ = [
     "PolycWarning",
     "__version__",
 ]
+
+# polyc logs on "polyc" and its children (polyc.runtime.cache, polyc.frontends.onnx.plan, ...);
+# nothing is shown unless the application configures logging.
+logging.getLogger("polyc").addHandler(logging.NullHandler())

@@ -126,13 +126,13 @@ class Kernel:
             return compile_stages(self.definition, tuned_options(self.definition, options, sizes), sizes, None, options)
         return compile_stages(self.definition, options, sizes)
 
-    def library_to_build(self, sizes: dict):
+    def library_to_build(self, sizes: dict, name: str = ""):
         """The C source and compiler options of the library a call at ``sizes`` will load,
         generated now, or None when nothing is left to build (see
         :func:`polyc.driver.build_ahead`, which builds several kernels' at once); always None
-        with a GPU back end."""
+        with a GPU back end.  ``name``: what the log calls the kernel (default: its def's name)."""
         library_to_build = getattr(self._backend, "library_to_build", None)
-        return library_to_build(self._checked_sizes(sizes)) if library_to_build is not None else None
+        return library_to_build(self._checked_sizes(sizes), name) if library_to_build is not None else None
 
     def _forget_compiled(self) -> None:
         """Make the next call of every size look up its compiled function and options again."""

@@ -10,6 +10,7 @@
     polyc tune FILE.tc [--entry NAME] --shape NAME=SIZE ... [--budget B] [--strategy model|random]
                [--records FILE] [--start-from FILE] [--scheduler ADDRESS] [options]
     polyc tune --list [--records FILE]   |   polyc tune --merge FILE ... [--records FILE]
+    polyc cache info [--json]   |   polyc cache clear [--yes] [--tuning]   |   polyc cache prune --max-size SIZE
 
 Exit status: 0 on success; 1 for an error in the TC file, in compilation or in a run, for a
 missing file, and for a ``--check`` mismatch; 2 for a command-line usage error and for a stage
@@ -138,6 +139,17 @@ examples:
 
 Interrupt with Ctrl-C at any time: what was measured is kept, and a later run with the same
 arguments continues from it.
+"""
+
+
+_CACHE_EXAMPLES = """\
+examples:
+  polyc cache info                     where the cache is, and its size per kind of entry
+  polyc cache prune --max-size 500M    remove the least recently used entries down to 500 MiB
+  polyc cache clear --yes              remove every kernel and record (tuning records kept)
+
+Tuning records are never evicted or pruned; 'polyc cache clear --tuning' removes them too.
+Nothing outside the cache directory, nor anything polyc did not make inside it, is removed.
 """
 
 
@@ -300,6 +312,37 @@ def build_parser() -> argparse.ArgumentParser:
     tune_parser.add_argument("--merge", nargs="+", metavar="FILE", help="add these files' records and exit")
     _add_option_arguments(tune_parser)
     tune_parser.set_defaults(handler=run_tune)
+
+    cache_parser = commands.add_parser(
+        "cache",
+        help="see, clear or prune the kernel cache",
+        description="The kernel cache ($POLYC_CACHE_DIR, else $XDG_CACHE_HOME/polyc, else ~/.cache/polyc):\n"
+        "what it holds, clearing it, pruning it to a size (least recently used first).  Builds\n"
+        "keep it under $POLYC_CACHE_MAX_SIZE (default 2G; 0 or none: no limit) the same way.",
+        epilog=_CACHE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cache_commands = cache_parser.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
+    info_parser = cache_commands.add_parser("info", help="the cache directory, and the size and entries of each kind")
+    info_parser.add_argument("--json", action="store_true", help="print it as JSON")
+    info_parser.set_defaults(handler=run_cache_info)
+    clear_parser = cache_commands.add_parser(
+        "clear", help="remove everything polyc made in the cache, tuning records kept unless --tuning"
+    )
+    clear_parser.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    clear_parser.add_argument("--tuning", action="store_true", help="remove the tuning records too")
+    clear_parser.set_defaults(handler=run_cache_clear)
+    prune_parser = cache_commands.add_parser(
+        "prune", help="remove the least recently used entries until the cache takes at most SIZE"
+    )
+    prune_parser.add_argument(
+        "--max-size",
+        required=True,
+        type=_parse_size,
+        metavar="SIZE",
+        help="bytes, or a number with K, M, G or T (powers of 1024), such as 500M or 2G",
+    )
+    prune_parser.set_defaults(handler=run_cache_prune)
     return parser
 
 
@@ -811,6 +854,89 @@ def run_onnx_export(args: argparse.Namespace) -> int:
         f"arena {exported.arena_bytes} bytes; target {exported.target.name}"
     )
     print(f"build and run: cd {args.output} && make && ./{exported.prefix}_demo INPUT.npy ...")
+
+
+def _parse_size(text: str) -> int:
+    """``--max-size``: bytes (``0`` empties the cache of what the limit counts)."""
+    from polyc.runtime.cache_space import parse_size
+
+    try:
+        return parse_size(text) or 0
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def run_cache_info(args: argparse.Namespace) -> int:
+    """``polyc cache info``: the cache directory, its limit, and entries and bytes per kind."""
+    from polyc.runtime import cache_space
+    from polyc.runtime.cache import configured_cache_dir
+
+    root = configured_cache_dir()
+    items = cache_space.inventory(root)
+    kinds = cache_space.usage(items)
+    limit = cache_space.size_limit()
+    counted = cache_space.evictable_size(items)
+    if args.json:
+        report = {
+            "directory": str(root),
+            "exists": root.is_dir(),
+            "limit": limit,
+            "counted": counted,
+            "total": sum(size for _, size in kinds.values()),
+            "kinds": {kind: {"entries": count, "bytes": size} for kind, (count, size) in kinds.items()},
+        }
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"kernel cache: {root}{'' if root.is_dir() else ' (does not exist yet)'}")
+    width = max(len(kind) for kind in kinds)
+    for kind, (count, size) in kinds.items():
+        print(f"  {kind:<{width}}  {count:>7}  {cache_space.format_size(size):>10}")
+    limit_text = f"of a limit of {cache_space.format_size(limit)}" if limit is not None else "(no limit)"
+    print(
+        f"  {'total':<{width}}  {'':>7}  {cache_space.format_size(sum(s for _, s in kinds.values())):>10}"
+        f"  ({cache_space.format_size(counted)} counted {limit_text}, {cache_space.SIZE_VARIABLE})"
+    )
+    return 0
+
+
+def run_cache_clear(args: argparse.Namespace) -> int:
+    """``polyc cache clear``: remove what polyc made in the cache (asking first unless --yes)."""
+    from polyc.runtime import cache_space
+    from polyc.runtime.cache import configured_cache_dir
+
+    root = configured_cache_dir()
+    items = [item for item in cache_space.inventory(root) if args.tuning or item.kind != "tuning records"]
+    if not items:
+        print(f"nothing to clear in {root}")
+        return 0
+    size = cache_space.format_size(sum(item.size for item in items))
+    what = "every kernel and record" + (", the tuning records included" if args.tuning else " (tuning records kept)")
+    if not args.yes:
+        try:
+            answer = input(f"remove {what} from {root}, {size}? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            return _report("nothing removed (answer y, or pass --yes)", EXIT_ERROR)
+    removed = cache_space.clear(root, tuning=args.tuning)
+    busy = f"; {removed.busy} being built by another process were kept" if removed.busy else ""
+    print(f"removed {removed.count} entries ({cache_space.format_size(removed.size)}) from {root}{busy}")
+    return 0
+
+
+def run_cache_prune(args: argparse.Namespace) -> int:
+    """``polyc cache prune --max-size SIZE``: the least recently used entries go first."""
+    from polyc.runtime import cache_space
+    from polyc.runtime.cache import configured_cache_dir
+
+    root = configured_cache_dir()
+    removed = cache_space.evict(root, args.max_size)
+    left = cache_space.evictable_size(cache_space.inventory(root))
+    busy = f"; {removed.busy} being built by another process were kept" if removed.busy else ""
+    print(
+        f"removed {removed.count} least recently used entries ({cache_space.format_size(removed.size)}) from "
+        f"{root}; {cache_space.format_size(left)} left{busy}"
+    )
     return 0
 
 

@@ -11,11 +11,12 @@ signature so that repeated calls cost only argument checking and the call itself
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
+import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import islpy as isl
@@ -30,10 +31,11 @@ from polyc.ir.model import PolyProgram, build_program
 from polyc.lang.checked import CheckedDef
 from polyc.options import Options
 from polyc.paths import KernelPath, PathRequest, choose_path, gpu_mapping, settle_options
-from polyc.runtime import CompilerOptions, arguments, get_function, get_or_build, load_library
+from polyc.runtime import CompilerOptions, arguments, get_function
 from polyc.runtime.arguments import BoundCall
-from polyc.runtime.cache import find_request, remember_request, request_key
+from polyc.runtime.cache import fetch_library, find_request, load_kernel_library, remember_request, request_key
 from polyc.runtime.compiler import compiler_options
+from polyc.runtime.progress import progress_bar, progress_wanted
 from polyc.runtime.tuning_records import tuned_options
 from polyc.schedule.contraction import Contraction
 from polyc.schedule.convolution import Convolution
@@ -41,6 +43,8 @@ from polyc.schedule.gpu_mapping import GpuPlan
 from polyc.schedule.packing import PackingProgram
 from polyc.schedule.scheduler import compute_schedule
 from polyc.target import usable_cores
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -177,9 +181,10 @@ def gpu_code_generator(definition: CheckedDef, options: Options) -> Callable[[Ma
 class _Compiled:
     """One loaded kernel function and the argument layout it expects."""
 
-    def __init__(self, kernel: GeneratedKernel, options: Options):
+    def __init__(self, kernel: GeneratedKernel, options: Options, name: str):
+        """``name``: what the log calls the kernel."""
         self.kernel = kernel
-        library = load_library(get_or_build(kernel.source, compiler_options(options)))
+        library = load_kernel_library(kernel.source, compiler_options(options), name=name)
         argtypes = [ctypes.c_void_p] * len(kernel.tensor_arguments) + [ctypes.c_int64] * len(kernel.size_arguments)
         self.function = get_function(library, kernel.function_name, argtypes, ctypes.c_int)
 
@@ -191,6 +196,8 @@ class CompiledKernel:
         self.definition = definition
         self.options = options
         self._compiled: dict[tuple, _Compiled] = {}
+        #: Size key -> what build_ahead's caller called the kernel, for the log of its loading.
+        self._names: dict[tuple, str] = {}
         self._analysis: Analysis | None = None
         self._lock = threading.Lock()
 
@@ -211,28 +218,32 @@ class CompiledKernel:
                 compiled = self._compiled.get(key)
                 if compiled is None:
                     options = tuned_options(self.definition, self.options, sizes)
-                    compiled = self._from_earlier_process(options, key)
+                    name = self._names.get(key, self.definition.name)
+                    compiled = self._from_earlier_process(options, key, name)
                     if compiled is None:
                         kernel = self._generated(options, sizes)
-                        compiled = _Compiled(kernel, options)
+                        compiled = _Compiled(kernel, options, name)
                         self._remember(options, key, kernel)
                     self._compiled[key] = compiled
         return compiled
 
-    def library_to_build(self, sizes: Mapping[str, int]) -> tuple[str, CompilerOptions] | None:
+    def library_to_build(self, sizes: Mapping[str, int], name: str = "") -> tuple[str, CompilerOptions] | None:
         """The library a call at ``sizes`` will load, generated now, for the caller to build in
         any thread (see :func:`build_ahead`): its C source and compiler options, the request
         remembered so that the call finds it in the cache (:meth:`_from_earlier_process`).  None
         when the call needs nothing built: compiled or cached already, or a def without TC text
-        (generated at its call)."""
+        (generated at its call).  ``name``: what the log calls the kernel (default: the def's name)."""
+        name = name or self.definition.name
         key = self._sizes_key(sizes)
+        self._names[key] = name
         if key in self._compiled:
+            logger.debug("%s: from cache (compiled in this process)", name)
             return None
         options = tuned_options(self.definition, self.options, sizes)
         if self._request(options, key) is None:
             return None
         with self._lock:
-            cached = self._compiled.get(key) or self._from_earlier_process(options, key)
+            cached = self._compiled.get(key) or self._from_earlier_process(options, key, name)
             if cached is not None:  # kept, so that the call does not look it up again
                 self._compiled[key] = cached
                 return None
@@ -264,7 +275,7 @@ class CompiledKernel:
             }
         )
 
-    def _from_earlier_process(self, options: Options, sizes_key: tuple) -> _Compiled | None:
+    def _from_earlier_process(self, options: Options, sizes_key: tuple, name: str) -> _Compiled | None:
         """The kernel an earlier process generated for the same request, straight from the
         cache: no dependences, scheduling or code generation (see polyc.runtime.cache)."""
         key = self._request(options, sizes_key)
@@ -278,7 +289,7 @@ class CompiledKernel:
             )
         except (KeyError, TypeError):
             return None
-        return _Compiled(kernel, options)
+        return _Compiled(kernel, options, name)
 
     def _remember(self, options: Options, sizes_key: tuple, kernel: GeneratedKernel) -> None:
         key = self._request(options, sizes_key)
@@ -327,30 +338,113 @@ class CompiledKernel:
         return RepeatCall(self.definition, self.compiled_for(call.sizes), call)
 
 
-def build_ahead(calls: Iterable[tuple[object, Mapping[str, int]]], jobs: int | None = None) -> None:
+@dataclass(frozen=True)
+class BuildSummary:
+    """What :func:`build_ahead` did: kernels ``built`` now (``compile_seconds`` of compiler time
+    among them), found ``cached`` (in the disk cache or compiled in this process), ``failed``
+    (left to their calls, which report the error), in ``seconds`` of wall time."""
+
+    built: int = 0
+    cached: int = 0
+    failed: int = 0
+    compile_seconds: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def kernels(self) -> int:
+        return self.built + self.cached + self.failed
+
+
+def build_ahead(
+    calls: Iterable[tuple],
+    jobs: int | None = None,
+    *,
+    progress: bool | None = None,
+    description: str = "polyc: compiling",
+) -> BuildSummary:
     """Build the libraries of several kernel calls at once, before they are made: each call's C
     is generated in this thread, in turn, while the C compiler builds those before it on ``jobs``
     threads (default: the processors this process may use); the calls then find them in the
-    cache.  ``calls``: (kernel, sizes) pairs, the kernels :class:`CompiledKernel` or
-    :class:`polyc.api.Kernel`.  Most of a model's cold compile is the C compiler's (the
-    ``cold_compile`` of ``python -m benchmarks.onnx_bench``, ``benchmarks/results/zen4_onnx.json``),
-    which one thread left to one processor.  A kernel that fails to generate or build is left to
-    its call, which reports the error."""
+    cache.  ``calls``: (kernel, sizes) or (kernel, sizes, name) tuples, the kernels
+    :class:`CompiledKernel` or :class:`polyc.api.Kernel`, the name what the log and the progress
+    bar call the kernel (default: its def's).  Most of a model's cold compile is the C compiler's
+    (the ``cold_compile`` of ``python -m benchmarks.onnx_bench``,
+    ``benchmarks/results/zen4_onnx.json``), which one thread left to one processor.  A kernel
+    that fails to generate or build is left to its call, which reports the error.
+
+    ``progress``: a bar over the kernels (:func:`polyc.runtime.progress.progress_wanted`: by
+    default where the output is a terminal or a notebook, unless ``POLYC_PROGRESS=0``), shown
+    from the first kernel that has to be built (a compile found all in the cache shows none)."""
+    calls = list(calls)
+    started = time.perf_counter()
+    show = progress_wanted(progress)
+    bar = None
+    done = [0]
+    counts = {"built": 0, "cached": 0, "failed": 0}
+    compile_seconds = [0.0]
+    tally = threading.Lock()
+
+    def finished(outcome: str, seconds: float = 0.0) -> None:
+        with tally:
+            counts[outcome] += 1
+            compile_seconds[0] += seconds
+            done[0] += 1
+        if bar is not None:
+            bar.update(1)
+
+    def build_done(future: Future) -> None:
+        try:
+            fetched = future.result()
+        except Exception:  # a failed build, or one cancelled (Ctrl-C): the call builds it
+            finished("failed")
+        else:
+            finished("built" if fetched.built else "cached", fetched.seconds)
+
     builders = ThreadPoolExecutor(max_workers=jobs or usable_cores(), thread_name_prefix="polyc-build")
     try:
         builds = []
-        for kernel, sizes in calls:
+        for kernel, sizes, *named in calls:
+            name = named[0] if named else getattr(kernel, "name", "") or ""
             try:
-                library = kernel.library_to_build(sizes)
+                library = kernel.library_to_build(sizes, name=name)
             except PolycError:
+                finished("failed")
                 continue
-            if library is not None:
-                builds.append(builders.submit(get_or_build, *library))
+            if library is None:
+                finished("cached")
+                continue
+            if bar is None and show:
+                bar = progress_bar(len(calls), description, initial=done[0])
+            if bar is not None:
+                bar.set_postfix_str(name, refresh=False)
+            future = builders.submit(fetch_library, *library, name=name)
+            future.add_done_callback(build_done)
+            builds.append(future)
         for build in builds:
-            with contextlib.suppress(PolycError):
+            try:
                 build.result()
+            except PolycError:
+                pass
     finally:  # interrupted (Ctrl-C): the builds not yet started are dropped
         builders.shutdown(cancel_futures=True)
+        if bar is not None:
+            bar.set_postfix_str("", refresh=False)
+            bar.close()
+    summary = BuildSummary(
+        counts["built"], counts["cached"], counts["failed"], compile_seconds[0], time.perf_counter() - started
+    )
+    if summary.kernels:
+        logger.info(
+            "%d kernel(s) in %.2f s: %d built (%.2f s of compiler time on %d threads), %d from cache%s",
+            summary.kernels,
+            summary.seconds,
+            summary.built,
+            summary.compile_seconds,
+            jobs or usable_cores(),
+            summary.cached,
+            f", {summary.failed} left to their calls (they failed to generate or build)" if summary.failed else "",
+        )
+    return summary
 
 
 class RepeatCall:

@@ -30,6 +30,11 @@ request -- the def's TC text, its options, its sizes and a digest of polyc's own
 is only a shortcut: one that is missing, malformed or names an entry that fails its checks is a
 miss, and the kernel is generated again.  Other such records (:func:`read_record`,
 :func:`write_record`) keep what a def's define-time proofs found (:mod:`polyc.runtime.proofs`).
+
+The cache is bounded by a size limit (``POLYC_CACHE_MAX_SIZE``), least recently used first: an
+entry or a record is touched when it is used, and a build that takes the cache over its limit
+evicts (:mod:`polyc.runtime.cache_space`).  Each kernel built is logged on the
+``polyc.runtime.cache`` logger (INFO), each taken from the cache too (DEBUG).
 """
 
 from __future__ import annotations
@@ -38,18 +43,24 @@ import atexit
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from polyc.errors import CacheError, CompilationError
+from polyc.runtime import cache_space
 from polyc.runtime.compiler import INTRINSICS_HEADER, CompilerOptions, compile_shared_library, precompile_header
+from polyc.runtime.loader import load_library, loaded_library_paths
 from polyc.version import __version__ as POLYC_VERSION
+
+logger = logging.getLogger(__name__)
 
 try:
     import fcntl
@@ -152,32 +163,75 @@ def cache_key(c_source: str, options: CompilerOptions) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
-def get_or_build(c_source: str, options: CompilerOptions | None = None, *, rehash: bool = False) -> Path:
+def get_or_build(
+    c_source: str, options: CompilerOptions | None = None, *, rehash: bool = False, name: str = ""
+) -> Path:
     """Path of the shared library built from ``c_source``, compiling it only if the cache lacks a
     valid copy.
 
     ``rehash=True`` checks the library's sha256 even if this process has already verified the
-    unchanged file.  Raises :class:`~polyc.errors.CompilationError` if the build fails and
-    :class:`~polyc.errors.CacheError` if the cache cannot be used.
+    unchanged file.  ``name``: what the log calls the kernel (default: its key).  Raises
+    :class:`~polyc.errors.CompilationError` if the build fails and
+    :class:`~polyc.errors.CacheError` if the cache cannot be used or ``$POLYC_CACHE_MAX_SIZE``
+    is not a size.
     """
+    return fetch_library(c_source, options, rehash=rehash, name=name).path
+
+
+class Fetched:
+    """Where :func:`fetch_library` found a library: its ``path``, whether this call ``built``
+    it and the compiler's ``seconds`` (0 for one taken from the cache)."""
+
+    __slots__ = ("path", "built", "seconds")
+
+    def __init__(self, path: Path, built: bool, seconds: float):
+        self.path, self.built, self.seconds = path, built, seconds
+
+
+def fetch_library(
+    c_source: str, options: CompilerOptions | None = None, *, rehash: bool = False, name: str = ""
+) -> Fetched:
+    """As :func:`get_or_build`, saying also whether the library was built now and how long that took."""
     options = options if options is not None else CompilerOptions()
     key = cache_key(c_source, options)
+    label = name or f"kernel {key[:12]}"
     root = cache_dir()
     for directory in [root, *_read_only_dirs()]:
         entry = directory / key[:2] / key
         if _entry_is_valid(entry, key, rehash=rehash):
-            return entry / LIBRARY_NAME
+            if directory == root:
+                cache_space.touch(entry)
+            logger.debug("%s: from cache (%s)", label, entry)
+            return Fetched(entry / LIBRARY_NAME, False, 0.0)
+    limit = cache_space.size_limit()  # a bad value fails before the build, not after it
     try:
-        return _build_in(root, c_source, options, key, rehash)
+        fetched = _build_in(root, c_source, options, key, rehash, label)
     except CacheError as error:
         if root != configured_cache_dir():
             raise  # the temporary cache fails too
         # A disk that filled up, a file system remounted read-only: the rest of the process
         # builds in a temporary cache.
-        return _build_in(_fall_back(root, str(error)), c_source, options, key, rehash)
+        root = _fall_back(root, str(error))
+        fetched = _build_in(root, c_source, options, key, rehash, label)
+    if fetched.built and limit is not None:
+        _keep_under_limit(root, fetched.path.parent)
+    return fetched
 
 
-def _build_in(root: Path, c_source: str, options: CompilerOptions, key: str, rehash: bool) -> Path:
+def load_kernel_library(c_source: str, options: CompilerOptions | None = None, *, name: str = ""):
+    """The library built from ``c_source`` (:func:`get_or_build`), loaded into this process
+    (:func:`polyc.runtime.loader.load_library`).  A library that another process evicted
+    between the two is built again."""
+    path = get_or_build(c_source, options, name=name)
+    try:
+        return load_library(path)
+    except CacheError:
+        if path.is_file():
+            raise
+        return load_library(get_or_build(c_source, options, name=name))
+
+
+def _build_in(root: Path, c_source: str, options: CompilerOptions, key: str, rehash: bool, label: str) -> Fetched:
     """Builds the entry ``key`` in the cache ``root`` under its lock, unless another process
     did meanwhile; its library's path."""
     entry = root / key[:2] / key
@@ -187,9 +241,41 @@ def _build_in(root: Path, c_source: str, options: CompilerOptions, key: str, reh
         raise CacheError(f"cannot write to the kernel cache at {root}: {error.strerror}") from error
     with _build_lock(entry.parent / f"{key}.lock"):
         # Another process may have built the entry while this one waited for the lock.
-        if not _entry_is_valid(entry, key, rehash=rehash):
-            _build_entry(c_source, options, key, entry, root)
-    return entry / LIBRARY_NAME
+        if _entry_is_valid(entry, key, rehash=rehash):
+            logger.debug("%s: from cache, built by another process meanwhile (%s)", label, entry)
+            return Fetched(entry / LIBRARY_NAME, False, 0.0)
+        started = time.perf_counter()
+        _build_entry(c_source, options, key, entry, root)
+        seconds = time.perf_counter() - started
+    logger.info("built %s in %.2f s (%s)", label, seconds, entry)
+    return Fetched(entry / LIBRARY_NAME, True, seconds)
+
+
+def in_use_here() -> list[Path]:
+    """The cache's entry and header directories this process uses: the libraries it has loaded
+    and the precompiled headers it builds with (eviction never removes them)."""
+    in_use = [path.parent for path in loaded_library_paths()]
+    return in_use + [header.parent for header in _intrinsics_headers.values() if header is not None]
+
+
+def _keep_under_limit(root: Path, entry: Path) -> None:
+    """After building ``entry`` in ``root``: evict the least recently used entries where the
+    cache went over its limit, never ``entry`` nor what this process has loaded or uses."""
+    try:
+        size = sum(os.stat(entry / name).st_size for name in (SOURCE_NAME, LIBRARY_NAME, META_NAME))
+        removed = cache_space.after_build(root, entry, size, in_use_here())
+    except OSError as error:  # eviction is housekeeping: it never fails a build
+        logger.debug("the kernel cache at %s was not pruned: %s", root, error)
+        return
+    if removed is not None and removed.count:
+        logger.info(
+            "evicted %d least recently used cache entries (%s) from %s to keep it under %s (%s)",
+            removed.count,
+            cache_space.format_size(removed.size),
+            root,
+            cache_space.format_size(cache_space.size_limit() or 0),
+            cache_space.SIZE_VARIABLE,
+        )
 
 
 def _entry_is_valid(entry: Path, key: str, *, rehash: bool) -> bool:
@@ -326,6 +412,8 @@ def _intrinsics_header(options: CompilerOptions, root: Path) -> Path | None:
             ready = ready or precompile_header(INTRINSICS_HEADER, header, options)
     except OSError:
         ready = False
+    if ready:
+        cache_space.touch(directory)
     _intrinsics_headers[root, fingerprint] = header if ready else None
     return _intrinsics_headers[root, fingerprint]
 
@@ -394,10 +482,14 @@ def read_record(kind: str, key: str):
 
 
 def _read_record_in(root: Path, kind: str, key: str):
+    """The record, touched as used (least recently used records are evicted first)."""
+    path = root / kind / key[:2] / f"{key}.json"
     try:
-        return json.loads((root / kind / key[:2] / f"{key}.json").read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    cache_space.touch(path)
+    return value
 
 
 def write_record(kind: str, key: str, value) -> None:

@@ -5,6 +5,9 @@ kernel library is loaded (:func:`polyc.runtime.loader.load_library`).
   reads it in C); any other value is warned about, and kernels keep the thread policy, as unset.
 - ``POLYC_POOL``: ``off`` (``0``, ``no``, ``false``) or on (unset, ``on``, ``1``, ``yes``,
   ``true``); another value is warned about, and the pool stays on.
+- ``POLYC_PROGRESS``: ``0`` (``off``, ``no``, ``false``), ``1`` (``on``, ``yes``, ``true``) or
+  ``auto`` (unset): whether compiles show a progress bar (:mod:`polyc.runtime.progress`); another
+  value is warned about, and read as ``auto``.
 - ``OMP_NUM_THREADS``: a team larger than :func:`most_threads` is cut to it, with a warning.
   GNU OpenMP tries to start every thread asked for, and with 100000 a kernel's first parallel
   region crashed the process (its threads' stacks cannot all be mapped); it reads the variable
@@ -12,6 +15,9 @@ kernel library is loaded (:func:`polyc.runtime.loader.load_library`).
 
 ``POLYC_CC``, ``CC`` and ``POLYC_CFLAGS`` are checked where they are split into words
 (:mod:`polyc.runtime.compiler`): an unbalanced quote is an error naming the variable.
+``POLYC_CACHE_MAX_SIZE`` is checked where the cache's limit is read
+(:func:`polyc.runtime.cache_space.size_limit`): a value that is not a size is an error naming
+the variable, since it decides what is deleted.
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ import warnings
 THREAD_SETTINGS = ("all", "pool")
 POOL_OFF = ("off", "0", "no", "false")
 POOL_ON = ("", "on", "1", "yes", "true")
+PROGRESS_VARIABLE = "POLYC_PROGRESS"
+PROGRESS_OFF = ("0", "off", "no", "false")
+PROGRESS_ON = ("1", "on", "yes", "true")
+PROGRESS_AUTO = ("", "auto")
 
 _checked = False
 _lock = threading.Lock()
@@ -49,8 +59,8 @@ def capped_omp_num_threads(value: str, most: int) -> str | None:
 
 
 def environment_problems(environment) -> list[str]:
-    """What is wrong with ``POLYC_THREADS`` and ``POLYC_POOL`` in ``environment`` (a mapping),
-    one sentence each."""
+    """What is wrong with ``POLYC_THREADS``, ``POLYC_POOL`` and ``POLYC_PROGRESS`` in
+    ``environment`` (a mapping), one sentence each."""
     problems = []
     threads = environment.get("POLYC_THREADS")
     if threads is not None and threads not in THREAD_SETTINGS:
@@ -63,6 +73,13 @@ def environment_problems(environment) -> list[str]:
         problems.append(
             f"POLYC_POOL={pool!r} is neither off ({', '.join(POOL_OFF)}) nor on ({', '.join(POOL_ON[1:])}): "
             "the thread pool stays on"
+        )
+    progress = environment.get(PROGRESS_VARIABLE)
+    if progress is not None and progress.strip().lower() not in PROGRESS_OFF + PROGRESS_ON + PROGRESS_AUTO:
+        problems.append(
+            f"{PROGRESS_VARIABLE}={progress!r} is neither off ({', '.join(PROGRESS_OFF)}), on "
+            f"({', '.join(PROGRESS_ON)}) nor auto: progress bars show where the output is a terminal "
+            "or a notebook, as when it is unset"
         )
     return problems
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from polyc.errors import CacheError, CompilationError
 from polyc.runtime import after_fork  # noqa: F401 -- a forked child's kernels run on one OpenMP thread
 from polyc.runtime.environment import check_environment
-from polyc.runtime.pool import thread_pool
+from polyc.runtime.pool import loaded_pool_path, thread_pool
 
 # A CDLL must outlive every function pointer taken from it, so loaded libraries are kept for the
 # life of the process; keying on the resolved path makes a second load return the same object.
@@ -54,6 +54,17 @@ def load_library(path: str | os.PathLike) -> ctypes.CDLL:
                 ) from error
             _loaded_libraries[resolved] = library
     return library
+
+
+def loaded_library_paths() -> frozenset[Path]:
+    """The (resolved) paths of every kernel library this process has loaded, the thread pool's
+    included: the kernel cache never evicts them (:mod:`polyc.runtime.cache_space`)."""
+    with _loading:
+        paths = set(_loaded_libraries)
+    pool = loaded_pool_path()
+    if pool is not None:
+        paths.add(pool)
+    return frozenset(paths)
 
 
 def get_function(

@@ -55,6 +55,7 @@ import ctypes
 import os
 import threading
 import warnings
+from pathlib import Path
 
 from polyc.codegen.templates import c_template
 
@@ -95,13 +96,18 @@ def thread_pool() -> ctypes.CDLL | None:
     return _pool
 
 
+def loaded_pool_path() -> Path | None:
+    """The path of the pool's library if this process has loaded it (without loading it)."""
+    return Path(_pool._name).resolve() if _pool is not None else None
+
+
 def _load() -> ctypes.CDLL | None:
     from polyc.errors import PolycError
     from polyc.runtime.cache import get_or_build
     from polyc.runtime.compiler import CompilerOptions
 
     try:
-        path = get_or_build(POOL_C, CompilerOptions(flags=("-O2",), openmp=False))
+        path = get_or_build(POOL_C, CompilerOptions(flags=("-O2",), openmp=False), name="the thread pool")
         library = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
         library.polyc_pool_statistics_v1  # noqa: B018 -- a compiler for another OS builds an empty library
     except (PolycError, OSError, AttributeError) as error:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import ctypes
 
-from polyc.runtime.cache import get_or_build
+from polyc.runtime.cache import load_kernel_library
 from polyc.runtime.compiler import CompilerOptions
-from polyc.runtime.loader import get_function, load_library
+from polyc.runtime.loader import get_function
 
 #: The runner's name in its library.
 RUNNER = "polyc_run_calls"
@@ -70,7 +70,7 @@ def sequence_runner(signatures: tuple[tuple[int, int], ...], cc: str | None = No
     failed) addresses and the count, returning 0, the failing call's status, or -1 for an
     unknown kind."""
     options = CompilerOptions(cc=cc, flags=("-O2",), openmp=False)
-    library = load_library(get_or_build(runner_source(signatures), options))
+    library = load_kernel_library(runner_source(signatures), options, name="the call sequence runner")
     return get_function(
         library,
         RUNNER,

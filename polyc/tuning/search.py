@@ -581,7 +581,8 @@ class _Measurer:
         if len(jobs) > 1:
             from polyc.driver import build_ahead
 
-            build_ahead((kernel, self.sizes) for kernel in _candidate_kernels(jobs))
+            # (no bar of its own: the search shows its progress)
+            build_ahead(((kernel, self.sizes) for kernel in _candidate_kernels(jobs)), progress=False)
         for job in jobs:
             yield measure_candidate(job, self.inputs, self.reference)
 

@@ -24,6 +24,7 @@ import collections
 import contextlib
 import ctypes
 import hashlib
+import logging
 import math
 import re
 import threading
@@ -56,6 +57,8 @@ from polyc.options import Options
 from polyc.runtime.arguments import allocate
 from polyc.runtime.compiler import vector_bits as build_vector_bits
 from polyc.runtime.sequence import sequence_runner
+
+logger = logging.getLogger(__name__)
 
 #: The most statements one fused group may hold (isl's scheduler grows with them).
 MAX_GROUP_STATEMENTS = 12
@@ -130,10 +133,15 @@ class Plan:
         graph_fusion: bool,
         channels_last: bool = False,
         nodes: list | None = None,
+        progress: bool | None = None,
     ):
         """``nodes``: the FlatNodes (and LoopIterations) to plan, when not the graph's own (the
         rest of a graph after a stage, :mod:`.stages`); ``shapes`` and ``dtypes`` then give the
-        values it reads from the stages before."""
+        values it reads from the stages before.  ``progress``: a progress bar over the kernels
+        of the first run's compile (:func:`polyc.driver.build_ahead`; None: where the output
+        is a terminal or a notebook, unless ``POLYC_PROGRESS=0``)."""
+        started = time.perf_counter()
+        self._progress = progress
         self._counter = 0
         self.fed_by_a_stage = nodes is not None
         self.values = _Values(constants, self._new_ident)
@@ -157,6 +165,7 @@ class Plan:
                 FlatNode(proto, opset, proto.name or f"{proto.op_type}_{position}", "")
                 for position, proto in enumerate(protos)
             ]
+        node_count = len(nodes)
         pending = collections.deque(nodes)
         # Items that need a value computed from data wait for the next stage, with every item
         # that reads what they give; the others are planned now, so that a stage learns all
@@ -215,7 +224,7 @@ class Plan:
         if waiting:
 
             def plan_rest(rest, shapes, dtypes, known):
-                return Plan(graph, opset, shapes, dtypes, known, options, graph_fusion, channels_last, nodes=rest)
+                return Plan(graph, opset, shapes, dtypes, known, options, graph_fusion, channels_last, rest, progress)
 
             steps += self._stop_before(waiting, probes, graph, layout, plan_rest)
         if self.continuation is not None:
@@ -247,6 +256,22 @@ class Plan:
         self._arenas_lock = threading.Lock()
         self._built = False
         self._build_lock = threading.Lock()
+        self._ran = False
+        distinct = len({id(g.kernel) for g in self.groups})
+        logger.info(
+            "planned %d node(s) as %d kernel(s) (%d distinct) and %d view(s) in %.2f s%s",
+            node_count,
+            len(self.groups),
+            distinct,
+            len(self.order) - len(self.groups),
+            time.perf_counter() - started,
+            (
+                f"; the rest of the graph is planned once {', '.join(map(repr, self.continuation.probes))} "
+                "is known (computed from data)"
+                if self.continuation is not None
+                else ""
+            ),
+        )
 
     def _stop_before(self, rest: list, probes: list[str], graph, layout, make_plan) -> list:
         """Ends the plan before ``rest`` (items that need the contents of ``probes``, computed at
@@ -515,10 +540,14 @@ class Plan:
         in the plan's order, when the run takes the resolved calls (every run after the first
         on an arena).  A plan that stops to learn a value computed from data runs the plan of
         the rest for it after (:mod:`.stages`), and so on."""
+        first, started = not self._ran, time.perf_counter()
         plan, results = self, self._run_stage(feeds, seconds)
         while plan.continuation is not None:
             plan, feeds = plan.continuation.next(results)
             results = plan._run_stage(feeds, seconds)
+        if first:
+            self._ran = True
+            logger.info("first run (compiling what the cache lacks) in %.2f s", time.perf_counter() - started)
         return results
 
     def _run_stage(self, feeds: dict[str, np.ndarray], seconds: list | None = None) -> dict[str, np.ndarray]:
@@ -593,8 +622,12 @@ class Plan:
         only at its call, which compiles it)."""
         with self._build_lock:
             if not self._built:
-                kernels = {id(g.kernel): g.kernel for g in self.groups}  # (groups may share one)
-                build_ahead((k, {}) for k in kernels.values() if not k.definition.sizes)
+                named: dict[int, tuple] = {}  # (groups may share one kernel: named after the first)
+                for group in self.groups:
+                    if id(group.kernel) not in named and not group.kernel.definition.sizes:
+                        named[id(group.kernel)] = (group.kernel, {}, _kernel_label(group))
+                logger.info("compiling %d kernel(s)", len(named))
+                build_ahead(named.values(), progress=self._progress, description="polyc: compiling the model")
                 self._built = True
 
     @staticmethod
@@ -882,6 +915,13 @@ class _Values(dict):
     def constants(self) -> dict:
         """Every constant's array by name: those given and those the plan computed."""
         return {**self._constants, **{name: value.const for name, value in self.items() if value.const is not None}}
+
+
+def _kernel_label(group: Group) -> str:
+    """What the log and the progress bar call a group's kernel: its name and ONNX nodes."""
+    nodes = group.nodes
+    shown = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+    return f"{group.name} ({shown})"
 
 
 def _shared_kernel(key: tuple, define):

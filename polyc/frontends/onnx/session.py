@@ -11,6 +11,7 @@ polyc's disk cache, so a new process compiles nothing it has compiled before.
 
 from __future__ import annotations
 
+import logging
 import threading
 import warnings
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from polyc.errors import PolycError, PolycWarning, SignatureError, UnsupportedEr
 from polyc.frontends.onnx.functions import CONSTANT_INPUTS, flatten
 from polyc.frontends.onnx.model import default_opset, initializers, load_model, tensor_info
 from polyc.frontends.onnx.plan import Group, Plan, is_converted, unsupported_error
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,11 @@ class InferenceSession:
     F(2x2, 3x3), :mod:`polyc.codegen.winograd`, as onnxruntime's and oneDNN's CPU kernels may
     choose their algorithm).
 
+    ``progress``: a progress bar over the kernels of each first run's compile: None (the
+    default) where the output is a terminal or a notebook and tqdm is installed, unless
+    ``POLYC_PROGRESS=0``; False never; True always.  What is planned, each kernel built or taken
+    from the cache, and the timings are logged on the ``polyc`` loggers (:mod:`logging`).
+
     onnxruntime's arguments are taken as onnxruntime takes them, so that switching needs no
     other change: ``sess_options`` (an ``onnxruntime.SessionOptions``) sets the kernels' threads
     from ``intra_op_num_threads`` (unless ``threads`` is given; 0 is onnxruntime's default, all
@@ -90,6 +98,7 @@ class InferenceSession:
         *,
         graph_fusion: bool | None = None,
         channels_last: bool | None = None,
+        progress: bool | None = None,
         **options,
     ):
         from polyc.options import Options
@@ -118,6 +127,9 @@ class InferenceSession:
                     f"{self._where}: input {info.name!r} has type {info.type}, which polyc cannot compute in"
                 )
         self._specialised = _specialising_inputs(flat_nodes, {i.name: i for i in self._inputs})
+        if progress is not None and not isinstance(progress, bool):
+            raise PolycError(f"progress must be True, False or None (where the output is watched), not {progress!r}")
+        self._progress = progress
         self._options = options
         self.graph_fusion = graph_fusion
         self.channels_last = graph_fusion if channels_last is None else bool(channels_last)
@@ -170,6 +182,11 @@ class InferenceSession:
                 plan = self._plans.get(key)
                 if plan is None:
                     runtime = [i for i in self._inputs if i.name not in values]
+                    logger.info(
+                        "planning %s for input shapes %s",
+                        self._where,
+                        ", ".join(f"{i.name}={tuple(shapes[i.name])}" for i in runtime) or "()",
+                    )
                     plan = Plan(
                         self._model.graph,
                         self._opset,
@@ -179,6 +196,7 @@ class InferenceSession:
                         self._options,
                         self.graph_fusion,
                         self.channels_last,
+                        progress=self._progress,
                     )
                     self._plans[key] = plan
         self._last = plan
