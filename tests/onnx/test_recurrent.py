@@ -1,8 +1,8 @@
 """RNN, GRU and LSTM (polyc/frontends/onnx/ops/recurrent.py) against onnxruntime: both directions
 and both layouts with initial states and biases, GRU's linear_before_reset, LSTM's clip,
 input_forget, peepholes and other activations; sequences longer than one concatenation
-reads, whose steps share one kernel; padded sequences (``sequence_lens`` shorter than the
-sequence)."""
+reads; the recurrence one kernel per direction; padded sequences (``sequence_lens`` shorter than
+the sequence), still unrolled, whose steps share one kernel."""
 
 from __future__ import annotations
 
@@ -105,8 +105,23 @@ def test_lstm_with_clip_coupled_gates_peepholes_and_other_activations():
     )
 
 
-def test_the_steps_of_a_long_sequence_share_their_kernels():
-    session = against_onnxruntime(*recurrent_model("LSTM", "forward", 0, steps=40))
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_the_recurrence_is_one_kernel_per_direction(op, direction):
+    # The time loop is inside the kernel (a 'for' block): a few kernels whatever the length,
+    # where the unrolled lowering made one call per time step.
+    session = against_onnxruntime(*recurrent_model(op, direction, 0, steps=40))
+    kernels = session.kernels()
+    assert len(session.groups) == len(kernels) < 10
+    looped = [k for k in kernels if k.definition.has_sequential_loops]
+    assert len(looped) == (2 if direction == "bidirectional" else 1)
+
+
+def test_the_steps_of_a_padded_sequence_share_their_kernels():
+    # Entries of different lengths keep the unrolled lowering, one call per step.
+    model, feeds = recurrent_model("LSTM", "forward", 0, steps=40)
+    feeds["sequence_lens"] = np.array([40, 31, 40], np.int32)
+    session = against_onnxruntime(model, feeds)
     kernels = session.kernels()
     assert len(kernels) >= 40 and len({id(k) for k in kernels}) <= 8
 
