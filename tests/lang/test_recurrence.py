@@ -227,3 +227,23 @@ def test_the_bounds_proof_still_checks_reads_of_earlier_steps():
     kernel(np.ones((1, 2), np.float32))
     with pytest.raises(polyc.BoundsError):
         kernel(np.ones((3, 2), np.float32))
+
+
+def test_parallel_loops_inside_the_step_loop_share_one_team():
+    """Each step's matrix-vector product is a parallel loop worth a team (the barrier after it
+    every step is cheap, a team started every step is not): one ``omp parallel`` around the step
+    loop, ``omp for`` inside."""
+    kernel = polyc.define(RNN).rnn
+    sizes = {"T": 6, "B": 1, "I": 8, "G": 300}
+    source = kernel.c_source(sizes)
+    team = source[source.index("#pragma omp parallel\n") :]
+    assert "#pragma omp for" in team
+    assert "#pragma omp parallel for" not in team
+    args, expected = _rnn_case(np.random.default_rng(1), 6, 1, 8, 300)
+    np.testing.assert_allclose(kernel(*args), expected[0], rtol=1e-4, atol=1e-5)
+
+
+def test_too_little_work_per_step_runs_the_step_loop_on_one_thread():
+    source = polyc.define(RNN).rnn.c_source({"T": 50, "B": 1, "I": 8, "G": 32})
+    assert "#pragma omp parallel\n" not in source
+    assert "#pragma omp for" not in source

@@ -10,8 +10,18 @@ is inside it.
 - the outputs: ``Y`` gathered from the directions' states in time order, the last states views
   of their last step.
 
-Where the batch entries have different lengths (``sequence_lens`` shorter than the sequence) the
-layer is still unrolled, one kernel call per time step: every step of a direction is the same
+Which lowering, measured at one thread (CHANGELOG, issue 80): with a batch of one the step's
+products are matrix-vector products, as fast in the time loop's kernel as in a kernel per step,
+and the kernel saves a call, a team and a concatenation per step (LSTM hidden 512: 4.5 ms against
+7.0 unrolled).  With a larger batch, where each step's products are contractions of the state
+with the weights (``_gemm_per_step``), the unrolled step's contraction kernel reads the weights
+once for the whole batch and the loop nest once per entry (LSTM batch 8, hidden 256: 3.9 ms
+against 1.5): the layer is unrolled.  GRU without ``linear_before_reset`` scales the state by the
+reset gate inside its product, no contraction kernel takes that step, and the time loop's kernel
+is the faster at every batch (batch 8, hidden 512: 41 ms against 316).
+
+Where the layer is not looped, or the batch entries have different lengths (``sequence_lens``
+shorter than the sequence), it is unrolled, one kernel call per time step: every step of a direction is the same
 statements on the same shapes, reading its time step's slice of the input projection through a
 view, so the steps share one compiled kernel (see ``_canonical_def`` in
 :mod:`polyc.frontends.onnx.plan`), and the outputs are the states stacked in time order.
@@ -119,7 +129,7 @@ class _Recurrent(Converter):
         clip = node.attr("clip")
         given_states = (inputs + [None] * 8)[5 : 5 + cls.STATES]
         states = [cls._per_direction(b, v, batchwise) if v is not None else None for v in given_states]
-        if ends is None and steps > 0:
+        if ends is None and steps > 0 and (batch == 1 or not cls._gemm_per_step(node)):
             return cls._lower_looped(b, node, inputs, x, (w, r, bias), states, activations, clip, batchwise, hidden)
         per_step, last = [], []
         for d in range(directions):
@@ -164,6 +174,14 @@ class _Recurrent(Converter):
             )
             results.append(transposed(b, final, [1, 0, 2]) if batchwise else final)
         return results
+
+    @staticmethod
+    def _gemm_per_step(node) -> bool:
+        """Whether each step's recurrent products are contractions of the state before with the
+        weights (RNN, LSTM, GRU with ``linear_before_reset``): unrolled, each step is then one
+        contraction kernel (polyc/codegen/gemm.py) that reuses the weights across the batch,
+        where the time loop's kernel reads them once per batch entry."""
+        return True
 
     @classmethod
     def _lower_looped(cls, b, node, inputs, x, weights, states, activations, clip, batchwise, hidden) -> list[Value]:
@@ -303,7 +321,11 @@ class _Loop:
         self.reads += [v for v in reads if v is not None]
         body = "\n".join(f"        {s}" for s in self.statements)
         block = f"for s in 0:{self.steps} {{\n{body}\n    }}"
-        self.b.emit([block], self.reads, self.writes, "recurrence", states=states)
+        # Each statement its own loop nest inside the step (isl's fusion, minimal): fused with the
+        # activation after it, a recurrent product ran along the hidden units with the weights'
+        # rows strided and the activation under a condition in the vector loop, six times slower
+        # (RNN, hidden 256) than as dot products along the weights' rows.
+        self.b.emit([block], self.reads, self.writes, "recurrence", {"fusion": "min"}, states=states)
 
 
 def _rows_at(b: Builder, projected: Value, times: np.ndarray) -> Value:
@@ -405,6 +427,11 @@ class RNN(_Recurrent):
 class GRU(_Recurrent):
     GATES = 3
     DEFAULTS = ["Sigmoid", "Tanh"]
+
+    @staticmethod
+    def _gemm_per_step(node) -> bool:
+        # Without linear_before_reset the reset gate scales the state inside the product.
+        return bool(node.attr("linear_before_reset", 0))
 
     @staticmethod
     def _block(b, node, loop: _Loop, initial, r, biases, inputs, d, f) -> list[Value]:
