@@ -36,8 +36,13 @@ def run_bound(definition: ir.CheckedDef, call: BoundCall) -> tuple[np.ndarray, .
     tensors = dict(call.arrays)
     for name in definition.temporaries:
         tensors[name] = call.new_array(definition.tensor(name))
-    for statement in definition.statements:
-        _StatementRun(definition, statement, tensors, call.sizes).execute()
+    for loop, block in ir.loop_blocks(definition.statements):
+        if loop is None:
+            _StatementRun(definition, block[0], tensors, call.sizes).execute()
+            continue
+        for step in range(loop.range.lo.evaluate(call.sizes), loop.range.hi.evaluate(call.sizes)):
+            for statement in block:  # each step runs the block's statements in order
+                _StatementRun(definition, statement, tensors, call.sizes, {loop.index: step}).execute()
     return tuple(call.arrays[name] for name in definition.outputs)
 
 
@@ -48,12 +53,19 @@ class _StatementRun:
         statement: ir.CheckedStatement,
         tensors: dict[str, np.ndarray],
         sizes: dict[str, int],
+        fixed: dict[str, int] | None = None,
     ):
         self.definition = definition
         self.statement = statement
         self.tensors = tensors
         self.sizes = sizes
-        self.bounds = [(name, r.lo.evaluate(sizes), r.hi.evaluate(sizes)) for name, r in statement.ranges]
+        fixed = fixed or {}  # indices held at one value: a sequential loop's step
+        self.bounds = [
+            (name, fixed[name], fixed[name] + 1)
+            if name in fixed
+            else (name, r.lo.evaluate(sizes), r.hi.evaluate(sizes))
+            for name, r in statement.ranges
+        ]
 
     def execute(self) -> None:
         s = self.statement

@@ -187,7 +187,7 @@ class _KernelWriter:
             # (a forked child's, whose team is gone: see polyc/runtime/after_fork.py).  The clauses
             # follow the construct's whole name: "parallel for num_threads(4) simd" is no pragma.
             text = re.sub(
-                r"^(\s*#pragma omp parallel for(?: simd)?\b)",
+                r"^(\s*#pragma omp parallel(?: for(?: simd)?)?\b)",
                 rf"\1 num_threads({self.options.threads}) if(omp_get_max_threads() > 1)",
                 text,
                 flags=re.M,
@@ -216,6 +216,10 @@ class _KernelWriter:
             children = node.block_get_children()
             return cgen.Block([self.node(children.get_at(i)) for i in range(children.n_ast_node())])
         if kind == isl.ast_node_type.for_:
+            if self.simd is None and not node.for_is_degenerate():
+                team = self.team_loop(node)
+                if team is not None:
+                    return team
             return self.for_node(node, [])
         if kind == isl.ast_node_type.if_:
             if self.simd is not None:
@@ -234,6 +238,72 @@ class _KernelWriter:
         if kind == isl.ast_node_type.user:
             return self.user_node(node.user_get_expr())
         raise PolycError(f"internal: unexpected isl AST node {kind}")
+
+    # ------------------------------------------------------------------ teams
+    def team_loop(self, node: isl.AstNode):
+        """A sequential loop with parallel loops inside (a recurrence's time loop): one OpenMP
+        team for the whole loop, not one per iteration and parallel loop.
+
+        Every thread runs the sequential loop (its bounds and the conditions inside depend on
+        outer iterators and sizes only, the same in every thread); the parallel loops inside
+        share their iterations (``omp for``); the rest runs on one thread (``omp single``).
+        Both end in a barrier, so each part sees what the parts before it wrote, as in the
+        sequential order.  Starting a team costs several microseconds and, on a machine busier
+        than its cores, a wait for each of its threads to be scheduled; a barrier costs about
+        one.  None where the loop has no parallel loop inside, or one this does not take (a
+        parallel reduction, whose private copies OpenMP combines at the region's end): the
+        loop is then written as before."""
+        if PARALLEL not in _mark_kinds(node.for_get_body()) or REDUCE in _mark_kinds(node.for_get_body()):
+            return None
+        try:
+            loop = self.for_node(node, [], body=self.team_part)
+        except _NoTeam:
+            return None
+        return cgen.Module([cgen.Pragma("omp parallel"), cgen.Block([loop])])
+
+    def team_part(self, node: isl.AstNode):
+        """``node`` inside a team's sequential loop (see :meth:`team_loop`)."""
+        kind = node.get_type()
+        if PARALLEL not in _mark_kinds(node):
+            return cgen.Module([cgen.Pragma("omp single"), cgen.Block([self.node(node)])])
+        if kind == isl.ast_node_type.block:
+            children = node.block_get_children()
+            return cgen.Block([self.team_part(children.get_at(i)) for i in range(children.n_ast_node())])
+        if kind == isl.ast_node_type.for_:
+            return self.for_node(node, [], body=self.team_part)
+        if kind == isl.ast_node_type.if_:
+            then_node = self.team_part(node.if_get_then_node())
+            else_node = self.team_part(node.if_get_else_node()) if node.if_has_else_node() else None
+            if else_node is not None and not isinstance(then_node, cgen.Block):
+                then_node = cgen.Block([then_node])
+            return cgen.If(self.expr(node.if_get_cond()), then_node, else_node)
+        if kind != isl.ast_node_type.mark:
+            raise _NoTeam
+        marks, depths, below = _mark_chain(node)
+        if not self.is_marked_loop(below, depths):
+            return self.team_part(below)  # isl elided the marked loop: the marks do nothing
+        if PARALLEL not in {m.kind for m in marks}:
+            raise _NoTeam  # a loop with parallel loops inside, itself vectorised or unrolled
+        lines = str(self.mark_node(node)).split("\n")
+        shared = 0
+        for position, line in enumerate(lines):
+            stripped = line.lstrip()
+            if stripped.startswith("#pragma omp parallel"):
+                if not stripped.startswith("#pragma omp parallel for") or "reduction(" in stripped:
+                    raise _NoTeam
+                lines[position] = line.replace("#pragma omp parallel for", "#pragma omp for", 1)
+                shared += 1
+        if shared != 1:
+            raise _NoTeam
+        return _Lines(lines)
+
+    def is_marked_loop(self, node: isl.AstNode, depths: frozenset[int]) -> bool:
+        """Whether ``node`` is the loop that marks of schedule ``depths`` above it annotate."""
+        return (
+            node.get_type() == isl.ast_node_type.for_
+            and not node.for_is_degenerate()
+            and self.expr(node.for_get_iterator()) in {f"c{d}" for d in depths}
+        )
 
     def mark_node(self, node: isl.AstNode):
         """Pragmas for a run of nested marks, applied to the loop of the marked band member."""
@@ -476,13 +546,15 @@ class _KernelWriter:
             clauses.append(f"reduction({_BOOL_REDUCTIONS[op] if dtype.kind == 'b' else op}:{tensor}[0:{elements}])")
         return " ".join(clauses)
 
-    def for_node(self, node: isl.AstNode, pragmas: list[str]):
+    def for_node(self, node: isl.AstNode, pragmas: list[str], body: Callable | None = None):
+        """The loop ``node`` under ``pragmas``, its body written by ``body`` (:meth:`node`)."""
         iterator = self.expr(node.for_get_iterator())
         if self.simd is not None:
             self.simd.iterators.add(iterator)
         init = self.expr(node.for_get_init())
+        write_body = body or self.node
         if node.for_is_degenerate():
-            body = self.node(node.for_get_body())
+            body = write_body(node.for_get_body())
             return cgen.Block([cgen.Statement(f"const int64_t {iterator} = {init}"), body])
         step = node.for_get_inc()
         self.loops.append(
@@ -494,7 +566,7 @@ class _KernelWriter:
             )
         )
         self.open_loops.append(len(self.loops) - 1)
-        body = self.node(node.for_get_body())
+        body = write_body(node.for_get_body())
         self.open_loops.pop()
         loop = cgen.For(
             f"int64_t {iterator} = {init}",
@@ -758,6 +830,51 @@ def plain_ast_c(node: isl.AstNode, user: Callable[[str, list[str]], str], names:
         arguments = [ast_expr_c(call.get_op_arg(i + 1), names) for i in range(call.get_op_n_arg() - 1)]
         return cgen.Statement(user(call.get_op_arg(0).get_id().get_name(), arguments))
     raise PolycError(f"internal: unexpected isl AST node {kind}")
+
+
+class _NoTeam(Exception):
+    """A sequential loop's parallel loops are not ones :meth:`_KernelWriter.team_loop` takes."""
+
+
+class _Lines(cgen.Generable):
+    """Lines of C as they are (a loop written and then given its team's pragmas)."""
+
+    def __init__(self, lines: list[str]):
+        self.lines = lines
+
+    def generate(self):
+        yield from self.lines
+
+
+def _mark_chain(node: isl.AstNode) -> tuple[list, frozenset[int], isl.AstNode]:
+    """The run of nested marks at ``node`` that annotate one loop (those of its schedule
+    depths), the depths, and the node below them."""
+    marks: list = []
+    depths: frozenset[int] = frozenset()
+    while node.get_type() == isl.ast_node_type.mark:
+        mark = loop_mark(node.mark_get_id())
+        if marks and frozenset(mark.depths) != depths:
+            break
+        marks.append(mark)
+        depths = frozenset(mark.depths)
+        node = node.mark_get_node()
+    return marks, depths, node
+
+
+def _mark_kinds(node: isl.AstNode) -> set[str]:
+    """The kinds of the marks in the AST at ``node``."""
+    kind = node.get_type()
+    if kind == isl.ast_node_type.mark:
+        return {loop_mark(node.mark_get_id()).kind} | _mark_kinds(node.mark_get_node())
+    if kind == isl.ast_node_type.block:
+        children = node.block_get_children()
+        return set().union(*(_mark_kinds(children.get_at(i)) for i in range(children.n_ast_node())))
+    if kind == isl.ast_node_type.for_:
+        return _mark_kinds(node.for_get_body())
+    if kind == isl.ast_node_type.if_:
+        found = _mark_kinds(node.if_get_then_node())
+        return found | _mark_kinds(node.if_get_else_node()) if node.if_has_else_node() else found
+    return set()
 
 
 def _runs_at_least_once(loop: isl.AstNode) -> bool:

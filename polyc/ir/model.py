@@ -88,6 +88,11 @@ class PolyStatement:
     write: isl.Map
     reads: tuple[Access, ...]
 
+    @property
+    def loop(self) -> ir.SequentialLoop | None:
+        """The sequential loop of its source statement, if any."""
+        return self.source.loop
+
 
 @dataclass(frozen=True)
 class PolyProgram:
@@ -127,12 +132,25 @@ class PolyProgram:
         return _union_maps(self, (a.relation for s in self.statements for a in s.reads if a.exact))
 
     def initial_schedule(self) -> isl.Schedule:
-        """Statements in source order; within a statement its indices in order, outermost first."""
-        depth = max((len(s.indices) for s in self.statements), default=0)
+        """The order TC's semantics runs instances in, which dependences are computed against.
+
+        Statements in source order; within a statement its indices in order, outermost first.
+        The statements of a sequential loop share it as their outermost loop: ``[block, t,
+        position in the block, the other indices...]``, so step t runs each of them before step
+        t + 1 starts.
+        """
+        blocks = ir.loop_blocks(self.statements)
+        depth = max((len(s.indices) + (s.source.loop is not None) for s in self.statements), default=0)
         pieces = []
-        for position, s in enumerate(self.statements):
-            dims = [str(position)] + list(_isl_dims(s.indices)) + ["0"] * (depth - len(s.indices))
-            pieces.append(f"{s.name}[{', '.join(_isl_dims(s.indices))}] -> [{', '.join(dims)}]")
+        for ordinal, (loop, block) in enumerate(blocks):
+            for position, s in enumerate(block):
+                if loop is None:
+                    dims = [str(ordinal), *_isl_dims(s.indices)]
+                else:
+                    others = [i for i in s.indices if i != loop.index]
+                    dims = [str(ordinal), isl_name(loop.index), str(position), *_isl_dims(others)]
+                dims += ["0"] * (depth + 1 - len(dims))
+                pieces.append(f"{s.name}[{', '.join(_isl_dims(s.indices))}] -> [{', '.join(dims)}]")
         text = f"{self._params_text()} -> {{ {'; '.join(pieces)} }}"
         schedule_map = isl.UnionMap.read_from_str(self.ctx, text)
         return isl.Schedule.from_domain(self.domain).insert_partial_schedule(

@@ -152,13 +152,27 @@ ASSIGN_OPS = ("=", "+=", "*=", "min=", "max=")
 
 
 @dataclass(frozen=True)
+class SequentialLoop:
+    """``for t in lo:hi { statements }``: for t = lo, lo+1, ..., hi-1 in turn, the block's
+    statements run one after the other with t fixed, each reading what the earlier steps wrote.
+    ``number`` tells the loops of a def apart (source order, from 0)."""
+
+    index: str
+    lo: Expr
+    hi: Expr
+    number: int
+    loc: SourceLocation = field(default=_NOWHERE, compare=False)
+
+
+@dataclass(frozen=True)
 class Statement:
     """``T(i, j) OP[!] rhs where ...``.
 
     ``indices`` are the left-hand index names (empty for a 0-d target); ``op`` is one of
     ASSIGN_OPS and ``init`` is True when it was followed by ``!``.  ``equivalent`` is TC's
     annotation ``<=> matmul(A(i, k), B(k, j))`` naming a library operation the statement is
-    equivalent to; it has no effect on what the statement computes.
+    equivalent to; it has no effect on what the statement computes.  ``loop`` is the
+    ``for`` block the statement is written in, if any.
     """
 
     target: str
@@ -168,6 +182,7 @@ class Statement:
     rhs: Expr
     where: tuple[WhereClause, ...] = ()
     equivalent: Access | None = None
+    loop: SequentialLoop | None = None
     loc: SourceLocation = field(default=_NOWHERE, compare=False)
     index_locs: tuple[SourceLocation, ...] = field(default=(), compare=False)
 
@@ -189,7 +204,8 @@ class Param:
 
 @dataclass(frozen=True)
 class Def:
-    """``def name(inputs) -> (outputs) { statements }``."""
+    """``def name(inputs) -> (outputs) { statements }``; the statements of ``for`` blocks are
+    listed in place, each pointing at its block."""
 
     name: str
     inputs: tuple[Param, ...]

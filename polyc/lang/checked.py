@@ -9,7 +9,10 @@ Statement semantics (the reference interpreter is their executable statement): f
 of the left-hand indices' ranges, the right-hand side is evaluated at every point of the
 reduction indices' ranges, the values are combined with the update operator, and the result is
 combined with the target's current element (or with the operator's identity when ``init``).
-Statements run in order; each reads the tensors as earlier statements left them.
+Statements run in order; each reads the tensors as earlier statements left them.  The
+statements of a :class:`SequentialLoop` run together: for each value of the loop's index in
+increasing order, each of them runs, in order, with that index fixed, so a statement can read
+what the block wrote at an earlier step (a recurrence).
 """
 
 from __future__ import annotations
@@ -179,6 +182,37 @@ class IndexRange:
         return f"{self.lo}:{self.hi}"
 
 
+@dataclass(frozen=True)
+class SequentialLoop:
+    """``for index in range { ... }`` around a block of consecutive statements.
+
+    Its steps run one after the other in increasing ``index``; within a step, the block's
+    statements run in order with ``index`` fixed.  Every statement of the block writes its target
+    at ``index``, and reads what the block writes only at an earlier step (``index - c``, c > 0
+    constant) or, at the same step, what an earlier statement of the block wrote.  ``first`` is
+    the position of the block's first statement, which tells two blocks apart.  A statement that
+    reads its own target at an earlier step along one index, outside any ``for`` block, is a
+    block of its own.
+    """
+
+    index: str
+    range: IndexRange
+    first: int
+
+
+def loop_blocks(statements) -> list[tuple[SequentialLoop | None, list]]:
+    """``statements`` (checked, or anything with a ``loop``, in order) cut into what runs as a
+    unit: each statement outside a loop alone (loop None), each loop's block together."""
+    blocks: list[tuple[SequentialLoop | None, list]] = []
+    for statement in statements:
+        loop = statement.loop
+        if loop is not None and blocks and blocks[-1][0] == loop:
+            blocks[-1][1].append(statement)
+        else:
+            blocks.append((loop, [statement]))
+    return blocks
+
+
 #: Update operators of statements after normalisation.
 UPDATE_OPS = ("=", "+", "*", "min", "max")
 
@@ -202,6 +236,7 @@ class CheckedStatement:
     op: str
     init: bool
     rhs: TExpr
+    loop: SequentialLoop | None = None
     text: str = field(default="", compare=False)
     loc: SourceLocation = field(default=SourceLocation(0, 0), compare=False)
 
@@ -258,6 +293,11 @@ class CheckedDef:
     def temporaries(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.tensors if t.role is Role.TEMPORARY)
 
+    @property
+    def has_sequential_loops(self) -> bool:
+        """Whether a statement runs in a sequential loop (a recurrence)."""
+        return any(s.loop is not None for s in self.statements)
+
     def describe(self) -> str:
         """A readable summary: signature with shapes, then each statement with its ranges."""
 
@@ -275,4 +315,8 @@ class CheckedDef:
             reduction = f" reduce {s.op} over {', '.join(s.reduction_indices)}" if s.reduction_indices else ""
             lines.append(f"  {s.name}: {s.text.strip()}")
             lines.append(f"      where {ranges or '(no indices)'}{reduction}")
+            if s.loop is not None:
+                lines.append(
+                    f"      in the sequential loop over {s.loop.index} in {s.loop.range} (from S{s.loop.first})"
+                )
         return "\n".join(lines)

@@ -125,6 +125,7 @@ def accumulate_float16_in_float32(definition: ir.CheckedDef) -> ir.CheckedDef:
                 op="=",
                 init=False,
                 rhs=value,
+                loop=statement.loop,
                 text=text,
                 loc=statement.loc,
             )

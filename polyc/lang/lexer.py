@@ -26,7 +26,7 @@ INT = "int"
 FLOAT = "float"
 EOF = "eof"
 
-KEYWORDS = frozenset({"def", "where", "in", "exists"})
+KEYWORDS = frozenset({"def", "where", "in", "exists", "for"})
 
 # Longest first, so that the first match is the maximal munch.
 PUNCTUATION = (

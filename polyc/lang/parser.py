@@ -4,7 +4,8 @@ The grammar (``[x]`` optional, ``{x}`` repeated)::
 
     source     := def {def}
     def        := 'def' NAME '(' [input {',' input}] ')' '->' '(' [output {',' output}] ')'
-                  '{' {statement} '}'
+                  '{' {statement | loop} '}'
+    loop       := 'for' NAME 'in' expr ':' expr '{' {statement} '}'
     input      := TYPE ['(' [size {',' size}] ')'] NAME
     output     := NAME | TYPE ['(' [size {',' size}] ')'] NAME
     size       := NAME | INTEGER
@@ -28,6 +29,7 @@ walk the tree well inside Python's recursion limit.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
@@ -165,9 +167,14 @@ class _Parser:
         self._expect("(", "to open the list of outputs after '->'")
         outputs = self._parse_parenthesized(self._parse_output, lambda p: f"output '{p.name}'")
         self._expect("{", f"to open the body of def '{name}'")
-        statements = []
+        statements: list[ast.Statement] = []
+        loops = 0
         while not self._accept("}"):
-            statements.append(self._parse_statement())
+            if self._tok.kind == "for":
+                statements += self._parse_loop(loops)
+                loops += 1
+            else:
+                statements.append(self._parse_statement())
 
         self._def_name = None
         return ast.Def(name, inputs, outputs, tuple(statements), loc=def_token.loc)
@@ -231,6 +238,25 @@ class _Parser:
         self._fail_expected("a size (a size name or an integer)")
 
     # ------------------------------------------------------------------------- statements
+    def _parse_loop(self, number: int) -> list[ast.Statement]:
+        """``for t in lo:hi { statements }``: the statements, each pointing at the loop."""
+        for_token = self._advance()  # the caller saw 'for'
+        index = self._expect_name("an index name after 'for'")
+        self._expect("in", f"after 'for {index.text}'")
+        lo = self._parse_expression()
+        self._expect(":", f"between the bounds of the range of '{index.text}'")
+        hi = self._parse_expression()
+        self._expect("{", f"to open the body of 'for {index.text}'")
+        loop = ast.SequentialLoop(index.text, lo, hi, number, loc=for_token.loc)
+        statements = []
+        while not self._accept("}"):
+            if self._tok.kind == "for":
+                raise self._error("'for' blocks cannot be nested; write one 'for' block per recurrence", self._tok.loc)
+            statements.append(dataclasses.replace(self._parse_statement(), loop=loop))
+        if not statements:
+            raise self._error(f"'for {index.text}' has no statements", for_token.loc)
+        return statements
+
     def _parse_statement(self) -> ast.Statement:
         previous = self._tokens[self._pos - 1]
         # Juxtaposed statements on one line are legal but rare; more often a missing operator

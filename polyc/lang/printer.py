@@ -42,7 +42,17 @@ def format_def(definition: ast.Def) -> str:
     inputs = ", ".join(format_param(p) for p in definition.inputs)
     outputs = ", ".join(format_param(p) for p in definition.outputs)
     lines = [f"def {definition.name}({inputs}) -> ({outputs}) {{"]
-    lines += [INDENT + format_statement(s) for s in definition.statements]
+    loop = None
+    for statement in definition.statements:
+        if statement.loop != loop and loop is not None:
+            lines.append(INDENT + "}")
+        if statement.loop != loop and statement.loop is not None:
+            header = statement.loop
+            lines.append(f"{INDENT}for {header.index} in {_format_bound(header.lo)}:{_format_bound(header.hi)} {{")
+        loop = statement.loop
+        lines.append(INDENT * (2 if loop is not None else 1) + format_statement(statement))
+    if loop is not None:
+        lines.append(INDENT + "}")
     lines.append("}")
     return "\n".join(lines)
 

@@ -120,8 +120,17 @@ class _DefChecker:
             self._add_input(param)
         for param in d.outputs:
             self._add_output(param)
+        loops: dict[int, ir.SequentialLoop] = {}
         for position, statement in enumerate(d.statements):
-            self.statements.append(_StatementChecker(self, statement, position).run())
+            loop = None
+            if statement.loop is not None:
+                loop = loops.get(statement.loop.number)
+                if loop is None:
+                    loop = loops[statement.loop.number] = self._loop(statement.loop, position)
+            self.statements.append(_StatementChecker(self, statement, position, loop).run())
+        for loop, block in ir.loop_blocks(self.statements):
+            if loop is not None:
+                self._check_loop(loop, block)
         for name, param in self.declared_outputs.items():
             if name not in self.tensors:
                 raise self.error(f"output '{name}' is never written", param.loc)
@@ -142,6 +151,64 @@ class _DefChecker:
             source=self.text,
             loc=d.loc,
         )
+
+    def _loop(self, loop: ast.SequentialLoop, position: int) -> ir.SequentialLoop:
+        if loop.index in self.sizes or loop.index in self.tensors or loop.index in self.declared_outputs:
+            raise self.error(f"'{loop.index}' names a size or tensor and cannot be the index of 'for'", loop.loc)
+        bounds = ir.IndexRange(self.size_expression(loop.lo), self.size_expression(loop.hi))
+        return ir.SequentialLoop(loop.index, bounds, position)
+
+    def _check_loop(self, loop: ir.SequentialLoop, block: list[ir.CheckedStatement]) -> None:
+        """That every read, in ``loop``'s block, of a tensor the block writes sees a value the
+        steps so far wrote: at an earlier step (``t - c``, c a positive constant), or at this
+        step after the statement writing it.  (The bounds proof then checks every access.)"""
+        t = loop.index
+        written: dict[str, int] = {}  # tensor -> the dimension the block writes it at t along
+        for statement in block:
+            dim = statement.indices.index(t)
+            if written.setdefault(statement.target, dim) != dim:
+                message = (
+                    f"'{statement.target}' is written at '{t}' along two different dimensions in one 'for {t}' block"
+                )
+                raise self.error(message, statement.loc)
+        for statement in block:
+            for read, guarded in _reads_with_guard_flags(statement.rhs):
+                if read.tensor not in written:
+                    continue
+                where = f"'{read.tensor}' is written by the 'for {t}' block"
+                if not read.is_affine:
+                    raise self.error(f"{where}, so it is read there only at affine subscripts", read.loc)
+                offset = read.subscripts[written[read.tensor]] - Affine.var(t)
+                if not offset.is_constant:
+                    raise self.error(
+                        f"{where}, so it is read there at '{t} - c' along dimension {written[read.tensor]}, c a "
+                        f"constant, not at '{read.subscripts[written[read.tensor]]}'",
+                        read.loc,
+                    )
+                steps_back = -offset.constant
+                if steps_back < 0:
+                    raise self.error(
+                        f"{where} in increasing '{t}': reading it at '{t} + {-steps_back}' would see a later step, "
+                        "not yet written",
+                        read.loc,
+                    )
+                if steps_back == 0:
+                    later = [w for w in block if w.target == read.tensor and w.position > statement.position]
+                    if later:
+                        raise self.error(
+                            f"{where}: statement {later[0].name} writes it at step '{t}' after this statement reads "
+                            f"it there; read it at an earlier step ('{t} - 1') or write it first",
+                            read.loc,
+                        )
+                    continue
+                first_read = loop.range.lo - steps_back
+                if not guarded and first_read.is_constant and first_read.constant < 0:
+                    raise self.error(
+                        f"'{read.tensor}' is read at '{t} - {steps_back}', which at the first step ('{t}' = "
+                        f"{loop.range.lo}) is {first_read.constant}, before the tensor's start; start the loop at "
+                        f"{steps_back} or guard the read (as in '{t} >= {steps_back} ? ... : initial value')",
+                        read.loc,
+                    )
 
     def _check_new_name(self, name: str, loc: SourceLocation, what: str) -> None:
         if name in self.tensors or name in self.declared_outputs:
@@ -239,10 +306,13 @@ class _DefChecker:
 class _StatementChecker:
     """Checks one statement in the context of the def's tensors so far."""
 
-    def __init__(self, owner: _DefChecker, statement: ast.Statement, position: int):
+    def __init__(
+        self, owner: _DefChecker, statement: ast.Statement, position: int, loop: ir.SequentialLoop | None = None
+    ):
         self.owner = owner
         self.statement = statement
         self.position = position
+        self.loop = loop
         self.indices: list[str] = list(statement.indices)
         self.constraints: list[_Constraint] = []
         self.lets: dict[str, ast.Expr] = {}
@@ -256,6 +326,8 @@ class _StatementChecker:
         target = owner.tensors.get(s.target)
         self._check_target(target)
         where_ranges = self._collect_where()
+        if self.loop is not None:
+            self._enter_loop(where_ranges)
         rhs = self.type_expr(self.inline_lets(s.rhs), guarded=False)
         for clause in s.where:
             if isinstance(clause, ast.ExistsClause):
@@ -287,7 +359,7 @@ class _StatementChecker:
         ranges = self.infer_ranges(where_ranges)
         reduction_indices = tuple(i for i in self.indices if i not in s.indices)
         op, init = self._normalise_op(reduction_indices)
-        self._check_self_reads(rhs.expr, reduction_indices)
+        loop = self._check_self_reads(rhs.expr, reduction_indices, ranges)
 
         if target is None:
             self._warn_reduction_from_zero()
@@ -315,6 +387,7 @@ class _StatementChecker:
             op=op,
             init=init,
             rhs=convert(rhs, target.dtype),
+            loop=loop,
             text=_statement_text(owner.text, s),
             loc=s.loc,
         )
@@ -387,21 +460,82 @@ class _StatementChecker:
             return "=", False
         return _REDUCTION_OPS[s.op], s.init
 
-    def _check_self_reads(self, rhs: ir.TExpr, reduction_indices: tuple[str, ...]) -> None:
+    def _enter_loop(self, where_ranges: dict[str, ir.IndexRange]) -> None:
+        """The loop's index is a left-hand index, and the loop gives it its range."""
+        s, loop = self.statement, self.loop
+        assert loop is not None
+        if loop.index not in s.indices:
+            raise self.error(
+                f"a statement in 'for {loop.index}' writes its target at '{loop.index}' (every step writes "
+                f"its own elements); add '{loop.index}' to the left-hand side of '{s.target}'",
+                s.loc,
+            )
+        if loop.index in where_ranges:
+            clause = next(c for c in s.where if isinstance(c, ast.RangeClause) and c.index == loop.index)
+            raise self.error(f"'for {loop.index}' gives '{loop.index}' its range; remove this where range", clause.loc)
+        where_ranges[loop.index] = loop.range
+
+    def _check_self_reads(
+        self, rhs: ir.TExpr, reduction_indices: tuple[str, ...], ranges: dict[str, ir.IndexRange]
+    ) -> ir.SequentialLoop | None:
+        """Reads of the statement's own target: at its own element (not in a reduction), or at an
+        earlier step of a recurrence.  Returns the statement's sequential loop: its ``for``
+        block's, or a loop of its own over the one index along which it reads an earlier step."""
         s = self.statement
         own = tuple(Affine.var(i) for i in s.indices)
+        time: int | None = s.indices.index(self.loop.index) if self.loop is not None else None
         for read in ir.reads(rhs):
             if read.tensor != s.target:
                 continue
-            if reduction_indices:
+            if read.subscripts == own:
+                if reduction_indices:
+                    raise self.error(
+                        f"a reduction cannot read its own target '{s.target}' at the element it reduces into; "
+                        "reduce into a temporary first",
+                        read.loc,
+                    )
+                continue
+            hint = (
+                "; a statement reads its own target at its own element, or at an earlier step along one index "
+                f"(as in '{s.target}(t - 1, ...)' with 't' on the left), else write the result to a temporary"
+            )
+            if not read.is_affine:
+                raise self.error(f"'{s.target}' is read at a data-dependent element{hint}", read.loc)
+            subscripts = [sub for sub in read.subscripts if isinstance(sub, Affine)]
+            stepped = [d for d, (sub, mine) in enumerate(zip(subscripts, own)) if sub != mine]
+            if time is None:
+                along = [d for d in stepped if (subscripts[d] - own[d]).is_constant]
+                if len(along) > 1:
+                    names = " and ".join(f"'{s.indices[d]}'" for d in along)
+                    raise self.error(
+                        f"'{s.target}' is read at other steps along {names}; a recurrence steps along one index",
+                        read.loc,
+                    )
+                if not along and len(stepped) != 1:
+                    raise self.error(f"'{s.target}' is read at other indices than it is written{hint}", read.loc)
+                time = along[0] if along else stepped[0]
+            offset = subscripts[time] - own[time]
+            index = s.indices[time]
+            if not offset.is_constant:
                 raise self.error(
-                    f"a reduction cannot read its own target '{s.target}'; reduce into a temporary first", read.loc
-                )
-            if read.subscripts != own:
-                raise self.error(
-                    f"'{s.target}' is read at other indices than it is written; write the result to a temporary",
+                    f"'{s.target}' is read at '{read.subscripts[time]}' along '{index}': a recurrence reads an "
+                    f"earlier step at a constant offset ('{index} - 1', '{index} - 2', ...)",
                     read.loc,
                 )
+            if offset.constant > 0:
+                raise self.error(
+                    f"'{s.target}' is read at '{index} + {offset.constant}', a later step along '{index}', which "
+                    f"runs in increasing '{index}': that element is not yet written",
+                    read.loc,
+                )
+            if offset.constant == 0:
+                raise self.error(
+                    f"'{s.target}' is read at this step of '{index}' at other indices than it is written{hint}",
+                    read.loc,
+                )
+        if self.loop is not None or time is None:
+            return self.loop
+        return ir.SequentialLoop(s.indices[time], ranges[s.indices[time]], self.position)
 
     @staticmethod
     def _result_dtype(rhs: _Typed) -> np.dtype:
@@ -517,6 +651,32 @@ class _StatementChecker:
 
     def _type_access(self, expr: ast.Access, guarded: bool) -> _Typed:
         kind = self._classify(expr.tensor)
+        declared = self.owner.declared_outputs.get(expr.tensor)
+        if (
+            kind == "unwritten"
+            and (self.loop is not None or expr.tensor == self.statement.target)
+            and declared is not None
+            and declared.dtype is not None
+            and declared.sizes is not None
+        ):
+            # A recurrence reads its state before the statement that writes it: an output
+            # declared with its type and sizes can be read then (sema's loop check proves that
+            # the read is of an earlier step).
+            tensor = ir.Tensor(
+                expr.tensor,
+                TC_TYPES[declared.dtype],
+                self.owner.declared_shape(expr.tensor) or (),
+                ir.Role.OUTPUT,
+                declared.loc,
+            )
+            return self._typed_read(expr, tensor, guarded)
+        if kind == "unwritten" and (self.loop is not None or expr.tensor == self.statement.target):
+            raise self.error(
+                f"'{expr.tensor}' is read before any statement writes it; a recurrence may read its state "
+                f"first only when it is an output declared with its type and sizes (as in 'float(T, N) "
+                f"{expr.tensor}'), or written before",
+                expr.loc,
+            )
         if kind == "unwritten" or (
             kind == "index" and any(later.target == expr.tensor for later in self.owner.definition.statements)
         ):
@@ -527,7 +687,9 @@ class _StatementChecker:
             close = difflib.get_close_matches(expr.tensor, known, n=1) if kind != "size" else []
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise self.error(f"unknown tensor '{expr.tensor}' ({what}){hint}", expr.loc)
-        tensor = self.owner.tensors[expr.tensor]
+        return self._typed_read(expr, self.owner.tensors[expr.tensor], guarded)
+
+    def _typed_read(self, expr: ast.Access, tensor: ir.Tensor, guarded: bool) -> _Typed:
         if len(expr.args) != tensor.rank:
             raise self.error(
                 f"'{expr.tensor}' has {tensor.rank} dimension(s) but is accessed with {len(expr.args)} subscript(s)",
@@ -698,6 +860,27 @@ def _fits(value: int | float | bool, dtype: np.dtype) -> bool:
         return False
     info = np.iinfo(dtype)
     return info.min <= int(value) <= info.max
+
+
+def _reads_with_guard_flags(expr: ir.TExpr, guarded: bool = False):
+    """Every Read in ``expr`` and whether it is guarded: in a branch of a ternary, or the right
+    operand of ``&&``/``||`` (evaluated only when the left one has not decided)."""
+    if isinstance(expr, ir.Read):
+        yield expr, guarded
+        children: tuple = tuple(s for s in expr.subscripts if isinstance(s, ir.TExpr))
+        flags: tuple = (guarded,) * len(children)
+    elif isinstance(expr, ir.Select):
+        children, flags = (expr.cond, expr.then, expr.otherwise), (guarded, True, True)
+    elif isinstance(expr, ir.Binary):
+        children, flags = (expr.lhs, expr.rhs), (guarded, guarded or expr.op in ("&&", "||"))
+    elif isinstance(expr, ir.Unary) or isinstance(expr, ir.Cast):
+        children, flags = (expr.operand,), (guarded,)
+    elif isinstance(expr, ir.Call):
+        children, flags = expr.args, (guarded,) * len(expr.args)
+    else:
+        children, flags = (), ()
+    for child, flag in zip(children, flags):
+        yield from _reads_with_guard_flags(child, flag)
 
 
 def _walk_ast(expr: ast.Expr):

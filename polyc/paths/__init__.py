@@ -55,11 +55,17 @@ def kernel_path(name: str) -> KernelPath:
 
 def choose_path(request: PathRequest) -> tuple[KernelPath, object]:
     """The path that compiles ``request``'s def, and what it recognised."""
+    recurrence = request.definition.has_sequential_loops
     for path in KERNEL_PATHS:
-        if request.options.backend in path.backends:
+        if request.options.backend in path.backends and (path.sequential_loops or not recurrence):
             match = path.recognise(request)
             if match is not None:
                 return path, match
+    if recurrence:
+        raise PolycError(
+            f"{request.definition.name}: a def with a recurrence (a sequential loop) compiles on the C back end "
+            f"only, not on {request.options.backend!r}"
+        )
     raise PolycError(f"{request.definition.name}: no kernel path compiles for the back end {request.options.backend!r}")
 
 

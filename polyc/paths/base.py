@@ -167,6 +167,9 @@ class KernelPath:
     #: Whether the path compiles parts of the def through the whole pipeline, each choosing its
     #: own path with the def's options (the parts, not this path, read the block options).
     compiles_parts: bool = False
+    #: Whether the path compiles defs with sequential loops (recurrences): only those that keep
+    #: the dependences of the def's polyhedral model do.
+    sequential_loops: bool = False
 
 
 def blas_contraction(request: PathRequest) -> Contraction | None:

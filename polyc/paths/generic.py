@@ -91,6 +91,7 @@ PATH = KernelPath(
     explain,
     tuning=LoopNestTuning(),
     runs_schedule_loops=True,
+    sequential_loops=True,
     options=("fusion", "loop_tiles", "loop_order", "parallel", "vectorize", "unroll", "specialize", "threads"),
     tile_alias=lambda sizes: {"loop_tiles": sizes},
 )

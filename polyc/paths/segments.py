@@ -42,4 +42,5 @@ PATH = KernelPath(
     tuning=LoopNestTuning(),
     options=("blas_contractions",),
     compiles_parts=True,
+    sequential_loops=True,
 )

@@ -223,6 +223,8 @@ class _Fuser:
         names = {s.get_tuple_name() for s in sets(band.get_domain())}
         if indices is None or not names <= indices.keys():
             return None
+        if any(self.program.statement(name).loop is not None for name in names):
+            return None  # the rebuild runs statements one after another, a recurrence's steps interleave them
         return _OuterLoop(member, {name: indices[name] for name in names})
 
     def _statement_band(self, statement: PolyStatement, indices: list[str]) -> isl.MultiUnionPwAff:

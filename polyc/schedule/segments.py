@@ -91,6 +91,8 @@ def plan_segments(definition: ir.CheckedDef) -> tuple[Segment, ...] | None:
 
 
 def _gemm_contraction(statement: ir.CheckedStatement, definition: ir.CheckedDef) -> Contraction | None:
+    if statement.loop is not None:
+        return None  # a step of a recurrence: its block stays whole, in one generic segment
     contraction = recognise_contraction(statement, definition, matvec=True)
     return contraction if contraction is not None and worth_a_gemm_kernel(contraction) else None
 

@@ -49,6 +49,13 @@ PARALLEL, SIMD, UNROLL, REDUCE = "parallel", "simd", "unroll", "reduce"
 #: two threads costs on the order of a microsecond, the work of thousands of instances, which a
 #: depthwise convolution's border slabs each paid (a corner: 32 instances).
 MIN_PARALLEL_INSTANCES = 4096
+
+#: The same, per iteration of the sequential loops around the band (a recurrence's time steps):
+#: a parallel loop inside a sequential one meets its team at a barrier every iteration (see
+#: polyc/codegen/c.py, ``team_loop``), so each iteration needs work enough to pay for one.  Below
+#: this the sequential loop and all inside it run on the calling thread.  The matrix-vector
+#: kernel (polyc/codegen/gemv.py) parallelises from the same size.
+MIN_PARALLEL_STEP_INSTANCES = 1 << 16
 MARKS = (PARALLEL, SIMD, UNROLL, REDUCE)
 
 #: A reduction OpenMP combines: its operator and the tensor it reduces into.
@@ -161,18 +168,19 @@ def optimize_schedule(
     return node.get_schedule()
 
 
-def _visit(node: isl.ScheduleNode, context: _Context, parallel_above: str) -> isl.ScheduleNode:
+def _visit(node: isl.ScheduleNode, context: _Context, parallel_above: str, steps: int = 1) -> isl.ScheduleNode:
     """Transform the subtree at ``node``; return the node now at the same position.
     ``parallel_above``: why no loop below may be parallel (an enclosing band took the
-    threads), or "" when one may."""
+    threads), or "" when one may.  ``steps``: the iterations of the sequential loops around it
+    (1 where none, or unknown)."""
     if node.get_type() == _BAND:
-        return _visit_band(node, context, parallel_above)
+        return _visit_band(node, context, parallel_above, steps)
     for position in range(node.n_children()):
-        node = _visit(node.child(position), context, parallel_above).parent()
+        node = _visit(node.child(position), context, parallel_above, steps).parent()
     return node
 
 
-def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: str) -> isl.ScheduleNode:
+def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: str, steps: int = 1) -> isl.ScheduleNode:
     options = context.options
     depth = node.get_tree_depth()
     leaf_band = not _has_band_below(node)
@@ -192,6 +200,7 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: str) 
         decision.member_indices = tuple(member_indices(node, m, context.program) for m in range(n_members))
         context.decisions.append(decision)
 
+    iterations = 1 if leaf_band else _iterations(node, context.program.context)  # before tiling splits the band
     tiled = False
     if options.loop_tiles == ():
         decision.tiling = "tiling is off (loop_tiles=())"
@@ -217,24 +226,36 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: str) 
             decision.tiling = "the cache model found the data of the loops fits in cache untiled"
 
     marked_parallel = False
-    instances = _instance_count(node)
-    too_little = instances is not None and instances < MIN_PARALLEL_INSTANCES
+    # (per step with the sizes of the program, where the schedule is one for every size)
+    instances = _instance_count(node) if steps <= 1 else _instance_count(node, context.program.context)
+    least = MIN_PARALLEL_INSTANCES if steps <= 1 else MIN_PARALLEL_STEP_INSTANCES
+    too_little = instances is not None and instances // steps < least
     if not options.parallel:
         decision.parallel_reason = "parallel loops are off (parallel=False)"
     elif parallel_above:
         decision.parallel_reason = parallel_above
     if options.parallel and not parallel_above:
-        coincident = [node.band_member_get_coincident(i) for i in range(node.band_n_member())]
+        # A coincident loop of one iteration (a batch of one) is no parallel loop: isl elides
+        # it, and marking it parallel kept the loops inside (a recurrence's step loop and the
+        # parallel loops within it) on one thread.
+        coincident = [
+            node.band_member_get_coincident(i) and _member_extent(node, i, context.program.context) != 1
+            for i in range(node.band_n_member())
+        ]
         if any(coincident):
             first = coincident.index(True)
             if first != 0 and node.band_get_permutable():
                 order = [first] + [i for i in range(node.band_n_member()) if i != first]
                 node = _permute(node, order)
-            marked_parallel = bool(node.band_member_get_coincident(0))
+            marked_parallel = (
+                bool(node.band_member_get_coincident(0)) and _member_extent(node, 0, context.program.context) != 1
+            )
             if marked_parallel:
                 decision.parallel = "parallel"
             else:
                 decision.parallel_reason = "the coincident loop cannot be moved outermost: the band is not permutable"
+        elif any(node.band_member_get_coincident(i) for i in range(node.band_n_member())):
+            decision.parallel_reason = "the band's coincident loops run one iteration each"
         else:
             decision.parallel_reason = "every loop of the band carries a dependence"
 
@@ -249,6 +270,9 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: str) 
         decision.parallel = None
         decision.parallel_reason = (
             f"too little work for threads: {instances} statement instances, fewer than {MIN_PARALLEL_INSTANCES}"
+            if steps <= 1
+            else f"too little work for threads: {instances // steps} statement instances per iteration of the "
+            f"{steps} of the sequential loops around it, fewer than {MIN_PARALLEL_STEP_INSTANCES}"
         )
 
     # Step into the point band (if tiled) for the innermost-loop decisions.
@@ -261,9 +285,12 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: str) 
             decision=decision,
         )
     else:
+        # A band that runs its loops in order (a recurrence's time loop) repeats what is inside.
+        sequential = not (marked_parallel or reduction_clause is not None)
+        inside = steps * iterations if sequential else steps
         for position in range(inner.n_children()):
             inner = _visit(
-                inner.child(position), context, parallel_above or _below(marked_parallel, instances)
+                inner.child(position), context, parallel_above or _below(marked_parallel, instances), inside
             ).parent()
     # Climb back to the position the band had when we were called.
     while inner.get_tree_depth() > depth:
@@ -313,12 +340,13 @@ def _shift_to_origin(band: isl.ScheduleNode) -> isl.ScheduleNode:
     return band.band_shift(shift)
 
 
-def _instance_count(node: isl.ScheduleNode) -> int | None:
+def _instance_count(node: isl.ScheduleNode, params: isl.Set | None = None) -> int | None:
     """At most how many statement instances run under ``node``: for each statement the product
     of its indices' ranges (the count itself, by isl's enumeration, took seconds for a
     convolution's billion instances); None where the sizes are not fixed."""
     total = 0
-    for domain in sets(node.get_domain()):
+    domains = node.get_domain() if params is None else node.get_domain().intersect_params(params)
+    for domain in sets(domains):
         count = 1
         for dimension in range(domain.dim(isl.dim_type.set)):
             low, high = domain.dim_min_val(dimension), domain.dim_max_val(dimension)
@@ -327,6 +355,33 @@ def _instance_count(node: isl.ScheduleNode) -> int | None:
             count *= max(0, high.to_python() - low.to_python() + 1)
         total += count
     return total
+
+
+def _member_extent(band: isl.ScheduleNode, member: int, params: isl.Set) -> int | None:
+    """How many values member ``member`` of ``band`` takes over its domain where the sizes
+    satisfy ``params`` (the program's context), at most; None where that is not known (sizes
+    not fixed)."""
+    values = _member_map(band, member).intersect_domain(band.get_domain()).range().intersect_params(params)
+    low = high = None
+    for piece in sets(values):
+        least, most = piece.dim_min_val(0), piece.dim_max_val(0)
+        if not (least.is_int() and most.is_int()):
+            return None
+        low = least.to_python() if low is None else min(low, least.to_python())
+        high = most.to_python() if high is None else max(high, most.to_python())
+    return 0 if low is None else high - low + 1
+
+
+def _iterations(band: isl.ScheduleNode, params: isl.Set) -> int:
+    """How many times the loops of ``band`` run what is below them, at most: the product of its
+    members' ranges over its domain; 1 where a range is not known (sizes not fixed)."""
+    count = 1
+    for member in range(band.band_n_member()):
+        extent = _member_extent(band, member, params)
+        if extent is None:
+            return 1
+        count *= max(1, extent)
+    return count
 
 
 def _parallel_reduction(

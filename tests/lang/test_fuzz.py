@@ -103,6 +103,7 @@ TC_TOKENS = [
     "where",
     "in",
     "exists",
+    "for",
     "->",
     "(",
     ")",

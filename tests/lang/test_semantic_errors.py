@@ -147,10 +147,17 @@ SEMANTIC_CASES = [
         "'T' is read before any statement writes it",
     ),
     case(
-        "self-read-at-other-indices",
+        "self-read-at-a-later-step",
         in_body("  B(i) = A(i)", "  B(i) = B(i + 1) where i in 0:N-1"),
         3,
         10,
+        "a later step along 'i'",
+    ),
+    case(
+        "self-read-at-other-indices",
+        in_body("  B(i, j) = A(i, j)", "  B(i, j) = B(j, i)", signature="float(N, N) A"),
+        3,
+        13,
         "read at other indices than it is written",
     ),
     case(

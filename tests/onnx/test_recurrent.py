@@ -1,8 +1,8 @@
 """RNN, GRU and LSTM (polyc/frontends/onnx/ops/recurrent.py) against onnxruntime: both directions
 and both layouts with initial states and biases, GRU's linear_before_reset, LSTM's clip,
 input_forget, peepholes and other activations; sequences longer than one concatenation
-reads, whose steps share one kernel; padded sequences (``sequence_lens`` shorter than the
-sequence)."""
+reads; the recurrence one kernel per direction; padded sequences (``sequence_lens`` shorter than
+the sequence), still unrolled, whose steps share one kernel."""
 
 from __future__ import annotations
 
@@ -21,19 +21,21 @@ GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 STEPS, BATCH, INPUT, HIDDEN = 11, 3, 5, 4
 
 
-def recurrent_model(op: str, direction: str, layout: int, steps: int = STEPS, peepholes: bool = False, **attributes):
+def recurrent_model(
+    op: str, direction: str, layout: int, steps: int = STEPS, peepholes: bool = False, batch: int = BATCH, **attributes
+):
     """``op`` with every input a graph input (weights too: onnxruntime runs them the same), and
     its feeds; batchwise (``layout``) the same values transposed."""
     rng = np.random.default_rng(10)
     directions = 2 if direction == "bidirectional" else 1
     gates = GATES[op] * HIDDEN
-    state_shape = (directions, BATCH, HIDDEN)
+    state_shape = (directions, batch, HIDDEN)
     feeds = {
-        "X": rng.standard_normal((steps, BATCH, INPUT)),
+        "X": rng.standard_normal((steps, batch, INPUT)),
         "W": rng.standard_normal((directions, gates, INPUT)) * 0.5,
         "R": rng.standard_normal((directions, gates, HIDDEN)) * 0.5,
         "B": rng.standard_normal((directions, 2 * gates)) * 0.5,
-        "sequence_lens": np.full(BATCH, steps, np.int32),
+        "sequence_lens": np.full(batch, steps, np.int32),
         "initial_h": rng.standard_normal(state_shape),
     }
     if op == "LSTM":
@@ -105,8 +107,44 @@ def test_lstm_with_clip_coupled_gates_peepholes_and_other_activations():
     )
 
 
-def test_the_steps_of_a_long_sequence_share_their_kernels():
-    session = against_onnxruntime(*recurrent_model("LSTM", "forward", 0, steps=40))
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_the_recurrence_is_one_kernel_per_direction(op, direction):
+    # The time loop is inside the kernel (a 'for' block): a few kernels whatever the length,
+    # where the unrolled lowering made one call per time step.  A batch of one: each step's
+    # products are matrix-vector products.
+    session = against_onnxruntime(*recurrent_model(op, direction, 0, steps=40, batch=1))
+    _assert_looped(session, direction)
+
+
+def _assert_looped(session, direction):
+    kernels = session.kernels()
+    assert len(session.groups) == len(kernels) < 10
+    looped = [k for k in kernels if k.definition.has_sequential_loops]
+    assert len(looped) == (2 if direction == "bidirectional" else 1)
+
+
+@pytest.mark.parametrize(
+    "op, attributes, looped",
+    [("RNN", {}, False), ("LSTM", {}, False), ("GRU", {"linear_before_reset": 1}, False), ("GRU", {}, True)],
+)
+def test_a_larger_batch_is_unrolled_where_each_step_is_a_contraction(op, attributes, looped):
+    # Unrolled, such a step is one contraction kernel reading the weights once for the whole
+    # batch; GRU's reset gate scales the state inside its product (without linear_before_reset),
+    # no contraction kernel takes that step, and the time loop stays faster.
+    session = against_onnxruntime(*recurrent_model(op, "forward", 0, steps=20, **attributes))
+    if looped:
+        _assert_looped(session, "forward")
+    else:
+        assert len(session.kernels()) >= 20
+        assert not any(k.definition.has_sequential_loops for k in session.kernels())
+
+
+def test_the_steps_of_a_padded_sequence_share_their_kernels():
+    # Entries of different lengths keep the unrolled lowering, one call per step.
+    model, feeds = recurrent_model("LSTM", "forward", 0, steps=40)
+    feeds["sequence_lens"] = np.array([40, 31, 40], np.int32)
+    session = against_onnxruntime(model, feeds)
     kernels = session.kernels()
     assert len(kernels) >= 40 and len({id(k) for k in kernels}) <= 8
 

@@ -58,9 +58,11 @@ class Value:
 class KernelStep:
     """TC statements of one node: read ``reads``, write ``writes``.  ``kind`` guides fusion:
     ``elementwise`` (each output element from the same-index elements of inputs, broadcast
-    allowed), ``reduction``, ``contraction``, ``convolution`` or ``other``.  ``options``: polyc
-    options the kernel these statements end up in should be compiled with (the session's own
-    options win)."""
+    allowed), ``reduction``, ``contraction``, ``convolution``, ``recurrence`` (a ``for`` block:
+    never fused) or ``other``.  ``options``: polyc options the kernel these statements end up in
+    should be compiled with (the session's own options win).  ``states``: values of ``writes``
+    the statements read before writing them (a recurrence's state at the step before), which
+    the def declares as outputs with their types and shapes."""
 
     node: str
     statements: list[str]
@@ -68,6 +70,7 @@ class KernelStep:
     writes: list[Value]
     kind: str
     options: dict = field(default_factory=dict)
+    states: list[Value] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -212,10 +215,12 @@ class Builder:
         extents += [e for _, e in reductions]
         return f"{target.ident}({', '.join(indices)}) {op} {rhs}{self.ranges(names, extents)}"
 
-    def emit(self, statements, reads, writes, kind: str, options: dict | None = None) -> None:
+    def emit(self, statements, reads, writes, kind: str, options: dict | None = None, states=()) -> None:
         reads = [r for r in reads if self.literal(r) is None]
         self.steps.append(
-            KernelStep(self.node_name, list(statements), _unique(reads), list(writes), kind, dict(options or {}))
+            KernelStep(
+                self.node_name, list(statements), _unique(reads), list(writes), kind, dict(options or {}), list(states)
+            )
         )
 
 

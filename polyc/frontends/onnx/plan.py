@@ -515,7 +515,12 @@ class Plan:
                 continue
             written = _written_by(group)
             group.inputs = _inputs_of(group, written)
-            group.outputs = [v for key, v in written.items() if key in outputs or needed_later.get(key, -1) > position]
+            states = {id(v) for step in group.steps for v in step.states}
+            group.outputs = [
+                v
+                for key, v in written.items()
+                if key in outputs or key in states or needed_later.get(key, -1) > position
+            ]
             if not group.outputs:  # nothing of it is used: keep the last value so the def has an output
                 group.outputs = [list(written.values())[-1]]
             group.source = _def_text(group)
@@ -1273,7 +1278,11 @@ def _canonical_def(group: Group) -> tuple[str, dict[str, str]]:
 
 def _def_text(group: Group) -> str:
     parameters = ", ".join(f"{tc_type(v.dtype)}({', '.join(map(str, v.tc_shape))}) {v.ident}" for v in group.inputs)
-    outputs = ", ".join(v.ident for v in group.outputs)
+    states = {id(v) for step in group.steps for v in step.states}
+    outputs = ", ".join(
+        f"{tc_type(v.dtype)}({', '.join(map(str, v.tc_shape))}) {v.ident}" if id(v) in states else v.ident
+        for v in group.outputs
+    )
     body = "\n".join(f"    {s}" for step in group.steps for s in step.statements)
     nodes = ", ".join(group.nodes)
     return f"# {nodes}\ndef {group.name}({parameters}) -> ({outputs}) {{\n{body}\n}}"

@@ -1,15 +1,30 @@
-"""The recurrent layers, RNN, GRU and LSTM, unrolled over the sequence.
-
-A statement cannot read what it writes at another index, so the recurrence is one step per
-time step, each reading the hidden state the step before wrote.  Every step of a direction is
-the same statements on the same shapes, reading its time step's slice of the input projection
-through a view, so the plan's steps all share one compiled kernel (see ``_canonical_def`` in
-:mod:`polyc.frontends.onnx.plan`):
+"""The recurrent layers, RNN, GRU and LSTM: one kernel per layer and direction whose time loop
+is inside it.
 
 - the input projection of every time step at once, ``X W^T + biases``: one contraction;
-- per step: ``H_prev R^T`` plus that step's projection (a contraction with its epilogue), then
-  the gates and the new state (elementwise);
-- the outputs: the states stacked in time order (a tree of concatenations).
+- the recurrence: a TC ``for s in 0:steps { ... }`` block (docs/language.md, "Recurrences"):
+  per step, ``H_prev R^T`` (a reduction reading the state the step before wrote, or the initial
+  state at the first step), then the gates and the new state; the states of every step are the
+  block's output ``(steps, batch, hidden)``, in step order (a reverse direction's step s reads
+  time ``steps - 1 - s``);
+- the outputs: ``Y`` gathered from the directions' states in time order, the last states views
+  of their last step.
+
+Which lowering, measured at one thread (CHANGELOG, issue 80): with a batch of one the step's
+products are matrix-vector products, as fast in the time loop's kernel as in a kernel per step,
+and the kernel saves a call, a team and a concatenation per step (LSTM hidden 512: 4.5 ms against
+7.0 unrolled).  With a larger batch, where each step's products are contractions of the state
+with the weights (``_gemm_per_step``), the unrolled step's contraction kernel reads the weights
+once for the whole batch and the loop nest once per entry (LSTM batch 8, hidden 256: 3.9 ms
+against 1.5): the layer is unrolled.  GRU without ``linear_before_reset`` scales the state by the
+reset gate inside its product, no contraction kernel takes that step, and the time loop's kernel
+is the faster at every batch (batch 8, hidden 512: 41 ms against 316).
+
+Where the layer is not looped, or the batch entries have different lengths (``sequence_lens``
+shorter than the sequence), it is unrolled, one kernel call per time step: every step of a direction is the same
+statements on the same shapes, reading its time step's slice of the input projection through a
+view, so the steps share one compiled kernel (see ``_canonical_def`` in
+:mod:`polyc.frontends.onnx.plan`), and the outputs are the states stacked in time order.
 
 Gate order, activations (with their alpha and beta), clip, peepholes, GRU's
 ``linear_before_reset``, LSTM's ``input_forget``, the directions and both layouts are ONNX's.
@@ -114,6 +129,8 @@ class _Recurrent(Converter):
         clip = node.attr("clip")
         given_states = (inputs + [None] * 8)[5 : 5 + cls.STATES]
         states = [cls._per_direction(b, v, batchwise) if v is not None else None for v in given_states]
+        if ends is None and steps > 0 and (batch == 1 or not cls._gemm_per_step(node)):
+            return cls._lower_looped(b, node, inputs, x, (w, r, bias), states, activations, clip, batchwise, hidden)
         per_step, last = [], []
         for d in range(directions):
             reverse = direction == "reverse" or d == 1
@@ -145,6 +162,57 @@ class _Recurrent(Converter):
         elif node.outputs and node.outputs[0]:
             pieces = [b.view(per_step[d][t], (1, batch, hidden)) for t in range(steps) for d in range(directions)]
             y = b.view(concatenated(b, pieces, 0), (steps, directions, batch, hidden))
+            results.append(transposed(b, y, [2, 0, 1, 3]) if batchwise else y)
+        else:
+            results.append(None)
+        for k in range(1, len(node.outputs)):
+            if not node.outputs[k]:
+                results.append(None)
+                continue
+            final = b.view(
+                concatenated(b, [b.view(s[k - 1], (1, batch, hidden)) for s in last], 0), (directions, batch, hidden)
+            )
+            results.append(transposed(b, final, [1, 0, 2]) if batchwise else final)
+        return results
+
+    @staticmethod
+    def _gemm_per_step(node) -> bool:
+        """Whether each step's recurrent products are contractions of the state before with the
+        weights (RNN, LSTM, GRU with ``linear_before_reset``): unrolled, each step is then one
+        contraction kernel (polyc/codegen/gemm.py) that reuses the weights across the batch,
+        where the time loop's kernel reads them once per batch entry."""
+        return True
+
+    @classmethod
+    def _lower_looped(cls, b, node, inputs, x, weights, states, activations, clip, batchwise, hidden) -> list[Value]:
+        """The layer with its time loop inside one kernel per direction (see the module doc)."""
+        w, r, bias = weights
+        steps, batch = (x.shape[1], x.shape[0]) if batchwise else x.shape[:2]
+        directions = len(activations)
+        direction = node.attr("direction", "forward")
+        sequences, last = [], []
+        for d in range(directions):
+            reverse = direction == "reverse" or d == 1
+            recurrent = b.part(r, r.shape[1:], d * r.shape[1] * r.shape[2])
+            biases = b.part(bias, (2 * cls.GATES * hidden,), d * 2 * cls.GATES * hidden) if bias is not None else None
+            projected = cls._projection(
+                b, node, x, b.part(w, w.shape[1:], d * w.shape[1] * w.shape[2]), biases, batchwise, hidden
+            )
+            initial = [s[d] if s is not None else None for s in states]
+            loop = _Loop(b, steps, batch, hidden, reverse, projected, clip)
+            produced = cls._block(b, node, loop, initial, recurrent, biases, inputs, d, activations[d])
+            sequences.append(produced[0])
+            size = batch * hidden
+            last.append([b.part(s, (batch, hidden), (steps - 1) * size) for s in produced])
+        results: list[Value | None] = []
+        if node.outputs and node.outputs[0]:
+            y = b.new((steps, directions, batch, hidden), x.dtype)
+            terms = []
+            for d, states_of_steps in enumerate(sequences):
+                reverse = direction == "reverse" or d == 1
+                terms.append(b.ref(states_of_steps, [f"{steps - 1} - i0" if reverse else "i0", "i2", "i3"]))
+            value = terms[0] if len(terms) == 1 else f"(i1 == 0) ? {terms[0]} : {terms[1]}"
+            b.emit([b.statement(y, indices(4), "=", value)], sequences, [y], "other")
             results.append(transposed(b, y, [2, 0, 1, 3]) if batchwise else y)
         else:
             results.append(None)
@@ -211,6 +279,53 @@ class _Recurrent(Converter):
             "contraction",
         )
         return out
+
+
+class _Loop:
+    """Writes the statements of one direction's ``for s in 0:steps`` block: step ``s``, batch
+    entry ``i0``, hidden unit or gate row ``i1``, reduction index ``r0``.  Every value it makes
+    is ``(steps, batch, columns)``, indexed by step."""
+
+    def __init__(self, b: Builder, steps: int, batch: int, hidden: int, reverse: bool, projected: Value, clip):
+        self.b, self.steps, self.batch, self.hidden = b, steps, batch, hidden
+        self.projected, self.clip = projected, clip
+        self.time = f"{steps - 1} - s" if reverse else "s"  # the time step s reads
+        self.statements: list[str] = []
+        self.reads: list[Value] = [projected]
+        self.writes: list[Value] = []
+
+    def new(self, columns: int) -> Value:
+        value = self.b.new((self.steps, self.batch, columns), self.projected.dtype)
+        self.writes.append(value)
+        return value
+
+    def add(self, target: Value, op: str, rhs: str, reduction: bool = False) -> None:
+        ranges = f"i0 in 0:{self.batch}, i1 in 0:{target.shape[2]}" + (f", r0 in 0:{self.hidden}" if reduction else "")
+        self.statements.append(f"{target.ident}(s, i0, i1) {op} {rhs} where {ranges}")
+
+    def now(self, column: str) -> str:
+        """The input projection (with its biases) of this step's time at ``column``."""
+        return self.b.ref(self.projected, [self.time, "i0", column])
+
+    def previous(self, states: Value, initial: Value | None, column: str) -> str:
+        """The state the step before wrote, at ``column``; the initial state (zeros when none
+        is given) at the first step."""
+        first = self.b.ref(initial, ["i0", column]) if initial is not None else tc_type(states.dtype) + "(0)"
+        self.reads += [initial] if initial is not None else []
+        return f"(s >= 1 ? {states.ident}(s - 1, i0, {column}) : {first})"
+
+    def clipped(self, expression: str) -> str:
+        return _clipped(expression, self.clip)
+
+    def emit(self, states: list[Value], reads: list) -> None:
+        self.reads += [v for v in reads if v is not None]
+        body = "\n".join(f"        {s}" for s in self.statements)
+        block = f"for s in 0:{self.steps} {{\n{body}\n    }}"
+        # Each statement its own loop nest inside the step (isl's fusion, minimal): fused with the
+        # activation after it, a recurrent product ran along the hidden units with the weights'
+        # rows strided and the activation under a condition in the vector loop, six times slower
+        # (RNN, hidden 256) than as dot products along the weights' rows.
+        self.b.emit([block], self.reads, self.writes, "recurrence", {"fusion": "min"}, states=states)
 
 
 def _rows_at(b: Builder, projected: Value, times: np.ndarray) -> Value:
@@ -287,6 +402,15 @@ class RNN(_Recurrent):
     DEFAULTS = ["Tanh"]
 
     @staticmethod
+    def _block(b, node, loop: _Loop, initial, r, biases, inputs, d, f) -> list[Value]:
+        states = loop.new(loop.hidden)
+        pre = loop.new(loop.hidden)
+        loop.add(pre, "+=!", f"{loop.previous(states, initial[0], 'r0')} * {b.ref(r, ['i1', 'r0'])}", reduction=True)
+        loop.add(states, "=", f[0](loop.clipped(f"{pre.ident}(s, i0, i1) + {loop.now('i1')}")))
+        loop.emit([states], [r])
+        return [states]
+
+    @staticmethod
     def _step(b, node, now, state, r, biases, inputs, d, f, clip, hidden):
         (previous,) = state[:1]
         pre = _Recurrent._recurrent_product(b, previous, r, now, hidden)
@@ -303,6 +427,43 @@ class RNN(_Recurrent):
 class GRU(_Recurrent):
     GATES = 3
     DEFAULTS = ["Sigmoid", "Tanh"]
+
+    @staticmethod
+    def _gemm_per_step(node) -> bool:
+        # Without linear_before_reset the reset gate scales the state inside the product.
+        return bool(node.attr("linear_before_reset", 0))
+
+    @staticmethod
+    def _block(b, node, loop: _Loop, initial, r, biases, inputs, d, f) -> list[Value]:
+        hidden = loop.hidden
+        states = loop.new(hidden)
+        products = loop.new(2 * hidden)  # H_prev R^T of the update and reset gates
+        update, reset, candidate = loop.new(hidden), loop.new(hidden), loop.new(hidden)
+        previous = loop.previous(states, initial[0], "r0")
+        loop.add(products, "+=!", f"{previous} * {b.ref(r, ['i1', 'r0'])}", reduction=True)
+        loop.add(update, "=", f[0](loop.clipped(f"{products.ident}(s, i0, i1) + {loop.now('i1')}")))
+        loop.add(
+            reset, "=", f[0](loop.clipped(f"{products.ident}(s, i0, i1 + {hidden}) + {loop.now(f'i1 + {hidden}')}"))
+        )
+        hidden_rows = b.ref(r, [f"i1 + {2 * hidden}", "r0"])
+        reads = [r]
+        if node.attr("linear_before_reset", 0):
+            loop.add(candidate, "+=!", f"{previous} * {hidden_rows}", reduction=True)
+            gated = f"{candidate.ident}(s, i0, i1)"
+            if biases is not None:
+                recurrent_bias = b.part(biases, (hidden,), 5 * hidden)
+                gated = f"({gated} + {b.ref(recurrent_bias, ['i1'])})"
+                reads.append(recurrent_bias)
+            new = f"{loop.now(f'i1 + {2 * hidden}')} + {reset.ident}(s, i0, i1) * {gated}"
+        else:
+            loop.add(candidate, "+=!", f"{reset.ident}(s, i0, r0) * {previous} * {hidden_rows}", reduction=True)
+            new = f"{candidate.ident}(s, i0, i1) + {loop.now(f'i1 + {2 * hidden}')}"
+        z = f"{update.ident}(s, i0, i1)"
+        loop.add(
+            states, "=", f"(1 - {z}) * ({f[1](loop.clipped(new))}) + {z} * {loop.previous(states, initial[0], 'i1')}"
+        )
+        loop.emit([states], reads)
+        return [states]
 
     @staticmethod
     def _step(b, node, now, state, r, biases, inputs, d, f, clip, hidden):
@@ -375,6 +536,33 @@ class LSTM(_Recurrent):
     GATES = 4
     STATES = 2
     DEFAULTS = ["Sigmoid", "Tanh", "Tanh"]
+
+    @staticmethod
+    def _block(b, node, loop: _Loop, initial, r, biases, inputs, d, f) -> list[Value]:
+        hidden = loop.hidden
+        states, cells = loop.new(hidden), loop.new(hidden)
+        products = loop.new(4 * hidden)  # H_prev R^T of the gates i, o, f, c
+        loop.add(products, "+=!", f"{loop.previous(states, initial[0], 'r0')} * {b.ref(r, ['i1', 'r0'])}", True)
+        peepholes = inputs[7] if len(inputs) > 7 else None
+        peephole = [None] * 3
+        if peepholes is not None:  # (directions, 3 * hidden): input, output, forget
+            peephole = [b.part(peepholes, (hidden,), (d * 3 + k) * hidden) for k in range(3)]
+
+        def gate(k: int, with_cell: str | None, which: int | None) -> str:
+            column = f"i1 + {k * hidden}" if k else "i1"
+            pre = f"{products.ident}(s, i0, {column}) + {loop.now(column)}"
+            if which is not None and peephole[which] is not None:
+                pre = f"{pre} + {b.ref(peephole[which], ['i1'])} * {with_cell}"
+            return loop.clipped(pre)
+
+        old = loop.previous(cells, initial[1] if len(initial) > 1 else None, "i1")
+        input_gate = f[0](gate(0, old, 0))
+        forget = f"(1 - {input_gate})" if node.attr("input_forget", 0) else f[0](gate(2, old, 2))
+        loop.add(cells, "=", f"{forget} * {old} + {input_gate} * {f[1](gate(3, None, None))}")
+        fresh = f"{cells.ident}(s, i0, i1)"
+        loop.add(states, "=", f"{f[0](gate(1, fresh, 1))} * {f[2](fresh)}")
+        loop.emit([states, cells], [r] + [p for p in peephole if p is not None])
+        return [states, cells]
 
     @staticmethod
     def _step(b, node, now, state, r, biases, inputs, d, f, clip, hidden):
