@@ -854,6 +854,7 @@ def run_onnx_export(args: argparse.Namespace) -> int:
         f"arena {exported.arena_bytes} bytes; target {exported.target.name}"
     )
     print(f"build and run: cd {args.output} && make && ./{exported.prefix}_demo INPUT.npy ...")
+    return 0
 
 
 def _parse_size(text: str) -> int:
