@@ -376,6 +376,7 @@ def main(argv=None) -> int:
         "invocations": invocations,
         "machine": {**machine_fingerprint().to_json(), "cpu": cpu(), "platform": platform.platform()},
         "threads": f"onnxruntime {args.threads} (intra_op_num_threads); polyc its default",
+        "polyc_cflags": os.environ.get("POLYC_CFLAGS") or "polyc's default (-O3 -march=native)",
         "versions": {"polyc": getattr(polyc, "__version__", "?"), "onnxruntime": ort.__version__},
         "exports": str(directory),
         "tolerance": {"rtol": RTOL, "atol": ATOL},
