@@ -10,15 +10,15 @@ is inside it.
 - the outputs: ``Y`` gathered from the directions' states in time order, the last states views
   of their last step.
 
-Which lowering, measured at one thread (CHANGELOG, issue 80): with a batch of one the step's
-products are matrix-vector products, as fast in the time loop's kernel as in a kernel per step,
-and the kernel saves a call, a team and a concatenation per step (LSTM hidden 512: 4.5 ms against
-7.0 unrolled).  With a larger batch, where each step's products are contractions of the state
-with the weights (``_gemm_per_step``), the unrolled step's contraction kernel reads the weights
-once for the whole batch and the loop nest once per entry (LSTM batch 8, hidden 256: 3.9 ms
-against 1.5): the layer is unrolled.  GRU without ``linear_before_reset`` scales the state by the
-reset gate inside its product, no contraction kernel takes that step, and the time loop's kernel
-is the faster at every batch (batch 8, hidden 512: 41 ms against 316).
+Which lowering, measured at one thread (``python -m benchmarks.onnx_zoo --models lstm_lm,gru_bidirectional``,
+``benchmarks/results/zen5_onnx_zoo_subset.json``): with a batch of one the step's products are
+matrix-vector products, as fast in the time loop's kernel as in a kernel per step, and the kernel
+saves a call, a team and a concatenation per step.  With a larger batch, where each step's
+products are contractions of the state with the weights (``_gemm_per_step``), the unrolled step's
+contraction kernel reads the weights once for the whole batch and the loop nest once per entry:
+the layer is unrolled.  GRU without ``linear_before_reset`` scales the state by the reset gate
+inside its product, no contraction kernel takes that step, and the time loop's kernel is the
+faster at every batch.
 
 Where the layer is not looped, or the batch entries have different lengths (``sequence_lens``
 shorter than the sequence), it is unrolled, one kernel call per time step: every step of a direction is the same
