@@ -309,18 +309,17 @@ class _DepthwiseWriter(PatternKernelWriter):
         is empty), so the sum has exactly the taps inside the box, as one output at a time has;
         the block costs what an interior block costs, where one output at a time tested every
         tap on one chain of FMAs."""
-        (_, ww), kh, kw = self.conv.windows, self.kh_c, self.kw_c
+        (_, ww) = self.conv.windows
         sw, dw, ow_off = ww.stride, ww.dilation, ww.offset
         offsets = self.image_offsets(size)
         mask = "__mmask16" if lanes == 16 else "__mmask8"
         every = "km" if masked else f"({mask})-1"
-        lines = [
+        head = [
             f"        if (ow + {size} <= g->ow) {{  /* near an edge: columns outside the box masked off */",
             f"            const int64_t col = {sw} * ow + {ow_off};",
             f"            const {mask} "
             + ", ".join(f"m{s} = col + {s} >= g->lo_w && col + {s} < g->hi_w ? {every} : ({mask})0" for s in offsets)
             + ";",
-            f"            {vec} " + ", ".join(f"a{j} = {pre}_setzero_{suffix}()" for j in range(size)) + ";",
         ]
         fmas = [
             f"a{j} = {pre}_mask3_fmadd_{suffix}(w{{k}}_{t}, x{sw * j + dw * t}, a{j}, m{sw * j + dw * t});"
@@ -332,36 +331,20 @@ class _DepthwiseWriter(PatternKernelWriter):
         )
         load = f"{pre}_maskz_loadu_{suffix}(km, {{ptr}})" if masked else f"{pre}_loadu_{suffix}({{ptr}})"
         # p may point before the image row (col < 0): only columns inside the box are read.
-        if hoist:
-            for k in range(self.kh):
-                lines += [
-                    f"            if (rows[{k}] != NULL) {{",
-                    f"                const {self.ctype} *p = rows[{k}] + col * C;",
-                    f"                {images}",
-                    *(f"                {line.format(k=k)}" for line in fmas),
-                    "            }",
-                ]
-        else:
-            lines += [
-                *(["            #pragma GCC unroll 8"] if self.kh is not None else []),
-                f"            for (int64_t k = 0; k < {kh}; k++) {{",
-                "                if (rows[k] == NULL) continue;",
-                f"                const {self.ctype} *p = rows[k] + col * C;",
-                f"                const {self.ctype} *restrict wk = wc + k * {kw} * C;",
-                f"                const {vec} "
-                + ", ".join(f"wk_{t} = {load.format(ptr=f'wk + {t} * C')}" for t in range(self.kw))
-                + ";",
-                f"                {images}",
-                *(f"                {line.format(k='k')}" for line in fmas),
-                "            }",
-            ]
-        return lines + [
-            f"            POLYC_DW_PREFETCH(pf_block * {size} / {ROW_BLOCK} + 1);",
-            *(f"            POLYC_DW_FINISH(a{j}, ow + {j});" for j in range(size)),
-            f"            ow += {size};",
-            "            continue;",
-            "        }",
-        ]
+        return self.register_block(
+            head,
+            size,
+            hoist,
+            vec,
+            pre,
+            suffix,
+            load,
+            f"const {self.ctype} *p",
+            "col * C",
+            images,
+            fmas,
+            f"pf_block * {size} / {ROW_BLOCK} + 1",
+        )
 
     def image_offsets(self, size: int) -> list[int]:
         """The image columns, from a block's first one, that ``size`` outputs read."""
@@ -372,24 +355,62 @@ class _DepthwiseWriter(PatternKernelWriter):
         """The C of ``size`` interior outputs from ``ow`` on, when they are all interior: each
         kernel row's image vectors loaded once for the block, its weights from the registers
         (``hoist``) or loaded once per kernel row."""
-        (_, ww), kh, kw = self.conv.windows, self.kh_c, self.kw_c
+        (_, ww) = self.conv.windows
         sw, dw, ow_off = ww.stride, ww.dilation, ww.offset
         offsets = self.image_offsets(size)
-        lines = [
-            f"        if (ow >= g->ow_lo && ow + {size} <= g->ow_hi) {{",
-            f"            {vec} " + ", ".join(f"a{j} = {pre}_setzero_{suffix}()" for j in range(size)) + ";",
-        ]
+        head = [f"        if (ow >= g->ow_lo && ow + {size} <= g->ow_hi) {{"]
         fmas = [f"a{j} = {fma}(w{{k}}_{t}, x{sw * j + dw * t}, a{j});" for j in range(size) for t in range(self.kw)]
         images = (
             f"const {vec} " + ", ".join(f"x{s} = {load.format(ptr=f'p + {s} * C')}" for s in offsets) + ";"
             if self.kw
             else ""
         )
+        prefetched = "pf_block" if size == ROW_BLOCK else f"pf_block * {size} / {ROW_BLOCK} + 1"
+        return self.register_block(
+            head,
+            size,
+            hoist,
+            vec,
+            pre,
+            suffix,
+            load,
+            f"const {self.ctype} *restrict p",
+            f"({sw} * ow + {ow_off}) * C",
+            images,
+            fmas,
+            prefetched,
+        )
+
+    def register_block(
+        self,
+        head: list[str],
+        size: int,
+        hoist: bool,
+        vec: str,
+        pre: str,
+        suffix: str,
+        load: str,
+        pointer: str,
+        column: str,
+        images: str,
+        fmas: list[str],
+        prefetched: str,
+    ) -> list[str]:
+        """A block of ``size`` outputs (interior or edge): ``head`` (its condition and what it
+        computes first), its accumulators, each kernel row's image vectors (``images``, read
+        from ``pointer`` = the row's start plus ``column``) and multiply-adds (``fmas``, with
+        ``{k}`` for the kernel row) with the weights from the registers (``hoist``) or loaded
+        (``load``) once per kernel row, then the stores."""
+        kh, kw = self.kh_c, self.kw_c
+        lines = [
+            *head,
+            f"            {vec} " + ", ".join(f"a{j} = {pre}_setzero_{suffix}()" for j in range(size)) + ";",
+        ]
         if hoist:
             for k in range(self.kh):
                 lines += [
                     f"            if (rows[{k}] != NULL) {{",
-                    f"                const {self.ctype} *restrict p = rows[{k}] + ({sw} * ow + {ow_off}) * C;",
+                    f"                {pointer} = rows[{k}] + {column};",
                     f"                {images}",
                     *(f"                {line.format(k=k)}" for line in fmas),
                     "            }",
@@ -399,7 +420,7 @@ class _DepthwiseWriter(PatternKernelWriter):
                 *(["            #pragma GCC unroll 8"] if self.kh is not None else []),
                 f"            for (int64_t k = 0; k < {kh}; k++) {{",
                 "                if (rows[k] == NULL) continue;",
-                f"                const {self.ctype} *restrict p = rows[k] + ({sw} * ow + {ow_off}) * C;",
+                f"                {pointer} = rows[k] + {column};",
                 f"                const {self.ctype} *restrict wk = wc + k * {kw} * C;",
             ]
             if self.kw:
@@ -411,7 +432,6 @@ class _DepthwiseWriter(PatternKernelWriter):
                 lines.append(f"                {images}")
             lines += [f"                {line.format(k='k')}" for line in fmas]
             lines.append("            }")
-        prefetched = "pf_block" if size == ROW_BLOCK else f"pf_block * {size} / {ROW_BLOCK} + 1"
         return lines + [
             f"            POLYC_DW_PREFETCH({prefetched});",
             *(f"            POLYC_DW_FINISH(a{j}, ow + {j});" for j in range(size)),
