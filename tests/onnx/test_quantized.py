@@ -3,9 +3,11 @@ blocks), MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv, and the dynamic
 onnxruntime's ``quantize_dynamic`` writes (DynamicQuantizeLinear, an ONNX function, feeding
 MatMulInteger).
 
-Every result is checked against an exact reference: onnx's ``ReferenceEvaluator`` (integer
-arithmetic and ONNX's rounding are its definition) or integer arithmetic in numpy.  onnxruntime is
-a second witness only where it computes exactly.  Its u8 x s8 kernels on x86 processors without
+Every result is checked against an exact reference: integer arithmetic in numpy, onnx's
+``ReferenceEvaluator`` (integer arithmetic and ONNX's rounding are its definition) and, for the
+requantizing operators, onnxruntime, whose float32 scaling polyc follows (onnx's reference
+scales in double and is then one step away in rare elements).  onnxruntime is a witness only
+where it computes its int32 sums exactly.  Its u8 x s8 kernels on x86 processors without
 VNNI multiply pairs with ``vpmaddubsw``, whose 16-bit sums saturate (onnxruntime's quantization
 guide recommends ``reduce_range`` for them), so full-range s8 weights are compared with
 onnxruntime only where :func:`onnxruntime_multiplies_u8_by_s8_exactly` finds it exact; weights in
@@ -151,7 +153,7 @@ def test_matmul_integer_with_per_row_and_per_column_zero_points():
     np.testing.assert_array_equal(ours, expected)
 
 
-def test_qlinear_matmul_as_onnx_defines_it():
+def test_qlinear_matmul_requantizes_as_onnxruntime():
     rng = np.random.default_rng(3)
     a = rng.integers(0, 256, (4, 16)).astype(np.uint8)
     w = rng.integers(0, 256, (16, 5)).astype(np.uint8)
@@ -169,8 +171,28 @@ def test_qlinear_matmul_as_onnx_defines_it():
     )
     model = model_of([node], {"a": a}, ["y"], params)
     (ours,), (theirs,), (reference,) = all_three(model, {"a": a})
-    np.testing.assert_array_equal(ours, reference)
-    assert np.abs(ours.astype(int) - theirs).max() <= 1  # onnxruntime scales in float32
+    np.testing.assert_array_equal(ours, requantized_in_float32(a, params))
+    np.testing.assert_array_equal(ours, theirs)  # u8 x u8: exact in onnxruntime on every x86 kernel
+    within_one_step_of_the_double_reference(ours, reference)
+
+
+def requantized_in_float32(a: np.ndarray, params: dict) -> np.ndarray:
+    """QLinearMatMul in numpy as polyc documents it: the int32 product, times the float32
+    factor a_scale * w_scale / y_scale in float32, rounded half to even, plus the zero point."""
+    product = (a.astype(np.int64) - params["a_zero"]) @ (params["w"].astype(np.int64) - params["w_zero"])
+    factor = params["a_scale"] * params["w_scale"] / params["y_scale"]
+    scaled = np.rint(product.astype(np.float32) * factor) + np.float32(params["y_zero"])
+    limits = np.iinfo(params["y_zero"].dtype)
+    return np.clip(scaled, limits.min, limits.max).astype(params["y_zero"].dtype)
+
+
+def within_one_step_of_the_double_reference(ours: np.ndarray, reference: np.ndarray) -> None:
+    """onnx's reference scales in double: it differs from float32 scaling by one step where a
+    product lies within float32's rounding of a half, about one element in 10^5 for 8-bit
+    results (a float32 product's relative error is 2^-24, a result's magnitude below 2^8)."""
+    steps = np.abs(ours.astype(np.int64) - reference.astype(np.int64))
+    assert steps.max() <= 1
+    assert np.count_nonzero(steps) <= max(1, steps.size // 1000)
 
 
 WEIGHT_BITS = pytest.mark.parametrize("weight_bits", [8, 7], ids=["s8-weights", "7-bit-weights"])
@@ -274,20 +296,20 @@ def strided_padded_qlinear_conv(group: int, weight_bits: int):
 def test_qlinear_conv_per_channel_strided_padded_against_onnx_reference(group, weight_bits):
     model, x = strided_padded_qlinear_conv(group, weight_bits)
     (ours,), _, (reference,) = all_three(model, {"x": x})
-    np.testing.assert_array_equal(ours, reference)
-    with pytest.raises(AssertionError):  # negative control: one step off in one element fails
-        np.testing.assert_array_equal(one_step_off(ours), reference)
+    within_one_step_of_the_double_reference(ours, reference)
 
 
 @WEIGHT_BITS
 @pytest.mark.parametrize("group", [1, 4])
 def test_qlinear_conv_per_channel_strided_padded_against_onnxruntime(group, weight_bits):
-    # Within one step of onnxruntime, which scales the int32 sums in float32.
+    # Exactly onnxruntime's results: both scale the int32 sums in float32.
     if weight_bits == 8:
         needs_exact_u8s8_in_onnxruntime()
     model, x = strided_padded_qlinear_conv(group, weight_bits)
     (ours,), (theirs,), _ = all_three(model, {"x": x})
-    assert np.abs(ours.astype(int) - theirs).max() <= 1
+    np.testing.assert_array_equal(ours, theirs)
+    with pytest.raises(AssertionError):  # negative control: one step off in one element fails
+        np.testing.assert_array_equal(one_step_off(ours), theirs)
 
 
 def test_conv_integer_of_weights_given_at_run_time():

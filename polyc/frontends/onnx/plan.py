@@ -52,6 +52,7 @@ from polyc.frontends.onnx.memory import Arena, plan_memory
 from polyc.frontends.onnx.ops import CONVERTERS
 from polyc.frontends.onnx.ops.base import Node
 from polyc.frontends.onnx.permutations import fold_transposes
+from polyc.frontends.onnx.qdq import integer_node_units
 from polyc.frontends.onnx.stages import Carried, Continuation, names_read, value_to_probe
 from polyc.options import Options
 from polyc.runtime.arguments import allocate
@@ -160,7 +161,15 @@ class Plan:
         if nodes is None:
             protos = list(graph.node)
             if graph_fusion:
-                protos = fold_batch_norms(protos, {o.name for o in graph.output}, self.values, self._new_ident)
+                graph_outputs = {o.name for o in graph.output}
+                protos = integer_node_units(
+                    protos,
+                    graph_outputs,
+                    lambda name: self.values[name].const if name in self.values else None,
+                    self._add_constant,
+                    lambda op_type, domain: is_converted(op_type, domain, opset),
+                )
+                protos = fold_batch_norms(protos, graph_outputs, self.values, self._new_ident)
             nodes = [
                 FlatNode(proto, opset, proto.name or f"{proto.op_type}_{position}", "")
                 for position, proto in enumerate(protos)
@@ -332,6 +341,10 @@ class Plan:
             else None
             for n in names
         ]
+
+    def _add_constant(self, name: str, array: np.ndarray) -> None:
+        """A constant the plan makes (see :func:`.qdq.integer_node_units`)."""
+        self.values[name] = Value(self._new_ident(), array.dtype, array.shape, array, name)
 
     def _new_ident(self) -> str:
         self._counter += 1

@@ -182,13 +182,16 @@ def _integer_product(b, node, a: Value, a_zero, c: Value, c_zero) -> Value:
 
 
 def _requantized(b, product: Value, factor: str, zero, out_dtype, zero_axis: int, reads) -> Value:
-    """``saturate(rint(product * factor) + zero)`` into ``out_dtype``, in double, as onnx's
-    reference scales its int32 results (a float32 factor times an int32 is a double in numpy)."""
+    """``saturate(rint(float(product) * factor) + zero)`` into ``out_dtype``, in float32, as
+    onnxruntime requantizes its int32 sums (the factor ``a_scale * b_scale / y_scale`` in float32,
+    rounding halves to even).  onnx's reference computes the product in double: the two differ
+    by one step where the product lies within float32's rounding of a half, and a network
+    compounds such steps layer after layer, so the runtime users compare with decides."""
     idx = indices(product.rank)
-    value = f"double({b.ref(product, idx)}) * double({factor})"
+    value = f"rint(float({b.ref(product, idx)}) * float({factor}))"
     if zero is not None:
         zero_subscripts = _per_tensor_or_along(b, zero, product.shape, zero_axis, idx, "y_zero_point")
-        value = f"{value} + double({b.ref(zero, zero_subscripts)})"
+        value = f"{value} + float({b.ref(zero, zero_subscripts)})"
         reads = reads + [zero]
     limits = np.iinfo(out_dtype)
     out = b.new(product.shape, out_dtype)
@@ -198,7 +201,7 @@ def _requantized(b, product: Value, factor: str, zero, out_dtype, zero_axis: int
                 out,
                 idx,
                 "=",
-                f"{tc_type(out_dtype)}(fmin(fmax(rint({value}), {_number(limits.min)}), {_number(limits.max)}))",
+                f"{tc_type(out_dtype)}(fmin(fmax({value}, {_number(limits.min)}), {_number(limits.max)}))",
             )
         ],
         [product] + reads,
