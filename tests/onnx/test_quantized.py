@@ -325,3 +325,38 @@ def test_conv_integer_of_weights_given_at_run_time():
     assert ours.dtype == np.int32
     np.testing.assert_array_equal(ours, reference)
     np.testing.assert_array_equal(ours, theirs)
+
+
+def conv_integer_in_numpy(x: np.ndarray, w: np.ndarray, x_zero: int, w_zero: int, pad: int) -> np.ndarray:
+    """ConvInteger (stride 1, one group) in int64, the definition."""
+    shifted = np.pad(x.astype(np.int64) - x_zero, [(0, 0), (0, 0), (pad, pad), (pad, pad)])
+    filters = w.astype(np.int64) - w_zero
+    k = w.shape[2]
+    rows, columns = shifted.shape[2] - k + 1, shifted.shape[3] - k + 1
+    out = np.zeros((x.shape[0], w.shape[0], rows, columns), np.int64)
+    for i in range(k):
+        for j in range(k):
+            out += np.einsum("nchw,fc->nfhw", shifted[:, :, i : i + rows, j : j + columns], filters[:, :, i, j])
+    return out
+
+
+@pytest.mark.parametrize(
+    "channels, filters, size, low, high",
+    [(64, 64, 16, -128, 128), (1024, 4, 6, -128, -126)],
+    ids=["sums-exact-in-float32", "sums-beyond-float32"],
+)
+def test_conv_integer_of_constant_weights_is_exact(channels, filters, size, low, high):
+    # Constant weights bound every partial sum: below 2^24 the convolution runs on float32
+    # kernels (Winograd off), beyond it on float64 ones.  Weights of -128 and -127 with inputs of 255 make odd sums near
+    # 255 * 127.5 * 9216 (> 2^28), which float32 would round.
+    rng = np.random.default_rng(8)
+    x = np.where(rng.random((1, channels, size, size)) < 0.9, 255, 0).astype(np.uint8)
+    w = rng.integers(low, high, (filters, channels, 3, 3)).astype(np.int8)
+    node = helper.make_node("ConvInteger", ["x", "w", "x_zero"], ["y"], pads=[1, 1, 1, 1])
+    model = model_of([node], {"x": x}, ["y"], {"w": w, "x_zero": np.array(0, np.uint8)})
+    (ours,) = ponnx.InferenceSession(model).run(None, {"x": x})
+    expected = conv_integer_in_numpy(x, w, 0, 0, 1)
+    assert (np.abs(expected).max() > 2**24) == (channels == 1024)
+    np.testing.assert_array_equal(ours, expected)
+    with pytest.raises(AssertionError):  # negative control: one step off in one element fails
+        np.testing.assert_array_equal(one_step_off(ours), expected)

@@ -541,6 +541,8 @@ class Plan:
             try:
                 wanted = {k: v for step in group.steps for k, v in step.options.items()}
                 given = {**wanted, **options}
+                if wanted.get("winograd") is False:  # a step whose sums must stay exact (integer convolutions)
+                    given["winograd"] = False
                 # (the compiler and its flags as the environment gives them now: $POLYC_CFLAGS)
                 key = (canonical, repr(sorted(given.items())), compiler_options(Options.from_kwargs(**given)))
                 group.kernel = _shared_kernel(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from polyc.errors import UnsupportedError
-from polyc.frontends.onnx.lowering import Value, indices, tc_type
+from polyc.frontends.onnx.lowering import KernelStep, Value, indices, tc_type
 from polyc.frontends.onnx.ops.base import Converter, _axis, _float_only, _number
 from polyc.frontends.onnx.ops.contractions import MatMul
 from polyc.frontends.onnx.ops.convolutions import Conv
@@ -206,7 +206,9 @@ def _requantized(b, product: Value, factor: str, zero, out_dtype, zero_axis: int
         ],
         [product] + reads,
         [out],
-        "elementwise",
+        # A kernel of its own: the convolution and gemm kernels take epilogues that update their
+        # output in place, not ones that write another tensor of another type.
+        "other",
     )
     return out
 
@@ -248,19 +250,85 @@ class ConvInteger(Converter):
     @staticmethod
     def _impl_v10(b, node, inputs):
         x, w, x_zero, w_zero = (inputs + [None] * 4)[:4]
-        return [_integer_convolution(b, node, x, x_zero, w, w_zero, None)]
+        product = _integer_convolution(b, node, x, x_zero, w, w_zero, None)
+        if product.dtype == np.int32:
+            return [product]
+        idx = indices(product.rank)
+        out = b.new(product.shape, np.int32)
+        b.emit([b.statement(out, idx, "=", f"int32({b.ref(product, idx)})")], [product], [out], "elementwise")
+        return [out]
 
 
 def _integer_convolution(b, node, x, x_zero, w, w_zero, bias) -> Value:
+    """``conv(x - x_zero, w - w_zero) + bias``, exactly: int32, or (constant weights) a float
+    tensor holding the same integers (:func:`_exact_float_type`)."""
     if x_zero is not None and x_zero.size != 1:
         raise UnsupportedError(f"{b.where}: the input's zero point must be one value (it has shape {x_zero.shape})")
     if bias is not None and bias.dtype != np.int32:
         raise UnsupportedError(f"{b.where}: the bias must be int32, not {bias.dtype}")
+    exact = _exact_float_type(b, x, x_zero, w, w_zero, bias)
+    if exact is not None:
+        shifted_w = w.const.astype(np.int64) - _zero_points(w_zero, w.rank, 0)
+        operands = [
+            _shifted_float(b, x, x_zero, exact),
+            b.const(shifted_w.astype(exact)),
+        ] + ([b.const(bias.const.astype(exact))] if bias is not None else [])
+        first = len(b.steps)
+        (out,) = Conv._impl_v1(b, node, operands)
+        # Winograd's transformed weights carry halves and quarters, which the bound on the
+        # integer sums does not count: the direct kernels keep them exact integers.
+        for step in b.steps[first:]:
+            if isinstance(step, KernelStep):
+                step.options["winograd"] = False
+        return out
     operands = [
         _shifted_int32(b, x, x_zero, 0, "the input's zero point"),
         _shifted_int32(b, w, w_zero, 0, "the weights' zero point"),
     ]
     return Conv._impl_v1(b, node, operands + ([bias] if bias is not None else []))[0]
+
+
+def _zero_points(zero, rank: int, axis: int) -> np.ndarray | int:
+    """A constant zero point as an int64 array broadcasting along ``axis`` (0 where absent)."""
+    if zero is None:
+        return 0
+    shape = [zero.size if d == axis else 1 for d in range(rank)] if zero.size > 1 else []
+    return zero.const.astype(np.int64).reshape(shape)
+
+
+#: Integers a float type holds exactly: every integer of magnitude up to 2^mantissa bits.
+_EXACT_INTEGERS = ((np.dtype(np.float32), 2**24), (np.dtype(np.float64), 2**53))
+
+
+def _exact_float_type(b, x, x_zero, w, w_zero, bias) -> np.dtype | None:
+    """float32 (else float64) where a convolution of ``x - x_zero`` by the constant ``w - w_zero``
+    plus ``bias`` is computed exactly in it, in any order of the sums: every product and partial
+    sum is an integer no larger than the largest input shifted, times the largest sum of one
+    filter's shifted weights' magnitudes, plus the largest bias.  None: weights or zero points
+    known only when the model runs (the int32 path)."""
+    if w.const is None or any(v is not None and v.const is None for v in (x_zero, w_zero, bias)):
+        return None
+    limits = np.iinfo(x.dtype)
+    zero = int(x_zero.const.reshape(-1)[0]) if x_zero is not None else 0
+    largest_input = max(zero - int(limits.min), int(limits.max) - zero)
+    filters = np.abs(w.const.astype(np.int64) - _zero_points(w_zero, w.rank, 0)).reshape(w.shape[0], -1)
+    bound = largest_input * int(filters.sum(axis=1).max(initial=0))
+    if bias is not None:
+        bound += int(np.abs(bias.const.astype(np.int64)).max(initial=0))
+    return next((dtype for dtype, exact in _EXACT_INTEGERS if bound <= exact), None)
+
+
+def _shifted_float(b, x: Value, zero, dtype: np.dtype) -> Value:
+    """``x - zero`` as ``dtype`` (an integer it holds exactly), the zero point one value."""
+    idx = indices(x.rank)
+    rhs = f"{tc_type(dtype)}({b.ref(x, idx)})"
+    reads = [x]
+    if zero is not None:
+        rhs = f"{rhs} - {tc_type(dtype)}({b.ref(zero, ['0'] * zero.rank)})"
+        reads.append(zero)
+    out = b.new(x.shape, dtype)
+    b.emit([b.statement(out, idx, "=", rhs)], reads, [out], "elementwise")
+    return out
 
 
 class QLinearConv(Converter):
