@@ -167,7 +167,8 @@ CONVERTERS: dict[str, type[Converter]] = {
     "ConvTranspose": ConvTranspose,
     "Resize": Resize,
     **{op: _unary(expression) for op, expression in _FLOAT_FUNCTIONS.items()},
-    "Relu": _unary("({x} > 0 ? {x} : 0)", floats_only=False),
+    # (as onnxruntime: NaN and -0 pass through)
+    "Relu": _unary("({x} < 0 ? 0 : {x})", floats_only=False),
     "Neg": _unary("-{x}", floats_only=False),
     "Abs": _unary("abs({x})", floats_only=False),
     "Sign": Sign,

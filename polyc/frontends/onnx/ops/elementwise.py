@@ -132,7 +132,11 @@ class Selu(Converter):
         gamma = _number(node.attr("gamma", 1.05070102214813232421875))
         return [
             _elementwise(
-                b, inputs[:1], inputs[0].dtype, lambda r: f"{gamma} * ({r[0]} > 0 ? {r[0]} : {alpha} * expm1({r[0]}))"
+                # (+ 0: Selu(-0) is +0, as onnxruntime computes it)
+                b,
+                inputs[:1],
+                inputs[0].dtype,
+                lambda r: f"{gamma} * ({r[0]} > 0 ? {r[0]} : {alpha} * expm1({r[0]}) + 0)",
             )
         ]
 
@@ -141,7 +145,15 @@ class HardSigmoid(Converter):
     @staticmethod
     def _impl_v1(b, node, inputs):
         alpha, beta = _number(node.attr("alpha", 0.2)), _number(node.attr("beta", 0.5))
-        return [_elementwise(b, inputs[:1], inputs[0].dtype, lambda r: f"fmax(0, fmin(1, {alpha} * {r[0]} + {beta}))")]
+        # Comparisons, not fmin/fmax: a NaN stays NaN, as in onnxruntime.
+        return [
+            _elementwise(
+                b,
+                inputs[:1],
+                inputs[0].dtype,
+                lambda r: _clamped(f"({alpha} * {r[0]} + {beta})", "0", "1"),
+            )
+        ]
 
 
 class Gelu(Converter):
@@ -170,29 +182,41 @@ class PRelu(Converter):
         return [_elementwise(b, [x, slope], x.dtype, lambda r: f"({r[0]} >= 0 ? {r[0]} : {r[0]} * {r[1]})")]
 
 
+def _clamped(x: str, lo: str | None, hi: str | None) -> str:
+    """``x`` clamped to ``[lo, hi]`` by comparisons: a NaN stays NaN and -0 stays -0 (fmin and
+    fmax would return the bound for a NaN), as onnxruntime clamps."""
+    if lo is not None:
+        x = f"({x} < {lo} ? {lo} : {x})"
+    if hi is not None:
+        x = f"({x} > {hi} ? {hi} : {x})"
+    return x
+
+
 class Clip(Converter):
+    """x clamped to [min, max] by comparisons (a NaN stays NaN).  A float bound left out is the
+    type's largest finite value, as onnxruntime clamps (so +-inf become +-that value); before
+    opset 11 the attributes' defaults are float32's."""
+
     @staticmethod
     def _impl_v6(b, node, inputs):
         x = inputs[0]
         lo, hi = node.attr("min", -3.4028234663852886e38), node.attr("max", 3.4028234663852886e38)
-        return [_elementwise(b, [x], x.dtype, lambda r: f"fmin(fmax({r[0]}, {_number(lo)}), {_number(hi)})")]
+        return [_elementwise(b, [x], x.dtype, lambda r: _clamped(r[0], _number(lo), _number(hi)))]
 
     @staticmethod
     def _impl_v11(b, node, inputs):
         x = inputs[0]
-        bounds = [v for v in inputs[1:3]]
+        bounds = (list(inputs[1:3]) + [None, None])[:2]
         values = [x] + [v for v in bounds if v is not None]
+        largest = _number(float(np.finfo(x.dtype).max)) if x.dtype.kind == "f" else None
 
         def rhs(refs):
-            text, k = refs[0], 1
-            generic = "max" if x.dtype.kind in "iu" else "fmax"
-            for position, bound in enumerate(bounds):
-                if bound is None:
-                    continue
-                function = generic if position == 0 else generic.replace("max", "min")
-                text = f"{function}({text}, {refs[k]})"
-                k += 1
-            return text
+            given = iter(refs[1:])
+            lo, hi = (next(given) if bound is not None else None for bound in bounds)
+            if largest is not None:
+                lo = f"-{largest}" if lo is None else lo
+                hi = largest if hi is None else hi
+            return _clamped(refs[0], lo, hi)
 
         return [_elementwise(b, values, x.dtype, rhs)]
 
@@ -214,7 +238,11 @@ class Sign(Converter):
     def _impl_v9(b, node, inputs):
         (x,) = inputs[:1]
         t = tc_type(x.dtype)
-        return [_elementwise(b, [x], x.dtype, lambda r: f"({r[0]} > 0 ? {t}(1) : ({r[0]} < 0 ? {t}(-1) : {t}(0)))")]
+        # A NaN's sign is NaN (onnxruntime's, for float and double).
+        zero = (lambda r: f"({r} == {r} ? {t}(0) : {r})") if x.dtype.kind == "f" else (lambda r: f"{t}(0)")
+        return [
+            _elementwise(b, [x], x.dtype, lambda r: f"({r[0]} > 0 ? {t}(1) : ({r[0]} < 0 ? {t}(-1) : {zero(r[0])}))")
+        ]
 
 
 class Mod(Converter):
