@@ -13,7 +13,7 @@ The vector form covers what models put after a convolution, with the interpreter
 second argument gives the first, else ``a >= b ? a : b``), constants, the target itself, a
 vector indexed by the channel alone (a bias, a scale), and a tensor of the target's shape at the
 target's own point (a residual), selects on comparisons of those (ONNX's Relu is
-``x > 0 ? x : 0``; C's comparisons are false on a NaN but ``!=``, as the vector predicates chosen
+``x < 0 ? 0 : x``; C's comparisons are false on a NaN but ``!=``, as the vector predicates chosen
 below), and the float logistic quotient ``1 / (1 + exp(-x))`` (ONNX's Sigmoid, SiLU's second
 factor) as the vector form of ``polyc_sigmoidf`` (:func:`polyc.codegen.vector_math.sigmoid_vector_c`,
 the same results).  Anything else (another exp, an index value, a gather) keeps the scalar
