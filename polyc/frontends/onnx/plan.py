@@ -49,7 +49,7 @@ from polyc.frontends.onnx.functions import (
 )
 from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type, values_read, values_written
 from polyc.frontends.onnx.memory import Arena, plan_memory
-from polyc.frontends.onnx.ops import CONVERTERS
+from polyc.frontends.onnx.ops import CONVERTERS, converter_for
 from polyc.frontends.onnx.ops.base import Node
 from polyc.frontends.onnx.permutations import fold_transposes
 from polyc.frontends.onnx.stages import Carried, Continuation, names_read, value_to_probe
@@ -212,7 +212,7 @@ class Plan:
             inputs = [self.values[name] if name else None for name in proto.input]
             builder = Builder(node.name, node.op_type, self._new_ident, vector_bits)
             with _raw_errors_named(node):
-                outputs = CONVERTERS[node.op_type].convert(builder, node, inputs, node_opset)
+                outputs = converter_for(node.op_type, proto.domain).convert(builder, node, inputs, node_opset)
             if _foldable(builder.steps, inputs):
                 _fold(builder.steps, node.name)
             else:
@@ -1299,7 +1299,7 @@ def _replaced(flat, values: dict) -> list | None:
 
 def is_converted(op_type: str, domain: str, opset: int) -> bool:
     """Whether a converter of polyc's own handles ``op_type`` at ``opset``."""
-    converter = CONVERTERS.get(op_type) if domain in ("", "ai.onnx") else None
+    converter = converter_for(op_type, domain)
     return converter is not None and converter.version_for(opset) is not None
 
 
