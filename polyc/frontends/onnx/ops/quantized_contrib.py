@@ -14,7 +14,8 @@ same order, so that the results agree bit for bit where onnxruntime's are exact:
 - QLinearAdd: ``a * (a_scale / c_scale) + b * (b_scale / c_scale) + fixed``, two fused
   multiply-adds in float32 with the zero points folded into ``fixed``, as MLAS's AVX2 kernel;
 - QLinearMul: the exact integer product of the shifted inputs, times
-  ``a_scale * b_scale / c_scale``, plus the output zero point, in float32 (one fused multiply-add);
+  ``a_scale * b_scale / c_scale``, plus the output zero point, in float32 (two roundings, as
+  MLAS's SSE2 kernel);
 - QLinearGlobalAveragePool: the int32 sum of each image less ``x_zero_point * size``, times
   ``x_scale / (y_scale * size)`` in float32;
 - QGemm: the int32 product plus the int32 bias, times ``alpha * a_scale * b_scale / y_scale``
@@ -42,6 +43,10 @@ from polyc.frontends.onnx.ops.quantization import _integer_product, _per_tensor_
 from polyc.frontends.onnx.ops.shapes import concatenated, transposed
 
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
+
+#: Step options for float sums added in onnxruntime's order, one after the other: SIMD
+#: reduction pragmas would reassociate them.
+_SUMS_IN_ORDER = {"vectorize": False}
 
 #: onnxruntime's QLinearSoftmax keeps this many bits of float headroom below FLT_MAX for its sum.
 _SOFTMAX_RESERVED_BITS = 5.0
@@ -230,7 +235,7 @@ class QLinearAdd(Converter):
 
 class QLinearMul(Converter):
     """``(A - A_zero) * (B - B_zero)`` exactly in int32, times ``A_scale * B_scale / C_scale``
-    plus ``C_zero`` in float32 (one fused multiply-add), rounded and saturated, as MLAS."""
+    plus ``C_zero`` in float32 (the product and the sum each rounded), rounded and saturated, as MLAS."""
 
     @staticmethod
     def _impl_v1(b, node, inputs):
@@ -244,7 +249,10 @@ class QLinearMul(Converter):
 
         def rhs(a_ref, c_ref):
             product = f"(int32({a_ref}) - int32({a_shift})) * (int32({c_ref}) - int32({c_shift}))"
-            return _saturated(f"rint(fma(float({product}), {ratio}, {_scalar(b, y_zero)}))", a.dtype)
+            # the product rounded to float before the addition, never fused with it: the
+            # double product of a 17-bit integer and a float is exact, so this rounds once
+            scaled = f"float(double({product}) * double({ratio}))"
+            return _saturated(f"rint({scaled} + {_scalar(b, y_zero)})", a.dtype)
 
         reads = _reads(a_scale, a_zero, c_scale, c_zero, y_scale, y_zero)
         return [_binary_out(b, a, c, rhs, reads)]
@@ -357,8 +365,7 @@ class QLinearSoftmax(Converter):
     """Softmax of 8-bit values as onnxruntime computes it: ``e = table[x - max + 255]`` with
     ``table[k] = float(exp((k - 255 + shift) * x_scale))`` (``shift`` keeps the float sum
     below FLT_MAX), the float32 sum ``s`` of ``e`` along the axis (opset < 13: over all axes
-    from ``axis`` on), ``y = rint(e * floor(1 / y_scale) / s) + y_zero``, clamped at 255 only,
-    as onnxruntime does (an int8 output above 127 wraps, as there)."""
+    from ``axis`` on, added in order), ``y = saturate(rint(e * floor(1 / y_scale) / s) + y_zero)``."""
 
     @staticmethod
     def _impl_v1(b, node, inputs):
@@ -394,9 +401,8 @@ class QLinearSoftmax(Converter):
         kept_at = [i for d, i in enumerate(idx) if d not in reduced]
         zero = _scalar(b, y_zero)
         quotient = f"int32(rint({b.ref(exps, idx)} * {multiplier} / {b.ref(total, kept_at)})) + int32({zero})"
-        # onnxruntime keeps values above 255 at 255 and converts the rest: an int8 above 127 wraps
-        capped = f"min({quotient}, 255)"
-        result = f"uint8({capped})" if x.dtype == np.uint8 else f"int8({capped} > 127 ? {capped} - 256 : {capped})"
+        limits = np.iinfo(x.dtype)
+        result = f"{tc_type(x.dtype)}(max(min({quotient}, {int(limits.max)}), {int(limits.min)}))"
         statements = [
             b.statement(largest, kept, "max=!", f"int32({b.ref(x, over)})", reductions),
             b.statement(
@@ -408,7 +414,7 @@ class QLinearSoftmax(Converter):
             b.statement(total, kept, "+=!", b.ref(exps, over), reductions),
             b.statement(out, idx, "=", result),
         ]
-        b.emit(statements, _reads(x, table, y_zero), [out], "reduction")
+        b.emit(statements, _reads(x, table, y_zero), [out], "reduction", _SUMS_IN_ORDER)
         return [out]
 
 
@@ -448,7 +454,7 @@ class QLinearGlobalAveragePool(Converter):
 
 class QLinearAveragePool(Converter):
     """AveragePool (its attributes, and ``channels_last``) of the dequantized input in float32,
-    then ``saturate(rint(y / y_scale + y_zero))`` as onnxruntime quantizes the average."""
+    each window summed in order, then ``saturate(rint(y / y_scale + y_zero))`` as onnxruntime quantizes the average."""
 
     @staticmethod
     def _impl_v1(b, node, inputs):
@@ -457,7 +463,10 @@ class QLinearAveragePool(Converter):
         for param, what in ((x_scale, "x_scale"), (x_zero, "x_zero_point"), (y_scale, "y_scale"), (y_zero, "y_zero_point")):
             _one_value(b, param, what)
         dequantized = _elementwise(b, x, _dequantized(b, "{x}", x_scale, x_zero), np.float32, _reads(x_scale, x_zero))
+        emitted = len(b.steps)
         average = AveragePool.lower(b, node, [dequantized], channels_last=bool(node.attr("channels_last", 0)))[0]
+        for step in b.steps[emitted:]:
+            step.options.update(_SUMS_IN_ORDER)
         quantized = _saturated(f"rint({{x}} / {_scalar(b, y_scale, '1')} + {_scalar(b, y_zero)})", x.dtype)
         return [_elementwise(b, average, quantized, x.dtype, _reads(y_scale, y_zero))]
 

@@ -1,0 +1,289 @@
+"""onnxruntime's quantized contrib operators (domain ``com.microsoft``) against onnxruntime itself,
+which defines them: each operator on its own (every pair of 8-bit inputs for QLinearAdd and
+QLinearMul, saturation at both ends, per-channel weight scales, uint8 and int8), and whole
+networks quantized by ``onnxruntime.quantization`` (QOperator and QDQ formats, per tensor and per
+channel, uint8 and int8 activations; ``quantize_dynamic``).
+
+The results must be the same bytes, except where onnxruntime's float arithmetic differs from
+polyc's by design, each case saying why and how far:
+
+- QLinearSigmoid's table: MLAS's logistic is a float polynomial within a few ulps of the true
+  sigmoid that polyc's table takes in double, so an entry differs only where the sigmoid falls
+  within those ulps of a rounding boundary: at most one step, on at most 0.1% of the elements;
+- float outputs (QGemm without y_zero_point, DynamicQuantizeMatMul, MatMulIntegerToFloat): the
+  int32 products are exact, the scaling is one or two float32 roundings: 2 ulps relative;
+- whole networks: every operator's output feeds the next, and QLinearConv's requantization is
+  another converter's (in double, as onnx's reference): the same top-1 class, and outputs within
+  a few quantization steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import polyc.onnx as ponnx  # noqa: E402
+from polyc.errors import UnsupportedError  # noqa: E402
+
+MS = "com.microsoft"
+TYPES = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int8): TensorProto.INT8}
+
+
+def contrib_model(nodes, inputs: dict, outputs: dict, initializers: dict, opset: int = 17):
+    """A model of ``nodes`` (of the default domain or com.microsoft); ``outputs``: name -> element type."""
+    graph = helper.make_graph(
+        nodes,
+        "contrib",
+        [
+            helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
+            for n, a in inputs.items()
+        ],
+        [helper.make_tensor_value_info(n, t, None) for n, t in outputs.items()],
+        [numpy_helper.from_array(np.asarray(a), n) for n, a in initializers.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
+
+
+def both(model, feeds: dict):
+    """(onnxruntime's outputs, polyc's outputs) of ``model`` for ``feeds``."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    theirs = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    ours = ponnx.InferenceSession(model.SerializeToString()).run(None, feeds)
+    return theirs, ours
+
+
+def steps_apart(theirs, ours) -> np.ndarray:
+    assert theirs.dtype == ours.dtype and theirs.shape == ours.shape
+    return np.abs(theirs.astype(np.int32) - ours.astype(np.int32))
+
+
+def all_values(dtype) -> np.ndarray:
+    limits = np.iinfo(dtype)
+    return np.arange(limits.min, limits.max + 1).astype(dtype)
+
+
+def one(value, dtype=np.float32):
+    return np.array(value, dtype)
+
+
+# ---------------------------------------------------------------------------------- binary
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_binary_every_pair_of_inputs(op, dtype):
+    """Every pair of 8-bit values, with scales that saturate both ends: bit-exact."""
+    values = all_values(dtype)
+    a = np.repeat(values, 256).reshape(256, 256)
+    c = np.tile(values, 256).reshape(256, 256)
+    rng = np.random.default_rng(3)
+    limits = np.iinfo(dtype)
+    seen: set[int] = set()
+    for a_scale, c_scale, y_scale in ((0.02, 0.03, 0.04), (0.5, 0.25, 0.01), *rng.uniform(0.001, 0.1, (2, 3))):
+        zeros = rng.integers(limits.min, limits.max + 1, 3).astype(dtype)
+        initializers = {
+            "sa": one(a_scale),
+            "za": zeros[0],
+            "sb": one(c_scale),
+            "zb": zeros[1],
+            "sy": one(y_scale),
+            "zy": zeros[2],
+        }
+        node = helper.make_node(op, ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"], domain=MS)
+        model = contrib_model([node], {"a": a, "b": c}, {"y": TYPES[np.dtype(dtype)]}, initializers)
+        (theirs,), (ours,) = both(model, {"a": a, "b": c})
+        assert steps_apart(theirs, ours).max() == 0
+        seen.update(np.unique(ours).tolist())
+    assert {limits.min, limits.max} <= seen  # both ends saturated
+
+
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize("shapes", [((2, 8, 5, 5), (1, 8, 1, 1)), ((1, 8, 1, 1), (2, 8, 5, 5)), ((3, 33), ()), ((), (3, 33))])
+def test_binary_broadcast(op, shapes):
+    """One input broadcast along the innermost axes (a per-channel bias, a scalar): MLAS takes
+    it as the scalar of each span, in its own order of operations."""
+    rng = np.random.default_rng(5)
+    a = rng.integers(0, 256, shapes[0]).astype(np.uint8)
+    c = rng.integers(0, 256, shapes[1]).astype(np.uint8)
+    initializers = {"sa": one(0.037), "za": np.uint8(120), "sb": one(0.011), "zb": np.uint8(3), "sy": one(0.05), "zy": np.uint8(128)}
+    node = helper.make_node(op, ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"], domain=MS)
+    model = contrib_model([node], {"a": a, "b": c}, {"y": TensorProto.UINT8}, initializers)
+    (theirs,), (ours,) = both(model, {"a": a, "b": c})
+    assert steps_apart(theirs, ours).max() == 0
+
+
+def test_binary_scales_at_run_time():
+    """Scales and zero points that are graph inputs, not constants."""
+    rng = np.random.default_rng(6)
+    a, c = (rng.integers(-128, 128, (4, 40)).astype(np.int8) for _ in range(2))
+    feeds = {"a": a, "b": c, "sa": one(0.02), "za": one(-3, np.int8), "sb": one(0.07), "zb": one(10, np.int8)}
+    feeds.update(sy=one(0.09), zy=one(-1, np.int8))
+    for op in ("QLinearAdd", "QLinearMul"):
+        node = helper.make_node(op, ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"], domain=MS)
+        model = contrib_model([node], feeds, {"y": TensorProto.INT8}, {})
+        (theirs,), (ours,) = both(model, feeds)
+        assert steps_apart(theirs, ours).max() == 0
+
+
+# ---------------------------------------------------------------------------------- requantizing
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_concat_requantizes_inputs_of_other_scales(dtype):
+    rng = np.random.default_rng(7)
+    limits = np.iinfo(dtype)
+    x1 = np.broadcast_to(all_values(dtype).reshape(1, 1, 256), (1, 2, 256)).copy()
+    x2 = rng.integers(limits.min, limits.max + 1, (1, 3, 256)).astype(dtype)
+    z = dtype(limits.min + 100)
+    initializers = {"sy": one(0.02), "zy": z, "s1": one(0.05), "z1": dtype(limits.min + 128), "s2": one(0.02), "z2": z}
+    node = helper.make_node("QLinearConcat", ["sy", "zy", "x1", "s1", "z1", "x2", "s2", "z2"], ["y"], axis=1, domain=MS)
+    model = contrib_model([node], {"x1": x1, "x2": x2}, {"y": TYPES[np.dtype(dtype)]}, initializers)
+    (theirs,), (ours,) = both(model, {"x1": x1, "x2": x2})
+    assert steps_apart(theirs, ours).max() == 0
+    assert {limits.min, limits.max} <= set(np.unique(ours[:, :2]).tolist())
+
+
+def test_where_requantizes_both_sides():
+    rng = np.random.default_rng(8)
+    x, y = (rng.integers(0, 256, (3, 64)).astype(np.uint8) for _ in range(2))
+    condition = rng.random((3, 64)) < 0.5
+    initializers = {"sx": one(0.1), "zx": np.uint8(30), "sy": one(0.02), "zy": np.uint8(200), "sz": one(0.05), "zz": np.uint8(128)}
+    node = helper.make_node("QLinearWhere", ["c", "x", "sx", "zx", "y", "sy", "zy", "sz", "zz"], ["out"], domain=MS)
+    feeds = {"c": condition, "x": x, "y": y}
+    model = contrib_model([node], feeds, {"out": TensorProto.UINT8}, initializers)
+    (theirs,), (ours,) = both(model, feeds)
+    assert steps_apart(theirs, ours).max() == 0
+
+
+# ---------------------------------------------------------------------------------- activations
+@pytest.mark.parametrize("op", ["QLinearLeakyRelu", "QLinearSigmoid"])
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_activation_tables(op, dtype):
+    """Every 8-bit input, for several scales: LeakyRelu bit-exact, Sigmoid within one step on
+    at most 0.1% of the entries (MLAS's logistic polynomial, see the module's docstring)."""
+    x = np.tile(all_values(dtype), 3).reshape(3, 256)
+    limits = np.iinfo(dtype)
+    different, total = 0, 0
+    middle = limits.min + 128
+    for x_scale, x_zero, y_scale, y_zero in ((0.05, 10, 0.05, 0), (0.1, middle - 20, 1 / 256, limits.min), (0.003, middle, 0.002, 100)):
+        initializers = {"sx": one(x_scale), "zx": dtype(x_zero), "sy": one(y_scale), "zy": dtype(y_zero)}
+        attributes = {"alpha": 0.1} if op == "QLinearLeakyRelu" else {}
+        node = helper.make_node(op, ["x", "sx", "zx", "sy", "zy"], ["y"], domain=MS, **attributes)
+        model = contrib_model([node], {"x": x}, {"y": TYPES[np.dtype(dtype)]}, initializers)
+        (theirs,), (ours,) = both(model, {"x": x})
+        apart = steps_apart(theirs, ours)
+        assert apart.max() <= (0 if op == "QLinearLeakyRelu" else 1)
+        different, total = different + int((apart > 0).sum()), total + apart.size
+    assert different <= 0.001 * total
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("opset, axis, shape", [(13, -1, (4, 37)), (13, 1, (2, 9, 5)), (12, 1, (2, 3, 7))])
+def test_softmax(dtype, opset, axis, shape):
+    """onnxruntime's exp table, float sum and floor(1 / y_scale) scaling: bit-exact, also where
+    an output saturates (y_scale 1/256: a probability of 1 is 256 steps)."""
+    rng = np.random.default_rng(9)
+    limits = np.iinfo(dtype)
+    x = rng.integers(limits.min, limits.max + 1, shape).astype(dtype)
+    x[0, 0] = limits.max  # a row with one large value: its output is near 1
+    x[0, 1:] = limits.min
+    y_zero = limits.min
+    initializers = {"sx": one(0.08), "zx": dtype(0), "sy": one(1 / 256), "zy": dtype(y_zero)}
+    node = helper.make_node("QLinearSoftmax", ["x", "sx", "zx", "sy", "zy"], ["y"], axis=axis, opset=opset, domain=MS)
+    model = contrib_model([node], {"x": x}, {"y": TYPES[np.dtype(dtype)]}, initializers)
+    (theirs,), (ours,) = both(model, {"x": x})
+    assert steps_apart(theirs, ours).max() == 0
+
+
+# ---------------------------------------------------------------------------------- pools
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("channels_last", [0, 1])
+def test_global_average_pool(dtype, channels_last):
+    rng = np.random.default_rng(10)
+    limits = np.iinfo(dtype)
+    shape = (2, 5, 7, 6) if channels_last else (2, 6, 5, 7)
+    x = rng.integers(limits.min, limits.max + 1, shape).astype(dtype)
+    x[0, 0] = limits.max  # saturates at the top
+    x[1, 0] = limits.min
+    initializers = {"sx": one(0.1), "zx": dtype(3), "sy": one(0.02), "zy": dtype(-5 if dtype == np.int8 else 120)}
+    node = helper.make_node(
+        "QLinearGlobalAveragePool", ["x", "sx", "zx", "sy", "zy"], ["y"], channels_last=channels_last, domain=MS
+    )
+    model = contrib_model([node], {"x": x}, {"y": TYPES[np.dtype(dtype)]}, initializers)
+    (theirs,), (ours,) = both(model, {"x": x})
+    assert steps_apart(theirs, ours).max() == 0
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize(
+    "attributes", [{"kernel_shape": [3, 3]}, {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, {"kernel_shape": [2, 2], "pads": [1, 1, 0, 0], "count_include_pad": 1}]
+)
+def test_average_pool(dtype, attributes):
+    rng = np.random.default_rng(11)
+    limits = np.iinfo(dtype)
+    x = rng.integers(limits.min, limits.max + 1, (2, 4, 9, 9)).astype(dtype)
+    initializers = {"sx": one(0.03), "zx": dtype(1), "sy": one(0.025), "zy": dtype(limits.min + 128)}
+    node = helper.make_node("QLinearAveragePool", ["x", "sx", "zx", "sy", "zy"], ["y"], domain=MS, **attributes)
+    model = contrib_model([node], {"x": x}, {"y": TYPES[np.dtype(dtype)]}, initializers)
+    (theirs,), (ours,) = both(model, {"x": x})
+    apart = steps_apart(theirs, ours)
+    assert apart.max() == 0
+
+
+# ---------------------------------------------------------------------------------- products
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("output", ["quantized", "float"])
+def test_qgemm(dtype, per_channel, output):
+    """Weights in 7 bits (as ``reduce_range`` makes them), which no onnxruntime kernel saturates
+    (u8 x s8 pairs summed in 16 bits on processors without VNNI)."""
+    rng = np.random.default_rng(12)
+    limits = np.iinfo(dtype)
+    a = rng.integers(limits.min, limits.max + 1, (5, 48)).astype(dtype)
+    w = rng.integers(-64, 64, (10, 48)).astype(np.int8)
+    w_scale = rng.uniform(0.001, 0.01, 10).astype(np.float32) if per_channel else one(0.004)
+    w_zero = np.zeros(10, np.int8) if per_channel else np.int8(0)
+    initializers = {"w": w, "sa": one(0.05), "za": dtype(limits.min + 120), "sw": w_scale, "zw": w_zero}
+    initializers["c"] = rng.integers(-20000, 20000, 10).astype(np.int32)
+    inputs = ["a", "sa", "za", "w", "sw", "zw", "c"]
+    if output == "quantized":
+        initializers.update(sy=one(0.02), zy=dtype(limits.min + 128))
+        inputs += ["sy", "zy"]
+    node = helper.make_node("QGemm", inputs, ["y"], transB=1, alpha=1.0, domain=MS)
+    out_type = TYPES[np.dtype(dtype)] if output == "quantized" else TensorProto.FLOAT
+    model = contrib_model([node], {"a": a}, {"y": out_type}, initializers)
+    (theirs,), (ours,) = both(model, {"a": a})
+    if output == "quantized":
+        assert steps_apart(theirs, ours).max() == 0
+        assert {limits.min, limits.max} <= set(np.unique(ours).tolist())
+    else:
+        np.testing.assert_allclose(ours, theirs, rtol=2 * np.finfo(np.float32).eps, atol=0)
+
+
+def test_matmul_integer_to_float_and_dynamic_quantize_matmul():
+    rng = np.random.default_rng(13)
+    a8 = rng.integers(0, 256, (2, 3, 32)).astype(np.uint8)
+    a = rng.standard_normal((2, 3, 32)).astype(np.float32)
+    w = rng.integers(-64, 64, (32, 16)).astype(np.int8)
+    bias = rng.standard_normal(16).astype(np.float32)
+    initializers = {"w": w, "sa": one(0.02), "sw": one(0.003), "za": np.uint8(128), "zw": np.int8(0), "bias": bias}
+    nodes = [
+        helper.make_node("MatMulIntegerToFloat", ["a8", "w", "sa", "sw", "za", "zw", "bias"], ["y1"], domain=MS),
+        helper.make_node("DynamicQuantizeMatMul", ["a", "w", "sw", "zw", "bias"], ["y2"], domain=MS),
+    ]
+    feeds = {"a8": a8, "a": a}
+    model = contrib_model(nodes, feeds, {"y1": TensorProto.FLOAT, "y2": TensorProto.FLOAT}, initializers)
+    theirs, ours = both(model, feeds)
+    for t, o in zip(theirs, ours):
+        np.testing.assert_allclose(o, t, rtol=1e-6, atol=1e-6 * np.abs(t).max())
+
+
+def test_unsupported_contrib_operator_is_named():
+    x = np.zeros((1, 4), np.float32)
+    node = helper.make_node("QAttention", ["x"], ["y"], domain=MS)
+    model = contrib_model([node], {"x": x}, {"y": TensorProto.FLOAT}, {})
+    with pytest.raises(UnsupportedError, match=r"com\.microsoft\.QAttention"):
+        ponnx.InferenceSession(model.SerializeToString()).run(None, {"x": x})
