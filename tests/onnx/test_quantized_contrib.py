@@ -24,6 +24,7 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
+quantization = pytest.importorskip("onnxruntime.quantization")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import polyc.onnx as ponnx  # noqa: E402
@@ -83,34 +84,40 @@ def test_binary_every_pair_of_inputs(op, dtype):
     c = np.tile(values, 256).reshape(256, 256)
     rng = np.random.default_rng(3)
     limits = np.iinfo(dtype)
-    seen: set[int] = set()
-    for a_scale, c_scale, y_scale in ((0.02, 0.03, 0.04), (0.5, 0.25, 0.01), *rng.uniform(0.001, 0.1, (2, 3))):
+    nodes, initializers = [], {}
+    for k, (a_scale, c_scale, y_scale) in enumerate(
+        ((0.02, 0.03, 0.04), (0.5, 0.25, 0.01), rng.uniform(0.001, 0.1, 3))
+    ):
         zeros = rng.integers(limits.min, limits.max + 1, 3).astype(dtype)
-        initializers = {
-            "sa": one(a_scale),
-            "za": zeros[0],
-            "sb": one(c_scale),
-            "zb": zeros[1],
-            "sy": one(y_scale),
-            "zy": zeros[2],
-        }
-        node = helper.make_node(op, ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"], domain=MS)
-        model = contrib_model([node], {"a": a, "b": c}, {"y": TYPES[np.dtype(dtype)]}, initializers)
-        (theirs,), (ours,) = both(model, {"a": a, "b": c})
-        assert steps_apart(theirs, ours).max() == 0
-        seen.update(np.unique(ours).tolist())
-    assert {limits.min, limits.max} <= seen  # both ends saturated
+        names = [f"{n}{k}" for n in ("sa", "za", "sb", "zb", "sy", "zy")]
+        initializers.update(zip(names, (one(a_scale), zeros[0], one(c_scale), zeros[1], one(y_scale), zeros[2])))
+        nodes.append(helper.make_node(op, ["a", *names[:2], "b", *names[2:]], [f"y{k}"], domain=MS))
+    outputs = {f"y{k}": TYPES[np.dtype(dtype)] for k in range(len(nodes))}
+    model = contrib_model(nodes, {"a": a, "b": c}, outputs, initializers)
+    theirs, ours = both(model, {"a": a, "b": c})
+    for t, o in zip(theirs, ours):
+        assert steps_apart(t, o).max() == 0
+    assert {limits.min, limits.max} <= set(np.unique(np.stack(ours)).tolist())  # both ends saturated
 
 
 @pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
-@pytest.mark.parametrize("shapes", [((2, 8, 5, 5), (1, 8, 1, 1)), ((1, 8, 1, 1), (2, 8, 5, 5)), ((3, 33), ()), ((), (3, 33))])
+@pytest.mark.parametrize(
+    "shapes", [((2, 8, 5, 5), (1, 8, 1, 1)), ((1, 8, 1, 1), (2, 8, 5, 5)), ((3, 33), ()), ((), (3, 33))]
+)
 def test_binary_broadcast(op, shapes):
     """One input broadcast along the innermost axes (a per-channel bias, a scalar): MLAS takes
     it as the scalar of each span, in its own order of operations."""
     rng = np.random.default_rng(5)
     a = rng.integers(0, 256, shapes[0]).astype(np.uint8)
     c = rng.integers(0, 256, shapes[1]).astype(np.uint8)
-    initializers = {"sa": one(0.037), "za": np.uint8(120), "sb": one(0.011), "zb": np.uint8(3), "sy": one(0.05), "zy": np.uint8(128)}
+    initializers = {
+        "sa": one(0.037),
+        "za": np.uint8(120),
+        "sb": one(0.011),
+        "zb": np.uint8(3),
+        "sy": one(0.05),
+        "zy": np.uint8(128),
+    }
     node = helper.make_node(op, ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"], domain=MS)
     model = contrib_model([node], {"a": a, "b": c}, {"y": TensorProto.UINT8}, initializers)
     (theirs,), (ours,) = both(model, {"a": a, "b": c})
@@ -150,7 +157,14 @@ def test_where_requantizes_both_sides():
     rng = np.random.default_rng(8)
     x, y = (rng.integers(0, 256, (3, 64)).astype(np.uint8) for _ in range(2))
     condition = rng.random((3, 64)) < 0.5
-    initializers = {"sx": one(0.1), "zx": np.uint8(30), "sy": one(0.02), "zy": np.uint8(200), "sz": one(0.05), "zz": np.uint8(128)}
+    initializers = {
+        "sx": one(0.1),
+        "zx": np.uint8(30),
+        "sy": one(0.02),
+        "zy": np.uint8(200),
+        "sz": one(0.05),
+        "zz": np.uint8(128),
+    }
     node = helper.make_node("QLinearWhere", ["c", "x", "sx", "zx", "y", "sy", "zy", "sz", "zz"], ["out"], domain=MS)
     feeds = {"c": condition, "x": x, "y": y}
     model = contrib_model([node], feeds, {"out": TensorProto.UINT8}, initializers)
@@ -166,18 +180,19 @@ def test_activation_tables(op, dtype):
     at most 0.1% of the entries (MLAS's logistic polynomial, see the module's docstring)."""
     x = np.tile(all_values(dtype), 3).reshape(3, 256)
     limits = np.iinfo(dtype)
-    different, total = 0, 0
     middle = limits.min + 128
-    for x_scale, x_zero, y_scale, y_zero in ((0.05, 10, 0.05, 0), (0.1, middle - 20, 1 / 256, limits.min), (0.003, middle, 0.002, 100)):
-        initializers = {"sx": one(x_scale), "zx": dtype(x_zero), "sy": one(y_scale), "zy": dtype(y_zero)}
-        attributes = {"alpha": 0.1} if op == "QLinearLeakyRelu" else {}
-        node = helper.make_node(op, ["x", "sx", "zx", "sy", "zy"], ["y"], domain=MS, **attributes)
-        model = contrib_model([node], {"x": x}, {"y": TYPES[np.dtype(dtype)]}, initializers)
-        (theirs,), (ours,) = both(model, {"x": x})
-        apart = steps_apart(theirs, ours)
-        assert apart.max() <= (0 if op == "QLinearLeakyRelu" else 1)
-        different, total = different + int((apart > 0).sum()), total + apart.size
-    assert different <= 0.001 * total
+    nodes, initializers = [], {}
+    attributes = {"alpha": 0.1} if op == "QLinearLeakyRelu" else {}
+    cases = ((0.05, 10, 0.05, 0), (0.1, middle - 20, 1 / 256, limits.min), (0.003, middle, 0.002, 100))
+    for k, (x_scale, x_zero, y_scale, y_zero) in enumerate(cases):
+        names = [f"{n}{k}" for n in ("sx", "zx", "sy", "zy")]
+        initializers.update(zip(names, (one(x_scale), dtype(x_zero), one(y_scale), dtype(y_zero))))
+        nodes.append(helper.make_node(op, ["x", *names], [f"y{k}"], domain=MS, **attributes))
+    outputs = {f"y{k}": TYPES[np.dtype(dtype)] for k in range(len(nodes))}
+    theirs, ours = both(contrib_model(nodes, {"x": x}, outputs, initializers), {"x": x})
+    apart = np.stack([steps_apart(t, o) for t, o in zip(theirs, ours)])
+    assert apart.max() <= (0 if op == "QLinearLeakyRelu" else 1)
+    assert (apart > 0).mean() <= 0.001
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
@@ -219,7 +234,12 @@ def test_global_average_pool(dtype, channels_last):
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
 @pytest.mark.parametrize(
-    "attributes", [{"kernel_shape": [3, 3]}, {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, {"kernel_shape": [2, 2], "pads": [1, 1, 0, 0], "count_include_pad": 1}]
+    "attributes",
+    [
+        {"kernel_shape": [3, 3]},
+        {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+        {"kernel_shape": [2, 2], "pads": [1, 1, 0, 0], "count_include_pad": 1},
+    ],
 )
 def test_average_pool(dtype, attributes):
     rng = np.random.default_rng(11)
@@ -287,3 +307,153 @@ def test_unsupported_contrib_operator_is_named():
     model = contrib_model([node], {"x": x}, {"y": TensorProto.FLOAT}, {})
     with pytest.raises(UnsupportedError, match=r"com\.microsoft\.QAttention"):
         ponnx.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+
+
+# ---------------------------------------------------------------------------------- networks
+def small_network():
+    """A small float network of the operators onnxruntime's quantizer rewrites: Conv, Relu, Add,
+    MaxPool, Sigmoid, Mul, LeakyRelu, Concat, AveragePool, GlobalAveragePool, Flatten, Gemm, Softmax."""
+    rng = np.random.default_rng(0)
+
+    def weights(*shape):
+        return (rng.standard_normal(shape) * 0.3).astype(np.float32)
+
+    initializers = {"w1": weights(8, 3, 3, 3), "b1": weights(8), "w2": weights(8, 8, 3, 3), "b2": weights(8)}
+    initializers.update(w3=weights(8, 8, 1, 1), b3=weights(8), wg=weights(10, 32), bg=weights(10))
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Add", ["r1", "r2"], ["a1"]),
+        helper.make_node("MaxPool", ["a1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "w3", "b3"], ["c3"]),
+        helper.make_node("Sigmoid", ["c3"], ["s3"]),
+        helper.make_node("Mul", ["c3", "s3"], ["m3"]),
+        helper.make_node("LeakyRelu", ["p1"], ["l1"], alpha=0.1),
+        helper.make_node("Concat", ["m3", "l1"], ["cat"], axis=1),
+        helper.make_node("AveragePool", ["cat"], ["ap"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("GlobalAveragePool", ["ap"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Concat", ["f", "f"], ["f2"], axis=1),
+        helper.make_node("Gemm", ["f2", "wg", "bg"], ["logits"], transB=1),
+        helper.make_node("Softmax", ["logits"], ["y"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "small",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 10])],
+        [numpy_helper.from_array(v, k) for k, v in initializers.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+class RandomImages(quantization.CalibrationDataReader):
+    """A few random inputs for onnxruntime's calibration."""
+
+    def __init__(self, name: str, shape, count: int = 4):
+        rng = np.random.default_rng(1)
+        self.feeds = iter([{name: rng.standard_normal(shape).astype(np.float32)} for _ in range(count)])
+
+    def get_next(self):
+        return next(self.feeds, None)
+
+
+def output_step(model, output: str) -> float:
+    """The scale of the DequantizeLinear that gives the graph's output ``output``."""
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    producer = next(n for n in model.graph.node if output in n.output)
+    return float(constants[producer.input[1]])
+
+
+@pytest.mark.parametrize("quant_format", ["QOperator", "QDQ"])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("activation", ["QUInt8", "QInt8"])
+def test_quantize_static_network(tmp_path, quant_format, per_channel, activation):
+    """The network quantized by ``quantize_static``.  QOperator: onnxruntime's contrib operators
+    and QLinearConv, compared with onnxruntime as it runs them; QDQ: the float operators between
+    QuantizeLinear and DequantizeLinear, compared with onnxruntime without its graph optimizations
+    (which would fuse them into QLinear operators of other roundings).  One quantization step of a
+    value inside the network (polyc's QLinearConv requantizes in double, onnxruntime in float;
+    polyc's exp is its own) may move the output by a few of its steps: the same top-1 class and at
+    most 4 steps of the output's scale."""
+    float_path, quantized_path = tmp_path / "float.onnx", tmp_path / "quantized.onnx"
+    onnx.save(small_network(), float_path)
+    quantization.quantize_static(
+        str(float_path),
+        str(quantized_path),
+        RandomImages("x", (2, 3, 16, 16)),
+        quant_format=getattr(quantization.QuantFormat, quant_format),
+        per_channel=per_channel,
+        activation_type=getattr(quantization.QuantType, activation),
+        weight_type=quantization.QuantType.QInt8,
+    )
+    model = onnx.load(quantized_path)
+    domains = {node.domain for node in model.graph.node}
+    assert (MS in domains) == (quant_format == "QOperator")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    if quant_format == "QDQ":
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    theirs_session = ort.InferenceSession(str(quantized_path), options, providers=["CPUExecutionProvider"])
+    ours_session = ponnx.InferenceSession(str(quantized_path))
+    step = output_step(model, "y")
+    for seed in range(2):
+        x = (np.random.default_rng(10 + seed).standard_normal((2, 3, 16, 16)) * (1 + seed)).astype(np.float32)
+        (theirs,) = theirs_session.run(None, {"x": x})
+        (ours,) = ours_session.run(None, {"x": x})
+        assert np.array_equal(theirs.argmax(1), ours.argmax(1))
+        assert np.abs(theirs - ours).max() <= 4 * step * (1 + 1e-6)
+
+
+def small_attention():
+    """Projections, a scaled-free attention product and an output projection: the MatMul, Add,
+    Transpose and Softmax of a transformer layer."""
+    rng = np.random.default_rng(2)
+    initializers = {n: (rng.standard_normal((16, 16)) * 0.2).astype(np.float32) for n in ("wq", "wk", "wv", "wo")}
+    initializers.update(bq=(rng.standard_normal(16) * 0.2).astype(np.float32))
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q0"]),
+        helper.make_node("Add", ["q0", "bq"], ["q"]),
+        helper.make_node("MatMul", ["x", "wk"], ["k"]),
+        helper.make_node("MatMul", ["x", "wv"], ["v"]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["o"]),
+        helper.make_node("MatMul", ["o", "wo"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 16])],
+        [numpy_helper.from_array(v, k) for k, v in initializers.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("weight_type", ["QInt8", "QUInt8"])
+def test_quantize_dynamic_attention(tmp_path, weight_type):
+    """``quantize_dynamic`` writes DynamicQuantizeLinear, MatMulInteger, Cast and Mul; onnxruntime's
+    optimizer fuses them into DynamicQuantizeMatMul and MatMulIntegerToFloat (and a MatMul with
+    its Transpose into FusedMatMul), the model it saves.  Both run, and agree with onnxruntime
+    within float roundings of the scaling (the integer products are exact)."""
+    float_path, quantized_path, optimized_path = (tmp_path / n for n in ("float.onnx", "q.onnx", "opt.onnx"))
+    onnx.save(small_attention(), float_path)
+    quantization.quantize_dynamic(
+        str(float_path), str(quantized_path), weight_type=getattr(quantization.QuantType, weight_type)
+    )
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(optimized_path)
+    x = np.random.default_rng(3).standard_normal((2, 5, 16)).astype(np.float32)
+    (theirs,) = ort.InferenceSession(str(quantized_path), options, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )
+    fused = {node.op_type for node in onnx.load(optimized_path).graph.node if node.domain == MS}
+    assert {"DynamicQuantizeMatMul", "MatMulIntegerToFloat"} <= fused
+    for path in (quantized_path, optimized_path):
+        (ours,) = ponnx.InferenceSession(str(path)).run(None, {"x": x})
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6 * np.abs(theirs).max())

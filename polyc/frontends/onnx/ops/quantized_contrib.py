@@ -2,7 +2,8 @@
 them (``quantize_static(..., quant_format=QuantFormat.QOperator)``, ``quantize_dynamic``) and
 as its graph optimizer fuses them: QLinearAdd, QLinearMul, QLinearConcat, QLinearWhere,
 QLinearGlobalAveragePool, QLinearAveragePool, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax,
-QGemm, DynamicQuantizeMatMul and MatMulIntegerToFloat.
+QGemm, DynamicQuantizeMatMul and MatMulIntegerToFloat; and FusedMatMul, the float product its
+optimizer leaves beside them in the models it saves.
 
 Each computes what onnxruntime's CPU kernels compute, in the same float32 operations in the
 same order, so that the results agree bit for bit where onnxruntime's are exact:
@@ -37,7 +38,8 @@ import numpy as np
 
 from polyc.errors import UnsupportedError
 from polyc.frontends.onnx.lowering import Value, broadcast_shape, indices, tc_type
-from polyc.frontends.onnx.ops.base import Converter, _axis, _number
+from polyc.frontends.onnx.ops.base import Converter, _axis, _float_only, _number
+from polyc.frontends.onnx.ops.contractions import MatMul
 from polyc.frontends.onnx.ops.convolutions import AveragePool
 from polyc.frontends.onnx.ops.quantization import _integer_product, _per_tensor_or_along
 from polyc.frontends.onnx.ops.shapes import concatenated, transposed
@@ -139,7 +141,7 @@ def _lookup(b, x: Value, table: np.ndarray) -> Value:
     return out
 
 
-def _all_inputs_of_the_table(b, params) -> bool:
+def _all_constant(params) -> bool:
     return all(p is None or p.const is not None for p in params)
 
 
@@ -266,7 +268,9 @@ def _requantize_to(b, x: Value, x_scale, x_zero, y_scale, y_zero, dtype) -> Valu
     if same[0] is not None and same[0] == same[1] and same[2] is not None and same[2] == same[3]:
         return x
     value = _dequantized(b, "{x}", x_scale, x_zero)
-    return _elementwise(b, x, _requantized(b, value, y_scale, y_zero, dtype), dtype, _reads(x_scale, x_zero, y_scale, y_zero))
+    return _elementwise(
+        b, x, _requantized(b, value, y_scale, y_zero, dtype), dtype, _reads(x_scale, x_zero, y_scale, y_zero)
+    )
 
 
 class QLinearConcat(Converter):
@@ -321,7 +325,9 @@ class QLinearWhere(Converter):
         out = b.new(shape, dtype)
         idx = indices(len(shape))
         refs = [b.ref(v, b.broadcast_subscripts(v, shape, idx)) for v in (condition, x, y)]
-        b.emit([b.statement(out, idx, "=", f"{refs[0]} ? {refs[1]} : {refs[2]}")], [condition, x, y], [out], "elementwise")
+        b.emit(
+            [b.statement(out, idx, "=", f"{refs[0]} ? {refs[1]} : {refs[2]}")], [condition, x, y], [out], "elementwise"
+        )
         return [out]
 
 
@@ -333,13 +339,22 @@ class QLinearLeakyRelu(Converter):
     def _impl_v1(b, node, inputs):
         x, x_scale, x_zero, y_scale, y_zero = _params(inputs, 5)
         _eight_bit(b, x, "X")
-        for param, what in ((x_scale, "X_scale"), (x_zero, "X_zero_point"), (y_scale, "Y_scale"), (y_zero, "Y_zero_point")):
+        for param, what in (
+            (x_scale, "X_scale"),
+            (x_zero, "X_zero_point"),
+            (y_scale, "Y_scale"),
+            (y_zero, "Y_zero_point"),
+        ):
             _one_value(b, param, what)
         dtype = y_zero.dtype if y_zero is not None else x.dtype
         alpha = _f32(node.attr("alpha", 0.01))
         value = _dequantized(b, "{x}", x_scale, x_zero)
         leaky = f"({value} >= 0 ? {value} : {alpha} * {value})"
-        return [_elementwise(b, x, _requantized(b, leaky, y_scale, y_zero, dtype), dtype, _reads(x_scale, x_zero, y_scale, y_zero))]
+        return [
+            _elementwise(
+                b, x, _requantized(b, leaky, y_scale, y_zero, dtype), dtype, _reads(x_scale, x_zero, y_scale, y_zero)
+            )
+        ]
 
 
 class QLinearSigmoid(Converter):
@@ -353,8 +368,10 @@ class QLinearSigmoid(Converter):
         params = [(x_scale, "X_scale"), (x_zero, "X_zero_point"), (y_scale, "Y_scale"), (y_zero, "Y_zero_point")]
         for param, what in params:
             _one_value(b, param, what)
-        if not _all_inputs_of_the_table(b, [p for p, _ in params]):
-            raise UnsupportedError(f"{b.where}: the scales and zero points must be constants (its table is built when compiling)")
+        if not _all_constant([p for p, _ in params]):
+            raise UnsupportedError(
+                f"{b.where}: the scales and zero points must be constants (its table is built when compiling)"
+            )
         dtype = y_zero.dtype if y_zero is not None else x.dtype
         values = _table_inputs(x, _constant(x_scale), _constant(x_zero))
         sigmoid = (1.0 / (1.0 + np.exp(-values.astype(np.float64)))).astype(np.float32)
@@ -375,7 +392,9 @@ class QLinearSoftmax(Converter):
         _one_value(b, y_scale, "Y_scale")
         _one_value(b, y_zero, "Y_zero_point")
         if x_scale.const is None or y_scale.const is None:
-            raise UnsupportedError(f"{b.where}: X_scale and Y_scale must be constants (its table is built when compiling)")
+            raise UnsupportedError(
+                f"{b.where}: X_scale and Y_scale must be constants (its table is built when compiling)"
+            )
         opset = node.attr("opset")
         if opset is None:
             raise UnsupportedError(f"{b.where}: the attribute opset is required")
@@ -427,7 +446,12 @@ class QLinearGlobalAveragePool(Converter):
     def _impl_v1(b, node, inputs):
         x, x_scale, x_zero, y_scale, y_zero = _params(inputs, 5)
         _eight_bit(b, x, "X")
-        for param, what in ((x_scale, "x_scale"), (x_zero, "x_zero_point"), (y_scale, "y_scale"), (y_zero, "y_zero_point")):
+        for param, what in (
+            (x_scale, "x_scale"),
+            (x_zero, "x_zero_point"),
+            (y_scale, "y_scale"),
+            (y_zero, "y_zero_point"),
+        ):
             _one_value(b, param, what)
         if x.rank < 3:
             raise UnsupportedError(f"{b.where}: the input must have rank 3 or more, not {x.rank}")
@@ -446,7 +470,9 @@ class QLinearGlobalAveragePool(Converter):
         biased = f"({b.ref(sums, idx)} - int32({_scalar(b, x_zero)}) * {size})"
         statements = [
             b.statement(sums, idx, "+=!", f"int32({b.ref(x, over)})", [(f"r_{idx[d]}", x.shape[d]) for d in spatial]),
-            b.statement(out, idx, "=", _saturated(f"(rint(float({biased}) * {factor}) + {_scalar(b, y_zero)})", x.dtype)),
+            b.statement(
+                out, idx, "=", _saturated(f"(rint(float({biased}) * {factor}) + {_scalar(b, y_zero)})", x.dtype)
+            ),
         ]
         b.emit(statements, _reads(x, x_scale, x_zero, y_scale, y_zero), [out], "reduction")
         return [out]
@@ -460,7 +486,12 @@ class QLinearAveragePool(Converter):
     def _impl_v1(b, node, inputs):
         x, x_scale, x_zero, y_scale, y_zero = _params(inputs, 5)
         _eight_bit(b, x, "X")
-        for param, what in ((x_scale, "x_scale"), (x_zero, "x_zero_point"), (y_scale, "y_scale"), (y_zero, "y_zero_point")):
+        for param, what in (
+            (x_scale, "x_scale"),
+            (x_zero, "x_zero_point"),
+            (y_scale, "y_scale"),
+            (y_zero, "y_zero_point"),
+        ):
             _one_value(b, param, what)
         dequantized = _elementwise(b, x, _dequantized(b, "{x}", x_scale, x_zero), np.float32, _reads(x_scale, x_zero))
         emitted = len(b.steps)
@@ -488,7 +519,9 @@ def _scaled_to_float(b, product: Value, multiplier: str, bias: Value | None, rea
     value = f"float({b.ref(product, idx)}) * {multiplier.format(n=idx[-1])}"
     if bias is not None:
         if bias.rank != 1 or bias.shape[0] != product.shape[-1]:
-            raise UnsupportedError(f"{b.where}: the bias must be one value per column ({product.shape[-1]}), not {bias.shape}")
+            raise UnsupportedError(
+                f"{b.where}: the bias must be one value per column ({product.shape[-1]}), not {bias.shape}"
+            )
         value = f"{value} + {b.ref(bias, [idx[-1]])}"
     out = b.new(product.shape, np.float32)
     b.emit([b.statement(out, idx, "=", value)], [product] + reads + _reads(bias), [out], "elementwise")
@@ -534,7 +567,12 @@ class QGemm(Converter):
         reads = _reads(a_scale, w_scale, y_scale)
         if y_zero is None:
             out = b.new(product.shape, np.float32)
-            b.emit([b.statement(out, idx, "=", f"float({b.ref(product, idx)}) * {factor}")], [product] + reads, [out], "elementwise")
+            b.emit(
+                [b.statement(out, idx, "=", f"float({b.ref(product, idx)}) * {factor}")],
+                [product] + reads,
+                [out],
+                "elementwise",
+            )
             return [out]
         out = b.new(product.shape, y_zero.dtype)
         rhs = _saturated(f"(rint(float({b.ref(product, idx)}) * {factor}) + {_scalar(b, y_zero)})", y_zero.dtype)
@@ -602,6 +640,35 @@ class MatMulIntegerToFloat(Converter):
         return [_integer_to_float(b, node, a, a_scale, a_zero, w, w_scale, w_zero, bias)]
 
 
+class FusedMatMul(Converter):
+    """``alpha * op(A) @ op(B)``, ``op`` transposing the last two axes where ``transA`` or
+    ``transB`` says: the float product onnxruntime's optimizer fuses from a MatMul and the
+    Transpose or Mul around it (as in the quantized models it saves).  ``transBatchA`` and
+    ``transBatchB`` are not supported."""
+
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        a, c = inputs[:2]
+        _float_only(b, a)
+        if node.attr("transBatchA", 0) or node.attr("transBatchB", 0):
+            raise UnsupportedError(f"{b.where}: transBatchA and transBatchB are not supported")
+        operands = []
+        for value, flag in ((a, "transA"), (c, "transB")):
+            if node.attr(flag, 0) and value.rank >= 2:
+                perm = list(range(value.rank - 2)) + [value.rank - 1, value.rank - 2]
+                value = (
+                    b.const(np.ascontiguousarray(value.const.transpose(perm)))
+                    if value.const is not None
+                    else transposed(b, value, perm)
+                )
+            operands.append(value)
+        product = MatMul._impl_v1(b, node, operands)[0]
+        alpha = float(node.attr("alpha", 1.0))
+        if alpha == 1.0:
+            return [product]
+        return [_elementwise(b, product, f"{{x}} * {tc_type(product.dtype)}({_number(alpha)})", product.dtype, [])]
+
+
 #: The converters of this module, by operator of the domain ``com.microsoft``.
 CONTRIB_QUANTIZED: dict[str, type[Converter]] = {
     "QLinearAdd": QLinearAdd,
@@ -616,4 +683,5 @@ CONTRIB_QUANTIZED: dict[str, type[Converter]] = {
     "QGemm": QGemm,
     "DynamicQuantizeMatMul": DynamicQuantizeMatMul,
     "MatMulIntegerToFloat": MatMulIntegerToFloat,
+    "FusedMatMul": FusedMatMul,
 }
