@@ -457,3 +457,37 @@ def test_quantize_dynamic_attention(tmp_path, weight_type):
     for path in (quantized_path, optimized_path):
         (ours,) = ponnx.InferenceSession(str(path)).run(None, {"x": x})
         np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6 * np.abs(theirs).max())
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_channels_last_convolution_and_max_pool(dtype):
+    """The NHWC QLinearConv and NhwcMaxPool of onnxruntime's layout optimizer.  polyc's
+    QLinearConv scales in double, onnxruntime's in float32: the two factors differ by a few
+    float32 ulps, which moves a rounding only for a value within ~1e-4 of a half (at most one
+    step, on at most 0.1% of the elements)."""
+    rng = np.random.default_rng(14)
+    limits = np.iinfo(dtype)
+    x = rng.integers(limits.min, limits.max + 1, (2, 9, 9, 4)).astype(dtype)
+    w = rng.integers(-64, 64, (6, 4, 3, 3)).astype(np.int8)
+    initializers = {
+        "sx": one(0.02),
+        "zx": dtype(limits.min + 128),
+        "w": w,
+        "sw": rng.uniform(0.001, 0.01, 6).astype(np.float32),
+    }
+    initializers.update(zw=np.zeros(6, np.int8), sy=one(0.05), zy=dtype(limits.min + 100))
+    initializers["bias"] = rng.integers(-5000, 5000, 6).astype(np.int32)
+    conv = helper.make_node(
+        "QLinearConv",
+        ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy", "bias"],
+        ["c"],
+        domain=MS,
+        channels_last=1,
+        pads=[1, 1, 1, 1],
+    )
+    pool = helper.make_node("NhwcMaxPool", ["c"], ["y"], domain=MS, kernel_shape=[2, 2], strides=[2, 2])
+    model = contrib_model([conv, pool], {"x": x}, {"y": TYPES[np.dtype(dtype)]}, initializers)
+    (theirs,), (ours,) = both(model, {"x": x})
+    assert ours.shape == (2, 4, 4, 6)
+    apart = steps_apart(theirs, ours)
+    assert apart.max() <= 1 and (apart > 0).mean() <= 0.001

@@ -1308,7 +1308,9 @@ def unsupported_error(missing, where: str) -> UnsupportedError:
 
     def entry(label, opset, name):
         op, _, why = label.partition(" (")
-        return f"{op} (opset {opset}) at node {name!r}" + (f" ({why}" if why else "")
+        # the opset is the default domain's: an operator of another domain ("com.microsoft.X") has none of it
+        version = "" if "." in op else f" (opset {opset})"
+        return f"{op}{version} at node {name!r}" + (f" ({why}" if why else "")
 
     listed = "; ".join(entry(*m) for m in missing)
     kinds = sorted({label.partition(" (")[0] for label, _, _ in missing})

@@ -2,8 +2,8 @@
 them (``quantize_static(..., quant_format=QuantFormat.QOperator)``, ``quantize_dynamic``) and
 as its graph optimizer fuses them: QLinearAdd, QLinearMul, QLinearConcat, QLinearWhere,
 QLinearGlobalAveragePool, QLinearAveragePool, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax,
-QGemm, DynamicQuantizeMatMul and MatMulIntegerToFloat; and FusedMatMul, the float product its
-optimizer leaves beside them in the models it saves.
+QGemm, DynamicQuantizeMatMul and MatMulIntegerToFloat; and, from the models its optimizer
+saves, FusedMatMul (a float product), and QLinearConv and NhwcMaxPool on images in NHWC.
 
 Each computes what onnxruntime's CPU kernels compute, in the same float32 operations in the
 same order, so that the results agree bit for bit where onnxruntime's are exact:
@@ -40,8 +40,8 @@ from polyc.errors import UnsupportedError
 from polyc.frontends.onnx.lowering import Value, broadcast_shape, indices, tc_type
 from polyc.frontends.onnx.ops.base import Converter, _axis, _float_only, _number
 from polyc.frontends.onnx.ops.contractions import MatMul
-from polyc.frontends.onnx.ops.convolutions import AveragePool
-from polyc.frontends.onnx.ops.quantization import _integer_product, _per_tensor_or_along
+from polyc.frontends.onnx.ops.convolutions import AveragePool, MaxPool
+from polyc.frontends.onnx.ops.quantization import QLinearConv, _integer_product, _per_tensor_or_along
 from polyc.frontends.onnx.ops.shapes import concatenated, transposed
 
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
@@ -502,7 +502,35 @@ class QLinearAveragePool(Converter):
         return [_elementwise(b, average, quantized, x.dtype, _reads(y_scale, y_zero))]
 
 
+class NhwcMaxPool(Converter):
+    """MaxPool (its attributes) of an 8-bit image in NHWC, as onnxruntime's layout optimizer
+    writes it."""
+
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        _eight_bit(b, inputs[0], "x")
+        return MaxPool.lower(b, node, inputs[:1], channels_last=True)
+
+
 # ---------------------------------------------------------------------------------- products
+class QLinearConvChannelsLast(Converter):
+    """The domain's QLinearConv: ONNX's QLinearConv (the default domain's converter), on an
+    image in NHWC where ``channels_last`` is 1 (onnxruntime's layout optimizer writes it so; the
+    weights keep ONNX's layout), the result in NHWC too."""
+
+    @staticmethod
+    def _impl_v1(b, node, inputs):
+        if not node.attr("channels_last", 0):
+            return QLinearConv._impl_v10(b, node, inputs)
+        x = inputs[0]
+        if x.rank < 3:
+            raise UnsupportedError(f"{b.where}: the input must have rank 3 or more, not {x.rank}")
+        to_channels_first = [0, x.rank - 1, *range(1, x.rank - 1)]
+        to_channels_last = [0, *range(2, x.rank), 1]
+        product = QLinearConv._impl_v10(b, node, [transposed(b, x, to_channels_first), *inputs[1:]])[0]
+        return [transposed(b, product, to_channels_last)]
+
+
 def _transposed_2d(b, value: Value) -> Value:
     if value.const is not None:
         return b.const(np.ascontiguousarray(value.const.T))
@@ -684,4 +712,6 @@ CONTRIB_QUANTIZED: dict[str, type[Converter]] = {
     "DynamicQuantizeMatMul": DynamicQuantizeMatMul,
     "MatMulIntegerToFloat": MatMulIntegerToFloat,
     "FusedMatMul": FusedMatMul,
+    "QLinearConv": QLinearConvChannelsLast,
+    "NhwcMaxPool": NhwcMaxPool,
 }
