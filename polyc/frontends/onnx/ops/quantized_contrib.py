@@ -22,9 +22,10 @@ same order, so that the results agree bit for bit where onnxruntime's are exact:
 - QGemm: the int32 product plus the int32 bias, times ``alpha * a_scale * b_scale / y_scale``
   (one per column for per-channel weights) in float32, as MLAS's requantizing output processor;
 - QLinearSigmoid and QLinearSoftmax use tables built when the model is compiled (the scales must
-  be constants then): the sigmoid's in double rounded to float (MLAS's logistic is a float
-  polynomial within an ulp of it), QLinearSoftmax's ``exp`` table exactly as onnxruntime builds
-  it, with its float32 sum and its ``floor(1 / y_scale)`` scaling.
+  be constants then): the sigmoid's by MLAS's float32 rational polynomial with its fused
+  multiply-adds (as onnxruntime computes it on x86 processors with FMA3; its portable kernel
+  may round differently), QLinearSoftmax's ``exp`` table exactly as onnxruntime builds it, with
+  its float32 sum and its ``floor(1 / y_scale)`` scaling.
 
 A scale or zero point is one value (onnxruntime refuses others) except QGemm's, DynamicQuantizeMatMul's
 and MatMulIntegerToFloat's ``b_scale`` and ``b_zero_point``, which may be one per column.
@@ -96,6 +97,52 @@ def _fma32(x, y, z) -> np.float32:
     candidates = [np.nextafter(near, np.float32(-np.inf)), near, np.nextafter(near, np.float32(np.inf))]
     # the nearest, a tie to the even significand
     return min(candidates, key=lambda c: (abs(Fraction(float(c)) - exact), int(c.view(np.uint32)) & 1))
+
+
+def _fma32_array(x: np.ndarray, y, z) -> np.ndarray:
+    """:func:`_fma32` of arrays: in double (the product of two floats is exact there), rounded
+    to float32; a double sum that lands on a float32 halfway point may have been rounded
+    there, and is computed exactly instead."""
+    x, y, z = np.broadcast_arrays(*(np.asarray(v, np.float32) for v in (x, y, z)))
+    total = x.astype(np.float64) * y.astype(np.float64) + z.astype(np.float64)
+    result = total.astype(np.float32)
+    significand, _ = np.frexp(total)
+    halfway = np.mod(significand * 2.0**25, 2.0) == 1.0
+    for k in np.flatnonzero(halfway):
+        result.flat[k] = _fma32(x.flat[k], y.flat[k], z.flat[k])
+    return result
+
+
+#: MLAS's logistic (x86 with FMA3, ``LogisticKernelFma3``): a rational polynomial in float32
+#: on x clamped to [-18, 18], the numerator's and denominator's coefficients from x^9 and x^10 down.
+_LOGISTIC_NUMERATOR = (
+    4.37031012579801e-11,
+    1.15627324459942e-07,
+    6.08574864600143e-05,
+    8.51377133304701e-03,
+    2.48287947061529e-01,
+)
+_LOGISTIC_DENOMINATOR = (
+    6.10247389755681e-13,
+    5.76102136993427e-09,
+    6.29106785017040e-06,
+    1.70198817374094e-03,
+    1.16817656904453e-01,
+    9.93151921023180e-01,
+)
+
+
+def _mlas_logistic(values: np.ndarray) -> np.ndarray:
+    """MLAS's logistic of float32 ``values``, operation for operation (fused multiply-adds)."""
+    x = np.clip(values.astype(np.float32), np.float32(-18), np.float32(18))
+    square = x * x
+    numerator = np.full_like(x, _LOGISTIC_NUMERATOR[0])
+    for coefficient in _LOGISTIC_NUMERATOR[1:]:
+        numerator = _fma32_array(square, numerator, np.float32(coefficient))
+    denominator = np.full_like(x, _LOGISTIC_DENOMINATOR[0])
+    for coefficient in _LOGISTIC_DENOMINATOR[1:]:
+        denominator = _fma32_array(square, denominator, np.float32(coefficient))
+    return np.maximum(np.float32(0), x * numerator / denominator + np.float32(0.5))
 
 
 def _saturated(rounded: str, dtype) -> str:
@@ -359,7 +406,8 @@ class QLinearLeakyRelu(Converter):
 
 class QLinearSigmoid(Converter):
     """The sigmoid of the dequantized input, requantized, by a 256-entry table built when the
-    model is compiled (the scales and zero points must be constants)."""
+    model is compiled (the scales and zero points must be constants), the sigmoid computed as
+    MLAS computes it on x86 processors with FMA3 (:func:`_mlas_logistic`)."""
 
     @staticmethod
     def _impl_v1(b, node, inputs):
@@ -374,8 +422,7 @@ class QLinearSigmoid(Converter):
             )
         dtype = y_zero.dtype if y_zero is not None else x.dtype
         values = _table_inputs(x, _constant(x_scale), _constant(x_zero))
-        sigmoid = (1.0 / (1.0 + np.exp(-values.astype(np.float64)))).astype(np.float32)
-        return [_lookup(b, x, _table_quantized(sigmoid, _constant(y_scale), _constant(y_zero), dtype))]
+        return [_lookup(b, x, _table_quantized(_mlas_logistic(values), _constant(y_scale), _constant(y_zero), dtype))]
 
 
 class QLinearSoftmax(Converter):
