@@ -278,13 +278,20 @@ def test_qgemm(dtype, per_channel, output):
         np.testing.assert_allclose(ours, theirs, rtol=2 * np.finfo(np.float32).eps, atol=0)
 
 
-def test_matmul_integer_to_float_and_dynamic_quantize_matmul():
+@pytest.mark.parametrize("per_column", [False, True])
+def test_matmul_integer_to_float_and_dynamic_quantize_matmul(per_column):
     rng = np.random.default_rng(13)
     a8 = rng.integers(0, 256, (2, 3, 32)).astype(np.uint8)
     a = rng.standard_normal((2, 3, 32)).astype(np.float32)
     w = rng.integers(-64, 64, (32, 16)).astype(np.int8)
     bias = rng.standard_normal(16).astype(np.float32)
-    initializers = {"w": w, "sa": one(0.02), "sw": one(0.003), "za": np.uint8(128), "zw": np.int8(0), "bias": bias}
+    initializers = {"w": w, "sa": one(0.02), "za": np.uint8(128), "bias": bias}
+    if per_column:
+        initializers.update(
+            sw=rng.uniform(0.001, 0.01, 16).astype(np.float32), zw=rng.integers(-3, 3, 16).astype(np.int8)
+        )
+    else:
+        initializers.update(sw=one(0.003), zw=np.int8(0))
     nodes = [
         helper.make_node("MatMulIntegerToFloat", ["a8", "w", "sa", "sw", "za", "zw", "bias"], ["y1"], domain=MS),
         helper.make_node("DynamicQuantizeMatMul", ["a", "w", "sw", "zw", "bias"], ["y2"], domain=MS),
