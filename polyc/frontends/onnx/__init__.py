@@ -9,15 +9,17 @@
 """
 
 from polyc.frontends.onnx.functions import function_bodies
-from polyc.frontends.onnx.ops import CONVERTERS
+from polyc.frontends.onnx.ops import CONVERTERS, DOMAIN_CONVERTERS
 from polyc.frontends.onnx.session import InferenceSession, KernelTime, NodeArg
 
 
 def supported_operators() -> dict[str, list[int]]:
-    """Operator -> the opsets at which polyc's converter changes (its ``_impl_vN`` versions)."""
+    """Operator -> the opsets at which polyc's converter changes (its ``_impl_vN`` versions);
+    the operators of other domains named with their domain (``com.microsoft.QGemm``)."""
+    qualified = {f"{domain}.{op}": c for domain, ops in DOMAIN_CONVERTERS.items() for op, c in ops.items()}
     return {
         op: sorted(int(n[len("_impl_v") :]) for n in dir(c) if n.startswith("_impl_v"))
-        for op, c in sorted(CONVERTERS.items())
+        for op, c in sorted({**CONVERTERS, **qualified}.items())
     }
 
 

@@ -49,7 +49,7 @@ from polyc.frontends.onnx.functions import (
 )
 from polyc.frontends.onnx.lowering import Builder, KernelStep, Value, ViewStep, tc_type, values_read, values_written
 from polyc.frontends.onnx.memory import Arena, plan_memory
-from polyc.frontends.onnx.ops import CONVERTERS
+from polyc.frontends.onnx.ops import CONVERTERS, converter_for
 from polyc.frontends.onnx.ops.base import Node
 from polyc.frontends.onnx.permutations import fold_transposes
 from polyc.frontends.onnx.qdq import integer_node_units
@@ -221,7 +221,7 @@ class Plan:
             inputs = [self.values[name] if name else None for name in proto.input]
             builder = Builder(node.name, node.op_type, self._new_ident, vector_bits)
             with _raw_errors_named(node):
-                outputs = CONVERTERS[node.op_type].convert(builder, node, inputs, node_opset)
+                outputs = converter_for(node.op_type, proto.domain).convert(builder, node, inputs, node_opset)
             if _foldable(builder.steps, inputs):
                 _fold(builder.steps, node.name)
             else:
@@ -1314,7 +1314,7 @@ def _replaced(flat, values: dict) -> list | None:
 
 def is_converted(op_type: str, domain: str, opset: int) -> bool:
     """Whether a converter of polyc's own handles ``op_type`` at ``opset``."""
-    converter = CONVERTERS.get(op_type) if domain in ("", "ai.onnx") else None
+    converter = converter_for(op_type, domain)
     return converter is not None and converter.version_for(opset) is not None
 
 
@@ -1323,7 +1323,9 @@ def unsupported_error(missing, where: str) -> UnsupportedError:
 
     def entry(label, opset, name):
         op, _, why = label.partition(" (")
-        return f"{op} (opset {opset}) at node {name!r}" + (f" ({why}" if why else "")
+        # the opset is the default domain's: an operator of another domain ("com.microsoft.X") has none of it
+        version = "" if "." in op else f" (opset {opset})"
+        return f"{op}{version} at node {name!r}" + (f" ({why}" if why else "")
 
     listed = "; ".join(entry(*m) for m in missing)
     kinds = sorted({label.partition(" (")[0] for label, _, _ in missing})

@@ -471,7 +471,7 @@ def _specialising_inputs(flat_nodes, inputs: dict) -> set[str]:
     planned: a Range's ONNX function loops ceil((limit - start) / delta) times); nothing behind
     a Shape or a Size, which read only the shape.  A floating-point tensor of more than one
     element is planned on only where it feeds such a place directly."""
-    from polyc.frontends.onnx.ops import CONVERTERS
+    from polyc.frontends.onnx.ops import converter_for
 
     producers = {output: flat.proto for flat in flat_nodes for output in flat.proto.output if output}
     found, seen = set(), set()
@@ -494,7 +494,7 @@ def _specialising_inputs(flat_nodes, inputs: dict) -> set[str]:
 
     for flat in flat_nodes:
         node = flat.proto
-        converter = CONVERTERS.get(node.op_type)
+        converter = converter_for(node.op_type, node.domain)
         control = node.op_type in CONSTANT_INPUTS and converter is None
         for position in getattr(converter, "CONSTANT_INPUTS", ()) or CONSTANT_INPUTS.get(node.op_type, ()):
             if position < len(node.input) and node.input[position]:

@@ -21,6 +21,8 @@ The modules, one per family of operators:
 - :mod:`.spectral`: DFT, STFT, the windows, MelWeightMatrix;
 - :mod:`.text`: TfIdfVectorizer's n-gram counts;
 - :mod:`.quantization`: QuantizeLinear, DequantizeLinear and the integer and QLinear products;
+- :mod:`.quantized_contrib`: onnxruntime's quantized operators of the domain ``com.microsoft``
+  (QLinearAdd, QGemm, ...), in :data:`DOMAIN_CONVERTERS`;
 - :mod:`.reductions`: the Reduce operators, ArgMax, Softmax, Hardmax, TopK, CumSum, CumProd and the
   normalizations along axes;
 - :mod:`.recurrent`: RNN, GRU and LSTM, unrolled over the sequence;
@@ -92,6 +94,7 @@ from polyc.frontends.onnx.ops.quantization import (
     QLinearMatMul,
     QuantizeLinear,
 )
+from polyc.frontends.onnx.ops.quantized_contrib import CONTRIB_QUANTIZED
 from polyc.frontends.onnx.ops.recurrent import RECURRENT
 from polyc.frontends.onnx.ops.reductions import (
     LRN,
@@ -303,3 +306,13 @@ CONVERTERS: dict[str, type[Converter]] = {
 CONVERTERS.update(RECURRENT)
 # Operators whose output shapes come from data, planned in stages (data_dependent.py).
 CONVERTERS.update(DATA_DEPENDENT)
+
+#: The converters of operators of other domains than ONNX's default, by domain.
+DOMAIN_CONVERTERS: dict[str, dict[str, type[Converter]]] = {"com.microsoft": CONTRIB_QUANTIZED}
+
+
+def converter_for(op_type: str, domain: str) -> type[Converter] | None:
+    """The converter of ``op_type`` of ``domain`` ("" or "ai.onnx": ONNX's own), or None."""
+    if domain in ("", "ai.onnx"):
+        return CONVERTERS.get(op_type)
+    return DOMAIN_CONVERTERS.get(domain, {}).get(op_type)
