@@ -88,6 +88,7 @@ def rewritten(model, supported=lambda op_type, domain: domain == ""):
         constants.get,
         constants.__setitem__,
         supported,
+        21,
     )
 
 

@@ -168,6 +168,7 @@ class Plan:
                     lambda name: self.values[name].const if name in self.values else None,
                     self._add_constant,
                     lambda op_type, domain: is_converted(op_type, domain, opset),
+                    opset,
                 )
                 protos = fold_batch_norms(protos, graph_outputs, self.values, self._new_ident)
             nodes = [

@@ -24,6 +24,7 @@ Pool/AveragePool -> Q
 DQ(x) -> Sigmoid/Leaky-  com.microsoft.QLinearSigmoid / QLinearLeakyRelu
 Relu -> Q
 DQ(x)... -> Concat -> Q  com.microsoft.QLinearConcat
+DQ(x) -> Softmax -> Q    com.microsoft.QLinearSoftmax (its ``opset`` the node's)
 DQ(x) -> MaxPool, Re-    the operator on the integers, where the DQ and the Q have the
 shape, Flatten, Trans-   same scale and zero point (these operators only move or select
 pose, Squeeze, Unsqueeze values, and quantization is monotonic)
@@ -96,13 +97,15 @@ def integer_node_units(
     constant: Callable[[str], np.ndarray | None],
     add_constant: Callable[[str, np.ndarray], None],
     supported: Callable[[str, str], bool],
+    opset: int,
 ) -> list:
     """``nodes`` (NodeProtos in graph order) with every QDQ node unit polyc can compute on
     the integers replaced by its integer operator (see the module's docstring).
 
     ``constant(name)``: a constant's array, or None; ``add_constant(name, array)``: makes a new
     constant (the zero points a DQ or Q leaves implicit); ``supported(op_type, domain)``:
-    whether polyc converts an operator.  The given NodeProtos are not modified."""
+    whether polyc converts an operator; ``opset``: the default domain's, which the nodes are
+    read at.  The given NodeProtos are not modified."""
     from onnx import NodeProto, helper
 
     consumers: dict[str, list[int]] = {}
@@ -164,7 +167,7 @@ def integer_node_units(
         if q is None or q.node.op_type != "QuantizeLinear" or not q.per_tensor or not eight_bit(q):
             continue
         inputs = [dequantized(name) if name else None for name in node.input]
-        new = _integer_form(node, inputs, q, constant, supported, zero_name, eight_bit)
+        new = _integer_form(node, inputs, q, constant, supported, zero_name, eight_bit, opset)
         if new is None:
             continue
         unit = NodeProto()
@@ -178,7 +181,7 @@ def integer_node_units(
     return _without_unread_dequantizations(result, graph_outputs)
 
 
-def _integer_form(node, inputs, q: _Quantization, constant, supported, zero_name, eight_bit):
+def _integer_form(node, inputs, q: _Quantization, constant, supported, zero_name, eight_bit, opset: int):
     """The integer NodeProto computing ``node`` between the DQs ``inputs`` (None where an input
     is not a DQ's) and the Q ``q``, or None where the unit stays in float."""
     from onnx import helper
@@ -247,6 +250,9 @@ def _integer_form(node, inputs, q: _Quantization, constant, supported, zero_name
         if not activation(x):
             return None
         return make(_UNARY[op], operand(x) + output, MICROSOFT)
+    if op == "Softmax" and len(inputs) == 1 and activation(inputs[0]):
+        attributes = attributes + [helper.make_attribute("opset", opset)]  # the axis's meaning
+        return make("QLinearSoftmax", operand(inputs[0]) + output, MICROSOFT)
     if op == "Concat" and inputs and all(activation(x) for x in inputs):
         return make("QLinearConcat", output + [name for x in inputs for name in operand(x)], MICROSOFT)
     if op in _MOVING and inputs and inputs[0] is not None and inputs[0].same_as(q) and len(node.output) == 1:
