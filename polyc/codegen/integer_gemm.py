@@ -25,7 +25,7 @@ set            condition                         block  G   the multiply-add
 =============  ================================  =====  ==  ================================
 avx512vnni     ``__AVX512VNNI__``                6x64   4   vpdpbusd zmm: u8 x s8 groups of 4
 avxvnni        ``__AVXVNNI__``                   6x16   4   vpdpbusd ymm (VEX)
-avx2           ``__AVX2__``                      6x16   2   vpmaddwd on int16 pairs
+avx2           ``__AVX2__``                      4x16   2   vpmaddwd on int16 pairs
 neon_dotprod   ``__ARM_FEATURE_DOTPROD``         8x12   4   sdot s8 x s8 by lanes
 neon           ``__ARM_NEON`` (AArch64)          8x8    1   smlal int16 x int16 by lanes
 portable       otherwise                         4x16   1   C the compiler vectorises
@@ -96,11 +96,15 @@ class IntegerBlock:
 BLOCKS = {
     "avx512vnni": IntegerBlock("avx512vnni", 6, 64, 4, "uint8", "int8", 16),
     "avxvnni": IntegerBlock("avxvnni", 6, 16, 4, "uint8", "int8", 8),
-    "avx2": IntegerBlock("avx2", 6, 16, 2, "int16", "int16", 8),
+    "avx2": IntegerBlock("avx2", 4, 16, 2, "int16", "int16", 8),
     "neon_dotprod": IntegerBlock("neon_dotprod", 8, 12, 4, "int8", "int8", 4),
     "neon": IntegerBlock("neon", 8, 8, 1, "int16", "int16", 4),
     "portable": IntegerBlock("portable", 4, 16, 1, "int16", "int16", 16),
 }
+
+
+#: How many groups of K an x86 micro-kernel's loop takes per iteration.
+UNROLL = {"avx512vnni": 1, "avxvnni": 1, "avx2": 2}
 
 
 def block_sizes(block: IntegerBlock, caches: dict[int, int]) -> tuple[int, int, int]:
@@ -373,21 +377,31 @@ def _x86_kernel(block: IntegerBlock) -> str:
     for row in acc:
         lines.append(f"    {vec} " + ", ".join(f"{name} = {pre}_setzero_si{bits}()" for name in row) + ";")
     b_bytes = block.nr * block.group * np.dtype(block.packed_b).itemsize
-    lines += [
-        f"    for (int64_t q = 0; q < kg; q++, a += {mr * group_bytes}, b += {b_bytes}) {{",
-        f"        const {vec} " + ", ".join(f"b{v} = {load.format(p=f'b + {v * bits // 8}')}" for v in range(nv)) + ";",
-        f"        {vec} x;",
-    ]
-    for i in range(mr):
-        if block.isa == "avx512vnni":
-            ops = [f"{acc[i][v]} = _mm512_dpbusd_epi32({acc[i][v]}, x, b{v});" for v in range(nv)]
-        elif block.isa == "avxvnni":
-            ops = [f"{acc[i][v]} = _mm256_dpbusd_avx_epi32({acc[i][v]}, x, b{v});" for v in range(nv)]
-        else:
-            ops = [f"{acc[i][v]} = _mm256_add_epi32({acc[i][v]}, _mm256_madd_epi16(x, b{v}));" for v in range(nv)]
-        lines.append(
-            f"        x = {pre}_set1_epi32((int)polyc_load32(a + {i * group_bytes})); " + " ".join(ops)
-        )
+
+    def group(step: int) -> list[str]:
+        """The multiply-adds of one group of K (the ``step``-th of an unrolled iteration)."""
+        a_offset, b_offset = step * mr * group_bytes, step * b_bytes
+        loads = ", ".join(f"b{v} = {load.format(p=f'b + {b_offset + v * bits // 8}')}" for v in range(nv))
+        body = [f"{{ const {vec} {loads};", f"  {vec} x;"]
+        for i in range(mr):
+            if block.isa == "avx512vnni":
+                ops = [f"{acc[i][v]} = _mm512_dpbusd_epi32({acc[i][v]}, x, b{v});" for v in range(nv)]
+            elif block.isa == "avxvnni":
+                ops = [f"{acc[i][v]} = _mm256_dpbusd_avx_epi32({acc[i][v]}, x, b{v});" for v in range(nv)]
+            else:
+                ops = [f"{acc[i][v]} = _mm256_add_epi32(_mm256_madd_epi16(x, b{v}), {acc[i][v]});" for v in range(nv)]
+            body.append(f"  x = {pre}_set1_epi32((int)polyc_load32(a + {a_offset + i * group_bytes})); " + " ".join(ops))
+        return body + ["}"]
+
+    unroll = UNROLL[block.isa]
+    lines.append(f"    int64_t q = 0;")
+    if unroll > 1:
+        lines.append(f"    for (; q + {unroll} <= kg; q += {unroll}, a += {unroll * mr * group_bytes}, b += {unroll * b_bytes}) {{")
+        for step in range(unroll):
+            lines += ["        " + line for line in group(step)]
+        lines.append("    }")
+    lines.append(f"    for (; q < kg; q++, a += {mr * group_bytes}, b += {b_bytes}) {{")
+    lines += ["        " + line for line in group(0)]
     lines.append("    }")
     lines += _vector_write_back(block, acc, vec, pre, load, store, bits)
     lines.append("}")
