@@ -225,8 +225,7 @@ def _path_of(text: str) -> str:
         # no reduction
         "def f(uint8(M) A, int8(N) B) -> (Y) { Y(m, n) +=! int32(A(m)) * int32(B(n)) }",
         # the innermost target dimension a batch index
-        "def f(uint8(M, K, P) A, int8(K, N, P) B) -> (Y) "
-        "{ Y(m, n, p) +=! int32(A(m, r_k, p)) * int32(B(r_k, n, p)) }",
+        "def f(uint8(M, K, P) A, int8(K, N, P) B) -> (Y) { Y(m, n, p) +=! int32(A(m, r_k, p)) * int32(B(r_k, n, p)) }",
     ],
 )
 def test_the_recogniser_declines_what_is_not_an_integer_product(text):
@@ -340,9 +339,7 @@ def _needs_qemu():
         pytest.skip("aarch64 cross compiler or qemu-aarch64 absent (Debian: gcc-aarch64-linux-gnu, qemu-user)")
 
 
-@pytest.mark.parametrize(
-    "extra_flags", [(), ("-march=armv8.2-a+dotprod",)], ids=["neon-int16", "neon-dotprod"]
-)
+@pytest.mark.parametrize("extra_flags", [(), ("-march=armv8.2-a+dotprod",)], ids=["neon-int16", "neon-dotprod"])
 @pytest.mark.parametrize("pair", ["u8s8", "s8u8"])
 def test_neon_under_qemu(tmp_path, extra_flags, pair):
     """NEON without the dot product (smlal on int16) and with it (sdot, each unsigned operand

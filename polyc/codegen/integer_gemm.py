@@ -312,9 +312,7 @@ class _Writer(PatternKernelWriter):
             return [f"for (int64_t polyc_f = 0; polyc_f < {count}; polyc_f++) ({table})[polyc_f] = {value};"]
         lines, flat = self.group_loops(group)
         inner = "    " * (len(group) + 1)
-        subscripts = [
-            f"polyc_v_{s.terms[0][0]}" if s.terms else str(s.constant) for s in zero.subscripts
-        ]
+        subscripts = [f"polyc_v_{s.terms[0][0]}" if s.terms else str(s.constant) for s in zero.subscripts]
         element = self.element(zero.tensor, subscripts)
         lines.append(f"{inner}({table})[{flat}] = (int32_t){element} + {shift};")
         lines += ["    " * (depth + 1) + "}" for depth in reversed(range(len(group)))]
@@ -363,7 +361,7 @@ def _x86_kernel(block: IntegerBlock) -> str:
     row, NR / lanes loads of B per group."""
     bits = block.lanes * 32
     vec, pre, load, store = _X86[bits]
-    mr, nv, lanes = block.mr, block.nr // block.lanes, block.lanes
+    mr, nv = block.mr, block.nr // block.lanes
     acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
     group_bytes = block.group * np.dtype(block.packed_a).itemsize  # one row's group: 4 bytes
     lines = [
@@ -390,13 +388,17 @@ def _x86_kernel(block: IntegerBlock) -> str:
                 ops = [f"{acc[i][v]} = _mm256_dpbusd_avx_epi32({acc[i][v]}, x, b{v});" for v in range(nv)]
             else:
                 ops = [f"{acc[i][v]} = _mm256_add_epi32(_mm256_madd_epi16(x, b{v}), {acc[i][v]});" for v in range(nv)]
-            body.append(f"  x = {pre}_set1_epi32((int)polyc_load32(a + {a_offset + i * group_bytes})); " + " ".join(ops))
+            body.append(
+                f"  x = {pre}_set1_epi32((int)polyc_load32(a + {a_offset + i * group_bytes})); " + " ".join(ops)
+            )
         return body + ["}"]
 
     unroll = UNROLL[block.isa]
-    lines.append(f"    int64_t q = 0;")
+    lines.append("    int64_t q = 0;")
     if unroll > 1:
-        lines.append(f"    for (; q + {unroll} <= kg; q += {unroll}, a += {unroll * mr * group_bytes}, b += {unroll * b_bytes}) {{")
+        lines.append(
+            f"    for (; q + {unroll} <= kg; q += {unroll}, a += {unroll * mr * group_bytes}, b += {unroll * b_bytes}) {{"
+        )
         for step in range(unroll):
             lines += ["        " + line for line in group(step)]
         lines.append("    }")

@@ -33,6 +33,7 @@ def recognise(request: PathRequest) -> IntegerContraction | None:
 
 
 def generate(request: PathRequest, contraction: IntegerContraction) -> PathKernel:
+    assert request.program is not None, "a kernel is generated from the def's program"
     return PathKernel(generate_integer_gemm(request.program, contraction, request.options))
 
 

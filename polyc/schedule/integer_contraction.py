@@ -167,8 +167,9 @@ def recognise_integer_gemm_def(definition: ir.CheckedDef) -> IntegerContraction 
     )
 
 
-def _is_int32_cast(expr: ir.TExpr) -> bool:
-    return isinstance(expr, ir.Cast) and expr.dtype == np.dtype(np.int32)
+def _int32_cast_operand(expr: ir.TExpr) -> ir.TExpr | None:
+    """What ``int32(x)`` casts (None: ``expr`` is not a cast to int32)."""
+    return expr.operand if isinstance(expr, ir.Cast) and expr.dtype == np.dtype(np.int32) else None
 
 
 def _shifted_read(expr: ir.TExpr, definition: ir.CheckedDef) -> tuple[ir.Read, ZeroPoint | None] | None:
@@ -179,9 +180,7 @@ def _shifted_read(expr: ir.TExpr, definition: ir.CheckedDef) -> tuple[ir.Read, Z
         if zero is None:
             return None
         expr = expr.lhs
-    if not _is_int32_cast(expr):
-        return None
-    read = expr.operand
+    read = _int32_cast_operand(expr)
     if not isinstance(read, ir.Read) or definition.tensor(read.tensor).dtype not in OPERAND_DTYPES:
         return None
     if definition.tensor(read.tensor).role is not ir.Role.INPUT:
@@ -191,26 +190,29 @@ def _shifted_read(expr: ir.TExpr, definition: ir.CheckedDef) -> tuple[ir.Read, Z
 
 def _zero_point(expr: ir.TExpr, definition: ir.CheckedDef) -> ZeroPoint | None:
     """An integer literal, or ``int32(Z(..))`` with each subscript a constant or a single index."""
-    if _is_int32_cast(expr) and isinstance(expr.operand, ir.Const):
-        expr = expr.operand
+    operand = _int32_cast_operand(expr)
+    if isinstance(operand, ir.Const):
+        expr = operand
     if isinstance(expr, ir.Const):
         value = expr.value
         if isinstance(value, (bool, np.bool_)) or not float(value).is_integer():
             return None
         value = int(value)
         return ZeroPoint(None, value) if np.iinfo(np.int32).min <= value <= np.iinfo(np.int32).max else None
-    if not _is_int32_cast(expr):
-        return None
-    read = expr.operand
+    read = operand
     if not isinstance(read, ir.Read) or definition.tensor(read.tensor).dtype not in ZERO_POINT_DTYPES:
         return None
     if definition.tensor(read.tensor).role is not ir.Role.INPUT:
         return None
+    subscripts: list[Affine] = []
     for s in read.subscripts:
         if not isinstance(s, Affine):
             return None  # a gathered zero point
-        if s.terms and (s.constant != 0 or len(s.terms) != 1 or s.terms[0][1] != 1 or not isinstance(s.terms[0][0], str)):
+        subscripts.append(s)
+        if s.terms and (
+            s.constant != 0 or len(s.terms) != 1 or s.terms[0][1] != 1 or not isinstance(s.terms[0][0], str)
+        ):
             return None
         if s.terms and s.terms[0][0] in definition.sizes:
             return None
-    return ZeroPoint(read.tensor, 0, tuple(read.subscripts))
+    return ZeroPoint(read.tensor, 0, tuple(subscripts))
