@@ -25,7 +25,7 @@ set            condition                         block  G   the multiply-add
 =============  ================================  =====  ==  ================================
 avx512vnni     ``__AVX512VNNI__``                6x64   4   vpdpbusd zmm: u8 x s8 groups of 4
 avxvnni        ``__AVXVNNI__``                   6x16   4   vpdpbusd ymm (VEX)
-avx2           ``__AVX2__``                      4x16   2   vpmaddwd on int16 pairs
+avx2           ``__AVX2__``                      5x16   2   vpmaddwd on int16 pairs
 neon_dotprod   ``__ARM_FEATURE_DOTPROD``         8x12   4   sdot s8 x s8 by lanes
 neon           ``__ARM_NEON`` (AArch64)          8x8    1   smlal int16 x int16 by lanes
 portable       otherwise                         4x16   1   C the compiler vectorises
@@ -96,7 +96,7 @@ class IntegerBlock:
 BLOCKS = {
     "avx512vnni": IntegerBlock("avx512vnni", 6, 64, 4, "uint8", "int8", 16),
     "avxvnni": IntegerBlock("avxvnni", 6, 16, 4, "uint8", "int8", 8),
-    "avx2": IntegerBlock("avx2", 4, 16, 2, "int16", "int16", 8),
+    "avx2": IntegerBlock("avx2", 5, 16, 2, "int16", "int16", 8),
     "neon_dotprod": IntegerBlock("neon_dotprod", 8, 12, 4, "int8", "int8", 4),
     "neon": IntegerBlock("neon", 8, 8, 1, "int16", "int16", 4),
     "portable": IntegerBlock("portable", 4, 16, 1, "int16", "int16", 16),
@@ -193,7 +193,7 @@ class _Writer(PatternKernelWriter):
                 f"#define POLYC_B_SHIFT ({shift_b})",
             ]
         pieces.append("#endif")
-        pieces.append("#if defined(__SSE2__)\n#include <emmintrin.h>\n#endif")
+        pieces.append("#if defined(__SSE2__)\n#include <immintrin.h>\n#endif")
         pieces.append(c_template("integer_gemm_loops.c"))
         for position, (isa, condition, _) in enumerate(guards):
             if condition is None:
@@ -387,7 +387,13 @@ def _x86_kernel(block: IntegerBlock) -> str:
             elif block.isa == "avxvnni":
                 ops = [f"{acc[i][v]} = _mm256_dpbusd_avx_epi32({acc[i][v]}, x, b{v});" for v in range(nv)]
             else:
-                ops = [f"{acc[i][v]} = _mm256_add_epi32(_mm256_madd_epi16(x, b{v}), {acc[i][v]});" for v in range(nv)]
+                # (the empty asm keeps each sum in its register: gcc otherwise adds the products
+                # of two groups first and spills accumulators to the stack)
+                ops = [
+                    f"{acc[i][v]} = _mm256_add_epi32({acc[i][v]}, _mm256_madd_epi16(x, b{v})); "
+                    f'__asm__("" : "+x"({acc[i][v]}));'
+                    for v in range(nv)
+                ]
             body.append(
                 f"  x = {pre}_set1_epi32((int)polyc_load32(a + {a_offset + i * group_bytes})); " + " ".join(ops)
             )

@@ -66,6 +66,18 @@ static void polyc_pack_a(const polyc_igemm_t *restrict g, const polyc_ta *restri
                     memcpy(p + ((k / 4) * MR + i) * 4, &w, 4);
                     sum += polyc_group_sum(w);
                 }
+            } else if (g->a_k_stride == 1) {
+                /* a group at a time, its G values stored together */
+                const polyc_ta *restrict src = row + g->a_k[pc];
+                for (; k + G <= kc; k += G) {
+                    polyc_pa group[G];
+                    for (int t = 0; t < G; t++) {
+                        const int32_t v = (int32_t)src[k + t] + POLYC_A_SHIFT;
+                        group[t] = (polyc_pa)v;
+                        sum += v;
+                    }
+                    memcpy(p + ((k / G) * MR + i) * G, group, sizeof group);
+                }
             } else if (g->a_k_stride > 0) {
                 const polyc_ta *restrict src = row + g->a_k[pc];
                 const int64_t step = g->a_k_stride;
@@ -113,7 +125,7 @@ static void polyc_pack_b(const polyc_igemm_t *restrict g, const polyc_tb *restri
             }
             polyc_pb *restrict out = p + q * NR * G;
 #if defined(__SSE2__)
-            if (G == 4 && sizeof(polyc_pb) == 1) {
+            if (G == 4 && sizeof(polyc_pb) == 1 && NR % 16 == 0) {
                 const __m128i flip = _mm_set1_epi8(POLYC_B_SHIFT != 0 ? (char)0x80 : 0);
                 for (int64_t j = 0; j < NR; j += 16) {
                     __m128i r[4];
@@ -132,6 +144,28 @@ static void polyc_pack_b(const polyc_igemm_t *restrict g, const polyc_tb *restri
                         if (present[t])
                             for (int64_t j = 0; j < NR; j++)
                                 cs[j] += (int32_t)(polyc_pb)((int32_t)rows[t][j] + POLYC_B_SHIFT);
+                continue;
+            }
+#endif
+#if defined(__AVX2__)
+            if (G == 2 && sizeof(polyc_pb) == 2 && POLYC_B_SHIFT == 0 && NR % 16 == 0) {
+                /* two rows widened to int16 and interleaved, 16 columns at a time */
+                for (int64_t j = 0; j < NR; j += 16) {
+                    __m256i r[2];
+                    for (int t = 0; t < 2; t++) {
+                        const __m128i bytes = present[t] ? _mm_loadu_si128((const __m128i *)(rows[t] + j))
+                                                         : _mm_setzero_si128();
+                        r[t] = (polyc_tb)-1 < 0 ? _mm256_cvtepi8_epi16(bytes) : _mm256_cvtepu8_epi16(bytes);
+                    }
+                    const __m256i lo = _mm256_unpacklo_epi16(r[0], r[1]), hi = _mm256_unpackhi_epi16(r[0], r[1]);
+                    _mm256_storeu_si256((__m256i *)(out + j * 2), _mm256_permute2x128_si256(lo, hi, 0x20));
+                    _mm256_storeu_si256((__m256i *)(out + j * 2 + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
+                }
+                if (g->need_colsums)
+                    for (int t = 0; t < 2; t++)
+                        if (present[t])
+                            for (int64_t j = 0; j < NR; j++)
+                                cs[j] += (int32_t)rows[t][j];
                 continue;
             }
 #endif
