@@ -137,7 +137,11 @@ class _Writer(PatternKernelWriter):
             self.header(),
             PRELUDE,
             self.preamble(PORTABLE_MACRO, ["#include <sched.h>"]),
-            f"#define POLYC_IGEMM_PARALLEL {'defined(_OPENMP)' if self.options.parallel else '0'}",
+            (
+                "#if defined(_OPENMP)\n#define POLYC_IGEMM_PARALLEL 1\n#else\n#define POLYC_IGEMM_PARALLEL 0\n#endif"
+                if self.options.parallel
+                else "#define POLYC_IGEMM_PARALLEL 0"
+            ),
             f"typedef {c_type(c.a_dtype)} polyc_ta;",
             f"typedef {c_type(c.b_dtype)} polyc_tb;",
             _CONTEXT,
@@ -256,6 +260,7 @@ class _Writer(PatternKernelWriter):
             "    if (polyc_zeros[polyc_i] != 0) {",
             "        polyc_g.corrected = 1;",
             "        if (polyc_i < polyc_m) polyc_g.need_colsums = 1;",
+            "        else polyc_g.need_rowsums = 1;",
             "    }",
             f"const int polyc_status = polyc_igemm_run(&polyc_g, {1 if c.init else 0});",
             "free(polyc_tables);",
@@ -323,7 +328,7 @@ _CONTEXT = """/* Everything the loops need: operands, flattened extents, for eac
    offset in each tensor (a_m[m]: offset in A of row m, ...), the strides of one-index groups
    (-1: several indices, read through the tables), and per row of A and column of B the zero
    point plus the packing's shift (za, zb); corrected: some of them are not zero (need_colsums:
-   some of A's). */
+   some of A's, so B's column sums are needed; need_rowsums: some of B's). */
 typedef struct {
     const polyc_ta *a;
     const polyc_tb *b;
@@ -332,7 +337,7 @@ typedef struct {
     const int64_t *a_m, *a_k, *b_k, *b_n, *c_m, *c_n, *a_batch, *b_batch, *c_batch;
     int64_t a_k_stride, b_k_stride, b_n_stride, c_n_stride;
     const int32_t *za, *zb;
-    int corrected, need_colsums;
+    int corrected, need_colsums, need_rowsums;
 } polyc_igemm_t;"""
 
 

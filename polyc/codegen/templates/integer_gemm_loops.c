@@ -52,6 +52,7 @@ static void polyc_pack_a(const polyc_igemm_t *restrict g, const polyc_ta *restri
     int32_t *restrict tail = (int32_t *)dst;
     polyc_pa *restrict p = (polyc_pa *)(dst + POLYC_A_TAIL);
     const int64_t kg = (kc + G - 1) / G;
+    const int sums = g->need_rowsums;  /* without a zero point of B, t[i] multiplies zeros */
     for (int64_t i = 0; i < MR; i++) {
         int32_t sum = 0;
         int64_t k = 0;
@@ -64,7 +65,8 @@ static void polyc_pack_a(const polyc_igemm_t *restrict g, const polyc_ta *restri
                 for (; k + 4 <= kc; k += 4) {
                     const uint32_t w = polyc_load32(src + k) ^ flip;
                     memcpy(p + ((k / 4) * MR + i) * 4, &w, 4);
-                    sum += polyc_group_sum(w);
+                    if (sums)
+                        sum += polyc_group_sum(w);
                 }
             } else if (g->a_k_stride == 1) {
                 /* a group at a time, its G values stored together */
