@@ -180,6 +180,19 @@ def test_parallel_and_serial_agree_with_threads():
         np.testing.assert_array_equal(module.plain(a, b), expected(a, b), err_msg=str(options))
 
 
+@pytest.mark.parametrize("products", [2, 9], ids=["rows-shared", "whole-products"])
+def test_threads_share_products_or_their_rows(products):
+    """Few products: the threads share each one's blocks of rows and B's slivers; at least two
+    per thread: whole products."""
+    module = polyc.define(source("s8s8"), specialize=False, threads=2)
+    rng = np.random.default_rng(10)
+    a, b = random_operand(rng, (products, 61, 150), "s8"), random_operand(rng, (150, 90), "s8")
+    zb = random_operand(rng, (90,), "s8")
+    want = np.stack([expected(x, b, 0, zb) for x in a])
+    for _ in range(3):  # the kept workspace, reused
+        np.testing.assert_array_equal(module.batched(a, b, zb), want)
+
+
 def test_empty_and_zero_length_reductions():
     module = polyc.define(source("u8s8"), specialize=False)
     a, b = np.zeros((4, 0), np.uint8), np.zeros((0, 3), np.int8)

@@ -3,10 +3,13 @@
 For an :class:`~polyc.schedule.integer_contraction.IntegerContraction`
 ``Y[b, M, N] (+)= sum_K (A - za)[b, M, K] * (B - zb)[b, K, N]`` this module prints one
 translation unit whose function has the generic back end's signature.  Its loops are those of
-the float kernel (:mod:`polyc.codegen.gemm`) made simpler: N in NC blocks, K in KC blocks, the
-threads packing each B panel together, then taking blocks of MC rows, packing their A sliver by
-sliver and running an MR x NR register block over every B sliver
-(``templates/integer_gemm_loops.c`` and ``integer_gemm_run.c``).
+the float kernel (:mod:`polyc.codegen.gemm`) arranged so that threads never wait at a barrier
+(``templates/integer_gemm_loops.c`` and ``integer_gemm_run.c``): the threads take blocks of at
+most MC rows as they come free and keep each through every K block (KC long), packing its rows
+of A sliver by sliver and running an MR x NR register block over every sliver of B.  B is packed
+whole, each sliver once per call by the first thread that needs it (the others wait for that
+sliver only), so a thread held up by a busy machine delays the others by one sliver at most;
+with two products or more per thread, threads take whole products instead.
 
 Zero points never touch the products: with the values packed as they are (or shifted by 128 to
 fit an instruction's operand type, which is a change of zero point too),
@@ -107,16 +110,15 @@ BLOCKS = {
 UNROLL = {"avx512vnni": 1, "avxvnni": 1, "avx2": 2}
 
 
-def block_sizes(block: IntegerBlock, caches: dict[int, int]) -> tuple[int, int, int]:
-    """(MC, NC, KC): a B sliver (KC x NR packed values) in half of L1, an A block (MC x KC) in
-    half of L2, a B panel (KC x NC) in half of L3, at most 4096 columns."""
-    l1, l2, l3 = caches.get(1, 32 * 1024), caches.get(2, 1 << 20), caches.get(3, 8 << 20)
+def block_sizes(block: IntegerBlock, caches: dict[int, int]) -> tuple[int, int]:
+    """(MC, KC): a B sliver (KC x NR packed values) in half of L1, an A block (MC x KC) in half
+    of L2.  (B is packed whole, each sliver once, and streams from L3 or memory.)"""
+    l1, l2 = caches.get(1, 32 * 1024), caches.get(2, 1 << 20)
     size_a = np.dtype(block.packed_a).itemsize
     size_b = np.dtype(block.packed_b).itemsize
     kc = max(64, (l1 // 2) // (block.nr * size_b) // 16 * 16)
     mc = max(block.mr, (l2 // 2) // (kc * size_a) // block.mr * block.mr)
-    nc = max(block.nr, min(4096, (l3 // 2) // (kc * size_b)) // block.nr * block.nr)
-    return mc, nc, kc
+    return mc, kc
 
 
 def generate_integer_gemm(program: PolyProgram, contraction: IntegerContraction, options: Options) -> GeneratedKernel:
@@ -181,7 +183,7 @@ class _Writer(PatternKernelWriter):
             if header is not None:
                 pieces.append(f"#include <{header}>")
             block = BLOCKS[isa]
-            mc, nc, kc = block_sizes(block, caches)
+            mc, kc = block_sizes(block, caches)
             shift_a, shift_b = block.shifts(c.a_dtype, c.b_dtype)
             pieces += [
                 f'#define POLYC_IGEMM_ISA "{isa}"',
@@ -189,7 +191,6 @@ class _Writer(PatternKernelWriter):
                 f"#define NR {block.nr}",
                 f"#define G {block.group}",
                 f"#define MC {mc}",
-                f"#define NC {nc}",
                 f"#define KC {kc}",
                 f"typedef {c_type(np.dtype(block.packed_a))} polyc_pa;",
                 f"typedef {c_type(np.dtype(block.packed_b))} polyc_pb;",
@@ -577,8 +578,8 @@ def describe_blocks(options: Options) -> str:
     caches = tiling.cache_sizes(options)
     parts = []
     for name, block in BLOCKS.items():
-        mc, nc, kc = block_sizes(block, caches)
-        parts.append(f"{name} {block.mr}x{block.nr} (MC={mc}, NC={nc}, KC={kc})")
+        mc, kc = block_sizes(block, caches)
+        parts.append(f"{name} {block.mr}x{block.nr} (MC={mc}, KC={kc})")
     return ", ".join(parts)
 
 

@@ -3,7 +3,7 @@
    Defined before this text, per instruction set: MR x NR (the register block), G (values of K
    per group: 4 for dot products of bytes, 2 for pairs of int16, 1), polyc_pa and polyc_pb (the
    packed element types), POLYC_A_SHIFT and POLYC_B_SHIFT (added to every value as it is
-   packed, so that it fits the instruction's operand type), MC, NC, KC (cache blocks) and
+   packed, so that it fits the instruction's operand type), MC and KC (cache blocks) and
    polyc_ikernel (the micro-kernel). */
 
 /* A packed sliver: a tail of int32 corrections, then the values, [kg][MR][G] for A and
