@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -191,6 +192,34 @@ def test_threads_share_products_or_their_rows(products):
     want = np.stack([expected(x, b, 0, zb) for x in a])
     for _ in range(3):  # the kept workspace, reused
         np.testing.assert_array_equal(module.batched(a, b, zb), want)
+
+
+_POOL_SCRIPT = """
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import polyc
+from test_integer_gemm import check_pair, source
+module = polyc.define(source("s8u8"), specialize=False)
+for _ in range(3):
+    check_pair(module, "s8u8", np.random.default_rng(12), sizes=[(37, 403, 129), (130, 900, 67)])
+print("ok")
+"""
+
+
+def test_on_polycs_thread_pool():
+    """POLYC_THREADS=pool: the work items run on polyc's thread pool (as on a crowded machine)."""
+    from sanitizers import python_environment
+
+    environment = python_environment(POLYC_THREADS="pool", OMP_NUM_THREADS="2")
+    result = subprocess.run(
+        [sys.executable, "-c", _POOL_SCRIPT, str(TESTS_DIR)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0 and result.stdout.split() == ["ok"], result.stdout + result.stderr[-3000:]
 
 
 def test_empty_and_zero_length_reductions():

@@ -72,7 +72,8 @@ PORTABLE_MACRO = "POLYC_IGEMM_PORTABLE"
 @dataclass(frozen=True)
 class IntegerBlock:
     """One instruction set's register block: MR x NR int32 sums, K in groups of ``group``
-    values packed as ``packed`` (``int8``, ``uint8`` or ``int16``), ``lanes`` int32 per vector."""
+    values, A's packed as ``packed_a`` and B's as ``packed_b`` (``int8``, ``uint8`` or
+    ``int16``), ``lanes`` int32 per vector."""
 
     isa: str
     mr: int

@@ -6,37 +6,43 @@
    (one per K block and NR columns) are packed once per product, into a buffer that holds all of
    them, by the first thread that needs each one; a thread that finds a sliver being packed waits
    for it, yielding the processor.  With at least two products per thread, whole products are the
-   work items, each thread packing its own B. */
+   work items, each thread packing its own B.  On a machine crowded by other processes, the work
+   items run on polyc's thread pool (polyc/runtime/pool.py), whose calls never wait for a helper
+   that has not started; elsewhere on OpenMP's threads. */
+
+#ifndef POLYC_POOL_LOADED
+#if defined(_OPENMP) && defined(__linux__)
+typedef void (*polyc_pool_task_t)(void *context, int64_t ticket, int worker);
+extern void polyc_pool_run_v1(polyc_pool_task_t task, void *context, int64_t tickets, int workers) __attribute__((weak));
+#define POLYC_POOL_LOADED (polyc_pool_run_v1 != NULL)
+#else
+#define POLYC_POOL_LOADED 0
+#endif
+#endif
 
 /* The state of each packed sliver of B: not packed, being packed, packed. */
 enum { POLYC_B_EMPTY = 0, POLYC_B_PACKING = 1, POLYC_B_READY = 2 };
 
-/* Sliver s of K block q (K from pc, kc long) of B, packed into `slot` first if no thread has. */
+/* Sliver s of K block q (K from pc, kc long) of B: packed into `slot` first if no thread has;
+   while another thread is packing it, packed again into `own` (this thread's), not waited for. */
 static const unsigned char *polyc_b_sliver(const polyc_igemm_t *restrict g, const polyc_tb *restrict b,
-                                           unsigned char *slot, int *state, int64_t s, int64_t pc, int64_t kc)
+                                           unsigned char *slot, int *state, unsigned char *own, int64_t s,
+                                           int64_t pc, int64_t kc)
 {
-    int now = __atomic_load_n(state, __ATOMIC_ACQUIRE);
+    const int now = __atomic_load_n(state, __ATOMIC_ACQUIRE);
     if (now == POLYC_B_READY)
         return slot;
     int expected = POLYC_B_EMPTY;
+    unsigned char *dst = own;
     if (now == POLYC_B_EMPTY
-        && __atomic_compare_exchange_n(state, &expected, POLYC_B_PACKING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-        polyc_pack_b(g, b, s * NR, polyc_min(NR, g->n - s * NR), pc, kc, slot);
-        __atomic_store_n(state, POLYC_B_READY, __ATOMIC_RELEASE);
+        && __atomic_compare_exchange_n(state, &expected, POLYC_B_PACKING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        dst = slot;
+    else if (expected == POLYC_B_READY)
         return slot;
-    }
-    for (int spins = 0; __atomic_load_n(state, __ATOMIC_ACQUIRE) != POLYC_B_READY; spins++) {
-        if (spins >= 200)
-            sched_yield();
-#if defined(__x86_64__) || defined(__i386__)
-        else
-            __builtin_ia32_pause();
-#elif defined(__aarch64__)
-        else
-            __asm__ __volatile__("yield");
-#endif
-    }
-    return slot;
+    polyc_pack_b(g, b, s * NR, polyc_min(NR, g->n - s * NR), pc, kc, dst);
+    if (dst == slot)
+        __atomic_store_n(state, POLYC_B_READY, __ATOMIC_RELEASE);
+    return dst;
 }
 
 /* The sizes of one call's blocks and buffers. */
@@ -45,9 +51,10 @@ typedef struct {
 } polyc_iplan_t;
 
 /* Rows ic .. ic+mc-1 of product bt, over every K block; B's slivers from `bpack` and `states`
-   (this product's set), A's rows packed into `apack`. */
+   (this product's set) or `own`, A's rows packed into `apack`. */
 static void polyc_row_block(const polyc_igemm_t *restrict g, const polyc_iplan_t *plan, int64_t bt, int64_t ic,
-                            int64_t mc, int init, unsigned char *bpack, int *states, unsigned char *apack)
+                            int64_t mc, int init, unsigned char *bpack, int *states, unsigned char *apack,
+                            unsigned char *own)
 {
     const polyc_ta *restrict a = g->a + g->a_batch[bt];
     const polyc_tb *restrict b = g->b + g->b_batch[bt];
@@ -61,12 +68,43 @@ static void polyc_row_block(const polyc_igemm_t *restrict g, const polyc_iplan_t
             polyc_pack_a(g, a, ic + ir, polyc_min(MR, mc - ir), pc, kc, apack + (ir / MR) * plan->a_sliver);
         for (int64_t s = 0; s < plan->slivers; s++) {
             const int64_t item = q * plan->slivers + s;
-            const unsigned char *bp = polyc_b_sliver(g, b, bpack + item * plan->b_sliver, states + item, s, pc, kc);
+            const unsigned char *bp = polyc_b_sliver(g, b, bpack + item * plan->b_sliver, states + item, own, s, pc, kc);
             const int64_t jr = s * NR, nr = polyc_min(NR, g->n - jr);
             for (int64_t ir = 0; ir < mc; ir += MR)
                 polyc_ikernel(kg, apack + (ir / MR) * plan->a_sliver, bp, c, g->c_m + ic + ir, g->c_n + jr,
                               polyc_min(MR, mc - ir), nr, beta, unit, g->corrected);
         }
+    }
+}
+
+/* One call's work: items are whole products (by_product) or blocks of rows of a product. */
+typedef struct {
+    const polyc_igemm_t *g;
+    const polyc_iplan_t *plan;
+    int init, by_product;
+    unsigned char *bpacks, *apacks;
+    int *states;
+    int64_t a_block;  /* bytes per worker: its A block, then its own B sliver */
+} polyc_iwork_t;
+
+static void polyc_iwork_item(void *context, int64_t item, int worker)
+{
+    const polyc_iwork_t *w = (const polyc_iwork_t *)context;
+    const polyc_iplan_t *plan = w->plan;
+    const polyc_igemm_t *g = w->g;
+    unsigned char *apack = w->apacks + (w->a_block + plan->b_sliver) * worker, *own = apack + w->a_block;
+    if (w->by_product) {  /* product `item`, B packed into the worker's own set */
+        unsigned char *bpack = w->bpacks + worker * plan->b_set * plan->b_sliver;
+        int *states = w->states + worker * plan->b_set;
+        memset(states, 0, (size_t)plan->b_set * sizeof(int));
+        for (int64_t block = 0; block < plan->row_blocks; block++) {
+            const int64_t ic = block * plan->mc_step;
+            polyc_row_block(g, plan, item, ic, polyc_min(plan->mc_step, g->m - ic), w->init, bpack, states, apack, own);
+        }
+    } else {
+        const int64_t bt = item / plan->row_blocks, ic = (item % plan->row_blocks) * plan->mc_step;
+        polyc_row_block(g, plan, bt, ic, polyc_min(plan->mc_step, g->m - ic), w->init,
+                        w->bpacks + bt * plan->b_set * plan->b_sliver, w->states + bt * plan->b_set, apack, own);
     }
 }
 
@@ -81,14 +119,20 @@ static int polyc_igemm_run(const polyc_igemm_t *restrict g, int init)
                         g->c[g->c_batch[bt] + g->c_m[m] + g->c_n[n]] = 0;
         return 0;
     }
-    int nthr = 1, most = 1;
+    int nthr = 1, most = 1, pooled = 0;
 #if POLYC_IGEMM_PARALLEL
     if ((double)g->nbatch * (double)g->m * (double)g->n * (double)g->k >= THRESHOLD) {
         most = polyc_most_threads();
         nthr = polyc_threads(most);
+        /* As the float kernel decides (polyc/codegen/templates/gemm_blocked_loops.c): the pool on
+           a machine crowded lately, OpenMP's threads on an idle one. */
+        pooled = most > 1 && POLYC_POOL_LOADED
+                 && (nthr < most || polyc_threads_setting() == POLYC_THREADS_POOL
+                     || (polyc_threads_setting() == POLYC_THREADS_POLICY && polyc_machine_crowded_lately(most)));
+        if (pooled)
+            nthr = most;
     }
 #endif
-    (void)most;
     polyc_iplan_t plan;
     plan.kc_step = polyc_istep(g->k, KC, G, 1);
     plan.k_blocks = (g->k + plan.kc_step - 1) / plan.kc_step;
@@ -102,51 +146,57 @@ static int polyc_igemm_run(const polyc_igemm_t *restrict g, int init)
     plan.a_sliver = POLYC_A_TAIL + polyc_iround_up(kg_most * MR * G * (int64_t)sizeof(polyc_pa), 64);
     plan.b_sliver = POLYC_B_TAIL + polyc_iround_up(kg_most * NR * G * (int64_t)sizeof(polyc_pb), 64);
     plan.b_set = plan.k_blocks * plan.slivers;  /* slivers of one product's B */
-    const int by_product = nthr > 1 && g->nbatch >= 2 * nthr;
-    const int64_t sets = nthr == 1 || by_product ? nthr : g->nbatch;  /* B buffers: per thread, or per product */
+    const int by_product = nthr == 1 || g->nbatch >= 2 * nthr;
+    const int64_t sets = by_product ? nthr : g->nbatch;  /* B buffers: per thread, or per product */
     const int64_t a_block = plan.a_sliver * ((plan.mc_step + MR - 1) / MR);
     const int64_t b_bytes = sets * plan.b_set * plan.b_sliver;
     const int64_t state_bytes = polyc_iround_up(sets * plan.b_set * (int64_t)sizeof(int), 64);
-    polyc_workspace_t *workspace = polyc_workspace_take((size_t)(b_bytes + state_bytes + a_block * nthr));
+    polyc_workspace_t *workspace =
+        polyc_workspace_take((size_t)(b_bytes + state_bytes + (a_block + plan.b_sliver) * nthr));
     if (workspace == NULL)
         return STATUS;
-    unsigned char *const bpacks = (unsigned char *)workspace->memory;
-    int *const states = (int *)(bpacks + b_bytes);
-    unsigned char *const apacks = bpacks + b_bytes + state_bytes;
-    memset(states, 0, (size_t)state_bytes);
-    int64_t tickets = 0;
-#if POLYC_IGEMM_PARALLEL
-    #pragma omp parallel num_threads(nthr) if (nthr > 1)
+    polyc_iwork_t work;
+    work.g = g;
+    work.plan = &plan;
+    work.init = init;
+    work.by_product = by_product;
+    work.bpacks = (unsigned char *)workspace->memory;
+    work.states = (int *)(work.bpacks + b_bytes);
+    work.apacks = work.bpacks + b_bytes + state_bytes;
+    work.a_block = a_block;
+    memset(work.states, 0, (size_t)state_bytes);
+    const int64_t items = by_product ? g->nbatch : g->nbatch * plan.row_blocks;
+    if (nthr <= 1) {
+        for (int64_t item = 0; item < items; item++)
+            polyc_iwork_item(&work, item, 0);
+    }
+#if POLYC_IGEMM_PARALLEL && defined(__linux__)
+    else if (pooled) {
+        polyc_pool_run_v1(polyc_iwork_item, &work, items, nthr);
+    }
 #endif
-    {
 #if POLYC_IGEMM_PARALLEL
-        const int tid = omp_get_thread_num();
-#else
-        const int tid = 0;
-#endif
-        unsigned char *const apack = apacks + a_block * tid;
-        if (by_product || nthr == 1) {
-            unsigned char *const bpack = bpacks + tid * plan.b_set * plan.b_sliver;
-            int *const state = states + tid * plan.b_set;
-            for (;;) {
-                const int64_t bt = __atomic_fetch_add(&tickets, 1, __ATOMIC_RELAXED);
-                if (bt >= g->nbatch) break;
-                memset(state, 0, (size_t)plan.b_set * sizeof(int));
-                for (int64_t block = 0; block < plan.row_blocks; block++) {
-                    const int64_t ic = block * plan.mc_step;
-                    polyc_row_block(g, &plan, bt, ic, polyc_min(plan.mc_step, g->m - ic), init, bpack, state, apack);
-                }
-            }
-        } else {
+    else {
+        int64_t tickets = 0;
+        int slow = 0;
+        const double call_start = polyc_call_start();
+        #pragma omp parallel num_threads(nthr)
+        {
+            polyc_thread_clock_t clock;
+            polyc_thread_start(&clock, call_start);
+            const int tid = omp_get_thread_num();
             for (;;) {
                 const int64_t item = __atomic_fetch_add(&tickets, 1, __ATOMIC_RELAXED);
-                if (item >= g->nbatch * plan.row_blocks) break;
-                const int64_t bt = item / plan.row_blocks, ic = (item % plan.row_blocks) * plan.mc_step;
-                polyc_row_block(g, &plan, bt, ic, polyc_min(plan.mc_step, g->m - ic), init,
-                                bpacks + bt * plan.b_set * plan.b_sliver, states + bt * plan.b_set, apack);
+                if (item >= items) break;
+                polyc_iwork_item(&work, item, tid);
             }
+            polyc_thread_stop(&clock, &slow);
         }
+        polyc_threads_after(nthr, most, slow);
     }
+#endif
+    (void)most;
+    (void)pooled;
     polyc_workspace_give_back(workspace);
     return 0;
 }
