@@ -51,10 +51,12 @@ typedef struct {
 } polyc_iplan_t;
 
 /* Rows ic .. ic+mc-1 of product bt, over every K block; B's slivers from `bpack` and `states`
-   (this product's set) or `own`, A's rows packed into `apack`. */
+   (this product's set) or `own`, A's rows packed into `apack`.  The slivers are taken from
+   `first` on, round: threads that start together start at different slivers, so each packs its
+   own part of B instead of all of them meeting at the same sliver (and packing it twice). */
 static void polyc_row_block(const polyc_igemm_t *restrict g, const polyc_iplan_t *plan, int64_t bt, int64_t ic,
                             int64_t mc, int init, unsigned char *bpack, int *states, unsigned char *apack,
-                            unsigned char *own)
+                            unsigned char *own, int64_t first)
 {
     const polyc_ta *restrict a = g->a + g->a_batch[bt];
     const polyc_tb *restrict b = g->b + g->b_batch[bt];
@@ -66,8 +68,8 @@ static void polyc_row_block(const polyc_igemm_t *restrict g, const polyc_iplan_t
         const int beta = q > 0 || !init;
         for (int64_t ir = 0; ir < mc; ir += MR)
             polyc_pack_a(g, a, ic + ir, polyc_min(MR, mc - ir), pc, kc, apack + (ir / MR) * plan->a_sliver);
-        for (int64_t s = 0; s < plan->slivers; s++) {
-            const int64_t item = q * plan->slivers + s;
+        for (int64_t step = 0; step < plan->slivers; step++) {
+            const int64_t s = (first + step) % plan->slivers, item = q * plan->slivers + s;
             const unsigned char *bp = polyc_b_sliver(g, b, bpack + item * plan->b_sliver, states + item, own, s, pc, kc);
             const int64_t jr = s * NR, nr = polyc_min(NR, g->n - jr);
             for (int64_t ir = 0; ir < mc; ir += MR)
@@ -81,7 +83,7 @@ static void polyc_row_block(const polyc_igemm_t *restrict g, const polyc_iplan_t
 typedef struct {
     const polyc_igemm_t *g;
     const polyc_iplan_t *plan;
-    int init, by_product;
+    int init, by_product, workers;
     unsigned char *bpacks, *apacks;
     int *states;
     int64_t a_block;  /* bytes per worker: its A block, then its own B sliver */
@@ -99,12 +101,14 @@ static void polyc_iwork_item(void *context, int64_t item, int worker)
         memset(states, 0, (size_t)plan->b_set * sizeof(int));
         for (int64_t block = 0; block < plan->row_blocks; block++) {
             const int64_t ic = block * plan->mc_step;
-            polyc_row_block(g, plan, item, ic, polyc_min(plan->mc_step, g->m - ic), w->init, bpack, states, apack, own);
+            polyc_row_block(g, plan, item, ic, polyc_min(plan->mc_step, g->m - ic), w->init, bpack, states, apack, own,
+                            0);
         }
     } else {
         const int64_t bt = item / plan->row_blocks, ic = (item % plan->row_blocks) * plan->mc_step;
         polyc_row_block(g, plan, bt, ic, polyc_min(plan->mc_step, g->m - ic), w->init,
-                        w->bpacks + bt * plan->b_set * plan->b_sliver, w->states + bt * plan->b_set, apack, own);
+                        w->bpacks + bt * plan->b_set * plan->b_sliver, w->states + bt * plan->b_set, apack, own,
+                        plan->slivers * (worker % w->workers) / w->workers);
     }
 }
 
@@ -160,6 +164,7 @@ static int polyc_igemm_run(const polyc_igemm_t *restrict g, int init)
     work.plan = &plan;
     work.init = init;
     work.by_product = by_product;
+    work.workers = nthr;
     work.bpacks = (unsigned char *)workspace->memory;
     work.states = (int *)(work.bpacks + b_bytes);
     work.apacks = work.bpacks + b_bytes + state_bytes;
