@@ -1,14 +1,14 @@
 
-/* Threads share the work without barriers: a thread held up by a busy machine delays the others
-   by at most the sliver it is packing.  Work items are blocks of rows of one product, taken from
-   a ticket counter as threads come free; a thread keeps its block through every K block (so the
-   block's K blocks add up in order) and packs the block's rows of A itself.  The slivers of B
-   (one per K block and NR columns) are packed once per product, into a buffer that holds all of
-   them, by the first thread that needs each one; a thread that finds a sliver being packed waits
-   for it, yielding the processor.  With at least two products per thread, whole products are the
-   work items, each thread packing its own B.  On a machine crowded by other processes, the work
-   items run on polyc's thread pool (polyc/runtime/pool.py), whose calls never wait for a helper
-   that has not started; elsewhere on OpenMP's threads. */
+/* Threads share the work without barriers or waits: a thread held up by a busy machine delays
+   only the work item it holds.  Work items are blocks of rows of one product, taken from a ticket
+   counter as threads come free; a thread keeps its block through every K block (so the block's
+   K blocks add up in order) and packs the block's rows of A itself.  The slivers of B (one per K
+   block and NR columns) are packed once per product, into a buffer that holds all of them, by
+   the first thread that needs each one; a thread that finds a sliver being packed by another
+   packs it again for itself rather than wait.  With at least two products per thread, whole
+   products are the work items, each thread packing its own B.  On a machine crowded by other
+   processes, the work items run on polyc's thread pool (polyc/runtime/pool.py), whose calls never
+   wait for a helper that has not started; elsewhere on OpenMP's threads. */
 
 #ifndef POLYC_POOL_LOADED
 #if defined(_OPENMP) && defined(__linux__)
