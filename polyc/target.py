@@ -175,7 +175,11 @@ INSTRUCTION_SETS: dict[str, InstructionSet] = {
 #: product extension), AVX2 and NEON on int16, and portable C.
 INTEGER_DOT_PRODUCT_SETS: dict[str, InstructionSet] = {
     "avx512vnni": InstructionSet(
-        "avx512vnni", 512, 32, "defined(__AVX512VNNI__) && defined(__AVX512BW__)", "immintrin.h"
+        "avx512vnni",
+        512,
+        32,
+        "defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)",
+        "immintrin.h",
     ),
     "avxvnni": InstructionSet("avxvnni", 256, 16, "defined(__AVXVNNI__) && defined(__AVX2__)", "immintrin.h"),
     "avx2": InstructionSet("avx2", 256, 16, "defined(__AVX2__)", "immintrin.h"),

@@ -107,6 +107,9 @@ BLOCKS = {
 }
 
 
+#: The 128-bit byte dot product (unsigned x signed, groups of four into int32) of the sets that have one.
+_DOT4 = {"avx512vnni": "_mm_dpbusd_epi32", "avxvnni": "_mm_dpbusd_avx_epi32"}
+
 #: How many groups of K an x86 micro-kernel's loop takes per iteration.
 UNROLL = {"avx512vnni": 1, "avxvnni": 1, "avx2": 2}
 
@@ -198,6 +201,8 @@ class _Writer(PatternKernelWriter):
                 f"#define POLYC_A_SHIFT ({shift_a})",
                 f"#define POLYC_B_SHIFT ({shift_b})",
             ]
+            if isa in _DOT4:  # 4 lanes of unsigned x signed bytes, for B's column sums
+                pieces.append(f"#define POLYC_DOT4(acc, a, b) {_DOT4[isa]}((acc), (a), (b))")
         pieces.append("#endif")
         pieces.append("#if defined(__SSE2__)\n#include <immintrin.h>\n#endif")
         pieces.append(c_template("integer_gemm_loops.c"))

@@ -141,11 +141,21 @@ static void polyc_pack_b(const polyc_igemm_t *restrict g, const polyc_tb *restri
                     _mm_storeu_si128((__m128i *)(out + j * 4 + 32), _mm_unpacklo_epi16(hi01, hi23));
                     _mm_storeu_si128((__m128i *)(out + j * 4 + 48), _mm_unpackhi_epi16(hi01, hi23));
                 }
-                if (g->need_colsums)
+                if (g->need_colsums) {
+#if defined(POLYC_DOT4)
+                    /* each column's four packed values, summed by the dot product with ones */
+                    const __m128i ones = _mm_set1_epi8(1);
+                    for (int64_t j = 0; j < NR; j += 4)
+                        _mm_storeu_si128((__m128i *)(cs + j),
+                                         POLYC_DOT4(_mm_loadu_si128((const __m128i *)(cs + j)), ones,
+                                                    _mm_loadu_si128((const __m128i *)(out + j * 4))));
+#else
                     for (int t = 0; t < 4; t++)
                         if (present[t])
                             for (int64_t j = 0; j < NR; j++)
                                 cs[j] += (int32_t)(polyc_pb)((int32_t)rows[t][j] + POLYC_B_SHIFT);
+#endif
+                }
                 continue;
             }
 #endif
