@@ -125,6 +125,19 @@ def select_gpu_cases(args) -> list[str]:
     return names
 
 
+def select_integer_shapes(args) -> list[tuple[int, int, int]]:
+    """Shapes of the "integer" group (benchmarks.integer_bench) that ``--filter`` selects; none
+    with ``--quick``."""
+    if args.quick:
+        return []
+    from benchmarks.integer_bench import SHAPES, shape_label
+
+    if not args.filter:
+        return list(SHAPES)
+    pattern = re.compile(args.filter)
+    return [shape for shape in SHAPES if pattern.search(f"integer {shape_label(shape)}")]
+
+
 def select_cases(args) -> list[suite.Case]:
     cases = suite.quick_suite() if args.quick else suite.full_suite()
     if args.filter:
@@ -421,14 +434,17 @@ def main(argv=None, blas_environment: dict | None = None) -> int:
     selected = select_cases(args)
     onnx_models = select_onnx_models(args)
     gpu_cases = select_gpu_cases(args)
-    if args.list or not (selected or onnx_models or gpu_cases):
+    integer_shapes = select_integer_shapes(args)
+    if args.list or not (selected or onnx_models or gpu_cases or integer_shapes):
         for case in selected:
             print(f"{case.group:<14} {case.title}")
         for name, batch in onnx_models:
             print(f"{'onnx':<14} {name} batch {batch}")
         for name in gpu_cases:
             print(f"{'gpu':<14} {name}")
-        if not (selected or onnx_models or gpu_cases):
+        for shape in integer_shapes:
+            print(f"{'integer':<14} {'x'.join(map(str, shape))}")
+        if not (selected or onnx_models or gpu_cases or integer_shapes):
             print("no case matches --filter", file=sys.stderr)
         return 0 if args.list else 2
 
@@ -457,6 +473,10 @@ def main(argv=None, blas_environment: dict | None = None) -> int:
             from benchmarks.gpu_bench import run_gpu_cases
 
             results["gpu"] = run_gpu_cases(args.repeat, gpu_cases)
+        if integer_shapes:
+            from benchmarks.integer_bench import run_integer_cases
+
+            results["integer"] = run_integer_cases(integer_shapes, args.repeat, args.max_seconds)
 
     results["machine"]["loadavg_end"] = list(os.getloadavg())
     results["summary"] = report.summarize(results["cases"], suite.GROUPS)

@@ -10,6 +10,8 @@ prints the page.  Each results file's format is the one its benchmark writes:
   gain of graph fusion and the compile times;
 - ``benchmarks.onnx_zoo`` (``"benchmark": "onnx_zoo"``): per zoo model and batch, the same
   ratio, the compile times, the check or the error, and the operators polyc's time goes to;
+- ``benchmarks.integer_bench`` (``"benchmark": "integer_gemm"``): per shape, polyc's int8 time
+  and the other implementations' times over it, and which results were exact;
 - ``benchmarks.tuning_search`` (``kernels``): trials a guided and a random search need to reach
   95% of the best speed;
 - ``benchmarks.tail_latency`` (``settings`` or ``runs``): per run, the call-time percentiles;
@@ -313,6 +315,22 @@ def segments_table(data: dict) -> list[str]:
     )
 
 
+def integer_table(data: dict) -> list[str]:
+    """``benchmarks.integer_bench``: 8-bit products beside polyc's float sgemm, numpy and onnxruntime."""
+    others = ["polyc_int8_zero_point", "polyc_sgemm", "numpy_float32", "onnxruntime_matmulinteger"]
+    rows = []
+    for row in data["rows"]:
+        ratios = row.get("ratios") or {}
+        exact = row.get("exact") or {}
+        rows.append(
+            [row.get("shape"), _ms((row.get("median") or {}).get("polyc_int8"))]
+            + [_x(ratios.get(name)) for name in others]
+            + [", ".join(name for name, ok in exact.items() if not ok) or "all"]
+        )
+    header = ["M x N x K", "polyc int8 ms", "int8 with zero point", "polyc sgemm", "numpy float32"]
+    return table(header + ["onnxruntime MatMulInteger", "exact"], rows)
+
+
 KINDS = [  # (title, recognises a results file's data, renders it)
     (
         "Kernels beside numpy, einsum and naive C (`python -m benchmarks`)",
@@ -323,6 +341,12 @@ KINDS = [  # (title, recognises a results file's data, renders it)
         "Models nobody tuned for, beside onnxruntime (`python -m benchmarks.onnx_zoo`)",
         lambda d: d.get("benchmark") == "onnx_zoo",
         zoo_table,
+    ),
+    (
+        "Integer products u8 x s8 beside float sgemm, numpy and onnxruntime (`python -m benchmarks.integer_bench`;"
+        " time / polyc's int8 time)",
+        lambda d: d.get("benchmark") == "integer_gemm",
+        integer_table,
     ),
     (
         "ONNX models beside onnxruntime (`python -m benchmarks.onnx_bench`)",

@@ -170,6 +170,27 @@ INSTRUCTION_SETS: dict[str, InstructionSet] = {
 }
 
 
+#: The instruction sets integer (8-bit) matrix products have code for, best first
+#: (:mod:`polyc.codegen.integer_gemm`): byte dot products (AVX-512 VNNI, AVX-VNNI, Arm's dot
+#: product extension), AVX2 and NEON on int16, and portable C.
+INTEGER_DOT_PRODUCT_SETS: dict[str, InstructionSet] = {
+    "avx512vnni": InstructionSet(
+        "avx512vnni",
+        512,
+        32,
+        "defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)",
+        "immintrin.h",
+    ),
+    "avxvnni": InstructionSet("avxvnni", 256, 16, "defined(__AVXVNNI__) && defined(__AVX2__)", "immintrin.h"),
+    "avx2": InstructionSet("avx2", 256, 16, "defined(__AVX2__)", "immintrin.h"),
+    "neon_dotprod": InstructionSet(
+        "neon_dotprod", 128, 32, "defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)", "arm_neon.h"
+    ),
+    "neon": InstructionSet("neon", 128, 32, "defined(__aarch64__) && defined(__ARM_NEON)", "arm_neon.h"),
+    "portable": InstructionSet("portable", 0, 0, None, None),
+}
+
+
 def isa_guards(names: Iterable[str], portable_macro: str) -> dict[str, str | None]:
     """The preprocessor guard of each named instruction set's code in one kernel family, best
     first, ending with ``portable`` (None).  Defining ``portable_macro`` forces the portable

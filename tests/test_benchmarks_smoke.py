@@ -113,3 +113,15 @@ def test_the_blas_line_names_numpys_blas_when_scipy_brought_another():
     # A BLAS installed outside numpy's directories (conda, Debian): the first listed.
     elsewhere = [dict(library, filepath=f"/usr/lib/libopenblas{n}.so") for n, library in enumerate(libraries)]
     assert blas_summary({"libraries": elsewhere}) == "openblas 0.3.30, kernel Haswell, 2 threads"
+
+
+def test_integer_group_checks_exactly_and_writes_json(tmp_path):
+    from benchmarks import integer_bench
+
+    path = tmp_path / "integer.json"
+    assert integer_bench.main(["--repeat", "3", "--shapes", "9x40x33", "--json", str(path)]) == 0
+    results = json.loads(path.read_text())
+    (row,) = results["rows"]
+    assert results["benchmark"] == "integer_gemm" and row["integer_path"] == "integer_gemm"
+    assert row["exact"]["polyc_int8"] and row["exact"]["polyc_int8_zero_point"]
+    assert {"polyc_sgemm", "numpy_float32"} <= set(row["ratios"])

@@ -37,11 +37,14 @@ SEGMENTS = """def gemm(float a, float(M, N) C, float(M, K) A, float(K, N) B) -> 
     D(i, j) += a * A(i, r_k) * B(r_k, j) }"""
 TRANSPOSE = "def nhwc(float(N, C, H, W) X) -> (O) { O(n, h, w, c) = X(n, c, h, w) }"
 ROWSUM = "def rowsum(float(M, N) A) -> (B) { B(m) +=! A(m, r_n) }"
+INTEGER_GEMM = """def qmm(uint8(M, K) A, int8(K, N) B, uint8 ZA, int8(N) ZB) -> (Y) {
+    Y(m, n) +=! (int32(A(m, r_k)) - int32(ZA)) * (int32(B(r_k, n)) - int32(ZB(n))) }"""
 
 #: path -> (source, sizes, options, the path an option (or a def) just outside the form takes, those options)
 CASES = {
     "gemm": (MATMUL, {"M": 64, "K": 64, "N": 64}, {}, "generic", {"blas_contractions": False}),
     "gemv": (MATVEC, {"M": 64, "K": 64}, {}, "generic", {"blas_contractions": False}),
+    "integer_gemm": (INTEGER_GEMM, {"M": 13, "K": 70, "N": 33}, {}, "generic", {"blas_contractions": False}),
     "winograd": (WINOGRAD, {}, {"winograd": True}, "direct_convolution", {"winograd": False}),
     "depthwise": (
         DEPTHWISE,
@@ -137,5 +140,9 @@ def kernel_arguments(kernel, sizes):
     for name in kernel.definition.inputs:
         tensor = kernel.definition.tensor(name)
         shape = tuple(d.evaluate(sizes) for d in tensor.shape)
+        if tensor.dtype.kind in "iu":  # integers over their whole range (8-bit operands, zero points)
+            info = np.iinfo(tensor.dtype)
+            arguments.append(rng.integers(info.min, info.max, shape, endpoint=True).astype(tensor.dtype))
+            continue
         arguments.append(rng.standard_normal(shape).astype(tensor.dtype) if shape else np.array(1.5, tensor.dtype))
     return arguments

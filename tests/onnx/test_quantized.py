@@ -360,3 +360,45 @@ def test_conv_integer_of_constant_weights_is_exact(channels, filters, size, low,
     np.testing.assert_array_equal(ours, expected)
     with pytest.raises(AssertionError):  # negative control: one step off in one element fails
         np.testing.assert_array_equal(one_step_off(ours), expected)
+
+
+@pytest.mark.parametrize(
+    "a_type, w_type", [(np.uint8, np.int8), (np.int8, np.int8), (np.uint8, np.uint8)], ids=["u8s8", "s8s8", "u8u8"]
+)
+def test_matmul_integer_is_one_integer_product_of_the_8_bit_tensors(a_type, w_type):
+    """Batched A times constant weights, zero points of both: one kernel on the integer gemm path,
+    which reads the 8-bit tensors themselves (no int32 copy of the weights), exact against
+    onnx's reference."""
+    rng = np.random.default_rng(11)
+    a_info, w_info = np.iinfo(a_type), np.iinfo(w_type)
+    a = rng.integers(a_info.min, a_info.max + 1, (3, 17, 70)).astype(a_type)
+    w = rng.integers(w_info.min, w_info.max + 1, (70, 33)).astype(w_type)
+    a_zero = np.array(a_info.max // 3, a_type)
+    w_zero = np.array(w_info.min + 5, w_type)
+    model = model_of(
+        [helper.make_node("MatMulInteger", ["a", "w", "a_zero", "w_zero"], ["y"])],
+        {"a": a},
+        ["y"],
+        {"w": w, "a_zero": a_zero, "w_zero": w_zero},
+    )
+    session = ponnx.InferenceSession(model)
+    (ours,) = session.run(None, {"a": a})
+    (reference,) = ReferenceEvaluator(model).run(None, {"a": a})
+    np.testing.assert_array_equal(ours, reference)
+    np.testing.assert_array_equal(
+        ours, (a.astype(np.int64) - a_zero.astype(np.int64)) @ (w.astype(np.int64) - w_zero.astype(np.int64))
+    )
+    (kernel,) = session.kernels()
+    assert kernel.stages({}).path == "integer_gemm"
+    assert {t.dtype for t in kernel.definition.tensors if t.role.name == "INPUT"} <= {
+        np.dtype(a_type),
+        np.dtype(w_type),
+    }
+
+
+def test_a_dynamically_quantized_layer_multiplies_on_the_integer_path():
+    model, x, _, _ = dynamically_quantized_linear_layer(8)
+    session = ponnx.InferenceSession(model)
+    session.run(None, {"x": x})
+    paths = [kernel.stages({}).path for kernel in session.kernels()]
+    assert paths.count("integer_gemm") == 1, paths

@@ -1,6 +1,7 @@
 """Quantization: QuantizeLinear and DequantizeLinear; the integer products MatMulInteger and
-ConvInteger and their requantized forms QLinearMatMul and QLinearConv, exact in int32 and built
-on :class:`~polyc.frontends.onnx.ops.contractions.MatMul` and
+ConvInteger and their requantized forms QLinearMatMul and QLinearConv, exact in int32.  The
+matrix products are one statement over the 8-bit operands, which :mod:`polyc.paths.integer_gemm`
+compiles; the convolutions shift their operands into int32 and are built on
 :class:`~polyc.frontends.onnx.ops.convolutions.Conv`.
 """
 
@@ -9,9 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from polyc.errors import UnsupportedError
-from polyc.frontends.onnx.lowering import KernelStep, Value, indices, tc_type
+from polyc.frontends.onnx.lowering import KernelStep, Value, broadcast_shape, indices, tc_type
 from polyc.frontends.onnx.ops.base import Converter, _axis, _float_only, _number
-from polyc.frontends.onnx.ops.contractions import MatMul
 from polyc.frontends.onnx.ops.convolutions import Conv
 
 #: The integer types QuantizeLinear makes (DequantizeLinear also reads int32).  The float8, 4-bit
@@ -168,17 +168,62 @@ def _shifted_int32(b, x: Value, zero, axis: int, what: str) -> Value:
     return out
 
 
+def _integer_operand(b, x: Value, what: str) -> None:
+    if x.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
+        raise UnsupportedError(f"{b.where}: integer products of {x.dtype} ({what}) are not supported (int8, uint8)")
+
+
 def _integer_product(b, node, a: Value, a_zero, c: Value, c_zero) -> Value:
-    """``(a - a_zero) @ (c - c_zero)`` in int32, exactly: the zero points one value, one per row
-    of ``a`` or one per column of ``c``."""
-    return MatMul._impl_v1(
-        b,
-        node,
-        [
-            _shifted_int32(b, a, a_zero, a.rank - 2, "A's zero point"),
-            _shifted_int32(b, c, c_zero, c.rank - 1, "B's zero point"),
-        ],
-    )[0]
+    """``(a - a_zero) @ (c - c_zero)`` in int32, exactly, as one statement over the 8-bit tensors
+    (``Y(.., m, n) +=! (int32(A(.., m, r0)) - int32(ZA(..))) * (int32(B(.., r0, n)) - int32(ZB(..)))``,
+    the form of :mod:`polyc.paths.integer_gemm`): the zero points one value, one per row of ``a``
+    or one per column of ``c``; batch dimensions broadcast as MatMul's.  Its own kind of step, so
+    that no elementwise step fuses into it: the integer kernel takes the product alone."""
+    _integer_operand(b, a, "A")
+    _integer_operand(b, c, "B")
+    if a.rank == 0 or c.rank == 0:
+        raise UnsupportedError(f"{b.where}: MatMulInteger of a scalar")
+    a_shape = ((1,) + a.shape) if a.rank == 1 else a.shape
+    c_shape = (c.shape + (1,)) if c.rank == 1 else c.shape
+    if a_shape[-1] != c_shape[-2]:
+        raise UnsupportedError(f"{b.where}: MatMulInteger of {a.shape} and {c.shape}: inner extents differ")
+    batch = broadcast_shape(b.where, a_shape[:-2], c_shape[:-2])
+    full = batch + (a_shape[-2], c_shape[-1])
+    shape = list(batch) + ([a.shape[-2]] if a.rank > 1 else []) + ([c.shape[-1]] if c.rank > 1 else [])
+    idx = indices(len(full))
+    out_idx = idx[: len(batch)] + ([idx[-2]] if a.rank > 1 else []) + ([idx[-1]] if c.rank > 1 else [])
+    a_sub = (
+        b.broadcast_subscripts(Value("", a.dtype, a_shape[:-2]), batch, idx[: len(batch)])
+        + ([idx[-2]] if a.rank > 1 else [])
+        + ["r0"]
+    )
+    c_sub = (
+        b.broadcast_subscripts(Value("", c.dtype, c_shape[:-2]), batch, idx[: len(batch)])
+        + ["r0"]
+        + ([idx[-1]] if c.rank > 1 else [])
+    )
+    reads = [a, c]
+
+    def shifted(x: Value, subscripts, zero, axis: int, what: str) -> str:
+        term = f"int32({b.ref(x, subscripts)})"
+        if zero is None:
+            return term
+        if zero.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
+            raise UnsupportedError(f"{b.where}: {what} of type {zero.dtype} (int8 or uint8 expected)")
+        zero_subscripts = _per_tensor_or_along(b, zero, full, axis, idx, what)
+        reads.append(zero)
+        return f"({term} - int32({b.ref(zero, zero_subscripts)}))"
+
+    a_term = shifted(a, a_sub, a_zero, len(full) - 2, "A's zero point")
+    c_term = shifted(c, c_sub, c_zero, len(full) - 1, "B's zero point")
+    out = b.new(shape, np.int32)
+    b.emit(
+        [b.statement(out, out_idx, "+=!", f"{a_term} * {c_term}", [("r0", a_shape[-1])])],
+        reads,
+        [out],
+        "integer_product",
+    )
+    return out
 
 
 def _requantized(b, product: Value, factor: str, zero, out_dtype, zero_axis: int, reads) -> Value:

@@ -1,0 +1,61 @@
+"""The integer product path: a def that is one matrix product of 8-bit tensors (int8 or
+uint8) summed in int32, with optional zero points subtracted, gets the BLIS-style integer
+kernel of :mod:`polyc.codegen.integer_gemm` (byte dot products where the machine has them).
+
+The canonical TC form (recognised by
+:func:`polyc.schedule.integer_contraction.recognise_integer_gemm_def`; dimensions in any order,
+batch dimensions allowed, either factor first)::
+
+    def qmm(uint8(M, K) A, int8(K, N) B, uint8(1) ZA, int8(N) ZB) -> (Y) {
+        Y(m, n) +=! (int32(A(m, r_k)) - int32(ZA(0))) * (int32(B(r_k, n)) - int32(ZB(n)))
+    }
+
+``Y`` int32; each operand read under ``int32(..)``; each ``- zero point`` optional, a literal or
+``int32(Z(..))`` with one value, one per row of A (subscripted by A's M indices) or one per
+column of B (by B's N indices).  The result is exact (the int32 value of the sum, as numpy's
+int64 product of the shifted operands gives wherever that fits in int32).  Anything else falls
+through to the other paths; ``blas_contractions=False`` sends this form to the generic loop nest
+too.
+"""
+
+from __future__ import annotations
+
+from polyc.codegen.integer_gemm import describe_blocks, generate_integer_gemm
+from polyc.paths.base import KernelPath, PathKernel, PathRequest
+from polyc.schedule.integer_contraction import IntegerContraction, recognise_integer_gemm_def
+
+
+def recognise(request: PathRequest) -> IntegerContraction | None:
+    options = request.options
+    if options.backend != "c" or not options.blas_contractions:
+        return None
+    return request.memo("integer_contraction", lambda: recognise_integer_gemm_def(request.definition))
+
+
+def generate(request: PathRequest, contraction: IntegerContraction) -> PathKernel:
+    assert request.program is not None, "a kernel is generated from the def's program"
+    return PathKernel(generate_integer_gemm(request.program, contraction, request.options))
+
+
+def explain(stages) -> list[str]:
+    contraction = recognise_integer_gemm_def(stages.program.definition)
+    what = contraction.describe() if contraction is not None else stages.program.definition.name
+    options = stages.options
+    blocks = describe_blocks(options) if options is not None else ""
+    return [
+        f"{what} is an integer matrix product: polyc's integer gemm kernel computes it exactly in int32 "
+        "(packed panels, K in groups the byte dot product instructions take, blocks of rows taken by the "
+        "threads as they go); zero points are applied afterwards through row and column sums taken while packing",
+        f"the C preprocessor picks the register block of the instruction set the flags enable: {blocks}",
+        "blas_contractions=False compiles it as a loop nest instead",
+    ]
+
+
+PATH = KernelPath(
+    "integer_gemm",
+    ("c",),
+    recognise,
+    generate,
+    explain,
+    options=("blas_contractions", "parallel", "threads"),
+)
