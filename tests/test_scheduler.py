@@ -84,3 +84,23 @@ def test_statements_sharing_two_outer_loops_run_inside_both():
         w[None, :, i, j, None, None] * padded[:, :, i : i + 20, j : j + 20] for i in range(3) for j in range(3)
     )
     np.testing.assert_allclose(kernel(x, w, b), np.clip(expected, 0, 6), rtol=1e-5, atol=1e-5)
+
+
+# The minimum of a whole tensor and a statement reading it, as DynamicQuantizeLinear's body
+# (ReduceMin, then Min with 0) lowers: the second statement's one point sat at the reduction
+# band's last iteration (a constant 3071 iterations on), so the band held a statement other than
+# the reduction and its loop ran scalar.
+FULL_MINIMUM = """
+def low(float(1, 128, 3072) X) -> (L) {
+    M(z0) min=! X(r0, r1, r2) where z0 in 0:1, r0 in 0:1, r1 in 0:128, r2 in 0:3072
+    L(z0) = min(M(0), 0.0) where z0 in 0:1
+}"""
+
+
+def test_a_full_reduction_read_by_a_statement_after_it_is_vectorised():
+    kernel = polyc.define(FULL_MINIMUM, tuning=False).low
+    source = kernel.c_source()
+    assert re.search(r"#pragma omp (?:parallel for )?simd reduction\(min:", source), source[-1500:]
+    x = np.random.default_rng(1).standard_normal((1, 128, 3072)).astype(np.float32)
+    x[0, 5, 7] = -40.0
+    np.testing.assert_array_equal(kernel(x), [-40.0])

@@ -71,18 +71,23 @@ def compute_schedule(program: PolyProgram, dependences: Dependences, fusion: str
 
 def largest_shift(schedule: isl.Schedule) -> int:
     """The largest absolute constant term of a statement's piece of a band member that moves
-    with the statement's indices (a constant piece only places a statement whose domain is one
-    point along the member, such as the edge row of an unrolled stencil)."""
+    with the statement's indices.  A constant piece only places a statement whose domain is one
+    point along the member, such as the edge row of an unrolled stencil, and is not counted in a
+    band with a parallel member; in a band of reduction loops alone it is (a full reduction's
+    scalar result read by a statement placed at the last iteration, 3071 iterations on: the
+    band then holds a statement other than the reduction, and its loop is not vectorised)."""
     largest, nodes = 0, [schedule.get_root()]
     while nodes:
         node = nodes.pop()
         if node.get_type() == isl.schedule_node_type.band:
             partial = node.band_get_partial_schedule()
-            for member in range(partial.dim(isl.dim_type.out)):
+            members = partial.dim(isl.dim_type.out)
+            parallel = any(node.band_member_get_coincident(member) for member in range(members))
+            for member in range(members):
                 pieces = partial.get_at(member).get_pw_aff_list()
                 for position in range(pieces.n_pw_aff()):
                     for _, aff in pieces.get_at(position).get_pieces():
-                        if not aff.is_cst():
+                        if not aff.is_cst() or not parallel:
                             largest = max(largest, abs(aff.get_constant_val().to_python()))
         nodes += [node.child(position) for position in range(node.n_children())]
     return largest
