@@ -345,12 +345,14 @@ def conv_integer_in_numpy(x: np.ndarray, w: np.ndarray, x_zero: int, w_zero: int
     [(64, 64, 16, -128, 128), (1024, 4, 6, -128, -126)],
     ids=["sums-exact-in-float32", "sums-beyond-float32"],
 )
-def test_conv_integer_of_constant_weights_is_exact(channels, filters, size, low, high):
-    # Constant weights bound every partial sum: below 2^24 the convolution runs on float32
-    # kernels (Winograd off), beyond it on float64 ones.  Weights of -128 and -127 with inputs of 255 make odd sums near
-    # 255 * 127.5 * 9216 (> 2^28), which float32 would round.
+@pytest.mark.parametrize("images", [1, 2], ids=["integer-product", "float-kernels"])
+def test_conv_integer_of_constant_weights_is_exact(channels, filters, size, low, high, images):
+    # One image: an integer matrix product of the weights and the windows (im2col).  Two: with
+    # constant weights bounding every partial sum, below 2^24 the convolution runs on float32
+    # kernels (Winograd off), beyond it on float64 ones.  Weights of -128 and -127 with inputs
+    # of 255 make odd sums near 255 * 127.5 * 9216 (> 2^28), which float32 would round.
     rng = np.random.default_rng(8)
-    x = np.where(rng.random((1, channels, size, size)) < 0.9, 255, 0).astype(np.uint8)
+    x = np.where(rng.random((images, channels, size, size)) < 0.9, 255, 0).astype(np.uint8)
     w = rng.integers(low, high, (filters, channels, 3, 3)).astype(np.int8)
     node = helper.make_node("ConvInteger", ["x", "w", "x_zero"], ["y"], pads=[1, 1, 1, 1])
     model = model_of([node], {"x": x}, ["y"], {"w": w, "x_zero": np.array(0, np.uint8)})
@@ -402,3 +404,22 @@ def test_a_dynamically_quantized_layer_multiplies_on_the_integer_path():
     session.run(None, {"x": x})
     paths = [kernel.stages({}).path for kernel in session.kernels()]
     assert paths.count("integer_gemm") == 1, paths
+
+
+@pytest.mark.parametrize("images", [1, 2], ids=["integer-product", "int32-or-float"])
+def test_conv_integer_dilated_asymmetric_padding_and_zero_points(images):
+    # The windows' copy pads with x's zero point (0 after the shift), strides and dilations
+    # differ per axis; u8 weights with a zero point of their own.
+    rng = np.random.default_rng(9)
+    x = rng.integers(0, 256, (images, 5, 9, 11)).astype(np.uint8)
+    w = rng.integers(0, 256, (6, 5, 3, 2)).astype(np.uint8)
+    node = helper.make_node(
+        "ConvInteger", ["x", "w", "x_zero", "w_zero"], ["y"], pads=[2, 0, 1, 1], strides=[1, 2], dilations=[2, 1]
+    )
+    params = {"w": w, "x_zero": np.array(7, np.uint8), "w_zero": np.array(100, np.uint8)}
+    model = model_of([node], {"x": x}, ["y"], params)
+    (ours,), _, (reference,) = all_three(model, {"x": x})
+    assert ours.dtype == np.int32
+    np.testing.assert_array_equal(ours, reference)
+    with pytest.raises(AssertionError):  # negative control: one step off in one element fails
+        np.testing.assert_array_equal(one_step_off(ours), reference)

@@ -11,8 +11,8 @@ import numpy as np
 
 from polyc.errors import UnsupportedError
 from polyc.frontends.onnx.lowering import KernelStep, Value, broadcast_shape, indices, tc_type
-from polyc.frontends.onnx.ops.base import Converter, _axis, _float_only, _number
-from polyc.frontends.onnx.ops.convolutions import Conv
+from polyc.frontends.onnx.ops.base import Converter, _affine, _axis, _float_only, _number
+from polyc.frontends.onnx.ops.convolutions import Conv, _convolution_operands, _spatial
 
 #: The integer types QuantizeLinear makes (DequantizeLinear also reads int32).  The float8, 4-bit
 #: and 2-bit types are not element types polyc computes in.
@@ -226,14 +226,19 @@ def _integer_product(b, node, a: Value, a_zero, c: Value, c_zero) -> Value:
     return out
 
 
-def _requantized(b, product: Value, factor: str, zero, out_dtype, zero_axis: int, reads) -> Value:
-    """``saturate(rint(float(product) * factor) + zero)`` into ``out_dtype``, in float32, as
+def _requantized(b, product: Value, factor: str, zero, out_dtype, zero_axis: int, reads, bias=None) -> Value:
+    """``saturate(rint(float(product + bias) * factor) + zero)`` into ``out_dtype`` (the int32
+    bias one per index along axis 1, or none), in float32, as
     onnxruntime requantizes its int32 sums (the factor ``a_scale * b_scale / y_scale`` in float32,
     rounding halves to even).  onnx's reference computes the product in double: the two differ
     by one step where the product lies within float32's rounding of a half, and a network
     compounds such steps layer after layer, so the runtime users compare with decides."""
     idx = indices(product.rank)
-    value = f"rint(float({b.ref(product, idx)}) * float({factor}))"
+    total = b.ref(product, idx)
+    if bias is not None:
+        total = f"{total} + {b.ref(bias, [idx[1]])}"
+        reads = reads + [bias]
+    value = f"rint(float({total}) * float({factor}))"
     if zero is not None:
         zero_subscripts = _per_tensor_or_along(b, zero, product.shape, zero_axis, idx, "y_zero_point")
         value = f"{value} + float({b.ref(zero, zero_subscripts)})"
@@ -295,7 +300,7 @@ class ConvInteger(Converter):
     @staticmethod
     def _impl_v10(b, node, inputs):
         x, w, x_zero, w_zero = (inputs + [None] * 4)[:4]
-        product = _integer_convolution(b, node, x, x_zero, w, w_zero, None)
+        product, _ = _integer_convolution(b, node, x, x_zero, w, w_zero, None)
         if product.dtype == np.int32:
             return [product]
         idx = indices(product.rank)
@@ -304,13 +309,23 @@ class ConvInteger(Converter):
         return [out]
 
 
-def _integer_convolution(b, node, x, x_zero, w, w_zero, bias) -> Value:
-    """``conv(x - x_zero, w - w_zero) + bias``, exactly: int32, or (constant weights) a float
-    tensor holding the same integers (:func:`_exact_float_type`)."""
+def _integer_convolution(b, node, x, x_zero, w, w_zero, bias) -> tuple[Value, Value | None]:
+    """``conv(x - x_zero, w - w_zero) + bias``, exactly, and the bias still to add (None: added).
+
+    One group: an integer matrix product of the 8-bit weights and the windows of the 8-bit
+    input (:func:`_as_integer_product`), summed in int32 by :mod:`polyc.paths.integer_gemm`, the
+    bias left to the requantization.  Groups: with constant weights a float tensor holding the
+    same integers (:func:`_exact_float_type`), else int32 loop nests."""
     if x_zero is not None and x_zero.size != 1:
         raise UnsupportedError(f"{b.where}: the input's zero point must be one value (it has shape {x_zero.shape})")
     if bias is not None and bias.dtype != np.int32:
         raise UnsupportedError(f"{b.where}: the bias must be int32, not {bias.dtype}")
+    x, w, _, groups, _, _ = _convolution_operands(b, node, [x, w])
+    eight_bits = (np.dtype(np.int8), np.dtype(np.uint8))
+    # (One image: a batch index joins the product's columns to the positions, a layout the
+    # integer kernel packs element by element, slower than the float kernels.)
+    if groups == 1 and x.shape[0] == 1 and x.dtype in eight_bits and w.dtype in eight_bits:
+        return _as_integer_product(b, node, x, x_zero, w, w_zero), bias
     exact = _exact_float_type(b, x, x_zero, w, w_zero, bias)
     if exact is not None:
         shifted_w = w.const.astype(np.int64) - _zero_points(w_zero, w.rank, 0)
@@ -325,12 +340,73 @@ def _integer_convolution(b, node, x, x_zero, w, w_zero, bias) -> Value:
         for step in b.steps[first:]:
             if isinstance(step, KernelStep):
                 step.options["winograd"] = False
-        return out
+        return out, None
     operands = [
         _shifted_int32(b, x, x_zero, 0, "the input's zero point"),
         _shifted_int32(b, w, w_zero, 0, "the weights' zero point"),
     ]
-    return Conv._impl_v1(b, node, operands + ([bias] if bias is not None else []))[0]
+    return Conv._impl_v1(b, node, operands + ([bias] if bias is not None else []))[0], None
+
+
+def _as_integer_product(b, node, x: Value, x_zero, w: Value, w_zero) -> Value:
+    """A convolution of one group and one image as ``(W - w_zero) @ (windows of x - x_zero)``, in
+    int32: the weights viewed as filters x (channels * taps), the input (a 1x1 stride-1
+    convolution) or an im2col copy of its windows (x's zero point where a window reads padding,
+    so that the shifted value is 0, as the operator pads) viewed as (channels * taps) x
+    positions: the form of :mod:`polyc.paths.integer_gemm`."""
+    n, channels = x.shape[:2]
+    filters, kernel = w.shape[0], list(w.shape[2:])
+    outs, begin, end, strides, dilations = _spatial(b, node, x, kernel)
+    k, positions = len(kernel), int(np.prod(outs, dtype=np.int64))
+    taps = int(np.prod(kernel, dtype=np.int64))
+    sp = [f"s{d}" for d in range(k)]
+    assert n == 1, "one image: the positions are the product's only column index"
+    if all(size == 1 for size in kernel) and all(s == 1 for s in strides) and not any(begin) and not any(end):
+        columns = b.view(x, [channels, positions])
+    else:
+        padding = b.ref(x_zero, ["0"] * x_zero.rank) if x_zero is not None else f"{tc_type(x.dtype)}(0)"
+        source = x
+        if any(begin) or any(end):  # padded first, so that the copy of the windows needs no guards
+            source = b.new([n, channels, *(x.shape[2 + d] + begin[d] + end[d] for d in range(k))], x.dtype)
+            inside = [f"h{d} >= {begin[d]} && h{d} < {x.shape[2 + d] + begin[d]}" for d in range(k)]
+            read = b.ref(x, ["n", "c", *(f"h{d} - {begin[d]}" if begin[d] else f"h{d}" for d in range(k))])
+            b.emit(
+                [
+                    b.statement(
+                        source,
+                        ["n", "c", *(f"h{d}" for d in range(k))],
+                        "=",
+                        f"({' && '.join(inside)}) ? {read} : {padding}",
+                    )
+                ],
+                [x] + ([x_zero] if x_zero is not None else []),
+                [source],
+                "other",
+            )
+        col = b.new([n, channels, *kernel, *outs], x.dtype)
+        window = [f"k{d}" for d in range(k)]
+        at = [_affine(strides[d], sp[d], 0) + f" + {_affine(dilations[d], window[d], 0)}" for d in range(k)]
+        b.emit(
+            [b.statement(col, ["n", "c", *window, *sp], "=", b.ref(source, ["n", "c", *at]))], [source], [col], "other"
+        )
+        columns = b.view(col, [channels * taps, positions])
+    matrix = b.view(w, [filters, channels * taps])
+    product = b.new([filters, positions], np.int32)
+    a_term, reads = f"int32({b.ref(matrix, ['f', 'r_k'])})", [matrix, columns]
+    if w_zero is not None:
+        a_term = f"({a_term} - int32({b.ref(w_zero, ['f'] if w_zero.size > 1 else ['0'] * w_zero.rank)}))"
+        reads.append(w_zero)
+    b_term = f"int32({b.ref(columns, ['r_k', 'p'])})"
+    if x_zero is not None:
+        b_term = f"({b_term} - int32({b.ref(x_zero, ['0'] * x_zero.rank)}))"
+        reads.append(x_zero)
+    b.emit(
+        [b.statement(product, ["f", "p"], "+=!", f"{a_term} * {b_term}", [("r_k", channels * taps)])],
+        reads,
+        [product],
+        "integer_product",
+    )
+    return b.view(product, [n, filters, *outs])
 
 
 def _zero_points(zero, rank: int, axis: int) -> np.ndarray | int:
@@ -383,7 +459,7 @@ class QLinearConv(Converter):
     @staticmethod
     def _impl_v10(b, node, inputs):
         x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = (inputs + [None] * 9)[:9]
-        product = _integer_convolution(b, node, x, x_zero, w, w_zero, bias)
+        product, bias = _integer_convolution(b, node, x, x_zero, w, w_zero, bias)
         idx = indices(product.rank)
 
         def ref(param, what):
@@ -391,4 +467,4 @@ class QLinearConv(Converter):
 
         factor = f"{ref(x_scale, 'x_scale')} * {ref(w_scale, 'w_scale')} / {ref(y_scale, 'y_scale')}"
         out_dtype = y_zero.dtype if y_zero is not None else x.dtype
-        return [_requantized(b, product, factor, y_zero, out_dtype, 1, [x_scale, w_scale, y_scale])]
+        return [_requantized(b, product, factor, y_zero, out_dtype, 1, [x_scale, w_scale, y_scale], bias)]
