@@ -632,7 +632,7 @@ def test_channels_last_depthwise_is_one_kernel_with_its_padding_and_activation(s
     position = session.groups.index(["pointwise", "dw", "relu6"])
     source = session.kernels({"X": x.shape})[position].c_source({})
     assert "polyc pointwise + depthwise conv kernel" in source and "zero padding outside" in source
-    kernel = next(part for part in session.tc_source().split("def ")[1:] if "fmin" in part)
+    kernel = next(part for part in session.tc_source().split("def ")[1:] if part.startswith(f"group{position}("))
     statements = [line for line in kernel.split("}")[0].splitlines() if " = " in line or "+=!" in line]
     assert len(statements) == 4 and "+=!" in statements[1] and " ? " in statements[1]
 
