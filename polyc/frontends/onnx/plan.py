@@ -1122,10 +1122,20 @@ def _inlinable(step, kept: set):
     ):
         return None
     value = step.writes[0]
-    if value.dtype.kind != "f" or any(read.dtype != value.dtype for read in step.reads):
-        return None
     parts = _STATEMENT.match(step.statements[0])
-    return parts if parts is not None and not _subscripts_of(value, parts["rhs"]) else None
+    if value.dtype.kind != "f" or parts is None or _subscripts_of(value, parts["rhs"]):
+        return None
+    if any(read.dtype != value.dtype for read in step.reads) and not _is_float_cast(value, parts):
+        return None
+    return parts
+
+
+def _is_float_cast(value: Value, parts) -> bool:
+    """Whether the statement ``parts`` writing ``value`` is one explicit cast of one float read
+    to ``value``'s float type: substituted into a reader of another type, the cast keeps its
+    rounding (a float16 model computed in float32 rounds to float16 so, between operators)."""
+    read = re.fullmatch(rf"{tc_type(value.dtype)}\((?P<tensor>v\d+)\([^()]*\)\)", parts["rhs"])
+    return read is not None and value.dtype.kind == "f"
 
 
 def _inlines_into(consumer, value: Value, parts) -> bool:
@@ -1135,7 +1145,7 @@ def _inlines_into(consumer, value: Value, parts) -> bool:
         not isinstance(consumer, KernelStep)
         or consumer.kind != "elementwise"
         or len(consumer.statements) != 1
-        or consumer.writes[0].dtype != value.dtype
+        or (consumer.writes[0].dtype != value.dtype and not _is_float_cast(value, parts))
     ):
         return False
     target = _STATEMENT.match(consumer.statements[0])
