@@ -122,10 +122,31 @@ static inline double polyc_rsqrt(double x) { return 1.0 / sqrt(x); }
 /* round() is C's: half away from zero.  bool is _Bool.  float16 is _Float16 (gcc >= 12 on
    x86-64, or AArch64); generated code computes float16 operations in float and rounds back with
    POLYC_F16 (from float) or POLYC_F16_DOUBLE (from double), which the GPU dialects define in
-   their own ways. */
+   their own ways, as polyc_round_float16. */
 #ifndef POLYC_F16
 #define POLYC_F16(x) ((_Float16)(x))
 #define POLYC_F16_DOUBLE(x) ((_Float16)(x))
+/* (float)(_Float16)x for a float x, on its bits, which gcc vectorises (a conversion to
+   _Float16 is a call per element where F16C is off): a normal float16 keeps 10 fraction bits,
+   ties to even, and past 65504 is infinity; a subnormal one is a multiple of 2^-24, rounded by
+   an addition of 0.5, whose ulp that is; NaN stays NaN. */
+static inline float polyc_round_float16(float x)
+{
+    uint32_t bits, sign;
+    memcpy(&bits, &x, sizeof bits);
+    sign = bits & 0x80000000u;
+    bits ^= sign;
+    float magnitude, normal, y;
+    memcpy(&magnitude, &bits, sizeof bits);
+    bits = (bits + 0xfffu + ((bits >> 13) & 1u)) & 0xffffe000u;
+    memcpy(&normal, &bits, sizeof bits);
+    normal = normal > 65504.0f ? __builtin_inff() : normal;
+    y = magnitude < 0x1p-14f ? (magnitude + 0.5f) - 0.5f : normal;
+    memcpy(&bits, &y, sizeof bits);
+    bits |= sign;
+    memcpy(&y, &bits, sizeof bits);
+    return x == x ? y : x;
+}
 #endif
 /* ---- end of polyc prelude ---- */
 """
@@ -279,6 +300,9 @@ class CExpressionPrinter:
             return f"polyc_float_to_{target.name}({operand})"
         if target == FLOAT16:
             return to_float16(operand, source)
+        inner = expr.operand
+        if target == FLOAT32 and source == FLOAT16 and isinstance(inner, Cast) and inner.operand.dtype == FLOAT32:
+            return f"polyc_round_float16({self.to_c(inner.operand)})"  # a float16 store and load, in float
         return f"(({c_type(target)}){operand})"
 
     def _print_Call(self, expr: Call) -> str:
