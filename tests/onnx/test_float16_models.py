@@ -28,7 +28,6 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import polyc.onnx as ponnx  # noqa: E402
 from polyc.frontends.onnx.float16 import computed_in_float32  # noqa: E402
-
 from tests.builds import builds  # noqa: E402
 
 UNIT_ROUNDOFF = 2.0**-11  # float16's
@@ -242,3 +241,35 @@ def test_rounding_to_float16_in_float_matches_numpy():
 def test_models_without_float16_are_left_alone():
     model32, _ = _convolutional(np.random.default_rng(9))
     assert computed_in_float32(model32) is model32
+
+
+def test_outputs_read_inside_exact_outputs_and_casts_from_double():
+    # A float16 output that another operator reads, one that Transpose (exact, no rounding)
+    # makes, and a float16 value cast from double (one rounding, not two through float32):
+    # as numpy computes them in float16.
+    nodes = [
+        helper.make_node("Cast", ["D"], ["d"], to=TensorProto.FLOAT16, name="narrow"),
+        helper.make_node("Add", ["X", "d"], ["S"], name="add"),
+        helper.make_node("Transpose", ["S"], ["T"], perm=[1, 0], name="transpose"),
+        helper.make_node("Mul", ["T", "T"], ["Q"], name="square"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "outputs",
+        [
+            helper.make_tensor_value_info("X", TensorProto.FLOAT16, [4, 6]),
+            helper.make_tensor_value_info("D", TensorProto.DOUBLE, [4, 6]),
+        ],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT16, None) for name in ("S", "T", "Q")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((4, 6)).astype(np.float16)
+    # doubles just above a float16 tie whose float32 rounding lands on the tie
+    d = (1.0 + 2.0**-11 + 2.0**-40) * np.ones((4, 6)) * rng.choice([1.0, -2.0], (4, 6))
+    s = x + d.astype(np.float16)
+    want = {"S": s, "T": s.T, "Q": s.T * s.T}
+    got = ponnx.InferenceSession(model).run(None, {"X": x, "D": d})
+    for name, value in zip(("S", "T", "Q"), got):
+        assert value.dtype == np.float16
+        np.testing.assert_array_equal(value, want[name], err_msg=name)

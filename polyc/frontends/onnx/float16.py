@@ -68,8 +68,8 @@ EXACT_OPERATORS = frozenset(
 _TYPED_BY_ATTRIBUTE = {"Cast": "to", "Constant": "value", "ConstantOfShape": "value"}
 
 
-def _float16_values(graph, float16: int) -> set[str] | None:
-    """The names of ``graph``'s float16 values, or None where a node's output has no known type."""
+def _element_types(graph) -> dict[str, int] | None:
+    """The element type of each of ``graph``'s values, or None where a node's output has none."""
     types = {}
     for value in list(graph.input) + list(graph.output) + list(graph.value_info):
         if value.type.HasField("tensor_type"):
@@ -80,7 +80,7 @@ def _float16_values(graph, float16: int) -> set[str] | None:
         for output in node.output:
             if output and types.get(output, 0) == 0:
                 return None
-    return {name for name, elem_type in types.items() if elem_type == float16}
+    return types
 
 
 def _rewritable(graph, float16: int) -> bool:
@@ -93,9 +93,9 @@ def _rewritable(graph, float16: int) -> bool:
             if attribute.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
                 return False
             typed = _TYPED_BY_ATTRIBUTE.get(node.op_type) == attribute.name
-            if attribute.type == AttributeProto.INT and attribute.i == float16 and attribute.name in ("dtype", "to"):
-                if not typed:
-                    return False
+            names_a_type = attribute.name in ("dtype", "to", "output_dtype")
+            if attribute.type == AttributeProto.INT and attribute.i == float16 and names_a_type and not typed:
+                return False
             if attribute.type == AttributeProto.TENSOR and attribute.t.data_type == float16 and not typed:
                 return False
     return True
@@ -109,9 +109,11 @@ def computed_in_float32(model):
 
     float16, float32 = TensorProto.FLOAT16, TensorProto.FLOAT
     graph = model.graph
-    halves = _float16_values(graph, float16)
+    types = _element_types(graph)
+    halves = {name for name, elem_type in (types or {}).items() if elem_type == float16}
     if not halves or not _rewritable(graph, float16):
         return model
+    assert types is not None
     taken = {name for node in graph.node for name in list(node.input) + list(node.output)}
     taken |= {value.name for value in list(graph.input) + list(graph.output) + list(graph.initializer)}
 
@@ -147,7 +149,9 @@ def computed_in_float32(model):
         for position, name in enumerate(rewritten.input):
             rewritten.input[position] = renamed.get(name, name)
         for attribute in rewritten.attribute:
-            if attribute.name == "to" and attribute.i == float16:
+            # (A double cast to float16 stays one rounding: through float32, a tie could round twice.)
+            from_double = types.get(node.input[0] if node.input else "") == TensorProto.DOUBLE
+            if attribute.name == "to" and attribute.i == float16 and not from_double:
                 attribute.i = float32
             elif attribute.name == "value" and attribute.t.data_type == float16:
                 attribute.t.CopyFrom(widened(attribute.t))

@@ -1150,11 +1150,7 @@ def _inlines_into(consumer, value: Value, parts) -> bool:
     """Whether ``consumer`` is one elementwise statement over the same indices and ranges,
     reading ``value`` once, there, of ``value``'s type (or of another, where ``value`` or the
     statement is an explicit cast)."""
-    if (
-        not isinstance(consumer, KernelStep)
-        or consumer.kind != "elementwise"
-        or len(consumer.statements) != 1
-    ):
+    if not isinstance(consumer, KernelStep) or consumer.kind != "elementwise" or len(consumer.statements) != 1:
         return False
     target = _STATEMENT.match(consumer.statements[0])
     # A reader of another type takes the value as it is only through an explicit cast, of the

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from polyc.errors import PolycError, PolycWarning, SignatureError, UnsupportedError
-from polyc.frontends.onnx.functions import CONSTANT_INPUTS, flatten
 from polyc.frontends.onnx.float16 import computed_in_float32
+from polyc.frontends.onnx.functions import CONSTANT_INPUTS, flatten
 from polyc.frontends.onnx.model import default_opset, initializers, load_model, tensor_info
 from polyc.frontends.onnx.plan import Group, Plan, is_converted, unsupported_error
 
