@@ -126,26 +126,26 @@ static inline double polyc_rsqrt(double x) { return 1.0 / sqrt(x); }
 #ifndef POLYC_F16
 #define POLYC_F16(x) ((_Float16)(x))
 #define POLYC_F16_DOUBLE(x) ((_Float16)(x))
-/* (float)(_Float16)x for a float x, on its bits, which gcc vectorises (a conversion to
-   _Float16 is a call per element where F16C is off): a normal float16 keeps 10 fraction bits,
-   ties to even, and past 65504 is infinity; a subnormal one is a multiple of 2^-24, rounded by
-   an addition of 0.5, whose ulp that is; NaN stays NaN. */
+/* (float)(_Float16)x for a float x, in float arithmetic that gcc vectorises (a conversion to
+   _Float16 is a call per element where F16C is off): c has x's sign and exponent (clamped to
+   float16's normal range, 2^-14 to 2^16) plus 13, so float16's spacing at x is c's ulp and
+   (x + c) - c rounds x to it, ties to even; past 65504 is infinity, NaN stays NaN, a zero keeps
+   x's sign.  Checked on every float, in AVX-512, AVX2 and portable builds. */
 static inline float polyc_round_float16(float x)
 {
-    uint32_t bits, sign;
+    uint32_t bits, scale, magnitude;
+    float c, y;
     memcpy(&bits, &x, sizeof bits);
-    sign = bits & 0x80000000u;
-    bits ^= sign;
-    float magnitude, normal, y;
-    memcpy(&magnitude, &bits, sizeof bits);
-    bits = (bits + 0xfffu + ((bits >> 13) & 1u)) & 0xffffe000u;
-    memcpy(&normal, &bits, sizeof bits);
-    normal = normal > 65504.0f ? __builtin_inff() : normal;
-    y = magnitude < 0x1p-14f ? (magnitude + 0.5f) - 0.5f : normal;
+    scale = bits & 0x7f800000u;
+    scale = scale < 0x38800000u ? 0x38800000u : scale > 0x47800000u ? 0x47800000u : scale;
+    scale = (scale + (13u << 23)) | (bits & 0x80000000u);
+    memcpy(&c, &scale, sizeof c);
+    y = (x + c) - c;
     memcpy(&bits, &y, sizeof bits);
-    bits |= sign;
-    memcpy(&y, &bits, sizeof bits);
-    return x == x ? y : x;
+    magnitude = bits & 0x7fffffffu;
+    bits = (magnitude > 0x477fe000u && magnitude <= 0x7f800000u ? 0x7f800000u : bits) | (scale & 0x80000000u);
+    memcpy(&y, &bits, sizeof y);
+    return y;
 }
 #endif
 /* ---- end of polyc prelude ---- */

@@ -178,25 +178,22 @@ $body
 """)
 
 #: F16C's conversions (AVX-512F has the 512-bit ones); without F16C (code built for AVX2 alone)
-#: the same rounding on the bits: normal float16 values keep 10 fraction bits, ties to even (an
-#: overflow past 65504 becomes infinity), the subnormal ones are multiples of 2^-24, rounded by an
-#: addition of 0.5, whose ulp that is; NaN is kept.
+#: the rounding of c_expr's scalar polyc_round_float16 on the lanes: c has x's sign and exponent
+#: (clamped to 2^-14 .. 2^16) plus 13, so (x + c) - c rounds x to float16's spacing there, ties to
+#: even; past 65504 is infinity; NaN stays NaN; a zero keeps x's sign.
 _ROUND_FLOAT16_BODIES = {
     "avx512": "    return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));",
     "avx2": """#if defined(__F16C__)
     return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
 #else
-    const __m256 sign = _mm256_set1_ps(-0.0f), magnitude = _mm256_andnot_ps(sign, x);
-    const __m256i bits = _mm256_castps_si256(magnitude);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 13), _mm256_set1_epi32(1));
-    const __m256i kept = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0xfff)));
-    __m256 normal = _mm256_castsi256_ps(_mm256_and_si256(kept, _mm256_set1_epi32((int)0xffffe000u)));
-    normal = _mm256_blendv_ps(normal, _mm256_set1_ps(__builtin_inff()),
-                              _mm256_cmp_ps(normal, _mm256_set1_ps(65504.0f), _CMP_GT_OQ));
-    const __m256 subnormal = _mm256_sub_ps(_mm256_add_ps(magnitude, _mm256_set1_ps(0.5f)), _mm256_set1_ps(0.5f));
-    __m256 y = _mm256_blendv_ps(normal, subnormal, _mm256_cmp_ps(magnitude, _mm256_set1_ps(0x1p-14f), _CMP_LT_OQ));
-    y = _mm256_or_ps(y, _mm256_and_ps(sign, x));
-    return _mm256_blendv_ps(x, y, _mm256_cmp_ps(x, x, _CMP_ORD_Q));
+    const __m256i sign = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32((int)0x80000000u));
+    __m256i scale = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7f800000));
+    scale = _mm256_min_epi32(_mm256_max_epi32(scale, _mm256_set1_epi32(0x38800000)), _mm256_set1_epi32(0x47800000));
+    const __m256 c = _mm256_castsi256_ps(_mm256_or_si256(_mm256_add_epi32(scale, _mm256_set1_epi32(13 << 23)), sign));
+    const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(_mm256_add_ps(x, c), c));
+    const __m256 overflow = _mm256_cmp_ps(magnitude, _mm256_set1_ps(65504.0f), _CMP_GT_OQ);
+    const __m256 y = _mm256_blendv_ps(magnitude, _mm256_set1_ps(__builtin_inff()), overflow);
+    return _mm256_or_ps(y, _mm256_castsi256_ps(sign));
 #endif""",
 }
 
