@@ -127,23 +127,27 @@ static inline double polyc_rsqrt(double x) { return 1.0 / sqrt(x); }
 #define POLYC_F16(x) ((_Float16)(x))
 #define POLYC_F16_DOUBLE(x) ((_Float16)(x))
 /* (float)(_Float16)x for a float x, in float arithmetic that gcc vectorises (a conversion to
-   _Float16 is a call per element where F16C is off): c has x's sign and exponent (clamped to
-   float16's normal range, 2^-14 to 2^16) plus 13, so float16's spacing at x is c's ulp and
-   (x + c) - c rounds x to it, ties to even; past 65504 is infinity, NaN stays NaN, a zero keeps
-   x's sign.  Checked on every float, in AVX-512, AVX2 and portable builds. */
+   _Float16 is a call per element where F16C is off): c has the exponent of |x| (at least
+   float16's smallest normal one, 2^-14) plus 13, so float16's spacing at |x| is c's ulp and
+   (|x| + c) - c rounds |x| to it, ties to even; from 65520 on (where float16 rounds to
+   infinity) the result is infinity, decided from x beside the addition so that the chain of
+   dependent steps stays short; NaN stays NaN; x's sign is put back, a zero's too.  Checked on
+   every float, in AVX-512, AVX2 and portable builds. */
 static inline float polyc_round_float16(float x)
 {
-    uint32_t bits, scale, magnitude;
-    float c, y;
+    uint32_t bits, sign, scale, overflow;
+    float magnitude, c, y;
     memcpy(&bits, &x, sizeof bits);
+    sign = bits & 0x80000000u;
     scale = bits & 0x7f800000u;
-    scale = scale < 0x38800000u ? 0x38800000u : scale > 0x47800000u ? 0x47800000u : scale;
-    scale = (scale + (13u << 23)) | (bits & 0x80000000u);
+    scale = (scale < 0x38800000u ? 0x38800000u : scale) + (13u << 23);
+    bits ^= sign;
+    memcpy(&magnitude, &bits, sizeof bits);
+    overflow = 0u - (uint32_t)(magnitude >= 65520.0f);
     memcpy(&c, &scale, sizeof c);
-    y = (x + c) - c;
+    y = (magnitude + c) - c;
     memcpy(&bits, &y, sizeof bits);
-    magnitude = bits & 0x7fffffffu;
-    bits = (magnitude > 0x477fe000u && magnitude <= 0x7f800000u ? 0x7f800000u : bits) | (scale & 0x80000000u);
+    bits = (bits & ~overflow) | (0x7f800000u & overflow) | sign;
     memcpy(&y, &bits, sizeof y);
     return y;
 }

@@ -171,7 +171,7 @@ def test_float16_models_take_the_kernel_paths_of_float32_models():
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 instruction-set flags")
-def test_the_rounding_is_in_registers_with_f16c_and_on_the_bits_without():
+def test_the_rounding_is_in_registers_with_f16c_and_in_float_arithmetic_without():
     rng = np.random.default_rng(7)
     model = _float16(_convolutional(rng)[0])
     x = _input(model, rng, 1)
@@ -213,7 +213,7 @@ def test_values_are_rounded_to_float16_between_operators():
 
 
 def test_rounding_to_float16_in_float_matches_numpy():
-    # polyc_round_float16 (scalar, on the bits) over normal, subnormal, overflowing, tied and
+    # polyc_round_float16 (scalar, in float arithmetic) over normal, subnormal, overflowing, tied and
     # special values, as a Cast pair inlined into one statement.
     nodes = [
         helper.make_node("Cast", ["X"], ["h"], to=TensorProto.FLOAT16, name="down"),
