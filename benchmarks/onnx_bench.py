@@ -1,7 +1,7 @@
 """The real models through polyc beside onnxruntime: latency and compile times.
 
     python -m benchmarks.onnx_bench [--models resnet18,encoder] [--batches 1,8] [--repeat 10] [--json PATH]
-                                    [--tuned | --tune SECONDS]
+                                    [--tuned | --tune SECONDS] [--float16]
 
 For each model (benchmarks/onnx_models) and batch size (224x224 images; 128-token sequences
 for the encoder): polyc's median latency with graph fusion and without (``graph_fusion=False``),
@@ -17,6 +17,12 @@ polyc runs with its defaults (``tuning=False``: no tuning records).  ``--tuned``
 for polyc with this machine's tuning records; ``--tune SECONDS`` first tunes each model's
 session at each batch with that budget (``polyc.tune(session, feeds)``: every kernel, the
 budget shared by their times) and reports the tuning time, then as ``--tuned``.
+
+``--float16`` runs each model converted to float16 (weights, activations, input and output)
+by onnxruntime's ``convert_float_to_float16``, as onnxconverter-common makes them, in both; the
+check is then onnxruntime's float16 accuracy: polyc's output within 8 float16 roundings
+(8 x 2^-11) of the output's range from onnxruntime's, and for the image models the same top-1
+class.  The JSON then records ``"float16": true``.
 """
 
 from __future__ import annotations
@@ -42,11 +48,12 @@ _COMPILE_SCRIPT = """
 import sys, time, numpy as np
 sys.path.insert(0, {repo!r})
 from benchmarks.onnx_models import load
+from benchmarks.onnx_bench import prepared
 import polyc.onnx
-model = load({name!r})  # the test weights made from their seeds: a model file's reading, not compiling
+model = prepared(load({name!r}), {float16!r})  # the test weights made from their seeds: not compiling
 start = time.perf_counter()
 session = polyc.onnx.InferenceSession(model, tuning=False)
-session.run(None, {{"input": np.zeros({shape!r}, np.float32)}})
+session.run(None, {{"input": np.zeros({shape!r}, np.float16 if {float16!r} else np.float32)}})
 print(time.perf_counter() - start)
 """
 
@@ -55,8 +62,28 @@ def input_shape(name: str, batch: int) -> tuple[int, ...]:
     return (batch, 128, 768) if name == "encoder" else (batch, 3, 224, 224)
 
 
-def compile_seconds(name: str, shape, cache: str) -> float:
-    script = _COMPILE_SCRIPT.format(repo=str(REPO), name=name, shape=tuple(shape))
+def prepared(model, float16: bool):
+    """``model``, or its float16 conversion (onnxruntime's, input and output included)."""
+    if not float16:
+        return model
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    return convert_float_to_float16(model, keep_io_types=False)
+
+
+def agrees(got: np.ndarray, expected: np.ndarray, float16: bool) -> bool:
+    """Whether polyc's output matches onnxruntime's: float32 within 1e-3 relative; float16
+    within 8 float16 roundings of the output's range, and the same top-1 class of a classifier."""
+    if not float16:
+        return bool(np.allclose(got, expected, rtol=1e-3, atol=1e-4))
+    got, expected = got.astype(np.float64), expected.astype(np.float64)
+    close = np.abs(got - expected).max() <= 8 * 2.0**-11 * np.ptp(expected)
+    same_class = got.ndim != 2 or bool((got.argmax(axis=1) == expected.argmax(axis=1)).all())
+    return bool(close and same_class)
+
+
+def compile_seconds(name: str, shape, cache: str, float16: bool = False) -> float:
+    script = _COMPILE_SCRIPT.format(repo=str(REPO), name=name, shape=tuple(shape), float16=float16)
     # With Python's bytecode cache, as an installed package runs: where PYTHONDONTWRITEBYTECODE
     # is set, every new process would compile polyc's modules from source (0.1-0.2 s of a warm
     # start), which is not polyc's compiling.
@@ -83,6 +110,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "onnx_last.json")
+    parser.add_argument("--float16", action="store_true", help="the models converted to float16, in both")
     tuning = parser.add_mutually_exclusive_group()
     tuning.add_argument("--tuned", action="store_true", help="also time polyc with this machine's tuning records")
     tuning.add_argument(
@@ -95,7 +123,7 @@ def main(argv=None) -> int:
     if args.tune is not None and args.tune <= 0:
         parser.error("--tune needs a positive number of seconds")
     pairs = [(name, int(batch)) for name in args.models.split(",") for batch in args.batches.split(",")]
-    results = run_models(pairs, args.repeat, args.tuned or args.tune is not None, args.tune)
+    results = run_models(pairs, args.repeat, args.tuned or args.tune is not None, args.tune, args.float16)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1) + "\n")
     print(f"raw results: {args.json}")
@@ -106,11 +134,13 @@ def main(argv=None) -> int:
 CHECKS = ("polyc_ok", "polyc_unfused_ok", "polyc_tuned_ok")
 
 
-def run_models(pairs, repeat: int, tuned: bool = False, tune_seconds: float | None = None) -> dict:
+def run_models(
+    pairs, repeat: int, tuned: bool = False, tune_seconds: float | None = None, float16: bool = False
+) -> dict:
     """Measure each (model, batch) of ``pairs``, printing a table row as each finishes; the
     results as JSON-ready data (also what ``python -m benchmarks`` keeps under "onnx").
     ``tuned``: also polyc with this machine's tuning records, after tuning each session for
-    ``tune_seconds`` when given."""
+    ``tune_seconds`` when given; ``float16``: the models converted to float16."""
     import onnxruntime as ort
 
     import polyc
@@ -126,12 +156,14 @@ def run_models(pairs, repeat: int, tuned: bool = False, tune_seconds: float | No
         + " check"
     )
     print(header + "\n" + "-" * len(header))
-    results = {"machine": machine.to_json(), "threads": threads, "rows": []}
+    results = {"machine": machine.to_json(), "threads": threads, "float16": float16, "rows": []}
+    if os.environ.get("POLYC_CFLAGS"):
+        results["polyc_cflags"] = os.environ["POLYC_CFLAGS"]
     for name, batch in pairs:
-        model = load(name)
+        model = prepared(load(name), float16)
         data = model.SerializeToString()
         shape = input_shape(name, batch)
-        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float16 if float16 else np.float32)
         row = {"model": name, "batch": batch}
         try:
             options = ort.SessionOptions()
@@ -143,8 +175,8 @@ def run_models(pairs, repeat: int, tuned: bool = False, tune_seconds: float | No
             plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
             unoptimised = ort.InferenceSession(data, plain, providers=["CPUExecutionProvider"])
             with tempfile.TemporaryDirectory() as cache:
-                row["cold_compile"] = compile_seconds(name, shape, cache)
-                row["warm_compile"] = compile_seconds(name, shape, cache)
+                row["cold_compile"] = compile_seconds(name, shape, cache, float16)
+                row["warm_compile"] = compile_seconds(name, shape, cache, float16)
             runs = {"ort": reference.run, "ort_noopt": unoptimised.run}
             sessions = {"polyc": {"tuning": False}, "polyc_unfused": {"tuning": False, "graph_fusion": False}}
             if tuned:
@@ -158,7 +190,7 @@ def run_models(pairs, repeat: int, tuned: bool = False, tune_seconds: float | No
             for key, options in sessions.items():
                 session = polyc.onnx.InferenceSession(model, **options)
                 got = session.run(None, {"input": x})[0]
-                row[f"{key}_ok"] = bool(np.allclose(got, expected, rtol=1e-3, atol=1e-4))
+                row[f"{key}_ok"] = agrees(got, expected, float16)
                 runs[key] = session.run
                 if key == "polyc":
                     row["kernels"] = len(session.groups)

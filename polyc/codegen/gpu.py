@@ -78,6 +78,7 @@ _OPENCL_HEADER = "\n".join(
         "{ ushort bits; vstore_half_rte(x, 0, (__private half *)&bits); return vload_half(0, (__private half *)&bits); }",
         "#define POLYC_F16(x) polyc_round_half(x)",
         "#define POLYC_F16_DOUBLE(x) polyc_round_half_double(x)",
+        "#define polyc_round_float16(x) polyc_round_half(x)",
     ]
 )
 
@@ -94,6 +95,7 @@ _CUDA_HEADER = "\n".join(
         "#define _Float16 __half",
         "#define POLYC_F16(x) __float2half_rn(x)",
         "#define POLYC_F16_DOUBLE(x) __double2half(x)",
+        "#define polyc_round_float16(x) __half2float(__float2half_rn(x))",
     ]
 )
 

@@ -19,7 +19,9 @@ factor) as the vector form of ``polyc_sigmoidf`` (:func:`polyc.codegen.vector_ma
 the same results).  Anything else (another exp, an index value, a gather) keeps the scalar
 pass: :meth:`RegisterEpilogue.of` returns None.  In a pass, SiLU after efficientnet_b0's
 expanding 1x1 convolution (16 -> 96 at 112 x 112) cost more than the function alone
-(``python -m benchmarks.onnx_segments efficientnet_b0``).
+(``python -m benchmarks.onnx_segments efficientnet_b0``).  A float16 rounding of a float
+(``float(float16(x))``, which a float16 model computed in float32 puts after each operator,
+:mod:`polyc.frontends.onnx.float16`) is F16C's conversion there and back.
 """
 
 from __future__ import annotations
@@ -31,7 +33,12 @@ import numpy as np
 
 from polyc.codegen.c_expr import c_constant, logistic_operand
 from polyc.codegen.gemm import _VECTOR_SPELLINGS
-from polyc.codegen.vector_math import sigmoid_vector_c, sigmoid_vector_name
+from polyc.codegen.vector_math import (
+    round_float16_vector_c,
+    round_float16_vector_name,
+    sigmoid_vector_c,
+    sigmoid_vector_name,
+)
 from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine
 
@@ -49,6 +56,20 @@ _PREDICATES = {
 
 #: fmax-like builtins -> the comparison that keeps the first argument.
 _KEEP_FIRST = {"fmax": "_CMP_GE_OQ", "max": "_CMP_GE_OQ", "fmin": "_CMP_LE_OQ", "min": "_CMP_LE_OQ"}
+
+
+def _rounded_to_float16(expr: ir.TExpr) -> ir.TExpr | None:
+    """``x`` of ``float(float16(x))`` for a float ``x`` (a float16 value widened, as a float16
+    model computed in float32 rounds between operators), else None."""
+    if (
+        isinstance(expr, ir.Cast)
+        and np.dtype(expr.dtype) == np.float32
+        and isinstance(expr.operand, ir.Cast)
+        and np.dtype(expr.operand.dtype) == np.float16
+        and np.dtype(expr.operand.operand.dtype) == np.float32
+    ):
+        return expr.operand.operand
+    return None
 
 
 class _Unsupported(Exception):
@@ -200,9 +221,16 @@ class RegisterEpilogue:
             logistic = logistic_operand(expr) if isinstance(expr, ir.Binary) and self.dtype.itemsize == 4 else None
             if logistic is not None:
                 operand = vector(logistic, channel, own_point)
-                if not helpers:
+                if sigmoid_vector_c(isa) not in helpers:
                     helpers.append(sigmoid_vector_c(isa))
                 return temporary(f"{sigmoid_vector_name(isa)}({operand})")
+            rounded = _rounded_to_float16(expr) if self.dtype.itemsize == 4 else None
+            if rounded is not None:
+                operand = vector(rounded, channel, own_point)
+                helper = round_float16_vector_c(isa)
+                if helper not in helpers:
+                    helpers.append(helper)
+                return temporary(f"{round_float16_vector_name(isa)}({operand})")
             if isinstance(expr, ir.Binary) and expr.op in _ARITHMETIC:
                 lhs = vector(expr.lhs, channel, own_point)
                 rhs = vector(expr.rhs, channel, own_point)

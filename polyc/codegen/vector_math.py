@@ -163,3 +163,51 @@ def sigmoid_vector_c(isa: str) -> str:
         below_low=select("z", "low", "_CMP_LT_OQ", "low", "z"),
         nan_kept=select("x", "x", "_CMP_ORD_Q", "y", "x"),
     )
+
+
+_ROUND_FLOAT16_VECTOR_TEMPLATE = string.Template(r"""
+#ifndef POLYC_ROUND_FLOAT16_${ISA}_DEFINED
+#define POLYC_ROUND_FLOAT16_${ISA}_DEFINED
+/* Every lane of x rounded to the nearest float16 value (ties to even), kept in float: the
+   float16 store and load of a value, in registers. */
+static inline $V ${name}($V x)
+{
+$body
+}
+#endif
+""")
+
+#: F16C's conversions (AVX-512F has the 512-bit ones); without F16C (code built for AVX2 alone)
+#: the rounding of c_expr's scalar polyc_round_float16 on the lanes: c has x's sign and exponent
+#: (clamped to 2^-14 .. 2^16) plus 13, so (x + c) - c rounds x to float16's spacing there, ties to
+#: even; past 65504 is infinity; NaN stays NaN; a zero keeps x's sign.
+_ROUND_FLOAT16_BODIES = {
+    "avx512": "    return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));",
+    "avx2": """#if defined(__F16C__)
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+#else
+    const __m256i sign = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32((int)0x80000000u));
+    __m256i scale = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7f800000));
+    scale = _mm256_min_epi32(_mm256_max_epi32(scale, _mm256_set1_epi32(0x38800000)), _mm256_set1_epi32(0x47800000));
+    const __m256 c = _mm256_castsi256_ps(_mm256_or_si256(_mm256_add_epi32(scale, _mm256_set1_epi32(13 << 23)), sign));
+    const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(_mm256_add_ps(x, c), c));
+    const __m256 overflow = _mm256_cmp_ps(magnitude, _mm256_set1_ps(65504.0f), _CMP_GT_OQ);
+    const __m256 y = _mm256_blendv_ps(magnitude, _mm256_set1_ps(__builtin_inff()), overflow);
+    return _mm256_or_ps(y, _mm256_castsi256_ps(sign));
+#endif""",
+}
+
+
+def round_float16_vector_name(isa: str) -> str:
+    """The C name of :func:`round_float16_vector_c`'s function for ``isa``."""
+    return f"polyc_round_float16_{isa}"
+
+
+def round_float16_vector_c(isa: str) -> str:
+    """C defining ``polyc_round_float16_<isa>(x)``: every lane of a float vector of ``isa``
+    rounded to float16 and widened back (``(float)(_Float16)x`` on each lane), once per
+    translation unit however often it is included."""
+    vector = _SIGMOID_VECTOR_SPELLINGS[isa][0]
+    return _ROUND_FLOAT16_VECTOR_TEMPLATE.substitute(
+        ISA=isa.upper(), name=round_float16_vector_name(isa), V=vector, body=_ROUND_FLOAT16_BODIES[isa]
+    )

@@ -1330,8 +1330,14 @@ def test_a_float16_depthwise_convolution_sums_its_taps_in_float32(monkeypatch, t
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     x = rng.standard_normal((1, 4, 9)).astype(np.float16)
-    got = ponnx.InferenceSession(model).run(None, {"X": x})[0]
+    got = ponnx.InferenceSession(model).run(None, {"X": x})[0]  # computed in float32 (onnx/float16.py)
     assert got.dtype == np.float16
+    assert float16_taps_error(got, x, w).max() <= 0
+    # The float16 definitions themselves, without the model's float32 rewrite: the same.
+    from polyc.frontends.onnx import session as session_module
+
+    monkeypatch.setattr(session_module, "computed_in_float32", lambda model: model)
+    got = ponnx.InferenceSession(model).run(None, {"X": x})[0]
     assert float16_taps_error(got, x, w).max() <= 0
     # the control: taps summed in float16 (polyc.lang.float16_sums's rewrite left out) fail it
     monkeypatch.setattr(polyc.api, "accumulate_float16_in_float32", lambda definition: definition)

@@ -1138,23 +1138,42 @@ def _inlinable(step, kept: set):
     ):
         return None
     value = step.writes[0]
-    if value.dtype.kind != "f" or any(read.dtype != value.dtype for read in step.reads):
-        return None
     parts = _STATEMENT.match(step.statements[0])
-    return parts if parts is not None and not _subscripts_of(value, parts["rhs"]) else None
+    if value.dtype.kind != "f" or parts is None or _subscripts_of(value, parts["rhs"]):
+        return None
+    if any(read.dtype != value.dtype for read in step.reads) and not _is_float_cast(value, parts):
+        return None
+    return parts
+
+
+def _is_float_cast(value: Value, parts) -> bool:
+    """Whether the statement ``parts`` writing ``value`` is one explicit cast to ``value``'s
+    float type of the whole right-hand side: substituted into a reader of another type, the
+    cast keeps its rounding (a float16 model computed in float32 rounds to float16 so, between
+    operators: :mod:`polyc.frontends.onnx.float16`)."""
+    rhs, opening = parts["rhs"], f"{tc_type(value.dtype)}("
+    if value.dtype.kind != "f" or not rhs.startswith(opening) or not rhs.endswith(")"):
+        return False
+    depth = 0
+    for position, character in enumerate(rhs[len(opening) - 1 :], len(opening) - 1):
+        depth += {"(": 1, ")": -1}.get(character, 0)
+        if depth == 0:
+            return position == len(rhs) - 1  # the cast's parenthesis closes the statement
+    return False
 
 
 def _inlines_into(consumer, value: Value, parts) -> bool:
-    """Whether ``consumer`` is one elementwise statement of ``value``'s type over the same
-    indices and ranges, reading ``value`` once, there."""
-    if (
-        not isinstance(consumer, KernelStep)
-        or consumer.kind != "elementwise"
-        or len(consumer.statements) != 1
-        or consumer.writes[0].dtype != value.dtype
-    ):
+    """Whether ``consumer`` is one elementwise statement over the same indices and ranges,
+    reading ``value`` once, there, of ``value``'s type (or of another, where ``value`` or the
+    statement is an explicit cast)."""
+    if not isinstance(consumer, KernelStep) or consumer.kind != "elementwise" or len(consumer.statements) != 1:
         return False
     target = _STATEMENT.match(consumer.statements[0])
+    # A reader of another type takes the value as it is only through an explicit cast, of the
+    # value or of the reader's whole statement (whose operand is then computed in its own type).
+    converted = consumer.writes[0].dtype != value.dtype
+    if converted and not (_is_float_cast(value, parts) or (target and _is_float_cast(consumer.writes[0], target))):
+        return False
     return (
         target is not None
         and target["ranges"] == parts["ranges"]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from polyc.errors import PolycError, PolycWarning, SignatureError, UnsupportedError
+from polyc.frontends.onnx.float16 import computed_in_float32
 from polyc.frontends.onnx.functions import CONSTANT_INPUTS, flatten
 from polyc.frontends.onnx.model import default_opset, initializers, load_model, tensor_info
 from polyc.frontends.onnx.plan import Group, Plan, is_converted, unsupported_error
@@ -113,6 +114,7 @@ class InferenceSession:
                 "feeds) searches each kernel's loop order)"
             )
         self._model, self._where = load_model(model)
+        self._model = computed_in_float32(self._model)
         graph = self._model.graph
         self._opset = default_opset(self._model)
         flat_nodes, missing = flatten(graph, self._opset, is_converted)
