@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,7 @@ class _Quantization:
     """A DQ or a Q node with constant parameters: its integer side (a DQ's input, a Q's
     output), the scale's and zero point's names and values, and the axis of a per-channel scale."""
 
-    node: object
+    node: Any
     integer: str
     scale: str
     zero: str | None
