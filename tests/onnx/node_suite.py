@@ -45,6 +45,10 @@ IMPRECISE_EXPECTATIONS = {
     r"^test_dft_inverse(_opset19)?$": "its expected values come from numpy's float32 FFT: imaginary parts that are exactly 0 hold "
     "that FFT's rounding, 1.9e-7, above the case's atol of 1e-7 (polyc, computing in double as "
     "onnx's reference does, gives 5.6e-16 there and agrees everywhere else)",
+    r"^test_attention_4d_causal_fp16_expanded$": "its expected values round every numpy step of the expanded "
+    "softmax (the exponentials, their sum, the quotients) to float16; polyc computes each operator of a float16 "
+    "model in float32 and rounds once at its end (polyc/frontends/onnx/float16.py): 2 of 192 elements are 2.5 "
+    "float16 steps of their size apart (0.4690 against 0.4695), beyond the case's rtol of 1e-3",
 }
 
 

@@ -148,6 +148,17 @@ def computed_in_float32(model):
         rewritten.CopyFrom(node)
         for position, name in enumerate(rewritten.input):
             rewritten.input[position] = renamed.get(name, name)
+        if node.op_type == "Clip" and node.input and types.get(node.input[0]) == float16 and not node.attribute:
+            # A bound left out is float16's largest finite value, not float32's (onnxruntime's).
+            bounds = (list(rewritten.input[1:3]) + ["", ""])[:2]
+            for position, sign in ((0, -1.0), (1, 1.0)):
+                if not bounds[position]:
+                    bounds[position] = fresh(f"{node.name or 'Clip'}/float16_bound")
+                    graph.initializer.append(
+                        numpy_helper.from_array(np.array(sign * 65504.0, np.float32), bounds[position])
+                    )
+            del rewritten.input[1:]
+            rewritten.input.extend(bounds)
         for attribute in rewritten.attribute:
             # (A double cast to float16 stays one rounding: through float32, a tie could round twice.)
             from_double = types.get(node.input[0] if node.input else "") == TensorProto.DOUBLE

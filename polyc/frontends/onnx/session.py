@@ -114,9 +114,12 @@ class InferenceSession:
                 "feeds) searches each kernel's loop order)"
             )
         self._model, self._where = load_model(model)
-        self._model = computed_in_float32(self._model)
-        graph = self._model.graph
         self._opset = default_opset(self._model)
+        # (Operators expanded into their function bodies are built for their inputs' types,
+        # which the float32 rewrite would leave unknown: such models keep their float16.)
+        if all(is_converted(node.op_type, node.domain, self._opset) for node in self._model.graph.node):
+            self._model = computed_in_float32(self._model)
+        graph = self._model.graph
         flat_nodes, missing = flatten(graph, self._opset, is_converted)
         if missing:
             raise unsupported_error(missing, self._where)
