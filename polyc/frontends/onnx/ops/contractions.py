@@ -5,6 +5,7 @@ slivers as polyc's gemm kernel reads them (:data:`BLOCKED_WEIGHT_ROWS`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -13,37 +14,59 @@ from polyc.frontends.onnx.lowering import Builder, Value, broadcast_shape, deriv
 from polyc.frontends.onnx.ops.base import Converter, _number
 
 
+@dataclass(frozen=True)
+class ProductLayout:
+    """Where ``a @ c`` (numpy's matmul: 1-D operands promoted, batch dimensions broadcast) reads
+    and writes: the output's shape and subscripts, each operand's subscripts (``r0`` the summed
+    index), the full index space ``full`` (batch, rows, columns) and its index names, and K."""
+
+    shape: list
+    full: tuple
+    indices: list
+    out: list
+    a: list
+    c: list
+    inner: int
+
+
+def product_layout(b: Builder, a: Value, c: Value, what: str) -> ProductLayout:
+    """The :class:`ProductLayout` of ``a @ c``; ``what`` names the operator in errors."""
+    if a.rank == 0 or c.rank == 0:
+        raise UnsupportedError(f"{b.where}: {what} of a scalar")
+    a_shape = ((1,) + a.shape) if a.rank == 1 else a.shape
+    c_shape = (c.shape + (1,)) if c.rank == 1 else c.shape
+    if a_shape[-1] != c_shape[-2]:
+        raise UnsupportedError(f"{b.where}: {what} of {a.shape} and {c.shape}: inner extents differ")
+    batch = broadcast_shape(b.where, a_shape[:-2], c_shape[:-2])
+    full = batch + (a_shape[-2], c_shape[-1])
+    shape = list(batch) + ([a.shape[-2]] if a.rank > 1 else []) + ([c.shape[-1]] if c.rank > 1 else [])
+    idx = indices(len(full))
+    out_idx = idx[: len(batch)] + ([idx[-2]] if a.rank > 1 else []) + ([idx[-1]] if c.rank > 1 else [])
+    a_sub = (
+        b.broadcast_subscripts(Value("", a.dtype, a_shape[:-2]), batch, idx[: len(batch)])
+        + ([idx[-2]] if a.rank > 1 else [])
+        + ["r0"]
+    )
+    c_sub = (
+        b.broadcast_subscripts(Value("", c.dtype, c_shape[:-2]), batch, idx[: len(batch)])
+        + ["r0"]
+        + ([idx[-1]] if c.rank > 1 else [])
+    )
+    return ProductLayout(shape, full, idx, out_idx, a_sub, c_sub, a_shape[-1])
+
+
 class MatMul(Converter):
     @staticmethod
     def _impl_v1(b, node, inputs):
         a, c = inputs[:2]
-        if a.rank == 0 or c.rank == 0:
-            raise UnsupportedError(f"{b.where}: MatMul of a scalar")
-        a_shape = ((1,) + a.shape) if a.rank == 1 else a.shape
-        c_shape = (c.shape + (1,)) if c.rank == 1 else c.shape
-        if a_shape[-1] != c_shape[-2]:
-            raise UnsupportedError(f"{b.where}: MatMul of {a.shape} and {c.shape}: inner extents differ")
-        batch = broadcast_shape(b.where, a_shape[:-2], c_shape[:-2])
-        full = batch + (a_shape[-2], c_shape[-1])
-        shape = list(batch) + ([a.shape[-2]] if a.rank > 1 else []) + ([c.shape[-1]] if c.rank > 1 else [])
-        idx = indices(len(full))
-        out_idx = idx[: len(batch)] + ([idx[-2]] if a.rank > 1 else []) + ([idx[-1]] if c.rank > 1 else [])
-        a_sub = (
-            b.broadcast_subscripts(Value("", a.dtype, a_shape[:-2]), batch, idx[: len(batch)])
-            + ([idx[-2]] if a.rank > 1 else [])
-            + ["r0"]
-        )
-        c_sub = (
-            b.broadcast_subscripts(Value("", c.dtype, c_shape[:-2]), batch, idx[: len(batch)])
-            + ["r0"]
-            + ([idx[-1]] if c.rank > 1 else [])
-        )
+        layout = product_layout(b, a, c, "MatMul")
+        shape, out_idx, a_sub, c_sub = layout.shape, layout.out, layout.a, layout.c
         sliver = _weight_sliver(b, a, c)
         if sliver:
             return [_product_by_blocked_weights(b, a, c, sliver, shape, out_idx[:-1], a_sub)]
         out = b.new(shape, a.dtype)
         rhs = f"{b.ref(a, a_sub)} * {b.ref(c, c_sub)}"
-        b.emit([b.statement(out, out_idx, "+=!", rhs, [("r0", a_shape[-1])])], [a, c], [out], "contraction")
+        b.emit([b.statement(out, out_idx, "+=!", rhs, [("r0", layout.inner)])], [a, c], [out], "contraction")
         return [out]
 
 

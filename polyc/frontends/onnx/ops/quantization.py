@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from polyc.errors import UnsupportedError
-from polyc.frontends.onnx.lowering import KernelStep, Value, broadcast_shape, indices, tc_type
+from polyc.frontends.onnx.lowering import KernelStep, Value, indices, tc_type
 from polyc.frontends.onnx.ops.base import Converter, _affine, _axis, _float_only, _number
+from polyc.frontends.onnx.ops.contractions import product_layout
 from polyc.frontends.onnx.ops.convolutions import Conv, _convolution_operands, _spatial
 
 #: The integer types QuantizeLinear makes (DequantizeLinear also reads int32).  The float8, 4-bit
@@ -181,27 +182,8 @@ def _integer_product(b, node, a: Value, a_zero, c: Value, c_zero) -> Value:
     that no elementwise step fuses into it: the integer kernel takes the product alone."""
     _integer_operand(b, a, "A")
     _integer_operand(b, c, "B")
-    if a.rank == 0 or c.rank == 0:
-        raise UnsupportedError(f"{b.where}: MatMulInteger of a scalar")
-    a_shape = ((1,) + a.shape) if a.rank == 1 else a.shape
-    c_shape = (c.shape + (1,)) if c.rank == 1 else c.shape
-    if a_shape[-1] != c_shape[-2]:
-        raise UnsupportedError(f"{b.where}: MatMulInteger of {a.shape} and {c.shape}: inner extents differ")
-    batch = broadcast_shape(b.where, a_shape[:-2], c_shape[:-2])
-    full = batch + (a_shape[-2], c_shape[-1])
-    shape = list(batch) + ([a.shape[-2]] if a.rank > 1 else []) + ([c.shape[-1]] if c.rank > 1 else [])
-    idx = indices(len(full))
-    out_idx = idx[: len(batch)] + ([idx[-2]] if a.rank > 1 else []) + ([idx[-1]] if c.rank > 1 else [])
-    a_sub = (
-        b.broadcast_subscripts(Value("", a.dtype, a_shape[:-2]), batch, idx[: len(batch)])
-        + ([idx[-2]] if a.rank > 1 else [])
-        + ["r0"]
-    )
-    c_sub = (
-        b.broadcast_subscripts(Value("", c.dtype, c_shape[:-2]), batch, idx[: len(batch)])
-        + ["r0"]
-        + ([idx[-1]] if c.rank > 1 else [])
-    )
+    layout = product_layout(b, a, c, "MatMulInteger")
+    full, idx = layout.full, layout.indices
     reads = [a, c]
 
     def shifted(x: Value, subscripts, zero, axis: int, what: str) -> str:
@@ -214,11 +196,11 @@ def _integer_product(b, node, a: Value, a_zero, c: Value, c_zero) -> Value:
         reads.append(zero)
         return f"({term} - int32({b.ref(zero, zero_subscripts)}))"
 
-    a_term = shifted(a, a_sub, a_zero, len(full) - 2, "A's zero point")
-    c_term = shifted(c, c_sub, c_zero, len(full) - 1, "B's zero point")
-    out = b.new(shape, np.int32)
+    a_term = shifted(a, layout.a, a_zero, len(full) - 2, "A's zero point")
+    c_term = shifted(c, layout.c, c_zero, len(full) - 1, "B's zero point")
+    out = b.new(layout.shape, np.int32)
     b.emit(
-        [b.statement(out, out_idx, "+=!", f"{a_term} * {c_term}", [("r0", a_shape[-1])])],
+        [b.statement(out, layout.out, "+=!", f"{a_term} * {c_term}", [("r0", layout.inner)])],
         reads,
         [out],
         "integer_product",
