@@ -219,8 +219,11 @@ def instruction_set_of(flags: Iterable[str], machine: str) -> str:
 DEFAULT_OPTIMISATION_FLAGS: tuple[str, ...] = ("-O3", "-march=native")
 #: The dialect generated code is written in (C99 plus GNU extensions such as ``__restrict__``).
 #: Generated code never reads ``errno``, so math functions need not set it: without the check
-#: gcc vectorises ``sqrt`` (results are the same, IEEE square roots either way).
-LANGUAGE_FLAGS: tuple[str, ...] = ("-std=gnu11", "-fno-math-errno")
+#: gcc vectorises ``sqrt`` (results are the same, IEEE square roots either way).  Nor does it
+#: read floating-point exception flags: without -fno-trapping-math gcc turns a clamp's selects
+#: back into branches it cannot vectorise wherever the clamped value has two uses (a requantized
+#: tensor stored and read back ran scalar; tests/test_vector_math.py), and results are the same.
+LANGUAGE_FLAGS: tuple[str, ...] = ("-std=gnu11", "-fno-math-errno", "-fno-trapping-math")
 #: Compilers tried, in order, when neither ``$POLYC_CC`` nor ``$CC`` is set.
 FALLBACK_COMPILERS: tuple[str, ...] = ("gcc", "cc", "clang")
 

@@ -554,3 +554,50 @@ void vector(const float *restrict x, float *restrict y, int64_t n)
         function(x.ctypes.data, y.ctypes.data, x.size)
         results.append(y)
     np.testing.assert_array_equal(results[1].view(np.uint32), results[0].view(np.uint32))
+
+
+# ----------------------------------------------------------------------------- conversions
+REQUANTIZE_AND_READ_BACK = """
+def requantize(int32(C, N) acc, float(C) scale, uint8(1) zero) -> (Q, D) {
+    Q(c, n) = uint8(fmin(fmax(rint(float(acc(c, n)) * scale(c)) + float(zero(0)), 0.0), 255.0))
+    D(c, n) = float(Q(c, n)) - float(zero(0))
+}
+"""
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_a_clamped_conversion_read_back_vectorises(tmp_path, isa):
+    """A requantization (clamp, convert to uint8) whose result is stored and read back in the same
+    loop: gcc turned the clamp's selects into branches and left the loop scalar, tens of times
+    slower, until the language flags carried -fno-trapping-math and the conversion helpers
+    picked by bit masks."""
+    from polyc.target import LANGUAGE_FLAGS
+
+    compiler, flags = VECTOR_ISAS[isa]
+    kernel = polyc.define(REQUANTIZE_AND_READ_BACK).requantize
+    source = tmp_path / "requantize.c"
+    source.write_text(kernel.c_source())
+    report = subprocess.run(
+        [compiler, "-O3", *flags, *LANGUAGE_FLAGS, "-fopenmp", "-fopt-info-vec-optimized", "-c", str(source)]
+        + ["-o", str(tmp_path / "requantize.o")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
+    lines = source.read_text().splitlines()
+    simd = [k for k, line in enumerate(lines, 1) if "#pragma omp simd" in line]
+    assert simd, "the conversion loop is not marked as a vector loop"
+    vectorised = {int(line) for line in re.findall(r"requantize\.c:(\d+):\d+: optimized: loop vectorized", report)}
+    # gcc names the loop by its header or by the first statement of its body
+    for k in simd:
+        assert vectorised & set(range(k + 1, k + 5)), f"the loop after line {k} stayed scalar:\n{report[-2000:]}"
+
+    rng = np.random.default_rng(3)
+    acc = rng.integers(-40000, 40000, (5, 67)).astype(np.int32)
+    acc[0, :4] = [np.iinfo(np.int32).min, np.iinfo(np.int32).max, 0, -1]
+    scale = rng.uniform(0.001, 0.02, 5).astype(np.float32)
+    zero = np.array([7], np.uint8)
+    q, d = kernel(acc, scale, zero)
+    expected = np.clip(np.rint(acc.astype(np.float32) * scale[:, None]) + np.float32(7), 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(q, expected)
+    np.testing.assert_array_equal(d, expected.astype(np.float32) - np.float32(7))

@@ -15,7 +15,7 @@ conversions would do on their own:
   ``_Float16`` but every operation is done in ``float`` and rounded back to ``_Float16``, which
   is what numpy does and is exact for ``+ - * /``, sqrt and the rounding functions.
 * float to integer conversion truncates; NaN, infinities and values whose truncation is out of
-  the target's range give 0 (helpers ``polyc_float_to_<type>``).
+  the target's range give 0 (helpers ``polyc_float_to_<type>``, ``polyc_floatf_to_<type>``).
 * ``min``/``max`` on floats ignore NaN (like ``fminf``/``fmaxf``), comparisons give ``_Bool`` values.
 
 Every printed expression is a primary expression (a name, literal, call or subscript) or is
@@ -76,10 +76,8 @@ static inline int64_t polyc_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* Per integer type: / and % truncating toward zero with x / 0 == x % 0 == 0 and INT_MIN / -1
    wrapping; min, max; abs wrapping at INT_MIN; >> (arithmetic for signed types; beyond the
-   width, what shifting every bit out leaves); the bit operations; float -> integer conversion
-   that truncates and gives 0 for NaN, infinities and out-of-range values (LOWER <= trunc(x) <
-   UPPER is in range). */
-#define POLYC_SIGNED_HELPERS(T, NAME, LOWER, UPPER)                                              \
+   width, what shifting every bit out leaves); the bit operations. */
+#define POLYC_SIGNED_HELPERS(T, NAME)                                                            \
     static inline T polyc_div_##NAME(T a, T b)                                                 \
     { return b == 0 ? (T)0 : b == -1 ? (T)(0 - (uint64_t)a) : (T)(a / b); }                    \
     static inline T polyc_mod_##NAME(T a, T b) { return (b == 0 || b == -1) ? (T)0 : (T)(a % b); } \
@@ -88,26 +86,22 @@ static inline int64_t polyc_max(int64_t a, int64_t b) { return a > b ? a : b; }
     static inline T polyc_abs_##NAME(T a) { return a < 0 ? (T)(0 - (uint64_t)a) : a; }         \
     static inline T polyc_shr_##NAME(T a, T n)                                                 \
     { return (uint64_t)n < 8 * sizeof(T) ? (T)(a >> n) : (T)(a < 0 ? -1 : 0); }                \
-    POLYC_BIT_HELPERS(T, NAME)                                                                 \
-    static inline T polyc_float_to_##NAME(double x)                                            \
-    { double t = trunc(x); return (t >= (LOWER) && t < (UPPER)) ? (T)t : (T)0; }
-#define POLYC_UNSIGNED_HELPERS(T, NAME, UPPER)                                                   \
+    POLYC_BIT_HELPERS(T, NAME)
+#define POLYC_UNSIGNED_HELPERS(T, NAME)                                                          \
     static inline T polyc_div_##NAME(T a, T b) { return b == 0 ? (T)0 : (T)(a / b); }          \
     static inline T polyc_mod_##NAME(T a, T b) { return b == 0 ? (T)0 : (T)(a % b); }          \
     static inline T polyc_min_##NAME(T a, T b) { return a < b ? a : b; }                       \
     static inline T polyc_max_##NAME(T a, T b) { return a > b ? a : b; }                       \
     static inline T polyc_shr_##NAME(T a, T n) { return (uint64_t)n < 8 * sizeof(T) ? (T)(a >> n) : (T)0; } \
-    POLYC_BIT_HELPERS(T, NAME)                                                                 \
-    static inline T polyc_float_to_##NAME(double x)                                            \
-    { double t = trunc(x); return (t >= 0.0 && t < (UPPER)) ? (T)t : (T)0; }
-POLYC_SIGNED_HELPERS(int8_t, int8, -0x1p7, 0x1p7)
-POLYC_SIGNED_HELPERS(int16_t, int16, -0x1p15, 0x1p15)
-POLYC_SIGNED_HELPERS(int32_t, int32, -0x1p31, 0x1p31)
-POLYC_SIGNED_HELPERS(int64_t, int64, -0x1p63, 0x1p63)
-POLYC_UNSIGNED_HELPERS(uint8_t, uint8, 0x1p8)
-POLYC_UNSIGNED_HELPERS(uint16_t, uint16, 0x1p16)
-POLYC_UNSIGNED_HELPERS(uint32_t, uint32, 0x1p32)
-POLYC_UNSIGNED_HELPERS(uint64_t, uint64, 0x1p64)
+    POLYC_BIT_HELPERS(T, NAME)
+POLYC_SIGNED_HELPERS(int8_t, int8)
+POLYC_SIGNED_HELPERS(int16_t, int16)
+POLYC_SIGNED_HELPERS(int32_t, int32)
+POLYC_SIGNED_HELPERS(int64_t, int64)
+POLYC_UNSIGNED_HELPERS(uint8_t, uint8)
+POLYC_UNSIGNED_HELPERS(uint16_t, uint16)
+POLYC_UNSIGNED_HELPERS(uint32_t, uint32)
+POLYC_UNSIGNED_HELPERS(uint64_t, uint64)
 #undef POLYC_SIGNED_HELPERS
 #undef POLYC_UNSIGNED_HELPERS
 #undef POLYC_BIT_HELPERS
@@ -119,6 +113,43 @@ static inline double polyc_rsqrt(double x) { return 1.0 / sqrt(x); }
 """
     + VECTOR_MATH_C
     + r"""
+/* float -> integer conversion: truncates; NaN, infinities and values whose truncation is out
+   of T's range (LOWER <= trunc(x) < UPPER is in range) give 0.  No branch, so that gcc
+   vectorises a conversion whose result has two uses (a requantized tensor stored and read
+   back; tests/test_vector_math.py): the range test picks by a bit mask, and float32 values
+   of types within int32's range are converted in float lanes to int32 first (AVX2 has no
+   float -> int64 conversion), then tested as integers. */
+#define POLYC_FLOAT_TO_HELPERS(T, NAME, LOWER, UPPER)                                            \
+    static inline T polyc_float_to_##NAME(double x)                                            \
+    { double t = trunc(x); return (T)polyc_select_f64((t >= (LOWER)) & (t < (UPPER)), t, 0.0); }
+static inline int32_t polyc_floatf_to_int32(float x)
+{
+    float t = truncf(x);
+    return (int32_t)polyc_select_f32((t >= -0x1p31f) & (t < 0x1p31f), t, 0.0f);
+}
+#define POLYC_FLOATF_TO_NARROW_HELPER(T, NAME, LOWER, UPPER)                                     \
+    static inline T polyc_floatf_to_##NAME(float x)                                            \
+    { int32_t w = polyc_floatf_to_int32(x); return (T)((w >= (LOWER)) & (w < (UPPER)) ? w : 0); }
+#define POLYC_FLOATF_TO_WIDE_HELPER(T, NAME)                                                     \
+    static inline T polyc_floatf_to_##NAME(float x) { return polyc_float_to_##NAME(x); }
+POLYC_FLOAT_TO_HELPERS(int8_t, int8, -0x1p7, 0x1p7)
+POLYC_FLOAT_TO_HELPERS(int16_t, int16, -0x1p15, 0x1p15)
+POLYC_FLOAT_TO_HELPERS(int32_t, int32, -0x1p31, 0x1p31)
+POLYC_FLOAT_TO_HELPERS(int64_t, int64, -0x1p63, 0x1p63)
+POLYC_FLOAT_TO_HELPERS(uint8_t, uint8, 0.0, 0x1p8)
+POLYC_FLOAT_TO_HELPERS(uint16_t, uint16, 0.0, 0x1p16)
+POLYC_FLOAT_TO_HELPERS(uint32_t, uint32, 0.0, 0x1p32)
+POLYC_FLOAT_TO_HELPERS(uint64_t, uint64, 0.0, 0x1p64)
+POLYC_FLOATF_TO_NARROW_HELPER(int8_t, int8, -128, 128)
+POLYC_FLOATF_TO_NARROW_HELPER(int16_t, int16, -32768, 32768)
+POLYC_FLOATF_TO_NARROW_HELPER(uint8_t, uint8, 0, 256)
+POLYC_FLOATF_TO_NARROW_HELPER(uint16_t, uint16, 0, 65536)
+POLYC_FLOATF_TO_WIDE_HELPER(int64_t, int64)
+POLYC_FLOATF_TO_WIDE_HELPER(uint32_t, uint32)
+POLYC_FLOATF_TO_WIDE_HELPER(uint64_t, uint64)
+#undef POLYC_FLOAT_TO_HELPERS
+#undef POLYC_FLOATF_TO_NARROW_HELPER
+#undef POLYC_FLOATF_TO_WIDE_HELPER
 /* round() is C's: half away from zero.  bool is _Bool.  float16 is _Float16 (gcc >= 12 on
    x86-64, or AArch64); generated code computes float16 operations in float and rounds back with
    POLYC_F16 (from float) or POLYC_F16_DOUBLE (from double), which the GPU dialects define in
@@ -301,7 +332,8 @@ class CExpressionPrinter:
         if target.kind == "b":
             return f"({operand} != 0)"  # NaN is true, as in numpy
         if target.kind in "iu" and source.kind == "f":
-            return f"polyc_float_to_{target.name}({operand})"
+            helper = "float_to" if source == FLOAT64 else "floatf_to"
+            return f"polyc_{helper}_{target.name}({operand})"
         if target == FLOAT16:
             return to_float16(operand, source)
         inner = expr.operand

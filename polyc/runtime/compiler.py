@@ -12,15 +12,15 @@ Defaults, read from the environment when a ``CompilerOptions`` is created:
     shell word list and the first word is the program.
 ``flags``
     The optimisation/architecture part, ``-O3 -march=native``, followed by the language flags
-    ``-std=gnu11 -fno-math-errno``.  A non-empty ``$POLYC_CFLAGS`` replaces the
+    ``-std=gnu11 -fno-math-errno -fno-trapping-math``.  A non-empty ``$POLYC_CFLAGS`` replaces the
     optimisation/architecture part only, so ``POLYC_CFLAGS="-O2 -g"`` gives
-    ``flags == ("-O2", "-g", "-std=gnu11", "-fno-math-errno")``.
+    ``flags == ("-O2", "-g", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math")``.
 
 Every command line also carries ``-fPIC -shared`` (the output must be a loadable library, so
 these are not options), ``-fopenmp`` when ``openmp`` is true, then ``extra_flags``, and links
 ``-lm``.  With all defaults the command is::
 
-    gcc -fPIC -shared -O3 -march=native -std=gnu11 -fno-math-errno -fopenmp -o kernel.so kernel.c -lm
+    gcc -fPIC -shared -O3 -march=native -std=gnu11 -fno-math-errno -fno-trapping-math -fopenmp -o kernel.so kernel.c -lm
 """
 
 from __future__ import annotations

@@ -442,7 +442,7 @@ class ModelExport:
             "set(CMAKE_C_STANDARD 11)",
             "set(CMAKE_C_EXTENSIONS ON)",
             f"add_library({p} STATIC {sources})",
-            f"target_compile_options({p} PRIVATE {flags} -fno-math-errno)",
+            f"target_compile_options({p} PRIVATE {flags} -fno-math-errno -fno-trapping-math)",
             f"target_include_directories({p} PUBLIC ${{CMAKE_CURRENT_SOURCE_DIR}})",
             "if(POLYC_OPENMP)",
             "  find_package(OpenMP REQUIRED)",

@@ -12,7 +12,7 @@ the target's compiler and flags define (``__aarch64__`` and ``__ARM_NEON`` for `
 an export needs no target-specific text.
 
     >>> TARGETS["neon"].compile_command(["main.c", "matmul.c"], "main", "-static")
-    ['aarch64-linux-gnu-gcc', '-O3', '-march=armv8-a+simd', '-std=gnu11', '-fno-math-errno', '-fopenmp', '-static', '-o', 'main', 'main.c', 'matmul.c', '-lm']
+    ['aarch64-linux-gnu-gcc', '-O3', '-march=armv8-a+simd', '-std=gnu11', '-fno-math-errno', '-fno-trapping-math', '-fopenmp', '-static', '-o', 'main', 'main.c', 'matmul.c', '-lm']
 
 :func:`export_c` turns the stages of one kernel (:class:`polyc.driver.Stages`) into two files a
 C project can take without Python: ``NAME.c`` (the prelude and the kernel function) and

@@ -566,7 +566,7 @@ XH = Read(FLOAT16, "H", (I,))
         (Call(INT32, "max", (Cast(INT32, X8), Const(INT32, 0))), "polyc_max_int32(((int32_t)(X[i])), 0)"),
         (Binary(FLOAT16, "*", XH, XH), "POLYC_F16((float)(H[i]) * (float)(H[i]))"),
         (Call(FLOAT16, "sin", (XH,)), "POLYC_F16(sinf((float)(H[i])))"),
-        (Cast(INT32, XF), "polyc_float_to_int32((F[i]))"),
+        (Cast(INT32, XF), "polyc_floatf_to_int32((F[i]))"),
         (Cast(BOOL, XF), "((F[i]) != 0)"),
         (
             Select(FLOAT32, Unary(BOOL, "not", Read(BOOL, "M", (I,))), XF, Const(FLOAT32, 0.1)),

@@ -17,13 +17,13 @@ def test_defaults_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("POLYC_CFLAGS", "-O1 -g")
     options = CompilerOptions()
     assert options.cc == "my-cc"
-    assert options.flags == ("-O1", "-g", "-std=gnu11", "-fno-math-errno")
+    assert options.flags == ("-O1", "-g", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math")
 
     monkeypatch.delenv("POLYC_CC")
     monkeypatch.delenv("POLYC_CFLAGS")
     options = CompilerOptions(cc=None, flags=None)  # None asks for the defaults too
     assert options.cc == "other-cc"
-    assert options.flags == ("-O3", "-march=native", "-std=gnu11", "-fno-math-errno")
+    assert options.flags == ("-O3", "-march=native", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math")
     assert CompilerOptions(cc="gcc", flags=["-O1"]).flags == ("-O1",)
 
 
@@ -38,6 +38,7 @@ def test_default_command_line(monkeypatch):
         "-march=native",
         "-std=gnu11",
         "-fno-math-errno",
+        "-fno-trapping-math",
         "-fopenmp",
         "-fsanitize=address,undefined",
         "-o",
