@@ -12,6 +12,8 @@ prints the page.  Each results file's format is the one its benchmark writes:
   ratio, the compile times, the check or the error, and the operators polyc's time goes to;
 - ``benchmarks.integer_bench`` (``"benchmark": "integer_gemm"``): per shape, polyc's int8 time
   and the other implementations' times over it, and which results were exact;
+- ``benchmarks.onnx_export`` (``"benchmark": "onnx_export"``): per model, the exported C
+  project's time beside its session's and onnxruntime's, its sizes and peak memory;
 - ``benchmarks.tuning_search`` (``kernels``): trials a guided and a random search need to reach
   95% of the best speed;
 - ``benchmarks.tail_latency`` (``settings`` or ``runs``): per run, the call-time percentiles;
@@ -331,6 +333,33 @@ def integer_table(data: dict) -> list[str]:
     return table(header + ["onnxruntime MatMulInteger", "exact"], rows)
 
 
+def export_table(data: dict) -> list[str]:
+    """``benchmarks.onnx_export``: exported models beside their session and onnxruntime."""
+    rows = []
+    for row in data["rows"]:
+        if "error" in row:
+            rows.append([row.get("model"), row.get("batch"), row["error"]] + [""] * 7)
+            continue
+        peaks = " / ".join(f"{row[f'{e}_peak_rss_kib'] / 1024:.0f}" for e in ("export", "polyc", "onnxruntime"))
+        rows.append(
+            [
+                row["model"],
+                row["batch"],
+                _ms(row["export_s"]),
+                _x(row["polyc_s"] / row["export_s"]),
+                _x(row["onnxruntime_s"] / row["export_s"]),
+                f"{row['objects_bytes'] / 2**20:.1f}",
+                f"{row['weights_bytes'] / 2**20:.1f}",
+                f"{row['arena_bytes'] / 2**20:.1f}",
+                peaks,
+                f"{row['max_difference_to_session']:.1e} / {row['max_difference_to_ort_relative']:.1e}",
+            ]
+        )
+    header = ["model", "batch", "export ms", "session / export", "onnxruntime / export", "objects MiB"]
+    header += ["model.bin MiB", "arena MiB", "peak RSS MiB: export / session / onnxruntime"]
+    return table(header + ["difference: to the session / to onnxruntime (of the range)"], rows)
+
+
 KINDS = [  # (title, recognises a results file's data, renders it)
     (
         "Kernels beside numpy, einsum and naive C (`python -m benchmarks`)",
@@ -347,6 +376,11 @@ KINDS = [  # (title, recognises a results file's data, renders it)
         " time / polyc's int8 time)",
         lambda d: d.get("benchmark") == "integer_gemm",
         integer_table,
+    ),
+    (
+        "Exported models beside their session and onnxruntime (`python -m benchmarks.onnx_export`)",
+        lambda d: d.get("benchmark") == "onnx_export",
+        export_table,
     ),
     (
         "ONNX models beside onnxruntime (`python -m benchmarks.onnx_bench`)",

@@ -2,11 +2,11 @@
 
     polyc --version
     polyc compile FILE.tc [--entry NAME] [--emit ast|ranges|isl|schedule|c] [-o OUT] [options]
-    polyc compile FILE.tc [--entry NAME] --target host|avx512|avx2|generic|neon [--shape ...] -o OUTDIR
+    polyc compile FILE.tc [--entry NAME] --target host|avx512|avx2|generic|neon|neon-dotprod [--shape ...] -o OUTDIR
     polyc compile FILE.tc [--entry NAME] --target cuda|opencl --shape ... -o OUTDIR
     polyc run FILE.tc [--entry NAME] --shape NAME=SIZE ... [--check] [--repeat N] [--seed S] [options]
     polyc onnx MODEL.onnx [--shape INPUT=D0,D1,...] [--emit tc|groups|c] [--tune B] [--run [--check] [--bench] [--profile]] [options]
-    polyc onnx export MODEL.onnx [--shape INPUT=D0,D1,...] [--target host|avx512|avx2|generic|neon] -o OUTDIR [--name NAME] [options]
+    polyc onnx export MODEL.onnx [--shape INPUT=D0,D1,...] [--target host|avx512|avx2|generic|neon|neon-dotprod] -o OUTDIR [--name NAME] [options]
     polyc tune FILE.tc [--entry NAME] --shape NAME=SIZE ... [--budget B] [--strategy model|random]
                [--records FILE] [--start-from FILE] [--scheduler ADDRESS] [options]
     polyc tune --list [--records FILE]   |   polyc tune --merge FILE ... [--records FILE]

@@ -397,6 +397,17 @@ TARGETS: dict[str, Target] = {
         128,
         _AARCH64_CACHES,
     ),
+    # Armv8.2-A's dot products (sdot/udot: the integer kernels' 8-bit products) and half-precision
+    # arithmetic: Cortex-A55/A75 and later, Neoverse N1 and later, Apple M1 and later.
+    "neon-dotprod": Target(
+        "neon-dotprod",
+        "aarch64 with NEON, the dot product and fp16 extensions (Armv8.2-A: Cortex-A55/A75 and later)",
+        "aarch64",
+        "aarch64-linux-gnu-gcc",
+        ("-O3", "-march=armv8.2-a+dotprod+fp16"),
+        128,
+        _AARCH64_CACHES,
+    ),
 }
 TARGET_NAMES = ("host", *TARGETS)
 

@@ -125,3 +125,28 @@ def test_integer_group_checks_exactly_and_writes_json(tmp_path):
     assert results["benchmark"] == "integer_gemm" and row["integer_path"] == "integer_gemm"
     assert row["exact"]["polyc_int8"] and row["exact"]["polyc_int8_zero_point"]
     assert {"polyc_sgemm", "numpy_float32"} <= set(row["ratios"])
+
+
+def test_export_benchmark_builds_runs_and_compares(tmp_path):
+    """``python -m benchmarks.onnx_export`` on squeezenet1_1, one short round: the export built by
+    make gives the session's outputs exactly, and the row holds the sizes and peaks."""
+    import pytest
+
+    pytest.importorskip("onnxruntime")
+    output = tmp_path / "onnx_export.json"
+    command = [sys.executable, "-m", "benchmarks.onnx_export", "--models", "squeezenet1_1"]
+    run = subprocess.run(
+        command + ["--repeat", "2", "--rounds", "1", "--json", str(output)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    (row,) = json.loads(output.read_text())["rows"]
+    assert "error" not in row, row
+    assert row["max_difference_to_session"] == 0.0
+    assert row["max_difference_to_ort_relative"] < 1e-4
+    assert row["arena_bytes"] > 0 and row["weights_bytes"] > 4_000_000 and row["objects_bytes"] > 0
+    # the demo's peak is its own, not the benchmark process's (which imports onnxruntime and polyc)
+    assert 0 < row["export_peak_rss_kib"] < row["onnxruntime_peak_rss_kib"]

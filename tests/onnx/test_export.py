@@ -12,6 +12,7 @@ arguments give clear errors.  The builds use -O2 to stay fast.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -666,3 +667,26 @@ def test_damaged_truncated_and_foreign_saved_sessions_are_refused(saved_cnn, tmp
     with pytest.raises(polyc.PolycError, match=message) as error:
         ponnx.InferenceSession(path)
     assert "bad.polyc" in str(error.value)
+
+
+@needs_qemu
+def test_a_quantized_model_exported_for_neon_dotprod_uses_sdot_and_gives_onnxruntimes_bits(tmp_path):
+    """A QDQ network quantized by onnxruntime (per-channel 7-bit weights: onnxruntime's sums are
+    exact on every processor) exported for Armv8.2-A: the integer products run on ``sdot`` under
+    qemu, and the outputs are onnxruntime's, bit for bit."""
+    from tests.onnx.test_qdq import SHAPE, quantized
+
+    model = quantized(tmp_path, per_channel=True, reduce_range=True)
+    directory = tmp_path / "export"
+    exported = ponnx.InferenceSession(model).export(directory, target="neon-dotprod", shapes={"x": SHAPE})
+    assert exported.target.name == "neon-dotprod"
+    build(directory, tool_chain_path(directory, TARGETS["neon-dotprod"].cc), "LDFLAGS=-static")
+    objdump = shutil.which("aarch64-linux-gnu-objdump")
+    if objdump is not None:
+        disassembly = subprocess.run([objdump, "-d", directory / "model_demo"], capture_output=True, text=True).stdout
+        assert re.search(r"\bsdot\b", disassembly), "no sdot in the integer products"
+    feeds = feeds_for(model, {"x": SHAPE}, seed=5)
+    result = run_demo(directory, feeds, QEMU, "-cpu", "max", environment={"OMP_NUM_THREADS": "2"})
+    assert result.returncode == 0, result.stderr
+    (expected,) = onnxruntime_outputs(model, feeds).values()
+    np.testing.assert_array_equal(np.load(directory / "out" / "y.npy"), expected)

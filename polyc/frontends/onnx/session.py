@@ -292,7 +292,7 @@ class InferenceSession:
     def export(self, directory, target="host", shapes: dict | None = None, name: str = "model"):
         """Write the model, planned for ``shapes`` (input name -> shape; default: the model's
         own, when fixed), as a C project into ``directory`` for ``target`` (``host``, ``avx2``,
-        ``avx512``, ``neon`` or ``generic``: :data:`polyc.target.TARGETS`): ``NAME.c`` (the API,
+        ``avx512``, ``neon``, ``neon-dotprod`` or ``generic``: :data:`polyc.target.TARGETS`): ``NAME.c`` (the API,
         the arena and the call sequence), ``NAME_kN.c`` (one kernel each), ``NAME.h``, the
         weights ``NAME.bin``, a demo ``main.c`` reading and writing ``.npy`` files, a
         ``Makefile`` and a ``CMakeLists.txt`` (:mod:`polyc.runtime.model_export`).  Building and
