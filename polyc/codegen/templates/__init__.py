@@ -14,9 +14,14 @@ from importlib import resources
 
 
 @functools.cache
+def package_text(package: str, name: str) -> str:
+    """The text of the file ``name`` stored in ``package`` (package data), exactly as stored."""
+    return resources.files(package).joinpath(name).read_text(encoding="utf-8")
+
+
 def c_template(name: str) -> str:
     """The text of the C template file ``name`` in this package, exactly as stored."""
-    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+    return package_text(__package__, name)
 
 
-__all__ = ["c_template"]
+__all__ = ["c_template", "package_text"]

@@ -4,14 +4,12 @@ model's prefix (``${prefix}``, ``${PREFIX}``) with :class:`string.Template`."""
 
 from __future__ import annotations
 
-import functools
-from importlib import resources
+from polyc.codegen.templates import package_text
 
 
-@functools.cache
 def export_template(name: str) -> str:
     """The text of the C template file ``name`` in this package, exactly as stored."""
-    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+    return package_text(__package__, name)
 
 
 __all__ = ["export_template"]
