@@ -444,7 +444,7 @@ def instruction_set(
         return lines + ["#define POLYC_REGISTER_EPILOGUE 0", typed(PORTABLE_KERNEL, ctype)]
     in_registers = epilogue is not None
     lines += [f"#define POLYC_REGISTER_EPILOGUE {int(in_registers)}", "#define POLYC_STREAM_FENCE() _mm_sfence()"]
-    if in_registers:
+    if epilogue is not None:
         _, _, _, _, load_full, _, load_last, _ = masked_access(block.isa, dtype, block.lanes, "tail")
         lines += [
             epilogue.function(definition, block.isa, load_full),

@@ -166,7 +166,9 @@ class _WinogradWriter(PatternKernelWriter):
         self.conv = conv
         self.dtype = np.dtype(conv.dtype)
         (self.f,), (self.c,) = conv.f, conv.channels
-        value = lambda index: conv.extent(index).evaluate(program.size_values)  # noqa: E731
+        assert program.size_values is not None, "Winograd kernels are generated for concrete sizes"
+        sizes = program.size_values
+        value = lambda index: conv.extent(index).evaluate(sizes)  # noqa: E731
         self.channels, self.features = value(self.c), value(self.f)
         self.tb_half, self.tb_whole, self.large_u = chunk_limits(self.channels, self.features, options)
         self.register_epilogue = (

@@ -36,7 +36,7 @@ from polyc.schedule.contraction import Contraction, recognise_gemm_def, worth_a_
 from polyc.schedule.convolution import Convolution, recognise_conv_def
 from polyc.schedule.transform import optimize_schedule
 
-Config = dict[str, object]
+Config = dict[str, Any]  # knob values: ints, bools and strings
 
 
 class PathRequest:
@@ -77,11 +77,19 @@ class PathRequest:
             self._memo[key] = compute()
         return self._memo[key]
 
+    @property
+    def built_program(self) -> PolyProgram:
+        """The def's program: a request to generate code always has one (recognisers may be
+        asked without it)."""
+        assert self.program is not None, "code is generated only for a request with the def's program"
+        return self.program
+
     def optimized_schedule(self) -> isl.Schedule:
         """The schedule tiled and marked for the CPU (:func:`optimize_schedule`), computed once."""
         if self._optimized is None:
+            assert self.schedule is not None, "a schedule is optimised only for a request with one"
             self._optimized = optimize_schedule(
-                self.schedule, self.program, self.options, self.dependences, self.decisions
+                self.schedule, self.built_program, self.options, self.dependences, self.decisions
             )
         return self._optimized
 
@@ -118,7 +126,7 @@ class SpaceRequest:
     definition: CheckedDef
     sizes: Mapping[str, int]
     options: Options
-    match: object
+    match: Any  # what the path's recogniser returned
     indices: tuple[str, ...]
     extents: tuple[int, ...]
     instruction_set: Callable[[], str]
@@ -132,17 +140,15 @@ class Tuning:
         """The knobs and polyc's own choice of each (the default configuration)."""
         return (), {}
 
-    def option_changes(self, config: Mapping[str, object]) -> dict:
+    def option_changes(self, config: Config) -> dict:
         """The ``polyc.define`` options ``config`` stands for (only those unlike the defaults)."""
         return {}
 
-    def unused(self, config: Mapping[str, object], knobs: tuple[Knob, ...]) -> set[str]:
+    def unused(self, config: Config, knobs: tuple[Knob, ...]) -> set[str]:
         """Knobs that ``config``'s other knobs make meaningless (:meth:`option_changes` ignores them)."""
         return set()
 
-    def block_bytes(
-        self, config: Mapping[str, object], itemsize: int, extents: tuple[int, ...]
-    ) -> tuple[float, float, float] | None:
+    def block_bytes(self, config: Config, itemsize: int, extents: tuple[int, ...]) -> tuple[float, float, float] | None:
         """Bytes of the blocks ``config`` makes, held in L1, L2 and L3 (None: no blocks to speak of)."""
         return None
 

@@ -15,7 +15,7 @@ def recognise(request: PathRequest):
 
 
 def generate(request: PathRequest, convolution) -> PathKernel:
-    return PathKernel(generate_depthwise(request.program, convolution, request.options), convolution=convolution)
+    return PathKernel(generate_depthwise(request.built_program, convolution, request.options), convolution=convolution)
 
 
 def explain(stages) -> list[str]:

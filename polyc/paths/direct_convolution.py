@@ -5,14 +5,14 @@ depthwise paths, tried before it, take the convolutions of their forms."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from polyc.codegen.conv import generate_direct_conv
 from polyc.paths.base import Config, KernelPath, Knob, PathKernel, PathRequest, SpaceRequest, Tuning, direct_convolution
 
 
 def generate(request: PathRequest, convolution) -> PathKernel:
-    return PathKernel(generate_direct_conv(request.program, convolution, request.options), convolution=convolution)
+    return PathKernel(
+        generate_direct_conv(request.built_program, convolution, request.options), convolution=convolution
+    )
 
 
 def explain(stages) -> list[str]:
@@ -39,7 +39,7 @@ class ConvolutionTuning(Tuning):
             default["winograd"] = True
         return knobs, default
 
-    def option_changes(self, config: Mapping[str, object]) -> dict:
+    def option_changes(self, config: Config) -> dict:
         changes: dict[str, object] = {}
         if config.get("winograd", True) is False:
             changes["winograd"] = False

@@ -5,8 +5,6 @@ panels, a register-blocked micro-kernel."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 
 from polyc.codegen.gemm import generate_gemm, micro_kernel_shapes, packing_programs
@@ -19,7 +17,7 @@ def recognise(request: PathRequest):
 
 
 def generate(request: PathRequest, contraction) -> PathKernel:
-    program, options = request.program, request.options
+    program, options = request.built_program, request.options
     return PathKernel(
         generate_gemm(program, contraction, options),
         contraction=contraction,
@@ -43,7 +41,7 @@ class GemmTuning(Tuning):
     (``micro_kernel``: polyc's choice per call, or one of the instruction set's)."""
 
     def knobs(self, request: SpaceRequest) -> tuple[tuple[Knob, ...], Config]:
-        knobs = (
+        knobs: tuple[Knob, ...] = (
             Knob("mc", (24, 48, 72, 96, 120, 144, 192, 240, 288, 384)),
             Knob("nc", (128, 256, 512, 1024, 2048, 3072, 4096)),
             Knob("kc", (0, 64, 128, 192, 256, 320, 384, 512)),
@@ -58,7 +56,7 @@ class GemmTuning(Tuning):
                 default["micro_kernel"] = 0
         return knobs, default
 
-    def option_changes(self, config: Mapping[str, object]) -> dict:
+    def option_changes(self, config: Config) -> dict:
         changes: dict[str, object] = {}
         if config["kc"] != 0:
             changes["gemm_blocks"] = [int(config["mc"]), int(config["nc"]), int(config["kc"])]

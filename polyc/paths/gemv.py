@@ -14,7 +14,7 @@ def recognise(request: PathRequest):
 
 
 def generate(request: PathRequest, contraction) -> PathKernel:
-    return PathKernel(generate_gemv(request.program, contraction, request.options), contraction=contraction)
+    return PathKernel(generate_gemv(request.built_program, contraction, request.options), contraction=contraction)
 
 
 def explain(stages) -> list[str]:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
 
 from polyc.codegen.c import generate_c
 from polyc.options import Options
@@ -19,7 +18,7 @@ def recognise(request: PathRequest):
 
 
 def generate(request: PathRequest, match) -> PathKernel:
-    return PathKernel(generate_c(request.program, request.optimized_schedule(), request.options))
+    return PathKernel(generate_c(request.built_program, request.optimized_schedule(), request.options))
 
 
 def explain(stages) -> list[str]:
@@ -55,7 +54,7 @@ class LoopNestTuning(Tuning):
             default["loop_order"] = ""
         return tuple(knobs), default
 
-    def option_changes(self, config: Mapping[str, object]) -> dict:
+    def option_changes(self, config: Config) -> dict:
         changes: dict[str, object] = {}
         tiles = [int(config[f"t{i}"]) for i in range(3) if f"t{i}" in config]
         if tiles and tiles[0] == -1:

@@ -24,7 +24,8 @@ def recognise(request: PathRequest):
 
 
 def generate(request: PathRequest, dialect: str) -> PathKernel:
-    program, options = request.program, request.options
+    program, options = request.built_program, request.options
+    assert request.schedule is not None and request.dependences is not None, "a GPU mapping needs the analysis"
     if program.size_values is None:
         raise PolycError(
             f"{program.definition.name}: the GPU back ends compile for concrete sizes "

@@ -33,8 +33,7 @@ def recognise(request: PathRequest) -> IntegerContraction | None:
 
 
 def generate(request: PathRequest, contraction: IntegerContraction) -> PathKernel:
-    assert request.program is not None, "a kernel is generated from the def's program"
-    return PathKernel(generate_integer_gemm(request.program, contraction, request.options))
+    return PathKernel(generate_integer_gemm(request.built_program, contraction, request.options))
 
 
 def explain(stages) -> list[str]:

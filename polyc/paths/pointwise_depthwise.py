@@ -18,7 +18,7 @@ def recognise(request: PathRequest):
 
 
 def generate(request: PathRequest, chain) -> PathKernel:
-    return PathKernel(generate_pointwise_depthwise(request.program, chain, request.options))
+    return PathKernel(generate_pointwise_depthwise(request.built_program, chain, request.options))
 
 
 def explain(stages) -> list[str]:

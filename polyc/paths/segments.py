@@ -18,7 +18,8 @@ def recognise(request: PathRequest):
 
 
 def generate(request: PathRequest, segments) -> PathKernel:
-    definition, program = request.definition, request.program
+    definition, program = request.definition, request.built_program
+    assert request.compile_part is not None, "a def is compiled in segments only with a way to compile each"
     parts = tuple(request.compile_part(segment.definition) for segment in segments)
     size_arguments = () if program.size_values is not None else tuple(definition.sizes)
     kernel = link_segments(definition.name, definition, [part.kernel for part in parts], size_arguments)

@@ -17,8 +17,7 @@ def recognise(request: PathRequest) -> Transposition | None:
 
 
 def generate(request: PathRequest, transposition: Transposition) -> PathKernel:
-    assert request.program is not None, "a path generates code only for a request with its program"
-    return PathKernel(generate_transpose(request.program, transposition, request.options))
+    return PathKernel(generate_transpose(request.built_program, transposition, request.options))
 
 
 def explain(stages) -> list[str]:

@@ -17,7 +17,7 @@ def recognise(request: PathRequest):
 
 
 def generate(request: PathRequest, convolution) -> PathKernel:
-    return PathKernel(generate_winograd(request.program, convolution, request.options), convolution=convolution)
+    return PathKernel(generate_winograd(request.built_program, convolution, request.options), convolution=convolution)
 
 
 def explain(stages) -> list[str]:

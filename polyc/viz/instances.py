@@ -129,7 +129,7 @@ def collect(
 def _fix_sizes(relation: isl.UnionMap, sizes: dict) -> isl.UnionMap:
     """``relation`` with its size parameters set to ``sizes`` (a relation made for every size)."""
     space = relation.get_space()
-    names = [space.get_dim_name(isl.dim_type.param, i) for i in range(space.dim(isl.dim_type.param))]
+    names = [str(space.get_dim_name(isl.dim_type.param, i)) for i in range(space.dim(isl.dim_type.param))]
     constraints = " and ".join(f"{n} = {int(sizes[n])}" for n in names if n in sizes)
     if not constraints:
         return relation

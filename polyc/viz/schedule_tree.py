@@ -25,6 +25,7 @@ import html
 import itertools
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import islpy as isl
 
@@ -35,7 +36,7 @@ _ids = itertools.count()
 _LOOP_HEADER = re.compile(r"\bfor \((?:int64_t|int|long) (c\d+) = ")
 _MEMBER = re.compile(r"(\w+)\[[^\]]*\] -> \[\((.*?)\)\]")
 
-_KINDS = {
+_KINDS: dict[Any, str] = {  # isl.schedule_node_type values (ints to the type checker)
     isl.schedule_node_type.band: "band",
     isl.schedule_node_type.context: "context",
     isl.schedule_node_type.domain: "domain",
