@@ -30,6 +30,7 @@ from kernels import CASES, KERNELS, case_inputs, check_kernel, uniform
 from sanitizers import SANITIZER_FLAGS, assert_clean, python_environment, run_sanitized
 
 import polyc
+from polyc.runtime import arguments
 from polyc.runtime.sequence import TableCall
 
 
@@ -461,6 +462,39 @@ int main(void) {{
     assert result.returncode == 0, result.stderr
     printed = subprocess.run([str(program)], capture_output=True, text=True, check=True).stdout.split()
     np.testing.assert_array_equal(np.array(printed, np.float64), expected_sum)
+
+
+def test_a_large_broadcast_input_is_refused_without_a_copy():
+    """A stride-0 view standing for 4 GiB is refused at once, naming the input and the way out;
+    the interpreter refuses it too. A small broadcast view is read through a copy."""
+    source = "def s(float(M, N) X) -> (O) { O(m) +=! X(m, r_n) }"
+    huge = np.broadcast_to(np.float32(1), (1 << 16, 1 << 14))
+    for backend in ("c", "interpreter"):
+        kernel = polyc.define(source, backend=backend).s
+        started = time.perf_counter()
+        with pytest.raises(
+            polyc.BroadcastInputError, match=r"input 'X' is a broadcast view .*4\.0 GiB.*ascontiguousarray"
+        ):
+            kernel(huge)
+        assert time.perf_counter() - started < 1.0  # refused before any copy (the copy takes seconds)
+    row = uniform(np.random.default_rng(9), (1, 300))
+    small = np.broadcast_to(row, (200, 300))
+    before = row.copy()
+    # float32 sums of 300 terms: within 300 * eps32 * sum|x| of the exact sum
+    bound = 300 * np.abs(row).sum(dtype=np.float64) * np.finfo(np.float32).eps
+    np.testing.assert_allclose(polyc.define(source).s(small), np.full(200, row.sum(dtype=np.float64)), atol=bound)
+    np.testing.assert_array_equal(row, before)
+
+
+def test_broadcast_check_names_the_axes_and_respects_the_limit(monkeypatch):
+    kernel = polyc.define("def s(float(M, N) X) -> (O) { O(m) +=! X(m, r_n) }").s
+    column = np.arange(64, dtype=np.float32)[:, None]
+    view = np.broadcast_to(column, (64, 4096))  # 1 MiB as a copy
+    monkeypatch.setattr(arguments, "BROADCAST_COPY_LIMIT", 1 << 19)
+    with pytest.raises(polyc.BroadcastInputError, match=r"stride 0 along axis 1 of shape \(64, 4096\), 64 distinct"):
+        kernel(view)
+    monkeypatch.setattr(arguments, "BROADCAST_COPY_LIMIT", 1 << 20)
+    np.testing.assert_array_equal(kernel(view), column[:, 0] * 4096)
 
 
 def test_same_sizes_do_not_recompile(kernel_cache):
