@@ -9,6 +9,7 @@ import logging
 from polyc.api import Kernel, Module, define
 from polyc.errors import (
     BoundsError,
+    BroadcastInputError,
     CacheError,
     CompilationError,
     ModelError,
@@ -36,6 +37,7 @@ __all__ = [
     "RangeInferenceError",
     "BoundsError",
     "SignatureError",
+    "BroadcastInputError",
     "UnsupportedError",
     "ModelError",
     "CompilationError",

@@ -36,6 +36,7 @@ from polyc.runtime.arguments import BoundCall
 from polyc.runtime.cache import fetch_library, find_request, load_kernel_library, remember_request, request_key
 from polyc.runtime.compiler import compiler_options
 from polyc.runtime.progress import progress_bar, progress_wanted
+from polyc.runtime.sequence import CTYPES_MAX_ARGUMENTS, TableCall
 from polyc.runtime.tuning_records import tuned_options
 from polyc.schedule.contraction import Contraction
 from polyc.schedule.convolution import Convolution
@@ -185,8 +186,18 @@ class _Compiled:
         """``name``: what the log calls the kernel."""
         self.kernel = kernel
         library = load_kernel_library(kernel.source, compiler_options(options), name=name)
-        argtypes = [ctypes.c_void_p] * len(kernel.tensor_arguments) + [ctypes.c_int64] * len(kernel.size_arguments)
-        self.function = get_function(library, kernel.function_name, argtypes, ctypes.c_int)
+        pointers, sizes = len(kernel.tensor_arguments), len(kernel.size_arguments)
+        #: called as ``function(*pointers, *sizes)``, returns the kernel's status
+        self.function: Callable[..., int]
+        if pointers + sizes <= CTYPES_MAX_ARGUMENTS:
+            self.function = get_function(
+                library, kernel.function_name, [ctypes.c_void_p] * pointers + [ctypes.c_int64] * sizes, ctypes.c_int
+            )
+            #: the C function's address, for callers that call it from C (an ONNX plan)
+            self.address: int = ctypes.cast(self.function, ctypes.c_void_p).value or 0
+        else:  # more arguments than ctypes passes: through a C call reading them from a table
+            self.address = ctypes.cast(get_function(library, kernel.function_name, []), ctypes.c_void_p).value or 0
+            self.function = TableCall(self.address, pointers, sizes, options.cc)
 
 
 class CompiledKernel:
@@ -457,6 +468,8 @@ class RepeatCall:
     def __init__(self, definition: CheckedDef, compiled: _Compiled, call: BoundCall):
         self.definition = definition
         self.function = compiled.function
+        #: the C function's address (see :mod:`polyc.runtime.sequence`)
+        self.address = compiled.address
         self.sizes = tuple(call.sizes[s] for s in compiled.kernel.size_arguments)
         inputs = {name: i for i, name in enumerate(definition.inputs)}
         outputs = {name: i for i, name in enumerate(definition.outputs)}

@@ -63,6 +63,11 @@ class SignatureError(PolycError):
     """A call's arguments do not fit the definition: wrong count, shapes, dtypes or sizes."""
 
 
+class BroadcastInputError(SignatureError):
+    """An input is a broadcast view (a stride-0 axis, as ``numpy.broadcast_to`` makes) whose
+    contiguous copy, which compiled kernels read, would exceed the memory polyc spends on its own."""
+
+
 class UnsupportedError(PolycError):
     """A valid request polyc does not support (yet): an option value, an einsum form, an ONNX op."""
 

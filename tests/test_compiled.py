@@ -30,6 +30,8 @@ from kernels import CASES, KERNELS, case_inputs, check_kernel, uniform
 from sanitizers import SANITIZER_FLAGS, assert_clean, python_environment, run_sanitized
 
 import polyc
+from polyc.runtime import arguments
+from polyc.runtime.sequence import TableCall
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -383,6 +385,116 @@ def test_inputs_are_never_modified():
     fc(I, W, B)
     for before, after in zip(copies, (I, W, B)):
         np.testing.assert_array_equal(before, after)
+
+
+def many_inputs_def(count: int) -> str:
+    """A def of ``count`` vector inputs ``X0`` ... and a matrix product ``A * B``: its outputs
+    read the product, every 97th input and the last (so that a misplaced argument shows)."""
+    vectors = ", ".join(f"float(N) X{i}" for i in range(count))
+    picked = " + ".join(f"X{i}(n)" for i in [*range(0, count, 97), count - 1])
+    return f"""def many(float(M, K) A, float(K, N) B, {vectors}) -> (C, S) {{
+        C(m, n) +=! A(m, r_k) * B(r_k, n)
+        S(n) = {picked}
+    }}"""
+
+
+def many_inputs_arrays(count: int, rng) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """Arguments for :func:`many_inputs_def` with M, K, N = 5, 6, 7, and the expected C and S."""
+    A, B = uniform(rng, (5, 6)), uniform(rng, (6, 7))
+    vectors = [np.full(7, i, np.float32) + np.arange(7, dtype=np.float32) for i in range(count)]
+    picked = [*range(0, count, 97), count - 1]
+    expected_sum = sum(np.float64(i) for i in picked) + len(picked) * np.arange(7)
+    return [A, B, *vectors], A.astype(np.float64) @ B, expected_sum
+
+
+@pytest.mark.parametrize("specialize", [True, False])
+def test_a_def_with_5000_tensors_is_called(specialize):
+    """More arguments than ctypes passes (1024): the kernel is called through a C function that
+    reads them from a table (polyc.runtime.sequence.TableCall), on the checked and the repeated
+    path, with sizes as arguments too when the kernel is parametric."""
+    count = 5000
+    kernel = polyc.define(many_inputs_def(count), specialize=specialize).many
+    rng = np.random.default_rng(8)
+    for _ in range(2):  # the second call takes the resolved path (RepeatCall)
+        args, expected_product, expected_sum = many_inputs_arrays(count, rng)
+        C, S = kernel(*args)
+        np.testing.assert_allclose(C, expected_product, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(S, expected_sum)
+    assert len(kernel._repeat_calls) == 1
+    (compiled,) = kernel._backend._compiled.values()
+    assert isinstance(compiled.function, TableCall)
+    out_C, out_S = np.full((5, 7), np.nan, np.float32), np.full(7, np.nan, np.float32)
+    assert kernel(*args, outputs=[out_C, out_S])[1] is out_S
+    np.testing.assert_array_equal(out_S, expected_sum)
+
+
+def test_exported_c_of_a_def_with_2000_tensors_runs(tmp_path):
+    """The exported function keeps the plain signature, one pointer per tensor: C calls it with
+    all 2002 of them."""
+    count = 2000
+    kernel = polyc.define(many_inputs_def(count)).many
+    c_path, h_path = kernel.export_c(tmp_path, dict(M=5, K=6, N=7), target="host")
+    _, _, expected_sum = many_inputs_arrays(count, np.random.default_rng(0))
+    arguments = ", ".join(["A", "B", *(f"X[{i}]" for i in range(count)), "C", "S"])
+    main = tmp_path / "main.c"
+    main.write_text(
+        f"""#include <stdio.h>
+#include <stdlib.h>
+#include "{h_path.name}"
+int main(void) {{
+    static float A[5 * 6], B[6 * 7], C[5 * 7], S[7];
+    static float X[{count}][7];
+    for (int i = 0; i < {count}; i++)
+        for (int n = 0; n < 7; n++) X[i][n] = (float)(i + n);
+    if (polyc_many({arguments}) != 0) return 1;
+    for (int n = 0; n < 7; n++) printf("%.1f\\n", S[n]);
+    return 0;
+}}
+"""
+    )
+    program = tmp_path / "many"
+    result = subprocess.run(
+        ["gcc", "-std=gnu11", "-fopenmp", "-O1", str(c_path), str(main), "-lm", "-o", str(program)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    printed = subprocess.run([str(program)], capture_output=True, text=True, check=True).stdout.split()
+    np.testing.assert_array_equal(np.array(printed, np.float64), expected_sum)
+
+
+def test_a_large_broadcast_input_is_refused_without_a_copy():
+    """A stride-0 view standing for 4 GiB is refused at once, naming the input and the way out;
+    the interpreter refuses it too. A small broadcast view is read through a copy."""
+    source = "def s(float(M, N) X) -> (O) { O(m) +=! X(m, r_n) }"
+    huge = np.broadcast_to(np.float32(1), (1 << 16, 1 << 14))
+    for backend in ("c", "interpreter"):
+        kernel = polyc.define(source, backend=backend).s
+        started = time.perf_counter()
+        with pytest.raises(
+            polyc.BroadcastInputError, match=r"input 'X' is a broadcast view .*4\.0 GiB.*ascontiguousarray"
+        ):
+            kernel(huge)
+        assert time.perf_counter() - started < 1.0  # refused before any copy (the copy takes seconds)
+    row = uniform(np.random.default_rng(9), (1, 300))
+    small = np.broadcast_to(row, (200, 300))
+    before = row.copy()
+    # float32 sums of 300 terms: within 300 * eps32 * sum|x| of the exact sum
+    bound = 300 * np.abs(row).sum(dtype=np.float64) * np.finfo(np.float32).eps
+    np.testing.assert_allclose(polyc.define(source).s(small), np.full(200, row.sum(dtype=np.float64)), atol=bound)
+    np.testing.assert_array_equal(row, before)
+
+
+def test_broadcast_check_names_the_axes_and_respects_the_limit(monkeypatch):
+    kernel = polyc.define("def s(float(M, N) X) -> (O) { O(m) +=! X(m, r_n) }").s
+    column = np.arange(64, dtype=np.float32)[:, None]
+    view = np.broadcast_to(column, (64, 4096))  # 1 MiB as a copy
+    monkeypatch.setattr(arguments, "BROADCAST_COPY_LIMIT", 1 << 19)
+    with pytest.raises(polyc.BroadcastInputError, match=r"stride 0 along axis 1 of shape \(64, 4096\), 64 distinct"):
+        kernel(view)
+    monkeypatch.setattr(arguments, "BROADCAST_COPY_LIMIT", 1 << 20)
+    np.testing.assert_array_equal(kernel(view), column[:, 0] * 4096)
 
 
 def test_same_sizes_do_not_recompile(kernel_cache):

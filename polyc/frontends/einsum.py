@@ -484,7 +484,10 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
         checked_options = checked_options.replace(specialize=False)
     kernel = lowered_kernel(contraction, checked_options)
     # astype copies only when the dtype changes; kernels never write their inputs either way.
-    result = kernel(*(view.astype(kernel_dtype, copy=False) for view in views)).astype(compute_dtype, copy=False)
+    # Broadcast (stride-0) operands are copied here, whatever their size: numpy's einsum takes
+    # them, and a kernel call would refuse a large one (polyc.BroadcastInputError).
+    operands_for_kernel = [_contiguous_if_broadcast(view.astype(kernel_dtype, copy=False)) for view in views]
+    result = kernel(*operands_for_kernel).astype(compute_dtype, copy=False)
     if out is not None:
         np.copyto(out, result, casting="unsafe")  # the cast was checked against `casting` above
         return out
@@ -495,6 +498,13 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
     if order in ("K", "A") and result.ndim > 1:
         return _in_numpy_layout(result, views, contraction, order)
     return result
+
+
+def _contiguous_if_broadcast(array: np.ndarray) -> np.ndarray:
+    """``array``, or a C-contiguous copy of it when an axis longer than 1 has stride 0."""
+    if any(stride == 0 and extent > 1 for extent, stride in zip(array.shape, array.strides)):
+        return np.ascontiguousarray(array)
+    return array
 
 
 def _iterations(contraction: Contraction, views: list[np.ndarray]) -> int:

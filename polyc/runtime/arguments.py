@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polyc.errors import SignatureError
+from polyc.errors import BroadcastInputError, SignatureError
 from polyc.lang.checked import CheckedDef, Role, Tensor
 
 
@@ -47,6 +47,8 @@ def as_input_array(definition: CheckedDef, tensor: Tensor, value) -> np.ndarray:
         return _scalar_to_array(where, tensor, value)
     if not isinstance(value, np.ndarray):
         raise SignatureError(f"{where} must be a numpy array, not {type(value).__name__}")
+    if value.ndim == tensor.rank and value.dtype.newbyteorder("=") == tensor.dtype:
+        _check_broadcast_copy(where, value)
     if value.dtype != tensor.dtype and value.dtype.newbyteorder("=") == tensor.dtype:
         # The same type in the other byte order: read through a native copy, as numpy's own
         # functions do (the caller's array is left as it is).
@@ -59,6 +61,35 @@ def as_input_array(definition: CheckedDef, tensor: Tensor, value) -> np.ndarray:
     if value.ndim != tensor.rank:
         raise SignatureError(f"{where} must have {tensor.rank} dimension(s), not {value.ndim} (shape {value.shape})")
     return value
+
+
+#: The largest contiguous copy (bytes) polyc makes of a broadcast input by itself: kernels read
+#: C-contiguous arrays, and a stride-0 view of one element can stand for gigabytes.
+BROADCAST_COPY_LIMIT = 1 << 30
+
+
+def _check_broadcast_copy(where: str, value: np.ndarray) -> None:
+    """Refuse a broadcast view (an axis of extent > 1 with stride 0) whose contiguous copy would
+    take more than :data:`BROADCAST_COPY_LIMIT` bytes, saying how to pass it instead."""
+    axes = [axis for axis, (extent, stride) in enumerate(zip(value.shape, value.strides)) if stride == 0 and extent > 1]
+    copy_bytes = value.size * value.dtype.itemsize
+    if not axes or copy_bytes <= BROADCAST_COPY_LIMIT:
+        return
+    distinct = value[tuple(0 if axis in axes else slice(None) for axis in range(value.ndim))]
+    raise BroadcastInputError(
+        f"{where} is a broadcast view (stride 0 along {'axis' if len(axes) == 1 else 'axes'} "
+        f"{', '.join(map(str, axes))} of shape "
+        f"{value.shape}, {distinct.size} distinct element(s)): compiled kernels read C-contiguous "
+        f"arrays, and its copy would take {_bytes(copy_bytes)}, more than the {_bytes(BROADCAST_COPY_LIMIT)} "
+        f"polyc copies by itself. Pass numpy.ascontiguousarray(...) of it if that memory is meant to "
+        f"be spent; otherwise pass the array before broadcasting and broadcast inside the def (an "
+        f"input of the smaller shape, indexed without the broadcast axes)"
+    )
+
+
+def _bytes(count: int) -> str:
+    """``count`` bytes in GiB or MiB, for messages."""
+    return f"{count / (1 << 30):.1f} GiB" if count >= 1 << 30 else f"{count / (1 << 20):.1f} MiB"
 
 
 def _scalar_to_array(where: str, tensor: Tensor, value) -> np.ndarray:

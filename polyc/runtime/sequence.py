@@ -13,11 +13,16 @@ in order from tables::
 
 and stops at the first call that returns a nonzero status, saying which.  Its C depends only on
 the signatures it serves, so it is built once per set of signatures into the kernel cache.
+
+The same runner calls one kernel whose arguments are more than ctypes can pass (a def with
+thousands of tensors, such as an ONNX Concat of thousands of inputs): :class:`TableCall`.
 """
 
 from __future__ import annotations
 
 import ctypes
+
+import numpy as np
 
 from polyc.runtime.cache import load_kernel_library
 from polyc.runtime.compiler import CompilerOptions
@@ -25,6 +30,10 @@ from polyc.runtime.loader import get_function
 
 #: The runner's name in its library.
 RUNNER = "polyc_run_calls"
+
+#: The most arguments ctypes passes to a C function (CTYPES_MAX_ARGCOUNT in CPython's _ctypes);
+#: a call with more raises ctypes.ArgumentError.
+CTYPES_MAX_ARGUMENTS = 1024
 
 
 def runner_source(signatures: tuple[tuple[int, int], ...]) -> str:
@@ -77,3 +86,24 @@ def sequence_runner(signatures: tuple[tuple[int, int], ...], cc: str | None = No
         [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p],
         ctypes.c_int,
     )
+
+
+class TableCall:
+    """Calls one kernel function of ``pointers`` pointer and ``sizes`` int64 arguments through
+    the runner, which reads them from a table: for kernels with more arguments than ctypes
+    passes (:data:`CTYPES_MAX_ARGUMENTS`).  Called like the ctypes function it stands for,
+    ``call(*pointers, *sizes)``, it returns the kernel's status."""
+
+    def __init__(self, address: int, pointers: int, sizes: int, cc: str | None = None):
+        self.address = address
+        self.count = pointers + sizes
+        self._runner = sequence_runner(((pointers, sizes),), cc)
+        self._functions = (ctypes.c_void_p * 1)(address)
+        self._kinds = (ctypes.c_int64 * 1)(0)
+
+    def __call__(self, *arguments: int) -> int:
+        if len(arguments) != self.count:
+            raise TypeError(f"the kernel takes {self.count} arguments, got {len(arguments)}")
+        table = np.array(arguments, dtype=np.int64)  # addresses and sizes: each fits in 63 bits
+        failed = ctypes.c_int64(0)
+        return int(self._runner(self._functions, self._kinds, table.ctypes.data, 1, ctypes.byref(failed)))

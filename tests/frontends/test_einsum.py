@@ -192,6 +192,18 @@ def test_non_contiguous_and_broadcast_views():
     assert_matches_numpy("ij,kj->ik", [a, b], run("ij,kj->ik", a, b))
 
 
+def test_large_broadcast_operands_are_taken_as_numpy_takes_them(monkeypatch):
+    """A kernel call refuses a broadcast input whose copy exceeds BROADCAST_COPY_LIMIT; einsum,
+    a drop-in for numpy's, copies it (here with the limit lowered, to keep the arrays small)."""
+    from polyc.runtime import arguments
+
+    monkeypatch.setattr(arguments, "BROADCAST_COPY_LIMIT", 64)
+    rng = np.random.default_rng(4)
+    a = np.broadcast_to(rng.standard_normal((5, 1)), (5, 40))
+    b = rng.standard_normal((40, 3))
+    assert_matches_numpy("ij,jk->ik", [a, b], run("ij,jk->ik", a, b))
+
+
 def test_out_is_written_and_returned():
     a, b = np.ones((2, 3), np.float32), np.ones((3, 4), np.float32)
     out = np.full((2, 4), -1.0, np.float32)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import hashlib
 import logging
 import math
@@ -820,7 +819,7 @@ class _CallSequence:
                 continue
             signature = (len(arguments), len(repeat.sizes))
             kinds.append(signatures.setdefault(signature, len(signatures)))
-            functions.append(ctypes.cast(repeat.function, ctypes.c_void_p).value)
+            functions.append(repeat.address)
             call, entry = len(self.steps), len(table)
             named, zeros = [], []
             for argument in arguments:
