@@ -12,8 +12,9 @@ outputs dropped or added, op types swapped, nodes removed or repeated, the opset
 names with odd characters (renamed everywhere, or in one place).
 
 Each mutant runs in a worker process (a crash or a hang is caught there: the worker is killed
-after the per-mutant timeout and a fresh one started) first in a polyc session, then in
-onnxruntime, on the same seeded inputs (shaped as the mutant's inputs declare, or as the seed's).
+after the per-mutant timeout and a fresh one started) first in a polyc session (with graph
+fusion, or for one mutant in four without), then in onnxruntime, on the same seeded inputs
+(shaped as the mutant's inputs declare, or as the seed's).
 Outcomes (:func:`classify`):
 
 - ``refused``: polyc raised a :class:`polyc.errors.PolycError` subclass; ``refused, unplaced``
@@ -424,13 +425,15 @@ MUTATIONS = [
 
 @dataclass
 class Mutant:
-    """One mutant: its seed model's name, the mutations applied and the model's bytes."""
+    """One mutant: its seed model's name, the mutations applied, the model's bytes, its inputs and
+    whether polyc's session fuses the graph (both ways are fuzzed)."""
 
     index: int
     seed_model: str
     mutations: list[str]
     model: bytes
     feeds: dict = field(default_factory=dict)
+    graph_fusion: bool = True
 
 
 def mutant(seed: int, index: int) -> Mutant:
@@ -448,7 +451,8 @@ def mutant(seed: int, index: int) -> Mutant:
                 mutations.append(done)
                 break
     feeds = (_feeds(model, np.random.default_rng([seed, index, 1])) if declared else None) or original
-    return Mutant(index, seed_name, mutations, model.SerializeToString(), feeds)
+    graph_fusion = bool(np.random.default_rng([seed, index, 2]).integers(4))  # off for one in four
+    return Mutant(index, seed_name, mutations, model.SerializeToString(), feeds, graph_fusion)
 
 
 def _feeds(model, rng) -> dict | None:
@@ -481,12 +485,12 @@ def _worker(connection) -> None:
 
     while True:
         try:
-            model, feeds = connection.recv()
+            model, feeds, graph_fusion = connection.recv()
         except EOFError:
             return
         copies = {name: array.copy() for name, array in feeds.items()}
         try:
-            session = polyc.onnx.InferenceSession(model, threads=1, progress=False)
+            session = polyc.onnx.InferenceSession(model, threads=1, progress=False, graph_fusion=graph_fusion)
             result = ("ran", session.run(None, feeds))
         except PolycError as error:
             result = ("refused", f"{type(error).__name__}: {error}")
@@ -550,7 +554,7 @@ class Worker:
         pair or the string "crash" or "hang"."""
         if self._process is None or not self._process.is_alive():
             self._start()
-        self._connection.send((item.model, item.feeds))
+        self._connection.send((item.model, item.feeds, item.graph_fusion))
         ours = self._receive(timeout)
         if isinstance(ours, str):
             return ours, [], None
@@ -673,7 +677,8 @@ def main(argv=None) -> int:
     for record in records:
         if record.outcome in FAILURES or record.outcome in arguments.show:
             item = record.mutant
-            print(f"\nmutant {item.index} ({item.seed_model}: {'; '.join(item.mutations)}): {record.outcome}")
+            fusion = "" if item.graph_fusion else ", graph_fusion=False"
+            print(f"\nmutant {item.index} ({item.seed_model}{fusion}: {'; '.join(item.mutations)}): {record.outcome}")
             print("    " + record.detail.replace("\n", "\n    "))
     return 1 if any(r.outcome in FAILURES for r in records) else 0
 
