@@ -22,7 +22,7 @@ Outcomes (:func:`classify`):
 - ``agreed``: polyc and onnxruntime (its kernels, with its graph optimisations off) both ran it and every output has onnxruntime's dtype and shape
   and matches within the tolerance of ``test_graph_fuzz.py`` (rtol 1e-3, atol 1e-5 x magnitude);
 - ``lenient``: polyc ran a model onnxruntime refuses (a problem worth a look, not a failure here);
-- ``onnxruntime crashed``: onnxruntime's process died, nothing to compare with;
+- ``onnxruntime crashed``: onnxruntime's process died or hung, nothing to compare with;
 - failures: ``raw exception`` (any other exception type), ``crash``, ``hang``, ``mismatch``,
   ``inputs modified`` (polyc wrote into the caller's arrays).
 
@@ -463,7 +463,7 @@ def _feeds(model, rng) -> dict | None:
         tensor = value.type.tensor_type
         try:
             dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type)
-        except Exception:
+        except (KeyError, ValueError):  # a mutated element type
             return None
         if dtype.kind not in "fiub":
             return None
@@ -606,6 +606,8 @@ def classify(ours, modified, theirs) -> tuple[str, str]:
 # ----------------------------------------------------------------------------- the run
 @dataclass
 class Record:
+    """A mutant's outcome (one of :data:`OUTCOMES`) and what it was: the refusal, the difference."""
+
     mutant: Mutant
     outcome: str
     detail: str
