@@ -200,3 +200,134 @@ def test_keepdims_other_than_0_or_1_drops_the_axes_as_onnxruntime_does(op_type, 
     (got,) = run(reduction, {"x": x})
     assert got.shape == expected.shape
     np.testing.assert_array_equal(got, expected)
+
+
+# ----------------------------------------------------------------------------- found by the mutation fuzzer
+# (tests/onnx/mutation_fuzz.py; each named by the run's seed and mutant)
+
+
+@pytest.mark.parametrize("where", ["initializer", "graph input", "graph output", "attribute tensor"])
+def test_element_type_that_is_no_onnx_data_type(where):
+    """Seed 0, mutants 170, 259 and 802: onnx's readers raised a raw ValueError or KeyError."""
+    weights = numpy_helper.from_array(np.ones((2, 3), np.float32), "w")
+    nodes = [helper.make_node("Add", ["x", "w"], ["y"], name="add")]
+    if where == "initializer":
+        weights.data_type = 999
+    if where == "attribute tensor":
+        value = helper.make_tensor("value", FLOAT, [1], [1.0])
+        value.data_type = 999
+        nodes = [helper.make_node("ConstantOfShape", ["s"], ["y"], name="fill", value=value)]
+        weights = numpy_helper.from_array(np.array([2, 3], np.int64), "s")
+    broken = model(nodes, [("x", [2, 3])], [weights])
+    if where == "graph input":
+        broken.graph.input[0].type.tensor_type.elem_type = 999
+    if where == "graph output":
+        broken.graph.output[0].type.tensor_type.elem_type = 0  # onnxruntime: "Invalid tensor data type 0"
+    with pytest.raises(ModelError, match=r"model\.graph\..* element type (999|0), no ONNX data type"):
+        run(broken, X23)
+
+
+def test_float16_initializer_whose_data_do_not_fill_its_dims():
+    """Seed 0, mutant 462: float32 bytes marked float16 failed in the float32 rewrite (ValueError)."""
+    weights = numpy_helper.from_array(np.ones((2, 3), np.float32), "w")
+    weights.data_type = TensorProto.FLOAT16
+    broken = model([helper.make_node("Add", ["x", "w"], ["y"])], [("x", [2, 3])], [weights])
+    broken.graph.input[0].type.tensor_type.elem_type = TensorProto.FLOAT16
+    broken.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT16
+    with pytest.raises(ModelError, match=r"initializer 'w': its data do not match its dims \[2, 3\] and type FLOAT16"):
+        run(broken, {"x": np.ones((2, 3), np.float16)})
+
+
+@pytest.mark.parametrize(
+    ("op_type", "weights", "problem"),
+    [
+        (
+            "Gemm",
+            np.ones((3, 4), np.int32),
+            r"input 1 'w' is tensor\(int32\), but input 0 bound .* T to tensor\(float\)",
+        ),
+        (
+            "Add",
+            np.ones((2, 3), np.int64),
+            r"input 1 'w' is tensor\(int64\), but input 0 bound .* T to tensor\(float\)",
+        ),
+    ],
+)
+def test_inputs_of_types_their_type_parameter_does_not_allow(op_type, weights, problem):
+    """Seed 0, mutants 396 and 439: an int32 Gemm weight beside float data ran (onnxruntime:
+    "Type parameter (T) of Optype (Gemm) bound to different types")."""
+    broken = model(
+        [helper.make_node(op_type, ["x", "w"], ["y"], name="op")],
+        [("x", [2, 3])],
+        [numpy_helper.from_array(weights, "w")],
+    )
+    with pytest.raises(ModelError, match=rf"node 'op' \({op_type}\): {problem}"):
+        run(broken, X23)
+
+
+def test_layer_normalization_scale_of_a_type_it_does_not_allow():
+    scale = numpy_helper.from_array(np.ones(3, np.int32), "scale")
+    broken = model(
+        [helper.make_node("LayerNormalization", ["x", "scale"], ["y"], name="norm")], [("x", [2, 3])], [scale]
+    )
+    with pytest.raises(ModelError, match=r"node 'norm' \(LayerNormalization\): input 1 'scale' is tensor\(int32\)"):
+        run(broken, X23)
+
+
+def test_required_variadic_input_left_empty():
+    """Seed 0, mutant 362: Concat of ["x", ""] ran as Concat of x alone (onnxruntime refuses it)."""
+    broken = model([helper.make_node("Concat", ["x", ""], ["y"], name="cat", axis=0)], [("x", [2, 3])])
+    with pytest.raises(ModelError, match=r"node 'cat' \(Concat\): input 1 \(inputs\) is required but empty"):
+        run(broken, X23)
+
+
+@pytest.mark.parametrize("axis", [3, -4, 2**62])
+def test_flatten_axis_out_of_range(axis):
+    """Seed 1, mutant 330: an axis of 2**62 flattened as if it were the rank (onnx's inference
+    lets it pass, and checks none where the input's rank is unknown, as here)."""
+    broken = model([helper.make_node("Flatten", ["x"], ["y"], name="flat", axis=axis)], [("x", None)])
+    with pytest.raises(ModelError, match=rf"node 'flat' \(Flatten\): axis {axis} out of range \[-2, 2\]"):
+        run(broken, X23)
+
+
+def test_gemm_whose_inner_extents_differ():
+    """Seed 5, mutant 318: a (16, 4) by (64, 5) product summed over 4 and ran: the Gemm's shapes
+    are known only when planned (after a Flatten of a graph input of unknown rank)."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Flatten", ["x"], ["f"], axis=-1),
+            helper.make_node("Gemm", ["f", "w"], ["y"], name="fc", transB=1),
+        ],
+        "malformed",
+        [helper.make_tensor_value_info("x", FLOAT, None)],
+        [helper.make_tensor_value_info("y", FLOAT, None)],
+        [numpy_helper.from_array(np.ones((5, 64), np.float32), "w")],
+    )
+    broken = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ModelError, match=r"node 'fc' \(Gemm\): A of shape \(16, 4\) .* inner extents differ"):
+        run(broken, {"x": np.ones((1, 4, 4, 4), np.float32)})
+
+
+def test_conv_kernel_shape_that_is_not_the_weights_window():
+    """Seed 3, mutant 852: kernel_shape [3, 2] beside 3 x 3 weights ran as 3 x 3."""
+    with pytest.raises(
+        ModelError, match=r"node 'Conv_0' \(Conv\): kernel_shape \[3, 2\] is not the weights' window \(3, 3\)"
+    ):
+        run(conv(kernel_shape=[3, 2]), IMAGE)
+
+
+@pytest.mark.parametrize("epsilon", [float("nan"), float("inf")])
+def test_non_finite_float_attributes_compute_as_onnxruntime(epsilon):
+    """Seed 0, mutants 49 and 577: a NaN or infinite epsilon was printed into TC as a name
+    ("cannot compile their TC")."""
+    ort = pytest.importorskip("onnxruntime")
+    scale = numpy_helper.from_array(np.ones(3, np.float32), "scale")
+    normed = model(
+        [helper.make_node("LayerNormalization", ["x", "scale"], ["y"], epsilon=epsilon)], [("x", [2, 3])], [scale]
+    )
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    (expected,) = ort.InferenceSession(normed.SerializeToString(), options).run(None, {"x": x})
+    (got,) = run(normed, {"x": x})
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=0)

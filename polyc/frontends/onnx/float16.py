@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from polyc.frontends.onnx.model import initializer_array
+
 #: Operators whose float16 outputs are float16 inputs moved, picked or compared, never computed
 #: (a value already held in float16 passes unchanged), so that rounding them again changes nothing.
 EXACT_OPERATORS = frozenset(
@@ -126,7 +128,7 @@ def computed_in_float32(model):
         return name
 
     def widened(tensor):
-        return numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float32), tensor.name)
+        return numpy_helper.from_array(initializer_array(tensor).astype(np.float32), tensor.name)
 
     for index, tensor in enumerate(graph.initializer):
         if tensor.data_type == float16:

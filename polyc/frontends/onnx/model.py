@@ -170,6 +170,7 @@ def load_model(model, where: str | None = None):
     if not copy.graph.node and not copy.graph.output:
         raise PolycError(f"{where}: the model has no graph (an empty or truncated file?)")
     _check_text(copy, "model", where)
+    _check_element_types(copy.graph, "model.graph", where)
     skeleton = _skeleton(copy)
     try:
         onnx.checker.check_model(_with_any_shapes(skeleton))
@@ -196,7 +197,67 @@ def load_model(model, where: str | None = None):
         copy.graph.value_info.extend(inferred.graph.value_info)
         del copy.graph.output[:]
         copy.graph.output.extend(inferred.graph.output)
+    _check_input_types(copy.graph, default_opset(copy), where)
     return copy, where
+
+
+def _check_input_types(graph, opset: int, where: str) -> None:
+    """Every node of the default domain against its schema's inputs, as onnxruntime checks them
+    when it loads a model and onnx's inference lets pass: a required input left empty, and an
+    input whose known element type is not one its type parameter allows or differs from the
+    type another input bound that parameter to (a Gemm of float and int32 matrices)."""
+    onnx = _onnx()
+    types = {t.name: t.data_type for t in graph.initializer}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
+            types.setdefault(value.name, value.type.tensor_type.elem_type)
+    option = onnx.defs.OpSchema.FormalParameterOption
+    for position, node in enumerate(graph.node):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opset, "")
+        except onnx.defs.SchemaError:
+            continue
+        if not schema.inputs:
+            continue
+        allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+        name = node.name or f"{node.op_type}_{position}"
+        bound: dict[str, tuple[str, int]] = {}
+        for index, value in enumerate(node.input):
+            formal = schema.inputs[min(index, len(schema.inputs) - 1)]
+            if index >= len(schema.inputs) and formal.option != option.Variadic:
+                break  # more inputs than the schema has: the checker's to refuse
+            if not value:
+                if formal.option != option.Optional:
+                    raise ModelError(
+                        f"{where}: node {name!r} ({node.op_type}): input {index} ({formal.name}) is required but empty"
+                    )
+                continue
+            if value not in types:
+                continue
+            elem_type = types[value]
+            if elem_type not in onnx.TensorProto.DataType.values():
+                continue
+            actual = f"tensor({onnx.TensorProto.DataType.Name(elem_type).lower()})"
+            if formal.type_str in allowed:
+                if actual not in allowed[formal.type_str]:
+                    raise ModelError(
+                        f"{where}: node {name!r} ({node.op_type}): input {index} {value!r} is {actual}, "
+                        f"which its type parameter {formal.type_str} does not allow"
+                    )
+                if formal.option == option.Variadic and not formal.is_homogeneous:
+                    continue
+                first = bound.setdefault(formal.type_str, (actual, index))
+                if first[0] != actual:
+                    raise ModelError(
+                        f"{where}: node {name!r} ({node.op_type}): input {index} {value!r} is {actual}, "
+                        f"but input {first[1]} bound its type parameter {formal.type_str} to {first[0]}"
+                    )
+            elif formal.type_str.startswith("tensor(") and actual != formal.type_str:
+                raise ModelError(
+                    f"{where}: node {name!r} ({node.op_type}): input {index} {value!r} is {actual}, not {formal.type_str}"
+                )
 
 
 def _check_text(message, path: str, where: str) -> None:
@@ -220,6 +281,34 @@ def _check_text(message, path: str, where: str) -> None:
                 raise ModelError(f"{where}: {at} is not UTF-8 text ({item[:40]!r})")
             if isinstance(item, Message) and field.message_type.name != "TensorProto":
                 _check_text(item, at, where)
+
+
+def _check_element_types(graph, path: str, where: str) -> None:
+    """Refuses an element type that is no ONNX data type (a number TensorProto.DataType does not
+    name) in an initializer, a constant attribute or a declared value of ``graph`` or of its
+    subgraphs, as onnxruntime does; onnx's own readers fail on one with a raw ValueError."""
+    onnx = _onnx()
+    known = set(onnx.TensorProto.DataType.values())
+    for field in ("initializer", "input", "output", "value_info"):
+        for position, item in enumerate(getattr(graph, field)):
+            if field == "initializer":
+                elem_type, undefined_allowed = item.data_type, False
+            elif item.type.HasField("tensor_type"):
+                elem_type, undefined_allowed = item.type.tensor_type.elem_type, field == "value_info"
+            else:
+                continue
+            if elem_type not in known or (elem_type == onnx.TensorProto.UNDEFINED and not undefined_allowed):
+                raise ModelError(
+                    f"{where}: {path}.{field}[{position}] {item.name!r} has element type {elem_type}, no ONNX data type"
+                )
+    for position, node in enumerate(graph.node):
+        for attribute in node.attribute:
+            at = f"{path}.node[{position}] {node.name or node.op_type!r} attribute {attribute.name!r}"
+            for tensor in [attribute.t] if attribute.HasField("t") else list(attribute.tensors):
+                if tensor.data_type not in known or tensor.data_type == onnx.TensorProto.UNDEFINED:
+                    raise ModelError(f"{where}: {at} is a tensor of element type {tensor.data_type}, no ONNX data type")
+            for index, subgraph in enumerate([attribute.g] if attribute.HasField("g") else list(attribute.graphs)):
+                _check_element_types(subgraph, f"{at}[{index}]", where)
 
 
 def _check_nodes(skeleton, where: str) -> None:
@@ -360,14 +449,18 @@ def default_opset(model) -> int:
 def initializers(graph) -> dict[str, np.ndarray]:
     """The graph's initializers as arrays; one whose data do not fill its dims (or overfill
     them) is a :class:`ModelError` naming it, as onnxruntime refuses it."""
+    return {tensor.name: initializer_array(tensor) for tensor in graph.initializer}
+
+
+def initializer_array(tensor) -> np.ndarray:
+    """One initializer's array; data that do not fill its dims (or overfill them) are a
+    :class:`ModelError` naming it, as onnxruntime refuses them."""
     onnx = _onnx()
-    arrays = {}
-    for tensor in graph.initializer:
-        try:
-            arrays[tensor.name] = onnx.numpy_helper.to_array(tensor)
-        except (ValueError, TypeError, KeyError) as error:
-            raise ModelError(
-                f"initializer {tensor.name!r}: its data do not match its dims {list(tensor.dims)} "
-                f"and type {onnx.TensorProto.DataType.Name(tensor.data_type)} ({error})"
-            ) from error
-    return arrays
+    try:
+        return onnx.numpy_helper.to_array(tensor)
+    except (ValueError, TypeError, KeyError) as error:
+        known = tensor.data_type in onnx.TensorProto.DataType.values()
+        name = onnx.TensorProto.DataType.Name(tensor.data_type) if known else str(tensor.data_type)
+        raise ModelError(
+            f"initializer {tensor.name!r}: its data do not match its dims {list(tensor.dims)} and type {name} ({error})"
+        ) from error

@@ -8,6 +8,8 @@ small helpers several families use: an input that must be known when the model i
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from polyc.errors import UnsupportedError
@@ -91,7 +93,14 @@ def _float_only(b: Builder, value: Value) -> None:
 
 
 def _number(value: float) -> str:
-    text = repr(float(value))
+    """``value`` as a TC literal; an attribute may hold an infinity or a NaN, which TC spells as
+    divisions by zero (C computes them so: polyc never compiles with -ffast-math)."""
+    value = float(value)
+    if math.isnan(value):
+        return "(0.0 / 0.0)"
+    if math.isinf(value):
+        return "(1.0 / 0.0)" if value > 0 else "(-1.0 / 0.0)"
+    text = repr(value)
     return f"({text})" if value < 0 else text
 
 

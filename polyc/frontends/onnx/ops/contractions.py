@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polyc.errors import UnsupportedError
+from polyc.errors import ModelError, UnsupportedError
 from polyc.frontends.onnx.lowering import Builder, Value, broadcast_shape, derived_constant, indices
 from polyc.frontends.onnx.ops.base import Converter, _number
 
@@ -137,9 +137,16 @@ class Gemm(Converter):
         bias = inputs[2] if len(inputs) > 2 else None
         alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
         trans_a, trans_b = node.attr("transA", 0), node.attr("transB", 0)
+        if a.rank != 2 or c.rank != 2:
+            raise ModelError(f"{b.where}: A and B must be matrices, not of shapes {a.shape} and {c.shape}")
         m = a.shape[1] if trans_a else a.shape[0]
         k = a.shape[0] if trans_a else a.shape[1]
         n = c.shape[0] if trans_b else c.shape[1]
+        if (c.shape[1] if trans_b else c.shape[0]) != k:
+            raise ModelError(
+                f"{b.where}: A of shape {a.shape} (transA={trans_a}) and B of shape {c.shape} "
+                f"(transB={trans_b}): inner extents differ"
+            )
         if m == 1 and (bias is None or beta == 0 or bias.size in (1, n)):
             return Gemm._as_matrix_vector(b, a, c, bias, k, n, alpha, beta, trans_b)
         a_sub = ["r0", "i0"] if trans_a else ["i0", "r0"]

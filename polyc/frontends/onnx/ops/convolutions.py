@@ -75,7 +75,8 @@ def _check_window(b, node, k: int, kernel) -> None:
 
 def check_convolution_operands(b, node, x_shape, w: Value, bias: Value | None, transposed: bool = False) -> None:
     """Refuses, as onnxruntime does, a Conv (or ConvTranspose) whose weights do not fit its
-    input (``x_shape``, NCHW) and ``group``, or whose bias is not one value per output channel."""
+    input (``x_shape``, NCHW) and ``group``, whose bias is not one value per output channel, or
+    whose ``kernel_shape`` is not its weights' window."""
     groups = node.attr("group", 1)
     if w.rank != len(x_shape) or groups < 1 or x_shape[1] % groups:
         raise ModelError(
@@ -91,6 +92,9 @@ def check_convolution_operands(b, node, x_shape, w: Value, bias: Value | None, t
         raise ModelError(
             f"{b.where}: the bias must be a 1-D tensor of {filters} values (one per output channel), not {bias.shape}"
         )
+    kernel_shape = node.attr("kernel_shape")
+    if kernel_shape is not None and tuple(kernel_shape) != tuple(w.shape[2:]):
+        raise ModelError(f"{b.where}: kernel_shape {list(kernel_shape)} is not the weights' window {w.shape[2:]}")
 
 
 def _convolution_operands(b, node, inputs):

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from polyc.errors import SignatureError, UnsupportedError
+from polyc.errors import ModelError, SignatureError, UnsupportedError
 from polyc.frontends.onnx.lowering import Value, broadcast_shape, check_size, indices, tc_type
 from polyc.frontends.onnx.ops.base import Converter, _affine, _axis, _elementwise, _require_const
 
@@ -103,6 +103,8 @@ class Flatten(Converter):
     def _impl_v1(b, node, inputs):
         x = inputs[0]
         axis = node.attr("axis", 1)
+        if not -x.rank <= axis <= x.rank:
+            raise ModelError(f"{b.where}: axis {axis} out of range [{-x.rank}, {x.rank}] for a rank-{x.rank} input")
         axis = axis + x.rank if axis < 0 else axis
         return [b.view(x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))]
 
