@@ -159,3 +159,24 @@ def test_graph_fusion_off_keeps_the_qdq_semantics(tmp_path):
     step = float(numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "y_scale")))
     # float32 sums in another order can move a value across a rounding boundary: one step.
     assert np.abs(ours - reference).max() <= step * 1.0001
+
+
+def test_a_batch_of_images_gives_onnxruntimes_bits(tmp_path):
+    """Several images at once: each convolution's product takes the images and positions as its
+    one column index (the im2col copy puts the image inside), then the product is transposed
+    back to images first; the bits are onnxruntime's, as at batch 1."""
+    model = quantized(tmp_path, per_channel=True, reduce_range=True)
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
+    del model.graph.value_info[:]
+    rng = np.random.default_rng(11)
+    feeds = {"x": rng.standard_normal((3, *SHAPE[1:])).astype(np.float32)}
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    session = ponnx.InferenceSession(model)
+    np.testing.assert_array_equal(session.run(None, feeds)[0], theirs)
+    assert "integer_product" in {step.kind for plan in [session] for step in _steps(session, feeds)}
+
+
+def _steps(session, feeds):
+    plan, _ = session._plan_for_feeds(feeds)
+    return [step for stage in plan.stages() for group in stage.order if hasattr(group, "steps") for step in group.steps]

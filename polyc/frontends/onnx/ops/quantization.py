@@ -304,9 +304,7 @@ def _integer_convolution(b, node, x, x_zero, w, w_zero, bias) -> tuple[Value, Va
         raise UnsupportedError(f"{b.where}: the bias must be int32, not {bias.dtype}")
     x, w, _, groups, _, _ = _convolution_operands(b, node, [x, w])
     eight_bits = (np.dtype(np.int8), np.dtype(np.uint8))
-    # (One image: a batch index joins the product's columns to the positions, a layout the
-    # integer kernel packs element by element, slower than the float kernels.)
-    if groups == 1 and x.shape[0] == 1 and x.dtype in eight_bits and w.dtype in eight_bits:
+    if groups == 1 and x.dtype in eight_bits and w.dtype in eight_bits:
         return _as_integer_product(b, node, x, x_zero, w, w_zero), bias
     exact = _exact_float_type(b, x, x_zero, w, w_zero, bias)
     if exact is not None:
@@ -331,19 +329,23 @@ def _integer_convolution(b, node, x, x_zero, w, w_zero, bias) -> tuple[Value, Va
 
 
 def _as_integer_product(b, node, x: Value, x_zero, w: Value, w_zero) -> Value:
-    """A convolution of one group and one image as ``(W - w_zero) @ (windows of x - x_zero)``, in
-    int32: the weights viewed as filters x (channels * taps), the input (a 1x1 stride-1
+    """A convolution of one group as ``(W - w_zero) @ (windows of x - x_zero)``, in int32: the
+    weights viewed as filters x (channels * taps), the input (one image, a 1x1 stride-1
     convolution) or an im2col copy of its windows (x's zero point where a window reads padding,
     so that the shifted value is 0, as the operator pads) viewed as (channels * taps) x
-    positions: the form of :mod:`polyc.paths.integer_gemm`."""
+    (images * positions): the form of :mod:`polyc.paths.integer_gemm`, one column index.  With
+    several images the copy puts the image inside the channels and taps, and the product's
+    columns (filters x images x positions) are transposed to images x filters x positions
+    after it: a batch index beside the positions in the product would be a second column
+    index, which the integer kernel packs element by element."""
     n, channels = x.shape[:2]
     filters, kernel = w.shape[0], list(w.shape[2:])
     outs, begin, end, strides, dilations = _spatial(b, node, x, kernel)
     k, positions = len(kernel), int(np.prod(outs, dtype=np.int64))
     taps = int(np.prod(kernel, dtype=np.int64))
     sp = [f"s{d}" for d in range(k)]
-    assert n == 1, "one image: the positions are the product's only column index"
-    if all(size == 1 for size in kernel) and all(s == 1 for s in strides) and not any(begin) and not any(end):
+    pointwise = all(size == 1 for size in kernel) and all(s == 1 for s in strides)
+    if n == 1 and pointwise and not any(begin) and not any(end):
         columns = b.view(x, [channels, positions])
     else:
         padding = b.ref(x_zero, ["0"] * x_zero.rank) if x_zero is not None else f"{tc_type(x.dtype)}(0)"
@@ -365,15 +367,15 @@ def _as_integer_product(b, node, x: Value, x_zero, w: Value, w_zero) -> Value:
                 [source],
                 "other",
             )
-        col = b.new([n, channels, *kernel, *outs], x.dtype)
+        col = b.new([channels, *kernel, n, *outs], x.dtype)
         window = [f"k{d}" for d in range(k)]
         at = [_affine(strides[d], sp[d], 0) + f" + {_affine(dilations[d], window[d], 0)}" for d in range(k)]
         b.emit(
-            [b.statement(col, ["n", "c", *window, *sp], "=", b.ref(source, ["n", "c", *at]))], [source], [col], "other"
+            [b.statement(col, ["c", *window, "n", *sp], "=", b.ref(source, ["n", "c", *at]))], [source], [col], "other"
         )
-        columns = b.view(col, [channels * taps, positions])
+        columns = b.view(col, [channels * taps, n * positions])
     matrix = b.view(w, [filters, channels * taps])
-    product = b.new([filters, positions], np.int32)
+    product = b.new([filters, n * positions], np.int32)
     a_term, reads = f"int32({b.ref(matrix, ['f', 'r_k'])})", [matrix, columns]
     if w_zero is not None:
         a_term = f"({a_term} - int32({b.ref(w_zero, ['f'] if w_zero.size > 1 else ['0'] * w_zero.rank)}))"
@@ -388,7 +390,12 @@ def _as_integer_product(b, node, x: Value, x_zero, w: Value, w_zero) -> Value:
         [product],
         "integer_product",
     )
-    return b.view(product, [n, filters, *outs])
+    if n == 1:
+        return b.view(product, [n, filters, *outs])
+    by_filter = b.view(product, [filters, n, *outs])
+    out = b.new([n, filters, *outs], np.int32)
+    b.emit([b.statement(out, ["n", "f", *sp], "=", b.ref(by_filter, ["f", "n", *sp]))], [by_filter], [out], "other")
+    return out
 
 
 def _zero_points(zero, rank: int, axis: int) -> np.ndarray | int:
