@@ -293,9 +293,10 @@ def test_every_kernel_has_a_symbol_of_its_own_and_the_arena_is_one_block(tmp_pat
 
 # ----------------------------------------------------------------------------- neon
 @needs_qemu
-def test_a_model_exported_for_neon_runs_under_qemu_and_matches_onnxruntime(tmp_path):
-    model = cnn()
-    shapes = {"X": (2, 3, 8, 8)}
+@pytest.mark.parametrize("name", ["cnn", "transformer"])
+def test_a_model_exported_for_neon_runs_under_qemu_and_matches_onnxruntime(tmp_path, name):
+    make_model, shapes = MODELS[name]
+    model = make_model()
     exported = ponnx.InferenceSession(model).export(tmp_path, target="neon", shapes=shapes)
     assert exported.target.name == "neon" and "CC = aarch64-linux-gnu-gcc" in (tmp_path / "Makefile").read_text()
     build(tmp_path, tool_chain_path(tmp_path, TARGETS["neon"].cc), fast_flags("neon"), "LDFLAGS=-static")
