@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import islpy as isl
 
@@ -111,12 +110,7 @@ class PolyProgram:
     size_values: Mapping[str, int] | None = None
 
     def statement(self, name: str) -> PolyStatement:
-        """The statement called ``name``."""
-        return self._statements_by_name[name]
-
-    @cached_property
-    def _statements_by_name(self) -> dict[str, PolyStatement]:
-        return {s.name: s for s in reversed(self.statements)}
+        return next(s for s in self.statements if s.name == name)
 
     @property
     def domain(self) -> isl.UnionSet:
