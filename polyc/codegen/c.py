@@ -50,6 +50,9 @@ _BOOL_REDUCTIONS = {"+": "||", "*": "&&", "max": "||", "min": "&&"}
 #: summed from zero (vectorised), so the rounding error grows with SUM_BLOCK + n / SUM_BLOCK
 #: terms instead of n: long sums come out as accurate as numpy's pairwise ones.
 SUM_BLOCK = 256
+#: A vector loop is written in one version per value of at most this many select conditions it
+#: leaves fixed (2 ** n copies of it): see ``_KernelWriter.versioned_simd_loop``.
+MAX_VERSIONED_CONDITIONS = 2
 # A parallel loop of fewer iterations than this takes the parallel loops nested right inside it
 # into its iteration space (OpenMP's collapse): a transformer encoder's qkv Transpose, parallel
 # over its 3 matrices, gave one of two threads two thirds of the work; collapsed with the loops
@@ -84,10 +87,12 @@ class LoopFact:
     What the writer made of it: ``parallel`` when OpenMP shares its iterations among threads,
     by a pragma on it (``collapse`` loops, 1 or more, or ``parallel_reductions``) or as a loop
     ``collapsed_into`` the parallel loop at that position; ``simd`` under ``omp simd`` (with
-    ``simd_reductions``); ``blocked`` when a float sum runs in blocks of :data:`SUM_BLOCK`
-    iterations (the C then has two loops for it: the blocks, parallel if this is, and the
-    vector loop in a block); ``dropped`` says why a loop marked simd (or a parallel reduction
-    in blocks) has no OpenMP pragma; ``unroll`` the factor of a ``GCC unroll`` pragma (1: none)."""
+    ``simd_reductions``); ``blocked`` when a float sum runs in blocks of ``sum_block``
+    iterations, at most :data:`SUM_BLOCK` (the C then has two loops for it: the blocks,
+    parallel if this is, and the vector loop in a block); ``dropped`` says why a loop marked simd (or a parallel reduction
+    in blocks) has no OpenMP pragma; ``unroll`` the factor of a ``GCC unroll`` pragma (1: none);
+    ``versioned_on`` the select conditions (C text) the loop is written once per value of, in
+    versions under ifs (this fact describes the version where all are true)."""
 
     iterator: str
     depth: int
@@ -104,6 +109,8 @@ class LoopFact:
     blocked: bool = False
     dropped: str = ""
     unroll: int = 1
+    sum_block: int = 0
+    versioned_on: tuple[str, ...] = ()
 
     @property
     def statements(self) -> tuple[str, ...]:
@@ -268,7 +275,20 @@ class _KernelWriter:
             return cgen.Module([cgen.Pragma("omp single"), cgen.Block([self.node(node)])])
         if kind == isl.ast_node_type.block:
             children = node.block_get_children()
-            return cgen.Block([self.team_part(children.get_at(i)) for i in range(children.n_ast_node())])
+            parts: list = []
+            serial: list = []  # consecutive serial parts: one omp single, so one barrier, for all
+            for i in range(children.n_ast_node()):
+                child = children.get_at(i)
+                if PARALLEL not in _mark_kinds(child):
+                    serial.append(self.node(child))
+                    continue
+                if serial:
+                    parts += [cgen.Pragma("omp single"), cgen.Block(serial)]
+                    serial = []
+                parts.append(self.team_part(child))
+            if serial:
+                parts += [cgen.Pragma("omp single"), cgen.Block(serial)]
+            return cgen.Block(parts)
         if kind == isl.ast_node_type.for_:
             return self.for_node(node, [], body=self.team_part)
         if kind == isl.ast_node_type.if_:
@@ -375,6 +395,7 @@ class _KernelWriter:
         pragmas: list[str],
         reductions: tuple[Reduction, ...],
         parallel_reduction: bool = False,
+        assumed: dict[str, bool] | None = None,
     ):
         """A loop under a simd mark, with the loop-invariant work moved out of it.
 
@@ -384,12 +405,15 @@ class _KernelWriter:
         Reductions (``reductions``: (op, tensor) pairs) accumulate in local variables, loaded
         before and stored after the loop, under ``omp simd reduction(...)``.  Both happen only
         when the loop has an iteration, since the subscripts are valid only then.  Without
-        pragmas (still correct) if some update is not to one loop-invariant element.
+        pragmas (still correct) if some update is not to one loop-invariant element.  Selects
+        whose condition the loop leaves fixed are decided outside it: the loop is written once
+        per value of those conditions (:meth:`versioned_simd_loop`); ``assumed`` gives the
+        values of the version being written.
         """
         clauses = list(reductions)
         iterator = self.expr(node.for_get_iterator())
         position = len(self.loops)  # this loop's record; a rewrite of the loop replaces the records
-        self.simd = _SimdLoopState({iterator}, {tensor: None for _, tensor in clauses})
+        self.simd = _SimdLoopState({iterator}, {tensor: None for _, tensor in clauses}, assumed=dict(assumed or {}))
         loop = self.for_node(node, [])
         state, self.simd = self.simd, None
         elements = state.accumulated_elements
@@ -400,9 +424,14 @@ class _KernelWriter:
                 position
             ].dropped = "an update in it is not to one element the loop leaves fixed, or runs under a condition"
             return written
+        if assumed is None and 0 < len(state.fixed_conditions) <= MAX_VERSIONED_CONDITIONS:
+            del self.loops[position:]
+            return self.versioned_simd_loop(
+                node, pragmas, reductions, parallel_reduction, tuple(state.fixed_conditions)
+            )
         if state.invariant_loads.keys() & state.written:
             del self.loops[position:]
-            self.simd = _SimdLoopState({iterator}, dict.fromkeys(elements), hoist=False)
+            self.simd = _SimdLoopState({iterator}, dict.fromkeys(elements), hoist=False, assumed=dict(assumed or {}))
             loop = self.for_node(node, [])
             self.simd = None
         omp = [p for p in pragmas if p.startswith("omp ")]
@@ -421,6 +450,8 @@ class _KernelWriter:
         record.parallel = omp[0].startswith("omp parallel for")
         record.collapse = int(record.parallel)
         record.simd, record.blocked = True, bool(blocked)
+        if blocked:
+            record.sum_block = (record.trip_count or SUM_BLOCK) if _at_most_one_block(node) else _sum_block(node)[0]
         if parallel_reduction:
             record.parallel_reductions = reductions
         else:
@@ -473,6 +504,46 @@ class _KernelWriter:
         del self.param_names[iterator]
         return cgen.If(runs, cgen.Block(body))
 
+    def versioned_simd_loop(
+        self,
+        node: isl.AstNode,
+        pragmas: list[str],
+        reductions: tuple[Reduction, ...],
+        parallel_reduction: bool,
+        conditions: tuple[str, ...],
+    ) -> cgen.Generable:
+        """The simd loop ``node`` written once per value of ``conditions`` (C text of select
+        conditions the loop leaves fixed, such as a recurrence's ``t >= 1`` choosing between
+        the previous step and the initial state), under ifs that pick the version: a select
+        inside a vector loop costs both branches' loads and a blend per element, and gcc does
+        not take such a condition out of the loop itself.  The kernel's loop facts describe the
+        first version (all conditions true) and name the conditions (``versioned_on``)."""
+        position = len(self.loops)
+        first_version_loops: list[int] = []
+
+        def version(values: dict[str, bool]) -> cgen.Generable:
+            written = self.simd_loop(node, pragmas, reductions, parallel_reduction, assumed=values)
+            if not first_version_loops:
+                first_version_loops.append(len(self.loops))
+            else:
+                text = " && ".join(f"{'' if v else '!'}({c})" for c, v in values.items())
+                written = cgen.Module([cgen.Comment(f"polyc: the loop above, for {text}"), written])
+            return written
+
+        def choose(depth: int, values: dict[str, bool]) -> cgen.Generable:
+            if depth == len(conditions):
+                return version(values)
+            condition = conditions[depth]
+            then = choose(depth + 1, {**values, condition: True})
+            otherwise = choose(depth + 1, {**values, condition: False})
+            return cgen.If(condition, cgen.Block([then]), cgen.Block([otherwise]))
+
+        written = choose(0, {})
+        del self.loops[first_version_loops[0] :]
+        if len(self.loops) > position:
+            self.loops[position].versioned_on = conditions
+        return written
+
     def sums_in_blocks(self, node: isl.AstNode, reductions: tuple[Reduction, ...]) -> bool:
         """Whether a loop reducing ``reductions`` ((op, tensor) pairs) sums floats in blocks of
         :data:`SUM_BLOCK` iterations: it has a float ``+`` reduction, steps by one up to a bound
@@ -515,14 +586,19 @@ class _KernelWriter:
         bound = self.expr(cond.get_op_arg(1))
         last = bound if cond.get_op_type() == isl.ast_expr_op_type.le else f"{bound} - 1"
         block, block_last = f"{iterator}_block", f"{iterator}_last"
+        size, even = _sum_block(node)
+        # Blocks of one constant length where the loop's length allows: gcc then compiles the
+        # vector loop without the run-time trip count's prologue and epilogue, which cost a
+        # third of an LSTM step's dot products (benchmarks/results/*_onnx_zoo*.json, lstm_lm).
+        block_end_c = f"{block} + {size - 1}" if even else f"polyc_min({block} + {size - 1}, {last})"
         inner = cgen.For(f"int64_t {iterator} = {block}", f"{iterator} <= {block_last}", f"{iterator} += 1", loop.body)
         outer = cgen.For(
             f"int64_t {block} = {self.expr(node.for_get_init())}",
             f"{block} <= {last}",
-            f"{block} += {SUM_BLOCK}",
+            f"{block} += {size}",
             cgen.Block(
                 [
-                    cgen.Statement(f"const int64_t {block_last} = polyc_min({block} + {SUM_BLOCK - 1}, {last})"),
+                    cgen.Statement(f"const int64_t {block_last} = {block_end_c}"),
                     *block_start,
                     cgen.Pragma(inner_pragma),
                     inner,
@@ -620,10 +696,16 @@ class _KernelWriter:
                 return f"polyc_bool_at(&{element})"
             return element
 
+        def known_condition(select: ir.Select) -> bool | None:
+            if simd is None or not _reads_nothing(select.cond):
+                return None
+            return simd.known_condition(printer.to_c(select.cond))
+
         printer = CExpressionPrinter(
             access=access,
             index=lambda n: index_c[n] if n in index_c else self.size_c[n],
             size=self.size_expr,
+            known_condition=known_condition,
         )
         value = printer.to_c(source.rhs)
         if statement.kind == "assign":
@@ -674,6 +756,8 @@ class _LoopRecord:
     blocked: bool = False
     dropped: str = ""
     unroll: int = 1
+    sum_block: int = 0
+    versioned_on: tuple[str, ...] = ()
 
     def fact(self) -> LoopFact:
         return LoopFact(
@@ -692,6 +776,8 @@ class _LoopRecord:
             self.blocked,
             self.dropped,
             self.unroll,
+            self.sum_block,
+            self.versioned_on,
         )
 
 
@@ -721,6 +807,18 @@ class _SimdLoopState:
     guards: int = 0  # how many ifs of the body enclose the statement being written
     invariant_loads: dict[tuple[str, str], str] = field(default_factory=dict)
     written: set[str] = field(default_factory=set)
+    # Conditions of selects that read no tensor and that the loop leaves fixed (C text, in the
+    # order found), and the values assumed for them in the version of the loop being written.
+    fixed_conditions: dict[str, None] = field(default_factory=dict)
+    assumed: dict[str, bool] = field(default_factory=dict)
+
+    def known_condition(self, condition: str) -> bool | None:
+        """The value assumed for a select's condition (C text) in this version of the loop,
+        None if the condition moves with the loop (or is not assumed); records fixed ones."""
+        if self.moves(condition):
+            return None
+        self.fixed_conditions.setdefault(condition)
+        return self.assumed.get(condition)
 
     def moves(self, text: str) -> bool:
         """Whether C text depends on an iterator of the loop or of a loop in its body."""
@@ -945,6 +1043,23 @@ def _at_most_one_block(loop: isl.AstNode) -> bool:
     return last - init.get_val().to_python() + 1 <= SUM_BLOCK
 
 
+def _sum_block(loop: isl.AstNode) -> tuple[int, bool]:
+    """The iterations per block of a float sum in blocks (:meth:`_KernelWriter.blocked_loop`),
+    and whether every block has exactly that many: a loop of constant bounds whose length n
+    splits into ceil(n / SUM_BLOCK) blocks of one length takes that length (at most
+    SUM_BLOCK, so no less accurate); any other takes SUM_BLOCK and a shorter last block."""
+    init, cond = loop.for_get_init(), loop.for_get_cond()
+    bound = cond.get_op_arg(1)
+    if init.get_type() != isl.ast_expr_type.int or bound.get_type() != isl.ast_expr_type.int:
+        return SUM_BLOCK, False
+    last = bound.get_val().to_python() - (cond.get_op_type() == isl.ast_expr_op_type.lt)
+    length = last - init.get_val().to_python() + 1
+    blocks = -(-length // SUM_BLOCK)
+    if length % blocks == 0:
+        return length // blocks, True
+    return SUM_BLOCK, False
+
+
 def _is_innermost(node: isl.AstNode) -> bool:
     """Whether an isl AST has no loop of more than one iteration and no mark."""
     kind = node.get_type()
@@ -962,6 +1077,20 @@ def _is_innermost(node: isl.AstNode) -> bool:
 
 def _accumulator(tensor: str) -> str:
     return f"polyc_acc_{tensor}"
+
+
+def _reads_nothing(expr: ir.TExpr) -> bool:
+    """Whether ``expr`` is computed from indices, sizes and constants alone (no tensor read, no
+    call): its value is fixed wherever they are."""
+    if isinstance(expr, (ir.IndexValue, ir.SizeValue, ir.Const)):
+        return True
+    if isinstance(expr, ir.Binary):
+        return _reads_nothing(expr.lhs) and _reads_nothing(expr.rhs)
+    if isinstance(expr, (ir.Unary, ir.Cast)):
+        return _reads_nothing(expr.operand)
+    if isinstance(expr, ir.Select):
+        return _reads_nothing(expr.cond) and _reads_nothing(expr.then) and _reads_nothing(expr.otherwise)
+    return False
 
 
 def _unconditional_reads(expr: ir.TExpr) -> set[int]:

@@ -258,11 +258,16 @@ class CExpressionPrinter:
         the caller spells sizes).
     ``size(affine)``
         C text (int64_t) of a size expression (:class:`SizeValue`); default ``affine.to_c()``.
+    ``known_condition(select)``
+        The value of a select's condition where the caller knows it (a loop written in one
+        version per value of a condition it leaves fixed), else None; then only the chosen
+        branch is printed.
     """
 
     access: Callable[[Read, list[str]], str]
     index: Callable[[str], str] = _name_to_c
     size: Callable[[Affine], str] = _affine_to_c
+    known_condition: Callable[[Select], bool | None] | None = None
 
     def to_c(self, expr: TExpr) -> str:
         """C text computing ``expr`` with exactly the interpreter's semantics in ``expr.dtype``."""
@@ -321,6 +326,9 @@ class CExpressionPrinter:
         return f"(({c_type(dtype)})(({work}){lhs} {op} ({work}){rhs}))"
 
     def _print_Select(self, expr: Select) -> str:
+        known = self.known_condition(expr) if self.known_condition is not None else None
+        if known is not None:
+            return self.to_c(expr.then if known else expr.otherwise)
         # C evaluates only the chosen branch, so a guarded access is never made out of bounds.
         return f"({self.to_c(expr.cond)} ? {self.to_c(expr.then)} : {self.to_c(expr.otherwise)})"
 

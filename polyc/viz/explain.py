@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyc.codegen.c import COLLAPSE_BELOW, SUM_BLOCK
+from polyc.codegen.c import COLLAPSE_BELOW
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 from polyc.paths import kernel_path
@@ -368,7 +368,13 @@ def _explain_loop(position: int, facts, owners, dependences, program, params) ->
         loop.reasons.append(
             ("innermost, vectorised" if innermost else "vectorised")
             + (f" with simd reductions ({clauses})" if clauses else "")
-            + (f", summed in blocks of {SUM_BLOCK} iterations (two loops in the C)" if fact.blocked else "")
+            + (f", summed in blocks of {fact.sum_block} iterations (two loops in the C)" if fact.blocked else "")
+            + (
+                f", written once per value of {' and '.join(fact.versioned_on)}, which it leaves fixed "
+                "(the selects on them decided outside the vector loop)"
+                if fact.versioned_on
+                else ""
+            )
         )
     elif innermost and decision is not None and not fact.dropped:
         if decision.simd_reason:

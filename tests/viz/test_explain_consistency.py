@@ -6,7 +6,9 @@ The C side is read here, independently of polyc, from the kernel function's text
 ``for (int64_t NAME = ...`` line is a loop, ``#pragma omp parallel for`` (with ``collapse(k)``:
 the k loops nested from it) makes it parallel, ``omp simd`` (or ``parallel for simd``) makes it a
 vector loop, and a float sum in blocks (a loop ``NAME_block`` around the vector loop ``NAME``)
-counts as the one loop ``NAME`` of the explanation.  The two lists must agree loop by loop, in
+counts as the one loop ``NAME`` of the explanation, and a loop written once per value of a
+condition it leaves fixed (``if (c) { loop } else { /* polyc: the loop above, for !(c) */
+loop }``) is the one loop of its first version.  The two lists must agree loop by loop, in
 the order of the text.
 
 Checked over the corpus (tests/kernels.py, every kernel at each of its sizes), over ``SHAPES``
@@ -45,6 +47,7 @@ GENERIC = {"blas_contractions": False, "direct_convolutions": False, "transpose_
 
 _FOR = re.compile(r"^\s*for \(int64_t (\w+) = ")
 _PRAGMA = re.compile(r"^\s*#pragma omp (.*)$")
+_FURTHER_VERSION = re.compile(r"^\s*/\* polyc: the loop above, for ")
 
 
 def c_loops(source: str, function: str) -> list[tuple[str, bool, bool]]:
@@ -54,7 +57,14 @@ def c_loops(source: str, function: str) -> list[tuple[str, bool, bool]]:
     loops: list[list] = []
     pending: list[str] = []
     collapsed_left = 0
+    version_depth = 0  # inside a further version of a loop written per value of a condition
     for line in body.splitlines():
+        if version_depth:
+            version_depth += line.count("{") - line.count("}")
+            continue
+        if _FURTHER_VERSION.match(line):
+            version_depth = 1  # the comment opens the version's block, which is one loop of the first
+            continue
         pragma = _PRAGMA.match(line)
         if pragma:
             pending.append(pragma.group(1))
