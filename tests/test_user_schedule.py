@@ -93,6 +93,9 @@ def test_define_compiles_a_reordered_reduction_on_the_user_schedule_path():
     assert "#pragma omp parallel for" in source and "(-c2) + INT64_C(13)" in source
     text = str(kernel.explain(MATMUL_SIZES))
     assert "user_schedule path" in text and "the schedule is the user's" in text
+    assert "not tiled: the schedule is the user's" in text
+    # The schedule may also come as an option change of one compile.
+    assert polyc.define(MATMUL).mm.stages(MATMUL_SIZES, schedule=REVERSED).path == "user_schedule"
 
 
 def test_define_compiles_a_wavefront_and_finds_its_parallel_loop():
@@ -105,9 +108,25 @@ def test_define_compiles_a_wavefront_and_finds_its_parallel_loop():
         np.testing.assert_array_equal(kernel(u0, r), heat_reference(u0, r))
     stages = kernel.stages({"N": 40, "T": 17})
     assert [d.coincident for d in stages.decisions] == [(False,), (True,)]
+    # A schedule that gives a whole wavefront one time (isl orders each wavefront's points).
+    flat = polyc.define(HEAT, schedule="[N, T] -> { S0[t, i] -> [2t + i]; S1[t, i] -> [2t + i] }").heat
+    np.testing.assert_array_equal(flat(u0, r), heat_reference(u0, r))
     # A schedule given as an isl object compiles alike.
     same = polyc.define(HEAT, schedule=isl.UnionMap(WAVEFRONT)).heat
     np.testing.assert_array_equal(same(u0, r), heat_reference(u0, r))
+
+
+def test_threads_share_only_the_loops_the_schedule_carries_nothing_at():
+    kernel = polyc.define(HEAT, schedule="[N, T] -> { S0[t, i] -> [t, i]; S1[t, i] -> [t, i] }").heat
+    sizes = {"N": 70000, "T": 3}  # rows of work enough for a team of threads at every step
+    source = kernel.c_source(sizes)
+    # The step loop c0 carries the stencil's dependences: sequential, each row shared out.
+    lines = source.splitlines()
+    steps = next(n for n, line in enumerate(lines) if "for (int64_t c0" in line)
+    assert "omp parallel for" not in lines[steps - 1] and "#pragma omp for simd" in lines[steps + 1]
+    u0 = np.random.default_rng(2).random(sizes["N"]).astype(np.float32)
+    r = np.full(sizes["T"], 0.25, np.float32)
+    np.testing.assert_array_equal(kernel(u0, r), heat_reference(u0, r))
 
 
 def test_define_refuses_an_illegal_schedule_with_the_violated_pair():
