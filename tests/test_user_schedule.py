@@ -111,9 +111,13 @@ def test_define_compiles_a_wavefront_and_finds_its_parallel_loop():
     # A schedule that gives a whole wavefront one time (isl orders each wavefront's points).
     flat = polyc.define(HEAT, schedule="[N, T] -> { S0[t, i] -> [2t + i]; S1[t, i] -> [2t + i] }").heat
     np.testing.assert_array_equal(flat(u0, r), heat_reference(u0, r))
-    # A schedule given as an isl object compiles alike.
-    same = polyc.define(HEAT, schedule=isl.UnionMap(WAVEFRONT)).heat
-    np.testing.assert_array_equal(same(u0, r), heat_reference(u0, r))
+    # A schedule given as an isl object (a union map, a schedule tree) compiles alike.
+    tree = isl.Schedule.from_domain(kernel.stages({"N": 40, "T": 17}).program.domain).insert_partial_schedule(
+        isl.MultiUnionPwAff.from_union_map(isl.UnionMap(WAVEFRONT))
+    )
+    for given in (isl.UnionMap(WAVEFRONT), tree):
+        same = polyc.define(HEAT, schedule=given).heat
+        np.testing.assert_array_equal(same(u0, r), heat_reference(u0, r))
 
 
 def test_threads_share_only_the_loops_the_schedule_carries_nothing_at():
