@@ -173,12 +173,14 @@ class Kernel:
 
         return explain(self, self._checked_sizes(sizes))
 
-    def check_schedule(self, schedule, sizes: dict | None = None):
+    def check_schedule(self, schedule, sizes: dict | None = None, strict: bool = False):
         """Whether a schedule of your own (isl text such as ``"{ S0[m, n, r_k] -> [r_k, m, n] }"``)
-        respects every dependence of this def; if not, the violated ones with witness pairs."""
+        respects every dependence of this def; if not, the violated ones with witness pairs.
+        A reduction's updates may be reordered unless ``strict`` (:func:`polyc.viz.check_schedule`);
+        a schedule it accepts compiles with ``polyc.define(..., schedule=...)``."""
         from polyc.viz.explain import check_schedule
 
-        return check_schedule(self, schedule, self._checked_sizes(sizes) if sizes else None)
+        return check_schedule(self, schedule, self._checked_sizes(sizes) if sizes else None, strict)
 
     def isl_model_text(self, sizes: dict | None = None) -> str:
         """Domains and accesses of every statement, and the dependences, as isl text; for a

@@ -43,6 +43,7 @@ from polyc.schedule.convolution import Convolution
 from polyc.schedule.gpu_mapping import GpuPlan
 from polyc.schedule.packing import PackingProgram
 from polyc.schedule.scheduler import compute_schedule
+from polyc.schedule.user import user_schedule
 from polyc.target import usable_cores
 
 logger = logging.getLogger(__name__)
@@ -110,6 +111,10 @@ def compile_stages(
     kernel; contractions among other statements: segments, each through its own stages; else
     the generic loop nest).  The whole def's schedules are still computed, for inspection.
 
+    With ``options.schedule`` (a schedule of the user's), that schedule is checked
+    (:func:`polyc.schedule.user.user_schedule`: an illegal one is an
+    :class:`~polyc.errors.IllegalScheduleError`) and compiled on the ``user_schedule`` path instead.
+
     The path then settles the options (:func:`polyc.paths.settle_options`): ``requested`` are
     the options the user gave (None: ``options`` themselves; they differ when tuning records
     were applied); ``part``: the def is a segment of a larger one.
@@ -118,13 +123,19 @@ def compile_stages(
     program = analysis.program
     if options.specialize and sizes is not None:
         program = build_program(definition, sizes, ctx=analysis.program.ctx)
+    schedule, dependences = analysis.schedule, analysis.dependences
+    if options.schedule is not None and options.backend == "c":
+        # The user's schedule, checked at these sizes (every size when not specialised).
+        schedule, dependences = user_schedule(
+            program, dependences, options.schedule, dict(sizes) if sizes is not None and options.specialize else None
+        )
     request = PathRequest(
         definition,
         options,
         program.size_values,
         program,
-        analysis.dependences,
-        analysis.schedule,
+        dependences,
+        schedule,
         compile_part=lambda segment: compile_stages(segment, options, sizes, part=True),
     )
     path, match = choose_path(request)

@@ -87,3 +87,12 @@ class CacheError(PolycError):
 
 class PolycWarning(UserWarning):
     """A def that is valid but probably not what its author meant (shown with Python's warnings)."""
+
+
+class IllegalScheduleError(PolycError):
+    """A schedule given with ``schedule=`` breaks a dependence: ``violations`` lists each broken
+    kind with a witness pair of statement instances (:class:`polyc.schedule.user.Violation`)."""
+
+    def __init__(self, message: str, violations: tuple = ()):
+        super().__init__(message)
+        self.violations = violations

@@ -87,6 +87,17 @@ class Options:
       bytes (L1 and L2 per core); None reads this machine's.  Exports for another machine use
       that target's (:mod:`polyc.target`).
     - ``threads``: the most threads a parallel kernel uses (None: OpenMP's default, all cores).
+    - ``schedule``: a schedule of your own for the C back end: isl text of a union map from
+      statement instances to time vectors, named as ``kernel.check_schedule`` and
+      ``kernel.explain`` name them (``"{ S0[m, n, r_k] -> [m, n, K - r_k]; S0_init[m, n] -> [m, n, 0] }"``),
+      or an ``isl.Schedule``/``isl.UnionMap``.  Each compile checks it as ``check_schedule`` does
+      (a reduction's updates may be reordered) at the call's sizes (every size when
+      ``specialize=False``) and refuses one that breaks a dependence with a
+      :class:`polyc.IllegalScheduleError` naming it and a witness pair; otherwise the C runs the
+      instances in that order, a loop parallel (and vectorised) only where it carries no
+      dependence.  The def then compiles on the ``user_schedule`` path: no gemm, convolution or
+      other dedicated kernel, no fusion, tiling or loop reordering (:mod:`polyc.schedule.user`).
+      None: polyc schedules.  The interpreter back end ignores it.
     - ``tuning``: compile each call's sizes with the fastest options :func:`polyc.tune` recorded
       for this def, these sizes and dtypes, this compiler and this machine, when there is such a
       record; only options left at their defaults take the recorded values.  False: never.
@@ -121,6 +132,7 @@ class Options:
     gemm_blocks: tuple[int, int, int] | None = None
     conv_block: int | None = None
     gpu_tiles: tuple[int, ...] | None = None
+    schedule: str | None = None
 
     @staticmethod
     def from_kwargs(**kwargs) -> Options:
@@ -142,6 +154,10 @@ class Options:
         if "cflags" in kwargs and kwargs["cflags"] is not None:
             flags = kwargs["cflags"]
             kwargs["cflags"] = tuple(flags.split()) if isinstance(flags, str) else tuple(flags)
+        schedule = kwargs.get("schedule")
+        if schedule is not None and type(schedule).__module__.startswith("islpy"):
+            # An isl.Schedule or union map: kept as text, so options stay hashable and the cache key names it.
+            kwargs["schedule"] = str(schedule.get_map() if hasattr(schedule, "get_map") else schedule)
         options = Options(**kwargs)
         options.validate()
         return options
@@ -219,6 +235,13 @@ class Options:
         ):
             raise PolycError(
                 f"grid must be one to three positive integers (most blocks along x, y, z), not {self.grid!r}"
+            )
+        if self.schedule is not None and not isinstance(self.schedule, str):
+            raise PolycError(f"schedule must be isl text or an isl.Schedule, not {self.schedule!r}")
+        if self.schedule is not None and self.backend in GPU_BACKENDS:
+            raise PolycError(
+                f"schedule= gives the C back end's loop order; the {self.backend!r} back end maps loops to "
+                "blocks and threads itself"
             )
         if self.device is not None:
             named_device(self.device if isinstance(self.device, str) else repr(self.device))

@@ -69,6 +69,13 @@ CASES = {
     ),
     "segments": (SEGMENTS, {"M": 20, "N": 24, "K": 16}, {}, "generic", {"blas_contractions": False}),
     "transpose": (TRANSPOSE, {"N": 2, "C": 19, "H": 5, "W": 7}, {}, "generic", {"transpose_kernels": False}),
+    "user_schedule": (
+        MATMUL,
+        {"M": 64, "K": 64, "N": 64},
+        {"schedule": "[M, N, K] -> { S0_init[m, n] -> [m, n, 0]; S0[m, n, r_k] -> [m, n, K - r_k] }"},
+        "gemm",
+        {"schedule": None},
+    ),
     "generic": (ROWSUM, {"M": 16, "N": 8}, {}, None, {}),
 }
 
@@ -129,7 +136,9 @@ def test_the_gpu_path_is_the_only_one_for_the_gpu_back_ends():
 
 
 def test_an_unknown_path_name_is_a_clear_error():
-    with pytest.raises(polyc.PolycError, match="no kernel path is called 'gem'; the paths are: gpu_mapping, gemv"):
+    with pytest.raises(
+        polyc.PolycError, match="no kernel path is called 'gem'; the paths are: gpu_mapping, user_schedule, gemv"
+    ):
         kernel_path("gem")
 
 

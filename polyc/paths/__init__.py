@@ -26,12 +26,14 @@ from polyc.paths import (
     pointwise_depthwise,
     segments,
     transpose,
+    user_schedule,
     winograd,
 )
 from polyc.paths.base import KernelPath, Knob, PathKernel, PathRequest, SpaceRequest, Tuning
 
 KERNEL_PATHS: tuple[KernelPath, ...] = (
     gpu_mapping.PATH,
+    user_schedule.PATH,
     gemv.PATH,
     gemm.PATH,
     integer_gemm.PATH,

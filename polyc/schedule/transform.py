@@ -204,6 +204,8 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: str, 
     tiled = False
     if options.loop_tiles == ():
         decision.tiling = "tiling is off (loop_tiles=())"
+    elif options.schedule is not None:
+        decision.tiling = "the schedule is the user's (schedule=): its loops run as given, untiled"
     elif not node.band_get_permutable():
         decision.tiling = "the band is not permutable: its loops cannot be interchanged, so not tiled"
     elif n_members < 2:

@@ -27,6 +27,7 @@ from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 from polyc.paths import kernel_path
 from polyc.schedule.transform import clause_text
+from polyc.schedule.user import check_user_schedule
 
 KINDS = ("flow", "anti", "output", "reduction")
 _KIND_WORDS = {
@@ -588,87 +589,25 @@ class ScheduleCheck:
         return "<pre>" + html.escape(str(self)) + "</pre>"
 
 
-def check_schedule(kernel, schedule, sizes: dict | None = None) -> ScheduleCheck:
+def check_schedule(kernel, schedule, sizes: dict | None = None, strict: bool = False) -> ScheduleCheck:
     """Whether ``schedule`` (isl text of a union map from statement instances to time vectors,
     e.g. ``"{ S0[m, n, r_k] -> [r_k, m, n]; S0_init[m, n] -> [-1, m, n] }"``, an isl.UnionMap or
     an isl.Schedule) runs every dependence's source before its sink.  Violations come with a
     witness pair at ``sizes`` (when given) or at some sizes.  With ``sizes`` the schedule need
     only give a time to the instances at those sizes (a schedule written for them, without the
-    size parameters, is checked there); without, to every instance at every size."""
+    size parameters, is checked there); without, to every instance at every size.
+
+    The updates of one element by a reduction (``+=``, ``*=``, ``min=``, ``max=``) may run in any
+    order, as polyc's own vectorised and parallel reductions run them, while a statement reading
+    the reduced element waits for all of them; ``strict=True`` keeps their source order too
+    (:mod:`polyc.schedule.user`).  A schedule this accepts compiles with
+    ``polyc.define(..., schedule=...)``."""
     from polyc.driver import analyse
 
-    definition = kernel.definition
-    analysis = analyse(definition, kernel.options.fusion)
-    program, dependences = analysis.program, analysis.dependences
-    ctx = program.ctx
-    if isinstance(schedule, isl.Schedule):
-        relation = isl.UnionMap.read_from_str(ctx, str(schedule.get_map()))
-    else:
-        try:
-            relation = isl.UnionMap.read_from_str(ctx, str(schedule))
-        except isl.Error as error:
-            from polyc.errors import PolycError
-
-            raise PolycError(f"not an isl union map: {schedule!r} ({error})") from error
-    relation = relation.align_params(program.context.get_space())
-    params = _parameter_values(program, sizes) if sizes else None
-    # With sizes, a schedule need only time the instances at those sizes (it may be written for them).
-    missing = program.domain.subtract(relation.domain())
-    if params is not None:
-        missing = missing.intersect_params(params)
-    if not missing.is_empty():
-        from polyc.errors import PolycError
-
-        at = f" at {', '.join(f'{k}={v}' for k, v in sizes.items())}" if sizes and params is not None else ""
-        raise PolycError(f"the schedule gives no time to some statement instances{at}: {missing.coalesce()}")
-    violations = []
-    violated = isl.UnionMap.empty(dependences.flow.get_space())
-    for kind in KINDS:
-        deps = getattr(dependences, kind)
-        if kind != "reduction":
-            deps = deps.subtract(dependences.reduction)
-        times = deps.apply_domain(relation).apply_range(relation)
-        bad_times = times.subtract(_lex_lt_of(times))
-        if bad_times.is_empty():
-            continue
-        bad = deps.intersect(relation.apply_range(bad_times).apply_range(relation.reverse()))
-        violated = violated.union(bad)
-        if params is not None:
-            bad = bad.intersect_params(params)
-        if bad.is_empty():
-            continue
-        maps: list[isl.Map] = []
-        bad.foreach_map(maps.append)
-        point = maps[0].wrap().sample_point()
-        n_in, n_out = maps[0].dim(isl.dim_type.in_), maps[0].dim(isl.dim_type.out)
-        values = [point.get_coordinate_val(isl.dim_type.set, i).to_python() for i in range(n_in + n_out)]
-        source = program.statement(maps[0].get_tuple_name(isl.dim_type.in_))
-        sink = program.statement(maps[0].get_tuple_name(isl.dim_type.out))
-        element = _element(sink, values[n_in:]) if kind == "anti" else _element(source, values[:n_in])
-        distance = tuple(b - a for a, b in zip(values[:n_in], values[n_in:])) if source is sink else ()
-        violations.append(
-            Witness(
-                kind,
-                source.name,
-                dict(zip(source.indices, values[:n_in])),
-                sink.name,
-                dict(zip(sink.indices, values[n_in:])),
-                element,
-                distance,
-            )
-        )
-    return ScheduleCheck(str(schedule), violations, kernel, relation, violated)
-
-
-def _lex_lt_of(times: isl.UnionMap) -> isl.UnionMap:
-    """The pairs of ``times`` whose first time vector is lexicographically before the second."""
-    result = isl.UnionMap.empty(times.get_space())
-    maps: list[isl.Map] = []
-    times.foreach_map(maps.append)
-    for relation in maps:
-        space = relation.get_space().domain()
-        if relation.dim(isl.dim_type.in_) != relation.dim(isl.dim_type.out):
-            continue
-        earlier = isl.Map.lex_lt(space).intersect_domain(relation.domain()).intersect_range(relation.range())
-        result = result.union(isl.UnionMap.from_map(relation.intersect(earlier)))
-    return result
+    analysis = analyse(kernel.definition, kernel.options.fusion)
+    checked = check_user_schedule(analysis.program, analysis.dependences, schedule, sizes, strict)
+    violations = [
+        Witness(v.kind, v.source, v.source_instance, v.sink, v.sink_instance, v.element, v.distance)
+        for v in checked.violations
+    ]
+    return ScheduleCheck(str(schedule), violations, kernel, checked.relation, checked.violated)

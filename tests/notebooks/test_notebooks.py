@@ -46,7 +46,7 @@ def executed(tmp_path_factory):
 
 
 def test_the_notebooks_are_there():
-    assert {"quickstart.ipynb", "visual_tour.ipynb", "onnx.ipynb"} <= set(NAMES)
+    assert {"quickstart.ipynb", "visual_tour.ipynb", "onnx.ipynb", "user_schedule.ipynb"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
