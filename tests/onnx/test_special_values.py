@@ -790,11 +790,9 @@ NOT_SWEPT = {
     "STFT": "the swept DFT's kernels over frames",
     "DeformConv": "the swept RoiAlign's bilinear samples and Conv's products",
     "Col2Im": "sums of moved elements, as the swept ConvTranspose",
-    "Einsum": "swept (as MatMul's kernels)",
     "TfIdfVectorizer": "integer or string n-grams",
     "NonMaxSuppression": "selection by scores: a NaN score's order is the sweep's TopK's",
     "MaxUnpool": "moves elements to indices, as the swept ScatterElements",
-    "LpPool": "swept",
     **dict.fromkeys(
         "Attention RotaryEmbedding LinearAttention CausalConvWithState SoftmaxCrossEntropyLoss "
         "NegativeLogLikelihoodLoss CenterCropPad AffineGrid Bernoulli SequenceMap".split(),
