@@ -1,6 +1,8 @@
-"""NaN, +-inf and -0 through the activations and clamps, as onnxruntime computes them: Relu,
-Sign, HardSigmoid and Clip keep a NaN (fmin/fmax would drop it), Relu and Clip keep -0, Clip
-without a bound clamps to the type's largest finite value, Selu(-0) is +0."""
+"""NaN, +-inf and -0 as onnxruntime computes them: first the activations and clamps (Relu,
+Sign, HardSigmoid and Clip keep a NaN, fmin/fmax would drop it; Relu and Clip keep -0; Clip
+without a bound clamps to the type's largest finite value; Selu(-0) is +0), then a sweep over
+every float operator polyc converts (issue 81), with the tables of what is left out and why,
+and the rules behind the exclusions (ArgMax's, the max of a slice holding NaN, Winograd's)."""
 
 from __future__ import annotations
 
