@@ -74,16 +74,28 @@ class BitShift(Converter):
         return [_integer_elementwise(b, inputs, "shl" if direction == "LEFT" else "shr")]
 
 
+def _nan_max_min(combine: str, a: str, c: str) -> str:
+    """Max or Min of two floats as onnxruntime computes them: a NaN on either side is the
+    result, and of equal operands (-0 and +0) the first.  Selects, which vectorise, where
+    TC's max and min (fmax's, fmin's) would drop the NaN."""
+    keeps_first = ">=" if combine == "max" else "<="
+    return f"(({a} {keeps_first} {c} || {a} != {a}) ? {a} : {c})"
+
+
 def _variadic(combine: str, mean: bool = False):
     class Variadic(Converter):
         @staticmethod
         def _impl_v1(b, node, inputs):
             values = [v for v in inputs if v is not None]
+            floats = values[0].dtype.kind == "f"
 
             def rhs(refs):
                 text = refs[0]
                 for r in refs[1:]:
-                    text = f"{combine}({text}, {r})" if combine.isalpha() else f"({text} {combine} {r})"
+                    if combine.isalpha():
+                        text = _nan_max_min(combine, text, r) if floats else f"{combine}({text}, {r})"
+                    else:
+                        text = f"({text} {combine} {r})"
                 return f"({text}) / {len(refs)}" if mean else text
 
             return [_elementwise(b, values, values[0].dtype, rhs)]

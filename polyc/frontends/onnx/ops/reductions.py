@@ -25,6 +25,11 @@ def _reduce_axes(b, node, x, axes_input=None):
     return sorted({_axis(b, int(a), x.rank) for a in axes})
 
 
+def _finite_or_zero(value: str) -> str:
+    """``value`` where it is finite, else 0 (``v - v`` is 0 only for a finite ``v``)."""
+    return f"({value} - {value} == 0 ? {value} : 0)"
+
+
 def _reduce(kind: str):
     class Reduce(Converter):
         CONSTANT_INPUTS = (1,)
@@ -53,11 +58,11 @@ def _reduce(kind: str):
             # target where it writes it
             lhs = f"{out.ident}({', '.join(out_idx) if out.shape else 'z0'})"
             statements, reads = [], [x]
-            if kind == "logsumexp":  # log(sum(exp(x - max))) + max: no overflow in exp
+            if kind == "logsumexp":  # log(sum(exp(x - max))) + max: no overflow in exp (see below)
                 largest = b.new(out_shape, x.dtype)
                 statements.append(b.statement(largest, out_idx, "max=!", read, reductions))
                 largest_here = f"{largest.ident}({', '.join(out_idx) if out.shape else 'z0'})"
-                read = f"{read} - {largest_here}"
+                read = f"{read} - {_finite_or_zero(largest_here)}"
             op = {
                 "sum": "+=!",
                 "mean": "+=!",
@@ -85,16 +90,10 @@ def _reduce(kind: str):
             if kind == "logsum":
                 statements.append(b.statement(out, out_idx, "=", f"log({lhs})"))
             if kind == "logsumexp":
-                # An infinite (or NaN) max is the answer (an all -inf or empty slice is -inf),
-                # and the sum of exp(x - max) then holds NaN.  m - m is 0 only for finite m.
-                statements.append(
-                    b.statement(
-                        out,
-                        out_idx,
-                        "=",
-                        f"{largest_here} - {largest_here} != 0 ? {largest_here} : log({lhs}) + {largest_here}",
-                    )
-                )
+                # log(sum(exp(x - s))) + s with s the max where it is finite and 0 where not (m - m
+                # is 0 only for finite m), as onnxruntime shifts: an infinite max then gives its
+                # infinity through exp, and a NaN anywhere in the slice gives NaN.
+                statements.append(b.statement(out, out_idx, "=", f"log({lhs}) + {_finite_or_zero(largest_here)}"))
             b.emit(statements, reads, [out], "reduction")
             return [out]
 
@@ -134,12 +133,21 @@ class ArgMax(Converter):
         best_at = b.ref(best, [("0" if d == axis else idx[d]) for d in range(x.rank)])
         extent = x.shape[axis]
         op, none = ("max=!", "int64(-1)") if last else ("min=!", f"int64({extent})")
+        first = b.ref(x, [("0" if d == axis else idx[d]) for d in range(x.rank)])
+        # (z0: the index Builder.statement gives a scalar, so that the statement reads its target
+        # where it writes it)
+        so_far = f"{out.ident}({', '.join(out_idx) if out.shape else 'z0'})"
         b.emit(
             [
                 b.statement(best, best_idx, f"{pick}=!", b.ref(x, source), [("r0", extent)]),
                 b.statement(
                     out, out_idx, op, f"{b.ref(x, source)} == {best_at} ? int64(r0) : {none}", [("r0", extent)]
                 ),
+                # onnxruntime's ArgMax and ArgMin keep the first element until one compares above
+                # (below) it: a NaN there is never passed (index 0), a NaN elsewhere never taken.
+                # TC's max=/min= (fmax's) skip every NaN, so only a NaN first needs its own test,
+                # once per output (in the reduction it kept gcc from vectorising the search).
+                b.statement(out, out_idx, "=", f"{first} != {first} ? int64(0) : {so_far}"),
             ],
             [x],
             [out],
@@ -282,8 +290,10 @@ class LpNormalization(Converter):
         b.emit(
             [
                 b.statement(norm, kept_idx, "+=!", term, [("r0", x.shape[axis])]),
-                # A zero vector stays zero (onnx's expectation), not 0 / 0.
-                b.statement(out, idx, "=", f"{b.ref(norm, at)} == 0 ? {b.ref(x, idx)} : {b.ref(x, idx)} / {total}"),
+                # A zero vector stays zero (onnx's expectation), not 0 / 0: +0, as onnxruntime's.
+                b.statement(
+                    out, idx, "=", f"{b.ref(norm, at)} == 0 ? {tc_type(x.dtype)}(0) : {b.ref(x, idx)} / {total}"
+                ),
             ],
             [x],
             [out],

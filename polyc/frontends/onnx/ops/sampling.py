@@ -580,6 +580,18 @@ def _resize_weights(
     return np.asarray(result, dtype=np.float64)
 
 
+def _taps(at: np.ndarray, weights: np.ndarray, terms: int) -> tuple[np.ndarray, np.ndarray]:
+    """A row's taps (indices ``at``, nonzero ``weights``) as exactly ``terms`` taps, none of
+    weight 0: a 0 times an infinite or NaN element would make NaN of an element the row does
+    not read.  The first tap is read again with its weight split in halves, w/2^k, w/2^k,
+    w/2^(k-1), ..., w/2, whose products sum left to right to w times the element exactly."""
+    if len(at) == 0:
+        return np.zeros(terms, np.int64), np.zeros(terms)
+    extra = terms - len(at)
+    parts = [weights[0] / 2.0**extra] + [weights[0] / 2.0**k for k in range(extra, 0, -1)] if extra else [weights[0]]
+    return np.concatenate([np.full(extra + 1, at[0]), at[1:]]), np.concatenate([parts, weights[1:]])
+
+
 def _weighted_gather(b, x, axis: int, weights: np.ndarray, outside=None, fill: float = 0.0):
     """``x`` resampled along ``axis``: output ``y`` is ``sum_j W[y, j] * x(.., I[y, j], ..)`` over
     the nonzero weights of row ``y`` of ``weights``, or ``fill`` where ``outside[y]``."""
@@ -589,8 +601,7 @@ def _weighted_gather(b, x, axis: int, weights: np.ndarray, outside=None, fill: f
     factor = np.zeros((rows, terms), np.float64)
     for y in range(rows):
         nonzero = np.flatnonzero(weights[y])
-        table[y, : len(nonzero)] = nonzero
-        factor[y, : len(nonzero)] = weights[y, nonzero]
+        table[y], factor[y] = _taps(nonzero, weights[y, nonzero], terms)
     shape = list(x.shape)
     shape[axis] = rows
     out = b.new(shape, x.dtype)
