@@ -837,6 +837,26 @@ def test_argmax_and_argmin_with_nan_as_onnxruntime_along_every_axis(shape, dtype
         np.testing.assert_array_equal(a, c, err_msg=name)
 
 
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin", "GlobalMaxPool"])
+@pytest.mark.parametrize("dtype", [F32, F64, F16])
+def test_the_max_and_min_of_nans_only_are_nan(op, dtype):
+    # onnxruntime gives NaN for a slice of NaNs only; fmax's rule alone would give -inf or inf.
+    # (Only slices of NaNs and slices without: where a slice mixes them, onnxruntime's answer
+    # depends on the NaNs' positions, see the next test.)
+    x = np.full((1, 2, 4, 4) if op == "GlobalMaxPool" else (2, 16), np.nan, dtype)
+    if op == "GlobalMaxPool":
+        x[0, 1] = np.arange(16, dtype=dtype).reshape(4, 4)
+        nodes = nodes_of(op)
+    else:
+        x[1] = np.arange(16, dtype=dtype)
+        nodes = nodes_of(op, axes=[1])
+    model = Case(op, nodes, lambda d: {"x": x}, opset=13).model(dtype)
+    (ours,) = ponnx.InferenceSession(model).run(None, {"x": x})
+    (theirs,) = reference_session(model, dtype).run(None, {"x": x})
+    np.testing.assert_array_equal(ours, theirs)
+    assert np.isnan(ours.ravel()[0]) and not np.isnan(ours.ravel()[1])
+
+
 @pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin", "Hardmax", "GlobalMaxPool"])
 def test_max_and_min_of_slices_holding_nan_skip_the_nan(op):
     # Left out of the sweep's comparison: onnxruntime's max and min of a slice holding a NaN

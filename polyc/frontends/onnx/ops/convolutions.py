@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from polyc.errors import ModelError, SignatureError, UnsupportedError
-from polyc.frontends.onnx.lowering import Builder, Value, indices
+from polyc.frontends.onnx.lowering import Builder, Value, indices, tc_type
 from polyc.frontends.onnx.ops.base import Converter, _affine, _float_only, _number
 from polyc.frontends.onnx.ops.shapes import Pad
 
@@ -724,7 +724,19 @@ def global_pool(b, x, kind, channels_last=False):
     idx = image_indices(channels_last, "n", "c", [f"z{d}" for d in range(k)])
     taps = [(f"r_s{d}", x.shape[first + d]) for d in range(k)]
     read = b.ref(x, image_indices(channels_last, "n", "c", [t for t, _ in taps]))
-    if kind == "max":
+    if kind == "max" and x.dtype.kind == "f":
+        # max= skips a NaN (fmax), as onnxruntime does for most positions; a window of NaNs only
+        # would give -inf where onnxruntime gives NaN (see the Reduce ops).
+        holds_number = b.new(out.shape, np.bool_)
+        at = f"{out.ident}({', '.join(idx)})"
+        nan = f"{tc_type(x.dtype)}({_number(math.nan)})"
+        statements = [
+            b.statement(holds_number, idx, "max=!", f"{read} == {read}", taps),
+            b.statement(out, idx, "max=!", read, taps),
+            b.statement(out, idx, "=", f"{holds_number.ident}({', '.join(idx)}) ? {at} : {nan}"),
+        ]
+        b.emit(statements, [x], [out], "reduction")
+    elif kind == "max":
         b.emit([b.statement(out, idx, "max=!", read, taps)], [x], [out], "reduction")
     else:
         count = math.prod(x.shape[first : first + k])

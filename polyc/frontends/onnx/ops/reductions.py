@@ -81,7 +81,19 @@ def _reduce(kind: str):
                 "l1": f"abs({read})",
                 "logsumexp": f"exp({read})",
             }.get(kind, read)
+            all_nan_is_nan = kind in ("max", "min") and x.dtype.kind == "f"
+            if all_nan_is_nan:
+                # TC's max= and min= skip a NaN as fmax and fmin do, as onnxruntime's kernels do
+                # for most positions of a NaN in a slice (not all: its vector lanes decide).  A
+                # slice of NaNs only would give the reduction's identity (-inf or inf) where
+                # onnxruntime gives NaN: a bool max in the same loop notes a number.
+                holds_number = b.new(out_shape, np.bool_)
+                statements.append(b.statement(holds_number, out_idx, "max=!", f"{read} == {read}", reductions))
             statements.append(b.statement(out, out_idx, op, value, reductions))
+            if all_nan_is_nan:
+                where = f"{holds_number.ident}({', '.join(out_idx) if out.shape else 'z0'})"
+                nan = f"{tc_type(x.dtype)}({_number(math.nan)})"
+                statements.append(b.statement(out, out_idx, "=", f"{where} ? {lhs} : {nan}"))
             if kind == "mean":
                 count = math.prod(x.shape[d] for d in axes)
                 statements.append(b.statement(out, out_idx, "=", f"{lhs} / {count}"))
