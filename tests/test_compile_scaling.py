@@ -17,8 +17,11 @@ import pytest
 
 import polyc
 from polyc.driver import analyse
+from polyc.ir.dependences import compute_dependences
+from polyc.ir.model import build_program
 from polyc.lang.parser import parse
 from polyc.lang.sema import check_def
+from polyc.schedule import scheduler
 from polyc.schedule.outer_fusion import fuse_outer_loops
 
 
@@ -70,3 +73,65 @@ def test_many_independent_statements_compile_and_run():
     results = kernel(*inputs)
     for k, result in enumerate(results):
         np.testing.assert_array_equal(result, inputs[k] + 1)
+
+
+def _rows(n: int) -> str:
+    """Row reductions and row-wise passes, each reading the one before (a component of ``n``
+    statements, and their initialisations)."""
+    lines = ["S0(i) +=! X(i, r)", "T0(i, j) = X(i, j) - S0(i)"]
+    for k in range(1, n // 2):
+        lines += [f"S{k}(i) +=! T{k - 1}(i, r)", f"T{k}(i, j) = T{k - 1}(i, j) * S{k}(i)"]
+    body = "\n".join(lines)
+    return f"def rows(float(N, M) X) -> (T{n // 2 - 1}) {{\n{body}\n}}"
+
+
+RECURRENCE = """
+def rnn(float(T, B, I) X, float(G, I) W, float(G, G) R, float(B, G) H0) -> (float(T, B, G) Y, P) {
+    XW(t, b, g) +=! X(t, b, r_i) * W(g, r_i)
+    for t in 0:T {
+        A(t, b, g) +=! (t >= 1 ? Y(t - 1, b, r_g) : H0(b, r_g)) * R(g, r_g)
+        Z(t, b, g) = tanh(XW(t, b, g) + A(t, b, g))
+        U(t, b, g) = Z(t, b, g) * 0.5
+        Y(t, b, g) = U(t, b, g) + Z(t, b, g)
+    }
+    P(t, b, g) = Y(t, b, g) * 2.0
+}"""
+
+
+@pytest.mark.parametrize("source", [_chain(40), _rows(40), _independent(40)], ids=["chain", "rows", "independent"])
+def test_a_large_component_scheduled_in_pieces_gives_the_same_code(source, monkeypatch):
+    # isl's clustering grows with the cube of a component's size, so a large one is scheduled
+    # in pieces of consecutive statements; the outer-loop fusion joins their loops again.
+    name = source.split("(")[0].split()[-1]
+    expected = getattr(polyc.define(source, tuning=False), name).c_source()
+    monkeypatch.setattr(scheduler, "MAX_STATEMENTS_PER_PROBLEM", 8)
+    assert getattr(polyc.define(source, tuning=False), name).c_source() == expected
+
+
+def test_pieces_keep_a_sequential_loop_whole():
+    (tree,) = parse(RECURRENCE).defs
+    program = build_program(check_def(tree, RECURRENCE))
+    maps = []
+    compute_dependences(program).all.foreach_map(maps.append)
+    pieces = scheduler.source_order_pieces(program.statements, maps, 1)
+    names = [[s.name for s in piece] for piece in pieces]
+    in_loop = [s.name for s in program.statements if s.loop is not None and s.kind != "init"]
+    assert [statement for piece in names for statement in piece] == [s.name for s in program.statements]
+    assert any(set(in_loop) <= set(piece) for piece in names), names
+    assert len(pieces) > 1, names
+
+
+def test_recurrence_scheduled_in_pieces_runs(monkeypatch):
+    monkeypatch.setattr(scheduler, "MAX_STATEMENTS_PER_PROBLEM", 1)
+    kernel = polyc.define(RECURRENCE, tuning=False).rnn
+    rng = np.random.default_rng(0)
+    t, b, i, g = 5, 2, 3, 4
+    x, w, r, h0 = (rng.standard_normal(s).astype(np.float32) for s in ((t, b, i), (g, i), (g, g), (b, g)))
+    state, expected = h0, []
+    for step in range(t):
+        z = np.tanh(x[step] @ w.T + state @ r.T)
+        state = z * 0.5 + z
+        expected.append(state)
+    y, p = kernel(x, w, r, h0)
+    np.testing.assert_allclose(y, np.stack(expected), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(p, 2 * np.stack(expected), rtol=1e-5, atol=1e-5)

@@ -32,20 +32,17 @@ index moves too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 import islpy as isl
 
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram, PolyStatement, isl_name
 from polyc.lang.symbolic import Affine
-from polyc.schedule.isl_helpers import sets
+from polyc.schedule.isl_helpers import combine_all, sets
 
 _BAND = isl.schedule_node_type.band
 _SEQUENCE = isl.schedule_node_type.sequence
-_Item = TypeVar("_Item")
 
 
 class _Unsupported(Exception):
@@ -110,7 +107,7 @@ class _Fuser:
             return _in_sequence([self.rebuild_run(node, run) for run in self.runs(node)], node.get_domain())
         if kind == isl.schedule_node_type.set:
             # Independent children: fused runs go in sequence, the rest stays a set.
-            return _union([self.rebuild_run(node, run) for run in self.runs(node)], isl.Schedule.set)
+            return combine_all([self.rebuild_run(node, run) for run in self.runs(node)], isl.Schedule.set)
         raise _Unsupported(kind)
 
     def rebuild_run(self, sequence: isl.ScheduleNode, run: list[int]) -> isl.Schedule:
@@ -298,7 +295,7 @@ class _Fuser:
             for name in names
             for dependence in self.dependences_from.get(name, []) + self.dependences_to.get(name, [])
         }
-        touching = _union([isl.UnionMap.from_map(dependence) for dependence in found.values()], isl.UnionMap.union)
+        touching = combine_all([isl.UnionMap.from_map(dependence) for dependence in found.values()], isl.UnionMap.union)
         if touching is None:
             return isl.UnionMap.empty(self.dependences.get_space())
         touching = touching.intersect_domain(within).intersect_range(within)
@@ -351,23 +348,12 @@ def _with_band(
 
 def _in_sequence(parts: list[isl.Schedule], domain: isl.UnionSet) -> isl.Schedule:
     """The parts (schedules of pieces of ``domain``) one after the other."""
-    result = _union([p for p in parts if not p.get_domain().is_empty()], isl.Schedule.sequence)
+    result = combine_all([p for p in parts if not p.get_domain().is_empty()], isl.Schedule.sequence)
     return isl.Schedule.from_domain(domain) if result is None else result
 
 
-def _union(items: list[_Item], combine: Callable[[_Item, _Item], _Item]) -> _Item | None:
-    """``items`` combined by ``combine`` in order (None for none), in halves: isl copies a
-    union or a sequence that it extends, so adding one item at a time would copy the growing
-    result once per item.  ``combine`` is associative (isl flattens nested sequences and sets)."""
-    if not items:
-        return None
-    while len(items) > 1:
-        items = [combine(*items[i : i + 2]) if i + 1 < len(items) else items[i] for i in range(0, len(items), 2)]
-    return items[0]
-
-
 def _run_domain(sequence: isl.ScheduleNode, run: list[int]) -> isl.UnionSet:
-    return _union([sequence.child(position).child(0).get_domain() for position in run], isl.UnionSet.union)
+    return combine_all([sequence.child(position).child(0).get_domain() for position in run], isl.UnionSet.union)
 
 
 def _maps(union: isl.UnionMap) -> list[isl.Map]:
