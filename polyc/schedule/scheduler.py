@@ -40,7 +40,7 @@ MAX_SHIFT = 16
 #: The most statements of one weakly connected component of the dependence graph that isl's
 #: scheduler is given in one problem.  Its clustering merges two clusters at a time and searches
 #: the whole dependence graph for each merge, so its time grows with the cube of a component's
-#: statement count (a chain of 1,000 pointwise statements took minutes).  A larger component is
+#: statement count.  A larger component is
 #: scheduled in pieces of consecutive statements, one after the other (see
 #: :func:`source_order_pieces`); :mod:`polyc.schedule.outer_fusion` then fuses the outer loops
 #: the pieces share.  A def whose components are all at most this large is scheduled as one
