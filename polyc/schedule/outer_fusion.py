@@ -248,7 +248,9 @@ class _Fuser:
         loop (see :meth:`band_outer_loop`), no dependence among the run crosses outer
         iterations, and no reuse is lost.  The run already passed these checks, so a child is
         checked only against it: the dependences that touch the child, and its own statements'
-        accesses (which keeps the search linear in the number of children)."""
+        accesses (which keeps the search linear in the number of children).  A run's first
+        child passes them alone before another may join it: its accesses and the dependences
+        within it are the run's too."""
         prefix = sequence.get_prefix_schedule_multi_union_pw_aff()
         runs: list[list[int]] = []
         run_domain = run_outer = None
@@ -265,7 +267,10 @@ class _Fuser:
                     run_domain, run_outer = joined_domain, joined_outer
                     continue
             runs.append([position])
-            run_domain, run_outer = domain, outer.schedule if outer is not None else None
+            run_domain, run_outer = domain, None
+            if outer is not None and self.keeps_locality(outer):
+                if _agree(_equal_at(self.dependences_among(domain), prefix, []), outer.schedule):
+                    run_outer = outer.schedule
         return runs
 
     def outer_loop(self, sequence: isl.ScheduleNode, run: list[int]) -> _OuterLoop | None:
