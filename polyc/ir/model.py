@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import islpy as isl
 
@@ -110,7 +111,12 @@ class PolyProgram:
     size_values: Mapping[str, int] | None = None
 
     def statement(self, name: str) -> PolyStatement:
-        return next(s for s in self.statements if s.name == name)
+        """The statement called ``name``."""
+        return self._statements_by_name[name]
+
+    @cached_property
+    def _statements_by_name(self) -> dict[str, PolyStatement]:
+        return {s.name: s for s in reversed(self.statements)}
 
     @property
     def domain(self) -> isl.UnionSet:

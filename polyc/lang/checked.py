@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -284,10 +285,12 @@ class CheckedDef:
     loc: SourceLocation = field(default=SourceLocation(0, 0), compare=False)
 
     def tensor(self, name: str) -> Tensor:
-        for t in self.tensors:
-            if t.name == name:
-                return t
-        raise KeyError(name)
+        """The tensor called ``name`` (a KeyError if there is none)."""
+        return self._tensors_by_name[name]
+
+    @cached_property
+    def _tensors_by_name(self) -> dict[str, Tensor]:
+        return {t.name: t for t in reversed(self.tensors)}  # (the first of a name, as a search finds)
 
     @property
     def temporaries(self) -> tuple[str, ...]:

@@ -3,6 +3,9 @@ constant values of loop bounds once a program's sizes are fixed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import islpy as isl
 
 from polyc.errors import PolycError
@@ -13,6 +16,21 @@ def sets(union: isl.UnionSet) -> list[isl.Set]:
     found: list[isl.Set] = []
     union.foreach_set(found.append)
     return found
+
+
+_Item = TypeVar("_Item")
+
+
+def combine_all(items: list[_Item], combine: Callable[[_Item, _Item], _Item]) -> _Item | None:
+    """``items`` combined in order by the associative ``combine`` (None for none), in halves:
+    isl copies the union, sequence or set that it extends, so adding one item at a time would
+    copy the growing result once per item (isl flattens nested sequences and sets, so the
+    result is the one of adding them one at a time)."""
+    if not items:
+        return None
+    while len(items) > 1:
+        items = [combine(*items[i : i + 2]) if i + 1 < len(items) else items[i] for i in range(0, len(items), 2)]
+    return items[0]
 
 
 def named(union: isl.UnionSet, name: str) -> isl.UnionSet:

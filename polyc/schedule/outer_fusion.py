@@ -39,7 +39,7 @@ import islpy as isl
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram, PolyStatement, isl_name
 from polyc.lang.symbolic import Affine
-from polyc.schedule.isl_helpers import sets
+from polyc.schedule.isl_helpers import combine_all, sets
 
 _BAND = isl.schedule_node_type.band
 _SEQUENCE = isl.schedule_node_type.sequence
@@ -75,6 +75,13 @@ class _Fuser:
     def __init__(self, program: PolyProgram, dependences: Dependences, caches: dict[int, int]):
         self.program = program
         self.dependences = dependences.all
+        # The dependence maps by source statement: the checks look at the few maps among the
+        # statements at hand, not at the whole program's union for every child and statement.
+        self.dependences_from: dict[str, list[isl.Map]] = {}
+        self.dependences_to: dict[str, list[isl.Map]] = {}
+        for dependence in _maps(self.dependences):
+            self.dependences_from.setdefault(dependence.get_tuple_name(isl.dim_type.in_), []).append(dependence)
+            self.dependences_to.setdefault(dependence.get_tuple_name(isl.dim_type.out), []).append(dependence)
         self.l1_bytes = caches.get(1, 32 * 1024)
         self.fused_any = False
 
@@ -88,7 +95,9 @@ class _Fuser:
             return isl.Schedule.from_domain(node.get_domain())
         if kind == _BAND and self.shifted_fusion(node):
             self.fused_any = True
-            return self.distribute(node.get_domain(), self.band_outer_loop(node), _same_prefix(node))
+            return self.distribute(
+                node.get_domain(), self.band_outer_loop(node), node.get_prefix_schedule_multi_union_pw_aff()
+            )
         if kind == _BAND:
             coincident = [node.band_member_get_coincident(i) for i in range(node.band_n_member())]
             return _with_band(
@@ -98,46 +107,40 @@ class _Fuser:
             return _in_sequence([self.rebuild_run(node, run) for run in self.runs(node)], node.get_domain())
         if kind == isl.schedule_node_type.set:
             # Independent children: fused runs go in sequence, the rest stays a set.
-            parts = [self.rebuild_run(node, run) for run in self.runs(node)]
-            result = parts[0]
-            for part in parts[1:]:
-                result = result.set(part)
-            return result
+            return combine_all([self.rebuild_run(node, run) for run in self.runs(node)], isl.Schedule.set)
         raise _Unsupported(kind)
 
     def rebuild_run(self, sequence: isl.ScheduleNode, run: list[int]) -> isl.Schedule:
         if len(run) == 1:
             return self.rebuild(sequence.child(run[0]))
         self.fused_any = True
-        return self.distribute(_run_domain(sequence, run), self.outer_loop(sequence, run), _same_prefix(sequence))
+        return self.distribute(
+            _run_domain(sequence, run),
+            self.outer_loop(sequence, run),
+            sequence.get_prefix_schedule_multi_union_pw_aff(),
+        )
 
-    def distribute(self, domain: isl.UnionSet, outer: _OuterLoop, same_prefix: isl.UnionMap) -> isl.Schedule:
+    def distribute(self, domain: isl.UnionSet, outer: _OuterLoop, prefix: isl.MultiUnionPwAff) -> isl.Schedule:
         """``domain`` under the loop ``outer`` (and the loops below it that every statement
         shares: see :meth:`shared_loop_below`), inside them each statement in source order
         under a band over its other indices."""
+        pieces = {piece.get_tuple_name(): piece for piece in sets(domain)}
         statements = [
             s
             for s in self.program.statements
-            if s.name in outer.index_of and not domain.intersect(isl.UnionSet.from_set(s.domain)).is_empty()
+            if s.name in outer.index_of and s.name in pieces and not pieces[s.name].intersect(s.domain).is_empty()
         ]
         outers = [outer]
-        same_outer = _same(isl.UnionMap.from_union_pw_aff(outer.schedule))
-        while below := self.shared_loop_below(domain, statements, outers, same_prefix.intersect(same_outer)):
+        while below := self.shared_loop_below(domain, statements, outers, prefix):
             outers.append(below)
-            same_outer = same_outer.intersect(_same(isl.UnionMap.from_union_pw_aff(below.schedule)))
         parts = []
         for statement in statements:
-            part_domain = domain.intersect(isl.UnionSet.from_set(statement.domain))
+            part_domain = isl.UnionSet.from_set(pieces[statement.name].intersect(statement.domain))
             part = isl.Schedule.from_domain(part_domain)
             inner = [i for i in statement.indices if i not in {o.index_of[statement.name] for o in outers}]
             if inner:
                 band = self._statement_band(statement, inner)
-                deps = (
-                    self.dependences.intersect_domain(part_domain)
-                    .intersect_range(part_domain)
-                    .intersect(same_prefix)
-                    .intersect(same_outer)
-                )
+                deps = _equal_at(self.dependences_among(part_domain), prefix, [o.schedule for o in outers])
                 part = _with_band(part, band, *_band_properties(band, deps))
             parts.append(part)
         loops = isl.MultiUnionPwAff.from_union_pw_aff(outers[0].schedule)
@@ -146,7 +149,11 @@ class _Fuser:
         return _with_band(_in_sequence(parts, domain), loops, True, [True] * len(outers))
 
     def shared_loop_below(
-        self, domain: isl.UnionSet, statements: list[PolyStatement], outers: list[_OuterLoop], same_outer: isl.UnionMap
+        self,
+        domain: isl.UnionSet,
+        statements: list[PolyStatement],
+        outers: list[_OuterLoop],
+        prefix: isl.MultiUnionPwAff,
     ) -> _OuterLoop | None:
         """A second shared loop under ``outers``: each statement's first index (in source order)
         that they do not run over, when it has the same range in every statement, carries no
@@ -177,8 +184,8 @@ class _Fuser:
             member = self._statement_band(statement, [free[0]]).get_at(0)
             schedule = member if schedule is None else schedule.union_add(member)
         below = _OuterLoop(schedule, index_of)
-        deps = self.dependences.intersect_domain(domain).intersect_range(domain).intersect(same_outer)
-        if not deps.is_subset(_same(isl.UnionMap.from_union_pw_aff(schedule))) or not self.keeps_locality(below):
+        deps = _equal_at(self.dependences_among(domain), prefix, [o.schedule for o in outers])
+        if not _agree(deps, schedule) or not self.keeps_locality(below):
             return None
         return below
 
@@ -191,8 +198,8 @@ class _Fuser:
         if outer is None or not self.keeps_locality(outer):
             return False
         domain = band.get_domain()
-        deps = self.dependences.intersect_domain(domain).intersect_range(domain).intersect(_same_prefix(band))
-        if not deps.is_subset(_same(isl.UnionMap.from_union_pw_aff(outer.schedule))):
+        deps = _equal_at(self.dependences_among(domain), band.get_prefix_schedule_multi_union_pw_aff(), [])
+        if not _agree(deps, outer.schedule):
             return False  # (the member is coincident, so this is a check)
         members = [band.band_get_partial_schedule().get_at(m) for m in range(1, band.band_n_member())]
         below: list[isl.ScheduleNode] = []
@@ -237,18 +244,33 @@ class _Fuser:
     # ------------------------------------------------------------------ finding runs
     def runs(self, sequence: isl.ScheduleNode) -> list[list[int]]:
         """The children of ``sequence`` (or of a set node) in runs of consecutive positions
-        that can be fused."""
+        that can be fused: a child joins the run before it when its band starts with an outer
+        loop (see :meth:`band_outer_loop`), no dependence among the run crosses outer
+        iterations, and no reuse is lost.  The run already passed these checks, so a child is
+        checked only against it: the dependences that touch the child, and its own statements'
+        accesses (which keeps the search linear in the number of children).  A run's first
+        child passes them alone before another may join it: its accesses and the dependences
+        within it are the run's too."""
+        prefix = sequence.get_prefix_schedule_multi_union_pw_aff()
         runs: list[list[int]] = []
+        run_domain = run_outer = None
         for position in range(sequence.n_children()):
-            current = runs[-1] if runs else None
-            if (
-                current is not None
-                and self.outer_loop(sequence, current + [position]) is not None
-                and self.fusable(sequence, current + [position])
-            ):
-                current.append(position)
-            else:
-                runs.append([position])
+            band = sequence.child(position).child(0)
+            outer = self.band_outer_loop(band) if band.get_type() == _BAND else None
+            domain = band.get_domain()
+            if run_outer is not None and outer is not None:
+                joined_domain = run_domain.union(domain)
+                joined_outer = run_outer.union_add(outer.schedule)
+                deps = _equal_at(self.dependences_touching(domain, joined_domain), prefix, [])
+                if _agree(deps, joined_outer) and self.keeps_locality(outer):
+                    runs[-1].append(position)
+                    run_domain, run_outer = joined_domain, joined_outer
+                    continue
+            runs.append([position])
+            run_domain, run_outer = domain, None
+            if outer is not None and self.keeps_locality(outer):
+                if _agree(_equal_at(self.dependences_among(domain), prefix, []), outer.schedule):
+                    run_outer = outer.schedule
         return runs
 
     def outer_loop(self, sequence: isl.ScheduleNode, run: list[int]) -> _OuterLoop | None:
@@ -265,12 +287,24 @@ class _Fuser:
             schedule = outer.schedule if schedule is None else schedule.union_add(outer.schedule)
         return _OuterLoop(schedule, index_of)
 
-    def fusable(self, sequence: isl.ScheduleNode, run: list[int]) -> bool:
-        """No dependence among the run crosses outer iterations, and no reuse is lost."""
-        outer = self.outer_loop(sequence, run)
-        domain = _run_domain(sequence, run)
-        deps = self.dependences.intersect_domain(domain).intersect_range(domain).intersect(_same_prefix(sequence))
-        return deps.is_subset(_same(isl.UnionMap.from_union_pw_aff(outer.schedule))) and self.keeps_locality(outer)
+    def dependences_among(self, domain: isl.UnionSet) -> isl.UnionMap:
+        """The dependences between instances in ``domain``."""
+        return self.dependences_touching(domain, domain)
+
+    def dependences_touching(self, domain: isl.UnionSet, within: isl.UnionSet) -> isl.UnionMap:
+        """The dependences between instances in ``within`` (which holds ``domain``) that have
+        an end in ``domain``."""
+        names = {piece.get_tuple_name() for piece in sets(domain)}
+        found = {
+            id(dependence): dependence
+            for name in names
+            for dependence in self.dependences_from.get(name, []) + self.dependences_to.get(name, [])
+        }
+        touching = combine_all([isl.UnionMap.from_map(dependence) for dependence in found.values()], isl.UnionMap.union)
+        if touching is None:
+            return isl.UnionMap.empty(self.dependences.get_space())
+        touching = touching.intersect_domain(within).intersect_range(within)
+        return touching.intersect_domain(domain).union(touching.intersect_range(domain))
 
     def keeps_locality(self, outer: _OuterLoop) -> bool:
         """Whether the statements lose nothing with ``outer`` alone outside them (see
@@ -319,29 +353,32 @@ def _with_band(
 
 def _in_sequence(parts: list[isl.Schedule], domain: isl.UnionSet) -> isl.Schedule:
     """The parts (schedules of pieces of ``domain``) one after the other."""
-    parts = [p for p in parts if not p.get_domain().is_empty()]
-    if not parts:
-        return isl.Schedule.from_domain(domain)
-    result = parts[0]
-    for part in parts[1:]:
-        result = result.sequence(part)
-    return result
+    result = combine_all([p for p in parts if not p.get_domain().is_empty()], isl.Schedule.sequence)
+    return isl.Schedule.from_domain(domain) if result is None else result
 
 
 def _run_domain(sequence: isl.ScheduleNode, run: list[int]) -> isl.UnionSet:
-    domain = sequence.child(run[0]).child(0).get_domain()
-    for position in run[1:]:
-        domain = domain.union(sequence.child(position).child(0).get_domain())
-    return domain
+    return combine_all([sequence.child(position).child(0).get_domain() for position in run], isl.UnionSet.union)
 
 
-def _same(schedule: isl.UnionMap) -> isl.UnionMap:
-    """Pairs of instances that ``schedule`` maps to the same point."""
-    return schedule.apply_range(schedule.reverse())
+def _maps(union: isl.UnionMap) -> list[isl.Map]:
+    found: list[isl.Map] = []
+    union.foreach_map(found.append)
+    return found
 
 
-def _same_prefix(node: isl.ScheduleNode) -> isl.UnionMap:
-    return _same(node.get_prefix_schedule_union_map())
+def _equal_at(deps: isl.UnionMap, prefix: isl.MultiUnionPwAff, loops: list[isl.UnionPwAff]) -> isl.UnionMap:
+    """The pairs of ``deps`` whose instances ``prefix`` and each of ``loops`` map to the same
+    point (without forming those relations, which pair every two statements under a loop)."""
+    deps = deps.eq_at_multi_union_pw_aff(prefix)
+    for loop in loops:
+        deps = deps.eq_at_multi_union_pw_aff(isl.MultiUnionPwAff.from_union_pw_aff(loop))
+    return deps
+
+
+def _agree(deps: isl.UnionMap, loop: isl.UnionPwAff) -> bool:
+    """Whether ``loop`` maps the two instances of every pair in ``deps`` to the same point."""
+    return deps.is_subset(_equal_at(deps, isl.MultiUnionPwAff.from_union_pw_aff(loop), []))
 
 
 def _member_indices(member: isl.UnionPwAff, program: PolyProgram, allow_others: bool = False) -> dict[str, str] | None:
