@@ -12,6 +12,8 @@ prints the page.  Each results file's format is the one its benchmark writes:
   ratio, the compile times, the check or the error, and the operators polyc's time goes to;
 - ``benchmarks.integer_bench`` (``"benchmark": "integer_gemm"``): per shape, polyc's int8 time
   and the other implementations' times over it, and which results were exact;
+- ``benchmarks.generic_path`` (``"benchmark": "generic_path"``): per case, the default path's
+  time and the generic loop nest's, and their ratio;
 - ``benchmarks.onnx_export`` (``"benchmark": "onnx_export"``): per model, the exported C
   project's time beside its session's and onnxruntime's, its sizes and peak memory;
 - ``benchmarks.tuning_search`` (``kernels``): trials a guided and a random search need to reach
@@ -333,6 +335,26 @@ def integer_table(data: dict) -> list[str]:
     return table(header + ["onnxruntime MatMulInteger", "exact"], rows)
 
 
+def generic_table(data: dict) -> list[str]:
+    """``benchmarks.generic_path``: the generic loop nest beside the path polyc picks by default."""
+    rows = []
+    for row in data["rows"]:
+        failed = [name for name, check in (row.get("checks") or {}).items() if not check.get("ok")]
+        rows.append(
+            [
+                row.get("case"),
+                row.get("size"),
+                (row.get("paths") or {}).get("default"),
+                _ms(row["median"]["default"]),
+                _ms(row["median"]["generic"]),
+                _x(row.get("generic_over_default")),
+                ", ".join(failed) or "ok",
+            ]
+        )
+    header = ["case", "size", "default path", "default ms", "generic ms", "generic speed / default"]
+    return table(header + ["check"], rows)
+
+
 def export_table(data: dict) -> list[str]:
     """``benchmarks.onnx_export``: exported models beside their session and onnxruntime."""
     rows = []
@@ -376,6 +398,12 @@ KINDS = [  # (title, recognises a results file's data, renders it)
         " time / polyc's int8 time)",
         lambda d: d.get("benchmark") == "integer_gemm",
         integer_table,
+    ),
+    (
+        "The generic path beside polyc's default path (`python -m benchmarks.generic_path`; default time /"
+        " generic time, issue 80's bar 0.7x)",
+        lambda d: d.get("benchmark") == "generic_path",
+        generic_table,
     ),
     (
         "Exported models beside their session and onnxruntime (`python -m benchmarks.onnx_export`)",

@@ -127,6 +127,19 @@ def test_integer_group_checks_exactly_and_writes_json(tmp_path):
     assert {"polyc_sgemm", "numpy_float32"} <= set(row["ratios"])
 
 
+def test_generic_path_group_runs_both_paths_and_checks_them():
+    from benchmarks import cases, generic_path
+
+    results = generic_path.run_generic_cases(
+        [cases.sgemm(64), generic_path.strided_conv3x3(1, 8, 8, 17, 17, 2)], repeat=3, max_seconds=2.0
+    )
+    assert results["benchmark"] == "generic_path"
+    for row in results["rows"]:
+        assert row["paths"]["generic"] == "generic" and row["paths"]["default"] != "generic", row["paths"]
+        assert all(check["ok"] for check in row["checks"].values()), row["checks"]
+        assert row["generic_over_default"] > 0
+
+
 def test_export_benchmark_builds_runs_and_compares(tmp_path):
     """``python -m benchmarks.onnx_export`` on squeezenet1_1, one short round: the export built by
     make gives the session's outputs exactly, and the row holds the sizes and peaks."""
