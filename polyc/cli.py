@@ -621,7 +621,9 @@ def _emit(kernel: polyc.Kernel, emit: str, shapes: dict[str, int]) -> str:
         return format_def(kernel.syntax)
     if emit == "ranges":
         return kernel.describe()
-    return getattr(kernel, EMIT_METHODS[emit])(_kernel_sizes(kernel, shapes))
+    method = EMIT_METHODS[emit]
+    assert method is not None, f"--emit {emit} prints no method's text"
+    return getattr(kernel, method)(_kernel_sizes(kernel, shapes))
 
 
 def _gpu_exports(kernels: list[polyc.Kernel], shapes: dict[str, int], dialect: str, directory: str | None) -> list[str]:
@@ -776,7 +778,7 @@ def _list_records(records, path) -> int:
             else f"machine {key.machine}{_machine_described(record.machine)} (not used here)"
         )
         print(
-            f"  {name} {sizes} {'/'.join(key.dtypes)}: {_format_seconds(record.seconds)} "
+            f"  {name} {sizes} {'/'.join(key.dtypes)}: {_format_seconds(record.timed_seconds)} "
             f"with {record.options or 'the defaults'} [{where}]"
         )
     return 0
@@ -968,8 +970,8 @@ def run_onnx(args: argparse.Namespace) -> int:
     first_call = time.perf_counter() - start
     if args.tune is not None:
         tuning = polyc.tune(session, feeds, **_budget_arguments(args.tune))
-        for kernel in tuning.kernels:
-            found = kernel.result
+        for tuned_kernel in tuning.kernels:
+            found = tuned_kernel.result
             what = (
                 "not tuned (too small a share)"
                 if found is None
@@ -978,7 +980,7 @@ def run_onnx(args: argparse.Namespace) -> int:
                 if found.best_seconds
                 else "no candidate ran correctly"
             )
-            print(f"{', '.join(kernel.groups)}: {_format_seconds(kernel.seconds)} per run; {what}")
+            print(f"{', '.join(tuned_kernel.groups)}: {_format_seconds(tuned_kernel.seconds)} per run; {what}")
         print(
             f"kernels' time per run: {_format_seconds(tuning.default_seconds)} with the defaults, "
             f"{_format_seconds(tuning.tuned_seconds)} tuned (as the searches measured them)"

@@ -182,7 +182,7 @@ class _Evaluator:
 
     def affine(self, value: Affine) -> np.ndarray:
         env = dict(self.run.sizes)
-        total = np.int64(value.constant)
+        total: np.ndarray = np.asarray(value.constant, dtype=np.int64)
         for atom, coefficient in value.terms:
             if isinstance(atom, str) and atom in self.grids:
                 total = total + coefficient * self.grids[atom]
@@ -207,10 +207,9 @@ class _Evaluator:
         array = self.run.tensors[expr.tensor]
         if not expr.subscripts:
             return np.asarray(array[()], dtype=expr.dtype)
-        subscripts = [
-            self.affine(s) if isinstance(s, Affine) else self.eval(s, mask).astype(np.int64) for s in expr.subscripts
-        ]
-        subscripts = np.broadcast_arrays(*subscripts)
+        subscripts = np.broadcast_arrays(
+            *(self.affine(s) if isinstance(s, Affine) else self.eval(s, mask).astype(np.int64) for s in expr.subscripts)
+        )
         clipped = []
         for dim, (subscript, extent) in enumerate(zip(subscripts, array.shape)):
             outside = (subscript < 0) | (subscript >= extent)

@@ -46,6 +46,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -55,6 +56,9 @@ from polyc.types import TC_TYPES
 
 #: Marks where ``...`` stands in a parsed term.
 ELLIPSIS = "..."
+#: A label before numbering: a letter of the subscripts, or ``(ELLIPSIS, k)`` for the k-th
+#: broadcast dimension.
+_Label = str | tuple[str, int]
 
 #: How many lowered kernels are kept (least recently used are dropped first).
 KERNEL_CACHE_SIZE = 256
@@ -64,8 +68,10 @@ KERNEL_CACHE_SIZE = 256
 SMALL_PROBLEM = 1 << 12
 
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # numpy's sublist label order
-_ORDERS = ("K", "A", "C", "F")
-_CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
+_Order = Literal["K", "A", "C", "F"]
+_Casting = Literal["no", "equiv", "safe", "same_kind", "unsafe"]
+_ORDERS: tuple[_Order, ...] = ("K", "A", "C", "F")
+_CASTINGS: tuple[_Casting, ...] = ("no", "equiv", "safe", "same_kind", "unsafe")
 _DEFAULT_OPTIONS = Options()  # a call without polyc options: checked once, not per call
 
 
@@ -278,7 +284,7 @@ def _expand_ellipses(subscripts: Subscripts, shapes: tuple[tuple[int, ...], ...]
     ellipsis_rank = max(ranks, default=0)
     terms = []
     for term, rank in zip(subscripts.inputs, ranks):
-        expanded = []
+        expanded: list[_Label] = []
         for label in term:
             if label == ELLIPSIS:
                 expanded.extend((ELLIPSIS, k) for k in range(ellipsis_rank - rank, ellipsis_rank))
@@ -302,7 +308,7 @@ def _output_labels(subscripts: Subscripts, terms: list[tuple], ellipsis_rank: in
             "output has more dimensions than subscripts given in einstein sum, but no '...' "
             "ellipsis provided to broadcast the extra dimensions."
         )
-    output = []
+    output: list[_Label] = []
     for label in subscripts.output:
         output.extend(broadcast if label == ELLIPSIS else (label,))
     return tuple(output)
@@ -358,7 +364,7 @@ def contraction_order(inputs: tuple[tuple[int, ...], ...], output: tuple[int, ..
     terms = [set(t) for t in inputs]
     steps = []
     while len(terms) > 2:
-        best = None
+        best: tuple[int, int, int, int] | None = None
         for a in range(len(terms)):
             for b in range(a + 1, len(terms)):
                 others = set(output).union(*(t for k, t in enumerate(terms) if k not in (a, b)))
@@ -366,6 +372,7 @@ def contraction_order(inputs: tuple[tuple[int, ...], ...], output: tuple[int, ..
                 summed = (terms[a] | terms[b]) - others
                 key = (len(kept), -len(summed), a, b)
                 best = key if best is None or key < best else best
+        assert best is not None, "more than two terms have a pair"
         _, _, a, b = best
         others = set(output).union(*(t for k, t in enumerate(terms) if k not in (a, b)))
         merged = (terms[a] | terms[b]) & others
@@ -458,7 +465,7 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
     if not operands:
         raise EinsumError("must specify the einstein sum subscripts string and at least one operand")
     order = _check_order(order)
-    _check_casting(casting)
+    casting = _check_casting(casting)
     _check_explicit_path(optimize, len(operands))
     checked_options = _check_options(options)
     requested_dtype = _requested_dtype(dtype)
@@ -515,15 +522,21 @@ def _iterations(contraction: Contraction, views: list[np.ndarray]) -> int:
     return math.prod(extents.values())
 
 
-def _check_order(order) -> str:
-    if not isinstance(order, str) or order.upper() not in _ORDERS:
-        raise EinsumError(f"order must be one of {', '.join(_ORDERS)} (in any case), not {order!r}")
-    return order.upper()
+def _check_order(order) -> _Order:
+    """``order`` in upper case, checked."""
+    if isinstance(order, str):
+        for known in _ORDERS:
+            if order.upper() == known:
+                return known
+    raise EinsumError(f"order must be one of {', '.join(_ORDERS)} (in any case), not {order!r}")
 
 
-def _check_casting(casting) -> None:
-    if casting not in _CASTINGS:
-        raise EinsumError(f"casting must be one of {', '.join(map(repr, _CASTINGS))}, not {casting!r}")
+def _check_casting(casting) -> _Casting:
+    """``casting``, checked."""
+    for known in _CASTINGS:
+        if casting == known:
+            return known
+    raise EinsumError(f"casting must be one of {', '.join(map(repr, _CASTINGS))}, not {casting!r}")
 
 
 def _check_explicit_path(optimize, n_operands: int) -> None:
@@ -568,7 +581,7 @@ def _requested_dtype(dtype) -> np.dtype | None:
         raise EinsumTypeError(f"einsum dtype {dtype!r} is not a data type: {error}") from None
 
 
-def _compute_dtype(arrays: list[np.ndarray], dtype: np.dtype | None, casting: str) -> np.dtype:
+def _compute_dtype(arrays: list[np.ndarray], dtype: np.dtype | None, casting: _Casting) -> np.dtype:
     if dtype is None:
         result = np.result_type(*arrays)
     else:
@@ -591,7 +604,7 @@ def _compute_dtype(arrays: list[np.ndarray], dtype: np.dtype | None, casting: st
     return result
 
 
-def _check_out(out: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, casting: str) -> None:
+def _check_out(out: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, casting: _Casting) -> None:
     if out.shape != shape:
         raise EinsumError(f"out has shape {out.shape} but the result has shape {shape}")
     if not np.can_cast(dtype, out.dtype, casting):
@@ -638,7 +651,9 @@ def _c_ordered(strides: tuple[int, ...]) -> bool:
     return all(a >= b for a, b in zip(magnitudes, magnitudes[1:]))
 
 
-def _in_numpy_layout(result: np.ndarray, views: list[np.ndarray], contraction: Contraction, order: str) -> np.ndarray:
+def _in_numpy_layout(
+    result: np.ndarray, views: list[np.ndarray], contraction: Contraction, order: _Order
+) -> np.ndarray:
     """``result`` (C-contiguous) in the layout numpy's iterator gives a new output for ``order``
     'K' or 'A', given the operands: a copy when that layout is not C order."""
     if order == "A":  # Fortran order if every operand is Fortran-contiguous
@@ -649,10 +664,13 @@ def _in_numpy_layout(result: np.ndarray, views: list[np.ndarray], contraction: C
     over_output = [
         np.lib.stride_tricks.as_strided(view, result.shape, strides) for view, strides in zip(views, output_strides)
     ]
+    operands: list[np.ndarray | None] = [*over_output, None]  # None: the iterator allocates the output
+    op_flags: list[list[Literal["readonly", "writeonly", "allocate"]]] = [["readonly"]] * len(over_output)
+    op_flags.append(["writeonly", "allocate"])
     iterator = np.nditer(
-        [*over_output, None],
+        operands,
         flags=["zerosize_ok", "refs_ok"],
-        op_flags=[["readonly"]] * len(over_output) + [["writeonly", "allocate"]],
+        op_flags=op_flags,
         op_dtypes=[None] * len(over_output) + [result.dtype],
         order=order,
     )

@@ -23,6 +23,7 @@ import islpy as isl
 
 from polyc.errors import BoundsError, SourceLocation
 from polyc.ir.model import PolyProgram, isl_affine, isl_name
+from polyc.lang.checked import Read
 
 
 def tensor_box(program: PolyProgram, tensor_name: str) -> isl.Set:
@@ -106,7 +107,10 @@ def check_bounds(program: PolyProgram) -> BoundsPrecondition:
     violations: list[Violation] = []
     boxes: dict[str, isl.Set] = {}  # per tensor, made once (each one a parse of isl text)
     for s in program.statements:
-        accesses = [("writes", s.source.target, s.write, s.domain, None)]
+        # (verb, tensor, access relation, where it is made, the read or None for the write)
+        accesses: list[tuple[str, str, isl.Map, isl.Set, Read | None]] = [
+            ("writes", s.source.target, s.write, s.domain, None)
+        ]
         accesses += [("reads", a.tensor, a.relation, s.domain.intersect(a.guard), a.read) for a in s.reads if a.exact]
         for verb, tensor, relation, where, read in accesses:
             touched = relation.intersect_domain(where)

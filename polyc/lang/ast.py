@@ -18,6 +18,11 @@ _NOWHERE = SourceLocation(0, 0)
 class Expr:
     """Base of expression nodes."""
 
+    @property
+    def loc(self) -> SourceLocation:
+        """Where the expression starts; every node class holds it as its ``loc`` field."""
+        raise NotImplementedError(f"{type(self).__name__} declares no 'loc' field")
+
 
 @dataclass(frozen=True)
 class Number(Expr):

@@ -71,6 +71,15 @@ _WHITESPACE_RUN_RE = re.compile(r"[ \t\r\f\v]+")
 # that matches is the longest (a scan of the tuple per token was most of a warm ONNX start's lexing).
 _PUNCTUATION_RE = re.compile("|".join(map(re.escape, PUNCTUATION)))
 
+
+def _match_at(pattern: re.Pattern[str], text: str, pos: int) -> re.Match[str]:
+    """``pattern.match(text, pos)`` where a match always exists: the caller has checked that the
+    character at ``pos`` starts one, or the pattern also matches the empty string."""
+    match = pattern.match(text, pos)
+    assert match is not None, f"lexer: {pattern.pattern!r} does not match at offset {pos}"
+    return match
+
+
 # Hints for characters that users of C-like languages reach for.
 _CHARACTER_HINTS = {
     "&": "TC has no bitwise operators; did you mean '&&'?",
@@ -127,12 +136,12 @@ def tokenize(text: str, filename: str = "<tc>") -> list[Token]:
             line, line_start = line + 1, pos + 1
             pos += 1
         elif char in _WHITESPACE:
-            pos = _WHITESPACE_RUN_RE.match(text, pos).end()
+            pos = _match_at(_WHITESPACE_RUN_RE, text, pos).end()
         elif char == "#":
             newline = text.find("\n", pos)
             pos = len(text) if newline < 0 else newline
         elif char.isascii() and (char.isalpha() or char == "_"):
-            word = _NAME_RE.match(text, pos).group()
+            word = _match_at(_NAME_RE, text, pos).group()
             kind = word if word in KEYWORDS else NAME
             tokens.append(Token(kind, word, pos, line, pos - line_start + 1, filename))
             pos += len(word)
@@ -167,9 +176,9 @@ def _follows_name(tokens: list[Token]) -> bool:
 def _read_number(text: str, pos: int, line: int, col: int, filename: str) -> Token:
     """Read the numeric literal starting at ``pos`` (at ``line``, ``col``); letters glued to it
     make it malformed."""
-    match = _NUMBER_RE.match(text, pos)
+    match = _match_at(_NUMBER_RE, text, pos)
     end = match.end()
-    tail = _IDENTIFIER_TAIL_RE.match(text, end).group()
+    tail = _match_at(_IDENTIFIER_TAIL_RE, text, end).group()
     literal = text[pos : end + len(tail)]
     if tail:
         raise TCSyntaxError(f"malformed number '{literal}'", SourceLocation(line, col, filename), source=text)

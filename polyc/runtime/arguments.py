@@ -232,7 +232,8 @@ def _byte_order(dtype: np.dtype) -> str:
 
 def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
     try:
-        return bool(np.shares_memory(a, b, max_work=100_000))
+        # numpy's stub allows only -1 and 0, but the function takes any bound on the work.
+        return bool(np.shares_memory(a, b, max_work=100_000))  # type: ignore[arg-type]
     except np.exceptions.TooHardError:
         return True  # cannot tell cheaply; refusing is safer than a silently wrong result
 

@@ -52,6 +52,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import BinaryIO
 
 from polyc.errors import CacheError, CompilationError
@@ -62,6 +63,7 @@ from polyc.version import __version__ as POLYC_VERSION
 
 logger = logging.getLogger(__name__)
 
+fcntl: ModuleType | None
 try:
     import fcntl
 except ImportError:  # not POSIX: build without the per-key lock
@@ -399,7 +401,7 @@ def _intrinsics_header(options: CompilerOptions, root: Path) -> Path | None:
     that needs it, under a lock as entries are), or None when the compiler cannot make one."""
     fingerprint = options.fingerprint()
     known = _intrinsics_headers.get((root, fingerprint), False)
-    if known is None or known and known.is_file():
+    if known is None or (isinstance(known, Path) and known.is_file()):
         return known
     digest = hashlib.sha256(f"{fingerprint}\n{INTRINSICS_HEADER}".encode()).hexdigest()[:32]
     directory = root / HEADERS_DIR / digest

@@ -7,11 +7,15 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from polyc.errors import CacheError, CompilationError
 from polyc.runtime import after_fork  # noqa: F401 -- a forked child's kernels run on one OpenMP thread
 from polyc.runtime.environment import check_environment
 from polyc.runtime.pool import loaded_pool_path, thread_pool
+
+if TYPE_CHECKING:
+    from _ctypes import CFuncPtr  # the class of a library's functions; ctypes re-exports it only privately
 
 # A CDLL must outlive every function pointer taken from it, so loaded libraries are kept for the
 # life of the process; keying on the resolved path makes a second load return the same object.
@@ -72,7 +76,7 @@ def get_function(
     name: str,
     argtypes: Sequence[type],
     restype: type | None = None,
-) -> ctypes._CFuncPtr:
+) -> CFuncPtr:
     """The exported function ``name`` of ``library``, typed with ``argtypes`` and ``restype``
     (``None`` means ``void``).  Raises :class:`CompilationError` if it is not exported.
 

@@ -37,6 +37,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -45,6 +46,7 @@ from polyc.lang.checked import CheckedDef
 from polyc.runtime.machine import MachineFingerprint, this_machine
 from polyc.version import __version__ as POLYC_VERSION
 
+fcntl: ModuleType | None
 try:
     import fcntl
 except ImportError:  # not POSIX: appends are still single writes
@@ -141,6 +143,13 @@ class TuningRecord:
     time: str = field(
         default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     )
+
+    @property
+    def timed_seconds(self) -> float:
+        """``seconds`` of a record known to hold a time (the callers keep only "ok" records
+        with one); such a record without a time is an internal error."""
+        assert self.seconds is not None, f"tuning record of {self.key} ({self.status}) holds no time"
+        return self.seconds
 
     def to_json(self) -> dict:
         return {
@@ -267,7 +276,7 @@ def _locked(file) -> Iterator[None]:
 def best_record(records: Iterable[TuningRecord], key: TuningKey) -> TuningRecord | None:
     """The fastest checked record for ``key``, or None."""
     matching = [r for r in records if r.key == key and r.status == "ok" and r.seconds is not None]
-    return min(matching, key=lambda r: r.seconds) if matching else None
+    return min(matching, key=lambda r: r.timed_seconds) if matching else None
 
 
 #: path -> ((mtime_ns, size), {key: best record}): re-read only when the file changes.
@@ -311,13 +320,13 @@ def chosen_record(records: list[TuningRecord]) -> TuningRecord | None:
     confirmed = [r for r in records if r.confirmed and r.status == "ok" and r.seconds is not None]
     if confirmed:
         latest = [r for r in confirmed if r.session == confirmed[-1].session]
-        fastest = min(latest, key=lambda r: r.seconds)
+        fastest = min(latest, key=lambda r: r.timed_seconds)
         defaults = [r for r in latest if not r.options]
-        if defaults and fastest.seconds > defaults[0].seconds * (1 - CONFIRMED_MARGIN):
+        if defaults and fastest.timed_seconds > defaults[0].timed_seconds * (1 - CONFIRMED_MARGIN):
             return defaults[0]
         return fastest
     checked = [r for r in records if r.status == "ok" and r.seconds is not None]
-    return min(checked, key=lambda r: r.seconds) if checked else None
+    return min(checked, key=lambda r: r.timed_seconds) if checked else None
 
 
 def chosen_records(records: Iterable[TuningRecord]) -> dict[TuningKey, TuningRecord]:

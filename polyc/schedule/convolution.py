@@ -198,18 +198,18 @@ def recognise_convolution(statement: ir.CheckedStatement, definition: ir.Checked
         return None
     parsed = [_image_subscripts(f.subscripts, statement.indices) for f in factors]
     # The image is the factor with windows; the weights have single indices only.
-    candidates = [
-        i
-        for i in (0, 1)
-        if parsed[i] is not None
-        and any(isinstance(p, Window) for p in parsed[i])
-        and parsed[1 - i] is not None
-        and all(isinstance(p, str) for p in parsed[1 - i])
-    ]
+    candidates: list[tuple[int, list[str | Window], tuple[str, ...]]] = []
+    for i in (0, 1):
+        image_side, weight_side = parsed[i], parsed[1 - i]
+        if image_side is None or weight_side is None:
+            continue
+        single_indices = tuple(p for p in weight_side if isinstance(p, str))
+        if any(isinstance(p, Window) for p in image_side) and len(single_indices) == len(weight_side):
+            candidates.append((i, image_side, single_indices))
     if len(candidates) != 1:
         return None
-    image_read, weight_read = factors[candidates[0]], factors[1 - candidates[0]]
-    image_parts, weight_indices = parsed[candidates[0]], tuple(parsed[1 - candidates[0]])
+    image_position, image_parts, weight_indices = candidates[0]
+    image_read, weight_read = factors[image_position], factors[1 - image_position]
     target_indices = statement.indices
     if len(set(target_indices)) != len(target_indices) or len(set(weight_indices)) != len(weight_indices):
         return None
@@ -436,8 +436,8 @@ def _image_subscripts(subscripts, target_indices: tuple[str, ...]) -> list[str |
     for dim, s in enumerate(subscripts):
         if not isinstance(s, Affine):
             return None
-        terms = s.terms
-        if not all(isinstance(atom, str) and c >= 1 for atom, c in terms):
+        terms = [(atom, c) for atom, c in s.terms if isinstance(atom, str) and c >= 1]
+        if len(terms) != len(s.terms):
             return None
         if len(terms) == 1 and terms[0][1] == 1 and s.constant == 0:
             parts.append(terms[0][0])

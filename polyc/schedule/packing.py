@@ -37,6 +37,7 @@ transposes), and reads a block in place, with no Pack instances, where packing b
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 
@@ -82,7 +83,7 @@ class PackingProgram:
     @property
     def schedule(self) -> isl.Schedule:
         """The schedule of a block: ``order`` on the statements' instances."""
-        domain = _union(isl.UnionSet.from_set(s.domain) for s in self.statements).union(
+        domain = _union_set(isl.UnionSet.from_set(s.domain) for s in self.statements).union(
             isl.UnionSet.from_set(self.kernel_domain)
         )
         return isl.Schedule.from_domain(domain).insert_partial_schedule(
@@ -127,7 +128,7 @@ def packing_program(mr: int, nr: int) -> PackingProgram:
     context = set_(f": {_BLOCK_CONTEXT}").params()
     a_box, b_box = f"0 <= k < kc and 0 <= i < {mr}", f"0 <= k < kc and 0 <= j < {nr}"
     a_row, b_column = f"{mr} s + i", f"{nr} s + j"
-    statements = (
+    statements: tuple[PackStatement, ...] = (
         PackStatement(
             "PackA",
             "A",
@@ -211,7 +212,7 @@ def check_packing(program: PackingProgram) -> None:
         raise PolycError(f"internal: packing for the {program.mr} x {program.nr} register block: {what}")
 
     statements = program.statements
-    writes = _union(s.write for s in statements)
+    writes = _union_map(s.write for s in statements)
     if not writes.is_injective():
         fail("two packing statement instances write the same buffer element")
 
@@ -225,7 +226,7 @@ def check_packing(program: PackingProgram) -> None:
 
     # Through the buffers, each real Kernel instance multiplies the elements the contraction does.
     producers = flow.get_must_dependence()  # PackX/PadX instance -> Kernel instance
-    copies = _union(s.read for s in statements if s.read is not None)  # PackX instance -> source
+    copies = _union_map(s.read for s in statements if s.read is not None)  # PackX instance -> source
     through_buffers = producers.reverse().apply_range(copies)
     sources = program.kernel_sources
     if not through_buffers.intersect_domain(sources.domain()).is_equal(sources):
@@ -233,7 +234,7 @@ def check_packing(program: PackingProgram) -> None:
     # Padding: a Kernel instance multiplies a Pad statement's zero exactly when it computes a
     # padded lane (one the write-back drops), so padded lanes hold zeros and real ones never
     # read padding.
-    pads = _union(isl.UnionSet.from_set(s.domain) for s in statements if s.read is None)
+    pads = _union_set(isl.UnionSet.from_set(s.domain) for s in statements if s.read is None)
     zero_fed = producers.reverse().intersect_range(pads).domain()
     padded = isl.UnionSet.from_set(program.kernel_domain).subtract(sources.domain())
     if not zero_fed.is_equal(padded):
@@ -274,7 +275,7 @@ def sliver_loops(program: PackingProgram, operand: str, full: bool = False) -> i
     if full:
         width, size = (program.mr, "mc") if operand == "A" else (program.nr, "nc")
         context = context.intersect(isl.Set.read_from_str(ctx, f"{params} -> {{ : {width} s + {width} <= {size} }}"))
-    domain = _union(isl.UnionSet.from_set(_sliver_as_parameter(s.domain)) for s in parts).intersect_params(context)
+    domain = _union_set(isl.UnionSet.from_set(_sliver_as_parameter(s.domain)) for s in parts).intersect_params(context)
     # Pack before Pad in each k iteration: the copied rows (or columns) come first.
     order = "; ".join(f"{s.name}[k, x] -> [k, {position}, x]" for position, s in enumerate(parts))
     schedule = isl.UnionMap.read_from_str(ctx, f"{params} -> {{ {order} }}")
@@ -299,9 +300,20 @@ def _sliver_as_parameter(statement_set: isl.Set) -> isl.Set:
     return moved.set_tuple_name(name)
 
 
-def _union(items) -> isl.UnionMap | isl.UnionSet:
-    union = None
-    for item in items:
-        item = isl.UnionMap.from_map(item) if isinstance(item, isl.Map) else item
-        union = item if union is None else union.union(item)
+def _union_set(parts: Iterable[isl.UnionSet]) -> isl.UnionSet:
+    """The union of ``parts`` (at least one)."""
+    union: isl.UnionSet | None = None
+    for part in parts:
+        union = part if union is None else union.union(part)
+    assert union is not None, "internal: the union of no sets"
+    return union
+
+
+def _union_map(relations: Iterable[isl.Map]) -> isl.UnionMap:
+    """The union of ``relations`` (at least one) as one union map."""
+    union: isl.UnionMap | None = None
+    for relation in relations:
+        part = isl.UnionMap.from_map(relation)
+        union = part if union is None else union.union(part)
+    assert union is not None, "internal: the union of no relations"
     return union

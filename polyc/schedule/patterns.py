@@ -25,10 +25,12 @@ def two_factors(rhs: ir.TExpr, dtype: np.dtype) -> tuple[ir.Read, ir.Read] | Non
     """The two reads of ``rhs = read * read`` (through same-type casts), both of ``dtype``, or None."""
     if not (isinstance(rhs, ir.Binary) and rhs.op == "*" and rhs.dtype == dtype):
         return None
-    factors = (strip_casts(rhs.lhs), strip_casts(rhs.rhs))
-    if not all(isinstance(f, ir.Read) and f.dtype == dtype for f in factors):
+    first, second = strip_casts(rhs.lhs), strip_casts(rhs.rhs)
+    if not (isinstance(first, ir.Read) and isinstance(second, ir.Read)):
         return None
-    return factors
+    if first.dtype != dtype or second.dtype != dtype:
+        return None
+    return first, second
 
 
 def strip_casts(expr: ir.TExpr) -> ir.TExpr:
@@ -84,16 +86,16 @@ def affine_conjunction(cond: ir.TExpr) -> tuple[Affine, ...] | None:
         return None
     from polyc.ir.model import affine_value  # the model's reading of index arithmetic (imports this module)
 
-    lhs, rhs = affine_value(cond.lhs), affine_value(cond.rhs)
-    if lhs is None or rhs is None:
+    left, right = affine_value(cond.lhs), affine_value(cond.rhs)
+    if left is None or right is None:
         return None
     one = Affine.const(1)
     return {
-        "<=": (rhs - lhs,),
-        "<": (rhs - lhs - one,),
-        ">=": (lhs - rhs,),
-        ">": (lhs - rhs - one,),
-        "==": (lhs - rhs, rhs - lhs),
+        "<=": (right - left,),
+        "<": (right - left - one,),
+        ">=": (left - right,),
+        ">": (left - right - one,),
+        "==": (left - right, right - left),
     }[cond.op]
 
 

@@ -32,6 +32,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -50,6 +51,11 @@ from polyc.runtime.tuning_records import (
 from polyc.target import usable_cores
 from polyc.tuning.cost_model import CostModel, pruning_limit
 from polyc.tuning.space import SearchSpace, space_for
+
+if TYPE_CHECKING:
+    from polyc.api import Kernel
+    from polyc.frontends.onnx.session import InferenceSession
+    from polyc.tuning.session import SessionTuningResult
 
 STRATEGIES = ("model", "random")
 #: Seconds of repeated runs per candidate (at least MIN_RUNS, at most MAX_RUNS runs).
@@ -123,6 +129,44 @@ def search_budget(seconds: float | None, trials: int | None, budget: float | int
     return float(seconds)
 
 
+@overload
+def tune(
+    kernel: InferenceSession,
+    feeds: Mapping[str, Any],
+    /,
+    *,
+    seconds: float | None = None,
+    trials: int | None = None,
+    strategy: str = "model",
+    records=None,
+    client=None,
+    start_from=None,
+    progress: bool = True,
+    seed: int = 0,
+    prune_factor: float = 10.0,
+    batch: int = 4,
+    budget: float | int | None = None,
+) -> SessionTuningResult: ...
+
+
+@overload
+def tune(
+    kernel: Kernel,
+    *args: Any,
+    seconds: float | None = None,
+    trials: int | None = None,
+    strategy: str = "model",
+    records=None,
+    client=None,
+    start_from=None,
+    progress: bool = True,
+    seed: int = 0,
+    prune_factor: float = 10.0,
+    batch: int = 4,
+    budget: float | int | None = None,
+) -> TuningResult: ...
+
+
 def tune(
     kernel,
     *args,
@@ -137,7 +181,7 @@ def tune(
     prune_factor: float = 10.0,
     batch: int = 4,
     budget: float | int | None = None,
-) -> TuningResult:
+) -> TuningResult | SessionTuningResult:
     """Search the options of ``kernel`` (a :class:`polyc.Kernel`) for the shapes and dtypes of
     ``args`` (the arguments a call would take) on this machine.
 
@@ -277,14 +321,14 @@ def search(
                 )
                 append_record(record, path)
                 measured[_identity(options)] = (config if "__options__" not in config else {}, record)
-                if record.status == "ok" and (best is None or record.seconds < best.seconds):
+                if record.status == "ok" and (best is None or record.timed_seconds < best.timed_seconds):
                     best = record
                 if _identity(options) == _identity(space.options(space.default)):
                     default_record = measured[_identity(options)][1]
                 history.append((trials, best.seconds if best else None))
                 if bar is not None:
                     bar.update(1 if isinstance(budget, int) else 0)
-                    bar.set_postfix_str(f"best {best.seconds * 1e3:.3f} ms" if best else "no result yet")
+                    bar.set_postfix_str(f"best {best.timed_seconds * 1e3:.3f} ms" if best else "no result yet")
             if bar is not None and isinstance(budget, float):
                 bar.n = min(budget, round(budget - max(0.0, deadline - time.monotonic()), 1))
                 bar.refresh()
@@ -380,7 +424,7 @@ def _start_records(start_from) -> list[TuningRecord]:
         records = read_records(start_from)
     else:
         records = list(start_from)
-    ok = sorted((r for r in records if r.status == "ok" and r.seconds is not None), key=lambda r: r.seconds)
+    ok = sorted((r for r in records if r.status == "ok" and r.seconds is not None), key=lambda r: r.timed_seconds)
     return ok[:8]
 
 

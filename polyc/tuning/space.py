@@ -52,7 +52,7 @@ class SearchSpace:
     def size(self) -> int:
         return math.prod(len(k.choices) for k in self.knobs)
 
-    def options(self, config: Mapping[str, object]) -> dict:
+    def options(self, config: Config) -> dict:
         """The option changes ``config`` stands for (only those that differ from the defaults)."""
         changes = self.kernel_path.tuning.option_changes(config)
         if config.get("threads", 0) != 0:
@@ -67,7 +67,7 @@ class SearchSpace:
     def random_config(self, rng: random.Random) -> Config:
         return {k.name: rng.choice(k.choices) for k in self.knobs}
 
-    def neighbour(self, config: Mapping[str, object], rng: random.Random) -> Config:
+    def neighbour(self, config: Config, rng: random.Random) -> Config:
         """``config`` with one knob moved to an adjacent choice (or, rarely, any choice)."""
         knob = rng.choice(self.knobs)
         new = dict(config)
@@ -79,13 +79,13 @@ class SearchSpace:
         new[knob.name] = knob.choices[index]
         return new
 
-    def identity(self, config: Mapping[str, object]) -> str:
+    def identity(self, config: Config) -> str:
         """Configurations that compile to the same options are the same candidate."""
         import json
 
         return json.dumps(self.options(config), sort_keys=True)
 
-    def features(self, config: Mapping[str, object]) -> list[float]:
+    def features(self, config: Config) -> list[float]:
         values: list[float] = []
         unused = self._unused(config)
         for knob in self.knobs:
@@ -101,12 +101,12 @@ class SearchSpace:
         values += self._footprints(config)
         return values
 
-    def _unused(self, config: Mapping[str, object]) -> set[str]:
+    def _unused(self, config: Config) -> set[str]:
         """Knobs that ``config``'s other knobs make meaningless (as :meth:`options` ignores them):
         the model sees them as absent, not as values that seem to change the time."""
         return self.kernel_path.tuning.unused(config, self.knobs)
 
-    def _footprints(self, config: Mapping[str, object]) -> list[float]:
+    def _footprints(self, config: Config) -> list[float]:
         """log2 of the bytes the blocks of the configuration touch, over each cache level."""
         blocks = self.kernel_path.tuning.block_bytes(config, self.itemsize, self.extents)
         if blocks is None:
@@ -131,7 +131,7 @@ def built_instruction_set(options: Options, machine: MachineFingerprint) -> str:
     from polyc.runtime.compiler import compiler_options, vector_bits
 
     build = compiler_options(options)
-    if any(flag.endswith("=native") for flag in build.flags):
+    if any(flag.endswith("=native") for flag in build.flags or ()):
         return machine.instruction_set
     return {512: "avx512", 256: "avx2", 128: "neon"}.get(vector_bits(build), "portable")
 
