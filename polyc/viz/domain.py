@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
-from polyc.viz.instances import KINDS, Instances, StatementPoints, collect
+from polyc.viz.instances import KINDS, Instances, StatementPoints, collect, layout
 
 KIND_COLOURS = {"flow": "#1565c0", "anti": "#c62828", "output": "#6a1b9a", "reduction": "#2e7d32"}
 VIOLATED_COLOUR = "#ff1744"
@@ -78,17 +78,14 @@ class DomainPlot:
 
     @property
     def positions(self) -> dict:
-        """(statement, point) -> (x, y) where the picture draws it: at its index values, so the
-        ticks (:attr:`ticks`) are index values.  Statements drawn over the same indices overlap,
-        each nudged a little along the diagonal so dependences between them are short arrows; a
-        statement of one index in a picture of two is a row of its own below the others; in a
-        picture of one index each statement is a row."""
+        """(statement, point) -> (x, y) where the picture draws it (:func:`layout`): at its index
+        values, statements over the same indices overlapping, each nudged a little."""
         return self._layout()[0]
 
     @property
     def ticks(self) -> list[tuple[float, str]]:
         """(x position, label) of each x tick: the index value of the points drawn there."""
-        return self._layout()[1]
+        return self._layout()[1][0]
 
     @property
     def flat(self) -> bool:
@@ -96,21 +93,7 @@ class DomainPlot:
         return all(len(set(st.dims)) == 1 for st in self.statements)
 
     def _layout(self):
-        position: dict = {}
-        planar = [s for s in self.statements if len(set(s.dims)) > 1]
-        ys = [p[s.dims[1]] for s in planar for p in s.shown_points()]
-        below = min(ys, default=0) - 1  # where rows of one-index statements go in a 2-D picture
-        nudge = 0.0 if len(planar) <= 1 else 0.5 / len(planar)
-        rows = 0
-        for s in self.statements:
-            shift = nudge * planar.index(s) if s in planar else 0.0
-            if s not in planar:
-                row, rows = (-rows if self.flat else below - rows), rows + 1
-            for point in s.shown_points():
-                y = point[s.dims[1]] + shift if s in planar else row
-                position[(s.name, point)] = (point[s.dims[0]] + shift, y)
-        xs = [p[s.dims[0]] for s in self.statements for p in s.shown_points()]
-        ticks = [(float(v), str(v)) for v in _integer_ticks(min(xs, default=0), max(xs, default=0))]
+        position, ticks = layout(self.statements, 2)
         return position, ticks
 
     def _draw(self):
@@ -121,7 +104,8 @@ class DomainPlot:
         from matplotlib.lines import Line2D
 
         flat = self.flat
-        position, ticks = self._layout()
+        position, all_ticks = self._layout()
+        ticks = all_ticks[0]
         xs_all = [x for x, _ in position.values()] or [0]
         ys_all = [y for _, y in position.values()] or [0]
         width = max(xs_all) - min(xs_all) + 1
@@ -206,8 +190,7 @@ class DomainPlot:
         ax.set_xticks([x for x, _ in ticks], [label for _, label in ticks])
         ax.set_xlabel(" / ".join(dict.fromkeys(st.indices[st.dims[0]] for st in self.statements if st.indices)))
         if not flat:
-            planar_ys = [p[st.dims[1]] for st in self.statements if len(set(st.dims)) > 1 for p in st.shown_points()]
-            ax.set_yticks(_integer_ticks(min(planar_ys, default=0), max(planar_ys, default=0)))
+            ax.set_yticks([y for y, _ in all_ticks[1]], [label for _, label in all_ticks[1]])
             ax.set_ylabel(
                 " / ".join(dict.fromkeys(st.indices[st.dims[1]] for st in self.statements if len(st.dims) > 1))
             )
@@ -307,13 +290,6 @@ def tile_colour(tile: tuple) -> str:
     """A colour for a tile that differs from its neighbours' along and across any two of its
     coordinates (weights 1, 3, 5 modulo 7 never sum to 0 for steps of one)."""
     return TILE_COLOURS[sum(w * c for w, c in zip((1, 3, 5, 2, 4, 6), tile)) % len(TILE_COLOURS)]
-
-
-def _integer_ticks(low: int, high: int, most: int = 8) -> list[int]:
-    """Index values from ``low`` to ``high`` at a whole step, at most ``most`` of them (the last
-    one shown when the step reaches it)."""
-    step = max(1, -(-(high - low) // max(1, most - 1)))
-    return list(range(low, high + 1, step))
 
 
 def convex_hull(points) -> list[tuple[float, float]]:

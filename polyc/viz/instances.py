@@ -88,6 +88,51 @@ class Instances:
         return self.tile.get((source, a)) != self.tile.get((sink, b))
 
 
+def layout(statements: list[StatementPoints], dims: int) -> tuple[dict, list[list[tuple[float, str]]]]:
+    """Where a picture of ``dims`` axes draws each shown instance, and its ticks.
+
+    Returns (statement, point) -> coordinates, and per axis the (position, label) ticks, every
+    label the index value of the points drawn at that position.  Statements are drawn at their
+    index values: those with ``dims`` axes overlap, each nudged by less than a step along the
+    diagonal so a dependence between them is a short arrow; one with fewer axes is a row (or
+    plane) of its own just below the others along the axes it lacks.  When no statement has
+    more than one axis, each is a row of its own (y = 0, -1, ...) and y has no ticks."""
+    axes_of = {s.name: list(dict.fromkeys(s.dims)) for s in statements}
+    flat = all(len(axes) == 1 for axes in axes_of.values())
+    full = [s for s in statements if len(axes_of[s.name]) >= dims]
+    values: list[list[int]] = [[] for _ in range(dims)]
+    for s in statements:
+        for point in s.shown_points():
+            for d, axis in enumerate(axes_of[s.name][:dims] if s in full else axes_of[s.name][:1]):
+                values[d].append(point[axis])
+    nudge = 0.0 if len(full) <= 1 else 0.5 / len(full)
+    position: dict = {}
+    rows = 0
+    for s in statements:
+        axes = axes_of[s.name]
+        shift = nudge * full.index(s) if s in full else 0.0
+        row = 0
+        if flat or s not in full:
+            row, rows = rows, rows + 1
+        for point in s.shown_points():
+            if flat:
+                coordinates = [float(point[axes[0]])] + ([-float(row)] if dims > 1 else [])
+            else:
+                coordinates = [point[axis] + shift for axis in axes[:dims]]
+                coordinates += [min(values[d], default=0) - 1 - row for d in range(len(coordinates), dims)]
+            position[(s.name, point)] = tuple(float(c) for c in coordinates) + (0.0,) * (dims - len(coordinates))
+    if flat:
+        values[1:] = [[] for _ in values[1:]]
+    ticks = [[(float(v), str(v)) for v in integer_ticks(min(vs), max(vs))] if vs else [] for vs in values]
+    return position, ticks
+
+
+def integer_ticks(low: int, high: int, most: int = 8) -> list[int]:
+    """Index values from ``low`` to ``high`` at a whole step, at most ``most`` of them."""
+    step = max(1, -(-(high - low) // max(1, most - 1)))
+    return list(range(low, high + 1, step))
+
+
 def collect(
     kernel,
     sizes: dict,
