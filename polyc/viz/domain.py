@@ -111,7 +111,10 @@ class DomainPlot:
         width = max(xs_all) - min(xs_all) + 1
         height = max(ys_all) - min(ys_all) + 1
         scale = min(1.0, 14.0 / max(width, height, 1))
-        figure = Figure(figsize=(max(3.5, 0.55 * width * scale + 1.5), max(2.2, 0.55 * height * scale + 1.6)))
+        # Constrained layout keeps the legend below the axis label and the title above the names.
+        figure = Figure(
+            figsize=(max(3.5, 0.55 * width * scale + 1.5), max(2.2, 0.55 * height * scale + 1.6)), layout="constrained"
+        )
         ax = figure.subplots()
         count = max(1, len(position))
         # Marker area shrinks as the points crowd (the figure stops growing at 14 steps a side).
@@ -246,8 +249,7 @@ class DomainPlot:
             figure.legend(
                 handles,
                 labels,
-                loc="upper center",
-                bbox_to_anchor=(0.5, 0.0),
+                loc="outside lower center",
                 ncol=min(len(handles), 2),
                 fontsize=8,
                 frameon=False,
