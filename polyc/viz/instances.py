@@ -11,8 +11,8 @@ Arrows are the nearest dependences: the pairs between shown instances that no ch
 more dependence pairs implies (the transitive reduction of the union of the kinds drawn,
 computed by isl on the relations at the given sizes), each drawn once under its first kind.  A reduction's relation holds every earlier step to every
 later one; its reduction is the chain of consecutive steps, which orders them all the same.
-Above :data:`ARROWS_PER_100_POINTS` the arrows are thinned evenly within each class (kind,
-statements, distance) and the picture says so.
+Above :data:`ARROWS_PER_100_POINTS` the arrows are thinned (:func:`thin`: every class kept,
+the arrows into a sample of points) and the picture says so.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from polyc.errors import PolycError
 
 KINDS = ("flow", "anti", "output", "reduction")
 MAX_POINTS = 20000
-#: The most arrows a picture draws per 100 points drawn; more are thinned evenly per class.
+#: The most arrows a picture draws per 100 points drawn; more are thinned (:func:`thin`).
 ARROWS_PER_100_POINTS = 150
 # Squarings of a relation tried for its transitive closure (paths up to 2**12 pairs long).
 _CLOSURE_ROUNDS = 12
@@ -78,7 +78,7 @@ class Instances:
         if self.thinned:
             return (
                 f"{len(self.arrows)} of {self.nearest_arrows} nearest dependences drawn "
-                f"(evenly per kind and distance, at most {ARROWS_PER_100_POINTS} per 100 points)"
+                f"(those into a sample of points, at most {ARROWS_PER_100_POINTS} per 100 points)"
             )
         return "nearest dependences (pairs no chain of others implies)"
 
@@ -239,33 +239,45 @@ def transitive_reduction(relation: isl.UnionMap) -> isl.UnionMap:
 
 
 def thin(arrows: list, points: int, keep: set) -> list:
-    """At most :data:`ARROWS_PER_100_POINTS` per 100 ``points`` of ``arrows``: each class (kind,
-    source and sink statements, distance) keeps an even share of its arrows, at least one, and
-    the arrows in ``keep`` (violated pairs) come first within their class."""
+    """At most :data:`ARROWS_PER_100_POINTS` per 100 ``points`` of ``arrows``: one of each class
+    (kind, source and sink statements, distance), then the arrows in ``keep`` (violated pairs),
+    then the others, each time every arrow into a sample of sink points spread over them, so a
+    kept point shows its whole pattern of dependences."""
     budget = max(1, ARROWS_PER_100_POINTS * points // 100)
     if len(arrows) <= budget:
         return arrows
-    classes: dict = {}
-    for arrow in arrows:
+    first: dict = {}
+    for arrow in sorted(arrows, key=lambda arrow: arrow[1:] not in keep):
         kind, source, a, sink, b = arrow
         distance = tuple(y - x for x, y in zip(a, b)) if len(a) == len(b) else ()
-        classes.setdefault((kind, source, sink, distance), []).append(arrow)
-    share = budget / len(arrows)
-    kept = []
-    for members in classes.values():
-        count = max(1, int(len(members) * share))
-        first = [m for m in members if m[1:] in keep]
-        rest = [m for m in members if m[1:] not in keep]
-        kept += _evenly(first, count)
-        kept += _evenly(rest, count - min(count, len(first)))
-    return kept
+        first.setdefault((kind, source, sink, distance), arrow)
+    chosen = list(first.values())[:budget]
+    taken = set(chosen)
+    for group in ([a for a in arrows if a[1:] in keep], [a for a in arrows if a[1:] not in keep]):
+        chosen += _into_sampled_sinks([a for a in group if a not in taken], budget - len(chosen))
+    return chosen
 
 
-def _evenly(items: list, count: int) -> list:
-    """``count`` of ``items`` spread evenly over the list (all of them if there are fewer)."""
-    if count >= len(items):
-        return list(items)
-    return [items[len(items) * i // count] for i in range(count)]
+# Sinks are sampled at the multiples of the golden ratio's fraction below a threshold: spread
+# over the points without the stripes a regular stride leaves on a grid.
+_GOLDEN = 0.6180339887498949
+
+
+def _into_sampled_sinks(arrows: list, room: int) -> list:
+    """At most ``room`` of ``arrows``: all those into a sample of their sink points."""
+    if len(arrows) <= room:
+        return arrows
+    by_sink: dict = {}
+    for arrow in arrows:
+        by_sink.setdefault(arrow[3:], []).append(arrow)
+    groups = list(by_sink.values())
+    fraction = room / len(arrows)
+    while fraction > 0:
+        kept = [a for k, group in enumerate(groups) if (k * _GOLDEN) % 1 < fraction for a in group]
+        if len(kept) <= room:
+            return kept
+        fraction -= 1 / len(groups)
+    return []
 
 
 def _shown_set(program, plotted) -> isl.UnionSet:

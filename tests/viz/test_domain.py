@@ -140,7 +140,7 @@ def test_violations_of_an_initialisation_are_drawn():
     assert plot.figure.axes  # draws
 
 
-def test_many_arrows_are_thinned_evenly_per_class():
+def test_many_arrows_are_thinned_keeping_every_class():
     arrows = [("flow", "S0", (i,), "S1", (i + d,)) for d in (0, 1, 2) for i in range(100)]
     kept = thin(arrows, 100, keep={("S0", (7,), "S1", (9,))})
     assert len(kept) <= ARROWS_PER_100_POINTS
@@ -153,3 +153,20 @@ def test_tiles_have_distinct_colours_from_their_neighbours():
         for t1 in range(4):
             for step in ((1, 0), (0, 1), (1, 1), (1, -1)):
                 assert tile_colour((t0, t1)) != tile_colour((t0 + step[0], t1 + step[1]))
+
+
+def test_a_dense_picture_is_thinned_and_says_so():
+    # Five reads a point: 180 nearest arrows over 100 points, more than the limit allows.
+    kernel = polyc.define(
+        """def five(float(N, M) A) -> (C) {
+        B(i, j) = A(i, j) * 2 where i in 0:N, j in 0:M
+        C(i, j) = B(i - 1, j) + B(i + 1, j) + B(i, j - 1) + B(i, j + 1) + B(i, j) where i in 1:N-1, j in 1:M-1
+    }"""
+    ).five
+    plot = plot_domain(kernel, {"N": 8, "M": 8})
+    instances = plot.instances
+    assert instances.point_count == 100 and instances.nearest_arrows == 180
+    assert len(plot.arrows) <= ARROWS_PER_100_POINTS and instances.thinned
+    distances = {tuple(y - x for x, y in zip(a, b)) for _, _, a, _, b in plot.arrows}
+    assert distances == {(1, 0), (-1, 0), (0, 1), (0, -1), (0, 0)}  # every read still drawn
+    assert "of 180 nearest dependences drawn" in plot.figure.texts[0].get_text()
