@@ -230,10 +230,12 @@ class DomainPlot:
             labels.append(kind + (" (between tiles)" if self.tiles and self.instances.tile else ""))
         violated = self.instances.violated
         elsewhere = self.instances.violated_elsewhere
+        drawn_bad = sum(1 for arrow in self.arrows if arrow[1:] in violated)
         if violated or elsewhere:
             handles.append(Line2D([0], [0], color=VIOLATED_COLOUR, lw=2.2))
             labels.append(
-                f"violated by the schedule (its sink would run first): {len(violated)} drawn"
+                f"violated by the schedule (its sink would run first): {drawn_bad} drawn"
+                + (f" of {len(violated)}" if drawn_bad < len(violated) else "")
                 + (f", {elsewhere} with an end outside this slice" if elsewhere else "")
             )
         if shades:
