@@ -356,6 +356,25 @@ class _KernelWriter:
             # gcc accepts no pragma between an OpenMP one and its loop; a vectorised or parallel
             # loop is left for the C compiler to unroll.
             pragmas = [p for p in pragmas if p.startswith("omp ")]
+        marked = (pragmas, target_depths, simd_reductions, parallel_reductions, unroll)
+        if node.get_type() == isl.ast_node_type.block:
+            # isl split the marked member's loop in pieces (a statement runs in part of its range
+            # only, or at one value of it): each piece that is a loop of the member carries the mark.
+            children = node.block_get_children()
+            return cgen.Block([self.marked_loop(children.get_at(i), *marked) for i in range(children.n_ast_node())])
+        return self.marked_loop(node, *marked)
+
+    def marked_loop(
+        self,
+        node: isl.AstNode,
+        pragmas: list[str],
+        target_depths: frozenset[int],
+        simd_reductions: tuple[Reduction, ...],
+        parallel_reductions: tuple[Reduction, ...],
+        unroll: int,
+    ):
+        """``node`` with the pragmas of the marks above it if it is the loop of a marked band
+        member (``target_depths``), else as it is (isl elided a loop of one iteration)."""
         is_marked_loop = (
             node.get_type() == isl.ast_node_type.for_
             and not node.for_is_degenerate()

@@ -20,11 +20,16 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
-from polyc.viz.instances import KINDS, Instances, StatementPoints, collect
+from polyc.viz.instances import KINDS, Instances, StatementPoints, collect, layout
 
 KIND_COLOURS = {"flow": "#1565c0", "anti": "#c62828", "output": "#6a1b9a", "reduction": "#2e7d32"}
 VIOLATED_COLOUR = "#ff1744"
 STATEMENT_COLOURS = ("#37474f", "#ef6c00", "#00838f", "#ad1457", "#558b2f", "#4527a0")
+TILE_COLOURS = ("#fff176", "#80deea", "#f48fb1", "#a5d6a7", "#ce93d8", "#ffcc80", "#90caf9")
+#: Above this many points the order is a colour scale instead of a number beside each point.
+ORDER_LABEL_LIMIT = 150
+#: Above this many arrows their heads are drawn smaller (they would hide the points).
+ARROW_HEAD_LIMIT = 400
 
 
 @dataclass
@@ -71,32 +76,57 @@ class DomainPlot:
         self.figure.savefig(buffer, format="svg", bbox_inches="tight")
         return buffer.getvalue()
 
+    @property
+    def positions(self) -> dict:
+        """(statement, point) -> (x, y) where the picture draws it (:func:`layout`): at its index
+        values, statements over the same indices overlapping, each nudged a little."""
+        return self._layout()[0]
+
+    @property
+    def ticks(self) -> list[tuple[float, str]]:
+        """(x position, label) of each x tick: the index value of the points drawn there."""
+        return self._layout()[1][0]
+
+    @property
+    def flat(self) -> bool:
+        """Every statement drawn along one index: one row per statement."""
+        return all(len(set(st.dims)) == 1 for st in self.statements)
+
+    def _layout(self):
+        position, ticks = layout(self.statements, 2)
+        return position, ticks
+
     def _draw(self):
         import matplotlib
 
         matplotlib.use("Agg", force=False)
         from matplotlib.figure import Figure
+        from matplotlib.lines import Line2D
 
-        flat = all(len(set(st.dims)) == 1 for st in self.statements)
-        width = (
-            sum(_extent(st, 0) + 1 for st in self.statements)
-            if not flat
-            else max((_extent(st, 0) + 1 for st in self.statements), default=1)
-        )
-        height = max((_extent(st, 1) + 1 for st in self.statements), default=1) if not flat else len(self.statements)
+        flat = self.flat
+        position, all_ticks = self._layout()
+        ticks = all_ticks[0]
+        xs_all = [x for x, _ in position.values()] or [0]
+        ys_all = [y for _, y in position.values()] or [0]
+        width = max(xs_all) - min(xs_all) + 1
+        height = max(ys_all) - min(ys_all) + 1
         scale = min(1.0, 14.0 / max(width, height, 1))
-        figure = Figure(figsize=(max(3.5, 0.55 * width * scale + 1.5), max(2.2, 0.55 * height * scale + 1.6)))
+        # Constrained layout keeps the legend below the axis label and the title above the names.
+        figure = Figure(
+            figsize=(max(3.5, 0.55 * width * scale + 1.5), max(2.2, 0.55 * height * scale + 1.6)), layout="constrained"
+        )
         ax = figure.subplots()
-        position = {}
+        count = max(1, len(position))
+        # Marker area shrinks as the points crowd (the figure stops growing at 14 steps a side).
+        marker = max(4.0, min(28.0, 28.0 * (14.0 / max(width, height, 14)) ** 2))
+        numbered = bool(self.order) and count <= ORDER_LABEL_LIMIT
+        coloured_by_order = bool(self.order) and not numbered
         shades = sorted(set(self.instances.parallel.values())) if self.parallel else []
-        offset = 0
+        names_above: list = []
         for k, s in enumerate(self.statements):
-            # Statements side by side (2-D) or one row each (1-D), in their own colours, as Clint does.
             points = s.shown_points()
-            low_x = min((p[s.dims[0]] for p in points), default=0)
-            xs = [p[s.dims[0]] - (low_x - offset if not flat else 0) for p in points]
-            # In a 2-D picture a statement of one index is a row at 0.
-            ys = [(p[s.dims[1]] if len(s.dims) > 1 else 0) if not flat else -k for p in points]
+            xs = [position[(s.name, p)][0] for p in points]
+            ys = [position[(s.name, p)][1] for p in points]
             colour = STATEMENT_COLOURS[k % len(STATEMENT_COLOURS)]
             if shades:
                 import matplotlib.cm as cm
@@ -107,12 +137,22 @@ class DomainPlot:
                     else colour
                     for p in points
                 ]
-                ax.scatter(xs, ys, s=40, c=colours, zorder=3)
+                ax.scatter(xs, ys, s=marker * 1.4, c=colours, zorder=3)
+            elif coloured_by_order:
+                ax.scatter(
+                    xs,
+                    ys,
+                    s=marker,
+                    c=[self.order.get((s.name, p), 0) for p in points],
+                    cmap="viridis",
+                    vmin=0,
+                    vmax=count - 1,
+                    zorder=3,
+                )
             else:
-                ax.scatter(xs, ys, s=28, color=colour, zorder=3)
-            for point, x, y in zip(points, xs, ys):
-                position[(s.name, point)] = (x, y)
-                if self.order:
+                ax.scatter(xs, ys, s=marker, color=colour, zorder=3)
+            if numbered:
+                for point, x, y in zip(points, xs, ys):
                     ax.annotate(
                         str(self.order.get((s.name, point), "")),
                         (x, y),
@@ -124,10 +164,11 @@ class DomainPlot:
                 self._draw_tiles(ax, s, points, xs, ys)
             fixed = ", ".join(f"{i}={v}" for i, v in s.fixed.items())
             label = f"{s.name}" + (f" at {fixed}" if fixed else "")
-            if flat:
+            # Statement names sit outside the points: left of a row, above a block.
+            if len(set(s.dims)) == 1:
                 ax.annotate(
                     label,
-                    (min(xs, default=0), -k),
+                    (min(xs, default=0), ys[0] if ys else 0),
                     xytext=(-8, 0),
                     textcoords="offset points",
                     ha="right",
@@ -136,17 +177,23 @@ class DomainPlot:
                     color=colour,
                 )
             else:
-                ax.annotate(
-                    label,
-                    (offset, max(ys, default=0)),
-                    xytext=(0, 10),
-                    textcoords="offset points",
-                    fontsize=8,
-                    color=colour,
-                )
-                offset += _extent(s, 0) + 2
+                names_above.append((label, colour))
+        for number, (label, colour) in enumerate(names_above):
+            # Names of the statements drawn over two indices, above the axes, in their colours.
+            ax.annotate(
+                label,
+                (0.0, 1.0),
+                xycoords="axes fraction",
+                xytext=(60 * number, 6),
+                textcoords="offset points",
+                fontsize=8,
+                color=colour,
+                annotation_clip=False,
+            )
+        ax.set_xticks([x for x, _ in ticks], [label for _, label in ticks])
         ax.set_xlabel(" / ".join(dict.fromkeys(st.indices[st.dims[0]] for st in self.statements if st.indices)))
         if not flat:
+            ax.set_yticks([y for y, _ in all_ticks[1]], [label for _, label in all_ticks[1]])
             ax.set_ylabel(
                 " / ".join(dict.fromkeys(st.indices[st.dims[1]] for st in self.statements if len(st.dims) > 1))
             )
@@ -154,6 +201,7 @@ class DomainPlot:
             ax.set_yticks([])
         ax.set_aspect("equal", adjustable="datalim")
         ax.grid(alpha=0.2)
+        heads = len(self.arrows) <= ARROW_HEAD_LIMIT
         for kind, source, a, sink, b in self.arrows:
             start, end = position.get((source, a)), position.get((sink, b))
             if start is None or end is None:
@@ -166,6 +214,7 @@ class DomainPlot:
                 xytext=start,
                 arrowprops=dict(
                     arrowstyle="->",
+                    mutation_scale=10 if heads or bad else 5,
                     color=VIOLATED_COLOUR if bad else KIND_COLOURS[kind],
                     lw=2.2 if bad else 0.9,
                     alpha=1 if bad else 0.8,
@@ -176,33 +225,47 @@ class DomainPlot:
                 zorder=4 if bad else 2,
             )
         handles, labels = [], []
-        from matplotlib.lines import Line2D
-
         for kind in sorted({a[0] for a in self.arrows}):
             handles.append(Line2D([0], [0], color=KIND_COLOURS[kind]))
             labels.append(kind + (" (between tiles)" if self.tiles and self.instances.tile else ""))
-        if self.instances.violated:
+        violated = self.instances.violated
+        elsewhere = self.instances.violated_elsewhere
+        drawn_bad = sum(1 for arrow in self.arrows if arrow[1:] in violated)
+        if violated or elsewhere:
             handles.append(Line2D([0], [0], color=VIOLATED_COLOUR, lw=2.2))
-            labels.append("violated by the schedule (its sink would run first)")
+            labels.append(
+                f"violated by the schedule (its sink would run first): {drawn_bad} drawn"
+                + (f" of {len(violated)}" if drawn_bad < len(violated) else "")
+                + (f", {elsewhere} with an end outside this slice" if elsewhere else "")
+            )
         if shades:
             handles.append(Line2D([0], [0], marker="o", linestyle="", color="#888"))
             labels.append(f"colour: iteration of the parallel loop {self.instances.parallel_loop}")
+        elif coloured_by_order:
+            handles.append(Line2D([0], [0], marker="o", linestyle="", color="#21918c"))
+            labels.append(f"colour: position in the {self.instances.schedule_source} order, dark first")
+        if self.tiles and self.instances.tile:
+            handles.append(Line2D([0], [0], marker="s", linestyle="", color="#f9a825", alpha=0.5))
+            labels.append("tiles of " + " x ".join(map(str, self.instances.tile_sizes)) + ", one colour each")
         if handles:
             figure.legend(
                 handles,
                 labels,
-                loc="upper center",
-                bbox_to_anchor=(0.5, 0.0),
+                loc="outside lower center",
                 ncol=min(len(handles), 2),
                 fontsize=8,
                 frameon=False,
             )
-        if self.title:
-            figure.suptitle(self.title, fontsize=10, x=0.02, ha="left")
+        title = self.title
+        if self.arrows:
+            title += "\n" + self.instances.arrows_note
+        if title:
+            figure.suptitle(title, fontsize=9, x=0.02, ha="left")
         return figure
 
     def _draw_tiles(self, ax, s, points, xs, ys) -> None:
-        """One hull per tile around the points it holds (a box, slightly padded)."""
+        """One hull per tile around the points it holds (a box, slightly padded), neighbouring
+        tiles in different colours."""
         groups: dict = {}
         for point, x, y in zip(points, xs, ys):
             tile = self.instances.tile.get((s.name, point))
@@ -210,7 +273,7 @@ class DomainPlot:
                 groups.setdefault(tile, []).append((x, y))
         from matplotlib.patches import Polygon
 
-        for members in groups.values():
+        for tile, members in groups.items():
             hull = convex_hull(members)
             padded = _pad(hull, 0.3)
             ax.add_patch(
@@ -218,22 +281,19 @@ class DomainPlot:
                     padded,
                     closed=True,
                     fill=True,
-                    facecolor="#fff59d",
+                    facecolor=tile_colour(tile),
                     alpha=0.35,
-                    edgecolor="#f9a825",
-                    lw=1.0,
+                    edgecolor="#616161",
+                    lw=0.8,
                     zorder=1,
                 )
             )
 
 
-def _extent(statement: StatementPoints, axis: int) -> int:
-    """How many steps the shown points span along the picture's ``axis`` (none along an axis the
-    statement has no index on)."""
-    if axis >= len(statement.dims):
-        return 0
-    values = [p[statement.dims[axis]] for p in statement.shown_points()]
-    return max(values) - min(values) if values else 0
+def tile_colour(tile: tuple) -> str:
+    """A colour for a tile that differs from its neighbours' along and across any two of its
+    coordinates (weights 1, 3, 5 modulo 7 never sum to 0 for steps of one)."""
+    return TILE_COLOURS[sum(w * c for w, c in zip((1, 3, 5, 2, 4, 6), tile)) % len(TILE_COLOURS)]
 
 
 def convex_hull(points) -> list[tuple[float, float]]:

@@ -6,6 +6,13 @@ view (:mod:`polyc.viz.view`) draw the same :class:`Instances`.
 Everything is enumerated by isl from the compilation's own objects (:class:`polyc.driver.Stages`):
 the statements' domains, the dependence relations, the optimised schedule's map, and the bands'
 tiling and parallel decisions (:class:`polyc.schedule.transform.BandDecision`).
+
+Arrows are the nearest dependences: the pairs between shown instances that no chain of two or
+more dependence pairs implies (the transitive reduction of the union of the kinds drawn,
+computed by isl on the relations at the given sizes), each drawn once under its first kind.  A reduction's relation holds every earlier step to every
+later one; its reduction is the chain of consecutive steps, which orders them all the same.
+Above :data:`ARROWS_PER_100_POINTS` the arrows are thinned (:func:`thin`: every class kept,
+the arrows into a sample of points) and the picture says so.
 """
 
 from __future__ import annotations
@@ -19,6 +26,10 @@ from polyc.errors import PolycError
 
 KINDS = ("flow", "anti", "output", "reduction")
 MAX_POINTS = 20000
+#: The most arrows a picture draws per 100 points drawn; more are thinned (:func:`thin`).
+ARROWS_PER_100_POINTS = 150
+# Squarings of a relation tried for its transitive closure (paths up to 2**12 pairs long).
+_CLOSURE_ROUNDS = 12
 
 
 @dataclass
@@ -48,12 +59,78 @@ class Instances:
     parallel: dict = field(default_factory=dict)  # -> iteration of the outermost parallel loop
     parallel_loop: str = ""  # e.g. "m (tiles of 32)"
     violated: set = field(default_factory=set)  # arrows a user's schedule runs sink-first
+    violated_elsewhere: int = 0  # violated pairs with an end outside the drawn slice
     schedule_source: str = "compiled"  # whose order: "compiled" or "user"
+    nearest_arrows: int = 0  # the nearest dependence pairs between shown points, before thinning
+
+    @property
+    def point_count(self) -> int:
+        return sum(int(s.shown.sum()) for s in self.statements)
+
+    @property
+    def thinned(self) -> bool:
+        """Whether fewer arrows are kept than the nearest dependences between shown points."""
+        return len(self.arrows) < self.nearest_arrows
+
+    @property
+    def arrows_note(self) -> str:
+        """What the arrows are, for a legend or title: nearest pairs, and how many were thinned."""
+        if self.thinned:
+            return (
+                f"{len(self.arrows)} of {self.nearest_arrows} nearest dependences drawn "
+                f"(those into a sample of points, at most {ARROWS_PER_100_POINTS} per 100 points)"
+            )
+        return "nearest dependences (pairs no chain of others implies)"
 
     def crosses_tiles(self, arrow) -> bool:
         """Whether a dependence arrow joins two different tiles (islplot shows only those)."""
         _, source, a, sink, b = arrow
         return self.tile.get((source, a)) != self.tile.get((sink, b))
+
+
+def layout(statements: list[StatementPoints], dims: int) -> tuple[dict, list[list[tuple[float, str]]]]:
+    """Where a picture of ``dims`` axes draws each shown instance, and its ticks.
+
+    Returns (statement, point) -> coordinates, and per axis the (position, label) ticks, every
+    label the index value of the points drawn at that position.  Statements are drawn at their
+    index values: those with ``dims`` axes overlap, each nudged by less than a step along the
+    diagonal so a dependence between them is a short arrow; one with fewer axes is a row (or
+    plane) of its own just below the others along the axes it lacks.  When no statement has
+    more than one axis, each is a row of its own (y = 0, -1, ...) and y has no ticks."""
+    axes_of = {s.name: list(dict.fromkeys(s.dims)) for s in statements}
+    flat = all(len(axes) == 1 for axes in axes_of.values())
+    full = [s for s in statements if len(axes_of[s.name]) >= dims]
+    values: list[list[int]] = [[] for _ in range(dims)]
+    for s in statements:
+        for point in s.shown_points():
+            for d, axis in enumerate(axes_of[s.name][:dims] if s in full else axes_of[s.name][:1]):
+                values[d].append(point[axis])
+    nudge = 0.0 if len(full) <= 1 else 0.5 / len(full)
+    position: dict = {}
+    rows = 0
+    for s in statements:
+        axes = axes_of[s.name]
+        shift = nudge * full.index(s) if s in full else 0.0
+        row = 0
+        if flat or s not in full:
+            row, rows = rows, rows + 1
+        for point in s.shown_points():
+            if flat:
+                coordinates = [float(point[axes[0]])] + ([-float(row)] if dims > 1 else [])
+            else:
+                coordinates = [point[axis] + shift for axis in axes[:dims]]
+                coordinates += [min(values[d], default=0) - 1 - row for d in range(len(coordinates), dims)]
+            position[(s.name, point)] = tuple(float(c) for c in coordinates) + (0.0,) * (dims - len(coordinates))
+    if flat:
+        values[1:] = [[] for _ in values[1:]]
+    ticks = [[(float(v), str(v)) for v in integer_ticks(min(vs), max(vs))] if vs else [] for vs in values]
+    return position, ticks
+
+
+def integer_ticks(low: int, high: int, most: int = 8) -> list[int]:
+    """Index values from ``low`` to ``high`` at a whole step, at most ``most`` of them."""
+    step = max(1, -(-(high - low) // max(1, most - 1)))
+    return list(range(low, high + 1, step))
 
 
 def collect(
@@ -91,38 +168,127 @@ def collect(
         raise PolycError(
             f"no statement {', '.join(unknown)}; the statements are {', '.join(s.name for s in program.statements)}"
         )
-    plotted = [_slice(program.statement(name), dims, fixed, max_dims) for name in names]
+    asked = list(names)
+    # The violated pairs as values: the relation comes from another analysis of the def, whose
+    # isl parameters are not this program's.
+    bad = set(pairs(_fix_sizes(violated, sizes))) if violated is not None else None
+    if bad and not statements:
+        # `!` initialisations are left out by default; one a violated pair touches is drawn too.
+        touched = {name for source, _, sink, _ in bad for name in (source, sink)}
+        names += [s.name for s in program.statements if s.name in touched and s.name not in names]
+    plotted = [_slice(program.statement(name), dims, fixed, max_dims, lenient=name not in asked) for name in names]
+    shown_set = _shown_set(program, plotted)
     shown = {s.name: set(s.shown_points()) for s in plotted}
-    arrows = []
-    for kind in kinds:
+    # Nearest pairs of the union of the kinds drawn (every kind when violations are drawn: a
+    # violated pair of any kind is shown), each pair once, under the first kind that holds it.
+    relations = {}
+    for kind in KINDS if bad is not None else kinds:
         relation = getattr(stages.dependences, kind)
         if kind != "reduction":
             relation = relation.subtract(stages.dependences.reduction)
-        relation = relation.intersect_params(program.context)
-        for source, a, sink, b in pairs(relation):
-            if a in shown.get(source, ()) and b in shown.get(sink, ()):
-                arrows.append((kind, source, a, sink, b))
+        relation = _fix_sizes(relation, sizes).intersect_params(program.context)
+        relations[kind] = relation.intersect_domain(shown_set).intersect_range(shown_set)
+    union = isl.UnionMap.empty(program.context.get_space())
+    for relation in relations.values():
+        union = union.union(relation)
+    nearest = transitive_reduction(union)
+    arrows: list = []
+    violated_pairs: set = set()
+    drawn: set = set()
+    for kind, relation in relations.items():
+        for pair in pairs(relation.intersect(nearest)):
+            source, a, sink, b = pair
+            if pair in drawn or a not in shown.get(source, ()) or b not in shown.get(sink, ()):
+                continue
+            if bad and pair in bad:
+                violated_pairs.add(pair)
+            elif kind not in kinds:
+                continue
+            drawn.add(pair)
+            arrows.append((kind, *pair))
     sizes_text = ", ".join(f"{k}={v}" for k, v in sizes.items())
-    result = Instances(plotted, arrows, f"{kernel.definition.name} at {sizes_text}")
+    result = Instances(plotted, arrows, f"{kernel.definition.name} at {sizes_text}", nearest_arrows=len(arrows))
+    result.violated = violated_pairs
+    if bad:
+        result.violated_elsewhere = sum(
+            1 for source, a, sink, b in bad if a not in shown.get(source, ()) or b not in shown.get(sink, ())
+        )
+    result.arrows = thin(result.arrows, result.point_count, result.violated)
     if schedule is None:
         result.order = schedule_order(stages.optimized_schedule.get_map(), program, plotted)
         _band_views(result, stages, program)
     else:
         result.order = schedule_order(_fix_sizes(_as_union_map(schedule, program), sizes), program, plotted)
         result.schedule_source = "user"
-    if violated is not None:
-        bad = _fix_sizes(violated, sizes)
-        result.violated = {(source, a, sink, b) for source, a, sink, b in pairs(bad)}
-        for source, a, sink, b in result.violated:
-            if (
-                (source, a) in result.order
-                and (sink, b) in result.order
-                and not any(arrow[1:] == (source, a, sink, b) for arrow in arrows)
-            ):
-                kind = next(
-                    (k for k in KINDS if _has_pair(getattr(stages.dependences, k), program, source, a, sink, b)), "flow"
-                )
-                arrows.append((kind, source, a, sink, b))
+    return result
+
+
+def transitive_reduction(relation: isl.UnionMap) -> isl.UnionMap:
+    """The pairs of a bounded, acyclic ``relation`` that no chain of two or more of its pairs
+    implies: ``R - R . R+``, with ``R+`` the transitive closure by repeated squaring (exact at
+    fixed sizes).  If the closure does not settle, ``R - R . R`` (still only implied pairs go)."""
+    closure = relation
+    for _ in range(_CLOSURE_ROUNDS):
+        grown = closure.union(closure.apply_range(closure)).coalesce()
+        if grown.is_subset(closure):
+            break
+        closure = grown
+    else:
+        closure = relation
+    return relation.subtract(relation.apply_range(closure)).coalesce()
+
+
+def thin(arrows: list, points: int, keep: set) -> list:
+    """At most :data:`ARROWS_PER_100_POINTS` per 100 ``points`` of ``arrows``: one of each class
+    (kind, source and sink statements, distance), then the arrows in ``keep`` (violated pairs),
+    then the others, each time every arrow into a sample of sink points spread over them, so a
+    kept point shows its whole pattern of dependences."""
+    budget = max(1, ARROWS_PER_100_POINTS * points // 100)
+    if len(arrows) <= budget:
+        return arrows
+    first: dict = {}
+    for arrow in sorted(arrows, key=lambda arrow: arrow[1:] not in keep):
+        kind, source, a, sink, b = arrow
+        distance = tuple(y - x for x, y in zip(a, b)) if len(a) == len(b) else ()
+        first.setdefault((kind, source, sink, distance), arrow)
+    chosen = list(first.values())[:budget]
+    taken = set(chosen)
+    for group in ([a for a in arrows if a[1:] in keep], [a for a in arrows if a[1:] not in keep]):
+        chosen += _into_sampled_sinks([a for a in group if a not in taken], budget - len(chosen))
+    return chosen
+
+
+# Sinks are sampled at the multiples of the golden ratio's fraction below a threshold: spread
+# over the points without the stripes a regular stride leaves on a grid.
+_GOLDEN = 0.6180339887498949
+
+
+def _into_sampled_sinks(arrows: list, room: int) -> list:
+    """At most ``room`` of ``arrows``: all those into a sample of their sink points."""
+    if len(arrows) <= room:
+        return arrows
+    by_sink: dict = {}
+    for arrow in arrows:
+        by_sink.setdefault(arrow[3:], []).append(arrow)
+    groups = list(by_sink.values())
+    fraction = room / len(arrows)
+    while fraction > 0:
+        kept = [a for k, group in enumerate(groups) if (k * _GOLDEN) % 1 < fraction for a in group]
+        if len(kept) <= room:
+            return kept
+        fraction -= 1 / len(groups)
+    return []
+
+
+def _shown_set(program, plotted) -> isl.UnionSet:
+    """The shown instances of every plotted statement, as an isl set at the program's sizes."""
+    result = isl.UnionSet.empty(program.context.get_space())
+    for statement in plotted:
+        domain = program.statement(statement.name).domain.intersect_params(program.context)
+        for index, value in statement.fixed.items():
+            position = statement.indices.index(index)
+            domain = domain.fix_val(isl.dim_type.set, position, isl.Val.int_from_si(domain.get_ctx(), int(value)))
+        result = result.union(isl.UnionSet.from_set(domain))
     return result
 
 
@@ -147,13 +313,14 @@ def _as_union_map(schedule, program) -> isl.UnionMap:
     return relation.align_params(program.context.get_space())
 
 
-def _has_pair(relation: isl.UnionMap, program, source, a, sink, b) -> bool:
-    pair = isl.UnionMap.read_from_str(program.ctx, f"{{ {source}{list(a)} -> {sink}{list(b)} }}")
-    return not pair.align_params(relation.get_space()).intersect(relation.intersect_params(program.context)).is_empty()
-
-
-def _slice(statement, dims, fixed, max_dims) -> StatementPoints:
+def _slice(statement, dims, fixed, max_dims, lenient: bool = False) -> StatementPoints:
+    """The points of ``statement`` and the slice of them shown.  ``lenient`` (a statement drawn
+    without being asked for: an initialisation in a violated pair) takes those of ``dims`` and
+    ``fixed`` it has an index for."""
     points = domain_points(statement.domain)
+    if lenient:
+        dims = [d for d in dims if d in statement.indices] if dims else None
+        fixed = {i: v for i, v in (fixed or {}).items() if i in statement.indices}
     wanted = tuple(dims) if dims else statement.indices[:max_dims]
     missing = [d for d in wanted if d not in statement.indices]
     if missing:

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 
 from polyc.viz.domain import KIND_COLOURS, STATEMENT_COLOURS
-from polyc.viz.instances import KINDS, Instances, collect
+from polyc.viz.instances import KINDS, Instances, collect, layout
 from polyc.viz.page import write_page
 
 _ids = itertools.count()
@@ -33,29 +33,27 @@ class DomainView:
     height: int = 440
 
     def data(self) -> dict:
-        """What the page draws: points in view coordinates (statements side by side along x),
-        arrows as pairs of point numbers, and per point its order, tile and parallel iteration."""
+        """What the page draws: points at their index values (:func:`polyc.viz.instances.layout`),
+        the axes' names and ticks, arrows as pairs of point numbers, and per point its order,
+        tile and parallel iteration."""
         points: list[dict] = []
         arrows: list[list] = []
         statements: list[dict] = []
         number: dict = {}
-        offset = 0
-        dims = max((len(dict.fromkeys(s.dims)) for s in self.instances.statements), default=1)
+        counts = [len(dict.fromkeys(s.dims)) for s in self.instances.statements]
+        flat = all(count == 1 for count in counts) and len(counts) > 1
+        dims = 2 if flat else max(counts, default=1)
+        position, ticks = layout(self.instances.statements, dims)
         for k, s in enumerate(self.instances.statements):
             axes = list(dict.fromkeys(s.dims))
-            shown = s.shown_points()
-            low = min((p[axes[0]] for p in shown), default=0)
-            high = max((p[axes[0]] for p in shown), default=0)
-            for p in shown:
+            for p in s.shown_points():
                 key = (s.name, p)
-                coordinates = [p[a] for a in axes] + [0] * (dims - len(axes))
-                coordinates[0] += offset - low
                 number[key] = len(points)
                 tile = self.instances.tile.get(key)
                 points.append(
                     {
                         "s": k,
-                        "c": coordinates,
+                        "c": list(position[key]),
                         "label": f"{s.name}({', '.join(f'{i}={v}' for i, v in zip(s.indices, p))})",
                         "order": self.instances.order.get(key, 0),
                         "tile": None if tile is None else list(tile),
@@ -70,7 +68,16 @@ class DomainView:
                     "fixed": ", ".join(f"{i}={v}" for i, v in s.fixed.items()),
                 }
             )
-            offset += high - low + 2
+        names = [
+            " / ".join(
+                dict.fromkeys(
+                    s.indices[a] for s in self.instances.statements for a in list(dict.fromkeys(s.dims))[d : d + 1]
+                )
+            )
+            if not (flat and d > 0)
+            else ""
+            for d in range(dims)
+        ]
         for arrow in self.instances.arrows:
             kind, source, a, sink, b = arrow
             if (source, a) in number and (sink, b) in number:
@@ -90,6 +97,9 @@ class DomainView:
             "arrows": arrows,
             "statements": statements,
             "kinds": {k: KIND_COLOURS[k] for k in KINDS},
+            "axisNames": names,
+            "ticks": [[[position, label] for position, label in axis] for axis in ticks],
+            "arrowsNote": self.instances.arrows_note if self.instances.arrows else "",
             "parallelLoop": self.instances.parallel_loop,
             "tileSizes": list(self.instances.tile_sizes),
         }
@@ -272,11 +282,20 @@ _SCRIPT = r"""
     ctx.clearRect(0, 0, canvas.width, canvas.height);
     ctx.font = "11px sans-serif";
     screen = data.points.map(function (p) { return project(p.c); });
-    var origin = [low[0] - 0.5, low[1] - 0.5, low[2] - 0.5], labels = [];
+    var origin = [low[0] - 0.5, low[1] - 0.5, low[2] - 0.5], labels = [], drawnTicks = [];
     for (var d = 0; d < data.dims; d++) {
       var end = origin.slice(); end[d] = high[d] + 1.2;
-      labels.push([axis(origin.slice(0, 3), end), data.statements[0].axes[d] || ""]);
+      labels.push([axis(origin.slice(0, 3), end), data.axisNames[d] || ""]);
+      // Ticks: the index values of the points at each position, beside the axis.
+      ctx.fillStyle = "#666"; ctx.font = "10px sans-serif";
+      drawnTicks.push(data.ticks[d].map(function (tick) {
+        var at = origin.slice(); at[d] = tick[0];
+        var s = project(at);
+        ctx.fillText(tick[1], s[0] + (d === 0 ? -3 : -16), s[1] + (d === 0 ? 14 : 4));
+        return tick[1];
+      }));
     }
+    root.setAttribute("data-polyc-ticks", JSON.stringify(drawnTicks));
     if (hulls && hulls.checked) drawHulls();
     data.arrows.forEach(function (a) {
       if (!kindShown(a[0]) || (between && between.checked && !a[3])) return;
@@ -302,6 +321,7 @@ _SCRIPT = r"""
     ctx.font = "11px sans-serif";
     var names = data.statements.map(function (s) { return s.name + (s.fixed ? " at " + s.fixed : ""); });
     ctx.fillStyle = "#333"; ctx.fillText(names.join("   "), 6, 14);
+    if (data.arrowsNote) { ctx.fillStyle = "#666"; ctx.fillText(data.arrowsNote, 6, canvas.height - 6); }
     if (colourBy.value === "par") ctx.fillText("colour: iteration of the parallel loop " + data.parallelLoop, 6, 28);
     if (colourBy.value === "tile") ctx.fillText("colour: tile (sizes " + data.tileSizes.join(" x ") + ")", 6, 28);
     stepText.textContent = done + " of " + n + " instances run";

@@ -86,7 +86,7 @@ def test_view_data_and_html(tiled, tmp_path):
     assert data["dims"] == 3 and len(data["points"]) == stages.program.statement("S0").domain.count_val().to_python()
     assert {tuple(p["c"]) for p in data["points"]} == {(m, n, k) for m in range(6) for n in range(4) for k in range(5)}
     assert sorted(p["order"] for p in data["points"]) == list(range(120))
-    assert len(data["arrows"]) == len(view.instances.arrows) == 6 * 4 * (5 * 4 // 2)
+    assert len(data["arrows"]) == len(view.instances.arrows) == 6 * 4 * 4  # r_k to r_k + 1
     page = view.html()
     parser = HTMLParser()
     parser.feed(page)
@@ -97,13 +97,41 @@ def test_view_data_and_html(tiled, tmp_path):
     assert (tmp_path / "v.html").read_text().startswith("<!DOCTYPE html>")
 
 
-def test_two_statements_side_by_side_in_the_view():
+def test_two_statements_in_rows_at_their_index_values_in_the_view():
     kernel = polyc.define(SHIFTED, fusion="max").shifted
     data = view_domain(kernel, {"N": 5}).data()
-    s0 = sorted(p["c"][0] for p in data["points"] if p["s"] == 0)
-    s1 = sorted(p["c"][0] for p in data["points"] if p["s"] == 1)
-    assert s0 == list(range(5)) and s1 == list(range(6, 10))  # offset past S0, as Clint does
+    s0 = sorted(p["c"] for p in data["points"] if p["s"] == 0)
+    s1 = sorted(p["c"] for p in data["points"] if p["s"] == 1)
+    assert s0 == [[i, 0] for i in range(5)] and s1 == [[i, -1] for i in range(4)]  # one row each
+    assert data["ticks"][0] == [[float(i), str(i)] for i in range(5)] and data["ticks"][1] == []
     assert all(a[0] == "flow" for a in data["arrows"]) and len(data["arrows"]) == 8
+
+
+def test_view_ticks_are_the_index_values():
+    kernel = polyc.define(
+        """def stencil(float(N, M) A) -> (C) {
+        B(i, j) = A(i, j) * 2 where i in 0:N, j in 0:M
+        C(i, j) = B(i + 1, j) + B(i, j + 1) where i in 1:N-1, j in 0:M-1
+    }""",
+        fusion="max",
+    ).stencil
+    data = view_domain(kernel, {"N": 6, "M": 4}).data()
+    labels = [dict((position, label) for position, label in axis) for axis in data["ticks"]]
+    for point in data["points"]:
+        values = [
+            int(v)
+            for v in point["label"]
+            .split("(")[1]
+            .rstrip(")")
+            .replace(" ", "")
+            .replace("i=", "")
+            .replace("j=", "")
+            .split(",")
+        ]
+        for d, (value, coordinate) in enumerate(zip(values, point["c"])):
+            assert int(coordinate) == value  # nudged by less than a step
+            assert labels[d].get(float(value), str(value)) == str(value)
+    assert data["axisNames"] == ["i", "j"]
 
 
 def test_bad_requests(tiled):
