@@ -9,12 +9,17 @@
   zoom, filter, colour by order, tile or thread, step through the order), plain HTML.
 - :func:`polyc.viz.schedule_tree.schedule_tree`: the compiled schedule tree as a diagram beside
   the loop nest it became (HTML).
+- :func:`polyc.viz.gpu.plot_gpu_mapping`: the GPU mapping of a def, each instance coloured by
+  the block that runs it and labelled with its thread, the shared-memory tiles outlined;
+  :func:`polyc.viz.gpu.block_footprints`: each block's elements per tensor and its reuse with
+  the next block (matplotlib; a table).
 - :func:`polyc.viz.explain.check_schedule` (``kernel.check_schedule(schedule)``): a schedule of
   your own, accepted or refused with the dependences it violates.
 """
 
 from polyc.viz.domain import DomainPlot, plot_domain
 from polyc.viz.explain import Explanation, LoopExplanation, ScheduleCheck, Witness, check_schedule, explain
+from polyc.viz.gpu import BlockFootprints, GpuMappingPlot, block_footprints, plot_gpu_mapping
 from polyc.viz.schedule_tree import ScheduleTreeView, schedule_tree
 from polyc.viz.view import DomainView, view_domain
 
@@ -23,6 +28,10 @@ __all__ = [
     "DomainPlot",
     "view_domain",
     "DomainView",
+    "plot_gpu_mapping",
+    "GpuMappingPlot",
+    "block_footprints",
+    "BlockFootprints",
     "schedule_tree",
     "ScheduleTreeView",
     "explain",
