@@ -107,7 +107,10 @@ class GpuMappingPlot:
 
         promoted = sorted({t.tensor for t in self.tiles})
         panels = 1 + len(promoted)
-        figure = Figure(figsize=(5.2 * panels, 5.2), layout="constrained")
+        # Height from the flattest panel's rows per column: equal aspect leaves no empty band.
+        extents = [self._extent()] + [self._tensor_extent(t) for t in promoted]
+        height = max(rows / cols for rows, cols in extents) * 5.2 + 1.4
+        figure = Figure(figsize=(5.2 * panels, min(max(height, 2.8), 9.0)), layout="constrained")
         axes = figure.subplots(1, panels, squeeze=False)[0]
         figure.suptitle(self.title, fontsize=9)
         ax = axes[0]
@@ -121,7 +124,10 @@ class GpuMappingPlot:
         if len(points) <= ORDER_LABEL_LIMIT:
             for x, y, p in zip(xs, ys, points):
                 thread = ",".join(map(str, self.thread_of[(self.statement.name, p)]))
-                ax.annotate(thread, (x, y), ha="center", va="center", fontsize=5.5, color="white", zorder=3)
+                colour = colours[(self.statement.name, p)]
+                ax.annotate(
+                    thread, (x, y), ha="center", va="center", fontsize=5.5, color=_label_colour(colour), zorder=3
+                )
         ax.set_xlabel(names[-1] if len(names) > 1 else names[0])
         ax.set_ylabel(names[0] if len(names) > 1 else "")
         ax.invert_yaxis()  # rows down, as a matrix is printed
@@ -135,7 +141,7 @@ class GpuMappingPlot:
         _integer_ticks(ax)
         for ax, tensor in zip(axes[1:], promoted):
             shape = self.shapes[tensor]
-            rows, cols = (shape[0], shape[1]) if len(shape) > 1 else (1, shape[0])
+            rows, cols = self._tensor_extent(tensor)
             ax.scatter(
                 [c for r in range(rows) for c in range(cols)],
                 [r for r in range(rows) for c in range(cols)],
@@ -173,6 +179,27 @@ class GpuMappingPlot:
         if self.note:
             figure.supxlabel(self.note, fontsize=7)
         return figure
+
+    def _extent(self) -> tuple[int, int]:
+        """Rows and columns of the instances panel."""
+        points = self.statement.points[self.statement.shown]
+        if not len(points):
+            return 1, 1
+        dims = self.statement.dims
+        span = [int(points[:, d].max() - points[:, d].min()) + 1 for d in dims]
+        return (span[0], span[-1]) if len(span) > 1 else (1, span[0])
+
+    def _tensor_extent(self, tensor: str) -> tuple[int, int]:
+        """Rows and columns of a tensor's panel (a vector is one row; more than two dimensions:
+        the first two)."""
+        shape = self.shapes[tensor]
+        return (shape[0], shape[1]) if len(shape) > 1 else (1, shape[0])
+
+
+def _label_colour(background: str) -> str:
+    """Black on light colours, white on dark ones (relative luminance of the hex colour)."""
+    red, green, blue = (int(background[i : i + 2], 16) / 255 for i in (1, 3, 5))
+    return "black" if 0.2126 * red + 0.7152 * green + 0.0722 * blue > 0.55 else "white"
 
 
 def _integer_ticks(ax) -> None:
