@@ -12,14 +12,15 @@
 - :func:`polyc.viz.gpu.plot_gpu_mapping`: the GPU mapping of a def, each instance coloured by
   the block that runs it and labelled with its thread, the shared-memory tiles outlined;
   :func:`polyc.viz.gpu.block_footprints`: each block's elements per tensor and its reuse with
-  the next block (matplotlib; a table).
+  the next block (matplotlib; a table); :func:`polyc.viz.gpu.tile_footprints`: the same for
+  the tiles of the compiled CPU schedule.
 - :func:`polyc.viz.explain.check_schedule` (``kernel.check_schedule(schedule)``): a schedule of
   your own, accepted or refused with the dependences it violates.
 """
 
 from polyc.viz.domain import DomainPlot, plot_domain
 from polyc.viz.explain import Explanation, LoopExplanation, ScheduleCheck, Witness, check_schedule, explain
-from polyc.viz.gpu import BlockFootprints, GpuMappingPlot, block_footprints, plot_gpu_mapping
+from polyc.viz.gpu import Footprints, GpuMappingPlot, block_footprints, plot_gpu_mapping, tile_footprints
 from polyc.viz.schedule_tree import ScheduleTreeView, schedule_tree
 from polyc.viz.view import DomainView, view_domain
 
@@ -31,7 +32,8 @@ __all__ = [
     "plot_gpu_mapping",
     "GpuMappingPlot",
     "block_footprints",
-    "BlockFootprints",
+    "tile_footprints",
+    "Footprints",
     "schedule_tree",
     "ScheduleTreeView",
     "explain",

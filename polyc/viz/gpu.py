@@ -361,44 +361,45 @@ def plot_gpu_mapping(
 
 @dataclass(frozen=True)
 class TensorFootprint:
-    """What one block touches of one tensor."""
+    """What one tile (a GPU block, or a tile of the CPU schedule) touches of one tensor."""
 
-    block: tuple[int, ...]  # block ids, x first
+    #: block ids (x first), or the values of the loops around the tiled band then the tile's
+    #: coordinates (loop values divided by the tile sizes)
+    tile: tuple[int, ...]
     tensor: str
-    elements: int  # distinct elements read or written by the block's instances
+    elements: int  # distinct elements read or written by the tile's instances
     read: int  # distinct elements read
     written: int  # distinct elements written
-    #: "x+1", "y+1", ... -> elements this block shares with the next block along that dimension
+    #: "x+1", "m+1", ... -> elements this tile shares with the next one along that dimension
     shared: dict = field(default_factory=dict)
 
 
 @dataclass
-class BlockFootprints:
-    """Per block of a launch, per tensor, the distinct elements its instances touch and those it
-    shares with its neighbouring blocks (elements loaded again by the next block: reuse that a
-    larger block, or a cache shared by the blocks, would keep)."""
+class Footprints:
+    """Per tile (``unit``: GPU blocks or CPU tiles), per tensor, the distinct elements its
+    instances touch and those it shares with its neighbouring tiles (elements loaded again by
+    the next tile: reuse that a larger tile, or a cache the tiles share, would keep)."""
 
     definition: str
-    launch: str
-    grid: tuple[int, ...]
+    unit: str  # "block" or "tile"
+    where: str  # what the tiles are, e.g. "kernel polyc_mm_k0, grid (4, 2)"
     rows: list[TensorFootprint]
     sizes: dict
-
-    distinct: dict = field(default_factory=dict)  # tensor -> distinct elements over all blocks
+    distinct: dict = field(default_factory=dict)  # tensor -> distinct elements over all tiles
 
     def totals(self) -> dict:
-        """tensor -> (sum over blocks of the elements each touches, distinct elements over all
-        blocks): their ratio is how many blocks touch an element on average."""
+        """tensor -> (sum over tiles of the elements each touches, distinct elements over all
+        tiles): their ratio is how many tiles touch an element on average."""
         touched: dict = {}
         for row in self.rows:
             touched[row.tensor] = touched.get(row.tensor, 0) + row.elements
         return {tensor: (count, self.distinct[tensor]) for tensor, count in touched.items()}
 
     def to_list(self) -> list[dict]:
-        """The table as plain rows, one per block and tensor."""
+        """The table as plain rows, one per tile and tensor."""
         return [
             {
-                "block": row.block,
+                self.unit: row.tile,
                 "tensor": row.tensor,
                 "elements": row.elements,
                 "read": row.read,
@@ -409,44 +410,44 @@ class BlockFootprints:
         ]
 
     def __str__(self) -> str:
-        lines = [f"{self.definition}, kernel {self.launch}, grid {self.grid}: elements per block and tensor"]
+        lines = [f"{self.definition}, {self.where}: elements per {self.unit} and tensor"]
         for row in self.rows:
             shared = ", ".join(f"{v} with {k}" for k, v in row.shared.items())
             lines.append(
-                f"  block {row.block} {row.tensor}: {row.elements} ({row.read} read, {row.written} written)"
+                f"  {self.unit} {row.tile} {row.tensor}: {row.elements} ({row.read} read, {row.written} written)"
                 + (f"; shared {shared}" if shared else "")
             )
         for tensor, (touched, distinct) in self.totals().items():
-            lines.append(f"  {tensor}: {touched} touched by all blocks, {distinct} distinct")
+            lines.append(f"  {tensor}: {touched} touched by all {self.unit}s, {distinct} distinct")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         neighbours = sorted({k for row in self.rows for k in row.shared})
         head = "".join(
             f"<th>{html.escape(h)}</th>"
-            for h in ("block", "tensor", "elements", "read", "written", *[f"shared with {k}" for k in neighbours])
+            for h in (self.unit, "tensor", "elements", "read", "written", *[f"shared with {k}" for k in neighbours])
         )
         body = []
         for row in self.rows:
-            cells = [str(row.block), row.tensor, row.elements, row.read, row.written]
+            cells = [str(row.tile), row.tensor, row.elements, row.read, row.written]
             cells += [row.shared.get(k, "") for k in neighbours]
             body.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
         totals = "".join(
-            f"<li>{html.escape(t)}: {touched} elements touched by all blocks, {distinct} distinct"
-            f" ({touched / max(distinct, 1):.2f} blocks per element)</li>"
+            f"<li>{html.escape(t)}: {touched} elements touched by all {self.unit}s, {distinct} distinct"
+            f" ({touched / max(distinct, 1):.2f} {self.unit}s per element)</li>"
             for t, (touched, distinct) in self.totals().items()
         )
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
         return (
             f"<div class=\"polyc-footprints\"><p><b>{html.escape(self.definition)}</b> at {html.escape(sizes)}: "
-            f"kernel {html.escape(self.launch)}, grid {self.grid}</p>"
+            f"{html.escape(self.where)}</p>"
             f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
             f"<ul>{totals}</ul></div>"
         )
 
 
-def block_footprints(kernel, sizes: dict, dialect: str = "opencl", statement: str | None = None) -> BlockFootprints:
-    """For the launch that runs ``statement`` (default: as :func:`plot_gpu_mapping`), every
+def block_footprints(kernel, sizes: dict, dialect: str = "opencl", statement: str | None = None) -> Footprints:
+    """For the GPU launch that runs ``statement`` (default: as :func:`plot_gpu_mapping`), every
     block's footprint per tensor: the distinct elements its instances read or write (the image
     of the block's instances under the def's access relations, enumerated by isl at ``sizes``)
     and how many of them the next block along x, y, z touches too."""
@@ -455,42 +456,88 @@ def block_footprints(kernel, sizes: dict, dialect: str = "opencl", statement: st
     launch, _ = _launch_of(mapped, statement, program)
     ids = launch_ids(launch, program)
     blocks = ids.apply_range(_first_dims(ids, launch.block_dims))
+    neighbours = [(d, f"{'xyz'[d]}+1") for d in range(launch.block_dims)]
+    rows, distinct = _footprints(program, blocks, neighbours, x_first=True)
+    where = f"kernel {launch.name}, grid {launch.grid}, block {launch.block}"
+    return Footprints(kernel.definition.name, "block", where, rows, dict(sizes), distinct)
+
+
+def tile_footprints(kernel, sizes: dict, statement: str | None = None) -> Footprints:
+    """The same as :func:`block_footprints` for the tiles of the compiled CPU schedule: the
+    outermost tiled band over ``statement`` (default: the first statement under a tiled band),
+    a tile being the instances whose loop values divided by the tile sizes (rounded down) are
+    equal, within one iteration of the loops around the band (as ``plot_domain(tiles=True)``).
+    Raises :class:`PolycError` when no band over the statement is tiled (the path is not the
+    generic loop nest, or tiling was not worth it: the reason is given)."""
+    stages = kernel.stages(sizes)
+    program = stages.program
+    decisions = [d for d in stages.decisions if d.member_maps and (statement is None or statement in d.statements)]
+    tiled = next((d for d in decisions if d.tile_sizes), None)
+    if tiled is None:
+        reasons = "; ".join(f"{', '.join(d.statements)}: {d.tiling}" for d in decisions if d.tiling)
+        raise PolycError(
+            f"{kernel.definition.name} has no tiled band{' over ' + statement if statement else ''} on the "
+            f"{stages.path} path at these sizes" + (f" ({reasons})" if reasons else "")
+        )
+    prefix = tiled.prefix
+    tile_of = prefix
+    for member, size in zip(tiled.member_maps, tiled.tile_sizes):
+        divide = isl.UnionMap.read_from_str(program.ctx, f"{{ [v] -> [floor(v / {size})] }}")
+        tile_of = tile_of.flat_range_product(member.apply_range(divide))
+    tile_of = tile_of.intersect_params(program.context)
+    # The tile coordinates follow the values of the loops around the band (the prefix's width).
+    widths: list[int] = []
+    prefix.range().foreach_set(lambda piece: widths.append(piece.dim(isl.dim_type.set)))
+    start = max(widths, default=0)
+    names = [
+        "/".join(sorted(set(indices.values()))) if indices else f"c{tiled.depth + d}"
+        for d, indices in enumerate(tiled.member_indices or [{}] * len(tiled.tile_sizes))
+    ]
+    neighbours = [(start + d, f"{names[d]}+1") for d in range(len(tiled.tile_sizes))]
+    rows, distinct = _footprints(program, tile_of, neighbours)
+    where = f"tiles {' x '.join(map(str, tiled.tile_sizes))} of {', '.join(names)}"
+    return Footprints(kernel.definition.name, "tile", where, rows, dict(sizes), distinct)
+
+
+def _footprints(program, tile_of: isl.UnionMap, neighbours: list, x_first: bool = False) -> tuple[list, dict]:
+    """Rows of :class:`TensorFootprint` for the tiles ``tile_of`` (instance -> tile key) gives,
+    and the distinct elements of each tensor over all tiles.  ``neighbours``: (position in the
+    key, label) of the dimensions along which the next tile is compared.  Rows go in the order
+    of the keys, the last dimension fastest, or with ``x_first`` (GPU blocks) the first."""
     context = program.context
-    reads = program.reads.intersect_params(context)
-    writes = program.writes.intersect_params(context)
-    per_block: dict = {}  # (block, tensor, "read"/"written") -> set of elements
-    for kind, access in (("read", reads), ("written", writes)):
-        footprint = blocks.reverse().apply_range(access.align_params(blocks.get_space()))
-        for _, block, tensor, element in pairs(footprint):
-            per_block.setdefault((block, tensor, kind), set()).add(element)
-    tensors = sorted({tensor for _, tensor, _ in per_block})
-    all_blocks = sorted({block for block, _, _ in per_block}, key=lambda b: tuple(reversed(b)))
+    per_tile: dict = {}  # (tile key, tensor, "read"/"written") -> set of elements
+    for kind, access in (("read", program.reads), ("written", program.writes)):
+        access = access.intersect_params(context)
+        footprint = tile_of.reverse().apply_range(access.align_params(tile_of.get_space()))
+        for _, tile, tensor, element in pairs(footprint):
+            per_tile.setdefault((tile, tensor, kind), set()).add(element)
+    tensors = sorted({tensor for _, tensor, _ in per_tile})
+    tiles = sorted({tile for tile, _, _ in per_tile}, key=lambda t: tuple(reversed(t)) if x_first else t)
     rows, distinct = [], {}
     for tensor in tensors:
         touched = {
-            b: per_block.get((b, tensor, "read"), set()) | per_block.get((b, tensor, "written"), set())
-            for b in all_blocks
+            t: per_tile.get((t, tensor, "read"), set()) | per_tile.get((t, tensor, "written"), set()) for t in tiles
         }
         distinct[tensor] = len(set().union(*touched.values()))
-        for block in all_blocks:
-            if not touched[block]:
+        for tile in tiles:
+            if not touched[tile]:
                 continue
             shared = {}
-            for d in range(len(block)):
-                neighbour = tuple(v + (1 if e == d else 0) for e, v in enumerate(block))
+            for position, label in neighbours:
+                neighbour = tuple(v + (1 if e == position else 0) for e, v in enumerate(tile))
                 if neighbour in touched:
-                    shared[f"{'xyz'[d]}+1"] = len(touched[block] & touched[neighbour])
+                    shared[label] = len(touched[tile] & touched[neighbour])
             rows.append(
                 TensorFootprint(
-                    block,
+                    tile,
                     tensor,
-                    len(touched[block]),
-                    len(per_block.get((block, tensor, "read"), ())),
-                    len(per_block.get((block, tensor, "written"), ())),
+                    len(touched[tile]),
+                    len(per_tile.get((tile, tensor, "read"), ())),
+                    len(per_tile.get((tile, tensor, "written"), ())),
                     shared,
                 )
             )
-    return BlockFootprints(kernel.definition.name, launch.name, launch.grid, rows, dict(sizes), distinct)
+    return rows, distinct
 
 
 def _first_dims(relation: isl.UnionMap, count: int) -> isl.UnionMap:

@@ -11,7 +11,7 @@ pytest.importorskip("matplotlib")
 
 import polyc  # noqa: E402
 from polyc.errors import PolycError  # noqa: E402
-from polyc.viz import block_footprints, plot_gpu_mapping  # noqa: E402
+from polyc.viz import block_footprints, plot_gpu_mapping, tile_footprints  # noqa: E402
 from polyc.viz.gpu import BLOCK_COLOURS  # noqa: E402
 from tests.viz.sources import MATMUL  # noqa: E402
 
@@ -76,7 +76,7 @@ def test_footprints_match_a_numpy_count():
             a[m, :] = True
             b[:, n] = True
             c[m, n] = True
-    rows = {(row.block, row.tensor): row for row in footprints.rows}
+    rows = {(row.tile, row.tensor): row for row in footprints.rows}
     assert set(rows) == set(masks)
     for (block, tensor), mask in masks.items():
         row = rows[block, tensor]
@@ -119,3 +119,31 @@ def test_refusals():
         plot_gpu_mapping(_matmul(), SIZES, statement="S9")
     with pytest.raises(PolycError, match="slice 5 out of range"):
         plot_gpu_mapping(_matmul(), SIZES, slice=5)
+
+
+def test_cpu_tile_footprints_match_a_numpy_count():
+    kernel = polyc.define(MATMUL, blas_contractions=False, loop_tiles=(4, 4, 4)).mm
+    sizes = {"M": 8, "N": 8, "K": 8}
+    footprints = tile_footprints(kernel, sizes)
+    assert footprints.unit == "tile" and "tiles 4 x 4 x 4 of m, n, r_k" in footprints.where
+    rows = {(row.tile, row.tensor): row for row in footprints.rows}
+    tiles = [(a, b, c) for a in range(2) for b in range(2) for c in range(2)]
+
+    def mask(tensor, tile):
+        m, n, k = (slice(4 * t, 4 * t + 4) for t in tile)
+        shape, where = {"A": ((8, 8), (m, k)), "B": ((8, 8), (k, n)), "C": ((8, 8), (m, n))}[tensor]
+        result = np.zeros(shape, bool)
+        result[where] = True
+        return result
+
+    assert set(rows) == {(t, tensor) for t in tiles for tensor in "ABC"}
+    for tile in tiles:
+        for tensor in "ABC":
+            row = rows[tile, tensor]
+            assert row.elements == mask(tensor, tile).sum() == 16
+            for d, name in enumerate(("m+1", "n+1", "r_k+1")):
+                neighbour = tuple(v + (d == e) for e, v in enumerate(tile))
+                if neighbour in tiles:
+                    assert row.shared[name] == (mask(tensor, tile) & mask(tensor, neighbour)).sum()
+    with pytest.raises(PolycError, match="no tiled band"):
+        tile_footprints(polyc.define(MATMUL, blas_contractions=False, loop_tiles=()).mm, sizes)
