@@ -90,6 +90,10 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
     def described(self) -> str:
         return f"convolutions: {self.chain.describe()}"
 
+    def decisions(self) -> dict:
+        """The depthwise writer's decisions, for the fused pair (:attr:`DedicatedKernel.decisions`)."""
+        return {**super().decisions(), "kernel": "pointwise_depthwise", "convolution": self.chain.describe()}
+
     def context_fields(self) -> list[str]:
         """The depthwise record's fields, and the 1 x 1 convolution's: its image and weights,
         its input channels, the vectors its epilogue reads."""
