@@ -218,8 +218,9 @@ def collect(
         )
     result.arrows = thin(result.arrows, result.point_count, result.violated)
     path = kernel_path(stages.path)
-    if schedule is None and not path.runs_schedule_loops:
-        # The schedule's loop nest is not the code that runs: no order, tiles or threads of it.
+    if schedule is None and not path.runs_schedule_loops and stages.gpu is None:
+        # The CPU schedule's loop nest is not the code that runs: no order, tiles or threads of
+        # it.  (A GPU kernel's schedule is its launches' mapping, which the code follows.)
         if path.name == "gemm" and stages.contraction is not None:
             _gemm_blocks(result, stages)
         result.title += (
