@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import islpy as isl
 import numpy as np
@@ -67,6 +67,7 @@ class Stages:
     gpu: GpuPlan | None = None  # for the GPU back ends: the launches and their mapping
     gpu_source: GpuKernelSource | None = None  # ... and their code (``kernel.source`` too)
     path: str = "generic"  # the kernel path that compiled it (polyc.paths.KERNEL_PATHS)
+    requested: Options | None = None  # the options the user gave, before tuning records (None: ``options``)
 
     @property
     def mapped_schedule(self) -> isl.Schedule:
@@ -140,7 +141,7 @@ def compile_stages(
     )
     path, match = choose_path(request)
     request.options = settle_options(path, options, None if part else (requested or options))
-    return _stages_of(request, path, match)
+    return replace(_stages_of(request, path, match), requested=requested or options)
 
 
 def compile_gpu_stages(

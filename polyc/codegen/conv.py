@@ -84,9 +84,9 @@ from math import prod
 import numpy as np
 
 from polyc.codegen import conv_channels
-from polyc.codegen.c import GeneratedKernel, _extent_name, c_comment
+from polyc.codegen.c import _extent_name, c_comment
 from polyc.codegen.c_expr import PRELUDE, c_type
-from polyc.codegen.pattern_kernel import PatternKernelWriter, typed
+from polyc.codegen.pattern_kernel import DedicatedKernel, PatternKernelWriter, typed
 from polyc.codegen.register_epilogue import RegisterEpilogue
 from polyc.codegen.templates import c_template
 from polyc.ir.model import PolyProgram
@@ -152,7 +152,7 @@ def block_shape(isa: str, dtype: np.dtype, rf: int) -> BlockShape:
     return BlockShape(isa, rf, lanes, _VECTORS[isa][rf])
 
 
-def generate_direct_conv(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel:
+def generate_direct_conv(program: PolyProgram, conv: Convolution, options: Options) -> DedicatedKernel:
     """The C translation unit computing ``program`` (one convolution and its epilogues) with the
     direct convolution kernel.  The Winograd and depthwise kernels, which take convolutions of
     their own forms, are other kernel paths (:mod:`polyc.paths`)."""
@@ -219,7 +219,7 @@ class _ConvWriter(PatternKernelWriter):
         )
 
     # ------------------------------------------------------------------ top level
-    def write(self) -> GeneratedKernel:
+    def write(self) -> DedicatedKernel:
         d = self.definition
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
@@ -235,7 +235,45 @@ class _ConvWriter(PatternKernelWriter):
             self.entry_function(name, sizes),
             "",
         ]
-        return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
+        return DedicatedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes, (), self.decisions())
+
+    def decisions(self) -> dict:
+        """What this writer chose, for :attr:`DedicatedKernel.decisions`."""
+        lay = self.layout
+        if lay.channels:
+            blocks = {
+                isa: {"channels": b.nf, "vectors": b.vectors, "lanes": b.lanes, "points": b.points}
+                for isa, b in self.channel_blocks.items()
+            }
+        else:
+            blocks = {}
+            for isa in ISA_GUARDS:
+                shape = block_shape(isa, self.dtype, self.rf)
+                blocks[isa] = {"channels": shape.rf, "vectors": shape.vectors, "lanes": shape.lanes, "points": shape.nr}
+        return {
+            "kernel": "direct_convolution",
+            "convolution": self.conv.describe(),
+            "vectorised": "output channels" if lay.channels else "output points",
+            "items": lay.items,
+            "points": lay.points,
+            "flat_rows": lay.flat,
+            "reduction": lay.reduction,
+            "instruction_sets": tuple(ISA_GUARDS),
+            "register_blocks": blocks,
+            "conv_block": self.options.conv_block,
+            "chunk_blocks": self.chunk_blocks(),
+            "padded_copy": self.copies_padding,
+            "parallel": self.options.parallel,
+            "parallel_threshold": _PARALLEL_THRESHOLD,
+        }
+
+    def chunk_blocks(self) -> int:
+        """Register blocks per work item the ``conv_block`` option asks for (0: the kernel's
+        choice per call: every channel block, unless there are fewer than four work items a thread)."""
+        if not self.options.conv_block:
+            return 0
+        per = self.channel_blocks["avx512"].points if self.layout.channels else self.rf
+        return max(1, self.options.conv_block // per)
 
     def header(self) -> str:
         o, lay = self.options, self.layout
@@ -462,10 +500,7 @@ class _ConvWriter(PatternKernelWriter):
             text = re.sub(r"#if defined\(_OPENMP\)\n.*?#endif\n", "", text, flags=re.DOTALL)
         # conv_block: output channels per work item (points mode), or output points per work
         # item (channel mode).
-        take = 0
-        if self.options.conv_block:
-            per = self.channel_blocks["avx512"].points if channels else self.rf
-            take = max(1, self.options.conv_block // per)
+        take = self.chunk_blocks()
         return (
             text.replace("STATUS", str(STATUS_OUT_OF_MEMORY))
             .replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")

@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from polyc.codegen.c import GeneratedKernel, c_comment
+from polyc.codegen.c import c_comment
 from polyc.codegen.c_expr import PRELUDE, c_type
 from polyc.codegen.conv import ISA_GUARDS
 from polyc.codegen.conv_channels import masked_access
-from polyc.codegen.pattern_kernel import PatternKernelWriter
+from polyc.codegen.pattern_kernel import DedicatedKernel, PatternKernelWriter
 from polyc.codegen.register_epilogue import RegisterEpilogue
 from polyc.ir.model import PolyProgram
 from polyc.lang import checked as ir
@@ -63,7 +63,7 @@ _REGISTERS = {"avx512": 32, "avx2": 16}
 _PARALLEL_THRESHOLD = 64 * 64 * 64
 
 
-def generate_depthwise(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel:
+def generate_depthwise(program: PolyProgram, conv: Convolution, options: Options) -> DedicatedKernel:
     """The kernel of ``conv``, a channels-last depthwise convolution
     (:func:`~polyc.schedule.convolution.depthwise_channels_last`; the depthwise kernel path,
     :mod:`polyc.paths.depthwise`, checks it)."""
@@ -94,7 +94,7 @@ class _DepthwiseWriter(PatternKernelWriter):
         #: :mod:`polyc.codegen.pointwise_depthwise`, whose image is computed row by row.
         self.ring_rows_c: str | None = None
 
-    def write(self) -> GeneratedKernel:
+    def write(self) -> DedicatedKernel:
         d = self.definition
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
@@ -107,7 +107,31 @@ class _DepthwiseWriter(PatternKernelWriter):
             self.entry_function(name, sizes),
             "",
         ]
-        return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
+        return DedicatedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes, (), self.decisions())
+
+    def decisions(self) -> dict:
+        """What this writer chose, for :attr:`DedicatedKernel.decisions`."""
+        blocks: dict[str, dict] = {}
+        for isa in ISA_GUARDS:
+            if isa == "portable":
+                blocks[isa] = {"lanes": 128 // self.dtype.itemsize, "row_blocks": (1,)}
+                continue
+            lanes = (64 if isa == "avx512" else 32) // self.dtype.itemsize
+            row_blocks = self.row_blocks(isa) if self.kw is not None else (1,)
+            hoisted = self.kw is not None and self.weights_in_registers(isa, row_blocks)
+            blocks[isa] = {"lanes": lanes, "row_blocks": row_blocks, "weights_in_registers": hoisted}
+        return {
+            "kernel": "depthwise",
+            "convolution": self.conv.describe(),
+            "taps": (self.kh, self.kw),
+            "channels": self.known_extent(self.conv.extent(self.channel)),
+            "work_item": "one output row of one vector of channels",
+            "instruction_sets": tuple(ISA_GUARDS),
+            "register_blocks": blocks,
+            "epilogue_in_registers": self.register_epilogue is not None,
+            "parallel": self.options.parallel,
+            "parallel_threshold": _PARALLEL_THRESHOLD,
+        }
 
     def title(self) -> str:
         """The kernel's name and form, the first line of its header."""
@@ -248,10 +272,7 @@ class _DepthwiseWriter(PatternKernelWriter):
             # Every tap's weights in registers for the whole row, when they fit beside the
             # accumulators and a kernel row's image vectors (a 3 x 3 filter with AVX-512):
             # loaded once per row, not once per block of outputs.
-            hoist = (
-                self.kh is not None
-                and self.kh * self.kw + blocks[0] + len(self.image_offsets(blocks[0])) + 1 <= _REGISTERS[isa]
-            )
+            hoist = self.weights_in_registers(isa, blocks)
             for block in blocks:
                 lines += self.interior_block(block, hoist, vec, pre, suffix, load, fma)
                 if isa == "avx512" and block > 1:
@@ -285,6 +306,15 @@ class _DepthwiseWriter(PatternKernelWriter):
             "}",
         ]
         return "\n".join(lines)
+
+    def weights_in_registers(self, isa: str, blocks: tuple[int, ...]) -> bool:
+        """Whether every tap's weights stay in registers for a whole row beside the accumulators
+        of the longest block and a kernel row's image vectors (the window's size known)."""
+        return (
+            self.kh is not None
+            and self.kw is not None
+            and self.kh * self.kw + blocks[0] + len(self.image_offsets(blocks[0])) + 1 <= _REGISTERS[isa]
+        )
 
     def row_blocks(self, isa: str) -> tuple[int, ...]:
         """The register blocks of outputs along a row, longest first: :data:`LONGEST_BLOCK`

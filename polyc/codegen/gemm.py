@@ -71,9 +71,9 @@ from dataclasses import dataclass
 import islpy as isl
 import numpy as np
 
-from polyc.codegen.c import GeneratedKernel, aff_c, c_comment, plain_ast_c
+from polyc.codegen.c import aff_c, c_comment, plain_ast_c
 from polyc.codegen.c_expr import PRELUDE, CExpressionPrinter, c_type
-from polyc.codegen.pattern_kernel import PatternKernelWriter, typed
+from polyc.codegen.pattern_kernel import DedicatedKernel, PatternKernelWriter, typed
 from polyc.codegen.templates import c_template
 from polyc.errors import PolycError
 from polyc.ir.model import PolyProgram
@@ -192,7 +192,7 @@ def block_sizes(
     return mc, nc, max(1, kc)
 
 
-def generate_gemm(program: PolyProgram, contraction: Contraction, options: Options) -> GeneratedKernel:
+def generate_gemm(program: PolyProgram, contraction: Contraction, options: Options) -> DedicatedKernel:
     """The C translation unit computing ``program`` (one contraction and its epilogues)."""
     return _GemmWriter(program, contraction, options).write()
 
@@ -214,8 +214,10 @@ class _GemmWriter(PatternKernelWriter):
         self.contraction = contraction
         self.dtype = contraction.dtype
         self.ctype = c_type(self.dtype)
+        #: Each register block printed, with its cache blocks, as :meth:`blocked_loops` filled them in.
+        self.printed_blocks: list[dict] = []
 
-    def write(self) -> GeneratedKernel:
+    def write(self) -> DedicatedKernel:
         d = self.definition
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
@@ -232,7 +234,33 @@ class _GemmWriter(PatternKernelWriter):
             self.entry_function(name, sizes),
             "",
         ]
-        return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
+        return DedicatedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes, (), self.decisions())
+
+    def decisions(self) -> dict:
+        """What this writer chose, for :attr:`DedicatedKernel.decisions` (call after the text is written)."""
+        c, sizes = self.contraction, self.program.size_values
+        work = None
+        if self.specialised:
+            work = int(np.prod([c.extent(i).evaluate(sizes) for i in (*c.batch, *c.m, *c.n, *c.k)]))
+        if self.options.micro_kernel is not None:
+            choice = f"the micro_kernel option ({self.options.micro_kernel})"
+        elif self.specialised:
+            choice = "chosen at these sizes from N and C's contiguous run of N (the instruction set's other shapes are not in the source)"
+        else:
+            choice = "chosen per call from N and C's contiguous run of N"
+        return {
+            "kernel": "gemm",
+            "contraction": c.describe(),
+            "instruction_sets": tuple(ISA_GUARDS),
+            "register_blocks": tuple(self.printed_blocks),
+            "register_block_choice": choice,
+            "gemm_blocks": self.options.gemm_blocks,
+            "cache_sizes": dict(tiling.cache_sizes(self.options)),
+            "kc_grows": self.options.gemm_blocks is None,
+            "parallel": self.options.parallel,
+            "parallel_threshold": _PARALLEL_THRESHOLD,
+            "multiply_adds": work,
+        }
 
     def header(self) -> str:
         o = self.options
@@ -347,6 +375,7 @@ class _GemmWriter(PatternKernelWriter):
         text = text.replace("ROWS_ALONG_K_A", _rows_along_k_a(shape, self.dtype))
         kc_fixed = self.options.gemm_blocks is not None
         l2 = caches.get(2, 1 << 20)
+        self.printed_blocks.append({"isa": shape.isa, "mr": shape.mr, "nr": shape.nr, "mc": mc, "nc": nc, "kc": kc})
         values = {
             "MR": shape.mr,
             "NR": shape.nr,

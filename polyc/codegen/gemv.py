@@ -27,10 +27,12 @@ The context record, tables, scale, epilogue and entry function are the gemm kern
 
 from __future__ import annotations
 
-from polyc.codegen.c import SUM_BLOCK, GeneratedKernel
+from math import prod
+
+from polyc.codegen.c import SUM_BLOCK
 from polyc.codegen.c_expr import PRELUDE
 from polyc.codegen.gemm import _COMMON, _NEON_SPELLINGS, _VECTOR_SPELLINGS, ISA_GUARDS, ISA_HEADERS, _GemmWriter
-from polyc.codegen.pattern_kernel import typed
+from polyc.codegen.pattern_kernel import DedicatedKernel, typed
 from polyc.codegen.templates import c_template
 from polyc.ir.model import PolyProgram
 from polyc.options import Options
@@ -39,8 +41,14 @@ from polyc.schedule.contraction import Contraction
 #: Below this many multiply-adds a product runs on one thread.
 _PARALLEL_THRESHOLD = 1 << 16
 
+#: The vector width of the rows order's dot products per instruction set (portable: ``omp simd``).
+_ROW_VECTOR_BITS = {"avx512": 512, "avx2": 256, "neon": 128, "portable": 0}
 
-def generate_gemv(program: PolyProgram, contraction: Contraction, options: Options) -> GeneratedKernel:
+#: Columns of y per block in the columns order (4 KiB of float, 8 KiB of double: held in L1).
+GEMV_BLOCK = 1024
+
+
+def generate_gemv(program: PolyProgram, contraction: Contraction, options: Options) -> DedicatedKernel:
     """The C translation unit computing ``program`` (one matrix-vector product and its epilogues)."""
     if not contraction.is_matvec:
         raise ValueError(f"{contraction.describe()} is not a matrix-vector product")
@@ -48,7 +56,7 @@ def generate_gemv(program: PolyProgram, contraction: Contraction, options: Optio
 
 
 class _GemvWriter(_GemmWriter):
-    def write(self) -> GeneratedKernel:
+    def write(self) -> DedicatedKernel:
         d = self.definition
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
@@ -64,7 +72,29 @@ class _GemvWriter(_GemmWriter):
             self.entry_function(name, sizes),
             "",
         ]
-        return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
+        return DedicatedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes, (), self.decisions())
+
+    def decisions(self) -> dict:
+        """What this writer chose, for :attr:`DedicatedKernel.decisions`."""
+        c, sizes = self.contraction, self.program.size_values
+        work = None
+        if sizes is not None:
+            work = prod(c.extent(i).evaluate(sizes) for i in (*c.batch, *c.m, *c.k))
+        vectors = self.options.vectorize and self.ctype in ("float", "double")
+        itemsize = self.dtype.itemsize
+        return {
+            "kernel": "gemv",
+            "contraction": c.describe(),
+            "instruction_sets": tuple(ISA_GUARDS),
+            "row_lanes": {isa: (bits // (8 * itemsize) if vectors else 0) for isa, bits in _ROW_VECTOR_BITS.items()},
+            "rows_at_a_time": 4,
+            "sum_block": SUM_BLOCK,
+            "column_block": GEMV_BLOCK,
+            "order": "chosen per call from the layout of A: rows when K is contiguous, columns when M is",
+            "parallel": self.options.parallel,
+            "parallel_threshold": _PARALLEL_THRESHOLD,
+            "multiply_adds": work,
+        }
 
     def header(self) -> str:
         return (
@@ -79,6 +109,7 @@ class _GemvWriter(_GemmWriter):
             typed(_GEMV_LOOPS, self.ctype)
             .replace("THRESHOLD", f"{float(_PARALLEL_THRESHOLD)!r}")
             .replace("POLYC_SUM_BLOCK SUM_BLOCK", f"POLYC_SUM_BLOCK {SUM_BLOCK}")
+            .replace("POLYC_GEMV_BLOCK GEMV_BLOCK", f"POLYC_GEMV_BLOCK {GEMV_BLOCK}")
         )
         text = self.row_vectors() + loops
         if not self.options.vectorize:

@@ -49,9 +49,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polyc.codegen.c import GeneratedKernel, c_comment
+from polyc.codegen.c import c_comment
 from polyc.codegen.c_expr import PRELUDE, c_type
-from polyc.codegen.pattern_kernel import PatternKernelWriter
+from polyc.codegen.pattern_kernel import DedicatedKernel, PatternKernelWriter
 from polyc.codegen.templates import c_template
 from polyc.ir.model import PolyProgram
 from polyc.options import Options
@@ -125,7 +125,7 @@ def block_sizes(block: IntegerBlock, caches: dict[int, int]) -> tuple[int, int]:
     return mc, kc
 
 
-def generate_integer_gemm(program: PolyProgram, contraction: IntegerContraction, options: Options) -> GeneratedKernel:
+def generate_integer_gemm(program: PolyProgram, contraction: IntegerContraction, options: Options) -> DedicatedKernel:
     """The C translation unit computing ``program`` (one integer contraction)."""
     return _Writer(program, contraction, options).write()
 
@@ -134,8 +134,10 @@ class _Writer(PatternKernelWriter):
     def __init__(self, program: PolyProgram, contraction: IntegerContraction, options: Options):
         super().__init__(program, options)
         self.contraction = contraction
+        #: Each instruction set's register block and cache blocks, as :meth:`instruction_sets` printed them.
+        self.printed_blocks: list[dict] = []
 
-    def write(self) -> GeneratedKernel:
+    def write(self) -> DedicatedKernel:
         d, c = self.definition, self.contraction
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
@@ -158,7 +160,16 @@ class _Writer(PatternKernelWriter):
             self.entry_function(name, sizes),
             "",
         ]
-        return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
+        decisions = {
+            "kernel": "integer_gemm",
+            "contraction": c.describe(),
+            "instruction_sets": tuple(INTEGER_DOT_PRODUCT_SETS),
+            "register_blocks": tuple(self.printed_blocks),
+            "cache_sizes": dict(tiling.cache_sizes(self.options)),
+            "parallel": self.options.parallel,
+            "parallel_threshold": _PARALLEL_THRESHOLD,
+        }
+        return DedicatedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes, (), decisions)
 
     def header(self) -> str:
         o = self.options
@@ -189,6 +200,9 @@ class _Writer(PatternKernelWriter):
             block = BLOCKS[isa]
             mc, kc = block_sizes(block, caches)
             shift_a, shift_b = block.shifts(c.a_dtype, c.b_dtype)
+            self.printed_blocks.append(
+                {"isa": isa, "mr": block.mr, "nr": block.nr, "mc": mc, "kc": kc, "group": block.group}
+            )
             pieces += [
                 f'#define POLYC_IGEMM_ISA "{isa}"',
                 f"#define MR {block.mr}",
@@ -579,14 +593,4 @@ _MICRO_KERNELS = {
 }
 
 
-def describe_blocks(options: Options) -> str:
-    """The register and cache blocks of every instruction set, for explanations."""
-    caches = tiling.cache_sizes(options)
-    parts = []
-    for name, block in BLOCKS.items():
-        mc, kc = block_sizes(block, caches)
-        parts.append(f"{name} {block.mr}x{block.nr} (MC={mc}, KC={kc})")
-    return ", ".join(parts)
-
-
-__all__ = ["BLOCKS", "IntegerBlock", "block_sizes", "describe_blocks", "generate_integer_gemm"]
+__all__ = ["BLOCKS", "IntegerBlock", "block_sizes", "generate_integer_gemm"]

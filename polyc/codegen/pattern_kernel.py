@@ -11,9 +11,11 @@ printer, so that they compute exactly what the interpreter does.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from polyc.codegen.c import _C_KEYWORDS, _combine, _extent_name
+from polyc.codegen.c import _C_KEYWORDS, GeneratedKernel, _combine, _extent_name
 from polyc.codegen.c_expr import CExpressionPrinter, c_type
 from polyc.codegen.templates import c_template
 from polyc.ir.model import PolyProgram
@@ -38,6 +40,16 @@ THREAD_POLICY_C = c_template("pattern_kernel_thread_policy_c.c")
 #: others freed, so a kernel holds at most one block, of the size one of its calls needed
 #: (untouched pages of it cost no memory), for as long as its library is loaded.
 KEPT_WORKSPACE_C = c_template("pattern_kernel_kept_workspace_c.c")
+
+
+@dataclass(frozen=True)
+class DedicatedKernel(GeneratedKernel):
+    """A hand-structured kernel and the choices its writer made as it printed it (``decisions``:
+    register blocks, cache blocks, layout, work items, ... by name, as the writer filled its
+    templates), which explanations and pictures read instead of the C text.  Choices the C
+    makes per call (from run-time values) are not here: the writer names them as such."""
+
+    decisions: Mapping[str, Any] = field(default_factory=dict)
 
 
 def typed(template: str, ctype: str) -> str:

@@ -30,10 +30,10 @@ portable C.
 
 from __future__ import annotations
 
-from polyc.codegen.c import GeneratedKernel
 from polyc.codegen.conv import ISA_GUARDS
 from polyc.codegen.conv_channels import masked_access
 from polyc.codegen.depthwise import _PARALLEL_THRESHOLD, _DepthwiseWriter
+from polyc.codegen.pattern_kernel import DedicatedKernel
 from polyc.codegen.register_epilogue import RegisterEpilogue
 from polyc.ir.model import PolyProgram
 from polyc.options import Options
@@ -58,7 +58,7 @@ BLOCK_CHANNELS = 48
 MAX_BANDS = 16
 
 
-def generate_pointwise_depthwise(program: PolyProgram, chain: PointwiseDepthwise, options: Options) -> GeneratedKernel:
+def generate_pointwise_depthwise(program: PolyProgram, chain: PointwiseDepthwise, options: Options) -> DedicatedKernel:
     """The kernel of a def recognised as a :class:`PointwiseDepthwise`."""
     return _PointwiseDepthwiseWriter(program, chain, options).write()
 
@@ -89,6 +89,10 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
 
     def described(self) -> str:
         return f"convolutions: {self.chain.describe()}"
+
+    def decisions(self) -> dict:
+        """The depthwise writer's decisions, for the fused pair (:attr:`DedicatedKernel.decisions`)."""
+        return {**super().decisions(), "kernel": "pointwise_depthwise", "convolution": self.chain.describe()}
 
     def context_fields(self) -> list[str]:
         """The depthwise record's fields, and the 1 x 1 convolution's: its image and weights,

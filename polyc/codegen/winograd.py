@@ -44,14 +44,15 @@ float64, parametric sizes, and layers where it does not pay (:func:`winograd_pay
 from __future__ import annotations
 
 from collections.abc import Mapping
+from math import prod
 
 import numpy as np
 
-from polyc.codegen.c import GeneratedKernel, c_comment
+from polyc.codegen.c import c_comment
 from polyc.codegen.c_expr import PRELUDE
 from polyc.codegen.conv import ISA_GUARDS
 from polyc.codegen.conv_channels import masked_access
-from polyc.codegen.pattern_kernel import PatternKernelWriter
+from polyc.codegen.pattern_kernel import DedicatedKernel, PatternKernelWriter
 from polyc.codegen.register_epilogue import RegisterEpilogue
 from polyc.codegen.templates import c_template
 from polyc.ir.model import PolyProgram
@@ -80,23 +81,36 @@ CHANNEL_MULTIPLE = 16
 def winograd_form(conv: Convolution, size_values: Mapping[str, int] | None, options: Options) -> bool:
     """Whether ``conv`` at ``size_values`` (None: parametric) has the form this kernel computes
     (see the module doc) and would pay, with the option on."""
-    if not options.winograd or size_values is None or conv.dtype != np.dtype(np.float32):
-        return False
+    return winograd_refusal(conv, size_values, options) is None
+
+
+def winograd_refusal(conv: Convolution, size_values: Mapping[str, int] | None, options: Options) -> str | None:
+    """Why this kernel does not compute ``conv`` at ``size_values`` (a sentence), or None when
+    it does (:func:`winograd_form`)."""
+    if not options.winograd:
+        besides = winograd_refusal(conv, size_values, options.replace(winograd=True))
+        return "the option winograd is off" + (
+            f", and besides, {besides}" if besides else " (with winograd=True the Winograd kernel would take it)"
+        )
+    if size_values is None:
+        return "the kernel is parametric (the Winograd kernel is generated for known sizes only)"
+    if conv.dtype != np.dtype(np.float32):
+        return f"its element type is {np.dtype(conv.dtype).name}, not float32"
     if conv.groups or len(conv.f) != 1 or len(conv.channels) != 1 or len(conv.windows) != 2:
-        return False
+        return "it is not a plain 2-D convolution (groups, several channel indices, or not two windows)"
     wh, ww = conv.windows
     if any(w.k is None or w.stride != 1 or w.dilation != 1 for w in (wh, ww)):
-        return False
+        return "a window has a stride or dilation other than 1"
     (f,), (c,), batch = conv.f, conv.channels, conv.batch
     if (
         conv.target_indices != (*batch, wh.x, ww.x, f)
         or conv.image_plain != (*batch, None, None, c)
         or conv.weight_indices != (wh.k, ww.k, c, f)
     ):
-        return False
+        return "its layout is not channels-last (NHWC output and image, HWCF weights)"
     extent = lambda index: conv.extent(index).evaluate(size_values)  # noqa: E731
     images = int(np.prod([extent(i) for i in batch])) if batch else 1
-    return winograd_sizes(
+    return winograd_sizes_refusal(
         conv.dtype,
         (extent(wh.k), extent(ww.k)),
         (1, 1),
@@ -112,17 +126,36 @@ def winograd_sizes(dtype, kernel, strides, dilations, channels: int, features: i
     """The sizes' part of :func:`winograd_form`: whether a 2-D convolution of ``images``
     images into ``outputs`` (rows, columns) of ``dtype`` with these kernel extents, strides
     and dilations is one this kernel computes and would pay (the option on)."""
-    if (
-        np.dtype(dtype) != np.dtype(np.float32)
-        or tuple(kernel) != (3, 3)
-        or tuple(strides) != (1, 1)
-        or tuple(dilations) != (1, 1)
-    ):
-        return False
+    return winograd_sizes_refusal(dtype, kernel, strides, dilations, channels, features, images, outputs) is None
+
+
+def winograd_sizes_refusal(
+    dtype, kernel, strides, dilations, channels: int, features: int, images: int, outputs
+) -> str | None:
+    """Why :func:`winograd_sizes` is false (a sentence), or None when it is true."""
+    if np.dtype(dtype) != np.dtype(np.float32):
+        return f"its element type is {np.dtype(dtype).name}, not float32"
+    if tuple(kernel) != (3, 3):
+        return f"its kernel is {' x '.join(map(str, kernel))}, not 3 x 3"
+    if tuple(strides) != (1, 1) or tuple(dilations) != (1, 1):
+        return "a stride or dilation is not 1"
     if channels % CHANNEL_MULTIPLE or features % CHANNEL_MULTIPLE:
-        return False
-    tiles = images * -(-outputs[0] // 2) * -(-outputs[1] // 2)
-    return winograd_pays(channels, features, tiles)
+        return (
+            f"its {channels} input and {features} output channels are not both multiples of {CHANNEL_MULTIPLE} "
+            "(the kernel's vectors are whole)"
+        )
+    tiles = winograd_tiles(images, outputs)
+    if not winograd_pays(channels, features, tiles):
+        return (
+            f"it would not pay: {channels} input and {features} output channels, {tiles} tiles of 2 x 2 outputs "
+            "(it pays for at most 256 channels each way and at least 32 tiles)"
+        )
+    return None
+
+
+def winograd_tiles(images: int, outputs) -> int:
+    """Tiles of 2 x 2 outputs over ``images`` images of ``outputs`` (rows, columns)."""
+    return images * -(-outputs[0] // 2) * -(-outputs[1] // 2)
 
 
 def winograd_pays(channels: int, features: int, tiles: int) -> bool:
@@ -154,7 +187,7 @@ def chunk_limits(channels: int, features: int, options: Options) -> tuple[int, i
     return steps(l2 // 2), steps(l2), 16 * channels * features * 4 > l2 // 2
 
 
-def generate_winograd(program: PolyProgram, conv: Convolution, options: Options) -> GeneratedKernel:
+def generate_winograd(program: PolyProgram, conv: Convolution, options: Options) -> DedicatedKernel:
     """The Winograd kernel of ``conv``, which has this kernel's form (:func:`winograd_form`; the
     Winograd kernel path, :mod:`polyc.paths.winograd`, checks it)."""
     return _WinogradWriter(program, conv, options).write()
@@ -177,7 +210,7 @@ class _WinogradWriter(PatternKernelWriter):
             else None
         )
 
-    def write(self) -> GeneratedKernel:
+    def write(self) -> DedicatedKernel:
         d = self.definition
         name = f"polyc_{d.name}"
         parts = [
@@ -190,7 +223,34 @@ class _WinogradWriter(PatternKernelWriter):
             self.entry_function(name),
             "",
         ]
-        return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), ())
+        return DedicatedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), (), (), self.decisions())
+
+    def decisions(self) -> dict:
+        """What this writer chose, for :attr:`DedicatedKernel.decisions`."""
+        conv, sizes = self.conv, self.program.size_values
+        assert sizes is not None, "Winograd kernels are generated for concrete sizes"
+        wh, ww = conv.windows
+        images = prod(conv.extent(i).evaluate(sizes) for i in conv.batch)
+        outputs = (conv.extent(wh.x).evaluate(sizes), conv.extent(ww.x).evaluate(sizes))
+        return {
+            "kernel": "winograd",
+            "convolution": conv.describe(),
+            "transform": "F(2x2, 3x3)",
+            "tile": (2, 2),
+            "tiles": winograd_tiles(images, outputs),
+            "channels": self.channels,
+            "features": self.features,
+            "instruction_sets": tuple(ISA_GUARDS),
+            "register_blocks": {
+                isa: {"lanes": lanes, "tiles": rows, "vectors": vectors, "channels": lanes * vectors}
+                for isa, (lanes, rows, vectors) in _BLOCKS.items()
+                if isa in ISA_GUARDS
+            },
+            "tiles_per_chunk": (self.tb_half, self.tb_whole),
+            "large_weights": self.large_u,
+            "parallel": self.options.parallel,
+            "parallel_threshold": _PARALLEL_THRESHOLD,
+        }
 
     def header(self) -> str:
         o = self.options

@@ -5,22 +5,57 @@ depthwise paths, tried before it, take the convolutions of their forms."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from polyc.codegen.conv import generate_direct_conv
+from polyc.codegen.winograd import winograd_refusal
 from polyc.paths.base import Config, KernelPath, Knob, PathKernel, PathRequest, SpaceRequest, Tuning, direct_convolution
+from polyc.paths.explaining import built_for, built_for_sentence, decisions_of, threads_sentence
 
 
 def generate(request: PathRequest, convolution) -> PathKernel:
-    return PathKernel(
-        generate_direct_conv(request.built_program, convolution, request.options), convolution=convolution
-    )
+    kernel = generate_direct_conv(request.built_program, convolution, request.options)
+    # Why the Winograd path, tried first, left it here: the reason its recogniser applied.
+    refusal = winograd_refusal(convolution, request.sizes, request.options)
+    kernel = replace(kernel, decisions={**kernel.decisions, "not_winograd": refusal})
+    return PathKernel(kernel, convolution=convolution)
 
 
 def explain(stages) -> list[str]:
-    return [
-        "a convolution: polyc's direct convolution kernel computes it (weights packed in blocks of output "
-        "channels, work items of (batch, tile, channel block) taken by the threads as they go)",
-        "direct_convolutions=False compiles it as a loop nest instead",
+    decisions = decisions_of(stages)
+    if not decisions:
+        return ["a convolution: polyc's direct convolution kernel computes it"]
+    items, points = decisions["items"], decisions["points"]
+    if decisions["vectorised"] == "output channels":
+        layout = "output channels innermost (channels-last, NHWC): vectorised along the output channels"
+    else:
+        layout = "output channels not innermost (as in NCHW): vectorised along the output points" + (
+            ", rows flattened with the image's row pitch" if decisions["flat_rows"] else ""
+        )
+    lines = [
+        f"{decisions['convolution']}: polyc's direct convolution kernel computes it (no im2col copy of the image)",
+        f"layout: {layout}; work items of ({', '.join(items) or 'one item'}; a tile of points over "
+        f"({', '.join(points)}); a chunk of output-channel blocks), summed over ({', '.join(decisions['reduction'])})",
+        "why direct, not Winograd: " + (decisions.get("not_winograd") or "the Winograd kernel does not take it"),
     ]
+    isa = built_for(stages)
+    lines.append(built_for_sentence(stages, decisions, isa))
+    for name, block in decisions["register_blocks"].items():
+        if isa is None or name == isa:
+            lines.append(
+                f"register block ({name}): {block['channels']} output channels x {block['points']} points "
+                f"({block['vectors']} vectors of {block['lanes']})"
+            )
+    blocked = "points" if decisions["vectorised"] == "output channels" else "output channels"
+    chunk = (
+        f"{decisions['chunk_blocks']} register blocks of {blocked} per work item (conv_block={decisions['conv_block']})"
+        if decisions["chunk_blocks"]
+        else "every output-channel block in one work item, unless there are fewer than four work items a thread "
+        "(decided per call)"
+    )
+    lines.append(threads_sentence(stages, decisions, None, f"work items taken as threads come free; {chunk}"))
+    lines.append("direct_convolutions=False compiles it as a loop nest instead")
+    return lines
 
 
 class ConvolutionTuning(Tuning):

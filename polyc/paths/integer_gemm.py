@@ -20,9 +20,11 @@ too.
 
 from __future__ import annotations
 
-from polyc.codegen.integer_gemm import describe_blocks, generate_integer_gemm
+from polyc.codegen.integer_gemm import generate_integer_gemm
 from polyc.paths.base import KernelPath, PathKernel, PathRequest
+from polyc.paths.explaining import built_for, built_for_sentence, decisions_of, threads_sentence
 from polyc.schedule.integer_contraction import IntegerContraction, recognise_integer_gemm_def
+from polyc.target import INTEGER_DOT_PRODUCT_SETS
 
 
 def recognise(request: PathRequest) -> IntegerContraction | None:
@@ -37,17 +39,26 @@ def generate(request: PathRequest, contraction: IntegerContraction) -> PathKerne
 
 
 def explain(stages) -> list[str]:
-    contraction = recognise_integer_gemm_def(stages.program.definition)
-    what = contraction.describe() if contraction is not None else stages.program.definition.name
-    options = stages.options
-    blocks = describe_blocks(options) if options is not None else ""
-    return [
-        f"{what} is an integer matrix product: polyc's integer gemm kernel computes it exactly in int32 "
-        "(packed panels, K in groups the byte dot product instructions take, blocks of rows taken by the "
-        "threads as they go); zero points are applied afterwards through row and column sums taken while packing",
-        f"the C preprocessor picks the register block of the instruction set the flags enable: {blocks}",
-        "blas_contractions=False compiles it as a loop nest instead",
+    decisions = decisions_of(stages)
+    lines = [
+        f"{decisions.get('contraction', stages.program.definition.name)} is an integer matrix product: polyc's "
+        "integer gemm kernel computes it exactly in int32 (packed panels, K in groups the byte dot product "
+        "instructions take, blocks of rows taken by the threads as they go); zero points are applied afterwards "
+        "through row and column sums taken while packing",
     ]
+    if decisions:
+        isa = built_for(stages, INTEGER_DOT_PRODUCT_SETS)
+        lines.append(built_for_sentence(stages, decisions, isa))
+        blocks = [b for b in decisions["register_blocks"] if isa is None or b["isa"] == isa]
+        for b in blocks:
+            lines.append(
+                f"register block ({b['isa']}): {b['mr']} x {b['nr']} int32 sums, K in groups of {b['group']}; "
+                f"cache blocks MC={b['mc']}, KC={b['kc']} from polyc's cache model (a KC x NR sliver of B in half of "
+                "L1, the MC x KC block of A in half of L2)"
+            )
+        lines.append(threads_sentence(stages, decisions, None, "blocks of rows taken by the threads as they go"))
+    lines.append("blas_contractions=False compiles it as a loop nest instead")
+    return lines
 
 
 PATH = KernelPath(

@@ -27,15 +27,19 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shlex
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from polyc.errors import CompilationError
 from polyc.target import (
     FALLBACK_COMPILERS,
+    INSTRUCTION_SETS,
     LANGUAGE_FLAGS,
+    InstructionSet,
     default_compiler,
     default_optimisation_flags,
     find_program,
@@ -182,16 +186,10 @@ def vector_bits(options: CompilerOptions | None = None) -> int:
     return _preprocessor_vector_bits(words, tuple(options.flags or ()) + tuple(options.extra_flags))
 
 
-@functools.cache
 def _preprocessor_vector_bits(compiler_words: tuple[str, ...], flags: tuple[str, ...]) -> int:
-    command = [*compiler_words, *flags, "-dM", "-E", "-x", "c", os.devnull]
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
+    macros = _predefined_macros(compiler_words, flags)
+    if macros is None:
         return host().vector_bits
-    if result.returncode != 0:
-        return host().vector_bits
-    macros = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("#define ")}
     if "__AVX512F__" in macros:
         return 512
     if {"__AVX2__", "__FMA__"} <= macros:
@@ -199,6 +197,43 @@ def _preprocessor_vector_bits(compiler_words: tuple[str, ...], flags: tuple[str,
     if {"__aarch64__", "__ARM_NEON"} <= macros:
         return 128
     return 0
+
+
+@functools.cache
+def _predefined_macros(compiler_words: tuple[str, ...], flags: tuple[str, ...]) -> frozenset[str] | None:
+    """The macros the compiler predefines with ``flags``, or None when it cannot be asked."""
+    command = [*compiler_words, *flags, "-dM", "-E", "-x", "c", os.devnull]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if result.returncode != 0:
+        return None
+    return frozenset(line.split()[1] for line in result.stdout.splitlines() if line.startswith("#define "))
+
+
+def built_instruction_set(options, sets: Mapping[str, InstructionSet] = INSTRUCTION_SETS) -> str | None:
+    """The first of ``sets`` (:data:`polyc.target.INSTRUCTION_SETS`, best first, or another
+    family's) whose preprocessor condition holds when a kernel is built with ``options``
+    (:class:`polyc.options.Options`): the code path of a kernel's ``#if`` chain that runs.
+    ``vectorize=False`` builds the portable code; None when the compiler cannot be asked."""
+    if not options.vectorize:
+        return "portable"
+    build = compiler_options(options)
+    try:
+        words = tuple(build.compiler_words())
+    except CompilationError:
+        return None
+    macros = _predefined_macros(words, tuple(build.flags or ()) + tuple(build.extra_flags))
+    if macros is None:
+        return None
+    for name, isa in sets.items():
+        if isa.condition is None:
+            return name
+        needed = re.findall(r"defined\((\w+)\)", isa.condition)
+        if all(macro in macros for macro in needed):
+            return name
+    return None
 
 
 def _truncate_diagnostics(text: str) -> str:

@@ -246,7 +246,10 @@ class DomainPlot:
             labels.append(f"colour: position in the {self.instances.schedule_source} order, dark first")
         if self.tiles and self.instances.tile:
             handles.append(Line2D([0], [0], marker="s", linestyle="", color="#f9a825", alpha=0.5))
-            labels.append("tiles of " + " x ".join(map(str, self.instances.tile_sizes)) + ", one colour each")
+            labels.append(
+                self.instances.tile_label
+                or "tiles of " + " x ".join(map(str, self.instances.tile_sizes)) + ", one colour each"
+            )
         if handles:
             figure.legend(
                 handles,

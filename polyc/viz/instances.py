@@ -23,6 +23,8 @@ import islpy as isl
 import numpy as np
 
 from polyc.errors import PolycError
+from polyc.paths import gemm as gemm_path
+from polyc.paths import kernel_path
 
 KINDS = ("flow", "anti", "output", "reduction")
 MAX_POINTS = 20000
@@ -62,6 +64,7 @@ class Instances:
     violated_elsewhere: int = 0  # violated pairs with an end outside the drawn slice
     schedule_source: str = "compiled"  # whose order: "compiled" or "user"
     nearest_arrows: int = 0  # the nearest dependence pairs between shown points, before thinning
+    tile_label: str = ""  # what the tiles are, when not the schedule's tiles (a kernel path's blocks)
 
     @property
     def point_count(self) -> int:
@@ -214,7 +217,18 @@ def collect(
             1 for source, a, sink, b in bad if a not in shown.get(source, ()) or b not in shown.get(sink, ())
         )
     result.arrows = thin(result.arrows, result.point_count, result.violated)
-    if schedule is None:
+    path = kernel_path(stages.path)
+    if schedule is None and not path.runs_schedule_loops and stages.gpu is None:
+        # The CPU schedule's loop nest is not the code that runs: no order, tiles or threads of
+        # it.  (A GPU kernel's schedule is its launches' mapping, which the code follows.)
+        if path.name == "gemm" and stages.contraction is not None:
+            _gemm_blocks(result, stages)
+        result.title += (
+            f"\nthis kernel runs on the {path.name} path: the picture shows the statement instances, not the "
+            "loops of the schedule (no order or parallel loop of them is drawn"
+            + ("; tiles are the kernel's cache blocks)" if result.tile else ", nor tiles)")
+        )
+    elif schedule is None:
         result.order = schedule_order(stages.optimized_schedule.get_map(), program, plotted)
         _band_views(result, stages, program)
     else:
@@ -397,6 +411,30 @@ def schedule_order(schedule: isl.UnionMap, program, plotted) -> dict:
     width = max((len(t) for t in times.values()), default=0)
     ordered = sorted(times, key=lambda key: times[key] + (0,) * (width - len(times[key])))
     return {key: rank for rank, key in enumerate(ordered)}
+
+
+def _gemm_blocks(result: Instances, stages) -> None:
+    """Fill ``tile`` with the gemm kernel's cache blocks: an instance over the contraction's M and
+    N indices (and K) is in block (m // MC, n // NC[, k // KC]), with the blocks its code
+    generator recorded (:func:`polyc.paths.gemm.cache_blocks`).  Only for M, N and K of one
+    index each (the kernel flattens a group of several)."""
+    blocks = gemm_path.cache_blocks(stages)
+    c = stages.contraction
+    if blocks is None or len(c.m) != 1 or len(c.n) != 1 or len(c.k) != 1:
+        return
+    sizes = {c.m[0]: blocks["mc"], c.n[0]: blocks["nc"], c.k[0]: blocks["kc"]}
+    for statement in result.statements:
+        axes = [(statement.indices.index(i), size) for i, size in sizes.items() if i in statement.indices]
+        if len(axes) < 2:
+            continue
+        for point in statement.shown_points():
+            result.tile[(statement.name, point)] = tuple(point[axis] // size for axis, size in axes)
+    result.tile_sizes = (blocks["mc"], blocks["nc"], blocks["kc"])
+    result.tile_label = (
+        f"the gemm kernel's cache blocks of {c.m[0]} x {c.n[0]} (x {c.k[0]}): MC x NC (x KC) = "
+        f"{blocks['mc']} x {blocks['nc']} (x {blocks['kc']}), for its {blocks['isa']} {blocks['mr']} x "
+        f"{blocks['nr']} register block; one colour each"
+    )
 
 
 def _band_views(result: Instances, stages, program) -> None:

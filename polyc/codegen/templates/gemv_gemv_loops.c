@@ -1,5 +1,5 @@
 
-#define POLYC_GEMV_BLOCK 1024  /* columns of y per block: 4 KiB of float, 8 KiB of double */
+#define POLYC_GEMV_BLOCK GEMV_BLOCK  /* columns of y per block: 4 KiB of float, 8 KiB of double */
 #define POLYC_SUM_BLOCK SUM_BLOCK  /* a row's dot product adds partial sums of this many terms */
 
 /* Rows i0 .. i0+rows-1 of y from their sums: scaled, then written (init) or added; then the
