@@ -724,7 +724,7 @@ def global_pool(b, x, kind, channels_last=False):
     idx = image_indices(channels_last, "n", "c", [f"z{d}" for d in range(k)])
     taps = [(f"r_s{d}", x.shape[first + d]) for d in range(k)]
     read = b.ref(x, image_indices(channels_last, "n", "c", [t for t, _ in taps]))
-    if kind == "max" and x.dtype.kind == "f":
+    if kind == "max" and x.dtype.kind == "f" and math.prod(e for _, e in taps) > 0:
         # max= skips a NaN (fmax), as onnxruntime does for most positions; a window of NaNs only
         # would give -inf where onnxruntime gives NaN (see the Reduce ops).
         holds_number = b.new(out.shape, np.bool_)

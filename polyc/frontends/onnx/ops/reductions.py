@@ -81,7 +81,8 @@ def _reduce(kind: str):
                 "l1": f"abs({read})",
                 "logsumexp": f"exp({read})",
             }.get(kind, read)
-            all_nan_is_nan = kind in ("max", "min") and x.dtype.kind == "f"
+            # (an empty slice keeps the identity, -inf or inf, as ONNX says)
+            all_nan_is_nan = kind in ("max", "min") and x.dtype.kind == "f" and math.prod(e for _, e in reductions) > 0
             if all_nan_is_nan:
                 # TC's max= and min= skip a NaN as fmax and fmin do, as onnxruntime's kernels do
                 # for most positions of a NaN in a slice (not all: its vector lanes decide).  A
