@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -28,10 +27,10 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 import polyc
 from benchmarks import cases as suite
-from benchmarks.integer_bench import _git_commit, thread_count
+from benchmarks.integer_bench import _git_commit, machine_record, thread_count
 from benchmarks.measure import time_interleaved
 from benchmarks.run import as_tuple, compare, make_inputs
-from polyc.target import default_optimisation_flags, host, usable_cores
+from polyc.target import default_optimisation_flags
 
 #: The options that keep a def on the generic path.
 GENERIC = {"blas_contractions": False, "direct_convolutions": False, "transpose_kernels": False}
@@ -137,21 +136,13 @@ def run_generic_cases(cases: list[suite.Case], repeat: int, max_seconds: float =
         row = run_case(case, repeat, max_seconds)
         rows.append(row)
         print(_row_text(row), flush=True)
-    processor = host()
     ratios = [row["generic_over_default"] for row in rows]
     return {
         "benchmark": "generic_path",
         "cflags": flags,
         "threads": threads,
         "bar": BAR,
-        "machine": {
-            "cpu": processor.model,
-            "usable_cpus": usable_cores(),
-            "caches": list(processor.caches),
-            "isa": sorted(f for f in processor.flags if f.startswith(("avx", "amx")) or f in ("fma", "asimd")),
-            "loadavg_start": list(os.getloadavg()),
-            "python": platform.python_version(),
-        },
+        "machine": machine_record(),
         "rows": rows,
         "summary": {
             "geomean_generic_over_default": float(np.exp(np.mean(np.log(ratios)))) if ratios else None,

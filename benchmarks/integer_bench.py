@@ -149,20 +149,26 @@ def run_integer_cases(shapes, repeat: int, max_seconds: float = 20.0) -> dict:
         row = run_shape(module, shape, repeat, threads, max_seconds)
         rows.append(row)
         print(_row_text(row), flush=True)
-    processor = host()
     return {
         "benchmark": "integer_gemm",
         "cflags": flags,
         "threads": threads,
-        "machine": {
-            "cpu": processor.model,
-            "usable_cpus": usable_cores(),
-            "caches": list(processor.caches),
-            "isa": sorted(f for f in processor.flags if f.startswith(("avx", "amx")) or f in ("fma", "asimd")),
-            "loadavg_start": list(os.getloadavg()),
-            "python": platform.python_version(),
-        },
+        "machine": machine_record(),
         "rows": rows,
+    }
+
+
+def machine_record() -> dict:
+    """The processor, its caches and vector instruction sets, the usable cores, the load at the
+    start and Python's version, for a results file."""
+    processor = host()
+    return {
+        "cpu": processor.model,
+        "usable_cpus": usable_cores(),
+        "caches": list(processor.caches),
+        "isa": sorted(f for f in processor.flags if f.startswith(("avx", "amx")) or f in ("fma", "asimd")),
+        "loadavg_start": list(os.getloadavg()),
+        "python": platform.python_version(),
     }
 
 
