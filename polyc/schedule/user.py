@@ -151,7 +151,7 @@ def check_user_schedule(
     that is not isl text, is a PolycError.  Violations are found at every size and witnessed at
     ``sizes`` when given (at some size otherwise)."""
     relation = schedule_relation(program, schedule)
-    params = _parameter_values(program, sizes) if sizes else None
+    params = parameter_values(program, sizes) if sizes else None
     missing = program.domain.subtract(relation.domain())
     if params is not None:
         missing = missing.intersect_params(params)
@@ -257,7 +257,7 @@ def _witness(program: PolyProgram, kind: str, bad: isl.UnionMap) -> Violation:
     values = [point.get_coordinate_val(isl.dim_type.set, i).to_python() for i in range(n_in + n_out)]
     source = program.statement(maps[0].get_tuple_name(isl.dim_type.in_))
     sink = program.statement(maps[0].get_tuple_name(isl.dim_type.out))
-    element = _element(sink, values[n_in:]) if kind == "anti" else _element(source, values[:n_in])
+    element = written_element(sink, values[n_in:]) if kind == "anti" else written_element(source, values[:n_in])
     distance = tuple(b - a for a, b in zip(values[:n_in], values[n_in:])) if source is sink else ()
     return Violation(
         kind,
@@ -270,7 +270,7 @@ def _witness(program: PolyProgram, kind: str, bad: isl.UnionMap) -> Violation:
     )
 
 
-def _element(statement: PolyStatement, values) -> str:
+def written_element(statement: PolyStatement, values) -> str:
     """The element ``statement`` writes at the instance ``values``."""
     access = statement.write
     fixed = access
@@ -283,7 +283,8 @@ def _element(statement: PolyStatement, values) -> str:
     return f"{tensor}({', '.join(map(str, coordinates))})"
 
 
-def _parameter_values(program: PolyProgram, sizes: dict) -> isl.Set | None:
+def parameter_values(program: PolyProgram, sizes: dict) -> isl.Set | None:
+    """The parameter set fixing ``program``'s sizes to ``sizes`` (None: no size is given)."""
     if not program.params:
         return None
     names = ", ".join(program.params)

@@ -27,7 +27,7 @@ from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 from polyc.paths import kernel_path
 from polyc.schedule.transform import clause_text
-from polyc.schedule.user import check_user_schedule
+from polyc.schedule.user import check_user_schedule, parameter_values, written_element
 
 KINDS = ("flow", "anti", "output", "reduction")
 _KIND_WORDS = {
@@ -197,7 +197,7 @@ def _explain_generic(name: str, stages, sizes: dict) -> Explanation:
         }.get(fusion, "")
         summary.append(f"{len(nests)} loop nests, run one after the other: {kept}" + (f" ({why})" if why else ""))
     facts = list(stages.kernel.loops)
-    params = _parameter_values(program, sizes)
+    params = parameter_values(program, sizes)
     owners = [_band_of(fact, bands) for fact in facts]
     loops = [
         _explain_loop(position, facts, owners, stages.dependences, program, params) for position in range(len(facts))
@@ -469,7 +469,7 @@ def _witness(decision, member: int, dependences: Dependences, program: PolyProgr
     sink = program.statement(sink_name)
     source_values, sink_values = values[:n_in], values[n_in:]
     # The element both touch: what the source wrote (for an anti dependence: what the sink writes).
-    element = _element(sink, sink_values) if kind == "anti" else _element(source, source_values)
+    element = written_element(sink, sink_values) if kind == "anti" else written_element(source, source_values)
     distance = tuple(
         _member_value(m, sink_name, sink_values) - _member_value(m, source_name, source_values)
         for m in decision.member_maps
@@ -497,26 +497,6 @@ def _member_value(member_map: isl.UnionMap, name: str, values) -> int:
     image.range().foreach_set(sets.append)
     point = sets[0].sample_point()
     return point.get_coordinate_val(isl.dim_type.set, 0).to_python()
-
-
-def _element(statement, values) -> str:
-    """The element ``statement`` writes at the instance ``values``."""
-    access = statement.write
-    instance = _instance(statement.name, values, access.get_ctx()).align_params(access.domain().get_space())
-    image = access.intersect_domain(instance)
-    point = image.range().sample_point()
-    tensor = access.get_tuple_name(isl.dim_type.out)
-    count = access.dim(isl.dim_type.out)
-    coordinates = [point.get_coordinate_val(isl.dim_type.set, i).to_python() for i in range(count)]
-    return f"{tensor}({', '.join(map(str, coordinates))})"
-
-
-def _parameter_values(program: PolyProgram, sizes: dict) -> isl.Set | None:
-    if not program.params:
-        return None
-    names = ", ".join(program.params)
-    constraints = " and ".join(f"{p} = {int(sizes[p])}" for p in program.params if p in sizes)
-    return isl.Set(f"[{names}] -> {{ : {constraints} }}", context=program.ctx) if constraints else None
 
 
 def _shifts(decision) -> str | None:
