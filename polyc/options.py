@@ -47,6 +47,10 @@ class Options:
     - ``fusion``: ``"min"`` (no fusion), ``"smart"`` (fuse where outer parallelism is kept), ``"max"``.
     - ``loop_tiles``: on the generic loop-nest path, None (a model of the caches picks them),
       ``()`` (no tiling) or sizes for the outermost band, outermost first.
+    - ``register_tiles``: on the generic loop-nest path, the register tile of a reduction's
+      target, ``(rows, columns)``: that block of the target stays in registers while the
+      reduction loops run (:mod:`polyc.schedule.register_tiling`).  None: sized from the
+      build's vector registers; ``()``: no register tiles.
     - ``tile_sizes``: deprecated; the path a def compiles on reads it as its own option
       (``loop_tiles``, ``gemm_blocks``, the first entry as ``conv_block``, or ``gpu_tiles``), with
       a DeprecationWarning naming what it became.
@@ -106,6 +110,7 @@ class Options:
     backend: str = "c"
     fusion: str = "smart"
     loop_tiles: tuple[int, ...] | None = None
+    register_tiles: tuple[int, ...] | None = None
     tile_sizes: tuple[int, ...] | None = None
     parallel: bool = True
     vectorize: bool = True
@@ -149,6 +154,8 @@ class Options:
                 kwargs[name] = tuple(kwargs[name]) if isinstance(kwargs[name], list) else (kwargs[name],)
         if isinstance(kwargs.get("loop_order"), list):
             kwargs["loop_order"] = tuple(kwargs["loop_order"])
+        if isinstance(kwargs.get("register_tiles"), list):
+            kwargs["register_tiles"] = tuple(kwargs["register_tiles"])
         if "cache_sizes" in kwargs and isinstance(kwargs["cache_sizes"], list):
             kwargs["cache_sizes"] = tuple(kwargs["cache_sizes"])
         if "cflags" in kwargs and kwargs["cflags"] is not None:
@@ -171,6 +178,15 @@ class Options:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, tuple) and all(_positive_int(t) for t in value)):
                 raise PolycError(f"{name} must be positive integers, not {value!r}")
+        if self.register_tiles is not None and not (
+            isinstance(self.register_tiles, tuple)
+            and len(self.register_tiles) in (0, 2)
+            and all(map(_positive_int, self.register_tiles))
+        ):
+            raise PolycError(
+                f"register_tiles must be two positive integers (rows, columns) or () for none, "
+                f"not {self.register_tiles!r}"
+            )
         if self.gpu_tiles == ():
             raise PolycError("gpu_tiles must name at least one size (None: the mapping's model picks them)")
         if self.gemm_blocks is not None and not (

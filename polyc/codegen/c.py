@@ -39,7 +39,8 @@ from polyc.ir.model import PolyProgram, PolyStatement, isl_name
 from polyc.lang import checked as ir
 from polyc.lang.symbolic import Affine
 from polyc.options import Options
-from polyc.schedule.transform import PARALLEL, REDUCE, SIMD, UNROLL, Reduction, loop_mark
+from polyc.schedule.register_tiling import RegisterTile
+from polyc.schedule.transform import PARALLEL, REDUCE, REGISTER, SIMD, UNROLL, Reduction, loop_mark
 from polyc.types import identity
 
 #: OpenMP's operator for a reduction of bools: TC's bool + is "or" and * is "and" (gcc combines
@@ -92,7 +93,10 @@ class LoopFact:
     parallel if this is, and the vector loop in a block); ``dropped`` says why a loop marked simd (or a parallel reduction
     in blocks) has no OpenMP pragma; ``unroll`` the factor of a ``GCC unroll`` pragma (1: none);
     ``versioned_on`` the select conditions (C text) the loop is written once per value of, in
-    versions under ifs (this fact describes the version where all are true)."""
+    versions under ifs (this fact describes the version where all are true); ``register_tile``
+    on the first loop of a register tile's reduction part: ``(tensor, rows, columns)``, the
+    block of the tensor kept in a local array while the loop runs
+    (:mod:`polyc.schedule.register_tiling`)."""
 
     iterator: str
     depth: int
@@ -111,6 +115,7 @@ class LoopFact:
     unroll: int = 1
     sum_block: int = 0
     versioned_on: tuple[str, ...] = ()
+    register_tile: tuple[str, int, int] | None = None
 
     @property
     def statements(self) -> tuple[str, ...]:
@@ -160,6 +165,8 @@ class _KernelWriter:
         self.simd: _SimdLoopState | None = None  # while the body of a simd loop is written
         self.loops: list[_LoopRecord] = []  # every loop written so far, in the order of the text
         self.open_loops: list[int] = []  # positions in self.loops of the loops being written
+        self.open_nodes: dict[str, isl.AstNode] = {}  # iterator -> the AST loop being written
+        self.register: _RegisterRegionState | None = None  # while a register tile's part is written
 
     # ------------------------------------------------------------------ top level
     def write(self) -> GeneratedKernel:
@@ -241,6 +248,8 @@ class _KernelWriter:
                 then_node = cgen.Block([then_node])
             return cgen.If(self.expr(node.if_get_cond()), then_node, else_node)
         if kind == isl.ast_node_type.mark:
+            if loop_mark(node.mark_get_id()).kind == REGISTER:
+                return self.register_region(node)
             return self.mark_node(node)
         if kind == isl.ast_node_type.user:
             return self.user_node(node.user_get_expr())
@@ -407,6 +416,136 @@ class _KernelWriter:
                 record.unroll = unroll
             return written
         return self.node(node)  # isl elided the marked loop (one iteration): nothing to annotate
+
+    def register_region(self, node: isl.AstNode):
+        """The code under a ``register`` mark, with the tile of its target in a local array.
+
+        The array is loaded from the target before the code and stored back after it; inside,
+        every access to the target's element becomes the array's element at the row and
+        column loops' iterators, so the compiler keeps the block in registers across the
+        reduction loops (the row loop is unrolled, the column loop vectorised; see
+        :mod:`polyc.schedule.register_tiling`).  Written as it is, the target in memory,
+        where an access to the target is not to the tile's element, a statement's row or
+        column loop is missing (isl elided it) or differs from another's, or the element or
+        the loops' bounds move with a loop of the code."""
+        tile = loop_mark(node.mark_get_id()).register_tile
+        assert tile is not None
+        inside = node.mark_get_node()
+        position = len(self.loops)
+        general = self.register_version(inside, _RegisterRegionState(tile))
+        if general is None or position == len(self.loops):
+            del self.loops[position:]
+            return self.node(inside)
+        if not general[1].full_conditions:
+            self.loops[position].register_tile = (tile.tensor, tile.rows, tile.columns)
+            return general[0]
+        # Tiles cut short at the domain's edge: the full ones get a version of their own.
+        del self.loops[position:]
+        first = general[1]
+        full = self.register_version(
+            inside, _RegisterRegionState(tile, constant_bounds=first.constant_bounds, assume_full=True)
+        )
+        if full is None:
+            del self.loops[position:]
+            return self.register_version(inside, _RegisterRegionState(tile))[0]  # type: ignore[index]
+        self.loops[position].register_tile = (tile.tensor, tile.rows, tile.columns)
+        kept = len(self.loops)
+        partial = self.register_version(inside, _RegisterRegionState(tile))
+        del self.loops[kept:]
+        assert partial is not None
+        condition = " && ".join(first.full_conditions)
+        return cgen.If(
+            condition,
+            cgen.Block([full[0]]),
+            cgen.Block([cgen.Comment(f"polyc: the loops above, for !({condition})"), partial[0]]),
+        )
+
+    def register_version(self, inside: isl.AstNode, state: _RegisterRegionState):
+        """One version of a register tile's code (see :meth:`register_region`): the block
+        and the state it was written with, or None where the tile cannot be kept."""
+        tile = state.tile
+        self.register = state
+        try:
+            body = self.node(inside)
+        finally:
+            self.register = None
+        if state.failure or state.element is None:
+            return None
+        ctype = c_type(self.definition.tensor(tile.tensor).dtype)
+        array = _tile_array(tile.tensor)
+        row, column = _TILE_ROW, _TILE_COLUMN
+        row_cond, column_cond = state.bounds
+        cell = f"{array}[{row}][{column}]"
+
+        def copy(assignment: str) -> cgen.Generable:
+            return cgen.For(
+                f"int64_t {row} = 0",
+                row_cond,
+                f"{row} += 1",
+                cgen.Module(
+                    [
+                        cgen.Pragma("omp simd"),
+                        cgen.For(f"int64_t {column} = 0", column_cond, f"{column} += 1", cgen.Statement(assignment)),
+                    ]
+                ),
+            )
+
+        block = cgen.Block(
+            [
+                cgen.Statement(f"{ctype} {array}[{tile.rows}][{tile.columns}]"),
+                copy(f"{cell} = {state.element}"),
+                body,
+                copy(f"{state.element} = {cell}"),
+            ]
+        )
+        return block, state
+
+    def register_element(self, statement: PolyStatement, arguments: dict[str, isl.AstExpr], index_c: dict[str, str]):
+        """Inside a register tile's code: note what ``statement``'s accesses to the tile's
+        target must become (the array's element), or that the tile cannot be kept."""
+        state = self.register
+        assert state is not None
+        tile = state.tile
+        source = statement.source
+        touches = source.target == tile.tensor or any(a.tensor == tile.tensor for a in statement.reads)
+        state.cell = None
+        if not touches:
+            return
+        depths = tile.depths_of(statement.name)
+        loops = None if depths is None else [self.open_nodes.get(f"c{depth}") for depth in depths]
+        if source.target != tile.tensor or loops is None or any(loop is None for loop in loops):
+            state.failure = True
+            return
+        assert loops[0] is not None and loops[1] is not None
+        row_iterator, column_iterator = (self.expr(loop.for_get_iterator()) for loop in loops)
+        names = {**self.param_names, row_iterator: _TILE_ROW, column_iterator: _TILE_COLUMN}
+        moving = state.inner_iterators - {row_iterator, column_iterator}
+        used = set().union(*(_ast_identifiers(arguments[i]) for i in source.indices))
+        for loop in loops:
+            used |= _ast_identifiers(loop.for_get_cond())
+            init, step = loop.for_get_init(), loop.for_get_inc()
+            starts_at_zero = init.get_type() == isl.ast_expr_type.int and init.get_val().to_python() == 0
+            steps_by_one = step.get_type() == isl.ast_expr_type.int and step.get_val().to_python() == 1
+            if not (starts_at_zero and steps_by_one):
+                state.failure = True
+        if column_iterator in _ast_identifiers(loops[0].for_get_cond()) or used & moving:
+            state.failure = True
+        element = self.element(tile.tensor, [ast_expr_c(arguments[i], names) for i in source.indices])
+        bounds = tuple(
+            self.loop_condition(loop, iterator, names)[0]
+            for loop, iterator in zip(loops, (row_iterator, column_iterator))
+        )
+        if state.element is None:
+            state.element, state.bounds = element, (bounds[0], bounds[1])
+        elif (state.element, state.bounds) != (element, bounds):
+            state.failure = True
+        state.cell = f"{_tile_array(tile.tensor)}[{row_iterator}][{column_iterator}]"
+        for loop, iterator in zip(loops, (row_iterator, column_iterator)):
+            own = {**self.param_names, iterator: "@"}
+            bound = _constant_bound(loop.for_get_cond())
+            if bound is not None and iterator not in _ast_identifiers(bound[1]):
+                state.constant_bounds[ast_expr_c(loop.for_get_cond(), own, outermost=True)] = bound[0]
+                state.full_conditions[f"{bound[0]} <= {ast_expr_c(bound[1], self.param_names)}"] = None
 
     def simd_loop(
         self,
@@ -646,32 +785,47 @@ class _KernelWriter:
         iterator = self.expr(node.for_get_iterator())
         if self.simd is not None:
             self.simd.iterators.add(iterator)
+        if self.register is not None:
+            self.register.inner_iterators.add(iterator)
         init = self.expr(node.for_get_init())
         write_body = body or self.node
         if node.for_is_degenerate():
             body = write_body(node.for_get_body())
             return cgen.Block([cgen.Statement(f"const int64_t {iterator} = {init}"), body])
         step = node.for_get_inc()
+        condition, full_bound = self.loop_condition(node, iterator)
         self.loops.append(
             _LoopRecord(
                 iterator,
                 self.open_loops[-1] if self.open_loops else None,
                 step.get_val().to_python() if step.get_type() == isl.ast_expr_type.int else None,
-                _constant_trip_count(node),
+                _constant_trip_count(node) if full_bound is None else full_bound + 1,
             )
         )
         self.open_loops.append(len(self.loops) - 1)
+        self.open_nodes[iterator] = node
         body = write_body(node.for_get_body())
+        del self.open_nodes[iterator]
         self.open_loops.pop()
-        loop = cgen.For(
-            f"int64_t {iterator} = {init}",
-            self.expr(node.for_get_cond(), outermost=True),
-            f"{iterator} += {self.expr(node.for_get_inc())}",
-            body,
-        )
+        loop = cgen.For(f"int64_t {iterator} = {init}", condition, f"{iterator} += {self.expr(step)}", body)
         if not pragmas:
             return loop
         return cgen.Module([cgen.Pragma(p) for p in pragmas] + [loop])
+
+    def loop_condition(self, node: isl.AstNode, iterator: str, names: dict[str, str] | None = None):
+        """The C condition of the loop ``node`` (identifiers renamed by ``names``, else the
+        writer's), and the constant bound it was given, if any: in the full tiles' version of
+        a register tile, a row or column loop cut short at the domain's edge runs to its
+        tile's end (see :meth:`register_region`)."""
+        names = self.param_names if names is None else names
+        cond = node.for_get_cond()
+        state = self.register
+        if state is not None and state.assume_full:
+            own = ast_expr_c(cond, {**self.param_names, iterator: "@"}, outermost=True)
+            if own in state.constant_bounds:
+                bound = state.constant_bounds[own]
+                return f"{names.get(iterator, iterator)} <= {bound}", bound
+        return ast_expr_c(cond, names, outermost=True), None
 
     # ------------------------------------------------------------------ AST expressions
     def expr(self, e: isl.AstExpr, outermost: bool = False) -> str:
@@ -689,12 +843,16 @@ class _KernelWriter:
             record = self.loops[position]
             moved = tuple(index for index, used in zip(statement.indices, uses) if record.iterator in used)
             record.indices[name] = tuple(dict.fromkeys(record.indices.get(name, ()) + moved))
+        if self.register is not None:
+            self.register_element(statement, dict(zip(statement.indices, argument_exprs)), index_c)
         return cgen.Statement(self.statement_text(statement, index_c))
 
     def statement_text(self, statement: PolyStatement, index_c: dict[str, str]) -> str:
         source = statement.source
         target = self.definition.tensor(source.target)
         lhs = self.element(source.target, [index_c[i] for i in source.indices])
+        if self.register is not None and source.target == self.register.tile.tensor:
+            lhs = self.register.replacement()
         ctype = c_type(target.dtype)
         simd = self.simd
         if simd is not None:
@@ -708,6 +866,8 @@ class _KernelWriter:
 
         def access(read: ir.Read, subscripts: list[str]) -> str:
             element = self.element(read.tensor, subscripts, checked=not read.is_affine)
+            if self.register is not None and read.tensor == self.register.tile.tensor:
+                return self.register.replacement()  # (planned: the statement's own element)
             if id(read) in unconditional and read.is_affine and not simd.moves(element):
                 key = (c_type(self.definition.tensor(read.tensor).dtype), element)
                 return simd.invariant_loads.setdefault(key, f"polyc_invariant_{len(simd.invariant_loads)}")
@@ -777,6 +937,7 @@ class _LoopRecord:
     unroll: int = 1
     sum_block: int = 0
     versioned_on: tuple[str, ...] = ()
+    register_tile: tuple[str, int, int] | None = None
 
     def fact(self) -> LoopFact:
         return LoopFact(
@@ -797,6 +958,7 @@ class _LoopRecord:
             self.unroll,
             self.sum_block,
             self.versioned_on,
+            self.register_tile,
         )
 
 
@@ -842,6 +1004,62 @@ class _SimdLoopState:
     def moves(self, text: str) -> bool:
         """Whether C text depends on an iterator of the loop or of a loop in its body."""
         return any(re.search(rf"\b{re.escape(name)}\b", text) for name in self.iterators)
+
+
+#: The C iterators of the loops that load and store a register tile's array.
+_TILE_ROW, _TILE_COLUMN = "polyc_tile_row", "polyc_tile_column"
+
+
+def _constant_bound(cond: isl.AstExpr) -> tuple[int, isl.AstExpr] | None:
+    """(K, e) for a loop condition ``c <= min(K, e)`` (or ``min(e, K)``), else None."""
+    if cond.get_type() != isl.ast_expr_type.op or cond.get_op_type() != isl.ast_expr_op_type.le:
+        return None
+    bound = cond.get_op_arg(1)
+    if bound.get_type() != isl.ast_expr_type.op or bound.get_op_type() != isl.ast_expr_op_type.min:
+        return None
+    if bound.get_op_n_arg() != 2:
+        return None
+    first, second = bound.get_op_arg(0), bound.get_op_arg(1)
+    for constant, other in ((first, second), (second, first)):
+        if constant.get_type() == isl.ast_expr_type.int:
+            return constant.get_val().to_python(), other
+    return None
+
+
+def _tile_array(tensor: str) -> str:
+    return f"polyc_tile_{tensor}"
+
+
+@dataclass
+class _RegisterRegionState:
+    """What writing a register tile's code found out (see ``_KernelWriter.register_region``).
+
+    ``element``: the target's element in the load and store loops' iterators; ``bounds``:
+    their conditions; ``cell``: the array's element for the statement being written (None
+    where it has none); ``inner_iterators``: loops opened inside; ``failure``: the tile cannot
+    be kept.  A row or column loop cut short at the edge of the domain (``c <= min(K, e)``)
+    has ``constant_bounds`` (its condition, its own iterator written ``@`` -> K) and
+    ``full_conditions`` (``K <= e``): where all hold, the tile is full, and its version with
+    constant trip counts is the one whose block the compiler keeps in registers."""
+
+    tile: RegisterTile
+    element: str | None = None
+    bounds: tuple[str, str] = ("", "")
+    cell: str | None = None
+    inner_iterators: set[str] = field(default_factory=set)
+    failure: bool = False
+    constant_bounds: dict[str, int] = field(default_factory=dict)
+    full_conditions: dict[str, None] = field(default_factory=dict)
+    #: While the full tiles' version is written: constant_bounds, applied by for_node.
+    assume_full: bool = False
+
+    def replacement(self) -> str:
+        """The array's element for the statement being written (noting a failure where it
+        has none)."""
+        if self.cell is None:
+            self.failure = True
+            return "polyc_no_tile_element"
+        return self.cell
 
 
 def ast_expr_c(e: isl.AstExpr, names: dict[str, str], outermost: bool = False) -> str:

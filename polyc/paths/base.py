@@ -32,6 +32,7 @@ from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 from polyc.lang.checked import CheckedDef
 from polyc.options import Options
+from polyc.runtime.compiler import compiler_options, vector_bits
 from polyc.schedule.contraction import Contraction, recognise_gemm_def, worth_a_gemm_kernel
 from polyc.schedule.convolution import Convolution, recognise_conv_def
 from polyc.schedule.transform import optimize_schedule
@@ -89,7 +90,12 @@ class PathRequest:
         if self._optimized is None:
             assert self.schedule is not None, "a schedule is optimised only for a request with one"
             self._optimized = optimize_schedule(
-                self.schedule, self.built_program, self.options, self.dependences, self.decisions
+                self.schedule,
+                self.built_program,
+                self.options,
+                self.dependences,
+                self.decisions,
+                vector_bits=vector_bits(compiler_options(self.options)),
             )
         return self._optimized
 

@@ -12,6 +12,9 @@ from polyc.paths.base import Config, KernelPath, Knob, PathKernel, PathRequest, 
 #: The tile sizes searched per member of the outermost band.
 GENERIC_TILES = (16, 32, 64, 128, 256)
 
+#: The register tiles searched (rows x columns; "auto": the model's, "off": none).
+REGISTER_TILES = ("auto", "off", "4x16", "6x16", "8x16", "4x32", "8x32", "12x32", "6x8", "12x8")
+
 
 def recognise(request: PathRequest):
     return True
@@ -28,8 +31,8 @@ def explain(stages) -> list[str]:
 class LoopNestTuning(Tuning):
     """The tile sizes of the outermost band (or no tiling), the order of its loops (``loop_order``:
     the scheduler's, or a permutation of the largest statement's first three indices), the fusion
-    strategy (where there is more than one statement to schedule), the unroll factor and
-    vectorisation."""
+    strategy (where there is more than one statement to schedule), the register tile of a
+    reduction (:data:`REGISTER_TILES`), the unroll factor and vectorisation."""
 
     def knobs(self, request: SpaceRequest) -> tuple[tuple[Knob, ...], Config]:
         depth = min(3, len(request.extents))
@@ -46,8 +49,13 @@ class LoopNestTuning(Tuning):
         scheduled = sum(2 if s.has_init_statement else 1 for s in request.definition.statements)
         if scheduled > 1:
             knobs.append(Knob("fusion", ("min", "smart", "max"), numeric=False))
+        reduces = any(s.reduction_indices for s in request.definition.statements)
+        if reduces and request.options.register_tiles is None:
+            knobs.append(Knob("register_tiles", REGISTER_TILES, numeric=False))
         knobs += [Knob("unroll", (1, 2, 4, 8)), Knob("vectorize", (True, False), numeric=False)]
         default: Config = {"unroll": 1, "vectorize": True, **({"fusion": "smart"} if scheduled > 1 else {})}
+        if reduces and request.options.register_tiles is None:
+            default["register_tiles"] = "auto"
         if depth:
             default.update({"t0": 0, **{f"t{i}": 64 for i in range(1, depth)}})
         if ordered:
@@ -63,6 +71,11 @@ class LoopNestTuning(Tuning):
             changes["loop_tiles"] = tiles
         if config.get("loop_order"):
             changes["loop_order"] = str(config["loop_order"]).split(",")
+        registers = str(config.get("register_tiles", "auto"))
+        if registers == "off":
+            changes["register_tiles"] = ()
+        elif registers != "auto":
+            changes["register_tiles"] = tuple(int(part) for part in registers.split("x"))
         for name in ("fusion", "unroll", "vectorize"):
             if name in config and config[name] != getattr(Options(), name):
                 changes[name] = config[name]
@@ -91,6 +104,16 @@ PATH = KernelPath(
     tuning=LoopNestTuning(),
     runs_schedule_loops=True,
     sequential_loops=True,
-    options=("fusion", "loop_tiles", "loop_order", "parallel", "vectorize", "unroll", "specialize", "threads"),
+    options=(
+        "fusion",
+        "loop_tiles",
+        "register_tiles",
+        "loop_order",
+        "parallel",
+        "vectorize",
+        "unroll",
+        "specialize",
+        "threads",
+    ),
     tile_alias=lambda sizes: {"loop_tiles": sizes},
 )

@@ -38,12 +38,13 @@ from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram
 from polyc.lang.symbolic import Affine
 from polyc.options import Options
-from polyc.schedule import tiling
+from polyc.schedule import register_tiling, tiling
 from polyc.schedule.isl_helpers import sets
 from polyc.schedule.outer_fusion import fuse_outer_loops
+from polyc.schedule.register_tiling import RegisterTile
 from polyc.schedule.tiling import choose_tile_sizes
 
-PARALLEL, SIMD, UNROLL, REDUCE = "parallel", "simd", "unroll", "reduce"
+PARALLEL, SIMD, UNROLL, REDUCE, REGISTER = "parallel", "simd", "unroll", "reduce", "register"
 
 #: Statement instances below which a band gets no parallel loop: starting and joining a team of
 #: two threads costs on the order of a microsecond, the work of thousands of instances, which a
@@ -56,7 +57,7 @@ MIN_PARALLEL_INSTANCES = 4096
 #: this the sequential loop and all inside it run on the calling thread.  The matrix-vector
 #: kernel (polyc/codegen/gemv.py) parallelises from the same size.
 MIN_PARALLEL_STEP_INSTANCES = 1 << 16
-MARKS = (PARALLEL, SIMD, UNROLL, REDUCE)
+MARKS = (PARALLEL, SIMD, UNROLL, REDUCE, REGISTER)
 
 #: A reduction OpenMP combines: its operator and the tensor it reduces into.
 Reduction = tuple[str, str]
@@ -65,16 +66,21 @@ Reduction = tuple[str, str]
 @dataclass(frozen=True)
 class LoopMark:
     """What a mark asks of the first loop under it: a ``kind`` of MARKS, the schedule ``depths``
-    that loop may be at, the ``reductions`` of a simd or reduce mark, the factor of an unroll."""
+    that loop may be at, the ``reductions`` of a simd or reduce mark, the factor of an unroll.
+    A ``register`` mark asks instead that the code under it keep a block of a tensor in
+    registers (``register_tile``: :class:`polyc.schedule.register_tiling.RegisterTile`)."""
 
     kind: str
     depths: tuple[int, ...]
     reductions: tuple[Reduction, ...] = ()
     unroll: int = 1
+    register_tile: RegisterTile | None = None
 
     @property
     def name(self) -> str:
         """The mark's name in printed schedule trees: ``kind[:argument]@depth[,depth...]``."""
+        if self.register_tile is not None:
+            return self.register_tile.name
         argument = str(self.unroll) if self.kind == UNROLL else clause_text(self.reductions)
         head = f"{self.kind}:{argument}" if argument else self.kind
         return f"{head}@{','.join(str(d) for d in self.depths)}"
@@ -137,6 +143,8 @@ class BandDecision:
     prefix: object = None
     #: Per member: statement -> the TC index that loop runs over (as member_indices finds it).
     member_indices: tuple = ()
+    #: What a register tile keeps in registers (:mod:`polyc.schedule.register_tiling`), or "".
+    register_tile: str = ""
 
 
 @dataclass(frozen=True)
@@ -145,6 +153,7 @@ class _Context:
     options: Options
     dependences: Dependences | None
     decisions: list | None = None
+    vector_bits: int | None = None  # of the build; None: no register tiles
 
 
 def optimize_schedule(
@@ -153,6 +162,7 @@ def optimize_schedule(
     options: Options,
     dependences: Dependences | None = None,
     decisions: list | None = None,
+    vector_bits: int | None = None,
 ) -> isl.Schedule:
     """Tile, reorder and mark ``schedule`` as the options ask; the result is equivalent to it.
 
@@ -161,10 +171,13 @@ def optimize_schedule(
     member carries only reduction dependences is marked ``reduce``: a parallel loop with an
     OpenMP reduction; and innermost reduction loops are vectorised (``simd:`` marks).
     ``decisions``, when given, receives a :class:`BandDecision` per band visited.
+    ``vector_bits``: the width of the build's vector registers, which sizes register tiles
+    (:mod:`polyc.schedule.register_tiling`); None: no register tiles.
     """
     if dependences is not None and options.fusion != "min":
         schedule = fuse_outer_loops(schedule, program, dependences, tiling.cache_sizes(options))
-    node = _visit(schedule.get_root(), _Context(program, options, dependences, decisions), parallel_above="")
+    context = _Context(program, options, dependences, decisions, vector_bits)
+    node = _visit(schedule.get_root(), context, parallel_above="")
     return node.get_schedule()
 
 
@@ -279,7 +292,10 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: str, 
 
     # Step into the point band (if tiled) for the innermost-loop decisions.
     inner = node.child(0) if tiled else node
-    if leaf_band:
+    registers = _register_tile(inner, context, decision)
+    if registers is not None:
+        inner = registers
+    elif leaf_band:
         inner = _finish_innermost(
             inner,
             context,
@@ -302,6 +318,33 @@ def _visit_band(node: isl.ScheduleNode, context: _Context, parallel_above: str, 
         # (isl elides loops of one iteration, e.g. a tile loop when the tile covers the extent).
         inner = LoopMark(PARALLEL, tuple(_coincident_depths(inner))).insert_above(inner)
     return inner
+
+
+def _register_tile(band: isl.ScheduleNode, context: _Context, decision: BandDecision) -> isl.ScheduleNode | None:
+    """The band rebuilt as a register tile (:mod:`polyc.schedule.register_tiling`), marked
+    for code generation, or None where it takes none (the band is then left as it was).  Its
+    outer band keeps only coincident members, so the parallel mark still finds its loop."""
+    options = context.options
+    if context.vector_bits is None or not options.vectorize or options.register_tiles == ():
+        return None
+    if options.schedule is not None or band.get_type() != _BAND or context.program.size_values is None:
+        return None
+    params = context.program.context
+    extents = [_member_extent(band, m, params) for m in range(band.band_n_member())]
+    plan = register_tiling.plan_register_tile(
+        band, context.program, extents, context.vector_bits, options.register_tiles
+    )
+    if plan is None:
+        return None
+    tiled = register_tiling.apply_register_tile(band, plan, context.program, context.dependences)
+    if tiled is None:
+        return None
+    decision.innermost = SIMD
+    decision.register_tile = (
+        f"{plan.update.source.target} in registers: {plan.rows} x {plan.columns} elements "
+        f"({plan.row_index} x {plan.update.source.indices[-1]}) across the reduction loops"
+    )
+    return tiled
 
 
 def _below(marked_parallel: bool, instances: int | None) -> str:

@@ -364,6 +364,13 @@ def _explain_loop(position: int, facts, owners, dependences, program, params) ->
                         "as polyc does (+, *, integer min/max) and a target small enough to copy per thread"
                     )
     innermost = not any(f.enclosing == position for f in facts)
+    if fact.register_tile is not None:
+        tensor, rows, columns = fact.register_tile
+        loop.reasons.append(
+            f"a register tile: a block of {rows} x {columns} elements of {tensor} stays in registers while this "
+            "loop and the loops in it run (loaded before it, stored after it; the rows unrolled, the columns "
+            "vectorised)"
+        )
     if fact.simd:
         clauses = clause_text(fact.simd_reductions or fact.parallel_reductions)
         loop.reasons.append(

@@ -48,7 +48,9 @@ GENERIC = {"blas_contractions": False, "direct_convolutions": False, "transpose_
 
 _FOR = re.compile(r"^\s*for \(int64_t (\w+) = ")
 _PRAGMA = re.compile(r"^\s*#pragma omp (.*)$")
-_FURTHER_VERSION = re.compile(r"^\s*/\* polyc: the loop above, for ")
+_FURTHER_VERSION = re.compile(r"^\s*/\* polyc: the loops? above, for ")
+#: The loops that load and store a register tile's array (polyc/codegen/c.py): not the schedule's.
+_TILE_COPY = re.compile(r"^\s*for \(int64_t polyc_tile_")
 
 
 def c_loops(source: str, function: str) -> list[tuple[str, bool, bool]]:
@@ -71,6 +73,9 @@ def c_loops(source: str, function: str) -> list[tuple[str, bool, bool]]:
             pending.append(pragma.group(1))
             continue
         loop = _FOR.match(line)
+        if _TILE_COPY.match(line):
+            pending = []
+            continue
         if not loop:
             if line.strip():
                 pending = []  # a pragma applies to the next statement only
