@@ -165,7 +165,7 @@ def plan_register_tile(
     vector_bits: int,
     sizes: tuple[int, ...] | None,
 ) -> _Plan | None:
-    """The members and sizes of a register tile for ``band`` (a permutable band), or None where
+    """The members and sizes of a register tile for ``band``, or None where
     it takes none: one reduction (an update with a reduction index) and its initialisation
     under it, any other statement writing the same element of the same target (a bias added
     after the sum), the target floating-point; a coincident member along the target's last
@@ -174,8 +174,6 @@ def plan_register_tile(
     ``sizes``: the user's (rows, columns), or None for :func:`choose_register_tile`'s."""
     from polyc.schedule.transform import member_indices  # shares the member analysis
 
-    if not band.band_get_permutable():
-        return None
     statements = [program.statement(s.get_tuple_name()) for s in sets(band.get_domain())]
     updates = [s for s in statements if s.kind == "update"]
     if len(updates) != 1:
