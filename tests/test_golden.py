@@ -267,7 +267,7 @@ def test_matmul_c_parallelises_the_outermost_loop_with_int64_iterators(variant):
     # A short outermost loop shares its iteration space with the parallel loops in it (collapse).
     assert re.fullmatch(r"#pragma omp parallel for( simd| collapse\(\d\))?", body[outermost - 1].strip())
     assert sum("omp parallel" in line for line in body) == 1
-    iterator_types = {re.match(r"\s*for \((\w+) c\d+ =", body[i]).group(1) for i in loops}
+    iterator_types = {re.match(r"\s*for \((\w+) (?:c\d+|polyc_tile_\w+) =", body[i]).group(1) for i in loops}
     assert iterator_types == {"int64_t"}
 
 
