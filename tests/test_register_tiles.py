@@ -112,6 +112,12 @@ def test_batched_matmul_tiles_each_batch():
             {"M": 16, "N": 32, "K": 8},
             "reuse",
         ),
+        # B read across its rows along the columns: the dot product along r_k stays vectorised.
+        (
+            "def mmt(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, r_k) * B(n, r_k) }",
+            {"M": 64, "N": 64, "K": 64},
+            "transposed",
+        ),
         # No reduction: nothing to keep across loops.
         ("def add(float(M, N) A, float(M, N) B) -> (C) { C(m, n) = A(m, n) + B(m, n) }", {"M": 64, "N": 64}, "sum"),
     ],

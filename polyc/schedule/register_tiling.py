@@ -38,6 +38,7 @@ import islpy as isl
 
 from polyc.ir.dependences import Dependences
 from polyc.ir.model import PolyProgram, PolyStatement
+from polyc.lang.symbolic import Affine
 from polyc.schedule.isl_helpers import sets
 
 #: Vector accumulators a register tile may hold, per width of the build's vector registers:
@@ -222,6 +223,8 @@ def plan_register_tile(
         for a in update.reads
         if a.read is not None and any(last in s.names() for s in a.read.subscripts if hasattr(s, "names"))
     ]
+    if not all(_vector_read(read.subscripts, last) for read in streamed):
+        return None  # a read across rows (a transposed operand): the dot-product form is better
     rows_candidates = []
     for m in outputs:
         runs_over, extent = update_index[m], extents[m]
@@ -247,6 +250,22 @@ def plan_register_tile(
             return None
         rows, columns = chosen
     return _Plan(update, row, column, reductions, outputs, rows, columns, update_index[row] or "")
+
+
+#: The largest step along the column index of a read the column loop vectorises: 2 is a
+#: stride-2 convolution's input row, gathered from two vectors; a larger one (a transposed
+#: operand, a row of a matrix) is a gather per lane, and the reduction then runs better as
+#: the vectorised dot product the band had.
+MAX_COLUMN_STEP = 2
+
+
+def _vector_read(subscripts, column: str) -> bool:
+    """Whether a read moves with the column index only in its last subscript, by at most
+    :data:`MAX_COLUMN_STEP` elements per column."""
+    *outer, innermost = subscripts
+    if any(not isinstance(s, Affine) or column in s.names() for s in outer):
+        return False
+    return isinstance(innermost, Affine) and 0 < abs(innermost.coefficient(column)) <= MAX_COLUMN_STEP
 
 
 def apply_register_tile(
