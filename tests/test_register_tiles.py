@@ -127,9 +127,16 @@ def test_defs_without_reuse_get_no_tile(source, sizes, why):
     assert "polyc_tile_" not in kernel.c_source(sizes), why
 
 
-def test_explain_names_the_register_tile():
-    text = str(generic(MATMUL, register_tiles=(4, 16)).explain({"M": 64, "K": 64, "N": 64}))
-    assert "a register tile: a block of 4 x 16 elements of C" in text
+def test_explain_names_the_register_tile_and_agrees_with_the_c():
+    from polyc.viz import schedule_tree
+    from tests.viz.test_explain_consistency import disagreements
+
+    kernel = generic(MATMUL, register_tiles=(4, 16))
+    for sizes in ({"M": 64, "K": 64, "N": 64}, {"M": 45, "K": 17, "N": 70}):
+        explanation = kernel.explain(sizes)
+        assert "a register tile: a block of 4 x 16 elements of C" in str(explanation)
+        assert not disagreements(explanation, kernel.stages(sizes))
+        assert "register:C:4x16" in schedule_tree(kernel, sizes).html()
 
 
 def test_register_tiles_option_is_checked():

@@ -422,11 +422,23 @@ def _respects(node: isl.ScheduleNode, dependences: Dependences, program: PolyPro
         return True
     subtree = node.get_subtree_schedule_union_map()
     pairs = among.apply_domain(subtree).apply_range(subtree).intersect_params(program.context)
-    spaces: list[isl.Set] = []
-    pairs.range().foreach_set(spaces.append)
-    for space in {s.get_space() for s in spaces}:
-        pairs = pairs.subtract(isl.UnionMap.from_map(isl.Map.lex_lt(space)))
-    return pairs.is_empty()
+    maps: list[isl.Map] = []
+    pairs.foreach_map(maps.append)
+    return all(m.is_subset(lex_before(m.get_space())) for m in maps)
+
+
+def lex_before(space: isl.Space) -> isl.Map:
+    """The pairs of time vectors of ``space`` (a map space; the vectors may differ in length,
+    as a schedule tree's do for statements at different depths) whose first is before the
+    second: greater in the first position, within their common length, where they differ."""
+    sources, sinks = space.dim(isl.dim_type.in_), space.dim(isl.dim_type.out)
+    before = isl.Map.empty(space)
+    for position in range(min(sources, sinks)):
+        piece = isl.Map.universe(space)
+        for earlier in range(position):
+            piece = piece.equate(isl.dim_type.in_, earlier, isl.dim_type.out, earlier)
+        before = before.union(piece.order_lt(isl.dim_type.in_, position, isl.dim_type.out, position))
+    return before
 
 
 def _mark_inner_bands(node, depths, rows, loop_mark, unroll, simd) -> isl.ScheduleNode:

@@ -58,7 +58,7 @@ def pragmas(stages) -> str:
 
 def test_matmul_loop_nest_parallel_rows_reduction_inside():
     sizes = {"M": 16, "K": 8, "N": 12}
-    e, stages = explained(MATMUL, sizes, blas_contractions=False)
+    e, stages = explained(MATMUL, sizes, blas_contractions=False, register_tiles=())
     assert e.path == "generic"
     m, n, r = e.loop("m"), e.loop("n"), e.loop("r_k")
     # 2 tiles of 8 rows: OpenMP shares out the tiles and their rows together (collapse(2)).
@@ -316,7 +316,7 @@ def test_the_vectorised_loop_is_the_one_under_the_simd_pragma():
     # The scheduler moves n innermost (stride 1 over B and C) after recording the band: the
     # C vectorises n, and explain said r_k.
     sizes = {"M": 16, "K": 8, "N": 12}
-    e, stages = explained(MATMUL, sizes, blas_contractions=False)
+    e, stages = explained(MATMUL, sizes, blas_contractions=False, register_tiles=())
     assert e.loop("n").vectorised and not e.loop("r_k").vectorised
     (iterator,) = simd_iterators(stages)
     assert f"c{e.loop('n').depth}" == iterator
