@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from polyc.errors import UnsupportedError
+
+if TYPE_CHECKING:
+    from onnx import NodeProto
 
 #: Bodies may use operators that are functions themselves (SoftmaxCrossEntropyLoss uses
 #: NegativeLogLikelihoodLoss); deeper nesting than this is a loop in the schemas.
@@ -39,7 +43,7 @@ class FlatNode:
     """A node to convert: ``proto`` at ``opset`` (of the default domain), named ``name``;
     ``origin`` is the name of the model's node it came from (itself, if not expanded)."""
 
-    proto: object
+    proto: NodeProto
     opset: int
     name: str
     origin: str
@@ -167,7 +171,7 @@ class LoopIterations:
     runs: the trip count and each iteration's condition must be known when planning (constants,
     shapes, inputs the plan is specialised on).  :meth:`next` gives the nodes that follow."""
 
-    proto: object
+    proto: NodeProto
     name: str
     opset: int
     iteration: int = 0
