@@ -121,3 +121,15 @@ def test_the_canonical_def_renames_tensors_in_the_order_written_and_numbers_each
     )
     assert [s.loop.number for s in parse(text).defs[0].statements] == [0, 1]
     assert group.source.startswith("# node\ndef group0(float(3) v12, float(3) v1) -> (v40) {")
+
+
+def test_a_reduction_over_one_element_is_kept_only_where_the_right_hand_side_reads_its_index():
+    b = builder()
+    out = value("v2", (3,))
+    read = b.statement(out, ["i0"], "+=!", "v1(i0, r0)", [("r0", 1)])
+    assert read == "v2(i0) +=! v1(i0, r0) where i0 in 0:3, r0 in 0:1"
+    # An operand folded to a literal reads no index: one element, the value itself.  A name that
+    # only begins with the index's is another name.
+    folded = b.statement(out, ["i0"], "+=!", "2.0 * r0x(i0)", [("r0", 1)])
+    assert folded == "v2(i0) = 2.0 * r0x(i0) where i0 in 0:3"
+    assert b.statement(out, ["i0"], "+=!", "v1(i0, r0)", [("r0", 4)]).endswith("r0 in 0:4")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import re
 import threading
 import weakref
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from polyc.errors import ModelError, PolycError, TCSyntaxError, UnsupportedError
 from polyc.frontends.onnx.model import TC_TYPES
 from polyc.lang import ast
 from polyc.lang.parser import parse_statements
+from polyc.lang.rewrite import walk
 
 
 @dataclass(eq=False)
@@ -215,12 +215,19 @@ class Builder:
         extents = list(target.tc_shape)
         # A reduction over one element of an operand inlined as a literal (a folded constant of
         # one element) no longer reads its index, which TC refuses: it is the value itself.
-        reductions = [(r, e) for r, e in reductions if e != 1 or re.search(rf"\b{re.escape(r)}\b", rhs)]
+        if any(e == 1 for _, e in reductions):
+            read = self.indices_read(rhs)
+            reductions = [(r, e) for r, e in reductions if e != 1 or r in read]
         if not reductions and op.endswith("=!"):
             op = "="
         names = indices + [r for r, _ in reductions]
         extents += [e for _, e in reductions]
         return f"{target.ident}({', '.join(indices)}) {op} {rhs}{self.ranges(names, extents)}"
+
+    def indices_read(self, rhs: str) -> set[str]:
+        """The bare names (indices) that the right-hand side ``rhs`` reads."""
+        (parsed,) = self.parsed(f"_rhs(z0) = {rhs}")
+        return {node.name for node in walk(parsed.rhs) if isinstance(node, ast.Name)}
 
     def emit(self, statements, reads, writes, kind: str, options: dict | None = None, states=()) -> None:
         """A kernel step of ``statements`` (TC text: statements, or a ``for`` block each)."""
