@@ -74,13 +74,15 @@ class PatternKernelWriter:
         None when it is only known at run time."""
         if extent.is_constant:
             return extent.constant
-        return extent.evaluate(self.program.size_values) if self.specialised else None
+        sizes = self.program.size_values
+        return extent.evaluate(sizes) if sizes is not None else None
 
     def sizes_comment(self) -> str:
         """The sizes for the generated source's header: ``N=1, H=56`` or "parametric"."""
-        if not self.specialised:
+        sizes = self.program.size_values
+        if sizes is None:
             return "parametric"
-        return ", ".join(f"{k}={v}" for k, v in self.program.size_values.items())
+        return ", ".join(f"{k}={v}" for k, v in sizes.items())
 
     def preamble(self, portable_macro: str, includes: list[str]) -> str:
         """``includes``, <omp.h> when parallel, and ``#define portable_macro 1`` when not
@@ -143,8 +145,9 @@ class PatternKernelWriter:
         """``const int64_t`` declarations of the sizes (``parametric_value(size)`` when not
         specialised; None: it is a function argument) and of every tensor extent."""
         lines = []
+        sizes = self.program.size_values
         for s in self.definition.sizes:
-            value = self.program.size_values[s] if self.specialised else parametric_value(s)
+            value = sizes[s] if sizes is not None else parametric_value(s)
             if value is not None:
                 lines.append(f"const int64_t {self.size_c[s]} = {value};")
         for t in self.definition.tensors:

@@ -302,10 +302,10 @@ def affine_condition(expr: ir.TExpr) -> str | None:
             return f"({isl_affine(lhs)} < {isl_affine(rhs)} or {isl_affine(lhs)} > {isl_affine(rhs)})"
         return f"({isl_affine(lhs)} {op} {isl_affine(rhs)})"
     if isinstance(expr, ir.Binary) and expr.op in ("&&", "||"):
-        lhs, rhs = affine_condition(expr.lhs), affine_condition(expr.rhs)
-        if lhs is None or rhs is None:
+        left, right = affine_condition(expr.lhs), affine_condition(expr.rhs)
+        if left is None or right is None:
             return None
-        return f"({lhs} {'and' if expr.op == '&&' else 'or'} {rhs})"
+        return f"({left} {'and' if expr.op == '&&' else 'or'} {right})"
     if isinstance(expr, ir.Unary) and expr.op == "not":
         inner = affine_condition(expr.operand)
         return None if inner is None else f"(not {inner})"

@@ -65,6 +65,18 @@ def parse(text: str, filename: str = "<tc>") -> ast.SourceFile:
     return _Parser(text, filename).parse_source()
 
 
+def parse_statements(text: str, filename: str = "<tc>") -> tuple[ast.Statement, ...]:
+    """Parse the statements and ``for`` blocks of a def's body, written without the def around
+    them, in order; the statements of a block each point at it, the blocks numbered from 0.
+
+        >>> [s.target for s in parse_statements("A(i) = B(i) where i in 0:4  C(i) = A(i)")]
+        ['A', 'C']
+
+    Raises :class:`TCSyntaxError` as :func:`parse` does.
+    """
+    return _Parser(text, filename).parse_body()
+
+
 class _Parser:
     """The state of one parse: the token list, a cursor into it, and the current def."""
 
@@ -167,17 +179,25 @@ class _Parser:
         self._expect("(", "to open the list of outputs after '->'")
         outputs = self._parse_parenthesized(self._parse_output, lambda p: f"output '{p.name}'")
         self._expect("{", f"to open the body of def '{name}'")
+        statements = self._parse_statements(until="}")
+        self._def_name = None
+        return ast.Def(name, inputs, outputs, statements, loc=def_token.loc)
+
+    def parse_body(self) -> tuple[ast.Statement, ...]:
+        """The statements and loops of the whole text, a def's body without the def."""
+        return self._parse_statements(until=EOF)
+
+    def _parse_statements(self, until: str) -> tuple[ast.Statement, ...]:
+        """``{statement | loop}`` up to and including the token ``until``."""
         statements: list[ast.Statement] = []
         loops = 0
-        while not self._accept("}"):
+        while not self._accept(until):
             if self._tok.kind == "for":
                 statements += self._parse_loop(loops)
                 loops += 1
             else:
                 statements.append(self._parse_statement())
-
-        self._def_name = None
-        return ast.Def(name, inputs, outputs, tuple(statements), loc=def_token.loc)
+        return tuple(statements)
 
     def _parse_parenthesized(
         self, parse_item: Callable[[], _Item], describe: Callable[[_Item], str]

@@ -37,7 +37,7 @@ import numpy as np
 
 from polyc.frontends.onnx.lowering import Builder, Value, derived_constant
 from polyc.frontends.onnx.ops import _FLOAT_FUNCTIONS, CONVERTERS
-from polyc.frontends.onnx.ops.base import Node, _affine
+from polyc.frontends.onnx.ops.base import Node, _affine, _require_const
 from polyc.frontends.onnx.ops.contractions import _product_by_blocked_weights, _weight_sliver, zero_padded_columns
 from polyc.frontends.onnx.ops.convolutions import (
     AveragePool,
@@ -123,7 +123,7 @@ class ChannelsLast:
         op = node.op_type
         if proto.domain not in ("", "ai.onnx"):
             return None
-        known = [self._known(name) for name in proto.input if name]
+        known = [self._value(name) for name in proto.input if name]
         if all(value.const is not None for value in known):
             return None  # folded by the plan
         b = Builder(node.name, op, self.new_ident, self.vector_bits)
@@ -192,6 +192,10 @@ class ChannelsLast:
         """A value of the node's input ``name`` in either layout (None: an omitted input)."""
         if not name:
             return None
+        return self._value(name)
+
+    def _value(self, name: str) -> Value:
+        """The value of the node's input ``name`` (given) in either layout."""
         return self.nhwc.get(name) or self.values[name]
 
     def _image(self, b: Builder, name: str) -> Value:
@@ -245,7 +249,9 @@ class ChannelsLast:
         outs, begin, end, strides, dilations = _spatial(b, node, x, [kh, kw], channels_last=True)
         out = b.new([x.shape[0], *outs, channels], x.dtype)
         idx = ["n", "s0", "s1", "c"]
-        weights = b.const(np.ascontiguousarray(np.moveaxis(w.const.reshape(channels, kh, kw), 0, -1)))
+        weights = b.const(
+            np.ascontiguousarray(np.moveaxis(_require_const(b, w, "the weights").reshape(channels, kh, kw), 0, -1))
+        )
         window = [
             f"{_affine(strides[d], f's{d}', 0)} + {_affine(dilations[d], f'r_k{d}', -begin[d])}" for d in range(2)
         ]
@@ -277,7 +283,7 @@ class ChannelsLast:
         known = [self._known(name) for name in names]
         if not any(name in self.nhwc for name in names if name):
             return None
-        inputs = []
+        inputs: list[Value | None] = []
         for _name, value in zip(names, known):
             if value is None:
                 inputs.append(None)
@@ -305,7 +311,7 @@ class ChannelsLast:
         if node.attr("axis") not in (1, -3):
             return None
         names = list(node.proto.input)
-        if any(self._known(name) is None or self._known(name).rank != 4 for name in names):
+        if any((value := self._known(name)) is None or value.rank != 4 for name in names):
             return None
         inputs = self._channels_last_inputs(b, names)
         if inputs is None:
@@ -360,7 +366,12 @@ def _pays_in_channels_last(b: Builder, node: Node, x: Value, w: Value, x_channel
     outs, begin, end, strides, _ = _spatial(b, node, x, list(w.shape[2:]), channels_last=x_channels_last)
     padded = any(begin) or any(end)
     pointwise = w.shape[2:] == (1, 1) and not padded
-    if pointwise or padded or any(s != 1 for s in strides) or w.const.nbytes <= CHANNELS_LAST_WEIGHT_BYTES:
+    if (
+        pointwise
+        or padded
+        or any(s != 1 for s in strides)
+        or _require_const(b, w, "the weights").nbytes <= CHANNELS_LAST_WEIGHT_BYTES
+    ):
         return True
     return x.shape[0] * int(np.prod(outs)) >= CHANNELS_LAST_MIN_PIXELS
 
@@ -463,7 +474,9 @@ def conv_channels_last(
         and image_channels_last
     ):
         matrix = derived_constant(
-            w.const, ("pointwise matrix",), lambda weights: np.ascontiguousarray(weights.reshape(filters, channels).T)
+            _require_const(b, w, "the weights"),
+            ("pointwise matrix",),
+            lambda weights: np.ascontiguousarray(weights.reshape(filters, channels).T),
         )
         pixels = n * math.prod(outs)
         sliver = _weight_sliver(b, x, Value("", w.dtype, matrix.shape, const=matrix), padded=channels >= pixels)
@@ -475,7 +488,9 @@ def conv_channels_last(
             # than read in place, the copy costing little (``python -m benchmarks.onnx_bench
             # --models squeezenet1_1``).
             padded = derived_constant(
-                w.const, ("pointwise columns", sliver), lambda _: zero_padded_columns(matrix, sliver)
+                _require_const(b, w, "the weights"),
+                ("pointwise columns", sliver),
+                lambda _: zero_padded_columns(matrix, sliver),
             )
             wide = padded.shape[1]
             product = _product_by_blocked_weights(
@@ -504,11 +519,15 @@ def conv_channels_last(
         reductions = [("r_k0", kh), ("r_k1", kw), ("r_c", channels)]
         block = filter_block(w, strides, dilations, n, outs, options) if isinstance(n, int) else 0
         if block:
-            blocked = w.const.transpose(0, 2, 3, 1).reshape(filters // block, block, kh, kw, channels)
+            blocked = (
+                _require_const(b, w, "the weights")
+                .transpose(0, 2, 3, 1)
+                .reshape(filters // block, block, kh, kw, channels)
+            )
             weights = b.const(np.ascontiguousarray(blocked.transpose(0, 2, 3, 4, 1)))
             rhs = f"{image} * {b.ref(weights, ['fb', 'r_k0', 'r_k1', 'r_c', 'fi'])}"
         else:
-            weights = b.const(np.ascontiguousarray(w.const.transpose(2, 3, 1, 0)))
+            weights = b.const(np.ascontiguousarray(_require_const(b, w, "the weights").transpose(2, 3, 1, 0)))
             rhs = f"{image} * {b.ref(weights, ['r_k0', 'r_k1', 'r_c', 'f'])}"
         if inside:
             rhs = f"({' && '.join(inside)}) ? {rhs} : 0.0"

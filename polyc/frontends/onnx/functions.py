@@ -23,11 +23,16 @@ their compiled kernels.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from polyc.errors import UnsupportedError
+
+if TYPE_CHECKING:
+    from onnx import NodeProto
 
 #: Bodies may use operators that are functions themselves (SoftmaxCrossEntropyLoss uses
 #: NegativeLogLikelihoodLoss); deeper nesting than this is a loop in the schemas.
@@ -39,7 +44,7 @@ class FlatNode:
     """A node to convert: ``proto`` at ``opset`` (of the default domain), named ``name``;
     ``origin`` is the name of the model's node it came from (itself, if not expanded)."""
 
-    proto: object
+    proto: NodeProto
     opset: int
     name: str
     origin: str
@@ -76,7 +81,7 @@ def scan_body(proto):
     return _graph_attribute(proto, "body")
 
 
-def _body_copy(body, prefix: str, opset: int, origin: str) -> tuple[list[FlatNode], callable]:
+def _body_copy(body, prefix: str, opset: int, origin: str) -> tuple[list[FlatNode], Callable[[str], str]]:
     """The nodes of ``body`` (a Scan's or a Loop's) renamed for one iteration, its
     initializers as Constant nodes; and the renaming (names of the graphs around are kept)."""
     from onnx import helper, numpy_helper
@@ -167,13 +172,15 @@ class LoopIterations:
     runs: the trip count and each iteration's condition must be known when planning (constants,
     shapes, inputs the plan is specialised on).  :meth:`next` gives the nodes that follow."""
 
-    proto: object
+    proto: NodeProto
     name: str
     opset: int
     iteration: int = 0
-    carried: list = None
+    #: The names of the carried values' latest versions (None before the first iteration).
+    carried: list[str] | None = None
     condition: str = ""
-    pieces: list = None
+    #: Each scan output's pieces so far, one a finished iteration.
+    pieces: list[list[str]] | None = None
 
     def next(self, constant_of) -> list:
         """The next iteration's nodes and this object again, or the nodes giving the Loop's
@@ -183,7 +190,7 @@ class LoopIterations:
         proto, where = self.proto, f"node {self.name!r} (Loop)"
         body = scan_body(proto)
         carried_count = len(proto.input) - 2
-        if self.carried is None:
+        if self.carried is None or self.pieces is None:  # (set together, at the first iteration)
             self.carried = list(proto.input[2:])
             self.condition = proto.input[1] if len(proto.input) > 1 else ""
             self.pieces = [[] for _ in range(len(body.output) - 1 - carried_count)]
@@ -205,7 +212,7 @@ class LoopIterations:
         if limit is None and self.iteration >= MAX_LOOP_ITERATIONS:
             raise UnsupportedError(f"{where}: still running after {MAX_LOOP_ITERATIONS} iterations")
         if going and (limit is None or self.iteration < limit):
-            return self._iteration()
+            return self._iteration(self.carried, self.pieces)
         outputs = []
         for state, outer in zip(self.carried, proto.output[:carried_count]):
             if outer:
@@ -221,7 +228,9 @@ class LoopIterations:
                 outputs += _stacked(self.name, outer, pieces, 0, self.opset, self.name)
         return outputs
 
-    def _iteration(self) -> list:
+    def _iteration(self, carried: list[str], scan_pieces: list[list[str]]) -> list:
+        """The nodes of the next iteration, from ``carried`` (the carried values' names now) and
+        ``scan_pieces`` (each scan output's pieces so far, to which it adds its own)."""
         from onnx import helper, numpy_helper
 
         body = scan_body(self.proto)
@@ -242,7 +251,7 @@ class LoopIterations:
                 self.name,
             )
         ]
-        sources = [self.condition] + self.carried
+        sources = [self.condition] + carried
         for source, body_input in zip(sources, body.input[1:]):
             target = edge(body_input.name)
             if source:
@@ -250,10 +259,10 @@ class LoopIterations:
             else:  # no condition given: true
                 node = helper.make_node("Constant", [], [target], value=numpy_helper.from_array(np.array(True), target))
             heads.append(FlatNode(node, self.opset, target, self.name))
-        carried_count = len(self.carried)
+        carried_count = len(carried)
         self.condition = edge(body.output[0].name)
         self.carried = [edge(o.name) for o in body.output[1 : 1 + carried_count]]
-        for pieces, output in zip(self.pieces, body.output[1 + carried_count :]):
+        for pieces, output in zip(scan_pieces, body.output[1 + carried_count :]):
             pieces.append(edge(output.name))
         self.iteration += 1
         return heads + nodes + [self]
@@ -298,7 +307,7 @@ def unrolled_scan(proto, name: str, opset: int, shapes: dict) -> list[FlatNode]:
         flat.append(FlatNode(node, opset, node.name, name))
 
     current = list(proto.input[:states])
-    per_step = [[] for _ in range(scan_outputs)]
+    per_step: list[list[str]] = [[] for _ in range(scan_outputs)]
     for step in range(steps):
         prefix = f"{name}/step{step}"
         body_nodes, edge = _body_copy(body, prefix, opset, name)
@@ -406,7 +415,10 @@ def function_bodies() -> dict[str, list[int]]:
     bodies: dict[str, set[int]] = {}
     for schema in defs.get_all_schemas_with_history():
         if schema.domain in ("", "ai.onnx"):
-            versions = set(schema.function_opset_versions) | set(schema.context_dependent_function_opset_versions)
+            # (onnx's type stubs lack these two properties of OpSchema)
+            versions = set(schema.function_opset_versions) | set(  # type: ignore[attr-defined]
+                schema.context_dependent_function_opset_versions  # type: ignore[attr-defined]
+            )
             if versions:
                 bodies.setdefault(schema.name, set()).update(versions)
     return {op: sorted(versions) for op, versions in bodies.items()}

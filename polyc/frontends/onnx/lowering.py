@@ -19,15 +19,18 @@ from __future__ import annotations
 import functools
 import math
 import os
-import re
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from polyc.errors import ModelError, UnsupportedError
+from polyc.errors import ModelError, PolycError, TCSyntaxError, UnsupportedError
 from polyc.frontends.onnx.model import TC_TYPES
+from polyc.lang import ast
+from polyc.lang.parser import parse_statements
+from polyc.lang.rewrite import walk
 
 
 @dataclass(eq=False)
@@ -63,10 +66,13 @@ class KernelStep:
     fused) or ``other``.  ``options``: polyc options the kernel these statements end up in
     should be compiled with (the session's own options win).  ``states``: values of ``writes``
     the statements read before writing them (a recurrence's state at the step before), which
-    the def declares as outputs with their types and shapes."""
+    the def declares as outputs with their types and shapes.  The statements are syntax trees
+    (:mod:`polyc.lang.ast`), parsed once from the converter's text and edited by the graph
+    passes as trees (:mod:`polyc.lang.rewrite`); the statements of a ``for`` block each
+    point at it."""
 
     node: str
-    statements: list[str]
+    statements: list[ast.Statement]
     reads: list[Value]
     writes: list[Value]
     kind: str
@@ -112,7 +118,7 @@ class Builder:
 
     node_name: str
     op_type: str
-    new_ident: callable
+    new_ident: Callable[[], str]
     vector_bits: int
     steps: list = field(default_factory=list)
 
@@ -209,20 +215,46 @@ class Builder:
         extents = list(target.tc_shape)
         # A reduction over one element of an operand inlined as a literal (a folded constant of
         # one element) no longer reads its index, which TC refuses: it is the value itself.
-        reductions = [(r, e) for r, e in reductions if e != 1 or re.search(rf"\b{re.escape(r)}\b", rhs)]
+        if any(e == 1 for _, e in reductions):
+            read = self.indices_read(rhs)
+            reductions = [(r, e) for r, e in reductions if e != 1 or r in read]
         if not reductions and op.endswith("=!"):
             op = "="
         names = indices + [r for r, _ in reductions]
         extents += [e for _, e in reductions]
         return f"{target.ident}({', '.join(indices)}) {op} {rhs}{self.ranges(names, extents)}"
 
+    def indices_read(self, rhs: str) -> set[str]:
+        """The bare names (indices) that the right-hand side ``rhs`` reads."""
+        (parsed,) = self.parsed(f"_rhs(z0) = {rhs}")
+        return {node.name for node in walk(parsed.rhs) if isinstance(node, ast.Name)}
+
     def emit(self, statements, reads, writes, kind: str, options: dict | None = None, states=()) -> None:
+        """A kernel step of ``statements`` (TC text: statements, or a ``for`` block each)."""
         reads = [r for r in reads if self.literal(r) is None]
+        parsed = [s for text in statements for s in self.parsed(text)]
         self.steps.append(
-            KernelStep(
-                self.node_name, list(statements), _unique(reads), list(writes), kind, dict(options or {}), list(states)
-            )
+            KernelStep(self.node_name, parsed, _unique(reads), list(writes), kind, dict(options or {}), list(states))
         )
+
+    def parsed(self, text: str) -> tuple[ast.Statement, ...]:
+        """The statements of ``text``, which this node's converter wrote."""
+        try:
+            return _parsed_statements(text)
+        except TCSyntaxError as error:
+            raise PolycError(
+                f"{self.where}: polyc's converter wrote TC that does not parse (a bug in the ONNX "
+                f"lowering; please report it): {error}"
+            ) from error
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_statements(text: str) -> tuple[ast.Statement, ...]:
+    """The statements of ``text``, remembered: the trees are immutable, and a plan made again
+    for the same nodes (a detector's stages for each new image, a new session of a model) writes
+    the same text, whose parse would otherwise be a large share of its planning.  (Their
+    locations name no node: a def is checked from its printed text, :mod:`.plan`.)"""
+    return parse_statements(text, "<onnx>")
 
 
 def _unique(values):
@@ -234,11 +266,12 @@ def _unique(values):
     return result
 
 
-_DERIVED: dict = {}
+#: (id of a constant, how it is laid out) -> (a weak reference to the constant, the layout).
+_DERIVED: dict[tuple[int, tuple], tuple[weakref.ref, np.ndarray]] = {}
 _DERIVED_LOCK = threading.Lock()
 
 
-def derived_constant(source: np.ndarray, how: tuple, make) -> np.ndarray:
+def derived_constant(source: np.ndarray, how: tuple, make: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """``make(source)``, remembered while ``source`` lives: a layout made of a constant (weights
     blocked as the gemm kernel reads them) is made once for all the plans that read it, not
     once per plan (a detector's stages are planned anew for each new count: Faster R-CNN's
@@ -250,8 +283,13 @@ def derived_constant(source: np.ndarray, how: tuple, make) -> np.ndarray:
             return entry[1]
     derived = make(source)
     with _DERIVED_LOCK:
-        _DERIVED[key] = (weakref.ref(source, lambda _, key=key: _DERIVED.pop(key, None)), derived)
+        _DERIVED[key] = (weakref.ref(source, functools.partial(_forget_derived, key)), derived)
     return derived
+
+
+def _forget_derived(key: tuple[int, tuple], _: weakref.ref) -> None:
+    """Drops the layout made of a constant that no longer lives."""
+    _DERIVED.pop(key, None)
 
 
 @functools.cache

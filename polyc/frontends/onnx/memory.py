@@ -24,6 +24,7 @@ ones, one per run that was in progress at the same time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -45,20 +46,20 @@ def plan_memory(order: list, outputs: list, arena_values: list) -> MemoryPlan:
     """Offsets for ``arena_values`` (the candidates: kernel outputs in ``order``, the plan's
     steps, that start unread) so that no two values alive at the same step overlap.
     ``outputs``: the values the run returns."""
-    root = {}  # a view's target -> the value whose memory it is
+    root: dict[str, str] = {}  # a view's target -> the value whose memory it is
     for item in order:
         if isinstance(item, ViewStep):
             root[item.target.ident] = root.get(item.source.ident, item.source.ident)
     returned = {root.get(v.ident, v.ident) for v in outputs}
     candidates = {v.ident: v for v in arena_values if v.ident not in returned}
-    last_read = {}
+    last_read: dict[str, int] = {}
     for position, item in enumerate(order):
         for value in [item.source] if isinstance(item, ViewStep) else item.inputs:
             last_read[root.get(value.ident, value.ident)] = position
     free: list[tuple[int, int]] = []  # sorted, disjoint, merged ranges [start, end)
     top = 0
     offsets: dict[str, int] = {}
-    ends_at: dict[int, list[str]] = {}
+    ends_at: dict[int, list[tuple[int, int]]] = {}  # step -> the (start, size) freed after it
     for position, item in enumerate(order):
         if isinstance(item, ViewStep):
             continue
@@ -74,14 +75,26 @@ def plan_memory(order: list, outputs: list, arena_values: list) -> MemoryPlan:
     return MemoryPlan(top, offsets)
 
 
+class ResolvedCalls(Protocol):
+    """A plan's kernel calls on one arena, resolved (:class:`polyc.frontends.onnx.plan._ResolvedRun`)."""
+
+    def takes(self, buffers: dict) -> bool:
+        """Whether the feeds in ``buffers`` have the dtypes the calls were resolved for."""
+        ...
+
+    def run(self, buffers: dict, seconds: list | None = None) -> dict:
+        """Runs the calls on the arena; returns ``buffers`` with every value's array."""
+        ...
+
+
 class Arena:
     """One run's memory: the arrays of the plan's arena values, by ident."""
 
     def __init__(self, memory: MemoryPlan, values: list):
         self.buffer = np.empty(memory.size + ALIGNMENT, np.uint8)
         skip = -self.buffer.ctypes.data % ALIGNMENT
-        self.arrays = {}
-        self.resolved = None  # the plan's calls on this memory, once resolved (plan.py)
+        self.arrays: dict[str, np.ndarray] = {}
+        self.resolved: ResolvedCalls | None = None  # the plan's calls on this memory, once resolved (plan.py)
         for value in values:
             offset = skip + memory.offsets[value.ident]
             self.arrays[value.ident] = (

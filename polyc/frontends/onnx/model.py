@@ -81,7 +81,7 @@ def tensor_info(value_info) -> TensorInfo:
     tensor_type = value_info.type.tensor_type
     shape = None
     if tensor_type.HasField("shape"):
-        dims = []
+        dims: list[int | str | None] = []
         for dim in tensor_type.shape.dim:
             if dim.HasField("dim_value"):
                 dims.append(int(dim.dim_value))

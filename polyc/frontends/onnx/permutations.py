@@ -13,21 +13,22 @@ MatMul:
   ``P(i, j) +=! ...`` and ``T(j, i) = P(i, j)`` make the contraction assign ``T(j, i)``
   (attention's heads put back side by side after ``softmax(..) V``).
 
-Transposes of transposes fold one after the other.  The rewrite works on the steps' TC text
-(:mod:`polyc.frontends.onnx.lowering`), as the other graph rewrites of :mod:`.plan` do.
+Transposes of transposes fold one after the other.  The rewrite edits the steps' statements,
+syntax trees (:mod:`polyc.frontends.onnx.lowering`), as the other graph rewrites of
+:mod:`.plan` do.
 """
 
 from __future__ import annotations
 
-import re
+import dataclasses
+from collections.abc import Callable
 
 from polyc.frontends.onnx.lowering import KernelStep, values_read
+from polyc.lang import ast
+from polyc.lang.rewrite import replace_expr, replace_in_statement, whole_ranges
 
-_COPY = re.compile(
-    r"^(?P<target>v\d+)\((?P<indices>[^()]*)\) = (?P<source>v\d+)\((?P<subscripts>[^()]*)\)"
-    r" where (?P<ranges>[^()]*)$"
-)
-_ASSIGNED = re.compile(r"^(?P<target>v\d+)\((?P<indices>[^()]*)\) (?P<op>\S+) ")
+#: Subscripts permuted, or None where they cannot be (another rank).
+Remap = Callable[[tuple[ast.Expr, ...]], "tuple[ast.Expr, ...] | None"]
 
 
 def fold_transposes(steps: list, outputs: list) -> list:
@@ -78,17 +79,27 @@ def _permutation(step) -> list[int] | None:
         or step.reads[0].dtype != step.writes[0].dtype
     ):
         return None
-    parts = _COPY.match(step.statements[0])
+    statement = step.statements[0]
     target, source = step.writes[0], step.reads[0]
-    if parts is None or parts["target"] != target.ident or parts["source"] != source.ident:
+    copied = statement.rhs
+    if (
+        statement.op != "="
+        or statement.init
+        or statement.equivalent is not None
+        or statement.loop is not None
+        or statement.target != target.ident
+        or not isinstance(copied, ast.Access)
+        or copied.tensor != source.ident
+        or not all(isinstance(a, ast.Name) for a in copied.args)
+    ):
         return None
-    names = _split(parts["indices"])
-    subscripts = _split(parts["subscripts"])
-    whole = ", ".join(f"{n} in 0:{e}" for n, e in zip(names, target.tc_shape))
+    names = list(statement.indices)
+    subscripts = [a.name for a in copied.args if isinstance(a, ast.Name)]
     if (
         sorted(names) != sorted(subscripts)
         or len(set(names)) != len(names)
-        or parts["ranges"] != whole
+        or not statement.where
+        or statement.where != whole_ranges(names, target.tc_shape)
         or len(source.tc_shape) != len(names)
     ):
         return None
@@ -110,11 +121,12 @@ def _read_through(transpose: KernelStep, permutation: list[int], uses: _Uses, ke
         or any(not isinstance(s, KernelStep) or s.kind != "contraction" for s in readers)
     ):
         return False
-    remap = lambda subs: _permuted(subs, permutation) if len(subs) == len(permutation) else None  # noqa: E731
+    remap: Remap = lambda subs: _permuted(subs, permutation) if len(subs) == len(permutation) else None  # noqa: E731
     rewritten = [
-        [_rename_reads(text, result.ident, source.ident, remap) for text in reader.statements] for reader in readers
+        [_rename_reads(statement, result.ident, source.ident, remap) for statement in reader.statements]
+        for reader in readers
     ]
-    if any(text is None for statements in rewritten for text in statements):
+    if any(statement is None for statements in rewritten for statement in statements):
         return False
     for reader, statements in zip(readers, rewritten):
         reader.statements = statements
@@ -123,8 +135,8 @@ def _read_through(transpose: KernelStep, permutation: list[int], uses: _Uses, ke
     return True
 
 
-def _permuted(subscripts: list[str], permutation: list[int]) -> list[str]:
-    return [subscripts[p] for p in permutation]
+def _permuted(subscripts: tuple, permutation: list[int]) -> tuple:
+    return tuple(subscripts[p] for p in permutation)
 
 
 def _write_through(transpose: KernelStep, permutation: list[int], uses: _Uses, kept: set) -> bool:
@@ -144,12 +156,11 @@ def _write_through(transpose: KernelStep, permutation: list[int], uses: _Uses, k
     writer = writers[0]
     inverse = [permutation.index(d) for d in range(len(permutation))]
     statements = []
-    for text in writer.statements:
-        assigned = _ASSIGNED.match(text)
-        if assigned is None or assigned["target"] != source.ident:
+    for statement in writer.statements:
+        if statement.target != source.ident:
             return False
         renamed = _rename_reads(
-            text,
+            statement,
             source.ident,
             result.ident,
             lambda subs: _permuted(subs, inverse) if len(subs) == len(inverse) else None,
@@ -162,24 +173,27 @@ def _write_through(transpose: KernelStep, permutation: list[int], uses: _Uses, k
     return True
 
 
-def _rename_reads(text: str, old: str, new: str, remap) -> str | None:
-    """``text`` with every ``old(e..)`` made ``new(remap(e..))``; None when one has a subscript
-    with parentheses (which the pattern cannot take apart) or ``remap`` refuses it (None)."""
-    if len(re.findall(rf"\b{old}\(", text)) != len(re.findall(rf"\b{old}\([^()]*\)", text)):
-        return None
-    failed = False
+def _rename_reads(statement: ast.Statement, old: str, new: str, remap: Remap) -> ast.Statement | None:
+    """``statement`` with every access ``old(e..)`` made ``new(remap(e..))``, and its target
+    too when it is ``old`` (its indices remapped); None when ``remap`` refuses one (None)."""
+    refused = False
 
-    def renamed(match: re.Match) -> str:
-        nonlocal failed
-        subscripts = remap(_split(match.group(1)))
+    def renamed(expr: ast.Expr) -> ast.Expr | None:
+        nonlocal refused
+        if not isinstance(expr, ast.Access) or expr.tensor != old:
+            return None
+        subscripts = remap(tuple(replace_expr(a, renamed) for a in expr.args))
         if subscripts is None:
-            failed = True
-            return match.group(0)
-        return f"{new}({', '.join(subscripts)})"
+            refused = True
+            return expr
+        return dataclasses.replace(expr, tensor=new, args=subscripts)
 
-    text = re.sub(rf"\b{old}\(([^()]*)\)", renamed, text)
-    return None if failed else text
-
-
-def _split(subscripts: str) -> list[str]:
-    return [s.strip() for s in subscripts.split(",")] if subscripts.strip() else []
+    edited = replace_in_statement(statement, renamed)
+    if edited.target == old:
+        indices = remap(tuple(ast.Name(i) for i in edited.indices))
+        if indices is None:
+            return None
+        edited = dataclasses.replace(
+            edited, target=new, indices=tuple(i.name for i in indices if isinstance(i, ast.Name)), index_locs=()
+        )
+    return None if refused else edited

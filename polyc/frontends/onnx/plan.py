@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
+import functools
 import hashlib
 import logging
 import math
-import re
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -53,10 +55,27 @@ from polyc.frontends.onnx.ops.base import Node
 from polyc.frontends.onnx.permutations import fold_transposes
 from polyc.frontends.onnx.qdq import integer_node_units
 from polyc.frontends.onnx.stages import Carried, Continuation, names_read, value_to_probe
+from polyc.lang import ast
+from polyc.lang.printer import format_def
+from polyc.lang.rewrite import (
+    index_names,
+    integer_literal,
+    reads_of,
+    rename_def_tensors,
+    rename_tensors,
+    replace_expr,
+    replace_in_statement,
+    statement_expressions,
+    tensors_written_and_read,
+    whole_ranges,
+)
 from polyc.options import Options
 from polyc.runtime.arguments import allocate
 from polyc.runtime.compiler import vector_bits as build_vector_bits
 from polyc.runtime.sequence import sequence_runner
+
+if TYPE_CHECKING:
+    from polyc.api import Kernel
 
 logger = logging.getLogger(__name__)
 
@@ -76,14 +95,29 @@ class Group:
     steps: list[KernelStep]
     inputs: list[Value] = field(default_factory=list)
     outputs: list[Value] = field(default_factory=list)
-    source: str = ""
-    kernel: object = None
+    #: The def, once its inputs and outputs are known (:func:`_def_tree`).
+    definition: ast.Def | None = None
+    #: The compiled def, once planned (:meth:`Plan._compile`); see :attr:`compiled`.
+    kernel: Kernel | None = None
     #: The values' idents -> their names in the kernel's def (see :func:`_canonical_def`).
     tensor_names: dict = field(default_factory=dict)
 
+    @property
+    def source(self) -> str:
+        """The def as TC text, after a comment naming the group's ONNX nodes."""
+        definition = self.definition if self.definition is not None else _def_tree(self)
+        return f"# {', '.join(self.nodes)}\n{format_def(definition)}"
+
+    @property
+    def compiled(self) -> Kernel:
+        """The group's kernel, which a plan compiles before it runs."""
+        if self.kernel is None:
+            raise PolycError(f"{self.name} is not compiled yet (a polyc bug)")
+        return self.kernel
+
     def starts_unread(self, value: Value) -> bool:
         """Whether the kernel writes all of ``value`` before it reads any of it."""
-        return self.tensor_names[value.ident] in self.kernel._written_before_read
+        return self.tensor_names[value.ident] in self.compiled._written_before_read
 
     @property
     def name(self) -> str:
@@ -179,7 +213,9 @@ class Plan:
         # Items that need a value computed from data wait for the next stage, with every item
         # that reads what they give; the others are planned now, so that a stage learns all
         # the values it can at once (SSDlite's 90 per-class counts: one stage, not 90).
-        waiting, waiting_for, probes = [], set(), []
+        waiting: list = []
+        waiting_for: set[str] = set()
+        probes: list[str] = []
         while pending:
             flat = pending.popleft()
             probe = value_to_probe(flat, self.values, CONVERTERS)
@@ -220,8 +256,11 @@ class Plan:
                 steps += layout.need_nchw(proto.input)
             inputs = [self.values[name] if name else None for name in proto.input]
             builder = Builder(node.name, node.op_type, self._new_ident, vector_bits)
+            converter = converter_for(node.op_type, proto.domain)
+            if converter is None:  # (is_converted said there is one)
+                raise UnsupportedError(f"node {node.name!r}: no converter of {node.op_type}")
             with _raw_errors_named(node):
-                outputs = converter_for(node.op_type, proto.domain).convert(builder, node, inputs, node_opset)
+                outputs = converter.convert(builder, node, inputs, node_opset)
             if _foldable(builder.steps, inputs):
                 _fold(builder.steps, node.name)
             else:
@@ -390,15 +429,14 @@ class Plan:
                 group.steps.append(step)
             for value in written:
                 made_by[id(value)] = position
-        if renamed:  # statements were written with the old names
-            token = re.compile(r"\bv\d+\b")
+        if renamed:  # the statements reading or writing those values name them as they were
+            renaming = {old: value.ident for old, value in renamed.items()}
+            touched = {id(value) for value in renamed.values()}
             for item in order:
                 if isinstance(item, Group):
                     for step in item.steps:
-                        step.statements = [
-                            token.sub(lambda m: renamed[m.group()].ident if m.group() in renamed else m.group(), s)
-                            for s in step.statements
-                        ]
+                        if any(id(v) in touched for v in step.reads + step.writes):
+                            step.statements = [rename_tensors(s, renaming) for s in step.statements]
         groups = [item for item in order if isinstance(item, Group)]
         for number, group in enumerate(groups):
             group.index = number
@@ -447,9 +485,8 @@ class Plan:
         whether it did."""
         if step.kind != "elementwise" or len(step.statements) != 1 or len(step.writes) != 1:
             return False
-        result = step.writes[0]
-        parts = _STATEMENT.match(step.statements[0])
-        if parts is None or parts["target"] != result.ident:
+        result, statement = step.writes[0], step.statements[0]
+        if not _plain_assignment(statement) or statement.target != result.ident:
             return False
         for view in step.reads:
             position = made_by.get(id(view))
@@ -470,10 +507,10 @@ class Plan:
                 or any(made_by.get(id(other), -1) > producer for other in step.reads if other is not view)
             ):
                 continue
-            statement = _merged_statement(parts, view, tensor)
-            if statement is None:
+            merged = _merged_statement(statement, view, tensor)
+            if merged is None:
                 continue
-            step.statements = [statement]
+            step.statements = [merged]
             step.reads = [tensor if r is view else r for r in step.reads]
             step.writes = [tensor]
             group.steps.append(step)
@@ -496,14 +533,12 @@ class Plan:
         merged: list = []
         for item in order:
             previous = merged[-1] if merged else None
-            pair = (
-                Group(0, previous.steps + item.steps)
-                if isinstance(item, Group) and isinstance(previous, Group)
-                else None
-            )
+            if not isinstance(item, Group) or not isinstance(previous, Group):
+                merged.append(item)
+                continue
+            pair = Group(0, previous.steps + item.steps)
             if (
-                pair is not None
-                and previous.steps[0].kind == item.steps[0].kind == "convolution"
+                previous.steps[0].kind == item.steps[0].kind == "convolution"
                 and pair.statement_count <= MAX_GROUP_STATEMENTS
                 and _fused_pair(pair, previous, uses)
             ):
@@ -536,8 +571,8 @@ class Plan:
             ]
             if not group.outputs:  # nothing of it is used: keep the last value so the def has an output
                 group.outputs = [list(written.values())[-1]]
-            group.source = _def_text(group)
-            canonical, group.tensor_names = _canonical_def(group)
+            group.definition = _def_tree(group)
+            canonical, group.tensor_names = _canonical_def(group.definition)
             try:
                 wanted = {k: v for step in group.steps for k, v in step.options.items()}
                 given = {**wanted, **options}
@@ -644,8 +679,8 @@ class Plan:
             if not self._built:
                 named: dict[int, tuple] = {}  # (groups may share one kernel: named after the first)
                 for group in self.groups:
-                    if id(group.kernel) not in named and not group.kernel.definition.sizes:
-                        named[id(group.kernel)] = (group.kernel, {}, _kernel_label(group))
+                    if id(group.kernel) not in named and not group.compiled.definition.sizes:
+                        named[id(group.kernel)] = (group.compiled, {}, _kernel_label(group))
                 logger.info("compiling %d kernel(s)", len(named))
                 build_ahead(named.values(), progress=self._progress, description="polyc: compiling the model")
                 self._built = True
@@ -663,7 +698,7 @@ class Plan:
                 for array, v in zip(outputs, item.outputs)
             ]
         try:
-            results = item.kernel(*inputs, outputs=outputs)
+            results = item.compiled(*inputs, outputs=outputs)
         except PolycError as error:
             raise _in_group(error, item) from error
         results = results if isinstance(results, tuple) else (results,)
@@ -698,7 +733,7 @@ class Plan:
         with self._arenas_lock:
             for arena in self._idle_arenas:
                 arena.resolved = None
-        for kernel in {id(g.kernel): g.kernel for g in self.groups}.values():
+        for kernel in {id(g.kernel): g.compiled for g in self.groups}.values():
             kernel._forget_compiled()
 
     def tc_source(self) -> str:
@@ -803,9 +838,11 @@ class _CallSequence:
 
     def __init__(self, steps: list):
         signatures: dict[tuple[int, int], int] = {}
-        functions, kinds, table = [], [], []
+        functions: list[int] = []
+        kinds: list[int] = []
+        table: list[int] = []
         self.ops: list[tuple] = []
-        self.steps = []  # the resolved calls' steps, in call order (for their statuses)
+        self.steps: list[tuple] = []  # the resolved calls' steps, in call order (for their statuses)
         stretch = (0, 0)  # the first call of the open stretch, and its first entry in the table
         for step in steps:
             if isinstance(step, ViewStep):
@@ -885,6 +922,8 @@ class _CallSequence:
         """Calls ``first`` .. ``first + count - 1``, their arguments from ``table[entry]`` on;
         the error of the first that fails."""
         functions, kinds, table, failed = self.addresses
+        if self.runner is None:
+            raise PolycError("polyc's call sequence has no runner: it resolved no call (a polyc bug)")
         status = self.runner(functions + 8 * first, kinds + 8 * first, table + 8 * entry, count, failed)
         if status:
             self._fail(first + int(self.failed[0]), status)
@@ -969,12 +1008,21 @@ def _in_group(error: PolycError, group: Group) -> PolycError:
         return PolycError(message)
 
 
-_STATEMENT = re.compile(r"^(?P<target>v\d+)\((?P<indices>[^()]*)\) = (?P<rhs>.*?)(?P<ranges> where [^()]*)?$")
+def _plain_assignment(statement: ast.Statement) -> bool:
+    """Whether ``statement`` is ``T(i, ..) = e where ..``: a plain assignment (no reduction, no
+    ``<=>`` note), outside any ``for`` block: what the graph passes below may edit."""
+    return statement.op == "=" and not statement.init and statement.equivalent is None and statement.loop is None
 
 
-def _subscripts_of(value: Value, text: str) -> list[str]:
-    """The subscripts of each read of ``value`` in the TC ``text``."""
-    return re.findall(rf"\b{value.ident}\(([^()]*)\)", text)
+def _reads_in(value: Value, statement: ast.Statement) -> list[tuple[ast.Expr, ...]]:
+    """The subscripts of each read of ``value`` anywhere in ``statement``."""
+    return [args for expr in statement_expressions(statement) for args in reads_of(value.ident, expr)]
+
+
+def _reads_only_at(value: Value, expr: ast.Expr, indices: tuple[str, ...]) -> bool:
+    """Whether ``expr`` reads ``value``, and only at the indices ``indices`` themselves."""
+    reads = reads_of(value.ident, expr)
+    return bool(reads) and all(args == index_names(indices) for args in reads)
 
 
 def inline_elementwise(steps: list, outputs: list) -> list:
@@ -993,13 +1041,12 @@ def inline_elementwise(steps: list, outputs: list) -> list:
     kept = {id(v) for v in outputs}
     dropped = set()
     for step in steps:
-        parts = _inlinable(step, kept)
-        consumers = readers.get(id(step.writes[0]), []) if parts else []
-        if len(consumers) != 1 or not _inlines_into(consumers[0], step.writes[0], parts):
+        inlined = _inlinable(step, kept)
+        consumers = readers.get(id(step.writes[0]), []) if inlined is not None else []
+        if inlined is None or len(consumers) != 1 or not _inlines_into(consumers[0], step.writes[0], inlined):
             continue
         consumer, value = consumers[0], step.writes[0]
-        reference = re.compile(rf"\b{value.ident}\({re.escape(parts['indices'])}\)")
-        consumer.statements = [reference.sub(lambda _: f"({parts['rhs']})", consumer.statements[0])]
+        consumer.statements = [_substituted(consumer.statements[0], value, inlined)]
         consumer.reads = [v for v in consumer.reads if v is not value]
         for read in step.reads:
             if all(read is not v for v in consumer.reads):
@@ -1010,7 +1057,27 @@ def inline_elementwise(steps: list, outputs: list) -> list:
     return [step for step in steps if id(step) not in dropped]
 
 
-_RANGE = re.compile(r"\b([A-Za-z_]\w*) in (-?\d+):(-?\d+)")
+def _substituted(statement: ast.Statement, value: Value, definition: ast.Statement) -> ast.Statement:
+    """``statement`` with its reads of ``value`` at ``definition``'s own indices replaced by
+    ``definition``'s right-hand side (the expression that computes ``value`` there)."""
+    at = index_names(definition.indices)
+
+    def replaced(expr: ast.Expr) -> ast.Expr | None:
+        is_read = isinstance(expr, ast.Access) and expr.tensor == value.ident and expr.args == at
+        return definition.rhs if is_read else None
+
+    return replace_in_statement(statement, replaced)
+
+
+def _literal_ranges(where: tuple[ast.WhereClause, ...]) -> dict[str, tuple[int, int]]:
+    """The ranges ``i in lo:hi`` of ``where`` whose bounds are integer literals, by index."""
+    ranges = {}
+    for clause in where:
+        if isinstance(clause, ast.RangeClause):
+            low, high = integer_literal(clause.lo), integer_literal(clause.hi)
+            if low is not None and high is not None:
+                ranges[clause.index] = (low, high)
+    return ranges
 
 
 def _fold_into_writer(writer: KernelStep, epilogue: KernelStep, value: Value) -> bool:
@@ -1021,10 +1088,11 @@ def _fold_into_writer(writer: KernelStep, epilogue: KernelStep, value: Value) ->
     second pass over the whole output (mobilenet_v2's 3x3 depthwise layers with their Clip).
     ``epilogue`` already writes ``value``'s name.  Returns whether it did; then ``writer``
     writes the epilogue's value and reads its operands."""
-    parts = _STATEMENT.match(epilogue.statements[0]) if len(epilogue.statements) == 1 else None
+    own = epilogue.statements[0] if len(epilogue.statements) == 1 else None
     # (One statement the scheduler fuses with its epilogue itself, in one loop nest.)
     if (
-        parts is None
+        own is None
+        or not _plain_assignment(own)
         or len(writer.statements) < 2
         or len(epilogue.writes) != 1
         or value.dtype.kind != "f"
@@ -1032,34 +1100,35 @@ def _fold_into_writer(writer: KernelStep, epilogue: KernelStep, value: Value) ->
         or epilogue.writes[0].shape != value.shape
     ):
         return False
-    names = [n.strip() for n in parts["indices"].split(",")]
-    whole = " where " + ", ".join(f"{n} in 0:{e}" for n, e in zip(names, value.tc_shape))
-    reads = _subscripts_of(value, parts["rhs"])
-    if not value.tc_shape or parts["ranges"] != whole or not reads or reads != [parts["indices"]] * len(reads):
+    names = own.indices
+    if own.where != whole_ranges(names, value.tc_shape) or not _reads_only_at(value, own.rhs, names):
         return False
-    marker = "\x00"  # the read of `value` while the indices are renamed
-    own = re.sub(rf"\b{value.ident}\({re.escape(parts['indices'])}\)", marker, parts["rhs"])
     statements, boxes = [], []
-    for text in writer.statements:
-        assigned = _STATEMENT.match(text)
+    for assigned in writer.statements:
         if (
-            assigned is None
-            or assigned["target"] != value.ident
-            or not assigned["ranges"]
-            or _subscripts_of(value, assigned["rhs"])
+            not _plain_assignment(assigned)
+            or assigned.target != value.ident
+            or not assigned.where
+            or reads_of(value.ident, assigned.rhs)
         ):
             return False
-        mine = [n.strip() for n in assigned["indices"].split(",")]
-        ranges = {name: (int(low), int(high)) for name, low, high in _RANGE.findall(assigned["ranges"])}
+        mine = assigned.indices
+        ranges = _literal_ranges(assigned.where)
         if len(mine) != len(names) or len(set(mine)) != len(mine) or set(ranges) != set(mine):
             return False
         boxes.append([ranges[n] for n in mine])
         renaming = dict(zip(names, mine))
-        rhs = re.sub(r"\b(" + "|".join(map(re.escape, names)) + r")\b", lambda m: renaming[m.group()], own)
-        statements.append(
-            f"{value.ident}({assigned['indices']}) = "
-            f"{rhs.replace(marker, '(' + assigned['rhs'] + ')')}{assigned['ranges']}"
-        )
+
+        # The epilogue at this statement's indices, reading this statement's expression where
+        # it read `value` (at its own point, checked above).
+        def edited(expr: ast.Expr, assigned=assigned, renaming=renaming) -> ast.Expr | None:
+            if isinstance(expr, ast.Access) and expr.tensor == value.ident:
+                return assigned.rhs
+            if isinstance(expr, ast.Name) and expr.name in renaming:
+                return dataclasses.replace(expr, name=renaming[expr.name])
+            return None
+
+        statements.append(dataclasses.replace(assigned, rhs=replace_expr(own.rhs, edited)))
     # The boxes must partition the tensor: inside it, pairwise disjoint, as many points as it.
     inside = all(0 <= low <= high <= extent for box in boxes for (low, high), extent in zip(box, value.tc_shape))
     disjoint = all(
@@ -1076,20 +1145,15 @@ def _fold_into_writer(writer: KernelStep, epilogue: KernelStep, value: Value) ->
     return True
 
 
-def _merged_statement(parts, view: Value, tensor: Value) -> str | None:
-    """The elementwise statement ``parts`` (over ``view``'s indices, reading ``view`` there)
+def _merged_statement(statement: ast.Statement, view: Value, tensor: Value) -> ast.Statement | None:
+    """The elementwise ``statement`` (over ``view``'s indices, reading ``view`` there)
     rewritten over the indices of ``tensor``, of which ``view`` merges runs of consecutive
     dimensions: each merged index becomes its affine combination of ``tensor``'s, and the
     statement updates ``tensor`` in place.  None when the shapes or the reads do not allow it."""
-    names = [n.strip() for n in parts["indices"].split(",")] if view.shape else []
-    if (
-        len(names) != len(view.shape)
-        or not all(re.fullmatch(r"[A-Za-z_]\w*", n) for n in names)
-        or parts["ranges"] != " where " + ", ".join(f"{n} in 0:{e}" for n, e in zip(names, view.shape))
-    ):
+    names = statement.indices
+    if not view.shape or len(names) != len(view.shape) or statement.where != whole_ranges(names, view.shape):
         return None  # (an elementwise step covers its whole output: anything else is left alone)
-    reads = _subscripts_of(view, parts["rhs"])
-    if reads != [parts["indices"]] * len(reads) or not reads:
+    if not _reads_only_at(view, statement.rhs, names):
         return None
     runs, start = [], 0  # the dimensions of `tensor` each dimension of `view` merges
     for extent in view.shape:
@@ -1103,31 +1167,38 @@ def _merged_statement(parts, view: Value, tensor: Value) -> str | None:
         start = stop
     if start != len(tensor.shape):
         return None
-    marker = "\x00"  # stands for the read of the view while the indices are substituted
-    rhs = re.sub(rf"\b{view.ident}\({re.escape(parts['indices'])}\)", marker, parts["rhs"])
-    indices, combined = [], {}
+    indices: list[str] = []
+    combined: dict[str, ast.Expr] = {}
     for name, run in zip(names, runs):
         if len(run) == 1:
             indices.append(name)
             continue
         if not run:  # a dimension of extent 1 that `tensor` does not have: the index is 0
-            combined[name] = "0"
+            combined[name] = ast.Number(0, False)
             continue
         split = [f"{name}_{m}" for m in range(len(run))]
         strides = [math.prod(tensor.shape[d] for d in run[m + 1 :]) for m in range(len(run))]
-        combined[name] = " + ".join(
-            f"{stride} * {part}" if stride != 1 else part for part, stride in zip(split, strides)
-        )
+        terms: list[ast.Expr] = [
+            ast.Binary("*", ast.Number(stride, False), ast.Name(part)) if stride != 1 else ast.Name(part)
+            for part, stride in zip(split, strides)
+        ]
+        combined[name] = functools.reduce(lambda total, term: ast.Binary("+", total, term), terms)
         indices += split
-    for name, expression in combined.items():
-        rhs = re.sub(rf"\b{name}\b", f"({expression})", rhs)
-    rhs = rhs.replace(marker, f"{tensor.ident}({', '.join(indices)})")
-    ranges = ", ".join(f"{name} in 0:{extent}" for name, extent in zip(indices, tensor.tc_shape))
-    return f"{tensor.ident}({', '.join(indices)}) = {rhs} where {ranges}"
+    updated = ast.Access(tensor.ident, index_names(tuple(indices)))
+
+    def edited(expr: ast.Expr) -> ast.Expr | None:
+        if isinstance(expr, ast.Access) and expr.tensor == view.ident:
+            return updated  # (every read of the view is at the statement's indices, checked above)
+        if isinstance(expr, ast.Name) and expr.name in combined:
+            return combined[expr.name]
+        return None
+
+    rhs = replace_expr(statement.rhs, edited)
+    return ast.Statement(tensor.ident, tuple(indices), "=", False, rhs, whole_ranges(indices, tensor.tc_shape))
 
 
-def _inlinable(step, kept: set):
-    """The parts of ``step``'s statement when it may be substituted into its reader, else None."""
+def _inlinable(step, kept: set) -> ast.Statement | None:
+    """``step``'s statement when it may be substituted into its reader, else None."""
     if (
         not isinstance(step, KernelStep)
         or step.kind != "elementwise"
@@ -1136,48 +1207,41 @@ def _inlinable(step, kept: set):
         or id(step.writes[0]) in kept
     ):
         return None
-    value = step.writes[0]
-    parts = _STATEMENT.match(step.statements[0])
-    if value.dtype.kind != "f" or parts is None or _subscripts_of(value, parts["rhs"]):
+    value, statement = step.writes[0], step.statements[0]
+    if value.dtype.kind != "f" or not _plain_assignment(statement) or reads_of(value.ident, statement.rhs):
         return None
-    if any(read.dtype != value.dtype for read in step.reads) and not _is_float_cast(value, parts):
+    if any(read.dtype != value.dtype for read in step.reads) and not _is_float_cast(value, statement):
         return None
-    return parts
+    return statement
 
 
-def _is_float_cast(value: Value, parts) -> bool:
-    """Whether the statement ``parts`` writing ``value`` is one explicit cast to ``value``'s
-    float type of the whole right-hand side: substituted into a reader of another type, the
-    cast keeps its rounding (a float16 model computed in float32 rounds to float16 so, between
-    operators: :mod:`polyc.frontends.onnx.float16`)."""
-    rhs, opening = parts["rhs"], f"{tc_type(value.dtype)}("
-    if value.dtype.kind != "f" or not rhs.startswith(opening) or not rhs.endswith(")"):
-        return False
-    depth = 0
-    for position, character in enumerate(rhs[len(opening) - 1 :], len(opening) - 1):
-        depth += {"(": 1, ")": -1}.get(character, 0)
-        if depth == 0:
-            return position == len(rhs) - 1  # the cast's parenthesis closes the statement
-    return False
+def _is_float_cast(value: Value, statement: ast.Statement) -> bool:
+    """Whether ``statement`` writing ``value`` is one explicit cast to ``value``'s float type of
+    the whole right-hand side: substituted into a reader of another type, the cast keeps its
+    rounding (a float16 model computed in float32 rounds to float16 so, between operators:
+    :mod:`polyc.frontends.onnx.float16`)."""
+    rhs = statement.rhs
+    return value.dtype.kind == "f" and isinstance(rhs, ast.Call) and rhs.func == tc_type(value.dtype)
 
 
-def _inlines_into(consumer, value: Value, parts) -> bool:
-    """Whether ``consumer`` is one elementwise statement over the same indices and ranges,
-    reading ``value`` once, there, of ``value``'s type (or of another, where ``value`` or the
-    statement is an explicit cast)."""
+def _inlines_into(consumer, value: Value, definition: ast.Statement) -> bool:
+    """Whether ``consumer`` is one elementwise statement over the same indices and ranges as
+    ``definition`` (which computes ``value``), reading ``value`` once, there, of ``value``'s
+    type (or of another, where ``value`` or the statement is an explicit cast)."""
     if not isinstance(consumer, KernelStep) or consumer.kind != "elementwise" or len(consumer.statements) != 1:
         return False
-    target = _STATEMENT.match(consumer.statements[0])
+    target = consumer.statements[0]
+    plain = _plain_assignment(target)
     # A reader of another type takes the value as it is only through an explicit cast, of the
     # value or of the reader's whole statement (whose operand is then computed in its own type).
     converted = consumer.writes[0].dtype != value.dtype
-    if converted and not (_is_float_cast(value, parts) or (target and _is_float_cast(consumer.writes[0], target))):
+    if converted and not (_is_float_cast(value, definition) or (plain and _is_float_cast(consumer.writes[0], target))):
         return False
     return (
-        target is not None
-        and target["ranges"] == parts["ranges"]
-        and target["indices"] == parts["indices"]
-        and _subscripts_of(value, consumer.statements[0]) == [parts["indices"]]
+        plain
+        and target.where == definition.where
+        and target.indices == definition.indices
+        and _reads_in(value, target) == [index_names(definition.indices)]
     )
 
 
@@ -1218,12 +1282,12 @@ def _fold(steps: list, node: str) -> None:
             step.target.const = step.of(np.ascontiguousarray(step.source.const)).reshape(step.target.shape)
             continue
         group = Group(0, [step], [v for v in step.reads], list(step.writes))
-        group.source = _def_text(group)
+        group.definition = _def_tree(group)
         inputs = [np.ascontiguousarray(v.const).reshape(v.tc_shape) for v in step.reads]
         key = None
         if sum(a.nbytes for a in inputs) <= MAX_FOLDED_BYTES:
             # (the canonical def holds the shapes and types; the digests, the values)
-            key = (_canonical_def(group)[0], *(hashlib.sha256(a.tobytes()).digest() for a in inputs))
+            key = (_canonical_def(group.definition)[0], *(hashlib.sha256(a.tobytes()).digest() for a in inputs))
             with _FOLDED_LOCK:
                 results = _FOLDED.get(key)
                 if results is not None:
@@ -1279,7 +1343,7 @@ def _fused_pair(pair: Group, first: Group, uses: dict[int, int]) -> bool:
     if not outputs:
         return False
     try:  # the pair's def as Plan._compile will write it
-        definition = check_source(_def_text(Group(pair.index, pair.steps, _inputs_of(pair, written), outputs)))[0]
+        definition = check_source(Group(pair.index, pair.steps, _inputs_of(pair, written), outputs).source)[0]
     except PolycError:
         return False
     return recognise_pointwise_depthwise_def(definition) is not None
@@ -1297,29 +1361,47 @@ def _reads_one_by_one_weights(step) -> bool:
 CANONICAL_NAME = "fused"
 
 
-def _canonical_def(group: Group) -> tuple[str, dict[str, str]]:
-    """The group's def as it is compiled: its values renamed ``_t0``, ``_t1``, ... in the order
-    they appear, the def named :data:`CANONICAL_NAME`, the comment left out, so that groups of
+def _canonical_def(definition: ast.Def) -> tuple[str, dict[str, str]]:
+    """A group's def (:func:`_def_tree`) as it is compiled: its tensors renamed ``_t0``, ``_t1``,
+    ... in the order they are written, the def named :data:`CANONICAL_NAME`, so that groups of
     the same statements on the same shapes (a transformer's layers, a network's repeated
     blocks) share one kernel and compile once; and the renaming (ident -> name)."""
     names: dict[str, str] = {}
-    body = group.source.split("\n", 1)[1]  # after the comment naming the nodes
-    body = re.sub(r"^def \w+", f"def {CANONICAL_NAME}", body)
     # (a leading underscore: no index the converters write begins so)
-    text = re.sub(r"\bv\d+\b", lambda m: names.setdefault(m.group(0), f"_t{len(names)}"), body)
-    return text, names
+    for param in definition.inputs + definition.outputs:
+        names.setdefault(param.name, f"_t{len(names)}")
+    for statement in definition.statements:
+        for tensor in tensors_written_and_read(statement):
+            names.setdefault(tensor, f"_t{len(names)}")
+    canonical = dataclasses.replace(rename_def_tensors(definition, names), name=CANONICAL_NAME)
+    return format_def(canonical), names
 
 
-def _def_text(group: Group) -> str:
-    parameters = ", ".join(f"{tc_type(v.dtype)}({', '.join(map(str, v.tc_shape))}) {v.ident}" for v in group.inputs)
+def _def_tree(group: Group) -> ast.Def:
+    """The group's def: its inputs declared with their types and shapes, its outputs by name
+    (a recurrence's states declared too), its steps' statements in order, the ``for`` blocks
+    numbered again across the steps (each step's are numbered from 0)."""
     states = {id(v) for step in group.steps for v in step.states}
-    outputs = ", ".join(
-        f"{tc_type(v.dtype)}({', '.join(map(str, v.tc_shape))}) {v.ident}" if id(v) in states else v.ident
-        for v in group.outputs
-    )
-    body = "\n".join(f"    {s}" for step in group.steps for s in step.statements)
-    nodes = ", ".join(group.nodes)
-    return f"# {nodes}\ndef {group.name}({parameters}) -> ({outputs}) {{\n{body}\n}}"
+    outputs = tuple(_declared(v) if id(v) in states else ast.Param(v.ident, None, None) for v in group.outputs)
+    statements: list[ast.Statement] = []
+    blocks = 0
+    for step in group.steps:
+        renumbered: dict[int, ast.SequentialLoop] = {}
+        for statement in step.statements:
+            loop = statement.loop
+            if loop is not None:
+                if loop.number not in renumbered:
+                    renumbered[loop.number] = dataclasses.replace(loop, number=blocks)
+                    blocks += 1
+                if renumbered[loop.number] != loop:
+                    statement = dataclasses.replace(statement, loop=renumbered[loop.number])
+            statements.append(statement)
+    return ast.Def(group.name, tuple(_declared(v) for v in group.inputs), outputs, tuple(statements))
+
+
+def _declared(value: Value) -> ast.Param:
+    """``value`` declared in a def's signature: ``float(2, 3) v7``."""
+    return ast.Param(value.ident, tc_type(value.dtype), tuple(ast.Number(int(e), False) for e in value.tc_shape))
 
 
 def _replaced(flat, values: dict) -> list | None:
@@ -1387,7 +1469,7 @@ def fold_batch_norms(nodes: list, graph_outputs: set, values: dict, new_ident) -
             len(conv.input) > 2 and conv.input[2] and parameters[5] is None
         ):
             continue
-        scale, shift, mean, var, weights = (v.const for v in parameters[:5])
+        scale, shift, mean, var, weights = (v.const for v in parameters[:5] if v is not None and v.const is not None)
         bias = parameters[5].const if len(parameters) > 5 and parameters[5] is not None else None
         epsilon = attributes["epsilon"].f if "epsilon" in attributes else 1e-5
         if weights.dtype.kind != "f" or weights.shape[0] != scale.shape[0]:

@@ -33,7 +33,7 @@ class NodeArg:
     dimensions, None when unknown) and type (``tensor(float)``)."""
 
     name: str
-    shape: list
+    shape: list | None
     type: str
 
 
@@ -126,11 +126,14 @@ class InferenceSession:
         self._constants = initializers(graph)
         self._inputs = [tensor_info(v) for v in graph.input if v.name not in self._constants]
         self._outputs = [tensor_info(v) for v in graph.output]
+        #: The inputs' element types, each one polyc computes in.
+        self._input_dtypes: dict[str, np.dtype] = {}
         for info in self._inputs:
             if info.dtype is None:
                 raise PolycError(
                     f"{self._where}: input {info.name!r} has type {info.type}, which polyc cannot compute in"
                 )
+            self._input_dtypes[info.name] = info.dtype
         self._specialised = _specialising_inputs(flat_nodes, {i.name: i for i in self._inputs})
         if progress is not None and not isinstance(progress, bool):
             raise PolycError(f"progress must be True, False or None (where the output is watched), not {progress!r}")
@@ -177,7 +180,8 @@ class InferenceSession:
         """The plan (kernels and views) for inputs of these shapes, made on first use.
         ``values``: the contents of the inputs that give shapes, axes or pads to the model
         (see ``CONSTANT_INPUTS`` in :mod:`.ops`); the plan is specialised on them too."""
-        values = {name: np.array(values[name]) for name in self._specialised} if self._specialised else {}
+        given = values if values is not None else {}
+        values = {name: np.array(given[name]) for name in self._specialised}
         key = tuple(tuple(shapes[i.name]) for i in self._inputs) + tuple(
             (name, array.dtype.str, array.shape, array.tobytes()) for name, array in sorted(values.items())
         )
@@ -196,7 +200,7 @@ class InferenceSession:
                         self._model.graph,
                         self._opset,
                         {i.name: tuple(shapes[i.name]) for i in runtime},
-                        {i.name: i.dtype for i in runtime},
+                        {i.name: self._input_dtypes[i.name] for i in runtime},
                         {**self._constants, **values},
                         self._options,
                         self.graph_fusion,
@@ -234,8 +238,9 @@ class InferenceSession:
         stages = self._plan(shapes).stages()
         parts = []
         for number, stage in enumerate(stages):
-            if number:
-                learned = ", ".join(repr(p) for p in stages[number - 1].continuation.probes)
+            continuation = stages[number - 1].continuation if number else None
+            if continuation is not None:  # (each stage after the first continues the one before)
+                learned = ", ".join(repr(p) for p in continuation.probes)
                 parts.append(
                     f"# ---- stage {number + 1}, planned once {learned} was known "
                     f"(computed by the stage before from the model's data)\n"
@@ -330,7 +335,7 @@ class InferenceSession:
                 self._model.graph,
                 self._opset,
                 {i.name: tuple(concrete[i.name]) for i in runtime},
-                {i.name: i.dtype for i in runtime},
+                {i.name: self._input_dtypes[i.name] for i in runtime},
                 dict(self._constants),
                 options,
                 self.graph_fusion,
@@ -388,7 +393,7 @@ class InferenceSession:
                 raise PolycError(
                     f"input {info.name!r}: an export needs a shape of integers >= 0 "
                     + (
-                        f"(the model gives {list(info.shape)}; pass shapes={{{info.name!r}: (...)}})"
+                        f"(the model gives {list(info.shape or ())}; pass shapes={{{info.name!r}: (...)}})"
                         if info.name not in shapes
                         else f"(got {shape!r})"
                     )
@@ -433,7 +438,8 @@ class InferenceSession:
                 f"Invalid input name(s): {', '.join(map(repr, extra))}; "
                 f"the model's inputs are {', '.join(map(repr, expected))}"
             )
-        feeds, symbols = {}, {}
+        feeds: dict[str, np.ndarray] = {}
+        symbols: dict[str, tuple[int, str, int]] = {}  # a symbolic dimension -> (extent, input, index)
         for info in self._inputs:
             value = input_feed[info.name]
             array = np.asarray(value)

@@ -55,7 +55,7 @@ def value_to_probe(item, values: dict, converters: dict) -> str | None:
             converter = converters.get(proto.op_type) if proto.domain in ("", "ai.onnx") else None
             positions = (
                 converter.constant_inputs(proto)
-                if hasattr(converter, "constant_inputs")
+                if converter is not None and hasattr(converter, "constant_inputs")
                 else getattr(converter, "CONSTANT_INPUTS", ())
             )
         names = [proto.input[p] for p in positions if p < len(proto.input)]

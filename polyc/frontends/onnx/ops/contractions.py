@@ -112,6 +112,8 @@ def _product_by_blocked_weights(b: Builder, a: Value, c: Value, sliver: int, sha
     """``a @ c`` with ``c`` blocked: ``O(.., nb, nr) +=! A(.., r0) * W'(nb, r0, nr)``, viewed as
     ``shape``."""
     k, n = c.shape
+    if c.const is None:
+        raise TypeError(f"{b.where}: only constant weights are blocked (a polyc bug)")
     blocked = b.const(
         derived_constant(
             c.const,

@@ -117,7 +117,8 @@ class _Nodes:
     """Nodes of a replacement, named under ``prefix``, at opset :data:`_REPLACEMENT_OPSET`."""
 
     def __init__(self, prefix: str, origin: str):
-        self.prefix, self.origin, self.nodes, self._count = prefix, origin, [], 0
+        self.prefix, self.origin, self._count = prefix, origin, 0
+        self.nodes: list[FlatNode] = []
 
     def __call__(self, op_type: str, *inputs: str, output: str = "", label: str = "", **attributes) -> str:
         """A node of ``op_type`` on ``inputs``, named by ``label`` (default: the op type) under the

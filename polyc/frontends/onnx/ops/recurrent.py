@@ -98,8 +98,21 @@ class _Recurrent(Converter):
     STATES = 1  # the hidden state; LSTM's cell state too
     DEFAULTS: list[str] = []
 
+    @staticmethod
+    def _block(b: Builder, node, loop: _Loop, initial: list, r: Value, biases, inputs: list, d: int, f) -> list[Value]:
+        """Writes one direction's time loop into ``loop`` (the gates' activations ``f``, the
+        initial states ``initial``, None where zeros); returns the values of its states, each
+        indexed by step."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _step(b: Builder, node, now: Value, state: list, r: Value, biases, inputs: list, d: int, f, clip, hidden: int):
+        """One time step unrolled, from ``now`` (this time's input projection) and ``state``
+        (the states after the step before); returns the new states."""
+        raise NotImplementedError
+
     @classmethod
-    def _lower(cls, b: Builder, node, inputs: list) -> list[Value]:
+    def _lower(cls, b: Builder, node, inputs: list) -> list[Value | None]:
         x, w, r = inputs[:3]
         bias, lengths, initial_h = (inputs + [None] * 8)[3:6]
         batchwise = bool(node.attr("layout", 0))
@@ -131,7 +144,8 @@ class _Recurrent(Converter):
         states = [cls._per_direction(b, v, batchwise) if v is not None else None for v in given_states]
         if ends is None and steps > 0 and (batch == 1 or not cls._gemm_per_step(node)):
             return cls._lower_looped(b, node, inputs, x, (w, r, bias), states, activations, clip, batchwise, hidden)
-        per_step, last = [], []
+        per_step: list[list[Value]] = []
+        last = []
         for d in range(directions):
             reverse = direction == "reverse" or d == 1
             weights = [
@@ -141,7 +155,7 @@ class _Recurrent(Converter):
             biases = b.part(bias, (2 * cls.GATES * hidden,), d * 2 * cls.GATES * hidden) if bias is not None else None
             projected = cls._projection(b, node, x, weights[0], biases, batchwise, hidden)
             state = [s[d] if s is not None else b.const(np.zeros((batch, hidden), x.dtype)) for s in states]
-            outputs = [None] * steps
+            outputs: dict[int, Value] = {}  # (by step with lengths, else by time)
             for step in range(steps):
                 t = steps - 1 - step if reverse else step
                 if ends is not None and reverse:  # each entry from its own end
@@ -151,11 +165,11 @@ class _Recurrent(Converter):
                 new = cls._step(b, node, now, state, weights[1], biases, inputs, d, activations[d], clip, hidden)
                 state = new if ends is None else _held(b, step < ends, new, state)
                 outputs[step if ends is not None else t] = state[0]
-            per_step.append(outputs)
+            per_step.append([outputs[t] for t in range(steps)])
             if ends is not None:  # an empty entry's last states are zeros, as onnxruntime gives them
                 state = _held(b, ends > 0, state, [b.const(np.zeros(s.shape, s.dtype)) for s in state])
             last.append(state)
-        results = []
+        results: list[Value | None] = []
         if node.outputs and node.outputs[0] and ends is not None:
             y = _padded_outputs(b, per_step, ends, direction)
             results.append(transposed(b, y, [2, 0, 1, 3]) if batchwise else y)
@@ -184,7 +198,9 @@ class _Recurrent(Converter):
         return True
 
     @classmethod
-    def _lower_looped(cls, b, node, inputs, x, weights, states, activations, clip, batchwise, hidden) -> list[Value]:
+    def _lower_looped(
+        cls, b, node, inputs, x, weights, states, activations, clip, batchwise, hidden
+    ) -> list[Value | None]:
         """The layer with its time loop inside one kernel per direction (see the module doc)."""
         w, r, bias = weights
         steps, batch = (x.shape[1], x.shape[0]) if batchwise else x.shape[:2]

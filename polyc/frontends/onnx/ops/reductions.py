@@ -30,99 +30,104 @@ def _finite_or_zero(value: str) -> str:
     return f"({value} - {value} == 0 ? {value} : 0)"
 
 
-def _reduce(kind: str):
-    class Reduce(Converter):
-        CONSTANT_INPUTS = (1,)
+class _Reduce(Converter):
+    """ONNX's Reduce operators; ``KIND`` says which (``sum``, ``mean``, ``max``, ``logsumexp``...)."""
 
-        @staticmethod
-        def _lower(b, node, x, axes):
-            keep = node.attr("keepdims", 1) == 1  # as onnxruntime reads it: any other value drops the axes
-            if not axes:
-                return [b.view(x, x.shape)]
-            idx = indices(x.rank)
-            out_shape = (
-                [1 if d in axes else e for d, e in enumerate(x.shape)]
-                if keep
-                else [e for d, e in enumerate(x.shape) if d not in axes]
-            )
-            out_idx = (
-                [f"z{d}" if d in axes else idx[d] for d in range(x.rank)]
-                if keep
-                else [idx[d] for d in range(x.rank) if d not in axes]
-            )
-            source = [f"r{d}" if d in axes else idx[d] for d in range(x.rank)]
-            reductions = [(f"r{d}", x.shape[d]) for d in axes]
-            out = b.new(out_shape, x.dtype)
-            read = b.ref(x, source)
-            # z0: the index Builder.statement gives a scalar, so that the statement reads its
-            # target where it writes it
-            lhs = f"{out.ident}({', '.join(out_idx) if out.shape else 'z0'})"
-            statements, reads = [], [x]
-            if kind == "logsumexp":  # log(sum(exp(x - max))) + max: no overflow in exp (see below)
-                largest = b.new(out_shape, x.dtype)
-                statements.append(b.statement(largest, out_idx, "max=!", read, reductions))
-                largest_here = f"{largest.ident}({', '.join(out_idx) if out.shape else 'z0'})"
-                read = f"{read} - {_finite_or_zero(largest_here)}"
-            op = {
-                "sum": "+=!",
-                "mean": "+=!",
-                "max": "max=!",
-                "min": "min=!",
-                "prod": "*=!",
-                "sumsquare": "+=!",
-                "l2": "+=!",
-                "l1": "+=!",
-                "logsum": "+=!",
-                "logsumexp": "+=!",
-            }[kind]
-            value = {
-                "sumsquare": f"{read} * {read}",
-                "l2": f"{read} * {read}",
-                "l1": f"abs({read})",
-                "logsumexp": f"exp({read})",
-            }.get(kind, read)
-            # (an empty slice keeps the identity, -inf or inf, as ONNX says)
-            all_nan_is_nan = kind in ("max", "min") and x.dtype.kind == "f" and math.prod(e for _, e in reductions) > 0
-            if all_nan_is_nan:
-                # TC's max= and min= skip a NaN as fmax and fmin do, as onnxruntime's kernels do
-                # for most positions of a NaN in a slice (not all: its vector lanes decide).  A
-                # slice of NaNs only would give the reduction's identity (-inf or inf) where
-                # onnxruntime gives NaN: a bool max in the same loop notes a number.
-                holds_number = b.new(out_shape, np.bool_)
-                statements.append(b.statement(holds_number, out_idx, "max=!", f"{read} == {read}", reductions))
-            statements.append(b.statement(out, out_idx, op, value, reductions))
-            if all_nan_is_nan:
-                where = f"{holds_number.ident}({', '.join(out_idx) if out.shape else 'z0'})"
-                nan = f"{tc_type(x.dtype)}({_number(math.nan)})"
-                statements.append(b.statement(out, out_idx, "=", f"{where} ? {lhs} : {nan}"))
-            if kind == "mean":
-                count = math.prod(x.shape[d] for d in axes)
-                statements.append(b.statement(out, out_idx, "=", f"{lhs} / {count}"))
-            if kind == "l2":
-                statements.append(b.statement(out, out_idx, "=", f"sqrt({lhs})"))
-            if kind == "logsum":
-                statements.append(b.statement(out, out_idx, "=", f"log({lhs})"))
-            if kind == "logsumexp":
-                # log(sum(exp(x - s))) + s with s the max where it is finite and 0 where not (m - m
-                # is 0 only for finite m), as onnxruntime shifts: an infinite max then gives its
-                # infinity through exp, and a NaN anywhere in the slice gives NaN.
-                statements.append(b.statement(out, out_idx, "=", f"log({lhs}) + {_finite_or_zero(largest_here)}"))
-            b.emit(statements, reads, [out], "reduction")
-            return [out]
+    KIND = "sum"
+    CONSTANT_INPUTS = (1,)
 
-        @staticmethod
-        def _impl_v1(b, node, inputs):
-            return Reduce._lower(b, node, inputs[0], _reduce_axes(b, node, inputs[0]))
+    @classmethod
+    def _lower(cls, b, node, x, axes):
+        keep = node.attr("keepdims", 1) == 1  # as onnxruntime reads it: any other value drops the axes
+        if not axes:
+            return [b.view(x, x.shape)]
+        idx = indices(x.rank)
+        out_shape = (
+            [1 if d in axes else e for d, e in enumerate(x.shape)]
+            if keep
+            else [e for d, e in enumerate(x.shape) if d not in axes]
+        )
+        out_idx = (
+            [f"z{d}" if d in axes else idx[d] for d in range(x.rank)]
+            if keep
+            else [idx[d] for d in range(x.rank) if d not in axes]
+        )
+        source = [f"r{d}" if d in axes else idx[d] for d in range(x.rank)]
+        reductions = [(f"r{d}", x.shape[d]) for d in axes]
+        out = b.new(out_shape, x.dtype)
+        read = b.ref(x, source)
+        # z0: the index Builder.statement gives a scalar, so that the statement reads its
+        # target where it writes it
+        lhs = f"{out.ident}({', '.join(out_idx) if out.shape else 'z0'})"
+        statements, reads = [], [x]
+        if cls.KIND == "logsumexp":  # log(sum(exp(x - max))) + max: no overflow in exp (see below)
+            largest = b.new(out_shape, x.dtype)
+            statements.append(b.statement(largest, out_idx, "max=!", read, reductions))
+            largest_here = f"{largest.ident}({', '.join(out_idx) if out.shape else 'z0'})"
+            read = f"{read} - {_finite_or_zero(largest_here)}"
+        op = {
+            "sum": "+=!",
+            "mean": "+=!",
+            "max": "max=!",
+            "min": "min=!",
+            "prod": "*=!",
+            "sumsquare": "+=!",
+            "l2": "+=!",
+            "l1": "+=!",
+            "logsum": "+=!",
+            "logsumexp": "+=!",
+        }[cls.KIND]
+        value = {
+            "sumsquare": f"{read} * {read}",
+            "l2": f"{read} * {read}",
+            "l1": f"abs({read})",
+            "logsumexp": f"exp({read})",
+        }.get(cls.KIND, read)
+        # (an empty slice keeps the identity, -inf or inf, as ONNX says)
+        all_nan_is_nan = cls.KIND in ("max", "min") and x.dtype.kind == "f" and math.prod(e for _, e in reductions) > 0
+        if all_nan_is_nan:
+            # TC's max= and min= skip a NaN as fmax and fmin do, as onnxruntime's kernels do
+            # for most positions of a NaN in a slice (not all: its vector lanes decide).  A
+            # slice of NaNs only would give the reduction's identity (-inf or inf) where
+            # onnxruntime gives NaN: a bool max in the same loop notes a number.
+            holds_number = b.new(out_shape, np.bool_)
+            statements.append(b.statement(holds_number, out_idx, "max=!", f"{read} == {read}", reductions))
+        statements.append(b.statement(out, out_idx, op, value, reductions))
+        if all_nan_is_nan:
+            where = f"{holds_number.ident}({', '.join(out_idx) if out.shape else 'z0'})"
+            nan = f"{tc_type(x.dtype)}({_number(math.nan)})"
+            statements.append(b.statement(out, out_idx, "=", f"{where} ? {lhs} : {nan}"))
+        if cls.KIND == "mean":
+            count = math.prod(x.shape[d] for d in axes)
+            statements.append(b.statement(out, out_idx, "=", f"{lhs} / {count}"))
+        if cls.KIND == "l2":
+            statements.append(b.statement(out, out_idx, "=", f"sqrt({lhs})"))
+        if cls.KIND == "logsum":
+            statements.append(b.statement(out, out_idx, "=", f"log({lhs})"))
+        if cls.KIND == "logsumexp":
+            # log(sum(exp(x - s))) + s with s the max where it is finite and 0 where not (m - m
+            # is 0 only for finite m), as onnxruntime shifts: an infinite max then gives its
+            # infinity through exp, and a NaN anywhere in the slice gives NaN.
+            statements.append(b.statement(out, out_idx, "=", f"log({lhs}) + {_finite_or_zero(largest_here)}"))
+        b.emit(statements, reads, [out], "reduction")
+        return [out]
 
-        @staticmethod
-        def _impl_v18(b, node, inputs):
-            axes = inputs[1] if len(inputs) > 1 else None
-            return Reduce._lower(b, node, inputs[0], _reduce_axes(b, node, inputs[0], axes))
+    @classmethod
+    def _impl_v1(cls, b, node, inputs):
+        return cls._lower(b, node, inputs[0], _reduce_axes(b, node, inputs[0]))
 
-    return Reduce
+    @classmethod
+    def _impl_v18(cls, b, node, inputs):
+        axes = inputs[1] if len(inputs) > 1 else None
+        return cls._lower(b, node, inputs[0], _reduce_axes(b, node, inputs[0], axes))
 
 
-class ReduceSum(_reduce("sum")):
+def _reduce(kind: str) -> type[_Reduce]:
+    """The converter of the Reduce operator of ``kind``."""
+    return type(f"Reduce_{kind}", (_Reduce,), {"KIND": kind})
+
+
+class ReduceSum(_Reduce):
     @staticmethod
     def _impl_v13(b, node, inputs):  # ReduceSum took axes as an input from opset 13
         axes = inputs[1] if len(inputs) > 1 else None

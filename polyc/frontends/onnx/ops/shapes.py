@@ -155,7 +155,7 @@ def transposed(b, x, perm) -> Value:
     """``x`` with its dimensions in ``perm``'s order (a copy)."""
     out = b.new([x.shape[p] for p in perm], x.dtype)
     idx = indices(x.rank)
-    source = [None] * x.rank
+    source = [""] * x.rank
     for position, p in enumerate(perm):
         source[p] = idx[position]
     b.emit([b.statement(out, idx, "=", b.ref(x, source))], [x], [out], "other")
@@ -549,9 +549,9 @@ class Pad(Converter):
             parts_per_axis.append(sorted((part for part in parts if part[1] > part[0]), key=lambda part: -part[1]))
         out = b.new([d + p + q for d, p, q in zip(x.shape, begin, end)], x.dtype)
         statements = []
-        for parts in itertools.product(*parts_per_axis):
-            where = ", ".join(f"{i} in {lo}:{hi}" for i, (lo, hi, _) in zip(idx, parts))
-            read = b.ref(x, [sub for _, _, sub in parts])
+        for chosen in itertools.product(*parts_per_axis):
+            where = ", ".join(f"{i} in {lo}:{hi}" for i, (lo, hi, _) in zip(idx, chosen))
+            read = b.ref(x, [sub for _, _, sub in chosen])
             statements.append(f"{out.ident}({', '.join(idx)}) = {read}" + (f" where {where}" if where else ""))
         b.emit(statements, [x], [out], "other")
         return out
