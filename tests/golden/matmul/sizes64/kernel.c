@@ -44,7 +44,7 @@ int polyc_matmul(const float *__restrict__ A, const float *__restrict__ B, float
         for (int64_t c5 = INT64_C(0); c5 <= INT64_C(63); c5 += INT64_C(1))
         {
           if ((c4 == INT64_C(0)))
-            C[(((c0 + c3)) * C_extent1 + (c5))] = 0.0f;
+            C[(((c0 + c3)) * C_extent1 + (c5))] = (-0.0f);
           C[(((c0 + c3)) * C_extent1 + (c5))] = (float)(C[(((c0 + c3)) * C_extent1 + (c5))] + ((polyc_invariant_0) * (B[((c4) * B_extent1 + (c5))])));
         }
       }
