@@ -297,13 +297,12 @@ class DomainPlot:
                 continue
             two = len(s.cell_sizes) > 1
             for block, count in s.cells.items():
-                x0 = block[0] * s.cell_sizes[0]
-                x1 = x0 + s.cell_sizes[0] - 1
-                y0, y1 = (
-                    (block[1] * s.cell_sizes[1], block[1] * s.cell_sizes[1] + s.cell_sizes[1] - 1)
-                    if two
-                    else (-row, -row)
-                )
+                # each axis' block, cut to the values the slice holds
+                spans = [
+                    (max(low, b * size), min(high, (b + 1) * size - 1))
+                    for b, size, (low, high) in zip(block, s.cell_sizes, s.bounds)
+                ]
+                (x0, x1), (y0, y1) = spans[0], spans[1] if two else (-row, -row)
                 rectangles.append((x0, x1, y0, y1, count, number))
             if not two:
                 row += 1

@@ -52,6 +52,7 @@ class StatementPoints:
     cell_sizes: tuple[int, ...] = ()
     count: int = 0  # instances in the slice
     cell_label: str = ""  # what the blocks are, when not equal cuts of the axes
+    bounds: tuple[tuple[int, int], ...] = ()  # (lowest, highest) value along each axis, aggregated
 
     @property
     def aggregated(self) -> bool:
@@ -438,8 +439,19 @@ def _slice(
         )
     cells, sizes, label = _cells(sliced, statement.indices, axes, cell_hint or {})
     empty = np.zeros((0, len(statement.indices)), np.int64)
+    bounds = tuple((sliced.dim_min_val(a).to_python(), sliced.dim_max_val(a).to_python()) for a in axes)
     return StatementPoints(
-        statement.name, statement.indices, empty, np.zeros(0, bool), axes, slice_values, cells, sizes, count, label
+        statement.name,
+        statement.indices,
+        empty,
+        np.zeros(0, bool),
+        axes,
+        slice_values,
+        cells,
+        sizes,
+        count,
+        label,
+        bounds,
     )
 
 
