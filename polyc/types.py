@@ -82,10 +82,11 @@ def promote(a: np.dtype, b: np.dtype) -> np.dtype:
 
 
 def identity(op: str, dtype: np.dtype):
-    """The identity of a reduction operator (``+``, ``*``, ``min``, ``max``) in ``dtype``."""
+    """The identity of a reduction operator (``+``, ``*``, ``min``, ``max``) in ``dtype``: for a
+    float sum -0, since x + -0 is x for every x (+0 + -0 is +0), while -0 + +0 is +0."""
     dtype = np.dtype(dtype)
     if op == "+":
-        return dtype.type(0)
+        return dtype.type(-0.0 if dtype.kind == "f" else 0)
     if op == "*":
         return dtype.type(1)
     if dtype.kind == "f":

@@ -36,8 +36,8 @@ def module(tmp_path_factory):
 def test_sum_is_a_parallel_reduction(module):
     # A float sum over blocks: threads share the blocks, each block is a vectorised sum from zero.
     source = module.total.c_source({"N": 1000})
-    assert "#pragma omp parallel for reduction(+:polyc_acc_S_total)" in source
-    assert "#pragma omp simd reduction(+:polyc_acc_S)" in source
+    assert "#pragma omp parallel for reduction(polyc_sum_float32:polyc_acc_S_total)" in source
+    assert "#pragma omp simd reduction(polyc_sum_float32:polyc_acc_S)" in source
     a = grid_values(np.random.default_rng(0), 100_003)
     assert_sum_within_bound(module.total(a), a)
 
@@ -63,7 +63,7 @@ def test_a_sum_that_drops_its_last_term_is_caught():
 def test_double_dot(module):
     rng = np.random.default_rng(1)
     a, b = rng.random(12345), rng.random(12345)
-    assert "omp parallel for reduction(+:polyc_acc_S_total)" in module.dot.c_source({"N": 12345})
+    assert "omp parallel for reduction(polyc_sum_float64:polyc_acc_S_total)" in module.dot.c_source({"N": 12345})
     np.testing.assert_allclose(module.dot(a, b), a @ b, rtol=1e-12)
 
 

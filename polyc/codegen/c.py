@@ -637,9 +637,10 @@ class _KernelWriter:
                 total = f"{variable}_total"
                 before.append(cgen.Statement(f"{c_type(dtype)} {total} = {elements[tensor]}"))
                 after.append(cgen.Statement(f"{elements[tensor]} = {total}"))
-                block_start.append(cgen.Statement(f"{c_type(dtype)} {variable} = {c_constant(0, dtype)}"))
+                zero = c_constant(identity("+", dtype).item(), dtype)
+                block_start.append(cgen.Statement(f"{c_type(dtype)} {variable} = {zero}"))
                 block_end.append(cgen.Statement(f"{total} = {_combine('+', dtype, total, variable, c_type(dtype))}"))
-                outer_clauses.append(f"reduction(+:{total})")
+                outer_clauses.append(f"reduction({identifier}:{total})")
             else:
                 before.append(cgen.Statement(f"{c_type(dtype)} {variable} = {elements[tensor]}"))
                 after.append(cgen.Statement(f"{elements[tensor]} = {variable}"))
@@ -768,7 +769,9 @@ class _KernelWriter:
 
     def reduction_identifier(self, op: str, dtype: np.dtype) -> str:
         """OpenMP's name for reducing with ``op`` in ``dtype`` (float min/max: see
-        :func:`_reduces_in_lanes`)."""
+        :func:`_reduces_in_lanes`; a float sum: the prelude's, whose partial sums start from -0)."""
+        if op == "+" and dtype.kind == "f":
+            return f"polyc_sum_{dtype.name}"
         return _BOOL_REDUCTIONS[op] if dtype.kind == "b" else op
 
     def reduction_clauses(self, reductions: tuple[Reduction, ...]) -> str:
@@ -777,7 +780,7 @@ class _KernelWriter:
         for op, tensor in reductions:
             shape, dtype = self.definition.tensor(tensor).shape, self.definition.tensor(tensor).dtype
             elements = " * ".join(f"({self.size_expr(e)})" for e in shape) or "1"
-            clauses.append(f"reduction({_BOOL_REDUCTIONS[op] if dtype.kind == 'b' else op}:{tensor}[0:{elements}])")
+            clauses.append(f"reduction({self.reduction_identifier(op, dtype)}:{tensor}[0:{elements}])")
         return " ".join(clauses)
 
     def for_node(self, node: isl.AstNode, pragmas: list[str], body: Callable | None = None):

@@ -183,6 +183,15 @@ static inline float polyc_round_float16(float x)
     return y;
 }
 #endif
+/* Float sums start from -0, the identity of IEEE addition (x + -0 is x for every x, +0 too):
+   OpenMP's + reduction starts each thread's and each vector lane's partial sum from +0, which
+   turns a sum of -0 terms into +0.  Generated code names these (c.py's reduction_identifier);
+   without OpenMP its pragmas are ignored, these too. */
+#if defined(_OPENMP)
+#pragma omp declare reduction(polyc_sum_float32 : float : omp_out += omp_in) initializer(omp_priv = -0.0f)
+#pragma omp declare reduction(polyc_sum_float64 : double : omp_out += omp_in) initializer(omp_priv = -0.0)
+#pragma omp declare reduction(polyc_sum_float16 : _Float16 : omp_out = POLYC_F16((float)omp_out + (float)omp_in)) initializer(omp_priv = POLYC_F16(-0.0f))
+#endif
 /* ---- end of polyc prelude ---- */
 """
 )

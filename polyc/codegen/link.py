@@ -12,16 +12,19 @@ say) and its entry function.  To run segments in one call they are joined into o
 * an entry function with the def's signature calling them in order, stopping at the first that
   returns a non-zero status.
 
-The result is an ordinary :class:`~polyc.codegen.c.GeneratedKernel`: cached, loaded and
-exported like any other.
+The result is an ordinary kernel (a :class:`~polyc.codegen.pattern_kernel.DedicatedKernel`,
+whose decisions say how the def was cut): cached, loaded and exported like any other.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from polyc.codegen.c import _C_KEYWORDS, GeneratedKernel
 from polyc.codegen.c_expr import PRELUDE, c_type
+from polyc.codegen.pattern_kernel import DedicatedKernel
 from polyc.lang import checked as ir
 
 # Names a segment defines at file scope: functions (the name before the parameter list on a line
@@ -32,11 +35,16 @@ _MACRO = re.compile(r"^#\s*define\s+((?:polyc|POLYC)_\w+)", re.M)
 
 
 def link_segments(
-    name: str, definition: ir.CheckedDef, parts: list[GeneratedKernel], size_arguments: tuple[str, ...]
-) -> GeneratedKernel:
+    name: str,
+    definition: ir.CheckedDef,
+    parts: list[GeneratedKernel],
+    size_arguments: tuple[str, ...],
+    decisions: Mapping[str, Any] | None = None,
+) -> DedicatedKernel:
     """The kernel ``polyc_<name>`` running ``parts`` in order; its arguments are
     ``definition``'s tensors (inputs, outputs, temporaries, as the generic back end orders
-    them) and ``size_arguments``."""
+    them) and ``size_arguments``; ``decisions``: how the def was cut (its
+    :attr:`~polyc.codegen.pattern_kernel.DedicatedKernel.decisions`)."""
     function = f"polyc_{name}"
     order = [
         t for role in (ir.Role.INPUT, ir.Role.OUTPUT, ir.Role.TEMPORARY) for t in definition.tensors if t.role is role
@@ -67,7 +75,9 @@ def link_segments(
         + "\n".join(calls)
         + "\n    return 0;\n}\n",
     ]
-    return GeneratedKernel(function, "\n".join(pieces), tuple(t.name for t in order), size_arguments)
+    return DedicatedKernel(
+        function, "\n".join(pieces), tuple(t.name for t in order), size_arguments, (), dict(decisions or {})
+    )
 
 
 def _first_line(source: str) -> str:

@@ -91,8 +91,31 @@ class _PointwiseDepthwiseWriter(_DepthwiseWriter):
         return f"convolutions: {self.chain.describe()}"
 
     def decisions(self) -> dict:
-        """The depthwise writer's decisions, for the fused pair (:attr:`DedicatedKernel.decisions`)."""
-        return {**super().decisions(), "kernel": "pointwise_depthwise", "convolution": self.chain.describe()}
+        """The depthwise writer's decisions and the 1 x 1 convolution's, for the fused pair
+        (:attr:`DedicatedKernel.decisions`): the temporary never stored and its channels, the
+        ring of its rows, the 1 x 1 rows' register blocks, and the work split's constants (the
+        split itself is chosen per call, from the thread count)."""
+        (wh, _) = self.conv.windows
+        pointwise_blocks: dict[str, dict] = {}
+        for isa in ISA_GUARDS:
+            lanes = (64 if isa == "avx512" else 32) // self.dtype.itemsize if isa != "portable" else None
+            pixels, vectors = POINTWISE_BLOCK.get(isa, (1, 1))
+            pointwise_blocks[isa] = {"pixels": pixels, "vectors": vectors, "lanes": lanes}
+        return {
+            **super().decisions(),
+            "kernel": "pointwise_depthwise",
+            "convolution": self.chain.describe(),
+            "temporary": self.chain.temporary,
+            "expanded_channels": self.known_extent(self.conv.extent(self.channel)),
+            "in_channels": self.known_extent(self.pointwise.extent(self.pointwise.channels[0])),
+            "ring_rows": None if self.kh is None else wh.dilation * (self.kh - 1) + 1,
+            "pointwise_blocks": pointwise_blocks,
+            "pointwise_epilogue_in_registers": self.pointwise_epilogue is not None,
+            "work_item": "one image, one block of channel vectors, one band of output rows",
+            "block_channels": BLOCK_CHANNELS,
+            "items_per_thread": ITEMS_PER_THREAD,
+            "max_bands": MAX_BANDS,
+        }
 
     def context_fields(self) -> list[str]:
         """The depthwise record's fields, and the 1 x 1 convolution's: its image and weights,

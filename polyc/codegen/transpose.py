@@ -18,11 +18,13 @@ The kernel returns 0; it has no error to report (the shapes are checked before t
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from polyc.codegen.c import GeneratedKernel, _extent_name, c_comment
 from polyc.codegen.c_expr import PRELUDE, c_type
-from polyc.codegen.pattern_kernel import PatternKernelWriter, typed
+from polyc.codegen.pattern_kernel import DedicatedKernel, PatternKernelWriter, typed
 from polyc.codegen.templates import c_template
 from polyc.ir.model import PolyProgram
 from polyc.options import Options
@@ -87,7 +89,7 @@ class _TransposeWriter(PatternKernelWriter):
         self.ctype = c_type(self.dtype)
         self.groups, self.order = merged_dimensions(transposition.permutation)
 
-    def write(self) -> GeneratedKernel:
+    def write(self) -> DedicatedKernel:
         d = self.definition
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
@@ -100,7 +102,48 @@ class _TransposeWriter(PatternKernelWriter):
             self.entry_function(name, sizes),
             "",
         ]
-        return GeneratedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes)
+        return DedicatedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes, (), self.decisions())
+
+    def decisions(self) -> dict:
+        """What this writer chose, for :attr:`DedicatedKernel.decisions`: the merged groups of
+        dimensions, which are each plane's rows and columns, the tile, the register transpose
+        per instruction set (None: element by element), and the counts known as the C is written."""
+        t = self.transposition
+        count = len(self.groups)
+        rows, columns = self.order[-1], count - 1
+
+        def product(values: list[int | None]) -> int | None:
+            known_values = [v for v in values if v is not None]
+            return math.prod(known_values) if len(known_values) == len(values) else None
+
+        known = [product([self.known_extent(t.extents[dim]) for dim in group]) for group in self.groups]
+        planes = product([known[g] for g in range(count) if g not in (rows, columns)])
+        row_count, column_count = known[rows], known[columns]
+        tiles = (
+            None
+            if planes is None or row_count is None or column_count is None
+            else planes * -(-row_count // TILE) * -(-column_count // TILE)
+        )
+        block = {4: 8, 8: 4}.get(self.dtype.itemsize)
+        return {
+            "kernel": "transpose",
+            "transposition": t.describe(),
+            "groups": self.groups,
+            "order": self.order,
+            "rows": self.groups[rows],  # the input's dimensions that become the output's innermost
+            "columns": self.groups[columns],  # the input's innermost dimensions
+            "extents": tuple(known),
+            "planes": planes,
+            "tiles": tiles,
+            "tile": TILE,
+            "element_bytes": self.dtype.itemsize,
+            "instruction_sets": tuple(ISA_GUARDS),
+            "register_blocks": {
+                isa: (block if (isa, self.dtype.itemsize) in _REGISTER_BLOCKS else None) for isa in ISA_GUARDS
+            },
+            "parallel": self.options.parallel,
+            "parallel_threshold": _PARALLEL_THRESHOLD,
+        }
 
     def header(self) -> str:
         o = self.options

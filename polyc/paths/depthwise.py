@@ -26,30 +26,38 @@ def explain(stages) -> list[str]:
         "channels (one filter per channel)",
     ]
     if decisions:
-        kh, kw = decisions["taps"]
-        taps = f"{kh} x {kw}" if kh is not None and kw is not None else "a window known only at run time"
         isa = built_for(stages)
         lines.append(built_for_sentence(stages, decisions, isa))
-        for name, block in decisions["register_blocks"].items():
-            if isa is not None and name != isa:
-                continue
-            outputs = " then ".join(map(str, block["row_blocks"]))
-            lines.append(
-                f"block of outputs ({name}): vectors of {block['lanes']} channels; a row's interior outputs in "
-                f"blocks of {outputs} along the row, sharing their image vectors; the outputs near the edges one at "
-                f"a time; {taps} taps"
-                + (
-                    ", every tap's weights held in registers for the whole row"
-                    if block.get("weights_in_registers")
-                    else ", a kernel row's weights loaded once per block"
-                )
-            )
+        lines += output_blocks(decisions, isa)
         lines.append(
             threads_sentence(
                 stages, decisions, None, f"work items of {decisions['work_item']}, shared among the threads"
             )
         )
     lines.append("direct_convolutions=False compiles it as a loop nest instead")
+    return lines
+
+
+def output_blocks(decisions, isa: str | None) -> list[str]:
+    """The depthwise rows' blocks of outputs for the instruction set ``isa`` (all, if unknown),
+    as the depthwise writer recorded them."""
+    kh, kw = decisions["taps"]
+    taps = f"{kh} x {kw}" if kh is not None and kw is not None else "a window known only at run time"
+    lines = []
+    for name, block in decisions["register_blocks"].items():
+        if isa is not None and name != isa:
+            continue
+        outputs = " then ".join(map(str, block["row_blocks"]))
+        lines.append(
+            f"block of outputs ({name}): vectors of {block['lanes']} channels; a row's interior outputs in "
+            f"blocks of {outputs} along the row, sharing their image vectors; the outputs near the edges one at "
+            f"a time; {taps} taps"
+            + (
+                ", every tap's weights held in registers for the whole row"
+                if block.get("weights_in_registers")
+                else ", a kernel row's weights loaded once per block"
+            )
+        )
     return lines
 
 

@@ -90,6 +90,16 @@ def plan_segments(definition: ir.CheckedDef) -> tuple[Segment, ...] | None:
     return tuple(segments)
 
 
+def why_generic(statement: ir.CheckedStatement, definition: ir.CheckedDef) -> str:
+    """Why a statement of a generic segment is not a BLIS kernel's (see :func:`plan_segments`)."""
+    if statement.loop is not None:
+        return "a step of a recurrence (its block stays whole, in one generic segment)"
+    contraction = recognise_contraction(statement, definition, matvec=True)
+    if contraction is None:
+        return "not a contraction"
+    return "a contraction whose layout the kernels do not suit (worth_a_gemm_kernel)"
+
+
 def _gemm_contraction(statement: ir.CheckedStatement, definition: ir.CheckedDef) -> Contraction | None:
     if statement.loop is not None:
         return None  # a step of a recurrence: its block stays whole, in one generic segment

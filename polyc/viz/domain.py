@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
-from polyc.viz.instances import KINDS, Instances, StatementPoints, collect, layout
+from polyc.viz.instances import KINDS, Instances, StatementPoints, collect, integer_ticks, layout
 
 KIND_COLOURS = {"flow": "#1565c0", "anti": "#c62828", "output": "#6a1b9a", "reduction": "#2e7d32"}
 VIOLATED_COLOUR = "#ff1744"
@@ -105,9 +105,25 @@ class DomainPlot:
 
         flat = self.flat
         position, all_ticks = self._layout()
+        rectangles = self._cell_rectangles()
         ticks = all_ticks[0]
-        xs_all = [x for x, _ in position.values()] or [0]
-        ys_all = [y for _, y in position.values()] or [0]
+        if rectangles:  # ticks over everything drawn, blocks included
+            all_ticks = [
+                [(float(v), str(v)) for v in integer_ticks(int(min(lows)), int(max(highs)))]
+                for lows, highs in (
+                    (
+                        [r[0] for r in rectangles] + [x for x, _ in position.values()],
+                        [r[1] for r in rectangles] + [x for x, _ in position.values()],
+                    ),
+                    (
+                        [r[2] for r in rectangles] + [y for _, y in position.values()],
+                        [r[3] for r in rectangles] + [y for _, y in position.values()],
+                    ),
+                )
+            ]
+            ticks = all_ticks[0]
+        xs_all = [x for x, _ in position.values()] + [v for r in rectangles for v in r[:2]] or [0]
+        ys_all = [y for _, y in position.values()] + [v for r in rectangles for v in r[2:4]] or [0]
         width = max(xs_all) - min(xs_all) + 1
         height = max(ys_all) - min(ys_all) + 1
         scale = min(1.0, 14.0 / max(width, height, 1))
@@ -123,7 +139,10 @@ class DomainPlot:
         coloured_by_order = bool(self.order) and not numbered
         shades = sorted(set(self.instances.parallel.values())) if self.parallel else []
         names_above: list = []
+        self._draw_cells(ax, rectangles, width, height, scale)
         for k, s in enumerate(self.statements):
+            if s.aggregated:
+                continue
             points = s.shown_points()
             xs = [position[(s.name, p)][0] for p in points]
             ys = [position[(s.name, p)][1] for p in points]
@@ -191,6 +210,8 @@ class DomainPlot:
                 annotation_clip=False,
             )
         ax.set_xticks([x for x, _ in ticks], [label for _, label in ticks])
+        if rectangles and flat:
+            flat = False  # aggregated blocks have their own y extent
         ax.set_xlabel(" / ".join(dict.fromkeys(st.indices[st.dims[0]] for st in self.statements if st.indices)))
         if not flat:
             ax.set_yticks([y for y, _ in all_ticks[1]], [label for _, label in all_ticks[1]])
@@ -265,6 +286,63 @@ class DomainPlot:
         if title:
             figure.suptitle(title, fontsize=9, x=0.02, ha="left")
         return figure
+
+    def _cell_rectangles(self) -> list:
+        """(x0, x1, y0, y1, count, statement number) of every block of the aggregated statements,
+        in index values (x and y as drawn: a statement over one index is a row below the others)."""
+        rectangles = []
+        row = 0
+        for number, s in enumerate(self.statements):
+            if not s.aggregated:
+                continue
+            two = len(s.cell_sizes) > 1
+            for block, count in s.cells.items():
+                # each axis' block, cut to the values the slice holds
+                spans = [
+                    (max(low, b * size), min(high, (b + 1) * size - 1))
+                    for b, size, (low, high) in zip(block, s.cell_sizes, s.bounds)
+                ]
+                (x0, x1), (y0, y1) = spans[0], spans[1] if two else (-row, -row)
+                rectangles.append((x0, x1, y0, y1, count, number))
+            if not two:
+                row += 1
+        return rectangles
+
+    def _draw_cells(self, ax, rectangles, width, height, scale) -> None:
+        """The aggregated statements' blocks, shaded by their counts, each count written in it."""
+        if not rectangles:
+            return
+        from matplotlib.patches import Rectangle
+
+        most = max(r[4] for r in rectangles)
+        for x0, x1, y0, y1, count, number in rectangles:
+            colour = STATEMENT_COLOURS[number % len(STATEMENT_COLOURS)]
+            ax.add_patch(
+                Rectangle(
+                    (x0 - 0.45, y0 - 0.45),
+                    x1 - x0 + 0.9,
+                    y1 - y0 + 0.9,
+                    facecolor=colour,
+                    alpha=0.15 + 0.5 * count / most,
+                    edgecolor="#424242",
+                    lw=0.6,
+                    zorder=1,
+                )
+            )
+            ax.annotate(str(count), ((x0 + x1) / 2, (y0 + y1) / 2), ha="center", va="center", fontsize=6, zorder=5)
+        for number, s in enumerate(self.statements):
+            if s.aggregated:
+                ax.annotate(
+                    f"{s.name} (aggregated)",
+                    (0.0, 1.0),
+                    xycoords="axes fraction",
+                    xytext=(0, 6 + 10 * number),
+                    textcoords="offset points",
+                    fontsize=8,
+                    color=STATEMENT_COLOURS[number % len(STATEMENT_COLOURS)],
+                    annotation_clip=False,
+                )
+        ax.autoscale_view()
 
     def _draw_tiles(self, ax, s, points, xs, ys) -> None:
         """One hull per tile around the points it holds (a box, slightly padded), neighbouring
@@ -354,9 +432,23 @@ def plot_domain(
     the iteration of the parallel loop it runs in.  ``schedule`` (isl text, a union map or an
     isl.Schedule) numbers the points in a schedule of your own instead, and ``violated`` (a
     union map of dependence pairs) draws those arrows bold red: see
-    :meth:`polyc.viz.explain.ScheduleCheck.plot`."""
+    :meth:`polyc.viz.explain.ScheduleCheck.plot`.  A statement with more than
+    :data:`~polyc.viz.instances.MAX_POINTS` instances in the slice is drawn aggregated: blocks
+    (the gemm kernel's cache blocks on the gemm path) as rectangles with their counts, as the
+    title says."""
     return DomainPlot(
-        collect(kernel, sizes, statements, dims, fixed, kinds, max_dims=2, schedule=schedule, violated=violated),
+        collect(
+            kernel,
+            sizes,
+            statements,
+            dims,
+            fixed,
+            kinds,
+            max_dims=2,
+            schedule=schedule,
+            violated=violated,
+            aggregate=True,
+        ),
         show_order=order,
         tiles=tiles,
         parallel=parallel,

@@ -27,7 +27,10 @@ from polyc.paths import gemm as gemm_path
 from polyc.paths import kernel_path
 
 KINDS = ("flow", "anti", "output", "reduction")
+#: The most instances a picture draws as points; a statement with more in the slice drawn is
+#: drawn aggregated (:func:`plot_domain`), in at most CELLS_PER_AXIS blocks along each axis.
 MAX_POINTS = 20000
+CELLS_PER_AXIS = 16
 #: The most arrows a picture draws per 100 points drawn; more are thinned (:func:`thin`).
 ARROWS_PER_100_POINTS = 150
 # Squarings of a relation tried for its transitive closure (paths up to 2**12 pairs long).
@@ -42,6 +45,18 @@ class StatementPoints:
     shown: np.ndarray  # mask of the rows in the plotted slice
     dims: tuple[int, ...]  # which indices are the picture's axes (x, y[, z])
     fixed: dict  # index -> value of the other indices in the slice
+    #: Drawn aggregated (more than MAX_POINTS instances in the slice): block -> its instances,
+    #: a block ``b`` holding the values ``b[d] * cell_sizes[d]`` to ``(b[d] + 1) * cell_sizes[d] - 1``
+    #: along axis d (``points`` and ``shown`` are then empty).
+    cells: dict = field(default_factory=dict)
+    cell_sizes: tuple[int, ...] = ()
+    count: int = 0  # instances in the slice
+    cell_label: str = ""  # what the blocks are, when not equal cuts of the axes
+    bounds: tuple[tuple[int, int], ...] = ()  # (lowest, highest) value along each axis, aggregated
+
+    @property
+    def aggregated(self) -> bool:
+        return bool(self.cells)
 
     def shown_points(self) -> list[tuple[int, ...]]:
         return [tuple(int(v) for v in p) for p in self.points[self.shown]]
@@ -65,6 +80,7 @@ class Instances:
     schedule_source: str = "compiled"  # whose order: "compiled" or "user"
     nearest_arrows: int = 0  # the nearest dependence pairs between shown points, before thinning
     tile_label: str = ""  # what the tiles are, when not the schedule's tiles (a kernel path's blocks)
+    flattened: str = ""  # the index groups drawn flattened (a gemm kernel's M and N), or ""
 
     @property
     def point_count(self) -> int:
@@ -146,6 +162,7 @@ def collect(
     max_dims: int = 2,
     schedule=None,
     violated: isl.UnionMap | None = None,
+    aggregate: bool = False,
 ) -> Instances:
     """The instances of ``statements`` (names like ``S0``; default: all but ``!`` initialisations)
     of ``kernel`` at ``sizes``, sliced to ``dims`` (at most ``max_dims`` index names; default
@@ -155,7 +172,13 @@ def collect(
     ``schedule`` (isl text, a union map from instances to time vectors, or an isl.Schedule)
     orders the instances instead of the compiled schedule (tiles and parallel loops are then
     not shown: they belong to the compiled one); ``violated`` marks the arrows in that relation
-    (:meth:`polyc.viz.explain.ScheduleCheck.plot` passes the pairs a schedule violates)."""
+    (:meth:`polyc.viz.explain.ScheduleCheck.plot` passes the pairs a schedule violates).
+
+    A slice of more than :data:`MAX_POINTS` instances is refused, or with ``aggregate`` counted
+    in blocks (:attr:`StatementPoints.cells`; the gemm kernel's cache blocks where it runs on
+    the gemm path), with no arrows, order or tiles for it.  On the gemm path a contraction whose
+    M or N is a group of indices, or that has batch indices, is drawn over its flattened M and N
+    (as the kernel flattens them) at the lowest batch and K values, when ``dims`` is not given."""
     unknown_kinds = [k for k in kinds if k not in KINDS]
     if unknown_kinds:
         raise PolycError(
@@ -179,8 +202,23 @@ def collect(
         # `!` initialisations are left out by default; one a violated pair touches is drawn too.
         touched = {name for source, _, sink, _ in bad for name in (source, sink)}
         names += [s.name for s in program.statements if s.name in touched and s.name not in names]
-    plotted = [_slice(program.statement(name), dims, fixed, max_dims, lenient=name not in asked) for name in names]
-    shown_set = _shown_set(program, plotted)
+    path = kernel_path(stages.path)
+    on_gemm = schedule is None and path.name == "gemm" and stages.contraction is not None
+    flat_dims = _flat_gemm_dims(stages, names) if on_gemm and dims is None and fixed is None else None
+    plotted = None
+    if flat_dims is not None:
+        plotted = [_slice(program.statement(name), flat_dims[name], None, 4, aggregate=True) for name in names]
+        if any(statement.aggregated for statement in plotted):
+            plotted = None  # too many points: drawn as any other, aggregated
+    if plotted is None:
+        flat_dims = None
+        blocks = _gemm_cell_hint(stages) if on_gemm else {}
+        plotted = [
+            _slice(program.statement(name), dims, fixed, max_dims, name not in asked, aggregate, blocks)
+            for name in names
+        ]
+    small = [s for s in plotted if not s.aggregated]
+    shown_set = _shown_set(program, small)
     shown = {s.name: set(s.shown_points()) for s in plotted}
     # Nearest pairs of the union of the kinds drawn (every kind when violations are drawn: a
     # violated pair of any kind is shown), each pair once, under the first kind that holds it.
@@ -210,29 +248,49 @@ def collect(
             drawn.add(pair)
             arrows.append((kind, *pair))
     sizes_text = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    if flat_dims is not None:
+        flat = {statement.name: _flatten(statement, stages, flat_dims[statement.name]) for statement in plotted}
+        arrows = [(kind, a, flat[a][p], b, flat[b][q]) for kind, a, p, b, q in arrows]
     result = Instances(plotted, arrows, f"{kernel.definition.name} at {sizes_text}", nearest_arrows=len(arrows))
+    if flat_dims is not None:
+        c = stages.contraction
+        result.flattened = (
+            f"M = ({', '.join(c.m)}) and N = ({', '.join(c.n)}) flattened row-major, as the gemm kernel flattens them"
+            + (f", at {', '.join(c.batch)} = lowest" if c.batch else "")
+            + f", K = ({', '.join(c.k)}) at its lowest"
+        )
+        result.title += f"\ndrawn over the flattened index groups: {result.flattened}"
+    for statement in plotted:
+        if statement.aggregated:
+            at = ", ".join(f"{i}={v}" for i, v in statement.fixed.items())
+            block_sizes = " x ".join(map(str, statement.cell_sizes))
+            result.title += (
+                f"\n{statement.name}: {statement.count} instances{' at ' + at if at else ''}, more than {MAX_POINTS}: "
+                f"drawn aggregated in blocks of {block_sizes}"
+                + (f" ({statement.cell_label})" if statement.cell_label else "")
+                + ", each with its count; no arrows, order or tiles drawn for it"
+            )
     result.violated = violated_pairs
     if bad:
         result.violated_elsewhere = sum(
             1 for source, a, sink, b in bad if a not in shown.get(source, ()) or b not in shown.get(sink, ())
         )
     result.arrows = thin(result.arrows, result.point_count, result.violated)
-    path = kernel_path(stages.path)
     if schedule is None and not path.runs_schedule_loops and stages.gpu is None:
         # The CPU schedule's loop nest is not the code that runs: no order, tiles or threads of
         # it.  (A GPU kernel's schedule is its launches' mapping, which the code follows.)
         if path.name == "gemm" and stages.contraction is not None:
-            _gemm_blocks(result, stages)
+            _gemm_blocks(result, stages, flat_dims is not None)
         result.title += (
             f"\nthis kernel runs on the {path.name} path: the picture shows the statement instances, not the "
             "loops of the schedule (no order or parallel loop of them is drawn"
             + ("; tiles are the kernel's cache blocks)" if result.tile else ", nor tiles)")
         )
     elif schedule is None:
-        result.order = schedule_order(stages.optimized_schedule.get_map(), program, plotted)
+        result.order = schedule_order(stages.optimized_schedule.get_map(), program, small)
         _band_views(result, stages, program)
     else:
-        result.order = schedule_order(_fix_sizes(_as_union_map(schedule, program), sizes), program, plotted)
+        result.order = schedule_order(_fix_sizes(_as_union_map(schedule, program), sizes), program, small)
         result.schedule_source = "user"
     return result
 
@@ -327,11 +385,16 @@ def _as_union_map(schedule, program) -> isl.UnionMap:
     return relation.align_params(program.context.get_space())
 
 
-def _slice(statement, dims, fixed, max_dims, lenient: bool = False) -> StatementPoints:
+def _slice(
+    statement, dims, fixed, max_dims, lenient: bool = False, aggregate: bool = False, cell_hint=None
+) -> StatementPoints:
     """The points of ``statement`` and the slice of them shown.  ``lenient`` (a statement drawn
     without being asked for: an initialisation in a violated pair) takes those of ``dims`` and
-    ``fixed`` it has an index for."""
-    points = domain_points(statement.domain)
+    ``fixed`` it has an index for.  A domain of more than :data:`MAX_POINTS` points keeps only
+    the slice's; a slice of more is refused, or with ``aggregate`` counted in blocks (along an
+    index ``i`` of ``cell_hint``, blocks of ``cell_hint[i]`` where that makes at most
+    :data:`CELLS_PER_AXIS` of them; else equal cuts)."""
+    domain = statement.domain
     if lenient:
         dims = [d for d in dims if d in statement.indices] if dims else None
         fixed = {i: v for i, v in (fixed or {}).items() if i in statement.indices}
@@ -348,15 +411,84 @@ def _slice(statement, dims, fixed, max_dims, lenient: bool = False) -> Statement
             f"(its indices: {', '.join(statement.indices)})"
         )
     axes = tuple(statement.indices.index(d) for d in wanted) if wanted else (0,)
-    slice_values = {}
-    shown = np.ones(len(points), bool)
-    for position, index in enumerate(statement.indices):
-        if position in axes:
-            continue
-        value = (fixed or {}).get(index, int(points[:, position].min()) if len(points) else 0)
-        slice_values[index] = value
-        shown &= points[:, position] == value
-    return StatementPoints(statement.name, statement.indices, points, shown, axes, slice_values)
+    others = [(p, i) for p, i in enumerate(statement.indices) if p not in axes]
+    if _box_size(domain) <= MAX_POINTS:
+        points = domain_points(domain)
+        slice_values = {}
+        shown = np.ones(len(points), bool)
+        for position, index in others:
+            value = (fixed or {}).get(index, int(points[:, position].min()) if len(points) else 0)
+            slice_values[index] = value
+            shown &= points[:, position] == value
+        return StatementPoints(statement.name, statement.indices, points, shown, axes, slice_values)
+    slice_values = {i: int((fixed or {}).get(i, domain.dim_min_val(p).to_python())) for p, i in others}
+    sliced = domain
+    for position, index in others:
+        sliced = sliced.fix_val(isl.dim_type.set, position, isl.Val.int_from_si(domain.get_ctx(), slice_values[index]))
+    count = sliced.count_val().to_python()
+    if count <= MAX_POINTS:
+        points = domain_points(sliced)
+        return StatementPoints(
+            statement.name, statement.indices, points, np.ones(len(points), bool), axes, slice_values, count=count
+        )
+    if not aggregate:
+        at = ", ".join(f"{i}={v}" for i, v in slice_values.items())
+        raise PolycError(
+            f"{statement.name}: {count} instances in the slice drawn{' (at ' + at + ')' if at else ''}, more than "
+            f"{MAX_POINTS}: draw smaller sizes or fewer dims (plot_domain draws it aggregated)"
+        )
+    cells, sizes, label = _cells(sliced, statement.indices, axes, cell_hint or {})
+    empty = np.zeros((0, len(statement.indices)), np.int64)
+    bounds = tuple((sliced.dim_min_val(a).to_python(), sliced.dim_max_val(a).to_python()) for a in axes)
+    return StatementPoints(
+        statement.name,
+        statement.indices,
+        empty,
+        np.zeros(0, bool),
+        axes,
+        slice_values,
+        cells,
+        sizes,
+        count,
+        label,
+        bounds,
+    )
+
+
+def _box_size(domain: isl.Set) -> int:
+    """The points of ``domain``'s bounding box (an upper bound of its points)."""
+    size = 1
+    for position in range(domain.dim(isl.dim_type.set)):
+        size *= domain.dim_max_val(position).to_python() - domain.dim_min_val(position).to_python() + 1
+    return size
+
+
+def _cells(sliced: isl.Set, indices, axes, hint: dict) -> tuple[dict, tuple[int, ...], str]:
+    """The instances of ``sliced`` counted per block of the ``axes``, the blocks' sizes, and
+    what they are when ``hint`` (index -> block size) gave them."""
+    ctx = sliced.get_ctx()
+    sizes, ranges, hinted = [], [], []
+    for axis in axes:
+        low, high = sliced.dim_min_val(axis).to_python(), sliced.dim_max_val(axis).to_python()
+        size = hint.get(indices[axis])
+        if size is None or high // size - low // size + 1 > CELLS_PER_AXIS:
+            size = max(1, -(-(high - low + 1) // CELLS_PER_AXIS))
+        else:
+            hinted.append(f"{indices[axis]}: {size}")
+        sizes.append(size)
+        ranges.append(range(low // size, high // size + 1))
+    cells: dict = {}
+    for block in np.ndindex(*(len(r) for r in ranges)):
+        coordinates = tuple(r[b] for r, b in zip(ranges, block))
+        part = sliced
+        for axis, size, c in zip(axes, sizes, coordinates):
+            part = part.lower_bound_val(isl.dim_type.set, axis, isl.Val.int_from_si(ctx, c * size))
+            part = part.upper_bound_val(isl.dim_type.set, axis, isl.Val.int_from_si(ctx, (c + 1) * size - 1))
+        count = part.count_val().to_python()
+        if count:
+            cells[coordinates] = count
+    label = f"blocks of {', '.join(hinted)}: the gemm kernel's cache blocks" if hinted else ""
+    return cells, tuple(sizes), label
 
 
 def domain_points(domain: isl.Set) -> np.ndarray:
@@ -395,7 +527,11 @@ def _images(relation: isl.UnionMap, program, plotted) -> dict:
     relation = relation.intersect_params(program.context)
     result = {}
     for statement in plotted:
-        domain = isl.UnionSet.from_set(program.statement(statement.name).domain)
+        domain = program.statement(statement.name).domain
+        for index, value in statement.fixed.items():  # (only the slice's instances)
+            position = statement.indices.index(index)
+            domain = domain.fix_val(isl.dim_type.set, position, isl.Val.int_from_si(domain.get_ctx(), int(value)))
+        domain = isl.UnionSet.from_set(domain)
         restricted = relation.intersect_domain(domain.align_params(relation.get_space()))
         wanted = set(statement.shown_points())
         for source, a, _, b in pairs(restricted):
@@ -413,14 +549,74 @@ def schedule_order(schedule: isl.UnionMap, program, plotted) -> dict:
     return {key: rank for rank, key in enumerate(ordered)}
 
 
-def _gemm_blocks(result: Instances, stages) -> None:
-    """Fill ``tile`` with the gemm kernel's cache blocks: an instance over the contraction's M and
-    N indices (and K) is in block (m // MC, n // NC[, k // KC]), with the blocks its code
-    generator recorded (:func:`polyc.paths.gemm.cache_blocks`).  Only for M, N and K of one
-    index each (the kernel flattens a group of several)."""
+def _flat_gemm_dims(stages, names) -> dict | None:
+    """Per statement drawn, its indices that are the gemm contraction's M and N groups (an
+    epilogue's or initialisation's by position in the target), when a group has several indices
+    or there are batch indices; None when there is nothing to flatten or a statement lacks them."""
+    c = stages.contraction
+    if len(c.m) == 1 and len(c.n) == 1 and len(c.k) == 1 and not c.batch:
+        return None
+    dims = {}
+    for name in names:
+        statement = stages.program.statement(name)
+        if statement.kind != "init" and statement.source == c.statement:
+            dims[name] = list(c.m + c.n)
+        elif statement.source.target == c.target.tensor and len(statement.indices) == len(c.target.indices):
+            own = dict(zip(c.target.indices, statement.indices))  # an epilogue's indices are the target's by position
+            dims[name] = [own[i] for i in c.m + c.n]
+        else:
+            return None
+    return dims
+
+
+def _flatten(statement: StatementPoints, stages, dims) -> dict:
+    """Draw ``statement`` (sliced to its M and N indices ``dims``) over the flattened M and N:
+    its points become (M, N) row-major in each group, its indices the groups' names.  Returns
+    each real point's flat one."""
+    c = stages.contraction
+    values = stages.program.size_values or {}
+    extents = [c.extent(i).evaluate(values) for i in c.m + c.n]
+    positions = [statement.indices.index(d) for d in dims]
+    groups = (range(len(c.m)), range(len(c.m), len(c.m) + len(c.n)))
+    flat_points = np.zeros((len(statement.points), 2), np.int64)
+    for axis, group in enumerate(groups):
+        for member in group:
+            flat_points[:, axis] = flat_points[:, axis] * extents[member] + statement.points[:, positions[member]]
+    mapping = {tuple(int(v) for v in real): (int(f[0]), int(f[1])) for real, f in zip(statement.points, flat_points)}
+    statement.indices = (f"M=({', '.join(c.m)})", f"N=({', '.join(c.n)})")
+    statement.points, statement.dims = flat_points, (0, 1)
+    return mapping
+
+
+def _gemm_cell_hint(stages) -> dict:
+    """Index -> the gemm kernel's cache block along it (its M, N and K of one index each)."""
     blocks = gemm_path.cache_blocks(stages)
     c = stages.contraction
     if blocks is None or len(c.m) != 1 or len(c.n) != 1 or len(c.k) != 1:
+        return {}
+    return {c.m[0]: blocks["mc"], c.n[0]: blocks["nc"], c.k[0]: blocks["kc"]}
+
+
+def _gemm_blocks(result: Instances, stages, flattened: bool = False) -> None:
+    """Fill ``tile`` with the gemm kernel's cache blocks: an instance over the contraction's M and
+    N indices (and K) is in block (m // MC, n // NC[, k // KC]), with the blocks its code
+    generator recorded (:func:`polyc.paths.gemm.cache_blocks`); ``flattened``: the statements
+    are drawn over the flattened M and N (:func:`_flatten`), blocked as the kernel blocks them."""
+    blocks = gemm_path.cache_blocks(stages)
+    c = stages.contraction
+    if blocks is None:
+        return
+    if flattened:
+        for statement in result.statements:
+            for point in statement.shown_points():
+                result.tile[(statement.name, point)] = (point[0] // blocks["mc"], point[1] // blocks["nc"])
+        result.tile_sizes = (blocks["mc"], blocks["nc"])
+        result.tile_label = (
+            f"the gemm kernel's cache blocks of the flattened M x N: MC x NC = {blocks['mc']} x {blocks['nc']}, "
+            f"for its {blocks['isa']} {blocks['mr']} x {blocks['nr']} register block; one colour each"
+        )
+        return
+    if len(c.m) != 1 or len(c.n) != 1 or len(c.k) != 1:
         return
     sizes = {c.m[0]: blocks["mc"], c.n[0]: blocks["nc"], c.k[0]: blocks["kc"]}
     for statement in result.statements:
@@ -441,16 +637,17 @@ def _band_views(result: Instances, stages, program) -> None:
     """Fill ``tile`` from the outermost tiled band and ``parallel`` from the outermost parallel
     band over the shown statements.  A band's member maps are its loops before tiling; a tile
     coordinate is the loop value divided by the tile size, rounded down."""
-    names = {s.name for s in result.statements}
+    drawn = [s for s in result.statements if not s.aggregated]  # (an aggregated one has no tiles drawn)
+    names = {s.name for s in drawn}
     decisions = [d for d in stages.decisions if names & set(d.statements) and d.member_maps]
     tiled = next((d for d in decisions if d.tile_sizes), None)
     if tiled is not None:
-        values = _member_values(tiled, program, result.statements)
+        values = _member_values(tiled, program, drawn)
         result.tile = {key: tuple(v // t for v, t in zip(vector, tiled.tile_sizes)) for key, vector in values.items()}
         result.tile_sizes = tuple(tiled.tile_sizes)
     parallel = next((d for d in decisions if d.parallel), None)
     if parallel is not None:
-        values = _member_values(parallel, program, result.statements, members=1)
+        values = _member_values(parallel, program, drawn, members=1)
         size = parallel.tile_sizes[0] if parallel.tile_sizes else 1
         result.parallel = {key: vector[0] // size for key, vector in values.items()}
         index = "/".join(sorted({i for i in parallel.member_indices[0].values()})) if parallel.member_indices else ""

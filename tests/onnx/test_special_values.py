@@ -84,6 +84,34 @@ def test_clip_before_opset_11_keeps_nan():
     assert_same_values(ours, theirs)
 
 
+# Rows long enough that polyc sums them in blocks and the total is an OpenMP reduction over the
+# threads (the partial sums whose start from +0 gave +0); the short row is one vector loop.
+NEGATIVE_ZERO_SUMS = {
+    "ReduceSum_rows": ([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)], (4, 3001), [1]),
+    "ReduceSum_all": ([helper.make_node("ReduceSum", ["x"], ["y"], keepdims=0)], (7, 20011), None),
+    "ReduceSum_short": ([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)], (5, 3), [1]),
+    "Einsum_rows": ([helper.make_node("Einsum", ["x"], ["y"], equation="ij->i")], (4, 3001), None),
+    "Einsum_total": ([helper.make_node("Einsum", ["x"], ["y"], equation="ij->")], (7, 20011), None),
+}
+
+
+@pytest.mark.parametrize("dtype", list(TYPES), ids=["float", "double", "float16"])
+@pytest.mark.parametrize("case", list(NEGATIVE_ZERO_SUMS))
+def test_a_sum_of_negative_zeros_is_negative_zero(case, dtype):
+    """-0 is the identity of IEEE addition (x + -0 is x, +0 + -0 is +0): a sum whose every term
+    is -0 is -0, in onnxruntime (numpy 2's sums start from +0 and give +0) and in polyc, whose
+    sums, their vector lanes' and their threads' partial sums start from -0 (issue 81)."""
+    nodes, shape, axes = NEGATIVE_ZERO_SUMS[case]
+    x = np.full(shape, -0.0, dtype)
+    ours, theirs = both(nodes, x, [("axes", np.array(axes, np.int64))] if axes else [])
+    assert np.signbit(theirs).all(), "onnxruntime's sum of -0s is -0"
+    assert ours.shape == theirs.shape and (ours == 0).all() and np.signbit(ours).all(), ours
+    # One +0 term makes the sum +0, in both.
+    x.reshape(-1)[shape[-1] // 2] = 0.0
+    ours, theirs = both(nodes, x, [("axes", np.array(axes, np.int64))] if axes else [])
+    assert_same_values(ours, theirs)
+
+
 @pytest.mark.parametrize(
     "channels, kernel, group", [(16, 1, 1), (32, 3, 32), (16, 3, 1)], ids=["pointwise", "depthwise", "3x3"]
 )
@@ -678,10 +706,6 @@ EXCLUDED: dict[tuple[str, np.dtype | None], str] = {
 }
 #: (case, float type or None) -> why zeros are compared without their signs there.
 UNSIGNED_ZEROS: dict[tuple[str, np.dtype | None], str] = {
-    ("ReduceSum", None): "a sum whose every term is -0 is -0 (IEEE's, onnxruntime's); polyc's sums "
-    "start from +0 (so do OpenMP's and the vector lanes' partial sums), and give +0 there",
-    ("ReduceMean", None): "as ReduceSum's",
-    ("CumSum", None): "as ReduceSum's: the running sum starts from +0, so a -0 first element gives +0",
     ("Celu", None): "onnxruntime's Celu kernel makes -0 +0; ONNX defines Celu as the function "
     "alpha Elu(x / alpha), which polyc runs and which gives -0 (so does onnxruntime's Elu)",
     ("Max", F16): "onnxruntime's float16 Max and Min give the second of two equal zeros, its float "

@@ -170,3 +170,89 @@ def test_a_dense_picture_is_thinned_and_says_so():
     distances = {tuple(y - x for x, y in zip(a, b)) for _, _, a, _, b in plot.arrows}
     assert distances == {(1, 0), (-1, 0), (0, 1), (0, -1), (0, 0)}  # every read still drawn
     assert "of 180 nearest dependences drawn" in plot.figure.texts[0].get_text()
+
+
+# ----------------------------------------------------------------------------- large and grouped
+BIG_MM = "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
+
+
+def test_a_slice_of_more_than_max_points_is_drawn_aggregated_in_blocks_with_counts():
+    from polyc.viz.instances import CELLS_PER_AXIS, MAX_POINTS
+
+    kernel = polyc.define(BIG_MM, blas_contractions=False).mm
+    plot = plot_domain(kernel, {"M": 256, "N": 256, "K": 256}, tiles=True, order=True)
+    (s0,) = plot.statements
+    assert s0.aggregated and s0.count == 256 * 256 > MAX_POINTS and s0.fixed == {"r_k": 0}
+    assert s0.cell_sizes == (256 // CELLS_PER_AXIS,) * 2 and len(s0.cells) == CELLS_PER_AXIS**2
+    assert sum(s0.cells.values()) == s0.count and set(s0.cells.values()) == {16 * 16}
+    assert "S0: 65536 instances at r_k=0, more than 20000: drawn aggregated in blocks of 16 x 16" in plot.title
+    assert plot.instances.order == {} and plot.instances.tile == {} and plot.arrows == []
+    axes = plot.figure.axes[0]
+    assert len(axes.patches) == CELLS_PER_AXIS**2 and "256" in {t.get_text() for t in axes.texts}
+    labels = [int(t.get_text()) for t in axes.get_xticklabels()]
+    assert labels[0] == 0 and labels[-1] <= 255 and labels == sorted(labels)
+
+
+def test_the_interactive_view_refuses_a_slice_too_large_naming_plot_domain():
+    from polyc.viz import view_domain
+
+    kernel = polyc.define(BIG_MM, blas_contractions=False).mm
+    with pytest.raises(
+        polyc.PolycError, match="524288 instances in the slice drawn, more than 20000.*plot_domain draws it aggregated"
+    ):
+        view_domain(kernel, {"M": 256, "N": 256, "K": 8})
+
+
+def test_on_the_gemm_path_the_blocks_of_a_large_picture_are_the_cache_blocks():
+    from polyc.paths import gemm as gemm_path
+
+    kernel = polyc.define(BIG_MM, gemm_blocks=(64, 128, 64)).mm
+    sizes = {"M": 256, "N": 256, "K": 256}
+    blocks = gemm_path.cache_blocks(kernel.stages(sizes))
+    plot = plot_domain(kernel, sizes, tiles=True)
+    (s0,) = plot.statements
+    assert s0.cell_sizes == (blocks["mc"], blocks["nc"]) and "the gemm kernel's cache blocks" in plot.title
+    mc, nc = blocks["mc"], blocks["nc"]
+    assert s0.cells == {
+        (i, j): (min(256, (i + 1) * mc) - i * mc) * (min(256, (j + 1) * nc) - j * nc)
+        for i in range(-(-256 // mc))
+        for j in range(-(-256 // nc))
+    }
+
+
+def test_a_batched_contraction_on_the_gemm_path_is_drawn_over_flattened_m_and_n():
+    from polyc.paths import gemm as gemm_path
+
+    source = "def bmm(float(B, M, K) X, float(B, K, N) Y) -> (Z) { Z(b, m, n) +=! X(b, m, r_k) * Y(b, r_k, n) }"
+    kernel = polyc.define(source, gemm_blocks=(6, 16, 4)).bmm
+    sizes = {"B": 2, "M": 12, "K": 4, "N": 40}
+    stages = kernel.stages(sizes)
+    assert stages.path == "gemm" and stages.contraction.batch == ("b",)
+    blocks = gemm_path.cache_blocks(stages)
+    plot = plot_domain(kernel, sizes, tiles=True)
+    (s0,) = plot.statements
+    assert s0.indices == ("M=(m)", "N=(n)") and s0.fixed == {"b": 0, "r_k": 0}
+    assert "drawn over the flattened index groups" in plot.title and "at b = lowest" in plot.title
+    assert sorted(s0.shown_points()) == [(m, n) for m in range(12) for n in range(40)]
+    for (_, (m, n)), tile in plot.instances.tile.items():
+        assert tile == (m // blocks["mc"], n // blocks["nc"])
+    assert plot.figure.axes[0].get_xlabel() == "M=(m)"
+
+
+def test_a_two_index_m_group_is_flattened_row_major_as_the_kernel_flattens_it():
+    from polyc.paths import gemm as gemm_path
+
+    source = "def mm2(float(P, Q, K) A, float(K, N) B) -> (C) { C(p, q, n) +=! A(p, q, r_k) * B(r_k, n) }"
+    kernel = polyc.define(source, gemm_blocks=(6, 16, 4)).mm2
+    sizes = {"P": 3, "Q": 5, "K": 8, "N": 20}
+    stages = kernel.stages(sizes)
+    assert stages.path == "gemm" and stages.contraction.m == ("p", "q")
+    blocks = gemm_path.cache_blocks(stages)
+    plot = plot_domain(kernel, sizes, tiles=True)
+    (s0,) = plot.statements
+    assert s0.indices == ("M=(p, q)", "N=(n)")
+    assert sorted(s0.shown_points()) == [(p * 5 + q, n) for p in range(3) for q in range(5) for n in range(20)]
+    assert {tile for tile in plot.instances.tile.values()} == {
+        (m // blocks["mc"], n // blocks["nc"]) for m in range(15) for n in range(20)
+    }
+    assert "M = (p, q) and N = (n) flattened row-major" in plot.title

@@ -114,7 +114,9 @@ def disagreements(explanation, stages) -> list[str]:
             problems.append(f"{iterator}: the C says {'' if parallel else 'not '}parallel, explain the opposite")
         if simd != called_simd:
             problems.append(f"{iterator}: the C says {'' if simd else 'not '}vectorised, explain the opposite")
-    pragmas = sum(1 for line in stages.kernel.source.splitlines() if line.strip().startswith("#pragma omp"))
+    # (the function's pragmas: the prelude's declared reductions are on no loop)
+    body = stages.kernel.source[stages.kernel.source.index(f"int {stages.kernel.function_name}(") :]
+    pragmas = sum(1 for line in body.splitlines() if line.strip().startswith("#pragma omp"))
     if pragmas and not any(parallel or simd for _, parallel, simd in said):
         problems.append(f"the C has {pragmas} OpenMP pragmas, explain none")
     return problems

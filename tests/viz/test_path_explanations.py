@@ -14,6 +14,7 @@ import polyc
 from polyc.driver import compile_stages
 from polyc.paths import gemm as gemm_path
 from polyc.paths.explaining import built_for
+from polyc.target import INSTRUCTION_SETS
 from polyc.viz.explain import _explain_stages
 from tests.viz.sources import MATMUL
 
@@ -140,9 +141,99 @@ def test_gemv_names_its_vectors_and_blocks():
     assert "threads: one: 4096 multiply-adds are fewer than 65536" in text
 
 
+TRANSPOSE = "def t(float(N, C, H, W) A) -> (O) { O(n, h, w, c) = A(n, c, h, w) }"
+TRANSPOSE_SIZES = {"N": 2, "C": 100, "H": 20, "W": 20}
+SEGMENTS = """def seg(double a, double(M, N) C, double(M, K) A, double(K, N) B) -> (D) {
+    D(i, j) = 2 * C(i, j)
+    D(i, j) += a * A(i, r_k) * B(r_k, j)
+    D(i, j) = fmax(D(i, j), 0.0)
+}"""
+SEGMENTS_SIZES = {"M": 64, "N": 64, "K": 64}
+SPLIT_SUM = """def syr(float(N, M) A, float(N, M) B) -> (O) {
+    O(i, j) +=! (i >= j) ? A(r_k, i) * B(r_k, j) + B(r_k, i) * A(r_k, j) : 0
+    O(i, j) = fmax(O(i, j), 0.0)
+}"""
+POINTWISE_DEPTHWISE = """def blk(float(1, 14, 14, 8) X, float(1, 1, 8, 48) W1, float(48) B1, float(3, 3, 48) W2) -> (O) {
+    T(n, h, w, f) +=! X(n, h + r_k0, w + r_k1, r_c) * W1(r_k0, r_k1, r_c, f) where r_k0 in 0:1, r_k1 in 0:1
+    T(n, h, w, f) = fmax(T(n, h, w, f) + B1(f), 0.0)
+    O(n, h, w, c) +=! (h + r_kh - 1 >= 0 && w + r_kw - 1 >= 0 && h + r_kh - 1 < 14 && w + r_kw - 1 < 14) ? T(n, h + r_kh - 1, w + r_kw - 1, c) * W2(r_kh, r_kw, c) : 0.0
+        where h in 0:14, w in 0:14, r_kh in 0:3, r_kw in 0:3
+}"""
+
+
+def test_transpose_names_its_planes_tiles_and_register_transpose():
+    kernel = polyc.define(TRANSPOSE).t
+    text, stages, decisions = explained(kernel, TRANSPOSE_SIZES)
+    assert stages.path == "transpose" and decisions["kernel"] == "transpose"
+    # NCHW -> NHWC: H and W move together; each plane is C rows x (H W) columns, one per image.
+    assert decisions["groups"] == ((0,), (1,), (2, 3)) and decisions["order"] == (0, 2, 1)
+    assert decisions["rows"] == (1,) and decisions["columns"] == (2, 3)
+    assert decisions["extents"] == (2, 100, 400) and decisions["planes"] == 2
+    assert decisions["tiles"] == 2 * 2 * 7  # ceil(100 / 64) x ceil(400 / 64) tiles a plane
+    assert "each plane of 100 x 400: its rows are the input's dimension 1" in text
+    assert "columns the input's dimensions 2, 3 merged" in text
+    assert f"2 plane(s), one per value of the other dimensions; cut into tiles of {decisions['tile']} x" in text
+    assert "28 tiles in all" in text
+    isa = built_for(stages, {n: INSTRUCTION_SETS[n] for n in decisions["instruction_sets"]})
+    block = decisions["register_blocks"][isa]
+    if block is not None:
+        assert f"inside a tile ({isa}): blocks of {block} x {block} elements of 4 bytes" in text
+    else:
+        assert f"inside a tile ({isa}): one element at a time" in text
+    assert f"threads: 80000 elements moved, at least {decisions['parallel_threshold']}" in text
+
+    small = polyc.define(TRANSPOSE, threads=1).t
+    text, _, _ = explained(small, dict(TRANSPOSE_SIZES, N=1, C=8))
+    assert "threads: one: 3200 elements moved are fewer than" in text
+
+
+def test_segments_name_each_segment_its_path_and_why():
+    kernel = polyc.define(SEGMENTS).seg
+    text, stages, decisions = explained(kernel, SEGMENTS_SIZES)
+    assert stages.path == "segments" and [s["kind"] for s in decisions["segments"]] == ["generic", "gemm"]
+    assert [part.path for part in stages.segments] == ["generic", "gemm"]
+    assert "it runs as 2 segments in order" in text
+    assert (
+        "segment 0 (generic path): `D(i, j) = 2 * C(i, j)`: no contraction worth a BLIS kernel (not a contraction)"
+        in text
+    )
+    assert (
+        "segment 1 (gemm path): `D(i, j) += a * A(i, r_k) * B(r_k, j)`; `D(i, j) = fmax(D(i, j), 0.0)`: a contraction"
+        in text
+    )
+    assert decisions["segments"][1]["contraction"] in text and "one statement per product" not in text
+
+    text, stages, decisions = explained(polyc.define(SPLIT_SUM).syr, {"N": 32, "M": 48})
+    assert [part.path for part in stages.segments] == ["gemm", "gemm"] and decisions["split_statements"] == 1
+    assert "(term 1 of 2)" in text and "(term 2 of 2)" in text
+    assert "became one statement per product" in text
+
+
+def test_pointwise_depthwise_names_its_ring_register_blocks_and_work_items():
+    kernel = polyc.define(POINTWISE_DEPTHWISE).blk
+    text, stages, decisions = explained(kernel, {})
+    assert stages.path == "pointwise_depthwise" and decisions["kernel"] == "pointwise_depthwise"
+    assert decisions["temporary"] == "T" and decisions["expanded_channels"] == 48 and decisions["ring_rows"] == 3
+    assert "never stores T (48 channels)" in text and "into a ring buffer of 3 rows" in text
+    isa = built_for(stages)
+    pointwise = decisions["pointwise_blocks"][isa]
+    if pointwise["lanes"] is not None:
+        assert (
+            f"1x1 rows ({isa}): register blocks of {pointwise['pixels']} pixels x {pointwise['vectors']} vectors of "
+            f"{pointwise['lanes']} channels" in text
+        )
+    assert "its epilogues applied to the accumulators" in text  # bias + relu: in registers
+    block = decisions["register_blocks"][isa]
+    assert f"block of outputs ({isa}): vectors of {block['lanes']} channels" in text
+    assert f"blocks of at least {decisions['block_channels']} channels" in text
+
+
 @pytest.mark.parametrize(
     "source, sizes, options",
     [
+        (TRANSPOSE, TRANSPOSE_SIZES, {}),
+        (SEGMENTS, SEGMENTS_SIZES, {}),
+        (POINTWISE_DEPTHWISE, {}, {}),
         (MATMUL, {"M": 64, "K": 64, "N": 64}, {}),
         (NHWC, CONV_SIZES, {"winograd": True}),
         (NHWC, CONV_SIZES, {}),

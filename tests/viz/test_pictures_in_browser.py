@@ -168,3 +168,47 @@ def test_picture_is_readable(name, size, makers, browser, tmp_path):
 def _keys(instances):
     """The (statement, point) of each point of a view's data, in its order."""
     return [(s.name, p) for s in instances.statements for p in s.shown_points()]
+
+
+BMM = "def bmm(float(B, M, K) X, float(B, K, N) Y) -> (Z) { Z(b, m, n) +=! X(b, m, r_k) * Y(b, r_k, n) }"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["mm-256-generic", "mm-256-gemm", "bmm-flattened"],
+)
+def test_large_and_flattened_pictures_render(name, browser, tmp_path):
+    """A 256 x 256 matmul's picture (aggregated: blocks with counts, on the generic and the gemm
+    path) and a batched matmul's over its flattened M and N, opened in Chromium: not blank, the
+    ticks integer index values inside the drawn range, the title saying what is drawn."""
+    from selenium.webdriver.common.by import By
+
+    sizes = {"M": 256, "N": 256, "K": 256}
+    if name == "mm-256-generic":
+        picture = polyc.viz.plot_domain(polyc.define(MM, blas_contractions=False).mm, sizes, order=True)
+        assert "drawn aggregated in blocks of 16 x 16" in picture.title
+    elif name == "mm-256-gemm":
+        picture = polyc.viz.plot_domain(polyc.define(MM, gemm_blocks=(64, 128, 64)).mm, sizes, tiles=True)
+        assert "the gemm kernel's cache blocks" in picture.title
+    else:
+        kernel = polyc.define(BMM, gemm_blocks=(6, 16, 4)).bmm
+        picture = polyc.viz.plot_domain(kernel, {"B": 2, "M": 12, "K": 4, "N": 40}, tiles=True)
+        assert "drawn over the flattened index groups" in picture.title
+        assert picture.instances.tile and picture.arrows == []
+    axes = picture.figure.axes[0]
+    for labels, limit in ((axes.get_xticklabels(), 255), (axes.get_yticklabels(), 255)):
+        values = [int(t.get_text()) for t in labels]
+        assert values and values == sorted(values) and 0 <= values[0] and values[-1] <= limit
+    picture.save(tmp_path / "plot.svg")
+    page = tmp_path / "plot.html"
+    page.write_text('<!DOCTYPE html><html><body style="margin:0"><img id="plot" src="plot.svg"></body></html>')
+    browser.get(page.as_uri())
+    image = browser.find_element(By.ID, "plot")
+    deadline = time.time() + 10
+    while time.time() < deadline and not browser.execute_script("return arguments[0].complete", image):
+        time.sleep(0.05)
+    assert browser.execute_script("return arguments[0].naturalWidth", image) > 100
+    shot = image.screenshot_as_png
+    assert javascript_errors(browser) == []
+    _keep(shot, f"{name}.png")
+    assert inked_fraction(shot) > 0.01, f"{name} is blank"

@@ -780,7 +780,8 @@ def running_along(b, x: Value, axis: int, exclusive: bool, reverse: bool, produc
     before = "<" if exclusive else "<="
     idx = indices(x.rank)
     reduce, combine = ("*=!", "*") if product else ("+=!", "+")
-    identity = f"{tc_type(x.dtype)}({1 if product else 0})"
+    # -0 for a float sum: adding it leaves every value as it is, a running sum of -0s too
+    identity = f"{tc_type(x.dtype)}({1 if product else '-0.0' if x.dtype.kind == 'f' else 0})"
     # Positions along the axis count from the end when reversed: element p is x[n - 1 - p].
     along = (lambda p: f"{n - 1} - ({p})") if reverse else (lambda p: p)  # noqa: E731
     out = b.new(x.shape, x.dtype)

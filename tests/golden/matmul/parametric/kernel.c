@@ -45,14 +45,14 @@ int polyc_matmul(const float *__restrict__ A, const float *__restrict__ B, float
             for (int64_t c5 = INT64_C(0); c5 <= polyc_min(INT64_C(127), ((N - c1) - INT64_C(1))); c5 += INT64_C(1))
             {
               if ((c4 == INT64_C(0)))
-                C[(((c0 + c3)) * C_extent1 + ((c1 + c5)))] = 0.0f;
+                C[(((c0 + c3)) * C_extent1 + ((c1 + c5)))] = (-0.0f);
               C[(((c0 + c3)) * C_extent1 + ((c1 + c5)))] = (float)(C[(((c0 + c3)) * C_extent1 + ((c1 + c5)))] + ((polyc_invariant_0) * (B[((c4) * B_extent1 + ((((c1 + c5)))))])));
             }
           }
         if ((K == INT64_C(0)))
         #pragma omp simd
         for (int64_t c5 = INT64_C(0); c5 <= polyc_min(INT64_C(127), ((N - c1) - INT64_C(1))); c5 += INT64_C(1))
-          C[(((c0 + c3)) * C_extent1 + ((c1 + c5)))] = 0.0f;
+          C[(((c0 + c3)) * C_extent1 + ((c1 + c5)))] = (-0.0f);
       }
       for (int64_t c2 = INT64_C(128); c2 < K; c2 += INT64_C(128))
         for (int64_t c3 = INT64_C(0); c3 <= polyc_min(INT64_C(127), ((M - c0) - INT64_C(1))); c3 += INT64_C(1))

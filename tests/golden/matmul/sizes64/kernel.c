@@ -43,7 +43,7 @@ int polyc_matmul(const float *__restrict__ A, const float *__restrict__ B, float
         for (int64_t c5 = INT64_C(0); c5 <= INT64_C(7); c5 += INT64_C(1))
         #pragma omp simd
         for (int64_t c6 = INT64_C(0); c6 <= INT64_C(31); c6 += INT64_C(1))
-          C[((((c0 + c3) + c5)) * C_extent1 + ((c4 + c6)))] = 0.0f;
+          C[((((c0 + c3) + c5)) * C_extent1 + ((c4 + c6)))] = (-0.0f);
         {
           float polyc_tile_C[8][32];
           for (int64_t polyc_tile_row = 0; polyc_tile_row <= INT64_C(7); polyc_tile_row += 1)

@@ -39,7 +39,7 @@ int polyc_mlp(const float *__restrict__ I, const float *__restrict__ W, const fl
       for (int64_t c2 = INT64_C(0); c2 <= polyc_min(INT64_C(127), ((M - c0) - INT64_C(1))); c2 += INT64_C(1))
         for (int64_t c3 = INT64_C(0); c3 <= polyc_min(INT64_C(127), ((N - c1) - INT64_C(1))); c3 += INT64_C(1))
         {
-          O[(((c0 + c2)) * O_extent1 + ((c1 + c3)))] = 0.0f;
+          O[(((c0 + c2)) * O_extent1 + ((c1 + c3)))] = (-0.0f);
           {
             for (int64_t c4 = INT64_C(0); c4 < K; c4 += INT64_C(1))
               O[(((c0 + c2)) * O_extent1 + ((c1 + c3)))] = (float)(O[(((c0 + c2)) * O_extent1 + ((c1 + c3)))] + ((I[(((((c0 + c2)))) * I_extent1 + (c4))]) * (W[((c4) * W_extent1 + ((((c1 + c3)))))])));

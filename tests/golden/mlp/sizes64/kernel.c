@@ -41,7 +41,7 @@ int polyc_mlp(const float *__restrict__ I, const float *__restrict__ W, const fl
   {
     #pragma omp simd
     for (int64_t c1 = INT64_C(0); c1 <= INT64_C(63); c1 += INT64_C(1))
-      O[((c0) * O_extent1 + (c1))] = 0.0f;
+      O[((c0) * O_extent1 + (c1))] = (-0.0f);
     for (int64_t c1 = INT64_C(0); c1 <= INT64_C(63); c1 += INT64_C(32))
       for (int64_t c3 = INT64_C(0); c3 <= INT64_C(63); c3 += INT64_C(1))
       {

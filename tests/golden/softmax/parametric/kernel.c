@@ -53,15 +53,15 @@ int polyc_softmax(const float *__restrict__ X, float *__restrict__ O, float *__r
       for (int64_t c1 = INT64_C(0); c1 < D; c1 += INT64_C(1))
         O[((c0) * O_extent1 + (c1))] = polyc_expf(((X[((c0) * X_extent1 + (c1))]) - (polyc_invariant_0)));
     }
-    S[(c0)] = 0.0f;
+    S[(c0)] = (-0.0f);
     if ((INT64_C(0)) < D)
     {
       float polyc_acc_S_total = S[(c0)];
       for (int64_t c1_block = INT64_C(0); c1_block <= D - 1; c1_block += 256)
       {
         const int64_t c1_last = polyc_min(c1_block + 255, D - 1);
-        float polyc_acc_S = 0.0f;
-        #pragma omp simd reduction(+:polyc_acc_S)
+        float polyc_acc_S = (-0.0f);
+        #pragma omp simd reduction(polyc_sum_float32:polyc_acc_S)
         for (int64_t c1 = c1_block; c1 <= c1_last; c1 += 1)
           polyc_acc_S = (float)(polyc_acc_S + (O[((c0) * O_extent1 + (c1))]));
         polyc_acc_S_total = (float)(polyc_acc_S_total + polyc_acc_S);

@@ -53,10 +53,10 @@ int polyc_softmax(const float *__restrict__ X, float *__restrict__ O, float *__r
       for (int64_t c1 = INT64_C(0); c1 <= INT64_C(63); c1 += INT64_C(1))
         O[((c0) * O_extent1 + (c1))] = polyc_expf(((X[((c0) * X_extent1 + (c1))]) - (polyc_invariant_0)));
     }
-    S[(c0)] = 0.0f;
+    S[(c0)] = (-0.0f);
     {
       float polyc_acc_S = S[(c0)];
-      #pragma omp simd reduction(+:polyc_acc_S)
+      #pragma omp simd reduction(polyc_sum_float32:polyc_acc_S)
       for (int64_t c1 = INT64_C(0); c1 <= INT64_C(63); c1 += INT64_C(1))
         polyc_acc_S = (float)(polyc_acc_S + (O[((c0) * O_extent1 + (c1))]));
       S[(c0)] = polyc_acc_S;
