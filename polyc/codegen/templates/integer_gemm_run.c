@@ -72,9 +72,14 @@ static void polyc_row_block(const polyc_igemm_t *restrict g, const polyc_iplan_t
             const int64_t s = (first + step) % plan->slivers, item = q * plan->slivers + s;
             const unsigned char *bp = polyc_b_sliver(g, b, bpack + item * plan->b_sliver, states + item, own, s, pc, kc);
             const int64_t jr = s * NR, nr = polyc_min(NR, g->n - jr);
-            for (int64_t ir = 0; ir < mc; ir += MR)
+            for (int64_t ir = 0; ir < mc; ir += MR) {
                 polyc_ikernel(kg, apack + (ir / MR) * plan->a_sliver, bp, c, g->c_m + ic + ir, g->c_n + jr,
                               polyc_min(MR, mc - ir), nr, beta, unit, g->corrected);
+#if defined(POLYC_EPILOGUE)
+                if (q == plan->k_blocks - 1)  /* the block's sums are final: its epilogue while in cache */
+                    polyc_epilogue(g, bt, ic + ir, polyc_min(MR, mc - ir), jr, nr);
+#endif
+            }
         }
     }
 }
@@ -121,6 +126,10 @@ static int polyc_igemm_run(const polyc_igemm_t *restrict g, int init)
                 for (int64_t m = 0; m < g->m; m++)
                     for (int64_t n = 0; n < g->n; n++)
                         g->c[g->c_batch[bt] + g->c_m[m] + g->c_n[n]] = 0;
+#if defined(POLYC_EPILOGUE)
+        for (int64_t bt = 0; bt < g->nbatch; bt++)
+            polyc_epilogue(g, bt, 0, g->m, 0, g->n);
+#endif
         return 0;
     }
     int nthr = 1, most = 1, pooled = 0;
