@@ -72,16 +72,16 @@ static void polyc_row_block(const polyc_igemm_t *restrict g, const polyc_iplan_t
             const int64_t s = (first + step) % plan->slivers, item = q * plan->slivers + s;
             const unsigned char *bp = polyc_b_sliver(g, b, bpack + item * plan->b_sliver, states + item, own, s, pc, kc);
             const int64_t jr = s * NR, nr = polyc_min(NR, g->n - jr);
-            for (int64_t ir = 0; ir < mc; ir += MR) {
+            for (int64_t ir = 0; ir < mc; ir += MR)
                 polyc_ikernel(kg, apack + (ir / MR) * plan->a_sliver, bp, c, g->c_m + ic + ir, g->c_n + jr,
                               polyc_min(MR, mc - ir), nr, beta, unit, g->corrected);
-#if defined(POLYC_EPILOGUE)
-                if (q == plan->k_blocks - 1)  /* the block's sums are final: its epilogue while in cache */
-                    polyc_epilogue(g, bt, ic + ir, polyc_min(MR, mc - ir), jr, nr);
-#endif
-            }
         }
     }
+#if defined(POLYC_EPILOGUE)
+    /* The block's sums are final: its epilogue while they are in cache (L2: one block of rows),
+       along whole rows, whose long runs the epilogue's vector loop takes with little overhead. */
+    polyc_epilogue(g, bt, ic, mc, 0, g->n);
+#endif
 }
 
 /* One call's work: items are whole products (by_product) or blocks of rows of a product. */
