@@ -483,4 +483,7 @@ def test_epilogues_are_described_and_explained():
     assert contraction is not None
     assert [e.statement.target for e in contraction.epilogues] == ["Y", "D"]
     assert dict(contraction.epilogues[0].points) == {"i0": "b", "i1": "f", "i2": "p"}
-    assert contraction.describe().endswith("then Y (=), D (=)")
+    assert contraction.describe() == "T = (W - ZW) * (X - ZX): int8 x uint8 -> int32, batch=() M=(f) N=(b, p) K=(r_k)"
+    explanation = str(polyc.define(REQUANTIZED).requantized.explain({"F": 64, "K": 576, "B": 1, "P": 3136}))
+    assert "on each block of rows of the int32 sums once final" in explanation
+    assert "Y(i0, i1, i2) = uint8(" in explanation

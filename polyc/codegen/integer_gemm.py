@@ -21,6 +21,11 @@ the correction when it writes its block.  Everything is computed modulo 2^32 (wr
 vector arithmetic, uint32 in C), so the result is exact wherever it fits in int32, as numpy's
 int64 product of the shifted operands does.
 
+Epilogue statements (:class:`~polyc.schedule.integer_contraction.IntegerEpilogue`: a
+requantization, a dequantization, a bias) become ``polyc_epilogue``, which a thread calls on its
+block of rows once the block's last K block is summed, while the block's int32 sums are in cache;
+it runs along whole rows, the innermost index of N in a vector loop.
+
 Register blocks, chosen by the C preprocessor (so one source serves every machine):
 
 =============  ================================  =====  ==  ================================

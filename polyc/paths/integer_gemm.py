@@ -50,7 +50,7 @@ def explain(stages) -> list[str]:
     ]
     if decisions.get("epilogues"):
         lines.append(
-            "then, on each block of the int32 sums once final, while it is in cache: "
+            "then, on each block of rows of the int32 sums once final, while it is in cache: "
             + "; ".join(decisions["epilogues"])
         )
     if decisions:

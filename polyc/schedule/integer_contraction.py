@@ -109,19 +109,17 @@ class IntegerContraction:
         return dict(self.extents)[index]
 
     def describe(self) -> str:
-        """One line: the product, its types and the classes of its indices."""
+        """One line: the product, its types and the classes of its indices (its epilogues are
+        ``epilogues``)."""
 
         def factor(operand: Operand, zero: ZeroPoint | None) -> str:
             return operand.tensor if zero is None else f"({operand.tensor} - {zero.describe()})"
 
         groups = [("batch", self.batch), ("M", self.m), ("N", self.n), ("K", self.k)]
         text = " ".join(f"{name}=({', '.join(indices)})" for name, indices in groups)
-        then = ""
-        if self.epilogues:
-            then = ", then " + ", ".join(f"{e.statement.target} ({e.statement.op})" for e in self.epilogues)
         return (
             f"{self.target.tensor} {'=' if self.init else '+='} {factor(self.a, self.a_zero)} * "
-            f"{factor(self.b, self.b_zero)}: {self.a_dtype} x {self.b_dtype} -> int32, {text}{then}"
+            f"{factor(self.b, self.b_zero)}: {self.a_dtype} x {self.b_dtype} -> int32, {text}"
         )
 
 
