@@ -427,6 +427,11 @@ def requantized(int8(F, K) W, uint8(K, B, P) X, int8(F) ZW, uint8(1) ZX, float(F
     Y(i0, i1, i2) = uint8(fmin(fmax(rint(float(T(i1, i0, i2) + BIAS(i1)) * S(i1)) + float(ZY(0)), 0.0), 255.0))
     D(i0, i1, i2) = (float(Y(i0, i1, i2)) - float(ZY(0))) * 0.5
 }
+def images(int8(F, K) W, uint8(K, B, H, V) X, float(F) S, uint8(B, F, H, V) R) -> (Y) {
+    T(f, b, h, w) +=! int32(W(f, r_k)) * int32(X(r_k, b, h, w))
+    Y(i0, i1, i2, i3) = uint8(fmin(fmax(rint(float(T(i1, i0, i2, i3)) * S(i1)), 0.0), 255.0))
+    Y(i0, i1, i2, i3) = uint8(fmin(float(Y(i0, i1, i2, i3)) + float(R(i0, i1, i2, i3)), 255.0))
+}
 def biased(uint8(M, K) A, int8(K, N) B, int32(N) BIAS) -> (Y) {
     Y(m, n) +=! int32(A(m, r_k)) * int32(B(r_k, n))
     Y(m, n) = Y(m, n) + BIAS(n)
@@ -466,6 +471,23 @@ def test_epilogues_requantize_each_block(cflags, specialize):
         np.testing.assert_array_equal(d, want_d)
         if f * b * p > 100:
             assert {0, 255} <= set(np.unique(y)), "the test should saturate at both ends"
+
+
+@pytest.mark.parametrize("specialize", [False, True])
+def test_epilogues_over_images_of_rows_and_columns(specialize):
+    """A convolution's product (filters x images x rows x columns) requantized into NCHW, then a
+    residual added in place: the epilogue runs along each image's rows and columns as one run."""
+    module = polyc.define(REQUANTIZED, specialize=specialize)
+    rng = np.random.default_rng(9)
+    for f, k, b, h, v in [(1, 1, 1, 1, 1), (13, 21, 2, 7, 7), (70, 403, 3, 5, 9)]:
+        assert module.images.stages({"F": f, "K": k, "B": b, "H": h, "V": v}).path == "integer_gemm"
+        w, x = random_operand(rng, (f, k), "s8"), random_operand(rng, (k, b, h, v), "u8")
+        scale = (rng.uniform(0.5, 2.0, f) / (20 * np.sqrt(k))).astype(np.float32)
+        residual = random_operand(rng, (b, f, h, v), "u8")
+        sums = np.einsum("fk,kbhv->bfhv", w.astype(np.int64), x.astype(np.int64))
+        y = np.clip(np.rint(sums.astype(np.float32) * scale[None, :, None, None]), 0, 255)
+        want = np.minimum(y + residual, 255).astype(np.uint8)
+        np.testing.assert_array_equal(module.images(w, x, scale, residual), want, err_msg=f"{f}x{k}x{b}x{h}x{v}")
 
 
 def test_an_epilogue_updating_the_product_in_place():

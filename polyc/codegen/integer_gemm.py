@@ -60,6 +60,7 @@ from polyc.codegen.pattern_kernel import DedicatedKernel, PatternKernelWriter
 from polyc.codegen.templates import c_template
 from polyc.ir.model import PolyProgram
 from polyc.lang import checked as ir
+from polyc.lang.symbolic import Affine
 from polyc.options import Options
 from polyc.schedule import tiling
 from polyc.schedule.integer_contraction import IntegerContraction, ZeroPoint
@@ -212,7 +213,9 @@ class _Writer(PatternKernelWriter):
         sizes = list(d.sizes)
         body += self.size_declarations(lambda size: f"polyc_gp->sizes[{sizes.index(size)}]")
         body += self.decompose("polyc_bt", c.batch)
-        inner = c.n[-1]
+        run = self.contiguous_run()
+        inner, outer = run[-1], c.n[: len(c.n) - len(run)]
+        run_extent = " * ".join(f"({self.size_expr(c.extent(i))})" for i in run)
         point = [
             f"int32_t {local[c.target.tensor]} = "
             f"{self.element(c.target.tensor, [f'polyc_ix_{i}' for i in c.target.indices])};"
@@ -244,9 +247,9 @@ class _Writer(PatternKernelWriter):
             "for (int64_t polyc_r = polyc_row0; polyc_r < polyc_row0 + polyc_rows; polyc_r++) {",
             *("    " + line for line in self.decompose("polyc_r", c.m)),
             "    for (int64_t polyc_j = polyc_col0; polyc_j < polyc_col0 + polyc_cols;) {",
-            *("        " + line for line in self.decompose("polyc_j", c.n[:-1], inner)),
-            f"        const int64_t polyc_run = polyc_min(polyc_col0 + polyc_cols - polyc_j, "
-            f"({self.size_expr(c.extent(inner))}) - polyc_first);",
+            *("        " + line for line in self.decompose("polyc_j", outer, run)),
+            *(f"        const int64_t polyc_ix_{index} = 0;" for index in run[:-1]),
+            f"        const int64_t polyc_run = polyc_min(polyc_col0 + polyc_cols - polyc_j, {run_extent} - polyc_first);",
             "        #pragma omp simd",
             "        for (int64_t polyc_t = 0; polyc_t < polyc_run; polyc_t++) {",
             f"            const int64_t polyc_ix_{inner} = polyc_first + polyc_t;",
@@ -265,18 +268,58 @@ class _Writer(PatternKernelWriter):
             "#define POLYC_EPILOGUE 1\n" + signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
         )
 
-    def decompose(self, flat: str, indices: tuple[str, ...], inner: str | None = None) -> list[str]:
+    def contiguous_run(self) -> tuple[str, ...]:
+        """The innermost indices of the N group that the epilogue's loop runs along as one flat
+        index: the longest suffix that every tensor it touches (the product, the epilogues'
+        targets, what they read) holds as its last dimensions in that order, whole, or not at
+        all.  Along them the elements are one run in each, so a run spans whole rows of an image
+        (positions 7 x 7 are one run of 49, not seven of 7)."""
+        c, d = self.contraction, self.definition
+        accesses = [(c.target.tensor, list(c.target.indices))]
+        for epilogue in c.epilogues:
+            statement = epilogue.statement
+            accesses.append((statement.target, [epilogue.contraction_index(i) for i in statement.indices]))
+            for read in ir.reads(statement.rhs):
+                subscripts: list = []
+                for subscript in read.subscripts:
+                    assert isinstance(subscript, Affine)  # (the recogniser takes affine reads only)
+                    names = [epilogue.contraction_index(n) for n in subscript.names() if n in dict(epilogue.points)]
+                    plain = len(names) == 1 and subscript == Affine.var(list(subscript.names())[0])
+                    subscripts.append(names[0] if plain else tuple(names))
+                accesses.append((read.tensor, subscripts))
+
+        def holds(suffix: tuple[str, ...]) -> bool:
+            for tensor, subscripts in accesses:
+                mentioned = [s for s in subscripts if s in suffix or (isinstance(s, tuple) and set(s) & set(suffix))]
+                if not mentioned:
+                    continue
+                if tuple(subscripts[len(subscripts) - len(suffix) :]) != suffix or len(mentioned) != len(suffix):
+                    return False
+                shape = d.tensor(tensor).shape
+                if any(shape[len(shape) - len(suffix) + k] != c.extent(i) for k, i in enumerate(suffix) if k > 0):
+                    return False
+            return True
+
+        run: tuple[str, ...] = (c.n[-1],)
+        while len(run) < len(c.n) and holds(c.n[len(c.n) - len(run) - 1 :]):
+            run = c.n[len(c.n) - len(run) - 1 :]
+        return run
+
+    def decompose(self, flat: str, indices: tuple[str, ...], run: tuple[str, ...] = ()) -> list[str]:
         """C declaring ``polyc_ix_<index>`` for each of ``indices`` (outermost first) from the
-        flat number ``flat`` of a point of their group, in row-major order; with ``inner``, the
-        group's innermost index after them, whose value is declared as ``polyc_first``."""
-        group = list(indices) + ([inner] if inner is not None else [])
+        flat number ``flat`` of a point of their group, in row-major order; with ``run``, the
+        group's innermost indices after them, whose flat value is declared as ``polyc_first``."""
+        group = list(indices) + (["polyc_run"] if run else [])
         if not group:
             return []
         lines = [f"int64_t polyc_rest_{flat} = {flat};"]
         for position in reversed(range(len(group))):
             index = group[position]
-            extent = f"({self.size_expr(self.contraction.extent(index))})"
-            name = "polyc_first" if index == inner else f"polyc_ix_{index}"
+            if index == "polyc_run":
+                extent = "(" + " * ".join(f"({self.size_expr(self.contraction.extent(i))})" for i in run) + ")"
+            else:
+                extent = f"({self.size_expr(self.contraction.extent(index))})"
+            name = "polyc_first" if index == "polyc_run" else f"polyc_ix_{index}"
             if position == 0:
                 lines.append(f"const int64_t {name} = polyc_rest_{flat};")
             else:

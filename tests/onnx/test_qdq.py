@@ -208,3 +208,5 @@ def test_requantization_runs_in_the_integer_kernel(tmp_path, images):
     computed = [value for group in groups for value in group.inputs if value.const is None]
     assert not any(value.dtype == np.int32 for value in computed)
     assert sum("requantize" in group.kinds for group in groups) == 2
+    # The residual Add (QLinearAdd) reads the second convolution's output alone: its epilogue too.
+    assert any(node.startswith("Add") for group in integer for node in group.nodes)

@@ -214,7 +214,7 @@ def _requantized(
     """``saturate(rint(float(product + bias) * factor) + zero)`` into ``out_dtype`` (the int32
     bias one per index along axis 1, or none), in float32; ``order``: where the result's axes are
     ``product``'s in another order (the result's axis d is the product's ``order[d]``: an integer
-    convolution's filters x images x positions made images x filters x positions), else None.  As
+    convolution's filters x images x positions made NCHW), else None.  As
     onnxruntime requantizes its int32 sums (the factor ``a_scale * b_scale / y_scale`` in float32,
     rounding halves to even).  onnx's reference computes the product in double: the two differ
     by one step where the product lies within float32's rounding of a half, and a network
@@ -300,7 +300,7 @@ class ConvInteger(Converter):
 
 def _integer_convolution(b, node, x, x_zero, w, w_zero, bias, as_product=False) -> tuple[Value, Value | None, bool]:
     """``conv(x - x_zero, w - w_zero) + bias``, exactly, the bias still to add (None: added),
-    and whether the first is the integer product's own tensor (filters x images x positions,
+    and whether the first is the integer product's own tensor (filters x images x positions...,
     see :func:`_as_integer_product`), which ``as_product`` asks for instead of the NCHW result.
 
     One group: an integer matrix product of the 8-bit weights and the windows of the 8-bit
@@ -317,8 +317,7 @@ def _integer_convolution(b, node, x, x_zero, w, w_zero, bias, as_product=False) 
         product = _as_integer_product(b, node, x, x_zero, w, w_zero)
         if as_product:
             return product, bias, True
-        outs = _spatial(b, node, x, list(w.shape[2:]))[0]
-        return _images_first(b, product, [x.shape[0], w.shape[0], *outs]), bias, False
+        return _images_first(b, product), bias, False
     exact = _exact_float_type(b, x, x_zero, w, w_zero, bias)
     if exact is not None:
         shifted_w = w.const.astype(np.int64) - _zero_points(w_zero, w.rank, 0)
@@ -347,19 +346,19 @@ def _as_integer_product(b, node, x: Value, x_zero, w: Value, w_zero) -> Value:
     convolution) or an im2col copy of its windows (x's zero point where a window reads padding,
     so that the shifted value is 0, as the operator pads) viewed as (channels * taps) x
     (images * positions): the form of :mod:`polyc.paths.integer_gemm`.  Returns the product,
-    filters x images x positions (its columns two indices, images and positions, which the
-    integer kernel finds to be one contiguous run); the copy puts the image inside the channels
+    filters x images x output positions (its columns the image and position indices, which the
+    integer kernel finds to step evenly, as one run); the copy puts the image inside the channels
     and taps, so that the windows of all images are one matrix.  :func:`_images_first` makes it
     the convolution's NCHW result; a requantization reads it as it is."""
     n, channels = x.shape[:2]
     filters, kernel = w.shape[0], list(w.shape[2:])
     outs, begin, end, strides, dilations = _spatial(b, node, x, kernel)
-    k, positions = len(kernel), int(np.prod(outs, dtype=np.int64))
+    k = len(kernel)
     taps = int(np.prod(kernel, dtype=np.int64))
     sp = [f"s{d}" for d in range(k)]
     pointwise = all(size == 1 for size in kernel) and all(s == 1 for s in strides)
     if n == 1 and pointwise and not any(begin) and not any(end):
-        columns = b.view(x, [channels, 1, positions])
+        columns = b.view(x, [channels, 1, *outs])
     else:
         padding = b.ref(x_zero, ["0"] * x_zero.rank) if x_zero is not None else f"{tc_type(x.dtype)}(0)"
         source = x
@@ -386,19 +385,19 @@ def _as_integer_product(b, node, x: Value, x_zero, w: Value, w_zero) -> Value:
         b.emit(
             [b.statement(col, ["c", *window, "n", *sp], "=", b.ref(source, ["n", "c", *at]))], [source], [col], "other"
         )
-        columns = b.view(col, [channels * taps, n, positions])
+        columns = b.view(col, [channels * taps, n, *outs])
     matrix = b.view(w, [filters, channels * taps])
-    product = b.new([filters, n, positions], np.int32)
+    product = b.new([filters, n, *outs], np.int32)
     a_term, reads = f"int32({b.ref(matrix, ['f', 'r_k'])})", [matrix, columns]
     if w_zero is not None:
         a_term = f"({a_term} - int32({b.ref(w_zero, ['f'] if w_zero.size > 1 else ['0'] * w_zero.rank)}))"
         reads.append(w_zero)
-    b_term = f"int32({b.ref(columns, ['r_k', 'n', 'p'])})"
+    b_term = f"int32({b.ref(columns, ['r_k', 'n', *sp])})"
     if x_zero is not None:
         b_term = f"({b_term} - int32({b.ref(x_zero, ['0'] * x_zero.rank)}))"
         reads.append(x_zero)
     b.emit(
-        [b.statement(product, ["f", "n", "p"], "+=!", f"{a_term} * {b_term}", [("r_k", channels * taps)])],
+        [b.statement(product, ["f", "n", *sp], "+=!", f"{a_term} * {b_term}", [("r_k", channels * taps)])],
         reads,
         [product],
         "integer_product",
@@ -406,15 +405,16 @@ def _as_integer_product(b, node, x: Value, x_zero, w: Value, w_zero) -> Value:
     return product
 
 
-def _images_first(b, product: Value, shape: list[int]) -> Value:
-    """The integer convolution's ``product`` (filters x images x positions) as its NCHW result of
-    ``shape``: a view for one image, else a transposed copy."""
-    filters, n, positions = product.shape
+def _images_first(b, product: Value) -> Value:
+    """The integer convolution's ``product`` (filters x images x output positions) as its NCHW
+    result: a view for one image, else a transposed copy."""
+    filters, n, *outs = product.shape
     if n == 1:
-        return b.view(product, shape)
-    out = b.new([n, filters, positions], np.int32)
-    b.emit([b.statement(out, ["n", "f", "p"], "=", b.ref(product, ["f", "n", "p"]))], [product], [out], "other")
-    return b.view(out, shape)
+        return b.view(product, [n, filters, *outs])
+    sp = [f"s{d}" for d in range(len(outs))]
+    out = b.new([n, filters, *outs], np.int32)
+    b.emit([b.statement(out, ["n", "f", *sp], "=", b.ref(product, ["f", "n", *sp]))], [product], [out], "other")
+    return out
 
 
 def _zero_points(zero, rank: int, axis: int) -> np.ndarray | int:
@@ -469,9 +469,10 @@ class QLinearConv(Converter):
         x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = (inputs + [None] * 9)[:9]
         product, bias, as_product = _integer_convolution(b, node, x, x_zero, w, w_zero, bias, as_product=True)
         out_dtype = y_zero.dtype if y_zero is not None else x.dtype
-        # The integer product (filters x images x positions) requantized images first as it is
-        # read: one kernel with the product (its epilogue), no int32 NCHW copy.
-        order = (1, 0, 2) if as_product else None
+        # The integer product (filters x images x output positions) requantized into NCHW as it
+        # is read: one kernel with the product (its epilogue), no int32 NCHW copy, and no view
+        # between it and what reads it (a residual Add then joins the kernel too).
+        order = (1, 0, *range(2, product.rank)) if as_product else None
         shape = [product.shape[d] for d in order] if order else product.shape
         idx = indices(len(shape))
 
@@ -479,7 +480,4 @@ class QLinearConv(Converter):
             return b.ref(param, _per_tensor_or_along(b, param, shape, 1, idx, what))
 
         factor = f"{ref(x_scale, 'x_scale')} * {ref(w_scale, 'w_scale')} / {ref(y_scale, 'y_scale')}"
-        out = _requantized(b, product, factor, y_zero, out_dtype, 1, [x_scale, w_scale, y_scale], bias, order)
-        if as_product:
-            out = b.view(out, [x.shape[0], w.shape[0], *_spatial(b, node, x, list(w.shape[2:]))[0]])
-        return [out]
+        return [_requantized(b, product, factor, y_zero, out_dtype, 1, [x_scale, w_scale, y_scale], bias, order)]
