@@ -262,9 +262,15 @@ def _path_of(text: str) -> str:
         # a shifted subscript
         "def f(uint8(M, K) A, int8(K, N) B) -> (Y) "
         "{ Y(m, n) +=! int32(A(m, r_k)) * int32(B(r_k, n + 1)) where n in 0:N-1 }",
-        # an epilogue statement
-        "def f(uint8(M, K) A, int8(K, N) B) -> (Y) "
-        "{ Y(m, n) +=! int32(A(m, r_k)) * int32(B(r_k, n))\n Y(m, n) = Y(m, n) * 2 }",
+        # an epilogue reading another point of the product
+        "def f(uint8(M, K) A, int8(K, N) B) -> (Y, Z) "
+        "{ Y(m, n) +=! int32(A(m, r_k)) * int32(B(r_k, n))\n Z(m, n) = Y(n, m) * 2 where m in 0:M, n in 0:N }",
+        # an epilogue over part of the product
+        "def f(uint8(M, K) A, int8(K, N) B) -> (Y, Z) "
+        "{ Y(m, n) +=! int32(A(m, r_k)) * int32(B(r_k, n))\n Z(m) = Y(m, 0) }",
+        # an epilogue that sums
+        "def f(uint8(M, K) A, int8(K, N) B) -> (Y, Z) "
+        "{ Y(m, n) +=! int32(A(m, r_k)) * int32(B(r_k, n))\n Z(m) +=! Y(m, r_n) }",
         # no reduction
         "def f(uint8(M) A, int8(N) B) -> (Y) { Y(m, n) +=! int32(A(m)) * int32(B(n)) }",
         # the innermost target dimension a batch index
@@ -408,3 +414,98 @@ def test_neon_under_qemu(tmp_path, extra_flags, pair):
         wanted.append(expected(a, b, za[:, None], zb))
     for got, want in zip(_neon_run(tmp_path, text, calls, extra_flags), wanted, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+# ----------------------------------------------------------------------------- epilogues
+#: A requantization of the product into uint8 (a per-row scale and int32 bias, a zero point,
+#: halves rounded to even, saturated), as ONNX's QLinearConv computes it, the rows and columns
+#: of the output swapped; then the uint8 value dequantized into float.
+REQUANTIZED = """
+def requantized(int8(F, K) W, uint8(K, B, P) X, int8(F) ZW, uint8(1) ZX, float(F) S, int32(F) BIAS, uint8(1) ZY)
+        -> (Y, D) {
+    T(f, b, p) +=! (int32(W(f, r_k)) - int32(ZW(f))) * (int32(X(r_k, b, p)) - int32(ZX(0)))
+    Y(i0, i1, i2) = uint8(fmin(fmax(rint(float(T(i1, i0, i2) + BIAS(i1)) * S(i1)) + float(ZY(0)), 0.0), 255.0))
+    D(i0, i1, i2) = (float(Y(i0, i1, i2)) - float(ZY(0))) * 0.5
+}
+def images(int8(F, K) W, uint8(K, B, H, V) X, float(F) S, uint8(B, F, H, V) R) -> (Y) {
+    T(f, b, h, w) +=! int32(W(f, r_k)) * int32(X(r_k, b, h, w))
+    Y(i0, i1, i2, i3) = uint8(fmin(fmax(rint(float(T(i1, i0, i2, i3)) * S(i1)), 0.0), 255.0))
+    Y(i0, i1, i2, i3) = uint8(fmin(float(Y(i0, i1, i2, i3)) + float(R(i0, i1, i2, i3)), 255.0))
+}
+def biased(uint8(M, K) A, int8(K, N) B, int32(N) BIAS) -> (Y) {
+    Y(m, n) +=! int32(A(m, r_k)) * int32(B(r_k, n))
+    Y(m, n) = Y(m, n) + BIAS(n)
+}
+"""
+
+
+def _requantized_expected(w, x, zw, zx, scale, bias, zy):
+    sums = np.einsum("fk,kbp->fbp", w.astype(np.int64) - zw[:, None], x.astype(np.int64) - zx[0])
+    scaled = (sums + bias[:, None, None]).astype(np.float32) * scale[:, None, None]
+    y = np.clip(np.rint(scaled) + np.float32(zy[0]), 0, 255).astype(np.uint8).transpose(1, 0, 2)
+    return y, (y.astype(np.float32) - np.float32(zy[0])) * np.float32(0.5)
+
+
+@builds("native", "avx2", "portable")
+@pytest.mark.parametrize("specialize", [False, True])
+def test_epilogues_requantize_each_block(cflags, specialize):
+    """Statements after the product that write other tensors of its points (a requantization
+    with the output's axes swapped, a dequantization of that) are the integer kernel's
+    epilogues: one kernel, exact, saturating at both ends, over sizes that end on partial
+    blocks, several K blocks and several images."""
+    module = polyc.define(REQUANTIZED, specialize=specialize, cflags=cflags)
+    rng = np.random.default_rng(7)
+    for f, k, b, p in [(1, 1, 1, 1), (13, 21, 1, 17), (70, 403, 3, 77), (6, 900, 2, 64)]:
+        kernel = module.requantized
+        assert kernel.stages({"F": f, "K": k, "B": b, "P": p}).path == "integer_gemm"
+        w, x = random_operand(rng, (f, k), "s8"), random_operand(rng, (k, b, p), "u8")
+        zw, zx = random_operand(rng, (f,), "s8"), np.array([rng.integers(0, 256)], np.uint8)
+        # scales that put the sums across the whole uint8 range and beyond it at both ends
+        # (a sum's standard deviation is about 74 * 74 * sqrt(k): scaled, about 270)
+        scale = (rng.uniform(0.5, 2.0, f) / (20 * np.sqrt(k))).astype(np.float32)
+        bias = rng.integers(-5000, 5000, f).astype(np.int32)
+        zy = np.array([rng.integers(0, 256)], np.uint8)
+        y, d = kernel(w, x, zw, zx, scale, bias, zy)
+        want_y, want_d = _requantized_expected(w, x, zw, zx, scale, bias, zy)
+        np.testing.assert_array_equal(y, want_y, err_msg=f"{f}x{k}x{b}x{p}")
+        np.testing.assert_array_equal(d, want_d)
+        if f * b * p > 100:
+            assert {0, 255} <= set(np.unique(y)), "the test should saturate at both ends"
+
+
+@pytest.mark.parametrize("specialize", [False, True])
+def test_epilogues_over_images_of_rows_and_columns(specialize):
+    """A convolution's product (filters x images x rows x columns) requantized into NCHW, then a
+    residual added in place: the epilogue runs along each image's rows and columns as one run."""
+    module = polyc.define(REQUANTIZED, specialize=specialize)
+    rng = np.random.default_rng(9)
+    for f, k, b, h, v in [(1, 1, 1, 1, 1), (13, 21, 2, 7, 7), (70, 403, 3, 5, 9)]:
+        assert module.images.stages({"F": f, "K": k, "B": b, "H": h, "V": v}).path == "integer_gemm"
+        w, x = random_operand(rng, (f, k), "s8"), random_operand(rng, (k, b, h, v), "u8")
+        scale = (rng.uniform(0.5, 2.0, f) / (20 * np.sqrt(k))).astype(np.float32)
+        residual = random_operand(rng, (b, f, h, v), "u8")
+        sums = np.einsum("fk,kbhv->bfhv", w.astype(np.int64), x.astype(np.int64))
+        y = np.clip(np.rint(sums.astype(np.float32) * scale[None, :, None, None]), 0, 255)
+        want = np.minimum(y + residual, 255).astype(np.uint8)
+        np.testing.assert_array_equal(module.images(w, x, scale, residual), want, err_msg=f"{f}x{k}x{b}x{h}x{v}")
+
+
+def test_an_epilogue_updating_the_product_in_place():
+    module = polyc.define(REQUANTIZED, specialize=False)
+    rng = np.random.default_rng(8)
+    a, b = random_operand(rng, (37, 403), "u8"), random_operand(rng, (403, 129), "s8")
+    bias = rng.integers(-1000, 1000, 129).astype(np.int32)
+    assert module.biased.stages({"M": 37, "K": 403, "N": 129}).path == "integer_gemm"
+    np.testing.assert_array_equal(module.biased(a, b, bias), expected(a, b) + bias)
+
+
+def test_epilogues_are_described_and_explained():
+    definition = check_source(REQUANTIZED)[0]
+    contraction = recognise_integer_gemm_def(definition)
+    assert contraction is not None
+    assert [e.statement.target for e in contraction.epilogues] == ["Y", "D"]
+    assert dict(contraction.epilogues[0].points) == {"i0": "b", "i1": "f", "i2": "p"}
+    assert contraction.describe() == "T = (W - ZW) * (X - ZX): int8 x uint8 -> int32, batch=() M=(f) N=(b, p) K=(r_k)"
+    explanation = str(polyc.define(REQUANTIZED).requantized.explain({"F": 64, "K": 576, "B": 1, "P": 3136}))
+    assert "on each block of rows of the int32 sums once final" in explanation
+    assert "Y(i0, i1, i2) = uint8(" in explanation

@@ -21,6 +21,11 @@ the correction when it writes its block.  Everything is computed modulo 2^32 (wr
 vector arithmetic, uint32 in C), so the result is exact wherever it fits in int32, as numpy's
 int64 product of the shifted operands does.
 
+Epilogue statements (:class:`~polyc.schedule.integer_contraction.IntegerEpilogue`: a
+requantization, a dequantization, a bias) become ``polyc_epilogue``, which a thread calls on its
+block of rows once the block's last K block is summed, while the block's int32 sums are in cache;
+it runs along whole rows, the innermost index of N in a vector loop.
+
 Register blocks, chosen by the C preprocessor (so one source serves every machine):
 
 =============  ================================  =====  ==  ================================
@@ -50,10 +55,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from polyc.codegen.c import c_comment
-from polyc.codegen.c_expr import PRELUDE, c_type
+from polyc.codegen.c_expr import PRELUDE, CExpressionPrinter, c_type
 from polyc.codegen.pattern_kernel import DedicatedKernel, PatternKernelWriter
 from polyc.codegen.templates import c_template
 from polyc.ir.model import PolyProgram
+from polyc.lang import checked as ir
+from polyc.lang.symbolic import Affine
 from polyc.options import Options
 from polyc.schedule import tiling
 from polyc.schedule.integer_contraction import IntegerContraction, ZeroPoint
@@ -153,6 +160,7 @@ class _Writer(PatternKernelWriter):
             f"typedef {c_type(c.a_dtype)} polyc_ta;",
             f"typedef {c_type(c.b_dtype)} polyc_tb;",
             _CONTEXT,
+            self.epilogue_function(),
             self.instruction_sets(),
             c_template("integer_gemm_run.c")
             .replace("STATUS", str(STATUS_OUT_OF_MEMORY))
@@ -168,6 +176,7 @@ class _Writer(PatternKernelWriter):
             "cache_sizes": dict(tiling.cache_sizes(self.options)),
             "parallel": self.options.parallel,
             "parallel_threshold": _PARALLEL_THRESHOLD,
+            "epilogues": tuple(e.statement.text for e in c.epilogues),
         }
         return DedicatedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes, (), decisions)
 
@@ -182,6 +191,140 @@ class _Writer(PatternKernelWriter):
         ]
         lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
         return c_comment(lines)
+
+    # ------------------------------------------------------------------ epilogues
+    def epilogue_function(self) -> str:
+        """``polyc_epilogue(g, bt, row0, rows, col0, cols)``: the epilogue statements at every
+        point of rows ``row0..`` and columns ``col0..`` of product ``bt`` (flat indices of the
+        M, N and batch groups), once its sums are final; empty without epilogues.  Each point's
+        values stay in locals from one statement to the next; the epilogues' outputs (and the
+        product, where an epilogue updates it and it is an output) are stored.  The innermost
+        index of the N group runs in the innermost loop, so that the compiler vectorises it."""
+        c = self.contraction
+        if not c.epilogues:
+            return ""
+        d = self.definition
+        local = {c.target.tensor: f"polyc_l_{c.target.tensor}"}
+        body = []
+        for position, tensor in enumerate(d.tensors):
+            qualified = f"const {c_type(tensor.dtype)}" if tensor.role is ir.Role.INPUT else c_type(tensor.dtype)
+            body.append(f"{qualified} *restrict {tensor.name} = ({qualified} *)polyc_gp->tensors[{position}];")
+            body.append(f"(void){tensor.name};")
+        sizes = list(d.sizes)
+        body += self.size_declarations(lambda size: f"polyc_gp->sizes[{sizes.index(size)}]")
+        body += self.decompose("polyc_bt", c.batch)
+        run = self.contiguous_run()
+        inner, outer = run[-1], c.n[: len(c.n) - len(run)]
+        run_extent = " * ".join(f"({self.size_expr(c.extent(i))})" for i in run)
+        point = [
+            f"int32_t {local[c.target.tensor]} = "
+            f"{self.element(c.target.tensor, [f'polyc_ix_{i}' for i in c.target.indices])};"
+        ]
+        stored: dict[str, str] = {}
+
+        def access(read: ir.Read, subscripts: list[str]) -> str:
+            return local.get(read.tensor) or self.element(read.tensor, subscripts)
+
+        for epilogue in c.epilogues:
+            statement = epilogue.statement
+            index_c = {mine: f"polyc_ix_{theirs}" for mine, theirs in epilogue.points}
+
+            def index(name: str, index_c: dict[str, str] = index_c) -> str:
+                return index_c.get(name) or self.size_c[name]
+
+            printer = CExpressionPrinter(access=access, index=index, size=self.size_expr)
+            value = printer.to_c(statement.rhs)
+            name = statement.target
+            if name in local:
+                point.append(f"{local[name]} = {value};")
+            else:
+                local[name] = f"polyc_l_{name}"
+                point.append(f"{c_type(d.tensor(name).dtype)} {local[name]} = {value};")
+            if d.tensor(name).role is ir.Role.OUTPUT:
+                stored[name] = self.element(name, [index_c[i] for i in statement.indices])
+        point += [f"{element} = {local[name]};" for name, element in stored.items()]
+        body += [
+            "for (int64_t polyc_r = polyc_row0; polyc_r < polyc_row0 + polyc_rows; polyc_r++) {",
+            *("    " + line for line in self.decompose("polyc_r", c.m)),
+            "    for (int64_t polyc_j = polyc_col0; polyc_j < polyc_col0 + polyc_cols;) {",
+            *("        " + line for line in self.decompose("polyc_j", outer, run)),
+            *(f"        const int64_t polyc_ix_{index} = 0;" for index in run[:-1]),
+            f"        const int64_t polyc_run = polyc_min(polyc_col0 + polyc_cols - polyc_j, {run_extent} - polyc_first);",
+            "        #pragma omp simd",
+            "        for (int64_t polyc_t = 0; polyc_t < polyc_run; polyc_t++) {",
+            f"            const int64_t polyc_ix_{inner} = polyc_first + polyc_t;",
+            *("            " + line for line in point),
+            "        }",
+            "        polyc_j += polyc_run;",
+            "    }",
+            "}",
+        ]
+        signature = (
+            "static void polyc_epilogue(const polyc_igemm_t *restrict polyc_gp, int64_t polyc_bt, int64_t polyc_row0,\n"
+            "                           int64_t polyc_rows, int64_t polyc_col0, int64_t polyc_cols)"
+        )
+        return (
+            "/* The epilogue statements at the points of a block of the product whose sums are final. */\n"
+            "#define POLYC_EPILOGUE 1\n" + signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
+        )
+
+    def contiguous_run(self) -> tuple[str, ...]:
+        """The innermost indices of the N group that the epilogue's loop runs along as one flat
+        index: the longest suffix that every tensor it touches (the product, the epilogues'
+        targets, what they read) holds as its last dimensions in that order, whole, or not at
+        all.  Along them the elements are one run in each, so a run spans whole rows of an image
+        (positions 7 x 7 are one run of 49, not seven of 7)."""
+        c, d = self.contraction, self.definition
+        accesses = [(c.target.tensor, list(c.target.indices))]
+        for epilogue in c.epilogues:
+            statement = epilogue.statement
+            accesses.append((statement.target, [epilogue.contraction_index(i) for i in statement.indices]))
+            for read in ir.reads(statement.rhs):
+                subscripts: list = []
+                for subscript in read.subscripts:
+                    assert isinstance(subscript, Affine)  # (the recogniser takes affine reads only)
+                    names = [epilogue.contraction_index(n) for n in subscript.names() if n in dict(epilogue.points)]
+                    plain = len(names) == 1 and subscript == Affine.var(list(subscript.names())[0])
+                    subscripts.append(names[0] if plain else tuple(names))
+                accesses.append((read.tensor, subscripts))
+
+        def holds(suffix: tuple[str, ...]) -> bool:
+            for tensor, subscripts in accesses:
+                mentioned = [s for s in subscripts if s in suffix or (isinstance(s, tuple) and set(s) & set(suffix))]
+                if not mentioned:
+                    continue
+                if tuple(subscripts[len(subscripts) - len(suffix) :]) != suffix or len(mentioned) != len(suffix):
+                    return False
+                shape = d.tensor(tensor).shape
+                if any(shape[len(shape) - len(suffix) + k] != c.extent(i) for k, i in enumerate(suffix) if k > 0):
+                    return False
+            return True
+
+        run: tuple[str, ...] = (c.n[-1],)
+        while len(run) < len(c.n) and holds(c.n[len(c.n) - len(run) - 1 :]):
+            run = c.n[len(c.n) - len(run) - 1 :]
+        return run
+
+    def decompose(self, flat: str, indices: tuple[str, ...], run: tuple[str, ...] = ()) -> list[str]:
+        """C declaring ``polyc_ix_<index>`` for each of ``indices`` (outermost first) from the
+        flat number ``flat`` of a point of their group, in row-major order; with ``run``, the
+        group's innermost indices after them, whose flat value is declared as ``polyc_first``."""
+        group = list(indices) + (["polyc_run"] if run else [])
+        if not group:
+            return []
+        lines = [f"int64_t polyc_rest_{flat} = {flat};"]
+        for position in reversed(range(len(group))):
+            index = group[position]
+            if index == "polyc_run":
+                extent = "(" + " * ".join(f"({self.size_expr(self.contraction.extent(i))})" for i in run) + ")"
+            else:
+                extent = f"({self.size_expr(self.contraction.extent(index))})"
+            name = "polyc_first" if index == "polyc_run" else f"polyc_ix_{index}"
+            if position == 0:
+                lines.append(f"const int64_t {name} = polyc_rest_{flat};")
+            else:
+                lines.append(f"const int64_t {name} = polyc_rest_{flat} % {extent}; polyc_rest_{flat} /= {extent};")
+        return lines + [f"(void)polyc_rest_{flat};"]
 
     def instruction_sets(self) -> str:
         """Per instruction set, under its preprocessor guard: the block's constants, the packing
@@ -277,6 +420,10 @@ class _Writer(PatternKernelWriter):
             f"polyc_g.b_n_stride = {self.group_stride(c.n, c.b)};",
             f"polyc_g.c_n_stride = {self.group_stride(c.n, c.target)};",
             "polyc_g.za = polyc_zeros; polyc_g.zb = polyc_zeros + polyc_m;",
+            f"const void *polyc_tensors[] = {{{', '.join(f'(const void *){t.name}' for t in self.definition.tensors)}}};",
+            f"const int64_t polyc_sizes[] = {{{', '.join(self.size_c[s] for s in self.definition.sizes) or '0'}}};",
+            "polyc_g.tensors = polyc_tensors; polyc_g.sizes = polyc_sizes;",
+            *self.contiguous_groups(groups, tables),
             "for (int64_t polyc_i = 0; polyc_i < polyc_m + polyc_n; polyc_i++)",
             "    if (polyc_zeros[polyc_i] != 0) {",
             "        polyc_g.corrected = 1;",
@@ -290,6 +437,21 @@ class _Writer(PatternKernelWriter):
         ]
         signature = f"int {name}({', '.join(self.pointer_arguments(sizes))})"
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
+
+    @staticmethod
+    def contiguous_groups(groups: dict, tables: dict) -> list[str]:
+        """C that gives a group of several indices the stride its offsets step by, where they
+        step evenly in a tensor (images and positions one run, as an integer convolution's
+        columns are): the packing and the stores then take the one-index fast paths."""
+        strides = {"a_k": "a_k_stride", "b_k": "b_k_stride", "b_n": "b_n_stride", "c_n": "c_n_stride"}
+        lines = []
+        for group, indices in groups.items():
+            if len(indices) < 2:
+                continue
+            for table in tables[group]:
+                if table in strides:
+                    lines.append(f"polyc_g.{strides[table]} = polyc_even_stride(polyc_{table}, polyc_{group});")
+        return lines
 
     def group_stride(self, indices: tuple[str, ...], operand) -> str:
         """C of the stride of a one-index group in ``operand`` (-1 for a group of several
@@ -359,7 +521,23 @@ typedef struct {
     int64_t a_k_stride, b_k_stride, b_n_stride, c_n_stride;
     const int32_t *za, *zb;
     int corrected, need_colsums, need_rowsums;
-} polyc_igemm_t;"""
+    const void *const *tensors;  /* every tensor of the def, in signature order (for the epilogues) */
+    const int64_t *sizes;
+} polyc_igemm_t;
+
+/* The step of offsets `table` (count of them) when they step evenly from 0, else -1. */
+static inline int64_t polyc_even_stride(const int64_t *table, int64_t count)
+{
+    if (count < 2)
+        return table[0] == 0 ? 1 : -1;
+    const int64_t step = table[1] - table[0];
+    if (table[0] != 0 || step <= 0)
+        return -1;
+    for (int64_t i = 2; i < count; i++)
+        if (table[i] - table[i - 1] != step)
+            return -1;
+    return step;
+}"""
 
 
 # ----------------------------------------------------------------------------- micro-kernels

@@ -12,7 +12,9 @@ batch dimensions allowed, either factor first)::
 
 ``Y`` int32; each operand read under ``int32(..)``; each ``- zero point`` optional, a literal or
 ``int32(Z(..))`` with one value, one per row of A (subscripted by A's M indices) or one per
-column of B (by B's N indices).  The result is exact (the int32 value of the sum, as numpy's
+column of B (by B's N indices).  Statements after it that compute other tensors from the
+product's points (a requantization, a dequantization, a bias) are its epilogues, applied to each
+block of the sums as the kernel finishes it.  The result is exact (the int32 value of the sum, as numpy's
 int64 product of the shifted operands gives wherever that fits in int32).  Anything else falls
 through to the other paths; ``blas_contractions=False`` sends this form to the generic loop nest
 too.
@@ -46,6 +48,11 @@ def explain(stages) -> list[str]:
         "instructions take, blocks of rows taken by the threads as they go); zero points are applied afterwards "
         "through row and column sums taken while packing",
     ]
+    if decisions.get("epilogues"):
+        lines.append(
+            "then, on each block of rows of the int32 sums once final, while it is in cache: "
+            + "; ".join(decisions["epilogues"])
+        )
     if decisions:
         isa = built_for(stages, INTEGER_DOT_PRODUCT_SETS)
         lines.append(built_for_sentence(stages, decisions, isa))

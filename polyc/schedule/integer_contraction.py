@@ -16,6 +16,13 @@ The canonical form (each tensor's dimensions in any order, as for float contract
 - the indices are classed as for float contractions (batch, M, N and K, none of M, N, K empty),
   each subscript a single index over its dimension's full range.
 
+The def may go on with **epilogue statements** (:class:`IntegerEpilogue`) that compute, element
+by element, from the product's elements other tensors of its points (a requantization into
+uint8, a bias, a dequantization into float; ``Y`` then may be a temporary): each ``=`` over one
+point of the product, the product's indices in any order (``Q(n, f, p) = g(Y(f, n, p), ..)``),
+reading ``Y`` and the epilogues' earlier targets only at that point, and inputs at any affine
+subscripts.  The kernel applies them to each block of its sums as it finishes it.
+
 Anything else is not an integer contraction: :func:`recognise_integer_gemm_def` returns None and
 the other paths compile the def (the generic loop nest computes it exactly, slowly).
 
@@ -63,6 +70,19 @@ class ZeroPoint:
 
 
 @dataclass(frozen=True)
+class IntegerEpilogue:
+    """A statement applied to the product's elements after it: ``points`` maps each of the
+    statement's indices to the contraction's index at the same point (of its batch, M or N
+    groups)."""
+
+    statement: ir.CheckedStatement
+    points: tuple[tuple[str, str], ...]
+
+    def contraction_index(self, index: str) -> str:
+        return dict(self.points)[index]
+
+
+@dataclass(frozen=True)
 class IntegerContraction:
     """A statement recognised as ``Y[batch, M, N] (+)= sum_K (A - za)[batch, M, K] * (B - zb)[batch, K, N]``.
 
@@ -83,12 +103,14 @@ class IntegerContraction:
     k: tuple[str, ...]
     extents: tuple[tuple[str, Affine], ...]
     init: bool
+    epilogues: tuple[IntegerEpilogue, ...] = ()
 
     def extent(self, index: str) -> Affine:
         return dict(self.extents)[index]
 
     def describe(self) -> str:
-        """One line: the product, its types and the classes of its indices."""
+        """One line: the product, its types and the classes of its indices (its epilogues are
+        ``epilogues``)."""
 
         def factor(operand: Operand, zero: ZeroPoint | None) -> str:
             return operand.tensor if zero is None else f"({operand.tensor} - {zero.describe()})"
@@ -102,12 +124,17 @@ class IntegerContraction:
 
 
 def recognise_integer_gemm_def(definition: ir.CheckedDef) -> IntegerContraction | None:
-    """The def as one integer contraction into an output (see the module doc), or None."""
-    if len(definition.statements) != 1:
+    """The def as one integer contraction, with its epilogues, into outputs (see the module doc),
+    or None."""
+    if not definition.statements:
         return None
     statement = definition.statements[0]
     target_tensor = definition.tensor(statement.target)
-    if statement.op != "+" or target_tensor.dtype != np.dtype(np.int32) or target_tensor.role is not ir.Role.OUTPUT:
+    if statement.op != "+" or target_tensor.dtype != np.dtype(np.int32):
+        return None
+    if target_tensor.role is not ir.Role.OUTPUT and not (
+        target_tensor.role is ir.Role.TEMPORARY and len(definition.statements) > 1
+    ):
         return None
     rhs = statement.rhs
     if not (isinstance(rhs, ir.Binary) and rhs.op == "*"):
@@ -149,6 +176,9 @@ def recognise_integer_gemm_def(definition: ir.CheckedDef) -> IntegerContraction 
     def in_order(group: set[str], order: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(i for i in order if i in group)
 
+    epilogues = _epilogues(definition, target, extents)
+    if epilogues is None:
+        return None
     return IntegerContraction(
         statement=statement,
         target=target,
@@ -164,7 +194,51 @@ def recognise_integer_gemm_def(definition: ir.CheckedDef) -> IntegerContraction 
         k=in_order(k, a.indices),
         extents=tuple((i, extents[i]) for i in statement.all_indices),
         init=statement.init,
+        epilogues=epilogues,
     )
+
+
+def _epilogues(
+    definition: ir.CheckedDef, target: Operand, extents: dict[str, Affine]
+) -> tuple[IntegerEpilogue, ...] | None:
+    """The statements after the contraction as epilogues on its points (see the module doc), or
+    None where one is not."""
+    # Each tensor computed so far, by dimension: the contraction's index it is at.
+    points: dict[str, tuple[str, ...]] = {target.tensor: target.indices}
+    inputs = {t.name for t in definition.tensors if t.role is ir.Role.INPUT}
+    epilogues = []
+    for statement in definition.statements[1:]:
+        if statement.op != "=" or statement.reduction_indices or statement.loop is not None:
+            return None
+        mapping: dict[str, str] = {}
+        for read in ir.reads(statement.rhs):
+            if read.tensor in points:
+                indices = _plain_indices(read.subscripts)
+                if indices is None or len(set(indices)) != len(indices):
+                    return None
+                for mine, theirs in zip(indices, points[read.tensor]):
+                    if mapping.setdefault(mine, theirs) != theirs:
+                        return None
+            elif read.tensor not in inputs or not read.is_affine:
+                return None
+        written = statement.indices
+        if (
+            set(mapping) != set(written)
+            or len(set(mapping.values())) != len(mapping)
+            or set(mapping.values()) != set(target.indices)
+            or len(set(written)) != len(written)
+            or statement.target in inputs
+        ):
+            return None  # not one point of the product each, or the product not whole
+        if statement.target in points and tuple(mapping[i] for i in written) != points[statement.target]:
+            return None  # a tensor computed so far, updated at another point than its own
+        for index in written:
+            r = statement.range_of(index)
+            if r.lo != Affine.const(0) or r.hi != extents[mapping[index]]:
+                return None
+        points[statement.target] = tuple(mapping[i] for i in written)
+        epilogues.append(IntegerEpilogue(statement, tuple(mapping.items())))
+    return tuple(epilogues)
 
 
 def _int32_cast_operand(expr: ir.TExpr) -> ir.TExpr | None:

@@ -16,6 +16,7 @@ quantization = pytest.importorskip("onnxruntime.quantization")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import polyc.onnx as ponnx  # noqa: E402
+from polyc.frontends.onnx.plan import Group  # noqa: E402
 from polyc.frontends.onnx.qdq import integer_node_units  # noqa: E402
 from tests.onnx.test_quantized import onnxruntime_multiplies_u8_by_s8_exactly  # noqa: E402
 
@@ -180,3 +181,32 @@ def test_a_batch_of_images_gives_onnxruntimes_bits(tmp_path):
 def _steps(session, feeds):
     plan, _ = session._plan_for_feeds(feeds)
     return [step for stage in plan.stages() for group in stage.order if hasattr(group, "steps") for step in group.steps]
+
+
+@pytest.mark.parametrize("images", [1, 3])
+def test_requantization_runs_in_the_integer_kernel(tmp_path, images):
+    """Each integer product's requantization (and the Gemm's bias) is an epilogue of the integer
+    kernel, applied to each block of its int32 sums: the int32 tensors never leave the kernel
+    (no group writes one for another to read), there is one kernel per convolution besides its
+    copies of the windows, and the bits stay onnxruntime's."""
+    model = quantized(tmp_path, per_channel=True, reduce_range=True)
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
+    del model.graph.value_info[:]
+    feeds = {"x": np.random.default_rng(12).standard_normal((images, *SHAPE[1:])).astype(np.float32)}
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    session = ponnx.InferenceSession(model)
+    np.testing.assert_array_equal(session.run(None, feeds)[0], theirs)
+    plan, _ = session._plan_for_feeds(feeds)
+    groups = [group for stage in plan.stages() for group in stage.order if isinstance(group, Group)]
+    integer = [group for group in groups if "integer_product" in group.kinds]
+    assert len(integer) == 3  # two convolutions and the Gemm
+    for group in integer:
+        assert group.kernel.stages({}).path == "integer_gemm"
+        assert group.statement_count > 1, group.source
+        assert all(value.dtype != np.int32 for value in group.outputs), group.source
+    computed = [value for group in groups for value in group.inputs if value.const is None]
+    assert not any(value.dtype == np.int32 for value in computed)
+    assert sum("requantize" in group.kinds for group in groups) == 2
+    # The residual Add (QLinearAdd) reads the second convolution's output alone: its epilogue too.
+    assert any(node.startswith("Add") for group in integer for node in group.nodes)

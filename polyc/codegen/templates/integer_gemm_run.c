@@ -77,6 +77,11 @@ static void polyc_row_block(const polyc_igemm_t *restrict g, const polyc_iplan_t
                               polyc_min(MR, mc - ir), nr, beta, unit, g->corrected);
         }
     }
+#if defined(POLYC_EPILOGUE)
+    /* The block's sums are final: its epilogue while they are in cache (L2: one block of rows),
+       along whole rows, whose long runs the epilogue's vector loop takes with little overhead. */
+    polyc_epilogue(g, bt, ic, mc, 0, g->n);
+#endif
 }
 
 /* One call's work: items are whole products (by_product) or blocks of rows of a product. */
@@ -121,6 +126,10 @@ static int polyc_igemm_run(const polyc_igemm_t *restrict g, int init)
                 for (int64_t m = 0; m < g->m; m++)
                     for (int64_t n = 0; n < g->n; n++)
                         g->c[g->c_batch[bt] + g->c_m[m] + g->c_n[n]] = 0;
+#if defined(POLYC_EPILOGUE)
+        for (int64_t bt = 0; bt < g->nbatch; bt++)
+            polyc_epilogue(g, bt, 0, g->m, 0, g->n);
+#endif
         return 0;
     }
     int nthr = 1, most = 1, pooled = 0;

@@ -62,8 +62,10 @@ class KernelStep:
     """TC statements of one node: read ``reads``, write ``writes``.  ``kind`` guides fusion:
     ``elementwise`` (each output element from the same-index elements of inputs, broadcast
     allowed), ``reduction``, ``contraction``, ``convolution``, ``recurrence`` (a ``for`` block:
-    never fused), ``integer_product`` (an 8-bit matrix product for the integer kernel: never
-    fused) or ``other``.  ``options``: polyc options the kernel these statements end up in
+    never fused), ``integer_product`` (an 8-bit matrix product for the integer kernel: it takes
+    ``requantize`` steps and elementwise ones computing one element of its output each as its
+    epilogues, and joins nothing), ``requantize`` (int32 sums scaled into an 8-bit type:
+    otherwise as ``other``) or ``other``.  ``options``: polyc options the kernel these statements end up in
     should be compiled with (the session's own options win).  ``states``: values of ``writes``
     the statements read before writing them (a recurrence's state at the step before), which
     the def declares as outputs with their types and shapes.  The statements are syntax trees

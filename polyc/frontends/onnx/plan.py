@@ -82,8 +82,10 @@ logger = logging.getLogger(__name__)
 #: The most statements one fused group may hold (isl's scheduler grows with them).
 MAX_GROUP_STATEMENTS = 12
 _FUSABLE_INTO = {
-    "elementwise": ("elementwise", "contraction", "convolution", "reduction", "other"),
+    "elementwise": ("elementwise", "contraction", "convolution", "reduction", "other", "integer_product", "requantize"),
     "reduction": ("elementwise",),
+    # (the integer kernel applies these to each block of its int32 sums: polyc.paths.integer_gemm)
+    "requantize": ("integer_product",),
 }
 
 
@@ -457,6 +459,8 @@ class Plan:
                 or group.statement_count + len(step.statements) > MAX_GROUP_STATEMENTS
             ):
                 continue
+            if "integer_product" in group.kinds and any(w.size != value.size for w in step.writes):
+                continue  # the integer kernel's epilogues compute one element of its output each
             # Every other input must exist when that group runs.
             if any(made_by.get(id(other), -1) > position for other in step.reads if other is not value):
                 continue

@@ -208,25 +208,31 @@ def _integer_product(b, node, a: Value, a_zero, c: Value, c_zero) -> Value:
     return out
 
 
-def _requantized(b, product: Value, factor: str, zero, out_dtype, zero_axis: int, reads, bias=None) -> Value:
+def _requantized(
+    b, product: Value, factor: str, zero, out_dtype, zero_axis: int, reads, bias=None, order=None
+) -> Value:
     """``saturate(rint(float(product + bias) * factor) + zero)`` into ``out_dtype`` (the int32
-    bias one per index along axis 1, or none), in float32, as
+    bias one per index along axis 1, or none), in float32; ``order``: where the result's axes are
+    ``product``'s in another order (the result's axis d is the product's ``order[d]``: an integer
+    convolution's filters x images x positions made NCHW), else None.  As
     onnxruntime requantizes its int32 sums (the factor ``a_scale * b_scale / y_scale`` in float32,
     rounding halves to even).  onnx's reference computes the product in double: the two differ
     by one step where the product lies within float32's rounding of a half, and a network
     compounds such steps layer after layer, so the runtime users compare with decides."""
     idx = indices(product.rank)
-    total = b.ref(product, idx)
+    order = list(order) if order is not None else list(range(product.rank))
+    shape = [product.shape[d] for d in order]
+    total = b.ref(product, [idx[order.index(d)] for d in range(product.rank)])
     if bias is not None:
         total = f"{total} + {b.ref(bias, [idx[1]])}"
         reads = reads + [bias]
     value = f"rint(float({total}) * float({factor}))"
     if zero is not None:
-        zero_subscripts = _per_tensor_or_along(b, zero, product.shape, zero_axis, idx, "y_zero_point")
+        zero_subscripts = _per_tensor_or_along(b, zero, shape, zero_axis, idx, "y_zero_point")
         value = f"{value} + float({b.ref(zero, zero_subscripts)})"
         reads = reads + [zero]
     limits = np.iinfo(out_dtype)
-    out = b.new(product.shape, out_dtype)
+    out = b.new(shape, out_dtype)
     b.emit(
         [
             b.statement(
@@ -238,9 +244,10 @@ def _requantized(b, product: Value, factor: str, zero, out_dtype, zero_axis: int
         ],
         [product] + reads,
         [out],
-        # A kernel of its own: the convolution and gemm kernels take epilogues that update their
+        # The integer kernel applies it to each block of its sums (plan.py fuses "requantize"
+        # into "integer_product" only): the float kernels take epilogues that update their
         # output in place, not ones that write another tensor of another type.
-        "other",
+        "requantize",
     )
     return out
 
@@ -282,7 +289,7 @@ class ConvInteger(Converter):
     @staticmethod
     def _impl_v10(b, node, inputs):
         x, w, x_zero, w_zero = (inputs + [None] * 4)[:4]
-        product, _ = _integer_convolution(b, node, x, x_zero, w, w_zero, None)
+        product, _, _ = _integer_convolution(b, node, x, x_zero, w, w_zero, None)
         if product.dtype == np.int32:
             return [product]
         idx = indices(product.rank)
@@ -291,8 +298,10 @@ class ConvInteger(Converter):
         return [out]
 
 
-def _integer_convolution(b, node, x, x_zero, w, w_zero, bias) -> tuple[Value, Value | None]:
-    """``conv(x - x_zero, w - w_zero) + bias``, exactly, and the bias still to add (None: added).
+def _integer_convolution(b, node, x, x_zero, w, w_zero, bias, as_product=False) -> tuple[Value, Value | None, bool]:
+    """``conv(x - x_zero, w - w_zero) + bias``, exactly, the bias still to add (None: added),
+    and whether the first is the integer product's own tensor (filters x images x positions...,
+    see :func:`_as_integer_product`), which ``as_product`` asks for instead of the NCHW result.
 
     One group: an integer matrix product of the 8-bit weights and the windows of the 8-bit
     input (:func:`_as_integer_product`), summed in int32 by :mod:`polyc.paths.integer_gemm`, the
@@ -305,7 +314,10 @@ def _integer_convolution(b, node, x, x_zero, w, w_zero, bias) -> tuple[Value, Va
     x, w, _, groups, _, _ = _convolution_operands(b, node, [x, w])
     eight_bits = (np.dtype(np.int8), np.dtype(np.uint8))
     if groups == 1 and x.dtype in eight_bits and w.dtype in eight_bits:
-        return _as_integer_product(b, node, x, x_zero, w, w_zero), bias
+        product = _as_integer_product(b, node, x, x_zero, w, w_zero)
+        if as_product:
+            return product, bias, True
+        return _images_first(b, product), bias, False
     exact = _exact_float_type(b, x, x_zero, w, w_zero, bias)
     if exact is not None:
         shifted_w = w.const.astype(np.int64) - _zero_points(w_zero, w.rank, 0)
@@ -320,12 +332,12 @@ def _integer_convolution(b, node, x, x_zero, w, w_zero, bias) -> tuple[Value, Va
         for step in b.steps[first:]:
             if isinstance(step, KernelStep):
                 step.options["winograd"] = False
-        return out, None
+        return out, None, False
     operands = [
         _shifted_int32(b, x, x_zero, 0, "the input's zero point"),
         _shifted_int32(b, w, w_zero, 0, "the weights' zero point"),
     ]
-    return Conv._impl_v1(b, node, operands + ([bias] if bias is not None else []))[0], None
+    return Conv._impl_v1(b, node, operands + ([bias] if bias is not None else []))[0], None, False
 
 
 def _as_integer_product(b, node, x: Value, x_zero, w: Value, w_zero) -> Value:
@@ -333,20 +345,20 @@ def _as_integer_product(b, node, x: Value, x_zero, w: Value, w_zero) -> Value:
     weights viewed as filters x (channels * taps), the input (one image, a 1x1 stride-1
     convolution) or an im2col copy of its windows (x's zero point where a window reads padding,
     so that the shifted value is 0, as the operator pads) viewed as (channels * taps) x
-    (images * positions): the form of :mod:`polyc.paths.integer_gemm`, one column index.  With
-    several images the copy puts the image inside the channels and taps, and the product's
-    columns (filters x images x positions) are transposed to images x filters x positions
-    after it: a batch index beside the positions in the product would be a second column
-    index, which the integer kernel packs element by element."""
+    (images * positions): the form of :mod:`polyc.paths.integer_gemm`.  Returns the product,
+    filters x images x output positions (its columns the image and position indices, which the
+    integer kernel finds to step evenly, as one run); the copy puts the image inside the channels
+    and taps, so that the windows of all images are one matrix.  :func:`_images_first` makes it
+    the convolution's NCHW result; a requantization reads it as it is."""
     n, channels = x.shape[:2]
     filters, kernel = w.shape[0], list(w.shape[2:])
     outs, begin, end, strides, dilations = _spatial(b, node, x, kernel)
-    k, positions = len(kernel), int(np.prod(outs, dtype=np.int64))
+    k = len(kernel)
     taps = int(np.prod(kernel, dtype=np.int64))
     sp = [f"s{d}" for d in range(k)]
     pointwise = all(size == 1 for size in kernel) and all(s == 1 for s in strides)
     if n == 1 and pointwise and not any(begin) and not any(end):
-        columns = b.view(x, [channels, positions])
+        columns = b.view(x, [channels, 1, *outs])
     else:
         padding = b.ref(x_zero, ["0"] * x_zero.rank) if x_zero is not None else f"{tc_type(x.dtype)}(0)"
         source = x
@@ -373,28 +385,35 @@ def _as_integer_product(b, node, x: Value, x_zero, w: Value, w_zero) -> Value:
         b.emit(
             [b.statement(col, ["c", *window, "n", *sp], "=", b.ref(source, ["n", "c", *at]))], [source], [col], "other"
         )
-        columns = b.view(col, [channels * taps, n * positions])
+        columns = b.view(col, [channels * taps, n, *outs])
     matrix = b.view(w, [filters, channels * taps])
-    product = b.new([filters, n * positions], np.int32)
+    product = b.new([filters, n, *outs], np.int32)
     a_term, reads = f"int32({b.ref(matrix, ['f', 'r_k'])})", [matrix, columns]
     if w_zero is not None:
         a_term = f"({a_term} - int32({b.ref(w_zero, ['f'] if w_zero.size > 1 else ['0'] * w_zero.rank)}))"
         reads.append(w_zero)
-    b_term = f"int32({b.ref(columns, ['r_k', 'p'])})"
+    b_term = f"int32({b.ref(columns, ['r_k', 'n', *sp])})"
     if x_zero is not None:
         b_term = f"({b_term} - int32({b.ref(x_zero, ['0'] * x_zero.rank)}))"
         reads.append(x_zero)
     b.emit(
-        [b.statement(product, ["f", "p"], "+=!", f"{a_term} * {b_term}", [("r_k", channels * taps)])],
+        [b.statement(product, ["f", "n", *sp], "+=!", f"{a_term} * {b_term}", [("r_k", channels * taps)])],
         reads,
         [product],
         "integer_product",
     )
+    return product
+
+
+def _images_first(b, product: Value) -> Value:
+    """The integer convolution's ``product`` (filters x images x output positions) as its NCHW
+    result: a view for one image, else a transposed copy."""
+    filters, n, *outs = product.shape
     if n == 1:
         return b.view(product, [n, filters, *outs])
-    by_filter = b.view(product, [filters, n, *outs])
+    sp = [f"s{d}" for d in range(len(outs))]
     out = b.new([n, filters, *outs], np.int32)
-    b.emit([b.statement(out, ["n", "f", *sp], "=", b.ref(by_filter, ["f", "n", *sp]))], [by_filter], [out], "other")
+    b.emit([b.statement(out, ["n", "f", *sp], "=", b.ref(product, ["f", "n", *sp]))], [product], [out], "other")
     return out
 
 
@@ -448,12 +467,17 @@ class QLinearConv(Converter):
     @staticmethod
     def _impl_v10(b, node, inputs):
         x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = (inputs + [None] * 9)[:9]
-        product, bias = _integer_convolution(b, node, x, x_zero, w, w_zero, bias)
-        idx = indices(product.rank)
+        product, bias, as_product = _integer_convolution(b, node, x, x_zero, w, w_zero, bias, as_product=True)
+        out_dtype = y_zero.dtype if y_zero is not None else x.dtype
+        # The integer product (filters x images x output positions) requantized into NCHW as it
+        # is read: one kernel with the product (its epilogue), no int32 NCHW copy, and no view
+        # between it and what reads it (a residual Add then joins the kernel too).
+        order = (1, 0, *range(2, product.rank)) if as_product else None
+        shape = [product.shape[d] for d in order] if order else product.shape
+        idx = indices(len(shape))
 
         def ref(param, what):
-            return b.ref(param, _per_tensor_or_along(b, param, product.shape, 1, idx, what))
+            return b.ref(param, _per_tensor_or_along(b, param, shape, 1, idx, what))
 
         factor = f"{ref(x_scale, 'x_scale')} * {ref(w_scale, 'w_scale')} / {ref(y_scale, 'y_scale')}"
-        out_dtype = y_zero.dtype if y_zero is not None else x.dtype
-        return [_requantized(b, product, factor, y_zero, out_dtype, 1, [x_scale, w_scale, y_scale], bias)]
+        return [_requantized(b, product, factor, y_zero, out_dtype, 1, [x_scale, w_scale, y_scale], bias, order)]
