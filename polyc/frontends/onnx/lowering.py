@@ -60,10 +60,11 @@ class KernelStep:
     ``elementwise`` (each output element from the same-index elements of inputs, broadcast
     allowed), ``reduction``, ``contraction``, ``convolution``, ``recurrence`` (a ``for`` block:
     never fused), ``integer_product`` (an 8-bit matrix product for the integer kernel: never
-    fused) or ``other``.  ``options``: polyc options the kernel these statements end up in
-    should be compiled with (the session's own options win).  ``states``: values of ``writes``
-    the statements read before writing them (a recurrence's state at the step before), which
-    the def declares as outputs with their types and shapes."""
+    fused), ``integer_convolution`` (an 8-bit convolution and its requantization for an
+    integer convolution kernel: never fused) or ``other``.  ``options``: polyc options the
+    kernel these statements end up in should be compiled with (the session's own options win).
+    ``states``: values of ``writes`` the statements read before writing them (a recurrence's
+    state at the step before), which the def declares as outputs with their types and shapes."""
 
     node: str
     statements: list[str]

@@ -1,0 +1,166 @@
+"""C for integer depthwise convolutions with their requantization
+(:class:`~polyc.schedule.integer_depthwise.IntegerDepthwise`: QLinearConv with one filter per
+channel, NCHW, as quantized MobileNets have them).
+
+The work items are the (image, channel) planes, shared among the threads.  Each plane is
+copied once into an int16 buffer, shifted by the image's zero point and 0 where the padding
+is, its columns dealt into ``stride`` phases, so that the taps of a strided row read
+consecutive values and the kernel's inner loop runs along the output row with no gather
+(``templates/integer_depthwise_plane.c``).  The row goes in blocks of :data:`BLOCK` outputs
+whose int32 sums stay in vector registers through every tap, then are requantized (the bias in
+int32, one float32 multiplication per value, rounding halves to even, saturation to bounds
+that a folded Relu or Clip narrows) and stored as bytes once.
+
+The planes, not the channels, are vectorised along: the quantized graph stays NCHW (the
+channels-last rewrite, :mod:`polyc.frontends.onnx.channels_last`, takes float convolutions
+only), and an NCHW row is contiguous where a vector of channels is not.  The inner loops are
+plain C with ``omp simd`` that the compiler vectorises for the machine it builds for (int16
+widened and multiplied in int32 lanes, exact: the shifted image and weights fit 16 bits and a
+window's sum of their products fits int32 for any filter of fewer than 2^15 taps).
+"""
+
+from __future__ import annotations
+
+from polyc.codegen.c import c_comment
+from polyc.codegen.c_expr import PRELUDE, c_type
+from polyc.codegen.pattern_kernel import DedicatedKernel, PatternKernelWriter
+from polyc.codegen.templates import c_template
+from polyc.ir.model import PolyProgram
+from polyc.options import Options
+from polyc.schedule.integer_depthwise import IntegerDepthwise
+
+#: Outputs along a row whose int32 sums a block keeps in registers: two AVX-512 vectors, four
+#: AVX2 ones, the sums of a 112-wide row in four blocks.
+BLOCK = 32
+
+#: Below this many multiply-adds the kernel runs on one thread.
+_PARALLEL_THRESHOLD = 64 * 64 * 64
+
+
+def generate_integer_depthwise(program: PolyProgram, depthwise: IntegerDepthwise, options: Options) -> DedicatedKernel:
+    """The kernel of ``depthwise`` (:mod:`polyc.paths.integer_depthwise` recognised it)."""
+    return _Writer(program, depthwise, options).write()
+
+
+class _Writer(PatternKernelWriter):
+    def __init__(self, program: PolyProgram, depthwise: IntegerDepthwise, options: Options):
+        super().__init__(program, options)
+        self.depthwise = depthwise
+
+    def write(self) -> DedicatedKernel:
+        d, q = self.definition, self.depthwise
+        name = f"polyc_{d.name}"
+        sizes = () if self.specialised else tuple(d.sizes)
+        parts = [
+            self.header(),
+            PRELUDE,
+            self.preamble("POLYC_QDW_PORTABLE", []),
+            f"typedef {c_type(q.image_dtype)} polyc_qx;",
+            f"typedef {c_type(q.weight_dtype)} polyc_qw;",
+            f"typedef {c_type(q.output_dtype)} polyc_qy;",
+            f"#define POLYC_QDW_BLOCK {BLOCK}",
+            f"#define POLYC_QDW_ZX ({q.image_zero})",
+            f"#define POLYC_QDW_ZY ({q.output_zero})",
+            f"#define POLYC_QDW_LOW ({q.low})",
+            f"#define POLYC_QDW_HIGH ({q.high})",
+            _CONTEXT,
+            c_template("integer_depthwise_plane.c"),
+            self.entry_function(name, sizes),
+            "",
+        ]
+        (wh, ww) = q.windows
+        decisions = {
+            "kernel": "integer_depthwise",
+            "depthwise": q.describe(),
+            "block": BLOCK,
+            "strides": (wh.stride, ww.stride),
+            "parallel": self.options.parallel,
+            "parallel_threshold": _PARALLEL_THRESHOLD,
+        }
+        return DedicatedKernel(name, "\n".join(parts), tuple(t.name for t in d.tensors), sizes, (), decisions)
+
+    def header(self) -> str:
+        o = self.options
+        lines = [
+            f"polyc integer depthwise kernel for def '{self.definition.name}' (8-bit image, int32 sums, "
+            "requantized; planes shared among the threads, rows vectorised)",
+            f"sizes: {self.sizes_comment()}",
+            f"options: parallel={o.parallel} vectorize={o.vectorize} specialize={o.specialize}",
+            f"depthwise: {self.depthwise.describe()}",
+        ]
+        lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
+        return c_comment(lines)
+
+    def entry_function(self, name: str, sizes: tuple[str, ...]) -> str:
+        q = self.depthwise
+        n, c, h, w = q.indices
+        kh, kw = q.kernel
+        (wh, ww) = q.windows
+
+        def extent(index: str) -> str:
+            return f"({self.size_expr(q.extent(index))})"
+
+        body = self.size_declarations(lambda s: None)
+        body += [
+            "polyc_qdw_t g_ = {0}, *const g = &g_;",
+            f"g->in = {q.image}; g->w = {q.weights}; g->out = {q.output}; g->scale = {q.scale};",
+            f"g->bias = {q.bias if q.bias else 'NULL'}; g->scale_step = {1 if q.per_channel_scale else 0};",
+            f"g->c = {extent(c)}; g->oh = {extent(h)}; g->ow = {extent(w)}; g->kh = {extent(kh)}; g->kw = {extent(kw)};",
+            f"g->sh = {wh.stride}; g->sw = {ww.stride}; g->dh = {wh.dilation}; g->dw = {ww.dilation};",
+            *(line.replace("g.", "g->") for line in self.image_box_fields(q)),
+            f"g->first_row = {wh.offset}; g->first_column = {ww.offset};",
+            "if (g->oh == 0 || g->ow == 0 || g->c == 0) return 0;",
+            "g->rows = g->sh * (g->oh - 1) + g->dh * (g->kh - 1) + 1;",
+            "g->columns = g->sw * (g->ow - 1) + g->dw * (g->kw - 1) + 1;",
+            "g->pitch = (g->columns + g->sw - 1) / g->sw + POLYC_QDW_BLOCK;",
+            "g->phase = g->rows * g->pitch;",
+            f"const int64_t polyc_planes = {extent(n)} * g->c;",
+            "const size_t polyc_buffer = sizeof(int16_t) * (size_t)(g->sw * g->phase);",
+            "int polyc_failed = 0;",
+        ]
+        work = "(double)polyc_planes * (double)(g->oh * g->ow) * (double)(g->kh * g->kw)"
+        plane = [
+            "int16_t *polyc_shifted = (int16_t *)calloc(1, polyc_buffer);",
+            "if (polyc_shifted == NULL) {",
+            "    __atomic_store_n(&polyc_failed, 1, __ATOMIC_RELAXED);",
+            "} else {",
+            "    for (int64_t polyc_x = POLYC_FIRST; polyc_x < polyc_planes; polyc_x += POLYC_STEP)",
+            "        polyc_qdw_plane(g, polyc_x / g->c, polyc_x % g->c, polyc_shifted);",
+            "    free(polyc_shifted);",
+            "}",
+        ]
+
+        def planes(first: str, step: str) -> list[str]:
+            return [line.replace("POLYC_FIRST", first).replace("POLYC_STEP", step) for line in plane]
+
+        serial = ["{", *("    " + line for line in planes("0", "1")), "}"]
+        if self.options.parallel:
+            # Each thread takes every n-th plane: the planes of a layer cost the same.
+            body += self.parallel_region(
+                work, _PARALLEL_THRESHOLD, planes("omp_get_thread_num()", "omp_get_num_threads()"), serial
+            )
+        else:
+            body += serial
+        body.append(f"return polyc_failed ? {STATUS_OUT_OF_MEMORY} : 0;")
+        signature = f"int {name}({', '.join(self.pointer_arguments(sizes))})"
+        return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
+
+
+#: The return value when a plane's buffer cannot be allocated.
+STATUS_OUT_OF_MEMORY = 2
+
+_CONTEXT = """/* The convolution: tensors, extents, strides and dilations, the padding box in image positions
+   (lo <= p < hi), the image rows and columns the outputs read (from first_row, first_column on),
+   and the shifted plane's layout (rows of `pitch` values, one set of rows per column phase). */
+typedef struct {
+    const polyc_qx *in;
+    const polyc_qw *w;
+    const int32_t *bias;
+    const float *scale;
+    polyc_qy *out;
+    int64_t scale_step, c, ih, iw, oh, ow, kh, kw, sh, sw, dh, dw;
+    int64_t lo_h, hi_h, lo_w, hi_w, first_row, first_column, rows, columns, pitch, phase;
+} polyc_qdw_t;"""
+
+
+__all__ = ["BLOCK", "generate_integer_depthwise"]
