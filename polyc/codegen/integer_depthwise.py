@@ -6,7 +6,7 @@ The work items are the (image, channel) planes, shared among the threads.  Each 
 copied once into an int16 buffer, shifted by the image's zero point and 0 where the padding
 is, its columns dealt into ``stride`` phases, so that the taps of a strided row read
 consecutive values and the kernel's inner loop runs along the output row with no gather
-(``templates/integer_depthwise_plane.c``).  The row goes in blocks of :data:`BLOCK` outputs
+(``templates/integer_depthwise_plane.c``).  The row goes in blocks of outputs (:func:`block_for`)
 whose int32 sums stay in vector registers through every tap, then are requantized (the bias in
 int32, one float32 multiplication per value, rounding halves to even, saturation to bounds
 that a folded Relu or Clip narrows) and stored as bytes once.
@@ -29,9 +29,22 @@ from polyc.ir.model import PolyProgram
 from polyc.options import Options
 from polyc.schedule.integer_depthwise import IntegerDepthwise
 
-#: Outputs along a row whose int32 sums a block keeps in registers: two AVX-512 vectors, four
-#: AVX2 ones, the sums of a 112-wide row in four blocks.
-BLOCK = 32
+#: The blocks of outputs along a row whose int32 sums stay in registers (the longest: two
+#: AVX-512 vectors, four AVX2 ones); a row gets the shortest that covers it, else the longest.
+BLOCKS = (16, 32)
+
+#: Values of a strided row dealt into a phase at once (whole vectors; at most the block, the
+#: margin each phase's rows have past their end).
+DEAL = 16
+
+
+def block_for(width: int | None) -> int:
+    """The block of outputs for rows ``width`` long (None: known only at run time): a short
+    row (mobilenet_v2's last layers are 7 and 14 wide) in one block without idle lanes."""
+    if width is None:
+        return BLOCKS[-1]
+    return next((block for block in BLOCKS if block >= width), BLOCKS[-1])
+
 
 #: Below this many multiply-adds the kernel runs on one thread.
 _PARALLEL_THRESHOLD = 64 * 64 * 64
@@ -51,28 +64,33 @@ class _Writer(PatternKernelWriter):
         d, q = self.definition, self.depthwise
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
+        (wh, ww) = q.windows
+        block = block_for(self.known_extent(q.extent(ww.x)))
         parts = [
             self.header(),
             PRELUDE,
-            self.preamble("POLYC_QDW_PORTABLE", []),
+            self.preamble("POLYC_QDW_UNUSED", []),
             f"typedef {c_type(q.image_dtype)} polyc_qx;",
             f"typedef {c_type(q.weight_dtype)} polyc_qw;",
             f"typedef {c_type(q.output_dtype)} polyc_qy;",
-            f"#define POLYC_QDW_BLOCK {BLOCK}",
+            f"#define POLYC_QDW_BLOCK {block}",
+            f"#define POLYC_QDW_DEAL {min(DEAL, block)}",
+            f"typedef int16_t polyc_qdw_values __attribute__((vector_size({2 * block})));",
+            f"typedef int32_t polyc_qdw_sums __attribute__((vector_size({4 * block})));",
             f"#define POLYC_QDW_ZX ({q.image_zero})",
             f"#define POLYC_QDW_ZY ({q.output_zero})",
             f"#define POLYC_QDW_LOW ({q.low})",
             f"#define POLYC_QDW_HIGH ({q.high})",
             _CONTEXT,
+            f"#define POLYC_QDW_TAPS {self.taps()}",
             c_template("integer_depthwise_plane.c"),
             self.entry_function(name, sizes),
             "",
         ]
-        (wh, ww) = q.windows
         decisions = {
             "kernel": "integer_depthwise",
             "depthwise": q.describe(),
-            "block": BLOCK,
+            "block": block,
             "strides": (wh.stride, ww.stride),
             "parallel": self.options.parallel,
             "parallel_threshold": _PARALLEL_THRESHOLD,
@@ -90,6 +108,12 @@ class _Writer(PatternKernelWriter):
         ]
         lines += [f"  {s.name}: {s.text}" for s in self.definition.statements]
         return c_comment(lines)
+
+    def taps(self) -> str:
+        """C of the window's tap count: a literal where the C is written knowing it (the
+        compiler then unrolls the taps), else the record's."""
+        kh, kw = (self.known_extent(self.depthwise.extent(k)) for k in self.depthwise.kernel)
+        return str(kh * kw) if kh is not None and kw is not None else "g->taps"
 
     def entry_function(self, name: str, sizes: tuple[str, ...]) -> str:
         q = self.depthwise
@@ -114,8 +138,17 @@ class _Writer(PatternKernelWriter):
             "g->columns = g->sw * (g->ow - 1) + g->dw * (g->kw - 1) + 1;",
             "g->pitch = (g->columns + g->sw - 1) / g->sw + POLYC_QDW_BLOCK;",
             "g->phase = g->rows * g->pitch;",
+            "g->taps = g->kh * g->kw;",
+            "int64_t *polyc_tap = (int64_t *)malloc(sizeof(int64_t) * (size_t)polyc_max(g->taps, 1));",
+            f"if (polyc_tap == NULL) return {STATUS_OUT_OF_MEMORY};",
+            "for (int64_t i = 0; i < g->kh; i++)",
+            "    for (int64_t j = 0; j < g->kw; j++)",
+            "        polyc_tap[i * g->kw + j] = i * g->dh * g->pitch + (j * g->dw % g->sw) * g->phase + j * g->dw / g->sw;",
+            "g->tap = polyc_tap;",
             f"const int64_t polyc_planes = {extent(n)} * g->c;",
-            "const size_t polyc_buffer = sizeof(int16_t) * (size_t)(g->sw * g->phase);",
+            # the phases, then one row of the image and the margin that whole vectors read past it
+            "const size_t polyc_buffer = sizeof(int16_t) * (size_t)(g->sw * g->phase + g->columns + "
+            "g->sw * (POLYC_QDW_DEAL + 1));",
             "int polyc_failed = 0;",
         ]
         work = "(double)polyc_planes * (double)(g->oh * g->ow) * (double)(g->kh * g->kw)"
@@ -141,7 +174,7 @@ class _Writer(PatternKernelWriter):
             )
         else:
             body += serial
-        body.append(f"return polyc_failed ? {STATUS_OUT_OF_MEMORY} : 0;")
+        body += ["free(polyc_tap);", f"return polyc_failed ? {STATUS_OUT_OF_MEMORY} : 0;"]
         signature = f"int {name}({', '.join(self.pointer_arguments(sizes))})"
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
 
@@ -151,7 +184,8 @@ STATUS_OUT_OF_MEMORY = 2
 
 _CONTEXT = """/* The convolution: tensors, extents, strides and dilations, the padding box in image positions
    (lo <= p < hi), the image rows and columns the outputs read (from first_row, first_column on),
-   and the shifted plane's layout (rows of `pitch` values, one set of rows per column phase). */
+   the shifted plane's layout (rows of `pitch` values, one set of rows per column phase) and
+   where each tap of the window reads in it, from the first tap of output column 0. */
 typedef struct {
     const polyc_qx *in;
     const polyc_qw *w;
@@ -159,8 +193,9 @@ typedef struct {
     const float *scale;
     polyc_qy *out;
     int64_t scale_step, c, ih, iw, oh, ow, kh, kw, sh, sw, dh, dw;
-    int64_t lo_h, hi_h, lo_w, hi_w, first_row, first_column, rows, columns, pitch, phase;
+    int64_t lo_h, hi_h, lo_w, hi_w, first_row, first_column, rows, columns, pitch, phase, taps;
+    const int64_t *tap;
 } polyc_qdw_t;"""
 
 
-__all__ = ["BLOCK", "generate_integer_depthwise"]
+__all__ = ["BLOCKS", "block_for", "generate_integer_depthwise"]

@@ -48,5 +48,5 @@ PATH = KernelPath(
     recognise,
     generate,
     explain,
-    options=("direct_convolutions", "parallel", "vectorize", "threads"),
+    options=("direct_convolutions", "parallel", "threads"),
 )
