@@ -136,7 +136,13 @@ class _Writer(PatternKernelWriter):
             "if (g->oh == 0 || g->ow == 0 || g->c == 0) return 0;",
             "g->rows = g->sh * (g->oh - 1) + g->dh * (g->kh - 1) + 1;",
             "g->columns = g->sw * (g->ow - 1) + g->dw * (g->kw - 1) + 1;",
-            "g->pitch = (g->columns + g->sw - 1) / g->sw + POLYC_QDW_BLOCK;",
+            # One run through the plane where that takes fewer blocks than row by row (short
+            # rows); rows then need no margin for the blocks that run past their end.
+            "const int64_t polyc_count = (g->columns + g->sw - 1) / g->sw;",
+            "const int64_t polyc_row_blocks = g->oh * ((g->ow + POLYC_QDW_BLOCK - 1) / POLYC_QDW_BLOCK);",
+            "const int64_t polyc_span = (g->oh - 1) * g->sh * polyc_count + g->ow;",
+            "g->flat = (polyc_span + POLYC_QDW_BLOCK - 1) / POLYC_QDW_BLOCK < polyc_row_blocks;",
+            "g->pitch = polyc_count + (g->flat ? 0 : POLYC_QDW_BLOCK);",
             "g->phase = g->rows * g->pitch;",
             "g->taps = g->kh * g->kw;",
             "int64_t *polyc_tap = (int64_t *)malloc(sizeof(int64_t) * (size_t)polyc_max(g->taps, 1));",
@@ -146,9 +152,12 @@ class _Writer(PatternKernelWriter):
             "        polyc_tap[i * g->kw + j] = i * g->dh * g->pitch + (j * g->dw % g->sw) * g->phase + j * g->dw / g->sw;",
             "g->tap = polyc_tap;",
             f"const int64_t polyc_planes = {extent(n)} * g->c;",
-            # the phases, then one row of the image and the margin that whole vectors read past it
-            "const size_t polyc_buffer = sizeof(int16_t) * (size_t)(g->sw * g->phase + g->columns + "
-            "g->sw * (POLYC_QDW_DEAL + 1));",
+            # the phases, one row of the image, the margin that whole vectors read past them;
+            # then the run's requantized outputs
+            "const size_t polyc_shifted_count = (size_t)(g->sw * g->phase + g->columns + g->sw * (POLYC_QDW_DEAL + 1) + "
+            "POLYC_QDW_BLOCK);",
+            "const size_t polyc_buffer = sizeof(int16_t) * polyc_shifted_count + sizeof(polyc_qy) * (size_t)(g->flat ? "
+            "polyc_span + POLYC_QDW_BLOCK : 0);",
             "int polyc_failed = 0;",
         ]
         work = "(double)polyc_planes * (double)(g->oh * g->ow) * (double)(g->kh * g->kw)"
@@ -158,7 +167,8 @@ class _Writer(PatternKernelWriter):
             "    __atomic_store_n(&polyc_failed, 1, __ATOMIC_RELAXED);",
             "} else {",
             "    for (int64_t polyc_x = POLYC_FIRST; polyc_x < polyc_planes; polyc_x += POLYC_STEP)",
-            "        polyc_qdw_plane(g, polyc_x / g->c, polyc_x % g->c, polyc_shifted);",
+            "        polyc_qdw_plane(g, polyc_x / g->c, polyc_x % g->c, polyc_shifted,",
+            "                        (polyc_qy *)(polyc_shifted + polyc_shifted_count));",
             "    free(polyc_shifted);",
             "}",
         ]
@@ -184,8 +194,9 @@ STATUS_OUT_OF_MEMORY = 2
 
 _CONTEXT = """/* The convolution: tensors, extents, strides and dilations, the padding box in image positions
    (lo <= p < hi), the image rows and columns the outputs read (from first_row, first_column on),
-   the shifted plane's layout (rows of `pitch` values, one set of rows per column phase) and
-   where each tap of the window reads in it, from the first tap of output column 0. */
+   the shifted plane's layout (rows of `pitch` values, one set of rows per column phase),
+   where each tap of the window reads in it, from the first tap of output column 0, and whether
+   the plane's outputs go as one run (flat) or row by row. */
 typedef struct {
     const polyc_qx *in;
     const polyc_qw *w;
@@ -193,7 +204,7 @@ typedef struct {
     const float *scale;
     polyc_qy *out;
     int64_t scale_step, c, ih, iw, oh, ow, kh, kw, sh, sw, dh, dw;
-    int64_t lo_h, hi_h, lo_w, hi_w, first_row, first_column, rows, columns, pitch, phase, taps;
+    int64_t lo_h, hi_h, lo_w, hi_w, first_row, first_column, rows, columns, pitch, phase, taps, flat;
     const int64_t *tap;
 } polyc_qdw_t;"""
 

@@ -1,9 +1,35 @@
+/* POLYC_QDW_BLOCK outputs along a run of the shifted plane from `at`: their int32 sums over
+   every tap (vectors of the compiler's vector extension, kept in registers of the machine's
+   width), then ONNX's requantization as onnxruntime computes it: the bias added in int32, one
+   float32 product, rounded half to even, saturated to [low, high] (a folded Relu or Clip
+   narrows them). */
+static inline void polyc_qdw_block(const int16_t *restrict at, const int64_t *restrict tap,
+                                   const polyc_qw *restrict w, int32_t bias, float scale, polyc_qy *restrict to)
+{
+    polyc_qdw_sums sums = {0};
+    for (int64_t t = 0; t < POLYC_QDW_TAPS; t++) {
+        polyc_qdw_values values;
+        memcpy(&values, at + tap[t], sizeof values);
+        sums += __builtin_convertvector(values, polyc_qdw_sums) * (int32_t)w[t];
+    }
+    int32_t block[POLYC_QDW_BLOCK];
+    memcpy(block, &sums, sizeof block);
+#pragma omp simd simdlen(POLYC_QDW_BLOCK)
+    for (int64_t t = 0; t < POLYC_QDW_BLOCK; t++) {
+        float v = __builtin_rintf((float)(block[t] + bias) * scale) + (float)POLYC_QDW_ZY;
+        v = v < (float)POLYC_QDW_LOW ? (float)POLYC_QDW_LOW : v;
+        v = v > (float)POLYC_QDW_HIGH ? (float)POLYC_QDW_HIGH : v;
+        to[t] = (polyc_qy)(int32_t)v;
+    }
+}
+
 /* One channel of one image: its plane copied, shifted by the image's zero point (0 outside the
    padding box, as the padding's products do not count), into `shifted`, with the columns dealt
    into `sw` phases (phase p holds the columns p, p + sw, ...), so that every tap of a strided
    row reads consecutive values (tap t of output column o at shifted[row + tap[t] + o]); then each output row in blocks of POLYC_QDW_BLOCK columns, its
    int32 sums in registers through every tap, requantized and stored once. */
-static void polyc_qdw_plane(const polyc_qdw_t *restrict g, int64_t b, int64_t c, int16_t *restrict shifted)
+static void polyc_qdw_plane(const polyc_qdw_t *restrict g, int64_t b, int64_t c, int16_t *restrict shifted,
+                            polyc_qy *restrict run)
 {
     const polyc_qx *restrict in = g->in + (b * g->c + c) * g->ih * g->iw;
     /* the columns of a row inside the box: q = x - first_column for x in [lo_w, hi_w) */
@@ -23,12 +49,13 @@ static void polyc_qdw_plane(const polyc_qdw_t *restrict g, int64_t b, int64_t c,
             for (int64_t q = q_hi; q < g->columns; q++) to[q] = 0;
         }
         if (g->sw == 1) continue;
-        /* Dealt in whole vectors: the values past a phase's end that they write (from the line's
-           margin) are read only for the block columns past the output row's end. */
         for (int64_t p = 0; p < g->sw; p++) {
             int16_t *restrict phase = shifted + p * g->phase + r * g->pitch;
             const int64_t count = (g->columns - p + g->sw - 1) / g->sw;
-            for (int64_t j0 = 0; j0 < count; j0 += POLYC_QDW_DEAL) {
+            /* in whole vectors, past the row's end into its margin where it has one */
+            const int64_t whole = g->flat ? count / POLYC_QDW_DEAL * POLYC_QDW_DEAL : count;
+            int64_t j0 = 0;
+            for (; j0 < whole; j0 += POLYC_QDW_DEAL) {
                 const int16_t *restrict source = line + p + j0 * g->sw;
                 if (g->sw == 2) {
 #pragma omp simd
@@ -37,36 +64,29 @@ static void polyc_qdw_plane(const polyc_qdw_t *restrict g, int64_t b, int64_t c,
                     for (int64_t t = 0; t < POLYC_QDW_DEAL; t++) phase[j0 + t] = source[t * g->sw];
                 }
             }
+            for (; j0 < count; j0++) phase[j0] = line[p + j0 * g->sw];
         }
     }
     const polyc_qw *restrict w = g->w + c * POLYC_QDW_TAPS;
     const int32_t bias = g->bias != NULL ? g->bias[c] : 0;
     const float scale = g->scale[g->scale_step * c];
     polyc_qy *restrict out = g->out + (b * g->c + c) * g->oh * g->ow;
+    if (g->flat) {
+        /* The plane as one run: output (oh, ow) at f = oh * sh * pitch + ow reads tap t at
+           shifted[f + tap[t]] as in a row, so blocks run on through the rows' ends (the
+           outputs past a row's end are computed and dropped), which fills the vectors where
+           the rows are short. */
+        const int64_t span = (g->oh - 1) * g->sh * g->pitch + g->ow;
+        for (int64_t f0 = 0; f0 < span; f0 += POLYC_QDW_BLOCK)
+            polyc_qdw_block(shifted + f0, g->tap, w, bias, scale, run + f0);
+        for (int64_t oh = 0; oh < g->oh; oh++)
+            memcpy(out + oh * g->ow, run + oh * g->sh * g->pitch, (size_t)g->ow * sizeof(polyc_qy));
+        return;
+    }
     for (int64_t oh = 0; oh < g->oh; oh++) {
         for (int64_t o0 = 0; o0 < g->ow; o0 += POLYC_QDW_BLOCK) {
-            /* (vectors of the compiler's vector extension: one block's sums, which it keeps in
-               registers of the machine's width through every tap) */
-            polyc_qdw_sums sums = {0};
-            const int16_t *restrict row = shifted + oh * g->sh * g->pitch + o0;
-            for (int64_t t = 0; t < POLYC_QDW_TAPS; t++) {
-                polyc_qdw_values values;
-                memcpy(&values, row + g->tap[t], sizeof values);
-                sums += __builtin_convertvector(values, polyc_qdw_sums) * (int32_t)w[t];
-            }
-            int32_t block[POLYC_QDW_BLOCK];
-            memcpy(block, &sums, sizeof block);
-            /* ONNX's requantization as onnxruntime computes it: the bias added in int32, one
-               float32 product, rounded half to even, saturated to [low, high] (a folded Relu or
-               Clip narrows them). */
             polyc_qy values[POLYC_QDW_BLOCK];
-#pragma omp simd simdlen(POLYC_QDW_BLOCK)
-            for (int64_t t = 0; t < POLYC_QDW_BLOCK; t++) {
-                float v = __builtin_rintf((float)(block[t] + bias) * scale) + (float)POLYC_QDW_ZY;
-                v = v < (float)POLYC_QDW_LOW ? (float)POLYC_QDW_LOW : v;
-                v = v > (float)POLYC_QDW_HIGH ? (float)POLYC_QDW_HIGH : v;
-                values[t] = (polyc_qy)(int32_t)v;
-            }
+            polyc_qdw_block(shifted + oh * g->sh * g->pitch + o0, g->tap, w, bias, scale, values);
             const int64_t count = polyc_min(POLYC_QDW_BLOCK, g->ow - o0);
             memcpy(out + oh * g->ow + o0, values, (size_t)count * sizeof(polyc_qy));
         }
