@@ -85,6 +85,16 @@ CASES = {
     "3x5-valid": {"kernel": (3, 5), "pads": (0, 0, 0, 0)},
     "dilated": {"dilations": (2, 2), "pads": (2, 2, 2, 2)},
     "wide-row": {"size": (5, 71), "channels": 3},
+    # rows long enough to go row by row rather than as one run through the plane
+    "row-by-row-stride-1": {"size": (8, 60), "channels": 3},
+    "row-by-row-stride-2": {"size": (6, 100), "channels": 3, "strides": (2, 2)},
+    "row-by-row-5x5-stride-2": {
+        "size": (7, 101),
+        "channels": 2,
+        "kernel": (5, 5),
+        "strides": (2, 2),
+        "pads": (2, 1, 2, 2),
+    },
     "no-bias": {"bias": False},
     "saturating": {"y_scale": 0.004},
     "two-images": {"images": 2, "strides": (2, 2)},
