@@ -29,6 +29,7 @@ def depthwise_qlinear_conv(
     y_scale=0.2,
     bias=True,
     seed=3,
+    x_zero=None,
 ):
     """A QLinearConv with one filter per channel, full-range s8 weights with a scale per
     channel, and its feed; a small ``y_scale`` saturates many outputs at both ends."""
@@ -40,7 +41,7 @@ def depthwise_qlinear_conv(
     x[:, 0] = info.max
     params = {
         "x_scale": np.array(0.05, np.float32),
-        "x_zero": np.array(info.min + 1 + (info.max - info.min) // 2, image_type),
+        "x_zero": np.array(info.min + 1 + (info.max - info.min) // 2 if x_zero is None else x_zero, image_type),
         "w": w,
         "w_scale": rng.uniform(0.002, 0.01, channels).astype(np.float32),
         "w_zero": np.zeros(channels, np.int8),
@@ -99,13 +100,15 @@ CASES = {
     "saturating": {"y_scale": 0.004},
     "two-images": {"images": 2, "strides": (2, 2)},
     "int8-image": {"image_type": np.int8, "strides": (2, 2)},
+    "int8-image-negative-zero": {"image_type": np.int8, "x_zero": -37},
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_depthwise_qlinear_conv_gives_onnxruntimes_bits(case):
     model, x = depthwise_qlinear_conv(**CASES[case])
-    ours, theirs, _ = onnxruntime_and_polyc(model, x)
+    ours, theirs, session = onnxruntime_and_polyc(model, x)
+    assert paths_of(session, {"x": x}) == {"integer_depthwise"}
     np.testing.assert_array_equal(ours, theirs)
     with pytest.raises(AssertionError):  # negative control: one step off in one element fails
         np.testing.assert_array_equal(one_step_off(ours), theirs)
