@@ -77,6 +77,10 @@ class _Writer(PatternKernelWriter):
             f"#define POLYC_QDW_DEAL {min(DEAL, block)}",
             f"typedef int16_t polyc_qdw_values __attribute__((vector_size({2 * block})));",
             f"typedef int32_t polyc_qdw_sums __attribute__((vector_size({4 * block})));",
+            "typedef int16_t polyc_qdw_pairs __attribute__((vector_size(64)));",
+            "typedef int16_t polyc_qdw_halves __attribute__((vector_size(32)));",
+            f"#define POLYC_QDW_EVENS {', '.join(str(2 * i) for i in range(16))}",
+            f"#define POLYC_QDW_ODDS {', '.join(str(2 * i + 1) for i in range(16))}",
             f"#define POLYC_QDW_ZX ({q.image_zero})",
             f"#define POLYC_QDW_ZY ({q.output_zero})",
             f"#define POLYC_QDW_LOW ({q.low})",
@@ -142,7 +146,8 @@ class _Writer(PatternKernelWriter):
             "const int64_t polyc_row_blocks = g->oh * ((g->ow + POLYC_QDW_BLOCK - 1) / POLYC_QDW_BLOCK);",
             "const int64_t polyc_span = (g->oh - 1) * g->sh * polyc_count + g->ow;",
             "g->flat = (polyc_span + POLYC_QDW_BLOCK - 1) / POLYC_QDW_BLOCK < polyc_row_blocks;",
-            "g->pitch = polyc_count + (g->flat ? 0 : POLYC_QDW_BLOCK);",
+            # (a margin of at least 16: the strided rows are dealt 16 values at a time)
+            "g->pitch = polyc_count + (g->flat ? 0 : polyc_max(POLYC_QDW_BLOCK, 16));",
             "g->phase = g->rows * g->pitch;",
             "g->taps = g->kh * g->kw;",
             "int64_t *polyc_tap = (int64_t *)malloc(sizeof(int64_t) * (size_t)polyc_max(g->taps, 1));",
@@ -155,7 +160,7 @@ class _Writer(PatternKernelWriter):
             # the phases, one row of the image, the margin that whole vectors read past them;
             # then the run's requantized outputs
             "const size_t polyc_shifted_count = (size_t)(g->sw * g->phase + g->columns + g->sw * (POLYC_QDW_DEAL + 1) + "
-            "POLYC_QDW_BLOCK);",
+            "POLYC_QDW_BLOCK + 32);",
             "const size_t polyc_buffer = sizeof(int16_t) * polyc_shifted_count + sizeof(polyc_qy) * (size_t)(g->flat ? "
             "polyc_span + POLYC_QDW_BLOCK : 0);",
             "int polyc_failed = 0;",

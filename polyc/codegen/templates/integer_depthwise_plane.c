@@ -49,6 +49,21 @@ static void polyc_qdw_plane(const polyc_qdw_t *restrict g, int64_t b, int64_t c,
             for (int64_t q = q_hi; q < g->columns; q++) to[q] = 0;
         }
         if (g->sw == 1) continue;
+        if (g->sw == 2 && !g->flat) {
+            /* both phases at once, a vector of the line's values split into its even and odd
+               ones (past the phases' ends into their margins, from the line's margin) */
+            int16_t *restrict even = shifted + r * g->pitch, *restrict odd = even + g->phase;
+            const int64_t count = (g->columns + 1) / 2;
+            for (int64_t j0 = 0; j0 < count; j0 += 16) {
+                polyc_qdw_pairs pairs;
+                memcpy(&pairs, line + 2 * j0, sizeof pairs);
+                const polyc_qdw_halves evens = __builtin_shufflevector(pairs, pairs, POLYC_QDW_EVENS);
+                const polyc_qdw_halves odds = __builtin_shufflevector(pairs, pairs, POLYC_QDW_ODDS);
+                memcpy(even + j0, &evens, sizeof evens);
+                memcpy(odd + j0, &odds, sizeof odds);
+            }
+            continue;
+        }
         for (int64_t p = 0; p < g->sw; p++) {
             int16_t *restrict phase = shifted + p * g->phase + r * g->pitch;
             const int64_t count = (g->columns - p + g->sw - 1) / g->sw;
@@ -87,8 +102,10 @@ static void polyc_qdw_plane(const polyc_qdw_t *restrict g, int64_t b, int64_t c,
         for (int64_t o0 = 0; o0 < g->ow; o0 += POLYC_QDW_BLOCK) {
             polyc_qy values[POLYC_QDW_BLOCK];
             polyc_qdw_block(shifted + oh * g->sh * g->pitch + o0, g->tap, w, bias, scale, values);
-            const int64_t count = polyc_min(POLYC_QDW_BLOCK, g->ow - o0);
-            memcpy(out + oh * g->ow + o0, values, (size_t)count * sizeof(polyc_qy));
+            if (o0 + POLYC_QDW_BLOCK <= g->ow)  /* (a copy of known length, which the compiler inlines) */
+                memcpy(out + oh * g->ow + o0, values, sizeof values);
+            else
+                memcpy(out + oh * g->ow + o0, values, (size_t)(g->ow - o0) * sizeof(polyc_qy));
         }
     }
 }
