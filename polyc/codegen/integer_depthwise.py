@@ -65,7 +65,8 @@ class _Writer(PatternKernelWriter):
         name = f"polyc_{d.name}"
         sizes = () if self.specialised else tuple(d.sizes)
         (wh, ww) = q.windows
-        block = block_for(self.known_extent(q.extent(ww.x)))
+        width = self.known_extent(q.extent(ww.x))
+        block = block_for(width)
         parts = [
             self.header(),
             PRELUDE,
@@ -77,6 +78,10 @@ class _Writer(PatternKernelWriter):
             f"#define POLYC_QDW_DEAL {min(DEAL, block)}",
             f"typedef int16_t polyc_qdw_values __attribute__((vector_size({2 * block})));",
             f"typedef int32_t polyc_qdw_sums __attribute__((vector_size({4 * block})));",
+            _LANES,
+            "typedef float polyc_qdw_floats __attribute__((vector_size(4 * POLYC_QDW_LANES)));",
+            "typedef int32_t polyc_qdw_ints __attribute__((vector_size(4 * POLYC_QDW_LANES)));",
+            "typedef polyc_qy polyc_qdw_narrow __attribute__((vector_size(POLYC_QDW_LANES)));",
             "typedef int16_t polyc_qdw_pairs __attribute__((vector_size(64)));",
             "typedef int16_t polyc_qdw_halves __attribute__((vector_size(32)));",
             f"#define POLYC_QDW_EVENS {', '.join(str(2 * i) for i in range(16))}",
@@ -87,6 +92,8 @@ class _Writer(PatternKernelWriter):
             f"#define POLYC_QDW_HIGH ({q.high})",
             _CONTEXT,
             f"#define POLYC_QDW_TAPS {self.taps()}",
+            # (a literal where known: the copies of a short row's outputs are then inlined)
+            f"#define POLYC_QDW_OW {width if width is not None else 'g->ow'}",
             c_template("integer_depthwise_plane.c"),
             self.entry_function(name, sizes),
             "",
@@ -193,6 +200,16 @@ class _Writer(PatternKernelWriter):
         signature = f"int {name}({', '.join(self.pointer_arguments(sizes))})"
         return signature + "\n{\n" + "\n".join("    " + line for line in body) + "\n}"
 
+
+#: The requantization's vectors: the machine's width in int32 lanes, as the C preprocessor
+#: knows it (wider vectors of the vector extension are split, badly, by gcc).
+_LANES = """#if defined(__AVX512F__)
+#define POLYC_QDW_LANES 16
+#elif defined(__AVX__)
+#define POLYC_QDW_LANES 8
+#else
+#define POLYC_QDW_LANES 4
+#endif"""
 
 #: The return value when a plane's buffer cannot be allocated.
 STATUS_OUT_OF_MEMORY = 2

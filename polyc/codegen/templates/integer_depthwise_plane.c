@@ -1,8 +1,7 @@
 /* POLYC_QDW_BLOCK outputs along a run of the shifted plane from `at`: their int32 sums over
-   every tap (vectors of the compiler's vector extension, kept in registers of the machine's
-   width), then ONNX's requantization as onnxruntime computes it: the bias added in int32, one
-   float32 product, rounded half to even, saturated to [low, high] (a folded Relu or Clip
-   narrows them). */
+   every tap (vectors of the compiler's vector extension, kept in registers), then ONNX's
+   requantization as onnxruntime computes it: the bias added in int32, one float32 product,
+   rounded half to even, saturated to [low, high] (a folded Relu or Clip narrows them). */
 static inline void polyc_qdw_block(const int16_t *restrict at, const int64_t *restrict tap,
                                    const polyc_qw *restrict w, int32_t bias, float scale, polyc_qy *restrict to)
 {
@@ -14,12 +13,23 @@ static inline void polyc_qdw_block(const int16_t *restrict at, const int64_t *re
     }
     int32_t block[POLYC_QDW_BLOCK];
     memcpy(block, &sums, sizeof block);
-#pragma omp simd simdlen(POLYC_QDW_BLOCK)
-    for (int64_t t = 0; t < POLYC_QDW_BLOCK; t++) {
-        float v = __builtin_rintf((float)(block[t] + bias) * scale) + (float)POLYC_QDW_ZY;
-        v = v < (float)POLYC_QDW_LOW ? (float)POLYC_QDW_LOW : v;
-        v = v > (float)POLYC_QDW_HIGH ? (float)POLYC_QDW_HIGH : v;
-        to[t] = (polyc_qy)(int32_t)v;
+    /* in vectors of the machine's width; rounded by adding 1.5 * 2^23, whose bits the sum's
+       exceed by the value rounded half to even (exact for values this small, after the
+       saturation; saturating before rounding is the same, the bounds being integers) */
+    const polyc_qdw_floats zero = {0};
+    const polyc_qdw_ints low = (polyc_qdw_ints)(zero + (float)(POLYC_QDW_LOW - POLYC_QDW_ZY));
+    const polyc_qdw_ints high = (polyc_qdw_ints)(zero + (float)(POLYC_QDW_HIGH - POLYC_QDW_ZY));
+    for (int64_t h = 0; h < POLYC_QDW_BLOCK; h += POLYC_QDW_LANES) {
+        polyc_qdw_ints part;
+        memcpy(&part, block + h, sizeof part);
+        polyc_qdw_floats v = __builtin_convertvector(part + bias, polyc_qdw_floats) * scale;
+        const polyc_qdw_ints below = v < (float)(POLYC_QDW_LOW - POLYC_QDW_ZY);
+        const polyc_qdw_ints above = v > (float)(POLYC_QDW_HIGH - POLYC_QDW_ZY);
+        v = (polyc_qdw_floats)(((polyc_qdw_ints)v & ~(below | above)) | (below & low) | (above & high));
+        v += 12582912.0f;
+        const polyc_qdw_ints rounded = (polyc_qdw_ints)v - 0x4B400000 + POLYC_QDW_ZY;
+        const polyc_qdw_narrow narrow = __builtin_convertvector(rounded, polyc_qdw_narrow);
+        memcpy(to + h, &narrow, sizeof narrow);
     }
 }
 
@@ -95,7 +105,7 @@ static void polyc_qdw_plane(const polyc_qdw_t *restrict g, int64_t b, int64_t c,
         for (int64_t f0 = 0; f0 < span; f0 += POLYC_QDW_BLOCK)
             polyc_qdw_block(shifted + f0, g->tap, w, bias, scale, run + f0);
         for (int64_t oh = 0; oh < g->oh; oh++)
-            memcpy(out + oh * g->ow, run + oh * g->sh * g->pitch, (size_t)g->ow * sizeof(polyc_qy));
+            memcpy(out + oh * g->ow, run + oh * g->sh * g->pitch, (size_t)POLYC_QDW_OW * sizeof(polyc_qy));
         return;
     }
     for (int64_t oh = 0; oh < g->oh; oh++) {
