@@ -6,17 +6,21 @@ The work items are the (image, channel) planes, shared among the threads.  Each 
 copied once into an int16 buffer, shifted by the image's zero point and 0 where the padding
 is, its columns dealt into ``stride`` phases, so that the taps of a strided row read
 consecutive values and the kernel's inner loop runs along the output row with no gather
-(``templates/integer_depthwise_plane.c``).  The row goes in blocks of outputs (:func:`block_for`)
-whose int32 sums stay in vector registers through every tap, then are requantized (the bias in
-int32, one float32 multiplication per value, rounding halves to even, saturation to bounds
-that a folded Relu or Clip narrows) and stored as bytes once.
+(``templates/integer_depthwise_plane.c``).  The outputs go in blocks (:func:`block_for`) whose
+int32 sums stay in vector registers through every tap, then are requantized (the bias in int32,
+one float32 multiplication per value, rounding halves to even, saturation to bounds that a
+folded Relu or Clip narrows) and stored as bytes once.  A row's blocks stop at its end; a plane
+of short rows (mobilenet_v2's 7 x 7 and 14 x 14) goes instead as one run whose blocks continue
+through the rows' ends, the outputs past each end computed and dropped, where that takes fewer
+blocks.
 
 The planes, not the channels, are vectorised along: the quantized graph stays NCHW (the
 channels-last rewrite, :mod:`polyc.frontends.onnx.channels_last`, takes float convolutions
-only), and an NCHW row is contiguous where a vector of channels is not.  The inner loops are
-plain C with ``omp simd`` that the compiler vectorises for the machine it builds for (int16
-widened and multiplied in int32 lanes, exact: the shifted image and weights fit 16 bits and a
-window's sum of their products fits int32 for any filter of fewer than 2^15 taps).
+only), and an NCHW row is contiguous where a vector of channels is not.  The vectors are those
+of the compiler's vector extension (``vector_size``), so one source serves AVX-512, AVX2 and
+NEON; the requantization's are the machine's width (``POLYC_QDW_LANES``, from the C
+preprocessor).  The sums are exact: the shifted image and weights fit 16 bits, and a window's
+sum of their products fits int32 for any filter of fewer than 2^15 taps.
 """
 
 from __future__ import annotations

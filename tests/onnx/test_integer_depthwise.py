@@ -216,3 +216,36 @@ def test_a_quantized_mobile_block_gives_onnxruntimes_bits(tmp_path, strides, qua
         feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
         np.testing.assert_array_equal(session.run(None, feeds)[0], theirs.run(None, feeds)[0])
     assert "integer_depthwise" in paths_of(session, feeds)
+
+
+PARAMETRIC = """
+def qdw(uint8(N, C, H, W) X, int16(C, KH, KW) F, int32(C) B, float(C) S) -> (P, Y) {
+    P(n, c, h, w) +=! (int32(X(n, c, h + r_kh, w + r_kw)) - 7) * int32(F(c, r_kh, r_kw))
+    Y(n, c, h, w) = uint8(fmin(fmax(rint(float(P(n, c, h, w) + B(c)) * S(c)) + float(3), float(10)), float(250)))
+}
+"""
+
+
+@pytest.mark.parametrize("specialize", [True, False], ids=["specialised", "parametric"])
+def test_the_tc_form_with_sizes_known_only_at_run_time(specialize):
+    """The form written in TC (valid windows, a 3 x 4 filter, output bounds narrower than
+    uint8's, as a folded Clip makes them), against numpy's int64 sums and float32 scaling."""
+    import polyc
+
+    kernel = polyc.define(PARAMETRIC, specialize=specialize).qdw
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, 256, (2, 5, 9, 40)).astype(np.uint8)
+    f = rng.integers(-255, 256, (5, 3, 4)).astype(np.int16)
+    bias = rng.integers(-3000, 3000, 5).astype(np.int32)
+    scale = rng.uniform(0.001, 0.02, 5).astype(np.float32)
+    y = kernel(x, f, bias, scale)[-1]
+    shifted = x.astype(np.int64) - 7
+    sums = np.zeros((2, 5, 7, 37), np.int64)
+    for i in range(3):
+        for j in range(4):
+            sums += shifted[:, :, i : i + 7, j : j + 37] * f[None, :, i, j, None, None]
+    scaled = (sums + bias[None, :, None, None]).astype(np.float32) * scale[None, :, None, None]
+    expected = np.clip(np.rint(scaled) + 3, 10, 250).astype(np.uint8)
+    np.testing.assert_array_equal(y, expected)
+    sizes = {"N": 2, "C": 5, "H": 9, "W": 40, "KH": 3, "KW": 4}
+    assert kernel.stages(sizes).path == "integer_depthwise"

@@ -2,11 +2,11 @@
    every tap (vectors of the compiler's vector extension, kept in registers), then ONNX's
    requantization as onnxruntime computes it: the bias added in int32, one float32 product,
    rounded half to even, saturated to [low, high] (a folded Relu or Clip narrows them). */
-static inline void polyc_qdw_block(const int16_t *restrict at, const int64_t *restrict tap,
+static inline void polyc_qdw_block(const int16_t *restrict at, const int64_t *restrict tap, int64_t taps,
                                    const polyc_qw *restrict w, int32_t bias, float scale, polyc_qy *restrict to)
 {
     polyc_qdw_sums sums = {0};
-    for (int64_t t = 0; t < POLYC_QDW_TAPS; t++) {
+    for (int64_t t = 0; t < taps; t++) {
         polyc_qdw_values values;
         memcpy(&values, at + tap[t], sizeof values);
         sums += __builtin_convertvector(values, polyc_qdw_sums) * (int32_t)w[t];
@@ -103,7 +103,7 @@ static void polyc_qdw_plane(const polyc_qdw_t *restrict g, int64_t b, int64_t c,
            the rows are short. */
         const int64_t span = (g->oh - 1) * g->sh * g->pitch + g->ow;
         for (int64_t f0 = 0; f0 < span; f0 += POLYC_QDW_BLOCK)
-            polyc_qdw_block(shifted + f0, g->tap, w, bias, scale, run + f0);
+            polyc_qdw_block(shifted + f0, g->tap, POLYC_QDW_TAPS, w, bias, scale, run + f0);
         for (int64_t oh = 0; oh < g->oh; oh++)
             memcpy(out + oh * g->ow, run + oh * g->sh * g->pitch, (size_t)POLYC_QDW_OW * sizeof(polyc_qy));
         return;
@@ -111,7 +111,7 @@ static void polyc_qdw_plane(const polyc_qdw_t *restrict g, int64_t b, int64_t c,
     for (int64_t oh = 0; oh < g->oh; oh++) {
         for (int64_t o0 = 0; o0 < g->ow; o0 += POLYC_QDW_BLOCK) {
             polyc_qy values[POLYC_QDW_BLOCK];
-            polyc_qdw_block(shifted + oh * g->sh * g->pitch + o0, g->tap, w, bias, scale, values);
+            polyc_qdw_block(shifted + oh * g->sh * g->pitch + o0, g->tap, POLYC_QDW_TAPS, w, bias, scale, values);
             if (o0 + POLYC_QDW_BLOCK <= g->ow)  /* (a copy of known length, which the compiler inlines) */
                 memcpy(out + oh * g->ow + o0, values, sizeof values);
             else
