@@ -1,8 +1,8 @@
 """Recognising integer depthwise convolutions with their requantization (QLinearConv with one
 filter per channel, as quantized MobileNets have them).
 
-The canonical form, NCHW, two statements (the first into an int32 temporary or output, the
-second into the 8-bit output)::
+The canonical form, NCHW, two statements (the first into an int32 temporary, which the
+kernel never stores, the second into the 8-bit output)::
 
     P(n, c, h, w) +=! (box) ? (int32(X(n, c, sh*h + dh*r_kh + oh, sw*w + dw*r_kw + ow)) - ZX)
                               * int32(W(c, r_kh, r_kw)) : 0
@@ -23,7 +23,7 @@ even, the zero point added and the value saturated.  :func:`recognise_integer_de
 returns None for anything else.
 
     >>> from polyc.lang.sema import check_source
-    >>> d = check_source('''def q(uint8(1, 8, 6, 6) X, int16(8, 3, 3) W, int32(8) B, float(8) S) -> (P, Y) {
+    >>> d = check_source('''def q(uint8(1, 8, 6, 6) X, int16(8, 3, 3) W, int32(8) B, float(8) S) -> (Y) {
     ...   P(n, c, h, w) +=! (h + r_kh >= 1 && h + r_kh < 7 && w + r_kw >= 1 && w + r_kw < 7)
     ...       ? (int32(X(n, c, h + r_kh - 1, w + r_kw - 1)) - 3) * int32(W(c, r_kh, r_kw)) : 0
     ...       where h in 0:6, w in 0:6, r_kh in 0:3, r_kw in 0:3
@@ -145,7 +145,7 @@ def _sums(statement: ir.CheckedStatement, definition: ir.CheckedDef):
     target = definition.tensor(statement.target)
     if statement.op != "+" or not statement.init or target.dtype != np.dtype(np.int32) or target.rank != 4:
         return None
-    if target.role is ir.Role.INPUT or len(set(statement.indices)) != 4:
+    if target.role is not ir.Role.TEMPORARY or len(set(statement.indices)) != 4:
         return None
     guarded = guarded_product(statement.rhs)
     if guarded is None:
