@@ -74,7 +74,9 @@ class Options:
       the loop whose accesses are most often stride-1 innermost among the point loops.
     - ``direct_convolutions``: compile a def that is one convolution (any strides, dilations,
       groups, depthwise, 1-D to 3-D, plus elementwise epilogues) to the direct convolution
-      kernel (:mod:`polyc.codegen.conv`) instead of the generic polyhedral path.
+      kernel (:mod:`polyc.codegen.conv`) instead of the generic polyhedral path; and an
+      integer depthwise convolution with its requantization (a depthwise QLinearConv) to the
+      integer depthwise kernel (:mod:`polyc.codegen.integer_depthwise`).
     - ``conv_block``: the direct convolution kernel's output channels per work item (or output
       points, where it blocks points); None: chosen from the register blocks.
     - ``transpose_kernels``: compile a def that is one transposition (an input copied with its

@@ -39,12 +39,22 @@ TRANSPOSE = "def nhwc(float(N, C, H, W) X) -> (O) { O(n, h, w, c) = X(n, c, h, w
 ROWSUM = "def rowsum(float(M, N) A) -> (B) { B(m) +=! A(m, r_n) }"
 INTEGER_GEMM = """def qmm(uint8(M, K) A, int8(K, N) B, uint8 ZA, int8(N) ZB) -> (Y) {
     Y(m, n) +=! (int32(A(m, r_k)) - int32(ZA)) * (int32(B(r_k, n)) - int32(ZB(n))) }"""
+INTEGER_DEPTHWISE = """def qdw(uint8(N, C, H, W) X, int16(C, KH, KW) F, int32(C) B, float(C) S) -> (Y) {
+    P(n, c, h, w) +=! (int32(X(n, c, h + r_kh, w + r_kw)) - 7) * int32(F(c, r_kh, r_kw))
+    Y(n, c, h, w) = uint8(fmin(fmax(rint(float(P(n, c, h, w) + B(c)) * S(c)) + float(3), float(0)), float(255))) }"""
 
 #: path -> (source, sizes, options, the path an option (or a def) just outside the form takes, those options)
 CASES = {
     "gemm": (MATMUL, {"M": 64, "K": 64, "N": 64}, {}, "generic", {"blas_contractions": False}),
     "gemv": (MATVEC, {"M": 64, "K": 64}, {}, "generic", {"blas_contractions": False}),
     "integer_gemm": (INTEGER_GEMM, {"M": 13, "K": 70, "N": 33}, {}, "generic", {"blas_contractions": False}),
+    "integer_depthwise": (
+        INTEGER_DEPTHWISE,
+        {"N": 1, "C": 4, "H": 8, "W": 9, "KH": 3, "KW": 3},
+        {},
+        "generic",
+        {"direct_convolutions": False},
+    ),
     "winograd": (WINOGRAD, {}, {"winograd": True}, "direct_convolution", {"winograd": False}),
     "depthwise": (
         DEPTHWISE,

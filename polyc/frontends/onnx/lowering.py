@@ -62,7 +62,8 @@ class KernelStep:
     """TC statements of one node: read ``reads``, write ``writes``.  ``kind`` guides fusion:
     ``elementwise`` (each output element from the same-index elements of inputs, broadcast
     allowed), ``reduction``, ``contraction``, ``convolution``, ``recurrence`` (a ``for`` block:
-    never fused), ``integer_product`` (an 8-bit matrix product for the integer kernel: it takes
+    never fused), ``integer_convolution`` (an 8-bit convolution and its requantization for an integer
+    convolution kernel: never fused), ``integer_product`` (an 8-bit matrix product for the integer kernel: it takes
     ``requantize`` steps and elementwise ones computing one element of its output each as its
     epilogues, and joins nothing), ``requantize`` (int32 sums scaled into an 8-bit type:
     otherwise as ``other``) or ``other``.  ``options``: polyc options the kernel these statements end up in

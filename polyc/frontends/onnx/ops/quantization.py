@@ -13,7 +13,7 @@ from polyc.errors import UnsupportedError
 from polyc.frontends.onnx.lowering import KernelStep, Value, indices, tc_type
 from polyc.frontends.onnx.ops.base import Converter, _affine, _axis, _float_only, _number
 from polyc.frontends.onnx.ops.contractions import product_layout
-from polyc.frontends.onnx.ops.convolutions import Conv, _convolution_operands, _spatial
+from polyc.frontends.onnx.ops.convolutions import Conv, _convolution_operands, _spatial, check_convolution_operands
 
 #: The integer types QuantizeLinear makes (DequantizeLinear also reads int32).  The float8, 4-bit
 #: and 2-bit types are not element types polyc computes in.
@@ -467,6 +467,9 @@ class QLinearConv(Converter):
     @staticmethod
     def _impl_v10(b, node, inputs):
         x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = (inputs + [None] * 9)[:9]
+        depthwise = _integer_depthwise(b, node, inputs)
+        if depthwise is not None:
+            return [depthwise]
         product, bias, as_product = _integer_convolution(b, node, x, x_zero, w, w_zero, bias, as_product=True)
         out_dtype = y_zero.dtype if y_zero is not None else x.dtype
         # The integer product (filters x images x output positions) requantized into NCHW as it
@@ -481,3 +484,85 @@ class QLinearConv(Converter):
 
         factor = f"{ref(x_scale, 'x_scale')} * {ref(w_scale, 'w_scale')} / {ref(y_scale, 'y_scale')}"
         return [_requantized(b, product, factor, y_zero, out_dtype, 1, [x_scale, w_scale, y_scale], bias, order)]
+
+
+def _constant_values(*values) -> bool:
+    """Whether every value given is a constant (None: an omitted input, which counts)."""
+    return all(v is None or v.const is not None for v in values)
+
+
+def _integer_depthwise(b, node, inputs) -> Value | None:
+    """A 2-D QLinearConv with one filter per channel, as the two statements of
+    :mod:`polyc.schedule.integer_depthwise` (the int32 sums of the image shifted by its zero
+    point and the constant weights shifted by theirs, zero padding as the statement's condition;
+    then the bias, the scale per channel and the saturation into y's type), one step that
+    nothing fuses into, for :mod:`polyc.paths.integer_depthwise`.  None where the convolution
+    is not one (grouped otherwise, not 2-D, scales or zero points known only at run time): the
+    general integer convolution computes it."""
+    x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = (inputs + [None] * 9)[:9]
+    eight_bits = (np.dtype(np.int8), np.dtype(np.uint8))
+    if x.rank != 4 or w.rank != 4 or x.dtype not in eight_bits or w.dtype not in eight_bits:
+        return None
+    channels = x.shape[1]
+    if node.attr("group", 1) != channels or w.shape[0] != channels or w.shape[1] != 1 or channels == 1:
+        return None
+    if not _constant_values(w, x_scale, x_zero, w_scale, w_zero, y_scale, y_zero, bias):
+        return None
+    if (x_zero is not None and x_zero.size != 1) or (y_zero is not None and y_zero.size != 1):
+        return None
+    if bias is not None and (bias.dtype != np.dtype(np.int32) or bias.size != channels):
+        return None
+    scales = [x_scale.const, w_scale.const, y_scale.const]
+    if any(s.dtype != np.dtype(np.float32) for s in scales) or x_scale.size != 1 or y_scale.size != 1:
+        return None
+    if w_scale.size not in (1, channels) or (w_zero is not None and w_zero.size not in (1, channels)):
+        return None
+    check_convolution_operands(b, node, x.shape, w, bias)
+    kh, kw = w.shape[2:]
+    outs, begin, end, strides, dilations = _spatial(b, node, x, [kh, kw])
+    out_dtype = y_zero.dtype if y_zero is not None else x.dtype
+    if out_dtype not in eight_bits:
+        return None
+    # As onnxruntime: the factor x_scale * w_scale / y_scale in float32, per channel.
+    factor = (np.float32(x_scale.const.reshape(-1)[0]) * w_scale.const.reshape(-1).astype(np.float32)) / np.float32(
+        y_scale.const.reshape(-1)[0]
+    )
+    scale = b.const(np.ascontiguousarray(np.broadcast_to(factor, (channels,)), dtype=np.float32))
+    taps = (w.const.astype(np.int16).reshape(channels, kh, kw) - _zero_points(w_zero, 3, 0)).astype(np.int16)
+    weights = b.const(np.ascontiguousarray(taps))
+    image_zero = int(x_zero.const.reshape(-1)[0]) if x_zero is not None else 0
+    output_zero = int(y_zero.const.reshape(-1)[0]) if y_zero is not None else 0
+    window = [f"{_affine(strides[d], f's{d}', 0)} + {_affine(dilations[d], f'r_k{d}', -begin[d])}" for d in range(2)]
+    inside = [f"{window[d]} >= 0" for d in range(2) if begin[d] > 0]
+    inside += [f"{window[d]} < {x.shape[2 + d]}" for d in range(2) if end[d] > 0]
+    image = f"int32({b.ref(x, ['n', 'c', *window])})"
+    if image_zero:
+        image = f"({image} - {image_zero})"
+    rhs = f"{image} * int32({b.ref(weights, ['c', 'r_k0', 'r_k1'])})"
+    if inside:
+        rhs = f"({' && '.join(inside)}) ? {rhs} : 0"
+    idx = ["n", "c", "s0", "s1"]
+    sums = b.new([x.shape[0], channels, *outs], np.int32)
+    total = f"{sums.ident}(n, c, s0, s1)"
+    reads = [x, weights, scale]
+    if bias is not None:
+        total = f"{total} + {b.ref(bias, ['c'])}"
+        reads.append(bias)
+    limits = np.iinfo(out_dtype)
+    value = f"rint(float({total}) * {b.ref(scale, ['c'])}) + float({output_zero})"
+    out = b.new(sums.shape, out_dtype)
+    b.emit(
+        [
+            b.statement(sums, idx, "+=!", rhs, [("r_k0", kh), ("r_k1", kw)]),
+            b.statement(
+                out,
+                idx,
+                "=",
+                f"{tc_type(out_dtype)}(fmin(fmax({value}, float({int(limits.min)})), float({int(limits.max)})))",
+            ),
+        ],
+        reads,
+        [sums, out],
+        "integer_convolution",
+    )
+    return out
