@@ -147,14 +147,16 @@ def test_register_tiles_option_is_checked():
 
 
 def test_the_model_sizes_tiles_by_the_vector_registers():
-    # AVX-512 (16 floats a vector): two vectors of columns, rows dividing 128; AVX2 (8 floats,
-    # 16 registers): two vectors, fewer rows.
-    assert choose_register_tile(128, 128, 4, 512) == (8, 32)
-    assert choose_register_tile(128, 128, 4, 256) == (5, 16)
+    # AVX-512 (16 floats a vector, 32 registers): two vectors of columns, 12 rows; AVX2 (8 floats,
+    # 16 registers): two vectors, 6 rows.
+    assert choose_register_tile(128, 128, 4, 512) == (12, 32)
+    assert choose_register_tile(128, 128, 4, 256) == (6, 16)
     # A short vector loop is taken whole where that covers it in fewer operations than tiles.
     assert choose_register_tile(32, 28, 4, 512) == (8, 28)
-    # Rows: 24 accumulators would fit, but 64 rows in tiles of 24 leave a partial tile.
-    assert choose_register_tile(64, 112, 4, 512) == (16, 16)
+    # Rows: a divisor of the row loop where one is near the most (every tile full).
+    assert choose_register_tile(40, 128, 4, 512) == (10, 32)
+    # Columns: tiles of one vector where two would leave a long partial tile (54 = 3 x 16 + 6).
+    assert choose_register_tile(8, 54, 4, 512) == (8, 16)
     assert choose_register_tile(1, 128, 4, 512) is None  # one row: nothing to share a vector with
     assert vector_operations(28, 16, 4) == 3  # 16 + 8 + 4
     assert vector_operations(18, 16, 4) == 3  # 16 + two scalars

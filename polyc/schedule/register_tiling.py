@@ -50,9 +50,6 @@ ACCUMULATORS = {512: 24, 256: 12, 128: 24, 0: 8}
 #: The fewest rows a tile must have to be worth its bookkeeping.
 MIN_ROWS = 2
 
-#: Independent multiply-adds a core needs in flight to hide their latency: two FMA pipes of
-#: four or five cycles on the x86 cores polyc is measured on, a little more.
-IN_FLIGHT = 10
 
 
 @dataclass(frozen=True)
@@ -98,7 +95,7 @@ class _Plan:
 
 #: How much more a row of a partial tile (cut short at the domain's edge) costs than a full
 #: one's: its trip counts are not constants, so the compiler keeps its accumulators in memory.
-PARTIAL_TILE_COST = 4
+PARTIAL_TILE_COST = 2
 
 #: The narrowest vector the compiler splits a loop's remainder into (SSE's and NEON's four
 #: floats); what is left runs scalar.
@@ -125,13 +122,12 @@ def choose_register_tile(
     ``row_extent`` and ``column_extent`` iterations, of elements of ``itemsize`` bytes, in
     vector registers of ``vector_bits`` (0: portable C).
 
-    Columns: at most two vectors, the count whose tiles take the fewest operations along the
-    whole column loop (:func:`vector_operations`, a partial tile at the end costing
-    :data:`PARTIAL_TILE_COST` times more), the wider on a tie.  Rows: at most the
-    accumulators (:data:`ACCUMULATORS`) over the operations a row takes, the count whose tiles
-    take the least time along the row loop, a step of a tile taking as long as its
-    multiply-adds, its loads or the latency of :data:`IN_FLIGHT` multiply-adds, whichever is
-    most (a partial tile again :data:`PARTIAL_TILE_COST` times more)."""
+    Columns: one or two vectors, or the whole column loop where it is at most two vectors
+    long, whichever takes the fewest operations along the whole loop
+    (:func:`vector_operations`, a partial tile at the end costing :data:`PARTIAL_TILE_COST`
+    times more), the wider on a tie.  Rows: the accumulators (:data:`ACCUMULATORS`) over the
+    operations a row takes, lowered to the largest divisor of the row loop where that is at
+    least three quarters of it."""
     lanes = max(1, (vector_bits or 128) // (8 * itemsize))
 
     def cost(columns: int) -> float:
@@ -139,23 +135,24 @@ def choose_register_tile(
         partial = vector_operations(left, lanes, itemsize) * PARTIAL_TILE_COST if left else 0
         return full * vector_operations(columns, lanes, itemsize) + partial
 
-    candidates = range(1, min(2 * lanes, column_extent) + 1)
+    # One or two whole vectors, or the whole loop where it is no longer: a tile of another
+    # width has a remainder in every tile, which gcc writes as a loop of its own whose
+    # accumulators stay in memory (a 54-wide row in tiles of 24 or 28 ran 3-5x slower than in
+    # tiles of 16; python -m benchmarks.generic_path's grouped convolution).
+    candidates = {c for c in (lanes, 2 * lanes) if c <= column_extent}
+    if column_extent <= 2 * lanes:
+        candidates.add(column_extent)
     columns = min(candidates, key=lambda c: (cost(c), -c))
     operations = max(1, vector_operations(columns, lanes, itemsize))
     most = min(row_extent, max(1, ACCUMULATORS.get(vector_bits, ACCUMULATORS[0]) // operations))
     if most < MIN_ROWS:
         return None
 
-    def step(rows: int) -> int:
-        # One reduction step of a tile: its multiply-adds, its loads (the vectors of a row and
-        # one broadcast per row), or the multiply-adds in flight that hide their latency.
-        return max(rows * operations, operations + rows, IN_FLIGHT)
-
-    def time(rows: int) -> int:
-        full, left = divmod(row_extent, rows)
-        return full * step(rows) + (PARTIAL_TILE_COST * step(left) if left else 0)
-
-    rows = min(range(MIN_ROWS, most + 1), key=lambda r: (time(r), -r))
+    # The most rows, or a divisor of the row loop near it (every tile full): a tile of more
+    # rows reuses each loaded vector more (sgemm 1024 on AVX-512: 12 rows of two vectors, one
+    # partial tile, ran faster than 8 rows in full tiles; python -m benchmarks.generic_path).
+    divisor = max(r for r in range(1, most + 1) if row_extent % r == 0)
+    rows = divisor if 4 * divisor >= 3 * most else most
     return rows, columns
 
 

@@ -36,33 +36,60 @@ int polyc_matmul(const float *__restrict__ A, const float *__restrict__ B, float
   (void)polyc_status;
   #pragma omp parallel for collapse(3)
   for (int64_t c0 = INT64_C(0); c0 <= INT64_C(63); c0 += INT64_C(32))
-    for (int64_t c3 = INT64_C(0); c3 <= INT64_C(31); c3 += INT64_C(8))
+    for (int64_t c3 = INT64_C(0); c3 <= INT64_C(31); c3 += INT64_C(12))
       for (int64_t c4 = INT64_C(0); c4 <= INT64_C(63); c4 += INT64_C(32))
       {
-        #pragma GCC unroll 8
-        for (int64_t c5 = INT64_C(0); c5 <= INT64_C(7); c5 += INT64_C(1))
+        #pragma GCC unroll 12
+        for (int64_t c5 = INT64_C(0); c5 <= polyc_min(INT64_C(11), ((-c3) + INT64_C(31))); c5 += INT64_C(1))
         #pragma omp simd
         for (int64_t c6 = INT64_C(0); c6 <= INT64_C(31); c6 += INT64_C(1))
           C[((((c0 + c3) + c5)) * C_extent1 + ((c4 + c6)))] = (-0.0f);
+        if (11 <= ((-c3) + INT64_C(31)))
         {
-          float polyc_tile_C[8][32];
-          for (int64_t polyc_tile_row = 0; polyc_tile_row <= INT64_C(7); polyc_tile_row += 1)
-          #pragma omp simd
-          for (int64_t polyc_tile_column = 0; polyc_tile_column <= INT64_C(31); polyc_tile_column += 1)
-            polyc_tile_C[polyc_tile_row][polyc_tile_column] = C[((((c0 + c3) + polyc_tile_row)) * C_extent1 + ((c4 + polyc_tile_column)))];
-          for (int64_t c5 = INT64_C(0); c5 <= INT64_C(63); c5 += INT64_C(1))
-          #pragma GCC unroll 8
-          for (int64_t c6 = INT64_C(0); c6 <= INT64_C(7); c6 += INT64_C(1))
           {
-            const float polyc_invariant_0 = A[((((((c0 + c3) + c6)))) * A_extent1 + (c5))];
+            float polyc_tile_C[12][32];
+            for (int64_t polyc_tile_row = 0; polyc_tile_row <= 11; polyc_tile_row += 1)
             #pragma omp simd
-            for (int64_t c7 = INT64_C(0); c7 <= INT64_C(31); c7 += INT64_C(1))
-              polyc_tile_C[c6][c7] = (float)(polyc_tile_C[c6][c7] + ((polyc_invariant_0) * (B[((c5) * B_extent1 + ((((c4 + c7)))))])));
+            for (int64_t polyc_tile_column = 0; polyc_tile_column <= INT64_C(31); polyc_tile_column += 1)
+              polyc_tile_C[polyc_tile_row][polyc_tile_column] = C[((((c0 + c3) + polyc_tile_row)) * C_extent1 + ((c4 + polyc_tile_column)))];
+            for (int64_t c5 = INT64_C(0); c5 <= INT64_C(63); c5 += INT64_C(1))
+            #pragma GCC unroll 12
+            for (int64_t c6 = INT64_C(0); c6 <= 11; c6 += INT64_C(1))
+            {
+              const float polyc_invariant_0 = A[((((((c0 + c3) + c6)))) * A_extent1 + (c5))];
+              #pragma omp simd
+              for (int64_t c7 = INT64_C(0); c7 <= INT64_C(31); c7 += INT64_C(1))
+                polyc_tile_C[c6][c7] = (float)(polyc_tile_C[c6][c7] + ((polyc_invariant_0) * (B[((c5) * B_extent1 + ((((c4 + c7)))))])));
+            }
+            for (int64_t polyc_tile_row = 0; polyc_tile_row <= 11; polyc_tile_row += 1)
+            #pragma omp simd
+            for (int64_t polyc_tile_column = 0; polyc_tile_column <= INT64_C(31); polyc_tile_column += 1)
+              C[((((c0 + c3) + polyc_tile_row)) * C_extent1 + ((c4 + polyc_tile_column)))] = polyc_tile_C[polyc_tile_row][polyc_tile_column];
           }
-          for (int64_t polyc_tile_row = 0; polyc_tile_row <= INT64_C(7); polyc_tile_row += 1)
-          #pragma omp simd
-          for (int64_t polyc_tile_column = 0; polyc_tile_column <= INT64_C(31); polyc_tile_column += 1)
-            C[((((c0 + c3) + polyc_tile_row)) * C_extent1 + ((c4 + polyc_tile_column)))] = polyc_tile_C[polyc_tile_row][polyc_tile_column];
+        }
+        else
+        {
+          /* polyc: the loops above, for !(11 <= ((-c3) + INT64_C(31))) */
+          {
+            float polyc_tile_C[12][32];
+            for (int64_t polyc_tile_row = 0; polyc_tile_row <= polyc_min(INT64_C(11), ((-c3) + INT64_C(31))); polyc_tile_row += 1)
+            #pragma omp simd
+            for (int64_t polyc_tile_column = 0; polyc_tile_column <= INT64_C(31); polyc_tile_column += 1)
+              polyc_tile_C[polyc_tile_row][polyc_tile_column] = C[((((c0 + c3) + polyc_tile_row)) * C_extent1 + ((c4 + polyc_tile_column)))];
+            for (int64_t c5 = INT64_C(0); c5 <= INT64_C(63); c5 += INT64_C(1))
+            #pragma GCC unroll 12
+            for (int64_t c6 = INT64_C(0); c6 <= polyc_min(INT64_C(11), ((-c3) + INT64_C(31))); c6 += INT64_C(1))
+            {
+              const float polyc_invariant_0 = A[((((((c0 + c3) + c6)))) * A_extent1 + (c5))];
+              #pragma omp simd
+              for (int64_t c7 = INT64_C(0); c7 <= INT64_C(31); c7 += INT64_C(1))
+                polyc_tile_C[c6][c7] = (float)(polyc_tile_C[c6][c7] + ((polyc_invariant_0) * (B[((c5) * B_extent1 + ((((c4 + c7)))))])));
+            }
+            for (int64_t polyc_tile_row = 0; polyc_tile_row <= polyc_min(INT64_C(11), ((-c3) + INT64_C(31))); polyc_tile_row += 1)
+            #pragma omp simd
+            for (int64_t polyc_tile_column = 0; polyc_tile_column <= INT64_C(31); polyc_tile_column += 1)
+              C[((((c0 + c3) + polyc_tile_row)) * C_extent1 + ((c4 + polyc_tile_column)))] = polyc_tile_C[polyc_tile_row][polyc_tile_column];
+          }
         }
       }
   return polyc_status;
