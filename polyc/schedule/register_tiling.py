@@ -51,7 +51,6 @@ ACCUMULATORS = {512: 24, 256: 12, 128: 24, 0: 8}
 MIN_ROWS = 2
 
 
-
 @dataclass(frozen=True)
 class RegisterTile:
     """A register tile as code generation reads it from the ``register`` mark.
