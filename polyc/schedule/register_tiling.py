@@ -122,7 +122,9 @@ def choose_register_tile(
     vector registers of ``vector_bits`` (0: portable C).
 
     Columns: one or two vectors, or the whole column loop where it is at most two vectors
-    long, whichever takes the fewest operations along the whole loop
+    long (four, where whole vectors leave a remainder that needs no scalar operation),
+    whichever takes the fewest
+    operations along the whole loop
     (:func:`vector_operations`, a partial tile at the end costing :data:`PARTIAL_TILE_COST`
     times more), the wider on a tie.  Rows: the accumulators (:data:`ACCUMULATORS`) over the
     operations a row takes, lowered to the largest divisor of the row loop where that is at
@@ -134,13 +136,16 @@ def choose_register_tile(
         partial = vector_operations(left, lanes, itemsize) * PARTIAL_TILE_COST if left else 0
         return full * vector_operations(columns, lanes, itemsize) + partial
 
-    # One or two whole vectors, or the whole loop where it is no longer: a tile of another
+    # One or two whole vectors, or the whole loop where it is short: a tile of another
     # width has a remainder in every tile, which gcc writes as a loop of its own whose
     # accumulators stay in memory (a 54-wide row in tiles of 24 or 28 ran 3-5x slower than in
     # tiles of 16; python -m benchmarks.generic_path's grouped convolution).
     candidates = {c for c in (lanes, 2 * lanes) if c <= column_extent}
-    if column_extent <= 2 * lanes:
-        candidates.add(column_extent)
+    narrowest = max(1, NARROWEST_VECTOR_BYTES // itemsize)
+    if column_extent <= 2 * lanes or (
+        column_extent <= 4 * lanes and column_extent % lanes and column_extent % narrowest == 0
+    ):
+        candidates.add(column_extent)  # (up to four vectors where tiles would leave a remainder)
     columns = min(candidates, key=lambda c: (cost(c), -c))
     operations = max(1, vector_operations(columns, lanes, itemsize))
     most = min(row_extent, max(1, ACCUMULATORS.get(vector_bits, ACCUMULATORS[0]) // operations))
@@ -298,12 +303,17 @@ def apply_register_tile(
         node = node.band_member_set_coincident(position, flag)
     node = node.child(0)
     node = _initialisations_first(node, inits)
-    depths: list[tuple[str, int, int]] = []
-    node = _sink(node, inner, reduction, inits, depths, (coincident[plan.row], coincident[plan.column]))
-    # The register mark: above the highest node on the update's path that holds no initialisation.
+    node = _sink(node, inner, (coincident[plan.row], coincident[plan.column]))
+    # The reduction part: the highest node on the update's path that holds no initialisation.
+    # The band's own reduction members (a matmul's r_k) go there, above the reduction bands
+    # below it (a convolution's taps), in their order; the register mark above them.
     region = _region_root(node.parent(), plan.update.name, inits)
     if region is None:
         return None
+    if reduction is not None:
+        region = region.insert_partial_schedule(reduction.intersect_domain(region.get_domain()))
+    depths: list[tuple[str, int, int]] = []
+    _inner_depths(region, depths)
     tile = RegisterTile(
         plan.update.source.target,
         plan.rows,
@@ -333,14 +343,13 @@ def _multi(pieces: list[isl.UnionPwAff]) -> isl.MultiUnionPwAff:
 
 
 def _initialisations_first(node: isl.ScheduleNode, inits: set[str]) -> isl.ScheduleNode:
-    """At a leaf holding ``!`` initialisations and other statements, a sequence running the
-    initialisations first; elsewhere the node as it is."""
-    if node.get_type() != isl.schedule_node_type.leaf:
-        return node
-    domain = node.get_domain()
-    names = {s.get_tuple_name() for s in sets(domain)}
+    """``node`` under a sequence that runs the ``!`` initialisations among its statements first
+    (each part a copy of the subtree, filtered: the initialisations' copy of reduction loops
+    runs once, their values constant), where it holds both kinds; else ``node``."""
+    names = _statements_at(node)
     if not (names & inits) or names <= inits:
         return node
+    domain = node.get_domain()
     first = isl.UnionSet.empty(domain.get_space())
     rest = isl.UnionSet.empty(domain.get_space())
     for piece in sets(domain):
@@ -352,33 +361,30 @@ def _initialisations_first(node: isl.ScheduleNode, inits: set[str]) -> isl.Sched
     return node.insert_sequence(filters)
 
 
-def _sink(
-    node: isl.ScheduleNode,
-    inner: isl.MultiUnionPwAff,
-    reduction: isl.MultiUnionPwAff | None,
-    inits: set[str],
-    depths: list[tuple[str, int, int]],
-    coincident: tuple[bool, bool],
-) -> isl.ScheduleNode:
-    """Insert the inner band above every leaf under ``node`` (and the reduction members above
-    it, for statements other than initialisations); records each statement's inner depths.
-    Returns the node at ``node``'s position."""
+def _sink(node: isl.ScheduleNode, inner: isl.MultiUnionPwAff, coincident: tuple[bool, bool]) -> isl.ScheduleNode:
+    """Insert the inner band above every leaf under ``node``; returns the node at ``node``'s
+    position."""
     if node.get_type() != isl.schedule_node_type.leaf:
         for position in range(node.n_children()):
-            node = _sink(node.child(position), inner, reduction, inits, depths, coincident).parent()
+            node = _sink(node.child(position), inner, coincident).parent()
         return node
     domain = node.get_domain()
-    names = [s.get_tuple_name() for s in sets(domain)]
     if domain.is_empty():
         return node
     node = node.insert_partial_schedule(inner.intersect_domain(domain))
-    node = node.band_member_set_coincident(0, coincident[0]).band_member_set_coincident(1, coincident[1])
-    depth = node.get_schedule_depth()
-    if reduction is not None and not set(names) <= inits:
-        node = node.insert_partial_schedule(reduction.intersect_domain(domain))
-        depth = node.get_schedule_depth() + node.band_n_member()
-    depths.extend((name, depth, depth + 1) for name in names)
-    return node
+    return node.band_member_set_coincident(0, coincident[0]).band_member_set_coincident(1, coincident[1])
+
+
+def _inner_depths(node: isl.ScheduleNode, depths: list[tuple[str, int, int]]) -> None:
+    """Each statement under ``node`` with the schedule depths of its inner band (the band
+    right above its leaf: its row and column members)."""
+    if node.get_type() == isl.schedule_node_type.leaf:
+        band = node.parent()
+        depth = band.get_schedule_depth()
+        depths.extend((name, depth, depth + 1) for name in sorted(_statements_at(node)))
+        return
+    for position in range(node.n_children()):
+        _inner_depths(node.child(position), depths)
 
 
 def _region_root(node: isl.ScheduleNode, update: str, inits: set[str]) -> isl.ScheduleNode | None:

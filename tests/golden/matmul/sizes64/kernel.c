@@ -39,11 +39,9 @@ int polyc_matmul(const float *__restrict__ A, const float *__restrict__ B, float
     for (int64_t c3 = INT64_C(0); c3 <= INT64_C(31); c3 += INT64_C(12))
       for (int64_t c4 = INT64_C(0); c4 <= INT64_C(63); c4 += INT64_C(32))
       {
-        #pragma GCC unroll 12
         for (int64_t c5 = INT64_C(0); c5 <= polyc_min(INT64_C(11), ((-c3) + INT64_C(31))); c5 += INT64_C(1))
-        #pragma omp simd
-        for (int64_t c6 = INT64_C(0); c6 <= INT64_C(31); c6 += INT64_C(1))
-          C[((((c0 + c3) + c5)) * C_extent1 + ((c4 + c6)))] = (-0.0f);
+          for (int64_t c6 = INT64_C(0); c6 <= INT64_C(31); c6 += INT64_C(1))
+            C[((((c0 + c3) + c5)) * C_extent1 + ((c4 + c6)))] = (-0.0f);
         if (11 <= ((-c3) + INT64_C(31)))
         {
           {
