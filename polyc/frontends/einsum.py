@@ -495,6 +495,11 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
     # them, and a kernel call would refuse a large one (polyc.BroadcastInputError).
     operands_for_kernel = [_contiguous_if_broadcast(view.astype(kernel_dtype, copy=False)) for view in views]
     result = kernel(*operands_for_kernel).astype(compute_dtype, copy=False)
+    if contraction.reduced and result.dtype.kind in "fc":
+        # polyc's sums start from -0.0, the identity of addition (an ONNX model's sum of -0
+        # terms is -0, as onnxruntime's); numpy's start from +0.0, so an empty sum or one of
+        # -0 terms is +0 in numpy.  Adding +0 changes exactly those zeros' signs.
+        np.add(result, 0.0, out=result, casting="unsafe")
     if out is not None:
         np.copyto(out, result, casting="unsafe")  # the cast was checked against `casting` above
         return out
